@@ -1,0 +1,41 @@
+//! `stoker`: the command-line front end of the stoker training engine.
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+
+/// stoker keeps accelerators fed: data loading, precision, distribution.
+#[derive(Parser)]
+#[command(name = "stoker", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Convert raw data (IDX, JPEG folders, text) into stoker's memory-mappable formats.
+    Pack(cmd::pack::PackArgs),
+    /// Measure a component (the data loader) and print ratios against a baseline.
+    Bench(cmd::bench::BenchArgs),
+    /// Search loader settings (num_workers, prefetch_factor) for a throughput target.
+    Tune(cmd::tune::TuneArgs),
+    /// Predict memory, communication and step time per strategy and recommend one.
+    Plan(cmd::plan::PlanArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Pack(a) => cmd::pack::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
+        Command::Tune(a) => cmd::tune::run(a),
+        Command::Plan(a) => cmd::plan::run(a),
+    }
+}
