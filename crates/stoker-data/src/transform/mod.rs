@@ -1,0 +1,1 @@
+//! Image transforms: JPEG decode, random-resized-crop, flip, normalize (owned by the transforms work).
