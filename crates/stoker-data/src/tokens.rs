@@ -1,0 +1,286 @@
+//! Token shards and (input, target) windows over them.
+//!
+//! Two on-disk layouts: nanoGPT's `prepare.py` output (raw little-endian u16 tokens, no header)
+//! and llm.c's shards (a 256 x i32 header: magic 20240520, version 1, token count; then u16
+//! tokens). A sample is `context` consecutive tokens as input and the same window shifted by
+//! one as target; windows do not overlap (stride = context), as llm.c's loader reads them.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::Mmap;
+
+use crate::{DType, DataError, Dataset, FieldSpec, Result, SampleContext};
+
+/// llm.c's shard magic number.
+pub const LLMC_MAGIC: i32 = 20240520;
+/// llm.c's header: 256 little-endian i32.
+pub const LLMC_HEADER_BYTES: usize = 256 * 4;
+
+/// How a token file is laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenFormat {
+    /// Raw u16 tokens (nanoGPT `train.bin`).
+    NanoGpt,
+    /// llm.c shard: 1024-byte header, then u16 tokens.
+    Llmc,
+}
+
+/// One memory-mapped file of u16 tokens.
+#[derive(Clone)]
+pub struct TokenShard {
+    path: PathBuf,
+    map: Arc<Mmap>,
+    offset: usize,
+    tokens: usize,
+}
+
+impl std::fmt::Debug for TokenShard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "TokenShard({}, {} tokens)",
+            self.path.display(),
+            self.tokens
+        )
+    }
+}
+
+impl TokenShard {
+    /// Maps `path`; `Llmc` validates the header, `NanoGpt` requires an even byte count.
+    pub fn open(path: impl AsRef<Path>, format: TokenFormat) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let file = File::open(&path).map_err(|e| DataError::io(&path, e))?;
+        // SAFETY: read-only mapping of a file stoker does not modify.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| DataError::io(&path, e))?;
+        let (offset, tokens) = match format {
+            TokenFormat::NanoGpt => {
+                if map.len() % 2 != 0 {
+                    return Err(DataError::format(
+                        &path,
+                        "length",
+                        format!(
+                            "{} bytes is odd: a u16 token file has an even size",
+                            map.len()
+                        ),
+                    ));
+                }
+                (0, map.len() / 2)
+            }
+            TokenFormat::Llmc => {
+                if map.len() < LLMC_HEADER_BYTES {
+                    return Err(DataError::format(
+                        &path,
+                        "header",
+                        format!(
+                            "{} bytes: an llm.c shard starts with a 1024-byte header",
+                            map.len()
+                        ),
+                    ));
+                }
+                let h = |i: usize| i32::from_le_bytes(map[4 * i..4 * i + 4].try_into().unwrap());
+                if h(0) != LLMC_MAGIC {
+                    return Err(DataError::format(
+                        &path,
+                        "header[0] (magic)",
+                        format!("{} but an llm.c token shard has {LLMC_MAGIC}; HINT: raw nanoGPT .bin files have no header, open them as nanogpt", h(0)),
+                    ));
+                }
+                if h(1) != 1 {
+                    return Err(DataError::format(
+                        &path,
+                        "header[1] (version)",
+                        format!("{}: expected 1 (u16 tokens)", h(1)),
+                    ));
+                }
+                let n = h(2);
+                let body = map.len() - LLMC_HEADER_BYTES;
+                if n < 0 || n as usize * 2 != body {
+                    return Err(DataError::format(
+                        &path,
+                        "header[2] (token count)",
+                        format!(
+                            "{n} tokens need {} bytes after the header, file has {body}",
+                            n as i64 * 2
+                        ),
+                    ));
+                }
+                (LLMC_HEADER_BYTES, n as usize)
+            }
+        };
+        Ok(TokenShard {
+            path,
+            map: Arc::new(map),
+            offset,
+            tokens,
+        })
+    }
+
+    /// Opens a file, choosing the format from llm.c's magic number when present.
+    pub fn open_detect(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let mut magic = [0u8; 4];
+        let is_llmc = std::fs::File::open(path)
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+            .map(|_| i32::from_le_bytes(magic) == LLMC_MAGIC)
+            .unwrap_or(false);
+        Self::open(
+            path,
+            if is_llmc {
+                TokenFormat::Llmc
+            } else {
+                TokenFormat::NanoGpt
+            },
+        )
+    }
+
+    /// Number of tokens.
+    pub fn len(&self) -> usize {
+        self.tokens
+    }
+
+    /// True when the shard holds no tokens.
+    pub fn is_empty(&self) -> bool {
+        self.tokens == 0
+    }
+
+    /// The file path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Token `i`.
+    pub fn token(&self, i: usize) -> u16 {
+        let o = self.offset + 2 * i;
+        u16::from_le_bytes([self.map[o], self.map[o + 1]])
+    }
+
+    /// Little-endian bytes of tokens `start..start + n`.
+    pub fn token_bytes(&self, start: usize, n: usize) -> &[u8] {
+        &self.map[self.offset + 2 * start..self.offset + 2 * (start + n)]
+    }
+}
+
+/// Writes `tokens` as an llm.c shard (header + u16) or a raw nanoGPT file.
+pub fn write_tokens(path: impl AsRef<Path>, tokens: &[u16], format: TokenFormat) -> Result<()> {
+    let path = path.as_ref();
+    let mut f = std::io::BufWriter::new(File::create(path).map_err(|e| DataError::io(path, e))?);
+    let mut write = || -> std::io::Result<()> {
+        if format == TokenFormat::Llmc {
+            let n = i32::try_from(tokens.len())
+                .map_err(|_| std::io::Error::other("more than 2^31 tokens in one llm.c shard"))?;
+            let mut header = [0i32; 256];
+            header[0] = LLMC_MAGIC;
+            header[1] = 1;
+            header[2] = n;
+            f.write_all(bytemuck::cast_slice(&header))?;
+        }
+        for t in tokens {
+            f.write_all(&t.to_le_bytes())?;
+        }
+        f.flush()
+    };
+    write().map_err(|e| DataError::io(path, e))
+}
+
+/// (input, target) windows of `context` tokens over one or more shards.
+///
+/// Fields: `input` and `target`, both `[context]` of the chosen integer dtype. A window never
+/// spans two shards; each shard of `n` tokens yields `(n - 1) / context` windows.
+#[derive(Debug, Clone)]
+pub struct TokenWindows {
+    shards: Vec<TokenShard>,
+    context: usize,
+    starts: Vec<usize>,
+    fields: Vec<FieldSpec>,
+}
+
+impl TokenWindows {
+    /// Windows of `context` tokens delivered as `dtype` (U16, I32 or I64).
+    pub fn new(shards: Vec<TokenShard>, context: usize, dtype: DType) -> Result<Self> {
+        if context == 0 {
+            return Err(DataError::Config {
+                field: "context",
+                message: "must be at least 1".into(),
+            });
+        }
+        if !matches!(dtype, DType::U16 | DType::I32 | DType::I64) {
+            return Err(DataError::Config {
+                field: "token_dtype",
+                message: format!("{dtype}: expected u16, i32 or i64"),
+            });
+        }
+        let mut starts = vec![0];
+        for s in &shards {
+            starts.push(starts.last().unwrap() + s.len().saturating_sub(1) / context);
+        }
+        let fields = vec![
+            FieldSpec::new("input", dtype, vec![context]),
+            FieldSpec::new("target", dtype, vec![context]),
+        ];
+        Ok(TokenWindows {
+            shards,
+            context,
+            starts,
+            fields,
+        })
+    }
+
+    /// Tokens per window.
+    pub fn context(&self) -> usize {
+        self.context
+    }
+
+    /// (shard, first token) of window `i`.
+    pub fn locate(&self, i: usize) -> (usize, usize) {
+        let s = self.starts.partition_point(|&st| st <= i) - 1;
+        (s, (i - self.starts[s]) * self.context)
+    }
+}
+
+fn widen(src: &[u8], dtype: DType, out: &mut [u8]) {
+    match dtype {
+        DType::U16 => out.copy_from_slice(src),
+        DType::I32 => {
+            for (t, o) in src.chunks_exact(2).zip(out.chunks_exact_mut(4)) {
+                o.copy_from_slice(&(u16::from_le_bytes([t[0], t[1]]) as i32).to_le_bytes());
+            }
+        }
+        _ => {
+            for (t, o) in src.chunks_exact(2).zip(out.chunks_exact_mut(8)) {
+                o.copy_from_slice(&(u16::from_le_bytes([t[0], t[1]]) as i64).to_le_bytes());
+            }
+        }
+    }
+}
+
+impl Dataset for TokenWindows {
+    type Worker = ();
+
+    fn len(&self) -> usize {
+        *self.starts.last().unwrap()
+    }
+
+    fn fields(&self) -> &[FieldSpec] {
+        &self.fields
+    }
+
+    fn read_sample(&self, _: &mut (), ctx: SampleContext, out: &mut [&mut [u8]]) -> Result<()> {
+        let i = ctx.index as usize;
+        if i >= self.len() {
+            return Err(DataError::Sample {
+                index: ctx.index,
+                message: format!("out of range: {} windows", self.len()),
+            });
+        }
+        let (s, t0) = self.locate(i);
+        let bytes = self.shards[s].token_bytes(t0, self.context + 1);
+        let dtype = self.fields[0].dtype;
+        let (input, target) = out.split_at_mut(1);
+        widen(&bytes[..2 * self.context], dtype, input[0]);
+        widen(&bytes[2..], dtype, target[0]);
+        Ok(())
+    }
+}

@@ -1,0 +1,145 @@
+//! Token shards (nanoGPT raw u16, llm.c header) and (input, target) windows.
+
+use stoker_data::tokens::{write_tokens, TokenFormat, TokenShard, TokenWindows};
+use stoker_data::{DType, Dataset, SampleContext};
+
+fn read(ds: &TokenWindows, i: usize) -> (Vec<i64>, Vec<i64>) {
+    let c = ds.context();
+    let (mut a, mut b) = (vec![0u8; 8 * c], vec![0u8; 8 * c]);
+    ds.read_sample(
+        &mut (),
+        SampleContext {
+            seed: 0,
+            epoch: 0,
+            index: i as u64,
+        },
+        &mut [&mut a, &mut b],
+    )
+    .unwrap();
+    let dec = |v: &[u8]| {
+        v.chunks(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    (dec(&a), dec(&b))
+}
+
+#[test]
+fn windows_match_hand_computed_offsets() {
+    let dir = tempfile::tempdir().unwrap();
+    let a: Vec<u16> = (0..23).map(|t| t * 3 + 1000).collect(); // 22/4 = 5 windows
+    let b: Vec<u16> = (0..9).map(|t| 60000 + t).collect(); // 8/4 = 2 windows
+    write_tokens(dir.path().join("a.bin"), &a, TokenFormat::Llmc).unwrap();
+    write_tokens(dir.path().join("b.bin"), &b, TokenFormat::NanoGpt).unwrap();
+    let sa = TokenShard::open_detect(dir.path().join("a.bin")).unwrap();
+    let sb = TokenShard::open_detect(dir.path().join("b.bin")).unwrap();
+    assert_eq!((sa.len(), sb.len()), (23, 9));
+    assert_eq!(
+        std::fs::metadata(dir.path().join("a.bin")).unwrap().len(),
+        1024 + 46
+    );
+    let ds = TokenWindows::new(vec![sa, sb], 4, DType::I64).unwrap();
+    assert_eq!(ds.len(), 7);
+    // Window 3 of shard a: tokens 12..16, targets 13..17.
+    let (x, y) = read(&ds, 3);
+    assert_eq!(x, vec![1036, 1039, 1042, 1045]);
+    assert_eq!(y, vec![1039, 1042, 1045, 1048]);
+    // Window 6 = window 1 of shard b: tokens 4..8, targets 5..9 (last token used only as target).
+    let (x, y) = read(&ds, 6);
+    assert_eq!(x, vec![60004, 60005, 60006, 60007]);
+    assert_eq!(y, vec![60005, 60006, 60007, 60008]);
+    assert_eq!(ds.locate(5), (1, 0));
+}
+
+#[test]
+fn u16_and_i32_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let toks: Vec<u16> = vec![1, 2, 65535, 4, 5];
+    write_tokens(dir.path().join("t.bin"), &toks, TokenFormat::NanoGpt).unwrap();
+    let s = TokenShard::open(dir.path().join("t.bin"), TokenFormat::NanoGpt).unwrap();
+    let ds = TokenWindows::new(vec![s.clone()], 2, DType::I32).unwrap();
+    let (mut a, mut b) = ([0u8; 8], [0u8; 8]);
+    ds.read_sample(
+        &mut (),
+        SampleContext {
+            seed: 0,
+            epoch: 0,
+            index: 1,
+        },
+        &mut [&mut a, &mut b],
+    )
+    .unwrap();
+    assert_eq!(bytemuck::cast_slice::<u8, i32>(&a), &[65535, 4]);
+    let ds16 = TokenWindows::new(vec![s], 2, DType::U16).unwrap();
+    let (mut a, mut b) = ([0u8; 4], [0u8; 4]);
+    ds16.read_sample(
+        &mut (),
+        SampleContext {
+            seed: 0,
+            epoch: 0,
+            index: 0,
+        },
+        &mut [&mut a, &mut b],
+    )
+    .unwrap();
+    assert_eq!(a, [1, 0, 2, 0]);
+    assert_eq!(b, [2, 0, 255, 255]);
+}
+
+#[test]
+fn bad_token_files_give_named_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("odd.bin");
+    std::fs::write(&p, [1u8, 2, 3]).unwrap();
+    let e = TokenShard::open(&p, TokenFormat::NanoGpt)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("odd.bin") && e.contains("odd"), "{e}");
+
+    let p = dir.path().join("magic.bin");
+    std::fs::write(&p, vec![0u8; 2048]).unwrap();
+    let e = TokenShard::open(&p, TokenFormat::Llmc)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("magic") && e.contains("20240520") && e.contains("HINT"),
+        "{e}"
+    );
+
+    let p = dir.path().join("count.bin");
+    write_tokens(&p, &[1, 2, 3], TokenFormat::Llmc).unwrap();
+    let mut v = std::fs::read(&p).unwrap();
+    v.truncate(v.len() - 2);
+    std::fs::write(&p, &v).unwrap();
+    let e = TokenShard::open(&p, TokenFormat::Llmc)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("token count") && e.contains("3 tokens need 6 bytes") && e.contains("has 4"),
+        "{e}"
+    );
+
+    let p = dir.path().join("version.bin");
+    write_tokens(&p, &[1, 2, 3], TokenFormat::Llmc).unwrap();
+    let mut v = std::fs::read(&p).unwrap();
+    v[4] = 7;
+    std::fs::write(&p, &v).unwrap();
+    let e = TokenShard::open(&p, TokenFormat::Llmc)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("version") && e.contains("7"), "{e}");
+
+    let s = TokenShard::open(
+        dir.path().join("odd.bin").with_file_name("magic.bin"),
+        TokenFormat::NanoGpt,
+    )
+    .unwrap();
+    assert!(TokenWindows::new(vec![s.clone()], 0, DType::I64)
+        .unwrap_err()
+        .to_string()
+        .contains("context"));
+    assert!(TokenWindows::new(vec![s], 4, DType::F32)
+        .unwrap_err()
+        .to_string()
+        .contains("token_dtype"));
+}
