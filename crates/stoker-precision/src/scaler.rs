@@ -1,0 +1,493 @@
+//! Loss scaling for fp16 training: torch.amp.GradScaler's dynamic scaler, DeepSpeed's
+//! hysteresis and floor, and a static scale.
+//!
+//! One step, as a trainer drives it:
+//! ```
+//! use stoker_precision::{LossScaler, ParamTable, ScalerConfig, StepDecision};
+//! let mut scaler = LossScaler::new(ScalerConfig::torch()).unwrap();
+//! let table = ParamTable::contiguous([("w", 3), ("b", 1)]);
+//! let loss = 2.5f32;
+//! let scaled = scaler.scale_loss(loss); // backward from `scaled` gives scaled gradients
+//! let mut grads = vec![scaled, 0.0, 1.0, f32::INFINITY];
+//! let found_inf = scaler.unscale_and_check(&mut grads, Some(&table)).unwrap();
+//! assert!(found_inf);
+//! match scaler.update(found_inf) {
+//!     StepDecision::Step => { /* clip, optimizer step */ }
+//!     StepDecision::Skip(report) => assert_eq!(report.nonfinite_params, vec!["b"]),
+//! }
+//! assert_eq!(scaler.scale(), 32768.0);
+//! ```
+//!
+//! ## Update rule (exactly what [`LossScaler::update`] does)
+//! On a step with inf/NaN gradients: the optimizer step is skipped, the growth counter is
+//! reset, and if more than one hysteresis credit is left one is spent and the scale kept,
+//! otherwise `scale = max(scale * backoff_factor, min_scale)`. On a finite step: (with
+//! `consecutive_hysteresis`, the credits are restored) the counter goes up by one; when it
+//! reaches `growth_interval`, `scale * growth_factor` replaces the scale if it is finite, the
+//! counter is reset and the hysteresis credits are restored.
+//!
+//! With `hysteresis = 1` and `min_scale = 0` (the [`ScalerConfig::torch`] preset) this is
+//! `torch._amp_update_scale_` (checked step by step against a recorded torch trace in
+//! `tests/scaler_torch.rs`), including its arithmetic: the factors are f64 like torch's Python
+//! floats, the product is rounded once to the f32 scale, and unscaling multiplies by the f32
+//! reciprocal `(1.0f64 / scale) as f32`. DeepSpeed's `DynamicLossScaler` (`loss_scale_window`
+//! = `growth_interval`, `delayed_shift` = `hysteresis`, `min_scale`, `consecutive_hysteresis`)
+//! is the same rule; its scale is a Python float (no finiteness check on growth) and it counts
+//! the growth window by iteration numbers since the last overflow, which is the same count.
+//! The [`ScalerConfig::deepspeed`] preset uses DeepSpeed's fp16 defaults.
+//!
+//! A static scale never changes; a step with inf/NaN gradients is still skipped (as
+//! DeepSpeed's fp16 optimizer does with a static `loss_scale`).
+
+use crate::error::{PrecisionError, Result};
+use crate::overflow::{DiagnosticsConfig, OverflowCounters, OverflowReport, ParamTable};
+
+/// Dynamic loss-scale settings (torch names; DeepSpeed's in the field docs).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DynamicConfig {
+    /// First scale (torch `init_scale` 2^16; DeepSpeed `2^initial_scale_power`, 2^16).
+    pub init_scale: f32,
+    /// Growth multiplier, > 1 (torch 2.0; DeepSpeed's `scale_factor` 2).
+    pub growth_factor: f64,
+    /// Backoff multiplier, in (0, 1) (torch 0.5; DeepSpeed divides by `scale_factor`).
+    pub backoff_factor: f64,
+    /// Finite steps in a row before growing, >= 1 (torch 2000; DeepSpeed
+    /// `loss_scale_window` 1000).
+    pub growth_interval: u32,
+    /// Overflows tolerated before backing off, >= 1 (torch: 1, none; DeepSpeed `hysteresis` 2).
+    pub hysteresis: u32,
+    /// Restore the hysteresis credits after every finite step instead of only on growth
+    /// (DeepSpeed `consecutive_hysteresis`, default false).
+    pub consecutive_hysteresis: bool,
+    /// The scale never backs off below this (torch: 0, no floor; DeepSpeed `min_loss_scale` 1).
+    pub min_scale: f32,
+}
+
+/// How the loss is scaled.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum ScalerConfig {
+    /// A scale that adapts to overflows.
+    Dynamic(DynamicConfig),
+    /// A fixed scale (1.0 for bf16/f32, where no scaling is needed).
+    Static(f32),
+}
+
+impl ScalerConfig {
+    /// torch.amp.GradScaler's defaults: 2^16, x2 every 2000 finite steps, x0.5 on overflow.
+    pub fn torch() -> Self {
+        ScalerConfig::Dynamic(DynamicConfig {
+            init_scale: 65536.0,
+            growth_factor: 2.0,
+            backoff_factor: 0.5,
+            growth_interval: 2000,
+            hysteresis: 1,
+            consecutive_hysteresis: false,
+            min_scale: 0.0,
+        })
+    }
+
+    /// DeepSpeed's fp16 defaults: 2^16, window 1000, hysteresis 2, min_loss_scale 1.
+    pub fn deepspeed() -> Self {
+        ScalerConfig::Dynamic(DynamicConfig {
+            init_scale: 65536.0,
+            growth_factor: 2.0,
+            backoff_factor: 0.5,
+            growth_interval: 1000,
+            hysteresis: 2,
+            consecutive_hysteresis: false,
+            min_scale: 1.0,
+        })
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |field, value: String, reason| {
+            Err(PrecisionError::InvalidConfig {
+                what: "loss scaler",
+                field,
+                value,
+                reason,
+            })
+        };
+        match self {
+            ScalerConfig::Static(s) if !(s.is_finite() && *s > 0.0) => {
+                bad("scale", s.to_string(), "must be finite and > 0")
+            }
+            ScalerConfig::Static(_) => Ok(()),
+            ScalerConfig::Dynamic(c) => {
+                if !(c.init_scale.is_finite() && c.init_scale > 0.0) {
+                    bad(
+                        "init_scale",
+                        c.init_scale.to_string(),
+                        "must be finite and > 0",
+                    )
+                } else if !(c.growth_factor.is_finite() && c.growth_factor > 1.0) {
+                    bad(
+                        "growth_factor",
+                        c.growth_factor.to_string(),
+                        "must be finite and > 1",
+                    )
+                } else if !(c.backoff_factor > 0.0 && c.backoff_factor < 1.0) {
+                    bad(
+                        "backoff_factor",
+                        c.backoff_factor.to_string(),
+                        "must be in (0, 1)",
+                    )
+                } else if c.growth_interval == 0 {
+                    bad("growth_interval", "0".into(), "must be >= 1")
+                } else if c.hysteresis == 0 {
+                    bad(
+                        "hysteresis",
+                        "0".into(),
+                        "must be >= 1 (1 = back off on every overflow)",
+                    )
+                } else if !(c.min_scale.is_finite() && c.min_scale >= 0.0) {
+                    bad(
+                        "min_scale",
+                        c.min_scale.to_string(),
+                        "must be finite and >= 0",
+                    )
+                } else if c.min_scale > c.init_scale {
+                    bad(
+                        "min_scale",
+                        c.min_scale.to_string(),
+                        "must be <= init_scale",
+                    )
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    }
+}
+
+/// Whether the optimizer should apply this step.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepDecision {
+    /// Gradients are finite: clip (after unscaling) and step.
+    Step,
+    /// Gradients held inf/NaN: skip the optimizer step; the report says which and how often.
+    Skip(Box<OverflowReport>),
+}
+
+impl StepDecision {
+    /// True for [`StepDecision::Step`].
+    pub fn should_step(&self) -> bool {
+        matches!(self, StepDecision::Step)
+    }
+}
+
+/// Everything a checkpoint needs to resume the scaler bit-identically.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ScalerState {
+    /// The configuration it ran with.
+    pub config: ScalerConfig,
+    /// Current scale.
+    pub scale: f32,
+    /// Finite steps since the last overflow or growth (torch `_growth_tracker`).
+    pub growth_tracker: u32,
+    /// Hysteresis credits left (DeepSpeed `cur_hysteresis`).
+    pub hysteresis_left: u32,
+    /// Steps seen by `update`.
+    pub steps: u64,
+    /// Overflow counters.
+    pub overflow: OverflowCounters,
+}
+
+/// The loss scaler. See the module docs for the update rule.
+#[derive(Debug, Clone)]
+pub struct LossScaler {
+    state: ScalerState,
+    diagnostics: DiagnosticsConfig,
+    pending_names: Vec<String>,
+}
+
+impl LossScaler {
+    /// A scaler with default diagnostics; errors on an invalid configuration.
+    pub fn new(config: ScalerConfig) -> Result<Self> {
+        Self::with_diagnostics(config, DiagnosticsConfig::default())
+    }
+
+    /// A scaler with the given diagnostics settings.
+    pub fn with_diagnostics(config: ScalerConfig, diagnostics: DiagnosticsConfig) -> Result<Self> {
+        config.validate()?;
+        let (scale, hysteresis) = match &config {
+            ScalerConfig::Dynamic(c) => (c.init_scale, c.hysteresis),
+            ScalerConfig::Static(s) => (*s, 1),
+        };
+        Ok(Self {
+            state: ScalerState {
+                config,
+                scale,
+                growth_tracker: 0,
+                hysteresis_left: hysteresis,
+                steps: 0,
+                overflow: OverflowCounters::default(),
+            },
+            diagnostics,
+            pending_names: Vec::new(),
+        })
+    }
+
+    /// Current scale.
+    pub fn scale(&self) -> f32 {
+        self.state.scale
+    }
+
+    /// `loss * scale` (f32, as torch multiplies the loss by its f32 scale tensor).
+    pub fn scale_loss(&self, loss: f32) -> f32 {
+        loss * self.state.scale
+    }
+
+    /// The multiplier that unscales gradients: `(1.0f64 / scale) as f32`, torch's
+    /// `scale.double().reciprocal().float()`.
+    pub fn inv_scale(&self) -> f32 {
+        (1.0f64 / self.state.scale as f64) as f32
+    }
+
+    /// Multiplies `grads` (a flat buffer) by [`Self::inv_scale`] in place and returns whether
+    /// any gradient was inf/NaN before unscaling (torch's `found_inf`). With a `table`, the
+    /// names of the non-finite parameters are kept for the report of the coming
+    /// [`Self::update`]. Errors if a span of `table` lies outside `grads`.
+    pub fn unscale_and_check(
+        &mut self,
+        grads: &mut [f32],
+        table: Option<&ParamTable>,
+    ) -> Result<bool> {
+        if let Some(t) = table {
+            t.check_fits(grads.len())?;
+        }
+        let inv = self.inv_scale();
+        let mut found = false;
+        for chunk in grads.chunks_mut(4096) {
+            let mut bad = false;
+            for g in chunk.iter_mut() {
+                bad |= g.to_bits() & 0x7F80_0000 == 0x7F80_0000;
+                *g *= inv;
+            }
+            found |= bad;
+        }
+        if found {
+            if let Some(t) = table {
+                // Non-finite inputs stay non-finite after multiplying by a finite inv > 0.
+                self.pending_names.extend(t.nonfinite_names(grads)?);
+            }
+        }
+        Ok(found)
+    }
+
+    /// Records a non-finite gradient found outside [`Self::unscale_and_check`] (another rank,
+    /// another buffer), so the next report names it.
+    pub fn note_nonfinite(&mut self, name: impl Into<String>) {
+        self.pending_names.push(name.into());
+    }
+
+    /// Ends the step: decides step or skip and updates the scale (see the module docs).
+    /// `found_inf` must be the same on every data-parallel rank (all-reduce it with max).
+    pub fn update(&mut self, found_inf: bool) -> StepDecision {
+        let before = self.state.scale;
+        let st = &mut self.state;
+        if let ScalerConfig::Dynamic(c) = &st.config {
+            if found_inf {
+                st.growth_tracker = 0;
+                if st.hysteresis_left > 1 {
+                    st.hysteresis_left -= 1;
+                } else {
+                    let next = (st.scale as f64 * c.backoff_factor) as f32;
+                    st.scale = next.max(c.min_scale);
+                }
+            } else {
+                if c.consecutive_hysteresis {
+                    st.hysteresis_left = c.hysteresis;
+                }
+                st.growth_tracker += 1;
+                if st.growth_tracker >= c.growth_interval {
+                    let next = (st.scale as f64 * c.growth_factor) as f32;
+                    if next.is_finite() {
+                        st.scale = next;
+                    }
+                    st.growth_tracker = 0;
+                    st.hysteresis_left = c.hysteresis;
+                }
+            }
+        }
+        let floor = self.collapse_floor();
+        let step = self.state.steps;
+        self.state.steps += 1;
+        let names = std::mem::take(&mut self.pending_names);
+        let after = self.state.scale;
+        match self.state.overflow.record(
+            &self.diagnostics,
+            floor,
+            step,
+            found_inf,
+            before,
+            after,
+            names,
+        ) {
+            None => StepDecision::Step,
+            Some(report) => {
+                if let Some(c) = &report.collapse {
+                    tracing::warn!("{c}");
+                }
+                StepDecision::Skip(Box::new(report))
+            }
+        }
+    }
+
+    fn collapse_floor(&self) -> f32 {
+        if let Some(f) = self.diagnostics.collapse_floor {
+            return f;
+        }
+        match &self.state.config {
+            ScalerConfig::Dynamic(c) if c.min_scale > 0.0 => c.min_scale,
+            _ => 1.0,
+        }
+    }
+
+    /// The state to save in a checkpoint.
+    pub fn state(&self) -> &ScalerState {
+        &self.state
+    }
+
+    /// Restores a saved state (its configuration included); errors if the state is invalid.
+    pub fn restore(&mut self, state: ScalerState) -> Result<()> {
+        state.config.validate()?;
+        if !(state.scale.is_finite() && state.scale >= 0.0) {
+            return Err(PrecisionError::BadState(format!(
+                "scale {} is not a finite scale",
+                state.scale
+            )));
+        }
+        self.state = state;
+        self.pending_names.clear();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dynamic(f: impl FnOnce(&mut DynamicConfig)) -> ScalerConfig {
+        let ScalerConfig::Dynamic(mut c) = ScalerConfig::torch() else {
+            unreachable!()
+        };
+        f(&mut c);
+        ScalerConfig::Dynamic(c)
+    }
+
+    #[test]
+    fn rejects_bad_config() {
+        for cfg in [
+            dynamic(|c| c.growth_factor = 1.0),
+            dynamic(|c| c.backoff_factor = 1.0),
+            dynamic(|c| c.backoff_factor = 0.0),
+            dynamic(|c| c.growth_interval = 0),
+            dynamic(|c| c.hysteresis = 0),
+            dynamic(|c| c.init_scale = f32::INFINITY),
+            dynamic(|c| c.min_scale = 1e9),
+            ScalerConfig::Static(0.0),
+        ] {
+            assert!(matches!(
+                LossScaler::new(cfg),
+                Err(PrecisionError::InvalidConfig { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn deepspeed_hysteresis_and_floor() {
+        let mut s = LossScaler::new(dynamic(|c| {
+            c.init_scale = 4.0;
+            c.hysteresis = 2;
+            c.min_scale = 1.0;
+            c.growth_interval = 3;
+        }))
+        .unwrap();
+        // First overflow spends a hysteresis credit: scale kept, step still skipped.
+        assert!(!s.update(true).should_step());
+        assert_eq!(s.scale(), 4.0);
+        assert!(!s.update(true).should_step());
+        assert_eq!(s.scale(), 2.0);
+        // Credits are not restored by a finite step (consecutive_hysteresis = false)...
+        assert!(s.update(false).should_step());
+        s.update(true);
+        assert_eq!(s.scale(), 1.0);
+        // ...and the floor holds.
+        s.update(true);
+        assert_eq!(s.scale(), 1.0);
+        // Three finite steps grow and restore the credits.
+        for _ in 0..3 {
+            s.update(false);
+        }
+        assert_eq!(s.scale(), 2.0);
+        s.update(true);
+        assert_eq!(s.scale(), 2.0);
+    }
+
+    #[test]
+    fn consecutive_hysteresis_restores_on_finite_step() {
+        let mut s = LossScaler::new(dynamic(|c| {
+            c.hysteresis = 2;
+            c.consecutive_hysteresis = true;
+        }))
+        .unwrap();
+        s.update(true);
+        s.update(false);
+        s.update(true);
+        assert_eq!(s.scale(), 65536.0);
+        s.update(true);
+        assert_eq!(s.scale(), 32768.0);
+    }
+
+    #[test]
+    fn static_scale_skips_but_never_changes() {
+        let mut s = LossScaler::new(ScalerConfig::Static(128.0)).unwrap();
+        assert_eq!(s.scale_loss(0.5), 64.0);
+        assert!(!s.update(true).should_step());
+        assert!(s.update(false).should_step());
+        assert_eq!(s.scale(), 128.0);
+    }
+
+    #[test]
+    fn collapse_warning_after_patience_at_floor() {
+        let mut s = LossScaler::new(ScalerConfig::deepspeed()).unwrap();
+        let table = ParamTable::contiguous([("a", 2), ("b", 2)]);
+        let mut last = None;
+        for _ in 0..40 {
+            let mut g = [1.0, 1.0, f32::NAN, 1.0];
+            let inf = s.unscale_and_check(&mut g, Some(&table)).unwrap();
+            last = Some(s.update(inf));
+        }
+        let StepDecision::Skip(r) = last.unwrap() else {
+            panic!("expected a skip")
+        };
+        assert_eq!(r.total_skips, 40);
+        assert_eq!(r.consecutive_skips, 40);
+        assert_eq!(r.nonfinite_params, vec!["b"]);
+        let c = r.collapse.expect("collapse warning");
+        assert_eq!(c.floor, 1.0);
+        assert!(c.consecutive_at_floor >= 3);
+        let msg = c.to_string();
+        assert!(msg.contains("already at minimum") && msg.contains("bf16") && msg.contains("clip"));
+        // A finite step ends the spiral.
+        assert!(s.update(false).should_step());
+        assert_eq!(s.state().overflow.consecutive_at_floor, 0);
+    }
+
+    #[test]
+    fn state_round_trips_through_json() {
+        let mut a = LossScaler::new(ScalerConfig::deepspeed()).unwrap();
+        for i in 0..2500 {
+            a.update(i % 700 == 3);
+        }
+        let json = serde_json::to_string(a.state()).unwrap();
+        let mut b = LossScaler::new(ScalerConfig::torch()).unwrap();
+        b.restore(serde_json::from_str(&json).unwrap()).unwrap();
+        for i in 0..3000 {
+            let f = i % 911 == 5;
+            assert_eq!(a.update(f), b.update(f));
+            assert_eq!(a.state(), b.state());
+        }
+    }
+}
