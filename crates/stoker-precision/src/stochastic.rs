@@ -4,8 +4,8 @@
 //! lower neighbour, in units of that bf16's spacing, so the rounding is unbiased in
 //! expectation: small updates to bf16 weights survive on average instead of being rounded
 //! away. Implementation: add 16 random bits to the f32 bits and keep the high half (a carry out
-//! of the low 16 bits happens with probability `low16 / 65536`). NaN becomes a quiet NaN as in
-//! round-to-nearest; ±inf stays ±inf; a finite value above the largest bf16 may round up to inf
+//! of the low 16 bits happens with probability `low16 / 65536`). NaN becomes the canonical NaN
+//! (`0x7FC0` with its sign) as in round-to-nearest; ±inf stays ±inf; a finite value above the largest bf16 may round up to inf
 //! (llm.c's version does the same).
 //!
 //! The random bits of element `i` are a hash of `(seed, offset + i)`: counter-based, so a
@@ -43,7 +43,7 @@ fn noise(seed: u64, index: u64) -> u32 {
 pub fn f32_to_bf16_stochastic_with(x: f32, r: u32) -> bf16 {
     let b = x.to_bits();
     let up = (b.wrapping_add(r & 0xFFFF) >> 16) as u16;
-    let nan = ((b >> 16) | 0x40) as u16;
+    let nan = (((b >> 16) & 0x8000) | 0x7FC0) as u16;
     bf16::from_bits(if b & 0x7FFF_FFFF > 0x7F80_0000 {
         nan
     } else {
