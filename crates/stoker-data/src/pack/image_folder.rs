@@ -1,0 +1,169 @@
+//! Packs a folder of JPEGs with one sub-folder per class into an image record dataset.
+//!
+//! Classes are the sub-folder names in byte order (label `k` = `k`-th name, as torchvision's
+//! `ImageFolder`); inside a class, files are taken in byte order of their relative path,
+//! descending into nested folders. Every file must start with the JPEG SOI marker: by default a
+//! non-JPEG is an error naming the file (a stray `.DS_Store` or PNG would otherwise silently
+//! shift nothing but cost a decode error mid-epoch); [`PackOptions::skip_non_jpeg`] skips and
+//! lists them instead. Files at the top level, beside the class folders, are ignored.
+
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use crate::image_folder::{classes_path, labels_path};
+use crate::npy::write_npy;
+use crate::records::{RecordManifest, RecordWriter};
+use crate::{DType, DataError, Result};
+
+/// Choices for [`pack_image_folder_with`].
+#[derive(Debug, Clone, Default)]
+pub struct PackOptions {
+    /// Skip (and report) files that are not JPEGs instead of failing on the first one.
+    pub skip_non_jpeg: bool,
+}
+
+/// What [`pack_image_folder`] wrote.
+#[derive(Debug, Clone)]
+pub struct PackSummary {
+    /// Class names in label order.
+    pub classes: Vec<String>,
+    /// Images written per class, in label order.
+    pub per_class: Vec<u64>,
+    /// The shard's manifest (record count, sizes, checksums).
+    pub manifest: RecordManifest,
+    /// Files skipped as non-JPEG (empty unless `skip_non_jpeg`).
+    pub skipped: Vec<PathBuf>,
+    /// The files written: data, index, manifest, labels, classes.
+    pub outputs: Vec<PathBuf>,
+}
+
+/// Packs `src_dir` (one sub-folder per class) into `OUT.data`, `OUT.index`,
+/// `OUT.manifest.json`, `OUT.labels.npy` and `OUT.classes.json`; non-JPEG files are an error.
+pub fn pack_image_folder(
+    src_dir: impl AsRef<Path>,
+    out_prefix: impl AsRef<Path>,
+) -> Result<PackSummary> {
+    pack_image_folder_with(src_dir, out_prefix, &PackOptions::default())
+}
+
+/// [`pack_image_folder`] with options.
+pub fn pack_image_folder_with(
+    src_dir: impl AsRef<Path>,
+    out_prefix: impl AsRef<Path>,
+    options: &PackOptions,
+) -> Result<PackSummary> {
+    let src = src_dir.as_ref();
+    let out = out_prefix.as_ref();
+    let classes = class_dirs(src)?;
+    if classes.is_empty() {
+        return Err(DataError::format(
+            src,
+            "classes",
+            "no sub-folders (expected one folder per class)",
+        ));
+    }
+    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        fs::create_dir_all(parent).map_err(|e| DataError::io(parent, e))?;
+    }
+    let mut writer = RecordWriter::create(out)?;
+    let mut labels: Vec<i64> = Vec::new();
+    let mut per_class = Vec::with_capacity(classes.len());
+    let mut skipped = Vec::new();
+    let mut buf = Vec::new();
+    for (label, name) in classes.iter().enumerate() {
+        let mut files = Vec::new();
+        walk_files(&src.join(name), &mut files)?;
+        let before = labels.len();
+        for file in files {
+            buf.clear();
+            fs::File::open(&file)
+                .and_then(|mut f| f.read_to_end(&mut buf))
+                .map_err(|e| DataError::io(&file, e))?;
+            if !(buf.len() >= 3 && buf[..3] == [0xFF, 0xD8, 0xFF]) {
+                if options.skip_non_jpeg {
+                    skipped.push(file);
+                    continue;
+                }
+                return Err(DataError::format(
+                    &file,
+                    "SOI marker",
+                    format!(
+                        "not a JPEG: starts with {:02X?} (expected FF D8 FF); remove it or pack with skip_non_jpeg",
+                        &buf[..buf.len().min(3)]
+                    ),
+                ));
+            }
+            writer.append(&buf)?;
+            labels.push(label as i64);
+        }
+        per_class.push((labels.len() - before) as u64);
+    }
+    if labels.is_empty() {
+        return Err(DataError::format(
+            src,
+            "images",
+            "no JPEG files in any class folder",
+        ));
+    }
+    let manifest = writer.finish()?;
+    let labels_file = labels_path(out);
+    write_npy(
+        &labels_file,
+        DType::I64,
+        &[labels.len()],
+        bytemuck::cast_slice(&labels),
+    )?;
+    let classes_file = classes_path(out);
+    let json = serde_json::to_string_pretty(&classes).expect("names serialize");
+    fs::write(&classes_file, json + "\n").map_err(|e| DataError::io(&classes_file, e))?;
+    let paths = crate::records::RecordPaths::new(out);
+    Ok(PackSummary {
+        classes,
+        per_class,
+        manifest,
+        skipped,
+        outputs: vec![
+            paths.data,
+            paths.index,
+            paths.manifest,
+            labels_file,
+            classes_file,
+        ],
+    })
+}
+
+/// Sub-folder names of `dir`, sorted; they must be valid UTF-8 to go into the JSON list.
+fn class_dirs(dir: &Path) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| DataError::io(dir, e))? {
+        let entry = entry.map_err(|e| DataError::io(dir, e))?;
+        let path = entry.path();
+        if !path.is_dir() {
+            continue;
+        }
+        let name = entry.file_name().into_string().map_err(|raw| {
+            DataError::format(&path, "class name", format!("{raw:?} is not valid UTF-8"))
+        })?;
+        names.push(name);
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Every regular file under `dir`, in byte order of its path, recursively.
+fn walk_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    let mut entries: Vec<PathBuf> = fs::read_dir(dir)
+        .map_err(|e| DataError::io(dir, e))?
+        .map(|e| e.map(|e| e.path()).map_err(|err| DataError::io(dir, err)))
+        .collect::<Result<_>>()?;
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            walk_files(&path, out)?;
+        } else if path.is_file() {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
