@@ -1,2 +1,109 @@
 //! stoker-plan: the memory / communication / time model behind `stoker plan`.
+//!
+//! Given a model, the hardware and a training setup, it predicts per-device memory for DDP,
+//! ZeRO-1/2/3 with and without offload, the communication and step time of each, and
+//! recommends (in the chapter's order: data, precision, strategy) the cheapest strategy
+//! that fits, emitting a training config.
+//!
+//! ```
+//! use stoker_plan::{input::PlanInput, plan, resolve::resolve};
+//! let cli: PlanInput = toml::from_str(r#"
+//!     model = { preset = "gpt2-124m" }
+//!     hardware = { preset = "a100-80gb" }
+//! "#).unwrap();
+//! let r = resolve(&PlanInput::default(), None, &cli).unwrap();
+//! let p = plan(r, None);
+//! assert_eq!(p.decision.chosen.map(|i| p.strategies[i].label.as_str()), Some("ddp"));
+//! ```
 #![deny(missing_docs)]
+
+pub mod activation;
+pub mod comm;
+pub mod deepspeed;
+pub mod ds_estimate;
+pub mod emit;
+pub mod error;
+pub mod hardware;
+pub mod input;
+pub mod loader;
+pub mod memory;
+pub mod model;
+pub mod precision;
+pub mod recommend;
+pub mod report;
+pub mod resolve;
+pub mod setup;
+pub mod strategy;
+pub mod time;
+
+pub use error::{PlanError, Result};
+pub use report::Plan;
+
+use ds_estimate::Formula;
+use emit::{
+    AccumulationSection, DataSection, ModelSection, OptimizerSection, ParallelSection,
+    PrecisionSection, TrainingConfig,
+};
+use loader::LoaderBench;
+use resolve::Resolved;
+use setup::{Accounting, Dtype};
+
+/// Plans for validated inputs, with an optional loader benchmark.
+pub fn plan(r: Resolved, bench: Option<&LoaderBench>) -> Plan {
+    let rows = recommend::evaluate_all(&r);
+    let decision = recommend::decide(&r, &rows, bench);
+    let config = decision.chosen.map(|i| {
+        let row = &rows[i];
+        TrainingConfig {
+            model: ModelSection {
+                name: r.model.name.clone(),
+                params: r.model.params,
+                seq_len: r.setup.seq_len,
+                activation_checkpointing: r.setup.activation_checkpointing,
+            },
+            data: DataSection {
+                num_workers: decision.data.num_workers,
+                prefetch_factor: decision.data.prefetch_factor,
+                // Pinned buffers only help a host-to-accelerator copy.
+                pin_memory: r.hardware.dtype(Dtype::Bf16).is_some_and(|d| d.native),
+                micro_batch: row.micro_batch,
+                required_samples_per_s: (decision.data.per_device * 10.0).round() / 10.0,
+            },
+            precision: PrecisionSection {
+                precision: r.setup.precision.name().into(),
+                loss_scaling: if r.precision.loss_scaling {
+                    "dynamic"
+                } else {
+                    "none"
+                }
+                .into(),
+            },
+            accumulation: AccumulationSection {
+                accumulation_steps: row.accumulation_steps,
+                global_batch: r.setup.global_batch,
+            },
+            parallel: ParallelSection {
+                strategy: row.strategy.stage.name().into(),
+                offload_optimizer: row.strategy.offload_optimizer,
+                offload_params: row.strategy.offload_params,
+                world_size: r.hardware.world_size(),
+                devices_per_node: r.hardware.devices_per_node,
+            },
+            optimizer: OptimizerSection {
+                name: r.setup.optimizer.name().into(),
+            },
+        }
+    });
+    let deepspeed_estimator = match r.setup.accounting {
+        Accounting::Stoker => None,
+        Accounting::Deepspeed => Some(report::deepspeed_lines(&r, Formula::Current)),
+        Accounting::DeepspeedLegacy => Some(report::deepspeed_lines(&r, Formula::Legacy)),
+    };
+    Plan {
+        inputs: r,
+        strategies: rows,
+        decision,
+        config,
+        deepspeed_estimator,
+    }
+}

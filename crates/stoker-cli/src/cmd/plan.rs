@@ -1,10 +1,262 @@
-//! `stoker plan`.
+//! `stoker plan`: predict memory, communication and step time per strategy and recommend one.
+//! Parses arguments into the planner's raw input and prints; the model lives in stoker-plan.
 
-/// Arguments of `stoker plan`.
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use stoker_plan::deepspeed::DsConfig;
+use stoker_plan::input::{Count, HardwareInput, ModelInput, PlanInput, TrainingInput};
+use stoker_plan::loader::LoaderBench;
+
+/// Arguments of `stoker plan`. Precedence: --config TOML < --deepspeed JSON < flags.
 #[derive(clap::Args)]
-pub struct PlanArgs {}
+pub struct PlanArgs {
+    /// TOML plan file with [model], [hardware], [training] tables (docs/plan.md).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Existing DeepSpeed ds_config.json: batch keys, ZeRO stage, offload, fp16/bf16.
+    #[arg(long, value_name = "FILE")]
+    deepspeed: Option<PathBuf>,
+    /// `stoker bench loader --json` result, to pick num_workers / prefetch_factor.
+    #[arg(long, value_name = "FILE")]
+    loader_bench: Option<PathBuf>,
+    /// Print the plan as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Write the emitted training config (TOML) to this file.
+    #[arg(long, value_name = "FILE")]
+    emit_config: Option<PathBuf>,
+    /// List model and hardware presets and exit.
+    #[arg(long)]
+    list_presets: bool,
+
+    /// Model preset (gpt2-124m, gpt2-1.5b, llama-7b, llama-13b, llama-70b, stoker-gpt, t5-3b).
+    #[arg(long, help_heading = "Model")]
+    model: Option<String>,
+    /// Parameter count (7.5e9, 7.5B, 124M); alone it plans model states only.
+    #[arg(long, help_heading = "Model", allow_hyphen_values = true)]
+    params: Option<String>,
+    /// Architecture family: gpt2 or llama.
+    #[arg(long, help_heading = "Model")]
+    family: Option<String>,
+    /// Transformer blocks.
+    #[arg(long, help_heading = "Model", allow_negative_numbers = true)]
+    layers: Option<i64>,
+    /// Model width.
+    #[arg(long, help_heading = "Model", allow_negative_numbers = true)]
+    hidden: Option<i64>,
+    /// Attention heads.
+    #[arg(long, help_heading = "Model", allow_negative_numbers = true)]
+    heads: Option<i64>,
+    /// Key/value heads (grouped-query attention).
+    #[arg(long, help_heading = "Model", allow_negative_numbers = true)]
+    kv_heads: Option<i64>,
+    /// MLP inner width.
+    #[arg(long, help_heading = "Model", allow_negative_numbers = true)]
+    ffn_hidden: Option<i64>,
+    /// Vocabulary size.
+    #[arg(long, help_heading = "Model", allow_negative_numbers = true)]
+    vocab: Option<i64>,
+    /// Architecture context length (learned position table).
+    #[arg(long, help_heading = "Model", allow_negative_numbers = true)]
+    context: Option<i64>,
+
+    /// Hardware preset (a100-80gb, h100-80gb, h200-141gb, cpu).
+    #[arg(long, help_heading = "Hardware")]
+    hardware: Option<String>,
+    /// Nodes.
+    #[arg(long, help_heading = "Hardware", allow_negative_numbers = true)]
+    nodes: Option<i64>,
+    /// Devices per node.
+    #[arg(long, help_heading = "Hardware", allow_negative_numbers = true)]
+    devices_per_node: Option<i64>,
+    /// Memory per device, GiB.
+    #[arg(long, help_heading = "Hardware", allow_negative_numbers = true)]
+    memory_gib: Option<f64>,
+    /// Host memory per node, GiB.
+    #[arg(long, help_heading = "Hardware", allow_negative_numbers = true)]
+    host_memory_gib: Option<f64>,
+    /// Host CPU cores per node.
+    #[arg(long, help_heading = "Hardware", allow_negative_numbers = true)]
+    host_cores: Option<i64>,
+    /// Peak dense TFLOP/s for a dtype, e.g. bf16=989 (repeatable).
+    #[arg(long, help_heading = "Hardware", value_name = "DTYPE=TFLOPS")]
+    peak_tflops: Vec<String>,
+    /// Intra-node ring bus bandwidth, GB/s.
+    #[arg(long, help_heading = "Hardware", allow_negative_numbers = true)]
+    intra_node_gbyte_s: Option<f64>,
+    /// Inter-node bandwidth per node, Gbit/s (e.g. 10 for a 10 Gbps network).
+    #[arg(long, help_heading = "Hardware", allow_negative_numbers = true)]
+    inter_node_gbit_s: Option<f64>,
+    /// Host<->device (PCIe) bandwidth per device, GB/s.
+    #[arg(long, help_heading = "Hardware", allow_negative_numbers = true)]
+    host_link_gbyte_s: Option<f64>,
+    /// Host memory bandwidth per node, GB/s.
+    #[arg(long, help_heading = "Hardware", allow_negative_numbers = true)]
+    host_mem_gbyte_s: Option<f64>,
+
+    /// Sequences per optimizer step over all devices.
+    #[arg(long, help_heading = "Training", allow_negative_numbers = true)]
+    global_batch: Option<i64>,
+    /// Tokens per sequence.
+    #[arg(long, help_heading = "Training", allow_negative_numbers = true)]
+    seq_len: Option<i64>,
+    /// Pin the micro-batch per device.
+    #[arg(long, help_heading = "Training", allow_negative_numbers = true)]
+    micro_batch: Option<i64>,
+    /// Pin the accumulation steps.
+    #[arg(long, help_heading = "Training", allow_negative_numbers = true)]
+    accumulation_steps: Option<i64>,
+    /// fp32, fp16, bf16, bf16-pure or fp8 (default: chosen for the hardware).
+    #[arg(long, help_heading = "Training")]
+    precision: Option<String>,
+    /// adam or sgd.
+    #[arg(long, help_heading = "Training")]
+    optimizer: Option<String>,
+    /// Full activation checkpointing (--activation-checkpointing[=true|false]).
+    #[arg(long, help_heading = "Training", num_args = 0..=1, default_missing_value = "true")]
+    activation_checkpointing: Option<bool>,
+    /// Fused attention without the s x s matrix (default true).
+    #[arg(long, help_heading = "Training", num_args = 0..=1, default_missing_value = "true")]
+    flash_attention: Option<bool>,
+    /// Assumed model FLOP utilization, 0..1.
+    #[arg(long, help_heading = "Training", allow_negative_numbers = true)]
+    mfu: Option<f64>,
+    /// Fragmentation allowance, fraction (default 0.05).
+    #[arg(long, help_heading = "Training", allow_negative_numbers = true)]
+    fragmentation: Option<f64>,
+    /// Safety margin, fraction of capacity (default 0.10).
+    #[arg(long, help_heading = "Training", allow_negative_numbers = true)]
+    safety_margin: Option<f64>,
+    /// Gradient bucket, MB (default 25).
+    #[arg(long, help_heading = "Training", allow_negative_numbers = true)]
+    bucket_mb: Option<f64>,
+    /// stoker (ZeRO paper's 16 bytes/param), deepspeed (2P + 18P/G) or deepspeed-legacy (4P + 16P/G).
+    #[arg(long, help_heading = "Training")]
+    accounting: Option<String>,
+    /// Check a specific strategy too: ddp, zero1, zero2, zero3.
+    #[arg(long, help_heading = "Training")]
+    strategy: Option<String>,
+    /// With --strategy: optimizer offloaded to host memory.
+    #[arg(long, help_heading = "Training", num_args = 0..=1, default_missing_value = "true")]
+    offload_optimizer: Option<bool>,
+    /// With --strategy zero3: parameters offloaded too.
+    #[arg(long, help_heading = "Training", num_args = 0..=1, default_missing_value = "true")]
+    offload_params: Option<bool>,
+}
+
+fn peaks(items: &[String]) -> anyhow::Result<Option<BTreeMap<String, f64>>> {
+    if items.is_empty() {
+        return Ok(None);
+    }
+    let mut out = BTreeMap::new();
+    for item in items {
+        let (k, v) = item.split_once('=').with_context(|| {
+            format!("--peak-tflops {item:?}: expected DTYPE=TFLOPS, e.g. bf16=989")
+        })?;
+        let v: f64 = v
+            .trim()
+            .parse()
+            .with_context(|| format!("--peak-tflops {item:?}: {v:?} is not a number"))?;
+        out.insert(k.trim().to_string(), v);
+    }
+    Ok(Some(out))
+}
+
+impl PlanArgs {
+    fn to_input(&self) -> anyhow::Result<PlanInput> {
+        Ok(PlanInput {
+            model: ModelInput {
+                preset: self.model.clone(),
+                params: self.params.clone().map(Count::Text),
+                family: self.family.clone(),
+                layers: self.layers,
+                hidden: self.hidden,
+                heads: self.heads,
+                kv_heads: self.kv_heads,
+                ffn_hidden: self.ffn_hidden,
+                vocab: self.vocab,
+                context: self.context,
+                tied_embeddings: None,
+            },
+            hardware: HardwareInput {
+                preset: self.hardware.clone(),
+                nodes: self.nodes,
+                devices_per_node: self.devices_per_node,
+                memory_gib: self.memory_gib,
+                host_memory_gib: self.host_memory_gib,
+                host_cores: self.host_cores,
+                peak_tflops: peaks(&self.peak_tflops)?,
+                intra_node_gbyte_s: self.intra_node_gbyte_s,
+                inter_node_gbit_s: self.inter_node_gbit_s,
+                host_link_gbyte_s: self.host_link_gbyte_s,
+                host_mem_gbyte_s: self.host_mem_gbyte_s,
+            },
+            training: TrainingInput {
+                global_batch: self.global_batch,
+                seq_len: self.seq_len,
+                micro_batch: self.micro_batch,
+                accumulation_steps: self.accumulation_steps,
+                precision: self.precision.clone(),
+                optimizer: self.optimizer.clone(),
+                activation_checkpointing: self.activation_checkpointing,
+                flash_attention: self.flash_attention,
+                mfu: self.mfu,
+                fragmentation: self.fragmentation,
+                safety_margin: self.safety_margin,
+                bucket_mb: self.bucket_mb,
+                accounting: self.accounting.clone(),
+                strategy: self.strategy.clone(),
+                offload_optimizer: self.offload_optimizer,
+                offload_params: self.offload_params,
+            },
+        })
+    }
+}
 
 /// Runs `stoker plan`.
-pub fn run(_args: PlanArgs) -> anyhow::Result<()> {
-    anyhow::bail!("stoker plan: not implemented yet")
+pub fn run(args: PlanArgs) -> anyhow::Result<()> {
+    if args.list_presets {
+        println!("models:");
+        for (name, what) in stoker_plan::model::MODEL_PRESETS {
+            println!("  {name:<12} {what}");
+        }
+        println!("hardware:");
+        for (name, what) in stoker_plan::hardware::HARDWARE_PRESETS {
+            println!("  {name:<12} {what}");
+        }
+        return Ok(());
+    }
+    let file = match &args.config {
+        Some(p) => PlanInput::from_toml_file(p)?,
+        None => PlanInput::default(),
+    };
+    let ds = args
+        .deepspeed
+        .as_deref()
+        .map(DsConfig::from_file)
+        .transpose()?;
+    let bench = args
+        .loader_bench
+        .as_deref()
+        .map(LoaderBench::from_file)
+        .transpose()?;
+    let cli = args.to_input()?;
+    let resolved = stoker_plan::resolve::resolve(&file, ds.as_ref(), &cli)?;
+    let plan = stoker_plan::plan(resolved, bench.as_ref());
+    if let Some(path) = &args.emit_config {
+        let cfg = plan
+            .config
+            .as_ref()
+            .context("no strategy fits, so there is no training config to emit")?;
+        std::fs::write(path, cfg.to_toml())
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if args.json {
+        println!("{}", plan.to_json());
+    } else {
+        print!("{}", plan.to_text());
+    }
+    Ok(())
 }

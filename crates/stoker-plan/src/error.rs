@@ -1,0 +1,112 @@
+//! Errors of the planner: each names the field or key at fault and what was expected.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while reading inputs or planning.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// A numeric input was zero, negative, not finite or out of range.
+    #[error("{field} must be {expected}, got {got}")]
+    InvalidValue {
+        /// Dotted name of the field, e.g. `hardware.nodes`.
+        field: String,
+        /// What a valid value looks like.
+        expected: String,
+        /// The offending value as written.
+        got: String,
+    },
+    /// A required input was not given by any source.
+    #[error("{field} is required: {hint}")]
+    Missing {
+        /// Dotted name of the missing field.
+        field: String,
+        /// How to provide it.
+        hint: String,
+    },
+    /// A preset name that stoker does not know.
+    #[error("unknown {kind} preset {name:?}; known: {known}")]
+    UnknownPreset {
+        /// "model" or "hardware".
+        kind: &'static str,
+        /// The name given.
+        name: String,
+        /// Comma-separated known names.
+        known: String,
+    },
+    /// An enumerated option with a value outside its set.
+    #[error("{field}: unknown value {got:?}; expected one of {expected}")]
+    UnknownOption {
+        /// Dotted name of the field.
+        field: String,
+        /// The value given.
+        got: String,
+        /// The accepted values.
+        expected: String,
+    },
+    /// Batch arithmetic that does not add up (global = micro x accumulation x world).
+    #[error("batch arithmetic: {0}")]
+    Batch(String),
+    /// A DeepSpeed configuration whose keys contradict each other or stoker's model.
+    #[error("DeepSpeed config {path}: {message}")]
+    DeepSpeed {
+        /// The file read.
+        path: String,
+        /// What is wrong, naming the keys.
+        message: String,
+    },
+    /// A file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// Malformed JSON (DeepSpeed config or loader benchmark).
+    #[error("{path}: malformed JSON: {source}")]
+    Json {
+        /// The file.
+        path: String,
+        /// The parser's message (with line and column).
+        source: serde_json::Error,
+    },
+    /// Malformed TOML plan input.
+    #[error("{path}: malformed TOML: {source}")]
+    Toml {
+        /// The file.
+        path: String,
+        /// The parser's message (with line and column).
+        source: toml::de::Error,
+    },
+    /// A combination of options that cannot be planned.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// Result alias of the planner.
+pub type Result<T> = std::result::Result<T, PlanError>;
+
+/// Builds an [`PlanError::InvalidValue`] from displayable parts.
+pub(crate) fn invalid(field: &str, expected: &str, got: impl std::fmt::Display) -> PlanError {
+    PlanError::InvalidValue {
+        field: field.to_string(),
+        expected: expected.to_string(),
+        got: got.to_string(),
+    }
+}
+
+/// Checks that `v` is a positive integer (given as i64 so negative input reaches us).
+pub(crate) fn positive_int(field: &str, v: i64) -> Result<u64> {
+    if v <= 0 {
+        return Err(invalid(field, "a positive integer", v));
+    }
+    Ok(v as u64)
+}
+
+/// Checks that `v` is finite and strictly positive.
+pub(crate) fn positive_f64(field: &str, v: f64) -> Result<f64> {
+    if !v.is_finite() || v <= 0.0 {
+        return Err(invalid(field, "a positive number", v));
+    }
+    Ok(v)
+}

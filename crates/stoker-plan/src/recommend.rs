@@ -1,0 +1,407 @@
+//! The recommendation, in the chapter's order: (a) data rate and loader setting, (b) precision
+//! (decided in [`crate::precision`]), (c) the cheapest strategy that fits, tried in the order
+//! DDP -> ZeRO-1 -> ZeRO-2 -> ZeRO-3 -> offload, each with the largest micro-batch that fits.
+
+use serde::Serialize;
+
+use crate::comm::{communication, Comm};
+use crate::hardware::GB;
+use crate::loader::{self, LoaderBench, LoaderChoice};
+use crate::memory::{self, MemoryEstimate};
+use crate::resolve::Resolved;
+use crate::setup::Accounting;
+use crate::strategy::{self, Stage, Strategy};
+use crate::time::{step_time, StepTime};
+
+/// One strategy evaluated at its best micro-batch.
+#[derive(Clone, Debug, Serialize)]
+pub struct StrategyRow {
+    /// The strategy.
+    pub strategy: Strategy,
+    /// Its label, e.g. `zero2+offload-opt`.
+    pub label: String,
+    /// Sequences per device per micro-step.
+    pub micro_batch: u64,
+    /// Micro-steps per optimizer step.
+    pub accumulation_steps: u64,
+    /// Memory at that micro-batch.
+    pub memory: MemoryEstimate,
+    /// Collectives.
+    pub comm: Comm,
+    /// Step time.
+    pub time: StepTime,
+}
+
+/// Decision (a): the data rate and, with a benchmark, the loader setting.
+#[derive(Clone, Debug, Serialize)]
+pub struct DataDecision {
+    /// Samples/s the whole job consumes at the recommended step time.
+    pub samples_per_s: f64,
+    /// Samples/s per node.
+    pub per_node: f64,
+    /// Samples/s per device (= per loader, one loader per device).
+    pub per_device: f64,
+    /// The benchmark point chosen, if a benchmark was given.
+    pub loader: Option<LoaderChoice>,
+    /// Loader workers per device for the emitted config.
+    pub num_workers: u64,
+    /// Prefetch factor for the emitted config.
+    pub prefetch_factor: u64,
+    /// One sentence with the numbers.
+    pub reason: String,
+}
+
+/// The whole recommendation.
+#[derive(Clone, Debug, Serialize)]
+pub struct Decision {
+    /// (a) data.
+    pub data: DataDecision,
+    /// (b) precision sentence.
+    pub precision: String,
+    /// (c) index into the rows of the chosen strategy, if any fits.
+    pub chosen: Option<usize>,
+    /// (c) one line per strategy tried, in order.
+    pub path: Vec<String>,
+    /// (c) the strategy sentence.
+    pub strategy: String,
+    /// Warnings (communication-bound ZeRO-3, unmet loader rate, ...).
+    pub warnings: Vec<String>,
+}
+
+/// Formats bytes in the accounting's unit (GB for stoker, GiB for DeepSpeed's).
+pub fn fmt_bytes(bytes: f64, accounting: Accounting) -> String {
+    match accounting {
+        Accounting::Stoker => format!("{:.1} GB", bytes / GB),
+        _ => format!("{:.2} GiB", bytes / crate::hardware::GIB),
+    }
+}
+
+/// Formats seconds with a unit that keeps three significant digits.
+pub fn fmt_s(s: f64) -> String {
+    if s == 0.0 {
+        "0 s".into()
+    } else if s >= 1.0 {
+        format!("{s:.2} s")
+    } else if s >= 1e-3 {
+        format!("{:.1} ms", s * 1e3)
+    } else {
+        format!("{:.1} us", s * 1e6)
+    }
+}
+
+/// Evaluates one strategy: the largest micro-batch dividing the per-device batch that fits
+/// (or the pinned one), else micro-batch 1.
+pub fn evaluate(r: &Resolved, strategy: Strategy) -> StrategyRow {
+    let world = r.hardware.world_size();
+    let per_rank = r.setup.global_batch / world;
+    let est = |m: u64| memory::estimate(&r.model, &r.hardware, &r.setup, strategy, m);
+    let micro = match r.setup.micro_batch {
+        Some(m) => m,
+        None => (1..=per_rank)
+            .rev()
+            .filter(|m| per_rank % m == 0)
+            .find(|&m| est(m).fits)
+            .unwrap_or(1),
+    };
+    let accum = per_rank / micro;
+    let mem = est(micro);
+    let comm = communication(&r.model, &r.hardware, &r.setup, strategy, accum);
+    let peak = r
+        .hardware
+        .dtype(r.setup.precision.compute_dtype())
+        .map_or(f64::NAN, |d| d.peak_flops);
+    let time = step_time(
+        &r.model,
+        &r.hardware,
+        &r.setup,
+        strategy,
+        &comm,
+        micro,
+        accum,
+        peak,
+    );
+    StrategyRow {
+        strategy,
+        label: strategy.label(),
+        micro_batch: micro,
+        accumulation_steps: accum,
+        memory: mem,
+        comm,
+        time,
+    }
+}
+
+/// Evaluates every strategy of the table (plus a pinned one not in it).
+pub fn evaluate_all(r: &Resolved) -> Vec<StrategyRow> {
+    let mut list: Vec<Strategy> = strategy::ALL.to_vec();
+    if let Some(p) = r.pinned_strategy {
+        if !list.contains(&p) {
+            list.push(p);
+        }
+    }
+    list.into_iter().map(|s| evaluate(r, s)).collect()
+}
+
+/// Walks the rows in order and builds the recommendation.
+pub fn decide(r: &Resolved, rows: &[StrategyRow], bench: Option<&LoaderBench>) -> Decision {
+    let acc = r.setup.accounting;
+    let mut warnings: Vec<String> = r.precision.warnings.clone();
+    let mut path = Vec::new();
+    let mut chosen = None;
+    for (i, row) in rows.iter().enumerate() {
+        if !strategy::ALL.contains(&row.strategy) {
+            continue;
+        }
+        let d = &row.memory.device;
+        let h = &row.memory.host;
+        if row.memory.fits {
+            path.push(format!(
+                "{}: fits: {} of {} usable per device at micro-batch {} x {} accumulation steps{}",
+                row.label,
+                fmt_bytes(d.total, acc),
+                fmt_bytes(d.usable, acc),
+                row.micro_batch,
+                row.accumulation_steps,
+                if h.needed > 0.0 {
+                    format!(
+                        ", host {} of {} usable per node",
+                        fmt_bytes(h.needed, acc),
+                        fmt_bytes(h.usable, acc)
+                    )
+                } else {
+                    String::new()
+                }
+            ));
+            chosen = Some(i);
+            break;
+        }
+        let why = if d.total > d.usable {
+            format!(
+                "needs {} per device at micro-batch {} (model states {}, activations {}), over \
+                 the {} usable ({} less the {:.0}% margin)",
+                fmt_bytes(d.total, acc),
+                row.micro_batch,
+                fmt_bytes(d.model_states(), acc),
+                fmt_bytes(d.activations, acc),
+                fmt_bytes(d.usable, acc),
+                fmt_bytes(d.capacity, acc),
+                r.setup.safety_margin * 100.0
+            )
+        } else {
+            format!(
+                "device fits ({}) but the host needs {} per node, over the {} usable",
+                fmt_bytes(d.total, acc),
+                fmt_bytes(h.needed, acc),
+                fmt_bytes(h.usable, acc)
+            )
+        };
+        path.push(format!("{}: does not fit: {why}", row.label));
+    }
+
+    // The row whose timing drives the data rate: the chosen one, else the smallest need.
+    let timing_row = chosen.map(|i| &rows[i]).or_else(|| {
+        rows.iter()
+            .min_by(|a, b| a.memory.device.total.total_cmp(&b.memory.device.total))
+    });
+    let strategy_sentence = match chosen {
+        Some(i) => {
+            let row = &rows[i];
+            let t = &row.time;
+            format!(
+                "{} because it is the first in DDP -> ZeRO-1 -> ZeRO-2 -> ZeRO-3 -> offload that \
+                 fits: {} of {} usable per device with micro-batch {} x {} accumulation steps x \
+                 {} devices = global batch {}; step {} ({} compute, {} exposed communication{}), \
+                 {:.1} samples/s",
+                row.label,
+                fmt_bytes(row.memory.device.total, acc),
+                fmt_bytes(row.memory.device.usable, acc),
+                row.micro_batch,
+                row.accumulation_steps,
+                r.hardware.world_size(),
+                r.setup.global_batch,
+                fmt_s(t.step_s),
+                fmt_s(t.compute_s),
+                fmt_s(t.exposed_comm_s),
+                if t.offload_s > 0.0 {
+                    format!(", {} offload", fmt_s(t.offload_s))
+                } else {
+                    String::new()
+                },
+                t.samples_per_s
+            )
+        }
+        None => match timing_row {
+            None => "no strategy was evaluated".to_string(),
+            Some(best) => format!(
+                "nothing fits: the smallest need is {} with {} per device at micro-batch 1 \
+                 against {} usable; add devices{}, or shorten the sequence",
+                best.label,
+                fmt_bytes(best.memory.device.total, acc),
+                fmt_bytes(best.memory.device.usable, acc),
+                if r.setup.activation_checkpointing {
+                    ""
+                } else {
+                    ", turn on activation checkpointing"
+                }
+            ),
+        },
+    };
+
+    if let Some(i) = chosen {
+        let c = &rows[i];
+        let faster = rows
+            .iter()
+            .skip(i + 1)
+            .filter(|x| x.memory.fits && strategy::ALL.contains(&x.strategy))
+            .min_by(|a, b| a.time.step_s.total_cmp(&b.time.step_s));
+        if let Some(f) = faster {
+            if f.time.step_s < 0.9 * c.time.step_s {
+                warnings.push(format!(
+                    "{} also fits and is estimated {:.0}% faster ({} vs {} per step, from its \
+                     larger micro-batch {} or lighter traffic); the chapter's order prefers {}",
+                    f.label,
+                    (1.0 - f.time.step_s / c.time.step_s) * 100.0,
+                    fmt_s(f.time.step_s),
+                    fmt_s(c.time.step_s),
+                    f.micro_batch,
+                    c.label
+                ));
+            }
+        }
+    }
+    if let Some(p) = r.pinned_strategy {
+        if let Some(row) = rows.iter().find(|x| x.strategy == p) {
+            let verdict = if row.memory.fits {
+                "fits"
+            } else {
+                "does NOT fit"
+            };
+            warnings.push(format!(
+                "the configuration asks for {}: it {} ({} of {} usable per device at micro-batch {})",
+                row.label,
+                verdict,
+                fmt_bytes(row.memory.device.total, acc),
+                fmt_bytes(row.memory.device.usable, acc),
+                row.micro_batch
+            ));
+        }
+    }
+    let world = r.hardware.world_size();
+    if world > 1 {
+        if let Some(z3) = rows
+            .iter()
+            .find(|x| x.strategy == Strategy::plain(Stage::Zero3))
+        {
+            if z3.time.comm_s > z3.time.compute_s {
+                warnings.push(format!(
+                    "at {:.1} GB/s ring bandwidth ({}) ZeRO-3 moves {:.1} GB per device per step \
+                     in {} against {} of compute: its communication exceeds compute, so ZeRO-3 \
+                     would be slower than DDP (the chapter's 10 Gbps warning)",
+                    z3.comm.bus_bw / GB,
+                    if r.hardware.nodes > 1 {
+                        format!(
+                            "{:.0} Gbit/s between nodes",
+                            r.hardware.inter_node_bw * 8.0 / 1e9
+                        )
+                    } else {
+                        "inside one node".to_string()
+                    },
+                    z3.comm.bytes_per_step / GB,
+                    fmt_s(z3.time.comm_s),
+                    fmt_s(z3.time.compute_s)
+                ));
+            }
+        }
+    }
+
+    let data = decide_data(r, timing_row, bench, &mut warnings);
+    Decision {
+        data,
+        precision: r.precision.reason.clone(),
+        chosen,
+        path,
+        strategy: strategy_sentence,
+        warnings,
+    }
+}
+
+fn decide_data(
+    r: &Resolved,
+    row: Option<&StrategyRow>,
+    bench: Option<&LoaderBench>,
+    warnings: &mut Vec<String>,
+) -> DataDecision {
+    let hw = &r.hardware;
+    let step = row.map_or(f64::NAN, |x| x.time.step_s);
+    let total = r.setup.global_batch as f64 / step;
+    let per_node = total / hw.nodes as f64;
+    let per_device = total / hw.world_size() as f64;
+    // Without a measurement: the chapter's "start from 4", within the cores each device gets.
+    let cores_per_device = hw.host_cores / hw.devices_per_node;
+    let default_workers = if hw.host_cores == 0 {
+        4
+    } else {
+        4.min(cores_per_device.saturating_sub(1)).max(1)
+    };
+    let mut num_workers = default_workers;
+    let mut prefetch_factor = 2;
+    let choice = bench.map(|b| loader::pick(b, per_device));
+    let reason = match &choice {
+        Some(LoaderChoice {
+            chosen: Some(p), ..
+        }) => {
+            num_workers = p.num_workers;
+            prefetch_factor = p.prefetch_factor;
+            format!(
+                "the job consumes {total:.1} samples/s ({per_node:.1} per node, {per_device:.1} per \
+                 device); num_workers {} and prefetch_factor {} is the cheapest measured setting \
+                 that delivers it per loader ({:.1} samples/s, one loader per device)",
+                p.num_workers, p.prefetch_factor, p.samples_per_s
+            )
+        }
+        Some(c) => {
+            let fastest = c.fastest.as_ref();
+            if let Some(f) = fastest {
+                num_workers = f.num_workers;
+                prefetch_factor = f.prefetch_factor;
+            }
+            let msg = format!(
+                "no measured loader setting reaches the {per_device:.1} samples/s each device \
+                 needs ({per_node:.1} per node): the fastest, {}, gives {:.1}; the step will wait \
+                 for data unless the loader gets faster",
+                fastest.map_or("none".into(), |f| format!(
+                    "num_workers {} prefetch_factor {}",
+                    f.num_workers, f.prefetch_factor
+                )),
+                fastest.map_or(0.0, |f| f.samples_per_s)
+            );
+            warnings.push(msg.clone());
+            msg
+        }
+        None => format!(
+            "the job consumes {total:.1} samples/s ({per_node:.1} per node, {per_device:.1} per \
+             device, one loader per device); no loader benchmark given, so num_workers {} and \
+             prefetch_factor 2 are starting points: measure with `stoker bench loader --json` \
+             and pass it as --loader-bench",
+            default_workers
+        ),
+    };
+    if hw.host_cores > 0 && num_workers * hw.devices_per_node > hw.host_cores {
+        warnings.push(format!(
+            "num_workers {} x {} devices = {} workers exceeds the node's {} cores",
+            num_workers,
+            hw.devices_per_node,
+            num_workers * hw.devices_per_node,
+            hw.host_cores
+        ));
+    }
+    DataDecision {
+        samples_per_s: total,
+        per_node,
+        per_device,
+        loader: choice,
+        num_workers,
+        prefetch_factor,
+        reason,
+    }
+}

@@ -1,0 +1,110 @@
+//! Step time: compute from FLOPs at an assumed utilization, exposed communication, offload.
+//!
+//! Compute: `6P + 12*L*h*s` FLOPs per token for forward + backward (PaLM, arXiv 2204.02311,
+//! appendix B); activation checkpointing re-runs the forward, 4/3 of that.
+//! Overlap model: gradient reductions hide behind the backward pass (2/3 of a micro-batch's
+//! compute); ZeRO-3's prefetched all-gathers hide behind the whole micro-batch; the
+//! all-gather of updated parameters after the optimizer step (ZeRO-1/2) is exposed.
+//! Offload: gradients go down and updated 16-bit parameters come back over PCIe, and the CPU
+//! steps the optimizer at host memory bandwidth (reading and writing its states once);
+//! neither is assumed hidden.
+
+use serde::Serialize;
+
+use crate::comm::Comm;
+use crate::hardware::Hardware;
+use crate::model::ModelSpec;
+use crate::setup::{state_bytes, Setup};
+use crate::strategy::{Stage, Strategy};
+
+/// Timing of one optimizer step on one device.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct StepTime {
+    /// FLOPs one device computes per step (including recomputation).
+    pub flops: f64,
+    /// Compute time, s.
+    pub compute_s: f64,
+    /// Collectives, s, if nothing overlapped.
+    pub comm_s: f64,
+    /// Collectives left exposed with overlap, s.
+    pub exposed_comm_s: f64,
+    /// PCIe transfers and the CPU optimizer step of offload, s.
+    pub offload_s: f64,
+    /// Step time without overlap: compute + comm + offload, s.
+    pub step_no_overlap_s: f64,
+    /// Step time with overlap: compute + exposed comm + offload, s.
+    pub step_s: f64,
+    /// Global samples (sequences) per second at `step_s`.
+    pub samples_per_s: f64,
+    /// Global tokens per second at `step_s`.
+    pub tokens_per_s: f64,
+}
+
+/// Times one step of `strategy` with `micro` x `accum` sequences per device.
+#[allow(clippy::too_many_arguments)]
+pub fn step_time(
+    model: &ModelSpec,
+    hw: &Hardware,
+    setup: &Setup,
+    strategy: Strategy,
+    comm: &Comm,
+    micro: u64,
+    accum: u64,
+    peak_flops: f64,
+) -> StepTime {
+    let recompute = if setup.activation_checkpointing {
+        4.0 / 3.0
+    } else {
+        1.0
+    };
+    let tokens_micro = (micro * setup.seq_len) as f64;
+    let micro_flops = tokens_micro * model.train_flops_per_token(setup.seq_len) * recompute;
+    let micro_s = micro_flops / (peak_flops * setup.mfu);
+    let backward_s = micro_s * 2.0 / 3.0;
+    let a = accum as f64;
+    let (rs, ag) = (comm.unit_rs_s, comm.unit_ag_s);
+    let exposed = match strategy.stage {
+        Stage::Ddp => (rs + ag - backward_s).max(0.0),
+        Stage::Zero1 => (rs - backward_s).max(0.0) + ag,
+        Stage::Zero2 => a * (rs - backward_s).max(0.0) + ag,
+        Stage::Zero3 => a * (2.0 * ag + rs - micro_s).max(0.0),
+    };
+    let offload_s = offload_time(model, hw, setup, strategy, accum);
+    let compute_s = a * micro_s;
+    let step_s = compute_s + exposed + offload_s;
+    let global = setup.global_batch as f64;
+    StepTime {
+        flops: a * micro_flops,
+        compute_s,
+        comm_s: comm.step_s,
+        exposed_comm_s: exposed,
+        offload_s,
+        step_no_overlap_s: compute_s + comm.step_s + offload_s,
+        step_s,
+        samples_per_s: global / step_s,
+        tokens_per_s: global * setup.seq_len as f64 / step_s,
+    }
+}
+
+fn offload_time(
+    model: &ModelSpec,
+    hw: &Hardware,
+    setup: &Setup,
+    strategy: Strategy,
+    accum: u64,
+) -> f64 {
+    if !strategy.offload_optimizer {
+        return 0.0;
+    }
+    let sb = state_bytes(setup.precision, setup.optimizer);
+    let shard = model.params as f64 / hw.world_size() as f64;
+    let a = accum as f64;
+    // Gradient shards go down every micro-batch (accumulated on the host), parameters up once.
+    let mut pcie = a * shard * sb.grad + shard * sb.weight;
+    if strategy.offload_params {
+        // Each rank fetches its parameter shard for the forward and again for the backward.
+        pcie += a * 2.0 * shard * sb.weight;
+    }
+    let cpu_bytes = hw.devices_per_node as f64 * shard * 2.0 * sb.host_offload;
+    pcie / hw.host_link_bw + cpu_bytes / hw.host_mem_bw
+}
