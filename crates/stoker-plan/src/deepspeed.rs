@@ -152,40 +152,49 @@ impl DsConfig {
         );
         let (global, micro, accum) = match (tbs, mb, gas) {
             (Some(t), Some(m), Some(g)) => {
-                if t != m * g * world {
+                if m.checked_mul(g).and_then(|x| x.checked_mul(world)) != Some(t) {
                     return Err(err(format!(
                         "train_batch_size {t} != train_micro_batch_size_per_gpu {m} x \
                          gradient_accumulation_steps {g} x world size {world} (= {})",
-                        m * g * world
+                        m as u128 * g as u128 * world as u128
                     )));
                 }
                 (Some(t), Some(m), Some(g))
             }
             (Some(t), Some(m), None) => {
-                if t % (m * world) != 0 {
+                if t % m.saturating_mul(world) != 0 {
                     return Err(err(format!(
                         "train_batch_size {t} is not divisible by train_micro_batch_size_per_gpu \
                          {m} x world size {world} (= {}), so gradient_accumulation_steps is not \
                          a whole number",
-                        m * world
+                        m as u128 * world as u128
                     )));
                 }
-                (Some(t), Some(m), Some(t / (m * world)))
+                (Some(t), Some(m), Some(t / m.saturating_mul(world)))
             }
             (Some(t), None, Some(g)) => {
-                if t % (g * world) != 0 {
+                if t % g.saturating_mul(world) != 0 {
                     return Err(err(format!(
                         "train_batch_size {t} is not divisible by gradient_accumulation_steps {g} \
                          x world size {world} (= {}), so train_micro_batch_size_per_gpu is not a \
                          whole number",
-                        g * world
+                        g as u128 * world as u128
                     )));
                 }
-                (Some(t), Some(t / (g * world)), Some(g))
+                (Some(t), Some(t / g.saturating_mul(world)), Some(g))
             }
             (None, Some(m), g) => {
                 let g = g.unwrap_or(1);
-                (Some(m * g * world), Some(m), Some(g))
+                let t = m
+                    .checked_mul(g)
+                    .and_then(|x| x.checked_mul(world))
+                    .ok_or_else(|| {
+                        err(format!(
+                        "train_micro_batch_size_per_gpu {m} x gradient_accumulation_steps {g} x \
+                         world size {world} overflows"
+                    ))
+                    })?;
+                (Some(t), Some(m), Some(g))
             }
             (t, None, g) => (t, None, g),
         };

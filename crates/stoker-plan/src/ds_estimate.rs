@@ -98,8 +98,9 @@ pub fn estimate(
                     cpu_per_node: p * 16.0 * per_node * BUFFER_FACTOR,
                 }
             } else {
+                // 18P/G in all; DeepSpeed does not split it, this split is stoker's reading.
                 let params_b = layer + 2.0 * p / g;
-                let grads = 6.0 * p / g;
+                let grads = 4.0 * p / g;
                 let opt = 12.0 * p / g;
                 DsEstimate {
                     gpu_params: params_b,

@@ -56,6 +56,12 @@ pub struct ModelSpec {
     pub default_global_batch: Option<u64>,
 }
 
+/// Largest accepted architecture dimension (keeps every count inside u64).
+pub const MAX_DIM: u64 = 10_000_000;
+
+/// Largest accepted parameter count.
+pub const MAX_PARAMS: u64 = 10_000_000_000_000_000;
+
 /// Known model presets: (name, what it is).
 pub const MODEL_PRESETS: &[(&str, &str)] = &[
     (
@@ -157,6 +163,14 @@ impl ModelSpec {
     /// Builds a spec from an architecture, validating its shape and counting its parameters.
     pub fn from_arch(name: String, arch: Architecture) -> Result<Self> {
         arch.validate()?;
+        let total = arch.layers as u128 * arch.block_params() as u128;
+        if total > MAX_PARAMS as u128 {
+            return Err(crate::error::invalid(
+                "model",
+                "an architecture below 1e16 parameters",
+                format!("{total} parameters in its blocks"),
+            ));
+        }
         Ok(ModelSpec {
             name,
             params: arch.param_count(),
@@ -208,8 +222,12 @@ impl Architecture {
             ("model.vocab", self.vocab),
             ("model.context", self.context),
         ] {
-            if v == 0 {
-                return Err(crate::error::invalid(field, "a positive integer", 0));
+            if v == 0 || v > MAX_DIM {
+                return Err(crate::error::invalid(
+                    field,
+                    "a positive integer up to 10^7",
+                    v,
+                ));
             }
         }
         if self.hidden % self.heads != 0 {

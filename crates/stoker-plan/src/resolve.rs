@@ -222,6 +222,18 @@ pub fn resolve_hardware(h: &HardwareInput) -> Result<Hardware> {
             }
         }
     };
+    for (field, v) in [
+        ("hardware.nodes", h.nodes),
+        ("hardware.devices_per_node", h.devices_per_node),
+    ] {
+        if v.is_some_and(|x| x > 1_000_000) {
+            return Err(invalid(
+                field,
+                "a positive integer up to 10^6",
+                v.unwrap_or(0),
+            ));
+        }
+    }
     if let Some(v) = opt_pos("hardware.nodes", h.nodes)? {
         hw.nodes = v;
     }
@@ -342,11 +354,11 @@ fn resolve_training(t: &TrainingInput, model: &ModelSpec, hw: &Hardware) -> Resu
     let accum = opt_pos("training.accumulation_steps", t.accumulation_steps)?;
     let (micro, accum) = match (micro, accum) {
         (Some(m), Some(a)) => {
-            if m * a * world != global {
+            if m.checked_mul(a).and_then(|x| x.checked_mul(world)) != Some(global) {
                 return Err(PlanError::Batch(format!(
                     "micro_batch {m} x accumulation_steps {a} x world size {world} = {} != \
                      global_batch {global}",
-                    m * a * world
+                    m as u128 * a as u128 * world as u128
                 )));
             }
             (Some(m), Some(a))

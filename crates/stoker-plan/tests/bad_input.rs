@@ -1,0 +1,146 @@
+//! Bad input gives a clear error naming the field and what was expected, never a panic.
+
+mod common;
+
+use common::resolved;
+use stoker_plan::loader::LoaderBench;
+use stoker_plan::PlanError;
+
+fn err(text: &str) -> String {
+    resolved(text).unwrap_err().to_string()
+}
+
+const OK: &str = "model = { preset = \"gpt2-124m\" }\nhardware = { preset = \"a100-80gb\" }\n";
+
+#[test]
+fn zero_and_negative_sizes() {
+    assert_eq!(
+        err("model = { preset = \"gpt2-124m\" }\nhardware = { preset = \"a100-80gb\", nodes = 0 }"),
+        "hardware.nodes must be a positive integer, got 0"
+    );
+    assert_eq!(
+        err("model = { layers = -4, hidden = 128, heads = 4, vocab = 65 }\nhardware = { preset = \"cpu\" }"),
+        "model.layers must be a positive integer, got -4"
+    );
+    assert_eq!(
+        err("model = { preset = \"gpt2-124m\" }\nhardware = { preset = \"a100-80gb\", memory_gib = -80.0 }"),
+        "hardware.memory_gib must be a positive number, got -80"
+    );
+    assert_eq!(
+        err(&format!("{OK}training = {{ global_batch = 0 }}")),
+        "training.global_batch must be a positive integer, got 0"
+    );
+    assert_eq!(
+        err("model = { params = \"-3B\" }\nhardware = { preset = \"cpu\" }"),
+        "model.params must be a positive count below 1e16, got -3B"
+    );
+    assert_eq!(
+        err("model = { params = \"lots\" }\nhardware = { preset = \"cpu\" }"),
+        "model.params must be a count such as 7.5e9, 7.5B or 124M, got lots"
+    );
+    assert_eq!(
+        err(&format!("{OK}training = {{ mfu = 1.5 }}")),
+        "training.mfu must be a fraction in (0, 1], got 1.5"
+    );
+    assert_eq!(
+        err("model = { preset = \"gpt2-124m\" }\nhardware = { preset = \"a100-80gb\", peak_tflops = { bf16 = 0.0 } }"),
+        "hardware.peak_tflops.bf16 must be a positive number, got 0"
+    );
+}
+
+#[test]
+fn world_size_that_does_not_divide_the_global_batch() {
+    assert_eq!(
+        err("model = { preset = \"gpt2-124m\" }\nhardware = { preset = \"h100-80gb\", nodes = 2 }\ntraining = { global_batch = 1000 }"),
+        "batch arithmetic: world size 16 (2 nodes x 8 devices) does not divide global batch 1000"
+    );
+    assert_eq!(
+        err(&format!("{OK}training = {{ global_batch = 512, micro_batch = 3 }}")),
+        "batch arithmetic: micro_batch 3 does not divide the 64 sequences per device (global_batch 512 / world size 8)"
+    );
+    assert_eq!(
+        err(&format!("{OK}training = {{ global_batch = 512, micro_batch = 4, accumulation_steps = 4 }}")),
+        "batch arithmetic: micro_batch 4 x accumulation_steps 4 x world size 8 = 128 != global_batch 512"
+    );
+}
+
+#[test]
+fn unknown_presets_list_the_known_ones() {
+    assert_eq!(
+        err("model = { preset = \"gpt5\" }\nhardware = { preset = \"cpu\" }"),
+        "unknown model preset \"gpt5\"; known: gpt2-124m, gpt2-1.5b, llama-7b, llama-13b, llama-70b, stoker-gpt, t5-3b"
+    );
+    assert_eq!(
+        err("model = { preset = \"gpt2-124m\" }\nhardware = { preset = \"tpu-v5\" }"),
+        "unknown hardware preset \"tpu-v5\"; known: a100-80gb, h100-80gb, h200-141gb, cpu"
+    );
+}
+
+#[test]
+fn unknown_options_list_the_accepted_values() {
+    assert_eq!(
+        err(&format!("{OK}training = {{ precision = \"fp4\" }}")),
+        "training.precision: unknown value \"fp4\"; expected one of fp32, fp16, bf16, bf16-pure, fp8"
+    );
+    assert_eq!(
+        err(&format!("{OK}training = {{ optimizer = \"lion\" }}")),
+        "training.optimizer: unknown value \"lion\"; expected one of adam, adamw, sgd"
+    );
+    assert_eq!(
+        err(&format!("{OK}training = {{ strategy = \"zero2\", offload_optimizer = true, offload_params = true }}")),
+        "offloading parameters needs ZeRO-3 (stage 3), not zero2"
+    );
+}
+
+#[test]
+fn malformed_or_unknown_toml() {
+    let e = resolved("model = { preset = \"gpt2-124m\"").unwrap_err();
+    assert!(matches!(e, PlanError::Toml { .. }), "{e}");
+    assert!(
+        e.to_string().starts_with("test.toml: malformed TOML"),
+        "{e}"
+    );
+    let e = resolved("[model]\npreset = \"gpt2-124m\"\nlayer = 4\n").unwrap_err();
+    assert!(e.to_string().contains("unknown field `layer`"), "{e}");
+}
+
+#[test]
+fn missing_inputs_say_how_to_give_them() {
+    let e = err("hardware = { preset = \"cpu\" }");
+    assert!(
+        e.starts_with("model is required: give a preset (--model; known: gpt2-124m"),
+        "{e}"
+    );
+    let e = err("model = { params = 1000000 }\nhardware = { preset = \"cpu\" }\ntraining = { global_batch = 8 }");
+    assert_eq!(e, "training.seq_len is required: give --seq-len (tokens per sequence) when the model has no architecture");
+    let e = err("model = { preset = \"gpt2-124m\" }\nhardware = { memory_gib = 16.0, devices_per_node = 2, peak_tflops = { fp16 = 100.0 } }");
+    assert!(
+        e.starts_with("hardware.intra_node_gbyte_s is required"),
+        "{e}"
+    );
+    let e = err("model = { layers = 2, hidden = 100, heads = 3, vocab = 10 }\nhardware = { preset = \"cpu\" }");
+    assert_eq!(
+        e,
+        "model.heads must be a divisor of model.hidden (100), got 3"
+    );
+}
+
+#[test]
+fn loader_bench_errors() {
+    let e = LoaderBench::from_json_str("bench.json", "{\"points\": [").unwrap_err();
+    assert!(
+        e.to_string().starts_with("bench.json: malformed JSON"),
+        "{e}"
+    );
+    let e = LoaderBench::from_json_str("bench.json", "{\"points\": []}").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "bench.json: points must be at least one measured point, got an empty list"
+    );
+    let e = LoaderBench::from_json_str(
+        "bench.json",
+        "{\"points\": [{\"num_workers\": -1, \"prefetch_factor\": 2, \"samples_per_s\": 5.0}]}",
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("bench.json: malformed JSON"), "{e}");
+}
