@@ -308,7 +308,7 @@ pub fn parse_count(field: &str, s: &str) -> Result<u64> {
         .parse()
         .map_err(|_| crate::error::invalid(field, "a count such as 7.5e9, 7.5B or 124M", s))?;
     let v = v * mult;
-    if !v.is_finite() || v < 1.0 || v > 1e16 {
+    if !(1.0..=1e16).contains(&v) {
         return Err(crate::error::invalid(
             field,
             "a positive count below 1e16",

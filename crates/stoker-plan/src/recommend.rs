@@ -76,6 +76,16 @@ pub fn fmt_bytes(bytes: f64, accounting: Accounting) -> String {
     }
 }
 
+/// Formats a rate with three significant digits (0.0123, 1.23, 123.4).
+pub fn fmt_rate(x: f64) -> String {
+    if x >= 100.0 || x == 0.0 {
+        format!("{x:.1}")
+    } else {
+        let digits = (2 - x.abs().log10().floor() as i32).clamp(0, 6) as usize;
+        format!("{x:.digits$}")
+    }
+}
+
 /// Formats seconds with a unit that keeps three significant digits.
 pub fn fmt_s(s: f64) -> String {
     if s == 0.0 {
@@ -286,6 +296,35 @@ pub fn decide(r: &Resolved, rows: &[StrategyRow], bench: Option<&LoaderBench>) -
             ));
         }
     }
+    if let (Some(row), false, Some(arch)) = (
+        chosen.map(|i| &rows[i]).or(timing_row),
+        r.setup.activation_checkpointing,
+        r.model.arch.as_ref(),
+    ) {
+        let d = &row.memory.device;
+        // Only worth saying when memory forced something: sharding, offload, accumulation.
+        let forced = chosen != Some(0) || row.accumulation_steps > 1;
+        if forced && d.activations > 0.5 * d.total {
+            let with = crate::activation::activations(
+                arch,
+                row.micro_batch,
+                r.setup.seq_len,
+                r.setup.precision.activation_bytes(),
+                true,
+                r.setup.flash_attention,
+            );
+            warnings.push(format!(
+                "activations are {} of the {} {} needs per device; activation checkpointing \
+                 would cut them to {} at micro-batch {} for 1/3 more compute \
+                 (--activation-checkpointing)",
+                fmt_bytes(d.activations, acc),
+                fmt_bytes(d.total, acc),
+                row.label,
+                fmt_bytes(with.total, acc),
+                row.micro_batch
+            ));
+        }
+    }
     let world = r.hardware.world_size();
     if world > 1 {
         if let Some(z3) = rows
@@ -353,10 +392,15 @@ fn decide_data(
             num_workers = p.num_workers;
             prefetch_factor = p.prefetch_factor;
             format!(
-                "the job consumes {total:.1} samples/s ({per_node:.1} per node, {per_device:.1} per \
-                 device); num_workers {} and prefetch_factor {} is the cheapest measured setting \
-                 that delivers it per loader ({:.1} samples/s, one loader per device)",
-                p.num_workers, p.prefetch_factor, p.samples_per_s
+                "the job consumes {} samples/s ({} per node, {} per device); num_workers {} and \
+                 prefetch_factor {} is the cheapest measured setting that delivers it per loader \
+                 ({:.1} samples/s, one loader per device)",
+                fmt_rate(total),
+                fmt_rate(per_node),
+                fmt_rate(per_device),
+                p.num_workers,
+                p.prefetch_factor,
+                p.samples_per_s
             )
         }
         Some(c) => {
@@ -366,9 +410,11 @@ fn decide_data(
                 prefetch_factor = f.prefetch_factor;
             }
             let msg = format!(
-                "no measured loader setting reaches the {per_device:.1} samples/s each device \
-                 needs ({per_node:.1} per node): the fastest, {}, gives {:.1}; the step will wait \
-                 for data unless the loader gets faster",
+                "no measured loader setting reaches the {} samples/s each device needs ({} per \
+                 node): the fastest, {}, gives {:.1}; the step will wait for data unless the \
+                 loader gets faster",
+                fmt_rate(per_device),
+                fmt_rate(per_node),
                 fastest.map_or("none".into(), |f| format!(
                     "num_workers {} prefetch_factor {}",
                     f.num_workers, f.prefetch_factor
@@ -379,10 +425,12 @@ fn decide_data(
             msg
         }
         None => format!(
-            "the job consumes {total:.1} samples/s ({per_node:.1} per node, {per_device:.1} per \
-             device, one loader per device); no loader benchmark given, so num_workers {} and \
-             prefetch_factor 2 are starting points: measure with `stoker bench loader --json` \
-             and pass it as --loader-bench",
+            "the job consumes {} samples/s ({} per node, {} per device, one loader per device); \
+             no loader benchmark given, so num_workers {} and prefetch_factor 2 are starting \
+             points: measure with `stoker bench loader --json` and pass it as --loader-bench",
+            fmt_rate(total),
+            fmt_rate(per_node),
+            fmt_rate(per_device),
             default_workers
         ),
     };
