@@ -24,7 +24,7 @@
 //! convert::f32_to_fp8(&x, &mut q, Fp8Format::E4M3, Saturation::Saturate).unwrap();
 //! let mut back = [0f32; 4];
 //! convert::fp8_to_f32(&q, &mut back, Fp8Format::E4M3).unwrap();
-//! assert_eq!(back, [1.0, 0.1015625, 448.0, -0.0009765625]);
+//! assert_eq!(back, [1.0, 0.1015625, 448.0, -0.001953125]); // 500 saturates to 448
 //! ```
 //!
 //! # Loss scaling
