@@ -200,34 +200,36 @@ impl Fp8Consts for E5M2Consts {
 /// which is what lets the bulk loops in [`crate::convert`] vectorize.
 #[inline(always)]
 pub(crate) fn encode<C: Fp8Consts>(x: f32, saturate: bool) -> u8 {
+    // All selects stay 32 bits wide and the result is narrowed once at the end: vectorized,
+    // that is one pack per 8 lanes instead of one per select.
     let bits = x.to_bits();
-    let sign = ((bits >> 24) & 0x80) as u8;
+    let sign = (bits >> 24) & 0x80;
     let abs = bits & 0x7FFF_FFFF;
     let shift = 23 - C::MBITS;
     // Normal range: rebias the exponent, round the dropped bits to nearest even.
     let v = abs.wrapping_sub(C::REBIAS);
     let odd = (v >> shift) & 1;
-    let normal = (v.wrapping_add((1 << (shift - 1)) - 1 + odd) >> shift) as u8;
+    let normal = v.wrapping_add((1 << (shift - 1)) - 1 + odd) >> shift;
     // Subnormal range (and the rounding up into the smallest normal).
     let magic = f32::from_bits(C::MAGIC);
     let sub = (f32::from_bits(abs) + magic)
         .to_bits()
-        .wrapping_sub(C::MAGIC) as u8;
+        .wrapping_sub(C::MAGIC);
     let finite = if abs >= C::MIN_NORMAL { normal } else { sub };
     let overflow = if C::OVERFLOW_INCLUSIVE {
         abs >= C::OVERFLOW
     } else {
         abs > C::OVERFLOW
     };
-    let big = if saturate { C::MAX } else { C::OVERFLOW_CODE };
+    let big = if saturate { C::MAX } else { C::OVERFLOW_CODE } as u32;
     let mag = if abs > 0x7F80_0000 {
-        C::NAN
+        C::NAN as u32
     } else if overflow {
         big
     } else {
         finite
     };
-    mag | sign
+    (mag | sign) as u8
 }
 
 /// f32 bits of an FP8 value, computed at compile time for the decode tables.
