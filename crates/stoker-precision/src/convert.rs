@@ -1,7 +1,7 @@
 //! Bulk slice-to-slice conversions between f32 and f16, bf16, FP8 (written for speed).
 //!
 //! Every function takes a source and a destination slice of equal length (else
-//! [`PrecisionError::LengthMismatch`]) and converts element by element, round-to-nearest-even.
+//! [`crate::PrecisionError::LengthMismatch`]) and converts element by element, round-to-nearest-even.
 //! The per-element kernels are branch-free and the loops are compiled twice: once for the
 //! baseline target and once with AVX2 enabled, picked at run time, so the compiler vectorizes
 //! them 8 lanes wide. The `par_*` variants split large slices into [`PAR_CHUNK`]-element chunks

@@ -19,10 +19,13 @@
 //! NaN stays NaN). PyTorch 2.15 on CPU does the same for `float8_e4m3fn` (`inf.to(e4m3fn)` is
 //! 448, checked here) but not for `float8_e5m2` (overflow gives inf there).
 //!
-//! Why not the `float8` crate: it only exposes the saturating mode, goes through an f64 and a
-//! chain of branches per element (no vectorization), and for E5M2 keeps NaN payload bits where
-//! ml_dtypes does not. The routines here are branch-free bit manipulation (the subnormal range
-//! through one float addition that lets the FPU do the rounding), so bulk loops vectorize.
+//! Why not the `float8` crate: it agrees with the saturating mode on every non-NaN input
+//! (`tests/fp8_reference.rs` checks it), but it only exposes the saturating mode, keeps NaN
+//! payload bits for E5M2 where ml_dtypes does not, and converts through an f64 and a chain of
+//! branches per element, which does not vectorize: 0.15 Gelem/s against several times that
+//! here (docs/benchmarks.md). The routines here are branch-free bit manipulation (the
+//! subnormal range through one float addition that lets the FPU do the rounding), so the bulk
+//! loops in [`crate::convert`] vectorize.
 
 /// An FP8 storage format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]

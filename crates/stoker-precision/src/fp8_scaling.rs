@@ -101,8 +101,17 @@ pub struct Fp8Tensor {
 }
 
 impl Fp8Tensor {
-    /// Quantizes `x` with `scale` (saturating cast of `x * scale`).
+    /// Quantizes `x` with `scale` (saturating cast of `x * scale`); `scale` must be finite
+    /// and > 0.
     pub fn quantize(x: &[f32], scale: f32, format: Fp8Format) -> Result<Self> {
+        if !(scale.is_finite() && scale > 0.0) {
+            return Err(PrecisionError::InvalidConfig {
+                what: "fp8 quantize",
+                field: "scale",
+                value: scale.to_string(),
+                reason: "must be finite and > 0",
+            });
+        }
         let mut data = vec![0u8; x.len()];
         convert::f32_to_fp8_scaled(x, &mut data, scale, format, Saturation::Saturate)?;
         Ok(Self {

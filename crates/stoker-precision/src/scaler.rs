@@ -34,7 +34,10 @@
 //! = `growth_interval`, `delayed_shift` = `hysteresis`, `min_scale`, `consecutive_hysteresis`)
 //! is the same rule; its scale is a Python float (no finiteness check on growth) and it counts
 //! the growth window by iteration numbers since the last overflow, which is the same count.
-//! The [`ScalerConfig::deepspeed`] preset uses DeepSpeed's fp16 defaults.
+//! The [`ScalerConfig::deepspeed`] preset uses DeepSpeed's fp16 defaults. Where DeepSpeed can
+//! raise "Current loss scale already at minimum" (`raise_error_at_min_scale`), this scaler
+//! keeps going and attaches a [`crate::CollapseWarning`] to the skip report (also logged with
+//! `tracing::warn!`); stopping is the trainer's call.
 //!
 //! A static scale never changes; a step with inf/NaN gradients is still skipped (as
 //! DeepSpeed's fp16 optimizer does with a static `loss_scale`).
