@@ -67,7 +67,7 @@ pub fn plan(r: Resolved, bench: Option<&LoaderBench>) -> Plan {
                 // Pinned buffers only help a host-to-accelerator copy.
                 pin_memory: r.hardware.dtype(Dtype::Bf16).is_some_and(|d| d.native),
                 micro_batch: row.micro_batch,
-                required_samples_per_s: (decision.data.per_device * 10.0).round() / 10.0,
+                required_samples_per_s: decision.data.per_device,
             },
             precision: PrecisionSection {
                 precision: r.setup.precision.name().into(),

@@ -333,9 +333,10 @@ pub fn decide(r: &Resolved, rows: &[StrategyRow], bench: Option<&LoaderBench>) -
         {
             if z3.time.comm_s > z3.time.compute_s {
                 warnings.push(format!(
-                    "at {:.1} GB/s ring bandwidth ({}) ZeRO-3 moves {:.1} GB per device per step \
+                    "at {:.2} GB/s ring bandwidth ({}) ZeRO-3 moves {:.1} GB per device per step \
                      in {} against {} of compute: its communication exceeds compute, so ZeRO-3 \
-                     would be slower than DDP (the chapter's 10 Gbps warning)",
+                     is communication-bound and slower than DDP would be (the chapter's 10 Gbps \
+                     warning)",
                     z3.comm.bus_bw / GB,
                     if r.hardware.nodes > 1 {
                         format!(
