@@ -19,6 +19,7 @@
 
 pub mod activation;
 pub mod comm;
+pub mod data;
 pub mod deepspeed;
 pub mod ds_estimate;
 pub mod emit;
@@ -35,6 +36,7 @@ pub mod resolve;
 pub mod setup;
 pub mod strategy;
 pub mod time;
+pub mod units;
 
 pub use error::{PlanError, Result};
 pub use report::Plan;

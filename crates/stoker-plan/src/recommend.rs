@@ -5,13 +5,14 @@
 use serde::Serialize;
 
 use crate::comm::{communication, Comm};
+use crate::data::{decide_data, DataDecision};
 use crate::hardware::GB;
-use crate::loader::{self, LoaderBench, LoaderChoice};
+use crate::loader::LoaderBench;
 use crate::memory::{self, MemoryEstimate};
 use crate::resolve::Resolved;
-use crate::setup::Accounting;
 use crate::strategy::{self, Stage, Strategy};
 use crate::time::{step_time, StepTime};
+use crate::units::{fmt_bytes, fmt_s};
 
 /// One strategy evaluated at its best micro-batch.
 #[derive(Clone, Debug, Serialize)]
@@ -32,25 +33,6 @@ pub struct StrategyRow {
     pub time: StepTime,
 }
 
-/// Decision (a): the data rate and, with a benchmark, the loader setting.
-#[derive(Clone, Debug, Serialize)]
-pub struct DataDecision {
-    /// Samples/s the whole job consumes at the recommended step time.
-    pub samples_per_s: f64,
-    /// Samples/s per node.
-    pub per_node: f64,
-    /// Samples/s per device (= per loader, one loader per device).
-    pub per_device: f64,
-    /// The benchmark point chosen, if a benchmark was given.
-    pub loader: Option<LoaderChoice>,
-    /// Loader workers per device for the emitted config.
-    pub num_workers: u64,
-    /// Prefetch factor for the emitted config.
-    pub prefetch_factor: u64,
-    /// One sentence with the numbers.
-    pub reason: String,
-}
-
 /// The whole recommendation.
 #[derive(Clone, Debug, Serialize)]
 pub struct Decision {
@@ -66,37 +48,6 @@ pub struct Decision {
     pub strategy: String,
     /// Warnings (communication-bound ZeRO-3, unmet loader rate, ...).
     pub warnings: Vec<String>,
-}
-
-/// Formats bytes in the accounting's unit (GB for stoker, GiB for DeepSpeed's).
-pub fn fmt_bytes(bytes: f64, accounting: Accounting) -> String {
-    match accounting {
-        Accounting::Stoker => format!("{:.1} GB", bytes / GB),
-        _ => format!("{:.2} GiB", bytes / crate::hardware::GIB),
-    }
-}
-
-/// Formats a rate with three significant digits (0.0123, 1.23, 123.4).
-pub fn fmt_rate(x: f64) -> String {
-    if x >= 100.0 || x == 0.0 {
-        format!("{x:.1}")
-    } else {
-        let digits = (2 - x.abs().log10().floor() as i32).clamp(0, 6) as usize;
-        format!("{x:.digits$}")
-    }
-}
-
-/// Formats seconds with a unit that keeps three significant digits.
-pub fn fmt_s(s: f64) -> String {
-    if s == 0.0 {
-        "0 s".into()
-    } else if s >= 1.0 {
-        format!("{s:.2} s")
-    } else if s >= 1e-3 {
-        format!("{:.1} ms", s * 1e3)
-    } else {
-        format!("{:.1} us", s * 1e6)
-    }
 }
 
 /// Evaluates one strategy: the largest micro-batch dividing the per-device batch that fits
@@ -362,95 +313,5 @@ pub fn decide(r: &Resolved, rows: &[StrategyRow], bench: Option<&LoaderBench>) -
         path,
         strategy: strategy_sentence,
         warnings,
-    }
-}
-
-fn decide_data(
-    r: &Resolved,
-    row: Option<&StrategyRow>,
-    bench: Option<&LoaderBench>,
-    warnings: &mut Vec<String>,
-) -> DataDecision {
-    let hw = &r.hardware;
-    let step = row.map_or(f64::NAN, |x| x.time.step_s);
-    let total = r.setup.global_batch as f64 / step;
-    let per_node = total / hw.nodes as f64;
-    let per_device = total / hw.world_size() as f64;
-    // Without a measurement: the chapter's "start from 4", within the cores each device gets.
-    let cores_per_device = hw.host_cores / hw.devices_per_node;
-    let default_workers = if hw.host_cores == 0 {
-        4
-    } else {
-        4.min(cores_per_device.saturating_sub(1)).max(1)
-    };
-    let mut num_workers = default_workers;
-    let mut prefetch_factor = 2;
-    let choice = bench.map(|b| loader::pick(b, per_device));
-    let reason = match &choice {
-        Some(LoaderChoice {
-            chosen: Some(p), ..
-        }) => {
-            num_workers = p.num_workers;
-            prefetch_factor = p.prefetch_factor;
-            format!(
-                "the job consumes {} samples/s ({} per node, {} per device); num_workers {} and \
-                 prefetch_factor {} is the cheapest measured setting that delivers it per loader \
-                 ({:.1} samples/s, one loader per device)",
-                fmt_rate(total),
-                fmt_rate(per_node),
-                fmt_rate(per_device),
-                p.num_workers,
-                p.prefetch_factor,
-                p.samples_per_s
-            )
-        }
-        Some(c) => {
-            let fastest = c.fastest.as_ref();
-            if let Some(f) = fastest {
-                num_workers = f.num_workers;
-                prefetch_factor = f.prefetch_factor;
-            }
-            let msg = format!(
-                "no measured loader setting reaches the {} samples/s each device needs ({} per \
-                 node): the fastest, {}, gives {:.1}; the step will wait for data unless the \
-                 loader gets faster",
-                fmt_rate(per_device),
-                fmt_rate(per_node),
-                fastest.map_or("none".into(), |f| format!(
-                    "num_workers {} prefetch_factor {}",
-                    f.num_workers, f.prefetch_factor
-                )),
-                fastest.map_or(0.0, |f| f.samples_per_s)
-            );
-            warnings.push(msg.clone());
-            msg
-        }
-        None => format!(
-            "the job consumes {} samples/s ({} per node, {} per device, one loader per device); \
-             no loader benchmark given, so num_workers {} and prefetch_factor 2 are starting \
-             points: measure with `stoker bench loader --json` and pass it as --loader-bench",
-            fmt_rate(total),
-            fmt_rate(per_node),
-            fmt_rate(per_device),
-            default_workers
-        ),
-    };
-    if hw.host_cores > 0 && num_workers * hw.devices_per_node > hw.host_cores {
-        warnings.push(format!(
-            "num_workers {} x {} devices = {} workers exceeds the node's {} cores",
-            num_workers,
-            hw.devices_per_node,
-            num_workers * hw.devices_per_node,
-            hw.host_cores
-        ));
-    }
-    DataDecision {
-        samples_per_s: total,
-        per_node,
-        per_device,
-        loader: choice,
-        num_workers,
-        prefetch_factor,
-        reason,
     }
 }
