@@ -43,8 +43,8 @@ pub fn resolve(file: &PlanInput, ds: Option<&DsConfig>, cli: &PlanInput) -> Resu
     let mut input = file.clone();
     input.model.overlay(&cli.model);
     input.hardware.overlay(&cli.hardware);
-    let hw = resolve_hardware(&input.hardware)?;
     let model = resolve_model(&input.model)?;
+    let hw = resolve_hardware(&input.hardware)?;
     let mut notes = Vec::new();
     if let Some(ds) = ds {
         let from_ds = ds.to_training(hw.world_size())?;
