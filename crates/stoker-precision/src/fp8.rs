@@ -156,14 +156,12 @@ pub(crate) trait Fp8Consts {
     const REBIAS: u32;
     /// f32 bits of the smallest normal value.
     const MIN_NORMAL: u32;
-    /// f32 bits from which (inclusive if `OVERFLOW_INCLUSIVE`) a value overflows.
-    const OVERFLOW: u32;
-    /// Whether `OVERFLOW` itself overflows (a tie that rounds to even above max).
-    const OVERFLOW_INCLUSIVE: bool;
-    /// FP8 bits of the largest finite value.
-    const MAX: u8;
-    /// FP8 bits produced for non-saturated overflow (inf or NaN).
-    const OVERFLOW_CODE: u8;
+    /// f32 bits of the largest finite value: saturating mode clamps |x| to it before rounding.
+    const SAT_CLAMP: u32;
+    /// f32 bits of the first power past the range (E4M3FN 480, E5M2 65536): non-saturating
+    /// mode clamps |x| to it, and it encodes as the overflow code (NaN `0x7F` for E4M3FN, inf
+    /// `0x7C` for E5M2). Values between the last tie and it round up to it on their own.
+    const NONSAT_CLAMP: u32;
     /// FP8 bits of NaN (positive).
     const NAN: u8;
     /// f32 bits of 2^(1 - bias - MBITS + 23): adding it to a subnormal-range |x| puts the FP8
@@ -176,11 +174,8 @@ impl Fp8Consts for E4M3Consts {
     const MBITS: u32 = 3;
     const REBIAS: u32 = (127 - 7) << 23;
     const MIN_NORMAL: u32 = (127 - 6) << 23;
-    // 464 = midpoint of 448 and 480 (which would be NaN); it ties to even 448, above overflows.
-    const OVERFLOW: u32 = 0x43E8_0000;
-    const OVERFLOW_INCLUSIVE: bool = false;
-    const MAX: u8 = 0x7E;
-    const OVERFLOW_CODE: u8 = 0x7F;
+    const SAT_CLAMP: u32 = 0x43E0_0000; // 448
+    const NONSAT_CLAMP: u32 = 0x43F0_0000; // 480 -> S.1111.111 (NaN)
     const NAN: u8 = 0x7F;
     const MAGIC: u32 = (127 + 1 - 7 - 3 + 23) << 23;
 }
@@ -190,11 +185,8 @@ impl Fp8Consts for E5M2Consts {
     const MBITS: u32 = 2;
     const REBIAS: u32 = (127 - 15) << 23;
     const MIN_NORMAL: u32 = (127 - 14) << 23;
-    // 61440 = midpoint of 57344 (odd mantissa) and 65536 (inf, even): the tie rounds to inf.
-    const OVERFLOW: u32 = 0x4770_0000;
-    const OVERFLOW_INCLUSIVE: bool = true;
-    const MAX: u8 = 0x7B;
-    const OVERFLOW_CODE: u8 = 0x7C;
+    const SAT_CLAMP: u32 = 0x4760_0000; // 57344
+    const NONSAT_CLAMP: u32 = 0x4780_0000; // 65536 -> S.11111.00 (inf)
     const NAN: u8 = 0x7E;
     const MAGIC: u32 = (127 + 1 - 15 - 2 + 23) << 23;
 }
@@ -203,32 +195,28 @@ impl Fp8Consts for E5M2Consts {
 /// which is what lets the bulk loops in [`crate::convert`] vectorize.
 #[inline(always)]
 pub(crate) fn encode<C: Fp8Consts>(x: f32, saturate: bool) -> u8 {
-    // All selects stay 32 bits wide and the result is narrowed once at the end: vectorized,
-    // that is one pack per 8 lanes instead of one per select.
+    // Overflow and infinity are handled by clamping |x| before rounding (one integer min), NaN
+    // by one select; all selects stay 32 bits wide and the result is narrowed once at the end
+    // (vectorized: one pack per 8 lanes).
     let bits = x.to_bits();
     let sign = (bits >> 24) & 0x80;
     let abs = bits & 0x7FFF_FFFF;
+    let a = abs.min(if saturate {
+        C::SAT_CLAMP
+    } else {
+        C::NONSAT_CLAMP
+    });
     let shift = 23 - C::MBITS;
     // Normal range: rebias the exponent, round the dropped bits to nearest even.
-    let v = abs.wrapping_sub(C::REBIAS);
+    let v = a.wrapping_sub(C::REBIAS);
     let odd = (v >> shift) & 1;
     let normal = v.wrapping_add((1 << (shift - 1)) - 1 + odd) >> shift;
     // Subnormal range (and the rounding up into the smallest normal).
     let magic = f32::from_bits(C::MAGIC);
-    let sub = (f32::from_bits(abs) + magic)
-        .to_bits()
-        .wrapping_sub(C::MAGIC);
-    let finite = if abs >= C::MIN_NORMAL { normal } else { sub };
-    let overflow = if C::OVERFLOW_INCLUSIVE {
-        abs >= C::OVERFLOW
-    } else {
-        abs > C::OVERFLOW
-    };
-    let big = if saturate { C::MAX } else { C::OVERFLOW_CODE } as u32;
+    let sub = (f32::from_bits(a) + magic).to_bits().wrapping_sub(C::MAGIC);
+    let finite = if a >= C::MIN_NORMAL { normal } else { sub };
     let mag = if abs > 0x7F80_0000 {
         C::NAN as u32
-    } else if overflow {
-        big
     } else {
         finite
     };
