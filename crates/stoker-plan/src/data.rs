@@ -40,7 +40,7 @@ pub fn decide_data(
     let per_node = total / hw.nodes as f64;
     let per_device = total / hw.world_size() as f64;
     // Without a measurement: the chapter's "start from 4", within the cores each device gets.
-    let cores_per_device = hw.host_cores / hw.devices_per_node;
+    let cores_per_device = hw.host_cores / hw.devices_per_node.max(1);
     let default_workers = if hw.host_cores == 0 {
         4
     } else {

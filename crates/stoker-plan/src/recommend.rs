@@ -50,21 +50,40 @@ pub struct Decision {
     pub warnings: Vec<String>,
 }
 
+/// Divisors of `n`, largest first (O(sqrt n)).
+fn divisors_descending(n: u64) -> Vec<u64> {
+    let mut small = Vec::new();
+    let mut large = Vec::new();
+    let mut d = 1u64;
+    while d.saturating_mul(d) <= n {
+        if n % d == 0 {
+            small.push(d);
+            if d != n / d {
+                large.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    large.into_iter().chain(small.into_iter().rev()).collect()
+}
+
 /// Evaluates one strategy: the largest micro-batch dividing the per-device batch that fits
 /// (or the pinned one), else micro-batch 1.
 pub fn evaluate(r: &Resolved, strategy: Strategy) -> StrategyRow {
-    let world = r.hardware.world_size();
+    // resolve() guarantees world >= 1 and micro dividing the per-device batch; max(1) keeps
+    // hand-built inputs from dividing by zero.
+    let world = r.hardware.world_size().max(1);
     let per_rank = r.setup.global_batch / world;
     let est = |m: u64| memory::estimate(&r.model, &r.hardware, &r.setup, strategy, m);
     let micro = match r.setup.micro_batch {
         Some(m) => m,
-        None => (1..=per_rank)
-            .rev()
-            .filter(|m| per_rank % m == 0)
+        None => divisors_descending(per_rank)
+            .into_iter()
             .find(|&m| est(m).fits)
             .unwrap_or(1),
     };
-    let accum = per_rank / micro;
+    let micro = micro.max(1);
+    let accum = (per_rank / micro).max(1);
     let mem = est(micro);
     let comm = communication(&r.model, &r.hardware, &r.setup, strategy, accum);
     let peak = r
@@ -313,5 +332,18 @@ pub fn decide(r: &Resolved, rows: &[StrategyRow], bench: Option<&LoaderBench>) -
         path,
         strategy: strategy_sentence,
         warnings,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::divisors_descending;
+
+    #[test]
+    fn divisors_largest_first() {
+        assert_eq!(divisors_descending(12), vec![12, 6, 4, 3, 2, 1]);
+        assert_eq!(divisors_descending(16), vec![16, 8, 4, 2, 1]);
+        assert_eq!(divisors_descending(1), vec![1]);
+        assert_eq!(divisors_descending(1_000_000_000).len(), 100);
     }
 }

@@ -322,6 +322,16 @@ fn fraction(field: &str, v: Option<f64>, default: f64, allow_zero: bool) -> Resu
 
 fn resolve_training(t: &TrainingInput, model: &ModelSpec, hw: &Hardware) -> Result<Training> {
     let world = hw.world_size();
+    for (field, v) in [
+        ("training.global_batch", t.global_batch),
+        ("training.seq_len", t.seq_len),
+        ("training.micro_batch", t.micro_batch),
+        ("training.accumulation_steps", t.accumulation_steps),
+    ] {
+        if let Some(x) = v.filter(|x| *x > 1_000_000_000) {
+            return Err(invalid(field, "a positive integer up to 10^9", x));
+        }
+    }
     let global = match opt_pos("training.global_batch", t.global_batch)? {
         Some(g) => g,
         None => model

@@ -39,6 +39,10 @@ fn zero_and_negative_sizes() {
         "model.params must be a count such as 7.5e9, 7.5B or 124M, got lots"
     );
     assert_eq!(
+        err(&format!("{OK}training = {{ global_batch = 80000000000 }}")),
+        "training.global_batch must be a positive integer up to 10^9, got 80000000000"
+    );
+    assert_eq!(
         err(&format!("{OK}training = {{ mfu = 1.5 }}")),
         "training.mfu must be a fraction in (0, 1], got 1.5"
     );
