@@ -14,10 +14,13 @@
 //!   for E5M2; the payload is not kept).
 //!
 //! [`Saturation::Saturate`] clamps finite overflow **and ±inf** to ±max finite and keeps NaN a
-//! NaN. That is CUDA's `__NV_SATFINITE` conversion, which Transformer Engine's FP8 casts use
-//! (`cuda_fp8.hpp`: anything above the overflow threshold, infinity included, becomes maxnorm;
-//! NaN stays NaN). PyTorch 2.15 on CPU does the same for `float8_e4m3fn` (`inf.to(e4m3fn)` is
-//! 448, checked here) but not for `float8_e5m2` (overflow gives inf there).
+//! NaN (same encoding as above). That is CUDA's `__NV_SATFINITE` conversion, which the
+//! `__nv_fp8_e4m3` / `__nv_fp8_e5m2` constructors from float use (CUDA math API docs: "relies
+//! on `__NV_SATFINITE` behavior for out-of-range values"), and so Transformer Engine's casts,
+//! which `static_cast` to those types; `cuda_fp8.hpp` treats infinity as out of range (it
+//! becomes maxnorm). PyTorch 2.15 on CPU (run on this machine) saturates the same way for
+//! `float8_e4m3fn` (`inf`, `1e9` -> `0x7E`) but not for `float8_e5m2` (`inf`, `61440` -> `0x7C`,
+//! inf). The test data defines saturating as ml_dtypes' `astype(clip(x, -max, max))`, NaN kept.
 //!
 //! Why not the `float8` crate: it agrees with the saturating mode on every non-NaN input
 //! (`tests/fp8_reference.rs` checks it), but it only exposes the saturating mode, keeps NaN
