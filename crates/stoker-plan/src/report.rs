@@ -106,7 +106,7 @@ impl Plan {
         let _ = writeln!(
             o,
             "training  global batch {} x {} tokens, {}, {}, checkpointing {}, MFU {:.0}%, \
-             accounting {:?}",
+             accounting {}",
             s.global_batch,
             s.seq_len,
             s.precision.name(),
@@ -117,7 +117,7 @@ impl Plan {
                 "off"
             },
             s.mfu * 100.0,
-            acc
+            acc.name()
         );
         for n in &r.notes {
             let _ = writeln!(o, "note      {n}");

@@ -56,7 +56,7 @@ pub fn resolve(file: &PlanInput, ds: Option<&DsConfig>, cli: &PlanInput) -> Resu
         notes.push(format!(
             "model given by parameter count only ({}): activations and ZeRO-3's gathered layers \
              are not counted; give layers/hidden/heads/vocab for them",
-            model.params
+            crate::report::group(model.params)
         ));
     }
     let (setup, precision, pinned_strategy, pinned_accumulation) =

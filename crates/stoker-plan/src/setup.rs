@@ -147,6 +147,15 @@ pub enum Accounting {
 }
 
 impl Accounting {
+    /// The flag value: `stoker`, `deepspeed`, `deepspeed-legacy`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Accounting::Stoker => "stoker",
+            Accounting::Deepspeed => "deepspeed",
+            Accounting::DeepspeedLegacy => "deepspeed-legacy",
+        }
+    }
+
     /// Parses `stoker`, `deepspeed` or `deepspeed-legacy`.
     pub fn parse(field: &str, s: &str) -> Result<Self> {
         match s.to_ascii_lowercase().as_str() {
