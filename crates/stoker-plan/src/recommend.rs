@@ -113,7 +113,7 @@ pub fn evaluate(r: &Resolved, strategy: Strategy) -> StrategyRow {
 
 /// Evaluates every strategy of the table (plus a pinned one not in it).
 pub fn evaluate_all(r: &Resolved) -> Vec<StrategyRow> {
-    let mut list: Vec<Strategy> = strategy::ALL.to_vec();
+    let mut list: Vec<Strategy> = strategy::TABLE.to_vec();
     if let Some(p) = r.pinned_strategy {
         if !list.contains(&p) {
             list.push(p);

@@ -95,9 +95,23 @@ impl Strategy {
     }
 }
 
-/// Every strategy in the table, in the chapter's order: DDP, ZeRO-1, ZeRO-2, ZeRO-3, then
-/// offload from least to most (DDP with offload is left out: ZeRO-1 with offload moves the
-/// same bytes and needs 1/N of its host memory).
+/// Every row of the report's table: the decision order [`ALL`] plus DDP with its optimizer
+/// offloaded, shown for completeness but never recommended (ZeRO-1 with offload moves the same
+/// bytes and needs 1/N of its host memory).
+pub const TABLE: [Strategy; 9] = [
+    ALL[0],
+    ALL[1],
+    ALL[2],
+    ALL[3],
+    Strategy::offload(Stage::Ddp),
+    ALL[4],
+    ALL[5],
+    ALL[6],
+    ALL[7],
+];
+
+/// The strategies the recommendation tries, in the chapter's order: DDP, ZeRO-1, ZeRO-2,
+/// ZeRO-3, then offload from least to most.
 pub const ALL: [Strategy; 8] = [
     Strategy::plain(Stage::Ddp),
     Strategy::plain(Stage::Zero1),

@@ -97,7 +97,12 @@ fn offload_time(
         return 0.0;
     }
     let sb = state_bytes(setup.precision, setup.optimizer);
-    let shard = model.params as f64 / hw.world_size() as f64;
+    // Each rank steps its shard; under DDP every rank steps the whole model.
+    let shard = if strategy.stage == Stage::Ddp {
+        model.params as f64
+    } else {
+        model.params as f64 / hw.world_size() as f64
+    };
     let a = accum as f64;
     // Gradient shards go down every micro-batch (accumulated on the host), parameters up once.
     let mut pcie = a * shard * sb.grad + shard * sb.weight;

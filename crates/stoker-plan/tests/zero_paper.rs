@@ -125,4 +125,15 @@ fn optimizer_offload_moves_16_bytes_per_parameter_to_the_hosts() {
     );
     assert_eq!(r1(m.device.model_states() / GB), 15.0);
     assert_eq!(r1(m.host.needed / GB), 15.0);
+    // DDP + offload (in the table, never recommended): 4P on the device, and every rank keeps
+    // the whole 16P on the host: 8 x 120 GB per node.
+    let m = memory::estimate(
+        &r.model,
+        &r.hardware,
+        &r.setup,
+        Strategy::offload(Stage::Ddp),
+        1,
+    );
+    assert_eq!(r1(m.device.model_states() / GB), 30.0);
+    assert_eq!(r1(m.host.needed / GB), 960.0);
 }
