@@ -22,7 +22,8 @@
 //! On a step with inf/NaN gradients: the optimizer step is skipped, the growth counter is
 //! reset, and if more than one hysteresis credit is left one is spent and the scale kept,
 //! otherwise `scale = max(scale * backoff_factor, min_scale)`. On a finite step: (with
-//! `consecutive_hysteresis`, the credits are restored) the counter goes up by one; when it
+//! `consecutive_hysteresis`, the credits are restored) the counter goes up by one (with
+//! `deepspeed_window`, not on the first finite step after an overflow or the start); when it
 //! reaches `growth_interval`, `scale * growth_factor` replaces the scale if it is finite, the
 //! counter is reset and the hysteresis credits are restored.
 //!
@@ -32,8 +33,9 @@
 //! floats, the product is rounded once to the f32 scale, and unscaling multiplies by the f32
 //! reciprocal `(1.0f64 / scale) as f32`. DeepSpeed's `DynamicLossScaler` (`loss_scale_window`
 //! = `growth_interval`, `delayed_shift` = `hysteresis`, `min_scale`, `consecutive_hysteresis`)
-//! is the same rule; its scale is a Python float (no finiteness check on growth) and it counts
-//! the growth window by iteration numbers since the last overflow, which is the same count.
+//! is the same rule with `deepspeed_window` set (its window counts iterations since the last
+//! overflow, minus one; checked against a transcription of DeepSpeed's `update_scale` in the
+//! tests below); its scale is a Python float, so it has no finiteness check on growth.
 //! The [`ScalerConfig::deepspeed`] preset uses DeepSpeed's fp16 defaults. Where DeepSpeed can
 //! raise "Current loss scale already at minimum" (`raise_error_at_min_scale`), this scaler
 //! keeps going and attaches a [`crate::CollapseWarning`] to the skip report (also logged with
@@ -64,6 +66,13 @@ pub struct DynamicConfig {
     pub consecutive_hysteresis: bool,
     /// The scale never backs off below this (torch: 0, no floor; DeepSpeed `min_loss_scale` 1).
     pub min_scale: f32,
+    /// DeepSpeed's window count: the first finite step after an overflow (or after the start)
+    /// does not count toward growth, so the first growth comes on the `growth_interval + 1`-th
+    /// clean step and later ones every `growth_interval` steps. This is DeepSpeed's current
+    /// `update_scale` (`stable_interval = cur_iter - last_overflow_iter - 1`, grow when it is a
+    /// positive multiple of `scale_window`). torch: false.
+    #[serde(default)]
+    pub deepspeed_window: bool,
 }
 
 /// How the loss is scaled.
@@ -86,6 +95,7 @@ impl ScalerConfig {
             hysteresis: 1,
             consecutive_hysteresis: false,
             min_scale: 0.0,
+            deepspeed_window: false,
         })
     }
 
@@ -99,6 +109,7 @@ impl ScalerConfig {
             hysteresis: 2,
             consecutive_hysteresis: false,
             min_scale: 1.0,
+            deepspeed_window: true,
         })
     }
 
@@ -190,6 +201,10 @@ pub struct ScalerState {
     pub growth_tracker: u32,
     /// Hysteresis credits left (DeepSpeed `cur_hysteresis`).
     pub hysteresis_left: u32,
+    /// With `deepspeed_window`: the next finite step is the first after an overflow (or the
+    /// start) and is not counted.
+    #[serde(default)]
+    pub uncounted_step_pending: bool,
     /// Steps seen by `update`.
     pub steps: u64,
     /// Overflow counters.
@@ -213,9 +228,9 @@ impl LossScaler {
     /// A scaler with the given diagnostics settings.
     pub fn with_diagnostics(config: ScalerConfig, diagnostics: DiagnosticsConfig) -> Result<Self> {
         config.validate()?;
-        let (scale, hysteresis) = match &config {
-            ScalerConfig::Dynamic(c) => (c.init_scale, c.hysteresis),
-            ScalerConfig::Static(s) => (*s, 1),
+        let (scale, hysteresis, pending) = match &config {
+            ScalerConfig::Dynamic(c) => (c.init_scale, c.hysteresis, c.deepspeed_window),
+            ScalerConfig::Static(s) => (*s, 1, false),
         };
         Ok(Self {
             state: ScalerState {
@@ -223,6 +238,7 @@ impl LossScaler {
                 scale,
                 growth_tracker: 0,
                 hysteresis_left: hysteresis,
+                uncounted_step_pending: pending,
                 steps: 0,
                 overflow: OverflowCounters::default(),
             },
@@ -292,6 +308,7 @@ impl LossScaler {
         if let ScalerConfig::Dynamic(c) = &st.config {
             if found_inf {
                 st.growth_tracker = 0;
+                st.uncounted_step_pending = c.deepspeed_window;
                 if st.hysteresis_left > 1 {
                     st.hysteresis_left -= 1;
                 } else {
@@ -302,7 +319,11 @@ impl LossScaler {
                 if c.consecutive_hysteresis {
                     st.hysteresis_left = c.hysteresis;
                 }
-                st.growth_tracker += 1;
+                if st.uncounted_step_pending {
+                    st.uncounted_step_pending = false;
+                } else {
+                    st.growth_tracker += 1;
+                }
                 if st.growth_tracker >= c.growth_interval {
                     let next = (st.scale as f64 * c.growth_factor) as f32;
                     if next.is_finite() {
@@ -476,6 +497,101 @@ mod tests {
         // A finite step ends the spiral.
         assert!(s.update(false).should_step());
         assert_eq!(s.state().overflow.consecutive_at_floor, 0);
+    }
+
+    /// DeepSpeed's `DynamicLossScaler.update_scale` (deepspeed/runtime/fp16/loss_scaler.py),
+    /// transcribed line by line, with `raise_error_at_min_scale = False`.
+    struct DeepSpeedReference {
+        cur_scale: f64,
+        cur_iter: i64,
+        last_overflow_iter: i64,
+        scale_window: i64,
+        min_scale: f64,
+        delayed_shift: u32,
+        cur_hysteresis: u32,
+        consecutive_hysteresis: bool,
+    }
+
+    impl DeepSpeedReference {
+        fn update_scale(&mut self, overflow: bool) {
+            if overflow {
+                if self.delayed_shift == 1 || self.cur_hysteresis == 1 {
+                    self.cur_scale = (self.cur_scale / 2.0).max(self.min_scale);
+                } else {
+                    self.cur_hysteresis -= 1;
+                }
+                self.last_overflow_iter = self.cur_iter;
+            } else {
+                if self.consecutive_hysteresis {
+                    self.cur_hysteresis = self.delayed_shift;
+                }
+                let stable_interval = (self.cur_iter - self.last_overflow_iter) - 1;
+                if stable_interval > 0 && stable_interval % self.scale_window == 0 {
+                    if !self.consecutive_hysteresis {
+                        self.cur_hysteresis = self.delayed_shift;
+                    }
+                    self.cur_scale *= 2.0;
+                }
+            }
+            self.cur_iter += 1;
+        }
+    }
+
+    #[test]
+    fn matches_deepspeed_update_scale() {
+        let mut rng = 0x1234_5678u64;
+        let mut rand = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for window in [1u32, 2, 7, 50] {
+            for hysteresis in [1u32, 2, 3] {
+                for consecutive in [false, true] {
+                    let ScalerConfig::Dynamic(mut c) = ScalerConfig::deepspeed() else {
+                        unreachable!()
+                    };
+                    c.growth_interval = window;
+                    c.hysteresis = hysteresis;
+                    c.consecutive_hysteresis = consecutive;
+                    let mut ours = LossScaler::new(ScalerConfig::Dynamic(c)).unwrap();
+                    let mut ds = DeepSpeedReference {
+                        cur_scale: 65536.0,
+                        cur_iter: 0,
+                        last_overflow_iter: -1,
+                        scale_window: window as i64,
+                        min_scale: 1.0,
+                        delayed_shift: hysteresis,
+                        cur_hysteresis: hysteresis,
+                        consecutive_hysteresis: consecutive,
+                    };
+                    let (mut growths, mut at_floor) = (0, 0);
+                    for step in 0..20_000 {
+                        // Overflow when the scale is too large, at random, and in bursts that
+                        // drive the scale to its floor.
+                        let burst = (step / 1000) % 5 == 4 && step % 1000 < 40;
+                        let overflow = ds.cur_scale > 2f64.powi(22) || rand() < 0.03 || burst;
+                        let before = ours.scale();
+                        let decision = ours.update(overflow);
+                        ds.update_scale(overflow);
+                        assert_eq!(decision.should_step(), !overflow);
+                        assert_eq!(
+                            ours.scale() as f64,
+                            ds.cur_scale,
+                            "w {window} h {hysteresis} c {consecutive} step {step}"
+                        );
+                        assert_eq!(ours.state().hysteresis_left, ds.cur_hysteresis);
+                        growths += usize::from(ours.scale() > before);
+                        at_floor += usize::from(ours.scale() == 1.0);
+                    }
+                    assert!(
+                        growths > 20 && at_floor > 0,
+                        "w {window} h {hysteresis}: {growths} growths, {at_floor} at floor"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

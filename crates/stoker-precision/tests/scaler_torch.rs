@@ -47,6 +47,7 @@ fn reproduces_torch_gradscaler_trace() {
             hysteresis: 1,
             consecutive_hysteresis: false,
             min_scale: 0.0,
+            deepspeed_window: false,
         };
         let mut scaler = LossScaler::new(ScalerConfig::Dynamic(cfg)).unwrap();
         let grads = run["grads"].as_str().unwrap().as_bytes();
