@@ -42,8 +42,8 @@
 //! keeps going and attaches a [`crate::CollapseWarning`] to the skip report (also logged with
 //! `tracing::warn!`); stopping is the trainer's call.
 //!
-//! A static scale never changes; a step with inf/NaN gradients is still skipped (as
-//! DeepSpeed's fp16 optimizer does with a static `loss_scale`).
+//! A static scale never changes; a step with inf/NaN gradients is still skipped (applying
+//! them would destroy the weights), and reported like a dynamic one.
 
 use crate::error::{PrecisionError, Result};
 use crate::overflow::{DiagnosticsConfig, OverflowCounters, OverflowReport, ParamTable};
