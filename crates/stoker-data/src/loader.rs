@@ -430,6 +430,7 @@ pub struct EpochIter<'a, D: Dataset> {
     next_send: usize,
     next_yield: usize,
     pending: Vec<Option<Result<PooledStorage>>>,
+    /// Tasks sent whose results have not been received yet.
     outstanding: usize,
     started: Instant,
     finished: bool,
@@ -449,7 +450,11 @@ impl<D: Dataset> EpochIter<'_, D> {
             return;
         };
         let tasks = w.tasks.as_ref().expect("open while the loader lives");
-        while self.outstanding < self.pending.len() && self.next_send < self.nbatches {
+        // Batches sent and not yet delivered (in a worker, in the channel or waiting in
+        // `pending`) never exceed prefetch_factor x num_workers.
+        while self.next_send - self.next_yield < self.pending.len()
+            && self.next_send < self.nbatches
+        {
             if tasks.send((self.plan.clone(), self.next_send)).is_err() {
                 return;
             }
@@ -479,6 +484,7 @@ impl<D: Dataset> EpochIter<'_, D> {
         };
         let cap = self.pending.len();
         self.pending[b % cap] = Some(r);
+        self.outstanding -= 1;
         Ok(())
     }
 
@@ -510,7 +516,6 @@ impl<D: Dataset> EpochIter<'_, D> {
             while self.pending[b % cap].is_none() {
                 self.receive()?;
             }
-            self.outstanding -= 1;
             let r = self.pending[b % cap].take().expect("just checked");
             self.top_up();
             r?
@@ -566,8 +571,8 @@ impl<D: Dataset> Drop for EpochIter<'_, D> {
                 self.loader.retire_workers();
                 break;
             }
-            self.outstanding -= 1;
         }
+        self.pending.iter_mut().for_each(|p| *p = None);
         if !self.loader.config.persistent_workers {
             self.loader.retire_workers();
         }
