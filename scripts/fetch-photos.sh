@@ -4,12 +4,13 @@
 #   data/photos/sklearn/*.jpg  from the scikit-learn wheel (sklearn/datasets/images)
 #   data/photos/mate/*.jpg     from Debian's mate-backgrounds
 # then replicates them to about N (default 3000) files under data/photos-3k/<class>/ by hard links
-# with distinct names (no extra disk). Nothing here is committed (data/ is git-ignored).
+# with distinct names (no extra disk); a second argument picks another folder. Nothing here is
+# committed (data/ is git-ignored). Usage: bash scripts/fetch-photos.sh [N] [OUT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N="${1:-3000}"
 OUT=data/photos
-REP=data/photos-3k
+REP="${2:-data/photos-3k}"
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 mkdir -p "$OUT"/{skimage,sklearn,mate}

@@ -4,6 +4,7 @@
 //! strict mode, so a truncated or non-conforming stream is an error rather than a grey-padded
 //! image. As a last line of defence a decoder panic is caught and returned as an error.
 
+use zune_jpeg::zune_core::bytestream::ZCursor;
 use zune_jpeg::zune_core::colorspace::ColorSpace;
 use zune_jpeg::zune_core::options::DecoderOptions;
 use zune_jpeg::JpegDecoder;
@@ -33,8 +34,9 @@ pub(crate) fn jpeg_error(message: impl Into<String>) -> DataError {
 /// The placeholder path of [`jpeg_error`].
 pub(crate) const IN_MEMORY: &str = "<jpeg bytes>";
 
-/// Decodes `jpeg` into `buf` (grown when needed, never shrunk), as RGB or, for a grayscale
-/// JPEG, one channel. CMYK/YCCK JPEGs are converted to RGB by the decoder.
+/// Decodes `jpeg` into `buf` (grown when needed, never shrunk) as interleaved RGB. zune-jpeg
+/// 0.5 expands grayscale and converts CMYK/YCCK to RGB itself; a 1-channel result (older
+/// decoders) is accepted too and replicated to 3 channels by the last pass.
 pub fn decode_jpeg(jpeg: &[u8], buf: &mut Vec<u8>) -> Result<Decoded> {
     if jpeg.len() < 4 || jpeg[0] != 0xFF || jpeg[1] != 0xD8 {
         return Err(jpeg_error(format!(
@@ -49,13 +51,13 @@ pub fn decode_jpeg(jpeg: &[u8], buf: &mut Vec<u8>) -> Result<Decoded> {
         .set_max_width(MAX_DIMENSION)
         .set_max_height(MAX_DIMENSION);
     let run = || -> std::result::Result<Decoded, String> {
-        let mut decoder = JpegDecoder::new_with_options(jpeg, options);
+        let mut decoder = JpegDecoder::new_with_options(ZCursor::new(jpeg), options);
         decoder
             .decode_headers()
             .map_err(|e| format!("corrupt JPEG header: {e:?}"))?;
         let (w, h) = decoder.dimensions().ok_or("no dimensions after header")?;
         let channels = decoder
-            .get_output_colorspace()
+            .output_colorspace()
             .ok_or("no colorspace after header")?
             .num_components();
         if channels != 1 && channels != 3 {

@@ -1,0 +1,107 @@
+//! JPEG pipeline benchmark: pack an image folder into a record shard, then decode +
+//! random-resized-crop 224 + flip + normalize every record, on 1 and on 2 threads.
+//!
+//! Run: `cargo run --release -p stoker-data --example bench_jpeg -- DIR [--threads 1,2]
+//! [--limit N] [--bf16]` (DIR: one sub-folder per class, e.g. data/photos-3k from
+//! scripts/fetch-photos.sh). Prints one `RESULT` line per thread count.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use stoker_data::pack::image_folder::pack_image_folder;
+use stoker_data::transform::{ImageScratch, ImageTransformConfig};
+use stoker_data::{DType, Dataset, ImageRecordDataset, SampleContext};
+
+/// Indices a worker claims at a time from the shared counter.
+const CHUNK: usize = 4;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let dir = args
+        .first()
+        .ok_or("usage: bench_jpeg DIR [--threads 1,2] [--limit N] [--bf16]")?;
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+    };
+    let threads: Vec<usize> = flag("--threads")
+        .map_or("1,2", |s| s.as_str())
+        .split(',')
+        .map(|t| t.parse())
+        .collect::<Result<_, _>>()?;
+    let dtype = if args.iter().any(|a| a == "--bf16") {
+        DType::BF16
+    } else {
+        DType::F32
+    };
+
+    let tmp = tempfile::tempdir()?;
+    let prefix = tmp.path().join("photos");
+    let t = Instant::now();
+    let summary = pack_image_folder(dir, &prefix)?;
+    let secs = t.elapsed().as_secs_f64();
+    let bytes = summary.manifest.data.bytes as f64;
+    println!(
+        "pack: {} images, {} classes, {:.1} MB in {secs:.2} s ({:.0} images/s, {:.0} MB/s)",
+        summary.manifest.records,
+        summary.classes.len(),
+        bytes / 1e6,
+        summary.manifest.records as f64 / secs,
+        bytes / 1e6 / secs
+    );
+
+    let config = ImageTransformConfig {
+        dtype,
+        ..Default::default()
+    };
+    let ds = ImageRecordDataset::open(&prefix, config)?;
+    let n = flag("--limit")
+        .map_or(Ok(ds.len()), |s| s.parse::<usize>())?
+        .min(ds.len());
+    // Warm the page cache and the CPU once, as a loader's first epoch would.
+    run(&ds, n.min(64), 1, 0)?;
+    for &t in &threads {
+        let start = Instant::now();
+        run(&ds, n, t, 1)?;
+        let secs = start.elapsed().as_secs_f64();
+        println!(
+            "RESULT stoker threads={t} images={n} seconds={secs:.2} images_per_s={:.1} dtype={dtype}",
+            n as f64 / secs
+        );
+    }
+    Ok(())
+}
+
+/// Transforms samples `0..n` on `threads` threads, each with its own scratch and output.
+fn run(ds: &ImageRecordDataset, n: usize, threads: usize, epoch: u64) -> stoker_data::Result<()> {
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| -> stoker_data::Result<()> {
+                    let mut scratch = ImageScratch::default();
+                    let mut image = vec![0u8; ds.fields()[0].sample_bytes()];
+                    let mut label = [0u8; 8];
+                    loop {
+                        let start = next.fetch_add(CHUNK, Ordering::Relaxed);
+                        if start >= n {
+                            return Ok(());
+                        }
+                        for index in start..(start + CHUNK).min(n) {
+                            let ctx = SampleContext {
+                                seed: 0,
+                                epoch,
+                                index: index as u64,
+                            };
+                            ds.read_sample(&mut scratch, ctx, &mut [&mut image, &mut label])?;
+                        }
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .try_for_each(|w| w.join().expect("bench worker panicked"))
+    })
+}
