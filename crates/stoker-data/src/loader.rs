@@ -396,21 +396,29 @@ fn fill_batch<D: Dataset>(
     let mut regions: [&mut [u8]; MAX_FIELDS] = Default::default();
     let mut rest: &mut [u8] = &mut storage.data;
     let mut consumed = 0;
-    for f in 0..nf {
-        let (_, tail) = std::mem::take(&mut rest).split_at_mut(layout.offsets[f] - consumed);
-        let (region, tail) = tail.split_at_mut(layout.fields[f].sample_bytes() * plan.batch_size);
-        regions[f] = region;
+    for ((region, offset), spec) in regions
+        .iter_mut()
+        .zip(layout.offsets.iter())
+        .zip(layout.fields.iter())
+    {
+        let len = spec.sample_bytes() * plan.batch_size;
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(offset - consumed);
+        let (head, tail) = tail.split_at_mut(len);
+        *region = head;
         rest = tail;
-        consumed = layout.offsets[f] + layout.fields[f].sample_bytes() * plan.batch_size;
+        consumed = offset + len;
     }
     for &index in idx {
         let mut slots: [&mut [u8]; MAX_FIELDS] = Default::default();
-        for f in 0..nf {
-            // Peel sample j off the front of each field's remaining region.
-            let (head, tail) =
-                std::mem::take(&mut regions[f]).split_at_mut(layout.fields[f].sample_bytes());
-            slots[f] = head;
-            regions[f] = tail;
+        for ((slot, region), spec) in slots
+            .iter_mut()
+            .zip(regions.iter_mut())
+            .zip(layout.fields.iter())
+        {
+            // Peel this sample off the front of each field's remaining region.
+            let (head, tail) = std::mem::take(region).split_at_mut(spec.sample_bytes());
+            *slot = head;
+            *region = tail;
         }
         let ctx = SampleContext {
             seed: plan.seed,
