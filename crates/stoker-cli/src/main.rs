@@ -22,6 +22,10 @@ enum Command {
     Tune(cmd::tune::TuneArgs),
     /// Predict memory, communication and step time per strategy and recommend one.
     Plan(cmd::plan::PlanArgs),
+    /// Train a model from a TOML config.
+    Train(cmd::train::TrainArgs),
+    /// Plot a training run's metrics to PNG files.
+    Report(cmd::report::ReportArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -37,5 +41,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(a) => cmd::bench::run(a),
         Command::Tune(a) => cmd::tune::run(a),
         Command::Plan(a) => cmd::plan::run(a),
+        Command::Train(a) => cmd::train::run(a),
+        Command::Report(a) => cmd::report::run(a),
     }
 }

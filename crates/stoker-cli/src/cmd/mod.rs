@@ -2,4 +2,6 @@
 pub mod bench;
 pub mod pack;
 pub mod plan;
+pub mod report;
+pub mod train;
 pub mod tune;
