@@ -1,0 +1,160 @@
+//! Text to a token shard: char-level (vocabulary saved beside it) or GPT-2 BPE (tiktoken-rs).
+//!
+//! Output: `PREFIX.bin`, an llm.c shard (1024-byte header, u16 tokens), and
+//! `PREFIX.vocab.json`: `{"kind": "char", "tokens": ["\n", " ", ...]}` (id = position) or
+//! `{"kind": "gpt2", "size": 50257}`.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::tokens::{write_tokens, TokenFormat};
+use crate::{DataError, Result};
+
+/// How text becomes token ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tokenizer {
+    /// One token per Unicode scalar; the vocabulary is the sorted set of characters seen.
+    Char,
+    /// GPT-2's byte-level BPE (tiktoken's `r50k_base`), 50,257 tokens.
+    Gpt2,
+}
+
+/// The vocabulary file written beside a token shard.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Vocab {
+    /// Character vocabulary: token id `i` is `tokens[i]`.
+    Char {
+        /// The characters, sorted by code point.
+        tokens: Vec<String>,
+    },
+    /// GPT-2 BPE.
+    Gpt2 {
+        /// Vocabulary size.
+        size: usize,
+    },
+}
+
+impl Vocab {
+    /// Number of token ids.
+    pub fn size(&self) -> usize {
+        match self {
+            Vocab::Char { tokens } => tokens.len(),
+            Vocab::Gpt2 { size } => *size,
+        }
+    }
+
+    /// Reads `PREFIX.vocab.json`.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|e| DataError::io(path, e))?;
+        serde_json::from_slice(&bytes).map_err(|e| DataError::format(path, "vocab", e.to_string()))
+    }
+
+    /// Turns char-level ids back into text (GPT-2 ids need tiktoken; they are rendered as ids).
+    pub fn decode(&self, ids: &[u32]) -> String {
+        match self {
+            Vocab::Char { tokens } => ids
+                .iter()
+                .map(|&i| {
+                    tokens
+                        .get(i as usize)
+                        .map(String::as_str)
+                        .unwrap_or("\u{fffd}")
+                })
+                .collect(),
+            Vocab::Gpt2 { .. } => match tiktoken_rs::r50k_base() {
+                Ok(bpe) => bpe.decode(ids.to_vec()).unwrap_or_default(),
+                Err(_) => format!("{ids:?}"),
+            },
+        }
+    }
+}
+
+/// What [`pack_text`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TextSummary {
+    /// Tokens written.
+    pub tokens: usize,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// The shard and the vocabulary file.
+    pub files: [PathBuf; 2],
+}
+
+/// Tokenizes the concatenation of `sources` (UTF-8 text files) to `PREFIX.bin` + `PREFIX.vocab.json`.
+pub fn pack_text(
+    sources: &[PathBuf],
+    prefix: impl AsRef<Path>,
+    tokenizer: Tokenizer,
+) -> Result<TextSummary> {
+    let mut text = String::new();
+    for src in sources {
+        let bytes = std::fs::read(src).map_err(|e| DataError::io(src, e))?;
+        let s = String::from_utf8(bytes).map_err(|e| {
+            DataError::format(
+                src,
+                "encoding",
+                format!(
+                    "not UTF-8 at byte {}: re-encode the file as UTF-8",
+                    e.utf8_error().valid_up_to()
+                ),
+            )
+        })?;
+        text.push_str(&s);
+    }
+    let (tokens, vocab) = match tokenizer {
+        Tokenizer::Char => {
+            let mut chars: Vec<char> = text.chars().collect();
+            chars.sort_unstable();
+            chars.dedup();
+            if chars.len() > u16::MAX as usize + 1 {
+                return Err(DataError::Config {
+                    field: "tokenizer",
+                    message: format!("{} distinct characters exceed u16 token ids", chars.len()),
+                });
+            }
+            let mut id = std::collections::HashMap::with_capacity(chars.len());
+            for (i, c) in chars.iter().enumerate() {
+                id.insert(*c, i as u16);
+            }
+            let tokens: Vec<u16> = text.chars().map(|c| id[&c]).collect();
+            (
+                tokens,
+                Vocab::Char {
+                    tokens: chars.iter().map(|c| c.to_string()).collect(),
+                },
+            )
+        }
+        Tokenizer::Gpt2 => {
+            let bpe = tiktoken_rs::r50k_base().map_err(|e| DataError::Config {
+                field: "tokenizer",
+                message: format!("gpt2 BPE unavailable: {e}"),
+            })?;
+            let ids = bpe.encode_with_special_tokens(&text);
+            (
+                ids.into_iter().map(|t| t as u16).collect(),
+                Vocab::Gpt2 { size: 50257 },
+            )
+        }
+    };
+    let prefix = prefix.as_ref();
+    if let Some(dir) = prefix.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| DataError::io(dir, e))?;
+    }
+    let with = |ext: &str| {
+        let mut s = prefix.as_os_str().to_owned();
+        s.push(ext);
+        PathBuf::from(s)
+    };
+    let (bin, vocab_path) = (with(".bin"), with(".vocab.json"));
+    write_tokens(&bin, &tokens, TokenFormat::Llmc)?;
+    let json = serde_json::to_vec(&vocab).expect("vocab serializes");
+    std::fs::write(&vocab_path, json).map_err(|e| DataError::io(&vocab_path, e))?;
+    Ok(TextSummary {
+        tokens: tokens.len(),
+        vocab_size: vocab.size(),
+        files: [bin, vocab_path],
+    })
+}
