@@ -2,13 +2,16 @@
 //! random-resized-crop 224 + flip + normalize every record, on 1 and on 2 threads.
 //!
 //! Run: `cargo run --release -p stoker-data --example bench_jpeg -- DIR [--threads 1,2]
-//! [--limit N] [--bf16]` (DIR: one sub-folder per class, e.g. data/photos-3k from
-//! scripts/fetch-photos.sh). Prints one `RESULT` line per thread count.
+//! [--limit N] [--bf16] [--max-side PX]` (DIR: one sub-folder per class, e.g. data/photos-3k
+//! from scripts/fetch-photos.sh). Prints one `RESULT` line per thread count. `--max-side` packs
+//! FFCV-style (photos shrunk to that longer side and re-encoded at quality 90): less decode work
+//! per epoch, so not the same work as decoding the original files; `--export DIR2` also writes
+//! the packed records back out as an image folder, so a baseline can decode the same bytes.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use stoker_data::pack::image_folder::pack_image_folder;
+use stoker_data::pack::image_folder::{pack_image_folder_with, PackOptions};
 use stoker_data::transform::{ImageScratch, ImageTransformConfig};
 use stoker_data::{DType, Dataset, ImageRecordDataset, SampleContext};
 
@@ -39,17 +42,38 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tmp = tempfile::tempdir()?;
     let prefix = tmp.path().join("photos");
     let t = Instant::now();
-    let summary = pack_image_folder(dir, &prefix)?;
+    let max_side = flag("--max-side").map(|s| s.parse::<u32>()).transpose()?;
+    let options = PackOptions {
+        max_side,
+        ..Default::default()
+    };
+    let summary = pack_image_folder_with(dir, &prefix, &options)?;
     let secs = t.elapsed().as_secs_f64();
     let bytes = summary.manifest.data.bytes as f64;
     println!(
-        "pack: {} images, {} classes, {:.1} MB in {secs:.2} s ({:.0} images/s, {:.0} MB/s)",
+        "pack: {} images ({} downscaled), {} classes, {:.1} MB in {secs:.2} s ({:.0} images/s, {:.0} MB/s)",
         summary.manifest.records,
+        summary.downscaled,
         summary.classes.len(),
         bytes / 1e6,
         summary.manifest.records as f64 / secs,
         bytes / 1e6 / secs
     );
+
+    if let Some(export) = flag("--export") {
+        let shard = stoker_data::RecordShard::open(&prefix)?;
+        let labels = stoker_data::NpyArray::open(stoker_data::image_folder::labels_path(&prefix))?;
+        let labels: &[i64] = labels.as_slice().ok_or("labels are not i64")?;
+        for (i, &label) in labels.iter().enumerate() {
+            let class_dir = std::path::Path::new(export).join(&summary.classes[label as usize]);
+            std::fs::create_dir_all(&class_dir)?;
+            std::fs::write(
+                class_dir.join(format!("{i:06}.jpg")),
+                shard.get(i).ok_or("short shard")?,
+            )?;
+        }
+        println!("export: {} records to {export}", labels.len());
+    }
 
     let config = ImageTransformConfig {
         dtype,
@@ -66,8 +90,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         run(&ds, n, t, 1)?;
         let secs = start.elapsed().as_secs_f64();
         println!(
-            "RESULT stoker threads={t} images={n} seconds={secs:.2} images_per_s={:.1} dtype={dtype}",
-            n as f64 / secs
+            "RESULT stoker threads={t} images={n} seconds={secs:.2} images_per_s={:.1} dtype={dtype} max_side={}",
+            n as f64 / secs,
+            max_side.map_or("none".to_string(), |m| m.to_string())
         );
     }
     Ok(())

@@ -427,6 +427,7 @@ fn non_jpeg_file_fails_pack_unless_skipped_and_corrupt_record_names_file_and_ind
     assert!(msg.contains("notes.txt: SOI marker: not a JPEG"), "{msg}");
     let opts = PackOptions {
         skip_non_jpeg: true,
+        ..Default::default()
     };
     let summary = pack_image_folder_with(&src, dir.path().join("p"), &opts).unwrap();
     assert_eq!((summary.manifest.records, summary.skipped.len()), (3, 1));
@@ -476,4 +477,37 @@ fn non_jpeg_file_fails_pack_unless_skipped_and_corrupt_record_names_file_and_ind
         msg.contains("p.labels.npy: shape: [2] (expected [4]"),
         "{msg}"
     );
+}
+
+#[test]
+fn pack_with_max_side_shrinks_only_larger_photos() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = make_folder(dir.path()); // 50x40, 60x40 (cat), 50x40 (ant)
+    let opts = PackOptions {
+        max_side: Some(55),
+        ..Default::default()
+    };
+    let summary = pack_image_folder_with(&src, dir.path().join("p"), &opts).unwrap();
+    assert_eq!(summary.downscaled, 1);
+    let ds =
+        ImageRecordDataset::open(dir.path().join("p"), ImageTransformConfig::default()).unwrap();
+    let mut buf = Vec::new();
+    let sizes: Vec<(u32, u32)> = (0..3)
+        .map(|i| {
+            decode_jpeg(ds.shard().get(i).unwrap(), &mut buf)
+                .map(|d| (d.width, d.height))
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(sizes, vec![(50, 40), (55, 37), (50, 40)]);
+    assert_eq!(
+        ds.shard().get(0).unwrap(),
+        std::fs::read(src.join("ant/z.jpeg")).unwrap(),
+        "kept byte for byte"
+    );
+    let bad = PackOptions { quality: 0, ..opts };
+    assert!(pack_image_folder_with(&src, dir.path().join("q"), &bad)
+        .unwrap_err()
+        .to_string()
+        .contains("quality"));
 }

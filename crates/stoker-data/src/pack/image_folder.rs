@@ -5,22 +5,40 @@
 //! descending into nested folders. Every file must start with the JPEG SOI marker: by default a
 //! non-JPEG is an error naming the file (a stray `.DS_Store` or PNG would otherwise silently
 //! shift nothing but cost a decode error mid-epoch); [`PackOptions::skip_non_jpeg`] skips and
-//! lists them instead. Files at the top level, beside the class folders, are ignored.
+//! lists them instead. Files at the top level, beside the class folders, are ignored. Files are
+//! stored byte for byte unless [`PackOptions::max_side`] asks for FFCV-style downscaling.
 
 use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use super::downscale::Downscaler;
 use crate::image_folder::{classes_path, labels_path};
 use crate::npy::write_npy;
 use crate::records::{RecordManifest, RecordWriter};
 use crate::{DType, DataError, Result};
 
 /// Choices for [`pack_image_folder_with`].
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct PackOptions {
     /// Skip (and report) files that are not JPEGs instead of failing on the first one.
     pub skip_non_jpeg: bool,
+    /// Shrink photos whose longer side exceeds this many pixels and re-encode them (FFCV's
+    /// `max_resolution`; lossy, see the `downscale` module). `None` stores every file as is.
+    pub max_side: Option<u32>,
+    /// JPEG quality (1..=100) of re-encoded photos.
+    pub quality: u8,
+}
+
+impl Default for PackOptions {
+    /// Fail on non-JPEGs, store every file byte for byte; quality 90 if `max_side` is set.
+    fn default() -> Self {
+        PackOptions {
+            skip_non_jpeg: false,
+            max_side: None,
+            quality: 90,
+        }
+    }
 }
 
 /// What [`pack_image_folder`] wrote.
@@ -34,6 +52,8 @@ pub struct PackSummary {
     pub manifest: RecordManifest,
     /// Files skipped as non-JPEG (empty unless `skip_non_jpeg`).
     pub skipped: Vec<PathBuf>,
+    /// Photos shrunk and re-encoded (0 unless `max_side`).
+    pub downscaled: u64,
     /// The files written: data, index, manifest, labels, classes.
     pub outputs: Vec<PathBuf>,
 }
@@ -55,6 +75,23 @@ pub fn pack_image_folder_with(
 ) -> Result<PackSummary> {
     let src = src_dir.as_ref();
     let out = out_prefix.as_ref();
+    if let Some(m) = options
+        .max_side
+        .filter(|&m| m == 0 || m > u32::from(u16::MAX))
+    {
+        return Err(DataError::Config {
+            field: "max_side",
+            message: format!("{m} (expected 1..=65535)"),
+        });
+    }
+    if !(1..=100).contains(&options.quality) {
+        return Err(DataError::Config {
+            field: "quality",
+            message: format!("{} (expected 1..=100)", options.quality),
+        });
+    }
+    let mut downscaler = Downscaler::default();
+    let mut downscaled = 0;
     let classes = class_dirs(src)?;
     if classes.is_empty() {
         return Err(DataError::format(
@@ -94,7 +131,14 @@ pub fn pack_image_folder_with(
                     ),
                 ));
             }
-            writer.append(&buf)?;
+            let shrunk = match options.max_side {
+                Some(m) => downscaler
+                    .downscale_jpeg(&buf, m, options.quality)
+                    .map_err(|e| DataError::format(&file, "jpeg", e.to_string()))?,
+                None => None,
+            };
+            downscaled += u64::from(shrunk.is_some());
+            writer.append(shrunk.as_deref().unwrap_or(&buf))?;
             labels.push(label as i64);
         }
         per_class.push((labels.len() - before) as u64);
@@ -123,6 +167,7 @@ pub fn pack_image_folder_with(
         per_class,
         manifest,
         skipped,
+        downscaled,
         outputs: vec![
             paths.data,
             paths.index,
