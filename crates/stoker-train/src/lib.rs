@@ -1,0 +1,2 @@
+//! stoker-train: the trainer.
+#![deny(missing_docs)]
