@@ -2,13 +2,16 @@
 #![deny(missing_docs)]
 
 pub mod array_dataset;
+pub mod autotune;
 pub mod batch;
 pub mod dataset;
 pub mod dtype;
 pub mod error;
 pub mod image_folder;
 pub mod loader;
+pub mod measure;
 pub mod npy;
+pub mod open;
 pub mod pack;
 pub mod pool;
 pub mod records;
@@ -25,6 +28,7 @@ pub use error::{DataError, Result};
 pub use image_folder::ImageRecordDataset;
 pub use loader::{EpochIter, Loader, LoaderConfig};
 pub use npy::NpyArray;
+pub use open::{open_dataset, AnyDataset, OpenOptions};
 pub use records::{RecordShard, RecordWriter};
 pub use sampler::{Partition, Sampler, SamplerConfig, SamplerState};
 pub use stats::LoaderStats;

@@ -1,0 +1,165 @@
+//! Opening a dataset from a path, for tools that take "DATASET" on the command line.
+//!
+//! The path says what it is: `X.npy` (one array, field `data`), `X.bin` (a token shard,
+//! nanoGPT or llm.c), a prefix with `PREFIX.manifest.json` (JPEG records + labels), or a prefix
+//! with `PREFIX.FIELD.npy` arrays (e.g. `mnist/train` -> `train.image.npy`, `train.label.npy`).
+
+use std::path::{Path, PathBuf};
+
+use crate::image_folder::ImageRecordDataset;
+use crate::npy::NpyArray;
+use crate::records::RecordPaths;
+use crate::transform::{ImageScratch, ImageTransformConfig};
+use crate::{
+    ArrayDataset, DType, DataError, Dataset, FieldSpec, MappedBytes, Result, SampleContext,
+    TokenShard, TokenWindows,
+};
+
+/// Options for the formats that need them.
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// Tokens per window for token shards.
+    pub context: usize,
+    /// Integer type token windows are delivered in.
+    pub token_dtype: DType,
+    /// Transform applied to JPEG records.
+    pub image: ImageTransformConfig,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            context: 256,
+            token_dtype: DType::I64,
+            image: ImageTransformConfig::default(),
+        }
+    }
+}
+
+/// Any dataset stoker can open from a path.
+pub enum AnyDataset {
+    /// `.npy` arrays.
+    Arrays(ArrayDataset),
+    /// Token windows.
+    Tokens(TokenWindows),
+    /// JPEG records with labels.
+    Images(ImageRecordDataset),
+}
+
+/// Per-worker scratch for [`AnyDataset`].
+#[derive(Default)]
+pub struct AnyWorker {
+    image: ImageScratch,
+}
+
+impl AnyDataset {
+    /// A one-word name of the format, for reports.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            AnyDataset::Arrays(_) => "npy",
+            AnyDataset::Tokens(_) => "tokens",
+            AnyDataset::Images(_) => "jpeg-records",
+        }
+    }
+}
+
+/// Opens `path` as described in the module docs.
+pub fn open_dataset(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<AnyDataset> {
+    let path = path.as_ref();
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+    if ext == "npy" {
+        return Ok(AnyDataset::Arrays(ArrayDataset::new(vec![(
+            "data".into(),
+            NpyArray::open(path)?,
+        )])?));
+    }
+    if ext == "bin" {
+        return Ok(AnyDataset::Tokens(TokenWindows::new(
+            vec![TokenShard::open_detect(path)?],
+            opts.context,
+            opts.token_dtype,
+        )?));
+    }
+    if RecordPaths::new(path).manifest.exists() {
+        return Ok(AnyDataset::Images(ImageRecordDataset::open(
+            path,
+            opts.image.clone(),
+        )?));
+    }
+    let fields = npy_fields(path)?;
+    if fields.is_empty() {
+        return Err(DataError::format(
+            path,
+            "DATASET",
+            "not found: expected a .npy file, a .bin token shard, a PREFIX with PREFIX.manifest.json (JPEG records), or a PREFIX with PREFIX.FIELD.npy arrays",
+        ));
+    }
+    let names: Vec<&str> = fields.iter().map(String::as_str).collect();
+    Ok(AnyDataset::Arrays(ArrayDataset::open_prefix(path, &names)?))
+}
+
+/// Field names of the `PREFIX.FIELD.npy` files beside `prefix`, sorted.
+fn npy_fields(prefix: &Path) -> Result<Vec<String>> {
+    let dir = match prefix.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let stem = prefix
+        .file_name()
+        .and_then(|s| s.to_str())
+        .unwrap_or("")
+        .to_string()
+        + ".";
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(_) => return Ok(Vec::new()),
+    };
+    let mut fields: Vec<String> = entries
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter_map(|n| Some(n.strip_prefix(&stem)?.strip_suffix(".npy")?.to_string()))
+        .filter(|f| !f.is_empty() && !f.contains('.'))
+        .collect();
+    fields.sort();
+    Ok(fields)
+}
+
+impl Dataset for AnyDataset {
+    type Worker = AnyWorker;
+
+    fn len(&self) -> usize {
+        match self {
+            AnyDataset::Arrays(d) => d.len(),
+            AnyDataset::Tokens(d) => d.len(),
+            AnyDataset::Images(d) => d.len(),
+        }
+    }
+
+    fn fields(&self) -> &[FieldSpec] {
+        match self {
+            AnyDataset::Arrays(d) => d.fields(),
+            AnyDataset::Tokens(d) => d.fields(),
+            AnyDataset::Images(d) => d.fields(),
+        }
+    }
+
+    fn read_sample(
+        &self,
+        w: &mut AnyWorker,
+        ctx: SampleContext,
+        out: &mut [&mut [u8]],
+    ) -> Result<()> {
+        match self {
+            AnyDataset::Arrays(d) => d.read_sample(&mut (), ctx, out),
+            AnyDataset::Tokens(d) => d.read_sample(&mut (), ctx, out),
+            AnyDataset::Images(d) => d.read_sample(&mut w.image, ctx, out),
+        }
+    }
+
+    fn mapped_run(&self, field: usize, start: usize, count: usize) -> Option<MappedBytes> {
+        match self {
+            AnyDataset::Arrays(d) => d.mapped_run(field, start, count),
+            AnyDataset::Tokens(d) => d.mapped_run(field, start, count),
+            AnyDataset::Images(d) => d.mapped_run(field, start, count),
+        }
+    }
+}
