@@ -1,2 +1,16 @@
 //! stoker-train: the trainer.
+//!
+//! Models are written with differentiable candle ops only ([`ops`]); every trainable
+//! parameter lives in one flat FP32 master buffer described by a [`layout::FlatLayout`];
+//! optimizers, clipping and loss scaling work on flat buffers; gradient accumulation
+//! normalizes token losses by the target tokens of the whole window ([`accumulate`]).
 #![deny(missing_docs)]
+
+pub mod clip;
+pub mod error;
+pub mod layout;
+pub mod optim;
+pub mod params;
+pub mod schedule;
+
+pub use error::{Result, TrainError};

@@ -1,0 +1,23 @@
+//! Clipping by global gradient norm over the flat gradient buffer (after unscaling,
+//! before the optimizer step), with torch's `clip_grad_norm_` coefficient.
+
+/// The L2 norm of `grads`, accumulated in f64.
+pub fn global_norm(grads: &[f32]) -> f64 {
+    grads
+        .iter()
+        .map(|&g| (g as f64) * (g as f64))
+        .sum::<f64>()
+        .sqrt()
+}
+
+/// Scales `grads` so their global norm is at most `max_norm`; returns the norm before
+/// clipping. The coefficient is `max_norm / (norm + 1e-6)`, applied only when below 1.
+pub fn clip_global_norm(grads: &mut [f32], max_norm: f64) -> f64 {
+    let norm = global_norm(grads);
+    let coef = max_norm / (norm + 1e-6);
+    if coef < 1.0 {
+        let c = coef as f32;
+        grads.iter_mut().for_each(|g| *g *= c);
+    }
+    norm
+}

@@ -1,0 +1,99 @@
+//! The trainer's errors: each names the config key, file, parameter or step it concerns.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while building or running training.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// A config value is invalid; `key` is its dotted TOML path.
+    #[error("config key `{key}`: {message}")]
+    Config {
+        /// Dotted key, e.g. `batch.micro_batch`.
+        key: String,
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+    /// The config file does not parse (unknown keys included).
+    #[error("config {path}: {message}")]
+    ConfigParse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message (names the key).
+        message: String,
+    },
+    /// A parameter received no gradient in backward (e.g. a fused candle op detached it).
+    #[error(
+        "parameter `{name}` received no gradient: a detached (fused, backward-less) op sits on \
+         its path; HINT: use the composed ops in stoker_train::ops instead of candle's fused \
+         softmax_last_dim / layer_norm / rms_norm"
+    )]
+    NoGradient {
+        /// The parameter.
+        name: String,
+    },
+    /// Training produced a non-finite value.
+    #[error("step {step}: non-finite {what} (first non-finite parameter: `{param}`)")]
+    NonFinite {
+        /// The optimizer step (0-based) at which it happened.
+        step: u64,
+        /// `loss`, `gradient` or `value`.
+        what: String,
+        /// The first parameter whose gradient or value was non-finite.
+        param: String,
+    },
+    /// A checkpoint failed validation.
+    #[error("checkpoint {path}: {message}")]
+    Checkpoint {
+        /// The checkpoint file or directory.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A dataset does not fit the model.
+    #[error("dataset {what}: {message}")]
+    Data {
+        /// Which dataset or field.
+        what: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A parameter layout mismatch (buffer sizes, names, shapes).
+    #[error("layout: {0}")]
+    Layout(String),
+    /// An I/O error on `path`.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A candle error.
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+    /// A loader error.
+    #[error(transparent)]
+    DataLoader(#[from] stoker_data::DataError),
+    /// A precision error (scaler, FP8).
+    #[error(transparent)]
+    Precision(#[from] stoker_precision::PrecisionError),
+}
+
+/// Result with [`TrainError`].
+pub type Result<T> = std::result::Result<T, TrainError>;
+
+/// Shorthand for a [`TrainError::Config`].
+pub fn config_err(key: impl Into<String>, message: impl Into<String>) -> TrainError {
+    TrainError::Config {
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+/// Shorthand for a [`TrainError::Io`].
+pub fn io_err(path: impl Into<PathBuf>, source: std::io::Error) -> TrainError {
+    TrainError::Io {
+        path: path.into(),
+        source,
+    }
+}

@@ -1,0 +1,189 @@
+//! The flat parameter layout: every trainable parameter in one FP32 master buffer.
+//!
+//! A [`FlatLayout`] is an ordered table of (name, shape, offset, len); each parameter
+//! starts at a multiple of `align` elements (padding is zero and stays zero). Gradients
+//! are gathered into a buffer of the same layout. The layout knows nothing about any
+//! model: data-parallel and ZeRO strategies bucket and shard these buffers.
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, TrainError};
+use crate::params::ParamSet;
+
+/// Default alignment: 16 f32 elements = 64 bytes, one cache line.
+pub const DEFAULT_ALIGN: usize = 16;
+
+/// One parameter's place in the flat buffer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Slot {
+    /// Parameter name.
+    pub name: String,
+    /// Tensor shape.
+    pub shape: Vec<usize>,
+    /// First element in the flat buffer.
+    pub offset: usize,
+    /// Number of elements (without padding).
+    pub len: usize,
+}
+
+/// The ordered table of parameter slots.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlatLayout {
+    slots: Vec<Slot>,
+    align: usize,
+    total: usize,
+}
+
+impl FlatLayout {
+    /// Lays out `(name, shape)` in the given order, each slot aligned to `align` elements.
+    pub fn new(specs: &[(String, Vec<usize>)], align: usize) -> Result<Self> {
+        if align == 0 {
+            return Err(TrainError::Layout("alignment must be at least 1".into()));
+        }
+        let mut slots = Vec::with_capacity(specs.len());
+        let mut offset = 0;
+        for (name, shape) in specs {
+            let len = shape.iter().product();
+            slots.push(Slot {
+                name: name.clone(),
+                shape: shape.clone(),
+                offset,
+                len,
+            });
+            offset += len.div_ceil(align) * align;
+        }
+        Ok(FlatLayout {
+            slots,
+            align,
+            total: offset,
+        })
+    }
+
+    /// The layout of `params` (name order) with [`DEFAULT_ALIGN`].
+    pub fn of(params: &ParamSet) -> Result<Self> {
+        Self::new(&params.specs(), DEFAULT_ALIGN)
+    }
+
+    /// The slots in buffer order.
+    pub fn slots(&self) -> &[Slot] {
+        &self.slots
+    }
+
+    /// Buffer length in elements, padding included.
+    pub fn total_len(&self) -> usize {
+        self.total
+    }
+
+    /// Alignment in elements.
+    pub fn align(&self) -> usize {
+        self.align
+    }
+
+    /// Trainable elements (padding excluded).
+    pub fn numel(&self) -> usize {
+        self.slots.iter().map(|s| s.len).sum()
+    }
+
+    /// The span table stoker-precision's loss scaler uses to name overflowing parameters.
+    pub fn param_table(&self) -> stoker_precision::ParamTable {
+        stoker_precision::ParamTable::new(
+            self.slots.iter().map(|s| (s.name.clone(), s.offset, s.len)),
+        )
+    }
+
+    /// The first slot holding a non-finite value in `buf`.
+    pub fn first_nonfinite(&self, buf: &[f32]) -> Option<&str> {
+        self.slots
+            .iter()
+            .find(|s| {
+                buf[s.offset..s.offset + s.len]
+                    .iter()
+                    .any(|x| !x.is_finite())
+            })
+            .map(|s| s.name.as_str())
+    }
+
+    /// Checks that `params` matches this layout name for name, shape for shape.
+    pub fn check_params(&self, params: &ParamSet) -> Result<()> {
+        if params.len() != self.slots.len() {
+            return Err(TrainError::Layout(format!(
+                "{} parameters, layout has {}",
+                params.len(),
+                self.slots.len()
+            )));
+        }
+        for (p, s) in params.iter().zip(&self.slots) {
+            if p.name != s.name || p.var.dims() != s.shape.as_slice() {
+                return Err(TrainError::Layout(format!(
+                    "parameter `{}` {:?} where the layout has `{}` {:?}",
+                    p.name,
+                    p.var.dims(),
+                    s.name,
+                    s.shape
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the variables' values (any float dtype, widened to f32) into a new buffer.
+    pub fn flatten(&self, params: &ParamSet) -> Result<Vec<f32>> {
+        self.check_params(params)?;
+        let mut buf = vec![0f32; self.total];
+        for (p, s) in params.iter().zip(&self.slots) {
+            let v = p.var.as_tensor().to_dtype(DType::F32)?.flatten_all()?;
+            buf[s.offset..s.offset + s.len].copy_from_slice(&v.to_vec1::<f32>()?);
+        }
+        Ok(buf)
+    }
+
+    /// Refreshes the variables from `buf`, casting to each variable's dtype.
+    pub fn unflatten(&self, buf: &[f32], params: &ParamSet) -> Result<()> {
+        self.check_len(buf.len())?;
+        for (p, s) in params.iter().zip(&self.slots) {
+            let t = Tensor::from_slice(
+                &buf[s.offset..s.offset + s.len],
+                s.shape.as_slice(),
+                p.var.device(),
+            )?
+            .to_dtype(p.var.dtype())?;
+            p.var.set(&t)?;
+        }
+        Ok(())
+    }
+
+    /// Adds (`scale` x) each parameter's gradient from `grads` into `out`. A parameter
+    /// without a gradient is an error naming it (see [`crate::check`]).
+    pub fn gather_grads(
+        &self,
+        grads: &GradStore,
+        params: &ParamSet,
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.check_len(out.len())?;
+        for (p, s) in params.iter().zip(&self.slots) {
+            let g = grads
+                .get(p.var.as_tensor())
+                .ok_or_else(|| TrainError::NoGradient {
+                    name: p.name.clone(),
+                })?;
+            let g = g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            for (o, x) in out[s.offset..s.offset + s.len].iter_mut().zip(&g) {
+                *o += x;
+            }
+        }
+        Ok(())
+    }
+
+    fn check_len(&self, n: usize) -> Result<()> {
+        if n != self.total {
+            return Err(TrainError::Layout(format!(
+                "buffer of {n} elements, layout needs {}",
+                self.total
+            )));
+        }
+        Ok(())
+    }
+}

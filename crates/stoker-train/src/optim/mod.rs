@@ -1,0 +1,83 @@
+//! Optimizers over the flat FP32 buffers of a [`crate::layout::FlatLayout`].
+//!
+//! They see only (offset, len, decay) segments, never a model: the same code serves a
+//! whole buffer or one ZeRO shard of it. Padding between slots is never touched.
+
+pub mod adamw;
+pub mod sgd;
+
+use serde::{Deserialize, Serialize};
+
+use crate::layout::FlatLayout;
+
+pub use adamw::{AdamW, AdamWConfig};
+pub use sgd::{Sgd, SgdConfig};
+
+/// A stretch of the flat buffer the optimizer updates, and whether it takes weight decay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Segment {
+    /// First element.
+    pub offset: usize,
+    /// Number of elements.
+    pub len: usize,
+    /// Apply weight decay to it.
+    pub decay: bool,
+}
+
+/// Segments of `layout`: weight decay on tensors of rank >= 2 (matrices, conv kernels,
+/// embeddings), none on biases and norm gains (GPT-2 / nanoGPT practice). With
+/// `decay_all`, every tensor decays (torch's single param group).
+pub fn segments(layout: &FlatLayout, decay_all: bool) -> Vec<Segment> {
+    layout
+        .slots()
+        .iter()
+        .map(|s| Segment {
+            offset: s.offset,
+            len: s.len,
+            decay: decay_all || s.shape.len() >= 2,
+        })
+        .collect()
+}
+
+/// Optimizer state that a checkpoint saves: named f32 buffers and the step count.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct OptimState {
+    /// Optimizer steps taken.
+    pub step: u64,
+    /// Named moment buffers (`exp_avg`, `exp_avg_sq`, `momentum`), flat layout.
+    pub buffers: Vec<(String, Vec<f32>)>,
+}
+
+/// An optimizer over flat buffers.
+pub trait Optimizer: Send {
+    /// One update of `params` from `grads` (same layout) at learning rate `lr`.
+    fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32);
+    /// The state to checkpoint.
+    fn state(&self) -> OptimState;
+    /// Restores a saved state; errors name the buffer that does not fit.
+    fn restore(&mut self, state: OptimState) -> Result<(), String>;
+}
+
+/// Checks that `state` holds exactly `names`, each of `len` elements, and returns them in order.
+pub(crate) fn take_buffers(
+    state: OptimState,
+    names: &[&str],
+    len: usize,
+) -> Result<Vec<Vec<f32>>, String> {
+    let mut out = Vec::new();
+    for name in names {
+        let (_, buf) = state
+            .buffers
+            .iter()
+            .find(|(n, _)| n == name)
+            .ok_or_else(|| format!("optimizer buffer `{name}` missing"))?;
+        if buf.len() != len {
+            return Err(format!(
+                "optimizer buffer `{name}` has {} elements, the layout needs {len}",
+                buf.len()
+            ));
+        }
+        out.push(buf.clone());
+    }
+    Ok(out)
+}

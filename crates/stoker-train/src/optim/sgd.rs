@@ -1,0 +1,94 @@
+//! SGD with momentum (torch.optim.SGD semantics: coupled L2 weight decay, dampening 0,
+//! optional Nesterov; the first step seeds the momentum buffer with the gradient).
+
+use serde::{Deserialize, Serialize};
+
+use super::{take_buffers, OptimState, Optimizer, Segment};
+
+/// SGD hyper-parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SgdConfig {
+    /// Momentum factor (0 disables the buffer).
+    pub momentum: f64,
+    /// L2 penalty added to the gradient.
+    pub weight_decay: f64,
+    /// Nesterov momentum.
+    pub nesterov: bool,
+}
+
+impl Default for SgdConfig {
+    fn default() -> Self {
+        SgdConfig {
+            momentum: 0.9,
+            weight_decay: 0.0,
+            nesterov: false,
+        }
+    }
+}
+
+/// SGD over a flat buffer.
+pub struct Sgd {
+    config: SgdConfig,
+    segments: Vec<Segment>,
+    momentum: Vec<f32>,
+    step: u64,
+}
+
+impl Sgd {
+    /// SGD for a buffer of `len` elements, updating `segments`.
+    pub fn new(config: SgdConfig, segments: Vec<Segment>, len: usize) -> Self {
+        Sgd {
+            config,
+            segments,
+            momentum: vec![0.0; len],
+            step: 0,
+        }
+    }
+}
+
+impl Optimizer for Sgd {
+    fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32) {
+        let first = self.step == 0;
+        self.step += 1;
+        let mu = self.config.momentum as f32;
+        let wd = self.config.weight_decay as f32;
+        for seg in &self.segments {
+            let r = seg.offset..seg.offset + seg.len;
+            let (p, g) = (&mut params[r.clone()], &grads[r.clone()]);
+            let buf = &mut self.momentum[r];
+            for i in 0..p.len() {
+                let mut d = g[i];
+                if seg.decay && wd != 0.0 {
+                    d = wd.mul_add(p[i], d);
+                }
+                if mu != 0.0 {
+                    buf[i] = if first { d } else { buf[i] * mu + d };
+                    d = if self.config.nesterov {
+                        mu.mul_add(buf[i], d)
+                    } else {
+                        buf[i]
+                    };
+                }
+                // `add(x, alpha=a)` in torch's vectorized kernels is a fused multiply-add.
+                p[i] = (-lr).mul_add(d, p[i]);
+            }
+        }
+    }
+
+    fn state(&self) -> OptimState {
+        OptimState {
+            step: self.step,
+            buffers: vec![("momentum".into(), self.momentum.clone())],
+        }
+    }
+
+    fn restore(&mut self, state: OptimState) -> Result<(), String> {
+        let step = state.step;
+        self.momentum = take_buffers(state, &["momentum"], self.momentum.len())?
+            .pop()
+            .unwrap();
+        self.step = step;
+        Ok(())
+    }
+}

@@ -1,0 +1,162 @@
+//! Named trainable parameters: how models declare them and how they are initialized.
+//!
+//! Initial values come from a counter-based generator keyed by (seed, parameter name,
+//! element index), so they do not depend on the order in which a model declares its
+//! parameters, nor on the compute dtype (values are drawn in f32, then cast).
+
+use candle_core::{DType, Device, Tensor, Var};
+
+use crate::error::{Result, TrainError};
+
+/// How a parameter's initial values are drawn.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Init {
+    /// All zeros (biases).
+    Zeros,
+    /// All ones (norm gains).
+    Ones,
+    /// Normal with mean 0 and this standard deviation (GPT-2's 0.02).
+    Normal(f32),
+    /// Uniform in `[-bound, bound]` (torch's Kaiming-uniform default for linear/conv).
+    Uniform(f32),
+}
+
+/// One trainable parameter: its name and its compute-dtype variable.
+#[derive(Debug, Clone)]
+pub struct Param {
+    /// Dotted name, e.g. `h.0.attn.qkv.weight`.
+    pub name: String,
+    /// The candle variable the model computes with.
+    pub var: Var,
+}
+
+/// A model's parameters, sorted by name (the flat-buffer order).
+#[derive(Debug, Clone, Default)]
+pub struct ParamSet {
+    params: Vec<Param>,
+}
+
+impl ParamSet {
+    /// The parameters in name order.
+    pub fn iter(&self) -> impl Iterator<Item = &Param> {
+        self.params.iter()
+    }
+
+    /// Number of parameters (tensors).
+    pub fn len(&self) -> usize {
+        self.params.len()
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.params.is_empty()
+    }
+
+    /// Total number of scalar elements.
+    pub fn numel(&self) -> usize {
+        self.params.iter().map(|p| p.var.elem_count()).sum()
+    }
+
+    /// `(name, shape)` in name order: the input of [`crate::layout::FlatLayout::new`].
+    pub fn specs(&self) -> Vec<(String, Vec<usize>)> {
+        self.params
+            .iter()
+            .map(|p| (p.name.clone(), p.var.dims().to_vec()))
+            .collect()
+    }
+
+    /// The parameter called `name`.
+    pub fn get(&self, name: &str) -> Option<&Param> {
+        self.params.iter().find(|p| p.name == name)
+    }
+}
+
+/// Collects a model's parameters as it declares them.
+pub struct ParamBuilder {
+    device: Device,
+    dtype: DType,
+    seed: u64,
+    params: Vec<Param>,
+}
+
+impl ParamBuilder {
+    /// Parameters in `dtype` on `device`, initialized from `seed`.
+    pub fn new(device: Device, dtype: DType, seed: u64) -> Self {
+        ParamBuilder {
+            device,
+            dtype,
+            seed,
+            params: Vec::new(),
+        }
+    }
+
+    /// The dtype parameters are created in.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Declares parameter `name` of `shape`, initialized by `init`.
+    pub fn param(&mut self, name: &str, shape: &[usize], init: Init) -> Result<Var> {
+        if self.params.iter().any(|p| p.name == name) {
+            return Err(TrainError::Layout(format!(
+                "parameter `{name}` declared twice"
+            )));
+        }
+        let n: usize = shape.iter().product();
+        let values = init_values(self.seed, name, n, init);
+        let t = Tensor::from_vec(values, shape, &self.device)?.to_dtype(self.dtype)?;
+        let var = Var::from_tensor(&t)?;
+        self.params.push(Param {
+            name: name.to_string(),
+            var: var.clone(),
+        });
+        Ok(var)
+    }
+
+    /// The declared parameters, sorted by name.
+    pub fn finish(mut self) -> ParamSet {
+        self.params.sort_by(|a, b| a.name.cmp(&b.name));
+        ParamSet {
+            params: self.params,
+        }
+    }
+}
+
+/// SplitMix64 finalizer: a well-mixed 64-bit hash.
+pub fn mix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn name_hash(name: &str) -> u64 {
+    name.bytes().fold(0xCBF2_9CE4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01B3)
+    })
+}
+
+/// Uniform in (0, 1) from a hash.
+fn unit(h: u64) -> f64 {
+    ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+}
+
+fn init_values(seed: u64, name: &str, n: usize, init: Init) -> Vec<f32> {
+    let key = mix64(seed ^ name_hash(name));
+    let u = |i: usize| unit(mix64(key ^ mix64(i as u64)));
+    match init {
+        Init::Zeros => vec![0.0; n],
+        Init::Ones => vec![1.0; n],
+        Init::Uniform(b) => (0..n)
+            .map(|i| ((2.0 * u(i) - 1.0) * b as f64) as f32)
+            .collect(),
+        Init::Normal(std) => (0..n)
+            .map(|i| {
+                // Box-Muller on two independent uniforms per element.
+                let (u1, u2) = (u(2 * i), u(2 * i + 1));
+                let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+                (z * std as f64) as f32
+            })
+            .collect(),
+    }
+}
