@@ -6,11 +6,17 @@
 //! normalizes token losses by the target tokens of the whole window ([`accumulate`]).
 #![deny(missing_docs)]
 
+pub mod accumulate;
+pub mod check;
 pub mod clip;
 pub mod error;
 pub mod layout;
+pub mod loss;
+pub mod models;
+pub mod ops;
 pub mod optim;
 pub mod params;
+pub mod precision;
 pub mod schedule;
 
 pub use error::{Result, TrainError};

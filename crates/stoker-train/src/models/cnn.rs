@@ -1,0 +1,120 @@
+//! A small CNN for MNIST / Fashion-MNIST: two 3x3 conv + ReLU + 2x2 max-pool stages, then
+//! a hidden linear layer and the classifier. Convolutions run in f32 under bf16 / f16
+//! (candle's bf16 conv2d fails on CPU); the linear layers follow the compute dtype.
+
+use candle_core::{DType, Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use super::{LossKind, Model};
+use crate::error::Result;
+use crate::ops::{linear, max_pool2x2};
+use crate::params::{Init, ParamBuilder, ParamSet};
+use crate::precision::Fx;
+
+/// CNN size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CnnConfig {
+    /// Input channels (1 for MNIST).
+    pub in_channels: usize,
+    /// Input height and width (28 for MNIST; must be divisible by 4).
+    pub image_size: usize,
+    /// Channels of the first conv stage.
+    pub channels1: usize,
+    /// Channels of the second conv stage.
+    pub channels2: usize,
+    /// Width of the hidden linear layer.
+    pub hidden: usize,
+    /// Number of classes.
+    pub classes: usize,
+}
+
+/// The CNN model.
+pub struct Cnn {
+    config: CnnConfig,
+    conv1: [Tensor; 2],
+    conv2: [Tensor; 2],
+    fc1: [Tensor; 2],
+    fc2: [Tensor; 2],
+    params: ParamSet,
+}
+
+/// Pixel normalization for 8-bit images: (x / 255 - mean) / std, MNIST's statistics.
+const MEAN: f64 = 0.1307;
+const STD: f64 = 0.3081;
+
+impl Cnn {
+    /// Declares the parameters (torch's default uniform(+-1/sqrt(fan_in)) init).
+    pub fn new(config: CnnConfig, device: &Device, dtype: DType, seed: u64) -> Result<Self> {
+        let mut b = ParamBuilder::new(device.clone(), dtype, seed);
+        let c = &config;
+        let mut layer = |name: &str, shape: &[usize]| -> Result<[Tensor; 2]> {
+            let fan_in: usize = shape[1..].iter().product();
+            let bound = 1.0 / (fan_in as f32).sqrt();
+            Ok([
+                b.param(&format!("{name}.weight"), shape, Init::Uniform(bound))?
+                    .as_tensor()
+                    .clone(),
+                b.param(&format!("{name}.bias"), &[shape[0]], Init::Uniform(bound))?
+                    .as_tensor()
+                    .clone(),
+            ])
+        };
+        let conv1 = layer("conv1", &[c.channels1, c.in_channels, 3, 3])?;
+        let conv2 = layer("conv2", &[c.channels2, c.channels1, 3, 3])?;
+        let flat = c.channels2 * (c.image_size / 4) * (c.image_size / 4);
+        let fc1 = layer("fc1", &[c.hidden, flat])?;
+        let fc2 = layer("fc2", &[c.classes, c.hidden])?;
+        Ok(Cnn {
+            config,
+            conv1,
+            conv2,
+            fc1,
+            fc2,
+            params: b.finish(),
+        })
+    }
+
+    fn conv_stage(fx: &Fx, x: &Tensor, p: &[Tensor; 2]) -> Result<Tensor> {
+        let w = p[0].to_dtype(fx.high)?;
+        let b = p[1].to_dtype(fx.high)?.reshape((1, (), 1, 1))?;
+        let y = x.conv2d(&w, 1, 1, 1, 1)?.broadcast_add(&b)?.relu()?;
+        max_pool2x2(&y)
+    }
+}
+
+impl Model for Cnn {
+    fn params(&self) -> &ParamSet {
+        &self.params
+    }
+
+    /// `input`: images `(B, C, H, W)`, u8 (normalized here) or float; logits `(B, classes)`.
+    fn forward(&self, fx: &Fx, input: &Tensor) -> Result<Tensor> {
+        let x = if input.dtype() == DType::U8 {
+            ((input.to_dtype(fx.high)? / 255.0)? - MEAN)? / STD
+        } else {
+            input.to_dtype(fx.high)
+        }?;
+        let x = Self::conv_stage(fx, &x, &self.conv1)?;
+        let x = Self::conv_stage(fx, &x, &self.conv2)?;
+        let x = x.flatten_from(1)?;
+        let h = linear(fx, "fc1", &x, &self.fc1[0], Some(&self.fc1[1]))?.relu()?;
+        let logits = linear(fx, "fc2", &h, &self.fc2[0], Some(&self.fc2[1]))?;
+        Ok(logits.to_dtype(fx.high)?)
+    }
+
+    fn loss_kind(&self) -> LossKind {
+        LossKind::Sample
+    }
+
+    fn check_input(&self, shape: &[usize], _dtype: &str) -> std::result::Result<(), String> {
+        let c = &self.config;
+        let want = [c.in_channels, c.image_size, c.image_size];
+        if shape != want {
+            return Err(format!(
+                "images of per-sample shape {shape:?}, the CNN expects {want:?} (model.in_channels, model.image_size)"
+            ));
+        }
+        Ok(())
+    }
+}

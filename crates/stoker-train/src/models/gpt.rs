@@ -1,0 +1,240 @@
+//! GPT: token + position embeddings, pre-LayerNorm blocks with causal multi-head attention
+//! and a GELU MLP, final LayerNorm, head tied to the token embedding.
+
+use candle_core::{Device, Tensor, D};
+use serde::{Deserialize, Serialize};
+
+use super::{LossKind, Model};
+use crate::error::Result;
+use crate::ops::{causal_mask, ids_i64, layer_norm, linear, softmax_last};
+use crate::params::{Init, ParamBuilder, ParamSet};
+use crate::precision::Fx;
+
+/// GPT size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GptConfig {
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Maximum context (positions).
+    pub context: usize,
+    /// Embedding width.
+    pub d_model: usize,
+    /// Number of blocks.
+    pub n_layer: usize,
+    /// Attention heads (must divide `d_model`).
+    pub n_head: usize,
+}
+
+impl GptConfig {
+    /// Checks the sizes; the error names the key.
+    pub fn validate(&self) -> std::result::Result<(), (&'static str, String)> {
+        for (k, v) in [
+            ("vocab", self.vocab),
+            ("context", self.context),
+            ("d_model", self.d_model),
+            ("n_layer", self.n_layer),
+            ("n_head", self.n_head),
+        ] {
+            if v == 0 {
+                return Err((k, "must be at least 1".into()));
+            }
+        }
+        if self.d_model % self.n_head != 0 {
+            return Err((
+                "n_head",
+                format!("{} does not divide d_model {}", self.n_head, self.d_model),
+            ));
+        }
+        Ok(())
+    }
+}
+
+struct Block {
+    prefix: String,
+    ln1: [Tensor; 2],
+    qkv: [Tensor; 2],
+    proj: [Tensor; 2],
+    ln2: [Tensor; 2],
+    fc: [Tensor; 2],
+    fc_proj: [Tensor; 2],
+}
+
+/// The GPT model.
+pub struct Gpt {
+    config: GptConfig,
+    wte: Tensor,
+    wpe: Tensor,
+    blocks: Vec<Block>,
+    ln_f: [Tensor; 2],
+    params: ParamSet,
+}
+
+const LN_EPS: f64 = 1e-5;
+
+impl Gpt {
+    /// Declares the parameters (GPT-2 initialization: N(0, 0.02), residual projections
+    /// scaled by 1/sqrt(2 n_layer)).
+    pub fn new(
+        config: GptConfig,
+        device: &Device,
+        dtype: candle_core::DType,
+        seed: u64,
+    ) -> Result<Self> {
+        let mut b = ParamBuilder::new(device.clone(), dtype, seed);
+        let d = config.d_model;
+        let std = 0.02f32;
+        let resid_std = std / (2.0 * config.n_layer as f32).sqrt();
+        let mut pair = |b: &mut ParamBuilder,
+                        name: &str,
+                        out: usize,
+                        inp: usize,
+                        s: f32|
+         -> Result<[Tensor; 2]> {
+            Ok([
+                b.param(&format!("{name}.weight"), &[out, inp], Init::Normal(s))?
+                    .as_tensor()
+                    .clone(),
+                b.param(&format!("{name}.bias"), &[out], Init::Zeros)?
+                    .as_tensor()
+                    .clone(),
+            ])
+        };
+        let norm = |b: &mut ParamBuilder, name: &str| -> Result<[Tensor; 2]> {
+            Ok([
+                b.param(&format!("{name}.weight"), &[d], Init::Ones)?
+                    .as_tensor()
+                    .clone(),
+                b.param(&format!("{name}.bias"), &[d], Init::Zeros)?
+                    .as_tensor()
+                    .clone(),
+            ])
+        };
+        let wte = b
+            .param("wte.weight", &[config.vocab, d], Init::Normal(std))?
+            .as_tensor()
+            .clone();
+        let wpe = b
+            .param("wpe.weight", &[config.context, d], Init::Normal(std))?
+            .as_tensor()
+            .clone();
+        let mut blocks = Vec::new();
+        for i in 0..config.n_layer {
+            let p = format!("h.{i}");
+            blocks.push(Block {
+                ln1: norm(&mut b, &format!("{p}.ln_1"))?,
+                qkv: pair(&mut b, &format!("{p}.attn.qkv"), 3 * d, d, std)?,
+                proj: pair(&mut b, &format!("{p}.attn.proj"), d, d, resid_std)?,
+                ln2: norm(&mut b, &format!("{p}.ln_2"))?,
+                fc: pair(&mut b, &format!("{p}.mlp.fc"), 4 * d, d, std)?,
+                fc_proj: pair(&mut b, &format!("{p}.mlp.proj"), d, 4 * d, resid_std)?,
+                prefix: p,
+            });
+        }
+        let ln_f = norm(&mut b, "ln_f")?;
+        Ok(Gpt {
+            config,
+            wte,
+            wpe,
+            blocks,
+            ln_f,
+            params: b.finish(),
+        })
+    }
+
+    /// The size config.
+    pub fn config(&self) -> &GptConfig {
+        &self.config
+    }
+
+    fn attention(&self, fx: &Fx, blk: &Block, x: &Tensor) -> Result<Tensor> {
+        let (bsz, t, d) = x.dims3()?;
+        let h = self.config.n_head;
+        let hd = d / h;
+        let name = format!("{}.attn", blk.prefix);
+        let qkv = linear(
+            fx,
+            &format!("{name}.qkv"),
+            x,
+            &blk.qkv[0],
+            Some(&blk.qkv[1]),
+        )?;
+        let split = |i: usize| -> Result<Tensor> {
+            Ok(qkv
+                .narrow(D::Minus1, i * d, d)?
+                .reshape((bsz, t, h, hd))?
+                .transpose(1, 2)?
+                .contiguous()?)
+        };
+        let (q, k, v) = (split(0)?, split(1)?, split(2)?);
+        // (B, H, T, T) scores in the compute dtype; the softmax in the high dtype.
+        let scores = (q.matmul(&k.t()?.contiguous()?)? * (1.0 / (hd as f64).sqrt()))?;
+        let att =
+            softmax_last(fx, &causal_mask(&scores.to_dtype(fx.high)?)?)?.to_dtype(fx.compute)?;
+        let y = att.matmul(&v)?.transpose(1, 2)?.reshape((bsz, t, d))?;
+        linear(
+            fx,
+            &format!("{name}.proj"),
+            &y,
+            &blk.proj[0],
+            Some(&blk.proj[1]),
+        )
+    }
+
+    fn mlp(&self, fx: &Fx, blk: &Block, x: &Tensor) -> Result<Tensor> {
+        let name = format!("{}.mlp", blk.prefix);
+        let h = linear(fx, &format!("{name}.fc"), x, &blk.fc[0], Some(&blk.fc[1]))?.gelu()?;
+        linear(
+            fx,
+            &format!("{name}.proj"),
+            &h,
+            &blk.fc_proj[0],
+            Some(&blk.fc_proj[1]),
+        )
+    }
+}
+
+impl Model for Gpt {
+    fn params(&self) -> &ParamSet {
+        &self.params
+    }
+
+    /// `input`: token ids `(B, T)`, `T <= context`; logits `(B T, vocab)`.
+    fn forward(&self, fx: &Fx, input: &Tensor) -> Result<Tensor> {
+        let (bsz, t) = input.dims2()?;
+        let d = self.config.d_model;
+        let ids = ids_i64(input)?.flatten_all()?;
+        let tok = self.wte.index_select(&ids, 0)?.reshape((bsz, t, d))?;
+        let pos = self.wpe.narrow(0, 0, t)?;
+        let mut x = tok.broadcast_add(&pos)?;
+        for blk in &self.blocks {
+            let h = layer_norm(fx, &x, &blk.ln1[0], &blk.ln1[1], LN_EPS)?;
+            x = (x + self.attention(fx, blk, &h)?)?;
+            let h = layer_norm(fx, &x, &blk.ln2[0], &blk.ln2[1], LN_EPS)?;
+            x = (x + self.mlp(fx, blk, &h)?)?;
+        }
+        let x = layer_norm(fx, &x, &self.ln_f[0], &self.ln_f[1], LN_EPS)?;
+        let logits = linear(fx, "lm_head", &x.reshape((bsz * t, d))?, &self.wte, None)?;
+        Ok(logits.to_dtype(fx.high)?)
+    }
+
+    fn loss_kind(&self) -> LossKind {
+        LossKind::Token
+    }
+
+    fn check_input(&self, shape: &[usize], dtype: &str) -> std::result::Result<(), String> {
+        if !matches!(dtype, "u16" | "i32" | "i64") {
+            return Err(format!(
+                "token ids of dtype {dtype}: expected an integer dtype"
+            ));
+        }
+        match shape {
+            [t] if *t >= 1 && *t <= self.config.context => Ok(()),
+            [t] => Err(format!(
+                "windows of {t} tokens, model.context is {}",
+                self.config.context
+            )),
+            s => Err(format!("per-sample shape {s:?}, expected [context]")),
+        }
+    }
+}

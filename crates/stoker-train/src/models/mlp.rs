@@ -1,0 +1,96 @@
+//! A multi-layer perceptron: flatten, then linear + ReLU layers, then the classifier.
+
+use candle_core::{DType, Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use super::{LossKind, Model};
+use crate::error::Result;
+use crate::ops::linear;
+use crate::params::{Init, ParamBuilder, ParamSet};
+use crate::precision::Fx;
+
+/// MLP size.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MlpConfig {
+    /// Per-sample input shape (flattened).
+    pub input_shape: Vec<usize>,
+    /// Hidden layer widths.
+    pub hidden: Vec<usize>,
+    /// Number of classes.
+    pub classes: usize,
+}
+
+/// The MLP model.
+pub struct Mlp {
+    config: MlpConfig,
+    layers: Vec<[Tensor; 2]>,
+    params: ParamSet,
+}
+
+impl Mlp {
+    /// Declares the parameters (uniform(+-1/sqrt(fan_in))).
+    pub fn new(config: MlpConfig, device: &Device, dtype: DType, seed: u64) -> Result<Self> {
+        let mut b = ParamBuilder::new(device.clone(), dtype, seed);
+        let mut widths = vec![config.input_shape.iter().product::<usize>()];
+        widths.extend(&config.hidden);
+        widths.push(config.classes);
+        let mut layers = Vec::new();
+        for (i, w) in widths.windows(2).enumerate() {
+            let bound = 1.0 / (w[0] as f32).sqrt();
+            layers.push([
+                b.param(
+                    &format!("layers.{i}.weight"),
+                    &[w[1], w[0]],
+                    Init::Uniform(bound),
+                )?
+                .as_tensor()
+                .clone(),
+                b.param(&format!("layers.{i}.bias"), &[w[1]], Init::Uniform(bound))?
+                    .as_tensor()
+                    .clone(),
+            ]);
+        }
+        Ok(Mlp {
+            config,
+            layers,
+            params: b.finish(),
+        })
+    }
+}
+
+impl Model for Mlp {
+    fn params(&self) -> &ParamSet {
+        &self.params
+    }
+
+    /// `input`: `(B, ..input_shape)`, u8 (scaled to [0, 1]) or float; logits `(B, classes)`.
+    fn forward(&self, fx: &Fx, input: &Tensor) -> Result<Tensor> {
+        let mut x = input.flatten_from(1)?.to_dtype(fx.high)?;
+        if input.dtype() == DType::U8 {
+            x = (x / 255.0)?;
+        }
+        let last = self.layers.len() - 1;
+        for (i, [w, b]) in self.layers.iter().enumerate() {
+            x = linear(fx, &format!("layers.{i}"), &x, w, Some(b))?;
+            if i < last {
+                x = x.relu()?;
+            }
+        }
+        Ok(x.to_dtype(fx.high)?)
+    }
+
+    fn loss_kind(&self) -> LossKind {
+        LossKind::Sample
+    }
+
+    fn check_input(&self, shape: &[usize], _dtype: &str) -> std::result::Result<(), String> {
+        if shape.iter().product::<usize>() != self.config.input_shape.iter().product::<usize>() {
+            return Err(format!(
+                "per-sample shape {shape:?}, model.input_shape is {:?}",
+                self.config.input_shape
+            ));
+        }
+        Ok(())
+    }
+}

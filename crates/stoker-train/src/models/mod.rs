@@ -1,0 +1,42 @@
+//! Reference models, written with the differentiable ops of [`crate::ops`] only.
+//!
+//! A model declares its parameters through a [`ParamBuilder`](crate::params::ParamBuilder),
+//! keeps its candle variables, and maps a batch's input field to logits `(N, classes)` in
+//! the high dtype. Token models produce one row per position, classifiers one per sample.
+
+pub mod cnn;
+pub mod gpt;
+pub mod mlp;
+
+use candle_core::Tensor;
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+use crate::params::ParamSet;
+use crate::precision::Fx;
+
+pub use cnn::{Cnn, CnnConfig};
+pub use gpt::{Gpt, GptConfig};
+pub use mlp::{Mlp, MlpConfig};
+
+/// Whether the loss is per target token (language models) or per sample (classifiers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LossKind {
+    /// Cross-entropy per target token, normalized by the window's valid target tokens.
+    Token,
+    /// Cross-entropy per sample, normalized by the window's samples.
+    Sample,
+}
+
+/// A trainable model.
+pub trait Model {
+    /// The parameters, sorted by name.
+    fn params(&self) -> &ParamSet;
+    /// Logits `(N, classes)` in `fx.high` for a batch's input field.
+    fn forward(&self, fx: &Fx, input: &Tensor) -> Result<Tensor>;
+    /// Token-level or sample-level loss.
+    fn loss_kind(&self) -> LossKind;
+    /// Checks that a dataset's input field (per-sample shape and dtype name) fits the
+    /// model; the error says which dimension does not.
+    fn check_input(&self, shape: &[usize], dtype: &str) -> std::result::Result<(), String>;
+}

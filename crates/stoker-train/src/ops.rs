@@ -1,0 +1,97 @@
+//! Differentiable building blocks composed from candle primitives.
+//!
+//! candle's fused `softmax_last_dim`, `layer_norm` and `rms_norm` (and the `LayerNorm`
+//! module) return tensors detached from the graph: a parameter behind them silently gets
+//! no gradient. These are the composed twins, each with a backward through candle's
+//! autograd, and each running in the dtype the autocast policy gives it.
+
+use candle_core::{DType, Tensor, D};
+
+use crate::error::Result;
+use crate::precision::Fx;
+
+/// `y = x W^T + b` with `x` `(.., in)`, `W` `(out, in)`: a matmul, so it runs in the
+/// compute dtype, with FP8 quantize-dequantize of both inputs in `fp8` mode.
+pub fn linear(fx: &Fx, name: &str, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    let mut x = x.to_dtype(fx.compute)?;
+    let mut w = w.clone();
+    if let Some(fp8) = fx.fp8 {
+        x = fp8.qdq(name, 0, &x)?;
+        w = fp8.qdq(name, 1, &w)?;
+    }
+    let y = x.broadcast_matmul(&w.t()?)?;
+    Ok(match b {
+        Some(b) => y.broadcast_add(b)?,
+        None => y,
+    })
+}
+
+/// Softmax over the last dimension, in the high dtype: `exp(x - max) / sum(exp(x - max))`.
+/// The max is detached: softmax does not depend on the shift, so its gradient is zero.
+pub fn softmax_last(fx: &Fx, x: &Tensor) -> Result<Tensor> {
+    let x = x.to_dtype(fx.high)?;
+    let m = x.max_keepdim(D::Minus1)?.detach();
+    let e = x.broadcast_sub(&m)?.exp()?;
+    let s = e.sum_keepdim(D::Minus1)?;
+    Ok(e.broadcast_div(&s)?)
+}
+
+/// Log-softmax over the last dimension, in the high dtype: `x - max - log(sum(exp(x - max)))`.
+pub fn log_softmax_last(fx: &Fx, x: &Tensor) -> Result<Tensor> {
+    let x = x.to_dtype(fx.high)?;
+    let m = x.max_keepdim(D::Minus1)?.detach();
+    let shifted = x.broadcast_sub(&m)?;
+    let lse = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
+    Ok(shifted.broadcast_sub(&lse)?)
+}
+
+/// LayerNorm over the last dimension, in the high dtype, returned in the compute dtype.
+pub fn layer_norm(fx: &Fx, x: &Tensor, gain: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
+    let x = x.to_dtype(fx.high)?;
+    let mean = x.mean_keepdim(D::Minus1)?;
+    let xc = x.broadcast_sub(&mean)?;
+    let var = xc.sqr()?.mean_keepdim(D::Minus1)?;
+    let xn = xc.broadcast_div(&(var + eps)?.sqrt()?)?;
+    let y = xn
+        .broadcast_mul(&gain.to_dtype(fx.high)?)?
+        .broadcast_add(&bias.to_dtype(fx.high)?)?;
+    Ok(y.to_dtype(fx.compute)?)
+}
+
+/// Adds a causal mask to attention scores `(.., T, T)` (future positions get -inf).
+pub fn causal_mask(scores: &Tensor) -> Result<Tensor> {
+    let t = scores.dim(D::Minus1)?;
+    let mask: Vec<f32> = (0..t * t)
+        .map(|i| {
+            if i % t > i / t {
+                f32::NEG_INFINITY
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let mask = Tensor::from_vec(mask, (t, t), scores.device())?.to_dtype(scores.dtype())?;
+    Ok(scores.broadcast_add(&mask)?)
+}
+
+/// 2x2 max-pooling with stride 2 over `(B, C, H, W)` (H, W even), composed from reshapes
+/// and max reductions. candle 0.11's `max_pool2d` backward multiplies the gradient by the
+/// fraction of maxima in the window instead of dividing by their count (1/4 of the true
+/// gradient without ties; found by the CNN's finite-difference test), so it is not used.
+pub fn max_pool2x2(x: &Tensor) -> Result<Tensor> {
+    let (b, c, h, w) = x.dims4()?;
+    let y = x
+        .reshape((b, c, h / 2, 2, w / 2, 2))?
+        .max_keepdim(5)?
+        .max_keepdim(3)?;
+    Ok(y.reshape((b, c, h / 2, w / 2))?)
+}
+
+/// Widens integer class ids to the i64 candle's `gather` and `index_select` take.
+pub fn ids_i64(x: &Tensor) -> Result<Tensor> {
+    Ok(if x.dtype() == DType::I64 {
+        x.clone()
+    } else {
+        x.to_dtype(DType::I64)?
+    })
+}
