@@ -43,7 +43,7 @@ pub enum AnyDataset {
     /// Token windows.
     Tokens(TokenWindows),
     /// JPEG records with labels.
-    Images(ImageRecordDataset),
+    Images(Box<ImageRecordDataset>),
 }
 
 /// Per-worker scratch for [`AnyDataset`].
@@ -81,10 +81,8 @@ pub fn open_dataset(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<AnyDat
         )?));
     }
     if RecordPaths::new(path).manifest.exists() {
-        return Ok(AnyDataset::Images(ImageRecordDataset::open(
-            path,
-            opts.image.clone(),
-        )?));
+        let images = ImageRecordDataset::open(path, opts.image.clone())?;
+        return Ok(AnyDataset::Images(Box::new(images)));
     }
     let fields = npy_fields(path)?;
     if fields.is_empty() {

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 pub mod bench;
+pub mod dataset_args;
 pub mod pack;
 pub mod plan;
 pub mod report;

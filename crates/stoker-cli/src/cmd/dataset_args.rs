@@ -1,0 +1,174 @@
+//! Command-line options shared by the commands that open a dataset and run the loader.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use stoker_data::measure::{measure_loader, Trial, TrialBudget};
+use stoker_data::transform::{ImageTransformConfig, TransformMode};
+use stoker_data::{
+    open_dataset, AnyDataset, DType, LoaderConfig, OpenOptions, Sampler, SamplerConfig,
+};
+
+/// Which dataset, how to read it, and how long each measurement runs.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DatasetArgs {
+    /// X.npy, X.bin (token shard), PREFIX of PREFIX.FIELD.npy arrays, or PREFIX of JPEG records.
+    pub dataset: PathBuf,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 256)]
+    pub batch: usize,
+    /// Read in dataset order instead of a seeded shuffle.
+    #[arg(long)]
+    pub sequential: bool,
+    /// Page-lock batch buffers.
+    #[arg(long)]
+    pub pin_memory: bool,
+    /// Tokens per window (token shards).
+    #[arg(long, default_value_t = 256)]
+    pub context: usize,
+    /// Output side of the image transform (JPEG records).
+    #[arg(long, default_value_t = 224)]
+    pub image_size: u32,
+    /// Image output dtype: f32 or bf16 (JPEG records).
+    #[arg(long, default_value = "f32")]
+    pub image_dtype: String,
+    /// Eval-mode image transform (resize + center crop) instead of train augmentation.
+    #[arg(long)]
+    pub eval_transform: bool,
+    /// Seconds each measurement runs (after one warm-up batch).
+    #[arg(long, default_value_t = 3.0)]
+    pub seconds: f64,
+    /// At most this many batches per measurement.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub max_batches: usize,
+    /// Simulated training step in ms: the consumer sleeps this long per batch.
+    #[arg(long)]
+    pub step_ms: Option<f64>,
+}
+
+impl DatasetArgs {
+    /// Opens the dataset with these options.
+    pub fn open(&self) -> anyhow::Result<Arc<AnyDataset>> {
+        let dtype = match self.image_dtype.as_str() {
+            "f32" => DType::F32,
+            "bf16" => DType::BF16,
+            other => anyhow::bail!("--image-dtype {other}: expected f32 or bf16"),
+        };
+        let image = ImageTransformConfig {
+            size: self.image_size,
+            dtype,
+            mode: if self.eval_transform {
+                TransformMode::Eval
+            } else {
+                TransformMode::Train
+            },
+            ..ImageTransformConfig::default()
+        };
+        let opts = OpenOptions {
+            context: self.context,
+            image,
+            ..OpenOptions::default()
+        };
+        Ok(Arc::new(open_dataset(&self.dataset, &opts)?))
+    }
+
+    /// The sampler for this dataset (single rank).
+    pub fn sampler(&self, len: usize) -> anyhow::Result<Sampler> {
+        Ok(Sampler::new(
+            len,
+            SamplerConfig {
+                shuffle: !self.sequential,
+                seed: 0,
+                ..SamplerConfig::default()
+            },
+        )?)
+    }
+
+    /// Runs one timed trial with `workers` and `prefetch`.
+    pub fn trial(
+        &self,
+        ds: &Arc<AnyDataset>,
+        workers: usize,
+        prefetch: usize,
+    ) -> anyhow::Result<Trial> {
+        if !(self.seconds > 0.0 && self.seconds.is_finite()) {
+            anyhow::bail!("--seconds {}: expected a positive number", self.seconds);
+        }
+        let config = LoaderConfig {
+            batch_size: self.batch,
+            num_workers: workers,
+            prefetch_factor: prefetch,
+            persistent_workers: workers > 0,
+            pin_memory: self.pin_memory,
+            timeout_s: Some(120.0),
+            ..LoaderConfig::default()
+        };
+        let budget = TrialBudget {
+            min_time: Duration::from_secs_f64(self.seconds),
+            max_batches: self.max_batches,
+            step: self.step_ms.map(|ms| Duration::from_secs_f64(ms / 1e3)),
+        };
+        Ok(measure_loader(
+            ds.clone(),
+            self.sampler(ds_len(ds))?,
+            config,
+            budget,
+        )?)
+    }
+}
+
+/// The dataset's sample count.
+pub fn ds_len(ds: &AnyDataset) -> usize {
+    stoker_data::Dataset::len(ds)
+}
+
+/// Bytes of one sample over all fields.
+pub fn sample_bytes(ds: &AnyDataset) -> usize {
+    stoker_data::Dataset::fields(ds)
+        .iter()
+        .map(|f| f.sample_bytes())
+        .sum()
+}
+
+/// A loader benchmark file as `stoker plan --loader-bench` reads it.
+pub fn bench_json(
+    args: &DatasetArgs,
+    ds: &AnyDataset,
+    trials: &[Trial],
+) -> stoker_plan::loader::LoaderBench {
+    stoker_plan::loader::LoaderBench {
+        dataset: Some(args.dataset.display().to_string()),
+        sample_bytes: Some(sample_bytes(ds) as u64),
+        points: trials
+            .iter()
+            .map(|t| stoker_plan::loader::BenchPoint {
+                num_workers: t.num_workers as u64,
+                prefetch_factor: t.prefetch_factor as u64,
+                batch_size: Some(t.batch_size as u64),
+                samples_per_s: t.samples_per_s,
+                mb_per_s: Some(t.mb_per_s),
+                consumer_wait_pct: Some(t.consumer_wait_pct),
+                peak_rss_bytes: Some(t.peak_rss_bytes),
+            })
+            .collect(),
+    }
+}
+
+/// One table row of a trial.
+pub fn trial_row(t: &Trial) -> String {
+    format!(
+        "{:>7} {:>8} {:>12.0} {:>10.1} {:>9.1}% {:>10.1}% {:>9.0}",
+        t.num_workers,
+        t.prefetch_factor,
+        t.samples_per_s,
+        t.mb_per_s,
+        t.consumer_wait_pct,
+        t.worker_busy_pct,
+        t.peak_rss_bytes as f64 / 1e6
+    )
+}
+
+/// The header matching [`trial_row`].
+pub const TRIAL_HEADER: &str =
+    "workers prefetch    samples/s       MB/s  cons.wait  worker busy  peakRSS MB";
