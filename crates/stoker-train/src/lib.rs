@@ -8,15 +8,21 @@
 
 pub mod accumulate;
 pub mod check;
+pub mod checkpoint;
 pub mod clip;
+pub mod config;
+pub mod data;
 pub mod error;
 pub mod layout;
 pub mod loss;
+pub mod metrics;
 pub mod models;
 pub mod ops;
 pub mod optim;
 pub mod params;
 pub mod precision;
+pub mod run;
 pub mod schedule;
+pub mod trainer;
 
 pub use error::{Result, TrainError};

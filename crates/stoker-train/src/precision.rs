@@ -92,6 +92,16 @@ impl Fp8State {
         Ok((x + (q - x)?.detach())?)
     }
 
+    /// The scalers' state, for checkpoints.
+    pub fn state(&self) -> BTreeMap<String, [DelayedScaler; 2]> {
+        self.scalers.borrow().clone()
+    }
+
+    /// Restores a saved state.
+    pub fn restore(&self, state: BTreeMap<String, [DelayedScaler; 2]>) {
+        *self.scalers.borrow_mut() = state;
+    }
+
     /// Ends the step: every scaler takes its new scale from its amax history.
     pub fn update(&self) {
         for pair in self.scalers.borrow_mut().values_mut() {

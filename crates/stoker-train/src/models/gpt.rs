@@ -85,11 +85,11 @@ impl Gpt {
         let d = config.d_model;
         let std = 0.02f32;
         let resid_std = std / (2.0 * config.n_layer as f32).sqrt();
-        let mut pair = |b: &mut ParamBuilder,
-                        name: &str,
-                        out: usize,
-                        inp: usize,
-                        s: f32|
+        let pair = |b: &mut ParamBuilder,
+                    name: &str,
+                    out: usize,
+                    inp: usize,
+                    s: f32|
          -> Result<[Tensor; 2]> {
             Ok([
                 b.param(&format!("{name}.weight"), &[out, inp], Init::Normal(s))?

@@ -93,3 +93,92 @@ pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
 pub fn dtype_of(p: Precision) -> DType {
     p.compute_dtype()
 }
+
+/// Writes a C-order .npy file (v1.0 header).
+pub fn write_npy(path: &std::path::Path, descr: &str, shape: &[usize], data: &[u8]) {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let shape_s = if dims.len() == 1 {
+        format!("({},)", dims[0])
+    } else {
+        format!("({})", dims.join(", "))
+    };
+    let mut header =
+        format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_s}, }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend((header.len() as u16).to_le_bytes());
+    out.extend(header.as_bytes());
+    out.extend(data);
+    std::fs::write(path, out).unwrap();
+}
+
+/// A char-level corpus with learnable structure: repeated phrases, as llm.c u16 tokens.
+pub fn write_token_corpus(path: &std::path::Path, n: usize) {
+    let phrases = [
+        "the cat sat on the mat. ",
+        "a dog ran in the fog. ",
+        "we go to sea. ",
+    ];
+    let mut text = String::new();
+    let mut i = 0u64;
+    while text.len() < n {
+        text.push_str(phrases[(mix64(i) % 3) as usize]);
+        i += 1;
+    }
+    let vocab: Vec<char> = {
+        let mut v: Vec<char> = text.chars().collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    let toks: Vec<u16> = text
+        .chars()
+        .take(n)
+        .map(|c| vocab.iter().position(|&v| v == c).unwrap() as u16)
+        .collect();
+    stoker_data::tokens::write_tokens(path, &toks, stoker_data::TokenFormat::Llmc).unwrap();
+    let tokens: Vec<String> = vocab.iter().map(|c| c.to_string()).collect();
+    let json = serde_json::json!({"kind": "char", "tokens": tokens});
+    std::fs::write(path.with_extension("vocab.json"), json.to_string()).unwrap();
+}
+
+/// A GPT config over the corpus in `dir`.
+pub fn gpt_config(dir: &std::path::Path, precision: &str, steps: u64, extra: &str) -> String {
+    format!(
+        r#"
+run_dir = "{run}"
+seed = 3
+precision = "{precision}"
+[data]
+train = "{data}"
+vocab = "{vocab}"
+[model]
+kind = "gpt"
+vocab = 24
+context = 16
+d_model = 32
+n_layer = 2
+n_head = 4
+[batch]
+micro_batch = 4
+accumulation_steps = 2
+[optimizer]
+kind = "adamw"
+lr = 3e-3
+min_lr = 3e-4
+warmup_steps = 5
+grad_clip = 1.0
+[train]
+steps = {steps}
+log_every = 1
+eval_batches = 4
+{extra}
+"#,
+        run = dir.join("run").display(),
+        data = dir.join("corpus.bin").display(),
+        vocab = dir.join("corpus.vocab.json").display(),
+    )
+}

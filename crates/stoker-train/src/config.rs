@@ -1,0 +1,309 @@
+//! The typed training config (`stoker train CONFIG.toml`): one struct per table, unknown
+//! keys rejected, every default in one place, and [`TrainConfig::validate`] checking
+//! everything that can be checked before any work (errors name the dotted key).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{config_err, Result, TrainError};
+use crate::models::{CnnConfig, GptConfig, MlpConfig};
+use crate::optim::{AdamWConfig, SgdConfig};
+use crate::precision::Precision;
+use crate::schedule::Schedule;
+
+/// The whole config file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Directory for metrics, checkpoints and plots.
+    pub run_dir: PathBuf,
+    /// Seed of parameter initialization and data order.
+    #[serde(default)]
+    pub seed: u64,
+    /// `fp32`, `bf16`, `fp16` or `fp8`.
+    #[serde(default)]
+    pub precision: Precision,
+    /// `cpu` (the only device this build runs).
+    #[serde(default = "default_device")]
+    pub device: String,
+    /// Data source and loader knobs.
+    pub data: DataConfig,
+    /// The model.
+    pub model: ModelConfig,
+    /// Batch arithmetic.
+    pub batch: BatchConfig,
+    /// Optimizer, schedule and clipping.
+    pub optimizer: OptimizerConfig,
+    /// Steps, evaluation and checkpoint cadence.
+    pub train: LoopConfig,
+}
+
+fn default_device() -> String {
+    "cpu".into()
+}
+
+/// `[data]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataConfig {
+    /// Training data: a token shard (`.bin`) or an array prefix (`data/mnist/train`).
+    pub train: PathBuf,
+    /// Evaluation data (array prefix); token shards without it hold out their last
+    /// `eval_fraction` of windows.
+    #[serde(default)]
+    pub eval: Option<PathBuf>,
+    /// Fraction of token windows held out for evaluation when `eval` is absent.
+    #[serde(default = "default_eval_fraction")]
+    pub eval_fraction: f64,
+    /// Name of the input field (`input` for tokens, `image` for arrays).
+    #[serde(default)]
+    pub input_field: Option<String>,
+    /// Name of the target field (`target` for tokens, `label` for arrays).
+    #[serde(default)]
+    pub target_field: Option<String>,
+    /// Token vocabulary (`*.vocab.json`), to check the model's vocab and print samples.
+    #[serde(default)]
+    pub vocab: Option<PathBuf>,
+    /// Shuffle the training order each epoch.
+    #[serde(default = "yes")]
+    pub shuffle: bool,
+    /// Loader worker threads (0: load in the training thread).
+    #[serde(default)]
+    pub num_workers: usize,
+    /// Batches in flight per worker.
+    #[serde(default = "default_prefetch")]
+    pub prefetch_factor: usize,
+    /// Keep workers alive across epochs.
+    #[serde(default)]
+    pub persistent_workers: bool,
+}
+
+fn default_eval_fraction() -> f64 {
+    0.1
+}
+fn default_prefetch() -> usize {
+    2
+}
+fn yes() -> bool {
+    true
+}
+
+/// `[model]`, tagged by `kind`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum ModelConfig {
+    /// GPT (token model).
+    Gpt(GptConfig),
+    /// CNN (image classifier).
+    Cnn(CnnConfig),
+    /// MLP (classifier).
+    Mlp(MlpConfig),
+}
+
+/// `[batch]`: DeepSpeed's rule `global_batch = micro_batch x accumulation_steps x world_size`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchConfig {
+    /// Samples per forward/backward.
+    pub micro_batch: usize,
+    /// Micro-batches per optimizer step.
+    #[serde(default = "one")]
+    pub accumulation_steps: usize,
+    /// Data-parallel ranks (1 until the distributed strategies land).
+    #[serde(default = "one")]
+    pub world_size: usize,
+    /// Samples per optimizer step over all ranks; checked against the product when given.
+    #[serde(default)]
+    pub global_batch: Option<usize>,
+}
+
+fn one() -> usize {
+    1
+}
+
+/// Which optimizer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    /// AdamW.
+    Adamw,
+    /// SGD with momentum.
+    Sgd,
+}
+
+/// `[optimizer]`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptimizerConfig {
+    /// `adamw` or `sgd`.
+    pub kind: OptimizerKind,
+    /// Learning-rate schedule (`lr`, `min_lr`, `warmup_steps`, `decay_steps`; 0 decay
+    /// steps means `train.steps`).
+    #[serde(flatten)]
+    pub schedule: Schedule,
+    /// AdamW hyper-parameters (`beta1`, `beta2`, `eps`, `weight_decay`).
+    #[serde(default)]
+    pub adamw: AdamWConfig,
+    /// SGD hyper-parameters (`momentum`, `weight_decay`, `nesterov`).
+    #[serde(default)]
+    pub sgd: SgdConfig,
+    /// Clip the global gradient norm to this (0 disables).
+    #[serde(default)]
+    pub grad_clip: f64,
+}
+
+/// `[train]`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoopConfig {
+    /// Optimizer steps to run.
+    pub steps: u64,
+    /// Evaluate every this many steps (0: only at the end).
+    #[serde(default)]
+    pub eval_every: u64,
+    /// Micro-batches per evaluation.
+    #[serde(default = "default_eval_batches")]
+    pub eval_batches: usize,
+    /// Checkpoint every this many steps (0: only at the end).
+    #[serde(default)]
+    pub checkpoint_every: u64,
+    /// Append a metrics line every this many steps.
+    #[serde(default = "default_log_every")]
+    pub log_every: u64,
+    /// Tokens to sample after training (GPT with a vocab).
+    #[serde(default)]
+    pub sample_tokens: usize,
+}
+
+fn default_eval_batches() -> usize {
+    20
+}
+fn default_log_every() -> u64 {
+    10
+}
+
+impl TrainConfig {
+    /// Parses a TOML file (unknown keys rejected, naming the key) and validates it.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| crate::error::io_err(path, e))?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses TOML text (`path` only labels errors) and validates it.
+    pub fn parse(text: &str, path: &Path) -> Result<Self> {
+        let c: TrainConfig = toml::from_str(text).map_err(|e| TrainError::ConfigParse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Samples per optimizer step on this rank.
+    pub fn window_samples(&self) -> usize {
+        self.batch.micro_batch * self.batch.accumulation_steps
+    }
+
+    /// The schedule with `decay_steps` defaulted to `train.steps`.
+    pub fn schedule(&self) -> Schedule {
+        let mut s = self.optimizer.schedule;
+        if s.decay_steps == 0 {
+            s.decay_steps = self.train.steps;
+        }
+        s
+    }
+
+    /// Checks everything that does not need the data; errors name the key.
+    pub fn validate(&self) -> Result<()> {
+        let b = &self.batch;
+        if b.micro_batch == 0 {
+            return Err(config_err("batch.micro_batch", "must be at least 1"));
+        }
+        if b.accumulation_steps == 0 {
+            return Err(config_err("batch.accumulation_steps", "must be at least 1"));
+        }
+        if b.world_size != 1 {
+            return Err(config_err(
+                "batch.world_size",
+                format!(
+                    "{}: this trainer runs one rank (data parallelism is the next issue)",
+                    b.world_size
+                ),
+            ));
+        }
+        let product = b.micro_batch * b.accumulation_steps * b.world_size;
+        if let Some(g) = b.global_batch {
+            if g != product {
+                let hint = if g % (b.micro_batch * b.world_size) == 0 {
+                    format!(
+                        "; accumulation_steps = {} would fit",
+                        g / (b.micro_batch * b.world_size)
+                    )
+                } else {
+                    format!(
+                        "; {g} is not divisible by micro_batch x world_size = {}",
+                        b.micro_batch * b.world_size
+                    )
+                };
+                return Err(config_err(
+                    "batch.global_batch",
+                    format!(
+                        "{g} != micro_batch {} x accumulation_steps {} x world_size {} = {product}{hint}",
+                        b.micro_batch, b.accumulation_steps, b.world_size
+                    ),
+                ));
+            }
+        }
+        if self.device != "cpu" {
+            return Err(config_err(
+                "device",
+                format!(
+                    "`{}`: this build runs on `cpu` only (not compiled with CUDA support)",
+                    self.device
+                ),
+            ));
+        }
+        if self.precision == Precision::Fp64 {
+            return Err(config_err(
+                "precision",
+                "fp64 is for gradient checks only; use fp32, bf16, fp16 or fp8",
+            ));
+        }
+        if let ModelConfig::Gpt(g) = &self.model {
+            g.validate()
+                .map_err(|(k, m)| config_err(format!("model.{k}"), m))?;
+        }
+        if let ModelConfig::Cnn(c) = &self.model {
+            if c.image_size % 4 != 0 || c.image_size == 0 {
+                return Err(config_err(
+                    "model.image_size",
+                    format!(
+                        "{}: must be a positive multiple of 4 (two 2x2 pools)",
+                        c.image_size
+                    ),
+                ));
+            }
+        }
+        if !(0.0..1.0).contains(&self.data.eval_fraction) {
+            return Err(config_err(
+                "data.eval_fraction",
+                format!("{}: expected 0 <= f < 1", self.data.eval_fraction),
+            ));
+        }
+        let s = self.optimizer.schedule;
+        if !(s.lr > 0.0 && s.lr.is_finite()) {
+            return Err(config_err(
+                "optimizer.lr",
+                format!("{}: must be positive", s.lr),
+            ));
+        }
+        if self.train.steps == 0 {
+            return Err(config_err("train.steps", "must be at least 1"));
+        }
+        if self.train.log_every == 0 {
+            return Err(config_err("train.log_every", "must be at least 1"));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,265 @@
+//! Training and evaluation data: opening the configured paths, a contiguous subset for
+//! held-out token windows, and conversion of loader batches into model inputs.
+
+use std::sync::Arc;
+
+use candle_core::{Device, Tensor};
+use stoker_data::{
+    open_dataset, AnyDataset, DType, Dataset, FieldSpec, MappedBytes, OpenOptions, SampleContext,
+};
+
+use crate::accumulate::MicroBatch;
+use crate::config::TrainConfig;
+use crate::error::{Result, TrainError};
+use crate::models::Model;
+
+/// Samples `start..start + len` of a dataset, re-indexed from 0.
+pub struct Subset<D: Dataset> {
+    inner: Arc<D>,
+    start: usize,
+    len: usize,
+}
+
+impl<D: Dataset> Subset<D> {
+    /// The samples `start..start + len` of `inner`.
+    pub fn new(inner: Arc<D>, start: usize, len: usize) -> Self {
+        Subset { inner, start, len }
+    }
+}
+
+impl<D: Dataset> Dataset for Subset<D> {
+    type Worker = D::Worker;
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn fields(&self) -> &[FieldSpec] {
+        self.inner.fields()
+    }
+
+    fn read_sample(
+        &self,
+        w: &mut D::Worker,
+        ctx: SampleContext,
+        out: &mut [&mut [u8]],
+    ) -> stoker_data::Result<()> {
+        let ctx = SampleContext {
+            index: ctx.index + self.start as u64,
+            ..ctx
+        };
+        self.inner.read_sample(w, ctx, out)
+    }
+
+    fn mapped_run(&self, field: usize, start: usize, count: usize) -> Option<MappedBytes> {
+        (start + count <= self.len)
+            .then(|| self.inner.mapped_run(field, self.start + start, count))
+            .flatten()
+    }
+}
+
+/// The train and eval datasets and the names of their input and target fields.
+pub struct Datasets {
+    /// Training samples.
+    pub train: Arc<Subset<AnyDataset>>,
+    /// Evaluation samples.
+    pub eval: Arc<Subset<AnyDataset>>,
+    /// Input field name.
+    pub input: String,
+    /// Target field name.
+    pub target: String,
+    /// How the eval split was made, for the log.
+    pub eval_note: String,
+}
+
+fn open(path: &std::path::Path, context: usize, key: &str) -> Result<Arc<AnyDataset>> {
+    let opts = OpenOptions {
+        context,
+        token_dtype: DType::I64,
+        ..OpenOptions::default()
+    };
+    open_dataset(path, &opts)
+        .map(Arc::new)
+        .map_err(|e| TrainError::Data {
+            what: format!("{} (config key `{key}`)", path.display()),
+            message: e.to_string(),
+        })
+}
+
+/// Opens the configured data and checks it against `model` before any training.
+pub fn open_datasets(config: &TrainConfig, model: &dyn Model, context: usize) -> Result<Datasets> {
+    let d = &config.data;
+    let train = open(&d.train, context, "data.train")?;
+    let tokens = matches!(&*train, AnyDataset::Tokens(_));
+    let input = d
+        .input_field
+        .clone()
+        .unwrap_or_else(|| if tokens { "input" } else { "image" }.into());
+    let target = d
+        .target_field
+        .clone()
+        .unwrap_or_else(|| if tokens { "target" } else { "label" }.into());
+    check_fields(
+        &train,
+        &input,
+        &target,
+        model,
+        &d.train.display().to_string(),
+    )?;
+    let n = train.len();
+    let (train, eval, eval_note) = match &d.eval {
+        Some(p) => {
+            let eval = open(p, context, "data.eval")?;
+            check_fields(&eval, &input, &target, model, &p.display().to_string())?;
+            let m = eval.len();
+            (
+                Subset::new(train, 0, n),
+                Subset::new(eval, 0, m),
+                format!("{} ({m} samples)", p.display()),
+            )
+        }
+        None => {
+            let held = ((n as f64) * d.eval_fraction).round() as usize;
+            if held == 0 || held >= n {
+                return Err(TrainError::Data {
+                    what: d.train.display().to_string(),
+                    message: format!(
+                        "{n} samples: too few to hold out data.eval_fraction = {}",
+                        d.eval_fraction
+                    ),
+                });
+            }
+            let note = format!(
+                "last {held} of {n} samples of {} (data.eval_fraction {})",
+                d.train.display(),
+                d.eval_fraction
+            );
+            (
+                Subset::new(train.clone(), 0, n - held),
+                Subset::new(train, n - held, held),
+                note,
+            )
+        }
+    };
+    if train.len() < config.batch.micro_batch {
+        return Err(TrainError::Data {
+            what: d.train.display().to_string(),
+            message: format!(
+                "{} training samples, fewer than batch.micro_batch {}",
+                train.len(),
+                config.batch.micro_batch
+            ),
+        });
+    }
+    Ok(Datasets {
+        train: Arc::new(train),
+        eval: Arc::new(eval),
+        input,
+        target,
+        eval_note,
+    })
+}
+
+fn check_fields(
+    ds: &AnyDataset,
+    input: &str,
+    target: &str,
+    model: &dyn Model,
+    what: &str,
+) -> Result<()> {
+    let find = |name: &str, key: &str| {
+        ds.fields()
+            .iter()
+            .find(|f| f.name == name)
+            .ok_or_else(|| TrainError::Data {
+                what: what.into(),
+                message: format!(
+                    "no field `{name}` (config key `data.{key}`); fields: {:?}",
+                    ds.fields()
+                        .iter()
+                        .map(|f| f.name.as_str())
+                        .collect::<Vec<_>>()
+                ),
+            })
+    };
+    let inp = find(input, "input_field")?;
+    let tgt = find(target, "target_field")?;
+    model
+        .check_input(&inp.shape, inp.dtype.name())
+        .map_err(|m| TrainError::Data {
+            what: format!("{what} field `{input}`"),
+            message: format!("does not fit the model: {m}"),
+        })?;
+    if !matches!(tgt.dtype, DType::U8 | DType::U16 | DType::I32 | DType::I64) {
+        return Err(TrainError::Data {
+            what: format!("{what} field `{target}`"),
+            message: format!("dtype {}: class ids must be integers", tgt.dtype.name()),
+        });
+    }
+    Ok(())
+}
+
+/// Converts a loader batch into a [`MicroBatch`] (input tensor, flattened i64 targets).
+pub fn to_micro_batch(
+    batch: &stoker_data::Batch,
+    input: &str,
+    target: &str,
+    device: &Device,
+) -> Result<MicroBatch> {
+    let missing = |n: &str| TrainError::Data {
+        what: "batch".into(),
+        message: format!("no field `{n}`"),
+    };
+    let f = batch.field(input).ok_or_else(|| missing(input))?;
+    let shape = f.shape();
+    let bad = |n: &str| TrainError::Data {
+        what: format!("field `{n}`"),
+        message: "unaligned or unsupported dtype".into(),
+    };
+    let x = match f.spec.dtype {
+        DType::U8 => Tensor::from_slice(f.bytes, shape.as_slice(), device)?,
+        DType::I64 => Tensor::from_slice(
+            f.as_slice::<i64>().ok_or_else(|| bad(input))?,
+            shape.as_slice(),
+            device,
+        )?,
+        DType::I32 => Tensor::from_vec(
+            f.as_slice::<i32>()
+                .ok_or_else(|| bad(input))?
+                .iter()
+                .map(|&v| v as i64)
+                .collect::<Vec<_>>(),
+            shape.as_slice(),
+            device,
+        )?,
+        DType::F32 => Tensor::from_slice(
+            f.as_slice::<f32>().ok_or_else(|| bad(input))?,
+            shape.as_slice(),
+            device,
+        )?,
+        d => {
+            return Err(TrainError::Data {
+                what: format!("field `{input}`"),
+                message: format!("dtype {} not supported as model input", d.name()),
+            })
+        }
+    };
+    let t = batch.field(target).ok_or_else(|| missing(target))?;
+    let targets: Vec<i64> = match t.spec.dtype {
+        DType::U8 => t.bytes.iter().map(|&v| v as i64).collect(),
+        DType::U16 => t
+            .as_slice::<u16>()
+            .ok_or_else(|| bad(target))?
+            .iter()
+            .map(|&v| v as i64)
+            .collect(),
+        DType::I32 => t
+            .as_slice::<i32>()
+            .ok_or_else(|| bad(target))?
+            .iter()
+            .map(|&v| v as i64)
+            .collect(),
+        _ => t.as_slice::<i64>().ok_or_else(|| bad(target))?.to_vec(),
+    };
+    Ok(MicroBatch { input: x, targets })
+}

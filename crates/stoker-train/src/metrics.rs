@@ -1,0 +1,91 @@
+//! Metrics: one JSON object per line in `RUN_DIR/metrics.jsonl`, appended as training runs.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{io_err, Result};
+
+/// One line of `metrics.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Record {
+    /// A training step.
+    Train {
+        /// Optimizer steps taken.
+        step: u64,
+        /// Window mean loss.
+        loss: f64,
+        /// Learning rate.
+        lr: f64,
+        /// Global gradient norm before clipping.
+        grad_norm: f64,
+        /// Loss scale (1 without scaling).
+        loss_scale: f32,
+        /// Targets (tokens or samples) per second over the log interval.
+        throughput: f64,
+        /// `tokens/s` or `samples/s`.
+        unit: String,
+        /// Time spent waiting for the loader, % of wall time over the log interval.
+        loader_wait_pct: f64,
+        /// Whether this step was skipped (fp16 overflow).
+        skipped: bool,
+        /// Seconds since the run (or resume) started.
+        elapsed_s: f64,
+    },
+    /// An evaluation.
+    Eval {
+        /// Optimizer steps taken.
+        step: u64,
+        /// Mean eval loss.
+        loss: f64,
+        /// Top-1 accuracy.
+        accuracy: f64,
+    },
+}
+
+/// Appends records to a JSONL file.
+pub struct MetricsLog {
+    path: PathBuf,
+    file: std::fs::File,
+}
+
+impl MetricsLog {
+    /// Opens (creating or appending) `dir/metrics.jsonl`.
+    pub fn open(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
+        let path = dir.join("metrics.jsonl");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| io_err(&path, e))?;
+        Ok(MetricsLog { path, file })
+    }
+
+    /// Appends one record.
+    pub fn write(&mut self, r: &Record) -> Result<()> {
+        let mut line = serde_json::to_string(r).expect("records serialize");
+        line.push('\n');
+        self.file
+            .write_all(line.as_bytes())
+            .map_err(|e| io_err(&self.path, e))
+    }
+}
+
+/// Reads every record of `dir/metrics.jsonl`.
+pub fn read(dir: &Path) -> Result<Vec<Record>> {
+    let path = dir.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&path).map_err(|e| io_err(&path, e))?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .enumerate()
+        .map(|(i, l)| {
+            serde_json::from_str(l).map_err(|e| crate::error::TrainError::Data {
+                what: format!("{} line {}", path.display(), i + 1),
+                message: e.to_string(),
+            })
+        })
+        .collect()
+}

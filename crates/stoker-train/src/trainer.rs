@@ -1,0 +1,259 @@
+//! The trainer: one model, its flat FP32 master buffer and gradient buffer, the optimizer,
+//! the schedule, the loss scaler (fp16) and the FP8 scalers (fp8); one optimizer step per
+//! accumulation window.
+
+use candle_core::{Device, Tensor};
+use stoker_data::SamplerState;
+use stoker_precision::{LossScaler, ScalerConfig, StepDecision};
+
+use crate::accumulate::{accumulate, MicroBatch, Normalization};
+use crate::clip::{clip_global_norm, global_norm};
+use crate::config::{ModelConfig, OptimizerKind, TrainConfig};
+use crate::error::{Result, TrainError};
+use crate::layout::FlatLayout;
+use crate::loss::{cross_entropy_sum, scalar};
+use crate::models::{Cnn, Gpt, LossKind, Mlp, Model};
+use crate::optim::{segments, AdamW, Optimizer, Sgd};
+use crate::precision::{Fp8State, Fx, Precision};
+use crate::schedule::Schedule;
+
+/// What one optimizer step did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepReport {
+    /// The optimizer step just finished (1-based count of steps taken, skipped included).
+    pub step: u64,
+    /// Mean loss over the window's valid targets.
+    pub loss: f64,
+    /// Valid targets (tokens or samples) in the window.
+    pub count: usize,
+    /// Global gradient norm after unscaling, before clipping.
+    pub grad_norm: f64,
+    /// Learning rate used.
+    pub lr: f64,
+    /// Loss scale used (1 without scaling).
+    pub loss_scale: f32,
+    /// Why the step was skipped (fp16 overflow), if it was.
+    pub skipped: Option<String>,
+}
+
+/// Result of an evaluation pass.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EvalReport {
+    /// Mean loss over valid targets.
+    pub loss: f64,
+    /// Top-1 accuracy over valid targets.
+    pub accuracy: f64,
+    /// Valid targets seen.
+    pub count: usize,
+}
+
+/// Builds the configured model with parameters in `precision`'s compute dtype.
+pub fn build_model(model: &ModelConfig, precision: Precision, seed: u64) -> Result<Box<dyn Model>> {
+    let (dev, dt) = (Device::Cpu, precision.compute_dtype());
+    Ok(match model {
+        ModelConfig::Gpt(c) => Box::new(Gpt::new(*c, &dev, dt, seed)?),
+        ModelConfig::Cnn(c) => Box::new(Cnn::new(*c, &dev, dt, seed)?),
+        ModelConfig::Mlp(c) => Box::new(Mlp::new(c.clone(), &dev, dt, seed)?),
+    })
+}
+
+/// The training state.
+pub struct Trainer {
+    /// The model (its variables hold compute-dtype copies of `master`).
+    pub model: Box<dyn Model>,
+    /// The flat layout of `master` and `grads`.
+    pub layout: FlatLayout,
+    /// FP32 master weights.
+    pub master: Vec<f32>,
+    grads: Vec<f32>,
+    /// The optimizer over `master`.
+    pub optimizer: Box<dyn Optimizer>,
+    /// The learning-rate schedule.
+    pub schedule: Schedule,
+    /// Dynamic loss scaler (fp16 only).
+    pub scaler: Option<LossScaler>,
+    /// FP8 delayed scalers (fp8 only).
+    pub fp8: Option<Fp8State>,
+    precision: Precision,
+    grad_clip: f64,
+    /// Optimizer steps taken (skipped ones included).
+    pub step: u64,
+    /// Where the training loader stands after the last step.
+    pub sampler_state: SamplerState,
+}
+
+impl Trainer {
+    /// Builds model, buffers, optimizer, schedule and scalers from `config`.
+    pub fn new(config: &TrainConfig) -> Result<Self> {
+        let model = build_model(&config.model, config.precision, config.seed)?;
+        Self::with_model(config, model)
+    }
+
+    /// As [`Trainer::new`] with an already built model.
+    pub fn with_model(config: &TrainConfig, model: Box<dyn Model>) -> Result<Self> {
+        let layout = FlatLayout::of(model.params())?;
+        let master = layout.flatten(model.params())?;
+        let o = &config.optimizer;
+        let len = layout.total_len();
+        let optimizer: Box<dyn Optimizer> = match o.kind {
+            OptimizerKind::Adamw => Box::new(AdamW::new(o.adamw, segments(&layout, false), len)),
+            OptimizerKind::Sgd => Box::new(Sgd::new(o.sgd, segments(&layout, false), len)),
+        };
+        let scaler = match config.precision.needs_loss_scaling() {
+            true => Some(LossScaler::new(ScalerConfig::torch())?),
+            false => None,
+        };
+        let fp8 = (config.precision == Precision::Fp8).then(|| Fp8State::new(Default::default()));
+        Ok(Trainer {
+            model,
+            grads: vec![0.0; len],
+            layout,
+            master,
+            optimizer,
+            schedule: config.schedule(),
+            scaler,
+            fp8,
+            precision: config.precision,
+            grad_clip: o.grad_clip,
+            step: 0,
+            sampler_state: SamplerState::default(),
+        })
+    }
+
+    /// The forward context.
+    pub fn fx(&self) -> Fx<'_> {
+        Fx::new(self.precision, self.fp8.as_ref())
+    }
+
+    /// The precision mode.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// One optimizer step over an accumulation window.
+    pub fn train_step(&mut self, window: &[MicroBatch]) -> Result<StepReport> {
+        let step = self.step;
+        self.grads.iter_mut().for_each(|g| *g = 0.0);
+        let loss_scale = self.scaler.as_ref().map_or(1.0, |s| s.scale());
+        let fx = Fx::new(self.precision, self.fp8.as_ref());
+        let r = accumulate(
+            &*self.model,
+            &fx,
+            window,
+            Normalization::WindowCount,
+            loss_scale as f64,
+            &self.layout,
+            &mut self.grads,
+            step == 0,
+        )?;
+        let lr = self.schedule.lr_at(step);
+        let mut report = StepReport {
+            step: step + 1,
+            loss: r.loss,
+            count: r.count,
+            grad_norm: 0.0,
+            lr,
+            loss_scale,
+            skipped: None,
+        };
+        if let Some(scaler) = &mut self.scaler {
+            let table = self.layout.param_table();
+            let found_inf = scaler.unscale_and_check(&mut self.grads, Some(&table))?;
+            if let StepDecision::Skip(rep) = scaler.update(found_inf) {
+                report.skipped = Some(format!("{rep:?}"));
+                self.step += 1;
+                return Ok(report);
+            }
+        } else if !r.loss.is_finite() || self.layout.first_nonfinite(&self.grads).is_some() {
+            let param = self
+                .layout
+                .first_nonfinite(&self.grads)
+                .unwrap_or("(none: loss only)");
+            return Err(TrainError::NonFinite {
+                step,
+                what: if r.loss.is_finite() {
+                    "gradient"
+                } else {
+                    "loss"
+                }
+                .into(),
+                param: param.into(),
+            });
+        }
+        report.grad_norm = if self.grad_clip > 0.0 {
+            clip_global_norm(&mut self.grads, self.grad_clip)
+        } else {
+            global_norm(&self.grads)
+        };
+        self.optimizer
+            .step(&mut self.master, &self.grads, lr as f32);
+        if let Some(param) = self.layout.first_nonfinite(&self.master) {
+            return Err(TrainError::NonFinite {
+                step,
+                what: "value".into(),
+                param: param.into(),
+            });
+        }
+        self.layout.unflatten(&self.master, self.model.params())?;
+        if let Some(f) = &self.fp8 {
+            f.update();
+        }
+        self.step += 1;
+        Ok(report)
+    }
+
+    /// Mean loss and top-1 accuracy over `batches`, without gradients.
+    pub fn evaluate(&self, batches: &[MicroBatch]) -> Result<EvalReport> {
+        let fx = self.fx();
+        let (mut sum, mut count, mut correct) = (0f64, 0usize, 0usize);
+        for mb in batches {
+            let logits = self.model.forward(&fx, &mb.input)?.detach();
+            let (s, n) = cross_entropy_sum(&fx, &logits, &mb.targets)?;
+            sum += scalar(&s)?;
+            count += n;
+            let pred = logits
+                .argmax(1)?
+                .to_dtype(candle_core::DType::I64)?
+                .to_vec1::<i64>()?;
+            correct += pred.iter().zip(&mb.targets).filter(|(p, t)| p == t).count();
+        }
+        let c = count.max(1) as f64;
+        Ok(EvalReport {
+            loss: sum / c,
+            accuracy: correct as f64 / c,
+            count,
+        })
+    }
+
+    /// Whether the model's loss is per token or per sample.
+    pub fn loss_kind(&self) -> LossKind {
+        self.model.loss_kind()
+    }
+
+    /// Samples `n` tokens after `prompt` (GPT), with temperature 1 and a seeded generator.
+    pub fn sample(&self, prompt: &[i64], n: usize, context: usize, seed: u64) -> Result<Vec<i64>> {
+        let mut toks = prompt.to_vec();
+        let fx = self.fx();
+        for i in 0..n {
+            let start = toks.len().saturating_sub(context);
+            let x = Tensor::new(&toks[start..], &Device::Cpu)?.unsqueeze(0)?;
+            let logits = self.model.forward(&fx, &x)?.detach();
+            let last = logits.get(logits.dim(0)? - 1)?;
+            let p = crate::ops::softmax_last(&fx, &last)?
+                .to_dtype(candle_core::DType::F64)?
+                .to_vec1::<f64>()?;
+            let u = (crate::params::mix64(seed ^ crate::params::mix64(i as u64)) >> 11) as f64
+                / (1u64 << 53) as f64;
+            let mut acc = 0.0;
+            let next = p
+                .iter()
+                .position(|&q| {
+                    acc += q;
+                    acc > u
+                })
+                .unwrap_or(p.len() - 1);
+            toks.push(next as i64);
+        }
+        Ok(toks[prompt.len()..].to_vec())
+    }
+}

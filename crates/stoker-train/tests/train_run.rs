@@ -1,0 +1,163 @@
+//! End-to-end runs on small generated data: bit-identical resume, reduced precision
+//! against fp32, and checkpoints that fail their checksum or do not match the model.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use stoker_train::config::TrainConfig;
+use stoker_train::metrics::{read, Record};
+use stoker_train::run::{run, RunOptions};
+use stoker_train::TrainError;
+
+fn config(dir: &Path, precision: &str, steps: u64, extra: &str) -> TrainConfig {
+    if !dir.join("corpus.bin").exists() {
+        write_token_corpus(&dir.join("corpus.bin"), 12_000);
+    }
+    TrainConfig::parse(
+        &gpt_config(dir, precision, steps, extra),
+        Path::new("test.toml"),
+    )
+    .unwrap()
+}
+
+fn losses(dir: &Path) -> Vec<(u64, u64)> {
+    read(dir)
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| match r {
+            Record::Train { step, loss, .. } => Some((step, loss.to_bits())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn resume_continues_the_loss_curve_bit_identically() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = tmp.path().join("a");
+    std::fs::create_dir_all(&a).unwrap();
+    let ca = config(&a, "fp32", 8, "checkpoint_every = 4");
+    run(&ca, &RunOptions::default()).unwrap();
+
+    let b = tmp.path().join("b");
+    std::fs::create_dir_all(&b).unwrap();
+    let cb = config(&b, "fp32", 8, "checkpoint_every = 4");
+    run(
+        &cb,
+        &RunOptions {
+            stop_after: Some(4),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let ckpt = cb.run_dir.join("checkpoints/step_00000004");
+    run(
+        &cb,
+        &RunOptions {
+            resume: Some(ckpt),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+
+    let (la, lb) = (losses(&ca.run_dir), losses(&cb.run_dir));
+    assert_eq!(la.len(), 8);
+    assert_eq!(la, lb, "2N steps vs N + resume + N");
+}
+
+#[test]
+fn bf16_and_fp16_reach_fp32_loss_within_2_percent() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut finals = Vec::new();
+    for p in ["fp32", "bf16", "fp16", "fp8"] {
+        let dir = tmp.path().join(p);
+        std::fs::create_dir_all(&dir).unwrap();
+        let c = config(&dir, p, 40, "");
+        let s = run(&c, &RunOptions::default()).unwrap();
+        let l = losses(&c.run_dir);
+        let first = f64::from_bits(l[0].1);
+        // Mean of the last 5 steps smooths single-batch noise.
+        let last: f64 = l[l.len() - 5..]
+            .iter()
+            .map(|x| f64::from_bits(x.1))
+            .sum::<f64>()
+            / 5.0;
+        assert!(
+            last < 0.7 * first,
+            "{p}: loss {first} -> {last} did not fall"
+        );
+        finals.push((p, last, s.eval.unwrap().loss));
+    }
+    eprintln!("final losses (train mean of last 5, eval): {finals:?}");
+    let fp32 = finals[0].1;
+    for (p, last, _) in &finals[1..3] {
+        let rel = (last - fp32).abs() / fp32;
+        assert!(
+            rel < 0.02,
+            "{p}: final loss {last} vs fp32 {fp32} ({:.2}%)",
+            100.0 * rel
+        );
+    }
+}
+
+#[test]
+fn corrupt_or_mismatched_checkpoints_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = config(tmp.path(), "fp32", 2, "");
+    run(&c, &RunOptions::default()).unwrap();
+    let ckpt = c.run_dir.join("checkpoints/step_00000002");
+
+    // A different model (wider) does not match.
+    let other = TrainConfig::parse(
+        &gpt_config(tmp.path(), "fp32", 2, "").replace("d_model = 32", "d_model = 16"),
+        Path::new("t.toml"),
+    )
+    .unwrap();
+    let err = run(
+        &other,
+        &RunOptions {
+            resume: Some(ckpt.clone()),
+            ..Default::default()
+        },
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, TrainError::Checkpoint { .. })
+            && err.to_string().contains("does not match the model"),
+        "{err}"
+    );
+
+    // One flipped byte in the weights fails the checksum.
+    let path = ckpt.join("model.safetensors");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let n = bytes.len();
+    bytes[n - 3] ^= 0x40;
+    std::fs::write(&path, bytes).unwrap();
+    let err = run(
+        &c,
+        &RunOptions {
+            resume: Some(ckpt),
+            ..Default::default()
+        },
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("checksum mismatch"), "{err}");
+}
+
+#[test]
+fn weights_file_is_plain_safetensors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = config(tmp.path(), "bf16", 1, "");
+    run(&c, &RunOptions::default()).unwrap();
+    let bytes = std::fs::read(
+        c.run_dir
+            .join("checkpoints/step_00000001/model.safetensors"),
+    )
+    .unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let wte = st.tensor("wte.weight").unwrap();
+    assert_eq!(wte.shape(), &[24, 32]);
+    assert_eq!(wte.dtype(), safetensors::Dtype::F32); // FP32 master, not the bf16 copy
+}
