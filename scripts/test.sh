@@ -1,5 +1,16 @@
 #!/usr/bin/env bash
-# The test suite, as CI runs it.
+# The test suite, as CI runs it (make test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The committed .npy fixtures are numpy's own output: regenerate them and compare.
+if python3 -c 'import numpy' 2>/dev/null; then
+  tmp=$(mktemp -d)
+  python3 scripts/fixtures/make_npy.py "$tmp" >/dev/null
+  if diff -r -q "$tmp" crates/stoker-data/tests/fixtures/npy >/dev/null; then
+    echo "npy fixtures: identical to this numpy's output"
+  else
+    echo "warning: this numpy ($(python3 -c 'import numpy; print(numpy.__version__)')) writes .npy fixtures that differ from the committed ones"
+  fi
+  rm -rf "$tmp"
+fi
 cargo test --workspace 2>&1
