@@ -31,6 +31,9 @@ def main():
     ds = torchvision.datasets.ImageFolder(args.dir, transform=tf)
     if args.limit:
         ds = torch.utils.data.Subset(ds, range(min(args.limit, len(ds))))
+    # Warm-up, as the stoker side does: page cache, lazy torch/PIL initialization.
+    for i in range(min(16, len(ds))):
+        ds[i]
     best = 0.0
     for w in [int(x) for x in args.workers.split(",")]:
         loader = torch.utils.data.DataLoader(ds, batch_size=args.batch, shuffle=False, num_workers=w)

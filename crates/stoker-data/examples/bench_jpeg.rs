@@ -84,7 +84,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map_or(Ok(ds.len()), |s| s.parse::<usize>())?
         .min(ds.len());
     // Warm the page cache and the CPU once, as a loader's first epoch would.
-    run(&ds, n.min(64), 1, 0)?;
+    run(&ds, n.min(16), 1, 0)?;
     for &t in &threads {
         let start = Instant::now();
         run(&ds, n, t, 1)?;

@@ -91,6 +91,8 @@ pub fn decode_jpeg(jpeg: &[u8], buf: &mut Vec<u8>) -> Result<Decoded> {
 }
 
 /// Walks the marker segments and entropy-coded scans from SOI and requires an EOI marker.
+/// Segment lengths are trusted (as decoders do), a bad one shows up as a missing EOI or a
+/// decode error.
 ///
 /// zune-jpeg pads a truncated stream and may return a partly grey image without an error; a
 /// truncated file must be an error instead. Scans are skipped with memchr (inside them a 0xFF
@@ -101,10 +103,10 @@ fn check_structure(jpeg: &[u8]) -> std::result::Result<(), String> {
     let truncated = || format!("truncated: no end-of-image marker (FF D9) in {n} bytes");
     let mut i = 2;
     loop {
-        match jpeg.get(i) {
+        // Stray bytes between segments: libjpeg warns and skips to the next 0xFF; so do we.
+        match jpeg.get(i..).and_then(|rest| memchr::memchr(0xFF, rest)) {
             None => return Err(truncated()),
-            Some(0xFF) => {}
-            Some(b) => return Err(format!("expected a marker at byte {i}, found {b:02X}")),
+            Some(skip) => i += skip,
         }
         while jpeg.get(i) == Some(&0xFF) {
             i += 1; // fill bytes before a marker
@@ -113,8 +115,8 @@ fn check_structure(jpeg: &[u8]) -> std::result::Result<(), String> {
         i += 1;
         match marker {
             0xD9 => return Ok(()),
-            0x01 | 0xD0..=0xD7 => continue, // standalone markers: TEM, RSTn
-            0x00 | 0xD8 => {
+            0x00 | 0x01 | 0xD0..=0xD7 => continue, // stuffing, TEM, RSTn: no segment
+            0xD8 => {
                 return Err(format!(
                     "unexpected marker FF {marker:02X} at byte {}",
                     i - 2
