@@ -99,6 +99,9 @@ impl std::fmt::Debug for MappedBytes {
     }
 }
 
+/// Most fields a dataset may have (samples are filled through a fixed-size slot array).
+pub const MAX_FIELDS: usize = 8;
+
 /// A collection of samples the loader can batch.
 pub trait Dataset: Send + Sync + 'static {
     /// Per-worker scratch state (decode buffers and the like), created once per worker thread
@@ -124,6 +127,40 @@ pub trait Dataset: Send + Sync + 'static {
         ctx: SampleContext,
         out: &mut [&mut [u8]],
     ) -> Result<()>;
+
+    /// Fills a whole batch: `out[f]` receives the samples `indices` of field `f` back to back
+    /// (it may be longer than needed, for a short final batch). The default calls
+    /// [`read_sample`](Self::read_sample) per sample; formats that can gather faster override it.
+    fn read_batch(
+        &self,
+        worker: &mut Self::Worker,
+        seed: u64,
+        epoch: u64,
+        indices: &[usize],
+        out: &mut [&mut [u8]],
+    ) -> Result<()> {
+        let fields = self.fields();
+        let mut regions: [&mut [u8]; MAX_FIELDS] = Default::default();
+        for (r, o) in regions.iter_mut().zip(out.iter_mut()) {
+            *r = std::mem::take(o);
+        }
+        for &index in indices {
+            let mut slots: [&mut [u8]; MAX_FIELDS] = Default::default();
+            for ((slot, region), spec) in slots.iter_mut().zip(regions.iter_mut()).zip(fields) {
+                // Peel this sample off the front of each field's remaining region.
+                let (head, tail) = std::mem::take(region).split_at_mut(spec.sample_bytes());
+                *slot = head;
+                *region = tail;
+            }
+            let ctx = SampleContext {
+                seed,
+                epoch,
+                index: index as u64,
+            };
+            self.read_sample(worker, ctx, &mut slots[..fields.len()])?;
+        }
+        Ok(())
+    }
 
     /// The bytes of samples `start..start + count` of field `field` if they lie contiguous in a
     /// mapping and need no transform; the loader then hands them out without copying.

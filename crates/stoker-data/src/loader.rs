@@ -21,10 +21,9 @@ use crate::batch::Batch;
 use crate::pool::{BufferPool, PooledStorage};
 use crate::sampler::{Sampler, SamplerState};
 use crate::stats::LoaderStats;
-use crate::{DataError, Dataset, FieldSpec, Result, SampleContext};
+use crate::{DataError, Dataset, FieldSpec, Result};
 
-/// Most fields a dataset may have (samples are filled through a fixed-size slot array).
-pub const MAX_FIELDS: usize = 8;
+pub use crate::dataset::MAX_FIELDS;
 
 /// The loader's knobs, named and defaulted as in torch's DataLoader.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -408,26 +407,7 @@ fn fill_batch<D: Dataset>(
         rest = tail;
         consumed = offset + len;
     }
-    for &index in idx {
-        let mut slots: [&mut [u8]; MAX_FIELDS] = Default::default();
-        for ((slot, region), spec) in slots
-            .iter_mut()
-            .zip(regions.iter_mut())
-            .zip(layout.fields.iter())
-        {
-            // Peel this sample off the front of each field's remaining region.
-            let (head, tail) = std::mem::take(region).split_at_mut(spec.sample_bytes());
-            *slot = head;
-            *region = tail;
-        }
-        let ctx = SampleContext {
-            seed: plan.seed,
-            epoch: plan.epoch,
-            index: index as u64,
-        };
-        dataset.read_sample(state, ctx, &mut slots[..nf])?;
-    }
-    Ok(())
+    dataset.read_batch(state, plan.seed, plan.epoch, idx, &mut regions[..nf])
 }
 
 /// The batches of one epoch, in order; dropping it mid-epoch drains in-flight work.
