@@ -9,7 +9,6 @@
 //! stored byte for byte unless [`PackOptions::max_side`] asks for FFCV-style downscaling.
 
 use std::fs;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use super::downscale::Downscaler;
@@ -90,7 +89,6 @@ pub fn pack_image_folder_with(
             message: format!("{} (expected 1..=100)", options.quality),
         });
     }
-    let mut downscaler = Downscaler::default();
     let mut downscaled = 0;
     let classes = class_dirs(src)?;
     if classes.is_empty() {
@@ -107,16 +105,19 @@ pub fn pack_image_folder_with(
     let mut labels: Vec<i64> = Vec::new();
     let mut per_class = Vec::with_capacity(classes.len());
     let mut skipped = Vec::new();
-    let mut buf = Vec::new();
+    // Downscaling decodes every photo: spread it over the cores, a few photos at a time.
+    let threads = match options.max_side {
+        Some(_) => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        None => 1,
+    };
+    let mut downscalers: Vec<Downscaler> = (0..threads).map(|_| Downscaler::default()).collect();
+    let mut pending: Vec<(PathBuf, Vec<u8>)> = Vec::new();
     for (label, name) in classes.iter().enumerate() {
         let mut files = Vec::new();
         walk_files(&src.join(name), &mut files)?;
         let before = labels.len();
         for file in files {
-            buf.clear();
-            fs::File::open(&file)
-                .and_then(|mut f| f.read_to_end(&mut buf))
-                .map_err(|e| DataError::io(&file, e))?;
+            let buf = fs::read(&file).map_err(|e| DataError::io(&file, e))?;
             if !(buf.len() >= 3 && buf[..3] == [0xFF, 0xD8, 0xFF]) {
                 if options.skip_non_jpeg {
                     skipped.push(file);
@@ -131,16 +132,13 @@ pub fn pack_image_folder_with(
                     ),
                 ));
             }
-            let shrunk = match options.max_side {
-                Some(m) => downscaler
-                    .downscale_jpeg(&buf, m, options.quality)
-                    .map_err(|e| DataError::format(&file, "jpeg", e.to_string()))?,
-                None => None,
-            };
-            downscaled += u64::from(shrunk.is_some());
-            writer.append(shrunk.as_deref().unwrap_or(&buf))?;
+            pending.push((file, buf));
+            if pending.len() >= 4 * threads {
+                downscaled += flush(&mut pending, options, &mut downscalers, &mut writer)?;
+            }
             labels.push(label as i64);
         }
+        downscaled += flush(&mut pending, options, &mut downscalers, &mut writer)?;
         per_class.push((labels.len() - before) as u64);
     }
     if labels.is_empty() {
@@ -176,6 +174,52 @@ pub fn pack_image_folder_with(
             classes_file,
         ],
     })
+}
+
+/// Shrinks `pending` photos in parallel when `max_side` is set (one thread per downscaler,
+/// contiguous runs), appends them all in order, and returns how many were shrunk. On failure
+/// the error of the earliest failing run is returned, naming its file.
+fn flush(
+    pending: &mut Vec<(PathBuf, Vec<u8>)>,
+    options: &PackOptions,
+    downscalers: &mut [Downscaler],
+    writer: &mut RecordWriter,
+) -> Result<u64> {
+    let mut shrunk = 0;
+    if let Some(max_side) = options.max_side {
+        let per = pending.len().div_ceil(downscalers.len()).max(1);
+        let results: Vec<Result<u64>> = std::thread::scope(|s| {
+            let runs: Vec<_> = pending
+                .chunks_mut(per)
+                .zip(downscalers.iter_mut())
+                .map(|(run, d)| {
+                    s.spawn(move || {
+                        let mut n = 0;
+                        for (file, bytes) in run.iter_mut() {
+                            let small = d
+                                .downscale_jpeg(bytes, max_side, options.quality)
+                                .map_err(|e| DataError::format(&*file, "jpeg", e.to_string()))?;
+                            if let Some(small) = small {
+                                *bytes = small;
+                                n += 1;
+                            }
+                        }
+                        Ok(n)
+                    })
+                })
+                .collect();
+            runs.into_iter()
+                .map(|r| r.join().expect("downscale thread panicked"))
+                .collect()
+        });
+        for r in results {
+            shrunk += r?;
+        }
+    }
+    for (_, bytes) in pending.drain(..) {
+        writer.append(&bytes)?;
+    }
+    Ok(shrunk)
 }
 
 /// Sub-folder names of `dir`, sorted; they must be valid UTF-8 to go into the JSON list.
