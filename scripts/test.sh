@@ -14,3 +14,6 @@ if python3 -c 'import numpy' 2>/dev/null; then
   rm -rf "$tmp"
 fi
 cargo test --workspace 2>&1
+# The opt-in `cuda` feature of the loader builds without CUDA (cudarc loads libcuda at run time)
+# and, with no driver here, falls back to mlock: prove both.
+cargo test -p stoker-data --features cuda --test pin 2>&1

@@ -3,8 +3,7 @@
 //! Fresh pages cost about 1 GB/s on first touch here (REFERENCES.md), several times slower
 //! than copying into warm ones, so the loader recycles batch buffers: when a [`Batch`] is
 //! dropped its storage goes back to the pool, and steady state allocates nothing.
-//! `pin_memory` page-locks each buffer with `mlock` once, when it is created; with the `cuda`
-//! feature the same place is where CUDA-registered memory belongs.
+//! `pin_memory` page-locks each buffer once, when it is created (see [`crate::pin`]).
 //!
 //! [`Batch`]: crate::loader::Batch
 
@@ -13,6 +12,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::pin::{PinKind, Pinner};
 use crate::MappedBytes;
 
 /// Alignment of every buffer: a page, so buffers can be page-locked and DMA'd.
@@ -22,7 +22,8 @@ pub const BUFFER_ALIGN: usize = 4096;
 pub struct HostBuffer {
     ptr: NonNull<u8>,
     len: usize,
-    locked: bool,
+    pinned: PinKind,
+    pinner: Arc<Pinner>,
 }
 
 // SAFETY: HostBuffer owns its allocation exclusively, like a Box<[u8]>.
@@ -31,27 +32,27 @@ unsafe impl Send for HostBuffer {}
 unsafe impl Sync for HostBuffer {}
 
 impl HostBuffer {
-    /// Allocates `len` zeroed bytes aligned to [`BUFFER_ALIGN`]; `pin` tries to page-lock them.
-    pub fn new(len: usize, pin: bool) -> Self {
+    /// Allocates `len` zeroed bytes aligned to [`BUFFER_ALIGN`], pinned through `pinner`.
+    pub fn new(len: usize, pinner: &Arc<Pinner>) -> Self {
         let size = len.max(1).next_multiple_of(BUFFER_ALIGN);
         let layout =
             Layout::from_size_align(size, BUFFER_ALIGN).expect("buffer size fits a Layout");
         // SAFETY: size is non-zero.
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        // SAFETY: ptr..ptr+size is our allocation; mlock only changes residency.
-        let locked = pin && unsafe { libc::mlock(ptr.as_ptr() as *const libc::c_void, size) } == 0;
-        if pin && !locked {
-            tracing::warn!(
-                "pin_memory: mlock of {size} bytes failed (RLIMIT_MEMLOCK?); using pageable memory"
-            );
+        // SAFETY: ptr..ptr+size is our allocation and lives until drop, which unpins first.
+        let pinned = unsafe { pinner.pin(ptr.as_ptr(), size) };
+        HostBuffer {
+            ptr,
+            len,
+            pinned,
+            pinner: pinner.clone(),
         }
-        HostBuffer { ptr, len, locked }
     }
 
-    /// Whether the buffer is page-locked.
-    pub fn is_locked(&self) -> bool {
-        self.locked
+    /// Whether and how the buffer is page-locked.
+    pub fn pinned(&self) -> PinKind {
+        self.pinned
     }
 
     fn layout(&self) -> Layout {
@@ -78,11 +79,10 @@ impl std::ops::DerefMut for HostBuffer {
 impl Drop for HostBuffer {
     fn drop(&mut self) {
         let layout = self.layout();
-        // SAFETY: the pointer and layout are the ones we allocated (and locked) with.
+        // SAFETY: the pointer, size and layout are the ones we allocated and pinned with.
         unsafe {
-            if self.locked {
-                libc::munlock(self.ptr.as_ptr() as *const libc::c_void, layout.size());
-            }
+            self.pinner
+                .unpin(self.ptr.as_ptr(), layout.size(), self.pinned);
             std::alloc::dealloc(self.ptr.as_ptr(), layout);
         }
     }
@@ -102,7 +102,7 @@ pub struct BatchStorage {
 pub struct BufferPool {
     free: Mutex<Vec<BatchStorage>>,
     bytes: usize,
-    pin: bool,
+    pinner: Arc<Pinner>,
     allocated: AtomicUsize,
 }
 
@@ -112,7 +112,7 @@ impl BufferPool {
         Arc::new(BufferPool {
             free: Mutex::new(Vec::new()),
             bytes,
-            pin,
+            pinner: Pinner::new(pin),
             allocated: AtomicUsize::new(0),
         })
     }
@@ -123,7 +123,7 @@ impl BufferPool {
         let storage = reused.unwrap_or_else(|| {
             self.allocated.fetch_add(1, Ordering::Relaxed);
             BatchStorage {
-                data: HostBuffer::new(self.bytes, self.pin),
+                data: HostBuffer::new(self.bytes, &self.pinner),
                 indices: Vec::new(),
                 mapped: Vec::new(),
             }
@@ -144,9 +144,9 @@ impl BufferPool {
         self.bytes
     }
 
-    /// Whether buffers are requested page-locked.
-    pub fn pinned(&self) -> bool {
-        self.pin
+    /// The pinner, which says whether buffers go through CUDA.
+    pub fn pinner(&self) -> &Pinner {
+        &self.pinner
     }
 }
 
