@@ -42,18 +42,36 @@ pub struct WindowResult {
     pub count: usize,
 }
 
+/// How [`accumulate`] treats a window.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AccumulateOptions {
+    /// Loss normalization.
+    pub norm: Normalization,
+    /// Multiplies the loss before backward (the fp16 loss scale; 1 otherwise).
+    pub loss_scale: f64,
+    /// Fail naming any parameter that received no gradient.
+    pub check_grads: bool,
+}
+
+impl Default for AccumulateOptions {
+    fn default() -> Self {
+        AccumulateOptions {
+            norm: Normalization::WindowCount,
+            loss_scale: 1.0,
+            check_grads: true,
+        }
+    }
+}
+
 /// Runs forward and backward over `window`, adding the gradients of
-/// `loss_scale x normalized loss` into `grads` (flat layout, zeroed by the caller).
-/// With `check_grads`, fails naming any parameter that received no gradient.
+/// `loss_scale x normalized loss` into `grads` (flat `layout`, zeroed by the caller).
 pub fn accumulate(
     model: &dyn Model,
     fx: &Fx,
     window: &[MicroBatch],
-    norm: Normalization,
-    loss_scale: f64,
+    opts: AccumulateOptions,
     layout: &FlatLayout,
     grads: &mut [f32],
-    check_grads: bool,
 ) -> Result<WindowResult> {
     let total: usize = window.iter().map(|m| valid_count(&m.targets)).sum();
     let mut loss_sum = 0f64;
@@ -61,16 +79,16 @@ pub fn accumulate(
         let logits = model.forward(fx, &mb.input)?;
         let (sum, count) = cross_entropy_sum(fx, &logits, &mb.targets)?;
         loss_sum += scalar(&sum)?;
-        let denom = match norm {
+        let denom = match opts.norm {
             Normalization::WindowCount => total,
             Normalization::StepCount => count * window.len(),
         };
         if denom == 0 {
             continue; // nothing to learn from (all targets masked)
         }
-        let scaled = (sum * (loss_scale / denom as f64))?;
+        let scaled = (sum * (opts.loss_scale / denom as f64))?;
         let g = scaled.backward()?;
-        if check_grads {
+        if opts.check_grads {
             crate::check::every_param_has_grad(&g, model.params())?;
         }
         layout.gather_grads(&g, model.params(), grads)?;

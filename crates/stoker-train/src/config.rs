@@ -132,25 +132,79 @@ pub enum OptimizerKind {
     Sgd,
 }
 
-/// `[optimizer]`.
+/// `[optimizer]`: one flat table (weight decay follows `kind`: decoupled for AdamW,
+/// L2 for SGD; applied to tensors of rank >= 2 only).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OptimizerConfig {
     /// `adamw` or `sgd`.
     pub kind: OptimizerKind,
-    /// Learning-rate schedule (`lr`, `min_lr`, `warmup_steps`, `decay_steps`; 0 decay
-    /// steps means `train.steps`).
-    #[serde(flatten)]
-    pub schedule: Schedule,
-    /// AdamW hyper-parameters (`beta1`, `beta2`, `eps`, `weight_decay`).
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Final learning rate of the cosine decay.
     #[serde(default)]
-    pub adamw: AdamWConfig,
-    /// SGD hyper-parameters (`momentum`, `weight_decay`, `nesterov`).
+    pub min_lr: f64,
+    /// Linear warmup steps.
     #[serde(default)]
-    pub sgd: SgdConfig,
+    pub warmup_steps: u64,
+    /// Step where the cosine reaches `min_lr` (0: `train.steps`).
+    #[serde(default)]
+    pub decay_steps: u64,
+    /// AdamW first-moment decay.
+    #[serde(default = "default_beta1")]
+    pub beta1: f64,
+    /// AdamW second-moment decay.
+    #[serde(default = "default_beta2")]
+    pub beta2: f64,
+    /// AdamW denominator epsilon.
+    #[serde(default = "default_eps")]
+    pub eps: f64,
+    /// Weight decay.
+    #[serde(default)]
+    pub weight_decay: f64,
+    /// SGD momentum.
+    #[serde(default = "default_momentum")]
+    pub momentum: f64,
+    /// SGD Nesterov momentum.
+    #[serde(default)]
+    pub nesterov: bool,
     /// Clip the global gradient norm to this (0 disables).
     #[serde(default)]
     pub grad_clip: f64,
+}
+
+fn default_beta1() -> f64 {
+    0.9
+}
+fn default_beta2() -> f64 {
+    0.999
+}
+fn default_eps() -> f64 {
+    1e-8
+}
+fn default_momentum() -> f64 {
+    0.9
+}
+
+impl OptimizerConfig {
+    /// The AdamW hyper-parameters.
+    pub fn adamw(&self) -> AdamWConfig {
+        AdamWConfig {
+            beta1: self.beta1,
+            beta2: self.beta2,
+            eps: self.eps,
+            weight_decay: self.weight_decay,
+        }
+    }
+
+    /// The SGD hyper-parameters.
+    pub fn sgd(&self) -> SgdConfig {
+        SgdConfig {
+            momentum: self.momentum,
+            weight_decay: self.weight_decay,
+            nesterov: self.nesterov,
+        }
+    }
 }
 
 /// `[train]`.
@@ -207,11 +261,17 @@ impl TrainConfig {
 
     /// The schedule with `decay_steps` defaulted to `train.steps`.
     pub fn schedule(&self) -> Schedule {
-        let mut s = self.optimizer.schedule;
-        if s.decay_steps == 0 {
-            s.decay_steps = self.train.steps;
+        let o = &self.optimizer;
+        Schedule {
+            lr: o.lr,
+            min_lr: o.min_lr,
+            warmup_steps: o.warmup_steps,
+            decay_steps: if o.decay_steps == 0 {
+                self.train.steps
+            } else {
+                o.decay_steps
+            },
         }
-        s
     }
 
     /// Checks everything that does not need the data; errors name the key.
@@ -291,12 +351,26 @@ impl TrainConfig {
                 format!("{}: expected 0 <= f < 1", self.data.eval_fraction),
             ));
         }
-        let s = self.optimizer.schedule;
-        if !(s.lr > 0.0 && s.lr.is_finite()) {
+        let o = &self.optimizer;
+        if !(o.lr > 0.0 && o.lr.is_finite()) {
             return Err(config_err(
                 "optimizer.lr",
-                format!("{}: must be positive", s.lr),
+                format!("{}: must be positive", o.lr),
             ));
+        }
+        if !(0.0..=o.lr).contains(&o.min_lr) {
+            return Err(config_err(
+                "optimizer.min_lr",
+                format!("{}: expected 0 <= min_lr <= lr {}", o.min_lr, o.lr),
+            ));
+        }
+        for (k, v) in [("beta1", o.beta1), ("beta2", o.beta2)] {
+            if !(0.0..1.0).contains(&v) {
+                return Err(config_err(
+                    format!("optimizer.{k}"),
+                    format!("{v}: expected 0 <= beta < 1"),
+                ));
+            }
         }
         if self.train.steps == 0 {
             return Err(config_err("train.steps", "must be at least 1"));

@@ -21,6 +21,7 @@ pub mod ops;
 pub mod optim;
 pub mod params;
 pub mod precision;
+pub mod report;
 pub mod run;
 pub mod schedule;
 pub mod trainer;

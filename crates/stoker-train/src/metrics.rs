@@ -52,10 +52,27 @@ pub struct MetricsLog {
 }
 
 impl MetricsLog {
-    /// Opens (creating or appending) `dir/metrics.jsonl`.
-    pub fn open(dir: &Path) -> Result<Self> {
+    /// Opens `dir/metrics.jsonl` for appending. A fresh run (`resumed_at` None) starts
+    /// an empty file; a resumed run keeps the records up to the checkpoint's step and
+    /// drops later ones (they belong to the interrupted continuation).
+    pub fn open(dir: &Path, resumed_at: Option<u64>) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
         let path = dir.join("metrics.jsonl");
+        let kept: Vec<Record> = match resumed_at {
+            Some(at) if path.exists() => read(dir)?
+                .into_iter()
+                .filter(|r| match r {
+                    Record::Train { step, .. } | Record::Eval { step, .. } => *step <= at,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        let mut text = String::new();
+        for r in &kept {
+            text.push_str(&serde_json::to_string(r).expect("records serialize"));
+            text.push('\n');
+        }
+        std::fs::write(&path, text).map_err(|e| io_err(&path, e))?;
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

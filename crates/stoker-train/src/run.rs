@@ -56,14 +56,15 @@ pub fn run(config: &TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
     };
     let vocab = load_vocab(config, &trainer)?;
     let data = open_datasets(config, &*trainer.model, context.max(1))?;
-    if let Some(dir) = &opts.resume {
-        checkpoint::load(&mut trainer, dir)?;
-    }
+    let resumed_at = match &opts.resume {
+        Some(dir) => Some(checkpoint::load(&mut trainer, dir)?.step),
+        None => None,
+    };
     let run_dir = &config.run_dir;
     std::fs::create_dir_all(run_dir).map_err(|e| io_err(run_dir, e))?;
     let cfg_text = toml::to_string(config).map_err(|e| TrainError::Layout(e.to_string()))?;
     std::fs::write(run_dir.join("config.toml"), cfg_text).map_err(|e| io_err(run_dir, e))?;
-    let mut log = MetricsLog::open(run_dir)?;
+    let mut log = MetricsLog::open(run_dir, resumed_at)?;
     let ckpt_root = run_dir.join("checkpoints");
     let params = trainer.layout.numel();
     tracing::info!(

@@ -6,7 +6,7 @@ use candle_core::{Device, Tensor};
 use stoker_data::SamplerState;
 use stoker_precision::{LossScaler, ScalerConfig, StepDecision};
 
-use crate::accumulate::{accumulate, MicroBatch, Normalization};
+use crate::accumulate::{accumulate, AccumulateOptions, MicroBatch, Normalization};
 use crate::clip::{clip_global_norm, global_norm};
 use crate::config::{ModelConfig, OptimizerKind, TrainConfig};
 use crate::error::{Result, TrainError};
@@ -96,8 +96,8 @@ impl Trainer {
         let o = &config.optimizer;
         let len = layout.total_len();
         let optimizer: Box<dyn Optimizer> = match o.kind {
-            OptimizerKind::Adamw => Box::new(AdamW::new(o.adamw, segments(&layout, false), len)),
-            OptimizerKind::Sgd => Box::new(Sgd::new(o.sgd, segments(&layout, false), len)),
+            OptimizerKind::Adamw => Box::new(AdamW::new(o.adamw(), segments(&layout, false), len)),
+            OptimizerKind::Sgd => Box::new(Sgd::new(o.sgd(), segments(&layout, false), len)),
         };
         let scaler = match config.precision.needs_loss_scaling() {
             true => Some(LossScaler::new(ScalerConfig::torch())?),
@@ -136,15 +136,18 @@ impl Trainer {
         self.grads.iter_mut().for_each(|g| *g = 0.0);
         let loss_scale = self.scaler.as_ref().map_or(1.0, |s| s.scale());
         let fx = Fx::new(self.precision, self.fp8.as_ref());
+        let opts = AccumulateOptions {
+            norm: Normalization::WindowCount,
+            loss_scale: loss_scale as f64,
+            check_grads: step == 0,
+        };
         let r = accumulate(
             &*self.model,
             &fx,
             window,
-            Normalization::WindowCount,
-            loss_scale as f64,
+            opts,
             &self.layout,
             &mut self.grads,
-            step == 0,
         )?;
         let lr = self.schedule.lr_at(step);
         let mut report = StepReport {

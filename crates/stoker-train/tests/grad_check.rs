@@ -5,7 +5,7 @@ mod common;
 
 use candle_core::{DType, Device, Tensor};
 use common::*;
-use stoker_train::accumulate::{accumulate, MicroBatch, Normalization};
+use stoker_train::accumulate::{accumulate, AccumulateOptions, MicroBatch};
 use stoker_train::layout::FlatLayout;
 use stoker_train::loss::{cross_entropy_sum, scalar};
 use stoker_train::models::Model;
@@ -30,15 +30,14 @@ fn finite_difference_check(model: &dyn Model, mb: MicroBatch, per_param: usize) 
     let (sum, n) = cross_entropy_sum(&fx, &logits, &mb.targets).unwrap();
     let g = (sum / n as f64).unwrap().backward().unwrap();
     stoker_train::check::every_param_has_grad(&g, model.params()).unwrap();
-    let _ = accumulate(
+    let opts = AccumulateOptions::default();
+    accumulate(
         model,
         &fx,
         std::slice::from_ref(&mb),
-        Normalization::WindowCount,
-        1.0,
+        opts,
         &layout,
         &mut grads,
-        true,
     )
     .unwrap();
     let eps = 1e-5;
@@ -59,7 +58,7 @@ fn finite_difference_check(model: &dyn Model, mb: MicroBatch, per_param: usize) 
             .unwrap();
         let step = (base.len() / per_param).max(1);
         for i in (0..base.len()).step_by(step) {
-            let mut at = |delta: f64| {
+            let at = |delta: f64| {
                 let mut v = base.clone();
                 v[i] += delta;
                 p.var

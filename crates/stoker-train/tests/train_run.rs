@@ -161,3 +161,16 @@ fn weights_file_is_plain_safetensors() {
     assert_eq!(wte.shape(), &[24, 32]);
     assert_eq!(wte.dtype(), safetensors::Dtype::F32); // FP32 master, not the bf16 copy
 }
+
+#[test]
+fn report_writes_five_pngs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = config(tmp.path(), "fp16", 3, "eval_every = 2");
+    run(&c, &RunOptions::default()).unwrap();
+    let files = stoker_train::report::write_report(&c.run_dir).unwrap();
+    assert_eq!(files.len(), 5);
+    for f in files {
+        let bytes = std::fs::read(&f).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG", "{}", f.display());
+    }
+}

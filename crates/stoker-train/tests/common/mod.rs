@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use candle_core::{DType, Device, Tensor};
-use stoker_train::accumulate::{accumulate, MicroBatch, Normalization};
+use stoker_train::accumulate::{accumulate, AccumulateOptions, MicroBatch, Normalization};
 use stoker_train::layout::FlatLayout;
 use stoker_train::models::{Cnn, CnnConfig, Gpt, GptConfig, Mlp, MlpConfig, Model};
 use stoker_train::params::mix64;
@@ -64,7 +64,11 @@ pub fn window_grads(
     let layout = FlatLayout::of(model.params()).unwrap();
     let mut g = vec![0f32; layout.total_len()];
     let fx = Fx::new(precision, None);
-    let r = accumulate(model, &fx, window, norm, 1.0, &layout, &mut g, true).unwrap();
+    let opts = AccumulateOptions {
+        norm,
+        ..Default::default()
+    };
+    let r = accumulate(model, &fx, window, opts, &layout, &mut g).unwrap();
     (g, r.loss)
 }
 

@@ -1,0 +1,217 @@
+//! `stoker report RUN_DIR`: PNG plots of a run's `metrics.jsonl` (loss with eval loss,
+//! throughput, loader wait, loss scale, learning rate), drawn with plotters.
+
+use std::path::{Path, PathBuf};
+
+use plotters::prelude::*;
+
+use crate::error::{Result, TrainError};
+use crate::metrics::{read, Record};
+
+/// The DejaVu font plotters draws text with (registered once per call; Debian's path).
+const FONT_PATHS: [&str; 2] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+];
+
+fn plot_err(path: &Path, e: impl std::fmt::Display) -> TrainError {
+    TrainError::Data {
+        what: path.display().to_string(),
+        message: format!("plotting: {e}"),
+    }
+}
+
+fn register_font() -> Result<()> {
+    for p in FONT_PATHS {
+        if let Ok(bytes) = std::fs::read(p) {
+            let leaked: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+            return plotters::style::register_font("sans-serif", FontStyle::Normal, leaked)
+                .map_err(|_| plot_err(Path::new(p), "unreadable font"));
+        }
+    }
+    Err(plot_err(
+        Path::new(FONT_PATHS[0]),
+        "no TTF font found (install fonts-dejavu-core)",
+    ))
+}
+
+/// One training record: (step, loss, lr, loss scale, throughput, loader wait %).
+type Row = (f64, f64, f64, f64, f64, f64);
+
+/// One line of a chart.
+struct Series<'a> {
+    label: &'a str,
+    points: Vec<(f64, f64)>,
+    color: RGBColor,
+}
+
+fn chart(path: &Path, title: &str, y_label: &str, series: &[Series], log_y: bool) -> Result<()> {
+    let pts = series.iter().flat_map(|s| s.points.iter());
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for &(x, y) in pts.filter(|p| p.1.is_finite() && (!log_y || p.1 > 0.0)) {
+        (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(y), y1.max(y));
+    }
+    if x0 > x1 {
+        return Ok(()); // nothing to draw
+    }
+    if x1 == x0 {
+        x1 = x0 + 1.0;
+    }
+    if y1 == y0 {
+        (y0, y1) = (y0 * 0.9 - 1e-9, y1 * 1.1 + 1e-9);
+    }
+    let root = BitMapBackend::new(path, (900, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
+    let mut b = ChartBuilder::on(&root);
+    b.caption(title, ("sans-serif", 24))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70);
+    macro_rules! draw {
+        ($c:expr) => {{
+            let mut c = $c;
+            c.configure_mesh()
+                .x_desc("step")
+                .y_desc(y_label)
+                .draw()
+                .map_err(|e| plot_err(path, e))?;
+            for s in series {
+                let color = s.color;
+                c.draw_series(LineSeries::new(
+                    s.points.iter().copied().filter(|p| p.1.is_finite()),
+                    color.stroke_width(2),
+                ))
+                .map_err(|e| plot_err(path, e))?
+                .label(s.label)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+                });
+            }
+            if series.len() > 1 {
+                c.configure_series_labels()
+                    .background_style(WHITE.mix(0.8))
+                    .border_style(BLACK)
+                    .draw()
+                    .map_err(|e| plot_err(path, e))?;
+            }
+        }};
+    }
+    if log_y {
+        draw!(b
+            .build_cartesian_2d(x0..x1, (y0..y1).log_scale())
+            .map_err(|e| plot_err(path, e))?);
+    } else {
+        draw!(b
+            .build_cartesian_2d(x0..x1, y0..y1)
+            .map_err(|e| plot_err(path, e))?);
+    }
+    root.present().map_err(|e| plot_err(path, e))?;
+    Ok(())
+}
+
+/// Writes `loss.png`, `throughput.png`, `loader_wait.png`, `loss_scale.png` and `lr.png`
+/// into `run_dir`; returns the files written.
+pub fn write_report(run_dir: &Path) -> Result<Vec<PathBuf>> {
+    let records = read(run_dir)?;
+    register_font()?;
+    let mut train = Vec::new();
+    let mut eval = Vec::new();
+    let mut unit = String::from("targets/s");
+    for r in &records {
+        match r {
+            Record::Train {
+                step,
+                loss,
+                lr,
+                loss_scale,
+                throughput,
+                unit: u,
+                loader_wait_pct,
+                ..
+            } => {
+                train.push((
+                    *step as f64,
+                    *loss,
+                    *lr,
+                    *loss_scale as f64,
+                    *throughput,
+                    *loader_wait_pct,
+                ));
+                unit = u.clone();
+            }
+            Record::Eval { step, loss, .. } => eval.push((*step as f64, *loss)),
+        }
+    }
+    let col = |f: fn(&Row) -> f64| train.iter().map(|t| (t.0, f(t))).collect::<Vec<_>>();
+    let mut out = Vec::new();
+    let mut emit =
+        |name: &str, title: &str, y: &str, series: Vec<Series>, log_y: bool| -> Result<()> {
+            let p = run_dir.join(name);
+            chart(&p, title, y, &series, log_y)?;
+            out.push(p);
+            Ok(())
+        };
+    emit(
+        "loss.png",
+        "Loss",
+        "cross-entropy",
+        vec![
+            Series {
+                label: "train",
+                points: col(|t| t.1),
+                color: BLUE,
+            },
+            Series {
+                label: "eval",
+                points: eval.clone(),
+                color: RED,
+            },
+        ],
+        false,
+    )?;
+    emit(
+        "throughput.png",
+        "Throughput",
+        &unit,
+        vec![Series {
+            label: "train",
+            points: col(|t| t.4),
+            color: GREEN,
+        }],
+        false,
+    )?;
+    emit(
+        "loader_wait.png",
+        "Loader wait",
+        "% of wall time",
+        vec![Series {
+            label: "wait",
+            points: col(|t| t.5),
+            color: MAGENTA,
+        }],
+        false,
+    )?;
+    emit(
+        "loss_scale.png",
+        "Loss scale",
+        "scale",
+        vec![Series {
+            label: "scale",
+            points: col(|t| t.3),
+            color: BLACK,
+        }],
+        true,
+    )?;
+    emit(
+        "lr.png",
+        "Learning rate",
+        "lr",
+        vec![Series {
+            label: "lr",
+            points: col(|t| t.2),
+            color: CYAN,
+        }],
+        false,
+    )?;
+    Ok(out)
+}

@@ -1,0 +1,163 @@
+//! Bad input fails before any work with a message naming the key, the field, the step or
+//! the parameter.
+
+mod common;
+
+use std::path::Path;
+
+use candle_core::{Device, Tensor};
+use common::*;
+use stoker_train::accumulate::MicroBatch;
+use stoker_train::config::TrainConfig;
+use stoker_train::run::{run, RunOptions};
+use stoker_train::trainer::Trainer;
+use stoker_train::TrainError;
+
+fn base(dir: &Path) -> String {
+    gpt_config(dir, "fp32", 2, "")
+}
+
+fn parse(text: &str) -> Result<TrainConfig, TrainError> {
+    TrainConfig::parse(text, Path::new("bad.toml"))
+}
+
+#[test]
+fn unknown_key_is_rejected_naming_it() {
+    let t = base(Path::new("/tmp")).replace("n_head = 4", "n_head = 4\nn_heads = 4");
+    let err = parse(&t).unwrap_err().to_string();
+    assert!(err.contains("n_heads"), "{err}");
+    let t = base(Path::new("/tmp")).replace("grad_clip = 1.0", "grad_clip = 1.0\nclip = 2");
+    let err = parse(&t).unwrap_err().to_string();
+    assert!(err.contains("clip"), "{err}");
+}
+
+#[test]
+fn batch_arithmetic_that_does_not_divide_names_the_key_and_numbers() {
+    let t = base(Path::new("/tmp")).replace(
+        "accumulation_steps = 2",
+        "accumulation_steps = 2\nglobal_batch = 10",
+    );
+    let err = parse(&t).unwrap_err().to_string();
+    assert!(
+        err.contains("batch.global_batch")
+            && err.contains("10 != micro_batch 4 x accumulation_steps 2 x world_size 1 = 8"),
+        "{err}"
+    );
+    assert!(err.contains("not divisible"), "{err}");
+    let t = base(Path::new("/tmp")).replace(
+        "accumulation_steps = 2",
+        "accumulation_steps = 2\nglobal_batch = 12",
+    );
+    assert!(parse(&t)
+        .unwrap_err()
+        .to_string()
+        .contains("accumulation_steps = 3 would fit"));
+}
+
+#[test]
+fn precision_or_device_that_cannot_run_names_the_key() {
+    let t = base(Path::new("/tmp")).replace("precision = \"fp32\"", "precision = \"fp4\"");
+    assert!(parse(&t).unwrap_err().to_string().contains("fp4"));
+    let t = base(Path::new("/tmp")).replace(
+        "precision = \"fp32\"",
+        "precision = \"fp16\"\ndevice = \"cuda\"",
+    );
+    let err = parse(&t).unwrap_err().to_string();
+    assert!(err.contains("`device`") && err.contains("CUDA"), "{err}");
+    let t = base(Path::new("/tmp")).replace("n_head = 4", "n_head = 5");
+    assert!(parse(&t).unwrap_err().to_string().contains("model.n_head"));
+}
+
+#[test]
+fn dataset_that_does_not_fit_the_model_fails_before_training() {
+    let tmp = tempfile::tempdir().unwrap();
+    // 28x28 images for a CNN configured for 8x8.
+    write_npy(
+        &tmp.path().join("train.image.npy"),
+        "|u1",
+        &[16, 1, 28, 28],
+        &vec![0u8; 16 * 784],
+    );
+    write_npy(
+        &tmp.path().join("train.label.npy"),
+        "<i8",
+        &[16],
+        bytemuck::cast_slice(&[1i64; 16]),
+    );
+    let text = format!(
+        r#"run_dir = "{run}"
+[data]
+train = "{data}"
+eval_fraction = 0.25
+[model]
+kind = "cnn"
+in_channels = 1
+image_size = 8
+channels1 = 2
+channels2 = 2
+hidden = 4
+classes = 10
+[batch]
+micro_batch = 4
+[optimizer]
+kind = "sgd"
+lr = 0.1
+[train]
+steps = 1
+"#,
+        run = tmp.path().join("run").display(),
+        data = tmp.path().join("train").display()
+    );
+    let c = parse(&text).unwrap();
+    let err = run(&c, &RunOptions::default()).unwrap_err().to_string();
+    assert!(
+        err.contains("`image`") && err.contains("[1, 28, 28]") && err.contains("model.image_size"),
+        "{err}"
+    );
+    assert!(
+        !tmp.path().join("run/metrics.jsonl").exists(),
+        "no work before the check"
+    );
+
+    // A vocab larger than the model's.
+    let dir = tmp.path().join("tok");
+    std::fs::create_dir_all(&dir).unwrap();
+    write_token_corpus(&dir.join("corpus.bin"), 2000);
+    let c = parse(&gpt_config(&dir, "fp32", 1, "").replace("vocab = 24", "vocab = 10")).unwrap();
+    let err = run(&c, &RunOptions::default()).unwrap_err().to_string();
+    assert!(err.contains("model.vocab"), "{err}");
+}
+
+#[test]
+fn nan_loss_stops_with_step_and_first_parameter() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = base(dir.path()).replace(
+        "kind = \"gpt\"\nvocab = 24\ncontext = 16\nd_model = 32\nn_layer = 2\nn_head = 4",
+        "kind = \"mlp\"\ninput_shape = [6]\nhidden = [7]\nclasses = 3",
+    );
+    let c = parse(&text).unwrap();
+    let mut t = Trainer::new(&c).unwrap();
+    let good = MicroBatch {
+        input: Tensor::from_vec(floats(1, 12), (2, 6), &Device::Cpu).unwrap(),
+        targets: vec![0, 2],
+    };
+    t.train_step(&[good]).unwrap();
+    let mut x = floats(2, 12);
+    x[3] = f32::NAN;
+    let bad = MicroBatch {
+        input: Tensor::from_vec(x, (2, 6), &Device::Cpu).unwrap(),
+        targets: vec![1, 1],
+    };
+    let err = t.train_step(&[bad]).unwrap_err();
+    match &err {
+        TrainError::NonFinite { step, what, param } => {
+            assert_eq!(*step, 1);
+            // ReLU maps the NaN input to 0 in the forward pass, so the loss stays finite;
+            // the first layer's weight gradient (x^T g) carries the NaN.
+            assert_eq!(what, "gradient");
+            assert_eq!(param, "layers.0.weight");
+        }
+        e => panic!("{e}"),
+    }
+    assert!(err.to_string().contains("step 1"));
+}
