@@ -57,10 +57,7 @@ impl ArrayDataset {
         let prefix = prefix.as_ref();
         let mut arrays = Vec::new();
         for f in fields {
-            let path = prefix.with_file_name(format!(
-                "{}.{f}.npy",
-                prefix.file_name().and_then(|s| s.to_str()).unwrap_or("")
-            ));
+            let path = crate::paths::prefixed(prefix, &format!(".{f}.npy"));
             arrays.push((f.to_string(), NpyArray::open(path)?));
         }
         Self::new(arrays)

@@ -13,6 +13,7 @@ pub mod measure;
 pub mod npy;
 pub mod open;
 pub mod pack;
+pub mod paths;
 pub mod pin;
 pub mod pool;
 pub mod records;

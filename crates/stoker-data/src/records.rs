@@ -88,9 +88,7 @@ impl RecordPaths {
 }
 
 fn with_suffix(base: &Path, suffix: &str) -> PathBuf {
-    let mut p = base.as_os_str().to_os_string();
-    p.push(suffix);
-    PathBuf::from(p)
+    crate::paths::prefixed(base, suffix)
 }
 
 /// A file being written, with its running size and checksum.

@@ -9,6 +9,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::npy::write_npy;
+use crate::paths::{create_parent, prefixed};
 use crate::{DType, DataError, Result};
 
 /// A parsed IDX file of u8 data.
@@ -126,15 +127,11 @@ pub fn pack_idx(
     }
     let (n, rows, cols) = (img.dims[0], img.dims[1], img.dims[2]);
     let prefix = prefix.as_ref();
-    if let Some(dir) = prefix.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| DataError::io(dir, e))?;
-    }
-    let name = |field: &str| {
-        let mut s = prefix.as_os_str().to_owned();
-        s.push(format!(".{field}.npy"));
-        PathBuf::from(s)
-    };
-    let (ip, lp) = (name("image"), name("label"));
+    create_parent(prefix)?;
+    let (ip, lp) = (
+        prefixed(prefix, ".image.npy"),
+        prefixed(prefix, ".label.npy"),
+    );
     write_npy(&ip, DType::U8, &[n, 1, rows, cols], &img.data)?;
     let labels64: Vec<u8> = lab
         .data

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::paths::{create_parent, prefixed};
 use crate::tokens::{write_tokens, TokenFormat};
 use crate::{DataError, Result};
 
@@ -140,15 +141,8 @@ pub fn pack_text(
         }
     };
     let prefix = prefix.as_ref();
-    if let Some(dir) = prefix.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| DataError::io(dir, e))?;
-    }
-    let with = |ext: &str| {
-        let mut s = prefix.as_os_str().to_owned();
-        s.push(ext);
-        PathBuf::from(s)
-    };
-    let (bin, vocab_path) = (with(".bin"), with(".vocab.json"));
+    create_parent(prefix)?;
+    let (bin, vocab_path) = (prefixed(prefix, ".bin"), prefixed(prefix, ".vocab.json"));
     write_tokens(&bin, &tokens, TokenFormat::Llmc)?;
     let json = serde_json::to_vec(&vocab).expect("vocab serializes");
     std::fs::write(&vocab_path, json).map_err(|e| DataError::io(&vocab_path, e))?;
