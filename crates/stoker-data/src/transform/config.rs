@@ -20,6 +20,18 @@ pub enum TransformMode {
     Eval,
 }
 
+/// Which library decodes the JPEG bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JpegBackend {
+    /// libjpeg-turbo (the system library, through the `turbojpeg` crate): faster on progressive
+    /// photos and able to scale in the DCT domain. Any decoder warning is an error. Files whose
+    /// header it cannot use (CMYK/YCCK, unusual chroma subsampling) go to zune-jpeg, full size.
+    LibjpegTurbo,
+    /// zune-jpeg alone (pure Rust, strict mode), always at full scale: the decoder of earlier
+    /// releases, kept to compare against and for builds that want no C library at run time.
+    Zune,
+}
+
 /// How a JPEG becomes a normalized `[3, size, size]` tensor.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ImageTransformConfig {
@@ -39,11 +51,17 @@ pub struct ImageTransformConfig {
     pub dtype: DType,
     /// Train or eval geometry.
     pub mode: TransformMode,
+    /// The JPEG decoder.
+    pub decoder: JpegBackend,
+    /// Decode at 1/2, 1/4 or 1/8 scale in the DCT domain when the crop still keeps at least the
+    /// output size on both sides (see [`dct_reduction`](super::crop::dct_reduction)); only
+    /// with [`JpegBackend::LibjpegTurbo`]. Off gives the full-size decode torchvision does.
+    pub dct_scaling: bool,
 }
 
 impl Default for ImageTransformConfig {
     /// The standard ImageNet training recipe: RRC 224, scale (0.08, 1), ratio (3/4, 4/3),
-    /// flip 0.5, ImageNet mean/std, f32.
+    /// flip 0.5, ImageNet mean/std, f32; libjpeg-turbo with DCT-domain scaling.
     fn default() -> Self {
         ImageTransformConfig {
             size: 224,
@@ -54,6 +72,8 @@ impl Default for ImageTransformConfig {
             std: IMAGENET_STD,
             dtype: DType::F32,
             mode: TransformMode::Train,
+            decoder: JpegBackend::LibjpegTurbo,
+            dct_scaling: true,
         }
     }
 }

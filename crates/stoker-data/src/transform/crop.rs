@@ -95,3 +95,23 @@ pub fn center_crop(width: u32, height: u32, size: u32) -> CropBox {
         width: size,
     }
 }
+
+/// DCT-domain reductions libjpeg-turbo decodes at (as PIL's `Image.draft`), largest first.
+const DCT_REDUCTIONS: [u32; 3] = [8, 4, 2];
+
+/// The largest reduction `d` in {8, 4, 2, 1} such that `crop`, decoded at 1/`d` scale, still
+/// spans at least `dst_w` x `dst_h` pixels: the bilinear resize then only shrinks, as at full
+/// scale, so no detail the output can show is dropped before it.
+///
+/// Quality trade-off: libjpeg-turbo's reduced IDCT keeps the 8/`d` lowest frequencies of each
+/// 8x8 block, which is a d x d low-pass with a sharper cut-off than the antialiasing triangle
+/// filter applied to the same reduction after a full decode; chroma is upsampled at the reduced
+/// size. Pixels move by a few levels at edges (bounded in `tests/image.rs`), not the content,
+/// and the decode skips most of its IDCT, upsampling and color conversion work.
+pub fn dct_reduction(crop: CropBox, dst_w: u32, dst_h: u32) -> u32 {
+    let fits = |d: u32| {
+        u64::from(crop.width) >= u64::from(dst_w) * u64::from(d)
+            && u64::from(crop.height) >= u64::from(dst_h) * u64::from(d)
+    };
+    DCT_REDUCTIONS.into_iter().find(|&d| fits(d)).unwrap_or(1)
+}

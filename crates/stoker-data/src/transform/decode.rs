@@ -1,14 +1,17 @@
-//! JPEG decoding with zune-jpeg into a reused buffer.
+//! JPEG decoding into a reused buffer: libjpeg-turbo (with DCT-domain scaling) or zune-jpeg.
 //!
-//! zune-jpeg runs its SIMD paths (AVX2/SSE) at default options and has been fuzzed; we keep its
-//! strict mode, so a truncated or non-conforming stream is an error rather than a grey-padded
-//! image. As a last line of defence a decoder panic is caught and returned as an error.
+//! Both decoders run behind the same structural check (SOI, segments, EOI), so a truncated
+//! stream is an error rather than a grey-padded image. zune-jpeg keeps its strict mode;
+//! libjpeg-turbo fails on any warning, which also catches a stream cut short mid-scan even when
+//! an EOI marker follows (zune-jpeg accepts that one). Files whose header libjpeg-turbo cannot
+//! use (CMYK/YCCK, chroma subsampling its TurboJPEG 2 API cannot name) are decoded by zune-jpeg
+//! at full size instead. As a last line of defence a decoder panic is caught and returned as an
+//! error.
 
-use zune_jpeg::zune_core::bytestream::ZCursor;
-use zune_jpeg::zune_core::colorspace::ColorSpace;
-use zune_jpeg::zune_core::options::DecoderOptions;
-use zune_jpeg::JpegDecoder;
+use turbojpeg::Decompressor;
 
+use super::config::JpegBackend;
+use super::{structure, turbo, zune};
 use crate::{DataError, Result};
 
 /// Largest width or height accepted (a bound on the decode buffer for hostile headers).
@@ -34,121 +37,124 @@ pub(crate) fn jpeg_error(message: impl Into<String>) -> DataError {
 /// The placeholder path of [`jpeg_error`].
 pub(crate) const IN_MEMORY: &str = "<jpeg bytes>";
 
-/// Decodes `jpeg` into `buf` (grown when needed, never shrunk) as interleaved RGB. zune-jpeg
-/// 0.5 expands grayscale and converts CMYK/YCCK to RGB itself; a 1-channel result (older
-/// decoders) is accepted too and replicated to 3 channels by the last pass.
+/// Decodes `jpeg` at full size into `buf` (grown when needed, never shrunk) as interleaved RGB
+/// (or one channel for grayscale files) with libjpeg-turbo, falling back to zune-jpeg.
 pub fn decode_jpeg(jpeg: &[u8], buf: &mut Vec<u8>) -> Result<Decoded> {
-    if jpeg.len() < 4 || jpeg[0] != 0xFF || jpeg[1] != 0xD8 {
-        return Err(jpeg_error(format!(
-            "not a JPEG: expected the SOI marker FF D8, found {:02X?} ({} bytes)",
-            &jpeg[..jpeg.len().min(2)],
-            jpeg.len()
-        )));
-    }
-    check_structure(jpeg).map_err(|m| jpeg_error(format!("corrupt JPEG structure: {m}")))?;
-    let options = DecoderOptions::default()
-        .jpeg_set_out_colorspace(ColorSpace::RGB)
-        .set_max_width(MAX_DIMENSION)
-        .set_max_height(MAX_DIMENSION);
-    let run = || -> std::result::Result<Decoded, String> {
-        let mut decoder = JpegDecoder::new_with_options(ZCursor::new(jpeg), options);
-        decoder
-            .decode_headers()
-            .map_err(|e| format!("corrupt JPEG header: {e:?}"))?;
-        let (w, h) = decoder.dimensions().ok_or("no dimensions after header")?;
-        let channels = decoder
-            .output_colorspace()
-            .ok_or("no colorspace after header")?
-            .num_components();
-        if channels != 1 && channels != 3 {
-            return Err(format!(
-                "unsupported output colorspace with {channels} channels"
-            ));
-        }
-        if w == 0 || h == 0 {
-            return Err(format!("empty image {w}x{h}"));
-        }
-        let n = decoder
-            .output_buffer_size()
-            .ok_or("no output size after header")?;
-        if buf.len() < n {
-            buf.resize(n, 0);
-        }
-        decoder
-            .decode_into(&mut buf[..n])
-            .map_err(|e| format!("corrupt JPEG data: {e:?}"))?;
-        Ok(Decoded {
-            width: w as u32,
-            height: h as u32,
-            channels,
-        })
-    };
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
-        Ok(Ok(decoded)) => Ok(decoded),
-        Ok(Err(message)) => Err(jpeg_error(message)),
-        Err(_) => Err(jpeg_error("the JPEG decoder panicked on this input")),
+    let mut decoder = JpegDecoder::new(JpegBackend::LibjpegTurbo);
+    let header = decoder.header(jpeg)?;
+    decoder.decode(jpeg, header, 1, buf)
+}
+
+/// A JPEG's size from its header, read before decoding so the crop can be drawn from the full
+/// image and the decode scaled to it.
+#[derive(Debug, Clone, Copy)]
+pub struct JpegHeader {
+    /// Full width in pixels, or `None` when only zune-jpeg can read the file (it is then
+    /// decoded at full size and the size known afterwards).
+    pub size: Option<(u32, u32)>,
+    turbo: Option<turbo::Header>,
+}
+
+/// One worker's decoder: the backend and libjpeg-turbo's handle, created on first use and
+/// reused (it holds libjpeg's state and buffers).
+pub struct JpegDecoder {
+    backend: JpegBackend,
+    turbo: Option<Decompressor>,
+}
+
+impl std::fmt::Debug for JpegDecoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JpegDecoder")
+            .field("backend", &self.backend)
+            .field("turbo_handle", &self.turbo.is_some())
+            .finish()
     }
 }
 
-/// Walks the marker segments and entropy-coded scans from SOI and requires an EOI marker.
-/// Segment lengths are trusted (as decoders do), a bad one shows up as a missing EOI or a
-/// decode error.
-///
-/// zune-jpeg pads a truncated stream and may return a partly grey image without an error; a
-/// truncated file must be an error instead. Scans are skipped with memchr (inside them a 0xFF
-/// byte is always followed by 0x00 or a restart marker), so the walk costs a few percent of the
-/// decode. Bytes after EOI (some cameras append data) are accepted.
-fn check_structure(jpeg: &[u8]) -> std::result::Result<(), String> {
-    let n = jpeg.len();
-    let truncated = || format!("truncated: no end-of-image marker (FF D9) in {n} bytes");
-    let mut i = 2;
-    loop {
-        // Stray bytes between segments: libjpeg warns and skips to the next 0xFF; so do we.
-        match jpeg.get(i..).and_then(|rest| memchr::memchr(0xFF, rest)) {
-            None => return Err(truncated()),
-            Some(skip) => i += skip,
+impl Default for JpegDecoder {
+    /// libjpeg-turbo, the default backend.
+    fn default() -> Self {
+        JpegDecoder::new(JpegBackend::LibjpegTurbo)
+    }
+}
+
+impl JpegDecoder {
+    /// A decoder for `backend`; no library state is created until the first image.
+    pub fn new(backend: JpegBackend) -> Self {
+        JpegDecoder {
+            backend,
+            turbo: None,
         }
-        while jpeg.get(i) == Some(&0xFF) {
-            i += 1; // fill bytes before a marker
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> JpegBackend {
+        self.backend
+    }
+
+    /// Switches the backend (keeping libjpeg-turbo's handle for later).
+    pub fn set_backend(&mut self, backend: JpegBackend) {
+        self.backend = backend;
+    }
+
+    /// Checks the stream's structure (SOI ... EOI) and reads its header.
+    pub fn header(&mut self, jpeg: &[u8]) -> Result<JpegHeader> {
+        structure::validate(jpeg)?;
+        if self.backend == JpegBackend::Zune {
+            return Ok(JpegHeader {
+                size: None,
+                turbo: None,
+            });
         }
-        let marker = *jpeg.get(i).ok_or_else(truncated)?;
-        i += 1;
-        match marker {
-            0xD9 => return Ok(()),
-            0x00 | 0x01 | 0xD0..=0xD7 => continue, // stuffing, TEM, RSTn: no segment
-            0xD8 => {
-                return Err(format!(
-                    "unexpected marker FF {marker:02X} at byte {}",
-                    i - 2
-                ))
-            }
-            _ => {}
-        }
-        let len = match jpeg.get(i..i + 2) {
-            Some(b) => usize::from(u16::from_be_bytes([b[0], b[1]])),
-            None => return Err(truncated()),
+        let handle = match &mut self.turbo {
+            Some(handle) => handle,
+            slot => slot.insert(Decompressor::new().map_err(|e| {
+                jpeg_error(format!("cannot create a libjpeg-turbo decompressor: {e}"))
+            })?),
         };
-        if len < 2 {
-            return Err(format!(
-                "segment FF {marker:02X} at byte {} has length {len}",
-                i - 2
-            ));
+        let header = guard(|| Ok(turbo::header(handle, jpeg).ok()))?;
+        Ok(JpegHeader {
+            size: header.map(|h| (h.width, h.height)),
+            turbo: header,
+        })
+    }
+
+    /// Decodes `jpeg` (whose [`header`](Self::header) is `header`) at 1/`reduction` scale
+    /// (1, 2, 4 or 8; honoured by libjpeg-turbo only) into `buf`, grown when needed. The
+    /// returned size is the decoded one: full size whenever zune-jpeg did the decoding. A
+    /// libjpeg-turbo failure after a good header is an error, not a retry with zune-jpeg.
+    pub fn decode(
+        &mut self,
+        jpeg: &[u8],
+        header: JpegHeader,
+        reduction: u32,
+        buf: &mut Vec<u8>,
+    ) -> Result<Decoded> {
+        if !matches!(reduction, 1 | 2 | 4 | 8) {
+            return Err(jpeg_error(format!(
+                "DCT reduction {reduction} (expected 1, 2, 4 or 8)"
+            )));
         }
-        i += len;
-        if marker == 0xDA {
-            // Entropy-coded data runs to the next marker that is neither stuffing nor RSTn.
-            loop {
-                let at = i + memchr::memchr(0xFF, jpeg.get(i..).ok_or_else(truncated)?)
-                    .ok_or_else(truncated)?;
-                match jpeg.get(at + 1) {
-                    None => return Err(truncated()),
-                    Some(0x00 | 0xD0..=0xD7) => i = at + 2,
-                    Some(_) => {
-                        i = at;
-                        break;
-                    }
-                }
-            }
+        if let (Some(h), Some(handle)) = (header.turbo, self.turbo.as_mut()) {
+            return guard(|| {
+                turbo::decode(handle, jpeg, h, reduction, buf).map_err(|e| {
+                    format!(
+                        "libjpeg-turbo: {e}\nHINT: a corrupt or truncated stream; if the file \
+                         is known good, `decoder: JpegBackend::Zune` decodes some streams \
+                         libjpeg-turbo warns about"
+                    )
+                })
+            });
         }
+        guard(|| zune::decode(jpeg, buf))
+    }
+}
+
+/// Runs a decoder, turning its error message or a panic into a [`DataError`].
+fn guard<T>(run: impl FnOnce() -> std::result::Result<T, String>) -> Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(message)) => Err(jpeg_error(message)),
+        Err(_) => Err(jpeg_error("the JPEG decoder panicked on this input")),
     }
 }

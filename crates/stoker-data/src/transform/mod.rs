@@ -1,4 +1,5 @@
-//! Image transforms: JPEG decode, random-resized-crop or resize + center crop, horizontal flip,
+//! Image transforms: JPEG decode (libjpeg-turbo, scaled in the DCT domain when the crop allows,
+//! or zune-jpeg), random-resized-crop or resize + center crop, horizontal flip,
 //! normalize with mean/std, output f32 or bf16 in CHW.
 //!
 //! ```no_run
@@ -23,9 +24,12 @@ pub mod decode;
 mod normalize;
 pub mod pipeline;
 pub mod rng;
+mod structure;
+mod turbo;
+mod zune;
 
-pub use config::{ImageTransformConfig, TransformMode, IMAGENET_MEAN, IMAGENET_STD};
-pub use crop::CropBox;
-pub use decode::{decode_jpeg, Decoded};
+pub use config::{ImageTransformConfig, JpegBackend, TransformMode, IMAGENET_MEAN, IMAGENET_STD};
+pub use crop::{dct_reduction, CropBox};
+pub use decode::{decode_jpeg, Decoded, JpegDecoder, JpegHeader};
 pub use pipeline::{ImagePipeline, ImageScratch};
 pub use rng::SampleRng;

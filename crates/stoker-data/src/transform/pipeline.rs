@@ -1,25 +1,29 @@
 //! The image pipeline: decode -> crop (random-resized or center) -> bilinear resize -> flip,
 //! normalize and CHW in one pass, into a caller-owned output slice.
 //!
-//! Costs on a typical photo are dominated by the JPEG decode; the resize touches only the crop
-//! (train) and the final pass touches only the output window. All buffers live in
-//! [`ImageScratch`], one per worker, so steady state allocates nothing of ours (zune-jpeg still
-//! allocates its per-image component planes internally).
+//! Costs on a typical photo are dominated by the JPEG decode. The crop is drawn from the full
+//! size in the header, then libjpeg-turbo decodes at the largest DCT reduction that keeps the
+//! crop at least the output size ([`dct_reduction`]); the resize touches only the crop (train)
+//! and the final pass touches only the output window. All buffers live in [`ImageScratch`],
+//! one per worker, so steady state allocates nothing of ours (the decoders still allocate their
+//! per-image working memory internally).
 
 use fast_image_resize::images::{CroppedImage, Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 
 use super::config::{ImageTransformConfig, TransformMode};
-use super::crop::{center_crop, random_resized_crop, resize_shorter_side, CropBox};
-use super::decode::{decode_jpeg, jpeg_error, Decoded};
+use super::crop::{center_crop, dct_reduction, random_resized_crop, resize_shorter_side, CropBox};
+use super::decode::{jpeg_error, Decoded, JpegDecoder};
 use super::normalize::{write_chw, NormalizeLut, Window};
 use super::rng::SampleRng;
 use crate::{DataError, Result};
 
-/// Per-worker reusable buffers: the decoded image, the resized crop and the resizer's own
-/// scratch. Create one per worker thread and pass it to every [`ImagePipeline::apply`].
+/// Per-worker reusable state: the JPEG decoder, the decoded image, the resized crop and the
+/// resizer's own scratch. Create one per worker thread and pass it to every
+/// [`ImagePipeline::apply`].
 #[derive(Default)]
 pub struct ImageScratch {
+    jpeg: JpegDecoder,
     decoded: Vec<u8>,
     resized: Vec<u8>,
     resizer: Resizer,
@@ -28,6 +32,7 @@ pub struct ImageScratch {
 impl std::fmt::Debug for ImageScratch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ImageScratch")
+            .field("jpeg", &self.jpeg)
             .field("decoded_bytes", &self.decoded.len())
             .field("resized_bytes", &self.resized.len())
             .finish()
@@ -70,13 +75,30 @@ impl ImagePipeline {
         out: &mut [u8],
     ) -> Result<()> {
         self.check_out(out)?;
-        let decoded = decode_jpeg(jpeg, &mut scratch.decoded)?;
         let ImageScratch {
+            jpeg: decoder,
             decoded: pixels,
             resized,
             resizer,
         } = scratch;
-        self.transform(pixels, decoded, seed, resized, resizer, out)
+        decoder.set_backend(self.config.decoder);
+        let header = decoder.header(jpeg)?;
+        let (decoded, geometry) = match header.size {
+            Some((width, height)) => {
+                let mut geometry = self.geometry(width, height, seed);
+                if self.config.dct_scaling {
+                    geometry.reduction =
+                        dct_reduction(geometry.crop, geometry.dst_w, geometry.dst_h);
+                }
+                let decoded = decoder.decode(jpeg, header, geometry.reduction, pixels)?;
+                (decoded, geometry)
+            }
+            None => {
+                let decoded = decoder.decode(jpeg, header, 1, pixels)?;
+                (decoded, self.geometry(decoded.width, decoded.height, seed))
+            }
+        };
+        self.transform(pixels, decoded, &geometry, resized, resizer, out)
     }
 
     /// As [`apply`](Self::apply) from already decoded HWC u8 pixels (`channels` 1 or 3): for
@@ -105,7 +127,8 @@ impl ImagePipeline {
         let ImageScratch {
             resized, resizer, ..
         } = scratch;
-        self.transform(pixels, decoded, seed, resized, resizer, out)
+        let geometry = self.geometry(decoded.width, decoded.height, seed);
+        self.transform(pixels, decoded, &geometry, resized, resizer, out)
     }
 
     /// The crop box and flip train mode draws from `seed` for a `width` x `height` image.
@@ -136,65 +159,95 @@ impl ImagePipeline {
         Ok(())
     }
 
-    fn transform(
-        &self,
-        pixels: &[u8],
-        img: Decoded,
-        seed: u64,
-        resized: &mut Vec<u8>,
-        resizer: &mut Resizer,
-        out: &mut [u8],
-    ) -> Result<()> {
+    /// Where the output comes from in a `width` x `height` image (full size, from the header).
+    fn geometry(&self, width: u32, height: u32, seed: u64) -> Geometry {
         let size = self.config.size;
-        let (crop, dst_w, dst_h, window, flip) = match self.config.mode {
+        match self.config.mode {
             TransformMode::Train => {
-                let (crop, flip) = self.train_params(img.width, img.height, seed);
-                (
+                let (crop, flip) = self.train_params(width, height, seed);
+                Geometry {
+                    full: (width, height),
                     crop,
-                    size,
-                    size,
-                    CropBox {
+                    dst_w: size,
+                    dst_h: size,
+                    window: CropBox {
                         top: 0,
                         left: 0,
                         height: size,
                         width: size,
                     },
                     flip,
-                )
+                    reduction: 1,
+                }
             }
             TransformMode::Eval => {
-                let whole = CropBox {
-                    top: 0,
-                    left: 0,
-                    height: img.height,
-                    width: img.width,
-                };
-                let (w, h) = resize_shorter_side(img.width, img.height, self.config.eval_resize());
-                (whole, w, h, center_crop(w, h, size), false)
+                let (w, h) = resize_shorter_side(width, height, self.config.eval_resize());
+                Geometry {
+                    full: (width, height),
+                    crop: CropBox {
+                        top: 0,
+                        left: 0,
+                        height,
+                        width,
+                    },
+                    dst_w: w,
+                    dst_h: h,
+                    window: center_crop(w, h, size),
+                    flip: false,
+                    reduction: 1,
+                }
             }
-        };
-        resize_crop(pixels, img, crop, dst_w, dst_h, resized, resizer)?;
+        }
+    }
+
+    /// Resizes the geometry's crop of `pixels` (decoded at full size or reduced) and writes the
+    /// output window, flipped and normalized, into `out`.
+    fn transform(
+        &self,
+        pixels: &[u8],
+        img: Decoded,
+        g: &Geometry,
+        resized: &mut Vec<u8>,
+        resizer: &mut Resizer,
+        out: &mut [u8],
+    ) -> Result<()> {
+        resize_crop(pixels, img, g, resized, resizer)?;
         let win = Window {
-            src_width: dst_w as usize,
+            src_width: g.dst_w as usize,
             channels: img.channels,
-            top: window.top as usize,
-            left: window.left as usize,
-            size: size as usize,
-            flip,
+            top: g.window.top as usize,
+            left: g.window.left as usize,
+            size: self.config.size as usize,
+            flip: g.flip,
         };
         write_chw(resized, win, &self.lut, self.config.dtype, out);
         Ok(())
     }
 }
 
-/// Bilinear (antialiased when shrinking) resize of `crop` of `pixels` to `dst_w` x `dst_h`
-/// into `resized`; the crop is resized as an image of its own, as crop-then-resize does.
-fn resize_crop(
-    pixels: &[u8],
-    img: Decoded,
+/// One sample's geometry in full-size pixels: the crop, the size it is resized to, the output
+/// window of that and the flip.
+struct Geometry {
+    /// The image's full size (width, height), which `crop` refers to.
+    full: (u32, u32),
     crop: CropBox,
     dst_w: u32,
     dst_h: u32,
+    window: CropBox,
+    flip: bool,
+    /// The DCT reduction the decode was asked for (1 = full size).
+    reduction: u32,
+}
+
+/// Bilinear (antialiased when shrinking) resize of the geometry's crop of `pixels` to
+/// `dst_w` x `dst_h` into `resized`; the crop is resized as an image of its own, as
+/// crop-then-resize does. When `img` was decoded at 1/d scale, the full-size crop box is divided
+/// by d (fractional coordinates): scaled pixel i covers full-size pixels d*i .. d*i + d, as each
+/// 8x8 DCT block becomes an (8/d)x(8/d) block.
+fn resize_crop(
+    pixels: &[u8],
+    img: Decoded,
+    g: &Geometry,
     resized: &mut Vec<u8>,
     resizer: &mut Resizer,
 ) -> Result<()> {
@@ -206,16 +259,36 @@ fn resize_crop(
     let err = |what: &str, e: &dyn std::fmt::Display| jpeg_error(format!("{what}: {e}"));
     let src = ImageRef::new(img.width, img.height, pixels, pixel_type)
         .map_err(|e| err("decoded image", &e))?;
-    let cropped = CroppedImage::new(&src, crop.left, crop.top, crop.width, crop.height)
-        .map_err(|e| err("crop box", &e))?;
-    let need = dst_w as usize * dst_h as usize * img.channels;
+    let need = g.dst_w as usize * g.dst_h as usize * img.channels;
     if resized.len() < need {
         resized.resize(need, 0);
     }
-    let mut dst = Image::from_slice_u8(dst_w, dst_h, &mut resized[..need], pixel_type)
+    let mut dst = Image::from_slice_u8(g.dst_w, g.dst_h, &mut resized[..need], pixel_type)
         .map_err(|e| err("resize buffer", &e))?;
     let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
+    let c = g.crop;
+    if (img.width, img.height) == g.full {
+        let cropped = CroppedImage::new(&src, c.left, c.top, c.width, c.height)
+            .map_err(|e| err("crop box", &e))?;
+        return resizer
+            .resize(&cropped, &mut dst, &options)
+            .map_err(|e| err("resize", &e));
+    }
+    let d = g.reduction;
+    if (img.width, img.height) != (g.full.0.div_ceil(d), g.full.1.div_ceil(d)) {
+        return Err(jpeg_error(format!(
+            "decoded {}x{} is neither the full {}x{} nor its 1/{d} scale",
+            img.width, img.height, g.full.0, g.full.1
+        )));
+    }
+    let d = f64::from(d);
+    let options = options.crop(
+        f64::from(c.left) / d,
+        f64::from(c.top) / d,
+        f64::from(c.width) / d,
+        f64::from(c.height) / d,
+    );
     resizer
-        .resize(&cropped, &mut dst, &options)
+        .resize(&src, &mut dst, &options)
         .map_err(|e| err("resize", &e))
 }
