@@ -1,0 +1,68 @@
+//! Typed errors for the kernels; each names the op and the offending shape or dtype.
+
+use candle_core::{DType, Shape};
+
+/// What went wrong in a fused kernel, with the op's name.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// The inputs' shapes do not fit the op.
+    #[error("{op}: {msg} (shape {shape:?})")]
+    Shape {
+        /// The op.
+        op: &'static str,
+        /// What does not fit.
+        msg: String,
+        /// The offending shape.
+        shape: Shape,
+    },
+    /// The op has no kernel for this dtype.
+    #[error("{op}: dtype {dtype:?} not supported (use f32 or bf16{extra})")]
+    DType {
+        /// The op.
+        op: &'static str,
+        /// The offending dtype.
+        dtype: DType,
+        /// More detail, e.g. for target indices.
+        extra: &'static str,
+    },
+    /// The kernel needs a contiguous input; the public wrappers make inputs contiguous.
+    #[error("{op}: input is not contiguous (call the public wrapper, which makes it so)")]
+    NotContiguous {
+        /// The op.
+        op: &'static str,
+    },
+    /// A target index is out of range and is not the ignore index.
+    #[error("{op}: target {target} at row {row} is outside 0..{vocab} and not the ignore index {ignore}")]
+    Target {
+        /// The op.
+        op: &'static str,
+        /// The row holding it.
+        row: usize,
+        /// The target value.
+        target: i64,
+        /// The number of classes.
+        vocab: usize,
+        /// The ignore index.
+        ignore: i64,
+    },
+}
+
+impl From<KernelError> for candle_core::Error {
+    fn from(e: KernelError) -> Self {
+        candle_core::Error::wrap(e)
+    }
+}
+
+/// A shape error for `op`.
+pub(crate) fn shape_err(
+    op: &'static str,
+    msg: impl Into<String>,
+    shape: &Shape,
+) -> candle_core::Error {
+    KernelError::Shape {
+        op,
+        msg: msg.into(),
+        shape: shape.clone(),
+    }
+    .into()
+}

@@ -1,0 +1,29 @@
+//! Fused, differentiable CPU kernels for stoker.
+//!
+//! candle's composed operations allocate a buffer per step and build their backward
+//! from generic operations; candle's own fused softmax and layer norm have no backward
+//! at all. Each op here is a candle custom op whose forward and backward are one fused
+//! pass each: contiguous row loops, rayon across rows, f32 arithmetic (bf16 inputs are
+//! widened on load and rounded on store). Every op keeps its composed twin in
+//! [`reference`], which the tests hold it against.
+//!
+//! ```
+//! use candle_core::{Device, Tensor, Var};
+//! let x = Var::from_vec(vec![-1.0f32, 0.0, 2.0], 3, &Device::Cpu).unwrap();
+//! let y = stoker_kernels::gelu(x.as_tensor()).unwrap();
+//! let grads = y.sum_all().unwrap().backward().unwrap();
+//! assert!(grads.get(x.as_tensor()).is_some());
+//! ```
+#![deny(missing_docs)]
+
+mod elem;
+pub mod error;
+pub mod gelu;
+pub mod layer_norm;
+pub mod reference;
+pub mod softmax;
+
+pub use error::KernelError;
+pub use gelu::gelu;
+pub use layer_norm::layer_norm;
+pub use softmax::softmax_last_dim;

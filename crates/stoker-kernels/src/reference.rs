@@ -1,0 +1,46 @@
+//! The composed twins of the fused ops, built from candle's differentiable primitives.
+//! Slow (a buffer per step, generic backward) but obviously right: the tests and the
+//! benchmark hold the fused kernels against them.
+
+use candle_core::{DType, Result, Tensor, D};
+
+/// GELU, tanh approximation, composed.
+pub fn gelu(x: &Tensor) -> Result<Tensor> {
+    let k = (2.0f64 / std::f64::consts::PI).sqrt();
+    let inner = ((x + x.powf(3.0)? * 0.044715)? * k)?;
+    (x * 0.5)? * (inner.tanh()? + 1.0)?
+}
+
+/// Softmax over the last dim, composed, with max subtraction.
+pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let e = x.broadcast_sub(&max)?.exp()?;
+    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+}
+
+/// Layer norm over the last dim with weight and bias, composed.
+pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
+    let mean = x.mean_keepdim(D::Minus1)?;
+    let xc = x.broadcast_sub(&mean)?;
+    let var = xc.sqr()?.mean_keepdim(D::Minus1)?;
+    let xh = xc.broadcast_div(&(var + eps)?.sqrt()?)?;
+    xh.broadcast_mul(weight)?.broadcast_add(bias)
+}
+
+/// Sum of token cross-entropies over rows whose target is not `ignore_index`, composed
+/// (log-softmax, gather, mask). Computed in f32 like the fused op.
+pub fn cross_entropy_sum(logits: &Tensor, targets: &Tensor, ignore_index: i64) -> Result<Tensor> {
+    let logits = logits.to_dtype(DType::F32)?;
+    let t = targets.to_dtype(DType::I64)?;
+    let valid = t.ne(ignore_index)?;
+    let safe = valid
+        .where_cond(&t, &t.zeros_like()?)?
+        .to_dtype(DType::U32)?;
+    let max = logits.max_keepdim(D::Minus1)?.detach();
+    let shifted = logits.broadcast_sub(&max)?;
+    let lse = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
+    let logp = shifted.broadcast_sub(&lse)?;
+    let picked = logp.gather(&safe.unsqueeze(1)?, 1)?.squeeze(1)?;
+    let mask = valid.to_dtype(DType::F32)?;
+    (picked * mask)?.sum_all()?.neg()
+}
