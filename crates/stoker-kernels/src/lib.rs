@@ -16,6 +16,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod cross_entropy;
 mod elem;
 pub mod error;
 pub mod gelu;
@@ -23,6 +24,7 @@ pub mod layer_norm;
 pub mod reference;
 pub mod softmax;
 
+pub use cross_entropy::{cross_entropy_sum, valid_token_count};
 pub use error::KernelError;
 pub use gelu::gelu;
 pub use layer_norm::layer_norm;
