@@ -31,6 +31,18 @@ pub enum KernelError {
         /// The op.
         op: &'static str,
     },
+    /// Flat buffers handed to an optimizer differ in length.
+    #[error("{op}: {what} has {len} elements, params have {expected}")]
+    Length {
+        /// The op.
+        op: &'static str,
+        /// Which buffer.
+        what: &'static str,
+        /// Its length.
+        len: usize,
+        /// The parameter buffer's length.
+        expected: usize,
+    },
     /// A target index is out of range and is not the ignore index.
     #[error("{op}: target {target} at row {row} is outside 0..{vocab} and not the ignore index {ignore}")]
     Target {

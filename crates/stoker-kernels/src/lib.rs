@@ -7,6 +7,9 @@
 //! widened on load and rounded on store). Every op keeps its composed twin in
 //! [`reference`], which the tests hold it against.
 //!
+//! [`optim`] holds the AdamW and SGD updates over flat FP32 buffers as single fused
+//! passes, bit-identical to stoker-train's optimizers, with an optional bf16 copy-out.
+//!
 //! ```
 //! use candle_core::{Device, Tensor, Var};
 //! let x = Var::from_vec(vec![-1.0f32, 0.0, 2.0], 3, &Device::Cpu).unwrap();
@@ -21,6 +24,7 @@ mod elem;
 pub mod error;
 pub mod gelu;
 pub mod layer_norm;
+pub mod optim;
 pub mod reference;
 pub mod softmax;
 
@@ -28,4 +32,5 @@ pub use cross_entropy::{cross_entropy_sum, valid_token_count};
 pub use error::KernelError;
 pub use gelu::gelu;
 pub use layer_norm::layer_norm;
+pub use optim::{adamw_update, sgd_update, AdamWStep, SgdStep};
 pub use softmax::softmax_last_dim;
