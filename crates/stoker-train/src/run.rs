@@ -67,13 +67,17 @@ pub fn run(config: &TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
     let mut log = MetricsLog::open(run_dir, resumed_at)?;
     let ckpt_root = run_dir.join("checkpoints");
     let params = trainer.layout.numel();
-    tracing::info!(
-        "{params} parameters; master buffer {:.2} MiB ({} slots, align {}); eval: {}",
-        trainer.layout.total_len() as f64 * 4.0 / (1 << 20) as f64,
+    let mib = |elems: usize| elems as f64 * 4.0 / (1 << 20) as f64;
+    let accounting = format!(
+        "{params} parameters in {} tensors; FP32 master {:.2} MiB + gradients {:.2} MiB + optimizer {:.2} MiB (align {}); eval: {}",
         trainer.layout.slots().len(),
+        mib(trainer.layout.total_len()),
+        mib(trainer.layout.total_len()),
+        mib(trainer.optimizer.state().buffers.iter().map(|(_, b)| b.len()).sum()),
         trainer.layout.align(),
         data.eval_note
     );
+    tracing::info!("{accounting}");
 
     let b = &config.batch;
     let d = &config.data;
@@ -100,6 +104,7 @@ pub fn run(config: &TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
         .unwrap_or(config.train.steps)
         .min(config.train.steps);
     let bar = progress_bar(opts.progress, total, trainer.step);
+    bar.println(&accounting);
     let unit = match trainer.loss_kind() {
         LossKind::Token => "tokens/s",
         LossKind::Sample => "samples/s",
