@@ -3,6 +3,8 @@
 # threads) against torchvision transforms in a DataLoader (num_workers 0, 1, 2; best), on the
 # same photos, in the same run. Prints both, the ratio, and peak RSS of each side.
 #   Part A, same bytes: both decode the original photos.
+#   Part A also runs stoker with the earlier decoder (zune-jpeg, full size; 2 threads) to show
+#   what libjpeg-turbo and its DCT-domain scaling contribute.
 #   Part B, FFCV-style: stoker packs with --max-side 512 (shrunk, re-encoded at quality 90) and
 #   exports those records as a folder, which torchvision then reads: again the same bytes.
 # Usage: bash scripts/bench/jpeg.sh [DIR] [--limit N]   (DIR defaults to data/photos-3k)
@@ -41,9 +43,11 @@ summary() {
 
 EXTRA=("$@")
 part original "$DIR" --threads 1,2 "$@"
+part original-zune "$DIR" --threads 2 --decoder zune "$@"
 baseline original "$DIR"
 rm -rf "$SMALL"
 part max512 "$DIR" --threads 1,2 --max-side 512 --export "$SMALL" "$@"
 baseline max512 "$SMALL"
 summary original
+echo "== [original] stoker with zune-jpeg (full-size decode), 2 threads: $(rate "$LOG/original-zune.s.out" "threads=2 ")/s"
 summary max512

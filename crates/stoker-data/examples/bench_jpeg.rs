@@ -2,8 +2,10 @@
 //! random-resized-crop 224 + flip + normalize every record, on 1 and on 2 threads.
 //!
 //! Run: `cargo run --release -p stoker-data --example bench_jpeg -- DIR [--threads 1,2]
-//! [--limit N] [--bf16] [--max-side PX]` (DIR: one sub-folder per class, e.g. data/photos-3k
-//! from scripts/fetch-photos.sh). Prints one `RESULT` line per thread count. `--max-side` packs
+//! [--limit N] [--bf16] [--max-side PX] [--decoder turbo|zune] [--no-dct-scaling]` (DIR: one
+//! sub-folder per class, e.g. data/photos-3k from scripts/fetch-photos.sh). Prints one `RESULT`
+//! line per thread count. The decoder flags compare backends: libjpeg-turbo with DCT-domain
+//! scaling is the default; `--decoder zune` is the earlier pure-Rust decoder (always full size). `--max-side` packs
 //! FFCV-style (photos shrunk to that longer side and re-encoded at quality 90): less decode work
 //! per epoch, so not the same work as decoding the original files; `--export DIR2` also writes
 //! the packed records back out as an image folder, so a baseline can decode the same bytes.
@@ -12,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use stoker_data::pack::image_folder::{pack_image_folder_with, PackOptions};
-use stoker_data::transform::{ImageScratch, ImageTransformConfig};
+use stoker_data::transform::{ImageScratch, ImageTransformConfig, JpegBackend};
 use stoker_data::{DType, Dataset, ImageRecordDataset, SampleContext};
 
 /// Indices a worker claims at a time from the shared counter.
@@ -20,9 +22,9 @@ const CHUNK: usize = 4;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let dir = args
-        .first()
-        .ok_or("usage: bench_jpeg DIR [--threads 1,2] [--limit N] [--bf16]")?;
+    let dir = args.first().ok_or(
+        "usage: bench_jpeg DIR [--threads 1,2] [--limit N] [--bf16] [--decoder turbo|zune]",
+    )?;
     let flag = |name: &str| {
         args.iter()
             .position(|a| a == name)
@@ -75,8 +77,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("export: {} records to {export}", labels.len());
     }
 
+    let decoder = match flag("--decoder").map(String::as_str) {
+        None | Some("turbo") => JpegBackend::LibjpegTurbo,
+        Some("zune") => JpegBackend::Zune,
+        Some(other) => return Err(format!("--decoder {other} (expected turbo or zune)").into()),
+    };
+    let dct_scaling = !args.iter().any(|a| a == "--no-dct-scaling");
     let config = ImageTransformConfig {
         dtype,
+        decoder,
+        dct_scaling,
         ..Default::default()
     };
     let ds = ImageRecordDataset::open(&prefix, config)?;
@@ -90,7 +100,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         run(&ds, n, t, 1)?;
         let secs = start.elapsed().as_secs_f64();
         println!(
-            "RESULT stoker threads={t} images={n} seconds={secs:.2} images_per_s={:.1} dtype={dtype} max_side={}",
+            "RESULT stoker threads={t} images={n} seconds={secs:.2} images_per_s={:.1} dtype={dtype} max_side={} decoder={decoder:?} dct_scaling={dct_scaling}",
             n as f64 / secs,
             max_side.map_or("none".to_string(), |m| m.to_string())
         );

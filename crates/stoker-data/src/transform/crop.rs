@@ -103,11 +103,15 @@ const DCT_REDUCTIONS: [u32; 3] = [8, 4, 2];
 /// spans at least `dst_w` x `dst_h` pixels: the bilinear resize then only shrinks, as at full
 /// scale, so no detail the output can show is dropped before it.
 ///
-/// Quality trade-off: libjpeg-turbo's reduced IDCT keeps the 8/`d` lowest frequencies of each
-/// 8x8 block, which is a d x d low-pass with a sharper cut-off than the antialiasing triangle
-/// filter applied to the same reduction after a full decode; chroma is upsampled at the reduced
-/// size. Pixels move by a few levels at edges (bounded in `tests/image.rs`), not the content,
-/// and the decode skips most of its IDCT, upsampling and color conversion work.
+/// Quality trade-off: libjpeg-turbo's reduced IDCTs (`jidctred.c`) output the mean of each
+/// d x d group of the pixels a full IDCT would give (1/8: the block's DC), so the decode is a
+/// box-filter downscale by d, and the bilinear (antialiased) resize then shrinks the rest of
+/// the way. The full path filters the whole reduction with the wider triangle filter, so the
+/// scaled path passes a little more detail near the output's Nyquist limit (slightly sharper,
+/// slightly more aliasing), and chroma is upsampled at the reduced size. On the benchmark
+/// photos this moves output pixels by 0.5-0.75 levels on average (a few at edges; bounded in
+/// `tests/image.rs`), not the content, and the decode skips most of its IDCT, upsampling and
+/// color conversion work (at 1/8 on progressive files also the AC scans: see `scans.rs`).
 pub fn dct_reduction(crop: CropBox, dst_w: u32, dst_h: u32) -> u32 {
     let fits = |d: u32| {
         u64::from(crop.width) >= u64::from(dst_w) * u64::from(d)

@@ -11,7 +11,7 @@
 use turbojpeg::Decompressor;
 
 use super::config::JpegBackend;
-use super::{structure, turbo, zune};
+use super::{scans, structure, turbo, zune};
 use crate::{DataError, Result};
 
 /// Largest width or height accepted (a bound on the decode buffer for hostile headers).
@@ -60,6 +60,8 @@ pub struct JpegHeader {
 pub struct JpegDecoder {
     backend: JpegBackend,
     turbo: Option<Decompressor>,
+    /// A progressive stream without its AC scans, for 1/8-scale decodes ([`scans::dc_only`]).
+    dc_stream: Vec<u8>,
 }
 
 impl std::fmt::Debug for JpegDecoder {
@@ -67,6 +69,7 @@ impl std::fmt::Debug for JpegDecoder {
         f.debug_struct("JpegDecoder")
             .field("backend", &self.backend)
             .field("turbo_handle", &self.turbo.is_some())
+            .field("dc_stream_bytes", &self.dc_stream.len())
             .finish()
     }
 }
@@ -84,6 +87,7 @@ impl JpegDecoder {
         JpegDecoder {
             backend,
             turbo: None,
+            dc_stream: Vec::new(),
         }
     }
 
@@ -122,7 +126,9 @@ impl JpegDecoder {
     /// Decodes `jpeg` (whose [`header`](Self::header) is `header`) at 1/`reduction` scale
     /// (1, 2, 4 or 8; honoured by libjpeg-turbo only) into `buf`, grown when needed. The
     /// returned size is the decoded one: full size whenever zune-jpeg did the decoding. A
-    /// libjpeg-turbo failure after a good header is an error, not a retry with zune-jpeg.
+    /// libjpeg-turbo failure after a good header is an error, not a retry with zune-jpeg. At
+    /// 1/8 a progressive stream is decoded from its DC scans alone (same pixels, a fraction of
+    /// the entropy decoding; see [`scans`]).
     pub fn decode(
         &mut self,
         jpeg: &[u8],
@@ -136,8 +142,13 @@ impl JpegDecoder {
             )));
         }
         if let (Some(h), Some(handle)) = (header.turbo, self.turbo.as_mut()) {
+            let stream = if reduction == 8 && scans::dc_only(jpeg, &mut self.dc_stream) {
+                &self.dc_stream[..]
+            } else {
+                jpeg
+            };
             return guard(|| {
-                turbo::decode(handle, jpeg, h, reduction, buf).map_err(|e| {
+                turbo::decode(handle, stream, h, reduction, buf).map_err(|e| {
                     format!(
                         "libjpeg-turbo: {e}\nHINT: a corrupt or truncated stream; if the file \
                          is known good, `decoder: JpegBackend::Zune` decodes some streams \

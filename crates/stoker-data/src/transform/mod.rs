@@ -24,6 +24,7 @@ pub mod decode;
 mod normalize;
 pub mod pipeline;
 pub mod rng;
+mod scans;
 mod structure;
 mod turbo;
 mod zune;
