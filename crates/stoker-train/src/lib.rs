@@ -4,6 +4,30 @@
 //! parameter lives in one flat FP32 master buffer described by a [`layout::FlatLayout`];
 //! optimizers, clipping and loss scaling work on flat buffers; gradient accumulation
 //! normalizes token losses by the target tokens of the whole window ([`accumulate`]).
+//!
+//! Modules, one idea each: [`params`] (declaring and initializing parameters), [`layout`]
+//! (the flat buffer table), [`optim`] (AdamW, SGD), [`schedule`], [`clip`], [`loss`],
+//! [`accumulate`], [`models`], [`ops`], [`precision`], [`check`], [`config`], [`data`],
+//! [`trainer`], [`checkpoint`], [`metrics`], [`run`] (the loop), [`report`] (plots).
+//!
+//! ```
+//! use candle_core::{DType, Device};
+//! use stoker_train::layout::FlatLayout;
+//! use stoker_train::optim::{segments, AdamW, AdamWConfig, Optimizer};
+//! use stoker_train::params::{Init, ParamBuilder};
+//!
+//! let mut b = ParamBuilder::new(Device::Cpu, DType::BF16, 0);
+//! b.param("fc.weight", &[4, 3], Init::Normal(0.02)).unwrap();
+//! b.param("fc.bias", &[4], Init::Zeros).unwrap();
+//! let params = b.finish();
+//! let layout = FlatLayout::of(&params).unwrap(); // fc.bias at 0, fc.weight at 16
+//! let mut master = layout.flatten(&params).unwrap(); // FP32 master copy
+//! let grads = vec![0.1f32; layout.total_len()];
+//! let mut opt = AdamW::new(AdamWConfig::default(), segments(&layout, false), master.len());
+//! opt.step(&mut master, &grads, 1e-3);
+//! layout.unflatten(&master, &params).unwrap(); // refresh the bf16 variables
+//! assert_eq!(layout.slots()[1].offset, 16);
+//! ```
 #![deny(missing_docs)]
 
 pub mod accumulate;
