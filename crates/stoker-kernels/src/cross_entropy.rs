@@ -14,6 +14,7 @@ use rayon::prelude::*;
 
 use crate::elem::{check_float, floats, rows_per_task, targets, Elem, Floats, Targets};
 use crate::error::{shape_err, KernelError};
+use crate::fastmath::{exp, max_map, sum_map};
 
 /// Sum of token cross-entropies of `logits` `[N, V]` (f32 or bf16) against `targets`
 /// `[N]` (u32 or i64), skipping rows whose target is `ignore_index`. An f32 scalar.
@@ -93,8 +94,8 @@ fn fwd<T: Elem>(x: &[T], t: &Targets, v: usize, ignore: i64) -> (f32, Vec<f32>) 
         .map(|(task, (lse, x))| {
             let mut sum = 0.0f64;
             for (r, (lse, x)) in lse.iter_mut().zip(x.chunks_exact(v)).enumerate() {
-                let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v.to_f32()));
-                let s: f32 = x.iter().map(|&v| (v.to_f32() - max).exp()).sum();
+                let max = max_map(x, T::to_f32);
+                let s = sum_map(x, |v| exp(v.to_f32() - max));
                 *lse = max + s.ln();
                 let target = t.get(task * rows + r);
                 if target != ignore {
@@ -185,10 +186,10 @@ fn bwd<T: Elem>(x: &[T], t: &Targets, v: usize, b: &CrossEntropyBackward) -> Vec
                     continue; // already zero
                 }
                 for (dx, &x) in dx.iter_mut().zip(x) {
-                    *dx = T::from_f32(b.scale * (x.to_f32() - lse).exp());
+                    *dx = T::from_f32(b.scale * exp(x.to_f32() - lse));
                 }
                 let k = target as usize;
-                dx[k] = T::from_f32(b.scale * ((x[k].to_f32() - lse).exp() - 1.0));
+                dx[k] = T::from_f32(b.scale * (exp(x[k].to_f32() - lse) - 1.0));
             }
         });
     dx

@@ -7,6 +7,7 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tenso
 use rayon::prelude::*;
 
 use crate::elem::{check_float, float_pair, floats, Elem, FloatPair, Floats};
+use crate::fastmath;
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 const COEF: f32 = 0.044_715;
@@ -26,13 +27,13 @@ pub struct Gelu;
 #[inline(always)]
 fn gelu_f32(x: f32) -> f32 {
     let u = SQRT_2_OVER_PI * (x + COEF * x * x * x);
-    0.5 * x * (1.0 + u.tanh())
+    0.5 * x * (1.0 + fastmath::tanh(u))
 }
 
 #[inline(always)]
 fn gelu_grad_f32(x: f32) -> f32 {
     let x2 = x * x;
-    let t = (SQRT_2_OVER_PI * (x + COEF * x2 * x)).tanh();
+    let t = fastmath::tanh(SQRT_2_OVER_PI * (x + COEF * x2 * x));
     let du = SQRT_2_OVER_PI * (1.0 + 3.0 * COEF * x2);
     0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du
 }

@@ -15,6 +15,7 @@ use rayon::prelude::*;
 
 use crate::elem::{check_float, floats, rows_per_task, Elem, Floats};
 use crate::error::{shape_err, KernelError};
+use crate::fastmath::{sum_map, sum_map2, sum_map3};
 
 /// Layer norm of `x` (`[.., D]`) with `weight` and `bias` (`[D]`), all f32 or all bf16.
 pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
@@ -84,15 +85,11 @@ fn fwd<T: Elem>(x: &[T], w: &[T], b: &[T], d: usize, eps: f32) -> (Vec<T>, Stats
                 .zip(mean)
                 .zip(rstd)
             {
-                let mu = x.iter().map(|v| v.to_f32()).sum::<f32>() / d as f32;
-                let var = x
-                    .iter()
-                    .map(|v| {
-                        let c = v.to_f32() - mu;
-                        c * c
-                    })
-                    .sum::<f32>()
-                    / d as f32;
+                let mu = sum_map(x, T::to_f32) / d as f32;
+                let var = sum_map(x, |v| {
+                    let c = v.to_f32() - mu;
+                    c * c
+                }) / d as f32;
                 let rs = 1.0 / (var + eps).sqrt();
                 for (((y, &x), &w), &b) in y.iter_mut().zip(x).zip(w).zip(b) {
                     *y = T::from_f32((x.to_f32() - mu) * rs * w.to_f32() + b.to_f32());
@@ -206,17 +203,16 @@ fn bwd<T: Elem>(x: &[T], w: &[T], g: &[T], d: usize, st: &Stats) -> Vec<T> {
                 .zip(x.chunks_exact(d))
                 .zip(g.chunks_exact(d));
             for (((dx, x), g), (&mu, &rs)) in rows.zip(mean.iter().zip(rstd)) {
-                let (mut s1, mut s2) = (0.0f32, 0.0f32);
-                for (((&x, &g), &w), (pw, pb)) in
-                    x.iter().zip(g).zip(w).zip(pw.iter_mut().zip(pb.iter_mut()))
-                {
-                    let (xh, g) = ((x.to_f32() - mu) * rs, g.to_f32());
-                    let dxh = g * w.to_f32();
-                    s1 += dxh;
-                    s2 += dxh * xh;
-                    *pw += g * xh;
+                let dwb = pw.iter_mut().zip(pb.iter_mut());
+                for ((&x, &g), (pw, pb)) in x.iter().zip(g).zip(dwb) {
+                    let g = g.to_f32();
+                    *pw += g * ((x.to_f32() - mu) * rs);
                     *pb += g;
                 }
+                let s1 = sum_map2(g, w, |g, w| g.to_f32() * w.to_f32());
+                let s2 = sum_map3(x, g, w, |x, g, w| {
+                    (x.to_f32() - mu) * rs * (g.to_f32() * w.to_f32())
+                });
                 let (m1, m2) = (s1 / d as f32, s2 / d as f32);
                 for (((dx, &x), &g), &w) in dx.iter_mut().zip(x).zip(g).zip(w) {
                     let xh = (x.to_f32() - mu) * rs;

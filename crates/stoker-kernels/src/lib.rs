@@ -22,6 +22,7 @@
 pub mod cross_entropy;
 mod elem;
 pub mod error;
+mod fastmath;
 pub mod gelu;
 pub mod layer_norm;
 pub mod optim;

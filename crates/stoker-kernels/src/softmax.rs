@@ -8,6 +8,7 @@ use rayon::prelude::*;
 
 use crate::elem::{check_float, float_pair, floats, rows_per_task, Elem, FloatPair, Floats};
 use crate::error::shape_err;
+use crate::fastmath::{exp, max_map, sum_map, sum_map2};
 
 /// Softmax over the last dimension of `x` (rank >= 1, f32 or bf16), differentiable.
 pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
@@ -37,27 +38,21 @@ fn fwd<T: Elem>(x: &[T], d: usize) -> Vec<T> {
         .zip(x.par_chunks(rows))
         .for_each(|(y, x)| {
             for (y, x) in y.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
-                let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v.to_f32()));
-                let mut sum = 0.0f32;
+                let max = max_map(x, T::to_f32);
                 if T::EXACT {
                     // f32: keep the exponentials in the output, no second exp.
                     for (y, &x) in y.iter_mut().zip(x) {
-                        let e = (x.to_f32() - max).exp();
-                        sum += e;
-                        *y = T::from_f32(e);
+                        *y = T::from_f32(exp(x.to_f32() - max));
                     }
-                    let inv = 1.0 / sum;
+                    let inv = 1.0 / sum_map(y, T::to_f32);
                     for y in y.iter_mut() {
                         *y = T::from_f32(y.to_f32() * inv);
                     }
                 } else {
                     // bf16: rounding the exponentials before scaling would cost accuracy.
-                    for &x in x {
-                        sum += (x.to_f32() - max).exp();
-                    }
-                    let inv = 1.0 / sum;
+                    let inv = 1.0 / sum_map(x, |x| exp(x.to_f32() - max));
                     for (y, &x) in y.iter_mut().zip(x) {
-                        *y = T::from_f32((x.to_f32() - max).exp() * inv);
+                        *y = T::from_f32(exp(x.to_f32() - max) * inv);
                     }
                 }
             }
@@ -76,11 +71,7 @@ fn bwd<T: Elem>(y: &[T], g: &[T], d: usize) -> Vec<T> {
                 .zip(y.chunks_exact(d))
                 .zip(g.chunks_exact(d))
             {
-                let dot: f32 = y
-                    .iter()
-                    .zip(g)
-                    .map(|(&y, &g)| y.to_f32() * g.to_f32())
-                    .sum();
+                let dot = sum_map2(y, g, |y, g| y.to_f32() * g.to_f32());
                 for ((dx, &y), &g) in dx.iter_mut().zip(y).zip(g) {
                     *dx = T::from_f32(y.to_f32() * (g.to_f32() - dot));
                 }
