@@ -19,6 +19,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod attention;
 pub mod cross_entropy;
 mod elem;
 pub mod error;
@@ -29,6 +30,7 @@ pub mod optim;
 pub mod reference;
 pub mod softmax;
 
+pub use attention::causal_attention;
 pub use cross_entropy::{cross_entropy_sum, valid_token_count};
 pub use error::KernelError;
 pub use gelu::gelu;

@@ -44,3 +44,21 @@ pub fn cross_entropy_sum(logits: &Tensor, targets: &Tensor, ignore_index: i64) -
     let mask = valid.to_dtype(DType::F32)?;
     (picked * mask)?.sum_all()?.neg()
 }
+
+/// Causal scaled-dot-product attention over `[B, H, T, D]`, composed (materializes the
+/// `T x T` scores; the mask adds `-inf` above the diagonal).
+pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    let (t, d) = (q.dim(2)?, q.dim(3)?);
+    let mask: Vec<f32> = (0..t * t)
+        .map(|i| {
+            if i % t > i / t {
+                f32::NEG_INFINITY
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let mask = Tensor::from_vec(mask, (t, t), q.device())?.to_dtype(q.dtype())?;
+    let scores = (q.matmul(&k.t()?.contiguous()?)? / (d as f64).sqrt())?;
+    softmax_last_dim(&scores.broadcast_add(&mask)?)?.matmul(v)
+}
