@@ -49,6 +49,14 @@ def main():
     op("layer norm [16,128,128]", torch.randn(16, 128, 128), lambda x: F.layer_norm(x, (128,), w, b, 1e-5))
     t = torch.tensor([i * 7 % 65 for i in range(2048)])
     op("cross-entropy [2048,65]", torch.randn(2048, 65), lambda x: F.cross_entropy(x, t, reduction="sum"))
+    k, v = torch.randn(16, 4, 128, 32, requires_grad=True), torch.randn(16, 4, 128, 32, requires_grad=True)
+    op(
+        "causal attention [16,4,128,32]",
+        torch.randn(16, 4, 128, 32),
+        lambda q: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+    )
+    ids = torch.tensor([i * 31 % 65 for i in range(16 * 128)]).view(16, 128)
+    op("embedding [65,128] x [16,128]", torch.randn(65, 128), lambda t: F.embedding(ids, t))
     p = torch.nn.Parameter(torch.randn(826_368))
     p.grad = torch.randn(826_368) * 1e-2
     opt = torch.optim.AdamW([p], lr=1e-3, weight_decay=0.1)

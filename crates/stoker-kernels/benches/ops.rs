@@ -3,7 +3,8 @@
 //! Run: `cargo bench -p stoker-kernels --bench ops` (env `ROUNDS`, default 7: each op
 //! is timed fused, composed, fused, composed, ... and the median of each reported, so a
 //! shared machine's drift hits both alike). Shapes are the reference GPT's (826,368
-//! parameters, batch 16, context 128, width 128, 4 heads, MLP width 512, vocab 65).
+//! parameters, batch 16, context 128, width 128, 4 heads of 32, MLP width 512, vocab 65;
+//! attention and embedding differentiate k, v and the table too).
 //! Backward is seeded with ones (`Tensor::backward` on a non-scalar), the same for both.
 //! PyTorch figures for the same shapes: `scripts/bench/ops_torch.py`.
 
@@ -122,6 +123,25 @@ fn main() {
         &x,
         &|x| stoker_kernels::cross_entropy_sum(x, &t, -100),
         &|x| reference::cross_entropy_sum(x, &t, -100),
+    );
+
+    let (k, v) = (randn(&[16, 4, 128, 32]), randn(&[16, 4, 128, 32]));
+    op(
+        rounds,
+        "causal attention [16,4,128,32]",
+        &randn(&[16, 4, 128, 32]),
+        &|q| stoker_kernels::causal_attention(q, k.as_tensor(), v.as_tensor()),
+        &|q| reference::causal_attention(q, k.as_tensor(), v.as_tensor()),
+    );
+
+    let ids: Vec<u32> = (0..16 * 128).map(|i| (i * 31 % 65) as u32).collect();
+    let ids = Tensor::from_vec(ids, (16, 128), &Device::Cpu).unwrap();
+    op(
+        rounds,
+        "embedding [65,128] x [16,128]",
+        &randn(&[65, 128]),
+        &|t| stoker_kernels::embedding(t, &ids),
+        &|t| reference::embedding(t, &ids),
     );
 
     adamw(rounds, 826_368);

@@ -43,6 +43,18 @@ pub enum KernelError {
         /// The parameter buffer's length.
         expected: usize,
     },
+    /// A token id is outside the embedding table.
+    #[error("{op}: id {id} at position {pos} is outside the table's {rows} rows")]
+    Index {
+        /// The op.
+        op: &'static str,
+        /// Position in the flattened ids.
+        pos: usize,
+        /// The id.
+        id: i64,
+        /// Rows in the table.
+        rows: usize,
+    },
     /// A target index is out of range and is not the ignore index.
     #[error("{op}: target {target} at row {row} is outside 0..{vocab} and not the ignore index {ignore}")]
     Target {

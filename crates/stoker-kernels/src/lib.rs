@@ -22,6 +22,7 @@
 pub mod attention;
 pub mod cross_entropy;
 mod elem;
+pub mod embedding;
 pub mod error;
 mod fastmath;
 pub mod gelu;
@@ -32,6 +33,7 @@ pub mod softmax;
 
 pub use attention::causal_attention;
 pub use cross_entropy::{cross_entropy_sum, valid_token_count};
+pub use embedding::embedding;
 pub use error::KernelError;
 pub use gelu::gelu;
 pub use layer_norm::layer_norm;

@@ -62,3 +62,11 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
     let scores = (q.matmul(&k.t()?.contiguous()?)? / (d as f64).sqrt())?;
     softmax_last_dim(&scores.broadcast_add(&mask)?)?.matmul(v)
 }
+
+/// Embedding lookup, composed: candle's `embedding` (index-select; its backward is
+/// candle's index-add).
+pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    let mut dims = ids.dims().to_vec();
+    dims.push(table.dim(1)?);
+    table.embedding(&ids.flatten_all()?)?.reshape(dims)
+}
