@@ -19,11 +19,12 @@ use std::path::{Path, PathBuf};
 use safetensors::tensor::{Dtype as StDtype, TensorView};
 use serde::{Deserialize, Serialize};
 use stoker_data::SamplerState;
-use stoker_precision::{DelayedScaler, ScalerState};
+use stoker_precision::ScalerState;
 
 use crate::error::{io_err, Result, TrainError};
 use crate::layout::FlatLayout;
 use crate::optim::OptimState;
+use crate::precision::LayerScalers;
 use crate::trainer::Trainer;
 
 const FORMAT: &str = "stoker-checkpoint";
@@ -45,7 +46,7 @@ pub struct CheckpointState {
     /// Loss-scaler state (fp16).
     pub scaler: Option<ScalerState>,
     /// FP8 delayed scalers by layer (fp8).
-    pub fp8: Option<BTreeMap<String, [DelayedScaler; 2]>>,
+    pub fp8: Option<BTreeMap<String, LayerScalers>>,
     /// The run's seed.
     pub seed: u64,
     /// Parameter layout of the master buffer.

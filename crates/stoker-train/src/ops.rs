@@ -11,7 +11,8 @@ use crate::error::Result;
 use crate::precision::Fx;
 
 /// `y = x W^T + b` with `x` `(.., in)`, `W` `(out, in)`: a matmul, so it runs in the
-/// compute dtype, with FP8 quantize-dequantize of both inputs in `fp8` mode.
+/// compute dtype, with FP8 quantize-dequantize of both inputs (E4M3) and of the output's
+/// gradient (E5M2) in `fp8` mode.
 pub fn linear(fx: &Fx, name: &str, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     let mut x = x.to_dtype(fx.compute)?;
     let mut w = w.clone();
@@ -19,7 +20,10 @@ pub fn linear(fx: &Fx, name: &str, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -
         x = fp8.qdq(name, 0, &x)?;
         w = fp8.qdq(name, 1, &w)?;
     }
-    let y = x.broadcast_matmul(&w.t()?)?;
+    let mut y = x.broadcast_matmul(&w.t()?)?;
+    if let Some(fp8) = fx.fp8 {
+        y = fp8.grad_qdq(name, &y)?;
+    }
     Ok(match b {
         Some(b) => y.broadcast_add(b)?,
         None => y,

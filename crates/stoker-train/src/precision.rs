@@ -5,12 +5,14 @@
 //! the loss run in f32 ("high"). Master weights and optimizer moments are always FP32 (the
 //! flat buffers); only the candle variables hold compute-dtype copies. `fp8` simulates FP8
 //! training on CPU: the inputs of every linear layer's matmul (activation and weight) go
-//! through quantize-dequantize with Transformer Engine's delayed scaling (E4M3, forward).
+//! through quantize-dequantize with Transformer Engine's delayed scaling (E4M3), and the
+//! gradient of every linear layer's output through E5M2 in the backward pass (HYBRID).
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
-use candle_core::{DType, Tensor};
+use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 use serde::{Deserialize, Serialize};
 use stoker_precision::{DelayedScaler, DelayedScalingConfig, TensorRole};
 
@@ -59,56 +61,125 @@ impl Precision {
     }
 }
 
-/// Per-linear-layer FP8 scaling state: one delayed scaler for the activation input and
-/// one for the weight, keyed by the layer name.
+/// Per-layer FP8 scalers: activation input (E4M3), weight (E4M3) and the gradient of the
+/// layer's output (E5M2, HYBRID recipe).
+pub type LayerScalers = [DelayedScaler; 3];
+
+/// Per-linear-layer FP8 scaling state, keyed by the layer name.
 pub struct Fp8State {
     config: DelayedScalingConfig,
-    scalers: RefCell<BTreeMap<String, [DelayedScaler; 2]>>,
+    layers: RefCell<BTreeMap<String, Arc<Mutex<LayerScalers>>>>,
 }
 
 impl Fp8State {
-    /// Scalers following `config` (HYBRID: E4M3 in the forward pass).
+    /// Scalers following `config` (HYBRID: E4M3 forward, E5M2 backward).
     pub fn new(config: DelayedScalingConfig) -> Self {
         Fp8State {
             config,
-            scalers: RefCell::new(BTreeMap::new()),
+            layers: RefCell::new(BTreeMap::new()),
         }
+    }
+
+    fn layer(&self, name: &str) -> Result<Arc<Mutex<LayerScalers>>> {
+        let mut map = self.layers.borrow_mut();
+        if let Some(l) = map.get(name) {
+            return Ok(l.clone());
+        }
+        let f = DelayedScaler::new(&self.config, TensorRole::Forward)?;
+        let b = DelayedScaler::new(&self.config, TensorRole::Backward)?;
+        let l = Arc::new(Mutex::new([f.clone(), f, b]));
+        map.insert(name.to_string(), l.clone());
+        Ok(l)
     }
 
     /// Quantize-dequantize `x` (input `slot` 0 = activation, 1 = weight of layer `name`)
     /// with a straight-through gradient: the forward sees FP8 values, the backward passes
     /// the gradient unchanged (as a real FP8 matmul's backward does for its input cast).
     pub fn qdq(&self, name: &str, slot: usize, x: &Tensor) -> Result<Tensor> {
-        let mut map = self.scalers.borrow_mut();
-        if !map.contains_key(name) {
-            let s = DelayedScaler::new(&self.config, TensorRole::Forward)?;
-            map.insert(name.to_string(), [s.clone(), s]);
-        }
-        let scaler = &mut map.get_mut(name).expect("inserted")[slot];
-        let dtype = x.dtype();
-        let values = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-        let q = scaler.quantize(&values)?.dequantize();
-        let q = Tensor::from_vec(q, x.shape(), x.device())?.to_dtype(dtype)?;
+        let layer = self.layer(name)?;
+        let mut scalers = layer.lock().expect("fp8 scaler lock");
+        let q = qdq_values(&mut scalers[slot], x)?;
         Ok((x + (q - x)?.detach())?)
     }
 
+    /// Identity in the forward pass; in the backward pass the gradient of `y` (the output
+    /// of layer `name`) is quantize-dequantized to E5M2 with its delayed scaler, as the
+    /// FP8 gradient GEMMs would see it.
+    pub fn grad_qdq(&self, name: &str, y: &Tensor) -> Result<Tensor> {
+        let op = GradQdq {
+            layer: self.layer(name)?,
+        };
+        Ok(y.contiguous()?.apply_op1(op)?)
+    }
+
     /// The scalers' state, for checkpoints.
-    pub fn state(&self) -> BTreeMap<String, [DelayedScaler; 2]> {
-        self.scalers.borrow().clone()
+    pub fn state(&self) -> BTreeMap<String, LayerScalers> {
+        let map = self.layers.borrow();
+        map.iter()
+            .map(|(k, v)| (k.clone(), v.lock().expect("fp8 scaler lock").clone()))
+            .collect()
     }
 
     /// Restores a saved state.
-    pub fn restore(&self, state: BTreeMap<String, [DelayedScaler; 2]>) {
-        *self.scalers.borrow_mut() = state;
+    pub fn restore(&self, state: BTreeMap<String, LayerScalers>) {
+        *self.layers.borrow_mut() = state
+            .into_iter()
+            .map(|(k, v)| (k, Arc::new(Mutex::new(v))))
+            .collect();
     }
 
     /// Ends the step: every scaler takes its new scale from its amax history.
     pub fn update(&self) {
-        for pair in self.scalers.borrow_mut().values_mut() {
-            for s in pair {
+        for layer in self.layers.borrow().values() {
+            for s in layer.lock().expect("fp8 scaler lock").iter_mut() {
                 s.update();
             }
         }
+    }
+}
+
+fn qdq_values(scaler: &mut DelayedScaler, x: &Tensor) -> Result<Tensor> {
+    let values = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    let q = scaler.quantize(&values)?.dequantize();
+    Ok(Tensor::from_vec(q, x.shape(), x.device())?.to_dtype(x.dtype())?)
+}
+
+/// The custom op behind [`Fp8State::grad_qdq`].
+struct GradQdq {
+    layer: Arc<Mutex<LayerScalers>>,
+}
+
+impl CustomOp1 for GradQdq {
+    fn name(&self) -> &'static str {
+        "fp8-grad-qdq"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let n = layout.shape().elem_count();
+        let o = layout.start_offset();
+        match storage {
+            CpuStorage::F32(v) if layout.is_contiguous() => Ok((
+                CpuStorage::F32(v[o..o + n].to_vec()),
+                layout.shape().clone(),
+            )),
+            _ => candle_core::bail!("fp8-grad-qdq: expects a contiguous f32 tensor"),
+        }
+    }
+
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let mut scalers = self.layer.lock().expect("fp8 scaler lock");
+        let q = qdq_values(&mut scalers[2], grad)
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        Ok(Some(q))
     }
 }
 

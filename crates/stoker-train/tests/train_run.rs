@@ -35,36 +35,39 @@ fn losses(dir: &Path) -> Vec<(u64, u64)> {
 
 #[test]
 fn resume_continues_the_loss_curve_bit_identically() {
-    let tmp = tempfile::tempdir().unwrap();
-    let a = tmp.path().join("a");
-    std::fs::create_dir_all(&a).unwrap();
-    let ca = config(&a, "fp32", 8, "checkpoint_every = 4");
-    run(&ca, &RunOptions::default()).unwrap();
+    // fp16 and fp8 also carry loss-scaler / FP8 delayed-scaler state through the checkpoint.
+    for p in ["fp32", "fp16", "fp8"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = tmp.path().join("a");
+        std::fs::create_dir_all(&a).unwrap();
+        let ca = config(&a, p, 8, "checkpoint_every = 4");
+        run(&ca, &RunOptions::default()).unwrap();
 
-    let b = tmp.path().join("b");
-    std::fs::create_dir_all(&b).unwrap();
-    let cb = config(&b, "fp32", 8, "checkpoint_every = 4");
-    run(
-        &cb,
-        &RunOptions {
-            stop_after: Some(4),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let ckpt = cb.run_dir.join("checkpoints/step_00000004");
-    run(
-        &cb,
-        &RunOptions {
-            resume: Some(ckpt),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+        let b = tmp.path().join("b");
+        std::fs::create_dir_all(&b).unwrap();
+        let cb = config(&b, p, 8, "checkpoint_every = 4");
+        run(
+            &cb,
+            &RunOptions {
+                stop_after: Some(4),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let ckpt = cb.run_dir.join("checkpoints/step_00000004");
+        run(
+            &cb,
+            &RunOptions {
+                resume: Some(ckpt),
+                ..Default::default()
+            },
+        )
+        .unwrap();
 
-    let (la, lb) = (losses(&ca.run_dir), losses(&cb.run_dir));
-    assert_eq!(la.len(), 8);
-    assert_eq!(la, lb, "2N steps vs N + resume + N");
+        let (la, lb) = (losses(&ca.run_dir), losses(&cb.run_dir));
+        assert_eq!(la.len(), 8);
+        assert_eq!(la, lb, "{p}: 2N steps vs N + resume + N");
+    }
 }
 
 #[test]

@@ -1,0 +1,51 @@
+//! Simulated FP8: E4M3 quantize-dequantize of linear inputs, E5M2 of output gradients.
+
+mod common;
+
+use common::*;
+use stoker_train::accumulate::{accumulate, AccumulateOptions, Normalization};
+use stoker_train::layout::FlatLayout;
+use stoker_train::precision::{Fp8State, Fx, Precision};
+
+#[test]
+fn fp8_gradients_are_close_to_fp32_but_not_equal_and_scalers_track_amax() {
+    let model = tiny_gpt(Precision::Fp32);
+    let layout = FlatLayout::of(stoker_train::models::Model::params(&model)).unwrap();
+    let window = [token_batch(5, 2, 6, 11, &[0, 1])];
+    let (exact, _) = window_grads(&model, Precision::Fp32, &window, Normalization::WindowCount);
+    let fp8 = Fp8State::new(Default::default());
+    let fx = Fx::new(Precision::Fp8, Some(&fp8));
+    let mut g = vec![0f32; layout.total_len()];
+    accumulate(
+        &model,
+        &fx,
+        &window,
+        AccumulateOptions::default(),
+        &layout,
+        &mut g,
+    )
+    .unwrap();
+    let rel = rel_l2(&g, &exact);
+    assert!(
+        rel > 1e-4 && rel < 0.25,
+        "fp8 vs fp32 gradient: relative difference {rel}"
+    );
+    let state = fp8.state();
+    // Every linear layer (qkv, proj, fc, mlp.proj per block, plus the tied head).
+    assert_eq!(
+        state.len(),
+        4 * 2 + 1,
+        "{:?}",
+        state.keys().collect::<Vec<_>>()
+    );
+    for (name, [x, w, dy]) in &state {
+        for (role, s) in [("input", x), ("weight", w), ("grad", dy)] {
+            assert!(
+                s.history().iter().any(|&a| a > 0.0),
+                "{name} {role}: amax recorded"
+            );
+        }
+        assert_eq!(dy.format(), stoker_precision::Fp8Format::E5M2);
+        assert_eq!(x.format(), stoker_precision::Fp8Format::E4M3);
+    }
+}
