@@ -12,6 +12,7 @@ use half::bf16;
 use rayon::prelude::*;
 
 use crate::error::KernelError;
+use crate::fastmath::to_bf16;
 
 /// Elements per rayon task: 16 Ki f32 (64 KiB per stream) stays in L2.
 const CHUNK: usize = 16 * 1024;
@@ -110,7 +111,7 @@ fn adamw_chunk(
         None => it.for_each(|((p, &g), (m, v))| adamw_elem(s, decay, p, g, m, v)),
         Some(o) => it.zip(o).for_each(|(((p, &g), (m, v)), o)| {
             adamw_elem(s, decay, p, g, m, v);
-            *o = bf16::from_f32(*p);
+            *o = to_bf16(*p);
         }),
     }
 }
@@ -237,7 +238,7 @@ fn sgd_chunk(
     let momentum = s.momentum != 0.0;
     let store = |o: Option<&mut bf16>, p: f32| {
         if let Some(o) = o {
-            *o = bf16::from_f32(p);
+            *o = to_bf16(p);
         }
     };
     let mut out = out.map(|o| o.iter_mut());
