@@ -86,6 +86,12 @@ fn chart(path: &Path, title: &str, y_label: &str, series: &[Series], log_y: bool
                 .legend(move |(x, y)| {
                     PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
                 });
+                // Sparse series (evaluations) also get markers, so a single point shows.
+                if s.points.len() <= 50 {
+                    let marks = s.points.iter().filter(|p| p.1.is_finite());
+                    c.draw_series(marks.map(|&p| Circle::new(p, 4, color.filled())))
+                        .map_err(|e| plot_err(path, e))?;
+                }
             }
             if series.len() > 1 {
                 c.configure_series_labels()
