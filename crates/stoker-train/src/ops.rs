@@ -20,7 +20,15 @@ pub fn linear(fx: &Fx, name: &str, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -
         x = fp8.qdq(name, 0, &x)?;
         w = fp8.qdq(name, 1, &w)?;
     }
-    let mut y = x.broadcast_matmul(&w.t()?)?;
+    // One 2-D matmul over all leading dims: a broadcast matmul's backward would expand
+    // the weight per batch element and sum the per-element weight gradients afterwards
+    // (about 10x the forward's time in f32 here, more in bf16).
+    let dims = x.dims().to_vec();
+    let (k, lead) = (dims[dims.len() - 1], dims[..dims.len() - 1].to_vec());
+    let x2 = x.reshape(((), k))?;
+    let mut out_shape = lead;
+    out_shape.push(w.dim(0)?);
+    let mut y = x2.matmul(&w.t()?)?.reshape(out_shape)?;
     if let Some(fp8) = fx.fp8 {
         y = fp8.grad_qdq(name, &y)?;
     }
