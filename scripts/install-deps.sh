@@ -2,7 +2,7 @@
 # Installs what stoker's build, tests, demos and benchmarks need on a fresh Debian machine (root).
 # libturbojpeg0-dev: the JPEG pipeline links the system libjpeg-turbo (TurboJPEG API >= 2.0) via pkg-config.
 set -euo pipefail
-want=(build-essential pkg-config unzip ca-certificates libturbojpeg0-dev)
+want=(build-essential pkg-config unzip ca-certificates fonts-dejavu-core libturbojpeg0-dev)
 command -v python3 >/dev/null || want+=(python3 python3-pip)
 command -v npm >/dev/null || want+=(npm)
 missing=()

@@ -21,7 +21,7 @@ enum Command {
     /// Search loader settings (num_workers, prefetch_factor) for a throughput target.
     Tune(cmd::tune::TuneArgs),
     /// Predict memory, communication and step time per strategy and recommend one.
-    Plan(cmd::plan::PlanArgs),
+    Plan(Box<cmd::plan::PlanArgs>),
     /// Train a model from a TOML config.
     Train(cmd::train::TrainArgs),
     /// Plot a training run's metrics to PNG files.
@@ -39,7 +39,7 @@ fn main() -> anyhow::Result<()> {
         Command::Pack(a) => cmd::pack::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Tune(a) => cmd::tune::run(a),
-        Command::Plan(a) => cmd::plan::run(a),
+        Command::Plan(a) => cmd::plan::run(*a),
         Command::Train(a) => cmd::train::run(a),
         Command::Report(a) => cmd::report::run(a),
     }
