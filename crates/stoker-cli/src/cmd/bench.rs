@@ -2,8 +2,8 @@
 
 use std::time::Instant;
 
-use super::dataset_args::{bench_json, ds_len, sample_bytes, trial_row, DatasetArgs, TRIAL_HEADER};
-use stoker_data::AnyDataset;
+use super::dataset_args::{bench_json, sample_bytes, trial_row, DatasetArgs, TRIAL_HEADER};
+use stoker_data::{AnyDataset, Dataset};
 
 /// Arguments of `stoker bench`.
 #[derive(clap::Args)]
@@ -37,7 +37,7 @@ struct LoaderBenchArgs {
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let BenchWhat::Loader(a) = args.what;
     let ds = a.data.open()?;
-    let n = ds_len(&ds);
+    let n = ds.len();
     let sb = sample_bytes(&ds);
     println!(
         "dataset {} ({}): {} samples x {} bytes = {:.1} MB; batch {}, {}",

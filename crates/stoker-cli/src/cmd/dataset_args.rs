@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use stoker_data::measure::{measure_loader, Trial, TrialBudget};
 use stoker_data::transform::{ImageTransformConfig, TransformMode};
+use stoker_data::Dataset;
 use stoker_data::{
     open_dataset, AnyDataset, DType, LoaderConfig, OpenOptions, Sampler, SamplerConfig,
 };
@@ -111,24 +112,16 @@ impl DatasetArgs {
         };
         Ok(measure_loader(
             ds.clone(),
-            self.sampler(ds_len(ds))?,
+            self.sampler(ds.len())?,
             config,
             budget,
         )?)
     }
 }
 
-/// The dataset's sample count.
-pub fn ds_len(ds: &AnyDataset) -> usize {
-    stoker_data::Dataset::len(ds)
-}
-
 /// Bytes of one sample over all fields.
 pub fn sample_bytes(ds: &AnyDataset) -> usize {
-    stoker_data::Dataset::fields(ds)
-        .iter()
-        .map(|f| f.sample_bytes())
-        .sum()
+    ds.fields().iter().map(|f| f.sample_bytes()).sum()
 }
 
 /// A loader benchmark file as `stoker plan --loader-bench` reads it.
