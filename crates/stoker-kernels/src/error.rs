@@ -43,6 +43,14 @@ pub enum KernelError {
         /// The parameter buffer's length.
         expected: usize,
     },
+    /// The requested kernel cannot run on this CPU.
+    #[error("{op}: {what} is not supported")]
+    Unsupported {
+        /// The op.
+        op: &'static str,
+        /// What is missing.
+        what: String,
+    },
     /// A token id is outside the embedding table.
     #[error("{op}: id {id} at position {pos} is outside the table's {rows} rows")]
     Index {
