@@ -230,14 +230,14 @@ impl Architecture {
                 ));
             }
         }
-        if self.hidden % self.heads != 0 {
+        if !self.hidden.is_multiple_of(self.heads) {
             return Err(crate::error::invalid(
                 "model.heads",
                 &format!("a divisor of model.hidden ({})", self.hidden),
                 self.heads,
             ));
         }
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(crate::error::invalid(
                 "model.kv_heads",
                 &format!("a divisor of model.heads ({})", self.heads),

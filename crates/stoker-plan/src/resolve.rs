@@ -374,7 +374,7 @@ fn resolve_training(t: &TrainingInput, model: &ModelSpec, hw: &Hardware) -> Resu
             (Some(m), Some(a))
         }
         (Some(m), None) => {
-            if per_rank % m != 0 {
+            if !per_rank.is_multiple_of(m) {
                 return Err(PlanError::Batch(format!(
                     "micro_batch {m} does not divide the {per_rank} sequences per device \
                      (global_batch {global} / world size {world})"
@@ -383,7 +383,7 @@ fn resolve_training(t: &TrainingInput, model: &ModelSpec, hw: &Hardware) -> Resu
             (Some(m), Some(per_rank / m))
         }
         (None, Some(a)) => {
-            if per_rank % a != 0 {
+            if !per_rank.is_multiple_of(a) {
                 return Err(PlanError::Batch(format!(
                     "accumulation_steps {a} does not divide the {per_rank} sequences per device \
                      (global_batch {global} / world size {world})"
