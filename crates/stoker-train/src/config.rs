@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{config_err, Result, TrainError};
 use crate::models::{CnnConfig, GptConfig, MlpConfig};
 use crate::optim::{AdamWConfig, SgdConfig};
-use crate::precision::Precision;
+use crate::precision::{Kernels, Precision};
 use crate::schedule::Schedule;
 
 /// The whole config file.
@@ -24,6 +24,9 @@ pub struct TrainConfig {
     /// `fp32`, `bf16`, `fp16` or `fp8`.
     #[serde(default)]
     pub precision: Precision,
+    /// `fused` (default) or `composed` ops; see [`Kernels`].
+    #[serde(default)]
+    pub kernels: Kernels,
     /// `cpu` (the only device this build runs).
     #[serde(default = "default_device")]
     pub device: String,

@@ -154,6 +154,28 @@ impl FlatLayout {
         Ok(())
     }
 
+    /// Refreshes bf16 variables from `buf`, a bf16 copy of the master buffer in this
+    /// layout (the optimizer's copy-out), with no conversion.
+    pub fn unflatten_bf16(&self, buf: &[half::bf16], params: &ParamSet) -> Result<()> {
+        self.check_len(buf.len())?;
+        for (p, s) in params.iter().zip(&self.slots) {
+            if p.var.dtype() != DType::BF16 {
+                return Err(TrainError::Layout(format!(
+                    "parameter `{}` is {:?}, not bf16",
+                    p.name,
+                    p.var.dtype()
+                )));
+            }
+            let t = Tensor::from_slice(
+                &buf[s.offset..s.offset + s.len],
+                s.shape.as_slice(),
+                p.var.device(),
+            )?;
+            p.var.set(&t)?;
+        }
+        Ok(())
+    }
+
     /// Adds (`scale` x) each parameter's gradient from `grads` into `out`. A parameter
     /// without a gradient is an error naming it (see [`crate::check`]).
     pub fn gather_grads(

@@ -24,7 +24,7 @@
 //! let mut master = layout.flatten(&params).unwrap(); // FP32 master copy
 //! let grads = vec![0.1f32; layout.total_len()];
 //! let mut opt = AdamW::new(AdamWConfig::default(), segments(&layout, false), master.len());
-//! opt.step(&mut master, &grads, 1e-3);
+//! opt.step(&mut master, &grads, 1e-3, None);
 //! layout.unflatten(&master, &params).unwrap(); // refresh the bf16 variables
 //! assert_eq!(layout.slots()[1].offset, 16);
 //! ```

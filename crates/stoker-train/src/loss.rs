@@ -17,7 +17,8 @@ pub fn valid_count(targets: &[i64]) -> usize {
 }
 
 /// `sum_i -log softmax(logits_i)[target_i]` over rows whose target is not ignored, as a
-/// scalar in `fx.high`, and the number of such rows. `logits`: `(N, C)`.
+/// scalar in `fx.high`, and the number of such rows. `logits`: `(N, C)`. Fused: one pass
+/// of log-softmax and pick (f32); composed: log-softmax, gather and mask.
 pub fn cross_entropy_sum(fx: &Fx, logits: &Tensor, targets: &[i64]) -> Result<(Tensor, usize)> {
     let (n, c) = logits.dims2()?;
     if targets.len() != n {
@@ -34,6 +35,11 @@ pub fn cross_entropy_sum(fx: &Fx, logits: &Tensor, targets: &[i64]) -> Result<(T
             what: "target".into(),
             message: format!("class id {bad} outside 0..{c} (the model's vocab / classes)"),
         });
+    }
+    if fx.fused_for(logits) && fx.high == DType::F32 {
+        let t = Tensor::from_slice(targets, n, logits.device())?;
+        let sum = stoker_kernels::cross_entropy_sum(logits, &t, IGNORE_INDEX)?;
+        return Ok((sum, valid_count(targets)));
     }
     let dev = logits.device();
     let idx: Vec<i64> = targets

@@ -1,14 +1,27 @@
-//! Differentiable building blocks composed from candle primitives.
+//! The differentiable building blocks the models are written in, each in the dtype the
+//! autocast policy gives it, and each in two implementations chosen by [`Fx::kernels`]:
+//! stoker-kernels' fused ops (the default; one pass forward, one backward), or the
+//! composed twin from candle primitives, which is the reference the fused ones are
+//! tested against and the fallback on non-CPU devices and in f16 / f64.
 //!
-//! candle's fused `softmax_last_dim`, `layer_norm` and `rms_norm` (and the `LayerNorm`
-//! module) return tensors detached from the graph: a parameter behind them silently gets
-//! no gradient. These are the composed twins, each with a backward through candle's
-//! autograd, and each running in the dtype the autocast policy gives it.
+//! candle's own fused `softmax_last_dim`, `layer_norm` and `rms_norm` (and the
+//! `LayerNorm` module) return tensors detached from the graph: a parameter behind them
+//! silently gets no gradient. Neither path here uses them.
 
 use candle_core::{DType, Tensor, D};
 
 use crate::error::Result;
 use crate::precision::Fx;
+
+/// Whether linear layers in `fx` use stoker-kernels' bf16 GEMM: bf16 compute, fused
+/// kernels, no FP8 simulation, and a CPU with bf16 hardware (AMX or AVX512-BF16; without
+/// it candle's matmul, which goes through f32, is as fast).
+fn bf16_gemm(fx: &Fx, x: &Tensor) -> bool {
+    fx.compute == DType::BF16
+        && fx.fp8.is_none()
+        && fx.fused_for(x)
+        && stoker_kernels::bf16_native()
+}
 
 /// `y = x W^T + b` with `x` `(.., in)`, `W` `(out, in)`: a matmul, so it runs in the
 /// compute dtype, with FP8 quantize-dequantize of both inputs (E4M3) and of the output's
@@ -23,25 +36,38 @@ pub fn linear(fx: &Fx, name: &str, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -
     // One 2-D matmul over all leading dims: a broadcast matmul's backward would expand
     // the weight per batch element and sum the per-element weight gradients afterwards
     // (about 10x the forward's time in f32 here, more in bf16).
-    let dims = x.dims().to_vec();
-    let (k, lead) = (dims[dims.len() - 1], dims[..dims.len() - 1].to_vec());
-    let x2 = x.reshape(((), k))?;
-    let mut out_shape = lead;
-    out_shape.push(w.dim(0)?);
-    let mut y = x2.matmul(&w.t()?)?.reshape(out_shape)?;
-    if let Some(fp8) = fx.fp8 {
-        y = fp8.grad_qdq(name, &y)?;
-    }
+    let y = if bf16_gemm(fx, &x) {
+        stoker_kernels::linear_bf16(&x, &w)?
+    } else {
+        matmul_2d(&x, &w)?
+    };
+    let y = match fx.fp8 {
+        Some(fp8) => fp8.grad_qdq(name, &y)?,
+        None => y,
+    };
     Ok(match b {
         Some(b) => y.broadcast_add(b)?,
         None => y,
     })
 }
 
+/// `x W^T` as one 2-D candle matmul over all leading dims.
+fn matmul_2d(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let dims = x.dims().to_vec();
+    let (k, lead) = (dims[dims.len() - 1], dims[..dims.len() - 1].to_vec());
+    let x2 = x.reshape(((), k))?;
+    let mut out_shape = lead;
+    out_shape.push(w.dim(0)?);
+    Ok(x2.matmul(&w.t()?)?.reshape(out_shape)?)
+}
+
 /// Softmax over the last dimension, in the high dtype: `exp(x - max) / sum(exp(x - max))`.
 /// The max is detached: softmax does not depend on the shift, so its gradient is zero.
 pub fn softmax_last(fx: &Fx, x: &Tensor) -> Result<Tensor> {
     let x = x.to_dtype(fx.high)?;
+    if fx.fused_for(&x) {
+        return Ok(stoker_kernels::softmax_last_dim(&x)?);
+    }
     let m = x.max_keepdim(D::Minus1)?.detach();
     let e = x.broadcast_sub(&m)?.exp()?;
     let s = e.sum_keepdim(D::Minus1)?;
@@ -60,6 +86,10 @@ pub fn log_softmax_last(fx: &Fx, x: &Tensor) -> Result<Tensor> {
 /// LayerNorm over the last dimension, in the high dtype, returned in the compute dtype.
 pub fn layer_norm(fx: &Fx, x: &Tensor, gain: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
     let x = x.to_dtype(fx.high)?;
+    if fx.fused_for(&x) {
+        let (g, b) = (gain.to_dtype(fx.high)?, bias.to_dtype(fx.high)?);
+        return Ok(stoker_kernels::layer_norm(&x, &g, &b, eps)?.to_dtype(fx.compute)?);
+    }
     let mean = x.mean_keepdim(D::Minus1)?;
     let xc = x.broadcast_sub(&mean)?;
     let var = xc.sqr()?.mean_keepdim(D::Minus1)?;
@@ -68,6 +98,39 @@ pub fn layer_norm(fx: &Fx, x: &Tensor, gain: &Tensor, bias: &Tensor, eps: f64) -
         .broadcast_mul(&gain.to_dtype(fx.high)?)?
         .broadcast_add(&bias.to_dtype(fx.high)?)?;
     Ok(y.to_dtype(fx.compute)?)
+}
+
+/// GELU, tanh approximation (GPT-2's), in the dtype of `x`.
+pub fn gelu(fx: &Fx, x: &Tensor) -> Result<Tensor> {
+    Ok(if fx.fused_for(x) {
+        stoker_kernels::gelu(x)?
+    } else {
+        x.gelu()?
+    })
+}
+
+/// Rows of `table` `(V, D)` picked by integer `ids` of any shape: `(.., D)`.
+pub fn embedding(fx: &Fx, table: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    let ids = ids_i64(ids)?;
+    if fx.fused_for(table) {
+        return Ok(stoker_kernels::embedding(table, &ids)?);
+    }
+    let mut dims = ids.dims().to_vec();
+    dims.push(table.dim(1)?);
+    Ok(table.index_select(&ids.flatten_all()?, 0)?.reshape(dims)?)
+}
+
+/// Causal scaled-dot-product attention of `q`, `k`, `v` `(B, H, T, D)` in the compute
+/// dtype. Composed: the `(B, H, T, T)` scores in the compute dtype, the masked softmax in
+/// the high dtype. Fused: one op that keeps a row of scores at a time, f32 inside.
+pub fn causal_attention(fx: &Fx, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    if fx.fused_for(q) {
+        return Ok(stoker_kernels::causal_attention(q, k, v)?);
+    }
+    let hd = q.dim(D::Minus1)?;
+    let scores = (q.matmul(&k.t()?.contiguous()?)? * (1.0 / (hd as f64).sqrt()))?;
+    let att = softmax_last(fx, &causal_mask(&scores.to_dtype(fx.high)?)?)?.to_dtype(fx.compute)?;
+    Ok(att.matmul(v)?)
 }
 
 /// Adds a causal mask to attention scores `(.., T, T)` (future positions get -inf).

@@ -183,6 +183,21 @@ impl CustomOp1 for GradQdq {
     }
 }
 
+/// The `kernels` config key: which implementation of softmax, layer norm, attention,
+/// GELU, embedding, cross-entropy and bf16 linear layers the models run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Kernels {
+    /// stoker-kernels' fused CPU ops (one pass forward, one backward) and, where the CPU
+    /// has bf16 hardware, its bf16 GEMM. Falls back to `composed` per op on non-CPU
+    /// devices and in dtypes the fused ops do not take (f16, f64).
+    #[default]
+    Fused,
+    /// The same maths composed from candle's differentiable primitives: slower, and the
+    /// reference the fused ops are tested against.
+    Composed,
+}
+
 /// What a forward pass needs to know about precision.
 #[derive(Clone, Copy)]
 pub struct Fx<'a> {
@@ -192,6 +207,8 @@ pub struct Fx<'a> {
     pub high: DType,
     /// FP8 simulation state, in `fp8` mode.
     pub fp8: Option<&'a Fp8State>,
+    /// Fused or composed ops.
+    pub kernels: Kernels,
 }
 
 impl<'a> Fx<'a> {
@@ -201,6 +218,20 @@ impl<'a> Fx<'a> {
             compute: precision.compute_dtype(),
             high: precision.high_dtype(),
             fp8,
+            kernels: Kernels::Fused,
         }
+    }
+
+    /// The same context with `kernels`.
+    pub fn with_kernels(self, kernels: Kernels) -> Self {
+        Fx { kernels, ..self }
+    }
+
+    /// Whether the fused op can run on `t`: fused kernels chosen, a CPU tensor, and a
+    /// dtype the kernels take (f32 or bf16).
+    pub fn fused_for(&self, t: &Tensor) -> bool {
+        self.kernels == Kernels::Fused
+            && t.device().is_cpu()
+            && matches!(t.dtype(), DType::F32 | DType::BF16)
     }
 }

@@ -14,7 +14,7 @@ use crate::layout::FlatLayout;
 use crate::loss::{cross_entropy_sum, scalar};
 use crate::models::{Cnn, Gpt, LossKind, Mlp, Model};
 use crate::optim::{segments, AdamW, Optimizer, Sgd};
-use crate::precision::{Fp8State, Fx, Precision};
+use crate::precision::{Fp8State, Fx, Kernels, Precision};
 use crate::schedule::Schedule;
 
 /// What one optimizer step did.
@@ -75,6 +75,9 @@ pub struct Trainer {
     /// FP8 delayed scalers (fp8 only).
     pub fp8: Option<Fp8State>,
     precision: Precision,
+    kernels: Kernels,
+    /// bf16 copy of `master` the optimizer writes in its pass (bf16 precision only).
+    bf16_copy: Option<Vec<half::bf16>>,
     grad_clip: f64,
     /// Optimizer steps taken (skipped ones included).
     pub step: u64,
@@ -114,6 +117,9 @@ impl Trainer {
             scaler,
             fp8,
             precision: config.precision,
+            kernels: config.kernels,
+            bf16_copy: (config.precision.compute_dtype() == candle_core::DType::BF16)
+                .then(|| vec![half::bf16::ZERO; len]),
             grad_clip: o.grad_clip,
             step: 0,
             sampler_state: SamplerState::default(),
@@ -122,7 +128,7 @@ impl Trainer {
 
     /// The forward context.
     pub fn fx(&self) -> Fx<'_> {
-        Fx::new(self.precision, self.fp8.as_ref())
+        Fx::new(self.precision, self.fp8.as_ref()).with_kernels(self.kernels)
     }
 
     /// The precision mode.
@@ -135,7 +141,7 @@ impl Trainer {
         let step = self.step;
         self.grads.iter_mut().for_each(|g| *g = 0.0);
         let loss_scale = self.scaler.as_ref().map_or(1.0, |s| s.scale());
-        let fx = Fx::new(self.precision, self.fp8.as_ref());
+        let fx = Fx::new(self.precision, self.fp8.as_ref()).with_kernels(self.kernels);
         let opts = AccumulateOptions {
             norm: Normalization::WindowCount,
             loss_scale: loss_scale as f64,
@@ -188,8 +194,12 @@ impl Trainer {
         } else {
             global_norm(&self.grads)
         };
-        self.optimizer
-            .step(&mut self.master, &self.grads, lr as f32);
+        self.optimizer.step(
+            &mut self.master,
+            &self.grads,
+            lr as f32,
+            self.bf16_copy.as_deref_mut(),
+        );
         if let Some(param) = self.layout.first_nonfinite(&self.master) {
             return Err(TrainError::NonFinite {
                 step,
@@ -197,7 +207,10 @@ impl Trainer {
                 param: param.into(),
             });
         }
-        self.layout.unflatten(&self.master, self.model.params())?;
+        match &self.bf16_copy {
+            Some(copy) => self.layout.unflatten_bf16(copy, self.model.params())?,
+            None => self.layout.unflatten(&self.master, self.model.params())?,
+        }
         if let Some(f) = &self.fp8 {
             f.update();
         }

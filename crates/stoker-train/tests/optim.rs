@@ -37,7 +37,7 @@ fn replay(case: &Value, opt: &mut dyn Optimizer, layout: &FlatLayout) -> f64 {
         for (slot, g) in layout.slots().iter().zip(step["grads"].as_array().unwrap()) {
             grads[slot.offset..slot.offset + slot.len].copy_from_slice(&floats(g));
         }
-        opt.step(&mut buf, &grads, step["lr"].as_f64().unwrap() as f32);
+        opt.step(&mut buf, &grads, step["lr"].as_f64().unwrap() as f32, None);
         for (slot, want) in layout
             .slots()
             .iter()
@@ -114,12 +114,12 @@ fn optimizer_state_round_trips_and_rejects_wrong_sizes() {
     let layout = FlatLayout::new(&[("w".into(), vec![3, 3])], 16).unwrap();
     let mut a = AdamW::new(AdamWConfig::default(), segments(&layout, false), 16);
     let mut p = vec![0.5f32; 16];
-    a.step(&mut p, &[0.1; 16], 1e-2);
+    a.step(&mut p, &[0.1; 16], 1e-2, None);
     let mut b = AdamW::new(AdamWConfig::default(), segments(&layout, false), 16);
     b.restore(a.state()).unwrap();
     let mut q = p.clone();
-    a.step(&mut p, &[0.2; 16], 1e-2);
-    b.step(&mut q, &[0.2; 16], 1e-2);
+    a.step(&mut p, &[0.2; 16], 1e-2, None);
+    b.step(&mut q, &[0.2; 16], 1e-2, None);
     assert_eq!(p, q);
     let mut c = AdamW::new(AdamWConfig::default(), vec![], 32);
     let err = c.restore(a.state()).unwrap_err();

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{LossKind, Model};
 use crate::error::Result;
-use crate::ops::{causal_mask, ids_i64, layer_norm, linear, softmax_last};
+use crate::ops::{causal_attention, embedding, gelu, layer_norm, linear};
 use crate::params::{Init, ParamBuilder, ParamSet};
 use crate::precision::Fx;
 
@@ -40,7 +40,7 @@ impl GptConfig {
                 return Err((k, "must be at least 1".into()));
             }
         }
-        if self.d_model % self.n_head != 0 {
+        if !self.d_model.is_multiple_of(self.n_head) {
             return Err((
                 "n_head",
                 format!("{} does not divide d_model {}", self.n_head, self.d_model),
@@ -167,11 +167,9 @@ impl Gpt {
                 .contiguous()?)
         };
         let (q, k, v) = (split(0)?, split(1)?, split(2)?);
-        // (B, H, T, T) scores in the compute dtype; the softmax in the high dtype.
-        let scores = (q.matmul(&k.t()?.contiguous()?)? * (1.0 / (hd as f64).sqrt()))?;
-        let att =
-            softmax_last(fx, &causal_mask(&scores.to_dtype(fx.high)?)?)?.to_dtype(fx.compute)?;
-        let y = att.matmul(&v)?.transpose(1, 2)?.reshape((bsz, t, d))?;
+        let y = causal_attention(fx, &q, &k, &v)?
+            .transpose(1, 2)?
+            .reshape((bsz, t, d))?;
         linear(
             fx,
             &format!("{name}.proj"),
@@ -183,7 +181,10 @@ impl Gpt {
 
     fn mlp(&self, fx: &Fx, blk: &Block, x: &Tensor) -> Result<Tensor> {
         let name = format!("{}.mlp", blk.prefix);
-        let h = linear(fx, &format!("{name}.fc"), x, &blk.fc[0], Some(&blk.fc[1]))?.gelu()?;
+        let h = gelu(
+            fx,
+            &linear(fx, &format!("{name}.fc"), x, &blk.fc[0], Some(&blk.fc[1]))?,
+        )?;
         linear(
             fx,
             &format!("{name}.proj"),
@@ -203,8 +204,7 @@ impl Model for Gpt {
     fn forward(&self, fx: &Fx, input: &Tensor) -> Result<Tensor> {
         let (bsz, t) = input.dims2()?;
         let d = self.config.d_model;
-        let ids = ids_i64(input)?.flatten_all()?;
-        let tok = self.wte.index_select(&ids, 0)?.reshape((bsz, t, d))?;
+        let tok = embedding(fx, &self.wte, input)?;
         let pos = self.wpe.narrow(0, 0, t)?;
         let mut x = tok.broadcast_add(&pos)?;
         for blk in &self.blocks {

@@ -1,9 +1,13 @@
 //! AdamW: Adam with decoupled weight decay and bias correction (Loshchilov & Hutter),
-//! with torch.optim.AdamW's arithmetic order so results agree to f32 rounding.
+//! with torch.optim.AdamW's arithmetic order so results agree to f32 rounding (the
+//! arithmetic itself is [`stoker_kernels::adamw_update`]).
 
 use serde::{Deserialize, Serialize};
 
-use super::{take_buffers, OptimState, Optimizer, Segment};
+use half::bf16;
+use stoker_kernels::{adamw_update, AdamWStep};
+
+use super::{out_segment, take_buffers, OptimState, Optimizer, Segment};
 
 /// AdamW hyper-parameters (torch's defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -53,34 +57,28 @@ impl AdamW {
 }
 
 impl Optimizer for AdamW {
-    fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32) {
+    fn step(
+        &mut self,
+        params: &mut [f32],
+        grads: &[f32],
+        lr: f32,
+        mut bf16_out: Option<&mut [bf16]>,
+    ) {
         self.step += 1;
         let c = self.config;
-        let t = self.step as i32;
-        // Scalars in f64 as torch computes them in Python, applied in f32.
-        let lr64 = lr as f64;
-        let decay = (1.0 - lr64 * c.weight_decay) as f32;
-        let w1 = (1.0 - c.beta1) as f32;
-        let beta2 = c.beta2 as f32;
-        let w2 = (1.0 - c.beta2) as f32;
-        let step_size = (lr64 / (1.0 - c.beta1.powi(t))) as f32;
-        let bc2_sqrt = (1.0 - c.beta2.powi(t)).sqrt() as f32;
-        let eps = c.eps as f32;
+        let s = AdamWStep::new(lr, c.beta1, c.beta2, c.eps, c.weight_decay, self.step);
         for seg in &self.segments {
             let r = seg.offset..seg.offset + seg.len;
-            let (p, g) = (&mut params[r.clone()], &grads[r.clone()]);
-            let (m, v) = (&mut self.exp_avg[r.clone()], &mut self.exp_avg_sq[r]);
-            for i in 0..p.len() {
-                if seg.decay {
-                    p[i] *= decay;
-                }
-                // torch's lerp with weight < 0.5: m + w (g - m).
-                m[i] += w1 * (g[i] - m[i]);
-                v[i] = v[i] * beta2 + w2 * g[i] * g[i];
-                let denom = v[i].sqrt() / bc2_sqrt + eps;
-                // torch's vectorized addcdiv fuses the multiply-add: so do we.
-                p[i] = (-step_size).mul_add(m[i] / denom, p[i]);
-            }
+            adamw_update(
+                &s,
+                seg.decay,
+                &mut params[r.clone()],
+                &grads[r.clone()],
+                &mut self.exp_avg[r.clone()],
+                &mut self.exp_avg_sq[r],
+                out_segment(&mut bf16_out, seg),
+            )
+            .expect("segments slice every buffer alike");
         }
     }
 

@@ -1,11 +1,15 @@
 //! Optimizers over the flat FP32 buffers of a [`crate::layout::FlatLayout`].
 //!
 //! They see only (offset, len, decay) segments, never a model: the same code serves a
-//! whole buffer or one ZeRO shard of it. Padding between slots is never touched.
+//! whole buffer or one ZeRO shard of it. Padding between slots is never touched. The
+//! arithmetic is stoker-kernels' fused passes ([`stoker_kernels::adamw_update`],
+//! [`stoker_kernels::sgd_update`]): torch's order of operations, vectorized and parallel
+//! over chunks, with the bf16 copy of the updated weights written in the same pass.
 
 pub mod adamw;
 pub mod sgd;
 
+use half::bf16;
 use serde::{Deserialize, Serialize};
 
 use crate::layout::FlatLayout;
@@ -50,8 +54,9 @@ pub struct OptimState {
 
 /// An optimizer over flat buffers.
 pub trait Optimizer: Send {
-    /// One update of `params` from `grads` (same layout) at learning rate `lr`.
-    fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32);
+    /// One update of `params` from `grads` (same layout) at learning rate `lr`; with
+    /// `bf16_out` (same layout), the updated segments are also written there in bf16.
+    fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32, bf16_out: Option<&mut [bf16]>);
     /// The state to checkpoint.
     fn state(&self) -> OptimState;
     /// Restores a saved state; errors name the buffer that does not fit.
@@ -80,4 +85,13 @@ pub(crate) fn take_buffers(
         out.push(buf.clone());
     }
     Ok(out)
+}
+
+/// The segment's stretch of an optional bf16 output buffer.
+pub(crate) fn out_segment<'a>(
+    out: &'a mut Option<&mut [bf16]>,
+    seg: &Segment,
+) -> Option<&'a mut [bf16]> {
+    out.as_deref_mut()
+        .map(|o| &mut o[seg.offset..seg.offset + seg.len])
 }

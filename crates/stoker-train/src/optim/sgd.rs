@@ -1,9 +1,13 @@
 //! SGD with momentum (torch.optim.SGD semantics: coupled L2 weight decay, dampening 0,
-//! optional Nesterov; the first step seeds the momentum buffer with the gradient).
+//! optional Nesterov; the first step seeds the momentum buffer with the gradient). The
+//! arithmetic is [`stoker_kernels::sgd_update`].
 
 use serde::{Deserialize, Serialize};
 
-use super::{take_buffers, OptimState, Optimizer, Segment};
+use half::bf16;
+use stoker_kernels::{sgd_update, SgdStep};
+
+use super::{out_segment, take_buffers, OptimState, Optimizer, Segment};
 
 /// SGD hyper-parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -48,31 +52,32 @@ impl Sgd {
 }
 
 impl Optimizer for Sgd {
-    fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32) {
-        let first = self.step == 0;
+    fn step(
+        &mut self,
+        params: &mut [f32],
+        grads: &[f32],
+        lr: f32,
+        mut bf16_out: Option<&mut [bf16]>,
+    ) {
+        let s = SgdStep {
+            lr,
+            momentum: self.config.momentum as f32,
+            weight_decay: self.config.weight_decay as f32,
+            nesterov: self.config.nesterov,
+            first: self.step == 0,
+        };
         self.step += 1;
-        let mu = self.config.momentum as f32;
-        let wd = self.config.weight_decay as f32;
         for seg in &self.segments {
             let r = seg.offset..seg.offset + seg.len;
-            let (p, g) = (&mut params[r.clone()], &grads[r.clone()]);
-            let buf = &mut self.momentum[r];
-            for i in 0..p.len() {
-                let mut d = g[i];
-                if seg.decay && wd != 0.0 {
-                    d = wd.mul_add(p[i], d);
-                }
-                if mu != 0.0 {
-                    buf[i] = if first { d } else { buf[i] * mu + d };
-                    d = if self.config.nesterov {
-                        mu.mul_add(buf[i], d)
-                    } else {
-                        buf[i]
-                    };
-                }
-                // `add(x, alpha=a)` in torch's vectorized kernels is a fused multiply-add.
-                p[i] = (-lr).mul_add(d, p[i]);
-            }
+            sgd_update(
+                &s,
+                seg.decay,
+                &mut params[r.clone()],
+                &grads[r.clone()],
+                &mut self.momentum[r],
+                out_segment(&mut bf16_out, seg),
+            )
+            .expect("segments slice every buffer alike");
         }
     }
 
