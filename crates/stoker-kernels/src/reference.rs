@@ -70,3 +70,15 @@ pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
     dims.push(table.dim(1)?);
     table.embedding(&ids.flatten_all()?)?.reshape(dims)
 }
+
+/// Linear layer `x W^T + b`, composed: one 2-D matmul over the leading dims and a
+/// broadcast add.
+pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let mut dims = x.dims().to_vec();
+    let k = dims.pop().unwrap_or(1);
+    dims.push(w.dim(0)?);
+    x.reshape(((), k))?
+        .matmul(&w.t()?)?
+        .reshape(dims)?
+        .broadcast_add(b)
+}

@@ -13,6 +13,11 @@ use stoker_train::config::TrainConfig;
 use stoker_train::params::mix64;
 use stoker_train::trainer::Trainer;
 
+/// The binary's allocator (as in `stoker`): mimalloc keeps freed pages for reuse instead
+/// of returning them to the OS, so per-step tensors do not page-fault every step.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a: Vec<String> = std::env::args().skip(1).collect();
     let arg = |i: usize, d: &str| a.get(i).cloned().unwrap_or_else(|| d.to_string());

@@ -23,11 +23,11 @@ fn bf16_gemm(fx: &Fx, x: &Tensor) -> bool {
         && stoker_kernels::bf16_native()
 }
 
-/// `y = x W^T + b` with `x` `(.., in)`, `W` `(out, in)`: a matmul, so it runs in the
-/// compute dtype, with FP8 quantize-dequantize of both inputs (E4M3) and of the output's
+/// `y = x W^T + b` with `x` `(.., in)`, `W` `(out, in)`: a matmul, so its operands are in
+/// the compute dtype (its output in the activation dtype), with FP8 quantize-dequantize of both inputs (E4M3) and of the output's
 /// gradient (E5M2) in `fp8` mode.
 pub fn linear(fx: &Fx, name: &str, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-    let mut x = x.to_dtype(fx.compute)?;
+    let mut x = x.to_dtype(fx.activation())?;
     let mut w = w.clone();
     if let Some(fp8) = fx.fp8 {
         x = fp8.qdq(name, 0, &x)?;
@@ -36,6 +36,14 @@ pub fn linear(fx: &Fx, name: &str, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -
     // One 2-D matmul over all leading dims: a broadcast matmul's backward would expand
     // the weight per batch element and sum the per-element weight gradients afterwards
     // (about 10x the forward's time in f32 here, more in bf16).
+    if fx.fp8.is_none() && fx.fused_for(&x) && (x.dtype() == DType::F32 || bf16_gemm(fx, &x)) {
+        // One fused op: GEMM, bias and their backward (bias-less layers add zeros).
+        let bias = match b {
+            Some(b) => b.clone(),
+            None => Tensor::zeros(w.dim(0)?, w.dtype(), w.device())?,
+        };
+        return Ok(stoker_kernels::linear(&x, &w, &bias)?);
+    }
     let y = if bf16_gemm(fx, &x) {
         stoker_kernels::linear_bf16(&x, &w)?
     } else {
@@ -83,12 +91,13 @@ pub fn log_softmax_last(fx: &Fx, x: &Tensor) -> Result<Tensor> {
     Ok(shifted.broadcast_sub(&lse)?)
 }
 
-/// LayerNorm over the last dimension, in the high dtype, returned in the compute dtype.
+/// LayerNorm over the last dimension, in the high dtype, returned in the activation dtype
+/// ([`Fx::activation`]).
 pub fn layer_norm(fx: &Fx, x: &Tensor, gain: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
     let x = x.to_dtype(fx.high)?;
     if fx.fused_for(&x) {
         let (g, b) = (gain.to_dtype(fx.high)?, bias.to_dtype(fx.high)?);
-        return Ok(stoker_kernels::layer_norm(&x, &g, &b, eps)?.to_dtype(fx.compute)?);
+        return Ok(stoker_kernels::layer_norm(&x, &g, &b, eps)?.to_dtype(fx.activation())?);
     }
     let mean = x.mean_keepdim(D::Minus1)?;
     let xc = x.broadcast_sub(&mean)?;

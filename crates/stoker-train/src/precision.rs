@@ -227,6 +227,23 @@ impl<'a> Fx<'a> {
         Fx { kernels, ..self }
     }
 
+    /// The dtype activations are kept in between ops. The compute dtype, except for bf16
+    /// with fused kernels on a CPU with bf16 hardware: there activations stay f32 and only
+    /// the matmul operands are bf16 (rounded while the GEMM packs them), because candle's
+    /// elementwise bf16 arithmetic, including the gradient additions of its backward, is
+    /// emulated and costs more than the bf16 matmul saves.
+    pub fn activation(&self) -> DType {
+        if self.kernels == Kernels::Fused
+            && self.compute == DType::BF16
+            && self.fp8.is_none()
+            && stoker_kernels::bf16_native()
+        {
+            self.high
+        } else {
+            self.compute
+        }
+    }
+
     /// Whether the fused op can run on `t`: fused kernels chosen, a CPU tensor, and a
     /// dtype the kernels take (f32 or bf16).
     pub fn fused_for(&self, t: &Tensor) -> bool {

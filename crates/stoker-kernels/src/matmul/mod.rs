@@ -83,12 +83,34 @@ pub fn bf16_native() -> bool {
     Bf16Kernel::detect() != Bf16Kernel::Portable
 }
 
-/// A contiguous bf16 matrix of logical shape `rows x cols`; `transposed` means it is
-/// stored as its transpose (`cols x rows`, row-major), as a weight `[out, in]` is for `x W^T`.
+/// An element a GEMM operand may be stored in: bf16 as is, or f32 rounded to bf16
+/// (nearest-even) while packing, so f32 activations need no separate cast.
+pub trait Bf16Source: Copy + Send + Sync {
+    /// The bf16 bit pattern of the value.
+    fn bf16_bits(self) -> u16;
+}
+
+impl Bf16Source for bf16 {
+    #[inline(always)]
+    fn bf16_bits(self) -> u16 {
+        self.to_bits()
+    }
+}
+
+impl Bf16Source for f32 {
+    #[inline(always)]
+    fn bf16_bits(self) -> u16 {
+        crate::fastmath::to_bf16(self).to_bits()
+    }
+}
+
+/// A contiguous matrix of logical shape `rows x cols` (bf16, or f32 rounded to bf16);
+/// `transposed` means it is stored as its transpose (`cols x rows`, row-major), as a
+/// weight `[out, in]` is for `x W^T`.
 #[derive(Debug, Clone, Copy)]
-pub struct MatRef<'a> {
+pub struct MatRef<'a, S = bf16> {
     /// The elements, row-major in storage order.
-    pub data: &'a [bf16],
+    pub data: &'a [S],
     /// Logical rows.
     pub rows: usize,
     /// Logical columns.
@@ -98,7 +120,14 @@ pub struct MatRef<'a> {
 }
 
 /// Computes every 32 x 32 block of one 32-row band of `C` with `kernel`.
-fn band<T: Elem>(kernel: Bf16Kernel, a: &PackedA, b: &PackedB, rb: usize, c: &mut [T], n: usize) {
+fn band<T: Elem>(
+    kernel: Bf16Kernel,
+    (a, b): (&PackedA, &PackedB),
+    rb: usize,
+    c: &mut [T],
+    n: usize,
+    bias: Option<&[f32]>,
+) {
     debug_assert_eq!(a.pairs, b.pairs);
     let rows = c.len() / n;
     let mut block: Block = [0.0; BLOCK * BLOCK];
@@ -121,28 +150,37 @@ fn band<T: Elem>(kernel: Bf16Kernel, a: &PackedA, b: &PackedB, rb: usize, c: &mu
         for r in 0..rows {
             let src = &block[r * BLOCK..r * BLOCK + cols];
             let dst = &mut c[r * n + c0..r * n + c0 + cols];
-            dst.iter_mut()
-                .zip(src)
-                .for_each(|(d, &v)| *d = T::from_f32(v));
+            match bias {
+                Some(bias) => dst
+                    .iter_mut()
+                    .zip(src.iter().zip(&bias[c0..c0 + cols]))
+                    .for_each(|(d, (&v, &b))| *d = T::from_f32(v + b)),
+                None => dst
+                    .iter_mut()
+                    .zip(src)
+                    .for_each(|(d, &v)| *d = T::from_f32(v)),
+            }
         }
     }
 }
 
 /// `C = A . B` in f32 (`A` `m x k`, `B` `k x n`, either stored transposed or not), bf16
 /// products accumulated in f32 by `kernel`, which must be one of [`Bf16Kernel::available`].
-pub fn gemm_bf16_with(
+pub fn gemm_bf16_with<SA: Bf16Source, SB: Bf16Source>(
     kernel: Bf16Kernel,
-    a: &MatRef,
-    b: &MatRef,
+    a: &MatRef<SA>,
+    b: &MatRef<SB>,
 ) -> std::result::Result<Vec<f32>, KernelError> {
-    gemm_into(kernel, a, b)
+    gemm_into(kernel, a, b, None)
 }
 
-/// The GEMM, writing `C` in `T` (each f32 sum rounded once).
-fn gemm_into<T: Elem>(
+/// The GEMM, writing `C` in `T`; with `bias` (`n` values) added to every row in f32
+/// before each element's single rounding.
+pub(crate) fn gemm_into<T: Elem, SA: Bf16Source, SB: Bf16Source>(
     kernel: Bf16Kernel,
-    a: &MatRef,
-    b: &MatRef,
+    a: &MatRef<SA>,
+    b: &MatRef<SB>,
+    bias: Option<&[f32]>,
 ) -> std::result::Result<Vec<T>, KernelError> {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     if b.rows != k || a.data.len() != m * k || b.data.len() != k * n {
@@ -155,6 +193,13 @@ fn gemm_into<T: Elem>(
                 b.data.len()
             ),
             shape: Shape::from((m, k)),
+        });
+    }
+    if bias.is_some_and(|v| v.len() != n) {
+        return Err(KernelError::Shape {
+            op: "bf16-matmul",
+            msg: format!("bias must have {n} values"),
+            shape: Shape::from(bias.map_or(0, |v| v.len())),
         });
     }
     if !Bf16Kernel::available().contains(&kernel) {
@@ -170,12 +215,15 @@ fn gemm_into<T: Elem>(
     let (pa, pb) = rayon::join(|| pack_a(a), || pack_b(b));
     c.par_chunks_mut(BLOCK * n)
         .enumerate()
-        .for_each(|(rb, c)| band(kernel, &pa, &pb, rb, c, n));
+        .for_each(|(rb, c)| band(kernel, (&pa, &pb), rb, c, n, bias));
     Ok(c)
 }
 
 /// [`gemm_bf16_with`] on the detected kernel.
-pub fn gemm_bf16(a: &MatRef, b: &MatRef) -> std::result::Result<Vec<f32>, KernelError> {
+pub fn gemm_bf16<SA: Bf16Source, SB: Bf16Source>(
+    a: &MatRef<SA>,
+    b: &MatRef<SB>,
+) -> std::result::Result<Vec<f32>, KernelError> {
     gemm_bf16_with(Bf16Kernel::detect(), a, b)
 }
 
@@ -242,7 +290,7 @@ impl CustomOp2 for Bf16Matmul {
             cols: n,
             transposed: self.b_t,
         };
-        let c: Vec<bf16> = gemm_into(Bf16Kernel::detect(), &a, &b)?;
+        let c: Vec<bf16> = gemm_into(Bf16Kernel::detect(), &a, &b, None)?;
         Ok((CpuStorage::BF16(c), Shape::from((m, n))))
     }
 

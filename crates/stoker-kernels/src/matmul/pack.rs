@@ -11,7 +11,7 @@
 
 use rayon::prelude::*;
 
-use super::MatRef;
+use super::{Bf16Source, MatRef};
 
 /// Rows of `A` per block (two AMX tiles of 16 rows).
 pub(crate) const ROW_BLOCK: usize = 32;
@@ -43,13 +43,13 @@ fn word(lo: u16, hi: u16) -> u32 {
     lo as u32 | (hi as u32) << 16
 }
 
-pub(crate) fn pack_a(a: &MatRef) -> PackedA {
+pub(crate) fn pack_a<S: Bf16Source>(a: &MatRef<S>) -> PackedA {
     let (m, k) = (a.rows, a.cols);
     let pairs = padded_pairs(k);
     let rows = m.div_ceil(ROW_BLOCK) * ROW_BLOCK;
     let mut words = vec![0u32; rows * pairs];
     let src = a.data;
-    let bits = |i: usize| src[i].to_bits();
+    let bits = |i: usize| src[i].bf16_bits();
     words
         .par_chunks_mut(pairs * ROW_BLOCK)
         .enumerate()
@@ -70,7 +70,10 @@ pub(crate) fn pack_a(a: &MatRef) -> PackedA {
                 } else {
                     let s = &src[i * k..(i + 1) * k];
                     for (w, pair) in row.iter_mut().zip(s.chunks(2)) {
-                        *w = word(pair[0].to_bits(), pair.get(1).map_or(0, |v| v.to_bits()));
+                        *w = word(
+                            pair[0].bf16_bits(),
+                            pair.get(1).map_or(0, |v| v.bf16_bits()),
+                        );
                     }
                 }
             }
@@ -78,13 +81,13 @@ pub(crate) fn pack_a(a: &MatRef) -> PackedA {
     PackedA { words, pairs }
 }
 
-pub(crate) fn pack_b(b: &MatRef) -> PackedB {
+pub(crate) fn pack_b<S: Bf16Source>(b: &MatRef<S>) -> PackedB {
     let (k, n) = (b.rows, b.cols);
     let pairs = padded_pairs(k);
     let panels = n.div_ceil(2 * PANEL) * 2;
     let mut words = vec![0u32; panels * pairs * PANEL];
     let src = b.data;
-    let bits = |i: usize| src[i].to_bits();
+    let bits = |i: usize| src[i].bf16_bits();
     words
         .par_chunks_mut(pairs * PANEL)
         .enumerate()
@@ -109,11 +112,11 @@ pub(crate) fn pack_b(b: &MatRef) -> PackedB {
                     if r1 < k {
                         let hi = &src[r1 * n + c0..r1 * n + c0 + cols];
                         for ((w, l), h) in out.iter_mut().zip(lo).zip(hi) {
-                            *w = word(l.to_bits(), h.to_bits());
+                            *w = word(l.bf16_bits(), h.bf16_bits());
                         }
                     } else {
                         for (w, l) in out.iter_mut().zip(lo) {
-                            *w = word(l.to_bits(), 0);
+                            *w = word(l.bf16_bits(), 0);
                         }
                     }
                 }

@@ -204,8 +204,9 @@ impl Model for Gpt {
     fn forward(&self, fx: &Fx, input: &Tensor) -> Result<Tensor> {
         let (bsz, t) = input.dims2()?;
         let d = self.config.d_model;
-        let tok = embedding(fx, &self.wte, input)?;
-        let pos = self.wpe.narrow(0, 0, t)?;
+        let act = fx.activation();
+        let tok = embedding(fx, &self.wte, input)?.to_dtype(act)?;
+        let pos = self.wpe.narrow(0, 0, t)?.to_dtype(act)?;
         let mut x = tok.broadcast_add(&pos)?;
         for blk in &self.blocks {
             let h = layer_norm(fx, &x, &blk.ln1[0], &blk.ln1[1], LN_EPS)?;

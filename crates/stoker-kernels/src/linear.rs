@@ -1,0 +1,368 @@
+//! A linear layer `y = x W^T + b` as one differentiable op.
+//!
+//! Composed in candle, a linear layer is five graph nodes (reshape, transpose, matmul,
+//! reshape, broadcast add), each of which candle's backward gives a zero-filled gradient
+//! buffer and an add; the bias gradient is a strided reduction over the leading
+//! dimensions. Here it is one node: forward is one GEMM whose output starts as the bias
+//! rows, backward computes `dx = dy W`, `dW = dy^T x` and `db` = column sums of `dy` into
+//! one buffer. f32 runs on the `gemm` crate (candle's own f32 GEMM); bf16 on
+//! [`crate::matmul`] (AMX / AVX512-BF16) with f32 accumulation and the bias added before
+//! the single rounding.
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use half::bf16;
+use rayon::prelude::*;
+
+use crate::elem::{floats, Elem, Floats};
+use crate::error::{shape_err, KernelError};
+use crate::matmul::{gemm_into, Bf16Kernel, MatRef};
+
+/// `x W^T + b` for `x` `[.., in]`, `w` `[out, in]`, `b` `[out]`, differentiable in all
+/// three. All f32, all bf16, or f32 `x` with bf16 `w` and `b` (bf16 GEMM operands, f32
+/// output: how bf16 training keeps CPU activations in f32, see stoker-train's `ops`).
+pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let op = "linear";
+    let dims = x.dims().to_vec();
+    let Some((&k, lead)) = dims.split_last() else {
+        return Err(shape_err(
+            op,
+            "x must have at least one dimension",
+            x.shape(),
+        ));
+    };
+    let (n, win) = w.dims2()?;
+    if win != k || b.dims() != [n] {
+        return Err(shape_err(
+            op,
+            format!(
+                "x has {k} features; the weight is {:?} and the bias {:?}",
+                w.dims(),
+                b.dims()
+            ),
+            x.shape(),
+        ));
+    }
+    let x2 = x.contiguous()?.reshape(((), k))?;
+    let y = x2.apply_op3(&w.contiguous()?, &b.contiguous()?, Linear)?;
+    let mut shape = lead.to_vec();
+    shape.push(n);
+    y.reshape(shape)
+}
+
+/// The forward op; use [`linear`].
+#[derive(Debug, Clone, Copy)]
+pub struct Linear;
+
+/// `C (m x n, row-major) = A . B` in f32 through the `gemm` crate, with `A` element
+/// `(i, r)` at `a[i * a_rs + r * a_cs]` and `B` element `(r, j)` at `b[r * b_rs + j * b_cs]`.
+/// With `init`, `C` starts as that row repeated (the bias); otherwise from zero.
+#[allow(clippy::too_many_arguments)]
+fn gemm_f32(
+    (m, k, n): (usize, usize, usize),
+    a: &[f32],
+    (a_rs, a_cs): (usize, usize),
+    b: &[f32],
+    (b_rs, b_cs): (usize, usize),
+    init: Option<&[f32]>,
+) -> Vec<f32> {
+    let mut c = match init {
+        Some(row) => row.repeat(m),
+        None => vec![0f32; m * n],
+    };
+    if m == 0 || n == 0 || k == 0 {
+        return c;
+    }
+    assert!(a.len() > (m - 1) * a_rs + (k - 1) * a_cs && b.len() > (k - 1) * b_rs + (n - 1) * b_cs);
+    let threads = rayon::current_num_threads();
+    let par = if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: the assert above bounds every element gemm reads; `c` is m x n row-major.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            init.is_some(),
+            a.as_ptr(),
+            a_cs as isize,
+            a_rs as isize,
+            b.as_ptr(),
+            b_cs as isize,
+            b_rs as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+    c
+}
+
+/// Column sums of `g` (`m x n`, row-major) in f32.
+fn column_sums<T: Elem>(g: &[T], n: usize) -> Vec<f32> {
+    let rows_per_task = (16 * 1024 / n.max(1)).max(1);
+    g.par_chunks(rows_per_task * n)
+        .map(|rows| {
+            let mut acc = vec![0f32; n];
+            for row in rows.chunks(n) {
+                acc.iter_mut().zip(row).for_each(|(a, &v)| *a += v.to_f32());
+            }
+            acc
+        })
+        .reduce(
+            || vec![0f32; n],
+            |mut a, b| {
+                a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
+                a
+            },
+        )
+}
+
+fn dims(op: &'static str, x: &Layout, w: &Layout, b: &Layout) -> Result<(usize, usize, usize)> {
+    match (x.dims(), w.dims(), b.dims()) {
+        (&[m, k], &[n, k2], &[n2]) if k == k2 && n == n2 => Ok((m, k, n)),
+        _ => Err(shape_err(
+            op,
+            "expects x [m, k], w [n, k], b [n]",
+            x.shape(),
+        )),
+    }
+}
+
+fn dtype_err(op: &'static str, d: DType) -> candle_core::Error {
+    KernelError::DType {
+        op,
+        dtype: d,
+        extra: ", the same for x, w and b",
+    }
+    .into()
+}
+
+impl CustomOp3 for Linear {
+    fn name(&self) -> &'static str {
+        "linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let op = self.name();
+        let (m, k, n) = dims(op, l1, l2, l3)?;
+        let out = match (
+            floats(op, s1, l1)?,
+            floats(op, s2, l2)?,
+            floats(op, s3, l3)?,
+        ) {
+            (Floats::F32(x), Floats::F32(w), Floats::F32(b)) => {
+                CpuStorage::F32(gemm_f32((m, k, n), x, (k, 1), w, (1, k), Some(b)))
+            }
+            (Floats::BF16(x), Floats::BF16(w), Floats::BF16(b)) => {
+                let bias: Vec<f32> = b.iter().map(|v| v.to_f32()).collect();
+                let a = MatRef {
+                    data: x,
+                    rows: m,
+                    cols: k,
+                    transposed: false,
+                };
+                let bm = MatRef {
+                    data: w,
+                    rows: k,
+                    cols: n,
+                    transposed: true,
+                };
+                CpuStorage::BF16(gemm_into::<bf16, _, _>(
+                    Bf16Kernel::detect(),
+                    &a,
+                    &bm,
+                    Some(&bias),
+                )?)
+            }
+            (Floats::F32(x), Floats::BF16(w), Floats::BF16(b)) => {
+                // f32 activations, bf16 weights: x is rounded to bf16 while packing and
+                // the output stays f32 (the accumulator), bias added in f32.
+                let bias: Vec<f32> = b.iter().map(|v| v.to_f32()).collect();
+                let a = MatRef {
+                    data: x,
+                    rows: m,
+                    cols: k,
+                    transposed: false,
+                };
+                let bm = MatRef {
+                    data: w,
+                    rows: k,
+                    cols: n,
+                    transposed: true,
+                };
+                CpuStorage::F32(gemm_into::<f32, _, _>(
+                    Bf16Kernel::detect(),
+                    &a,
+                    &bm,
+                    Some(&bias),
+                )?)
+            }
+            _ => return Err(dtype_err(op, s2.dtype())),
+        };
+        Ok((out, Shape::from((m, n))))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (m, k) = x.dims2()?;
+        let n = w.dim(0)?;
+        let g = grad.contiguous()?.to_dtype(x.dtype())?;
+        let flat = x.apply_op3_no_bwd(w, &g, &LinearBackward)?;
+        let dx = flat.narrow(0, 0, m * k)?.reshape((m, k))?;
+        let dw = flat
+            .narrow(0, m * k, n * k)?
+            .reshape((n, k))?
+            .to_dtype(w.dtype())?;
+        let db = flat.narrow(0, m * k + n * k, n)?.to_dtype(b.dtype())?;
+        Ok((Some(dx), Some(dw), Some(db)))
+    }
+}
+
+/// The backward of [`Linear`] over `(x, w, dy)`: `[dx | dW | db]` in one flat buffer.
+#[derive(Debug, Clone, Copy)]
+pub struct LinearBackward;
+
+impl CustomOp3 for LinearBackward {
+    fn name(&self) -> &'static str {
+        "linear-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let op = self.name();
+        let (m, k, n) = match (l1.dims(), l2.dims(), l3.dims()) {
+            (&[m, k], &[n, k2], &[m2, n2]) if k == k2 && m == m2 && n == n2 => (m, k, n),
+            _ => {
+                return Err(shape_err(
+                    op,
+                    "expects x [m, k], w [n, k], dy [m, n]",
+                    l1.shape(),
+                ))
+            }
+        };
+        let len = m * k + n * k + n;
+        let out = match (
+            floats(op, s1, l1)?,
+            floats(op, s2, l2)?,
+            floats(op, s3, l3)?,
+        ) {
+            (Floats::F32(x), Floats::F32(w), Floats::F32(g)) => {
+                let ((dx, dw), db) = rayon::join(
+                    || {
+                        rayon::join(
+                            || gemm_f32((m, n, k), g, (n, 1), w, (k, 1), None),
+                            || gemm_f32((n, m, k), g, (1, n), x, (k, 1), None),
+                        )
+                    },
+                    || column_sums(g, n),
+                );
+                let mut out = Vec::with_capacity(len);
+                out.extend_from_slice(&dx);
+                out.extend_from_slice(&dw);
+                out.extend_from_slice(&db);
+                CpuStorage::F32(out)
+            }
+            (Floats::BF16(x), Floats::BF16(w), Floats::BF16(g)) => {
+                let kernel = Bf16Kernel::detect();
+                let gm = MatRef {
+                    data: g,
+                    rows: m,
+                    cols: n,
+                    transposed: false,
+                };
+                let gt = MatRef {
+                    data: g,
+                    rows: n,
+                    cols: m,
+                    transposed: true,
+                };
+                let wm = MatRef {
+                    data: w,
+                    rows: n,
+                    cols: k,
+                    transposed: false,
+                };
+                let xm = MatRef {
+                    data: x,
+                    rows: m,
+                    cols: k,
+                    transposed: false,
+                };
+                let dx = gemm_into::<bf16, _, _>(kernel, &gm, &wm, None)?;
+                let dw = gemm_into::<bf16, _, _>(kernel, &gt, &xm, None)?;
+                let db = column_sums(g, n);
+                let mut out = Vec::with_capacity(len);
+                out.extend_from_slice(&dx);
+                out.extend_from_slice(&dw);
+                out.extend(db.into_iter().map(bf16::from_f32));
+                CpuStorage::BF16(out)
+            }
+            (Floats::F32(x), Floats::BF16(w), Floats::F32(g)) => {
+                // Mixed: f32 activations and gradients rounded to bf16 while packing;
+                // everything returned in f32 (the op casts dW and db to bf16).
+                let kernel = Bf16Kernel::detect();
+                let gm = MatRef {
+                    data: g,
+                    rows: m,
+                    cols: n,
+                    transposed: false,
+                };
+                let gt = MatRef {
+                    data: g,
+                    rows: n,
+                    cols: m,
+                    transposed: true,
+                };
+                let wm = MatRef {
+                    data: w,
+                    rows: n,
+                    cols: k,
+                    transposed: false,
+                };
+                let xm = MatRef {
+                    data: x,
+                    rows: m,
+                    cols: k,
+                    transposed: false,
+                };
+                let mut out = gemm_into::<f32, _, _>(kernel, &gm, &wm, None)?;
+                out.extend_from_slice(&gemm_into::<f32, _, _>(kernel, &gt, &xm, None)?);
+                out.extend_from_slice(&column_sums(g, n));
+                CpuStorage::F32(out)
+            }
+            _ => return Err(dtype_err(op, s3.dtype())),
+        };
+        Ok((out, Shape::from(len)))
+    }
+}
