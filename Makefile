@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 STOKER := target/release/stoker
 
-.PHONY: demo test deps data photos build release bench-loader bench-jpeg bench-precision fmt clippy
+.PHONY: demo test deps data photos build release bench-loader bench-jpeg bench-precision bench-step fmt clippy
 
 # System packages, Python packages for fixtures/references, a Rust toolchain check.
 deps:
@@ -36,6 +36,10 @@ bench-jpeg: photos release
 
 bench-precision: deps
 	$(CARGO) bench -p stoker-precision --bench convert
+
+# Fused kernels, bf16 GEMM and the GPT training step vs PyTorch (needs python3 + torch).
+bench-step: deps
+	bash scripts/bench/step.sh
 
 fmt:
 	$(CARGO) fmt --all

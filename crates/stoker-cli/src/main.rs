@@ -4,6 +4,12 @@ mod cmd;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc keeps freed pages for reuse: candle allocates every activation and gradient
+/// afresh each step, and with glibc's allocator those pages went back to the OS and
+/// faulted in again (a third of a CPU training step, measured in docs/benchmarks.md).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// stoker keeps accelerators fed: data loading, precision, distribution.
 #[derive(Parser)]
 #[command(name = "stoker", version, about)]

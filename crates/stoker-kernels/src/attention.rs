@@ -1,4 +1,7 @@
-//! Causal scaled-dot-product attention over `[B, H, T, D]`, fused, with a fused backward.
+//! Causal scaled-dot-product attention, fused, with a fused backward, in two layouts:
+//! separate `q`, `k`, `v` `[B, H, T, D]` ([`causal_attention`]), or the packed output of a
+//! QKV projection `[B, T, 3 H D]` straight to `[B, T, H D]` ([`causal_attention_qkv`]),
+//! which saves the split, the head transposes and their backward copies.
 //!
 //! Row by row (flash-attention's idea, on a CPU): for query `i` the scores against keys
 //! `0..=i` live in one scratch row of `T`, never a `T x T` matrix; forward saves only
@@ -10,7 +13,7 @@
 use std::sync::{Arc, OnceLock};
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor};
 use half::bf16;
 use rayon::prelude::*;
 
@@ -31,14 +34,289 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
     )
 }
 
-/// The attention forward op; use [`causal_attention`].
+/// Causal attention straight from a QKV projection: `qkv` `[B, T, 3 C]` holds `q`, `k`,
+/// `v` side by side, each `heads` heads of `C / heads`; returns `[B, T, C]` with the heads
+/// side by side again (GPT's layout on both ends).
+pub fn causal_attention_qkv(qkv: &Tensor, heads: usize) -> Result<Tensor> {
+    check_float("causal-attention-qkv", qkv.dtype())?;
+    qkv.contiguous()?.apply_op1(CausalAttentionQkv {
+        heads,
+        lse: OnceLock::new(),
+    })
+}
+
+/// Where one head's rows live in a flat buffer: row `i` of head `(b, h)` starts at
+/// `off + b * batch + h * head + i * row`.
+#[derive(Debug, Clone, Copy)]
+struct Rows {
+    off: usize,
+    batch: usize,
+    head: usize,
+    row: usize,
+}
+
+impl Rows {
+    /// `[B, H, T, D]`, contiguous.
+    fn bhtd(h: usize, t: usize, d: usize) -> Self {
+        Rows {
+            off: 0,
+            batch: h * t * d,
+            head: t * d,
+            row: d,
+        }
+    }
+
+    /// Part `part` (0 = q, 1 = k, 2 = v; 0 for a `[B, T, C]` output) of a
+    /// `[B, T, parts * H * D]` buffer.
+    fn packed(parts: usize, part: usize, h: usize, t: usize, d: usize) -> Self {
+        Rows {
+            off: part * h * d,
+            batch: t * parts * h * d,
+            head: d,
+            row: parts * h * d,
+        }
+    }
+
+    #[inline(always)]
+    fn start(&self, heads: usize, bh: usize, i: usize) -> usize {
+        self.off + (bh / heads) * self.batch + (bh % heads) * self.head + i * self.row
+    }
+}
+
+/// Attention's geometry: `heads` per batch element, `bh` heads in all, `t` rows of `d`.
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    heads: usize,
+    bh: usize,
+    t: usize,
+    d: usize,
+}
+
+/// A raw output pointer shared by the head tasks, each of which writes only its own
+/// head's rows (disjoint by construction of [`Rows`]).
+#[derive(Clone, Copy)]
+struct Out<T>(*mut T);
+// SAFETY: only used for disjoint writes from parallel tasks, see `fwd` and `bwd`.
+unsafe impl<T: Send> Send for Out<T> {}
+unsafe impl<T: Send> Sync for Out<T> {}
+
+impl<T> Out<T> {
+    /// The element `i` places past the start (a method, so closures capture the whole
+    /// `Out`, which is `Sync`, rather than its raw pointer field).
+    ///
+    /// # Safety
+    /// `i` must be inside the buffer.
+    unsafe fn at(&self, i: usize) -> *mut T {
+        self.0.add(i)
+    }
+}
+
+/// Copies head `bh`'s `t` rows of `d` from `src` into `dst` as f32.
+fn gather<T: Elem>(src: &[T], rows: Rows, g: Dims, bh: usize, dst: &mut [f32]) {
+    for (i, out) in dst.chunks_mut(g.d).enumerate() {
+        let s = rows.start(g.heads, bh, i);
+        out.iter_mut()
+            .zip(&src[s..s + g.d])
+            .for_each(|(o, &v)| *o = v.to_f32());
+    }
+}
+
+/// Copies head `bh`'s `t` rows of `d` from `src` into `dst` transposed (`d` rows of `t`),
+/// so that products against every key run over contiguous memory.
+fn gather_t<T: Elem>(src: &[T], rows: Rows, g: Dims, bh: usize, dst: &mut [f32]) {
+    for i in 0..g.t {
+        let s = rows.start(g.heads, bh, i);
+        for (c, &v) in src[s..s + g.d].iter().enumerate() {
+            dst[c * g.t + i] = v.to_f32();
+        }
+    }
+}
+
+/// `out[j] = scale * sum_c x[c] * mt[c][j]` for `j < out.len()`: a row of `x M^T` with
+/// `M` stored transposed (`d` rows of `t`), vectorized over `j`.
+#[inline(always)]
+fn row_times_t(x: &[f32], mt: &[f32], t: usize, scale: f32, out: &mut [f32]) {
+    out.fill(0.0);
+    let n = out.len();
+    for (c, &xc) in x.iter().enumerate() {
+        let m = &mt[c * t..c * t + n];
+        out.iter_mut().zip(m).for_each(|(o, &v)| *o += xc * v);
+    }
+    out.iter_mut().for_each(|o| *o *= scale);
+}
+
+/// Forward: `(q, k, v)` slices with their row layouts; writes the output through `out`
+/// (layout `o_rows`, `len` elements) and returns each row's log-sum-exp `[bh, t]`.
+fn fwd<T: Elem>(
+    (q, k, v): (&[T], &[T], &[T]),
+    (q_rows, k_rows, v_rows): (Rows, Rows, Rows),
+    o_rows: Rows,
+    g: Dims,
+    len: usize,
+) -> (Vec<T>, Vec<f32>) {
+    let (t, d) = (g.t, g.d);
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut out = vec![T::from_f32(0.0); len];
+    let mut lse = vec![0.0f32; g.bh * t];
+    let optr = Out(out.as_mut_ptr());
+    lse.par_chunks_mut(t).enumerate().for_each(|(bh, lse)| {
+        // Scratch per head: q, v widened, k transposed, one row of scores and of output.
+        let mut buf = vec![0.0f32; 3 * t * d + t + d];
+        let (qf, rest) = buf.split_at_mut(t * d);
+        let (kt, rest) = rest.split_at_mut(t * d);
+        let (vf, rest) = rest.split_at_mut(t * d);
+        let (s, acc) = rest.split_at_mut(t);
+        gather(q, q_rows, g, bh, qf);
+        gather_t(k, k_rows, g, bh, kt);
+        gather(v, v_rows, g, bh, vf);
+        for i in 0..t {
+            let s = &mut s[..=i];
+            row_times_t(&qf[i * d..(i + 1) * d], kt, t, scale, s);
+            let m = max_map(s, |x| x);
+            s.iter_mut().for_each(|x| *x = exp(*x - m));
+            let z = sum_map(s, |x| x);
+            acc.fill(0.0);
+            for (j, &p) in s.iter().enumerate() {
+                acc.iter_mut()
+                    .zip(&vf[j * d..(j + 1) * d])
+                    .for_each(|(a, &v)| *a += p * v);
+            }
+            let inv = 1.0 / z;
+            let o0 = o_rows.start(g.heads, bh, i);
+            assert!(o0 + d <= len);
+            // SAFETY: in bounds (asserted), and row i of head bh is written by this task only.
+            let orow = unsafe { std::slice::from_raw_parts_mut(optr.at(o0), d) };
+            orow.iter_mut()
+                .zip(&*acc)
+                .for_each(|(o, &a)| *o = T::from_f32(a * inv));
+            lse[i] = m + z.ln();
+        }
+    });
+    (out, lse)
+}
+
+/// What backward reads besides the inputs: the forward output, its gradient (both f32,
+/// in the output layout) and the saved log-sum-exp.
+struct Saved<'a> {
+    o: &'a [f32],
+    dout: &'a [f32],
+    o_rows: Rows,
+    lse: &'a [f32],
+}
+
+/// Backward: returns `len` gradient elements, `dq`, `dk`, `dv` written in the layouts
+/// `(dq_rows, dk_rows, dv_rows)` of one flat buffer.
+fn bwd<T: Elem>(
+    (q, k, v): (&[T], &[T], &[T]),
+    (q_rows, k_rows, v_rows): (Rows, Rows, Rows),
+    (dq_rows, dk_rows, dv_rows): (Rows, Rows, Rows),
+    saved: &Saved,
+    g: Dims,
+    len: usize,
+) -> Vec<T> {
+    let (t, d) = (g.t, g.d);
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut out = vec![T::from_f32(0.0); len];
+    let optr = Out(out.as_mut_ptr());
+    (0..g.bh).into_par_iter().for_each(|bh| {
+        // Scratch per head: q, k, O and dO widened; k and v transposed; dk and dv
+        // accumulated transposed; rows of probabilities, their gradients and dq.
+        let mut buf = vec![0.0f32; 8 * t * d + 2 * t + d];
+        let (qf, rest) = buf.split_at_mut(t * d);
+        let (kf, rest) = rest.split_at_mut(t * d);
+        let (kt, rest) = rest.split_at_mut(t * d);
+        let (vt, rest) = rest.split_at_mut(t * d);
+        let (of, rest) = rest.split_at_mut(t * d);
+        let (gof, rest) = rest.split_at_mut(t * d);
+        let (dkt, rest) = rest.split_at_mut(t * d);
+        let (dvt, rest) = rest.split_at_mut(t * d);
+        let (p, rest) = rest.split_at_mut(t);
+        let (ds, dqi) = rest.split_at_mut(t);
+        gather(q, q_rows, g, bh, qf);
+        gather(k, k_rows, g, bh, kf);
+        gather_t(k, k_rows, g, bh, kt);
+        gather_t(v, v_rows, g, bh, vt);
+        gather(saved.o, saved.o_rows, g, bh, of);
+        gather(saved.dout, saved.o_rows, g, bh, gof);
+        let lse = &saved.lse[bh * t..(bh + 1) * t];
+        let write = |rows: Rows, i: usize, vals: &mut dyn Iterator<Item = f32>| {
+            let s = rows.start(g.heads, bh, i);
+            assert!(s + d <= len);
+            // SAFETY: in bounds (asserted); row i of head bh of this gradient is written
+            // by this task only, and the three gradients' rows never overlap.
+            let o = unsafe { std::slice::from_raw_parts_mut(optr.at(s), d) };
+            o.iter_mut()
+                .zip(vals)
+                .for_each(|(o, a)| *o = T::from_f32(a));
+        };
+        for (i, &lse_i) in lse.iter().enumerate() {
+            let row = i * d..(i + 1) * d;
+            let (qi, goi) = (&qf[row.clone()], &gof[row.clone()]);
+            let di = sum_map2(goi, &of[row], |a, b| a * b);
+            let (p, ds) = (&mut p[..=i], &mut ds[..=i]);
+            // p_ij = exp(s_ij - lse_i); dP_ij = dO_i . v_j; ds_ij = p_ij (dP_ij - D_i).
+            row_times_t(qi, kt, t, scale, p);
+            p.iter_mut().for_each(|x| *x = exp(*x - lse_i));
+            row_times_t(goi, vt, t, 1.0, ds);
+            ds.iter_mut()
+                .zip(&*p)
+                .for_each(|(x, &p)| *x = p * (*x - di));
+            // dq_i = scale sum_j ds_ij k_j.
+            dqi.fill(0.0);
+            for (j, &dsj) in ds.iter().enumerate() {
+                dqi.iter_mut()
+                    .zip(&kf[j * d..(j + 1) * d])
+                    .for_each(|(a, &k)| *a += dsj * k);
+            }
+            write(dq_rows, i, &mut dqi.iter().map(|&a| scale * a));
+            // dk_j += scale ds_ij q_i and dv_j += p_ij dO_i, accumulated transposed.
+            for c in 0..d {
+                let (qc, gc) = (scale * qi[c], goi[c]);
+                dkt[c * t..c * t + i + 1]
+                    .iter_mut()
+                    .zip(&*ds)
+                    .for_each(|(a, &x)| *a += x * qc);
+                dvt[c * t..c * t + i + 1]
+                    .iter_mut()
+                    .zip(&*p)
+                    .for_each(|(a, &x)| *a += x * gc);
+            }
+        }
+        for i in 0..t {
+            write(dk_rows, i, &mut (0..d).map(|c| dkt[c * t + i]));
+            write(dv_rows, i, &mut (0..d).map(|c| dvt[c * t + i]));
+        }
+    });
+    out
+}
+
+fn dtype_err(op: &'static str, d: DType) -> candle_core::Error {
+    KernelError::DType {
+        op,
+        dtype: d,
+        extra: ", the same for q, k and v",
+    }
+    .into()
+}
+
+fn saved_lse(op: &'static str, lse: &OnceLock<Arc<Vec<f32>>>, s: &Shape) -> Result<Arc<Vec<f32>>> {
+    lse.get()
+        .cloned()
+        .ok_or_else(|| shape_err(op, "backward before forward", s))
+}
+
+fn to_f32(t: &Tensor) -> Result<Vec<f32>> {
+    t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()
+}
+
+/// The `[B, H, T, D]` forward op; use [`causal_attention`].
 #[derive(Debug)]
 pub struct CausalAttention {
     lse: OnceLock<Arc<Vec<f32>>>,
 }
 
-/// `(heads, T, D)`, checking that all three shapes are the same `[B, H, T, D]`.
-fn dims(op: &'static str, q: &Shape, k: &Shape, v: &Shape) -> Result<(usize, usize, usize)> {
+/// `Dims`, checking that all three shapes are the same `[B, H, T, D]`.
+fn dims4(op: &'static str, q: &Shape, k: &Shape, v: &Shape) -> Result<Dims> {
     let (b, h, t, d) = match q.dims() {
         &[b, h, t, d] if t > 0 && d > 0 => (b, h, t, d),
         _ => return Err(shape_err(op, "q must be [B, H, T, D] with T, D > 0", q)),
@@ -52,53 +330,12 @@ fn dims(op: &'static str, q: &Shape, k: &Shape, v: &Shape) -> Result<(usize, usi
             ));
         }
     }
-    Ok((b * h, t, d))
-}
-
-fn widen<T: Elem>(src: &[T], dst: &mut [f32]) {
-    dst.iter_mut().zip(src).for_each(|(d, &s)| *d = s.to_f32());
-}
-
-fn fwd<T: Elem>(q: &[T], k: &[T], v: &[T], t: usize, d: usize) -> (Vec<T>, Vec<f32>) {
-    let scale = 1.0 / (d as f32).sqrt();
-    let mut out = vec![T::from_f32(0.0); q.len()];
-    let mut lse = vec![0.0f32; q.len() / d];
-    let hd = t * d;
-    out.par_chunks_mut(hd)
-        .zip(lse.par_chunks_mut(t))
-        .zip(q.par_chunks(hd).zip(k.par_chunks(hd)).zip(v.par_chunks(hd)))
-        .for_each(|((o, lse), ((q, k), v))| {
-            // Scratch per head: k and v widened, one row of scores, one output row.
-            let mut buf = vec![0.0f32; 2 * hd + t + d];
-            let (kf, rest) = buf.split_at_mut(hd);
-            let (vf, rest) = rest.split_at_mut(hd);
-            let (s, acc) = rest.split_at_mut(t);
-            widen(k, kf);
-            widen(v, vf);
-            for i in 0..t {
-                let qi = &q[i * d..(i + 1) * d];
-                let s = &mut s[..=i];
-                for (j, s) in s.iter_mut().enumerate() {
-                    *s = scale * sum_map2(qi, &kf[j * d..(j + 1) * d], |a, b| a.to_f32() * b);
-                }
-                let m = max_map(s, |x| x);
-                s.iter_mut().for_each(|x| *x = exp(*x - m));
-                let z = sum_map(s, |x| x);
-                acc.fill(0.0);
-                for (j, &p) in s.iter().enumerate() {
-                    acc.iter_mut()
-                        .zip(&vf[j * d..(j + 1) * d])
-                        .for_each(|(a, &v)| *a += p * v);
-                }
-                let inv = 1.0 / z;
-                o[i * d..(i + 1) * d]
-                    .iter_mut()
-                    .zip(&*acc)
-                    .for_each(|(o, &a)| *o = T::from_f32(a * inv));
-                lse[i] = m + z.ln();
-            }
-        });
-    (out, lse)
+    Ok(Dims {
+        heads: h.max(1),
+        bh: b * h,
+        t,
+        d,
+    })
 }
 
 impl CustomOp3 for CausalAttention {
@@ -116,28 +353,23 @@ impl CustomOp3 for CausalAttention {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let op = self.name();
-        let (_, t, d) = dims(op, l1.shape(), l2.shape(), l3.shape())?;
+        let g = dims4(op, l1.shape(), l2.shape(), l3.shape())?;
+        let r = Rows::bhtd(g.heads, g.t, g.d);
+        let n = l1.shape().elem_count();
         let (out, lse) = match (
             floats(op, s1, l1)?,
             floats(op, s2, l2)?,
             floats(op, s3, l3)?,
         ) {
             (Floats::F32(q), Floats::F32(k), Floats::F32(v)) => {
-                let (o, l) = fwd(q, k, v, t, d);
+                let (o, l) = fwd((q, k, v), (r, r, r), r, g, n);
                 (f32::storage(o), l)
             }
             (Floats::BF16(q), Floats::BF16(k), Floats::BF16(v)) => {
-                let (o, l) = fwd(q, k, v, t, d);
+                let (o, l) = fwd((q, k, v), (r, r, r), r, g, n);
                 (bf16::storage(o), l)
             }
-            _ => {
-                return Err(KernelError::DType {
-                    op,
-                    dtype: s2.dtype(),
-                    extra: ", the same for q, k and v",
-                }
-                .into())
-            }
+            _ => return Err(dtype_err(op, s2.dtype())),
         };
         let _ = self.lse.set(Arc::new(lse));
         Ok((out, l1.shape().clone()))
@@ -151,20 +383,10 @@ impl CustomOp3 for CausalAttention {
         o: &Tensor,
         dout: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let lse = match self.lse.get() {
-            Some(l) => l.clone(),
-            None => return Err(shape_err(self.name(), "backward before forward", q.shape())),
-        };
-        // O and dO travel as f32 vectors: a CustomOp3 has only three tensor inputs.
-        let to_f32 = |t: &Tensor| -> Result<Vec<f32>> {
-            t.to_dtype(candle_core::DType::F32)?
-                .flatten_all()?
-                .to_vec1::<f32>()
-        };
         let back = CausalAttentionBackward {
             o: to_f32(o)?,
             dout: to_f32(dout)?,
-            lse,
+            lse: saved_lse(self.name(), &self.lse, q.shape())?,
         };
         let n = q.elem_count();
         let flat = q.apply_op3_no_bwd(k, v, &back)?;
@@ -173,81 +395,13 @@ impl CustomOp3 for CausalAttention {
     }
 }
 
-/// Attention's backward as one fused op over `(q, k, v)` with the forward's output,
-/// its gradient and the saved log-sum-exp. Returns `[dq, dk, dv]` flattened in one buffer.
+/// The backward of [`CausalAttention`] over `(q, k, v)` with the forward's output, its
+/// gradient and the saved log-sum-exp. Returns `[dq, dk, dv]` flattened in one buffer.
 #[derive(Debug)]
 pub struct CausalAttentionBackward {
     o: Vec<f32>,
     dout: Vec<f32>,
     lse: Arc<Vec<f32>>,
-}
-
-fn bwd<T: Elem>(
-    q: &[T],
-    k: &[T],
-    v: &[T],
-    b: &CausalAttentionBackward,
-    t: usize,
-    d: usize,
-) -> Vec<T> {
-    let scale = 1.0 / (d as f32).sqrt();
-    let (n, hd) = (q.len(), t * d);
-    let mut out = vec![T::from_f32(0.0); 3 * n];
-    let (dq, rest) = out.split_at_mut(n);
-    let (dk, dv) = rest.split_at_mut(n);
-    let heads = dq
-        .par_chunks_mut(hd)
-        .zip(dk.par_chunks_mut(hd))
-        .zip(dv.par_chunks_mut(hd));
-    let inputs = q.par_chunks(hd).zip(k.par_chunks(hd)).zip(v.par_chunks(hd));
-    let saved =
-        b.o.par_chunks(hd)
-            .zip(b.dout.par_chunks(hd))
-            .zip(b.lse.par_chunks(t));
-    heads
-        .zip(inputs.zip(saved))
-        .for_each(|(((dq, dk), dv), (((q, k), v), ((o, go), lse)))| {
-            // Scratch per head: q, k, v widened; dk, dv accumulated; one dq row.
-            let mut buf = vec![0.0f32; 5 * hd + d];
-            let (qf, rest) = buf.split_at_mut(hd);
-            let (kf, rest) = rest.split_at_mut(hd);
-            let (vf, rest) = rest.split_at_mut(hd);
-            let (dkf, rest) = rest.split_at_mut(hd);
-            let (dvf, dqi) = rest.split_at_mut(hd);
-            widen(q, qf);
-            widen(k, kf);
-            widen(v, vf);
-            for (i, &lse_i) in lse.iter().enumerate() {
-                let row = i * d..(i + 1) * d;
-                let (qi, goi) = (&qf[row.clone()], &go[row.clone()]);
-                let di = sum_map2(goi, &o[row.clone()], |a, b| a * b);
-                dqi.fill(0.0);
-                for j in 0..=i {
-                    let col = j * d..(j + 1) * d;
-                    let p = exp(scale * sum_map2(qi, &kf[col.clone()], |a, b| a * b) - lse_i);
-                    let ds = p * (sum_map2(goi, &vf[col.clone()], |a, b| a * b) - di);
-                    dqi.iter_mut()
-                        .zip(&kf[col.clone()])
-                        .for_each(|(a, &k)| *a += ds * k);
-                    dkf[col.clone()]
-                        .iter_mut()
-                        .zip(qi)
-                        .for_each(|(a, &q)| *a += ds * q);
-                    dvf[col].iter_mut().zip(goi).for_each(|(a, &g)| *a += p * g);
-                }
-                dq[row]
-                    .iter_mut()
-                    .zip(&*dqi)
-                    .for_each(|(o, &a)| *o = T::from_f32(scale * a));
-            }
-            dk.iter_mut()
-                .zip(&*dkf)
-                .for_each(|(o, &a)| *o = T::from_f32(scale * a));
-            dv.iter_mut()
-                .zip(&*dvf)
-                .for_each(|(o, &a)| *o = T::from_f32(a));
-        });
-    out
 }
 
 impl CustomOp3 for CausalAttentionBackward {
@@ -265,35 +419,156 @@ impl CustomOp3 for CausalAttentionBackward {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let op = self.name();
-        let (heads, t, d) = dims(op, l1.shape(), l2.shape(), l3.shape())?;
-        let n = heads * t * d;
-        if self.o.len() != n || self.dout.len() != n || self.lse.len() != heads * t {
+        let g = dims4(op, l1.shape(), l2.shape(), l3.shape())?;
+        let n = g.bh * g.t * g.d;
+        if self.o.len() != n || self.dout.len() != n || self.lse.len() != g.bh * g.t {
             return Err(shape_err(
                 op,
                 "saved output, its gradient or log-sum-exp do not match q",
                 l1.shape(),
             ));
         }
+        let r = Rows::bhtd(g.heads, g.t, g.d);
+        let grads = |part: usize| Rows { off: part * n, ..r };
+        let saved = Saved {
+            o: &self.o,
+            dout: &self.dout,
+            o_rows: r,
+            lse: &self.lse,
+        };
+        let layouts = ((r, r, r), (grads(0), grads(1), grads(2)));
         let out = match (
             floats(op, s1, l1)?,
             floats(op, s2, l2)?,
             floats(op, s3, l3)?,
         ) {
             (Floats::F32(q), Floats::F32(k), Floats::F32(v)) => {
-                f32::storage(bwd(q, k, v, self, t, d))
+                f32::storage(bwd((q, k, v), layouts.0, layouts.1, &saved, g, 3 * n))
             }
             (Floats::BF16(q), Floats::BF16(k), Floats::BF16(v)) => {
-                bf16::storage(bwd(q, k, v, self, t, d))
+                bf16::storage(bwd((q, k, v), layouts.0, layouts.1, &saved, g, 3 * n))
             }
-            _ => {
-                return Err(KernelError::DType {
-                    op,
-                    dtype: s2.dtype(),
-                    extra: ", the same for q, k and v",
-                }
-                .into())
-            }
+            _ => return Err(dtype_err(op, s2.dtype())),
         };
         Ok((out, Shape::from(3 * n)))
+    }
+}
+
+/// The packed-QKV forward op; use [`causal_attention_qkv`].
+#[derive(Debug)]
+pub struct CausalAttentionQkv {
+    heads: usize,
+    lse: OnceLock<Arc<Vec<f32>>>,
+}
+
+impl CausalAttentionQkv {
+    /// `Dims` of a `[B, T, 3 C]` input.
+    fn dims(&self, op: &'static str, s: &Shape) -> Result<Dims> {
+        match s.dims() {
+            &[b, t, c3] if t > 0 && self.heads > 0 && c3 > 0 && c3 % (3 * self.heads) == 0 => {
+                Ok(Dims {
+                    heads: self.heads,
+                    bh: b * self.heads,
+                    t,
+                    d: c3 / (3 * self.heads),
+                })
+            }
+            _ => Err(shape_err(
+                op,
+                format!(
+                    "qkv must be [B, T, 3 C] with T > 0 and C a multiple of the {} heads",
+                    self.heads
+                ),
+                s,
+            )),
+        }
+    }
+
+    fn layouts(g: Dims) -> ((Rows, Rows, Rows), Rows) {
+        let part = |p| Rows::packed(3, p, g.heads, g.t, g.d);
+        (
+            (part(0), part(1), part(2)),
+            Rows::packed(1, 0, g.heads, g.t, g.d),
+        )
+    }
+}
+
+impl CustomOp1 for CausalAttentionQkv {
+    fn name(&self) -> &'static str {
+        "causal-attention-qkv"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let op = self.name();
+        let g = self.dims(op, l.shape())?;
+        let (ins, o_rows) = Self::layouts(g);
+        let n = g.bh * g.t * g.d;
+        let (out, lse) = match floats(op, s, l)? {
+            Floats::F32(x) => {
+                let (o, l) = fwd((x, x, x), ins, o_rows, g, n);
+                (f32::storage(o), l)
+            }
+            Floats::BF16(x) => {
+                let (o, l) = fwd((x, x, x), ins, o_rows, g, n);
+                (bf16::storage(o), l)
+            }
+        };
+        let _ = self.lse.set(Arc::new(lse));
+        let b = g.bh / g.heads;
+        Ok((out, Shape::from((b, g.t, g.heads * g.d))))
+    }
+
+    fn bwd(&self, qkv: &Tensor, o: &Tensor, dout: &Tensor) -> Result<Option<Tensor>> {
+        let back = CausalAttentionQkvBackward {
+            heads: self.heads,
+            o: to_f32(o)?,
+            dout: to_f32(dout)?,
+            lse: saved_lse(self.name(), &self.lse, qkv.shape())?,
+        };
+        Ok(Some(qkv.apply_op1_no_bwd(&back)?))
+    }
+}
+
+/// The backward of [`CausalAttentionQkv`]: the gradient of the packed `qkv`.
+#[derive(Debug)]
+pub struct CausalAttentionQkvBackward {
+    heads: usize,
+    o: Vec<f32>,
+    dout: Vec<f32>,
+    lse: Arc<Vec<f32>>,
+}
+
+impl CustomOp1 for CausalAttentionQkvBackward {
+    fn name(&self) -> &'static str {
+        "causal-attention-qkv-backward"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let op = self.name();
+        let fwd_op = CausalAttentionQkv {
+            heads: self.heads,
+            lse: OnceLock::new(),
+        };
+        let g = fwd_op.dims(op, l.shape())?;
+        let n = g.bh * g.t * g.d;
+        if self.o.len() != n || self.dout.len() != n || self.lse.len() != g.bh * g.t {
+            return Err(shape_err(
+                op,
+                "saved output, its gradient or log-sum-exp do not match qkv",
+                l.shape(),
+            ));
+        }
+        let (ins, o_rows) = CausalAttentionQkv::layouts(g);
+        let saved = Saved {
+            o: &self.o,
+            dout: &self.dout,
+            o_rows,
+            lse: &self.lse,
+        };
+        let out = match floats(op, s, l)? {
+            Floats::F32(x) => f32::storage(bwd((x, x, x), ins, ins, &saved, g, 3 * n)),
+            Floats::BF16(x) => bf16::storage(bwd((x, x, x), ins, ins, &saved, g, 3 * n)),
+        };
+        Ok((out, l.shape().clone()))
     }
 }

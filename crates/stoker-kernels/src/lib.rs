@@ -36,7 +36,7 @@ pub mod optim;
 pub mod reference;
 pub mod softmax;
 
-pub use attention::causal_attention;
+pub use attention::{causal_attention, causal_attention_qkv};
 pub use cross_entropy::{cross_entropy_sum, valid_token_count};
 pub use embedding::embedding;
 pub use error::KernelError;

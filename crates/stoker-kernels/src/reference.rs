@@ -63,6 +63,21 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
     softmax_last_dim(&scores.broadcast_add(&mask)?)?.matmul(v)
 }
 
+/// Causal attention from a packed `[B, T, 3 C]` QKV projection to `[B, T, C]`, composed:
+/// split, per-head transpose, [`causal_attention`], transpose back.
+pub fn causal_attention_qkv(qkv: &Tensor, heads: usize) -> Result<Tensor> {
+    let (b, t, c3) = qkv.dims3()?;
+    let c = c3 / 3;
+    let split = |i: usize| {
+        qkv.narrow(2, i * c, c)?
+            .reshape((b, t, heads, c / heads))?
+            .transpose(1, 2)?
+            .contiguous()
+    };
+    let y = causal_attention(&split(0)?, &split(1)?, &split(2)?)?;
+    y.transpose(1, 2)?.reshape((b, t, c))
+}
+
 /// Embedding lookup, composed: candle's `embedding` (index-select; its backward is
 /// candle's index-add).
 pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {

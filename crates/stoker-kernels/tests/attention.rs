@@ -168,3 +168,44 @@ fn attention_rejects_mismatched_shapes() {
         "{e}"
     );
 }
+
+/// The packed-QKV op against the composed split + attention + merge: `[B, T, 3 H D]`
+/// shapes with one head, odd head widths and T, f32 to 1e-5, bf16 to bf16 rounding.
+#[test]
+fn packed_qkv_attention_matches_composed() {
+    use stoker_kernels::causal_attention_qkv;
+    // (B, T, heads, head width)
+    for (i, &(b, t, h, d)) in [(1, 1, 1, 1), (2, 7, 3, 5), (1, 33, 2, 8), (3, 17, 4, 3)]
+        .iter()
+        .enumerate()
+    {
+        for (dtype, tol) in [(DType::F32, 1e-5f32), (DType::BF16, 2.0 / 128.0)] {
+            let x = var(&[b, t, 3 * h * d], 70 + i as u64, 1.5);
+            let x = Var::from_tensor(&x.as_tensor().to_dtype(dtype).unwrap()).unwrap();
+            let yf = causal_attention_qkv(x.as_tensor(), h).unwrap();
+            let yc = reference::causal_attention_qkv(x.as_tensor(), h).unwrap();
+            assert_eq!(yf.dims(), &[b, t, h * d]);
+            let what = format!("{dtype:?} B{b} T{t} H{h} D{d}");
+            let scale = max_mag(&yc).max(1.0);
+            assert!(
+                max_abs(&yf, &yc) <= tol * scale,
+                "{what} fwd {}",
+                max_abs(&yf, &yc)
+            );
+            let gf = weighted_sum(&yf, 5).unwrap().backward().unwrap();
+            let gc = weighted_sum(&yc, 5).unwrap().backward().unwrap();
+            let (a, c) = (
+                gf.get(x.as_tensor()).unwrap(),
+                gc.get(x.as_tensor()).unwrap(),
+            );
+            assert_eq!(a.dims(), x.dims());
+            let tol = tol * max_mag(c).max(1.0);
+            assert!(max_abs(a, c) <= tol, "{what} dqkv {}", max_abs(a, c));
+        }
+    }
+    let bad = var(&[1, 4, 10], 1, 1.0);
+    let e = causal_attention_qkv(bad.as_tensor(), 3)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("3 heads"), "{e}");
+}

@@ -142,6 +142,26 @@ pub fn causal_attention(fx: &Fx, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<T
     Ok(att.matmul(v)?)
 }
 
+/// Causal attention from a QKV projection `(B, T, 3 C)` to `(B, T, C)`, `heads` heads.
+/// Fused: one op reading and writing the packed layouts. Composed: split, per-head
+/// transposes, [`causal_attention`], merge.
+pub fn causal_attention_qkv(fx: &Fx, qkv: &Tensor, heads: usize) -> Result<Tensor> {
+    if fx.fused_for(qkv) {
+        return Ok(stoker_kernels::causal_attention_qkv(qkv, heads)?);
+    }
+    let (b, t, c3) = qkv.dims3()?;
+    let c = c3 / 3;
+    let split = |i: usize| -> Result<Tensor> {
+        Ok(qkv
+            .narrow(D::Minus1, i * c, c)?
+            .reshape((b, t, heads, c / heads))?
+            .transpose(1, 2)?
+            .contiguous()?)
+    };
+    let y = causal_attention(fx, &split(0)?, &split(1)?, &split(2)?)?;
+    Ok(y.transpose(1, 2)?.reshape((b, t, c))?)
+}
+
 /// Adds a causal mask to attention scores `(.., T, T)` (future positions get -inf).
 pub fn causal_mask(scores: &Tensor) -> Result<Tensor> {
     let t = scores.dim(D::Minus1)?;

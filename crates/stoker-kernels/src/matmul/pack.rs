@@ -69,11 +69,14 @@ pub(crate) fn pack_a<S: Bf16Source>(a: &MatRef<S>) -> PackedA {
                     }
                 } else {
                     let s = &src[i * k..(i + 1) * k];
-                    for (w, pair) in row.iter_mut().zip(s.chunks(2)) {
-                        *w = word(
-                            pair[0].bf16_bits(),
-                            pair.get(1).map_or(0, |v| v.bf16_bits()),
-                        );
+                    let pairs = s.chunks_exact(2);
+                    let last = pairs.remainder().first().map(|v| v.bf16_bits());
+                    let full = pairs.len();
+                    for (w, pair) in row.iter_mut().zip(pairs) {
+                        *w = word(pair[0].bf16_bits(), pair[1].bf16_bits());
+                    }
+                    if let Some(lo) = last {
+                        row[full] = word(lo, 0);
                     }
                 }
             }

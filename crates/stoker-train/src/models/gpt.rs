@@ -1,12 +1,12 @@
 //! GPT: token + position embeddings, pre-LayerNorm blocks with causal multi-head attention
 //! and a GELU MLP, final LayerNorm, head tied to the token embedding.
 
-use candle_core::{Device, Tensor, D};
+use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::{LossKind, Model};
 use crate::error::Result;
-use crate::ops::{causal_attention, embedding, gelu, layer_norm, linear};
+use crate::ops::{causal_attention_qkv, embedding, gelu, layer_norm, linear};
 use crate::params::{Init, ParamBuilder, ParamSet};
 use crate::precision::Fx;
 
@@ -148,9 +148,6 @@ impl Gpt {
     }
 
     fn attention(&self, fx: &Fx, blk: &Block, x: &Tensor) -> Result<Tensor> {
-        let (bsz, t, d) = x.dims3()?;
-        let h = self.config.n_head;
-        let hd = d / h;
         let name = format!("{}.attn", blk.prefix);
         let qkv = linear(
             fx,
@@ -159,17 +156,7 @@ impl Gpt {
             &blk.qkv[0],
             Some(&blk.qkv[1]),
         )?;
-        let split = |i: usize| -> Result<Tensor> {
-            Ok(qkv
-                .narrow(D::Minus1, i * d, d)?
-                .reshape((bsz, t, h, hd))?
-                .transpose(1, 2)?
-                .contiguous()?)
-        };
-        let (q, k, v) = (split(0)?, split(1)?, split(2)?);
-        let y = causal_attention(fx, &q, &k, &v)?
-            .transpose(1, 2)?
-            .reshape((bsz, t, d))?;
+        let y = causal_attention_qkv(fx, &qkv, self.config.n_head)?;
         linear(
             fx,
             &format!("{name}.proj"),
