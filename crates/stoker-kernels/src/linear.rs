@@ -24,7 +24,7 @@ use crate::matmul::{gemm_into, Bf16Kernel, MatRef};
 pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
     let op = "linear";
     let dims = x.dims().to_vec();
-    let Some((&k, lead)) = dims.split_last() else {
+    let Some(&k) = dims.last() else {
         return Err(shape_err(
             op,
             "x must have at least one dimension",
@@ -43,11 +43,8 @@ pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
             x.shape(),
         ));
     }
-    let x2 = x.contiguous()?.reshape(((), k))?;
-    let y = x2.apply_op3(&w.contiguous()?, &b.contiguous()?, Linear)?;
-    let mut shape = lead.to_vec();
-    shape.push(n);
-    y.reshape(shape)
+    x.contiguous()?
+        .apply_op3(&w.contiguous()?, &b.contiguous()?, Linear)
 }
 
 /// The forward op; use [`linear`].
@@ -127,15 +124,28 @@ fn column_sums<T: Elem>(g: &[T], n: usize) -> Vec<f32> {
         )
 }
 
+/// `(m, k, n)` of `x` `[.., k]` (its leading dims flattened into `m` rows), `w` `[n, k]`
+/// and `b` `[n]`.
 fn dims(op: &'static str, x: &Layout, w: &Layout, b: &Layout) -> Result<(usize, usize, usize)> {
-    match (x.dims(), w.dims(), b.dims()) {
-        (&[m, k], &[n, k2], &[n2]) if k == k2 && n == n2 => Ok((m, k, n)),
+    match (x.dims().split_last(), w.dims(), b.dims()) {
+        (Some((&k, lead)), &[n, k2], &[n2]) if k == k2 && n == n2 => {
+            Ok((lead.iter().product(), k, n))
+        }
         _ => Err(shape_err(
             op,
-            "expects x [m, k], w [n, k], b [n]",
+            "expects x [.., k], w [n, k], b [n]",
             x.shape(),
         )),
     }
+}
+
+/// `x`'s shape with the last dim replaced by `n`.
+fn out_shape(x: &Shape, n: usize) -> Shape {
+    let mut d = x.dims().to_vec();
+    if let Some(last) = d.last_mut() {
+        *last = n;
+    }
+    Shape::from(d)
 }
 
 fn dtype_err(op: &'static str, d: DType) -> candle_core::Error {
@@ -217,7 +227,7 @@ impl CustomOp3 for Linear {
             }
             _ => return Err(dtype_err(op, s2.dtype())),
         };
-        Ok((out, Shape::from((m, n))))
+        Ok((out, out_shape(l1.shape(), n)))
     }
 
     fn bwd(
@@ -228,11 +238,12 @@ impl CustomOp3 for Linear {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (m, k) = x.dims2()?;
+        let k = x.dim(candle_core::D::Minus1)?;
+        let m = x.elem_count() / k.max(1);
         let n = w.dim(0)?;
         let g = grad.contiguous()?.to_dtype(x.dtype())?;
         let flat = x.apply_op3_no_bwd(w, &g, &LinearBackward)?;
-        let dx = flat.narrow(0, 0, m * k)?.reshape((m, k))?;
+        let dx = flat.narrow(0, 0, m * k)?.reshape(x.shape())?;
         let dw = flat
             .narrow(0, m * k, n * k)?
             .reshape((n, k))?
@@ -261,16 +272,17 @@ impl CustomOp3 for LinearBackward {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let op = self.name();
-        let (m, k, n) = match (l1.dims(), l2.dims(), l3.dims()) {
-            (&[m, k], &[n, k2], &[m2, n2]) if k == k2 && m == m2 && n == n2 => (m, k, n),
-            _ => {
-                return Err(shape_err(
-                    op,
-                    "expects x [m, k], w [n, k], dy [m, n]",
-                    l1.shape(),
-                ))
-            }
+        let (m, k, n) = match (l1.dims().split_last(), l2.dims()) {
+            (Some((&k, lead)), &[n, k2]) if k == k2 => (lead.iter().product(), k, n),
+            _ => return Err(shape_err(op, "expects x [.., k], w [n, k]", l1.shape())),
         };
+        if l3.shape() != &out_shape(l1.shape(), n) {
+            return Err(shape_err(
+                op,
+                "dy must have x's shape with n features",
+                l3.shape(),
+            ));
+        }
         let len = m * k + n * k + n;
         let out = match (
             floats(op, s1, l1)?,
