@@ -42,7 +42,7 @@ pub use embedding::embedding;
 pub use error::KernelError;
 pub use gelu::gelu;
 pub use layer_norm::layer_norm;
-pub use linear::linear;
+pub use linear::{linear, linear_with};
 pub use matmul::{bf16_native, linear_bf16, matmul_bf16, Bf16Kernel};
 pub use optim::{adamw_update, sgd_update, AdamWStep, SgdStep};
 pub use softmax::softmax_last_dim;

@@ -22,6 +22,14 @@ use crate::matmul::{gemm_into, Bf16Kernel, MatRef};
 /// three. All f32, all bf16, or f32 `x` with bf16 `w` and `b` (bf16 GEMM operands, f32
 /// output: how bf16 training keeps CPU activations in f32, see stoker-train's `ops`).
 pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
+    linear_with(x, w, b, false)
+}
+
+/// [`linear`], and with `bf16_operands` f32 inputs are rounded to bf16 (nearest-even)
+/// as the GEMM packs them and multiplied on the bf16 GEMM ([`crate::matmul`]) with f32
+/// accumulation; outputs and gradients stay f32. This is autocast's bf16 linear layer
+/// with FP32 parameters: the parameters and activations never exist in bf16 as tensors.
+pub fn linear_with(x: &Tensor, w: &Tensor, b: &Tensor, bf16_operands: bool) -> Result<Tensor> {
     let op = "linear";
     let dims = x.dims().to_vec();
     let Some(&k) = dims.last() else {
@@ -44,12 +52,15 @@ pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
         ));
     }
     x.contiguous()?
-        .apply_op3(&w.contiguous()?, &b.contiguous()?, Linear)
+        .apply_op3(&w.contiguous()?, &b.contiguous()?, Linear { bf16_operands })
 }
 
-/// The forward op; use [`linear`].
+/// The forward op; use [`linear`] or [`linear_with`].
 #[derive(Debug, Clone, Copy)]
-pub struct Linear;
+pub struct Linear {
+    /// Round f32 operands to bf16 and use the bf16 GEMM.
+    pub bf16_operands: bool,
+}
 
 /// `C (m x n, row-major) = A . B` in f32 through the `gemm` crate, with `A` element
 /// `(i, r)` at `a[i * a_rs + r * a_cs]` and `B` element `(r, j)` at `b[r * b_rs + j * b_cs]`.
@@ -178,6 +189,26 @@ impl CustomOp3 for Linear {
             floats(op, s2, l2)?,
             floats(op, s3, l3)?,
         ) {
+            (Floats::F32(x), Floats::F32(w), Floats::F32(b)) if self.bf16_operands => {
+                let a = MatRef {
+                    data: x,
+                    rows: m,
+                    cols: k,
+                    transposed: false,
+                };
+                let bm = MatRef {
+                    data: w,
+                    rows: k,
+                    cols: n,
+                    transposed: true,
+                };
+                CpuStorage::F32(gemm_into::<f32, _, _>(
+                    Bf16Kernel::detect(),
+                    &a,
+                    &bm,
+                    Some(b),
+                )?)
+            }
             (Floats::F32(x), Floats::F32(w), Floats::F32(b)) => {
                 CpuStorage::F32(gemm_f32((m, k, n), x, (k, 1), w, (1, k), Some(b)))
             }
@@ -242,7 +273,10 @@ impl CustomOp3 for Linear {
         let m = x.elem_count() / k.max(1);
         let n = w.dim(0)?;
         let g = grad.contiguous()?.to_dtype(x.dtype())?;
-        let flat = x.apply_op3_no_bwd(w, &g, &LinearBackward)?;
+        let back = LinearBackward {
+            bf16_operands: self.bf16_operands,
+        };
+        let flat = x.apply_op3_no_bwd(w, &g, &back)?;
         let dx = flat.narrow(0, 0, m * k)?.reshape(x.shape())?;
         let dw = flat
             .narrow(0, m * k, n * k)?
@@ -255,7 +289,10 @@ impl CustomOp3 for Linear {
 
 /// The backward of [`Linear`] over `(x, w, dy)`: `[dx | dW | db]` in one flat buffer.
 #[derive(Debug, Clone, Copy)]
-pub struct LinearBackward;
+pub struct LinearBackward {
+    /// Round f32 operands to bf16 and use the bf16 GEMM.
+    pub bf16_operands: bool,
+}
 
 impl CustomOp3 for LinearBackward {
     fn name(&self) -> &'static str {
@@ -289,6 +326,37 @@ impl CustomOp3 for LinearBackward {
             floats(op, s2, l2)?,
             floats(op, s3, l3)?,
         ) {
+            (Floats::F32(x), Floats::F32(w), Floats::F32(g)) if self.bf16_operands => {
+                let kernel = Bf16Kernel::detect();
+                let gm = MatRef {
+                    data: g,
+                    rows: m,
+                    cols: n,
+                    transposed: false,
+                };
+                let gt = MatRef {
+                    data: g,
+                    rows: n,
+                    cols: m,
+                    transposed: true,
+                };
+                let wm = MatRef {
+                    data: w,
+                    rows: n,
+                    cols: k,
+                    transposed: false,
+                };
+                let xm = MatRef {
+                    data: x,
+                    rows: m,
+                    cols: k,
+                    transposed: false,
+                };
+                let mut out = gemm_into::<f32, _, _>(kernel, &gm, &wm, None)?;
+                out.extend_from_slice(&gemm_into::<f32, _, _>(kernel, &gt, &xm, None)?);
+                out.extend_from_slice(&column_sums(g, n));
+                CpuStorage::F32(out)
+            }
             (Floats::F32(x), Floats::F32(w), Floats::F32(g)) => {
                 let ((dx, dw), db) = rayon::join(
                     || {

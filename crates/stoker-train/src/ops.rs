@@ -36,15 +36,17 @@ pub fn linear(fx: &Fx, name: &str, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -
     // One 2-D matmul over all leading dims: a broadcast matmul's backward would expand
     // the weight per batch element and sum the per-element weight gradients afterwards
     // (about 10x the forward's time in f32 here, more in bf16).
-    if fx.fp8.is_none() && fx.fused_for(&x) && (x.dtype() == DType::F32 || bf16_gemm(fx, &x)) {
-        // One fused op: GEMM, bias and their backward (bias-less layers add zeros).
+    let bf16 = bf16_gemm(fx, &x);
+    if fx.fp8.is_none() && fx.fused_for(&x) && (fx.compute == DType::F32 || bf16) {
+        // One fused op: GEMM, bias and their backward (bias-less layers add zeros); with
+        // bf16 compute, f32 operands are rounded to bf16 inside the GEMM.
         let bias = match b {
             Some(b) => b.clone(),
             None => Tensor::zeros(w.dim(0)?, w.dtype(), w.device())?,
         };
-        return Ok(stoker_kernels::linear(&x, &w, &bias)?);
+        return Ok(stoker_kernels::linear_with(&x, &w, &bias, bf16)?);
     }
-    let y = if bf16_gemm(fx, &x) {
+    let y = if bf16 {
         stoker_kernels::linear_bf16(&x, &w)?
     } else {
         matmul_2d(&x, &w)?

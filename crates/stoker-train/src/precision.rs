@@ -198,6 +198,21 @@ pub enum Kernels {
     Composed,
 }
 
+impl Kernels {
+    /// The dtype of the model's candle variables (the compute-dtype copies of the FP32
+    /// master weights). f32 for bf16 with fused kernels on a CPU with bf16 hardware: the
+    /// bf16 GEMM rounds weights to bf16 as it packs them, as autocast casts FP32
+    /// parameters per op, and gradients then stay f32 (candle's bf16 gradient additions
+    /// are emulated). Otherwise the compute dtype.
+    pub fn param_dtype(self, precision: Precision) -> DType {
+        if self == Kernels::Fused && precision == Precision::Bf16 && stoker_kernels::bf16_native() {
+            DType::F32
+        } else {
+            precision.compute_dtype()
+        }
+    }
+}
+
 /// What a forward pass needs to know about precision.
 #[derive(Clone, Copy)]
 pub struct Fx<'a> {

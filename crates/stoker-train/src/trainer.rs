@@ -47,9 +47,14 @@ pub struct EvalReport {
     pub count: usize,
 }
 
-/// Builds the configured model with parameters in `precision`'s compute dtype.
-pub fn build_model(model: &ModelConfig, precision: Precision, seed: u64) -> Result<Box<dyn Model>> {
-    let (dev, dt) = (Device::Cpu, precision.compute_dtype());
+/// Builds the configured model with its variables in `kernels.param_dtype(precision)`.
+pub fn build_model(
+    model: &ModelConfig,
+    precision: Precision,
+    kernels: Kernels,
+    seed: u64,
+) -> Result<Box<dyn Model>> {
+    let (dev, dt) = (Device::Cpu, kernels.param_dtype(precision));
     Ok(match model {
         ModelConfig::Gpt(c) => Box::new(Gpt::new(*c, &dev, dt, seed)?),
         ModelConfig::Cnn(c) => Box::new(Cnn::new(*c, &dev, dt, seed)?),
@@ -88,7 +93,7 @@ pub struct Trainer {
 impl Trainer {
     /// Builds model, buffers, optimizer, schedule and scalers from `config`.
     pub fn new(config: &TrainConfig) -> Result<Self> {
-        let model = build_model(&config.model, config.precision, config.seed)?;
+        let model = build_model(&config.model, config.precision, config.kernels, config.seed)?;
         Self::with_model(config, model)
     }
 
@@ -118,7 +123,7 @@ impl Trainer {
             fp8,
             precision: config.precision,
             kernels: config.kernels,
-            bf16_copy: (config.precision.compute_dtype() == candle_core::DType::BF16)
+            bf16_copy: (config.kernels.param_dtype(config.precision) == candle_core::DType::BF16)
                 .then(|| vec![half::bf16::ZERO; len]),
             grad_clip: o.grad_clip,
             step: 0,

@@ -4,7 +4,7 @@
 
 mod common;
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use common::*;
 use stoker_train::accumulate::{accumulate, AccumulateOptions, MicroBatch};
 use stoker_train::layout::FlatLayout;
@@ -34,8 +34,21 @@ fn grads(
 
 /// Worst per-parameter relative difference, naming the parameter.
 fn compare(model: &dyn Model, precision: Precision, mb: &MicroBatch, tol: f64) {
-    let (f, lf) = grads(model, precision, Kernels::Fused, mb);
-    let (c, lc) = grads(model, precision, Kernels::Composed, mb);
+    compare_models(model, model, precision, mb, tol)
+}
+
+/// [`compare`] with the fused run on `fused` and the composed one on `composed` (the same
+/// parameters, possibly in different variable dtypes).
+fn compare_models(
+    fused: &dyn Model,
+    composed: &dyn Model,
+    precision: Precision,
+    mb: &MicroBatch,
+    tol: f64,
+) {
+    let model = composed;
+    let (f, lf) = grads(fused, precision, Kernels::Fused, mb);
+    let (c, lc) = grads(composed, precision, Kernels::Composed, mb);
     assert!(
         (lf - lc).abs() <= tol * lc.abs(),
         "loss: fused {lf}, composed {lc}"
@@ -60,6 +73,10 @@ fn compare(model: &dyn Model, precision: Precision, mb: &MicroBatch, tol: f64) {
 /// A GPT big enough for every code path: several heads, T not a multiple of a vector,
 /// vocab not a multiple of 16, masked targets.
 fn gpt(precision: Precision) -> Gpt {
+    gpt_in(precision.compute_dtype())
+}
+
+fn gpt_in(dtype: DType) -> Gpt {
     let c = GptConfig {
         vocab: 37,
         context: 19,
@@ -67,7 +84,7 @@ fn gpt(precision: Precision) -> Gpt {
         n_layer: 2,
         n_head: 3,
     };
-    Gpt::new(c, &Device::Cpu, precision.compute_dtype(), 17).unwrap()
+    Gpt::new(c, &Device::Cpu, dtype, 17).unwrap()
 }
 
 #[test]
@@ -79,8 +96,19 @@ fn gpt_fused_equals_composed_f32() {
 #[test]
 fn gpt_fused_equals_composed_bf16() {
     let mb = token_batch(4, 4, 19, 37, &[1, 0, 3, 0]);
-    // bf16 activations round at different points in the two paths (the fused attention
-    // keeps f32 scores); 2^-5 of the largest gradient of each tensor.
+    // Each path as the trainer builds it: fused with the variables `Kernels::param_dtype`
+    // gives (f32 on bf16 hardware, operands rounded inside the GEMM; bf16 otherwise),
+    // composed with bf16 variables and bf16 activations. They round at different points;
+    // 2^-5 of the largest gradient of each tensor.
+    let fused = gpt_in(Kernels::Fused.param_dtype(Precision::Bf16));
+    compare_models(
+        &fused,
+        &gpt(Precision::Bf16),
+        Precision::Bf16,
+        &mb,
+        1.0 / 32.0,
+    );
+    // And the fused ops on bf16 variables (f32 activations, bf16 weights).
     compare(&gpt(Precision::Bf16), Precision::Bf16, &mb, 1.0 / 32.0);
 }
 
