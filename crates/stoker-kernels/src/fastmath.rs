@@ -5,6 +5,43 @@
 //! eight lanes, so they vectorize too (a strict left-to-right f32 sum cannot).
 //! The tests at the bottom check both against f64.
 
+/// The widest x86 vector level this CPU runs, for kernels compiled several times with
+/// `#[target_feature]` (the crate itself is built for the x86-64 baseline, SSE2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Simd {
+    /// AVX-512F and VL, with AVX2 and FMA.
+    Avx512,
+    /// AVX2 and FMA.
+    Avx2,
+    /// The baseline.
+    Baseline,
+}
+
+impl Simd {
+    /// Detected once per process.
+    pub(crate) fn detect() -> Self {
+        static LEVEL: std::sync::OnceLock<Simd> = std::sync::OnceLock::new();
+        *LEVEL.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                let has = |f: bool| f;
+                let avx2 = has(std::arch::is_x86_feature_detected!("avx2"))
+                    && has(std::arch::is_x86_feature_detected!("fma"));
+                if avx2
+                    && std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512vl")
+                {
+                    return Simd::Avx512;
+                }
+                if avx2 {
+                    return Simd::Avx2;
+                }
+            }
+            Simd::Baseline
+        })
+    }
+}
+
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 /// ln 2 split in two so `k * LN2_HI` is exact for the k that occur (Cody-Waite).
 const LN2_HI: f32 = 0.693_145_75;
