@@ -203,7 +203,7 @@ impl RowOps for Avx512 {
     fn row_times_t(x: &[f32], mt: &[f32], t: usize, scale: f32, out: &mut [f32]) {
         use std::arch::x86_64::*;
         let n = out.len();
-        assert!(n % KEY_BLOCK == 0 && (x.is_empty() || (x.len() - 1) * t + n <= mt.len()));
+        assert!(n.is_multiple_of(KEY_BLOCK) && (x.is_empty() || (x.len() - 1) * t + n <= mt.len()));
         // SAFETY: the assert bounds every load (rows c < x.len() of width >= n) and store
         // (j < n); the caller runs this only where AVX-512F was detected.
         unsafe {
