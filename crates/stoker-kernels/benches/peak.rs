@@ -57,8 +57,10 @@ mod x86 {
         );
         for _ in 0..n {
             asm!(
-                "tdpbf16ps tmm0, tmm4, tmm6", "tdpbf16ps tmm1, tmm4, tmm7",
-                "tdpbf16ps tmm2, tmm5, tmm6", "tdpbf16ps tmm3, tmm5, tmm7",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
             );
         }
         asm!("tilerelease");
@@ -71,7 +73,10 @@ mod x86 {
     }
 
     pub fn main() {
-        let n: usize = std::env::var("ITERS").ok().and_then(|s| s.parse().ok()).unwrap_or(20_000_000);
+        let n: usize = std::env::var("ITERS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(20_000_000);
         if !std::arch::is_x86_feature_detected!("avx512f") {
             println!("no AVX-512F: nothing to measure");
             return;
@@ -86,13 +91,19 @@ mod x86 {
             let g = gflops((n * 16 * 64) as f64, || {
                 std::hint::black_box(unsafe { dpbf16(n) });
             });
-            println!("AVX512-BF16 vdpbf16ps {g:8.1} GFLOP/s per core  {:.2}x", g / f32_peak);
+            println!(
+                "AVX512-BF16 vdpbf16ps {g:8.1} GFLOP/s per core  {:.2}x",
+                g / f32_peak
+            );
         }
         if stoker_kernels::Bf16Kernel::available().contains(&stoker_kernels::Bf16Kernel::Amx) {
             let m = n / 10;
             // SAFETY: AMX detected and permitted by the OS (Bf16Kernel::available).
             let g = gflops((m * 4 * 16 * 16 * 32 * 2) as f64, || unsafe { amx(m) });
-            println!("AMX tdpbf16ps         {g:8.1} GFLOP/s per core  {:.2}x", g / f32_peak);
+            println!(
+                "AMX tdpbf16ps         {g:8.1} GFLOP/s per core  {:.2}x",
+                g / f32_peak
+            );
         }
     }
 }

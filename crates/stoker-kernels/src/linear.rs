@@ -16,7 +16,7 @@ use rayon::prelude::*;
 
 use crate::elem::{floats, Elem, Floats};
 use crate::error::{shape_err, KernelError};
-use crate::matmul::{gemm_into, Bf16Kernel, MatRef};
+use crate::matmul::{gemm_into, Bf16Kernel, Bf16Source, MatRef};
 
 /// `x W^T + b` for `x` `[.., in]`, `w` `[out, in]`, `b` `[out]`, differentiable in all
 /// three. All f32, all bf16, or f32 `x` with bf16 `w` and `b` (bf16 GEMM operands, f32
@@ -135,6 +135,42 @@ fn column_sums<T: Elem>(g: &[T], n: usize) -> Vec<f32> {
         )
 }
 
+fn widen(v: &[bf16]) -> Vec<f32> {
+    v.iter().map(|v| v.to_f32()).collect()
+}
+
+/// `x W^T + b` on the bf16 GEMM (`x` `m x k`, `w` `n x k`), written in `O`.
+fn forward_bf16<O: Elem, SX: Bf16Source, SW: Bf16Source>(
+    x: &[SX],
+    w: &[SW],
+    bias: &[f32],
+    (m, k, n): (usize, usize, usize),
+) -> std::result::Result<Vec<O>, KernelError> {
+    let a = MatRef::new(x, m, k);
+    let b = MatRef::transposed(w, k, n);
+    gemm_into(Bf16Kernel::detect(), &a, &b, Some(bias))
+}
+
+/// `[dx | dW | db]` on the bf16 GEMM (`dx = g W`, `dW = g^T x`, `db` = column sums of `g`),
+/// written in `O`.
+fn backward_bf16<O: Elem, SX: Bf16Source, SW: Bf16Source, SG: Bf16Source + Elem>(
+    x: &[SX],
+    w: &[SW],
+    g: &[SG],
+    (m, k, n): (usize, usize, usize),
+) -> std::result::Result<Vec<O>, KernelError> {
+    let kernel = Bf16Kernel::detect();
+    let mut out: Vec<O> = gemm_into(kernel, &MatRef::new(g, m, n), &MatRef::new(w, n, k), None)?;
+    out.extend(gemm_into::<O, _, _>(
+        kernel,
+        &MatRef::transposed(g, n, m),
+        &MatRef::new(x, m, k),
+        None,
+    )?);
+    out.extend(column_sums(g, n).into_iter().map(O::from_f32));
+    Ok(out)
+}
+
 /// `(m, k, n)` of `x` `[.., k]` (its leading dims flattened into `m` rows), `w` `[n, k]`
 /// and `b` `[n]`.
 fn dims(op: &'static str, x: &Layout, w: &Layout, b: &Layout) -> Result<(usize, usize, usize)> {
@@ -190,71 +226,18 @@ impl CustomOp3 for Linear {
             floats(op, s3, l3)?,
         ) {
             (Floats::F32(x), Floats::F32(w), Floats::F32(b)) if self.bf16_operands => {
-                let a = MatRef {
-                    data: x,
-                    rows: m,
-                    cols: k,
-                    transposed: false,
-                };
-                let bm = MatRef {
-                    data: w,
-                    rows: k,
-                    cols: n,
-                    transposed: true,
-                };
-                CpuStorage::F32(gemm_into::<f32, _, _>(
-                    Bf16Kernel::detect(),
-                    &a,
-                    &bm,
-                    Some(b),
-                )?)
+                CpuStorage::F32(forward_bf16(x, w, b, (m, k, n))?)
             }
             (Floats::F32(x), Floats::F32(w), Floats::F32(b)) => {
                 CpuStorage::F32(gemm_f32((m, k, n), x, (k, 1), w, (1, k), Some(b)))
             }
             (Floats::BF16(x), Floats::BF16(w), Floats::BF16(b)) => {
-                let bias: Vec<f32> = b.iter().map(|v| v.to_f32()).collect();
-                let a = MatRef {
-                    data: x,
-                    rows: m,
-                    cols: k,
-                    transposed: false,
-                };
-                let bm = MatRef {
-                    data: w,
-                    rows: k,
-                    cols: n,
-                    transposed: true,
-                };
-                CpuStorage::BF16(gemm_into::<bf16, _, _>(
-                    Bf16Kernel::detect(),
-                    &a,
-                    &bm,
-                    Some(&bias),
-                )?)
+                CpuStorage::BF16(forward_bf16(x, w, &widen(b), (m, k, n))?)
             }
+            // f32 activations, bf16 weights: x is rounded to bf16 while packing and the
+            // output stays f32 (the accumulator).
             (Floats::F32(x), Floats::BF16(w), Floats::BF16(b)) => {
-                // f32 activations, bf16 weights: x is rounded to bf16 while packing and
-                // the output stays f32 (the accumulator), bias added in f32.
-                let bias: Vec<f32> = b.iter().map(|v| v.to_f32()).collect();
-                let a = MatRef {
-                    data: x,
-                    rows: m,
-                    cols: k,
-                    transposed: false,
-                };
-                let bm = MatRef {
-                    data: w,
-                    rows: k,
-                    cols: n,
-                    transposed: true,
-                };
-                CpuStorage::F32(gemm_into::<f32, _, _>(
-                    Bf16Kernel::detect(),
-                    &a,
-                    &bm,
-                    Some(&bias),
-                )?)
+                CpuStorage::F32(forward_bf16(x, w, &widen(b), (m, k, n))?)
             }
             _ => return Err(dtype_err(op, s2.dtype())),
         };
@@ -327,35 +310,7 @@ impl CustomOp3 for LinearBackward {
             floats(op, s3, l3)?,
         ) {
             (Floats::F32(x), Floats::F32(w), Floats::F32(g)) if self.bf16_operands => {
-                let kernel = Bf16Kernel::detect();
-                let gm = MatRef {
-                    data: g,
-                    rows: m,
-                    cols: n,
-                    transposed: false,
-                };
-                let gt = MatRef {
-                    data: g,
-                    rows: n,
-                    cols: m,
-                    transposed: true,
-                };
-                let wm = MatRef {
-                    data: w,
-                    rows: n,
-                    cols: k,
-                    transposed: false,
-                };
-                let xm = MatRef {
-                    data: x,
-                    rows: m,
-                    cols: k,
-                    transposed: false,
-                };
-                let mut out = gemm_into::<f32, _, _>(kernel, &gm, &wm, None)?;
-                out.extend_from_slice(&gemm_into::<f32, _, _>(kernel, &gt, &xm, None)?);
-                out.extend_from_slice(&column_sums(g, n));
-                CpuStorage::F32(out)
+                CpuStorage::F32(backward_bf16(x, w, g, (m, k, n))?)
             }
             (Floats::F32(x), Floats::F32(w), Floats::F32(g)) => {
                 let ((dx, dw), db) = rayon::join(
@@ -374,72 +329,11 @@ impl CustomOp3 for LinearBackward {
                 CpuStorage::F32(out)
             }
             (Floats::BF16(x), Floats::BF16(w), Floats::BF16(g)) => {
-                let kernel = Bf16Kernel::detect();
-                let gm = MatRef {
-                    data: g,
-                    rows: m,
-                    cols: n,
-                    transposed: false,
-                };
-                let gt = MatRef {
-                    data: g,
-                    rows: n,
-                    cols: m,
-                    transposed: true,
-                };
-                let wm = MatRef {
-                    data: w,
-                    rows: n,
-                    cols: k,
-                    transposed: false,
-                };
-                let xm = MatRef {
-                    data: x,
-                    rows: m,
-                    cols: k,
-                    transposed: false,
-                };
-                let dx = gemm_into::<bf16, _, _>(kernel, &gm, &wm, None)?;
-                let dw = gemm_into::<bf16, _, _>(kernel, &gt, &xm, None)?;
-                let db = column_sums(g, n);
-                let mut out = Vec::with_capacity(len);
-                out.extend_from_slice(&dx);
-                out.extend_from_slice(&dw);
-                out.extend(db.into_iter().map(bf16::from_f32));
-                CpuStorage::BF16(out)
+                CpuStorage::BF16(backward_bf16(x, w, g, (m, k, n))?)
             }
+            // Mixed: everything returned in f32 (the op casts dW and db to bf16).
             (Floats::F32(x), Floats::BF16(w), Floats::F32(g)) => {
-                // Mixed: f32 activations and gradients rounded to bf16 while packing;
-                // everything returned in f32 (the op casts dW and db to bf16).
-                let kernel = Bf16Kernel::detect();
-                let gm = MatRef {
-                    data: g,
-                    rows: m,
-                    cols: n,
-                    transposed: false,
-                };
-                let gt = MatRef {
-                    data: g,
-                    rows: n,
-                    cols: m,
-                    transposed: true,
-                };
-                let wm = MatRef {
-                    data: w,
-                    rows: n,
-                    cols: k,
-                    transposed: false,
-                };
-                let xm = MatRef {
-                    data: x,
-                    rows: m,
-                    cols: k,
-                    transposed: false,
-                };
-                let mut out = gemm_into::<f32, _, _>(kernel, &gm, &wm, None)?;
-                out.extend_from_slice(&gemm_into::<f32, _, _>(kernel, &gt, &xm, None)?);
-                out.extend_from_slice(&column_sums(g, n));
-                CpuStorage::F32(out)
+                CpuStorage::F32(backward_bf16(x, w, g, (m, k, n))?)
             }
             _ => return Err(dtype_err(op, s3.dtype())),
         };

@@ -119,6 +119,28 @@ pub struct MatRef<'a, S = bf16> {
     pub transposed: bool,
 }
 
+impl<'a, S> MatRef<'a, S> {
+    /// A `rows x cols` matrix stored row-major.
+    pub fn new(data: &'a [S], rows: usize, cols: usize) -> Self {
+        MatRef {
+            data,
+            rows,
+            cols,
+            transposed: false,
+        }
+    }
+
+    /// A `rows x cols` matrix stored as its transpose (`cols x rows`, row-major).
+    pub fn transposed(data: &'a [S], rows: usize, cols: usize) -> Self {
+        MatRef {
+            data,
+            rows,
+            cols,
+            transposed: true,
+        }
+    }
+}
+
 /// Computes every 32 x 32 block of one 32-row band of `C` with `kernel`.
 fn band<T: Elem>(
     kernel: Bf16Kernel,
