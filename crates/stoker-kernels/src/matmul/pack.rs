@@ -49,35 +49,40 @@ pub(crate) fn pack_a<S: Bf16Source>(a: &MatRef<S>) -> PackedA {
     let rows = m.div_ceil(ROW_BLOCK) * ROW_BLOCK;
     let mut words = vec![0u32; rows * pairs];
     let src = a.data;
-    let bits = |i: usize| src[i].bf16_bits();
     words
         .par_chunks_mut(pairs * ROW_BLOCK)
         .enumerate()
         .for_each(|(blk, out)| {
-            for r in 0..ROW_BLOCK.min(m.saturating_sub(blk * ROW_BLOCK)) {
-                let i = blk * ROW_BLOCK + r;
+            let (i0, n) = (
+                blk * ROW_BLOCK,
+                ROW_BLOCK.min(m.saturating_sub(blk * ROW_BLOCK)),
+            );
+            if a.transposed {
+                // A stored k x m: element (i, j) at j * m + i. Pair by pair, the block's
+                // rows are contiguous in the source; the writes stay inside this block.
+                for p in 0..k.div_ceil(2) {
+                    let lo = &src[2 * p * m + i0..2 * p * m + i0 + n];
+                    let hi = (2 * p + 1 < k)
+                        .then(|| &src[(2 * p + 1) * m + i0..(2 * p + 1) * m + i0 + n]);
+                    for r in 0..n {
+                        let h = hi.map_or(0, |h| h[r].bf16_bits());
+                        out[r * pairs + p] = word(lo[r].bf16_bits(), h);
+                    }
+                }
+                return;
+            }
+            for r in 0..n {
+                let i = i0 + r;
                 let row = &mut out[r * pairs..r * pairs + k.div_ceil(2)];
-                if a.transposed {
-                    // A stored k x m: element (i, j) at j * m + i.
-                    for (p, w) in row.iter_mut().enumerate() {
-                        let hi = if 2 * p + 1 < k {
-                            bits((2 * p + 1) * m + i)
-                        } else {
-                            0
-                        };
-                        *w = word(bits(2 * p * m + i), hi);
-                    }
-                } else {
-                    let s = &src[i * k..(i + 1) * k];
-                    let pairs = s.chunks_exact(2);
-                    let last = pairs.remainder().first().map(|v| v.bf16_bits());
-                    let full = pairs.len();
-                    for (w, pair) in row.iter_mut().zip(pairs) {
-                        *w = word(pair[0].bf16_bits(), pair[1].bf16_bits());
-                    }
-                    if let Some(lo) = last {
-                        row[full] = word(lo, 0);
-                    }
+                let s = &src[i * k..(i + 1) * k];
+                let pairs = s.chunks_exact(2);
+                let last = pairs.remainder().first().map(|v| v.bf16_bits());
+                let full = pairs.len();
+                for (w, pair) in row.iter_mut().zip(pairs) {
+                    *w = word(pair[0].bf16_bits(), pair[1].bf16_bits());
+                }
+                if let Some(lo) = last {
+                    row[full] = word(lo, 0);
                 }
             }
         });
