@@ -717,29 +717,24 @@ pub struct CausalAttentionQkv {
     lse: OnceLock<Arc<Vec<f32>>>,
 }
 
-impl CausalAttentionQkv {
-    /// `Dims` of a `[B, T, 3 C]` input.
-    fn dims(&self, op: &'static str, s: &Shape) -> Result<Dims> {
-        match s.dims() {
-            &[b, t, c3] if t > 0 && self.heads > 0 && c3 > 0 && c3 % (3 * self.heads) == 0 => {
-                Ok(Dims {
-                    heads: self.heads,
-                    bh: b * self.heads,
-                    t,
-                    d: c3 / (3 * self.heads),
-                })
-            }
-            _ => Err(shape_err(
-                op,
-                format!(
-                    "qkv must be [B, T, 3 C] with T > 0 and C a multiple of the {} heads",
-                    self.heads
-                ),
-                s,
-            )),
-        }
+/// `Dims` of a `[B, T, 3 C]` input split into `heads` heads.
+fn qkv_dims(op: &'static str, heads: usize, s: &Shape) -> Result<Dims> {
+    match s.dims() {
+        &[b, t, c3] if t > 0 && heads > 0 && c3 > 0 && c3 % (3 * heads) == 0 => Ok(Dims {
+            heads,
+            bh: b * heads,
+            t,
+            d: c3 / (3 * heads),
+        }),
+        _ => Err(shape_err(
+            op,
+            format!("qkv must be [B, T, 3 C] with T > 0 and C a multiple of the {heads} heads"),
+            s,
+        )),
     }
+}
 
+impl CausalAttentionQkv {
     fn layouts(g: Dims) -> ((Rows, Rows, Rows), Rows) {
         let part = |p| Rows::packed(3, p, g.heads, g.t, g.d);
         (
@@ -756,7 +751,7 @@ impl CustomOp1 for CausalAttentionQkv {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let op = self.name();
-        let g = self.dims(op, l.shape())?;
+        let g = qkv_dims(op, self.heads, l.shape())?;
         let (ins, o_rows) = Self::layouts(g);
         let n = g.bh * g.t * g.d;
         let (out, lse) = match floats(op, s, l)? {
@@ -801,11 +796,7 @@ impl CustomOp1 for CausalAttentionQkvBackward {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let op = self.name();
-        let fwd_op = CausalAttentionQkv {
-            heads: self.heads,
-            lse: OnceLock::new(),
-        };
-        let g = fwd_op.dims(op, l.shape())?;
+        let g = qkv_dims(op, self.heads, l.shape())?;
         let n = g.bh * g.t * g.d;
         if self.o.len() != n || self.dout.len() != n || self.lse.len() != g.bh * g.t {
             return Err(shape_err(

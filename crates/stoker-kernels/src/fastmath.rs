@@ -24,9 +24,8 @@ impl Simd {
         *LEVEL.get_or_init(|| {
             #[cfg(target_arch = "x86_64")]
             {
-                let has = |f: bool| f;
-                let avx2 = has(std::arch::is_x86_feature_detected!("avx2"))
-                    && has(std::arch::is_x86_feature_detected!("fma"));
+                let avx2 = std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma");
                 if avx2
                     && std::arch::is_x86_feature_detected!("avx512f")
                     && std::arch::is_x86_feature_detected!("avx512vl")

@@ -12,7 +12,7 @@ use half::bf16;
 use rayon::prelude::*;
 
 use crate::error::KernelError;
-use crate::fastmath::to_bf16;
+use crate::fastmath::{to_bf16, Simd};
 
 /// Elements per rayon task: 16 Ki f32 (64 KiB per stream) stays in L2.
 const CHUNK: usize = 16 * 1024;
@@ -130,15 +130,10 @@ unsafe fn adamw_chunk_avx2(
     adamw_chunk(s, decay, p, g, m, v, out)
 }
 
+/// Whether the AVX2 + FMA compilation of the chunk loops can run here (the shared
+/// run-time detection of [`crate::fastmath::Simd`]).
 fn has_avx2_fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    Simd::detect() != Simd::Baseline
 }
 
 /// One AdamW update of `params` (one segment) from `grads`, with moments `exp_avg` and

@@ -43,37 +43,41 @@ pub enum Bf16Kernel {
 impl Bf16Kernel {
     /// The fastest kernel this CPU and OS support, detected once per process.
     pub fn detect() -> Self {
-        static DETECTED: OnceLock<Bf16Kernel> = OnceLock::new();
-        *DETECTED.get_or_init(|| {
-            let all = Self::available();
-            all[0]
-        })
+        Self::supported()[0]
     }
 
     /// Every kernel this CPU can run, fastest first (always ends with `Portable`).
     pub fn available() -> Vec<Self> {
-        let mut out = Vec::new();
-        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-        {
-            static AMX: OnceLock<bool> = OnceLock::new();
-            // CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE.
-            let cpu = std::arch::x86_64::__cpuid_count(7, 0).edx;
-            let has = cpu >> 22 & 1 == 1 && cpu >> 24 & 1 == 1;
-            if *AMX.get_or_init(|| has && tile::amx::request_permission()) {
-                out.push(Bf16Kernel::Amx);
-            }
-        }
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512bw")
-                && std::arch::is_x86_feature_detected!("avx512bf16")
+        Self::supported().to_vec()
+    }
+
+    /// [`Bf16Kernel::available`], detected once per process (CPUID, and for AMX a system
+    /// call), so the GEMM's per-call check costs a slice search.
+    fn supported() -> &'static [Self] {
+        static SUPPORTED: OnceLock<Vec<Bf16Kernel>> = OnceLock::new();
+        SUPPORTED.get_or_init(|| {
+            let mut out = Vec::new();
+            #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
             {
-                out.push(Bf16Kernel::Avx512Bf16);
+                // CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE.
+                let cpu = std::arch::x86_64::__cpuid_count(7, 0).edx;
+                let has = cpu >> 22 & 1 == 1 && cpu >> 24 & 1 == 1;
+                if has && tile::amx::request_permission() {
+                    out.push(Bf16Kernel::Amx);
+                }
             }
-        }
-        out.push(Bf16Kernel::Portable);
-        out
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512bf16")
+                {
+                    out.push(Bf16Kernel::Avx512Bf16);
+                }
+            }
+            out.push(Bf16Kernel::Portable);
+            out
+        })
     }
 }
 
@@ -224,7 +228,7 @@ pub(crate) fn gemm_into<T: Elem, SA: Bf16Source, SB: Bf16Source>(
             shape: Shape::from(bias.map_or(0, |v| v.len())),
         });
     }
-    if !Bf16Kernel::available().contains(&kernel) {
+    if !Bf16Kernel::supported().contains(&kernel) {
         return Err(KernelError::Unsupported {
             op: "bf16-matmul",
             what: format!("{kernel:?} kernel on this CPU"),
