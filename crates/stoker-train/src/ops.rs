@@ -13,44 +13,30 @@ use candle_core::{DType, Tensor, D};
 use crate::error::Result;
 use crate::precision::Fx;
 
-/// Whether linear layers in `fx` use stoker-kernels' bf16 GEMM: bf16 compute, fused
-/// kernels, no FP8 simulation, and a CPU with bf16 hardware (AMX or AVX512-BF16; without
-/// it candle's matmul, which goes through f32, is as fast).
-fn bf16_gemm(fx: &Fx, x: &Tensor) -> bool {
-    fx.compute == DType::BF16
-        && fx.fp8.is_none()
-        && fx.fused_for(x)
-        && stoker_kernels::bf16_native()
-}
-
 /// `y = x W^T + b` with `x` `(.., in)`, `W` `(out, in)`: a matmul, so its operands are in
-/// the compute dtype (its output in the activation dtype), with FP8 quantize-dequantize of both inputs (E4M3) and of the output's
-/// gradient (E5M2) in `fp8` mode.
+/// the compute dtype (its output in the activation dtype), with FP8 quantize-dequantize of
+/// both inputs (E4M3) and of the output's gradient (E5M2) in `fp8` mode.
 pub fn linear(fx: &Fx, name: &str, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     let mut x = x.to_dtype(fx.activation())?;
     let mut w = w.clone();
     if let Some(fp8) = fx.fp8 {
         x = fp8.qdq(name, 0, &x)?;
         w = fp8.qdq(name, 1, &w)?;
-    }
-    // One 2-D matmul over all leading dims: a broadcast matmul's backward would expand
-    // the weight per batch element and sum the per-element weight gradients afterwards
-    // (about 10x the forward's time in f32 here, more in bf16).
-    let bf16 = bf16_gemm(fx, &x);
-    if fx.fp8.is_none() && fx.fused_for(&x) && (fx.compute == DType::F32 || bf16) {
+    } else if fx.fused_for(&x) && (fx.compute == DType::F32 || fx.bf16_autocast()) {
         // One fused op: GEMM, bias and their backward (bias-less layers add zeros); with
-        // bf16 compute, f32 operands are rounded to bf16 inside the GEMM.
+        // bf16 autocast, f32 operands are rounded to bf16 inside the GEMM.
         let bias = match b {
             Some(b) => b.clone(),
             None => Tensor::zeros(w.dim(0)?, w.dtype(), w.device())?,
         };
-        return Ok(stoker_kernels::linear_with(&x, &w, &bias, bf16)?);
+        return Ok(stoker_kernels::linear_with(
+            &x,
+            &w,
+            &bias,
+            fx.bf16_autocast(),
+        )?);
     }
-    let y = if bf16 {
-        stoker_kernels::linear_bf16(&x, &w)?
-    } else {
-        matmul_2d(&x, &w)?
-    };
+    let y = matmul_2d(&x, &w)?;
     let y = match fx.fp8 {
         Some(fp8) => fp8.grad_qdq(name, &y)?,
         None => y,
@@ -61,7 +47,9 @@ pub fn linear(fx: &Fx, name: &str, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -
     })
 }
 
-/// `x W^T` as one 2-D candle matmul over all leading dims.
+/// `x W^T` as one 2-D candle matmul over all leading dims: a broadcast matmul's backward
+/// would expand the weight per batch element and sum the per-element weight gradients
+/// afterwards (about 10x the forward's time in f32 here, more in bf16).
 fn matmul_2d(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let dims = x.dims().to_vec();
     let (k, lead) = (dims[dims.len() - 1], dims[..dims.len() - 1].to_vec());

@@ -199,13 +199,19 @@ pub enum Kernels {
 }
 
 impl Kernels {
+    /// Whether bf16 runs autocast-style here: fused kernels on a CPU with bf16 hardware
+    /// (AMX or AVX512-BF16, [`stoker_kernels::bf16_native`]).
+    fn bf16_on_hardware(self) -> bool {
+        self == Kernels::Fused && stoker_kernels::bf16_native()
+    }
+
     /// The dtype of the model's candle variables (the compute-dtype copies of the FP32
     /// master weights). f32 for bf16 with fused kernels on a CPU with bf16 hardware: the
     /// bf16 GEMM rounds weights to bf16 as it packs them, as autocast casts FP32
     /// parameters per op, and gradients then stay f32 (candle's bf16 gradient additions
     /// are emulated). Otherwise the compute dtype.
     pub fn param_dtype(self, precision: Precision) -> DType {
-        if self == Kernels::Fused && precision == Precision::Bf16 && stoker_kernels::bf16_native() {
+        if precision == Precision::Bf16 && self.bf16_on_hardware() {
             DType::F32
         } else {
             precision.compute_dtype()
@@ -248,15 +254,17 @@ impl<'a> Fx<'a> {
     /// elementwise bf16 arithmetic, including the gradient additions of its backward, is
     /// emulated and costs more than the bf16 matmul saves.
     pub fn activation(&self) -> DType {
-        if self.kernels == Kernels::Fused
-            && self.compute == DType::BF16
-            && self.fp8.is_none()
-            && stoker_kernels::bf16_native()
-        {
+        if self.bf16_autocast() {
             self.high
         } else {
             self.compute
         }
+    }
+
+    /// Whether this is bf16 compute the autocast way (see [`Kernels::param_dtype`]): f32
+    /// tensors, matmul operands rounded to bf16 inside stoker-kernels' bf16 GEMM.
+    pub fn bf16_autocast(&self) -> bool {
+        self.compute == DType::BF16 && self.kernels.bf16_on_hardware()
     }
 
     /// Whether the fused op can run on `t`: fused kernels chosen, a CPU tensor, and a
