@@ -1,7 +1,8 @@
 //! Clipping by global gradient norm over the flat gradient buffer (after unscaling,
 //! before the optimizer step), with torch's `clip_grad_norm_` coefficient.
 
-/// The L2 norm of `grads`, accumulated in f64.
+/// The L2 norm of `grads`, accumulated in f64. Finite exactly when every gradient is
+/// (an f32 squared fits f64, and so does any realistic count of them).
 pub fn global_norm(grads: &[f32]) -> f64 {
     grads
         .iter()
@@ -14,10 +15,15 @@ pub fn global_norm(grads: &[f32]) -> f64 {
 /// clipping. The coefficient is `max_norm / (norm + 1e-6)`, applied only when below 1.
 pub fn clip_global_norm(grads: &mut [f32], max_norm: f64) -> f64 {
     let norm = global_norm(grads);
+    clip_to(grads, norm, max_norm);
+    norm
+}
+
+/// The scaling of [`clip_global_norm`] for a `norm` already computed by [`global_norm`].
+pub fn clip_to(grads: &mut [f32], norm: f64, max_norm: f64) {
     let coef = max_norm / (norm + 1e-6);
     if coef < 1.0 {
         let c = coef as f32;
         grads.iter_mut().for_each(|g| *g *= c);
     }
-    norm
 }

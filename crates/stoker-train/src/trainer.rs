@@ -7,7 +7,7 @@ use stoker_data::SamplerState;
 use stoker_precision::{LossScaler, ScalerConfig, StepDecision};
 
 use crate::accumulate::{accumulate, AccumulateOptions, MicroBatch, Normalization};
-use crate::clip::{clip_global_norm, global_norm};
+use crate::clip::{clip_to, global_norm};
 use crate::config::{ModelConfig, OptimizerKind, TrainConfig};
 use crate::error::{Result, TrainError};
 use crate::layout::FlatLayout;
@@ -178,7 +178,11 @@ impl Trainer {
                 self.step += 1;
                 return Ok(report);
             }
-        } else if !r.loss.is_finite() || self.layout.first_nonfinite(&self.grads).is_some() {
+        }
+        // One pass: the f64 norm is finite exactly when every gradient is, so the scan for
+        // the offending parameter runs only on failure.
+        let norm = global_norm(&self.grads);
+        if self.scaler.is_none() && (!r.loss.is_finite() || !norm.is_finite()) {
             let param = self
                 .layout
                 .first_nonfinite(&self.grads)
@@ -194,11 +198,10 @@ impl Trainer {
                 param: param.into(),
             });
         }
-        report.grad_norm = if self.grad_clip > 0.0 {
-            clip_global_norm(&mut self.grads, self.grad_clip)
-        } else {
-            global_norm(&self.grads)
-        };
+        if self.grad_clip > 0.0 {
+            clip_to(&mut self.grads, norm, self.grad_clip);
+        }
+        report.grad_norm = norm;
         self.optimizer.step(
             &mut self.master,
             &self.grads,
