@@ -372,10 +372,31 @@ fn fwd<T: Elem>(
     g: Dims,
     len: usize,
 ) -> (Vec<T>, Vec<f32>) {
-    let (t, d) = (g.t, g.d);
-    let scale = 1.0 / (d as f32).sqrt();
     let mut out = vec![T::from_f32(0.0); len];
-    let mut lse = vec![0.0f32; g.bh * t];
+    let mut lse = vec![0.0f32; g.bh * g.t];
+    fwd_into(
+        (q, k, v),
+        (q_rows, k_rows, v_rows),
+        o_rows,
+        g,
+        &mut out,
+        &mut lse,
+    );
+    (out, lse)
+}
+
+/// [`fwd`] into caller buffers: `out` (layout `o_rows`) and `lse` (`[bh, t]`).
+fn fwd_into<T: Elem>(
+    (q, k, v): (&[T], &[T], &[T]),
+    (q_rows, k_rows, v_rows): (Rows, Rows, Rows),
+    o_rows: Rows,
+    g: Dims,
+    out: &mut [T],
+    lse: &mut [f32],
+) {
+    let (t, d, len) = (g.t, g.d, out.len());
+    assert_eq!(lse.len(), g.bh * t, "attention: lse must be [bh, t]");
+    let scale = 1.0 / (d as f32).sqrt();
     let optr = Out(out.as_mut_ptr());
     let simd = Simd::detect();
     lse.par_chunks_mut(t).enumerate().for_each(|(bh, lse)| {
@@ -397,7 +418,6 @@ fn fwd<T: Elem>(
             _ => fwd_head::<T, Portable>(&args, bh, lse, optr),
         }
     });
-    (out, lse)
 }
 
 /// What backward reads besides the inputs: the forward output, its gradient (both f32,
@@ -514,13 +534,35 @@ unsafe fn bwd_head_avx2<T: Elem>(a: &BwdHead<T>, bh: usize, optr: Out<T>) {
 fn bwd<T: Elem>(
     (q, k, v): (&[T], &[T], &[T]),
     (q_rows, k_rows, v_rows): (Rows, Rows, Rows),
-    (dq_rows, dk_rows, dv_rows): (Rows, Rows, Rows),
+    grad_rows: (Rows, Rows, Rows),
     saved: &Saved,
     g: Dims,
     len: usize,
 ) -> Vec<T> {
-    let scale = 1.0 / (g.d as f32).sqrt();
     let mut out = vec![T::from_f32(0.0); len];
+    bwd_into(
+        (q, k, v),
+        (q_rows, k_rows, v_rows),
+        grad_rows,
+        saved,
+        g,
+        &mut out,
+    );
+    out
+}
+
+/// [`bwd`] into a caller buffer holding the three gradients' layouts; every row of
+/// every head of each gradient is written.
+fn bwd_into<T: Elem>(
+    (q, k, v): (&[T], &[T], &[T]),
+    (q_rows, k_rows, v_rows): (Rows, Rows, Rows),
+    (dq_rows, dk_rows, dv_rows): (Rows, Rows, Rows),
+    saved: &Saved,
+    g: Dims,
+    out: &mut [T],
+) {
+    let scale = 1.0 / (g.d as f32).sqrt();
+    let len = out.len();
     let optr = Out(out.as_mut_ptr());
     let simd = Simd::detect();
     (0..g.bh).into_par_iter().for_each(|bh| {
@@ -543,7 +585,6 @@ fn bwd<T: Elem>(
             _ => bwd_head::<T, Portable>(&args, bh, optr),
         }
     });
-    out
 }
 
 fn dtype_err(op: &'static str, d: DType) -> candle_core::Error {
@@ -818,6 +859,48 @@ impl CustomOp1 for CausalAttentionQkvBackward {
         };
         Ok((out, l.shape().clone()))
     }
+}
+
+/// Packed-QKV attention forward on f32 slices: `qkv` `[b, t, 3 c]` to `out` `[b, t, c]`,
+/// with each row's log-sum-exp into `lse` (`[b heads, t]`), which backward reads.
+pub(crate) fn qkv_forward_f32(
+    qkv: &[f32],
+    (b, t, heads): (usize, usize, usize),
+    out: &mut [f32],
+    lse: &mut [f32],
+) {
+    let g = Dims {
+        heads,
+        bh: b * heads,
+        t,
+        d: qkv.len() / (3 * b * t * heads),
+    };
+    let (ins, o_rows) = CausalAttentionQkv::layouts(g);
+    fwd_into((qkv, qkv, qkv), ins, o_rows, g, out, lse);
+}
+
+/// Packed-QKV attention backward on f32 slices: from the forward's `qkv`, output `o`,
+/// its gradient `dout` and `lse`, writes the whole of `dqkv` (`[b, t, 3 c]`).
+pub(crate) fn qkv_backward_f32(
+    qkv: &[f32],
+    (o, dout, lse): (&[f32], &[f32], &[f32]),
+    (b, t, heads): (usize, usize, usize),
+    dqkv: &mut [f32],
+) {
+    let g = Dims {
+        heads,
+        bh: b * heads,
+        t,
+        d: qkv.len() / (3 * b * t * heads),
+    };
+    let (ins, o_rows) = CausalAttentionQkv::layouts(g);
+    let saved = Saved {
+        o,
+        dout,
+        o_rows,
+        lse,
+    };
+    bwd_into((qkv, qkv, qkv), ins, ins, &saved, g, dqkv);
 }
 
 #[cfg(test)]

@@ -108,6 +108,41 @@ fn fwd<T: Elem>(x: &[T], t: &Targets, v: usize, ignore: i64) -> (f32, Vec<f32>) 
     (partials.iter().sum::<f64>() as f32, lse)
 }
 
+/// Loss and gradient in one pass over f32 `logits` `[n, v]`, in place: returns the
+/// summed loss of rows whose target is not `ignore` (per-task f64 partials added in
+/// order) and overwrites `logits` with `scale * (softmax - onehot)`, 0 on ignored rows.
+pub(crate) fn loss_and_grad_in_place(
+    logits: &mut [f32],
+    targets: &[i64],
+    v: usize,
+    ignore: i64,
+    scale: f32,
+) -> f64 {
+    let rows = rows_per_task(v);
+    let partials: Vec<f64> = logits
+        .par_chunks_mut(rows * v)
+        .zip(targets.par_chunks(rows))
+        .map(|(x, t)| {
+            let mut sum = 0.0f64;
+            for (x, &target) in x.chunks_exact_mut(v).zip(t) {
+                if target == ignore {
+                    x.fill(0.0);
+                    continue;
+                }
+                let max = max_map(x, |v| v);
+                let s = sum_map(x, |v| exp(v - max));
+                let lse = max + s.ln();
+                let k = target as usize;
+                sum += (lse - x[k]) as f64;
+                x.iter_mut().for_each(|x| *x = scale * exp(*x - lse));
+                x[k] -= scale;
+            }
+            sum
+        })
+        .collect();
+    partials.iter().sum()
+}
+
 impl CustomOp2 for CrossEntropy {
     fn name(&self) -> &'static str {
         "cross-entropy"

@@ -105,24 +105,40 @@ fn col_block(c: usize) -> usize {
 
 fn bwd<T: Elem>(dout: &[T], ids: &Targets, rows: usize, c: usize) -> Vec<T> {
     let mut grad = vec![0.0f32; rows * c];
+    scatter_add(dout, |i| ids.get(i) as usize, c, &mut grad);
+    grad.into_iter().map(T::from_f32).collect()
+}
+
+/// Adds row `i` of `dout` (`[N, c]`) into row `row_of(i)` of `grad` (`[rows, c]`, f32),
+/// parallel over column blocks, ids in order within a block (deterministic).
+pub(crate) fn scatter_add<T: Elem>(
+    dout: &[T],
+    row_of: impl Fn(usize) -> usize + Sync,
+    c: usize,
+    grad: &mut [f32],
+) {
     let block = col_block(c);
     let starts: Vec<usize> = (0..c).step_by(block).collect();
+    let len = grad.len();
     // Each task owns columns [c0, c0 + block) of every row: disjoint writes.
     let grad_ptr = SyncPtr(grad.as_mut_ptr());
     starts.par_iter().for_each(|&c0| {
         let w = block.min(c - c0);
         let g = &grad_ptr;
         for (i, src) in dout.chunks_exact(c).enumerate() {
-            let id = ids.get(i) as usize;
-            // SAFETY: columns c0..c0+w of row `id` belong to this task alone, and
-            // id < rows was checked, so the range is inside `grad`.
+            let id = row_of(i);
+            assert!(
+                id * c + c0 + w <= len,
+                "embedding: id {id} outside the table"
+            );
+            // SAFETY: columns c0..c0+w of row `id` belong to this task alone, and the
+            // range is inside `grad` (asserted).
             let dst = unsafe { std::slice::from_raw_parts_mut(g.0.add(id * c + c0), w) };
             dst.iter_mut()
                 .zip(&src[c0..c0 + w])
                 .for_each(|(d, &s)| *d += s.to_f32());
         }
     });
-    grad.into_iter().map(T::from_f32).collect()
 }
 
 /// A raw pointer shared by tasks that write disjoint ranges.

@@ -40,6 +40,12 @@ fn gelu_grad_f32(x: f32) -> f32 {
 
 fn fwd<T: Elem>(x: &[T]) -> Vec<T> {
     let mut y = vec![T::from_f32(0.0); x.len()];
+    fwd_into(x, &mut y);
+    y
+}
+
+/// GELU of `x` into `y`.
+pub(crate) fn fwd_into<T: Elem>(x: &[T], y: &mut [T]) {
     y.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK))
         .for_each(|(y, x)| {
@@ -47,19 +53,23 @@ fn fwd<T: Elem>(x: &[T]) -> Vec<T> {
                 *y = T::from_f32(gelu_f32(x.to_f32()));
             }
         });
-    y
 }
 
 fn bwd<T: Elem>(x: &[T], g: &[T]) -> Vec<T> {
-    let mut dx = vec![T::from_f32(0.0); x.len()];
-    dx.par_chunks_mut(CHUNK)
-        .zip(x.par_chunks(CHUNK).zip(g.par_chunks(CHUNK)))
-        .for_each(|(dx, (x, g))| {
-            for ((dx, &x), &g) in dx.iter_mut().zip(x).zip(g) {
-                *dx = T::from_f32(g.to_f32() * gelu_grad_f32(x.to_f32()));
+    let mut dx = g.to_vec();
+    bwd_in_place(x, &mut dx);
+    dx
+}
+
+/// Turns the output gradient `g` into the input gradient in place: `g *= GELU'(x)`.
+pub(crate) fn bwd_in_place<T: Elem>(x: &[T], g: &mut [T]) {
+    g.par_chunks_mut(CHUNK)
+        .zip(x.par_chunks(CHUNK))
+        .for_each(|(g, x)| {
+            for (g, &x) in g.iter_mut().zip(x) {
+                *g = T::from_f32(g.to_f32() * gelu_grad_f32(x.to_f32()));
             }
         });
-    dx
 }
 
 impl CustomOp1 for Gelu {

@@ -74,6 +74,20 @@ fn fwd<T: Elem>(x: &[T], w: &[T], b: &[T], d: usize, eps: f32) -> (Vec<T>, Stats
     let n = x.len() / d;
     let mut y = vec![T::from_f32(0.0); x.len()];
     let (mut mean, mut rstd) = (vec![0.0f32; n], vec![0.0f32; n]);
+    fwd_into(x, w, b, d, eps, &mut y, (&mut mean, &mut rstd));
+    (y, Stats { mean, rstd })
+}
+
+/// Forward into caller buffers: `y` like `x`, each row's mean and reciprocal std.
+pub(crate) fn fwd_into<T: Elem>(
+    x: &[T],
+    w: &[T],
+    b: &[T],
+    d: usize,
+    eps: f32,
+    y: &mut [T],
+    (mean, rstd): (&mut [f32], &mut [f32]),
+) {
     let rows = rows_per_task(d);
     y.par_chunks_mut(rows * d)
         .zip(x.par_chunks(rows * d))
@@ -97,7 +111,6 @@ fn fwd<T: Elem>(x: &[T], w: &[T], b: &[T], d: usize, eps: f32) -> (Vec<T>, Stats
                 (*m, *r) = (mu, rs);
             }
         });
-    (y, Stats { mean, rstd })
 }
 
 impl CustomOp3 for LayerNorm {
@@ -188,13 +201,35 @@ fn bwd<T: Elem>(x: &[T], w: &[T], g: &[T], d: usize, st: &Stats) -> Vec<T> {
     let nd = x.len();
     let mut out = vec![T::from_f32(0.0); nd + 2 * d];
     let (dx, dwb) = out.split_at_mut(nd);
+    let mut total = vec![0.0f32; 2 * d];
+    let (tw, tb) = total.split_at_mut(d);
+    bwd_into(x, w, g, d, (&st.mean, &st.rstd), dx, false, (tw, tb));
+    dwb.iter_mut()
+        .zip(&total)
+        .for_each(|(o, &t)| *o = T::from_f32(t));
+    out
+}
+
+/// Backward into caller buffers: `dx` written (or with `add_dx`, added to), the weight
+/// and bias gradients added to `dw`, `db` (f32).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn bwd_into<T: Elem>(
+    x: &[T],
+    w: &[T],
+    g: &[T],
+    d: usize,
+    (mean, rstd): (&[f32], &[f32]),
+    dx: &mut [T],
+    add_dx: bool,
+    (dw, db): (&mut [f32], &mut [f32]),
+) {
     let rows = rows_per_task(d);
     // Each task returns its partial [dw, db]; summed in task order so results are
     // deterministic whatever rayon's scheduling.
     let partials: Vec<Vec<f32>> = dx
         .par_chunks_mut(rows * d)
         .zip(x.par_chunks(rows * d).zip(g.par_chunks(rows * d)))
-        .zip(st.mean.par_chunks(rows).zip(st.rstd.par_chunks(rows)))
+        .zip(mean.par_chunks(rows).zip(rstd.par_chunks(rows)))
         .map(|((dx, (x, g)), (mean, rstd))| {
             let mut acc = vec![0.0f32; 2 * d];
             let (pw, pb) = acc.split_at_mut(d);
@@ -217,20 +252,17 @@ fn bwd<T: Elem>(x: &[T], w: &[T], g: &[T], d: usize, st: &Stats) -> Vec<T> {
                 for (((dx, &x), &g), &w) in dx.iter_mut().zip(x).zip(g).zip(w) {
                     let xh = (x.to_f32() - mu) * rs;
                     let dxh = g.to_f32() * w.to_f32();
-                    *dx = T::from_f32(rs * (dxh - m1 - xh * m2));
+                    let v = rs * (dxh - m1 - xh * m2);
+                    *dx = T::from_f32(if add_dx { dx.to_f32() + v } else { v });
                 }
             }
             acc
         })
         .collect();
-    let mut total = vec![0.0f32; 2 * d];
     for p in &partials {
-        total.iter_mut().zip(p).for_each(|(t, &p)| *t += p);
+        dw.iter_mut().zip(&p[..d]).for_each(|(t, &p)| *t += p);
+        db.iter_mut().zip(&p[d..]).for_each(|(t, &p)| *t += p);
     }
-    dwb.iter_mut()
-        .zip(&total)
-        .for_each(|(o, &t)| *o = T::from_f32(t));
-    out
 }
 
 impl CustomOp3 for LayerNormBackward {

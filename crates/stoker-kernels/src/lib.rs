@@ -10,6 +10,9 @@
 //! [`matmul`] is a bf16 GEMM on the AVX512-BF16 dot-product instruction (detected at run
 //! time, with a portable fallback), so bf16 linear layers run faster than f32 ones.
 //!
+//! [`gpt`] is a whole GPT training step over flat buffers (llm.c's design): the same
+//! kernels called in order, with no autograd graph in between.
+//!
 //! [`optim`] holds the AdamW and SGD updates over flat FP32 buffers as single fused
 //! passes, bit-identical to stoker-train's optimizers, with an optional bf16 copy-out.
 //!
@@ -29,6 +32,7 @@ pub mod embedding;
 pub mod error;
 mod fastmath;
 pub mod gelu;
+pub mod gpt;
 pub mod layer_norm;
 pub mod linear;
 pub mod matmul;
@@ -41,6 +45,7 @@ pub use cross_entropy::{cross_entropy_sum, valid_token_count};
 pub use embedding::embedding;
 pub use error::KernelError;
 pub use gelu::gelu;
+pub use gpt::{BlockOffsets, GptBatch, GptDims, GptOffsets, GptStep};
 pub use layer_norm::layer_norm;
 pub use linear::{linear, linear_with};
 pub use matmul::{bf16_native, linear_bf16, matmul_bf16, Bf16Kernel};

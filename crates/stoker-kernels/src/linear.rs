@@ -69,17 +69,47 @@ pub struct Linear {
 fn gemm_f32(
     (m, k, n): (usize, usize, usize),
     a: &[f32],
-    (a_rs, a_cs): (usize, usize),
+    a_strides: (usize, usize),
     b: &[f32],
-    (b_rs, b_cs): (usize, usize),
+    b_strides: (usize, usize),
     init: Option<&[f32]>,
 ) -> Vec<f32> {
     let mut c = match init {
         Some(row) => row.repeat(m),
         None => vec![0f32; m * n],
     };
-    if m == 0 || n == 0 || k == 0 {
-        return c;
+    gemm_f32_into(
+        (m, k, n),
+        a,
+        a_strides,
+        b,
+        b_strides,
+        &mut c,
+        init.is_some(),
+    );
+    c
+}
+
+/// `C = A . B`, or with `accumulate` `C += A . B`, into a caller's row-major `m x n` `C`;
+/// strides as in [`gemm_f32`].
+pub(crate) fn gemm_f32_into(
+    (m, k, n): (usize, usize, usize),
+    a: &[f32],
+    (a_rs, a_cs): (usize, usize),
+    b: &[f32],
+    (b_rs, b_cs): (usize, usize),
+    c: &mut [f32],
+    accumulate: bool,
+) {
+    assert_eq!(c.len(), m * n, "gemm: C must be m x n");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            c.fill(0.0);
+        }
+        return;
     }
     assert!(a.len() > (m - 1) * a_rs + (k - 1) * a_cs && b.len() > (k - 1) * b_rs + (n - 1) * b_cs);
     let threads = rayon::current_num_threads();
@@ -88,7 +118,7 @@ fn gemm_f32(
     } else {
         gemm::Parallelism::None
     };
-    // SAFETY: the assert above bounds every element gemm reads; `c` is m x n row-major.
+    // SAFETY: the asserts above bound every element gemm reads and writes.
     unsafe {
         gemm::gemm(
             m,
@@ -97,7 +127,7 @@ fn gemm_f32(
             c.as_mut_ptr(),
             1,
             n as isize,
-            init.is_some(),
+            accumulate,
             a.as_ptr(),
             a_cs as isize,
             a_rs as isize,
@@ -112,11 +142,10 @@ fn gemm_f32(
             par,
         );
     }
-    c
 }
 
 /// Column sums of `g` (`m x n`, row-major) in f32.
-fn column_sums<T: Elem>(g: &[T], n: usize) -> Vec<f32> {
+pub(crate) fn column_sums<T: Elem>(g: &[T], n: usize) -> Vec<f32> {
     let rows_per_task = (16 * 1024 / n.max(1)).max(1);
     g.par_chunks(rows_per_task * n)
         .map(|rows| {

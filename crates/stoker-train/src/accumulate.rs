@@ -12,7 +12,7 @@ use candle_core::Tensor;
 use crate::error::Result;
 use crate::layout::FlatLayout;
 use crate::loss::{cross_entropy_sum, scalar, valid_count};
-use crate::models::Model;
+use crate::models::{DirectStep, Model};
 use crate::precision::Fx;
 
 /// How a window's micro-batch losses are normalized.
@@ -92,6 +92,40 @@ pub fn accumulate(
             crate::check::every_param_has_grad(&g, model.params())?;
         }
         layout.gather_grads(&g, model.params(), grads)?;
+    }
+    Ok(WindowResult {
+        loss: if total == 0 {
+            0.0
+        } else {
+            loss_sum / total as f64
+        },
+        count: total,
+    })
+}
+
+/// [`accumulate`] through a model's [`DirectStep`]: the same normalization and loss
+/// scale, gradients added into `grads` by the step itself, no autograd graph.
+pub fn accumulate_direct(
+    step: &mut dyn DirectStep,
+    window: &[MicroBatch],
+    opts: AccumulateOptions,
+    master: &[f32],
+    grads: &mut [f32],
+) -> Result<WindowResult> {
+    let total: usize = window.iter().map(|m| valid_count(&m.targets)).sum();
+    let mut loss_sum = 0f64;
+    for mb in window {
+        let count = valid_count(&mb.targets);
+        let denom = match opts.norm {
+            Normalization::WindowCount => total,
+            Normalization::StepCount => count * window.len(),
+        };
+        // With no valid target the loss and its gradient are zero: nothing to run.
+        if denom == 0 || count == 0 {
+            continue;
+        }
+        let scale = (opts.loss_scale / denom as f64) as f32;
+        loss_sum += step.forward_backward(master, &mb.input, &mb.targets, scale, grads)?;
     }
     Ok(WindowResult {
         loss: if total == 0 {

@@ -71,6 +71,9 @@ pub enum TrainError {
     /// A candle error.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
+    /// A fused kernel rejected its input.
+    #[error(transparent)]
+    Kernel(#[from] stoker_kernels::KernelError),
     /// A loader error.
     #[error(transparent)]
     DataLoader(#[from] stoker_data::DataError),

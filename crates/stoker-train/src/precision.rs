@@ -184,14 +184,21 @@ impl CustomOp1 for GradQdq {
 }
 
 /// The `kernels` config key: which implementation of softmax, layer norm, attention,
-/// GELU, embedding, cross-entropy and bf16 linear layers the models run.
+/// GELU, embedding, cross-entropy and linear layers the models run, and whether a model's
+/// training step goes through candle's autograd graph at all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Kernels {
-    /// stoker-kernels' fused CPU ops (one pass forward, one backward) and, where the CPU
-    /// has bf16 hardware, its bf16 GEMM. Falls back to `composed` per op on non-CPU
-    /// devices and in dtypes the fused ops do not take (f16, f64).
+    /// The model's own hand-written training step over the flat master and gradient
+    /// buffers, where it has one (GPT on a CPU in fp32, and in bf16 where the CPU has bf16
+    /// hardware): stoker-kernels' fused kernels called in order, with no autograd graph.
+    /// Everything else (other models, fp16, fp8, evaluation, sampling) runs `fused`.
     #[default]
+    Direct,
+    /// stoker-kernels' fused CPU ops (one pass forward, one backward) on candle's
+    /// autograd graph and, where the CPU has bf16 hardware, its bf16 GEMM. Falls back to
+    /// `composed` per op on non-CPU devices and in dtypes the fused ops do not take
+    /// (f16, f64).
     Fused,
     /// The same maths composed from candle's differentiable primitives: slower, and the
     /// reference the fused ops are tested against.
@@ -199,10 +206,24 @@ pub enum Kernels {
 }
 
 impl Kernels {
+    /// Whether the fused ops run (`direct` and `fused`).
+    pub fn fused_ops(self) -> bool {
+        self != Kernels::Composed
+    }
+
     /// Whether bf16 runs autocast-style here: fused kernels on a CPU with bf16 hardware
     /// (AMX or AVX512-BF16, [`stoker_kernels::bf16_native`]).
-    fn bf16_on_hardware(self) -> bool {
-        self == Kernels::Fused && stoker_kernels::bf16_native()
+    pub fn bf16_on_hardware(self) -> bool {
+        self.fused_ops() && stoker_kernels::bf16_native()
+    }
+
+    /// Whether a model's direct training step may run in `precision`: `direct` kernels,
+    /// and fp32, or bf16 the autocast way (bf16 hardware). fp16 needs the loss scaler's
+    /// scaled backward and fp8 its per-op quantization, which only the graph has.
+    pub fn direct_step(self, precision: Precision) -> bool {
+        self == Kernels::Direct
+            && (precision == Precision::Fp32
+                || (precision == Precision::Bf16 && self.bf16_on_hardware()))
     }
 
     /// The dtype of the model's candle variables (the compute-dtype copies of the FP32
@@ -228,7 +249,7 @@ pub struct Fx<'a> {
     pub high: DType,
     /// FP8 simulation state, in `fp8` mode.
     pub fp8: Option<&'a Fp8State>,
-    /// Fused or composed ops.
+    /// Fused or composed ops (`direct` runs the fused ops here).
     pub kernels: Kernels,
 }
 
@@ -239,7 +260,7 @@ impl<'a> Fx<'a> {
             compute: precision.compute_dtype(),
             high: precision.high_dtype(),
             fp8,
-            kernels: Kernels::Fused,
+            kernels: Kernels::default(),
         }
     }
 
@@ -270,7 +291,7 @@ impl<'a> Fx<'a> {
     /// Whether the fused op can run on `t`: fused kernels chosen, a CPU tensor, and a
     /// dtype the kernels take (f32 or bf16).
     pub fn fused_for(&self, t: &Tensor) -> bool {
-        self.kernels == Kernels::Fused
+        self.kernels.fused_ops()
             && t.device().is_cpu()
             && matches!(t.dtype(), DType::F32 | DType::BF16)
     }

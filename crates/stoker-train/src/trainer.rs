@@ -6,13 +6,15 @@ use candle_core::{Device, Tensor};
 use stoker_data::SamplerState;
 use stoker_precision::{LossScaler, ScalerConfig, StepDecision};
 
-use crate::accumulate::{accumulate, AccumulateOptions, MicroBatch, Normalization};
+use crate::accumulate::{
+    accumulate, accumulate_direct, AccumulateOptions, MicroBatch, Normalization,
+};
 use crate::clip::{clip_to, global_norm};
 use crate::config::{ModelConfig, OptimizerKind, TrainConfig};
 use crate::error::{Result, TrainError};
 use crate::layout::FlatLayout;
 use crate::loss::{cross_entropy_sum, scalar};
-use crate::models::{Cnn, Gpt, LossKind, Mlp, Model};
+use crate::models::{Cnn, DirectStep, Gpt, LossKind, Mlp, Model};
 use crate::optim::{segments, AdamW, Optimizer, Sgd};
 use crate::precision::{Fp8State, Fx, Kernels, Precision};
 use crate::schedule::Schedule;
@@ -66,6 +68,8 @@ pub fn build_model(
 pub struct Trainer {
     /// The model (its variables hold compute-dtype copies of `master`).
     pub model: Box<dyn Model>,
+    /// The model's direct training step, where `kernels = "direct"` gives it one.
+    direct: Option<Box<dyn DirectStep>>,
     /// The flat layout of `master` and `grads`.
     pub layout: FlatLayout,
     /// FP32 master weights.
@@ -112,8 +116,13 @@ impl Trainer {
             false => None,
         };
         let fp8 = (config.precision == Precision::Fp8).then(|| Fp8State::new(Default::default()));
+        let direct = match config.kernels.direct_step(config.precision) {
+            true => model.direct_step(&layout, config.precision == Precision::Bf16)?,
+            false => None,
+        };
         Ok(Trainer {
             model,
+            direct,
             grads: vec![0.0; len],
             layout,
             master,
@@ -141,6 +150,11 @@ impl Trainer {
         self.precision
     }
 
+    /// Whether training steps run the model's direct step (no autograd graph).
+    pub fn direct(&self) -> bool {
+        self.direct.is_some()
+    }
+
     /// One optimizer step over an accumulation window.
     pub fn train_step(&mut self, window: &[MicroBatch]) -> Result<StepReport> {
         let step = self.step;
@@ -152,14 +166,19 @@ impl Trainer {
             loss_scale: loss_scale as f64,
             check_grads: step == 0,
         };
-        let r = accumulate(
-            &*self.model,
-            &fx,
-            window,
-            opts,
-            &self.layout,
-            &mut self.grads,
-        )?;
+        let r = match &mut self.direct {
+            Some(step) => {
+                accumulate_direct(&mut **step, window, opts, &self.master, &mut self.grads)?
+            }
+            None => accumulate(
+                &*self.model,
+                &fx,
+                window,
+                opts,
+                &self.layout,
+                &mut self.grads,
+            )?,
+        };
         let lr = self.schedule.lr_at(step);
         let mut report = StepReport {
             step: step + 1,

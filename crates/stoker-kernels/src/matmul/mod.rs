@@ -153,6 +153,7 @@ fn band<T: Elem>(
     c: &mut [T],
     n: usize,
     bias: Option<&[f32]>,
+    accumulate: bool,
 ) {
     debug_assert_eq!(a.pairs, b.pairs);
     let rows = c.len() / n;
@@ -177,6 +178,14 @@ fn band<T: Elem>(
             let src = &block[r * BLOCK..r * BLOCK + cols];
             let dst = &mut c[r * n + c0..r * n + c0 + cols];
             match bias {
+                _ if accumulate => dst
+                    .iter_mut()
+                    .zip(src)
+                    .enumerate()
+                    .for_each(|(j, (d, &v))| {
+                        let b = bias.map_or(0.0, |b| b[c0 + j]);
+                        *d = T::from_f32(d.to_f32() + v + b)
+                    }),
                 Some(bias) => dst
                     .iter_mut()
                     .zip(src.iter().zip(&bias[c0..c0 + cols]))
@@ -208,15 +217,31 @@ pub(crate) fn gemm_into<T: Elem, SA: Bf16Source, SB: Bf16Source>(
     b: &MatRef<SB>,
     bias: Option<&[f32]>,
 ) -> std::result::Result<Vec<T>, KernelError> {
+    let mut c = vec![T::from_f32(0.0); a.rows * b.cols];
+    gemm_write(kernel, a, b, bias, &mut c, false)?;
+    Ok(c)
+}
+
+/// The GEMM into a caller's `C` (`m x n`, row-major): `C = A . B + bias`, or with
+/// `accumulate` `C += A . B + bias`, each element rounded once.
+pub(crate) fn gemm_write<T: Elem, SA: Bf16Source, SB: Bf16Source>(
+    kernel: Bf16Kernel,
+    a: &MatRef<SA>,
+    b: &MatRef<SB>,
+    bias: Option<&[f32]>,
+    c: &mut [T],
+    accumulate: bool,
+) -> std::result::Result<(), KernelError> {
     let (m, k, n) = (a.rows, a.cols, b.cols);
-    if b.rows != k || a.data.len() != m * k || b.data.len() != k * n {
+    if b.rows != k || a.data.len() != m * k || b.data.len() != k * n || c.len() != m * n {
         return Err(KernelError::Shape {
             op: "bf16-matmul",
             msg: format!(
-                "A is {m} x {k} ({} elements), B is {} x {n} ({} elements)",
+                "A is {m} x {k} ({} elements), B is {} x {n} ({} elements), C has {} elements",
                 a.data.len(),
                 b.rows,
-                b.data.len()
+                b.data.len(),
+                c.len()
             ),
             shape: Shape::from((m, k)),
         });
@@ -234,15 +259,24 @@ pub(crate) fn gemm_into<T: Elem, SA: Bf16Source, SB: Bf16Source>(
             what: format!("{kernel:?} kernel on this CPU"),
         });
     }
-    let mut c = vec![T::from_f32(0.0); m * n];
-    if m == 0 || n == 0 || k == 0 {
-        return Ok(c);
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        // An empty sum: C is the bias (or keeps its value plus the bias).
+        for row in c.chunks_exact_mut(n) {
+            for (j, d) in row.iter_mut().enumerate() {
+                let base = if accumulate { d.to_f32() } else { 0.0 };
+                *d = T::from_f32(base + bias.map_or(0.0, |b| b[j]));
+            }
+        }
+        return Ok(());
     }
     let (pa, pb) = rayon::join(|| pack_a(a), || pack_b(b));
     c.par_chunks_mut(BLOCK * n)
         .enumerate()
-        .for_each(|(rb, c)| band(kernel, (&pa, &pb), rb, c, n, bias));
-    Ok(c)
+        .for_each(|(rb, c)| band(kernel, (&pa, &pb), rb, c, n, bias, accumulate));
+    Ok(())
 }
 
 /// [`gemm_bf16_with`] on the detected kernel.

@@ -4,8 +4,10 @@
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::{LossKind, Model};
-use crate::error::Result;
+use super::{DirectStep, LossKind, Model};
+use crate::error::{Result, TrainError};
+use crate::layout::FlatLayout;
+use crate::loss::IGNORE_INDEX;
 use crate::ops::{causal_attention_qkv, embedding, gelu, layer_norm, linear};
 use crate::params::{Init, ParamBuilder, ParamSet};
 use crate::precision::Fx;
@@ -182,7 +184,92 @@ impl Gpt {
     }
 }
 
+/// The GPT's direct training step: stoker-kernels' [`GptStep`](stoker_kernels::GptStep)
+/// at the parameters' offsets in the flat layout.
+struct GptDirect {
+    step: stoker_kernels::GptStep,
+}
+
+impl DirectStep for GptDirect {
+    fn forward_backward(
+        &mut self,
+        master: &[f32],
+        input: &Tensor,
+        targets: &[i64],
+        grad_scale: f32,
+        grads: &mut [f32],
+    ) -> Result<f64> {
+        let (batch, t) = input.dims2()?;
+        let tokens = crate::ops::ids_i64(input)?
+            .flatten_all()?
+            .to_vec1::<i64>()?;
+        let b = stoker_kernels::GptBatch {
+            tokens: &tokens,
+            targets,
+            batch,
+            t,
+            ignore: IGNORE_INDEX,
+        };
+        Ok(self.step.forward_backward(master, b, grad_scale, grads)?)
+    }
+}
+
+impl Gpt {
+    /// The flat-buffer offsets of every parameter, by name.
+    fn offsets(&self, layout: &FlatLayout) -> Result<stoker_kernels::GptOffsets> {
+        let at = |name: String| -> Result<usize> {
+            layout
+                .slots()
+                .iter()
+                .find(|s| s.name == name)
+                .map(|s| s.offset)
+                .ok_or_else(|| TrainError::Layout(format!("no parameter `{name}` in the layout")))
+        };
+        let pair = |name: &str| -> Result<[usize; 2]> {
+            Ok([at(format!("{name}.weight"))?, at(format!("{name}.bias"))?])
+        };
+        let blocks = self
+            .blocks
+            .iter()
+            .map(|b| {
+                let p = &b.prefix;
+                Ok(stoker_kernels::BlockOffsets {
+                    ln1: pair(&format!("{p}.ln_1"))?,
+                    qkv: pair(&format!("{p}.attn.qkv"))?,
+                    proj: pair(&format!("{p}.attn.proj"))?,
+                    ln2: pair(&format!("{p}.ln_2"))?,
+                    fc: pair(&format!("{p}.mlp.fc"))?,
+                    fc_proj: pair(&format!("{p}.mlp.proj"))?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(stoker_kernels::GptOffsets {
+            wte: at("wte.weight".into())?,
+            wpe: at("wpe.weight".into())?,
+            blocks,
+            ln_f: pair("ln_f")?,
+        })
+    }
+}
+
 impl Model for Gpt {
+    fn direct_step(
+        &self,
+        layout: &FlatLayout,
+        bf16_operands: bool,
+    ) -> Result<Option<Box<dyn DirectStep>>> {
+        let c = &self.config;
+        let dims = stoker_kernels::GptDims {
+            vocab: c.vocab,
+            context: c.context,
+            d_model: c.d_model,
+            n_head: c.n_head,
+        };
+        let step =
+            stoker_kernels::GptStep::new(dims, self.offsets(layout)?, bf16_operands, LN_EPS)?;
+        Ok(Some(Box::new(GptDirect { step })))
+    }
+
     fn params(&self) -> &ParamSet {
         &self.params
     }

@@ -12,6 +12,7 @@ use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
+use crate::layout::FlatLayout;
 use crate::params::ParamSet;
 use crate::precision::Fx;
 
@@ -39,4 +40,29 @@ pub trait Model {
     /// Checks that a dataset's input field (per-sample shape and dtype name) fits the
     /// model; the error says which dimension does not.
     fn check_input(&self, shape: &[usize], dtype: &str) -> std::result::Result<(), String>;
+    /// The model's hand-written training step over flat buffers laid out by `layout`, if
+    /// it has one (`kernels = "direct"`); `bf16_operands` runs its matmuls on bf16
+    /// operands. None by default: the step then goes through candle's autograd graph.
+    fn direct_step(
+        &self,
+        _layout: &FlatLayout,
+        _bf16_operands: bool,
+    ) -> Result<Option<Box<dyn DirectStep>>> {
+        Ok(None)
+    }
+}
+
+/// A training step that bypasses the autograd graph: forward, loss and backward of one
+/// micro-batch straight from the flat master buffer into the flat gradient buffer.
+pub trait DirectStep: Send {
+    /// Adds the gradient of `grad_scale x (summed loss of the valid targets)` into
+    /// `grads` and returns that summed loss (unscaled).
+    fn forward_backward(
+        &mut self,
+        master: &[f32],
+        input: &Tensor,
+        targets: &[i64],
+        grad_scale: f32,
+        grads: &mut [f32],
+    ) -> Result<f64>;
 }

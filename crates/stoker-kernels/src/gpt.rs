@@ -1,0 +1,567 @@
+//! A GPT's whole training forward and backward, written by hand over flat f32 buffers.
+//!
+//! This is llm.c's design. Parameters are read straight from the trainer's flat master
+//! buffer and gradients are added straight into its flat gradient buffer (the same
+//! offsets), every activation the backward needs lives in buffers allocated once per
+//! batch shape and reused, and each layer's backward is the fused kernels of this crate
+//! called in order. There is no autograd graph, no per-node gradient buffer to zero and
+//! add, and no copy of gradients out of one: on a 2-core CPU those cost about as much as
+//! the non-GEMM arithmetic itself (docs/benchmarks.md).
+//!
+//! The model is the one of stoker-train's `models::gpt` (token + position embeddings,
+//! pre-LayerNorm blocks, causal multi-head attention from one QKV projection, tanh-GELU
+//! MLP, final LayerNorm, head tied to the token embedding); the tests there hold this
+//! step's gradients to the candle graph's. Linear layers run on the f32 GEMM, or with
+//! bf16 operands on the bf16 GEMM ([`crate::matmul`]) with f32 accumulation: autocast's
+//! bf16 with FP32 parameters, activations and gradients.
+
+use rayon::prelude::*;
+
+use crate::attention::{qkv_backward_f32, qkv_forward_f32};
+use crate::cross_entropy::loss_and_grad_in_place;
+use crate::embedding::scatter_add;
+use crate::error::KernelError;
+use crate::linear::{column_sums, gemm_f32_into};
+use crate::matmul::{gemm_write, Bf16Kernel, MatRef};
+use crate::{gelu, layer_norm};
+
+/// The GPT's sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GptDims {
+    /// Vocabulary (rows of the token embedding, columns of the logits).
+    pub vocab: usize,
+    /// Positions (rows of the position embedding).
+    pub context: usize,
+    /// Embedding width `C`.
+    pub d_model: usize,
+    /// Attention heads (divide `C`).
+    pub n_head: usize,
+}
+
+/// Where one block's parameters start in the flat buffer (element offsets); each pair
+/// is `[weight, bias]`, weights `[out, in]` as in PyTorch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockOffsets {
+    /// First LayerNorm `[C]`, `[C]`.
+    pub ln1: [usize; 2],
+    /// QKV projection `[3C, C]`, `[3C]`.
+    pub qkv: [usize; 2],
+    /// Attention output projection `[C, C]`, `[C]`.
+    pub proj: [usize; 2],
+    /// Second LayerNorm `[C]`, `[C]`.
+    pub ln2: [usize; 2],
+    /// MLP up-projection `[4C, C]`, `[4C]`.
+    pub fc: [usize; 2],
+    /// MLP down-projection `[C, 4C]`, `[C]`.
+    pub fc_proj: [usize; 2],
+}
+
+/// Where every parameter starts in the flat buffer; the gradient buffer has the same
+/// layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GptOffsets {
+    /// Token embedding `[vocab, C]`, also the head's weight.
+    pub wte: usize,
+    /// Position embedding `[context, C]`.
+    pub wpe: usize,
+    /// The blocks, input to output.
+    pub blocks: Vec<BlockOffsets>,
+    /// Final LayerNorm `[C]`, `[C]`.
+    pub ln_f: [usize; 2],
+}
+
+/// One training micro-batch for [`GptStep::forward_backward`].
+#[derive(Debug, Clone, Copy)]
+pub struct GptBatch<'a> {
+    /// Token ids `[batch, t]`, row-major.
+    pub tokens: &'a [i64],
+    /// Next-token targets, one per token; `ignore` marks positions without a loss.
+    pub targets: &'a [i64],
+    /// Sequences in the batch.
+    pub batch: usize,
+    /// Positions per sequence (at most the context).
+    pub t: usize,
+    /// The ignore index of `targets`.
+    pub ignore: i64,
+}
+
+/// One block's saved activations (`N = batch x t` rows).
+struct BlockActs {
+    /// The block's input (the residual stream) `[N, C]`.
+    x: Vec<f32>,
+    ln1: Vec<f32>,
+    ln1_stats: [Vec<f32>; 2],
+    qkv: Vec<f32>,
+    att: Vec<f32>,
+    lse: Vec<f32>,
+    /// The residual stream after attention `[N, C]`.
+    mid: Vec<f32>,
+    ln2: Vec<f32>,
+    ln2_stats: [Vec<f32>; 2],
+    fc: Vec<f32>,
+    gelu: Vec<f32>,
+}
+
+/// Every buffer of one batch shape: the forward's saved activations and the backward's
+/// scratch.
+struct Acts {
+    n: usize,
+    blocks: Vec<BlockActs>,
+    /// The last block's output `[N, C]`.
+    x_out: Vec<f32>,
+    lnf: Vec<f32>,
+    lnf_stats: [Vec<f32>; 2],
+    /// Logits, then (in place) their gradient `[N, vocab]`.
+    logits: Vec<f32>,
+    dres: Vec<f32>,
+    dh: Vec<f32>,
+    dqkv: Vec<f32>,
+    datt: Vec<f32>,
+    dfc: Vec<f32>,
+}
+
+impl Acts {
+    fn new(n: usize, dims: GptDims, layers: usize, heads_rows: usize) -> Self {
+        let c = dims.d_model;
+        let z = |len: usize| vec![0f32; len];
+        let blocks = (0..layers)
+            .map(|_| BlockActs {
+                x: z(n * c),
+                ln1: z(n * c),
+                ln1_stats: [z(n), z(n)],
+                qkv: z(3 * n * c),
+                att: z(n * c),
+                lse: z(heads_rows),
+                mid: z(n * c),
+                ln2: z(n * c),
+                ln2_stats: [z(n), z(n)],
+                fc: z(4 * n * c),
+                gelu: z(4 * n * c),
+            })
+            .collect();
+        Acts {
+            n,
+            blocks,
+            x_out: z(n * c),
+            lnf: z(n * c),
+            lnf_stats: [z(n), z(n)],
+            logits: z(n * dims.vocab),
+            dres: z(n * c),
+            dh: z(n * c),
+            dqkv: z(3 * n * c),
+            datt: z(n * c),
+            dfc: z(4 * n * c),
+        }
+    }
+}
+
+/// The GPT training step: forward, loss and backward of one micro-batch, gradients added
+/// into a flat buffer. Reuses its activation buffers while the batch shape stays.
+pub struct GptStep {
+    dims: GptDims,
+    offsets: GptOffsets,
+    bf16: Option<Bf16Kernel>,
+    eps: f32,
+    acts: Option<Acts>,
+}
+
+const OP: &str = "gpt-step";
+
+impl GptStep {
+    /// A step for `dims` with parameters at `offsets`; `bf16_operands` runs the linear
+    /// layers on the bf16 GEMM's detected kernel (the portable one on CPUs without bf16
+    /// instructions: same results, only slow). `eps` is the LayerNorms' epsilon.
+    pub fn new(
+        dims: GptDims,
+        offsets: GptOffsets,
+        bf16_operands: bool,
+        eps: f64,
+    ) -> Result<Self, KernelError> {
+        if dims.n_head == 0 || dims.d_model == 0 || !dims.d_model.is_multiple_of(dims.n_head) {
+            return Err(KernelError::Shape {
+                op: OP,
+                msg: format!(
+                    "d_model {} must be a positive multiple of n_head {}",
+                    dims.d_model, dims.n_head
+                ),
+                shape: candle_core::Shape::from(dims.d_model),
+            });
+        }
+        Ok(GptStep {
+            dims,
+            offsets,
+            bf16: bf16_operands.then(Bf16Kernel::detect),
+            eps: eps as f32,
+            acts: None,
+        })
+    }
+
+    /// The number of f32 elements the parameter buffer must hold at least.
+    fn params_end(&self) -> usize {
+        let (c, v, p) = (self.dims.d_model, self.dims.vocab, self.dims.context);
+        let o = &self.offsets;
+        let mut end = (o.wte + v * c)
+            .max(o.wpe + p * c)
+            .max(o.ln_f[0] + c)
+            .max(o.ln_f[1] + c);
+        for b in &o.blocks {
+            for (off, len) in [
+                (b.ln1[0], c),
+                (b.ln1[1], c),
+                (b.qkv[0], 3 * c * c),
+                (b.qkv[1], 3 * c),
+                (b.proj[0], c * c),
+                (b.proj[1], c),
+                (b.ln2[0], c),
+                (b.ln2[1], c),
+                (b.fc[0], 4 * c * c),
+                (b.fc[1], 4 * c),
+                (b.fc_proj[0], 4 * c * c),
+                (b.fc_proj[1], c),
+            ] {
+                end = end.max(off + len);
+            }
+        }
+        end
+    }
+
+    fn check(&self, params: &[f32], grads: &[f32], b: &GptBatch) -> Result<(), KernelError> {
+        let n = b.batch * b.t;
+        let shape = candle_core::Shape::from((b.batch, b.t));
+        if b.t == 0 || b.t > self.dims.context || b.tokens.len() != n || b.targets.len() != n {
+            return Err(KernelError::Shape {
+                op: OP,
+                msg: format!(
+                    "{} tokens and {} targets for batch {} x {} positions (context {})",
+                    b.tokens.len(),
+                    b.targets.len(),
+                    b.batch,
+                    b.t,
+                    self.dims.context
+                ),
+                shape,
+            });
+        }
+        let end = self.params_end();
+        for (what, len) in [("params", params.len()), ("grads", grads.len())] {
+            if len < end {
+                return Err(KernelError::Length {
+                    op: OP,
+                    what,
+                    len,
+                    expected: end,
+                });
+            }
+        }
+        let v = self.dims.vocab;
+        if let Some((pos, &id)) = b
+            .tokens
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| id < 0 || id as usize >= v)
+        {
+            return Err(KernelError::Index {
+                op: OP,
+                pos,
+                id,
+                rows: v,
+            });
+        }
+        if let Some((row, &target)) = b
+            .targets
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| t != b.ignore && (t < 0 || t as usize >= v))
+        {
+            return Err(KernelError::Target {
+                op: OP,
+                row,
+                target,
+                vocab: v,
+                ignore: b.ignore,
+            });
+        }
+        Ok(())
+    }
+
+    /// Forward and backward of one micro-batch: adds the gradient of
+    /// `grad_scale x (summed token loss)` into `grads` and returns the summed loss of the
+    /// valid targets (unscaled). `params` and `grads` are flat buffers laid out by the
+    /// offsets.
+    pub fn forward_backward(
+        &mut self,
+        params: &[f32],
+        batch: GptBatch,
+        grad_scale: f32,
+        grads: &mut [f32],
+    ) -> Result<f64, KernelError> {
+        self.check(params, grads, &batch)?;
+        let n = batch.batch * batch.t;
+        let heads_rows = batch.batch * self.dims.n_head * batch.t;
+        let layers = self.offsets.blocks.len();
+        let mut acts = match self.acts.take() {
+            Some(a) if a.n == n && a.blocks.first().is_none_or(|b| b.lse.len() == heads_rows) => a,
+            _ => Acts::new(n, self.dims, layers, heads_rows),
+        };
+        let loss = self.forward(params, &batch, &mut acts, grad_scale);
+        self.backward(params, &batch, &mut acts, grads);
+        self.acts = Some(acts);
+        Ok(loss)
+    }
+
+    fn forward(&self, p: &[f32], b: &GptBatch, a: &mut Acts, grad_scale: f32) -> f64 {
+        let (c, v) = (self.dims.d_model, self.dims.vocab);
+        let n = a.n;
+        let o = &self.offsets;
+        // Token + position embeddings into the first block's input (or the output).
+        {
+            let x0 = match a.blocks.first_mut() {
+                Some(blk) => &mut blk.x,
+                None => &mut a.x_out,
+            };
+            let (wte, wpe) = (&p[o.wte..o.wte + v * c], &p[o.wpe..]);
+            x0.par_chunks_mut(c).enumerate().for_each(|(i, row)| {
+                let (tok, pos) = (b.tokens[i] as usize, i % b.t);
+                let (e, q) = (&wte[tok * c..(tok + 1) * c], &wpe[pos * c..(pos + 1) * c]);
+                row.iter_mut()
+                    .zip(e.iter().zip(q))
+                    .for_each(|(r, (&e, &q))| *r = e + q);
+            });
+        }
+        for l in 0..a.blocks.len() {
+            let bo = o.blocks[l];
+            let (done, rest) = a.blocks.split_at_mut(l + 1);
+            let blk = &mut done[l];
+            let ln = |off: [usize; 2]| (&p[off[0]..off[0] + c], &p[off[1]..off[1] + c]);
+            let (w, bias) = ln(bo.ln1);
+            let [m, r] = &mut blk.ln1_stats;
+            layer_norm::fwd_into(&blk.x, w, bias, c, self.eps, &mut blk.ln1, (m, r));
+            self.linear(&blk.ln1, p, bo.qkv, (n, c, 3 * c), &mut blk.qkv, false);
+            qkv_forward_f32(
+                &blk.qkv,
+                (b.batch, b.t, self.dims.n_head),
+                &mut blk.att,
+                &mut blk.lse,
+            );
+            blk.mid.copy_from_slice(&blk.x);
+            self.linear(&blk.att, p, bo.proj, (n, c, c), &mut blk.mid, true);
+            let (w, bias) = ln(bo.ln2);
+            let [m, r] = &mut blk.ln2_stats;
+            layer_norm::fwd_into(&blk.mid, w, bias, c, self.eps, &mut blk.ln2, (m, r));
+            self.linear(&blk.ln2, p, bo.fc, (n, c, 4 * c), &mut blk.fc, false);
+            gelu::fwd_into(&blk.fc, &mut blk.gelu);
+            let next = match rest.first_mut() {
+                Some(nb) => &mut nb.x,
+                None => &mut a.x_out,
+            };
+            next.copy_from_slice(&blk.mid);
+            self.linear(&blk.gelu, p, bo.fc_proj, (n, 4 * c, c), next, true);
+        }
+        let (w, bias) = (&p[o.ln_f[0]..o.ln_f[0] + c], &p[o.ln_f[1]..o.ln_f[1] + c]);
+        let [m, r] = &mut a.lnf_stats;
+        layer_norm::fwd_into(&a.x_out, w, bias, c, self.eps, &mut a.lnf, (m, r));
+        let wte = &p[o.wte..o.wte + v * c];
+        self.matmul_xwt(&a.lnf, wte, None, (n, c, v), &mut a.logits, false);
+        loss_and_grad_in_place(&mut a.logits, b.targets, v, b.ignore, grad_scale)
+    }
+
+    fn backward(&self, p: &[f32], b: &GptBatch, a: &mut Acts, g: &mut [f32]) {
+        let (c, v) = (self.dims.d_model, self.dims.vocab);
+        let n = a.n;
+        let o = &self.offsets;
+        // Head (tied to wte): d lnf = dlogits wte; d wte += dlogits^T lnf.
+        let wte = &p[o.wte..o.wte + v * c];
+        self.matmul_dx(&a.logits, wte, (n, v, c), &mut a.dh);
+        self.matmul_dw(&a.logits, &a.lnf, (n, v, c), &mut g[o.wte..o.wte + v * c]);
+        self.layer_norm_bwd(
+            (&a.x_out, &a.lnf_stats),
+            p,
+            g,
+            o.ln_f,
+            &a.dh,
+            &mut a.dres,
+            false,
+        );
+        for (l, blk) in a.blocks.iter().enumerate().rev() {
+            let bo = o.blocks[l];
+            // MLP: x_out = mid + fc_proj(gelu(fc(ln2(mid)))).
+            self.linear_bwd(
+                &a.dres,
+                &blk.gelu,
+                p,
+                g,
+                bo.fc_proj,
+                (n, 4 * c, c),
+                &mut a.dfc,
+            );
+            gelu::bwd_in_place(&blk.fc, &mut a.dfc);
+            self.linear_bwd(&a.dfc, &blk.ln2, p, g, bo.fc, (n, c, 4 * c), &mut a.dh);
+            self.layer_norm_bwd(
+                (&blk.mid, &blk.ln2_stats),
+                p,
+                g,
+                bo.ln2,
+                &a.dh,
+                &mut a.dres,
+                true,
+            );
+            // Attention: mid = x + proj(attention(qkv(ln1(x)))).
+            self.linear_bwd(&a.dres, &blk.att, p, g, bo.proj, (n, c, c), &mut a.datt);
+            qkv_backward_f32(
+                &blk.qkv,
+                (&blk.att, &a.datt, &blk.lse),
+                (b.batch, b.t, self.dims.n_head),
+                &mut a.dqkv,
+            );
+            self.linear_bwd(&a.dqkv, &blk.ln1, p, g, bo.qkv, (n, c, 3 * c), &mut a.dh);
+            self.layer_norm_bwd(
+                (&blk.x, &blk.ln1_stats),
+                p,
+                g,
+                bo.ln1,
+                &a.dh,
+                &mut a.dres,
+                true,
+            );
+        }
+        // Embeddings: scatter-add into the token rows and the position rows.
+        scatter_add(
+            &a.dres,
+            |i| b.tokens[i] as usize,
+            c,
+            &mut g[o.wte..o.wte + v * c],
+        );
+        let t = b.t;
+        scatter_add(&a.dres, |i| i % t, c, &mut g[o.wpe..o.wpe + t * c]);
+    }
+
+    /// `out = x W^T + b` (or `out +=` with `accumulate`) for `x` `[m, k]` and the
+    /// linear layer whose `[weight, bias]` start at `off`.
+    fn linear(
+        &self,
+        x: &[f32],
+        p: &[f32],
+        off: [usize; 2],
+        (m, k, n): (usize, usize, usize),
+        out: &mut [f32],
+        accumulate: bool,
+    ) {
+        let w = &p[off[0]..off[0] + n * k];
+        let bias = &p[off[1]..off[1] + n];
+        self.matmul_xwt(x, w, Some(bias), (m, k, n), out, accumulate);
+    }
+
+    /// `out (=|+=) x W^T (+ bias)`, `x` `[m, k]`, `w` `[n, k]`.
+    fn matmul_xwt(
+        &self,
+        x: &[f32],
+        w: &[f32],
+        bias: Option<&[f32]>,
+        (m, k, n): (usize, usize, usize),
+        out: &mut [f32],
+        accumulate: bool,
+    ) {
+        match self.bf16 {
+            Some(kernel) => gemm_write(
+                kernel,
+                &MatRef::new(x, m, k),
+                &MatRef::transposed(w, k, n),
+                bias,
+                out,
+                accumulate,
+            )
+            .expect("gpt-step: GEMM shapes are fixed by the checked dims"),
+            None => {
+                match (bias, accumulate) {
+                    (Some(bias), true) => out
+                        .par_chunks_mut(n)
+                        .for_each(|r| r.iter_mut().zip(bias).for_each(|(o, &b)| *o += b)),
+                    (Some(bias), false) => {
+                        out.par_chunks_mut(n).for_each(|r| r.copy_from_slice(bias))
+                    }
+                    (None, _) => {}
+                }
+                let acc = accumulate || bias.is_some();
+                gemm_f32_into((m, k, n), x, (k, 1), w, (1, k), out, acc);
+            }
+        }
+    }
+
+    /// `dx = dy W` for `dy` `[m, n]`, `w` `[n, k]`.
+    fn matmul_dx(&self, dy: &[f32], w: &[f32], (m, n, k): (usize, usize, usize), dx: &mut [f32]) {
+        match self.bf16 {
+            Some(kernel) => gemm_write(
+                kernel,
+                &MatRef::new(dy, m, n),
+                &MatRef::new(w, n, k),
+                None,
+                dx,
+                false,
+            )
+            .expect("gpt-step: GEMM shapes are fixed by the checked dims"),
+            None => gemm_f32_into((m, n, k), dy, (n, 1), w, (k, 1), dx, false),
+        }
+    }
+
+    /// `dw += dy^T x` for `dy` `[m, n]`, `x` `[m, k]`, `dw` `[n, k]`.
+    fn matmul_dw(&self, dy: &[f32], x: &[f32], (m, n, k): (usize, usize, usize), dw: &mut [f32]) {
+        match self.bf16 {
+            Some(kernel) => gemm_write(
+                kernel,
+                &MatRef::transposed(dy, n, m),
+                &MatRef::new(x, m, k),
+                None,
+                dw,
+                true,
+            )
+            .expect("gpt-step: GEMM shapes are fixed by the checked dims"),
+            None => gemm_f32_into((n, m, k), dy, (1, n), x, (k, 1), dw, true),
+        }
+    }
+
+    /// The backward of [`GptStep::linear`] (`x` `[m, k]`, output `[m, n]`): `dx` written,
+    /// weight and bias gradients added.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_bwd(
+        &self,
+        dy: &[f32],
+        x: &[f32],
+        p: &[f32],
+        g: &mut [f32],
+        off: [usize; 2],
+        (m, k, n): (usize, usize, usize),
+        dx: &mut [f32],
+    ) {
+        let w = &p[off[0]..off[0] + n * k];
+        self.matmul_dx(dy, w, (m, n, k), dx);
+        self.matmul_dw(dy, x, (m, n, k), &mut g[off[0]..off[0] + n * k]);
+        let db = column_sums(dy, n);
+        g[off[1]..off[1] + n]
+            .iter_mut()
+            .zip(&db)
+            .for_each(|(g, &d)| *g += d);
+    }
+
+    /// LayerNorm backward for the norm whose `[weight, bias]` start at `off`: `dx` written
+    /// or added to, weight and bias gradients added.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_norm_bwd(
+        &self,
+        (x, stats): (&[f32], &[Vec<f32>; 2]),
+        p: &[f32],
+        g: &mut [f32],
+        off: [usize; 2],
+        dy: &[f32],
+        dx: &mut [f32],
+        add: bool,
+    ) {
+        let c = self.dims.d_model;
+        let w = &p[off[0]..off[0] + c];
+        let mut dwb = vec![0f32; 2 * c];
+        let (dw, db) = dwb.split_at_mut(c);
+        layer_norm::bwd_into(x, w, dy, c, (&stats[0], &stats[1]), dx, add, (dw, db));
+        for (i, d) in [(off[0], &*dw), (off[1], &*db)] {
+            g[i..i + c].iter_mut().zip(d).for_each(|(g, &d)| *g += d);
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! The GPT's direct training step (`kernels = "direct"`: stoker-kernels' `GptStep` over
+//! the flat buffers, no autograd graph) gives the gradients of the candle graph built
+//! from the composed reference ops: every parameter, over a window of micro-batches of
+//! different lengths with masked targets, f32 to 1e-5 relative per tensor (max |direct -
+//! composed| / max |composed|); bf16 autocast to bf16 rounding. And whole trainers with
+//! `direct` and `composed` kernels take the same steps.
+
+mod common;
+
+use candle_core::{DType, Device};
+use common::*;
+use stoker_train::accumulate::{
+    accumulate, accumulate_direct, AccumulateOptions, MicroBatch, Normalization,
+};
+use stoker_train::layout::FlatLayout;
+use stoker_train::models::{Gpt, GptConfig, Model};
+use stoker_train::precision::{Fx, Kernels, Precision};
+use stoker_train::trainer::Trainer;
+
+const CONFIG: GptConfig = GptConfig {
+    vocab: 37,
+    context: 19,
+    d_model: 24,
+    n_layer: 2,
+    n_head: 3,
+};
+
+fn gpt(dtype: DType) -> Gpt {
+    Gpt::new(CONFIG, &Device::Cpu, dtype, 17).unwrap()
+}
+
+/// Windows covering every code path: T not a multiple of a vector and shorter than the
+/// context, a second micro-batch of another length, masked targets (one row all masked).
+fn window() -> Vec<MicroBatch> {
+    vec![
+        token_batch(3, 4, 19, 37, &[0, 2, 19, 5]),
+        token_batch(9, 3, 7, 37, &[1, 0, 3]),
+    ]
+}
+
+/// (direct gradients, direct loss, composed gradients, composed loss).
+fn both(
+    precision: Precision,
+    norm: Normalization,
+    loss_scale: f64,
+) -> (Vec<f32>, f64, Vec<f32>, f64, FlatLayout) {
+    let composed = gpt(precision.compute_dtype());
+    let layout = FlatLayout::of(composed.params()).unwrap();
+    let opts = AccumulateOptions {
+        norm,
+        loss_scale,
+        check_grads: true,
+    };
+    let mut gc = vec![0f32; layout.total_len()];
+    let fx = Fx::new(precision, None).with_kernels(Kernels::Composed);
+    let rc = accumulate(&composed, &fx, &window(), opts, &layout, &mut gc).unwrap();
+    // The direct step reads the FP32 master: the same initial values.
+    let direct = gpt(DType::F32);
+    let master = layout.flatten(direct.params()).unwrap();
+    let mut step = direct
+        .direct_step(&layout, precision == Precision::Bf16)
+        .unwrap()
+        .expect("GPT has a direct step");
+    let mut gd = vec![0f32; layout.total_len()];
+    let rd = accumulate_direct(&mut *step, &window(), opts, &master, &mut gd).unwrap();
+    (gd, rd.loss, gc, rc.loss, layout)
+}
+
+fn assert_close(layout: &FlatLayout, d: &[f32], c: &[f32], tol: f64) {
+    for slot in layout.slots() {
+        let r = slot.offset..slot.offset + slot.len;
+        let scale = c[r.clone()].iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+        let diff = d[r.clone()]
+            .iter()
+            .zip(&c[r])
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs())) as f64;
+        assert!(scale > 0.0, "{}: zero gradient", slot.name);
+        assert!(
+            diff <= tol * scale,
+            "{}: max diff {diff:e} vs max |grad| {scale:e}",
+            slot.name
+        );
+    }
+}
+
+#[test]
+fn direct_step_equals_composed_graph_f32() {
+    for (norm, scale) in [
+        (Normalization::WindowCount, 1.0),
+        (Normalization::StepCount, 1.0),
+        (Normalization::WindowCount, 1024.0),
+    ] {
+        let (gd, ld, gc, lc, layout) = both(Precision::Fp32, norm, scale);
+        assert!(
+            (ld - lc).abs() <= 1e-6 * lc.abs(),
+            "loss: direct {ld}, composed {lc}"
+        );
+        assert_close(&layout, &gd, &gc, 1e-5);
+    }
+}
+
+#[test]
+fn direct_step_bf16_autocast_within_bf16_rounding() {
+    if !Kernels::Direct.direct_step(Precision::Bf16) {
+        return; // no bf16 hardware: bf16 runs the graph with bf16 variables
+    }
+    // Direct rounds only the matmul operands to bf16; the composed reference keeps bf16
+    // variables and activations. 2^-5 of each tensor's largest gradient, as the fused ops.
+    let (gd, ld, gc, lc, layout) = both(Precision::Bf16, Normalization::WindowCount, 1.0);
+    assert!(
+        (ld - lc).abs() <= 0.02 * lc.abs(),
+        "loss: direct {ld}, composed {lc}"
+    );
+    assert_close(&layout, &gd, &gc, 1.0 / 32.0);
+}
+
+fn trainer(kernels: &str) -> Trainer {
+    let toml = format!(
+        r#"run_dir = "unused"
+precision = "fp32"
+kernels = "{kernels}"
+[data]
+train = "unused"
+[model]
+kind = "gpt"
+vocab = 37
+context = 19
+d_model = 24
+n_layer = 2
+n_head = 3
+[batch]
+micro_batch = 4
+[optimizer]
+kind = "adamw"
+lr = 1e-2
+weight_decay = 0.1
+grad_clip = 1.0
+[train]
+steps = 3
+"#
+    );
+    let config =
+        stoker_train::config::TrainConfig::parse(&toml, std::path::Path::new("t")).unwrap();
+    Trainer::new(&config).unwrap()
+}
+
+#[test]
+fn trainers_with_direct_and_composed_kernels_take_the_same_steps() {
+    let (mut d, mut c) = (trainer("direct"), trainer("composed"));
+    assert!(d.direct() && !c.direct());
+    for s in 0..3u64 {
+        let w = vec![
+            token_batch(20 + s, 4, 19, 37, &[0, 1, 2, 3]),
+            token_batch(40 + s, 4, 11, 37, &[0, 0, 11, 0]),
+        ];
+        let (rd, rc) = (d.train_step(&w).unwrap(), c.train_step(&w).unwrap());
+        assert!(
+            (rd.loss - rc.loss).abs() <= 1e-5 * rc.loss,
+            "step {s}: loss"
+        );
+        assert!(
+            (rd.grad_norm - rc.grad_norm).abs() <= 1e-5 * rc.grad_norm,
+            "step {s}: norm"
+        );
+    }
+    let diff = d
+        .master
+        .iter()
+        .zip(&c.master)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        diff <= 1e-5,
+        "master weights differ by {diff:e} after 3 steps"
+    );
+}
+
+#[test]
+fn direct_step_names_a_bad_token() {
+    let model = gpt(DType::F32);
+    let layout = FlatLayout::of(model.params()).unwrap();
+    let master = layout.flatten(model.params()).unwrap();
+    let mut step = model.direct_step(&layout, false).unwrap().unwrap();
+    let mut g = vec![0f32; layout.total_len()];
+    let mut mb = token_batch(1, 2, 5, 37, &[0, 0]);
+    mb.input =
+        candle_core::Tensor::from_vec(vec![1i64, 2, 3, 99, 4, 0, 1, 2, 3, 4], (2, 5), &Device::Cpu)
+            .unwrap();
+    let e = step
+        .forward_backward(&master, &mb.input, &mb.targets, 1.0, &mut g)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("id 99 at position 3"), "{e}");
+}
