@@ -31,6 +31,7 @@ mod elem;
 pub mod embedding;
 pub mod error;
 mod fastmath;
+pub mod flat;
 pub mod gelu;
 pub mod gpt;
 pub mod layer_norm;

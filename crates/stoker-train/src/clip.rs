@@ -4,11 +4,7 @@
 /// The L2 norm of `grads`, accumulated in f64. Finite exactly when every gradient is
 /// (an f32 squared fits f64, and so does any realistic count of them).
 pub fn global_norm(grads: &[f32]) -> f64 {
-    grads
-        .iter()
-        .map(|&g| (g as f64) * (g as f64))
-        .sum::<f64>()
-        .sqrt()
+    stoker_kernels::flat::l2_norm(grads)
 }
 
 /// Scales `grads` so their global norm is at most `max_norm`; returns the norm before
@@ -23,7 +19,6 @@ pub fn clip_global_norm(grads: &mut [f32], max_norm: f64) -> f64 {
 pub fn clip_to(grads: &mut [f32], norm: f64, max_norm: f64) {
     let coef = max_norm / (norm + 1e-6);
     if coef < 1.0 {
-        let c = coef as f32;
-        grads.iter_mut().for_each(|g| *g *= c);
+        stoker_kernels::flat::scale(grads, coef as f32);
     }
 }

@@ -66,8 +66,11 @@ pub fn build_model(
 
 /// The training state.
 pub struct Trainer {
-    /// The model (its variables hold compute-dtype copies of `master`).
+    /// The model (its variables hold compute-dtype copies of `master`; while the direct
+    /// step trains they are refreshed on demand, see [`Trainer::sync_vars`]).
     pub model: Box<dyn Model>,
+    /// Whether the model's variables lag `master` (the direct step does not read them).
+    vars_stale: std::cell::Cell<bool>,
     /// The model's direct training step, where `kernels = "direct"` gives it one.
     direct: Option<Box<dyn DirectStep>>,
     /// The flat layout of `master` and `grads`.
@@ -122,6 +125,7 @@ impl Trainer {
         };
         Ok(Trainer {
             model,
+            vars_stale: std::cell::Cell::new(false),
             direct,
             grads: vec![0.0; len],
             layout,
@@ -158,7 +162,7 @@ impl Trainer {
     /// One optimizer step over an accumulation window.
     pub fn train_step(&mut self, window: &[MicroBatch]) -> Result<StepReport> {
         let step = self.step;
-        self.grads.iter_mut().for_each(|g| *g = 0.0);
+        stoker_kernels::flat::zero(&mut self.grads);
         let loss_scale = self.scaler.as_ref().map_or(1.0, |s| s.scale());
         let fx = Fx::new(self.precision, self.fp8.as_ref()).with_kernels(self.kernels);
         let opts = AccumulateOptions {
@@ -234,9 +238,10 @@ impl Trainer {
                 param: param.into(),
             });
         }
-        match &self.bf16_copy {
-            Some(copy) => self.layout.unflatten_bf16(copy, self.model.params())?,
-            None => self.layout.unflatten(&self.master, self.model.params())?,
+        match (&self.bf16_copy, &self.direct) {
+            (Some(copy), _) => self.layout.unflatten_bf16(copy, self.model.params())?,
+            (None, Some(_)) => self.vars_stale.set(true),
+            (None, None) => self.layout.unflatten(&self.master, self.model.params())?,
         }
         if let Some(f) = &self.fp8 {
             f.update();
@@ -245,8 +250,20 @@ impl Trainer {
         Ok(report)
     }
 
+    /// Copies `master` into the model's variables if the direct step has left them
+    /// behind; [`Trainer::evaluate`] and [`Trainer::sample`] call it, and so must anything
+    /// else that runs the model's candle forward after training steps.
+    pub fn sync_vars(&self) -> Result<()> {
+        if self.vars_stale.get() {
+            self.layout.unflatten(&self.master, self.model.params())?;
+            self.vars_stale.set(false);
+        }
+        Ok(())
+    }
+
     /// Mean loss and top-1 accuracy over `batches`, without gradients.
     pub fn evaluate(&self, batches: &[MicroBatch]) -> Result<EvalReport> {
+        self.sync_vars()?;
         let fx = self.fx();
         let (mut sum, mut count, mut correct) = (0f64, 0usize, 0usize);
         for mb in batches {
@@ -275,6 +292,7 @@ impl Trainer {
 
     /// Samples `n` tokens after `prompt` (GPT), with temperature 1 and a seeded generator.
     pub fn sample(&self, prompt: &[i64], n: usize, context: usize, seed: u64) -> Result<Vec<i64>> {
+        self.sync_vars()?;
         let mut toks = prompt.to_vec();
         let fx = self.fx();
         for i in 0..n {

@@ -172,6 +172,14 @@ fn trainers_with_direct_and_composed_kernels_take_the_same_steps() {
         diff <= 1e-5,
         "master weights differ by {diff:e} after 3 steps"
     );
+    // Evaluation runs the candle forward: the direct trainer's variables must have been
+    // refreshed from its master buffer.
+    let eval = [token_batch(77, 3, 19, 37, &[0, 4, 0])];
+    let (ed, ec) = (d.evaluate(&eval).unwrap(), c.evaluate(&eval).unwrap());
+    assert!(
+        (ed.loss - ec.loss).abs() <= 1e-5 * ec.loss,
+        "eval {ed:?} vs {ec:?}"
+    );
 }
 
 #[test]
