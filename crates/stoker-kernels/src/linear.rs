@@ -95,53 +95,88 @@ fn gemm_f32(
 pub(crate) fn gemm_f32_into(
     (m, k, n): (usize, usize, usize),
     a: &[f32],
-    (a_rs, a_cs): (usize, usize),
+    a_strides: (usize, usize),
     b: &[f32],
-    (b_rs, b_cs): (usize, usize),
+    b_strides: (usize, usize),
     c: &mut [f32],
     accumulate: bool,
 ) {
     assert_eq!(c.len(), m * n, "gemm: C must be m x n");
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        if !accumulate {
-            c.fill(0.0);
-        }
-        return;
-    }
-    assert!(a.len() > (m - 1) * a_rs + (k - 1) * a_cs && b.len() > (k - 1) * b_rs + (n - 1) * b_cs);
     let threads = rayon::current_num_threads();
     let par = if threads > 1 {
         gemm::Parallelism::Rayon(threads)
     } else {
         gemm::Parallelism::None
     };
-    // SAFETY: the asserts above bound every element gemm reads and writes.
+    let acc = if accumulate { Some(1.0) } else { None };
+    // SAFETY: C is m x n row-major, exactly `c`.
     unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            c.as_mut_ptr(),
-            1,
-            n as isize,
-            accumulate,
-            a.as_ptr(),
-            a_cs as isize,
-            a_rs as isize,
-            b.as_ptr(),
-            b_cs as isize,
-            b_rs as isize,
+        gemm_strided(
+            (m, k, n),
+            a,
+            a_strides,
+            b,
+            b_strides,
+            (c.as_mut_ptr(), n),
+            acc,
             1.0,
-            1.0,
-            false,
-            false,
-            false,
             par,
-        );
+        )
     }
+}
+
+/// `C = beta A . B`, or with `keep = Some(alpha)` `C = alpha C + beta A . B`, for `C` at
+/// `c.0` with row stride `c.1` (columns contiguous); `A`, `B` strides as in [`gemm_f32`],
+/// bounds-checked against the slices.
+///
+/// # Safety
+/// `c.0` must be valid for reads and writes of `m` rows of `n` elements `c.1` apart, and
+/// no other thread may touch those elements during the call.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm_strided(
+    (m, k, n): (usize, usize, usize),
+    a: &[f32],
+    (a_rs, a_cs): (usize, usize),
+    b: &[f32],
+    (b_rs, b_cs): (usize, usize),
+    (c, c_rs): (*mut f32, usize),
+    keep: Option<f32>,
+    beta: f32,
+    par: gemm::Parallelism,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if keep.is_none() {
+            for i in 0..m {
+                std::slice::from_raw_parts_mut(c.add(i * c_rs), n).fill(0.0);
+            }
+        }
+        return;
+    }
+    assert!(a.len() > (m - 1) * a_rs + (k - 1) * a_cs && b.len() > (k - 1) * b_rs + (n - 1) * b_cs);
+    gemm::gemm(
+        m,
+        n,
+        k,
+        c,
+        1,
+        c_rs as isize,
+        keep.is_some(),
+        a.as_ptr(),
+        a_cs as isize,
+        a_rs as isize,
+        b.as_ptr(),
+        b_cs as isize,
+        b_rs as isize,
+        keep.unwrap_or(0.0),
+        beta,
+        false,
+        false,
+        false,
+        par,
+    );
 }
 
 /// Column sums of `g` (`m x n`, row-major) in f32.
