@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 STOKER := target/release/stoker
 
-.PHONY: demo test deps data photos build release bench-loader bench-jpeg bench-precision bench-step fmt clippy
+.PHONY: demo test deps data photos build release bench-loader bench-jpeg bench-precision bench-step check-cuda fmt clippy
 
 # System packages, Python packages for fixtures/references, a Rust toolchain check.
 deps:
@@ -27,6 +27,10 @@ demo: data
 # The test suite: deterministic, asserts real values, no GPU and no downloads needed.
 test: deps
 	bash scripts/test.sh
+
+# The opt-in `cuda` feature compiles (nvcc from PyPI into .cache/; no GPU needed).
+check-cuda: deps
+	bash scripts/check-cuda.sh
 
 bench-loader: data
 	bash scripts/bench/loader.sh

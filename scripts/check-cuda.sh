@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Proves the opt-in `cuda` feature compiles (#6: "keep the cuda path compiling"): candle's
+# CUDA backend with its kernels compiled to PTX by nvcc, then stoker-kernels, stoker-train
+# and stoker-cli with every target. Compiling needs no GPU; running needs one (none here).
+# nvcc comes from NVIDIA's PyPI wheels (CUDA 13.2) into .cache/, not system-wide.
+# Usage: bash scripts/check-cuda.sh   (make check-cuda; part of make test)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tk=$PWD/.cache/cuda-13.2
+if [ ! -x "$tk/nvidia/cu13/bin/nvcc" ] || [ ! -x "$tk/nvidia/cu13/nvvm/bin/cicc" ]; then
+  rm -rf "$tk"
+  python3 -m pip install -q --no-deps --target "$tk" \
+    nvidia-cuda-nvcc==13.2.78 nvidia-cuda-crt==13.2.78 nvidia-nvvm==13.2.78 \
+    nvidia-cuda-runtime==13.2.75 nvidia-cuda-cccl==13.3.5.0.6 2>&1 | grep -v WARNING || true
+fi
+export PATH="$tk/nvidia/cu13/bin:$PATH" CUDA_ROOT="$tk/nvidia/cu13" CUDA_PATH="$tk/nvidia/cu13"
+# No GPU to ask: compile the PTX for Hopper (H100 / H200), the device these runs target.
+export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}
+nvcc --version | tail -1
+cargo check -p stoker-kernels -p stoker-train -p stoker-cli --features cuda --all-targets \
+  --target-dir target/cuda 2>&1
