@@ -24,7 +24,7 @@ pub struct TrainConfig {
     /// `fp32`, `bf16`, `fp16` or `fp8`.
     #[serde(default)]
     pub precision: Precision,
-    /// `fused` (default) or `composed` ops; see [`Kernels`].
+    /// `direct` (default), `fused` or `composed`; see [`Kernels`].
     #[serde(default)]
     pub kernels: Kernels,
     /// `cpu` (the only device this build runs).
