@@ -4,7 +4,8 @@
 Same architecture (token + position embeddings, pre-LayerNorm blocks, causal multi-head
 attention, GELU (tanh) MLP, tied head), same parameter count, batch, context, AdamW with
 weight decay and global-norm clipping; both on 2 threads. Reports the median step time of
-each and stoker / PyTorch; then stoker's tokens/s in fp32 vs bf16.
+each and stoker / PyTorch; then stoker's tokens/s in fp32 vs bf16, and the direct step
+(the default) against the fused ops on candle's autograd graph.
 
     python3 scripts/bench/step.py [--steps 10] [--threads 2]
 """
@@ -76,9 +77,9 @@ def torch_step_times(a):
     return sum(p.numel() for p in m.parameters()), statistics.median(times)
 
 
-def stoker(a, precision):
+def stoker(a, precision, kernels="direct"):
     exe = ROOT / "target/release/examples/step_bench"
-    args = [precision, a.batch, a.context, a.d_model, a.layers, a.heads, a.vocab, a.steps]
+    args = [precision, a.batch, a.context, a.d_model, a.layers, a.heads, a.vocab, a.steps, kernels]
     env = dict(os.environ, RAYON_NUM_THREADS=str(a.threads))
     out = subprocess.run([str(exe), *map(str, args)], check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -96,12 +97,15 @@ def main():
     n_torch, t_torch = torch_step_times(a)
     s32 = stoker(a, "fp32")
     sbf = stoker(a, "bf16")
+    sgraph = stoker(a, "fp32", "fused")
     tok = a.batch * a.context
     print(f"GPT {n_torch:,} params (stoker {s32['params']:,}), batch {a.batch}, context {a.context}, "
           f"{a.threads} threads, median of {a.steps} steps")
     print(f"PyTorch {torch.__version__} eager fp32: {1e3 * t_torch:8.1f} ms/step  {tok / t_torch:8.0f} tokens/s")
     print(f"stoker fp32:               {1e3 * s32['median_step_s']:8.1f} ms/step  {s32['tokens_per_s']:8.0f} tokens/s")
     print(f"stoker bf16:               {1e3 * sbf['median_step_s']:8.1f} ms/step  {sbf['tokens_per_s']:8.0f} tokens/s")
+    print(f"stoker fp32, fused ops on candle's graph (kernels = \"fused\"): "
+          f"{1e3 * sgraph['median_step_s']:8.1f} ms/step, direct step {sgraph['median_step_s'] / s32['median_step_s']:.2f}x faster")
     print(f"ratio stoker fp32 / PyTorch: {s32['median_step_s'] / t_torch:.2f}x step time")
     print(f"stoker bf16 / fp32 tokens/s: {sbf['tokens_per_s'] / s32['tokens_per_s']:.2f}")
 

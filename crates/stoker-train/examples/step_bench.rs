@@ -2,7 +2,7 @@
 //! random tokens; prints one JSON line. Driven by scripts/bench/step.py, which times the
 //! same model in PyTorch in the same run.
 //!
-//! cargo run --release -p stoker-train --example step_bench -- fp32 16 128 128 4 4 96 10
+//! cargo run --release -p stoker-train --example step_bench -- fp32 16 128 128 4 4 96 10 [direct|fused|composed]
 
 use std::path::Path;
 use std::time::Instant;
@@ -32,9 +32,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         n(6, "96"),
         n(7, "10"),
     );
+    let kernels = arg(8, "direct");
     let toml = format!(
         r#"run_dir = "unused"
 precision = "{precision}"
+kernels = "{kernels}"
 [data]
 train = "unused"
 [model]
@@ -78,7 +80,7 @@ steps = {steps}
     times.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let median = times[times.len() / 2];
     println!(
-        "{{\"impl\": \"stoker\", \"precision\": \"{precision}\", \"params\": {}, \"median_step_s\": {median}, \"tokens_per_s\": {}}}",
+        "{{\"impl\": \"stoker\", \"precision\": \"{precision}\", \"kernels\": \"{kernels}\", \"params\": {}, \"median_step_s\": {median}, \"tokens_per_s\": {}}}",
         trainer.layout.numel(),
         (batch * context) as f64 / median
     );
