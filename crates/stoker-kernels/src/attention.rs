@@ -9,6 +9,12 @@
 //! `p_ij = exp(s_ij - lse_i)`, `ds_ij = p_ij (dO_i . v_j - dO_i . O_i)`, then
 //! `dq_i = scale sum_j ds_ij k_j`, `dk_j += scale ds_ij q_i`, `dv_j += p_ij dO_i`.
 //! Parallel over the `B * H` heads; each head works in f32 scratch (bf16 widened once).
+//!
+//! The packed op in f32 (and the GPT's direct step) runs a second formulation instead,
+//! per head as GEMMs over a `T x T` scratch: at GPT contexts (128 here) a GEMM's
+//! throughput beats skipping the masked half row by row (about 2x on the whole attention).
+//! The row kernels stay for bf16 and the `[B, H, T, D]` op, and are the unit tests'
+//! reference for the GEMM version.
 
 use std::sync::{Arc, OnceLock};
 
@@ -37,7 +43,8 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
 
 /// Causal attention straight from a QKV projection: `qkv` `[B, T, 3 C]` holds `q`, `k`,
 /// `v` side by side, each `heads` heads of `C / heads`; returns `[B, T, C]` with the heads
-/// side by side again (GPT's layout on both ends).
+/// side by side again (GPT's layout on both ends). f32 runs the per-head GEMM
+/// formulation, bf16 the row kernels.
 pub fn causal_attention_qkv(qkv: &Tensor, heads: usize) -> Result<Tensor> {
     check_float("causal-attention-qkv", qkv.dtype())?;
     qkv.contiguous()?.apply_op1(CausalAttentionQkv {
@@ -798,8 +805,9 @@ impl CustomOp1 for CausalAttentionQkv {
         let n = g.bh * g.t * g.d;
         let (out, lse) = match floats(op, s, l)? {
             Floats::F32(x) => {
-                let (o, l) = fwd((x, x, x), ins, o_rows, g, n);
-                (f32::storage(o), l)
+                let (mut o, mut lse) = (vec![0f32; n], vec![0f32; g.bh * g.t]);
+                qkv_forward_f32(x, (g.bh / g.heads, g.t, g.heads), &mut o, &mut lse);
+                (f32::storage(o), lse)
             }
             Floats::BF16(x) => {
                 let (o, l) = fwd((x, x, x), ins, o_rows, g, n);
@@ -855,7 +863,12 @@ impl CustomOp1 for CausalAttentionQkvBackward {
             lse: &self.lse,
         };
         let out = match floats(op, s, l)? {
-            Floats::F32(x) => f32::storage(bwd((x, x, x), ins, ins, &saved, g, 3 * n)),
+            Floats::F32(x) => {
+                let mut dqkv = vec![0f32; 3 * n];
+                let saved = (&self.o[..], &self.dout[..], &self.lse[..]);
+                qkv_backward_f32(x, saved, (g.bh / g.heads, g.t, g.heads), &mut dqkv);
+                f32::storage(dqkv)
+            }
             Floats::BF16(x) => bf16::storage(bwd((x, x, x), ins, ins, &saved, g, 3 * n)),
         };
         Ok((out, l.shape().clone()))
@@ -865,8 +878,8 @@ impl CustomOp1 for CausalAttentionQkvBackward {
 /// Packed-QKV attention forward on f32 slices: `qkv` `[b, t, 3 c]` to `out` `[b, t, c]`,
 /// with each row's log-sum-exp into `lse` (`[b heads, t]`), which backward reads.
 ///
-/// Per head as GEMMs (the direct GPT step's version; the candle op keeps the row
-/// kernels above): `S = Q K^T / sqrt(d)`, the causal softmax of `S` in place, `O = P V`.
+/// Per head as GEMMs (the direct GPT step and the packed op in f32; the row kernels
+/// above serve bf16 and the `[B, H, T, D]` op): `S = Q K^T / sqrt(d)`, the causal softmax of `S` in place, `O = P V`.
 /// The GEMMs also multiply the masked zeros, but at this size a GEMM's throughput beats
 /// skipping them row by row several times over.
 pub(crate) fn qkv_forward_f32(
