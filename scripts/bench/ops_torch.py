@@ -55,6 +55,14 @@ def main():
         torch.randn(16, 4, 128, 32),
         lambda q: F.scaled_dot_product_attention(q, k, v, is_causal=True),
     )
+
+
+    def attention_qkv(qkv):
+        q, k, v = (z.view(16, 128, 4, 32).transpose(1, 2) for z in qkv.split(128, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return y.transpose(1, 2).reshape(16, 128, 128)
+
+    op("causal attention qkv [16,128,3x128]", torch.randn(16, 128, 384), attention_qkv)
     ids = torch.tensor([i * 31 % 65 for i in range(16 * 128)]).view(16, 128)
     op("embedding [65,128] x [16,128]", torch.randn(65, 128), lambda t: F.embedding(ids, t))
     p = torch.nn.Parameter(torch.randn(826_368))

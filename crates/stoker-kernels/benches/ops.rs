@@ -134,6 +134,15 @@ fn main() {
         &|q| reference::causal_attention(q, k.as_tensor(), v.as_tensor()),
     );
 
+    // The GPT's own layout: straight from the QKV projection (f32: per-head GEMMs).
+    op(
+        rounds,
+        "causal attention qkv [16,128,3x128]",
+        &randn(&[16, 128, 384]),
+        &|qkv| stoker_kernels::causal_attention_qkv(qkv, 4),
+        &|qkv| reference::causal_attention_qkv(qkv, 4),
+    );
+
     let ids: Vec<u32> = (0..16 * 128).map(|i| (i * 31 % 65) as u32).collect();
     let ids = Tensor::from_vec(ids, (16, 128), &Device::Cpu).unwrap();
     op(
