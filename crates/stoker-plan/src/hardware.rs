@@ -22,6 +22,10 @@ pub struct DtypeSupport {
     pub peak_flops: f64,
     /// False when the dtype is emulated (converted to f32 around each op).
     pub native: bool,
+    /// Model FLOP utilization of this dtype's peak measured on this hardware, where it
+    /// differs from the preset's default (a CPU's bf16 tile units are so fast that a
+    /// training step there is bound by everything else).
+    pub mfu: Option<f64>,
 }
 
 /// A cluster of identical nodes.
@@ -55,6 +59,9 @@ pub struct Hardware {
     pub default_mfu: f64,
     /// A fused attention kernel (FlashAttention) is available, so no s x s matrix is stored.
     pub fused_attention: bool,
+    /// The devices are accelerators fed over a host link, so pinned staging buffers help
+    /// (false for CPU ranks, which train in host memory).
+    pub accelerator: bool,
 }
 
 /// Known hardware presets: (name, what it is).
@@ -73,7 +80,7 @@ pub const HARDWARE_PRESETS: &[(&str, &str)] = &[
     ),
     (
         "cpu",
-        "stoker's 2-core build machine: one CPU rank, 24 GiB, bf16/fp16 emulated",
+        "stoker's 2-core build machine: one CPU rank, 24 GiB, bf16 on AMX, fp16 emulated",
     ),
 ];
 
@@ -81,6 +88,7 @@ fn support(tflops: f64, native: bool) -> DtypeSupport {
     DtypeSupport {
         peak_flops: tflops * 1e12,
         native,
+        mfu: None,
     }
 }
 
@@ -111,6 +119,7 @@ pub fn preset(name: &str) -> Result<Hardware> {
             runtime_reserve: GIB,
             default_mfu: 0.4,
             fused_attention: true,
+            accelerator: true,
         }
     };
     let hw = match key.as_str() {
@@ -140,10 +149,20 @@ pub fn preset(name: &str) -> Result<Hardware> {
         },
         "cpu" | "cpu-only" => {
             let mut dtypes = BTreeMap::new();
-            // candle 0.11, 2 threads, 1024^3 matmul: f32 31 ms, f16 33 ms, bf16 36 ms.
-            dtypes.insert(Dtype::Fp32, support(0.069, true));
+            // Per-core peaks from `cargo bench -p stoker-kernels --bench peak` (2026-12-02),
+            // times 2 cores: AVX-512 f32 FMA 213 GFLOP/s, AMX bf16 3,130 GFLOP/s. fp16 stays
+            // candle's emulation (1024^3 matmul in 33 ms). MFUs from the 822K GPT training
+            // step of `make bench-step` (11.7 GFLOP per step): fp32 72.9 ms = 161 GFLOP/s,
+            // 0.377 of 426; bf16 65.8 ms = 178 GFLOP/s, 0.028 of 6,260.
+            dtypes.insert(Dtype::Fp32, support(0.426, true));
             dtypes.insert(Dtype::Fp16, support(0.065, false));
-            dtypes.insert(Dtype::Bf16, support(0.060, false));
+            dtypes.insert(
+                Dtype::Bf16,
+                DtypeSupport {
+                    mfu: Some(0.028),
+                    ..support(6.26, true)
+                },
+            );
             Hardware {
                 name: "cpu".into(),
                 devices_per_node: 1,
@@ -157,10 +176,11 @@ pub fn preset(name: &str) -> Result<Hardware> {
                 host_link_bw: 8.0 * GB, // "offload" to the same RAM: a memcpy
                 host_mem_bw: 8.0 * GB,
                 runtime_reserve: 0.0,
-                // candle's GPT step reaches ~16 GFLOP/s of 69: 0.23.
-                default_mfu: 0.25,
-                // candle's CPU attention materialises the scores.
-                fused_attention: false,
+                default_mfu: 0.37,
+                // stoker's attention (the direct step, the fused op) saves each row's
+                // log-sum-exp and recomputes one head's T x T scores at a time in backward.
+                fused_attention: true,
+                accelerator: false,
             }
         }
         _ => {

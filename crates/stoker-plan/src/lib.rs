@@ -48,7 +48,7 @@ use emit::{
 };
 use loader::LoaderBench;
 use resolve::Resolved;
-use setup::{Accounting, Dtype};
+use setup::Accounting;
 
 /// Plans for validated inputs, with an optional loader benchmark.
 pub fn plan(r: Resolved, bench: Option<&LoaderBench>) -> Plan {
@@ -67,7 +67,7 @@ pub fn plan(r: Resolved, bench: Option<&LoaderBench>) -> Plan {
                 num_workers: decision.data.num_workers,
                 prefetch_factor: decision.data.prefetch_factor,
                 // Pinned buffers only help a host-to-accelerator copy.
-                pin_memory: r.hardware.dtype(Dtype::Bf16).is_some_and(|d| d.native),
+                pin_memory: r.hardware.accelerator,
                 micro_batch: row.micro_batch,
                 required_samples_per_s: decision.data.per_device,
             },

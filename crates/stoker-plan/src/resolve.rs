@@ -219,6 +219,7 @@ pub fn resolve_hardware(h: &HardwareInput) -> Result<Hardware> {
                 runtime_reserve: GIB,
                 default_mfu: 0.4,
                 fused_attention: false,
+                accelerator: true,
             }
         }
     };
@@ -278,6 +279,7 @@ pub fn resolve_hardware(h: &HardwareInput) -> Result<Hardware> {
                 DtypeSupport {
                     peak_flops: v * 1e12,
                     native: true,
+                    mfu: None,
                 },
             );
         }
@@ -420,7 +422,11 @@ fn resolve_training(t: &TrainingInput, model: &ModelSpec, hw: &Hardware) -> Resu
     let mfu = match t.mfu {
         Some(v) if v.is_finite() && v > 0.0 && v <= 1.0 => v,
         Some(v) => return Err(invalid("training.mfu", "a fraction in (0, 1]", v)),
-        None => hw.default_mfu,
+        // The compute dtype's measured MFU where the preset has one, else its default.
+        None => hw
+            .dtype(precision.precision.compute_dtype())
+            .and_then(|d| d.mfu)
+            .unwrap_or(hw.default_mfu),
     };
     let bucket_mb = opt_posf("training.bucket_mb", t.bucket_mb)?.unwrap_or(DEFAULT_BUCKET_MB);
     let pinned = match t.strategy.as_deref() {
