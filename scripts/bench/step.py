@@ -7,7 +7,7 @@ weight decay and global-norm clipping; both on 2 threads. Reports the median ste
 each and stoker / PyTorch; then stoker's tokens/s in fp32 vs bf16, and the direct step
 (the default) against the fused ops on candle's autograd graph.
 
-    python3 scripts/bench/step.py [--steps 10] [--threads 2]
+    python3 scripts/bench/step.py [--steps 10] [--threads 2] [--rounds 3]
 """
 import argparse
 import json
@@ -74,7 +74,7 @@ def torch_step_times(a):
         opt.step()
         if s >= 2:
             times.append(time.perf_counter() - t0)
-    return sum(p.numel() for p in m.parameters()), statistics.median(times)
+    return sum(p.numel() for p in m.parameters()), times
 
 
 def stoker(a, precision, kernels="direct"):
@@ -88,26 +88,34 @@ def stoker(a, precision, kernels="direct"):
 def main():
     p = argparse.ArgumentParser()
     for k, v in [("batch", 16), ("context", 128), ("d_model", 128), ("layers", 4), ("heads", 4),
-                 ("vocab", 96), ("steps", 10), ("threads", 2)]:
+                 ("vocab", 96), ("steps", 10), ("threads", 2), ("rounds", 3)]:
         p.add_argument("--" + k.replace("_", "-"), dest=k, type=int, default=v)
     a = p.parse_args()
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "stoker-train", "--example", "step_bench"],
                    cwd=ROOT, check=True)
     torch.set_num_threads(a.threads)
-    n_torch, t_torch = torch_step_times(a)
-    s32 = stoker(a, "fp32")
-    sbf = stoker(a, "bf16")
-    sgraph = stoker(a, "fp32", "fused")
+    # Rounds alternate the four runs, so drift of a shared machine hits them alike; each
+    # figure is the median over every round's timed steps.
+    runs = {"torch": [], "fp32": [], "bf16": [], "fused": []}
+    for _ in range(a.rounds):
+        n_torch, t = torch_step_times(a)
+        runs["torch"] += t
+        for key, prec, kern in [("fp32", "fp32", "direct"), ("bf16", "bf16", "direct"),
+                                ("fused", "fp32", "fused")]:
+            r = stoker(a, prec, kern)
+            n_stoker = r["params"]
+            runs[key] += r["step_s"]
+    med = {k: statistics.median(v) for k, v in runs.items()}
     tok = a.batch * a.context
-    print(f"GPT {n_torch:,} params (stoker {s32['params']:,}), batch {a.batch}, context {a.context}, "
-          f"{a.threads} threads, median of {a.steps} steps")
-    print(f"PyTorch {torch.__version__} eager fp32: {1e3 * t_torch:8.1f} ms/step  {tok / t_torch:8.0f} tokens/s")
-    print(f"stoker fp32:               {1e3 * s32['median_step_s']:8.1f} ms/step  {s32['tokens_per_s']:8.0f} tokens/s")
-    print(f"stoker bf16:               {1e3 * sbf['median_step_s']:8.1f} ms/step  {sbf['tokens_per_s']:8.0f} tokens/s")
+    print(f"GPT {n_torch:,} params (stoker {n_stoker:,}), batch {a.batch}, context {a.context}, "
+          f"{a.threads} threads, median of {a.rounds} alternating rounds x {a.steps} steps")
+    print(f"PyTorch {torch.__version__} eager fp32: {1e3 * med['torch']:8.1f} ms/step  {tok / med['torch']:8.0f} tokens/s")
+    print(f"stoker fp32:               {1e3 * med['fp32']:8.1f} ms/step  {tok / med['fp32']:8.0f} tokens/s")
+    print(f"stoker bf16:               {1e3 * med['bf16']:8.1f} ms/step  {tok / med['bf16']:8.0f} tokens/s")
     print(f"stoker fp32, fused ops on candle's graph (kernels = \"fused\"): "
-          f"{1e3 * sgraph['median_step_s']:8.1f} ms/step, direct step {sgraph['median_step_s'] / s32['median_step_s']:.2f}x faster")
-    print(f"ratio stoker fp32 / PyTorch: {s32['median_step_s'] / t_torch:.2f}x step time")
-    print(f"stoker bf16 / fp32 tokens/s: {sbf['tokens_per_s'] / s32['tokens_per_s']:.2f}")
+          f"{1e3 * med['fused']:8.1f} ms/step, direct step {med['fused'] / med['fp32']:.2f}x faster")
+    print(f"ratio stoker fp32 / PyTorch: {med['fp32'] / med['torch']:.2f}x step time")
+    print(f"stoker bf16 / fp32 tokens/s: {med['fp32'] / med['bf16']:.2f}")
 
 
 if __name__ == "__main__":

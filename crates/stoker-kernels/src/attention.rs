@@ -879,7 +879,8 @@ impl CustomOp1 for CausalAttentionQkvBackward {
 /// with each row's log-sum-exp into `lse` (`[b heads, t]`), which backward reads.
 ///
 /// Per head as GEMMs (the direct GPT step and the packed op in f32; the row kernels
-/// above serve bf16 and the `[B, H, T, D]` op): `S = Q K^T / sqrt(d)`, the causal softmax of `S` in place, `O = P V`.
+/// above serve bf16 and the `[B, H, T, D]` op): `S = Q K^T / sqrt(d)`, the causal
+/// softmax of `S` in place, `O = P V`.
 /// The GEMMs also multiply the masked zeros, but at this size a GEMM's throughput beats
 /// skipping them row by row several times over.
 pub(crate) fn qkv_forward_f32(
@@ -888,6 +889,9 @@ pub(crate) fn qkv_forward_f32(
     out: &mut [f32],
     lse: &mut [f32],
 ) {
+    if b * t == 0 {
+        return; // an empty batch: nothing to write
+    }
     let c = qkv.len() / (3 * b * t);
     let d = c / heads;
     assert!(out.len() == b * t * c && lse.len() == b * heads * t && d * heads == c);
@@ -933,6 +937,9 @@ pub(crate) fn qkv_backward_f32(
     (b, t, heads): (usize, usize, usize),
     dqkv: &mut [f32],
 ) {
+    if b * t == 0 {
+        return; // an empty batch: nothing to write
+    }
     let c = qkv.len() / (3 * b * t);
     let d = c / heads;
     assert!(o.len() == b * t * c && dout.len() == o.len() && lse.len() == b * heads * t);

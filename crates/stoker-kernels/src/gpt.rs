@@ -10,8 +10,9 @@
 //!
 //! The model is the one of stoker-train's `models::gpt` (token + position embeddings,
 //! pre-LayerNorm blocks, causal multi-head attention from one QKV projection, tanh-GELU
-//! MLP, final LayerNorm, head tied to the token embedding); the tests there hold this
-//! step's gradients to the candle graph's. Linear layers run on the f32 GEMM, or with
+//! MLP, final LayerNorm, head tied to the token embedding);
+//! `crates/stoker-train/tests/direct_step.rs` holds this step's gradients to the candle
+//! graph's. Linear layers run on the f32 GEMM, or with
 //! bf16 operands on the bf16 GEMM ([`crate::matmul`]) with f32 accumulation: autocast's
 //! bf16 with FP32 parameters, activations and gradients.
 
@@ -162,8 +163,13 @@ pub struct GptStep {
     offsets: GptOffsets,
     bf16: Option<Bf16Kernel>,
     eps: f32,
-    acts: Option<Acts>,
+    /// Activation buffers of the last [`SHAPES_KEPT`] batch shapes (rows), most recent
+    /// last: a window mixing two micro-batch lengths reuses both.
+    acts: Vec<Acts>,
 }
+
+/// Batch shapes whose activation buffers a step keeps.
+const SHAPES_KEPT: usize = 2;
 
 const OP: &str = "gpt-step";
 
@@ -192,7 +198,7 @@ impl GptStep {
             offsets,
             bf16: bf16_operands.then(Bf16Kernel::detect),
             eps: eps as f32,
-            acts: None,
+            acts: Vec::new(),
         })
     }
 
@@ -228,11 +234,17 @@ impl GptStep {
     fn check(&self, params: &[f32], grads: &[f32], b: &GptBatch) -> Result<(), KernelError> {
         let n = b.batch * b.t;
         let shape = candle_core::Shape::from((b.batch, b.t));
-        if b.t == 0 || b.t > self.dims.context || b.tokens.len() != n || b.targets.len() != n {
+        if b.batch == 0
+            || b.t == 0
+            || b.t > self.dims.context
+            || b.tokens.len() != n
+            || b.targets.len() != n
+        {
             return Err(KernelError::Shape {
                 op: OP,
                 msg: format!(
-                    "{} tokens and {} targets for batch {} x {} positions (context {})",
+                    "{} tokens and {} targets for batch {} x {} positions (context {}); \
+                     expected at least one sequence of 1..=context positions",
                     b.tokens.len(),
                     b.targets.len(),
                     b.batch,
@@ -297,15 +309,20 @@ impl GptStep {
     ) -> Result<f64, KernelError> {
         self.check(params, grads, &batch)?;
         let n = batch.batch * batch.t;
-        let heads_rows = batch.batch * self.dims.n_head * batch.t;
-        let layers = self.offsets.blocks.len();
-        let mut acts = match self.acts.take() {
-            Some(a) if a.n == n && a.blocks.first().is_none_or(|b| b.lse.len() == heads_rows) => a,
-            _ => Acts::new(n, self.dims, layers, heads_rows),
+        // Every buffer is sized by the row count alone (lse by rows x heads).
+        let mut acts = match self.acts.iter().position(|a| a.n == n) {
+            Some(i) => self.acts.remove(i),
+            None => {
+                let heads_rows = n * self.dims.n_head;
+                Acts::new(n, self.dims, self.offsets.blocks.len(), heads_rows)
+            }
         };
         let loss = self.forward(params, &batch, &mut acts, grad_scale);
         self.backward(params, &batch, &mut acts, grads);
-        self.acts = Some(acts);
+        self.acts.push(acts);
+        if self.acts.len() > SHAPES_KEPT {
+            self.acts.remove(0);
+        }
         Ok(loss)
     }
 

@@ -180,23 +180,25 @@ pub(crate) unsafe fn gemm_strided(
 }
 
 /// Column sums of `g` (`m x n`, row-major) in f32.
+/// Per-task partial sums are added in task order, so the result does not depend on the
+/// thread count or on rayon's scheduling.
 pub(crate) fn column_sums<T: Elem>(g: &[T], n: usize) -> Vec<f32> {
     let rows_per_task = (16 * 1024 / n.max(1)).max(1);
-    g.par_chunks(rows_per_task * n)
+    let partials: Vec<Vec<f32>> = g
+        .par_chunks(rows_per_task * n.max(1))
         .map(|rows| {
             let mut acc = vec![0f32; n];
-            for row in rows.chunks(n) {
+            for row in rows.chunks(n.max(1)) {
                 acc.iter_mut().zip(row).for_each(|(a, &v)| *a += v.to_f32());
             }
             acc
         })
-        .reduce(
-            || vec![0f32; n],
-            |mut a, b| {
-                a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
-                a
-            },
-        )
+        .collect();
+    let mut total = vec![0f32; n];
+    for p in &partials {
+        total.iter_mut().zip(p).for_each(|(t, &v)| *t += v);
+    }
+    total
 }
 
 fn widen(v: &[bf16]) -> Vec<f32> {

@@ -154,7 +154,13 @@ pub fn preset(name: &str) -> Result<Hardware> {
             // candle's emulation (1024^3 matmul in 33 ms). MFUs from the 822K GPT training
             // step of `make bench-step` (11.7 GFLOP per step): fp32 72.9 ms = 161 GFLOP/s,
             // 0.377 of 426; bf16 65.8 ms = 178 GFLOP/s, 0.028 of 6,260.
-            dtypes.insert(Dtype::Fp32, support(0.426, true));
+            dtypes.insert(
+                Dtype::Fp32,
+                DtypeSupport {
+                    mfu: Some(0.37),
+                    ..support(0.426, true)
+                },
+            );
             dtypes.insert(Dtype::Fp16, support(0.065, false));
             dtypes.insert(
                 Dtype::Bf16,

@@ -19,10 +19,25 @@ pub struct PrecisionChoice {
     pub warnings: Vec<String>,
 }
 
+fn rate(flops: f64) -> String {
+    if flops >= 1e12 {
+        format!("{:.0} TFLOP/s", flops / 1e12)
+    } else {
+        format!("{:.0} GFLOP/s", flops / 1e9)
+    }
+}
+
+/// The dtype's peak, and what a measured training step reaches where the preset has it.
 fn tflops(hw: &Hardware, d: Dtype) -> String {
     match hw.dtype(d) {
-        Some(s) if s.peak_flops >= 1e12 => format!("{:.0} TFLOP/s", s.peak_flops / 1e12),
-        Some(s) => format!("{:.0} GFLOP/s", s.peak_flops / 1e9),
+        Some(s) => match s.mfu {
+            Some(mfu) => format!(
+                "{} peak, {} in a measured training step",
+                rate(s.peak_flops),
+                rate(s.peak_flops * mfu)
+            ),
+            None => rate(s.peak_flops),
+        },
         None => "none".into(),
     }
 }

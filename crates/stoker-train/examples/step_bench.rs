@@ -1,4 +1,5 @@
-//! Times stoker's GPT training step (forward, backward, gather, clip, AdamW, refresh) on
+//! Times stoker's GPT training step (forward, backward, clip, AdamW; with `fused` or
+//! `composed` kernels also the gradient gather and the variable refresh) on
 //! random tokens; prints one JSON line. Driven by scripts/bench/step.py, which times the
 //! same model in PyTorch in the same run.
 //!
@@ -77,10 +78,15 @@ steps = {steps}
             times.push(t0.elapsed().as_secs_f64());
         }
     }
+    let list = times
+        .iter()
+        .map(|t| t.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
     times.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let median = times[times.len() / 2];
     println!(
-        "{{\"impl\": \"stoker\", \"precision\": \"{precision}\", \"kernels\": \"{kernels}\", \"params\": {}, \"median_step_s\": {median}, \"tokens_per_s\": {}}}",
+        "{{\"impl\": \"stoker\", \"precision\": \"{precision}\", \"kernels\": \"{kernels}\", \"params\": {}, \"median_step_s\": {median}, \"tokens_per_s\": {}, \"step_s\": [{list}]}}",
         trainer.layout.numel(),
         (batch * context) as f64 / median
     );

@@ -105,6 +105,8 @@ pub fn accumulate(
 
 /// [`accumulate`] through a model's [`DirectStep`]: the same normalization and loss
 /// scale, gradients added into `grads` by the step itself, no autograd graph.
+/// `opts.check_grads` has nothing to check here: the step writes every parameter's
+/// gradient by construction.
 pub fn accumulate_direct(
     step: &mut dyn DirectStep,
     window: &[MicroBatch],
@@ -120,11 +122,12 @@ pub fn accumulate_direct(
             Normalization::WindowCount => total,
             Normalization::StepCount => count * window.len(),
         };
-        // With no valid target the loss and its gradient are zero: nothing to run.
-        if denom == 0 || count == 0 {
-            continue;
-        }
-        let scale = (opts.loss_scale / denom as f64) as f32;
+        // A micro-batch without valid targets still runs (its gradient is zero), so bad
+        // input is reported here as on the graph path.
+        let scale = match denom {
+            0 => 0.0,
+            d => (opts.loss_scale / d as f64) as f32,
+        };
         loss_sum += step.forward_backward(master, &mb.input, &mb.targets, scale, grads)?;
     }
     Ok(WindowResult {

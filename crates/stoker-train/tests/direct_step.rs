@@ -201,4 +201,18 @@ fn direct_step_names_a_bad_token() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("id 99 at position 3"), "{e}");
+    // Through a window whose only micro-batch has every target masked: still checked.
+    mb.targets = vec![stoker_train::loss::IGNORE_INDEX; 10];
+    let opts = AccumulateOptions::default();
+    let e = accumulate_direct(&mut *step, &[mb], opts, &master, &mut g)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("id 99 at position 3"), "{e}");
+    // An empty batch is an error naming what was expected, not a division by zero.
+    let empty = candle_core::Tensor::zeros((0, 5), DType::I64, &Device::Cpu).unwrap();
+    let e = step
+        .forward_backward(&master, &empty, &[], 1.0, &mut g)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("batch 0 x 5"), "{e}");
 }

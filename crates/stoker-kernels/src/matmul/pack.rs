@@ -12,6 +12,7 @@
 use rayon::prelude::*;
 
 use super::{Bf16Source, MatRef};
+use crate::fastmath::Simd;
 
 /// Rows of `A` per block (two AMX tiles of 16 rows).
 pub(crate) const ROW_BLOCK: usize = 32;
@@ -48,45 +49,103 @@ pub(crate) fn pack_a<S: Bf16Source>(a: &MatRef<S>) -> PackedA {
     let pairs = padded_pairs(k);
     let rows = m.div_ceil(ROW_BLOCK) * ROW_BLOCK;
     let mut words = vec![0u32; rows * pairs];
-    let src = a.data;
+    let simd = Simd::detect();
     words
         .par_chunks_mut(pairs * ROW_BLOCK)
         .enumerate()
-        .for_each(|(blk, out)| {
-            let (i0, n) = (
-                blk * ROW_BLOCK,
-                ROW_BLOCK.min(m.saturating_sub(blk * ROW_BLOCK)),
-            );
-            if a.transposed {
-                // A stored k x m: element (i, j) at j * m + i. Pair by pair, the block's
-                // rows are contiguous in the source; the writes stay inside this block.
-                for p in 0..k.div_ceil(2) {
-                    let lo = &src[2 * p * m + i0..2 * p * m + i0 + n];
-                    let hi = (2 * p + 1 < k)
-                        .then(|| &src[(2 * p + 1) * m + i0..(2 * p + 1) * m + i0 + n]);
-                    for r in 0..n {
-                        let h = hi.map_or(0, |h| h[r].bf16_bits());
-                        out[r * pairs + p] = word(lo[r].bf16_bits(), h);
-                    }
-                }
-                return;
-            }
-            for r in 0..n {
-                let i = i0 + r;
-                let row = &mut out[r * pairs..r * pairs + k.div_ceil(2)];
-                let s = &src[i * k..(i + 1) * k];
-                let pairs = s.chunks_exact(2);
-                let last = pairs.remainder().first().map(|v| v.bf16_bits());
-                let full = pairs.len();
-                for (w, pair) in row.iter_mut().zip(pairs) {
-                    *w = word(pair[0].bf16_bits(), pair[1].bf16_bits());
-                }
-                if let Some(lo) = last {
-                    row[full] = word(lo, 0);
-                }
-            }
+        .for_each(|(blk, out)| match simd {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Simd::detect` found AVX-512F (with AVX2 and FMA) on this CPU.
+            Simd::Avx512 => unsafe { pack_a_block_avx512(a, pairs, blk, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Simd::detect` found AVX2 and FMA on this CPU.
+            Simd::Avx2 => unsafe { pack_a_block_avx2(a, pairs, blk, out) },
+            _ => pack_a_block(a, pairs, blk, out),
         });
     PackedA { words, pairs }
+}
+
+/// Packs rows `blk * ROW_BLOCK ..` of `A` into `out` (one block of rows of `pairs` words).
+#[inline(always)]
+fn pack_a_block<S: Bf16Source>(a: &MatRef<S>, pairs: usize, blk: usize, out: &mut [u32]) {
+    let (m, k) = (a.rows, a.cols);
+    let src = a.data;
+    let (i0, n) = (
+        blk * ROW_BLOCK,
+        ROW_BLOCK.min(m.saturating_sub(blk * ROW_BLOCK)),
+    );
+    if a.transposed {
+        // A stored k x m: element (i, j) at j * m + i. Pair by pair, the block's rows are
+        // contiguous in the source; the writes stay inside this block.
+        for p in 0..k.div_ceil(2) {
+            let lo = &src[2 * p * m + i0..2 * p * m + i0 + n];
+            let hi = (2 * p + 1 < k).then(|| &src[(2 * p + 1) * m + i0..(2 * p + 1) * m + i0 + n]);
+            match hi {
+                Some(hi) => {
+                    for (r, (l, h)) in lo.iter().zip(hi).enumerate() {
+                        out[r * pairs + p] = word(l.bf16_bits(), h.bf16_bits());
+                    }
+                }
+                None => {
+                    for (r, l) in lo.iter().enumerate() {
+                        out[r * pairs + p] = word(l.bf16_bits(), 0);
+                    }
+                }
+            }
+        }
+        return;
+    }
+    for r in 0..n {
+        let i = i0 + r;
+        pack_pairs(
+            &src[i * k..(i + 1) * k],
+            &mut out[r * pairs..r * pairs + k.div_ceil(2)],
+        );
+    }
+}
+
+/// Consecutive pairs of `s` into words (the last one alone, high half zero, if `s` is odd).
+#[inline(always)]
+fn pack_pairs<S: Bf16Source>(s: &[S], row: &mut [u32]) {
+    let pairs = s.chunks_exact(2);
+    let last = pairs.remainder().first().map(|v| v.bf16_bits());
+    let full = pairs.len();
+    for (w, pair) in row.iter_mut().zip(pairs) {
+        *w = word(pair[0].bf16_bits(), pair[1].bf16_bits());
+    }
+    if let Some(lo) = last {
+        row[full] = word(lo, 0);
+    }
+}
+
+/// [`pack_a_block`] compiled for AVX-512 (the crate's baseline is SSE2).
+///
+/// # Safety
+/// The CPU must have AVX-512F, AVX-512VL, AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn pack_a_block_avx512<S: Bf16Source>(
+    a: &MatRef<S>,
+    pairs: usize,
+    blk: usize,
+    out: &mut [u32],
+) {
+    pack_a_block(a, pairs, blk, out)
+}
+
+/// [`pack_a_block`] compiled for AVX2 + FMA.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn pack_a_block_avx2<S: Bf16Source>(
+    a: &MatRef<S>,
+    pairs: usize,
+    blk: usize,
+    out: &mut [u32],
+) {
+    pack_a_block(a, pairs, blk, out)
 }
 
 pub(crate) fn pack_b<S: Bf16Source>(b: &MatRef<S>) -> PackedB {
@@ -94,45 +153,92 @@ pub(crate) fn pack_b<S: Bf16Source>(b: &MatRef<S>) -> PackedB {
     let pairs = padded_pairs(k);
     let panels = n.div_ceil(2 * PANEL) * 2;
     let mut words = vec![0u32; panels * pairs * PANEL];
-    let src = b.data;
-    let bits = |i: usize| src[i].bf16_bits();
+    let simd = Simd::detect();
     words
         .par_chunks_mut(pairs * PANEL)
         .enumerate()
-        .for_each(|(q, panel)| {
-            let c0 = q * PANEL;
-            let cols = PANEL.min(n.saturating_sub(c0));
-            if cols == 0 {
-                return; // the zero panel that makes the count even
-            }
-            for p in 0..k.div_ceil(2) {
-                let out = &mut panel[p * PANEL..p * PANEL + cols];
-                let (r0, r1) = (2 * p, 2 * p + 1);
-                if b.transposed {
-                    // B stored n x k: element (r, c) at c * k + r.
-                    for (c, w) in out.iter_mut().enumerate() {
-                        let col = (c0 + c) * k;
-                        let hi = if r1 < k { bits(col + r1) } else { 0 };
-                        *w = word(bits(col + r0), hi);
-                    }
-                } else {
-                    let lo = &src[r0 * n + c0..r0 * n + c0 + cols];
-                    if r1 < k {
-                        let hi = &src[r1 * n + c0..r1 * n + c0 + cols];
-                        for ((w, l), h) in out.iter_mut().zip(lo).zip(hi) {
-                            *w = word(l.bf16_bits(), h.bf16_bits());
-                        }
-                    } else {
-                        for (w, l) in out.iter_mut().zip(lo) {
-                            *w = word(l.bf16_bits(), 0);
-                        }
-                    }
-                }
-            }
+        .for_each(|(q, panel)| match simd {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Simd::detect` found AVX-512F (with AVX2 and FMA) on this CPU.
+            Simd::Avx512 => unsafe { pack_b_panel_avx512(b, q, panel) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Simd::detect` found AVX2 and FMA on this CPU.
+            Simd::Avx2 => unsafe { pack_b_panel_avx2(b, q, panel) },
+            _ => pack_b_panel(b, q, panel),
         });
     PackedB {
         words,
         pairs,
         panels,
     }
+}
+
+/// Packs panel `q` (columns `q * PANEL ..`) of `B` into `panel`.
+#[inline(always)]
+fn pack_b_panel<S: Bf16Source>(b: &MatRef<S>, q: usize, panel: &mut [u32]) {
+    let (k, n) = (b.rows, b.cols);
+    let src = b.data;
+    let c0 = q * PANEL;
+    let cols = PANEL.min(n.saturating_sub(c0));
+    if cols == 0 {
+        return; // the zero panel that makes the count even
+    }
+    if b.transposed {
+        // B stored n x k: column c of B is row c of the storage, contiguous. Column by
+        // column, its pairs go down the panel PANEL words apart (inside L1).
+        let mut col = [0u32; PANEL_PAIRS_MAX];
+        for c in 0..cols {
+            let s = &src[(c0 + c) * k..(c0 + c + 1) * k];
+            for chunk in 0..k.div_ceil(2).div_ceil(PANEL_PAIRS_MAX) {
+                let (p0, p1) = (
+                    chunk * PANEL_PAIRS_MAX,
+                    ((chunk + 1) * PANEL_PAIRS_MAX).min(k.div_ceil(2)),
+                );
+                let part = &s[2 * p0..(2 * p1).min(k)];
+                pack_pairs(part, &mut col[..p1 - p0]);
+                for (p, &w) in (p0..p1).zip(&col[..p1 - p0]) {
+                    panel[p * PANEL + c] = w;
+                }
+            }
+        }
+        return;
+    }
+    for p in 0..k.div_ceil(2) {
+        let out = &mut panel[p * PANEL..p * PANEL + cols];
+        let (r0, r1) = (2 * p, 2 * p + 1);
+        let lo = &src[r0 * n + c0..r0 * n + c0 + cols];
+        if r1 < k {
+            let hi = &src[r1 * n + c0..r1 * n + c0 + cols];
+            for ((w, l), h) in out.iter_mut().zip(lo).zip(hi) {
+                *w = word(l.bf16_bits(), h.bf16_bits());
+            }
+        } else {
+            for (w, l) in out.iter_mut().zip(lo) {
+                *w = word(l.bf16_bits(), 0);
+            }
+        }
+    }
+}
+
+/// Pairs converted per step when packing a transposed `B` column.
+const PANEL_PAIRS_MAX: usize = 256;
+
+/// [`pack_b_panel`] compiled for AVX-512.
+///
+/// # Safety
+/// The CPU must have AVX-512F, AVX-512VL, AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn pack_b_panel_avx512<S: Bf16Source>(b: &MatRef<S>, q: usize, panel: &mut [u32]) {
+    pack_b_panel(b, q, panel)
+}
+
+/// [`pack_b_panel`] compiled for AVX2 + FMA.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn pack_b_panel_avx2<S: Bf16Source>(b: &MatRef<S>, q: usize, panel: &mut [u32]) {
+    pack_b_panel(b, q, panel)
 }

@@ -41,7 +41,7 @@ pub trait Model {
     /// model; the error says which dimension does not.
     fn check_input(&self, shape: &[usize], dtype: &str) -> std::result::Result<(), String>;
     /// The model's hand-written training step over flat buffers laid out by `layout`, if
-    /// it has one (`kernels = "direct"`); `bf16_operands` runs its matmuls on bf16
+    /// it has one (`kernels = "direct"`); `bf16_operands` runs its linear layers on bf16
     /// operands. None by default: the step then goes through candle's autograd graph.
     fn direct_step(
         &self,
