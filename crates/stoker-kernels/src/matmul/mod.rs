@@ -92,6 +92,11 @@ pub fn bf16_native() -> bool {
 pub trait Bf16Source: Copy + Send + Sync {
     /// The bf16 bit pattern of the value.
     fn bf16_bits(self) -> u16;
+    /// The slice as f32, when that is what it holds (packing has a vector path for it).
+    fn as_f32(s: &[Self]) -> Option<&[f32]> {
+        let _ = s;
+        None
+    }
 }
 
 impl Bf16Source for bf16 {
@@ -105,6 +110,9 @@ impl Bf16Source for f32 {
     #[inline(always)]
     fn bf16_bits(self) -> u16 {
         crate::fastmath::to_bf16(self).to_bits()
+    }
+    fn as_f32(s: &[Self]) -> Option<&[f32]> {
+        Some(s)
     }
 }
 

@@ -60,14 +60,21 @@ pub(crate) fn pack_a<S: Bf16Source>(a: &MatRef<S>) -> PackedA {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Simd::detect` found AVX2 and FMA on this CPU.
             Simd::Avx2 => unsafe { pack_a_block_avx2(a, pairs, blk, out) },
-            _ => pack_a_block(a, pairs, blk, out),
+            _ => pack_a_block(a, pairs, blk, out, false),
         });
     PackedA { words, pairs }
 }
 
-/// Packs rows `blk * ROW_BLOCK ..` of `A` into `out` (one block of rows of `pairs` words).
+/// Packs rows `blk * ROW_BLOCK ..` of `A` into `out` (one block of rows of `pairs` words);
+/// `avx512`: the CPU has AVX-512F, so f32 transposed sources take the vector tile path.
 #[inline(always)]
-fn pack_a_block<S: Bf16Source>(a: &MatRef<S>, pairs: usize, blk: usize, out: &mut [u32]) {
+fn pack_a_block<S: Bf16Source>(
+    a: &MatRef<S>,
+    pairs: usize,
+    blk: usize,
+    out: &mut [u32],
+    avx512: bool,
+) {
     let (m, k) = (a.rows, a.cols);
     let src = a.data;
     let (i0, n) = (
@@ -75,22 +82,33 @@ fn pack_a_block<S: Bf16Source>(a: &MatRef<S>, pairs: usize, blk: usize, out: &mu
         ROW_BLOCK.min(m.saturating_sub(blk * ROW_BLOCK)),
     );
     if a.transposed {
-        // A stored k x m: element (i, j) at j * m + i. Pair by pair, the block's rows are
-        // contiguous in the source; the writes stay inside this block.
+        // A stored k x m: element (i, j) at j * m + i. Pair p's two source rows hold the
+        // block's rows contiguously; each goes to a different output row (a transpose).
+        // Whole 16 x 16 tiles of (rows, pairs) go through registers; the rest one by one.
+        let (mut rows_tiled, mut pairs_tiled) = (0, 0);
+        #[cfg(target_arch = "x86_64")]
+        if let (true, Some(f)) = (avx512, S::as_f32(src)) {
+            (rows_tiled, pairs_tiled) = (n / 16 * 16, k / 2 / 16 * 16);
+            for r0 in (0..rows_tiled).step_by(16) {
+                for p0 in (0..pairs_tiled).step_by(16) {
+                    // SAFETY: the caller saw AVX-512F; the tile's source rows 2 p0 ..
+                    // 2 p0 + 32 < k and columns i0 + r0 .. + 16 <= m, and its output rows
+                    // r0 .. r0 + 16 < n, words p0 .. p0 + 16 <= pairs, are in bounds.
+                    unsafe {
+                        transpose_tile_avx512(f, m, i0 + r0, p0, &mut out[r0 * pairs..], pairs)
+                    };
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = avx512;
         for p in 0..k.div_ceil(2) {
+            let r_from = if p < pairs_tiled { rows_tiled } else { 0 };
             let lo = &src[2 * p * m + i0..2 * p * m + i0 + n];
             let hi = (2 * p + 1 < k).then(|| &src[(2 * p + 1) * m + i0..(2 * p + 1) * m + i0 + n]);
-            match hi {
-                Some(hi) => {
-                    for (r, (l, h)) in lo.iter().zip(hi).enumerate() {
-                        out[r * pairs + p] = word(l.bf16_bits(), h.bf16_bits());
-                    }
-                }
-                None => {
-                    for (r, l) in lo.iter().enumerate() {
-                        out[r * pairs + p] = word(l.bf16_bits(), 0);
-                    }
-                }
+            for r in r_from..n {
+                let h = hi.map_or(0, |h| h[r].bf16_bits());
+                out[r * pairs + p] = word(lo[r].bf16_bits(), h);
             }
         }
         return;
@@ -130,7 +148,7 @@ unsafe fn pack_a_block_avx512<S: Bf16Source>(
     blk: usize,
     out: &mut [u32],
 ) {
-    pack_a_block(a, pairs, blk, out)
+    pack_a_block(a, pairs, blk, out, true)
 }
 
 /// [`pack_a_block`] compiled for AVX2 + FMA.
@@ -145,7 +163,7 @@ unsafe fn pack_a_block_avx2<S: Bf16Source>(
     blk: usize,
     out: &mut [u32],
 ) {
-    pack_a_block(a, pairs, blk, out)
+    pack_a_block(a, pairs, blk, out, false)
 }
 
 pub(crate) fn pack_b<S: Bf16Source>(b: &MatRef<S>) -> PackedB {
@@ -241,4 +259,124 @@ unsafe fn pack_b_panel_avx512<S: Bf16Source>(b: &MatRef<S>, q: usize, panel: &mu
 #[target_feature(enable = "avx2,fma")]
 unsafe fn pack_b_panel_avx2<S: Bf16Source>(b: &MatRef<S>, q: usize, panel: &mut [u32]) {
     pack_b_panel(b, q, panel)
+}
+
+/// One 16 x 16 tile of a transposed f32 `A` (stored `k x m`): for pairs `p0 .. p0 + 16`
+/// and rows `i .. i + 16`, rounds both source rows of each pair to bf16 (nearest even,
+/// NaN quieted, as [`crate::fastmath::to_bf16`]), joins them into words, and transposes
+/// the 16 x 16 words in registers so each output row `r` (at `out[r * pairs + p0 ..]`)
+/// is one store.
+///
+/// # Safety
+/// The CPU must have AVX-512F; `src` must hold rows `2 p0 .. 2 p0 + 32` of `m` columns
+/// with `i + 16 <= m`, and `out` 16 rows of `pairs >= p0 + 16` words.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose_tile_avx512(
+    src: &[f32],
+    m: usize,
+    i: usize,
+    p0: usize,
+    out: &mut [u32],
+    pairs: usize,
+) {
+    use std::arch::x86_64::*;
+    assert!(i + 16 <= m && (2 * p0 + 31) * m + i + 16 <= src.len());
+    assert!(15 * pairs + p0 + 16 <= out.len());
+    let bits = |row: usize| -> __m512i {
+        let x = _mm512_castps_si512(_mm512_loadu_ps(src.as_ptr().add(row * m + i)));
+        let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(x), _mm512_set1_epi32(1));
+        let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(
+            x,
+            _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb),
+        ));
+        let quiet = _mm512_or_si512(_mm512_srli_epi32::<16>(x), _mm512_set1_epi32(0x40));
+        let abs = _mm512_and_si512(x, _mm512_set1_epi32(0x7FFF_FFFF));
+        let nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7F80_0000));
+        _mm512_mask_blend_epi32(nan, rounded, quiet)
+    };
+    let mut r = [_mm512_setzero_si512(); 16];
+    for (j, w) in r.iter_mut().enumerate() {
+        let p = p0 + j;
+        *w = _mm512_or_si512(bits(2 * p), _mm512_slli_epi32::<16>(bits(2 * p + 1)));
+    }
+    // 16 x 16 transpose of 32-bit words: within 128-bit lanes, then across them.
+    let mut t = [_mm512_setzero_si512(); 16];
+    for q in 0..8 {
+        t[2 * q] = _mm512_unpacklo_epi32(r[2 * q], r[2 * q + 1]);
+        t[2 * q + 1] = _mm512_unpackhi_epi32(r[2 * q], r[2 * q + 1]);
+    }
+    let mut u = [_mm512_setzero_si512(); 16];
+    for q in 0..4 {
+        u[4 * q] = _mm512_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
+        u[4 * q + 1] = _mm512_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
+        u[4 * q + 2] = _mm512_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
+        u[4 * q + 3] = _mm512_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
+    }
+    let mut x = [_mm512_setzero_si512(); 16];
+    for kk in 0..4 {
+        x[kk] = _mm512_shuffle_i32x4::<0x88>(u[kk], u[4 + kk]);
+        x[kk + 4] = _mm512_shuffle_i32x4::<0xDD>(u[kk], u[4 + kk]);
+        x[kk + 8] = _mm512_shuffle_i32x4::<0x88>(u[8 + kk], u[12 + kk]);
+        x[kk + 12] = _mm512_shuffle_i32x4::<0xDD>(u[8 + kk], u[12 + kk]);
+    }
+    let mut store = |row: usize, v: __m512i| {
+        _mm512_storeu_si512(out.as_mut_ptr().add(row * pairs + p0) as *mut __m512i, v)
+    };
+    for kk in 0..4 {
+        store(kk, _mm512_shuffle_i32x4::<0x88>(x[kk], x[kk + 8]));
+        store(8 + kk, _mm512_shuffle_i32x4::<0xDD>(x[kk], x[kk + 8]));
+        store(4 + kk, _mm512_shuffle_i32x4::<0x88>(x[kk + 4], x[kk + 12]));
+        store(12 + kk, _mm512_shuffle_i32x4::<0xDD>(x[kk + 4], x[kk + 12]));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The dispatched packing (AVX-512 tiles for transposed f32 `A` where the CPU has
+    /// them) writes exactly the words of the scalar path, over shapes with partial tiles
+    /// and odd `k`, and values that round to even, overflow to infinity, are NaN or
+    /// subnormal.
+    #[test]
+    fn vector_packing_equals_scalar_packing() {
+        let specials = [
+            f32::NAN,
+            -f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::from_bits(0x3F80_8000), // a tie: rounds to even
+            f32::from_bits(0x3F81_8000), // a tie: rounds up
+            f32::MAX,
+            1e-40, // subnormal
+            -0.0,
+        ];
+        for (m, k) in [(37, 70), (64, 64), (16, 32), (33, 31), (100, 129), (5, 3)] {
+            let data: Vec<f32> = (0..m * k)
+                .map(|i| match i % 41 {
+                    j if j < specials.len() => specials[j],
+                    _ => ((i * 7919 % 1000) as f32 - 500.0) / 37.0,
+                })
+                .collect();
+            for transposed in [true, false] {
+                let a = if transposed {
+                    MatRef::transposed(&data, m, k)
+                } else {
+                    MatRef::new(&data, m, k)
+                };
+                let packed = pack_a(&a);
+                let pairs = padded_pairs(k);
+                let rows = m.div_ceil(ROW_BLOCK) * ROW_BLOCK;
+                let mut scalar = vec![0u32; rows * pairs];
+                for (blk, out) in scalar.chunks_mut(pairs * ROW_BLOCK).enumerate() {
+                    pack_a_block(&a, pairs, blk, out, false);
+                }
+                assert!(
+                    packed.words == scalar,
+                    "m {m} k {k} transposed {transposed}: vector and scalar packing differ"
+                );
+            }
+        }
+    }
 }
