@@ -152,12 +152,12 @@ pub fn preset(name: &str) -> Result<Hardware> {
             // Per-core peaks from `cargo bench -p stoker-kernels --bench peak` (2026-12-02),
             // times 2 cores: AVX-512 f32 FMA 213 GFLOP/s, AMX bf16 3,130 GFLOP/s. fp16 stays
             // candle's emulation (1024^3 matmul in 33 ms). MFUs from the 822K GPT training
-            // step of `make bench-step` (11.7 GFLOP per step): fp32 72.9 ms = 161 GFLOP/s,
-            // 0.377 of 426; bf16 65.8 ms = 178 GFLOP/s, 0.028 of 6,260.
+            // step of `make bench-step` (11.7 GFLOP per step, 16:14 UTC): fp32 69.5 ms =
+            // 168 GFLOP/s, 0.40 of 426; bf16 50.3 ms = 233 GFLOP/s, 0.037 of 6,260.
             dtypes.insert(
                 Dtype::Fp32,
                 DtypeSupport {
-                    mfu: Some(0.37),
+                    mfu: Some(0.40),
                     ..support(0.426, true)
                 },
             );
@@ -165,7 +165,7 @@ pub fn preset(name: &str) -> Result<Hardware> {
             dtypes.insert(
                 Dtype::Bf16,
                 DtypeSupport {
-                    mfu: Some(0.028),
+                    mfu: Some(0.037),
                     ..support(6.26, true)
                 },
             );
@@ -182,7 +182,7 @@ pub fn preset(name: &str) -> Result<Hardware> {
                 host_link_bw: 8.0 * GB, // "offload" to the same RAM: a memcpy
                 host_mem_bw: 8.0 * GB,
                 runtime_reserve: 0.0,
-                default_mfu: 0.37,
+                default_mfu: 0.40,
                 // stoker's attention (the direct step, the fused op) saves each row's
                 // log-sum-exp and recomputes one head's T x T scores at a time in backward.
                 fused_attention: true,

@@ -126,20 +126,20 @@ fn llama_70b_over_a_10_gbps_network_warns_that_zero3_is_communication_bound() {
 fn stoker_gpt_on_the_build_machine_is_one_bf16_rank() {
     // 818k parameters: 13 MB of fp32 Adam states. The CPU runs bf16 on AMX tiles, so bf16:
     // 16 x 128 tokens x (6 x 818,048 + 12 x 4 x 128 x 128) FLOPs = 11.66 GFLOP at the
-    // measured 2.8% of the AMX peak of 6.26 TFLOP/s = 0.067 s (`make bench-step` measured
-    // 65.8 ms for the 822K variant with a 96-token vocabulary).
+    // measured 3.7% of the AMX peak of 6.26 TFLOP/s = 0.050 s (`make bench-step` measured
+    // 50.3 ms for the 822K variant with a 96-token vocabulary).
     let p = plan("model = { preset = \"stoker-gpt\" }\nhardware = { preset = \"cpu\" }");
     assert_eq!(chosen(&p), Some("ddp"));
     assert_eq!(p.inputs.setup.precision, Precision::Bf16);
     let row = &p.strategies[0];
     assert_eq!((row.micro_batch, row.accumulation_steps), (16, 1));
-    assert_eq!((row.time.step_s * 1000.0).round(), 67.0);
-    // fp32 on request: 11.66 GFLOP at 37% of 426 GFLOP/s = 0.074 s (measured 72.9 ms).
+    assert_eq!((row.time.step_s * 1000.0).round(), 50.0);
+    // fp32 on request: 11.66 GFLOP at 40% of 426 GFLOP/s = 0.068 s (measured 69.5 ms).
     let p = plan(
         "model = { preset = \"stoker-gpt\" }\nhardware = { preset = \"cpu\" }\n\
          training = { precision = \"fp32\" }",
     );
-    assert_eq!((p.strategies[0].time.step_s * 1000.0).round(), 74.0);
+    assert_eq!((p.strategies[0].time.step_s * 1000.0).round(), 68.0);
     let cfg = p.config.unwrap();
     assert_eq!(cfg.data.num_workers, 1); // 2 cores: one worker beside the trainer
     assert!(!cfg.data.pin_memory);
