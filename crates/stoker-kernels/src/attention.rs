@@ -875,6 +875,69 @@ impl CustomOp1 for CausalAttentionQkvBackward {
     }
 }
 
+/// The geometry of packed-QKV attention on f32 slices (`[b, t, 3 c]` in, `[b, t, c]`
+/// out, `heads` heads of `d`), shared by the GEMM forward and backward.
+#[derive(Debug, Clone, Copy)]
+struct PackedHeads {
+    t: usize,
+    c: usize,
+    d: usize,
+    heads: usize,
+    scale: f32,
+}
+
+impl PackedHeads {
+    /// None for an empty batch (nothing to compute).
+    fn new(qkv_len: usize, (b, t, heads): (usize, usize, usize)) -> Option<Self> {
+        if b * t == 0 {
+            return None;
+        }
+        let c = qkv_len / (3 * b * t);
+        let d = c / heads;
+        assert!(
+            d * heads == c && 3 * b * t * c == qkv_len,
+            "attention: qkv is not [b, t, 3 c]"
+        );
+        Some(PackedHeads {
+            t,
+            c,
+            d,
+            heads,
+            scale: 1.0 / (d as f32).sqrt(),
+        })
+    }
+
+    /// Where head `bh`'s `q` columns start in `qkv`, and its columns in the output.
+    fn bases(&self, bh: usize) -> (usize, usize) {
+        let (bi, h) = (bh / self.heads, bh % self.heads);
+        (
+            bi * self.t * 3 * self.c + h * self.d,
+            bi * self.t * self.c + h * self.d,
+        )
+    }
+
+    /// `s = Q K^T / sqrt(d)` (`t x t`) for the head whose `q` starts at `base`.
+    fn scores(&self, qkv: &[f32], base: usize, s: &mut [f32]) {
+        let (t, c, d) = (self.t, self.c, self.d);
+        assert_eq!(s.len(), t * t);
+        let (q, k) = (&qkv[base..], &qkv[base + c..]);
+        // SAFETY: `s` is a t x t buffer this call owns; A and B are bounds-checked inside.
+        unsafe {
+            gemm_strided(
+                (t, d, t),
+                q,
+                (3 * c, 1),
+                k,
+                (1, 3 * c),
+                (s.as_mut_ptr(), t),
+                None,
+                self.scale,
+                gemm::Parallelism::None,
+            )
+        }
+    }
+}
+
 /// Packed-QKV attention forward on f32 slices: `qkv` `[b, t, 3 c]` to `out` `[b, t, c]`,
 /// with each row's log-sum-exp into `lse` (`[b heads, t]`), which backward reads.
 ///
@@ -885,43 +948,39 @@ impl CustomOp1 for CausalAttentionQkvBackward {
 /// skipping them row by row several times over.
 pub(crate) fn qkv_forward_f32(
     qkv: &[f32],
-    (b, t, heads): (usize, usize, usize),
+    dims: (usize, usize, usize),
     out: &mut [f32],
     lse: &mut [f32],
 ) {
-    if b * t == 0 {
+    let Some(g) = PackedHeads::new(qkv.len(), dims) else {
         return; // an empty batch: nothing to write
-    }
-    let c = qkv.len() / (3 * b * t);
-    let d = c / heads;
-    assert!(out.len() == b * t * c && lse.len() == b * heads * t && d * heads == c);
-    let scale = 1.0 / (d as f32).sqrt();
+    };
+    let (t, c, d) = (g.t, g.c, g.d);
+    assert!(out.len() * 3 == qkv.len() && lse.len() * c == out.len() * g.heads);
     let optr = Out(out.as_mut_ptr());
     let simd = Simd::detect();
     lse.par_chunks_mut(t).enumerate().for_each_init(
         || vec![0f32; t * t],
         |s, (bh, lse)| {
-            let (bi, h) = (bh / heads, bh % heads);
-            let base = bi * t * 3 * c + h * d;
-            let (q, k, v) = (&qkv[base..], &qkv[base + c..], &qkv[base + 2 * c..]);
-            let none = gemm::Parallelism::None;
-            // SAFETY: `s` is t x t; head (bi, h) of `out` (rows of `c`, columns
-            // h d.. (h + 1) d of batch element bi) is written by this task only.
+            let (base, ob) = g.bases(bh);
+            g.scores(qkv, base, s);
+            softmax_rows(simd, s, t, lse);
+            // SAFETY: head bh's columns of `out` (rows of `c`) are written by this task
+            // only, and lie inside `out` (asserted above).
             unsafe {
+                let v = &qkv[base + 2 * c..];
+                let o = (optr.at(ob), c);
                 gemm_strided(
-                    (t, d, t),
-                    q,
+                    (t, t, d),
+                    s,
+                    (t, 1),
+                    v,
                     (3 * c, 1),
-                    k,
-                    (1, 3 * c),
-                    (s.as_mut_ptr(), t),
+                    o,
                     None,
-                    scale,
-                    none,
+                    1.0,
+                    gemm::Parallelism::None,
                 );
-                softmax_rows(simd, s, t, lse);
-                let o = optr.at(bi * t * c + h * d);
-                gemm_strided((t, t, d), s, (t, 1), v, (3 * c, 1), (o, c), None, 1.0, none);
             }
         },
     );
@@ -934,44 +993,32 @@ pub(crate) fn qkv_forward_f32(
 pub(crate) fn qkv_backward_f32(
     qkv: &[f32],
     (o, dout, lse): (&[f32], &[f32], &[f32]),
-    (b, t, heads): (usize, usize, usize),
+    dims: (usize, usize, usize),
     dqkv: &mut [f32],
 ) {
-    if b * t == 0 {
+    let Some(g) = PackedHeads::new(qkv.len(), dims) else {
         return; // an empty batch: nothing to write
-    }
-    let c = qkv.len() / (3 * b * t);
-    let d = c / heads;
-    assert!(o.len() == b * t * c && dout.len() == o.len() && lse.len() == b * heads * t);
-    assert!(dqkv.len() == qkv.len() && d * heads == c);
-    let scale = 1.0 / (d as f32).sqrt();
+    };
+    let (t, c, d, scale) = (g.t, g.c, g.d, g.scale);
+    assert!(
+        o.len() * 3 == qkv.len() && dout.len() == o.len() && lse.len() * c == o.len() * g.heads
+    );
+    assert!(dqkv.len() == qkv.len());
     let gptr = Out(dqkv.as_mut_ptr());
     let simd = Simd::detect();
-    (0..b * heads).into_par_iter().for_each_init(
+    let none = gemm::Parallelism::None;
+    (0..lse.len() / t).into_par_iter().for_each_init(
         || vec![0f32; 2 * t * t],
         |buf, bh| {
             let (p, dp) = buf.split_at_mut(t * t);
-            let (bi, h) = (bh / heads, bh % heads);
-            let base = bi * t * 3 * c + h * d;
+            let (base, ob) = g.bases(bh);
             let (q, k, v) = (&qkv[base..], &qkv[base + c..], &qkv[base + 2 * c..]);
-            let ob = bi * t * c + h * d;
             let (oh, gh) = (&o[ob..], &dout[ob..]);
             let lse = &lse[bh * t..(bh + 1) * t];
-            let none = gemm::Parallelism::None;
-            // SAFETY: `p` and `dp` are t x t; head (bi, h)'s columns of the q, k and v
-            // parts of `dqkv` are written by this task only.
+            g.scores(qkv, base, p);
+            // SAFETY: `dp` is t x t; head bh's columns of the q, k and v parts of `dqkv`
+            // are written by this task only, and lie inside it (asserted above).
             unsafe {
-                gemm_strided(
-                    (t, d, t),
-                    q,
-                    (3 * c, 1),
-                    k,
-                    (1, 3 * c),
-                    (p.as_mut_ptr(), t),
-                    None,
-                    scale,
-                    none,
-                );
                 gemm_strided(
                     (t, d, t),
                     gh,

@@ -66,23 +66,6 @@ fn both(
     (gd, rd.loss, gc, rc.loss, layout)
 }
 
-fn assert_close(layout: &FlatLayout, d: &[f32], c: &[f32], tol: f64) {
-    for slot in layout.slots() {
-        let r = slot.offset..slot.offset + slot.len;
-        let scale = c[r.clone()].iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
-        let diff = d[r.clone()]
-            .iter()
-            .zip(&c[r])
-            .fold(0f32, |m, (a, b)| m.max((a - b).abs())) as f64;
-        assert!(scale > 0.0, "{}: zero gradient", slot.name);
-        assert!(
-            diff <= tol * scale,
-            "{}: max diff {diff:e} vs max |grad| {scale:e}",
-            slot.name
-        );
-    }
-}
-
 #[test]
 fn direct_step_equals_composed_graph_f32() {
     for (norm, scale) in [
@@ -95,7 +78,7 @@ fn direct_step_equals_composed_graph_f32() {
             (ld - lc).abs() <= 1e-6 * lc.abs(),
             "loss: direct {ld}, composed {lc}"
         );
-        assert_close(&layout, &gd, &gc, 1e-5);
+        assert_grads_close(&layout, &gd, &gc, 1e-5, "direct vs composed, f32");
     }
 }
 
@@ -111,7 +94,7 @@ fn direct_step_bf16_autocast_within_bf16_rounding() {
         (ld - lc).abs() <= 0.02 * lc.abs(),
         "loss: direct {ld}, composed {lc}"
     );
-    assert_close(&layout, &gd, &gc, 1.0 / 32.0);
+    assert_grads_close(&layout, &gd, &gc, 1.0 / 32.0, "direct vs composed, bf16");
 }
 
 fn trainer(kernels: &str) -> Trainer {

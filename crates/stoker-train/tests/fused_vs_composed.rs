@@ -54,20 +54,13 @@ fn compare_models(
         "loss: fused {lf}, composed {lc}"
     );
     let layout = FlatLayout::of(model.params()).unwrap();
-    for slot in layout.slots() {
-        let r = slot.offset..slot.offset + slot.len;
-        let scale = c[r.clone()].iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
-        let diff = f[r.clone()]
-            .iter()
-            .zip(&c[r])
-            .fold(0f32, |m, (a, b)| m.max((a - b).abs())) as f64;
-        assert!(scale > 0.0, "{}: zero gradient", slot.name);
-        assert!(
-            diff <= tol * scale,
-            "{}: max diff {diff:e} vs max |grad| {scale:e} ({precision:?})",
-            slot.name
-        );
-    }
+    assert_grads_close(
+        &layout,
+        &f,
+        &c,
+        tol,
+        &format!("fused vs composed, {precision:?}"),
+    );
 }
 
 /// A GPT big enough for every code path: several heads, T not a multiple of a vector,

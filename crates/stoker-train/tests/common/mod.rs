@@ -87,6 +87,25 @@ pub fn token_batch(seed: u64, rows: usize, t: usize, vocab: u64, masked: &[usize
     }
 }
 
+/// Per parameter of `layout`: max |got - want| <= tol * max |want|, and no gradient all
+/// zero; the message names the parameter and `what` was compared.
+pub fn assert_grads_close(layout: &FlatLayout, got: &[f32], want: &[f32], tol: f64, what: &str) {
+    for slot in layout.slots() {
+        let r = slot.offset..slot.offset + slot.len;
+        let scale = want[r.clone()].iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+        let diff = got[r.clone()]
+            .iter()
+            .zip(&want[r])
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs())) as f64;
+        assert!(scale > 0.0, "{}: zero gradient ({what})", slot.name);
+        assert!(
+            diff <= tol * scale,
+            "{}: max diff {diff:e} vs max |grad| {scale:e} ({what})",
+            slot.name
+        );
+    }
+}
+
 /// Relative L2 difference ||a - b|| / ||b||.
 pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     let d: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
