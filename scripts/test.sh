@@ -18,4 +18,4 @@ cargo test --workspace 2>&1
 # and, with no driver here, falls back to mlock: prove both.
 cargo test -p stoker-data --features cuda --test pin 2>&1
 # The opt-in `cuda` feature of candle, stoker-kernels, stoker-train and the binary compiles.
-bash scripts/check-cuda.sh
+bash scripts/check-cuda.sh --if-available
