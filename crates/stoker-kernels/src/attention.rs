@@ -25,7 +25,7 @@ use rayon::prelude::*;
 
 use crate::elem::{check_float, floats, Elem, Floats};
 use crate::error::{shape_err, KernelError};
-use crate::fastmath::{exp, max_map, sum_map, sum_map2, Simd};
+use crate::fastmath::{exp, max_map, simd_dispatch, sum_map, sum_map2, Simd};
 use crate::linear::gemm_strided;
 
 /// Causal attention `softmax(q k^T / sqrt(D) + causal mask) v` of `q`, `k`, `v`
@@ -958,13 +958,12 @@ pub(crate) fn qkv_forward_f32(
     let (t, c, d) = (g.t, g.c, g.d);
     assert!(out.len() * 3 == qkv.len() && lse.len() * c == out.len() * g.heads);
     let optr = Out(out.as_mut_ptr());
-    let simd = Simd::detect();
     lse.par_chunks_mut(t).enumerate().for_each_init(
         || vec![0f32; t * t],
         |s, (bh, lse)| {
             let (base, ob) = g.bases(bh);
             g.scores(qkv, base, s);
-            softmax_rows(simd, s, t, lse);
+            softmax_rows(s, t, lse);
             // SAFETY: head bh's columns of `out` (rows of `c`) are written by this task
             // only, and lie inside `out` (asserted above).
             unsafe {
@@ -1005,7 +1004,6 @@ pub(crate) fn qkv_backward_f32(
     );
     assert!(dqkv.len() == qkv.len());
     let gptr = Out(dqkv.as_mut_ptr());
-    let simd = Simd::detect();
     let none = gemm::Parallelism::None;
     (0..lse.len() / t).into_par_iter().for_each_init(
         || vec![0f32; 2 * t * t],
@@ -1030,7 +1028,7 @@ pub(crate) fn qkv_backward_f32(
                     1.0,
                     none,
                 );
-                softmax_grad_rows(simd, p, dp, (oh, gh, c, d), t, lse);
+                softmax_grad_rows(p, dp, (oh, gh, c, d), t, lse);
                 let (dq, dk, dv) = (gptr.at(base), gptr.at(base + c), gptr.at(base + 2 * c));
                 gemm_strided(
                     (t, t, d),
@@ -1070,19 +1068,11 @@ pub(crate) fn qkv_backward_f32(
     );
 }
 
-/// The causal softmax of each row `i` of the `t x t` scores `s` in place (keys past `i`
-/// set to 0), with each row's log-sum-exp into `lse`.
-fn softmax_rows(simd: Simd, s: &mut [f32], t: usize, lse: &mut [f32]) {
-    match simd {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Simd::detect` found AVX-512F (with AVX2 and FMA) on this CPU.
-        Simd::Avx512 => unsafe { softmax_rows_avx512(s, t, lse) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Simd::detect` found AVX2 and FMA on this CPU.
-        Simd::Avx2 => unsafe { softmax_rows_avx2(s, t, lse) },
-        _ => softmax_rows_any(s, t, lse),
-    }
-}
+simd_dispatch!(
+    /// The causal softmax of each row `i` of the `t x t` scores `s` in place (keys past `i`
+    /// set to 0), with each row's log-sum-exp into `lse`.
+    fn softmax_rows<>(s: &mut [f32], t: usize, lse: &mut [f32]) => softmax_rows_any
+);
 
 #[inline(always)]
 fn softmax_rows_any(s: &mut [f32], t: usize, lse: &mut [f32]) {
@@ -1098,47 +1088,19 @@ fn softmax_rows_any(s: &mut [f32], t: usize, lse: &mut [f32]) {
     }
 }
 
-/// [`softmax_rows_any`] compiled for AVX-512.
-///
-/// # Safety
-/// The CPU must have AVX-512F, AVX-512VL, AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-unsafe fn softmax_rows_avx512(s: &mut [f32], t: usize, lse: &mut [f32]) {
-    softmax_rows_any(s, t, lse)
-}
-
-/// [`softmax_rows_any`] compiled for AVX2 + FMA.
-///
-/// # Safety
-/// The CPU must have AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn softmax_rows_avx2(s: &mut [f32], t: usize, lse: &mut [f32]) {
-    softmax_rows_any(s, t, lse)
-}
-
-/// Scores to probabilities `p = exp(s - lse)` (0 past the diagonal) in `p`, and `dp` (the
-/// probabilities' gradient) to the scores' gradient `p (dp - D)` with `D_i = dO_i . O_i`;
-/// `(o, dout, row, d)`: one head's output and its gradient, rows `row` apart.
-fn softmax_grad_rows(
-    simd: Simd,
-    p: &mut [f32],
-    dp: &mut [f32],
-    head: (&[f32], &[f32], usize, usize),
-    t: usize,
-    lse: &[f32],
-) {
-    match simd {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Simd::detect` found AVX-512F (with AVX2 and FMA) on this CPU.
-        Simd::Avx512 => unsafe { softmax_grad_rows_avx512(p, dp, head, t, lse) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Simd::detect` found AVX2 and FMA on this CPU.
-        Simd::Avx2 => unsafe { softmax_grad_rows_avx2(p, dp, head, t, lse) },
-        _ => softmax_grad_rows_any(p, dp, head, t, lse),
-    }
-}
+simd_dispatch!(
+    /// Scores to probabilities `p = exp(s - lse)` (0 past the diagonal) in `p`, and `dp`
+    /// (the probabilities' gradient) to the scores' gradient `p (dp - D)` with
+    /// `D_i = dO_i . O_i`; `head = (o, dout, row, d)`: one head's output and its gradient,
+    /// rows `row` apart.
+    fn softmax_grad_rows<>(
+        p: &mut [f32],
+        dp: &mut [f32],
+        head: (&[f32], &[f32], usize, usize),
+        t: usize,
+        lse: &[f32],
+    ) => softmax_grad_rows_any
+);
 
 #[inline(always)]
 fn softmax_grad_rows_any(
@@ -1162,38 +1124,6 @@ fn softmax_grad_rows_any(
             .zip(&*p)
             .for_each(|(g, &p)| *g = p * (*g - di));
     }
-}
-
-/// [`softmax_grad_rows_any`] compiled for AVX-512.
-///
-/// # Safety
-/// The CPU must have AVX-512F, AVX-512VL, AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-unsafe fn softmax_grad_rows_avx512(
-    p: &mut [f32],
-    dp: &mut [f32],
-    head: (&[f32], &[f32], usize, usize),
-    t: usize,
-    lse: &[f32],
-) {
-    softmax_grad_rows_any(p, dp, head, t, lse)
-}
-
-/// [`softmax_grad_rows_any`] compiled for AVX2 + FMA.
-///
-/// # Safety
-/// The CPU must have AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn softmax_grad_rows_avx2(
-    p: &mut [f32],
-    dp: &mut [f32],
-    head: (&[f32], &[f32], usize, usize),
-    t: usize,
-    lse: &[f32],
-) {
-    softmax_grad_rows_any(p, dp, head, t, lse)
 }
 
 #[cfg(test)]

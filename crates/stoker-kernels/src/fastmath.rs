@@ -41,6 +41,38 @@ impl Simd {
     }
 }
 
+/// Defines `$name(args..)`: runs `$inner(args..)` compiled for the widest vector level
+/// this CPU has ([`Simd::detect`]): AVX-512F/VL with AVX2 and FMA, AVX2 with FMA, or the
+/// crate's SSE2 baseline. `$inner` must be `#[inline(always)]`, so that each level gets its
+/// own copy for the compiler to vectorize; it returns nothing.
+macro_rules! simd_dispatch {
+    ($(#[$doc:meta])* $vis:vis fn $name:ident <$($g:ident : $b:path),*> ($($arg:ident : $ty:ty),* $(,)?) => $inner:ident) => {
+        $(#[$doc])*
+        $vis fn $name<$($g: $b),*>($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+            unsafe fn avx512<$($g: $b),*>($($arg: $ty),*) {
+                $inner($($arg),*)
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2<$($g: $b),*>($($arg: $ty),*) {
+                $inner($($arg),*)
+            }
+            match $crate::fastmath::Simd::detect() {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `Simd::detect` found AVX-512F, AVX-512VL, AVX2 and FMA on this CPU.
+                $crate::fastmath::Simd::Avx512 => unsafe { avx512($($arg),*) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `Simd::detect` found AVX2 and FMA on this CPU.
+                $crate::fastmath::Simd::Avx2 => unsafe { avx2($($arg),*) },
+                _ => $inner($($arg),*),
+            }
+        }
+    };
+}
+pub(crate) use simd_dispatch;
+
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 /// ln 2 split in two so `k * LN2_HI` is exact for the k that occur (Cody-Waite).
 const LN2_HI: f32 = 0.693_145_75;

@@ -7,7 +7,7 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tenso
 use rayon::prelude::*;
 
 use crate::elem::{check_float, float_pair, floats, Elem, FloatPair, Floats};
-use crate::fastmath::{self, Simd};
+use crate::fastmath::{self, simd_dispatch};
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 const COEF: f32 = 0.044_715;
@@ -46,45 +46,21 @@ fn fwd<T: Elem>(x: &[T]) -> Vec<T> {
 
 /// GELU of `x` into `y`.
 pub(crate) fn fwd_into<T: Elem>(x: &[T], y: &mut [T]) {
-    let simd = Simd::detect();
     y.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK))
-        .for_each(|(y, x)| match simd {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Simd::detect` found AVX-512F (with AVX2 and FMA) on this CPU.
-            Simd::Avx512 => unsafe { fwd_avx512(x, y) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Simd::detect` found AVX2 and FMA on this CPU.
-            Simd::Avx2 => unsafe { fwd_avx2(x, y) },
-            _ => fwd_chunk(x, y),
-        });
+        .for_each(|(y, x)| fwd_simd(x, y));
 }
+
+simd_dispatch!(
+    /// [`fwd_chunk`] at the CPU's vector level.
+    fn fwd_simd<T: Elem>(x: &[T], y: &mut [T]) => fwd_chunk
+);
 
 #[inline(always)]
 fn fwd_chunk<T: Elem>(x: &[T], y: &mut [T]) {
     for (y, &x) in y.iter_mut().zip(x) {
         *y = T::from_f32(gelu_f32(x.to_f32()));
     }
-}
-
-/// [`fwd_chunk`] compiled for AVX-512 (the crate's baseline is SSE2).
-///
-/// # Safety
-/// The CPU must have AVX-512F, AVX-512VL, AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-unsafe fn fwd_avx512<T: Elem>(x: &[T], y: &mut [T]) {
-    fwd_chunk(x, y)
-}
-
-/// [`fwd_chunk`] compiled for AVX2 + FMA.
-///
-/// # Safety
-/// The CPU must have AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn fwd_avx2<T: Elem>(x: &[T], y: &mut [T]) {
-    fwd_chunk(x, y)
 }
 
 fn bwd<T: Elem>(x: &[T], g: &[T]) -> Vec<T> {
@@ -95,45 +71,21 @@ fn bwd<T: Elem>(x: &[T], g: &[T]) -> Vec<T> {
 
 /// Turns the output gradient `g` into the input gradient in place: `g *= GELU'(x)`.
 pub(crate) fn bwd_in_place<T: Elem>(x: &[T], g: &mut [T]) {
-    let simd = Simd::detect();
     g.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK))
-        .for_each(|(g, x)| match simd {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Simd::detect` found AVX-512F (with AVX2 and FMA) on this CPU.
-            Simd::Avx512 => unsafe { bwd_avx512(x, g) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Simd::detect` found AVX2 and FMA on this CPU.
-            Simd::Avx2 => unsafe { bwd_avx2(x, g) },
-            _ => bwd_chunk(x, g),
-        });
+        .for_each(|(g, x)| bwd_simd(x, g));
 }
+
+simd_dispatch!(
+    /// [`bwd_chunk`] at the CPU's vector level.
+    fn bwd_simd<T: Elem>(x: &[T], g: &mut [T]) => bwd_chunk
+);
 
 #[inline(always)]
 fn bwd_chunk<T: Elem>(x: &[T], g: &mut [T]) {
     for (g, &x) in g.iter_mut().zip(x) {
         *g = T::from_f32(g.to_f32() * gelu_grad_f32(x.to_f32()));
     }
-}
-
-/// [`bwd_chunk`] compiled for AVX-512.
-///
-/// # Safety
-/// The CPU must have AVX-512F, AVX-512VL, AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-unsafe fn bwd_avx512<T: Elem>(x: &[T], g: &mut [T]) {
-    bwd_chunk(x, g)
-}
-
-/// [`bwd_chunk`] compiled for AVX2 + FMA.
-///
-/// # Safety
-/// The CPU must have AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn bwd_avx2<T: Elem>(x: &[T], g: &mut [T]) {
-    bwd_chunk(x, g)
 }
 
 impl CustomOp1 for Gelu {

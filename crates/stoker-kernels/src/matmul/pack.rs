@@ -12,7 +12,7 @@
 use rayon::prelude::*;
 
 use super::{Bf16Source, MatRef};
-use crate::fastmath::Simd;
+use crate::fastmath::{simd_dispatch, Simd};
 
 /// Rows of `A` per block (two AMX tiles of 16 rows).
 pub(crate) const ROW_BLOCK: usize = 32;
@@ -49,31 +49,33 @@ pub(crate) fn pack_a<S: Bf16Source>(a: &MatRef<S>) -> PackedA {
     let pairs = padded_pairs(k);
     let rows = m.div_ceil(ROW_BLOCK) * ROW_BLOCK;
     let mut words = vec![0u32; rows * pairs];
-    let simd = Simd::detect();
     words
         .par_chunks_mut(pairs * ROW_BLOCK)
         .enumerate()
-        .for_each(|(blk, out)| match simd {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Simd::detect` found AVX-512F (with AVX2 and FMA) on this CPU.
-            Simd::Avx512 => unsafe { pack_a_block_avx512(a, pairs, blk, out) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Simd::detect` found AVX2 and FMA on this CPU.
-            Simd::Avx2 => unsafe { pack_a_block_avx2(a, pairs, blk, out) },
-            _ => pack_a_block(a, pairs, blk, out, false),
-        });
+        .for_each(|(blk, out)| pack_a_simd(a, pairs, blk, out));
     PackedA { words, pairs }
 }
 
-/// Packs rows `blk * ROW_BLOCK ..` of `A` into `out` (one block of rows of `pairs` words);
-/// `avx512`: the CPU has AVX-512F, so f32 transposed sources take the vector tile path.
+simd_dispatch!(
+    /// [`pack_a_block`] at the CPU's vector level.
+    fn pack_a_simd<S: Bf16Source>(a: &MatRef<S>, pairs: usize, blk: usize, out: &mut [u32]) => pack_a_block
+);
+
+/// Packs rows `blk * ROW_BLOCK ..` of `A` into `out` (one block of rows of `pairs` words).
 #[inline(always)]
-fn pack_a_block<S: Bf16Source>(
+fn pack_a_block<S: Bf16Source>(a: &MatRef<S>, pairs: usize, blk: usize, out: &mut [u32]) {
+    pack_a_rows(a, pairs, blk, out, Simd::detect() == Simd::Avx512)
+}
+
+/// [`pack_a_block`]; with `tiles` (the CPU has AVX-512F), a transposed f32 `A` goes
+/// through 16 x 16 register tiles, otherwise element by element.
+#[inline(always)]
+fn pack_a_rows<S: Bf16Source>(
     a: &MatRef<S>,
     pairs: usize,
     blk: usize,
     out: &mut [u32],
-    avx512: bool,
+    tiles: bool,
 ) {
     let (m, k) = (a.rows, a.cols);
     let src = a.data;
@@ -86,12 +88,14 @@ fn pack_a_block<S: Bf16Source>(
         // block's rows contiguously; each goes to a different output row (a transpose).
         // Whole 16 x 16 tiles of (rows, pairs) go through registers; the rest one by one.
         let (mut rows_tiled, mut pairs_tiled) = (0, 0);
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = tiles;
         #[cfg(target_arch = "x86_64")]
-        if let (true, Some(f)) = (avx512, S::as_f32(src)) {
+        if let (true, Some(f)) = (tiles, S::as_f32(src)) {
             (rows_tiled, pairs_tiled) = (n / 16 * 16, k / 2 / 16 * 16);
             for r0 in (0..rows_tiled).step_by(16) {
                 for p0 in (0..pairs_tiled).step_by(16) {
-                    // SAFETY: the caller saw AVX-512F; the tile's source rows 2 p0 ..
+                    // SAFETY: `tiles`: the CPU has AVX-512F; the tile's source rows 2 p0 ..
                     // 2 p0 + 32 < k and columns i0 + r0 .. + 16 <= m, and its output rows
                     // r0 .. r0 + 16 < n, words p0 .. p0 + 16 <= pairs, are in bounds.
                     unsafe {
@@ -100,8 +104,6 @@ fn pack_a_block<S: Bf16Source>(
                 }
             }
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = avx512;
         for p in 0..k.div_ceil(2) {
             let r_from = if p < pairs_tiled { rows_tiled } else { 0 };
             let lo = &src[2 * p * m + i0..2 * p * m + i0 + n];
@@ -136,60 +138,26 @@ fn pack_pairs<S: Bf16Source>(s: &[S], row: &mut [u32]) {
     }
 }
 
-/// [`pack_a_block`] compiled for AVX-512 (the crate's baseline is SSE2).
-///
-/// # Safety
-/// The CPU must have AVX-512F, AVX-512VL, AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-unsafe fn pack_a_block_avx512<S: Bf16Source>(
-    a: &MatRef<S>,
-    pairs: usize,
-    blk: usize,
-    out: &mut [u32],
-) {
-    pack_a_block(a, pairs, blk, out, true)
-}
-
-/// [`pack_a_block`] compiled for AVX2 + FMA.
-///
-/// # Safety
-/// The CPU must have AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn pack_a_block_avx2<S: Bf16Source>(
-    a: &MatRef<S>,
-    pairs: usize,
-    blk: usize,
-    out: &mut [u32],
-) {
-    pack_a_block(a, pairs, blk, out, false)
-}
-
 pub(crate) fn pack_b<S: Bf16Source>(b: &MatRef<S>) -> PackedB {
     let (k, n) = (b.rows, b.cols);
     let pairs = padded_pairs(k);
     let panels = n.div_ceil(2 * PANEL) * 2;
     let mut words = vec![0u32; panels * pairs * PANEL];
-    let simd = Simd::detect();
     words
         .par_chunks_mut(pairs * PANEL)
         .enumerate()
-        .for_each(|(q, panel)| match simd {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Simd::detect` found AVX-512F (with AVX2 and FMA) on this CPU.
-            Simd::Avx512 => unsafe { pack_b_panel_avx512(b, q, panel) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Simd::detect` found AVX2 and FMA on this CPU.
-            Simd::Avx2 => unsafe { pack_b_panel_avx2(b, q, panel) },
-            _ => pack_b_panel(b, q, panel),
-        });
+        .for_each(|(q, panel)| pack_b_simd(b, q, panel));
     PackedB {
         words,
         pairs,
         panels,
     }
 }
+
+simd_dispatch!(
+    /// [`pack_b_panel`] at the CPU's vector level.
+    fn pack_b_simd<S: Bf16Source>(b: &MatRef<S>, q: usize, panel: &mut [u32]) => pack_b_panel
+);
 
 /// Packs panel `q` (columns `q * PANEL ..`) of `B` into `panel`.
 #[inline(always)]
@@ -240,26 +208,6 @@ fn pack_b_panel<S: Bf16Source>(b: &MatRef<S>, q: usize, panel: &mut [u32]) {
 
 /// Pairs converted per step when packing a transposed `B` column.
 const PANEL_PAIRS_MAX: usize = 256;
-
-/// [`pack_b_panel`] compiled for AVX-512.
-///
-/// # Safety
-/// The CPU must have AVX-512F, AVX-512VL, AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-unsafe fn pack_b_panel_avx512<S: Bf16Source>(b: &MatRef<S>, q: usize, panel: &mut [u32]) {
-    pack_b_panel(b, q, panel)
-}
-
-/// [`pack_b_panel`] compiled for AVX2 + FMA.
-///
-/// # Safety
-/// The CPU must have AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn pack_b_panel_avx2<S: Bf16Source>(b: &MatRef<S>, q: usize, panel: &mut [u32]) {
-    pack_b_panel(b, q, panel)
-}
 
 /// One 16 x 16 tile of a transposed f32 `A` (stored `k x m`): for pairs `p0 .. p0 + 16`
 /// and rows `i .. i + 16`, rounds both source rows of each pair to bf16 (nearest even,
@@ -370,7 +318,7 @@ mod tests {
                 let rows = m.div_ceil(ROW_BLOCK) * ROW_BLOCK;
                 let mut scalar = vec![0u32; rows * pairs];
                 for (blk, out) in scalar.chunks_mut(pairs * ROW_BLOCK).enumerate() {
-                    pack_a_block(&a, pairs, blk, out, false);
+                    pack_a_rows(&a, pairs, blk, out, false);
                 }
                 assert!(
                     packed.words == scalar,
