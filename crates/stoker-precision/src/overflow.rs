@@ -99,15 +99,27 @@ impl ParamTable {
 }
 
 /// Whether every value is finite (vectorizable: an OR over exponent-all-ones tests).
+/// Buffers of at least [`PAR_FINITE`] elements are split over rayon's threads: the trainer
+/// runs this over the whole flat master buffer every step.
 pub fn all_finite(xs: &[f32]) -> bool {
-    xs.chunks(1024).all(|c| {
-        let mut bad = false;
-        for &x in c {
-            bad |= x.to_bits() & 0x7F80_0000 == 0x7F80_0000;
-        }
-        !bad
-    })
+    let serial = |xs: &[f32]| {
+        xs.chunks(1024).all(|c| {
+            let mut bad = false;
+            for &x in c {
+                bad |= x.to_bits() & 0x7F80_0000 == 0x7F80_0000;
+            }
+            !bad
+        })
+    };
+    if xs.len() < PAR_FINITE {
+        return serial(xs);
+    }
+    use rayon::prelude::*;
+    xs.par_chunks(PAR_FINITE / 2).all(serial)
 }
+
+/// Length from which [`all_finite`] runs in parallel (128 Ki elements, 512 KiB).
+pub const PAR_FINITE: usize = 1 << 17;
 
 /// Settings of the overflow diagnostics.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -271,6 +283,25 @@ impl OverflowCounters {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn all_finite_finds_every_non_finite_serial_and_parallel() {
+        for len in [0, 1000, 70_001, 3 * PAR_FINITE + 7] {
+            let mut x = vec![1.5f32; len];
+            assert!(all_finite(&x));
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                for at in [0, len / 2, len.saturating_sub(1)] {
+                    if at >= len {
+                        continue;
+                    }
+                    let keep = x[at];
+                    x[at] = bad;
+                    assert!(!all_finite(&x), "{bad} at {at} of {len}");
+                    x[at] = keep;
+                }
+            }
+        }
+    }
 
     #[test]
     fn names_nonfinite_spans() {

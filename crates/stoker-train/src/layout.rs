@@ -95,7 +95,7 @@ impl FlatLayout {
 
     /// The first slot holding a non-finite value in `buf`.
     pub fn first_nonfinite(&self, buf: &[f32]) -> Option<&str> {
-        if stoker_kernels::flat::all_finite(buf) {
+        if stoker_precision::overflow::all_finite(buf) {
             return None;
         }
         self.slots
