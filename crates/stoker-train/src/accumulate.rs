@@ -63,6 +63,35 @@ impl Default for AccumulateOptions {
     }
 }
 
+/// The window loop both paths share: each micro-batch gets the factor its summed loss is
+/// multiplied by before backward (`loss_scale / denominator`, None when the denominator is
+/// 0: nothing to learn from), `run` returns the micro-batch's summed loss, and the window's
+/// mean loss and valid-target count come back.
+fn over_window(
+    window: &[MicroBatch],
+    opts: AccumulateOptions,
+    mut run: impl FnMut(&MicroBatch, Option<f64>) -> Result<f64>,
+) -> Result<WindowResult> {
+    let total: usize = window.iter().map(|m| valid_count(&m.targets)).sum();
+    let mut loss_sum = 0f64;
+    for mb in window {
+        let denom = match opts.norm {
+            Normalization::WindowCount => total,
+            Normalization::StepCount => valid_count(&mb.targets) * window.len(),
+        };
+        let scale = (denom > 0).then(|| opts.loss_scale / denom as f64);
+        loss_sum += run(mb, scale)?;
+    }
+    Ok(WindowResult {
+        loss: if total == 0 {
+            0.0
+        } else {
+            loss_sum / total as f64
+        },
+        count: total,
+    })
+}
+
 /// Runs forward and backward over `window`, adding the gradients of
 /// `loss_scale x normalized loss` into `grads` (flat `layout`, zeroed by the caller).
 pub fn accumulate(
@@ -73,33 +102,19 @@ pub fn accumulate(
     layout: &FlatLayout,
     grads: &mut [f32],
 ) -> Result<WindowResult> {
-    let total: usize = window.iter().map(|m| valid_count(&m.targets)).sum();
-    let mut loss_sum = 0f64;
-    for mb in window {
+    over_window(window, opts, |mb, scale| {
         let logits = model.forward(fx, &mb.input)?;
-        let (sum, count) = cross_entropy_sum(fx, &logits, &mb.targets)?;
-        loss_sum += scalar(&sum)?;
-        let denom = match opts.norm {
-            Normalization::WindowCount => total,
-            Normalization::StepCount => count * window.len(),
-        };
-        if denom == 0 {
-            continue; // nothing to learn from (all targets masked)
+        let (sum, _) = cross_entropy_sum(fx, &logits, &mb.targets)?;
+        let loss = scalar(&sum)?;
+        // Without a denominator there is nothing to learn from (all targets masked).
+        if let Some(scale) = scale {
+            let g = (sum * scale)?.backward()?;
+            if opts.check_grads {
+                crate::check::every_param_has_grad(&g, model.params())?;
+            }
+            layout.gather_grads(&g, model.params(), grads)?;
         }
-        let scaled = (sum * (opts.loss_scale / denom as f64))?;
-        let g = scaled.backward()?;
-        if opts.check_grads {
-            crate::check::every_param_has_grad(&g, model.params())?;
-        }
-        layout.gather_grads(&g, model.params(), grads)?;
-    }
-    Ok(WindowResult {
-        loss: if total == 0 {
-            0.0
-        } else {
-            loss_sum / total as f64
-        },
-        count: total,
+        Ok(loss)
     })
 }
 
@@ -114,28 +129,10 @@ pub fn accumulate_direct(
     master: &[f32],
     grads: &mut [f32],
 ) -> Result<WindowResult> {
-    let total: usize = window.iter().map(|m| valid_count(&m.targets)).sum();
-    let mut loss_sum = 0f64;
-    for mb in window {
-        let count = valid_count(&mb.targets);
-        let denom = match opts.norm {
-            Normalization::WindowCount => total,
-            Normalization::StepCount => count * window.len(),
-        };
+    over_window(window, opts, |mb, scale| {
         // A micro-batch without valid targets still runs (its gradient is zero), so bad
         // input is reported here as on the graph path.
-        let scale = match denom {
-            0 => 0.0,
-            d => (opts.loss_scale / d as f64) as f32,
-        };
-        loss_sum += step.forward_backward(master, &mb.input, &mb.targets, scale, grads)?;
-    }
-    Ok(WindowResult {
-        loss: if total == 0 {
-            0.0
-        } else {
-            loss_sum / total as f64
-        },
-        count: total,
+        let scale = scale.unwrap_or(0.0) as f32;
+        step.forward_backward(master, &mb.input, &mb.targets, scale, grads)
     })
 }
