@@ -378,7 +378,8 @@ impl GptStep {
         let [m, r] = &mut a.lnf_stats;
         layer_norm::fwd_into(&a.x_out, w, bias, c, self.eps, &mut a.lnf, (m, r));
         let wte = &p[o.wte..o.wte + v * c];
-        self.matmul_xwt(&a.lnf, wte, None, (n, c, v), &mut a.logits, false);
+        let head = MatRef::transposed(wte, c, v);
+        self.gemm(MatRef::new(&a.lnf, n, c), head, None, &mut a.logits, false);
         loss_and_grad_in_place(&mut a.logits, b.targets, v, b.ignore, grad_scale)
     }
 
@@ -388,8 +389,22 @@ impl GptStep {
         let o = &self.offsets;
         // Head (tied to wte): d lnf = dlogits wte; d wte += dlogits^T lnf.
         let wte = &p[o.wte..o.wte + v * c];
-        self.matmul_dx(&a.logits, wte, (n, v, c), &mut a.dh);
-        self.matmul_dw(&a.logits, &a.lnf, (n, v, c), &mut g[o.wte..o.wte + v * c]);
+        let dlogits = &a.logits;
+        self.gemm(
+            MatRef::new(dlogits, n, v),
+            MatRef::new(wte, v, c),
+            None,
+            &mut a.dh,
+            false,
+        );
+        let dwte = &mut g[o.wte..o.wte + v * c];
+        self.gemm(
+            MatRef::transposed(dlogits, v, n),
+            MatRef::new(&a.lnf, n, c),
+            None,
+            dwte,
+            true,
+        );
         self.layer_norm_bwd(
             (&a.x_out, &a.lnf_stats),
             p,
@@ -463,77 +478,44 @@ impl GptStep {
         out: &mut [f32],
         accumulate: bool,
     ) {
-        let w = &p[off[0]..off[0] + n * k];
+        let w = MatRef::transposed(&p[off[0]..off[0] + n * k], k, n);
         let bias = &p[off[1]..off[1] + n];
-        self.matmul_xwt(x, w, Some(bias), (m, k, n), out, accumulate);
+        self.gemm(MatRef::new(x, m, k), w, Some(bias), out, accumulate);
     }
 
-    /// `out (=|+=) x W^T (+ bias)`, `x` `[m, k]`, `w` `[n, k]`.
-    fn matmul_xwt(
+    /// `out = A B (+ bias)`, or with `accumulate` `out += A B (+ bias)`, on the bf16 GEMM
+    /// (bf16 operands) or the f32 one, either operand stored transposed as its `MatRef`
+    /// says; `out` is `A.rows x B.cols`, row-major.
+    fn gemm(
         &self,
-        x: &[f32],
-        w: &[f32],
+        a: MatRef<f32>,
+        b: MatRef<f32>,
         bias: Option<&[f32]>,
-        (m, k, n): (usize, usize, usize),
         out: &mut [f32],
         accumulate: bool,
     ) {
-        match self.bf16 {
-            Some(kernel) => gemm_write(
-                kernel,
-                &MatRef::new(x, m, k),
-                &MatRef::transposed(w, k, n),
-                bias,
-                out,
-                accumulate,
-            )
-            .expect("gpt-step: GEMM shapes are fixed by the checked dims"),
-            None => {
-                match (bias, accumulate) {
-                    (Some(bias), true) => out
-                        .par_chunks_mut(n)
-                        .for_each(|r| r.iter_mut().zip(bias).for_each(|(o, &b)| *o += b)),
-                    (Some(bias), false) => {
-                        out.par_chunks_mut(n).for_each(|r| r.copy_from_slice(bias))
-                    }
-                    (None, _) => {}
-                }
-                let acc = accumulate || bias.is_some();
-                gemm_f32_into((m, k, n), x, (k, 1), w, (1, k), out, acc);
-            }
+        if let Some(kernel) = self.bf16 {
+            gemm_write(kernel, &a, &b, bias, out, accumulate)
+                .expect("gpt-step: GEMM shapes are fixed by the checked dims");
+            return;
         }
-    }
-
-    /// `dx = dy W` for `dy` `[m, n]`, `w` `[n, k]`.
-    fn matmul_dx(&self, dy: &[f32], w: &[f32], (m, n, k): (usize, usize, usize), dx: &mut [f32]) {
-        match self.bf16 {
-            Some(kernel) => gemm_write(
-                kernel,
-                &MatRef::new(dy, m, n),
-                &MatRef::new(w, n, k),
-                None,
-                dx,
-                false,
-            )
-            .expect("gpt-step: GEMM shapes are fixed by the checked dims"),
-            None => gemm_f32_into((m, n, k), dy, (n, 1), w, (k, 1), dx, false),
+        let n = b.cols;
+        match (bias, accumulate) {
+            (Some(bias), true) => out
+                .par_chunks_mut(n)
+                .for_each(|r| r.iter_mut().zip(bias).for_each(|(o, &b)| *o += b)),
+            (Some(bias), false) => out.par_chunks_mut(n).for_each(|r| r.copy_from_slice(bias)),
+            (None, _) => {}
         }
-    }
-
-    /// `dw += dy^T x` for `dy` `[m, n]`, `x` `[m, k]`, `dw` `[n, k]`.
-    fn matmul_dw(&self, dy: &[f32], x: &[f32], (m, n, k): (usize, usize, usize), dw: &mut [f32]) {
-        match self.bf16 {
-            Some(kernel) => gemm_write(
-                kernel,
-                &MatRef::transposed(dy, n, m),
-                &MatRef::new(x, m, k),
-                None,
-                dw,
-                true,
-            )
-            .expect("gpt-step: GEMM shapes are fixed by the checked dims"),
-            None => gemm_f32_into((n, m, k), dy, (1, n), x, (k, 1), dw, true),
-        }
+        // Element (i, j) of a logical rows x cols matrix: i * cols + j stored as is, j * rows
+        // + i stored transposed.
+        let strides = |m: &MatRef<f32>| match m.transposed {
+            false => (m.cols, 1),
+            true => (1, m.rows),
+        };
+        let dims = (a.rows, a.cols, n);
+        let acc = accumulate || bias.is_some();
+        gemm_f32_into(dims, a.data, strides(&a), b.data, strides(&b), out, acc);
     }
 
     /// The backward of [`GptStep::linear`] (`x` `[m, k]`, output `[m, n]`): `dx` written,
@@ -550,8 +532,16 @@ impl GptStep {
         dx: &mut [f32],
     ) {
         let w = &p[off[0]..off[0] + n * k];
-        self.matmul_dx(dy, w, (m, n, k), dx);
-        self.matmul_dw(dy, x, (m, n, k), &mut g[off[0]..off[0] + n * k]);
+        // dx = dy W; dW += dy^T x.
+        self.gemm(MatRef::new(dy, m, n), MatRef::new(w, n, k), None, dx, false);
+        let dw = &mut g[off[0]..off[0] + n * k];
+        self.gemm(
+            MatRef::transposed(dy, n, m),
+            MatRef::new(x, m, k),
+            None,
+            dw,
+            true,
+        );
         let db = column_sums(dy, n);
         g[off[1]..off[1] + n]
             .iter_mut()
