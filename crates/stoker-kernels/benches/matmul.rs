@@ -39,18 +39,7 @@ fn main() {
         let b16 = b32.to_dtype(DType::BF16).unwrap();
         let av = a16.flatten_all().unwrap().to_vec1::<half::bf16>().unwrap();
         let bv = b16.flatten_all().unwrap().to_vec1::<half::bf16>().unwrap();
-        let am = MatRef {
-            data: &av,
-            rows: m,
-            cols: k,
-            transposed: false,
-        };
-        let bm = MatRef {
-            data: &bv,
-            rows: k,
-            cols: n,
-            transposed: false,
-        };
+        let (am, bm) = (MatRef::new(&av, m, k), MatRef::new(&bv, k, n));
         let mut fs: Vec<Timed> = vec![
             (
                 "candle f32",
