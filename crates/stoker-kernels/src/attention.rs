@@ -382,28 +382,7 @@ fn fwd<T: Elem>(
 ) -> (Vec<T>, Vec<f32>) {
     let mut out = vec![T::from_f32(0.0); len];
     let mut lse = vec![0.0f32; g.bh * g.t];
-    fwd_into(
-        (q, k, v),
-        (q_rows, k_rows, v_rows),
-        o_rows,
-        g,
-        &mut out,
-        &mut lse,
-    );
-    (out, lse)
-}
-
-/// [`fwd`] into caller buffers: `out` (layout `o_rows`) and `lse` (`[bh, t]`).
-fn fwd_into<T: Elem>(
-    (q, k, v): (&[T], &[T], &[T]),
-    (q_rows, k_rows, v_rows): (Rows, Rows, Rows),
-    o_rows: Rows,
-    g: Dims,
-    out: &mut [T],
-    lse: &mut [f32],
-) {
-    let (t, d, len) = (g.t, g.d, out.len());
-    assert_eq!(lse.len(), g.bh * t, "attention: lse must be [bh, t]");
+    let (t, d) = (g.t, g.d);
     let scale = 1.0 / (d as f32).sqrt();
     let optr = Out(out.as_mut_ptr());
     let simd = Simd::detect();
@@ -426,6 +405,7 @@ fn fwd_into<T: Elem>(
             _ => fwd_head::<T, Portable>(&args, bh, lse, optr),
         }
     });
+    (out, lse)
 }
 
 /// What backward reads besides the inputs: the forward output, its gradient (both f32,
@@ -542,35 +522,13 @@ unsafe fn bwd_head_avx2<T: Elem>(a: &BwdHead<T>, bh: usize, optr: Out<T>) {
 fn bwd<T: Elem>(
     (q, k, v): (&[T], &[T], &[T]),
     (q_rows, k_rows, v_rows): (Rows, Rows, Rows),
-    grad_rows: (Rows, Rows, Rows),
+    (dq_rows, dk_rows, dv_rows): (Rows, Rows, Rows),
     saved: &Saved,
     g: Dims,
     len: usize,
 ) -> Vec<T> {
     let mut out = vec![T::from_f32(0.0); len];
-    bwd_into(
-        (q, k, v),
-        (q_rows, k_rows, v_rows),
-        grad_rows,
-        saved,
-        g,
-        &mut out,
-    );
-    out
-}
-
-/// [`bwd`] into a caller buffer holding the three gradients' layouts; every row of
-/// every head of each gradient is written.
-fn bwd_into<T: Elem>(
-    (q, k, v): (&[T], &[T], &[T]),
-    (q_rows, k_rows, v_rows): (Rows, Rows, Rows),
-    (dq_rows, dk_rows, dv_rows): (Rows, Rows, Rows),
-    saved: &Saved,
-    g: Dims,
-    out: &mut [T],
-) {
     let scale = 1.0 / (g.d as f32).sqrt();
-    let len = out.len();
     let optr = Out(out.as_mut_ptr());
     let simd = Simd::detect();
     (0..g.bh).into_par_iter().for_each(|bh| {
@@ -593,6 +551,7 @@ fn bwd_into<T: Elem>(
             _ => bwd_head::<T, Portable>(&args, bh, optr),
         }
     });
+    out
 }
 
 fn dtype_err(op: &'static str, d: DType) -> candle_core::Error {
