@@ -122,7 +122,7 @@ struct Acts {
 }
 
 impl Acts {
-    fn new(n: usize, dims: GptDims, layers: usize, heads_rows: usize) -> Self {
+    fn new(n: usize, dims: GptDims, layers: usize) -> Self {
         let c = dims.d_model;
         let z = |len: usize| vec![0f32; len];
         let blocks = (0..layers)
@@ -132,7 +132,7 @@ impl Acts {
                 ln1_stats: [z(n), z(n)],
                 qkv: z(3 * n * c),
                 att: z(n * c),
-                lse: z(heads_rows),
+                lse: z(n * dims.n_head),
                 mid: z(n * c),
                 ln2: z(n * c),
                 ln2_stats: [z(n), z(n)],
@@ -309,13 +309,10 @@ impl GptStep {
     ) -> Result<f64, KernelError> {
         self.check(params, grads, &batch)?;
         let n = batch.batch * batch.t;
-        // Every buffer is sized by the row count alone (lse by rows x heads).
+        // Every buffer is sized by the row count alone.
         let mut acts = match self.acts.iter().position(|a| a.n == n) {
             Some(i) => self.acts.remove(i),
-            None => {
-                let heads_rows = n * self.dims.n_head;
-                Acts::new(n, self.dims, self.offsets.blocks.len(), heads_rows)
-            }
+            None => Acts::new(n, self.dims, self.offsets.blocks.len()),
         };
         let loss = self.forward(params, &batch, &mut acts, grad_scale);
         self.backward(params, &batch, &mut acts, grads);
