@@ -1,7 +1,8 @@
 //! Whole-buffer passes over the flat FP32 gradient and parameter buffers that the trainer
 //! runs every step: the global L2 norm, scaling by the clip coefficient, and zeroing (the
-//! finiteness check is stoker-precision's `all_finite`). Parallel over fixed-size chunks, with each chunk's partial result
-//! combined in chunk order, so the results do not depend on the thread count.
+//! finiteness check is stoker-precision's `all_finite`). Parallel over fixed-size chunks,
+//! with each chunk's partial result combined in chunk order, so the results do not depend
+//! on the thread count.
 
 use rayon::prelude::*;
 
