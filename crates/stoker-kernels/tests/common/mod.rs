@@ -30,7 +30,8 @@ pub fn var(shape: &[usize], seed: u64, scale: f32) -> Var {
     Var::from_vec(values(n, seed, scale), shape, &Device::Cpu).unwrap()
 }
 
-/// Largest absolute difference between two tensors, compared in f32.
+/// Largest absolute difference between two tensors, compared in f32; NaN when either
+/// holds a NaN or infinity (so every `diff <= tol` check fails on one).
 pub fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
     let a = a
         .to_dtype(DType::F32)
@@ -47,13 +48,11 @@ pub fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
         .to_vec1::<f32>()
         .unwrap();
     assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+    stoker_testkit::max_abs_diff(&a, &b) as f32
 }
 
-/// Largest absolute value of a tensor (for relative tolerances).
+/// Largest absolute value of a tensor (for relative tolerances); NaN when it holds a NaN
+/// or infinity.
 pub fn max_mag(a: &Tensor) -> f32 {
     let a = a
         .to_dtype(DType::F32)
@@ -62,7 +61,7 @@ pub fn max_mag(a: &Tensor) -> f32 {
         .unwrap()
         .to_vec1::<f32>()
         .unwrap();
-    a.iter().fold(0.0f32, |m, v| m.max(v.abs()))
+    stoker_testkit::max_abs(&a) as f32
 }
 
 /// `loss = sum(r * f(x))` with a fixed random `r`, so every output feeds the gradient
@@ -96,7 +95,8 @@ pub fn fd_grad(x: &[f32], seed: u64, f: impl Fn(&[f64]) -> Vec<f64>) -> Vec<f64>
         .collect()
 }
 
-/// Largest `|a - b| / max(1, |b|)` between an f32 tensor and f64 values.
+/// Largest `|a - b| / max(1, |b|)` between an f32 tensor and f64 values; NaN when any
+/// value is not finite.
 pub fn max_rel_f64(a: &Tensor, b: &[f64]) -> f64 {
     let a = a
         .to_dtype(DType::F32)
@@ -105,8 +105,13 @@ pub fn max_rel_f64(a: &Tensor, b: &[f64]) -> f64 {
         .unwrap()
         .to_vec1::<f32>()
         .unwrap();
-    a.iter()
-        .zip(b)
-        .map(|(&a, &b)| (a as f64 - b).abs() / b.abs().max(1.0))
-        .fold(0.0, f64::max)
+    let mut worst = 0f64;
+    for (&a, &b) in a.iter().zip(b) {
+        let r = (a as f64 - b).abs() / b.abs().max(1.0);
+        if !r.is_finite() {
+            return f64::NAN;
+        }
+        worst = worst.max(r);
+    }
+    worst
 }

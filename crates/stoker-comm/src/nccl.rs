@@ -1,0 +1,1 @@
+//! The NCCL backend (feature `cuda`): placeholder until the next commit.

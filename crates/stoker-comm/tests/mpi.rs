@@ -1,0 +1,121 @@
+//! The MPI backend under `mpirun -n 2` and `mpirun -n 4` (oversubscribed on 2 cores):
+//! the same checks as the in-process backend, and a rank killed in the middle.
+//!
+//! Each `mpi_*` test runs this test binary under mpirun with `--ignored --exact` on one
+//! of the worker functions below (which are ignored in a plain `cargo test`: they need
+//! the launcher), wrapped in `timeout`.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use stoker_comm::mpi::MpiComm;
+use stoker_comm::{CommExt, Communicator};
+
+/// Runs worker `name` under `mpirun -n ranks`; None (after saying so loudly) without mpirun.
+fn mpirun(ranks: usize, name: &str, env: &[(&str, &str)]) -> Option<std::process::Output> {
+    if Command::new("mpirun").arg("--version").output().is_err() {
+        stoker_testkit::skip(
+            name,
+            "mpirun not found (scripts/install-deps.sh installs MPICH)",
+        );
+        return None;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = Command::new("timeout");
+    cmd.args(["-k", "5", "120", "mpirun", "-n", &ranks.to_string()])
+        .arg(exe)
+        .args([
+            "--ignored",
+            "--exact",
+            name,
+            "--nocapture",
+            "--test-threads=1",
+        ]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    Some(cmd.output().unwrap())
+}
+
+fn text(o: &std::process::Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+#[ignore = "worker of mpi_collectives_*: runs only under mpirun"]
+fn worker_collectives() {
+    let comm = MpiComm::init(Duration::from_secs(60)).unwrap();
+    common::check_all(&comm);
+    println!(
+        "mpi worker rank {} of {} ok",
+        comm.rank(),
+        comm.world_size()
+    );
+    comm.finalize(Duration::from_secs(10), 0);
+}
+
+fn collectives(ranks: usize) {
+    let Some(o) = mpirun(ranks, "worker_collectives", &[]) else {
+        return;
+    };
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    for r in 0..ranks {
+        assert!(
+            out.contains(&format!("mpi worker rank {r} of {ranks} ok")),
+            "rank {r} did not finish: {out}"
+        );
+    }
+}
+
+#[test]
+fn mpi_collectives_2_ranks() {
+    collectives(2);
+}
+
+#[test]
+fn mpi_collectives_4_ranks_oversubscribed() {
+    collectives(4);
+}
+
+#[test]
+#[ignore = "worker of mpi_lost_rank: runs only under mpirun"]
+fn worker_lost_rank() {
+    let mut comm = MpiComm::init(Duration::from_secs(60)).unwrap();
+    comm.set_timeout(Duration::from_secs(3));
+    comm.barrier().unwrap();
+    if comm.rank() == 1 {
+        // SAFETY: raise only sends a signal to this process.
+        unsafe { libc::raise(libc::SIGKILL) };
+    }
+    let mut x = vec![1f32; 1 << 16];
+    let r = comm.all_reduce(&mut x);
+    println!("rank {} all_reduce returned {r:?}", comm.rank());
+}
+
+#[test]
+fn mpi_lost_rank_ends_the_job_naming_it() {
+    let t0 = std::time::Instant::now();
+    let Some(o) = mpirun(2, "worker_lost_rank", &[]) else {
+        return;
+    };
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(60),
+        "took {:?}: {out}",
+        t0.elapsed()
+    );
+    assert!(!out.contains("all_reduce returned Ok"), "{out}");
+    assert!(
+        out.contains("rank 1") || out.contains("RANK 1"),
+        "the lost rank is not named: {out}"
+    );
+}
