@@ -63,6 +63,14 @@ pub enum KernelError {
         /// Rows in the table.
         rows: usize,
     },
+    /// A parameter table and a flat layout do not fit together.
+    #[error("{op}: {msg}")]
+    Layout {
+        /// The op.
+        op: &'static str,
+        /// What is missing or does not fit.
+        msg: String,
+    },
     /// A target index is out of range and is not the ignore index.
     #[error("{op}: target {target} at row {row} is outside 0..{vocab} and not the ignore index {ignore}")]
     Target {

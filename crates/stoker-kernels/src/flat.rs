@@ -26,11 +26,18 @@ fn sum_squares(x: &[f32]) -> f64 {
     lanes.iter().sum::<f64>() + tail
 }
 
-/// The L2 norm of `x`, accumulated in f64. Finite exactly when every element is (an f32
-/// squared fits f64, and so does any realistic count of them).
-pub fn l2_norm(x: &[f32]) -> f64 {
+/// The sum of squares of `x`, accumulated in f64 over fixed chunks added in chunk order
+/// (the same bits at any thread count). Finite exactly when every element is (an f32
+/// squared fits f64, and so does any realistic count of them). The partial a sharded
+/// strategy sums over ranks.
+pub fn sum_of_squares(x: &[f32]) -> f64 {
     let partials: Vec<f64> = x.par_chunks(CHUNK).map(sum_squares).collect();
-    partials.iter().sum::<f64>().sqrt()
+    partials.iter().sum::<f64>()
+}
+
+/// The L2 norm of `x`, accumulated in f64 ([`sum_of_squares`]'s root).
+pub fn l2_norm(x: &[f32]) -> f64 {
+    sum_of_squares(x).sqrt()
 }
 
 /// `x *= c`, in parallel.

@@ -26,50 +26,16 @@ use crate::linear::{column_sums, gemm_f32_into};
 use crate::matmul::{gemm_write, Bf16Kernel, MatRef};
 use crate::{gelu, layer_norm};
 
-/// The GPT's sizes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GptDims {
-    /// Vocabulary (rows of the token embedding, columns of the logits).
-    pub vocab: usize,
-    /// Positions (rows of the position embedding).
-    pub context: usize,
-    /// Embedding width `C`.
-    pub d_model: usize,
-    /// Attention heads (divide `C`).
-    pub n_head: usize,
-}
+pub mod spec;
 
-/// Where one block's parameters start in the flat buffer (element offsets); each pair
-/// is `[weight, bias]`, weights `[out, in]` as in PyTorch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BlockOffsets {
-    /// First LayerNorm `[C]`, `[C]`.
-    pub ln1: [usize; 2],
-    /// QKV projection `[3C, C]`, `[3C]`.
-    pub qkv: [usize; 2],
-    /// Attention output projection `[C, C]`, `[C]`.
-    pub proj: [usize; 2],
-    /// Second LayerNorm `[C]`, `[C]`.
-    pub ln2: [usize; 2],
-    /// MLP up-projection `[4C, C]`, `[4C]`.
-    pub fc: [usize; 2],
-    /// MLP down-projection `[C, 4C]`, `[C]`.
-    pub fc_proj: [usize; 2],
-}
+pub use spec::{gpt_params, GptDims, GptOffsets, GptParam, SpecInit};
 
-/// Where every parameter starts in the flat buffer; the gradient buffer has the same
-/// layout.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GptOffsets {
-    /// Token embedding `[vocab, C]`, also the head's weight.
-    pub wte: usize,
-    /// Position embedding `[context, C]`.
-    pub wpe: usize,
-    /// The blocks, input to output.
-    pub blocks: Vec<BlockOffsets>,
-    /// Final LayerNorm `[C]`, `[C]`.
-    pub ln_f: [usize; 2],
-}
+/// Called during the backward with a parameter group (see [`spec::GptParam::group`]) as
+/// soon as its gradients in the flat buffer are final for this micro-batch, and the
+/// buffer: the data-parallel strategy starts that bucket's all-reduce while the backward
+/// goes on. Groups arrive last first: the final norm, the blocks from the last to the
+/// first, then the embeddings (whose token rows the head also writes).
+pub type GroupReady<'a> = &'a mut dyn FnMut(usize, &[f32]);
 
 /// One training micro-batch for [`GptStep::forward_backward`].
 #[derive(Debug, Clone, Copy)]
@@ -122,10 +88,10 @@ struct Acts {
 }
 
 impl Acts {
-    fn new(n: usize, dims: GptDims, layers: usize) -> Self {
+    fn new(n: usize, dims: GptDims) -> Self {
         let c = dims.d_model;
         let z = |len: usize| vec![0f32; len];
-        let blocks = (0..layers)
+        let blocks = (0..dims.n_layer)
             .map(|_| BlockActs {
                 x: z(n * c),
                 ln1: z(n * c),
@@ -183,6 +149,16 @@ impl GptStep {
         bf16_operands: bool,
         eps: f64,
     ) -> Result<Self, KernelError> {
+        if offsets.blocks.len() != dims.n_layer {
+            return Err(KernelError::Layout {
+                op: OP,
+                msg: format!(
+                    "offsets for {} blocks, dims have n_layer {}",
+                    offsets.blocks.len(),
+                    dims.n_layer
+                ),
+            });
+        }
         if dims.n_head == 0 || dims.d_model == 0 || !dims.d_model.is_multiple_of(dims.n_head) {
             return Err(KernelError::Shape {
                 op: OP,
@@ -200,35 +176,6 @@ impl GptStep {
             eps: eps as f32,
             acts: Vec::new(),
         })
-    }
-
-    /// The number of f32 elements the parameter buffer must hold at least.
-    fn params_end(&self) -> usize {
-        let (c, v, p) = (self.dims.d_model, self.dims.vocab, self.dims.context);
-        let o = &self.offsets;
-        let mut end = (o.wte + v * c)
-            .max(o.wpe + p * c)
-            .max(o.ln_f[0] + c)
-            .max(o.ln_f[1] + c);
-        for b in &o.blocks {
-            for (off, len) in [
-                (b.ln1[0], c),
-                (b.ln1[1], c),
-                (b.qkv[0], 3 * c * c),
-                (b.qkv[1], 3 * c),
-                (b.proj[0], c * c),
-                (b.proj[1], c),
-                (b.ln2[0], c),
-                (b.ln2[1], c),
-                (b.fc[0], 4 * c * c),
-                (b.fc[1], 4 * c),
-                (b.fc_proj[0], 4 * c * c),
-                (b.fc_proj[1], c),
-            ] {
-                end = end.max(off + len);
-            }
-        }
-        end
     }
 
     fn check(&self, params: &[f32], grads: &[f32], b: &GptBatch) -> Result<(), KernelError> {
@@ -254,7 +201,7 @@ impl GptStep {
                 shape,
             });
         }
-        let end = self.params_end();
+        let end = self.offsets.end();
         for (what, len) in [("params", params.len()), ("grads", grads.len())] {
             if len < end {
                 return Err(KernelError::Length {
@@ -299,23 +246,24 @@ impl GptStep {
     /// Forward and backward of one micro-batch: adds the gradient of
     /// `grad_scale x (summed token loss)` into `grads` and returns the summed loss of the
     /// valid targets (unscaled). `params` and `grads` are flat buffers laid out by the
-    /// offsets.
+    /// offsets; `ready` hears of each parameter group as its gradients become final.
     pub fn forward_backward(
         &mut self,
         params: &[f32],
         batch: GptBatch,
         grad_scale: f32,
         grads: &mut [f32],
+        ready: GroupReady<'_>,
     ) -> Result<f64, KernelError> {
         self.check(params, grads, &batch)?;
         let n = batch.batch * batch.t;
         // Every buffer is sized by the row count alone.
         let mut acts = match self.acts.iter().position(|a| a.n == n) {
             Some(i) => self.acts.remove(i),
-            None => Acts::new(n, self.dims, self.offsets.blocks.len()),
+            None => Acts::new(n, self.dims),
         };
         let loss = self.forward(params, &batch, &mut acts, grad_scale);
-        self.backward(params, &batch, &mut acts, grads);
+        self.backward(params, &batch, &mut acts, grads, ready);
         self.acts.push(acts);
         if self.acts.len() > SHAPES_KEPT {
             self.acts.remove(0);
@@ -380,7 +328,15 @@ impl GptStep {
         loss_and_grad_in_place(&mut a.logits, b.targets, v, b.ignore, grad_scale)
     }
 
-    fn backward(&self, p: &[f32], b: &GptBatch, a: &mut Acts, g: &mut [f32]) {
+    fn backward(
+        &self,
+        p: &[f32],
+        b: &GptBatch,
+        a: &mut Acts,
+        g: &mut [f32],
+        ready: GroupReady<'_>,
+    ) {
+        let layers = a.blocks.len();
         let (c, v) = (self.dims.d_model, self.dims.vocab);
         let n = a.n;
         let o = &self.offsets;
@@ -411,6 +367,7 @@ impl GptStep {
             &mut a.dres,
             false,
         );
+        ready(layers + 1, g);
         for (l, blk) in a.blocks.iter().enumerate().rev() {
             let bo = o.blocks[l];
             // MLP: x_out = mid + fc_proj(gelu(fc(ln2(mid)))).
@@ -452,6 +409,7 @@ impl GptStep {
                 &mut a.dres,
                 true,
             );
+            ready(l + 1, g);
         }
         // Embeddings: scatter-add into the token rows and the position rows.
         scatter_add(
@@ -462,6 +420,7 @@ impl GptStep {
         );
         let t = b.t;
         scatter_add(&a.dres, |i| i % t, c, &mut g[o.wpe..o.wpe + t * c]);
+        ready(0, g);
     }
 
     /// `out = x W^T + b` (or `out +=` with `accumulate`) for `x` `[m, k]` and the

@@ -1,0 +1,238 @@
+//! The GPT's parameter table: every parameter's name, shape, block and initialization,
+//! in execution order (embeddings, block 0, block 1, ..., final norm).
+//!
+//! This is the one place that defines the GPT's parameters. stoker-train's candle model
+//! declares its variables from it, the flat layout follows its order (so each block is
+//! one contiguous range of the flat buffer: the unit of a data-parallel gradient bucket
+//! and of a ZeRO-3 gather), and the direct step finds its offsets through it
+//! ([`GptOffsets::from_table`]).
+
+use crate::error::KernelError;
+
+/// The GPT's sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GptDims {
+    /// Vocabulary (rows of the token embedding, columns of the logits).
+    pub vocab: usize,
+    /// Positions (rows of the position embedding).
+    pub context: usize,
+    /// Embedding width `C`.
+    pub d_model: usize,
+    /// Transformer blocks.
+    pub n_layer: usize,
+    /// Attention heads (divide `C`).
+    pub n_head: usize,
+}
+
+/// How a parameter's initial values are drawn (GPT-2's scheme).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SpecInit {
+    /// All zeros (biases).
+    Zeros,
+    /// All ones (LayerNorm gains).
+    Ones,
+    /// Normal with mean 0 and this standard deviation.
+    Normal(f32),
+}
+
+/// One row of the table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GptParam {
+    /// Dotted name, as in checkpoints (`h.3.attn.qkv.weight`).
+    pub name: String,
+    /// Shape; weights are `[out, in]` as in PyTorch.
+    pub shape: Vec<usize>,
+    /// Execution-order group: 0 the embeddings, `1..=n_layer` the blocks, `n_layer + 1`
+    /// the final LayerNorm.
+    pub group: usize,
+    /// Initialization.
+    pub init: SpecInit,
+}
+
+/// GPT-2's initialization scale.
+const STD: f32 = 0.02;
+
+/// The parts of one block in execution order: (name, role). `Norm` is a LayerNorm
+/// `[C]` gain and bias; `Linear(out, in, residual)` a weight `[out x C, in x C]` and bias,
+/// with the residual projections' smaller initialization.
+const BLOCK: [(&str, Part); 6] = [
+    ("ln_1", Part::Norm),
+    ("attn.qkv", Part::Linear(3, 1, false)),
+    ("attn.proj", Part::Linear(1, 1, true)),
+    ("ln_2", Part::Norm),
+    ("mlp.fc", Part::Linear(4, 1, false)),
+    ("mlp.proj", Part::Linear(1, 4, true)),
+];
+
+#[derive(Debug, Clone, Copy)]
+enum Part {
+    Norm,
+    Linear(usize, usize, bool),
+}
+
+/// Every parameter of a GPT of `dims`, in execution order. Residual projections are
+/// initialized with `0.02 / sqrt(2 n_layer)` (GPT-2), other weights and the embeddings
+/// with 0.02, gains with ones, biases with zeros.
+pub fn gpt_params(dims: &GptDims) -> Vec<GptParam> {
+    let c = dims.d_model;
+    let resid = STD / (2.0 * dims.n_layer.max(1) as f32).sqrt();
+    let mut out = Vec::with_capacity(4 + 12 * dims.n_layer);
+    let mut push = |name: String, shape: Vec<usize>, group: usize, init: SpecInit| {
+        out.push(GptParam {
+            name,
+            shape,
+            group,
+            init,
+        })
+    };
+    push(
+        "wte.weight".into(),
+        vec![dims.vocab, c],
+        0,
+        SpecInit::Normal(STD),
+    );
+    push(
+        "wpe.weight".into(),
+        vec![dims.context, c],
+        0,
+        SpecInit::Normal(STD),
+    );
+    let part = |push: &mut dyn FnMut(String, Vec<usize>, usize, SpecInit),
+                prefix: &str,
+                p: Part,
+                group: usize| match p {
+        Part::Norm => {
+            push(format!("{prefix}.weight"), vec![c], group, SpecInit::Ones);
+            push(format!("{prefix}.bias"), vec![c], group, SpecInit::Zeros);
+        }
+        Part::Linear(o, i, residual) => {
+            let std = if residual { resid } else { STD };
+            push(
+                format!("{prefix}.weight"),
+                vec![o * c, i * c],
+                group,
+                SpecInit::Normal(std),
+            );
+            push(
+                format!("{prefix}.bias"),
+                vec![o * c],
+                group,
+                SpecInit::Zeros,
+            );
+        }
+    };
+    for l in 0..dims.n_layer {
+        for (name, p) in BLOCK {
+            part(&mut push, &format!("h.{l}.{name}"), p, l + 1);
+        }
+    }
+    part(&mut push, "ln_f", Part::Norm, dims.n_layer + 1);
+    out
+}
+
+/// Where one block's parameters start in the flat buffer (element offsets); each pair
+/// is `[weight, bias]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BlockOffsets {
+    pub(crate) ln1: [usize; 2],
+    pub(crate) qkv: [usize; 2],
+    pub(crate) proj: [usize; 2],
+    pub(crate) ln2: [usize; 2],
+    pub(crate) fc: [usize; 2],
+    pub(crate) fc_proj: [usize; 2],
+}
+
+/// Where every parameter of a GPT starts in a flat buffer (the gradient buffer has the
+/// same layout), found through the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GptOffsets {
+    pub(crate) wte: usize,
+    pub(crate) wpe: usize,
+    pub(crate) blocks: Vec<BlockOffsets>,
+    pub(crate) ln_f: [usize; 2],
+    /// One past the last element any parameter occupies.
+    pub(crate) end: usize,
+}
+
+impl GptOffsets {
+    /// The offsets of every parameter of [`gpt_params`]`(dims)`, as `offset_of(name)`
+    /// places it; the error names the first parameter it does not know.
+    pub fn from_table(
+        dims: &GptDims,
+        offset_of: impl Fn(&str) -> Option<usize>,
+    ) -> Result<Self, KernelError> {
+        let table = gpt_params(dims);
+        let mut end = 0;
+        let mut at = std::collections::HashMap::new();
+        for p in &table {
+            let off = offset_of(&p.name).ok_or_else(|| KernelError::Layout {
+                op: "gpt-step",
+                msg: format!("no offset for parameter `{}` of the GPT table", p.name),
+            })?;
+            end = end.max(off + p.shape.iter().product::<usize>());
+            at.insert(p.name.as_str(), off);
+        }
+        let pair = |prefix: &str| {
+            [
+                at[&*format!("{prefix}.weight")],
+                at[&*format!("{prefix}.bias")],
+            ]
+        };
+        let blocks = (0..dims.n_layer)
+            .map(|l| {
+                let b = |part: &str| pair(&format!("h.{l}.{part}"));
+                BlockOffsets {
+                    ln1: b("ln_1"),
+                    qkv: b("attn.qkv"),
+                    proj: b("attn.proj"),
+                    ln2: b("ln_2"),
+                    fc: b("mlp.fc"),
+                    fc_proj: b("mlp.proj"),
+                }
+            })
+            .collect();
+        Ok(GptOffsets {
+            wte: at["wte.weight"],
+            wpe: at["wpe.weight"],
+            blocks,
+            ln_f: pair("ln_f"),
+            end,
+        })
+    }
+
+    /// One past the last element any parameter occupies: the least length of a
+    /// parameter or gradient buffer.
+    pub fn end(&self) -> usize {
+        self.end
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_is_in_execution_order_with_contiguous_groups() {
+        let d = GptDims {
+            vocab: 11,
+            context: 6,
+            d_model: 8,
+            n_layer: 3,
+            n_head: 2,
+        };
+        let t = gpt_params(&d);
+        assert_eq!(t.len(), 2 + 12 * 3 + 2);
+        assert_eq!(t[0].name, "wte.weight");
+        assert_eq!(t[2].name, "h.0.ln_1.weight");
+        assert_eq!(t.last().unwrap().name, "ln_f.bias");
+        assert!(t.windows(2).all(|w| w[0].group <= w[1].group));
+        let numel: usize = t.iter().map(|p| p.shape.iter().product::<usize>()).sum();
+        // 12 C^2 + 13 C per block, embeddings, final norm.
+        assert_eq!(numel, 11 * 8 + 6 * 8 + 3 * (12 * 64 + 13 * 8) + 2 * 8);
+        let resid = 0.02 / (6f32).sqrt();
+        assert_eq!(t[6].name, "h.0.attn.proj.weight");
+        assert_eq!(t[6].init, SpecInit::Normal(resid));
+        let e = GptOffsets::from_table(&d, |n| (n != "h.1.mlp.fc.bias").then_some(0)).unwrap_err();
+        assert!(e.to_string().contains("h.1.mlp.fc.bias"), "{e}");
+    }
+}
