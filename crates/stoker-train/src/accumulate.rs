@@ -1,4 +1,5 @@
-//! Gradient accumulation over a window of micro-batches.
+//! Gradient accumulation over a window of micro-batches, and the one micro-batch
+//! forward/backward ([`micro_batch`]) that the trainer's step and these helpers share.
 //!
 //! For token losses the window's loss is `sum of token losses / valid target tokens in the
 //! whole window`, so accumulating `k` micro-batches gives the gradient of one batch of `k`
@@ -6,6 +7,16 @@
 //! token count and then by `k` (DeepSpeed, candle, burn; HF transformers before its 2024
 //! fix) weights tokens of short micro-batches more. Classification uses the same rule
 //! with samples as the unit: the mean over the window's samples.
+//!
+//! Under data parallelism the denominator is the valid targets of the whole global batch
+//! (every rank's window), which only a collective can count. So that nothing is
+//! communicated before the window's last micro-batch, the trainer multiplies each
+//! micro-batch's loss by `loss_scale / C` with `C` the global batch's target capacity
+//! (known to every rank without asking), and after the reduction rescales the summed
+//! gradient by `C / (valid targets counted over all ranks)`; without masked targets that
+//! factor is exactly 1 and the pass is skipped. [`accumulate`] and [`accumulate_direct`]
+//! are the one-rank forms with the normalization applied up front, the reference the
+//! tests hold the trainer to.
 
 use candle_core::Tensor;
 
@@ -14,6 +25,7 @@ use crate::layout::FlatLayout;
 use crate::loss::{cross_entropy_sum, scalar, valid_count};
 use crate::models::{DirectStep, Model};
 use crate::precision::Fx;
+use stoker_kernels::GroupReady;
 
 /// How a window's micro-batch losses are normalized.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,14 +75,81 @@ impl Default for AccumulateOptions {
     }
 }
 
-/// The window loop both paths share: each micro-batch gets the factor its summed loss is
-/// multiplied by before backward (`loss_scale / denominator`, None when the denominator is
-/// 0: nothing to learn from), `run` returns the micro-batch's summed loss, and the window's
-/// mean loss and valid-target count come back.
+/// What runs a micro-batch's forward and backward: the model's candle graph, or its
+/// direct step over the flat buffers.
+pub enum Backward<'a> {
+    /// Candle's autograd graph; gradients gathered into the flat buffer afterwards.
+    Graph {
+        /// The model.
+        model: &'a dyn Model,
+        /// The forward context.
+        fx: &'a Fx<'a>,
+        /// The flat layout of the gradient buffer.
+        layout: &'a FlatLayout,
+        /// Fail naming any parameter that received no gradient.
+        check_grads: bool,
+    },
+    /// The model's hand-written step, reading the FP32 master buffer.
+    Direct {
+        /// The step.
+        step: &'a mut dyn DirectStep,
+        /// The FP32 master weights.
+        master: &'a [f32],
+    },
+}
+
+/// Forward and backward of one micro-batch: adds the gradient of `factor x (summed loss
+/// of its valid targets)` into `grads`, tells `ready` about every parameter group as soon
+/// as its gradients are final (during the backward on the direct step, after it on the
+/// graph path: last group first either way), and returns the summed loss. `factor` None
+/// means the window has no valid target at all: nothing to learn, no backward.
+pub fn micro_batch(
+    backward: &mut Backward<'_>,
+    mb: &MicroBatch,
+    factor: Option<f64>,
+    grads: &mut [f32],
+    ready: GroupReady<'_>,
+) -> Result<f64> {
+    match backward {
+        Backward::Graph {
+            model,
+            fx,
+            layout,
+            check_grads,
+        } => {
+            let logits = model.forward(fx, &mb.input)?;
+            let (sum, _) = cross_entropy_sum(fx, &logits, &mb.targets)?;
+            let loss = scalar(&sum)?;
+            if let Some(factor) = factor {
+                let g = (sum * factor)?.backward()?;
+                if *check_grads {
+                    crate::check::every_param_has_grad(&g, model.params())?;
+                }
+                layout.gather_grads(&g, model.params(), grads)?;
+            }
+            for (group, _) in layout.group_ranges().into_iter().rev() {
+                ready(group, grads);
+            }
+            Ok(loss)
+        }
+        Backward::Direct { step, master } => {
+            // A micro-batch without valid targets still runs (its gradient is zero), so
+            // bad input is reported here as on the graph path.
+            let scale = factor.unwrap_or(0.0) as f32;
+            step.forward_backward(master, &mb.input, &mb.targets, scale, grads, ready)
+        }
+    }
+}
+
+/// The window loop of the one-rank helpers: each micro-batch gets the factor its summed
+/// loss is multiplied by before backward (`loss_scale / denominator`, None when the
+/// denominator is 0: nothing to learn from), and the window's mean loss and
+/// valid-target count come back.
 fn over_window(
     window: &[MicroBatch],
     opts: AccumulateOptions,
-    mut run: impl FnMut(&MicroBatch, Option<f64>) -> Result<f64>,
+    mut backward: Backward<'_>,
+    grads: &mut [f32],
 ) -> Result<WindowResult> {
     let total: usize = window.iter().map(|m| valid_count(&m.targets)).sum();
     let mut loss_sum = 0f64;
@@ -79,8 +158,8 @@ fn over_window(
             Normalization::WindowCount => total,
             Normalization::StepCount => valid_count(&mb.targets) * window.len(),
         };
-        let scale = (denom > 0).then(|| opts.loss_scale / denom as f64);
-        loss_sum += run(mb, scale)?;
+        let factor = (denom > 0).then(|| opts.loss_scale / denom as f64);
+        loss_sum += micro_batch(&mut backward, mb, factor, grads, &mut |_, _| {})?;
     }
     Ok(WindowResult {
         loss: if total == 0 {
@@ -92,7 +171,7 @@ fn over_window(
     })
 }
 
-/// Runs forward and backward over `window`, adding the gradients of
+/// Runs forward and backward over `window` on the candle graph, adding the gradients of
 /// `loss_scale x normalized loss` into `grads` (flat `layout`, zeroed by the caller).
 pub fn accumulate(
     model: &dyn Model,
@@ -102,20 +181,13 @@ pub fn accumulate(
     layout: &FlatLayout,
     grads: &mut [f32],
 ) -> Result<WindowResult> {
-    over_window(window, opts, |mb, scale| {
-        let logits = model.forward(fx, &mb.input)?;
-        let (sum, _) = cross_entropy_sum(fx, &logits, &mb.targets)?;
-        let loss = scalar(&sum)?;
-        // Without a denominator there is nothing to learn from (all targets masked).
-        if let Some(scale) = scale {
-            let g = (sum * scale)?.backward()?;
-            if opts.check_grads {
-                crate::check::every_param_has_grad(&g, model.params())?;
-            }
-            layout.gather_grads(&g, model.params(), grads)?;
-        }
-        Ok(loss)
-    })
+    let backward = Backward::Graph {
+        model,
+        fx,
+        layout,
+        check_grads: opts.check_grads,
+    };
+    over_window(window, opts, backward, grads)
 }
 
 /// [`accumulate`] through a model's [`DirectStep`]: the same normalization and loss
@@ -129,10 +201,5 @@ pub fn accumulate_direct(
     master: &[f32],
     grads: &mut [f32],
 ) -> Result<WindowResult> {
-    over_window(window, opts, |mb, scale| {
-        // A micro-batch without valid targets still runs (its gradient is zero), so bad
-        // input is reported here as on the graph path.
-        let scale = scale.unwrap_or(0.0) as f32;
-        step.forward_backward(master, &mb.input, &mb.targets, scale, grads)
-    })
+    over_window(window, opts, Backward::Direct { step, master }, grads)
 }

@@ -3,7 +3,9 @@
 //! - `model.safetensors`: the FP32 master weights by parameter name (loadable by Hugging
 //!   Face `safetensors` tools);
 //! - `optimizer.safetensors`: the optimizer's flat moment buffers;
-//! - `state.json`: format and version, step, sampler position, loss-scaler and FP8 scaler
+//! - `state.json`: format and version, step, the data position (every rank's loader
+//!   position and the world-size-independent one: epoch and global batches done, which
+//!   is what a resume at another world size continues from), loss-scaler and FP8 scaler
 //!   state, the seed (the only random state: data order and sampling derive from it),
 //!   the parameter layout, and the CRC-32 of both tensor files;
 //! - `state.json.crc32`: the CRC-32 of `state.json`.
@@ -28,7 +30,69 @@ use crate::precision::LayerScalers;
 use crate::trainer::Trainer;
 
 const FORMAT: &str = "stoker-checkpoint";
-const VERSION: u32 = 1;
+/// 2: adds the data position of every rank (version 1 checkpoints still load).
+const VERSION: u32 = 2;
+
+/// Where the training data stands, for every rank and independently of the world size.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataPosition {
+    /// Current epoch.
+    pub epoch: u64,
+    /// Global batches (optimizer steps' worth of samples) of this epoch already consumed.
+    pub global_batches_done: usize,
+    /// Samples per global batch: a resume must use the same.
+    pub global_batch: usize,
+    /// The world size that wrote the checkpoint.
+    pub world_size: usize,
+    /// Micro-batches per step and rank when written.
+    pub accumulation_steps: usize,
+    /// Every rank's loader position when written, rank order.
+    pub ranks: Vec<SamplerState>,
+}
+
+impl DataPosition {
+    /// The position of every rank of a world of `world` ranks that have each consumed
+    /// `state` (the same number of micro-batches: the world-size-independent sampler gives
+    /// every rank an equal share of each global batch).
+    pub fn of(
+        state: SamplerState,
+        global_batch: usize,
+        world: usize,
+        accumulation_steps: usize,
+    ) -> Self {
+        DataPosition {
+            epoch: state.epoch,
+            global_batches_done: state.batches_done / accumulation_steps.max(1),
+            global_batch,
+            world_size: world,
+            accumulation_steps,
+            ranks: vec![state; world],
+        }
+    }
+
+    /// This rank's loader position in a run of `global_batch` samples per step with
+    /// `accumulation_steps` micro-batches per rank, at any world size; an error naming
+    /// `batch.global_batch` if the global batch changed (the data order would not continue).
+    pub fn resume_at(
+        &self,
+        global_batch: usize,
+        accumulation_steps: usize,
+    ) -> Result<SamplerState> {
+        if global_batch != self.global_batch {
+            return Err(crate::error::config_err(
+                "batch.global_batch",
+                format!(
+                    "{global_batch}, but the checkpoint was written with global batches of {}: resume with the same global batch (the world size may change)",
+                    self.global_batch
+                ),
+            ));
+        }
+        Ok(SamplerState {
+            epoch: self.epoch,
+            batches_done: self.global_batches_done * accumulation_steps,
+        })
+    }
+}
 
 /// The JSON part of a checkpoint.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -41,8 +105,11 @@ pub struct CheckpointState {
     pub step: u64,
     /// Optimizer's own step count (bias correction).
     pub optimizer_step: u64,
-    /// Where the training loader stands.
+    /// Where rank 0's training loader stands.
     pub sampler: SamplerState,
+    /// Where every rank's data stands (absent in version 1 checkpoints).
+    #[serde(default)]
+    pub data: Option<DataPosition>,
     /// Loss-scaler state (fp16).
     pub scaler: Option<ScalerState>,
     /// FP8 delayed scalers by layer (fp8).
@@ -79,8 +146,15 @@ pub fn step_dir(root: &Path, step: u64) -> PathBuf {
     root.join(format!("step_{step:08}"))
 }
 
-/// Writes `trainer`'s checkpoint under `root` atomically; returns its directory.
-pub fn save(trainer: &Trainer, root: &Path, seed: u64) -> Result<PathBuf> {
+/// Writes `trainer`'s checkpoint under `root` atomically (one rank writes it: every
+/// rank of a data-parallel run holds the same state); returns its directory. `data` is
+/// every rank's data position (one rank's, from its sampler state, when None).
+pub fn save(
+    trainer: &Trainer,
+    root: &Path,
+    seed: u64,
+    data: Option<DataPosition>,
+) -> Result<PathBuf> {
     std::fs::create_dir_all(root).map_err(|e| io_err(root, e))?;
     let dir = step_dir(root, trainer.step);
     let tmp = root.join(format!(".tmp_step_{:08}", trainer.step));
@@ -119,6 +193,7 @@ pub fn save(trainer: &Trainer, root: &Path, seed: u64) -> Result<PathBuf> {
         step: trainer.step,
         optimizer_step: opt.step,
         sampler: trainer.sampler_state,
+        data,
         scaler: trainer.scaler.as_ref().map(|s| s.state().clone()),
         fp8: trainer.fp8.as_ref().map(|f| f.state()),
         seed,
@@ -171,11 +246,11 @@ pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<CheckpointState> {
         ));
     }
     let state: CheckpointState = serde_json::from_slice(&json).map_err(|e| st_err(&sp, e))?;
-    if state.format != FORMAT || state.version != VERSION {
+    if state.format != FORMAT || !(1..=VERSION).contains(&state.version) {
         return Err(st_err(
             &sp,
             format!(
-                "format {} v{}, expected {FORMAT} v{VERSION}",
+                "format {} v{}, expected {FORMAT} v1..=v{VERSION}",
                 state.format, state.version
             ),
         ));

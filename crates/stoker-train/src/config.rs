@@ -40,6 +40,9 @@ pub struct TrainConfig {
     pub optimizer: OptimizerConfig,
     /// Steps, evaluation and checkpoint cadence.
     pub train: LoopConfig,
+    /// Data parallelism: strategy, backend, buckets, determinism, timeouts.
+    #[serde(default)]
+    pub parallel: ParallelConfig,
 }
 
 fn default_device() -> String {
@@ -104,25 +107,87 @@ pub enum ModelConfig {
     Mlp(MlpConfig),
 }
 
-/// `[batch]`: DeepSpeed's rule `global_batch = micro_batch x accumulation_steps x world_size`.
+/// `[batch]`: DeepSpeed's rule `global_batch = micro_batch x accumulation_steps x
+/// world_size`. Give `global_batch` to keep it fixed across world sizes (the accumulation
+/// steps follow from the launcher's world size), or `accumulation_steps`; with both, the
+/// product is checked. [`ParallelDims`](crate::parallel::ParallelDims) resolves them.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BatchConfig {
-    /// Samples per forward/backward.
+    /// Samples per forward/backward on each rank.
     pub micro_batch: usize,
-    /// Micro-batches per optimizer step.
-    #[serde(default = "one")]
-    pub accumulation_steps: usize,
-    /// Data-parallel ranks (1 until the distributed strategies land).
-    #[serde(default = "one")]
-    pub world_size: usize,
-    /// Samples per optimizer step over all ranks; checked against the product when given.
-    #[serde(default)]
+    /// Micro-batches per optimizer step on each rank (default: from `global_batch`, else 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accumulation_steps: Option<usize>,
+    /// Data-parallel ranks; checked against the launcher's (default: the launcher's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world_size: Option<usize>,
+    /// Samples per optimizer step over all ranks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub global_batch: Option<usize>,
 }
 
-fn one() -> usize {
-    1
+/// `[parallel] strategy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum StrategyKind {
+    /// One rank (refused at a world size above 1).
+    None,
+    /// Data parallelism: whole model per rank, gradients all-reduced (PyTorch DDP).
+    #[default]
+    Ddp,
+}
+
+/// `[parallel] backend`: which communicator connects the ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// MPI when started by `mpirun` / `srun`, otherwise one rank.
+    #[default]
+    Auto,
+    /// MPI; an error outside a launcher.
+    Mpi,
+    /// `batch.world_size` ranks as threads of this process.
+    Local,
+}
+
+/// `[parallel]`: how the ranks work together.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ParallelConfig {
+    /// `ddp` (default) or `none`.
+    pub strategy: StrategyKind,
+    /// `auto` (default), `mpi` or `local`.
+    pub backend: BackendKind,
+    /// Bit-identical weights at every power-of-two world size (a fixed reduction tree;
+    /// no overlap of communication with the backward).
+    pub deterministic: bool,
+    /// Gradient bucket size in MiB (PyTorch's `bucket_cap_mb`).
+    pub bucket_cap_mb: f64,
+    /// The first (last layers') bucket's size in MiB, small so its all-reduce starts early.
+    pub first_bucket_mb: f64,
+    /// All-reduce after every micro-batch instead of only the window's last (only to
+    /// measure the chapter's 4.3.1 advice; same result, more traffic).
+    pub sync_every_micro_batch: bool,
+    /// Seconds any collective may wait before the job ends naming it.
+    pub timeout_s: f64,
+    /// Compute threads per rank (0: this host's cores divided by its ranks).
+    pub threads_per_rank: usize,
+}
+
+impl Default for ParallelConfig {
+    fn default() -> Self {
+        ParallelConfig {
+            strategy: StrategyKind::Ddp,
+            backend: BackendKind::Auto,
+            deterministic: false,
+            bucket_cap_mb: 25.0,
+            first_bucket_mb: 1.0,
+            sync_every_micro_batch: false,
+            timeout_s: 60.0,
+            threads_per_rank: 0,
+        }
+    }
 }
 
 /// Which optimizer.
@@ -257,11 +322,6 @@ impl TrainConfig {
         Ok(c)
     }
 
-    /// Samples per optimizer step on this rank.
-    pub fn window_samples(&self) -> usize {
-        self.batch.micro_batch * self.batch.accumulation_steps
-    }
-
     /// The schedule with `decay_steps` defaulted to `train.steps`.
     pub fn schedule(&self) -> Schedule {
         let o = &self.optimizer;
@@ -283,40 +343,48 @@ impl TrainConfig {
         if b.micro_batch == 0 {
             return Err(config_err("batch.micro_batch", "must be at least 1"));
         }
-        if b.accumulation_steps == 0 {
-            return Err(config_err("batch.accumulation_steps", "must be at least 1"));
+        for (key, v) in [
+            ("batch.accumulation_steps", b.accumulation_steps),
+            ("batch.world_size", b.world_size),
+            ("batch.global_batch", b.global_batch),
+        ] {
+            if v == Some(0) {
+                return Err(config_err(key, "must be at least 1"));
+            }
         }
-        if b.world_size != 1 {
+        let p = &self.parallel;
+        for (key, v) in [
+            ("parallel.bucket_cap_mb", p.bucket_cap_mb),
+            ("parallel.first_bucket_mb", p.first_bucket_mb),
+            ("parallel.timeout_s", p.timeout_s),
+        ] {
+            if !(v > 0.0 && v.is_finite()) {
+                return Err(config_err(key, format!("{v}: must be positive")));
+            }
+        }
+        if p.deterministic && p.sync_every_micro_batch {
             return Err(config_err(
-                "batch.world_size",
-                format!(
-                    "{}: this trainer runs one rank (data parallelism is the next issue)",
-                    b.world_size
-                ),
+                "parallel.sync_every_micro_batch",
+                "cannot be combined with parallel.deterministic (its reduction waits for the whole window)",
             ));
         }
-        let product = b.micro_batch * b.accumulation_steps * b.world_size;
-        if let Some(g) = b.global_batch {
-            if g != product {
-                let hint = if g % (b.micro_batch * b.world_size) == 0 {
-                    format!(
-                        "; accumulation_steps = {} would fit",
-                        g / (b.micro_batch * b.world_size)
-                    )
-                } else {
-                    format!(
-                        "; {g} is not divisible by micro_batch x world_size = {}",
-                        b.micro_batch * b.world_size
-                    )
-                };
+        // The full check needs the launcher's world size (ParallelDims::resolve, before
+        // any work); here: whatever the file alone decides.
+        match (b.world_size, b.accumulation_steps, b.global_batch) {
+            (Some(w), _, _) => {
+                crate::parallel::dims::resolve_batch(b, w)?;
+            }
+            (None, Some(k), Some(g)) if g % (b.micro_batch * k) != 0 => {
                 return Err(config_err(
                     "batch.global_batch",
                     format!(
-                        "{g} != micro_batch {} x accumulation_steps {} x world_size {} = {product}{hint}",
-                        b.micro_batch, b.accumulation_steps, b.world_size
+                        "{g} is not divisible by micro_batch {} x accumulation_steps {k} = {}: no world size fits",
+                        b.micro_batch,
+                        b.micro_batch * k
                     ),
                 ));
             }
+            _ => {}
         }
         if self.device != "cpu" {
             return Err(config_err(

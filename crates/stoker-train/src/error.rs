@@ -80,6 +80,12 @@ pub enum TrainError {
     /// A precision error (scaler, FP8).
     #[error(transparent)]
     Precision(#[from] stoker_precision::PrecisionError),
+    /// A collective failed (timeout, lost rank, mismatch).
+    #[error(transparent)]
+    Comm(#[from] stoker_comm::CommError),
+    /// Ranks disagree about something that must be identical (their configs).
+    #[error("ranks disagree: {0}")]
+    Mismatch(String),
 }
 
 /// Result with [`TrainError`].

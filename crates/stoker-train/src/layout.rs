@@ -1,16 +1,18 @@
 //! The flat parameter layout: every trainable parameter in one FP32 master buffer.
 //!
-//! A [`FlatLayout`] is an ordered table of (name, shape, offset, len); each parameter
-//! starts at a multiple of `align` elements (padding is zero and stays zero). Gradients
-//! are gathered into a buffer of the same layout. The layout knows nothing about any
-//! model: data-parallel and ZeRO strategies bucket and shard these buffers.
+//! A [`FlatLayout`] is an ordered table of (name, shape, group, offset, len) in the
+//! model's execution order; each parameter starts at a multiple of `align` elements
+//! (padding is zero and stays zero), and each group (a layer or block) is one contiguous
+//! range ([`FlatLayout::group_ranges`]). Gradients are gathered into a buffer of the same
+//! layout. The layout knows nothing about any model: data-parallel and ZeRO strategies
+//! bucket and shard these buffers.
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TrainError};
-use crate::params::ParamSet;
+use crate::params::{ParamSet, ParamSpec};
 
 /// Default alignment: 16 f32 elements = 64 bytes, one cache line.
 pub const DEFAULT_ALIGN: usize = 16;
@@ -22,6 +24,8 @@ pub struct Slot {
     pub name: String,
     /// Tensor shape.
     pub shape: Vec<usize>,
+    /// Execution-order group (layer or block).
+    pub group: usize,
     /// First element in the flat buffer.
     pub offset: usize,
     /// Number of elements (without padding).
@@ -37,18 +41,28 @@ pub struct FlatLayout {
 }
 
 impl FlatLayout {
-    /// Lays out `(name, shape)` in the given order, each slot aligned to `align` elements.
-    pub fn new(specs: &[(String, Vec<usize>)], align: usize) -> Result<Self> {
+    /// Lays out `specs` in the given order, each slot aligned to `align` elements; groups
+    /// must not decrease (each group one contiguous range).
+    pub fn new(specs: &[ParamSpec], align: usize) -> Result<Self> {
         if align == 0 {
             return Err(TrainError::Layout("alignment must be at least 1".into()));
         }
-        let mut slots = Vec::with_capacity(specs.len());
+        let mut slots: Vec<Slot> = Vec::with_capacity(specs.len());
         let mut offset = 0;
-        for (name, shape) in specs {
-            let len = shape.iter().product();
+        for spec in specs {
+            if let Some(prev) = slots.last() {
+                if spec.group < prev.group {
+                    return Err(TrainError::Layout(format!(
+                        "parameter `{}` in group {} follows `{}` in group {}: groups must not decrease",
+                        spec.name, spec.group, prev.name, prev.group
+                    )));
+                }
+            }
+            let len = spec.shape.iter().product();
             slots.push(Slot {
-                name: name.clone(),
-                shape: shape.clone(),
+                name: spec.name.clone(),
+                shape: spec.shape.clone(),
+                group: spec.group,
                 offset,
                 len,
             });
@@ -61,7 +75,7 @@ impl FlatLayout {
         })
     }
 
-    /// The layout of `params` (name order) with [`DEFAULT_ALIGN`].
+    /// The layout of `params` (declaration order) with [`DEFAULT_ALIGN`].
     pub fn of(params: &ParamSet) -> Result<Self> {
         Self::new(&params.specs(), DEFAULT_ALIGN)
     }
@@ -79,6 +93,32 @@ impl FlatLayout {
     /// Alignment in elements.
     pub fn align(&self) -> usize {
         self.align
+    }
+
+    /// Each group's `(group, element range)` in buffer order, the padding after its last
+    /// slot included, so the ranges tile the buffer.
+    pub fn group_ranges(&self) -> Vec<(usize, std::ops::Range<usize>)> {
+        let mut out: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
+        for s in &self.slots {
+            match out.last_mut() {
+                Some((g, r)) if *g == s.group => r.end = s.offset + s.len,
+                _ => out.push((s.group, s.offset..s.offset + s.len)),
+            }
+        }
+        // Extend each range to the next one's start (padding belongs to the group before).
+        for i in 0..out.len() {
+            let end = out.get(i + 1).map_or(self.total, |(_, r)| r.start);
+            out[i].1.end = end;
+        }
+        if let Some((_, r)) = out.first_mut() {
+            r.start = 0;
+        }
+        out
+    }
+
+    /// The offset of parameter `name`, if the layout has it.
+    pub fn offset_of(&self, name: &str) -> Option<usize> {
+        self.slots.iter().find(|s| s.name == name).map(|s| s.offset)
     }
 
     /// Trainable elements (padding excluded).

@@ -33,6 +33,19 @@ pub enum Record {
         skipped: bool,
         /// Seconds since the run (or resume) started.
         elapsed_s: f64,
+        /// Data-parallel ranks.
+        #[serde(default = "one")]
+        world: usize,
+        /// Seconds this step waited for gradient reductions after its backward.
+        #[serde(default)]
+        comm_wait_s: f64,
+        /// Bytes this rank sent this step (ring model).
+        #[serde(default)]
+        bytes_sent: u64,
+        /// Collectives called before the window's last micro-batch (0 unless
+        /// `parallel.sync_every_micro_batch`).
+        #[serde(default)]
+        calls_before_last: u64,
     },
     /// An evaluation.
     Eval {
@@ -105,4 +118,8 @@ pub fn read(dir: &Path) -> Result<Vec<Record>> {
             })
         })
         .collect()
+}
+
+fn one() -> usize {
+    1
 }

@@ -1,5 +1,10 @@
 //! Named trainable parameters: how models declare them and how they are initialized.
 //!
+//! Models declare parameters in execution order (the order the forward uses them), each
+//! in a numbered group (a layer or block; groups never decrease): the flat layout keeps
+//! that order, so each group is one contiguous range of the flat buffer, which the
+//! data-parallel strategy reduces as soon as the backward has finished it.
+//!
 //! Initial values come from a counter-based generator keyed by (seed, parameter name,
 //! element index), so they do not depend on the order in which a model declares its
 //! parameters, nor on the compute dtype (values are drawn in f32, then cast).
@@ -21,23 +26,47 @@ pub enum Init {
     Uniform(f32),
 }
 
-/// One trainable parameter: its name and its compute-dtype variable.
+/// One trainable parameter: its name, its group and its compute-dtype variable.
 #[derive(Debug, Clone)]
 pub struct Param {
     /// Dotted name, e.g. `h.0.attn.qkv.weight`.
     pub name: String,
+    /// Execution-order group (a layer or block), see the module doc.
+    pub group: usize,
     /// The candle variable the model computes with.
     pub var: Var,
 }
 
-/// A model's parameters, sorted by name (the flat-buffer order).
+/// What the flat layout needs of a parameter: name, shape and group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamSpec {
+    /// Dotted name.
+    pub name: String,
+    /// Tensor shape.
+    pub shape: Vec<usize>,
+    /// Execution-order group.
+    pub group: usize,
+}
+
+impl ParamSpec {
+    /// A spec in group 0.
+    pub fn new(name: impl Into<String>, shape: &[usize]) -> Self {
+        ParamSpec {
+            name: name.into(),
+            shape: shape.to_vec(),
+            group: 0,
+        }
+    }
+}
+
+/// A model's parameters in declaration (execution) order: the flat-buffer order.
 #[derive(Debug, Clone, Default)]
 pub struct ParamSet {
     params: Vec<Param>,
 }
 
 impl ParamSet {
-    /// The parameters in name order.
+    /// The parameters in declaration order.
     pub fn iter(&self) -> impl Iterator<Item = &Param> {
         self.params.iter()
     }
@@ -57,11 +86,15 @@ impl ParamSet {
         self.params.iter().map(|p| p.var.elem_count()).sum()
     }
 
-    /// `(name, shape)` in name order: the input of [`crate::layout::FlatLayout::new`].
-    pub fn specs(&self) -> Vec<(String, Vec<usize>)> {
+    /// The specs in declaration order: the input of [`crate::layout::FlatLayout::new`].
+    pub fn specs(&self) -> Vec<ParamSpec> {
         self.params
             .iter()
-            .map(|p| (p.name.clone(), p.var.dims().to_vec()))
+            .map(|p| ParamSpec {
+                name: p.name.clone(),
+                shape: p.var.dims().to_vec(),
+                group: p.group,
+            })
             .collect()
     }
 
@@ -76,6 +109,7 @@ pub struct ParamBuilder {
     device: Device,
     dtype: DType,
     seed: u64,
+    group: usize,
     params: Vec<Param>,
 }
 
@@ -86,8 +120,21 @@ impl ParamBuilder {
             device,
             dtype,
             seed,
+            group: 0,
             params: Vec::new(),
         }
+    }
+
+    /// Parameters declared from now on belong to `group` (at least the current one).
+    pub fn set_group(&mut self, group: usize) -> Result<()> {
+        if group < self.group {
+            return Err(TrainError::Layout(format!(
+                "group {group} declared after group {}: groups follow execution order",
+                self.group
+            )));
+        }
+        self.group = group;
+        Ok(())
     }
 
     /// The dtype parameters are created in.
@@ -108,14 +155,14 @@ impl ParamBuilder {
         let var = Var::from_tensor(&t)?;
         self.params.push(Param {
             name: name.to_string(),
+            group: self.group,
             var: var.clone(),
         });
         Ok(var)
     }
 
-    /// The declared parameters, sorted by name.
-    pub fn finish(mut self) -> ParamSet {
-        self.params.sort_by(|a, b| a.name.cmp(&b.name));
+    /// The declared parameters, in declaration order.
+    pub fn finish(self) -> ParamSet {
         ParamSet {
             params: self.params,
         }

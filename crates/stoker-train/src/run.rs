@@ -1,20 +1,33 @@
 //! The training loop: loader -> accumulation windows -> optimizer steps, with metrics,
-//! evaluation, checkpoints and a progress bar.
+//! evaluation, checkpoints and a progress bar; one rank of a data-parallel run
+//! ([`run_rank`]), one rank alone ([`run`]), or a world of ranks as threads of this
+//! process ([`run_threads`]).
+//!
+//! Every rank reads its share of each global batch (the world-size-independent sampler:
+//! global batch `k` holds the same samples at any world size), evaluates its share of
+//! the evaluation batches, and rank 0 alone writes the run directory: config, metrics,
+//! checkpoints (with every rank's loader position) and the sample.
 
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use candle_core::Device;
 use indicatif::{ProgressBar, ProgressStyle};
-use stoker_data::{Dataset, Loader, LoaderConfig, Sampler, SamplerConfig, SamplerState};
+use stoker_comm::Communicator;
+use stoker_data::{Dataset, Loader, LoaderConfig, Partition, Sampler, SamplerConfig, SamplerState};
 
-use crate::checkpoint;
-use crate::config::{ModelConfig, TrainConfig};
+use crate::checkpoint::{self, DataPosition};
+use crate::config::{ModelConfig, StrategyKind, TrainConfig};
 use crate::data::{open_datasets, to_micro_batch, Datasets};
 use crate::error::{io_err, Result, TrainError};
+use crate::grad_sum::SumOrder;
+use crate::layout::FlatLayout;
 use crate::metrics::{MetricsLog, Record};
 use crate::models::LossKind;
-use crate::trainer::{EvalReport, Trainer};
+use crate::parallel::ddp::DdpOptions;
+use crate::parallel::{agree, buckets, Ddp, ParallelDims, Single, Strategy};
+use crate::trainer::{build_model, EvalReport, Trainer};
 
 /// How to run (beyond the config).
 #[derive(Debug, Clone, Default)]
@@ -45,11 +58,107 @@ pub struct RunSummary {
     pub sample: Option<String>,
     /// Trainable parameters.
     pub params: usize,
+    /// The resolved parallel degrees.
+    pub dims: ParallelDims,
+    /// Mean seconds per step spent waiting for gradient reductions after the backward.
+    pub comm_wait_s: f64,
+    /// Mean bytes this rank sent per step (ring model).
+    pub bytes_per_step: f64,
+    /// Mean seconds per optimizer step (evaluation and checkpoints excluded).
+    pub step_s: f64,
+    /// CRC-32 of the final FP32 master weights' bytes (equal across ranks; equal across
+    /// world sizes in deterministic mode).
+    pub weights_crc32: u32,
 }
 
-/// Trains as `config` says. Data, model and checkpoint are all checked before the first step.
+/// Trains as `config` says on one rank (no launcher).
 pub fn run(config: &TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
-    let mut trainer = Trainer::new(config)?;
+    let comm = stoker_comm::local_group(1, stoker_comm::DEFAULT_TIMEOUT).remove(0);
+    run_rank(config, opts, Rc::new(comm), "this process")
+}
+
+/// Runs `batch.world_size` ranks as threads of this process (`parallel.backend =
+/// "local"`), each with a compute pool of `parallel.threads_per_rank` threads (0: this
+/// machine's cores divided by the ranks); results in rank order. A rank that fails ends
+/// the others (they see it gone at their next collective).
+pub fn run_threads(config: &TrainConfig, opts: &RunOptions) -> Result<Vec<Result<RunSummary>>> {
+    let world = config.batch.world_size.ok_or_else(|| {
+        crate::error::config_err(
+            "batch.world_size",
+            "parallel.backend = \"local\" runs this many ranks as threads: give it",
+        )
+    })?;
+    let threads = threads_per_rank(config.parallel.threads_per_rank, world);
+    let timeout = stoker_comm::communicator::timeout_from_secs(
+        config.parallel.timeout_s,
+        stoker_comm::DEFAULT_TIMEOUT,
+    );
+    Ok(stoker_comm::run_local(world, timeout, |comm| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(move |i| format!("rank-compute-{i}"))
+            .build()
+            .map_err(|e| TrainError::Layout(format!("building a compute pool: {e}")))?;
+        pool.install(|| run_rank(config, opts, Rc::new(comm), "parallel.backend = \"local\""))
+    }))
+}
+
+/// Compute threads for each of `ranks` ranks on this machine: `configured`, or the
+/// cores divided among the ranks (at least 1).
+pub fn threads_per_rank(configured: usize, ranks: usize) -> usize {
+    if configured > 0 {
+        return configured;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / ranks.max(1)).max(1)
+}
+
+/// The strategy `dims` asks for over `comm`, with buckets over `layout`.
+fn make_strategy(
+    config: &TrainConfig,
+    dims: &ParallelDims,
+    layout: &FlatLayout,
+    comm: Rc<dyn Communicator>,
+) -> Box<dyn Strategy> {
+    let p = &config.parallel;
+    match dims.strategy {
+        StrategyKind::None => Box::new(Single::new(if p.deterministic {
+            SumOrder::Tree
+        } else {
+            SumOrder::InPlace
+        })),
+        StrategyKind::Ddp => {
+            let mib = |x: f64| (x * (1 << 20) as f64) as usize;
+            let plan = buckets::plan(
+                &layout.group_ranges(),
+                mib(p.bucket_cap_mb),
+                mib(p.first_bucket_mb),
+            );
+            let opts = DdpOptions {
+                deterministic: p.deterministic,
+                sync_every_micro_batch: p.sync_every_micro_batch,
+            };
+            Box::new(Ddp::new(comm, plan, opts))
+        }
+    }
+}
+
+/// Trains as `config` says as one rank of `comm`'s group (started by `launcher`, named
+/// in errors). The configs of all ranks, the parallel degrees, data, model and checkpoint
+/// are all checked before the first step.
+pub fn run_rank(
+    config: &TrainConfig,
+    opts: &RunOptions,
+    comm: Rc<dyn Communicator>,
+    launcher: &str,
+) -> Result<RunSummary> {
+    agree::check_same_config(&*comm, config)?;
+    let dims = ParallelDims::resolve(config, comm.world_size(), comm.rank(), launcher)?;
+    let lead = dims.rank == 0;
+    let model = build_model(&config.model, config.precision, config.kernels, config.seed)?;
+    let layout = FlatLayout::of(model.params())?;
+    let strategy = make_strategy(config, &dims, &layout, comm.clone());
+    let mut trainer = Trainer::with_strategy(config, model, strategy)?;
     let context = match &config.model {
         ModelConfig::Gpt(g) => g.context,
         _ => 0,
@@ -57,41 +166,76 @@ pub fn run(config: &TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
     let vocab = load_vocab(config, &trainer)?;
     let data = open_datasets(config, &*trainer.model, context.max(1))?;
     let resumed_at = match &opts.resume {
-        Some(dir) => Some(checkpoint::load(&mut trainer, dir)?.step),
+        Some(dir) => {
+            let state = checkpoint::load(&mut trainer, dir)?;
+            let pos = state.data.clone().unwrap_or_else(|| {
+                // Version 1: written by one rank with this run's arithmetic.
+                DataPosition::of(state.sampler, dims.global_batch, 1, dims.accumulation_steps)
+            });
+            trainer.sampler_state = pos.resume_at(dims.global_batch, dims.accumulation_steps)?;
+            Some(state.step)
+        }
         None => None,
     };
     let run_dir = &config.run_dir;
-    std::fs::create_dir_all(run_dir).map_err(|e| io_err(run_dir, e))?;
-    let cfg_text = toml::to_string(config).map_err(|e| TrainError::Layout(e.to_string()))?;
-    std::fs::write(run_dir.join("config.toml"), cfg_text).map_err(|e| io_err(run_dir, e))?;
-    let mut log = MetricsLog::open(run_dir, resumed_at)?;
+    let mut log = match lead {
+        true => {
+            std::fs::create_dir_all(run_dir).map_err(|e| io_err(run_dir, e))?;
+            let cfg_text =
+                toml::to_string(config).map_err(|e| TrainError::Layout(e.to_string()))?;
+            std::fs::write(run_dir.join("config.toml"), cfg_text)
+                .map_err(|e| io_err(run_dir, e))?;
+            Some(MetricsLog::open(run_dir, resumed_at)?)
+        }
+        false => None,
+    };
     let ckpt_root = run_dir.join("checkpoints");
     let params = trainer.layout.numel();
     let mib = |elems: usize| elems as f64 * 4.0 / (1 << 20) as f64;
     let accounting = format!(
-        "{params} parameters in {} tensors; FP32 master {:.2} MiB + gradients {:.2} MiB + optimizer {:.2} MiB (align {}); eval: {}",
+        "{params} parameters in {} tensors; FP32 master {:.2} MiB + gradients {:.2} MiB + optimizer {:.2} MiB (align {}) per rank; \
+         {} x {} rank(s), micro_batch {} x accumulation_steps {} x world_size {} = global_batch {}; eval: {}",
         trainer.layout.slots().len(),
         mib(trainer.layout.total_len()),
-        mib(trainer.layout.total_len()),
+        mib(trainer.layout.total_len() * (1 + trainer.extra_grad_buffers())),
         mib(trainer.optimizer.state().buffers.iter().map(|(_, b)| b.len()).sum()),
         trainer.layout.align(),
+        trainer.strategy().name(),
+        dims.world,
+        dims.micro_batch,
+        dims.accumulation_steps,
+        dims.world,
+        dims.global_batch,
         data.eval_note
     );
     tracing::info!("{accounting}");
 
-    let b = &config.batch;
     let d = &config.data;
+    if data.train.len() < dims.global_batch {
+        return Err(TrainError::Data {
+            what: d.train.display().to_string(),
+            message: format!(
+                "{} training samples, fewer than one global batch of {} (batch.global_batch)",
+                data.train.len(),
+                dims.global_batch
+            ),
+        });
+    }
     let sampler = Sampler::new(
         data.train.len(),
         SamplerConfig {
             shuffle: d.shuffle,
             seed: config.seed,
+            rank: dims.rank,
+            world: dims.world,
             drop_last: true,
-            ..Default::default()
+            partition: Partition::GlobalBatch {
+                global_batch: dims.global_batch,
+            },
         },
     )?;
     let lc = LoaderConfig {
-        batch_size: b.micro_batch,
+        batch_size: dims.micro_batch,
         num_workers: d.num_workers,
         prefetch_factor: d.prefetch_factor,
         drop_last: true,
@@ -103,8 +247,10 @@ pub fn run(config: &TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
         .stop_after
         .unwrap_or(config.train.steps)
         .min(config.train.steps);
-    let bar = progress_bar(opts.progress, total, trainer.step);
-    bar.println(&accounting);
+    let bar = progress_bar(opts.progress && lead, total, trainer.step);
+    if lead {
+        bar.println(&accounting);
+    }
     let unit = match trainer.loss_kind() {
         LossKind::Token => "tokens/s",
         LossKind::Sample => "samples/s",
@@ -113,9 +259,12 @@ pub fn run(config: &TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
     let (mut wait, mut window_wait, mut window_t0) =
         (Duration::ZERO, Duration::ZERO, Instant::now());
     let (mut interval_count, mut total_count) = (0usize, 0usize);
+    let (mut comm_wait, mut bytes_sent, mut step_time, mut steps_run) =
+        (Duration::ZERO, 0u64, Duration::ZERO, 0u32);
     let mut last_loss = f64::NAN;
     let mut last_eval = None;
-    let mut window = Vec::with_capacity(b.accumulation_steps);
+    let k = dims.accumulation_steps;
+    let mut window = Vec::with_capacity(k);
     let mut state = trainer.sampler_state;
     'outer: while trainer.step < total {
         let mut it = loader.resume(state);
@@ -130,17 +279,22 @@ pub fn run(config: &TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
                 &Device::Cpu,
             )?);
             drop(batch);
-            if window.len() < b.accumulation_steps {
+            if window.len() < k {
                 continue;
             }
+            let t_step = Instant::now();
             let r = trainer.train_step(&window)?;
+            step_time += t_step.elapsed();
+            steps_run += 1;
+            comm_wait += r.sync.exposed_wait;
+            bytes_sent += r.sync.bytes_sent;
             window.clear();
             trainer.sampler_state = it.state();
             last_loss = r.loss;
             interval_count += r.count;
             total_count += r.count;
             let step = trainer.step;
-            if let Some(why) = &r.skipped {
+            if let (Some(why), true) = (&r.skipped, lead) {
                 tracing::warn!("step {step}: skipped (fp16 overflow): {why}");
             }
             if step % config.train.log_every == 0 || step == total {
@@ -156,8 +310,14 @@ pub fn run(config: &TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
                     loader_wait_pct: 100.0 * window_wait.as_secs_f64() / dt,
                     skipped: r.skipped.is_some(),
                     elapsed_s: started.elapsed().as_secs_f64(),
+                    world: dims.world,
+                    comm_wait_s: r.sync.exposed_wait.as_secs_f64(),
+                    bytes_sent: r.sync.bytes_sent,
+                    calls_before_last: r.sync.calls_before_last,
                 };
-                log.write(&rec)?;
+                if let Some(log) = &mut log {
+                    log.write(&rec)?;
+                }
                 bar.set_message(format!(
                     "loss {:.4} | {:.0} {unit} | wait {:.1}% | scale {} | lr {:.2e}",
                     r.loss,
@@ -171,12 +331,14 @@ pub fn run(config: &TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
             bar.set_position(step);
             let every = |n: u64| n > 0 && step % n == 0;
             if every(config.train.eval_every) || step == config.train.steps {
-                let e = evaluate(&trainer, &data, config)?;
-                log.write(&Record::Eval {
-                    step,
-                    loss: e.loss,
-                    accuracy: e.accuracy,
-                })?;
+                let e = evaluate(&mut trainer, &data, config, &dims)?;
+                if let Some(log) = &mut log {
+                    log.write(&Record::Eval {
+                        step,
+                        loss: e.loss,
+                        accuracy: e.accuracy,
+                    })?;
+                }
                 bar.println(format!(
                     "step {step}: eval loss {:.4}, accuracy {:.2}%",
                     e.loss,
@@ -184,8 +346,9 @@ pub fn run(config: &TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
                 ));
                 last_eval = Some(e);
             }
-            if every(config.train.checkpoint_every) || step == total {
-                checkpoint::save(&trainer, &ckpt_root, config.seed)?;
+            if (every(config.train.checkpoint_every) || step == total) && lead {
+                let pos = DataPosition::of(trainer.sampler_state, dims.global_batch, dims.world, k);
+                checkpoint::save(&trainer, &ckpt_root, config.seed, Some(pos))?;
             }
             if step >= total {
                 break 'outer;
@@ -199,7 +362,7 @@ pub fn run(config: &TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
     bar.finish();
     let elapsed = started.elapsed().as_secs_f64();
     let sample = match (&vocab, config.train.sample_tokens) {
-        (Some(v), n) if n > 0 => {
+        (Some(v), n) if n > 0 && lead => {
             let toks = trainer.sample(&[0], n, context, config.seed)?;
             Some(
                 toks.iter()
@@ -217,10 +380,22 @@ pub fn run(config: &TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
         throughput: total_count as f64 / elapsed,
         sample,
         params,
+        dims,
+        comm_wait_s: comm_wait.as_secs_f64() / steps_run.max(1) as f64,
+        bytes_per_step: bytes_sent as f64 / steps_run.max(1) as f64,
+        step_s: step_time.as_secs_f64() / steps_run.max(1) as f64,
+        weights_crc32: crc32fast::hash(bytemuck::cast_slice(&trainer.master)),
     })
 }
 
-fn evaluate(trainer: &Trainer, data: &Datasets, config: &TrainConfig) -> Result<EvalReport> {
+/// The first `train.eval_batches` evaluation batches, shared round-robin among the ranks,
+/// summed over them: the same numbers at every world size.
+fn evaluate(
+    trainer: &mut Trainer,
+    data: &Datasets,
+    config: &TrainConfig,
+    dims: &ParallelDims,
+) -> Result<EvalReport> {
     let sampler = Sampler::new(data.eval.len(), SamplerConfig::default())?;
     let lc = LoaderConfig {
         batch_size: config.batch.micro_batch,
@@ -228,13 +403,12 @@ fn evaluate(trainer: &Trainer, data: &Datasets, config: &TrainConfig) -> Result<
     };
     let mut loader = Loader::new(data.eval.clone(), sampler, lc)?;
     let mut batches = Vec::new();
-    for b in loader.epoch(0).take(config.train.eval_batches.max(1)) {
-        batches.push(to_micro_batch(
-            &b?,
-            &data.input,
-            &data.target,
-            &Device::Cpu,
-        )?);
+    let wanted = config.train.eval_batches.max(1);
+    for (i, b) in loader.epoch(0).take(wanted).enumerate() {
+        let b = b?;
+        if i % dims.world == dims.rank {
+            batches.push(to_micro_batch(&b, &data.input, &data.target, &Device::Cpu)?);
+        }
     }
     trainer.evaluate(&batches)
 }

@@ -1,21 +1,25 @@
 //! The trainer: one model, its flat FP32 master buffer and gradient buffer, the optimizer,
-//! the schedule, the loss scaler (fp16) and the FP8 scalers (fp8); one optimizer step per
-//! accumulation window.
+//! the schedule, the loss scaler (fp16), the FP8 scalers (fp8) and the data-parallel
+//! strategy; one optimizer step per accumulation window, in the phases of
+//! [`crate::parallel`]: micro-batches (local sum, reductions as the strategy wants them),
+//! window scalars summed over ranks, normalization by the global target count, unscale
+//! and an overflow every rank agrees on, global norm and clipping, the optimizer on the
+//! strategy's range, parameters brought up to date.
 
 use candle_core::{Device, Tensor};
 use stoker_data::SamplerState;
 use stoker_precision::{LossScaler, ScalerConfig, StepDecision};
 
-use crate::accumulate::{
-    accumulate, accumulate_direct, AccumulateOptions, MicroBatch, Normalization,
-};
-use crate::clip::{clip_to, global_norm};
+use crate::accumulate::{micro_batch, Backward, MicroBatch};
+use crate::clip::clip_to;
 use crate::config::{ModelConfig, OptimizerKind, TrainConfig};
 use crate::error::{Result, TrainError};
+use crate::grad_sum::{GradSum, SumOrder};
 use crate::layout::FlatLayout;
-use crate::loss::{cross_entropy_sum, scalar};
+use crate::loss::{cross_entropy_sum, scalar, valid_count};
 use crate::models::{Cnn, DirectStep, Gpt, LossKind, Mlp, Model};
 use crate::optim::{segments, AdamW, Optimizer, Sgd};
+use crate::parallel::{Single, Strategy, SyncStats};
 use crate::precision::{Fp8State, Fx, Kernels, Precision};
 use crate::schedule::Schedule;
 
@@ -24,9 +28,9 @@ use crate::schedule::Schedule;
 pub struct StepReport {
     /// The optimizer step just finished (1-based count of steps taken, skipped included).
     pub step: u64,
-    /// Mean loss over the window's valid targets.
+    /// Mean loss over the valid targets of the global batch (every rank's window).
     pub loss: f64,
-    /// Valid targets (tokens or samples) in the window.
+    /// Valid targets (tokens or samples) in the global batch.
     pub count: usize,
     /// Global gradient norm after unscaling, before clipping.
     pub grad_norm: f64,
@@ -36,6 +40,8 @@ pub struct StepReport {
     pub loss_scale: f32,
     /// Why the step was skipped (fp16 overflow), if it was.
     pub skipped: Option<String>,
+    /// What the data-parallel strategy did and waited for.
+    pub sync: SyncStats,
 }
 
 /// Result of an evaluation pass.
@@ -95,10 +101,14 @@ pub struct Trainer {
     pub step: u64,
     /// Where the training loader stands after the last step.
     pub sampler_state: SamplerState,
+    /// How this rank meets the others.
+    strategy: Box<dyn Strategy>,
+    /// The running sum of a window's micro-batch gradients.
+    sum: GradSum,
 }
 
 impl Trainer {
-    /// Builds model, buffers, optimizer, schedule and scalers from `config`.
+    /// Builds model, buffers, optimizer, schedule and scalers from `config`, for one rank.
     pub fn new(config: &TrainConfig) -> Result<Self> {
         let model = build_model(&config.model, config.precision, config.kernels, config.seed)?;
         Self::with_model(config, model)
@@ -106,8 +116,25 @@ impl Trainer {
 
     /// As [`Trainer::new`] with an already built model.
     pub fn with_model(config: &TrainConfig, model: Box<dyn Model>) -> Result<Self> {
+        let order = match config.parallel.deterministic {
+            true => SumOrder::Tree,
+            false => SumOrder::InPlace,
+        };
+        Self::with_strategy(config, model, Box::new(Single::new(order)))
+    }
+
+    /// As [`Trainer::with_model`] for one rank of a data-parallel group: `strategy`
+    /// starts it from rank 0's parameters (a collective: every rank builds its trainer
+    /// at the same point).
+    pub fn with_strategy(
+        config: &TrainConfig,
+        model: Box<dyn Model>,
+        mut strategy: Box<dyn Strategy>,
+    ) -> Result<Self> {
         let layout = FlatLayout::of(model.params())?;
-        let master = layout.flatten(model.params())?;
+        let mut master = layout.flatten(model.params())?;
+        strategy.start(&mut master)?;
+        layout.unflatten(&master, model.params())?;
         let o = &config.optimizer;
         let len = layout.total_len();
         let optimizer: Box<dyn Optimizer> = match o.kind {
@@ -141,7 +168,20 @@ impl Trainer {
             grad_clip: o.grad_clip,
             step: 0,
             sampler_state: SamplerState::default(),
+            sum: GradSum::new(strategy.sum_order(), len),
+            strategy,
         })
+    }
+
+    /// The data-parallel strategy.
+    pub fn strategy(&self) -> &dyn Strategy {
+        &*self.strategy
+    }
+
+    /// Gradient-sized buffers beyond the gradient buffer that the step holds (the
+    /// deterministic tree, per-micro-batch reduction), for the memory accounting.
+    pub fn extra_grad_buffers(&self) -> usize {
+        self.sum.extra_buffers()
     }
 
     /// The forward context.
@@ -159,43 +199,93 @@ impl Trainer {
         self.direct.is_some()
     }
 
-    /// One optimizer step over an accumulation window.
+    /// One optimizer step over this rank's accumulation window (its part of the global
+    /// batch; every rank's window has the same shapes).
     pub fn train_step(&mut self, window: &[MicroBatch]) -> Result<StepReport> {
         let step = self.step;
-        stoker_kernels::flat::zero(&mut self.grads);
+        let k = window.len();
+        // The global batch's target capacity, which every rank knows without asking: the
+        // backward divides by it, the count over all ranks corrects it afterwards.
+        let capacity =
+            self.strategy.world_size() * window.iter().map(|m| m.targets.len()).sum::<usize>();
+        let local_count: usize = window.iter().map(|m| valid_count(&m.targets)).sum();
         let loss_scale = self.scaler.as_ref().map_or(1.0, |s| s.scale());
+        let factor = (capacity > 0).then(|| loss_scale as f64 / capacity as f64);
+        self.strategy.begin_window(k)?;
+        self.sum.begin(&mut self.grads);
         let fx = Fx::new(self.precision, self.fp8.as_ref()).with_kernels(self.kernels);
-        let opts = AccumulateOptions {
-            norm: Normalization::WindowCount,
-            loss_scale: loss_scale as f64,
-            check_grads: step == 0,
-        };
-        let r = match &mut self.direct {
-            Some(step) => {
-                accumulate_direct(&mut **step, window, opts, &self.master, &mut self.grads)?
+        let Trainer {
+            sum,
+            grads,
+            strategy,
+            direct,
+            model,
+            layout,
+            master,
+            ..
+        } = self;
+        for (j, mb) in window.iter().enumerate() {
+            let reduce = strategy.begin_micro_batch(j, k)?;
+            let target = sum.target(grads);
+            let mut failed = None;
+            let mut ready = |group: usize, buf: &[f32]| {
+                if reduce && failed.is_none() {
+                    if let Err(e) = strategy.group_ready(group, buf) {
+                        failed = Some(e);
+                    }
+                }
+            };
+            let mut backward = match direct {
+                Some(s) => Backward::Direct {
+                    step: &mut **s,
+                    master,
+                },
+                None => Backward::Graph {
+                    model: &**model,
+                    fx: &fx,
+                    layout,
+                    check_grads: step == 0,
+                },
+            };
+            let loss = micro_batch(&mut backward, mb, factor, target, &mut ready)?;
+            if let Some(e) = failed {
+                return Err(e);
             }
-            None => accumulate(
-                &*self.model,
-                &fx,
-                window,
-                opts,
-                &self.layout,
-                &mut self.grads,
-            )?,
-        };
+            if reduce {
+                strategy.finish_micro_batch(target)?;
+            }
+            sum.push(grads, loss);
+        }
+        let loss_sum = self.sum.finish(&mut self.grads);
+        self.strategy.finish_window(&mut self.grads)?;
+        let mut scalars = [loss_sum, local_count as f64];
+        self.strategy.sum_scalars(&mut scalars)?;
+        let [loss_sum, count] = scalars;
+        if count > 0.0 && count != capacity as f64 {
+            stoker_kernels::flat::scale(&mut self.grads, (capacity as f64 / count) as f32);
+        }
+        let loss = if count > 0.0 { loss_sum / count } else { 0.0 };
+        let r = (loss, count as usize);
         let lr = self.schedule.lr_at(step);
         let mut report = StepReport {
             step: step + 1,
-            loss: r.loss,
-            count: r.count,
+            loss: r.0,
+            count: r.1,
             grad_norm: 0.0,
             lr,
             loss_scale,
             skipped: None,
+            sync: self.strategy.stats(),
         };
         if let Some(scaler) = &mut self.scaler {
             let table = self.layout.param_table();
-            let found_inf = scaler.unscale_and_check(&mut self.grads, Some(&table))?;
+            let here = scaler.unscale_and_check(&mut self.grads, Some(&table))?;
+            // Every rank skips together (their gradients are the same sums, but a sharded
+            // strategy's are not: agree explicitly).
+            let found_inf = self.strategy.any_rank(here)?;
+            if found_inf && !here {
+                scaler.note_nonfinite("(a gradient on another rank)");
+            }
             if let StepDecision::Skip(rep) = scaler.update(found_inf) {
                 report.skipped = Some(format!("{rep:?}"));
                 self.step += 1;
@@ -204,20 +294,16 @@ impl Trainer {
         }
         // One pass: the f64 norm is finite exactly when every gradient is, so the scan for
         // the offending parameter runs only on failure.
-        let norm = global_norm(&self.grads);
-        if self.scaler.is_none() && (!r.loss.is_finite() || !norm.is_finite()) {
+        let norm = self.strategy.sum_of_squares(&self.grads)?.sqrt();
+        let loss = r.0;
+        if self.scaler.is_none() && (!loss.is_finite() || !norm.is_finite()) {
             let param = self
                 .layout
                 .first_nonfinite(&self.grads)
                 .unwrap_or("(none: loss only)");
             return Err(TrainError::NonFinite {
                 step,
-                what: if r.loss.is_finite() {
-                    "gradient"
-                } else {
-                    "loss"
-                }
-                .into(),
+                what: if loss.is_finite() { "gradient" } else { "loss" }.into(),
                 param: param.into(),
             });
         }
@@ -225,12 +311,15 @@ impl Trainer {
             clip_to(&mut self.grads, norm, self.grad_clip);
         }
         report.grad_norm = norm;
-        self.optimizer.step(
+        let range = self.strategy.update_range(self.master.len());
+        self.optimizer.step_range(
             &mut self.master,
             &self.grads,
             lr as f32,
             self.bf16_copy.as_deref_mut(),
+            range,
         );
+        self.strategy.after_update(&mut self.master)?;
         if let Some(param) = self.layout.first_nonfinite(&self.master) {
             return Err(TrainError::NonFinite {
                 step,
@@ -261,8 +350,26 @@ impl Trainer {
         Ok(())
     }
 
-    /// Mean loss and top-1 accuracy over `batches`, without gradients.
-    pub fn evaluate(&self, batches: &[MicroBatch]) -> Result<EvalReport> {
+    /// Mean loss and top-1 accuracy over every rank's `batches` (each rank passes its
+    /// share; a collective), without gradients.
+    pub fn evaluate(&mut self, batches: &[MicroBatch]) -> Result<EvalReport> {
+        let local = self.evaluate_local(batches)?;
+        let mut x = [
+            local.loss * local.count as f64,
+            local.count as f64,
+            local.accuracy * local.count as f64,
+        ];
+        self.strategy.sum_scalars(&mut x)?;
+        let c = x[1].max(1.0);
+        Ok(EvalReport {
+            loss: x[0] / c,
+            accuracy: x[2] / c,
+            count: x[1] as usize,
+        })
+    }
+
+    /// Mean loss and top-1 accuracy over this rank's `batches` alone.
+    pub fn evaluate_local(&self, batches: &[MicroBatch]) -> Result<EvalReport> {
         self.sync_vars()?;
         let fx = self.fx();
         let (mut sum, mut count, mut correct) = (0f64, 0usize, 0usize);

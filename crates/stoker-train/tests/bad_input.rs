@@ -33,25 +33,51 @@ fn unknown_key_is_rejected_naming_it() {
 
 #[test]
 fn batch_arithmetic_that_does_not_divide_names_the_key_and_numbers() {
-    let t = base(Path::new("/tmp")).replace(
-        "accumulation_steps = 2",
-        "accumulation_steps = 2\nglobal_batch = 10",
-    );
-    let err = parse(&t).unwrap_err().to_string();
+    let with = |extra: &str| {
+        base(Path::new("/tmp")).replace(
+            "accumulation_steps = 2",
+            &format!("accumulation_steps = 2\n{extra}"),
+        )
+    };
+    // With the world size in the file, the whole product is checked when parsing.
+    let err = parse(&with("world_size = 1\nglobal_batch = 10"))
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("batch.global_batch")
             && err.contains("10 != micro_batch 4 x accumulation_steps 2 x world_size 1 = 8"),
         "{err}"
     );
     assert!(err.contains("not divisible"), "{err}");
-    let t = base(Path::new("/tmp")).replace(
-        "accumulation_steps = 2",
-        "accumulation_steps = 2\nglobal_batch = 12",
-    );
-    assert!(parse(&t)
+    let err = parse(&with("world_size = 1\nglobal_batch = 12"))
         .unwrap_err()
-        .to_string()
-        .contains("accumulation_steps = 3 would fit"));
+        .to_string();
+    assert!(err.contains("accumulation_steps = 3 would fit"), "{err}");
+    // Without it, what no world size can fix is refused when parsing...
+    let err = parse(&with("global_batch = 10")).unwrap_err().to_string();
+    assert!(
+        err.contains("10 is not divisible by micro_batch 4 x accumulation_steps 2 = 8"),
+        "{err}"
+    );
+    // ... and the rest once the launcher's world size is known, before any work (the
+    // data files of this config do not exist: they are never opened).
+    let config = parse(&with("global_batch = 16")).unwrap();
+    let err = run(&config, &RunOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("batch.global_batch")
+            && err.contains("16 != micro_batch 4 x accumulation_steps 2 x world_size 1 = 8; accumulation_steps = 4 would fit"),
+        "{err}"
+    );
+    let config = parse(&with("world_size = 2")).unwrap();
+    let err = run(&config, &RunOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("batch.world_size") && err.contains("mpirun -n 2"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -5,17 +5,50 @@ use stoker_train::layout::FlatLayout;
 use stoker_train::params::{Init, ParamBuilder};
 
 #[test]
-fn slots_are_aligned_and_sorted_by_name() {
+fn slots_are_aligned_in_declaration_order_with_contiguous_groups() {
     let mut b = ParamBuilder::new(Device::Cpu, DType::F32, 1);
     b.param("z.weight", &[3, 5], Init::Normal(0.02)).unwrap();
+    b.set_group(1).unwrap();
     b.param("a.bias", &[5], Init::Zeros).unwrap();
+    b.param("a.weight", &[2], Init::Zeros).unwrap();
+    assert!(b
+        .set_group(0)
+        .unwrap_err()
+        .to_string()
+        .contains("execution order"));
     let params = b.finish();
     let layout = FlatLayout::of(&params).unwrap();
     let names: Vec<_> = layout.slots().iter().map(|s| s.name.as_str()).collect();
-    assert_eq!(names, ["a.bias", "z.weight"]);
+    assert_eq!(names, ["z.weight", "a.bias", "a.weight"]);
     assert_eq!(layout.slots()[1].offset, 16);
-    assert_eq!(layout.total_len(), 32);
-    assert_eq!(layout.numel(), 20);
+    assert_eq!(layout.total_len(), 48);
+    assert_eq!(layout.numel(), 22);
+    // Groups tile the buffer, padding included.
+    assert_eq!(layout.group_ranges(), vec![(0, 0..16), (1, 16..48)]);
+}
+
+#[test]
+fn the_gpt_layout_runs_embeddings_blocks_final_norm() {
+    use stoker_train::models::{Gpt, GptConfig, Model};
+    let c = GptConfig {
+        vocab: 11,
+        context: 6,
+        d_model: 8,
+        n_layer: 12,
+        n_head: 2,
+    };
+    let gpt = Gpt::new(c, &Device::Cpu, DType::F32, 0).unwrap();
+    let layout = FlatLayout::of(gpt.params()).unwrap();
+    let names: Vec<_> = layout.slots().iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(&names[..3], ["wte.weight", "wpe.weight", "h.0.ln_1.weight"]);
+    // h.2 after h.1, not after h.10 (name order would put h.10 first).
+    let at = |n: &str| names.iter().position(|&x| x == n).unwrap();
+    assert!(at("h.1.mlp.proj.bias") < at("h.2.ln_1.weight"));
+    assert!(at("h.9.mlp.proj.bias") < at("h.10.ln_1.weight"));
+    assert_eq!(names.last(), Some(&"ln_f.bias"));
+    let groups = layout.group_ranges();
+    assert_eq!(groups.len(), 14);
+    assert!(groups.iter().enumerate().all(|(i, (g, _))| *g == i));
 }
 
 #[test]

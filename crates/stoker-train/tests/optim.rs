@@ -5,6 +5,7 @@ use serde_json::Value;
 use stoker_train::clip::{clip_global_norm, global_norm};
 use stoker_train::layout::FlatLayout;
 use stoker_train::optim::{segments, AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
+use stoker_train::params::ParamSpec;
 use stoker_train::schedule::Schedule;
 
 fn reference() -> Value {
@@ -54,7 +55,7 @@ fn replay(case: &Value, opt: &mut dyn Optimizer, layout: &FlatLayout) -> f64 {
 
 fn layout(case: &Value) -> FlatLayout {
     let shapes = case["shapes"].as_array().unwrap();
-    let specs: Vec<(String, Vec<usize>)> = shapes
+    let specs: Vec<ParamSpec> = shapes
         .iter()
         .enumerate()
         .map(|(i, s)| {
@@ -63,7 +64,7 @@ fn layout(case: &Value) -> FlatLayout {
                 .unwrap()
                 .iter()
                 .map(|d| d.as_u64().unwrap() as usize);
-            (format!("p{i}"), dims.collect())
+            ParamSpec::new(format!("p{i}"), &dims.collect::<Vec<_>>())
         })
         .collect();
     FlatLayout::new(&specs, 16).unwrap()
@@ -111,7 +112,7 @@ fn sgd_momentum_matches_torch_within_1e6_relative() {
 
 #[test]
 fn optimizer_state_round_trips_and_rejects_wrong_sizes() {
-    let layout = FlatLayout::new(&[("w".into(), vec![3, 3])], 16).unwrap();
+    let layout = FlatLayout::new(&[ParamSpec::new("w", &[3, 3])], 16).unwrap();
     let mut a = AdamW::new(AdamWConfig::default(), segments(&layout, false), 16);
     let mut p = vec![0.5f32; 16];
     a.step(&mut p, &[0.1; 16], 1e-2, None);

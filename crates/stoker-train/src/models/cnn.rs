@@ -48,7 +48,11 @@ impl Cnn {
     pub fn new(config: CnnConfig, device: &Device, dtype: DType, seed: u64) -> Result<Self> {
         let mut b = ParamBuilder::new(device.clone(), dtype, seed);
         let c = &config;
+        // One group per layer, in execution order.
+        let mut group = 0;
         let mut layer = |name: &str, shape: &[usize]| -> Result<[Tensor; 2]> {
+            b.set_group(group)?;
+            group += 1;
             let fan_in: usize = shape[1..].iter().product();
             let bound = 1.0 / (fan_in as f32).sqrt();
             Ok([

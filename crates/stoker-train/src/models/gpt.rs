@@ -11,6 +11,7 @@ use crate::loss::IGNORE_INDEX;
 use crate::ops::{causal_attention_qkv, embedding, gelu, layer_norm, linear};
 use crate::params::{Init, ParamBuilder, ParamSet};
 use crate::precision::Fx;
+use stoker_kernels::{GptDims, GptOffsets, SpecInit};
 
 /// GPT size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,6 +30,17 @@ pub struct GptConfig {
 }
 
 impl GptConfig {
+    /// The sizes as stoker-kernels' GPT table and direct step take them.
+    pub fn dims(&self) -> GptDims {
+        GptDims {
+            vocab: self.vocab,
+            context: self.context,
+            d_model: self.d_model,
+            n_layer: self.n_layer,
+            n_head: self.n_head,
+        }
+    }
+
     /// Checks the sizes; the error names the key.
     pub fn validate(&self) -> std::result::Result<(), (&'static str, String)> {
         for (k, v) in [
@@ -75,8 +87,8 @@ pub struct Gpt {
 const LN_EPS: f64 = 1e-5;
 
 impl Gpt {
-    /// Declares the parameters (GPT-2 initialization: N(0, 0.02), residual projections
-    /// scaled by 1/sqrt(2 n_layer)).
+    /// Declares the parameters of stoker-kernels' GPT table
+    /// ([`stoker_kernels::gpt_params`]: execution order, GPT-2 initialization).
     pub fn new(
         config: GptConfig,
         device: &Device,
@@ -84,63 +96,46 @@ impl Gpt {
         seed: u64,
     ) -> Result<Self> {
         let mut b = ParamBuilder::new(device.clone(), dtype, seed);
-        let d = config.d_model;
-        let std = 0.02f32;
-        let resid_std = std / (2.0 * config.n_layer as f32).sqrt();
-        let pair = |b: &mut ParamBuilder,
-                    name: &str,
-                    out: usize,
-                    inp: usize,
-                    s: f32|
-         -> Result<[Tensor; 2]> {
-            Ok([
-                b.param(&format!("{name}.weight"), &[out, inp], Init::Normal(s))?
-                    .as_tensor()
-                    .clone(),
-                b.param(&format!("{name}.bias"), &[out], Init::Zeros)?
-                    .as_tensor()
-                    .clone(),
-            ])
-        };
-        let norm = |b: &mut ParamBuilder, name: &str| -> Result<[Tensor; 2]> {
-            Ok([
-                b.param(&format!("{name}.weight"), &[d], Init::Ones)?
-                    .as_tensor()
-                    .clone(),
-                b.param(&format!("{name}.bias"), &[d], Init::Zeros)?
-                    .as_tensor()
-                    .clone(),
-            ])
-        };
-        let wte = b
-            .param("wte.weight", &[config.vocab, d], Init::Normal(std))?
-            .as_tensor()
-            .clone();
-        let wpe = b
-            .param("wpe.weight", &[config.context, d], Init::Normal(std))?
-            .as_tensor()
-            .clone();
-        let mut blocks = Vec::new();
-        for i in 0..config.n_layer {
-            let p = format!("h.{i}");
-            blocks.push(Block {
-                ln1: norm(&mut b, &format!("{p}.ln_1"))?,
-                qkv: pair(&mut b, &format!("{p}.attn.qkv"), 3 * d, d, std)?,
-                proj: pair(&mut b, &format!("{p}.attn.proj"), d, d, resid_std)?,
-                ln2: norm(&mut b, &format!("{p}.ln_2"))?,
-                fc: pair(&mut b, &format!("{p}.mlp.fc"), 4 * d, d, std)?,
-                fc_proj: pair(&mut b, &format!("{p}.mlp.proj"), d, 4 * d, resid_std)?,
-                prefix: p,
-            });
+        for p in stoker_kernels::gpt_params(&config.dims()) {
+            b.set_group(p.group)?;
+            let init = match p.init {
+                SpecInit::Zeros => Init::Zeros,
+                SpecInit::Ones => Init::Ones,
+                SpecInit::Normal(std) => Init::Normal(std),
+            };
+            b.param(&p.name, &p.shape, init)?;
         }
-        let ln_f = norm(&mut b, "ln_f")?;
+        let params = b.finish();
+        let t = |name: String| -> Result<Tensor> {
+            params
+                .get(&name)
+                .map(|p| p.var.as_tensor().clone())
+                .ok_or_else(|| TrainError::Layout(format!("the GPT table has no `{name}`")))
+        };
+        let pair = |name: &str| -> Result<[Tensor; 2]> {
+            Ok([t(format!("{name}.weight"))?, t(format!("{name}.bias"))?])
+        };
+        let blocks = (0..config.n_layer)
+            .map(|i| {
+                let p = format!("h.{i}");
+                Ok(Block {
+                    ln1: pair(&format!("{p}.ln_1"))?,
+                    qkv: pair(&format!("{p}.attn.qkv"))?,
+                    proj: pair(&format!("{p}.attn.proj"))?,
+                    ln2: pair(&format!("{p}.ln_2"))?,
+                    fc: pair(&format!("{p}.mlp.fc"))?,
+                    fc_proj: pair(&format!("{p}.mlp.proj"))?,
+                    prefix: p,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Gpt {
             config,
-            wte,
-            wpe,
+            wte: t("wte.weight".into())?,
+            wpe: t("wpe.weight".into())?,
             blocks,
-            ln_f,
-            params: b.finish(),
+            ln_f: pair("ln_f")?,
+            params,
         })
     }
 
@@ -198,6 +193,7 @@ impl DirectStep for GptDirect {
         targets: &[i64],
         grad_scale: f32,
         grads: &mut [f32],
+        ready: stoker_kernels::GroupReady<'_>,
     ) -> Result<f64> {
         let (batch, t) = input.dims2()?;
         let tokens = crate::ops::ids_i64(input)?
@@ -210,45 +206,9 @@ impl DirectStep for GptDirect {
             t,
             ignore: IGNORE_INDEX,
         };
-        Ok(self.step.forward_backward(master, b, grad_scale, grads)?)
-    }
-}
-
-impl Gpt {
-    /// The flat-buffer offsets of every parameter, by name.
-    fn offsets(&self, layout: &FlatLayout) -> Result<stoker_kernels::GptOffsets> {
-        let at = |name: String| -> Result<usize> {
-            layout
-                .slots()
-                .iter()
-                .find(|s| s.name == name)
-                .map(|s| s.offset)
-                .ok_or_else(|| TrainError::Layout(format!("no parameter `{name}` in the layout")))
-        };
-        let pair = |name: &str| -> Result<[usize; 2]> {
-            Ok([at(format!("{name}.weight"))?, at(format!("{name}.bias"))?])
-        };
-        let blocks = self
-            .blocks
-            .iter()
-            .map(|b| {
-                let p = &b.prefix;
-                Ok(stoker_kernels::BlockOffsets {
-                    ln1: pair(&format!("{p}.ln_1"))?,
-                    qkv: pair(&format!("{p}.attn.qkv"))?,
-                    proj: pair(&format!("{p}.attn.proj"))?,
-                    ln2: pair(&format!("{p}.ln_2"))?,
-                    fc: pair(&format!("{p}.mlp.fc"))?,
-                    fc_proj: pair(&format!("{p}.mlp.proj"))?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(stoker_kernels::GptOffsets {
-            wte: at("wte.weight".into())?,
-            wpe: at("wpe.weight".into())?,
-            blocks,
-            ln_f: pair("ln_f")?,
-        })
+        Ok(self
+            .step
+            .forward_backward(master, b, grad_scale, grads, ready)?)
     }
 }
 
@@ -258,15 +218,9 @@ impl Model for Gpt {
         layout: &FlatLayout,
         bf16_operands: bool,
     ) -> Result<Option<Box<dyn DirectStep>>> {
-        let c = &self.config;
-        let dims = stoker_kernels::GptDims {
-            vocab: c.vocab,
-            context: c.context,
-            d_model: c.d_model,
-            n_head: c.n_head,
-        };
-        let step =
-            stoker_kernels::GptStep::new(dims, self.offsets(layout)?, bf16_operands, LN_EPS)?;
+        let dims = self.config.dims();
+        let offsets = GptOffsets::from_table(&dims, |name| layout.offset_of(name))?;
+        let step = stoker_kernels::GptStep::new(dims, offsets, bf16_operands, LN_EPS)?;
         Ok(Some(Box::new(GptDirect { step })))
     }
 

@@ -37,6 +37,7 @@ impl Mlp {
         widths.push(config.classes);
         let mut layers = Vec::new();
         for (i, w) in widths.windows(2).enumerate() {
+            b.set_group(i)?; // one group per layer, in execution order
             let bound = 1.0 / (w[0] as f32).sqrt();
             layers.push([
                 b.param(

@@ -31,7 +31,7 @@ pub enum LossKind {
 
 /// A trainable model.
 pub trait Model {
-    /// The parameters, sorted by name.
+    /// The parameters, in execution order.
     fn params(&self) -> &ParamSet;
     /// Logits `(N, classes)` in `fx.high` for a batch's input field.
     fn forward(&self, fx: &Fx, input: &Tensor) -> Result<Tensor>;
@@ -56,7 +56,8 @@ pub trait Model {
 /// micro-batch straight from the flat master buffer into the flat gradient buffer.
 pub trait DirectStep: Send {
     /// Adds the gradient of `grad_scale x (summed loss of the valid targets)` into
-    /// `grads` and returns that summed loss (unscaled).
+    /// `grads` and returns that summed loss (unscaled); `ready` hears of each parameter
+    /// group (see [`crate::params`]) as soon as its gradients are final, last group first.
     fn forward_backward(
         &mut self,
         master: &[f32],
@@ -64,5 +65,6 @@ pub trait DirectStep: Send {
         targets: &[i64],
         grad_scale: f32,
         grads: &mut [f32],
+        ready: stoker_kernels::GroupReady<'_>,
     ) -> Result<f64>;
 }

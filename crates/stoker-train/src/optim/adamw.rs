@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 use half::bf16;
 use stoker_kernels::{adamw_update, AdamWStep};
 
-use super::{out_segment, take_buffers, OptimState, Optimizer, Segment};
+use std::ops::Range;
+
+use super::{clip, out_segment, take_buffers, OptimState, Optimizer, Segment};
 
 /// AdamW hyper-parameters (torch's defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -57,26 +59,29 @@ impl AdamW {
 }
 
 impl Optimizer for AdamW {
-    fn step(
+    fn step_range(
         &mut self,
         params: &mut [f32],
         grads: &[f32],
         lr: f32,
         mut bf16_out: Option<&mut [bf16]>,
+        range: Range<usize>,
     ) {
         self.step += 1;
         let c = self.config;
         let s = AdamWStep::new(lr, c.beta1, c.beta2, c.eps, c.weight_decay, self.step);
         for seg in &self.segments {
-            let r = seg.offset..seg.offset + seg.len;
+            let Some(r) = clip(seg, &range) else {
+                continue;
+            };
             adamw_update(
                 &s,
                 seg.decay,
                 &mut params[r.clone()],
                 &grads[r.clone()],
                 &mut self.exp_avg[r.clone()],
-                &mut self.exp_avg_sq[r],
-                out_segment(&mut bf16_out, seg),
+                &mut self.exp_avg_sq[r.clone()],
+                out_segment(&mut bf16_out, &r),
             )
             .expect("segments slice every buffer alike");
         }

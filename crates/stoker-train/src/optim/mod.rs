@@ -9,6 +9,8 @@
 pub mod adamw;
 pub mod sgd;
 
+use std::ops::Range;
+
 use half::bf16;
 use serde::{Deserialize, Serialize};
 
@@ -54,9 +56,23 @@ pub struct OptimState {
 
 /// An optimizer over flat buffers.
 pub trait Optimizer: Send {
-    /// One update of `params` from `grads` (same layout) at learning rate `lr`; with
-    /// `bf16_out` (same layout), the updated segments are also written there in bf16.
-    fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32, bf16_out: Option<&mut [bf16]>);
+    /// One update, restricted to the elements in `range`, of `params` from `grads` (same
+    /// layout) at learning rate `lr`; with `bf16_out` (same layout), the updated elements
+    /// are also written there in bf16. The data-parallel strategy chooses the range (the
+    /// whole buffer, or one rank's shard); the step count advances once per call.
+    fn step_range(
+        &mut self,
+        params: &mut [f32],
+        grads: &[f32],
+        lr: f32,
+        bf16_out: Option<&mut [bf16]>,
+        range: Range<usize>,
+    );
+    /// One update of the whole buffer ([`Optimizer::step_range`] over all of it).
+    fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32, bf16_out: Option<&mut [bf16]>) {
+        let n = params.len();
+        self.step_range(params, grads, lr, bf16_out, 0..n)
+    }
     /// The state to checkpoint.
     fn state(&self) -> OptimState;
     /// Restores a saved state; errors name the buffer that does not fit.
@@ -87,11 +103,17 @@ pub(crate) fn take_buffers(
     Ok(out)
 }
 
-/// The segment's stretch of an optional bf16 output buffer.
+/// The part of `seg` inside `range`, if any.
+pub(crate) fn clip(seg: &Segment, range: &Range<usize>) -> Option<Range<usize>> {
+    let start = seg.offset.max(range.start);
+    let end = (seg.offset + seg.len).min(range.end);
+    (start < end).then_some(start..end)
+}
+
+/// The stretch `r` of an optional bf16 output buffer.
 pub(crate) fn out_segment<'a>(
     out: &'a mut Option<&mut [bf16]>,
-    seg: &Segment,
+    r: &Range<usize>,
 ) -> Option<&'a mut [bf16]> {
-    out.as_deref_mut()
-        .map(|o| &mut o[seg.offset..seg.offset + seg.len])
+    out.as_deref_mut().map(|o| &mut o[r.clone()])
 }

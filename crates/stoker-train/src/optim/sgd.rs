@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 use half::bf16;
 use stoker_kernels::{sgd_update, SgdStep};
 
-use super::{out_segment, take_buffers, OptimState, Optimizer, Segment};
+use std::ops::Range;
+
+use super::{clip, out_segment, take_buffers, OptimState, Optimizer, Segment};
 
 /// SGD hyper-parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -52,12 +54,13 @@ impl Sgd {
 }
 
 impl Optimizer for Sgd {
-    fn step(
+    fn step_range(
         &mut self,
         params: &mut [f32],
         grads: &[f32],
         lr: f32,
         mut bf16_out: Option<&mut [bf16]>,
+        range: Range<usize>,
     ) {
         let s = SgdStep {
             lr,
@@ -68,14 +71,16 @@ impl Optimizer for Sgd {
         };
         self.step += 1;
         for seg in &self.segments {
-            let r = seg.offset..seg.offset + seg.len;
+            let Some(r) = clip(seg, &range) else {
+                continue;
+            };
             sgd_update(
                 &s,
                 seg.decay,
                 &mut params[r.clone()],
                 &grads[r.clone()],
-                &mut self.momentum[r],
-                out_segment(&mut bf16_out, seg),
+                &mut self.momentum[r.clone()],
+                out_segment(&mut bf16_out, &r),
             )
             .expect("segments slice every buffer alike");
         }

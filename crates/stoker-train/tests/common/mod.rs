@@ -87,21 +87,22 @@ pub fn token_batch(seed: u64, rows: usize, t: usize, vocab: u64, masked: &[usize
     }
 }
 
-/// Per parameter of `layout`: max |got - want| <= tol * max |want|, and no gradient all
-/// zero; the message names the parameter and `what` was compared.
+/// Per parameter of `layout`: max |got - want| <= tol * max |want|, every value finite,
+/// and no gradient all zero; the message names the parameter and `what` was compared.
 pub fn assert_grads_close(layout: &FlatLayout, got: &[f32], want: &[f32], tol: f64, what: &str) {
     for slot in layout.slots() {
         let r = slot.offset..slot.offset + slot.len;
-        let scale = want[r.clone()].iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
-        let diff = got[r.clone()]
-            .iter()
-            .zip(&want[r])
-            .fold(0f32, |m, (a, b)| m.max((a - b).abs())) as f64;
-        assert!(scale > 0.0, "{}: zero gradient ({what})", slot.name);
+        let scale = stoker_testkit::max_abs(&want[r.clone()]);
         assert!(
-            diff <= tol * scale,
-            "{}: max diff {diff:e} vs max |grad| {scale:e} ({what})",
+            scale > 0.0,
+            "{}: zero (or non-finite) gradient ({what})",
             slot.name
+        );
+        stoker_testkit::assert_close(
+            &got[r.clone()],
+            &want[r],
+            tol,
+            &format!("{} ({what})", slot.name),
         );
     }
 }

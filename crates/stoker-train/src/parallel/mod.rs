@@ -1,0 +1,96 @@
+//! Data parallelism: where one rank's training step meets the other ranks.
+//!
+//! Like torchtitan's `parallelize`, stoker applies parallelism in one documented order,
+//! each strategy a small module behind one seam, [`Strategy`]:
+//!
+//! 1. Up front, [`dims::ParallelDims`] checks the degrees against the launcher and the
+//!    batch arithmetic (`global_batch = micro_batch x accumulation_steps x world_size`);
+//!    every error names its config key, before any work.
+//! 2. At start the strategy makes the ranks agree: [`Strategy::start`] broadcasts the
+//!    parameters from rank 0 (ranks have already compared their configs).
+//! 3. Each window, the trainer runs the micro-batches. For those the strategy
+//!    reduces ([`Strategy::begin_micro_batch`]; DDP: only the last, PyTorch's `no_sync` for the
+//!    others) it hears of every parameter group as the backward finishes it
+//!    ([`Strategy::group_ready`], which starts that bucket's reduction) and completes
+//!    the reductions after the backward ([`Strategy::finish_micro_batch`]);
+//!    [`Strategy::finish_window`] does what is left after the last one (the
+//!    deterministic tree).
+//! 4. The window's scalars are summed over ranks ([`Strategy::sum_scalars`]: loss, valid
+//!    targets), so normalization is by the whole global batch's count; the loss scaler's
+//!    overflow is agreed by all ([`Strategy::any_rank`]); the gradient norm comes from
+//!    summed partial squares ([`Strategy::sum_of_squares`]).
+//! 5. The optimizer updates [`Strategy::update_range`] of the flat buffer, and
+//!    [`Strategy::after_update`] brings every rank's parameters up to date.
+//!
+//! [`single::Single`] is the one-rank strategy; [`ddp::Ddp`] is data parallelism with
+//! bucketed all-reduce overlapped with the backward, or, in deterministic mode, a fixed
+//! reduction tree.
+
+pub mod agree;
+pub mod buckets;
+pub mod ddp;
+pub mod dims;
+pub mod single;
+
+use std::ops::Range;
+use std::time::Duration;
+
+use crate::error::Result;
+use crate::grad_sum::SumOrder;
+
+pub use ddp::Ddp;
+pub use dims::ParallelDims;
+pub use single::Single;
+
+/// What a strategy measured in the last window.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SyncStats {
+    /// Collective calls made before the window's last micro-batch started (0 unless
+    /// `sync_every_micro_batch`).
+    pub calls_before_last: u64,
+    /// Time the step waited for reductions after the backward had finished (the
+    /// communication the backward did not hide).
+    pub exposed_wait: Duration,
+    /// Bytes this rank sent (ring model, see stoker-comm's stats).
+    pub bytes_sent: u64,
+    /// Gradient buckets reduced.
+    pub buckets: usize,
+}
+
+/// How one rank's step meets the others; see the module doc for the order of calls.
+pub trait Strategy {
+    /// `none` or `ddp`, for logs.
+    fn name(&self) -> &'static str;
+    /// This rank.
+    fn rank(&self) -> usize;
+    /// Ranks in the data-parallel group.
+    fn world_size(&self) -> usize;
+    /// How the trainer must sum this rank's micro-batch gradients.
+    fn sum_order(&self) -> SumOrder;
+    /// Makes every rank start from rank 0's parameters.
+    fn start(&mut self, master: &mut [f32]) -> Result<()>;
+    /// Marks the start of a window of `len` micro-batches.
+    fn begin_window(&mut self, len: usize) -> Result<()>;
+    /// Micro-batch `micro` of a window of `len` starts; returns whether it is reduced as
+    /// its backward runs.
+    fn begin_micro_batch(&mut self, micro: usize, len: usize) -> Result<bool>;
+    /// Group `group`'s gradients in `grads` are final for the micro-batch being reduced.
+    fn group_ready(&mut self, group: usize, grads: &[f32]) -> Result<()>;
+    /// After a reduced micro-batch's backward: waits for its reductions and leaves the
+    /// sums over ranks in `grads`.
+    fn finish_micro_batch(&mut self, grads: &mut [f32]) -> Result<()>;
+    /// After the window's last micro-batch has been added to the local sum in `grads`.
+    fn finish_window(&mut self, grads: &mut [f32]) -> Result<()>;
+    /// Sums `x` over ranks in place (in deterministic mode in the fixed tree order).
+    fn sum_scalars(&mut self, x: &mut [f64]) -> Result<()>;
+    /// Whether `flag` holds on any rank.
+    fn any_rank(&mut self, flag: bool) -> Result<bool>;
+    /// The sum of squares of the whole (logical) gradient, over ranks where it is sharded.
+    fn sum_of_squares(&mut self, grads: &[f32]) -> Result<f64>;
+    /// The part of a flat buffer of `len` elements this rank's optimizer updates.
+    fn update_range(&self, len: usize) -> Range<usize>;
+    /// After the optimizer: every rank's `master` is up to date.
+    fn after_update(&mut self, master: &mut [f32]) -> Result<()>;
+    /// What the last window cost.
+    fn stats(&self) -> SyncStats;
+}
