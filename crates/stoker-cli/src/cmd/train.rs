@@ -1,16 +1,22 @@
-//! `stoker train`.
+//! `stoker train`: one rank, N ranks under `mpirun` / `srun` (MPI), or N ranks as threads
+//! (`parallel.backend = "local"`).
 
 use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::Duration;
 
 use anyhow::Context;
+use stoker_comm::Communicator;
 use stoker_train::checkpoint;
-use stoker_train::config::TrainConfig;
-use stoker_train::run::{run as train, RunOptions};
+use stoker_train::config::{BackendKind, TrainConfig};
+use stoker_train::run::{
+    run as train, run_rank, run_threads, threads_per_rank, RunOptions, RunSummary,
+};
 
 /// Arguments of `stoker train`.
 #[derive(clap::Args)]
 pub struct TrainArgs {
-    /// The TOML config (see docs/training.md).
+    /// The TOML config (see docs/training.md and docs/distributed.md).
     pub config: PathBuf,
     /// Resume from a checkpoint directory, or `latest` for the newest under RUN_DIR/checkpoints.
     #[arg(long)]
@@ -42,14 +48,119 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         progress: !args.no_progress,
         stop_after: args.stop_after,
     };
-    let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "all".into());
+    let launched = stoker_comm::mpi::launched_world();
+    match (config.parallel.backend, launched) {
+        (BackendKind::Local, _) => run_local(&args, &config, &opts),
+        (BackendKind::Mpi, None) => anyhow::bail!(
+            "config key `parallel.backend`: \"mpi\", but no MPI launcher started this process: run `mpirun -n N stoker train {}`",
+            args.config.display()
+        ),
+        (BackendKind::Mpi, Some((launcher, _))) => run_mpi(&args, &config, &opts, &launcher),
+        (BackendKind::Auto, Some((launcher, n))) if n > 1 => run_mpi(&args, &config, &opts, &launcher),
+        (BackendKind::Auto, _) => {
+            banner(&args, &config, "1 rank");
+            let s = train(&config, &opts)?;
+            print_summary(&s);
+            Ok(())
+        }
+    }
+}
+
+fn banner(args: &TrainArgs, config: &TrainConfig, ranks: &str) {
+    let threads = std::env::var("RAYON_NUM_THREADS")
+        .unwrap_or_else(|_| rayon::current_num_threads().to_string());
     eprintln!(
-        "stoker train: {} ({:?}, threads {threads}) -> {}",
+        "stoker train: {} ({:?}, {ranks}, threads per rank {threads}) -> {}",
         args.config.display(),
         config.precision,
         config.run_dir.display()
     );
-    let s = train(&config, &opts)?;
+}
+
+fn run_local(args: &TrainArgs, config: &TrainConfig, opts: &RunOptions) -> anyhow::Result<()> {
+    let world = config.batch.world_size.unwrap_or(1);
+    banner(args, config, &format!("{world} ranks as threads"));
+    let results = run_threads(config, opts)?;
+    let mut first_err = None;
+    for (rank, r) in results.into_iter().enumerate() {
+        match r {
+            Ok(s) if rank == 0 => print_summary(&s),
+            Ok(_) => {}
+            Err(e) => {
+                eprintln!("stoker: rank {rank} of {world}: error: {e}");
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e.into()),
+        None => Ok(()),
+    }
+}
+
+/// Ranks on this host, as the launcher announced them (for the compute threads).
+fn local_ranks(world: usize) -> usize {
+    [
+        "MPI_LOCALNRANKS",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "SLURM_NTASKS_PER_NODE",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
+    .unwrap_or(world)
+}
+
+fn run_mpi(
+    args: &TrainArgs,
+    config: &TrainConfig,
+    opts: &RunOptions,
+    launcher: &str,
+) -> anyhow::Result<()> {
+    let timeout = stoker_comm::communicator::timeout_from_secs(
+        config.parallel.timeout_s,
+        stoker_comm::DEFAULT_TIMEOUT,
+    );
+    let comm = stoker_comm::mpi::MpiComm::init(timeout)?;
+    let (rank, world) = (comm.rank(), comm.world_size());
+    // A panic on any rank ends the whole job (a rank that unwinds while the others wait
+    // in a collective would hang them until the timeout).
+    std::panic::set_hook(Box::new(move |info| {
+        eprintln!("stoker: rank {rank} of {world}: panic: {info}");
+        stoker_comm::mpi::abort_world(101);
+    }));
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let n = threads_per_rank(config.parallel.threads_per_rank, local_ranks(world));
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global();
+    }
+    eprintln!(
+        "stoker: rank {rank} of {world}: pid {} on {} ({launcher})",
+        std::process::id(),
+        stoker_comm::mpi::host_name()
+    );
+    if rank == 0 {
+        banner(args, config, &format!("{world} MPI ranks"));
+    }
+    let comm = Rc::new(comm);
+    let result = run_rank(config, opts, comm.clone(), launcher);
+    match result {
+        Ok(s) => {
+            if rank == 0 {
+                print_summary(&s);
+            }
+            use std::io::Write;
+            let _ = std::io::stdout().flush();
+            let comm =
+                Rc::try_unwrap(comm).unwrap_or_else(|_| unreachable!("the run has returned"));
+            comm.finalize(Duration::from_secs(10), 0);
+            Ok(())
+        }
+        Err(e) => comm.abort(1, &format!("error: {e}")),
+    }
+}
+
+fn print_summary(s: &RunSummary) {
     println!("parameters: {}", s.params);
     println!("steps: {}, last train loss {:.4}", s.steps, s.last_loss);
     if let Some(e) = s.eval {
@@ -64,8 +175,18 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         "throughput {:.0} targets/s, loader wait {:.2}% of wall time",
         s.throughput, s.loader_wait_pct
     );
-    if let Some(text) = s.sample {
+    if s.dims.world > 1 {
+        println!(
+            "ranks: {} ({:?}), {:.1} ms per step, {:.1} ms of it waiting for gradient reductions, {:.2} MiB sent per step by each rank",
+            s.dims.world,
+            s.dims.strategy,
+            1e3 * s.step_s,
+            1e3 * s.comm_wait_s,
+            s.bytes_per_step / (1 << 20) as f64
+        );
+    }
+    println!("weights crc32: {:08x}", s.weights_crc32);
+    if let Some(text) = &s.sample {
         println!("--- sample ---\n{text}\n--------------");
     }
-    Ok(())
 }
