@@ -133,6 +133,9 @@ pub mod mpi {
 }
 
 mod launch;
+mod say;
+
+pub use say::say;
 
 pub use communicator::{CommExt, Communicator, Pending, PendingOp, DEFAULT_TIMEOUT};
 pub use element::{Buf, BufMut, Buffer, DType, Element};

@@ -87,7 +87,7 @@ fn run_local(args: &TrainArgs, config: &TrainConfig, opts: &RunOptions) -> anyho
             Ok(s) if rank == 0 => print_summary(&s),
             Ok(_) => {}
             Err(e) => {
-                eprintln!("stoker: rank {rank} of {world}: error: {e}");
+                stoker_comm::say(&format!("stoker: rank {rank} of {world}: error: {e}"));
                 first_err.get_or_insert(e);
             }
         }
@@ -125,7 +125,7 @@ fn run_mpi(
     // A panic on any rank ends the whole job (a rank that unwinds while the others wait
     // in a collective would hang them until the timeout).
     std::panic::set_hook(Box::new(move |info| {
-        eprintln!("stoker: rank {rank} of {world}: panic: {info}");
+        stoker_comm::say(&format!("stoker: rank {rank} of {world}: panic: {info}"));
         stoker_comm::mpi::abort_world(101);
     }));
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {
@@ -134,11 +134,13 @@ fn run_mpi(
             .num_threads(n)
             .build_global();
     }
-    eprintln!(
+    // One write, so that lines of different ranks do not interleave in the launcher's
+    // merged output; the pid maps a launcher's "PID n" message back to the rank.
+    stoker_comm::say(&format!(
         "stoker: rank {rank} of {world}: pid {} on {} ({launcher})",
         std::process::id(),
         stoker_comm::mpi::host_name()
-    );
+    ));
     if rank == 0 {
         banner(args, config, &format!("{world} MPI ranks"));
     }

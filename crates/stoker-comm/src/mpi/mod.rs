@@ -36,7 +36,10 @@ pub struct MpiComm {
     universe: Option<mpi::environment::Universe>,
     ctx: Ctx,
     stats: StatsCell,
+    watch: watch::Watch,
 }
+
+mod watch;
 
 /// What waits and error messages need; pending operations keep a copy.
 #[derive(Clone)]
@@ -122,6 +125,8 @@ pub use crate::launch::{host_name, launched_world};
 /// Ends every rank of the job from anywhere (a panic hook): `MPI_Abort` on the world
 /// communicator, without needing the communicator object.
 pub fn abort_world(code: i32) -> ! {
+    // Let the launcher forward what was just printed (see `Communicator::abort`).
+    std::thread::sleep(Duration::from_millis(500));
     // SAFETY: MPI_Abort on the predefined world communicator; _exit if it returns.
     unsafe {
         ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, code);
@@ -146,14 +151,23 @@ impl MpiComm {
         let me = [host_hash(), std::process::id() as u64];
         let mut all = vec![0u64; 2 * size];
         world.all_gather_into(&me[..], &mut all[..]);
-        let peers = all
+        let peers: Vec<Peer> = all
             .chunks_exact(2)
             .map(|c| Peer {
                 host: c[0],
                 pid: c[1],
             })
             .collect();
+        let here = host_hash();
+        let local = peers
+            .iter()
+            .enumerate()
+            .filter(|(r, p)| *r != rank && p.host == here)
+            .map(|(r, p)| (r, p.pid))
+            .collect();
+        let watch = watch::Watch::start(rank, size, local);
         Ok(MpiComm {
+            watch,
             universe: Some(universe),
             ctx: Ctx {
                 raw,
@@ -244,11 +258,20 @@ impl MpiComm {
     /// Finalizes MPI. A finished job must not depend on `MPI_Finalize` returning (4-rank
     /// MPICH jobs over UCX sometimes hang in it after their results are out): if it has
     /// not returned within `grace`, the process exits with `exit_code` there.
+    ///
+    /// Every rank stops watching its peers and meets the others in a barrier first (with
+    /// ten times the collective timeout: rank 0 may still be writing a sample), so that
+    /// no rank mistakes another's clean exit for a death.
     pub fn finalize(mut self, grace: Duration, exit_code: i32) {
+        self.watch.disarm();
+        self.ctx.timeout *= 10;
+        let _ = self.barrier();
         let universe = self.universe.take();
         std::thread::spawn(move || {
             std::thread::sleep(grace);
-            eprintln!("stoker: MPI_Finalize did not return within {grace:?}; exiting");
+            crate::say(&format!(
+                "stoker: MPI_Finalize did not return within {grace:?}; exiting"
+            ));
             // SAFETY: _exit ends the process without running destructors or flushing,
             // which is what a hung finalize leaves us; stdout was flushed by the caller.
             unsafe { libc::_exit(exit_code) };
@@ -792,12 +815,14 @@ impl Communicator for MpiComm {
 
     fn abort(&self, code: i32, message: &str) -> ! {
         use std::io::Write;
-        eprintln!(
+        crate::say(&format!(
             "stoker: rank {} of {}: {message}",
             self.ctx.rank, self.ctx.world
-        );
-        let _ = std::io::stderr().flush();
+        ));
         let _ = std::io::stdout().flush();
+        // MPI_Abort tears the job down at once, and the launcher may drop output it has
+        // not yet forwarded: give it a moment to pass the message on.
+        std::thread::sleep(Duration::from_millis(500));
         // SAFETY: MPI_Abort on the valid world communicator ends every rank; it does not
         // return in practice, and _exit covers an implementation where it would.
         unsafe {

@@ -1,0 +1,560 @@
+//! `stoker train` under `mpirun -n 2` and `mpirun -n 4` (oversubscribed on 2 cores), each
+//! wrapped in `timeout`: N ranks give what 1 rank gives (weights within the format's
+//! tolerance; bit-identical in deterministic mode, also across a resume at another world
+//! size and through the in-process backend), bad input fails before any work naming the
+//! key, and a rank that fails, dies or hangs ends the whole job with a message naming it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const STOKER: &str = env!("CARGO_BIN_EXE_stoker");
+
+/// Whether `mpirun` is here; says so loudly when it is not.
+fn have_mpirun(test: &str) -> bool {
+    let ok = Command::new("mpirun").arg("--version").output().is_ok();
+    if !ok {
+        stoker_testkit::skip(
+            test,
+            "mpirun not found (scripts/install-deps.sh installs MPICH)",
+        );
+    }
+    ok
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// `stoker train CONFIG` on one rank, or under `mpirun -n ranks`, bounded by `timeout`.
+fn train(ranks: usize, config: &Path, extra: &[&str]) -> Output {
+    let mut cmd = Command::new("timeout");
+    cmd.args(["-k", "5", "180"]);
+    if ranks > 1 {
+        cmd.args(["mpirun", "-n", &ranks.to_string()]);
+    }
+    cmd.arg(STOKER)
+        .arg("train")
+        .arg(config)
+        .arg("--no-progress")
+        .args(extra);
+    cmd.output().unwrap()
+}
+
+/// The value after `key` on the line that has it (`weights crc32: 1a2b...`).
+fn field(o: &Output, key: &str) -> String {
+    let out = String::from_utf8_lossy(&o.stdout);
+    out.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .unwrap_or_else(|| panic!("no `{key}` in the output: {}", text(o)))
+        .trim()
+        .to_string()
+}
+
+/// The final checkpoint's weights, every tensor in name order, as f32.
+fn final_weights(run_dir: &Path) -> Vec<f32> {
+    let root = run_dir.join("checkpoints");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    dirs.sort();
+    let bytes = std::fs::read(dirs.last().unwrap().join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
+    names.sort();
+    names
+        .iter()
+        .flat_map(|n| {
+            st.tensor(n)
+                .unwrap()
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    assert!(stoker_testkit::max_abs(a).is_finite() && stoker_testkit::max_abs(b).is_finite());
+    let d: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let n: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (d / n).sqrt()
+}
+
+/// Writes a C-order .npy file (v1.0 header).
+fn write_npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let shape_s = if dims.len() == 1 {
+        format!("({},)", dims[0])
+    } else {
+        format!("({})", dims.join(", "))
+    };
+    let mut header =
+        format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_s}, }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend((header.len() as u16).to_le_bytes());
+    out.extend(header.as_bytes());
+    out.extend(data);
+    std::fs::write(path, out).unwrap();
+}
+
+/// The test data under `dir`: a char-level token shard (`corpus.bin`) and 8x8 images
+/// with 4 classes (`images.*.npy`) and 6-wide vectors with 3 classes (`vectors.*.npy`).
+fn write_data(dir: &Path) {
+    let words = [
+        "the", "cat", "sat", "on", "mat", "dog", "ran", "in", "fog", "we", "go", "to", "sea",
+    ];
+    let mut s = String::new();
+    let mut z = 7u64;
+    while s.len() < 20_000 {
+        z = z
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        s.push_str(words[(z >> 33) as usize % words.len()]);
+        s.push(' ');
+    }
+    std::fs::write(dir.join("text.txt"), s).unwrap();
+    let o = Command::new(STOKER)
+        .args(["pack", "text"])
+        .arg(dir.join("corpus"))
+        .arg(dir.join("text.txt"))
+        .args(["--tokenizer", "char"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let n = 256;
+    let px: Vec<u8> = (0..n * 64)
+        .map(|i| ((i * 37 + i / 64 * 11) % 251) as u8)
+        .collect();
+    write_npy(&dir.join("images.image.npy"), "|u1", &[n, 1, 8, 8], &px);
+    let labels: Vec<i64> = (0..n).map(|i| ((i * 7) % 4) as i64).collect();
+    write_npy(
+        &dir.join("images.label.npy"),
+        "<i8",
+        &[n],
+        bytemuck::cast_slice(&labels),
+    );
+    let v: Vec<f32> = (0..n * 6)
+        .map(|i| ((i * 13 % 17) as f32 - 8.0) / 8.0)
+        .collect();
+    write_npy(
+        &dir.join("vectors.x.npy"),
+        "<f4",
+        &[n, 6],
+        bytemuck::cast_slice(&v),
+    );
+    let l: Vec<i64> = (0..n).map(|i| ((i * 5) % 3) as i64).collect();
+    write_npy(
+        &dir.join("vectors.y.npy"),
+        "<i8",
+        &[n],
+        bytemuck::cast_slice(&l),
+    );
+}
+
+#[derive(Clone, Copy)]
+enum Model {
+    Gpt,
+    Cnn,
+    Mlp,
+}
+
+/// A config for `model` writing to `run`, with `extra` appended (as TOML lines inside the
+/// `[parallel]` table, or whole tables).
+fn config(
+    dir: &Path,
+    name: &str,
+    model: Model,
+    precision: &str,
+    kernels: &str,
+    steps: u64,
+    extra: &str,
+) -> PathBuf {
+    let data = match model {
+        Model::Gpt => format!(
+            "train = \"{}\"\nvocab = \"{}\"",
+            dir.join("corpus.bin").display(),
+            dir.join("corpus.vocab.json").display()
+        ),
+        Model::Cnn => format!(
+            "train = \"{}\"\neval_fraction = 0.25",
+            dir.join("images").display()
+        ),
+        Model::Mlp => format!(
+            "train = \"{}\"\neval_fraction = 0.25\ninput_field = \"x\"\ntarget_field = \"y\"",
+            dir.join("vectors").display()
+        ),
+    };
+    let model_t = match model {
+        Model::Gpt => "kind = \"gpt\"\nvocab = 16\ncontext = 16\nd_model = 16\nn_layer = 2\nn_head = 2",
+        Model::Cnn => "kind = \"cnn\"\nin_channels = 1\nimage_size = 8\nchannels1 = 2\nchannels2 = 3\nhidden = 8\nclasses = 4",
+        Model::Mlp => "kind = \"mlp\"\ninput_shape = [6]\nhidden = [8]\nclasses = 3",
+    };
+    let text = format!(
+        r#"run_dir = "{run}"
+seed = 5
+precision = "{precision}"
+kernels = "{kernels}"
+[data]
+{data}
+[model]
+{model_t}
+[batch]
+micro_batch = 2
+global_batch = 8
+[optimizer]
+kind = "adamw"
+lr = 1e-3
+weight_decay = 0.1
+grad_clip = 1.0
+[train]
+steps = {steps}
+log_every = 1
+eval_batches = 4
+checkpoint_every = 2
+[parallel]
+bucket_cap_mb = 0.002
+first_bucket_mb = 0.0005
+{extra}
+"#,
+        run = dir.join(name).display()
+    );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Relative L2 tolerance of N-rank weights against one rank's (docs/distributed.md): the
+/// f32 reordering of the reduction, plus rare flips of the low-precision compute copy.
+fn tolerance(precision: &str) -> f64 {
+    match precision {
+        "bf16" => 1e-4,
+        "fp16" => 5e-5,
+        _ => 1e-5,
+    }
+}
+
+#[test]
+fn mpi_n_ranks_equal_one_rank_and_deterministic_mode_is_bit_identical() {
+    if !have_mpirun("mpi_n_ranks_equal_one_rank_and_deterministic_mode_is_bit_identical") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_data(dir);
+    let cases = [
+        (Model::Gpt, "fp32", "direct"),
+        (Model::Gpt, "fp32", "fused"),
+        (Model::Gpt, "bf16", "direct"),
+        (Model::Gpt, "fp16", "fused"),
+        (Model::Cnn, "fp32", "fused"),
+        (Model::Cnn, "bf16", "fused"),
+        (Model::Mlp, "fp16", "fused"),
+    ];
+    for (i, (model, precision, kernels)) in cases.into_iter().enumerate() {
+        // Default mode: MPI's own sums, weights within the format's tolerance.
+        let one = config(dir, &format!("c{i}_w1"), model, precision, kernels, 5, "");
+        let o = train(1, &one, &[]);
+        assert!(o.status.success(), "{}", text(&o));
+        let want = final_weights(&dir.join(format!("c{i}_w1")));
+        let loss1: f64 = field(&o, "steps: 5, last train loss").parse().unwrap();
+        for n in [2, 4] {
+            let name = format!("c{i}_w{n}");
+            let c = config(dir, &name, model, precision, kernels, 5, "");
+            let o = train(n, &c, &[]);
+            assert!(o.status.success(), "{}", text(&o));
+            let d = rel_l2(&final_weights(&dir.join(&name)), &want);
+            let what = format!("{precision} {kernels} case {i} at {n} ranks");
+            assert!(
+                d <= tolerance(precision),
+                "{what}: weights differ by {d:e} (relative L2)"
+            );
+            let loss: f64 = field(&o, "steps: 5, last train loss").parse().unwrap();
+            assert!(
+                (loss - loss1).abs() <= 1e-4 * loss1,
+                "{what}: loss {loss} vs {loss1}"
+            );
+        }
+        // Deterministic mode: the same bits at 1, 2 and 4 ranks.
+        let mut crcs = Vec::new();
+        for n in [1, 2, 4] {
+            let c = config(
+                dir,
+                &format!("d{i}_w{n}"),
+                model,
+                precision,
+                kernels,
+                5,
+                "deterministic = true",
+            );
+            let o = train(n, &c, &[]);
+            assert!(o.status.success(), "{}", text(&o));
+            crcs.push((n, field(&o, "weights crc32:")));
+        }
+        assert!(
+            crcs.iter().all(|(_, c)| *c == crcs[0].1),
+            "case {i} ({precision} {kernels}): {crcs:?}"
+        );
+    }
+}
+
+#[test]
+fn resume_at_another_world_size_and_the_local_backend_continue_bit_identically() {
+    if !have_mpirun("resume_at_another_world_size_and_the_local_backend_continue_bit_identically") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_data(dir);
+    let det = "deterministic = true";
+    // Uninterrupted: 1 rank, 8 steps.
+    let whole = config(dir, "whole", Model::Gpt, "fp32", "direct", 8, det);
+    let o = train(1, &whole, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let want = field(&o, "weights crc32:");
+    // 4 steps on 2 ranks, then the last 4 on 1 rank, and on 4 ranks, from its checkpoint.
+    for (first, then) in [(2, 1), (2, 4), (4, 2)] {
+        let name = format!("split_{first}_{then}");
+        let c = config(dir, &name, Model::Gpt, "fp32", "direct", 8, det);
+        let o = train(first, &c, &["--stop-after", "4"]);
+        assert!(o.status.success(), "{}", text(&o));
+        let o = train(then, &c, &["--resume", "latest"]);
+        assert!(o.status.success(), "{}", text(&o));
+        assert_eq!(
+            field(&o, "weights crc32:"),
+            want,
+            "{first} ranks then {then}: {}",
+            text(&o)
+        );
+    }
+    // Two ranks as threads of one process.
+    let local = config(
+        dir,
+        "local",
+        Model::Gpt,
+        "fp32",
+        "direct",
+        8,
+        "deterministic = true\nbackend = \"local\"",
+    );
+    let t = std::fs::read_to_string(&local)
+        .unwrap()
+        .replace("global_batch = 8", "global_batch = 8\nworld_size = 2");
+    std::fs::write(&local, t).unwrap();
+    let o = train(1, &local, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        field(&o, "weights crc32:"),
+        want,
+        "local backend: {}",
+        text(&o)
+    );
+}
+
+#[test]
+fn bad_parallel_input_fails_before_any_work_naming_the_key() {
+    if !have_mpirun("bad_parallel_input_fails_before_any_work_naming_the_key") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_data(dir);
+    // A global batch the world size does not divide: 8 = 2 x k x 3 has no whole k.
+    let c = config(dir, "div", Model::Gpt, "fp32", "direct", 5, "");
+    let o = train(3, &c, &[]);
+    let out = text(&o);
+    assert!(
+        !o.status.success()
+            && out.contains("batch.global_batch")
+            && out.contains("world sizes that fit: 1, 2, 4"),
+        "{out}"
+    );
+    assert!(!dir.join("div").exists(), "work started: {out}");
+    // A world size the launcher does not give.
+    let c = config(dir, "ws", Model::Gpt, "fp32", "direct", 5, "");
+    let t = std::fs::read_to_string(&c)
+        .unwrap()
+        .replace("global_batch = 8", "global_batch = 8\nworld_size = 4");
+    std::fs::write(&c, t).unwrap();
+    let o = train(2, &c, &[]);
+    let out = text(&o);
+    assert!(
+        !o.status.success() && out.contains("batch.world_size") && out.contains("started 2 rank"),
+        "{out}"
+    );
+    // Ranks launched with different configs: rank 1 names the key that differs.
+    let a = config(dir, "same", Model::Gpt, "fp32", "direct", 5, "");
+    let b = dir.join("other.toml");
+    std::fs::write(
+        &b,
+        std::fs::read_to_string(&a)
+            .unwrap()
+            .replace("lr = 1e-3", "lr = 2e-3"),
+    )
+    .unwrap();
+    let o = Command::new("timeout")
+        .args(["-k", "5", "60", "mpirun", "-n", "1", STOKER, "train"])
+        .arg(&a)
+        .args(["--no-progress", ":", "-n", "1", STOKER, "train"])
+        .arg(&b)
+        .arg("--no-progress")
+        .output()
+        .unwrap();
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(
+        out.contains("differs from rank 0's at key `optimizer.lr`: 0.002 here, 0.001 on rank 0"),
+        "{out}"
+    );
+    assert!(
+        !dir.join("same").join("metrics.jsonl").exists(),
+        "work started: {out}"
+    );
+}
+
+#[test]
+fn a_rank_with_bad_data_stops_the_whole_job_with_its_message() {
+    if !have_mpirun("a_rank_with_bad_data_stops_the_whole_job_with_its_message") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_data(dir);
+    // Unshuffled, rank 1 reads samples 4..8 of the first global batch: label 99 at 5.
+    let mut labels: Vec<i64> = (0..256).map(|i| ((i * 7) % 4) as i64).collect();
+    labels[5] = 99;
+    write_npy(
+        &dir.join("images.label.npy"),
+        "<i8",
+        &[256],
+        bytemuck::cast_slice(&labels),
+    );
+    let c = config(dir, "bad", Model::Cnn, "fp32", "fused", 5, "");
+    let t = std::fs::read_to_string(&c).unwrap().replace(
+        "eval_fraction = 0.25",
+        "eval_fraction = 0.25\nshuffle = false",
+    );
+    std::fs::write(&c, t).unwrap();
+    let t0 = Instant::now();
+    let o = train(2, &c, &[]);
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(
+        out.contains("rank 1 of 2: error") && out.contains("class id 99"),
+        "{out}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(30),
+        "took {:?}: {out}",
+        t0.elapsed()
+    );
+}
+
+/// Starts `mpirun -n 2 stoker train` on a long run, waits for both ranks' pid lines,
+/// sends rank 1 `signal`, and returns (rank 1's pid, the output, the seconds it took to end).
+fn signal_rank_1(dir: &Path, signal: &str, extra: &str) -> (String, String, f64) {
+    let c = config(
+        dir,
+        &format!("sig{signal}"),
+        Model::Gpt,
+        "fp32",
+        "direct",
+        100_000,
+        extra,
+    );
+    let log = dir.join(format!("sig{signal}.log"));
+    // One file description for both streams, so that they share the offset.
+    let out = std::fs::File::create(&log).unwrap();
+    let mut child = Command::new("timeout")
+        .args(["-k", "5", "120", "mpirun", "-n", "2", STOKER, "train"])
+        .arg(&c)
+        .arg("--no-progress")
+        .stdout(Stdio::from(out.try_clone().unwrap()))
+        .stderr(Stdio::from(out))
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let pid = loop {
+        let s = std::fs::read_to_string(&log).unwrap_or_default();
+        let started = s.contains("rank 0 of 2: pid")
+            && dir
+                .join(format!("sig{signal}"))
+                .join("metrics.jsonl")
+                .exists();
+        if let (Some(l), true) = (s.lines().find(|l| l.contains("rank 1 of 2: pid")), started) {
+            break l
+                .split("pid ")
+                .nth(1)
+                .unwrap()
+                .split(' ')
+                .next()
+                .unwrap()
+                .to_string();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the job did not start: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let k = Command::new("kill")
+        .args([&format!("-{signal}"), &pid])
+        .status()
+        .unwrap();
+    assert!(k.success());
+    let t1 = Instant::now();
+    let status = child.wait().unwrap();
+    let secs = t1.elapsed().as_secs_f64();
+    let out = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !status.success(),
+        "the job ended well after a rank was signalled: {out}"
+    );
+    (pid, out, secs)
+}
+
+#[test]
+fn a_killed_rank_ends_the_job_naming_it() {
+    if !have_mpirun("a_killed_rank_ends_the_job_naming_it") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    write_data(tmp.path());
+    let (pid, out, secs) = signal_rank_1(tmp.path(), "KILL", "timeout_s = 60");
+    assert!(
+        secs < 60.0,
+        "rank 0 outlived the collective timeout: {secs} s: {out}"
+    );
+    // stoker names the rank (its peer watcher), or MPICH's launcher names the pid, which
+    // every rank printed at start next to its rank.
+    let named = out.contains(&format!("rank 1 (pid {pid}, this host) died"))
+        || (out.contains(&format!("PID {pid} "))
+            && out.contains(&format!("rank 1 of 2: pid {pid} ")));
+    assert!(named, "the lost rank (pid {pid}) is not named: {out}");
+}
+
+#[test]
+fn a_stuck_rank_times_out_naming_the_collective_rank_and_bytes() {
+    if !have_mpirun("a_stuck_rank_times_out_naming_the_collective_rank_and_bytes") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    write_data(tmp.path());
+    let (_, out, secs) = signal_rank_1(tmp.path(), "STOP", "timeout_s = 3");
+    assert!(secs < 30.0, "took {secs} s: {out}");
+    assert!(
+        out.contains("timed out after 3.0 s on rank 0 of 2") && out.contains("bytes"),
+        "{out}"
+    );
+}

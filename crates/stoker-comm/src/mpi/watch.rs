@@ -1,0 +1,83 @@
+//! Notices at once when a peer process on this host dies, and says which rank it was.
+//!
+//! A rank killed by a signal leaves its peers waiting in a collective. MPICH's launcher
+//! then kills every other rank too, naming only the dead process's pid, and other
+//! launchers (Slurm without `--kill-on-bad-exit`) leave them waiting until the
+//! collective timeout. This thread holds a Linux pidfd of every other rank on this host
+//! and wakes the moment one exits: it prints which rank died and ends this process, so
+//! the job ends with a message that names the lost rank either way. A clean shutdown
+//! disarms it first (see `MpiComm::finalize`).
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The watching thread's switch; dropping it does not stop the thread, [`Watch::disarm`]
+/// does.
+pub(super) struct Watch {
+    armed: Arc<AtomicBool>,
+}
+
+impl Watch {
+    /// Watches `peers` (`(rank, pid)` on this host) on behalf of rank `me` of `world`.
+    /// Without pidfd support (Linux before 5.3) nothing is watched and the collective
+    /// timeout remains the only guard.
+    pub(super) fn start(me: usize, world: usize, peers: Vec<(usize, u64)>) -> Watch {
+        let armed = Arc::new(AtomicBool::new(true));
+        let fds: Vec<(usize, u64, OwnedFd)> = peers
+            .into_iter()
+            .filter_map(|(rank, pid)| {
+                // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor
+                // (or -1); the descriptor is owned from here on.
+                let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+                (fd >= 0).then(|| (rank, pid, unsafe { OwnedFd::from_raw_fd(fd as i32) }))
+            })
+            .collect();
+        if !fds.is_empty() {
+            let flag = armed.clone();
+            std::thread::Builder::new()
+                .name("stoker-peer-watch".into())
+                .spawn(move || watch(me, world, fds, flag))
+                .expect("spawning the peer watcher");
+        }
+        Watch { armed }
+    }
+
+    /// Stops reporting deaths (a clean shutdown is under way).
+    pub(super) fn disarm(&self) {
+        self.armed.store(false, Ordering::SeqCst);
+    }
+}
+
+fn watch(me: usize, world: usize, fds: Vec<(usize, u64, OwnedFd)>, armed: Arc<AtomicBool>) {
+    let mut polls: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|(_, _, fd)| libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    while armed.load(Ordering::SeqCst) {
+        // SAFETY: `polls` is a valid array of pollfd for its length; the descriptors
+        // stay open (owned by `fds`) for the whole loop.
+        let n = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, 500) };
+        if n <= 0 || !armed.load(Ordering::SeqCst) {
+            continue;
+        }
+        if let Some(i) = polls.iter().position(|p| p.revents & libc::POLLIN != 0) {
+            let (rank, pid, _) = &fds[i];
+            // One write: the launcher may kill this process any moment now.
+            crate::say(&format!(
+                "stoker: rank {me} of {world}: rank {rank} (pid {pid}, this host) died in the middle of the job; ending this rank"
+            ));
+            std::thread::sleep(Duration::from_millis(200));
+            if armed.load(Ordering::SeqCst) {
+                // SAFETY: ends the process at once; no MPI call from this thread.
+                unsafe { libc::_exit(1) };
+            }
+            return;
+        }
+    }
+}
