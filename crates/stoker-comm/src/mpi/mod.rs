@@ -577,12 +577,11 @@ impl Communicator for MpiComm {
         // SAFETY: both buffers and `c` stay borrowed until finish_blocking returns or
         // ends the process; lengths were checked against the counts.
         let code = unsafe {
-            ffi::MPI_Ireduce_scatter(
+            ireduce_scatter(
                 buf_ptr(&input),
                 buf_mut_ptr(&mut output),
-                c.as_ptr(),
+                &c,
                 datatype(input.dtype()),
-                sum_op(),
                 self.ctx.raw,
                 &mut req[0],
             )
@@ -608,17 +607,13 @@ impl Communicator for MpiComm {
         let bytes = output.bytes();
         self.stats.count(Op::AllGather, bytes, self.ctx.world);
         let (c, d) = counts_displs(Op::AllGather, self.ctx.rank, counts)?;
-        let n = c[self.ctx.rank];
         let mut req = [null_request()];
         // SAFETY: as in reduce_scatter_buf.
         let code = unsafe {
-            ffi::MPI_Iallgatherv(
-                buf_ptr(&input),
-                n,
-                datatype(input.dtype()),
+            iallgather(
+                (buf_ptr(&input), c[self.ctx.rank]),
                 buf_mut_ptr(&mut output),
-                c.as_ptr(),
-                d.as_ptr(),
+                (&c, &d),
                 datatype(input.dtype()),
                 self.ctx.raw,
                 &mut req[0],
@@ -747,9 +742,7 @@ impl Communicator for MpiComm {
             |s, r, c, _, req| {
                 // SAFETY: the pending operation owns both buffers and the counts until it
                 // completes.
-                unsafe {
-                    ffi::MPI_Ireduce_scatter(s, r, c.as_ptr(), datatype(dt), sum_op(), raw, req)
-                }
+                unsafe { ireduce_scatter(s, r, c, datatype(dt), raw, req) }
             },
         )
     }
@@ -778,19 +771,7 @@ impl Communicator for MpiComm {
             |s, r, c, d, req| {
                 // SAFETY: the pending operation owns both buffers, the counts and the
                 // displacements until it completes.
-                unsafe {
-                    ffi::MPI_Iallgatherv(
-                        s,
-                        n,
-                        datatype(dt),
-                        r,
-                        c.as_ptr(),
-                        d.as_ptr(),
-                        datatype(dt),
-                        raw,
-                        req,
-                    )
-                }
+                unsafe { iallgather((s, n), r, (c, d), datatype(dt), raw, req) }
             },
         )
     }
@@ -829,6 +810,61 @@ impl Communicator for MpiComm {
             ffi::MPI_Abort(self.ctx.raw, code);
             libc::_exit(code)
         }
+    }
+}
+
+/// Starts a sum reduce-scatter with `counts[r]` elements for rank `r`:
+/// `MPI_Ireduce_scatter_block` when every count is the same (MPICH runs faster algorithms
+/// for it), `MPI_Ireduce_scatter` otherwise.
+///
+/// # Safety
+/// `send` must be valid for the counts' sum and `recv` for this rank's count, and both,
+/// `counts` and `req` must stay valid until the request completes.
+unsafe fn ireduce_scatter(
+    send: *const c_void,
+    recv: *mut c_void,
+    counts: &[c_int],
+    dt: ffi::MPI_Datatype,
+    comm: ffi::MPI_Comm,
+    req: *mut ffi::MPI_Request,
+) -> c_int {
+    match counts.first() {
+        Some(&n) if counts.iter().all(|&c| c == n) => {
+            ffi::MPI_Ireduce_scatter_block(send, recv, n, dt, sum_op(), comm, req)
+        }
+        _ => ffi::MPI_Ireduce_scatter(send, recv, counts.as_ptr(), dt, sum_op(), comm, req),
+    }
+}
+
+/// Starts an all-gather of `counts[r]` elements from rank `r` at `displs[r]` (this
+/// rank sends `n`): `MPI_Iallgather` when every count is the same, `MPI_Iallgatherv`
+/// otherwise.
+///
+/// # Safety
+/// As [`ireduce_scatter`], with `send` valid for `n` elements, `recv` for the counts' sum
+/// and `displs` alive too.
+unsafe fn iallgather(
+    (send, n): (*const c_void, c_int),
+    recv: *mut c_void,
+    (counts, displs): (&[c_int], &[c_int]),
+    dt: ffi::MPI_Datatype,
+    comm: ffi::MPI_Comm,
+    req: *mut ffi::MPI_Request,
+) -> c_int {
+    if counts.iter().all(|&c| c == n) {
+        ffi::MPI_Iallgather(send, n, dt, recv, n, dt, comm, req)
+    } else {
+        ffi::MPI_Iallgatherv(
+            send,
+            n,
+            dt,
+            recv,
+            counts.as_ptr(),
+            displs.as_ptr(),
+            dt,
+            comm,
+            req,
+        )
     }
 }
 
