@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 STOKER := target/release/stoker
 
-.PHONY: demo test deps data photos build release bench-loader bench-jpeg bench-precision bench-step check-cuda fmt clippy
+.PHONY: demo test deps data photos build release bench-loader bench-jpeg bench-precision bench-step bench-comm bench-ddp check-cuda fmt clippy
 
 # System packages, Python packages for fixtures/references, a Rust toolchain check.
 deps:
@@ -44,6 +44,14 @@ bench-precision: deps
 # Fused kernels, bf16 GEMM and the GPT training step vs PyTorch (needs python3 + torch).
 bench-step: deps
 	bash scripts/bench/step.sh
+
+# Collective bus bandwidth: stoker's communicator vs the direct MPI call (2 ranks under mpirun).
+bench-comm: release
+	bash scripts/bench/comm.sh
+
+# The DDP step: 1 vs 2 ranks, overlap, exposed communication, the plan; sync timing at k = 2..16.
+bench-ddp: data
+	bash scripts/bench/ddp.sh
 
 fmt:
 	$(CARGO) fmt --all

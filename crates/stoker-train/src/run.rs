@@ -66,6 +66,10 @@ pub struct RunSummary {
     pub bytes_per_step: f64,
     /// Mean seconds per optimizer step (evaluation and checkpoints excluded).
     pub step_s: f64,
+    /// Seconds of each optimizer step this run took, in order.
+    pub step_times_s: Vec<f64>,
+    /// Seconds each step waited for reductions after its backward, in order.
+    pub comm_waits_s: Vec<f64>,
     /// CRC-32 of the final FP32 master weights' bytes (equal across ranks; equal across
     /// world sizes in deterministic mode).
     pub weights_crc32: u32,
@@ -261,6 +265,7 @@ pub fn run_rank(
     let (mut interval_count, mut total_count) = (0usize, 0usize);
     let (mut comm_wait, mut bytes_sent, mut step_time, mut steps_run) =
         (Duration::ZERO, 0u64, Duration::ZERO, 0u32);
+    let (mut step_times, mut comm_waits) = (Vec::new(), Vec::new());
     let mut last_loss = f64::NAN;
     let mut last_eval = None;
     let k = dims.accumulation_steps;
@@ -285,6 +290,8 @@ pub fn run_rank(
             let t_step = Instant::now();
             let r = trainer.train_step(&window)?;
             step_time += t_step.elapsed();
+            step_times.push(t_step.elapsed().as_secs_f64());
+            comm_waits.push(r.sync.exposed_wait.as_secs_f64());
             steps_run += 1;
             comm_wait += r.sync.exposed_wait;
             bytes_sent += r.sync.bytes_sent;
@@ -384,6 +391,8 @@ pub fn run_rank(
         comm_wait_s: comm_wait.as_secs_f64() / steps_run.max(1) as f64,
         bytes_per_step: bytes_sent as f64 / steps_run.max(1) as f64,
         step_s: step_time.as_secs_f64() / steps_run.max(1) as f64,
+        step_times_s: step_times,
+        comm_waits_s: comm_waits,
         weights_crc32: crc32fast::hash(bytemuck::cast_slice(&trainer.master)),
     })
 }

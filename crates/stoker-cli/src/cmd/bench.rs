@@ -16,6 +16,10 @@ pub struct BenchArgs {
 enum BenchWhat {
     /// Measure the data loader: samples/s, MB/s, consumer wait, worker busy, peak RSS.
     Loader(LoaderBenchArgs),
+    /// Collective bus bandwidth through stoker's communicator vs the direct MPI call (under mpirun).
+    Comm(super::bench_comm::CommBenchArgs),
+    /// The DDP step: step time, exposed communication, overlap, against the plan (1 rank, or under mpirun).
+    Ddp(super::bench_ddp::DdpBenchArgs),
 }
 
 #[derive(clap::Args)]
@@ -35,7 +39,11 @@ struct LoaderBenchArgs {
 
 /// Runs `stoker bench`.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let BenchWhat::Loader(a) = args.what;
+    let a = match args.what {
+        BenchWhat::Loader(a) => a,
+        BenchWhat::Comm(a) => return super::bench_comm::run(a),
+        BenchWhat::Ddp(a) => return super::bench_ddp::run(a),
+    };
     let ds = a.data.open()?;
     let n = ds.len();
     let sb = sample_bytes(&ds);

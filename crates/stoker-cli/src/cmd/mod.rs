@@ -1,5 +1,7 @@
 //! One module per subcommand.
 pub mod bench;
+pub mod bench_comm;
+pub mod bench_ddp;
 pub mod dataset_args;
 pub mod pack;
 pub mod plan;

@@ -1,0 +1,203 @@
+//! `stoker bench ddp CONFIG` (alone for one rank, under `mpirun -n N` for N): the DDP step
+//! on this machine. It trains the config's model on its data for `--steps` steps and
+//! reports the median step time and the median wait for gradient reductions after the
+//! backward (the communication the backward did not hide), then all-reduces the same
+//! gradient buckets with nothing else running (the communication's whole time), and
+//! prints the overlap achieved, `1 - exposed wait / isolated time`, beside `stoker plan`'s
+//! predicted DDP communication time for the same model and world size on the `cpu`
+//! preset. scripts/bench/ddp.sh runs it at 1 and 2 ranks and prints the step time beyond
+//! compute.
+
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use stoker_comm::{Buffer, Communicator};
+use stoker_train::config::{ModelConfig, TrainConfig};
+use stoker_train::layout::FlatLayout;
+use stoker_train::parallel::buckets;
+use stoker_train::run::{run_rank, threads_per_rank, RunOptions};
+use stoker_train::trainer::build_model;
+
+/// Arguments of `stoker bench ddp`.
+#[derive(clap::Args)]
+pub struct DdpBenchArgs {
+    /// A training config (its model, data, batch and `[parallel]` keys are used).
+    config: PathBuf,
+    /// Optimizer steps to time.
+    #[arg(long, default_value_t = 20)]
+    steps: u64,
+    /// Leading steps left out of the medians (allocation, first touch).
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Also write the results as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(serde::Serialize)]
+struct DdpResult {
+    ranks: usize,
+    threads_per_rank: usize,
+    params: usize,
+    accumulation_steps: usize,
+    sync_every_micro_batch: bool,
+    step_ms: f64,
+    exposed_wait_ms: f64,
+    isolated_comm_ms: f64,
+    overlap: f64,
+    plan_comm_ms: Option<f64>,
+    mib_sent_per_step: f64,
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[v.len() / 2]
+}
+
+/// `stoker plan`'s DDP communication time per step for a GPT of `config` on `world`
+/// ranks of the `cpu` preset, in seconds (None for other models).
+fn plan_comm_s(config: &TrainConfig, world: usize, global_batch: usize) -> Option<f64> {
+    let ModelConfig::Gpt(g) = &config.model else {
+        return None;
+    };
+    let text = format!(
+        "[model]\nfamily = \"gpt2\"\nlayers = {}\nhidden = {}\nheads = {}\nvocab = {}\ncontext = {}\n\
+         [hardware]\npreset = \"cpu\"\ndevices_per_node = {world}\n\
+         [training]\nglobal_batch = {global_batch}\nseq_len = {}\nprecision = \"fp32\"\noptimizer = \"adamw\"\nstrategy = \"ddp\"\n",
+        g.n_layer, g.d_model, g.n_head, g.vocab, g.context, g.context
+    );
+    let input = stoker_plan::input::PlanInput::from_toml_str("bench-ddp", &text).ok()?;
+    let r = stoker_plan::resolve::resolve(&Default::default(), None, &input).ok()?;
+    let p = stoker_plan::plan(r, None);
+    p.strategies
+        .iter()
+        .find(|s| s.label == "ddp")
+        .map(|s| s.comm.step_s)
+}
+
+/// Runs `stoker bench ddp`.
+pub fn run(a: DdpBenchArgs) -> anyhow::Result<()> {
+    let mut config = TrainConfig::load(&a.config)?;
+    config.train.steps = a.steps;
+    config.train.eval_every = 0;
+    config.train.eval_batches = 1;
+    config.train.checkpoint_every = 0;
+    config.train.sample_tokens = 0;
+    config.run_dir = config.run_dir.join("bench-ddp");
+    let launched = stoker_comm::mpi::launched_world();
+    let mpi = match &launched {
+        Some((_, n)) if *n > 1 => Some(Rc::new(stoker_comm::mpi::MpiComm::init(
+            Duration::from_secs(120),
+        )?)),
+        _ => None,
+    };
+    let (comm, launcher): (Rc<dyn Communicator>, String) = match (&mpi, &launched) {
+        (Some(m), Some((l, _))) => (m.clone(), l.clone()),
+        _ => (
+            Rc::new(stoker_comm::local_group(1, Duration::from_secs(120)).remove(0)),
+            "this process".into(),
+        ),
+    };
+    let world = comm.world_size();
+    let threads = match std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        Some(t) => t,
+        None => {
+            let t = threads_per_rank(config.parallel.threads_per_rank, world);
+            let _ = rayon::ThreadPoolBuilder::new()
+                .num_threads(t)
+                .build_global();
+            t
+        }
+    };
+    let s = run_rank(&config, &RunOptions::default(), comm.clone(), &launcher)
+        .context("the timed training run")?;
+    // The same buckets, all-reduced with nothing else running.
+    let model = build_model(&config.model, config.precision, config.kernels, config.seed)?;
+    let layout = FlatLayout::of(model.params())?;
+    let mib = |x: f64| (x * (1 << 20) as f64) as usize;
+    let p = &config.parallel;
+    let plan = buckets::plan(
+        &layout.group_ranges(),
+        mib(p.bucket_cap_mb),
+        mib(p.first_bucket_mb),
+    );
+    let mut isolated = Vec::new();
+    for _ in 0..(a.steps as usize).max(10) {
+        comm.barrier()?;
+        let t0 = Instant::now();
+        let pending = plan
+            .iter()
+            .map(|b| comm.start_all_reduce(Buffer::F32(vec![0.0; b.range.len()])))
+            .collect::<stoker_comm::Result<Vec<_>>>()?;
+        for p in pending {
+            p.wait()?;
+        }
+        // Every micro-batch that is reduced pays it: one per step, or k with sync every.
+        let per_step = if p.sync_every_micro_batch {
+            s.dims.accumulation_steps
+        } else {
+            1
+        };
+        isolated.push(t0.elapsed().as_secs_f64() * per_step as f64);
+    }
+    let skip = a.warmup.min(s.step_times_s.len().saturating_sub(1));
+    let step = median(&s.step_times_s[skip..]);
+    let wait = median(&s.comm_waits_s[skip..]);
+    let iso = if world > 1 { median(&isolated) } else { 0.0 };
+    let overlap = if iso > 0.0 {
+        ((iso - wait) / iso).clamp(0.0, 1.0)
+    } else {
+        f64::NAN
+    };
+    let planned = plan_comm_s(&config, world, s.dims.global_batch);
+    let result = DdpResult {
+        ranks: world,
+        threads_per_rank: threads,
+        params: s.params,
+        accumulation_steps: s.dims.accumulation_steps,
+        sync_every_micro_batch: p.sync_every_micro_batch,
+        step_ms: 1e3 * step,
+        exposed_wait_ms: 1e3 * wait,
+        isolated_comm_ms: 1e3 * iso,
+        overlap,
+        plan_comm_ms: planned.map(|x| 1e3 * x),
+        mib_sent_per_step: s.bytes_per_step / (1 << 20) as f64,
+    };
+    if comm.rank() == 0 {
+        println!(
+            "{} rank(s) x {} thread(s), {} parameters, {} buckets, accumulation {}{}: step {:.1} ms (median of {}), waiting for reductions after the backward {:.2} ms, the same all-reduces alone {:.2} ms: {:.0}% hidden under the backward; {:.2} MiB sent per step by each rank; stoker plan predicts {} of DDP communication per step",
+            world,
+            threads,
+            s.params,
+            plan.len(),
+            result.accumulation_steps,
+            if p.sync_every_micro_batch { " (sync every micro-batch)" } else { "" },
+            result.step_ms,
+            s.step_times_s.len() - skip,
+            result.exposed_wait_ms,
+            result.isolated_comm_ms,
+            100.0 * if overlap.is_nan() { 0.0 } else { overlap },
+            result.mib_sent_per_step,
+            planned.map_or("(no prediction for this model)".into(), |x| format!("{:.2} ms", 1e3 * x)),
+        );
+        if let Some(path) = &a.json {
+            std::fs::write(path, serde_json::to_string_pretty(&result)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+    }
+    drop(comm);
+    if let Some(m) = mpi {
+        let m = Rc::try_unwrap(m).unwrap_or_else(|_| unreachable!("the run has returned"));
+        m.finalize(Duration::from_secs(10), 0);
+    }
+    Ok(())
+}
