@@ -65,6 +65,9 @@ pub trait PendingOp {
     fn test(&mut self) -> Result<bool>;
     /// Waits (up to the communicator's timeout) and gives the result buffer.
     fn wait(self: Box<Self>) -> Result<Buffer>;
+    /// Gives up on the operation without waiting, on an error path where the job is
+    /// about to end (a backend that may still write its buffers leaks them).
+    fn abandon(self: Box<Self>) {}
 }
 
 /// A started non-blocking collective: test it, or wait for its result. Dropping it
@@ -87,6 +90,14 @@ impl Pending {
     /// Waits for the result.
     pub fn wait(mut self) -> Result<Buffer> {
         self.op.take().expect("taken only by wait").wait()
+    }
+
+    /// Gives up on it without waiting (an error elsewhere is ending the job): dropping it
+    /// would wait up to the timeout first.
+    pub fn abandon(mut self) {
+        if let Some(op) = self.op.take() {
+            op.abandon();
+        }
     }
 
     /// Waits for the result as a typed vector.

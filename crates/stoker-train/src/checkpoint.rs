@@ -255,9 +255,14 @@ pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<CheckpointState> {
             ),
         ));
     }
+    // The same parameters in another order or alignment (a version 1 checkpoint's name
+    // order) load by name; other parameters or shapes do not load at all.
     if state.layout != trainer.layout {
-        let diff = describe_mismatch(&state.layout, &trainer.layout);
-        return Err(st_err(dir, format!("does not match the model: {diff}")));
+        let probe = vec![0f32; state.layout.total_len()];
+        if trainer.layout.remap_from(&state.layout, &probe).is_err() {
+            let diff = describe_mismatch(&state.layout, &trainer.layout);
+            return Err(st_err(dir, format!("does not match the model: {diff}")));
+        }
     }
     let mp = dir.join("model.safetensors");
     let model = read_checked(&mp, state.model_crc32)?;
@@ -296,6 +301,13 @@ pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<CheckpointState> {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
+        let v = match state.layout == trainer.layout {
+            true => v,
+            false => trainer
+                .layout
+                .remap_from(&state.layout, &v)
+                .map_err(|e| st_err(&op, format!("optimizer buffer `{name}`: {e}")))?,
+        };
         buffers.push((name, v));
     }
     trainer

@@ -24,7 +24,8 @@ pub struct Slot {
     pub name: String,
     /// Tensor shape.
     pub shape: Vec<usize>,
-    /// Execution-order group (layer or block).
+    /// Execution-order group (layer or block); 0 in checkpoints written before groups.
+    #[serde(default)]
     pub group: usize,
     /// First element in the flat buffer.
     pub offset: usize,
@@ -240,6 +241,36 @@ impl FlatLayout {
             }
         }
         Ok(())
+    }
+
+    /// `buf`, laid out by `from`, re-laid out by this layout parameter by parameter (by
+    /// name), padding zero: how a checkpoint written with another order or alignment
+    /// loads. The error names a parameter that is missing or has another shape.
+    pub fn remap_from(&self, from: &FlatLayout, buf: &[f32]) -> Result<Vec<f32>> {
+        from.check_len(buf.len())?;
+        if from.slots.len() != self.slots.len() {
+            return Err(TrainError::Layout(format!(
+                "{} parameters, expected {}",
+                from.slots.len(),
+                self.slots.len()
+            )));
+        }
+        let mut out = vec![0f32; self.total];
+        for s in &self.slots {
+            let f = from
+                .slots
+                .iter()
+                .find(|f| f.name == s.name)
+                .ok_or_else(|| TrainError::Layout(format!("no parameter `{}`", s.name)))?;
+            if f.shape != s.shape {
+                return Err(TrainError::Layout(format!(
+                    "parameter `{}` is {:?}, expected {:?}",
+                    s.name, f.shape, s.shape
+                )));
+            }
+            out[s.offset..s.offset + s.len].copy_from_slice(&buf[f.offset..f.offset + f.len]);
+        }
+        Ok(out)
     }
 
     fn check_len(&self, n: usize) -> Result<()> {

@@ -173,8 +173,9 @@ pub fn run_rank(
         Some(dir) => {
             let state = checkpoint::load(&mut trainer, dir)?;
             let pos = state.data.clone().unwrap_or_else(|| {
-                // Version 1: written by one rank with this run's arithmetic.
-                DataPosition::of(state.sampler, dims.global_batch, 1, dims.accumulation_steps)
+                // Version 1: written by one rank, k = global_batch / micro_batch.
+                let k = dims.global_batch / dims.micro_batch;
+                DataPosition::of(state.sampler, dims.global_batch, 1, k)
             });
             trainer.sampler_state = pos.resume_at(dims.global_batch, dims.accumulation_steps)?;
             Some(state.step)
@@ -353,9 +354,13 @@ pub fn run_rank(
                 ));
                 last_eval = Some(e);
             }
-            if (every(config.train.checkpoint_every) || step == total) && lead {
-                let pos = DataPosition::of(trainer.sampler_state, dims.global_batch, dims.world, k);
-                checkpoint::save(&trainer, &ckpt_root, config.seed, Some(pos))?;
+            if every(config.train.checkpoint_every) || step == total {
+                same_weights_everywhere(&*comm, &trainer, step)?;
+                if lead {
+                    let pos =
+                        DataPosition::of(trainer.sampler_state, dims.global_batch, dims.world, k);
+                    checkpoint::save(&trainer, &ckpt_root, config.seed, Some(pos))?;
+                }
             }
             if step >= total {
                 break 'outer;
@@ -395,6 +400,26 @@ pub fn run_rank(
         comm_waits_s: comm_waits,
         weights_crc32: crc32fast::hash(bytemuck::cast_slice(&trainer.master)),
     })
+}
+
+/// Fails on every rank unless all ranks hold the same weights (a CRC-32 of the FP32
+/// master buffer each): data parallelism trusts the reduction to give every rank the same
+/// bits, and a checkpoint written by rank 0 stands for all of them.
+fn same_weights_everywhere(comm: &dyn Communicator, trainer: &Trainer, step: u64) -> Result<()> {
+    let n = comm.world_size();
+    if n == 1 {
+        return Ok(());
+    }
+    let mine = crc32fast::hash(bytemuck::cast_slice(&trainer.master)) as u64;
+    let mut all = vec![0u64; n];
+    stoker_comm::CommExt::all_gather(comm, &[mine], &vec![1; n], &mut all)?;
+    if all.iter().any(|&c| c != all[0]) {
+        return Err(TrainError::Mismatch(format!(
+            "after step {step} the ranks' weights differ (CRC-32 by rank: {:?}): the gradient reductions gave ranks different bits",
+            all.iter().map(|c| format!("{c:08x}")).collect::<Vec<_>>()
+        )));
+    }
+    Ok(())
 }
 
 /// The first `train.eval_batches` evaluation batches, shared round-robin among the ranks,

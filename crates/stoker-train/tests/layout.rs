@@ -106,3 +106,37 @@ fn gathers_gradients_and_names_a_missing_one() {
     let err = layout.gather_grads(&grads, &params, &mut out).unwrap_err();
     assert!(err.to_string().contains("`unused`"), "{err}");
 }
+
+#[test]
+fn a_buffer_remaps_by_name_between_orders_and_names_what_does_not_fit() {
+    use stoker_train::params::ParamSpec;
+    let a = FlatLayout::new(
+        &[ParamSpec::new("w", &[3, 5]), ParamSpec::new("b", &[5])],
+        16,
+    )
+    .unwrap();
+    let b = FlatLayout::new(
+        &[ParamSpec::new("b", &[5]), ParamSpec::new("w", &[3, 5])],
+        8,
+    )
+    .unwrap();
+    let buf: Vec<f32> = (0..a.total_len()).map(|i| i as f32).collect();
+    let r = b.remap_from(&a, &buf).unwrap();
+    assert_eq!(&r[..5], &buf[16..21]); // b
+    assert_eq!(&r[8..23], &buf[..15]); // w
+    assert_eq!(
+        a.remap_from(&b, &r).unwrap()[..21],
+        {
+            let mut want = buf[..21].to_vec();
+            want[15] = 0.0; // padding comes back zero
+            want
+        }[..]
+    );
+    let c = FlatLayout::new(
+        &[ParamSpec::new("w", &[5, 3]), ParamSpec::new("b", &[5])],
+        16,
+    )
+    .unwrap();
+    let e = c.remap_from(&a, &buf).unwrap_err().to_string();
+    assert!(e.contains("`w`") && e.contains("[3, 5]"), "{e}");
+}

@@ -53,6 +53,15 @@ pub fn run(a: CommBenchArgs) -> anyhow::Result<()> {
         anyhow::bail!("stoker bench comm measures collectives between ranks: run it under `mpirun -n 2 stoker bench comm`");
     }
     let comm = MpiComm::init(Duration::from_secs(120)).context("starting MPI")?;
+    // An error on one rank ends the job (the others would wait in a collective).
+    if let Err(e) = measure(&comm, &a) {
+        comm.abort(1, &format!("error: {e:#}"));
+    }
+    comm.finalize(Duration::from_secs(10), 0);
+    Ok(())
+}
+
+fn measure(comm: &MpiComm, a: &CommBenchArgs) -> anyhow::Result<()> {
     let (n, rank) = (comm.world_size(), comm.rank());
     let mut sizes = Vec::new();
     let mut s = a.min_kib * 1024;
@@ -138,6 +147,5 @@ pub fn run(a: CommBenchArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("writing {}", path.display()))?;
         }
     }
-    comm.finalize(Duration::from_secs(10), 0);
     Ok(())
 }

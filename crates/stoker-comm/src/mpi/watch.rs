@@ -27,12 +27,7 @@ impl Watch {
         let armed = Arc::new(AtomicBool::new(true));
         let fds: Vec<(usize, u64, OwnedFd)> = peers
             .into_iter()
-            .filter_map(|(rank, pid)| {
-                // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor
-                // (or -1); the descriptor is owned from here on.
-                let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-                (fd >= 0).then(|| (rank, pid, unsafe { OwnedFd::from_raw_fd(fd as i32) }))
-            })
+            .filter_map(|(rank, pid)| pidfd(pid).map(|fd| (rank, pid, fd)))
             .collect();
         if !fds.is_empty() {
             let flag = armed.clone();
@@ -50,6 +45,17 @@ impl Watch {
     }
 }
 
+/// A pidfd of process `pid` (Linux 5.3+), or None.
+fn pidfd(pid: u64) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` was just returned by pidfd_open, is open, and nothing else owns it.
+    Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
 fn watch(me: usize, world: usize, fds: Vec<(usize, u64, OwnedFd)>, armed: Arc<AtomicBool>) {
     let mut polls: Vec<libc::pollfd> = fds
         .iter()
@@ -65,6 +71,18 @@ fn watch(me: usize, world: usize, fds: Vec<(usize, u64, OwnedFd)>, armed: Arc<At
         let n = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, 500) };
         if n <= 0 || !armed.load(Ordering::SeqCst) {
             continue;
+        }
+        // A descriptor that errs without saying the process exited is dropped from the
+        // watch (poll skips negative descriptors), so the loop never spins on it.
+        for p in polls.iter_mut() {
+            if p.revents & libc::POLLIN == 0
+                && p.revents & (libc::POLLERR | libc::POLLNVAL | libc::POLLHUP) != 0
+            {
+                p.fd = -1;
+            }
+        }
+        if polls.iter().all(|p| p.fd < 0) {
+            return;
         }
         if let Some(i) = polls.iter().position(|p| p.revents & libc::POLLIN != 0) {
             let (rank, pid, _) = &fds[i];

@@ -154,6 +154,16 @@ impl Buckets {
     }
 }
 
+impl Drop for Buckets {
+    /// Reductions still in flight when the buckets go (an error ended the step): the job
+    /// is ending, so give up on them instead of waiting a timeout for each.
+    fn drop(&mut self) {
+        for p in self.in_flight.iter_mut().filter_map(Option::take) {
+            p.abandon();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
