@@ -106,10 +106,20 @@ pub mod mpi {
         fn start_all_reduce(&self, _: crate::Buffer) -> Result<crate::Pending> {
             match *self {}
         }
-        fn start_reduce_scatter(&self, _: crate::Buffer, _: &[usize]) -> Result<crate::Pending> {
+        fn start_reduce_scatter(
+            &self,
+            _: crate::Buffer,
+            _: &[usize],
+            _: crate::Buffer,
+        ) -> Result<crate::Pending> {
             match *self {}
         }
-        fn start_all_gather(&self, _: crate::Buffer, _: &[usize]) -> Result<crate::Pending> {
+        fn start_all_gather(
+            &self,
+            _: crate::Buffer,
+            _: &[usize],
+            _: crate::Buffer,
+        ) -> Result<crate::Pending> {
             match *self {}
         }
         fn stats(&self) -> crate::CommStats {

@@ -337,6 +337,8 @@ struct LocalPending {
     timeout: Duration,
     /// Reduce-scatter: this rank's segment `(start, len)`; otherwise the whole result.
     segment: Option<(usize, usize)>,
+    /// The caller's output buffer (reduce-scatter, all-gather); None: a copy of the result.
+    output: Option<Buffer>,
 }
 
 impl PendingOp for LocalPending {
@@ -346,7 +348,7 @@ impl PendingOp for LocalPending {
         Ok(slot.result.is_some() || slot.error.is_some())
     }
 
-    fn wait(self: Box<Self>) -> Result<Buffer> {
+    fn wait(self: Box<Self>) -> Result<(Buffer, Option<Buffer>)> {
         let res = collect(
             &self.comm,
             self.rank,
@@ -355,14 +357,22 @@ impl PendingOp for LocalPending {
             self.bytes,
             self.timeout,
         )?;
-        Ok(match self.segment {
-            None => (*res).clone(),
-            Some((start, len)) => {
-                let mut out = Buffer::zeros(res.dtype(), len);
-                out.as_buf_mut().copy_from(&res, start);
-                out
+        let mut out = self.output;
+        match self.segment {
+            None => match out.take() {
+                Some(mut o) => {
+                    o.as_buf_mut().copy_from(&res, 0);
+                    out = Some(o);
+                }
+                None => out = Some((*res).clone()),
+            },
+            Some((start, _)) => {
+                let mut o = out.take().expect("reduce-scatter has an output");
+                o.as_buf_mut().copy_from(&res, start);
+                out = Some(o);
             }
-        })
+        }
+        Ok((out.expect("set above"), None))
     }
 }
 
@@ -499,19 +509,44 @@ impl Communicator for LocalComm {
     }
 
     fn start_all_reduce(&self, buf: Buffer) -> Result<Pending> {
-        self.start(Kind::AllReduce, buf, None)
+        self.start(Kind::AllReduce, buf, None, None)
     }
 
-    fn start_reduce_scatter(&self, input: Buffer, counts: &[usize]) -> Result<Pending> {
-        self.check(Op::ReduceScatter, Some(counts), Some(input.as_buf()), None)?;
+    fn start_reduce_scatter(
+        &self,
+        input: Buffer,
+        counts: &[usize],
+        mut output: Buffer,
+    ) -> Result<Pending> {
+        self.check(
+            Op::ReduceScatter,
+            Some(counts),
+            Some(input.as_buf()),
+            Some(&output.as_buf_mut()),
+        )?;
         let start: usize = counts[..self.rank].iter().sum();
         let seg = Some((start, counts[self.rank]));
-        self.start(Kind::ReduceScatter(counts.to_vec()), input, seg)
+        self.start(
+            Kind::ReduceScatter(counts.to_vec()),
+            input,
+            seg,
+            Some(output),
+        )
     }
 
-    fn start_all_gather(&self, input: Buffer, counts: &[usize]) -> Result<Pending> {
-        self.check(Op::AllGather, Some(counts), Some(input.as_buf()), None)?;
-        self.start(Kind::AllGather(counts.to_vec()), input, None)
+    fn start_all_gather(
+        &self,
+        input: Buffer,
+        counts: &[usize],
+        mut output: Buffer,
+    ) -> Result<Pending> {
+        self.check(
+            Op::AllGather,
+            Some(counts),
+            Some(input.as_buf()),
+            Some(&output.as_buf_mut()),
+        )?;
+        self.start(Kind::AllGather(counts.to_vec()), input, None, Some(output))
     }
 
     fn stats(&self) -> CommStats {
@@ -527,7 +562,13 @@ impl Communicator for LocalComm {
 }
 
 impl LocalComm {
-    fn start(&self, kind: Kind, input: Buffer, segment: Option<(usize, usize)>) -> Result<Pending> {
+    fn start(
+        &self,
+        kind: Kind,
+        input: Buffer,
+        segment: Option<(usize, usize)>,
+        output: Option<Buffer>,
+    ) -> Result<Pending> {
         let (op, bytes) = (kind.op(), input.bytes());
         let seq = self.next_seq();
         self.deposit(seq, kind, input)?;
@@ -539,6 +580,7 @@ impl LocalComm {
             bytes,
             timeout: self.timeout,
             segment,
+            output,
         })))
     }
 }

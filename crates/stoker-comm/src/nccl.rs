@@ -190,15 +190,16 @@ mod imp {
         };
     }
 
-    /// A non-blocking collective that completed before it was returned.
-    struct Done(Option<Buffer>);
+    /// A non-blocking collective that completed before it was returned: its output and
+    /// its input, given back.
+    struct Done(Buffer, Option<Buffer>);
 
     impl PendingOp for Done {
         fn test(&mut self) -> Result<bool> {
             Ok(true)
         }
-        fn wait(mut self: Box<Self>) -> Result<Buffer> {
-            Ok(self.0.take().expect("waited once"))
+        fn wait(self: Box<Self>) -> Result<(Buffer, Option<Buffer>)> {
+            Ok((self.0, self.1))
         }
     }
 
@@ -291,20 +292,27 @@ mod imp {
 
         fn start_all_reduce(&self, mut buf: Buffer) -> Result<Pending> {
             self.all_reduce_buf(buf.as_buf_mut())?;
-            Ok(Pending::new(Box::new(Done(Some(buf)))))
+            Ok(Pending::new(Box::new(Done(buf, None))))
         }
 
-        fn start_reduce_scatter(&self, input: Buffer, counts: &[usize]) -> Result<Pending> {
-            let mut out =
-                Buffer::zeros(input.dtype(), counts.get(self.rank()).copied().unwrap_or(0));
+        fn start_reduce_scatter(
+            &self,
+            input: Buffer,
+            counts: &[usize],
+            mut out: Buffer,
+        ) -> Result<Pending> {
             self.reduce_scatter_buf(input.as_buf(), counts, out.as_buf_mut())?;
-            Ok(Pending::new(Box::new(Done(Some(out)))))
+            Ok(Pending::new(Box::new(Done(out, Some(input)))))
         }
 
-        fn start_all_gather(&self, input: Buffer, counts: &[usize]) -> Result<Pending> {
-            let mut out = Buffer::zeros(input.dtype(), counts.iter().sum());
+        fn start_all_gather(
+            &self,
+            input: Buffer,
+            counts: &[usize],
+            mut out: Buffer,
+        ) -> Result<Pending> {
             self.all_gather_buf(input.as_buf(), counts, out.as_buf_mut())?;
-            Ok(Pending::new(Box::new(Done(Some(out)))))
+            Ok(Pending::new(Box::new(Done(out, Some(input)))))
         }
 
         fn stats(&self) -> CommStats {

@@ -90,6 +90,11 @@ fn mpi_collectives_4_ranks_oversubscribed() {
 fn worker_lost_rank() {
     let mut comm = MpiComm::init(Duration::from_secs(60)).unwrap();
     comm.set_timeout(Duration::from_secs(3));
+    stoker_comm::say(&format!(
+        "worker rank {} pid {}",
+        comm.rank(),
+        std::process::id()
+    ));
     comm.barrier().unwrap();
     if comm.rank() == 1 {
         // SAFETY: raise only sends a signal to this process.

@@ -117,7 +117,9 @@ pub fn threads_per_rank(configured: usize, ranks: usize) -> usize {
     (cores / ranks.max(1)).max(1)
 }
 
-/// The strategy `dims` asks for over `comm`, with buckets over `layout`.
+/// The strategy `dims` asks for over `comm`, with buckets over `layout`. One rank needs
+/// no reduction: `ddp` at world size 1 is the one-rank strategy (the same bits; no bucket
+/// copies).
 fn make_strategy(
     config: &TrainConfig,
     dims: &ParallelDims,
@@ -125,7 +127,11 @@ fn make_strategy(
     comm: Rc<dyn Communicator>,
 ) -> Box<dyn Strategy> {
     let p = &config.parallel;
-    match dims.strategy {
+    let strategy = match dims.world {
+        1 => StrategyKind::None,
+        _ => dims.strategy,
+    };
+    match strategy {
         StrategyKind::None => Box::new(Single::new(if p.deterministic {
             SumOrder::Tree
         } else {

@@ -401,19 +401,23 @@ impl Communicator for MpiComm {
         )
     }
 
-    fn start_reduce_scatter(&self, input: Buffer, counts: &[usize]) -> Result<Pending> {
+    fn start_reduce_scatter(
+        &self,
+        input: Buffer,
+        counts: &[usize],
+        mut recv: Buffer,
+    ) -> Result<Pending> {
         check_args(
             Op::ReduceScatter,
             self.ctx.rank,
             self.ctx.world,
             Some(counts),
             Some(input.as_buf()),
-            None,
+            Some(&recv.as_buf_mut()),
         )?;
         let (bytes, dt) = (input.bytes(), input.dtype());
         self.stats.count(Op::ReduceScatter, bytes, self.ctx.world);
         let (c, _) = counts_displs(Op::ReduceScatter, self.ctx.rank, counts)?;
-        let recv = Buffer::zeros(dt, counts[self.ctx.rank]);
         let raw = self.ctx.raw;
         let bufs = Owned {
             send: Some(input),
@@ -433,14 +437,19 @@ impl Communicator for MpiComm {
         )
     }
 
-    fn start_all_gather(&self, input: Buffer, counts: &[usize]) -> Result<Pending> {
+    fn start_all_gather(
+        &self,
+        input: Buffer,
+        counts: &[usize],
+        mut recv: Buffer,
+    ) -> Result<Pending> {
         check_args(
             Op::AllGather,
             self.ctx.rank,
             self.ctx.world,
             Some(counts),
             Some(input.as_buf()),
-            None,
+            Some(&recv.as_buf_mut()),
         )?;
         let dt = input.dtype();
         let total: usize = counts.iter().sum();
@@ -451,7 +460,7 @@ impl Communicator for MpiComm {
         let raw = self.ctx.raw;
         let bufs = Owned {
             send: Some(input),
-            recv: Buffer::zeros(dt, total),
+            recv,
             counts: c,
             displs: d,
         };

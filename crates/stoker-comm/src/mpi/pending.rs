@@ -79,15 +79,13 @@ impl PendingOp for MpiPending {
         Ok(flag != 0)
     }
 
-    fn wait(mut self: Box<Self>) -> Result<Buffer> {
+    fn wait(mut self: Box<Self>) -> Result<(Buffer, Option<Buffer>)> {
         let mut reqs = [self.req];
         match poll(&mut reqs, Instant::now() + self.ctx.timeout) {
             Ok(()) => {
                 self.req = null_request();
-                Ok(std::mem::replace(
-                    &mut self.bufs.recv,
-                    Buffer::U64(Vec::new()),
-                ))
+                let out = std::mem::replace(&mut self.bufs.recv, Buffer::U64(Vec::new()));
+                Ok((out, self.bufs.send.take()))
             }
             Err(code) => {
                 let e = match code {

@@ -119,12 +119,17 @@ pub fn check_all(comm: &dyn Communicator) {
     let counts = uneven(n, 5);
     let total: usize = counts.iter().sum();
     let b = comm
-        .start_reduce_scatter(stoker_comm::Buffer::F32(ints(me, total, 6)), &counts)
+        .start_reduce_scatter(
+            stoker_comm::Buffer::F32(ints(me, total, 6)),
+            &counts,
+            stoker_comm::Buffer::F32(vec![f32::NAN; counts[me]]),
+        )
         .unwrap();
     let c = comm
         .start_all_gather(
             stoker_comm::Buffer::F64(vec![me as f64; counts[me]]),
             &counts,
+            stoker_comm::Buffer::F64(vec![f64::NAN; total]),
         )
         .unwrap();
     comm.progress();
