@@ -17,3 +17,19 @@ echo "== train: char-level GPT (~0.8M parameters, bf16) on Shakespeare =="
 RAYON_NUM_THREADS=2 "$STOKER" train configs/shakespeare-gpt.toml
 "$STOKER" report runs/shakespeare
 echo "plots: runs/shakespeare/*.png"
+echo
+echo "== data parallelism: the same GPT and global batch on 1 rank, then on 2 ranks (mpirun -n 2), deterministic mode =="
+mkdir -p runs
+RAYON_NUM_THREADS=2 "$STOKER" train configs/shakespeare-gpt-ddp.toml --no-progress | tee runs/ddp-1rank.log
+sed 's#"runs/shakespeare-ddp"#"runs/shakespeare-ddp-2ranks"#' configs/shakespeare-gpt-ddp.toml > runs/shakespeare-gpt-ddp-2ranks.toml
+timeout 900 mpirun -n 2 "$STOKER" train runs/shakespeare-gpt-ddp-2ranks.toml --no-progress | tee runs/ddp-2ranks.log
+one=$(grep -E "^eval loss|weights crc32" runs/ddp-1rank.log | tr '\n' ' ')
+two=$(grep -E "^eval loss|weights crc32" runs/ddp-2ranks.log | tr '\n' ' ')
+if [ "$one" = "$two" ]; then
+  echo "1 rank and 2 ranks agree bit for bit: $one"
+else
+  echo "1 rank: $one"
+  echo "2 ranks: $two"
+  echo "error: the 2-rank run differs from the 1-rank run" >&2
+  exit 1
+fi

@@ -48,28 +48,45 @@ TOML
 echo "== $(date -u +%FT%TZ) $(nproc) cores; $(mpirun --version | sed -n 2p | xargs)"
 for spec in "demo bf16 128 4 4 16 20" "10.7M fp32 384 6 6 8 8"; do
   set -- $spec
-  echo "== DDP step, GPT $1 ($2), micro-batch $6 per rank, $7 steps timed"
+  echo "== DDP step, GPT $1 ($2), micro-batch $6 per rank, $7 steps timed; 1 and 2 ranks alternate, two rounds"
   one=$(config "$1-1" "$2" "$3" "$4" "$5" "$6" "$6" 1 false)
   two=$(config "$1-2" "$2" "$3" "$4" "$5" "$6" $(( $6 * 2 )) 1 false)
-  RAYON_NUM_THREADS=1 "$S" bench ddp "$one" --steps "$7" --json "$work/one.json"
-  timeout 900 mpirun -n 2 "$S" bench ddp "$two" --steps "$7" --json "$work/two.json"
-  python3 - "$work/one.json" "$work/two.json" <<'PY'
+  for round in 1 2; do
+    RAYON_NUM_THREADS=1 "$S" bench ddp "$one" --steps "$7" --json "$work/one-$round.json"
+    timeout 900 mpirun -n 2 "$S" bench ddp "$two" --steps "$7" --json "$work/two-$round.json"
+  done
+  python3 - "$work" <<'PY'
 import json, sys
-one, two = (json.load(open(p)) for p in sys.argv[1:])
-extra = two["step_ms"] - one["step_ms"]
-print(f"step: 1 rank {one['step_ms']:.1f} ms, 2 ranks {two['step_ms']:.1f} ms: "
-      f"{extra:+.1f} ms beyond compute ({two['step_ms'] / one['step_ms']:.3f}x); "
-      f"communication alone {two['isolated_comm_ms']:.2f} ms, exposed {two['exposed_wait_ms']:.2f} ms, "
-      f"overlap {100 * two['overlap']:.0f}%; plan predicts {two['plan_comm_ms']:.2f} ms "
-      f"(measured / plan {two['isolated_comm_ms'] / two['plan_comm_ms']:.2f}); "
-      f"2-rank throughput {2 * one['step_ms'] / two['step_ms']:.2f}x one rank's")
+w = sys.argv[1]
+def mean(kind, key):
+    v = [json.load(open(f"{w}/{kind}-{r}.json"))[key] for r in (1, 2)]
+    return sum(v) / len(v)
+one, two = mean("one", "step_ms"), mean("two", "step_ms")
+iso, exp, plan = mean("two", "isolated_comm_ms"), mean("two", "exposed_wait_ms"), mean("two", "plan_comm_ms")
+ov = max(0.0, min(1.0, (iso - exp) / iso)) if iso > 0 else float("nan")
+print(f"step: 1 rank {one:.1f} ms, 2 ranks {two:.1f} ms: {two - one:+.1f} ms beyond compute ({two / one:.3f}x); "
+      f"communication alone {iso:.2f} ms, exposed {exp:.2f} ms, overlap {100 * ov:.0f}%; plan predicts {plan:.2f} ms "
+      f"(measured / plan {iso / plan:.2f}); 2-rank throughput {2 * one / two:.2f}x one rank's")
 PY
 done
-echo "== sync timing (4.3.1): 2 ranks, demo GPT (bf16), micro-batch 8, global batch 2 x 8 x k"
+echo "== sync timing (4.3.1): 2 ranks, GPT 10.7M (fp32), micro-batch 2 per rank, global batch 2 x 2 x k;"
+echo "   reduce only the last micro-batch (no_sync, the default) vs every micro-batch; two alternating rounds each"
 for k in 2 4 8 16; do
-  for every in false true; do
-    c=$(config "k$k-$every" bf16 128 4 4 8 $(( 16 * k )) "$k" "$every")
-    timeout 900 mpirun -n 2 "$S" bench ddp "$c" --steps 8 --warmup 2 --json "$work/k.json"
-    python3 -c "import json; r = json.load(open('$work/k.json')); print(f'k = $k, sync every micro-batch = $every: step {r[\"step_ms\"]:.1f} ms, exposed wait {r[\"exposed_wait_ms\"]:.2f} ms, {r[\"mib_sent_per_step\"]:.2f} MiB sent per step')"
+  for round in 1 2; do
+    for every in false true; do
+      c=$(config "k$k-$every" fp32 384 6 6 2 $(( 4 * k )) "$k" "$every")
+      timeout 900 mpirun -n 2 "$S" bench ddp "$c" --steps 5 --warmup 1 --json "$work/k$k-$every-$round.json" >/dev/null
+    done
   done
+  python3 - "$work" "$k" <<'PY'
+import json, sys
+work, k = sys.argv[1], sys.argv[2]
+r = {e: [json.load(open(f"{work}/k{k}-{e}-{i}.json")) for i in (1, 2)] for e in ("false", "true")}
+step = {e: sum(x["step_ms"] for x in v) / 2 for e, v in r.items()}
+wait = {e: sum(x["exposed_wait_ms"] for x in v) / 2 for e, v in r.items()}
+mib = {e: v[0]["mib_sent_per_step"] for e, v in r.items()}
+print(f"k = {k:>2}: last micro-batch only {step['false']:8.1f} ms/step ({wait['false']:6.1f} ms waiting, {mib['false']:6.1f} MiB sent); "
+      f"every micro-batch {step['true']:8.1f} ms/step ({wait['true']:6.1f} ms waiting, {mib['true']:6.1f} MiB sent): "
+      f"every / last = {step['true'] / step['false']:.3f}")
+PY
 done

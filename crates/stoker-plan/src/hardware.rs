@@ -177,7 +177,11 @@ pub fn preset(name: &str) -> Result<Hardware> {
                 host_memory: 24.0 * GIB,
                 host_cores: 2,
                 dtypes,
-                intra_node_bw: 1.9 * GB, // MPICH 2-rank all_reduce busbw
+                // MPICH, 2 ranks: the DDP gradient buckets of a 10.7M-parameter GPT (43 MB
+                // in 3 buckets) all-reduce in 11.4 ms alone, 3.8 GB/s of bus bandwidth
+                // (`make bench-ddp`, 2026-12-03; `stoker bench comm` gives 5-11 GB/s for
+                // 1-16 MiB buffers that stay in cache, 2 GB/s from 64 MiB).
+                intra_node_bw: 3.8 * GB,
                 inter_node_bw: 10e9 / 8.0,
                 host_link_bw: 8.0 * GB, // "offload" to the same RAM: a memcpy
                 host_mem_bw: 8.0 * GB,
