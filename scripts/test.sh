@@ -13,9 +13,19 @@ if python3 -c 'import numpy' 2>/dev/null; then
   fi
   rm -rf "$tmp"
 fi
+# Tests that cannot run here say so (stoker_testkit::skip); collect them for the summary.
+export STOKER_SKIP_LOG=$(mktemp)
+trap 'rm -f "$STOKER_SKIP_LOG"' EXIT
+# MPI tests run `mpirun -n 2` and `-n 4` themselves, each wrapped in `timeout`.
 cargo test --workspace 2>&1
 # The opt-in `cuda` feature of the loader builds without CUDA (cudarc loads libcuda at run time)
 # and, with no driver here, falls back to mlock: prove both.
 cargo test -p stoker-data --features cuda --test pin 2>&1
 # The opt-in `cuda` feature of candle, stoker-kernels, stoker-train and the binary compiles.
 bash scripts/check-cuda.sh --if-available
+if [ -s "$STOKER_SKIP_LOG" ]; then
+  echo "== tests that did not run their check on this machine:"
+  sort -u "$STOKER_SKIP_LOG"
+else
+  echo "== every test ran its check (none skipped)"
+fi

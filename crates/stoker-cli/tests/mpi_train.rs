@@ -7,6 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
+use stoker_testkit::data_parallel_tolerance as tolerance;
+use stoker_testkit::write_npy;
 
 const STOKER: &str = env!("CARGO_BIN_EXE_stoker");
 
@@ -82,31 +84,9 @@ fn final_weights(run_dir: &Path) -> Vec<f32> {
 }
 
 fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    assert!(stoker_testkit::max_abs(a).is_finite() && stoker_testkit::max_abs(b).is_finite());
-    let d: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let n: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (d / n).sqrt()
-}
-
-/// Writes a C-order .npy file (v1.0 header).
-fn write_npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) {
-    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
-    let shape_s = if dims.len() == 1 {
-        format!("({},)", dims[0])
-    } else {
-        format!("({})", dims.join(", "))
-    };
-    let mut header =
-        format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_s}, }}");
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend((header.len() as u16).to_le_bytes());
-    out.extend(header.as_bytes());
-    out.extend(data);
-    std::fs::write(path, out).unwrap();
+    let d = stoker_testkit::rel_l2(a, b);
+    assert!(d.is_finite(), "non-finite weights");
+    d
 }
 
 /// The test data under `dir`: a char-level token shard (`corpus.bin`) and 8x8 images
@@ -233,16 +213,6 @@ first_bucket_mb = 0.0005
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, text).unwrap();
     path
-}
-
-/// Relative L2 tolerance of N-rank weights against one rank's (docs/distributed.md): the
-/// f32 reordering of the reduction, plus rare flips of the low-precision compute copy.
-fn tolerance(precision: &str) -> f64 {
-    match precision {
-        "bf16" => 1e-4,
-        "fp16" => 5e-5,
-        _ => 1e-5,
-    }
 }
 
 #[test]

@@ -78,31 +78,42 @@ macro_rules! dispatch {
     };
 }
 
-impl Buf<'_> {
-    /// Element type.
-    pub fn dtype(&self) -> DType {
-        match self {
-            Buf::F32(_) => DType::F32,
-            Buf::F64(_) => DType::F64,
-            Buf::U64(_) => DType::U64,
+/// The methods every buffer kind shares: dtype, length, emptiness, size in bytes.
+macro_rules! common {
+    ($t:ident $(<$l:lifetime>)?) => {
+        impl $t $(<$l>)? {
+            /// Element type.
+            pub fn dtype(&self) -> DType {
+                match self {
+                    $t::F32(_) => DType::F32,
+                    $t::F64(_) => DType::F64,
+                    $t::U64(_) => DType::U64,
+                }
+            }
+
+            /// Number of elements.
+            pub fn len(&self) -> usize {
+                dispatch!(self, x => x.len())
+            }
+
+            /// True when empty.
+            pub fn is_empty(&self) -> bool {
+                self.len() == 0
+            }
+
+            /// Size in bytes.
+            pub fn bytes(&self) -> usize {
+                self.len() * self.dtype().size()
+            }
         }
-    }
+    };
+}
 
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        dispatch!(self, x => x.len())
-    }
+common!(Buf<'_>);
+common!(BufMut<'_>);
+common!(Buffer);
 
-    /// True when empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Size in bytes.
-    pub fn bytes(&self) -> usize {
-        self.len() * self.dtype().size()
-    }
-
+impl Buf<'_> {
     /// A copy as an owned buffer.
     pub fn to_owned(&self) -> Buffer {
         match self {
@@ -114,30 +125,6 @@ impl Buf<'_> {
 }
 
 impl BufMut<'_> {
-    /// Element type.
-    pub fn dtype(&self) -> DType {
-        match self {
-            BufMut::F32(_) => DType::F32,
-            BufMut::F64(_) => DType::F64,
-            BufMut::U64(_) => DType::U64,
-        }
-    }
-
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        dispatch!(self, x => x.len())
-    }
-
-    /// True when empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Size in bytes.
-    pub fn bytes(&self) -> usize {
-        self.len() * self.dtype().size()
-    }
-
     /// The same memory as an input buffer.
     pub fn as_buf(&self) -> Buf<'_> {
         match self {
@@ -159,30 +146,6 @@ impl BufMut<'_> {
 }
 
 impl Buffer {
-    /// Element type.
-    pub fn dtype(&self) -> DType {
-        match self {
-            Buffer::F32(_) => DType::F32,
-            Buffer::F64(_) => DType::F64,
-            Buffer::U64(_) => DType::U64,
-        }
-    }
-
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        dispatch!(self, x => x.len())
-    }
-
-    /// True when empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Size in bytes.
-    pub fn bytes(&self) -> usize {
-        self.len() * self.dtype().size()
-    }
-
     /// The whole buffer as an input.
     pub fn as_buf(&self) -> Buf<'_> {
         match self {

@@ -128,6 +128,34 @@ pub fn assert_bits_eq<T: Value>(got: &[T], want: &[T], what: &str) {
     }
 }
 
+/// `||a - b|| / ||b||` over the whole buffers, accumulated in f64; NaN if any element
+/// of either is NaN or infinite, or the lengths differ.
+pub fn rel_l2<T: Value>(a: &[T], b: &[T]) -> f64 {
+    if a.len() != b.len() || !max_abs(a).is_finite() || !max_abs(b).is_finite() {
+        return f64::NAN;
+    }
+    let d: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x.f64() - y.f64()).powi(2))
+        .sum();
+    let n: f64 = b.iter().map(|y| y.f64().powi(2)).sum();
+    (d / n).sqrt()
+}
+
+/// How far (relative L2, [`rel_l2`]) data-parallel weights may be from one rank's after a
+/// few steps in `precision` when the reduction order differs (docs/distributed.md
+/// derives it): the reduction reorders only f32 sums in every precision, 1e-5; in bf16
+/// and fp16 a master weight moved by that rounding can also flip the rounding of its
+/// low-precision compute copy by one ulp of the format (2^-8, 2^-11).
+pub fn data_parallel_tolerance(precision: &str) -> f64 {
+    match precision {
+        "bf16" => 1e-4,
+        "fp16" => 5e-5,
+        _ => 1e-5,
+    }
+}
+
 /// Asserts a scalar is finite and within `rel` (relative to `|want|`, absolute when
 /// `want` is 0).
 pub fn assert_close_scalar(got: f64, want: f64, rel: f64, what: &str) {
@@ -141,6 +169,27 @@ pub fn assert_close_scalar(got: f64, want: f64, rel: f64, what: &str) {
         "{what}: got {got}, expected {want} (|diff| {:e} > {tol:e})",
         (got - want).abs()
     );
+}
+
+/// Writes a C-order `.npy` file (format 1.0) of `shape` with dtype `descr` (`<f4`, `|u1`,
+/// `<i8`, ...) and the raw little-endian `data`: fixtures for the loaders and trainers.
+pub fn write_npy(path: &std::path::Path, descr: &str, shape: &[usize], data: &[u8]) {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let shape_s = match dims.as_slice() {
+        [one] => format!("({one},)"),
+        _ => format!("({})", dims.join(", ")),
+    };
+    let mut header =
+        format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_s}, }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend((header.len() as u16).to_le_bytes());
+    out.extend(header.as_bytes());
+    out.extend(data);
+    std::fs::write(path, out).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
 }
 
 /// Says loudly that `test` did not run its check here and why: straight to the terminal

@@ -19,6 +19,7 @@ use std::time::Duration;
 use candle_core::{Device, Tensor};
 use common::*;
 use stoker_comm::{run_local, Communicator};
+use stoker_testkit::data_parallel_tolerance as tolerance;
 use stoker_train::accumulate::MicroBatch;
 use stoker_train::config::TrainConfig;
 use stoker_train::layout::FlatLayout;
@@ -186,22 +187,29 @@ fn check_equivalent(model: &str, precision: &str, kernels: &str, optimizer: &str
     }
 }
 
+/// The models and kernel paths every precision is checked on: the GPT's direct step and
+/// its candle graph, the CNN and the MLP (AdamW and SGD alternate).
+const CASES: [(&str, &str, &str); 4] = [
+    (GPT, "direct", ADAMW),
+    (GPT, "fused", SGD),
+    (CNN, "fused", ADAMW),
+    (MLP, "fused", SGD),
+];
+
 #[test]
 fn fp32_n_ranks_equal_one_rank() {
-    check_equivalent(GPT, "fp32", "direct", ADAMW, 1e-5);
-    check_equivalent(GPT, "fp32", "fused", SGD, 1e-5);
-    check_equivalent(CNN, "fp32", "fused", ADAMW, 1e-5);
-    check_equivalent(MLP, "fp32", "fused", SGD, 1e-5);
+    for (model, kernels, optimizer) in CASES {
+        check_equivalent(model, "fp32", kernels, optimizer, tolerance("fp32"));
+    }
 }
 
 #[test]
 fn bf16_and_fp16_n_ranks_equal_one_rank_within_format_rounding() {
-    // docs/distributed.md derives these: the reduction reorders only f32 sums (as in
-    // fp32), but a master weight that moves by that rounding can flip the rounding of its
-    // low-precision compute copy, by one ulp of the format (bf16 2^-8, fp16 2^-11).
-    check_equivalent(GPT, "bf16", "direct", ADAMW, 1e-4);
-    check_equivalent(GPT, "fp16", "fused", ADAMW, 5e-5);
-    check_equivalent(MLP, "fp16", "fused", SGD, 5e-5);
+    for precision in ["bf16", "fp16"] {
+        for (model, kernels, optimizer) in CASES {
+            check_equivalent(model, precision, kernels, optimizer, tolerance(precision));
+        }
+    }
 }
 
 fn check_deterministic(model: &str, precision: &str, kernels: &str) {
@@ -227,13 +235,11 @@ fn check_deterministic(model: &str, precision: &str, kernels: &str) {
 
 #[test]
 fn deterministic_mode_is_bit_identical_at_1_2_and_4_ranks() {
-    check_deterministic(GPT, "fp32", "direct");
-    check_deterministic(GPT, "fp32", "fused");
-    check_deterministic(GPT, "bf16", "direct");
-    check_deterministic(GPT, "fp16", "fused");
-    check_deterministic(CNN, "fp32", "fused");
-    check_deterministic(CNN, "bf16", "fused");
-    check_deterministic(MLP, "fp16", "fused");
+    for precision in ["fp32", "bf16", "fp16"] {
+        for (model, kernels, _) in CASES {
+            check_deterministic(model, precision, kernels);
+        }
+    }
 }
 
 #[test]
@@ -306,4 +312,48 @@ fn an_overflow_on_one_rank_skips_the_step_on_every_rank() {
         );
     }
     stoker_testkit::assert_bits_eq(&ranks[0].0, &ranks[1].0, "weights after a shared skip");
+}
+
+#[test]
+fn what_data_parallelism_cannot_serve_is_refused_before_any_work_naming_the_key() {
+    use stoker_train::parallel::ParallelDims;
+    let fp8 = config(GPT, "fp8", "fused", ADAMW, "");
+    let e = ParallelDims::resolve(&fp8, 2, 0, "test")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`precision`") && e.contains("amax"), "{e}");
+    assert!(ParallelDims::resolve(&fp8, 1, 0, "test").is_ok());
+    let det = config(GPT, "fp32", "fused", ADAMW, "deterministic = true");
+    let e = ParallelDims::resolve(&det, 3, 0, "test")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("parallel.deterministic") && e.contains("power of two"),
+        "{e}"
+    );
+    let text = "micro_batch = 2\naccumulation_steps = 3";
+    let det3 = TrainConfig::parse(&toml_with(&det, text), std::path::Path::new("t.toml")).unwrap();
+    let e = ParallelDims::resolve(&det3, 2, 0, "test")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("batch.accumulation_steps") && e.contains("power of two"),
+        "{e}"
+    );
+    let none = config(GPT, "fp32", "fused", ADAMW, "strategy = \"none\"");
+    let e = ParallelDims::resolve(&none, 2, 0, "test")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("parallel.strategy"), "{e}");
+}
+
+/// `c` as TOML with its `[batch]` table's keys replaced by `batch`.
+fn toml_with(c: &TrainConfig, batch: &str) -> String {
+    let mut t = toml::to_string(c).unwrap();
+    let start = t.find("[batch]").unwrap();
+    let end = t[start + 1..]
+        .find("\n[")
+        .map_or(t.len(), |i| start + 1 + i);
+    t.replace_range(start..end, &format!("[batch]\n{batch}\n"));
+    t
 }

@@ -209,15 +209,7 @@ mod tests {
     use super::*;
     use stoker_testkit::assert_close;
 
-    fn vals(n: usize, seed: u32) -> Vec<f32> {
-        (0..n)
-            .map(|i| {
-                ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32
-                    / (1 << 24) as f32
-                    - 0.5
-            })
-            .collect()
-    }
+    use super::super::test_values as vals;
 
     /// The direct step's GEMM formulation equals the row kernels (which the candle op
     /// runs and the composed reference checks), forward and backward, over one position,

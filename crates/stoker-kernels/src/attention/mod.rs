@@ -96,3 +96,15 @@ impl<T> Out<T> {
         self.0.add(i)
     }
 }
+
+/// Deterministic values in [-0.5, 0.5) for the attention unit tests.
+#[cfg(test)]
+fn test_values(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32
+                / (1 << 24) as f32
+                - 0.5
+        })
+        .collect()
+}

@@ -446,15 +446,7 @@ pub(super) fn bwd<T: Elem>(
 mod tests {
     use super::*;
 
-    fn vals(n: usize, seed: u32) -> Vec<f32> {
-        (0..n)
-            .map(|i| {
-                ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32
-                    / (1 << 24) as f32
-                    - 0.5
-            })
-            .collect()
-    }
+    use super::super::test_values as vals;
 
     /// The AVX-512 row loops equal the portable ones (to f32 rounding of reordered sums)
     /// on widths that are and are not multiples of the vector.

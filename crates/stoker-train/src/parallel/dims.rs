@@ -99,6 +99,16 @@ impl ParallelDims {
                 format!("\"none\" runs one rank, and {launcher} started {world}: use \"ddp\""),
             ));
         }
+        if config.precision == crate::precision::Precision::Fp8 && world > 1 {
+            return Err(config_err(
+                "precision",
+                format!(
+                    "fp8 (simulated) on {world} ranks: its delayed scalers keep per-rank amax histories, \
+                     and their cross-rank reduction (Transformer Engine's amax all-reduce) is not built, \
+                     so ranks would quantize differently and drift apart; use bf16 or fp16"
+                ),
+            ));
+        }
         if p.deterministic && world > 1 {
             if !world.is_power_of_two() {
                 return Err(config_err(

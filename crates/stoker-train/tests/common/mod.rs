@@ -118,26 +118,8 @@ pub fn dtype_of(p: Precision) -> DType {
     p.compute_dtype()
 }
 
-/// Writes a C-order .npy file (v1.0 header).
-pub fn write_npy(path: &std::path::Path, descr: &str, shape: &[usize], data: &[u8]) {
-    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
-    let shape_s = if dims.len() == 1 {
-        format!("({},)", dims[0])
-    } else {
-        format!("({})", dims.join(", "))
-    };
-    let mut header =
-        format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_s}, }}");
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend((header.len() as u16).to_le_bytes());
-    out.extend(header.as_bytes());
-    out.extend(data);
-    std::fs::write(path, out).unwrap();
-}
+#[allow(unused_imports)]
+pub use stoker_testkit::write_npy;
 
 /// A char-level corpus with learnable structure: repeated phrases, as llm.c u16 tokens.
 pub fn write_token_corpus(path: &std::path::Path, n: usize) {
