@@ -32,6 +32,8 @@ enum Command {
     Train(cmd::train::TrainArgs),
     /// Plot a training run's metrics to PNG files.
     Report(cmd::report::ReportArgs),
+    /// Work with checkpoints (consolidate a sharded one into one safetensors file).
+    Ckpt(cmd::ckpt::CkptArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -48,5 +50,6 @@ fn main() -> anyhow::Result<()> {
         Command::Plan(a) => cmd::plan::run(*a),
         Command::Train(a) => cmd::train::run(a),
         Command::Report(a) => cmd::report::run(a),
+        Command::Ckpt(a) => cmd::ckpt::run(a),
     }
 }

@@ -46,6 +46,23 @@ pub fn scale(x: &mut [f32], c: f32) {
         .for_each(|x| x.iter_mut().for_each(|v| *v *= c));
 }
 
+/// `out = bf16(x)`, rounded to nearest even as the optimizers' bf16 copy-out rounds, in
+/// parallel.
+pub fn to_bf16(x: &[f32], out: &mut [half::bf16]) {
+    assert_eq!(
+        x.len(),
+        out.len(),
+        "to_bf16: input and output lengths differ"
+    );
+    out.par_chunks_mut(CHUNK)
+        .zip(x.par_chunks(CHUNK))
+        .for_each(|(o, x)| {
+            o.iter_mut()
+                .zip(x)
+                .for_each(|(o, &v)| *o = crate::fastmath::to_bf16(v))
+        });
+}
+
 /// `x = 0`, in parallel.
 pub fn zero(x: &mut [f32]) {
     x.par_chunks_mut(CHUNK).for_each(|x| x.fill(0.0));

@@ -36,6 +36,7 @@ pub mod resolve;
 pub mod setup;
 pub mod strategy;
 pub mod time;
+pub mod trainer;
 pub mod units;
 
 pub use error::{PlanError, Result};

@@ -136,6 +136,15 @@ pub enum StrategyKind {
     /// Data parallelism: whole model per rank, gradients all-reduced (PyTorch DDP).
     #[default]
     Ddp,
+    /// ZeRO stage 1: optimizer states sharded over the ranks (DeepSpeed `stage: 1`).
+    Zero1,
+    /// ZeRO stage 2: optimizer states and gradients sharded (DeepSpeed `stage: 2`,
+    /// FSDP `SHARD_GRAD_OP`, also accepted under that name).
+    #[serde(alias = "shard_grad_op")]
+    Zero2,
+    /// ZeRO stage 3 (FSDP `FULL_SHARD`): refused, not built yet.
+    #[serde(alias = "full_shard")]
+    Zero3,
 }
 
 /// `[parallel] backend`: which communicator connects the ranks.
@@ -155,7 +164,7 @@ pub enum BackendKind {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ParallelConfig {
-    /// `ddp` (default) or `none`.
+    /// `ddp` (default), `zero1`, `zero2` (alias `shard_grad_op`) or `none`.
     pub strategy: StrategyKind,
     /// `auto` (default), `mpi` or `local`.
     pub backend: BackendKind,
@@ -166,9 +175,16 @@ pub struct ParallelConfig {
     pub bucket_cap_mb: f64,
     /// The first (last layers') bucket's size in MiB, small so its all-reduce starts early.
     pub first_bucket_mb: f64,
-    /// All-reduce after every micro-batch instead of only the window's last (only to
-    /// measure the chapter's 4.3.1 advice; same result, more traffic).
-    pub sync_every_micro_batch: bool,
+    /// Reduce after every micro-batch instead of only the window's last. DDP: default
+    /// false (only to measure the chapter's 4.3.1 advice; same result, more traffic).
+    /// ZeRO-2: default true (DeepSpeed's: the running gradient sum is shard-sized);
+    /// false keeps full local gradients until the last micro-batch (FSDP's `no_sync`).
+    /// ZeRO-1 reduces once per window either way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_every_micro_batch: Option<bool>,
+    /// Keep optimizer states in host memory and step them there (DeepSpeed
+    /// `offload_optimizer`, FSDP `CPUOffload`): for accelerator runs only.
+    pub offload_optimizer: bool,
     /// Seconds any collective may wait before the job ends naming it.
     pub timeout_s: f64,
     /// Compute threads per rank (0: this host's cores divided by its ranks).
@@ -183,7 +199,8 @@ impl Default for ParallelConfig {
             deterministic: false,
             bucket_cap_mb: 25.0,
             first_bucket_mb: 1.0,
-            sync_every_micro_batch: false,
+            sync_every_micro_batch: None,
+            offload_optimizer: false,
             timeout_s: 60.0,
             threads_per_rank: 0,
         }
@@ -362,10 +379,25 @@ impl TrainConfig {
                 return Err(config_err(key, format!("{v}: must be positive")));
             }
         }
-        if p.deterministic && p.sync_every_micro_batch {
+        if p.deterministic && p.sync_every_micro_batch == Some(true) {
             return Err(config_err(
                 "parallel.sync_every_micro_batch",
                 "cannot be combined with parallel.deterministic (its reduction waits for the whole window)",
+            ));
+        }
+        if p.strategy == StrategyKind::Zero3 {
+            return Err(config_err(
+                "parallel.strategy",
+                "\"zero3\" (FULL_SHARD, parameters sharded and gathered per block) is not built yet: \
+                 use \"zero2\" (gradients and optimizer states sharded) or \"zero1\"",
+            ));
+        }
+        if p.offload_optimizer && self.device == "cpu" {
+            return Err(config_err(
+                "parallel.offload_optimizer",
+                "device is \"cpu\": the optimizer states already live in host memory and the CPU \
+                 already steps them, so there is nothing to offload (offloading moves an \
+                 accelerator's optimizer states to the host)",
             ));
         }
         // The full check needs the launcher's world size (ParallelDims::resolve, before

@@ -23,7 +23,7 @@
 //! let layout = FlatLayout::of(&params).unwrap(); // fc.bias at 0, fc.weight at 16
 //! let mut master = layout.flatten(&params).unwrap(); // FP32 master copy
 //! let grads = vec![0.1f32; layout.total_len()];
-//! let mut opt = AdamW::new(AdamWConfig::default(), segments(&layout, false), master.len());
+//! let mut opt = AdamW::new(AdamWConfig::default(), &segments(&layout, false), 0..master.len());
 //! opt.step(&mut master, &grads, 1e-3, None);
 //! layout.unflatten(&master, &params).unwrap(); // refresh the bf16 variables
 //! assert_eq!(layout.slots()[1].offset, 16);
@@ -40,6 +40,7 @@ pub mod error;
 pub mod grad_sum;
 pub mod layout;
 pub mod loss;
+pub mod memory;
 pub mod metrics;
 pub mod models;
 pub mod ops;

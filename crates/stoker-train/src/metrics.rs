@@ -47,6 +47,22 @@ pub enum Record {
         #[serde(default)]
         calls_before_last: u64,
     },
+    /// Planned vs measured bytes at the end of a run (rank 0's), see
+    /// [`stoker_plan::trainer`].
+    States {
+        /// Optimizer steps taken.
+        step: u64,
+        /// The strategy.
+        strategy: String,
+        /// Ranks.
+        world: usize,
+        /// What the planner predicts for one rank.
+        planned: stoker_plan::trainer::TrainerPrediction,
+        /// What rank 0's trainer holds, counted from its buffers.
+        held: crate::memory::HeldBytes,
+        /// Mean bytes rank 0 sent per step (the communicator's count, ring model).
+        bytes_sent_per_step: f64,
+    },
     /// An evaluation.
     Eval {
         /// Optimizer steps taken.
@@ -75,7 +91,9 @@ impl MetricsLog {
             Some(at) if path.exists() => read(dir)?
                 .into_iter()
                 .filter(|r| match r {
-                    Record::Train { step, .. } | Record::Eval { step, .. } => *step <= at,
+                    Record::Train { step, .. }
+                    | Record::Eval { step, .. }
+                    | Record::States { step, .. } => *step <= at,
                 })
                 .collect(),
             _ => Vec::new(),

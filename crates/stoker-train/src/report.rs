@@ -146,6 +146,7 @@ pub fn write_report(run_dir: &Path) -> Result<Vec<PathBuf>> {
                 unit = u.clone();
             }
             Record::Eval { step, loss, .. } => eval.push((*step as f64, *loss)),
+            Record::States { .. } => {}
         }
     }
     let col = |f: fn(&Row) -> f64| train.iter().map(|t| (t.0, f(t))).collect::<Vec<_>>();

@@ -18,16 +18,17 @@ use stoker_comm::Communicator;
 use stoker_data::{Dataset, Loader, LoaderConfig, Partition, Sampler, SamplerConfig, SamplerState};
 
 use crate::checkpoint::{self, DataPosition};
-use crate::config::{ModelConfig, StrategyKind, TrainConfig};
+use crate::config::{ModelConfig, OptimizerKind, StrategyKind, TrainConfig};
 use crate::data::{open_datasets, to_micro_batch, Datasets};
 use crate::error::{io_err, Result, TrainError};
-use crate::grad_sum::SumOrder;
 use crate::layout::FlatLayout;
+use crate::memory::HeldBytes;
 use crate::metrics::{MetricsLog, Record};
 use crate::models::LossKind;
-use crate::parallel::ddp::DdpOptions;
-use crate::parallel::{agree, buckets, Ddp, ParallelDims, Single, Strategy};
+use crate::parallel::{agree, ParallelDims};
 use crate::trainer::{build_model, EvalReport, Trainer};
+use stoker_plan::strategy::Stage;
+use stoker_plan::trainer::{TrainerPrediction, TrainerRun};
 
 /// How to run (beyond the config).
 #[derive(Debug, Clone, Default)]
@@ -39,6 +40,8 @@ pub struct RunOptions {
     /// Stop after this many steps (an interruption, for resume tests); a checkpoint is
     /// written there.
     pub stop_after: Option<u64>,
+    /// A crash to inject into checkpoint saves (tests of crash safety).
+    pub save_fault: Option<checkpoint::SaveFault>,
 }
 
 /// What a run ended with.
@@ -73,6 +76,49 @@ pub struct RunSummary {
     /// CRC-32 of the final FP32 master weights' bytes (equal across ranks; equal across
     /// world sizes in deterministic mode).
     pub weights_crc32: u32,
+    /// The strategy that ran (`none` at one rank).
+    pub strategy: String,
+    /// What the planner predicts this rank holds and sends.
+    pub planned: TrainerPrediction,
+    /// What this rank's trainer holds, counted from its buffers.
+    pub held: HeldBytes,
+}
+
+/// The planner's prediction of one rank's bytes for `config` at `dims`.
+pub fn predicted(
+    config: &TrainConfig,
+    dims: &ParallelDims,
+    layout: &FlatLayout,
+) -> TrainerPrediction {
+    let p = &config.parallel;
+    let stage = match dims.strategy {
+        StrategyKind::None | StrategyKind::Ddp => Stage::Ddp,
+        StrategyKind::Zero1 => Stage::Zero1,
+        StrategyKind::Zero2 | StrategyKind::Zero3 => Stage::Zero2,
+    };
+    let dtype = config.kernels.param_dtype(config.precision);
+    let bf16_copy = if dtype == candle_core::DType::BF16 {
+        2
+    } else {
+        0
+    };
+    stoker_plan::trainer::predict(&TrainerRun {
+        flat_len: layout.total_len() as u64,
+        world: dims.world as u64,
+        stage,
+        moments: match config.optimizer.kind {
+            OptimizerKind::Adamw => 2,
+            OptimizerKind::Sgd => 1,
+        },
+        copy_bytes: (dtype.size_in_bytes() + bf16_copy) as u64,
+        accumulation: dims.accumulation_steps as u64,
+        reduce_every_micro_batch: match stage {
+            Stage::Zero1 => false,
+            Stage::Zero2 => p.sync_every_micro_batch.unwrap_or(true),
+            _ => p.sync_every_micro_batch.unwrap_or(false),
+        },
+        deterministic: p.deterministic,
+    })
 }
 
 /// Trains as `config` says on one rank (no launcher).
@@ -117,42 +163,6 @@ pub fn threads_per_rank(configured: usize, ranks: usize) -> usize {
     (cores / ranks.max(1)).max(1)
 }
 
-/// The strategy `dims` asks for over `comm`, with buckets over `layout`. One rank needs
-/// no reduction: `ddp` at world size 1 is the one-rank strategy (the same bits; no bucket
-/// copies).
-fn make_strategy(
-    config: &TrainConfig,
-    dims: &ParallelDims,
-    layout: &FlatLayout,
-    comm: Rc<dyn Communicator>,
-) -> Box<dyn Strategy> {
-    let p = &config.parallel;
-    let strategy = match dims.world {
-        1 => StrategyKind::None,
-        _ => dims.strategy,
-    };
-    match strategy {
-        StrategyKind::None => Box::new(Single::new(if p.deterministic {
-            SumOrder::Tree
-        } else {
-            SumOrder::InPlace
-        })),
-        StrategyKind::Ddp => {
-            let mib = |x: f64| (x * (1 << 20) as f64) as usize;
-            let plan = buckets::plan(
-                &layout.group_ranges(),
-                mib(p.bucket_cap_mb),
-                mib(p.first_bucket_mb),
-            );
-            let opts = DdpOptions {
-                deterministic: p.deterministic,
-                sync_every_micro_batch: p.sync_every_micro_batch,
-            };
-            Box::new(Ddp::new(comm, plan, opts))
-        }
-    }
-}
-
 /// Trains as `config` says as one rank of `comm`'s group (started by `launcher`, named
 /// in errors). The configs of all ranks, the parallel degrees, data, model and checkpoint
 /// are all checked before the first step.
@@ -167,7 +177,7 @@ pub fn run_rank(
     let lead = dims.rank == 0;
     let model = build_model(&config.model, config.precision, config.kernels, config.seed)?;
     let layout = FlatLayout::of(model.params())?;
-    let strategy = make_strategy(config, &dims, &layout, comm.clone());
+    let strategy = crate::parallel::for_config(config, &layout, comm.clone())?;
     let mut trainer = Trainer::with_strategy(config, model, strategy)?;
     let context = match &config.model {
         ModelConfig::Gpt(g) => g.context,
@@ -362,11 +372,15 @@ pub fn run_rank(
             }
             if every(config.train.checkpoint_every) || step == total {
                 same_weights_everywhere(&*comm, &trainer, step)?;
-                if lead {
-                    let pos =
-                        DataPosition::of(trainer.sampler_state, dims.global_batch, dims.world, k);
-                    checkpoint::save(&trainer, &ckpt_root, config.seed, Some(pos))?;
-                }
+                let pos = DataPosition::of(trainer.sampler_state, dims.global_batch, dims.world, k);
+                checkpoint::save(
+                    &trainer,
+                    &*comm,
+                    &ckpt_root,
+                    config.seed,
+                    pos,
+                    opts.save_fault,
+                )?;
             }
             if step >= total {
                 break 'outer;
@@ -379,6 +393,18 @@ pub fn run_rank(
     }
     bar.finish();
     let elapsed = started.elapsed().as_secs_f64();
+    let planned = predicted(config, &dims, &trainer.layout);
+    let held = trainer.held_bytes();
+    if let Some(log) = &mut log {
+        log.write(&Record::States {
+            step: trainer.step,
+            strategy: trainer.strategy().name().into(),
+            world: dims.world,
+            planned,
+            held,
+            bytes_sent_per_step: bytes_sent as f64 / steps_run.max(1) as f64,
+        })?;
+    }
     let sample = match (&vocab, config.train.sample_tokens) {
         (Some(v), n) if n > 0 && lead => {
             let toks = trainer.sample(&[0], n, context, config.seed)?;
@@ -405,6 +431,9 @@ pub fn run_rank(
         step_times_s: step_times,
         comm_waits_s: comm_waits,
         weights_crc32: crc32fast::hash(bytemuck::cast_slice(&trainer.master)),
+        strategy: trainer.strategy().name().into(),
+        planned,
+        held,
     })
 }
 

@@ -137,9 +137,11 @@ impl Trainer {
         layout.unflatten(&master, model.params())?;
         let o = &config.optimizer;
         let len = layout.total_len();
+        // The optimizer's moments cover the strategy's range alone (ZeRO: this rank's shard).
+        let (segs, range) = (segments(&layout, false), strategy.update_range(len));
         let optimizer: Box<dyn Optimizer> = match o.kind {
-            OptimizerKind::Adamw => Box::new(AdamW::new(o.adamw(), segments(&layout, false), len)),
-            OptimizerKind::Sgd => Box::new(Sgd::new(o.sgd(), segments(&layout, false), len)),
+            OptimizerKind::Adamw => Box::new(AdamW::new(o.adamw(), &segs, range)),
+            OptimizerKind::Sgd => Box::new(Sgd::new(o.sgd(), &segs, range)),
         };
         let scaler = match config.precision.needs_loss_scaling() {
             true => Some(LossScaler::new(ScalerConfig::torch())?),
@@ -182,6 +184,23 @@ impl Trainer {
     /// deterministic tree, per-micro-batch reduction), for the memory accounting.
     pub fn extra_grad_buffers(&self) -> usize {
         self.sum.extra_buffers()
+    }
+
+    /// The bytes this rank's trainer holds in model states and communication buffers,
+    /// counted from the buffers themselves.
+    pub fn held_bytes(&self) -> crate::memory::HeldBytes {
+        let vars: usize = self
+            .model
+            .params()
+            .iter()
+            .map(|p| p.var.elem_count() * p.var.dtype().size_in_bytes())
+            .sum();
+        crate::memory::HeldBytes {
+            params: 4 * self.master.len() + 2 * self.bf16_copy.as_ref().map_or(0, Vec::len) + vars,
+            grads: 4 * self.grads.len() + self.strategy.grad_bytes(),
+            optimizer: self.optimizer.state_bytes(),
+            buffers: self.strategy.buffer_bytes() + 4 * self.grads.len() * self.sum.extra_buffers(),
+        }
     }
 
     /// The forward context.
@@ -288,6 +307,7 @@ impl Trainer {
             }
             if let StepDecision::Skip(rep) = scaler.update(found_inf) {
                 report.skipped = Some(format!("{rep:?}"));
+                report.sync = self.strategy.stats();
                 self.step += 1;
                 return Ok(report);
             }
@@ -311,15 +331,20 @@ impl Trainer {
             clip_to(&mut self.grads, norm, self.grad_clip);
         }
         report.grad_norm = norm;
-        let range = self.strategy.update_range(self.master.len());
-        self.optimizer.step_range(
-            &mut self.master,
-            &self.grads,
+        let range = self.optimizer.range();
+        self.optimizer.step(
+            &mut self.master[range.clone()],
+            &self.grads[range.clone()],
             lr as f32,
-            self.bf16_copy.as_deref_mut(),
-            range,
+            self.bf16_copy.as_deref_mut().map(|c| &mut c[range.clone()]),
         );
         self.strategy.after_update(&mut self.master)?;
+        if let (Some(copy), true) = (&mut self.bf16_copy, range.len() < self.master.len()) {
+            // The other ranks' shards arrived in FP32: round them as the optimizer does.
+            for r in [0..range.start, range.end..self.master.len()] {
+                stoker_kernels::flat::to_bf16(&self.master[r.clone()], &mut copy[r]);
+            }
+        }
         if let Some(param) = self.layout.first_nonfinite(&self.master) {
             return Err(TrainError::NonFinite {
                 step,
@@ -335,6 +360,8 @@ impl Trainer {
         if let Some(f) = &self.fp8 {
             f.update();
         }
+        // After the parameter refresh: its all-gather (ZeRO) belongs to this step.
+        report.sync = self.strategy.stats();
         self.step += 1;
         Ok(report)
     }

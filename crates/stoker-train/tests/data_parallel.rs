@@ -23,8 +23,6 @@ use stoker_testkit::data_parallel_tolerance as tolerance;
 use stoker_train::accumulate::MicroBatch;
 use stoker_train::config::TrainConfig;
 use stoker_train::layout::FlatLayout;
-use stoker_train::parallel::ddp::DdpOptions;
-use stoker_train::parallel::{buckets, Ddp};
 use stoker_train::trainer::{build_model, StepReport, Trainer};
 
 const STEPS: usize = 5;
@@ -115,17 +113,7 @@ fn train(
             let m =
                 build_model(&config.model, config.precision, config.kernels, config.seed).unwrap();
             let layout = FlatLayout::of(m.params()).unwrap();
-            let p = &config.parallel;
-            let plan = buckets::plan(
-                &layout.group_ranges(),
-                (p.bucket_cap_mb * 1048576.0) as usize,
-                (p.first_bucket_mb * 1048576.0) as usize,
-            );
-            let opts = DdpOptions {
-                deterministic: p.deterministic,
-                sync_every_micro_batch: p.sync_every_micro_batch,
-            };
-            let strategy = Box::new(Ddp::new(comm, plan, opts));
+            let strategy = stoker_train::parallel::for_config(config, &layout, comm).unwrap();
             let mut t = Trainer::with_strategy(config, m, strategy).unwrap();
             let k = g / world;
             let reports = (0..STEPS)
@@ -151,14 +139,37 @@ fn rel_l2_checked(a: &[f32], b: &[f32]) -> f64 {
 }
 
 fn check_equivalent(model: &str, precision: &str, kernels: &str, optimizer: &str, tol: f64) {
-    let c = config(model, precision, kernels, optimizer, "");
+    for strategy in STRATEGIES {
+        check_strategy(model, precision, kernels, optimizer, tol, strategy);
+    }
+}
+
+/// Every strategy the equivalence matrix runs: DDP, ZeRO-1, ZeRO-2 reducing every
+/// micro-batch (its default) and ZeRO-2 with `no_sync` accumulation.
+const STRATEGIES: [&str; 4] = [
+    "strategy = \"ddp\"",
+    "strategy = \"zero1\"",
+    "strategy = \"zero2\"",
+    "strategy = \"zero2\"\nsync_every_micro_batch = false",
+];
+
+fn check_strategy(
+    model: &str,
+    precision: &str,
+    kernels: &str,
+    optimizer: &str,
+    tol: f64,
+    strategy: &str,
+) {
+    let c = config(model, precision, kernels, optimizer, strategy);
     let g = 4;
     let reference = train(1, &c, model, g, 2, micro_batch).remove(0);
     for world in [2, 4] {
         let ranks = train(world, &c, model, g, 1, micro_batch);
         for (r, (w, reports)) in ranks.iter().enumerate() {
             let what = format!(
-                "{precision} {kernels} {} world {world} rank {r}",
+                "{} {precision} {kernels} {} world {world} rank {r}",
+                strategy.replace('\n', " "),
                 &model[8..11]
             );
             let d = rel_l2_checked(w, &reference.0);
@@ -216,19 +227,28 @@ fn check_deterministic(model: &str, precision: &str, kernels: &str) {
     let c = config(model, precision, kernels, ADAMW, "deterministic = true");
     let g = 4;
     let reference = train(1, &c, model, g, 2, micro_batch).remove(0);
-    for world in [2, 4] {
-        for (r, (w, _)) in train(world, &c, model, g, 1, micro_batch)
-            .iter()
-            .enumerate()
-        {
-            stoker_testkit::assert_bits_eq(
-                w,
-                &reference.0,
-                &format!(
-                    "deterministic {precision} {kernels} {} world {world} rank {r}",
-                    &model[8..11]
-                ),
-            );
+    for strategy in ["ddp", "zero1", "zero2"] {
+        let c = config(
+            model,
+            precision,
+            kernels,
+            ADAMW,
+            &format!("deterministic = true\nstrategy = \"{strategy}\""),
+        );
+        for world in [2, 4] {
+            for (r, (w, _)) in train(world, &c, model, g, 1, micro_batch)
+                .iter()
+                .enumerate()
+            {
+                stoker_testkit::assert_bits_eq(
+                    w,
+                    &reference.0,
+                    &format!(
+                        "deterministic {strategy} {precision} {kernels} {} world {world} rank {r}",
+                        &model[8..11]
+                    ),
+                );
+            }
         }
     }
 }
@@ -356,4 +376,94 @@ fn toml_with(c: &TrainConfig, batch: &str) -> String {
         .map_or(t.len(), |i| start + 1 + i);
     t.replace_range(start..end, &format!("[batch]\n{batch}\n"));
     t
+}
+
+/// What each rank holds and sends, counted from its buffers and by the communicator,
+/// against the planner's prediction (`stoker_plan::trainer`): model states within 1%,
+/// bytes sent within 5%, for DDP, ZeRO-1 and ZeRO-2 at 1, 2 and 4 ranks; ZeRO's
+/// optimizer states are a 1/N shard.
+#[test]
+fn held_bytes_and_bytes_sent_match_the_plan() {
+    use stoker_train::parallel::ParallelDims;
+    let wide = "kind = \"gpt\"\nvocab = 11\ncontext = 6\nd_model = 32\nn_layer = 2\nn_head = 2";
+    for strategy in STRATEGIES {
+        for precision in ["fp32", "bf16"] {
+            let c = config(wide, precision, "direct", ADAMW, strategy);
+            let layout = FlatLayout::of(
+                build_model(&c.model, c.precision, c.kernels, c.seed)
+                    .unwrap()
+                    .params(),
+            )
+            .unwrap();
+            let mut whole_optimizer = 0;
+            for world in [1, 2, 4] {
+                let g = 4;
+                let text = format!("micro_batch = 2\naccumulation_steps = {}", g / world);
+                let cw = TrainConfig::parse(&toml_with(&c, &text), std::path::Path::new("t.toml"))
+                    .unwrap();
+                let dims = ParallelDims::resolve(&cw, world, 0, "test").unwrap();
+                let plan = stoker_train::run::predicted(&cw, &dims, &layout);
+                let held = held_and_sent(world, &cw, g);
+                let what = format!("{} {precision} world {world}", strategy.replace('\n', " "));
+                for (r, (h, sent)) in held.iter().enumerate() {
+                    let ratio = h.model_states() as f64 / plan.model_states();
+                    eprintln!(
+                        "{what} rank {r}: model states held/planned {ratio:.4}, sent {sent:.0} vs {:.0} bytes/step",
+                        plan.bytes_sent_per_step
+                    );
+                    assert!(
+                        (ratio - 1.0).abs() <= 0.01,
+                        "{what} rank {r}: {h:?} vs {plan:?}"
+                    );
+                    if world == 1 {
+                        assert_eq!(*sent, 0.0, "{what}: one rank sends nothing");
+                        whole_optimizer = h.optimizer;
+                    } else {
+                        let s = sent / plan.bytes_sent_per_step;
+                        assert!(
+                            (s - 1.0).abs() <= 0.05,
+                            "{what} rank {r}: sent {sent} vs planned {}",
+                            plan.bytes_sent_per_step
+                        );
+                    }
+                }
+                if world > 1 && !strategy.contains("ddp") {
+                    let total: usize = held.iter().map(|(h, _)| h.optimizer).sum();
+                    assert_eq!(
+                        total, whole_optimizer,
+                        "{what}: the shards tile the optimizer state"
+                    );
+                    assert!(
+                        held[0].0.optimizer * world <= whole_optimizer + 64 * world,
+                        "{what}: 1/N"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Every rank's held bytes and mean bytes sent per step over `STEPS` steps.
+fn held_and_sent(
+    world: usize,
+    config: &TrainConfig,
+    g: usize,
+) -> Vec<(stoker_train::memory::HeldBytes, f64)> {
+    run_local(world, Duration::from_secs(60), |comm| {
+        let rank = comm.rank();
+        let comm: Rc<dyn Communicator> = Rc::new(comm);
+        let m = build_model(&config.model, config.precision, config.kernels, config.seed).unwrap();
+        let layout = FlatLayout::of(m.params()).unwrap();
+        let strategy = stoker_train::parallel::for_config(config, &layout, comm).unwrap();
+        let mut t = Trainer::with_strategy(config, m, strategy).unwrap();
+        let k = g / world;
+        let mut sent = 0.0;
+        for s in 0..STEPS {
+            let window: Vec<MicroBatch> = (rank * k..(rank + 1) * k)
+                .map(|j| micro_batch(GPT, s, j))
+                .collect();
+            sent += t.train_step(&window).unwrap().sync.bytes_sent as f64;
+        }
+        (t.held_bytes(), sent / STEPS as f64)
+    })
 }

@@ -82,7 +82,7 @@ fn adamw_matches_torch_within_1e6_relative() {
         weight_decay: 0.1,
     };
     // Rank-2 weight decays, the bias does not: torch's two param groups.
-    let mut opt = AdamW::new(config, segments(&layout, false), layout.total_len());
+    let mut opt = AdamW::new(config, &segments(&layout, false), 0..layout.total_len());
     let worst = replay(case, &mut opt, &layout);
     assert!(
         worst < 1e-6,
@@ -101,7 +101,7 @@ fn sgd_momentum_matches_torch_within_1e6_relative() {
             weight_decay: 0.01,
             nesterov,
         };
-        let mut opt = Sgd::new(config, segments(&layout, false), layout.total_len());
+        let mut opt = Sgd::new(config, &segments(&layout, false), 0..layout.total_len());
         let worst = replay(case, &mut opt, &layout);
         assert!(
             worst < 1e-6,
@@ -113,18 +113,71 @@ fn sgd_momentum_matches_torch_within_1e6_relative() {
 #[test]
 fn optimizer_state_round_trips_and_rejects_wrong_sizes() {
     let layout = FlatLayout::new(&[ParamSpec::new("w", &[3, 3])], 16).unwrap();
-    let mut a = AdamW::new(AdamWConfig::default(), segments(&layout, false), 16);
+    let mut a = AdamW::new(AdamWConfig::default(), &segments(&layout, false), 0..16);
     let mut p = vec![0.5f32; 16];
     a.step(&mut p, &[0.1; 16], 1e-2, None);
-    let mut b = AdamW::new(AdamWConfig::default(), segments(&layout, false), 16);
+    let mut b = AdamW::new(AdamWConfig::default(), &segments(&layout, false), 0..16);
     b.restore(a.state()).unwrap();
     let mut q = p.clone();
     a.step(&mut p, &[0.2; 16], 1e-2, None);
     b.step(&mut q, &[0.2; 16], 1e-2, None);
     assert_eq!(p, q);
-    let mut c = AdamW::new(AdamWConfig::default(), vec![], 32);
+    let mut c = AdamW::new(AdamWConfig::default(), &[], 0..32);
     let err = c.restore(a.state()).unwrap_err();
-    assert!(err.contains("exp_avg"), "{err}");
+    assert!(err.contains("0..16") && err.contains("0..32"), "{err}");
+    let mut bad = a.state();
+    bad.buffers[1].1.pop();
+    let err = b.restore(bad).unwrap_err();
+    assert!(err.contains("exp_avg_sq"), "{err}");
+}
+
+/// Optimizers over the shards of a buffer (ZeRO's split, boundaries inside tensors
+/// included) update exactly what one optimizer over the whole buffer does, bit for bit.
+#[test]
+fn shard_optimizers_equal_one_whole_buffer_optimizer() {
+    let layout = FlatLayout::new(
+        &[
+            ParamSpec::new("a.weight", &[5, 7]),
+            ParamSpec::new("a.bias", &[5]),
+            ParamSpec::new("b.weight", &[3, 9]),
+        ],
+        16,
+    )
+    .unwrap();
+    let n = layout.total_len();
+    let segs = segments(&layout, false);
+    let p0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+    let g: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+    for cuts in [vec![0, n], vec![0, 16, n], vec![0, 20, 45, 77, n]] {
+        let mut whole = AdamW::new(AdamWConfig::default(), &segs, 0..n);
+        let mut sgd_whole = Sgd::new(SgdConfig::default(), &segs, 0..n);
+        let (mut pw, mut ps) = (p0.clone(), p0.clone());
+        let (mut qw, mut qs) = (p0.clone(), p0.clone());
+        let mut shards: Vec<_> = cuts
+            .windows(2)
+            .map(|w| {
+                (
+                    AdamW::new(AdamWConfig::default(), &segs, w[0]..w[1]),
+                    Sgd::new(SgdConfig::default(), &segs, w[0]..w[1]),
+                )
+            })
+            .collect();
+        for _ in 0..3 {
+            whole.step(&mut pw, &g, 1e-2, None);
+            sgd_whole.step(&mut qw, &g, 1e-2, None);
+            for (a, s) in shards.iter_mut() {
+                let r = a.range();
+                a.step(&mut ps[r.clone()], &g[r.clone()], 1e-2, None);
+                s.step(&mut qs[r.clone()], &g[r], 1e-2, None);
+            }
+        }
+        stoker_testkit::assert_bits_eq(&ps, &pw, &format!("AdamW shards {cuts:?}"));
+        stoker_testkit::assert_bits_eq(&qs, &qw, &format!("SGD shards {cuts:?}"));
+        assert_eq!(
+            shards.iter().map(|(a, _)| a.state_bytes()).sum::<usize>(),
+            whole.state_bytes()
+        );
+    }
 }
 
 #[test]

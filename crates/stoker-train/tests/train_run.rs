@@ -132,33 +132,81 @@ fn corrupt_or_mismatched_checkpoints_are_refused() {
         "{err}"
     );
 
-    // One flipped byte in the weights fails the checksum.
-    let path = ckpt.join("model.safetensors");
-    let mut bytes = std::fs::read(&path).unwrap();
-    let n = bytes.len();
-    bytes[n - 3] ^= 0x40;
-    std::fs::write(&path, bytes).unwrap();
+    let resume = |dir: &Path| {
+        run(
+            &c,
+            &RunOptions {
+                resume: Some(dir.to_path_buf()),
+                ..Default::default()
+            },
+        )
+        .unwrap_err()
+        .to_string()
+    };
+    // Another optimizer keeps other buffers: refused naming the manifest key.
+    let sgd = TrainConfig::parse(
+        &gpt_config(tmp.path(), "fp32", 2, "").replace("kind = \"adamw\"", "kind = \"sgd\""),
+        Path::new("t.toml"),
+    )
+    .unwrap();
     let err = run(
-        &c,
+        &sgd,
         &RunOptions {
-            resume: Some(ckpt),
+            resume: Some(ckpt.clone()),
             ..Default::default()
         },
     )
-    .unwrap_err();
-    assert!(err.to_string().contains("checksum mismatch"), "{err}");
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("manifest.json") && err.contains("optimizer_buffers"),
+        "{err}"
+    );
+
+    // One flipped byte in a shard fails its checksum, naming the file.
+    let path = ckpt.join("shard_00000.safetensors");
+    let good = std::fs::read(&path).unwrap();
+    let mut bytes = good.clone();
+    let n = bytes.len();
+    bytes[n - 3] ^= 0x40;
+    std::fs::write(&path, bytes).unwrap();
+    let err = resume(&ckpt);
+    assert!(
+        err.contains("checksum mismatch") && err.contains("shard_00000.safetensors"),
+        "{err}"
+    );
+    // A missing shard names the file.
+    std::fs::remove_file(&path).unwrap();
+    let err = resume(&ckpt);
+    assert!(err.contains("shard_00000.safetensors"), "{err}");
+    std::fs::write(&path, good).unwrap();
+    // An edited manifest fails the commit marker's checksum.
+    let m = ckpt.join("manifest.json");
+    let text = std::fs::read_to_string(&m).unwrap();
+    std::fs::write(&m, text.replace("\"world_size\": 1", "\"world_size\": 2")).unwrap();
+    let err = resume(&ckpt);
+    assert!(
+        err.contains("manifest.json") && err.contains("checksum mismatch"),
+        "{err}"
+    );
+    std::fs::write(&m, text).unwrap();
+    // Without its commit marker (a save that crashed) it is refused, and `latest` skips it.
+    std::fs::remove_file(ckpt.join("COMMITTED")).unwrap();
+    let err = resume(&ckpt);
+    assert!(err.contains("COMMITTED"), "{err}");
+    let root = c.run_dir.join("checkpoints");
+    assert_ne!(stoker_train::checkpoint::latest(&root), Some(ckpt));
 }
 
 #[test]
-fn weights_file_is_plain_safetensors() {
+fn consolidated_weights_are_plain_safetensors() {
     let tmp = tempfile::tempdir().unwrap();
     let c = config(tmp.path(), "bf16", 1, "");
     run(&c, &RunOptions::default()).unwrap();
-    let bytes = std::fs::read(
-        c.run_dir
-            .join("checkpoints/step_00000001/model.safetensors"),
-    )
-    .unwrap();
+    let out =
+        stoker_train::checkpoint::consolidate(&c.run_dir.join("checkpoints/step_00000001"), None)
+            .unwrap();
+    let bytes = std::fs::read(out).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let wte = st.tensor("wte.weight").unwrap();
     assert_eq!(wte.shape(), &[24, 32]);

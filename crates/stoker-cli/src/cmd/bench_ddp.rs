@@ -142,7 +142,7 @@ pub fn run(a: DdpBenchArgs) -> anyhow::Result<()> {
             p.wait()?;
         }
         // Every micro-batch that is reduced pays it: one per step, or k with sync every.
-        let per_step = if p.sync_every_micro_batch {
+        let per_step = if p.sync_every_micro_batch == Some(true) {
             s.dims.accumulation_steps
         } else {
             1
@@ -164,7 +164,7 @@ pub fn run(a: DdpBenchArgs) -> anyhow::Result<()> {
         threads_per_rank: threads,
         params: s.params,
         accumulation_steps: s.dims.accumulation_steps,
-        sync_every_micro_batch: p.sync_every_micro_batch,
+        sync_every_micro_batch: p.sync_every_micro_batch == Some(true),
         step_ms: 1e3 * step,
         exposed_wait_ms: 1e3 * wait,
         isolated_comm_ms: 1e3 * iso,
@@ -180,7 +180,7 @@ pub fn run(a: DdpBenchArgs) -> anyhow::Result<()> {
             s.params,
             plan.len(),
             result.accumulation_steps,
-            if p.sync_every_micro_batch { " (sync every micro-batch)" } else { "" },
+            if p.sync_every_micro_batch == Some(true) { " (sync every micro-batch)" } else { "" },
             result.step_ms,
             s.step_times_s.len() - skip,
             result.exposed_wait_ms,

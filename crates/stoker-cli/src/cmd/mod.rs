@@ -2,6 +2,7 @@
 pub mod bench;
 pub mod bench_comm;
 pub mod bench_ddp;
+pub mod ckpt;
 pub mod dataset_args;
 pub mod pack;
 pub mod plan;

@@ -27,6 +27,18 @@ pub struct TrainArgs {
     /// Stop after this many steps (writes a checkpoint there).
     #[arg(long)]
     pub stop_after: Option<u64>,
+    /// Test of crash safety, `RANK:STEP`: that rank aborts right after writing its shard
+    /// of that step's checkpoint.
+    #[arg(long, hide = true, value_parser = parse_fault)]
+    pub test_crash_during_save: Option<checkpoint::SaveFault>,
+}
+
+fn parse_fault(s: &str) -> Result<checkpoint::SaveFault, String> {
+    let (rank, step) = s.split_once(':').ok_or("expected RANK:STEP")?;
+    Ok(checkpoint::SaveFault {
+        rank: rank.parse().map_err(|e| format!("rank: {e}"))?,
+        step: step.parse().map_err(|e| format!("step: {e}"))?,
+    })
 }
 
 /// Runs `stoker train`.
@@ -47,6 +59,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         resume,
         progress: !args.no_progress,
         stop_after: args.stop_after,
+        save_fault: args.test_crash_during_save,
     };
     let launched = stoker_comm::mpi::launched_world();
     match (config.parallel.backend, launched) {
@@ -162,6 +175,37 @@ fn run_mpi(
     }
 }
 
+/// Rank 0's bytes, planned (`stoker_plan::trainer`) vs counted from its buffers and by
+/// its communicator.
+fn print_states(s: &RunSummary) {
+    let mib = |b: f64| b / (1 << 20) as f64;
+    let ratio = |held: f64, plan: f64| if plan > 0.0 { held / plan } else { f64::NAN };
+    let (p, h) = (&s.planned, &s.held);
+    println!(
+        "model states per rank ({} x {}): planned {:.2} MiB (params {:.2} + grads {:.2} + optimizer {:.2}), held {:.2} MiB (params {:.2} + grads {:.2} + optimizer {:.2}), held/planned {:.4}; workspace {:.2} MiB",
+        s.strategy,
+        s.dims.world,
+        mib(p.model_states()),
+        mib(p.params),
+        mib(p.grads),
+        mib(p.optimizer),
+        mib(h.model_states() as f64),
+        mib(h.params as f64),
+        mib(h.grads as f64),
+        mib(h.optimizer as f64),
+        ratio(h.model_states() as f64, p.model_states()),
+        mib(h.buffers as f64),
+    );
+    if s.dims.world > 1 {
+        println!(
+            "bytes sent per step per rank: planned {:.3} MiB, counted {:.3} MiB, counted/planned {:.4}",
+            mib(p.bytes_sent_per_step),
+            mib(s.bytes_per_step),
+            ratio(s.bytes_per_step, p.bytes_sent_per_step)
+        );
+    }
+}
+
 fn print_summary(s: &RunSummary) {
     println!("parameters: {}", s.params);
     println!("steps: {}, last train loss {:.4}", s.steps, s.last_loss);
@@ -187,6 +231,7 @@ fn print_summary(s: &RunSummary) {
             s.bytes_per_step / (1 << 20) as f64
         );
     }
+    print_states(s);
     println!("weights crc32: {:08x}", s.weights_crc32);
     if let Some(text) = &s.sample {
         println!("--- sample ---\n{text}\n--------------");

@@ -9,7 +9,7 @@ use stoker_kernels::{adamw_update, AdamWStep};
 
 use std::ops::Range;
 
-use super::{clip, out_segment, take_buffers, OptimState, Optimizer, Segment};
+use super::{out_segment, segments_in, span, take_buffers, OptimState, Optimizer, Segment};
 
 /// AdamW hyper-parameters (torch's defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -36,9 +36,11 @@ impl Default for AdamWConfig {
     }
 }
 
-/// AdamW over a flat buffer; moments are FP32 in the same layout.
+/// AdamW over one range of a flat buffer; its FP32 moments cover that range alone.
 pub struct AdamW {
     config: AdamWConfig,
+    range: Range<usize>,
+    /// The segments inside `range`, rebased to it.
     segments: Vec<Segment>,
     exp_avg: Vec<f32>,
     exp_avg_sq: Vec<f32>,
@@ -46,34 +48,33 @@ pub struct AdamW {
 }
 
 impl AdamW {
-    /// AdamW for a buffer of `len` elements, updating `segments`.
-    pub fn new(config: AdamWConfig, segments: Vec<Segment>, len: usize) -> Self {
+    /// AdamW over the elements `range` of a flat buffer, updating the parts of
+    /// `segments` (global offsets) inside it.
+    pub fn new(config: AdamWConfig, segments: &[Segment], range: Range<usize>) -> Self {
         AdamW {
             config,
-            segments,
-            exp_avg: vec![0.0; len],
-            exp_avg_sq: vec![0.0; len],
+            segments: segments_in(segments, &range),
+            exp_avg: vec![0.0; range.len()],
+            exp_avg_sq: vec![0.0; range.len()],
+            range,
             step: 0,
         }
     }
 }
 
 impl Optimizer for AdamW {
-    fn step_range(
+    fn step(
         &mut self,
         params: &mut [f32],
         grads: &[f32],
         lr: f32,
         mut bf16_out: Option<&mut [bf16]>,
-        range: Range<usize>,
     ) {
         self.step += 1;
         let c = self.config;
         let s = AdamWStep::new(lr, c.beta1, c.beta2, c.eps, c.weight_decay, self.step);
         for seg in &self.segments {
-            let Some(r) = clip(seg, &range) else {
-                continue;
-            };
+            let r = span(seg);
             adamw_update(
                 &s,
                 seg.decay,
@@ -87,9 +88,18 @@ impl Optimizer for AdamW {
         }
     }
 
+    fn range(&self) -> Range<usize> {
+        self.range.clone()
+    }
+
+    fn state_bytes(&self) -> usize {
+        4 * (self.exp_avg.len() + self.exp_avg_sq.len())
+    }
+
     fn state(&self) -> OptimState {
         OptimState {
             step: self.step,
+            range: self.range.clone(),
             buffers: vec![
                 ("exp_avg".into(), self.exp_avg.clone()),
                 ("exp_avg_sq".into(), self.exp_avg_sq.clone()),
@@ -99,7 +109,7 @@ impl Optimizer for AdamW {
 
     fn restore(&mut self, state: OptimState) -> Result<(), String> {
         let step = state.step;
-        let mut b = take_buffers(state, &["exp_avg", "exp_avg_sq"], self.exp_avg.len())?;
+        let mut b = take_buffers(state, &["exp_avg", "exp_avg_sq"], &self.range)?;
         self.exp_avg_sq = b.pop().unwrap();
         self.exp_avg = b.pop().unwrap();
         self.step = step;

@@ -1,7 +1,11 @@
 //! Optimizers over the flat FP32 buffers of a [`crate::layout::FlatLayout`].
 //!
 //! They see only (offset, len, decay) segments, never a model: the same code serves a
-//! whole buffer or one ZeRO shard of it. Padding between slots is never touched. The
+//! whole buffer or one ZeRO shard of it. An optimizer is built for one range of the
+//! flat buffer (the whole of it, or one rank's shard): its moments cover that range
+//! alone, indexed from zero, and its [`OptimState`] records the range's global offsets,
+//! so sharding and resharding are layout operations. Padding between slots is never
+//! touched. The
 //! arithmetic is stoker-kernels' fused passes ([`stoker_kernels::adamw_update`],
 //! [`stoker_kernels::sgd_update`]): torch's order of operations, vectorized and parallel
 //! over chunks, with the bf16 copy of the updated weights written in the same pass.
@@ -45,46 +49,65 @@ pub fn segments(layout: &FlatLayout, decay_all: bool) -> Vec<Segment> {
         .collect()
 }
 
-/// Optimizer state that a checkpoint saves: named f32 buffers and the step count.
+/// Optimizer state that a checkpoint saves: the step count and named f32 buffers over
+/// one range of the flat layout.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct OptimState {
     /// Optimizer steps taken.
     pub step: u64,
-    /// Named moment buffers (`exp_avg`, `exp_avg_sq`, `momentum`), flat layout.
+    /// The elements of the flat layout the buffers cover (global offsets).
+    pub range: Range<usize>,
+    /// Named moment buffers (`exp_avg`, `exp_avg_sq`, `momentum`), `range.len()` each.
     pub buffers: Vec<(String, Vec<f32>)>,
 }
 
-/// An optimizer over flat buffers.
+/// An optimizer over one range of a flat buffer.
 pub trait Optimizer: Send {
-    /// One update, restricted to the elements in `range`, of `params` from `grads` (same
-    /// layout) at learning rate `lr`; with `bf16_out` (same layout), the updated elements
-    /// are also written there in bf16. The data-parallel strategy chooses the range (the
-    /// whole buffer, or one rank's shard); the step count advances once per call.
-    fn step_range(
-        &mut self,
-        params: &mut [f32],
-        grads: &[f32],
-        lr: f32,
-        bf16_out: Option<&mut [bf16]>,
-        range: Range<usize>,
-    );
-    /// One update of the whole buffer ([`Optimizer::step_range`] over all of it).
-    fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32, bf16_out: Option<&mut [bf16]>) {
-        let n = params.len();
-        self.step_range(params, grads, lr, bf16_out, 0..n)
-    }
+    /// One update of `params` from `grads` at learning rate `lr`: both are the
+    /// optimizer's range of the flat buffers (`range().len()` elements, the range's
+    /// first element first); with `bf16_out` (the same range of the bf16 copy) the
+    /// updated elements are also written there in bf16. The step count advances once
+    /// per call.
+    fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32, bf16_out: Option<&mut [bf16]>);
+    /// The elements of the flat layout it updates (global offsets).
+    fn range(&self) -> Range<usize>;
+    /// Bytes its state buffers hold.
+    fn state_bytes(&self) -> usize;
     /// The state to checkpoint.
     fn state(&self) -> OptimState;
-    /// Restores a saved state; errors name the buffer that does not fit.
+    /// Restores a saved state over the same range; errors name the buffer that does not fit.
     fn restore(&mut self, state: OptimState) -> Result<(), String>;
 }
 
-/// Checks that `state` holds exactly `names`, each of `len` elements, and returns them in order.
+/// The parts of `segments` (global offsets) inside `range`, rebased so that `range.start`
+/// is element 0: what an optimizer over that range updates.
+pub fn segments_in(segments: &[Segment], range: &Range<usize>) -> Vec<Segment> {
+    segments
+        .iter()
+        .filter_map(|s| {
+            clip(s, range).map(|r| Segment {
+                offset: r.start - range.start,
+                len: r.len(),
+                decay: s.decay,
+            })
+        })
+        .collect()
+}
+
+/// Checks that `state` covers `range` and holds exactly `names`, each of `range.len()`
+/// elements, and returns them in order.
 pub(crate) fn take_buffers(
     state: OptimState,
     names: &[&str],
-    len: usize,
+    range: &Range<usize>,
 ) -> Result<Vec<Vec<f32>>, String> {
+    if state.range != *range {
+        return Err(format!(
+            "optimizer state covers elements {:?}, this optimizer {range:?}",
+            state.range
+        ));
+    }
+    let len = range.len();
     let mut out = Vec::new();
     for name in names {
         let (_, buf) = state
@@ -116,4 +139,9 @@ pub(crate) fn out_segment<'a>(
     r: &Range<usize>,
 ) -> Option<&'a mut [bf16]> {
     out.as_deref_mut().map(|o| &mut o[r.clone()])
+}
+
+/// The range a segment covers, from zero.
+pub(crate) fn span(seg: &Segment) -> Range<usize> {
+    seg.offset..seg.offset + seg.len
 }

@@ -9,7 +9,7 @@ use stoker_kernels::{sgd_update, SgdStep};
 
 use std::ops::Range;
 
-use super::{clip, out_segment, take_buffers, OptimState, Optimizer, Segment};
+use super::{out_segment, segments_in, span, take_buffers, OptimState, Optimizer, Segment};
 
 /// SGD hyper-parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -33,34 +33,37 @@ impl Default for SgdConfig {
     }
 }
 
-/// SGD over a flat buffer.
+/// SGD over one range of a flat buffer; its momentum covers that range alone.
 pub struct Sgd {
     config: SgdConfig,
+    range: Range<usize>,
+    /// The segments inside `range`, rebased to it.
     segments: Vec<Segment>,
     momentum: Vec<f32>,
     step: u64,
 }
 
 impl Sgd {
-    /// SGD for a buffer of `len` elements, updating `segments`.
-    pub fn new(config: SgdConfig, segments: Vec<Segment>, len: usize) -> Self {
+    /// SGD over the elements `range` of a flat buffer, updating the parts of `segments`
+    /// (global offsets) inside it.
+    pub fn new(config: SgdConfig, segments: &[Segment], range: Range<usize>) -> Self {
         Sgd {
             config,
-            segments,
-            momentum: vec![0.0; len],
+            segments: segments_in(segments, &range),
+            momentum: vec![0.0; range.len()],
+            range,
             step: 0,
         }
     }
 }
 
 impl Optimizer for Sgd {
-    fn step_range(
+    fn step(
         &mut self,
         params: &mut [f32],
         grads: &[f32],
         lr: f32,
         mut bf16_out: Option<&mut [bf16]>,
-        range: Range<usize>,
     ) {
         let s = SgdStep {
             lr,
@@ -71,9 +74,7 @@ impl Optimizer for Sgd {
         };
         self.step += 1;
         for seg in &self.segments {
-            let Some(r) = clip(seg, &range) else {
-                continue;
-            };
+            let r = span(seg);
             sgd_update(
                 &s,
                 seg.decay,
@@ -86,16 +87,25 @@ impl Optimizer for Sgd {
         }
     }
 
+    fn range(&self) -> Range<usize> {
+        self.range.clone()
+    }
+
+    fn state_bytes(&self) -> usize {
+        4 * self.momentum.len()
+    }
+
     fn state(&self) -> OptimState {
         OptimState {
             step: self.step,
+            range: self.range.clone(),
             buffers: vec![("momentum".into(), self.momentum.clone())],
         }
     }
 
     fn restore(&mut self, state: OptimState) -> Result<(), String> {
         let step = state.step;
-        self.momentum = take_buffers(state, &["momentum"], self.momentum.len())?
+        self.momentum = take_buffers(state, &["momentum"], &self.range)?
             .pop()
             .unwrap();
         self.step = step;

@@ -8,19 +8,36 @@
 //! execution order, every bucket is one contiguous range of the flat buffer.
 //!
 //! When the last group of a bucket is ready, the bucket's gradients are copied into its
-//! own buffer and a non-blocking all-reduce starts (buckets start in plan order on every
-//! rank, whatever order their groups finish in, as MPI requires). After the backward,
-//! [`Buckets::finish`] waits for them in order and copies the sums back. The copies cost
-//! two passes over the gradients and one gradient-sized buffer (PyTorch's default too,
-//! without `gradient_as_bucket_view`).
+//! own buffer and a non-blocking collective starts (buckets start in plan order on every
+//! rank, whatever order their groups finish in, as MPI requires): an all-reduce (DDP), or
+//! a reduce-scatter that leaves each rank the sums of the part of the bucket it owns
+//! (ZeRO-2, [`BucketOp::ReduceScatter`]). After the backward, [`Buckets::finish`] waits
+//! for them in order and copies the sums back. The copies cost two passes over the
+//! gradients and one gradient-sized buffer (PyTorch's default too, without
+//! `gradient_as_bucket_view`).
 
 use std::collections::HashMap;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use stoker_comm::{Buffer, Communicator, Pending};
+use stoker_comm::{Buffer, Communicator, Element, Pending};
 
+use super::shard::ShardPlan;
 use crate::error::{Result, TrainError};
+
+/// The collective each bucket runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BucketOp {
+    /// Every rank gets the bucket's sums (DDP).
+    AllReduce,
+    /// Rank `rank` gets the sums of the part of the bucket `shards` gives it (ZeRO-2).
+    ReduceScatter {
+        /// The ranks' ranges of the flat buffer.
+        shards: ShardPlan,
+        /// This rank.
+        rank: usize,
+    },
+}
 
 /// One bucket: a contiguous range of the flat buffer and the groups it covers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,19 +84,22 @@ pub fn plan(groups: &[(usize, Range<usize>)], cap_bytes: usize, first_bytes: usi
 /// The buckets of one data-parallel rank and their reductions in flight.
 pub struct Buckets {
     plan: Vec<Bucket>,
+    op: BucketOp,
     bucket_of: HashMap<usize, usize>,
     /// Groups not yet ready, per bucket.
     missing: Vec<usize>,
     in_flight: Vec<Option<Pending>>,
     /// Each bucket's buffer, kept between windows.
     spare: Vec<Option<Vec<f32>>>,
+    /// Each bucket's reduce-scatter output, kept between windows.
+    spare_out: Vec<Option<Vec<f32>>>,
     /// The next bucket to start: buckets start in plan order.
     next: usize,
 }
 
 impl Buckets {
-    /// Buckets of `plan` with nothing in flight.
-    pub fn new(plan: Vec<Bucket>) -> Self {
+    /// Buckets of `plan` running `op`, with nothing in flight.
+    pub fn new(plan: Vec<Bucket>, op: BucketOp) -> Self {
         let mut bucket_of = HashMap::new();
         for (i, b) in plan.iter().enumerate() {
             for &g in &b.groups {
@@ -90,9 +110,11 @@ impl Buckets {
         Buckets {
             missing: plan.iter().map(|b| b.groups.len()).collect(),
             plan,
+            op,
             bucket_of,
             in_flight: (0..n).map(|_| None).collect(),
             spare: (0..n).map(|_| None).collect(),
+            spare_out: (0..n).map(|_| None).collect(),
             next: 0,
         }
     }
@@ -100,6 +122,14 @@ impl Buckets {
     /// The plan.
     pub fn plan(&self) -> &[Bucket] {
         &self.plan
+    }
+
+    /// Bytes the buckets' buffers hold (they are allocated at first use and kept).
+    pub fn buffer_bytes(&self) -> usize {
+        let held = |v: &Vec<Option<Vec<f32>>>| -> usize {
+            v.iter().flatten().map(|b| 4 * b.capacity()).sum()
+        };
+        held(&self.spare) + held(&self.spare_out)
     }
 
     /// Group `group` is ready in `grads`: starts every bucket whose groups are all ready
@@ -120,8 +150,16 @@ impl Buckets {
             let range = self.plan[i].range.clone();
             let mut buf = self.spare[i].take().unwrap_or_default();
             buf.clear();
-            buf.extend_from_slice(&grads[range]);
-            self.in_flight[i] = Some(comm.start_all_reduce(Buffer::F32(buf))?);
+            buf.extend_from_slice(&grads[range.clone()]);
+            self.in_flight[i] = Some(match &self.op {
+                BucketOp::AllReduce => comm.start_all_reduce(Buffer::F32(buf))?,
+                BucketOp::ReduceScatter { shards, rank } => {
+                    let counts = shards.counts_within(&range);
+                    let mut out = self.spare_out[i].take().unwrap_or_default();
+                    out.resize(counts[*rank], 0.0);
+                    comm.start_reduce_scatter(Buffer::F32(buf), &counts, Buffer::F32(out))?
+                }
+            });
             self.next += 1;
         }
         comm.progress();
@@ -141,9 +179,21 @@ impl Buckets {
         let t0 = Instant::now();
         for i in 0..self.plan.len() {
             let p = self.in_flight[i].take().expect("started above");
-            let sums = p.wait_vec::<f32>()?;
-            grads[self.plan[i].range.clone()].copy_from_slice(&sums);
-            self.spare[i] = Some(sums);
+            let range = &self.plan[i].range;
+            match &self.op {
+                BucketOp::AllReduce => {
+                    let sums = p.wait_vec::<f32>()?;
+                    grads[range.clone()].copy_from_slice(&sums);
+                    self.spare[i] = Some(sums);
+                }
+                BucketOp::ReduceScatter { shards, rank } => {
+                    let (out, input) = p.wait_with_input()?;
+                    let sums = f32_vec(out)?;
+                    grads[shards.owned_within(*rank, range)].copy_from_slice(&sums);
+                    self.spare_out[i] = Some(sums);
+                    self.spare[i] = input.map(f32_vec).transpose()?;
+                }
+            }
         }
         let waited = t0.elapsed();
         self.next = 0;
@@ -152,6 +202,17 @@ impl Buckets {
         }
         Ok(waited)
     }
+}
+
+/// The f32 vector in a collective's result buffer.
+fn f32_vec(b: Buffer) -> Result<Vec<f32>> {
+    let got = b.dtype();
+    f32::unwrap(b).ok_or_else(|| {
+        TrainError::Layout(format!(
+            "a gradient bucket's collective gave {} back, not f32",
+            got.name()
+        ))
+    })
 }
 
 impl Drop for Buckets {

@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use stoker_comm::{tree_all_reduce, CommExt, CommStats, Communicator};
 
-use super::buckets::{Bucket, Buckets};
+use super::buckets::{Bucket, BucketOp, Buckets};
 use super::{Strategy, SyncStats};
 use crate::error::Result;
 use crate::grad_sum::SumOrder;
@@ -49,7 +49,7 @@ impl Ddp {
             window_start: comm.stats(),
             comm,
             opts,
-            buckets: Buckets::new(plan),
+            buckets: Buckets::new(plan, BucketOp::AllReduce),
             stats: SyncStats::default(),
         }
     }
@@ -142,6 +142,10 @@ impl Strategy for Ddp {
 
     fn after_update(&mut self, _master: &mut [f32]) -> Result<()> {
         Ok(())
+    }
+
+    fn buffer_bytes(&self) -> usize {
+        self.buckets.buffer_bytes()
     }
 
     fn stats(&self) -> SyncStats {

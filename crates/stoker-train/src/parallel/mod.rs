@@ -24,23 +24,33 @@
 //!
 //! [`single::Single`] is the one-rank strategy; [`ddp::Ddp`] is data parallelism with
 //! bucketed all-reduce overlapped with the backward, or, in deterministic mode, a fixed
-//! reduction tree.
+//! reduction tree; [`zero::Zero`] is ZeRO stage 1 or 2 over [`shard::ShardPlan`]'s
+//! split of the flat buffer. [`for_config`] picks one from the config.
 
 pub mod agree;
 pub mod buckets;
 pub mod ddp;
 pub mod dims;
+pub mod shard;
 pub mod single;
+pub mod zero;
 
 use std::ops::Range;
+use std::rc::Rc;
 use std::time::Duration;
 
+use stoker_comm::Communicator;
+
+use crate::config::{StrategyKind, TrainConfig};
 use crate::error::Result;
 use crate::grad_sum::SumOrder;
+use crate::layout::FlatLayout;
 
 pub use ddp::Ddp;
 pub use dims::ParallelDims;
+pub use shard::ShardPlan;
 pub use single::Single;
+pub use zero::{Zero, ZeroOptions, ZeroStage};
 
 /// What a strategy measured in the last window.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -91,6 +101,66 @@ pub trait Strategy {
     fn update_range(&self, len: usize) -> Range<usize>;
     /// After the optimizer: every rank's `master` is up to date.
     fn after_update(&mut self, master: &mut [f32]) -> Result<()>;
+    /// Bytes of gradient sums the strategy keeps besides the trainer's gradient buffer
+    /// (ZeRO-2's shard-sized running sum).
+    fn grad_bytes(&self) -> usize {
+        0
+    }
+    /// Bytes of communication buffers it holds (bucket copies, shard buffers).
+    fn buffer_bytes(&self) -> usize {
+        0
+    }
     /// What the last window cost.
     fn stats(&self) -> SyncStats;
+}
+
+/// The strategy `config` asks for over `comm`, with buckets over `layout`. One rank
+/// needs no reduction: any strategy at world size 1 is the one-rank strategy (the same
+/// bits; no bucket copies, no shards).
+pub fn for_config(
+    config: &TrainConfig,
+    layout: &FlatLayout,
+    comm: Rc<dyn Communicator>,
+) -> Result<Box<dyn Strategy>> {
+    let p = &config.parallel;
+    let kind = match comm.world_size() {
+        1 => StrategyKind::None,
+        _ => p.strategy,
+    };
+    let mib = |x: f64| (x * (1 << 20) as f64) as usize;
+    let plan = || {
+        buckets::plan(
+            &layout.group_ranges(),
+            mib(p.bucket_cap_mb),
+            mib(p.first_bucket_mb),
+        )
+    };
+    let zero = |stage| ZeroOptions {
+        stage,
+        deterministic: p.deterministic,
+        reduce_every_micro_batch: p.sync_every_micro_batch.unwrap_or(true),
+    };
+    let (len, align) = (layout.total_len(), layout.align());
+    Ok(match kind {
+        StrategyKind::None => Box::new(Single::new(match p.deterministic {
+            true => SumOrder::Tree,
+            false => SumOrder::InPlace,
+        })),
+        StrategyKind::Ddp => Box::new(Ddp::new(
+            comm,
+            plan(),
+            ddp::DdpOptions {
+                deterministic: p.deterministic,
+                sync_every_micro_batch: p.sync_every_micro_batch.unwrap_or(false),
+            },
+        )),
+        StrategyKind::Zero1 => Box::new(Zero::new(comm, len, align, plan(), zero(ZeroStage::One))),
+        StrategyKind::Zero2 => Box::new(Zero::new(comm, len, align, plan(), zero(ZeroStage::Two))),
+        StrategyKind::Zero3 => {
+            return Err(crate::error::config_err(
+                "parallel.strategy",
+                "\"zero3\" is not built yet: use \"zero2\" or \"zero1\"",
+            ))
+        }
+    })
 }

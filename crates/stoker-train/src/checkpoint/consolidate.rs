@@ -1,0 +1,46 @@
+//! `stoker ckpt consolidate`: one `model.safetensors` (FP32 weights by parameter name,
+//! what Hugging Face's `safetensors` tools read) from a sharded checkpoint,
+//! reading only the parameter part of each shard: the optimizer state is never gathered
+//! (DeepSpeed's `zero_to_fp32` and FSDP's full state dict gather it all on one rank).
+
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::{Dtype as StDtype, TensorView};
+
+use super::sharded::{copy_overlap, for_shards, read_manifest};
+use super::{ckpt_err, write_synced};
+use crate::error::Result;
+use crate::layout::FlatLayout;
+
+/// The whole FP32 parameter buffer of the sharded checkpoint in `dir`, and its layout.
+pub fn read_params(dir: &Path) -> Result<(FlatLayout, Vec<f32>)> {
+    let m = read_manifest(dir)?;
+    let len = m.layout.total_len();
+    let mut master = vec![0f32; len];
+    for_shards(dir, &m, &(0..len), &["master"], |s, st| {
+        copy_overlap(s, st, "master", &(0..len), &mut master);
+        Ok(())
+    })?;
+    Ok((m.layout, master))
+}
+
+/// Writes the weights of the sharded checkpoint in `dir` as one safetensors file by
+/// parameter name at `out` (default `dir/model.safetensors`); returns its path.
+pub fn consolidate(dir: &Path, out: Option<&Path>) -> Result<PathBuf> {
+    let (layout, master) = read_params(dir)?;
+    let views: Vec<(String, TensorView)> = layout
+        .slots()
+        .iter()
+        .map(|s| {
+            let bytes = bytemuck::cast_slice(&master[s.offset..s.offset + s.len]);
+            (
+                s.name.clone(),
+                TensorView::new(StDtype::F32, s.shape.clone(), bytes).expect("sizes match"),
+            )
+        })
+        .collect();
+    let out = out.map_or_else(|| dir.join("model.safetensors"), Path::to_path_buf);
+    let bytes = safetensors::serialize(views, None).map_err(|e| ckpt_err(&out, e))?;
+    write_synced(&out, &bytes)?;
+    Ok(out)
+}

@@ -1,0 +1,208 @@
+//! Loading the single-file checkpoints of versions 1 and 2 (written by rank 0 alone):
+//! `model.safetensors` (FP32 master weights by name), `optimizer.safetensors` (whole-buffer
+//! moments), `state.json` and `state.json.crc32`. Version 1's name-order layout loads
+//! by parameter name.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use safetensors::tensor::Dtype as StDtype;
+use serde::{Deserialize, Serialize};
+use stoker_data::SamplerState;
+use stoker_precision::ScalerState;
+
+use crate::error::{io_err, Result, TrainError};
+use crate::layout::FlatLayout;
+use crate::optim::OptimState;
+use crate::precision::LayerScalers;
+use crate::trainer::Trainer;
+
+use super::{DataPosition, FORMAT};
+
+/// The last single-file version (2 added every rank's data position).
+const VERSION: u32 = 2;
+
+/// The JSON part of a checkpoint.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CheckpointState {
+    /// Always `stoker-checkpoint`.
+    pub format: String,
+    /// Format version.
+    pub version: u32,
+    /// Optimizer steps taken.
+    pub step: u64,
+    /// Optimizer's own step count (bias correction).
+    pub optimizer_step: u64,
+    /// Where rank 0's training loader stands.
+    pub sampler: SamplerState,
+    /// Where every rank's data stands (absent in version 1 checkpoints).
+    #[serde(default)]
+    pub data: Option<DataPosition>,
+    /// Loss-scaler state (fp16).
+    pub scaler: Option<ScalerState>,
+    /// FP8 delayed scalers by layer (fp8).
+    pub fp8: Option<BTreeMap<String, LayerScalers>>,
+    /// The run's seed.
+    pub seed: u64,
+    /// Parameter layout of the master buffer.
+    pub layout: FlatLayout,
+    /// CRC-32 of `model.safetensors`.
+    pub model_crc32: u32,
+    /// CRC-32 of `optimizer.safetensors`.
+    pub optimizer_crc32: u32,
+}
+
+fn st_err(path: &Path, e: impl std::fmt::Display) -> TrainError {
+    TrainError::Checkpoint {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
+}
+
+fn read_checked(path: &Path, want: u32) -> Result<Vec<u8>> {
+    let bytes = std::fs::read(path).map_err(|e| io_err(path, e))?;
+    let got = crc32fast::hash(&bytes);
+    if got != want {
+        return Err(st_err(path, format!("checksum mismatch: CRC-32 {got:08x}, state.json records {want:08x} (file corrupt or replaced)")));
+    }
+    Ok(bytes)
+}
+
+/// Loads the checkpoint in `dir` into `trainer`, after verifying every checksum and that
+/// its layout matches the model.
+pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<CheckpointState> {
+    let range = trainer.optimizer.range();
+    let sp = dir.join("state.json");
+    let json = std::fs::read(&sp).map_err(|e| io_err(&sp, e))?;
+    let cp = dir.join("state.json.crc32");
+    let recorded = std::fs::read_to_string(&cp).map_err(|e| io_err(&cp, e))?;
+    let want = u32::from_str_radix(recorded.trim(), 16).map_err(|e| st_err(&cp, e))?;
+    if crc32fast::hash(&json) != want {
+        return Err(st_err(
+            &sp,
+            format!(
+                "checksum mismatch: CRC-32 {:08x}, state.json.crc32 says {want:08x}",
+                crc32fast::hash(&json)
+            ),
+        ));
+    }
+    let state: CheckpointState = serde_json::from_slice(&json).map_err(|e| st_err(&sp, e))?;
+    if state.format != FORMAT || !(1..=VERSION).contains(&state.version) {
+        return Err(st_err(
+            &sp,
+            format!(
+                "format {} v{}, expected {FORMAT} v1..=v{VERSION}",
+                state.format, state.version
+            ),
+        ));
+    }
+    // The same parameters in another order or alignment (a version 1 checkpoint's name
+    // order) load by name; other parameters or shapes do not load at all.
+    if state.layout != trainer.layout {
+        let probe = vec![0f32; state.layout.total_len()];
+        if trainer.layout.remap_from(&state.layout, &probe).is_err() {
+            let diff = describe_mismatch(&state.layout, &trainer.layout);
+            return Err(st_err(dir, format!("does not match the model: {diff}")));
+        }
+    }
+    let mp = dir.join("model.safetensors");
+    let model = read_checked(&mp, state.model_crc32)?;
+    let st = safetensors::SafeTensors::deserialize(&model).map_err(|e| st_err(&mp, e))?;
+    let mut master = vec![0f32; trainer.layout.total_len()];
+    for s in trainer.layout.slots() {
+        let t = st
+            .tensor(&s.name)
+            .map_err(|e| st_err(&mp, format!("parameter `{}`: {e}", s.name)))?;
+        if t.dtype() != StDtype::F32 || t.shape() != s.shape.as_slice() {
+            return Err(st_err(
+                &mp,
+                format!(
+                    "parameter `{}`: {:?} {:?}, the model has F32 {:?}",
+                    s.name,
+                    t.dtype(),
+                    t.shape(),
+                    s.shape
+                ),
+            ));
+        }
+        for (o, c) in master[s.offset..s.offset + s.len]
+            .iter_mut()
+            .zip(t.data().chunks_exact(4))
+        {
+            *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+    }
+    let op = dir.join("optimizer.safetensors");
+    let optim = read_checked(&op, state.optimizer_crc32)?;
+    let ost = safetensors::SafeTensors::deserialize(&optim).map_err(|e| st_err(&op, e))?;
+    let mut buffers = Vec::new();
+    for (name, view) in ost.tensors() {
+        let v: Vec<f32> = view
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let v = match state.layout == trainer.layout {
+            true => v,
+            false => trainer
+                .layout
+                .remap_from(&state.layout, &v)
+                .map_err(|e| st_err(&op, format!("optimizer buffer `{name}`: {e}")))?,
+        };
+        if v.len() != trainer.layout.total_len() {
+            return Err(st_err(
+                &op,
+                format!(
+                    "optimizer buffer `{name}` has {} elements, the layout {}",
+                    v.len(),
+                    trainer.layout.total_len()
+                ),
+            ));
+        }
+        buffers.push((name, v[range.clone()].to_vec()));
+    }
+    trainer
+        .optimizer
+        .restore(OptimState {
+            step: state.optimizer_step,
+            range,
+            buffers,
+        })
+        .map_err(|m| st_err(&op, m))?;
+    match (&mut trainer.scaler, &state.scaler) {
+        (Some(s), Some(saved)) => s.restore(saved.clone())?,
+        (None, None) => {}
+        _ => {
+            return Err(st_err(
+                &sp,
+                "loss-scaler state does not match the precision mode",
+            ))
+        }
+    }
+    if let (Some(f), Some(saved)) = (&trainer.fp8, &state.fp8) {
+        f.restore(saved.clone());
+    }
+    trainer.master = master;
+    trainer
+        .layout
+        .unflatten(&trainer.master, trainer.model.params())?;
+    trainer.step = state.step;
+    trainer.sampler_state = state.sampler;
+    Ok(state)
+}
+
+pub(super) fn describe_mismatch(saved: &FlatLayout, model: &FlatLayout) -> String {
+    for (a, b) in saved.slots().iter().zip(model.slots()) {
+        if a.name != b.name || a.shape != b.shape {
+            return format!(
+                "checkpoint has `{}` {:?} where the model has `{}` {:?}",
+                a.name, a.shape, b.name, b.shape
+            );
+        }
+    }
+    format!(
+        "checkpoint has {} parameters, the model {}",
+        saved.slots().len(),
+        model.slots().len()
+    )
+}

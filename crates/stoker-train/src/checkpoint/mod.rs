@@ -1,0 +1,186 @@
+//! Checkpoints: a directory `step_NNNNNNNN/` per saved step.
+//!
+//! Version 3 ([`sharded`], written by every rank together) holds one
+//! `shard_RRRRR.safetensors` per rank of the saving world, a `manifest.json` (rank 0)
+//! and a `COMMITTED` marker written last; any world size and any strategy loads it
+//! ([`load`]), and [`consolidate`] turns one into a single `model.safetensors`.
+//! Versions 1 and 2 ([`legacy`], one rank's single files) still load.
+
+pub mod consolidate;
+pub mod legacy;
+pub mod sharded;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use stoker_data::SamplerState;
+
+use crate::error::{io_err, Result, TrainError};
+use crate::trainer::Trainer;
+
+pub use consolidate::consolidate;
+pub use sharded::{save, Manifest, SaveFault};
+
+/// Every checkpoint's `format` field.
+pub const FORMAT: &str = "stoker-checkpoint";
+
+/// Where the training data stands, for every rank and independently of the world size.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataPosition {
+    /// Current epoch.
+    pub epoch: u64,
+    /// Global batches (optimizer steps' worth of samples) of this epoch already consumed.
+    pub global_batches_done: usize,
+    /// Samples per global batch: a resume must use the same.
+    pub global_batch: usize,
+    /// The world size that wrote the checkpoint.
+    pub world_size: usize,
+    /// Micro-batches per step and rank when written.
+    pub accumulation_steps: usize,
+    /// Every rank's loader position when written, rank order.
+    pub ranks: Vec<SamplerState>,
+}
+
+impl DataPosition {
+    /// The position of every rank of a world of `world` ranks that have each consumed
+    /// `state` (the same number of micro-batches: the world-size-independent sampler gives
+    /// every rank an equal share of each global batch).
+    pub fn of(
+        state: SamplerState,
+        global_batch: usize,
+        world: usize,
+        accumulation_steps: usize,
+    ) -> Self {
+        DataPosition {
+            epoch: state.epoch,
+            global_batches_done: state.batches_done / accumulation_steps.max(1),
+            global_batch,
+            world_size: world,
+            accumulation_steps,
+            ranks: vec![state; world],
+        }
+    }
+
+    /// This rank's loader position in a run of `global_batch` samples per step with
+    /// `accumulation_steps` micro-batches per rank, at any world size; an error naming
+    /// `batch.global_batch` if the global batch changed (the data order would not continue).
+    pub fn resume_at(
+        &self,
+        global_batch: usize,
+        accumulation_steps: usize,
+    ) -> Result<SamplerState> {
+        if global_batch != self.global_batch {
+            return Err(crate::error::config_err(
+                "batch.global_batch",
+                format!(
+                    "{global_batch}, but the checkpoint was written with global batches of {}: resume with the same global batch (the world size may change)",
+                    self.global_batch
+                ),
+            ));
+        }
+        Ok(SamplerState {
+            epoch: self.epoch,
+            batches_done: self.global_batches_done * accumulation_steps,
+        })
+    }
+}
+
+/// What a loaded checkpoint says about where training stands.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resumed {
+    /// Optimizer steps taken.
+    pub step: u64,
+    /// Rank 0's loader position when written.
+    pub sampler: SamplerState,
+    /// Every rank's data position (absent in version 1 checkpoints).
+    pub data: Option<DataPosition>,
+}
+
+/// The directory name of step `step`'s checkpoint.
+pub fn step_dir(root: &Path, step: u64) -> PathBuf {
+    root.join(format!("step_{step:08}"))
+}
+
+/// Loads the checkpoint in `dir`, of any version, world size and strategy, into this
+/// rank's `trainer` (the whole parameter buffer and its range of the optimizer state),
+/// after verifying every checksum and that the layout matches the model; nothing is
+/// changed when anything fails.
+pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<Resumed> {
+    if dir.join(sharded::MANIFEST).exists() {
+        return sharded::load(trainer, dir);
+    }
+    if dir.join("state.json").exists() {
+        let s = legacy::load(trainer, dir)?;
+        return Ok(Resumed {
+            step: s.step,
+            sampler: s.sampler,
+            data: s.data,
+        });
+    }
+    Err(TrainError::Checkpoint {
+        path: dir.to_path_buf(),
+        message: format!(
+            "no {} (version 3) or state.json (versions 1-2): not a stoker checkpoint directory",
+            sharded::MANIFEST
+        ),
+    })
+}
+
+/// Whether `dir` is a complete checkpoint: version 3 with its commit marker, or a
+/// single-file version (those were renamed into place whole).
+pub fn is_complete(dir: &Path) -> bool {
+    dir.join(sharded::COMMITTED).exists() || dir.join("state.json").exists()
+}
+
+/// The complete checkpoint with the highest step under `root`, if any (a save that
+/// crashed before its commit marker is skipped).
+pub fn latest(root: &Path) -> Option<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("step_"))
+                && is_complete(p)
+        })
+        .collect();
+    dirs.sort();
+    dirs.pop()
+}
+
+/// Writes `bytes` to `path` and fsyncs it.
+pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = std::fs::File::create(path).map_err(|e| io_err(path, e))?;
+    f.write_all(bytes).map_err(|e| io_err(path, e))?;
+    f.sync_all().map_err(|e| io_err(path, e))
+}
+
+/// A checkpoint error about `path`.
+pub(crate) fn ckpt_err(path: &Path, e: impl std::fmt::Display) -> TrainError {
+    TrainError::Checkpoint {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
+}
+
+/// Reads `path` and checks its CRC-32 against `want` (recorded in `by`).
+pub(crate) fn read_checked(path: &Path, want: u32, by: &str) -> Result<Vec<u8>> {
+    let bytes = std::fs::read(path).map_err(|e| io_err(path, e))?;
+    let got = crc32fast::hash(&bytes);
+    if got != want {
+        return Err(ckpt_err(
+            path,
+            format!("checksum mismatch: CRC-32 {got:08x}, {by} records {want:08x} (file corrupt or replaced)"),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// Little-endian f32s from bytes.
+pub(crate) fn f32s(bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+}

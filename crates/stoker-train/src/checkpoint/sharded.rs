@@ -1,0 +1,420 @@
+//! Version 3 checkpoints, written by every rank together and loadable at any world size
+//! and with any strategy:
+//!
+//! - `shard_RRRRR.safetensors`, one per rank of the saving world: the elements
+//!   `[start, end)` of the flat FP32 parameter buffer (`master`) and of each optimizer
+//!   buffer (`exp_avg`, `exp_avg_sq` / `momentum`), where `[start, end)` is the rank's
+//!   range of the ZeRO split of the buffer ([`ShardPlan`]) whatever the strategy (a DDP
+//!   rank holds everything and writes its part, so saving is parallel there too);
+//! - `manifest.json` (rank 0): format and version, step, the saving world size and
+//!   strategy, the parameter layout (names, shapes, offsets), every shard's range, size
+//!   and CRC-32, every rank's data position, loss-scaler and FP8 state, the seed;
+//! - `COMMITTED` (rank 0, last): the CRC-32 of `manifest.json`.
+//!
+//! The ranks write into `.tmp_step_NNNNNNNN/`; once every shard is on disk (fsynced) and
+//! the manifest written, rank 0 renames the directory into place and writes the marker.
+//! A crash at any point leaves either no `step_` directory or one without `COMMITTED`,
+//! which [`super::latest`] skips and [`load`] refuses, so the previous checkpoint stays
+//! the one a resume takes.
+//!
+//! Loading reads, for each shard file that overlaps what this rank needs (the whole
+//! parameter buffer, its optimizer range), the overlapping elements: resharding is a copy
+//! of ranges, and no rank ever holds more optimizer state than its own range.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::{Dtype as StDtype, TensorView};
+use serde::{Deserialize, Serialize};
+use stoker_comm::{CommExt, Communicator};
+use stoker_data::SamplerState;
+use stoker_precision::ScalerState;
+
+use super::{ckpt_err, f32s, read_checked, step_dir, write_synced, DataPosition, Resumed, FORMAT};
+use crate::error::{io_err, Result};
+use crate::layout::FlatLayout;
+use crate::optim::OptimState;
+use crate::parallel::ShardPlan;
+use crate::precision::LayerScalers;
+use crate::trainer::Trainer;
+
+/// The manifest's file name.
+pub const MANIFEST: &str = "manifest.json";
+/// The commit marker's file name.
+pub const COMMITTED: &str = "COMMITTED";
+/// The sharded format's version.
+const VERSION: u32 = 3;
+/// The parameter buffer's tensor name in a shard file.
+const MASTER: &str = "master";
+
+/// One rank's shard file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardEntry {
+    /// The rank that wrote it.
+    pub rank: usize,
+    /// File name inside the checkpoint directory.
+    pub file: String,
+    /// First element of the flat buffers it holds.
+    pub start: usize,
+    /// One past its last element.
+    pub end: usize,
+    /// File size in bytes.
+    pub bytes: u64,
+    /// CRC-32 of the file.
+    pub crc32: u32,
+}
+
+/// `manifest.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// Always `stoker-checkpoint`.
+    pub format: String,
+    /// 3.
+    pub version: u32,
+    /// Optimizer steps taken.
+    pub step: u64,
+    /// The optimizer's own step count (bias correction).
+    pub optimizer_step: u64,
+    /// The optimizer's buffer names, in every shard file.
+    pub optimizer_buffers: Vec<String>,
+    /// Ranks that wrote it.
+    pub world_size: usize,
+    /// Their strategy (`none`, `ddp`, `zero1`, `zero2`): informative, any strategy loads it.
+    pub strategy: String,
+    /// The run's seed.
+    pub seed: u64,
+    /// Rank 0's loader position.
+    pub sampler: SamplerState,
+    /// Every rank's data position.
+    pub data: DataPosition,
+    /// Loss-scaler state (fp16).
+    pub scaler: Option<ScalerState>,
+    /// FP8 delayed scalers by layer (fp8).
+    pub fp8: Option<BTreeMap<String, LayerScalers>>,
+    /// The flat layout of every buffer.
+    pub layout: FlatLayout,
+    /// The shard files, rank order, tiling the buffer.
+    pub shards: Vec<ShardEntry>,
+}
+
+/// A crash to inject into a save, for the tests of crash safety: rank `rank` aborts the
+/// process right after writing its shard file of the checkpoint of step `step`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SaveFault {
+    /// The rank that crashes.
+    pub rank: usize,
+    /// The checkpoint's step.
+    pub step: u64,
+}
+
+fn shard_file(rank: usize) -> String {
+    format!("shard_{rank:05}.safetensors")
+}
+
+/// Writes `trainer`'s checkpoint under `root`, every rank of `comm` its shard (a
+/// collective); returns the directory. `data` is every rank's data position, `strategy`
+/// the strategy's name for the manifest.
+pub fn save(
+    trainer: &Trainer,
+    comm: &dyn Communicator,
+    root: &Path,
+    seed: u64,
+    data: DataPosition,
+    fault: Option<SaveFault>,
+) -> Result<PathBuf> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let dir = step_dir(root, trainer.step);
+    let tmp = root.join(format!(".tmp_step_{:08}", trainer.step));
+    if rank == 0 {
+        std::fs::create_dir_all(root).map_err(|e| io_err(root, e))?;
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(|e| io_err(&tmp, e))?;
+        }
+        std::fs::create_dir_all(&tmp).map_err(|e| io_err(&tmp, e))?;
+    }
+    comm.barrier()?;
+
+    let layout = &trainer.layout;
+    let shards = ShardPlan::new(layout.total_len(), world, layout.align());
+    let own = shards.range(rank);
+    let opt = trainer.optimizer.state();
+    if own.start < opt.range.start || own.end > opt.range.end {
+        return Err(ckpt_err(
+            &tmp,
+            format!(
+                "rank {rank} holds optimizer state for elements {:?}, its shard to save is {own:?}",
+                opt.range
+            ),
+        ));
+    }
+    let local = own.start - opt.range.start..own.end - opt.range.start;
+    let mut views = vec![(MASTER.to_string(), view(&trainer.master[own.clone()]))];
+    for (name, buf) in &opt.buffers {
+        views.push((name.clone(), view(&buf[local.clone()])));
+    }
+    let bytes = safetensors::serialize(views, None).map_err(|e| ckpt_err(&tmp, e))?;
+    let file = tmp.join(shard_file(rank));
+    write_synced(&file, &bytes)?;
+    if fault.is_some_and(|f| f.rank == rank && f.step == trainer.step) {
+        eprintln!(
+            "stoker: rank {rank}: injected crash after writing {} (test)",
+            file.display()
+        );
+        std::process::abort();
+    }
+    let mine = [crc32fast::hash(&bytes) as u64, bytes.len() as u64];
+    let mut all = vec![0u64; 2 * world];
+    comm.all_gather(&mine, &vec![2; world], &mut all)?;
+
+    if rank == 0 {
+        let manifest = Manifest {
+            format: FORMAT.into(),
+            version: VERSION,
+            step: trainer.step,
+            optimizer_step: opt.step,
+            optimizer_buffers: opt.buffers.iter().map(|(n, _)| n.clone()).collect(),
+            world_size: world,
+            strategy: trainer.strategy().name().into(),
+            seed,
+            sampler: trainer.sampler_state,
+            data,
+            scaler: trainer.scaler.as_ref().map(|s| s.state().clone()),
+            fp8: trainer.fp8.as_ref().map(|f| f.state()),
+            layout: layout.clone(),
+            shards: shards
+                .ranges()
+                .iter()
+                .enumerate()
+                .map(|(r, range)| ShardEntry {
+                    rank: r,
+                    file: shard_file(r),
+                    start: range.start,
+                    end: range.end,
+                    crc32: all[2 * r] as u32,
+                    bytes: all[2 * r + 1],
+                })
+                .collect(),
+        };
+        let json = serde_json::to_vec_pretty(&manifest).map_err(|e| ckpt_err(&tmp, e))?;
+        write_synced(&tmp.join(MANIFEST), &json)?;
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
+        }
+        std::fs::rename(&tmp, &dir).map_err(|e| io_err(&dir, e))?;
+        write_synced(
+            &dir.join(COMMITTED),
+            format!("{:08x}\n", crc32fast::hash(&json)).as_bytes(),
+        )?;
+        if let Ok(d) = std::fs::File::open(root) {
+            let _ = d.sync_all(); // make the rename durable
+        }
+    }
+    comm.barrier()?;
+    Ok(dir)
+}
+
+fn view(v: &[f32]) -> TensorView<'_> {
+    TensorView::new(StDtype::F32, vec![v.len()], bytemuck::cast_slice(v)).expect("sizes match")
+}
+
+/// Reads and checks `dir`'s manifest against its commit marker.
+pub fn read_manifest(dir: &Path) -> Result<Manifest> {
+    let mp = dir.join(MANIFEST);
+    let json = std::fs::read(&mp).map_err(|e| io_err(&mp, e))?;
+    let cp = dir.join(COMMITTED);
+    let marker = std::fs::read_to_string(&cp).map_err(|_| {
+        ckpt_err(
+            dir,
+            format!("no {COMMITTED} marker: the save did not finish (a crash or a kill during it); resume from an earlier checkpoint"),
+        )
+    })?;
+    let want = u32::from_str_radix(marker.trim(), 16)
+        .map_err(|e| ckpt_err(&cp, format!("not a CRC-32: {e}")))?;
+    if crc32fast::hash(&json) != want {
+        return Err(ckpt_err(
+            &mp,
+            format!(
+                "checksum mismatch: CRC-32 {:08x}, {COMMITTED} records {want:08x}",
+                crc32fast::hash(&json)
+            ),
+        ));
+    }
+    let m: Manifest = serde_json::from_slice(&json).map_err(|e| ckpt_err(&mp, e))?;
+    if m.format != FORMAT || m.version != VERSION {
+        return Err(ckpt_err(
+            &mp,
+            format!(
+                "format {} v{}, expected {FORMAT} v{VERSION}",
+                m.format, m.version
+            ),
+        ));
+    }
+    let mut at = 0;
+    for s in &m.shards {
+        if s.start != at || s.end < s.start {
+            return Err(ckpt_err(
+                &mp,
+                format!(
+                    "shards: {} covers [{}, {}), expected it to start at {at} (shards must tile the buffer in rank order)",
+                    s.file, s.start, s.end
+                ),
+            ));
+        }
+        if s.file.contains('/') || s.file.contains('\\') || s.file.starts_with('.') {
+            return Err(ckpt_err(
+                &mp,
+                format!(
+                    "shards: file name `{}` leaves the checkpoint directory",
+                    s.file
+                ),
+            ));
+        }
+        at = s.end;
+    }
+    if at != m.layout.total_len() {
+        return Err(ckpt_err(
+            &mp,
+            format!(
+                "shards: cover {at} elements, the layout has {}",
+                m.layout.total_len()
+            ),
+        ));
+    }
+    Ok(m)
+}
+
+/// Calls `each(entry, tensors)` for every shard file of `dir` overlapping `want`, after
+/// checking its checksum and that every tensor of `names` is F32 of the shard's length.
+pub(crate) fn for_shards(
+    dir: &Path,
+    m: &Manifest,
+    want: &Range<usize>,
+    names: &[&str],
+    mut each: impl FnMut(&ShardEntry, &safetensors::SafeTensors) -> Result<()>,
+) -> Result<()> {
+    for s in m
+        .shards
+        .iter()
+        .filter(|s| s.start < want.end && want.start < s.end)
+    {
+        let path = dir.join(&s.file);
+        let bytes = read_checked(&path, s.crc32, MANIFEST)?;
+        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| ckpt_err(&path, e))?;
+        for name in names {
+            let t = st
+                .tensor(name)
+                .map_err(|e| ckpt_err(&path, format!("tensor `{name}`: {e}")))?;
+            if t.dtype() != StDtype::F32 || t.shape() != [s.end - s.start] {
+                return Err(ckpt_err(
+                    &path,
+                    format!(
+                        "tensor `{name}`: {:?} {:?}, the manifest says F32 [{}]",
+                        t.dtype(),
+                        t.shape(),
+                        s.end - s.start
+                    ),
+                ));
+            }
+        }
+        each(s, &st)?;
+    }
+    Ok(())
+}
+
+/// Copies the part of shard `s`'s tensor `name` inside `want` into `out` (which holds
+/// the elements `want`).
+pub(crate) fn copy_overlap(
+    s: &ShardEntry,
+    st: &safetensors::SafeTensors,
+    name: &str,
+    want: &Range<usize>,
+    out: &mut [f32],
+) {
+    let (start, end) = (s.start.max(want.start), s.end.min(want.end));
+    let data = st.tensor(name).expect("checked by for_shards").data();
+    let src = &data[4 * (start - s.start)..4 * (end - s.start)];
+    for (o, v) in out[start - want.start..end - want.start]
+        .iter_mut()
+        .zip(f32s(src))
+    {
+        *o = v;
+    }
+}
+
+/// Loads a version 3 checkpoint into this rank's trainer.
+pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<Resumed> {
+    let m = read_manifest(dir)?;
+    let mp = dir.join(MANIFEST);
+    if m.layout != trainer.layout {
+        let diff = super::legacy::describe_mismatch(&m.layout, &trainer.layout);
+        return Err(ckpt_err(
+            &mp,
+            format!("layout does not match the model: {diff}"),
+        ));
+    }
+    let ours = trainer.optimizer.state();
+    let names: Vec<&str> = ours.buffers.iter().map(|(n, _)| n.as_str()).collect();
+    if m.optimizer_buffers != names {
+        return Err(ckpt_err(
+            &mp,
+            format!(
+                "optimizer_buffers: {:?}, this run's optimizer keeps {names:?} (another optimizer kind)",
+                m.optimizer_buffers
+            ),
+        ));
+    }
+    let len = trainer.layout.total_len();
+    let range = ours.range.clone();
+    let mut master = vec![0f32; len];
+    let mut buffers: Vec<(String, Vec<f32>)> = names
+        .iter()
+        .map(|n| (n.to_string(), vec![0f32; range.len()]))
+        .collect();
+    let mut wanted = names.clone();
+    wanted.push(MASTER);
+    for_shards(dir, &m, &(0..len), &wanted, |s, st| {
+        copy_overlap(s, st, MASTER, &(0..len), &mut master);
+        for (name, buf) in buffers.iter_mut() {
+            if s.start < range.end && range.start < s.end {
+                copy_overlap(s, st, name, &range, buf);
+            }
+        }
+        Ok(())
+    })?;
+    match (&trainer.scaler, &m.scaler) {
+        (Some(_), Some(_)) | (None, None) => {}
+        _ => {
+            return Err(ckpt_err(
+                &mp,
+                "scaler: the loss-scaler state does not match the precision mode",
+            ))
+        }
+    }
+    trainer
+        .optimizer
+        .restore(OptimState {
+            step: m.optimizer_step,
+            range,
+            buffers,
+        })
+        .map_err(|e| ckpt_err(&mp, e))?;
+    if let (Some(s), Some(saved)) = (&mut trainer.scaler, &m.scaler) {
+        s.restore(saved.clone())?;
+    }
+    if let (Some(f), Some(saved)) = (&trainer.fp8, &m.fp8) {
+        f.restore(saved.clone());
+    }
+    trainer.master = master;
+    trainer
+        .layout
+        .unflatten(&trainer.master, trainer.model.params())?;
+    trainer.step = m.step;
+    trainer.sampler_state = m.sampler;
+    Ok(Resumed {
+        step: m.step,
+        sampler: m.sampler,
+        data: Some(m.data),
+    })
+}

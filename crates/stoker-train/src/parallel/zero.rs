@@ -1,0 +1,252 @@
+//! ZeRO stages 1 and 2 (DeepSpeed's names; FSDP calls stage 2 SHARD_GRAD_OP): each rank
+//! owns one contiguous shard of the flat buffer ([`ShardPlan`]), keeps the optimizer's
+//! moments for that shard alone, and updates only it; the updated shards are then
+//! all-gathered so every rank holds the whole FP32 parameter buffer again (the direct
+//! step reads FP32 weights and casts its GEMM operands itself, so the FP32 copy is what
+//! is gathered: 4 bytes per parameter, where DeepSpeed gathers its 2-byte fp16 copy).
+//!
+//! - Stage 1: micro-batches accumulate locally with no communication; after the window's
+//!   last backward one reduce-scatter of the whole gradient buffer leaves each rank the
+//!   global sums of its shard.
+//! - Stage 2: the reduction is bucketed and overlapped with the backward like DDP's, but
+//!   each bucket is reduce-scattered: a rank keeps only the sums of the part it owns. With
+//!   accumulation, two choices (`[parallel] sync_every_micro_batch`):
+//!   - reduce-scatter every micro-batch (the default, DeepSpeed's stage 2): the rank's
+//!     running sum is shard-sized and each micro-batch's full gradient is workspace
+//!     (zeroed after its reduce-scatter); traffic `k` reduce-scatters per step;
+//!   - `false` (FSDP's `no_sync`): full local gradients accumulate until the last
+//!     micro-batch, whose backward reduce-scatters; one reduce-scatter per step, full
+//!     gradient memory during the window.
+//!
+//! The backward itself still writes a full-size gradient buffer (the direct step writes
+//! by flat offsets): stage 2's gradient memory here is that buffer plus the shard-sized
+//! sum, not the shard alone; see docs/distributed.md.
+//!
+//! Deterministic mode: the ranks sum in the fixed tree ([`tree_all_reduce`] over the
+//! whole buffer after the window), so each rank's shard holds the bits one rank computes,
+//! the norm is taken over the whole reduced buffer, and the shard updates are the
+//! one-rank update's elements: weights bit-identical to one rank at every power-of-two
+//! world size, at DDP's traffic instead of a reduce-scatter's.
+
+use std::ops::Range;
+use std::rc::Rc;
+use std::time::Instant;
+
+use stoker_comm::{tree_all_reduce, CommExt, CommStats, Communicator};
+
+use super::buckets::{Bucket, BucketOp, Buckets};
+use super::shard::ShardPlan;
+use super::{Strategy, SyncStats};
+use crate::error::Result;
+use crate::grad_sum::SumOrder;
+
+/// Which ZeRO stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZeroStage {
+    /// Optimizer states sharded.
+    One,
+    /// Optimizer states and gradients sharded.
+    Two,
+}
+
+/// ZeRO's knobs (the `[parallel]` config keys).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ZeroOptions {
+    /// Stage 1 or 2.
+    pub stage: ZeroStage,
+    /// Fixed reduction order: bit-identical results at every world size.
+    pub deterministic: bool,
+    /// Stage 2: reduce-scatter every micro-batch (true) or only the window's last.
+    pub reduce_every_micro_batch: bool,
+}
+
+/// The ZeRO-1/2 strategy of one rank.
+pub struct Zero {
+    comm: Rc<dyn Communicator>,
+    opts: ZeroOptions,
+    shards: ShardPlan,
+    own: Range<usize>,
+    /// Stage 2's bucketed reduce-scatters.
+    buckets: Buckets,
+    /// Stage 2, every micro-batch: the running sum of this rank's shard.
+    shard_sum: Vec<f32>,
+    /// A shard-sized buffer: the stage-1 reduce-scatter's output, the all-gather's input.
+    shard_buf: Vec<f32>,
+    window_start: CommStats,
+    stats: SyncStats,
+}
+
+impl Zero {
+    /// ZeRO over `comm` for a flat buffer of `len` elements aligned to `align`, with
+    /// gradient buckets `plan` (stage 2).
+    pub fn new(
+        comm: Rc<dyn Communicator>,
+        len: usize,
+        align: usize,
+        plan: Vec<Bucket>,
+        opts: ZeroOptions,
+    ) -> Self {
+        let shards = ShardPlan::new(len, comm.world_size(), align);
+        let own = shards.range(comm.rank());
+        let op = BucketOp::ReduceScatter {
+            shards: shards.clone(),
+            rank: comm.rank(),
+        };
+        let every = opts.stage == ZeroStage::Two && opts.reduce_every_micro_batch;
+        Zero {
+            window_start: comm.stats(),
+            comm,
+            buckets: Buckets::new(plan, op),
+            shard_sum: if every { vec![0.0; own.len()] } else { vec![] },
+            shard_buf: vec![0.0; own.len()],
+            own,
+            shards,
+            opts,
+            stats: SyncStats::default(),
+        }
+    }
+
+    /// The ranks' shards.
+    pub fn shards(&self) -> &ShardPlan {
+        &self.shards
+    }
+
+    fn every(&self) -> bool {
+        self.opts.stage == ZeroStage::Two
+            && self.opts.reduce_every_micro_batch
+            && !self.opts.deterministic
+    }
+}
+
+impl Strategy for Zero {
+    fn name(&self) -> &'static str {
+        match self.opts.stage {
+            ZeroStage::One => "zero1",
+            ZeroStage::Two => "zero2",
+        }
+    }
+
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    fn world_size(&self) -> usize {
+        self.comm.world_size()
+    }
+
+    fn sum_order(&self) -> SumOrder {
+        match self.opts.deterministic {
+            true => SumOrder::Tree,
+            false => SumOrder::InPlace,
+        }
+    }
+
+    fn start(&mut self, master: &mut [f32]) -> Result<()> {
+        self.comm.broadcast(master, 0)?;
+        Ok(())
+    }
+
+    fn begin_window(&mut self, _len: usize) -> Result<()> {
+        self.window_start = self.comm.stats();
+        self.stats = SyncStats::default();
+        self.shard_sum.fill(0.0);
+        Ok(())
+    }
+
+    fn begin_micro_batch(&mut self, micro: usize, len: usize) -> Result<bool> {
+        if micro + 1 == len {
+            self.stats.calls_before_last = self.comm.stats().since(&self.window_start).calls();
+        }
+        Ok(match (self.opts.stage, self.opts.deterministic) {
+            (_, true) | (ZeroStage::One, _) => false,
+            (ZeroStage::Two, false) => self.every() || micro + 1 == len,
+        })
+    }
+
+    fn group_ready(&mut self, group: usize, grads: &[f32]) -> Result<()> {
+        self.buckets.ready(&*self.comm, group, grads)
+    }
+
+    fn finish_micro_batch(&mut self, grads: &mut [f32]) -> Result<()> {
+        self.stats.exposed_wait += self.buckets.finish(grads)?;
+        self.stats.buckets += self.buckets.plan().len();
+        if self.every() {
+            // Keep this micro-batch's shard sums; the next backward starts from zero.
+            for (s, g) in self.shard_sum.iter_mut().zip(&grads[self.own.clone()]) {
+                *s += g;
+            }
+            stoker_kernels::flat::zero(grads);
+        }
+        Ok(())
+    }
+
+    fn finish_window(&mut self, grads: &mut [f32]) -> Result<()> {
+        let t0 = Instant::now();
+        if self.opts.deterministic {
+            tree_all_reduce(&*self.comm, grads)?;
+        } else if self.every() {
+            grads[self.own.clone()].copy_from_slice(&self.shard_sum);
+        } else if self.opts.stage == ZeroStage::One {
+            let counts = self.shards.counts();
+            self.comm
+                .reduce_scatter(grads, &counts, &mut self.shard_buf)?;
+            grads[self.own.clone()].copy_from_slice(&self.shard_buf);
+        }
+        self.stats.exposed_wait += t0.elapsed();
+        Ok(())
+    }
+
+    fn sum_scalars(&mut self, x: &mut [f64]) -> Result<()> {
+        if self.opts.deterministic {
+            tree_all_reduce(&*self.comm, x)?;
+        } else {
+            self.comm.all_reduce(x)?;
+        }
+        Ok(())
+    }
+
+    fn any_rank(&mut self, flag: bool) -> Result<bool> {
+        Ok(self.comm.sum(flag as u64)? > 0)
+    }
+
+    fn sum_of_squares(&mut self, grads: &[f32]) -> Result<f64> {
+        if self.opts.deterministic {
+            // Every rank holds the whole tree-reduced gradient: the one-rank norm's bits.
+            return Ok(stoker_kernels::flat::sum_of_squares(grads));
+        }
+        let mut x = [stoker_kernels::flat::sum_of_squares(
+            &grads[self.own.clone()],
+        )];
+        self.comm.all_reduce(&mut x)?;
+        Ok(x[0])
+    }
+
+    fn update_range(&self, len: usize) -> Range<usize> {
+        debug_assert_eq!(len, self.shards.len());
+        self.own.clone()
+    }
+
+    fn after_update(&mut self, master: &mut [f32]) -> Result<()> {
+        let t0 = Instant::now();
+        self.shard_buf.copy_from_slice(&master[self.own.clone()]);
+        let counts = self.shards.counts();
+        self.comm.all_gather(&self.shard_buf, &counts, master)?;
+        self.stats.exposed_wait += t0.elapsed();
+        Ok(())
+    }
+
+    fn grad_bytes(&self) -> usize {
+        4 * self.shard_sum.len()
+    }
+
+    fn buffer_bytes(&self) -> usize {
+        4 * self.shard_buf.len() + self.buckets.buffer_bytes()
+    }
+
+    fn stats(&self) -> SyncStats {
+        SyncStats {
+            bytes_sent: self.comm.stats().since(&self.window_start).bus_bytes(),
+            ..self.stats
+        }
+    }
+}
