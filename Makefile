@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 STOKER := target/release/stoker
 
-.PHONY: demo test deps data photos build release bench-loader bench-jpeg bench-precision bench-step bench-comm bench-ddp check-cuda fmt clippy
+.PHONY: demo test test-hf deps data photos build release bench-loader bench-jpeg bench-precision bench-step bench-comm bench-ddp check-cuda fmt clippy
 
 # System packages, Python packages for fixtures/references, a Rust toolchain check.
 deps:
@@ -27,6 +27,11 @@ demo: data
 # The test suite: deterministic, asserts real values, no GPU and no downloads needed.
 test: deps
 	bash scripts/test.sh
+
+# Hugging Face interop against transformers itself (installs torch + transformers, about
+# 5 GB, into ~/.cache/stoker; `make test` runs the same test and says SKIPPED without them).
+test-hf: deps
+	STOKER_HF_PYTHONPATH="$$(bash scripts/install-hf.sh)" $(CARGO) test -p stoker-train --test hf -- --nocapture
 
 # The opt-in `cuda` feature compiles (nvcc from PyPI into .cache/; no GPU needed).
 check-cuda: deps

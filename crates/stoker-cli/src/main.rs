@@ -34,6 +34,8 @@ enum Command {
     Report(cmd::report::ReportArgs),
     /// Work with checkpoints (consolidate a sharded one into one safetensors file).
     Ckpt(cmd::ckpt::CkptArgs),
+    /// Export a trained model to another framework's format (Hugging Face GPT-2).
+    Export(cmd::export::ExportArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -51,5 +53,6 @@ fn main() -> anyhow::Result<()> {
         Command::Train(a) => cmd::train::run(a),
         Command::Report(a) => cmd::report::run(a),
         Command::Ckpt(a) => cmd::ckpt::run(a),
+        Command::Export(a) => cmd::export::run(a),
     }
 }

@@ -38,6 +38,7 @@ pub mod config;
 pub mod data;
 pub mod error;
 pub mod grad_sum;
+pub mod hf;
 pub mod layout;
 pub mod loss;
 pub mod memory;

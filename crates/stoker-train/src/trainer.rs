@@ -64,7 +64,7 @@ pub fn build_model(
 ) -> Result<Box<dyn Model>> {
     let (dev, dt) = (Device::Cpu, kernels.param_dtype(precision));
     Ok(match model {
-        ModelConfig::Gpt(c) => Box::new(Gpt::new(*c, &dev, dt, seed)?),
+        ModelConfig::Gpt(c) => Box::new(Gpt::new(c.clone(), &dev, dt, seed)?),
         ModelConfig::Cnn(c) => Box::new(Cnn::new(*c, &dev, dt, seed)?),
         ModelConfig::Mlp(c) => Box::new(Mlp::new(c.clone(), &dev, dt, seed)?),
     })
@@ -132,7 +132,12 @@ impl Trainer {
         mut strategy: Box<dyn Strategy>,
     ) -> Result<Self> {
         let layout = FlatLayout::of(model.params())?;
-        let mut master = layout.flatten(model.params())?;
+        let mut master = match &config.model {
+            ModelConfig::Gpt(g) if g.init_from.is_some() => {
+                crate::hf::import(g, &layout, g.init_from.as_deref().expect("checked"))?
+            }
+            _ => layout.flatten(model.params())?,
+        };
         strategy.start(&mut master)?;
         layout.unflatten(&master, model.params())?;
         let o = &config.optimizer;

@@ -23,6 +23,7 @@ const CONFIG: GptConfig = GptConfig {
     d_model: 24,
     n_layer: 2,
     n_head: 3,
+    init_from: None,
 };
 
 fn gpt(dtype: DType) -> Gpt {

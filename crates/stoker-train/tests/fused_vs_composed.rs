@@ -76,6 +76,7 @@ fn gpt_in(dtype: DType) -> Gpt {
         d_model: 24,
         n_layer: 2,
         n_head: 3,
+        init_from: None,
     };
     Gpt::new(c, &Device::Cpu, dtype, 17).unwrap()
 }

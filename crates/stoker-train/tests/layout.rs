@@ -36,6 +36,7 @@ fn the_gpt_layout_runs_embeddings_blocks_final_norm() {
         d_model: 8,
         n_layer: 12,
         n_head: 2,
+        init_from: None,
     };
     let gpt = Gpt::new(c, &Device::Cpu, DType::F32, 0).unwrap();
     let layout = FlatLayout::of(gpt.params()).unwrap();

@@ -27,6 +27,7 @@ const GPT: GptConfig = GptConfig {
     d_model: 128,
     n_layer: 2,
     n_head: 4,
+    init_from: None,
 };
 
 fn gpt_batch() -> Vec<MicroBatch> {

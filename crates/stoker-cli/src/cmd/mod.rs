@@ -4,6 +4,7 @@ pub mod bench_comm;
 pub mod bench_ddp;
 pub mod ckpt;
 pub mod dataset_args;
+pub mod export;
 pub mod pack;
 pub mod plan;
 pub mod report;

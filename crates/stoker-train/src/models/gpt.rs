@@ -13,8 +13,8 @@ use crate::params::{Init, ParamBuilder, ParamSet};
 use crate::precision::Fx;
 use stoker_kernels::{GptDims, GptOffsets, SpecInit};
 
-/// GPT size.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// GPT size, and where its initial weights come from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GptConfig {
     /// Vocabulary size.
@@ -27,6 +27,11 @@ pub struct GptConfig {
     pub n_layer: usize,
     /// Attention heads (must divide `d_model`).
     pub n_head: usize,
+    /// Start from the weights of a Hugging Face GPT-2 directory (`config.json` +
+    /// `model.safetensors`, as `stoker export hf` writes them) instead of a random
+    /// initialization: fine-tuning. Its sizes must equal these.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<std::path::PathBuf>,
 }
 
 impl GptConfig {

@@ -15,6 +15,7 @@ pub fn tiny_gpt(precision: Precision) -> Gpt {
         d_model: 8,
         n_layer: 2,
         n_head: 2,
+        init_from: None,
     };
     Gpt::new(c, &Device::Cpu, precision.compute_dtype(), 5).unwrap()
 }

@@ -1,0 +1,63 @@
+//! `stoker export hf`: a trained GPT as a Hugging Face GPT-2 directory.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use stoker_train::checkpoint;
+use stoker_train::config::{ModelConfig, TrainConfig};
+use stoker_train::trainer::Trainer;
+
+/// Arguments of `stoker export`.
+#[derive(clap::Args)]
+pub struct ExportArgs {
+    #[command(subcommand)]
+    command: ExportCommand,
+}
+
+#[derive(clap::Subcommand)]
+enum ExportCommand {
+    /// Write model.safetensors (GPT-2's tensor names) and config.json, which
+    /// transformers' GPT2LMHeadModel.from_pretrained loads.
+    Hf {
+        /// The training config (its [model] section gives the sizes).
+        config: PathBuf,
+        /// The checkpoint to export (default: the newest under RUN_DIR/checkpoints; with
+        /// none there, the model's initial weights).
+        #[arg(long)]
+        checkpoint: Option<PathBuf>,
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+/// Runs `stoker export`.
+pub fn run(args: ExportArgs) -> anyhow::Result<()> {
+    match args.command {
+        ExportCommand::Hf {
+            config,
+            checkpoint: ckpt,
+            out,
+        } => {
+            let config = TrainConfig::load(&config)?;
+            let ModelConfig::Gpt(gpt) = &config.model else {
+                anyhow::bail!(
+                    "config key `model.kind`: only the GPT has a Hugging Face (GPT-2) form"
+                );
+            };
+            let mut trainer = Trainer::new(&config)?;
+            let ckpt = ckpt.or_else(|| checkpoint::latest(&config.run_dir.join("checkpoints")));
+            match &ckpt {
+                Some(dir) => {
+                    checkpoint::load(&mut trainer, dir)
+                        .with_context(|| format!("loading {}", dir.display()))?;
+                    eprintln!("exporting {} (step {})", dir.display(), trainer.step);
+                }
+                None => eprintln!("no checkpoint: exporting the initial weights"),
+            }
+            let dir = stoker_train::hf::export(gpt, &trainer.layout, &trainer.master, &out)?;
+            println!("wrote {}", dir.display());
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! Hugging Face GPT-2 interop for the GPT: stoker's GPT is GPT-2's architecture (learned
+//! positions, pre-LayerNorm with eps 1e-5, tanh GELU, packed QKV split as q | k | v and
+//! then by head, LM head tied to the token embedding), so its weights are a GPT-2
+//! checkpoint under other names. [`export`] writes `model.safetensors` with
+//! `GPT2LMHeadModel`'s tensor names and a `config.json` that
+//! `transformers.GPT2LMHeadModel.from_pretrained` loads; [`import`] reads such a
+//! directory back into a flat buffer (`[model] init_from`).
+//!
+//! Names: `wte.weight` <-> `transformer.wte.weight`, `h.L.attn.qkv` <->
+//! `transformer.h.L.attn.c_attn`, `attn.proj` <-> `attn.c_proj`, `mlp.fc` <-> `mlp.c_fc`,
+//! `mlp.proj` <-> `mlp.c_proj`, LayerNorms keep their names under `transformer.`. GPT-2's
+//! linear layers are `Conv1D`s whose weights are `[in, out]`, the transpose of stoker's
+//! `[out, in]`. The tied `lm_head.weight` is not written (transformers ties it on load).
+
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::{Dtype as StDtype, TensorView};
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::{ckpt_err, write_synced};
+use crate::error::{io_err, Result};
+use crate::layout::FlatLayout;
+use crate::models::GptConfig;
+
+/// The LayerNorm epsilon of stoker's GPT and of GPT-2.
+const LN_EPS: f64 = 1e-5;
+
+/// The `config.json` fields stoker writes and checks (transformers' `GPT2Config`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Gpt2Config {
+    /// `["GPT2LMHeadModel"]`.
+    #[serde(default)]
+    pub architectures: Vec<String>,
+    /// `gpt2`.
+    pub model_type: String,
+    /// Vocabulary.
+    pub vocab_size: usize,
+    /// Positions.
+    pub n_positions: usize,
+    /// Width.
+    pub n_embd: usize,
+    /// Blocks.
+    pub n_layer: usize,
+    /// Heads.
+    pub n_head: usize,
+    /// MLP width (`None`: 4 x width).
+    #[serde(default)]
+    pub n_inner: Option<usize>,
+    /// `gelu_new` (tanh approximation).
+    pub activation_function: String,
+    /// LayerNorm epsilon.
+    pub layer_norm_epsilon: f64,
+    /// The LM head shares the token embedding.
+    #[serde(default = "yes")]
+    pub tie_word_embeddings: bool,
+    /// Scores scaled by 1/sqrt(head dim).
+    #[serde(default = "yes")]
+    pub scale_attn_weights: bool,
+    /// Dropouts (0 for stoker's model).
+    #[serde(default)]
+    pub resid_pdrop: f64,
+    /// Embedding dropout.
+    #[serde(default)]
+    pub embd_pdrop: f64,
+    /// Attention dropout.
+    #[serde(default)]
+    pub attn_pdrop: f64,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Gpt2Config {
+    /// GPT-2's config for `c`.
+    pub fn of(c: &GptConfig) -> Self {
+        Gpt2Config {
+            architectures: vec!["GPT2LMHeadModel".into()],
+            model_type: "gpt2".into(),
+            vocab_size: c.vocab,
+            n_positions: c.context,
+            n_embd: c.d_model,
+            n_layer: c.n_layer,
+            n_head: c.n_head,
+            n_inner: None,
+            activation_function: "gelu_new".into(),
+            layer_norm_epsilon: LN_EPS,
+            tie_word_embeddings: true,
+            scale_attn_weights: true,
+            resid_pdrop: 0.0,
+            embd_pdrop: 0.0,
+            attn_pdrop: 0.0,
+        }
+    }
+}
+
+/// GPT-2's name for stoker's parameter `name`, and whether the weight is transposed.
+pub fn gpt2_name(name: &str) -> (String, bool) {
+    let renamed = name
+        .replace(".attn.qkv.", ".attn.c_attn.")
+        .replace(".attn.proj.", ".attn.c_proj.")
+        .replace(".mlp.fc.", ".mlp.c_fc.")
+        .replace(".mlp.proj.", ".mlp.c_proj.");
+    let conv = renamed.contains(".c_") && renamed.ends_with(".weight");
+    (format!("transformer.{renamed}"), conv)
+}
+
+/// `[rows, cols]` row-major to `[cols, rows]`.
+fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[c * rows + r] = x[r * cols + c];
+        }
+    }
+    out
+}
+
+/// Writes the GPT `config`'s weights `master` (laid out by `layout`) as a Hugging Face
+/// GPT-2 directory `out`: `model.safetensors` and `config.json`.
+pub fn export(
+    config: &GptConfig,
+    layout: &FlatLayout,
+    master: &[f32],
+    out: &Path,
+) -> Result<PathBuf> {
+    std::fs::create_dir_all(out).map_err(|e| io_err(out, e))?;
+    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
+    for s in layout.slots() {
+        let (name, conv) = gpt2_name(&s.name);
+        let x = &master[s.offset..s.offset + s.len];
+        let (shape, data) = match conv {
+            true => (
+                vec![s.shape[1], s.shape[0]],
+                transpose(x, s.shape[0], s.shape[1]),
+            ),
+            false => (s.shape.clone(), x.to_vec()),
+        };
+        tensors.push((name, shape, data));
+    }
+    let views: Vec<(String, TensorView)> = tensors
+        .iter()
+        .map(|(n, shape, d)| {
+            let v = TensorView::new(StDtype::F32, shape.clone(), bytemuck::cast_slice(d))
+                .expect("sizes match");
+            (n.clone(), v)
+        })
+        .collect();
+    let mut meta = std::collections::HashMap::new();
+    meta.insert("format".to_string(), "pt".to_string());
+    let st = out.join("model.safetensors");
+    let bytes = safetensors::serialize(views, Some(meta)).map_err(|e| ckpt_err(&st, e))?;
+    write_synced(&st, &bytes)?;
+    let json = serde_json::to_vec_pretty(&Gpt2Config::of(config)).map_err(|e| ckpt_err(out, e))?;
+    write_synced(&out.join("config.json"), &json)?;
+    Ok(out.to_path_buf())
+}
+
+/// Reads the Hugging Face GPT-2 directory `dir` into a flat buffer laid out by `layout`
+/// for the GPT `config`; errors name the file and the key or tensor that does not fit.
+pub fn import(config: &GptConfig, layout: &FlatLayout, dir: &Path) -> Result<Vec<f32>> {
+    let cp = dir.join("config.json");
+    let text = std::fs::read(&cp).map_err(|e| io_err(&cp, e))?;
+    let hf: Gpt2Config = serde_json::from_slice(&text).map_err(|e| ckpt_err(&cp, e))?;
+    let want = Gpt2Config::of(config);
+    let checks: [(&str, String, String); 8] = [
+        ("model_type", hf.model_type.clone(), want.model_type.clone()),
+        (
+            "vocab_size",
+            hf.vocab_size.to_string(),
+            want.vocab_size.to_string(),
+        ),
+        (
+            "n_positions",
+            hf.n_positions.to_string(),
+            want.n_positions.to_string(),
+        ),
+        ("n_embd", hf.n_embd.to_string(), want.n_embd.to_string()),
+        ("n_layer", hf.n_layer.to_string(), want.n_layer.to_string()),
+        ("n_head", hf.n_head.to_string(), want.n_head.to_string()),
+        (
+            "n_inner",
+            hf.n_inner.unwrap_or(4 * hf.n_embd).to_string(),
+            (4 * want.n_embd).to_string(),
+        ),
+        (
+            "activation_function",
+            hf.activation_function.clone(),
+            want.activation_function.clone(),
+        ),
+    ];
+    for (key, got, expected) in checks {
+        if got != expected {
+            return Err(ckpt_err(
+                &cp,
+                format!("`{key}` is {got}, the [model] config needs {expected}"),
+            ));
+        }
+    }
+    if (hf.layer_norm_epsilon - LN_EPS).abs() > 1e-12
+        || !hf.tie_word_embeddings
+        || !hf.scale_attn_weights
+    {
+        return Err(ckpt_err(
+            &cp,
+            format!(
+                "`layer_norm_epsilon` {}, `tie_word_embeddings` {}, `scale_attn_weights` {}: stoker's GPT has 1e-5, true, true",
+                hf.layer_norm_epsilon, hf.tie_word_embeddings, hf.scale_attn_weights
+            ),
+        ));
+    }
+    let sp = dir.join("model.safetensors");
+    let bytes = std::fs::read(&sp).map_err(|e| io_err(&sp, e))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| ckpt_err(&sp, e))?;
+    let mut master = vec![0f32; layout.total_len()];
+    for s in layout.slots() {
+        let (name, conv) = gpt2_name(&s.name);
+        let t = st
+            .tensor(&name)
+            .map_err(|e| ckpt_err(&sp, format!("tensor `{name}`: {e}")))?;
+        let shape = match conv {
+            true => vec![s.shape[1], s.shape[0]],
+            false => s.shape.clone(),
+        };
+        if t.shape() != shape.as_slice() {
+            return Err(ckpt_err(
+                &sp,
+                format!("tensor `{name}`: shape {:?}, expected {shape:?}", t.shape()),
+            ));
+        }
+        let x: Vec<f32> = match t.dtype() {
+            StDtype::F32 => crate::checkpoint::f32s(t.data()).collect(),
+            StDtype::F16 => t
+                .data()
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            StDtype::BF16 => t
+                .data()
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            other => {
+                return Err(ckpt_err(
+                    &sp,
+                    format!("tensor `{name}`: dtype {other:?}, expected F32, F16 or BF16"),
+                ))
+            }
+        };
+        let x = match conv {
+            true => transpose(&x, shape[0], shape[1]),
+            false => x,
+        };
+        master[s.offset..s.offset + s.len].copy_from_slice(&x);
+    }
+    Ok(master)
+}

@@ -1,0 +1,186 @@
+//! Hugging Face GPT-2 interop: `hf::export` writes GPT-2's tensor names, shapes and
+//! config, `hf::import` reads them back bit for bit; and, where transformers is
+//! installed (`make test-hf`, or a cache from an earlier run), transformers' own
+//! GPT2LMHeadModel loads the export and gives stoker's logits within 1e-4, and its
+//! save_pretrained output imports back to the same bits.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use stoker_train::config::{ModelConfig, TrainConfig};
+use stoker_train::hf;
+use stoker_train::trainer::Trainer;
+
+fn config() -> TrainConfig {
+    let text = r#"
+run_dir = "/nonexistent"
+seed = 3
+precision = "fp32"
+kernels = "direct"
+[data]
+train = "/nonexistent"
+[model]
+kind = "gpt"
+vocab = 16
+context = 16
+d_model = 32
+n_layer = 2
+n_head = 4
+[batch]
+micro_batch = 2
+[optimizer]
+kind = "adamw"
+lr = 3e-3
+[train]
+steps = 4
+"#;
+    TrainConfig::parse(text, Path::new("hf.toml")).unwrap()
+}
+
+/// A trainer after 4 steps (so gains, biases and embeddings all moved from their init).
+fn trained() -> Trainer {
+    let mut t = Trainer::new(&config()).unwrap();
+    for s in 0..4 {
+        t.train_step(&[token_batch(s, 2, 16, 16, &[])]).unwrap();
+    }
+    t
+}
+
+fn gpt(c: &TrainConfig) -> &stoker_train::models::GptConfig {
+    match &c.model {
+        ModelConfig::Gpt(g) => g,
+        _ => unreachable!(),
+    }
+}
+
+#[test]
+fn export_writes_gpt2_names_shapes_and_config_and_imports_back_bit_for_bit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = config();
+    let t = trained();
+    let out = hf::export(gpt(&c), &t.layout, &t.master, &tmp.path().join("hf")).unwrap();
+    let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
+    names.sort();
+    // GPT2LMHeadModel's state dict for this size, less the tied lm_head.
+    let mut want = vec![
+        "transformer.wte.weight".to_string(),
+        "transformer.wpe.weight".into(),
+        "transformer.ln_f.weight".into(),
+        "transformer.ln_f.bias".into(),
+    ];
+    for l in 0..2 {
+        for p in [
+            "ln_1.weight",
+            "ln_1.bias",
+            "attn.c_attn.weight",
+            "attn.c_attn.bias",
+            "attn.c_proj.weight",
+            "attn.c_proj.bias",
+            "ln_2.weight",
+            "ln_2.bias",
+            "mlp.c_fc.weight",
+            "mlp.c_fc.bias",
+            "mlp.c_proj.weight",
+            "mlp.c_proj.bias",
+        ] {
+            want.push(format!("transformer.h.{l}.{p}"));
+        }
+    }
+    want.sort();
+    assert_eq!(names, want);
+    let shape = |n: &str| st.tensor(n).unwrap().shape().to_vec();
+    assert_eq!(shape("transformer.h.1.attn.c_attn.weight"), [32, 96]); // Conv1D: [in, out]
+    assert_eq!(shape("transformer.h.0.mlp.c_proj.weight"), [128, 32]);
+    assert_eq!(shape("transformer.wpe.weight"), [16, 32]);
+    let cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["model_type"], "gpt2");
+    assert_eq!(cfg["activation_function"], "gelu_new");
+    assert_eq!(cfg["n_embd"], 32);
+    let back = hf::import(gpt(&c), &t.layout, &out).unwrap();
+    stoker_testkit::assert_bits_eq(&back, &t.master, "export then import");
+
+    // A directory for another size is refused naming config.json and the key.
+    let mut other = gpt(&c).clone();
+    other.n_head = 2;
+    let e = hf::import(&other, &t.layout, &out).unwrap_err().to_string();
+    assert!(e.contains("config.json") && e.contains("`n_head`"), "{e}");
+    // `[model] init_from` starts training from it.
+    let text = toml::to_string(&c).unwrap().replace(
+        "n_head = 4",
+        &format!("n_head = 4\ninit_from = \"{}\"", out.display()),
+    );
+    let ft = TrainConfig::parse(&text, Path::new("ft.toml")).unwrap();
+    let fine = Trainer::new(&ft).unwrap();
+    stoker_testkit::assert_bits_eq(&fine.master, &t.master, "init_from");
+}
+
+/// The Python that has torch and transformers: `STOKER_HF_PYTHONPATH`, or the cache
+/// scripts/install-hf.sh fills.
+fn hf_python() -> Option<PathBuf> {
+    let dir = match std::env::var_os("STOKER_HF_PYTHONPATH") {
+        Some(d) => PathBuf::from(d),
+        None => {
+            let cache = std::env::var_os("STOKER_CACHE_DIR")
+                .map(PathBuf::from)
+                .or_else(|| {
+                    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/stoker"))
+                })?;
+            cache.join("hf-torch-2.15.0-transformers-4.57.1")
+        }
+    };
+    let ok = Command::new("python3")
+        .args(["-c", "import torch, transformers"])
+        .env("PYTHONPATH", &dir)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    ok.then_some(dir)
+}
+
+#[test]
+fn transformers_loads_the_export_with_stokers_logits_and_its_save_imports_back() {
+    let test = "transformers_loads_the_export_with_stokers_logits_and_its_save_imports_back";
+    let Some(pythonpath) = hf_python() else {
+        stoker_testkit::skip(
+            test,
+            "torch + transformers not installed (run `make test-hf` or scripts/install-hf.sh; ~4 GB with torch's CUDA libraries)",
+        );
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let c = config();
+    let t = trained();
+    let out = hf::export(gpt(&c), &t.layout, &t.master, &tmp.path().join("hf")).unwrap();
+    // stoker's logits over two sequences of the full context.
+    let mb = token_batch(99, 2, 16, 16, &[]);
+    t.sync_vars().unwrap();
+    let logits = t.model.forward(&t.fx(), &mb.input).unwrap();
+    let logits: Vec<f32> = logits.flatten_all().unwrap().to_vec1().unwrap();
+    let tokens: Vec<i64> = mb.input.flatten_all().unwrap().to_vec1().unwrap();
+    let (tp, lp) = (tmp.path().join("tokens.npy"), tmp.path().join("logits.npy"));
+    stoker_testkit::write_npy(&tp, "<i8", &[2, 16], bytemuck::cast_slice(&tokens));
+    stoker_testkit::write_npy(&lp, "<f4", &[32, 16], bytemuck::cast_slice(&logits));
+    let saved = tmp.path().join("saved");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ref/hf_gpt2_check.py");
+    let o = Command::new("timeout")
+        .args(["300", "python3"])
+        .arg(script)
+        .args([&out, &tp, &lp, &saved])
+        .env("PYTHONPATH", &pythonpath)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    eprintln!("{text}");
+    assert!(o.status.success(), "transformers check failed: {text}");
+    let back = hf::import(gpt(&c), &t.layout, &saved).unwrap();
+    stoker_testkit::assert_bits_eq(&back, &t.master, "transformers' save_pretrained, imported");
+}
