@@ -33,3 +33,14 @@ else
   echo "error: the 2-rank run differs from the 1-rank run" >&2
   exit 1
 fi
+echo
+echo "== ZeRO-3: an 8-block GPT (1.6M parameters) over 2 ranks; each keeps half of the parameters, gradients and optimizer states =="
+rm -rf runs/shakespeare-zero
+timeout 900 mpirun -n 2 "$STOKER" train configs/shakespeare-gpt-zero.toml --no-progress | tee runs/zero3-2ranks.log
+grep -q "held/planned 1.0" runs/zero3-2ranks.log || { echo "error: held model states differ from the plan" >&2; exit 1; }
+echo
+echo "== resume the 2-rank ZeRO-3 checkpoint on 1 rank (DDP), 20 more steps; then one model.safetensors and a Hugging Face GPT-2 directory =="
+sed -e 's#^strategy = .*#strategy = "ddp"#' -e 's#^steps = .*#steps = 120#' configs/shakespeare-gpt-zero.toml > runs/shakespeare-gpt-zero-resume.toml
+RAYON_NUM_THREADS=2 "$STOKER" train runs/shakespeare-gpt-zero-resume.toml --resume latest --no-progress | grep -E "^eval loss|^steps"
+"$STOKER" ckpt consolidate runs/shakespeare-zero/checkpoints/step_00000120
+"$STOKER" export hf runs/shakespeare-gpt-zero-resume.toml --out runs/shakespeare-zero/hf

@@ -71,6 +71,17 @@ pub enum KernelError {
         /// What is missing or does not fit.
         msg: String,
     },
+    /// Where a step's parameters come from failed to provide them (a collective that
+    /// gathers them, for one): the source has the full error.
+    #[error("{op}: parameter group {group}: {msg}")]
+    Source {
+        /// The op.
+        op: &'static str,
+        /// The group asked for.
+        group: usize,
+        /// What failed.
+        msg: String,
+    },
     /// A target index is out of range and is not the ignore index.
     #[error("{op}: target {target} at row {row} is outside 0..{vocab} and not the ignore index {ignore}")]
     Target {

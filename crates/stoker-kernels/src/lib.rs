@@ -46,7 +46,10 @@ pub use cross_entropy::{cross_entropy_sum, valid_token_count};
 pub use embedding::embedding;
 pub use error::KernelError;
 pub use gelu::gelu;
-pub use gpt::{gpt_params, GptBatch, GptDims, GptOffsets, GptParam, GptStep, GroupReady, SpecInit};
+pub use gpt::{
+    gpt_params, GptBatch, GptDims, GptOffsets, GptParam, GptStep, GroupReady, GroupView, Phase,
+    SpecInit, StepParams, Whole,
+};
 pub use layer_norm::layer_norm;
 pub use linear::{linear, linear_with};
 pub use matmul::{bf16_native, linear_bf16, matmul_bf16, Bf16Kernel};

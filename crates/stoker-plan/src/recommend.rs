@@ -132,6 +132,15 @@ pub fn decide(r: &Resolved, rows: &[StrategyRow], bench: Option<&LoaderBench>) -
         if !strategy::ALL.contains(&row.strategy) {
             continue;
         }
+        let offloads = row.strategy.offload_optimizer || row.strategy.offload_params;
+        if offloads && !r.hardware.accelerator {
+            path.push(format!(
+                "{}: not considered: offload moves an accelerator's states to host memory, and \
+                 on {} they are in host memory already",
+                row.label, r.hardware.name
+            ));
+            continue;
+        }
         let d = &row.memory.device;
         let h = &row.memory.host;
         if row.memory.fits {

@@ -1,5 +1,5 @@
 //! stoker's own trainer: the bytes its buffers hold per rank and the bytes its
-//! collectives send per step, for DDP and ZeRO-1/2, from the same arithmetic as the
+//! collectives send per step, for DDP and ZeRO-1/2/3, from the same arithmetic as the
 //! ZeRO paper's but with the trainer's own element sizes. Every run prints this
 //! prediction beside what it counted ([`TrainerPrediction`] vs the trainer's held bytes
 //! and the communicator's counters), so a change that breaks the sharding shows up as a
@@ -16,10 +16,26 @@
 //!   copy the optimizer writes.
 //! - ZeRO-2's backward writes a full FP32 gradient buffer (the direct step writes by flat
 //!   offsets); what is sharded is the running sum over micro-batches.
+//! - ZeRO-3 keeps the FP32 parameters, the gradient sum and the moments as 1/N shards
+//!   and no candle variables; its gathered groups are workspace, not model states. It
+//!   gathers and reduces every micro-batch, by group: the root groups (embeddings and
+//!   final norm) once, each block twice (forward, backward) or once without
+//!   `reshard_after_forward`, and reduce-scatters every group once.
 
 use serde::{Deserialize, Serialize};
 
 use crate::strategy::Stage;
+
+/// A model's parameter groups as ZeRO-3 gathers them (elements of the flat buffer).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Default)]
+pub struct GroupSpans {
+    /// The root groups' elements (the first and the last group: embeddings, final norm).
+    pub root: u64,
+    /// The blocks' elements (every group between them).
+    pub blocks: u64,
+    /// Blocks are gathered again for the backward (FSDP's default).
+    pub reshard_after_forward: bool,
+}
 
 /// One rank of a stoker training run, as the prediction needs it.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -42,6 +58,8 @@ pub struct TrainerRun {
     pub reduce_every_micro_batch: bool,
     /// Deterministic mode: the whole gradient goes through the reduction tree.
     pub deterministic: bool,
+    /// The parameter groups (ZeRO-3's unit of gathering).
+    pub groups: GroupSpans,
 }
 
 /// The predicted bytes of one rank.
@@ -77,7 +95,11 @@ pub fn predict(run: &TrainerRun) -> TrainerPrediction {
         Stage::Zero2 => run.reduce_every_micro_batch && !run.deterministic,
         _ => false,
     };
-    let grads = 4.0 * l + if every { 4.0 * shard } else { 0.0 };
+    let zero3 = stage == Stage::Zero3;
+    let grads = match zero3 {
+        true => 4.0 * shard,
+        false => 4.0 * l + if every { 4.0 * shard } else { 0.0 },
+    };
     let optimizer = 4.0 * run.moments as f64 * if sharded { shard } else { l };
     // Ring model: an all-reduce of S bytes sends 2(n-1)/n S, a reduce-scatter or an
     // all-gather (n-1)/n S; the deterministic tree sends what an all-reduce does.
@@ -88,10 +110,16 @@ pub fn predict(run: &TrainerRun) -> TrainerPrediction {
         (Stage::Ddp, _) => 2.0 * ring * s * if run.reduce_every_micro_batch { k } else { 1.0 },
         (_, true) => 3.0 * ring * s,
         (Stage::Zero1, false) => 2.0 * ring * s,
+        (Stage::Zero3, _) => {
+            let g = &run.groups;
+            let passes = if g.reshard_after_forward { 2.0 } else { 1.0 };
+            let gathered = g.root as f64 + passes * g.blocks as f64;
+            k * ring * 4.0 * (gathered + (g.root + g.blocks) as f64)
+        }
         (_, false) => ring * s * (if every { k } else { 1.0 } + 1.0),
     };
     TrainerPrediction {
-        params: (4 + run.copy_bytes) as f64 * l,
+        params: (4 + run.copy_bytes) as f64 * if zero3 { shard } else { l },
         grads,
         optimizer,
         bytes_sent_per_step: sent,
@@ -112,6 +140,11 @@ mod tests {
             accumulation: 4,
             reduce_every_micro_batch: stage == Stage::Zero2,
             deterministic: false,
+            groups: GroupSpans {
+                root: 100_000,
+                blocks: 900_000,
+                reshard_after_forward: true,
+            },
         }
     }
 
@@ -129,6 +162,15 @@ mod tests {
         assert_eq!(z2.bytes_sent_per_step, 5.0 * 0.75 * 4e6);
         assert_eq!(z2.grads, 4e6 + 1e6);
         // One rank: nothing sharded, nothing sent.
+        // ZeRO-3: everything 1/N, no compute copy; per micro-batch the root gathered
+        // once, the blocks twice, everything reduce-scattered: (0.1 + 1.8 + 1) x 0.75 x
+        // 4 MB x 4 micro-batches.
+        let z3 = predict(&TrainerRun {
+            copy_bytes: 0,
+            ..run(Stage::Zero3, 4)
+        });
+        assert_eq!((z3.params, z3.grads, z3.optimizer), (1e6, 1e6, 2e6));
+        assert!((z3.bytes_sent_per_step - 2.9 * 0.75 * 4e6 * 4.0).abs() < 1e-3);
         let one = predict(&run(Stage::Zero2, 1));
         assert_eq!(one.optimizer, 8e6);
         assert_eq!(one.bytes_sent_per_step, 0.0);

@@ -187,3 +187,21 @@ fn hardware_presets_are_what_nvidia_smi_reports() {
         "{e}"
     );
 }
+
+#[test]
+fn a_cpu_only_machine_is_never_told_to_offload() {
+    // GPT-2 1.5B on the 24 GiB `cpu` preset: 16 x 1.56B = 24.9 GB of states do not fit
+    // even as ZeRO-3 on one device; offloading "to the host" would move host memory to
+    // host memory, so the offload rows are skipped with a reason and nothing is chosen.
+    let p = plan("model = { preset = \"gpt2-1.5b\" }\nhardware = { preset = \"cpu\" }");
+    assert!(
+        chosen(&p).is_none_or(|c| !c.contains("offload")),
+        "{:?}",
+        chosen(&p)
+    );
+    let path = p.decision.path.join("\n");
+    assert!(
+        path.contains("offload-opt: not considered") && path.contains("host memory already"),
+        "{path}"
+    );
+}

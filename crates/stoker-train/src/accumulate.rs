@@ -96,6 +96,15 @@ pub enum Backward<'a> {
         /// The FP32 master weights.
         master: &'a [f32],
     },
+    /// The model's hand-written step with its parameter groups gathered from the ranks'
+    /// shards and its gradients reduced into this rank's shard (ZeRO-3); the `grads` and
+    /// `ready` of [`micro_batch`] are unused.
+    Sharded {
+        /// The step.
+        step: &'a mut dyn DirectStep,
+        /// Where each group's parameters and gradients are.
+        source: &'a mut dyn stoker_kernels::StepParams,
+    },
 }
 
 /// Forward and backward of one micro-batch: adds the gradient of `factor x (summed loss
@@ -137,6 +146,10 @@ pub fn micro_batch(
             // bad input is reported here as on the graph path.
             let scale = factor.unwrap_or(0.0) as f32;
             step.forward_backward(master, &mb.input, &mb.targets, scale, grads, ready)
+        }
+        Backward::Sharded { step, source } => {
+            let scale = factor.unwrap_or(0.0) as f32;
+            step.forward_backward_groups(&mut **source, &mb.input, &mb.targets, scale)
         }
     }
 }

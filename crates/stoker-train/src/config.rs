@@ -142,7 +142,8 @@ pub enum StrategyKind {
     /// FSDP `SHARD_GRAD_OP`, also accepted under that name).
     #[serde(alias = "shard_grad_op")]
     Zero2,
-    /// ZeRO stage 3 (FSDP `FULL_SHARD`): refused, not built yet.
+    /// ZeRO stage 3 (DeepSpeed `stage: 3`, FSDP `FULL_SHARD`, also accepted under that
+    /// name): parameters sharded too, each block gathered as the direct step needs it.
     #[serde(alias = "full_shard")]
     Zero3,
 }
@@ -164,7 +165,8 @@ pub enum BackendKind {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ParallelConfig {
-    /// `ddp` (default), `zero1`, `zero2` (alias `shard_grad_op`) or `none`.
+    /// `ddp` (default), `zero1`, `zero2` (alias `shard_grad_op`), `zero3` (alias
+    /// `full_shard`) or `none`.
     pub strategy: StrategyKind,
     /// `auto` (default), `mpi` or `local`.
     pub backend: BackendKind,
@@ -182,6 +184,10 @@ pub struct ParallelConfig {
     /// ZeRO-1 reduces once per window either way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sync_every_micro_batch: Option<bool>,
+    /// ZeRO-3: free each block's gathered parameters after its forward and gather them
+    /// again for its backward (default true, FSDP's `reshard_after_forward`); false keeps
+    /// them from the forward to the backward: less traffic, ZeRO-2's parameter memory.
+    pub reshard_after_forward: bool,
     /// Keep optimizer states in host memory and step them there (DeepSpeed
     /// `offload_optimizer`, FSDP `CPUOffload`): for accelerator runs only.
     pub offload_optimizer: bool,
@@ -200,6 +206,7 @@ impl Default for ParallelConfig {
             bucket_cap_mb: 25.0,
             first_bucket_mb: 1.0,
             sync_every_micro_batch: None,
+            reshard_after_forward: true,
             offload_optimizer: false,
             timeout_s: 60.0,
             threads_per_rank: 0,
@@ -354,6 +361,26 @@ impl TrainConfig {
         }
     }
 
+    /// What ZeRO-3 cannot serve: deterministic mode, FSDP's `no_sync`.
+    fn check_zero3(&self) -> Result<()> {
+        let p = &self.parallel;
+        if p.deterministic {
+            return Err(config_err(
+                "parallel.deterministic",
+                "not built for \"zero3\": its per-micro-batch reduce-scatters sum in MPI's order; \
+                 use \"zero2\" or \"ddp\" for bit-identical runs",
+            ));
+        }
+        if p.sync_every_micro_batch == Some(false) {
+            return Err(config_err(
+                "parallel.sync_every_micro_batch",
+                "false is FSDP's no_sync, which under \"zero3\" keeps full unsharded gradients \
+                 through the window: not built; leave it unset",
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks everything that does not need the data; errors name the key.
     pub fn validate(&self) -> Result<()> {
         let b = &self.batch;
@@ -386,11 +413,7 @@ impl TrainConfig {
             ));
         }
         if p.strategy == StrategyKind::Zero3 {
-            return Err(config_err(
-                "parallel.strategy",
-                "\"zero3\" (FULL_SHARD, parameters sharded and gathered per block) is not built yet: \
-                 use \"zero2\" (gradients and optimizer states sharded) or \"zero1\"",
-            ));
+            self.check_zero3()?;
         }
         if p.offload_optimizer && self.device == "cpu" {
             return Err(config_err(

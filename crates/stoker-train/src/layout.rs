@@ -136,15 +136,21 @@ impl FlatLayout {
 
     /// The first slot holding a non-finite value in `buf`.
     pub fn first_nonfinite(&self, buf: &[f32]) -> Option<&str> {
-        if stoker_precision::overflow::all_finite(buf) {
+        self.first_nonfinite_in(buf, 0)
+    }
+
+    /// As [`FlatLayout::first_nonfinite`] for `part`, the flat buffer's elements from
+    /// `start` on (a ZeRO-3 shard).
+    pub fn first_nonfinite_in(&self, part: &[f32], start: usize) -> Option<&str> {
+        if stoker_precision::overflow::all_finite(part) {
             return None;
         }
+        let end = start + part.len();
         self.slots
             .iter()
             .find(|s| {
-                buf[s.offset..s.offset + s.len]
-                    .iter()
-                    .any(|x| !x.is_finite())
+                let (a, b) = (s.offset.max(start), (s.offset + s.len).min(end));
+                a < b && part[a - start..b - start].iter().any(|x| !x.is_finite())
             })
             .map(|s| s.name.as_str())
     }
@@ -273,7 +279,8 @@ impl FlatLayout {
         Ok(out)
     }
 
-    fn check_len(&self, n: usize) -> Result<()> {
+    /// Fails unless a flat buffer of `n` elements has this layout's length.
+    pub fn check_len(&self, n: usize) -> Result<()> {
         if n != self.total {
             return Err(TrainError::Layout(format!(
                 "buffer of {n} elements, layout needs {}",

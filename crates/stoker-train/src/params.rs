@@ -109,6 +109,8 @@ pub struct ParamBuilder {
     device: Device,
     dtype: DType,
     seed: u64,
+    /// Values to take instead of drawing them: a flat buffer and its layout.
+    values: Option<(crate::layout::FlatLayout, Vec<f32>)>,
     group: usize,
     params: Vec<Param>,
 }
@@ -120,8 +122,23 @@ impl ParamBuilder {
             device,
             dtype,
             seed,
+            values: None,
             group: 0,
             params: Vec::new(),
+        }
+    }
+
+    /// Parameters in `dtype` on `device` whose values are `values`, a flat buffer laid
+    /// out by `layout` (a ZeRO-3 rank's gathered parameters); nothing is drawn.
+    pub fn from_flat(
+        device: Device,
+        dtype: DType,
+        layout: crate::layout::FlatLayout,
+        values: Vec<f32>,
+    ) -> Self {
+        ParamBuilder {
+            values: Some((layout, values)),
+            ..ParamBuilder::new(device, dtype, 0)
         }
     }
 
@@ -150,8 +167,23 @@ impl ParamBuilder {
             )));
         }
         let n: usize = shape.iter().product();
-        let values = init_values(self.seed, name, n, init);
-        let t = Tensor::from_vec(values, shape, &self.device)?.to_dtype(self.dtype)?;
+        let t = match &self.values {
+            None => Tensor::from_vec(init_values(self.seed, name, n, init), shape, &self.device)?,
+            Some((layout, values)) => {
+                let off = layout.offset_of(name).ok_or_else(|| {
+                    TrainError::Layout(format!("parameter `{name}` is not in the flat layout"))
+                })?;
+                let part = values.get(off..off + n).ok_or_else(|| {
+                    TrainError::Layout(format!(
+                        "parameter `{name}` at {off}..{} is outside the {} values",
+                        off + n,
+                        values.len()
+                    ))
+                })?;
+                Tensor::from_slice(part, shape, &self.device)?
+            }
+        };
+        let t = t.to_dtype(self.dtype)?;
         let var = Var::from_tensor(&t)?;
         self.params.push(Param {
             name: name.to_string(),

@@ -28,7 +28,7 @@ use crate::models::LossKind;
 use crate::parallel::{agree, ParallelDims};
 use crate::trainer::{build_model, EvalReport, Trainer};
 use stoker_plan::strategy::Stage;
-use stoker_plan::trainer::{TrainerPrediction, TrainerRun};
+use stoker_plan::trainer::{GroupSpans, TrainerPrediction, TrainerRun};
 
 /// How to run (beyond the config).
 #[derive(Debug, Clone, Default)]
@@ -94,13 +94,37 @@ pub fn predicted(
     let stage = match dims.strategy {
         StrategyKind::None | StrategyKind::Ddp => Stage::Ddp,
         StrategyKind::Zero1 => Stage::Zero1,
-        StrategyKind::Zero2 | StrategyKind::Zero3 => Stage::Zero2,
+        StrategyKind::Zero2 => Stage::Zero2,
+        StrategyKind::Zero3 => Stage::Zero3,
     };
     let dtype = config.kernels.param_dtype(config.precision);
     let bf16_copy = if dtype == candle_core::DType::BF16 {
         2
     } else {
         0
+    };
+    // ZeRO-3 gathers by group: the root groups (first and last) once per micro-batch,
+    // the blocks between them once or twice.
+    let spans: Vec<u64> = layout
+        .group_ranges()
+        .iter()
+        .map(|(_, r)| r.len() as u64)
+        .collect();
+    let root = spans.first().copied().unwrap_or(0) + spans.last().copied().unwrap_or(0);
+    let direct =
+        matches!(config.model, ModelConfig::Gpt(_)) && config.kernels.direct_step(config.precision);
+    let groups = match direct {
+        true => GroupSpans {
+            root: if spans.len() > 1 { root } else { root / 2 },
+            blocks: spans.iter().sum::<u64>().saturating_sub(root),
+            reshard_after_forward: p.reshard_after_forward,
+        },
+        // The graph path gathers the whole model as one unit, once per micro-batch.
+        false => GroupSpans {
+            root: layout.total_len() as u64,
+            blocks: 0,
+            reshard_after_forward: false,
+        },
     };
     stoker_plan::trainer::predict(&TrainerRun {
         flat_len: layout.total_len() as u64,
@@ -110,7 +134,11 @@ pub fn predicted(
             OptimizerKind::Adamw => 2,
             OptimizerKind::Sgd => 1,
         },
-        copy_bytes: (dtype.size_in_bytes() + bf16_copy) as u64,
+        // Under ZeRO-3 the model's candle variables give way to a shell.
+        copy_bytes: match stage {
+            Stage::Zero3 if dims.world > 1 => bf16_copy as u64,
+            _ => (dtype.size_in_bytes() + bf16_copy) as u64,
+        },
         accumulation: dims.accumulation_steps as u64,
         reduce_every_micro_batch: match stage {
             Stage::Zero1 => false,
@@ -118,6 +146,7 @@ pub fn predicted(
             _ => p.sync_every_micro_batch.unwrap_or(false),
         },
         deterministic: p.deterministic,
+        groups,
     })
 }
 
@@ -217,8 +246,8 @@ pub fn run_rank(
         "{params} parameters in {} tensors; FP32 master {:.2} MiB + gradients {:.2} MiB + optimizer {:.2} MiB (align {}) per rank; \
          {} x {} rank(s), micro_batch {} x accumulation_steps {} x world_size {} = global_batch {}; eval: {}",
         trainer.layout.slots().len(),
-        mib(trainer.layout.total_len()),
-        mib(trainer.layout.total_len() * (1 + trainer.extra_grad_buffers())),
+        mib(trainer.master.len()),
+        mib(trainer.held_range().len() * (1 + trainer.extra_grad_buffers())),
         mib(trainer.optimizer.state().buffers.iter().map(|(_, b)| b.len()).sum()),
         trainer.layout.align(),
         trainer.strategy().name(),
@@ -405,17 +434,19 @@ pub fn run_rank(
             bytes_sent_per_step: bytes_sent as f64 / steps_run.max(1) as f64,
         })?;
     }
+    // Under ZeRO-3 sampling gathers the parameters: every rank takes part.
     let sample = match (&vocab, config.train.sample_tokens) {
-        (Some(v), n) if n > 0 && lead => {
+        (Some(v), n) if n > 0 && (lead || trainer.shards_params()) => {
             let toks = trainer.sample(&[0], n, context, config.seed)?;
-            Some(
+            lead.then(|| {
                 toks.iter()
                     .map(|&t| v.get(t as usize).map_or("?", |s| s.as_str()))
-                    .collect(),
-            )
+                    .collect()
+            })
         }
         _ => None,
     };
+    let weights_crc32 = crc32fast::hash(bytemuck::cast_slice(&trainer.full_master()?));
     Ok(RunSummary {
         steps: trainer.step,
         last_loss,
@@ -430,7 +461,7 @@ pub fn run_rank(
         step_s: step_time.as_secs_f64() / steps_run.max(1) as f64,
         step_times_s: step_times,
         comm_waits_s: comm_waits,
-        weights_crc32: crc32fast::hash(bytemuck::cast_slice(&trainer.master)),
+        weights_crc32,
         strategy: trainer.strategy().name().into(),
         planned,
         held,
@@ -442,7 +473,8 @@ pub fn run_rank(
 /// bits, and a checkpoint written by rank 0 stands for all of them.
 fn same_weights_everywhere(comm: &dyn Communicator, trainer: &Trainer, step: u64) -> Result<()> {
     let n = comm.world_size();
-    if n == 1 {
+    if n == 1 || trainer.shards_params() {
+        // ZeRO-3's ranks hold different shards by design; each writes its own.
         return Ok(());
     }
     let mine = crc32fast::hash(bytemuck::cast_slice(&trainer.master)) as u64;

@@ -70,6 +70,27 @@ pub fn build_model(
     })
 }
 
+/// The configured model with its variables (in `kernels.param_dtype(precision)`) set to
+/// `values`, a flat buffer laid out by `layout`: a ZeRO-3 rank's gathered parameters.
+pub fn build_model_from(
+    model: &ModelConfig,
+    precision: Precision,
+    kernels: Kernels,
+    layout: &FlatLayout,
+    values: Vec<f32>,
+) -> Result<Box<dyn Model>> {
+    layout.check_len(values.len())?;
+    let b = || {
+        let dt = kernels.param_dtype(precision);
+        crate::params::ParamBuilder::from_flat(Device::Cpu, dt, layout.clone(), values)
+    };
+    Ok(match model {
+        ModelConfig::Gpt(c) => Box::new(Gpt::with_builder(c.clone(), b())?),
+        ModelConfig::Cnn(c) => Box::new(Cnn::with_builder(*c, b())?),
+        ModelConfig::Mlp(c) => Box::new(Mlp::with_builder(c.clone(), b())?),
+    })
+}
+
 /// The training state.
 pub struct Trainer {
     /// The model (its variables hold compute-dtype copies of `master`; while the direct
@@ -81,9 +102,20 @@ pub struct Trainer {
     direct: Option<Box<dyn DirectStep>>,
     /// The flat layout of `master` and `grads`.
     pub layout: FlatLayout,
-    /// FP32 master weights.
+    /// FP32 master weights: the whole flat buffer, or under ZeRO-3 this rank's shard of
+    /// it (elements [`Trainer::held_range`]).
     pub master: Vec<f32>,
     grads: Vec<f32>,
+    /// The part of the flat buffer `master` and `grads` hold.
+    held: std::ops::Range<usize>,
+    /// ZeRO-3: what builds a full model around gathered parameters for a forward (the
+    /// graph path's step, evaluation, sampling); the rank's own model is a
+    /// [`crate::models::Shell`].
+    full_model: Option<ModelConfig>,
+    /// ZeRO-3 on the graph path: the micro-batch's whole gradient before its
+    /// reduce-scatter (workspace), and the most bytes a gathered model's variables held.
+    graph_grads: Vec<f32>,
+    graph_vars_bytes: usize,
     /// The optimizer over `master`.
     pub optimizer: Box<dyn Optimizer>,
     /// The learning-rate schedule.
@@ -139,9 +171,13 @@ impl Trainer {
             _ => layout.flatten(model.params())?,
         };
         strategy.start(&mut master)?;
-        layout.unflatten(&master, model.params())?;
-        let o = &config.optimizer;
         let len = layout.total_len();
+        let held = strategy.holds(len);
+        let sharded = held != (0..len);
+        if !sharded {
+            layout.unflatten(&master, model.params())?;
+        }
+        let o = &config.optimizer;
         // The optimizer's moments cover the strategy's range alone (ZeRO: this rank's shard).
         let (segs, range) = (segments(&layout, false), strategy.update_range(len));
         let optimizer: Box<dyn Optimizer> = match o.kind {
@@ -157,11 +193,29 @@ impl Trainer {
             true => model.direct_step(&layout, config.precision == Precision::Bf16)?,
             false => None,
         };
+        // ZeRO-3: keep the shard; the model's full-size variables give way to a shell.
+        let (model, full_model): (Box<dyn Model>, _) = match sharded {
+            false => (model, None),
+            true => {
+                master = master[held.clone()].to_vec();
+                let shell = Box::new(crate::models::Shell::new(config.model.clone()));
+                (shell, Some(config.model.clone()))
+            }
+        };
+        let graph_grads = match (sharded, direct.is_none()) {
+            (true, true) => vec![0.0; len],
+            _ => Vec::new(),
+        };
+        let keep = held.len();
         Ok(Trainer {
             model,
             vars_stale: std::cell::Cell::new(false),
             direct,
-            grads: vec![0.0; len],
+            grads: vec![0.0; keep],
+            held,
+            full_model,
+            graph_grads,
+            graph_vars_bytes: 0,
             layout,
             master,
             optimizer,
@@ -171,11 +225,11 @@ impl Trainer {
             precision: config.precision,
             kernels: config.kernels,
             bf16_copy: (config.kernels.param_dtype(config.precision) == candle_core::DType::BF16)
-                .then(|| vec![half::bf16::ZERO; len]),
+                .then(|| vec![half::bf16::ZERO; keep]),
             grad_clip: o.grad_clip,
             step: 0,
             sampler_state: SamplerState::default(),
-            sum: GradSum::new(strategy.sum_order(), len),
+            sum: GradSum::new(strategy.sum_order(), keep),
             strategy,
         })
     }
@@ -183,6 +237,53 @@ impl Trainer {
     /// The data-parallel strategy.
     pub fn strategy(&self) -> &dyn Strategy {
         &*self.strategy
+    }
+
+    /// The part of the flat buffer this rank's `master` holds: all of it, except under
+    /// ZeRO-3 (its shard).
+    pub fn held_range(&self) -> std::ops::Range<usize> {
+        self.held.clone()
+    }
+
+    /// Whether this rank holds only a shard of the parameters (ZeRO-3).
+    pub fn shards_params(&self) -> bool {
+        self.full_model.is_some()
+    }
+
+    /// The whole FP32 parameter buffer: a copy of `master`, or under ZeRO-3 gathered from
+    /// every rank's shard (a collective: every rank calls it).
+    pub fn full_master(&mut self) -> Result<Vec<f32>> {
+        Ok(match self.strategy.gather_params(&self.master)? {
+            Some(full) => full,
+            None => self.master.clone(),
+        })
+    }
+
+    /// Sets the parameters from the whole FP32 buffer `full` (a checkpoint's): this rank
+    /// keeps its part and its model's variables follow.
+    pub fn set_master(&mut self, full: Vec<f32>) -> Result<()> {
+        self.layout.check_len(full.len())?;
+        if self.shards_params() {
+            self.master = full[self.held.clone()].to_vec();
+            return Ok(());
+        }
+        self.master = full;
+        self.layout.unflatten(&self.master, self.model.params())?;
+        self.vars_stale.set(false);
+        Ok(())
+    }
+
+    /// ZeRO-3: a full model around the gathered parameters (a collective), for a forward.
+    fn gathered_model(&mut self) -> Result<Option<Box<dyn Model>>> {
+        let Some(model) = &self.full_model else {
+            return Ok(None);
+        };
+        let full = match self.strategy.gather_params(&self.master)? {
+            Some(full) => full,
+            None => return Ok(None),
+        };
+        let m = build_model_from(model, self.precision, self.kernels, &self.layout, full)?;
+        Ok(Some(m))
     }
 
     /// Gradient-sized buffers beyond the gradient buffer that the step holds (the
@@ -204,7 +305,10 @@ impl Trainer {
             params: 4 * self.master.len() + 2 * self.bf16_copy.as_ref().map_or(0, Vec::len) + vars,
             grads: 4 * self.grads.len() + self.strategy.grad_bytes(),
             optimizer: self.optimizer.state_bytes(),
-            buffers: self.strategy.buffer_bytes() + 4 * self.grads.len() * self.sum.extra_buffers(),
+            buffers: self.strategy.buffer_bytes()
+                + 4 * self.grads.len() * self.sum.extra_buffers()
+                + 4 * self.graph_grads.len()
+                + self.graph_vars_bytes,
         }
     }
 
@@ -246,6 +350,11 @@ impl Trainer {
             model,
             layout,
             master,
+            full_model,
+            graph_grads,
+            graph_vars_bytes,
+            precision,
+            kernels,
             ..
         } = self;
         for (j, mb) in window.iter().enumerate() {
@@ -259,6 +368,50 @@ impl Trainer {
                     }
                 }
             };
+            if let (Some(s), true) = (direct.as_deref_mut(), full_model.is_some()) {
+                // ZeRO-3: each group gathered as the step needs it, gradients reduced
+                // into this rank's shard of the running sum.
+                let mut source = strategy
+                    .step_source(master, target)
+                    .expect("a strategy that shards parameters gives a step source");
+                let mut backward = Backward::Sharded {
+                    step: s,
+                    source: &mut *source,
+                };
+                let loss = micro_batch(&mut backward, mb, factor, &mut [], &mut |_, _| {})?;
+                drop(source);
+                strategy.finish_micro_batch(target)?;
+                sum.push(grads, loss);
+                continue;
+            }
+            if let Some(config) = full_model.as_ref().filter(|_| direct.is_none()) {
+                // ZeRO-3 on the graph path, one unit (FSDP without a wrap policy): the
+                // whole model gathered for the micro-batch, its gradient reduce-scattered
+                // into this rank's shard after the backward.
+                let full = strategy
+                    .gather_params(master)?
+                    .expect("a strategy that shards parameters gathers them");
+                let gathered = build_model_from(config, *precision, *kernels, layout, full)?;
+                let vars: usize = gathered
+                    .params()
+                    .iter()
+                    .map(|p| p.var.elem_count() * p.var.dtype().size_in_bytes())
+                    .sum();
+                *graph_vars_bytes = (*graph_vars_bytes).max(vars);
+                stoker_kernels::flat::zero(graph_grads);
+                let mut backward = Backward::Graph {
+                    model: &*gathered,
+                    fx: &fx,
+                    layout,
+                    check_grads: step == 0,
+                };
+                let loss = micro_batch(&mut backward, mb, factor, graph_grads, &mut |_, _| {})?;
+                drop(gathered);
+                strategy.scatter_grads(graph_grads, target)?;
+                strategy.finish_micro_batch(target)?;
+                sum.push(grads, loss);
+                continue;
+            }
             let mut backward = match direct {
                 Some(s) => Backward::Direct {
                     step: &mut **s,
@@ -303,7 +456,8 @@ impl Trainer {
         };
         if let Some(scaler) = &mut self.scaler {
             let table = self.layout.param_table();
-            let here = scaler.unscale_and_check(&mut self.grads, Some(&table))?;
+            let whole = self.grads.len() == self.layout.total_len();
+            let here = scaler.unscale_and_check(&mut self.grads, whole.then_some(&table))?;
             // Every rank skips together (their gradients are the same sums, but a sharded
             // strategy's are not: agree explicitly).
             let found_inf = self.strategy.any_rank(here)?;
@@ -324,7 +478,7 @@ impl Trainer {
         if self.scaler.is_none() && (!loss.is_finite() || !norm.is_finite()) {
             let param = self
                 .layout
-                .first_nonfinite(&self.grads)
+                .first_nonfinite_in(&self.grads, self.held.start)
                 .unwrap_or("(none: loss only)");
             return Err(TrainError::NonFinite {
                 step,
@@ -336,12 +490,14 @@ impl Trainer {
             clip_to(&mut self.grads, norm, self.grad_clip);
         }
         report.grad_norm = norm;
+        // The optimizer's range of the flat buffer, within what `master` holds.
         let range = self.optimizer.range();
+        let local = range.start - self.held.start..range.end - self.held.start;
         self.optimizer.step(
-            &mut self.master[range.clone()],
-            &self.grads[range.clone()],
+            &mut self.master[local.clone()],
+            &self.grads[local.clone()],
             lr as f32,
-            self.bf16_copy.as_deref_mut().map(|c| &mut c[range.clone()]),
+            self.bf16_copy.as_deref_mut().map(|c| &mut c[local.clone()]),
         );
         self.strategy.after_update(&mut self.master)?;
         if let (Some(copy), true) = (&mut self.bf16_copy, range.len() < self.master.len()) {
@@ -350,7 +506,10 @@ impl Trainer {
                 stoker_kernels::flat::to_bf16(&self.master[r.clone()], &mut copy[r]);
             }
         }
-        if let Some(param) = self.layout.first_nonfinite(&self.master) {
+        if let Some(param) = self
+            .layout
+            .first_nonfinite_in(&self.master, self.held.start)
+        {
             return Err(TrainError::NonFinite {
                 step,
                 what: "value".into(),
@@ -358,6 +517,7 @@ impl Trainer {
             });
         }
         match (&self.bf16_copy, &self.direct) {
+            _ if self.shards_params() => {}
             (Some(copy), _) => self.layout.unflatten_bf16(copy, self.model.params())?,
             (None, Some(_)) => self.vars_stale.set(true),
             (None, None) => self.layout.unflatten(&self.master, self.model.params())?,
@@ -375,7 +535,7 @@ impl Trainer {
     /// behind; [`Trainer::evaluate`] and [`Trainer::sample`] call it, and so must anything
     /// else that runs the model's candle forward after training steps.
     pub fn sync_vars(&self) -> Result<()> {
-        if self.vars_stale.get() {
+        if self.vars_stale.get() && !self.shards_params() {
             self.layout.unflatten(&self.master, self.model.params())?;
             self.vars_stale.set(false);
         }
@@ -385,7 +545,10 @@ impl Trainer {
     /// Mean loss and top-1 accuracy over every rank's `batches` (each rank passes its
     /// share; a collective), without gradients.
     pub fn evaluate(&mut self, batches: &[MicroBatch]) -> Result<EvalReport> {
-        let local = self.evaluate_local(batches)?;
+        let local = match self.gathered_model()? {
+            Some(full) => eval_with(&*full, &self.fx(), batches)?,
+            None => self.evaluate_local(batches)?,
+        };
         let mut x = [
             local.loss * local.count as f64,
             local.count as f64,
@@ -400,28 +563,11 @@ impl Trainer {
         })
     }
 
-    /// Mean loss and top-1 accuracy over this rank's `batches` alone.
+    /// Mean loss and top-1 accuracy over this rank's `batches` alone (not under ZeRO-3,
+    /// whose forward needs the other ranks: use [`Trainer::evaluate`]).
     pub fn evaluate_local(&self, batches: &[MicroBatch]) -> Result<EvalReport> {
         self.sync_vars()?;
-        let fx = self.fx();
-        let (mut sum, mut count, mut correct) = (0f64, 0usize, 0usize);
-        for mb in batches {
-            let logits = self.model.forward(&fx, &mb.input)?.detach();
-            let (s, n) = cross_entropy_sum(&fx, &logits, &mb.targets)?;
-            sum += scalar(&s)?;
-            count += n;
-            let pred = logits
-                .argmax(1)?
-                .to_dtype(candle_core::DType::I64)?
-                .to_vec1::<i64>()?;
-            correct += pred.iter().zip(&mb.targets).filter(|(p, t)| p == t).count();
-        }
-        let c = count.max(1) as f64;
-        Ok(EvalReport {
-            loss: sum / c,
-            accuracy: correct as f64 / c,
-            count,
-        })
+        eval_with(&*self.model, &self.fx(), batches)
     }
 
     /// Whether the model's loss is per token or per sample.
@@ -429,31 +575,73 @@ impl Trainer {
         self.model.loss_kind()
     }
 
-    /// Samples `n` tokens after `prompt` (GPT), with temperature 1 and a seeded generator.
-    pub fn sample(&self, prompt: &[i64], n: usize, context: usize, seed: u64) -> Result<Vec<i64>> {
+    /// Samples `n` tokens after `prompt` (GPT), with temperature 1 and a seeded generator;
+    /// under ZeRO-3 a collective (the parameters are gathered): every rank calls it.
+    pub fn sample(
+        &mut self,
+        prompt: &[i64],
+        n: usize,
+        context: usize,
+        seed: u64,
+    ) -> Result<Vec<i64>> {
+        let gathered = self.gathered_model()?;
         self.sync_vars()?;
-        let mut toks = prompt.to_vec();
-        let fx = self.fx();
-        for i in 0..n {
-            let start = toks.len().saturating_sub(context);
-            let x = Tensor::new(&toks[start..], &Device::Cpu)?.unsqueeze(0)?;
-            let logits = self.model.forward(&fx, &x)?.detach();
-            let last = logits.get(logits.dim(0)? - 1)?;
-            let p = crate::ops::softmax_last(&fx, &last)?
-                .to_dtype(candle_core::DType::F64)?
-                .to_vec1::<f64>()?;
-            let u = (crate::params::mix64(seed ^ crate::params::mix64(i as u64)) >> 11) as f64
-                / (1u64 << 53) as f64;
-            let mut acc = 0.0;
-            let next = p
-                .iter()
-                .position(|&q| {
-                    acc += q;
-                    acc > u
-                })
-                .unwrap_or(p.len() - 1);
-            toks.push(next as i64);
-        }
-        Ok(toks[prompt.len()..].to_vec())
+        let model = gathered.as_deref().unwrap_or(&*self.model);
+        sample_with(model, &self.fx(), prompt, n, context, seed)
     }
+}
+
+/// Mean loss and top-1 accuracy of `model` over `batches`.
+fn eval_with(model: &dyn Model, fx: &Fx, batches: &[MicroBatch]) -> Result<EvalReport> {
+    let (mut sum, mut count, mut correct) = (0f64, 0usize, 0usize);
+    for mb in batches {
+        let logits = model.forward(fx, &mb.input)?.detach();
+        let (s, n) = cross_entropy_sum(fx, &logits, &mb.targets)?;
+        sum += scalar(&s)?;
+        count += n;
+        let pred = logits
+            .argmax(1)?
+            .to_dtype(candle_core::DType::I64)?
+            .to_vec1::<i64>()?;
+        correct += pred.iter().zip(&mb.targets).filter(|(p, t)| p == t).count();
+    }
+    let c = count.max(1) as f64;
+    Ok(EvalReport {
+        loss: sum / c,
+        accuracy: correct as f64 / c,
+        count,
+    })
+}
+
+/// `n` tokens sampled from `model` after `prompt`.
+fn sample_with(
+    model: &dyn Model,
+    fx: &Fx,
+    prompt: &[i64],
+    n: usize,
+    context: usize,
+    seed: u64,
+) -> Result<Vec<i64>> {
+    let mut toks = prompt.to_vec();
+    for i in 0..n {
+        let start = toks.len().saturating_sub(context);
+        let x = Tensor::new(&toks[start..], &Device::Cpu)?.unsqueeze(0)?;
+        let logits = model.forward(fx, &x)?.detach();
+        let last = logits.get(logits.dim(0)? - 1)?;
+        let p = crate::ops::softmax_last(fx, &last)?
+            .to_dtype(candle_core::DType::F64)?
+            .to_vec1::<f64>()?;
+        let u = (crate::params::mix64(seed ^ crate::params::mix64(i as u64)) >> 11) as f64
+            / (1u64 << 53) as f64;
+        let mut acc = 0.0;
+        let next = p
+            .iter()
+            .position(|&q| {
+                acc += q;
+                acc > u
+            })
+            .unwrap_or(p.len() - 1);
+        toks.push(next as i64);
+    }
+    Ok(toks[prompt.len()..].to_vec())
 }

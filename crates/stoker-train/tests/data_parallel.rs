@@ -35,7 +35,19 @@ fn config(
     optimizer: &str,
     extra: &str,
 ) -> TrainConfig {
-    let text = format!(
+    let text = config_text(model, precision, kernels, optimizer, extra);
+    TrainConfig::parse(&text, std::path::Path::new("data_parallel.toml")).unwrap()
+}
+
+/// The TOML of [`config`].
+fn config_text(
+    model: &str,
+    precision: &str,
+    kernels: &str,
+    optimizer: &str,
+    extra: &str,
+) -> String {
+    format!(
         r#"
 run_dir = "/nonexistent"
 seed = 11
@@ -57,8 +69,7 @@ bucket_cap_mb = 0.002
 first_bucket_mb = 0.0005
 {extra}
 "#
-    );
-    TrainConfig::parse(&text, std::path::Path::new("data_parallel.toml")).unwrap()
+    )
 }
 
 const GPT: &str = "kind = \"gpt\"\nvocab = 11\ncontext = 6\nd_model = 8\nn_layer = 2\nn_head = 2";
@@ -124,7 +135,8 @@ fn train(
                     t.train_step(&window).unwrap()
                 })
                 .collect();
-            (t.master.clone(), reports)
+            // Under ZeRO-3 each rank holds a shard: gather the whole buffer.
+            (t.full_master().unwrap(), reports)
         })
     })
 }
@@ -139,19 +151,33 @@ fn rel_l2_checked(a: &[f32], b: &[f32]) -> f64 {
 }
 
 fn check_equivalent(model: &str, precision: &str, kernels: &str, optimizer: &str, tol: f64) {
-    for strategy in STRATEGIES {
+    for strategy in strategies() {
         check_strategy(model, precision, kernels, optimizer, tol, strategy);
     }
 }
 
-/// Every strategy the equivalence matrix runs: DDP, ZeRO-1, ZeRO-2 reducing every
-/// micro-batch (its default) and ZeRO-2 with `no_sync` accumulation.
+/// ZeRO-3's variants: resharding after the forward (its default) or not.
+const ZERO3: [&str; 2] = [
+    "strategy = \"zero3\"",
+    "strategy = \"full_shard\"\nreshard_after_forward = false",
+];
+
+/// Every strategy the equivalence matrix runs besides ZeRO-3's: DDP, ZeRO-1, ZeRO-2
+/// reducing every micro-batch (its default) and ZeRO-2 with `no_sync` accumulation.
 const STRATEGIES: [&str; 4] = [
     "strategy = \"ddp\"",
     "strategy = \"zero1\"",
     "strategy = \"zero2\"",
     "strategy = \"zero2\"\nsync_every_micro_batch = false",
 ];
+
+/// Every strategy: [`STRATEGIES`] and ZeRO-3's (on the direct step one block at a time,
+/// on the graph path the whole model per micro-batch).
+fn strategies() -> Vec<&'static str> {
+    let mut all = STRATEGIES.to_vec();
+    all.extend(ZERO3);
+    all
+}
 
 fn check_strategy(
     model: &str,
@@ -367,6 +393,38 @@ fn what_data_parallelism_cannot_serve_is_refused_before_any_work_naming_the_key(
     assert!(e.contains("parallel.strategy"), "{e}");
 }
 
+#[test]
+fn what_zero3_cannot_serve_is_refused_naming_the_key_and_every_model_is_served() {
+    let refused = |model: &str, kernels: &str, extra: &str| {
+        let extra = format!("strategy = \"zero3\"\n{extra}");
+        let text = config_text(model, "fp32", kernels, ADAMW, &extra);
+        TrainConfig::parse(&text, std::path::Path::new("z3.toml"))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    for (model, kernels) in [
+        (GPT, "direct"),
+        (GPT, "fused"),
+        (CNN, "fused"),
+        (MLP, "fused"),
+    ] {
+        assert_eq!(
+            refused(model, kernels, ""),
+            "",
+            "{kernels} {}",
+            &model[8..11]
+        );
+    }
+    let e = refused(GPT, "direct", "deterministic = true");
+    assert!(e.contains("parallel.deterministic"), "{e}");
+    let e = refused(GPT, "direct", "sync_every_micro_batch = false");
+    assert!(
+        e.contains("parallel.sync_every_micro_batch") && e.contains("no_sync"),
+        "{e}"
+    );
+}
+
 /// `c` as TOML with its `[batch]` table's keys replaced by `batch`.
 fn toml_with(c: &TrainConfig, batch: &str) -> String {
     let mut t = toml::to_string(c).unwrap();
@@ -380,15 +438,22 @@ fn toml_with(c: &TrainConfig, batch: &str) -> String {
 
 /// What each rank holds and sends, counted from its buffers and by the communicator,
 /// against the planner's prediction (`stoker_plan::trainer`): model states within 1%,
-/// bytes sent within 5%, for DDP, ZeRO-1 and ZeRO-2 at 1, 2 and 4 ranks; ZeRO's
-/// optimizer states are a 1/N shard.
+/// bytes sent within 5%, for DDP, ZeRO-1, ZeRO-2 and ZeRO-3 at 1, 2 and 4 ranks; ZeRO's
+/// optimizer states are a 1/N shard, and ZeRO-3's parameters and gradients too.
 #[test]
 fn held_bytes_and_bytes_sent_match_the_plan() {
     use stoker_train::parallel::ParallelDims;
     let wide = "kind = \"gpt\"\nvocab = 11\ncontext = 6\nd_model = 32\nn_layer = 2\nn_head = 2";
-    for strategy in STRATEGIES {
-        for precision in ["fp32", "bf16"] {
-            let c = config(wide, precision, "direct", ADAMW, strategy);
+    // The direct step in fp32 and bf16; the graph path (ZeRO-3 gathers the whole model
+    // per micro-batch there) in fp32 and fp16.
+    for (kernels, precision) in [
+        ("direct", "fp32"),
+        ("direct", "bf16"),
+        ("fused", "fp32"),
+        ("fused", "fp16"),
+    ] {
+        for strategy in strategies() {
+            let c = config(wide, precision, kernels, ADAMW, strategy);
             let layout = FlatLayout::of(
                 build_model(&c.model, c.precision, c.kernels, c.seed)
                     .unwrap()
@@ -404,7 +469,10 @@ fn held_bytes_and_bytes_sent_match_the_plan() {
                 let dims = ParallelDims::resolve(&cw, world, 0, "test").unwrap();
                 let plan = stoker_train::run::predicted(&cw, &dims, &layout);
                 let held = held_and_sent(world, &cw, g);
-                let what = format!("{} {precision} world {world}", strategy.replace('\n', " "));
+                let what = format!(
+                    "{} {kernels} {precision} world {world}",
+                    strategy.replace('\n', " ")
+                );
                 for (r, (h, sent)) in held.iter().enumerate() {
                     let ratio = h.model_states() as f64 / plan.model_states();
                     eprintln!(
@@ -437,6 +505,26 @@ fn held_bytes_and_bytes_sent_match_the_plan() {
                         held[0].0.optimizer * world <= whole_optimizer + 64 * world,
                         "{what}: 1/N"
                     );
+                }
+                if world > 1 && (strategy.contains("zero3") || strategy.contains("full_shard")) {
+                    // Parameters and gradients are shards too: FP32, 4 bytes each.
+                    let elems: usize = held.iter().map(|(h, _)| h.params / 4).sum();
+                    assert_eq!(
+                        elems,
+                        layout.total_len(),
+                        "{what}: the parameter shards tile the buffer"
+                    );
+                    for (h, _) in &held {
+                        assert_eq!(
+                            h.grads, h.params,
+                            "{what}: gradient shard = parameter shard"
+                        );
+                        eprintln!(
+                            "{what}: gathered-group workspace peak {} bytes (whole buffer {})",
+                            h.buffers,
+                            4 * layout.total_len()
+                        );
+                    }
                 }
             }
         }

@@ -47,6 +47,13 @@ fn both(
 ) -> (Vec<f32>, f64, Vec<f32>, f64, FlatLayout) {
     let composed = gpt(precision.compute_dtype());
     let layout = FlatLayout::of(composed.params()).unwrap();
+    // Not the initial weights: every bias and gain moved, so reading a neighbouring
+    // tensor (or alignment padding) instead of the right one shows.
+    let mut master = layout.flatten(gpt(DType::F32).params()).unwrap();
+    for (m, n) in master.iter_mut().zip(floats(78, layout.total_len())) {
+        *m += 0.05 * n;
+    }
+    layout.unflatten(&master, composed.params()).unwrap();
     let opts = AccumulateOptions {
         norm,
         loss_scale,
@@ -55,9 +62,8 @@ fn both(
     let mut gc = vec![0f32; layout.total_len()];
     let fx = Fx::new(precision, None).with_kernels(Kernels::Composed);
     let rc = accumulate(&composed, &fx, &window(), opts, &layout, &mut gc).unwrap();
-    // The direct step reads the FP32 master: the same initial values.
+    // The direct step reads the FP32 master: the same values.
     let direct = gpt(DType::F32);
-    let master = layout.flatten(direct.params()).unwrap();
     let mut step = direct
         .direct_step(&layout, precision == Precision::Bf16)
         .unwrap()
@@ -194,4 +200,99 @@ fn direct_step_names_a_bad_token() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("batch 0 x 5"), "{e}");
+}
+
+/// Serves each parameter group from a buffer of its own that starts at the group's first
+/// flat element, as ZeRO-3 does, and records the order of the step's calls.
+struct PerGroup {
+    spans: Vec<std::ops::Range<usize>>,
+    params: Vec<Vec<f32>>,
+    grads: Vec<Vec<f32>>,
+    done: Vec<(usize, stoker_kernels::Phase)>,
+}
+
+impl stoker_kernels::StepParams for PerGroup {
+    fn group(
+        &mut self,
+        group: usize,
+        _: stoker_kernels::Phase,
+    ) -> Result<stoker_kernels::GroupView<'_>, stoker_kernels::KernelError> {
+        Ok(stoker_kernels::GroupView {
+            base: self.spans[group].start,
+            params: &self.params[group],
+            grads: &mut self.grads[group],
+        })
+    }
+
+    fn done(
+        &mut self,
+        group: usize,
+        phase: stoker_kernels::Phase,
+    ) -> Result<(), stoker_kernels::KernelError> {
+        self.done.push((group, phase));
+        Ok(())
+    }
+}
+
+/// The step over per-group buffers (ZeRO-3's view of the parameters) gives the bits of
+/// the step over the whole flat buffer, with weights that are not the initial ones (every
+/// bias and gain moved, so an offset into the wrong tensor shows), and calls `done` in the
+/// documented order.
+#[test]
+fn the_step_over_per_group_buffers_gives_the_whole_buffers_bits() {
+    use stoker_kernels::Phase::{Backward, Forward};
+    let model = gpt(DType::F32);
+    let layout = FlatLayout::of(model.params()).unwrap();
+    let mut master = layout.flatten(model.params()).unwrap();
+    for (m, n) in master.iter_mut().zip(floats(77, layout.total_len())) {
+        *m += 0.1 * n;
+    }
+    let mut step = model.direct_step(&layout, false).unwrap().unwrap();
+    let spans: Vec<_> = layout.group_ranges().into_iter().map(|(_, r)| r).collect();
+    for mb in window() {
+        let mut whole = vec![0f32; layout.total_len()];
+        let mut ready = Vec::new();
+        let lw = step
+            .forward_backward(
+                &master,
+                &mb.input,
+                &mb.targets,
+                0.5,
+                &mut whole,
+                &mut |g, _| ready.push(g),
+            )
+            .unwrap();
+        let mut per = PerGroup {
+            params: spans.iter().map(|r| master[r.clone()].to_vec()).collect(),
+            grads: spans.iter().map(|r| vec![0f32; r.len()]).collect(),
+            spans: spans.clone(),
+            done: Vec::new(),
+        };
+        let lg = step
+            .forward_backward_groups(&mut per, &mb.input, &mb.targets, 0.5)
+            .unwrap();
+        assert_eq!(lw.to_bits(), lg.to_bits(), "loss");
+        let mut gathered = vec![0f32; layout.total_len()];
+        for (r, g) in spans.iter().zip(&per.grads) {
+            gathered[r.clone()].copy_from_slice(g);
+        }
+        stoker_testkit::assert_bits_eq(&gathered, &whole, "per-group vs whole gradients");
+        // Backward: the final norm, the blocks last first, the embeddings; as `ready`.
+        let last = CONFIG.n_layer + 1;
+        let backward: Vec<usize> = per
+            .done
+            .iter()
+            .filter(|(_, p)| *p == Backward)
+            .map(|(g, _)| *g)
+            .collect();
+        assert_eq!(backward, (0..=last).rev().collect::<Vec<_>>());
+        assert_eq!(backward, ready);
+        let forward: Vec<usize> = per
+            .done
+            .iter()
+            .filter(|(_, p)| *p == Forward)
+            .map(|(g, _)| *g)
+            .collect();
+        assert_eq!(forward, [0, 1, 2, last, 0]);
+    }
 }

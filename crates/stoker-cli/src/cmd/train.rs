@@ -218,8 +218,10 @@ fn print_summary(s: &RunSummary) {
         );
     }
     println!(
-        "throughput {:.0} targets/s, loader wait {:.2}% of wall time",
-        s.throughput, s.loader_wait_pct
+        "throughput {:.0} targets/s, {:.1} ms per step, loader wait {:.2}% of wall time",
+        s.throughput,
+        1e3 * s.step_s,
+        s.loader_wait_pct
     );
     if s.dims.world > 1 {
         println!(

@@ -26,8 +26,11 @@ use crate::linear::{column_sums, gemm_f32_into};
 use crate::matmul::{gemm_write, Bf16Kernel, MatRef};
 use crate::{gelu, layer_norm};
 
+pub mod groups;
 pub mod spec;
 
+use groups::check_view;
+pub use groups::{GroupView, Phase, StepParams, Whole};
 pub use spec::{gpt_params, GptDims, GptOffsets, GptParam, SpecInit};
 
 /// Called during the backward with a parameter group (see [`spec::GptParam::group`]) as
@@ -178,7 +181,7 @@ impl GptStep {
         })
     }
 
-    fn check(&self, params: &[f32], grads: &[f32], b: &GptBatch) -> Result<(), KernelError> {
+    fn check(&self, b: &GptBatch) -> Result<(), KernelError> {
         let n = b.batch * b.t;
         let shape = candle_core::Shape::from((b.batch, b.t));
         if b.batch == 0
@@ -200,17 +203,6 @@ impl GptStep {
                 ),
                 shape,
             });
-        }
-        let end = self.offsets.end();
-        for (what, len) in [("params", params.len()), ("grads", grads.len())] {
-            if len < end {
-                return Err(KernelError::Length {
-                    op: OP,
-                    what,
-                    len,
-                    expected: end,
-                });
-            }
         }
         let v = self.dims.vocab;
         if let Some((pos, &id)) = b
@@ -255,33 +247,86 @@ impl GptStep {
         grads: &mut [f32],
         ready: GroupReady<'_>,
     ) -> Result<f64, KernelError> {
-        self.check(params, grads, &batch)?;
+        let end = self.offsets.end();
+        for (what, len) in [("params", params.len()), ("grads", grads.len())] {
+            if len < end {
+                return Err(KernelError::Length {
+                    op: OP,
+                    what,
+                    len,
+                    expected: end,
+                });
+            }
+        }
+        let mut whole = Whole {
+            params,
+            grads,
+            ready,
+        };
+        self.forward_backward_groups(&mut whole, batch, grad_scale)
+    }
+
+    /// [`GptStep::forward_backward`] with the parameters and gradients of each group
+    /// wherever `source` keeps them (ZeRO-3: gathered one block at a time); the same
+    /// arithmetic in the same order, so the same bits.
+    pub fn forward_backward_groups(
+        &mut self,
+        source: &mut dyn StepParams,
+        batch: GptBatch,
+        grad_scale: f32,
+    ) -> Result<f64, KernelError> {
+        self.check(&batch)?;
         let n = batch.batch * batch.t;
         // Every buffer is sized by the row count alone.
         let mut acts = match self.acts.iter().position(|a| a.n == n) {
             Some(i) => self.acts.remove(i),
             None => Acts::new(n, self.dims),
         };
-        let loss = self.forward(params, &batch, &mut acts, grad_scale);
-        self.backward(params, &batch, &mut acts, grads, ready);
+        let result = self
+            .forward(source, &batch, &mut acts, grad_scale)
+            .and_then(|loss| {
+                self.backward(source, &batch, &mut acts)?;
+                Ok(loss)
+            });
         self.acts.push(acts);
         if self.acts.len() > SHAPES_KEPT {
             self.acts.remove(0);
         }
-        Ok(loss)
+        result
     }
 
-    fn forward(&self, p: &[f32], b: &GptBatch, a: &mut Acts, grad_scale: f32) -> f64 {
+    /// Group `group` from `source`, checked to cover the group's span.
+    fn open<'s>(
+        &self,
+        source: &'s mut dyn StepParams,
+        group: usize,
+        phase: Phase,
+    ) -> Result<GroupView<'s>, KernelError> {
+        let view = source.group(group, phase)?;
+        check_view(&view, group, &self.offsets.groups[group], phase)?;
+        Ok(view)
+    }
+
+    fn forward(
+        &self,
+        source: &mut dyn StepParams,
+        b: &GptBatch,
+        a: &mut Acts,
+        grad_scale: f32,
+    ) -> Result<f64, KernelError> {
         let (c, v) = (self.dims.d_model, self.dims.vocab);
         let n = a.n;
         let o = &self.offsets;
+        let last = a.blocks.len() + 1;
         // Token + position embeddings into the first block's input (or the output).
         {
+            let view = self.open(source, 0, Phase::Forward)?;
+            let p = view.params;
             let x0 = match a.blocks.first_mut() {
                 Some(blk) => &mut blk.x,
                 None => &mut a.x_out,
             };
-            let (wte, wpe) = (&p[o.wte..o.wte + v * c], &p[o.wpe..]);
+            let (wte, wpe) = (&p[o.wte - view.base..][..v * c], &p[o.wpe - view.base..]);
             x0.par_chunks_mut(c).enumerate().for_each(|(i, row)| {
                 let (tok, pos) = (b.tokens[i] as usize, i % b.t);
                 let (e, q) = (&wte[tok * c..(tok + 1) * c], &wpe[pos * c..(pos + 1) * c]);
@@ -290,8 +335,10 @@ impl GptStep {
                     .for_each(|(r, (&e, &q))| *r = e + q);
             });
         }
+        source.done(0, Phase::Forward)?;
         for l in 0..a.blocks.len() {
-            let bo = o.blocks[l];
+            let view = self.open(source, l + 1, Phase::Forward)?;
+            let (p, bo) = (view.params, o.blocks[l].rebased(view.base));
             let (done, rest) = a.blocks.split_at_mut(l + 1);
             let blk = &mut done[l];
             let ln = |off: [usize; 2]| (&p[off[0]..off[0] + c], &p[off[1]..off[1] + c]);
@@ -318,58 +365,80 @@ impl GptStep {
             };
             next.copy_from_slice(&blk.mid);
             self.linear(&blk.gelu, p, bo.fc_proj, (n, 4 * c, c), next, true);
+            source.done(l + 1, Phase::Forward)?;
         }
-        let (w, bias) = (&p[o.ln_f[0]..o.ln_f[0] + c], &p[o.ln_f[1]..o.ln_f[1] + c]);
-        let [m, r] = &mut a.lnf_stats;
-        layer_norm::fwd_into(&a.x_out, w, bias, c, self.eps, &mut a.lnf, (m, r));
-        let wte = &p[o.wte..o.wte + v * c];
-        let head = MatRef::transposed(wte, c, v);
-        self.gemm(MatRef::new(&a.lnf, n, c), head, None, &mut a.logits, false);
-        loss_and_grad_in_place(&mut a.logits, b.targets, v, b.ignore, grad_scale)
+        {
+            let view = self.open(source, last, Phase::Forward)?;
+            let (w, b) = (o.ln_f[0] - view.base, o.ln_f[1] - view.base);
+            let (w, bias) = (&view.params[w..w + c], &view.params[b..b + c]);
+            let [m, r] = &mut a.lnf_stats;
+            layer_norm::fwd_into(&a.x_out, w, bias, c, self.eps, &mut a.lnf, (m, r));
+        }
+        source.done(last, Phase::Forward)?;
+        {
+            let view = self.open(source, 0, Phase::Forward)?;
+            let wte = &view.params[o.wte - view.base..][..v * c];
+            let head = MatRef::transposed(wte, c, v);
+            self.gemm(MatRef::new(&a.lnf, n, c), head, None, &mut a.logits, false);
+        }
+        source.done(0, Phase::Forward)?;
+        Ok(loss_and_grad_in_place(
+            &mut a.logits,
+            b.targets,
+            v,
+            b.ignore,
+            grad_scale,
+        ))
     }
 
     fn backward(
         &self,
-        p: &[f32],
+        source: &mut dyn StepParams,
         b: &GptBatch,
         a: &mut Acts,
-        g: &mut [f32],
-        ready: GroupReady<'_>,
-    ) {
+    ) -> Result<(), KernelError> {
         let layers = a.blocks.len();
         let (c, v) = (self.dims.d_model, self.dims.vocab);
         let n = a.n;
         let o = &self.offsets;
         // Head (tied to wte): d lnf = dlogits wte; d wte += dlogits^T lnf.
-        let wte = &p[o.wte..o.wte + v * c];
-        let dlogits = &a.logits;
-        self.gemm(
-            MatRef::new(dlogits, n, v),
-            MatRef::new(wte, v, c),
-            None,
-            &mut a.dh,
-            false,
-        );
-        let dwte = &mut g[o.wte..o.wte + v * c];
-        self.gemm(
-            MatRef::transposed(dlogits, v, n),
-            MatRef::new(&a.lnf, n, c),
-            None,
-            dwte,
-            true,
-        );
-        self.layer_norm_bwd(
-            (&a.x_out, &a.lnf_stats),
-            p,
-            g,
-            o.ln_f,
-            &a.dh,
-            &mut a.dres,
-            false,
-        );
-        ready(layers + 1, g);
+        {
+            let view = self.open(source, 0, Phase::Backward)?;
+            let at = o.wte - view.base;
+            let wte = &view.params[at..at + v * c];
+            let dlogits = &a.logits;
+            self.gemm(
+                MatRef::new(dlogits, n, v),
+                MatRef::new(wte, v, c),
+                None,
+                &mut a.dh,
+                false,
+            );
+            self.gemm(
+                MatRef::transposed(dlogits, v, n),
+                MatRef::new(&a.lnf, n, c),
+                None,
+                &mut view.grads[at..at + v * c],
+                true,
+            );
+        }
+        {
+            let view = self.open(source, layers + 1, Phase::Backward)?;
+            let off = [o.ln_f[0] - view.base, o.ln_f[1] - view.base];
+            self.layer_norm_bwd(
+                (&a.x_out, &a.lnf_stats),
+                view.params,
+                view.grads,
+                off,
+                &a.dh,
+                &mut a.dres,
+                false,
+            );
+        }
+        source.done(layers + 1, Phase::Backward)?;
         for (l, blk) in a.blocks.iter().enumerate().rev() {
-            let bo = o.blocks[l];
+            let view = self.open(source, l + 1, Phase::Backward)?;
+            let (p, g, bo) = (view.params, view.grads, o.blocks[l].rebased(view.base));
             // MLP: x_out = mid + fc_proj(gelu(fc(ln2(mid)))).
             self.linear_bwd(
                 &a.dres,
@@ -409,18 +478,22 @@ impl GptStep {
                 &mut a.dres,
                 true,
             );
-            ready(l + 1, g);
+            source.done(l + 1, Phase::Backward)?;
         }
         // Embeddings: scatter-add into the token rows and the position rows.
-        scatter_add(
-            &a.dres,
-            |i| b.tokens[i] as usize,
-            c,
-            &mut g[o.wte..o.wte + v * c],
-        );
-        let t = b.t;
-        scatter_add(&a.dres, |i| i % t, c, &mut g[o.wpe..o.wpe + t * c]);
-        ready(0, g);
+        {
+            let view = self.open(source, 0, Phase::Backward)?;
+            let (wte, wpe) = (o.wte - view.base, o.wpe - view.base);
+            scatter_add(
+                &a.dres,
+                |i| b.tokens[i] as usize,
+                c,
+                &mut view.grads[wte..wte + v * c],
+            );
+            let t = b.t;
+            scatter_add(&a.dres, |i| i % t, c, &mut view.grads[wpe..wpe + t * c]);
+        }
+        source.done(0, Phase::Backward)
     }
 
     /// `out = x W^T + b` (or `out +=` with `accumulate`) for `x` `[m, k]` and the

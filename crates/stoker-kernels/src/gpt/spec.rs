@@ -142,6 +142,21 @@ pub(crate) struct BlockOffsets {
     pub(crate) fc_proj: [usize; 2],
 }
 
+impl BlockOffsets {
+    /// The same offsets counted from flat element `base` (a group view's start).
+    pub(crate) fn rebased(&self, base: usize) -> Self {
+        let r = |o: [usize; 2]| [o[0] - base, o[1] - base];
+        BlockOffsets {
+            ln1: r(self.ln1),
+            qkv: r(self.qkv),
+            proj: r(self.proj),
+            ln2: r(self.ln2),
+            fc: r(self.fc),
+            fc_proj: r(self.fc_proj),
+        }
+    }
+}
+
 /// Where every parameter of a GPT starts in a flat buffer (the gradient buffer has the
 /// same layout), found through the table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,6 +165,8 @@ pub struct GptOffsets {
     pub(crate) wpe: usize,
     pub(crate) blocks: Vec<BlockOffsets>,
     pub(crate) ln_f: [usize; 2],
+    /// Each group's span of the flat buffer (first element to one past its last).
+    pub(crate) groups: Vec<std::ops::Range<usize>>,
     /// One past the last element any parameter occupies.
     pub(crate) end: usize,
 }
@@ -164,12 +181,16 @@ impl GptOffsets {
         let table = gpt_params(dims);
         let mut end = 0;
         let mut at = std::collections::HashMap::new();
+        let mut groups = vec![(usize::MAX, 0); dims.n_layer + 2];
         for p in &table {
             let off = offset_of(&p.name).ok_or_else(|| KernelError::Layout {
                 op: "gpt-step",
                 msg: format!("no offset for parameter `{}` of the GPT table", p.name),
             })?;
-            end = end.max(off + p.shape.iter().product::<usize>());
+            let len = p.shape.iter().product::<usize>();
+            end = end.max(off + len);
+            let g = &mut groups[p.group];
+            *g = (g.0.min(off), g.1.max(off + len));
             at.insert(p.name.as_str(), off);
         }
         let pair = |prefix: &str| {
@@ -196,6 +217,7 @@ impl GptOffsets {
             wpe: at["wpe.weight"],
             blocks,
             ln_f: pair("ln_f"),
+            groups: groups.into_iter().map(|(a, b)| a..b).collect(),
             end,
         })
     }
@@ -204,6 +226,11 @@ impl GptOffsets {
     /// parameter or gradient buffer.
     pub fn end(&self) -> usize {
         self.end
+    }
+
+    /// Each group's span of the flat buffer, group order (embeddings, blocks, final norm).
+    pub fn group_ranges(&self) -> &[std::ops::Range<usize>] {
+        &self.groups
     }
 }
 

@@ -182,10 +182,7 @@ pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<CheckpointState> {
     if let (Some(f), Some(saved)) = (&trainer.fp8, &state.fp8) {
         f.restore(saved.clone());
     }
-    trainer.master = master;
-    trainer
-        .layout
-        .unflatten(&trainer.master, trainer.model.params())?;
+    trainer.set_master(master)?;
     trainer.step = state.step;
     trainer.sampler_state = state.sampler;
     Ok(state)

@@ -81,7 +81,8 @@ pub struct Manifest {
     pub optimizer_buffers: Vec<String>,
     /// Ranks that wrote it.
     pub world_size: usize,
-    /// Their strategy (`none`, `ddp`, `zero1`, `zero2`): informative, any strategy loads it.
+    /// Their strategy (`none`, `ddp`, `zero1`, `zero2`, `zero3`): informative, any strategy
+    /// loads it.
     pub strategy: String,
     /// The run's seed.
     pub seed: u64,
@@ -150,7 +151,15 @@ pub fn save(
         ));
     }
     let local = own.start - opt.range.start..own.end - opt.range.start;
-    let mut views = vec![(MASTER.to_string(), view(&trainer.master[own.clone()]))];
+    let held = trainer.held_range();
+    if own.start < held.start || own.end > held.end {
+        return Err(ckpt_err(
+            &tmp,
+            format!("rank {rank} holds parameters {held:?}, its shard to save is {own:?}"),
+        ));
+    }
+    let mine = &trainer.master[own.start - held.start..own.end - held.start];
+    let mut views = vec![(MASTER.to_string(), view(mine))];
     for (name, buf) in &opt.buffers {
         views.push((name.clone(), view(&buf[local.clone()])));
     }
@@ -406,10 +415,7 @@ pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<Resumed> {
     if let (Some(f), Some(saved)) = (&trainer.fp8, &m.fp8) {
         f.restore(saved.clone());
     }
-    trainer.master = master;
-    trainer
-        .layout
-        .unflatten(&trainer.master, trainer.model.params())?;
+    trainer.set_master(master)?;
     trainer.step = m.step;
     trainer.sampler_state = m.sampler;
     Ok(Resumed {

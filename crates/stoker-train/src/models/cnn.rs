@@ -46,7 +46,11 @@ const STD: f64 = 0.3081;
 impl Cnn {
     /// Declares the parameters (torch's default uniform(+-1/sqrt(fan_in)) init).
     pub fn new(config: CnnConfig, device: &Device, dtype: DType, seed: u64) -> Result<Self> {
-        let mut b = ParamBuilder::new(device.clone(), dtype, seed);
+        Self::with_builder(config, ParamBuilder::new(device.clone(), dtype, seed))
+    }
+
+    /// As [`Cnn::new`] with the values `b` gives (drawn, or a flat buffer's).
+    pub fn with_builder(config: CnnConfig, mut b: ParamBuilder) -> Result<Self> {
         let c = &config;
         // One group per layer, in execution order.
         let mut group = 0;
@@ -112,13 +116,17 @@ impl Model for Cnn {
     }
 
     fn check_input(&self, shape: &[usize], _dtype: &str) -> std::result::Result<(), String> {
-        let c = &self.config;
-        let want = [c.in_channels, c.image_size, c.image_size];
-        if shape != want {
-            return Err(format!(
-                "images of per-sample shape {shape:?}, the CNN expects {want:?} (model.in_channels, model.image_size)"
-            ));
-        }
-        Ok(())
+        check_images(&self.config, shape)
     }
+}
+
+/// Whether images of per-sample `shape` fit a CNN of `config` ([`Model::check_input`]).
+pub fn check_images(c: &CnnConfig, shape: &[usize]) -> std::result::Result<(), String> {
+    let want = [c.in_channels, c.image_size, c.image_size];
+    if shape != want {
+        return Err(format!(
+            "images of per-sample shape {shape:?}, the CNN expects {want:?} (model.in_channels, model.image_size)"
+        ));
+    }
+    Ok(())
 }

@@ -100,7 +100,11 @@ impl Gpt {
         dtype: candle_core::DType,
         seed: u64,
     ) -> Result<Self> {
-        let mut b = ParamBuilder::new(device.clone(), dtype, seed);
+        Self::with_builder(config, ParamBuilder::new(device.clone(), dtype, seed))
+    }
+
+    /// As [`Gpt::new`] with the values `b` gives (drawn, or a flat buffer's).
+    pub fn with_builder(config: GptConfig, mut b: ParamBuilder) -> Result<Self> {
         for p in stoker_kernels::gpt_params(&config.dims()) {
             b.set_group(p.group)?;
             let init = match p.init {
@@ -190,6 +194,30 @@ struct GptDirect {
     step: stoker_kernels::GptStep,
 }
 
+impl GptDirect {
+    /// The batch of token ids `input` `(B, T)` and `targets`, as the kernel takes it.
+    fn batch<'a>(
+        tokens: &'a [i64],
+        input: &Tensor,
+        targets: &'a [i64],
+    ) -> Result<stoker_kernels::GptBatch<'a>> {
+        let (batch, t) = input.dims2()?;
+        Ok(stoker_kernels::GptBatch {
+            tokens,
+            targets,
+            batch,
+            t,
+            ignore: IGNORE_INDEX,
+        })
+    }
+}
+
+fn token_ids(input: &Tensor) -> Result<Vec<i64>> {
+    Ok(crate::ops::ids_i64(input)?
+        .flatten_all()?
+        .to_vec1::<i64>()?)
+}
+
 impl DirectStep for GptDirect {
     fn forward_backward(
         &mut self,
@@ -200,20 +228,23 @@ impl DirectStep for GptDirect {
         grads: &mut [f32],
         ready: stoker_kernels::GroupReady<'_>,
     ) -> Result<f64> {
-        let (batch, t) = input.dims2()?;
-        let tokens = crate::ops::ids_i64(input)?
-            .flatten_all()?
-            .to_vec1::<i64>()?;
-        let b = stoker_kernels::GptBatch {
-            tokens: &tokens,
-            targets,
-            batch,
-            t,
-            ignore: IGNORE_INDEX,
-        };
+        let tokens = token_ids(input)?;
+        let b = Self::batch(&tokens, input, targets)?;
         Ok(self
             .step
             .forward_backward(master, b, grad_scale, grads, ready)?)
+    }
+
+    fn forward_backward_groups(
+        &mut self,
+        source: &mut dyn stoker_kernels::StepParams,
+        input: &Tensor,
+        targets: &[i64],
+        grad_scale: f32,
+    ) -> Result<f64> {
+        let tokens = token_ids(input)?;
+        let b = Self::batch(&tokens, input, targets)?;
+        Ok(self.step.forward_backward_groups(source, b, grad_scale)?)
     }
 }
 
@@ -257,18 +288,28 @@ impl Model for Gpt {
     }
 
     fn check_input(&self, shape: &[usize], dtype: &str) -> std::result::Result<(), String> {
-        if !matches!(dtype, "u16" | "i32" | "i64") {
-            return Err(format!(
-                "token ids of dtype {dtype}: expected an integer dtype"
-            ));
-        }
-        match shape {
-            [t] if *t >= 1 && *t <= self.config.context => Ok(()),
-            [t] => Err(format!(
-                "windows of {t} tokens, model.context is {}",
-                self.config.context
-            )),
-            s => Err(format!("per-sample shape {s:?}, expected [context]")),
-        }
+        check_tokens(&self.config, shape, dtype)
+    }
+}
+
+/// Whether a dataset field of per-sample `shape` and `dtype` holds token windows for a GPT
+/// of `config` (the check of [`Model::check_input`], also for a sharded GPT's shell).
+pub fn check_tokens(
+    config: &GptConfig,
+    shape: &[usize],
+    dtype: &str,
+) -> std::result::Result<(), String> {
+    if !matches!(dtype, "u16" | "i32" | "i64") {
+        return Err(format!(
+            "token ids of dtype {dtype}: expected an integer dtype"
+        ));
+    }
+    match shape {
+        [t] if *t >= 1 && *t <= config.context => Ok(()),
+        [t] => Err(format!(
+            "windows of {t} tokens, model.context is {}",
+            config.context
+        )),
+        s => Err(format!("per-sample shape {s:?}, expected [context]")),
     }
 }

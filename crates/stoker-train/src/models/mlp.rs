@@ -31,7 +31,11 @@ pub struct Mlp {
 impl Mlp {
     /// Declares the parameters (uniform(+-1/sqrt(fan_in))).
     pub fn new(config: MlpConfig, device: &Device, dtype: DType, seed: u64) -> Result<Self> {
-        let mut b = ParamBuilder::new(device.clone(), dtype, seed);
+        Self::with_builder(config, ParamBuilder::new(device.clone(), dtype, seed))
+    }
+
+    /// As [`Mlp::new`] with the values `b` gives (drawn, or a flat buffer's).
+    pub fn with_builder(config: MlpConfig, mut b: ParamBuilder) -> Result<Self> {
         let mut widths = vec![config.input_shape.iter().product::<usize>()];
         widths.extend(&config.hidden);
         widths.push(config.classes);
@@ -86,12 +90,17 @@ impl Model for Mlp {
     }
 
     fn check_input(&self, shape: &[usize], _dtype: &str) -> std::result::Result<(), String> {
-        if shape.iter().product::<usize>() != self.config.input_shape.iter().product::<usize>() {
-            return Err(format!(
-                "per-sample shape {shape:?}, model.input_shape is {:?}",
-                self.config.input_shape
-            ));
-        }
-        Ok(())
+        check_vectors(&self.config, shape)
     }
+}
+
+/// Whether samples of per-sample `shape` fit an MLP of `config` ([`Model::check_input`]).
+pub fn check_vectors(config: &MlpConfig, shape: &[usize]) -> std::result::Result<(), String> {
+    if shape.iter().product::<usize>() != config.input_shape.iter().product::<usize>() {
+        return Err(format!(
+            "per-sample shape {shape:?}, model.input_shape is {:?}",
+            config.input_shape
+        ));
+    }
+    Ok(())
 }

@@ -7,6 +7,7 @@
 pub mod cnn;
 pub mod gpt;
 pub mod mlp;
+pub mod shell;
 
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
@@ -19,6 +20,7 @@ use crate::precision::Fx;
 pub use cnn::{Cnn, CnnConfig};
 pub use gpt::{Gpt, GptConfig};
 pub use mlp::{Mlp, MlpConfig};
+pub use shell::Shell;
 
 /// Whether the loss is per target token (language models) or per sample (classifiers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,5 +68,15 @@ pub trait DirectStep: Send {
         grad_scale: f32,
         grads: &mut [f32],
         ready: stoker_kernels::GroupReady<'_>,
+    ) -> Result<f64>;
+
+    /// As [`DirectStep::forward_backward`] with each parameter group's values and
+    /// gradients wherever `source` keeps them (ZeRO-3 gathers them one at a time).
+    fn forward_backward_groups(
+        &mut self,
+        source: &mut dyn stoker_kernels::StepParams,
+        input: &Tensor,
+        targets: &[i64],
+        grad_scale: f32,
     ) -> Result<f64>;
 }

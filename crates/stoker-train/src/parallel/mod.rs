@@ -25,15 +25,19 @@
 //! [`single::Single`] is the one-rank strategy; [`ddp::Ddp`] is data parallelism with
 //! bucketed all-reduce overlapped with the backward, or, in deterministic mode, a fixed
 //! reduction tree; [`zero::Zero`] is ZeRO stage 1 or 2 over [`shard::ShardPlan`]'s
-//! split of the flat buffer. [`for_config`] picks one from the config.
+//! split of the flat buffer; [`zero3::Zero3`] shards the parameters too, gathering each
+//! group for the direct step as it computes ([`gather`]). [`for_config`] picks one from
+//! the config.
 
 pub mod agree;
 pub mod buckets;
 pub mod ddp;
 pub mod dims;
+pub mod gather;
 pub mod shard;
 pub mod single;
 pub mod zero;
+pub mod zero3;
 
 use std::ops::Range;
 use std::rc::Rc;
@@ -51,6 +55,7 @@ pub use dims::ParallelDims;
 pub use shard::ShardPlan;
 pub use single::Single;
 pub use zero::{Zero, ZeroOptions, ZeroStage};
+pub use zero3::Zero3;
 
 /// What a strategy measured in the last window.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -106,9 +111,38 @@ pub trait Strategy {
     fn grad_bytes(&self) -> usize {
         0
     }
-    /// Bytes of communication buffers it holds (bucket copies, shard buffers).
+    /// Bytes of communication buffers it holds (bucket copies, shard buffers; ZeRO-3:
+    /// the most its gathered groups and their gradients held at once).
     fn buffer_bytes(&self) -> usize {
         0
+    }
+    /// The part of a flat buffer of `len` elements whose parameters and gradients this
+    /// rank's trainer keeps between steps: all of it, except under ZeRO-3 (its shard).
+    fn holds(&self, len: usize) -> Range<usize> {
+        0..len
+    }
+    /// ZeRO-3: where a micro-batch's direct step finds each parameter group (gathered
+    /// from the ranks' shards of `master`) and where its gradients go (reduce-scattered
+    /// and added into this rank's shard `grads`). None: the step reads the whole buffers.
+    fn step_source<'a>(
+        &'a mut self,
+        _master: &'a [f32],
+        _grads: &'a mut [f32],
+    ) -> Option<Box<dyn stoker_kernels::StepParams + 'a>> {
+        None
+    }
+    /// ZeRO-3 on the graph path: reduce-scatters a micro-batch's whole gradient `full`
+    /// and adds this rank's part into its shard `shard`.
+    fn scatter_grads(&mut self, _full: &[f32], _shard: &mut [f32]) -> Result<()> {
+        Err(crate::error::TrainError::Layout(format!(
+            "{}: gradients are not sharded by micro-batch here",
+            self.name()
+        )))
+    }
+    /// ZeRO-3: the whole parameter buffer, gathered from every rank's shard `held` (a
+    /// collective: FSDP's `summon_full_params`). None where every rank holds it already.
+    fn gather_params(&mut self, _held: &[f32]) -> Result<Option<Vec<f32>>> {
+        Ok(None)
     }
     /// What the last window cost.
     fn stats(&self) -> SyncStats;
@@ -123,7 +157,8 @@ pub fn for_config(
     comm: Rc<dyn Communicator>,
 ) -> Result<Box<dyn Strategy>> {
     let p = &config.parallel;
-    let kind = match comm.world_size() {
+    let world = comm.world_size();
+    let kind = match world {
         1 => StrategyKind::None,
         _ => p.strategy,
     };
@@ -156,11 +191,11 @@ pub fn for_config(
         )),
         StrategyKind::Zero1 => Box::new(Zero::new(comm, len, align, plan(), zero(ZeroStage::One))),
         StrategyKind::Zero2 => Box::new(Zero::new(comm, len, align, plan(), zero(ZeroStage::Two))),
-        StrategyKind::Zero3 => {
-            return Err(crate::error::config_err(
-                "parallel.strategy",
-                "\"zero3\" is not built yet: use \"zero2\" or \"zero1\"",
-            ))
-        }
+        StrategyKind::Zero3 => Box::new(Zero3::new(
+            comm,
+            ShardPlan::new(len, world, align),
+            &layout.group_ranges(),
+            p.reshard_after_forward,
+        )?),
     })
 }

@@ -1,0 +1,104 @@
+//! Where the GPT step finds each parameter group: the seam that lets ZeRO-3 gather a
+//! block's parameters just before the step needs them and free them after.
+//!
+//! The step asks for a group ([`StepParams::group`]) each time it computes with it, and
+//! says when it is done with it for a pass ([`StepParams::done`]). A [`GroupView`] is a
+//! window of the flat layout: the group's parameters (and, in the backward, its
+//! gradient accumulators) as slices that start at flat element `base`, so the step's
+//! offsets stay the flat layout's. [`Whole`] serves every group from the whole flat
+//! buffers (one rank, DDP, ZeRO-1/2); a ZeRO-3 source serves each group from a buffer
+//! that holds only that group, gathered from the ranks' shards.
+//!
+//! The order of calls for one micro-batch, with `L` blocks (groups `1..=L`) and the
+//! final norm as group `L + 1`:
+//! - forward: group 0 (embeddings), then each block `1..=L`, then `L + 1`, then 0 again
+//!   (the head is tied to the token embedding); `done(g, Forward)` after each use;
+//! - backward: 0 (the head's weight and its gradient), `L + 1`, the blocks from `L` down
+//!   to 1, then 0 (the embeddings' gradients); `done(g, Backward)` when the group's
+//!   gradients are final, once per group: `L + 1`, `L`, ..., 1, 0.
+
+use std::ops::Range;
+
+use crate::error::KernelError;
+use crate::gpt::GroupReady;
+
+/// Which pass asks for a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// The forward: parameters are read.
+    Forward,
+    /// The backward: parameters are read and gradients added.
+    Backward,
+}
+
+/// One group's window of the flat layout.
+pub struct GroupView<'a> {
+    /// Flat element at which both slices start.
+    pub base: usize,
+    /// Parameters from `base` on.
+    pub params: &'a [f32],
+    /// Gradient accumulators from `base` on (may be empty in the forward).
+    pub grads: &'a mut [f32],
+}
+
+/// Where the step finds its parameters and adds its gradients, group by group.
+pub trait StepParams {
+    /// Group `group` for `phase`; the view must cover the group's range of the flat
+    /// layout (its gradients too in the backward).
+    fn group(&mut self, group: usize, phase: Phase) -> Result<GroupView<'_>, KernelError>;
+    /// The step is done with `group` for now in `phase`; in the backward, its gradients
+    /// are final for this micro-batch.
+    fn done(&mut self, group: usize, phase: Phase) -> Result<(), KernelError>;
+}
+
+/// Every group from the whole flat buffers; `done` in the backward tells `ready`.
+pub struct Whole<'a, 'r> {
+    /// The flat parameter buffer.
+    pub params: &'a [f32],
+    /// The flat gradient buffer.
+    pub grads: &'a mut [f32],
+    /// Hears of each group whose gradients are final.
+    pub ready: GroupReady<'r>,
+}
+
+impl StepParams for Whole<'_, '_> {
+    fn group(&mut self, _: usize, _: Phase) -> Result<GroupView<'_>, KernelError> {
+        Ok(GroupView {
+            base: 0,
+            params: self.params,
+            grads: self.grads,
+        })
+    }
+
+    fn done(&mut self, group: usize, phase: Phase) -> Result<(), KernelError> {
+        if phase == Phase::Backward {
+            (self.ready)(group, self.grads);
+        }
+        Ok(())
+    }
+}
+
+/// Checks that `view` covers `range` (and its gradients do, in the backward), so that
+/// a wrong source is an error naming the group instead of an out-of-bounds panic.
+pub(crate) fn check_view(
+    view: &GroupView<'_>,
+    group: usize,
+    range: &Range<usize>,
+    phase: Phase,
+) -> Result<(), KernelError> {
+    let covers = |len: usize| view.base <= range.start && view.base + len >= range.end;
+    let grads_ok = phase == Phase::Forward || covers(view.grads.len());
+    if covers(view.params.len()) && grads_ok {
+        return Ok(());
+    }
+    Err(KernelError::Layout {
+        op: "gpt-step",
+        msg: format!(
+            "group {group} spans flat elements {range:?}, its view starts at {} with {} \
+             parameters and {} gradients ({phase:?})",
+            view.base,
+            view.params.len(),
+            view.grads.len()
+        ),
+    })
+}
