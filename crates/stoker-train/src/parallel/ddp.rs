@@ -20,7 +20,7 @@ use std::time::Instant;
 use stoker_comm::{tree_all_reduce, CommExt, CommStats, Communicator};
 
 use super::buckets::{Bucket, BucketOp, Buckets};
-use super::{Strategy, SyncStats};
+use super::{scalars, Strategy, SyncStats};
 use crate::error::Result;
 use crate::grad_sum::SumOrder;
 
@@ -119,16 +119,11 @@ impl Strategy for Ddp {
     }
 
     fn sum_scalars(&mut self, x: &mut [f64]) -> Result<()> {
-        if self.opts.deterministic {
-            tree_all_reduce(&*self.comm, x)?;
-        } else {
-            self.comm.all_reduce(x)?;
-        }
-        Ok(())
+        scalars::sum_scalars(&*self.comm, self.opts.deterministic, x)
     }
 
     fn any_rank(&mut self, flag: bool) -> Result<bool> {
-        Ok(self.comm.sum(flag as u64)? > 0)
+        scalars::any_rank(&*self.comm, flag)
     }
 
     fn sum_of_squares(&mut self, grads: &[f32]) -> Result<f64> {

@@ -34,6 +34,7 @@ pub mod buckets;
 pub mod ddp;
 pub mod dims;
 pub mod gather;
+pub mod scalars;
 pub mod shard;
 pub mod single;
 pub mod zero;

@@ -36,7 +36,7 @@ use stoker_comm::{tree_all_reduce, CommExt, CommStats, Communicator};
 
 use super::buckets::{Bucket, BucketOp, Buckets};
 use super::shard::ShardPlan;
-use super::{Strategy, SyncStats};
+use super::{scalars, Strategy, SyncStats};
 use crate::error::Result;
 use crate::grad_sum::SumOrder;
 
@@ -197,16 +197,11 @@ impl Strategy for Zero {
     }
 
     fn sum_scalars(&mut self, x: &mut [f64]) -> Result<()> {
-        if self.opts.deterministic {
-            tree_all_reduce(&*self.comm, x)?;
-        } else {
-            self.comm.all_reduce(x)?;
-        }
-        Ok(())
+        scalars::sum_scalars(&*self.comm, self.opts.deterministic, x)
     }
 
     fn any_rank(&mut self, flag: bool) -> Result<bool> {
-        Ok(self.comm.sum(flag as u64)? > 0)
+        scalars::any_rank(&*self.comm, flag)
     }
 
     fn sum_of_squares(&mut self, grads: &[f32]) -> Result<f64> {
@@ -214,11 +209,7 @@ impl Strategy for Zero {
             // Every rank holds the whole tree-reduced gradient: the one-rank norm's bits.
             return Ok(stoker_kernels::flat::sum_of_squares(grads));
         }
-        let mut x = [stoker_kernels::flat::sum_of_squares(
-            &grads[self.own.clone()],
-        )];
-        self.comm.all_reduce(&mut x)?;
-        Ok(x[0])
+        scalars::sharded_sum_of_squares(&*self.comm, &grads[self.own.clone()])
     }
 
     fn update_range(&self, len: usize) -> Range<usize> {

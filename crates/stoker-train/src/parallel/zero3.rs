@@ -29,7 +29,7 @@ use stoker_comm::{CommExt, CommStats, Communicator};
 
 use super::gather::{GroupGather, Source};
 use super::shard::ShardPlan;
-use super::{Strategy, SyncStats};
+use super::{scalars, Strategy, SyncStats};
 use crate::error::{Result, TrainError};
 use crate::grad_sum::SumOrder;
 
@@ -124,18 +124,16 @@ impl Strategy for Zero3 {
     }
 
     fn sum_scalars(&mut self, x: &mut [f64]) -> Result<()> {
-        self.comm.all_reduce(x)?;
-        Ok(())
+        scalars::sum_scalars(&*self.comm, false, x)
     }
 
     fn any_rank(&mut self, flag: bool) -> Result<bool> {
-        Ok(self.comm.sum(flag as u64)? > 0)
+        scalars::any_rank(&*self.comm, flag)
     }
 
     fn sum_of_squares(&mut self, grads: &[f32]) -> Result<f64> {
-        let mut x = [stoker_kernels::flat::sum_of_squares(grads)];
-        self.comm.all_reduce(&mut x)?;
-        Ok(x[0])
+        // `grads` is this rank's shard.
+        scalars::sharded_sum_of_squares(&*self.comm, grads)
     }
 
     fn update_range(&self, len: usize) -> Range<usize> {
