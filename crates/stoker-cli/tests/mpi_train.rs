@@ -645,3 +645,144 @@ fn a_stuck_rank_times_out_naming_the_collective_rank_and_bytes() {
         "{out}"
     );
 }
+
+/// A corrupt newest checkpoint (one byte flipped in one rank's shard): `stoker ckpt
+/// verify` passes the one before and names the corrupt file; `--resume latest` warns,
+/// passes over it, resumes from the one before and ends on the uninterrupted run's bits.
+#[test]
+fn resume_latest_passes_over_a_corrupt_newest_checkpoint() {
+    if !have_mpirun("resume_latest_passes_over_a_corrupt_newest_checkpoint") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_data(dir);
+    let det = "deterministic = true\nstrategy = \"zero2\"";
+    let whole = config(dir, "whole", Model::Gpt, "fp32", "direct", 8, det);
+    let o = train(2, &whole, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let want = field(&o, "weights crc32:");
+    let c = config(dir, "run", Model::Gpt, "fp32", "direct", 8, det);
+    let o = train(2, &c, &["--stop-after", "6"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let root = dir.join("run/checkpoints");
+    let shard = root.join("step_00000006/shard_00001.safetensors");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x10;
+    std::fs::write(&shard, bytes).unwrap();
+    let verify = |step: &str| {
+        Command::new(STOKER)
+            .args(["ckpt", "verify"])
+            .arg(root.join(step))
+            .output()
+            .unwrap()
+    };
+    let ok = verify("step_00000004");
+    assert!(ok.status.success(), "{}", text(&ok));
+    assert!(
+        String::from_utf8_lossy(&ok.stdout)
+            .contains("intact: step 4, version 3, written by 2 rank(s)"),
+        "{}",
+        text(&ok)
+    );
+    let bad = verify("step_00000006");
+    assert!(!bad.status.success(), "{}", text(&bad));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("shard_00001.safetensors") && err.contains("checksum"),
+        "{}",
+        text(&bad)
+    );
+    let o = train(2, &c, &["--resume", "latest"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("warning: skipping checkpoint") && err.contains("step_00000006"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(field(&o, "weights crc32:"), want, "{}", text(&o));
+}
+
+/// Preemption: SIGTERM to one rank of a 2-rank job makes every rank finish the same
+/// step, write a checkpoint there and exit (status 75); resuming from it continues on the
+/// bits of a run that was never stopped.
+#[test]
+fn sigterm_checkpoints_every_rank_at_one_step_and_the_resume_continues_bit_identically() {
+    if !have_mpirun(
+        "sigterm_checkpoints_every_rank_at_one_step_and_the_resume_continues_bit_identically",
+    ) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_data(dir);
+    let det = "deterministic = true\ntimeout_s = 60";
+    let (_, out, _) = signal_rank_1(dir, "TERM", det);
+    let step: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("stopped by a signal after step "))
+        .and_then(|l| l.split(':').next())
+        .unwrap_or_else(|| panic!("no preemption line: {out}"))
+        .parse()
+        .unwrap();
+    let ckpt = dir.join(format!("sigTERM/checkpoints/step_{step:08}"));
+    assert!(ckpt.join("COMMITTED").exists(), "{out}");
+    let stop = (step + 4).to_string();
+    let o = train(
+        2,
+        &dir.join("sigTERM.toml"),
+        &["--resume", "latest", "--stop-after", &stop],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let resumed = field(&o, "weights crc32:");
+    let whole = config(dir, "whole", Model::Gpt, "fp32", "direct", 100_000, det);
+    let o = train(2, &whole, &["--stop-after", &stop]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        resumed,
+        field(&o, "weights crc32:"),
+        "stopped at step {step}"
+    );
+}
+
+/// A second SIGTERM does not wait for the step: the process ends at once with 128 + 15.
+#[test]
+fn a_second_sigterm_ends_the_run_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_data(dir);
+    let c = config(dir, "twice", Model::Gpt, "fp32", "direct", 100_000, "");
+    // A step long enough (about 0.5 s in this build) that both signals land inside one.
+    let text_c = std::fs::read_to_string(&c)
+        .unwrap()
+        .replace("d_model = 16", "d_model = 256")
+        .replace("n_layer = 2", "n_layer = 6");
+    std::fs::write(&c, text_c).unwrap();
+    let mut child = Command::new(STOKER)
+        .args(["train"])
+        .arg(&c)
+        .arg("--no-progress")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let metrics = dir.join("twice/metrics.jsonl");
+    let t0 = Instant::now();
+    while std::fs::read_to_string(&metrics).map_or(true, |s| s.is_empty()) {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no step was logged");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = child.id().to_string();
+    for _ in 0..2 {
+        assert!(Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + 15), "{status:?}");
+}

@@ -117,23 +117,30 @@ pub(crate) fn scatter_add<T: Elem>(
     c: usize,
     grad: &mut [f32],
 ) {
-    let block = col_block(c);
+    if c == 0 {
+        return;
+    }
+    let block = col_block(c).max(1);
     let starts: Vec<usize> = (0..c).step_by(block).collect();
     let len = grad.len();
-    // Each task owns columns [c0, c0 + block) of every row: disjoint writes.
+    // Each task owns columns [c0, c0 + w) of every row, w = min(block, c - c0) so that
+    // c0 + w <= c: no two tasks write the same element.
     let grad_ptr = SyncPtr(grad.as_mut_ptr());
     starts.par_iter().for_each(|&c0| {
         let w = block.min(c - c0);
         let g = &grad_ptr;
         for (i, src) in dout.chunks_exact(c).enumerate() {
             let id = row_of(i);
-            assert!(
-                id * c + c0 + w <= len,
-                "embedding: id {id} outside the table"
-            );
-            // SAFETY: columns c0..c0+w of row `id` belong to this task alone, and the
-            // range is inside `grad` (asserted).
-            let dst = unsafe { std::slice::from_raw_parts_mut(g.0.add(id * c + c0), w) };
+            // Checked: a huge id must not wrap around into a valid-looking offset.
+            let start = id.checked_mul(c).and_then(|r| r.checked_add(c0));
+            let start = match start.and_then(|s| s.checked_add(w)) {
+                Some(end) if end <= len => start.expect("checked above"),
+                _ => panic!("embedding: id {id} outside the table of {} rows", len / c),
+            };
+            // SAFETY: `start..start + w` is inside `grad` (checked just above, without
+            // overflow), and its columns c0..c0 + w of row `id` are written by this task
+            // alone (c0 + w <= c, column blocks are disjoint); `grad` outlives the tasks.
+            let dst = unsafe { std::slice::from_raw_parts_mut(g.0.add(start), w) };
             dst.iter_mut()
                 .zip(&src[c0..c0 + w])
                 .for_each(|(d, &s)| *d += s.to_f32());
@@ -176,5 +183,35 @@ impl CustomOp2 for EmbeddingBackward {
             Floats::BF16(g) => bf16::storage(bwd(g, &ids, self.rows, c)),
         };
         Ok((out, Shape::from((self.rows, c))))
+    }
+}
+
+#[cfg(test)]
+mod scatter_tests {
+    use super::scatter_add;
+
+    #[test]
+    fn ids_add_into_their_rows() {
+        let dout = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let mut grad = vec![0f32; 3 * 2];
+        scatter_add(&dout, |i| [2, 0, 2][i], 2, &mut grad);
+        assert_eq!(grad, [3.0, 4.0, 0.0, 0.0, 6.0, 8.0]);
+    }
+
+    /// An id whose offset wraps around `usize` (id x c = 2^64 here) must not pass the
+    /// bounds check as offset 0.
+    #[test]
+    #[should_panic(expected = "outside the table")]
+    fn an_id_whose_offset_would_wrap_is_refused() {
+        let c = 16;
+        let dout = vec![1f32; c];
+        let mut grad = vec![0f32; 4 * c];
+        scatter_add(&dout, |_| usize::MAX / c + 1, c, &mut grad);
+    }
+
+    #[test]
+    fn zero_width_rows_are_nothing_to_add() {
+        let mut grad: Vec<f32> = Vec::new();
+        scatter_add::<f32>(&[], |i| i, 0, &mut grad);
     }
 }

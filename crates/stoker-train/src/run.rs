@@ -42,6 +42,12 @@ pub struct RunOptions {
     pub stop_after: Option<u64>,
     /// A crash to inject into checkpoint saves (tests of crash safety).
     pub save_fault: Option<checkpoint::SaveFault>,
+    /// Raised by a signal handler (the CLI's, on SIGTERM / SIGINT): the run finishes the
+    /// optimizer step under way, writes a checkpoint and returns with
+    /// [`RunSummary::preempted`]. With a flag every step ends with a one-number
+    /// all-reduce, so that every rank stops after the same step even when the signal
+    /// reached only some of them.
+    pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// What a run ended with.
@@ -49,6 +55,8 @@ pub struct RunOptions {
 pub struct RunSummary {
     /// Steps taken.
     pub steps: u64,
+    /// The run stopped early on [`RunOptions::stop`], after writing a checkpoint.
+    pub preempted: bool,
     /// Last training loss.
     pub last_loss: f64,
     /// The last evaluation.
@@ -317,6 +325,7 @@ pub fn run_rank(
     let k = dims.accumulation_steps;
     let mut window = Vec::with_capacity(k);
     let mut state = trainer.sampler_state;
+    let mut preempted = false;
     'outer: while trainer.step < total {
         let mut it = loader.resume(state);
         while let Some(batch) = it.next() {
@@ -382,6 +391,11 @@ pub fn run_rank(
                 (interval_count, window_wait, window_t0) = (0, Duration::ZERO, Instant::now());
             }
             bar.set_position(step);
+            // Preemption: every rank stops after this step if any rank was signalled.
+            if let Some(flag) = &opts.stop {
+                let here = flag.load(std::sync::atomic::Ordering::SeqCst);
+                preempted = stoker_comm::CommExt::sum(&*comm, here as u64)? > 0 && step < total;
+            }
             let every = |n: u64| n > 0 && step % n == 0;
             if every(config.train.eval_every) || step == config.train.steps {
                 let e = evaluate(&mut trainer, &data, config, &dims)?;
@@ -399,7 +413,7 @@ pub fn run_rank(
                 ));
                 last_eval = Some(e);
             }
-            if every(config.train.checkpoint_every) || step == total {
+            if every(config.train.checkpoint_every) || step == total || preempted {
                 same_weights_everywhere(&*comm, &trainer, step)?;
                 let pos = DataPosition::of(trainer.sampler_state, dims.global_batch, dims.world, k);
                 checkpoint::save(
@@ -411,7 +425,7 @@ pub fn run_rank(
                     opts.save_fault,
                 )?;
             }
-            if step >= total {
+            if step >= total || preempted {
                 break 'outer;
             }
         }
@@ -447,8 +461,12 @@ pub fn run_rank(
         _ => None,
     };
     let weights_crc32 = crc32fast::hash(bytemuck::cast_slice(&trainer.full_master()?));
+    if preempted && lead {
+        tracing::warn!("stopped by a signal after step {}", trainer.step);
+    }
     Ok(RunSummary {
         steps: trainer.step,
+        preempted,
         last_loss,
         eval: last_eval,
         loader_wait_pct: 100.0 * wait.as_secs_f64() / elapsed,

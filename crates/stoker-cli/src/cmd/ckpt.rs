@@ -20,6 +20,12 @@ enum CkptCommand {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Check every file of a checkpoint (commit marker, manifest, each shard's CRC-32 and
+    /// tensors; or a version 1-2 checkpoint's checksums) without loading a model.
+    Verify {
+        /// The checkpoint directory (RUN_DIR/checkpoints/step_N).
+        dir: PathBuf,
+    },
 }
 
 /// Runs `stoker ckpt`.
@@ -28,6 +34,19 @@ pub fn run(args: CkptArgs) -> anyhow::Result<()> {
         CkptCommand::Consolidate { dir, out } => {
             let path = stoker_train::checkpoint::consolidate(&dir, out.as_deref())?;
             println!("wrote {}", path.display());
+            Ok(())
+        }
+        CkptCommand::Verify { dir } => {
+            let v = stoker_train::checkpoint::verify(&dir)?;
+            println!(
+                "{}: intact: step {}, version {}, written by {} rank(s); {} files, {:.2} MiB of tensors checked",
+                dir.display(),
+                v.step,
+                v.version,
+                v.world_size,
+                v.files,
+                v.bytes as f64 / (1 << 20) as f64
+            );
             Ok(())
         }
     }

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 use std::rc::Rc;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -47,11 +49,22 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let resume = match args.resume.as_deref() {
         None => None,
         Some("latest") => {
+            // The newest checkpoint that verifies: a corrupt newest one is passed over.
             let root = config.run_dir.join("checkpoints");
-            Some(
-                checkpoint::latest(&root)
-                    .with_context(|| format!("no checkpoint under {}", root.display()))?,
-            )
+            let intact = checkpoint::latest_intact(&root);
+            for (dir, why) in &intact.skipped {
+                eprintln!(
+                    "stoker: warning: skipping checkpoint {}: {why}",
+                    dir.display()
+                );
+            }
+            Some(intact.dir.with_context(|| match intact.skipped.len() {
+                0 => format!("no checkpoint under {}", root.display()),
+                n => format!(
+                    "no intact checkpoint under {}: all {n} failed verification (above)",
+                    root.display()
+                ),
+            })?)
         }
         Some(p) => Some(PathBuf::from(p)),
     };
@@ -60,6 +73,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         progress: !args.no_progress,
         stop_after: args.stop_after,
         save_fault: args.test_crash_during_save,
+        stop: Some(stop_on_signals()?),
     };
     let launched = stoker_comm::mpi::launched_world();
     match (config.parallel.backend, launched) {
@@ -74,9 +88,46 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             banner(&args, &config, "1 rank");
             let s = train(&config, &opts)?;
             print_summary(&s);
+            if s.preempted {
+                print_preempted(&s, &config);
+                std::process::exit(PREEMPTED_EXIT);
+            }
             Ok(())
         }
     }
+}
+
+/// Exit status of a run stopped by SIGTERM or SIGINT after writing its checkpoint
+/// (`EX_TEMPFAIL`: resume it with `--resume latest`).
+pub const PREEMPTED_EXIT: i32 = 75;
+
+/// A flag SIGTERM and SIGINT raise (the run finishes its step, checkpoints and stops:
+/// Slurm sends SIGTERM before it kills a preempted job); a second signal ends the process
+/// at once, with status 128 + the signal's number.
+fn stop_on_signals() -> anyhow::Result<Arc<AtomicBool>> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let flag = Arc::new(AtomicBool::new(false));
+    for sig in [SIGTERM, SIGINT] {
+        // Registered first, so it sees the flag as it was before this signal.
+        signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, flag.clone())
+            .context("installing the SIGTERM / SIGINT handlers")?;
+        signal_hook::flag::register(sig, flag.clone())
+            .context("installing the SIGTERM / SIGINT handlers")?;
+    }
+    Ok(flag)
+}
+
+/// Says how a run that a signal stopped can continue.
+fn print_preempted(s: &RunSummary, config: &TrainConfig) {
+    println!(
+        "stopped by a signal after step {}: checkpoint {} written; continue with --resume latest",
+        s.steps,
+        config
+            .run_dir
+            .join("checkpoints")
+            .join(format!("step_{:08}", s.steps))
+            .display()
+    );
 }
 
 fn banner(args: &TrainArgs, config: &TrainConfig, ranks: &str) {
@@ -95,9 +146,16 @@ fn run_local(args: &TrainArgs, config: &TrainConfig, opts: &RunOptions) -> anyho
     banner(args, config, &format!("{world} ranks as threads"));
     let results = run_threads(config, opts)?;
     let mut first_err = None;
+    let mut preempted = false;
     for (rank, r) in results.into_iter().enumerate() {
         match r {
-            Ok(s) if rank == 0 => print_summary(&s),
+            Ok(s) if rank == 0 => {
+                print_summary(&s);
+                if s.preempted {
+                    print_preempted(&s, config);
+                    preempted = true;
+                }
+            }
             Ok(_) => {}
             Err(e) => {
                 stoker_comm::say(&format!("stoker: rank {rank} of {world}: error: {e}"));
@@ -105,9 +163,10 @@ fn run_local(args: &TrainArgs, config: &TrainConfig, opts: &RunOptions) -> anyho
             }
         }
     }
-    match first_err {
-        Some(e) => Err(e.into()),
-        None => Ok(()),
+    match (first_err, preempted) {
+        (Some(e), _) => Err(e.into()),
+        (None, true) => std::process::exit(PREEMPTED_EXIT),
+        (None, false) => Ok(()),
     }
 }
 
@@ -163,12 +222,19 @@ fn run_mpi(
         Ok(s) => {
             if rank == 0 {
                 print_summary(&s);
+                if s.preempted {
+                    print_preempted(&s, config);
+                }
             }
             use std::io::Write;
             let _ = std::io::stdout().flush();
             let comm =
                 Rc::try_unwrap(comm).unwrap_or_else(|_| unreachable!("the run has returned"));
-            comm.finalize(Duration::from_secs(10), 0);
+            let code = if s.preempted { PREEMPTED_EXIT } else { 0 };
+            comm.finalize(Duration::from_secs(10), code);
+            if s.preempted {
+                std::process::exit(PREEMPTED_EXIT);
+            }
             Ok(())
         }
         Err(e) => comm.abort(1, &format!("error: {e}")),

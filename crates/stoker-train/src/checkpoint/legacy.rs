@@ -68,10 +68,8 @@ fn read_checked(path: &Path, want: u32) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// Loads the checkpoint in `dir` into `trainer`, after verifying every checksum and that
-/// its layout matches the model.
-pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<CheckpointState> {
-    let range = trainer.optimizer.range();
+/// `state.json` of the version 1-2 checkpoint in `dir`, its checksum and format checked.
+pub fn read_state(dir: &Path) -> Result<CheckpointState> {
     let sp = dir.join("state.json");
     let json = std::fs::read(&sp).map_err(|e| io_err(&sp, e))?;
     let cp = dir.join("state.json.crc32");
@@ -96,6 +94,22 @@ pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<CheckpointState> {
             ),
         ));
     }
+    Ok(state)
+}
+
+/// Checks every checksum of the version 1-2 checkpoint in `dir` (no model needed).
+pub fn verify(dir: &Path) -> Result<CheckpointState> {
+    let state = read_state(dir)?;
+    read_checked(&dir.join("model.safetensors"), state.model_crc32)?;
+    read_checked(&dir.join("optimizer.safetensors"), state.optimizer_crc32)?;
+    Ok(state)
+}
+
+/// Loads the checkpoint in `dir` into `trainer`, after verifying every checksum and that
+/// its layout matches the model.
+pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<CheckpointState> {
+    let range = trainer.optimizer.range();
+    let state = read_state(dir)?;
     // The same parameters in another order or alignment (a version 1 checkpoint's name
     // order) load by name; other parameters or shapes do not load at all.
     if state.layout != trainer.layout {
@@ -174,7 +188,7 @@ pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<CheckpointState> {
         (None, None) => {}
         _ => {
             return Err(st_err(
-                &sp,
+                &dir.join("state.json"),
                 "loss-scaler state does not match the precision mode",
             ))
         }

@@ -4,11 +4,13 @@
 //! `shard_RRRRR.safetensors` per rank of the saving world, a `manifest.json` (rank 0)
 //! and a `COMMITTED` marker written last; any world size and any strategy loads it
 //! ([`load`]), and [`consolidate`] turns one into a single `model.safetensors`.
-//! Versions 1 and 2 ([`legacy`], one rank's single files) still load.
+//! Versions 1 and 2 ([`legacy`], one rank's single files) still load. [`verify`] checks
+//! one without a model; [`latest_intact`] finds the newest that checks out.
 
 pub mod consolidate;
 pub mod legacy;
 pub mod sharded;
+pub mod verify;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -21,6 +23,7 @@ use crate::trainer::Trainer;
 
 pub use consolidate::consolidate;
 pub use sharded::{save, Manifest, SaveFault};
+pub use verify::{latest_intact, verify, Intact, Verified};
 
 /// Every checkpoint's `format` field.
 pub const FORMAT: &str = "stoker-checkpoint";
