@@ -786,3 +786,100 @@ fn a_second_sigterm_ends_the_run_at_once() {
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(128 + 15), "{status:?}");
 }
+
+/// Waits (up to 60 s) until `ready()` holds.
+fn wait_for(what: &str, ready: impl Fn() -> bool) {
+    let t0 = Instant::now();
+    while !ready() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A dataset file truncated while `stoker bench loader` reads it through its memory map:
+/// one line naming the file, exit status 74 (not a bare SIGBUS, exit 135).
+#[test]
+fn a_dataset_truncated_under_the_loader_is_named_not_a_bare_sigbus() {
+    let tmp = tempfile::tempdir().unwrap();
+    let x = tmp.path().join("x.npy");
+    let (n, d) = (4096, 1024);
+    let bytes: Vec<u8> = (0..n * d * 4).map(|i| (i % 251) as u8).collect();
+    write_npy(&x, "<f4", &[n, d], &bytes);
+    let out = tmp.path().join("bench.log");
+    let log = std::fs::File::create(&out).unwrap();
+    let mut child = Command::new(STOKER)
+        .args(["bench", "loader"])
+        .arg(&x)
+        .args(["--workers", "0", "--batch", "64", "--seconds", "60"])
+        .stdout(Stdio::from(log.try_clone().unwrap()))
+        .stderr(Stdio::from(log))
+        .spawn()
+        .unwrap();
+    wait_for("the measurement to start", || {
+        std::fs::read_to_string(&out).is_ok_and(|s| s.contains("workers prefetch"))
+    });
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&x)
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    let status = child.wait().unwrap();
+    let s = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(status.code(), Some(74), "{s}");
+    assert!(
+        s.contains(&format!(
+            "stoker: {} changed while it was being read",
+            x.display()
+        )),
+        "{s}"
+    );
+}
+
+/// The token shard truncated while `stoker train` reads it: the run ends naming the file
+/// (status 74), and its last checkpoint verifies.
+#[test]
+fn a_token_shard_truncated_during_training_is_named_and_the_last_checkpoint_is_intact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_data(dir);
+    let c = config(dir, "cut", Model::Gpt, "fp32", "direct", 100_000, "");
+    let log = dir.join("cut.log");
+    let f = std::fs::File::create(&log).unwrap();
+    let mut child = Command::new(STOKER)
+        .arg("train")
+        .arg(&c)
+        .arg("--no-progress")
+        .stdout(Stdio::from(f.try_clone().unwrap()))
+        .stderr(Stdio::from(f))
+        .spawn()
+        .unwrap();
+    let ckpt = dir.join("cut/checkpoints/step_00000002");
+    wait_for("a checkpoint", || ckpt.join("COMMITTED").exists());
+    let shard = dir.join("corpus.bin");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&shard)
+        .unwrap()
+        .set_len(100)
+        .unwrap();
+    let status = child.wait().unwrap();
+    let s = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.code(), Some(74), "{s}");
+    assert!(
+        s.contains(&format!(
+            "stoker: {} changed while it was being read",
+            shard.display()
+        )),
+        "{s}"
+    );
+    let o = Command::new(STOKER)
+        .args(["ckpt", "verify"])
+        .arg(&ckpt)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+}

@@ -74,7 +74,7 @@ pub fn mix64(mut z: u64) -> u64 {
 #[derive(Clone)]
 pub struct MappedBytes {
     /// The mapping that owns the bytes.
-    pub map: Arc<memmap2::Mmap>,
+    pub map: Arc<crate::mapped::Mapped>,
     /// Byte offset of the run inside the mapping.
     pub offset: usize,
     /// Length of the run in bytes.

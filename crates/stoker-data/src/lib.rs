@@ -9,6 +9,7 @@ pub mod dtype;
 pub mod error;
 pub mod image_folder;
 pub mod loader;
+pub mod mapped;
 pub mod measure;
 pub mod npy;
 pub mod open;

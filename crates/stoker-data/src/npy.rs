@@ -11,7 +11,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use memmap2::Mmap;
+use crate::mapped::Mapped;
 
 use crate::{DType, DataError, MappedBytes, Result};
 
@@ -21,7 +21,7 @@ const MAGIC: &[u8; 6] = b"\x93NUMPY";
 #[derive(Clone)]
 pub struct NpyArray {
     path: PathBuf,
-    map: Arc<Mmap>,
+    map: Arc<Mapped>,
     dtype: DType,
     shape: Vec<usize>,
     data_offset: usize,
@@ -44,9 +44,7 @@ impl NpyArray {
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         let file = File::open(&path).map_err(|e| DataError::io(&path, e))?;
-        // SAFETY: the mapping is read-only; like np.memmap, stoker assumes the file is not
-        // truncated while mapped.
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| DataError::io(&path, e))?;
+        let map = Mapped::map(&file, &path)?;
         let header = parse_header(&path, &map)?;
         let elements: usize = header.shape.iter().product();
         let want = header.data_offset + elements * header.dtype.size();

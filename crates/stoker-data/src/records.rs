@@ -17,7 +17,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
+use crate::mapped::Mapped;
 use serde::{Deserialize, Serialize};
 
 use crate::{DataError, Result};
@@ -196,8 +196,8 @@ pub struct RecordShard {
     paths: RecordPaths,
     manifest: RecordManifest,
     /// `None` for an empty data file, which cannot be mapped.
-    data: Option<Mmap>,
-    index: Mmap,
+    data: Option<Mapped>,
+    index: Mapped,
 }
 
 fn map(path: &Path) -> Result<(File, u64)> {
@@ -246,14 +246,12 @@ impl RecordShard {
         if index_len != manifest.index.bytes {
             return Err(size_err(&paths.index, index_len, manifest.index.bytes));
         }
-        // SAFETY: read-only mappings of files we do not write; a file truncated by another
-        // process while mapped would fault, as with any mmap reader.
-        let index =
-            unsafe { Mmap::map(&index_file) }.map_err(|e| DataError::io(&paths.index, e))?;
+        // A file truncated by another process while mapped ends in `Mapped`'s handler.
+        let index = Mapped::map(&index_file, &paths.index)?;
         let data = if data_len == 0 {
             None
         } else {
-            Some(unsafe { Mmap::map(&data_file) }.map_err(|e| DataError::io(&paths.data, e))?)
+            Some(Mapped::map(&data_file, &paths.data)?)
         };
         let shard = RecordShard {
             paths,

@@ -10,7 +10,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use memmap2::Mmap;
+use crate::mapped::Mapped;
 
 use crate::{DType, DataError, Dataset, FieldSpec, Result, SampleContext};
 
@@ -32,7 +32,7 @@ pub enum TokenFormat {
 #[derive(Clone)]
 pub struct TokenShard {
     path: PathBuf,
-    map: Arc<Mmap>,
+    map: Arc<Mapped>,
     offset: usize,
     tokens: usize,
 }
@@ -53,8 +53,7 @@ impl TokenShard {
     pub fn open(path: impl AsRef<Path>, format: TokenFormat) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         let file = File::open(&path).map_err(|e| DataError::io(&path, e))?;
-        // SAFETY: read-only mapping of a file stoker does not modify.
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| DataError::io(&path, e))?;
+        let map = Mapped::map(&file, &path)?;
         let (offset, tokens) = match format {
             TokenFormat::NanoGpt => {
                 if map.len() % 2 != 0 {

@@ -1,0 +1,199 @@
+//! Read-only memory maps of dataset files that say which file shrank, instead of a bare
+//! SIGBUS.
+//!
+//! Reading a mapped page that lies past the end of a file the kernel has since truncated
+//! raises SIGBUS, which kills the process without a word (exit 135; PyTorch over
+//! `np.memmap` does the same). Every mapping stoker reads data through is a [`Mapped`]: it
+//! registers its address range and path in a fixed table, and a SIGBUS handler (installed
+//! once, with the first mapping) looks the faulting address up there, writes `stoker:
+//! PATH changed while it was being read: ...` to stderr and ends the process with status
+//! [`SHRUNK_EXIT`] (74, `EX_IOERR`). A fault outside every registered mapping gets the
+//! default action, as before. Checkpoints are written to a temporary directory and
+//! renamed, so ending the process there leaves the last one intact.
+//!
+//! A signal handler can only reach process-wide state, so the table is the one global in
+//! stoker: fixed-size atomics, read by the handler without locks or allocation (it only
+//! loads atomics, calls `write(2)` and `_exit(2)`, which are async-signal-safe).
+
+use std::fs::File;
+use std::ops::Deref;
+use std::path::Path;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::Once;
+
+use memmap2::Mmap;
+
+use crate::error::{DataError, Result};
+
+/// The exit status when a mapped file changed under a reader (`EX_IOERR`).
+pub const SHRUNK_EXIT: i32 = 74;
+
+/// Mappings that can be registered at once; more are still mapped, only not named.
+const SLOTS: usize = 256;
+
+/// One registered mapping: its address range and its path's bytes. `start == 0` is free;
+/// `claimed` is taken by a registration while it fills the other fields.
+struct Slot {
+    claimed: AtomicUsize,
+    start: AtomicUsize,
+    len: AtomicUsize,
+    path: AtomicPtr<u8>,
+    path_len: AtomicUsize,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const FREE: Slot = Slot {
+    claimed: AtomicUsize::new(0),
+    start: AtomicUsize::new(0),
+    len: AtomicUsize::new(0),
+    path: AtomicPtr::new(std::ptr::null_mut()),
+    path_len: AtomicUsize::new(0),
+};
+
+static TABLE: [Slot; SLOTS] = [FREE; SLOTS];
+static HANDLER: Once = Once::new();
+
+/// A read-only mapping of a whole file, named to the SIGBUS handler while it lives.
+pub struct Mapped {
+    map: Mmap,
+    slot: Option<usize>,
+    /// The path's bytes the table points at (freed only after the slot is cleared).
+    _path: Box<[u8]>,
+}
+
+impl std::fmt::Debug for Mapped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Mapped({} bytes)", self.map.len())
+    }
+}
+
+impl Mapped {
+    /// Maps `file` (opened from `path`) read-only.
+    pub fn map(file: &File, path: &Path) -> Result<Self> {
+        // SAFETY: a read-only mapping; the one hazard of reading it, the file shrinking
+        // under us, ends in the SIGBUS handler below, which names the file.
+        let map = unsafe { Mmap::map(file) }.map_err(|e| DataError::io(path, e))?;
+        HANDLER.call_once(install_handler);
+        let path_bytes: Box<[u8]> = path.as_os_str().as_encoded_bytes().into();
+        let slot = match map.len() {
+            0 => None,
+            len => register(map.as_ptr() as usize, len, &path_bytes),
+        };
+        Ok(Mapped {
+            map,
+            slot,
+            _path: path_bytes,
+        })
+    }
+}
+
+impl Deref for Mapped {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.map
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        if let Some(i) = self.slot {
+            let s = &TABLE[i];
+            // Unnamed before unmapped: the handler never reads a freed path.
+            s.start.store(0, Ordering::SeqCst);
+            s.path.store(std::ptr::null_mut(), Ordering::SeqCst);
+            s.claimed.store(0, Ordering::SeqCst);
+        }
+    }
+}
+
+fn register(start: usize, len: usize, path: &[u8]) -> Option<usize> {
+    let i = (0..SLOTS).find(|&i| {
+        TABLE[i]
+            .claimed
+            .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    })?;
+    let s = &TABLE[i];
+    s.path_len.store(path.len(), Ordering::SeqCst);
+    s.path.store(path.as_ptr() as *mut u8, Ordering::SeqCst);
+    s.len.store(len, Ordering::SeqCst);
+    s.start.store(start, Ordering::SeqCst);
+    Some(i)
+}
+
+fn install_handler() {
+    // SAFETY: `on_sigbus` only loads atomics, writes to stderr and exits, all
+    // async-signal-safe; the sigaction struct is fully initialized (zeroed, then set).
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_sigbus as *const () as usize;
+        action.sa_flags = libc::SA_SIGINFO;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut());
+    }
+}
+
+extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler; `si_addr` is
+    // the faulting address for SIGBUS.
+    let addr = if info.is_null() {
+        0
+    } else {
+        unsafe { (*info).si_addr() as usize }
+    };
+    for s in &TABLE {
+        let start = s.start.load(Ordering::SeqCst);
+        let len = s.len.load(Ordering::SeqCst);
+        if start == 0 || addr < start || addr - start >= len {
+            continue;
+        }
+        let (path, path_len) = (
+            s.path.load(Ordering::SeqCst),
+            s.path_len.load(Ordering::SeqCst),
+        );
+        write_err(b"stoker: ");
+        if !path.is_null() {
+            // SAFETY: the slot names a live mapping, whose path bytes outlive it (they
+            // are freed only after `Drop` cleared `start`, checked just above).
+            write_err(unsafe { std::slice::from_raw_parts(path, path_len) });
+        }
+        write_err(
+            b" changed while it was being read (it was truncated or replaced; SIGBUS at byte ",
+        );
+        write_num(addr - start);
+        write_err(b" of the ");
+        write_num(len);
+        write_err(b" mapped): a dataset must not be modified while stoker reads it\n");
+        // SAFETY: ends the process at once, which is all a handler can do for a fault it
+        // cannot recover from.
+        unsafe { libc::_exit(SHRUNK_EXIT) };
+    }
+    // Not one of ours: the default action (the process ends with SIGBUS, as before).
+    // SAFETY: restores the default disposition; returning re-raises the fault.
+    unsafe {
+        libc::signal(sig, libc::SIG_DFL);
+    }
+}
+
+fn write_err(bytes: &[u8]) {
+    // SAFETY: writes `bytes` (a live slice) to fd 2; async-signal-safe.
+    unsafe {
+        libc::write(2, bytes.as_ptr() as *const libc::c_void, bytes.len());
+    }
+}
+
+/// Writes `n` in decimal without allocating.
+fn write_num(mut n: usize) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    write_err(&buf[i..]);
+}
