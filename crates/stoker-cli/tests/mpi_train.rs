@@ -883,3 +883,115 @@ fn a_token_shard_truncated_during_training_is_named_and_the_last_checkpoint_is_i
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
 }
+
+/// SIGKILL at 50 points spread over a run that checkpoints every step (so many land in
+/// the middle of a save: shard written, manifest written, renamed, marker missing):
+/// `--resume latest` always finds a complete checkpoint (or none, and starts over), and
+/// every resumed run ends on the uninterrupted run's bits.
+#[test]
+fn sigkill_at_50_points_of_a_run_never_costs_a_loadable_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_data(dir);
+    let det = "deterministic = true";
+    let every_step = |name: &str| {
+        let c = config(dir, name, Model::Gpt, "fp32", "direct", 12, det);
+        let t = std::fs::read_to_string(&c)
+            .unwrap()
+            .replace("checkpoint_every = 2", "checkpoint_every = 1");
+        std::fs::write(&c, t).unwrap();
+        c
+    };
+    let whole = every_step("whole");
+    let t0 = Instant::now();
+    let o = train(1, &whole, &[]);
+    let run_ms = t0.elapsed().as_millis() as u64;
+    assert!(o.status.success(), "{}", text(&o));
+    let want = field(&o, "weights crc32:");
+    let (mut mid_save, mut resumed) = (0, 0);
+    let mut z = 12345u64;
+    for trial in 0..50 {
+        let name = format!("kill{trial}");
+        let c = every_step(&name);
+        let mut child = Command::new(STOKER)
+            .arg("train")
+            .arg(&c)
+            .arg("--no-progress")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        z = z.wrapping_mul(6364136223846793005).wrapping_add(1);
+        std::thread::sleep(Duration::from_millis((z >> 33) % run_ms.max(1)));
+        let _ = child.kill();
+        let status = child.wait().unwrap();
+        let root = dir.join(&name).join("checkpoints");
+        let partial = std::fs::read_dir(&root).into_iter().flatten().any(|e| {
+            let p = e.unwrap().path();
+            let n = p.file_name().unwrap().to_string_lossy().to_string();
+            n.starts_with(".tmp") || (n.starts_with("step_") && !p.join("COMMITTED").exists())
+        });
+        mid_save += partial as usize;
+        let args: &[&str] = match stoker_train::checkpoint::latest_intact(&root).dir {
+            Some(_) => {
+                resumed += 1;
+                &["--resume", "latest"]
+            }
+            None => &[],
+        };
+        let o = train(1, &c, args);
+        assert!(
+            o.status.success(),
+            "trial {trial} (killed: {status:?}, partial save left: {partial}): {}",
+            text(&o)
+        );
+        assert_eq!(
+            field(&o, "weights crc32:"),
+            want,
+            "trial {trial}: {}",
+            text(&o)
+        );
+    }
+    eprintln!(
+        "50 kills over a {run_ms} ms run: {mid_save} left a partial save, {resumed} resumed from a checkpoint"
+    );
+}
+
+/// The disk fills during a save (the run directory on a 300 KiB tmpfs, checkpoints
+/// every 2 steps until one no longer fits): the run stops with an error naming the file
+/// and the cause, and the newest complete checkpoint still verifies.
+#[test]
+fn a_full_disk_during_a_save_stops_the_run_and_keeps_the_last_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_data(dir);
+    let disk = dir.join("disk");
+    std::fs::create_dir(&disk).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=300k", "tmpfs"])
+        .arg(&disk)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !mounted {
+        stoker_testkit::skip(
+            "a_full_disk_during_a_save_stops_the_run_and_keeps_the_last_checkpoint",
+            "cannot mount a small tmpfs here (needs root in a mount namespace that allows it)",
+        );
+        return;
+    }
+    let c = config(dir, "disk/run", Model::Gpt, "fp32", "direct", 100_000, "");
+    let o = train(1, &c, &[]);
+    let root = disk.join("run/checkpoints");
+    let intact = stoker_train::checkpoint::latest_intact(&root);
+    let _ = Command::new("umount").arg(&disk).status();
+    assert!(!o.status.success(), "the run went on: {}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("No space left on device") && err.contains("checkpoints"),
+        "{}",
+        text(&o)
+    );
+    let last = intact.dir.expect("a checkpoint fit before the disk filled");
+    assert!(intact.skipped.is_empty(), "{:?}", intact.skipped);
+    eprintln!("the disk filled after {}", last.display());
+}
