@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 STOKER := target/release/stoker
 
-.PHONY: demo test test-hf deps data photos build release bench-loader bench-jpeg bench-precision bench-step bench-comm bench-ddp check-cuda fmt clippy
+.PHONY: demo test test-hf soak deps data photos build release bench-loader bench-jpeg bench-precision bench-step bench-comm bench-ddp check-cuda fmt clippy
 
 # System packages, Python packages for fixtures/references, a Rust toolchain check.
 deps:
@@ -32,6 +32,10 @@ test: deps
 # 5 GB, into ~/.cache/stoker; `make test` runs the same test and says SKIPPED without them).
 test-hf: deps
 	STOKER_HF_PYTHONPATH="$$(bash scripts/install-hf.sh)" $(CARGO) test -p stoker-train --test hf -- --nocapture
+
+# Kill-and-resume soak on the Shakespeare GPT (docs/reliability.md): SOAK_MINUTES (default 10).
+soak: data release
+	bash scripts/soak.sh $${SOAK_MINUTES:-10}
 
 # The opt-in `cuda` feature compiles (nvcc from PyPI into .cache/; no GPU needed).
 check-cuda: deps

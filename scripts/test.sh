@@ -18,6 +18,9 @@ export STOKER_SKIP_LOG=$(mktemp)
 trap 'rm -f "$STOKER_SKIP_LOG"' EXIT
 # MPI tests run `mpirun -n 2` and `-n 4` themselves, each wrapped in `timeout`.
 cargo test --workspace 2>&1
+# A 2-minute kill-and-resume soak on a generated text: bit-identical to a run never killed
+# (the test build's binary: the dev profile is optimized).
+STOKER=target/debug/stoker bash scripts/soak.sh 2 --generated 2>&1
 # The opt-in `cuda` feature of the loader builds without CUDA (cudarc loads libcuda at run time)
 # and, with no driver here, falls back to mlock: prove both.
 cargo test -p stoker-data --features cuda --test pin 2>&1
