@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 STOKER := target/release/stoker
 
-.PHONY: demo test test-hf soak deps data photos build release bench-loader bench-jpeg bench-precision bench-step bench-comm bench-ddp check-cuda fmt clippy
+.PHONY: demo test test-hf soak fuzz deps data photos build release bench-loader bench-jpeg bench-precision bench-step bench-comm bench-ddp check-cuda fmt clippy
 
 # System packages, Python packages for fixtures/references, a Rust toolchain check.
 deps:
@@ -32,6 +32,10 @@ test: deps
 # 5 GB, into ~/.cache/stoker; `make test` runs the same test and says SKIPPED without them).
 test-hf: deps
 	STOKER_HF_PYTHONPATH="$$(bash scripts/install-hf.sh)" $(CARGO) test -p stoker-train --test hf -- --nocapture
+
+# Property-based fuzzing of every reader and parser, long run (make test runs 256 cases each).
+fuzz: deps
+	PROPTEST_CASES=$${PROPTEST_CASES:-20000} $(CARGO) test -p stoker-data -p stoker-train --test fuzz
 
 # Kill-and-resume soak on the Shakespeare GPT (docs/reliability.md): SOAK_MINUTES (default 10).
 soak: data release
