@@ -46,8 +46,23 @@ impl NpyArray {
         let file = File::open(&path).map_err(|e| DataError::io(&path, e))?;
         let map = Mapped::map(&file, &path)?;
         let header = parse_header(&path, &map)?;
-        let elements: usize = header.shape.iter().product();
-        let want = header.data_offset + elements * header.dtype.size();
+        // Checked: a header's shape can claim more than usize holds.
+        let want = header
+            .shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .and_then(|n| n.checked_mul(header.dtype.size()))
+            .and_then(|n| n.checked_add(header.data_offset));
+        let Some(want) = want else {
+            return Err(DataError::format(
+                &path,
+                "shape",
+                format!(
+                    "{:?} x {} is more bytes than any file holds",
+                    header.shape, header.dtype
+                ),
+            ));
+        };
         if map.len() < want {
             return Err(DataError::format(
                 &path,

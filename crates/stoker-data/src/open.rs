@@ -74,11 +74,20 @@ pub fn open_dataset(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<AnyDat
         )])?));
     }
     if ext == "bin" {
-        return Ok(AnyDataset::Tokens(TokenWindows::new(
-            vec![TokenShard::open_detect(path)?],
-            opts.context,
-            opts.token_dtype,
-        )?));
+        let shard = TokenShard::open_detect(path)?;
+        let tokens = shard.len();
+        let windows = TokenWindows::new(vec![shard], opts.context, opts.token_dtype)?;
+        if crate::dataset::Dataset::len(&windows) == 0 {
+            return Err(DataError::format(
+                path,
+                "tokens",
+                format!(
+                    "{tokens} tokens: not one window of context {} + 1 (the next-token target)",
+                    opts.context
+                ),
+            ));
+        }
+        return Ok(AnyDataset::Tokens(windows));
     }
     if RecordPaths::new(path).manifest.exists() {
         let images = ImageRecordDataset::open(path, opts.image.clone())?;

@@ -541,14 +541,18 @@ fn load_vocab(config: &TrainConfig, trainer: &Trainer) -> Result<Option<Vec<Stri
         what: path.display().to_string(),
         message: e.to_string(),
     })?;
-    let tokens: Vec<String> = v["tokens"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|t| t.as_str().unwrap_or("?").to_string())
-                .collect()
-        })
-        .unwrap_or_default();
+    let tokens: Vec<String> = match v["tokens"].as_array() {
+        Some(a) => a
+            .iter()
+            .map(|t| t.as_str().unwrap_or("?").to_string())
+            .collect(),
+        None => {
+            return Err(TrainError::Data {
+                what: path.display().to_string(),
+                message: "field `tokens`: expected an array of token strings".into(),
+            })
+        }
+    };
     if let ModelConfig::Gpt(g) = &config.model {
         if tokens.len() > g.vocab {
             return Err(crate::error::config_err(

@@ -310,6 +310,16 @@ pub(crate) fn for_shards(
     {
         let path = dir.join(&s.file);
         let bytes = read_checked(&path, s.crc32, MANIFEST)?;
+        if bytes.len() as u64 != s.bytes {
+            return Err(ckpt_err(
+                &path,
+                format!(
+                    "{} bytes, {MANIFEST} records {} for it",
+                    bytes.len(),
+                    s.bytes
+                ),
+            ));
+        }
         let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| ckpt_err(&path, e))?;
         for name in names {
             let t = st
