@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 STOKER := target/release/stoker
 
-.PHONY: demo test test-hf soak fuzz deps data photos build release bench-loader bench-jpeg bench-precision bench-step bench-comm bench-ddp check-cuda fmt clippy
+.PHONY: demo test test-hf soak fuzz miri deps data photos build release bench-loader bench-jpeg bench-precision bench-step bench-comm bench-ddp check-cuda fmt clippy
 
 # System packages, Python packages for fixtures/references, a Rust toolchain check.
 deps:
@@ -36,6 +36,10 @@ test-hf: deps
 # Property-based fuzzing of every reader and parser, long run (make test runs 256 cases each).
 fuzz: deps
 	PROPTEST_CASES=$${PROPTEST_CASES:-20000} $(CARGO) test -p stoker-data -p stoker-train --test fuzz
+
+# Miri over the unit tests of stoker's own unsafe paths (installs a nightly toolchain).
+miri: deps
+	bash scripts/miri.sh
 
 # Kill-and-resume soak on the Shakespeare GPT (docs/reliability.md): SOAK_MINUTES (default 10).
 soak: data release

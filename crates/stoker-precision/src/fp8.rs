@@ -88,8 +88,9 @@ impl Fp8Format {
         if a < self.min_normal() {
             return self.min_subnormal();
         }
-        let e = a.log2().floor();
-        (e - self.mantissa_bits() as f32).exp2()
+        // The binade's exponent from the bits (log2 and exp2 need not be exact).
+        let e = ((a.to_bits() >> 23) & 0xff) as i32 - 127;
+        pow2(e - self.mantissa_bits() as i32)
     }
 
     /// Short lowercase name (`"e4m3"`, `"e5m2"`).
@@ -273,6 +274,16 @@ const fn table(mbits: u32, bias: u32, has_inf: bool) -> [u32; 256] {
 static E4M3_TABLE: [u32; 256] = table(3, 7, false);
 static E5M2_TABLE: [u32; 256] = table(2, 15, true);
 
+/// `2^e` exactly, for `e` in `-149..=127` (f32's range, subnormals included), built from
+/// the bits: `powi` and `exp2` are not required to be exact.
+pub(crate) fn pow2(e: i32) -> f32 {
+    assert!((-149..=127).contains(&e), "2^{e} is outside f32");
+    match e >= -126 {
+        true => f32::from_bits(((e + 127) as u32) << 23),
+        false => f32::from_bits(1u32 << (e + 149)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,17 +300,17 @@ mod tests {
         assert_eq!(f32_to_e5m2(61439.996, s), 0x7B);
         assert_eq!(f32_to_e5m2(f32::NEG_INFINITY, s), 0xFC);
         assert_eq!(f32_to_e5m2(f32::NAN, Saturation::Saturate), 0x7E);
-        assert_eq!(f32_to_e4m3(2f32.powi(-10), s), 0x00); // tie to even zero
-        assert_eq!(f32_to_e4m3(3.0 * 2f32.powi(-10), s), 0x02); // tie to even 2
+        assert_eq!(f32_to_e4m3(pow2(-10), s), 0x00); // tie to even zero
+        assert_eq!(f32_to_e4m3(3.0 * pow2(-10), s), 0x02); // tie to even 2
         assert_eq!(e4m3_to_f32(0x7E), 448.0);
-        assert_eq!(e4m3_to_f32(0x01), 2f32.powi(-9));
+        assert_eq!(e4m3_to_f32(0x01), pow2(-9));
         assert_eq!(e5m2_to_f32(0x7B), 57344.0);
-        assert_eq!(e5m2_to_f32(0x01), 2f32.powi(-16));
+        assert_eq!(e5m2_to_f32(0x01), pow2(-16));
         assert!(e4m3_to_f32(0xFF).is_nan());
-        assert_eq!(Fp8Format::E4M3.min_normal(), 2f32.powi(-6));
-        assert_eq!(Fp8Format::E5M2.min_normal(), 2f32.powi(-14));
-        assert_eq!(Fp8Format::E4M3.min_subnormal(), 2f32.powi(-9));
-        assert_eq!(Fp8Format::E5M2.min_subnormal(), 2f32.powi(-16));
+        assert_eq!(Fp8Format::E4M3.min_normal(), pow2(-6));
+        assert_eq!(Fp8Format::E5M2.min_normal(), pow2(-14));
+        assert_eq!(Fp8Format::E4M3.min_subnormal(), pow2(-9));
+        assert_eq!(Fp8Format::E5M2.min_subnormal(), pow2(-16));
     }
 
     #[test]
