@@ -136,11 +136,12 @@ pub fn is_complete(dir: &Path) -> bool {
     dir.join(sharded::COMMITTED).exists() || dir.join("state.json").exists()
 }
 
-/// The complete checkpoint with the highest step under `root`, if any (a save that
-/// crashed before its commit marker is skipped).
-pub fn latest(root: &Path) -> Option<PathBuf> {
+/// The complete checkpoints under `root` (a save that crashed before its commit marker
+/// is not complete), oldest first.
+pub fn complete(root: &Path) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
-        .ok()?
+        .into_iter()
+        .flatten()
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
             p.file_name()
@@ -150,7 +151,13 @@ pub fn latest(root: &Path) -> Option<PathBuf> {
         })
         .collect();
     dirs.sort();
-    dirs.pop()
+    dirs
+}
+
+/// The complete checkpoint with the highest step under `root`, if any (a save that
+/// crashed before its commit marker is skipped).
+pub fn latest(root: &Path) -> Option<PathBuf> {
+    complete(root).pop()
 }
 
 /// Writes `bytes` to `path` and fsyncs it.

@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{is_complete, legacy, sharded};
+use super::{legacy, sharded};
 use crate::error::Result;
 
 /// What a checkpoint that passed [`verify`] holds.
@@ -78,18 +78,7 @@ pub struct Intact {
 /// Walks the complete checkpoints under `root` newest first (a save without its commit
 /// marker is not complete and not listed) until one passes [`verify`].
 pub fn latest_intact(root: &Path) -> Intact {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("step_"))
-                && is_complete(p)
-        })
-        .collect();
-    dirs.sort();
+    let mut dirs = super::complete(root);
     let mut out = Intact::default();
     while let Some(dir) = dirs.pop() {
         match verify(&dir) {
