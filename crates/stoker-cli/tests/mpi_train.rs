@@ -754,11 +754,14 @@ fn a_second_sigterm_ends_the_run_at_once() {
     let dir = tmp.path();
     write_data(dir);
     let c = config(dir, "twice", Model::Gpt, "fp32", "direct", 100_000, "");
-    // A step long enough (about 0.5 s in this build) that both signals land inside one.
+    // A step long enough (64 micro-batches of a wider model: over a second on 2 cores)
+    // that both signals land inside one, 20 ms apart (same-type signals sent closer can
+    // merge into one).
     let text_c = std::fs::read_to_string(&c)
         .unwrap()
         .replace("d_model = 16", "d_model = 256")
-        .replace("n_layer = 2", "n_layer = 6");
+        .replace("n_layer = 2", "n_layer = 6")
+        .replace("global_batch = 8", "global_batch = 128");
     std::fs::write(&c, text_c).unwrap();
     let mut child = Command::new(STOKER)
         .args(["train"])
