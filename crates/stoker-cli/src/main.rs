@@ -1,6 +1,7 @@
 //! `stoker`: the command-line front end of the stoker training engine.
 
 mod cmd;
+mod error_kind;
 
 use clap::{Parser, Subcommand};
 
@@ -38,14 +39,16 @@ enum Command {
     Export(cmd::export::ExportArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+/// Runs the command; a failure prints one line, `error[KIND]: what: why: ...` (the kind from
+/// [`error_kind::ErrorKind`], then the whole chain of causes), and exits with status 1.
+fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
+    let result = match Cli::parse().command {
         Command::Pack(a) => cmd::pack::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Tune(a) => cmd::tune::run(a),
@@ -54,5 +57,12 @@ fn main() -> anyhow::Result<()> {
         Command::Report(a) => cmd::report::run(a),
         Command::Ckpt(a) => cmd::ckpt::run(a),
         Command::Export(a) => cmd::export::run(a),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error[{}]: {e:#}", error_kind::ErrorKind::of(&e).name());
+            std::process::ExitCode::FAILURE
+        }
     }
 }

@@ -89,9 +89,23 @@ pub fn open_dataset(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<AnyDat
         }
         return Ok(AnyDataset::Tokens(windows));
     }
-    if RecordPaths::new(path).manifest.exists() {
+    let records = RecordPaths::new(path);
+    if records.manifest.exists() {
         let images = ImageRecordDataset::open(path, opts.image.clone())?;
         return Ok(AnyDataset::Images(Box::new(images)));
+    }
+    // Records whose manifest is missing were not completely written (the manifest comes
+    // last) or not completely copied; without this check their labels alone would open as
+    // an array dataset.
+    if records.data.exists() || records.index.exists() {
+        return Err(DataError::format(
+            &records.manifest,
+            "manifest",
+            format!(
+                "missing, but {} exists: record shards write their manifest last, so these were not completely written or copied",
+                if records.data.exists() { records.data.display() } else { records.index.display() }
+            ),
+        ));
     }
     let fields = npy_fields(path)?;
     if fields.is_empty() {

@@ -29,6 +29,7 @@ pub const RECORDS_VERSION: u32 = 1;
 
 /// Size and checksum of one file of a shard.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct FileDigest {
     /// Size in bytes.
     pub bytes: u64,
@@ -36,8 +37,10 @@ pub struct FileDigest {
     pub crc32: u32,
 }
 
-/// The contents of `NAME.manifest.json`.
+/// The contents of `NAME.manifest.json` (unknown fields are refused: a manifest of a newer
+/// layout carries a new version).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RecordManifest {
     /// Always [`RECORDS_FORMAT`].
     pub format: String,

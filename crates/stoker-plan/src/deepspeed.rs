@@ -250,6 +250,7 @@ fn count_or_zero(v: &Value, key: &str, name: &str) -> std::result::Result<Option
 fn enabled(v: &Value, block: &str) -> std::result::Result<bool, String> {
     match v.get(block) {
         None | Some(Value::Null) => Ok(false),
+        Some(b) if !b.is_object() => Err(format!("{block} must be an object, got {b}")),
         Some(b) => match b.get("enabled") {
             None => Ok(false), // DeepSpeed: a block without "enabled" is off
             Some(Value::Bool(e)) => Ok(*e),

@@ -357,7 +357,7 @@ fn resolve_training(t: &TrainingInput, model: &ModelSpec, hw: &Hardware) -> Resu
     };
     if global % world != 0 {
         return Err(PlanError::Batch(format!(
-            "world size {world} ({} nodes x {} devices) does not divide global batch {global}",
+            "training.global_batch {global} is not divisible by the world size {world} (hardware.nodes {} x hardware.devices_per_node {})",
             hw.nodes, hw.devices_per_node
         )));
     }

@@ -56,7 +56,7 @@ fn zero_and_negative_sizes() {
 fn world_size_that_does_not_divide_the_global_batch() {
     assert_eq!(
         err("model = { preset = \"gpt2-124m\" }\nhardware = { preset = \"h100-80gb\", nodes = 2 }\ntraining = { global_batch = 1000 }"),
-        "batch arithmetic: world size 16 (2 nodes x 8 devices) does not divide global batch 1000"
+        "batch arithmetic: training.global_batch 1000 is not divisible by the world size 16 (hardware.nodes 2 x hardware.devices_per_node 8)"
     );
     assert_eq!(
         err(&format!("{OK}training = {{ global_batch = 512, micro_batch = 3 }}")),

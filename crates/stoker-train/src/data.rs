@@ -80,9 +80,9 @@ fn open(path: &std::path::Path, context: usize, key: &str) -> Result<Arc<AnyData
     };
     open_dataset(path, &opts)
         .map(Arc::new)
-        .map_err(|e| TrainError::Data {
-            what: format!("{} (config key `{key}`)", path.display()),
-            message: e.to_string(),
+        .map_err(|source| TrainError::Dataset {
+            key: key.to_string(),
+            source,
         })
 }
 

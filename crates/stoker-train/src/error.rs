@@ -57,6 +57,16 @@ pub enum TrainError {
         /// What is wrong.
         message: String,
     },
+    /// A dataset named by a config key failed to open or read (the source names the file
+    /// and the field).
+    #[error("config key `{key}`: {source}")]
+    Dataset {
+        /// Dotted key, e.g. `data.train`.
+        key: String,
+        /// The reader's error.
+        #[source]
+        source: stoker_data::DataError,
+    },
     /// A parameter layout mismatch (buffer sizes, names, shapes).
     #[error("layout: {0}")]
     Layout(String),

@@ -537,21 +537,17 @@ fn load_vocab(config: &TrainConfig, trainer: &Trainer) -> Result<Option<Vec<Stri
         return Ok(None);
     };
     let text = std::fs::read_to_string(path).map_err(|e| io_err(path, e))?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| TrainError::Data {
-        what: path.display().to_string(),
-        message: e.to_string(),
-    })?;
+    let bad = |field: &str, message: String| {
+        TrainError::DataLoader(stoker_data::DataError::format(path, field, message))
+    };
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| bad("JSON", e.to_string()))?;
     let tokens: Vec<String> = match v["tokens"].as_array() {
         Some(a) => a
             .iter()
             .map(|t| t.as_str().unwrap_or("?").to_string())
             .collect(),
-        None => {
-            return Err(TrainError::Data {
-                what: path.display().to_string(),
-                message: "field `tokens`: expected an array of token strings".into(),
-            })
-        }
+        None => return Err(bad("tokens", "expected an array of token strings".into())),
     };
     if let ModelConfig::Gpt(g) = &config.model {
         if tokens.len() > g.vocab {

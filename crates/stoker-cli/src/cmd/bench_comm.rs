@@ -65,7 +65,8 @@ pub fn run(a: CommBenchArgs) -> anyhow::Result<()> {
     let comm = MpiComm::init(Duration::from_secs(120)).context("starting MPI")?;
     // An error on one rank ends the job (the others would wait in a collective).
     if let Err(e) = measure(&comm, &a) {
-        comm.abort(1, &format!("error: {e:#}"));
+        let kind = crate::error_kind::ErrorKind::of(&e).name();
+        comm.abort(1, &format!("error[{kind}]: {e:#}"));
     }
     comm.finalize(Duration::from_secs(10), 0);
     Ok(())

@@ -243,7 +243,18 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         .map(LoaderBench::from_file)
         .transpose()?;
     let cli = args.to_input()?;
-    let resolved = stoker_plan::resolve::resolve(&file, ds.as_ref(), &cli)?;
+    // An error in the merged inputs names the files they came from (later ones win).
+    let files: Vec<String> = [&args.config, &args.deepspeed]
+        .into_iter()
+        .flatten()
+        .map(|p| p.display().to_string())
+        .collect();
+    let resolved = stoker_plan::resolve::resolve(&file, ds.as_ref(), &cli);
+    let resolved = if files.is_empty() {
+        resolved?
+    } else {
+        resolved.with_context(|| format!("plan inputs {} < flags", files.join(" < ")))?
+    };
     let plan = stoker_plan::plan(resolved, bench.as_ref());
     if let Some(path) = &args.emit_config {
         let cfg = plan

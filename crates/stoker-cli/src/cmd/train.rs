@@ -237,7 +237,11 @@ fn run_mpi(
             }
             Ok(())
         }
-        Err(e) => comm.abort(1, &format!("error: {e}")),
+        Err(e) => {
+            let e = anyhow::Error::from(e);
+            let kind = crate::error_kind::ErrorKind::of(&e).name();
+            comm.abort(1, &format!("error[{kind}]: {e:#}"))
+        }
     }
 }
 

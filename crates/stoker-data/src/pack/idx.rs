@@ -22,59 +22,94 @@ pub struct IdxArray {
 }
 
 /// Reads an IDX file of u8 data, gunzipping it when it starts with the gzip magic.
+///
+/// The data is read through a limit of the size the header's dimensions claim (plus one
+/// byte, to notice extra data), so memory grows only with bytes that really arrive: a
+/// header claiming 2^96 bytes or a gzip bomb under a small header costs no more than the
+/// header justifies.
 pub fn read_idx(path: impl AsRef<Path>) -> Result<IdxArray> {
     let path = path.as_ref();
     let raw = std::fs::read(path).map_err(|e| DataError::io(path, e))?;
-    let bytes = if raw.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::new();
-        flate2::read::GzDecoder::new(&raw[..])
-            .read_to_end(&mut out)
-            .map_err(|e| DataError::format(path, "gzip", format!("corrupt gzip stream: {e}")))?;
-        out
+    let gzip = raw.starts_with(&[0x1f, 0x8b]);
+    let mut reader: Box<dyn Read + '_> = if gzip {
+        Box::new(flate2::read::GzDecoder::new(&raw[..]))
     } else {
-        raw
+        Box::new(&raw[..])
     };
-    if bytes.len() < 4 || bytes[0] != 0 || bytes[1] != 0 {
+    let corrupt =
+        |e: std::io::Error| DataError::format(path, "gzip", format!("corrupt gzip stream: {e}"));
+    let mut head = [0u8; 4];
+    let got = read_full(&mut reader, &mut head).map_err(corrupt)?;
+    if got < 4 || head[0] != 0 || head[1] != 0 {
         return Err(DataError::format(
             path,
             "magic",
             "not an IDX file: expected two zero bytes, a type code and a dimension count",
         ));
     }
-    if bytes[2] != 0x08 {
+    if head[2] != 0x08 {
         return Err(DataError::format(
             path,
             "type",
-            format!(
-                "type code 0x{:02x}: expected 0x08 (unsigned byte)",
-                bytes[2]
-            ),
+            format!("type code 0x{:02x}: expected 0x08 (unsigned byte)", head[2]),
         ));
     }
-    let nd = bytes[3] as usize;
-    let header = 4 + 4 * nd;
-    if nd == 0 || bytes.len() < header {
+    let nd = head[3] as usize;
+    let mut sizes = vec![0u8; 4 * nd];
+    let got = read_full(&mut reader, &mut sizes).map_err(corrupt)?;
+    if nd == 0 || got < sizes.len() {
         return Err(DataError::format(
             path,
             "dims",
             format!("{nd} dimensions: expected at least 1, each a 4-byte size"),
         ));
     }
-    let dims: Vec<usize> = (0..nd)
-        .map(|i| u32::from_be_bytes(bytes[4 + 4 * i..8 + 4 * i].try_into().unwrap()) as usize)
+    let dims: Vec<usize> = sizes
+        .chunks_exact(4)
+        .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
         .collect();
-    let n: usize = dims.iter().product();
-    if bytes.len() - header != n {
+    let n = dims
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| {
+            DataError::format(
+                path,
+                "dims",
+                format!("dims {dims:?}: the data size overflows 64 bits"),
+            )
+        })?;
+    let mut data = Vec::new();
+    reader
+        .take(n as u64 + 1)
+        .read_to_end(&mut data)
+        .map_err(corrupt)?;
+    if data.len() != n {
+        let found = if data.len() > n {
+            format!("more than {n}")
+        } else {
+            data.len().to_string()
+        };
         return Err(DataError::format(
             path,
             "data",
-            format!("dims {dims:?} need {n} bytes after the header, file has {} (truncated or wrong file?)", bytes.len() - header),
+            format!("dims {dims:?} need {n} bytes after the header, file has {found} (truncated or wrong file?)"),
         ));
     }
-    Ok(IdxArray {
-        dims,
-        data: bytes[header..].to_vec(),
-    })
+    Ok(IdxArray { dims, data })
+}
+
+/// Reads until `buf` is full or the stream ends; returns the bytes read.
+fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match reader.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(k) => got += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
 }
 
 /// What [`pack_idx`] wrote.
@@ -105,6 +140,16 @@ pub fn pack_idx(
             "dims",
             format!(
                 "{:?}: an image file has 3 dimensions [N, rows, cols]",
+                img.dims
+            ),
+        ));
+    }
+    if img.dims.contains(&0) {
+        return Err(DataError::format(
+            images,
+            "dims",
+            format!(
+                "{:?}: no images, or images of zero rows or columns (expected [N, rows, cols] all positive)",
                 img.dims
             ),
         ));

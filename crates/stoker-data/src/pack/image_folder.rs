@@ -112,9 +112,10 @@ pub fn pack_image_folder_with(
     };
     let mut downscalers: Vec<Downscaler> = (0..threads).map(|_| Downscaler::default()).collect();
     let mut pending: Vec<(PathBuf, Vec<u8>)> = Vec::new();
+    let mut folders_seen = std::collections::HashSet::new();
     for (label, name) in classes.iter().enumerate() {
         let mut files = Vec::new();
-        walk_files(&src.join(name), &mut files)?;
+        walk_files(&src.join(name), &mut files, &mut folders_seen)?;
         let before = labels.len();
         for file in files {
             let buf = fs::read(&file).map_err(|e| DataError::io(&file, e))?;
@@ -240,18 +241,45 @@ fn class_dirs(dir: &Path) -> Result<Vec<String>> {
     Ok(names)
 }
 
-/// Every regular file under `dir`, in byte order of its path, recursively.
-fn walk_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+/// Every regular file under `dir`, in byte order of its path, recursively. Symlinks are
+/// followed (a class folder may link to another disk, as with torchvision's ImageFolder),
+/// but a directory reached twice (a symlink loop, or two links to one folder) is an error,
+/// not the same photos packed again (`seen` holds the canonical folders visited, across
+/// classes); so is an entry that is neither a file nor a folder (a dangling link, a link to
+/// itself, a socket), which would otherwise vanish silently.
+fn walk_files(
+    dir: &Path,
+    out: &mut Vec<PathBuf>,
+    seen: &mut std::collections::HashSet<PathBuf>,
+) -> Result<()> {
+    let real = fs::canonicalize(dir).map_err(|e| DataError::io(dir, e))?;
+    if !seen.insert(real.clone()) {
+        return Err(DataError::format(
+            dir,
+            "folder",
+            format!(
+                "{} is reached twice (a symlink loop, or two links to one folder): its photos would be packed twice",
+                real.display()
+            ),
+        ));
+    }
     let mut entries: Vec<PathBuf> = fs::read_dir(dir)
         .map_err(|e| DataError::io(dir, e))?
         .map(|e| e.map(|e| e.path()).map_err(|err| DataError::io(dir, err)))
         .collect::<Result<_>>()?;
     entries.sort();
     for path in entries {
-        if path.is_dir() {
-            walk_files(&path, out)?;
-        } else if path.is_file() {
+        let meta = fs::metadata(&path).map_err(|e| DataError::io(&path, e))?;
+        if meta.is_dir() {
+            walk_files(&path, out, seen)?;
+        } else if meta.is_file() {
             out.push(path);
+        } else {
+            return Err(DataError::format(
+                &path,
+                "file",
+                "neither a regular file nor a folder (a device, socket or pipe)",
+            ));
         }
     }
     Ok(())

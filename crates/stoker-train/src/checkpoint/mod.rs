@@ -177,7 +177,12 @@ pub(crate) fn ckpt_err(path: &Path, e: impl std::fmt::Display) -> TrainError {
 
 /// Reads `path` and checks its CRC-32 against `want` (recorded in `by`).
 pub(crate) fn read_checked(path: &Path, want: u32, by: &str) -> Result<Vec<u8>> {
-    let bytes = std::fs::read(path).map_err(|e| io_err(path, e))?;
+    let bytes = std::fs::read(path).map_err(|e| match e.kind() {
+        // A file the manifest lists but the directory lacks is a broken checkpoint, not a
+        // failing disk.
+        std::io::ErrorKind::NotFound => ckpt_err(path, format!("missing: {by} lists it")),
+        _ => io_err(path, e),
+    })?;
     let got = crc32fast::hash(&bytes);
     if got != want {
         return Err(ckpt_err(

@@ -54,6 +54,15 @@ pub fn verify(dir: &Path) -> Result<Verified> {
             bytes,
         });
     }
+    if !dir.join("state.json").exists() {
+        return Err(crate::TrainError::Checkpoint {
+            path: dir.to_path_buf(),
+            message: format!(
+                "no {} (version 3) or state.json (versions 1-2): not a stoker checkpoint directory",
+                sharded::MANIFEST
+            ),
+        });
+    }
     let state = legacy::verify(dir)?;
     let size = |f: &str| std::fs::metadata(dir.join(f)).map_or(0, |m| m.len());
     Ok(Verified {
