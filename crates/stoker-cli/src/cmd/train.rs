@@ -29,17 +29,32 @@ pub struct TrainArgs {
     /// Stop after this many steps (writes a checkpoint there).
     #[arg(long)]
     pub stop_after: Option<u64>,
-    /// Test of crash safety, `RANK:STEP`: that rank aborts right after writing its shard
-    /// of that step's checkpoint.
+    /// Test of crash safety, `RANK:STEP[:POINT]`: that rank aborts at POINT of that step's
+    /// checkpoint: shard-written, shard-synced (the default), manifest-written, renamed or
+    /// committed (checkpoint::SavePoint).
     #[arg(long, hide = true, value_parser = parse_fault)]
     pub test_crash_during_save: Option<checkpoint::SaveFault>,
 }
 
 fn parse_fault(s: &str) -> Result<checkpoint::SaveFault, String> {
-    let (rank, step) = s.split_once(':').ok_or("expected RANK:STEP")?;
+    let mut parts = s.splitn(3, ':');
+    let (Some(rank), Some(step)) = (parts.next(), parts.next()) else {
+        return Err("expected RANK:STEP[:POINT]".into());
+    };
+    let at = match parts.next() {
+        None => checkpoint::SavePoint::ShardSynced,
+        Some(name) => checkpoint::SavePoint::from_name(name).ok_or_else(|| {
+            let names: Vec<&str> = checkpoint::SavePoint::ALL
+                .iter()
+                .map(|p| p.name())
+                .collect();
+            format!("point {name:?}: expected one of {}", names.join(", "))
+        })?,
+    };
     Ok(checkpoint::SaveFault {
         rank: rank.parse().map_err(|e| format!("rank: {e}"))?,
         step: step.parse().map_err(|e| format!("step: {e}"))?,
+        at,
     })
 }
 

@@ -22,7 +22,7 @@ use crate::error::{io_err, Result, TrainError};
 use crate::trainer::Trainer;
 
 pub use consolidate::consolidate;
-pub use sharded::{save, Manifest, SaveFault};
+pub use sharded::{save, Manifest, SaveFault, SavePoint};
 pub use verify::{latest_intact, verify, Intact, Verified};
 
 /// Every checkpoint's `format` field.

@@ -22,6 +22,7 @@
 //! of ranges, and no rank ever holds more optimizer state than its own range.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -101,13 +102,69 @@ pub struct Manifest {
 }
 
 /// A crash to inject into a save, for the tests of crash safety: rank `rank` aborts the
-/// process right after writing its shard file of the checkpoint of step `step`.
+/// process at point `at` of the checkpoint of step `step`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SaveFault {
     /// The rank that crashes.
     pub rank: usize,
     /// The checkpoint's step.
     pub step: u64,
+    /// Where in the save.
+    pub at: SavePoint,
+}
+
+/// The points of a save a [`SaveFault`] can stop at, in the order a save passes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SavePoint {
+    /// The rank's shard is written but not yet fsynced.
+    ShardWritten,
+    /// The rank's shard is written and fsynced (before the ranks exchange checksums).
+    ShardSynced,
+    /// Rank 0 has written and fsynced the manifest into the temporary directory.
+    ManifestWritten,
+    /// Rank 0 has renamed the temporary directory to `step_N` (no commit marker yet).
+    Renamed,
+    /// Rank 0 has written the commit marker, before fsyncing the parent directory.
+    Committed,
+}
+
+impl SavePoint {
+    /// Every point, in save order.
+    pub const ALL: [SavePoint; 5] = [
+        SavePoint::ShardWritten,
+        SavePoint::ShardSynced,
+        SavePoint::ManifestWritten,
+        SavePoint::Renamed,
+        SavePoint::Committed,
+    ];
+
+    /// The point's name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            SavePoint::ShardWritten => "shard-written",
+            SavePoint::ShardSynced => "shard-synced",
+            SavePoint::ManifestWritten => "manifest-written",
+            SavePoint::Renamed => "renamed",
+            SavePoint::Committed => "committed",
+        }
+    }
+
+    /// The point named `name`.
+    pub fn from_name(name: &str) -> Option<SavePoint> {
+        SavePoint::ALL.into_iter().find(|p| p.name() == name)
+    }
+}
+
+/// Aborts the process when `fault` names this rank, step and point.
+fn crash_if(fault: Option<SaveFault>, rank: usize, step: u64, at: SavePoint, path: &Path) {
+    if fault == Some(SaveFault { rank, step, at }) {
+        eprintln!(
+            "stoker: rank {rank}: injected crash at {} ({}) (test)",
+            at.name(),
+            path.display()
+        );
+        std::process::abort();
+    }
 }
 
 fn shard_file(rank: usize) -> String {
@@ -165,14 +222,14 @@ pub fn save(
     }
     let bytes = safetensors::serialize(views, None).map_err(|e| ckpt_err(&tmp, e))?;
     let file = tmp.join(shard_file(rank));
-    write_synced(&file, &bytes)?;
-    if fault.is_some_and(|f| f.rank == rank && f.step == trainer.step) {
-        eprintln!(
-            "stoker: rank {rank}: injected crash after writing {} (test)",
-            file.display()
-        );
-        std::process::abort();
+    let step = trainer.step;
+    {
+        let mut f = std::fs::File::create(&file).map_err(|e| io_err(&file, e))?;
+        f.write_all(&bytes).map_err(|e| io_err(&file, e))?;
+        crash_if(fault, rank, step, SavePoint::ShardWritten, &file);
+        f.sync_all().map_err(|e| io_err(&file, e))?;
     }
+    crash_if(fault, rank, step, SavePoint::ShardSynced, &file);
     let mine = [crc32fast::hash(&bytes) as u64, bytes.len() as u64];
     let mut all = vec![0u64; 2 * world];
     comm.all_gather(&mine, &vec![2; world], &mut all)?;
@@ -208,14 +265,17 @@ pub fn save(
         };
         let json = serde_json::to_vec_pretty(&manifest).map_err(|e| ckpt_err(&tmp, e))?;
         write_synced(&tmp.join(MANIFEST), &json)?;
+        crash_if(fault, rank, step, SavePoint::ManifestWritten, &tmp);
         if dir.exists() {
             std::fs::remove_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
         }
         std::fs::rename(&tmp, &dir).map_err(|e| io_err(&dir, e))?;
+        crash_if(fault, rank, step, SavePoint::Renamed, &dir);
         write_synced(
             &dir.join(COMMITTED),
             format!("{:08x}\n", crc32fast::hash(&json)).as_bytes(),
         )?;
+        crash_if(fault, rank, step, SavePoint::Committed, &dir);
         if let Ok(d) = std::fs::File::open(root) {
             let _ = d.sync_all(); // make the rename durable
         }
