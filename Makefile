@@ -35,7 +35,7 @@ test-hf: deps
 
 # Property-based fuzzing of every reader and parser, long run (make test runs 256 cases each).
 fuzz: deps
-	PROPTEST_CASES=$${PROPTEST_CASES:-20000} $(CARGO) test -p stoker-data -p stoker-train --test fuzz
+	PROPTEST_CASES=$${PROPTEST_CASES:-20000} $(CARGO) test --workspace --test fuzz
 
 # Miri over the unit tests of stoker's own unsafe paths (installs a nightly toolchain).
 miri: deps

@@ -9,8 +9,12 @@ use std::path::Path;
 use proptest::prelude::*;
 use stoker_data::dtype::DType;
 use stoker_data::npy::{parse_header, write_npy, NpyArray};
+use stoker_data::pack::idx::read_idx;
 use stoker_data::records::{RecordPaths, RecordShard, RecordWriter};
 use stoker_data::tokens::{write_tokens, TokenFormat, TokenShard};
+use stoker_data::transform::{
+    ImagePipeline, ImageScratch, ImageTransformConfig, JpegBackend, JpegDecoder, TransformMode,
+};
 
 /// A change to a valid file's bytes.
 #[derive(Debug, Clone)]
@@ -75,6 +79,31 @@ fn valid_tokens(dir: &Path, format: TokenFormat) -> Vec<u8> {
     let tokens: Vec<u16> = (0..300).map(|i| (i * 7 % 50) as u16).collect();
     write_tokens(&p, &tokens, format).unwrap();
     std::fs::read(p).unwrap()
+}
+
+fn valid_idx(gzip: bool) -> Vec<u8> {
+    let mut v = vec![0, 0, 8, 3];
+    for d in [5u32, 4, 3] {
+        v.extend(d.to_be_bytes());
+    }
+    v.extend((0..60).map(|i| i as u8));
+    if !gzip {
+        return v;
+    }
+    use std::io::Write;
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(&v).unwrap();
+    e.finish().unwrap()
+}
+
+fn valid_jpeg(progressive: bool) -> Vec<u8> {
+    let px: Vec<u8> = (0..24 * 16 * 3).map(|i| (i * 37 % 251) as u8).collect();
+    let mut out = Vec::new();
+    let mut enc = jpeg_encoder::Encoder::new(&mut out, 85);
+    enc.set_progressive(progressive);
+    enc.encode(&px, 24, 16, jpeg_encoder::ColorType::Rgb)
+        .unwrap();
+    out
 }
 
 proptest! {
@@ -153,5 +182,53 @@ proptest! {
             }
             Err(e) => prop_assert!(files.iter().any(|f| names(&e, f)), "{e}"),
         }
+    }
+
+    #[test]
+    fn idx_mutations_read_or_fail_naming_the_file(
+        gzip in any::<bool>(),
+        ms in prop::collection::vec(mutation(), 1..4),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("images.idx");
+        std::fs::write(&p, mutate(valid_idx(gzip), &ms)).unwrap();
+        match read_idx(&p) {
+            Ok(a) => {
+                let n: usize = a.dims.iter().product();
+                prop_assert_eq!(a.data.len(), n);
+            }
+            Err(e) => prop_assert!(names(&e, &p), "{e}"),
+        }
+    }
+
+    /// The JPEG decoders (libjpeg-turbo and zune-jpeg) and the whole train and eval
+    /// transforms on mutated JPEGs (baseline and progressive): an error or an image of
+    /// the size the header gave, never a panic or a write past the output.
+    #[test]
+    fn jpeg_mutations_decode_and_transform_or_fail(
+        progressive in any::<bool>(),
+        zune in any::<bool>(),
+        train in any::<bool>(),
+        ms in prop::collection::vec(mutation(), 1..4),
+    ) {
+        let jpeg = mutate(valid_jpeg(progressive), &ms);
+        let backend = if zune { JpegBackend::Zune } else { JpegBackend::LibjpegTurbo };
+        let mut decoder = JpegDecoder::new(backend);
+        if let Ok(header) = decoder.header(&jpeg) {
+            let mut buf = Vec::new();
+            if let Ok(d) = decoder.decode(&jpeg, header, 1, &mut buf) {
+                let want = d.width as usize * d.height as usize * d.channels;
+                prop_assert!(buf.len() >= want, "{} bytes for {d:?}", buf.len());
+            }
+        }
+        let config = ImageTransformConfig {
+            size: 8,
+            decoder: backend,
+            mode: if train { TransformMode::Train } else { TransformMode::Eval },
+            ..ImageTransformConfig::default()
+        };
+        let pipeline = ImagePipeline::new(config).unwrap();
+        let mut out = vec![0u8; pipeline.output_bytes()];
+        let _ = pipeline.apply(&jpeg, 7, &mut ImageScratch::default(), &mut out);
     }
 }

@@ -156,7 +156,7 @@ impl DsConfig {
                     return Err(err(format!(
                         "train_batch_size {t} != train_micro_batch_size_per_gpu {m} x \
                          gradient_accumulation_steps {g} x world size {world} (= {})",
-                        m as u128 * g as u128 * world as u128
+                        product(&[m, g, world])
                     )));
                 }
                 (Some(t), Some(m), Some(g))
@@ -167,7 +167,7 @@ impl DsConfig {
                         "train_batch_size {t} is not divisible by train_micro_batch_size_per_gpu \
                          {m} x world size {world} (= {}), so gradient_accumulation_steps is not \
                          a whole number",
-                        m as u128 * world as u128
+                        product(&[m, world])
                     )));
                 }
                 (Some(t), Some(m), Some(t / m.saturating_mul(world)))
@@ -178,7 +178,7 @@ impl DsConfig {
                         "train_batch_size {t} is not divisible by gradient_accumulation_steps {g} \
                          x world size {world} (= {}), so train_micro_batch_size_per_gpu is not a \
                          whole number",
-                        g as u128 * world as u128
+                        product(&[g, world])
                     )));
                 }
                 (Some(t), Some(t / g.saturating_mul(world)), Some(g))
@@ -222,6 +222,14 @@ impl DsConfig {
     }
 }
 
+/// The product of `factors` for a message, or "more than 2^64" when it overflows.
+fn product(factors: &[u64]) -> String {
+    factors
+        .iter()
+        .try_fold(1u64, |acc, &f| acc.checked_mul(f))
+        .map_or_else(|| "more than 2^64".into(), |p| p.to_string())
+}
+
 fn is_auto(v: &Value) -> bool {
     v.as_str().is_some_and(|s| s.eq_ignore_ascii_case("auto"))
 }
@@ -231,8 +239,10 @@ fn count(v: &Value, key: &str) -> std::result::Result<Option<u64>, String> {
         None | Some(Value::Null) => Ok(None),
         Some(x) if is_auto(x) => Ok(None),
         Some(x) => match x.as_u64() {
-            Some(n) if n > 0 => Ok(Some(n)),
-            _ => Err(format!("{key} must be a positive integer, got {x}")),
+            Some(n) if n > 0 && n <= i64::MAX as u64 => Ok(Some(n)),
+            _ => Err(format!(
+                "{key} must be a positive integer up to 2^63 - 1, got {x}"
+            )),
         },
     }
 }

@@ -133,8 +133,24 @@ pub fn resolve_model(m: &ModelInput) -> Result<ModelSpec> {
         },
     };
     let b = base.as_ref().and_then(|s| s.arch.clone());
+    // Upper bounds far beyond any model (GPT-4-class models have ~10^2 layers and ~10^4
+    // width) that keep the parameter and activation arithmetic inside 64 bits.
+    let max = |field: &str| -> u64 {
+        match field {
+            "layers" => 100_000,
+            "hidden" | "heads" | "kv_heads" => 1 << 20,
+            "ffn_hidden" => 1 << 22,
+            "vocab" => 1 << 26,
+            _ => 1 << 24, // context
+        }
+    };
     let need = |field: &str, v: Option<i64>, from_base: Option<u64>| -> Result<u64> {
         match (v, from_base) {
+            (Some(x), _) if x > 0 && x as u64 > max(field) => Err(invalid(
+                &format!("model.{field}"),
+                &format!("a positive integer up to {}", max(field)),
+                x,
+            )),
             (Some(x), _) => positive_int(&format!("model.{field}"), x),
             (None, Some(x)) => Ok(x),
             (None, None) => Err(PlanError::Missing {

@@ -148,3 +148,17 @@ fn loader_bench_errors() {
     .unwrap_err();
     assert!(e.to_string().contains("bench.json: malformed JSON"), "{e}");
 }
+
+/// Found by fuzzing (tests/fuzz.rs): a width of 2^63 - 1 overflowed `4 x hidden`; every
+/// architecture dimension has an upper bound named in the error.
+#[test]
+fn architecture_dimensions_have_upper_bounds() {
+    assert_eq!(
+        err("model = { preset = \"gpt2-124m\", hidden = 9223372036854775807 }\nhardware = { preset = \"cpu\" }"),
+        "model.hidden must be a positive integer up to 1048576, got 9223372036854775807"
+    );
+    assert_eq!(
+        err("model = { layers = 100001, hidden = 128, heads = 4, vocab = 65 }\nhardware = { preset = \"cpu\" }"),
+        "model.layers must be a positive integer up to 100000, got 100001"
+    );
+}

@@ -129,7 +129,7 @@ fn contradictions_are_reported_with_their_keys() {
     let e = ds(r#"{"train_batch_size": -8}"#).unwrap_err();
     assert!(
         e.to_string()
-            .contains("train_batch_size must be a positive integer, got -8"),
+            .contains("train_batch_size must be a positive integer up to 2^63 - 1, got -8"),
         "{e}"
     );
     let e = ds(r#"{"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "disk"}}}"#)
@@ -153,4 +153,25 @@ fn malformed_json_is_an_error_with_position() {
     assert!(e.to_string().contains("line 1"), "{e}");
     let e = ds("[1, 2]").unwrap_err();
     assert!(e.to_string().contains("expected a JSON object"), "{e}");
+}
+
+/// Found by fuzzing (tests/fuzz.rs): batch keys near 2^63 overflowed the product the
+/// mismatch message prints; counts above 2^63 - 1 are refused.
+#[test]
+fn batch_keys_near_2_pow_63_are_a_message_not_an_overflow() {
+    let max = i64::MAX;
+    let cfg = ds(&format!(
+        r#"{{"train_batch_size": {max}, "train_micro_batch_size_per_gpu": {max},
+            "gradient_accumulation_steps": {max}}}"#
+    ))
+    .unwrap();
+    let err = cfg.to_training(8).unwrap_err().to_string();
+    assert!(err.ends_with("x world size 8 (= more than 2^64)"), "{err}");
+    let err = ds(r#"{"train_batch_size": 18446744073709551615}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("train_batch_size must be a positive integer up to 2^63 - 1"),
+        "{err}"
+    );
 }
