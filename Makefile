@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 STOKER := target/release/stoker
 
-.PHONY: demo test test-hf soak fuzz miri deps data photos build release bench-loader bench-jpeg bench-precision bench-step bench-comm bench-ddp check-cuda fmt clippy
+.PHONY: demo test test-hf soak fuzz miri deps data photos build release bench-loader bench-jpeg bench-precision bench-step bench-comm bench-ddp bench-cluster check-cuda fmt clippy
 
 # System packages, Python packages for fixtures/references, a Rust toolchain check.
 deps:
@@ -69,6 +69,10 @@ bench-comm: release
 # The DDP step: 1 vs 2 ranks, overlap, exposed communication, the plan; sync timing at k = 2..16.
 bench-ddp: data
 	bash scripts/bench/ddp.sh
+
+# The chapter's network case: DDP vs ZeRO-3 over shaped links between network namespaces.
+bench-cluster: deps release
+	bash scripts/bench/cluster.sh
 
 fmt:
 	$(CARGO) fmt --all

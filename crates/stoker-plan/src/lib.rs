@@ -34,6 +34,7 @@ pub mod recommend;
 pub mod report;
 pub mod resolve;
 pub mod setup;
+pub mod states_only;
 pub mod strategy;
 pub mod time;
 pub mod trainer;

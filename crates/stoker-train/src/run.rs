@@ -63,8 +63,14 @@ pub struct RunSummary {
     pub eval: Option<EvalReport>,
     /// Loader wait as % of the loop's wall time.
     pub loader_wait_pct: f64,
-    /// Mean throughput (targets per second).
+    /// Mean training throughput (targets per second of the training loop, evaluation and
+    /// checkpoint time excluded: they are [`RunSummary::eval_s`] and
+    /// [`RunSummary::checkpoint_s`]).
     pub throughput: f64,
+    /// Seconds spent in evaluation.
+    pub eval_s: f64,
+    /// Seconds spent writing checkpoints.
+    pub checkpoint_s: f64,
     /// A text sample (GPT with a vocab and `train.sample_tokens`).
     pub sample: Option<String>,
     /// Trainable parameters.
@@ -316,6 +322,10 @@ pub fn run_rank(
     let started = Instant::now();
     let (mut wait, mut window_wait, mut window_t0) =
         (Duration::ZERO, Duration::ZERO, Instant::now());
+    // Evaluation and checkpoint time, kept out of the training throughput (in total and in
+    // the current logging interval) and reported on their own.
+    let (mut eval_time, mut ckpt_time, mut window_side) =
+        (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     let (mut interval_count, mut total_count) = (0usize, 0usize);
     let (mut comm_wait, mut bytes_sent, mut step_time, mut steps_run) =
         (Duration::ZERO, 0u64, Duration::ZERO, 0u32);
@@ -360,7 +370,10 @@ pub fn run_rank(
                 tracing::warn!("step {step}: skipped (fp16 overflow): {why}");
             }
             if step % config.train.log_every == 0 || step == total {
-                let dt = window_t0.elapsed().as_secs_f64();
+                let dt = window_t0
+                    .elapsed()
+                    .saturating_sub(window_side)
+                    .as_secs_f64();
                 let rec = Record::Train {
                     step,
                     loss: r.loss,
@@ -388,7 +401,8 @@ pub fn run_rank(
                     r.loss_scale,
                     r.lr
                 ));
-                (interval_count, window_wait, window_t0) = (0, Duration::ZERO, Instant::now());
+                (interval_count, window_wait, window_t0, window_side) =
+                    (0, Duration::ZERO, Instant::now(), Duration::ZERO);
             }
             bar.set_position(step);
             // Preemption: every rank stops after this step if any rank was signalled.
@@ -398,7 +412,10 @@ pub fn run_rank(
             }
             let every = |n: u64| n > 0 && step % n == 0;
             if every(config.train.eval_every) || step == config.train.steps {
+                let t_eval = Instant::now();
                 let e = evaluate(&mut trainer, &data, config, &dims)?;
+                eval_time += t_eval.elapsed();
+                window_side += t_eval.elapsed();
                 if let Some(log) = &mut log {
                     log.write(&Record::Eval {
                         step,
@@ -414,6 +431,7 @@ pub fn run_rank(
                 last_eval = Some(e);
             }
             if every(config.train.checkpoint_every) || step == total || preempted {
+                let t_save = Instant::now();
                 same_weights_everywhere(&*comm, &trainer, step)?;
                 let pos = DataPosition::of(trainer.sampler_state, dims.global_batch, dims.world, k);
                 checkpoint::save(
@@ -424,6 +442,8 @@ pub fn run_rank(
                     pos,
                     opts.save_fault,
                 )?;
+                ckpt_time += t_save.elapsed();
+                window_side += t_save.elapsed();
             }
             if step >= total || preempted {
                 break 'outer;
@@ -436,6 +456,7 @@ pub fn run_rank(
     }
     bar.finish();
     let elapsed = started.elapsed().as_secs_f64();
+    let training_s = (elapsed - eval_time.as_secs_f64() - ckpt_time.as_secs_f64()).max(1e-9);
     let planned = predicted(config, &dims, &trainer.layout);
     let held = trainer.held_bytes();
     if let Some(log) = &mut log {
@@ -469,8 +490,10 @@ pub fn run_rank(
         preempted,
         last_loss,
         eval: last_eval,
-        loader_wait_pct: 100.0 * wait.as_secs_f64() / elapsed,
-        throughput: total_count as f64 / elapsed,
+        loader_wait_pct: 100.0 * wait.as_secs_f64() / training_s,
+        throughput: total_count as f64 / training_s,
+        eval_s: eval_time.as_secs_f64(),
+        checkpoint_s: ckpt_time.as_secs_f64(),
         sample,
         params,
         dims,

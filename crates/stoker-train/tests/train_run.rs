@@ -225,3 +225,29 @@ fn report_writes_five_pngs() {
         assert_eq!(&bytes[1..4], b"PNG", "{}", f.display());
     }
 }
+
+/// Evaluation and checkpoint time are measured on their own and kept out of the training
+/// throughput (the demo's throughput plot no longer dips at every evaluation).
+#[test]
+fn evaluation_and_checkpoint_time_are_reported_apart_from_training() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = config(
+        tmp.path(),
+        "fp32",
+        4,
+        "eval_every = 2\ncheckpoint_every = 2",
+    );
+    let s = run(&c, &RunOptions::default()).unwrap();
+    assert!(
+        s.eval_s > 0.0 && s.checkpoint_s > 0.0,
+        "{} {}",
+        s.eval_s,
+        s.checkpoint_s
+    );
+    assert!(
+        s.throughput.is_finite() && s.throughput > 0.0,
+        "{}",
+        s.throughput
+    );
+    assert_eq!(s.step_times_s.len(), 4);
+}

@@ -8,6 +8,7 @@ use anyhow::Context;
 use stoker_plan::deepspeed::DsConfig;
 use stoker_plan::input::{Count, HardwareInput, ModelInput, PlanInput, TrainingInput};
 use stoker_plan::loader::LoaderBench;
+use stoker_plan::setup::{Optimizer, Precision};
 
 /// Arguments of `stoker plan`. Precedence: --config TOML < --deepspeed JSON < flags.
 #[derive(clap::Args)]
@@ -164,6 +165,29 @@ fn peaks(items: &[String]) -> anyhow::Result<Option<BTreeMap<String, f64>>> {
     Ok(Some(out))
 }
 
+/// The parameter count when `--params` is the only model input and nothing asks for a
+/// full plan (no config, DeepSpeed file, hardware or batch): `--help` promises that
+/// `--params` alone plans model states only.
+fn states_only(args: &PlanArgs) -> anyhow::Result<Option<u64>> {
+    let Some(p) = &args.params else {
+        return Ok(None);
+    };
+    let full = args.config.is_some()
+        || args.deepspeed.is_some()
+        || args.hardware.is_some()
+        || args.memory_gib.is_some()
+        || args.global_batch.is_some()
+        || args.model.is_some()
+        || args.layers.is_some()
+        || args.hidden.is_some()
+        || args.emit_config.is_some()
+        || args.json;
+    if full {
+        return Ok(None);
+    }
+    Ok(Some(Count::Text(p.clone()).resolve("model.params")?))
+}
+
 impl PlanArgs {
     fn to_input(&self) -> anyhow::Result<PlanInput> {
         Ok(PlanInput {
@@ -226,6 +250,37 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         for (name, what) in stoker_plan::hardware::HARDWARE_PRESETS {
             println!("  {name:<12} {what}");
         }
+        return Ok(());
+    }
+    if let Some(params) = states_only(&args)? {
+        let precision = args
+            .precision
+            .as_deref()
+            .map(|s| Precision::parse("training.precision", s))
+            .transpose()?
+            .unwrap_or(Precision::Bf16);
+        let optimizer = args
+            .optimizer
+            .as_deref()
+            .map(|s| Optimizer::parse("training.optimizer", s))
+            .transpose()?
+            .unwrap_or(Optimizer::Adam);
+        let worlds: Vec<u64> = match (args.nodes, args.devices_per_node) {
+            (None, None) => vec![1, 8, 64],
+            (n, d) => {
+                let n = n.unwrap_or(1);
+                let d = d.unwrap_or(1);
+                anyhow::ensure!(
+                    n > 0 && d > 0 && n <= 1_000_000 && d <= 1_000_000,
+                    "--nodes {n} x --devices-per-node {d}: expected positive counts up to 10^6"
+                );
+                vec![(n * d) as u64]
+            }
+        };
+        print!(
+            "{}",
+            stoker_plan::states_only::table(params, precision, optimizer, &worlds)
+        );
         return Ok(());
     }
     let file = match &args.config {

@@ -303,10 +303,13 @@ fn print_summary(s: &RunSummary) {
         );
     }
     println!(
-        "throughput {:.0} targets/s, {:.1} ms per step, loader wait {:.2}% of wall time",
+        "throughput {:.0} targets/s, {:.1} ms per step, loader wait {:.2}% of training time \
+         (evaluation {:.2} s and checkpoints {:.2} s not counted)",
         s.throughput,
         1e3 * s.step_s,
-        s.loader_wait_pct
+        s.loader_wait_pct,
+        s.eval_s,
+        s.checkpoint_s
     );
     if s.dims.world > 1 {
         println!(
