@@ -21,15 +21,20 @@ enum TuneWhat {
 struct LoaderTuneArgs {
     #[command(flatten)]
     data: DatasetArgs,
-    /// Samples/s the training step consumes (or give --step-ms: batch / step time).
+    /// Samples/s the training step consumes (or give --step-ms: batch / step time, or
+    /// --from-plan).
     #[arg(long)]
     target_samples_per_s: Option<f64>,
+    /// A config written by `stoker plan --emit-config`: its `[data] required_samples_per_s`
+    /// (the plan's consumption rate per device) is the target.
+    #[arg(long, value_name = "FILE")]
+    from_plan: Option<std::path::PathBuf>,
+    /// Headroom over the target a setting must reach, fraction (0.1 = 10%).
+    #[arg(long, default_value_t = 0.1)]
+    margin: f64,
     /// Peak RSS allowed for a setting, in MB.
     #[arg(long)]
     memory_budget_mb: Option<f64>,
-    /// First worker count tried.
-    #[arg(long, default_value_t = 4)]
-    start_workers: usize,
     /// Most workers tried.
     #[arg(long, default_value_t = 32)]
     max_workers: usize,
@@ -41,10 +46,11 @@ struct LoaderTuneArgs {
 /// Runs `stoker tune`.
 pub fn run(args: TuneArgs) -> anyhow::Result<()> {
     let TuneWhat::Loader(a) = args.what;
-    let target = match (a.target_samples_per_s, a.data.step_ms) {
-        (Some(t), _) => Some(t),
-        (None, Some(ms)) => Some(a.data.batch as f64 / (ms / 1e3)),
-        (None, None) => None,
+    let target = match (a.target_samples_per_s, a.data.step_ms, &a.from_plan) {
+        (Some(t), _, _) => Some(t),
+        (None, Some(ms), _) => Some(a.data.batch as f64 / (ms / 1e3)),
+        (None, None, Some(plan)) => Some(planned_rate(plan)?),
+        (None, None, None) => None,
     };
     if let Some(t) = target {
         anyhow::ensure!(
@@ -54,8 +60,8 @@ pub fn run(args: TuneArgs) -> anyhow::Result<()> {
     }
     let ds = a.data.open()?;
     let config = TuneConfig {
-        start_workers: a.start_workers,
         max_workers: a.max_workers,
+        margin: a.margin,
         memory_budget_bytes: a.memory_budget_mb.map(|mb| (mb * 1e6) as u64),
         target_samples_per_s: target,
         ..TuneConfig::default()
@@ -87,7 +93,19 @@ pub fn run(args: TuneArgs) -> anyhow::Result<()> {
         "\nchosen ({:.0} samples/s, consumer wait {:.1}%):\n",
         c.samples_per_s, c.consumer_wait_pct
     );
-    println!("[data]\nbatch_size = {}\nnum_workers = {}\nprefetch_factor = {}\npersistent_workers = {}\npin_memory = {}", c.batch_size, c.num_workers, c.prefetch_factor, c.num_workers > 0, a.data.pin_memory);
+    // With 0 workers there is nothing to prefetch or keep alive (as in torch).
+    let workers = if c.num_workers > 0 {
+        format!(
+            "num_workers = {}\nprefetch_factor = {}\npersistent_workers = true",
+            c.num_workers, c.prefetch_factor
+        )
+    } else {
+        "num_workers = 0".into()
+    };
+    println!(
+        "[data]\nbatch_size = {}\n{workers}\npin_memory = {}",
+        c.batch_size, a.data.pin_memory
+    );
     if let Some(path) = &a.json {
         std::fs::write(
             path,
@@ -96,4 +114,29 @@ pub fn run(args: TuneArgs) -> anyhow::Result<()> {
         println!("\nwrote {}", path.display());
     }
     Ok(())
+}
+
+/// The per-device consumption rate in a config written by `stoker plan --emit-config`.
+fn planned_rate(path: &std::path::Path) -> anyhow::Result<f64> {
+    use anyhow::Context;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let v: toml::Value =
+        toml::from_str(&text).with_context(|| format!("{}: not a TOML config", path.display()))?;
+    let rate = v
+        .get("data")
+        .and_then(|d| d.get("required_samples_per_s"))
+        .and_then(toml::Value::as_float)
+        .with_context(|| {
+            format!(
+                "{}: no [data] required_samples_per_s (write it with stoker plan --emit-config)",
+                path.display()
+            )
+        })?;
+    anyhow::ensure!(
+        rate.is_finite() && rate > 0.0,
+        "{}: data.required_samples_per_s = {rate}: expected a positive number",
+        path.display()
+    );
+    Ok(rate)
 }
