@@ -60,7 +60,7 @@ mod tests {
         let gb = |s| per_device(7_500_000_000, sb, s, 64) / 1e9;
         assert_eq!(gb(Stage::Ddp), 120.0);
         assert!((gb(Stage::Zero1) - 31.40625).abs() < 1e-9);
-        assert!((gb(Stage::Zero2) - 16.6875).abs() < 1e-9);
+        assert!((gb(Stage::Zero2) - 16.640625).abs() < 1e-9);
         assert!((gb(Stage::Zero3) - 1.875).abs() < 1e-9);
     }
 }
