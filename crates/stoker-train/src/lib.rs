@@ -36,6 +36,7 @@ pub mod checkpoint;
 pub mod clip;
 pub mod config;
 pub mod data;
+pub mod dry_run;
 pub mod error;
 pub mod grad_sum;
 pub mod hf;

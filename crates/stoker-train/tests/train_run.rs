@@ -251,3 +251,24 @@ fn evaluation_and_checkpoint_time_are_reported_apart_from_training() {
     );
     assert_eq!(s.step_times_s.len(), 4);
 }
+
+/// `--dry-run` predicts what the run then holds: the same plan, and the bytes the run's
+/// buffers hold, counted, equal to it; nothing is written.
+#[test]
+fn a_dry_run_plans_what_the_run_holds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = config(tmp.path(), "bf16", 2, "");
+    let d = stoker_train::dry_run::dry_run(&c, 1).unwrap();
+    assert!(
+        !c.run_dir.exists(),
+        "a dry run wrote {}",
+        c.run_dir.display()
+    );
+    let s = run(&c, &RunOptions::default()).unwrap();
+    assert_eq!(d.planned, s.planned);
+    assert_eq!(d.params, s.params);
+    assert_eq!(s.held.model_states() as f64, d.planned.model_states());
+    // At 3 ranks the batch is 3x (the config pins the accumulation, not the global batch).
+    let d3 = stoker_train::dry_run::dry_run(&c, 3).unwrap();
+    assert_eq!(d3.dims.global_batch, 3 * d.dims.global_batch);
+}

@@ -26,6 +26,13 @@ pub struct TrainArgs {
     /// Hide the progress bar.
     #[arg(long)]
     pub no_progress: bool,
+    /// Check the config, its model and data for a run on `--world` ranks, print what each
+    /// rank will hold and send, and exit without training (nothing is written).
+    #[arg(long)]
+    pub dry_run: bool,
+    /// With --dry-run: the number of ranks to plan for (default: the launcher's, else 1).
+    #[arg(long, requires = "dry_run")]
+    pub world: Option<usize>,
     /// Stop after this many steps (writes a checkpoint there).
     #[arg(long)]
     pub stop_after: Option<u64>,
@@ -58,9 +65,43 @@ fn parse_fault(s: &str) -> Result<checkpoint::SaveFault, String> {
     })
 }
 
+/// `--dry-run`: the checks a run makes before its first step, and its plan.
+fn dry_run(args: &TrainArgs, config: &TrainConfig) -> anyhow::Result<()> {
+    let world = args
+        .world
+        .or(stoker_comm::mpi::launched_world().map(|(_, n)| n))
+        .unwrap_or(1);
+    anyhow::ensure!(world >= 1, "--world 0: expected at least 1 rank");
+    let d = stoker_train::dry_run::dry_run(config, world)?;
+    let mib = |b: f64| b / (1 << 20) as f64;
+    let p = &d.planned;
+    println!("{}: valid", args.config.display());
+    println!(
+        "model: {} parameters; data: {} training and {} evaluation samples",
+        d.params, d.train_samples, d.eval_samples
+    );
+    println!(
+        "batch: {} per micro-batch x {} accumulation steps x {} ranks = global batch {}; strategy {:?}",
+        d.dims.micro_batch, d.dims.accumulation_steps, d.dims.world, d.dims.global_batch, d.dims.strategy
+    );
+    println!(
+        "planned per rank: model states {:.2} MiB (params {:.2} + grads {:.2} + optimizer {:.2}), {:.3} MiB sent per step",
+        mib(p.model_states()),
+        mib(p.params),
+        mib(p.grads),
+        mib(p.optimizer),
+        mib(p.bytes_sent_per_step)
+    );
+    println!("(a run prints the same beside what it counted; nothing was trained or written)");
+    Ok(())
+}
+
 /// Runs `stoker train`.
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let config = TrainConfig::load(&args.config)?;
+    if args.dry_run {
+        return dry_run(&args, &config);
+    }
     let resume = match args.resume.as_deref() {
         None => None,
         Some("latest") => {
