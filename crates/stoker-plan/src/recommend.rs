@@ -312,20 +312,20 @@ pub fn decide(r: &Resolved, rows: &[StrategyRow], bench: Option<&LoaderBench>) -
         {
             if z3.time.comm_s > z3.time.compute_s {
                 warnings.push(format!(
-                    "at {:.2} GB/s ring bandwidth ({}) ZeRO-3 moves {:.1} GB per device per step \
+                    "at {} GB/s ring bandwidth ({}) ZeRO-3 moves {} GB per device per step \
                      in {} against {} of compute: its communication exceeds compute, so ZeRO-3 \
                      is communication-bound and slower than DDP would be (the chapter's 10 Gbps \
                      warning)",
-                    z3.comm.bus_bw / GB,
+                    sig3(z3.comm.bus_bw / GB),
                     if r.hardware.nodes > 1 {
                         format!(
-                            "{:.0} Gbit/s between nodes",
-                            r.hardware.inter_node_bw * 8.0 / 1e9
+                            "{} Gbit/s between nodes",
+                            sig3(r.hardware.inter_node_bw * 8.0 / 1e9)
                         )
                     } else {
                         "inside one node".to_string()
                     },
-                    z3.comm.bytes_per_step / GB,
+                    sig3(z3.comm.bytes_per_step / GB),
                     fmt_s(z3.time.comm_s),
                     fmt_s(z3.time.compute_s)
                 ));
@@ -341,6 +341,21 @@ pub fn decide(r: &Resolved, rows: &[StrategyRow], bench: Option<&LoaderBench>) -
         path,
         strategy: strategy_sentence,
         warnings,
+    }
+}
+
+/// `x` with three significant digits (0.0125, 0.1, 12.5, 3200), so that slow links and
+/// small models do not print as 0.
+fn sig3(x: f64) -> String {
+    if !x.is_finite() || x == 0.0 {
+        return format!("{x}");
+    }
+    let decimals = (2 - x.abs().log10().floor() as i32).clamp(0, 12) as usize;
+    let s = format!("{x:.decimals$}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
     }
 }
 
