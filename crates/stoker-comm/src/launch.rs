@@ -20,8 +20,8 @@ pub fn launched_world() -> Option<(String, usize)> {
 /// This machine's host name (for messages that say where a rank runs).
 pub fn host_name() -> String {
     let mut name = [0u8; 256];
-    // SAFETY: the buffer is valid for its whole length; gethostname writes at most that
-    // many bytes (truncating, possibly without a NUL, which the search below handles).
+    // SAFETY: gethostname writes at most `name.len()` bytes to `name`, a live local array of
+    // that length (truncating, possibly without a NUL, which the search below handles).
     let rc = unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) };
     if rc != 0 {
         return "(unknown host)".into();

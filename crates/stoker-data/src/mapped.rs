@@ -13,7 +13,10 @@
 //!
 //! A signal handler can only reach process-wide state, so the table is the one global in
 //! stoker: fixed-size atomics, read by the handler without locks or allocation (it only
-//! loads atomics, calls `write(2)` and `_exit(2)`, which are async-signal-safe).
+//! loads atomics and calls `write(2)`, `_exit(2)`, `signal(2)` and `raise(3)`, which are
+//! async-signal-safe). Each slot carries a sequence number, odd while a registration or a
+//! drop rewrites it, so that the handler only ever uses a consistent snapshot of one
+//! registration.
 
 use std::fs::File;
 use std::ops::Deref;
@@ -32,9 +35,12 @@ pub const SHRUNK_EXIT: i32 = 74;
 const SLOTS: usize = 256;
 
 /// One registered mapping: its address range and its path's bytes. `start == 0` is free;
-/// `claimed` is taken by a registration while it fills the other fields.
+/// `claimed` is taken by a registration while it fills the other fields. `seq` is odd while
+/// the owner of `claimed` rewrites the fields (a seqlock: the handler retries nothing, it
+/// skips a slot whose `seq` is odd or changed while it read the fields).
 struct Slot {
     claimed: AtomicUsize,
+    seq: AtomicUsize,
     start: AtomicUsize,
     len: AtomicUsize,
     path: AtomicPtr<u8>,
@@ -44,6 +50,7 @@ struct Slot {
 #[allow(clippy::declare_interior_mutable_const)]
 const FREE: Slot = Slot {
     claimed: AtomicUsize::new(0),
+    seq: AtomicUsize::new(0),
     start: AtomicUsize::new(0),
     len: AtomicUsize::new(0),
     path: AtomicPtr::new(std::ptr::null_mut()),
@@ -70,8 +77,10 @@ impl std::fmt::Debug for Mapped {
 impl Mapped {
     /// Maps `file` (opened from `path`) read-only.
     pub fn map(file: &File, path: &Path) -> Result<Self> {
-        // SAFETY: a read-only mapping; the one hazard of reading it, the file shrinking
-        // under us, ends in the SIGBUS handler below, which names the file.
+        // SAFETY: a read-only mapping that `Mapped` owns, so no slice of it outlives the
+        // mapping (`Deref` borrows `self`). What no check can rule out is another process
+        // changing the file: a truncation ends in the SIGBUS handler below, which names the
+        // file; datasets must not be rewritten in place while stoker reads them.
         let map = unsafe { Mmap::map(file) }.map_err(|e| DataError::io(path, e))?;
         HANDLER.call_once(install_handler);
         let path_bytes: Box<[u8]> = path.as_os_str().as_encoded_bytes().into();
@@ -99,9 +108,14 @@ impl Drop for Mapped {
     fn drop(&mut self) {
         if let Some(i) = self.slot {
             let s = &TABLE[i];
-            // Unnamed before unmapped: the handler never reads a freed path.
+            // Unnamed before unmapped (`map` and `_path` drop after this body): the handler
+            // never matches an unmapped range nor reads a freed path.
+            s.seq.fetch_add(1, Ordering::SeqCst);
             s.start.store(0, Ordering::SeqCst);
+            s.len.store(0, Ordering::SeqCst);
             s.path.store(std::ptr::null_mut(), Ordering::SeqCst);
+            s.path_len.store(0, Ordering::SeqCst);
+            s.seq.fetch_add(1, Ordering::SeqCst);
             s.claimed.store(0, Ordering::SeqCst);
         }
     }
@@ -115,16 +129,19 @@ fn register(start: usize, len: usize, path: &[u8]) -> Option<usize> {
             .is_ok()
     })?;
     let s = &TABLE[i];
+    s.seq.fetch_add(1, Ordering::SeqCst);
     s.path_len.store(path.len(), Ordering::SeqCst);
     s.path.store(path.as_ptr() as *mut u8, Ordering::SeqCst);
     s.len.store(len, Ordering::SeqCst);
     s.start.store(start, Ordering::SeqCst);
+    s.seq.fetch_add(1, Ordering::SeqCst);
     Some(i)
 }
 
 fn install_handler() {
-    // SAFETY: `on_sigbus` only loads atomics, writes to stderr and exits, all
-    // async-signal-safe; the sigaction struct is fully initialized (zeroed, then set).
+    // SAFETY: `action` is a zeroed (valid all-zero C struct) sigaction whose handler has the
+    // SA_SIGINFO signature; `on_sigbus` only loads atomics and calls write(2), signal(2),
+    // raise(3) and _exit(2), all async-signal-safe, and never allocates, locks or panics.
     unsafe {
         let mut action: libc::sigaction = std::mem::zeroed();
         action.sa_sigaction = on_sigbus as *const () as usize;
@@ -135,27 +152,42 @@ fn install_handler() {
 }
 
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
-    // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler; `si_addr` is
-    // the faulting address for SIGBUS.
+    // A positive si_code is a fault the kernel raised (BUS_ADRERR for a truncated file), for
+    // which `si_addr` is the faulting address; a SIGBUS sent with kill(2) or sigqueue(2)
+    // (si_code <= 0) carries no address and matches no mapping.
     let addr = if info.is_null() {
         0
     } else {
-        unsafe { (*info).si_addr() as usize }
+        // SAFETY: `info` is non-null (checked just above) and points at the siginfo the
+        // kernel passes an SA_SIGINFO handler; both fields read are plain integers of it.
+        unsafe {
+            match (*info).si_code > 0 {
+                true => (*info).si_addr() as usize,
+                false => 0,
+            }
+        }
     };
     for s in &TABLE {
+        let seq = s.seq.load(Ordering::SeqCst);
         let start = s.start.load(Ordering::SeqCst);
         let len = s.len.load(Ordering::SeqCst);
+        let path = s.path.load(Ordering::SeqCst);
+        let path_len = s.path_len.load(Ordering::SeqCst);
+        // Only a stable snapshot of one registration counts: not being rewritten (even
+        // `seq`) and not rewritten while read (`seq` unchanged).
+        if seq % 2 == 1 || s.seq.load(Ordering::SeqCst) != seq {
+            continue;
+        }
         if start == 0 || addr < start || addr - start >= len {
             continue;
         }
-        let (path, path_len) = (
-            s.path.load(Ordering::SeqCst),
-            s.path_len.load(Ordering::SeqCst),
-        );
         write_err(b"stoker: ");
         if !path.is_null() {
-            // SAFETY: the slot names a live mapping, whose path bytes outlive it (they
-            // are freed only after `Drop` cleared `start`, checked just above).
+            // SAFETY: `start..start + len`, `path` and `path_len` come from one registration
+            // (the `seq` check above), and that range holds the faulting address (checked
+            // above): it is the live mapping this thread was reading, which cannot be dropped
+            // while the read is in progress, and its path bytes (`Mapped::_path`, `path_len`
+            // long) are freed only after its `Drop` cleared the slot.
             write_err(unsafe { std::slice::from_raw_parts(path, path_len) });
         }
         write_err(
@@ -165,19 +197,24 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut li
         write_err(b" of the ");
         write_num(len);
         write_err(b" mapped): a dataset must not be modified while stoker reads it\n");
-        // SAFETY: ends the process at once, which is all a handler can do for a fault it
-        // cannot recover from.
+        // SAFETY: _exit(2) has no preconditions and is async-signal-safe; it ends the process
+        // at once, which is all a handler can do for a fault it cannot recover from.
         unsafe { libc::_exit(SHRUNK_EXIT) };
     }
-    // Not one of ours: the default action (the process ends with SIGBUS, as before).
-    // SAFETY: restores the default disposition; returning re-raises the fault.
+    // Not one of ours: the default action (the process ends with SIGBUS, as before). A
+    // fault recurs when the handler returns; a sent SIGBUS would not, so it is raised again
+    // (blocked while the handler runs, it is delivered on return).
+    // SAFETY: signal(2) with SIG_DFL and raise(3) take no pointers and are
+    // async-signal-safe.
     unsafe {
         libc::signal(sig, libc::SIG_DFL);
+        libc::raise(sig);
     }
 }
 
 fn write_err(bytes: &[u8]) {
-    // SAFETY: writes `bytes` (a live slice) to fd 2; async-signal-safe.
+    // SAFETY: write(2) reads at most `bytes.len()` bytes from `bytes.as_ptr()`, a live slice
+    // for the whole call; it is async-signal-safe.
     unsafe {
         libc::write(2, bytes.as_ptr() as *const libc::c_void, bytes.len());
     }

@@ -61,19 +61,21 @@ impl Pinner {
         }
     }
 
-    /// Pins `len` bytes at `ptr` (page-aligned, owned by the caller until [`unpin`](Self::unpin)).
-    ///
-    /// # Safety
-    /// `ptr..ptr + len` must be a live allocation that outlives the pin.
-    pub unsafe fn pin(&self, ptr: *mut u8, len: usize) -> PinKind {
+    /// Pins `buf` (page-aligned memory the caller owns); undo it with [`unpin`](Self::unpin)
+    /// before the memory is freed ([`HostBuffer`](crate::pool::HostBuffer) does both). A
+    /// range freed while pinned is not unsafe, only still locked (mlock) or registered
+    /// (CUDA) until the process ends.
+    pub fn pin(&self, buf: &mut [u8]) -> PinKind {
         if !self.requested {
             return PinKind::None;
         }
+        let (ptr, len) = (buf.as_mut_ptr(), buf.len());
         #[cfg(feature = "cuda")]
         if let Some(ctx) = &self.cuda {
             use cudarc::driver::sys;
             if ctx.bind_to_thread().is_ok() {
-                // SAFETY: the caller guarantees the range is a live allocation.
+                // SAFETY: `ptr..ptr + len` is exactly the live, exclusively borrowed `buf`;
+                // registering only pins its pages (an invalid range is an error code).
                 let r = unsafe {
                     sys::cuMemHostRegister_v2(ptr.cast(), len, sys::CU_MEMHOSTREGISTER_PORTABLE)
                 };
@@ -85,7 +87,8 @@ impl Pinner {
                 );
             }
         }
-        // SAFETY: mlock only changes residency of the caller's range.
+        // SAFETY: mlock only changes the residency of `ptr..ptr + len`, exactly the live
+        // `buf`; it reads and writes no memory.
         if unsafe { libc::mlock(ptr as *const libc::c_void, len) } == 0 {
             PinKind::Mlock
         } else {
@@ -96,23 +99,22 @@ impl Pinner {
         }
     }
 
-    /// Undoes [`pin`](Self::pin).
-    ///
-    /// # Safety
-    /// `ptr`, `len` and `kind` must be those of a live pinned range.
-    pub unsafe fn unpin(&self, ptr: *mut u8, len: usize, kind: PinKind) {
+    /// Undoes [`pin`](Self::pin) of the same `buf`, which returned `kind`.
+    pub fn unpin(&self, buf: &mut [u8], kind: PinKind) {
         match kind {
             PinKind::None => {}
-            // SAFETY: as the caller guarantees.
+            // SAFETY: munlock only changes the residency of exactly the live `buf`'s range; it
+            // reads and writes no memory.
             PinKind::Mlock => unsafe {
-                libc::munlock(ptr as *const libc::c_void, len);
+                libc::munlock(buf.as_ptr().cast(), buf.len());
             },
             PinKind::Cuda => {
                 #[cfg(feature = "cuda")]
                 if let Some(ctx) = &self.cuda {
                     let _ = ctx.bind_to_thread();
-                    // SAFETY: the range was registered by `pin`.
-                    unsafe { cudarc::driver::sys::cuMemHostUnregister(ptr.cast()) };
+                    // SAFETY: the pointer is the start of the live `buf`; unregistering a
+                    // range that is not registered is an error code, not a fault.
+                    unsafe { cudarc::driver::sys::cuMemHostUnregister(buf.as_mut_ptr().cast()) };
                 }
             }
         }
@@ -124,10 +126,11 @@ impl Pinner {
 #[cfg(feature = "cuda")]
 fn open_cuda() -> Option<Arc<cudarc::driver::CudaContext>> {
     let present = [c"libcuda.so.1", c"libcuda.so"].iter().any(|name| {
-        // SAFETY: dlopen of a system library by name; the handle is closed right away (cudarc
-        // opens its own).
+        // SAFETY: `name` is a NUL-terminated C string literal; dlopen returns a handle or
+        // null (libcuda's initializers are the driver's own; cudarc loads it the same way).
         let h = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_LAZY) };
         if !h.is_null() {
+            // SAFETY: `h` is the non-null handle just returned by dlopen, closed once.
             unsafe { libc::dlclose(h) };
         }
         !h.is_null()

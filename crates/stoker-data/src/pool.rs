@@ -19,35 +19,56 @@ use crate::MappedBytes;
 pub const BUFFER_ALIGN: usize = 4096;
 
 /// A zero-initialised, page-aligned heap buffer, page-locked when asked and allowed.
+///
+/// Invariant (established by [`HostBuffer::new`], the only constructor; the fields are
+/// private and never change): `ptr` is an `alloc_zeroed` allocation of `layout`, owned by
+/// this value alone, and `len <= layout.size()`.
 pub struct HostBuffer {
     ptr: NonNull<u8>,
     len: usize,
+    layout: Layout,
     pinned: PinKind,
     pinner: Arc<Pinner>,
 }
 
-// SAFETY: HostBuffer owns its allocation exclusively, like a Box<[u8]>.
+// The impls below also vouch for the fields other than `ptr`: each must be Send + Sync on
+// its own (a compile error otherwise).
+const _: fn() = || {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<(usize, Layout, PinKind, Arc<Pinner>)>();
+};
+
+// SAFETY: HostBuffer owns its allocation exclusively, like a Box<[u8]> (type invariant), so
+// it may move to another thread; its other fields are Send on their own (checked above).
 unsafe impl Send for HostBuffer {}
-// SAFETY: shared access is read-only through &[u8].
+// SAFETY: `&HostBuffer` reaches the bytes only as `&[u8]` (no interior mutability), and its
+// other fields are Sync on their own (checked above).
 unsafe impl Sync for HostBuffer {}
 
 impl HostBuffer {
     /// Allocates `len` zeroed bytes aligned to [`BUFFER_ALIGN`], pinned through `pinner`.
     pub fn new(len: usize, pinner: &Arc<Pinner>) -> Self {
-        let size = len.max(1).next_multiple_of(BUFFER_ALIGN);
+        // Checked: a wrapped rounding would allocate less than `len` (or nothing).
+        let size = len
+            .max(1)
+            .checked_next_multiple_of(BUFFER_ALIGN)
+            .expect("buffer size fits a usize");
         let layout =
             Layout::from_size_align(size, BUFFER_ALIGN).expect("buffer size fits a Layout");
-        // SAFETY: size is non-zero.
+        assert!(len <= layout.size() && layout.size() > 0);
+        // SAFETY: `layout` has a non-zero size (asserted just above).
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        // SAFETY: ptr..ptr+size is our allocation and lives until drop, which unpins first.
-        let pinned = unsafe { pinner.pin(ptr.as_ptr(), size) };
-        HostBuffer {
+        let mut buf = HostBuffer {
             ptr,
             len,
-            pinned,
+            layout,
+            pinned: PinKind::None,
             pinner: pinner.clone(),
-        }
+        };
+        // Dropped on a panic from here on: unpinning `PinKind::None` is a no-op.
+        buf.pinned = pinner.pin(buf.allocation());
+        buf
     }
 
     /// Whether and how the buffer is page-locked.
@@ -55,36 +76,37 @@ impl HostBuffer {
         self.pinned
     }
 
-    fn layout(&self) -> Layout {
-        Layout::from_size_align(self.len.max(1).next_multiple_of(BUFFER_ALIGN), BUFFER_ALIGN)
-            .unwrap()
+    /// The whole allocation (`layout.size()` bytes, at least `len`), for pinning.
+    fn allocation(&mut self) -> &mut [u8] {
+        // SAFETY: by the type invariant `ptr` is a live zeroed (so initialised) allocation of
+        // `layout.size()` bytes owned by `self`, borrowed mutably here.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
     }
 }
 
 impl std::ops::Deref for HostBuffer {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        // SAFETY: len bytes, initialised (zeroed) at allocation.
+        // SAFETY: by the type invariant `ptr` is a live, zeroed (so initialised) allocation
+        // of `layout.size() >= len` bytes owned by `self`, borrowed shared here.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }
 
 impl std::ops::DerefMut for HostBuffer {
     fn deref_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as above, and &mut self guarantees exclusivity.
+        // SAFETY: as in `deref`, and `&mut self` makes the borrow exclusive.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {
-        let layout = self.layout();
-        // SAFETY: the pointer, size and layout are the ones we allocated and pinned with.
-        unsafe {
-            self.pinner
-                .unpin(self.ptr.as_ptr(), layout.size(), self.pinned);
-            std::alloc::dealloc(self.ptr.as_ptr(), layout);
-        }
+        let (pinner, pinned, layout) = (self.pinner.clone(), self.pinned, self.layout);
+        pinner.unpin(self.allocation(), pinned);
+        // SAFETY: `ptr` was allocated with exactly `layout` (type invariant) and is freed
+        // once, here; no borrow of it outlives `&mut self`.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
     }
 }
 

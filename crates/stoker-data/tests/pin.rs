@@ -70,3 +70,19 @@ fn pin_memory_does_not_change_batches() {
 fn ds_len(ds: &TokenWindows) -> usize {
     stoker_data::Dataset::len(ds)
 }
+
+#[test]
+fn buffer_sizes_that_do_not_round_to_a_page_panic_before_allocating() {
+    use stoker_data::pin::Pinner;
+    use stoker_data::pool::HostBuffer;
+    let pinner = Pinner::new(false);
+    // Rounding up to a page would wrap (to 0) or not fit a Layout: a panic, never a buffer
+    // that claims more bytes than it holds.
+    for len in [usize::MAX, usize::MAX - BUFFER_ALIGN, isize::MAX as usize] {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            HostBuffer::new(len, &pinner)
+        }));
+        assert!(r.is_err(), "HostBuffer::new({len}) must panic");
+    }
+    assert_eq!(HostBuffer::new(1, &pinner).len(), 1);
+}

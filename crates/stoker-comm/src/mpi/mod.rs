@@ -21,6 +21,8 @@ mod watch;
 mod watchdog;
 
 use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use mpi::ffi;
@@ -32,22 +34,31 @@ use crate::error::{CommError, Result};
 use crate::stats::{CommStats, Op, StatsCell};
 use pending::Owned;
 use raw::{
-    buf_mut_ptr, buf_ptr, c_count, counts_displs, datatype, equal, iallgather, in_place,
-    ireduce_scatter, sum_op, SEND_RECV_TAG,
+    c_count, counts_displs, datatype, equal, in_place, len_of, raw, raw_mut, segments_fit, sum_op,
+    total, SEND_RECV_TAG,
 };
 
 pub use crate::launch::{host_name, launched_world};
 
 /// The MPI world communicator of this process.
+///
+/// Neither Send nor Sync: MPI is initialized `MPI_THREAD_FUNNELED`, so only the thread that
+/// called [`MpiComm::init`] may make MPI calls, and every MPI call goes through this value
+/// (or a [`Pending`] it started, which is not Send either).
 pub struct MpiComm {
     universe: Option<mpi::environment::Universe>,
     ctx: Ctx,
     stats: StatsCell,
     watch: watch::Watch,
     dog: watchdog::Watchdog,
+    _funneled: std::marker::PhantomData<*const ()>,
 }
 
 /// What waits and error messages need; pending operations keep a copy.
+///
+/// Invariant (set once by [`MpiComm::init`]): `raw` is MPI's world communicator, valid
+/// while `live` is true, `world` its size (a positive c_int) and `rank < world` this
+/// process's rank in it.
 #[derive(Clone)]
 struct Ctx {
     raw: ffi::MPI_Comm,
@@ -55,6 +66,9 @@ struct Ctx {
     world: usize,
     timeout: Duration,
     peers: peers::Peers,
+    /// True until MPI_Finalize: a pending operation that outlives the communicator makes no
+    /// MPI call after it.
+    live: Arc<AtomicBool>,
 }
 
 impl Ctx {
@@ -86,7 +100,7 @@ impl Ctx {
 /// MPI call, so any thread may call it.
 pub fn abort_world(code: i32) -> ! {
     std::thread::sleep(Duration::from_millis(500));
-    // SAFETY: _exit ends the process at once, from any thread.
+    // SAFETY: _exit(2) has no preconditions; it ends the process at once, from any thread.
     unsafe { libc::_exit(code) }
 }
 
@@ -101,9 +115,16 @@ impl MpiComm {
             })?;
         let world = universe.world();
         let raw = world.as_raw();
-        // SAFETY: `raw` is the valid world communicator; the handler is a predefined one.
+        // SAFETY: MPI was initialized just above (`universe` holds it), `raw` is its world
+        // communicator and the handler a predefined one; the call takes no buffers.
         unsafe { ffi::MPI_Comm_set_errhandler(raw, ffi::RSMPI_ERRORS_RETURN) };
-        let (rank, size) = (world.rank() as usize, world.size() as usize);
+        let (rank, size) = (world.rank(), world.size());
+        // Checked once here: every count and rank handed to MPI below relies on these.
+        assert!(
+            0 <= rank && rank < size,
+            "MPI rank {rank} of world size {size}"
+        );
+        let (rank, size) = (len_of(rank), len_of(size));
         let me = [peers::host_key(), std::process::id() as u64];
         let mut all = vec![0u64; 2 * size];
         world.all_gather_into(&me[..], &mut all[..]);
@@ -125,10 +146,12 @@ impl MpiComm {
                 world: size,
                 timeout,
                 peers,
+                live: Arc::new(AtomicBool::new(true)),
             },
             stats: StatsCell::default(),
             watch,
             dog,
+            _funneled: std::marker::PhantomData,
         })
     }
 
@@ -142,7 +165,9 @@ impl MpiComm {
     /// `stoker bench comm`.
     pub fn all_reduce_direct(&self, buf: &mut [f32]) -> Result<()> {
         let n = c_count(Op::AllReduce, self.ctx.rank, buf.len())?;
-        // SAFETY: `buf` is valid for `n` f32 elements for the whole blocking call.
+        // SAFETY: `buf` holds `n` f32 (MPI_FLOAT) elements (`n` is its length, converted
+        // with a check) and stays borrowed for the whole blocking call; in place there is no
+        // send buffer.
         let code = unsafe {
             ffi::MPI_Allreduce(
                 in_place(),
@@ -160,12 +185,14 @@ impl MpiComm {
     /// `stoker bench comm`.
     pub fn reduce_scatter_direct(&self, input: &[f32], out: &mut [f32]) -> Result<()> {
         let n = c_count(Op::ReduceScatter, self.ctx.rank, out.len())?;
-        if input.len() != out.len() * self.ctx.world {
+        if out.len().checked_mul(self.ctx.world) != Some(input.len()) {
             return Err(self
                 .ctx
                 .arg(Op::ReduceScatter, "input must hold world x output elements"));
         }
-        // SAFETY: both buffers are valid for their lengths for the whole blocking call.
+        // SAFETY: MPI reads world x `n` f32 elements from `input` and writes `n` to `out`,
+        // their lengths (checked just above, without overflow); both stay borrowed for the
+        // whole blocking call.
         let code = unsafe {
             ffi::MPI_Reduce_scatter_block(
                 input.as_ptr().cast(),
@@ -182,13 +209,15 @@ impl MpiComm {
     /// Plain blocking `MPI_Allgather` (equal segments), the baseline of `stoker bench comm`.
     pub fn all_gather_direct(&self, input: &[f32], out: &mut [f32]) -> Result<()> {
         let n = c_count(Op::AllGather, self.ctx.rank, input.len())?;
-        if out.len() != input.len() * self.ctx.world {
+        if input.len().checked_mul(self.ctx.world) != Some(out.len()) {
             return Err(self
                 .ctx
                 .arg(Op::AllGather, "output must hold world x input elements"));
         }
         let dt = datatype(crate::DType::F32);
-        // SAFETY: both buffers are valid for their lengths for the whole blocking call.
+        // SAFETY: MPI reads `n` f32 elements from `input` and writes world x `n` to `out`,
+        // their lengths (checked just above, without overflow); both stay borrowed for the
+        // whole blocking call.
         let code = unsafe {
             ffi::MPI_Allgather(
                 input.as_ptr().cast(),
@@ -213,24 +242,36 @@ impl MpiComm {
         self.watch.disarm();
         self.ctx.timeout *= 10;
         let _ = self.barrier();
+        // Pending operations still held make no MPI call from now on.
+        self.ctx.live.store(false, Ordering::SeqCst);
         let universe = self.universe.take();
         std::thread::spawn(move || {
             std::thread::sleep(grace);
             crate::say(&format!(
                 "stoker: MPI_Finalize did not return within {grace:?}; exiting"
             ));
-            // SAFETY: _exit ends the process without running destructors or flushing,
-            // which is what a hung finalize leaves us; stdout was flushed by the caller.
+            // SAFETY: _exit(2) has no preconditions; it ends the process without running
+            // destructors or flushing, which is what a hung finalize leaves us (stdout was
+            // flushed by the caller).
             unsafe { libc::_exit(exit_code) };
         });
         drop(universe);
     }
 
-    /// Runs a blocking MPI call under the watchdog and checks its return code.
+    /// Runs a blocking MPI call under the watchdog and checks its return code. (`&self`
+    /// keeps MPI initialized: only `finalize(self)` or dropping the communicator ends it.)
     fn blocking(&self, op: Op, bytes: usize, call: impl FnOnce() -> c_int) -> Result<()> {
         self.stats.count(op, bytes, self.ctx.world);
         let code = self.dog.guard(op, bytes, self.ctx.timeout, call);
         self.ctx.check_code(op, code)
+    }
+}
+
+impl Drop for MpiComm {
+    fn drop(&mut self) {
+        // The universe (dropped after this body) finalizes MPI: pending operations still
+        // held make no MPI call from now on.
+        self.ctx.live.store(false, Ordering::SeqCst);
     }
 }
 
@@ -252,10 +293,12 @@ impl Communicator for MpiComm {
     }
 
     fn all_reduce_buf(&self, mut buf: BufMut<'_>) -> Result<()> {
-        let (bytes, dt) = (buf.bytes(), buf.dtype());
-        let n = c_count(Op::AllReduce, self.ctx.rank, buf.len())?;
-        let ptr = buf_mut_ptr(&mut buf);
-        // SAFETY: `buf` is valid for `n` elements of its dtype for the whole blocking call.
+        let bytes = buf.bytes();
+        let (ptr, len, dt) = raw_mut(&mut buf);
+        let n = c_count(Op::AllReduce, self.ctx.rank, len)?;
+        // SAFETY: `ptr` holds `n` elements of `dt` (pointer, length and dtype all from `buf`;
+        // `n` converted with a check) and `buf` stays borrowed for the whole blocking call;
+        // in place there is no send buffer.
         self.blocking(Op::AllReduce, bytes, || unsafe {
             ffi::MPI_Allreduce(in_place(), ptr, n, datatype(dt), sum_op(), self.ctx.raw)
         })
@@ -276,12 +319,20 @@ impl Communicator for MpiComm {
             Some(&output),
         )?;
         let (c, _) = counts_displs(Op::ReduceScatter, self.ctx.rank, counts)?;
-        let (send, recv, dt) = (
-            buf_ptr(&input),
-            buf_mut_ptr(&mut output),
-            datatype(input.dtype()),
+        let (send, send_len, send_dt) = raw(&input);
+        let (recv, recv_len, dt) = raw_mut(&mut output);
+        // Checked again on the very values MPI gets (check_args returned these as errors).
+        assert!(
+            c.len() == self.ctx.world
+                && send_dt == dt
+                && Some(send_len) == total(&c)
+                && recv_len == len_of(c[self.ctx.rank]),
+            "reduce_scatter: buffer lengths do not match the counts"
         );
-        // SAFETY: the lengths were checked against the counts; both buffers and `c` stay
+        let dt = datatype(dt);
+        // SAFETY: MPI reads `c` (one count per rank, asserted) and their sum of elements of
+        // `dt` from `send`, and writes `c[rank]` to `recv` (both asserted just above; equal
+        // counts: `c[0] == c[rank]`, world x `c[0]` is the sum); both buffers and `c` stay
         // borrowed for the whole blocking call.
         self.blocking(Op::ReduceScatter, input.bytes(), || unsafe {
             match equal(&c) {
@@ -309,13 +360,24 @@ impl Communicator for MpiComm {
         )?;
         let (c, d) = counts_displs(Op::AllGather, self.ctx.rank, counts)?;
         let n = c[self.ctx.rank];
-        let (send, recv, dt) = (
-            buf_ptr(&input),
-            buf_mut_ptr(&mut output),
-            datatype(input.dtype()),
+        let bytes = output.bytes();
+        let (send, send_len, send_dt) = raw(&input);
+        let (recv, recv_len, dt) = raw_mut(&mut output);
+        // Checked again on the very values MPI gets (check_args returned these as errors).
+        assert!(
+            c.len() == self.ctx.world
+                && send_dt == dt
+                && send_len == len_of(n)
+                && Some(recv_len) == total(&c)
+                && segments_fit(&c, &d, recv_len),
+            "all_gather: buffer lengths do not match the counts"
         );
-        // SAFETY: as in reduce_scatter_buf.
-        self.blocking(Op::AllGather, output.bytes(), || unsafe {
+        let dt = datatype(dt);
+        // SAFETY: MPI reads `n` elements of `dt` from `send` and writes `c[r]` at `d[r]` of
+        // `recv` for every rank `r` (one count and displacement per rank, each segment inside
+        // `recv`: asserted just above; equal counts: world x `n` is `recv`'s length); both
+        // buffers, `c` and `d` stay borrowed for the whole blocking call.
+        self.blocking(Op::AllGather, bytes, || unsafe {
             match equal(&c) {
                 true => ffi::MPI_Allgather(send, n, dt, recv, n, dt, self.ctx.raw),
                 false => {
@@ -332,16 +394,20 @@ impl Communicator for MpiComm {
                 &format!("root {root} is not below world size {}", self.ctx.world),
             ));
         }
-        let n = c_count(Op::Broadcast, self.ctx.rank, buf.len())?;
-        let (bytes, dt, ptr) = (buf.bytes(), datatype(buf.dtype()), buf_mut_ptr(&mut buf));
-        // SAFETY: `buf` is valid for `n` elements for the whole blocking call.
+        let root = c_int::try_from(root).expect("root < world size, a c_int");
+        let bytes = buf.bytes();
+        let (ptr, len, dt) = raw_mut(&mut buf);
+        let n = c_count(Op::Broadcast, self.ctx.rank, len)?;
+        let dt = datatype(dt);
+        // SAFETY: `ptr` holds `n` elements of `dt` (pointer, length and dtype all from `buf`;
+        // `n` converted with a check) and `buf` stays borrowed for the whole blocking call.
         self.blocking(Op::Broadcast, bytes, || unsafe {
-            ffi::MPI_Bcast(ptr, n, dt, root as c_int, self.ctx.raw)
+            ffi::MPI_Bcast(ptr, n, dt, root, self.ctx.raw)
         })
     }
 
     fn barrier(&self) -> Result<()> {
-        // SAFETY: no buffers.
+        // SAFETY: a barrier on the live world communicator (`&self`) takes no buffers.
         self.blocking(Op::Barrier, 0, || unsafe { ffi::MPI_Barrier(self.ctx.raw) })
     }
 
@@ -355,12 +421,16 @@ impl Communicator for MpiComm {
                 ),
             ));
         }
-        let ns = c_count(Op::SendRecv, self.ctx.rank, send.len())?;
-        let nr = c_count(Op::SendRecv, self.ctx.rank, recv.len())?;
-        let (sp, sdt) = (buf_ptr(&send), datatype(send.dtype()));
-        let (rp, rdt) = (buf_mut_ptr(&mut recv), datatype(recv.dtype()));
-        let p = peer as c_int;
-        // SAFETY: both buffers are valid for their counts for the whole blocking call.
+        let (sp, send_len, sdt) = raw(&send);
+        let (rp, recv_len, rdt) = raw_mut(&mut recv);
+        let ns = c_count(Op::SendRecv, self.ctx.rank, send_len)?;
+        let nr = c_count(Op::SendRecv, self.ctx.rank, recv_len)?;
+        let (sdt, rdt) = (datatype(sdt), datatype(rdt));
+        let p = c_int::try_from(peer).expect("peer < world size, a c_int");
+        // SAFETY: MPI reads `ns` elements of `sdt` from `sp` and writes at most `nr` of
+        // `rdt` to `rp` (a longer message is a truncation error); each pointer, length and
+        // dtype come from one buffer (counts converted with a check), and both buffers stay
+        // borrowed for the whole blocking call.
         self.blocking(Op::SendRecv, send.bytes(), || unsafe {
             ffi::MPI_Sendrecv(
                 sp,
@@ -380,25 +450,15 @@ impl Communicator for MpiComm {
     }
 
     fn start_all_reduce(&self, buf: Buffer) -> Result<Pending> {
-        let (bytes, dt) = (buf.bytes(), buf.dtype());
+        let bytes = buf.bytes();
         self.stats.count(Op::AllReduce, bytes, self.ctx.world);
-        let n = c_count(Op::AllReduce, self.ctx.rank, buf.len())?;
-        let raw = self.ctx.raw;
         let bufs = Owned {
             send: None,
             recv: buf,
             counts: vec![],
             displs: vec![],
         };
-        pending::start(
-            &self.ctx,
-            (Op::AllReduce, bytes),
-            bufs,
-            |s, r, _, _, req| {
-                // SAFETY: the pending operation owns the buffer until it completes.
-                unsafe { ffi::MPI_Iallreduce(s, r, n, datatype(dt), sum_op(), raw, req) }
-            },
-        )
+        pending::start(&self.ctx, (Op::AllReduce, bytes), bufs)
     }
 
     fn start_reduce_scatter(
@@ -415,26 +475,16 @@ impl Communicator for MpiComm {
             Some(input.as_buf()),
             Some(&recv.as_buf_mut()),
         )?;
-        let (bytes, dt) = (input.bytes(), input.dtype());
+        let bytes = input.bytes();
         self.stats.count(Op::ReduceScatter, bytes, self.ctx.world);
         let (c, _) = counts_displs(Op::ReduceScatter, self.ctx.rank, counts)?;
-        let raw = self.ctx.raw;
         let bufs = Owned {
             send: Some(input),
             recv,
             counts: c,
             displs: vec![],
         };
-        pending::start(
-            &self.ctx,
-            (Op::ReduceScatter, bytes),
-            bufs,
-            |s, r, c, _, req| {
-                // SAFETY: the pending operation owns both buffers and the counts until it
-                // completes.
-                unsafe { ireduce_scatter(s, r, c, datatype(dt), raw, req) }
-            },
-        )
+        pending::start(&self.ctx, (Op::ReduceScatter, bytes), bufs)
     }
 
     fn start_all_gather(
@@ -451,34 +501,23 @@ impl Communicator for MpiComm {
             Some(input.as_buf()),
             Some(&recv.as_buf_mut()),
         )?;
-        let dt = input.dtype();
-        let total: usize = counts.iter().sum();
-        let bytes = total * dt.size();
+        // check_args matched `recv`'s length to the counts' sum.
+        let bytes = recv.bytes();
         self.stats.count(Op::AllGather, bytes, self.ctx.world);
         let (c, d) = counts_displs(Op::AllGather, self.ctx.rank, counts)?;
-        let n = c[self.ctx.rank];
-        let raw = self.ctx.raw;
         let bufs = Owned {
             send: Some(input),
             recv,
             counts: c,
             displs: d,
         };
-        pending::start(
-            &self.ctx,
-            (Op::AllGather, bytes),
-            bufs,
-            |s, r, c, d, req| {
-                // SAFETY: the pending operation owns both buffers, the counts and the
-                // displacements until it completes.
-                unsafe { iallgather((s, n), r, (c, d), datatype(dt), raw, req) }
-            },
-        )
+        pending::start(&self.ctx, (Op::AllGather, bytes), bufs)
     }
 
     fn progress(&self) {
         let mut flag: c_int = 0;
-        // SAFETY: a probe with an ignored status only drives MPI's progress engine.
+        // SAFETY: a probe on the live world communicator (`&self`) writes only `flag` (the
+        // status is ignored); it drives MPI's progress engine.
         unsafe {
             ffi::MPI_Iprobe(
                 ffi::RSMPI_ANY_SOURCE,
@@ -504,8 +543,9 @@ impl Communicator for MpiComm {
         // MPI_Abort tears the job down at once, and the launcher may drop output it has
         // not yet forwarded: give it a moment to pass the message on.
         std::thread::sleep(Duration::from_millis(500));
-        // SAFETY: MPI_Abort on the valid world communicator ends every rank; it does not
-        // return in practice, and _exit covers an implementation where it would.
+        // SAFETY: MPI_Abort on the live world communicator (`&self`) takes no buffers and
+        // ends every rank; it does not return in practice, and _exit(2), which has no
+        // preconditions, covers an implementation where it would.
         unsafe {
             ffi::MPI_Abort(self.ctx.raw, code);
             libc::_exit(code)

@@ -47,8 +47,14 @@ pub(super) fn lost(peers: &[Peer], me: usize) -> (Vec<usize>, String) {
     let locals = local(peers, me);
     let remote = peers.len() - 1 - locals.len();
     for (r, pid) in locals {
-        // SAFETY: signal 0 only checks that the pid exists; no signal is sent.
-        let alive = unsafe { libc::kill(pid as libc::pid_t, 0) } == 0
+        // Only a positive pid_t names one process (0 and negatives name process groups or
+        // every process): one that does not fit cannot be checked, so it is not called gone.
+        let Some(pid) = libc::pid_t::try_from(pid).ok().filter(|&p| p > 0) else {
+            continue;
+        };
+        // SAFETY: kill(2) takes no pointers; signal 0 to one process (a positive pid,
+        // checked above) only checks that it exists, no signal is sent.
+        let alive = unsafe { libc::kill(pid, 0) } == 0
             || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
         if !alive {
             gone.push(r);

@@ -16,8 +16,10 @@ extern "C" {
 /// Tag of `send_recv` messages (collectives do not use tags).
 pub(super) const SEND_RECV_TAG: c_int = 0x570c;
 
+/// The MPI datatype of elements of `d`: f32 is C `float`, f64 `double`, u64 `uint64_t`.
 pub(super) fn datatype(d: DType) -> ffi::MPI_Datatype {
-    // SAFETY: reading rsmpi's exported constants, initialized by the C runtime at load.
+    // SAFETY: reads of mpi-sys's immutable extern statics, which its C shim initializes
+    // statically (no MPI call, valid before MPI_Init and after MPI_Finalize alike).
     unsafe {
         match d {
             DType::F32 => ffi::RSMPI_FLOAT,
@@ -33,7 +35,8 @@ pub(super) fn sum_op() -> ffi::MPI_Op {
 }
 
 pub(super) fn in_place() -> *mut c_void {
-    // SAFETY: the shim only returns the MPI_IN_PLACE constant of the mpi.h we built with.
+    // SAFETY: `shim.c` takes no arguments and only returns the MPI_IN_PLACE constant of the
+    // mpi.h it was compiled against; the declaration above matches its signature.
     unsafe { stoker_mpi_in_place() }
 }
 
@@ -51,6 +54,31 @@ pub(super) fn c_count(op: Op, rank: usize, n: usize) -> Result<c_int> {
     })
 }
 
+/// A count MPI gave back (or [`c_count`] made) as a length; a negative one panics rather
+/// than wrap to a huge length.
+pub(super) fn len_of(n: c_int) -> usize {
+    usize::try_from(n).expect("MPI counts are not negative")
+}
+
+/// The sum of `counts` as a length, None when it does not fit a usize (or one is negative).
+pub(super) fn total(counts: &[c_int]) -> Option<usize> {
+    counts
+        .iter()
+        .try_fold(0usize, |at, &n| at.checked_add(usize::try_from(n).ok()?))
+}
+
+/// Whether every rank's segment, `displs[r]..displs[r] + counts[r]`, lies inside a buffer
+/// of `len` elements (checked arithmetic: nothing wraps into range).
+pub(super) fn segments_fit(counts: &[c_int], displs: &[c_int], len: usize) -> bool {
+    counts.len() == displs.len()
+        && counts.iter().zip(displs).all(|(&n, &at)| {
+            match (usize::try_from(at), usize::try_from(n)) {
+                (Ok(at), Ok(n)) => at.checked_add(n).is_some_and(|end| end <= len),
+                _ => false,
+            }
+        })
+}
+
 /// Counts and displacements (each rank's segment starts after the lower ranks').
 pub(super) fn counts_displs(
     op: Op,
@@ -65,6 +93,7 @@ pub(super) fn counts_displs(
     let mut at: usize = 0;
     for &n in counts {
         d.push(c_count(op, rank, at)?);
+        // Both terms fit a c_int here (checked above), so this cannot overflow.
         at += n;
     }
     Ok((c, d))
@@ -75,82 +104,36 @@ pub(super) fn equal(counts: &[c_int]) -> bool {
     counts.windows(2).all(|w| w[0] == w[1])
 }
 
-pub(super) fn buf_ptr(b: &Buf<'_>) -> *const c_void {
+/// A buffer as MPI takes it: its data pointer, its length in elements and their type, all
+/// from the one slice (so the pointer, the length and the datatype always agree).
+pub(super) fn raw(b: &Buf<'_>) -> (*const c_void, usize, DType) {
     match b {
-        Buf::F32(x) => x.as_ptr().cast(),
-        Buf::F64(x) => x.as_ptr().cast(),
-        Buf::U64(x) => x.as_ptr().cast(),
+        Buf::F32(x) => (x.as_ptr().cast(), x.len(), DType::F32),
+        Buf::F64(x) => (x.as_ptr().cast(), x.len(), DType::F64),
+        Buf::U64(x) => (x.as_ptr().cast(), x.len(), DType::U64),
     }
 }
 
-pub(super) fn buf_mut_ptr(b: &mut BufMut<'_>) -> *mut c_void {
+/// [`raw`] of an output buffer.
+pub(super) fn raw_mut(b: &mut BufMut<'_>) -> (*mut c_void, usize, DType) {
     match b {
-        BufMut::F32(x) => x.as_mut_ptr().cast(),
-        BufMut::F64(x) => x.as_mut_ptr().cast(),
-        BufMut::U64(x) => x.as_mut_ptr().cast(),
+        BufMut::F32(x) => (x.as_mut_ptr().cast(), x.len(), DType::F32),
+        BufMut::F64(x) => (x.as_mut_ptr().cast(), x.len(), DType::F64),
+        BufMut::U64(x) => (x.as_mut_ptr().cast(), x.len(), DType::U64),
     }
 }
+
+/// Room for MPI's longest error text.
+const ERROR_STRING_BYTES: usize = 1024;
+const _: () = assert!(ffi::MPI_MAX_ERROR_STRING as usize <= ERROR_STRING_BYTES);
 
 /// MPI's text for an error code.
 pub(super) fn error_string(code: c_int) -> String {
-    let mut buf = vec![0u8; 1024];
+    let mut buf = vec![0u8; ERROR_STRING_BYTES];
     let mut len: c_int = 0;
-    // SAFETY: the buffer holds MPI_MAX_ERROR_STRING (512 in MPICH) bytes and more.
+    // SAFETY: MPI_Error_string writes at most MPI_MAX_ERROR_STRING bytes, which `buf` holds
+    // (asserted at compile time above), and one c_int to `len`.
     unsafe { ffi::MPI_Error_string(code, buf.as_mut_ptr().cast(), &mut len) };
-    buf.truncate(len.max(0) as usize);
+    buf.truncate(usize::try_from(len).unwrap_or(0));
     String::from_utf8_lossy(&buf).into_owned()
-}
-
-/// Starts a sum reduce-scatter with `counts[r]` elements for rank `r`:
-/// `MPI_Ireduce_scatter_block` when every count is the same, `MPI_Ireduce_scatter`
-/// otherwise.
-///
-/// # Safety
-/// `send` must be valid for the counts' sum and `recv` for this rank's count, and both,
-/// `counts` and `req` must stay valid until the request completes.
-pub(super) unsafe fn ireduce_scatter(
-    send: *const c_void,
-    recv: *mut c_void,
-    counts: &[c_int],
-    dt: ffi::MPI_Datatype,
-    comm: ffi::MPI_Comm,
-    req: *mut ffi::MPI_Request,
-) -> c_int {
-    match counts.first() {
-        Some(&n) if equal(counts) => {
-            ffi::MPI_Ireduce_scatter_block(send, recv, n, dt, sum_op(), comm, req)
-        }
-        _ => ffi::MPI_Ireduce_scatter(send, recv, counts.as_ptr(), dt, sum_op(), comm, req),
-    }
-}
-
-/// Starts an all-gather of `counts[r]` elements from rank `r` at `displs[r]` (this rank
-/// sends `n`): `MPI_Iallgather` when every count is the same, `MPI_Iallgatherv` otherwise.
-///
-/// # Safety
-/// As [`ireduce_scatter`], with `send` valid for `n` elements, `recv` for the counts' sum
-/// and `displs` alive too.
-pub(super) unsafe fn iallgather(
-    (send, n): (*const c_void, c_int),
-    recv: *mut c_void,
-    (counts, displs): (&[c_int], &[c_int]),
-    dt: ffi::MPI_Datatype,
-    comm: ffi::MPI_Comm,
-    req: *mut ffi::MPI_Request,
-) -> c_int {
-    if equal(counts) {
-        ffi::MPI_Iallgather(send, n, dt, recv, n, dt, comm, req)
-    } else {
-        ffi::MPI_Iallgatherv(
-            send,
-            n,
-            dt,
-            recv,
-            counts.as_ptr(),
-            displs.as_ptr(),
-            dt,
-            comm,
-            req,
-        )
-    }
 }

@@ -8,7 +8,7 @@
 //! the job ends with a message that names the lost rank either way. A clean shutdown
 //! disarms it first (see `MpiComm::finalize`).
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,13 +47,17 @@ impl Watch {
 
 /// A pidfd of process `pid` (Linux 5.3+), or None.
 fn pidfd(pid: u64) -> Option<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: `fd` was just returned by pidfd_open, is open, and nothing else owns it.
-    Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    // A pid that does not fit a positive pid_t names no process (and must not wrap into
+    // 0 or a negative value, which mean other things to the kernel).
+    let pid = libc::pid_t::try_from(pid).ok().filter(|&p| p > 0)?;
+    // SAFETY: pidfd_open takes a pid and flags (no pointers) and returns a new descriptor
+    // or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    // A descriptor is a non-negative int; anything else is an error.
+    let fd = RawFd::try_from(fd).ok().filter(|&fd| fd >= 0)?;
+    // SAFETY: `fd` was just returned by pidfd_open (checked to be a descriptor), is open,
+    // and nothing else owns it.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 fn watch(me: usize, world: usize, fds: Vec<(usize, u64, OwnedFd)>, armed: Arc<AtomicBool>) {
@@ -65,10 +69,12 @@ fn watch(me: usize, world: usize, fds: Vec<(usize, u64, OwnedFd)>, armed: Arc<At
             revents: 0,
         })
         .collect();
+    let count = libc::nfds_t::try_from(polls.len()).expect("a few descriptors");
     while armed.load(Ordering::SeqCst) {
-        // SAFETY: `polls` is a valid array of pollfd for its length; the descriptors
-        // stay open (owned by `fds`) for the whole loop.
-        let n = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, 500) };
+        // SAFETY: `polls` holds `count` pollfd (its length, converted with a check, and it
+        // never grows) for poll to read and write; the descriptors stay open (owned by
+        // `fds`) for the whole loop, and poll ignores the ones set to -1.
+        let n = unsafe { libc::poll(polls.as_mut_ptr(), count, 500) };
         if n <= 0 || !armed.load(Ordering::SeqCst) {
             continue;
         }
@@ -92,7 +98,8 @@ fn watch(me: usize, world: usize, fds: Vec<(usize, u64, OwnedFd)>, armed: Arc<At
             ));
             std::thread::sleep(Duration::from_millis(200));
             if armed.load(Ordering::SeqCst) {
-                // SAFETY: ends the process at once; no MPI call from this thread.
+                // SAFETY: _exit(2) has no preconditions; it ends the process at once (no MPI
+                // call from this thread).
                 unsafe { libc::_exit(1) };
             }
             return;

@@ -52,7 +52,8 @@ impl Watchdog {
                 // Let the launcher forward the line, then end this process (the launcher
                 // ends the others: this rank never finalized).
                 std::thread::sleep(Duration::from_millis(500));
-                // SAFETY: _exit ends the process at once; this thread holds no MPI state.
+                // SAFETY: _exit(2) has no preconditions; it ends the process at once (this
+                // thread holds no MPI state).
                 unsafe { libc::_exit(1) };
             })
             .expect("spawning the MPI watchdog");

@@ -143,6 +143,30 @@ pub fn check_all(comm: &dyn Communicator) {
     assert_bits_eq(&b, &want_b, &what("start_reduce_scatter"));
     let want_c: Vec<f64> = (0..n).flat_map(|r| vec![r as f64; counts[r]]).collect();
     assert_bits_eq(&c, &want_c, &what("start_all_gather"));
+    // Non-blocking with equal counts (MPI's block forms).
+    let even = vec![3usize; n];
+    let b = comm
+        .start_reduce_scatter(
+            stoker_comm::Buffer::F32(ints(me, 3 * n, 7)),
+            &even,
+            stoker_comm::Buffer::F32(vec![f32::NAN; 3]),
+        )
+        .unwrap()
+        .wait_vec::<f32>()
+        .unwrap();
+    let want_b = f32s(plain_sum(n, |r| ints(r, 3 * n, 7)))[3 * me..3 * me + 3].to_vec();
+    assert_bits_eq(&b, &want_b, &what("start_reduce_scatter, equal counts"));
+    let c = comm
+        .start_all_gather(
+            stoker_comm::Buffer::U64(vec![me as u64 + 1; 3]),
+            &even,
+            stoker_comm::Buffer::U64(vec![0; 3 * n]),
+        )
+        .unwrap()
+        .wait_vec::<u64>()
+        .unwrap();
+    let want_c: Vec<u64> = (0..n).flat_map(|r| vec![r as u64 + 1; 3]).collect();
+    assert_eq!(c, want_c, "{}", what("start_all_gather, equal counts"));
     // The deterministic tree: bit-identical to tree_sum over every rank's input, for
     // lengths below, at and above the world size.
     if n.is_power_of_two() {

@@ -1,0 +1,94 @@
+//! The SIGBUS handler of `mapped`: a mapped file truncated under a reader ends the process
+//! with status 74 and one line naming the file; a SIGBUS that is not a fault in a mapping
+//! still gets the default action. Each case runs in a child (this test binary, re-run on
+//! an ignored worker), since both end the process.
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::Command;
+
+use stoker_data::mapped::{Mapped, SHRUNK_EXIT};
+
+const FILE: &str = "STOKER_TEST_MAPPED_FILE";
+
+/// Runs worker `name` with the file's path in the environment.
+fn child(name: &str, path: &std::path::Path) -> std::process::Output {
+    Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            name,
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(FILE, path)
+        .output()
+        .unwrap()
+}
+
+fn mapped_file() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data.bin");
+    std::fs::write(&path, vec![7u8; 3 * 4096]).unwrap();
+    (dir, path)
+}
+
+#[test]
+#[ignore = "worker of a_truncated_mapping_is_named: ends its process"]
+fn worker_truncated() {
+    let path = std::path::PathBuf::from(std::env::var_os(FILE).unwrap());
+    let file = std::fs::File::open(&path).unwrap();
+    // More mappings than one, dropped and made again, so the table has been rewritten.
+    for _ in 0..3 {
+        drop(Mapped::map(&file, &path).unwrap());
+    }
+    let map = Mapped::map(&file, &path).unwrap();
+    assert_eq!(map[3 * 4096 - 1], 7);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(100)
+        .unwrap();
+    let last = read_byte(&map, 3 * 4096 - 1);
+    println!("read {last} past the end without a fault");
+}
+
+/// A read the optimizer must keep.
+fn read_byte(map: &Mapped, at: usize) -> u8 {
+    std::hint::black_box(std::hint::black_box(&map[..])[at])
+}
+
+#[test]
+fn a_truncated_mapping_is_named() {
+    let (_dir, path) = mapped_file();
+    let o = child("worker_truncated", &path);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(SHRUNK_EXIT), "{err}");
+    assert!(
+        err.contains(&format!(
+            "stoker: {} changed while it was being read",
+            path.display()
+        )),
+        "{err}"
+    );
+}
+
+#[test]
+#[ignore = "worker of a_sent_sigbus_gets_the_default_action: ends its process"]
+fn worker_sent_sigbus() {
+    let path = std::path::PathBuf::from(std::env::var_os(FILE).unwrap());
+    let file = std::fs::File::open(&path).unwrap();
+    let _map = Mapped::map(&file, &path).unwrap();
+    // SAFETY: raise(3) takes no pointers and only signals this process.
+    unsafe { libc::raise(libc::SIGBUS) };
+    println!("survived a SIGBUS");
+}
+
+#[test]
+fn a_sent_sigbus_gets_the_default_action() {
+    let (_dir, path) = mapped_file();
+    let o = child("worker_sent_sigbus", &path);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.signal(), Some(libc::SIGBUS), "{out}");
+    assert!(!out.contains("survived"), "{out}");
+}
