@@ -314,6 +314,17 @@ pub fn run_rank(
     let bar = progress_bar(opts.progress && lead, total, trainer.step);
     if lead {
         bar.println(&accounting);
+        // The plan this run is checked against at its end (same as `--dry-run` prints).
+        let plan = predicted(config, &dims, &trainer.layout);
+        let mib = |b: f64| b / (1 << 20) as f64;
+        bar.suspend(|| println!(
+            "plan per rank: model states {:.2} MiB (params {:.2} + grads {:.2} + optimizer {:.2}), {:.3} MiB sent per step",
+            mib(plan.model_states()),
+            mib(plan.params),
+            mib(plan.grads),
+            mib(plan.optimizer),
+            mib(plan.bytes_sent_per_step)
+        ));
     }
     let unit = match trainer.loss_kind() {
         LossKind::Token => "tokens/s",
