@@ -101,7 +101,7 @@ pub(crate) fn gemm_f32_into(
     c: &mut [f32],
     accumulate: bool,
 ) {
-    assert_eq!(c.len(), m * n, "gemm: C must be m x n");
+    assert_eq!(Some(c.len()), m.checked_mul(n), "gemm: C must be m x n");
     let threads = rayon::current_num_threads();
     let par = if threads > 1 {
         gemm::Parallelism::Rayon(threads)
@@ -155,7 +155,17 @@ pub(crate) unsafe fn gemm_strided(
         }
         return;
     }
-    assert!(a.len() > (m - 1) * a_rs + (k - 1) * a_cs && b.len() > (k - 1) * b_rs + (n - 1) * b_cs);
+    // The last element each operand is read at, without wrapping (a wrapped offset could
+    // pass a plain comparison); m, n, k >= 1 here.
+    let last = |rows: usize, rs: usize, cols: usize, cs: usize| {
+        (rows - 1)
+            .checked_mul(rs)
+            .and_then(|r| (cols - 1).checked_mul(cs).and_then(|c| r.checked_add(c)))
+    };
+    assert!(
+        last(m, a_rs, k, a_cs).is_some_and(|e| e < a.len())
+            && last(k, b_rs, n, b_cs).is_some_and(|e| e < b.len())
+    );
     gemm::gemm(
         m,
         n,

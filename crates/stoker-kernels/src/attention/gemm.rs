@@ -22,13 +22,20 @@ struct PackedHeads {
 impl PackedHeads {
     /// None for an empty batch (nothing to compute).
     fn new(qkv_len: usize, (b, t, heads): (usize, usize, usize)) -> Option<Self> {
-        if b * t == 0 {
+        // Checked: the head tasks write at offsets from these sizes, so a wrapped product
+        // must not pass the shape check.
+        let rows3 = 3usize
+            .checked_mul(b)
+            .and_then(|x| x.checked_mul(t))
+            .expect("attention: 3 x b x t overflows");
+        if rows3 == 0 {
             return None;
         }
-        let c = qkv_len / (3 * b * t);
+        let c = qkv_len / rows3;
+        assert!(heads > 0, "attention: no heads");
         let d = c / heads;
         assert!(
-            d * heads == c && 3 * b * t * c == qkv_len,
+            d * heads == c && rows3.checked_mul(c) == Some(qkv_len),
             "attention: qkv is not [b, t, 3 c]"
         );
         Some(PackedHeads {

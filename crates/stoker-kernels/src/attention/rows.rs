@@ -93,15 +93,30 @@ impl RowOps for Portable {
 #[cfg(target_arch = "x86_64")]
 struct Avx512;
 
+/// Whether this CPU runs AVX-512F: each [`Avx512`] method checks it itself before its
+/// intrinsics (a cached flag, one load per row), so its safety does not rest on the caller
+/// having dispatched correctly.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn avx512_present() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+}
+
 #[cfg(target_arch = "x86_64")]
 impl RowOps for Avx512 {
     #[inline(always)]
     fn row_times_t(x: &[f32], mt: &[f32], t: usize, scale: f32, out: &mut [f32]) {
         use std::arch::x86_64::*;
         let n = out.len();
-        assert!(n.is_multiple_of(KEY_BLOCK) && (x.is_empty() || (x.len() - 1) * t + n <= mt.len()));
-        // SAFETY: the assert bounds every load (rows c < x.len() of width >= n) and store
-        // (j < n); the caller runs this only where AVX-512F was detected.
+        // Checked: a wrapped product could pass a plain comparison.
+        let last_row_end = match x.len() {
+            0 => Some(0),
+            rows => (rows - 1).checked_mul(t).and_then(|r| r.checked_add(n)),
+        };
+        assert!(avx512_present());
+        assert!(n.is_multiple_of(KEY_BLOCK) && last_row_end.is_some_and(|e| e <= mt.len()));
+        // SAFETY: AVX-512F is present (asserted); the assert bounds every load (rows
+        // c < x.len() of width >= n, the last ending at `last_row_end`) and store (j < n).
         unsafe {
             let (mp, op) = (mt.as_ptr(), out.as_mut_ptr());
             let sv = _mm512_set1_ps(scale);
@@ -135,9 +150,10 @@ impl RowOps for Avx512 {
     fn weighted_rows(w: &[f32], m: &[f32], out: &mut [f32]) {
         use std::arch::x86_64::*;
         let d = out.len();
-        assert!(w.len() * d <= m.len());
-        // SAFETY: loads stay inside rows j < w.len() of width d (masked at the tail), the
-        // stores inside `out`; the caller runs this only where AVX-512F was detected.
+        assert!(avx512_present());
+        assert!(w.len().checked_mul(d).is_some_and(|e| e <= m.len()));
+        // SAFETY: AVX-512F is present (asserted); loads stay inside rows j < w.len() of
+        // width d (asserted without wrapping; masked at the tail), the stores inside `out`.
         unsafe {
             let (mp, op) = (m.as_ptr(), out.as_mut_ptr());
             let mut c0 = 0;
@@ -171,8 +187,9 @@ impl RowOps for Avx512 {
     fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
         use std::arch::x86_64::*;
         let n = x.len().min(y.len());
-        // SAFETY: masked loads and stores stay below n in both slices; the caller runs
-        // this only where AVX-512F was detected.
+        assert!(avx512_present());
+        // SAFETY: AVX-512F is present (asserted); masked loads and stores stay below n in
+        // both slices.
         unsafe {
             let av = _mm512_set1_ps(alpha);
             let (xp, yp) = (x.as_ptr(), y.as_mut_ptr());

@@ -229,8 +229,19 @@ unsafe fn transpose_tile_avx512(
     pairs: usize,
 ) {
     use std::arch::x86_64::*;
-    assert!(i + 16 <= m && (2 * p0 + 31) * m + i + 16 <= src.len());
-    assert!(15 * pairs + p0 + 16 <= out.len());
+    // Checked: a wrapped offset could pass a plain comparison.
+    let src_end = p0
+        .checked_mul(2)
+        .and_then(|r| r.checked_add(31))
+        .and_then(|r| r.checked_mul(m))
+        .and_then(|o| o.checked_add(i))
+        .and_then(|o| o.checked_add(16));
+    let out_end = pairs
+        .checked_mul(15)
+        .and_then(|o| o.checked_add(p0))
+        .and_then(|o| o.checked_add(16));
+    assert!(i.checked_add(16).is_some_and(|e| e <= m) && src_end.is_some_and(|e| e <= src.len()));
+    assert!(out_end.is_some_and(|e| e <= out.len()));
     let bits = |row: usize| -> __m512i {
         let x = _mm512_castps_si512(_mm512_loadu_ps(src.as_ptr().add(row * m + i)));
         let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(x), _mm512_set1_epi32(1));
