@@ -171,7 +171,15 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
 fn quantize_dequantize_error_within_half_spacing() {
     for fmt in [Fp8Format::E4M3, Fp8Format::E5M2] {
         let x = values(200_000, 7);
-        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        // Every input is checked: a NaN must fail here, not vanish from the amax.
+        let mut amax = 0f32;
+        for v in &x {
+            assert!(v.is_finite(), "input {v}");
+            if v.abs() > amax {
+                amax = v.abs();
+            }
+        }
+        assert!(amax.is_finite() && amax > 0.0, "amax {amax}");
         let scale = fmt.max() / amax;
         let q = Fp8Tensor::quantize(&x, scale, fmt).unwrap();
         assert_eq!((q.scale, q.scale_inv, q.format), (scale, 1.0 / scale, fmt));

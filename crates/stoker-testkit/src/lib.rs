@@ -44,9 +44,21 @@ pub fn max_abs<T: Value>(x: &[T]) -> f64 {
         if !v.is_finite() {
             return f64::NAN;
         }
-        m = m.max(v.abs());
+        m = nan_max(m, v.abs());
     }
     m
+}
+
+/// The larger of `m` and `x`, NaN if either is NaN (`f64::max` would drop a NaN and let a
+/// broken value pass as small).
+pub fn nan_max(m: f64, x: f64) -> f64 {
+    if m.is_nan() || x.is_nan() {
+        f64::NAN
+    } else if x > m {
+        x
+    } else {
+        m
+    }
 }
 
 /// The largest `|a - b|`, or NaN if any element of either side is NaN or infinite, or
@@ -61,7 +73,7 @@ pub fn max_abs_diff<T: Value>(a: &[T], b: &[T]) -> f64 {
         if !x.is_finite() || !y.is_finite() {
             return f64::NAN;
         }
-        m = m.max((x - y).abs());
+        m = nan_max(m, (x - y).abs());
     }
     m
 }
@@ -228,6 +240,15 @@ mod tests {
         let all_nan = [f32::NAN; 3];
         assert!(std::panic::catch_unwind(|| assert_close(&all_nan, &all_nan, 1.0, "t")).is_err());
         assert!(std::panic::catch_unwind(|| assert_close_scalar(f64::NAN, 1.0, 1.0, "t")).is_err());
+    }
+
+    #[test]
+    fn nan_max_keeps_a_nan_wherever_it_comes() {
+        assert!(nan_max(0.0, f64::NAN).is_nan());
+        assert!(nan_max(f64::NAN, 5.0).is_nan());
+        let worst = [0.1, f64::NAN, 0.2].into_iter().fold(0.0, nan_max);
+        assert!(worst.is_nan(), "a NaN in the middle was dropped");
+        assert_eq!([0.1, 0.3, 0.2].into_iter().fold(0.0, nan_max), 0.3);
     }
 
     #[test]
