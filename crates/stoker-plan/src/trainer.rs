@@ -81,6 +81,19 @@ impl TrainerPrediction {
     pub fn model_states(&self) -> f64 {
         self.params + self.grads + self.optimizer
     }
+
+    /// One line for people: the model states by kind and the bytes sent per step, MiB.
+    pub fn summary(&self) -> String {
+        let mib = |b: f64| b / (1u64 << 20) as f64;
+        format!(
+            "model states {:.2} MiB (params {:.2} + grads {:.2} + optimizer {:.2}), {:.3} MiB sent per step",
+            mib(self.model_states()),
+            mib(self.params),
+            mib(self.grads),
+            mib(self.optimizer),
+            mib(self.bytes_sent_per_step)
+        )
+    }
 }
 
 /// The prediction for `run`.

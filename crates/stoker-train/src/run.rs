@@ -312,19 +312,11 @@ pub fn run_rank(
         .unwrap_or(config.train.steps)
         .min(config.train.steps);
     let bar = progress_bar(opts.progress && lead, total, trainer.step);
+    // The plan this run is checked against at its end (as `--dry-run` prints it).
+    let planned = predicted(config, &dims, &trainer.layout);
     if lead {
         bar.println(&accounting);
-        // The plan this run is checked against at its end (same as `--dry-run` prints).
-        let plan = predicted(config, &dims, &trainer.layout);
-        let mib = |b: f64| b / (1 << 20) as f64;
-        bar.suspend(|| println!(
-            "plan per rank: model states {:.2} MiB (params {:.2} + grads {:.2} + optimizer {:.2}), {:.3} MiB sent per step",
-            mib(plan.model_states()),
-            mib(plan.params),
-            mib(plan.grads),
-            mib(plan.optimizer),
-            mib(plan.bytes_sent_per_step)
-        ));
+        bar.suspend(|| println!("plan per rank: {}", planned.summary()));
     }
     let unit = match trainer.loss_kind() {
         LossKind::Token => "tokens/s",
@@ -468,7 +460,6 @@ pub fn run_rank(
     bar.finish();
     let elapsed = started.elapsed().as_secs_f64();
     let training_s = (elapsed - eval_time.as_secs_f64() - ckpt_time.as_secs_f64()).max(1e-9);
-    let planned = predicted(config, &dims, &trainer.layout);
     let held = trainer.held_bytes();
     if let Some(log) = &mut log {
         log.write(&Record::States {

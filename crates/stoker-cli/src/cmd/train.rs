@@ -73,8 +73,6 @@ fn dry_run(args: &TrainArgs, config: &TrainConfig) -> anyhow::Result<()> {
         .unwrap_or(1);
     anyhow::ensure!(world >= 1, "--world 0: expected at least 1 rank");
     let d = stoker_train::dry_run::dry_run(config, world)?;
-    let mib = |b: f64| b / (1 << 20) as f64;
-    let p = &d.planned;
     println!("{}: valid", args.config.display());
     println!(
         "model: {} parameters; data: {} training and {} evaluation samples",
@@ -84,14 +82,7 @@ fn dry_run(args: &TrainArgs, config: &TrainConfig) -> anyhow::Result<()> {
         "batch: {} per micro-batch x {} accumulation steps x {} ranks = global batch {}; strategy {:?}",
         d.dims.micro_batch, d.dims.accumulation_steps, d.dims.world, d.dims.global_batch, d.dims.strategy
     );
-    println!(
-        "planned per rank: model states {:.2} MiB (params {:.2} + grads {:.2} + optimizer {:.2}), {:.3} MiB sent per step",
-        mib(p.model_states()),
-        mib(p.params),
-        mib(p.grads),
-        mib(p.optimizer),
-        mib(p.bytes_sent_per_step)
-    );
+    println!("planned per rank: {}", d.planned.summary());
     println!("(a run prints the same beside what it counted; nothing was trained or written)");
     Ok(())
 }
