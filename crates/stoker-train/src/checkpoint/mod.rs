@@ -121,13 +121,7 @@ pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<Resumed> {
             data: s.data,
         });
     }
-    Err(TrainError::Checkpoint {
-        path: dir.to_path_buf(),
-        message: format!(
-            "no {} (version 3) or state.json (versions 1-2): not a stoker checkpoint directory",
-            sharded::MANIFEST
-        ),
-    })
+    Err(not_a_checkpoint(dir))
 }
 
 /// Whether `dir` is a complete checkpoint: version 3 with its commit marker, or a
@@ -162,9 +156,31 @@ pub fn latest(root: &Path) -> Option<PathBuf> {
 
 /// Writes `bytes` to `path` and fsyncs it.
 pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_synced_with(path, bytes, || {})
+}
+
+/// [`write_synced`], calling `before_sync` between the write and the fsync (where the
+/// crash tests stop a save).
+pub(crate) fn write_synced_with(
+    path: &Path,
+    bytes: &[u8],
+    before_sync: impl FnOnce(),
+) -> Result<()> {
     let mut f = std::fs::File::create(path).map_err(|e| io_err(path, e))?;
     f.write_all(bytes).map_err(|e| io_err(path, e))?;
+    before_sync();
     f.sync_all().map_err(|e| io_err(path, e))
+}
+
+/// The error for a directory holding neither checkpoint format.
+pub(crate) fn not_a_checkpoint(dir: &Path) -> TrainError {
+    TrainError::Checkpoint {
+        path: dir.to_path_buf(),
+        message: format!(
+            "no {} (version 3) or state.json (versions 1-2): not a stoker checkpoint directory",
+            sharded::MANIFEST
+        ),
+    }
 }
 
 /// A checkpoint error about `path`.

@@ -22,7 +22,6 @@
 //! of ranges, and no rank ever holds more optimizer state than its own range.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -32,7 +31,10 @@ use stoker_comm::{CommExt, Communicator};
 use stoker_data::SamplerState;
 use stoker_precision::ScalerState;
 
-use super::{ckpt_err, f32s, read_checked, step_dir, write_synced, DataPosition, Resumed, FORMAT};
+use super::{
+    ckpt_err, f32s, read_checked, step_dir, write_synced, write_synced_with, DataPosition, Resumed,
+    FORMAT,
+};
 use crate::error::{io_err, Result};
 use crate::layout::FlatLayout;
 use crate::optim::OptimState;
@@ -223,12 +225,9 @@ pub fn save(
     let bytes = safetensors::serialize(views, None).map_err(|e| ckpt_err(&tmp, e))?;
     let file = tmp.join(shard_file(rank));
     let step = trainer.step;
-    {
-        let mut f = std::fs::File::create(&file).map_err(|e| io_err(&file, e))?;
-        f.write_all(&bytes).map_err(|e| io_err(&file, e))?;
-        crash_if(fault, rank, step, SavePoint::ShardWritten, &file);
-        f.sync_all().map_err(|e| io_err(&file, e))?;
-    }
+    write_synced_with(&file, &bytes, || {
+        crash_if(fault, rank, step, SavePoint::ShardWritten, &file)
+    })?;
     crash_if(fault, rank, step, SavePoint::ShardSynced, &file);
     let mine = [crc32fast::hash(&bytes) as u64, bytes.len() as u64];
     let mut all = vec![0u64; 2 * world];

@@ -55,13 +55,7 @@ pub fn verify(dir: &Path) -> Result<Verified> {
         });
     }
     if !dir.join("state.json").exists() {
-        return Err(crate::TrainError::Checkpoint {
-            path: dir.to_path_buf(),
-            message: format!(
-                "no {} (version 3) or state.json (versions 1-2): not a stoker checkpoint directory",
-                sharded::MANIFEST
-            ),
-        });
+        return Err(super::not_a_checkpoint(dir));
     }
     let state = legacy::verify(dir)?;
     let size = |f: &str| std::fs::metadata(dir.join(f)).map_or(0, |m| m.len());
