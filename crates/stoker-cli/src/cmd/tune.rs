@@ -121,18 +121,13 @@ fn planned_rate(path: &std::path::Path) -> anyhow::Result<f64> {
     use anyhow::Context;
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let v: toml::Value =
-        toml::from_str(&text).with_context(|| format!("{}: not a TOML config", path.display()))?;
-    let rate = v
-        .get("data")
-        .and_then(|d| d.get("required_samples_per_s"))
-        .and_then(toml::Value::as_float)
-        .with_context(|| {
-            format!(
-                "{}: no [data] required_samples_per_s (write it with stoker plan --emit-config)",
-                path.display()
-            )
-        })?;
+    let plan: stoker_plan::emit::TrainingConfig = toml::from_str(&text).with_context(|| {
+        format!(
+            "{}: not a config written by stoker plan --emit-config",
+            path.display()
+        )
+    })?;
+    let rate = plan.data.required_samples_per_s;
     anyhow::ensure!(
         rate.is_finite() && rate > 0.0,
         "{}: data.required_samples_per_s = {rate}: expected a positive number",

@@ -38,9 +38,12 @@ pub fn read_idx(path: impl AsRef<Path>) -> Result<IdxArray> {
     };
     let corrupt =
         |e: std::io::Error| DataError::format(path, "gzip", format!("corrupt gzip stream: {e}"));
-    let mut head = [0u8; 4];
-    let got = read_full(&mut reader, &mut head).map_err(corrupt)?;
-    if got < 4 || head[0] != 0 || head[1] != 0 {
+    let mut head = Vec::with_capacity(4);
+    (&mut reader)
+        .take(4)
+        .read_to_end(&mut head)
+        .map_err(corrupt)?;
+    if head.len() < 4 || head[0] != 0 || head[1] != 0 {
         return Err(DataError::format(
             path,
             "magic",
@@ -55,9 +58,12 @@ pub fn read_idx(path: impl AsRef<Path>) -> Result<IdxArray> {
         ));
     }
     let nd = head[3] as usize;
-    let mut sizes = vec![0u8; 4 * nd];
-    let got = read_full(&mut reader, &mut sizes).map_err(corrupt)?;
-    if nd == 0 || got < sizes.len() {
+    let mut sizes = Vec::with_capacity(4 * nd);
+    (&mut reader)
+        .take(4 * nd as u64)
+        .read_to_end(&mut sizes)
+        .map_err(corrupt)?;
+    if nd == 0 || sizes.len() < 4 * nd {
         return Err(DataError::format(
             path,
             "dims",
@@ -96,20 +102,6 @@ pub fn read_idx(path: impl AsRef<Path>) -> Result<IdxArray> {
         ));
     }
     Ok(IdxArray { dims, data })
-}
-
-/// Reads until `buf` is full or the stream ends; returns the bytes read.
-fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut got = 0;
-    while got < buf.len() {
-        match reader.read(&mut buf[got..]) {
-            Ok(0) => break,
-            Ok(k) => got += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(got)
 }
 
 /// What [`pack_idx`] wrote.
