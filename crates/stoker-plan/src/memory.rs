@@ -12,7 +12,7 @@ use crate::activation::activations;
 use crate::ds_estimate::{self, Formula};
 use crate::hardware::Hardware;
 use crate::model::ModelSpec;
-use crate::setup::{state_bytes, Accounting, Setup};
+use crate::setup::{state_bytes, Accounting, Setup, StateBytes};
 use crate::strategy::{Stage, Strategy};
 
 /// Bytes held by one device at its peak, by kind.
@@ -69,6 +69,19 @@ pub struct MemoryEstimate {
     pub fits: bool,
 }
 
+/// Bytes per device of weights, gradients and optimizer states, `[w, g, o]`, under `stage`
+/// with `world` data-parallel devices and nothing offloaded: the ZeRO paper's sharding rule,
+/// defined here once (ZeRO-1 shards o, ZeRO-2 also g, ZeRO-3 also w).
+pub fn model_states_by_kind(params: u64, bytes: StateBytes, stage: Stage, world: u64) -> [f64; 3] {
+    let (p, n) = (params as f64, world as f64);
+    let shard = |b: f64, sharded: bool| if sharded { b * p / n } else { b * p };
+    [
+        shard(bytes.weight, stage == Stage::Zero3),
+        shard(bytes.grad, stage >= Stage::Zero2),
+        shard(bytes.optimizer, stage >= Stage::Zero1),
+    ]
+}
+
 /// Estimates memory for `strategy` with `micro` sequences per device.
 pub fn estimate(
     model: &ModelSpec,
@@ -81,24 +94,17 @@ pub fn estimate(
     let n = hw.world_size() as f64;
     let sb = state_bytes(setup.precision, setup.optimizer);
 
-    // Model states, stoker's accounting.
-    let shard = |bytes: f64, sharded: bool| if sharded { bytes * p / n } else { bytes * p };
+    // Model states, stoker's accounting: the sharding rule, less what is offloaded.
     let st = strategy.stage;
-    let mut params = if strategy.offload_params {
-        0.0
-    } else {
-        shard(sb.weight, st == Stage::Zero3)
-    };
+    let [w, g, o] = model_states_by_kind(model.params, sb, st, hw.world_size());
+    let mut params = if strategy.offload_params { 0.0 } else { w };
     let mut grads = if strategy.offload_optimizer && st >= Stage::Zero2 {
         0.0 // reduced shards stream straight to the host through the buckets
     } else {
-        shard(sb.grad, st >= Stage::Zero2)
+        g
     };
-    let mut optimizer = if strategy.offload_optimizer {
-        0.0
-    } else {
-        shard(sb.optimizer, st >= Stage::Zero1)
-    };
+    let mut optimizer = if strategy.offload_optimizer { 0.0 } else { o };
+    let shard = |bytes: f64, sharded: bool| if sharded { bytes * p / n } else { bytes * p };
     let per_rank_host = if strategy.offload_optimizer {
         let sharded = st >= Stage::Zero1;
         shard(sb.host_offload, sharded)

@@ -4,16 +4,16 @@
 //! `estimate_zero*_model_states_mem_needs` answer without a hardware or a batch. No
 //! activations, buffers or time: those need the architecture, the batch and the hardware.
 
+use crate::memory::model_states_by_kind;
 use crate::setup::{state_bytes, Optimizer, Precision, StateBytes};
 use crate::strategy::Stage;
 
-/// Bytes per device of one strategy's model states with `world` data-parallel devices.
+/// Bytes per device of one strategy's model states with `world` data-parallel devices
+/// (the memory model's sharding rule, summed).
 pub fn per_device(params: u64, bytes: StateBytes, stage: Stage, world: u64) -> f64 {
-    let (p, n) = (params as f64, world as f64);
-    let shard = |b: f64, sharded: bool| if sharded { b * p / n } else { b * p };
-    shard(bytes.weight, stage == Stage::Zero3)
-        + shard(bytes.grad, stage >= Stage::Zero2)
-        + shard(bytes.optimizer, stage >= Stage::Zero1)
+    model_states_by_kind(params, bytes, stage, world)
+        .iter()
+        .sum()
 }
 
 /// The table `stoker plan --params N` prints: GiB per device for each strategy at each size.
