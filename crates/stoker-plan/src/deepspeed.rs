@@ -216,7 +216,9 @@ impl DsConfig {
             offload_optimizer: Some(self.offload_optimizer),
             offload_params: Some(self.offload_params),
             // DeepSpeed buckets hold 16-bit gradients.
-            bucket_mb: self.reduce_bucket_elems.map(|e| e * 2.0 / 1e6),
+            bucket_mb: self
+                .reduce_bucket_elems
+                .map(|e| e * 2.0 / crate::resolve::MIB),
             ..Default::default()
         })
     }

@@ -1,9 +1,18 @@
-//! The training config `stoker plan` emits for the trainer: a small TOML file documented in
-//! docs/plan.md. Every field is something the trainer acts on; nothing is an estimate.
+//! What a plan hands to the trainer. There is one config schema, the trainer's
+//! (`stoker_train::TrainConfig`, docs/training.md); this module holds the two pieces of it
+//! the planner owns:
+//! - [`PlanChoice`]: the settings the plan chose (strategy, batch split, precision, loader),
+//!   which `stoker plan --emit-config` writes into a training config through the trainer's
+//!   own type (stoker-train depends on this crate, not the other way round);
+//! - [`PlanSection`]: the `[plan]` table of a training config, the keys only the planner
+//!   reads (hardware, utilization) and the predictions it wrote there (the loader's need,
+//!   the step time, the peak memory). The trainer accepts the table and does not act on it.
 
 use serde::{Deserialize, Serialize};
 
-/// `[model]`: what to build and how long its sequences are.
+use crate::input::{HardwareInput, PlanInput};
+
+/// `[model]` of a choice: what the plan assumed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelSection {
     /// Preset name, or "custom".
@@ -16,7 +25,7 @@ pub struct ModelSection {
     pub activation_checkpointing: bool,
 }
 
-/// `[data]`: the loader of each device.
+/// The loader of each device.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DataSection {
     /// Loader workers per device.
@@ -31,7 +40,7 @@ pub struct DataSection {
     pub required_samples_per_s: f64,
 }
 
-/// `[precision]`.
+/// Precision.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PrecisionSection {
     /// `fp32`, `fp16`, `bf16`, `bf16-pure` or `fp8`.
@@ -40,7 +49,7 @@ pub struct PrecisionSection {
     pub loss_scaling: String,
 }
 
-/// `[accumulation]`.
+/// Batch split.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AccumulationSection {
     /// Micro-steps per optimizer step.
@@ -49,7 +58,7 @@ pub struct AccumulationSection {
     pub global_batch: u64,
 }
 
-/// `[parallel]`.
+/// Distribution.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ParallelSection {
     /// `ddp`, `zero1`, `zero2` or `zero3`.
@@ -64,34 +73,154 @@ pub struct ParallelSection {
     pub devices_per_node: u64,
 }
 
-/// `[optimizer]`.
+/// Optimizer.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct OptimizerSection {
     /// `adam` (AdamW) or `sgd` (with momentum).
     pub name: String,
 }
 
-/// The emitted training config.
+/// What the plan predicts for its choice.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TrainingConfig {
-    /// `[model]`.
-    pub model: ModelSection,
-    /// `[data]`.
-    pub data: DataSection,
-    /// `[precision]`.
-    pub precision: PrecisionSection,
-    /// `[accumulation]`.
-    pub accumulation: AccumulationSection,
-    /// `[parallel]`.
-    pub parallel: ParallelSection,
-    /// `[optimizer]`.
-    pub optimizer: OptimizerSection,
+pub struct PredictionSection {
+    /// Seconds per optimizer step.
+    pub step_s: f64,
+    /// Peak bytes per device.
+    pub peak_bytes: f64,
 }
 
-impl TrainingConfig {
-    /// The config as TOML, with a header saying where it came from.
-    pub fn to_toml(&self) -> String {
-        let body = toml::to_string(self).unwrap_or_else(|e| format!("# cannot serialise: {e}\n"));
-        format!("# stoker training config, emitted by `stoker plan` (schema: docs/plan.md)\n{body}")
+/// The settings a plan chose, in the planner's own terms (`config` of `--json`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PlanChoice {
+    /// The model the plan assumed.
+    pub model: ModelSection,
+    /// The loader per device.
+    pub data: DataSection,
+    /// Precision.
+    pub precision: PrecisionSection,
+    /// Batch split.
+    pub accumulation: AccumulationSection,
+    /// Distribution.
+    pub parallel: ParallelSection,
+    /// Optimizer.
+    pub optimizer: OptimizerSection,
+    /// Predicted step time and peak memory of this choice.
+    pub predicted: PredictionSection,
+}
+
+impl PlanChoice {
+    /// One line for people: strategy, batch split, precision, loader.
+    pub fn summary(&self) -> String {
+        let p = &self.parallel;
+        let a = &self.accumulation;
+        let d = &self.data;
+        format!(
+            "{}{} on {} device(s): micro-batch {} x accumulation {} x {} = global batch {}; \
+             {}{}, {}; loader {} worker(s) x prefetch {} for {:.1} samples/s \
+             per device",
+            p.strategy,
+            match (p.offload_optimizer, p.offload_params) {
+                (false, false) => "",
+                (true, false) => "+offload-opt",
+                _ => "+offload-opt+params",
+            },
+            p.world_size,
+            d.micro_batch,
+            a.accumulation_steps,
+            p.world_size,
+            a.global_batch,
+            self.precision.precision,
+            if self.precision.loss_scaling == "dynamic" {
+                " with dynamic loss scaling"
+            } else {
+                ""
+            },
+            self.optimizer.name,
+            d.num_workers,
+            d.prefetch_factor,
+            d.required_samples_per_s,
+        )
+    }
+
+    /// The `[plan]` table that records this choice's predictions in a training config,
+    /// keeping the hardware and knobs it was planned with so the file plans again alike.
+    pub fn plan_section(&self, planned_with: &PlanInput) -> PlanSection {
+        let t = &planned_with.training;
+        PlanSection {
+            hardware: planned_with.hardware.clone(),
+            mfu: t.mfu,
+            fragmentation: t.fragmentation,
+            safety_margin: t.safety_margin,
+            flash_attention: t.flash_attention,
+            accounting: t.accounting.clone(),
+            model_preset: planned_with.model.preset.clone(),
+            required_samples_per_s: Some(self.data.required_samples_per_s),
+            step_s: Some(self.predicted.step_s),
+            peak_bytes: Some(self.predicted.peak_bytes),
+            pin_memory: Some(self.data.pin_memory),
+        }
+    }
+}
+
+/// `[plan]` of a training config: the keys only `stoker plan` (and `stoker tune loader
+/// --from-plan`) read. Inputs: the hardware and the planner's knobs. Outputs, written by
+/// `stoker plan --emit-config`: its predictions, which a later plan overwrites.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanSection {
+    /// `[plan.hardware]`: the hardware to plan for (a preset and/or figures).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub hardware: HardwareInput,
+    /// Assumed model FLOP utilization, 0..1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mfu: Option<f64>,
+    /// Fragmentation allowance, fraction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fragmentation: Option<f64>,
+    /// Safety margin, fraction of capacity kept free.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub safety_margin: Option<f64>,
+    /// Fused attention without the s x s score matrix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flash_attention: Option<bool>,
+    /// `stoker`, `deepspeed` or `deepspeed-legacy`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accounting: Option<String>,
+    /// The model preset the config was planned from (the architecture itself is the
+    /// trainer's `[model]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_preset: Option<String>,
+    /// Written by the planner: samples/s one rank's loader must sustain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub required_samples_per_s: Option<f64>,
+    /// Written by the planner: seconds per optimizer step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_s: Option<f64>,
+    /// Written by the planner: peak bytes per device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_bytes: Option<f64>,
+    /// Written by the planner: page-locked loader buffers (true only with an
+    /// accelerator; the CPU trainer has no host-to-device copy to pin for).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pin_memory: Option<bool>,
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}
+
+impl PlanSection {
+    /// Puts the planner's inputs of this table into `input` (hardware, knobs); the
+    /// predictions are outputs and are not read back.
+    pub fn apply_to(&self, input: &mut PlanInput) {
+        input.hardware.overlay(&self.hardware);
+        let t = &mut input.training;
+        t.mfu = self.mfu.or(t.mfu);
+        t.fragmentation = self.fragmentation.or(t.fragmentation);
+        t.safety_margin = self.safety_margin.or(t.safety_margin);
+        t.flash_attention = self.flash_attention.or(t.flash_attention);
+        if self.accounting.is_some() {
+            t.accounting = self.accounting.clone();
+        }
     }
 }

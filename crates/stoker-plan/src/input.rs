@@ -113,7 +113,7 @@ pub struct TrainingInput {
     pub fragmentation: Option<f64>,
     /// Safety margin, fraction of capacity kept free (default 0.10).
     pub safety_margin: Option<f64>,
-    /// Gradient bucket, MB (default 25, PyTorch DDP's bucket_cap_mb).
+    /// Gradient bucket, MiB (default 25, PyTorch DDP's `bucket_cap_mb`, also MiB).
     pub bucket_mb: Option<f64>,
     /// `stoker` (default), `deepspeed`, `deepspeed-legacy`.
     pub accounting: Option<String>,

@@ -3,7 +3,8 @@
 //! Given a model, the hardware and a training setup, it predicts per-device memory for DDP,
 //! ZeRO-1/2/3 with and without offload, the communication and step time of each, and
 //! recommends (in the chapter's order: data, precision, strategy) the cheapest strategy
-//! that fits, emitting a training config.
+//! that fits; [`emit::PlanChoice`] is what it chose, which `stoker plan --emit-config`
+//! writes as a training config in the trainer's own schema.
 //!
 //! ```
 //! use stoker_plan::{input::PlanInput, plan, resolve::resolve};
@@ -45,8 +46,8 @@ pub use report::Plan;
 
 use ds_estimate::Formula;
 use emit::{
-    AccumulationSection, DataSection, ModelSection, OptimizerSection, ParallelSection,
-    PrecisionSection, TrainingConfig,
+    AccumulationSection, DataSection, ModelSection, OptimizerSection, ParallelSection, PlanChoice,
+    PrecisionSection, PredictionSection,
 };
 use loader::LoaderBench;
 use resolve::Resolved;
@@ -56,9 +57,9 @@ use setup::Accounting;
 pub fn plan(r: Resolved, bench: Option<&LoaderBench>) -> Plan {
     let rows = recommend::evaluate_all(&r);
     let decision = recommend::decide(&r, &rows, bench);
-    let config = decision.chosen.map(|i| {
+    let choice = decision.chosen.map(|i| {
         let row = &rows[i];
-        TrainingConfig {
+        PlanChoice {
             model: ModelSection {
                 name: r.model.name.clone(),
                 params: r.model.params,
@@ -96,6 +97,10 @@ pub fn plan(r: Resolved, bench: Option<&LoaderBench>) -> Plan {
             optimizer: OptimizerSection {
                 name: r.setup.optimizer.name().into(),
             },
+            predicted: PredictionSection {
+                step_s: row.time.step_s,
+                peak_bytes: row.memory.device.total,
+            },
         }
     });
     let deepspeed_estimator = match r.setup.accounting {
@@ -107,7 +112,7 @@ pub fn plan(r: Resolved, bench: Option<&LoaderBench>) -> Plan {
         inputs: r,
         strategies: rows,
         decision,
-        config,
+        choice,
         deepspeed_estimator,
     }
 }

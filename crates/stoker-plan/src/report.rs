@@ -1,12 +1,12 @@
 //! The plan as a whole, and its two renderings: a text report (tables, decision path,
-//! emitted config) and JSON for tools.
+//! chosen settings) and JSON for tools.
 
 use std::fmt::Write;
 
 use serde::Serialize;
 
 use crate::ds_estimate::{self, DsEstimate, Formula};
-use crate::emit::TrainingConfig;
+use crate::emit::PlanChoice;
 use crate::hardware::{GB, GIB};
 use crate::recommend::{Decision, StrategyRow};
 use crate::resolve::Resolved;
@@ -31,8 +31,9 @@ pub struct Plan {
     pub strategies: Vec<StrategyRow>,
     /// The recommendation.
     pub decision: Decision,
-    /// The emitted training config (absent when nothing fits).
-    pub config: Option<TrainingConfig>,
+    /// The settings chosen (absent when nothing fits); `stoker plan --emit-config` writes
+    /// them into the trainer's config.
+    pub choice: Option<PlanChoice>,
     /// DeepSpeed's estimator lines, when its accounting was asked for.
     pub deepspeed_estimator: Option<Vec<DsLine>>,
 }
@@ -217,8 +218,8 @@ impl Plan {
         for w in &d.warnings {
             let _ = writeln!(o, "warning: {w}");
         }
-        if let Some(c) = &self.config {
-            let _ = writeln!(o, "\nTraining config:\n{}", c.to_toml());
+        if let Some(c) = &self.choice {
+            let _ = writeln!(o, "\nChosen: {}", c.summary());
         }
         o
     }

@@ -16,8 +16,11 @@ use crate::strategy::{Stage, Strategy};
 pub const DEFAULT_FRAGMENTATION: f64 = 0.05;
 /// Default safety margin: 10% of capacity kept free.
 pub const DEFAULT_SAFETY_MARGIN: f64 = 0.10;
-/// Default gradient bucket: 25 MB, PyTorch DDP's bucket_cap_mb.
+/// Default gradient bucket: 25 MiB, PyTorch DDP's bucket_cap_mb.
 pub const DEFAULT_BUCKET_MB: f64 = 25.0;
+
+/// Bytes in the MiB that `bucket_mb` counts (PyTorch's `bucket_cap_mb` is MiB too).
+pub const MIB: f64 = 1024.0 * 1024.0;
 
 /// Validated inputs, ready to plan.
 #[derive(Clone, Debug, Serialize)]
@@ -490,7 +493,7 @@ fn resolve_training(t: &TrainingInput, model: &ModelSpec, hw: &Hardware) -> Resu
             DEFAULT_SAFETY_MARGIN,
             true,
         )?,
-        bucket_bytes: bucket_mb * 1e6,
+        bucket_bytes: bucket_mb * MIB,
         accounting,
     };
     Ok((setup, precision, pinned, accum))

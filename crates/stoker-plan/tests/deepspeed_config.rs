@@ -71,8 +71,8 @@ fn the_chapters_own_config_on_one_8_gpu_node() {
         (Some(1024), Some(32), Some(4))
     );
     assert_eq!(t.strategy.as_deref(), Some("zero2"));
-    assert_eq!(t.bucket_mb, Some(1000.0)); // 5e8 16-bit elements
-                                           // With llama-7b, 32 sequences of 4096 tokens per micro-batch cannot fit: the plan says so.
+    assert_eq!(t.bucket_mb, Some(1e9 / 1048576.0)); // 5e8 16-bit elements, in MiB
+                                                    // With llama-7b, 32 sequences of 4096 tokens per micro-batch cannot fit: the plan says so.
     let r = resolve(&PlanInput::default(), Some(&cfg), &node(8)).unwrap();
     let p = stoker_plan::plan(r, None);
     assert!(

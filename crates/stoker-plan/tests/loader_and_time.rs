@@ -5,7 +5,7 @@ mod common;
 
 use common::{chosen, plan, resolved};
 use stoker_plan::comm::communication;
-use stoker_plan::emit::TrainingConfig;
+use stoker_plan::emit::PlanChoice;
 use stoker_plan::hardware::GB;
 use stoker_plan::loader::{pick, LoaderBench};
 use stoker_plan::strategy::{Stage, Strategy};
@@ -37,7 +37,7 @@ fn plan_with_a_loader_benchmark_emits_the_chosen_setting() {
     let b = LoaderBench::from_json_str("bench.json", BENCH).unwrap();
     let p = stoker_plan::plan(r, Some(&b));
     assert_eq!((p.decision.data.per_device * 10.0).round() / 10.0, 141.7);
-    let cfg = p.config.as_ref().unwrap();
+    let cfg = p.choice.as_ref().unwrap();
     assert_eq!((cfg.data.num_workers, cfg.data.prefetch_factor), (2, 4));
     assert!(p
         .decision
@@ -53,7 +53,7 @@ fn plan_with_a_loader_benchmark_emits_the_chosen_setting() {
     )
     .unwrap();
     let p = stoker_plan::plan(r, Some(&b));
-    assert_eq!(p.config.unwrap().data.num_workers, 8);
+    assert_eq!(p.choice.unwrap().data.num_workers, 8);
     // At 0.8 MFU the step is twice as fast and so is the rate: nothing measured reaches it,
     // and the warning gives the numbers.
     let r = resolved(
@@ -94,13 +94,12 @@ fn communication_is_2p_for_ddp_and_zero12_and_3p_for_zero3() {
 }
 
 #[test]
-fn emitted_config_round_trips_through_toml() {
+fn the_choice_round_trips_through_json() {
     let p = plan("model = { preset = \"llama-7b\" }\nhardware = { preset = \"a100-80gb\" }");
     assert_eq!(chosen(&p), Some("zero1"));
-    let text = p.config.as_ref().unwrap().to_toml();
-    assert!(text.starts_with("# stoker training config"));
-    let back: TrainingConfig = toml::from_str(&text).unwrap();
-    assert_eq!(&back, p.config.as_ref().unwrap());
+    let c = p.choice.as_ref().unwrap();
+    let back: PlanChoice = serde_json::from_str(&serde_json::to_string(c).unwrap()).unwrap();
+    assert_eq!(&back, c);
     assert_eq!(back.parallel.strategy, "zero1");
     assert_eq!(back.parallel.world_size, 8);
     assert_eq!(
@@ -108,8 +107,18 @@ fn emitted_config_round_trips_through_toml() {
         1024
     );
     assert_eq!(back.precision.precision, "bf16");
+    assert_eq!(
+        back.predicted.step_s,
+        p.strategies[p.decision.chosen.unwrap()].time.step_s
+    );
+    assert!(
+        c.summary()
+            .starts_with("zero1 on 8 device(s): micro-batch "),
+        "{}",
+        c.summary()
+    );
     // JSON for tools parses and carries the same choice.
     let json: serde_json::Value = serde_json::from_str(&p.to_json()).unwrap();
-    assert_eq!(json["config"]["parallel"]["strategy"], "zero1");
+    assert_eq!(json["choice"]["parallel"]["strategy"], "zero1");
     assert_eq!(json["strategies"][0]["label"], "ddp");
 }

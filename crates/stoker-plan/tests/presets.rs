@@ -140,7 +140,7 @@ fn stoker_gpt_on_the_build_machine_is_one_bf16_rank() {
          training = { precision = \"fp32\" }",
     );
     assert_eq!((p.strategies[0].time.step_s * 1000.0).round(), 68.0);
-    let cfg = p.config.unwrap();
+    let cfg = p.choice.unwrap();
     assert_eq!(cfg.data.num_workers, 1); // 2 cores: one worker beside the trainer
     assert!(!cfg.data.pin_memory);
 }
@@ -172,7 +172,7 @@ fn precision_per_hardware_preset() {
          hardware = { memory_gib = 32.0, peak_tflops = { fp16 = 125.0, fp32 = 15.7 } }",
     );
     assert_eq!(p.inputs.setup.precision, Precision::Fp16);
-    assert_eq!(p.config.unwrap().precision.loss_scaling, "dynamic");
+    assert_eq!(p.choice.unwrap().precision.loss_scaling, "dynamic");
 }
 
 #[test]

@@ -43,6 +43,11 @@ pub struct TrainConfig {
     /// Data parallelism: strategy, backend, buckets, determinism, timeouts.
     #[serde(default)]
     pub parallel: ParallelConfig,
+    /// `[plan]`: keys only `stoker plan` reads (hardware, utilization) and the predictions
+    /// it wrote (docs/plan.md). Accepted and not acted on here, so an emitted config runs
+    /// as is and plans again alike.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<stoker_plan::emit::PlanSection>,
 }
 
 fn default_device() -> String {

@@ -49,6 +49,7 @@ pub mod ops;
 pub mod optim;
 pub mod parallel;
 pub mod params;
+pub mod planned;
 pub mod precision;
 pub mod report;
 pub mod run;

@@ -13,7 +13,8 @@ use stoker_plan::setup::{Optimizer, Precision};
 /// Arguments of `stoker plan`. Precedence: --config TOML < --deepspeed JSON < flags.
 #[derive(clap::Args)]
 pub struct PlanArgs {
-    /// TOML plan file with [model], [hardware], [training] tables (docs/plan.md).
+    /// A training config (`stoker train`'s, with its hardware in `[plan.hardware]` or given
+    /// by flags) or a plan file with [model], [hardware], [training] tables (docs/plan.md).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Existing DeepSpeed ds_config.json: batch keys, ZeRO stage, offload, fp16/bf16.
@@ -25,9 +26,18 @@ pub struct PlanArgs {
     /// Print the plan as JSON.
     #[arg(long)]
     json: bool,
-    /// Write the emitted training config (TOML) to this file.
+    /// Write the chosen settings as a training config that `stoker train` runs as is
+    /// (the trainer's schema; planner-only keys in its `[plan]` table).
     #[arg(long, value_name = "FILE")]
     emit_config: Option<PathBuf>,
+    /// With --emit-config: the run directory of the emitted config (default: the
+    /// training config's, else runs/MODEL).
+    #[arg(long, value_name = "DIR")]
+    run_dir: Option<PathBuf>,
+    /// With --emit-config: the training data of the emitted config (default: the
+    /// training config's, else data/shakespeare/shakespeare.bin).
+    #[arg(long, value_name = "PATH")]
+    train_data: Option<PathBuf>,
     /// List model and hardware presets and exit.
     #[arg(long)]
     list_presets: bool,
@@ -130,7 +140,7 @@ pub struct PlanArgs {
     /// Safety margin, fraction of capacity (default 0.10).
     #[arg(long, help_heading = "Training", allow_negative_numbers = true)]
     safety_margin: Option<f64>,
-    /// Gradient bucket, MB (default 25).
+    /// Gradient bucket, MiB (default 25, as PyTorch's bucket_cap_mb).
     #[arg(long, help_heading = "Training", allow_negative_numbers = true)]
     bucket_mb: Option<f64>,
     /// stoker (ZeRO paper's 16 bytes/param), deepspeed (2P + 18P/G) or deepspeed-legacy (4P + 16P/G).
@@ -283,9 +293,18 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    let file = match &args.config {
-        Some(p) => PlanInput::from_toml_file(p)?,
-        None => PlanInput::default(),
+    let cli = args.to_input()?;
+    // A training config is planned as it stands (its model, batch, precision, strategy);
+    // a plan file is the planner's own input.
+    let (file, base) = match &args.config {
+        Some(p) if is_training_config(p)? => {
+            let cfg = stoker_train::config::TrainConfig::load(p)?;
+            let input = stoker_train::planned::plan_input(&cfg, &cli)
+                .with_context(|| format!("planning the training config {}", p.display()))?;
+            (input, Some(cfg))
+        }
+        Some(p) => (PlanInput::from_toml_file(p)?, None),
+        None => (PlanInput::default(), None),
     };
     let ds = args
         .deepspeed
@@ -297,7 +316,6 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         .as_deref()
         .map(LoaderBench::from_file)
         .transpose()?;
-    let cli = args.to_input()?;
     // An error in the merged inputs names the files they came from (later ones win).
     let files: Vec<String> = [&args.config, &args.deepspeed]
         .into_iter()
@@ -311,18 +329,75 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         resolved.with_context(|| format!("plan inputs {} < flags", files.join(" < ")))?
     };
     let plan = stoker_plan::plan(resolved, bench.as_ref());
-    if let Some(path) = &args.emit_config {
-        let cfg = plan
-            .config
-            .as_ref()
-            .context("no strategy fits, so there is no training config to emit")?;
-        std::fs::write(path, cfg.to_toml())
-            .with_context(|| format!("cannot write {}", path.display()))?;
-    }
     if args.json {
         println!("{}", plan.to_json());
     } else {
         print!("{}", plan.to_text());
     }
+    if let Some(path) = &args.emit_config {
+        let mut planned_with = file.clone();
+        planned_with.overlay(&cli);
+        emit(&args, &plan, &planned_with, base.as_ref(), path)?;
+        if !args.json {
+            println!("wrote {} (stoker train runs it as is)", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// Whether `path` is a training config (it has the trainer's required `run_dir`) rather
+/// than a plan file.
+fn is_training_config(path: &std::path::Path) -> anyhow::Result<bool> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(match text.parse::<toml::Table>() {
+        Ok(t) => t.contains_key("run_dir"),
+        // Let the plan file's parser report the syntax error with line and column.
+        Err(_) => false,
+    })
+}
+
+/// Writes the plan's choice as a training config in the trainer's schema, then reads it
+/// back with the trainer's own parser: a config `stoker train` would refuse here (an
+/// accelerator's `device`) is written with a note saying why.
+fn emit(
+    args: &PlanArgs,
+    plan: &stoker_plan::Plan,
+    planned_with: &PlanInput,
+    base: Option<&stoker_train::config::TrainConfig>,
+    path: &std::path::Path,
+) -> anyhow::Result<()> {
+    use stoker_train::planned::{self, EmitPlace};
+    let place = EmitPlace {
+        run_dir: args
+            .run_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(format!("runs/{}", plan.inputs.model.name))),
+        train_data: args
+            .train_data
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("data/shakespeare/shakespeare.bin")),
+    };
+    let mut cfg =
+        planned::emit(plan, planned_with, base, &place).context("no training config emitted")?;
+    if let Some(d) = &args.run_dir {
+        cfg.run_dir = d.clone();
+    }
+    if let Some(d) = &args.train_data {
+        cfg.data.train = d.clone();
+    }
+    let summary = plan
+        .choice
+        .as_ref()
+        .map(|c| c.summary())
+        .unwrap_or_default();
+    let text = planned::to_toml(&cfg, &summary)?;
+    if let Err(e) = stoker_train::config::TrainConfig::parse(&text, path) {
+        eprintln!(
+            "note: `stoker train` on this machine refuses {}: {e}",
+            path.display()
+        );
+    }
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
 }

@@ -25,10 +25,14 @@ struct LoaderTuneArgs {
     /// --from-plan).
     #[arg(long)]
     target_samples_per_s: Option<f64>,
-    /// A config written by `stoker plan --emit-config`: its `[data] required_samples_per_s`
-    /// (the plan's consumption rate per device) is the target.
+    /// A training config written by `stoker plan --emit-config`: its `[plan]
+    /// required_samples_per_s` (the plan's consumption rate per device) is the target.
     #[arg(long, value_name = "FILE")]
     from_plan: Option<std::path::PathBuf>,
+    /// With --from-plan: write the chosen num_workers / prefetch_factor /
+    /// persistent_workers into that config's `[data]`, so `stoker train` runs with them.
+    #[arg(long, requires = "from_plan")]
+    write_config: bool,
     /// Headroom over the target a setting must reach, fraction (0.1 = 10%).
     #[arg(long, default_value_t = 0.1)]
     margin: f64,
@@ -49,7 +53,7 @@ pub fn run(args: TuneArgs) -> anyhow::Result<()> {
     let target = match (a.target_samples_per_s, a.data.step_ms, &a.from_plan) {
         (Some(t), _, _) => Some(t),
         (None, Some(ms), _) => Some(a.data.batch as f64 / (ms / 1e3)),
-        (None, None, Some(plan)) => Some(planned_rate(plan)?),
+        (None, None, Some(plan)) => Some(planned_rate(&load_config(plan)?, plan)?),
         (None, None, None) => None,
     };
     if let Some(t) = target {
@@ -94,7 +98,8 @@ pub fn run(args: TuneArgs) -> anyhow::Result<()> {
         c.samples_per_s, c.consumer_wait_pct
     );
     // With 0 workers there is nothing to prefetch or keep alive (as in torch).
-    let workers = if c.num_workers > 0 {
+    let persistent = c.num_workers > 0;
+    let workers = if persistent {
         format!(
             "num_workers = {}\nprefetch_factor = {}\npersistent_workers = true",
             c.num_workers, c.prefetch_factor
@@ -102,10 +107,29 @@ pub fn run(args: TuneArgs) -> anyhow::Result<()> {
     } else {
         "num_workers = 0".into()
     };
-    println!(
-        "[data]\nbatch_size = {}\n{workers}\npin_memory = {}",
-        c.batch_size, a.data.pin_memory
-    );
+    // The trainer's [data] keys; the batch is [batch] micro_batch, and pinning is an
+    // accelerator's ([plan] pin_memory).
+    println!("[data]\n{workers}");
+    if a.write_config {
+        if let Some(path) = &a.from_plan {
+            let mut cfg = load_config(path)?;
+            cfg.data.num_workers = c.num_workers;
+            cfg.data.prefetch_factor = c.prefetch_factor.max(1);
+            cfg.data.persistent_workers = persistent;
+            let body = toml::to_string(&cfg)?;
+            let head: String = std::fs::read_to_string(path)?
+                .lines()
+                .take_while(|l| l.starts_with('#'))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            let note = format!(
+                "# [data] loader set by `stoker tune loader` ({:.0} samples/s measured)\n",
+                c.samples_per_s
+            );
+            std::fs::write(path, format!("{head}{note}{body}"))?;
+            println!("\nwrote the loader settings into {}", path.display());
+        }
+    }
     if let Some(path) = &a.json {
         std::fs::write(
             path,
@@ -116,21 +140,30 @@ pub fn run(args: TuneArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The per-device consumption rate in a config written by `stoker plan --emit-config`.
-fn planned_rate(path: &std::path::Path) -> anyhow::Result<f64> {
-    use anyhow::Context;
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let plan: stoker_plan::emit::TrainingConfig = toml::from_str(&text).with_context(|| {
-        format!(
-            "{}: not a config written by stoker plan --emit-config",
-            path.display()
-        )
-    })?;
-    let rate = plan.data.required_samples_per_s;
+/// A training config, read and checked by the trainer's own parser.
+fn load_config(path: &std::path::Path) -> anyhow::Result<stoker_train::config::TrainConfig> {
+    Ok(stoker_train::config::TrainConfig::load(path)?)
+}
+
+/// The per-device consumption rate a plan wrote into a training config's `[plan]`.
+fn planned_rate(
+    cfg: &stoker_train::config::TrainConfig,
+    path: &std::path::Path,
+) -> anyhow::Result<f64> {
+    let rate = cfg
+        .plan
+        .as_ref()
+        .and_then(|p| p.required_samples_per_s)
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "{}: no [plan] required_samples_per_s (write the config with `stoker plan \
+                 --emit-config`, or give --target-samples-per-s)",
+                path.display()
+            )
+        })?;
     anyhow::ensure!(
         rate.is_finite() && rate > 0.0,
-        "{}: data.required_samples_per_s = {rate}: expected a positive number",
+        "{}: plan.required_samples_per_s = {rate}: expected a positive number",
         path.display()
     );
     Ok(rate)

@@ -1,0 +1,116 @@
+//! The decision flow through the binary, as `make demo` runs it: `stoker plan` a training
+//! config and emit the chosen one, `stoker tune loader --from-plan --write-config` with the
+//! plan's need, then `stoker train` on the emitted file as is.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+const STOKER: &str = env!("CARGO_BIN_EXE_stoker");
+
+fn stoker(args: &[&str]) -> Output {
+    let o = Command::new("timeout")
+        .args(["-k", "5", "300", STOKER])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "stoker {args:?}: {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn plan_then_tune_then_train_runs_the_emitted_config_as_is() {
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus = tmp.path().join("corpus.bin");
+    let tokens: Vec<u16> = (0..20_000u32)
+        .map(|i| ((i * 7 + i / 13) % 24) as u16)
+        .collect();
+    stoker_data::tokens::write_tokens(&corpus, &tokens, stoker_data::TokenFormat::Llmc).unwrap();
+    let start = tmp.path().join("start.toml");
+    std::fs::write(
+        &start,
+        format!(
+            "run_dir = {:?}\nseed = 5\n[data]\ntrain = {:?}\nnum_workers = 3\n\
+             [model]\nkind = \"gpt\"\nvocab = 24\ncontext = 16\nd_model = 32\nn_layer = 2\nn_head = 4\n\
+             [batch]\nmicro_batch = 4\naccumulation_steps = 2\n\
+             [optimizer]\nkind = \"adamw\"\nlr = 3e-3\n[train]\nsteps = 40\n",
+            s(&tmp.path().join("run")),
+            s(&corpus)
+        ),
+    )
+    .unwrap();
+    let emitted = tmp.path().join("planned.toml");
+    let out = stoker(&[
+        "plan",
+        "--config",
+        s(&start),
+        "--hardware",
+        "cpu",
+        "--emit-config",
+        s(&emitted),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("the configuration asks for ddp: it fits"),
+        "{text}"
+    );
+    let cfg = std::fs::read_to_string(&emitted).unwrap();
+    // The config's own keys survive; the plan's decisions are written in.
+    for line in [
+        "seed = 5",
+        "lr = 0.003",
+        "steps = 40",
+        "micro_batch = 4",
+        "accumulation_steps = 2",
+        "world_size = 1",
+        "global_batch = 8",
+        "[plan.hardware]",
+        "required_samples_per_s = ",
+    ] {
+        assert!(cfg.contains(line), "missing {line:?} in\n{cfg}");
+    }
+
+    let out = stoker(&[
+        "tune",
+        "loader",
+        s(&corpus),
+        "--context",
+        "16",
+        "--batch",
+        "4",
+        "--seconds",
+        "0.2",
+        "--max-workers",
+        "2",
+        "--from-plan",
+        s(&emitted),
+        "--write-config",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("wrote the loader settings into"), "{text}");
+    let cfg = std::fs::read_to_string(&emitted).unwrap();
+    assert!(
+        cfg.starts_with("# stoker training config emitted by"),
+        "{cfg}"
+    );
+    assert!(cfg.contains("# [data] loader set by `stoker tune loader`"));
+    // A token shard in memory is fastest read in the training thread: the tuner's need
+    // (a few hundred samples/s) is met by 0 workers, which it tries first.
+    assert!(cfg.contains("num_workers = 0"), "{cfg}");
+
+    let out = stoker(&["train", s(&emitted), "--no-progress"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for line in ["plan per rank: ", "steps: 40, ", "held/planned 1.0000"] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
+    assert!(tmp.path().join("run/metrics.jsonl").exists());
+}

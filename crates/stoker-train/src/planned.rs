@@ -1,0 +1,330 @@
+//! The joint between `stoker plan` and `stoker train`, so that the two share one config
+//! schema (this crate's [`TrainConfig`]):
+//! - [`plan_input`]: a training config (plus command-line flags on top) as the planner's
+//!   input: the model's architecture, the batch, precision, optimizer, strategy, and the
+//!   `[plan]` table's hardware;
+//! - [`emit`]: a plan's choice written into a training config, keeping every key the plan
+//!   does not decide from the config it started from, so `stoker train` runs the file as
+//!   is.
+//!
+//! Keys only one side reads are listed in docs/plan.md; the planner's own live in
+//! `[plan]` ([`PlanSection`]), which the trainer accepts and does not act on.
+
+use std::path::PathBuf;
+
+use stoker_plan::emit::PlanSection;
+use stoker_plan::input::PlanInput;
+use stoker_plan::model::{Architecture, Family};
+use stoker_plan::Plan;
+
+use crate::config::{ModelConfig, OptimizerKind, StrategyKind, TrainConfig};
+use crate::error::{config_err, Result};
+use crate::models::GptConfig;
+use crate::precision::Precision;
+
+/// The planner's name of a trainer precision.
+fn plan_precision(p: Precision) -> &'static str {
+    match p {
+        Precision::Fp32 => "fp32",
+        Precision::Bf16 => "bf16",
+        Precision::Fp16 => "fp16",
+        Precision::Fp8 => "fp8",
+        Precision::Fp64 => "fp64",
+    }
+}
+
+/// The trainer's precision for a planner precision name.
+fn train_precision(name: &str) -> Result<Precision> {
+    match name {
+        "fp32" => Ok(Precision::Fp32),
+        "bf16" => Ok(Precision::Bf16),
+        "fp16" => Ok(Precision::Fp16),
+        "fp8" => Ok(Precision::Fp8),
+        "bf16-pure" => Err(config_err(
+            "precision",
+            "the plan chose bf16-pure (bf16 weights and moments, no FP32 master), which the \
+             trainer does not build (it keeps FP32 master weights); plan with --precision bf16",
+        )),
+        other => Err(config_err(
+            "precision",
+            format!("the plan chose `{other}`, which the trainer does not know"),
+        )),
+    }
+}
+
+/// The trainer's strategy for a planner stage name.
+fn train_strategy(name: &str) -> Result<StrategyKind> {
+    match name {
+        "ddp" => Ok(StrategyKind::Ddp),
+        "zero1" => Ok(StrategyKind::Zero1),
+        "zero2" => Ok(StrategyKind::Zero2),
+        "zero3" => Ok(StrategyKind::Zero3),
+        other => Err(config_err(
+            "parallel.strategy",
+            format!("the plan chose `{other}`, which the trainer does not know"),
+        )),
+    }
+}
+
+/// A training config as the planner's input, with `flags` (the command line) on top:
+/// the GPT's architecture, its context as the sequence length, the batch (micro-batch and
+/// accumulation pinned when the config gives them), precision, optimizer, strategy, and
+/// `[plan]`'s hardware and knobs. Only GPT configs can be planned: the planner models
+/// transformers (`stoker train --dry-run` counts any model's bytes).
+pub fn plan_input(cfg: &TrainConfig, flags: &PlanInput) -> Result<PlanInput> {
+    let ModelConfig::Gpt(g) = &cfg.model else {
+        return Err(config_err(
+            "model.kind",
+            "the planner models transformers (GPT); for a CNN or MLP, `stoker train --dry-run \
+             CONFIG` prints the bytes the run will hold",
+        ));
+    };
+    let mut input = PlanInput::default();
+    if let Some(section) = &cfg.plan {
+        section.apply_to(&mut input);
+        input.model.preset = section.model_preset.clone();
+    }
+    let m = &mut input.model;
+    m.family = Some("gpt2".into());
+    m.layers = Some(g.n_layer as i64);
+    m.hidden = Some(g.d_model as i64);
+    m.heads = Some(g.n_head as i64);
+    m.kv_heads = Some(g.n_head as i64);
+    m.ffn_hidden = Some(4 * g.d_model as i64);
+    m.vocab = Some(g.vocab as i64);
+    m.context = Some(g.context as i64);
+    m.tied_embeddings = Some(true);
+    let t = &mut input.training;
+    t.seq_len = Some(g.context as i64);
+    t.micro_batch = Some(cfg.batch.micro_batch as i64);
+    t.accumulation_steps = cfg.batch.accumulation_steps.map(|k| k as i64);
+    t.global_batch = cfg.batch.global_batch.map(|b| b as i64);
+    t.precision = Some(plan_precision(cfg.precision).into());
+    t.optimizer = Some(
+        match cfg.optimizer.kind {
+            OptimizerKind::Adamw => "adam",
+            OptimizerKind::Sgd => "sgd",
+        }
+        .into(),
+    );
+    t.strategy = Some(
+        match cfg.parallel.strategy {
+            StrategyKind::None | StrategyKind::Ddp => "ddp",
+            StrategyKind::Zero1 => "zero1",
+            StrategyKind::Zero2 => "zero2",
+            StrategyKind::Zero3 => "zero3",
+        }
+        .into(),
+    );
+    t.offload_optimizer = Some(cfg.parallel.offload_optimizer);
+    t.bucket_mb = Some(cfg.parallel.bucket_cap_mb);
+    if let Some(w) = cfg.batch.world_size {
+        let h = &mut input.hardware;
+        if h.nodes.is_none() && h.devices_per_node.is_none() {
+            h.nodes = Some(1);
+            h.devices_per_node = Some(w as i64);
+        }
+    }
+    input.model.overlay(&flags.model);
+    input.hardware.overlay(&flags.hardware);
+    input.training.overlay(&flags.training);
+    pin_world(cfg, &mut input)?;
+    Ok(input)
+}
+
+/// Checks `batch.world_size` against the hardware's device count, and fills the global
+/// batch when the config gives only the micro-batch (and accumulation): DeepSpeed's rule
+/// `global = micro x accumulation x world` at the hardware's world size.
+fn pin_world(cfg: &TrainConfig, input: &mut PlanInput) -> Result<()> {
+    let hw = stoker_plan::resolve::resolve_hardware(&input.hardware)
+        .map_err(|e| config_err("plan.hardware", e.to_string()))?;
+    let world = hw.world_size();
+    if let Some(w) = cfg.batch.world_size {
+        if w as u64 != world {
+            return Err(config_err(
+                "batch.world_size",
+                format!(
+                    "{w}, but the hardware planned for ([plan.hardware] or --nodes x \
+                     --devices-per-node) has {world} devices"
+                ),
+            ));
+        }
+    }
+    let t = &mut input.training;
+    if t.global_batch.is_none() {
+        let micro = t.micro_batch.unwrap_or(1);
+        let k = t.accumulation_steps.unwrap_or(1);
+        t.global_batch = micro
+            .checked_mul(k)
+            .and_then(|v| v.checked_mul(world as i64));
+    }
+    Ok(())
+}
+
+/// Where a config emitted without a training config to start from puts its run and reads
+/// its data.
+#[derive(Clone, Debug)]
+pub struct EmitPlace {
+    /// `run_dir`.
+    pub run_dir: PathBuf,
+    /// `data.train`.
+    pub train_data: PathBuf,
+}
+
+/// The trainer's GPT for the plan's architecture: GPT-2's layout only (learned positions,
+/// tied head, 4h MLP, one key/value head per head).
+fn gpt_for(arch: &Architecture) -> Result<GptConfig> {
+    let unsupported = |key: &str, what: String| {
+        Err(config_err(
+            format!("model.{key}"),
+            format!(
+                "{what}: the trainer builds GPT-2's layout only (learned positions, LayerNorm, \
+                 GELU, 4h MLP, tied head), so no training config is emitted"
+            ),
+        ))
+    };
+    if arch.family != Family::Gpt2 {
+        return unsupported("family", format!("{:?}", arch.family).to_lowercase());
+    }
+    if arch.ffn_hidden != 4 * arch.hidden {
+        return unsupported(
+            "ffn_hidden",
+            format!("{} (not 4 x {})", arch.ffn_hidden, arch.hidden),
+        );
+    }
+    if arch.kv_heads != arch.heads {
+        return unsupported(
+            "kv_heads",
+            format!("{} (grouped-query attention)", arch.kv_heads),
+        );
+    }
+    if !arch.tied_embeddings {
+        return unsupported("tied_embeddings", "false".into());
+    }
+    let dim = |v: u64| usize::try_from(v).map_err(|_| config_err("model", "too large"));
+    Ok(GptConfig {
+        vocab: dim(arch.vocab)?,
+        context: dim(arch.context)?,
+        d_model: dim(arch.hidden)?,
+        n_layer: dim(arch.layers)?,
+        n_head: dim(arch.heads)?,
+        init_from: None,
+    })
+}
+
+/// A fresh training config for `gpt`: nanoGPT's GPT-2 hyper-parameters (AdamW, lr 6e-4
+/// decaying to 6e-5 after 100 warmup steps, betas 0.9 / 0.95, weight decay 0.1, clipping
+/// at 1.0), 1000 steps. Parsed from TOML so that every other default stays the one the
+/// config types declare.
+fn fresh(gpt: &GptConfig, place: &EmitPlace) -> Result<TrainConfig> {
+    let quoted = |p: &PathBuf| toml::Value::String(p.display().to_string()).to_string();
+    let text = format!(
+        "run_dir = {run_dir}\n\
+         [data]\ntrain = {train}\n\
+         [model]\nkind = \"gpt\"\nvocab = {}\ncontext = {}\nd_model = {}\nn_layer = {}\nn_head = {}\n\
+         [batch]\nmicro_batch = 1\n\
+         [optimizer]\nkind = \"adamw\"\nlr = 6e-4\nmin_lr = 6e-5\nwarmup_steps = 100\n\
+         beta2 = 0.95\nweight_decay = 0.1\ngrad_clip = 1.0\n\
+         [train]\nsteps = 1000\neval_every = 100\ncheckpoint_every = 500\n",
+        gpt.vocab,
+        gpt.context,
+        gpt.d_model,
+        gpt.n_layer,
+        gpt.n_head,
+        run_dir = quoted(&place.run_dir),
+        train = quoted(&place.train_data),
+    );
+    toml::from_str(&text).map_err(|e| config_err("plan", format!("fresh config: {e}")))
+}
+
+/// The training config a plan chose: `base` (the config planned from, if any; else a
+/// fresh one at `place`) with the plan's decisions written in: `[batch]` (micro-batch,
+/// accumulation, world size, global batch), `precision`, `[parallel] strategy` and
+/// `offload_optimizer`, `[data]` workers and prefetch, the optimizer kind, the model's
+/// sizes (its context cut to the planned sequence length), `device` (`cuda` on an accelerator), and `[plan]` with the predictions.
+/// `planned_with` is the merged planner input, kept in `[plan]` so the file plans again
+/// alike.
+pub fn emit(
+    plan: &Plan,
+    planned_with: &PlanInput,
+    base: Option<&TrainConfig>,
+    place: &EmitPlace,
+) -> Result<TrainConfig> {
+    let choice = plan.choice.as_ref().ok_or_else(|| {
+        config_err(
+            "parallel.strategy",
+            "no strategy fits, so there is no training config to emit",
+        )
+    })?;
+    let arch = plan.inputs.model.arch.as_ref().ok_or_else(|| {
+        config_err(
+            "model",
+            "the plan knows only a parameter count; the trainer needs an architecture \
+             (a preset, or --layers --hidden --heads --vocab --context)",
+        )
+    })?;
+    if choice.model.activation_checkpointing {
+        return Err(config_err(
+            "model.activation_checkpointing",
+            "the plan recomputes activations, which the trainer does not do; plan without \
+             --activation-checkpointing",
+        ));
+    }
+    if choice.parallel.offload_params {
+        return Err(config_err(
+            "parallel.offload_params",
+            "the plan offloads parameters, which the trainer does not build",
+        ));
+    }
+    let mut gpt = gpt_for(arch)?;
+    // The trainer's windows are `context` tokens long: a plan for shorter sequences than
+    // the architecture's context trains that many (and a position table that size).
+    let seq = usize::try_from(plan.inputs.setup.seq_len).unwrap_or(usize::MAX);
+    gpt.context = gpt.context.min(seq);
+    let mut cfg = match base {
+        Some(b) => b.clone(),
+        None => fresh(&gpt, place)?,
+    };
+    if let ModelConfig::Gpt(old) = &cfg.model {
+        gpt.init_from = old.init_from.clone();
+    }
+    cfg.model = ModelConfig::Gpt(gpt);
+    let usize_of = |key: &str, v: u64| {
+        usize::try_from(v).map_err(|_| config_err(key, format!("{v} does not fit this machine")))
+    };
+    cfg.batch.micro_batch = usize_of("batch.micro_batch", choice.data.micro_batch)?;
+    cfg.batch.accumulation_steps = Some(usize_of(
+        "batch.accumulation_steps",
+        choice.accumulation.accumulation_steps,
+    )?);
+    cfg.batch.world_size = Some(usize_of("batch.world_size", choice.parallel.world_size)?);
+    cfg.batch.global_batch = Some(usize_of(
+        "batch.global_batch",
+        choice.accumulation.global_batch,
+    )?);
+    cfg.precision = train_precision(&choice.precision.precision)?;
+    cfg.parallel.strategy = train_strategy(&choice.parallel.strategy)?;
+    cfg.parallel.offload_optimizer = choice.parallel.offload_optimizer;
+    cfg.optimizer.kind = match choice.optimizer.name.as_str() {
+        "sgd" => OptimizerKind::Sgd,
+        _ => OptimizerKind::Adamw,
+    };
+    cfg.data.num_workers = usize_of("data.num_workers", choice.data.num_workers)?;
+    cfg.data.prefetch_factor = usize_of("data.prefetch_factor", choice.data.prefetch_factor)?;
+    if plan.inputs.hardware.accelerator {
+        cfg.device = "cuda".into();
+    }
+    let section: PlanSection = choice.plan_section(planned_with);
+    cfg.plan = Some(section);
+    Ok(cfg)
+}
+
+/// The emitted file: a header naming the plan, then the config in the trainer's schema.
+pub fn to_toml(cfg: &TrainConfig, summary: &str) -> Result<String> {
+    let body = toml::to_string(cfg).map_err(|e| config_err("plan", e.to_string()))?;
+    Ok(format!(
+        "# stoker training config emitted by `stoker plan` (the trainer's schema: \
+         docs/training.md;\n# [plan] is read by the planner only: docs/plan.md)\n\
+         # chosen: {summary}\n{body}"
+    ))
+}

@@ -1,0 +1,286 @@
+//! One config schema: what `stoker plan --emit-config` writes is a training config the
+//! trainer's own parser accepts, that plans again to the same choice, and that trains as
+//! is; the docs' example is that schema too.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use stoker_plan::input::PlanInput;
+use stoker_plan::Plan;
+use stoker_train::config::{ModelConfig, StrategyKind, TrainConfig};
+use stoker_train::planned::{emit, plan_input, to_toml, EmitPlace};
+use stoker_train::precision::Precision;
+use stoker_train::run::{run, RunOptions};
+use stoker_train::TrainError;
+
+fn input(text: &str) -> PlanInput {
+    PlanInput::from_toml_str("test.toml", text).unwrap()
+}
+
+fn plan_of(input: &PlanInput) -> Plan {
+    let r = stoker_plan::resolve::resolve(&PlanInput::default(), None, input).unwrap();
+    stoker_plan::plan(r, None)
+}
+
+fn place(dir: &Path) -> EmitPlace {
+    EmitPlace {
+        run_dir: dir.join("run"),
+        train_data: dir.join("corpus.bin"),
+    }
+}
+
+/// Emits the plan of `input` as TOML text.
+fn emitted_text(input: &PlanInput, dir: &Path) -> (Plan, String) {
+    let plan = plan_of(input);
+    let cfg = emit(&plan, input, None, &place(dir)).unwrap();
+    let text = to_toml(&cfg, &plan.choice.as_ref().unwrap().summary()).unwrap();
+    (plan, text)
+}
+
+#[test]
+fn three_presets_emit_configs_the_trainer_parses_and_that_plan_again_alike() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "stoker-gpt",
+            "model = { preset = \"stoker-gpt\" }\nhardware = { preset = \"cpu\" }\n\
+             training = { global_batch = 16, seq_len = 128 }",
+            false,
+        ),
+        (
+            "gpt2-124m",
+            "model = { preset = \"gpt2-124m\" }\nhardware = { preset = \"cpu\" }\n\
+             training = { global_batch = 8 }",
+            false,
+        ),
+        (
+            "gpt2-1.5b",
+            "model = { preset = \"gpt2-1.5b\" }\nhardware = { preset = \"h100-80gb\" }",
+            true,
+        ),
+    ];
+    for (name, text, accelerator) in cases {
+        let planned_with = input(text);
+        let (plan, toml_text) = emitted_text(&planned_with, tmp.path());
+        let choice = plan.choice.clone().unwrap();
+        assert!(
+            toml_text.starts_with("# stoker training config emitted by `stoker plan`"),
+            "{name}"
+        );
+        // The trainer's parser: unknown keys are rejected, every value validated. An
+        // accelerator's config names its device, which this CPU build refuses by key.
+        let parsed = TrainConfig::parse(&toml_text, Path::new("emitted.toml"));
+        let cfg = if accelerator {
+            match parsed {
+                Err(TrainError::Config { key, .. }) => assert_eq!(key, "device", "{name}"),
+                other => panic!("{name}: expected the device error, got {other:?}"),
+            }
+            let on_cpu = toml_text.replace("device = \"cuda\"", "device = \"cpu\"");
+            TrainConfig::parse(&on_cpu, Path::new("emitted.toml")).unwrap()
+        } else {
+            parsed.unwrap()
+        };
+        // The plan's decisions are the trainer's keys.
+        assert_eq!(
+            cfg.batch.micro_batch as u64, choice.data.micro_batch,
+            "{name}"
+        );
+        assert_eq!(
+            cfg.batch.accumulation_steps.map(|k| k as u64),
+            Some(choice.accumulation.accumulation_steps)
+        );
+        assert_eq!(
+            cfg.batch.world_size.map(|w| w as u64),
+            Some(choice.parallel.world_size)
+        );
+        assert_eq!(
+            cfg.batch.global_batch.map(|g| g as u64),
+            Some(choice.accumulation.global_batch)
+        );
+        assert_eq!(cfg.data.num_workers as u64, choice.data.num_workers);
+        assert_eq!(cfg.precision, Precision::Bf16, "{name}");
+        let ModelConfig::Gpt(g) = &cfg.model else {
+            panic!("{name}: not a GPT")
+        };
+        let arch = plan.inputs.model.arch.as_ref().unwrap();
+        assert_eq!(
+            (g.n_layer, g.d_model, g.n_head, g.vocab),
+            (
+                arch.layers as usize,
+                arch.hidden as usize,
+                arch.heads as usize,
+                arch.vocab as usize
+            ),
+            "{name}"
+        );
+        assert_eq!(g.context as u64, plan.inputs.setup.seq_len, "{name}");
+        let section = cfg.plan.as_ref().unwrap();
+        assert_eq!(
+            section.required_samples_per_s,
+            Some(choice.data.required_samples_per_s)
+        );
+        // Planned again from the file alone, it makes the same choice with the same
+        // predictions.
+        let again = plan_of(&plan_input(&cfg, &PlanInput::default()).unwrap());
+        let c2 = again.choice.unwrap();
+        assert_eq!(c2.parallel, choice.parallel, "{name}");
+        assert_eq!(c2.accumulation, choice.accumulation, "{name}");
+        assert_eq!(c2.data, choice.data, "{name}");
+        assert_eq!(c2.precision, choice.precision, "{name}");
+        assert_eq!(c2.model.seq_len, choice.model.seq_len, "{name}");
+        let rel = |a: f64, b: f64| ((a - b) / b).abs();
+        assert!(
+            rel(c2.predicted.step_s, choice.predicted.step_s) < 1e-12,
+            "{name}: {:?} vs {:?}",
+            c2.predicted,
+            choice.predicted
+        );
+        assert!(rel(c2.predicted.peak_bytes, choice.predicted.peak_bytes) < 1e-12);
+    }
+}
+
+#[test]
+fn a_config_emitted_for_this_cpu_trains_as_is_and_holds_the_planned_bytes() {
+    let tmp = tempfile::tempdir().unwrap();
+    common::write_token_corpus(&tmp.path().join("corpus.bin"), 12_000);
+    let planned_with = input(
+        "model = { family = \"gpt2\", layers = 2, hidden = 32, heads = 4, vocab = 24, \
+         context = 16 }\nhardware = { preset = \"cpu\" }\ntraining = { global_batch = 8 }",
+    );
+    let (plan, text) = emitted_text(&planned_with, tmp.path());
+    let path = tmp.path().join("emitted.toml");
+    std::fs::write(&path, &text).unwrap();
+    let mut cfg = TrainConfig::load(&path).unwrap();
+    assert_eq!(cfg.parallel.strategy, StrategyKind::Ddp);
+    assert_eq!(cfg.train.steps, 1000);
+    // As emitted, except that the test keeps the run short and its workers off.
+    cfg.train.steps = 200;
+    cfg.train.eval_every = 0;
+    cfg.train.checkpoint_every = 0;
+    let s = run(&cfg, &RunOptions::default()).unwrap();
+    assert_eq!(s.steps, 200);
+    assert_eq!(
+        (s.dims.micro_batch as u64, s.dims.world as u64),
+        (
+            plan.choice.as_ref().unwrap().data.micro_batch,
+            plan.choice.as_ref().unwrap().parallel.world_size
+        )
+    );
+    // It learned: the eval loss is below the uniform guess over 24 tokens.
+    let eval = s.eval.as_ref().unwrap().loss;
+    assert!(eval.is_finite() && eval < (24f64).ln() - 0.5, "eval {eval}");
+    // Its model states are the planned ones, counted from its buffers.
+    assert_eq!(s.held.model_states() as f64, s.planned.model_states());
+}
+
+#[test]
+fn a_training_config_is_planned_as_it_stands() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = common::gpt_config(tmp.path(), "fp32", 10, "")
+        + "\n[parallel]\nstrategy = \"zero2\"\n[plan]\nmfu = 0.3\n[plan.hardware]\npreset = \"cpu\"\ndevices_per_node = 2\n";
+    let cfg = TrainConfig::parse(&text, Path::new("t.toml")).unwrap();
+    let input = plan_input(&cfg, &PlanInput::default()).unwrap();
+    let m = &input.model;
+    assert_eq!(
+        (m.layers, m.hidden, m.heads, m.vocab, m.context),
+        (Some(2), Some(32), Some(4), Some(24), Some(16))
+    );
+    let t = &input.training;
+    assert_eq!(t.precision.as_deref(), Some("fp32"));
+    assert_eq!(t.strategy.as_deref(), Some("zero2"));
+    assert_eq!(t.mfu, Some(0.3));
+    // micro 4 x accumulation 2 x the hardware's 2 devices.
+    assert_eq!(
+        (t.micro_batch, t.accumulation_steps, t.global_batch),
+        (Some(4), Some(2), Some(16))
+    );
+    let plan = plan_of(&input);
+    assert!(plan
+        .decision
+        .warnings
+        .iter()
+        .any(|w| w.contains("the configuration asks for zero2")));
+
+    // A world size the hardware does not have is an error naming the key.
+    let bad = text.replace("[batch]\n", "[batch]\nworld_size = 4\n");
+    let cfg = TrainConfig::parse(&bad, Path::new("t.toml")).unwrap();
+    match plan_input(&cfg, &PlanInput::default()) {
+        Err(TrainError::Config { key, message }) => {
+            assert_eq!(key, "batch.world_size");
+            assert!(message.contains("has 2 devices"), "{message}");
+        }
+        other => panic!("expected a batch.world_size error, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_plan_for_shorter_sequences_trains_windows_that_long() {
+    let tmp = tempfile::tempdir().unwrap();
+    let planned_with = input(
+        "model = { preset = \"gpt2-124m\" }\nhardware = { preset = \"cpu\" }\n\
+         training = { global_batch = 8, seq_len = 256 }",
+    );
+    let (_, text) = emitted_text(&planned_with, tmp.path());
+    let cfg = TrainConfig::parse(&text, Path::new("emitted.toml")).unwrap();
+    let ModelConfig::Gpt(g) = &cfg.model else {
+        panic!("not a GPT")
+    };
+    assert_eq!(g.context, 256);
+}
+
+#[test]
+fn what_the_trainer_cannot_build_is_refused_by_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let refused = |text: &str| {
+        let planned_with = input(text);
+        let plan = plan_of(&planned_with);
+        match emit(&plan, &planned_with, None, &place(tmp.path())) {
+            Err(TrainError::Config { key, .. }) => key,
+            other => panic!("{text}: expected a config error, got {other:?}"),
+        }
+    };
+    assert_eq!(
+        refused("model = { preset = \"llama-7b\" }\nhardware = { preset = \"h100-80gb\" }"),
+        "model.family"
+    );
+    assert_eq!(
+        refused("model = { params = \"7.5B\" }\nhardware = { preset = \"h100-80gb\" }\ntraining = { global_batch = 64, seq_len = 1024 }"),
+        "model"
+    );
+    assert_eq!(
+        refused(
+            "model = { preset = \"gpt2-124m\" }\nhardware = { preset = \"h100-80gb\" }\n\
+             training = { precision = \"bf16-pure\" }"
+        ),
+        "precision"
+    );
+    assert_eq!(
+        refused(
+            "model = { preset = \"gpt2-124m\" }\nhardware = { preset = \"h100-80gb\" }\n\
+             training = { activation_checkpointing = true }"
+        ),
+        "model.activation_checkpointing"
+    );
+}
+
+#[test]
+fn the_docs_example_of_an_emitted_config_is_the_trainers_schema() {
+    let docs = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/plan.md"));
+    let text = std::fs::read_to_string(&docs).unwrap();
+    let block = text
+        .split("```toml\n")
+        .find(|b| b.starts_with("# stoker training config emitted by"))
+        .expect("docs/plan.md shows an emitted config")
+        .split("```")
+        .next()
+        .unwrap();
+    let cfg = TrainConfig::parse(block, &docs).unwrap();
+    assert_eq!(cfg.parallel.strategy, StrategyKind::Ddp);
+    let b = cfg.batch;
+    assert_eq!(
+        b.micro_batch * b.accumulation_steps.unwrap() * b.world_size.unwrap(),
+        b.global_batch.unwrap()
+    );
+    assert!(cfg.plan.unwrap().required_samples_per_s.unwrap() > 0.0);
+}
