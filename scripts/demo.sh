@@ -7,16 +7,20 @@ STOKER=target/release/stoker
 echo "== loader on MNIST (60,000 x 1x28x28 u8), shuffled, batch 256 =="
 "$STOKER" bench loader data/mnist/train --batch 256 --seconds 2 --workers 0,1,2
 echo
-echo "== plan: the chapter's decision flow for this run on this machine =="
+echo "== plan: the chapter's decision flow for the Shakespeare GPT's config on this machine =="
 mkdir -p runs
-"$STOKER" plan --model stoker-gpt --hardware cpu --global-batch 16 --seq-len 128 --emit-config runs/plan.toml | sed -n '/Decision path/,/^$/p'
+"$STOKER" plan --config configs/shakespeare-gpt.toml --hardware cpu --emit-config runs/shakespeare.toml | sed -n '/Decision path/,$p'
 echo
-echo "== loader autotune with the plan's need (data.required_samples_per_s in runs/plan.toml; 0 workers tried first) =="
-"$STOKER" tune loader data/shakespeare/shakespeare.bin --batch 16 --context 128 --seconds 1 --max-workers 8 --from-plan runs/plan.toml
+echo "== loader autotune with the plan's need ([plan] required_samples_per_s in runs/shakespeare.toml; 0 workers tried first), written into its [data] =="
+"$STOKER" tune loader data/shakespeare/shakespeare.bin --batch 16 --context 128 --seconds 1 --max-workers 8 --from-plan runs/shakespeare.toml --write-config
 echo
-echo "== train: char-level GPT (~0.8M parameters, bf16) on Shakespeare =="
-RAYON_NUM_THREADS=2 "$STOKER" train configs/shakespeare-gpt.toml
+echo "== train the emitted config as is: char-level GPT (~0.8M parameters, bf16) on Shakespeare, planned vs measured at the end =="
+rm -rf runs/shakespeare
+RAYON_NUM_THREADS=2 "$STOKER" train runs/shakespeare.toml | tee runs/shakespeare.log
 "$STOKER" report runs/shakespeare
+eval_loss=$(grep -E "^eval loss" runs/shakespeare.log | tail -1 | awk '{print $3}' | tr -d ,)
+awk -v l="$eval_loss" 'BEGIN { exit !(l <= 2.0) }' || { echo "error: eval loss $eval_loss is above 2.0" >&2; exit 1; }
+echo "eval loss $eval_loss <= 2.0"
 echo "plots: runs/shakespeare/*.png"
 echo
 echo "== data parallelism: the same GPT and global batch on 1 rank, then on 2 ranks (mpirun -n 2), deterministic mode =="

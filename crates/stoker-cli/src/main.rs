@@ -2,14 +2,16 @@
 
 mod cmd;
 mod error_kind;
+mod heap;
 
 use clap::{Parser, Subcommand};
 
 /// mimalloc keeps freed pages for reuse: candle allocates every activation and gradient
 /// afresh each step, and with glibc's allocator those pages went back to the OS and
 /// faulted in again (a third of a CPU training step, measured in docs/benchmarks.md).
+/// Counted (heap.rs), so that runs can report the bytes they really hold.
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: heap::CountingMiMalloc = heap::CountingMiMalloc;
 
 /// stoker keeps accelerators fed: data loading, precision, distribution.
 #[derive(Parser)]

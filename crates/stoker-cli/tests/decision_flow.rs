@@ -40,8 +40,8 @@ fn plan_then_tune_then_train_runs_the_emitted_config_as_is() {
         &start,
         format!(
             "run_dir = {:?}\nseed = 5\n[data]\ntrain = {:?}\nnum_workers = 3\n\
-             [model]\nkind = \"gpt\"\nvocab = 24\ncontext = 16\nd_model = 32\nn_layer = 2\nn_head = 4\n\
-             [batch]\nmicro_batch = 4\naccumulation_steps = 2\n\
+             [model]\nkind = \"gpt\"\nvocab = 24\ncontext = 64\nd_model = 128\nn_layer = 4\nn_head = 4\n\
+             [batch]\nmicro_batch = 16\naccumulation_steps = 2\n\
              [optimizer]\nkind = \"adamw\"\nlr = 3e-3\n[train]\nsteps = 40\n",
             s(&tmp.path().join("run")),
             s(&corpus)
@@ -69,10 +69,10 @@ fn plan_then_tune_then_train_runs_the_emitted_config_as_is() {
         "seed = 5",
         "lr = 0.003",
         "steps = 40",
-        "micro_batch = 4",
+        "micro_batch = 16",
         "accumulation_steps = 2",
         "world_size = 1",
-        "global_batch = 8",
+        "global_batch = 32",
         "[plan.hardware]",
         "required_samples_per_s = ",
     ] {
@@ -84,9 +84,9 @@ fn plan_then_tune_then_train_runs_the_emitted_config_as_is() {
         "loader",
         s(&corpus),
         "--context",
-        "16",
+        "64",
         "--batch",
-        "4",
+        "16",
         "--seconds",
         "0.2",
         "--max-workers",
@@ -112,5 +112,15 @@ fn plan_then_tune_then_train_runs_the_emitted_config_as_is() {
     for line in ["plan per rank: ", "steps: 40, ", "held/planned 1.0000"] {
         assert!(text.contains(line), "missing {line:?} in\n{text}");
     }
+    // The heap the binary's allocator counted over the training steps is the trainer's
+    // own count of its buffers (model states, activations, loader) within 10%.
+    let ratio: f64 = text
+        .split("(counted/planned ")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .and_then(|r| r.parse().ok())
+        .unwrap_or_else(|| panic!("no heap line in\n{text}"));
+    assert!((0.9..=1.1).contains(&ratio), "heap counted/planned {ratio}\n{text}");
+    eprintln!("heap counted/planned {ratio}");
     assert!(tmp.path().join("run/metrics.jsonl").exists());
 }

@@ -109,12 +109,21 @@ pub fn reset_peak_rss() {
 
 /// Peak resident set size (VmHWM) of this process in bytes, 0 where unavailable.
 pub fn peak_rss_bytes() -> u64 {
+    status_kib("VmHWM:") * 1024
+}
+
+/// Resident set size (VmRSS) of this process now, in bytes, 0 where unavailable.
+pub fn rss_bytes() -> u64 {
+    status_kib("VmRSS:") * 1024
+}
+
+/// A `kB` field of /proc/self/status, 0 where unavailable.
+fn status_kib(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
-            let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
-            let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-            Some(kb * 1024)
+            let line = s.lines().find(|l| l.starts_with(field))?;
+            line.split_whitespace().nth(1)?.parse().ok()
         })
         .unwrap_or(0)
 }

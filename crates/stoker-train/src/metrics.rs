@@ -46,6 +46,12 @@ pub enum Record {
         /// `parallel.sync_every_micro_batch`).
         #[serde(default)]
         calls_before_last: u64,
+        /// Seconds this optimizer step took (forward, backward, reduction, update).
+        #[serde(default)]
+        step_s: f64,
+        /// Resident set size of rank 0's process after this step, bytes.
+        #[serde(default)]
+        rss_bytes: u64,
     },
     /// Planned vs measured bytes at the end of a run (rank 0's), see
     /// [`stoker_plan::trainer`].
@@ -62,6 +68,26 @@ pub enum Record {
         held: crate::memory::HeldBytes,
         /// Mean bytes rank 0 sent per step (the communicator's count, ring model).
         bytes_sent_per_step: f64,
+    },
+    /// The planner's forecast for this run beside what the run measured (rank 0's).
+    Forecast {
+        /// Optimizer steps taken.
+        step: u64,
+        /// What the planner forecast for one rank.
+        forecast: crate::planned::RunForecast,
+        /// Peak resident set size of rank 0's process (evaluation included), bytes.
+        peak_rss_bytes: u64,
+        /// Largest resident set size after a training step before the first evaluation
+        /// or checkpoint, bytes.
+        #[serde(default)]
+        train_rss_bytes: u64,
+        /// Peak live heap bytes over those steps, counted by the binary's allocator.
+        #[serde(default)]
+        train_heap_bytes: Option<u64>,
+        /// Mean measured seconds per optimizer step.
+        step_s: f64,
+        /// Share of training time the step waited on the loader, percent.
+        loader_wait_pct: f64,
     },
     /// An evaluation.
     Eval {
@@ -93,7 +119,8 @@ impl MetricsLog {
                 .filter(|r| match r {
                     Record::Train { step, .. }
                     | Record::Eval { step, .. }
-                    | Record::States { step, .. } => *step <= at,
+                    | Record::States { step, .. }
+                    | Record::Forecast { step, .. } => *step <= at,
                 })
                 .collect(),
             _ => Vec::new(),

@@ -328,3 +328,92 @@ pub fn to_toml(cfg: &TrainConfig, summary: &str) -> Result<String> {
          # chosen: {summary}\n{body}"
     ))
 }
+
+/// What a run of stoker's own trainer holds per rank, from the trainer's count of its
+/// buffers rather than the planner's formulas for any model.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OwnBytes {
+    /// The process before the run allocated anything (code, libraries, communicator),
+    /// measured at its start: the CPU's counterpart of an accelerator's runtime reserve.
+    pub baseline: f64,
+    /// Parameters, gradients and optimizer states ([`stoker_plan::trainer`], exact).
+    pub model_states: f64,
+    /// The direct step's activation buffers (`stoker_kernels::activation_floats`); None
+    /// on the graph path, where the planner's formula stands in.
+    pub activations: Option<f64>,
+    /// The loader's batch buffers: one per batch in flight plus the one being used.
+    pub loader: f64,
+    /// Heap bytes live before the run allocated anything, where the binary counts them.
+    pub baseline_heap: Option<f64>,
+}
+
+/// The planner's forecast for one run as configured (its own strategy and batch split, not
+/// the planner's recommendation), which the run's end sets beside what it measured.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RunForecast {
+    /// The hardware planned for (`[plan.hardware]`'s preset, default `cpu`).
+    pub hardware: String,
+    /// Peak bytes per rank of training steps: with the trainer's own count, baseline +
+    /// model states + activations + loader buffers; else the planner's formula.
+    pub peak_bytes: f64,
+    /// The planner's formula for the same (model states, activations, buckets, runtime,
+    /// fragmentation), for comparison.
+    #[serde(default)]
+    pub planner_peak_bytes: f64,
+    /// Activations within `peak_bytes`.
+    pub activation_bytes: f64,
+    /// Live heap bytes of training steps: the heap before the run + model states +
+    /// activations + loader buffers (the trainer's own count; None without it).
+    #[serde(default)]
+    pub heap_bytes: Option<f64>,
+    /// Seconds per optimizer step.
+    pub step_s: f64,
+    /// Samples/s one rank's loader must sustain at that step time.
+    pub required_samples_per_s: f64,
+}
+
+/// The forecast of `cfg` launched on `world` ranks, on `[plan.hardware]` or else this
+/// machine's `cpu` preset with one device per rank. An error says why the planner cannot
+/// model the run (a CNN, say); the run goes on without a forecast.
+pub fn forecast(cfg: &TrainConfig, world: usize, own: Option<&OwnBytes>) -> Result<RunForecast> {
+    let mut cfg = cfg.clone();
+    let section = cfg.plan.get_or_insert_with(PlanSection::default);
+    if section.hardware == stoker_plan::input::HardwareInput::default() {
+        section.hardware.preset = Some("cpu".into());
+        section.hardware.nodes = Some(1);
+        section.hardware.devices_per_node = Some(world as i64);
+    }
+    cfg.batch.world_size = Some(world);
+    let input = plan_input(&cfg, &PlanInput::default())?;
+    let resolved = stoker_plan::resolve::resolve(&PlanInput::default(), None, &input)
+        .map_err(|e| config_err("plan", e.to_string()))?;
+    let plan = stoker_plan::plan(resolved, None);
+    let row = plan
+        .strategies
+        .iter()
+        .find(|r| Some(r.strategy) == plan.inputs.pinned_strategy)
+        .ok_or_else(|| config_err("parallel.strategy", "the planner has no row for it"))?;
+    let samples = (row.micro_batch * row.accumulation_steps) as f64;
+    let planner_peak = row.memory.device.total;
+    let (peak_bytes, activation_bytes, heap_bytes) = match own {
+        Some(
+            o @ OwnBytes {
+                activations: Some(a),
+                ..
+            },
+        ) => {
+            let held = o.model_states + a + o.loader;
+            (o.baseline + held, *a, o.baseline_heap.map(|h| h + held))
+        }
+        _ => (planner_peak, row.memory.device.activations, None),
+    };
+    Ok(RunForecast {
+        hardware: plan.inputs.hardware.name.clone(),
+        peak_bytes,
+        planner_peak_bytes: planner_peak,
+        activation_bytes,
+        heap_bytes,
+        step_s: row.time.step_s,
+        required_samples_per_s: samples / row.time.step_s,
+    })
+}

@@ -123,6 +123,9 @@ pub fn write_report(run_dir: &Path) -> Result<Vec<PathBuf>> {
     let mut train = Vec::new();
     let mut eval = Vec::new();
     let mut unit = String::from("targets/s");
+    // (step, step seconds, RSS bytes) per logged step, and the planner's forecast.
+    let mut measured = Vec::new();
+    let mut forecast = None;
     for r in &records {
         match r {
             Record::Train {
@@ -133,8 +136,11 @@ pub fn write_report(run_dir: &Path) -> Result<Vec<PathBuf>> {
                 throughput,
                 unit: u,
                 loader_wait_pct,
+                step_s,
+                rss_bytes,
                 ..
             } => {
+                measured.push((*step as f64, *step_s, *rss_bytes as f64));
                 train.push((
                     *step as f64,
                     *loss,
@@ -147,6 +153,7 @@ pub fn write_report(run_dir: &Path) -> Result<Vec<PathBuf>> {
             }
             Record::Eval { step, loss, .. } => eval.push((*step as f64, *loss)),
             Record::States { .. } => {}
+            Record::Forecast { forecast: f, .. } => forecast = Some(f.clone()),
         }
     }
     let col = |f: fn(&Row) -> f64| train.iter().map(|t| (t.0, f(t))).collect::<Vec<_>>();
@@ -209,6 +216,48 @@ pub fn write_report(run_dir: &Path) -> Result<Vec<PathBuf>> {
         }],
         true,
     )?;
+    // Planned vs measured: the forecast as a flat line over the measured curve (runs
+    // written before these fields existed have no measured points).
+    if let (Some(f), false) = (&forecast, measured.iter().all(|m| m.1 == 0.0)) {
+        let flat = |v: f64| measured.iter().map(|m| (m.0, v)).collect::<Vec<_>>();
+        let mib = (1u64 << 20) as f64;
+        emit(
+            "memory.png",
+            "Memory per rank: planned peak vs measured RSS",
+            "MiB",
+            vec![
+                Series {
+                    label: "measured RSS",
+                    points: measured.iter().map(|m| (m.0, m.2 / mib)).collect(),
+                    color: BLUE,
+                },
+                Series {
+                    label: "planned peak",
+                    points: flat(f.peak_bytes / mib),
+                    color: RED,
+                },
+            ],
+            false,
+        )?;
+        emit(
+            "step_time.png",
+            "Step time: planned vs measured",
+            "ms",
+            vec![
+                Series {
+                    label: "measured",
+                    points: measured.iter().map(|m| (m.0, m.1 * 1e3)).collect(),
+                    color: GREEN,
+                },
+                Series {
+                    label: "planned",
+                    points: flat(f.step_s * 1e3),
+                    color: RED,
+                },
+            ],
+            false,
+        )?;
+    }
     emit(
         "lr.png",
         "Learning rate",

@@ -48,6 +48,20 @@ pub struct RunOptions {
     /// all-reduce, so that every rank stops after the same step even when the signal
     /// reached only some of them.
     pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// The process allocator's count of live heap bytes, where the binary has one: the
+    /// run reports the peak of its training steps beside the forecast.
+    pub heap: Option<HeapProbe>,
+}
+
+/// Reads of a counting global allocator (the library has none; `stoker` installs one).
+#[derive(Debug, Clone, Copy)]
+pub struct HeapProbe {
+    /// Bytes live on the heap now.
+    pub live: fn() -> u64,
+    /// The largest live bytes since the last `reset_peak`.
+    pub peak: fn() -> u64,
+    /// Restarts the peak from the bytes live now.
+    pub reset_peak: fn(),
 }
 
 /// What a run ended with.
@@ -96,6 +110,20 @@ pub struct RunSummary {
     pub planned: TrainerPrediction,
     /// What this rank's trainer holds, counted from its buffers.
     pub held: HeldBytes,
+    /// The planner's forecast of peak memory and step time (None where it cannot model
+    /// the run).
+    pub forecast: Option<crate::planned::RunForecast>,
+    /// This process's peak resident set size (VmHWM), bytes; with the in-process backend
+    /// all ranks share it.
+    pub peak_rss_bytes: u64,
+    /// Largest resident set size after a training step, sampled until the first
+    /// evaluation or checkpoint (what the forecast's peak is for), bytes.
+    pub train_rss_bytes: u64,
+    /// The counting allocator's peak of live heap bytes over training steps before the
+    /// first evaluation or checkpoint (None without a [`HeapProbe`]).
+    pub train_heap_bytes: Option<u64>,
+    /// Bytes of the direct step's activation buffers at the end, counted from them.
+    pub activation_bytes: usize,
 }
 
 /// The planner's prediction of one rank's bytes for `config` at `dims`.
@@ -215,6 +243,9 @@ pub fn run_rank(
     comm: Rc<dyn Communicator>,
     launcher: &str,
 ) -> Result<RunSummary> {
+    // The process before this run allocates anything: code, libraries, the communicator.
+    let baseline_rss = stoker_data::measure::rss_bytes();
+    let baseline_heap = opts.heap.map(|h| (h.live)());
     agree::check_same_config(&*comm, config)?;
     let dims = ParallelDims::resolve(config, comm.world_size(), comm.rank(), launcher)?;
     let lead = dims.rank == 0;
@@ -314,15 +345,37 @@ pub fn run_rank(
     let bar = progress_bar(opts.progress && lead, total, trainer.step);
     // The plan this run is checked against at its end (as `--dry-run` prints it).
     let planned = predicted(config, &dims, &trainer.layout);
+    // The planner's whole forecast (peak memory, step time) for this run as configured,
+    // its memory from the trainer's own count of its buffers.
+    let own = crate::planned::OwnBytes {
+        baseline: baseline_rss as f64,
+        model_states: planned.model_states(),
+        activations: direct_activation_bytes(config, &dims).map(|b| b as f64),
+        loader: (loader.buffer_bytes() * (loader.config().max_in_flight() + 1)) as f64,
+        baseline_heap: baseline_heap.map(|b| b as f64),
+    };
+    let forecast = crate::planned::forecast(config, dims.world, Some(&own));
     if lead {
         bar.println(&accounting);
-        bar.suspend(|| println!("plan per rank: {}", planned.summary()));
+        bar.suspend(|| {
+            println!("plan per rank: {}", planned.summary());
+            match &forecast {
+                Ok(f) => println!("{}", forecast_line(f)),
+                Err(e) => println!("planner forecast: none ({e})"),
+            }
+        });
     }
+    let forecast = forecast.ok();
     let unit = match trainer.loss_kind() {
         LossKind::Token => "tokens/s",
         LossKind::Sample => "samples/s",
     };
     let started = Instant::now();
+    let (mut train_rss_max, mut side_work_done) = (0u64, false);
+    let mut train_heap_peak = None;
+    if let Some(h) = opts.heap {
+        (h.reset_peak)();
+    }
     let (mut wait, mut window_wait, mut window_t0) =
         (Duration::ZERO, Duration::ZERO, Instant::now());
     // Evaluation and checkpoint time, kept out of the training throughput (in total and in
@@ -357,8 +410,9 @@ pub fn run_rank(
             }
             let t_step = Instant::now();
             let r = trainer.train_step(&window)?;
-            step_time += t_step.elapsed();
-            step_times.push(t_step.elapsed().as_secs_f64());
+            let this_step = t_step.elapsed();
+            step_time += this_step;
+            step_times.push(this_step.as_secs_f64());
             comm_waits.push(r.sync.exposed_wait.as_secs_f64());
             steps_run += 1;
             comm_wait += r.sync.exposed_wait;
@@ -369,6 +423,11 @@ pub fn run_rank(
             interval_count += r.count;
             total_count += r.count;
             let step = trainer.step;
+            // Training steps' memory, sampled until the first evaluation or checkpoint
+            // (whose pages the allocator keeps afterwards).
+            if !side_work_done {
+                train_rss_max = train_rss_max.max(stoker_data::measure::rss_bytes());
+            }
             if let (Some(why), true) = (&r.skipped, lead) {
                 tracing::warn!("step {step}: skipped (fp16 overflow): {why}");
             }
@@ -392,6 +451,8 @@ pub fn run_rank(
                     comm_wait_s: r.sync.exposed_wait.as_secs_f64(),
                     bytes_sent: r.sync.bytes_sent,
                     calls_before_last: r.sync.calls_before_last,
+                    step_s: this_step.as_secs_f64(),
+                    rss_bytes: stoker_data::measure::rss_bytes(),
                 };
                 if let Some(log) = &mut log {
                     log.write(&rec)?;
@@ -414,7 +475,11 @@ pub fn run_rank(
                 preempted = stoker_comm::CommExt::sum(&*comm, here as u64)? > 0 && step < total;
             }
             let every = |n: u64| n > 0 && step % n == 0;
+            if !side_work_done {
+                train_heap_peak = opts.heap.map(|h| (h.peak)());
+            }
             if every(config.train.eval_every) || step == config.train.steps {
+                side_work_done = true;
                 let t_eval = Instant::now();
                 let e = evaluate(&mut trainer, &data, config, &dims)?;
                 eval_time += t_eval.elapsed();
@@ -434,6 +499,7 @@ pub fn run_rank(
                 last_eval = Some(e);
             }
             if every(config.train.checkpoint_every) || step == total || preempted {
+                side_work_done = true;
                 let t_save = Instant::now();
                 same_weights_everywhere(&*comm, &trainer, step)?;
                 let pos = DataPosition::of(trainer.sampler_state, dims.global_batch, dims.world, k);
@@ -461,6 +527,19 @@ pub fn run_rank(
     let elapsed = started.elapsed().as_secs_f64();
     let training_s = (elapsed - eval_time.as_secs_f64() - ckpt_time.as_secs_f64()).max(1e-9);
     let held = trainer.held_bytes();
+    let peak_rss_bytes = stoker_data::measure::peak_rss_bytes();
+    let step_s = step_time.as_secs_f64() / steps_run.max(1) as f64;
+    if let (Some(log), Some(f)) = (&mut log, &forecast) {
+        log.write(&Record::Forecast {
+            step: trainer.step,
+            forecast: f.clone(),
+            peak_rss_bytes,
+            train_rss_bytes: train_rss_max,
+            train_heap_bytes: train_heap_peak,
+            step_s,
+            loader_wait_pct: 100.0 * wait.as_secs_f64() / training_s,
+        })?;
+    }
     if let Some(log) = &mut log {
         log.write(&Record::States {
             step: trainer.step,
@@ -501,14 +580,43 @@ pub fn run_rank(
         dims,
         comm_wait_s: comm_wait.as_secs_f64() / steps_run.max(1) as f64,
         bytes_per_step: bytes_sent as f64 / steps_run.max(1) as f64,
-        step_s: step_time.as_secs_f64() / steps_run.max(1) as f64,
+        step_s,
         step_times_s: step_times,
         comm_waits_s: comm_waits,
         weights_crc32,
         strategy: trainer.strategy().name().into(),
         planned,
         held,
+        forecast,
+        peak_rss_bytes,
+        train_rss_bytes: train_rss_max,
+        train_heap_bytes: train_heap_peak,
+        activation_bytes: trainer.activation_bytes(),
     })
+}
+
+/// Bytes of the direct step's activation buffers for this run's micro-batch (GPT on the
+/// direct step; None on the graph path, whose candle tensors the trainer does not count).
+pub fn direct_activation_bytes(config: &TrainConfig, dims: &ParallelDims) -> Option<usize> {
+    match &config.model {
+        ModelConfig::Gpt(g) if config.kernels.direct_step(config.precision) => {
+            Some(4 * stoker_kernels::activation_floats(dims.micro_batch * g.context, g.dims()))
+        }
+        _ => None,
+    }
+}
+
+/// The planner's forecast in one line (the run's start; its end adds what it measured).
+pub fn forecast_line(f: &crate::planned::RunForecast) -> String {
+    format!(
+        "planner forecast per rank ({} preset): peak memory {:.1} MiB (activations {:.1} MiB), \
+         step {:.1} ms, loader need {:.0} samples/s",
+        f.hardware,
+        f.peak_bytes / (1 << 20) as f64,
+        f.activation_bytes / (1 << 20) as f64,
+        f.step_s * 1e3,
+        f.required_samples_per_s
+    )
 }
 
 /// Fails on every rank unless all ranks hold the same weights (a CRC-32 of the FP32

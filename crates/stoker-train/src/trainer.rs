@@ -312,6 +312,12 @@ impl Trainer {
         }
     }
 
+    /// Bytes of the direct step's activation buffers now (0 on the graph path, whose
+    /// candle tensors live only during a step), counted from them.
+    pub fn activation_bytes(&self) -> usize {
+        self.direct.as_ref().map_or(0, |d| d.activation_bytes())
+    }
+
     /// The forward context.
     pub fn fx(&self) -> Fx<'_> {
         Fx::new(self.precision, self.fp8.as_ref()).with_kernels(self.kernels)

@@ -170,8 +170,15 @@ fn a_config_emitted_for_this_cpu_trains_as_is_and_holds_the_planned_bytes() {
     // It learned: the eval loss is below the uniform guess over 24 tokens.
     let eval = s.eval.as_ref().unwrap().loss;
     assert!(eval.is_finite() && eval < (24f64).ln() - 0.5, "eval {eval}");
-    // Its model states are the planned ones, counted from its buffers.
+    // Its model states are the planned ones, counted from its buffers, and so are the
+    // direct step's activations, which the forecast's peak memory adds.
     assert_eq!(s.held.model_states() as f64, s.planned.model_states());
+    let acts = stoker_train::run::direct_activation_bytes(&cfg, &s.dims).unwrap();
+    assert_eq!(s.activation_bytes, acts);
+    let f = s.forecast.as_ref().unwrap();
+    assert_eq!(f.activation_bytes, acts as f64);
+    assert!(f.peak_bytes > s.planned.model_states() + acts as f64);
+    assert!(s.train_rss_bytes > 0);
 }
 
 #[test]

@@ -214,12 +214,27 @@ fn consolidated_weights_are_plain_safetensors() {
 }
 
 #[test]
-fn report_writes_five_pngs() {
+fn report_writes_seven_pngs_with_planned_vs_measured() {
     let tmp = tempfile::tempdir().unwrap();
     let c = config(tmp.path(), "fp16", 3, "eval_every = 2");
     run(&c, &RunOptions::default()).unwrap();
     let files = stoker_train::report::write_report(&c.run_dir).unwrap();
-    assert_eq!(files.len(), 5);
+    let names: Vec<String> = files
+        .iter()
+        .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "loss.png",
+            "throughput.png",
+            "loader_wait.png",
+            "loss_scale.png",
+            "memory.png",
+            "step_time.png",
+            "lr.png"
+        ]
+    );
     for f in files {
         let bytes = std::fs::read(&f).unwrap();
         assert_eq!(&bytes[1..4], b"PNG", "{}", f.display());

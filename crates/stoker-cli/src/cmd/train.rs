@@ -121,6 +121,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         stop_after: args.stop_after,
         save_fault: args.test_crash_during_save,
         stop: Some(stop_on_signals()?),
+        heap: Some(crate::heap::probe()),
     };
     let launched = stoker_comm::mpi::launched_world();
     match (config.parallel.backend, launched) {
@@ -323,6 +324,45 @@ fn print_states(s: &RunSummary) {
     }
 }
 
+/// The planner's forecast for this run (peak memory, step time) beside what it measured.
+fn print_forecast(s: &RunSummary) {
+    let Some(f) = &s.forecast else {
+        return;
+    };
+    let mib = |b: f64| b / (1 << 20) as f64;
+    let rss = s.train_rss_bytes as f64;
+    let heap = match (f.heap_bytes, s.train_heap_bytes) {
+        (Some(plan), Some(counted)) => format!(
+            "heap of training steps planned {:.1} MiB, counted peak {:.1} MiB (counted/planned \
+             {:.3}); ",
+            mib(plan),
+            mib(counted as f64),
+            counted as f64 / plan
+        ),
+        _ => String::new(),
+    };
+    println!(
+        "planned vs measured per rank ({} preset): {heap}memory of training steps planned \
+         {:.1} MiB (planner's generic formula {:.1} MiB), measured RSS {:.1} MiB \
+         (measured/planned {:.2}); process peak with evaluation {:.1} MiB{}; step time planned \
+         {:.1} ms, measured {:.1} ms (measured/planned {:.2})",
+        f.hardware,
+        mib(f.peak_bytes),
+        mib(f.planner_peak_bytes),
+        mib(rss),
+        rss / f.peak_bytes,
+        mib(s.peak_rss_bytes as f64),
+        if s.dims.world > 1 {
+            " (rank 0's process)"
+        } else {
+            ""
+        },
+        f.step_s * 1e3,
+        s.step_s * 1e3,
+        s.step_s / f.step_s
+    );
+}
+
 fn print_summary(s: &RunSummary) {
     println!("parameters: {}", s.params);
     println!("steps: {}, last train loss {:.4}", s.steps, s.last_loss);
@@ -354,6 +394,7 @@ fn print_summary(s: &RunSummary) {
         );
     }
     print_states(s);
+    print_forecast(s);
     println!("weights crc32: {:08x}", s.weights_crc32);
     if let Some(text) = &s.sample {
         println!("--- sample ---\n{text}\n--------------");

@@ -90,7 +90,55 @@ struct Acts {
     dfc: Vec<f32>,
 }
 
+/// f32 elements of the activation buffers the direct step keeps for one micro-batch of
+/// `rows` = batch x positions rows: per block the residual input, both LayerNorm outputs,
+/// the attention output and the residual after it (5 x rows x C), qkv (3 x rows x C), the
+/// MLP's pre- and post-GELU (8 x rows x C), four LayerNorm statistics and one
+/// log-sum-exp per head and row; then the final stream and LayerNorm (2 x rows x C), the
+/// logits (rows x vocab) and the backward's scratch (10 x rows x C). llm.c's
+/// `fill_in_activation_sizes`, for this step; a test checks it against the allocation.
+pub fn activation_floats(rows: usize, dims: GptDims) -> usize {
+    let (n, c) = (rows, dims.d_model);
+    let block = 16 * n * c + 4 * n + n * dims.n_head;
+    dims.n_layer * block + 2 * n * c + 2 * n + n * dims.vocab + 10 * n * c
+}
+
 impl Acts {
+    /// f32 elements held, counted from the buffers themselves.
+    fn floats(&self) -> usize {
+        let blocks: usize = self
+            .blocks
+            .iter()
+            .map(|b| {
+                [
+                    &b.x, &b.ln1, &b.qkv, &b.att, &b.lse, &b.mid, &b.ln2, &b.fc, &b.gelu,
+                ]
+                .iter()
+                .map(|v| v.len())
+                .sum::<usize>()
+                    + b.ln1_stats
+                        .iter()
+                        .chain(&b.ln2_stats)
+                        .map(Vec::len)
+                        .sum::<usize>()
+            })
+            .sum();
+        let rest = [
+            &self.x_out,
+            &self.lnf,
+            &self.logits,
+            &self.dres,
+            &self.dh,
+            &self.dqkv,
+            &self.datt,
+            &self.dfc,
+        ]
+        .iter()
+        .map(|v| v.len())
+        .sum::<usize>();
+        blocks + rest + self.lnf_stats.iter().map(Vec::len).sum::<usize>()
+    }
+
     fn new(n: usize, dims: GptDims) -> Self {
         let c = dims.d_model;
         let z = |len: usize| vec![0f32; len];
@@ -293,6 +341,12 @@ impl GptStep {
             self.acts.remove(0);
         }
         result
+    }
+
+    /// Bytes of the activation buffers this step holds now (up to [`SHAPES_KEPT`] batch
+    /// shapes), counted from the buffers.
+    pub fn activation_bytes(&self) -> usize {
+        4 * self.acts.iter().map(Acts::floats).sum::<usize>()
     }
 
     /// Group `group` from `source`, checked to cover the group's span.
@@ -598,6 +652,34 @@ impl GptStep {
         layer_norm::bwd_into(x, w, dy, c, (&stats[0], &stats[1]), dx, add, (dw, db));
         for (i, d) in [(off[0], &*dw), (off[1], &*db)] {
             g[i..i + c].iter_mut().zip(d).for_each(|(g, &d)| *g += d);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn activation_floats_is_what_the_step_allocates() {
+        for (rows, vocab, context, d_model, n_layer, n_head) in [
+            (1, 11, 6, 8, 2, 2),
+            (2048, 96, 128, 128, 4, 4),
+            (12 * 192, 50257, 192, 320, 5, 5),
+            (7, 3, 7, 12, 0, 3),
+        ] {
+            let dims = GptDims {
+                vocab,
+                context,
+                d_model,
+                n_layer,
+                n_head,
+            };
+            assert_eq!(
+                Acts::new(rows, dims).floats(),
+                activation_floats(rows, dims),
+                "{dims:?} rows {rows}"
+            );
         }
     }
 }

@@ -246,6 +246,10 @@ impl DirectStep for GptDirect {
         let b = Self::batch(&tokens, input, targets)?;
         Ok(self.step.forward_backward_groups(source, b, grad_scale)?)
     }
+
+    fn activation_bytes(&self) -> usize {
+        self.step.activation_bytes()
+    }
 }
 
 impl Model for Gpt {

@@ -79,4 +79,7 @@ pub trait DirectStep: Send {
         targets: &[i64],
         grad_scale: f32,
     ) -> Result<f64>;
+
+    /// Bytes of the activation buffers the step holds now, counted from them.
+    fn activation_bytes(&self) -> usize;
 }
