@@ -120,7 +120,10 @@ fn plan_then_tune_then_train_runs_the_emitted_config_as_is() {
         .and_then(|r| r.split(')').next())
         .and_then(|r| r.parse().ok())
         .unwrap_or_else(|| panic!("no heap line in\n{text}"));
-    assert!((0.9..=1.1).contains(&ratio), "heap counted/planned {ratio}\n{text}");
+    assert!(
+        (0.9..=1.1).contains(&ratio),
+        "heap counted/planned {ratio}\n{text}"
+    );
     eprintln!("heap counted/planned {ratio}");
     assert!(tmp.path().join("run/metrics.jsonl").exists());
 }

@@ -143,6 +143,43 @@ pub(crate) fn loss_and_grad_in_place(
     partials.iter().sum()
 }
 
+/// Loss and hits over f32 `logits` `[n, v]` without a gradient: the summed loss of rows
+/// whose target is not `ignore` (per-task f64 partials added in order, as
+/// [`loss_and_grad_in_place`]), how many of them have their target as the first largest
+/// logit (top-1, as `argmax`), and how many rows counted.
+pub(crate) fn loss_and_hits(
+    logits: &[f32],
+    targets: &[i64],
+    v: usize,
+    ignore: i64,
+) -> (f64, usize, usize) {
+    let rows = rows_per_task(v);
+    let partials: Vec<(f64, usize, usize)> = logits
+        .par_chunks(rows * v)
+        .zip(targets.par_chunks(rows))
+        .map(|(x, t)| {
+            let (mut sum, mut hits, mut count) = (0.0f64, 0usize, 0usize);
+            for (x, &target) in x.chunks_exact(v).zip(t) {
+                if target == ignore {
+                    continue;
+                }
+                let max = max_map(x, |v| v);
+                let s = sum_map(x, |v| exp(v - max));
+                let k = target as usize;
+                sum += (max + s.ln() - x[k]) as f64;
+                // First index of the largest logit; NaN never equals it.
+                let best = x.iter().position(|&l| l == max);
+                hits += usize::from(best == Some(k));
+                count += 1;
+            }
+            (sum, hits, count)
+        })
+        .collect();
+    partials
+        .iter()
+        .fold((0.0, 0, 0), |a, p| (a.0 + p.0, a.1 + p.1, a.2 + p.2))
+}
+
 impl CustomOp2 for CrossEntropy {
     fn name(&self) -> &'static str {
         "cross-entropy"

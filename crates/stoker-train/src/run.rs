@@ -648,9 +648,20 @@ fn evaluate(
     config: &TrainConfig,
     dims: &ParallelDims,
 ) -> Result<EvalReport> {
-    let sampler = Sampler::new(data.eval.len(), SamplerConfig::default())?;
+    // Whole micro-batches only (when there is one): evaluation then runs on the training
+    // step's buffers as they are, with no second batch shape to allocate (nanoGPT too
+    // evaluates fixed-size batches).
+    let whole = data.eval.len() >= config.batch.micro_batch;
+    let sampler = Sampler::new(
+        data.eval.len(),
+        SamplerConfig {
+            drop_last: whole,
+            ..SamplerConfig::default()
+        },
+    )?;
     let lc = LoaderConfig {
         batch_size: config.batch.micro_batch,
+        drop_last: whole,
         ..Default::default()
     };
     let mut loader = Loader::new(data.eval.clone(), sampler, lc)?;

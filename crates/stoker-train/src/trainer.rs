@@ -570,8 +570,24 @@ impl Trainer {
     }
 
     /// Mean loss and top-1 accuracy over this rank's `batches` alone (not under ZeRO-3,
-    /// whose forward needs the other ranks: use [`Trainer::evaluate`]).
-    pub fn evaluate_local(&self, batches: &[MicroBatch]) -> Result<EvalReport> {
+    /// whose forward needs the other ranks: use [`Trainer::evaluate`]). With a direct step
+    /// it runs the training forward on its own buffers (no autograd graph, nothing more
+    /// to hold than a training step); else candle's forward.
+    pub fn evaluate_local(&mut self, batches: &[MicroBatch]) -> Result<EvalReport> {
+        let sharded = self.shards_params();
+        if let (Some(step), false) = (self.direct.as_mut(), sharded) {
+            let (mut sum, mut correct, mut count) = (0f64, 0usize, 0usize);
+            for mb in batches {
+                let (s, c, n) = step.evaluate(&self.master, &mb.input, &mb.targets)?;
+                (sum, correct, count) = (sum + s, correct + c, count + n);
+            }
+            let c = count.max(1) as f64;
+            return Ok(EvalReport {
+                loss: sum / c,
+                accuracy: correct as f64 / c,
+                count,
+            });
+        }
         self.sync_vars()?;
         eval_with(&*self.model, &self.fx(), batches)
     }

@@ -19,7 +19,7 @@
 use rayon::prelude::*;
 
 use crate::attention::{qkv_backward_f32, qkv_forward_f32};
-use crate::cross_entropy::loss_and_grad_in_place;
+use crate::cross_entropy::{loss_and_grad_in_place, loss_and_hits};
 use crate::embedding::scatter_add;
 use crate::error::KernelError;
 use crate::linear::{column_sums, gemm_f32_into};
@@ -326,20 +326,70 @@ impl GptStep {
         self.check(&batch)?;
         let n = batch.batch * batch.t;
         // Every buffer is sized by the row count alone.
-        let mut acts = match self.acts.iter().position(|a| a.n == n) {
+        let mut acts = self.acts_for(n);
+        let result = self.forward(source, &batch, &mut acts).and_then(|()| {
+            let v = self.dims.vocab;
+            let loss = loss_and_grad_in_place(
+                &mut acts.logits,
+                batch.targets,
+                v,
+                batch.ignore,
+                grad_scale,
+            );
+            self.backward(source, &batch, &mut acts)?;
+            Ok(loss)
+        });
+        self.keep(acts);
+        result
+    }
+
+    /// The activation buffers for `rows` rows: kept ones if a shape matched, else new.
+    fn acts_for(&mut self, rows: usize) -> Acts {
+        match self.acts.iter().position(|a| a.n == rows) {
             Some(i) => self.acts.remove(i),
-            None => Acts::new(n, self.dims),
-        };
-        let result = self
-            .forward(source, &batch, &mut acts, grad_scale)
-            .and_then(|loss| {
-                self.backward(source, &batch, &mut acts)?;
-                Ok(loss)
-            });
+            None => Acts::new(rows, self.dims),
+        }
+    }
+
+    /// Keeps `acts` as the most recent shape, dropping the oldest beyond [`SHAPES_KEPT`].
+    fn keep(&mut self, acts: Acts) {
         self.acts.push(acts);
         if self.acts.len() > SHAPES_KEPT {
             self.acts.remove(0);
         }
+    }
+
+    /// Evaluation of one micro-batch: the training forward (same buffers, same kernels,
+    /// no autograd graph) and the loss without its gradient. Returns the summed loss of
+    /// the valid targets, how many of them are the top-1 logit, and how many there are.
+    pub fn evaluate(
+        &mut self,
+        params: &[f32],
+        batch: GptBatch,
+    ) -> Result<(f64, usize, usize), KernelError> {
+        let end = self.offsets.end();
+        if params.len() < end {
+            return Err(KernelError::Length {
+                op: OP,
+                what: "params",
+                len: params.len(),
+                expected: end,
+            });
+        }
+        self.check(&batch)?;
+        let mut acts = self.acts_for(batch.batch * batch.t);
+        // The forward reads parameters only; no gradient buffer, nobody to tell.
+        let mut no_grads: [f32; 0] = [];
+        let mut nobody = |_: usize, _: &[f32]| {};
+        let mut source = Whole {
+            params,
+            grads: &mut no_grads,
+            ready: &mut nobody,
+        };
+        let result = self
+            .forward(&mut source, &batch, &mut acts)
+            .map(|()| loss_and_hits(&acts.logits, batch.targets, self.dims.vocab, batch.ignore));
+        self.keep(acts);
         result
     }
 
@@ -361,13 +411,14 @@ impl GptStep {
         Ok(view)
     }
 
+    /// The forward pass up to the logits (`a.logits`), every activation kept for the
+    /// backward.
     fn forward(
         &self,
         source: &mut dyn StepParams,
         b: &GptBatch,
         a: &mut Acts,
-        grad_scale: f32,
-    ) -> Result<f64, KernelError> {
+    ) -> Result<(), KernelError> {
         let (c, v) = (self.dims.d_model, self.dims.vocab);
         let n = a.n;
         let o = &self.offsets;
@@ -436,13 +487,7 @@ impl GptStep {
             self.gemm(MatRef::new(&a.lnf, n, c), head, None, &mut a.logits, false);
         }
         source.done(0, Phase::Forward)?;
-        Ok(loss_and_grad_in_place(
-            &mut a.logits,
-            b.targets,
-            v,
-            b.ignore,
-            grad_scale,
-        ))
+        Ok(())
     }
 
     fn backward(

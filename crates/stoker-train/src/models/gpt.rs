@@ -250,6 +250,17 @@ impl DirectStep for GptDirect {
     fn activation_bytes(&self) -> usize {
         self.step.activation_bytes()
     }
+
+    fn evaluate(
+        &mut self,
+        master: &[f32],
+        input: &Tensor,
+        targets: &[i64],
+    ) -> Result<(f64, usize, usize)> {
+        let tokens = token_ids(input)?;
+        let b = Self::batch(&tokens, input, targets)?;
+        Ok(self.step.evaluate(master, b)?)
+    }
 }
 
 impl Model for Gpt {

@@ -82,4 +82,14 @@ pub trait DirectStep: Send {
 
     /// Bytes of the activation buffers the step holds now, counted from them.
     fn activation_bytes(&self) -> usize;
+
+    /// Evaluates one micro-batch with the training forward (its buffers and kernels, no
+    /// graph): the summed loss of the valid targets, how many are the top-1 prediction,
+    /// and how many there are.
+    fn evaluate(
+        &mut self,
+        master: &[f32],
+        input: &Tensor,
+        targets: &[i64],
+    ) -> Result<(f64, usize, usize)>;
 }
