@@ -727,4 +727,66 @@ mod tests {
             );
         }
     }
+
+    /// A small GPT with contiguous offsets and deterministic parameters.
+    fn small_step() -> (GptStep, Vec<f32>) {
+        let dims = GptDims {
+            vocab: 13,
+            context: 8,
+            d_model: 16,
+            n_layer: 2,
+            n_head: 4,
+        };
+        let mut at = std::collections::HashMap::new();
+        let mut end = 0;
+        for p in gpt_params(&dims) {
+            at.insert(p.name.clone(), end);
+            end += p.shape.iter().product::<usize>();
+        }
+        let offsets = GptOffsets::from_table(&dims, |n| at.get(n).copied()).unwrap();
+        let params = (0..end)
+            .map(|i| ((i * 7919 % 1000) as f32 / 1000.0 - 0.5) * 0.2)
+            .collect();
+        (GptStep::new(dims, offsets, false, 1e-5).unwrap(), params)
+    }
+
+    #[test]
+    fn evaluation_gives_the_training_forwards_loss_bit_for_bit_and_its_argmax_hits() {
+        let (mut step, params) = small_step();
+        let (batch, t) = (3, 8);
+        let tokens: Vec<i64> = (0..batch * t).map(|i| (i * 5 % 13) as i64).collect();
+        let mut targets: Vec<i64> = (0..batch * t).map(|i| (i * 3 % 13) as i64).collect();
+        targets[4] = -100; // an ignored row
+        let b = || GptBatch {
+            tokens: &tokens,
+            targets: &targets,
+            batch,
+            t,
+            ignore: -100,
+        };
+        let mut grads = vec![0f32; params.len()];
+        let train_loss = step
+            .forward_backward(&params, b(), 1.0, &mut grads, &mut |_, _| {})
+            .unwrap();
+        let (loss, hits, count) = step.evaluate(&params, b()).unwrap();
+        assert_eq!(loss.to_bits(), train_loss.to_bits());
+        assert_eq!(count, batch * t - 1);
+        // Top-1 from the logits the evaluation left in its buffers.
+        let v = 13;
+        let logits = &step.acts.last().unwrap().logits;
+        let expected = logits
+            .chunks_exact(v)
+            .zip(&targets)
+            .filter(|(row, &t)| {
+                let best = (0..v).fold(0, |b, j| if row[j] > row[b] { j } else { b });
+                t != -100 && best == t as usize
+            })
+            .count();
+        assert_eq!(hits, expected);
+        // Evaluation reuses the training shape's buffers: nothing more is held.
+        assert_eq!(
+            step.activation_bytes(),
+            4 * activation_floats(batch * t, step.dims)
+        );
+    }
 }
