@@ -7,9 +7,9 @@ STOKER=target/release/stoker
 echo "== loader on MNIST (60,000 x 1x28x28 u8), shuffled, batch 256 =="
 "$STOKER" bench loader data/mnist/train --batch 256 --seconds 2 --workers 0,1,2
 echo
-echo "== plan: the chapter's decision flow for the Shakespeare GPT's config on this machine =="
+echo "== plan: calibrate this machine, then the chapter's decision flow for the Shakespeare GPT's config =="
 mkdir -p runs
-"$STOKER" plan --config configs/shakespeare-gpt.toml --hardware cpu --emit-config runs/shakespeare.toml | sed -n '/Decision path/,$p'
+"$STOKER" plan --config configs/shakespeare-gpt.toml --calibrate --emit-config runs/shakespeare.toml | sed -n '1,/^model /p;/Decision path/,$p'
 echo
 echo "== loader autotune with the plan's need ([plan] required_samples_per_s in runs/shakespeare.toml; 0 workers tried first), written into its [data] =="
 "$STOKER" tune loader data/shakespeare/shakespeare.bin --batch 16 --context 128 --seconds 1 --max-workers 8 --from-plan runs/shakespeare.toml --write-config

@@ -31,6 +31,7 @@
 #![deny(missing_docs)]
 
 pub mod accumulate;
+pub mod calibrate;
 pub mod check;
 pub mod checkpoint;
 pub mod clip;

@@ -291,3 +291,44 @@ fn the_docs_example_of_an_emitted_config_is_the_trainers_schema() {
     );
     assert!(cfg.plan.unwrap().required_samples_per_s.unwrap() > 0.0);
 }
+
+#[test]
+fn calibration_measures_this_machine_and_plans_its_own_step_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = common::gpt_config(tmp.path(), "bf16", 10, "");
+    let cfg = TrainConfig::parse(&text, Path::new("t.toml")).unwrap();
+    let c = stoker_train::calibrate::calibrate(&cfg).unwrap();
+    for (what, v) in [
+        ("fp32", c.fp32_tflops),
+        ("bf16", c.bf16_tflops),
+        ("memory", c.host_mem_gbyte_s),
+        ("all-reduce", c.allreduce_gbyte_s),
+        ("step", c.step_s),
+    ] {
+        assert!(v.is_finite() && v > 0.0, "{what}: {v}");
+    }
+    assert!(c.mfu > 0.0 && c.mfu <= 1.0, "mfu {}", c.mfu);
+    assert!(c.cores >= 1);
+    // Planned with the calibration, the config's own step takes what was measured (the
+    // MFU is that ratio), unless the MFU hit its bound of 1.
+    let input = stoker_train::calibrate::calibrated_input(&cfg, &c, &PlanInput::default()).unwrap();
+    let hw = &input.hardware;
+    assert_eq!(hw.peak_tflops.as_ref().unwrap()["bf16"], c.bf16_tflops);
+    assert_eq!(hw.intra_node_gbyte_s, Some(c.allreduce_gbyte_s));
+    assert_eq!(input.training.mfu, Some(c.mfu));
+    let plan = plan_of(&input);
+    let row = plan
+        .strategies
+        .iter()
+        .find(|r| Some(r.strategy) == plan.inputs.pinned_strategy)
+        .unwrap();
+    // One rank, one micro-batch per step in the calibration; the config accumulates 2.
+    let per_micro = row.time.step_s / row.accumulation_steps as f64;
+    if c.mfu < 1.0 {
+        assert!(
+            ((per_micro - c.step_s) / c.step_s).abs() < 1e-9,
+            "{per_micro} vs {}",
+            c.step_s
+        );
+    }
+}

@@ -38,6 +38,11 @@ pub struct PlanArgs {
     /// training config's, else data/shakespeare/shakespeare.bin).
     #[arg(long, value_name = "PATH")]
     train_data: Option<PathBuf>,
+    /// Measure this machine (GEMM rate per dtype, the config's own training step, memory
+    /// and all-reduce bandwidth) and plan with the figures instead of the preset's; with
+    /// --emit-config they are kept in its [plan]. Needs --config with a training config.
+    #[arg(long)]
+    calibrate: bool,
     /// List model and hardware presets and exit.
     #[arg(long)]
     list_presets: bool,
@@ -299,13 +304,23 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     let (file, base) = match &args.config {
         Some(p) if is_training_config(p)? => {
             let cfg = stoker_train::config::TrainConfig::load(p)?;
-            let input = stoker_train::planned::plan_input(&cfg, &cli)
-                .with_context(|| format!("planning the training config {}", p.display()))?;
+            let input = if args.calibrate {
+                let c = stoker_train::calibrate::calibrate(&cfg)?;
+                print!("{}", c.to_text());
+                stoker_train::calibrate::calibrated_input(&cfg, &c, &cli)
+            } else {
+                stoker_train::planned::plan_input(&cfg, &cli)
+            }
+            .with_context(|| format!("planning the training config {}", p.display()))?;
             (input, Some(cfg))
         }
         Some(p) => (PlanInput::from_toml_file(p)?, None),
         None => (PlanInput::default(), None),
     };
+    anyhow::ensure!(
+        base.is_some() || !args.calibrate,
+        "--calibrate times the training step of a training config: give one with --config"
+    );
     let ds = args
         .deepspeed
         .as_deref()

@@ -1,0 +1,223 @@
+//! `stoker plan --calibrate`: measures this machine instead of trusting a preset's typed-in
+//! constants, and turns the figures into planner inputs (`[plan.hardware]` and `[plan]
+//! mfu` of a training config), so later plans and every run's forecast use them.
+//!
+//! What it measures, each with stoker's own code on this machine:
+//! - the GEMM rate of each dtype the trainer runs (`stoker_kernels::linear_with` on a
+//!   2048 x 1024 x 1024 product, f32 and bf16 operands): the preset's "peak";
+//! - the training step of the config itself (its model, micro-batch and precision, on
+//!   synthetic tokens, one rank): its rate over the planner's FLOP count is the MFU;
+//! - the host memory bandwidth (a 256 MiB copy);
+//! - the all-reduce bus bandwidth between two ranks of the in-process backend (16 MiB of
+//!   f32), standing in for the intra-node link.
+//!
+//! The loader's rate is `stoker tune loader`'s to measure (it needs the data).
+
+use std::time::{Duration, Instant};
+
+use candle_core::{Device, Tensor};
+use stoker_plan::input::{HardwareInput, PlanInput};
+
+use crate::accumulate::MicroBatch;
+use crate::config::{ModelConfig, TrainConfig};
+use crate::error::{config_err, Result};
+use crate::planned::{forecast, plan_input};
+use crate::precision::Precision;
+use crate::trainer::Trainer;
+
+/// What `--calibrate` measured.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Calibration {
+    /// Logical CPUs this process may use.
+    pub cores: usize,
+    /// f32 GEMM rate, TFLOP/s.
+    pub fp32_tflops: f64,
+    /// bf16-operand GEMM rate (f32 accumulation), TFLOP/s.
+    pub bf16_tflops: f64,
+    /// Host memory bandwidth of a large copy, GB/s (read + write counted once, as
+    /// memcpy benchmarks report it).
+    pub host_mem_gbyte_s: f64,
+    /// All-reduce bus bandwidth of the in-process backend between 2 ranks, GB/s.
+    pub allreduce_gbyte_s: f64,
+    /// Median seconds of the config's training step.
+    pub step_s: f64,
+    /// The planner's compute time for that step at MFU 1 over the measured step.
+    pub mfu: f64,
+    /// The precision the step ran in.
+    pub precision: String,
+}
+
+impl Calibration {
+    /// The measured figures as planner inputs: `hardware` gets the peaks, links and
+    /// cores (on top of the `cpu` preset unless it names another), and the MFU is
+    /// returned for `[plan] mfu`.
+    pub fn apply(&self, hardware: &mut HardwareInput) -> f64 {
+        if hardware.preset.is_none() {
+            hardware.preset = Some("cpu".into());
+        }
+        let peaks = hardware.peak_tflops.get_or_insert_with(Default::default);
+        peaks.insert("fp32".into(), self.fp32_tflops);
+        peaks.insert("bf16".into(), self.bf16_tflops);
+        hardware.host_cores = Some(self.cores as i64);
+        hardware.host_mem_gbyte_s = Some(self.host_mem_gbyte_s);
+        hardware.host_link_gbyte_s = Some(self.host_mem_gbyte_s);
+        hardware.intra_node_gbyte_s = Some(self.allreduce_gbyte_s);
+        self.mfu
+    }
+
+    /// A table for people.
+    pub fn to_text(&self) -> String {
+        format!(
+            "calibration of this machine ({} cores):\n\
+             \x20 GEMM fp32          {:>8.3} TFLOP/s  (2048 x 1024 x 1024, stoker's kernels)\n\
+             \x20 GEMM bf16 operands {:>8.3} TFLOP/s\n\
+             \x20 host memory        {:>8.2} GB/s     (256 MiB copy)\n\
+             \x20 all-reduce         {:>8.2} GB/s     (bus bandwidth, 2 in-process ranks, 16 MiB)\n\
+             \x20 training step      {:>8.1} ms       ({}, the config's model and micro-batch)\n\
+             \x20 MFU                {:>8.3}          (planner's FLOPs at the measured GEMM rate / step)\n",
+            self.cores,
+            self.fp32_tflops,
+            self.bf16_tflops,
+            self.host_mem_gbyte_s,
+            self.allreduce_gbyte_s,
+            self.step_s * 1e3,
+            self.precision,
+            self.mfu,
+        )
+    }
+}
+
+/// Median of `runs` timings of `f` after one warm-up call.
+fn median_s(runs: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    f()?;
+    let mut t = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let t0 = Instant::now();
+        f()?;
+        t.push(t0.elapsed().as_secs_f64());
+    }
+    t.sort_by(f64::total_cmp);
+    Ok(t[t.len() / 2])
+}
+
+/// TFLOP/s of stoker's linear layer on a 2048 x 1024 x 1024 product.
+fn gemm_tflops(bf16_operands: bool) -> Result<f64> {
+    let (m, k, n) = (2048usize, 1024usize, 1024usize);
+    let x = Tensor::rand(-1f32, 1f32, (m, k), &Device::Cpu)?;
+    let w = Tensor::rand(-1f32, 1f32, (n, k), &Device::Cpu)?;
+    let b = Tensor::zeros(n, candle_core::DType::F32, &Device::Cpu)?;
+    let s = median_s(5, || {
+        stoker_kernels::linear_with(&x, &w, &b, bf16_operands)?;
+        Ok(())
+    })?;
+    Ok(2.0 * (m * k * n) as f64 / s / 1e12)
+}
+
+/// GB/s of a 256 MiB copy.
+fn host_mem_gbyte_s() -> Result<f64> {
+    let len = 256 << 20;
+    let src = vec![1u8; len];
+    let mut dst = vec![0u8; len];
+    let s = median_s(3, || {
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&dst);
+        Ok(())
+    })?;
+    Ok(len as f64 / s / 1e9)
+}
+
+/// Bus bandwidth (2 (n-1)/n x bytes / time) of a 16 MiB f32 all-reduce between two
+/// ranks of the in-process backend.
+fn allreduce_gbyte_s() -> Result<f64> {
+    use stoker_comm::communicator::CommExt;
+    let elems = 4 << 20;
+    let times = stoker_comm::local::run_local(2, Duration::from_secs(60), |c| {
+        let mut buf = vec![1f32; elems];
+        median_s(5, || {
+            c.all_reduce(&mut buf)
+                .map_err(|e| config_err("calibrate", e.to_string()))
+        })
+    });
+    let mut worst = 0f64;
+    for t in times {
+        worst = worst.max(t?);
+    }
+    Ok((4 * elems) as f64 / worst / 1e9)
+}
+
+/// Median seconds of `cfg`'s training step on one rank, synthetic tokens.
+fn step_s(cfg: &TrainConfig) -> Result<f64> {
+    let ModelConfig::Gpt(g) = &cfg.model else {
+        return Err(config_err(
+            "model.kind",
+            "calibration times the GPT's training step (the planner models transformers)",
+        ));
+    };
+    let mut one = cfg.clone();
+    one.batch.world_size = Some(1);
+    one.batch.accumulation_steps = Some(1);
+    one.batch.global_batch = Some(one.batch.micro_batch);
+    let mut trainer = Trainer::new(&one)?;
+    let (b, t) = (one.batch.micro_batch, g.context);
+    let ids = |salt: u64| -> Vec<i64> {
+        (0..(b * t) as u64)
+            .map(|i| (crate::params::mix64(i ^ salt) % g.vocab as u64) as i64)
+            .collect()
+    };
+    let window = vec![MicroBatch {
+        input: Tensor::from_vec(ids(1), (b, t), &Device::Cpu)?,
+        targets: ids(2),
+    }];
+    median_s(5, || trainer.train_step(&window).map(|_| ()))
+}
+
+/// Measures this machine and `cfg`'s step (see the module docs).
+pub fn calibrate(cfg: &TrainConfig) -> Result<Calibration> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let fp32_tflops = gemm_tflops(false)?;
+    let bf16_tflops = gemm_tflops(true)?;
+    let host_mem = host_mem_gbyte_s()?;
+    let allreduce = allreduce_gbyte_s()?;
+    let step = step_s(cfg)?;
+    // The planner's compute time of this step at MFU 1 on the measured peaks.
+    let mut probe = cfg.clone();
+    probe.batch.world_size = Some(1);
+    probe.batch.accumulation_steps = Some(1);
+    probe.batch.global_batch = Some(probe.batch.micro_batch);
+    let mut measured = Calibration {
+        cores,
+        fp32_tflops,
+        bf16_tflops,
+        host_mem_gbyte_s: host_mem,
+        allreduce_gbyte_s: allreduce,
+        step_s: step,
+        mfu: 1.0,
+        precision: format!("{:?}", cfg.precision).to_lowercase(),
+    };
+    let section = probe.plan.get_or_insert_with(Default::default);
+    section.hardware = HardwareInput::default();
+    measured.apply(&mut section.hardware);
+    section.mfu = Some(1.0);
+    section.hardware.nodes = Some(1);
+    section.hardware.devices_per_node = Some(1);
+    let at_peak = forecast(&probe, 1, None)?.step_s;
+    measured.mfu = (at_peak / step).clamp(1e-6, 1.0);
+    if cfg.precision == Precision::Fp16 {
+        // Reported as it ran: fp16 runs on candle's emulated matmul here.
+        measured.precision = "fp16".into();
+    }
+    Ok(measured)
+}
+
+/// A training config's planner input with the calibration applied on top of its
+/// `[plan]` (the calibrated figures win over a preset's).
+pub fn calibrated_input(
+    cfg: &TrainConfig,
+    c: &Calibration,
+    flags: &PlanInput,
+) -> Result<PlanInput> {
+    let mut cfg = cfg.clone();
+    let section = cfg.plan.get_or_insert_with(Default::default);
+    section.mfu = Some(c.apply(&mut section.hardware));
+    plan_input(&cfg, flags)
+}
