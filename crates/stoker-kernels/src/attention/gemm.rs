@@ -104,8 +104,10 @@ pub(crate) fn qkv_forward_f32(
             let (base, ob) = g.bases(bh);
             g.scores(qkv, base, s);
             softmax_rows(s, t, lse);
-            // SAFETY: head bh's columns of `out` (rows of `c`) are written by this task
-            // only, and lie inside `out` (asserted above).
+            // SAFETY: this task writes rows bi t .. (bi + 1) t, columns h d .. (h + 1) d
+            // of `out` (row stride c), bh = bi heads + h: inside `out` since out.len() =
+            // b t c (asserted above) and heads d = c (PackedHeads::new asserts it), and
+            // apart from every other task's, which differ in bi (rows) or h (columns).
             unsafe {
                 let v = &qkv[base + 2 * c..];
                 let o = (optr.at(ob), c);
@@ -154,8 +156,12 @@ pub(crate) fn qkv_backward_f32(
             let (oh, gh) = (&o[ob..], &dout[ob..]);
             let lse = &lse[bh * t..(bh + 1) * t];
             g.scores(qkv, base, p);
-            // SAFETY: `dp` is t x t; head bh's columns of the q, k and v parts of `dqkv`
-            // are written by this task only, and lie inside it (asserted above).
+            // SAFETY: `dp` is t x t; this task writes rows bi t .. (bi + 1) t, columns
+            // part c + h d .. part c + (h + 1) d (part 0, 1, 2 for q, k, v) of `dqkv` (row
+            // stride 3 c), bh = bi heads + h: inside it since dqkv.len() = 3 b t c
+            // (asserted above) and heads d = c (PackedHeads::new), and apart from every
+            // other task's (another bi: other rows; another h: other columns) and from its
+            // own other parts (columns c apart, d <= c wide).
             unsafe {
                 gemm_strided(
                     (t, d, t),

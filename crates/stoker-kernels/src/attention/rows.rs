@@ -226,6 +226,12 @@ fn fwd_head<T: Elem, R: RowOps>(a: &FwdHead<T>, bh: usize, lse: &mut [f32], optr
     let ((q, k, v), (q_rows, k_rows, v_rows)) = (a.ins, a.rows);
     let (g, o_rows, len, scale) = (a.g, a.o_rows, a.len, a.scale);
     let (t, d) = (g.t, g.d);
+    // The writes below go through a pointer every head task shares: this head's rows
+    // must be inside the buffer and apart from every other head's.
+    assert!(
+        Rows::disjoint(&[o_rows], g, len),
+        "attention: output rows {o_rows:?} overlap or leave {len} elements for {g:?}"
+    );
     // Scratch per head: q, v widened, k transposed, one row of scores and of output.
     let tp = padded(t);
     let mut buf = vec![0.0f32; 2 * t * d + tp * d + tp + d];
@@ -247,7 +253,8 @@ fn fwd_head<T: Elem, R: RowOps>(a: &FwdHead<T>, bh: usize, lse: &mut [f32], optr
         let inv = 1.0 / z;
         let o0 = o_rows.start(g.heads, bh, i);
         assert!(o0 + d <= len);
-        // SAFETY: in bounds (asserted), and row i of head bh is written by this task only.
+        // SAFETY: in bounds (asserted), and row i of head bh is written by this task only:
+        // the layout's rows of distinct (head, row) never overlap (checked at the top).
         let orow = unsafe { std::slice::from_raw_parts_mut(optr.at(o0), d) };
         orow.iter_mut()
             .zip(&*acc)
@@ -340,6 +347,12 @@ fn bwd_head<T: Elem, R: RowOps>(a: &BwdHead<T>, bh: usize, optr: Out<T>) {
     let (dq_rows, dk_rows, dv_rows) = a.grad_rows;
     let (saved, g, len, scale) = (a.saved, a.g, a.len, a.scale);
     let (t, d) = (g.t, g.d);
+    // The writes below go through a pointer every head task shares: the three gradients'
+    // rows must be inside the buffer and apart from each other and from other heads'.
+    assert!(
+        Rows::disjoint(&[dq_rows, dk_rows, dv_rows], g, len),
+        "attention: gradient rows overlap or leave {len} elements for {g:?}"
+    );
     // Scratch per head: q, k, O and dO widened; k and v transposed; dk and dv
     // accumulated transposed; rows of probabilities, their gradients and dq.
     let tp = padded(t);
@@ -365,7 +378,8 @@ fn bwd_head<T: Elem, R: RowOps>(a: &BwdHead<T>, bh: usize, optr: Out<T>) {
         let s = rows.start(g.heads, bh, i);
         assert!(s + d <= len);
         // SAFETY: in bounds (asserted); row i of head bh of this gradient is written
-        // by this task only, and the three gradients' rows never overlap.
+        // by this task only, and the three gradients' rows never overlap (both checked
+        // by Rows::disjoint at the top of this function).
         let o = unsafe { std::slice::from_raw_parts_mut(optr.at(s), d) };
         o.iter_mut()
             .zip(vals)

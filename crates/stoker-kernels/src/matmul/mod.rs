@@ -164,11 +164,19 @@ fn band<T: Elem>(
     accumulate: bool,
 ) {
     debug_assert_eq!(a.pairs, b.pairs);
+    // A kernel this CPU cannot run is refused here, not trusted from the caller (the
+    // detection is cached: a search of at most three entries).
+    assert!(
+        Bf16Kernel::supported().contains(&kernel),
+        "bf16 GEMM: the {kernel:?} kernel is not supported on this CPU"
+    );
     let rows = c.len() / n;
     let mut block: Block = [0.0; BLOCK * BLOCK];
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-    // SAFETY: `Amx` is only returned by detection after CPUID and the OS agreed.
-    let tiles = (kernel == Bf16Kernel::Amx).then(|| unsafe { tile::amx::Tiles::configure() });
+    let tiles = match kernel {
+        Bf16Kernel::Amx => Some(tile::amx::Tiles::configure().expect("AMX supported (asserted)")),
+        _ => None,
+    };
     for q in 0..b.panels / 2 {
         match kernel {
             #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -177,7 +185,8 @@ fn band<T: Elem>(
                 .expect("configured")
                 .block(a, b, rb, q, &mut block),
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx512Bf16` is only returned by detection after the CPU check.
+            // SAFETY: asserted at the top of this function: the CPU supports the
+            // AVX512-BF16 kernel (AVX512F, AVX512BW and AVX512-BF16 detected).
             Bf16Kernel::Avx512Bf16 => unsafe { tile::block_avx512(a, b, rb, q, &mut block) },
             _ => tile::block_portable(a, b, rb, q, &mut block),
         }

@@ -90,9 +90,14 @@ pub(crate) unsafe fn block_avx512(a: &PackedA, b: &PackedB, rb: usize, q: usize,
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 pub(crate) mod amx {
     use std::arch::asm;
+    use std::marker::PhantomData;
 
     use super::{Block, PackedA, PackedB, BLOCK, PANEL};
     use crate::matmul::pack::PAIR_BLOCK;
+    use crate::matmul::Bf16Kernel;
+
+    // A tile row is 64 bytes: 16 words of a packed `A` row chunk, 16 columns of a `B` panel.
+    const _: () = assert!(PAIR_BLOCK == 16 && PANEL == 16 && BLOCK == 32);
 
     /// The 64-byte tile configuration: palette 1, eight tiles of 16 rows x 64 bytes.
     #[repr(C, align(64))]
@@ -129,33 +134,47 @@ pub(crate) mod amx {
         ret == 0
     }
 
-    /// Holds this thread's tile configuration; releases the tiles when dropped.
-    pub(crate) struct Tiles(());
+    /// Holds this thread's tile configuration; releases the tiles when dropped. Not
+    /// `Send`: the configuration belongs to the thread that loaded it.
+    pub(crate) struct Tiles(PhantomData<*const ()>);
 
     impl Tiles {
-        /// Loads the tile configuration on this thread.
-        ///
-        /// # Safety
-        /// The CPU must have AMX-TILE and AMX-BF16 and [`request_permission`] must have
-        /// succeeded.
-        pub(crate) unsafe fn configure() -> Tiles {
-            asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
-            Tiles(())
+        /// Loads the tile configuration on this thread, where the CPU has AMX-TILE and
+        /// AMX-BF16 and Linux granted the tile state (the kernel detection, checked here);
+        /// None elsewhere.
+        pub(crate) fn configure() -> Option<Tiles> {
+            if !Bf16Kernel::supported().contains(&Bf16Kernel::Amx) {
+                return None;
+            }
+            // SAFETY: checked just above: the CPU has AMX and the process may use its
+            // tile state; CONFIG is a valid 64-byte palette-1 configuration.
+            unsafe {
+                asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
+            }
+            Some(Tiles(PhantomData))
         }
 
         /// One `C` block over the whole inner dimension.
         pub(crate) fn block(&self, a: &PackedA, b: &PackedB, rb: usize, q: usize, out: &mut Block) {
             let pairs = a.pairs;
+            // The tile loads below read 16-word chunks of each row: whole chunks only.
+            assert!(
+                pairs.is_multiple_of(PAIR_BLOCK) && b.pairs == pairs,
+                "packed operands: A has {pairs} pairs per row, B {}; both must be equal \
+                 multiples of {PAIR_BLOCK}",
+                b.pairs
+            );
             let a_rows = &a.words[rb * BLOCK * pairs..(rb + 1) * BLOCK * pairs];
             let b0 = &b.words[q * 2 * pairs * PANEL..(q * 2 + 1) * pairs * PANEL];
             let b1 = &b.words[(q * 2 + 1) * pairs * PANEL..(q * 2 + 2) * pairs * PANEL];
             let a_stride = pairs * 4;
             let b_stride = PANEL * 4;
             let c_stride = BLOCK * 4;
-            // SAFETY: tiles are configured (self exists); every load reads 16 rows of 64
-            // bytes inside the slices above (pairs is a multiple of PAIR_BLOCK, so chunk
-            // c's 16 words end at or before the row's end), and the stores write 16 rows
-            // of 64 bytes inside `out`.
+            // SAFETY: tiles are configured on this thread (self exists and is not Send);
+            // every load reads 16 rows of 64 bytes inside the slices above (pairs is a
+            // multiple of PAIR_BLOCK, asserted above, so chunk c's 16 words end at or before
+            // the row's end, and B's panel rows are PANEL = 16 words), and the stores write
+            // 16 rows of 64 bytes inside `out` (32 x 32 floats).
             unsafe {
                 asm!(
                     "tilezero tmm0",
@@ -202,7 +221,7 @@ pub(crate) mod amx {
 
     impl Drop for Tiles {
         fn drop(&mut self) {
-            // SAFETY: the tiles were configured by this thread.
+            // SAFETY: the tiles were configured by this thread (Tiles is not Send).
             unsafe { asm!("tilerelease", options(nostack, nomem)) }
         }
     }
