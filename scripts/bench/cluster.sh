@@ -42,9 +42,11 @@ for rate in "${rates[@]}"; do
       RAYON_NUM_THREADS=1 timeout 600 bash scripts/cluster.sh -n 2 --rate "$rate" -- "$S" train "$work/$name.toml" --no-progress > "$work/$name.log" 2>&1 || { tail -20 "$work/$name.log"; exit 1; }
     fi
     link=$([ "$rate" = unshaped ] && echo 100 || gbit "$rate")
-    "$S" plan --family gpt2 --layers 8 --hidden 128 --heads 4 --vocab 96 --context 128 \
-      --hardware cpu --nodes 2 --devices-per-node 1 --inter-node-gbit-s "$link" \
-      --global-batch 16 --seq-len 128 --micro-batch 4 --precision bf16 --json > "$work/$name.plan.json"
+    # The plan of the very config, on this machine as calibrated (one thread, as each rank
+    # runs), with the trainer's FP32 collectives, over the link of this run.
+    RAYON_NUM_THREADS=1 "$S" plan --config "$work/$name.toml" --calibrate \
+      --nodes 2 --devices-per-node 1 --inter-node-gbit-s "$link" --json \
+      > "$work/$name.plan.json" 2> "$work/$name.calibration"
     python3 - "$work/$name.log" "$work/$name.plan.json" "$rate" "$strategy" "$work/base-$strategy" "$link" <<'PY'
 import json, os, re, sys
 log, plan_file, rate, strategy, base_file, link = sys.argv[1:]

@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use crate::hardware::Hardware;
 use crate::model::ModelSpec;
-use crate::setup::{state_bytes, Setup};
+use crate::setup::Setup;
 use crate::strategy::{Stage, Strategy};
 
 /// Collective traffic of one strategy.
@@ -45,8 +45,7 @@ pub fn communication(
 ) -> Comm {
     let p = model.params as f64;
     let n = hw.world_size() as f64;
-    let sb = state_bytes(setup.precision, setup.optimizer);
-    let (rs, ag) = (p * sb.grad, p * sb.weight);
+    let (rs, ag) = (p * setup.reduce_bytes, p * setup.gather_bytes);
     let a = accum as f64;
     let (per_sync, per_step) = match strategy.stage {
         Stage::Ddp | Stage::Zero1 => (rs + ag, rs + ag),

@@ -123,6 +123,12 @@ pub struct TrainingInput {
     pub offload_optimizer: Option<bool>,
     /// With `strategy`: parameters offloaded (ZeRO-3).
     pub offload_params: Option<bool>,
+    /// dtype of the gradient collectives (`fp32`, `bf16`, `fp16`; default: the
+    /// precision's gradients), FSDP's `reduce_dtype`.
+    pub reduce_dtype: Option<String>,
+    /// dtype of the parameter all-gathers (default: the precision's weights), FSDP's
+    /// `param_dtype`.
+    pub gather_dtype: Option<String>,
 }
 
 /// A whole plan input, as a TOML file holds it.
@@ -227,7 +233,9 @@ impl TrainingInput {
             accounting,
             strategy,
             offload_optimizer,
-            offload_params
+            offload_params,
+            reduce_dtype,
+            gather_dtype
         );
     }
 }

@@ -9,7 +9,7 @@ use crate::hardware::{self, DtypeSupport, Hardware, GB, GIB};
 use crate::input::{HardwareInput, ModelInput, PlanInput, TrainingInput};
 use crate::model::{self, Architecture, Family, ModelSpec};
 use crate::precision::{self, PrecisionChoice};
-use crate::setup::{Accounting, Dtype, Optimizer, Precision, Setup};
+use crate::setup::{state_bytes, Accounting, Dtype, Optimizer, Precision, Setup};
 use crate::strategy::{Stage, Strategy};
 
 /// Default fragmentation allowance: 5% of allocated bytes.
@@ -495,6 +495,14 @@ fn resolve_training(t: &TrainingInput, model: &ModelSpec, hw: &Hardware) -> Resu
         )?,
         bucket_bytes: bucket_mb * MIB,
         accounting,
+        reduce_bytes: match &t.reduce_dtype {
+            Some(d) => crate::setup::collective_bytes("training.reduce_dtype", d)?,
+            None => state_bytes(precision.precision, optimizer).grad,
+        },
+        gather_bytes: match &t.gather_dtype {
+            Some(d) => crate::setup::collective_bytes("training.gather_dtype", d)?,
+            None => state_bytes(precision.precision, optimizer).weight,
+        },
     };
     Ok((setup, precision, pinned, accum))
 }

@@ -246,4 +246,25 @@ pub struct Setup {
     pub bucket_bytes: f64,
     /// Whose model-state accounting to use.
     pub accounting: Accounting,
+    /// Bytes per element of the gradient collectives (reduce-scatter, all-reduce):
+    /// the precision's gradient bytes unless `training.reduce_dtype` says otherwise
+    /// (FSDP's `reduce_dtype`; stoker's trainer reduces FP32).
+    pub reduce_bytes: f64,
+    /// Bytes per element of the parameter all-gathers: the precision's weight bytes unless
+    /// `training.gather_dtype` says otherwise (FSDP's `param_dtype`; stoker's trainer
+    /// gathers its FP32 buffer).
+    pub gather_bytes: f64,
+}
+
+/// Bytes per element of a collective's dtype name (`fp32`, `bf16`, `fp16`).
+pub fn collective_bytes(field: &str, name: &str) -> Result<f64> {
+    match name.to_ascii_lowercase().as_str() {
+        "fp32" | "f32" | "float32" => Ok(4.0),
+        "bf16" | "bfloat16" | "fp16" | "f16" | "float16" => Ok(2.0),
+        _ => Err(PlanError::UnknownOption {
+            field: field.into(),
+            got: name.into(),
+            expected: "fp32, bf16, fp16".into(),
+        }),
+    }
 }

@@ -91,6 +91,31 @@ fn communication_is_2p_for_ddp_and_zero12_and_3p_for_zero3() {
     assert_eq!(c4(Stage::Ddp).bytes_per_step / GB, 4.0);
     assert_eq!(c4(Stage::Zero2).bytes_per_step / GB, 10.0);
     assert_eq!(c4(Stage::Zero3).bytes_per_step / GB, 24.0);
+    // FP32 collectives (FSDP's reduce_dtype / param_dtype; stoker's trainer) double them.
+    let r32 = resolved(
+        "model = { params = \"1B\" }\nhardware = { preset = \"a100-80gb\" }\n\
+         training = { global_batch = 8, seq_len = 1024, reduce_dtype = \"fp32\", \
+         gather_dtype = \"fp32\" }",
+    )
+    .unwrap();
+    let c32 = |stage| {
+        communication(
+            &r32.model,
+            &r32.hardware,
+            &r32.setup,
+            Strategy::plain(stage),
+            1,
+        )
+    };
+    assert_eq!(c32(Stage::Ddp).bytes_per_sync / GB, 8.0);
+    assert_eq!(c32(Stage::Zero3).bytes_per_sync / GB, 12.0);
+    assert!(resolved(
+        "model = { params = \"1B\" }\nhardware = { preset = \"a100-80gb\" }\n\
+         training = { global_batch = 8, seq_len = 1024, reduce_dtype = \"fp64\" }",
+    )
+    .unwrap_err()
+    .to_string()
+    .contains("training.reduce_dtype"));
 }
 
 #[test]

@@ -117,6 +117,9 @@ pub fn plan_input(cfg: &TrainConfig, flags: &PlanInput) -> Result<PlanInput> {
         .into(),
     );
     t.offload_optimizer = Some(cfg.parallel.offload_optimizer);
+    // The trainer's collectives move its FP32 gradients and FP32 parameter buffer.
+    t.reduce_dtype = Some("fp32".into());
+    t.gather_dtype = Some("fp32".into());
     t.bucket_mb = Some(cfg.parallel.bucket_cap_mb);
     if let Some(w) = cfg.batch.world_size {
         let h = &mut input.hardware;

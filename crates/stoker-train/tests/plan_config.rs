@@ -121,9 +121,13 @@ fn three_presets_emit_configs_the_trainer_parses_and_that_plan_again_alike() {
             Some(choice.data.required_samples_per_s)
         );
         // Planned again from the file alone, it makes the same choice with the same
-        // predictions.
+        // predictions as the original plan counting the trainer's FP32 collectives.
         let again = plan_of(&plan_input(&cfg, &PlanInput::default()).unwrap());
         let c2 = again.choice.unwrap();
+        let mut fp32 = planned_with.clone();
+        fp32.training.reduce_dtype = Some("fp32".into());
+        fp32.training.gather_dtype = Some("fp32".into());
+        let choice = plan_of(&fp32).choice.unwrap();
         assert_eq!(c2.parallel, choice.parallel, "{name}");
         assert_eq!(c2.accumulation, choice.accumulation, "{name}");
         assert_eq!(c2.data, choice.data, "{name}");

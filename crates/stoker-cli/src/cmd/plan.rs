@@ -157,6 +157,12 @@ pub struct PlanArgs {
     /// With --strategy: optimizer offloaded to host memory.
     #[arg(long, help_heading = "Training", num_args = 0..=1, default_missing_value = "true")]
     offload_optimizer: Option<bool>,
+    /// dtype of the gradient collectives: fp32, bf16, fp16 (default: the precision's).
+    #[arg(long, help_heading = "Training")]
+    reduce_dtype: Option<String>,
+    /// dtype of the parameter all-gathers (default: the precision's weights).
+    #[arg(long, help_heading = "Training")]
+    gather_dtype: Option<String>,
     /// With --strategy zero3: parameters offloaded too.
     #[arg(long, help_heading = "Training", num_args = 0..=1, default_missing_value = "true")]
     offload_params: Option<bool>,
@@ -249,6 +255,8 @@ impl PlanArgs {
                 strategy: self.strategy.clone(),
                 offload_optimizer: self.offload_optimizer,
                 offload_params: self.offload_params,
+                reduce_dtype: self.reduce_dtype.clone(),
+                gather_dtype: self.gather_dtype.clone(),
             },
         })
     }
@@ -306,7 +314,11 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
             let cfg = stoker_train::config::TrainConfig::load(p)?;
             let input = if args.calibrate {
                 let c = stoker_train::calibrate::calibrate(&cfg)?;
-                print!("{}", c.to_text());
+                // With --json stdout carries the plan alone.
+                match args.json {
+                    true => eprint!("{}", c.to_text()),
+                    false => print!("{}", c.to_text()),
+                }
                 stoker_train::calibrate::calibrated_input(&cfg, &c, &cli)
             } else {
                 stoker_train::planned::plan_input(&cfg, &cli)
