@@ -200,7 +200,7 @@ pub fn calibrate(cfg: &TrainConfig) -> Result<Calibration> {
     section.mfu = Some(1.0);
     section.hardware.nodes = Some(1);
     section.hardware.devices_per_node = Some(1);
-    let at_peak = forecast(&probe, 1, None)?.step_s;
+    let at_peak = forecast(&probe, 1, None, 1.0)?.step_s;
     measured.mfu = (at_peak / step).clamp(1e-6, 1.0);
     if cfg.precision == Precision::Fp16 {
         // Reported as it ran: fp16 runs on candle's emulated matmul here.

@@ -341,6 +341,10 @@ pub struct OwnBytes {
     pub baseline: f64,
     /// Parameters, gradients and optimizer states ([`stoker_plan::trainer`], exact).
     pub model_states: f64,
+    /// The strategy's communication buffers (buckets, shards, gathered groups) and the
+    /// accumulation's extra gradient buffers, as the trainer sized them
+    /// (`HeldBytes::buffers`).
+    pub buffers: f64,
     /// The direct step's activation buffers (`stoker_kernels::activation_floats`); None
     /// on the graph path, where the planner's formula stands in.
     pub activations: Option<f64>,
@@ -357,7 +361,8 @@ pub struct RunForecast {
     /// The hardware planned for (`[plan.hardware]`'s preset, default `cpu`).
     pub hardware: String,
     /// Peak bytes per rank of training steps: with the trainer's own count, baseline +
-    /// model states + activations + loader buffers; else the planner's formula.
+    /// model states + communication buffers + activations + loader buffers; else the
+    /// planner's formula.
     pub peak_bytes: f64,
     /// The planner's formula for the same (model states, activations, buckets, runtime,
     /// fragmentation), for comparison.
@@ -365,8 +370,13 @@ pub struct RunForecast {
     pub planner_peak_bytes: f64,
     /// Activations within `peak_bytes`.
     pub activation_bytes: f64,
+    /// Communication and accumulation buffers within `peak_bytes` (the trainer's count;
+    /// 0 without it).
+    #[serde(default)]
+    pub buffer_bytes: f64,
     /// Live heap bytes of training steps: the heap before the run + model states +
-    /// activations + loader buffers (the trainer's own count; None without it).
+    /// communication buffers + activations + loader buffers (the trainer's own count;
+    /// None without it).
     #[serde(default)]
     pub heap_bytes: Option<f64>,
     /// Seconds per optimizer step.
@@ -378,10 +388,20 @@ pub struct RunForecast {
 /// The forecast of `cfg` launched on `world` ranks, on `[plan.hardware]` or else this
 /// machine's `cpu` preset with one device per rank. An error says why the planner cannot
 /// model the run (a CNN, say); the run goes on without a forecast.
-pub fn forecast(cfg: &TrainConfig, world: usize, own: Option<&OwnBytes>) -> Result<RunForecast> {
+///
+/// On the default `cpu` preset (a "device" is the whole host) a rank computes with
+/// `compute_share` of the host's cores (its threads over the cores), so its compute time
+/// is the preset's divided by that share.
+pub fn forecast(
+    cfg: &TrainConfig,
+    world: usize,
+    own: Option<&OwnBytes>,
+    compute_share: f64,
+) -> Result<RunForecast> {
     let mut cfg = cfg.clone();
     let section = cfg.plan.get_or_insert_with(PlanSection::default);
-    if section.hardware == stoker_plan::input::HardwareInput::default() {
+    let whole_host = section.hardware == stoker_plan::input::HardwareInput::default();
+    if whole_host {
         section.hardware.preset = Some("cpu".into());
         section.hardware.nodes = Some(1);
         section.hardware.devices_per_node = Some(world as i64);
@@ -396,6 +416,12 @@ pub fn forecast(cfg: &TrainConfig, world: usize, own: Option<&OwnBytes>) -> Resu
         .iter()
         .find(|r| Some(r.strategy) == plan.inputs.pinned_strategy)
         .ok_or_else(|| config_err("parallel.strategy", "the planner has no row for it"))?;
+    // The preset's compute is the whole host's; this rank has its share of the cores.
+    let t = &row.time;
+    let step_s = match whole_host {
+        true => t.compute_s / compute_share.clamp(1e-3, 1.0) + t.exposed_comm_s + t.offload_s,
+        false => t.step_s,
+    };
     let samples = (row.micro_batch * row.accumulation_steps) as f64;
     let planner_peak = row.memory.device.total;
     let (peak_bytes, activation_bytes, heap_bytes) = match own {
@@ -405,7 +431,7 @@ pub fn forecast(cfg: &TrainConfig, world: usize, own: Option<&OwnBytes>) -> Resu
                 ..
             },
         ) => {
-            let held = o.model_states + a + o.loader;
+            let held = o.model_states + o.buffers + a + o.loader;
             (o.baseline + held, *a, o.baseline_heap.map(|h| h + held))
         }
         _ => (planner_peak, row.memory.device.activations, None),
@@ -415,8 +441,9 @@ pub fn forecast(cfg: &TrainConfig, world: usize, own: Option<&OwnBytes>) -> Resu
         peak_bytes,
         planner_peak_bytes: planner_peak,
         activation_bytes,
+        buffer_bytes: own.map_or(0.0, |o| o.buffers),
         heap_bytes,
-        step_s: row.time.step_s,
-        required_samples_per_s: samples / row.time.step_s,
+        step_s,
+        required_samples_per_s: samples / step_s,
     })
 }

@@ -350,11 +350,15 @@ pub fn run_rank(
     let own = crate::planned::OwnBytes {
         baseline: baseline_rss as f64,
         model_states: planned.model_states(),
+        // Communication and accumulation buffers, as the trainer sized them.
+        buffers: trainer.steady_buffer_bytes() as f64,
         activations: direct_activation_bytes(config, &dims).map(|b| b as f64),
         loader: (loader.buffer_bytes() * (loader.config().max_in_flight() + 1)) as f64,
         baseline_heap: baseline_heap.map(|b| b as f64),
     };
-    let forecast = crate::planned::forecast(config, dims.world, Some(&own));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let share = rayon::current_num_threads() as f64 / cores as f64;
+    let forecast = crate::planned::forecast(config, dims.world, Some(&own), share);
     if lead {
         bar.println(&accounting);
         bar.suspend(|| {

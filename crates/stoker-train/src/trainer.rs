@@ -305,11 +305,22 @@ impl Trainer {
             params: 4 * self.master.len() + 2 * self.bf16_copy.as_ref().map_or(0, Vec::len) + vars,
             grads: 4 * self.grads.len() + self.strategy.grad_bytes(),
             optimizer: self.optimizer.state_bytes(),
-            buffers: self.strategy.buffer_bytes()
-                + 4 * self.grads.len() * self.sum.extra_buffers()
-                + 4 * self.graph_grads.len()
-                + self.graph_vars_bytes,
+            buffers: self.strategy.buffer_bytes() + self.step_buffer_bytes(),
         }
+    }
+
+    /// The step's buffers besides the strategy's: the accumulation's extra gradient
+    /// buffers and the graph path's gradients and variables.
+    fn step_buffer_bytes(&self) -> usize {
+        4 * self.grads.len() * self.sum.extra_buffers()
+            + 4 * self.graph_grads.len()
+            + self.graph_vars_bytes
+    }
+
+    /// [`HeldBytes::buffers`](crate::memory::HeldBytes) in steady state, known before
+    /// the first step (the strategy's buckets are allocated by the first backward).
+    pub fn steady_buffer_bytes(&self) -> usize {
+        self.strategy.steady_buffer_bytes() + self.step_buffer_bytes()
     }
 
     /// Bytes of the direct step's activation buffers now (0 on the graph path, whose

@@ -132,6 +132,24 @@ impl Buckets {
         held(&self.spare) + held(&self.spare_out)
     }
 
+    /// The most bytes the buckets hold during a backward (each bucket's copy, and under a
+    /// reduce-scatter its output shard), known before the first backward allocates them.
+    /// Between steps an all-reduce keeps all of it; a reduce-scatter keeps the outputs.
+    pub fn steady_bytes(&self) -> usize {
+        self.plan
+            .iter()
+            .map(|b| {
+                let out = match &self.op {
+                    BucketOp::AllReduce => 0,
+                    BucketOp::ReduceScatter { shards, rank } => {
+                        shards.counts_within(&b.range)[*rank]
+                    }
+                };
+                4 * (b.range.len() + out)
+            })
+            .sum()
+    }
+
     /// Group `group` is ready in `grads`: starts every bucket whose groups are all ready
     /// (in plan order), and lets earlier ones progress.
     pub fn ready(&mut self, comm: &dyn Communicator, group: usize, grads: &[f32]) -> Result<()> {

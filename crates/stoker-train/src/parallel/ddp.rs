@@ -143,6 +143,10 @@ impl Strategy for Ddp {
         self.buckets.buffer_bytes()
     }
 
+    fn steady_buffer_bytes(&self) -> usize {
+        self.buckets.steady_bytes()
+    }
+
     fn stats(&self) -> SyncStats {
         SyncStats {
             bytes_sent: self.comm.stats().since(&self.window_start).bus_bytes(),

@@ -117,6 +117,11 @@ pub trait Strategy {
     fn buffer_bytes(&self) -> usize {
         0
     }
+    /// [`Strategy::buffer_bytes`] in steady state, known before the first step allocates
+    /// them (the forecast's count); where it cannot be told, what is held now.
+    fn steady_buffer_bytes(&self) -> usize {
+        self.buffer_bytes()
+    }
     /// The part of a flat buffer of `len` elements whose parameters and gradients this
     /// rank's trainer keeps between steps: all of it, except under ZeRO-3 (its shard).
     fn holds(&self, len: usize) -> Range<usize> {

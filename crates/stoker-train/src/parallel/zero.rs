@@ -234,6 +234,17 @@ impl Strategy for Zero {
         4 * self.shard_buf.len() + self.buckets.buffer_bytes()
     }
 
+    fn steady_buffer_bytes(&self) -> usize {
+        // Only stage 2 outside deterministic mode reduces through the buckets.
+        let bucketed = self.opts.stage == ZeroStage::Two && !self.opts.deterministic;
+        4 * self.shard_buf.len()
+            + if bucketed {
+                self.buckets.steady_bytes()
+            } else {
+                0
+            }
+    }
+
     fn stats(&self) -> SyncStats {
         SyncStats {
             bytes_sent: self.comm.stats().since(&self.window_start).bus_bytes(),
