@@ -152,6 +152,40 @@ impl GradSum {
         node.loss
     }
 
+    /// The gradient-sized buffers a sum in `order` holds once it has summed windows of
+    /// `k` micro-batches, told before any (the forecast's count): in place none, in
+    /// sequence the leaf, in the tree the leaf and every partial sum the binary tree of `k`
+    /// leaves keeps at once (its buffers are kept for reuse), counted by running the
+    /// tree's bookkeeping without the data.
+    pub fn steady_extra_buffers(order: SumOrder, k: usize) -> usize {
+        match order {
+            SumOrder::InPlace => 0,
+            SumOrder::Sequential => 1,
+            SumOrder::Tree => {
+                let (mut free, mut allocated) = (0usize, 1usize);
+                let mut stack: Vec<usize> = Vec::new();
+                for _window in 0..2 {
+                    for _ in 0..k {
+                        match free {
+                            0 => allocated += 1,
+                            _ => free -= 1,
+                        }
+                        let mut node = 1;
+                        while stack.last() == Some(&node) {
+                            stack.pop();
+                            free += 1;
+                            node *= 2;
+                        }
+                        stack.push(node);
+                    }
+                    free += stack.len();
+                    stack.clear();
+                }
+                allocated
+            }
+        }
+    }
+
     /// Gradient-sized buffers this sum holds beyond the gradient buffer itself (for the
     /// memory accounting).
     pub fn extra_buffers(&self) -> usize {
@@ -173,6 +207,30 @@ fn add_into(lower: &mut [f32], higher: &[f32]) {
 mod tests {
     use super::*;
     use stoker_testkit::assert_bits_eq;
+
+    /// The buffers told before any window are the ones held after two windows of k.
+    #[test]
+    fn steady_buffers_are_told_before_the_first_window() {
+        for order in [SumOrder::InPlace, SumOrder::Sequential, SumOrder::Tree] {
+            for k in 1..=13 {
+                let mut sum = GradSum::new(order, 5);
+                let mut grads = vec![0f32; 5];
+                for _ in 0..2 {
+                    sum.begin(&mut grads);
+                    for j in 0..k {
+                        sum.target(&mut grads).copy_from_slice(&leaf(j, 5));
+                        sum.push(&mut grads, 1.0);
+                    }
+                    sum.finish(&mut grads);
+                }
+                assert_eq!(
+                    sum.extra_buffers(),
+                    GradSum::steady_extra_buffers(order, k),
+                    "{order:?} k {k}"
+                );
+            }
+        }
+    }
 
     fn leaf(j: usize, len: usize) -> Vec<f32> {
         (0..len)

@@ -351,7 +351,7 @@ pub fn run_rank(
         baseline: baseline_rss as f64,
         model_states: planned.model_states(),
         // Communication and accumulation buffers, as the trainer sized them.
-        buffers: trainer.steady_buffer_bytes() as f64,
+        buffers: trainer.steady_buffer_bytes(dims.accumulation_steps) as f64,
         activations: direct_activation_bytes(config, &dims).map(|b| b as f64),
         loader: (loader.buffer_bytes() * (loader.config().max_in_flight() + 1)) as f64,
         baseline_heap: baseline_heap.map(|b| b as f64),

@@ -317,10 +317,14 @@ impl Trainer {
             + self.graph_vars_bytes
     }
 
-    /// [`HeldBytes::buffers`](crate::memory::HeldBytes) in steady state, known before
-    /// the first step (the strategy's buckets are allocated by the first backward).
-    pub fn steady_buffer_bytes(&self) -> usize {
-        self.strategy.steady_buffer_bytes() + self.step_buffer_bytes()
+    /// [`HeldBytes::buffers`](crate::memory::HeldBytes) in steady state for windows of
+    /// `k` micro-batches, known before the first step (the strategy's buckets and the
+    /// accumulation's partial sums are allocated by the first window).
+    pub fn steady_buffer_bytes(&self, k: usize) -> usize {
+        self.strategy.steady_buffer_bytes()
+            + 4 * self.grads.len() * GradSum::steady_extra_buffers(self.sum.order(), k)
+            + 4 * self.graph_grads.len()
+            + self.graph_vars_bytes
     }
 
     /// Bytes of the direct step's activation buffers now (0 on the graph path, whose

@@ -547,8 +547,8 @@ fn held_and_sent(
         let layout = FlatLayout::of(m.params()).unwrap();
         let strategy = stoker_train::parallel::for_config(config, &layout, comm).unwrap();
         let mut t = Trainer::with_strategy(config, m, strategy).unwrap();
-        let steady = t.steady_buffer_bytes();
         let k = g / world;
+        let steady = t.steady_buffer_bytes(k);
         let mut sent = 0.0;
         for s in 0..STEPS {
             let window: Vec<MicroBatch> = (rank * k..(rank + 1) * k)
