@@ -36,7 +36,10 @@ fn softmax64(d: usize) -> impl Fn(&[f64]) -> Vec<f64> {
     move |x: &[f64]| {
         x.chunks(d)
             .flat_map(|r| {
-                let m = r.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let m = r
+                    .iter()
+                    .cloned()
+                    .fold(f64::NEG_INFINITY, stoker_testkit::nan_max);
                 let s: f64 = r.iter().map(|v| (v - m).exp()).sum();
                 r.iter().map(move |v| (v - m).exp() / s).collect::<Vec<_>>()
             })
