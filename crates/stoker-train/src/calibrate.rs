@@ -22,7 +22,6 @@ use crate::accumulate::MicroBatch;
 use crate::config::{ModelConfig, TrainConfig};
 use crate::error::{config_err, Result};
 use crate::planned::{forecast, plan_input};
-use crate::precision::Precision;
 use crate::trainer::Trainer;
 
 /// What `--calibrate` measured.
@@ -145,6 +144,16 @@ fn allreduce_gbyte_s() -> Result<f64> {
     Ok((4 * elems) as f64 / worst / 1e9)
 }
 
+/// `cfg` as one rank stepping one micro-batch at a time: what the calibration times and
+/// plans.
+fn one_micro_batch(cfg: &TrainConfig) -> TrainConfig {
+    let mut one = cfg.clone();
+    one.batch.world_size = Some(1);
+    one.batch.accumulation_steps = Some(1);
+    one.batch.global_batch = Some(one.batch.micro_batch);
+    one
+}
+
 /// Median seconds of `cfg`'s training step on one rank, synthetic tokens.
 fn step_s(cfg: &TrainConfig) -> Result<f64> {
     let ModelConfig::Gpt(g) = &cfg.model else {
@@ -153,10 +162,7 @@ fn step_s(cfg: &TrainConfig) -> Result<f64> {
             "calibration times the GPT's training step (the planner models transformers)",
         ));
     };
-    let mut one = cfg.clone();
-    one.batch.world_size = Some(1);
-    one.batch.accumulation_steps = Some(1);
-    one.batch.global_batch = Some(one.batch.micro_batch);
+    let one = one_micro_batch(cfg);
     let mut trainer = Trainer::new(&one)?;
     let (b, t) = (one.batch.micro_batch, g.context);
     let ids = |salt: u64| -> Vec<i64> {
@@ -180,10 +186,7 @@ pub fn calibrate(cfg: &TrainConfig) -> Result<Calibration> {
     let allreduce = allreduce_gbyte_s()?;
     let step = step_s(cfg)?;
     // The planner's compute time of this step at MFU 1 on the measured peaks.
-    let mut probe = cfg.clone();
-    probe.batch.world_size = Some(1);
-    probe.batch.accumulation_steps = Some(1);
-    probe.batch.global_batch = Some(probe.batch.micro_batch);
+    let mut probe = one_micro_batch(cfg);
     let mut measured = Calibration {
         cores,
         fp32_tflops,
@@ -192,20 +195,14 @@ pub fn calibrate(cfg: &TrainConfig) -> Result<Calibration> {
         allreduce_gbyte_s: allreduce,
         step_s: step,
         mfu: 1.0,
-        precision: format!("{:?}", cfg.precision).to_lowercase(),
+        precision: crate::planned::plan_precision(cfg.precision).into(),
     };
     let section = probe.plan.get_or_insert_with(Default::default);
     section.hardware = HardwareInput::default();
     measured.apply(&mut section.hardware);
     section.mfu = Some(1.0);
-    section.hardware.nodes = Some(1);
-    section.hardware.devices_per_node = Some(1);
     let at_peak = forecast(&probe, 1, None, 1.0)?.step_s;
     measured.mfu = (at_peak / step).clamp(1e-6, 1.0);
-    if cfg.precision == Precision::Fp16 {
-        // Reported as it ran: fp16 runs on candle's emulated matmul here.
-        measured.precision = "fp16".into();
-    }
     Ok(measured)
 }
 

@@ -153,6 +153,19 @@ pub enum StrategyKind {
     Zero3,
 }
 
+impl StrategyKind {
+    /// The planner's stage for this strategy (one rank's `none` is DDP's arithmetic).
+    pub fn stage(self) -> stoker_plan::strategy::Stage {
+        use stoker_plan::strategy::Stage;
+        match self {
+            StrategyKind::None | StrategyKind::Ddp => Stage::Ddp,
+            StrategyKind::Zero1 => Stage::Zero1,
+            StrategyKind::Zero2 => Stage::Zero2,
+            StrategyKind::Zero3 => Stage::Zero3,
+        }
+    }
+}
+
 /// `[parallel] backend`: which communicator connects the ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]

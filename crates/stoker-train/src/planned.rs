@@ -23,7 +23,7 @@ use crate::models::GptConfig;
 use crate::precision::Precision;
 
 /// The planner's name of a trainer precision.
-fn plan_precision(p: Precision) -> &'static str {
+pub(crate) fn plan_precision(p: Precision) -> &'static str {
     match p {
         Precision::Fp32 => "fp32",
         Precision::Bf16 => "bf16",
@@ -107,15 +107,7 @@ pub fn plan_input(cfg: &TrainConfig, flags: &PlanInput) -> Result<PlanInput> {
         }
         .into(),
     );
-    t.strategy = Some(
-        match cfg.parallel.strategy {
-            StrategyKind::None | StrategyKind::Ddp => "ddp",
-            StrategyKind::Zero1 => "zero1",
-            StrategyKind::Zero2 => "zero2",
-            StrategyKind::Zero3 => "zero3",
-        }
-        .into(),
-    );
+    t.strategy = Some(cfg.parallel.strategy.stage().name().into());
     t.offload_optimizer = Some(cfg.parallel.offload_optimizer);
     // The trainer's collectives move its FP32 gradients and FP32 parameter buffer.
     t.reduce_dtype = Some("fp32".into());
@@ -402,9 +394,8 @@ pub fn forecast(
     let section = cfg.plan.get_or_insert_with(PlanSection::default);
     let whole_host = section.hardware == stoker_plan::input::HardwareInput::default();
     if whole_host {
+        // One device per rank: plan_input takes the devices from the world size.
         section.hardware.preset = Some("cpu".into());
-        section.hardware.nodes = Some(1);
-        section.hardware.devices_per_node = Some(world as i64);
     }
     cfg.batch.world_size = Some(world);
     let input = plan_input(&cfg, &PlanInput::default())?;

@@ -18,7 +18,7 @@ use stoker_comm::Communicator;
 use stoker_data::{Dataset, Loader, LoaderConfig, Partition, Sampler, SamplerConfig, SamplerState};
 
 use crate::checkpoint::{self, DataPosition};
-use crate::config::{ModelConfig, OptimizerKind, StrategyKind, TrainConfig};
+use crate::config::{ModelConfig, OptimizerKind, TrainConfig};
 use crate::data::{open_datasets, to_micro_batch, Datasets};
 use crate::error::{io_err, Result, TrainError};
 use crate::layout::FlatLayout;
@@ -133,12 +133,7 @@ pub fn predicted(
     layout: &FlatLayout,
 ) -> TrainerPrediction {
     let p = &config.parallel;
-    let stage = match dims.strategy {
-        StrategyKind::None | StrategyKind::Ddp => Stage::Ddp,
-        StrategyKind::Zero1 => Stage::Zero1,
-        StrategyKind::Zero2 => Stage::Zero2,
-        StrategyKind::Zero3 => Stage::Zero3,
-    };
+    let stage = dims.strategy.stage();
     let dtype = config.kernels.param_dtype(config.precision);
     let bf16_copy = if dtype == candle_core::DType::BF16 {
         2
@@ -427,15 +422,17 @@ pub fn run_rank(
             interval_count += r.count;
             total_count += r.count;
             let step = trainer.step;
-            // Training steps' memory, sampled until the first evaluation or checkpoint
-            // (whose pages the allocator keeps afterwards).
-            if !side_work_done {
-                train_rss_max = train_rss_max.max(stoker_data::measure::rss_bytes());
+            // Training steps' memory: read where a record logs it, and on every step until
+            // the first evaluation or checkpoint (whose pages the allocator keeps after).
+            let logged = step % config.train.log_every == 0 || step == total;
+            let rss = (logged || !side_work_done).then(stoker_data::measure::rss_bytes);
+            if let (Some(rss), false) = (rss, side_work_done) {
+                train_rss_max = train_rss_max.max(rss);
             }
             if let (Some(why), true) = (&r.skipped, lead) {
                 tracing::warn!("step {step}: skipped (fp16 overflow): {why}");
             }
-            if step % config.train.log_every == 0 || step == total {
+            if logged {
                 let dt = window_t0
                     .elapsed()
                     .saturating_sub(window_side)
@@ -456,7 +453,7 @@ pub fn run_rank(
                     bytes_sent: r.sync.bytes_sent,
                     calls_before_last: r.sync.calls_before_last,
                     step_s: this_step.as_secs_f64(),
-                    rss_bytes: stoker_data::measure::rss_bytes(),
+                    rss_bytes: rss.unwrap_or(0),
                 };
                 if let Some(log) = &mut log {
                     log.write(&rec)?;

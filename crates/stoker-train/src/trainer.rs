@@ -55,6 +55,19 @@ pub struct EvalReport {
     pub count: usize,
 }
 
+impl EvalReport {
+    /// The means of `count` valid targets whose losses sum to `loss_sum`, `correct` of
+    /// them predicted top-1.
+    fn of(loss_sum: f64, correct: usize, count: usize) -> Self {
+        let c = count.max(1) as f64;
+        EvalReport {
+            loss: loss_sum / c,
+            accuracy: correct as f64 / c,
+            count,
+        }
+    }
+}
+
 /// Builds the configured model with its variables in `kernels.param_dtype(precision)`.
 pub fn build_model(
     model: &ModelConfig,
@@ -305,16 +318,15 @@ impl Trainer {
             params: 4 * self.master.len() + 2 * self.bf16_copy.as_ref().map_or(0, Vec::len) + vars,
             grads: 4 * self.grads.len() + self.strategy.grad_bytes(),
             optimizer: self.optimizer.state_bytes(),
-            buffers: self.strategy.buffer_bytes() + self.step_buffer_bytes(),
+            buffers: self.strategy.buffer_bytes()
+                + self.step_buffer_bytes(self.sum.extra_buffers()),
         }
     }
 
-    /// The step's buffers besides the strategy's: the accumulation's extra gradient
-    /// buffers and the graph path's gradients and variables.
-    fn step_buffer_bytes(&self) -> usize {
-        4 * self.grads.len() * self.sum.extra_buffers()
-            + 4 * self.graph_grads.len()
-            + self.graph_vars_bytes
+    /// The step's buffers besides the strategy's: `sum_buffers` gradient-sized buffers of
+    /// the accumulation and the graph path's gradients and variables.
+    fn step_buffer_bytes(&self, sum_buffers: usize) -> usize {
+        4 * self.grads.len() * sum_buffers + 4 * self.graph_grads.len() + self.graph_vars_bytes
     }
 
     /// [`HeldBytes::buffers`](crate::memory::HeldBytes) in steady state for windows of
@@ -322,9 +334,7 @@ impl Trainer {
     /// accumulation's partial sums are allocated by the first window).
     pub fn steady_buffer_bytes(&self, k: usize) -> usize {
         self.strategy.steady_buffer_bytes()
-            + 4 * self.grads.len() * GradSum::steady_extra_buffers(self.sum.order(), k)
-            + 4 * self.graph_grads.len()
-            + self.graph_vars_bytes
+            + self.step_buffer_bytes(GradSum::steady_extra_buffers(self.sum.order(), k))
     }
 
     /// Bytes of the direct step's activation buffers now (0 on the graph path, whose
@@ -596,12 +606,7 @@ impl Trainer {
                 let (s, c, n) = step.evaluate(&self.master, &mb.input, &mb.targets)?;
                 (sum, correct, count) = (sum + s, correct + c, count + n);
             }
-            let c = count.max(1) as f64;
-            return Ok(EvalReport {
-                loss: sum / c,
-                accuracy: correct as f64 / c,
-                count,
-            });
+            return Ok(EvalReport::of(sum, correct, count));
         }
         self.sync_vars()?;
         eval_with(&*self.model, &self.fx(), batches)
@@ -642,12 +647,7 @@ fn eval_with(model: &dyn Model, fx: &Fx, batches: &[MicroBatch]) -> Result<EvalR
             .to_vec1::<i64>()?;
         correct += pred.iter().zip(&mb.targets).filter(|(p, t)| p == t).count();
     }
-    let c = count.max(1) as f64;
-    Ok(EvalReport {
-        loss: sum / c,
-        accuracy: correct as f64 / c,
-        count,
-    })
+    Ok(EvalReport::of(sum, correct, count))
 }
 
 /// `n` tokens sampled from `model` after `prompt`.

@@ -50,10 +50,12 @@ struct LoaderTuneArgs {
 /// Runs `stoker tune`.
 pub fn run(args: TuneArgs) -> anyhow::Result<()> {
     let TuneWhat::Loader(a) = args.what;
-    let target = match (a.target_samples_per_s, a.data.step_ms, &a.from_plan) {
+    // The planned config, read (and checked) once, before any measuring.
+    let planned = a.from_plan.as_deref().map(read_config).transpose()?;
+    let target = match (a.target_samples_per_s, a.data.step_ms, &planned) {
         (Some(t), _, _) => Some(t),
         (None, Some(ms), _) => Some(a.data.batch as f64 / (ms / 1e3)),
-        (None, None, Some(plan)) => Some(planned_rate(&load_config(plan)?, plan)?),
+        (None, None, Some(p)) => Some(planned_rate(&p.config, &p.path)?),
         (None, None, None) => None,
     };
     if let Some(t) = target {
@@ -110,25 +112,24 @@ pub fn run(args: TuneArgs) -> anyhow::Result<()> {
     // The trainer's [data] keys; the batch is [batch] micro_batch, and pinning is an
     // accelerator's ([plan] pin_memory).
     println!("[data]\n{workers}");
-    if a.write_config {
-        if let Some(path) = &a.from_plan {
-            let mut cfg = load_config(path)?;
-            cfg.data.num_workers = c.num_workers;
-            cfg.data.prefetch_factor = c.prefetch_factor.max(1);
-            cfg.data.persistent_workers = persistent;
-            let body = toml::to_string(&cfg)?;
-            let head: String = std::fs::read_to_string(path)?
-                .lines()
-                .take_while(|l| l.starts_with('#'))
-                .map(|l| format!("{l}\n"))
-                .collect();
-            let note = format!(
-                "# [data] loader set by `stoker tune loader` ({:.0} samples/s measured)\n",
-                c.samples_per_s
-            );
-            std::fs::write(path, format!("{head}{note}{body}"))?;
-            println!("\nwrote the loader settings into {}", path.display());
-        }
+    if let (true, Some(mut p)) = (a.write_config, planned) {
+        let data = &mut p.config.data;
+        data.num_workers = c.num_workers;
+        data.prefetch_factor = c.prefetch_factor.max(1);
+        data.persistent_workers = persistent;
+        let body = toml::to_string(&p.config)?;
+        let head: String = p
+            .text
+            .lines()
+            .take_while(|l| l.starts_with('#'))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let note = format!(
+            "# [data] loader set by `stoker tune loader` ({:.0} samples/s measured)\n",
+            c.samples_per_s
+        );
+        std::fs::write(&p.path, format!("{head}{note}{body}"))?;
+        println!("\nwrote the loader settings into {}", p.path.display());
     }
     if let Some(path) = &a.json {
         std::fs::write(
@@ -140,9 +141,24 @@ pub fn run(args: TuneArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A training config, read and checked by the trainer's own parser.
-fn load_config(path: &std::path::Path) -> anyhow::Result<stoker_train::config::TrainConfig> {
-    Ok(stoker_train::config::TrainConfig::load(path)?)
+/// A planned training config: where it is, its text (for its comment header) and what
+/// the trainer's own parser makes of it.
+struct PlannedConfig {
+    path: std::path::PathBuf,
+    text: String,
+    config: stoker_train::config::TrainConfig,
+}
+
+fn read_config(path: &std::path::Path) -> anyhow::Result<PlannedConfig> {
+    use anyhow::Context;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let config = stoker_train::config::TrainConfig::parse(&text, path)?;
+    Ok(PlannedConfig {
+        path: path.to_path_buf(),
+        text,
+        config,
+    })
 }
 
 /// The per-device consumption rate a plan wrote into a training config's `[plan]`.

@@ -229,6 +229,20 @@ impl GptStep {
         })
     }
 
+    /// A flat buffer (`what`) of `len` elements must reach past every parameter.
+    fn check_len(&self, what: &'static str, len: usize) -> Result<(), KernelError> {
+        let expected = self.offsets.end();
+        match len < expected {
+            true => Err(KernelError::Length {
+                op: OP,
+                what,
+                len,
+                expected,
+            }),
+            false => Ok(()),
+        }
+    }
+
     fn check(&self, b: &GptBatch) -> Result<(), KernelError> {
         let n = b.batch * b.t;
         let shape = candle_core::Shape::from((b.batch, b.t));
@@ -295,17 +309,8 @@ impl GptStep {
         grads: &mut [f32],
         ready: GroupReady<'_>,
     ) -> Result<f64, KernelError> {
-        let end = self.offsets.end();
-        for (what, len) in [("params", params.len()), ("grads", grads.len())] {
-            if len < end {
-                return Err(KernelError::Length {
-                    op: OP,
-                    what,
-                    len,
-                    expected: end,
-                });
-            }
-        }
+        self.check_len("params", params.len())?;
+        self.check_len("grads", grads.len())?;
         let mut whole = Whole {
             params,
             grads,
@@ -367,15 +372,7 @@ impl GptStep {
         params: &[f32],
         batch: GptBatch,
     ) -> Result<(f64, usize, usize), KernelError> {
-        let end = self.offsets.end();
-        if params.len() < end {
-            return Err(KernelError::Length {
-                op: OP,
-                what: "params",
-                len: params.len(),
-                expected: end,
-            });
-        }
+        self.check_len("params", params.len())?;
         self.check(&batch)?;
         let mut acts = self.acts_for(batch.batch * batch.t);
         // The forward reads parameters only; no gradient buffer, nobody to tell.
