@@ -28,6 +28,7 @@
 #![deny(missing_docs)]
 
 pub mod communicator;
+pub mod dry;
 pub mod element;
 pub mod error;
 pub mod local;
@@ -148,6 +149,7 @@ mod say;
 pub use say::say;
 
 pub use communicator::{CommExt, Communicator, Pending, PendingOp, DEFAULT_TIMEOUT};
+pub use dry::DryComm;
 pub use element::{Buf, BufMut, Buffer, DType, Element};
 pub use error::{CommError, Result};
 pub use local::{local_group, run_local, LocalComm};

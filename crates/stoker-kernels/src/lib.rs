@@ -47,8 +47,8 @@ pub use embedding::embedding;
 pub use error::KernelError;
 pub use gelu::gelu;
 pub use gpt::{
-    activation_floats, gpt_params, GptBatch, GptDims, GptOffsets, GptParam, GptStep, GroupReady,
-    GroupView, Phase, SpecInit, StepParams, Whole,
+    activation_floats, gpt_params, group_calls, replay, GptBatch, GptDims, GptOffsets, GptParam,
+    GptStep, GroupCall, GroupReady, GroupView, Phase, SpecInit, StepParams, Whole,
 };
 pub use layer_norm::layer_norm;
 pub use linear::{linear, linear_with};

@@ -14,8 +14,10 @@
 //!   where DeepSpeed shards the master and gathers its 2-byte copy;
 //! - the model's candle variables are one more compute-dtype copy, and bf16 keeps a bf16
 //!   copy the optimizer writes.
-//! - ZeRO-2's backward writes a full FP32 gradient buffer (the direct step writes by flat
-//!   offsets); what is sharded is the running sum over micro-batches.
+//! - ZeRO-2 reducing every micro-batch holds only its gradient shard on the GPT's direct
+//!   step (each group's gradients are reduced as the backward finishes them, workspace
+//!   like ZeRO-3's); on the candle-graph path the backward writes a full FP32 gradient
+//!   buffer, and what is sharded is the running sum over micro-batches.
 //! - ZeRO-3 keeps the FP32 parameters, the gradient sum and the moments as 1/N shards
 //!   and no candle variables; its gathered groups are workspace, not model states. It
 //!   gathers and reduces every micro-batch, by group: the root groups (embeddings and
@@ -60,6 +62,9 @@ pub struct TrainerRun {
     pub deterministic: bool,
     /// The parameter groups (ZeRO-3's unit of gathering).
     pub groups: GroupSpans,
+    /// The GPT's direct step, whose backward hands over gradients group by group (ZeRO-2
+    /// then keeps only its shard); false: the candle graph's whole-gradient backward.
+    pub direct: bool,
 }
 
 /// The predicted bytes of one rank.
@@ -67,7 +72,8 @@ pub struct TrainerRun {
 pub struct TrainerPrediction {
     /// Parameters: FP32 buffer plus compute copies.
     pub params: f64,
-    /// Gradients: the backward's FP32 buffer plus ZeRO-2's shard-sized running sum.
+    /// Gradients: the backward's FP32 buffer (or shard) plus, on the graph path, ZeRO-2's
+    /// shard-sized running sum.
     pub grads: f64,
     /// Optimizer moments (a 1/N shard under ZeRO).
     pub optimizer: f64,
@@ -109,9 +115,10 @@ pub fn predict(run: &TrainerRun) -> TrainerPrediction {
         _ => false,
     };
     let zero3 = stage == Stage::Zero3;
-    let grads = match zero3 {
-        true => 4.0 * shard,
-        false => 4.0 * l + if every { 4.0 * shard } else { 0.0 },
+    let grads = match (zero3, every, run.direct) {
+        (true, _, _) | (false, true, true) => 4.0 * shard,
+        (false, true, false) => 4.0 * l + 4.0 * shard,
+        (false, false, _) => 4.0 * l,
     };
     let optimizer = 4.0 * run.moments as f64 * if sharded { shard } else { l };
     // Ring model: an all-reduce of S bytes sends 2(n-1)/n S, a reduce-scatter or an
@@ -158,6 +165,7 @@ mod tests {
                 blocks: 900_000,
                 reshard_after_forward: true,
             },
+            direct: false,
         }
     }
 
@@ -174,6 +182,13 @@ mod tests {
         // Four reduce-scatters and one all-gather.
         assert_eq!(z2.bytes_sent_per_step, 5.0 * 0.75 * 4e6);
         assert_eq!(z2.grads, 4e6 + 1e6);
+        // On the direct step, ZeRO-2 keeps only its shard of the gradients.
+        let z2_direct = predict(&TrainerRun {
+            direct: true,
+            ..run(Stage::Zero2, 4)
+        });
+        assert_eq!(z2_direct.grads, 1e6);
+        assert_eq!(z2_direct.bytes_sent_per_step, z2.bytes_sent_per_step);
         // One rank: nothing sharded, nothing sent.
         // ZeRO-3: everything 1/N, no compute copy; per micro-batch the root gathered
         // once, the blocks twice, everything reduce-scattered: (0.1 + 1.8 + 1) x 0.75 x

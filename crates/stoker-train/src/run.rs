@@ -184,6 +184,7 @@ pub fn predicted(
         },
         deterministic: p.deterministic,
         groups,
+        direct,
     })
 }
 

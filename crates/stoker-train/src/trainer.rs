@@ -104,6 +104,15 @@ pub fn build_model_from(
     })
 }
 
+/// Bytes of `model`'s candle variables.
+fn vars_bytes(model: &dyn Model) -> usize {
+    model
+        .params()
+        .iter()
+        .map(|p| p.var.elem_count() * p.var.dtype().size_in_bytes())
+        .sum()
+}
+
 /// The training state.
 pub struct Trainer {
     /// The model (its variables hold compute-dtype copies of `master`; while the direct
@@ -119,14 +128,18 @@ pub struct Trainer {
     /// it (elements [`Trainer::held_range`]).
     pub master: Vec<f32>,
     grads: Vec<f32>,
-    /// The part of the flat buffer `master` and `grads` hold.
+    /// The part of the flat buffer `master` holds.
     held: std::ops::Range<usize>,
+    /// The part of the flat buffer `grads` holds: `held`, except where the strategy
+    /// reduces the direct step's gradients group by group into this rank's shard.
+    grad_range: std::ops::Range<usize>,
     /// ZeRO-3: what builds a full model around gathered parameters for a forward (the
     /// graph path's step, evaluation, sampling); the rank's own model is a
     /// [`crate::models::Shell`].
     full_model: Option<ModelConfig>,
     /// ZeRO-3 on the graph path: the micro-batch's whole gradient before its
-    /// reduce-scatter (workspace), and the most bytes a gathered model's variables held.
+    /// reduce-scatter (workspace), and the bytes a gathered model's variables hold (told
+    /// from the rank's own model before it became a shell, kept at the most seen).
     graph_grads: Vec<f32>,
     graph_vars_bytes: usize,
     /// The optimizer over `master`.
@@ -206,6 +219,11 @@ impl Trainer {
             true => model.direct_step(&layout, config.precision == Precision::Bf16)?,
             false => None,
         };
+        // ZeRO-3 on the graph path: each micro-batch builds a model of these variables.
+        let graph_vars_bytes = match (sharded, direct.is_none()) {
+            (true, true) => vars_bytes(&*model),
+            _ => 0,
+        };
         // ZeRO-3: keep the shard; the model's full-size variables give way to a shell.
         let (model, full_model): (Box<dyn Model>, _) = match sharded {
             false => (model, None),
@@ -220,15 +238,16 @@ impl Trainer {
             _ => Vec::new(),
         };
         let keep = held.len();
+        let grad_range = strategy.grad_range(len, direct.is_some())?;
         Ok(Trainer {
             model,
             vars_stale: std::cell::Cell::new(false),
             direct,
-            grads: vec![0.0; keep],
+            grads: vec![0.0; grad_range.len()],
             held,
             full_model,
             graph_grads,
-            graph_vars_bytes: 0,
+            graph_vars_bytes,
             layout,
             master,
             optimizer,
@@ -242,7 +261,8 @@ impl Trainer {
             grad_clip: o.grad_clip,
             step: 0,
             sampler_state: SamplerState::default(),
-            sum: GradSum::new(strategy.sum_order(), keep),
+            sum: GradSum::new(strategy.sum_order(), grad_range.len()),
+            grad_range,
             strategy,
         })
     }
@@ -308,12 +328,7 @@ impl Trainer {
     /// The bytes this rank's trainer holds in model states and communication buffers,
     /// counted from the buffers themselves.
     pub fn held_bytes(&self) -> crate::memory::HeldBytes {
-        let vars: usize = self
-            .model
-            .params()
-            .iter()
-            .map(|p| p.var.elem_count() * p.var.dtype().size_in_bytes())
-            .sum();
+        let vars = vars_bytes(&*self.model);
         crate::memory::HeldBytes {
             params: 4 * self.master.len() + 2 * self.bf16_copy.as_ref().map_or(0, Vec::len) + vars,
             grads: 4 * self.grads.len() + self.strategy.grad_bytes(),
@@ -388,6 +403,7 @@ impl Trainer {
             kernels,
             ..
         } = self;
+        let by_group = strategy.reduces_by_group();
         for (j, mb) in window.iter().enumerate() {
             let reduce = strategy.begin_micro_batch(j, k)?;
             let target = sum.target(grads);
@@ -399,12 +415,12 @@ impl Trainer {
                     }
                 }
             };
-            if let (Some(s), true) = (direct.as_deref_mut(), full_model.is_some()) {
-                // ZeRO-3: each group gathered as the step needs it, gradients reduced
-                // into this rank's shard of the running sum.
+            if let (Some(s), true) = (direct.as_deref_mut(), by_group) {
+                // ZeRO-2/3: gradients reduced group by group into this rank's shard of the
+                // running sum; ZeRO-3 also gathers each group as the step needs it.
                 let mut source = strategy
                     .step_source(master, target)
-                    .expect("a strategy that shards parameters gives a step source");
+                    .expect("a strategy that shards a direct step's gradients gives a source");
                 let mut backward = Backward::Sharded {
                     step: s,
                     source: &mut *source,
@@ -423,12 +439,7 @@ impl Trainer {
                     .gather_params(master)?
                     .expect("a strategy that shards parameters gathers them");
                 let gathered = build_model_from(config, *precision, *kernels, layout, full)?;
-                let vars: usize = gathered
-                    .params()
-                    .iter()
-                    .map(|p| p.var.elem_count() * p.var.dtype().size_in_bytes())
-                    .sum();
-                *graph_vars_bytes = (*graph_vars_bytes).max(vars);
+                *graph_vars_bytes = (*graph_vars_bytes).max(vars_bytes(&*gathered));
                 stoker_kernels::flat::zero(graph_grads);
                 let mut backward = Backward::Graph {
                     model: &*gathered,
@@ -509,7 +520,7 @@ impl Trainer {
         if self.scaler.is_none() && (!loss.is_finite() || !norm.is_finite()) {
             let param = self
                 .layout
-                .first_nonfinite_in(&self.grads, self.held.start)
+                .first_nonfinite_in(&self.grads, self.grad_range.start)
                 .unwrap_or("(none: loss only)");
             return Err(TrainError::NonFinite {
                 step,
@@ -524,9 +535,10 @@ impl Trainer {
         // The optimizer's range of the flat buffer, within what `master` holds.
         let range = self.optimizer.range();
         let local = range.start - self.held.start..range.end - self.held.start;
+        let local_grads = range.start - self.grad_range.start..range.end - self.grad_range.start;
         self.optimizer.step(
             &mut self.master[local.clone()],
-            &self.grads[local.clone()],
+            &self.grads[local_grads],
             lr as f32,
             self.bf16_copy.as_deref_mut().map(|c| &mut c[local.clone()]),
         );

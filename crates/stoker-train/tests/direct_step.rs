@@ -209,14 +209,17 @@ struct PerGroup {
     params: Vec<Vec<f32>>,
     grads: Vec<Vec<f32>>,
     done: Vec<(usize, stoker_kernels::Phase)>,
+    calls: Vec<stoker_kernels::GroupCall>,
 }
 
 impl stoker_kernels::StepParams for PerGroup {
     fn group(
         &mut self,
         group: usize,
-        _: stoker_kernels::Phase,
+        phase: stoker_kernels::Phase,
     ) -> Result<stoker_kernels::GroupView<'_>, stoker_kernels::KernelError> {
+        self.calls
+            .push(stoker_kernels::GroupCall::Open(group, phase));
         Ok(stoker_kernels::GroupView {
             base: self.spans[group].start,
             params: &self.params[group],
@@ -230,14 +233,16 @@ impl stoker_kernels::StepParams for PerGroup {
         phase: stoker_kernels::Phase,
     ) -> Result<(), stoker_kernels::KernelError> {
         self.done.push((group, phase));
+        self.calls
+            .push(stoker_kernels::GroupCall::Done(group, phase));
         Ok(())
     }
 }
 
 /// The step over per-group buffers (ZeRO-3's view of the parameters) gives the bits of
 /// the step over the whole flat buffer, with weights that are not the initial ones (every
-/// bias and gain moved, so an offset into the wrong tensor shows), and calls `done` in the
-/// documented order.
+/// bias and gain moved, so an offset into the wrong tensor shows), and makes its calls
+/// in the documented order (`stoker_kernels::group_calls`).
 #[test]
 fn the_step_over_per_group_buffers_gives_the_whole_buffers_bits() {
     use stoker_kernels::Phase::{Backward, Forward};
@@ -267,6 +272,7 @@ fn the_step_over_per_group_buffers_gives_the_whole_buffers_bits() {
             grads: spans.iter().map(|r| vec![0f32; r.len()]).collect(),
             spans: spans.clone(),
             done: Vec::new(),
+            calls: Vec::new(),
         };
         let lg = step
             .forward_backward_groups(&mut per, &mb.input, &mb.targets, 0.5)
@@ -294,5 +300,7 @@ fn the_step_over_per_group_buffers_gives_the_whole_buffers_bits() {
             .map(|(g, _)| *g)
             .collect();
         assert_eq!(forward, [0, 1, 2, last, 0]);
+        // Every call, as the kernels state them for sources that replay the schedule.
+        assert_eq!(per.calls, stoker_kernels::group_calls(spans.len()));
     }
 }

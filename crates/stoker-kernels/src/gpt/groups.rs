@@ -31,6 +31,55 @@ pub enum Phase {
     Backward,
 }
 
+/// One call the step makes on its [`StepParams`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupCall {
+    /// [`StepParams::group`].
+    Open(usize, Phase),
+    /// [`StepParams::done`].
+    Done(usize, Phase),
+}
+
+/// The calls one micro-batch of the GPT step makes, in order, for a model of `groups`
+/// parameter groups (`L + 2`): the order the module doc gives, as data, so that a source
+/// can run its schedule without computing (ZeRO tells its per-group workspace before the
+/// first step this way). stoker-train's `direct_step` test records the step's own calls
+/// against it.
+pub fn group_calls(groups: usize) -> Vec<GroupCall> {
+    use GroupCall::{Done, Open};
+    use Phase::{Backward, Forward};
+    let last = groups.saturating_sub(1);
+    let mut calls = vec![Open(0, Forward), Done(0, Forward)];
+    for g in 1..last {
+        calls.extend([Open(g, Forward), Done(g, Forward)]);
+    }
+    calls.extend([Open(last, Forward), Done(last, Forward)]);
+    calls.extend([Open(0, Forward), Done(0, Forward)]);
+    calls.extend([
+        Open(0, Backward),
+        Open(last, Backward),
+        Done(last, Backward),
+    ]);
+    for g in (1..last).rev() {
+        calls.extend([Open(g, Backward), Done(g, Backward)]);
+    }
+    calls.extend([Open(0, Backward), Done(0, Backward)]);
+    calls
+}
+
+/// Makes `calls` on `source` without computing (views are opened and dropped).
+pub fn replay(source: &mut dyn StepParams, calls: &[GroupCall]) -> Result<(), KernelError> {
+    for &call in calls {
+        match call {
+            GroupCall::Open(g, phase) => {
+                source.group(g, phase)?;
+            }
+            GroupCall::Done(g, phase) => source.done(g, phase)?,
+        }
+    }
+    Ok(())
+}
+
 /// One group's window of the flat layout.
 pub struct GroupView<'a> {
     /// Flat element at which both slices start.

@@ -30,7 +30,7 @@ pub mod groups;
 pub mod spec;
 
 use groups::check_view;
-pub use groups::{GroupView, Phase, StepParams, Whole};
+pub use groups::{group_calls, replay, GroupCall, GroupView, Phase, StepParams, Whole};
 pub use spec::{gpt_params, GptDims, GptOffsets, GptParam, SpecInit};
 
 /// Called during the backward with a parameter group (see [`spec::GptParam::group`]) as

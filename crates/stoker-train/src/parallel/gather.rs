@@ -1,8 +1,9 @@
 //! ZeRO-3's parameter groups on one rank during a micro-batch: each group (the
 //! embeddings, a block, the final norm) is all-gathered from the ranks' shards into a
 //! buffer of its own just before the direct step needs it, and its gradients are
-//! reduce-scattered out of a buffer of their own as soon as they are final; the buffers
-//! go back to a pool, so between micro-batches a rank holds only its shard.
+//! reduce-scattered out of a buffer of their own as soon as they are final
+//! ([`super::reduce`]); the buffers go back to one pool, so between micro-batches a rank
+//! holds only its shard.
 //!
 //! The schedule ([`Source`] is the step's [`StepParams`]):
 //! - The root groups (embeddings, used first and by the tied head last, and the final
@@ -12,14 +13,12 @@
 //!   block ahead), and freed after it (`reshard_after_forward`; without it, it stays until
 //!   its backward: ZeRO-2's parameter memory). The last block's backward gather starts as
 //!   its forward ends; each backward gather starts while the block after it computes.
-//! - A group's gradients go into a zeroed buffer; when the backward is done with the
-//!   group its reduce-scatter starts and at most [`REDUCING`] stay in flight, each
-//!   waited for and added into the rank's gradient shard in the order they started.
+//! - A group's gradients are [`GroupReduce`]'s: reduced as soon as the backward is done
+//!   with the group.
 //!
 //! Every rank starts the same collectives in the same order (the schedule depends on the
 //! model alone), as non-blocking MPI collectives require.
 
-use std::collections::VecDeque;
 use std::ops::Range;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -27,11 +26,9 @@ use std::time::{Duration, Instant};
 use stoker_comm::{Buffer, Communicator, Pending};
 use stoker_kernels::{GroupView, KernelError, Phase, StepParams};
 
+use super::reduce::{f32s, source_err, GroupReduce};
 use super::shard::ShardPlan;
-use crate::error::{Result, TrainError};
-
-/// Reduce-scatters a rank lets run at once before it waits for the oldest.
-pub const REDUCING: usize = 1;
+use crate::error::Result;
 
 /// Where one group's gathered parameters are.
 enum Slot {
@@ -45,30 +42,9 @@ enum Slot {
 
 /// The gathers, reductions and buffers of one rank's groups.
 pub struct GroupGather {
-    comm: Rc<dyn Communicator>,
-    shards: ShardPlan,
-    own: Range<usize>,
-    /// Each group's span of the flat buffer, by group number.
-    spans: Vec<Range<usize>>,
+    reduce: GroupReduce,
     reshard_after_forward: bool,
     params: Vec<Slot>,
-    grads: Vec<Option<Vec<f32>>>,
-    /// Reduce-scatters in flight: group, handle, input length.
-    reducing: VecDeque<(usize, Pending, usize)>,
-    pool: Vec<Vec<f32>>,
-    in_use: usize,
-    peak: usize,
-    waited: Duration,
-}
-
-fn f32s(b: Buffer, what: &str) -> Result<Vec<f32>> {
-    match b {
-        Buffer::F32(v) => Ok(v),
-        other => Err(TrainError::Layout(format!(
-            "zero3: the {what} came back as {}, expected f32",
-            other.dtype().name()
-        ))),
-    }
 }
 
 impl GroupGather {
@@ -82,87 +58,61 @@ impl GroupGather {
     ) -> Self {
         let n = spans.len();
         GroupGather {
-            own: shards.range(comm.rank()),
-            comm,
-            shards,
-            spans,
+            reduce: GroupReduce::new(comm, shards, spans),
             reshard_after_forward,
             params: (0..n).map(|_| Slot::Free).collect(),
-            grads: vec![None; n],
-            reducing: VecDeque::new(),
-            pool: Vec::new(),
-            in_use: 0,
-            peak: 0,
-            waited: Duration::ZERO,
         }
     }
 
     /// The most bytes of group buffers held at once so far.
     pub fn peak_bytes(&self) -> usize {
-        self.peak
+        self.reduce.peak_bytes()
     }
 
     /// Time spent waiting for gathers and reductions since the last call.
     pub fn take_waited(&mut self) -> Duration {
-        std::mem::take(&mut self.waited)
+        self.reduce.take_waited()
     }
 
-    /// A buffer of `len` zeros from the pool (the smallest that fits) or new.
-    fn take(&mut self, len: usize) -> Vec<f32> {
-        let best = (0..self.pool.len())
-            .filter(|&i| self.pool[i].capacity() >= len)
-            .min_by_key(|&i| self.pool[i].capacity());
-        let mut v = match best {
-            Some(i) => self.pool.swap_remove(i),
-            None => Vec::with_capacity(len),
+    /// What [`GroupGather::peak_bytes`] reaches in one micro-batch of the GPT's direct
+    /// step, told before the first: the step's calls (`stoker_kernels::group_calls`)
+    /// replayed through a [`Source`] over a communicator that moves no data.
+    pub fn planned_peak(&self) -> Result<usize> {
+        let mut dry = GroupGather {
+            reduce: self.reduce.dry()?,
+            reshard_after_forward: self.reshard_after_forward,
+            params: (0..self.params.len()).map(|_| Slot::Free).collect(),
         };
-        v.clear();
-        v.resize(len, 0.0);
-        self.in_use += 4 * len;
-        self.peak = self.peak.max(self.in_use);
-        v
-    }
-
-    fn give(&mut self, v: Vec<f32>) {
-        self.in_use -= 4 * v.len();
-        self.pool.push(v);
-    }
-
-    /// A backend that consumed an input buffer: only the accounting is left to do.
-    fn gone(&mut self, input: Option<Vec<f32>>, len: usize) {
-        match input {
-            Some(v) => self.give(v),
-            None => self.in_use -= 4 * len,
-        }
-    }
-
-    /// The part of `group` this rank owns, as a range of its shard (empty if none).
-    fn local(&self, group: usize) -> Range<usize> {
-        let owned = self
-            .shards
-            .owned_within(self.comm.rank(), &self.spans[group]);
-        match owned.is_empty() {
-            true => 0..0,
-            false => owned.start - self.own.start..owned.end - self.own.start,
-        }
+        let n = self.reduce.own_len();
+        let (master, mut grads) = (vec![0f32; n], vec![0f32; n]);
+        let mut source = Source {
+            gather: &mut dry,
+            master: &master,
+            grads: &mut grads,
+        };
+        stoker_kernels::replay(&mut source, &stoker_kernels::group_calls(self.params.len()))
+            .map_err(|e| crate::error::TrainError::Layout(e.to_string()))?;
+        dry.finish(&mut grads)?;
+        Ok(dry.peak_bytes())
     }
 
     fn is_block(&self, group: usize) -> bool {
-        group > 0 && group + 1 < self.spans.len()
+        group > 0 && group + 1 < self.params.len()
     }
 
     fn start_gather(&mut self, group: usize, master: &[f32]) -> Result<()> {
         if !matches!(self.params[group], Slot::Free) {
             return Ok(());
         }
-        let span = self.spans[group].clone();
-        let local = self.local(group);
-        let mut input = self.take(local.len());
+        let r = &mut self.reduce;
+        let span = r.spans[group].clone();
+        let local = r.local(group);
+        let mut input = r.pool.take(local.len());
         input.copy_from_slice(&master[local]);
-        let output = self.take(span.len());
-        let counts = self.shards.counts_within(&span);
+        let output = r.pool.take(span.len());
+        let counts = r.shards.counts_within(&span);
         let len = input.len();
-        let p = self
+        let p = r
             .comm
             .start_all_gather(Buffer::F32(input), &counts, Buffer::F32(output))?;
         self.params[group] = Slot::Gathering(p, len);
@@ -184,9 +134,9 @@ impl GroupGather {
             };
             let t0 = Instant::now();
             let (out, input) = p.wait_with_input()?;
-            self.waited += t0.elapsed();
+            self.reduce.waited += t0.elapsed();
             let input = input.map(|b| f32s(b, "gather input")).transpose()?;
-            self.gone(input, len);
+            self.reduce.pool.gone(input, len);
             self.params[group] = Slot::Ready(f32s(out, "gathered group")?);
         }
         Ok(())
@@ -195,60 +145,17 @@ impl GroupGather {
     fn free(&mut self, group: usize) -> Result<()> {
         self.wait(group)?;
         if let Slot::Ready(v) = std::mem::replace(&mut self.params[group], Slot::Free) {
-            self.give(v);
+            self.reduce.pool.give(v);
         }
-        Ok(())
-    }
-
-    /// Starts the reduce-scatter of `group`'s gradients, keeping at most [`REDUCING`]
-    /// in flight.
-    fn start_reduce(&mut self, group: usize, grads: &mut [f32]) -> Result<()> {
-        let Some(input) = self.grads[group].take() else {
-            return Ok(());
-        };
-        let span = self.spans[group].clone();
-        let output = self.take(self.local(group).len());
-        let counts = self.shards.counts_within(&span);
-        let len = input.len();
-        let p = self
-            .comm
-            .start_reduce_scatter(Buffer::F32(input), &counts, Buffer::F32(output))?;
-        self.reducing.push_back((group, p, len));
-        while self.reducing.len() > REDUCING {
-            self.finish_one(grads)?;
-        }
-        Ok(())
-    }
-
-    /// Waits for the oldest reduce-scatter and adds its sums into the shard `grads`.
-    fn finish_one(&mut self, grads: &mut [f32]) -> Result<()> {
-        let Some((group, p, len)) = self.reducing.pop_front() else {
-            return Ok(());
-        };
-        let t0 = Instant::now();
-        let (out, input) = p.wait_with_input()?;
-        self.waited += t0.elapsed();
-        let out = f32s(out, "reduced gradients")?;
-        for (g, s) in grads[self.local(group)].iter_mut().zip(&out) {
-            *g += s;
-        }
-        self.give(out);
-        let input = input.map(|b| f32s(b, "gradient buffer")).transpose()?;
-        self.gone(input, len);
         Ok(())
     }
 
     /// After a micro-batch: every reduction added into the shard `grads`, every group
     /// buffer back in the pool.
     pub fn finish(&mut self, grads: &mut [f32]) -> Result<()> {
-        while !self.reducing.is_empty() {
-            self.finish_one(grads)?;
-        }
+        self.reduce.finish(grads)?;
         for group in 0..self.params.len() {
             self.free(group)?;
-            if let Some(v) = self.grads[group].take() {
-                self.give(v);
-            }
         }
         Ok(())
     }
@@ -259,8 +166,8 @@ impl GroupGather {
         master: &[f32],
         phase: Phase,
     ) -> Result<GroupView<'a>> {
-        let last = self.spans.len() - 1;
-        self.comm.progress();
+        let last = self.params.len() - 1;
+        self.reduce.comm.progress();
         match phase {
             Phase::Forward => {
                 if group == 0 && matches!(self.params[0], Slot::Free) {
@@ -281,19 +188,15 @@ impl GroupGather {
                 if self.is_block(group) && self.is_block(group - 1) {
                     self.start_gather(group - 1, master)?;
                 }
-                if self.grads[group].is_none() {
-                    let len = self.spans[group].len();
-                    self.grads[group] = Some(self.take(len));
-                }
             }
         }
-        let base = self.spans[group].start;
+        let base = self.reduce.spans[group].start;
         let Slot::Ready(params) = &self.params[group] else {
             unreachable!("ensured above")
         };
-        let grads = match (phase, &mut self.grads[group]) {
-            (Phase::Backward, Some(g)) => g.as_mut_slice(),
-            _ => &mut [],
+        let grads = match phase {
+            Phase::Backward => self.reduce.grads(group),
+            Phase::Forward => &mut [],
         };
         Ok(GroupView {
             base,
@@ -320,7 +223,7 @@ impl GroupGather {
                 }
             }
             Phase::Backward => {
-                self.start_reduce(group, grads)?;
+                self.reduce.start(group, grads)?;
                 self.free(group)?;
             }
         }
@@ -339,14 +242,6 @@ pub struct Source<'a> {
     pub grads: &'a mut [f32],
 }
 
-fn source_err(group: usize, e: TrainError) -> KernelError {
-    KernelError::Source {
-        op: "zero3",
-        group,
-        msg: e.to_string(),
-    }
-}
-
 impl StepParams for Source<'_> {
     fn group(
         &mut self,
@@ -355,12 +250,12 @@ impl StepParams for Source<'_> {
     ) -> std::result::Result<GroupView<'_>, KernelError> {
         self.gather
             .group_view(group, self.master, phase)
-            .map_err(|e| source_err(group, e))
+            .map_err(|e| source_err("zero3", group, e))
     }
 
     fn done(&mut self, group: usize, phase: Phase) -> std::result::Result<(), KernelError> {
         self.gather
             .group_done(group, phase, self.master, self.grads)
-            .map_err(|e| source_err(group, e))
+            .map_err(|e| source_err("zero3", group, e))
     }
 }

@@ -25,8 +25,9 @@
 //! [`single::Single`] is the one-rank strategy; [`ddp::Ddp`] is data parallelism with
 //! bucketed all-reduce overlapped with the backward, or, in deterministic mode, a fixed
 //! reduction tree; [`zero::Zero`] is ZeRO stage 1 or 2 over [`shard::ShardPlan`]'s
-//! split of the flat buffer; [`zero3::Zero3`] shards the parameters too, gathering each
-//! group for the direct step as it computes ([`gather`]). [`for_config`] picks one from
+//! split of the flat buffer (stage 2 on the direct step reduces each parameter group's
+//! gradients as the backward finishes it, [`reduce`]); [`zero3::Zero3`] shards the
+//! parameters too, gathering each group for the direct step as it computes ([`gather`]). [`for_config`] picks one from
 //! the config.
 
 pub mod agree;
@@ -34,6 +35,7 @@ pub mod buckets;
 pub mod ddp;
 pub mod dims;
 pub mod gather;
+pub mod reduce;
 pub mod scalars;
 pub mod shard;
 pub mod single;
@@ -127,9 +129,24 @@ pub trait Strategy {
     fn holds(&self, len: usize) -> Range<usize> {
         0..len
     }
-    /// ZeRO-3: where a micro-batch's direct step finds each parameter group (gathered
-    /// from the ranks' shards of `master`) and where its gradients go (reduce-scattered
-    /// and added into this rank's shard `grads`). None: the step reads the whole buffers.
+    /// Called once, before the first step, with whether the trainer's steps are direct
+    /// (group by group through [`Strategy::step_source`]); returns the part of a flat
+    /// gradient buffer of `len` elements the trainer keeps: [`Strategy::holds`], except
+    /// where a direct step's gradients are reduced group by group into this rank's shard
+    /// (ZeRO-2 reducing every micro-batch; ZeRO-3).
+    fn grad_range(&mut self, len: usize, _direct: bool) -> Result<Range<usize>> {
+        Ok(self.holds(len))
+    }
+    /// Whether a direct step's micro-batch runs through [`Strategy::step_source`] (its
+    /// gradients reduced group by group into this rank's shard), as settled by
+    /// [`Strategy::grad_range`].
+    fn reduces_by_group(&self) -> bool {
+        false
+    }
+    /// Where a micro-batch's direct step finds each parameter group (ZeRO-3: gathered
+    /// from the ranks' shards of `master`; ZeRO-2: `master` itself) and where its
+    /// gradients go (reduce-scattered and added into this rank's shard `grads`). None:
+    /// the step reads and writes the whole buffers.
     fn step_source<'a>(
         &'a mut self,
         _master: &'a [f32],
@@ -196,7 +213,10 @@ pub fn for_config(
             },
         )),
         StrategyKind::Zero1 => Box::new(Zero::new(comm, len, align, plan(), zero(ZeroStage::One))),
-        StrategyKind::Zero2 => Box::new(Zero::new(comm, len, align, plan(), zero(ZeroStage::Two))),
+        StrategyKind::Zero2 => Box::new(
+            Zero::new(comm, len, align, plan(), zero(ZeroStage::Two))
+                .with_groups(&layout.group_ranges()),
+        ),
         StrategyKind::Zero3 => Box::new(Zero3::new(
             comm,
             ShardPlan::new(len, world, align),

@@ -18,9 +18,13 @@
 //!     micro-batch, whose backward reduce-scatters; one reduce-scatter per step, full
 //!     gradient memory during the window.
 //!
-//! The backward itself still writes a full-size gradient buffer (the direct step writes
-//! by flat offsets): stage 2's gradient memory here is that buffer plus the shard-sized
-//! sum, not the shard alone; see docs/distributed.md.
+//! On the GPT's direct step, stage 2 reducing every micro-batch never holds a full
+//! gradient: the step writes each parameter group into a buffer of its own, reduce-
+//! scattered as soon as the backward is done with the group and added into the rank's
+//! shard ([`super::reduce`], the seam ZeRO-3 uses, with the parameters read from the
+//! whole FP32 buffer), so its gradient memory is the shard plus a few group buffers, as
+//! DeepSpeed's. On the candle-graph path the backward produces the whole gradient at
+//! once (candle's gradient store), so there it is a full buffer plus the shard-sized sum.
 //!
 //! Deterministic mode: the ranks sum in the fixed tree ([`tree_all_reduce`] over the
 //! whole buffer after the window), so each rank's shard holds the bits one rank computes,
@@ -35,6 +39,7 @@ use std::time::Instant;
 use stoker_comm::{tree_all_reduce, CommExt, CommStats, Communicator};
 
 use super::buckets::{Bucket, BucketOp, Buckets};
+use super::reduce::{GroupReduce, ReduceSource};
 use super::shard::ShardPlan;
 use super::{scalars, Strategy, SyncStats};
 use crate::error::Result;
@@ -68,8 +73,15 @@ pub struct Zero {
     own: Range<usize>,
     /// Stage 2's bucketed reduce-scatters.
     buckets: Buckets,
-    /// Stage 2, every micro-batch: the running sum of this rank's shard.
+    /// Stage 2, every micro-batch, graph path: the running sum of this rank's shard.
     shard_sum: Vec<f32>,
+    /// The parameter groups' spans, by group number (stage 2 on the direct step).
+    spans: Option<Vec<Range<usize>>>,
+    /// Stage 2, every micro-batch, direct step: per-group gradient buffers reduced into
+    /// the trainer's shard-sized gradient sum.
+    reduce: Option<GroupReduce>,
+    /// That workspace in one micro-batch, told before the first.
+    planned_reduce: usize,
     /// A shard-sized buffer: the stage-1 reduce-scatter's output, the all-gather's input.
     shard_buf: Vec<f32>,
     window_start: CommStats,
@@ -99,11 +111,23 @@ impl Zero {
             buckets: Buckets::new(plan, op),
             shard_sum: if every { vec![0.0; own.len()] } else { vec![] },
             shard_buf: vec![0.0; own.len()],
+            spans: None,
+            reduce: None,
+            planned_reduce: 0,
             own,
             shards,
             opts,
             stats: SyncStats::default(),
         }
+    }
+
+    /// Tells the strategy the parameter groups (group number and span, in group order),
+    /// which stage 2 reduces one by one on a direct step. Groups not numbered 0, 1, 2, ...
+    /// (a model without a direct step) are ignored.
+    pub fn with_groups(mut self, groups: &[(usize, Range<usize>)]) -> Self {
+        let numbered = groups.iter().enumerate().all(|(i, (g, _))| i == *g);
+        self.spans = numbered.then(|| groups.iter().map(|(_, r)| r.clone()).collect());
+        self
     }
 
     /// The ranks' shards.
@@ -168,6 +192,13 @@ impl Strategy for Zero {
     }
 
     fn finish_micro_batch(&mut self, grads: &mut [f32]) -> Result<()> {
+        if let Some(reduce) = &mut self.reduce {
+            // `grads` is this rank's shard of the window's sum: the reductions add into it.
+            reduce.finish(grads)?;
+            self.stats.exposed_wait += reduce.take_waited();
+            self.stats.buckets += 1;
+            return Ok(());
+        }
         self.stats.exposed_wait += self.buckets.finish(grads)?;
         self.stats.buckets += self.buckets.plan().len();
         if self.every() {
@@ -184,6 +215,8 @@ impl Strategy for Zero {
         let t0 = Instant::now();
         if self.opts.deterministic {
             tree_all_reduce(&*self.comm, grads)?;
+        } else if self.reduce.is_some() {
+            // The sums are in the trainer's shard already.
         } else if self.every() {
             grads[self.own.clone()].copy_from_slice(&self.shard_sum);
         } else if self.opts.stage == ZeroStage::One {
@@ -209,7 +242,11 @@ impl Strategy for Zero {
             // Every rank holds the whole tree-reduced gradient: the one-rank norm's bits.
             return Ok(stoker_kernels::flat::sum_of_squares(grads));
         }
-        scalars::sharded_sum_of_squares(&*self.comm, &grads[self.own.clone()])
+        let mine = match self.reduce.is_some() {
+            true => grads,
+            false => &grads[self.own.clone()],
+        };
+        scalars::sharded_sum_of_squares(&*self.comm, mine)
     }
 
     fn update_range(&self, len: usize) -> Range<usize> {
@@ -226,22 +263,57 @@ impl Strategy for Zero {
         Ok(())
     }
 
+    fn grad_range(&mut self, len: usize, direct: bool) -> Result<Range<usize>> {
+        debug_assert_eq!(len, self.shards.len());
+        match (direct && self.every(), self.spans.take()) {
+            (true, Some(spans)) => {
+                let shards = self.shards.clone();
+                let reduce = GroupReduce::new(self.comm.clone(), shards, spans);
+                self.planned_reduce = reduce.planned_peak()?;
+                self.reduce = Some(reduce);
+                self.shard_sum = Vec::new();
+                Ok(self.own.clone())
+            }
+            _ => Ok(0..len),
+        }
+    }
+
+    fn reduces_by_group(&self) -> bool {
+        self.reduce.is_some()
+    }
+
+    fn step_source<'a>(
+        &'a mut self,
+        master: &'a [f32],
+        grads: &'a mut [f32],
+    ) -> Option<Box<dyn stoker_kernels::StepParams + 'a>> {
+        let reduce = self.reduce.as_mut()?;
+        Some(Box::new(ReduceSource {
+            reduce,
+            master,
+            grads,
+        }))
+    }
+
     fn grad_bytes(&self) -> usize {
         4 * self.shard_sum.len()
     }
 
     fn buffer_bytes(&self) -> usize {
-        4 * self.shard_buf.len() + self.buckets.buffer_bytes()
+        4 * self.shard_buf.len()
+            + self.buckets.buffer_bytes()
+            + self.reduce.as_ref().map_or(0, GroupReduce::peak_bytes)
     }
 
     fn steady_buffer_bytes(&self) -> usize {
-        // Only stage 2 outside deterministic mode reduces through the buckets.
+        // Only stage 2 outside deterministic mode reduces through the buckets, or, on the
+        // direct step, by group.
         let bucketed = self.opts.stage == ZeroStage::Two && !self.opts.deterministic;
         4 * self.shard_buf.len()
-            + if bucketed {
-                self.buckets.steady_bytes()
-            } else {
-                0
+            + match (&self.reduce, bucketed) {
+                (Some(_), _) => self.planned_reduce,
+                (None, true) => self.buckets.steady_bytes(),
+                (None, false) => 0,
             }
     }
 

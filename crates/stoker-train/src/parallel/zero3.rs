@@ -39,6 +39,9 @@ pub struct Zero3 {
     shards: ShardPlan,
     own: Range<usize>,
     gather: GroupGather,
+    /// The gathered groups' workspace one micro-batch of the direct step holds, told
+    /// before the first (0 on the graph path, which gathers through `gather_params`).
+    planned_peak: usize,
     window_start: CommStats,
     stats: SyncStats,
 }
@@ -61,9 +64,11 @@ impl Zero3 {
         }
         let spans = groups.iter().map(|(_, r)| r.clone()).collect();
         let own = shards.range(comm.rank());
+        let gather = GroupGather::new(comm.clone(), shards.clone(), spans, reshard_after_forward);
         Ok(Zero3 {
             window_start: comm.stats(),
-            gather: GroupGather::new(comm.clone(), shards.clone(), spans, reshard_after_forward),
+            planned_peak: 0,
+            gather,
             comm,
             own,
             shards,
@@ -149,9 +154,24 @@ impl Strategy for Zero3 {
         self.gather.peak_bytes()
     }
 
+    fn steady_buffer_bytes(&self) -> usize {
+        self.planned_peak
+    }
+
     fn holds(&self, len: usize) -> Range<usize> {
         debug_assert_eq!(len, self.shards.len());
         self.own.clone()
+    }
+
+    fn grad_range(&mut self, len: usize, direct: bool) -> Result<Range<usize>> {
+        if direct {
+            self.planned_peak = self.gather.planned_peak()?;
+        }
+        Ok(self.holds(len))
+    }
+
+    fn reduces_by_group(&self) -> bool {
+        true
     }
 
     fn step_source<'a>(

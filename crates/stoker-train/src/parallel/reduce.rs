@@ -1,0 +1,283 @@
+//! Gradients reduced group by group as the direct step's backward finishes each one, so
+//! a rank never holds a full-size gradient: each parameter group (the embeddings, a
+//! block, the final norm) gets a zeroed buffer of its own when the backward first writes
+//! it; when the backward is done with the group its reduce-scatter starts, at most
+//! [`REDUCING`] stay in flight, and each is waited for and added into the rank's
+//! gradient shard in the order they started. Buffers come from a pool, so steady-state
+//! steps allocate nothing.
+//!
+//! ZeRO-2 (every micro-batch reduced) reads the parameters from the whole FP32 buffer it
+//! keeps ([`ReduceSource`]); ZeRO-3 gathers them too ([`super::gather`]) and shares this
+//! pool for its parameter buffers.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use stoker_comm::{Buffer, Communicator, DryComm, Pending};
+use stoker_kernels::{GroupCall, GroupView, KernelError, Phase, StepParams};
+
+use super::shard::ShardPlan;
+use crate::error::{Result, TrainError};
+
+/// Reduce-scatters a rank lets run at once before it waits for the oldest.
+pub const REDUCING: usize = 1;
+
+/// A pool of zeroed f32 buffers, with the bytes handed out counted.
+#[derive(Default)]
+pub struct Pool {
+    free: Vec<Vec<f32>>,
+    in_use: usize,
+    peak: usize,
+}
+
+impl Pool {
+    /// A buffer of `len` zeros from the pool (the smallest that fits) or new.
+    pub fn take(&mut self, len: usize) -> Vec<f32> {
+        let best = (0..self.free.len())
+            .filter(|&i| self.free[i].capacity() >= len)
+            .min_by_key(|&i| self.free[i].capacity());
+        let mut v = match best {
+            Some(i) => self.free.swap_remove(i),
+            None => Vec::with_capacity(len),
+        };
+        v.clear();
+        v.resize(len, 0.0);
+        self.in_use += 4 * len;
+        self.peak = self.peak.max(self.in_use);
+        v
+    }
+
+    /// Gives `v` back.
+    pub fn give(&mut self, v: Vec<f32>) {
+        self.in_use -= 4 * v.len();
+        self.free.push(v);
+    }
+
+    /// A buffer of `len` elements handed to a collective: back to the pool if the backend
+    /// returned it, else only the accounting.
+    pub fn gone(&mut self, input: Option<Vec<f32>>, len: usize) {
+        match input {
+            Some(v) => self.give(v),
+            None => self.in_use -= 4 * len,
+        }
+    }
+
+    /// The most bytes handed out at once so far.
+    pub fn peak_bytes(&self) -> usize {
+        self.peak
+    }
+}
+
+/// The f32 vector in `b`, or an error naming `what`.
+pub fn f32s(b: Buffer, what: &str) -> Result<Vec<f32>> {
+    match b {
+        Buffer::F32(v) => Ok(v),
+        other => Err(TrainError::Layout(format!(
+            "the {what} came back as {}, expected f32",
+            other.dtype().name()
+        ))),
+    }
+}
+
+/// One rank's per-group gradient buffers and their reduce-scatters.
+pub struct GroupReduce {
+    pub(super) comm: Rc<dyn Communicator>,
+    pub(super) shards: ShardPlan,
+    own: Range<usize>,
+    /// Each group's span of the flat buffer, by group number.
+    pub(super) spans: Vec<Range<usize>>,
+    grads: Vec<Option<Vec<f32>>>,
+    /// Reduce-scatters in flight: group, handle, input length.
+    reducing: VecDeque<(usize, Pending, usize)>,
+    pub(super) pool: Pool,
+    pub(super) waited: Duration,
+}
+
+impl GroupReduce {
+    /// The groups `spans` (by group number) of a flat buffer split by `shards` over
+    /// `comm`'s ranks.
+    pub fn new(comm: Rc<dyn Communicator>, shards: ShardPlan, spans: Vec<Range<usize>>) -> Self {
+        let n = spans.len();
+        GroupReduce {
+            own: shards.range(comm.rank()),
+            comm,
+            shards,
+            spans,
+            grads: vec![None; n],
+            reducing: VecDeque::new(),
+            pool: Pool::default(),
+            waited: Duration::ZERO,
+        }
+    }
+
+    /// The most bytes of group buffers held at once so far.
+    pub fn peak_bytes(&self) -> usize {
+        self.pool.peak_bytes()
+    }
+
+    /// Time spent waiting for collectives since the last call.
+    pub fn take_waited(&mut self) -> Duration {
+        std::mem::take(&mut self.waited)
+    }
+
+    /// The same groups and shards over a communicator that moves no data, for running
+    /// the schedule before the first step.
+    pub(super) fn dry(&self) -> Result<GroupReduce> {
+        let comm = DryComm::new(self.comm.rank(), self.comm.world_size())?;
+        Ok(GroupReduce::new(
+            Rc::new(comm),
+            self.shards.clone(),
+            self.spans.clone(),
+        ))
+    }
+
+    /// The shard's length.
+    pub(super) fn own_len(&self) -> usize {
+        self.own.len()
+    }
+
+    /// What [`GroupReduce::peak_bytes`] reaches in one micro-batch of the GPT's direct
+    /// step, told before the first: the step's calls (`stoker_kernels::group_calls`) run
+    /// through [`ReduceSource`]'s rules over a dry communicator.
+    pub fn planned_peak(&self) -> Result<usize> {
+        let mut dry = self.dry()?;
+        let mut shard = vec![0f32; self.own.len()];
+        for call in stoker_kernels::group_calls(self.spans.len()) {
+            match call {
+                GroupCall::Open(g, Phase::Backward) => {
+                    dry.grads(g);
+                }
+                GroupCall::Done(g, Phase::Backward) => dry.start(g, &mut shard)?,
+                GroupCall::Open(_, Phase::Forward) | GroupCall::Done(_, Phase::Forward) => {}
+            }
+        }
+        dry.finish(&mut shard)?;
+        Ok(dry.peak_bytes())
+    }
+
+    /// The part of `group` this rank owns, as a range of its shard (empty if none).
+    pub fn local(&self, group: usize) -> Range<usize> {
+        let owned = self
+            .shards
+            .owned_within(self.comm.rank(), &self.spans[group]);
+        match owned.is_empty() {
+            true => 0..0,
+            false => owned.start - self.own.start..owned.end - self.own.start,
+        }
+    }
+
+    /// `group`'s gradient buffer for this micro-batch, zeroed when first asked for.
+    pub fn grads(&mut self, group: usize) -> &mut [f32] {
+        if self.grads[group].is_none() {
+            let len = self.spans[group].len();
+            self.grads[group] = Some(self.pool.take(len));
+        }
+        self.grads[group].as_mut().expect("set above")
+    }
+
+    /// Starts the reduce-scatter of `group`'s gradients (none if the backward wrote
+    /// none), keeping at most [`REDUCING`] in flight; finished ones are added into the
+    /// shard `shard`.
+    pub fn start(&mut self, group: usize, shard: &mut [f32]) -> Result<()> {
+        let Some(input) = self.grads[group].take() else {
+            return Ok(());
+        };
+        let span = self.spans[group].clone();
+        let output = self.pool.take(self.local(group).len());
+        let counts = self.shards.counts_within(&span);
+        let len = input.len();
+        let p = self
+            .comm
+            .start_reduce_scatter(Buffer::F32(input), &counts, Buffer::F32(output))?;
+        self.reducing.push_back((group, p, len));
+        while self.reducing.len() > REDUCING {
+            self.finish_one(shard)?;
+        }
+        Ok(())
+    }
+
+    /// Waits for the oldest reduce-scatter and adds its sums into the shard `shard`.
+    fn finish_one(&mut self, shard: &mut [f32]) -> Result<()> {
+        let Some((group, p, len)) = self.reducing.pop_front() else {
+            return Ok(());
+        };
+        let t0 = Instant::now();
+        let (out, input) = p.wait_with_input()?;
+        self.waited += t0.elapsed();
+        let out = f32s(out, "reduced gradients")?;
+        for (g, s) in shard[self.local(group)].iter_mut().zip(&out) {
+            *g += s;
+        }
+        self.pool.give(out);
+        let input = input.map(|b| f32s(b, "gradient buffer")).transpose()?;
+        self.pool.gone(input, len);
+        Ok(())
+    }
+
+    /// After a micro-batch: every reduction added into the shard `shard`, every gradient
+    /// buffer back in the pool.
+    pub fn finish(&mut self, shard: &mut [f32]) -> Result<()> {
+        while !self.reducing.is_empty() {
+            self.finish_one(shard)?;
+        }
+        for group in 0..self.grads.len() {
+            if let Some(v) = self.grads[group].take() {
+                self.pool.give(v);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The direct step's parameter source for one ZeRO-2 micro-batch: every group's
+/// parameters read from the whole FP32 buffer `master`, its gradients written into a
+/// buffer of their own and reduce-scattered into this rank's shard `grads`.
+pub struct ReduceSource<'a> {
+    /// The gradient buffers and their reductions.
+    pub reduce: &'a mut GroupReduce,
+    /// The whole FP32 parameter buffer.
+    pub master: &'a [f32],
+    /// This rank's shard of the window's gradient sum.
+    pub grads: &'a mut [f32],
+}
+
+/// A source's error as the kernels report it.
+pub fn source_err(op: &'static str, group: usize, e: TrainError) -> KernelError {
+    KernelError::Source {
+        op,
+        group,
+        msg: e.to_string(),
+    }
+}
+
+impl StepParams for ReduceSource<'_> {
+    fn group(
+        &mut self,
+        group: usize,
+        phase: Phase,
+    ) -> std::result::Result<GroupView<'_>, KernelError> {
+        self.reduce.comm.progress();
+        let span = self.reduce.spans[group].clone();
+        let grads = match phase {
+            Phase::Backward => self.reduce.grads(group),
+            Phase::Forward => &mut [],
+        };
+        Ok(GroupView {
+            base: span.start,
+            params: &self.master[span],
+            grads,
+        })
+    }
+
+    fn done(&mut self, group: usize, phase: Phase) -> std::result::Result<(), KernelError> {
+        match phase {
+            Phase::Forward => Ok(()),
+            Phase::Backward => self
+                .reduce
+                .start(group, self.grads)
+                .map_err(|e| source_err("zero2", group, e)),
+        }
+    }
+}
