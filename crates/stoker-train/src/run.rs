@@ -288,7 +288,7 @@ pub fn run_rank(
          {} x {} rank(s), micro_batch {} x accumulation_steps {} x world_size {} = global_batch {}; eval: {}",
         trainer.layout.slots().len(),
         mib(trainer.master.len()),
-        mib(trainer.held_range().len() * (1 + trainer.extra_grad_buffers())),
+        mib(trainer.grad_range().len() * (1 + trainer.extra_grad_buffers())),
         mib(trainer.optimizer.state().buffers.iter().map(|(_, b)| b.len()).sum()),
         trainer.layout.align(),
         trainer.strategy().name(),

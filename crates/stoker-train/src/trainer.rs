@@ -278,6 +278,12 @@ impl Trainer {
         self.held.clone()
     }
 
+    /// The part of the flat buffer this rank's gradient sum holds: all of it, except
+    /// under ZeRO-3 and under ZeRO-2 on the direct step (its shard).
+    pub fn grad_range(&self) -> std::ops::Range<usize> {
+        self.grad_range.clone()
+    }
+
     /// Whether this rank holds only a shard of the parameters (ZeRO-3).
     pub fn shards_params(&self) -> bool {
         self.full_model.is_some()
