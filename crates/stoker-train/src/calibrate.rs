@@ -201,7 +201,9 @@ pub fn calibrate(cfg: &TrainConfig) -> Result<Calibration> {
     section.hardware = HardwareInput::default();
     measured.apply(&mut section.hardware);
     section.mfu = Some(1.0);
-    let at_peak = forecast(&probe, 1, None, 1.0)?.step_s;
+    let at_peak = forecast(&probe, 1, None, 1.0)?
+        .step_s
+        .ok_or_else(|| config_err("plan", "the planner gave no step time"))?;
     measured.mfu = (at_peak / step).clamp(1e-6, 1.0);
     Ok(measured)
 }

@@ -350,14 +350,15 @@ pub struct OwnBytes {
 /// the planner's recommendation), which the run's end sets beside what it measured.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RunForecast {
-    /// The hardware planned for (`[plan.hardware]`'s preset, default `cpu`).
+    /// The hardware planned for (`[plan.hardware]`'s preset, default `cpu`); `none` where
+    /// the planner cannot model the run and only the trainer's count of its bytes stands.
     pub hardware: String,
     /// Peak bytes per rank of training steps: with the trainer's own count, baseline +
     /// model states + communication buffers + activations + loader buffers; else the
     /// planner's formula.
     pub peak_bytes: f64,
     /// The planner's formula for the same (model states, activations, buckets, runtime,
-    /// fragmentation), for comparison.
+    /// fragmentation), for comparison; 0 where the planner cannot model the run.
     #[serde(default)]
     pub planner_peak_bytes: f64,
     /// Activations within `peak_bytes`.
@@ -371,15 +372,38 @@ pub struct RunForecast {
     /// None without it).
     #[serde(default)]
     pub heap_bytes: Option<f64>,
-    /// Seconds per optimizer step.
-    pub step_s: f64,
+    /// Seconds per optimizer step; None where the planner cannot model the run (it models
+    /// transformers).
+    pub step_s: Option<f64>,
     /// Samples/s one rank's loader must sustain at that step time.
-    pub required_samples_per_s: f64,
+    pub required_samples_per_s: Option<f64>,
+}
+
+impl RunForecast {
+    /// What the forecast rests on, for its lines: `cpu preset`, or the trainer's count
+    /// alone where the planner cannot model the run.
+    pub fn basis(&self) -> String {
+        match self.step_s {
+            Some(_) => format!("{} preset", self.hardware),
+            None => "the trainer's count; no planner model".into(),
+        }
+    }
+}
+
+/// What the planner says of one run's step: its hardware, peak memory formula,
+/// activations, and time.
+struct PlannerRow {
+    hardware: String,
+    peak_bytes: f64,
+    activation_bytes: f64,
+    step_s: f64,
+    samples: f64,
 }
 
 /// The forecast of `cfg` launched on `world` ranks, on `[plan.hardware]` or else this
-/// machine's `cpu` preset with one device per rank. An error says why the planner cannot
-/// model the run (a CNN, say); the run goes on without a forecast.
+/// machine's `cpu` preset with one device per rank. Memory comes from the trainer's own
+/// count (`own`, where its activations are known) or else the planner's formula; time from
+/// the planner. An error says why neither can forecast the run; the run goes on without.
 ///
 /// On the default `cpu` preset (a "device" is the whole host) a rank computes with
 /// `compute_share` of the host's cores (its threads over the cores), so its compute time
@@ -390,6 +414,33 @@ pub fn forecast(
     own: Option<&OwnBytes>,
     compute_share: f64,
 ) -> Result<RunForecast> {
+    let own = own.and_then(|o| o.activations.map(|a| (o, a)));
+    let row = match (own, planner_row(cfg, world, compute_share)) {
+        (None, Err(e)) => return Err(e),
+        (_, row) => row.ok(),
+    };
+    let (peak_bytes, activation_bytes, heap_bytes) = match (own, &row) {
+        (Some((o, a)), _) => {
+            let held = o.model_states + o.buffers + a + o.loader;
+            (o.baseline + held, a, o.baseline_heap.map(|h| h + held))
+        }
+        (None, Some(r)) => (r.peak_bytes, r.activation_bytes, None),
+        (None, None) => unreachable!("returned above"),
+    };
+    Ok(RunForecast {
+        hardware: row.as_ref().map_or("none".into(), |r| r.hardware.clone()),
+        peak_bytes,
+        planner_peak_bytes: row.as_ref().map_or(0.0, |r| r.peak_bytes),
+        activation_bytes,
+        buffer_bytes: own.map_or(0.0, |(o, _)| o.buffers),
+        heap_bytes,
+        step_s: row.as_ref().map(|r| r.step_s),
+        required_samples_per_s: row.as_ref().map(|r| r.samples / r.step_s),
+    })
+}
+
+/// The planner's row for `cfg` as configured (see [`forecast`]).
+fn planner_row(cfg: &TrainConfig, world: usize, compute_share: f64) -> Result<PlannerRow> {
     let mut cfg = cfg.clone();
     let section = cfg.plan.get_or_insert_with(PlanSection::default);
     let whole_host = section.hardware == stoker_plan::input::HardwareInput::default();
@@ -413,28 +464,11 @@ pub fn forecast(
         true => t.compute_s / compute_share.clamp(1e-3, 1.0) + t.exposed_comm_s + t.offload_s,
         false => t.step_s,
     };
-    let samples = (row.micro_batch * row.accumulation_steps) as f64;
-    let planner_peak = row.memory.device.total;
-    let (peak_bytes, activation_bytes, heap_bytes) = match own {
-        Some(
-            o @ OwnBytes {
-                activations: Some(a),
-                ..
-            },
-        ) => {
-            let held = o.model_states + o.buffers + a + o.loader;
-            (o.baseline + held, *a, o.baseline_heap.map(|h| h + held))
-        }
-        _ => (planner_peak, row.memory.device.activations, None),
-    };
-    Ok(RunForecast {
+    Ok(PlannerRow {
         hardware: plan.inputs.hardware.name.clone(),
-        peak_bytes,
-        planner_peak_bytes: planner_peak,
-        activation_bytes,
-        buffer_bytes: own.map_or(0.0, |o| o.buffers),
-        heap_bytes,
+        peak_bytes: row.memory.device.total,
+        activation_bytes: row.memory.device.activations,
         step_s,
-        required_samples_per_s: samples / step_s,
+        samples: (row.micro_batch * row.accumulation_steps) as f64,
     })
 }

@@ -251,7 +251,7 @@ pub fn write_report(run_dir: &Path) -> Result<Vec<PathBuf>> {
                 },
                 Series {
                     label: "planned",
-                    points: flat(f.step_s * 1e3),
+                    points: f.step_s.map_or(Vec::new(), |t| flat(t * 1e3)),
                     color: RED,
                 },
             ],

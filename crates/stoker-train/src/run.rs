@@ -312,6 +312,9 @@ pub fn run_rank(
             ),
         });
     }
+    // Before the loader starts its workers, whose allocations the count would see.
+    let threads = comm.backend() == "local" && dims.world > 1;
+    let graph_heap = graph_step_heap(&mut trainer, &data, dims.micro_batch, opts.heap, threads)?;
     let sampler = Sampler::new(
         data.train.len(),
         SamplerConfig {
@@ -348,7 +351,9 @@ pub fn run_rank(
         model_states: planned.model_states(),
         // Communication and accumulation buffers, as the trainer sized them.
         buffers: trainer.steady_buffer_bytes(dims.accumulation_steps) as f64,
-        activations: direct_activation_bytes(config, &dims).map(|b| b as f64),
+        activations: direct_activation_bytes(config, &dims)
+            .or(graph_heap)
+            .map(|b| b as f64),
         loader: (loader.buffer_bytes() * (loader.config().max_in_flight() + 1)) as f64,
         baseline_heap: baseline_heap.map(|b| b as f64),
     };
@@ -597,6 +602,43 @@ pub fn run_rank(
     })
 }
 
+/// The heap one graph-path micro-batch allocates beyond what the trainer holds (candle's
+/// activations and gradient store, dtype casts), counted: the train set's first
+/// micro-batch runs once before training under the binary's heap counter, its gradients
+/// thrown away ([`Trainer::graph_step_scratch`]). None on the direct step (whose buffers
+/// `stoker_kernels::activation_floats` counts), where the scratch step cannot run (ZeRO-3,
+/// fp8), without a heap counter, and with ranks as threads of one process (one counter
+/// for all of them).
+fn graph_step_heap(
+    trainer: &mut Trainer,
+    data: &Datasets,
+    micro: usize,
+    heap: Option<HeapProbe>,
+    threads: bool,
+) -> Result<Option<usize>> {
+    let Some(h) = heap.filter(|_| !trainer.direct() && !threads) else {
+        return Ok(None);
+    };
+    let sampler = Sampler::new(data.train.len(), SamplerConfig::default())?;
+    let lc = LoaderConfig {
+        batch_size: micro,
+        drop_last: true,
+        ..Default::default()
+    };
+    let mut loader = Loader::new(data.train.clone(), sampler, lc)?;
+    let first = loader.epoch(0).next().ok_or_else(|| TrainError::Data {
+        what: "data.train".into(),
+        message: format!("no micro-batch of {micro} samples in the training set"),
+    })??;
+    let mb = to_micro_batch(&first, &data.input, &data.target, &Device::Cpu)?;
+    drop((first, loader));
+    (h.reset_peak)();
+    let before = (h.live)();
+    let ran = trainer.graph_step_scratch(&mb)?;
+    let peak = (h.peak)();
+    Ok(ran.then(|| peak.saturating_sub(before) as usize))
+}
+
 /// Bytes of the direct step's activation buffers for this run's micro-batch (GPT on the
 /// direct step; None on the graph path, whose candle tensors the trainer does not count).
 pub fn direct_activation_bytes(config: &TrainConfig, dims: &ParallelDims) -> Option<usize> {
@@ -610,14 +652,16 @@ pub fn direct_activation_bytes(config: &TrainConfig, dims: &ParallelDims) -> Opt
 
 /// The planner's forecast in one line (the run's start; its end adds what it measured).
 pub fn forecast_line(f: &crate::planned::RunForecast) -> String {
+    let mib = |b: f64| b / (1 << 20) as f64;
+    let time = match (f.step_s, f.required_samples_per_s) {
+        (Some(t), Some(need)) => format!("step {:.1} ms, loader need {need:.0} samples/s", t * 1e3),
+        _ => "step time not modelled (the planner models transformers)".into(),
+    };
     format!(
-        "planner forecast per rank ({} preset): peak memory {:.1} MiB (activations {:.1} MiB), \
-         step {:.1} ms, loader need {:.0} samples/s",
-        f.hardware,
-        f.peak_bytes / (1 << 20) as f64,
-        f.activation_bytes / (1 << 20) as f64,
-        f.step_s * 1e3,
-        f.required_samples_per_s
+        "planner forecast per rank ({}): peak memory {:.1} MiB (activations {:.1} MiB), {time}",
+        f.basis(),
+        mib(f.peak_bytes),
+        mib(f.activation_bytes),
     )
 }
 

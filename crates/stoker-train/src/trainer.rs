@@ -379,6 +379,30 @@ impl Trainer {
         self.direct.is_some()
     }
 
+    /// Runs micro-batch `mb`'s forward and backward on the candle-graph path and throws
+    /// its gradients away, changing no state (no optimizer step, no loss-scaler or
+    /// strategy call, the gradient buffer zeroed after), so that a caller can count what
+    /// one graph step allocates. Returns false without running on the direct step, under
+    /// ZeRO-3 (whose graph step gathers a model of its own) and in fp8 (whose forward
+    /// records amax history).
+    pub fn graph_step_scratch(&mut self, mb: &MicroBatch) -> Result<bool> {
+        if self.direct.is_some() || self.full_model.is_some() || self.fp8.is_some() {
+            return Ok(false);
+        }
+        let fx = Fx::new(self.precision, None).with_kernels(self.kernels);
+        let mut backward = Backward::Graph {
+            model: &*self.model,
+            fx: &fx,
+            layout: &self.layout,
+            check_grads: false,
+        };
+        let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale()) as f64;
+        let factor = (!mb.targets.is_empty()).then(|| scale / mb.targets.len() as f64);
+        micro_batch(&mut backward, mb, factor, &mut self.grads, &mut |_, _| {})?;
+        stoker_kernels::flat::zero(&mut self.grads);
+        Ok(true)
+    }
+
     /// One optimizer step over this rank's accumulation window (its part of the global
     /// batch; every rank's window has the same shapes).
     pub fn train_step(&mut self, window: &[MicroBatch]) -> Result<StepReport> {

@@ -341,14 +341,31 @@ fn print_forecast(s: &RunSummary) {
         ),
         _ => String::new(),
     };
+    let time = match f.step_s {
+        Some(t) => format!(
+            "step time planned {:.1} ms, measured {:.1} ms (measured/planned {:.2})",
+            t * 1e3,
+            s.step_s * 1e3,
+            s.step_s / t
+        ),
+        None => format!(
+            "step time measured {:.1} ms (not modelled: the planner models transformers)",
+            s.step_s * 1e3
+        ),
+    };
+    let planner = match f.planner_peak_bytes > 0.0 {
+        true => format!(
+            " (planner's generic formula {:.1} MiB)",
+            mib(f.planner_peak_bytes)
+        ),
+        false => String::new(),
+    };
     println!(
-        "planned vs measured per rank ({} preset): {heap}memory of training steps planned \
-         {:.1} MiB (planner's generic formula {:.1} MiB), measured RSS {:.1} MiB \
-         (measured/planned {:.2}); process peak with evaluation {:.1} MiB{}; step time planned \
-         {:.1} ms, measured {:.1} ms (measured/planned {:.2})",
-        f.hardware,
+        "planned vs measured per rank ({}): {heap}memory of training steps planned \
+         {:.1} MiB{planner}, measured RSS {:.1} MiB (measured/planned {:.2}); process peak \
+         with evaluation {:.1} MiB{}; {time}",
+        f.basis(),
         mib(f.peak_bytes),
-        mib(f.planner_peak_bytes),
         mib(rss),
         rss / f.peak_bytes,
         mib(s.peak_rss_bytes as f64),
@@ -357,9 +374,6 @@ fn print_forecast(s: &RunSummary) {
         } else {
             ""
         },
-        f.step_s * 1e3,
-        s.step_s * 1e3,
-        s.step_s / f.step_s
     );
 }
 

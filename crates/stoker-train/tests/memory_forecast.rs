@@ -1,0 +1,274 @@
+//! The run's memory forecast against the heap it really allocates, counted by this test
+//! binary's allocator: for the GPT on the direct step (activations from
+//! `stoker_kernels::activation_floats`), the GPT on the candle graph, the CNN and the MLP
+//! (activations counted by one scratch micro-batch before training), at two sizes each,
+//! the peak of live heap bytes over the training steps is within 10% of the forecast's
+//! heap (the process's heap at start + model states + communication and accumulation
+//! buffers + activations + loader buffers).
+//!
+//! One test in its own binary, so that nothing else allocates while it counts.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use stoker_train::config::TrainConfig;
+use stoker_train::run::{run, HeapProbe, RunOptions};
+
+mod common;
+
+static LIVE: AtomicU64 = AtomicU64::new(0);
+static PEAK: AtomicU64 = AtomicU64::new(0);
+
+struct Counting;
+
+// SAFETY: every method forwards to the system allocator with the caller's arguments, so
+// each keeps GlobalAlloc's contract; the counting touches only two atomics.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's layout, as GlobalAlloc::alloc requires.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            grew(layout.size());
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: as for alloc.
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            grew(layout.size());
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: a block this allocator (so the system's) returned, with its layout.
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE.fetch_sub(layout.size() as u64, Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: the caller's block, layout and new size, as GlobalAlloc::realloc requires.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            grew(new_size);
+            LIVE.fetch_sub(layout.size() as u64, Ordering::Relaxed);
+        }
+        p
+    }
+}
+
+fn grew(bytes: usize) {
+    let now = LIVE.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64;
+    PEAK.fetch_max(now, Ordering::Relaxed);
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+fn probe() -> HeapProbe {
+    HeapProbe {
+        live: || LIVE.load(Ordering::Relaxed),
+        peak: || PEAK.load(Ordering::Relaxed),
+        reset_peak: || PEAK.store(LIVE.load(Ordering::Relaxed), Ordering::Relaxed),
+    }
+}
+
+/// Images `[n, 1, side, side]` u8 and labels over 4 classes, as `dir/name.*.npy`.
+fn write_images(dir: &Path, name: &str, n: usize, side: usize) {
+    let px: Vec<u8> = (0..n * side * side)
+        .map(|i| ((i * 37 + i / 64 * 11) % 251) as u8)
+        .collect();
+    common::write_npy(
+        &dir.join(format!("{name}.image.npy")),
+        "|u1",
+        &[n, 1, side, side],
+        &px,
+    );
+    let labels: Vec<i64> = (0..n).map(|i| ((i * 7) % 4) as i64).collect();
+    common::write_npy(
+        &dir.join(format!("{name}.label.npy")),
+        "<i8",
+        &[n],
+        bytemuck::cast_slice(&labels),
+    );
+}
+
+/// Vectors `[n, width]` f32 and labels over 3 classes, as `dir/name.{x,y}.npy`.
+fn write_vectors(dir: &Path, name: &str, n: usize, width: usize) {
+    let v: Vec<f32> = (0..n * width)
+        .map(|i| ((i * 13 % 17) as f32 - 8.0) / 8.0)
+        .collect();
+    common::write_npy(
+        &dir.join(format!("{name}.x.npy")),
+        "<f4",
+        &[n, width],
+        bytemuck::cast_slice(&v),
+    );
+    let l: Vec<i64> = (0..n).map(|i| ((i * 5) % 3) as i64).collect();
+    common::write_npy(
+        &dir.join(format!("{name}.y.npy")),
+        "<i8",
+        &[n],
+        bytemuck::cast_slice(&l),
+    );
+}
+
+/// A 20-step config: precision and kernels, `data` and `model` tables' keys, micro-batch
+/// `micro`.
+fn config(
+    dir: &Path,
+    name: &str,
+    (precision, kernels): (&str, &str),
+    data: &str,
+    model: &str,
+    micro: usize,
+) -> TrainConfig {
+    let text = format!(
+        r#"
+run_dir = "{run}"
+seed = 5
+precision = "{precision}"
+kernels = "{kernels}"
+[data]
+num_workers = 0
+{data}
+[model]
+{model}
+[batch]
+micro_batch = {micro}
+accumulation_steps = 2
+[optimizer]
+kind = "adamw"
+lr = 1e-3
+[train]
+steps = 20
+log_every = 5
+eval_every = 0
+checkpoint_every = 0
+"#,
+        run = dir.join(name).display()
+    );
+    TrainConfig::parse(&text, Path::new(&format!("{name}.toml"))).unwrap()
+}
+
+#[test]
+fn the_heap_of_training_steps_is_within_10_percent_of_the_forecast() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    common::write_token_corpus(&dir.join("corpus.bin"), 20_000);
+    write_images(dir, "small", 512, 12);
+    write_images(dir, "large", 512, 28);
+    write_vectors(dir, "narrow", 512, 32);
+    write_vectors(dir, "wide", 512, 256);
+    let corpus = format!(
+        "train = \"{}\"\nvocab = \"{}\"",
+        dir.join("corpus.bin").display(),
+        dir.join("corpus.vocab.json").display()
+    );
+    let images = |n: &str| format!("train = \"{}\"", dir.join(n).display());
+    let vectors = |n: &str| {
+        format!(
+            "train = \"{}\"\ninput_field = \"x\"\ntarget_field = \"y\"",
+            dir.join(n).display()
+        )
+    };
+    let gpt = |d: usize, l: usize| {
+        format!(
+            "kind = \"gpt\"\nvocab = 24\ncontext = 32\nd_model = {d}\nn_layer = {l}\nn_head = 4"
+        )
+    };
+    let cnn = |side: usize, c1: usize, c2: usize, hidden: usize| {
+        format!(
+            "kind = \"cnn\"\nin_channels = 1\nimage_size = {side}\nchannels1 = {c1}\nchannels2 = {c2}\nhidden = {hidden}\nclasses = 4"
+        )
+    };
+    let runs = [
+        (
+            "gpt-direct-small",
+            ("bf16", "direct"),
+            corpus.clone(),
+            gpt(32, 2),
+            8,
+        ),
+        (
+            "gpt-direct-large",
+            ("bf16", "direct"),
+            corpus.clone(),
+            gpt(96, 4),
+            16,
+        ),
+        (
+            "gpt-graph-small",
+            ("fp32", "fused"),
+            corpus.clone(),
+            gpt(32, 2),
+            8,
+        ),
+        (
+            "gpt-graph-large",
+            ("fp32", "fused"),
+            corpus.clone(),
+            gpt(96, 4),
+            16,
+        ),
+        (
+            "cnn-small",
+            ("fp32", "direct"),
+            images("small"),
+            cnn(12, 4, 8, 32),
+            16,
+        ),
+        (
+            "cnn-large",
+            ("fp32", "direct"),
+            images("large"),
+            cnn(28, 16, 32, 128),
+            32,
+        ),
+        (
+            "mlp-small",
+            ("fp32", "direct"),
+            vectors("narrow"),
+            "kind = \"mlp\"\ninput_shape = [32]\nhidden = [64]\nclasses = 3".into(),
+            16,
+        ),
+        (
+            "mlp-large",
+            ("fp32", "direct"),
+            vectors("wide"),
+            "kind = \"mlp\"\ninput_shape = [256]\nhidden = [1024, 512]\nclasses = 3".into(),
+            64,
+        ),
+    ];
+    let opts = RunOptions {
+        heap: Some(probe()),
+        ..RunOptions::default()
+    };
+    let mut failures = Vec::new();
+    for (name, kinds, data, model, micro) in runs {
+        let cfg = config(dir, name, kinds, &data, &model, micro);
+        let s = run(&cfg, &opts).unwrap();
+        let f = s
+            .forecast
+            .as_ref()
+            .unwrap_or_else(|| panic!("{name}: no forecast"));
+        let planned = f
+            .heap_bytes
+            .unwrap_or_else(|| panic!("{name}: the forecast has no heap"));
+        let counted = s.train_heap_bytes.expect("counted") as f64;
+        let ratio = counted / planned;
+        eprintln!(
+            "{name}: heap of training steps planned {:.0} bytes (activations {:.0}), counted {counted:.0}, counted/planned {ratio:.3}",
+            planned, f.activation_bytes
+        );
+        assert!(f.activation_bytes > 0.0, "{name}: activations counted");
+        // A NaN ratio is contained in no range.
+        if !(0.9..=1.1).contains(&ratio) {
+            failures.push(format!("{name}: {ratio}"));
+        }
+    }
+    assert!(failures.is_empty(), "outside 10%: {failures:?}");
+}
