@@ -9,9 +9,11 @@
 //!   synthetic tokens, one rank): its rate over the planner's FLOP count is the MFU;
 //! - the host memory bandwidth (a 256 MiB copy);
 //! - the all-reduce bus bandwidth between two ranks of the in-process backend (16 MiB of
-//!   f32), standing in for the intra-node link.
-//!
-//! The loader's rate is `stoker tune loader`'s to measure (it needs the data).
+//!   f32), standing in for the intra-node link;
+//! - the loader's rate on the config's own training set at its `[data]` settings and
+//!   micro-batch (as fast as the consumer takes batches, 0.5 s after a warm-up batch):
+//!   one point of a loader benchmark, which the plan checks its consumption against
+//!   (`stoker tune loader` searches the settings; this measures the ones configured).
 
 use std::time::{Duration, Instant};
 
@@ -44,6 +46,13 @@ pub struct Calibration {
     pub mfu: f64,
     /// The precision the step ran in.
     pub precision: String,
+    /// The config's loader on its training set; None where the data cannot be opened
+    /// (the reason is in `loader_note`).
+    pub loader: Option<stoker_data::measure::Trial>,
+    /// Bytes of one training sample (all fields), where the data opened.
+    pub sample_bytes: Option<u64>,
+    /// Where the loader was measured, or why it was not.
+    pub loader_note: String,
 }
 
 impl Calibration {
@@ -64,8 +73,34 @@ impl Calibration {
         self.mfu
     }
 
+    /// The loader measurement as the planner's loader benchmark (one point: the
+    /// configured setting).
+    pub fn loader_bench(&self) -> Option<stoker_plan::loader::LoaderBench> {
+        let t = self.loader.as_ref()?;
+        Some(stoker_plan::loader::LoaderBench {
+            dataset: Some(self.loader_note.clone()),
+            sample_bytes: self.sample_bytes,
+            points: vec![stoker_plan::loader::BenchPoint {
+                num_workers: t.num_workers as u64,
+                prefetch_factor: t.prefetch_factor as u64,
+                batch_size: Some(t.batch_size as u64),
+                samples_per_s: t.samples_per_s,
+                mb_per_s: Some(t.mb_per_s),
+                consumer_wait_pct: Some(t.consumer_wait_pct),
+                peak_rss_bytes: Some(t.peak_rss_bytes),
+            }],
+        })
+    }
+
     /// A table for people.
     pub fn to_text(&self) -> String {
+        let loader = match &self.loader {
+            Some(t) => format!(
+                "{:>8.0} samples/s ({}: {} workers, prefetch {}, batch {})",
+                t.samples_per_s, self.loader_note, t.num_workers, t.prefetch_factor, t.batch_size
+            ),
+            None => format!("not measured ({})", self.loader_note),
+        };
         format!(
             "calibration of this machine ({} cores):\n\
              \x20 GEMM fp32          {:>8.3} TFLOP/s  (2048 x 1024 x 1024, stoker's kernels)\n\
@@ -73,7 +108,8 @@ impl Calibration {
              \x20 host memory        {:>8.2} GB/s     (256 MiB copy)\n\
              \x20 all-reduce         {:>8.2} GB/s     (bus bandwidth, 2 in-process ranks, 16 MiB)\n\
              \x20 training step      {:>8.1} ms       ({}, the config's model and micro-batch)\n\
-             \x20 MFU                {:>8.3}          (planner's FLOPs at the measured GEMM rate / step)\n",
+             \x20 MFU                {:>8.3}          (planner's FLOPs at the measured GEMM rate / step)\n\
+             \x20 loader             {loader}\n",
             self.cores,
             self.fp32_tflops,
             self.bf16_tflops,
@@ -177,6 +213,44 @@ fn step_s(cfg: &TrainConfig) -> Result<f64> {
     median_s(5, || trainer.train_step(&window).map(|_| ()))
 }
 
+/// `cfg`'s loader on its training set at its `[data]` settings and micro-batch, as fast as
+/// the consumer takes batches; Err with the reason where the data cannot be opened.
+fn loader_rate(cfg: &TrainConfig) -> Result<(stoker_data::measure::Trial, u64)> {
+    use stoker_data::{Dataset, LoaderConfig, Sampler, SamplerConfig};
+    let model = crate::trainer::build_model(&cfg.model, cfg.precision, cfg.kernels, cfg.seed)?;
+    let context = match &cfg.model {
+        ModelConfig::Gpt(g) => g.context,
+        _ => 1,
+    };
+    let data = crate::data::open_datasets(cfg, &*model, context)?;
+    drop(model);
+    let d = &cfg.data;
+    let lc = LoaderConfig {
+        batch_size: cfg.batch.micro_batch,
+        num_workers: d.num_workers,
+        prefetch_factor: d.prefetch_factor.max(1),
+        persistent_workers: d.persistent_workers,
+        drop_last: true,
+        ..LoaderConfig::default()
+    };
+    let sampler = Sampler::new(
+        data.train.len(),
+        SamplerConfig {
+            shuffle: d.shuffle,
+            seed: cfg.seed,
+            ..SamplerConfig::default()
+        },
+    )?;
+    let budget = stoker_data::measure::TrialBudget {
+        min_time: Duration::from_millis(500),
+        max_batches: 100_000,
+        step: None,
+    };
+    let bytes: usize = data.train.fields().iter().map(|f| f.sample_bytes()).sum();
+    let trial = stoker_data::measure::measure_loader(data.train.clone(), sampler, lc, budget)?;
+    Ok((trial, bytes as u64))
+}
+
 /// Measures this machine and `cfg`'s step (see the module docs).
 pub fn calibrate(cfg: &TrainConfig) -> Result<Calibration> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -185,6 +259,10 @@ pub fn calibrate(cfg: &TrainConfig) -> Result<Calibration> {
     let host_mem = host_mem_gbyte_s()?;
     let allreduce = allreduce_gbyte_s()?;
     let step = step_s(cfg)?;
+    let (loader, sample_bytes, loader_note) = match loader_rate(cfg) {
+        Ok((t, b)) => (Some(t), Some(b), cfg.data.train.display().to_string()),
+        Err(e) => (None, None, e.to_string()),
+    };
     // The planner's compute time of this step at MFU 1 on the measured peaks.
     let mut probe = one_micro_batch(cfg);
     let mut measured = Calibration {
@@ -196,6 +274,9 @@ pub fn calibrate(cfg: &TrainConfig) -> Result<Calibration> {
         step_s: step,
         mfu: 1.0,
         precision: crate::planned::plan_precision(cfg.precision).into(),
+        loader,
+        sample_bytes,
+        loader_note,
     };
     let section = probe.plan.get_or_insert_with(Default::default);
     section.hardware = HardwareInput::default();

@@ -301,8 +301,27 @@ fn calibration_measures_this_machine_and_plans_its_own_step_back() {
     let tmp = tempfile::tempdir().unwrap();
     let text = common::gpt_config(tmp.path(), "bf16", 10, "");
     let cfg = TrainConfig::parse(&text, Path::new("t.toml")).unwrap();
+    common::write_token_corpus(&tmp.path().join("corpus.bin"), 12_000);
     let c = stoker_train::calibrate::calibrate(&cfg).unwrap();
+    // The loader, measured on the config's training set at its settings: one point of a
+    // loader benchmark the plan can read.
+    let t = c
+        .loader
+        .as_ref()
+        .unwrap_or_else(|| panic!("{}", c.loader_note));
+    assert_eq!(
+        (t.num_workers, t.prefetch_factor, t.batch_size),
+        (
+            cfg.data.num_workers,
+            cfg.data.prefetch_factor.max(1),
+            cfg.batch.micro_batch
+        )
+    );
+    let bench = c.loader_bench().unwrap();
+    assert_eq!(bench.points.len(), 1);
+    assert_eq!(bench.points[0].samples_per_s, t.samples_per_s);
     for (what, v) in [
+        ("loader", t.samples_per_s),
         ("fp32", c.fp32_tflops),
         ("bf16", c.bf16_tflops),
         ("memory", c.host_mem_gbyte_s),
@@ -335,4 +354,10 @@ fn calibration_measures_this_machine_and_plans_its_own_step_back() {
             c.step_s
         );
     }
+    // Without its data the calibration still measures the machine and says why the
+    // loader was not measured, naming the file.
+    std::fs::remove_file(tmp.path().join("corpus.bin")).unwrap();
+    let c = stoker_train::calibrate::calibrate(&cfg).unwrap();
+    assert!(c.loader.is_none() && c.loader_bench().is_none());
+    assert!(c.loader_note.contains("corpus.bin"), "{}", c.loader_note);
 }

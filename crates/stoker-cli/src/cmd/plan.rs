@@ -39,8 +39,9 @@ pub struct PlanArgs {
     #[arg(long, value_name = "PATH")]
     train_data: Option<PathBuf>,
     /// Measure this machine (GEMM rate per dtype, the config's own training step, memory
-    /// and all-reduce bandwidth) and plan with the figures instead of the preset's; with
-    /// --emit-config they are kept in its [plan]. Needs --config with a training config.
+    /// and all-reduce bandwidth, the loader on the config's training set at its [data]
+    /// settings) and plan with the figures instead of the preset's; with --emit-config
+    /// they are kept in its [plan]. Needs --config with a training config.
     #[arg(long)]
     calibrate: bool,
     /// List model and hardware presets and exit.
@@ -309,9 +310,10 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     let cli = args.to_input()?;
     // A training config is planned as it stands (its model, batch, precision, strategy);
     // a plan file is the planner's own input.
-    let (file, base) = match &args.config {
+    let (file, base, calibrated_loader) = match &args.config {
         Some(p) if is_training_config(p)? => {
             let cfg = stoker_train::config::TrainConfig::load(p)?;
+            let mut loader = None;
             let input = if args.calibrate {
                 let c = stoker_train::calibrate::calibrate(&cfg)?;
                 // With --json stdout carries the plan alone.
@@ -319,15 +321,16 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
                     true => eprint!("{}", c.to_text()),
                     false => print!("{}", c.to_text()),
                 }
+                loader = c.loader_bench();
                 stoker_train::calibrate::calibrated_input(&cfg, &c, &cli)
             } else {
                 stoker_train::planned::plan_input(&cfg, &cli)
             }
             .with_context(|| format!("planning the training config {}", p.display()))?;
-            (input, Some(cfg))
+            (input, Some(cfg), loader)
         }
-        Some(p) => (PlanInput::from_toml_file(p)?, None),
-        None => (PlanInput::default(), None),
+        Some(p) => (PlanInput::from_toml_file(p)?, None, None),
+        None => (PlanInput::default(), None, None),
     };
     anyhow::ensure!(
         base.is_some() || !args.calibrate,
@@ -338,11 +341,13 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         .as_deref()
         .map(DsConfig::from_file)
         .transpose()?;
+    // A loader benchmark file wins over the calibration's one measured point.
     let bench = args
         .loader_bench
         .as_deref()
         .map(LoaderBench::from_file)
-        .transpose()?;
+        .transpose()?
+        .or(calibrated_loader);
     // An error in the merged inputs names the files they came from (later ones win).
     let files: Vec<String> = [&args.config, &args.deepspeed]
         .into_iter()
