@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 /// faulted in again (a third of a CPU training step, measured in docs/benchmarks.md).
 /// Counted (heap.rs), so that runs can report the bytes they really hold.
 #[global_allocator]
-static ALLOC: heap::CountingMiMalloc = heap::CountingMiMalloc;
+static ALLOC: heap::CountingMiMalloc = heap::CountingMiMalloc::new(mimalloc::MiMalloc);
 
 /// stoker keeps accelerators fed: data loading, precision, distribution.
 #[derive(Parser)]

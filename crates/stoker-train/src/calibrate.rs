@@ -80,15 +80,7 @@ impl Calibration {
         Some(stoker_plan::loader::LoaderBench {
             dataset: Some(self.loader_note.clone()),
             sample_bytes: self.sample_bytes,
-            points: vec![stoker_plan::loader::BenchPoint {
-                num_workers: t.num_workers as u64,
-                prefetch_factor: t.prefetch_factor as u64,
-                batch_size: Some(t.batch_size as u64),
-                samples_per_s: t.samples_per_s,
-                mb_per_s: Some(t.mb_per_s),
-                consumer_wait_pct: Some(t.consumer_wait_pct),
-                peak_rss_bytes: Some(t.peak_rss_bytes),
-            }],
+            points: vec![bench_point(t)],
         })
     }
 
@@ -119,6 +111,19 @@ impl Calibration {
             self.precision,
             self.mfu,
         )
+    }
+}
+
+/// A loader trial as a point of the planner's loader benchmark.
+pub fn bench_point(t: &stoker_data::measure::Trial) -> stoker_plan::loader::BenchPoint {
+    stoker_plan::loader::BenchPoint {
+        num_workers: t.num_workers as u64,
+        prefetch_factor: t.prefetch_factor as u64,
+        batch_size: Some(t.batch_size as u64),
+        samples_per_s: t.samples_per_s,
+        mb_per_s: Some(t.mb_per_s),
+        consumer_wait_pct: Some(t.consumer_wait_pct),
+        peak_rss_bytes: Some(t.peak_rss_bytes),
     }
 }
 

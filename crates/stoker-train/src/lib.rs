@@ -40,6 +40,7 @@ pub mod data;
 pub mod dry_run;
 pub mod error;
 pub mod grad_sum;
+pub mod heap;
 pub mod hf;
 pub mod layout;
 pub mod loss;

@@ -8,71 +8,24 @@
 //!
 //! One test in its own binary, so that nothing else allocates while it counts.
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::System;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use stoker_train::config::TrainConfig;
+use stoker_train::heap::Counting;
 use stoker_train::run::{run, HeapProbe, RunOptions};
 
 mod common;
 
-static LIVE: AtomicU64 = AtomicU64::new(0);
-static PEAK: AtomicU64 = AtomicU64::new(0);
-
-struct Counting;
-
-// SAFETY: every method forwards to the system allocator with the caller's arguments, so
-// each keeps GlobalAlloc's contract; the counting touches only two atomics.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller's layout, as GlobalAlloc::alloc requires.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            grew(layout.size());
-        }
-        p
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: as for alloc.
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if !p.is_null() {
-            grew(layout.size());
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: a block this allocator (so the system's) returned, with its layout.
-        unsafe { System.dealloc(ptr, layout) };
-        LIVE.fetch_sub(layout.size() as u64, Ordering::Relaxed);
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: the caller's block, layout and new size, as GlobalAlloc::realloc requires.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            grew(new_size);
-            LIVE.fetch_sub(layout.size() as u64, Ordering::Relaxed);
-        }
-        p
-    }
-}
-
-fn grew(bytes: usize) {
-    let now = LIVE.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64;
-    PEAK.fetch_max(now, Ordering::Relaxed);
-}
-
+/// The system allocator, counted.
 #[global_allocator]
-static ALLOC: Counting = Counting;
+static ALLOC: Counting<System> = Counting::new(System);
 
 fn probe() -> HeapProbe {
     HeapProbe {
-        live: || LIVE.load(Ordering::Relaxed),
-        peak: || PEAK.load(Ordering::Relaxed),
-        reset_peak: || PEAK.store(LIVE.load(Ordering::Relaxed), Ordering::Relaxed),
+        live: || ALLOC.live(),
+        peak: || ALLOC.peak(),
+        reset_peak: || ALLOC.reset_peak(),
     }
 }
 

@@ -135,15 +135,7 @@ pub fn bench_json(
         sample_bytes: Some(sample_bytes(ds) as u64),
         points: trials
             .iter()
-            .map(|t| stoker_plan::loader::BenchPoint {
-                num_workers: t.num_workers as u64,
-                prefetch_factor: t.prefetch_factor as u64,
-                batch_size: Some(t.batch_size as u64),
-                samples_per_s: t.samples_per_s,
-                mb_per_s: Some(t.mb_per_s),
-                consumer_wait_pct: Some(t.consumer_wait_pct),
-                peak_rss_bytes: Some(t.peak_rss_bytes),
-            })
+            .map(stoker_train::calibrate::bench_point)
             .collect(),
     }
 }
