@@ -353,6 +353,16 @@ fn print_forecast(s: &RunSummary) {
             s.step_s * 1e3
         ),
     };
+    // The plan sizes the loader to sustain the step's need (`stoker tune loader
+    // --from-plan`), so it expects the step never to wait for data.
+    let loader = match f.required_samples_per_s {
+        Some(need) => format!(
+            "; loader wait planned 0% (the step needs {need:.0} samples/s), measured {:.2}% \
+             of training time",
+            s.loader_wait_pct
+        ),
+        None => format!("; loader wait {:.2}% of training time", s.loader_wait_pct),
+    };
     let planner = match f.planner_peak_bytes > 0.0 {
         true => format!(
             " (planner's generic formula {:.1} MiB)",
@@ -363,7 +373,7 @@ fn print_forecast(s: &RunSummary) {
     println!(
         "planned vs measured per rank ({}): {heap}memory of training steps planned \
          {:.1} MiB{planner}, measured RSS {:.1} MiB (measured/planned {:.2}); process peak \
-         with evaluation {:.1} MiB{}; {time}",
+         with evaluation {:.1} MiB{}; {time}{loader}",
         f.basis(),
         mib(f.peak_bytes),
         mib(rss),
