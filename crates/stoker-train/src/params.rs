@@ -104,13 +104,22 @@ impl ParamSet {
     }
 }
 
+/// Where a builder takes its parameters' values from instead of drawing them.
+enum Values {
+    /// A whole flat buffer laid out by the layout.
+    Flat(crate::layout::FlatLayout, Vec<f32>),
+    /// Some groups' values (group number, the group's values from its span's start), laid
+    /// out by the layout; every other group's parameters are empty placeholders.
+    Groups(crate::layout::FlatLayout, Vec<(usize, Vec<f32>)>),
+}
+
 /// Collects a model's parameters as it declares them.
 pub struct ParamBuilder {
     device: Device,
     dtype: DType,
     seed: u64,
-    /// Values to take instead of drawing them: a flat buffer and its layout.
-    values: Option<(crate::layout::FlatLayout, Vec<f32>)>,
+    /// Values to take instead of drawing them.
+    values: Option<Values>,
     group: usize,
     params: Vec<Param>,
 }
@@ -137,7 +146,24 @@ impl ParamBuilder {
         values: Vec<f32>,
     ) -> Self {
         ParamBuilder {
-            values: Some((layout, values)),
+            values: Some(Values::Flat(layout, values)),
+            ..ParamBuilder::new(device, dtype, 0)
+        }
+    }
+
+    /// Parameters in `dtype` on `device` for the groups of `groups` alone (group number
+    /// and the group's values from the start of its span in `layout`): every other
+    /// group's parameters are empty placeholders (0 elements). A model built so can run
+    /// only the units those groups serve ([`crate::models::Model::unit_forward`]); ZeRO-3
+    /// builds one per unit on the graph path.
+    pub fn from_groups(
+        device: Device,
+        dtype: DType,
+        layout: crate::layout::FlatLayout,
+        groups: Vec<(usize, Vec<f32>)>,
+    ) -> Self {
+        ParamBuilder {
+            values: Some(Values::Groups(layout, groups)),
             ..ParamBuilder::new(device, dtype, 0)
         }
     }
@@ -167,20 +193,38 @@ impl ParamBuilder {
             )));
         }
         let n: usize = shape.iter().product();
+        let offset = |layout: &crate::layout::FlatLayout| {
+            layout.offset_of(name).ok_or_else(|| {
+                TrainError::Layout(format!("parameter `{name}` is not in the flat layout"))
+            })
+        };
+        fn part<'v>(values: &'v [f32], off: usize, n: usize, name: &str) -> Result<&'v [f32]> {
+            values.get(off..off + n).ok_or_else(|| {
+                TrainError::Layout(format!(
+                    "parameter `{name}` at {off}..{} is outside the {} values",
+                    off + n,
+                    values.len()
+                ))
+            })
+        }
         let t = match &self.values {
             None => Tensor::from_vec(init_values(self.seed, name, n, init), shape, &self.device)?,
-            Some((layout, values)) => {
-                let off = layout.offset_of(name).ok_or_else(|| {
-                    TrainError::Layout(format!("parameter `{name}` is not in the flat layout"))
-                })?;
-                let part = values.get(off..off + n).ok_or_else(|| {
-                    TrainError::Layout(format!(
-                        "parameter `{name}` at {off}..{} is outside the {} values",
-                        off + n,
-                        values.len()
-                    ))
-                })?;
-                Tensor::from_slice(part, shape, &self.device)?
+            Some(Values::Flat(layout, values)) => {
+                Tensor::from_slice(part(values, offset(layout)?, n, name)?, shape, &self.device)?
+            }
+            Some(Values::Groups(layout, groups)) => {
+                match groups.iter().find(|(g, _)| *g == self.group) {
+                    Some((g, values)) => {
+                        let start = layout.group_start(*g).ok_or_else(|| {
+                            TrainError::Layout(format!("group {g} is not in the flat layout"))
+                        })?;
+                        let off = offset(layout)?.checked_sub(start).ok_or_else(|| {
+                            TrainError::Layout(format!("parameter `{name}` is not in group {g}"))
+                        })?;
+                        Tensor::from_slice(part(values, off, n, name)?, shape, &self.device)?
+                    }
+                    None => Tensor::zeros(0, DType::F32, &self.device)?,
+                }
             }
         };
         let t = t.to_dtype(self.dtype)?;

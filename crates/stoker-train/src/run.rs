@@ -156,12 +156,36 @@ pub fn predicted(
             blocks: spans.iter().sum::<u64>().saturating_sub(root),
             reshard_after_forward: p.reshard_after_forward,
         },
-        // The graph path gathers the whole model as one unit, once per micro-batch.
-        false => GroupSpans {
-            root: layout.total_len() as u64,
-            blocks: 0,
-            reshard_after_forward: false,
-        },
+        // The graph path gathers unit by unit (parallel::units): the groups its schedule
+        // gathers once count as root, those gathered twice as blocks.
+        false => {
+            let plan = crate::parallel::units::UnitPlan::for_model(
+                &config.model,
+                config.precision,
+                config.kernels,
+                layout,
+                p.reshard_after_forward,
+            );
+            let (mut once, mut twice) = (0u64, 0u64);
+            match plan {
+                Ok(plan) => {
+                    for (n, s) in plan.gathers().into_iter().zip(&plan.spans) {
+                        match n {
+                            1 => once += s.len() as u64,
+                            _ => twice += s.len() as u64,
+                        }
+                    }
+                }
+                // A model whose units cannot be planned fails the trainer's build first;
+                // here it counts as one unit.
+                Err(_) => once = layout.total_len() as u64,
+            }
+            GroupSpans {
+                root: once,
+                blocks: twice,
+                reshard_after_forward: true,
+            }
+        }
     };
     stoker_plan::trainer::predict(&TrainerRun {
         flat_len: layout.total_len() as u64,

@@ -19,6 +19,7 @@ use crate::layout::FlatLayout;
 use crate::loss::{cross_entropy_sum, scalar, valid_count};
 use crate::models::{Cnn, DirectStep, Gpt, LossKind, Mlp, Model};
 use crate::optim::{segments, AdamW, Optimizer, Sgd};
+use crate::parallel::units::UnitPlan;
 use crate::parallel::{Single, Strategy, SyncStats};
 use crate::precision::{Fp8State, Fx, Kernels, Precision};
 use crate::schedule::Schedule;
@@ -93,19 +94,25 @@ pub fn build_model_from(
     values: Vec<f32>,
 ) -> Result<Box<dyn Model>> {
     layout.check_len(values.len())?;
-    let b = || {
-        let dt = kernels.param_dtype(precision);
-        crate::params::ParamBuilder::from_flat(Device::Cpu, dt, layout.clone(), values)
-    };
+    let dt = kernels.param_dtype(precision);
+    let b = crate::params::ParamBuilder::from_flat(Device::Cpu, dt, layout.clone(), values);
+    model_with_builder(model, b)
+}
+
+/// The model `config` describes, its parameters from `b`.
+pub(crate) fn model_with_builder(
+    model: &ModelConfig,
+    b: crate::params::ParamBuilder,
+) -> Result<Box<dyn Model>> {
     Ok(match model {
-        ModelConfig::Gpt(c) => Box::new(Gpt::with_builder(c.clone(), b())?),
-        ModelConfig::Cnn(c) => Box::new(Cnn::with_builder(*c, b())?),
-        ModelConfig::Mlp(c) => Box::new(Mlp::with_builder(c.clone(), b())?),
+        ModelConfig::Gpt(c) => Box::new(Gpt::with_builder(c.clone(), b)?),
+        ModelConfig::Cnn(c) => Box::new(Cnn::with_builder(*c, b)?),
+        ModelConfig::Mlp(c) => Box::new(Mlp::with_builder(c.clone(), b)?),
     })
 }
 
 /// Bytes of `model`'s candle variables.
-fn vars_bytes(model: &dyn Model) -> usize {
+pub(crate) fn vars_bytes(model: &dyn Model) -> usize {
     model
         .params()
         .iter()
@@ -137,11 +144,10 @@ pub struct Trainer {
     /// graph path's step, evaluation, sampling); the rank's own model is a
     /// [`crate::models::Shell`].
     full_model: Option<ModelConfig>,
-    /// ZeRO-3 on the graph path: the micro-batch's whole gradient before its
-    /// reduce-scatter (workspace), and the bytes a gathered model's variables hold (told
-    /// from the rank's own model before it became a shell, kept at the most seen).
-    graph_grads: Vec<f32>,
-    graph_vars_bytes: usize,
+    /// ZeRO-3 on the graph path: the model's units, gathered one at a time
+    /// ([`crate::parallel::units`]), and the most bytes of that workspace held so far.
+    units: Option<UnitPlan>,
+    unit_peak: usize,
     /// The optimizer over `master`.
     pub optimizer: Box<dyn Optimizer>,
     /// The learning-rate schedule.
@@ -219,10 +225,15 @@ impl Trainer {
             true => model.direct_step(&layout, config.precision == Precision::Bf16)?,
             false => None,
         };
-        // ZeRO-3 on the graph path: each micro-batch builds a model of these variables.
-        let graph_vars_bytes = match (sharded, direct.is_none()) {
-            (true, true) => vars_bytes(&*model),
-            _ => 0,
+        // ZeRO-3 on the graph path: each micro-batch runs the model unit by unit.
+        let units = match (sharded, direct.is_none()) {
+            (true, true) => Some(UnitPlan::of(
+                &*model,
+                &layout,
+                config.parallel.reshard_after_forward,
+                config.kernels.param_dtype(config.precision).size_in_bytes(),
+            )?),
+            _ => None,
         };
         // ZeRO-3: keep the shard; the model's full-size variables give way to a shell.
         let (model, full_model): (Box<dyn Model>, _) = match sharded {
@@ -233,10 +244,6 @@ impl Trainer {
                 (shell, Some(config.model.clone()))
             }
         };
-        let graph_grads = match (sharded, direct.is_none()) {
-            (true, true) => vec![0.0; len],
-            _ => Vec::new(),
-        };
         let keep = held.len();
         let grad_range = strategy.grad_range(len, direct.is_some())?;
         Ok(Trainer {
@@ -246,8 +253,8 @@ impl Trainer {
             grads: vec![0.0; grad_range.len()],
             held,
             full_model,
-            graph_grads,
-            graph_vars_bytes,
+            units,
+            unit_peak: 0,
             layout,
             master,
             optimizer,
@@ -340,14 +347,14 @@ impl Trainer {
             grads: 4 * self.grads.len() + self.strategy.grad_bytes(),
             optimizer: self.optimizer.state_bytes(),
             buffers: self.strategy.buffer_bytes()
-                + self.step_buffer_bytes(self.sum.extra_buffers()),
+                + self.step_buffer_bytes(self.sum.extra_buffers())
+                + self.unit_peak,
         }
     }
 
-    /// The step's buffers besides the strategy's: `sum_buffers` gradient-sized buffers of
-    /// the accumulation and the graph path's gradients and variables.
+    /// The accumulation's buffers: `sum_buffers` gradient-sized ones.
     fn step_buffer_bytes(&self, sum_buffers: usize) -> usize {
-        4 * self.grads.len() * sum_buffers + 4 * self.graph_grads.len() + self.graph_vars_bytes
+        4 * self.grads.len() * sum_buffers
     }
 
     /// [`HeldBytes::buffers`](crate::memory::HeldBytes) in steady state for windows of
@@ -356,6 +363,7 @@ impl Trainer {
     pub fn steady_buffer_bytes(&self, k: usize) -> usize {
         self.strategy.steady_buffer_bytes()
             + self.step_buffer_bytes(GradSum::steady_extra_buffers(self.sum.order(), k))
+            + self.units.as_ref().map_or(0, |u| u.peak_bytes(&self.held))
     }
 
     /// Bytes of the direct step's activation buffers now (0 on the graph path, whose
@@ -427,8 +435,8 @@ impl Trainer {
             layout,
             master,
             full_model,
-            graph_grads,
-            graph_vars_bytes,
+            units,
+            unit_peak,
             precision,
             kernels,
             ..
@@ -461,25 +469,26 @@ impl Trainer {
                 sum.push(grads, loss);
                 continue;
             }
-            if let Some(config) = full_model.as_ref().filter(|_| direct.is_none()) {
-                // ZeRO-3 on the graph path, one unit (FSDP without a wrap policy): the
-                // whole model gathered for the micro-batch, its gradient reduce-scattered
-                // into this rank's shard after the backward.
-                let full = strategy
-                    .gather_params(master)?
-                    .expect("a strategy that shards parameters gathers them");
-                let gathered = build_model_from(config, *precision, *kernels, layout, full)?;
-                *graph_vars_bytes = (*graph_vars_bytes).max(vars_bytes(&*gathered));
-                stoker_kernels::flat::zero(graph_grads);
-                let mut backward = Backward::Graph {
-                    model: &*gathered,
-                    fx: &fx,
+            if let (Some(plan), Some(config)) = (units.as_ref(), full_model.as_ref()) {
+                // ZeRO-3 on the graph path: the model run unit by unit, each unit's groups
+                // gathered as it runs and reduce-scattered as its backward finishes them.
+                let step = crate::parallel::units::UnitStep {
+                    plan,
+                    model: config,
+                    precision: *precision,
+                    kernels: *kernels,
                     layout,
-                    check_grads: step == 0,
+                    fx: &fx,
                 };
-                let loss = micro_batch(&mut backward, mb, factor, graph_grads, &mut |_, _| {})?;
-                drop(gathered);
-                strategy.scatter_grads(graph_grads, target)?;
+                let loss = crate::parallel::units::micro_batch(
+                    &step,
+                    &mut **strategy,
+                    master,
+                    target,
+                    mb,
+                    factor,
+                    unit_peak,
+                )?;
                 strategy.finish_micro_batch(target)?;
                 sum.push(grads, loss);
                 continue;

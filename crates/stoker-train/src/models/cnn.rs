@@ -96,19 +96,42 @@ impl Model for Cnn {
         &self.params
     }
 
-    /// `input`: images `(B, C, H, W)`, u8 (normalized here) or float; logits `(B, classes)`.
-    fn forward(&self, fx: &Fx, input: &Tensor) -> Result<Tensor> {
-        let x = if input.dtype() == DType::U8 {
-            ((input.to_dtype(fx.high)? / 255.0)? - MEAN)? / STD
-        } else {
-            input.to_dtype(fx.high)
-        }?;
-        let x = Self::conv_stage(fx, &x, &self.conv1)?;
-        let x = Self::conv_stage(fx, &x, &self.conv2)?;
-        let x = x.flatten_from(1)?;
-        let h = linear(fx, "fc1", &x, &self.fc1[0], Some(&self.fc1[1]))?.relu()?;
-        let logits = linear(fx, "fc2", &h, &self.fc2[0], Some(&self.fc2[1]))?;
-        Ok(logits.to_dtype(fx.high)?)
+    /// Four units, one per layer: conv1 (from images `(B, C, H, W)`, u8 normalized here,
+    /// or float), conv2, fc1, fc2 (logits `(B, classes)`).
+    fn units(&self) -> usize {
+        4
+    }
+
+    fn unit_groups(&self, u: usize) -> Vec<usize> {
+        vec![u]
+    }
+
+    fn unit_forward(&self, fx: &Fx, u: usize, x: &Tensor) -> Result<Tensor> {
+        Ok(match u {
+            0 => {
+                let x = if x.dtype() == DType::U8 {
+                    ((x.to_dtype(fx.high)? / 255.0)? - MEAN)? / STD
+                } else {
+                    x.to_dtype(fx.high)
+                }?;
+                Self::conv_stage(fx, &x, &self.conv1)?
+            }
+            1 => Self::conv_stage(fx, x, &self.conv2)?,
+            2 => linear(
+                fx,
+                "fc1",
+                &x.flatten_from(1)?,
+                &self.fc1[0],
+                Some(&self.fc1[1]),
+            )?
+            .relu()?,
+            3 => linear(fx, "fc2", x, &self.fc2[0], Some(&self.fc2[1]))?.to_dtype(fx.high)?,
+            _ => {
+                return Err(crate::error::TrainError::Layout(format!(
+                    "the CNN has no unit {u}"
+                )))
+            }
+        })
     }
 
     fn loss_kind(&self) -> LossKind {

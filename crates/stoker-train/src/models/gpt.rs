@@ -279,21 +279,39 @@ impl Model for Gpt {
         &self.params
     }
 
-    /// `input`: token ids `(B, T)`, `T <= context`; logits `(B T, vocab)`.
-    fn forward(&self, fx: &Fx, input: &Tensor) -> Result<Tensor> {
-        let (bsz, t) = input.dims2()?;
-        let d = self.config.d_model;
-        let act = fx.activation();
-        let tok = embedding(fx, &self.wte, input)?.to_dtype(act)?;
-        let pos = self.wpe.narrow(0, 0, t)?.to_dtype(act)?;
-        let mut x = tok.broadcast_add(&pos)?;
-        for blk in &self.blocks {
-            let h = layer_norm(fx, &x, &blk.ln1[0], &blk.ln1[1], LN_EPS)?;
-            x = (x + self.attention(fx, blk, &h)?)?;
-            let h = layer_norm(fx, &x, &blk.ln2[0], &blk.ln2[1], LN_EPS)?;
-            x = (x + self.mlp(fx, blk, &h)?)?;
+    /// Units: the embeddings (from token ids `(B, T)`, `T <= context`), each block, then
+    /// the final norm with the head, which is tied to the token embedding (logits
+    /// `(B T, vocab)`).
+    fn units(&self) -> usize {
+        self.blocks.len() + 2
+    }
+
+    fn unit_groups(&self, u: usize) -> Vec<usize> {
+        match u == self.blocks.len() + 1 {
+            true => vec![u, 0],
+            false => vec![u],
         }
-        let x = layer_norm(fx, &x, &self.ln_f[0], &self.ln_f[1], LN_EPS)?;
+    }
+
+    fn unit_forward(&self, fx: &Fx, u: usize, x: &Tensor) -> Result<Tensor> {
+        let act = fx.activation();
+        if u == 0 {
+            let (_, t) = x.dims2()?;
+            let tok = embedding(fx, &self.wte, x)?.to_dtype(act)?;
+            let pos = self.wpe.narrow(0, 0, t)?.to_dtype(act)?;
+            return Ok(tok.broadcast_add(&pos)?);
+        }
+        if let Some(blk) = self.blocks.get(u - 1) {
+            let h = layer_norm(fx, x, &blk.ln1[0], &blk.ln1[1], LN_EPS)?;
+            let x = (x + self.attention(fx, blk, &h)?)?;
+            let h = layer_norm(fx, &x, &blk.ln2[0], &blk.ln2[1], LN_EPS)?;
+            return Ok((&x + self.mlp(fx, blk, &h)?)?);
+        }
+        if u != self.blocks.len() + 1 {
+            return Err(TrainError::Layout(format!("the GPT has no unit {u}")));
+        }
+        let (bsz, t, d) = x.dims3()?;
+        let x = layer_norm(fx, x, &self.ln_f[0], &self.ln_f[1], LN_EPS)?;
         let logits = linear(fx, "lm_head", &x.reshape((bsz * t, d))?, &self.wte, None)?;
         Ok(logits.to_dtype(fx.high)?)
     }

@@ -69,20 +69,31 @@ impl Model for Mlp {
         &self.params
     }
 
-    /// `input`: `(B, ..input_shape)`, u8 (scaled to [0, 1]) or float; logits `(B, classes)`.
-    fn forward(&self, fx: &Fx, input: &Tensor) -> Result<Tensor> {
-        let mut x = input.flatten_from(1)?.to_dtype(fx.high)?;
-        if input.dtype() == DType::U8 {
-            x = (x / 255.0)?;
-        }
-        let last = self.layers.len() - 1;
-        for (i, [w, b]) in self.layers.iter().enumerate() {
-            x = linear(fx, &format!("layers.{i}"), &x, w, Some(b))?;
-            if i < last {
-                x = x.relu()?;
-            }
-        }
-        Ok(x.to_dtype(fx.high)?)
+    /// One unit per layer; unit 0 takes `(B, ..input_shape)`, u8 (scaled to [0, 1]) or
+    /// float; the last gives logits `(B, classes)`.
+    fn units(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn unit_groups(&self, u: usize) -> Vec<usize> {
+        vec![u]
+    }
+
+    fn unit_forward(&self, fx: &Fx, u: usize, x: &Tensor) -> Result<Tensor> {
+        let x = match u {
+            0 if x.dtype() == DType::U8 => (x.flatten_from(1)?.to_dtype(fx.high)? / 255.0)?,
+            0 => x.flatten_from(1)?.to_dtype(fx.high)?,
+            _ => x.clone(),
+        };
+        let [w, b] = self
+            .layers
+            .get(u)
+            .ok_or_else(|| crate::error::TrainError::Layout(format!("the MLP has no unit {u}")))?;
+        let y = linear(fx, &format!("layers.{u}"), &x, w, Some(b))?;
+        Ok(match u + 1 == self.layers.len() {
+            true => y.to_dtype(fx.high)?,
+            false => y.relu()?,
+        })
     }
 
     fn loss_kind(&self) -> LossKind {

@@ -35,8 +35,26 @@ pub enum LossKind {
 pub trait Model {
     /// The parameters, in execution order.
     fn params(&self) -> &ParamSet;
-    /// Logits `(N, classes)` in `fx.high` for a batch's input field.
-    fn forward(&self, fx: &Fx, input: &Tensor) -> Result<Tensor>;
+    /// Logits `(N, classes)` in `fx.high` for a batch's input field: every unit's
+    /// [`Model::unit_forward`] in turn.
+    fn forward(&self, fx: &Fx, input: &Tensor) -> Result<Tensor> {
+        let mut x = input.clone();
+        for u in 0..self.units() {
+            x = self.unit_forward(fx, u, &x)?;
+        }
+        Ok(x)
+    }
+    /// The forward as a chain of units (FSDP's wrapped modules: a layer, a block): ZeRO-3
+    /// on the graph path gathers one unit's parameters at a time.
+    fn units(&self) -> usize;
+    /// The parameter groups unit `u` reads (the GPT's head reads the token embedding's).
+    fn unit_groups(&self, u: usize) -> Vec<usize>;
+    /// Unit `u`'s forward: from the batch's input field (unit 0) or the previous unit's
+    /// output, to its own output (the logits, in `fx.high`, for the last unit). A model
+    /// built from some groups' values alone
+    /// ([`ParamBuilder::from_groups`](crate::params::ParamBuilder::from_groups)) runs the
+    /// units of those groups.
+    fn unit_forward(&self, fx: &Fx, u: usize, x: &Tensor) -> Result<Tensor>;
     /// Token-level or sample-level loss.
     fn loss_kind(&self) -> LossKind;
     /// Checks that a dataset's input field (per-sample shape and dtype name) fits the

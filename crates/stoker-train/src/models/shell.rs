@@ -13,6 +13,13 @@ use crate::precision::Fx;
 
 use super::{LossKind, Model};
 
+fn sharded() -> TrainError {
+    TrainError::Layout(
+        "the parameters are sharded over the ranks (zero3): gather them into a full model first"
+            .into(),
+    )
+}
+
 /// A model without variables.
 pub struct Shell {
     config: ModelConfig,
@@ -35,10 +42,20 @@ impl Model for Shell {
     }
 
     fn forward(&self, _fx: &Fx, _input: &Tensor) -> Result<Tensor> {
-        Err(TrainError::Layout(
-            "the parameters are sharded over the ranks (zero3): gather them into a full model first"
-                .into(),
-        ))
+        Err(sharded())
+    }
+
+    /// None: a shell has no parameters to run.
+    fn units(&self) -> usize {
+        0
+    }
+
+    fn unit_groups(&self, _u: usize) -> Vec<usize> {
+        Vec::new()
+    }
+
+    fn unit_forward(&self, _fx: &Fx, _u: usize, _x: &Tensor) -> Result<Tensor> {
+        Err(sharded())
     }
 
     fn loss_kind(&self) -> LossKind {

@@ -39,6 +39,7 @@ pub mod reduce;
 pub mod scalars;
 pub mod shard;
 pub mod single;
+pub mod units;
 pub mod zero;
 pub mod zero3;
 
@@ -154,13 +155,20 @@ pub trait Strategy {
     ) -> Option<Box<dyn stoker_kernels::StepParams + 'a>> {
         None
     }
-    /// ZeRO-3 on the graph path: reduce-scatters a micro-batch's whole gradient `full`
-    /// and adds this rank's part into its shard `shard`.
-    fn scatter_grads(&mut self, _full: &[f32], _shard: &mut [f32]) -> Result<()> {
-        Err(crate::error::TrainError::Layout(format!(
-            "{}: gradients are not sharded by micro-batch here",
-            self.name()
-        )))
+    /// ZeRO-3 on the graph path: the parameters of flat span `span`, gathered from every
+    /// rank's shard `held` (a collective; [`units`]).
+    fn gather_span(&mut self, _held: &[f32], _span: Range<usize>) -> Result<Vec<f32>> {
+        Err(not_sharded(self.name()))
+    }
+    /// ZeRO-3 on the graph path: reduce-scatters `grads`, a micro-batch's gradients of flat
+    /// span `span`, and adds this rank's part into its shard `shard` (a collective).
+    fn scatter_span(
+        &mut self,
+        _grads: &[f32],
+        _span: Range<usize>,
+        _shard: &mut [f32],
+    ) -> Result<()> {
+        Err(not_sharded(self.name()))
     }
     /// ZeRO-3: the whole parameter buffer, gathered from every rank's shard `held` (a
     /// collective: FSDP's `summon_full_params`). None where every rank holds it already.
@@ -169,6 +177,10 @@ pub trait Strategy {
     }
     /// What the last window cost.
     fn stats(&self) -> SyncStats;
+}
+
+fn not_sharded(name: &str) -> crate::error::TrainError {
+    crate::error::TrainError::Layout(format!("{name}: the parameters are not sharded here"))
 }
 
 /// The strategy `config` asks for over `comm`, with buckets over `layout`. One rank

@@ -77,6 +77,17 @@ impl Zero3 {
     }
 }
 
+impl Zero3 {
+    /// The part of flat span `span` this rank owns, as a range of its shard.
+    fn local(&self, span: &Range<usize>) -> Range<usize> {
+        let owned = self.shards.owned_within(self.comm.rank(), span);
+        match owned.is_empty() {
+            true => 0..0,
+            false => owned.start - self.own.start..owned.end - self.own.start,
+        }
+    }
+}
+
 impl Strategy for Zero3 {
     fn name(&self) -> &'static str {
         "zero3"
@@ -186,12 +197,23 @@ impl Strategy for Zero3 {
         }))
     }
 
-    fn scatter_grads(&mut self, full: &[f32], shard: &mut [f32]) -> Result<()> {
+    fn gather_span(&mut self, held: &[f32], span: Range<usize>) -> Result<Vec<f32>> {
         let t0 = std::time::Instant::now();
-        let mut mine = vec![0f32; shard.len()];
+        let mut out = vec![0f32; span.len()];
+        let local = self.local(&span);
         self.comm
-            .reduce_scatter(full, &self.shards.counts(), &mut mine)?;
-        for (s, m) in shard.iter_mut().zip(&mine) {
+            .all_gather(&held[local], &self.shards.counts_within(&span), &mut out)?;
+        self.stats.exposed_wait += t0.elapsed();
+        Ok(out)
+    }
+
+    fn scatter_span(&mut self, grads: &[f32], span: Range<usize>, shard: &mut [f32]) -> Result<()> {
+        let t0 = std::time::Instant::now();
+        let local = self.local(&span);
+        let mut mine = vec![0f32; local.len()];
+        self.comm
+            .reduce_scatter(grads, &self.shards.counts_within(&span), &mut mine)?;
+        for (s, m) in shard[local].iter_mut().zip(&mine) {
             *s += m;
         }
         self.stats.exposed_wait += t0.elapsed();
