@@ -340,6 +340,9 @@ pub struct OwnBytes {
     /// The direct step's activation buffers (`stoker_kernels::activation_floats`); None
     /// on the graph path, where the planner's formula stands in.
     pub activations: Option<f64>,
+    /// The kernels' scratch beyond the activation buffers (gemm's per-thread packing
+    /// slabs and per-call packs), measured by one scratch micro-batch; 0 where not.
+    pub workspace: f64,
     /// The loader's batch buffers: one per batch in flight plus the one being used.
     pub loader: f64,
     /// Heap bytes live before the run allocated anything, where the binary counts them.
@@ -354,8 +357,8 @@ pub struct RunForecast {
     /// the planner cannot model the run and only the trainer's count of its bytes stands.
     pub hardware: String,
     /// Peak bytes per rank of training steps: with the trainer's own count, baseline +
-    /// model states + communication buffers + activations + loader buffers; else the
-    /// planner's formula.
+    /// model states + communication buffers + activations + the kernels' scratch + loader
+    /// buffers; else the planner's formula.
     pub peak_bytes: f64,
     /// The planner's formula for the same (model states, activations, buckets, runtime,
     /// fragmentation), for comparison; 0 where the planner cannot model the run.
@@ -363,13 +366,16 @@ pub struct RunForecast {
     pub planner_peak_bytes: f64,
     /// Activations within `peak_bytes`.
     pub activation_bytes: f64,
+    /// The kernels' scratch within `peak_bytes` (the trainer's count; 0 without it).
+    #[serde(default)]
+    pub workspace_bytes: f64,
     /// Communication and accumulation buffers within `peak_bytes` (the trainer's count;
     /// 0 without it).
     #[serde(default)]
     pub buffer_bytes: f64,
     /// Live heap bytes of training steps: the heap before the run + model states +
-    /// communication buffers + activations + loader buffers (the trainer's own count;
-    /// None without it).
+    /// communication buffers + activations + the kernels' scratch + loader buffers (the
+    /// trainer's own count; None without it).
     #[serde(default)]
     pub heap_bytes: Option<f64>,
     /// Seconds per optimizer step; None where the planner cannot model the run (it models
@@ -421,7 +427,7 @@ pub fn forecast(
     };
     let (peak_bytes, activation_bytes, heap_bytes) = match (own, &row) {
         (Some((o, a)), _) => {
-            let held = o.model_states + o.buffers + a + o.loader;
+            let held = o.model_states + o.buffers + a + o.workspace + o.loader;
             (o.baseline + held, a, o.baseline_heap.map(|h| h + held))
         }
         (None, Some(r)) => (r.peak_bytes, r.activation_bytes, None),
@@ -433,6 +439,7 @@ pub fn forecast(
         planner_peak_bytes: row.as_ref().map_or(0.0, |r| r.peak_bytes),
         activation_bytes,
         buffer_bytes: own.map_or(0.0, |(o, _)| o.buffers),
+        workspace_bytes: own.map_or(0.0, |(o, _)| o.workspace),
         heap_bytes,
         step_s: row.as_ref().map(|r| r.step_s),
         required_samples_per_s: row.as_ref().map(|r| r.samples / r.step_s),

@@ -338,7 +338,13 @@ pub fn run_rank(
     }
     // Before the loader starts its workers, whose allocations the count would see.
     let threads = comm.backend() == "local" && dims.world > 1;
-    let graph_heap = graph_step_heap(&mut trainer, &data, dims.micro_batch, opts.heap, threads)?;
+    let scratch = step_scratch_heap(&mut trainer, &data, dims.micro_batch, opts.heap, threads)?;
+    // The direct step's activation buffers are told (activation_floats); what its scratch
+    // run held beyond them is its kernels' workspace. On the graph path it is all candle's.
+    let (activations, workspace) = match (direct_activation_bytes(config, &dims), scratch) {
+        (Some(a), s) => (Some(a), s.map(|s| s.saturating_sub(a))),
+        (None, s) => (s, None),
+    };
     let sampler = Sampler::new(
         data.train.len(),
         SamplerConfig {
@@ -375,9 +381,8 @@ pub fn run_rank(
         model_states: planned.model_states(),
         // Communication and accumulation buffers, as the trainer sized them.
         buffers: trainer.steady_buffer_bytes(dims.accumulation_steps) as f64,
-        activations: direct_activation_bytes(config, &dims)
-            .or(graph_heap)
-            .map(|b| b as f64),
+        activations: activations.map(|b| b as f64),
+        workspace: workspace.map_or(0.0, |b| b as f64),
         loader: (loader.buffer_bytes() * (loader.config().max_in_flight() + 1)) as f64,
         baseline_heap: baseline_heap.map(|b| b as f64),
     };
@@ -626,21 +631,22 @@ pub fn run_rank(
     })
 }
 
-/// The heap one graph-path micro-batch allocates beyond what the trainer holds (candle's
-/// activations and gradient store, dtype casts), counted: the train set's first
-/// micro-batch runs once before training under the binary's heap counter, its gradients
-/// thrown away ([`Trainer::graph_step_scratch`]). None on the direct step (whose buffers
-/// `stoker_kernels::activation_floats` counts), where the scratch step cannot run (ZeRO-3,
-/// fp8), without a heap counter, and with ranks as threads of one process (one counter
-/// for all of them).
-fn graph_step_heap(
+/// The heap one micro-batch's step allocates beyond the buffers the trainer tells
+/// (candle's activations, gradient store and casts on the graph path; the direct step's
+/// activation buffers and its kernels' scratch: gemm's per-thread packing slabs and
+/// per-call packs), counted: the train set's first micro-batch runs once before training
+/// under the binary's heap counter, its gradients thrown away
+/// ([`Trainer::scratch_micro_batch`]: no state changes, no collective). None in fp8 (where
+/// the scratch step cannot run), without a heap counter, and with ranks as threads of one
+/// process (one counter for all of them).
+fn step_scratch_heap(
     trainer: &mut Trainer,
     data: &Datasets,
     micro: usize,
     heap: Option<HeapProbe>,
     threads: bool,
 ) -> Result<Option<usize>> {
-    let Some(h) = heap.filter(|_| !trainer.direct() && !threads) else {
+    let Some(h) = heap.filter(|_| !threads) else {
         return Ok(None);
     };
     let sampler = Sampler::new(data.train.len(), SamplerConfig::default())?;
@@ -658,9 +664,10 @@ fn graph_step_heap(
     drop((first, loader));
     (h.reset_peak)();
     let before = (h.live)();
-    let ran = trainer.graph_step_scratch(&mb)?;
-    let peak = (h.peak)();
-    Ok(ran.then(|| peak.saturating_sub(before) as usize))
+    let told = trainer.scratch_micro_batch(&mb)?;
+    let step = (h.peak)().saturating_sub(before) as usize;
+    // The strategy's told workspace is counted with its buffers already.
+    Ok(told.map(|t| step.saturating_sub(t)))
 }
 
 /// Bytes of the direct step's activation buffers for this run's micro-batch (GPT on the
@@ -682,10 +689,12 @@ pub fn forecast_line(f: &crate::planned::RunForecast) -> String {
         _ => "step time not modelled (the planner models transformers)".into(),
     };
     format!(
-        "planner forecast per rank ({}): peak memory {:.1} MiB (activations {:.1} MiB), {time}",
+        "planner forecast per rank ({}): peak memory {:.1} MiB (activations {:.1} MiB, kernel \
+         scratch {:.1} MiB), {time}",
         f.basis(),
         mib(f.peak_bytes),
         mib(f.activation_bytes),
+        mib(f.workspace_bytes),
     )
 }
 

@@ -363,7 +363,13 @@ impl Trainer {
     pub fn steady_buffer_bytes(&self, k: usize) -> usize {
         self.strategy.steady_buffer_bytes()
             + self.step_buffer_bytes(GradSum::steady_extra_buffers(self.sum.order(), k))
-            + self.units.as_ref().map_or(0, |u| u.peak_bytes(&self.held))
+            + self.unit_workspace_bytes()
+    }
+
+    /// ZeRO-3 on the graph path: the most bytes its units' gathered groups, gradient buffers
+    /// and variables hold at once in a micro-batch, told from the schedule (0 otherwise).
+    pub fn unit_workspace_bytes(&self) -> usize {
+        self.units.as_ref().map_or(0, |u| u.peak_bytes(&self.held))
     }
 
     /// Bytes of the direct step's activation buffers now (0 on the graph path, whose
@@ -387,28 +393,79 @@ impl Trainer {
         self.direct.is_some()
     }
 
-    /// Runs micro-batch `mb`'s forward and backward on the candle-graph path and throws
-    /// its gradients away, changing no state (no optimizer step, no loss-scaler or
-    /// strategy call, the gradient buffer zeroed after), so that a caller can count what
-    /// one graph step allocates. Returns false without running on the direct step, under
-    /// ZeRO-3 (whose graph step gathers a model of its own) and in fp8 (whose forward
-    /// records amax history).
-    pub fn graph_step_scratch(&mut self, mb: &MicroBatch) -> Result<bool> {
-        if self.direct.is_some() || self.full_model.is_some() || self.fp8.is_some() {
-            return Ok(false);
+    /// Runs micro-batch `mb`'s forward and backward and throws its gradients away,
+    /// changing no state (no optimizer step, no loss-scaler call, no collective, the
+    /// gradient buffer zeroed after), so that a caller can count what one step allocates.
+    /// The direct step runs over the whole buffers or, where the strategy reduces by
+    /// group, its schedule over a communicator that moves no data
+    /// ([`Strategy::dry_source`]); its activation buffers stay (the step keeps them). The
+    /// graph path runs candle's graph (under ZeRO-3 its units on zeros, without
+    /// collectives). Returns the bytes of told workspace the run held meanwhile (the
+    /// strategy's groups, ZeRO-3's units), which a count must not take twice; None without
+    /// running in fp8 (whose forward records amax history).
+    pub fn scratch_micro_batch(&mut self, mb: &MicroBatch) -> Result<Option<usize>> {
+        if self.fp8.is_some() {
+            return Ok(None);
         }
         let fx = Fx::new(self.precision, None).with_kernels(self.kernels);
+        let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale()) as f64;
+        let factor = (!mb.targets.is_empty()).then(|| scale / mb.targets.len() as f64);
+        if let Some(step) = self.direct.as_deref_mut() {
+            let f = factor.unwrap_or(0.0) as f32;
+            let told = match self.strategy.reduces_by_group() {
+                true => {
+                    let (mut source, told) = self
+                        .strategy
+                        .dry_source(&self.master, &mut self.grads)?
+                        .ok_or_else(|| {
+                            TrainError::Layout(
+                                "a strategy reducing by group has no dry source".into(),
+                            )
+                        })?;
+                    step.forward_backward_groups(&mut *source, &mb.input, &mb.targets, f)?;
+                    told
+                }
+                false => {
+                    let (master, grads) = (&self.master, &mut self.grads);
+                    step.forward_backward(
+                        master,
+                        &mb.input,
+                        &mb.targets,
+                        f,
+                        grads,
+                        &mut |_, _| {},
+                    )?;
+                    0
+                }
+            };
+            stoker_kernels::flat::zero(&mut self.grads);
+            return Ok(Some(told));
+        }
+        if let (Some(plan), Some(config)) = (&self.units, &self.full_model) {
+            let step = crate::parallel::units::UnitStep {
+                plan,
+                model: config,
+                precision: self.precision,
+                kernels: self.kernels,
+                layout: &self.layout,
+                fx: &fx,
+            };
+            let mut scratch = crate::parallel::units::Scratch {
+                own: self.held.clone(),
+            };
+            let mut peak = 0;
+            crate::parallel::units::micro_batch(&step, &mut scratch, mb, factor, &mut peak)?;
+            return Ok(Some(self.unit_workspace_bytes()));
+        }
         let mut backward = Backward::Graph {
             model: &*self.model,
             fx: &fx,
             layout: &self.layout,
             check_grads: false,
         };
-        let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale()) as f64;
-        let factor = (!mb.targets.is_empty()).then(|| scale / mb.targets.len() as f64);
         micro_batch(&mut backward, mb, factor, &mut self.grads, &mut |_, _| {})?;
         stoker_kernels::flat::zero(&mut self.grads);
-        Ok(true)
+        Ok(Some(0))
     }
 
     /// One optimizer step over this rank's accumulation window (its part of the global
@@ -480,15 +537,14 @@ impl Trainer {
                     layout,
                     fx: &fx,
                 };
-                let loss = crate::parallel::units::micro_batch(
-                    &step,
-                    &mut **strategy,
-                    master,
-                    target,
-                    mb,
-                    factor,
-                    unit_peak,
-                )?;
+                let mut source = crate::parallel::units::Collective {
+                    strategy: &mut **strategy,
+                    held: master,
+                    shard: target,
+                    len: layout.total_len(),
+                };
+                let loss =
+                    crate::parallel::units::micro_batch(&step, &mut source, mb, factor, unit_peak)?;
                 strategy.finish_micro_batch(target)?;
                 sum.push(grads, loss);
                 continue;

@@ -19,6 +19,7 @@
 //! Every rank starts the same collectives in the same order (the schedule depends on the
 //! model alone), as non-blocking MPI collectives require.
 
+use std::borrow::BorrowMut;
 use std::ops::Range;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -78,11 +79,7 @@ impl GroupGather {
     /// step, told before the first: the step's calls (`stoker_kernels::group_calls`)
     /// replayed through a [`Source`] over a communicator that moves no data.
     pub fn planned_peak(&self) -> Result<usize> {
-        let mut dry = GroupGather {
-            reduce: self.reduce.dry()?,
-            reshard_after_forward: self.reshard_after_forward,
-            params: (0..self.params.len()).map(|_| Slot::Free).collect(),
-        };
+        let mut dry = self.dry()?;
         let n = self.reduce.own_len();
         let (master, mut grads) = (vec![0f32; n], vec![0f32; n]);
         let mut source = Source {
@@ -94,6 +91,16 @@ impl GroupGather {
             .map_err(|e| crate::error::TrainError::Layout(e.to_string()))?;
         dry.finish(&mut grads)?;
         Ok(dry.peak_bytes())
+    }
+
+    /// The same groups and shards over a communicator that moves no data: the schedule
+    /// runs alone (gathered groups stay zero, reductions add zeros).
+    pub fn dry(&self) -> Result<GroupGather> {
+        Ok(GroupGather {
+            reduce: self.reduce.dry()?,
+            reshard_after_forward: self.reshard_after_forward,
+            params: (0..self.params.len()).map(|_| Slot::Free).collect(),
+        })
     }
 
     fn is_block(&self, group: usize) -> bool {
@@ -233,28 +240,30 @@ impl GroupGather {
 
 /// The direct step's parameter source for one micro-batch: groups gathered from the
 /// shard `master`, gradients reduced into the shard `grads`.
-pub struct Source<'a> {
-    /// The gathers and buffers.
-    pub gather: &'a mut GroupGather,
+pub struct Source<'a, G = &'a mut GroupGather> {
+    /// The gathers and buffers (borrowed, or owned by a scratch step).
+    pub gather: G,
     /// This rank's shard of the FP32 parameters.
     pub master: &'a [f32],
     /// This rank's shard of the window's gradient sum.
     pub grads: &'a mut [f32],
 }
 
-impl StepParams for Source<'_> {
+impl<G: BorrowMut<GroupGather>> StepParams for Source<'_, G> {
     fn group(
         &mut self,
         group: usize,
         phase: Phase,
     ) -> std::result::Result<GroupView<'_>, KernelError> {
         self.gather
+            .borrow_mut()
             .group_view(group, self.master, phase)
             .map_err(|e| source_err("zero3", group, e))
     }
 
     fn done(&mut self, group: usize, phase: Phase) -> std::result::Result<(), KernelError> {
         self.gather
+            .borrow_mut()
             .group_done(group, phase, self.master, self.grads)
             .map_err(|e| source_err("zero3", group, e))
     }

@@ -144,6 +144,19 @@ pub trait Strategy {
     fn reduces_by_group(&self) -> bool {
         false
     }
+    /// A source for one scratch micro-batch of the direct step: this strategy's per-group
+    /// schedule over a communicator that moves no data (ZeRO-2 reducing by group,
+    /// ZeRO-3), with the workspace it holds at most (told, as in
+    /// [`Strategy::steady_buffer_bytes`]). None where the step reads and writes the whole
+    /// buffers. What the run's memory count measures the kernels' own scratch with.
+    #[allow(clippy::type_complexity)]
+    fn dry_source<'a>(
+        &self,
+        _master: &'a [f32],
+        _grads: &'a mut [f32],
+    ) -> Result<Option<(Box<dyn stoker_kernels::StepParams + 'a>, usize)>> {
+        Ok(None)
+    }
     /// Where a micro-batch's direct step finds each parameter group (ZeRO-3: gathered
     /// from the ranks' shards of `master`; ZeRO-2: `master` itself) and where its
     /// gradients go (reduce-scattered and added into this rank's shard `grads`). None:

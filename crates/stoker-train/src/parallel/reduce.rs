@@ -10,6 +10,7 @@
 //! keeps ([`ReduceSource`]); ZeRO-3 gathers them too ([`super::gather`]) and shares this
 //! pool for its parameter buffers.
 
+use std::borrow::BorrowMut;
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::rc::Rc;
@@ -124,7 +125,7 @@ impl GroupReduce {
 
     /// The same groups and shards over a communicator that moves no data, for running
     /// the schedule before the first step.
-    pub(super) fn dry(&self) -> Result<GroupReduce> {
+    pub fn dry(&self) -> Result<GroupReduce> {
         let comm = DryComm::new(self.comm.rank(), self.comm.world_size())?;
         Ok(GroupReduce::new(
             Rc::new(comm),
@@ -234,9 +235,9 @@ impl GroupReduce {
 /// The direct step's parameter source for one ZeRO-2 micro-batch: every group's
 /// parameters read from the whole FP32 buffer `master`, its gradients written into a
 /// buffer of their own and reduce-scattered into this rank's shard `grads`.
-pub struct ReduceSource<'a> {
-    /// The gradient buffers and their reductions.
-    pub reduce: &'a mut GroupReduce,
+pub struct ReduceSource<'a, R = &'a mut GroupReduce> {
+    /// The gradient buffers and their reductions (borrowed, or owned by a scratch step).
+    pub reduce: R,
     /// The whole FP32 parameter buffer.
     pub master: &'a [f32],
     /// This rank's shard of the window's gradient sum.
@@ -252,16 +253,17 @@ pub fn source_err(op: &'static str, group: usize, e: TrainError) -> KernelError 
     }
 }
 
-impl StepParams for ReduceSource<'_> {
+impl<R: BorrowMut<GroupReduce>> StepParams for ReduceSource<'_, R> {
     fn group(
         &mut self,
         group: usize,
         phase: Phase,
     ) -> std::result::Result<GroupView<'_>, KernelError> {
-        self.reduce.comm.progress();
-        let span = self.reduce.spans[group].clone();
+        let reduce = self.reduce.borrow_mut();
+        reduce.comm.progress();
+        let span = reduce.spans[group].clone();
         let grads = match phase {
-            Phase::Backward => self.reduce.grads(group),
+            Phase::Backward => reduce.grads(group),
             Phase::Forward => &mut [],
         };
         Ok(GroupView {
@@ -276,6 +278,7 @@ impl StepParams for ReduceSource<'_> {
             Phase::Forward => Ok(()),
             Phase::Backward => self
                 .reduce
+                .borrow_mut()
                 .start(group, self.grads)
                 .map_err(|e| source_err("zero2", group, e)),
         }

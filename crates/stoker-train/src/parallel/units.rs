@@ -250,6 +250,66 @@ fn unit_model(
     crate::trainer::model_with_builder(config, b)
 }
 
+/// Where the unit-by-unit step gets each group's parameters and sends its gradients.
+pub trait SpanSource {
+    /// The parameters of flat span `span`.
+    fn gather(&mut self, span: Range<usize>) -> Result<Vec<f32>>;
+    /// Takes `grads`, a micro-batch's gradients of flat span `span`.
+    fn scatter(&mut self, grads: &[f32], span: Range<usize>) -> Result<()>;
+    /// The part of the flat buffer this rank owns.
+    fn own(&self) -> Range<usize>;
+}
+
+/// The rank's collectives: groups all-gathered from every rank's shard `held`, gradients
+/// reduce-scattered into its shard `shard` ([`Strategy::gather_span`],
+/// [`Strategy::scatter_span`]).
+pub struct Collective<'a> {
+    /// The ZeRO-3 strategy.
+    pub strategy: &'a mut dyn Strategy,
+    /// This rank's shard of the FP32 parameters.
+    pub held: &'a [f32],
+    /// This rank's shard of the window's gradient sum.
+    pub shard: &'a mut [f32],
+    /// The flat buffer's length.
+    pub len: usize,
+}
+
+impl SpanSource for Collective<'_> {
+    fn gather(&mut self, span: Range<usize>) -> Result<Vec<f32>> {
+        self.strategy.gather_span(self.held, span)
+    }
+
+    fn scatter(&mut self, grads: &[f32], span: Range<usize>) -> Result<()> {
+        self.strategy.scatter_span(grads, span, self.shard)
+    }
+
+    fn own(&self) -> Range<usize> {
+        self.strategy.holds(self.len)
+    }
+}
+
+/// No collectives: zeros for parameters (a step's memory does not depend on their values),
+/// gradients dropped. What a scratch micro-batch runs to count the step's memory before
+/// training, changing no state.
+pub struct Scratch {
+    /// The part of the flat buffer the rank owns (its reduce-scatter outputs' size).
+    pub own: Range<usize>,
+}
+
+impl SpanSource for Scratch {
+    fn gather(&mut self, span: Range<usize>) -> Result<Vec<f32>> {
+        Ok(vec![0.0; span.len()])
+    }
+
+    fn scatter(&mut self, _grads: &[f32], _span: Range<usize>) -> Result<()> {
+        Ok(())
+    }
+
+    fn own(&self) -> Range<usize> {
+        self.own.clone()
+    }
+}
+
 /// What one micro-batch of the unit-by-unit step needs besides the strategy and buffers.
 pub struct UnitStep<'a> {
     /// The plan.
@@ -266,16 +326,14 @@ pub struct UnitStep<'a> {
     pub fx: &'a Fx<'a>,
 }
 
-/// Runs one micro-batch `mb` unit by unit: parameters gathered from this rank's shard
-/// `held` through `strategy`, the gradient of `factor x (summed loss)` reduce-scattered and
-/// added into its shard `shard` (None: no valid target anywhere, no backward; the same
-/// collectives run on every rank). Returns the summed loss; `peak` rises to the most bytes
-/// held at once ([`UnitPlan::peak_bytes`] tells the same before the first step).
+/// Runs one micro-batch `mb` unit by unit: each group's parameters from `source`, the
+/// gradient of `factor x (summed loss)` handed back to it group by group (None: no valid
+/// target anywhere, no backward; every group still goes back, so every rank runs the same
+/// collectives). Returns the summed loss; `peak` rises to the most bytes held at once
+/// ([`UnitPlan::peak_bytes`] tells the same before the first step).
 pub fn micro_batch(
     step: &UnitStep<'_>,
-    strategy: &mut dyn Strategy,
-    held: &[f32],
-    shard: &mut [f32],
+    source: &mut dyn SpanSource,
     mb: &MicroBatch,
     factor: Option<f64>,
     peak: &mut usize,
@@ -309,7 +367,7 @@ pub fn micro_batch(
     for event in plan.schedule() {
         match event {
             Event::Gather(g) => {
-                let v = strategy.gather_span(held, plan.spans[g].clone())?;
+                let v = source.gather(plan.spans[g].clone())?;
                 bytes += 4 * v.len();
                 params[g] = Some(v);
             }
@@ -381,13 +439,13 @@ pub fn micro_batch(
                     .take()
                     .unwrap_or_else(|| vec![0.0; plan.spans[g].len()]);
                 let span = plan.spans[g].clone();
-                let own = strategy.holds(step.layout.total_len());
+                let own = source.own();
                 let local = span
                     .end
                     .min(own.end)
                     .saturating_sub(span.start.max(own.start));
                 *peak = (*peak).max(bytes + 4 * local);
-                strategy.scatter_span(&v, span, shard)?;
+                source.scatter(&v, span)?;
                 bytes -= 4 * v.len();
             }
         }

@@ -278,6 +278,22 @@ impl Strategy for Zero {
         }
     }
 
+    fn dry_source<'a>(
+        &self,
+        master: &'a [f32],
+        grads: &'a mut [f32],
+    ) -> Result<Option<(Box<dyn stoker_kernels::StepParams + 'a>, usize)>> {
+        let Some(r) = &self.reduce else {
+            return Ok(None);
+        };
+        let source = ReduceSource {
+            reduce: r.dry()?,
+            master,
+            grads,
+        };
+        Ok(Some((Box::new(source), self.planned_reduce)))
+    }
+
     fn reduces_by_group(&self) -> bool {
         self.reduce.is_some()
     }

@@ -181,6 +181,19 @@ impl Strategy for Zero3 {
         Ok(self.holds(len))
     }
 
+    fn dry_source<'a>(
+        &self,
+        master: &'a [f32],
+        grads: &'a mut [f32],
+    ) -> Result<Option<(Box<dyn stoker_kernels::StepParams + 'a>, usize)>> {
+        let source = Source {
+            gather: self.gather.dry()?,
+            master,
+            grads,
+        };
+        Ok(Some((Box::new(source), self.planned_peak)))
+    }
+
     fn reduces_by_group(&self) -> bool {
         true
     }
