@@ -96,9 +96,10 @@ pub enum Backward<'a> {
         /// The FP32 master weights.
         master: &'a [f32],
     },
-    /// The model's hand-written step with its parameter groups gathered from the ranks'
-    /// shards and its gradients reduced into this rank's shard (ZeRO-3); the `grads` and
-    /// `ready` of [`micro_batch`] are unused.
+    /// The model's hand-written step with its parameter groups from a strategy's source
+    /// (ZeRO-3: gathered from the ranks' shards; ZeRO-2: the whole buffer) and its
+    /// gradients reduced group by group into this rank's shard; the `grads` and `ready` of
+    /// [`micro_batch`] are unused.
     Sharded {
         /// The step.
         step: &'a mut dyn DirectStep,

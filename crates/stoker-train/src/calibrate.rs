@@ -222,18 +222,19 @@ fn step_s(cfg: &TrainConfig) -> Result<f64> {
 /// the consumer takes batches; Err with the reason where the data cannot be opened.
 fn loader_rate(cfg: &TrainConfig) -> Result<(stoker_data::measure::Trial, u64)> {
     use stoker_data::{Dataset, LoaderConfig, Sampler, SamplerConfig};
-    let model = crate::trainer::build_model(&cfg.model, cfg.precision, cfg.kernels, cfg.seed)?;
+    // The data is checked against the model's input shapes, which a shell knows without
+    // drawing any weights.
+    let shell = crate::models::Shell::new(cfg.model.clone());
     let context = match &cfg.model {
         ModelConfig::Gpt(g) => g.context,
         _ => 1,
     };
-    let data = crate::data::open_datasets(cfg, &*model, context)?;
-    drop(model);
+    let data = crate::data::open_datasets(cfg, &shell, context)?;
     let d = &cfg.data;
     let lc = LoaderConfig {
         batch_size: cfg.batch.micro_batch,
         num_workers: d.num_workers,
-        prefetch_factor: d.prefetch_factor.max(1),
+        prefetch_factor: d.prefetch_factor,
         persistent_workers: d.persistent_workers,
         drop_last: true,
         ..LoaderConfig::default()

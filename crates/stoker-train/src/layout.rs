@@ -96,14 +96,6 @@ impl FlatLayout {
         self.align
     }
 
-    /// The first element of `group`'s span ([`FlatLayout::group_ranges`]).
-    pub fn group_start(&self, group: usize) -> Option<usize> {
-        self.group_ranges()
-            .into_iter()
-            .find(|(g, _)| *g == group)
-            .map(|(_, r)| r.start)
-    }
-
     /// Each group's `(group, element range)` in buffer order, the padding after its last
     /// slot included, so the ranges tile the buffer.
     pub fn group_ranges(&self) -> Vec<(usize, std::ops::Range<usize>)> {

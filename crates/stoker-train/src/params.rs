@@ -108,9 +108,13 @@ impl ParamSet {
 enum Values {
     /// A whole flat buffer laid out by the layout.
     Flat(crate::layout::FlatLayout, Vec<f32>),
-    /// Some groups' values (group number, the group's values from its span's start), laid
-    /// out by the layout; every other group's parameters are empty placeholders.
-    Groups(crate::layout::FlatLayout, Vec<(usize, Vec<f32>)>),
+    /// Some groups' values (group number, the group's first flat element, its values from
+    /// there), laid out by the layout; every other group's parameters are empty
+    /// placeholders.
+    Groups(
+        crate::layout::FlatLayout,
+        Vec<(usize, usize, std::sync::Arc<Vec<f32>>)>,
+    ),
 }
 
 /// Collects a model's parameters as it declares them.
@@ -160,8 +164,16 @@ impl ParamBuilder {
         device: Device,
         dtype: DType,
         layout: crate::layout::FlatLayout,
-        groups: Vec<(usize, Vec<f32>)>,
+        groups: Vec<(usize, std::sync::Arc<Vec<f32>>)>,
     ) -> Self {
+        let spans = layout.group_ranges();
+        let groups = groups
+            .into_iter()
+            .map(|(g, v)| {
+                let start = spans.iter().find(|(n, _)| *n == g).map(|(_, r)| r.start);
+                (g, start.unwrap_or(usize::MAX), v)
+            })
+            .collect();
         ParamBuilder {
             values: Some(Values::Groups(layout, groups)),
             ..ParamBuilder::new(device, dtype, 0)
@@ -213,12 +225,9 @@ impl ParamBuilder {
                 Tensor::from_slice(part(values, offset(layout)?, n, name)?, shape, &self.device)?
             }
             Some(Values::Groups(layout, groups)) => {
-                match groups.iter().find(|(g, _)| *g == self.group) {
-                    Some((g, values)) => {
-                        let start = layout.group_start(*g).ok_or_else(|| {
-                            TrainError::Layout(format!("group {g} is not in the flat layout"))
-                        })?;
-                        let off = offset(layout)?.checked_sub(start).ok_or_else(|| {
+                match groups.iter().find(|(g, _, _)| *g == self.group) {
+                    Some((g, start, values)) => {
+                        let off = offset(layout)?.checked_sub(*start).ok_or_else(|| {
                             TrainError::Layout(format!("parameter `{name}` is not in group {g}"))
                         })?;
                         Tensor::from_slice(part(values, off, n, name)?, shape, &self.device)?

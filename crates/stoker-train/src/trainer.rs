@@ -245,7 +245,7 @@ impl Trainer {
             }
         };
         let keep = held.len();
-        let grad_range = strategy.grad_range(len, direct.is_some())?;
+        let grad_range = strategy.settle_grads(len, direct.is_some())?;
         Ok(Trainer {
             model,
             vars_stale: std::cell::Cell::new(false),
@@ -454,7 +454,7 @@ impl Trainer {
                 own: self.held.clone(),
             };
             let mut peak = 0;
-            crate::parallel::units::micro_batch(&step, &mut scratch, mb, factor, &mut peak)?;
+            crate::parallel::units::micro_batch(&step, &mut scratch, mb, factor, true, &mut peak)?;
             return Ok(Some(self.unit_workspace_bytes()));
         }
         let mut backward = Backward::Graph {
@@ -529,7 +529,7 @@ impl Trainer {
             if let (Some(plan), Some(config)) = (units.as_ref(), full_model.as_ref()) {
                 // ZeRO-3 on the graph path: the model run unit by unit, each unit's groups
                 // gathered as it runs and reduce-scattered as its backward finishes them.
-                let step = crate::parallel::units::UnitStep {
+                let unit_step = crate::parallel::units::UnitStep {
                     plan,
                     model: config,
                     precision: *precision,
@@ -543,8 +543,14 @@ impl Trainer {
                     shard: target,
                     len: layout.total_len(),
                 };
-                let loss =
-                    crate::parallel::units::micro_batch(&step, &mut source, mb, factor, unit_peak)?;
+                let loss = crate::parallel::units::micro_batch(
+                    &unit_step,
+                    &mut source,
+                    mb,
+                    factor,
+                    step == 0,
+                    unit_peak,
+                )?;
                 strategy.finish_micro_batch(target)?;
                 sum.push(grads, loss);
                 continue;

@@ -313,7 +313,7 @@ fn calibration_measures_this_machine_and_plans_its_own_step_back() {
         (t.num_workers, t.prefetch_factor, t.batch_size),
         (
             cfg.data.num_workers,
-            cfg.data.prefetch_factor.max(1),
+            cfg.data.prefetch_factor,
             cfg.batch.micro_batch
         )
     );

@@ -70,6 +70,11 @@ impl GroupGather {
         self.reduce.peak_bytes()
     }
 
+    /// The parameter groups.
+    pub fn groups(&self) -> usize {
+        self.reduce.groups()
+    }
+
     /// Time spent waiting for gathers and reductions since the last call.
     pub fn take_waited(&mut self) -> Duration {
         self.reduce.take_waited()

@@ -130,17 +130,18 @@ pub trait Strategy {
     fn holds(&self, len: usize) -> Range<usize> {
         0..len
     }
-    /// Called once, before the first step, with whether the trainer's steps are direct
-    /// (group by group through [`Strategy::step_source`]); returns the part of a flat
-    /// gradient buffer of `len` elements the trainer keeps: [`Strategy::holds`], except
-    /// where a direct step's gradients are reduced group by group into this rank's shard
-    /// (ZeRO-2 reducing every micro-batch; ZeRO-3).
-    fn grad_range(&mut self, len: usize, _direct: bool) -> Result<Range<usize>> {
+    /// Settles, before the first step, how the trainer's gradients meet this strategy,
+    /// told whether its steps are direct (group by group through
+    /// [`Strategy::step_source`]); returns the part of a flat gradient buffer of `len`
+    /// elements the trainer keeps: [`Strategy::holds`], except where a direct step's
+    /// gradients are reduced group by group into this rank's shard (ZeRO-2 reducing
+    /// every micro-batch; ZeRO-3). Calling it again gives the same answer.
+    fn settle_grads(&mut self, len: usize, _direct: bool) -> Result<Range<usize>> {
         Ok(self.holds(len))
     }
     /// Whether a direct step's micro-batch runs through [`Strategy::step_source`] (its
     /// gradients reduced group by group into this rank's shard), as settled by
-    /// [`Strategy::grad_range`].
+    /// [`Strategy::settle_grads`].
     fn reduces_by_group(&self) -> bool {
         false
     }

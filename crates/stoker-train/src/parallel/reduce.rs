@@ -25,7 +25,9 @@ use crate::error::{Result, TrainError};
 /// Reduce-scatters a rank lets run at once before it waits for the oldest.
 pub const REDUCING: usize = 1;
 
-/// A pool of zeroed f32 buffers, with the bytes handed out counted.
+/// A pool of zeroed f32 buffers, with the bytes handed out counted by length (a backend
+/// may keep a buffer it was handed, so the count cannot follow capacities; buffers are
+/// asked for in a few fixed sizes, which best-fit reuses exactly).
 #[derive(Default)]
 pub struct Pool {
     free: Vec<Vec<f32>>,
@@ -34,8 +36,12 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// A buffer of `len` zeros from the pool (the smallest that fits) or new.
+    /// A buffer of `len` zeros from the pool (the smallest that fits) or new; an empty
+    /// one (a rank that owns nothing of a group) takes nothing from the pool.
     pub fn take(&mut self, len: usize) -> Vec<f32> {
+        if len == 0 {
+            return Vec::new();
+        }
         let best = (0..self.free.len())
             .filter(|&i| self.free[i].capacity() >= len)
             .min_by_key(|&i| self.free[i].capacity());
@@ -53,7 +59,9 @@ impl Pool {
     /// Gives `v` back.
     pub fn give(&mut self, v: Vec<f32>) {
         self.in_use -= 4 * v.len();
-        self.free.push(v);
+        if v.capacity() > 0 {
+            self.free.push(v);
+        }
     }
 
     /// A buffer of `len` elements handed to a collective: back to the pool if the backend
@@ -118,6 +126,11 @@ impl GroupReduce {
         self.pool.peak_bytes()
     }
 
+    /// The parameter groups.
+    pub fn groups(&self) -> usize {
+        self.spans.len()
+    }
+
     /// Time spent waiting for collectives since the last call.
     pub fn take_waited(&mut self) -> Duration {
         std::mem::take(&mut self.waited)
@@ -141,7 +154,10 @@ impl GroupReduce {
 
     /// What [`GroupReduce::peak_bytes`] reaches in one micro-batch of the GPT's direct
     /// step, told before the first: the step's calls (`stoker_kernels::group_calls`) run
-    /// through [`ReduceSource`]'s rules over a dry communicator.
+    /// through [`ReduceSource`]'s two rules (a group's buffer at its first backward view,
+    /// its reduce-scatter when the backward is done with it) over a dry communicator. The
+    /// rules are restated here because a `ReduceSource` needs the whole parameter buffer
+    /// to serve views; `tests/data_parallel.rs` holds the told bytes to the held ones.
     pub fn planned_peak(&self) -> Result<usize> {
         let mut dry = self.dry()?;
         let mut shard = vec![0f32; self.own.len()];
@@ -160,13 +176,8 @@ impl GroupReduce {
 
     /// The part of `group` this rank owns, as a range of its shard (empty if none).
     pub fn local(&self, group: usize) -> Range<usize> {
-        let owned = self
-            .shards
-            .owned_within(self.comm.rank(), &self.spans[group]);
-        match owned.is_empty() {
-            true => 0..0,
-            false => owned.start - self.own.start..owned.end - self.own.start,
-        }
+        self.shards
+            .local_within(self.comm.rank(), &self.spans[group])
     }
 
     /// `group`'s gradient buffer for this micro-batch, zeroed when first asked for.

@@ -70,6 +70,17 @@ impl ShardPlan {
         let start = r.start.max(part.start);
         start..r.end.min(part.end).max(start)
     }
+
+    /// [`ShardPlan::owned_within`] as a range of `rank`'s own shard (empty if it owns none
+    /// of `part`): where a collective over `part` reads or adds this rank's elements.
+    pub fn local_within(&self, rank: usize, part: &Range<usize>) -> Range<usize> {
+        let owned = self.owned_within(rank, part);
+        let base = self.ranges[rank].start;
+        match owned.is_empty() {
+            true => 0..0,
+            false => owned.start - base..owned.end - base,
+        }
+    }
 }
 
 #[cfg(test)]

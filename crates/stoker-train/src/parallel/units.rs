@@ -24,6 +24,7 @@
 //! the first step; the planner counts its gathers ([`UnitPlan::gathers`]).
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use candle_core::{Tensor, Var};
 
@@ -101,6 +102,12 @@ impl UnitPlan {
                     ranges.len()
                 )));
             }
+        }
+        // A group no unit reads would never be gathered nor get a gradient.
+        if let Some(g) = (0..ranges.len()).find(|g| !units.iter().any(|u| u.contains(g))) {
+            return Err(TrainError::Layout(format!(
+                "zero3: no unit of the model reads parameter group {g}"
+            )));
         }
         Ok(UnitPlan {
             units,
@@ -201,10 +208,7 @@ impl UnitPlan {
     /// it runs, a reduce-scatter's output; what [`micro_batch`] counts as it runs, told
     /// here from the schedule and the sizes alone.
     pub fn peak_bytes(&self, own: &Range<usize>) -> usize {
-        let local = |g: usize| {
-            let s = &self.spans[g];
-            s.end.min(own.end).saturating_sub(s.start.max(own.start))
-        };
+        let local = |g: usize| owned_len(own, &self.spans[g]);
         let (mut held, mut peak) = (0usize, 0usize);
         let mut grads = vec![false; self.spans.len()];
         for e in self.schedule() {
@@ -232,6 +236,13 @@ impl UnitPlan {
     }
 }
 
+/// Elements of `span` inside `own`: the size of this rank's part of a reduce-scatter.
+fn owned_len(own: &Range<usize>, span: &Range<usize>) -> usize {
+    span.end
+        .min(own.end)
+        .saturating_sub(span.start.max(own.start))
+}
+
 /// A model of `config` whose groups `groups` (group number, values from the group's span
 /// start) are real and every other parameter an empty placeholder.
 fn unit_model(
@@ -239,7 +250,7 @@ fn unit_model(
     precision: Precision,
     kernels: Kernels,
     layout: &FlatLayout,
-    groups: Vec<(usize, Vec<f32>)>,
+    groups: Vec<(usize, Arc<Vec<f32>>)>,
 ) -> Result<Box<dyn Model>> {
     let b = ParamBuilder::from_groups(
         candle_core::Device::Cpu,
@@ -329,24 +340,30 @@ pub struct UnitStep<'a> {
 /// Runs one micro-batch `mb` unit by unit: each group's parameters from `source`, the
 /// gradient of `factor x (summed loss)` handed back to it group by group (None: no valid
 /// target anywhere, no backward; every group still goes back, so every rank runs the same
-/// collectives). Returns the summed loss; `peak` rises to the most bytes held at once
-/// ([`UnitPlan::peak_bytes`] tells the same before the first step).
+/// collectives). With `check_grads`, fails naming any parameter no unit gave a gradient
+/// (the first step checks, as the whole-graph step does). Returns the summed loss; `peak`
+/// rises to the most bytes held at once ([`UnitPlan::peak_bytes`] tells the same before
+/// the first step).
 pub fn micro_batch(
     step: &UnitStep<'_>,
     source: &mut dyn SpanSource,
     mb: &MicroBatch,
     factor: Option<f64>,
+    check_grads: bool,
     peak: &mut usize,
 ) -> Result<f64> {
     let plan = step.plan;
     let n = plan.units.len();
-    let mut params: Vec<Option<Vec<f32>>> = vec![None; plan.spans.len()];
+    let slots = step.layout.slots();
+    // Which parameters got a gradient from some unit (every one must, when checked).
+    let mut reached = vec![false; slots.len()];
+    let mut params: Vec<Option<Arc<Vec<f32>>>> = vec![None; plan.spans.len()];
     let mut grads: Vec<Option<Vec<f32>>> = vec![None; plan.spans.len()];
     let mut inputs = vec![mb.input.clone()];
     let mut grad_out: Option<Tensor> = None;
     let mut loss = 0.0;
     let mut bytes = 0usize;
-    let build = |u: usize, params: &[Option<Vec<f32>>]| -> Result<Box<dyn Model>> {
+    let build = |u: usize, params: &[Option<Arc<Vec<f32>>>]| -> Result<Box<dyn Model>> {
         let groups = plan.units[u]
             .iter()
             .map(|&g| {
@@ -356,20 +373,28 @@ pub fn micro_batch(
                 Ok((g, v))
             })
             .collect::<Result<Vec<_>>>()?;
-        unit_model(
+        let m = unit_model(
             step.model,
             step.precision,
             step.kernels,
             step.layout,
             groups,
-        )
+        )?;
+        if m.params().len() != slots.len() {
+            return Err(TrainError::Layout(format!(
+                "zero3: unit {u}'s model declares {} parameters, the layout {}",
+                m.params().len(),
+                slots.len()
+            )));
+        }
+        Ok(m)
     };
     for event in plan.schedule() {
         match event {
             Event::Gather(g) => {
                 let v = source.gather(plan.spans[g].clone())?;
                 bytes += 4 * v.len();
-                params[g] = Some(v);
+                params[g] = Some(Arc::new(v));
             }
             Event::Free(g) => {
                 if let Some(v) = params[g].take() {
@@ -410,7 +435,7 @@ pub fn micro_batch(
                     continue;
                 };
                 let store = objective.backward()?;
-                for (p, slot) in m.params().iter().zip(step.layout.slots()) {
+                for (i, (p, slot)) in m.params().iter().zip(slots).enumerate() {
                     let Some(buf) = grads[slot.group].as_mut() else {
                         continue;
                     };
@@ -418,6 +443,7 @@ pub fn micro_batch(
                     let Some(gr) = store.get(p.var.as_tensor()) else {
                         continue;
                     };
+                    reached[i] = true;
                     let gr = gr
                         .to_dtype(candle_core::DType::F32)?
                         .flatten_all()?
@@ -435,21 +461,23 @@ pub fn micro_batch(
                 }
             }
             Event::Scatter(g) => {
-                let v = grads[g]
-                    .take()
-                    .unwrap_or_else(|| vec![0.0; plan.spans[g].len()]);
+                let v = grads[g].take().ok_or_else(|| {
+                    TrainError::Layout(format!("zero3: group {g} scattered before its backward"))
+                })?;
                 let span = plan.spans[g].clone();
-                let own = source.own();
-                let local = span
-                    .end
-                    .min(own.end)
-                    .saturating_sub(span.start.max(own.start));
-                *peak = (*peak).max(bytes + 4 * local);
+                *peak = (*peak).max(bytes + 4 * owned_len(&source.own(), &span));
                 source.scatter(&v, span)?;
                 bytes -= 4 * v.len();
             }
         }
         *peak = (*peak).max(bytes);
+    }
+    if check_grads && factor.is_some() {
+        if let Some(i) = reached.iter().position(|r| !r) {
+            return Err(TrainError::NoGradient {
+                name: slots[i].name.clone(),
+            });
+        }
     }
     Ok(loss)
 }

@@ -196,7 +196,8 @@ impl Strategy for Zero {
             // `grads` is this rank's shard of the window's sum: the reductions add into it.
             reduce.finish(grads)?;
             self.stats.exposed_wait += reduce.take_waited();
-            self.stats.buckets += 1;
+            // One reduce-scatter per parameter group.
+            self.stats.buckets += reduce.groups();
             return Ok(());
         }
         self.stats.exposed_wait += self.buckets.finish(grads)?;
@@ -263,12 +264,15 @@ impl Strategy for Zero {
         Ok(())
     }
 
-    fn grad_range(&mut self, len: usize, direct: bool) -> Result<Range<usize>> {
+    fn settle_grads(&mut self, len: usize, direct: bool) -> Result<Range<usize>> {
         debug_assert_eq!(len, self.shards.len());
-        match (direct && self.every(), self.spans.take()) {
+        if self.reduce.is_some() {
+            return Ok(self.own.clone());
+        }
+        match (direct && self.every(), &self.spans) {
             (true, Some(spans)) => {
                 let shards = self.shards.clone();
-                let reduce = GroupReduce::new(self.comm.clone(), shards, spans);
+                let reduce = GroupReduce::new(self.comm.clone(), shards, spans.clone());
                 self.planned_reduce = reduce.planned_peak()?;
                 self.reduce = Some(reduce);
                 self.shard_sum = Vec::new();

@@ -12,12 +12,12 @@
 //! with the ring model `(n-1)/n x 4 x (root + 2 blocks + everything)` bytes, about 1.5x
 //! DDP's all-reduce per micro-batch, as the ZeRO paper counts.
 //!
-//! On the candle-graph path (every model; the GPT without `kernels = "direct"`) the whole
-//! model is one unit, as FSDP without a wrap policy: each micro-batch all-gathers every
-//! parameter into a model built around them, and after the backward reduce-scatters the
-//! whole gradient ([`Strategy::scatter_grads`]); candle's autograd keeps every tensor the
-//! forward used until the backward, so per-block gathering would save nothing there.
-//! Between micro-batches a rank holds only its shards either way.
+//! On the candle-graph path (every model; the GPT without `kernels = "direct"`) the
+//! trainer runs the model unit by unit ([`super::units`]: a layer or block at a time, its
+//! groups gathered through [`Strategy::gather_span`] and reduce-scattered through
+//! [`Strategy::scatter_span`], with activation checkpointing at the units' boundaries);
+//! the traffic is the direct step's. Between micro-batches a rank holds only its shards
+//! either way.
 //!
 //! Not built: deterministic mode (the per-micro-batch reduce-scatters sum in MPI's order)
 //! and `no_sync`; the config refuses each, naming the key.
@@ -40,7 +40,7 @@ pub struct Zero3 {
     own: Range<usize>,
     gather: GroupGather,
     /// The gathered groups' workspace one micro-batch of the direct step holds, told
-    /// before the first (0 on the graph path, which gathers through `gather_params`).
+    /// before the first (0 on the graph path, whose units the trainer tells).
     planned_peak: usize,
     window_start: CommStats,
     stats: SyncStats,
@@ -80,11 +80,7 @@ impl Zero3 {
 impl Zero3 {
     /// The part of flat span `span` this rank owns, as a range of its shard.
     fn local(&self, span: &Range<usize>) -> Range<usize> {
-        let owned = self.shards.owned_within(self.comm.rank(), span);
-        match owned.is_empty() {
-            true => 0..0,
-            false => owned.start - self.own.start..owned.end - self.own.start,
-        }
+        self.shards.local_within(self.comm.rank(), span)
     }
 }
 
@@ -131,7 +127,8 @@ impl Strategy for Zero3 {
     fn finish_micro_batch(&mut self, grads: &mut [f32]) -> Result<()> {
         self.gather.finish(grads)?;
         self.stats.exposed_wait += self.gather.take_waited();
-        self.stats.buckets += 1;
+        // One reduce-scatter per parameter group.
+        self.stats.buckets += self.gather.groups();
         Ok(())
     }
 
@@ -174,7 +171,7 @@ impl Strategy for Zero3 {
         self.own.clone()
     }
 
-    fn grad_range(&mut self, len: usize, direct: bool) -> Result<Range<usize>> {
+    fn settle_grads(&mut self, len: usize, direct: bool) -> Result<Range<usize>> {
         if direct {
             self.planned_peak = self.gather.planned_peak()?;
         }
