@@ -3,12 +3,15 @@
 # DDP, ZeRO-1, ZeRO-2 and ZeRO-3 at 1, 2 and 4 ranks (mpirun), with step time and eval
 # loss: configs/shakespeare-gpt-zero.toml (8 blocks, 1.6M parameters, bf16), 20 steps
 # each, and the heap the run counted against its forecast. Prints one table row per run
-# (rank 0's figures). Usage: bash scripts/bench/zero.sh
+# (rank 0's figures). Usage: bash scripts/bench/zero.sh; KERNELS=fused PRECISION=fp32
+# bash scripts/bench/zero.sh runs the candle-graph path instead (ZeRO-3 unit by unit).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 S=target/release/stoker
 [ -f data/shakespeare/shakespeare.bin ] || { echo "no Shakespeare shard: run make data first" >&2; exit 1; }
 STEPS=${STEPS:-20}
+KERNELS=${KERNELS:-direct}
+PRECISION=${PRECISION:-bf16}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 printf '| strategy | ranks | model states planned (MiB) | held (MiB) | held/planned | workspace (MiB) | sent/step planned (MiB) | counted (MiB) | counted/planned | step (ms) | eval loss | heap counted/planned |\n'
@@ -21,6 +24,7 @@ for strategy in ddp zero1 zero2 zero3; do
         -e "s#^steps = .*#steps = $STEPS#" \
         -e "s#^eval_every = .*#eval_every = $STEPS#" \
         -e "s#^checkpoint_every = .*#checkpoint_every = 0#" \
+        -e "s#^precision = .*#precision = \"$PRECISION\"\nkernels = \"$KERNELS\"#" \
         configs/shakespeare-gpt-zero.toml > "$work/$name.toml"
     if [ "$ranks" = 1 ]; then
       RAYON_NUM_THREADS=2 "$S" train "$work/$name.toml" --no-progress > "$work/$name.log" 2>&1

@@ -178,7 +178,7 @@ pub trait Strategy {
     /// span `span`, and adds this rank's part into its shard `shard` (a collective).
     fn scatter_span(
         &mut self,
-        _grads: &[f32],
+        _grads: Vec<f32>,
         _span: Range<usize>,
         _shard: &mut [f32],
     ) -> Result<()> {

@@ -266,7 +266,7 @@ pub trait SpanSource {
     /// The parameters of flat span `span`.
     fn gather(&mut self, span: Range<usize>) -> Result<Vec<f32>>;
     /// Takes `grads`, a micro-batch's gradients of flat span `span`.
-    fn scatter(&mut self, grads: &[f32], span: Range<usize>) -> Result<()>;
+    fn scatter(&mut self, grads: Vec<f32>, span: Range<usize>) -> Result<()>;
     /// The part of the flat buffer this rank owns.
     fn own(&self) -> Range<usize>;
 }
@@ -290,7 +290,7 @@ impl SpanSource for Collective<'_> {
         self.strategy.gather_span(self.held, span)
     }
 
-    fn scatter(&mut self, grads: &[f32], span: Range<usize>) -> Result<()> {
+    fn scatter(&mut self, grads: Vec<f32>, span: Range<usize>) -> Result<()> {
         self.strategy.scatter_span(grads, span, self.shard)
     }
 
@@ -312,7 +312,7 @@ impl SpanSource for Scratch {
         Ok(vec![0.0; span.len()])
     }
 
-    fn scatter(&mut self, _grads: &[f32], _span: Range<usize>) -> Result<()> {
+    fn scatter(&mut self, _grads: Vec<f32>, _span: Range<usize>) -> Result<()> {
         Ok(())
     }
 
@@ -466,8 +466,8 @@ pub fn micro_batch(
                 })?;
                 let span = plan.spans[g].clone();
                 *peak = (*peak).max(bytes + 4 * owned_len(&source.own(), &span));
-                source.scatter(&v, span)?;
                 bytes -= 4 * v.len();
+                source.scatter(v, span)?;
             }
         }
         *peak = (*peak).max(bytes);
