@@ -124,6 +124,12 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         heap: Some(crate::heap::probe()),
     };
     let launched = stoker_comm::mpi::launched_world();
+    if let Some((_, world)) = &launched {
+        share_cores_with_candle(threads_per_rank(
+            config.parallel.threads_per_rank,
+            local_ranks(*world),
+        ));
+    }
     match (config.parallel.backend, launched) {
         (BackendKind::Local, _) => run_local(&args, &config, &opts),
         (BackendKind::Mpi, None) => anyhow::bail!(
@@ -228,6 +234,33 @@ fn local_ranks(world: usize) -> usize {
     .iter()
     .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
     .unwrap_or(world)
+}
+
+/// Candle runs its CPU ops on a thread pool of its own, sized from `CANDLE_NUM_THREADS` or
+/// `RAYON_NUM_THREADS` (else every physical core) when first used, apart from rayon's
+/// global pool that stoker sizes per rank: with several ranks on one host each rank's
+/// candle ops took every core (2 ranks on 2 cores: the graph path's step 723 ms, 172 ms
+/// with one thread each). Sets `CANDLE_NUM_THREADS` to the rank's share of the cores
+/// unless the user set either variable. Changing the environment races with any other
+/// thread reading it, so it is done only while this process has one thread, checked here
+/// (`/proc/self/task`); otherwise it says so and leaves candle as it is.
+fn share_cores_with_candle(threads: usize) {
+    if ["CANDLE_NUM_THREADS", "RAYON_NUM_THREADS"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+    {
+        return;
+    }
+    let tasks = std::fs::read_dir("/proc/self/task").map(|d| d.count());
+    match tasks {
+        Ok(1) => std::env::set_var("CANDLE_NUM_THREADS", threads.to_string()),
+        other => eprintln!(
+            "stoker: warning: candle's thread pool keeps its default size ({} threads in this \
+             process, so the environment cannot be changed safely); set CANDLE_NUM_THREADS={threads} \
+             to give each rank its share of the cores",
+            other.map_or("an unknown number of".into(), |n| n.to_string())
+        ),
+    }
 }
 
 fn run_mpi(
