@@ -1,0 +1,239 @@
+//! One micro-batch of the unit-by-unit step: the plan's schedule run against a source of
+//! parameters and a sink of gradients (the rank's collectives, or nothing for a scratch
+//! run).
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use candle_core::{Tensor, Var};
+
+use super::plan::{owned_len, unit_model, Event, UnitPlan};
+use crate::accumulate::MicroBatch;
+use crate::config::ModelConfig;
+use crate::error::{Result, TrainError};
+use crate::layout::FlatLayout;
+use crate::loss::{cross_entropy_sum, scalar};
+use crate::models::Model;
+use crate::parallel::Strategy;
+use crate::precision::{Fx, Kernels, Precision};
+
+/// Where the unit-by-unit step gets each group's parameters and sends its gradients.
+pub trait SpanSource {
+    /// The parameters of flat span `span`.
+    fn gather(&mut self, span: Range<usize>) -> Result<Vec<f32>>;
+    /// Takes `grads`, a micro-batch's gradients of flat span `span`.
+    fn scatter(&mut self, grads: Vec<f32>, span: Range<usize>) -> Result<()>;
+    /// The part of the flat buffer this rank owns.
+    fn own(&self) -> Range<usize>;
+}
+
+/// The rank's collectives: groups all-gathered from every rank's shard `held`, gradients
+/// reduce-scattered into its shard `shard` ([`Strategy::gather_span`],
+/// [`Strategy::scatter_span`]).
+pub struct Collective<'a> {
+    /// The ZeRO-3 strategy.
+    pub strategy: &'a mut dyn Strategy,
+    /// This rank's shard of the FP32 parameters.
+    pub held: &'a [f32],
+    /// This rank's shard of the window's gradient sum.
+    pub shard: &'a mut [f32],
+    /// The flat buffer's length.
+    pub len: usize,
+}
+
+impl SpanSource for Collective<'_> {
+    fn gather(&mut self, span: Range<usize>) -> Result<Vec<f32>> {
+        self.strategy.gather_span(self.held, span)
+    }
+
+    fn scatter(&mut self, grads: Vec<f32>, span: Range<usize>) -> Result<()> {
+        self.strategy.scatter_span(grads, span, self.shard)
+    }
+
+    fn own(&self) -> Range<usize> {
+        self.strategy.holds(self.len)
+    }
+}
+
+/// No collectives: zeros for parameters (a step's memory does not depend on their values),
+/// gradients dropped. What a scratch micro-batch runs to count the step's memory before
+/// training, changing no state.
+pub struct Scratch {
+    /// The part of the flat buffer the rank owns (its reduce-scatter outputs' size).
+    pub own: Range<usize>,
+}
+
+impl SpanSource for Scratch {
+    fn gather(&mut self, span: Range<usize>) -> Result<Vec<f32>> {
+        Ok(vec![0.0; span.len()])
+    }
+
+    fn scatter(&mut self, _grads: Vec<f32>, _span: Range<usize>) -> Result<()> {
+        Ok(())
+    }
+
+    fn own(&self) -> Range<usize> {
+        self.own.clone()
+    }
+}
+
+/// What one micro-batch of the unit-by-unit step needs besides the strategy and buffers.
+pub struct UnitStep<'a> {
+    /// The plan.
+    pub plan: &'a UnitPlan,
+    /// The model.
+    pub model: &'a ModelConfig,
+    /// Its precision.
+    pub precision: Precision,
+    /// Its kernels.
+    pub kernels: Kernels,
+    /// The flat layout.
+    pub layout: &'a FlatLayout,
+    /// The forward context.
+    pub fx: &'a Fx<'a>,
+}
+
+/// Runs one micro-batch `mb` unit by unit: each group's parameters from `source`, the
+/// gradient of `factor x (summed loss)` handed back to it group by group (None: no valid
+/// target anywhere, no backward; every group still goes back, so every rank runs the same
+/// collectives). With `check_grads`, fails naming any parameter no unit gave a gradient
+/// (the first step checks, as the whole-graph step does). Returns the summed loss; `peak`
+/// rises to the most bytes held at once ([`UnitPlan::peak_bytes`] tells the same before
+/// the first step).
+pub fn micro_batch(
+    step: &UnitStep<'_>,
+    source: &mut dyn SpanSource,
+    mb: &MicroBatch,
+    factor: Option<f64>,
+    check_grads: bool,
+    peak: &mut usize,
+) -> Result<f64> {
+    let plan = step.plan;
+    let n = plan.units.len();
+    let slots = step.layout.slots();
+    // Which parameters got a gradient from some unit (every one must, when checked).
+    let mut reached = vec![false; slots.len()];
+    let mut params: Vec<Option<Arc<Vec<f32>>>> = vec![None; plan.spans.len()];
+    let mut grads: Vec<Option<Vec<f32>>> = vec![None; plan.spans.len()];
+    let mut inputs = vec![mb.input.clone()];
+    let mut grad_out: Option<Tensor> = None;
+    let mut loss = 0.0;
+    let mut bytes = 0usize;
+    let build = |u: usize, params: &[Option<Arc<Vec<f32>>>]| -> Result<Box<dyn Model>> {
+        let groups = plan.units[u]
+            .iter()
+            .map(|&g| {
+                let v = params[g].clone().ok_or_else(|| {
+                    TrainError::Layout(format!("zero3: unit {u} runs before group {g} is gathered"))
+                })?;
+                Ok((g, v))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let m = unit_model(
+            step.model,
+            step.precision,
+            step.kernels,
+            step.layout,
+            groups,
+        )?;
+        if m.params().len() != slots.len() {
+            return Err(TrainError::Layout(format!(
+                "zero3: unit {u}'s model declares {} parameters, the layout {}",
+                m.params().len(),
+                slots.len()
+            )));
+        }
+        Ok(m)
+    };
+    for event in plan.schedule() {
+        match event {
+            Event::Gather(g) => {
+                let v = source.gather(plan.spans[g].clone())?;
+                bytes += 4 * v.len();
+                params[g] = Some(Arc::new(v));
+            }
+            Event::Free(g) => {
+                if let Some(v) = params[g].take() {
+                    bytes -= 4 * v.len();
+                }
+            }
+            Event::Forward(u) => {
+                let m = build(u, &params)?;
+                *peak = (*peak).max(bytes + crate::trainer::vars_bytes(&*m));
+                let y = m.unit_forward(step.fx, u, &inputs[u])?.detach();
+                inputs.push(y);
+            }
+            Event::Backward(u) => {
+                let m = build(u, &params)?;
+                for &g in &plan.units[u] {
+                    if grads[g].is_none() {
+                        grads[g] = Some(vec![0.0; plan.spans[g].len()]);
+                        bytes += 4 * plan.spans[g].len();
+                    }
+                }
+                *peak = (*peak).max(bytes + crate::trainer::vars_bytes(&*m));
+                let input = match u {
+                    0 => None,
+                    _ => Some(Var::from_tensor(&inputs[u])?),
+                };
+                let x = input.as_ref().map_or(&inputs[0], |v| v.as_tensor());
+                let out = m.unit_forward(step.fx, u, x)?;
+                let objective = match (u + 1 == n, &grad_out) {
+                    (true, _) => {
+                        let (sum, _) = cross_entropy_sum(step.fx, &out, &mb.targets)?;
+                        loss = scalar(&sum)?;
+                        factor.map(|f| sum * f).transpose()?
+                    }
+                    (false, Some(g)) => Some((out * g)?.sum_all()?),
+                    (false, None) => None,
+                };
+                let Some(objective) = objective else {
+                    continue;
+                };
+                let store = objective.backward()?;
+                for (i, (p, slot)) in m.params().iter().zip(slots).enumerate() {
+                    let Some(buf) = grads[slot.group].as_mut() else {
+                        continue;
+                    };
+                    // A shared group's other parameters get no gradient from this unit.
+                    let Some(gr) = store.get(p.var.as_tensor()) else {
+                        continue;
+                    };
+                    reached[i] = true;
+                    let gr = gr
+                        .to_dtype(candle_core::DType::F32)?
+                        .flatten_all()?
+                        .to_vec1::<f32>()?;
+                    let at = slot.offset - plan.spans[slot.group].start;
+                    for (o, x) in buf[at..at + slot.len].iter_mut().zip(&gr) {
+                        *o += x;
+                    }
+                }
+                if let Some(v) = &input {
+                    let g = store.get(v.as_tensor()).ok_or_else(|| {
+                        TrainError::Layout(format!("zero3: unit {u}'s input got no gradient"))
+                    })?;
+                    grad_out = Some(g.clone());
+                }
+            }
+            Event::Scatter(g) => {
+                let v = grads[g].take().ok_or_else(|| {
+                    TrainError::Layout(format!("zero3: group {g} scattered before its backward"))
+                })?;
+                let span = plan.spans[g].clone();
+                *peak = (*peak).max(bytes + 4 * owned_len(&source.own(), &span));
+                bytes -= 4 * v.len();
+                source.scatter(v, span)?;
+            }
+        }
+        *peak = (*peak).max(bytes);
+    }
+    if check_grads && factor.is_some() {
+        if let Some(i) = reached.iter().position(|r| !r) {
+            return Err(TrainError::NoGradient {
+                name: slots[i].name.clone(),
+            });
+        }
+    }
+    Ok(loss)
+}
