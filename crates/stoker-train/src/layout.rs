@@ -96,6 +96,21 @@ impl FlatLayout {
         self.align
     }
 
+    /// Each group's span ([`FlatLayout::group_ranges`]) indexed by group number; an error
+    /// unless the groups are numbered 0, 1, 2, ... in buffer order, as the strategies that
+    /// work group by group (ZeRO-2 and ZeRO-3 on the direct step, ZeRO-3's units) need.
+    pub fn group_spans(&self) -> Result<Vec<std::ops::Range<usize>>> {
+        let ranges = self.group_ranges();
+        if let Some((i, (g, _))) = ranges.iter().enumerate().find(|(i, (g, _))| i != g) {
+            return Err(TrainError::Layout(format!(
+                "parameter groups must be numbered 0, 1, 2, ... in buffer order; group {g} is \
+                 the {}th",
+                i + 1
+            )));
+        }
+        Ok(ranges.into_iter().map(|(_, r)| r).collect())
+    }
+
     /// Each group's `(group, element range)` in buffer order, the padding after its last
     /// slot included, so the ranges tile the buffer.
     pub fn group_ranges(&self) -> Vec<(usize, std::ops::Range<usize>)> {

@@ -241,12 +241,12 @@ pub fn for_config(
         StrategyKind::Zero1 => Box::new(Zero::new(comm, len, align, plan(), zero(ZeroStage::One))),
         StrategyKind::Zero2 => Box::new(
             Zero::new(comm, len, align, plan(), zero(ZeroStage::Two))
-                .with_groups(&layout.group_ranges()),
+                .with_groups(layout.group_spans().ok()),
         ),
         StrategyKind::Zero3 => Box::new(Zero3::new(
             comm,
             ShardPlan::new(len, world, align),
-            &layout.group_ranges(),
+            layout.group_spans()?,
             p.reshard_after_forward,
         )?),
     })

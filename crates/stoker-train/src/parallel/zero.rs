@@ -121,12 +121,14 @@ impl Zero {
         }
     }
 
-    /// Tells the strategy the parameter groups (group number and span, in group order),
-    /// which stage 2 reduces one by one on a direct step. Groups not numbered 0, 1, 2, ...
-    /// (a model without a direct step) are ignored.
-    pub fn with_groups(mut self, groups: &[(usize, Range<usize>)]) -> Self {
-        let numbered = groups.iter().enumerate().all(|(i, (g, _))| i == *g);
-        self.spans = numbered.then(|| groups.iter().map(|(_, r)| r.clone()).collect());
+    /// Tells the strategy the parameter groups' spans by group number
+    /// ([`FlatLayout::group_spans`]), which stage 2 reduces one by one on a direct step;
+    /// None (a model whose groups are not numbered so, without a direct step) keeps the
+    /// buckets.
+    ///
+    /// [`FlatLayout::group_spans`]: crate::layout::FlatLayout::group_spans
+    pub fn with_groups(mut self, spans: Option<Vec<Range<usize>>>) -> Self {
+        self.spans = spans;
         self
     }
 

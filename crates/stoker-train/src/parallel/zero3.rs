@@ -30,7 +30,7 @@ use stoker_comm::{Buffer, CommExt, CommStats, Communicator};
 use super::gather::{GroupGather, Source};
 use super::shard::ShardPlan;
 use super::{scalars, Strategy, SyncStats};
-use crate::error::{Result, TrainError};
+use crate::error::Result;
 use crate::grad_sum::SumOrder;
 
 /// The ZeRO-3 strategy of one rank.
@@ -47,22 +47,17 @@ pub struct Zero3 {
 }
 
 impl Zero3 {
-    /// ZeRO-3 over `comm` for a flat buffer split by `shards`, whose parameter groups
-    /// are `groups` (group number and span, group order, numbered from 0 without gaps;
-    /// the GPT's direct step gathers them one at a time: embeddings, blocks, final norm).
+    /// ZeRO-3 over `comm` for a flat buffer split by `shards`, whose parameter groups'
+    /// spans are `spans` (by group number, [`FlatLayout::group_spans`]; the GPT's direct
+    /// step gathers them one at a time: embeddings, blocks, final norm).
+    ///
+    /// [`FlatLayout::group_spans`]: crate::layout::FlatLayout::group_spans
     pub fn new(
         comm: Rc<dyn Communicator>,
         shards: ShardPlan,
-        groups: &[(usize, Range<usize>)],
+        spans: Vec<Range<usize>>,
         reshard_after_forward: bool,
     ) -> Result<Self> {
-        if let Some((i, (g, _))) = groups.iter().enumerate().find(|(i, (g, _))| i != g) {
-            return Err(TrainError::Layout(format!(
-                "zero3 gathers groups numbered 0, 1, 2, ...; group {g} is the {}th",
-                i + 1
-            )));
-        }
-        let spans = groups.iter().map(|(_, r)| r.clone()).collect();
         let own = shards.range(comm.rank());
         let gather = GroupGather::new(comm.clone(), shards.clone(), spans, reshard_after_forward);
         Ok(Zero3 {

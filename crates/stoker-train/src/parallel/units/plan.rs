@@ -55,14 +55,8 @@ impl UnitPlan {
         reshard_after_forward: bool,
         var_bytes: usize,
     ) -> Result<Self> {
-        let ranges = layout.group_ranges();
-        if let Some((i, (g, _))) = ranges.iter().enumerate().find(|(i, (g, _))| i != g) {
-            return Err(TrainError::Layout(format!(
-                "zero3 gathers groups numbered 0, 1, 2, ...; group {g} is the {}th",
-                i + 1
-            )));
-        }
-        let mut elems = vec![0; ranges.len()];
+        let spans = layout.group_spans()?;
+        let mut elems = vec![0; spans.len()];
         for s in layout.slots() {
             elems[s.group] += s.len;
         }
@@ -71,22 +65,22 @@ impl UnitPlan {
             return Err(TrainError::Layout("zero3: a model without units".into()));
         }
         for g in units.iter().flatten() {
-            if *g >= ranges.len() {
+            if *g >= spans.len() {
                 return Err(TrainError::Layout(format!(
                     "zero3: a unit reads group {g}, the layout has {}",
-                    ranges.len()
+                    spans.len()
                 )));
             }
         }
         // A group no unit reads would never be gathered nor get a gradient.
-        if let Some(g) = (0..ranges.len()).find(|g| !units.iter().any(|u| u.contains(g))) {
+        if let Some(g) = (0..spans.len()).find(|g| !units.iter().any(|u| u.contains(g))) {
             return Err(TrainError::Layout(format!(
                 "zero3: no unit of the model reads parameter group {g}"
             )));
         }
         Ok(UnitPlan {
             units,
-            spans: ranges.into_iter().map(|(_, r)| r).collect(),
+            spans,
             elems,
             keep_after_forward: !reshard_after_forward,
             var_bytes,
