@@ -44,6 +44,8 @@ pub struct UnitPlan {
     pub keep_after_forward: bool,
     /// Bytes of one element of the models' variables.
     pub var_bytes: usize,
+    /// One micro-batch's events, built once from the above.
+    schedule: Vec<Event>,
 }
 
 impl UnitPlan {
@@ -78,13 +80,33 @@ impl UnitPlan {
                 "zero3: no unit of the model reads parameter group {g}"
             )));
         }
-        Ok(UnitPlan {
+        Ok(Self::new(
             units,
             spans,
             elems,
-            keep_after_forward: !reshard_after_forward,
+            !reshard_after_forward,
             var_bytes,
-        })
+        ))
+    }
+
+    /// The plan of `units` over groups of `spans` and `elems`, its schedule built.
+    fn new(
+        units: Vec<Vec<usize>>,
+        spans: Vec<Range<usize>>,
+        elems: Vec<usize>,
+        keep_after_forward: bool,
+        var_bytes: usize,
+    ) -> Self {
+        let mut plan = UnitPlan {
+            units,
+            spans,
+            elems,
+            keep_after_forward,
+            var_bytes,
+            schedule: Vec::new(),
+        };
+        plan.schedule = plan.build_schedule();
+        plan
     }
 
     /// The plan of the model `config` describes over `layout` (built from no values: every
@@ -117,7 +139,11 @@ impl UnitPlan {
     }
 
     /// One micro-batch's events, in order (see the module doc).
-    pub fn schedule(&self) -> Vec<Event> {
+    pub fn schedule(&self) -> &[Event] {
+        &self.schedule
+    }
+
+    fn build_schedule(&self) -> Vec<Event> {
         let n = self.units.len();
         let mut held = vec![false; self.spans.len()];
         let mut events = Vec::new();
@@ -159,7 +185,7 @@ impl UnitPlan {
     /// How many times each group is all-gathered per micro-batch.
     pub fn gathers(&self) -> Vec<u64> {
         let mut n = vec![0; self.spans.len()];
-        for e in self.schedule() {
+        for &e in self.schedule() {
             if let Event::Gather(g) = e {
                 n[g] += 1;
             }
@@ -180,7 +206,7 @@ impl UnitPlan {
         let local = |g: usize| owned_len(own, &self.spans[g]);
         let (mut held, mut peak) = (0usize, 0usize);
         let mut grads = vec![false; self.spans.len()];
-        for e in self.schedule() {
+        for &e in self.schedule() {
             match e {
                 Event::Gather(g) => held += 4 * self.spans[g].len(),
                 Event::Free(g) => held -= 4 * self.spans[g].len(),
@@ -237,13 +263,13 @@ mod tests {
 
     fn gpt_like(keep: bool) -> UnitPlan {
         // Embeddings (group 0), two blocks, the final norm with the head tied to group 0.
-        UnitPlan {
-            units: vec![vec![0], vec![1], vec![2], vec![3, 0]],
-            spans: vec![0..100, 100..200, 200..300, 300..310],
-            elems: vec![100, 100, 100, 10],
-            keep_after_forward: keep,
-            var_bytes: 4,
-        }
+        UnitPlan::new(
+            vec![vec![0], vec![1], vec![2], vec![3, 0]],
+            vec![0..100, 100..200, 200..300, 300..310],
+            vec![100, 100, 100, 10],
+            keep,
+            4,
+        )
     }
 
     #[test]

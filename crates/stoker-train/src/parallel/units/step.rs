@@ -145,7 +145,7 @@ pub fn micro_batch(
         }
         Ok(m)
     };
-    for event in plan.schedule() {
+    for &event in plan.schedule() {
         match event {
             Event::Gather(g) => {
                 let v = source.gather(plan.spans[g].clone())?;
