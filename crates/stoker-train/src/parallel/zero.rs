@@ -65,6 +65,19 @@ pub struct ZeroOptions {
     pub reduce_every_micro_batch: bool,
 }
 
+impl ZeroOptions {
+    /// Whether gradients are reduced during the backward (stage 2 outside deterministic
+    /// mode, whose tree sums after the window instead).
+    fn during_backward(&self) -> bool {
+        self.stage == ZeroStage::Two && !self.deterministic
+    }
+
+    /// Whether every micro-batch is reduced (else only the window's last).
+    fn every(&self) -> bool {
+        self.during_backward() && self.reduce_every_micro_batch
+    }
+}
+
 /// The ZeRO-1/2 strategy of one rank.
 pub struct Zero {
     comm: Rc<dyn Communicator>,
@@ -104,12 +117,15 @@ impl Zero {
             shards: shards.clone(),
             rank: comm.rank(),
         };
-        let every = opts.stage == ZeroStage::Two && opts.reduce_every_micro_batch;
         Zero {
             window_start: comm.stats(),
             comm,
             buckets: Buckets::new(plan, op),
-            shard_sum: if every { vec![0.0; own.len()] } else { vec![] },
+            shard_sum: if opts.every() {
+                vec![0.0; own.len()]
+            } else {
+                vec![]
+            },
             shard_buf: vec![0.0; own.len()],
             spans: None,
             reduce: None,
@@ -138,9 +154,7 @@ impl Zero {
     }
 
     fn every(&self) -> bool {
-        self.opts.stage == ZeroStage::Two
-            && self.opts.reduce_every_micro_batch
-            && !self.opts.deterministic
+        self.opts.every()
     }
 }
 
@@ -183,10 +197,7 @@ impl Strategy for Zero {
         if micro + 1 == len {
             self.stats.calls_before_last = self.comm.stats().since(&self.window_start).calls();
         }
-        Ok(match (self.opts.stage, self.opts.deterministic) {
-            (_, true) | (ZeroStage::One, _) => false,
-            (ZeroStage::Two, false) => self.every() || micro + 1 == len,
-        })
+        Ok(self.opts.during_backward() && (self.every() || micro + 1 == len))
     }
 
     fn group_ready(&mut self, group: usize, grads: &[f32]) -> Result<()> {
@@ -328,11 +339,10 @@ impl Strategy for Zero {
     }
 
     fn steady_buffer_bytes(&self) -> usize {
-        // Only stage 2 outside deterministic mode reduces through the buckets, or, on the
-        // direct step, by group.
-        let bucketed = self.opts.stage == ZeroStage::Two && !self.opts.deterministic;
+        // Reductions during the backward go through the buckets, or, on the direct step,
+        // by group.
         4 * self.shard_buf.len()
-            + match (&self.reduce, bucketed) {
+            + match (&self.reduce, self.opts.during_backward()) {
                 (Some(_), _) => self.planned_reduce,
                 (None, true) => self.buckets.steady_bytes(),
                 (None, false) => 0,
