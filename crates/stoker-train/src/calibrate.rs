@@ -23,7 +23,7 @@ use stoker_plan::input::{HardwareInput, PlanInput};
 use crate::accumulate::MicroBatch;
 use crate::config::{ModelConfig, TrainConfig};
 use crate::error::{config_err, Result};
-use crate::planned::{forecast, plan_input};
+use crate::planned::{plan_input, planner_row};
 use crate::trainer::Trainer;
 
 /// What `--calibrate` measured.
@@ -288,9 +288,7 @@ pub fn calibrate(cfg: &TrainConfig) -> Result<Calibration> {
     section.hardware = HardwareInput::default();
     measured.apply(&mut section.hardware);
     section.mfu = Some(1.0);
-    let at_peak = forecast(&probe, 1, None, 1.0)?
-        .step_s
-        .ok_or_else(|| config_err("plan", "the planner gave no step time"))?;
+    let at_peak = planner_row(&probe, 1, 1.0)?.step_s;
     measured.mfu = (at_peak / step).clamp(1e-6, 1.0);
     Ok(measured)
 }

@@ -398,11 +398,12 @@ impl RunForecast {
 
 /// What the planner says of one run's step: its hardware, peak memory formula,
 /// activations, and time.
-struct PlannerRow {
+pub(crate) struct PlannerRow {
     hardware: String,
     peak_bytes: f64,
     activation_bytes: f64,
-    step_s: f64,
+    /// Seconds per optimizer step.
+    pub(crate) step_s: f64,
     samples: f64,
 }
 
@@ -421,17 +422,19 @@ pub fn forecast(
     compute_share: f64,
 ) -> Result<RunForecast> {
     let own = own.and_then(|o| o.activations.map(|a| (o, a)));
-    let row = match (own, planner_row(cfg, world, compute_share)) {
-        (None, Err(e)) => return Err(e),
-        (_, row) => row.ok(),
-    };
-    let (peak_bytes, activation_bytes, heap_bytes) = match (own, &row) {
-        (Some((o, a)), _) => {
+    // Memory from the trainer's own count where it has one (then the planner's row is
+    // optional: a CNN has none), else from the planner's row.
+    let (row, (peak_bytes, activation_bytes, heap_bytes)) = match own {
+        Some((o, a)) => {
             let held = o.model_states + o.buffers + a + o.workspace + o.loader;
-            (o.baseline + held, a, o.baseline_heap.map(|h| h + held))
+            let memory = (o.baseline + held, a, o.baseline_heap.map(|h| h + held));
+            (planner_row(cfg, world, compute_share).ok(), memory)
         }
-        (None, Some(r)) => (r.peak_bytes, r.activation_bytes, None),
-        (None, None) => unreachable!("returned above"),
+        None => {
+            let r = planner_row(cfg, world, compute_share)?;
+            let memory = (r.peak_bytes, r.activation_bytes, None);
+            (Some(r), memory)
+        }
     };
     Ok(RunForecast {
         hardware: row.as_ref().map_or("none".into(), |r| r.hardware.clone()),
@@ -447,7 +450,11 @@ pub fn forecast(
 }
 
 /// The planner's row for `cfg` as configured (see [`forecast`]).
-fn planner_row(cfg: &TrainConfig, world: usize, compute_share: f64) -> Result<PlannerRow> {
+pub(crate) fn planner_row(
+    cfg: &TrainConfig,
+    world: usize,
+    compute_share: f64,
+) -> Result<PlannerRow> {
     let mut cfg = cfg.clone();
     let section = cfg.plan.get_or_insert_with(PlanSection::default);
     let whole_host = section.hardware == stoker_plan::input::HardwareInput::default();
