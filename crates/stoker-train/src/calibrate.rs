@@ -221,7 +221,7 @@ fn step_s(cfg: &TrainConfig) -> Result<f64> {
 /// `cfg`'s loader on its training set at its `[data]` settings and micro-batch, as fast as
 /// the consumer takes batches; Err with the reason where the data cannot be opened.
 fn loader_rate(cfg: &TrainConfig) -> Result<(stoker_data::measure::Trial, u64)> {
-    use stoker_data::{Dataset, LoaderConfig, Sampler, SamplerConfig};
+    use stoker_data::{Dataset, Sampler, SamplerConfig};
     // The data is checked against the model's input shapes, which a shell knows without
     // drawing any weights.
     let shell = crate::models::Shell::new(cfg.model.clone());
@@ -231,14 +231,7 @@ fn loader_rate(cfg: &TrainConfig) -> Result<(stoker_data::measure::Trial, u64)> 
     };
     let data = crate::data::open_datasets(cfg, &shell, context)?;
     let d = &cfg.data;
-    let lc = LoaderConfig {
-        batch_size: cfg.batch.micro_batch,
-        num_workers: d.num_workers,
-        prefetch_factor: d.prefetch_factor,
-        persistent_workers: d.persistent_workers,
-        drop_last: true,
-        ..LoaderConfig::default()
-    };
+    let lc = d.train_loader(cfg.batch.micro_batch);
     let sampler = Sampler::new(
         data.train.len(),
         SamplerConfig {

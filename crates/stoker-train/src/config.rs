@@ -90,6 +90,21 @@ pub struct DataConfig {
     pub persistent_workers: bool,
 }
 
+impl DataConfig {
+    /// The training loader these keys configure, for batches of `micro_batch` samples
+    /// (whole batches only): what a run trains with and the calibration measures.
+    pub fn train_loader(&self, micro_batch: usize) -> stoker_data::LoaderConfig {
+        stoker_data::LoaderConfig {
+            batch_size: micro_batch,
+            num_workers: self.num_workers,
+            prefetch_factor: self.prefetch_factor,
+            drop_last: true,
+            persistent_workers: self.persistent_workers,
+            ..Default::default()
+        }
+    }
+}
+
 fn default_eval_fraction() -> f64 {
     0.1
 }

@@ -358,15 +358,11 @@ pub fn run_rank(
             },
         },
     )?;
-    let lc = LoaderConfig {
-        batch_size: dims.micro_batch,
-        num_workers: d.num_workers,
-        prefetch_factor: d.prefetch_factor,
-        drop_last: true,
-        persistent_workers: d.persistent_workers,
-        ..Default::default()
-    };
-    let mut loader = Loader::new(data.train.clone(), sampler, lc)?;
+    let mut loader = Loader::new(
+        data.train.clone(),
+        sampler,
+        d.train_loader(dims.micro_batch),
+    )?;
     let total = opts
         .stop_after
         .unwrap_or(config.train.steps)
