@@ -155,35 +155,21 @@ impl GradSum {
     /// The gradient-sized buffers a sum in `order` holds once it has summed windows of
     /// `k` micro-batches, told before any (the forecast's count): in place none, in
     /// sequence the leaf, in the tree the leaf and every partial sum the binary tree of `k`
-    /// leaves keeps at once (its buffers are kept for reuse), counted by running the
-    /// tree's bookkeeping without the data.
+    /// leaves keeps at once (its buffers are kept for reuse). Counted by running the sum's
+    /// own bookkeeping for two windows over one-element buffers: the count does not depend
+    /// on the length.
     pub fn steady_extra_buffers(order: SumOrder, k: usize) -> usize {
-        match order {
-            SumOrder::InPlace => 0,
-            SumOrder::Sequential => 1,
-            SumOrder::Tree => {
-                let (mut free, mut allocated) = (0usize, 1usize);
-                let mut stack: Vec<usize> = Vec::new();
-                for _window in 0..2 {
-                    for _ in 0..k {
-                        match free {
-                            0 => allocated += 1,
-                            _ => free -= 1,
-                        }
-                        let mut node = 1;
-                        while stack.last() == Some(&node) {
-                            stack.pop();
-                            free += 1;
-                            node *= 2;
-                        }
-                        stack.push(node);
-                    }
-                    free += stack.len();
-                    stack.clear();
-                }
-                allocated
+        let mut sum = GradSum::new(order, 1);
+        let mut grads = [0f32];
+        for _window in 0..2 {
+            sum.begin(&mut grads);
+            for _ in 0..k {
+                sum.target(&mut grads);
+                sum.push(&mut grads, 0.0);
             }
+            sum.finish(&mut grads);
         }
+        sum.extra_buffers()
     }
 
     /// Gradient-sized buffers this sum holds beyond the gradient buffer itself (for the
