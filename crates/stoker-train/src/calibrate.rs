@@ -225,11 +225,7 @@ fn loader_rate(cfg: &TrainConfig) -> Result<(stoker_data::measure::Trial, u64)> 
     // The data is checked against the model's input shapes, which a shell knows without
     // drawing any weights.
     let shell = crate::models::Shell::new(cfg.model.clone());
-    let context = match &cfg.model {
-        ModelConfig::Gpt(g) => g.context,
-        _ => 1,
-    };
-    let data = crate::data::open_datasets(cfg, &shell, context)?;
+    let data = crate::data::open_datasets(cfg, &shell)?;
     let d = &cfg.data;
     let lc = d.train_loader(cfg.batch.micro_batch);
     let sampler = Sampler::new(

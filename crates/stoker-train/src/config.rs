@@ -127,6 +127,16 @@ pub enum ModelConfig {
     Mlp(MlpConfig),
 }
 
+impl ModelConfig {
+    /// The token window a token model reads (the GPT's context); None for classifiers.
+    pub fn context(&self) -> Option<usize> {
+        match self {
+            ModelConfig::Gpt(g) => Some(g.context),
+            ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => None,
+        }
+    }
+}
+
 /// `[batch]`: DeepSpeed's rule `global_batch = micro_batch x accumulation_steps x
 /// world_size`. Give `global_batch` to keep it fixed across world sizes (the accumulation
 /// steps follow from the launcher's world size), or `accumulation_steps`; with both, the
@@ -363,6 +373,12 @@ fn default_log_every() -> u64 {
 }
 
 impl TrainConfig {
+    /// Whether training steps run the model's direct step: the GPT's, where `kernels` and
+    /// the precision allow it (every other model has none and runs candle's graph).
+    pub fn direct_step(&self) -> bool {
+        matches!(self.model, ModelConfig::Gpt(_)) && self.kernels.direct_step(self.precision)
+    }
+
     /// Parses a TOML file (unknown keys rejected, naming the key) and validates it.
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| crate::error::io_err(path, e))?;

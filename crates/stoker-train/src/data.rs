@@ -86,8 +86,10 @@ fn open(path: &std::path::Path, context: usize, key: &str) -> Result<Arc<AnyData
         })
 }
 
-/// Opens the configured data and checks it against `model` before any training.
-pub fn open_datasets(config: &TrainConfig, model: &dyn Model, context: usize) -> Result<Datasets> {
+/// Opens the configured data (token shards in windows of the model's context) and checks
+/// it against `model` before any training.
+pub fn open_datasets(config: &TrainConfig, model: &dyn Model) -> Result<Datasets> {
+    let context = config.model.context().unwrap_or(1);
     let d = &config.data;
     let train = open(&d.train, context, "data.train")?;
     let tokens = matches!(&*train, AnyDataset::Tokens(_));

@@ -4,7 +4,7 @@
 //! opened and checked against the model, and the per-rank bytes predicted by the same
 //! function the run's end compares with its buffers ([`crate::run::predicted`]).
 
-use crate::config::{ModelConfig, TrainConfig};
+use crate::config::TrainConfig;
 use crate::data::open_datasets;
 use crate::error::Result;
 use crate::layout::FlatLayout;
@@ -34,11 +34,7 @@ pub fn dry_run(config: &TrainConfig, world: usize) -> Result<DryRun> {
     let dims = ParallelDims::resolve(config, world, 0, "dry run")?;
     let model = build_model(&config.model, config.precision, config.kernels, config.seed)?;
     let layout = FlatLayout::of(model.params())?;
-    let context = match &config.model {
-        ModelConfig::Gpt(g) => g.context,
-        _ => 0,
-    };
-    let data = open_datasets(config, &*model, context.max(1))?;
+    let data = open_datasets(config, &*model)?;
     Ok(DryRun {
         planned: predicted(config, &dims, &layout),
         params: layout.numel(),

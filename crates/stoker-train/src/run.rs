@@ -148,8 +148,7 @@ pub fn predicted(
         .map(|(_, r)| r.len() as u64)
         .collect();
     let root = spans.first().copied().unwrap_or(0) + spans.last().copied().unwrap_or(0);
-    let direct =
-        matches!(config.model, ModelConfig::Gpt(_)) && config.kernels.direct_step(config.precision);
+    let direct = config.direct_step();
     let groups = match direct {
         true => GroupSpans {
             root: if spans.len() > 1 { root } else { root / 2 },
@@ -273,12 +272,9 @@ pub fn run_rank(
     let layout = FlatLayout::of(model.params())?;
     let strategy = crate::parallel::for_config(config, &layout, comm.clone())?;
     let mut trainer = Trainer::with_strategy(config, model, strategy)?;
-    let context = match &config.model {
-        ModelConfig::Gpt(g) => g.context,
-        _ => 0,
-    };
+    let context = config.model.context().unwrap_or(0);
     let vocab = load_vocab(config, &trainer)?;
-    let data = open_datasets(config, &*trainer.model, context.max(1))?;
+    let data = open_datasets(config, &*trainer.model)?;
     let resumed_at = match &opts.resume {
         Some(dir) => {
             let state = checkpoint::load(&mut trainer, dir)?;
@@ -670,7 +666,7 @@ fn step_scratch_heap(
 /// direct step; None on the graph path, whose candle tensors the trainer does not count).
 pub fn direct_activation_bytes(config: &TrainConfig, dims: &ParallelDims) -> Option<usize> {
     match &config.model {
-        ModelConfig::Gpt(g) if config.kernels.direct_step(config.precision) => {
+        ModelConfig::Gpt(g) if config.direct_step() => {
             Some(4 * stoker_kernels::activation_floats(dims.micro_batch * g.context, g.dims()))
         }
         _ => None,
