@@ -251,14 +251,10 @@ impl FlatLayout {
     ) -> Result<()> {
         self.check_len(out.len())?;
         for (p, s) in params.iter().zip(&self.slots) {
-            let g = grads
-                .get(p.var.as_tensor())
-                .ok_or_else(|| TrainError::NoGradient {
+            if !add_grad(grads, p, &mut out[s.offset..s.offset + s.len])? {
+                return Err(TrainError::NoGradient {
                     name: p.name.clone(),
-                })?;
-            let g = g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-            for (o, x) in out[s.offset..s.offset + s.len].iter_mut().zip(&g) {
-                *o += x;
+                });
             }
         }
         Ok(())
@@ -304,4 +300,21 @@ impl FlatLayout {
         }
         Ok(())
     }
+}
+
+/// Adds parameter `p`'s gradient from `grads`, as f32, into `out` (its slot of a flat
+/// buffer); false if the backward gave it none.
+pub(crate) fn add_grad(
+    grads: &GradStore,
+    p: &crate::params::Param,
+    out: &mut [f32],
+) -> Result<bool> {
+    let Some(g) = grads.get(p.var.as_tensor()) else {
+        return Ok(false);
+    };
+    let g = g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    for (o, x) in out.iter_mut().zip(&g) {
+        *o += x;
+    }
+    Ok(true)
 }

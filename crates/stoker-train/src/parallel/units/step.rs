@@ -11,7 +11,7 @@ use super::plan::{owned_len, unit_model, Event, UnitPlan};
 use crate::accumulate::MicroBatch;
 use crate::config::ModelConfig;
 use crate::error::{Result, TrainError};
-use crate::layout::FlatLayout;
+use crate::layout::{add_grad, FlatLayout};
 use crate::loss::{cross_entropy_sum, scalar};
 use crate::models::Model;
 use crate::parallel::Strategy;
@@ -196,18 +196,8 @@ pub fn micro_batch(
                         continue;
                     };
                     // A shared group's other parameters get no gradient from this unit.
-                    let Some(gr) = store.get(p.var.as_tensor()) else {
-                        continue;
-                    };
-                    reached[i] = true;
-                    let gr = gr
-                        .to_dtype(candle_core::DType::F32)?
-                        .flatten_all()?
-                        .to_vec1::<f32>()?;
                     let at = slot.offset - plan.spans[slot.group].start;
-                    for (o, x) in buf[at..at + slot.len].iter_mut().zip(&gr) {
-                        *o += x;
-                    }
+                    reached[i] |= add_grad(&store, p, &mut buf[at..at + slot.len])?;
                 }
                 if let Some(v) = &input {
                     let g = store.get(v.as_tensor()).ok_or_else(|| {
