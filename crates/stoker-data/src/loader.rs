@@ -234,6 +234,12 @@ impl<D: Dataset> Loader<D> {
         self.pool.buffer_bytes()
     }
 
+    /// Bytes of batch buffers in steady state, known before the first batch: one per
+    /// batch in flight plus the one the consumer holds.
+    pub fn steady_bytes(&self) -> usize {
+        self.buffer_bytes() * (self.config.max_in_flight() + 1)
+    }
+
     /// Counters since creation or the last [`reset_stats`](Self::reset_stats).
     pub fn stats(&self) -> LoaderStats {
         let mut s = self.stats.clone();

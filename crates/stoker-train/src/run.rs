@@ -375,7 +375,7 @@ pub fn run_rank(
         buffers: trainer.steady_buffer_bytes(dims.accumulation_steps) as f64,
         activations: activations.map(|b| b as f64),
         workspace: workspace.map_or(0.0, |b| b as f64),
-        loader: (loader.buffer_bytes() * (loader.config().max_in_flight() + 1)) as f64,
+        loader: loader.steady_bytes() as f64,
         baseline_heap: baseline_heap.map(|b| b as f64),
     };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
