@@ -256,12 +256,13 @@ pub struct Setup {
     pub gather_bytes: f64,
 }
 
-/// Bytes per element of a collective's dtype name (`fp32`, `bf16`, `fp16`).
+/// Bytes per element of a collective's dtype name (`fp32`, `bf16`, `fp16`, as
+/// [`Dtype::parse`] reads them); fp8 is not a dtype collectives reduce or gather in.
 pub fn collective_bytes(field: &str, name: &str) -> Result<f64> {
-    match name.to_ascii_lowercase().as_str() {
-        "fp32" | "f32" | "float32" => Ok(4.0),
-        "bf16" | "bfloat16" | "fp16" | "f16" | "float16" => Ok(2.0),
-        _ => Err(PlanError::UnknownOption {
+    match Dtype::parse(field, name).ok() {
+        Some(Dtype::Fp32) => Ok(4.0),
+        Some(Dtype::Bf16 | Dtype::Fp16) => Ok(2.0),
+        Some(Dtype::Fp8) | None => Err(PlanError::UnknownOption {
             field: field.into(),
             got: name.into(),
             expected: "fp32, bf16, fp16".into(),
