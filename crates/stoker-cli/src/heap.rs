@@ -5,14 +5,5 @@
 use mimalloc::MiMalloc;
 use stoker_train::heap::Counting;
 
-/// The allocator `main.rs` installs.
+/// The allocator `main.rs` installs; a run reads its counts (`RunOptions::heap`).
 pub type CountingMiMalloc = Counting<MiMalloc>;
-
-/// The probe `stoker train` hands to the run: the installed allocator's counts.
-pub fn probe() -> stoker_train::run::HeapProbe {
-    stoker_train::run::HeapProbe {
-        live: || crate::ALLOC.live(),
-        peak: || crate::ALLOC.peak(),
-        reset_peak: || crate::ALLOC.reset_peak(),
-    }
-}

@@ -1,6 +1,6 @@
 //! A global allocator that counts: any allocator behind a count of the bytes live on the
 //! heap and their peak, so a run can set what it really holds beside what it planned
-//! ([`crate::run::HeapProbe`]). RSS alone cannot tell: an allocator such as mimalloc
+//! ([`HeapCount`], `RunOptions::heap`). RSS alone cannot tell: an allocator such as mimalloc
 //! keeps freed pages for reuse, so the resident set overstates what is in use. The
 //! `stoker` binary wraps mimalloc in it; tests wrap the system allocator.
 
@@ -48,6 +48,42 @@ impl<A> Counting<A> {
 
     fn shrank(&self, bytes: usize) {
         self.live.fetch_sub(bytes as u64, Ordering::Relaxed);
+    }
+}
+
+/// Reads of a counting global allocator, as a run takes them (the library installs none;
+/// the `stoker` binary and the tests do).
+pub trait HeapCount: Sync {
+    /// Bytes live on the heap now.
+    fn live(&self) -> u64;
+    /// The largest number of live bytes since the last [`HeapCount::reset_peak`].
+    fn peak(&self) -> u64;
+    /// Restarts the peak from the bytes live now.
+    fn reset_peak(&self);
+}
+
+impl<A: Sync> HeapCount for Counting<A> {
+    fn live(&self) -> u64 {
+        Counting::live(self)
+    }
+
+    fn peak(&self) -> u64 {
+        Counting::peak(self)
+    }
+
+    fn reset_peak(&self) {
+        Counting::reset_peak(self)
+    }
+}
+
+impl std::fmt::Debug for dyn HeapCount + '_ {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "HeapCount {{ live: {}, peak: {} }}",
+            self.live(),
+            self.peak()
+        )
     }
 }
 

@@ -21,6 +21,7 @@ use crate::checkpoint::{self, DataPosition};
 use crate::config::{ModelConfig, OptimizerKind, TrainConfig};
 use crate::data::{open_datasets, to_micro_batch, Datasets};
 use crate::error::{io_err, Result, TrainError};
+use crate::heap::HeapCount;
 use crate::layout::FlatLayout;
 use crate::memory::HeldBytes;
 use crate::metrics::{MetricsLog, Record};
@@ -50,18 +51,7 @@ pub struct RunOptions {
     pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     /// The process allocator's count of live heap bytes, where the binary has one: the
     /// run reports the peak of its training steps beside the forecast.
-    pub heap: Option<HeapProbe>,
-}
-
-/// Reads of a counting global allocator (the library has none; `stoker` installs one).
-#[derive(Debug, Clone, Copy)]
-pub struct HeapProbe {
-    /// Bytes live on the heap now.
-    pub live: fn() -> u64,
-    /// The largest live bytes since the last `reset_peak`.
-    pub peak: fn() -> u64,
-    /// Restarts the peak from the bytes live now.
-    pub reset_peak: fn(),
+    pub heap: Option<&'static dyn HeapCount>,
 }
 
 /// What a run ended with.
@@ -120,7 +110,7 @@ pub struct RunSummary {
     /// evaluation or checkpoint (what the forecast's peak is for), bytes.
     pub train_rss_bytes: u64,
     /// The counting allocator's peak of live heap bytes over training steps before the
-    /// first evaluation or checkpoint (None without a [`HeapProbe`]).
+    /// first evaluation or checkpoint (None without a [`HeapCount`]).
     pub train_heap_bytes: Option<u64>,
     /// Bytes of the direct step's activation buffers at the end, counted from them.
     pub activation_bytes: usize,
@@ -264,7 +254,7 @@ pub fn run_rank(
 ) -> Result<RunSummary> {
     // The process before this run allocates anything: code, libraries, the communicator.
     let baseline_rss = stoker_data::measure::rss_bytes();
-    let baseline_heap = opts.heap.map(|h| (h.live)());
+    let baseline_heap = opts.heap.map(|h| h.live());
     agree::check_same_config(&*comm, config)?;
     let dims = ParallelDims::resolve(config, comm.world_size(), comm.rank(), launcher)?;
     let lead = dims.rank == 0;
@@ -400,7 +390,7 @@ pub fn run_rank(
     let (mut train_rss_max, mut side_work_done) = (0u64, false);
     let mut train_heap_peak = None;
     if let Some(h) = opts.heap {
-        (h.reset_peak)();
+        h.reset_peak();
     }
     let (mut wait, mut window_wait, mut window_t0) =
         (Duration::ZERO, Duration::ZERO, Instant::now());
@@ -504,7 +494,7 @@ pub fn run_rank(
             }
             let every = |n: u64| n > 0 && step % n == 0;
             if !side_work_done {
-                train_heap_peak = opts.heap.map(|h| (h.peak)());
+                train_heap_peak = opts.heap.map(|h| h.peak());
             }
             if every(config.train.eval_every) || step == config.train.steps {
                 side_work_done = true;
@@ -635,7 +625,7 @@ fn step_scratch_heap(
     trainer: &mut Trainer,
     data: &Datasets,
     micro: usize,
-    heap: Option<HeapProbe>,
+    heap: Option<&dyn HeapCount>,
     threads: bool,
 ) -> Result<Option<usize>> {
     let Some(h) = heap.filter(|_| !threads) else {
@@ -654,10 +644,10 @@ fn step_scratch_heap(
     })??;
     let mb = to_micro_batch(&first, &data.input, &data.target, &Device::Cpu)?;
     drop((first, loader));
-    (h.reset_peak)();
-    let before = (h.live)();
+    h.reset_peak();
+    let before = h.live();
     let told = trainer.scratch_micro_batch(&mb)?;
-    let step = (h.peak)().saturating_sub(before) as usize;
+    let step = h.peak().saturating_sub(before) as usize;
     // The strategy's told workspace is counted with its buffers already.
     Ok(told.map(|t| step.saturating_sub(t)))
 }

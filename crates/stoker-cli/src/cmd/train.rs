@@ -121,7 +121,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         stop_after: args.stop_after,
         save_fault: args.test_crash_during_save,
         stop: Some(stop_on_signals()?),
-        heap: Some(crate::heap::probe()),
+        heap: Some(&crate::ALLOC),
     };
     let launched = stoker_comm::mpi::launched_world();
     if let Some((_, world)) = &launched {
