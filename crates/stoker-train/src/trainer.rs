@@ -449,10 +449,9 @@ impl Trainer {
                 kernels: self.kernels,
                 layout: &self.layout,
                 fx: &fx,
-            };
-            let mut scratch = crate::parallel::units::Scratch {
                 own: self.held.clone(),
             };
+            let mut scratch = crate::parallel::units::Scratch;
             let mut peak = 0;
             crate::parallel::units::micro_batch(&step, &mut scratch, mb, factor, true, &mut peak)?;
             return Ok(Some(self.unit_workspace_bytes()));
@@ -496,6 +495,7 @@ impl Trainer {
             unit_peak,
             precision,
             kernels,
+            held,
             ..
         } = self;
         let by_group = strategy.reduces_by_group();
@@ -536,12 +536,12 @@ impl Trainer {
                     kernels: *kernels,
                     layout,
                     fx: &fx,
+                    own: held.clone(),
                 };
                 let mut source = crate::parallel::units::Collective {
                     strategy: &mut **strategy,
                     held: master,
                     shard: target,
-                    len: layout.total_len(),
                 };
                 let loss = crate::parallel::units::micro_batch(
                     &unit_step,

@@ -23,8 +23,6 @@ pub trait SpanSource {
     fn gather(&mut self, span: Range<usize>) -> Result<Vec<f32>>;
     /// Takes `grads`, a micro-batch's gradients of flat span `span`.
     fn scatter(&mut self, grads: Vec<f32>, span: Range<usize>) -> Result<()>;
-    /// The part of the flat buffer this rank owns.
-    fn own(&self) -> Range<usize>;
 }
 
 /// The rank's collectives: groups all-gathered from every rank's shard `held`, gradients
@@ -37,8 +35,6 @@ pub struct Collective<'a> {
     pub held: &'a [f32],
     /// This rank's shard of the window's gradient sum.
     pub shard: &'a mut [f32],
-    /// The flat buffer's length.
-    pub len: usize,
 }
 
 impl SpanSource for Collective<'_> {
@@ -49,19 +45,12 @@ impl SpanSource for Collective<'_> {
     fn scatter(&mut self, grads: Vec<f32>, span: Range<usize>) -> Result<()> {
         self.strategy.scatter_span(grads, span, self.shard)
     }
-
-    fn own(&self) -> Range<usize> {
-        self.strategy.holds(self.len)
-    }
 }
 
 /// No collectives: zeros for parameters (a step's memory does not depend on their values),
 /// gradients dropped. What a scratch micro-batch runs to count the step's memory before
 /// training, changing no state.
-pub struct Scratch {
-    /// The part of the flat buffer the rank owns (its reduce-scatter outputs' size).
-    pub own: Range<usize>,
-}
+pub struct Scratch;
 
 impl SpanSource for Scratch {
     fn gather(&mut self, span: Range<usize>) -> Result<Vec<f32>> {
@@ -70,10 +59,6 @@ impl SpanSource for Scratch {
 
     fn scatter(&mut self, _grads: Vec<f32>, _span: Range<usize>) -> Result<()> {
         Ok(())
-    }
-
-    fn own(&self) -> Range<usize> {
-        self.own.clone()
     }
 }
 
@@ -91,6 +76,8 @@ pub struct UnitStep<'a> {
     pub layout: &'a FlatLayout,
     /// The forward context.
     pub fx: &'a Fx<'a>,
+    /// The part of the flat buffer this rank owns (its reduce-scatter outputs' size).
+    pub own: Range<usize>,
 }
 
 /// Runs one micro-batch `mb` unit by unit: each group's parameters from `source`, the
@@ -211,7 +198,7 @@ pub fn micro_batch(
                     TrainError::Layout(format!("zero3: group {g} scattered before its backward"))
                 })?;
                 let span = plan.spans[g].clone();
-                *peak = (*peak).max(bytes + 4 * owned_len(&source.own(), &span));
+                *peak = (*peak).max(bytes + 4 * owned_len(&step.own, &span));
                 bytes -= 4 * v.len();
                 source.scatter(v, span)?;
             }
