@@ -47,11 +47,12 @@ pub use embedding::embedding;
 pub use error::KernelError;
 pub use gelu::gelu;
 pub use gpt::{
-    activation_floats, gpt_params, group_calls, replay, GptBatch, GptDims, GptOffsets, GptParam,
-    GptStep, GroupCall, GroupReady, GroupView, Phase, SpecInit, StepParams, Whole,
+    activation_floats, gemm_pack_bytes, gpt_params, group_calls, replay, GptBatch, GptDims,
+    GptOffsets, GptParam, GptStep, GroupCall, GroupReady, GroupView, Phase, SpecInit, StepParams,
+    Whole,
 };
 pub use layer_norm::layer_norm;
 pub use linear::{linear, linear_with};
-pub use matmul::{bf16_native, linear_bf16, matmul_bf16, Bf16Kernel};
+pub use matmul::{bf16_native, linear_bf16, matmul_bf16, Bf16Kernel, PackBuffers};
 pub use optim::{adamw_update, sgd_update, AdamWStep, SgdStep};
 pub use softmax::softmax_last_dim;

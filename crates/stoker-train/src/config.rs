@@ -379,6 +379,12 @@ impl TrainConfig {
         matches!(self.model, ModelConfig::Gpt(_)) && self.kernels.direct_step(self.precision)
     }
 
+    /// Whether a direct step multiplies bf16 operands (on the bf16 GEMM, which keeps
+    /// packing buffers) rather than f32 ones.
+    pub fn direct_bf16_operands(&self) -> bool {
+        self.precision == Precision::Bf16
+    }
+
     /// Parses a TOML file (unknown keys rejected, naming the key) and validates it.
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| crate::error::io_err(path, e))?;

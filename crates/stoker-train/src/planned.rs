@@ -337,11 +337,13 @@ pub struct OwnBytes {
     /// accumulation's extra gradient buffers, as the trainer sized them
     /// (`HeldBytes::buffers`).
     pub buffers: f64,
-    /// The direct step's activation buffers (`stoker_kernels::activation_floats`); None
-    /// on the graph path, where the planner's formula stands in.
+    /// The direct step's activation buffers and bf16 GEMM packing buffers
+    /// (`stoker_kernels::activation_floats`, `gemm_pack_bytes`); None on the graph path,
+    /// where the planner's formula stands in.
     pub activations: Option<f64>,
-    /// The kernels' scratch beyond the activation buffers (gemm's per-thread packing
-    /// slabs and per-call packs), measured by one scratch micro-batch; 0 where not.
+    /// The kernels' scratch beyond the activation buffers (the f32 gemm crate's
+    /// per-thread packing slabs and per-call packs), measured by one scratch micro-batch;
+    /// 0 where not.
     pub workspace: f64,
     /// The loader's batch buffers: one per batch in flight plus the one being used.
     pub loader: f64,

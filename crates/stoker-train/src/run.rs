@@ -325,8 +325,8 @@ pub fn run_rank(
     // Before the loader starts its workers, whose allocations the count would see.
     let threads = comm.backend() == "local" && dims.world > 1;
     let scratch = step_scratch_heap(&mut trainer, &data, dims.micro_batch, opts.heap, threads)?;
-    // The direct step's activation buffers are told (activation_floats); what its scratch
-    // run held beyond them is its kernels' workspace. On the graph path it is all candle's.
+    // The direct step's activation and packing buffers are told; what its scratch run
+    // held beyond them is its kernels' workspace. On the graph path it is all candle's.
     let (activations, workspace) = match (direct_activation_bytes(config, &dims), scratch) {
         (Some(a), s) => (Some(a), s.map(|s| s.saturating_sub(a))),
         (None, s) => (s, None),
@@ -652,12 +652,18 @@ fn step_scratch_heap(
     Ok(told.map(|t| step.saturating_sub(t)))
 }
 
-/// Bytes of the direct step's activation buffers for this run's micro-batch (GPT on the
-/// direct step; None on the graph path, whose candle tensors the trainer does not count).
+/// Bytes of the direct step's activation buffers for this run's micro-batch, with its
+/// bf16 GEMMs' packing buffers (GPT on the direct step; None on the graph path, whose
+/// candle tensors the trainer does not count).
 pub fn direct_activation_bytes(config: &TrainConfig, dims: &ParallelDims) -> Option<usize> {
     match &config.model {
         ModelConfig::Gpt(g) if config.direct_step() => {
-            Some(4 * stoker_kernels::activation_floats(dims.micro_batch * g.context, g.dims()))
+            let rows = dims.micro_batch * g.context;
+            let packs = match config.direct_bf16_operands() {
+                true => stoker_kernels::gemm_pack_bytes(rows, g.dims()),
+                false => 0,
+            };
+            Some(4 * stoker_kernels::activation_floats(rows, g.dims()) + packs)
         }
         _ => None,
     }

@@ -222,7 +222,7 @@ impl Trainer {
         };
         let fp8 = (config.precision == Precision::Fp8).then(|| Fp8State::new(Default::default()));
         let direct = match config.kernels.direct_step(config.precision) {
-            true => model.direct_step(&layout, config.precision == Precision::Bf16)?,
+            true => model.direct_step(&layout, config.direct_bf16_operands())?,
             false => None,
         };
         // ZeRO-3 on the graph path: each micro-batch runs the model unit by unit.

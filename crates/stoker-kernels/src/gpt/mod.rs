@@ -23,7 +23,7 @@ use crate::cross_entropy::{loss_and_grad_in_place, loss_and_hits};
 use crate::embedding::scatter_add;
 use crate::error::KernelError;
 use crate::linear::{column_sums, gemm_f32_into};
-use crate::matmul::{gemm_write, Bf16Kernel, MatRef};
+use crate::matmul::{gemm_write, Bf16Kernel, MatRef, PackBuffers};
 use crate::{gelu, layer_norm};
 
 pub mod groups;
@@ -88,6 +88,8 @@ struct Acts {
     dqkv: Vec<f32>,
     datt: Vec<f32>,
     dfc: Vec<f32>,
+    /// The bf16 GEMMs' packed operands (empty for the f32 GEMM, which packs its own).
+    packs: PackBuffers,
 }
 
 /// f32 elements of the activation buffers the direct step keeps for one micro-batch of
@@ -101,6 +103,30 @@ pub fn activation_floats(rows: usize, dims: GptDims) -> usize {
     let (n, c) = (rows, dims.d_model);
     let block = 16 * n * c + 4 * n + n * dims.n_head;
     dims.n_layer * block + 2 * n * c + 2 * n + n * dims.vocab + 10 * n * c
+}
+
+/// Every GEMM `(m, k, n)` (`A` `m x k`, `B` `k x n`) the step runs for `rows` rows,
+/// forward and backward: the tied head's three, and three per linear layer of a block
+/// (forward, input gradient, weight gradient), the same in every block.
+fn gemm_shapes(rows: usize, dims: GptDims) -> Vec<(usize, usize, usize)> {
+    let (n, c, v) = (rows, dims.d_model, dims.vocab);
+    // Head: logits = lnf wte^T; d lnf = dlogits wte; d wte += dlogits^T lnf.
+    let mut shapes = vec![(n, c, v), (n, v, c), (v, n, c)];
+    if dims.n_layer > 0 {
+        // (in, out) of qkv, proj, fc and fc_proj: y = x W^T; dx = dy W; dW += dy^T x.
+        for (k, out) in [(c, 3 * c), (c, c), (c, 4 * c), (4 * c, c)] {
+            shapes.extend([(n, k, out), (n, out, k), (out, n, k)]);
+        }
+    }
+    shapes
+}
+
+/// Bytes of the buffers the direct step with bf16 operands packs its GEMM operands into,
+/// for `rows` rows ([`PackBuffers::for_shapes`] over the step's GEMMs); kept with the
+/// activation buffers, and 0 with f32 operands. A test checks it against the allocation.
+pub fn gemm_pack_bytes(rows: usize, dims: GptDims) -> usize {
+    let (a, b) = PackBuffers::words_for(gemm_shapes(rows, dims));
+    4 * (a + b)
 }
 
 impl Acts {
@@ -139,7 +165,7 @@ impl Acts {
         blocks + rest + self.lnf_stats.iter().map(Vec::len).sum::<usize>()
     }
 
-    fn new(n: usize, dims: GptDims) -> Self {
+    fn new(n: usize, dims: GptDims, bf16_operands: bool) -> Self {
         let c = dims.d_model;
         let z = |len: usize| vec![0f32; len];
         let blocks = (0..dims.n_layer)
@@ -169,6 +195,10 @@ impl Acts {
             dqkv: z(3 * n * c),
             datt: z(n * c),
             dfc: z(4 * n * c),
+            packs: match bf16_operands {
+                true => PackBuffers::for_shapes(gemm_shapes(n, dims)),
+                false => PackBuffers::default(),
+            },
         }
     }
 }
@@ -352,7 +382,7 @@ impl GptStep {
     fn acts_for(&mut self, rows: usize) -> Acts {
         match self.acts.iter().position(|a| a.n == rows) {
             Some(i) => self.acts.remove(i),
-            None => Acts::new(rows, self.dims),
+            None => Acts::new(rows, self.dims, self.bf16.is_some()),
         }
     }
 
@@ -390,10 +420,13 @@ impl GptStep {
         result
     }
 
-    /// Bytes of the activation buffers this step holds now (up to [`SHAPES_KEPT`] batch
-    /// shapes), counted from the buffers.
+    /// Bytes of the activation buffers and GEMM packing buffers this step holds now (up
+    /// to [`SHAPES_KEPT`] batch shapes), counted from the buffers.
     pub fn activation_bytes(&self) -> usize {
-        4 * self.acts.iter().map(Acts::floats).sum::<usize>()
+        self.acts
+            .iter()
+            .map(|a| 4 * a.floats() + a.packs.bytes())
+            .sum()
     }
 
     /// Group `group` from `source`, checked to cover the group's span.
@@ -447,7 +480,15 @@ impl GptStep {
             let (w, bias) = ln(bo.ln1);
             let [m, r] = &mut blk.ln1_stats;
             layer_norm::fwd_into(&blk.x, w, bias, c, self.eps, &mut blk.ln1, (m, r));
-            self.linear(&blk.ln1, p, bo.qkv, (n, c, 3 * c), &mut blk.qkv, false);
+            self.linear(
+                &blk.ln1,
+                p,
+                bo.qkv,
+                (n, c, 3 * c),
+                &mut blk.qkv,
+                false,
+                &mut a.packs,
+            );
             qkv_forward_f32(
                 &blk.qkv,
                 (b.batch, b.t, self.dims.n_head),
@@ -455,18 +496,42 @@ impl GptStep {
                 &mut blk.lse,
             );
             blk.mid.copy_from_slice(&blk.x);
-            self.linear(&blk.att, p, bo.proj, (n, c, c), &mut blk.mid, true);
+            self.linear(
+                &blk.att,
+                p,
+                bo.proj,
+                (n, c, c),
+                &mut blk.mid,
+                true,
+                &mut a.packs,
+            );
             let (w, bias) = ln(bo.ln2);
             let [m, r] = &mut blk.ln2_stats;
             layer_norm::fwd_into(&blk.mid, w, bias, c, self.eps, &mut blk.ln2, (m, r));
-            self.linear(&blk.ln2, p, bo.fc, (n, c, 4 * c), &mut blk.fc, false);
+            self.linear(
+                &blk.ln2,
+                p,
+                bo.fc,
+                (n, c, 4 * c),
+                &mut blk.fc,
+                false,
+                &mut a.packs,
+            );
             gelu::fwd_into(&blk.fc, &mut blk.gelu);
             let next = match rest.first_mut() {
                 Some(nb) => &mut nb.x,
                 None => &mut a.x_out,
             };
             next.copy_from_slice(&blk.mid);
-            self.linear(&blk.gelu, p, bo.fc_proj, (n, 4 * c, c), next, true);
+            self.linear(
+                &blk.gelu,
+                p,
+                bo.fc_proj,
+                (n, 4 * c, c),
+                next,
+                true,
+                &mut a.packs,
+            );
             source.done(l + 1, Phase::Forward)?;
         }
         {
@@ -481,7 +546,14 @@ impl GptStep {
             let view = self.open(source, 0, Phase::Forward)?;
             let wte = &view.params[o.wte - view.base..][..v * c];
             let head = MatRef::transposed(wte, c, v);
-            self.gemm(MatRef::new(&a.lnf, n, c), head, None, &mut a.logits, false);
+            self.gemm(
+                MatRef::new(&a.lnf, n, c),
+                head,
+                None,
+                &mut a.logits,
+                false,
+                &mut a.packs,
+            );
         }
         source.done(0, Phase::Forward)?;
         Ok(())
@@ -509,6 +581,7 @@ impl GptStep {
                 None,
                 &mut a.dh,
                 false,
+                &mut a.packs,
             );
             self.gemm(
                 MatRef::transposed(dlogits, v, n),
@@ -516,6 +589,7 @@ impl GptStep {
                 None,
                 &mut view.grads[at..at + v * c],
                 true,
+                &mut a.packs,
             );
         }
         {
@@ -544,9 +618,19 @@ impl GptStep {
                 bo.fc_proj,
                 (n, 4 * c, c),
                 &mut a.dfc,
+                &mut a.packs,
             );
             gelu::bwd_in_place(&blk.fc, &mut a.dfc);
-            self.linear_bwd(&a.dfc, &blk.ln2, p, g, bo.fc, (n, c, 4 * c), &mut a.dh);
+            self.linear_bwd(
+                &a.dfc,
+                &blk.ln2,
+                p,
+                g,
+                bo.fc,
+                (n, c, 4 * c),
+                &mut a.dh,
+                &mut a.packs,
+            );
             self.layer_norm_bwd(
                 (&blk.mid, &blk.ln2_stats),
                 p,
@@ -557,14 +641,32 @@ impl GptStep {
                 true,
             );
             // Attention: mid = x + proj(attention(qkv(ln1(x)))).
-            self.linear_bwd(&a.dres, &blk.att, p, g, bo.proj, (n, c, c), &mut a.datt);
+            self.linear_bwd(
+                &a.dres,
+                &blk.att,
+                p,
+                g,
+                bo.proj,
+                (n, c, c),
+                &mut a.datt,
+                &mut a.packs,
+            );
             qkv_backward_f32(
                 &blk.qkv,
                 (&blk.att, &a.datt, &blk.lse),
                 (b.batch, b.t, self.dims.n_head),
                 &mut a.dqkv,
             );
-            self.linear_bwd(&a.dqkv, &blk.ln1, p, g, bo.qkv, (n, c, 3 * c), &mut a.dh);
+            self.linear_bwd(
+                &a.dqkv,
+                &blk.ln1,
+                p,
+                g,
+                bo.qkv,
+                (n, c, 3 * c),
+                &mut a.dh,
+                &mut a.packs,
+            );
             self.layer_norm_bwd(
                 (&blk.x, &blk.ln1_stats),
                 p,
@@ -602,10 +704,11 @@ impl GptStep {
         (m, k, n): (usize, usize, usize),
         out: &mut [f32],
         accumulate: bool,
+        packs: &mut PackBuffers,
     ) {
         let w = MatRef::transposed(&p[off[0]..off[0] + n * k], k, n);
         let bias = &p[off[1]..off[1] + n];
-        self.gemm(MatRef::new(x, m, k), w, Some(bias), out, accumulate);
+        self.gemm(MatRef::new(x, m, k), w, Some(bias), out, accumulate, packs);
     }
 
     /// `out = A B (+ bias)`, or with `accumulate` `out += A B (+ bias)`, on the bf16 GEMM
@@ -618,9 +721,10 @@ impl GptStep {
         bias: Option<&[f32]>,
         out: &mut [f32],
         accumulate: bool,
+        packs: &mut PackBuffers,
     ) {
         if let Some(kernel) = self.bf16 {
-            gemm_write(kernel, &a, &b, bias, out, accumulate)
+            gemm_write(kernel, &a, &b, bias, out, accumulate, packs)
                 .expect("gpt-step: GEMM shapes are fixed by the checked dims");
             return;
         }
@@ -655,10 +759,18 @@ impl GptStep {
         off: [usize; 2],
         (m, k, n): (usize, usize, usize),
         dx: &mut [f32],
+        packs: &mut PackBuffers,
     ) {
         let w = &p[off[0]..off[0] + n * k];
         // dx = dy W; dW += dy^T x.
-        self.gemm(MatRef::new(dy, m, n), MatRef::new(w, n, k), None, dx, false);
+        self.gemm(
+            MatRef::new(dy, m, n),
+            MatRef::new(w, n, k),
+            None,
+            dx,
+            false,
+            packs,
+        );
         let dw = &mut g[off[0]..off[0] + n * k];
         self.gemm(
             MatRef::transposed(dy, n, m),
@@ -666,6 +778,7 @@ impl GptStep {
             None,
             dw,
             true,
+            packs,
         );
         let db = column_sums(dy, n);
         g[off[1]..off[1] + n]
@@ -718,7 +831,7 @@ mod tests {
                 n_head,
             };
             assert_eq!(
-                Acts::new(rows, dims).floats(),
+                Acts::new(rows, dims, false).floats(),
                 activation_floats(rows, dims),
                 "{dims:?} rows {rows}"
             );
@@ -734,6 +847,11 @@ mod tests {
             n_layer: 2,
             n_head: 4,
         };
+        step_for(dims, false)
+    }
+
+    /// A GPT of `dims` with contiguous offsets and deterministic parameters.
+    fn step_for(dims: GptDims, bf16_operands: bool) -> (GptStep, Vec<f32>) {
         let mut at = std::collections::HashMap::new();
         let mut end = 0;
         for p in gpt_params(&dims) {
@@ -744,7 +862,53 @@ mod tests {
         let params = (0..end)
             .map(|i| ((i * 7919 % 1000) as f32 / 1000.0 - 0.5) * 0.2)
             .collect();
-        (GptStep::new(dims, offsets, false, 1e-5).unwrap(), params)
+        (
+            GptStep::new(dims, offsets, bf16_operands, 1e-5).unwrap(),
+            params,
+        )
+    }
+
+    /// The packing buffers are sized before the first GEMM from the table of the step's
+    /// GEMMs, and grow if a GEMM needs more: after a whole step they hold what
+    /// `gemm_pack_bytes` says, so the table missed none (nor does f32 keep any).
+    #[test]
+    fn gemm_pack_bytes_is_what_the_bf16_step_holds_after_a_step() {
+        for (vocab, d_model, n_layer, n_head, batch, t) in [
+            (13, 16, 2, 4, 3, 8),
+            (70, 32, 1, 2, 2, 5),
+            (5, 48, 1, 3, 1, 40),
+            (9, 8, 0, 2, 2, 3),
+        ] {
+            let dims = GptDims {
+                vocab,
+                context: t,
+                d_model,
+                n_layer,
+                n_head,
+            };
+            let rows = batch * t;
+            let tokens: Vec<i64> = (0..rows).map(|i| (i * 5 % vocab) as i64).collect();
+            let targets: Vec<i64> = (0..rows).map(|i| (i * 3 % vocab) as i64).collect();
+            for bf16 in [true, false] {
+                let (mut step, params) = step_for(dims, bf16);
+                let mut grads = vec![0f32; params.len()];
+                let b = GptBatch {
+                    tokens: &tokens,
+                    targets: &targets,
+                    batch,
+                    t,
+                    ignore: -100,
+                };
+                step.forward_backward(&params, b, 1.0, &mut grads, &mut |_, _| {})
+                    .unwrap();
+                let packs = if bf16 { gemm_pack_bytes(rows, dims) } else { 0 };
+                assert_eq!(
+                    step.activation_bytes(),
+                    4 * activation_floats(rows, dims) + packs,
+                    "{dims:?} rows {rows} bf16 {bf16}"
+                );
+            }
+        }
     }
 
     #[test]

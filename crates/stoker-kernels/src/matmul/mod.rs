@@ -25,7 +25,7 @@ mod tile;
 
 use std::sync::OnceLock;
 
-use pack::{pack_a, pack_b, PackedA, PackedB};
+use pack::{a_words, b_words, pack_a, pack_b, PackedA, PackedB};
 use tile::{Block, BLOCK};
 
 /// Which bf16 GEMM kernel runs.
@@ -153,6 +153,53 @@ impl<'a, S> MatRef<'a, S> {
     }
 }
 
+/// Storage for a GEMM's packed operands, kept by a caller that runs many GEMMs (the GPT's
+/// direct step) so that packing reuses it instead of allocating per call: per-call
+/// buffers of changing sizes left the allocator holding pages beyond what was live.
+/// Sized up front for the largest GEMM a caller will run ([`PackBuffers::for_shapes`]);
+/// grows if one is larger.
+#[derive(Debug, Default)]
+pub struct PackBuffers {
+    a: Box<[u32]>,
+    b: Box<[u32]>,
+}
+
+impl PackBuffers {
+    /// Buffers large enough for every `(m, k, n)` GEMM (`A` `m x k`, `B` `k x n`) of
+    /// `shapes`: the largest packed `A` and the largest packed `B` among them.
+    pub fn for_shapes(shapes: impl IntoIterator<Item = (usize, usize, usize)>) -> Self {
+        let (a, b) = Self::words_for(shapes);
+        PackBuffers {
+            a: vec![0; a].into(),
+            b: vec![0; b].into(),
+        }
+    }
+
+    /// The words [`PackBuffers::for_shapes`] holds for `shapes`: (packed `A`, packed `B`).
+    pub fn words_for(shapes: impl IntoIterator<Item = (usize, usize, usize)>) -> (usize, usize) {
+        shapes.into_iter().fold((0, 0), |(a, b), (m, k, n)| {
+            (a.max(a_words(m, k)), b.max(b_words(k, n)))
+        })
+    }
+
+    /// Bytes held, counted from the buffers.
+    pub fn bytes(&self) -> usize {
+        4 * (self.a.len() + self.b.len())
+    }
+
+    /// The two buffers, grown first where an `m x k` by `k x n` GEMM needs more.
+    fn for_gemm(&mut self, (m, k, n): (usize, usize, usize)) -> (&mut [u32], &mut [u32]) {
+        let grow = |buf: &mut Box<[u32]>, words: usize| {
+            if buf.len() < words {
+                *buf = vec![0; words].into();
+            }
+        };
+        grow(&mut self.a, a_words(m, k));
+        grow(&mut self.b, b_words(k, n));
+        (&mut self.a, &mut self.b)
+    }
+}
+
 /// Computes every 32 x 32 block of one 32-row band of `C` with `kernel`.
 fn band<T: Elem>(
     kernel: Bf16Kernel,
@@ -235,12 +282,21 @@ pub(crate) fn gemm_into<T: Elem, SA: Bf16Source, SB: Bf16Source>(
     bias: Option<&[f32]>,
 ) -> std::result::Result<Vec<T>, KernelError> {
     let mut c = vec![T::from_f32(0.0); a.rows * b.cols];
-    gemm_write(kernel, a, b, bias, &mut c, false)?;
+    gemm_write(
+        kernel,
+        a,
+        b,
+        bias,
+        &mut c,
+        false,
+        &mut PackBuffers::default(),
+    )?;
     Ok(c)
 }
 
 /// The GEMM into a caller's `C` (`m x n`, row-major): `C = A . B + bias`, or with
-/// `accumulate` `C += A . B + bias`, each element rounded once.
+/// `accumulate` `C += A . B + bias`, each element rounded once; the operands packed into
+/// `packs`.
 pub(crate) fn gemm_write<T: Elem, SA: Bf16Source, SB: Bf16Source>(
     kernel: Bf16Kernel,
     a: &MatRef<SA>,
@@ -248,6 +304,7 @@ pub(crate) fn gemm_write<T: Elem, SA: Bf16Source, SB: Bf16Source>(
     bias: Option<&[f32]>,
     c: &mut [T],
     accumulate: bool,
+    packs: &mut PackBuffers,
 ) -> std::result::Result<(), KernelError> {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     if b.rows != k || a.data.len() != m * k || b.data.len() != k * n || c.len() != m * n {
@@ -289,7 +346,8 @@ pub(crate) fn gemm_write<T: Elem, SA: Bf16Source, SB: Bf16Source>(
         }
         return Ok(());
     }
-    let (pa, pb) = rayon::join(|| pack_a(a), || pack_b(b));
+    let (wa, wb) = packs.for_gemm((m, k, n));
+    let (pa, pb) = rayon::join(|| pack_a(a, wa), || pack_b(b, wb));
     c.par_chunks_mut(BLOCK * n)
         .enumerate()
         .for_each(|(rb, c)| band(kernel, (&pa, &pb), rb, c, n, bias, accumulate));
@@ -467,6 +525,11 @@ mod tests {
         let bias: Vec<f32> = (0..n).map(|i| val(i, 3)).collect();
         let c0: Vec<f32> = (0..m * n).map(|i| val(i, 4)).collect();
         let r = |v: f32| half::bf16::from_f32(v).to_f64();
+        // Buffers reused from call to call, and holding stale words: padding must not
+        // read them.
+        let mut packs = PackBuffers::for_shapes([(64, 64, 64)]);
+        packs.a.fill(0x3F80_3F80);
+        packs.b.fill(0x3F80_3F80);
         for kernel in Bf16Kernel::available() {
             for (accumulate, with_bias) in
                 [(false, false), (false, true), (true, false), (true, true)]
@@ -480,6 +543,7 @@ mod tests {
                     bias,
                     &mut c,
                     accumulate,
+                    &mut packs,
                 )
                 .unwrap();
                 for i in 0..m {

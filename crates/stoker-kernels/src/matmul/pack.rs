@@ -22,16 +22,31 @@ pub(crate) const PAIR_BLOCK: usize = 16;
 pub(crate) const PANEL: usize = 16;
 
 /// Packed `A`: `rows` (padded) x `pairs` (padded) words.
-pub(crate) struct PackedA {
-    pub(crate) words: Vec<u32>,
+pub(crate) struct PackedA<'w> {
+    pub(crate) words: &'w [u32],
     pub(crate) pairs: usize,
 }
 
 /// Packed `B`: `panels` x `pairs` x [`PANEL`] words.
-pub(crate) struct PackedB {
-    pub(crate) words: Vec<u32>,
+pub(crate) struct PackedB<'w> {
+    pub(crate) words: &'w [u32],
     pub(crate) pairs: usize,
     pub(crate) panels: usize,
+}
+
+/// Words of packed `A` for an `m x k` operand.
+pub(crate) fn a_words(m: usize, k: usize) -> usize {
+    m.div_ceil(ROW_BLOCK) * ROW_BLOCK * padded_pairs(k)
+}
+
+/// Panels of packed `B` for `n` columns (an even count: the kernels take two at a time).
+fn b_panels(n: usize) -> usize {
+    n.div_ceil(2 * PANEL) * 2
+}
+
+/// Words of packed `B` for a `k x n` operand.
+pub(crate) fn b_words(k: usize, n: usize) -> usize {
+    b_panels(n) * padded_pairs(k) * PANEL
 }
 
 /// Inner pairs of a `k`-long inner dimension, padded for AMX tiles.
@@ -44,11 +59,13 @@ fn word(lo: u16, hi: u16) -> u32 {
     lo as u32 | (hi as u32) << 16
 }
 
-pub(crate) fn pack_a<S: Bf16Source>(a: &MatRef<S>) -> PackedA {
+/// Packs `a` into the first [`a_words`] words of `out` (which must hold them).
+pub(crate) fn pack_a<'w, S: Bf16Source>(a: &MatRef<S>, out: &'w mut [u32]) -> PackedA<'w> {
     let (m, k) = (a.rows, a.cols);
     let pairs = padded_pairs(k);
-    let rows = m.div_ceil(ROW_BLOCK) * ROW_BLOCK;
-    let mut words = vec![0u32; rows * pairs];
+    let words = &mut out[..a_words(m, k)];
+    // Padding reads as zero, whatever the buffer held before.
+    words.fill(0);
     words
         .par_chunks_mut(pairs * ROW_BLOCK)
         .enumerate()
@@ -138,11 +155,13 @@ fn pack_pairs<S: Bf16Source>(s: &[S], row: &mut [u32]) {
     }
 }
 
-pub(crate) fn pack_b<S: Bf16Source>(b: &MatRef<S>) -> PackedB {
+/// Packs `b` into the first [`b_words`] words of `out` (which must hold them).
+pub(crate) fn pack_b<'w, S: Bf16Source>(b: &MatRef<S>, out: &'w mut [u32]) -> PackedB<'w> {
     let (k, n) = (b.rows, b.cols);
     let pairs = padded_pairs(k);
-    let panels = n.div_ceil(2 * PANEL) * 2;
-    let mut words = vec![0u32; panels * pairs * PANEL];
+    let panels = b_panels(n);
+    let words = &mut out[..b_words(k, n)];
+    words.fill(0);
     words
         .par_chunks_mut(pairs * PANEL)
         .enumerate()
@@ -324,7 +343,8 @@ mod tests {
                 } else {
                     MatRef::new(&data, m, k)
                 };
-                let packed = pack_a(&a);
+                let mut out = vec![u32::MAX; a_words(m, k)];
+                let packed = pack_a(&a, &mut out);
                 let pairs = padded_pairs(k);
                 let rows = m.div_ceil(ROW_BLOCK) * ROW_BLOCK;
                 let mut scalar = vec![0u32; rows * pairs];
