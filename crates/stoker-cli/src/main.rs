@@ -44,6 +44,7 @@ enum Command {
 /// Runs the command; a failure prints one line, `error[KIND]: what: why: ...` (the kind from
 /// [`error_kind::ErrorKind`], then the whole chain of causes), and exits with status 1.
 fn main() -> std::process::ExitCode {
+    heap::no_transparent_huge_pages();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
