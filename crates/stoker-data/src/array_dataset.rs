@@ -122,4 +122,8 @@ impl Dataset for ArrayDataset {
     fn mapped_run(&self, field: usize, start: usize, count: usize) -> Option<MappedBytes> {
         (start + count <= self.len).then(|| self.arrays[field].mapped_rows(start, count))
     }
+
+    fn mapped_bytes(&self) -> u64 {
+        crate::mapped::distinct_bytes(self.arrays.iter().map(NpyArray::mapping))
+    }
 }

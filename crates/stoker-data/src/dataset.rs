@@ -167,4 +167,11 @@ pub trait Dataset: Send + Sync + 'static {
     fn mapped_run(&self, _field: usize, _start: usize, _count: usize) -> Option<MappedBytes> {
         None
     }
+
+    /// Bytes of the files this dataset maps, each counted once: what reading it can add to
+    /// the process's resident set (file-backed pages, which the kernel may drop again), so
+    /// that a memory forecast can count them. 0 for data held otherwise.
+    fn mapped_bytes(&self) -> u64 {
+        0
+    }
 }

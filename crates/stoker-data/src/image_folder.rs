@@ -151,4 +151,8 @@ impl Dataset for ImageRecordDataset {
                 other => other,
             })
     }
+
+    fn mapped_bytes(&self) -> u64 {
+        self.shard.mapped_bytes()
+    }
 }

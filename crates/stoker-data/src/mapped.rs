@@ -96,6 +96,23 @@ impl Mapped {
     }
 }
 
+/// Bytes of the distinct mappings among `maps` (one file shared by several readers counts
+/// once).
+pub(crate) fn distinct_bytes<'m>(
+    maps: impl IntoIterator<Item = &'m std::sync::Arc<Mapped>>,
+) -> u64 {
+    let mut seen: Vec<*const Mapped> = Vec::new();
+    let mut bytes = 0;
+    for m in maps {
+        let id = std::sync::Arc::as_ptr(m);
+        if !seen.contains(&id) {
+            seen.push(id);
+            bytes += m.len() as u64;
+        }
+    }
+    bytes
+}
+
 impl Deref for Mapped {
     type Target = [u8];
 

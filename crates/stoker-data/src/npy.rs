@@ -40,6 +40,11 @@ impl std::fmt::Debug for NpyArray {
 }
 
 impl NpyArray {
+    /// The mapping of the array's file.
+    pub(crate) fn mapping(&self) -> &Arc<Mapped> {
+        &self.map
+    }
+
     /// Maps `path` and parses its header; errors name the header field that is wrong.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();

@@ -183,4 +183,12 @@ impl Dataset for AnyDataset {
             AnyDataset::Images(d) => d.mapped_run(field, start, count),
         }
     }
+
+    fn mapped_bytes(&self) -> u64 {
+        match self {
+            AnyDataset::Arrays(d) => d.mapped_bytes(),
+            AnyDataset::Tokens(d) => d.mapped_bytes(),
+            AnyDataset::Images(d) => d.mapped_bytes(),
+        }
+    }
 }

@@ -210,6 +210,11 @@ fn map(path: &Path) -> Result<(File, u64)> {
 }
 
 impl RecordShard {
+    /// Bytes of the shard's mapped files (data and index).
+    pub fn mapped_bytes(&self) -> u64 {
+        (self.data.as_ref().map_or(0, |d| d.len()) + self.index.len()) as u64
+    }
+
     /// Opens the shard at `prefix` (or its manifest path) and validates manifest, sizes and
     /// offsets; see the module docs for why checksums wait for [`verify`](Self::verify).
     pub fn open(prefix: impl AsRef<Path>) -> Result<Self> {

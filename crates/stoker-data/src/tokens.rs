@@ -49,6 +49,11 @@ impl std::fmt::Debug for TokenShard {
 }
 
 impl TokenShard {
+    /// The mapping of the shard's file.
+    pub(crate) fn mapping(&self) -> &Arc<Mapped> {
+        &self.map
+    }
+
     /// Maps `path`; `Llmc` validates the header, `NanoGpt` requires an even byte count.
     pub fn open(path: impl AsRef<Path>, format: TokenFormat) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
@@ -281,5 +286,9 @@ impl Dataset for TokenWindows {
         widen(&bytes[..2 * self.context], dtype, input[0]);
         widen(&bytes[2..], dtype, target[0]);
         Ok(())
+    }
+
+    fn mapped_bytes(&self) -> u64 {
+        crate::mapped::distinct_bytes(self.shards.iter().map(TokenShard::mapping))
     }
 }

@@ -143,3 +143,31 @@ fn bad_token_files_give_named_errors() {
         .to_string()
         .contains("token_dtype"));
 }
+
+/// A dataset tells the bytes of the files it maps (what its pages can add to the resident
+/// set), each file once: the llm.c shard's header is mapped too, and `.npy` fields count
+/// file by file.
+#[test]
+fn datasets_tell_the_bytes_of_the_files_they_map() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens: Vec<u16> = (0..5000).map(|t| t % 50).collect();
+    let shard = dir.path().join("text.bin");
+    write_tokens(&shard, &tokens, TokenFormat::Llmc).unwrap();
+    let file_len = |p: &std::path::Path| std::fs::metadata(p).unwrap().len();
+    let opts = stoker_data::OpenOptions {
+        context: 16,
+        ..Default::default()
+    };
+    let ds = stoker_data::open_dataset(&shard, &opts).unwrap();
+    assert_eq!(ds.mapped_bytes(), file_len(&shard));
+    assert!(
+        file_len(&shard) > 2 * tokens.len() as u64,
+        "the header is in the file"
+    );
+
+    let (x, y) = (dir.path().join("d.x.npy"), dir.path().join("d.y.npy"));
+    stoker_data::npy::write_npy(&x, DType::U8, &[10, 3], &[1u8; 30]).unwrap();
+    stoker_data::npy::write_npy(&y, DType::I64, &[10], &[0u8; 80]).unwrap();
+    let ds = stoker_data::open_dataset(dir.path().join("d"), &opts).unwrap();
+    assert_eq!(ds.mapped_bytes(), file_len(&x) + file_len(&y));
+}

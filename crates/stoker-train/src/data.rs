@@ -56,6 +56,11 @@ impl<D: Dataset> Dataset for Subset<D> {
             .then(|| self.inner.mapped_run(field, self.start + start, count))
             .flatten()
     }
+
+    /// The whole of `inner`'s files: a subset maps them all.
+    fn mapped_bytes(&self) -> u64 {
+        self.inner.mapped_bytes()
+    }
 }
 
 /// The train and eval datasets and the names of their input and target fields.
@@ -70,6 +75,18 @@ pub struct Datasets {
     pub target: String,
     /// How the eval split was made, for the log.
     pub eval_note: String,
+}
+
+impl Datasets {
+    /// Bytes of the files the training and evaluation data map, each file once (a held-out
+    /// evaluation split maps the training file): what reading them adds to the resident
+    /// set as file-backed pages.
+    pub fn mapped_bytes(&self) -> u64 {
+        match Arc::ptr_eq(&self.train.inner, &self.eval.inner) {
+            true => self.train.mapped_bytes(),
+            false => self.train.mapped_bytes() + self.eval.mapped_bytes(),
+        }
+    }
 }
 
 fn open(path: &std::path::Path, context: usize, key: &str) -> Result<Arc<AnyDataset>> {

@@ -347,6 +347,9 @@ pub struct OwnBytes {
     pub workspace: f64,
     /// The loader's batch buffers: one per batch in flight plus the one being used.
     pub loader: f64,
+    /// The data files the run maps (`Datasets::mapped_bytes`): resident as file-backed
+    /// pages once read, and an epoch reads every page. Not heap.
+    pub mapped: f64,
     /// Heap bytes live before the run allocated anything, where the binary counts them.
     pub baseline_heap: Option<f64>,
 }
@@ -360,7 +363,7 @@ pub struct RunForecast {
     pub hardware: String,
     /// Peak bytes per rank of training steps: with the trainer's own count, baseline +
     /// model states + communication buffers + activations + the kernels' scratch + loader
-    /// buffers; else the planner's formula.
+    /// buffers + mapped data files; else the planner's formula.
     pub peak_bytes: f64,
     /// The planner's formula for the same (model states, activations, buckets, runtime,
     /// fragmentation), for comparison; 0 where the planner cannot model the run.
@@ -371,6 +374,9 @@ pub struct RunForecast {
     /// The kernels' scratch within `peak_bytes` (the trainer's count; 0 without it).
     #[serde(default)]
     pub workspace_bytes: f64,
+    /// Mapped data files within `peak_bytes` (the trainer's count; 0 without it).
+    #[serde(default)]
+    pub mapped_bytes: f64,
     /// Communication and accumulation buffers within `peak_bytes` (the trainer's count;
     /// 0 without it).
     #[serde(default)]
@@ -429,7 +435,11 @@ pub fn forecast(
     let (row, (peak_bytes, activation_bytes, heap_bytes)) = match own {
         Some((o, a)) => {
             let held = o.model_states + o.buffers + a + o.workspace + o.loader;
-            let memory = (o.baseline + held, a, o.baseline_heap.map(|h| h + held));
+            let memory = (
+                o.baseline + held + o.mapped,
+                a,
+                o.baseline_heap.map(|h| h + held),
+            );
             (planner_row(cfg, world, compute_share).ok(), memory)
         }
         None => {
@@ -445,6 +455,7 @@ pub fn forecast(
         activation_bytes,
         buffer_bytes: own.map_or(0.0, |(o, _)| o.buffers),
         workspace_bytes: own.map_or(0.0, |(o, _)| o.workspace),
+        mapped_bytes: own.map_or(0.0, |(o, _)| o.mapped),
         heap_bytes,
         step_s: row.as_ref().map(|r| r.step_s),
         required_samples_per_s: row.as_ref().map(|r| r.samples / r.step_s),

@@ -366,6 +366,7 @@ pub fn run_rank(
         activations: activations.map(|b| b as f64),
         workspace: workspace.map_or(0.0, |b| b as f64),
         loader: loader.steady_bytes() as f64,
+        mapped: data.mapped_bytes() as f64,
         baseline_heap: baseline_heap.map(|b| b as f64),
     };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -678,11 +679,12 @@ pub fn forecast_line(f: &crate::planned::RunForecast) -> String {
     };
     format!(
         "planner forecast per rank ({}): peak memory {:.1} MiB (activations {:.1} MiB, kernel \
-         scratch {:.1} MiB), {time}",
+         scratch {:.1} MiB, mapped data files {:.1} MiB), {time}",
         f.basis(),
         mib(f.peak_bytes),
         mib(f.activation_bytes),
         mib(f.workspace_bytes),
+        mib(f.mapped_bytes),
     )
 }
 
