@@ -181,7 +181,7 @@ fn plan_then_tune_then_train_runs_the_emitted_config_as_is() {
     // pages the heap count does not see; docs/plan.md). The bf16 test below holds 10%.
     let rss = rss_ratio(&text);
     assert!(
-        rss <= 1.15 && rss >= 0.9,
+        (0.9..=1.15).contains(&rss),
         "RSS measured/planned {rss}\n{text}"
     );
     eprintln!("RSS measured/planned {rss}");

@@ -696,6 +696,7 @@ impl GptStep {
 
     /// `out = x W^T + b` (or `out +=` with `accumulate`) for `x` `[m, k]` and the
     /// linear layer whose `[weight, bias]` start at `off`.
+    #[allow(clippy::too_many_arguments)]
     fn linear(
         &self,
         x: &[f32],
