@@ -451,7 +451,7 @@ impl Trainer {
                 fx: &fx,
                 own: self.held.clone(),
             };
-            let mut scratch = crate::parallel::units::Scratch;
+            let mut scratch = crate::parallel::units::Scratch::new(self.held.clone());
             let mut peak = 0;
             crate::parallel::units::micro_batch(&step, &mut scratch, mb, factor, true, &mut peak)?;
             return Ok(Some(self.unit_workspace_bytes()));
@@ -538,11 +538,8 @@ impl Trainer {
                     fx: &fx,
                     own: held.clone(),
                 };
-                let mut source = crate::parallel::units::Collective {
-                    strategy: &mut **strategy,
-                    held: master,
-                    shard: target,
-                };
+                let mut source =
+                    crate::parallel::units::Collective::new(&mut **strategy, master, target);
                 let loss = crate::parallel::units::micro_batch(
                     &unit_step,
                     &mut source,

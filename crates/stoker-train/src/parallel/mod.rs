@@ -169,9 +169,20 @@ pub trait Strategy {
     ) -> Option<Box<dyn stoker_kernels::StepParams + 'a>> {
         None
     }
-    /// ZeRO-3 on the graph path: the parameters of flat span `span`, gathered from every
-    /// rank's shard `held` (a collective; [`units`]).
-    fn gather_span(&mut self, _held: &[f32], _span: Range<usize>) -> Result<Vec<f32>> {
+    /// ZeRO-3 on the graph path: starts gathering the parameters of flat span `span` from
+    /// every rank's shard `held` (a collective; [`units`]), for
+    /// [`Strategy::finish_gather_span`] to complete: the next unit's gather proceeds while
+    /// this one computes.
+    fn start_gather_span(
+        &mut self,
+        _held: &[f32],
+        _span: Range<usize>,
+    ) -> Result<stoker_comm::Pending> {
+        Err(not_sharded(self.name()))
+    }
+    /// Completes a gather [`Strategy::start_gather_span`] started: the span's parameters.
+    /// The wait counts as exposed communication.
+    fn finish_gather_span(&mut self, _started: stoker_comm::Pending) -> Result<Vec<f32>> {
         Err(not_sharded(self.name()))
     }
     /// ZeRO-3 on the graph path: reduce-scatters `grads`, a micro-batch's gradients of flat

@@ -25,7 +25,7 @@
 use std::ops::Range;
 use std::rc::Rc;
 
-use stoker_comm::{Buffer, CommExt, CommStats, Communicator};
+use stoker_comm::{Buffer, CommExt, CommStats, Communicator, Pending};
 
 use super::gather::{GroupGather, Source};
 use super::shard::ShardPlan;
@@ -204,15 +204,18 @@ impl Strategy for Zero3 {
 
     // Non-blocking collectives and a wait: the MPI backend's wait yields the core, where
     // MPICH's blocking calls spin (4 ranks on 2 cores took 4.7 s per step spinning).
-    fn gather_span(&mut self, held: &[f32], span: Range<usize>) -> Result<Vec<f32>> {
-        let t0 = std::time::Instant::now();
+    fn start_gather_span(&mut self, held: &[f32], span: Range<usize>) -> Result<Pending> {
         let input = held[self.local(&span)].to_vec();
         let output = vec![0f32; span.len()];
         let counts = self.shards.counts_within(&span);
-        let out = self
+        Ok(self
             .comm
-            .start_all_gather(Buffer::F32(input), &counts, Buffer::F32(output))?
-            .wait_vec::<f32>()?;
+            .start_all_gather(Buffer::F32(input), &counts, Buffer::F32(output))?)
+    }
+
+    fn finish_gather_span(&mut self, started: Pending) -> Result<Vec<f32>> {
+        let t0 = std::time::Instant::now();
+        let out = started.wait_vec::<f32>()?;
         self.stats.exposed_wait += t0.elapsed();
         Ok(out)
     }

@@ -16,7 +16,11 @@ use crate::precision::{Kernels, Precision};
 /// One step of the schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
-    /// All-gather group `g`'s parameters from the ranks' shards.
+    /// Start all-gathering group `g`'s parameters, one unit ahead of its use, so that the
+    /// collective proceeds while the current unit computes (FSDP's forward and backward
+    /// prefetch); its buffer, and the rank's piece it sends, are held from here.
+    Prefetch(usize),
+    /// Have group `g`'s parameters: complete its prefetch, or all-gather it now.
     Gather(usize),
     /// Run unit `u`'s forward with no graph outliving it; its output is the next unit's
     /// checkpoint.
@@ -144,38 +148,58 @@ impl UnitPlan {
     }
 
     fn build_schedule(&self) -> Vec<Event> {
+        #[derive(Clone, Copy, PartialEq)]
+        enum State {
+            Gone,
+            Started,
+            Held,
+        }
         let n = self.units.len();
-        let mut held = vec![false; self.spans.len()];
+        let mut state = vec![State::Gone; self.spans.len()];
         let mut events = Vec::new();
-        let gather = |u: usize, held: &mut Vec<bool>, events: &mut Vec<Event>| {
+        // Unit `u`'s groups in hand before it runs.
+        let gather = |u: usize, state: &mut Vec<State>, events: &mut Vec<Event>| {
             for &g in &self.units[u] {
-                if !held[g] {
+                if state[g] != State::Held {
                     events.push(Event::Gather(g));
-                    held[g] = true;
+                    state[g] = State::Held;
+                }
+            }
+        };
+        // Unit `next`'s groups started while the current unit runs.
+        let prefetch = |next: usize, state: &mut Vec<State>, events: &mut Vec<Event>| {
+            for &g in &self.units[next] {
+                if state[g] == State::Gone {
+                    events.push(Event::Prefetch(g));
+                    state[g] = State::Started;
                 }
             }
         };
         // The last unit's forward is its backward's rerun: it runs once.
         for u in 0..n - 1 {
-            gather(u, &mut held, &mut events);
+            gather(u, &mut state, &mut events);
+            prefetch(u + 1, &mut state, &mut events);
             events.push(Event::Forward(u));
             if !self.keep_after_forward {
                 for &g in &self.units[u] {
                     if !self.shared(g) {
                         events.push(Event::Free(g));
-                        held[g] = false;
+                        state[g] = State::Gone;
                     }
                 }
             }
         }
         for u in (0..n).rev() {
-            gather(u, &mut held, &mut events);
+            gather(u, &mut state, &mut events);
+            if u > 0 {
+                prefetch(u - 1, &mut state, &mut events);
+            }
             events.push(Event::Backward(u));
             for &g in &self.units[u] {
                 if self.last_backward_user(g) == Some(u) {
                     events.push(Event::Scatter(g));
                     events.push(Event::Free(g));
-                    held[g] = false;
+                    state[g] = State::Gone;
                 }
             }
         }
@@ -199,15 +223,22 @@ impl UnitPlan {
     }
 
     /// The most bytes one micro-batch holds at once on the rank owning `own` of the flat
-    /// buffer: gathered groups and gradient buffers (FP32), a unit model's variables while
+    /// buffer: gathered and prefetched groups and gradient buffers (FP32), a unit model's variables while
     /// it runs, a reduce-scatter's output; what [`super::step::micro_batch`] counts as it
     /// runs, told here from the schedule and the sizes alone.
     pub fn peak_bytes(&self, own: &Range<usize>) -> usize {
         let local = |g: usize| owned_len(own, &self.spans[g]);
         let (mut held, mut peak) = (0usize, 0usize);
         let mut grads = vec![false; self.spans.len()];
+        let mut started = vec![false; self.spans.len()];
         for &e in self.schedule() {
             match e {
+                // The gathered buffer, and the rank's piece it sends until it completes.
+                Event::Prefetch(g) => {
+                    started[g] = true;
+                    held += 4 * (self.spans[g].len() + local(g));
+                }
+                Event::Gather(g) if std::mem::take(&mut started[g]) => held -= 4 * local(g),
                 Event::Gather(g) => held += 4 * self.spans[g].len(),
                 Event::Free(g) => held -= 4 * self.spans[g].len(),
                 Event::Forward(u) => peak = peak.max(held + self.unit_var_bytes(u)),
@@ -279,18 +310,23 @@ mod tests {
             p.schedule(),
             [
                 Gather(0),
+                Prefetch(1),
                 Forward(0),
                 Gather(1),
+                Prefetch(2),
                 Forward(1),
                 Free(1),
                 Gather(2),
+                Prefetch(3),
                 Forward(2),
                 Free(2),
                 Gather(3),
+                Prefetch(2),
                 Backward(3),
                 Scatter(3),
                 Free(3),
                 Gather(2),
+                Prefetch(1),
                 Backward(2),
                 Scatter(2),
                 Free(2),
@@ -306,10 +342,11 @@ mod tests {
         // The direct step's traffic: root groups once, blocks twice.
         assert_eq!(p.gathers(), [1, 2, 2, 1]);
         assert_eq!(gpt_like(true).gathers(), [1, 1, 1, 1]);
-        // At a block's backward a rank holds group 0's parameters and gradients, the
-        // block's parameters and gradients and the block model's variables: 5 x 100
-        // elements of 4 bytes (a reduce-scatter's output comes after the variables go).
-        assert_eq!(p.peak_bytes(&(0..150)), 4 * 500);
+        // At the last block's backward a rank holds group 0's parameters and gradients,
+        // the block's parameters and gradients, the first block's prefetched parameters
+        // with the piece of them it sends (its half, 50) and the block model's variables:
+        // 650 elements of 4 bytes (a reduce-scatter's output comes after the variables go).
+        assert_eq!(p.peak_bytes(&(0..150)), 4 * 650);
         // Without resharding the forward ends holding the embeddings and both blocks; the
         // last block's backward (after the head's, whose group is gone) adds its
         // gradients, the embeddings' (from the head) and its variables.

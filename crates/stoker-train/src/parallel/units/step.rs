@@ -6,6 +6,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use candle_core::{Tensor, Var};
+use stoker_comm::Pending;
 
 use super::plan::{owned_len, unit_model, Event, UnitPlan};
 use crate::accumulate::MicroBatch;
@@ -19,14 +20,18 @@ use crate::precision::{Fx, Kernels, Precision};
 
 /// Where the unit-by-unit step gets each group's parameters and sends its gradients.
 pub trait SpanSource {
-    /// The parameters of flat span `span`.
-    fn gather(&mut self, span: Range<usize>) -> Result<Vec<f32>>;
+    /// Starts fetching group `g`'s parameters, flat span `span`, for a later
+    /// [`SpanSource::gather`] of the same group.
+    fn prefetch(&mut self, g: usize, span: Range<usize>) -> Result<()>;
+    /// The parameters of group `g`, flat span `span`: its prefetch completed, or fetched
+    /// now.
+    fn gather(&mut self, g: usize, span: Range<usize>) -> Result<Vec<f32>>;
     /// Takes `grads`, a micro-batch's gradients of flat span `span`.
     fn scatter(&mut self, grads: Vec<f32>, span: Range<usize>) -> Result<()>;
 }
 
 /// The rank's collectives: groups all-gathered from every rank's shard `held`, gradients
-/// reduce-scattered into its shard `shard` ([`Strategy::gather_span`],
+/// reduce-scattered into its shard `shard` ([`Strategy::start_gather_span`],
 /// [`Strategy::scatter_span`]).
 pub struct Collective<'a> {
     /// The ZeRO-3 strategy.
@@ -35,11 +40,36 @@ pub struct Collective<'a> {
     pub held: &'a [f32],
     /// This rank's shard of the window's gradient sum.
     pub shard: &'a mut [f32],
+    /// Gathers started and not yet completed, by group.
+    pub started: Vec<(usize, Pending)>,
+}
+
+impl<'a> Collective<'a> {
+    /// The collectives of `strategy` over the shards `held` (parameters) and `shard`
+    /// (gradient sum), none started.
+    pub fn new(strategy: &'a mut dyn Strategy, held: &'a [f32], shard: &'a mut [f32]) -> Self {
+        Collective {
+            strategy,
+            held,
+            shard,
+            started: Vec::new(),
+        }
+    }
 }
 
 impl SpanSource for Collective<'_> {
-    fn gather(&mut self, span: Range<usize>) -> Result<Vec<f32>> {
-        self.strategy.gather_span(self.held, span)
+    fn prefetch(&mut self, g: usize, span: Range<usize>) -> Result<()> {
+        let pending = self.strategy.start_gather_span(self.held, span)?;
+        self.started.push((g, pending));
+        Ok(())
+    }
+
+    fn gather(&mut self, g: usize, span: Range<usize>) -> Result<Vec<f32>> {
+        let pending = match self.started.iter().position(|(s, _)| *s == g) {
+            Some(i) => self.started.remove(i).1,
+            None => self.strategy.start_gather_span(self.held, span)?,
+        };
+        self.strategy.finish_gather_span(pending)
     }
 
     fn scatter(&mut self, grads: Vec<f32>, span: Range<usize>) -> Result<()> {
@@ -49,12 +79,37 @@ impl SpanSource for Collective<'_> {
 
 /// No collectives: zeros for parameters (a step's memory does not depend on their values),
 /// gradients dropped. What a scratch micro-batch runs to count the step's memory before
-/// training, changing no state.
-pub struct Scratch;
+/// training, changing no state; a prefetch holds what the rank's would (the gathered
+/// buffer and the rank's piece of it) until its gather.
+pub struct Scratch {
+    /// The part of the flat buffer the rank owns.
+    own: Range<usize>,
+    /// Prefetches not yet gathered: group, buffer, the rank's piece.
+    started: Vec<(usize, Vec<f32>, Vec<f32>)>,
+}
+
+impl Scratch {
+    /// The scratch source of the rank owning `own` of the flat buffer.
+    pub fn new(own: Range<usize>) -> Self {
+        Scratch {
+            own,
+            started: Vec::new(),
+        }
+    }
+}
 
 impl SpanSource for Scratch {
-    fn gather(&mut self, span: Range<usize>) -> Result<Vec<f32>> {
-        Ok(vec![0.0; span.len()])
+    fn prefetch(&mut self, g: usize, span: Range<usize>) -> Result<()> {
+        let piece = vec![0.0; owned_len(&self.own, &span)];
+        self.started.push((g, vec![0.0; span.len()], piece));
+        Ok(())
+    }
+
+    fn gather(&mut self, g: usize, span: Range<usize>) -> Result<Vec<f32>> {
+        match self.started.iter().position(|(s, ..)| *s == g) {
+            Some(i) => Ok(self.started.remove(i).1),
+            None => Ok(vec![0.0; span.len()]),
+        }
     }
 
     fn scatter(&mut self, _grads: Vec<f32>, _span: Range<usize>) -> Result<()> {
@@ -100,6 +155,8 @@ pub fn micro_batch(
     let slots = step.layout.slots();
     // Which parameters got a gradient from some unit (every one must, when checked).
     let mut reached = vec![false; slots.len()];
+    // Groups prefetched and not yet in hand (their bytes are held from the prefetch).
+    let mut started = vec![false; plan.spans.len()];
     let mut params: Vec<Option<Arc<Vec<f32>>>> = vec![None; plan.spans.len()];
     let mut grads: Vec<Option<Vec<f32>>> = vec![None; plan.spans.len()];
     let mut inputs = vec![mb.input.clone()];
@@ -134,9 +191,20 @@ pub fn micro_batch(
     };
     for &event in plan.schedule() {
         match event {
+            // The gathered buffer, and the rank's piece it sends until it completes.
+            Event::Prefetch(g) => {
+                let span = plan.spans[g].clone();
+                bytes += 4 * (span.len() + owned_len(&step.own, &span));
+                source.prefetch(g, span)?;
+                started[g] = true;
+            }
             Event::Gather(g) => {
-                let v = source.gather(plan.spans[g].clone())?;
-                bytes += 4 * v.len();
+                let span = plan.spans[g].clone();
+                let v = source.gather(g, span.clone())?;
+                match std::mem::take(&mut started[g]) {
+                    true => bytes -= 4 * owned_len(&step.own, &span),
+                    false => bytes += 4 * v.len(),
+                }
                 params[g] = Some(Arc::new(v));
             }
             Event::Free(g) => {
