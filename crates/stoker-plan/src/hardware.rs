@@ -228,4 +228,15 @@ impl Hardware {
     pub fn dtype(&self, dtype: Dtype) -> Option<&DtypeSupport> {
         self.dtypes.get(&dtype)
     }
+
+    /// Peak dense FLOP/s of one device in `dtype`: an accelerator's own; CPU ranks on one
+    /// node share its cores, whose peak the preset (or the calibration) gives, so each
+    /// rank has the node's peak over the ranks on it.
+    pub fn device_peak_flops(&self, dtype: Dtype) -> Option<f64> {
+        let node = self.dtype(dtype)?.peak_flops;
+        Some(match self.accelerator {
+            true => node,
+            false => node / self.devices_per_node.max(1) as f64,
+        })
+    }
 }

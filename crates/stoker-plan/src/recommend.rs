@@ -88,8 +88,8 @@ pub fn evaluate(r: &Resolved, strategy: Strategy) -> StrategyRow {
     let comm = communication(&r.model, &r.hardware, &r.setup, strategy, accum);
     let peak = r
         .hardware
-        .dtype(r.setup.precision.compute_dtype())
-        .map_or(f64::NAN, |d| d.peak_flops);
+        .device_peak_flops(r.setup.precision.compute_dtype())
+        .unwrap_or(f64::NAN);
     let time = step_time(
         &r.model,
         &r.hardware,

@@ -419,16 +419,9 @@ pub(crate) struct PlannerRow {
 /// machine's `cpu` preset with one device per rank. Memory comes from the trainer's own
 /// count (`own`, where its activations are known) or else the planner's formula; time from
 /// the planner. An error says why neither can forecast the run; the run goes on without.
-///
-/// On the default `cpu` preset (a "device" is the whole host) a rank computes with
-/// `compute_share` of the host's cores (its threads over the cores), so its compute time
-/// is the preset's divided by that share.
-pub fn forecast(
-    cfg: &TrainConfig,
-    world: usize,
-    own: Option<&OwnBytes>,
-    compute_share: f64,
-) -> Result<RunForecast> {
+/// (On a CPU the ranks of one host share its cores: the planner gives each rank the
+/// host's peak over the ranks on it, `Hardware::device_peak_flops`.)
+pub fn forecast(cfg: &TrainConfig, world: usize, own: Option<&OwnBytes>) -> Result<RunForecast> {
     let own = own.and_then(|o| o.activations.map(|a| (o, a)));
     // Memory from the trainer's own count where it has one (then the planner's row is
     // optional: a CNN has none), else from the planner's row.
@@ -440,10 +433,10 @@ pub fn forecast(
                 a,
                 o.baseline_heap.map(|h| h + held),
             );
-            (planner_row(cfg, world, compute_share).ok(), memory)
+            (planner_row(cfg, world).ok(), memory)
         }
         None => {
-            let r = planner_row(cfg, world, compute_share)?;
+            let r = planner_row(cfg, world)?;
             let memory = (r.peak_bytes, r.activation_bytes, None);
             (Some(r), memory)
         }
@@ -463,15 +456,10 @@ pub fn forecast(
 }
 
 /// The planner's row for `cfg` as configured (see [`forecast`]).
-pub(crate) fn planner_row(
-    cfg: &TrainConfig,
-    world: usize,
-    compute_share: f64,
-) -> Result<PlannerRow> {
+pub(crate) fn planner_row(cfg: &TrainConfig, world: usize) -> Result<PlannerRow> {
     let mut cfg = cfg.clone();
     let section = cfg.plan.get_or_insert_with(PlanSection::default);
-    let whole_host = section.hardware == stoker_plan::input::HardwareInput::default();
-    if whole_host {
+    if section.hardware == stoker_plan::input::HardwareInput::default() {
         // One device per rank: plan_input takes the devices from the world size.
         section.hardware.preset = Some("cpu".into());
     }
@@ -485,17 +473,11 @@ pub(crate) fn planner_row(
         .iter()
         .find(|r| Some(r.strategy) == plan.inputs.pinned_strategy)
         .ok_or_else(|| config_err("parallel.strategy", "the planner has no row for it"))?;
-    // The preset's compute is the whole host's; this rank has its share of the cores.
-    let t = &row.time;
-    let step_s = match whole_host {
-        true => t.compute_s / compute_share.clamp(1e-3, 1.0) + t.exposed_comm_s + t.offload_s,
-        false => t.step_s,
-    };
     Ok(PlannerRow {
         hardware: plan.inputs.hardware.name.clone(),
         peak_bytes: row.memory.device.total,
         activation_bytes: row.memory.device.activations,
-        step_s,
+        step_s: row.time.step_s,
         samples: (row.micro_batch * row.accumulation_steps) as f64,
     })
 }

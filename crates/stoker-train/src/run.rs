@@ -369,9 +369,7 @@ pub fn run_rank(
         mapped: data.mapped_bytes() as f64,
         baseline_heap: baseline_heap.map(|b| b as f64),
     };
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let share = rayon::current_num_threads() as f64 / cores as f64;
-    let forecast = crate::planned::forecast(config, dims.world, Some(&own), share);
+    let forecast = crate::planned::forecast(config, dims.world, Some(&own));
     if lead {
         bar.println(&accounting);
         bar.suspend(|| {
