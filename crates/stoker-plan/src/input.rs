@@ -109,6 +109,10 @@ pub struct TrainingInput {
     pub flash_attention: Option<bool>,
     /// Assumed model FLOP utilization, 0..1 (default from the hardware).
     pub mfu: Option<f64>,
+    /// Times each activation of a micro-batch crosses host memory at f32 width beyond
+    /// what the FLOP rate covers (default 0): a framework of unfused ops, each writing a
+    /// fresh output, pays it; stoker's trainer sets it for candle's graph path.
+    pub activation_passes: Option<f64>,
     /// Fragmentation allowance, fraction (default 0.05).
     pub fragmentation: Option<f64>,
     /// Safety margin, fraction of capacity kept free (default 0.10).
@@ -227,6 +231,7 @@ impl TrainingInput {
             activation_checkpointing,
             flash_attention,
             mfu,
+            activation_passes,
             fragmentation,
             safety_margin,
             bucket_mb,

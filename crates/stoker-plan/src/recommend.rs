@@ -211,11 +211,14 @@ pub fn decide(r: &Resolved, rows: &[StrategyRow], bench: Option<&LoaderBench>) -
                 fmt_s(t.step_s),
                 fmt_s(t.compute_s),
                 fmt_s(t.exposed_comm_s),
-                if t.offload_s > 0.0 {
-                    format!(", {} offload", fmt_s(t.offload_s))
-                } else {
-                    String::new()
-                },
+                [
+                    (t.offload_s, "offload"),
+                    (t.activation_traffic_s, "activation traffic")
+                ]
+                .iter()
+                .filter(|(s, _)| *s > 0.0)
+                .map(|(s, what)| format!(", {} {what}", fmt_s(*s)))
+                .collect::<String>(),
                 t.samples_per_s
             )
         }

@@ -194,6 +194,16 @@ impl Plan {
             o,
             "(step s overlaps reductions with backward; without overlap add comm s in full)"
         );
+        if let Some(row) = self.strategies.first() {
+            if row.time.activation_traffic_s > 0.0 {
+                let _ = writeln!(
+                    o,
+                    "(step s includes activation traffic: {} host-memory passes over each \
+                     micro-batch's activations, {:.3} s per step for {})",
+                    self.inputs.setup.activation_passes, row.time.activation_traffic_s, row.label
+                );
+            }
+        }
         if let Some(lines) = &self.deepspeed_estimator {
             let _ = writeln!(o, "\nDeepSpeed's estimator (model states only, GiB):");
             let _ = writeln!(o, "  per CPU  |  per GPU |   Options");

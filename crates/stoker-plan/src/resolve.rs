@@ -447,6 +447,17 @@ fn resolve_training(t: &TrainingInput, model: &ModelSpec, hw: &Hardware) -> Resu
             .and_then(|d| d.mfu)
             .unwrap_or(hw.default_mfu),
     };
+    let activation_passes = match t.activation_passes {
+        None => 0.0,
+        Some(v) if v.is_finite() && v >= 0.0 => v,
+        Some(v) => {
+            return Err(invalid(
+                "training.activation_passes",
+                "a number of passes >= 0",
+                v,
+            ))
+        }
+    };
     let bucket_mb = opt_posf("training.bucket_mb", t.bucket_mb)?.unwrap_or(DEFAULT_BUCKET_MB);
     let pinned = match t.strategy.as_deref() {
         None => None,
@@ -480,6 +491,7 @@ fn resolve_training(t: &TrainingInput, model: &ModelSpec, hw: &Hardware) -> Resu
         activation_checkpointing: t.activation_checkpointing.unwrap_or(false),
         flash_attention: t.flash_attention.unwrap_or(hw.fused_attention),
         mfu,
+        activation_passes,
         micro_batch: micro,
         fragmentation: fraction(
             "training.fragmentation",

@@ -236,6 +236,9 @@ pub struct Setup {
     pub flash_attention: bool,
     /// Assumed model FLOP utilization (fraction of peak).
     pub mfu: f64,
+    /// Host-memory passes over each micro-batch's activation bytes beyond the FLOP rate
+    /// (`training.activation_passes`; 0 unless told).
+    pub activation_passes: f64,
     /// Micro-batch per device, when pinned by the user or a DeepSpeed config.
     pub micro_batch: Option<u64>,
     /// Allocator fragmentation allowance, fraction of allocated bytes.

@@ -8,9 +8,15 @@
 //! Offload: gradients go down and updated 16-bit parameters come back over PCIe, and the CPU
 //! steps the optimizer at host memory bandwidth (reading and writing its states once);
 //! neither is assumed hidden.
+//! Activation traffic: where the setup says each activation crosses host memory
+//! `activation_passes` times (at f32 width) beyond what the FLOP rate covers (unfused ops
+//! writing fresh outputs: candle's graph path), that traffic at host memory bandwidth is
+//! added to each
+//! micro-batch (and recomputed with the forward under activation checkpointing).
 
 use serde::Serialize;
 
+use crate::activation::activations;
 use crate::comm::Comm;
 use crate::hardware::Hardware;
 use crate::model::ModelSpec;
@@ -30,9 +36,12 @@ pub struct StepTime {
     pub exposed_comm_s: f64,
     /// PCIe transfers and the CPU optimizer step of offload, s.
     pub offload_s: f64,
-    /// Step time without overlap: compute + comm + offload, s.
+    /// Activation traffic beyond the FLOP rate (`Setup::activation_passes`), s; part
+    /// of the step, never overlapped.
+    pub activation_traffic_s: f64,
+    /// Step time without overlap: compute + comm + offload + activation traffic, s.
     pub step_no_overlap_s: f64,
-    /// Step time with overlap: compute + exposed comm + offload, s.
+    /// Step time with overlap: compute + exposed comm + offload + activation traffic, s.
     pub step_s: f64,
     /// Global samples (sequences) per second at `step_s`.
     pub samples_per_s: f64,
@@ -78,8 +87,9 @@ pub fn step_time(
         }
     };
     let offload_s = offload_time(model, hw, setup, strategy, accum);
+    let activation_traffic_s = a * recompute * activation_traffic(model, hw, setup, micro);
     let compute_s = a * micro_s;
-    let step_s = compute_s + exposed + offload_s;
+    let step_s = compute_s + exposed + offload_s + activation_traffic_s;
     let global = setup.global_batch as f64;
     StepTime {
         flops: a * micro_flops,
@@ -87,11 +97,36 @@ pub fn step_time(
         comm_s: comm.step_s,
         exposed_comm_s: exposed,
         offload_s,
-        step_no_overlap_s: compute_s + comm.step_s + offload_s,
+        activation_traffic_s,
+        step_no_overlap_s: compute_s + comm.step_s + offload_s + activation_traffic_s,
         step_s,
         samples_per_s: global / step_s,
         tokens_per_s: global * setup.seq_len as f64 / step_s,
     }
+}
+
+/// Seconds one micro-batch of `micro` sequences spends moving its activations through
+/// host memory `setup.activation_passes` times: the activations it stores (the
+/// planner's formula without checkpointing) at f32 width, whatever the precision stores
+/// (a CPU's elementwise ops widen 16-bit values to f32: candle's graph path in bf16
+/// spends the time fp32 does, docs/plan.md), over the host's memory bandwidth.
+fn activation_traffic(model: &ModelSpec, hw: &Hardware, setup: &Setup, micro: u64) -> f64 {
+    let Some(arch) = &model.arch else {
+        return 0.0;
+    };
+    if setup.activation_passes == 0.0 || hw.host_mem_bw <= 0.0 {
+        return 0.0;
+    }
+    let bytes = activations(
+        arch,
+        micro,
+        setup.seq_len,
+        4.0,
+        false,
+        setup.flash_attention,
+    )
+    .total;
+    setup.activation_passes * bytes / hw.host_mem_bw
 }
 
 fn offload_time(

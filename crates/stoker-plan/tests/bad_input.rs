@@ -47,6 +47,10 @@ fn zero_and_negative_sizes() {
         "training.mfu must be a fraction in (0, 1], got 1.5"
     );
     assert_eq!(
+        err(&format!("{OK}training = {{ activation_passes = -1.0 }}")),
+        "training.activation_passes must be a number of passes >= 0, got -1"
+    );
+    assert_eq!(
         err("model = { preset = \"gpt2-124m\" }\nhardware = { preset = \"a100-80gb\", peak_tflops = { bf16 = 0.0 } }"),
         "hardware.peak_tflops.bf16 must be a positive number, got 0"
     );

@@ -123,9 +123,38 @@ pub fn plan_input(cfg: &TrainConfig, flags: &PlanInput) -> Result<PlanInput> {
     input.model.overlay(&flags.model);
     input.hardware.overlay(&flags.hardware);
     input.training.overlay(&flags.training);
+    if !cfg.direct_step() {
+        // Candle's graph path: ZeRO-3 runs each unit's forward again in the backward
+        // (docs/zero.md), and unfused ops move the activations through memory beyond
+        // the direct step's rate, which the preset's MFU is. A given MFU (a calibration
+        // of this config's own step) covers both already.
+        let t = &mut input.training;
+        if recomputes_units(cfg) {
+            t.activation_checkpointing.get_or_insert(true);
+        }
+        if t.mfu.is_none() {
+            t.activation_passes.get_or_insert(GRAPH_ACTIVATION_PASSES);
+        }
+    }
     pin_world(cfg, &mut input)?;
     Ok(input)
 }
+
+/// Whether `cfg`'s steps run each unit's forward twice: ZeRO-3 over more than one rank on
+/// candle's graph path, which keeps only the units' inputs through the forward.
+fn recomputes_units(cfg: &TrainConfig) -> bool {
+    !cfg.direct_step()
+        && cfg.parallel.strategy == StrategyKind::Zero3
+        && cfg.batch.world_size.is_some_and(|w| w > 1)
+}
+
+/// Host-memory passes over each micro-batch's activation bytes that candle's graph path
+/// makes beyond the direct step's rate (each unfused op writes a fresh output): fitted on
+/// the demo's GPT (d 128, 4 layers, context 128, batch 16, fp32) as the graph step's time
+/// over the direct step's, four alternating runs each (161 vs 94 ms), over the planner's
+/// activation bytes (102 MB) at the `cpu` preset's 8 GB/s (docs/plan.md, "The graph
+/// path's step").
+pub const GRAPH_ACTIVATION_PASSES: f64 = 7.0;
 
 /// Checks `batch.world_size` against the hardware's device count, and fills the global
 /// batch when the config gives only the micro-batch (and accumulation): DeepSpeed's rule
@@ -258,7 +287,7 @@ pub fn emit(
              (a preset, or --layers --hidden --heads --vocab --context)",
         )
     })?;
-    if choice.model.activation_checkpointing {
+    if choice.model.activation_checkpointing && !base.is_some_and(recomputes_units) {
         return Err(config_err(
             "model.activation_checkpointing",
             "the plan recomputes activations, which the trainer does not do; plan without \

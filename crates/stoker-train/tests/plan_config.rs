@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use stoker_plan::input::PlanInput;
 use stoker_plan::Plan;
 use stoker_train::config::{ModelConfig, StrategyKind, TrainConfig};
-use stoker_train::planned::{emit, plan_input, to_toml, EmitPlace};
+use stoker_train::planned::{
+    emit, forecast, plan_input, to_toml, EmitPlace, GRAPH_ACTIVATION_PASSES,
+};
 use stoker_train::precision::Precision;
 use stoker_train::run::{run, RunOptions};
 use stoker_train::TrainError;
@@ -360,4 +362,70 @@ fn calibration_measures_this_machine_and_plans_its_own_step_back() {
     let c = stoker_train::calibrate::calibrate(&cfg).unwrap();
     assert!(c.loader.is_none() && c.loader_bench().is_none());
     assert!(c.loader_note.contains("corpus.bin"), "{}", c.loader_note);
+}
+
+/// The plan of `cfg` at `world` ranks, and its pinned strategy's row.
+fn pinned_row(cfg: &TrainConfig, world: usize) -> (Plan, stoker_plan::recommend::StrategyRow) {
+    let mut cfg = cfg.clone();
+    cfg.batch.world_size = Some(world);
+    let text = "[hardware]\npreset = \"cpu\"\n";
+    let plan = plan_of(&plan_input(&cfg, &input(text)).unwrap());
+    let row = plan
+        .strategies
+        .iter()
+        .find(|r| Some(r.strategy) == plan.inputs.pinned_strategy)
+        .unwrap()
+        .clone();
+    (plan, row)
+}
+
+#[test]
+fn candle_s_graph_path_is_planned_with_its_activation_traffic() {
+    let tmp = tempfile::tempdir().unwrap();
+    let direct = common::gpt_config(tmp.path(), "fp32", 10, "");
+    let fused = "precision = \"fp32\"\nkernels = \"fused\"";
+    let graph = direct.replacen("precision = \"fp32\"", fused, 1);
+    let parse = |t: &str| TrainConfig::parse(t, Path::new("t.toml")).unwrap();
+    let (d, g) = (parse(&direct), parse(&graph));
+    assert!(d.direct_step() && !g.direct_step());
+    // One micro-batch's activations (4 sequences of 16 tokens, fp32) by the planner's
+    // formula, moved GRAPH_ACTIVATION_PASSES times at the preset's host bandwidth, twice
+    // per step (2 accumulation steps); the direct step pays none of it.
+    let (plan, row_d) = pinned_row(&d, 1);
+    let arch = plan.inputs.model.arch.clone().unwrap();
+    let acts = stoker_plan::activation::activations(&arch, 4, 16, 4.0, false, true).total;
+    let host_bw = stoker_plan::hardware::preset("cpu").unwrap().host_mem_bw;
+    let per_step = 2.0 * GRAPH_ACTIVATION_PASSES * acts / host_bw;
+    let (_, row_g) = pinned_row(&g, 1);
+    assert_eq!(row_d.time.activation_traffic_s, 0.0);
+    let rel = |a: f64, b: f64| ((a - b) / b).abs();
+    assert!(rel(row_g.time.activation_traffic_s, per_step) < 1e-12);
+    assert!(rel(row_g.time.step_s - row_d.time.step_s, per_step) < 1e-9);
+    assert_eq!(row_g.time.compute_s, row_d.time.compute_s);
+    // The run's forecast is that row's step.
+    let step = |c: &TrainConfig, w| forecast(c, w, None).unwrap().step_s.unwrap();
+    assert!(rel(step(&g, 1), row_g.time.step_s) < 1e-12);
+    // In bf16 the same: candle's CPU ops widen each element to f32.
+    let bf16 = parse(&graph.replacen("precision = \"fp32\"", "precision = \"bf16\"", 1));
+    let (_, row_bf16) = pinned_row(&bf16, 1);
+    assert!(rel(row_bf16.time.activation_traffic_s, per_step) < 1e-12);
+    // A calibrated MFU (`[plan] mfu`, measured on the config's own step, kernels and
+    // all) covers the graph's traffic already: nothing is added.
+    let mfu = "\n[plan]\nmfu = 0.3\n";
+    let (gm, dm) = (
+        parse(&(graph.clone() + mfu)),
+        parse(&(direct.clone() + mfu)),
+    );
+    assert_eq!(step(&gm, 1), step(&dm, 1));
+    // ZeRO-3 over 2 ranks on the graph runs each unit's forward again in the backward:
+    // 4/3 of the compute and of the traffic; its direct step recomputes nothing.
+    let zero3 = "\n[parallel]\nstrategy = \"zero3\"\n";
+    let (g3, d3) = (parse(&(graph + zero3)), parse(&(direct + zero3)));
+    let ((_, r_g3), (_, r_d3)) = (pinned_row(&g3, 2), pinned_row(&d3, 2));
+    assert!(rel(r_g3.time.compute_s, 4.0 / 3.0 * r_d3.time.compute_s) < 1e-12);
+    assert!(rel(r_g3.time.activation_traffic_s, 4.0 / 3.0 * per_step) < 1e-12);
+    assert_eq!(r_d3.time.activation_traffic_s, 0.0);
+    // On one rank every strategy is the one-rank trainer: no recomputation.
+    let (_, r_g3_one) = pinned_row(&g3, 1);
+    assert_eq!(r_g3_one.time.compute_s, row_g.time.compute_s);
 }

@@ -249,6 +249,8 @@ impl PlanArgs {
                 activation_checkpointing: self.activation_checkpointing,
                 flash_attention: self.flash_attention,
                 mfu: self.mfu,
+                // Set by a training config's kernels (`--config`), not a flag.
+                activation_passes: None,
                 fragmentation: self.fragmentation,
                 safety_margin: self.safety_margin,
                 bucket_mb: self.bucket_mb,
