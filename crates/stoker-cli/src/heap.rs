@@ -22,6 +22,8 @@ pub fn no_transparent_huge_pages() {
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_some() {
         return;
     }
+    // Transparent huge pages and prctl are Linux's; elsewhere there is nothing to turn off.
+    #[cfg(target_os = "linux")]
     // SAFETY: PR_SET_THP_DISABLE takes integer arguments only; no memory is passed.
     let _ = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
 }
