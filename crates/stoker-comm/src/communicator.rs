@@ -62,6 +62,11 @@ pub trait Communicator {
     fn progress(&self) {}
     /// Calls and bytes so far.
     fn stats(&self) -> CommStats;
+    /// How many ranks of the group run on this rank's machine, itself included: they
+    /// share its cores and memory. All of them unless the backend knows where each runs.
+    fn ranks_on_this_host(&self) -> usize {
+        self.world_size()
+    }
     /// Ends the whole job, every rank, after printing `message` (MPI_Abort under MPI).
     fn abort(&self, code: i32, message: &str) -> !;
 }

@@ -53,6 +53,8 @@ fn text(o: &std::process::Output) -> String {
 fn worker_collectives() {
     let comm = MpiComm::init(Duration::from_secs(60)).unwrap();
     common::check_all(&comm);
+    // mpirun started every rank on this machine.
+    assert_eq!(comm.ranks_on_this_host(), comm.world_size());
     println!(
         "mpi worker rank {} of {} ok",
         comm.rank(),

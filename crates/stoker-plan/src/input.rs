@@ -105,6 +105,10 @@ pub struct TrainingInput {
     pub optimizer: Option<String>,
     /// Full activation checkpointing (default off).
     pub activation_checkpointing: Option<bool>,
+    /// ZeRO-3 over more than one device keeps only each unit's input through the
+    /// forward and runs the unit's forward again in its backward (default off; stoker's
+    /// candle-graph path, FSDP with a checkpoint per wrapped unit).
+    pub zero3_checkpoints_units: Option<bool>,
     /// Fused attention without the s x s score matrix (default: the hardware's).
     pub flash_attention: Option<bool>,
     /// Assumed model FLOP utilization, 0..1 (default from the hardware).
@@ -229,6 +233,7 @@ impl TrainingInput {
             precision,
             optimizer,
             activation_checkpointing,
+            zero3_checkpoints_units,
             flash_attention,
             mfu,
             activation_passes,

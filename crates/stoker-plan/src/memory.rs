@@ -152,7 +152,7 @@ pub fn estimate(
                 micro,
                 setup.seq_len,
                 setup.precision.activation_bytes(),
-                setup.activation_checkpointing,
+                setup.checkpoints(st, hw.world_size()),
                 setup.flash_attention,
             )
             .total

@@ -489,6 +489,7 @@ fn resolve_training(t: &TrainingInput, model: &ModelSpec, hw: &Hardware) -> Resu
         precision_requested: requested.is_some(),
         optimizer,
         activation_checkpointing: t.activation_checkpointing.unwrap_or(false),
+        zero3_checkpoints_units: t.zero3_checkpoints_units.unwrap_or(false),
         flash_attention: t.flash_attention.unwrap_or(hw.fused_attention),
         mfu,
         activation_passes,

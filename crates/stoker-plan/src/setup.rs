@@ -232,6 +232,9 @@ pub struct Setup {
     pub optimizer: Optimizer,
     /// Full activation checkpointing (recompute each block in backward).
     pub activation_checkpointing: bool,
+    /// ZeRO-3 over more than one device checkpoints at its units' boundaries
+    /// (`training.zero3_checkpoints_units`): see [`Setup::checkpoints`].
+    pub zero3_checkpoints_units: bool,
     /// Fused attention that never stores the s x s score matrix (FlashAttention).
     pub flash_attention: bool,
     /// Assumed model FLOP utilization (fraction of peak).
@@ -257,6 +260,16 @@ pub struct Setup {
     /// `training.gather_dtype` says otherwise (FSDP's `param_dtype`; stoker's trainer
     /// gathers its FP32 buffer).
     pub gather_bytes: f64,
+}
+
+impl Setup {
+    /// Whether `stage` on `world` devices stores only checkpoints and runs the forward
+    /// again in the backward: with full activation checkpointing, or ZeRO-3 over more
+    /// than one device where it checkpoints its units.
+    pub fn checkpoints(&self, stage: crate::strategy::Stage, world: u64) -> bool {
+        self.activation_checkpointing
+            || (self.zero3_checkpoints_units && stage == crate::strategy::Stage::Zero3 && world > 1)
+    }
 }
 
 /// Bytes per element of a collective's dtype name (`fp32`, `bf16`, `fp16`, as

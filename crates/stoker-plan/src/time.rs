@@ -1,7 +1,8 @@
 //! Step time: compute from FLOPs at an assumed utilization, exposed communication, offload.
 //!
 //! Compute: `6P + 12*L*h*s` FLOPs per token for forward + backward (PaLM, arXiv 2204.02311,
-//! appendix B); activation checkpointing re-runs the forward, 4/3 of that.
+//! appendix B); activation checkpointing re-runs the forward, 4/3 of that (and so does
+//! ZeRO-3 where it checkpoints its units, `Setup::checkpoints`).
 //! Overlap model: gradient reductions hide behind the backward pass (2/3 of a micro-batch's
 //! compute); ZeRO-3's prefetched all-gathers hide behind the whole micro-batch; the
 //! all-gather of updated parameters after the optimizer step (ZeRO-1/2) is exposed.
@@ -61,7 +62,7 @@ pub fn step_time(
     accum: u64,
     peak_flops: f64,
 ) -> StepTime {
-    let recompute = if setup.activation_checkpointing {
+    let recompute = if setup.checkpoints(strategy.stage, hw.world_size()) {
         4.0 / 3.0
     } else {
         1.0
@@ -114,7 +115,11 @@ fn activation_traffic(model: &ModelSpec, hw: &Hardware, setup: &Setup, micro: u6
     let Some(arch) = &model.arch else {
         return 0.0;
     };
-    if setup.activation_passes == 0.0 || hw.host_mem_bw <= 0.0 {
+    // An accelerator's activations live in its own memory: the host's bandwidth says
+    // nothing of them. The host's bandwidth is not divided among a node's CPU ranks: the
+    // passes were fitted on one rank of two threads, and two ranks of one thread each on
+    // candle's graph do not tell whole from halved (docs/plan.md).
+    if setup.activation_passes == 0.0 || hw.accelerator || hw.host_mem_bw <= 0.0 {
         return 0.0;
     }
     let bytes = activations(

@@ -277,7 +277,7 @@ pub fn calibrate(cfg: &TrainConfig) -> Result<Calibration> {
     section.hardware = HardwareInput::default();
     measured.apply(&mut section.hardware);
     section.mfu = Some(1.0);
-    let at_peak = planner_row(&probe, 1)?.step_s;
+    let at_peak = planner_row(&probe, 1, 1)?.step_s;
     measured.mfu = (at_peak / step).clamp(1e-6, 1.0);
     Ok(measured)
 }

@@ -123,36 +123,26 @@ pub fn plan_input(cfg: &TrainConfig, flags: &PlanInput) -> Result<PlanInput> {
     input.model.overlay(&flags.model);
     input.hardware.overlay(&flags.hardware);
     input.training.overlay(&flags.training);
+    pin_world(cfg, &mut input)?;
     if !cfg.direct_step() {
-        // Candle's graph path: ZeRO-3 runs each unit's forward again in the backward
-        // (docs/zero.md), and unfused ops move the activations through memory beyond
-        // the direct step's rate, which the preset's MFU is. A given MFU (a calibration
-        // of this config's own step) covers both already.
+        // Candle's graph path: ZeRO-3 over several ranks runs each unit's forward again
+        // in the backward (docs/zero.md), and unfused ops move the activations through
+        // memory beyond the direct step's rate, which the preset's MFU is. A given MFU
+        // (a calibration of this config's own step) covers the traffic already.
         let t = &mut input.training;
-        if recomputes_units(cfg) {
-            t.activation_checkpointing.get_or_insert(true);
-        }
+        t.zero3_checkpoints_units.get_or_insert(true);
         if t.mfu.is_none() {
             t.activation_passes.get_or_insert(GRAPH_ACTIVATION_PASSES);
         }
     }
-    pin_world(cfg, &mut input)?;
     Ok(input)
-}
-
-/// Whether `cfg`'s steps run each unit's forward twice: ZeRO-3 over more than one rank on
-/// candle's graph path, which keeps only the units' inputs through the forward.
-fn recomputes_units(cfg: &TrainConfig) -> bool {
-    !cfg.direct_step()
-        && cfg.parallel.strategy == StrategyKind::Zero3
-        && cfg.batch.world_size.is_some_and(|w| w > 1)
 }
 
 /// Host-memory passes over each micro-batch's activation bytes that candle's graph path
 /// makes beyond the direct step's rate (each unfused op writes a fresh output): fitted on
 /// the demo's GPT (d 128, 4 layers, context 128, batch 16, fp32) as the graph step's time
 /// over the direct step's, four alternating runs each (161 vs 94 ms), over the planner's
-/// activation bytes (102 MB) at the `cpu` preset's 8 GB/s (docs/plan.md, "The graph
+/// activation bytes (74.2 MB) at the `cpu` preset's 8 GB/s (docs/plan.md, "The graph
 /// path's step").
 pub const GRAPH_ACTIVATION_PASSES: f64 = 7.0;
 
@@ -287,7 +277,7 @@ pub fn emit(
              (a preset, or --layers --hidden --heads --vocab --context)",
         )
     })?;
-    if choice.model.activation_checkpointing && !base.is_some_and(recomputes_units) {
+    if choice.model.activation_checkpointing {
         return Err(config_err(
             "model.activation_checkpointing",
             "the plan recomputes activations, which the trainer does not do; plan without \
@@ -444,13 +434,19 @@ pub(crate) struct PlannerRow {
     samples: f64,
 }
 
-/// The forecast of `cfg` launched on `world` ranks, on `[plan.hardware]` or else this
-/// machine's `cpu` preset with one device per rank. Memory comes from the trainer's own
+/// The forecast of `cfg` launched on `world` ranks, `per_host` of them on each machine, on
+/// `[plan.hardware]` or else the `cpu` preset with one device per rank (`world / per_host`
+/// nodes where that divides, else one). Memory comes from the trainer's own
 /// count (`own`, where its activations are known) or else the planner's formula; time from
 /// the planner. An error says why neither can forecast the run; the run goes on without.
 /// (On a CPU the ranks of one host share its cores: the planner gives each rank the
 /// host's peak over the ranks on it, `Hardware::device_peak_flops`.)
-pub fn forecast(cfg: &TrainConfig, world: usize, own: Option<&OwnBytes>) -> Result<RunForecast> {
+pub fn forecast(
+    cfg: &TrainConfig,
+    world: usize,
+    per_host: usize,
+    own: Option<&OwnBytes>,
+) -> Result<RunForecast> {
     let own = own.and_then(|o| o.activations.map(|a| (o, a)));
     // Memory from the trainer's own count where it has one (then the planner's row is
     // optional: a CNN has none), else from the planner's row.
@@ -462,10 +458,10 @@ pub fn forecast(cfg: &TrainConfig, world: usize, own: Option<&OwnBytes>) -> Resu
                 a,
                 o.baseline_heap.map(|h| h + held),
             );
-            (planner_row(cfg, world).ok(), memory)
+            (planner_row(cfg, world, per_host).ok(), memory)
         }
         None => {
-            let r = planner_row(cfg, world)?;
+            let r = planner_row(cfg, world, per_host)?;
             let memory = (r.peak_bytes, r.activation_bytes, None);
             (Some(r), memory)
         }
@@ -485,12 +481,17 @@ pub fn forecast(cfg: &TrainConfig, world: usize, own: Option<&OwnBytes>) -> Resu
 }
 
 /// The planner's row for `cfg` as configured (see [`forecast`]).
-pub(crate) fn planner_row(cfg: &TrainConfig, world: usize) -> Result<PlannerRow> {
+pub(crate) fn planner_row(cfg: &TrainConfig, world: usize, per_host: usize) -> Result<PlannerRow> {
     let mut cfg = cfg.clone();
     let section = cfg.plan.get_or_insert_with(PlanSection::default);
     if section.hardware == stoker_plan::input::HardwareInput::default() {
-        // One device per rank: plan_input takes the devices from the world size.
-        section.hardware.preset = Some("cpu".into());
+        // One device per rank; the ranks of one host share its cores (and its peak).
+        let h = &mut section.hardware;
+        h.preset = Some("cpu".into());
+        if per_host >= 1 && per_host < world && world.is_multiple_of(per_host) {
+            h.nodes = Some((world / per_host) as i64);
+            h.devices_per_node = Some(per_host as i64);
+        }
     }
     cfg.batch.world_size = Some(world);
     let input = plan_input(&cfg, &PlanInput::default())?;

@@ -369,7 +369,8 @@ pub fn run_rank(
         mapped: data.mapped_bytes() as f64,
         baseline_heap: baseline_heap.map(|b| b as f64),
     };
-    let forecast = crate::planned::forecast(config, dims.world, Some(&own));
+    let forecast =
+        crate::planned::forecast(config, dims.world, comm.ranks_on_this_host(), Some(&own));
     if lead {
         bar.println(&accounting);
         bar.suspend(|| {

@@ -403,7 +403,7 @@ fn candle_s_graph_path_is_planned_with_its_activation_traffic() {
     assert!(rel(row_g.time.step_s - row_d.time.step_s, per_step) < 1e-9);
     assert_eq!(row_g.time.compute_s, row_d.time.compute_s);
     // The run's forecast is that row's step.
-    let step = |c: &TrainConfig, w| forecast(c, w, None).unwrap().step_s.unwrap();
+    let step = |c: &TrainConfig, w| forecast(c, w, w, None).unwrap().step_s.unwrap();
     assert!(rel(step(&g, 1), row_g.time.step_s) < 1e-12);
     // In bf16 the same: candle's CPU ops widen each element to f32.
     let bf16 = parse(&graph.replacen("precision = \"fp32\"", "precision = \"bf16\"", 1));
@@ -428,4 +428,84 @@ fn candle_s_graph_path_is_planned_with_its_activation_traffic() {
     // On one rank every strategy is the one-rank trainer: no recomputation.
     let (_, r_g3_one) = pinned_row(&g3, 1);
     assert_eq!(r_g3_one.time.compute_s, row_g.time.compute_s);
+    // Only the ZeRO-3 row recomputes: the same plan's DDP row is the direct step's
+    // compute, and its activations are all stored.
+    let (plan3, _) = pinned_row(&g3, 2);
+    let (plan_d, _) = pinned_row(&d, 2);
+    let row = |p: &Plan, label: &str| {
+        p.strategies
+            .iter()
+            .find(|r| r.label == label)
+            .unwrap()
+            .clone()
+    };
+    let (ddp_g, ddp_d) = (row(&plan3, "ddp"), row(&plan_d, "ddp"));
+    assert_eq!(ddp_g.time.compute_s, ddp_d.time.compute_s);
+    assert_eq!(
+        ddp_g.memory.device.activations,
+        ddp_d.memory.device.activations
+    );
+    assert!(row(&plan3, "zero3").memory.device.activations < ddp_g.memory.device.activations);
+    // The ranks are the hardware's where the config does not say (`--devices-per-node 2`).
+    let two = input("[hardware]\npreset = \"cpu\"\ndevices_per_node = 2\n");
+    assert_eq!(g3.batch.world_size, None);
+    let plan_two = plan_of(&plan_input(&g3, &two).unwrap());
+    let z3_two = row(&plan_two, "zero3");
+    assert!(rel(z3_two.time.compute_s, r_g3.time.compute_s) < 1e-12);
+    // An accelerator's activations are in its own memory: no host traffic.
+    let h100 = input("[hardware]\npreset = \"h100-80gb\"\n");
+    let plan = plan_of(&plan_input(&g, &h100).unwrap());
+    assert!(plan
+        .strategies
+        .iter()
+        .all(|r| r.time.activation_traffic_s == 0.0));
+    // The graph's ZeRO-3 config emits as planned; a plan told to recompute everywhere
+    // is still refused, naming the key.
+    let emit_from = |base: &TrainConfig, flags: &PlanInput| {
+        let input = plan_input(base, flags).unwrap();
+        emit(&plan_of(&input), &input, Some(base), &place(tmp.path()))
+    };
+    let emitted = emit_from(&g3, &two).unwrap();
+    assert_eq!(emitted.batch.world_size, Some(2));
+    let mut recompute = two.clone();
+    recompute.training.activation_checkpointing = Some(true);
+    match emit_from(&g3, &recompute) {
+        Err(TrainError::Config { key, .. }) => assert_eq!(key, "model.activation_checkpointing"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_run_s_forecast_plans_its_ranks_on_the_hosts_they_share() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = TrainConfig::parse(
+        &common::gpt_config(tmp.path(), "fp32", 10, ""),
+        Path::new("t.toml"),
+    )
+    .unwrap();
+    let step = |world, per_host| {
+        forecast(&cfg, world, per_host, None)
+            .unwrap()
+            .step_s
+            .unwrap()
+    };
+    let planned = |hardware: &str| {
+        let mut c = cfg.clone();
+        c.batch.world_size = Some(2);
+        let plan = plan_of(&plan_input(&c, &input(hardware)).unwrap());
+        let row = plan
+            .strategies
+            .iter()
+            .find(|r| Some(r.strategy) == plan.inputs.pinned_strategy);
+        row.unwrap().time.step_s
+    };
+    // Two ranks on one host share its cores; on two hosts each has a host's peak (and the
+    // ring crosses the network).
+    let one_host = planned("[hardware]\npreset = \"cpu\"\nnodes = 1\ndevices_per_node = 2\n");
+    let two_hosts = planned("[hardware]\npreset = \"cpu\"\nnodes = 2\ndevices_per_node = 1\n");
+    assert_eq!(step(2, 2), one_host);
+    assert_eq!(step(2, 1), two_hosts);
+    assert_ne!(one_host, two_hosts);
+    // Ranks spread unevenly are planned as one host.
+    assert_eq!(step(2, 3), one_host);
 }

@@ -247,6 +247,8 @@ impl PlanArgs {
                 precision: self.precision.clone(),
                 optimizer: self.optimizer.clone(),
                 activation_checkpointing: self.activation_checkpointing,
+                // Set by a training config's kernels (`--config`), not a flag.
+                zero3_checkpoints_units: None,
                 flash_attention: self.flash_attention,
                 mfu: self.mfu,
                 // Set by a training config's kernels (`--config`), not a flag.

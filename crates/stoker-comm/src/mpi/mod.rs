@@ -529,6 +529,11 @@ impl Communicator for MpiComm {
         };
     }
 
+    fn ranks_on_this_host(&self) -> usize {
+        // The peers exchanged at start: the same host name, boot and pid namespace.
+        peers::local(&self.ctx.peers, self.ctx.rank).len() + 1
+    }
+
     fn stats(&self) -> CommStats {
         self.stats.snapshot()
     }
