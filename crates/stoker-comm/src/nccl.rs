@@ -199,6 +199,10 @@ mod imp {
             self.mpi.world_size()
         }
 
+        fn ranks_on_this_host(&self) -> usize {
+            self.mpi.ranks_on_this_host()
+        }
+
         fn backend(&self) -> &'static str {
             "nccl"
         }

@@ -230,7 +230,9 @@ pub fn decide(r: &Resolved, rows: &[StrategyRow], bench: Option<&LoaderBench>) -
                 best.label,
                 fmt_bytes(best.memory.device.total, acc),
                 fmt_bytes(best.memory.device.usable, acc),
-                if r.setup.activation_checkpointing {
+                if r.setup
+                    .checkpoints(best.strategy.stage, r.hardware.world_size())
+                {
                     ""
                 } else {
                     ", turn on activation checkpointing"
@@ -278,11 +280,13 @@ pub fn decide(r: &Resolved, rows: &[StrategyRow], bench: Option<&LoaderBench>) -
             ));
         }
     }
-    if let (Some(row), false, Some(arch)) = (
-        chosen.map(|i| &rows[i]).or(timing_row),
-        r.setup.activation_checkpointing,
-        r.model.arch.as_ref(),
-    ) {
+    let hint_row = chosen.map(|i| &rows[i]).or(timing_row);
+    // A row that checkpoints already (ZeRO-3 checkpointing its units) gets no hint.
+    let checkpointed = hint_row.is_some_and(|x| {
+        r.setup
+            .checkpoints(x.strategy.stage, r.hardware.world_size())
+    });
+    if let (Some(row), false, Some(arch)) = (hint_row, checkpointed, r.model.arch.as_ref()) {
         let d = &row.memory.device;
         // Only worth saying when memory forced something: sharding, offload, accumulation.
         let forced = chosen != Some(0) || row.accumulation_steps > 1;

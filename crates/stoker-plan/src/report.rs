@@ -112,10 +112,10 @@ impl Plan {
             s.seq_len,
             s.precision.name(),
             s.optimizer.name(),
-            if s.activation_checkpointing {
-                "on"
-            } else {
-                "off"
+            match (s.activation_checkpointing, s.zero3_checkpoints_units) {
+                (true, _) => "on",
+                (false, true) => "ZeRO-3 units",
+                (false, false) => "off",
             },
             s.mfu * 100.0,
             acc.name()

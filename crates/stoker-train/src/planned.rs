@@ -124,7 +124,13 @@ pub fn plan_input(cfg: &TrainConfig, flags: &PlanInput) -> Result<PlanInput> {
     input.hardware.overlay(&flags.hardware);
     input.training.overlay(&flags.training);
     pin_world(cfg, &mut input)?;
-    if !cfg.direct_step() {
+    // The path the run will take at the precision planned (a `--precision` flag may
+    // change it: fp16 and fp8 run on candle's graph).
+    let mut at = cfg.clone();
+    if let Some(p) = input.training.precision.as_deref() {
+        at.precision = train_precision(p).unwrap_or(cfg.precision);
+    }
+    if !at.direct_step() {
         // Candle's graph path: ZeRO-3 over several ranks runs each unit's forward again
         // in the backward (docs/zero.md), and unfused ops move the activations through
         // memory beyond the direct step's rate, which the preset's MFU is. A given MFU
@@ -484,14 +490,17 @@ pub fn forecast(
 pub(crate) fn planner_row(cfg: &TrainConfig, world: usize, per_host: usize) -> Result<PlannerRow> {
     let mut cfg = cfg.clone();
     let section = cfg.plan.get_or_insert_with(PlanSection::default);
-    if section.hardware == stoker_plan::input::HardwareInput::default() {
-        // One device per rank; the ranks of one host share its cores (and its peak).
-        let h = &mut section.hardware;
+    let h = &mut section.hardware;
+    if *h == stoker_plan::input::HardwareInput::default() {
+        // One device per rank.
         h.preset = Some("cpu".into());
-        if per_host >= 1 && per_host < world && world.is_multiple_of(per_host) {
-            h.nodes = Some((world / per_host) as i64);
-            h.devices_per_node = Some(per_host as i64);
-        }
+    }
+    // On CPUs the ranks of one host share its cores (and its peak): plan the hosts the
+    // ranks really run on, over what a config emitted elsewhere says (`nodes = 1`).
+    let cpu = matches!(h.preset.as_deref(), Some("cpu" | "cpu-only"));
+    if cpu && per_host >= 1 && per_host < world && world.is_multiple_of(per_host) {
+        h.nodes = Some((world / per_host) as i64);
+        h.devices_per_node = Some(per_host as i64);
     }
     cfg.batch.world_size = Some(world);
     let input = plan_input(&cfg, &PlanInput::default())?;

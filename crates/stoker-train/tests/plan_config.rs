@@ -409,6 +409,20 @@ fn candle_s_graph_path_is_planned_with_its_activation_traffic() {
     let bf16 = parse(&graph.replacen("precision = \"fp32\"", "precision = \"bf16\"", 1));
     let (_, row_bf16) = pinned_row(&bf16, 1);
     assert!(rel(row_bf16.time.activation_traffic_s, per_step) < 1e-12);
+    // The path is the precision planned: `--precision fp16` puts an fp32 direct-step
+    // config on candle's graph.
+    let fp16 = input("[hardware]\npreset = \"cpu\"\n[training]\nprecision = \"fp16\"\n");
+    let t = plan_input(&d, &fp16).unwrap().training;
+    assert_eq!(
+        (t.activation_passes, t.zero3_checkpoints_units),
+        (Some(GRAPH_ACTIVATION_PASSES), Some(true))
+    );
+    let cpu = input("[hardware]\npreset = \"cpu\"\n");
+    let t = plan_input(&d, &cpu).unwrap().training;
+    assert_eq!(
+        (t.activation_passes, t.zero3_checkpoints_units),
+        (None, None)
+    );
     // A calibrated MFU (`[plan] mfu`, measured on the config's own step, kernels and
     // all) covers the graph's traffic already: nothing is added.
     let mfu = "\n[plan]\nmfu = 0.3\n";
@@ -459,14 +473,26 @@ fn candle_s_graph_path_is_planned_with_its_activation_traffic() {
         .strategies
         .iter()
         .all(|r| r.time.activation_traffic_s == 0.0));
-    // The graph's ZeRO-3 config emits as planned; a plan told to recompute everywhere
-    // is still refused, naming the key.
+    // Where memory leaves only the graph's ZeRO-3 (its units checkpointed), the plan
+    // chooses it and emits it; a plan told to recompute everywhere is still refused,
+    // naming the key.
     let emit_from = |base: &TrainConfig, flags: &PlanInput| {
         let input = plan_input(base, flags).unwrap();
         emit(&plan_of(&input), &input, Some(base), &place(tmp.path()))
     };
-    let emitted = emit_from(&g3, &two).unwrap();
-    assert_eq!(emitted.batch.world_size, Some(2));
+    let others = ["ddp", "zero1", "zero2"].map(|l| row(&plan_two, l).memory.device.total);
+    let least_other = others.iter().copied().fold(f64::INFINITY, f64::min);
+    let d3 = &z3_two.memory.device;
+    assert!(d3.total < least_other, "{} vs {least_other}", d3.total);
+    let gib = (d3.total + least_other) / 2.0 / (d3.usable / d3.capacity) / (1u64 << 30) as f64;
+    let tight = input(&format!(
+        "[hardware]\npreset = \"cpu\"\ndevices_per_node = 2\nmemory_gib = {gib}\n"
+    ));
+    let emitted = emit_from(&g3, &tight).unwrap();
+    assert_eq!(
+        (emitted.parallel.strategy, emitted.batch.world_size),
+        (StrategyKind::Zero3, Some(2))
+    );
     let mut recompute = two.clone();
     recompute.training.activation_checkpointing = Some(true);
     match emit_from(&g3, &recompute) {
@@ -489,9 +515,9 @@ fn a_run_s_forecast_plans_its_ranks_on_the_hosts_they_share() {
             .step_s
             .unwrap()
     };
-    let planned = |hardware: &str| {
+    let planned = |world, hardware: &str| {
         let mut c = cfg.clone();
-        c.batch.world_size = Some(2);
+        c.batch.world_size = Some(world);
         let plan = plan_of(&plan_input(&c, &input(hardware)).unwrap());
         let row = plan
             .strategies
@@ -501,11 +527,34 @@ fn a_run_s_forecast_plans_its_ranks_on_the_hosts_they_share() {
     };
     // Two ranks on one host share its cores; on two hosts each has a host's peak (and the
     // ring crosses the network).
-    let one_host = planned("[hardware]\npreset = \"cpu\"\nnodes = 1\ndevices_per_node = 2\n");
-    let two_hosts = planned("[hardware]\npreset = \"cpu\"\nnodes = 2\ndevices_per_node = 1\n");
+    let one_host = planned(
+        2,
+        "[hardware]\npreset = \"cpu\"\nnodes = 1\ndevices_per_node = 2\n",
+    );
+    let two_hosts = planned(
+        2,
+        "[hardware]\npreset = \"cpu\"\nnodes = 2\ndevices_per_node = 1\n",
+    );
     assert_eq!(step(2, 2), one_host);
     assert_eq!(step(2, 1), two_hosts);
     assert_ne!(one_host, two_hosts);
-    // Ranks spread unevenly are planned as one host.
-    assert_eq!(step(2, 3), one_host);
+    // Ranks spread unevenly (2 + 1) are planned as one host.
+    let three = planned(
+        3,
+        "[hardware]\npreset = \"cpu\"\nnodes = 1\ndevices_per_node = 3\n",
+    );
+    assert_eq!(step(3, 2), three);
+    // A config emitted for one host (`[plan.hardware]` nodes = 1) run on two is planned
+    // on the two.
+    let mut emitted_for_one = cfg.clone();
+    let one = input("[hardware]\npreset = \"cpu\"\nnodes = 1\ndevices_per_node = 2\n");
+    emitted_for_one.plan = Some(stoker_plan::emit::PlanSection {
+        hardware: one.hardware,
+        ..Default::default()
+    });
+    let on_two = forecast(&emitted_for_one, 2, 1, None)
+        .unwrap()
+        .step_s
+        .unwrap();
+    assert_eq!(on_two, two_hosts);
 }

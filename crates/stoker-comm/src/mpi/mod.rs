@@ -125,14 +125,19 @@ impl MpiComm {
             "MPI rank {rank} of world size {size}"
         );
         let (rank, size) = (len_of(rank), len_of(size));
-        let me = [peers::host_key(), std::process::id() as u64];
-        let mut all = vec![0u64; 2 * size];
+        let me = [
+            peers::host_key(),
+            std::process::id() as u64,
+            peers::machine_key(),
+        ];
+        let mut all = vec![0u64; 3 * size];
         world.all_gather_into(&me[..], &mut all[..]);
         let peers: peers::Peers = std::sync::Arc::new(
-            all.chunks_exact(2)
+            all.chunks_exact(3)
                 .map(|c| peers::Peer {
                     host: c[0],
                     pid: c[1],
+                    machine: c[2],
                 })
                 .collect(),
         );
@@ -530,8 +535,8 @@ impl Communicator for MpiComm {
     }
 
     fn ranks_on_this_host(&self) -> usize {
-        // The peers exchanged at start: the same host name, boot and pid namespace.
-        peers::local(&self.ctx.peers, self.ctx.rank).len() + 1
+        // The peers exchanged at start: the same host name and boot.
+        peers::on_this_machine(&self.ctx.peers)
     }
 
     fn stats(&self) -> CommStats {

@@ -8,6 +8,9 @@ use std::sync::Arc;
 pub(super) struct Peer {
     /// Hash of what makes pids comparable: host name, boot id, pid namespace.
     pub(super) host: u64,
+    /// Hash of the machine alone (host name, boot id): ranks in separate pid namespaces
+    /// of one machine still share its cores.
+    pub(super) machine: u64,
     /// Its process id (in that pid namespace).
     pub(super) pid: u64,
 }
@@ -15,15 +18,38 @@ pub(super) struct Peer {
 /// A hash of this machine's identity as pids see it: host name, kernel boot id and pid
 /// namespace (containers on one host may share a name and reuse each other's pids).
 pub(super) fn host_key() -> u64 {
-    let mut id = crate::launch::host_name();
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    id.push_str(boot.trim());
+    let mut id = machine_id();
     if let Ok(ns) = std::fs::read_link("/proc/self/ns/pid") {
         id.push_str(&ns.to_string_lossy());
     }
-    id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+    fnv1a(&id)
+}
+
+/// A hash of this machine alone: host name and kernel boot id.
+pub(super) fn machine_key() -> u64 {
+    fnv1a(&machine_id())
+}
+
+/// Host name and kernel boot id.
+fn machine_id() -> String {
+    let mut id = crate::launch::host_name();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    id.push_str(boot.trim());
+    id
+}
+
+/// FNV-1a over `s`'s bytes.
+fn fnv1a(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
     })
+}
+
+/// How many of `peers` run on this machine (this rank included), whatever their pid
+/// namespaces.
+pub(super) fn on_this_machine(peers: &[Peer]) -> usize {
+    let here = machine_key();
+    peers.iter().filter(|p| p.machine == here).count().max(1)
 }
 
 /// All ranks' `Peer`s, rank order.
