@@ -27,6 +27,16 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// A generated token corpus of `len` tokens below `vocab` at `dir/corpus.bin`.
+fn write_corpus(dir: &Path, len: u32, vocab: u32) -> std::path::PathBuf {
+    let corpus = dir.join("corpus.bin");
+    let tokens: Vec<u16> = (0..len)
+        .map(|i| ((i * 7 + i / 13) % vocab) as u16)
+        .collect();
+    stoker_data::tokens::write_tokens(&corpus, &tokens, stoker_data::TokenFormat::Llmc).unwrap();
+    corpus
+}
+
 /// The "measured RSS ... (measured/planned R)" ratio of a `stoker train` run's last lines.
 fn rss_ratio(text: &str) -> f64 {
     text.split("measured RSS ")
@@ -51,11 +61,7 @@ fn a_bf16_gpt_s_resident_set_is_within_10_percent_of_its_forecast() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let corpus = tmp.path().join("corpus.bin");
-    let tokens: Vec<u16> = (0..200_000u32)
-        .map(|i| ((i * 7 + i / 13) % 60) as u16)
-        .collect();
-    stoker_data::tokens::write_tokens(&corpus, &tokens, stoker_data::TokenFormat::Llmc).unwrap();
+    let corpus = write_corpus(tmp.path(), 200_000, 60);
     let cfg = tmp.path().join("bf16.toml");
     std::fs::write(
         &cfg,
@@ -81,11 +87,7 @@ fn a_bf16_gpt_s_resident_set_is_within_10_percent_of_its_forecast() {
 #[test]
 fn plan_then_tune_then_train_runs_the_emitted_config_as_is() {
     let tmp = tempfile::tempdir().unwrap();
-    let corpus = tmp.path().join("corpus.bin");
-    let tokens: Vec<u16> = (0..20_000u32)
-        .map(|i| ((i * 7 + i / 13) % 24) as u16)
-        .collect();
-    stoker_data::tokens::write_tokens(&corpus, &tokens, stoker_data::TokenFormat::Llmc).unwrap();
+    let corpus = write_corpus(tmp.path(), 20_000, 24);
     let start = tmp.path().join("start.toml");
     std::fs::write(
         &start,

@@ -124,6 +124,11 @@ pub fn evaluate_all(r: &Resolved) -> Vec<StrategyRow> {
 
 /// Walks the rows in order and builds the recommendation.
 pub fn decide(r: &Resolved, rows: &[StrategyRow], bench: Option<&LoaderBench>) -> Decision {
+    // Whether a row already stores only checkpoints (no checkpointing hint for it).
+    let checkpoints = |row: &StrategyRow| {
+        r.setup
+            .checkpoints(row.strategy.stage, r.hardware.world_size())
+    };
     let acc = r.setup.accounting;
     let mut warnings: Vec<String> = r.precision.warnings.clone();
     let mut path = Vec::new();
@@ -230,9 +235,7 @@ pub fn decide(r: &Resolved, rows: &[StrategyRow], bench: Option<&LoaderBench>) -
                 best.label,
                 fmt_bytes(best.memory.device.total, acc),
                 fmt_bytes(best.memory.device.usable, acc),
-                if r.setup
-                    .checkpoints(best.strategy.stage, r.hardware.world_size())
-                {
+                if checkpoints(best) {
                     ""
                 } else {
                     ", turn on activation checkpointing"
@@ -281,12 +284,11 @@ pub fn decide(r: &Resolved, rows: &[StrategyRow], bench: Option<&LoaderBench>) -
         }
     }
     let hint_row = chosen.map(|i| &rows[i]).or(timing_row);
-    // A row that checkpoints already (ZeRO-3 checkpointing its units) gets no hint.
-    let checkpointed = hint_row.is_some_and(|x| {
-        r.setup
-            .checkpoints(x.strategy.stage, r.hardware.world_size())
-    });
-    if let (Some(row), false, Some(arch)) = (hint_row, checkpointed, r.model.arch.as_ref()) {
+    if let (Some(row), false, Some(arch)) = (
+        hint_row,
+        hint_row.is_some_and(checkpoints),
+        r.model.arch.as_ref(),
+    ) {
         let d = &row.memory.device;
         // Only worth saying when memory forced something: sharding, offload, accumulation.
         let forced = chosen != Some(0) || row.accumulation_steps > 1;

@@ -12,8 +12,7 @@
 //! Activation traffic: where the setup says each activation crosses host memory
 //! `activation_passes` times (at f32 width) beyond what the FLOP rate covers (unfused ops
 //! writing fresh outputs: candle's graph path), that traffic at host memory bandwidth is
-//! added to each
-//! micro-batch (and recomputed with the forward under activation checkpointing).
+//! added to each micro-batch (and recomputed with the forward under checkpointing).
 
 use serde::Serialize;
 

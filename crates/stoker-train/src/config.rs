@@ -376,7 +376,13 @@ impl TrainConfig {
     /// Whether training steps run the model's direct step: the GPT's, where `kernels` and
     /// the precision allow it (every other model has none and runs candle's graph).
     pub fn direct_step(&self) -> bool {
-        matches!(self.model, ModelConfig::Gpt(_)) && self.kernels.direct_step(self.precision)
+        self.direct_step_at(self.precision)
+    }
+
+    /// [`TrainConfig::direct_step`] were the run in `precision` instead (a plan may
+    /// change it).
+    pub fn direct_step_at(&self, precision: Precision) -> bool {
+        matches!(self.model, ModelConfig::Gpt(_)) && self.kernels.direct_step(precision)
     }
 
     /// Whether a direct step multiplies bf16 operands (on the bf16 GEMM, which keeps

@@ -126,11 +126,11 @@ pub fn plan_input(cfg: &TrainConfig, flags: &PlanInput) -> Result<PlanInput> {
     pin_world(cfg, &mut input)?;
     // The path the run will take at the precision planned (a `--precision` flag may
     // change it: fp16 and fp8 run on candle's graph).
-    let mut at = cfg.clone();
-    if let Some(p) = input.training.precision.as_deref() {
-        at.precision = train_precision(p).unwrap_or(cfg.precision);
-    }
-    if !at.direct_step() {
+    let precision = match input.training.precision.as_deref() {
+        Some(p) => train_precision(p).unwrap_or(cfg.precision),
+        None => cfg.precision,
+    };
+    if !cfg.direct_step_at(precision) {
         // Candle's graph path: ZeRO-3 over several ranks runs each unit's forward again
         // in the backward (docs/zero.md), and unfused ops move the activations through
         // memory beyond the direct step's rate, which the preset's MFU is. A given MFU

@@ -64,12 +64,15 @@ pub(crate) fn pack_a<'w, S: Bf16Source>(a: &MatRef<S>, out: &'w mut [u32]) -> Pa
     let (m, k) = (a.rows, a.cols);
     let pairs = padded_pairs(k);
     let words = &mut out[..a_words(m, k)];
-    // Padding reads as zero, whatever the buffer held before.
-    words.fill(0);
+    // Padding reads as zero, whatever the buffer held before: each block is cleared by
+    // the thread that fills it (the blocks cover `words` exactly).
     words
         .par_chunks_mut(pairs * ROW_BLOCK)
         .enumerate()
-        .for_each(|(blk, out)| pack_a_simd(a, pairs, blk, out));
+        .for_each(|(blk, out)| {
+            out.fill(0);
+            pack_a_simd(a, pairs, blk, out)
+        });
     PackedA { words, pairs }
 }
 
@@ -161,11 +164,14 @@ pub(crate) fn pack_b<'w, S: Bf16Source>(b: &MatRef<S>, out: &'w mut [u32]) -> Pa
     let pairs = padded_pairs(k);
     let panels = b_panels(n);
     let words = &mut out[..b_words(k, n)];
-    words.fill(0);
+    // As for `A`: each panel cleared by the thread that fills it.
     words
         .par_chunks_mut(pairs * PANEL)
         .enumerate()
-        .for_each(|(q, panel)| pack_b_simd(b, q, panel));
+        .for_each(|(q, panel)| {
+            panel.fill(0);
+            pack_b_simd(b, q, panel)
+        });
     PackedB {
         words,
         pairs,

@@ -41,7 +41,7 @@ pub struct Collective<'a> {
     /// This rank's shard of the window's gradient sum.
     pub shard: &'a mut [f32],
     /// Gathers started and not yet completed, by group.
-    pub started: Vec<(usize, Pending)>,
+    started: Vec<(usize, Pending)>,
 }
 
 impl<'a> Collective<'a> {
