@@ -88,6 +88,9 @@ pub enum Backward<'a> {
         layout: &'a FlatLayout,
         /// Fail naming any parameter that received no gradient.
         check_grads: bool,
+        /// Host buffers the gradients come down through, for a model on a GPU
+        /// ([`crate::offload`]); None: read them directly.
+        staging: Option<&'a mut crate::offload::HostStaging>,
     },
     /// The model's hand-written step, reading the FP32 master buffer.
     Direct {
@@ -126,6 +129,7 @@ pub fn micro_batch(
             fx,
             layout,
             check_grads,
+            staging,
         } => {
             let logits = model.forward(fx, &mb.input)?;
             let (sum, _) = cross_entropy_sum(fx, &logits, &mb.targets)?;
@@ -135,7 +139,10 @@ pub fn micro_batch(
                 if *check_grads {
                     crate::check::every_param_has_grad(&g, model.params())?;
                 }
-                layout.gather_grads(&g, model.params(), grads)?;
+                match staging {
+                    Some(s) => s.download_grads(&g, model.params(), layout, grads)?,
+                    None => layout.gather_grads(&g, model.params(), grads)?,
+                }
             }
             for (group, _) in layout.group_ranges().into_iter().rev() {
                 ready(group, grads);
@@ -200,6 +207,7 @@ pub fn accumulate(
         fx,
         layout,
         check_grads: opts.check_grads,
+        staging: None,
     };
     over_window(window, opts, backward, grads)
 }

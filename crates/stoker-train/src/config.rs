@@ -27,7 +27,8 @@ pub struct TrainConfig {
     /// `direct` (default), `fused` or `composed`; see [`Kernels`].
     #[serde(default)]
     pub kernels: Kernels,
-    /// `cpu` (the only device this build runs).
+    /// `cpu` (default), or `cuda` / `cuda:N` in a build with the `cuda` feature: the
+    /// model on a GPU, its optimizer offloaded to the host ([`crate::device`]).
     #[serde(default = "default_device")]
     pub device: String,
     /// Data source and loader knobs.
@@ -422,6 +423,50 @@ impl TrainConfig {
         }
     }
 
+    /// What a model on a GPU needs: a build with CUDA, candle's CUDA ops (`kernels =
+    /// "composed"`: the direct step and the fused ops are stoker's CPU kernels), a
+    /// precision whose arithmetic stays on the device (fp8's quantization does not), and
+    /// the optimizer on the host, the only place this trainer steps it.
+    fn check_gpu(&self) -> Result<()> {
+        if !cfg!(feature = "cuda") {
+            return Err(crate::device::not_compiled());
+        }
+        self.check_gpu_keys()
+    }
+
+    /// The keys [`TrainConfig::check_gpu`] checks beyond the build.
+    fn check_gpu_keys(&self) -> Result<()> {
+        if self.kernels != Kernels::Composed {
+            return Err(config_err(
+                "kernels",
+                format!(
+                    "{:?} runs stoker's CPU kernels; a model on `{}` runs candle's CUDA ops: set kernels = \"composed\"",
+                    self.kernels, self.device
+                ),
+            ));
+        }
+        if self.precision == Precision::Fp8 {
+            return Err(config_err(
+                "precision",
+                format!(
+                    "fp8's delayed-scaling quantization runs on the host, not on `{}`: use bf16, fp16 or fp32",
+                    self.device
+                ),
+            ));
+        }
+        if !self.parallel.offload_optimizer {
+            return Err(config_err(
+                "parallel.offload_optimizer",
+                format!(
+                    "false, but on `{}` the optimizer states and step live on the host (DeepSpeed's \
+                     offload_optimizer, FSDP's CPUOffload): set it true (an optimizer on the GPU is not built)",
+                    self.device
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// What ZeRO-3 cannot serve: deterministic mode, FSDP's `no_sync`.
     fn check_zero3(&self) -> Result<()> {
         let p = &self.parallel;
@@ -476,7 +521,8 @@ impl TrainConfig {
         if p.strategy == StrategyKind::Zero3 {
             self.check_zero3()?;
         }
-        if p.offload_optimizer && self.device == "cpu" {
+        let cpu = !crate::device::TrainDevice::parse(&self.device)?.is_cuda();
+        if p.offload_optimizer && cpu {
             return Err(config_err(
                 "parallel.offload_optimizer",
                 "device is \"cpu\": the optimizer states already live in host memory and the CPU \
@@ -502,14 +548,8 @@ impl TrainConfig {
             }
             _ => {}
         }
-        if self.device != "cpu" {
-            return Err(config_err(
-                "device",
-                format!(
-                    "`{}`: this build runs on `cpu` only (not compiled with CUDA support)",
-                    self.device
-                ),
-            ));
+        if crate::device::TrainDevice::parse(&self.device)?.is_cuda() {
+            self.check_gpu()?;
         }
         if self.precision == Precision::Fp64 {
             return Err(config_err(
@@ -566,5 +606,72 @@ impl TrainConfig {
             return Err(config_err("train.log_every", "must be at least 1"));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A valid CPU config (the GPU keys are then set by hand: a CPU build refuses
+    /// `device = "cuda"` before it looks at them).
+    fn cpu_config() -> TrainConfig {
+        let text = r#"
+run_dir = "/tmp/r"
+precision = "bf16"
+kernels = "composed"
+[data]
+train = "/tmp/t.bin"
+[model]
+kind = "mlp"
+input_shape = [4]
+hidden = [8]
+classes = 3
+[batch]
+micro_batch = 2
+[optimizer]
+kind = "adamw"
+lr = 1e-3
+[train]
+steps = 1
+"#;
+        TrainConfig::parse(text, Path::new("gpu.toml")).unwrap()
+    }
+
+    fn key_of(r: Result<()>) -> String {
+        match r {
+            Err(TrainError::Config { key, .. }) => key,
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_gpu_config_needs_composed_kernels_a_device_precision_and_offload() {
+        let mut c = cpu_config();
+        c.device = "cuda:1".into();
+        c.parallel.offload_optimizer = true;
+        c.check_gpu_keys().unwrap();
+        for p in [Precision::Fp32, Precision::Fp16] {
+            c.precision = p;
+            c.check_gpu_keys().unwrap();
+        }
+        let mut k = c.clone();
+        k.kernels = Kernels::Fused;
+        assert_eq!(key_of(k.check_gpu_keys()), "kernels");
+        let mut p = c.clone();
+        p.precision = Precision::Fp8;
+        assert_eq!(key_of(p.check_gpu_keys()), "precision");
+        let mut o = c.clone();
+        o.parallel.offload_optimizer = false;
+        assert_eq!(key_of(o.check_gpu_keys()), "parallel.offload_optimizer");
+        // This build's answer to the whole check.
+        match cfg!(feature = "cuda") {
+            true => c.check_gpu().unwrap(),
+            false => assert_eq!(key_of(c.check_gpu()), "device"),
+        }
+        // Offload on a CPU is refused whatever the build.
+        let mut cpu = cpu_config();
+        cpu.parallel.offload_optimizer = true;
+        assert_eq!(key_of(cpu.validate()), "parallel.offload_optimizer");
     }
 }

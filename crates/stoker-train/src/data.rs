@@ -218,7 +218,8 @@ fn check_fields(
     Ok(())
 }
 
-/// Converts a loader batch into a [`MicroBatch`] (input tensor, flattened i64 targets).
+/// Converts a loader batch into a [`MicroBatch`] (input tensor on `device`, flattened i64
+/// targets).
 pub fn to_micro_batch(
     batch: &stoker_data::Batch,
     input: &str,
@@ -280,5 +281,10 @@ pub fn to_micro_batch(
             .collect(),
         _ => t.as_slice::<i64>().ok_or_else(|| bad(target))?.to_vec(),
     };
+    if !device.is_cpu() {
+        // A copy from the loader's page-locked buffer is asynchronous, and the buffer goes
+        // back to the loader's pool when the batch is dropped: wait for it.
+        device.synchronize()?;
+    }
     Ok(MicroBatch { input: x, targets })
 }

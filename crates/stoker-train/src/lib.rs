@@ -8,7 +8,8 @@
 //! Modules, one idea each: [`params`] (declaring and initializing parameters), [`layout`]
 //! (the flat buffer table), [`optim`] (AdamW, SGD), [`schedule`], [`clip`], [`loss`],
 //! [`accumulate`], [`models`], [`ops`], [`precision`], [`check`], [`config`], [`data`],
-//! [`trainer`], [`checkpoint`], [`metrics`], [`run`] (the loop), [`report`] (plots).
+//! [`trainer`], [`checkpoint`], [`metrics`], [`run`] (the loop), [`report`] (plots),
+//! [`device`] (where the model runs) and [`offload`] (a GPU model's optimizer on the host).
 //!
 //! ```
 //! use candle_core::{DType, Device};
@@ -37,6 +38,7 @@ pub mod checkpoint;
 pub mod clip;
 pub mod config;
 pub mod data;
+pub mod device;
 pub mod dry_run;
 pub mod error;
 pub mod grad_sum;
@@ -47,6 +49,7 @@ pub mod loss;
 pub mod memory;
 pub mod metrics;
 pub mod models;
+pub mod offload;
 pub mod ops;
 pub mod optim;
 pub mod parallel;

@@ -332,7 +332,9 @@ pub fn emit(
     cfg.data.num_workers = usize_of("data.num_workers", choice.data.num_workers)?;
     cfg.data.prefetch_factor = usize_of("data.prefetch_factor", choice.data.prefetch_factor)?;
     if plan.inputs.hardware.accelerator {
+        // A GPU runs candle's CUDA ops; the direct step and fused ops are CPU kernels.
         cfg.device = "cuda".into();
+        cfg.kernels = crate::precision::Kernels::Composed;
     }
     let section: PlanSection = choice.plan_section(planned_with);
     cfg.plan = Some(section);
@@ -453,6 +455,17 @@ pub fn forecast(
     per_host: usize,
     own: Option<&OwnBytes>,
 ) -> Result<RunForecast> {
+    if crate::device::TrainDevice::parse(&cfg.device)?.is_cuda() {
+        // The trainer's count is of host memory and the planner's row of device memory:
+        // checking either against a GPU run needs a GPU, which no session has had yet.
+        return Err(config_err(
+            "device",
+            format!(
+                "`{}`: a run on a GPU is not forecast yet (its device memory and step time have                  never been measured against the plan; docs/zero.md, Offload)",
+                cfg.device
+            ),
+        ));
+    }
     let own = own.and_then(|o| o.activations.map(|a| (o, a)));
     // Memory from the trainer's own count where it has one (then the planner's row is
     // optional: a CNN has none), else from the planner's row.

@@ -12,7 +12,6 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use candle_core::Device;
 use indicatif::{ProgressBar, ProgressStyle};
 use stoker_comm::Communicator;
 use stoker_data::{Dataset, Loader, LoaderConfig, Partition, Sampler, SamplerConfig, SamplerState};
@@ -27,7 +26,7 @@ use crate::memory::HeldBytes;
 use crate::metrics::{MetricsLog, Record};
 use crate::models::LossKind;
 use crate::parallel::{agree, ParallelDims};
-use crate::trainer::{build_model, EvalReport, Trainer};
+use crate::trainer::{build_model_on, EvalReport, Trainer};
 use stoker_plan::strategy::Stage;
 use stoker_plan::trainer::{GroupSpans, TrainerPrediction, TrainerRun};
 
@@ -258,7 +257,11 @@ pub fn run_rank(
     agree::check_same_config(&*comm, config)?;
     let dims = ParallelDims::resolve(config, comm.world_size(), comm.rank(), launcher)?;
     let lead = dims.rank == 0;
-    let model = build_model(&config.model, config.precision, config.kernels, config.seed)?;
+    // A GPU (`device = "cuda"`): the rank's own, one per rank on its host.
+    let local = crate::device::local_rank(dims.rank, comm.ranks_on_this_host());
+    let device = crate::device::TrainDevice::parse(&config.device)?.open(local)?;
+    let (p, k, seed) = (config.precision, config.kernels, config.seed);
+    let model = build_model_on(&config.model, p, k, seed, &device)?;
     let layout = FlatLayout::of(model.params())?;
     let strategy = crate::parallel::for_config(config, &layout, comm.clone())?;
     let mut trainer = Trainer::with_strategy(config, model, strategy)?;
@@ -418,7 +421,7 @@ pub fn run_rank(
                 &batch,
                 &data.input,
                 &data.target,
-                &Device::Cpu,
+                trainer.device(),
             )?);
             drop(batch);
             if window.len() < k {
@@ -642,7 +645,7 @@ fn step_scratch_heap(
         what: "data.train".into(),
         message: format!("no micro-batch of {micro} samples in the training set"),
     })??;
-    let mb = to_micro_batch(&first, &data.input, &data.target, &Device::Cpu)?;
+    let mb = to_micro_batch(&first, &data.input, &data.target, trainer.device())?;
     drop((first, loader));
     h.reset_peak();
     let before = h.live();
@@ -738,7 +741,8 @@ fn evaluate(
     for (i, b) in loader.epoch(0).take(wanted).enumerate() {
         let b = b?;
         if i % dims.world == dims.rank {
-            batches.push(to_micro_batch(&b, &data.input, &data.target, &Device::Cpu)?);
+            let dev = trainer.device();
+            batches.push(to_micro_batch(&b, &data.input, &data.target, dev)?);
         }
     }
     trainer.evaluate(&batches)

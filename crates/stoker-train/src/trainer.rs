@@ -18,6 +18,7 @@ use crate::grad_sum::{GradSum, SumOrder};
 use crate::layout::FlatLayout;
 use crate::loss::{cross_entropy_sum, scalar, valid_count};
 use crate::models::{Cnn, DirectStep, Gpt, LossKind, Mlp, Model};
+use crate::offload::{HostStaging, MasterView};
 use crate::optim::{segments, AdamW, Optimizer, Sgd};
 use crate::parallel::units::UnitPlan;
 use crate::parallel::{Single, Strategy, SyncStats};
@@ -69,33 +70,48 @@ impl EvalReport {
     }
 }
 
-/// Builds the configured model with its variables in `kernels.param_dtype(precision)`.
+/// Builds the configured model with its variables in `kernels.param_dtype(precision)`,
+/// in host memory.
 pub fn build_model(
     model: &ModelConfig,
     precision: Precision,
     kernels: Kernels,
     seed: u64,
 ) -> Result<Box<dyn Model>> {
-    let (dev, dt) = (Device::Cpu, kernels.param_dtype(precision));
+    build_model_on(model, precision, kernels, seed, &Device::Cpu)
+}
+
+/// [`build_model`] with its variables on `dev` (a GPU: the optimizer is offloaded to the
+/// host, [`crate::offload`]).
+pub fn build_model_on(
+    model: &ModelConfig,
+    precision: Precision,
+    kernels: Kernels,
+    seed: u64,
+    dev: &Device,
+) -> Result<Box<dyn Model>> {
+    let dt = kernels.param_dtype(precision);
     Ok(match model {
-        ModelConfig::Gpt(c) => Box::new(Gpt::new(c.clone(), &dev, dt, seed)?),
-        ModelConfig::Cnn(c) => Box::new(Cnn::new(*c, &dev, dt, seed)?),
-        ModelConfig::Mlp(c) => Box::new(Mlp::new(c.clone(), &dev, dt, seed)?),
+        ModelConfig::Gpt(c) => Box::new(Gpt::new(c.clone(), dev, dt, seed)?),
+        ModelConfig::Cnn(c) => Box::new(Cnn::new(*c, dev, dt, seed)?),
+        ModelConfig::Mlp(c) => Box::new(Mlp::new(c.clone(), dev, dt, seed)?),
     })
 }
 
 /// The configured model with its variables (in `kernels.param_dtype(precision)`) set to
-/// `values`, a flat buffer laid out by `layout`: a ZeRO-3 rank's gathered parameters.
+/// `values`, a flat buffer laid out by `layout`, on `dev`: a ZeRO-3 rank's gathered
+/// parameters.
 pub fn build_model_from(
     model: &ModelConfig,
     precision: Precision,
     kernels: Kernels,
     layout: &FlatLayout,
     values: Vec<f32>,
+    dev: &Device,
 ) -> Result<Box<dyn Model>> {
     layout.check_len(values.len())?;
     let dt = kernels.param_dtype(precision);
-    let b = crate::params::ParamBuilder::from_flat(Device::Cpu, dt, layout.clone(), values);
+    let b = crate::params::ParamBuilder::from_flat(dev.clone(), dt, layout.clone(), values);
     model_with_builder(model, b)
 }
 
@@ -129,6 +145,11 @@ pub struct Trainer {
     vars_stale: std::cell::Cell<bool>,
     /// The model's direct training step, where `kernels = "direct"` gives it one.
     direct: Option<Box<dyn DirectStep>>,
+    /// Where the model's tensors live.
+    device: Device,
+    /// Host buffers for the gradients and parameters of a model on a GPU (the optimizer
+    /// offloaded to the host); None on a CPU.
+    staging: Option<HostStaging>,
     /// The flat layout of `master` and `grads`.
     pub layout: FlatLayout,
     /// FP32 master weights: the whole flat buffer, or under ZeRO-3 this rank's shard of
@@ -196,6 +217,10 @@ impl Trainer {
         mut strategy: Box<dyn Strategy>,
     ) -> Result<Self> {
         let layout = FlatLayout::of(model.params())?;
+        let device = match model.params().iter().next() {
+            Some(p) => p.var.device().clone(),
+            None => Device::Cpu,
+        };
         let mut master = match &config.model {
             ModelConfig::Gpt(g) if g.init_from.is_some() => {
                 crate::hf::import(g, &layout, g.init_from.as_deref().expect("checked"))?
@@ -246,10 +271,17 @@ impl Trainer {
         };
         let keep = held.len();
         let grad_range = strategy.settle_grads(len, direct.is_some())?;
+        // ZeRO-3's units build their own variables from the gathered groups.
+        let staging = match (device.is_cpu(), sharded) {
+            (false, false) => Some(HostStaging::for_params(model.params())?),
+            _ => None,
+        };
         Ok(Trainer {
             model,
             vars_stale: std::cell::Cell::new(false),
             direct,
+            device,
+            staging,
             grads: vec![0.0; grad_range.len()],
             held,
             full_model,
@@ -328,7 +360,8 @@ impl Trainer {
             Some(full) => full,
             None => return Ok(None),
         };
-        let m = build_model_from(model, self.precision, self.kernels, &self.layout, full)?;
+        let (p, k, dev) = (self.precision, self.kernels, &self.device);
+        let m = build_model_from(model, p, k, &self.layout, full, dev)?;
         Ok(Some(m))
     }
 
@@ -348,8 +381,33 @@ impl Trainer {
             optimizer: self.optimizer.state_bytes(),
             buffers: self.strategy.buffer_bytes()
                 + self.step_buffer_bytes(self.sum.extra_buffers())
-                + self.unit_peak,
+                + self.unit_peak
+                + self.staging_bytes(),
         }
+    }
+
+    /// Sends the gradients and parameters through host staging buffers as a model on a
+    /// GPU does ([`crate::offload`]), whatever the device: on a CPU the copies are plain,
+    /// so tests hold the offload path's step to the ordinary one bit for bit. Not for the
+    /// direct step (no candle gradients) or ZeRO-3 (its units build their own variables).
+    pub fn stage_through_host(&mut self) -> Result<()> {
+        if self.direct.is_some() || self.shards_params() {
+            return Err(TrainError::Layout(
+                "host staging serves the graph path of an unsharded model".into(),
+            ));
+        }
+        self.staging = Some(HostStaging::for_params(self.model.params())?);
+        Ok(())
+    }
+
+    /// Bytes of the host staging buffers of a model on a GPU (0 on a CPU).
+    pub fn staging_bytes(&self) -> usize {
+        self.staging.as_ref().map_or(0, HostStaging::bytes)
+    }
+
+    /// Where the model's tensors live: micro-batches go there.
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     /// The accumulation's buffers: `sum_buffers` gradient-sized ones.
@@ -364,6 +422,7 @@ impl Trainer {
         self.strategy.steady_buffer_bytes()
             + self.step_buffer_bytes(GradSum::steady_extra_buffers(self.sum.order(), k))
             + self.unit_workspace_bytes()
+            + self.staging_bytes()
     }
 
     /// ZeRO-3 on the graph path: the most bytes its units' gathered groups, gradient buffers
@@ -450,6 +509,7 @@ impl Trainer {
                 layout: &self.layout,
                 fx: &fx,
                 own: self.held.clone(),
+                device: &self.device,
             };
             let mut scratch = crate::parallel::units::Scratch::new(self.held.clone());
             let mut peak = 0;
@@ -461,6 +521,7 @@ impl Trainer {
             fx: &fx,
             layout: &self.layout,
             check_grads: false,
+            staging: self.staging.as_mut(),
         };
         micro_batch(&mut backward, mb, factor, &mut self.grads, &mut |_, _| {})?;
         stoker_kernels::flat::zero(&mut self.grads);
@@ -496,6 +557,8 @@ impl Trainer {
             precision,
             kernels,
             held,
+            device,
+            staging,
             ..
         } = self;
         let by_group = strategy.reduces_by_group();
@@ -537,6 +600,7 @@ impl Trainer {
                     layout,
                     fx: &fx,
                     own: held.clone(),
+                    device,
                 };
                 let mut source =
                     crate::parallel::units::Collective::new(&mut **strategy, master, target);
@@ -562,6 +626,7 @@ impl Trainer {
                     fx: &fx,
                     layout,
                     check_grads: step == 0,
+                    staging: staging.as_mut(),
                 },
             };
             let loss = micro_batch(&mut backward, mb, factor, target, &mut ready)?;
@@ -659,6 +724,15 @@ impl Trainer {
         }
         match (&self.bf16_copy, &self.direct) {
             _ if self.shards_params() => {}
+            // A model on a GPU: its new values queued up from pinned host buffers.
+            (copy, _) if self.staging.is_some() => {
+                let src = match copy {
+                    Some(c) => MasterView::Bf16(c),
+                    None => MasterView::F32(&self.master),
+                };
+                let staging = self.staging.as_mut().expect("checked");
+                staging.upload(src, &self.layout, self.model.params())?;
+            }
             (Some(copy), _) => self.layout.unflatten_bf16(copy, self.model.params())?,
             (None, Some(_)) => self.vars_stale.set(true),
             (None, None) => self.layout.unflatten(&self.master, self.model.params())?,
@@ -739,7 +813,7 @@ impl Trainer {
         let gathered = self.gathered_model()?;
         self.sync_vars()?;
         let model = gathered.as_deref().unwrap_or(&*self.model);
-        sample_with(model, &self.fx(), prompt, n, context, seed)
+        sample_with(model, &self.fx(), prompt, n, context, seed, &self.device)
     }
 }
 
@@ -768,11 +842,12 @@ fn sample_with(
     n: usize,
     context: usize,
     seed: u64,
+    dev: &Device,
 ) -> Result<Vec<i64>> {
     let mut toks = prompt.to_vec();
     for i in 0..n {
         let start = toks.len().saturating_sub(context);
-        let x = Tensor::new(&toks[start..], &Device::Cpu)?.unsqueeze(0)?;
+        let x = Tensor::new(&toks[start..], dev)?.unsqueeze(0)?;
         let logits = model.forward(fx, &x)?.detach();
         let last = logits.get(logits.dim(0)? - 1)?;
         let p = crate::ops::softmax_last(fx, &last)?

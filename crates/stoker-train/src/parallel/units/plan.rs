@@ -123,7 +123,8 @@ impl UnitPlan {
         reshard_after_forward: bool,
     ) -> Result<Self> {
         let dtype = kernels.param_dtype(precision);
-        let model = unit_model(config, precision, kernels, layout, Vec::new())?;
+        let cpu = candle_core::Device::Cpu;
+        let model = unit_model(config, precision, kernels, layout, Vec::new(), &cpu)?;
         Self::of(
             &*model,
             layout,
@@ -269,17 +270,18 @@ pub(super) fn owned_len(own: &Range<usize>, span: &Range<usize>) -> usize {
         .saturating_sub(span.start.max(own.start))
 }
 
-/// A model of `config` whose groups `groups` (group number, values from the group's span
-/// start) are real and every other parameter an empty placeholder.
+/// A model of `config` on `device` whose groups `groups` (group number, values from the
+/// group's span start) are real and every other parameter an empty placeholder.
 pub(super) fn unit_model(
     config: &ModelConfig,
     precision: Precision,
     kernels: Kernels,
     layout: &FlatLayout,
     groups: Vec<(usize, Arc<Vec<f32>>)>,
+    device: &candle_core::Device,
 ) -> Result<Box<dyn Model>> {
     let b = ParamBuilder::from_groups(
-        candle_core::Device::Cpu,
+        device.clone(),
         kernels.param_dtype(precision),
         layout.clone(),
         groups,

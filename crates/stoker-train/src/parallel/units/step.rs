@@ -133,6 +133,8 @@ pub struct UnitStep<'a> {
     pub fx: &'a Fx<'a>,
     /// The part of the flat buffer this rank owns (its reduce-scatter outputs' size).
     pub own: Range<usize>,
+    /// Where each unit's variables are built (the trainer's device).
+    pub device: &'a candle_core::Device,
 }
 
 /// Runs one micro-batch `mb` unit by unit: each group's parameters from `source`, the
@@ -179,6 +181,7 @@ pub fn micro_batch(
             step.kernels,
             step.layout,
             groups,
+            step.device,
         )?;
         if m.params().len() != slots.len() {
             return Err(TrainError::Layout(format!(

@@ -1,0 +1,121 @@
+//! The `device` config key: where the model's tensors live. `cpu` (the default) runs
+//! everything in host memory. `cuda` (or `cuda:N`) puts the model's candle variables,
+//! activations and gradients on a GPU and keeps the FP32 master weights, the optimizer
+//! states and the optimizer step on the host ([`crate::offload`]): DeepSpeed's
+//! `offload_optimizer`, FSDP's `CPUOffload`. Only builds with the `cuda` feature run it.
+
+use candle_core::Device;
+
+use crate::error::{config_err, Result};
+
+/// A parsed `device` value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrainDevice {
+    /// Host memory, stoker's CPU kernels.
+    Cpu,
+    /// A CUDA GPU: `Some(n)` for `cuda:n`, `None` for `cuda` (the rank's index on its host).
+    Cuda(Option<usize>),
+}
+
+impl TrainDevice {
+    /// Parses the `device` key: `cpu`, `cuda` or `cuda:N`; anything else is an error
+    /// naming the key.
+    pub fn parse(s: &str) -> Result<Self> {
+        let bad = || {
+            config_err(
+                "device",
+                format!("`{s}`: expected \"cpu\", \"cuda\" or \"cuda:N\" (N a GPU index)"),
+            )
+        };
+        match s {
+            "cpu" => Ok(TrainDevice::Cpu),
+            "cuda" => Ok(TrainDevice::Cuda(None)),
+            _ => {
+                let n = s.strip_prefix("cuda:").ok_or_else(bad)?;
+                n.parse()
+                    .map(|n| TrainDevice::Cuda(Some(n)))
+                    .map_err(|_| bad())
+            }
+        }
+    }
+
+    /// Whether the model runs on a GPU.
+    pub fn is_cuda(self) -> bool {
+        matches!(self, TrainDevice::Cuda(_))
+    }
+
+    /// The candle device for the rank whose index among the ranks of its host is
+    /// `local_rank` (`cuda` alone takes GPU `local_rank`, one GPU per rank as `mpirun`
+    /// and `torchrun` place them). Fails naming the key where this build has no CUDA or
+    /// the GPU cannot be opened.
+    pub fn open(self, local_rank: usize) -> Result<Device> {
+        match self {
+            TrainDevice::Cpu => Ok(Device::Cpu),
+            TrainDevice::Cuda(n) => open_cuda(n.unwrap_or(local_rank)),
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn open_cuda(ordinal: usize) -> Result<Device> {
+    Device::new_cuda(ordinal)
+        .map_err(|e| config_err("device", format!("opening CUDA GPU {ordinal}: {e}")))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda(_ordinal: usize) -> Result<Device> {
+    Err(not_compiled())
+}
+
+/// The error for a GPU device in a build without the `cuda` feature.
+pub(crate) fn not_compiled() -> crate::error::TrainError {
+    config_err(
+        "device",
+        "this build has no CUDA support and runs on \"cpu\" only: build with the `cuda` \
+         feature (cargo build --release -p stoker-cli --features cuda; docs/zero.md, Offload)",
+    )
+}
+
+/// This process's index among the ranks on its host: the launcher's (MPICH's
+/// `MPI_LOCALRANKID`, Open MPI's `OMPI_COMM_WORLD_LOCAL_RANK`, Slurm's `SLURM_LOCALID`),
+/// else `rank` modulo the ranks on this host.
+pub fn local_rank(rank: usize, ranks_on_this_host: usize) -> usize {
+    [
+        "MPI_LOCALRANKID",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "SLURM_LOCALID",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
+    .unwrap_or(rank % ranks_on_this_host.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_three_forms_and_names_the_key_otherwise() {
+        assert_eq!(TrainDevice::parse("cpu").unwrap(), TrainDevice::Cpu);
+        assert_eq!(TrainDevice::parse("cuda").unwrap(), TrainDevice::Cuda(None));
+        assert_eq!(
+            TrainDevice::parse("cuda:3").unwrap(),
+            TrainDevice::Cuda(Some(3))
+        );
+        for bad in ["gpu", "cuda:", "cuda:x", "CPU", "cuda:-1"] {
+            let e = TrainDevice::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("`device`") && e.contains(bad), "{e}");
+        }
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn a_cpu_build_refuses_to_open_a_gpu() {
+        let e = TrainDevice::Cuda(Some(0)).open(0).unwrap_err().to_string();
+        assert!(
+            e.contains("`device`") && e.contains("`cuda`") && e.contains("CUDA"),
+            "{e}"
+        );
+        assert!(TrainDevice::Cpu.open(5).unwrap().is_cpu());
+    }
+}

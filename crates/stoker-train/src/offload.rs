@@ -1,0 +1,522 @@
+//! The optimizer offloaded to the host (DeepSpeed's `offload_optimizer`, FSDP's
+//! `CPUOffload`): where the model's variables live on a GPU (`device = "cuda"`), the
+//! trainer's FP32 master weights, gradient sum and optimizer states stay in host memory as
+//! they are on a CPU run, and the optimizer steps there. What crosses the bus per step:
+//! every gradient down once per micro-batch (f32), every parameter up once per step (in
+//! the variables' dtype).
+//!
+//! [`HostStaging`] holds one page-locked (pinned) host buffer per parameter for each
+//! direction, so the copies are DMA transfers queued on the model's CUDA stream:
+//! - down: the backward's gradients are cast to f32 on the device and all their copies
+//!   queued at once (last group first, the order the backward finishes them); the host
+//!   then waits for each parameter's copy alone and adds it into the gradient sum while the
+//!   later ones are still in flight;
+//! - up: after the optimizer, each parameter's new values are written into its pinned
+//!   buffer and its copy queued; the host goes on (the next window's batches) while they
+//!   run, and the next forward's kernels queue behind them on the same stream. A pinned
+//!   buffer is rewritten only after its previous copy has finished (cudarc's event on it).
+//!
+//! candle's backward produces every gradient in one call, so copies cannot start while the
+//! backward still runs (DeepSpeed's per-bucket hooks do); that overlap is not built.
+//!
+//! On a CPU device the same code runs with ordinary vectors (the unit tests here hold it to
+//! [`FlatLayout::gather_grads`] and [`FlatLayout::unflatten`]); the trainer uses it only
+//! for variables that are not in host memory.
+
+use candle_core::backprop::GradStore;
+use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Tensor};
+use half::{bf16, f16};
+
+use crate::error::{Result, TrainError};
+use crate::layout::FlatLayout;
+use crate::params::ParamSet;
+
+#[cfg(feature = "cuda")]
+use candle_core::cuda_backend::cudarc::driver::PinnedHostSlice;
+
+/// One parameter's host buffer: a vector for a CPU device, page-locked memory for a GPU.
+enum Staged<T> {
+    Host(Vec<T>),
+    #[cfg(feature = "cuda")]
+    Pinned(PinnedHostSlice<T>),
+}
+
+/// A parameter's upload buffer, in its variable's dtype.
+enum StagedParam {
+    F32(Staged<f32>),
+    Bf16(Staged<bf16>),
+    F16(Staged<f16>),
+}
+
+/// What the variables are refreshed from: the FP32 master buffer, or the optimizer's bf16
+/// copy of it (bf16 variables take it as is, as [`FlatLayout::unflatten_bf16`] does).
+#[derive(Clone, Copy)]
+pub enum MasterView<'a> {
+    /// The FP32 master buffer (the whole flat layout).
+    F32(&'a [f32]),
+    /// The bf16 copy the optimizer wrote in its pass.
+    Bf16(&'a [bf16]),
+}
+
+/// Host-side staging of a model's gradients and parameters: one buffer per parameter in
+/// each direction (module doc).
+pub struct HostStaging {
+    grads: Vec<Staged<f32>>,
+    params: Vec<StagedParam>,
+}
+
+impl HostStaging {
+    /// Buffers for every parameter of `params`, pinned where their variables are on a GPU.
+    pub fn for_params(params: &ParamSet) -> Result<Self> {
+        let (mut grads, mut ups) = (Vec::new(), Vec::new());
+        for p in params.iter() {
+            let (dev, n) = (p.var.device(), p.var.elem_count());
+            grads.push(staged::<f32>(dev, n)?);
+            ups.push(match p.var.dtype() {
+                DType::F32 => StagedParam::F32(staged(dev, n)?),
+                DType::BF16 => StagedParam::Bf16(staged(dev, n)?),
+                DType::F16 => StagedParam::F16(staged(dev, n)?),
+                other => {
+                    return Err(TrainError::Layout(format!(
+                        "parameter `{}` is {other:?}: offload stages f32, bf16 and f16 variables",
+                        p.name
+                    )))
+                }
+            });
+        }
+        Ok(HostStaging { grads, params: ups })
+    }
+
+    /// Bytes of host memory the buffers hold.
+    pub fn bytes(&self) -> usize {
+        let up: usize = self
+            .params
+            .iter()
+            .map(|p| match p {
+                StagedParam::F32(s) => 4 * s.len(),
+                StagedParam::Bf16(s) => 2 * s.len(),
+                StagedParam::F16(s) => 2 * s.len(),
+            })
+            .sum();
+        up + self.grads.iter().map(|g| 4 * g.len()).sum::<usize>()
+    }
+
+    /// Adds each parameter's gradient from `store` (widened to f32) into `out`, laid out by
+    /// `layout`: what [`FlatLayout::gather_grads`] does, with every copy queued before the
+    /// first is waited for. A parameter without a gradient is an error naming it.
+    pub fn download_grads(
+        &mut self,
+        store: &GradStore,
+        params: &ParamSet,
+        layout: &FlatLayout,
+        out: &mut [f32],
+    ) -> Result<()> {
+        layout.check_len(out.len())?;
+        self.check_count(params)?;
+        let ps: Vec<_> = params.iter().collect();
+        let order: Vec<usize> = (0..ps.len()).rev().collect();
+        // The cast gradients stay alive until every copy from them has been read.
+        let mut sources = Vec::with_capacity(order.len());
+        for &i in &order {
+            let p = ps[i];
+            let g = store
+                .get(p.var.as_tensor())
+                .ok_or_else(|| TrainError::NoGradient {
+                    name: p.name.clone(),
+                })?;
+            let g = g.to_dtype(DType::F32)?.contiguous()?;
+            self.grads[i].start_download(&g, &p.name)?;
+            sources.push(g);
+        }
+        for &i in &order {
+            let s = &layout.slots()[i];
+            let values = self.grads[i].read()?;
+            for (o, x) in out[s.offset..s.offset + s.len].iter_mut().zip(values) {
+                *o += x;
+            }
+        }
+        drop(sources);
+        Ok(())
+    }
+
+    /// Refreshes every variable of `params` from `src` (laid out by `layout`), converting
+    /// to each variable's dtype on the host and queueing the copy; returns once every copy
+    /// is queued.
+    pub fn upload(
+        &mut self,
+        src: MasterView<'_>,
+        layout: &FlatLayout,
+        params: &ParamSet,
+    ) -> Result<()> {
+        let len = match src {
+            MasterView::F32(m) => m.len(),
+            MasterView::Bf16(m) => m.len(),
+        };
+        layout.check_len(len)?;
+        self.check_count(params)?;
+        for ((p, s), staged) in params.iter().zip(layout.slots()).zip(&mut self.params) {
+            let range = s.offset..s.offset + s.len;
+            match (staged, src) {
+                (StagedParam::F32(b), MasterView::F32(m)) => b.write()?.copy_from_slice(&m[range]),
+                (StagedParam::Bf16(b), MasterView::Bf16(m)) => {
+                    b.write()?.copy_from_slice(&m[range])
+                }
+                (StagedParam::Bf16(b), MasterView::F32(m)) => {
+                    for (d, x) in b.write()?.iter_mut().zip(&m[range]) {
+                        *d = bf16::from_f32(*x);
+                    }
+                }
+                (StagedParam::F16(b), MasterView::F32(m)) => {
+                    for (d, x) in b.write()?.iter_mut().zip(&m[range]) {
+                        *d = f16::from_f32(*x);
+                    }
+                }
+                (_, MasterView::Bf16(_)) => {
+                    return Err(TrainError::Layout(format!(
+                        "parameter `{}` is {:?}: a bf16 copy refreshes bf16 variables only",
+                        p.name,
+                        p.var.dtype()
+                    )))
+                }
+            }
+        }
+        for (p, staged) in params.iter().zip(&self.params) {
+            p.var.as_tensor().inplace_op1(&CopyIn(staged))?;
+        }
+        Ok(())
+    }
+
+    fn check_count(&self, params: &ParamSet) -> Result<()> {
+        let n = params.iter().count();
+        if n != self.grads.len() {
+            return Err(TrainError::Layout(format!(
+                "{n} parameters, the staging holds {}",
+                self.grads.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A zeroed buffer of `n` elements for a variable on `dev`: pinned for a GPU.
+fn staged<T: Element>(dev: &Device, n: usize) -> Result<Staged<T>> {
+    match dev {
+        Device::Cpu => Ok(Staged::Host(vec![T::default(); n])),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(d) => {
+            let ctx = d.cuda_stream().context().clone();
+            // Plain page-locked memory (flags 0): the host reads the gradients back, which
+            // write-combined memory (cudarc's default) makes slow.
+            // SAFETY: the memory is uninitialized only until the fill below, which runs
+            // before anything else can see the slice (it is not returned before then).
+            let mut p = unsafe { ctx.alloc_pinned_with_flags::<T>(n, 0) }
+                .map_err(|e| TrainError::Layout(format!("pinning {n} host elements: {e:?}")))?;
+            p.as_mut_slice()
+                .map_err(|e| TrainError::Layout(format!("pinned buffer: {e:?}")))?
+                .fill(T::default());
+            Ok(Staged::Pinned(p))
+        }
+        #[allow(unreachable_patterns)]
+        other => Err(TrainError::Layout(format!(
+            "offload stages variables on a CPU or CUDA device, not {other:?}"
+        ))),
+    }
+}
+
+/// The element types staged (f32 gradients; f32, bf16 and f16 parameters).
+#[cfg(feature = "cuda")]
+trait Element:
+    Copy
+    + Default
+    + candle_core::cuda_backend::cudarc::driver::DeviceRepr
+    + candle_core::cuda_backend::cudarc::driver::ValidAsZeroBits
+    + candle_core::cuda_backend::CudaDType
+{
+}
+#[cfg(feature = "cuda")]
+impl<T> Element for T where
+    T: Copy
+        + Default
+        + candle_core::cuda_backend::cudarc::driver::DeviceRepr
+        + candle_core::cuda_backend::cudarc::driver::ValidAsZeroBits
+        + candle_core::cuda_backend::CudaDType
+{
+}
+/// The element types staged (f32 gradients; f32, bf16 and f16 parameters).
+#[cfg(not(feature = "cuda"))]
+trait Element: Copy + Default {}
+#[cfg(not(feature = "cuda"))]
+impl<T: Copy + Default> Element for T {}
+
+impl<T: Element> Staged<T> {
+    fn len(&self) -> usize {
+        match self {
+            Staged::Host(v) => v.len(),
+            #[cfg(feature = "cuda")]
+            Staged::Pinned(p) => p.len(),
+        }
+    }
+
+    /// The values, once any copy into them has finished.
+    fn read(&self) -> Result<&[T]> {
+        match self {
+            Staged::Host(v) => Ok(v),
+            #[cfg(feature = "cuda")]
+            Staged::Pinned(p) => p
+                .as_slice()
+                .map_err(|e| TrainError::Layout(format!("waiting for a gradient copy: {e:?}"))),
+        }
+    }
+
+    /// The values to overwrite, once any copy out of them has finished.
+    fn write(&mut self) -> Result<&mut [T]> {
+        match self {
+            Staged::Host(v) => Ok(v),
+            #[cfg(feature = "cuda")]
+            Staged::Pinned(p) => p
+                .as_mut_slice()
+                .map_err(|e| TrainError::Layout(format!("waiting for a parameter copy: {e:?}"))),
+        }
+    }
+}
+
+impl Staged<f32> {
+    /// Copies `g` (f32, contiguous, this buffer's length) in: at once for a host vector;
+    /// queued on the tensor's stream for pinned memory ([`Staged::read`] waits for it).
+    fn start_download(&mut self, g: &Tensor, name: &str) -> Result<()> {
+        if g.elem_count() != self.len() {
+            return Err(TrainError::Layout(format!(
+                "gradient of `{name}` has {} elements, its staging {}",
+                g.elem_count(),
+                self.len()
+            )));
+        }
+        match self {
+            Staged::Host(v) => {
+                v.copy_from_slice(&g.flatten_all()?.to_vec1::<f32>()?);
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Staged::Pinned(p) => {
+                let (storage, layout) = g.storage_and_layout();
+                let (a, b) = layout.contiguous_offsets().ok_or_else(|| {
+                    TrainError::Layout(format!("gradient of `{name}` is not contiguous"))
+                })?;
+                let candle_core::Storage::Cuda(cs) = &*storage else {
+                    return Err(TrainError::Layout(format!(
+                        "gradient of `{name}` is not on the GPU its staging is pinned for"
+                    )));
+                };
+                let slice = cs.as_cuda_slice::<f32>()?;
+                cs.device
+                    .cuda_stream()
+                    .memcpy_dtoh(&slice.slice(a..b), p)
+                    .map_err(|e| TrainError::Layout(format!("copying `{name}`'s gradient: {e:?}")))
+            }
+        }
+    }
+}
+
+/// The in-place op that writes a staged buffer into a variable's storage: a plain copy
+/// on a CPU, a queued host-to-device copy from pinned memory on a GPU.
+struct CopyIn<'a>(&'a StagedParam);
+
+impl InplaceOp1 for CopyIn<'_> {
+    fn name(&self) -> &'static str {
+        "stoker-offload-copy-in"
+    }
+
+    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
+        let (a, b) = contiguous(layout)?;
+        match (storage, self.0) {
+            (CpuStorage::F32(v), StagedParam::F32(Staged::Host(s))) => copy_host(&mut v[a..b], s),
+            (CpuStorage::BF16(v), StagedParam::Bf16(Staged::Host(s))) => copy_host(&mut v[a..b], s),
+            (CpuStorage::F16(v), StagedParam::F16(Staged::Host(s))) => copy_host(&mut v[a..b], s),
+            _ => Err(candle_core::Error::Msg(
+                "offload: a CPU variable and its staging disagree in dtype or kind".into(),
+            )),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        storage: &mut candle_core::CudaStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<()> {
+        let (a, b) = contiguous(layout)?;
+        let stream = storage.device.cuda_stream();
+        match self.0 {
+            StagedParam::F32(Staged::Pinned(p)) => {
+                copy_up(&stream, p, storage.as_cuda_slice_mut::<f32>()?, a, b)
+            }
+            StagedParam::Bf16(Staged::Pinned(p)) => {
+                copy_up(&stream, p, storage.as_cuda_slice_mut::<bf16>()?, a, b)
+            }
+            StagedParam::F16(Staged::Pinned(p)) => {
+                copy_up(&stream, p, storage.as_cuda_slice_mut::<f16>()?, a, b)
+            }
+            _ => Err(candle_core::Error::Msg(
+                "offload: a GPU variable whose staging is not pinned".into(),
+            )),
+        }
+    }
+}
+
+/// The element range of a contiguous layout.
+fn contiguous(layout: &Layout) -> candle_core::Result<(usize, usize)> {
+    layout
+        .contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg("offload: a variable is not contiguous".into()))
+}
+
+fn copy_host<T: Copy>(dst: &mut [T], src: &[T]) -> candle_core::Result<()> {
+    if dst.len() != src.len() {
+        return Err(candle_core::Error::Msg(format!(
+            "offload: a variable of {} elements, its staging {}",
+            dst.len(),
+            src.len()
+        )));
+    }
+    dst.copy_from_slice(src);
+    Ok(())
+}
+
+/// Queues the copy of pinned `src` into elements `a..b` of `dst` on `stream`.
+#[cfg(feature = "cuda")]
+fn copy_up<T: Element>(
+    stream: &std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>,
+    src: &PinnedHostSlice<T>,
+    dst: &mut candle_core::cuda_backend::cudarc::driver::CudaSlice<T>,
+    a: usize,
+    b: usize,
+) -> candle_core::Result<()> {
+    if b - a != src.len() || b > dst.len() {
+        return Err(candle_core::Error::Msg(format!(
+            "offload: a variable of {} elements at {a}, its staging {}",
+            b - a,
+            src.len()
+        )));
+    }
+    stream
+        .memcpy_htod(src, &mut dst.slice_mut(a..b))
+        .map_err(|e| candle_core::Error::Msg(format!("offload: queueing a parameter copy: {e:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::params::{Init, ParamBuilder};
+    use candle_core::Var;
+
+    fn params(dt: DType) -> ParamSet {
+        let mut b = ParamBuilder::new(Device::Cpu, dt, 7);
+        b.param("fc.weight", &[5, 3], Init::Normal(0.5)).unwrap();
+        b.param("fc.bias", &[5], Init::Normal(0.5)).unwrap();
+        b.param("out.weight", &[2, 5], Init::Normal(0.5)).unwrap();
+        b.finish()
+    }
+
+    fn values(p: &ParamSet) -> Vec<Vec<f32>> {
+        p.iter()
+            .map(|p| {
+                let t = p.var.as_tensor().to_dtype(DType::F32).unwrap();
+                t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+            })
+            .collect()
+    }
+
+    /// Gradients of a loss that touches every parameter differently.
+    fn grads(p: &ParamSet) -> GradStore {
+        let mut loss: Option<Tensor> = None;
+        for (i, p) in p.iter().enumerate() {
+            let t = p.var.as_tensor().to_dtype(DType::F32).unwrap();
+            let term = (t.sqr().unwrap().sum_all().unwrap() * (i as f64 + 1.5)).unwrap();
+            loss = Some(match loss {
+                None => term,
+                Some(l) => (l + term).unwrap(),
+            });
+        }
+        loss.unwrap().backward().unwrap()
+    }
+
+    #[test]
+    fn downloads_add_what_gather_grads_adds() {
+        for dt in [DType::F32, DType::BF16, DType::F16] {
+            let p = params(dt);
+            let layout = FlatLayout::of(&p).unwrap();
+            let g = grads(&p);
+            let start: Vec<f32> = (0..layout.total_len()).map(|i| i as f32 * 0.25).collect();
+            let (mut want, mut got) = (start.clone(), start);
+            layout.gather_grads(&g, &p, &mut want).unwrap();
+            let mut s = HostStaging::for_params(&p).unwrap();
+            s.download_grads(&g, &p, &layout, &mut got).unwrap();
+            // Twice: the buffers are reused.
+            s.download_grads(&g, &p, &layout, &mut got).unwrap();
+            layout.gather_grads(&g, &p, &mut want).unwrap();
+            assert_eq!(
+                got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                "{dt:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_missing_gradient_is_named() {
+        let p = params(DType::F32);
+        let layout = FlatLayout::of(&p).unwrap();
+        let only_first = p.iter().next().unwrap().var.as_tensor().sum_all().unwrap();
+        let g = only_first.backward().unwrap();
+        let mut out = vec![0f32; layout.total_len()];
+        let mut s = HostStaging::for_params(&p).unwrap();
+        let e = s.download_grads(&g, &p, &layout, &mut out).unwrap_err();
+        assert!(e.to_string().contains("out.weight"), "{e}");
+    }
+
+    #[test]
+    fn uploads_set_what_unflatten_sets() {
+        for dt in [DType::F32, DType::BF16, DType::F16] {
+            let (a, b) = (params(dt), params(dt));
+            let layout = FlatLayout::of(&a).unwrap();
+            let master: Vec<f32> = (0..layout.total_len())
+                .map(|i| (i as f32 * 0.37).sin() * 3.0 + 1e-3)
+                .collect();
+            layout.unflatten(&master, &a).unwrap();
+            let mut s = HostStaging::for_params(&b).unwrap();
+            s.upload(MasterView::F32(&master), &layout, &b).unwrap();
+            assert_eq!(values(&a), values(&b), "{dt:?}");
+            if dt == DType::BF16 {
+                let copy: Vec<bf16> = master.iter().map(|x| bf16::from_f32(*x + 1.0)).collect();
+                layout.unflatten_bf16(&copy, &a).unwrap();
+                s.upload(MasterView::Bf16(&copy), &layout, &b).unwrap();
+                assert_eq!(values(&a), values(&b));
+            }
+        }
+        let p = params(DType::F32);
+        let layout = FlatLayout::of(&p).unwrap();
+        let mut s = HostStaging::for_params(&p).unwrap();
+        let copy = vec![bf16::ZERO; layout.total_len()];
+        let e = s.upload(MasterView::Bf16(&copy), &layout, &p).unwrap_err();
+        assert!(e.to_string().contains("bf16 variables only"), "{e}");
+        // 30 elements: f32 gradients and f32 parameters.
+        assert_eq!(s.bytes(), 2 * 4 * 30);
+    }
+
+    #[test]
+    fn an_upload_writes_the_variable_the_graph_reads() {
+        // The copy goes into the variable's own storage: a tensor computed from it after
+        // the upload sees the new values (the in-place op does not make a new tensor).
+        let p = params(DType::F32);
+        let layout = FlatLayout::of(&p).unwrap();
+        let var: &Var = &p.iter().next().unwrap().var;
+        let before = var.as_tensor().clone();
+        let master = vec![2.0f32; layout.total_len()];
+        HostStaging::for_params(&p)
+            .unwrap()
+            .upload(MasterView::F32(&master), &layout, &p)
+            .unwrap();
+        let sum = before.sum_all().unwrap().to_scalar::<f32>().unwrap();
+        assert_eq!(sum, 2.0 * var.elem_count() as f32);
+    }
+}
