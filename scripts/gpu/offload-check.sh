@@ -6,19 +6,26 @@
 # host), and compares the per-step losses: GPU and CPU sum in different orders, so they
 # agree to a tolerance, not bit for bit (fp32 within 2e-3 relative, bf16 within 3e-2, over
 # 40 steps). It prints each run's median step time and the GPU/CPU ratio, and exits 1 if
-# a loss is off or a run fails.
+# a loss is off or not finite, or a run fails. Four runs of at most 120 s each.
 #
-# Here (no GPU needed): build the CUDA binary (candle's kernels compiled by nvcc 13.0, the
-# H200's driver loads its PTX; docs/zero.md says how) into target/gpu/stoker, then from
-# the device tool run this script in the repository root, carrying target/gpu and
-# data/shakespeare (about 47 MiB together):
+# Here (no GPU needed): `bash scripts/gpu/build.sh` writes target/gpu/stoker.xz (candle's
+# kernels compiled by nvcc 13.0 for Hopper); then, through the device tool, run this script
+# in the repository root carrying target/gpu and data/shakespeare (about 19 MB together):
 #   bash scripts/gpu/offload-check.sh [BIN]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-bin=${1:-target/gpu/stoker}
 steps=${STEPS:-40}
 out=${OUT:-/tmp}/offload-check
-[ -x "$bin" ] || { echo "offload-check: no binary at $bin (build it with --features cuda first)"; exit 1; }
+rm -rf "$out" && mkdir -p "$out"
+bin=${1:-}
+if [ -z "$bin" ]; then
+  [ -f target/gpu/stoker.xz ] || { echo "offload-check: no target/gpu/stoker.xz (bash scripts/gpu/build.sh)"; exit 1; }
+  bin=$out/stoker
+  python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+    target/gpu/stoker.xz "$bin"
+  chmod +x "$bin"
+fi
+[ -x "$bin" ] || { echo "offload-check: no binary at $bin"; exit 1; }
 [ -f data/shakespeare/shakespeare.bin ] || { echo "offload-check: data/shakespeare is missing (carry it)"; exit 1; }
 # The CUDA libraries candle links (cuBLAS, cuRAND, NVRTC) from NVIDIA's PyPI packages.
 libs=$(python3 - <<'EOF'
@@ -31,7 +38,11 @@ print(":".join(sorted(dirs)))
 EOF
 )
 export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-rm -rf "$out" && mkdir -p "$out"
+if ldd "$bin" | grep 'not found'; then
+  echo "offload-check: the libraries above are missing (LD_LIBRARY_PATH=$LD_LIBRARY_PATH)"
+  exit 1
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 
 # config DEVICE PRECISION: the demo's GPT, logging every step, no checkpoint or sample.
 config() {
@@ -54,12 +65,12 @@ for prec in fp32 bf16; do
   for dev in cpu cuda; do
     f=$(config $dev $prec)
     echo "== $dev $prec: $bin train $f --stop-after $steps"
-    if ! timeout 600 "$bin" train "$f" --stop-after "$steps" --no-progress > "$out/$dev-$prec.log" 2>&1; then
+    if ! timeout 120 "$bin" train "$f" --stop-after "$steps" --no-progress > "$out/$dev-$prec.log" 2>&1; then
       echo "FAILED ($out/$dev-$prec.log):"; tail -20 "$out/$dev-$prec.log"; status=1
     fi
   done
   python3 - "$out/cpu-$prec/metrics.jsonl" "$out/cuda-$prec/metrics.jsonl" "$prec" <<'EOF' || status=1
-import json, statistics, sys
+import json, math, statistics, sys
 def steps(path):
     try:
         rows = [json.loads(l) for l in open(path)]
@@ -74,7 +85,8 @@ if not common:
 worst = max(abs(gpu[s]["loss"] - cpu[s]["loss"]) / abs(cpu[s]["loss"]) for s in common)
 t_cpu = statistics.median(cpu[s]["step_s"] for s in common[2:] or common)
 t_gpu = statistics.median(gpu[s]["step_s"] for s in common[2:] or common)
-ok = worst <= tol and all(abs(gpu[s]["loss"]) < float("inf") for s in common)
+finite = all(math.isfinite(r[s]["loss"]) for r in (cpu, gpu) for s in common)
+ok = finite and worst <= tol
 print(f"  {prec}: {len(common)} steps, loss at step {common[-1]}: cpu {cpu[common[-1]]['loss']:.5f} "
       f"gpu {gpu[common[-1]]['loss']:.5f}; worst relative difference {worst:.2e} (tolerance {tol:.0e}) "
       f"{'OK' if ok else 'FAILED'}")

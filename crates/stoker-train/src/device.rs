@@ -76,10 +76,14 @@ pub(crate) fn not_compiled() -> crate::error::TrainError {
     )
 }
 
-/// This process's index among the ranks on its host: the launcher's (MPICH's
-/// `MPI_LOCALRANKID`, Open MPI's `OMPI_COMM_WORLD_LOCAL_RANK`, Slurm's `SLURM_LOCALID`),
-/// else `rank` modulo the ranks on this host.
-pub fn local_rank(rank: usize, ranks_on_this_host: usize) -> usize {
+/// This rank's index among the ranks on its host. Ranks that are threads of this process
+/// (`launched` false) are all on it: `rank`. Ranks a launcher started: its variable
+/// (MPICH's `MPI_LOCALRANKID`, Open MPI's `OMPI_COMM_WORLD_LOCAL_RANK`, Slurm's
+/// `SLURM_LOCALID`), else `rank` modulo the ranks on this host.
+pub fn local_rank(rank: usize, ranks_on_this_host: usize, launched: bool) -> usize {
+    if !launched {
+        return rank;
+    }
     [
         "MPI_LOCALRANKID",
         "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -105,6 +109,19 @@ mod tests {
         for bad in ["gpu", "cuda:", "cuda:x", "CPU", "cuda:-1"] {
             let e = TrainDevice::parse(bad).unwrap_err().to_string();
             assert!(e.contains("`device`") && e.contains(bad), "{e}");
+        }
+    }
+
+    #[test]
+    fn threads_are_all_on_this_host_and_launched_ranks_ask_the_launcher() {
+        assert_eq!(local_rank(3, 1, false), 3);
+        let vars = [
+            "MPI_LOCALRANKID",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+            "SLURM_LOCALID",
+        ];
+        if vars.iter().all(|v| std::env::var(v).is_err()) {
+            assert_eq!(local_rank(5, 2, true), 1);
         }
     }
 

@@ -1,23 +1,28 @@
 //! The optimizer offloaded to the host (DeepSpeed's `offload_optimizer`, FSDP's
 //! `CPUOffload`): where the model's variables live on a GPU (`device = "cuda"`), the
 //! trainer's FP32 master weights, gradient sum and optimizer states stay in host memory as
-//! they are on a CPU run, and the optimizer steps there. What crosses the bus per step:
-//! every gradient down once per micro-batch (f32), every parameter up once per step (in
-//! the variables' dtype).
+//! they are on a CPU run, and the optimizer steps there. What crosses the bus: every
+//! gradient down once per micro-batch and every parameter up once per step, both in the
+//! variables' dtype (bf16 gradients are widened to f32 on the host, exactly).
 //!
 //! [`HostStaging`] holds one page-locked (pinned) host buffer per parameter for each
-//! direction, so the copies are DMA transfers queued on the model's CUDA stream:
-//! - down: the backward's gradients are cast to f32 on the device and all their copies
-//!   queued at once (last group first, the order the backward finishes them); the host
-//!   then waits for each parameter's copy alone and adds it into the gradient sum while the
-//!   later ones are still in flight;
+//! direction, so the copies are DMA transfers queued on the model's CUDA stream, each
+//! followed by an event of its own buffer that the host waits on before it touches the
+//! buffer (cudarc records its own event on pinned memory only when a context has several
+//! streams; candle's has one):
+//! - down: after the backward every gradient's copy is queued at once, last group first
+//!   (the order the backward finishes them); the host then waits for one parameter's copy
+//!   at a time and adds it into the gradient sum while the later ones are still in flight;
 //! - up: after the optimizer, each parameter's new values are written into its pinned
-//!   buffer and its copy queued; the host goes on (the next window's batches) while they
-//!   run, and the next forward's kernels queue behind them on the same stream. A pinned
-//!   buffer is rewritten only after its previous copy has finished (cudarc's event on it).
+//!   buffer and its copy into the variable's own storage queued (a candle in-place op, so
+//!   the graph reads the same variable). The host goes on to fetch the next batches while
+//!   the copies run; the next micro-batch's own copy queues behind them on the stream.
 //!
-//! candle's backward produces every gradient in one call, so copies cannot start while the
-//! backward still runs (DeepSpeed's per-bucket hooks do); that overlap is not built.
+//! Every call stays on the trainer's thread: candle's stream is per thread. candle's
+//! backward produces every gradient in one call, so copies cannot start while the backward
+//! still runs (DeepSpeed's per-bucket hooks do); that overlap is not built. This is a
+//! staging helper the trainer holds beside its strategy, not a [`crate::parallel`]
+//! strategy: it moves data between the device and the host and leaves the ranks alone.
 //!
 //! On a CPU device the same code runs with ordinary vectors (the unit tests here hold it to
 //! [`FlatLayout::gather_grads`] and [`FlatLayout::unflatten`]); the trainer uses it only
@@ -32,20 +37,38 @@ use crate::layout::FlatLayout;
 use crate::params::ParamSet;
 
 #[cfg(feature = "cuda")]
-use candle_core::cuda_backend::cudarc::driver::PinnedHostSlice;
+use candle_core::cuda_backend::cudarc::driver::{CudaEvent, CudaStream, PinnedHostSlice};
 
 /// One parameter's host buffer: a vector for a CPU device, page-locked memory for a GPU.
 enum Staged<T> {
     Host(Vec<T>),
     #[cfg(feature = "cuda")]
-    Pinned(PinnedHostSlice<T>),
+    Pinned(Pinned<T>),
 }
 
-/// A parameter's upload buffer, in its variable's dtype.
-enum StagedParam {
+/// Page-locked memory and the event recorded after each copy from or into it.
+#[cfg(feature = "cuda")]
+struct Pinned<T> {
+    buf: PinnedHostSlice<T>,
+    done: CudaEvent,
+}
+
+/// A staged buffer in its variable's dtype.
+enum StagedBuf {
     F32(Staged<f32>),
     Bf16(Staged<bf16>),
     F16(Staged<f16>),
+}
+
+/// Runs `$e` with `$s` bound to the typed buffer inside a [`StagedBuf`].
+macro_rules! each {
+    ($buf:expr, $s:ident => $e:expr) => {
+        match $buf {
+            StagedBuf::F32($s) => $e,
+            StagedBuf::Bf16($s) => $e,
+            StagedBuf::F16($s) => $e,
+        }
+    };
 }
 
 /// What the variables are refreshed from: the FP32 master buffer, or the optimizer's bf16
@@ -61,8 +84,8 @@ pub enum MasterView<'a> {
 /// Host-side staging of a model's gradients and parameters: one buffer per parameter in
 /// each direction (module doc).
 pub struct HostStaging {
-    grads: Vec<Staged<f32>>,
-    params: Vec<StagedParam>,
+    grads: Vec<StagedBuf>,
+    params: Vec<StagedBuf>,
 }
 
 impl HostStaging {
@@ -71,34 +94,27 @@ impl HostStaging {
         let (mut grads, mut ups) = (Vec::new(), Vec::new());
         for p in params.iter() {
             let (dev, n) = (p.var.device(), p.var.elem_count());
-            grads.push(staged::<f32>(dev, n)?);
-            ups.push(match p.var.dtype() {
-                DType::F32 => StagedParam::F32(staged(dev, n)?),
-                DType::BF16 => StagedParam::Bf16(staged(dev, n)?),
-                DType::F16 => StagedParam::F16(staged(dev, n)?),
-                other => {
-                    return Err(TrainError::Layout(format!(
+            let buf = || -> Result<StagedBuf> {
+                Ok(match p.var.dtype() {
+                    DType::F32 => StagedBuf::F32(staged(dev, n)?),
+                    DType::BF16 => StagedBuf::Bf16(staged(dev, n)?),
+                    DType::F16 => StagedBuf::F16(staged(dev, n)?),
+                    other => return Err(TrainError::Layout(format!(
                         "parameter `{}` is {other:?}: offload stages f32, bf16 and f16 variables",
                         p.name
-                    )))
-                }
-            });
+                    ))),
+                })
+            };
+            grads.push(buf()?);
+            ups.push(buf()?);
         }
         Ok(HostStaging { grads, params: ups })
     }
 
     /// Bytes of host memory the buffers hold.
     pub fn bytes(&self) -> usize {
-        let up: usize = self
-            .params
-            .iter()
-            .map(|p| match p {
-                StagedParam::F32(s) => 4 * s.len(),
-                StagedParam::Bf16(s) => 2 * s.len(),
-                StagedParam::F16(s) => 2 * s.len(),
-            })
-            .sum();
-        up + self.grads.iter().map(|g| 4 * g.len()).sum::<usize>()
+        let bytes = |b: &StagedBuf| each!(b, s => s.len() * std::mem::size_of_val(&s.zero()));
+        self.grads.iter().chain(&self.params).map(bytes).sum()
     }
 
     /// Adds each parameter's gradient from `store` (widened to f32) into `out`, laid out by
@@ -115,7 +131,7 @@ impl HostStaging {
         self.check_count(params)?;
         let ps: Vec<_> = params.iter().collect();
         let order: Vec<usize> = (0..ps.len()).rev().collect();
-        // The cast gradients stay alive until every copy from them has been read.
+        // The gradients stay alive until every copy from them has been read.
         let mut sources = Vec::with_capacity(order.len());
         for &i in &order {
             let p = ps[i];
@@ -123,17 +139,15 @@ impl HostStaging {
                 .get(p.var.as_tensor())
                 .ok_or_else(|| TrainError::NoGradient {
                     name: p.name.clone(),
-                })?;
-            let g = g.to_dtype(DType::F32)?.contiguous()?;
-            self.grads[i].start_download(&g, &p.name)?;
+                })?
+                .contiguous()?;
+            each!(&mut self.grads[i], s => s.start_download(&g, &p.name))?;
             sources.push(g);
         }
         for &i in &order {
             let s = &layout.slots()[i];
-            let values = self.grads[i].read()?;
-            for (o, x) in out[s.offset..s.offset + s.len].iter_mut().zip(values) {
-                *o += x;
-            }
+            let out = &mut out[s.offset..s.offset + s.len];
+            each!(&self.grads[i], b => add_widened(out, b.read()?));
         }
         drop(sources);
         Ok(())
@@ -157,20 +171,8 @@ impl HostStaging {
         for ((p, s), staged) in params.iter().zip(layout.slots()).zip(&mut self.params) {
             let range = s.offset..s.offset + s.len;
             match (staged, src) {
-                (StagedParam::F32(b), MasterView::F32(m)) => b.write()?.copy_from_slice(&m[range]),
-                (StagedParam::Bf16(b), MasterView::Bf16(m)) => {
-                    b.write()?.copy_from_slice(&m[range])
-                }
-                (StagedParam::Bf16(b), MasterView::F32(m)) => {
-                    for (d, x) in b.write()?.iter_mut().zip(&m[range]) {
-                        *d = bf16::from_f32(*x);
-                    }
-                }
-                (StagedParam::F16(b), MasterView::F32(m)) => {
-                    for (d, x) in b.write()?.iter_mut().zip(&m[range]) {
-                        *d = f16::from_f32(*x);
-                    }
-                }
+                (StagedBuf::Bf16(b), MasterView::Bf16(m)) => b.write()?.copy_from_slice(&m[range]),
+                (b, MasterView::F32(m)) => each!(b, b => narrow_into(b.write()?, &m[range])),
                 (_, MasterView::Bf16(_)) => {
                     return Err(TrainError::Layout(format!(
                         "parameter `{}` is {:?}: a bf16 copy refreshes bf16 variables only",
@@ -186,6 +188,7 @@ impl HostStaging {
         Ok(())
     }
 
+    /// Fails unless `params` has as many parameters as the buffers were made for.
     fn check_count(&self, params: &ParamSet) -> Result<()> {
         let n = params.iter().count();
         if n != self.grads.len() {
@@ -198,24 +201,29 @@ impl HostStaging {
     }
 }
 
+/// Adds `src`, widened to f32 (exactly), into `out`.
+fn add_widened<T: Element>(out: &mut [f32], src: &[T]) {
+    for (o, x) in out.iter_mut().zip(src) {
+        *o += x.to_f64() as f32;
+    }
+}
+
+/// Writes `src` rounded to `T` into `dst` (round to nearest even, as candle's cast does).
+fn narrow_into<T: Element>(dst: &mut [T], src: &[f32]) {
+    for (d, x) in dst.iter_mut().zip(src) {
+        *d = T::from_f64(*x as f64);
+    }
+}
+
 /// A zeroed buffer of `n` elements for a variable on `dev`: pinned for a GPU.
 fn staged<T: Element>(dev: &Device, n: usize) -> Result<Staged<T>> {
     match dev {
-        Device::Cpu => Ok(Staged::Host(vec![T::default(); n])),
+        Device::Cpu => Ok(Staged::Host(vec![T::zero(); n])),
         #[cfg(feature = "cuda")]
-        Device::Cuda(d) => {
-            let ctx = d.cuda_stream().context().clone();
-            // Plain page-locked memory (flags 0): the host reads the gradients back, which
-            // write-combined memory (cudarc's default) makes slow.
-            // SAFETY: the memory is uninitialized only until the fill below, which runs
-            // before anything else can see the slice (it is not returned before then).
-            let mut p = unsafe { ctx.alloc_pinned_with_flags::<T>(n, 0) }
-                .map_err(|e| TrainError::Layout(format!("pinning {n} host elements: {e:?}")))?;
-            p.as_mut_slice()
-                .map_err(|e| TrainError::Layout(format!("pinned buffer: {e:?}")))?
-                .fill(T::default());
-            Ok(Staged::Pinned(p))
-        }
+        Device::Cuda(d) => Ok(Staged::Pinned(Pinned::zeroed(
+            d.cuda_stream().context(),
+            n,
+        )?)),
         #[allow(unreachable_patterns)]
         other => Err(TrainError::Layout(format!(
             "offload stages variables on a CPU or CUDA device, not {other:?}"
@@ -223,77 +231,135 @@ fn staged<T: Element>(dev: &Device, n: usize) -> Result<Staged<T>> {
     }
 }
 
-/// The element types staged (f32 gradients; f32, bf16 and f16 parameters).
+/// The element types staged: f32, bf16 and f16 (candle's, and on a GPU cudarc's).
 #[cfg(feature = "cuda")]
 trait Element:
-    Copy
-    + Default
+    candle_core::WithDType
+    + candle_core::cuda_backend::CudaDType
     + candle_core::cuda_backend::cudarc::driver::DeviceRepr
     + candle_core::cuda_backend::cudarc::driver::ValidAsZeroBits
-    + candle_core::cuda_backend::CudaDType
 {
 }
 #[cfg(feature = "cuda")]
 impl<T> Element for T where
-    T: Copy
-        + Default
+    T: candle_core::WithDType
+        + candle_core::cuda_backend::CudaDType
         + candle_core::cuda_backend::cudarc::driver::DeviceRepr
         + candle_core::cuda_backend::cudarc::driver::ValidAsZeroBits
-        + candle_core::cuda_backend::CudaDType
 {
 }
-/// The element types staged (f32 gradients; f32, bf16 and f16 parameters).
+/// The element types staged: f32, bf16 and f16 (candle's).
 #[cfg(not(feature = "cuda"))]
-trait Element: Copy + Default {}
+trait Element: candle_core::WithDType {}
 #[cfg(not(feature = "cuda"))]
-impl<T: Copy + Default> Element for T {}
+impl<T: candle_core::WithDType> Element for T {}
+
+#[cfg(feature = "cuda")]
+impl<T: Element> Pinned<T> {
+    /// `n` zeroed elements of plain page-locked memory (flags 0: the host reads gradients
+    /// back, which cudarc's default, write-combined memory makes slow).
+    fn zeroed(
+        ctx: &std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaContext>,
+        n: usize,
+    ) -> Result<Self> {
+        let err = |what: &str, e: &dyn std::fmt::Debug| {
+            TrainError::Layout(format!("{what} ({n} pinned host elements): {e:?}"))
+        };
+        // SAFETY: the allocation is uninitialized until the `write_bytes` below, and nothing
+        // reads it before then: it is not returned or referenced before the fill.
+        let mut buf =
+            unsafe { ctx.alloc_pinned_with_flags::<T>(n, 0) }.map_err(|e| err("allocating", &e))?;
+        let ptr = buf.as_mut_ptr().map_err(|e| err("addressing", &e))?;
+        // SAFETY: `ptr` is the start of `buf`'s `n` elements (cudarc allocated exactly that
+        // many, aligned for T); all-zero bytes are a valid T (`ValidAsZeroBits`).
+        unsafe { std::ptr::write_bytes(ptr, 0, n) };
+        let done = ctx
+            .new_event(None)
+            .map_err(|e| err("creating its event", &e))?;
+        Ok(Pinned { buf, done })
+    }
+
+    /// Marks the end of the copy just queued on `stream` from or into this buffer.
+    fn copied_on(&self, stream: &CudaStream) -> candle_core::Result<()> {
+        self.done
+            .record(stream)
+            .map_err(|e| candle_core::Error::Msg(format!("offload: recording a copy: {e:?}")))
+    }
+
+    /// Waits for the last copy from or into this buffer.
+    fn wait(&self) -> Result<()> {
+        self.done
+            .synchronize()
+            .map_err(|e| TrainError::Layout(format!("offload: waiting for a copy: {e:?}")))
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl<T> Drop for Pinned<T> {
+    fn drop(&mut self) {
+        // A copy may still be writing or reading the memory cudarc frees next.
+        let _ = self.done.synchronize();
+    }
+}
 
 impl<T: Element> Staged<T> {
+    /// A zero of the element type (for its size).
+    fn zero(&self) -> T {
+        T::zero()
+    }
+
+    /// Elements held.
     fn len(&self) -> usize {
         match self {
             Staged::Host(v) => v.len(),
             #[cfg(feature = "cuda")]
-            Staged::Pinned(p) => p.len(),
+            Staged::Pinned(p) => p.buf.len(),
         }
     }
 
-    /// The values, once any copy into them has finished.
+    /// The values, once the copy into them has finished.
     fn read(&self) -> Result<&[T]> {
         match self {
             Staged::Host(v) => Ok(v),
             #[cfg(feature = "cuda")]
-            Staged::Pinned(p) => p
-                .as_slice()
-                .map_err(|e| TrainError::Layout(format!("waiting for a gradient copy: {e:?}"))),
+            Staged::Pinned(p) => {
+                p.wait()?;
+                p.buf
+                    .as_slice()
+                    .map_err(|e| TrainError::Layout(format!("offload: a pinned buffer: {e:?}")))
+            }
         }
     }
 
-    /// The values to overwrite, once any copy out of them has finished.
+    /// The values to overwrite, once the copy out of them has finished.
     fn write(&mut self) -> Result<&mut [T]> {
         match self {
             Staged::Host(v) => Ok(v),
             #[cfg(feature = "cuda")]
-            Staged::Pinned(p) => p
-                .as_mut_slice()
-                .map_err(|e| TrainError::Layout(format!("waiting for a parameter copy: {e:?}"))),
+            Staged::Pinned(p) => {
+                p.wait()?;
+                p.buf
+                    .as_mut_slice()
+                    .map_err(|e| TrainError::Layout(format!("offload: a pinned buffer: {e:?}")))
+            }
         }
     }
-}
 
-impl Staged<f32> {
-    /// Copies `g` (f32, contiguous, this buffer's length) in: at once for a host vector;
-    /// queued on the tensor's stream for pinned memory ([`Staged::read`] waits for it).
+    /// Copies `g` (contiguous, of this buffer's dtype and length) in: at once into a host
+    /// vector; queued on the tensor's stream into pinned memory ([`Staged::read`] waits).
     fn start_download(&mut self, g: &Tensor, name: &str) -> Result<()> {
-        if g.elem_count() != self.len() {
+        if g.elem_count() != self.len() || g.dtype() != T::DTYPE {
             return Err(TrainError::Layout(format!(
-                "gradient of `{name}` has {} elements, its staging {}",
+                "gradient of `{name}`: {} {:?} elements, its staging {} {:?}",
                 g.elem_count(),
-                self.len()
+                g.dtype(),
+                self.len(),
+                T::DTYPE
             )));
         }
         match self {
             Staged::Host(v) => {
-                v.copy_from_slice(&g.flatten_all()?.to_vec1::<f32>()?);
+                v.copy_from_slice(&g.flatten_all()?.to_vec1::<T>()?);
                 Ok(())
             }
             #[cfg(feature = "cuda")]
@@ -307,11 +373,15 @@ impl Staged<f32> {
                         "gradient of `{name}` is not on the GPU its staging is pinned for"
                     )));
                 };
-                let slice = cs.as_cuda_slice::<f32>()?;
-                cs.device
-                    .cuda_stream()
-                    .memcpy_dtoh(&slice.slice(a..b), p)
-                    .map_err(|e| TrainError::Layout(format!("copying `{name}`'s gradient: {e:?}")))
+                let stream = cs.device.cuda_stream();
+                let slice = cs.as_cuda_slice::<T>()?;
+                p.wait()?;
+                stream
+                    .memcpy_dtoh(&slice.slice(a..b), &mut p.buf)
+                    .map_err(|e| {
+                        TrainError::Layout(format!("copying `{name}`'s gradient: {e:?}"))
+                    })?;
+                Ok(p.copied_on(&stream)?)
             }
         }
     }
@@ -319,7 +389,7 @@ impl Staged<f32> {
 
 /// The in-place op that writes a staged buffer into a variable's storage: a plain copy
 /// on a CPU, a queued host-to-device copy from pinned memory on a GPU.
-struct CopyIn<'a>(&'a StagedParam);
+struct CopyIn<'a>(&'a StagedBuf);
 
 impl InplaceOp1 for CopyIn<'_> {
     fn name(&self) -> &'static str {
@@ -329,9 +399,9 @@ impl InplaceOp1 for CopyIn<'_> {
     fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
         let (a, b) = contiguous(layout)?;
         match (storage, self.0) {
-            (CpuStorage::F32(v), StagedParam::F32(Staged::Host(s))) => copy_host(&mut v[a..b], s),
-            (CpuStorage::BF16(v), StagedParam::Bf16(Staged::Host(s))) => copy_host(&mut v[a..b], s),
-            (CpuStorage::F16(v), StagedParam::F16(Staged::Host(s))) => copy_host(&mut v[a..b], s),
+            (CpuStorage::F32(v), StagedBuf::F32(Staged::Host(s))) => copy_host(&mut v[a..b], s),
+            (CpuStorage::BF16(v), StagedBuf::Bf16(Staged::Host(s))) => copy_host(&mut v[a..b], s),
+            (CpuStorage::F16(v), StagedBuf::F16(Staged::Host(s))) => copy_host(&mut v[a..b], s),
             _ => Err(candle_core::Error::Msg(
                 "offload: a CPU variable and its staging disagree in dtype or kind".into(),
             )),
@@ -347,15 +417,9 @@ impl InplaceOp1 for CopyIn<'_> {
         let (a, b) = contiguous(layout)?;
         let stream = storage.device.cuda_stream();
         match self.0 {
-            StagedParam::F32(Staged::Pinned(p)) => {
-                copy_up(&stream, p, storage.as_cuda_slice_mut::<f32>()?, a, b)
-            }
-            StagedParam::Bf16(Staged::Pinned(p)) => {
-                copy_up(&stream, p, storage.as_cuda_slice_mut::<bf16>()?, a, b)
-            }
-            StagedParam::F16(Staged::Pinned(p)) => {
-                copy_up(&stream, p, storage.as_cuda_slice_mut::<f16>()?, a, b)
-            }
+            StagedBuf::F32(Staged::Pinned(p)) => copy_up(&stream, p, storage, a, b),
+            StagedBuf::Bf16(Staged::Pinned(p)) => copy_up(&stream, p, storage, a, b),
+            StagedBuf::F16(Staged::Pinned(p)) => copy_up(&stream, p, storage, a, b),
             _ => Err(candle_core::Error::Msg(
                 "offload: a GPU variable whose staging is not pinned".into(),
             )),
@@ -370,6 +434,7 @@ fn contiguous(layout: &Layout) -> candle_core::Result<(usize, usize)> {
         .ok_or_else(|| candle_core::Error::Msg("offload: a variable is not contiguous".into()))
 }
 
+/// Copies `src` into `dst`, which must be as long.
 fn copy_host<T: Copy>(dst: &mut [T], src: &[T]) -> candle_core::Result<()> {
     if dst.len() != src.len() {
         return Err(candle_core::Error::Msg(format!(
@@ -382,25 +447,30 @@ fn copy_host<T: Copy>(dst: &mut [T], src: &[T]) -> candle_core::Result<()> {
     Ok(())
 }
 
-/// Queues the copy of pinned `src` into elements `a..b` of `dst` on `stream`.
+/// Queues the copy of pinned `src` into elements `a..b` of `dst` (a variable's storage of
+/// `src`'s dtype) on `stream`, and marks its end on `src`'s event.
 #[cfg(feature = "cuda")]
 fn copy_up<T: Element>(
-    stream: &std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>,
-    src: &PinnedHostSlice<T>,
-    dst: &mut candle_core::cuda_backend::cudarc::driver::CudaSlice<T>,
+    stream: &std::sync::Arc<CudaStream>,
+    src: &Pinned<T>,
+    dst: &mut candle_core::CudaStorage,
     a: usize,
     b: usize,
 ) -> candle_core::Result<()> {
-    if b - a != src.len() || b > dst.len() {
+    let dst = dst.as_cuda_slice_mut::<T>()?;
+    if b - a != src.buf.len() || b > dst.len() {
         return Err(candle_core::Error::Msg(format!(
             "offload: a variable of {} elements at {a}, its staging {}",
             b - a,
-            src.len()
+            src.buf.len()
         )));
     }
     stream
-        .memcpy_htod(src, &mut dst.slice_mut(a..b))
-        .map_err(|e| candle_core::Error::Msg(format!("offload: queueing a parameter copy: {e:?}")))
+        .memcpy_htod(&src.buf, &mut dst.slice_mut(a..b))
+        .map_err(|e| {
+            candle_core::Error::Msg(format!("offload: queueing a parameter copy: {e:?}"))
+        })?;
+    src.copied_on(stream)
 }
 
 #[cfg(test)]

@@ -461,7 +461,8 @@ pub fn forecast(
         return Err(config_err(
             "device",
             format!(
-                "`{}`: a run on a GPU is not forecast yet (its device memory and step time have                  never been measured against the plan; docs/zero.md, Offload)",
+                "`{}`: a run on a GPU is not forecast yet (its device memory and step time have \
+                 never been measured against the plan; docs/zero.md, Offload)",
                 cfg.device
             ),
         ));

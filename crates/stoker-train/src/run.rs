@@ -258,7 +258,8 @@ pub fn run_rank(
     let dims = ParallelDims::resolve(config, comm.world_size(), comm.rank(), launcher)?;
     let lead = dims.rank == 0;
     // A GPU (`device = "cuda"`): the rank's own, one per rank on its host.
-    let local = crate::device::local_rank(dims.rank, comm.ranks_on_this_host());
+    let launched = comm.backend() != "local";
+    let local = crate::device::local_rank(dims.rank, comm.ranks_on_this_host(), launched);
     let device = crate::device::TrainDevice::parse(&config.device)?.open(local)?;
     let (p, k, seed) = (config.precision, config.kernels, config.seed);
     let model = build_model_on(&config.model, p, k, seed, &device)?;

@@ -12,7 +12,7 @@ use stoker_train::config::{ModelConfig, StrategyKind, TrainConfig};
 use stoker_train::planned::{
     emit, forecast, plan_input, to_toml, EmitPlace, GRAPH_ACTIVATION_PASSES,
 };
-use stoker_train::precision::Precision;
+use stoker_train::precision::{Kernels, Precision};
 use stoker_train::run::{run, RunOptions};
 use stoker_train::TrainError;
 
@@ -71,15 +71,31 @@ fn three_presets_emit_configs_the_trainer_parses_and_that_plan_again_alike() {
             "{name}"
         );
         // The trainer's parser: unknown keys are rejected, every value validated. An
-        // accelerator's config names its device, which this CPU build refuses by key.
+        // accelerator's config names its device and candle's CUDA ops, which a CPU build
+        // refuses by key; a CUDA build runs it where the plan offloads the optimizer (the
+        // only placement its GPU path has) and refuses it by that key otherwise.
         let parsed = TrainConfig::parse(&toml_text, Path::new("emitted.toml"));
         let cfg = if accelerator {
-            match parsed {
-                Err(TrainError::Config { key, .. }) => assert_eq!(key, "device", "{name}"),
-                other => panic!("{name}: expected the device error, got {other:?}"),
+            let want = match (cfg!(feature = "cuda"), choice.parallel.offload_optimizer) {
+                (false, _) => Some("device"),
+                (true, false) => Some("parallel.offload_optimizer"),
+                (true, true) => None,
+            };
+            match (parsed, want) {
+                (Err(TrainError::Config { key, .. }), Some(want)) => {
+                    assert_eq!(key, want, "{name}")
+                }
+                (Ok(c), None) => assert_eq!(c.kernels, Kernels::Composed, "{name}"),
+                (other, _) => panic!("{name}: expected the {want:?} error, got {other:?}"),
             }
             let on_cpu = toml_text.replace("device = \"cuda\"", "device = \"cpu\"");
-            TrainConfig::parse(&on_cpu, Path::new("emitted.toml")).unwrap()
+            let c = TrainConfig::parse(&on_cpu, Path::new("emitted.toml")).unwrap();
+            assert_eq!(
+                c.kernels,
+                Kernels::Composed,
+                "{name}: a GPU runs candle's CUDA ops"
+            );
+            c
         } else {
             parsed.unwrap()
         };
