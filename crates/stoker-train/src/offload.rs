@@ -99,10 +99,12 @@ impl HostStaging {
                     DType::F32 => StagedBuf::F32(staged(dev, n)?),
                     DType::BF16 => StagedBuf::Bf16(staged(dev, n)?),
                     DType::F16 => StagedBuf::F16(staged(dev, n)?),
-                    other => return Err(TrainError::Layout(format!(
+                    other => {
+                        return Err(TrainError::Layout(format!(
                         "parameter `{}` is {other:?}: offload stages f32, bf16 and f16 variables",
                         p.name
-                    ))),
+                    )))
+                    }
                 })
             };
             grads.push(buf()?);
@@ -292,6 +294,24 @@ impl<T: Element> Pinned<T> {
             .synchronize()
             .map_err(|e| TrainError::Layout(format!("offload: waiting for a copy: {e:?}")))
     }
+
+    /// The memory, once the last copy from or into it has finished.
+    fn slice(&self) -> Result<&[T]> {
+        self.wait()?;
+        self.buf.as_slice().map_err(pinned_err)
+    }
+
+    /// The memory to overwrite, once the last copy from or into it has finished.
+    fn slice_mut(&mut self) -> Result<&mut [T]> {
+        self.wait()?;
+        self.buf.as_mut_slice().map_err(pinned_err)
+    }
+}
+
+/// A failure to address a pinned buffer.
+#[cfg(feature = "cuda")]
+fn pinned_err(e: candle_core::cuda_backend::cudarc::driver::DriverError) -> TrainError {
+    TrainError::Layout(format!("offload: a pinned buffer: {e:?}"))
 }
 
 #[cfg(feature = "cuda")]
@@ -322,12 +342,7 @@ impl<T: Element> Staged<T> {
         match self {
             Staged::Host(v) => Ok(v),
             #[cfg(feature = "cuda")]
-            Staged::Pinned(p) => {
-                p.wait()?;
-                p.buf
-                    .as_slice()
-                    .map_err(|e| TrainError::Layout(format!("offload: a pinned buffer: {e:?}")))
-            }
+            Staged::Pinned(p) => p.slice(),
         }
     }
 
@@ -336,12 +351,7 @@ impl<T: Element> Staged<T> {
         match self {
             Staged::Host(v) => Ok(v),
             #[cfg(feature = "cuda")]
-            Staged::Pinned(p) => {
-                p.wait()?;
-                p.buf
-                    .as_mut_slice()
-                    .map_err(|e| TrainError::Layout(format!("offload: a pinned buffer: {e:?}")))
-            }
+            Staged::Pinned(p) => p.slice_mut(),
         }
     }
 
