@@ -3,10 +3,11 @@
 # veth links through a bridge whose links are shaped with tc (bandwidth, latency), and
 # MPICH launched across them so that rank-to-rank traffic really crosses the shaped links.
 #
-#   scripts/cluster.sh [-n RANKS] [--rate RATE] [--delay DELAY] [--timeout SECONDS] -- COMMAND...
+#   scripts/cluster.sh [-n RANKS] [--rate RATE] [--queue LATENCY] [--delay DELAY] [--timeout SECONDS] -- COMMAND...
 #
 # RATE is tc's (10gbit, 1gbit, 100mbit; default 1gbit; `none`: veth links unshaped), DELAY netem's one-way delay per link
-# (default none, e.g. 0.5ms). Every link is shaped in both directions, so a message between
+# (default none, e.g. 0.5ms), LATENCY the longest a packet may wait in a link's shaping
+# queue (tbf's `latency`, default 100ms). Every link is shaped in both directions, so a message between
 # two ranks crosses two shaped hops, one per "node" NIC, as on a switched network. MPICH's UCX
 # transport is held to TCP over the namespace's eth0 (no shared memory between "nodes").
 # Everything is removed on exit (trap), including after a timeout (default 600 s); runs are
@@ -14,15 +15,16 @@
 # no veth or bridge support): the caller reports a skip.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-ranks=2 rate=1gbit delay="" limit=600
+ranks=2 rate=1gbit delay="" limit=600 queue=${STOKER_CLUSTER_QUEUE:-100ms}
 while (($#)); do
   case "$1" in
     -n) ranks=$2; shift 2 ;;
     --rate) rate=$2; shift 2 ;;
     --delay) delay=$2; shift 2 ;;
+    --queue) queue=$2; shift 2 ;;
     --timeout) limit=$2; shift 2 ;;
     --) shift; break ;;
-    *) echo "usage: $0 [-n RANKS] [--rate RATE] [--delay DELAY] [--timeout S] -- COMMAND..." >&2; exit 2 ;;
+    *) echo "usage: $0 [-n RANKS] [--rate RATE] [--queue LATENCY] [--delay DELAY] [--timeout S] -- COMMAND..." >&2; exit 2 ;;
   esac
 done
 (($#)) || { echo "error: no command to run (after --)" >&2; exit 2; }
@@ -61,9 +63,9 @@ shape() { # shape NETNS-ARGS DEV
   if [ -n "$delay" ]; then
     ip "${ns[@]}" link set "$dev" txqueuelen 10000
     tc "${ns[@]}" qdisc add dev "$dev" root handle 1: netem delay "$delay" limit 100000
-    tc "${ns[@]}" qdisc add dev "$dev" parent 1: handle 2: tbf rate "$rate" burst 256kb latency 100ms
+    tc "${ns[@]}" qdisc add dev "$dev" parent 1: handle 2: tbf rate "$rate" burst 256kb latency "$queue"
   else
-    tc "${ns[@]}" qdisc add dev "$dev" root tbf rate "$rate" burst 256kb latency 100ms
+    tc "${ns[@]}" qdisc add dev "$dev" root tbf rate "$rate" burst 256kb latency "$queue"
   fi
 }
 hosts=()
