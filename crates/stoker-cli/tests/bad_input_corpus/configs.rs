@@ -80,10 +80,19 @@ pub fn cases(dir: &Path, out: &mut Vec<Case>) {
             "seed = 1\n[parallel]\nstrategy = \"zero3\"\ndeterministic = true",
             "deterministic",
         ),
+        // After the last top-level key, so that the table holds only what it is given.
         (
-            "seed = 1",
-            "seed = 1\n[parallel]\noffload_optimizer = true",
-            "offload_optimizer",
+            "kernels = \"direct\"",
+            "kernels = \"direct\"\n[parallel]\noffload_optimizer = true",
+            "parallel.offload_optimizer",
+        ),
+        // A GPU device: a malformed one, and (this build has no CUDA) a well-formed one
+        // with everything else a GPU run needs.
+        ("seed = 1", "seed = 1\ndevice = \"cuda:x\"", "`device`"),
+        (
+            "kernels = \"direct\"",
+            "kernels = \"composed\"\ndevice = \"cuda\"\n[parallel]\noffload_optimizer = true",
+            "`device`",
         ),
         ("corpus.bin", "no-such-file.bin", "no-such-file.bin"),
         ("[data]\ntrain = ", "[data]\ntrain = 7\nx = ", "train"),
