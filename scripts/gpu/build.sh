@@ -57,5 +57,14 @@ echo "gpu build: the CUDA libraries it loads at run time:"
 ldd "$bin" | grep -E 'cuda|cublas|curand|nvrtc|nccl|cudart' || true
 rm -rf target/gpu && mkdir -p target/gpu
 xz -T2 -6 -c "$bin" > target/gpu/stoker.xz
-ls -l "$bin" target/gpu/stoker.xz
-echo "gpu build: target/gpu/stoker.xz; carry target/gpu and data/shakespeare, run scripts/gpu/offload-check.sh"
+# The GPU machine has the driver, glibc and NVIDIA's PyPI libraries, not this machine's
+# Debian packages (MPICH and UCX, libjpeg-turbo, hwloc, ...): they travel beside it.
+libs_dir=$(mktemp -d)
+ldd "$bin" | awk '/=> \// {print $3}' |
+  grep -v -E '/(libc|libm|libgcc_s|libstdc\+\+|ld-linux[^/]*|libcuda|libcudart|libcublas|libcublasLt|libcurand|libnvrtc|libnccl)\.so' |
+  while read -r f; do cp -L "$f" "$libs_dir/"; done
+tar -C "$libs_dir" -cJf target/gpu/libs.tar.xz .
+echo "gpu build: shared libraries that travel with it: $(ls "$libs_dir" | tr '\n' ' ')"
+rm -rf "$libs_dir"
+ls -l "$bin" target/gpu/
+echo "gpu build: carry target/gpu and data/shakespeare, run scripts/gpu/offload-check.sh"

@@ -10,7 +10,7 @@
 #
 # Here (no GPU needed): `bash scripts/gpu/build.sh` writes target/gpu/stoker.xz (candle's
 # kernels compiled by nvcc 13.0 for Hopper); then, through the device tool, run this script
-# in the repository root carrying target/gpu and data/shakespeare (about 19 MB together):
+# in the repository root carrying target/gpu and data/shakespeare (about 27 MB together):
 #   bash scripts/gpu/offload-check.sh [BIN]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -37,6 +37,12 @@ for sp in site.getsitepackages() + [site.getusersitepackages()]:
 print(":".join(sorted(dirs)))
 EOF
 )
+# This machine's Debian libraries the binary links (MPICH, UCX, libjpeg-turbo, ...).
+if [ -f target/gpu/libs.tar.xz ]; then
+  mkdir -p "$out/lib"
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' target/gpu/libs.tar.xz "$out/lib"
+  libs="$out/lib${libs:+:$libs}"
+fi
 export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 if ldd "$bin" | grep 'not found'; then
   echo "offload-check: the libraries above are missing (LD_LIBRARY_PATH=$LD_LIBRARY_PATH)"
