@@ -86,11 +86,15 @@ pub enum MasterView<'a> {
 pub struct HostStaging {
     grads: Vec<StagedBuf>,
     params: Vec<StagedBuf>,
+    /// (flat offset, parameter index) of every parameter, by offset: which parameter an
+    /// optimizer segment is.
+    by_offset: Vec<(usize, usize)>,
 }
 
 impl HostStaging {
-    /// Buffers for every parameter of `params`, pinned where their variables are on a GPU.
-    pub fn for_params(params: &ParamSet) -> Result<Self> {
+    /// Buffers for every parameter of `params` (laid out by `layout`), pinned where their
+    /// variables are on a GPU.
+    pub fn for_params(params: &ParamSet, layout: &FlatLayout) -> Result<Self> {
         let (mut grads, mut ups) = (Vec::new(), Vec::new());
         for p in params.iter() {
             let (dev, n) = (p.var.device(), p.var.elem_count());
@@ -110,7 +114,18 @@ impl HostStaging {
             grads.push(buf()?);
             ups.push(buf()?);
         }
-        Ok(HostStaging { grads, params: ups })
+        let mut by_offset: Vec<(usize, usize)> = layout
+            .slots()
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.offset, i))
+            .collect();
+        by_offset.sort_unstable();
+        Ok(HostStaging {
+            grads,
+            params: ups,
+            by_offset,
+        })
     }
 
     /// Bytes of host memory the buffers hold.
@@ -170,23 +185,77 @@ impl HostStaging {
         };
         layout.check_len(len)?;
         self.check_count(params)?;
-        for ((p, s), staged) in params.iter().zip(layout.slots()).zip(&mut self.params) {
+        for (i, (p, s)) in params.iter().zip(layout.slots()).enumerate() {
             let range = s.offset..s.offset + s.len;
-            match (staged, src) {
-                (StagedBuf::Bf16(b), MasterView::Bf16(m)) => b.write()?.copy_from_slice(&m[range]),
-                (b, MasterView::F32(m)) => each!(b, b => narrow_into(b.write()?, &m[range])),
-                (_, MasterView::Bf16(_)) => {
-                    return Err(TrainError::Layout(format!(
-                        "parameter `{}` is {:?}: a bf16 copy refreshes bf16 variables only",
-                        p.name,
-                        p.var.dtype()
-                    )))
-                }
+            let part = match src {
+                MasterView::F32(m) => MasterView::F32(&m[range]),
+                MasterView::Bf16(m) => MasterView::Bf16(&m[range]),
+            };
+            self.upload_param(i, part, p)?;
+        }
+        Ok(())
+    }
+
+    /// Refreshes the parameter at flat offset `offset` from `values` (its new FP32 values)
+    /// or, for a bf16 variable, `bf16` (their bf16 copy) where given: what an optimizer's
+    /// segment hands over as soon as it is updated ([`crate::optim::Optimizer::step_each`]).
+    /// An offset where no parameter starts is an error.
+    pub fn upload_segment(
+        &mut self,
+        offset: usize,
+        values: &[f32],
+        bf16: Option<&[bf16]>,
+        params: &ParamSet,
+    ) -> Result<()> {
+        self.check_count(params)?;
+        let i = match self.by_offset.binary_search_by_key(&offset, |&(o, _)| o) {
+            Ok(k) => self.by_offset[k].1,
+            Err(_) => {
+                return Err(TrainError::Layout(format!(
+                    "offload: no parameter starts at flat offset {offset}"
+                )))
+            }
+        };
+        let p = params.iter().nth(i).expect("counted above");
+        let src = match (bf16, p.var.dtype()) {
+            (Some(b), DType::BF16) => MasterView::Bf16(b),
+            _ => MasterView::F32(values),
+        };
+        self.upload_param(i, src, p)
+    }
+
+    /// Writes parameter `i`'s new values `src` (exactly its elements) into its staging
+    /// buffer, converted to its variable's dtype, and queues the copy into the variable.
+    fn upload_param(
+        &mut self,
+        i: usize,
+        src: MasterView<'_>,
+        p: &crate::params::Param,
+    ) -> Result<()> {
+        let staged = &mut self.params[i];
+        let n = match src {
+            MasterView::F32(m) => m.len(),
+            MasterView::Bf16(m) => m.len(),
+        };
+        if n != p.var.elem_count() {
+            return Err(TrainError::Layout(format!(
+                "offload: {n} values for parameter `{}` of {} elements",
+                p.name,
+                p.var.elem_count()
+            )));
+        }
+        match (&mut *staged, src) {
+            (StagedBuf::Bf16(b), MasterView::Bf16(m)) => b.write()?.copy_from_slice(m),
+            (b, MasterView::F32(m)) => each!(b, b => narrow_into(b.write()?, m)),
+            (_, MasterView::Bf16(_)) => {
+                return Err(TrainError::Layout(format!(
+                    "parameter `{}` is {:?}: a bf16 copy refreshes bf16 variables only",
+                    p.name,
+                    p.var.dtype()
+                )))
             }
         }
-        for (p, staged) in params.iter().zip(&self.params) {
-            p.var.as_tensor().inplace_op1(&CopyIn(staged))?;
-        }
+        p.var.as_tensor().inplace_op1(&CopyIn(staged))?;
         Ok(())
     }
 
@@ -529,7 +598,7 @@ mod tests {
             let start: Vec<f32> = (0..layout.total_len()).map(|i| i as f32 * 0.25).collect();
             let (mut want, mut got) = (start.clone(), start);
             layout.gather_grads(&g, &p, &mut want).unwrap();
-            let mut s = HostStaging::for_params(&p).unwrap();
+            let mut s = HostStaging::for_params(&p, &FlatLayout::of(&p).unwrap()).unwrap();
             s.download_grads(&g, &p, &layout, &mut got).unwrap();
             // Twice: the buffers are reused.
             s.download_grads(&g, &p, &layout, &mut got).unwrap();
@@ -549,7 +618,7 @@ mod tests {
         let only_first = p.iter().next().unwrap().var.as_tensor().sum_all().unwrap();
         let g = only_first.backward().unwrap();
         let mut out = vec![0f32; layout.total_len()];
-        let mut s = HostStaging::for_params(&p).unwrap();
+        let mut s = HostStaging::for_params(&p, &FlatLayout::of(&p).unwrap()).unwrap();
         let e = s.download_grads(&g, &p, &layout, &mut out).unwrap_err();
         assert!(e.to_string().contains("out.weight"), "{e}");
     }
@@ -563,7 +632,7 @@ mod tests {
                 .map(|i| (i as f32 * 0.37).sin() * 3.0 + 1e-3)
                 .collect();
             layout.unflatten(&master, &a).unwrap();
-            let mut s = HostStaging::for_params(&b).unwrap();
+            let mut s = HostStaging::for_params(&b, &layout).unwrap();
             s.upload(MasterView::F32(&master), &layout, &b).unwrap();
             assert_eq!(values(&a), values(&b), "{dt:?}");
             if dt == DType::BF16 {
@@ -575,12 +644,48 @@ mod tests {
         }
         let p = params(DType::F32);
         let layout = FlatLayout::of(&p).unwrap();
-        let mut s = HostStaging::for_params(&p).unwrap();
+        let mut s = HostStaging::for_params(&p, &FlatLayout::of(&p).unwrap()).unwrap();
         let copy = vec![bf16::ZERO; layout.total_len()];
         let e = s.upload(MasterView::Bf16(&copy), &layout, &p).unwrap_err();
         assert!(e.to_string().contains("bf16 variables only"), "{e}");
         // 30 elements: f32 gradients and f32 parameters.
         assert_eq!(s.bytes(), 2 * 4 * 30);
+    }
+
+    #[test]
+    fn segment_uploads_in_any_order_set_what_a_whole_upload_sets() {
+        for dt in [DType::F32, DType::BF16, DType::F16] {
+            let (a, b) = (params(dt), params(dt));
+            let layout = FlatLayout::of(&a).unwrap();
+            let master: Vec<f32> = (0..layout.total_len())
+                .map(|i| i as f32 * 0.013 - 0.2)
+                .collect();
+            let copy: Vec<bf16> = master.iter().map(|x| bf16::from_f32(*x)).collect();
+            let whole = match dt {
+                DType::BF16 => MasterView::Bf16(&copy),
+                _ => MasterView::F32(&master),
+            };
+            HostStaging::for_params(&a, &layout)
+                .unwrap()
+                .upload(whole, &layout, &a)
+                .unwrap();
+            let mut s = HostStaging::for_params(&b, &layout).unwrap();
+            for slot in layout.slots().iter().rev() {
+                let r = slot.offset..slot.offset + slot.len;
+                let c = (dt == DType::BF16).then(|| &copy[r.clone()]);
+                s.upload_segment(slot.offset, &master[r], c, &b).unwrap();
+            }
+            assert_eq!(values(&a), values(&b), "{dt:?}");
+            let first = &layout.slots()[0];
+            let e = s
+                .upload_segment(first.offset + 1, &master[..1], None, &b)
+                .unwrap_err();
+            assert!(e.to_string().contains("no parameter starts"), "{e}");
+            let e = s
+                .upload_segment(first.offset, &master[..1], None, &b)
+                .unwrap_err();
+            assert!(e.to_string().contains(&first.name), "{e}");
+        }
     }
 
     #[test]
@@ -592,7 +697,7 @@ mod tests {
         let var: &Var = &p.iter().next().unwrap().var;
         let before = var.as_tensor().clone();
         let master = vec![2.0f32; layout.total_len()];
-        HostStaging::for_params(&p)
+        HostStaging::for_params(&p, &layout)
             .unwrap()
             .upload(MasterView::F32(&master), &layout, &p)
             .unwrap();

@@ -273,7 +273,7 @@ impl Trainer {
         let grad_range = strategy.settle_grads(len, direct.is_some())?;
         // ZeRO-3's units build their own variables from the gathered groups.
         let staging = match (device.is_cpu(), sharded) {
-            (false, false) => Some(HostStaging::for_params(model.params())?),
+            (false, false) => Some(HostStaging::for_params(model.params(), &layout)?),
             _ => None,
         };
         Ok(Trainer {
@@ -396,7 +396,7 @@ impl Trainer {
                 "host staging serves the graph path of an unsharded model".into(),
             ));
         }
-        self.staging = Some(HostStaging::for_params(self.model.params())?);
+        self.staging = Some(HostStaging::for_params(self.model.params(), &self.layout)?);
         Ok(())
     }
 
@@ -699,12 +699,38 @@ impl Trainer {
         let range = self.optimizer.range();
         let local = range.start - self.held.start..range.end - self.held.start;
         let local_grads = range.start - self.grad_range.start..range.end - self.grad_range.start;
-        self.optimizer.step(
-            &mut self.master[local.clone()],
-            &self.grads[local_grads],
+        // A model on a GPU whose optimizer updates the whole buffer (one rank, DDP): each
+        // parameter's copy up is queued as soon as the optimizer is done with it, so the
+        // copies run while the optimizer steps the rest (DeepSpeed's CPU Adam pipelines
+        // its sub-groups' copies alike). Sharded updates go up after their all-gather.
+        let upload_each = self.staging.is_some() && range == (0..self.layout.total_len());
+        let mut upload_failed = None;
+        let Trainer {
+            optimizer,
+            master,
+            grads,
+            bf16_copy,
+            staging,
+            model,
+            ..
+        } = self;
+        let mut done = |r: std::ops::Range<usize>, v: &[f32], b: Option<&[half::bf16]>| {
+            if let (true, None, Some(st)) = (upload_each, &upload_failed, staging.as_mut()) {
+                if let Err(e) = st.upload_segment(range.start + r.start, v, b, model.params()) {
+                    upload_failed = Some(e);
+                }
+            }
+        };
+        optimizer.step_each(
+            &mut master[local.clone()],
+            &grads[local_grads],
             lr as f32,
-            self.bf16_copy.as_deref_mut().map(|c| &mut c[local.clone()]),
+            bf16_copy.as_deref_mut().map(|c| &mut c[local.clone()]),
+            &mut done,
         );
+        if let Some(e) = upload_failed {
+            return Err(e);
+        }
         self.strategy.after_update(&mut self.master)?;
         if let (Some(copy), true) = (&mut self.bf16_copy, range.len() < self.master.len()) {
             // The other ranks' shards arrived in FP32: round them as the optimizer does.
@@ -724,7 +750,9 @@ impl Trainer {
         }
         match (&self.bf16_copy, &self.direct) {
             _ if self.shards_params() => {}
-            // A model on a GPU: its new values queued up from pinned host buffers.
+            // A model on a GPU: its new values queued up from pinned host buffers (already,
+            // parameter by parameter, where the optimizer updated the whole buffer).
+            _ if upload_each => {}
             (copy, _) if self.staging.is_some() => {
                 let src = match copy {
                     Some(c) => MasterView::Bf16(c),

@@ -206,3 +206,55 @@ fn clipping_scales_to_max_norm_and_leaves_small_gradients() {
     clip_global_norm(&mut small, 1.0);
     assert_eq!(small, vec![0.3, 0.4]);
 }
+
+/// `step_each` is `step` (bit for bit, bf16 copy included) and tells every segment once,
+/// in order, with its final values: what an offloaded model uploads while the optimizer
+/// steps the rest.
+#[test]
+fn step_each_tells_every_segment_its_final_values() {
+    let layout = FlatLayout::new(
+        &[
+            ParamSpec::new("a.weight", &[5, 7]),
+            ParamSpec::new("a.bias", &[5]),
+            ParamSpec::new("b.weight", &[3, 5]),
+        ],
+        16,
+    )
+    .unwrap();
+    let segs = segments(&layout, false);
+    let n = layout.total_len();
+    let grads: Vec<f32> = (0..n)
+        .map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.01)
+        .collect();
+    let opts: Vec<(Box<dyn Optimizer>, Box<dyn Optimizer>)> = vec![
+        (
+            Box::new(AdamW::new(AdamWConfig::default(), &segs, 0..n)),
+            Box::new(AdamW::new(AdamWConfig::default(), &segs, 0..n)),
+        ),
+        (
+            Box::new(Sgd::new(SgdConfig::default(), &segs, 0..n)),
+            Box::new(Sgd::new(SgdConfig::default(), &segs, 0..n)),
+        ),
+    ];
+    for (mut plain, mut each) in opts {
+        let (mut a, mut b) = (vec![0.5f32; n], vec![0.5f32; n]);
+        let (mut ca, mut cb) = (vec![half::bf16::ZERO; n], vec![half::bf16::ZERO; n]);
+        for _ in 0..3 {
+            plain.step(&mut a, &grads, 1e-2, Some(&mut ca));
+            let mut told = Vec::new();
+            each.step_each(&mut b, &grads, 1e-2, Some(&mut cb), &mut |r, v, c| {
+                told.push((r, v.to_vec(), c.map(|c| c.to_vec())));
+            });
+            assert_eq!(told.len(), layout.slots().len());
+            for ((r, v, c), s) in told.iter().zip(layout.slots()) {
+                assert_eq!(*r, s.offset..s.offset + s.len);
+                let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(v), bits(&b[r.clone()]), "told values are final");
+                assert_eq!(c.as_deref(), Some(&cb[r.clone()]));
+            }
+        }
+        let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a), bits(&b));
+        assert_eq!(ca, cb);
+    }
+}

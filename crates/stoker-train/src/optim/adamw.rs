@@ -9,7 +9,9 @@ use stoker_kernels::{adamw_update, AdamWStep};
 
 use std::ops::Range;
 
-use super::{out_segment, segments_in, span, take_buffers, OptimState, Optimizer, Segment};
+use super::{
+    out_segment, segments_in, span, take_buffers, tell, OptimState, Optimizer, Segment, SegmentDone,
+};
 
 /// AdamW hyper-parameters (torch's defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -63,12 +65,13 @@ impl AdamW {
 }
 
 impl Optimizer for AdamW {
-    fn step(
+    fn step_each(
         &mut self,
         params: &mut [f32],
         grads: &[f32],
         lr: f32,
         mut bf16_out: Option<&mut [bf16]>,
+        done: SegmentDone<'_>,
     ) {
         self.step += 1;
         let c = self.config;
@@ -85,6 +88,7 @@ impl Optimizer for AdamW {
                 out_segment(&mut bf16_out, &r),
             )
             .expect("segments slice every buffer alike");
+            tell(done, &r, params, &bf16_out);
         }
     }
 

@@ -61,6 +61,10 @@ pub struct OptimState {
     pub buffers: Vec<(String, Vec<f32>)>,
 }
 
+/// What an optimizer tells as each segment's update becomes final: the segment's range
+/// within the updated slice, its new FP32 values, and their bf16 copy where one is written.
+pub type SegmentDone<'a> = &'a mut dyn FnMut(Range<usize>, &[f32], Option<&[bf16]>);
+
 /// An optimizer over one range of a flat buffer.
 pub trait Optimizer: Send {
     /// One update of `params` from `grads` at learning rate `lr`: both are the
@@ -68,7 +72,20 @@ pub trait Optimizer: Send {
     /// first element first); with `bf16_out` (the same range of the bf16 copy) the
     /// updated elements are also written there in bf16. The step count advances once
     /// per call.
-    fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32, bf16_out: Option<&mut [bf16]>);
+    fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32, bf16_out: Option<&mut [bf16]>) {
+        self.step_each(params, grads, lr, bf16_out, &mut |_, _, _| {});
+    }
+    /// [`Optimizer::step`], calling `done` as each segment (a parameter) is updated, so
+    /// that a caller can ship its values while the rest still steps: an offloaded model's
+    /// upload overlaps the optimizer ([`crate::offload`]).
+    fn step_each(
+        &mut self,
+        params: &mut [f32],
+        grads: &[f32],
+        lr: f32,
+        bf16_out: Option<&mut [bf16]>,
+        done: SegmentDone<'_>,
+    );
     /// The elements of the flat layout it updates (global offsets).
     fn range(&self) -> Range<usize>;
     /// Bytes its state buffers hold.
@@ -139,6 +156,20 @@ pub(crate) fn out_segment<'a>(
     r: &Range<usize>,
 ) -> Option<&'a mut [bf16]> {
     out.as_deref_mut().map(|o| &mut o[r.clone()])
+}
+
+/// Tells `done` that the segment `r` of `params` (and of `bf16_out`) is final.
+pub(crate) fn tell(
+    done: SegmentDone<'_>,
+    r: &Range<usize>,
+    params: &[f32],
+    bf16_out: &Option<&mut [bf16]>,
+) {
+    done(
+        r.clone(),
+        &params[r.clone()],
+        bf16_out.as_deref().map(|o| &o[r.clone()]),
+    );
 }
 
 /// The range a segment covers, from zero.

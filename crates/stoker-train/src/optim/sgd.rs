@@ -9,7 +9,9 @@ use stoker_kernels::{sgd_update, SgdStep};
 
 use std::ops::Range;
 
-use super::{out_segment, segments_in, span, take_buffers, OptimState, Optimizer, Segment};
+use super::{
+    out_segment, segments_in, span, take_buffers, tell, OptimState, Optimizer, Segment, SegmentDone,
+};
 
 /// SGD hyper-parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -58,12 +60,13 @@ impl Sgd {
 }
 
 impl Optimizer for Sgd {
-    fn step(
+    fn step_each(
         &mut self,
         params: &mut [f32],
         grads: &[f32],
         lr: f32,
         mut bf16_out: Option<&mut [bf16]>,
+        done: SegmentDone<'_>,
     ) {
         let s = SgdStep {
             lr,
@@ -84,6 +87,7 @@ impl Optimizer for Sgd {
                 out_segment(&mut bf16_out, &r),
             )
             .expect("segments slice every buffer alike");
+            tell(done, &r, params, &bf16_out);
         }
     }
 
