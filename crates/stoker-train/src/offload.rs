@@ -13,10 +13,12 @@
 //! - down: after the backward every gradient's copy is queued at once, last group first
 //!   (the order the backward finishes them); the host then waits for one parameter's copy
 //!   at a time and adds it into the gradient sum while the later ones are still in flight;
-//! - up: after the optimizer, each parameter's new values are written into its pinned
-//!   buffer and its copy into the variable's own storage queued (a candle in-place op, so
-//!   the graph reads the same variable). The host goes on to fetch the next batches while
-//!   the copies run; the next micro-batch's own copy queues behind them on the stream.
+//! - up: each parameter's new values are written into its pinned buffer and its copy into
+//!   the variable's own storage queued (a candle in-place op, so the graph reads the same
+//!   variable), as soon as the optimizer is done with that parameter where it updates the
+//!   whole buffer ([`HostStaging::upload_segment`]), else after the all-gather
+//!   ([`HostStaging::upload`]). The host steps the next parameters, then fetches the next
+//!   batches, while the copies run; the next micro-batch's own copy queues behind them.
 //!
 //! Every call stays on the trainer's thread: candle's stream is per thread. candle's
 //! backward produces every gradient in one call, so copies cannot start while the backward
