@@ -14,7 +14,7 @@
 //!
 //! On the candle-graph path (every model; the GPT without `kernels = "direct"`) the
 //! trainer runs the model unit by unit ([`super::units`]: a layer or block at a time, its
-//! groups gathered through [`Strategy::gather_span`] and reduce-scattered through
+//! groups gathered through [`Strategy::start_gather_span`] and reduce-scattered through
 //! [`Strategy::scatter_span`], with activation checkpointing at the units' boundaries);
 //! the traffic is the direct step's. Between micro-batches a rank holds only its shards
 //! either way.
