@@ -74,3 +74,62 @@ fn the_direct_step_has_nothing_to_stage() {
     let e = t.stage_through_host().unwrap_err().to_string();
     assert!(e.contains("graph path"), "{e}");
 }
+
+/// Every rank's final weights under `strategy` on 2 ranks (threads), through host staging
+/// or not.
+fn two_ranks(strategy: &str, staged: bool) -> Vec<Vec<u32>> {
+    use std::rc::Rc;
+    use stoker_comm::{run_local, Communicator};
+    let text = gpt_config(
+        Path::new("/tmp"),
+        "bf16",
+        4,
+        &format!("[parallel]\nstrategy = \"{strategy}\""),
+    )
+    .replace(
+        "precision = \"bf16\"",
+        "precision = \"bf16\"\nkernels = \"composed\"",
+    );
+    let c = TrainConfig::parse(&text, Path::new("offload.toml")).unwrap();
+    run_local(2, std::time::Duration::from_secs(60), |comm| {
+        let rank = comm.rank();
+        let comm: Rc<dyn Communicator> = Rc::new(comm);
+        let m =
+            stoker_train::trainer::build_model(&c.model, c.precision, c.kernels, c.seed).unwrap();
+        let layout = stoker_train::layout::FlatLayout::of(m.params()).unwrap();
+        let s = stoker_train::parallel::for_config(&c, &layout, comm).unwrap();
+        let mut t = Trainer::with_strategy(&c, m, s).unwrap();
+        if staged {
+            t.stage_through_host().unwrap();
+        }
+        for step in 0..4 {
+            let w = vec![
+                token_batch(300 + 10 * step + rank as u64, 4, 16, 24, &[]),
+                token_batch(400 + 10 * step + rank as u64, 4, 16, 24, &[2]),
+            ];
+            t.train_step(&w).unwrap();
+        }
+        let eval = [token_batch(999, 4, 16, 24, &[])];
+        let loss = t.evaluate_local(&eval).unwrap().loss;
+        let mut out = bits(&t.full_master().unwrap());
+        out.push(loss.to_bits() as u32);
+        out.push((loss.to_bits() >> 32) as u32);
+        out
+    })
+    .into_iter()
+    .collect()
+}
+
+/// The uploads after a sharded optimizer's all-gather (ZeRO-1/2), and the per-parameter
+/// uploads under DDP, refresh the variables as the plain path does: weights and the
+/// evaluation loss (which reads the variables) bit for bit on every rank.
+#[test]
+fn data_parallel_strategies_stage_through_host_without_changing_a_bit() {
+    for strategy in ["ddp", "zero1", "zero2"] {
+        assert_eq!(
+            two_ranks(strategy, true),
+            two_ranks(strategy, false),
+            "{strategy}"
+        );
+    }
+}
