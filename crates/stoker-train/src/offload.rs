@@ -16,9 +16,9 @@
 //! - up: each parameter's new values are written into its pinned buffer and its copy into
 //!   the variable's own storage queued (a candle in-place op, so the graph reads the same
 //!   variable), as soon as the optimizer is done with that parameter where it updates the
-//!   whole buffer ([`HostStaging::upload_segment`]), else after the all-gather
-//!   ([`HostStaging::upload`]). The host steps the next parameters, then fetches the next
-//!   batches, while the copies run; the next micro-batch's own copy queues behind them.
+//!   whole buffer ([`HostStaging::upload_segment`]: the copies run while it steps the
+//!   next parameters), else after the all-gather ([`HostStaging::upload`]). The host then
+//!   fetches the next batches while they run; the next micro-batch's copy queues behind.
 //!
 //! Every call stays on the trainer's thread: candle's stream is per thread. candle's
 //! backward produces every gradient in one call, so copies cannot start while the backward
@@ -91,6 +91,9 @@ pub struct HostStaging {
     /// (flat offset, parameter index) of every parameter, by offset: which parameter an
     /// optimizer segment is.
     by_offset: Vec<(usize, usize)>,
+    /// Parameter uploads queued so far, and how many of them segment by segment.
+    uploads: usize,
+    segment_uploads: usize,
 }
 
 impl HostStaging {
@@ -116,10 +119,19 @@ impl HostStaging {
             grads.push(buf()?);
             ups.push(buf()?);
         }
+        if layout.slots().len() != grads.len() {
+            return Err(TrainError::Layout(format!(
+                "{} parameters, the layout has {} slots",
+                grads.len(),
+                layout.slots().len()
+            )));
+        }
+        // Empty parameters share their offset with the next one and have nothing to upload.
         let mut by_offset: Vec<(usize, usize)> = layout
             .slots()
             .iter()
             .enumerate()
+            .filter(|(_, s)| s.len > 0)
             .map(|(i, s)| (s.offset, i))
             .collect();
         by_offset.sort_unstable();
@@ -127,7 +139,21 @@ impl HostStaging {
             grads,
             params: ups,
             by_offset,
+            uploads: 0,
+            segment_uploads: 0,
         })
+    }
+
+    /// The parameters with at least one element: how many segment uploads refresh them all.
+    pub fn nonempty(&self) -> usize {
+        self.by_offset.len()
+    }
+
+    /// Parameter uploads queued so far, and how many of them as an optimizer's segments:
+    /// what tests count (each parameter once per step, by segment where the optimizer
+    /// updates the whole buffer).
+    pub fn upload_counts(&self) -> (usize, usize) {
+        (self.uploads, self.segment_uploads)
     }
 
     /// Bytes of host memory the buffers hold.
@@ -199,7 +225,7 @@ impl HostStaging {
     }
 
     /// Refreshes the parameter at flat offset `offset` from `values` (its new FP32 values)
-    /// or, for a bf16 variable, `bf16` (their bf16 copy) where given: what an optimizer's
+    /// or, where given, `bf16` (their bf16 copy, for bf16 variables): what an optimizer's
     /// segment hands over as soon as it is updated ([`crate::optim::Optimizer::step_each`]).
     /// An offset where no parameter starts is an error.
     pub fn upload_segment(
@@ -219,11 +245,15 @@ impl HostStaging {
             }
         };
         let p = params.iter().nth(i).expect("counted above");
-        let src = match (bf16, p.var.dtype()) {
-            (Some(b), DType::BF16) => MasterView::Bf16(b),
-            _ => MasterView::F32(values),
+        // As the whole upload: a bf16 copy refreshes bf16 variables, the only kind it exists
+        // for (a variable of another dtype beside one is an error).
+        let src = match bf16 {
+            Some(b) => MasterView::Bf16(b),
+            None => MasterView::F32(values),
         };
-        self.upload_param(i, src, p)
+        self.upload_param(i, src, p)?;
+        self.segment_uploads += 1;
+        Ok(())
     }
 
     /// Writes parameter `i`'s new values `src` (exactly its elements) into its staging
@@ -258,6 +288,7 @@ impl HostStaging {
             }
         }
         p.var.as_tensor().inplace_op1(&CopyIn(staged))?;
+        self.uploads += 1;
         Ok(())
     }
 
@@ -655,14 +686,15 @@ mod tests {
     }
 
     #[test]
-    fn segment_uploads_in_any_order_set_what_a_whole_upload_sets() {
+    fn segment_uploads_in_reverse_order_set_what_a_whole_upload_sets() {
         for dt in [DType::F32, DType::BF16, DType::F16] {
             let (a, b) = (params(dt), params(dt));
             let layout = FlatLayout::of(&a).unwrap();
             let master: Vec<f32> = (0..layout.total_len())
                 .map(|i| i as f32 * 0.013 - 0.2)
                 .collect();
-            let copy: Vec<bf16> = master.iter().map(|x| bf16::from_f32(*x)).collect();
+            // Not the master rounded: an upload that rounds instead of taking the copy differs.
+            let copy: Vec<bf16> = master.iter().map(|x| bf16::from_f32(*x + 1.0)).collect();
             let whole = match dt {
                 DType::BF16 => MasterView::Bf16(&copy),
                 _ => MasterView::F32(&master),
@@ -688,6 +720,22 @@ mod tests {
                 .unwrap_err();
             assert!(e.to_string().contains(&first.name), "{e}");
         }
+    }
+
+    #[test]
+    fn an_empty_parameter_sharing_an_offset_is_not_a_segment() {
+        let mut b = ParamBuilder::new(Device::Cpu, DType::F32, 7);
+        b.param("empty.weight", &[0, 3], Init::Normal(0.5)).unwrap();
+        b.param("fc.weight", &[5, 3], Init::Normal(0.5)).unwrap();
+        let p = b.finish();
+        let layout = FlatLayout::of(&p).unwrap();
+        let mut s = HostStaging::for_params(&p, &layout).unwrap();
+        assert_eq!(s.nonempty(), 1);
+        let full = &layout.slots()[1];
+        let new = vec![1.5f32; full.len];
+        s.upload_segment(full.offset, &new, None, &p).unwrap();
+        assert_eq!(values(&p)[1], vec![1.5f32; 15]);
+        assert_eq!(s.upload_counts(), (1, 1));
     }
 
     #[test]

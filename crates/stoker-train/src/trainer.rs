@@ -400,6 +400,12 @@ impl Trainer {
         Ok(())
     }
 
+    /// The host staging's upload counts (all, and those made as the optimizer finished
+    /// each parameter), where the model is staged: see [`HostStaging::upload_counts`].
+    pub fn staging_upload_counts(&self) -> Option<(usize, usize)> {
+        self.staging.as_ref().map(HostStaging::upload_counts)
+    }
+
     /// Bytes of the host staging buffers of a model on a GPU (0 on a CPU).
     pub fn staging_bytes(&self) -> usize {
         self.staging.as_ref().map_or(0, HostStaging::bytes)
@@ -701,10 +707,11 @@ impl Trainer {
         let local_grads = range.start - self.grad_range.start..range.end - self.grad_range.start;
         // A model on a GPU whose optimizer updates the whole buffer (one rank, DDP): each
         // parameter's copy up is queued as soon as the optimizer is done with it, so the
-        // copies run while the optimizer steps the rest (DeepSpeed's CPU Adam pipelines
-        // its sub-groups' copies alike). Sharded updates go up after their all-gather.
+        // copies run while the optimizer steps the rest. Sharded updates go up after their
+        // all-gather. A non-finite parameter is not sent (the check below fails the step),
+        // and unless every parameter went up the whole upload runs after all.
         let upload_each = self.staging.is_some() && range == (0..self.layout.total_len());
-        let mut upload_failed = None;
+        let (mut upload_failed, mut uploaded) = (None, 0usize);
         let Trainer {
             optimizer,
             master,
@@ -715,9 +722,13 @@ impl Trainer {
             ..
         } = self;
         let mut done = |r: std::ops::Range<usize>, v: &[f32], b: Option<&[half::bf16]>| {
+            let finite = || v.iter().all(|x| x.is_finite());
             if let (true, None, Some(st)) = (upload_each, &upload_failed, staging.as_mut()) {
-                if let Err(e) = st.upload_segment(range.start + r.start, v, b, model.params()) {
-                    upload_failed = Some(e);
+                if finite() {
+                    match st.upload_segment(range.start + r.start, v, b, model.params()) {
+                        Ok(()) => uploaded += 1,
+                        Err(e) => upload_failed = Some(e),
+                    }
                 }
             }
         };
@@ -752,7 +763,7 @@ impl Trainer {
             _ if self.shards_params() => {}
             // A model on a GPU: its new values queued up from pinned host buffers (already,
             // parameter by parameter, where the optimizer updated the whole buffer).
-            _ if upload_each => {}
+            _ if upload_each && Some(uploaded) == self.staging.as_ref().map(|s| s.nonempty()) => {}
             (copy, _) if self.staging.is_some() => {
                 let src = match copy {
                     Some(c) => MasterView::Bf16(c),

@@ -42,9 +42,11 @@ fn staging_through_host_buffers_changes_no_bit() {
         let n = staged.layout.numel();
         let width = if precision == "fp32" { 4 } else { 2 };
         assert_eq!(staged.staging_bytes(), 2 * width * n, "{precision}");
+        let mut skipped = 0;
         for step in 0..6 {
             let a = plain.train_step(&window(step)).unwrap();
             let b = staged.train_step(&window(step)).unwrap();
+            skipped += usize::from(b.skipped.is_some());
             assert!(a.loss.is_finite(), "{precision}: step {step}");
             assert_eq!(
                 a.loss.to_bits(),
@@ -55,6 +57,15 @@ fn staging_through_host_buffers_changes_no_bit() {
             assert_eq!(a.skipped, b.skipped, "{precision}: step {step}");
         }
         assert_eq!(bits(&plain.master), bits(&staged.master), "{precision}");
+        // Each parameter went up once per step that updated (fp16 may skip a step), each
+        // as the optimizer finished it: no whole upload on top.
+        let params = staged.layout.slots().len();
+        let updated = 6 - skipped;
+        assert_eq!(
+            staged.staging_upload_counts(),
+            Some((updated * params, updated * params)),
+            "{precision}"
+        );
         // The variables the forward reads were refreshed alike.
         let eval = [token_batch(999, 4, 16, 24, &[])];
         let (ea, eb) = (
@@ -108,6 +119,17 @@ fn two_ranks(strategy: &str, staged: bool) -> Vec<Vec<u32>> {
                 token_batch(400 + 10 * step + rank as u64, 4, 16, 24, &[2]),
             ];
             t.train_step(&w).unwrap();
+        }
+        if staged {
+            // Sharded optimizers upload every parameter after the all-gather; DDP's updates
+            // the whole buffer and uploads each as it finishes it.
+            let n = t.layout.slots().len();
+            let by_segment = if strategy == "ddp" { 4 * n } else { 0 };
+            assert_eq!(
+                t.staging_upload_counts(),
+                Some((4 * n, by_segment)),
+                "{strategy}"
+            );
         }
         let eval = [token_batch(999, 4, 16, 24, &[])];
         let loss = t.evaluate_local(&eval).unwrap().loss;
