@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 STOKER := target/release/stoker
 
-.PHONY: demo test test-hf soak fuzz miri deps data photos build release bench-loader bench-jpeg bench-precision bench-step bench-comm bench-ddp bench-cluster check-cuda fmt clippy
+.PHONY: demo test test-hf soak fuzz miri deps data photos build release bench-loader bench-jpeg bench-precision bench-step bench-comm bench-ddp bench-cluster check-cuda gpu-build fmt clippy
 
 # System packages, Python packages for fixtures/references, a Rust toolchain check.
 deps:
@@ -48,6 +48,11 @@ soak: data release
 # The opt-in `cuda` feature compiles (nvcc from PyPI into .cache/; no GPU needed).
 check-cuda: deps
 	bash scripts/check-cuda.sh
+
+# The CUDA binary for a lent GPU (target/gpu: the binary and the libraries it links,
+# compressed); then, on the GPU machine, scripts/gpu/offload-check.sh (docs/zero.md, Offload).
+gpu-build: deps data
+	bash scripts/gpu/build.sh
 
 bench-loader: data
 	bash scripts/bench/loader.sh
