@@ -521,8 +521,8 @@ impl TrainConfig {
         if p.strategy == StrategyKind::Zero3 {
             self.check_zero3()?;
         }
-        let cpu = !crate::device::TrainDevice::parse(&self.device)?.is_cuda();
-        if p.offload_optimizer && cpu {
+        let gpu = crate::device::TrainDevice::parse(&self.device)?.is_cuda();
+        if p.offload_optimizer && !gpu {
             return Err(config_err(
                 "parallel.offload_optimizer",
                 "device is \"cpu\": the optimizer states already live in host memory and the CPU \
@@ -548,7 +548,7 @@ impl TrainConfig {
             }
             _ => {}
         }
-        if crate::device::TrainDevice::parse(&self.device)?.is_cuda() {
+        if gpu {
             self.check_gpu()?;
         }
         if self.precision == Precision::Fp64 {

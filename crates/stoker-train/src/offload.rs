@@ -83,6 +83,24 @@ pub enum MasterView<'a> {
     Bf16(&'a [bf16]),
 }
 
+impl<'a> MasterView<'a> {
+    /// Elements in view.
+    fn len(self) -> usize {
+        match self {
+            MasterView::F32(m) => m.len(),
+            MasterView::Bf16(m) => m.len(),
+        }
+    }
+
+    /// Elements `r` of the view.
+    fn part(self, r: std::ops::Range<usize>) -> MasterView<'a> {
+        match self {
+            MasterView::F32(m) => MasterView::F32(&m[r]),
+            MasterView::Bf16(m) => MasterView::Bf16(&m[r]),
+        }
+    }
+}
+
 /// Host-side staging of a model's gradients and parameters: one buffer per parameter in
 /// each direction (module doc).
 pub struct HostStaging {
@@ -100,6 +118,13 @@ impl HostStaging {
     /// Buffers for every parameter of `params` (laid out by `layout`), pinned where their
     /// variables are on a GPU.
     pub fn for_params(params: &ParamSet, layout: &FlatLayout) -> Result<Self> {
+        if layout.slots().len() != params.len() {
+            return Err(TrainError::Layout(format!(
+                "{} parameters, the layout has {} slots",
+                params.len(),
+                layout.slots().len()
+            )));
+        }
         let (mut grads, mut ups) = (Vec::new(), Vec::new());
         for p in params.iter() {
             let (dev, n) = (p.var.device(), p.var.elem_count());
@@ -118,13 +143,6 @@ impl HostStaging {
             };
             grads.push(buf()?);
             ups.push(buf()?);
-        }
-        if layout.slots().len() != grads.len() {
-            return Err(TrainError::Layout(format!(
-                "{} parameters, the layout has {} slots",
-                grads.len(),
-                layout.slots().len()
-            )));
         }
         // Empty parameters share their offset with the next one and have nothing to upload.
         let mut by_offset: Vec<(usize, usize)> = layout
@@ -174,12 +192,12 @@ impl HostStaging {
     ) -> Result<()> {
         layout.check_len(out.len())?;
         self.check_count(params)?;
-        let ps: Vec<_> = params.iter().collect();
-        let order: Vec<usize> = (0..ps.len()).rev().collect();
+        // Last group first, as the backward finishes them.
+        let order = (0..params.len()).rev();
         // The gradients stay alive until every copy from them has been read.
-        let mut sources = Vec::with_capacity(order.len());
-        for &i in &order {
-            let p = ps[i];
+        let mut sources = Vec::with_capacity(params.len());
+        for i in order.clone() {
+            let p = params.at(i).expect("counted above");
             let g = store
                 .get(p.var.as_tensor())
                 .ok_or_else(|| TrainError::NoGradient {
@@ -189,7 +207,7 @@ impl HostStaging {
             each!(&mut self.grads[i], s => s.start_download(&g, &p.name))?;
             sources.push(g);
         }
-        for &i in &order {
+        for i in order {
             let s = &layout.slots()[i];
             let out = &mut out[s.offset..s.offset + s.len];
             each!(&self.grads[i], b => add_widened(out, b.read()?));
@@ -207,19 +225,10 @@ impl HostStaging {
         layout: &FlatLayout,
         params: &ParamSet,
     ) -> Result<()> {
-        let len = match src {
-            MasterView::F32(m) => m.len(),
-            MasterView::Bf16(m) => m.len(),
-        };
-        layout.check_len(len)?;
+        layout.check_len(src.len())?;
         self.check_count(params)?;
         for (i, (p, s)) in params.iter().zip(layout.slots()).enumerate() {
-            let range = s.offset..s.offset + s.len;
-            let part = match src {
-                MasterView::F32(m) => MasterView::F32(&m[range]),
-                MasterView::Bf16(m) => MasterView::Bf16(&m[range]),
-            };
-            self.upload_param(i, part, p)?;
+            self.upload_param(i, src.part(s.offset..s.offset + s.len), p)?;
         }
         Ok(())
     }
@@ -244,7 +253,7 @@ impl HostStaging {
                 )))
             }
         };
-        let p = params.iter().nth(i).expect("counted above");
+        let p = params.at(i).expect("counted above");
         // As the whole upload: a bf16 copy refreshes bf16 variables, the only kind it exists
         // for (a variable of another dtype beside one is an error).
         let src = match bf16 {
@@ -265,10 +274,7 @@ impl HostStaging {
         p: &crate::params::Param,
     ) -> Result<()> {
         let staged = &mut self.params[i];
-        let n = match src {
-            MasterView::F32(m) => m.len(),
-            MasterView::Bf16(m) => m.len(),
-        };
+        let n = src.len();
         if n != p.var.elem_count() {
             return Err(TrainError::Layout(format!(
                 "offload: {n} values for parameter `{}` of {} elements",
@@ -294,7 +300,7 @@ impl HostStaging {
 
     /// Fails unless `params` has as many parameters as the buffers were made for.
     fn check_count(&self, params: &ParamSet) -> Result<()> {
-        let n = params.iter().count();
+        let n = params.len();
         if n != self.grads.len() {
             return Err(TrainError::Layout(format!(
                 "{n} parameters, the staging holds {}",
@@ -651,7 +657,7 @@ mod tests {
         let only_first = p.iter().next().unwrap().var.as_tensor().sum_all().unwrap();
         let g = only_first.backward().unwrap();
         let mut out = vec![0f32; layout.total_len()];
-        let mut s = HostStaging::for_params(&p, &FlatLayout::of(&p).unwrap()).unwrap();
+        let mut s = HostStaging::for_params(&p, &layout).unwrap();
         let e = s.download_grads(&g, &p, &layout, &mut out).unwrap_err();
         assert!(e.to_string().contains("out.weight"), "{e}");
     }
@@ -677,7 +683,7 @@ mod tests {
         }
         let p = params(DType::F32);
         let layout = FlatLayout::of(&p).unwrap();
-        let mut s = HostStaging::for_params(&p, &FlatLayout::of(&p).unwrap()).unwrap();
+        let mut s = HostStaging::for_params(&p, &layout).unwrap();
         let copy = vec![bf16::ZERO; layout.total_len()];
         let e = s.upload(MasterView::Bf16(&copy), &layout, &p).unwrap_err();
         assert!(e.to_string().contains("bf16 variables only"), "{e}");

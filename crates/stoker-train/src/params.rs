@@ -98,6 +98,11 @@ impl ParamSet {
             .collect()
     }
 
+    /// The `i`-th parameter in declaration order (the `i`-th slot of its layout).
+    pub fn at(&self, i: usize) -> Option<&Param> {
+        self.params.get(i)
+    }
+
     /// The parameter called `name`.
     pub fn get(&self, name: &str) -> Option<&Param> {
         self.params.iter().find(|p| p.name == name)

@@ -258,8 +258,8 @@ pub fn run_rank(
     let dims = ParallelDims::resolve(config, comm.world_size(), comm.rank(), launcher)?;
     let lead = dims.rank == 0;
     // A GPU (`device = "cuda"`): the rank's own, one per rank on its host.
-    let launched = comm.backend() != "local";
-    let local = crate::device::local_rank(dims.rank, comm.ranks_on_this_host(), launched);
+    let (launched, per_host) = (comm.backend() != "local", comm.ranks_on_this_host());
+    let local = crate::device::local_rank(dims.rank, per_host, launched);
     let device = crate::device::TrainDevice::parse(&config.device)?.open(local)?;
     let (p, k, seed) = (config.precision, config.kernels, config.seed);
     let model = build_model_on(&config.model, p, k, seed, &device)?;
@@ -373,8 +373,7 @@ pub fn run_rank(
         mapped: data.mapped_bytes() as f64,
         baseline_heap: baseline_heap.map(|b| b as f64),
     };
-    let forecast =
-        crate::planned::forecast(config, dims.world, comm.ranks_on_this_host(), Some(&own));
+    let forecast = crate::planned::forecast(config, dims.world, per_host, Some(&own));
     if lead {
         bar.println(&accounting);
         bar.suspend(|| {

@@ -721,15 +721,15 @@ impl Trainer {
             model,
             ..
         } = self;
+        let mut each = staging.as_mut().filter(|_| upload_each);
         let mut done = |r: std::ops::Range<usize>, v: &[f32], b: Option<&[half::bf16]>| {
-            let finite = || v.iter().all(|x| x.is_finite());
-            if let (true, None, Some(st)) = (upload_each, &upload_failed, staging.as_mut()) {
-                if finite() {
-                    match st.upload_segment(range.start + r.start, v, b, model.params()) {
-                        Ok(()) => uploaded += 1,
-                        Err(e) => upload_failed = Some(e),
-                    }
-                }
+            let Some(st) = each.as_mut() else { return };
+            if upload_failed.is_some() || !v.iter().all(|x| x.is_finite()) {
+                return;
+            }
+            match st.upload_segment(range.start + r.start, v, b, model.params()) {
+                Ok(()) => uploaded += 1,
+                Err(e) => upload_failed = Some(e),
             }
         };
         optimizer.step_each(

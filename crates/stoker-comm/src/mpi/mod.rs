@@ -536,7 +536,7 @@ impl Communicator for MpiComm {
 
     fn ranks_on_this_host(&self) -> usize {
         // The peers exchanged at start: the same host name and boot.
-        peers::on_this_machine(&self.ctx.peers)
+        peers::on_machine_of(&self.ctx.peers, self.rank())
     }
 
     fn stats(&self) -> CommStats {

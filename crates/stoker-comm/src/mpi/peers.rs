@@ -45,11 +45,11 @@ fn fnv1a(s: &str) -> u64 {
     })
 }
 
-/// How many of `peers` run on this machine (this rank included), whatever their pid
-/// namespaces.
-pub(super) fn on_this_machine(peers: &[Peer]) -> usize {
-    let here = machine_key();
-    peers.iter().filter(|p| p.machine == here).count().max(1)
+/// How many of `peers` run on the machine of `peers[rank]` (it included), whatever their
+/// pid namespaces.
+pub(super) fn on_machine_of(peers: &[Peer], rank: usize) -> usize {
+    let here = peers[rank].machine;
+    peers.iter().filter(|p| p.machine == here).count()
 }
 
 /// All ranks' `Peer`s, rank order.
