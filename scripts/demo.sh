@@ -24,9 +24,14 @@ echo "eval loss $eval_loss <= 2.0"
 echo "plots: runs/shakespeare/*.png"
 echo
 echo "== data parallelism: the same GPT and global batch on 1 rank, then on 2 ranks (mpirun -n 2), deterministic mode =="
+echo "   (each config calibrated on this machine for its rank count, as above, and trained as emitted)"
 mkdir -p runs
-RAYON_NUM_THREADS=2 "$STOKER" train configs/shakespeare-gpt-ddp.toml --no-progress | tee runs/ddp-1rank.log
-sed 's#"runs/shakespeare-ddp"#"runs/shakespeare-ddp-2ranks"#' configs/shakespeare-gpt-ddp.toml > runs/shakespeare-gpt-ddp-2ranks.toml
+rm -rf runs/shakespeare-ddp runs/shakespeare-ddp-2ranks
+"$STOKER" plan --config configs/shakespeare-gpt-ddp.toml --calibrate --devices-per-node 1 --strategy ddp \
+  --emit-config runs/shakespeare-gpt-ddp-1rank.toml > runs/plan-ddp-1rank.txt
+"$STOKER" plan --config configs/shakespeare-gpt-ddp.toml --calibrate --devices-per-node 2 --strategy ddp \
+  --run-dir runs/shakespeare-ddp-2ranks --emit-config runs/shakespeare-gpt-ddp-2ranks.toml > runs/plan-ddp-2ranks.txt
+RAYON_NUM_THREADS=2 "$STOKER" train runs/shakespeare-gpt-ddp-1rank.toml --no-progress | tee runs/ddp-1rank.log
 timeout 900 mpirun -n 2 "$STOKER" train runs/shakespeare-gpt-ddp-2ranks.toml --no-progress | tee runs/ddp-2ranks.log
 one=$(grep -E "^eval loss|weights crc32" runs/ddp-1rank.log | tr '\n' ' ')
 two=$(grep -E "^eval loss|weights crc32" runs/ddp-2ranks.log | tr '\n' ' ')
@@ -41,7 +46,15 @@ fi
 echo
 echo "== ZeRO-3: an 8-block GPT (1.6M parameters) over 2 ranks; each keeps half of the parameters, gradients and optimizer states =="
 rm -rf runs/shakespeare-zero
-timeout 900 mpirun -n 2 "$STOKER" train configs/shakespeare-gpt-zero.toml --no-progress | tee runs/zero3-2ranks.log
+# The planner recommends DDP here (the model fits whole on each rank); the demo runs
+# ZeRO-3 to show the sharding, and the run's own forecast plans the strategy it runs.
+"$STOKER" plan --config configs/shakespeare-gpt-zero.toml --calibrate --devices-per-node 2 --strategy zero3 \
+  --emit-config runs/shakespeare-gpt-zero3-2ranks.toml > runs/plan-zero3-2ranks.txt
+grep -E "^\(c\) strategy|asks for zero3" runs/plan-zero3-2ranks.txt
+sed -i -e 's#^strategy = .*#strategy = "zero3"#' \
+  -e '1i # scripts/demo.sh set strategy = "zero3" over the plan'"'"'s choice below, to show ZeRO-3' \
+  runs/shakespeare-gpt-zero3-2ranks.toml
+timeout 900 mpirun -n 2 "$STOKER" train runs/shakespeare-gpt-zero3-2ranks.toml --no-progress | tee runs/zero3-2ranks.log
 grep -q "held/planned 1.0" runs/zero3-2ranks.log || { echo "error: held model states differ from the plan" >&2; exit 1; }
 echo
 echo "== resume the 2-rank ZeRO-3 checkpoint on 1 rank (DDP), 20 more steps; then one model.safetensors and a Hugging Face GPT-2 directory =="
@@ -49,3 +62,8 @@ sed -e 's#^strategy = .*#strategy = "ddp"#' -e 's#^steps = .*#steps = 120#' conf
 RAYON_NUM_THREADS=2 "$STOKER" train runs/shakespeare-gpt-zero-resume.toml --resume latest --no-progress | grep -E "^eval loss|^steps"
 "$STOKER" ckpt consolidate runs/shakespeare-zero/checkpoints/step_00000120
 "$STOKER" export hf runs/shakespeare-gpt-zero-resume.toml --out runs/shakespeare-zero/hf
+echo
+echo "== planned vs measured, every training run above (the forecast each printed at its start, checked at its end) =="
+for log in runs/shakespeare.log runs/ddp-1rank.log runs/ddp-2ranks.log runs/zero3-2ranks.log; do
+  echo "$log: $(grep -E '^planned vs measured' "$log" | grep -oE 'measured RSS [0-9.]+ MiB \(measured/planned [0-9.]+\)|step time planned [0-9.]+ ms, measured [0-9.]+ ms \(measured/planned [0-9.]+\)' | paste -sd';' | sed 's/;/; /')"
+done

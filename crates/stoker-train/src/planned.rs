@@ -385,8 +385,9 @@ pub struct OwnBytes {
 /// the planner's recommendation), which the run's end sets beside what it measured.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RunForecast {
-    /// The hardware planned for (`[plan.hardware]`'s preset, default `cpu`); `none` where
-    /// the planner cannot model the run and only the trainer's count of its bytes stands.
+    /// The hardware planned for: `[plan.hardware]`'s preset (default `cpu`), "with
+    /// [plan]'s figures" where the config gives peaks or an MFU (a calibration's); `none`
+    /// where the planner cannot model the run and only the trainer's count stands.
     pub hardware: String,
     /// Peak bytes per rank of training steps: with the trainer's own count, baseline +
     /// model states + communication buffers + activations + the kernels' scratch + loader
@@ -418,16 +419,28 @@ pub struct RunForecast {
     pub step_s: Option<f64>,
     /// Samples/s one rank's loader must sustain at that step time.
     pub required_samples_per_s: Option<f64>,
+    /// Why the planner gave no row (then there is no step time), e.g. a CNN, which the
+    /// planner does not model, or a `[plan.hardware]` that cannot hold the run's ranks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_planner_row: Option<String>,
 }
 
 impl RunForecast {
-    /// What the forecast rests on, for its lines: `cpu preset`, or the trainer's count
-    /// alone where the planner cannot model the run.
+    /// What the forecast rests on, for its lines: `cpu preset` (with `[plan]`'s figures),
+    /// or the trainer's count alone where the planner cannot model the run.
     pub fn basis(&self) -> String {
         match self.step_s {
-            Some(_) => format!("{} preset", self.hardware),
-            None => "the trainer's count; no planner model".into(),
+            Some(_) => self.hardware.clone(),
+            None => "the trainer's count; no planner row".into(),
         }
+    }
+
+    /// Why there is no planned step time (the planner's error), for the lines that
+    /// would show it.
+    pub fn why_no_step_time(&self) -> &str {
+        self.no_planner_row
+            .as_deref()
+            .unwrap_or("the planner gave no row")
     }
 }
 
@@ -478,13 +491,17 @@ pub fn forecast(
                 a,
                 o.baseline_heap.map(|h| h + held),
             );
-            (planner_row(cfg, world, per_host).ok(), memory)
+            (planner_row(cfg, world, per_host), memory)
         }
         None => {
             let r = planner_row(cfg, world, per_host)?;
             let memory = (r.peak_bytes, r.activation_bytes, None);
-            (Some(r), memory)
+            (Ok(r), memory)
         }
+    };
+    let (row, no_planner_row) = match row {
+        Ok(r) => (Some(r), None),
+        Err(e) => (None, Some(e.to_string())),
     };
     Ok(RunForecast {
         hardware: row.as_ref().map_or("none".into(), |r| r.hardware.clone()),
@@ -497,6 +514,7 @@ pub fn forecast(
         heap_bytes,
         step_s: row.as_ref().map(|r| r.step_s),
         required_samples_per_s: row.as_ref().map(|r| r.samples / r.step_s),
+        no_planner_row,
     })
 }
 
@@ -511,11 +529,16 @@ pub(crate) fn planner_row(cfg: &TrainConfig, world: usize, per_host: usize) -> R
     }
     // On CPUs the ranks of one host share its cores (and its peak): plan the hosts the
     // ranks really run on, over what a config emitted elsewhere says (`nodes = 1`).
+    // (All ranks on one host are one node of `world` devices, also where the config was
+    // emitted for another count.)
     let cpu = matches!(h.preset.as_deref(), Some("cpu" | "cpu-only"));
-    if cpu && per_host >= 1 && per_host < world && world.is_multiple_of(per_host) {
+    if cpu && per_host >= 1 && per_host <= world && world.is_multiple_of(per_host) {
         h.nodes = Some((world / per_host) as i64);
         h.devices_per_node = Some(per_host as i64);
     }
+    // Figures measured on this machine (`stoker plan --calibrate`) or typed into the
+    // config replace the preset's, and the forecast's lines say so.
+    let measured = h.peak_tflops.is_some() || section.mfu.is_some();
     cfg.batch.world_size = Some(world);
     let input = plan_input(&cfg, &PlanInput::default())?;
     let resolved = stoker_plan::resolve::resolve(&PlanInput::default(), None, &input)
@@ -527,7 +550,10 @@ pub(crate) fn planner_row(cfg: &TrainConfig, world: usize, per_host: usize) -> R
         .find(|r| Some(r.strategy) == plan.inputs.pinned_strategy)
         .ok_or_else(|| config_err("parallel.strategy", "the planner has no row for it"))?;
     Ok(PlannerRow {
-        hardware: plan.inputs.hardware.name.clone(),
+        hardware: match measured {
+            true => format!("{} preset with [plan]'s figures", plan.inputs.hardware.name),
+            false => format!("{} preset", plan.inputs.hardware.name),
+        },
         peak_bytes: row.memory.device.total,
         activation_bytes: row.memory.device.activations,
         step_s: row.time.step_s,

@@ -677,7 +677,7 @@ pub fn forecast_line(f: &crate::planned::RunForecast) -> String {
     let mib = |b: f64| b / (1 << 20) as f64;
     let time = match (f.step_s, f.required_samples_per_s) {
         (Some(t), Some(need)) => format!("step {:.1} ms, loader need {need:.0} samples/s", t * 1e3),
-        _ => "step time not modelled (the planner models transformers)".into(),
+        _ => format!("no step time ({})", f.why_no_step_time()),
     };
     format!(
         "planner forecast per rank ({}): peak memory {:.1} MiB (activations {:.1} MiB, kernel \

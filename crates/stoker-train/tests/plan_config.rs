@@ -573,4 +573,16 @@ fn a_run_s_forecast_plans_its_ranks_on_the_hosts_they_share() {
         .step_s
         .unwrap();
     assert_eq!(on_two, two_hosts);
+    // A config emitted for one device (`devices_per_node = 1`, what `stoker plan
+    // --emit-config` writes for one rank) run by 2 ranks on one host is planned as the
+    // one host of 2 ranks (it used to get no planner row at all).
+    let mut emitted_for_one_rank = cfg.clone();
+    let single = input("[hardware]\npreset = \"cpu\"\ndevices_per_node = 1\n");
+    emitted_for_one_rank.plan = Some(stoker_plan::emit::PlanSection {
+        hardware: single.hardware,
+        ..Default::default()
+    });
+    let f = forecast(&emitted_for_one_rank, 2, 2, None).unwrap();
+    assert_eq!(f.no_planner_row, None);
+    assert_eq!(f.step_s, Some(one_host));
 }

@@ -383,8 +383,9 @@ fn print_forecast(s: &RunSummary) {
             s.step_s / t
         ),
         None => format!(
-            "step time measured {:.1} ms (not modelled: the planner models transformers)",
-            s.step_s * 1e3
+            "step time measured {:.1} ms (not planned: {})",
+            s.step_s * 1e3,
+            f.why_no_step_time()
         ),
     };
     // The plan sizes the loader to sustain the step's need (`stoker tune loader
