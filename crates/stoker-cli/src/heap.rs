@@ -1,25 +1,52 @@
-//! The binary's allocator: mimalloc (main.rs says why), counted
-//! (`stoker_train::heap::Counting`), so a run can set what it really holds beside what it
-//! planned.
+//! The binary's allocator: glibc's malloc told to keep and reuse freed memory
+//! (`stoker_train::malloc_tuning`), or mimalloc with the `mimalloc` feature (to compare the
+//! two, scripts/bench/allocator.sh), counted (`stoker_train::heap::Counting`), so a run can
+//! set what it really holds beside what it planned.
 
-use mimalloc::MiMalloc;
 use stoker_train::heap::Counting;
 
+/// The allocator under the count.
+#[cfg(not(feature = "mimalloc"))]
+pub type Allocator = std::alloc::System;
+/// The allocator under the count.
+#[cfg(feature = "mimalloc")]
+pub type Allocator = mimalloc::MiMalloc;
+
+/// The allocator's value, for the `static` in main.rs.
+#[cfg(not(feature = "mimalloc"))]
+pub const ALLOCATOR: Allocator = std::alloc::System;
+/// The allocator's value, for the `static` in main.rs.
+#[cfg(feature = "mimalloc")]
+pub const ALLOCATOR: Allocator = mimalloc::MiMalloc;
+
 /// The allocator `main.rs` installs; a run reads its counts (`RunOptions::heap`).
-pub type CountingMiMalloc = Counting<MiMalloc>;
+pub type CountingAllocator = Counting<Allocator>;
+
+/// Sets glibc's malloc to keep freed memory for reuse (nothing with mimalloc, which keeps
+/// its own). main.rs calls it first, while the process has one thread.
+pub fn keep_freed_memory() -> stoker_train::malloc_tuning::MallocTuning {
+    #[cfg(not(feature = "mimalloc"))]
+    return stoker_train::malloc_tuning::keep_freed_memory();
+    #[cfg(feature = "mimalloc")]
+    return stoker_train::malloc_tuning::MallocTuning::NotGlibc;
+}
 
 /// Keeps the kernel from backing this process's memory with transparent huge pages,
-/// unless `MIMALLOC_ALLOW_THP` is set (mimalloc's own switch, which it then reads itself).
+/// unless `STOKER_ALLOW_THP` (or mimalloc's own `MIMALLOC_ALLOW_THP`) is set.
 ///
-/// mimalloc asks for huge pages on its arenas (`madvise(MADV_HUGEPAGE)`), and the kernel
-/// then makes each 2 MiB range resident whole as soon as any byte of it is touched, however
-/// little of it is live: the GPTs' resident set grew 18-35 MiB beyond their heap (20-30%
-/// of the demo's), which no count of buffers can forecast. Their step time was the same
-/// within run-to-run noise with and without (docs/plan.md). It is the whole process's
-/// setting (`PR_SET_THP_DISABLE`), inherited by child processes, of which stoker starts
-/// none; a failure leaves the kernel's default.
+/// With huge pages the kernel makes each 2 MiB range resident whole as soon as any byte of
+/// it is touched, however little of it is live: under mimalloc (which asks for them on its
+/// arenas, `madvise(MADV_HUGEPAGE)`) the GPTs' resident set grew 18-35 MiB beyond their
+/// heap (20-30% of the demo's), which no count of buffers can forecast; glibc's heap gets
+/// them too where the system's setting is `always`. Step time was the same within
+/// run-to-run noise with and without (docs/plan.md). It is the whole process's setting
+/// (`PR_SET_THP_DISABLE`), inherited by child processes, of which stoker starts none; a
+/// failure leaves the kernel's default.
 pub fn no_transparent_huge_pages() {
-    if std::env::var_os("MIMALLOC_ALLOW_THP").is_some() {
+    if ["STOKER_ALLOW_THP", "MIMALLOC_ALLOW_THP"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+    {
         return;
     }
     // Transparent huge pages and prctl are Linux's; elsewhere there is nothing to turn off.

@@ -1,17 +1,17 @@
 //! `stoker`: the command-line front end of the stoker training engine.
 
+mod candle_threads;
 mod cmd;
 mod error_kind;
 mod heap;
 
 use clap::{Parser, Subcommand};
 
-/// mimalloc keeps freed pages for reuse: candle allocates every activation and gradient
-/// afresh each step, and with glibc's allocator those pages went back to the OS and
-/// faulted in again (a third of a CPU training step, measured in docs/benchmarks.md).
-/// Counted (heap.rs), so that runs can report the bytes they really hold.
+/// glibc's malloc, told to keep and reuse what is freed (`main` sets it first thing,
+/// `stoker_train::malloc_tuning`): candle allocates every activation and gradient afresh
+/// each step. Counted (heap.rs), so that runs can report the bytes they really hold.
 #[global_allocator]
-static ALLOC: heap::CountingMiMalloc = heap::CountingMiMalloc::new(mimalloc::MiMalloc);
+static ALLOC: heap::CountingAllocator = heap::CountingAllocator::new(heap::ALLOCATOR);
 
 /// stoker keeps accelerators fed: data loading, precision, distribution.
 #[derive(Parser)]
@@ -44,6 +44,7 @@ enum Command {
 /// Runs the command; a failure prints one line, `error[KIND]: what: why: ...` (the kind from
 /// [`error_kind::ErrorKind`], then the whole chain of causes), and exits with status 1.
 fn main() -> std::process::ExitCode {
+    let malloc = heap::keep_freed_memory();
     heap::no_transparent_huge_pages();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -51,6 +52,9 @@ fn main() -> std::process::ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    if let stoker_train::malloc_tuning::MallocTuning::Refused(what) = malloc {
+        tracing::warn!("glibc refused the malloc setting {what}: freed memory may go back to the kernel and fault in again every step");
+    }
     let result = match Cli::parse().command {
         Command::Pack(a) => cmd::pack::run(a),
         Command::Bench(a) => cmd::bench::run(a),

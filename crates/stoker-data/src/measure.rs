@@ -102,9 +102,11 @@ pub fn measure_loader<D: Dataset>(
     })
 }
 
-/// Resets the kernel's peak-RSS mark for this process (Linux `clear_refs` 5); best effort.
-pub fn reset_peak_rss() {
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
+/// Resets the kernel's peak-RSS mark for this process (Linux `clear_refs` 5); best effort:
+/// false where it could not (no such file, not permitted), and VmHWM then still holds the
+/// process's peak since its start.
+pub fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 
 /// Peak resident set size (VmHWM) of this process in bytes, 0 where unavailable.

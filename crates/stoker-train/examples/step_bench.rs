@@ -14,12 +14,13 @@ use stoker_train::config::TrainConfig;
 use stoker_train::params::mix64;
 use stoker_train::trainer::Trainer;
 
-/// The binary's allocator (as in `stoker`): mimalloc keeps freed pages for reuse instead
-/// of returning them to the OS, so per-step tensors do not page-fault every step.
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // The binary's allocator setup (as in `stoker`): glibc keeps freed memory for reuse
+    // instead of returning it to the OS, so per-step tensors do not page-fault every step.
+    let tuning = stoker_train::malloc_tuning::keep_freed_memory();
+    if let stoker_train::malloc_tuning::MallocTuning::Refused(what) = tuning {
+        eprintln!("warning: glibc refused {what}");
+    }
     let a: Vec<String> = std::env::args().skip(1).collect();
     let arg = |i: usize, d: &str| a.get(i).cloned().unwrap_or_else(|| d.to_string());
     let precision = arg(0, "fp32");

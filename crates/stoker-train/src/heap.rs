@@ -1,8 +1,9 @@
 //! A global allocator that counts: any allocator behind a count of the bytes live on the
 //! heap and their peak, so a run can set what it really holds beside what it planned
-//! ([`HeapCount`], `RunOptions::heap`). RSS alone cannot tell: an allocator such as mimalloc
-//! keeps freed pages for reuse, so the resident set overstates what is in use. The
-//! `stoker` binary wraps mimalloc in it; tests wrap the system allocator.
+//! ([`HeapCount`], `RunOptions::heap`). RSS alone cannot tell: an allocator keeps freed
+//! pages for reuse, so the resident set overstates what is in use. The `stoker` binary
+//! wraps glibc's malloc (kept from returning memory, [`crate::malloc_tuning`]) in it, or
+//! mimalloc with its `mimalloc` feature; tests wrap the system allocator.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -46,6 +46,7 @@ pub mod heap;
 pub mod hf;
 pub mod layout;
 pub mod loss;
+pub mod malloc_tuning;
 pub mod memory;
 pub mod metrics;
 pub mod models;

@@ -77,8 +77,8 @@ pub enum Record {
         forecast: crate::planned::RunForecast,
         /// Peak resident set size of rank 0's process (evaluation included), bytes.
         peak_rss_bytes: u64,
-        /// Largest resident set size after a training step before the first evaluation
-        /// or checkpoint, bytes.
+        /// Peak resident set size of the training steps before the first evaluation or
+        /// checkpoint (`RunSummary::train_rss_bytes`), bytes.
         #[serde(default)]
         train_rss_bytes: u64,
         /// Peak live heap bytes over those steps, counted by the binary's allocator.

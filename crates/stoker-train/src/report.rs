@@ -223,7 +223,7 @@ pub fn write_report(run_dir: &Path) -> Result<Vec<PathBuf>> {
         let mib = (1u64 << 20) as f64;
         emit(
             "memory.png",
-            "Memory per rank: planned peak vs measured RSS",
+            "Memory per rank: planned peak vs measured resident set",
             "MiB",
             vec![
                 Series {

@@ -105,8 +105,11 @@ pub struct RunSummary {
     /// This process's peak resident set size (VmHWM), bytes; with the in-process backend
     /// all ranks share it.
     pub peak_rss_bytes: u64,
-    /// Largest resident set size after a training step, sampled until the first
-    /// evaluation or checkpoint (what the forecast's peak is for), bytes.
+    /// Peak resident set size of the training steps until the first evaluation or
+    /// checkpoint (what the forecast's peak is for), bytes: the kernel's peak mark (VmHWM,
+    /// reset as training starts) read after each of those steps, so what a step holds
+    /// between two samples counts too; where the mark cannot be reset, the largest VmRSS
+    /// read after a step.
     pub train_rss_bytes: u64,
     /// The counting allocator's peak of live heap bytes over training steps before the
     /// first evaluation or checkpoint (None without a [`HeapCount`]).
@@ -391,6 +394,8 @@ pub fn run_rank(
     };
     let started = Instant::now();
     let (mut train_rss_max, mut side_work_done) = (0u64, false);
+    // The kernel's peak mark from here on is the training steps' (until side work).
+    let peak_mark = stoker_data::measure::reset_peak_rss();
     let mut train_heap_peak = None;
     if let Some(h) = opts.heap {
         h.reset_peak();
@@ -447,7 +452,11 @@ pub fn run_rank(
             let logged = step % config.train.log_every == 0 || step == total;
             let rss = (logged || !side_work_done).then(stoker_data::measure::rss_bytes);
             if let (Some(rss), false) = (rss, side_work_done) {
-                train_rss_max = train_rss_max.max(rss);
+                let peak = match peak_mark {
+                    true => stoker_data::measure::peak_rss_bytes(),
+                    false => 0,
+                };
+                train_rss_max = train_rss_max.max(rss).max(peak);
             }
             if let (Some(why), true) = (&r.skipped, lead) {
                 tracing::warn!("step {step}: skipped (fp16 overflow): {why}");
