@@ -6,7 +6,13 @@
 //! - the GEMM rate of each dtype the trainer runs (`stoker_kernels::linear_with` on a
 //!   2048 x 1024 x 1024 product, f32 and bf16 operands): the preset's "peak";
 //! - the training step of the config itself (its model, micro-batch and precision, on
-//!   synthetic tokens, one rank): its rate over the planner's FLOP count is the MFU;
+//!   synthetic tokens), run at once by as many ranks as the run plans on this host, each
+//!   with its share of the cores: its rate over the planner's FLOP count at one rank's
+//!   share of the GEMM rate is the MFU. Two one-thread ranks can run a small step's GEMMs
+//!   and candle's ops better than one rank of two threads (the graph path of an 8-block GPT
+//!   at micro-batch 4: 89 ms per micro-batch and rank, 105 ms on one rank of two threads),
+//!   and worse than one thread alone (they share caches and memory bandwidth), so only
+//!   the step as the run will run it plans it;
 //! - the host memory bandwidth (a 256 MiB copy);
 //! - the all-reduce bus bandwidth between two ranks of the in-process backend (16 MiB of
 //!   f32), standing in for the intra-node link;
@@ -31,6 +37,12 @@ use crate::trainer::Trainer;
 pub struct Calibration {
     /// Logical CPUs this process may use.
     pub cores: usize,
+    /// Ranks planned on this host (`--devices-per-node`, else the config's), whose share
+    /// of the cores and of the GEMM rate the step was timed and planned at.
+    pub ranks_per_host: usize,
+    /// Compute threads the step ran on: each rank's (`parallel.threads_per_rank`, else the
+    /// cores over the ranks on this host).
+    pub threads_per_rank: usize,
     /// f32 GEMM rate, TFLOP/s.
     pub fp32_tflops: f64,
     /// bf16-operand GEMM rate (f32 accumulation), TFLOP/s.
@@ -40,9 +52,10 @@ pub struct Calibration {
     pub host_mem_gbyte_s: f64,
     /// All-reduce bus bandwidth of the in-process backend between 2 ranks, GB/s.
     pub allreduce_gbyte_s: f64,
-    /// Median seconds of the config's training step.
+    /// Median seconds of the config's training step on `threads_per_rank` threads.
     pub step_s: f64,
-    /// The planner's compute time for that step at MFU 1 over the measured step.
+    /// The planner's compute time for that step at MFU 1, at one rank's share of the GEMM
+    /// rate (the host's over `ranks_per_host`), over the measured step.
     pub mfu: f64,
     /// The precision the step ran in.
     pub precision: String,
@@ -99,8 +112,8 @@ impl Calibration {
              \x20 GEMM bf16 operands {:>8.3} TFLOP/s\n\
              \x20 host memory        {:>8.2} GB/s     (256 MiB copy)\n\
              \x20 all-reduce         {:>8.2} GB/s     (bus bandwidth, 2 in-process ranks, 16 MiB)\n\
-             \x20 training step      {:>8.1} ms       ({}, the config's model and micro-batch)\n\
-             \x20 MFU                {:>8.3}          (planner's FLOPs at the measured GEMM rate / step)\n\
+             \x20 training step      {:>8.1} ms       ({}, the config's model and micro-batch, {} thread(s): one rank of {} on this host)\n\
+             \x20 MFU                {:>8.3}          (planner's FLOPs at the rank's share of the GEMM rate / step)\n\
              \x20 loader             {loader}\n",
             self.cores,
             self.fp32_tflops,
@@ -109,6 +122,8 @@ impl Calibration {
             self.allreduce_gbyte_s,
             self.step_s * 1e3,
             self.precision,
+            self.threads_per_rank,
+            self.ranks_per_host,
             self.mfu,
         )
     }
@@ -218,6 +233,40 @@ fn step_s(cfg: &TrainConfig) -> Result<f64> {
     median_s(5, || trainer.train_step(&window).map(|_| ()))
 }
 
+/// `cfg`'s step as `ranks` ranks of `threads` compute threads each run it on this host at
+/// once (each rank a thread with its own pool and trainer, as `parallel.backend = "local"`
+/// runs them): the ranks share the cores' caches and memory bandwidth as the run's
+/// processes will. The slowest rank's median, which a synchronous step waits for. No
+/// rank waits on another, so one that fails cannot hang the rest.
+fn concurrent_step_s(cfg: &TrainConfig, ranks: usize, threads: usize) -> Result<f64> {
+    let one_rank = || -> Result<f64> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|e| config_err("calibrate", format!("a pool of {threads} threads: {e}")))?;
+        pool.install(|| step_s(cfg))
+    };
+    let medians: Vec<Result<f64>> = std::thread::scope(|s| {
+        let ranks: Vec<_> = (0..ranks).map(|_| s.spawn(one_rank)).collect();
+        ranks
+            .into_iter()
+            .map(|r| {
+                r.join().unwrap_or_else(|_| {
+                    Err(config_err(
+                        "calibrate",
+                        "a rank's calibration step panicked",
+                    ))
+                })
+            })
+            .collect()
+    });
+    let mut slowest = 0f64;
+    for m in medians {
+        slowest = slowest.max(m?);
+    }
+    Ok(slowest)
+}
+
 /// `cfg`'s loader on its training set at its `[data]` settings and micro-batch, as fast as
 /// the consumer takes batches; Err with the reason where the data cannot be opened.
 fn loader_rate(cfg: &TrainConfig) -> Result<(stoker_data::measure::Trial, u64)> {
@@ -246,14 +295,19 @@ fn loader_rate(cfg: &TrainConfig) -> Result<(stoker_data::measure::Trial, u64)> 
     Ok((trial, bytes as u64))
 }
 
-/// Measures this machine and `cfg`'s step (see the module docs).
-pub fn calibrate(cfg: &TrainConfig) -> Result<Calibration> {
+/// Measures this machine and `cfg`'s step as one of `ranks_per_host` ranks on this host
+/// (see the module docs). Candle's own elementwise workers are sized once per process
+/// (`CANDLE_NUM_THREADS`), so a caller planning several ranks per host sets that to the
+/// rank's threads before candle first runs, as `stoker plan --calibrate` does.
+pub fn calibrate(cfg: &TrainConfig, ranks_per_host: usize) -> Result<Calibration> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let ranks_per_host = ranks_per_host.max(1);
+    let threads = crate::run::threads_per_rank(cfg.parallel.threads_per_rank, ranks_per_host);
     let fp32_tflops = gemm_tflops(false)?;
     let bf16_tflops = gemm_tflops(true)?;
     let host_mem = host_mem_gbyte_s()?;
     let allreduce = allreduce_gbyte_s()?;
-    let step = step_s(cfg)?;
+    let step = concurrent_step_s(cfg, ranks_per_host, threads)?;
     let (loader, sample_bytes, loader_note) = match loader_rate(cfg) {
         Ok((t, b)) => (Some(t), Some(b), cfg.data.train.display().to_string()),
         Err(e) => (None, None, e.to_string()),
@@ -262,6 +316,8 @@ pub fn calibrate(cfg: &TrainConfig) -> Result<Calibration> {
     let mut probe = one_micro_batch(cfg);
     let mut measured = Calibration {
         cores,
+        ranks_per_host,
+        threads_per_rank: threads,
         fp32_tflops,
         bf16_tflops,
         host_mem_gbyte_s: host_mem,
@@ -276,6 +332,15 @@ pub fn calibrate(cfg: &TrainConfig) -> Result<Calibration> {
     let section = probe.plan.get_or_insert_with(Default::default);
     section.hardware = HardwareInput::default();
     measured.apply(&mut section.hardware);
+    // One device with one rank's share of the host's GEMM rate.
+    for peak in section
+        .hardware
+        .peak_tflops
+        .iter_mut()
+        .flat_map(|p| p.values_mut())
+    {
+        *peak /= ranks_per_host as f64;
+    }
     section.mfu = Some(1.0);
     let at_peak = planner_row(&probe, 1, 1)?.step_s;
     measured.mfu = (at_peak / step).clamp(1e-6, 1.0);

@@ -169,6 +169,17 @@ pub struct PlanArgs {
     offload_params: Option<bool>,
 }
 
+/// The CPU ranks a calibration plans on this host: `--devices-per-node`, else the config's
+/// `[plan.hardware] devices_per_node`, else its `batch.world_size` (one host), else 1.
+fn ranks_per_host(cfg: &stoker_train::config::TrainConfig, flag: Option<i64>) -> usize {
+    let configured = cfg.plan.as_ref().and_then(|p| p.hardware.devices_per_node);
+    flag.or(configured)
+        .and_then(|n| usize::try_from(n).ok())
+        .or(cfg.batch.world_size)
+        .unwrap_or(1)
+        .max(1)
+}
+
 fn peaks(items: &[String]) -> anyhow::Result<Option<BTreeMap<String, f64>>> {
     if items.is_empty() {
         return Ok(None);
@@ -319,7 +330,11 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
             let cfg = stoker_train::config::TrainConfig::load(p)?;
             let mut loader = None;
             let input = if args.calibrate {
-                let c = stoker_train::calibrate::calibrate(&cfg)?;
+                let ranks = ranks_per_host(&cfg, args.devices_per_node);
+                crate::candle_threads::share_cores_with_candle(
+                    stoker_train::run::threads_per_rank(cfg.parallel.threads_per_rank, ranks),
+                );
+                let c = stoker_train::calibrate::calibrate(&cfg, ranks)?;
                 // With --json stdout carries the plan alone.
                 match args.json {
                     true => eprint!("{}", c.to_text()),
