@@ -40,8 +40,8 @@ pub struct Calibration {
     /// Ranks planned on this host (`--devices-per-node`, else the config's), whose share
     /// of the cores and of the GEMM rate the step was timed and planned at.
     pub ranks_per_host: usize,
-    /// Compute threads the step ran on: each rank's (`parallel.threads_per_rank`, else the
-    /// cores over the ranks on this host).
+    /// Compute threads the step ran on: each rank's (`RAYON_NUM_THREADS`, else
+    /// `parallel.threads_per_rank`, else the cores over the ranks on this host).
     pub threads_per_rank: usize,
     /// f32 GEMM rate, TFLOP/s.
     pub fp32_tflops: f64,
@@ -302,7 +302,15 @@ fn loader_rate(cfg: &TrainConfig) -> Result<(stoker_data::measure::Trial, u64)> 
 pub fn calibrate(cfg: &TrainConfig, ranks_per_host: usize) -> Result<Calibration> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let ranks_per_host = ranks_per_host.max(1);
-    let threads = crate::run::threads_per_rank(cfg.parallel.threads_per_rank, ranks_per_host);
+    // `RAYON_NUM_THREADS` sizes a rank's pool in the run where it is set (an MPI rank
+    // then builds none of its own), so it does here too.
+    let threads = std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or_else(|| {
+            crate::run::threads_per_rank(cfg.parallel.threads_per_rank, ranks_per_host)
+        });
     let fp32_tflops = gemm_tflops(false)?;
     let bf16_tflops = gemm_tflops(true)?;
     let host_mem = host_mem_gbyte_s()?;
