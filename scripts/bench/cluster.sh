@@ -22,6 +22,20 @@ print(' '.join(r.choice(words) for _ in range(60000)))" > "$work/text.txt"
 gbit() { case "$1" in *gbit) echo "${1%gbit}" ;; *mbit) python3 -c "print(${1%mbit} / 1000)" ;; esac; }
 printf '| link | strategy | plan: step (ms) | plan: compute (ms) | plan: exposed comm (ms) | plan: ZeRO-3 comm-bound | step measured (ms) | step measured/plan | sent/rank (MiB, trainer plan) | its time on the link (ms) | comm measured (ms) | comm measured/link time |\n'
 printf '|---|---|---|---|---|---|---|---|---|---|---|---|\n'
+# The config's step calibrated once, before any run (the compute does not depend on the
+# link, and calibrating before each run gave 126-203 ms of compute for the same step): timed by 2
+# ranks of one thread at once (the two "nodes" share this machine's cores), planned as 2
+# nodes; each link's plan below reads these figures from the emitted config's [plan].
+sed -e "s#^run_dir = .*#run_dir = \"$work/calibration\"#" \
+    -e "s#^train = .*#train = \"$work/corpus.bin\"#" \
+    -e "s#^vocab = \"data.*#vocab = \"$work/corpus.vocab.json\"#" \
+    -e "s#^num_workers = .*#num_workers = 0#" \
+    -e "s#^persistent_workers = .*#persistent_workers = false#" \
+    configs/shakespeare-gpt-zero.toml > "$work/calibrate.toml"
+RAYON_NUM_THREADS=1 "$S" plan --config "$work/calibrate.toml" --calibrate --calibrate-ranks-at-once 2 \
+  --nodes 2 --devices-per-node 1 --inter-node-gbit-s 100 --emit-config "$work/calibrated.toml" \
+  > "$work/calibration" 2>&1 || { cat "$work/calibration"; exit 1; }
+grep -E "training step|MFU" "$work/calibration" >&2
 declare -A base
 for rate in "${rates[@]}"; do
   for strategy in ddp zero3; do
@@ -42,11 +56,11 @@ for rate in "${rates[@]}"; do
       RAYON_NUM_THREADS=1 timeout 600 bash scripts/cluster.sh -n 2 --rate "$rate" -- "$S" train "$work/$name.toml" --no-progress > "$work/$name.log" 2>&1 || { tail -20 "$work/$name.log"; exit 1; }
     fi
     link=$([ "$rate" = unshaped ] && echo 100 || gbit "$rate")
-    # The plan of the very config, on this machine as calibrated (one thread, as each rank
-    # runs), with the trainer's FP32 collectives, over the link of this run.
-    RAYON_NUM_THREADS=1 "$S" plan --config "$work/$name.toml" --calibrate \
-      --nodes 2 --devices-per-node 1 --inter-node-gbit-s "$link" --json \
-      > "$work/$name.plan.json" 2> "$work/$name.calibration"
+    # The plan of the config as calibrated above, over the link of this run, with the
+    # trainer's FP32 collectives.
+    "$S" plan --config "$work/calibrated.toml" --nodes 2 --devices-per-node 1 \
+      --inter-node-gbit-s "$link" --json > "$work/$name.plan.json" 2> "$work/$name.plan.err" \
+      || { cat "$work/$name.plan.err"; exit 1; }
     python3 - "$work/$name.log" "$work/$name.plan.json" "$rate" "$strategy" "$work/base-$strategy" "$link" <<'PY'
 import json, os, re, sys
 log, plan_file, rate, strategy, base_file, link = sys.argv[1:]

@@ -37,11 +37,15 @@ use crate::trainer::Trainer;
 pub struct Calibration {
     /// Logical CPUs this process may use.
     pub cores: usize,
-    /// Ranks planned on this host (`--devices-per-node`, else the config's), whose share
-    /// of the cores and of the GEMM rate the step was timed and planned at.
+    /// Ranks planned on each host (`--devices-per-node`, else the config's), whose share of
+    /// the GEMM rate the MFU is planned at.
     pub ranks_per_host: usize,
+    /// Ranks that ran the step at once on this machine (`--calibrate-ranks-at-once`, else
+    /// `ranks_per_host`), each on its share of the cores: more than `ranks_per_host` where
+    /// several planned hosts share this machine (scripts/cluster.sh's namespaces).
+    pub ranks_at_once: usize,
     /// Compute threads the step ran on: each rank's (`RAYON_NUM_THREADS`, else
-    /// `parallel.threads_per_rank`, else the cores over the ranks on this host).
+    /// `parallel.threads_per_rank`, else the cores over `ranks_at_once`).
     pub threads_per_rank: usize,
     /// f32 GEMM rate, TFLOP/s.
     pub fp32_tflops: f64,
@@ -112,7 +116,7 @@ impl Calibration {
              \x20 GEMM bf16 operands {:>8.3} TFLOP/s\n\
              \x20 host memory        {:>8.2} GB/s     (256 MiB copy)\n\
              \x20 all-reduce         {:>8.2} GB/s     (bus bandwidth, 2 in-process ranks, 16 MiB)\n\
-             \x20 training step      {:>8.1} ms       ({}, the config's model and micro-batch, {} thread(s): one rank of {} on this host)\n\
+             \x20 training step      {:>8.1} ms       ({}, the config's model and micro-batch, {} thread(s) per rank, {} rank(s) at once; planned {} per host)\n\
              \x20 MFU                {:>8.3}          (planner's FLOPs at the rank's share of the GEMM rate / step)\n\
              \x20 loader             {loader}\n",
             self.cores,
@@ -123,6 +127,7 @@ impl Calibration {
             self.step_s * 1e3,
             self.precision,
             self.threads_per_rank,
+            self.ranks_at_once,
             self.ranks_per_host,
             self.mfu,
         )
@@ -210,8 +215,14 @@ fn one_micro_batch(cfg: &TrainConfig) -> TrainConfig {
     one
 }
 
-/// Median seconds of `cfg`'s training step on one rank, synthetic tokens.
-fn step_s(cfg: &TrainConfig) -> Result<f64> {
+/// Timed training steps per rank (after one warm-up step). Four calibrations of the same
+/// step by two one-thread ranks at once gave 62-97 ms with 5 runs and no meeting of the
+/// ranks before them, 68-74 ms with 11 runs after the meeting (2026-12-04).
+const STEP_RUNS: usize = 11;
+
+/// A trainer for `cfg` on one rank and one micro-batch of synthetic tokens, for
+/// [`time_step`].
+fn step_trainer(cfg: &TrainConfig) -> Result<(Trainer, Vec<MicroBatch>)> {
     let ModelConfig::Gpt(g) = &cfg.model else {
         return Err(config_err(
             "model.kind",
@@ -219,7 +230,7 @@ fn step_s(cfg: &TrainConfig) -> Result<f64> {
         ));
     };
     let one = one_micro_batch(cfg);
-    let mut trainer = Trainer::new(&one)?;
+    let trainer = Trainer::new(&one)?;
     let (b, t) = (one.batch.micro_batch, g.context);
     let ids = |salt: u64| -> Vec<i64> {
         (0..(b * t) as u64)
@@ -230,21 +241,43 @@ fn step_s(cfg: &TrainConfig) -> Result<f64> {
         input: Tensor::from_vec(ids(1), (b, t), &Device::Cpu)?,
         targets: ids(2),
     }];
-    median_s(5, || trainer.train_step(&window).map(|_| ()))
+    Ok((trainer, window))
+}
+
+/// Median seconds of `trainer`'s step on `window` over [`STEP_RUNS`] runs.
+fn time_step(trainer: &mut Trainer, window: &[MicroBatch]) -> Result<f64> {
+    median_s(STEP_RUNS, || trainer.train_step(window).map(|_| ()))
 }
 
 /// `cfg`'s step as `ranks` ranks of `threads` compute threads each run it on this host at
 /// once (each rank a thread with its own pool and trainer, as `parallel.backend = "local"`
 /// runs them): the ranks share the cores' caches and memory bandwidth as the run's
-/// processes will. The slowest rank's median, which a synchronous step waits for. No
-/// rank waits on another, so one that fails cannot hang the rest.
+/// processes will. The slowest rank's median, which a synchronous step waits for. The
+/// ranks build their trainers, then meet once so that their timed steps overlap (a rank
+/// stepping while another still builds runs alone, faster); each reaches that meeting
+/// whether its build failed or not, and no rank waits on another after it, so one that
+/// fails cannot hang the rest.
 fn concurrent_step_s(cfg: &TrainConfig, ranks: usize, threads: usize) -> Result<f64> {
+    let built = std::sync::Barrier::new(ranks);
     let one_rank = || -> Result<f64> {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .build()
-            .map_err(|e| config_err("calibrate", format!("a pool of {threads} threads: {e}")))?;
-        pool.install(|| step_s(cfg))
+            .map_err(|e| config_err("calibrate", format!("a pool of {threads} threads: {e}")));
+        let pool = match pool {
+            Ok(p) => p,
+            Err(e) => {
+                built.wait();
+                return Err(e);
+            }
+        };
+        // The trainer stays on the pool's thread (it is not `Send`).
+        pool.install(|| {
+            let trainer = step_trainer(cfg);
+            built.wait();
+            let (mut trainer, window) = trainer?;
+            time_step(&mut trainer, &window)
+        })
     };
     let medians: Vec<Result<f64>> = std::thread::scope(|s| {
         let ranks: Vec<_> = (0..ranks).map(|_| s.spawn(one_rank)).collect();
@@ -295,13 +328,19 @@ fn loader_rate(cfg: &TrainConfig) -> Result<(stoker_data::measure::Trial, u64)> 
     Ok((trial, bytes as u64))
 }
 
-/// Measures this machine and `cfg`'s step as one of `ranks_per_host` ranks on this host
-/// (see the module docs). Candle's own elementwise workers are sized once per process
-/// (`CANDLE_NUM_THREADS`), so a caller planning several ranks per host sets that to the
-/// rank's threads before candle first runs, as `stoker plan --calibrate` does.
-pub fn calibrate(cfg: &TrainConfig, ranks_per_host: usize) -> Result<Calibration> {
+/// Measures this machine and `cfg`'s step run by `ranks_at_once` ranks at once, for a plan
+/// of `ranks_per_host` ranks on each host (see the module docs). Candle's own elementwise
+/// workers are sized once per process (`CANDLE_NUM_THREADS`), so a caller planning several
+/// ranks per host sets that to the rank's threads before candle first runs, as `stoker
+/// plan --calibrate` does.
+pub fn calibrate(
+    cfg: &TrainConfig,
+    ranks_per_host: usize,
+    ranks_at_once: usize,
+) -> Result<Calibration> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let ranks_per_host = ranks_per_host.max(1);
+    let ranks_at_once = ranks_at_once.max(1);
     // `RAYON_NUM_THREADS` sizes a rank's pool in the run where it is set (an MPI rank
     // then builds none of its own), so it does here too.
     let threads = std::env::var("RAYON_NUM_THREADS")
@@ -309,13 +348,13 @@ pub fn calibrate(cfg: &TrainConfig, ranks_per_host: usize) -> Result<Calibration
         .and_then(|v| v.trim().parse().ok())
         .filter(|&n: &usize| n > 0)
         .unwrap_or_else(|| {
-            crate::run::threads_per_rank(cfg.parallel.threads_per_rank, ranks_per_host)
+            crate::run::threads_per_rank(cfg.parallel.threads_per_rank, ranks_at_once)
         });
     let fp32_tflops = gemm_tflops(false)?;
     let bf16_tflops = gemm_tflops(true)?;
     let host_mem = host_mem_gbyte_s()?;
     let allreduce = allreduce_gbyte_s()?;
-    let step = concurrent_step_s(cfg, ranks_per_host, threads)?;
+    let step = concurrent_step_s(cfg, ranks_at_once, threads)?;
     let (loader, sample_bytes, loader_note) = match loader_rate(cfg) {
         Ok((t, b)) => (Some(t), Some(b), cfg.data.train.display().to_string()),
         Err(e) => (None, None, e.to_string()),
@@ -325,6 +364,7 @@ pub fn calibrate(cfg: &TrainConfig, ranks_per_host: usize) -> Result<Calibration
     let mut measured = Calibration {
         cores,
         ranks_per_host,
+        ranks_at_once,
         threads_per_rank: threads,
         fp32_tflops,
         bf16_tflops,

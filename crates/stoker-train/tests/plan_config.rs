@@ -320,7 +320,7 @@ fn calibration_measures_this_machine_and_plans_its_own_step_back() {
     let text = common::gpt_config(tmp.path(), "bf16", 10, "");
     let cfg = TrainConfig::parse(&text, Path::new("t.toml")).unwrap();
     common::write_token_corpus(&tmp.path().join("corpus.bin"), 12_000);
-    let c = stoker_train::calibrate::calibrate(&cfg, 1).unwrap();
+    let c = stoker_train::calibrate::calibrate(&cfg, 1, 1).unwrap();
     // The loader, measured on the config's training set at its settings: one point of a
     // loader benchmark the plan can read.
     let t = c
@@ -375,7 +375,7 @@ fn calibration_measures_this_machine_and_plans_its_own_step_back() {
     // Calibrated as one of 2 ranks on this host, the step runs on each rank's share of
     // the cores, and planned for 2 ranks on one host (each with half the GEMM rate) each
     // rank's compute per micro-batch is again what was measured.
-    let c2 = stoker_train::calibrate::calibrate(&cfg, 2).unwrap();
+    let c2 = stoker_train::calibrate::calibrate(&cfg, 2, 2).unwrap();
     let threads = std::env::var("RAYON_NUM_THREADS")
         .ok()
         .and_then(|v| v.trim().parse().ok())
@@ -401,10 +401,32 @@ fn calibration_measures_this_machine_and_plans_its_own_step_back() {
             c2.step_s
         );
     }
+    // Two ranks at once on this machine for a plan of one device per host (two planned
+    // hosts sharing this machine, as scripts/cluster.sh's namespaces do): the MFU is at a
+    // whole host's rate, and the plan gives the step timed under that contention back.
+    let c3 = stoker_train::calibrate::calibrate(&cfg, 1, 2).unwrap();
+    assert_eq!((c3.ranks_per_host, c3.ranks_at_once), (1, 2));
+    assert_eq!(c3.threads_per_rank, threads);
+    let input =
+        stoker_train::calibrate::calibrated_input(&cfg, &c3, &PlanInput::default()).unwrap();
+    let plan = plan_of(&input);
+    let row = plan
+        .strategies
+        .iter()
+        .find(|r| Some(r.strategy) == plan.inputs.pinned_strategy)
+        .unwrap();
+    let per_micro = row.time.compute_s / row.accumulation_steps as f64;
+    if c3.mfu < 1.0 {
+        assert!(
+            ((per_micro - c3.step_s) / c3.step_s).abs() < 1e-9,
+            "{per_micro} vs {}",
+            c3.step_s
+        );
+    }
     // Without its data the calibration still measures the machine and says why the
     // loader was not measured, naming the file.
     std::fs::remove_file(tmp.path().join("corpus.bin")).unwrap();
-    let c = stoker_train::calibrate::calibrate(&cfg, 1).unwrap();
+    let c = stoker_train::calibrate::calibrate(&cfg, 1, 1).unwrap();
     assert!(c.loader.is_none() && c.loader_bench().is_none());
     assert!(c.loader_note.contains("corpus.bin"), "{}", c.loader_note);
 }

@@ -44,6 +44,11 @@ pub struct PlanArgs {
     /// they are kept in its [plan]. Needs --config with a training config.
     #[arg(long)]
     calibrate: bool,
+    /// With --calibrate: ranks that run the step at once on this machine, each on its share
+    /// of the cores (default: the devices per node); more where several planned nodes share
+    /// this machine, as scripts/cluster.sh's network namespaces do.
+    #[arg(long, requires = "calibrate")]
+    calibrate_ranks_at_once: Option<usize>,
     /// List model and hardware presets and exit.
     #[arg(long)]
     list_presets: bool,
@@ -331,10 +336,11 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
             let mut loader = None;
             let input = if args.calibrate {
                 let ranks = ranks_per_host(&cfg, args.devices_per_node);
+                let at_once = args.calibrate_ranks_at_once.unwrap_or(ranks).max(1);
                 crate::candle_threads::share_cores_with_candle(
-                    stoker_train::run::threads_per_rank(cfg.parallel.threads_per_rank, ranks),
+                    stoker_train::run::threads_per_rank(cfg.parallel.threads_per_rank, at_once),
                 );
-                let c = stoker_train::calibrate::calibrate(&cfg, ranks)?;
+                let c = stoker_train::calibrate::calibrate(&cfg, ranks, at_once)?;
                 // With --json stdout carries the plan alone.
                 match args.json {
                     true => eprint!("{}", c.to_text()),
