@@ -47,8 +47,8 @@ pub struct PlanArgs {
     /// With --calibrate: ranks that run the step at once on this machine, each on its share
     /// of the cores (default: the devices per node); more where several planned nodes share
     /// this machine, as scripts/cluster.sh's network namespaces do.
-    #[arg(long, requires = "calibrate")]
-    calibrate_ranks_at_once: Option<usize>,
+    #[arg(long, requires = "calibrate", value_parser = clap::value_parser!(u64).range(1..=4096))]
+    calibrate_ranks_at_once: Option<u64>,
     /// List model and hardware presets and exit.
     #[arg(long)]
     list_presets: bool,
@@ -336,7 +336,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
             let mut loader = None;
             let input = if args.calibrate {
                 let ranks = ranks_per_host(&cfg, args.devices_per_node);
-                let at_once = args.calibrate_ranks_at_once.unwrap_or(ranks).max(1);
+                let at_once = args.calibrate_ranks_at_once.map_or(ranks, |n| n as usize);
                 crate::candle_threads::share_cores_with_candle(
                     stoker_train::run::threads_per_rank(cfg.parallel.threads_per_rank, at_once),
                 );
