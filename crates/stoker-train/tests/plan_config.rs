@@ -351,27 +351,13 @@ fn calibration_measures_this_machine_and_plans_its_own_step_back() {
     assert!(c.mfu > 0.0 && c.mfu <= 1.0, "mfu {}", c.mfu);
     assert!(c.cores >= 1);
     // Planned with the calibration, the config's own step takes what was measured (the
-    // MFU is that ratio), unless the MFU hit its bound of 1.
+    // MFU is that ratio).
     let input = stoker_train::calibrate::calibrated_input(&cfg, &c, &PlanInput::default()).unwrap();
     let hw = &input.hardware;
     assert_eq!(hw.peak_tflops.as_ref().unwrap()["bf16"], c.bf16_tflops);
     assert_eq!(hw.intra_node_gbyte_s, Some(c.allreduce_gbyte_s));
     assert_eq!(input.training.mfu, Some(c.mfu));
-    let plan = plan_of(&input);
-    let row = plan
-        .strategies
-        .iter()
-        .find(|r| Some(r.strategy) == plan.inputs.pinned_strategy)
-        .unwrap();
-    // One rank, one micro-batch per step in the calibration; the config accumulates 2.
-    let per_micro = row.time.step_s / row.accumulation_steps as f64;
-    if c.mfu < 1.0 {
-        assert!(
-            ((per_micro - c.step_s) / c.step_s).abs() < 1e-9,
-            "{per_micro} vs {}",
-            c.step_s
-        );
-    }
+    assert_plans_the_step_back(&input, &c);
     // Calibrated as one of 2 ranks on this host, the step runs on each rank's share of
     // the cores, and planned for 2 ranks on one host (each with half the GEMM rate) each
     // rank's compute per micro-batch is again what was measured.
@@ -387,20 +373,7 @@ fn calibration_measures_this_machine_and_plans_its_own_step_back() {
     let input =
         stoker_train::calibrate::calibrated_input(&on_two, &c2, &PlanInput::default()).unwrap();
     assert_eq!(input.hardware.devices_per_node, Some(2));
-    let plan = plan_of(&input);
-    let row = plan
-        .strategies
-        .iter()
-        .find(|r| Some(r.strategy) == plan.inputs.pinned_strategy)
-        .unwrap();
-    let per_micro = row.time.compute_s / row.accumulation_steps as f64;
-    if c2.mfu < 1.0 {
-        assert!(
-            ((per_micro - c2.step_s) / c2.step_s).abs() < 1e-9,
-            "{per_micro} vs {}",
-            c2.step_s
-        );
-    }
+    assert_plans_the_step_back(&input, &c2);
     // Two ranks at once on this machine for a plan of one device per host (two planned
     // hosts sharing this machine, as scripts/cluster.sh's namespaces do): the MFU is at a
     // whole host's rate, and the plan gives the step timed under that contention back.
@@ -409,26 +382,33 @@ fn calibration_measures_this_machine_and_plans_its_own_step_back() {
     assert_eq!(c3.threads_per_rank, threads);
     let input =
         stoker_train::calibrate::calibrated_input(&cfg, &c3, &PlanInput::default()).unwrap();
-    let plan = plan_of(&input);
-    let row = plan
-        .strategies
-        .iter()
-        .find(|r| Some(r.strategy) == plan.inputs.pinned_strategy)
-        .unwrap();
-    let per_micro = row.time.compute_s / row.accumulation_steps as f64;
-    if c3.mfu < 1.0 {
-        assert!(
-            ((per_micro - c3.step_s) / c3.step_s).abs() < 1e-9,
-            "{per_micro} vs {}",
-            c3.step_s
-        );
-    }
+    assert_plans_the_step_back(&input, &c3);
     // Without its data the calibration still measures the machine and says why the
     // loader was not measured, naming the file.
     std::fs::remove_file(tmp.path().join("corpus.bin")).unwrap();
     let c = stoker_train::calibrate::calibrate(&cfg, 1, 1).unwrap();
     assert!(c.loader.is_none() && c.loader_bench().is_none());
     assert!(c.loader_note.contains("corpus.bin"), "{}", c.loader_note);
+}
+
+/// The calibrated plan `input` gives each rank's compute per micro-batch as `c` measured
+/// the step (the MFU is that ratio), unless the MFU hit its bound of 1.
+fn assert_plans_the_step_back(input: &PlanInput, c: &stoker_train::calibrate::Calibration) {
+    let plan = plan_of(input);
+    let row = plan
+        .strategies
+        .iter()
+        .find(|r| Some(r.strategy) == plan.inputs.pinned_strategy)
+        .unwrap();
+    // One micro-batch per rank in the calibration; the config accumulates.
+    let per_micro = row.time.compute_s / row.accumulation_steps as f64;
+    if c.mfu < 1.0 {
+        assert!(
+            ((per_micro - c.step_s) / c.step_s).abs() < 1e-9,
+            "{per_micro} vs {}",
+            c.step_s
+        );
+    }
 }
 
 /// The plan of `cfg` at `world` ranks, and its pinned strategy's row.
