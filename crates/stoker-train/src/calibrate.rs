@@ -273,7 +273,15 @@ fn concurrent_step_s(cfg: &TrainConfig, ranks: usize, threads: usize) -> Result<
         };
         // The trainer stays on the pool's thread (it is not `Send`).
         pool.install(|| {
-            let trainer = step_trainer(cfg);
+            // A panic while building still reaches the meeting (the others wait there).
+            let trainer =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| step_trainer(cfg)))
+                    .unwrap_or_else(|_| {
+                        Err(config_err(
+                            "calibrate",
+                            "building a rank's trainer panicked",
+                        ))
+                    });
             built.wait();
             let (mut trainer, window) = trainer?;
             time_step(&mut trainer, &window)
