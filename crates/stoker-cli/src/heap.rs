@@ -6,18 +6,11 @@
 use stoker_train::heap::Counting;
 
 /// The allocator under the count.
-#[cfg(not(feature = "mimalloc"))]
-pub type Allocator = std::alloc::System;
+#[cfg(feature = "mimalloc")]
+pub use mimalloc::MiMalloc as Allocator;
 /// The allocator under the count.
-#[cfg(feature = "mimalloc")]
-pub type Allocator = mimalloc::MiMalloc;
-
-/// The allocator's value, for the `static` in main.rs.
 #[cfg(not(feature = "mimalloc"))]
-pub const ALLOCATOR: Allocator = std::alloc::System;
-/// The allocator's value, for the `static` in main.rs.
-#[cfg(feature = "mimalloc")]
-pub const ALLOCATOR: Allocator = mimalloc::MiMalloc;
+pub use std::alloc::System as Allocator;
 
 /// The allocator `main.rs` installs; a run reads its counts (`RunOptions::heap`).
 pub type CountingAllocator = Counting<Allocator>;

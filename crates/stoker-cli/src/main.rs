@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 /// `stoker_train::malloc_tuning`): candle allocates every activation and gradient afresh
 /// each step. Counted (heap.rs), so that runs can report the bytes they really hold.
 #[global_allocator]
-static ALLOC: heap::CountingAllocator = heap::CountingAllocator::new(heap::ALLOCATOR);
+static ALLOC: heap::CountingAllocator = heap::CountingAllocator::new(heap::Allocator);
 
 /// stoker keeps accelerators fed: data loading, precision, distribution.
 #[derive(Parser)]

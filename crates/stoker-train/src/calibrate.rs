@@ -24,6 +24,7 @@
 use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
+use stoker_comm::communicator::Communicator;
 use stoker_plan::input::{HardwareInput, PlanInput};
 
 use crate::accumulate::MicroBatch;
@@ -250,62 +251,29 @@ fn time_step(trainer: &mut Trainer, window: &[MicroBatch]) -> Result<f64> {
 }
 
 /// `cfg`'s step as `ranks` ranks of `threads` compute threads each run it on this host at
-/// once (each rank a thread with its own pool and trainer, as `parallel.backend = "local"`
-/// runs them): the ranks share the cores' caches and memory bandwidth as the run's
-/// processes will. The slowest rank's median, which a synchronous step waits for. The
-/// ranks build their trainers, then meet once so that their timed steps overlap (a rank
-/// stepping while another still builds runs alone, faster); each reaches that meeting
-/// whether its build failed or not, and no rank waits on another after it, so one that
-/// fails cannot hang the rest.
+/// once (the ranks of an in-process group, each with its own pool and trainer, as
+/// `parallel.backend = "local"` runs them): the ranks share the cores' caches and memory
+/// bandwidth as the run's processes will. The slowest rank's median, which a synchronous
+/// step waits for. The ranks build their trainers, then meet (a barrier) so that their
+/// timed steps overlap: a rank stepping while another still builds runs alone, faster. A
+/// rank that fails leaves the group, and the others' barrier ends with an error.
 fn concurrent_step_s(cfg: &TrainConfig, ranks: usize, threads: usize) -> Result<f64> {
-    let built = std::sync::Barrier::new(ranks);
-    let one_rank = || -> Result<f64> {
+    let medians = stoker_comm::run_local(ranks, stoker_comm::DEFAULT_TIMEOUT, |comm| {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .build()
-            .map_err(|e| config_err("calibrate", format!("a pool of {threads} threads: {e}")));
-        let pool = match pool {
-            Ok(p) => p,
-            Err(e) => {
-                built.wait();
-                return Err(e);
-            }
-        };
+            .map_err(|e| config_err("calibrate", format!("a pool of {threads} threads: {e}")))?;
         // The trainer stays on the pool's thread (it is not `Send`).
-        pool.install(|| {
-            // A panic while building still reaches the meeting (the others wait there).
-            let trainer =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| step_trainer(cfg)))
-                    .unwrap_or_else(|_| {
-                        Err(config_err(
-                            "calibrate",
-                            "building a rank's trainer panicked",
-                        ))
-                    });
-            built.wait();
-            let (mut trainer, window) = trainer?;
+        pool.install(move || {
+            let (mut trainer, window) = step_trainer(cfg)?;
+            comm.barrier()
+                .map_err(|e| config_err("calibrate", e.to_string()))?;
             time_step(&mut trainer, &window)
         })
-    };
-    let medians: Vec<Result<f64>> = std::thread::scope(|s| {
-        let ranks: Vec<_> = (0..ranks).map(|_| s.spawn(one_rank)).collect();
-        ranks
-            .into_iter()
-            .map(|r| {
-                r.join().unwrap_or_else(|_| {
-                    Err(config_err(
-                        "calibrate",
-                        "a rank's calibration step panicked",
-                    ))
-                })
-            })
-            .collect()
     });
-    let mut slowest = 0f64;
-    for m in medians {
-        slowest = slowest.max(m?);
-    }
-    Ok(slowest)
+    medians
+        .into_iter()
+        .try_fold(0f64, |slowest, m| Ok(slowest.max(m?)))
 }
 
 /// `cfg`'s loader on its training set at its `[data]` settings and micro-batch, as fast as
@@ -336,6 +304,17 @@ fn loader_rate(cfg: &TrainConfig) -> Result<(stoker_data::measure::Trial, u64)> 
     Ok((trial, bytes as u64))
 }
 
+/// Compute threads of each of `ranks` ranks run at once on this machine, as the run gives
+/// them: `RAYON_NUM_THREADS` where set (an MPI rank then builds no pool of its own), else
+/// `parallel.threads_per_rank`, else the cores over the ranks.
+pub fn rank_threads(cfg: &TrainConfig, ranks: usize) -> usize {
+    std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or_else(|| crate::run::threads_per_rank(cfg.parallel.threads_per_rank, ranks))
+}
+
 /// Measures this machine and `cfg`'s step run by `ranks_at_once` ranks at once, for a plan
 /// of `ranks_per_host` ranks on each host (see the module docs). Candle's own elementwise
 /// workers are sized once per process (`CANDLE_NUM_THREADS`), so a caller planning several
@@ -349,15 +328,7 @@ pub fn calibrate(
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let ranks_per_host = ranks_per_host.max(1);
     let ranks_at_once = ranks_at_once.max(1);
-    // `RAYON_NUM_THREADS` sizes a rank's pool in the run where it is set (an MPI rank
-    // then builds none of its own), so it does here too.
-    let threads = std::env::var("RAYON_NUM_THREADS")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .filter(|&n: &usize| n > 0)
-        .unwrap_or_else(|| {
-            crate::run::threads_per_rank(cfg.parallel.threads_per_rank, ranks_at_once)
-        });
+    let threads = rank_threads(cfg, ranks_at_once);
     let fp32_tflops = gemm_tflops(false)?;
     let bf16_tflops = gemm_tflops(true)?;
     let host_mem = host_mem_gbyte_s()?;

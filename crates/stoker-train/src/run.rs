@@ -447,17 +447,9 @@ pub fn run_rank(
             interval_count += r.count;
             total_count += r.count;
             let step = trainer.step;
-            // Training steps' memory: read where a record logs it, and on every step until
-            // the first evaluation or checkpoint (whose pages the allocator keeps after).
+            // The resident set where a record logs it.
             let logged = step % config.train.log_every == 0 || step == total;
-            let rss = (logged || !side_work_done).then(stoker_data::measure::rss_bytes);
-            if let (Some(rss), false) = (rss, side_work_done) {
-                let peak = match peak_mark {
-                    true => stoker_data::measure::peak_rss_bytes(),
-                    false => 0,
-                };
-                train_rss_max = train_rss_max.max(rss).max(peak);
-            }
+            let rss = logged.then(stoker_data::measure::rss_bytes);
             if let (Some(why), true) = (&r.skipped, lead) {
                 tracing::warn!("step {step}: skipped (fp16 overflow): {why}");
             }
@@ -505,8 +497,16 @@ pub fn run_rank(
                 preempted = stoker_comm::CommExt::sum(&*comm, here as u64)? > 0 && step < total;
             }
             let every = |n: u64| n > 0 && step % n == 0;
+            // Training steps' memory, until the first evaluation or checkpoint (whose pages
+            // stay after): the heap's peak, and the resident set's (the kernel's peak mark
+            // where it was reset, else the largest resident set read after a step).
             if !side_work_done {
                 train_heap_peak = opts.heap.map(|h| h.peak());
+                let resident = match peak_mark {
+                    true => stoker_data::measure::peak_rss_bytes(),
+                    false => stoker_data::measure::rss_bytes(),
+                };
+                train_rss_max = train_rss_max.max(resident);
             }
             if every(config.train.eval_every) || step == config.train.steps {
                 side_work_done = true;

@@ -338,7 +338,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
                 let ranks = ranks_per_host(&cfg, args.devices_per_node);
                 let at_once = args.calibrate_ranks_at_once.map_or(ranks, |n| n as usize);
                 crate::candle_threads::share_cores_with_candle(
-                    stoker_train::run::threads_per_rank(cfg.parallel.threads_per_rank, at_once),
+                    stoker_train::calibrate::rank_threads(&cfg, at_once),
                 );
                 let c = stoker_train::calibrate::calibrate(&cfg, ranks, at_once)?;
                 // With --json stdout carries the plan alone.
