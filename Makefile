@@ -50,7 +50,7 @@ check-cuda: deps
 	bash scripts/check-cuda.sh
 
 # The CUDA binary for a lent GPU (target/gpu: the binary and the libraries it links,
-# compressed); then, on the GPU machine, scripts/gpu/offload-check.sh (docs/zero.md, Offload).
+# compressed); then, on the GPU machine, scripts/gpu/device-check.sh (docs/zero.md, Offload).
 gpu-build: deps data
 	bash scripts/gpu/build.sh
 

@@ -37,7 +37,7 @@ class Block(nn.Module):
         q, k, v = self.qkv(self.ln_1(x)).split(d, dim=2)
         q, k, v = (z.view(b, t, self.h, d // self.h).transpose(1, 2) for z in (q, k, v))
         att = (q @ k.transpose(-2, -1)) / (d // self.h) ** 0.5
-        mask = torch.triu(torch.ones(t, t, dtype=torch.bool), 1)
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), 1)
         att = att.masked_fill(mask, float("-inf")).softmax(-1)
         y = (att @ v).transpose(1, 2).reshape(b, t, d)
         x = x + self.proj(y)
@@ -52,7 +52,7 @@ class Gpt(nn.Module):
         self.ln_f = nn.LayerNorm(d)
 
     def forward(self, idx):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for blk in self.blocks:
             x = blk(x)
         return self.ln_f(x) @ self.wte.weight.t()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU offload check (docs/zero.md, "Offload"), for a session with a lent GPU. It has
-# never run: no session has had one. It trains the demo's GPT for STEPS steps four times
+# The GPU offload check (docs/zero.md, "Offload"), for a session with a lent GPU (first
+# run 2026-12-04 on an H200: passed). It trains the demo's GPT for STEPS steps four times
 # with the same seed and data order, fp32 and bf16 each on the CPU (kernels = "composed",
 # the same candle maths) and on the GPU (device = "cuda", the optimizer offloaded to the
 # host), and compares the per-step losses: GPU and CPU sum in different orders, so they
@@ -17,37 +17,7 @@ cd "$(dirname "$0")/../.."
 steps=${STEPS:-40}
 out=${OUT:-/tmp}/offload-check
 rm -rf "$out" && mkdir -p "$out"
-bin=${1:-}
-if [ -z "$bin" ]; then
-  [ -f target/gpu/stoker.xz ] || { echo "offload-check: no target/gpu/stoker.xz (bash scripts/gpu/build.sh)"; exit 1; }
-  bin=$out/stoker
-  python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-    target/gpu/stoker.xz "$bin"
-  chmod +x "$bin"
-fi
-[ -x "$bin" ] || { echo "offload-check: no binary at $bin"; exit 1; }
-[ -f data/shakespeare/shakespeare.bin ] || { echo "offload-check: data/shakespeare is missing (carry it)"; exit 1; }
-# The CUDA libraries candle links (cuBLAS, cuRAND, NVRTC) from NVIDIA's PyPI packages.
-libs=$(python3 - <<'EOF'
-import glob, os, site
-dirs = set()
-for sp in site.getsitepackages() + [site.getusersitepackages()]:
-    for so in glob.glob(os.path.join(sp, "nvidia", "**", "lib*.so*"), recursive=True):
-        dirs.add(os.path.dirname(so))
-print(":".join(sorted(dirs)))
-EOF
-)
-# This machine's Debian libraries the binary links (MPICH, UCX, libjpeg-turbo, ...).
-if [ -f target/gpu/libs.tar.xz ]; then
-  mkdir -p "$out/lib"
-  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' target/gpu/libs.tar.xz "$out/lib"
-  libs="$out/lib${libs:+:$libs}"
-fi
-export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-if ldd "$bin" | grep 'not found'; then
-  echo "offload-check: the libraries above are missing (LD_LIBRARY_PATH=$LD_LIBRARY_PATH)"
-  exit 1
-fi
+source scripts/gpu/env.sh "${1:-}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 
 # config DEVICE PRECISION: the demo's GPT, logging every step, no checkpoint or sample.
@@ -70,8 +40,8 @@ status=0
 for prec in fp32 bf16; do
   for dev in cpu cuda; do
     f=$(config $dev $prec)
-    echo "== $dev $prec: $bin train $f --stop-after $steps"
-    if ! timeout 120 "$bin" train "$f" --stop-after "$steps" --no-progress > "$out/$dev-$prec.log" 2>&1; then
+    echo "== $dev $prec: $STOKER_GPU_BIN train $f --stop-after $steps"
+    if ! timeout 120 "$STOKER_GPU_BIN" train "$f" --stop-after "$steps" --no-progress > "$out/$dev-$prec.log" 2>&1; then
       echo "FAILED ($out/$dev-$prec.log):"; tail -20 "$out/$dev-$prec.log"; status=1
     fi
   done

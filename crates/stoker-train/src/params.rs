@@ -237,7 +237,9 @@ impl ParamBuilder {
                         })?;
                         Tensor::from_slice(part(values, off, n, name)?, shape, &self.device)?
                     }
-                    None => Tensor::zeros(0, DType::F32, &self.device)?,
+                    // Made in the parameters' dtype: a cast of an empty tensor launches a
+                    // kernel of zero blocks, which CUDA refuses (invalid argument).
+                    None => Tensor::zeros(0, self.dtype, &self.device)?,
                 }
             }
         };

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Everything a session with a lent GPU checks, as one device call (the device tool's time
+# is short: one prepared script, rerun at most once). Run in the repository root there,
+# carrying target/gpu (bash scripts/gpu/build.sh) and data/shakespeare:
+#   bash scripts/gpu/device-check.sh [PART...]      (default: all three, in this order)
+# - offload: scripts/gpu/offload-check.sh, the demo's GPT on the CPU and on the GPU
+#   (optimizer offloaded to the host), fp32 and bf16, losses compared step by step;
+# - ranks: scripts/gpu/ranks-check.sh, 1 rank vs 2 ranks (DDP, ZeRO-1/2 bit for bit,
+#   ZeRO-3 within a tolerance) with every model on the GPU;
+# - step-time: scripts/gpu/step-time.sh, stoker vs PyTorch on the GPU, two GPT sizes.
+# The log and the runs' logs, configs and metrics come back in $OUT (device-check.log,
+# runs.tar.gz). Exits 1 if a part fails.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+res=${OUT:-/tmp/gpu-out}
+work=${TMPDIR:-/tmp}/gpu-check
+mkdir -p "$res"
+parts=("$@")
+[ ${#parts[@]} = 0 ] && parts=(offload ranks step-time)
+status=0
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
+  echo "cpu cores: $(nproc)"
+  for part in "${parts[@]}"; do
+    case $part in
+      offload) script=offload-check.sh ;;
+      ranks) script=ranks-check.sh ;;
+      step-time) script=step-time.sh ;;
+      *) echo "device-check: unknown part $part (offload, ranks, step-time)"; echo "$part exit 2"; continue ;;
+    esac
+    OUT=$work timeout 600 bash "scripts/gpu/$script"
+    echo "$part exit $?"
+  done
+} 2>&1 | tee "$res/device-check.log"
+grep -E '^[a-z-]+ exit [1-9]' "$res/device-check.log" && status=1
+(cd "$work" && find . \( -name '*.log' -o -name '*.toml' -o -name 'metrics.jsonl' \) -print0 |
+  tar --null -czf "$res/runs.tar.gz" -T -) || true
+exit $status
