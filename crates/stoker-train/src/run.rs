@@ -306,7 +306,7 @@ pub fn run_rank(
         trainer.layout.slots().len(),
         mib(trainer.master.len()),
         mib(trainer.grad_range().len() * (1 + trainer.extra_grad_buffers())),
-        mib(trainer.optimizer.state().buffers.iter().map(|(_, b)| b.len()).sum()),
+        mib(trainer.optimizer.state_ref().buffers.iter().map(|(_, b)| b.len()).sum()),
         trainer.layout.align(),
         trainer.strategy().name(),
         dims.world,
@@ -557,6 +557,20 @@ pub fn run_rank(
     let elapsed = started.elapsed().as_secs_f64();
     let training_s = (elapsed - eval_time.as_secs_f64() - ckpt_time.as_secs_f64()).max(1e-9);
     let held = trainer.held_bytes();
+    // Under ZeRO-3 sampling gathers the parameters: every rank takes part.
+    let sample = match (&vocab, config.train.sample_tokens) {
+        (Some(v), n) if n > 0 && (lead || trainer.shards_params()) => {
+            let toks = trainer.sample(&[0], n, context, config.seed)?;
+            lead.then(|| {
+                toks.iter()
+                    .map(|&t| v.get(t as usize).map_or("?", |s| s.as_str()))
+                    .collect()
+            })
+        }
+        _ => None,
+    };
+    let weights_crc32 = weights_crc32(&*comm, &trainer)?;
+    // The process's peak over the whole run: training, evaluation, checkpoints, sampling.
     let peak_rss_bytes = stoker_data::measure::peak_rss_bytes();
     let step_s = step_time.as_secs_f64() / steps_run.max(1) as f64;
     if let (Some(log), Some(f)) = (&mut log, &forecast) {
@@ -580,19 +594,6 @@ pub fn run_rank(
             bytes_sent_per_step: bytes_sent as f64 / steps_run.max(1) as f64,
         })?;
     }
-    // Under ZeRO-3 sampling gathers the parameters: every rank takes part.
-    let sample = match (&vocab, config.train.sample_tokens) {
-        (Some(v), n) if n > 0 && (lead || trainer.shards_params()) => {
-            let toks = trainer.sample(&[0], n, context, config.seed)?;
-            lead.then(|| {
-                toks.iter()
-                    .map(|&t| v.get(t as usize).map_or("?", |s| s.as_str()))
-                    .collect()
-            })
-        }
-        _ => None,
-    };
-    let weights_crc32 = crc32fast::hash(bytemuck::cast_slice(&trainer.full_master()?));
     if preempted && lead {
         tracing::warn!("stopped by a signal after step {}", trainer.step);
     }
@@ -720,6 +721,43 @@ fn same_weights_everywhere(comm: &dyn Communicator, trainer: &Trainer, step: u64
     Ok(())
 }
 
+/// CRC-32 of the whole FP32 master's bytes, the same at every world size and strategy.
+/// Under ZeRO-3 each rank hashes its shard and the shards' CRCs are combined in order,
+/// so no rank gathers the whole buffer for it (4 bytes per parameter on its peak).
+fn weights_crc32(comm: &dyn Communicator, trainer: &Trainer) -> Result<u32> {
+    if !trainer.shards_params() {
+        return Ok(crc32fast::hash(bytemuck::cast_slice(&trainer.master)));
+    }
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let layout = &trainer.layout;
+    let own =
+        crate::parallel::ShardPlan::new(layout.total_len(), world, layout.align()).range(rank);
+    let held = trainer.held_range();
+    if own.start < held.start || own.end > held.end {
+        return Err(TrainError::Layout(format!(
+            "rank {rank} holds parameters {held:?}, its shard is {own:?}"
+        )));
+    }
+    let mine = &trainer.master[own.start - held.start..own.end - held.start];
+    let part = [
+        crc32fast::hash(bytemuck::cast_slice(mine)) as u64,
+        4 * mine.len() as u64,
+    ];
+    let mut parts = vec![0u64; 2 * world];
+    stoker_comm::CommExt::all_gather(comm, &part, &vec![2; world], &mut parts)?;
+    Ok(combine_crcs(parts.chunks(2).map(|p| (p[0] as u32, p[1]))))
+}
+
+/// The CRC-32 of consecutive byte ranges' concatenation from each range's CRC-32 and
+/// length, in order.
+pub fn combine_crcs(parts: impl IntoIterator<Item = (u32, u64)>) -> u32 {
+    let mut whole = crc32fast::Hasher::new();
+    for (crc, len) in parts {
+        whole.combine(&crc32fast::Hasher::new_with_initial_len(crc, len));
+    }
+    whole.finalize()
+}
+
 /// The first `train.eval_batches` evaluation batches, shared round-robin among the ranks,
 /// summed over them: the same numbers at every world size.
 fn evaluate(
@@ -803,4 +841,33 @@ fn progress_bar(show: bool, total: u64, start: u64) -> ProgressBar {
         .expect("valid template"),
     );
     bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::combine_crcs;
+
+    #[test]
+    fn combined_crcs_of_consecutive_parts_are_the_whole_s_crc() {
+        let bytes: Vec<u8> = (0..10_007u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let whole = crc32fast::hash(&bytes);
+        for cuts in [
+            vec![],
+            vec![0],
+            vec![1],
+            vec![4000],
+            vec![3, 3, 9000],
+            vec![10_007],
+        ] {
+            let mut parts = Vec::new();
+            let mut at = 0;
+            for &c in cuts.iter().chain([&bytes.len()]) {
+                parts.push((crc32fast::hash(&bytes[at..c]), (c - at) as u64));
+                at = c;
+            }
+            assert_eq!(combine_crcs(parts), whole, "cuts {cuts:?}");
+        }
+    }
 }

@@ -331,9 +331,15 @@ impl Trainer {
     /// The whole FP32 parameter buffer: a copy of `master`, or under ZeRO-3 gathered from
     /// every rank's shard (a collective: every rank calls it).
     pub fn full_master(&mut self) -> Result<Vec<f32>> {
+        Ok(self.full_master_view()?.into_owned())
+    }
+
+    /// [`Trainer::full_master`] without a copy where this rank holds the whole buffer
+    /// (everything but ZeRO-3): a copy is 4 bytes per parameter on top of the run's peak.
+    pub fn full_master_view(&mut self) -> Result<std::borrow::Cow<'_, [f32]>> {
         Ok(match self.strategy.gather_params(&self.master)? {
-            Some(full) => full,
-            None => self.master.clone(),
+            Some(full) => std::borrow::Cow::Owned(full),
+            None => std::borrow::Cow::Borrowed(&self.master),
         })
     }
 
@@ -799,9 +805,13 @@ impl Trainer {
     /// Mean loss and top-1 accuracy over every rank's `batches` (each rank passes its
     /// share; a collective), without gradients.
     pub fn evaluate(&mut self, batches: &[MicroBatch]) -> Result<EvalReport> {
-        let local = match self.gathered_model()? {
-            Some(full) => eval_with(&*full, &self.fx(), batches)?,
-            None => self.evaluate_local(batches)?,
+        let local = if self.shards_params() && self.direct.is_some() {
+            self.evaluate_by_group(batches)?
+        } else {
+            match self.gathered_model()? {
+                Some(full) => eval_with(&*full, &self.fx(), batches)?,
+                None => self.evaluate_local(batches)?,
+            }
         };
         let mut x = [
             local.loss * local.count as f64,
@@ -815,6 +825,38 @@ impl Trainer {
             accuracy: x[2] / c,
             count: x[1] as usize,
         })
+    }
+
+    /// ZeRO-3 on the direct step: the training forward with each parameter group gathered
+    /// as it needs it and freed after (a collective: every rank calls it), so evaluation
+    /// holds what a training step holds, not the whole model (FSDP evaluates unit by unit
+    /// too).
+    fn evaluate_by_group(&mut self, batches: &[MicroBatch]) -> Result<EvalReport> {
+        let Trainer {
+            direct,
+            strategy,
+            master,
+            ..
+        } = self;
+        let step = direct.as_deref_mut().ok_or_else(|| {
+            TrainError::Layout("evaluation by group needs the direct step".into())
+        })?;
+        let name = strategy.name();
+        let (mut sum, mut correct, mut count) = (0f64, 0usize, 0usize);
+        for mb in batches {
+            let result = {
+                let mut source = strategy.forward_source(master).ok_or_else(|| {
+                    TrainError::Layout(format!(
+                        "{name} gives no forward source for evaluation by group"
+                    ))
+                })?;
+                step.evaluate_groups(&mut *source, &mb.input, &mb.targets)
+            };
+            strategy.finish_forward()?;
+            let (s, c, n) = result?;
+            (sum, correct, count) = (sum + s, correct + c, count + n);
+        }
+        Ok(EvalReport::of(sum, correct, count))
     }
 
     /// Mean loss and top-1 accuracy over this rank's `batches` alone (not under ZeRO-3,

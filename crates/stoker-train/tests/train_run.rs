@@ -213,6 +213,46 @@ fn consolidated_weights_are_plain_safetensors() {
     assert_eq!(wte.dtype(), safetensors::Dtype::F32); // FP32 master, not the bf16 copy
 }
 
+/// The printed weights' CRC-32 is the whole FP32 master's at every strategy: under ZeRO-3
+/// the ranks combine their shards' CRCs instead of gathering the buffer. It equals the CRC
+/// of the final checkpoint's master read back whole, and is the same for DDP and ZeRO-1
+/// in deterministic mode at 2 ranks as at 1.
+#[test]
+fn the_weights_crc_is_the_whole_master_s_at_every_strategy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut crcs = Vec::new();
+    for (ranks, strategy, det) in [
+        (1, "ddp", true),
+        (2, "ddp", true),
+        (2, "zero1", true),
+        (2, "zero3", false),
+    ] {
+        let dir = tmp.path().join(format!("{strategy}{ranks}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        write_token_corpus(&dir.join("corpus.bin"), 12_000);
+        let extra = format!(
+            "[parallel]\nstrategy = \"{strategy}\"\nbackend = \"local\"\ndeterministic = {det}\n"
+        );
+        let text = gpt_config(&dir, "fp32", 3, &extra).replace(
+            "accumulation_steps = 2\n",
+            &format!("accumulation_steps = {}\nworld_size = {ranks}\n", 2 / ranks),
+        );
+        let c = TrainConfig::parse(&text, Path::new("test.toml")).unwrap();
+        let s = stoker_train::run::run_threads(&c, &RunOptions::default())
+            .unwrap()
+            .remove(0)
+            .unwrap();
+        let (_, master) = stoker_train::checkpoint::consolidate::read_params(
+            &c.run_dir.join("checkpoints/step_00000003"),
+        )
+        .unwrap();
+        let whole = crc32fast::hash(bytemuck::cast_slice(&master));
+        assert_eq!(s.weights_crc32, whole, "{strategy} on {ranks}");
+        crcs.push((strategy, ranks, whole));
+    }
+    assert!(crcs[..3].iter().all(|c| c.2 == crcs[0].2), "{crcs:x?}");
+}
+
 #[test]
 fn report_writes_seven_pngs_with_planned_vs_measured() {
     let tmp = tempfile::tempdir().unwrap();

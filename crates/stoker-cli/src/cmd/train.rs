@@ -379,8 +379,8 @@ fn print_forecast(s: &RunSummary) {
     };
     println!(
         "planned vs measured per rank ({}): {heap}memory of training steps planned \
-         {:.1} MiB{planner}, measured peak RSS {:.1} MiB (measured/planned {:.2}); process peak \
-         with evaluation {:.1} MiB{}; {time}{loader}",
+         {:.1} MiB{planner}, measured peak RSS {:.1} MiB (measured/planned {:.2}); whole run's peak \
+         with evaluation, checkpoints and sampling {:.1} MiB{} (measured/planned {:.2}); {time}{loader}",
         f.basis(),
         mib(f.peak_bytes),
         mib(rss),
@@ -391,6 +391,7 @@ fn print_forecast(s: &RunSummary) {
         } else {
             ""
         },
+        s.peak_rss_bytes as f64 / f.peak_bytes,
     );
 }
 

@@ -403,8 +403,6 @@ impl GptStep {
         batch: GptBatch,
     ) -> Result<(f64, usize, usize), KernelError> {
         self.check_len("params", params.len())?;
-        self.check(&batch)?;
-        let mut acts = self.acts_for(batch.batch * batch.t);
         // The forward reads parameters only; no gradient buffer, nobody to tell.
         let mut no_grads: [f32; 0] = [];
         let mut nobody = |_: usize, _: &[f32]| {};
@@ -413,8 +411,21 @@ impl GptStep {
             grads: &mut no_grads,
             ready: &mut nobody,
         };
+        self.evaluate_groups(&mut source, batch)
+    }
+
+    /// [`GptStep::evaluate`] with each group's parameters wherever `source` keeps them
+    /// (ZeRO-3: gathered one block at a time, as in training, instead of the whole model
+    /// at once). Only the forward phase is asked for.
+    pub fn evaluate_groups(
+        &mut self,
+        source: &mut dyn StepParams,
+        batch: GptBatch,
+    ) -> Result<(f64, usize, usize), KernelError> {
+        self.check(&batch)?;
+        let mut acts = self.acts_for(batch.batch * batch.t);
         let result = self
-            .forward(&mut source, &batch, &mut acts)
+            .forward(source, &batch, &mut acts)
             .map(|()| loss_and_hits(&acts.logits, batch.targets, self.dims.vocab, batch.ignore));
         self.keep(acts);
         result

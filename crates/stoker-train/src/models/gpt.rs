@@ -261,6 +261,17 @@ impl DirectStep for GptDirect {
         let b = Self::batch(&tokens, input, targets)?;
         Ok(self.step.evaluate(master, b)?)
     }
+
+    fn evaluate_groups(
+        &mut self,
+        source: &mut dyn stoker_kernels::StepParams,
+        input: &Tensor,
+        targets: &[i64],
+    ) -> Result<(f64, usize, usize)> {
+        let tokens = token_ids(input)?;
+        let b = Self::batch(&tokens, input, targets)?;
+        Ok(self.step.evaluate_groups(source, b)?)
+    }
 }
 
 impl Model for Gpt {

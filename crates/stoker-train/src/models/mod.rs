@@ -110,4 +110,13 @@ pub trait DirectStep: Send {
         input: &Tensor,
         targets: &[i64],
     ) -> Result<(f64, usize, usize)>;
+
+    /// As [`DirectStep::evaluate`] with each parameter group's values wherever `source`
+    /// keeps them (ZeRO-3 gathers them one at a time, as its training step does).
+    fn evaluate_groups(
+        &mut self,
+        source: &mut dyn stoker_kernels::StepParams,
+        input: &Tensor,
+        targets: &[i64],
+    ) -> Result<(f64, usize, usize)>;
 }

@@ -10,7 +10,8 @@ use stoker_kernels::{adamw_update, AdamWStep};
 use std::ops::Range;
 
 use super::{
-    out_segment, segments_in, span, take_buffers, tell, OptimState, Optimizer, Segment, SegmentDone,
+    out_segment, segments_in, span, take_buffers, tell, OptimState, OptimStateRef, Optimizer,
+    Segment, SegmentDone,
 };
 
 /// AdamW hyper-parameters (torch's defaults).
@@ -100,14 +101,11 @@ impl Optimizer for AdamW {
         4 * (self.exp_avg.len() + self.exp_avg_sq.len())
     }
 
-    fn state(&self) -> OptimState {
-        OptimState {
+    fn state_ref(&self) -> OptimStateRef<'_> {
+        OptimStateRef {
             step: self.step,
             range: self.range.clone(),
-            buffers: vec![
-                ("exp_avg".into(), self.exp_avg.clone()),
-                ("exp_avg_sq".into(), self.exp_avg_sq.clone()),
-            ],
+            buffers: vec![("exp_avg", &self.exp_avg), ("exp_avg_sq", &self.exp_avg_sq)],
         }
     }
 

@@ -61,6 +61,34 @@ pub struct OptimState {
     pub buffers: Vec<(String, Vec<f32>)>,
 }
 
+/// [`OptimState`] borrowed from the optimizer: what a checkpoint writes and what the
+/// accounting counts, without a copy of the buffers (a copy is 4 or 8 bytes per
+/// parameter on top of the run's peak).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OptimStateRef<'a> {
+    /// Optimizer steps taken.
+    pub step: u64,
+    /// The elements of the flat layout the buffers cover (global offsets).
+    pub range: Range<usize>,
+    /// Named moment buffers, `range.len()` each.
+    pub buffers: Vec<(&'static str, &'a [f32])>,
+}
+
+impl OptimStateRef<'_> {
+    /// An owned copy.
+    pub fn to_owned(&self) -> OptimState {
+        OptimState {
+            step: self.step,
+            range: self.range.clone(),
+            buffers: self
+                .buffers
+                .iter()
+                .map(|(n, b)| (n.to_string(), b.to_vec()))
+                .collect(),
+        }
+    }
+}
+
 /// What an optimizer tells as each segment's update becomes final: the segment's range
 /// within the updated slice, its new FP32 values, and their bf16 copy where one is written.
 pub type SegmentDone<'a> = &'a mut dyn FnMut(Range<usize>, &[f32], Option<&[bf16]>);
@@ -90,8 +118,12 @@ pub trait Optimizer: Send {
     fn range(&self) -> Range<usize>;
     /// Bytes its state buffers hold.
     fn state_bytes(&self) -> usize;
-    /// The state to checkpoint.
-    fn state(&self) -> OptimState;
+    /// The state to checkpoint, borrowed.
+    fn state_ref(&self) -> OptimStateRef<'_>;
+    /// An owned copy of the state (for [`Optimizer::restore`] into another optimizer).
+    fn state(&self) -> OptimState {
+        self.state_ref().to_owned()
+    }
     /// Restores a saved state over the same range; errors name the buffer that does not fit.
     fn restore(&mut self, state: OptimState) -> Result<(), String>;
 }

@@ -10,7 +10,8 @@ use stoker_kernels::{sgd_update, SgdStep};
 use std::ops::Range;
 
 use super::{
-    out_segment, segments_in, span, take_buffers, tell, OptimState, Optimizer, Segment, SegmentDone,
+    out_segment, segments_in, span, take_buffers, tell, OptimState, OptimStateRef, Optimizer,
+    Segment, SegmentDone,
 };
 
 /// SGD hyper-parameters.
@@ -99,11 +100,11 @@ impl Optimizer for Sgd {
         4 * self.momentum.len()
     }
 
-    fn state(&self) -> OptimState {
-        OptimState {
+    fn state_ref(&self) -> OptimStateRef<'_> {
+        OptimStateRef {
             step: self.step,
             range: self.range.clone(),
-            buffers: vec![("momentum".into(), self.momentum.clone())],
+            buffers: vec![("momentum", &self.momentum)],
         }
     }
 
