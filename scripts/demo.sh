@@ -65,5 +65,5 @@ RAYON_NUM_THREADS=2 "$STOKER" train runs/shakespeare-gpt-zero-resume.toml --resu
 echo
 echo "== planned vs measured, every training run above (the forecast each printed at its start, checked at its end) =="
 for log in runs/shakespeare.log runs/ddp-1rank.log runs/ddp-2ranks.log runs/zero3-2ranks.log; do
-  echo "$log: $(grep -E '^planned vs measured' "$log" | grep -oE "measured peak RSS [0-9.]+ MiB \(measured/planned [0-9.]+\)|whole run's peak [^;]*|step time planned [0-9.]+ ms, measured [0-9.]+ ms \(measured/planned [0-9.]+\)" | paste -sd';' | sed 's/;/; /')"
+  echo "$log: $(grep -E '^planned vs measured' "$log" | grep -oE "measured peak RSS [0-9.]+ MiB \(measured/planned [0-9.]+\)|whole run's peak [^;]*|step time planned [0-9.]+ ms, measured [0-9.]+ ms \(measured/planned [0-9.]+\)" | paste -sd';' | sed 's/;/; /g')"
 done

@@ -126,6 +126,9 @@ pub fn write_report(run_dir: &Path) -> Result<Vec<PathBuf>> {
     // (step, step seconds, RSS bytes) per logged step, and the planner's forecast.
     let mut measured = Vec::new();
     let mut forecast = None;
+    // The run's measured peaks: its training steps' and the whole run's (evaluation,
+    // checkpoints and sampling too), bytes.
+    let mut peaks = (0u64, 0u64);
     for r in &records {
         match r {
             Record::Train {
@@ -153,7 +156,15 @@ pub fn write_report(run_dir: &Path) -> Result<Vec<PathBuf>> {
             }
             Record::Eval { step, loss, .. } => eval.push((*step as f64, *loss)),
             Record::States { .. } => {}
-            Record::Forecast { forecast: f, .. } => forecast = Some(f.clone()),
+            Record::Forecast {
+                forecast: f,
+                train_rss_bytes,
+                peak_rss_bytes,
+                ..
+            } => {
+                forecast = Some(f.clone());
+                peaks = (*train_rss_bytes, *peak_rss_bytes);
+            }
         }
     }
     let col = |f: fn(&Row) -> f64| train.iter().map(|t| (t.0, f(t))).collect::<Vec<_>>();
@@ -235,6 +246,16 @@ pub fn write_report(run_dir: &Path) -> Result<Vec<PathBuf>> {
                     label: "planned peak",
                     points: flat(f.peak_bytes / mib),
                     color: RED,
+                },
+                Series {
+                    label: "measured peak of training steps",
+                    points: flat(peaks.0 as f64 / mib),
+                    color: CYAN,
+                },
+                Series {
+                    label: "measured peak of the whole run",
+                    points: flat(peaks.1 as f64 / mib),
+                    color: BLACK,
                 },
             ],
             false,

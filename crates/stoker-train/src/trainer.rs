@@ -807,6 +807,8 @@ impl Trainer {
     pub fn evaluate(&mut self, batches: &[MicroBatch]) -> Result<EvalReport> {
         let local = if self.shards_params() && self.direct.is_some() {
             self.evaluate_by_group(batches)?
+        } else if self.units.is_some() {
+            self.evaluate_by_unit(batches)?
         } else {
             match self.gathered_model()? {
                 Some(full) => eval_with(&*full, &self.fx(), batches)?,
@@ -854,6 +856,50 @@ impl Trainer {
             };
             strategy.finish_forward()?;
             let (s, c, n) = result?;
+            (sum, correct, count) = (sum + s, correct + c, count + n);
+        }
+        Ok(EvalReport::of(sum, correct, count))
+    }
+
+    /// ZeRO-3 on the graph path: candle's forward unit by unit, each unit's groups
+    /// gathered as it needs them and freed after their last unit (a collective: every
+    /// rank calls it), instead of the whole model at once.
+    fn evaluate_by_unit(&mut self, batches: &[MicroBatch]) -> Result<EvalReport> {
+        let Trainer {
+            units,
+            full_model,
+            strategy,
+            master,
+            precision,
+            kernels,
+            layout,
+            held,
+            device,
+            fp8,
+            ..
+        } = self;
+        let (Some(plan), Some(config)) = (units.as_ref(), full_model.as_ref()) else {
+            return Err(TrainError::Layout(
+                "evaluation by unit needs ZeRO-3's units on the graph path".into(),
+            ));
+        };
+        let fx = Fx::new(*precision, fp8.as_ref()).with_kernels(*kernels);
+        let step = crate::parallel::units::UnitStep {
+            plan,
+            model: config,
+            precision: *precision,
+            kernels: *kernels,
+            layout,
+            fx: &fx,
+            own: held.clone(),
+            device,
+        };
+        let (mut sum, mut correct, mut count) = (0f64, 0usize, 0usize);
+        for mb in batches {
+            // Evaluation reduces nothing: no gradient shard to scatter into.
+            let mut source =
+                crate::parallel::units::Collective::new(&mut **strategy, master, &mut []);
+            let (s, c, n) = crate::parallel::units::evaluate(&step, &mut source, mb)?;
             (sum, correct, count) = (sum + s, correct + c, count + n);
         }
         Ok(EvalReport::of(sum, correct, count))

@@ -594,56 +594,67 @@ fn held_and_sent(
     })
 }
 
-/// ZeRO-3's evaluation on the GPT's direct step runs the training forward with each
-/// group gathered as it needs it (not the whole model at once): at 2 and 4 ranks, each
-/// rank evaluating its share of the batches, it gives what one rank's direct step gives
-/// on the same weights (the whole master, gathered for the reference only): the same
-/// target count and top-1 hits, the same loss to f64 summation order.
+/// ZeRO-3's evaluation gathers each group as the forward needs it, not the whole model
+/// at once: on the GPT's direct step group by group, on the candle-graph path (the GPT's
+/// fused ops, the CNN, the MLP) unit by unit. At 2 and 4 ranks, each rank evaluating its
+/// share of the batches, it gives what one rank gives on the same weights (the whole
+/// master, gathered for the reference only): the same target count and top-1 hits, the
+/// same loss to f64 summation order.
 #[test]
-fn zero3_evaluation_by_group_equals_one_rank_s_on_the_same_weights() {
-    let c = config(GPT, "fp32", "direct", ADAMW, "strategy = \"zero3\"");
-    let batches: Vec<MicroBatch> = (0..4).map(|j| micro_batch(GPT, 9, j)).collect();
-    for world in [2, 4] {
-        let got = run_local(world, Duration::from_secs(60), |comm| {
-            let rank = comm.rank();
-            let comm: Rc<dyn Communicator> = Rc::new(comm);
-            let m = build_model(&c.model, c.precision, c.kernels, c.seed).unwrap();
-            let layout = FlatLayout::of(m.params()).unwrap();
-            let strategy = stoker_train::parallel::for_config(&c, &layout, comm).unwrap();
-            let mut t = Trainer::with_strategy(&c, m, strategy).unwrap();
-            for s in 0..2 {
-                let k = 4 / world;
-                let window: Vec<MicroBatch> = (rank * k..(rank + 1) * k)
-                    .map(|j| micro_batch(GPT, s, j))
+fn zero3_evaluation_piece_by_piece_equals_one_rank_s_on_the_same_weights() {
+    for (model, kernels) in [
+        (GPT, "direct"),
+        (GPT, "fused"),
+        (CNN, "fused"),
+        (MLP, "fused"),
+    ] {
+        let c = config(model, "fp32", kernels, ADAMW, "strategy = \"zero3\"");
+        let batches: Vec<MicroBatch> = (0..4).map(|j| micro_batch(model, 9, j)).collect();
+        for world in [2, 4] {
+            let got = run_local(world, Duration::from_secs(60), |comm| {
+                let rank = comm.rank();
+                let comm: Rc<dyn Communicator> = Rc::new(comm);
+                let m = build_model(&c.model, c.precision, c.kernels, c.seed).unwrap();
+                let layout = FlatLayout::of(m.params()).unwrap();
+                let strategy = stoker_train::parallel::for_config(&c, &layout, comm).unwrap();
+                let mut t = Trainer::with_strategy(&c, m, strategy).unwrap();
+                for s in 0..2 {
+                    let k = 4 / world;
+                    let window: Vec<MicroBatch> = (rank * k..(rank + 1) * k)
+                        .map(|j| micro_batch(model, s, j))
+                        .collect();
+                    t.train_step(&window).unwrap();
+                }
+                let mine: Vec<MicroBatch> = (rank..4)
+                    .step_by(world)
+                    .map(|j| micro_batch(model, 9, j))
                     .collect();
-                t.train_step(&window).unwrap();
-            }
-            let mine: Vec<MicroBatch> = (rank..4)
-                .step_by(world)
-                .map(|j| micro_batch(GPT, 9, j))
-                .collect();
-            let report = t.evaluate(&mine).unwrap();
-            (report, t.full_master().unwrap())
-        });
-        let (zero3, master) = got.into_iter().next().unwrap();
-        let one = config(GPT, "fp32", "direct", ADAMW, "");
-        let mut t = Trainer::new(&one).unwrap();
-        t.set_master(master).unwrap();
-        let reference = t.evaluate(&batches).unwrap();
-        let what = format!("zero3 at {world} ranks vs one rank");
-        assert_eq!(zero3.count, reference.count, "{what}: targets");
-        stoker_testkit::assert_close_scalar(
-            zero3.loss,
-            reference.loss,
-            1e-12,
-            &format!("{what}: loss"),
-        );
-        stoker_testkit::assert_close_scalar(
-            zero3.accuracy,
-            reference.accuracy,
-            1e-12,
-            &format!("{what}: accuracy"),
-        );
-        eprintln!("{what}: loss {} vs {}", zero3.loss, reference.loss);
+                let report = t.evaluate(&mine).unwrap();
+                (report, t.full_master().unwrap())
+            });
+            let (zero3, master) = got.into_iter().next().unwrap();
+            let one = config(model, "fp32", kernels, ADAMW, "");
+            let mut t = Trainer::new(&one).unwrap();
+            t.set_master(master).unwrap();
+            let reference = t.evaluate(&batches).unwrap();
+            let what = format!(
+                "{} {kernels}: zero3 at {world} ranks vs one rank",
+                &model[8..11]
+            );
+            assert_eq!(zero3.count, reference.count, "{what}: targets");
+            stoker_testkit::assert_close_scalar(
+                zero3.loss,
+                reference.loss,
+                1e-12,
+                &format!("{what}: loss"),
+            );
+            stoker_testkit::assert_close_scalar(
+                zero3.accuracy,
+                reference.accuracy,
+                1e-12,
+                &format!("{what}: accuracy"),
+            );
+            eprintln!("{what}: loss {} vs {}", zero3.loss, reference.loss);
+        }
     }
 }

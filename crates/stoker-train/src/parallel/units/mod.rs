@@ -29,4 +29,4 @@ pub mod plan;
 pub mod step;
 
 pub use plan::{Event, UnitPlan};
-pub use step::{micro_batch, Collective, Scratch, SpanSource, UnitStep};
+pub use step::{evaluate, micro_batch, Collective, Scratch, SpanSource, UnitStep};

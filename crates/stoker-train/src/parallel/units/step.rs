@@ -285,3 +285,57 @@ pub fn micro_batch(
     }
     Ok(loss)
 }
+
+/// Evaluation of micro-batch `mb` unit by unit (ZeRO-3 on the graph path): each unit's
+/// groups gathered from `source` as it needs them and freed after the last unit that uses
+/// them, no backward and no reduction, so the rank holds about what a training unit
+/// holds instead of the whole model. Every rank gathers the same groups in the same
+/// order (the plan's alone). Returns the summed loss of the valid targets, how many are
+/// the top-1 prediction, and how many there are.
+pub fn evaluate(
+    step: &UnitStep<'_>,
+    source: &mut dyn SpanSource,
+    mb: &MicroBatch,
+) -> Result<(f64, usize, usize)> {
+    let plan = step.plan;
+    let n = plan.units.len();
+    // The last unit using each group: after it the group is freed.
+    let mut last_use = vec![0; plan.spans.len()];
+    for (u, groups) in plan.units.iter().enumerate() {
+        for &g in groups {
+            last_use[g] = u;
+        }
+    }
+    let mut params: Vec<Option<Arc<Vec<f32>>>> = vec![None; plan.spans.len()];
+    let mut x = mb.input.clone();
+    for u in 0..n {
+        let mut groups = Vec::with_capacity(plan.units[u].len());
+        for &g in &plan.units[u] {
+            if params[g].is_none() {
+                params[g] = Some(Arc::new(source.gather(g, plan.spans[g].clone())?));
+            }
+            groups.push((g, params[g].clone().expect("gathered above")));
+        }
+        let m = unit_model(
+            step.model,
+            step.precision,
+            step.kernels,
+            step.layout,
+            groups,
+            step.device,
+        )?;
+        x = m.unit_forward(step.fx, u, &x)?.detach();
+        for &g in &plan.units[u] {
+            if last_use[g] == u {
+                params[g] = None;
+            }
+        }
+    }
+    let (s, count) = cross_entropy_sum(step.fx, &x, &mb.targets)?;
+    let pred = x
+        .argmax(1)?
+        .to_dtype(candle_core::DType::I64)?
+        .to_vec1::<i64>()?;
+    let correct = pred.iter().zip(&mb.targets).filter(|(p, t)| p == t).count();
+    Ok((scalar(&s)?, correct, count))
+}
