@@ -137,6 +137,21 @@ pub struct UnitStep<'a> {
     pub device: &'a candle_core::Device,
 }
 
+impl UnitStep<'_> {
+    /// A model whose groups `groups` are real (values from each group's span start) and
+    /// every other parameter an empty placeholder, on this step's device.
+    fn unit_model(&self, groups: Vec<(usize, Arc<Vec<f32>>)>) -> Result<Box<dyn Model>> {
+        unit_model(
+            self.model,
+            self.precision,
+            self.kernels,
+            self.layout,
+            groups,
+            self.device,
+        )
+    }
+}
+
 /// Runs one micro-batch `mb` unit by unit: each group's parameters from `source`, the
 /// gradient of `factor x (summed loss)` handed back to it group by group (None: no valid
 /// target anywhere, no backward; every group still goes back, so every rank runs the same
@@ -175,14 +190,7 @@ pub fn micro_batch(
                 Ok((g, v))
             })
             .collect::<Result<Vec<_>>>()?;
-        let m = unit_model(
-            step.model,
-            step.precision,
-            step.kernels,
-            step.layout,
-            groups,
-            step.device,
-        )?;
+        let m = step.unit_model(groups)?;
         if m.params().len() != slots.len() {
             return Err(TrainError::Layout(format!(
                 "zero3: unit {u}'s model declares {} parameters, the layout {}",
@@ -316,14 +324,7 @@ pub fn evaluate(
             }
             groups.push((g, params[g].clone().expect("gathered above")));
         }
-        let m = unit_model(
-            step.model,
-            step.precision,
-            step.kernels,
-            step.layout,
-            groups,
-            step.device,
-        )?;
+        let m = step.unit_model(groups)?;
         x = m.unit_forward(step.fx, u, &x)?.detach();
         for &g in &plan.units[u] {
             if last_use[g] == u {
