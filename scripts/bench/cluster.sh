@@ -36,6 +36,21 @@ RAYON_NUM_THREADS=1 "$S" plan --config "$work/calibrate.toml" --calibrate --cali
   --nodes 2 --devices-per-node 1 --inter-node-gbit-s 100 --emit-config "$work/calibrated.toml" \
   > "$work/calibration" 2>&1 || { cat "$work/calibration"; exit 1; }
 grep -E "training step|MFU" "$work/calibration" >&2
+# What the path between the namespaces carries when no shaper limits it: TCP over veth
+# through the bridge, both cores busy, is CPU-bound well below any "unshaped" figure (about
+# 8 Gbit/s here, 2026-12-04). Each link is planned at the lesser of its shaped rate and this,
+# measured as the run will use it: all_reduce bus bandwidth at 4-16 MiB over the same
+# namespaces and MPI transport (stoker bench comm).
+timeout 300 bash scripts/cluster.sh -n 2 --rate none -- "$S" bench comm --min-kib 4096 --max-mib 16 \
+  --seconds 1 --json "$work/path.json" > "$work/path.log" 2>&1 || { tail -20 "$work/path.log"; exit 1; }
+path_gbit=$(python3 - "$work/path.json" <<'PY'
+import json, statistics, sys
+rows = json.load(open(sys.argv[1]))
+bw = [r["stoker_busbw_gbs"] for r in rows if r["op"] == "all_reduce"]
+print(f"{8 * statistics.median(bw):.3f}")
+PY
+)
+echo "unshaped path: all_reduce bus bandwidth $path_gbit Gbit/s (median over 4-16 MiB); each link is planned at min(its rate, this)" >&2
 declare -A base
 for rate in "${rates[@]}"; do
   for strategy in ddp zero3; do
@@ -55,7 +70,8 @@ for rate in "${rates[@]}"; do
     else
       RAYON_NUM_THREADS=1 timeout 600 bash scripts/cluster.sh -n 2 --rate "$rate" -- "$S" train "$work/$name.toml" --no-progress > "$work/$name.log" 2>&1 || { tail -20 "$work/$name.log"; exit 1; }
     fi
-    link=$([ "$rate" = unshaped ] && echo 100 || gbit "$rate")
+    link=$([ "$rate" = unshaped ] && echo "$path_gbit" || gbit "$rate")
+    link=$(python3 -c "print(min($link, $path_gbit))")
     # The plan of the config as calibrated above, over the link of this run, with the
     # trainer's FP32 collectives.
     "$S" plan --config "$work/calibrated.toml" --nodes 2 --devices-per-node 1 \
