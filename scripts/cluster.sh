@@ -83,11 +83,12 @@ for ((i = 0; i < ranks; i++)); do
 done
 echo "cluster: $ranks ranks in namespaces ${hosts[*]}, links $rate${delay:+ + ${delay} delay} each way" >&2
 hostlist=$(IFS=,; echo "${hosts[*]}")
-# Messages up to 1 MiB go eagerly: UCX's rendezvous over TCP needs the receiving rank inside
-# an MPI call to move data, and stoker's ranks compute between their collectives, so each
-# ZeRO-3 gather or reduce-scatter waited for the other rank's next call (the 8-block GPT,
-# unshaped: 54-66 ms of each step waiting at the default threshold, 20-21 ms at 1 MiB;
-# docs/distributed.md). UCX_RNDV_THRESH in the caller's environment wins.
+# Every message goes eagerly: UCX's rendezvous over TCP needs the receiving rank inside an
+# MPI call to move data, and stoker's ranks compute between their collectives, so a
+# collective waited for the other rank's next call (the 8-block GPT, unshaped: ZeRO-3 waited
+# 54-66 ms of each step at UCX's default threshold, 20-21 ms at 1 MiB; DDP at 100 Mbit/s
+# 656-700 ms at 1 MiB, 519 ms, its bytes' link time, at 8 MiB or above; docs/distributed.md).
+# UCX_RNDV_THRESH in the caller's environment wins.
 timeout -k 10 "$limit" mpiexec -launcher ssh -launcher-exec "$here/cluster-exec.sh" \
   -hosts "$hostlist" -iface "$bridge" -n "$ranks" -ppn 1 \
-  -genv UCX_TLS tcp,self -genv UCX_NET_DEVICES eth0 -genv UCX_RNDV_THRESH "${UCX_RNDV_THRESH:-1m}" "$@"
+  -genv UCX_TLS tcp,self -genv UCX_NET_DEVICES eth0 -genv UCX_RNDV_THRESH "${UCX_RNDV_THRESH:-inf}" "$@"
