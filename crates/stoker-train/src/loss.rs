@@ -62,3 +62,12 @@ pub fn cross_entropy_sum(fx: &Fx, logits: &Tensor, targets: &[i64]) -> Result<(T
 pub fn scalar(t: &Tensor) -> Result<f64> {
     Ok(t.to_dtype(DType::F64)?.to_scalar::<f64>()?)
 }
+
+/// What evaluation counts of one micro-batch's `(rows, classes)` logits: the summed loss of
+/// the valid targets, how many of them are the top-1 logit, and how many there are.
+pub fn loss_and_hits(fx: &Fx, logits: &Tensor, targets: &[i64]) -> Result<(f64, usize, usize)> {
+    let (sum, count) = cross_entropy_sum(fx, logits, targets)?;
+    let pred = logits.argmax(1)?.to_dtype(DType::I64)?.to_vec1::<i64>()?;
+    let hits = pred.iter().zip(targets).filter(|(p, t)| p == t).count();
+    Ok((scalar(&sum)?, hits, count))
+}

@@ -75,7 +75,8 @@ pub enum Record {
         step: u64,
         /// What the planner forecast for one rank.
         forecast: crate::planned::RunForecast,
-        /// Peak resident set size of rank 0's process (evaluation included), bytes.
+        /// Peak resident set size of rank 0's process over the whole run (evaluation,
+        /// checkpoints and sampling included), bytes.
         peak_rss_bytes: u64,
         /// Peak resident set size of the training steps before the first evaluation or
         /// checkpoint (`RunSummary::train_rss_bytes`), bytes.

@@ -125,10 +125,9 @@ pub fn write_report(run_dir: &Path) -> Result<Vec<PathBuf>> {
     let mut unit = String::from("targets/s");
     // (step, step seconds, RSS bytes) per logged step, and the planner's forecast.
     let mut measured = Vec::new();
+    // With it, the run's measured peaks: its training steps' and the whole run's
+    // (evaluation, checkpoints and sampling too), bytes.
     let mut forecast = None;
-    // The run's measured peaks: its training steps' and the whole run's (evaluation,
-    // checkpoints and sampling too), bytes.
-    let mut peaks = (0u64, 0u64);
     for r in &records {
         match r {
             Record::Train {
@@ -161,10 +160,7 @@ pub fn write_report(run_dir: &Path) -> Result<Vec<PathBuf>> {
                 train_rss_bytes,
                 peak_rss_bytes,
                 ..
-            } => {
-                forecast = Some(f.clone());
-                peaks = (*train_rss_bytes, *peak_rss_bytes);
-            }
+            } => forecast = Some((f.clone(), (*train_rss_bytes, *peak_rss_bytes))),
         }
     }
     let col = |f: fn(&Row) -> f64| train.iter().map(|t| (t.0, f(t))).collect::<Vec<_>>();
@@ -229,7 +225,7 @@ pub fn write_report(run_dir: &Path) -> Result<Vec<PathBuf>> {
     )?;
     // Planned vs measured: the forecast as a flat line over the measured curve (runs
     // written before these fields existed have no measured points).
-    if let (Some(f), false) = (&forecast, measured.iter().all(|m| m.1 == 0.0)) {
+    if let (Some((f, peaks)), false) = (&forecast, measured.iter().all(|m| m.1 == 0.0)) {
         let flat = |v: f64| measured.iter().map(|m| (m.0, v)).collect::<Vec<_>>();
         let mib = (1u64 << 20) as f64;
         emit(

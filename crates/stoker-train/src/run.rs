@@ -306,7 +306,7 @@ pub fn run_rank(
         trainer.layout.slots().len(),
         mib(trainer.master.len()),
         mib(trainer.grad_range().len() * (1 + trainer.extra_grad_buffers())),
-        mib(trainer.optimizer.state_ref().buffers.iter().map(|(_, b)| b.len()).sum()),
+        mib(trainer.optimizer.state_bytes() / 4),
         trainer.layout.align(),
         trainer.strategy().name(),
         dims.world,
@@ -728,17 +728,10 @@ fn weights_crc32(comm: &dyn Communicator, trainer: &Trainer) -> Result<u32> {
     if !trainer.shards_params() {
         return Ok(crc32fast::hash(bytemuck::cast_slice(&trainer.master)));
     }
-    let (rank, world) = (comm.rank(), comm.world_size());
-    let layout = &trainer.layout;
-    let own =
-        crate::parallel::ShardPlan::new(layout.total_len(), world, layout.align()).range(rank);
-    let held = trainer.held_range();
-    if own.start < held.start || own.end > held.end {
-        return Err(TrainError::Layout(format!(
-            "rank {rank} holds parameters {held:?}, its shard is {own:?}"
-        )));
-    }
-    let mine = &trainer.master[own.start - held.start..own.end - held.start];
+    let world = comm.world_size();
+    let (_, mine) = trainer
+        .master_shard(world, comm.rank())
+        .map_err(TrainError::Layout)?;
     let part = [
         crc32fast::hash(bytemuck::cast_slice(mine)) as u64,
         4 * mine.len() as u64,

@@ -16,7 +16,7 @@ use crate::config::{ModelConfig, OptimizerKind, TrainConfig};
 use crate::error::{Result, TrainError};
 use crate::grad_sum::{GradSum, SumOrder};
 use crate::layout::FlatLayout;
-use crate::loss::{cross_entropy_sum, scalar, valid_count};
+use crate::loss::valid_count;
 use crate::models::{Cnn, DirectStep, Gpt, LossKind, Mlp, Model};
 use crate::offload::{HostStaging, MasterView};
 use crate::optim::{segments, AdamW, Optimizer, Sgd};
@@ -331,16 +331,31 @@ impl Trainer {
     /// The whole FP32 parameter buffer: a copy of `master`, or under ZeRO-3 gathered from
     /// every rank's shard (a collective: every rank calls it).
     pub fn full_master(&mut self) -> Result<Vec<f32>> {
-        Ok(self.full_master_view()?.into_owned())
+        Ok(match self.strategy.gather_params(&self.master)? {
+            Some(full) => full,
+            None => self.master.clone(),
+        })
     }
 
-    /// [`Trainer::full_master`] without a copy where this rank holds the whole buffer
-    /// (everything but ZeRO-3): a copy is 4 bytes per parameter on top of the run's peak.
-    pub fn full_master_view(&mut self) -> Result<std::borrow::Cow<'_, [f32]>> {
-        Ok(match self.strategy.gather_params(&self.master)? {
-            Some(full) => std::borrow::Cow::Owned(full),
-            None => std::borrow::Cow::Borrowed(&self.master),
-        })
+    /// This rank's shard of the FP32 parameters as `ShardPlan` splits the flat buffer
+    /// over `world` ranks (what a checkpoint saves and the weights' CRC hashes under
+    /// ZeRO-3): its global range and values. Fails where the rank does not hold it.
+    pub fn master_shard(
+        &self,
+        world: usize,
+        rank: usize,
+    ) -> std::result::Result<(std::ops::Range<usize>, &[f32]), String> {
+        let layout = &self.layout;
+        let own =
+            crate::parallel::ShardPlan::new(layout.total_len(), world, layout.align()).range(rank);
+        let held = &self.held;
+        if own.start < held.start || own.end > held.end {
+            return Err(format!(
+                "rank {rank} holds parameters {held:?}, its shard is {own:?}"
+            ));
+        }
+        let values = &self.master[own.start - held.start..own.end - held.start];
+        Ok((own, values))
     }
 
     /// Sets the parameters from the whole FP32 buffer `full` (a checkpoint's): this rank
@@ -805,15 +820,11 @@ impl Trainer {
     /// Mean loss and top-1 accuracy over every rank's `batches` (each rank passes its
     /// share; a collective), without gradients.
     pub fn evaluate(&mut self, batches: &[MicroBatch]) -> Result<EvalReport> {
-        let local = if self.shards_params() && self.direct.is_some() {
-            self.evaluate_by_group(batches)?
-        } else if self.units.is_some() {
-            self.evaluate_by_unit(batches)?
-        } else {
-            match self.gathered_model()? {
-                Some(full) => eval_with(&*full, &self.fx(), batches)?,
-                None => self.evaluate_local(batches)?,
-            }
+        // Under ZeRO-3 the direct step runs group by group, the graph path unit by unit.
+        let local = match (self.shards_params(), self.direct.is_some()) {
+            (false, _) => self.evaluate_local(batches)?,
+            (true, true) => self.evaluate_by_group(batches)?,
+            (true, false) => self.evaluate_by_unit(batches)?,
         };
         let mut x = [
             local.loss * local.count as f64,
@@ -829,10 +840,11 @@ impl Trainer {
         })
     }
 
-    /// ZeRO-3 on the direct step: the training forward with each parameter group gathered
-    /// as it needs it and freed after (a collective: every rank calls it), so evaluation
-    /// holds what a training step holds, not the whole model (FSDP evaluates unit by unit
-    /// too).
+    /// ZeRO-3 on the direct step: the training forward through the step's own source, each
+    /// parameter group gathered as it needs it and freed after (a collective: every rank
+    /// calls it), so evaluation holds what a training step holds, not the whole model (FSDP
+    /// evaluates unit by unit too). The forward reduces nothing, so the gradient shard is
+    /// empty; the statistics it adds are the next window's to reset.
     fn evaluate_by_group(&mut self, batches: &[MicroBatch]) -> Result<EvalReport> {
         let Trainer {
             direct,
@@ -847,14 +859,14 @@ impl Trainer {
         let (mut sum, mut correct, mut count) = (0f64, 0usize, 0usize);
         for mb in batches {
             let result = {
-                let mut source = strategy.forward_source(master).ok_or_else(|| {
+                let mut source = strategy.step_source(master, &mut []).ok_or_else(|| {
                     TrainError::Layout(format!(
-                        "{name} gives no forward source for evaluation by group"
+                        "{name} gives no step source for evaluation by group"
                     ))
                 })?;
                 step.evaluate_groups(&mut *source, &mb.input, &mb.targets)
             };
-            strategy.finish_forward()?;
+            strategy.finish_micro_batch(&mut [])?;
             let (s, c, n) = result?;
             (sum, correct, count) = (sum + s, correct + c, count + n);
         }
@@ -949,14 +961,8 @@ fn eval_with(model: &dyn Model, fx: &Fx, batches: &[MicroBatch]) -> Result<EvalR
     let (mut sum, mut count, mut correct) = (0f64, 0usize, 0usize);
     for mb in batches {
         let logits = model.forward(fx, &mb.input)?.detach();
-        let (s, n) = cross_entropy_sum(fx, &logits, &mb.targets)?;
-        sum += scalar(&s)?;
-        count += n;
-        let pred = logits
-            .argmax(1)?
-            .to_dtype(candle_core::DType::I64)?
-            .to_vec1::<i64>()?;
-        correct += pred.iter().zip(&mb.targets).filter(|(p, t)| p == t).count();
+        let (s, c, n) = crate::loss::loss_and_hits(fx, &logits, &mb.targets)?;
+        (sum, correct, count) = (sum + s, correct + c, count + n);
     }
     Ok(EvalReport::of(sum, correct, count))
 }

@@ -207,14 +207,9 @@ pub fn save(
         ));
     }
     let local = own.start - opt.range.start..own.end - opt.range.start;
-    let held = trainer.held_range();
-    if own.start < held.start || own.end > held.end {
-        return Err(ckpt_err(
-            &tmp,
-            format!("rank {rank} holds parameters {held:?}, its shard to save is {own:?}"),
-        ));
-    }
-    let mine = &trainer.master[own.start - held.start..own.end - held.start];
+    let (_, mine) = trainer
+        .master_shard(world, rank)
+        .map_err(|e| ckpt_err(&tmp, format!("{e}: the shard to save")))?;
     let mut views = vec![(MASTER.to_string(), view(mine))];
     for (name, buf) in &opt.buffers {
         views.push((name.to_string(), view(&buf[local.clone()])));

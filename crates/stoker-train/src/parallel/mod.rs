@@ -169,21 +169,6 @@ pub trait Strategy {
     ) -> Option<Box<dyn stoker_kernels::StepParams + 'a>> {
         None
     }
-    /// ZeRO-3: where the direct step's forward alone (evaluation) finds each parameter
-    /// group: gathered as the forward needs it and freed after, as in a training step,
-    /// instead of the whole model at once; [`Strategy::finish_forward`] follows. None
-    /// where every rank holds the parameters.
-    fn forward_source<'a>(
-        &'a mut self,
-        _master: &'a [f32],
-    ) -> Option<Box<dyn stoker_kernels::StepParams + 'a>> {
-        None
-    }
-    /// After a [`Strategy::forward_source`] micro-batch: waits for the gathers still
-    /// running and returns every buffer to the pool.
-    fn finish_forward(&mut self) -> Result<()> {
-        Ok(())
-    }
     /// ZeRO-3 on the graph path: starts gathering the parameters of flat span `span` from
     /// every rank's shard `held` (a collective; [`units`]), for
     /// [`Strategy::finish_gather_span`] to complete: the next unit's gather proceeds while

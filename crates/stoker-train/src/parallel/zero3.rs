@@ -202,23 +202,6 @@ impl Strategy for Zero3 {
         }))
     }
 
-    fn forward_source<'a>(
-        &'a mut self,
-        master: &'a [f32],
-    ) -> Option<Box<dyn stoker_kernels::StepParams + 'a>> {
-        // The forward reads no gradient: nothing is reduced.
-        Some(Box::new(Source {
-            gather: &mut self.gather,
-            master,
-            grads: &mut [],
-        }))
-    }
-
-    fn finish_forward(&mut self) -> Result<()> {
-        // No reduction was started, so nothing is added into the empty shard.
-        self.gather.finish(&mut [])
-    }
-
     // Non-blocking collectives and a wait: the MPI backend's wait yields the core, where
     // MPICH's blocking calls spin (4 ranks on 2 cores took 4.7 s per step spinning).
     fn start_gather_span(&mut self, held: &[f32], span: Range<usize>) -> Result<Pending> {

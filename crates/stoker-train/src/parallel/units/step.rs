@@ -332,11 +332,5 @@ pub fn evaluate(
             }
         }
     }
-    let (s, count) = cross_entropy_sum(step.fx, &x, &mb.targets)?;
-    let pred = x
-        .argmax(1)?
-        .to_dtype(candle_core::DType::I64)?
-        .to_vec1::<i64>()?;
-    let correct = pred.iter().zip(&mb.targets).filter(|(p, t)| p == t).count();
-    Ok((scalar(&s)?, correct, count))
+    crate::loss::loss_and_hits(step.fx, &x, &mb.targets)
 }
