@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TrainError};
 use crate::params::{ParamSet, ParamSpec};
+use crate::pieces::Pieces;
 
 /// Default alignment: 16 f32 elements = 64 bytes, one cache line.
 pub const DEFAULT_ALIGN: usize = 16;
@@ -151,21 +152,20 @@ impl FlatLayout {
 
     /// The first slot holding a non-finite value in `buf`.
     pub fn first_nonfinite(&self, buf: &[f32]) -> Option<&str> {
-        self.first_nonfinite_in(buf, 0)
+        self.first_nonfinite_in(buf, &Pieces::one(0..buf.len()))
     }
 
-    /// As [`FlatLayout::first_nonfinite`] for `part`, the flat buffer's elements from
-    /// `start` on (a ZeRO-3 shard).
-    pub fn first_nonfinite_in(&self, part: &[f32], start: usize) -> Option<&str> {
+    /// As [`FlatLayout::first_nonfinite`] for `part`, the flat buffer's elements
+    /// `pieces` end to end (a ZeRO shard).
+    pub fn first_nonfinite_in(&self, part: &[f32], pieces: &Pieces) -> Option<&str> {
         if stoker_precision::overflow::all_finite(part) {
             return None;
         }
-        let end = start + part.len();
         self.slots
             .iter()
             .find(|s| {
-                let (a, b) = (s.offset.max(start), (s.offset + s.len).min(end));
-                a < b && part[a - start..b - start].iter().any(|x| !x.is_finite())
+                let local = pieces.local(&(s.offset..s.offset + s.len));
+                part[local].iter().any(|x| !x.is_finite())
             })
             .map(|s| s.name.as_str())
     }

@@ -55,6 +55,7 @@ pub mod ops;
 pub mod optim;
 pub mod parallel;
 pub mod params;
+pub mod pieces;
 pub mod planned;
 pub mod precision;
 pub mod report;

@@ -305,7 +305,7 @@ pub fn run_rank(
          {} x {} rank(s), micro_batch {} x accumulation_steps {} x world_size {} = global_batch {}; eval: {}",
         trainer.layout.slots().len(),
         mib(trainer.master.len()),
-        mib(trainer.grad_range().len() * (1 + trainer.extra_grad_buffers())),
+        mib(trainer.grad_held().len() * (1 + trainer.extra_grad_buffers())),
         mib(trainer.optimizer.state_bytes() / 4),
         trainer.layout.align(),
         trainer.strategy().name(),
@@ -722,23 +722,35 @@ fn same_weights_everywhere(comm: &dyn Communicator, trainer: &Trainer, step: u64
 }
 
 /// CRC-32 of the whole FP32 master's bytes, the same at every world size and strategy.
-/// Under ZeRO-3 each rank hashes its shard and the shards' CRCs are combined in order,
-/// so no rank gathers the whole buffer for it (4 bytes per parameter on its peak).
+/// Under ZeRO-3 each rank hashes each of its pieces and the pieces' CRCs are combined in
+/// buffer order, so no rank gathers the whole buffer for it (4 bytes per parameter on
+/// its peak).
 fn weights_crc32(comm: &dyn Communicator, trainer: &Trainer) -> Result<u32> {
     if !trainer.shards_params() {
         return Ok(crc32fast::hash(bytemuck::cast_slice(&trainer.master)));
     }
     let world = comm.world_size();
-    let (_, mine) = trainer
-        .master_shard(world, comm.rank())
-        .map_err(TrainError::Layout)?;
-    let part = [
-        crc32fast::hash(bytemuck::cast_slice(mine)) as u64,
-        4 * mine.len() as u64,
-    ];
-    let mut parts = vec![0u64; 2 * world];
-    stoker_comm::CommExt::all_gather(comm, &part, &vec![2; world], &mut parts)?;
-    Ok(combine_crcs(parts.chunks(2).map(|p| (p[0] as u32, p[1]))))
+    // [start, crc, bytes] of each piece.
+    let mine: Vec<u64> = trainer
+        .held()
+        .with_starts()
+        .flat_map(|(r, at)| {
+            let values = &trainer.master[at..at + r.len()];
+            [
+                r.start as u64,
+                crc32fast::hash(bytemuck::cast_slice(values)) as u64,
+                4 * r.len() as u64,
+            ]
+        })
+        .collect();
+    let mut sizes = vec![0u64; world];
+    stoker_comm::CommExt::all_gather(comm, &[mine.len() as u64], &vec![1; world], &mut sizes)?;
+    let sizes: Vec<usize> = sizes.iter().map(|&n| n as usize).collect();
+    let mut all = vec![0u64; sizes.iter().sum()];
+    stoker_comm::CommExt::all_gather(comm, &mine, &sizes, &mut all)?;
+    let mut parts: Vec<&[u64]> = all.chunks(3).collect();
+    parts.sort_by_key(|p| p[0]);
+    Ok(combine_crcs(parts.iter().map(|p| (p[1] as u32, p[2]))))
 }
 
 /// The CRC-32 of consecutive byte ranges' concatenation from each range's CRC-32 and

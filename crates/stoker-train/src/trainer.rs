@@ -22,6 +22,7 @@ use crate::offload::{HostStaging, MasterView};
 use crate::optim::{segments, AdamW, Optimizer, Sgd};
 use crate::parallel::units::UnitPlan;
 use crate::parallel::{Single, Strategy, SyncStats};
+use crate::pieces::Pieces;
 use crate::precision::{Fp8State, Fx, Kernels, Precision};
 use crate::schedule::Schedule;
 
@@ -153,14 +154,14 @@ pub struct Trainer {
     /// The flat layout of `master` and `grads`.
     pub layout: FlatLayout,
     /// FP32 master weights: the whole flat buffer, or under ZeRO-3 this rank's shard of
-    /// it (elements [`Trainer::held_range`]).
+    /// it (the pieces [`Trainer::held`], end to end).
     pub master: Vec<f32>,
     grads: Vec<f32>,
-    /// The part of the flat buffer `master` holds.
-    held: std::ops::Range<usize>,
-    /// The part of the flat buffer `grads` holds: `held`, except where the strategy
+    /// The parts of the flat buffer `master` holds.
+    held: Pieces,
+    /// The parts of the flat buffer `grads` holds: `held`, except where the strategy
     /// reduces the direct step's gradients group by group into this rank's shard.
-    grad_range: std::ops::Range<usize>,
+    grad_held: Pieces,
     /// ZeRO-3: what builds a full model around gathered parameters for a forward (the
     /// graph path's step, evaluation, sampling); the rank's own model is a
     /// [`crate::models::Shell`].
@@ -230,12 +231,12 @@ impl Trainer {
         strategy.start(&mut master)?;
         let len = layout.total_len();
         let held = strategy.holds(len);
-        let sharded = held != (0..len);
+        let sharded = !held.is_whole(len);
         if !sharded {
             layout.unflatten(&master, model.params())?;
         }
         let o = &config.optimizer;
-        // The optimizer's moments cover the strategy's range alone (ZeRO: this rank's shard).
+        // The optimizer's moments cover the strategy's pieces alone (ZeRO: this rank's shard).
         let (segs, range) = (segments(&layout, false), strategy.update_range(len));
         let optimizer: Box<dyn Optimizer> = match o.kind {
             OptimizerKind::Adamw => Box::new(AdamW::new(o.adamw(), &segs, range)),
@@ -264,13 +265,13 @@ impl Trainer {
         let (model, full_model): (Box<dyn Model>, _) = match sharded {
             false => (model, None),
             true => {
-                master = master[held.clone()].to_vec();
+                master = held.take(&master);
                 let shell = Box::new(crate::models::Shell::new(config.model.clone()));
                 (shell, Some(config.model.clone()))
             }
         };
         let keep = held.len();
-        let grad_range = strategy.settle_grads(len, direct.is_some())?;
+        let grad_held = strategy.settle_grads(len, direct.is_some())?;
         // ZeRO-3's units build their own variables from the gathered groups.
         let staging = match (device.is_cpu(), sharded) {
             (false, false) => Some(HostStaging::for_params(model.params(), &layout)?),
@@ -282,7 +283,7 @@ impl Trainer {
             direct,
             device,
             staging,
-            grads: vec![0.0; grad_range.len()],
+            grads: vec![0.0; grad_held.len()],
             held,
             full_model,
             units,
@@ -300,8 +301,8 @@ impl Trainer {
             grad_clip: o.grad_clip,
             step: 0,
             sampler_state: SamplerState::default(),
-            sum: GradSum::new(strategy.sum_order(), grad_range.len()),
-            grad_range,
+            sum: GradSum::new(strategy.sum_order(), grad_held.len()),
+            grad_held,
             strategy,
         })
     }
@@ -311,16 +312,16 @@ impl Trainer {
         &*self.strategy
     }
 
-    /// The part of the flat buffer this rank's `master` holds: all of it, except under
-    /// ZeRO-3 (its shard).
-    pub fn held_range(&self) -> std::ops::Range<usize> {
-        self.held.clone()
+    /// The parts of the flat buffer this rank's `master` holds: all of it, except under
+    /// ZeRO-3 (its piece of every group).
+    pub fn held(&self) -> &Pieces {
+        &self.held
     }
 
-    /// The part of the flat buffer this rank's gradient sum holds: all of it, except
+    /// The parts of the flat buffer this rank's gradient sum holds: all of it, except
     /// under ZeRO-3 and under ZeRO-2 on the direct step (its shard).
-    pub fn grad_range(&self) -> std::ops::Range<usize> {
-        self.grad_range.clone()
+    pub fn grad_held(&self) -> &Pieces {
+        &self.grad_held
     }
 
     /// Whether this rank holds only a shard of the parameters (ZeRO-3).
@@ -337,25 +338,19 @@ impl Trainer {
         })
     }
 
-    /// This rank's shard of the FP32 parameters as `ShardPlan` splits the flat buffer
-    /// over `world` ranks (what a checkpoint saves and the weights' CRC hashes under
-    /// ZeRO-3): its global range and values. Fails where the rank does not hold it.
-    pub fn master_shard(
-        &self,
-        world: usize,
-        rank: usize,
-    ) -> std::result::Result<(std::ops::Range<usize>, &[f32]), String> {
+    /// What rank `rank` of `world` saves of the FP32 parameters in a checkpoint, and
+    /// its values: under ZeRO-3 what it holds (its piece of every group); otherwise (it
+    /// holds everything) its range of [`ShardPlan`]'s split, so that every rank writes.
+    ///
+    /// [`ShardPlan`]: crate::parallel::ShardPlan
+    pub fn master_shard(&self, world: usize, rank: usize) -> (Pieces, &[f32]) {
+        if self.shards_params() {
+            return (self.held.clone(), &self.master);
+        }
         let layout = &self.layout;
         let own =
             crate::parallel::ShardPlan::new(layout.total_len(), world, layout.align()).range(rank);
-        let held = &self.held;
-        if own.start < held.start || own.end > held.end {
-            return Err(format!(
-                "rank {rank} holds parameters {held:?}, its shard is {own:?}"
-            ));
-        }
-        let values = &self.master[own.start - held.start..own.end - held.start];
-        Ok((own, values))
+        (Pieces::one(own.clone()), &self.master[own])
     }
 
     /// Sets the parameters from the whole FP32 buffer `full` (a checkpoint's): this rank
@@ -363,7 +358,7 @@ impl Trainer {
     pub fn set_master(&mut self, full: Vec<f32>) -> Result<()> {
         self.layout.check_len(full.len())?;
         if self.shards_params() {
-            self.master = full[self.held.clone()].to_vec();
+            self.master = self.held.take(&full);
             return Ok(());
         }
         self.master = full;
@@ -710,7 +705,7 @@ impl Trainer {
         if self.scaler.is_none() && (!loss.is_finite() || !norm.is_finite()) {
             let param = self
                 .layout
-                .first_nonfinite_in(&self.grads, self.grad_range.start)
+                .first_nonfinite_in(&self.grads, &self.grad_held)
                 .unwrap_or("(none: loss only)");
             return Err(TrainError::NonFinite {
                 step,
@@ -722,16 +717,29 @@ impl Trainer {
             clip_to(&mut self.grads, norm, self.grad_clip);
         }
         report.grad_norm = norm;
-        // The optimizer's range of the flat buffer, within what `master` holds.
-        let range = self.optimizer.range();
-        let local = range.start - self.held.start..range.end - self.held.start;
-        let local_grads = range.start - self.grad_range.start..range.end - self.grad_range.start;
+        // The optimizer's pieces of the flat buffer, within what `master` and `grads` hold
+        // (all of either, or one range of the whole buffer).
+        let updated = self.optimizer.pieces().clone();
+        let (local, local_grads) = match (
+            self.held.local_of(&updated),
+            self.grad_held.local_of(&updated),
+        ) {
+            (Some(l), Some(g)) => (l, g),
+            _ => {
+                return Err(TrainError::Layout(format!(
+                    "the optimizer updates {:?}, the parameters hold {:?} and the gradients {:?}",
+                    updated.ranges(),
+                    self.held.ranges(),
+                    self.grad_held.ranges()
+                )))
+            }
+        };
         // A model on a GPU whose optimizer updates the whole buffer (one rank, DDP): each
         // parameter's copy up is queued as soon as the optimizer is done with it, so the
         // copies run while the optimizer steps the rest. Sharded updates go up after their
         // all-gather. A non-finite parameter is not sent (the check below fails the step),
         // and unless every parameter went up the whole upload runs after all.
-        let upload_each = self.staging.is_some() && range == (0..self.layout.total_len());
+        let upload_each = self.staging.is_some() && updated.is_whole(self.layout.total_len());
         let (mut upload_failed, mut uploaded) = (None, 0usize);
         let Trainer {
             optimizer,
@@ -748,7 +756,7 @@ impl Trainer {
             if upload_failed.is_some() || !v.iter().all(|x| x.is_finite()) {
                 return;
             }
-            match st.upload_segment(range.start + r.start, v, b, model.params()) {
+            match st.upload_segment(local.start + r.start, v, b, model.params()) {
                 Ok(()) => uploaded += 1,
                 Err(e) => upload_failed = Some(e),
             }
@@ -764,16 +772,13 @@ impl Trainer {
             return Err(e);
         }
         self.strategy.after_update(&mut self.master)?;
-        if let (Some(copy), true) = (&mut self.bf16_copy, range.len() < self.master.len()) {
+        if let (Some(copy), true) = (&mut self.bf16_copy, local.len() < self.master.len()) {
             // The other ranks' shards arrived in FP32: round them as the optimizer does.
-            for r in [0..range.start, range.end..self.master.len()] {
+            for r in [0..local.start, local.end..self.master.len()] {
                 stoker_kernels::flat::to_bf16(&self.master[r.clone()], &mut copy[r]);
             }
         }
-        if let Some(param) = self
-            .layout
-            .first_nonfinite_in(&self.master, self.held.start)
-        {
+        if let Some(param) = self.layout.first_nonfinite_in(&self.master, &self.held) {
             return Err(TrainError::NonFinite {
                 step,
                 what: "value".into(),

@@ -6,6 +6,7 @@ use stoker_train::clip::{clip_global_norm, global_norm};
 use stoker_train::layout::FlatLayout;
 use stoker_train::optim::{segments, AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
 use stoker_train::params::ParamSpec;
+use stoker_train::pieces::Pieces;
 use stoker_train::schedule::Schedule;
 
 fn reference() -> Value {
@@ -131,8 +132,9 @@ fn optimizer_state_round_trips_and_rejects_wrong_sizes() {
     assert!(err.contains("exp_avg_sq"), "{err}");
 }
 
-/// Optimizers over the shards of a buffer (ZeRO's split, boundaries inside tensors
-/// included) update exactly what one optimizer over the whole buffer does, bit for bit.
+/// Optimizers over the shards of a buffer update exactly what one optimizer over the
+/// whole buffer does, bit for bit: ZeRO-1/2's contiguous split (boundaries inside tensors
+/// included) and ZeRO-3's piece of every group (each rank's pieces end to end).
 #[test]
 fn shard_optimizers_equal_one_whole_buffer_optimizer() {
     let layout = FlatLayout::new(
@@ -148,17 +150,32 @@ fn shard_optimizers_equal_one_whole_buffer_optimizer() {
     let segs = segments(&layout, false);
     let p0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
     let g: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
-    for cuts in [vec![0, n], vec![0, 16, n], vec![0, 20, 45, 77, n]] {
+    let splits: Vec<Vec<Pieces>> = vec![
+        vec![Pieces::one(0..n)],
+        vec![Pieces::one(0..16), Pieces::one(16..n)],
+        vec![
+            Pieces::one(0..20),
+            Pieces::one(20..45),
+            Pieces::one(45..77),
+            Pieces::one(77..n),
+        ],
+        // Two ranks, a piece of every one of three groups each.
+        vec![
+            Pieces::new([0..20, 40..48, 64..80]),
+            Pieces::new([20..40, 48..64, 80..n]),
+        ],
+    ];
+    for split in splits {
         let mut whole = AdamW::new(AdamWConfig::default(), &segs, 0..n);
         let mut sgd_whole = Sgd::new(SgdConfig::default(), &segs, 0..n);
         let (mut pw, mut ps) = (p0.clone(), p0.clone());
         let (mut qw, mut qs) = (p0.clone(), p0.clone());
-        let mut shards: Vec<_> = cuts
-            .windows(2)
-            .map(|w| {
+        let mut shards: Vec<_> = split
+            .iter()
+            .map(|pieces| {
                 (
-                    AdamW::new(AdamWConfig::default(), &segs, w[0]..w[1]),
-                    Sgd::new(SgdConfig::default(), &segs, w[0]..w[1]),
+                    AdamW::new(AdamWConfig::default(), &segs, pieces.clone()),
+                    Sgd::new(SgdConfig::default(), &segs, pieces.clone()),
                 )
             })
             .collect();
@@ -166,13 +183,18 @@ fn shard_optimizers_equal_one_whole_buffer_optimizer() {
             whole.step(&mut pw, &g, 1e-2, None);
             sgd_whole.step(&mut qw, &g, 1e-2, None);
             for (a, s) in shards.iter_mut() {
-                let r = a.range();
-                a.step(&mut ps[r.clone()], &g[r.clone()], 1e-2, None);
-                s.step(&mut qs[r.clone()], &g[r], 1e-2, None);
+                let pieces = a.pieces().clone();
+                let grads = pieces.take(&g);
+                let (mut lp, mut lq) = (pieces.take(&ps), pieces.take(&qs));
+                a.step(&mut lp, &grads, 1e-2, None);
+                s.step(&mut lq, &grads, 1e-2, None);
+                pieces.put(&lp, &mut ps);
+                pieces.put(&lq, &mut qs);
             }
         }
-        stoker_testkit::assert_bits_eq(&ps, &pw, &format!("AdamW shards {cuts:?}"));
-        stoker_testkit::assert_bits_eq(&qs, &qw, &format!("SGD shards {cuts:?}"));
+        let what = format!("{:?}", split.iter().map(Pieces::ranges).collect::<Vec<_>>());
+        stoker_testkit::assert_bits_eq(&ps, &pw, &format!("AdamW shards {what}"));
+        stoker_testkit::assert_bits_eq(&qs, &qw, &format!("SGD shards {what}"));
         assert_eq!(
             shards.iter().map(|(a, _)| a.state_bytes()).sum::<usize>(),
             whole.state_bytes()

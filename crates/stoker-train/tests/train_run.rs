@@ -249,8 +249,55 @@ fn the_weights_crc_is_the_whole_master_s_at_every_strategy() {
         let whole = crc32fast::hash(bytemuck::cast_slice(&master));
         assert_eq!(s.weights_crc32, whole, "{strategy} on {ranks}");
         crcs.push((strategy, ranks, whole));
+        if strategy == "zero3" {
+            zero3_shards_are_a_piece_of_every_group(&c.run_dir.join("checkpoints/step_00000003"));
+        }
     }
     assert!(crcs[..3].iter().all(|c| c.2 == crcs[0].2), "{crcs:x?}");
+}
+
+/// A 2-rank ZeRO-3 checkpoint: each rank saved what it holds, a piece of every parameter
+/// group (the manifest lists them), half the buffer each to within alignment; pieces that
+/// overlap another shard's are refused naming the manifest.
+fn zero3_shards_are_a_piece_of_every_group(ckpt: &Path) {
+    let m = stoker_train::checkpoint::sharded::read_manifest(ckpt).unwrap();
+    let groups = m.layout.group_spans().unwrap();
+    let len = m.layout.total_len();
+    for s in &m.shards {
+        let pieces = s.try_pieces().unwrap();
+        // One piece per group, except where a group's last unit went to the other rank
+        // and two of this rank's pieces met.
+        assert!(pieces.ranges().len() > groups.len() / 2, "{s:?}");
+        for g in &groups {
+            let mine = pieces.owned_len(g) as f64;
+            assert!(
+                (mine - g.len() as f64 / 2.0).abs() <= 16.0,
+                "{s:?} of group {g:?}"
+            );
+        }
+        assert!(
+            (pieces.len() as f64 - len as f64 / 2.0).abs() <= 16.0,
+            "{s:?}"
+        );
+    }
+    let path = ckpt.join("manifest.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    v["shards"][1]["pieces"][0][0] = serde_json::json!(0);
+    v["shards"][1]["start"] = serde_json::json!(0);
+    let bytes = serde_json::to_vec_pretty(&v).unwrap();
+    std::fs::write(&path, &bytes).unwrap();
+    std::fs::write(
+        ckpt.join("COMMITTED"),
+        format!("{:08x}\n", crc32fast::hash(&bytes)),
+    )
+    .unwrap();
+    let err = stoker_train::checkpoint::sharded::read_manifest(ckpt)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("manifest.json") && err.contains("tile the buffer"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -108,7 +108,7 @@ pub fn verify(dir: &Path) -> Result<CheckpointState> {
 /// Loads the checkpoint in `dir` into `trainer`, after verifying every checksum and that
 /// its layout matches the model.
 pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<CheckpointState> {
-    let range = trainer.optimizer.range();
+    let pieces = trainer.optimizer.pieces().clone();
     let state = read_state(dir)?;
     // The same parameters in another order or alignment (a version 1 checkpoint's name
     // order) load by name; other parameters or shapes do not load at all.
@@ -173,13 +173,13 @@ pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<CheckpointState> {
                 ),
             ));
         }
-        buffers.push((name, v[range.clone()].to_vec()));
+        buffers.push((name, pieces.take(&v)));
     }
     trainer
         .optimizer
         .restore(OptimState {
             step: state.optimizer_step,
-            range,
+            pieces,
             buffers,
         })
         .map_err(|m| st_err(&op, m))?;

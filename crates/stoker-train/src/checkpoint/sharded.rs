@@ -4,8 +4,10 @@
 //! - `shard_RRRRR.safetensors`, one per rank of the saving world: the elements
 //!   `[start, end)` of the flat FP32 parameter buffer (`master`) and of each optimizer
 //!   buffer (`exp_avg`, `exp_avg_sq` / `momentum`), where `[start, end)` is the rank's
-//!   range of the ZeRO split of the buffer ([`ShardPlan`]) whatever the strategy (a DDP
-//!   rank holds everything and writes its part, so saving is parallel there too);
+//!   range of the ZeRO split of the buffer ([`crate::parallel::ShardPlan`]) whatever the strategy (a DDP
+//!   rank holds everything and writes its part, so saving is parallel there too), except
+//!   under ZeRO-3, whose ranks write what they hold: a piece of every parameter group
+//!   ([`crate::parallel::GroupShards`]), end to end, listed as the entry's `pieces`;
 //! - `manifest.json` (rank 0): format and version, step, the saving world size and
 //!   strategy, the parameter layout (names, shapes, offsets), every shard's range, size
 //!   and CRC-32, every rank's data position, loss-scaler and FP8 state, the seed;
@@ -35,7 +37,7 @@ use super::{ckpt_err, f32s, read_checked, step_dir, write_synced, DataPosition, 
 use crate::error::{io_err, Result};
 use crate::layout::FlatLayout;
 use crate::optim::OptimState;
-use crate::parallel::ShardPlan;
+use crate::pieces::Pieces;
 use crate::precision::LayerScalers;
 use crate::trainer::Trainer;
 
@@ -59,10 +61,38 @@ pub struct ShardEntry {
     pub start: usize,
     /// One past its last element.
     pub end: usize,
+    /// Its ranges of the flat buffer, end to end in the file, where there are several
+    /// (ZeRO-3's piece of every group); absent: `[start, end)` alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pieces: Vec<[usize; 2]>,
     /// File size in bytes.
     pub bytes: u64,
     /// CRC-32 of the file.
     pub crc32: u32,
+}
+
+impl ShardEntry {
+    /// The ranges of the flat buffer it holds, end to end in its file, or what is wrong
+    /// with them.
+    pub fn try_pieces(&self) -> std::result::Result<Pieces, String> {
+        let p = match self.pieces.is_empty() {
+            true => Pieces::try_new(std::iter::once(self.start..self.end))?,
+            false => Pieces::try_new(self.pieces.iter().map(|[a, b]| *a..*b))?,
+        };
+        let extent = p.ranges().first().map(|r| r.start)..p.ranges().last().map(|r| r.end);
+        if !p.is_empty() && extent != (Some(self.start)..Some(self.end)) {
+            return Err(format!(
+                "pieces span {extent:?}, the entry says [{}, {})",
+                self.start, self.end
+            ));
+        }
+        Ok(p)
+    }
+
+    /// [`ShardEntry::try_pieces`] of an entry [`read_manifest`] has checked.
+    fn held(&self) -> Pieces {
+        self.try_pieces().unwrap_or_default()
+    }
 }
 
 /// `manifest.json`.
@@ -96,7 +126,7 @@ pub struct Manifest {
     pub fp8: Option<BTreeMap<String, LayerScalers>>,
     /// The flat layout of every buffer.
     pub layout: FlatLayout,
-    /// The shard files, rank order, tiling the buffer.
+    /// The shard files, rank order, their pieces tiling the buffer.
     pub shards: Vec<ShardEntry>,
 }
 
@@ -194,22 +224,18 @@ pub fn save(
     comm.barrier()?;
 
     let layout = &trainer.layout;
-    let shards = ShardPlan::new(layout.total_len(), world, layout.align());
-    let own = shards.range(rank);
+    let (own, mine) = trainer.master_shard(world, rank);
     let opt = trainer.optimizer.state_ref();
-    if own.start < opt.range.start || own.end > opt.range.end {
+    let Some(local) = opt.pieces.local_of(&own) else {
         return Err(ckpt_err(
             &tmp,
             format!(
-                "rank {rank} holds optimizer state for elements {:?}, its shard to save is {own:?}",
-                opt.range
+                "rank {rank} holds optimizer state for elements {:?}, its shard to save is {:?}",
+                opt.pieces.ranges(),
+                own.ranges()
             ),
         ));
-    }
-    let local = own.start - opt.range.start..own.end - opt.range.start;
-    let (_, mine) = trainer
-        .master_shard(world, rank)
-        .map_err(|e| ckpt_err(&tmp, format!("{e}: the shard to save")))?;
+    };
     let mut views = vec![(MASTER.to_string(), view(mine))];
     for (name, buf) in &opt.buffers {
         views.push((name.to_string(), view(&buf[local.clone()])));
@@ -223,9 +249,18 @@ pub fn save(
     crash_if(fault, rank, step, SavePoint::ShardWritten, &file);
     let (crc, len) = sync_and_hash(&file)?;
     crash_if(fault, rank, step, SavePoint::ShardSynced, &file);
-    let mine = [crc as u64, len];
-    let mut all = vec![0u64; 2 * world];
-    comm.all_gather(&mine, &vec![2; world], &mut all)?;
+    // Rank 0 learns every shard's checksum, size and pieces.
+    let mut mine = vec![crc as u64, len];
+    mine.extend(
+        own.ranges()
+            .iter()
+            .flat_map(|r| [r.start as u64, r.end as u64]),
+    );
+    let mut sizes = vec![0u64; world];
+    comm.all_gather(&[mine.len() as u64], &vec![1; world], &mut sizes)?;
+    let sizes: Vec<usize> = sizes.iter().map(|&n| n as usize).collect();
+    let mut all = vec![0u64; sizes.iter().sum()];
+    comm.all_gather(&mine, &sizes, &mut all)?;
 
     if rank == 0 {
         let manifest = Manifest {
@@ -242,19 +277,7 @@ pub fn save(
             scaler: trainer.scaler.as_ref().map(|s| s.state().clone()),
             fp8: trainer.fp8.as_ref().map(|f| f.state()),
             layout: layout.clone(),
-            shards: shards
-                .ranges()
-                .iter()
-                .enumerate()
-                .map(|(r, range)| ShardEntry {
-                    rank: r,
-                    file: shard_file(r),
-                    start: range.start,
-                    end: range.end,
-                    crc32: all[2 * r] as u32,
-                    bytes: all[2 * r + 1],
-                })
-                .collect(),
+            shards: shard_entries(&all, &sizes),
         };
         let json = serde_json::to_vec_pretty(&manifest).map_err(|e| ckpt_err(&tmp, e))?;
         write_synced(&tmp.join(MANIFEST), &json)?;
@@ -275,6 +298,38 @@ pub fn save(
     }
     comm.barrier()?;
     Ok(dir)
+}
+
+/// The manifest's shard entries from every rank's `[crc, bytes, start, end, start, end,
+/// ...]` (`all`, `sizes[r]` numbers from rank `r`).
+fn shard_entries(all: &[u64], sizes: &[usize]) -> Vec<ShardEntry> {
+    let mut at = 0;
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(rank, &n)| {
+            let part = &all[at..at + n];
+            at += n;
+            let ranges: Vec<[usize; 2]> = part[2..]
+                .chunks(2)
+                .map(|c| [c[0] as usize, c[1] as usize])
+                .collect();
+            let (start, end) = match (ranges.first(), ranges.last()) {
+                (Some(f), Some(l)) => (f[0], l[1]),
+                // An empty shard (a tiny model): it sits where the previous one ended.
+                _ => (0, 0),
+            };
+            ShardEntry {
+                rank,
+                file: shard_file(rank),
+                start,
+                end,
+                pieces: if ranges.len() > 1 { ranges } else { Vec::new() },
+                crc32: part[0] as u32,
+                bytes: part[1],
+            }
+        })
+        .collect()
 }
 
 /// Fsyncs `path` and returns the CRC-32 and length of its bytes, read in 1 MiB pieces.
@@ -332,17 +387,13 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
             ),
         ));
     }
-    let mut at = 0;
+    // Every shard's pieces together tile the buffer.
+    let mut pieces = Vec::new();
     for s in &m.shards {
-        if s.start != at || s.end < s.start {
-            return Err(ckpt_err(
-                &mp,
-                format!(
-                    "shards: {} covers [{}, {}), expected it to start at {at} (shards must tile the buffer in rank order)",
-                    s.file, s.start, s.end
-                ),
-            ));
-        }
+        let held = s
+            .try_pieces()
+            .map_err(|e| ckpt_err(&mp, format!("shards: {}: {e}", s.file)))?;
+        pieces.extend(held.ranges().iter().map(|r| (r.clone(), &s.file)));
         if s.file.contains('/') || s.file.contains('\\') || s.file.starts_with('.') {
             return Err(ckpt_err(
                 &mp,
@@ -352,7 +403,20 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
                 ),
             ));
         }
-        at = s.end;
+    }
+    pieces.sort_by_key(|(r, _)| r.start);
+    let mut at = 0;
+    for (r, file) in &pieces {
+        if r.start != at {
+            return Err(ckpt_err(
+                &mp,
+                format!(
+                    "shards: {file} covers [{}, {}), expected a piece to start at {at} (the shards' pieces must tile the buffer)",
+                    r.start, r.end
+                ),
+            ));
+        }
+        at = r.end;
     }
     if at != m.layout.total_len() {
         return Err(ckpt_err(
@@ -375,11 +439,7 @@ pub(crate) fn for_shards(
     names: &[&str],
     mut each: impl FnMut(&ShardEntry, &safetensors::SafeTensors) -> Result<()>,
 ) -> Result<()> {
-    for s in m
-        .shards
-        .iter()
-        .filter(|s| s.start < want.end && want.start < s.end)
-    {
+    for s in m.shards.iter().filter(|s| s.held().owned_len(want) > 0) {
         let path = dir.join(&s.file);
         let bytes = read_checked(&path, s.crc32, MANIFEST)?;
         if bytes.len() as u64 != s.bytes {
@@ -397,14 +457,14 @@ pub(crate) fn for_shards(
             let t = st
                 .tensor(name)
                 .map_err(|e| ckpt_err(&path, format!("tensor `{name}`: {e}")))?;
-            if t.dtype() != StDtype::F32 || t.shape() != [s.end - s.start] {
+            let len = s.held().len();
+            if t.dtype() != StDtype::F32 || t.shape() != [len] {
                 return Err(ckpt_err(
                     &path,
                     format!(
-                        "tensor `{name}`: {:?} {:?}, the manifest says F32 [{}]",
+                        "tensor `{name}`: {:?} {:?}, the manifest says F32 [{len}]",
                         t.dtype(),
                         t.shape(),
-                        s.end - s.start
                     ),
                 ));
             }
@@ -423,14 +483,19 @@ pub(crate) fn copy_overlap(
     want: &Range<usize>,
     out: &mut [f32],
 ) {
-    let (start, end) = (s.start.max(want.start), s.end.min(want.end));
     let data = st.tensor(name).expect("checked by for_shards").data();
-    let src = &data[4 * (start - s.start)..4 * (end - s.start)];
-    for (o, v) in out[start - want.start..end - want.start]
-        .iter_mut()
-        .zip(f32s(src))
-    {
-        *o = v;
+    for (r, at) in s.held().with_starts() {
+        let (start, end) = (r.start.max(want.start), r.end.min(want.end));
+        if start >= end {
+            continue;
+        }
+        let src = &data[4 * (at + start - r.start)..4 * (at + end - r.start)];
+        for (o, v) in out[start - want.start..end - want.start]
+            .iter_mut()
+            .zip(f32s(src))
+        {
+            *o = v;
+        }
     }
 }
 
@@ -457,19 +522,19 @@ pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<Resumed> {
         ));
     }
     let len = trainer.layout.total_len();
-    let range = ours.range.clone();
+    let pieces = ours.pieces.clone();
     let mut master = vec![0f32; len];
     let mut buffers: Vec<(String, Vec<f32>)> = names
         .iter()
-        .map(|n| (n.to_string(), vec![0f32; range.len()]))
+        .map(|n| (n.to_string(), vec![0f32; pieces.len()]))
         .collect();
     let mut wanted = names.clone();
     wanted.push(MASTER);
     for_shards(dir, &m, &(0..len), &wanted, |s, st| {
         copy_overlap(s, st, MASTER, &(0..len), &mut master);
         for (name, buf) in buffers.iter_mut() {
-            if s.start < range.end && range.start < s.end {
-                copy_overlap(s, st, name, &range, buf);
+            for (r, at) in pieces.with_starts() {
+                copy_overlap(s, st, name, r, &mut buf[at..at + r.len()]);
             }
         }
         Ok(())
@@ -487,7 +552,7 @@ pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<Resumed> {
         .optimizer
         .restore(OptimState {
             step: m.optimizer_step,
-            range,
+            pieces,
             buffers,
         })
         .map_err(|e| ckpt_err(&mp, e))?;

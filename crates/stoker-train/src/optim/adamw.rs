@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use half::bf16;
 use stoker_kernels::{adamw_update, AdamWStep};
 
-use std::ops::Range;
+use crate::pieces::Pieces;
 
 use super::{
     out_segment, segments_in, span, take_buffers, tell, OptimState, OptimStateRef, Optimizer,
@@ -39,11 +39,11 @@ impl Default for AdamWConfig {
     }
 }
 
-/// AdamW over one range of a flat buffer; its FP32 moments cover that range alone.
+/// AdamW over some pieces of a flat buffer; its FP32 moments cover those alone.
 pub struct AdamW {
     config: AdamWConfig,
-    range: Range<usize>,
-    /// The segments inside `range`, rebased to it.
+    pieces: Pieces,
+    /// The segments inside `pieces`, rebased to them laid end to end.
     segments: Vec<Segment>,
     exp_avg: Vec<f32>,
     exp_avg_sq: Vec<f32>,
@@ -51,15 +51,16 @@ pub struct AdamW {
 }
 
 impl AdamW {
-    /// AdamW over the elements `range` of a flat buffer, updating the parts of
-    /// `segments` (global offsets) inside it.
-    pub fn new(config: AdamWConfig, segments: &[Segment], range: Range<usize>) -> Self {
+    /// AdamW over the elements `pieces` of a flat buffer (a range converts), updating
+    /// the parts of `segments` (global offsets) inside them.
+    pub fn new(config: AdamWConfig, segments: &[Segment], pieces: impl Into<Pieces>) -> Self {
+        let pieces = pieces.into();
         AdamW {
             config,
-            segments: segments_in(segments, &range),
-            exp_avg: vec![0.0; range.len()],
-            exp_avg_sq: vec![0.0; range.len()],
-            range,
+            segments: segments_in(segments, &pieces),
+            exp_avg: vec![0.0; pieces.len()],
+            exp_avg_sq: vec![0.0; pieces.len()],
+            pieces,
             step: 0,
         }
     }
@@ -93,8 +94,8 @@ impl Optimizer for AdamW {
         }
     }
 
-    fn range(&self) -> Range<usize> {
-        self.range.clone()
+    fn pieces(&self) -> &Pieces {
+        &self.pieces
     }
 
     fn state_bytes(&self) -> usize {
@@ -104,14 +105,14 @@ impl Optimizer for AdamW {
     fn state_ref(&self) -> OptimStateRef<'_> {
         OptimStateRef {
             step: self.step,
-            range: self.range.clone(),
+            pieces: self.pieces.clone(),
             buffers: vec![("exp_avg", &self.exp_avg), ("exp_avg_sq", &self.exp_avg_sq)],
         }
     }
 
     fn restore(&mut self, state: OptimState) -> Result<(), String> {
         let step = state.step;
-        let mut b = take_buffers(state, &["exp_avg", "exp_avg_sq"], &self.range)?;
+        let mut b = take_buffers(state, &["exp_avg", "exp_avg_sq"], &self.pieces)?;
         self.exp_avg_sq = b.pop().unwrap();
         self.exp_avg = b.pop().unwrap();
         self.step = step;

@@ -1,12 +1,11 @@
 //! Optimizers over the flat FP32 buffers of a [`crate::layout::FlatLayout`].
 //!
 //! They see only (offset, len, decay) segments, never a model: the same code serves a
-//! whole buffer or one ZeRO shard of it. An optimizer is built for one range of the
-//! flat buffer (the whole of it, or one rank's shard): its moments cover that range
-//! alone, indexed from zero, and its [`OptimState`] records the range's global offsets,
-//! so sharding and resharding are layout operations. Padding between slots is never
-//! touched. The
-//! arithmetic is stoker-kernels' fused passes ([`stoker_kernels::adamw_update`],
+//! whole buffer or one ZeRO shard of it. An optimizer is built for some [`Pieces`] of
+//! the flat buffer (the whole of it, one rank's ZeRO-1/2 shard, or its ZeRO-3 piece of
+//! every group): its moments cover them alone, end to end from zero, and its
+//! [`OptimState`] records their global offsets, so sharding and resharding are layout
+//! operations. Padding between slots is never touched. The arithmetic is stoker-kernels' fused passes ([`stoker_kernels::adamw_update`],
 //! [`stoker_kernels::sgd_update`]): torch's order of operations, vectorized and parallel
 //! over chunks, with the bf16 copy of the updated weights written in the same pass.
 
@@ -19,6 +18,7 @@ use half::bf16;
 use serde::{Deserialize, Serialize};
 
 use crate::layout::FlatLayout;
+use crate::pieces::Pieces;
 
 pub use adamw::{AdamW, AdamWConfig};
 pub use sgd::{Sgd, SgdConfig};
@@ -55,9 +55,9 @@ pub fn segments(layout: &FlatLayout, decay_all: bool) -> Vec<Segment> {
 pub struct OptimState {
     /// Optimizer steps taken.
     pub step: u64,
-    /// The elements of the flat layout the buffers cover (global offsets).
-    pub range: Range<usize>,
-    /// Named moment buffers (`exp_avg`, `exp_avg_sq`, `momentum`), `range.len()` each.
+    /// The elements of the flat layout the buffers cover (global offsets), end to end.
+    pub pieces: Pieces,
+    /// Named moment buffers (`exp_avg`, `exp_avg_sq`, `momentum`), `pieces.len()` each.
     pub buffers: Vec<(String, Vec<f32>)>,
 }
 
@@ -68,9 +68,9 @@ pub struct OptimState {
 pub struct OptimStateRef<'a> {
     /// Optimizer steps taken.
     pub step: u64,
-    /// The elements of the flat layout the buffers cover (global offsets).
-    pub range: Range<usize>,
-    /// Named moment buffers, `range.len()` each.
+    /// The elements of the flat layout the buffers cover (global offsets), end to end.
+    pub pieces: Pieces,
+    /// Named moment buffers, `pieces.len()` each.
     pub buffers: Vec<(&'static str, &'a [f32])>,
 }
 
@@ -79,7 +79,7 @@ impl OptimStateRef<'_> {
     pub fn to_owned(&self) -> OptimState {
         OptimState {
             step: self.step,
-            range: self.range.clone(),
+            pieces: self.pieces.clone(),
             buffers: self
                 .buffers
                 .iter()
@@ -114,8 +114,9 @@ pub trait Optimizer: Send {
         bf16_out: Option<&mut [bf16]>,
         done: SegmentDone<'_>,
     );
-    /// The elements of the flat layout it updates (global offsets).
-    fn range(&self) -> Range<usize>;
+    /// The elements of the flat layout it updates (global offsets), end to end in the
+    /// slices [`Optimizer::step`] takes.
+    fn pieces(&self) -> &Pieces;
     /// Bytes its state buffers hold.
     fn state_bytes(&self) -> usize;
     /// The state to checkpoint, borrowed.
@@ -128,35 +129,38 @@ pub trait Optimizer: Send {
     fn restore(&mut self, state: OptimState) -> Result<(), String>;
 }
 
-/// The parts of `segments` (global offsets) inside `range`, rebased so that `range.start`
-/// is element 0: what an optimizer over that range updates.
-pub fn segments_in(segments: &[Segment], range: &Range<usize>) -> Vec<Segment> {
-    segments
-        .iter()
-        .filter_map(|s| {
-            clip(s, range).map(|r| Segment {
-                offset: r.start - range.start,
-                len: r.len(),
-                decay: s.decay,
+/// The parts of `segments` (global offsets) inside `pieces`, rebased to the pieces laid
+/// end to end from element 0: what an optimizer over those pieces updates.
+pub fn segments_in(segments: &[Segment], pieces: &Pieces) -> Vec<Segment> {
+    pieces
+        .with_starts()
+        .flat_map(|(range, at)| {
+            segments.iter().filter_map(move |s| {
+                clip(s, range).map(|r| Segment {
+                    offset: at + r.start - range.start,
+                    len: r.len(),
+                    decay: s.decay,
+                })
             })
         })
         .collect()
 }
 
-/// Checks that `state` covers `range` and holds exactly `names`, each of `range.len()`
-/// elements, and returns them in order.
+/// Checks that `state` covers `pieces` and holds exactly `names`, each of
+/// `pieces.len()` elements, and returns them in order.
 pub(crate) fn take_buffers(
     state: OptimState,
     names: &[&str],
-    range: &Range<usize>,
+    pieces: &Pieces,
 ) -> Result<Vec<Vec<f32>>, String> {
-    if state.range != *range {
+    if state.pieces != *pieces {
         return Err(format!(
-            "optimizer state covers elements {:?}, this optimizer {range:?}",
-            state.range
+            "optimizer state covers elements {:?}, this optimizer {:?}",
+            state.pieces.ranges(),
+            pieces.ranges()
         ));
     }
-    let len = range.len();
+    let len = pieces.len();
     let mut out = Vec::new();
     for name in names {
         let (_, buf) = state

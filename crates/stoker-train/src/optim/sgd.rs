@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use half::bf16;
 use stoker_kernels::{sgd_update, SgdStep};
 
-use std::ops::Range;
+use crate::pieces::Pieces;
 
 use super::{
     out_segment, segments_in, span, take_buffers, tell, OptimState, OptimStateRef, Optimizer,
@@ -36,25 +36,26 @@ impl Default for SgdConfig {
     }
 }
 
-/// SGD over one range of a flat buffer; its momentum covers that range alone.
+/// SGD over some pieces of a flat buffer; its momentum covers those alone.
 pub struct Sgd {
     config: SgdConfig,
-    range: Range<usize>,
-    /// The segments inside `range`, rebased to it.
+    pieces: Pieces,
+    /// The segments inside `pieces`, rebased to them laid end to end.
     segments: Vec<Segment>,
     momentum: Vec<f32>,
     step: u64,
 }
 
 impl Sgd {
-    /// SGD over the elements `range` of a flat buffer, updating the parts of `segments`
-    /// (global offsets) inside it.
-    pub fn new(config: SgdConfig, segments: &[Segment], range: Range<usize>) -> Self {
+    /// SGD over the elements `pieces` of a flat buffer (a range converts), updating the
+    /// parts of `segments` (global offsets) inside them.
+    pub fn new(config: SgdConfig, segments: &[Segment], pieces: impl Into<Pieces>) -> Self {
+        let pieces = pieces.into();
         Sgd {
             config,
-            segments: segments_in(segments, &range),
-            momentum: vec![0.0; range.len()],
-            range,
+            segments: segments_in(segments, &pieces),
+            momentum: vec![0.0; pieces.len()],
+            pieces,
             step: 0,
         }
     }
@@ -92,8 +93,8 @@ impl Optimizer for Sgd {
         }
     }
 
-    fn range(&self) -> Range<usize> {
-        self.range.clone()
+    fn pieces(&self) -> &Pieces {
+        &self.pieces
     }
 
     fn state_bytes(&self) -> usize {
@@ -103,14 +104,14 @@ impl Optimizer for Sgd {
     fn state_ref(&self) -> OptimStateRef<'_> {
         OptimStateRef {
             step: self.step,
-            range: self.range.clone(),
+            pieces: self.pieces.clone(),
             buffers: vec![("momentum", &self.momentum)],
         }
     }
 
     fn restore(&mut self, state: OptimState) -> Result<(), String> {
         let step = state.step;
-        self.momentum = take_buffers(state, &["momentum"], &self.range)?
+        self.momentum = take_buffers(state, &["momentum"], &self.pieces)?
             .pop()
             .unwrap();
         self.step = step;

@@ -13,14 +13,13 @@
 //! tree: weights are bit-identical at every power-of-two world size. It costs the overlap
 //! (the reduction waits for the whole backward) and `log2(k) + 2` gradient-sized buffers.
 
-use std::ops::Range;
 use std::rc::Rc;
 use std::time::Instant;
 
 use stoker_comm::{tree_all_reduce, CommExt, CommStats, Communicator};
 
 use super::buckets::{Bucket, BucketOp, Buckets};
-use super::{scalars, Strategy, SyncStats};
+use super::{scalars, Pieces, Strategy, SyncStats};
 use crate::error::Result;
 use crate::grad_sum::SumOrder;
 
@@ -131,8 +130,8 @@ impl Strategy for Ddp {
         Ok(stoker_kernels::flat::sum_of_squares(grads))
     }
 
-    fn update_range(&self, len: usize) -> Range<usize> {
-        0..len
+    fn update_range(&self, len: usize) -> Pieces {
+        Pieces::one(0..len)
     }
 
     fn after_update(&mut self, _master: &mut [f32]) -> Result<()> {

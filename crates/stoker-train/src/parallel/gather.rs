@@ -20,7 +20,6 @@
 //! model alone), as non-blocking MPI collectives require.
 
 use std::borrow::BorrowMut;
-use std::ops::Range;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -28,7 +27,7 @@ use stoker_comm::{Buffer, Communicator, Pending};
 use stoker_kernels::{GroupView, KernelError, Phase, StepParams};
 
 use super::reduce::{f32s, source_err, GroupReduce};
-use super::shard::ShardPlan;
+use super::shard::GroupSplit;
 use crate::error::Result;
 
 /// Where one group's gathered parameters are.
@@ -49,17 +48,17 @@ pub struct GroupGather {
 }
 
 impl GroupGather {
-    /// The groups `spans` (by group number) of a flat buffer split by `shards` over
-    /// `comm`'s ranks.
+    /// The groups `splits` (by group number, as this rank sees them) over `comm`'s ranks,
+    /// this rank's shard holding `own_len` elements.
     pub fn new(
         comm: Rc<dyn Communicator>,
-        shards: ShardPlan,
-        spans: Vec<Range<usize>>,
+        splits: Vec<GroupSplit>,
+        own_len: usize,
         reshard_after_forward: bool,
     ) -> Self {
-        let n = spans.len();
+        let n = splits.len();
         GroupGather {
-            reduce: GroupReduce::new(comm, shards, spans),
+            reduce: GroupReduce::new(comm, splits, own_len),
             reshard_after_forward,
             params: (0..n).map(|_| Slot::Free).collect(),
         }
@@ -117,16 +116,16 @@ impl GroupGather {
             return Ok(());
         }
         let r = &mut self.reduce;
-        let span = r.spans[group].clone();
         let local = r.local(group);
         let mut input = r.pool.take(local.len());
         input.copy_from_slice(&master[local]);
-        let output = r.pool.take(span.len());
-        let counts = r.shards.counts_within(&span);
+        let output = r.pool.take(r.span(group).len());
         let len = input.len();
-        let p = r
-            .comm
-            .start_all_gather(Buffer::F32(input), &counts, Buffer::F32(output))?;
+        let p = r.comm.start_all_gather(
+            Buffer::F32(input),
+            &r.splits[group].counts,
+            Buffer::F32(output),
+        )?;
         self.params[group] = Slot::Gathering(p, len);
         Ok(())
     }
@@ -202,7 +201,7 @@ impl GroupGather {
                 }
             }
         }
-        let base = self.reduce.spans[group].start;
+        let base = self.reduce.span(group).start;
         let Slot::Ready(params) = &self.params[group] else {
             unreachable!("ensured above")
         };

@@ -35,6 +35,7 @@ pub mod buckets;
 pub mod ddp;
 pub mod dims;
 pub mod gather;
+pub mod group_shards;
 pub mod reduce;
 pub mod scalars;
 pub mod shard;
@@ -54,9 +55,11 @@ use crate::error::Result;
 use crate::grad_sum::SumOrder;
 use crate::layout::FlatLayout;
 
+pub use crate::pieces::Pieces;
 pub use ddp::Ddp;
 pub use dims::ParallelDims;
-pub use shard::ShardPlan;
+pub use group_shards::GroupShards;
+pub use shard::{GroupSplit, ShardPlan};
 pub use single::Single;
 pub use zero::{Zero, ZeroOptions, ZeroStage};
 pub use zero3::Zero3;
@@ -107,7 +110,7 @@ pub trait Strategy {
     /// The sum of squares of the whole (logical) gradient, over ranks where it is sharded.
     fn sum_of_squares(&mut self, grads: &[f32]) -> Result<f64>;
     /// The part of a flat buffer of `len` elements this rank's optimizer updates.
-    fn update_range(&self, len: usize) -> Range<usize>;
+    fn update_range(&self, len: usize) -> Pieces;
     /// After the optimizer: every rank's `master` is up to date.
     fn after_update(&mut self, master: &mut [f32]) -> Result<()>;
     /// Bytes of gradient sums the strategy keeps besides the trainer's gradient buffer
@@ -126,9 +129,10 @@ pub trait Strategy {
         self.buffer_bytes()
     }
     /// The part of a flat buffer of `len` elements whose parameters and gradients this
-    /// rank's trainer keeps between steps: all of it, except under ZeRO-3 (its shard).
-    fn holds(&self, len: usize) -> Range<usize> {
-        0..len
+    /// rank's trainer keeps between steps: all of it, except under ZeRO-3 (its piece of
+    /// every group).
+    fn holds(&self, len: usize) -> Pieces {
+        Pieces::one(0..len)
     }
     /// Settles, before the first step, how the trainer's gradients meet this strategy,
     /// told whether its steps are direct (group by group through
@@ -136,7 +140,7 @@ pub trait Strategy {
     /// elements the trainer keeps: [`Strategy::holds`], except where a direct step's
     /// gradients are reduced group by group into this rank's shard (ZeRO-2 reducing
     /// every micro-batch; ZeRO-3). Calling it again gives the same answer.
-    fn settle_grads(&mut self, len: usize, _direct: bool) -> Result<Range<usize>> {
+    fn settle_grads(&mut self, len: usize, _direct: bool) -> Result<Pieces> {
         Ok(self.holds(len))
     }
     /// Whether a direct step's micro-batch runs through [`Strategy::step_source`] (its
@@ -256,8 +260,7 @@ pub fn for_config(
         ),
         StrategyKind::Zero3 => Box::new(Zero3::new(
             comm,
-            ShardPlan::new(len, world, align),
-            layout.group_spans()?,
+            GroupShards::new(layout.group_spans()?, world, align),
             p.reshard_after_forward,
         )?),
     })

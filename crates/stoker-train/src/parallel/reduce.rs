@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use stoker_comm::{Buffer, Communicator, DryComm, Pending};
 use stoker_kernels::{GroupCall, GroupView, KernelError, Phase, StepParams};
 
-use super::shard::ShardPlan;
+use super::shard::GroupSplit;
 use crate::error::{Result, TrainError};
 
 /// Reduce-scatters a rank lets run at once before it waits for the oldest.
@@ -93,10 +93,10 @@ pub fn f32s(b: Buffer, what: &str) -> Result<Vec<f32>> {
 /// One rank's per-group gradient buffers and their reduce-scatters.
 pub struct GroupReduce {
     pub(super) comm: Rc<dyn Communicator>,
-    pub(super) shards: ShardPlan,
-    own: Range<usize>,
-    /// Each group's span of the flat buffer, by group number.
-    pub(super) spans: Vec<Range<usize>>,
+    /// Each group's span, counts and this rank's piece, by group number.
+    pub(super) splits: Vec<GroupSplit>,
+    /// Elements of this rank's shard.
+    own_len: usize,
     grads: Vec<Option<Vec<f32>>>,
     /// Reduce-scatters in flight: group, handle, input length.
     reducing: VecDeque<(usize, Pending, usize)>,
@@ -105,15 +105,14 @@ pub struct GroupReduce {
 }
 
 impl GroupReduce {
-    /// The groups `spans` (by group number) of a flat buffer split by `shards` over
-    /// `comm`'s ranks.
-    pub fn new(comm: Rc<dyn Communicator>, shards: ShardPlan, spans: Vec<Range<usize>>) -> Self {
-        let n = spans.len();
+    /// The groups `splits` (by group number, as this rank sees them) over `comm`'s ranks,
+    /// this rank's shard holding `own_len` elements.
+    pub fn new(comm: Rc<dyn Communicator>, splits: Vec<GroupSplit>, own_len: usize) -> Self {
+        let n = splits.len();
         GroupReduce {
-            own: shards.range(comm.rank()),
+            own_len,
             comm,
-            shards,
-            spans,
+            splits,
             grads: vec![None; n],
             reducing: VecDeque::new(),
             pool: Pool::default(),
@@ -128,7 +127,7 @@ impl GroupReduce {
 
     /// The parameter groups.
     pub fn groups(&self) -> usize {
-        self.spans.len()
+        self.splits.len()
     }
 
     /// Time spent waiting for collectives since the last call.
@@ -142,14 +141,14 @@ impl GroupReduce {
         let comm = DryComm::new(self.comm.rank(), self.comm.world_size())?;
         Ok(GroupReduce::new(
             Rc::new(comm),
-            self.shards.clone(),
-            self.spans.clone(),
+            self.splits.clone(),
+            self.own_len,
         ))
     }
 
     /// The shard's length.
     pub(super) fn own_len(&self) -> usize {
-        self.own.len()
+        self.own_len
     }
 
     /// What [`GroupReduce::peak_bytes`] reaches in one micro-batch of the GPT's direct
@@ -160,8 +159,8 @@ impl GroupReduce {
     /// to serve views; `tests/data_parallel.rs` holds the told bytes to the held ones.
     pub fn planned_peak(&self) -> Result<usize> {
         let mut dry = self.dry()?;
-        let mut shard = vec![0f32; self.own.len()];
-        for call in stoker_kernels::group_calls(self.spans.len()) {
+        let mut shard = vec![0f32; self.own_len];
+        for call in stoker_kernels::group_calls(self.splits.len()) {
             match call {
                 GroupCall::Open(g, Phase::Backward) => {
                     dry.grads(g);
@@ -176,14 +175,18 @@ impl GroupReduce {
 
     /// The part of `group` this rank owns, as a range of its shard (empty if none).
     pub fn local(&self, group: usize) -> Range<usize> {
-        self.shards
-            .local_within(self.comm.rank(), &self.spans[group])
+        self.splits[group].local.clone()
+    }
+
+    /// `group`'s span of the flat buffer.
+    pub fn span(&self, group: usize) -> Range<usize> {
+        self.splits[group].span.clone()
     }
 
     /// `group`'s gradient buffer for this micro-batch, zeroed when first asked for.
     pub fn grads(&mut self, group: usize) -> &mut [f32] {
         if self.grads[group].is_none() {
-            let len = self.spans[group].len();
+            let len = self.splits[group].span.len();
             self.grads[group] = Some(self.pool.take(len));
         }
         self.grads[group].as_mut().expect("set above")
@@ -196,13 +199,13 @@ impl GroupReduce {
         let Some(input) = self.grads[group].take() else {
             return Ok(());
         };
-        let span = self.spans[group].clone();
         let output = self.pool.take(self.local(group).len());
-        let counts = self.shards.counts_within(&span);
         let len = input.len();
-        let p = self
-            .comm
-            .start_reduce_scatter(Buffer::F32(input), &counts, Buffer::F32(output))?;
+        let p = self.comm.start_reduce_scatter(
+            Buffer::F32(input),
+            &self.splits[group].counts,
+            Buffer::F32(output),
+        )?;
         self.reducing.push_back((group, p, len));
         while self.reducing.len() > REDUCING {
             self.finish_one(shard)?;
@@ -272,7 +275,7 @@ impl<R: BorrowMut<GroupReduce>> StepParams for ReduceSource<'_, R> {
     ) -> std::result::Result<GroupView<'_>, KernelError> {
         let reduce = self.reduce.borrow_mut();
         reduce.comm.progress();
-        let span = reduce.spans[group].clone();
+        let span = reduce.span(group);
         let grads = match phase {
             Phase::Backward => reduce.grads(group),
             Phase::Forward => &mut [],

@@ -1,10 +1,28 @@
-//! ZeRO's split of the flat buffer: rank `r` owns one contiguous range, rank order, each
-//! boundary a multiple of the layout's alignment (a cache line), the last rank's range
-//! ending at the buffer's end (it may be shorter, or empty on a tiny model). Ranges of
-//! the execution-order layout, so a rank's shard is a run of consecutive blocks, cut
-//! wherever the boundary falls (inside a tensor too: the optimizers work on segments).
+//! ZeRO-1/2's split of the flat buffer (and every checkpoint's): rank `r` owns one
+//! contiguous range, rank order, each boundary a multiple of the layout's alignment (a
+//! cache line), the last rank's range ending at the buffer's end (it may be shorter, or
+//! empty on a tiny model). Ranges of the execution-order layout, so a rank's shard is a
+//! run of consecutive blocks, cut wherever the boundary falls (inside a tensor too: the
+//! optimizers work on segments). ZeRO-3 splits each group instead
+//! ([`super::GroupShards`]).
 
 use std::ops::Range;
+
+use super::Pieces;
+
+/// One parameter group's split over the ranks, as one rank's collectives over it need
+/// it: the group's span of the flat buffer, each rank's element count in it (rank order,
+/// the counts of an all-gather or reduce-scatter of the group) and where this rank's
+/// piece lies in its own buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupSplit {
+    /// The group's span of the flat buffer.
+    pub span: Range<usize>,
+    /// Elements of the span each rank owns, rank order.
+    pub counts: Vec<usize>,
+    /// This rank's piece as a range of its own buffer (empty if it owns none).
+    pub local: Range<usize>,
+}
 
 /// Which elements of a flat buffer of `len` elements each of `world` ranks owns.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +61,23 @@ impl ShardPlan {
     /// The range rank `rank` owns.
     pub fn range(&self, rank: usize) -> Range<usize> {
         self.ranges[rank].clone()
+    }
+
+    /// The range rank `rank` owns, as [`Pieces`].
+    pub fn held(&self, rank: usize) -> Pieces {
+        Pieces::one(self.range(rank))
+    }
+
+    /// Each of `spans` (the groups) as rank `rank`'s collectives over it see it.
+    pub fn group_splits(&self, rank: usize, spans: &[Range<usize>]) -> Vec<GroupSplit> {
+        spans
+            .iter()
+            .map(|span| GroupSplit {
+                span: span.clone(),
+                counts: self.counts_within(span),
+                local: self.local_within(rank, span),
+            })
+            .collect()
     }
 
     /// Every rank's range, rank order.

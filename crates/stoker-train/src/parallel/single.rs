@@ -1,9 +1,7 @@
 //! One rank: nothing to meet. The strategy of a run without a launcher (`strategy =
 //! "none"`), and the reference every data-parallel run is held against.
 
-use std::ops::Range;
-
-use super::{Strategy, SyncStats};
+use super::{Pieces, Strategy, SyncStats};
 use crate::error::Result;
 use crate::grad_sum::SumOrder;
 
@@ -74,8 +72,8 @@ impl Strategy for Single {
         Ok(stoker_kernels::flat::sum_of_squares(grads))
     }
 
-    fn update_range(&self, len: usize) -> Range<usize> {
-        0..len
+    fn update_range(&self, len: usize) -> Pieces {
+        Pieces::one(0..len)
     }
 
     fn after_update(&mut self, _master: &mut [f32]) -> Result<()> {

@@ -41,7 +41,7 @@ use stoker_comm::{tree_all_reduce, CommExt, CommStats, Communicator};
 use super::buckets::{Bucket, BucketOp, Buckets};
 use super::reduce::{GroupReduce, ReduceSource};
 use super::shard::ShardPlan;
-use super::{scalars, Strategy, SyncStats};
+use super::{scalars, Pieces, Strategy, SyncStats};
 use crate::error::Result;
 use crate::grad_sum::SumOrder;
 
@@ -263,9 +263,9 @@ impl Strategy for Zero {
         scalars::sharded_sum_of_squares(&*self.comm, mine)
     }
 
-    fn update_range(&self, len: usize) -> Range<usize> {
+    fn update_range(&self, len: usize) -> Pieces {
         debug_assert_eq!(len, self.shards.len());
-        self.own.clone()
+        Pieces::one(self.own.clone())
     }
 
     fn after_update(&mut self, master: &mut [f32]) -> Result<()> {
@@ -277,21 +277,21 @@ impl Strategy for Zero {
         Ok(())
     }
 
-    fn settle_grads(&mut self, len: usize, direct: bool) -> Result<Range<usize>> {
+    fn settle_grads(&mut self, len: usize, direct: bool) -> Result<Pieces> {
         debug_assert_eq!(len, self.shards.len());
         if self.reduce.is_some() {
-            return Ok(self.own.clone());
+            return Ok(Pieces::one(self.own.clone()));
         }
         match (direct && self.every(), &self.spans) {
             (true, Some(spans)) => {
-                let shards = self.shards.clone();
-                let reduce = GroupReduce::new(self.comm.clone(), shards, spans.clone());
+                let splits = self.shards.group_splits(self.comm.rank(), spans);
+                let reduce = GroupReduce::new(self.comm.clone(), splits, self.own.len());
                 self.planned_reduce = reduce.planned_peak()?;
                 self.reduce = Some(reduce);
                 self.shard_sum = Vec::new();
-                Ok(self.own.clone())
+                Ok(Pieces::one(self.own.clone()))
             }
-            _ => Ok(0..len),
+            _ => Ok(Pieces::one(0..len)),
         }
     }
 

@@ -1,6 +1,7 @@
 //! ZeRO stage 3 (FSDP's `FULL_SHARD`): parameters, gradients and optimizer states all
-//! sharded. Each rank keeps only its [`ShardPlan`] range of the FP32 parameters, of the
-//! window's gradient sum and of the optimizer's moments; the direct step sees each
+//! sharded. Each rank keeps only its [`GroupShards`] piece of every parameter group (about
+//! 1/N of each, so every collective loads every link both ways) of the FP32 parameters,
+//! of the window's gradient sum and of the optimizer's moments; the direct step sees each
 //! parameter group only while it computes with it ([`super::gather`]: gathered one block
 //! ahead, freed after use, gradients reduce-scattered as soon as they are final). After
 //! the optimizer nothing is gathered: the updated shard is what the rank keeps.
@@ -28,16 +29,19 @@ use std::rc::Rc;
 use stoker_comm::{Buffer, CommExt, CommStats, Communicator, Pending};
 
 use super::gather::{GroupGather, Source};
-use super::shard::ShardPlan;
-use super::{scalars, Strategy, SyncStats};
+use super::{scalars, GroupShards, GroupSplit, Pieces, Strategy, SyncStats};
 use crate::error::Result;
+use crate::error::TrainError;
 use crate::grad_sum::SumOrder;
 
 /// The ZeRO-3 strategy of one rank.
 pub struct Zero3 {
     comm: Rc<dyn Communicator>,
-    shards: ShardPlan,
-    own: Range<usize>,
+    shards: GroupShards,
+    /// This rank's piece of every group.
+    own: Pieces,
+    /// Every group as this rank's collectives see it.
+    splits: Vec<GroupSplit>,
     gather: GroupGather,
     /// The gathered groups' workspace one micro-batch of the direct step holds, told
     /// before the first (0 on the graph path, whose units the trainer tells).
@@ -47,20 +51,26 @@ pub struct Zero3 {
 }
 
 impl Zero3 {
-    /// ZeRO-3 over `comm` for a flat buffer split by `shards`, whose parameter groups'
-    /// spans are `spans` (by group number, [`FlatLayout::group_spans`]; the GPT's direct
-    /// step gathers them one at a time: embeddings, blocks, final norm).
+    /// ZeRO-3 over `comm` for a flat buffer whose parameter groups
+    /// ([`FlatLayout::group_spans`]; the GPT's direct step gathers them one at a time:
+    /// embeddings, blocks, final norm) `shards` splits.
     ///
     /// [`FlatLayout::group_spans`]: crate::layout::FlatLayout::group_spans
     pub fn new(
         comm: Rc<dyn Communicator>,
-        shards: ShardPlan,
-        spans: Vec<Range<usize>>,
+        shards: GroupShards,
         reshard_after_forward: bool,
     ) -> Result<Self> {
-        let own = shards.range(comm.rank());
-        let gather = GroupGather::new(comm.clone(), shards.clone(), spans, reshard_after_forward);
+        let own = shards.held(comm.rank());
+        let splits = shards.group_splits(comm.rank());
+        let gather = GroupGather::new(
+            comm.clone(),
+            splits.clone(),
+            own.len(),
+            reshard_after_forward,
+        );
         Ok(Zero3 {
+            splits,
             window_start: comm.stats(),
             planned_peak: 0,
             gather,
@@ -73,9 +83,14 @@ impl Zero3 {
 }
 
 impl Zero3 {
-    /// The part of flat span `span` this rank owns, as a range of its shard.
-    fn local(&self, span: &Range<usize>) -> Range<usize> {
-        self.shards.local_within(self.comm.rank(), span)
+    /// The group whose span `span` is: ZeRO-3's collectives move whole groups.
+    fn split(&self, span: &Range<usize>) -> Result<&GroupSplit> {
+        match self.shards.group_of(span) {
+            Some(g) => Ok(&self.splits[g]),
+            None => Err(TrainError::Layout(format!(
+                "zero3: elements {span:?} are not one parameter group's span"
+            ))),
+        }
     }
 }
 
@@ -144,7 +159,7 @@ impl Strategy for Zero3 {
         scalars::sharded_sum_of_squares(&*self.comm, grads)
     }
 
-    fn update_range(&self, len: usize) -> Range<usize> {
+    fn update_range(&self, len: usize) -> Pieces {
         debug_assert_eq!(len, self.shards.len());
         self.own.clone()
     }
@@ -161,12 +176,12 @@ impl Strategy for Zero3 {
         self.planned_peak
     }
 
-    fn holds(&self, len: usize) -> Range<usize> {
+    fn holds(&self, len: usize) -> Pieces {
         debug_assert_eq!(len, self.shards.len());
         self.own.clone()
     }
 
-    fn settle_grads(&mut self, len: usize, direct: bool) -> Result<Range<usize>> {
+    fn settle_grads(&mut self, len: usize, direct: bool) -> Result<Pieces> {
         if direct {
             self.planned_peak = self.gather.planned_peak()?;
         }
@@ -205,12 +220,12 @@ impl Strategy for Zero3 {
     // Non-blocking collectives and a wait: the MPI backend's wait yields the core, where
     // MPICH's blocking calls spin (4 ranks on 2 cores took 4.7 s per step spinning).
     fn start_gather_span(&mut self, held: &[f32], span: Range<usize>) -> Result<Pending> {
-        let input = held[self.local(&span)].to_vec();
+        let split = self.split(&span)?;
+        let input = held[split.local.clone()].to_vec();
         let output = vec![0f32; span.len()];
-        let counts = self.shards.counts_within(&span);
         Ok(self
             .comm
-            .start_all_gather(Buffer::F32(input), &counts, Buffer::F32(output))?)
+            .start_all_gather(Buffer::F32(input), &split.counts, Buffer::F32(output))?)
     }
 
     fn finish_gather_span(&mut self, started: Pending) -> Result<Vec<f32>> {
@@ -227,12 +242,12 @@ impl Strategy for Zero3 {
         shard: &mut [f32],
     ) -> Result<()> {
         let t0 = std::time::Instant::now();
-        let local = self.local(&span);
+        let split = self.split(&span)?;
+        let local = split.local.clone();
         let output = vec![0f32; local.len()];
-        let counts = self.shards.counts_within(&span);
         let mine = self
             .comm
-            .start_reduce_scatter(Buffer::F32(grads), &counts, Buffer::F32(output))?
+            .start_reduce_scatter(Buffer::F32(grads), &split.counts, Buffer::F32(output))?
             .wait_vec::<f32>()?;
         for (s, m) in shard[local].iter_mut().zip(&mine) {
             *s += m;
@@ -242,9 +257,12 @@ impl Strategy for Zero3 {
     }
 
     fn gather_params(&mut self, held: &[f32]) -> Result<Option<Vec<f32>>> {
+        // Group by group, straight into place (rank order is buffer order within a group).
         let mut full = vec![0f32; self.shards.len()];
-        self.comm
-            .all_gather(held, &self.shards.counts(), &mut full)?;
+        for s in &self.splits {
+            self.comm
+                .all_gather(&held[s.local.clone()], &s.counts, &mut full[s.span.clone()])?;
+        }
         Ok(Some(full))
     }
 

@@ -11,6 +11,7 @@ use crate::error::{Result, TrainError};
 use crate::layout::FlatLayout;
 use crate::models::Model;
 use crate::params::ParamBuilder;
+use crate::pieces::Pieces;
 use crate::precision::{Kernels, Precision};
 
 /// One step of the schedule.
@@ -227,8 +228,8 @@ impl UnitPlan {
     /// buffer: gathered and prefetched groups and gradient buffers (FP32), a unit model's variables while
     /// it runs, a reduce-scatter's output; what [`super::step::micro_batch`] counts as it
     /// runs, told here from the schedule and the sizes alone.
-    pub fn peak_bytes(&self, own: &Range<usize>) -> usize {
-        let local = |g: usize| owned_len(own, &self.spans[g]);
+    pub fn peak_bytes(&self, own: &Pieces) -> usize {
+        let local = |g: usize| own.owned_len(&self.spans[g]);
         let (mut held, mut peak) = (0usize, 0usize);
         let mut grads = vec![false; self.spans.len()];
         let mut started = vec![false; self.spans.len()];
@@ -261,13 +262,6 @@ impl UnitPlan {
         }
         peak
     }
-}
-
-/// Elements of `span` inside `own`: the size of this rank's part of a reduce-scatter.
-pub(super) fn owned_len(own: &Range<usize>, span: &Range<usize>) -> usize {
-    span.end
-        .min(own.end)
-        .saturating_sub(span.start.max(own.start))
 }
 
 /// A model of `config` on `device` whose groups `groups` (group number, values from the
@@ -348,12 +342,12 @@ mod tests {
         // the block's parameters and gradients, the first block's prefetched parameters
         // with the piece of them it sends (its half, 50) and the block model's variables:
         // 650 elements of 4 bytes (a reduce-scatter's output comes after the variables go).
-        assert_eq!(p.peak_bytes(&(0..150)), 4 * 650);
+        assert_eq!(p.peak_bytes(&(0..150).into()), 4 * 650);
         // Without resharding the forward ends holding the embeddings and both blocks; the
         // last block's backward (after the head's, whose group is gone) adds its
         // gradients, the embeddings' (from the head) and its variables.
         assert_eq!(
-            gpt_like(true).peak_bytes(&(0..150)),
+            gpt_like(true).peak_bytes(&(0..150).into()),
             4 * (300 + 100 + 100 + 100)
         );
     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use candle_core::{Tensor, Var};
 use stoker_comm::Pending;
 
-use super::plan::{owned_len, unit_model, Event, UnitPlan};
+use super::plan::{unit_model, Event, UnitPlan};
 use crate::accumulate::MicroBatch;
 use crate::config::ModelConfig;
 use crate::error::{Result, TrainError};
@@ -16,6 +16,7 @@ use crate::layout::{add_grad, FlatLayout};
 use crate::loss::{cross_entropy_sum, scalar};
 use crate::models::Model;
 use crate::parallel::Strategy;
+use crate::pieces::Pieces;
 use crate::precision::{Fx, Kernels, Precision};
 
 /// Where the unit-by-unit step gets each group's parameters and sends its gradients.
@@ -82,15 +83,15 @@ impl SpanSource for Collective<'_> {
 /// training, changing no state; a prefetch holds what the rank's would (the gathered
 /// buffer and the rank's piece of it) until its gather.
 pub struct Scratch {
-    /// The part of the flat buffer the rank owns.
-    own: Range<usize>,
+    /// The parts of the flat buffer the rank owns.
+    own: Pieces,
     /// Prefetches not yet gathered: group, buffer, the rank's piece.
     started: Vec<(usize, Vec<f32>, Vec<f32>)>,
 }
 
 impl Scratch {
     /// The scratch source of the rank owning `own` of the flat buffer.
-    pub fn new(own: Range<usize>) -> Self {
+    pub fn new(own: Pieces) -> Self {
         Scratch {
             own,
             started: Vec::new(),
@@ -100,7 +101,7 @@ impl Scratch {
 
 impl SpanSource for Scratch {
     fn prefetch(&mut self, g: usize, span: Range<usize>) -> Result<()> {
-        let piece = vec![0.0; owned_len(&self.own, &span)];
+        let piece = vec![0.0; self.own.owned_len(&span)];
         self.started.push((g, vec![0.0; span.len()], piece));
         Ok(())
     }
@@ -131,8 +132,8 @@ pub struct UnitStep<'a> {
     pub layout: &'a FlatLayout,
     /// The forward context.
     pub fx: &'a Fx<'a>,
-    /// The part of the flat buffer this rank owns (its reduce-scatter outputs' size).
-    pub own: Range<usize>,
+    /// The parts of the flat buffer this rank owns (its reduce-scatter outputs' size).
+    pub own: Pieces,
     /// Where each unit's variables are built (the trainer's device).
     pub device: &'a candle_core::Device,
 }
@@ -205,7 +206,7 @@ pub fn micro_batch(
             // The gathered buffer, and the rank's piece it sends until it completes.
             Event::Prefetch(g) => {
                 let span = plan.spans[g].clone();
-                bytes += 4 * (span.len() + owned_len(&step.own, &span));
+                bytes += 4 * (span.len() + step.own.owned_len(&span));
                 source.prefetch(g, span)?;
                 started[g] = true;
             }
@@ -213,7 +214,7 @@ pub fn micro_batch(
                 let span = plan.spans[g].clone();
                 let v = source.gather(g, span.clone())?;
                 match std::mem::take(&mut started[g]) {
-                    true => bytes -= 4 * owned_len(&step.own, &span),
+                    true => bytes -= 4 * step.own.owned_len(&span),
                     false => bytes += 4 * v.len(),
                 }
                 params[g] = Some(Arc::new(v));
@@ -277,7 +278,7 @@ pub fn micro_batch(
                     TrainError::Layout(format!("zero3: group {g} scattered before its backward"))
                 })?;
                 let span = plan.spans[g].clone();
-                *peak = (*peak).max(bytes + 4 * owned_len(&step.own, &span));
+                *peak = (*peak).max(bytes + 4 * step.own.owned_len(&span));
                 bytes -= 4 * v.len();
                 source.scatter(v, span)?;
             }
