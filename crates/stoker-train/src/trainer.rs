@@ -237,10 +237,10 @@ impl Trainer {
         }
         let o = &config.optimizer;
         // The optimizer's moments cover the strategy's pieces alone (ZeRO: this rank's shard).
-        let (segs, range) = (segments(&layout, false), strategy.update_range(len));
+        let (segs, updates) = (segments(&layout, false), strategy.update_range(len));
         let optimizer: Box<dyn Optimizer> = match o.kind {
-            OptimizerKind::Adamw => Box::new(AdamW::new(o.adamw(), &segs, range)),
-            OptimizerKind::Sgd => Box::new(Sgd::new(o.sgd(), &segs, range)),
+            OptimizerKind::Adamw => Box::new(AdamW::new(o.adamw(), &segs, updates)),
+            OptimizerKind::Sgd => Box::new(Sgd::new(o.sgd(), &segs, updates)),
         };
         let scaler = match config.precision.needs_loss_scaling() {
             true => Some(LossScaler::new(ScalerConfig::torch())?),

@@ -8,8 +8,6 @@
 
 use std::ops::Range;
 
-use super::Pieces;
-
 /// One parameter group's split over the ranks, as one rank's collectives over it need
 /// it: the group's span of the flat buffer, each rank's element count in it (rank order,
 /// the counts of an all-gather or reduce-scatter of the group) and where this rank's
@@ -61,11 +59,6 @@ impl ShardPlan {
     /// The range rank `rank` owns.
     pub fn range(&self, rank: usize) -> Range<usize> {
         self.ranges[rank].clone()
-    }
-
-    /// The range rank `rank` owns, as [`Pieces`].
-    pub fn held(&self, rank: usize) -> Pieces {
-        Pieces::one(self.range(rank))
     }
 
     /// Each of `spans` (the groups) as rank `rank`'s collectives over it see it.
