@@ -147,3 +147,42 @@ fn the_choice_round_trips_through_json() {
     assert_eq!(json["choice"]["parallel"]["strategy"], "zero1");
     assert_eq!(json["strategies"][0]["label"], "ddp");
 }
+
+/// CPU ranks: DDP's collectives never hide; ZeRO-3's hide behind the compute except the
+/// cores' own part (the bytes at the node's bandwidth), so on one node nothing hides and on
+/// a slow network only the wire time beyond the compute shows.
+#[test]
+fn on_cpus_zero3_hides_its_wire_time_behind_compute_but_not_its_copies() {
+    let step = |hardware: &str, stage| {
+        let r = resolved(&format!(
+            "model = {{ params = \"100M\" }}\nhardware = {{ {hardware} }}\n\
+             training = {{ global_batch = 8, seq_len = 256, micro_batch = 4 }}"
+        ))
+        .unwrap();
+        let s = Strategy::plain(stage);
+        let accum = 8 / 4 / r.hardware.world_size();
+        let c = communication(&r.model, &r.hardware, &r.setup, s, accum);
+        let peak = r
+            .hardware
+            .device_peak_flops(r.setup.precision.compute_dtype())
+            .unwrap();
+        let t =
+            stoker_plan::time::step_time(&r.model, &r.hardware, &r.setup, s, &c, 4, accum, peak);
+        (t, c, r.hardware.intra_node_bw)
+    };
+    // One node of 2 CPU ranks: every collective's time is exposed, either strategy.
+    for stage in [Stage::Ddp, Stage::Zero3] {
+        let (t, c, _) = step("preset = \"cpu\", devices_per_node = 2", stage);
+        assert_eq!(t.exposed_comm_s, c.step_s, "{stage:?}");
+    }
+    // Two nodes over 1 Gbit/s: DDP still waits for all of it; ZeRO-3 for the cores' part
+    // plus whatever of the wire time its compute does not cover.
+    let net = "preset = \"cpu\", nodes = 2, devices_per_node = 1, inter_node_gbit_s = 1";
+    let (ddp, c, _) = step(net, Stage::Ddp);
+    assert_eq!(ddp.exposed_comm_s, c.step_s);
+    let (z3, c, intra) = step(net, Stage::Zero3);
+    let host = c.step_s * c.bus_bw / intra;
+    let want = host + (c.step_s - host - z3.compute_s).max(0.0);
+    assert!(host < c.step_s && z3.exposed_comm_s < c.step_s);
+    assert!((z3.exposed_comm_s - want).abs() < 1e-12, "{z3:?} {c:?}");
+}
