@@ -111,8 +111,6 @@ impl ParamSet {
 
 /// Where a builder takes its parameters' values from instead of drawing them.
 enum Values {
-    /// A whole flat buffer laid out by the layout.
-    Flat(crate::layout::FlatLayout, Vec<f32>),
     /// Some groups' values (group number, the group's first flat element, its values from
     /// there), laid out by the layout; every other group's parameters are empty
     /// placeholders.
@@ -143,20 +141,6 @@ impl ParamBuilder {
             values: None,
             group: 0,
             params: Vec::new(),
-        }
-    }
-
-    /// Parameters in `dtype` on `device` whose values are `values`, a flat buffer laid
-    /// out by `layout` (a ZeRO-3 rank's gathered parameters); nothing is drawn.
-    pub fn from_flat(
-        device: Device,
-        dtype: DType,
-        layout: crate::layout::FlatLayout,
-        values: Vec<f32>,
-    ) -> Self {
-        ParamBuilder {
-            values: Some(Values::Flat(layout, values)),
-            ..ParamBuilder::new(device, dtype, 0)
         }
     }
 
@@ -226,9 +210,6 @@ impl ParamBuilder {
         }
         let t = match &self.values {
             None => Tensor::from_vec(init_values(self.seed, name, n, init), shape, &self.device)?,
-            Some(Values::Flat(layout, values)) => {
-                Tensor::from_slice(part(values, offset(layout)?, n, name)?, shape, &self.device)?
-            }
             Some(Values::Groups(layout, groups)) => {
                 match groups.iter().find(|(g, _, _)| *g == self.group) {
                     Some((g, start, values)) => {

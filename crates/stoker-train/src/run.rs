@@ -557,7 +557,7 @@ pub fn run_rank(
     let elapsed = started.elapsed().as_secs_f64();
     let training_s = (elapsed - eval_time.as_secs_f64() - ckpt_time.as_secs_f64()).max(1e-9);
     let held = trainer.held_bytes();
-    // Under ZeRO-3 sampling gathers the parameters: every rank takes part.
+    // Under ZeRO-3 sampling gathers each unit as it runs: every rank takes part.
     let sample = match (&vocab, config.train.sample_tokens) {
         (Some(v), n) if n > 0 && (lead || trainer.shards_params()) => {
             let toks = trainer.sample(&[0], n, context, config.seed)?;

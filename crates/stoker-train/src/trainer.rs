@@ -99,23 +99,6 @@ pub fn build_model_on(
     })
 }
 
-/// The configured model with its variables (in `kernels.param_dtype(precision)`) set to
-/// `values`, a flat buffer laid out by `layout`, on `dev`: a ZeRO-3 rank's gathered
-/// parameters.
-pub fn build_model_from(
-    model: &ModelConfig,
-    precision: Precision,
-    kernels: Kernels,
-    layout: &FlatLayout,
-    values: Vec<f32>,
-    dev: &Device,
-) -> Result<Box<dyn Model>> {
-    layout.check_len(values.len())?;
-    let dt = kernels.param_dtype(precision);
-    let b = crate::params::ParamBuilder::from_flat(dev.clone(), dt, layout.clone(), values);
-    model_with_builder(model, b)
-}
-
 /// The model `config` describes, its parameters from `b`.
 pub(crate) fn model_with_builder(
     model: &ModelConfig,
@@ -365,20 +348,6 @@ impl Trainer {
         self.layout.unflatten(&self.master, self.model.params())?;
         self.vars_stale.set(false);
         Ok(())
-    }
-
-    /// ZeRO-3: a full model around the gathered parameters (a collective), for a forward.
-    fn gathered_model(&mut self) -> Result<Option<Box<dyn Model>>> {
-        let Some(model) = &self.full_model else {
-            return Ok(None);
-        };
-        let full = match self.strategy.gather_params(&self.master)? {
-            Some(full) => full,
-            None => return Ok(None),
-        };
-        let (p, k, dev) = (self.precision, self.kernels, &self.device);
-        let m = build_model_from(model, p, k, &self.layout, full, dev)?;
-        Ok(Some(m))
     }
 
     /// Gradient-sized buffers beyond the gradient buffer that the step holds (the
@@ -882,6 +851,26 @@ impl Trainer {
     /// gathered as it needs them and freed after their last unit (a collective: every
     /// rank calls it), instead of the whole model at once.
     fn evaluate_by_unit(&mut self, batches: &[MicroBatch]) -> Result<EvalReport> {
+        self.by_unit(None, |step, strategy, master| {
+            let (mut sum, mut correct, mut count) = (0f64, 0usize, 0usize);
+            for mb in batches {
+                // Evaluation reduces nothing: no gradient shard to scatter into.
+                let mut source = crate::parallel::units::Collective::new(strategy, master, &mut []);
+                let (s, c, n) = crate::parallel::units::evaluate(step, &mut source, mb)?;
+                (sum, correct, count) = (sum + s, correct + c, count + n);
+            }
+            Ok(EvalReport::of(sum, correct, count))
+        })
+    }
+
+    /// ZeRO-3: `f` with a unit-by-unit step over `plan` (else the trainer's own units,
+    /// those of the graph path), the strategy and this rank's shard of the parameters, for
+    /// a forward run unit by unit.
+    fn by_unit<R>(
+        &mut self,
+        plan: Option<&UnitPlan>,
+        f: impl FnOnce(&crate::parallel::units::UnitStep<'_>, &mut dyn Strategy, &[f32]) -> Result<R>,
+    ) -> Result<R> {
         let Trainer {
             units,
             full_model,
@@ -895,9 +884,9 @@ impl Trainer {
             fp8,
             ..
         } = self;
-        let (Some(plan), Some(config)) = (units.as_ref(), full_model.as_ref()) else {
+        let (Some(plan), Some(config)) = (plan.or(units.as_ref()), full_model.as_ref()) else {
             return Err(TrainError::Layout(
-                "evaluation by unit needs ZeRO-3's units on the graph path".into(),
+                "a forward by unit needs ZeRO-3 and its units".into(),
             ));
         };
         let fx = Fx::new(*precision, fp8.as_ref()).with_kernels(*kernels);
@@ -911,15 +900,7 @@ impl Trainer {
             own: held.clone(),
             device,
         };
-        let (mut sum, mut correct, mut count) = (0f64, 0usize, 0usize);
-        for mb in batches {
-            // Evaluation reduces nothing: no gradient shard to scatter into.
-            let mut source =
-                crate::parallel::units::Collective::new(&mut **strategy, master, &mut []);
-            let (s, c, n) = crate::parallel::units::evaluate(&step, &mut source, mb)?;
-            (sum, correct, count) = (sum + s, correct + c, count + n);
-        }
-        Ok(EvalReport::of(sum, correct, count))
+        f(&step, &mut **strategy, master)
     }
 
     /// Mean loss and top-1 accuracy over this rank's `batches` alone (not under ZeRO-3,
@@ -945,8 +926,10 @@ impl Trainer {
         self.model.loss_kind()
     }
 
-    /// Samples `n` tokens after `prompt` (GPT), with temperature 1 and a seeded generator;
-    /// under ZeRO-3 a collective (the parameters are gathered): every rank calls it.
+    /// Samples `n` tokens after `prompt` (GPT), with temperature 1 and a seeded generator.
+    /// Under ZeRO-3 a collective (every rank calls it and gets the same tokens): each
+    /// token's forward runs unit by unit, gathering each unit's groups as it needs them, so
+    /// no rank holds the whole model (FSDP's generation through its wrapped units).
     pub fn sample(
         &mut self,
         prompt: &[i64],
@@ -954,10 +937,22 @@ impl Trainer {
         context: usize,
         seed: u64,
     ) -> Result<Vec<i64>> {
-        let gathered = self.gathered_model()?;
+        if let Some(config) = self.full_model.clone() {
+            let (p, k) = (self.precision, self.kernels);
+            let plan = UnitPlan::for_model(&config, p, k, &self.layout, true)?;
+            return self.by_unit(Some(&plan), |step, strategy, master| {
+                let mut forward = |x: &Tensor| {
+                    let mut source =
+                        crate::parallel::units::Collective::new(&mut *strategy, master, &mut []);
+                    crate::parallel::units::forward(step, &mut source, x)
+                };
+                sample_with(&mut forward, step.fx, prompt, n, context, seed, step.device)
+            });
+        }
         self.sync_vars()?;
-        let model = gathered.as_deref().unwrap_or(&*self.model);
-        sample_with(model, &self.fx(), prompt, n, context, seed, &self.device)
+        let (model, fx) = (&*self.model, self.fx());
+        let mut forward = |x: &Tensor| Ok(model.forward(&fx, x)?.detach());
+        sample_with(&mut forward, &fx, prompt, n, context, seed, &self.device)
     }
 }
 
@@ -972,9 +967,10 @@ fn eval_with(model: &dyn Model, fx: &Fx, batches: &[MicroBatch]) -> Result<EvalR
     Ok(EvalReport::of(sum, correct, count))
 }
 
-/// `n` tokens sampled from `model` after `prompt`.
+/// `n` tokens sampled after `prompt` from the logits `forward` gives for a `[1, t]`
+/// input.
 fn sample_with(
-    model: &dyn Model,
+    forward: &mut dyn FnMut(&Tensor) -> Result<Tensor>,
     fx: &Fx,
     prompt: &[i64],
     n: usize,
@@ -986,7 +982,7 @@ fn sample_with(
     for i in 0..n {
         let start = toks.len().saturating_sub(context);
         let x = Tensor::new(&toks[start..], dev)?.unsqueeze(0)?;
-        let logits = model.forward(fx, &x)?.detach();
+        let logits = forward(&x)?;
         let last = logits.get(logits.dim(0)? - 1)?;
         let p = crate::ops::softmax_last(fx, &last)?
             .to_dtype(candle_core::DType::F64)?

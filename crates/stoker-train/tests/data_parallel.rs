@@ -599,7 +599,8 @@ fn held_and_sent(
 /// fused ops, the CNN, the MLP) unit by unit. At 2 and 4 ranks, each rank evaluating its
 /// share of the batches, it gives what one rank gives on the same weights (the whole
 /// master, gathered for the reference only): the same target count and top-1 hits, the
-/// same loss to f64 summation order.
+/// same loss to f64 summation order. Sampling from the GPT (unit by unit, every rank
+/// taking part) draws one rank's tokens.
 #[test]
 fn zero3_evaluation_piece_by_piece_equals_one_rank_s_on_the_same_weights() {
     for (model, kernels) in [
@@ -630,13 +631,23 @@ fn zero3_evaluation_piece_by_piece_equals_one_rank_s_on_the_same_weights() {
                     .map(|j| micro_batch(model, 9, j))
                     .collect();
                 let report = t.evaluate(&mine).unwrap();
-                (report, t.full_master().unwrap())
+                // Sampling (the GPT): every rank takes part and gets the same tokens.
+                let sample = (model == GPT).then(|| t.sample(&[1, 2, 3], 12, 6, 5).unwrap());
+                (report, t.full_master().unwrap(), sample)
             });
-            let (zero3, master) = got.into_iter().next().unwrap();
+            let samples: Vec<_> = got.iter().map(|g| g.2.clone()).collect();
+            let (zero3, master, _) = got.into_iter().next().unwrap();
             let one = config(model, "fp32", kernels, ADAMW, "");
             let mut t = Trainer::new(&one).unwrap();
             t.set_master(master).unwrap();
             let reference = t.evaluate(&batches).unwrap();
+            if model == GPT {
+                let want = t.sample(&[1, 2, 3], 12, 6, 5).unwrap();
+                assert!(
+                    samples.iter().all(|s| s.as_ref() == Some(&want)),
+                    "{samples:?} vs {want:?}"
+                );
+            }
             let what = format!(
                 "{} {kernels}: zero3 at {world} ranks vs one rank",
                 &model[8..11]

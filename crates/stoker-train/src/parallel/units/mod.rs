@@ -23,10 +23,13 @@
 //! and [`plan::UnitPlan::peak_bytes`] replays it with sizes alone, so the workspace is told
 //! before the first step; the planner counts its gathers ([`plan::UnitPlan::gathers`]).
 //!
+//! Evaluation and sampling run the forward alone the same way ([`step::forward`]), on
+//! either path (a GPT on the direct step too): no rank ever holds the whole model.
+//!
 //! [`plan`] holds the units and their schedule; [`step`] runs one micro-batch of it.
 
 pub mod plan;
 pub mod step;
 
 pub use plan::{Event, UnitPlan};
-pub use step::{evaluate, micro_batch, Collective, Scratch, SpanSource, UnitStep};
+pub use step::{evaluate, forward, micro_batch, Collective, Scratch, SpanSource, UnitStep};

@@ -295,17 +295,16 @@ pub fn micro_batch(
     Ok(loss)
 }
 
-/// Evaluation of micro-batch `mb` unit by unit (ZeRO-3 on the graph path): each unit's
-/// groups gathered from `source` as it needs them and freed after the last unit that uses
-/// them, no backward and no reduction, so the rank holds about what a training unit
-/// holds instead of the whole model. Every rank gathers the same groups in the same
-/// order (the plan's alone). Returns the summed loss of the valid targets, how many are
-/// the top-1 prediction, and how many there are.
-pub fn evaluate(
+/// The model's forward of `input` unit by unit (ZeRO-3: evaluation, sampling): each
+/// unit's groups gathered from `source` as it needs them and freed after the last unit that
+/// uses them, no backward and no reduction, so the rank holds about what a training unit
+/// holds instead of the whole model. Every rank gathers the same groups in the same order
+/// (the plan's alone). Returns the last unit's output (the logits), detached.
+pub fn forward(
     step: &UnitStep<'_>,
     source: &mut dyn SpanSource,
-    mb: &MicroBatch,
-) -> Result<(f64, usize, usize)> {
+    input: &candle_core::Tensor,
+) -> Result<candle_core::Tensor> {
     let plan = step.plan;
     let n = plan.units.len();
     // The last unit using each group: after it the group is freed.
@@ -316,7 +315,7 @@ pub fn evaluate(
         }
     }
     let mut params: Vec<Option<Arc<Vec<f32>>>> = vec![None; plan.spans.len()];
-    let mut x = mb.input.clone();
+    let mut x = input.clone();
     for u in 0..n {
         let mut groups = Vec::with_capacity(plan.units[u].len());
         for &g in &plan.units[u] {
@@ -333,5 +332,16 @@ pub fn evaluate(
             }
         }
     }
-    crate::loss::loss_and_hits(step.fx, &x, &mb.targets)
+    Ok(x)
+}
+
+/// Evaluation of micro-batch `mb` unit by unit ([`forward`]): the summed loss of the
+/// valid targets, how many are the top-1 prediction, and how many there are.
+pub fn evaluate(
+    step: &UnitStep<'_>,
+    source: &mut dyn SpanSource,
+    mb: &MicroBatch,
+) -> Result<(f64, usize, usize)> {
+    let logits = forward(step, source, &mb.input)?;
+    crate::loss::loss_and_hits(step.fx, &logits, &mb.targets)
 }
