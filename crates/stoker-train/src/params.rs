@@ -7,7 +7,11 @@
 //!
 //! Initial values come from a counter-based generator keyed by (seed, parameter name,
 //! element index), so they do not depend on the order in which a model declares its
-//! parameters, nor on the compute dtype (values are drawn in f32, then cast).
+//! parameters, nor on the compute dtype (values are drawn in f32, then cast), and any
+//! stretch of a parameter can be drawn alone: a ZeRO-3 rank draws only its pieces of the
+//! flat buffer ([`ParamSet::init_pieces`]) from a model declared without values
+//! ([`ParamBuilder::meta`], PyTorch's meta-device init), so no rank ever holds the whole
+//! model.
 
 use candle_core::{DType, Device, Tensor, Var};
 
@@ -26,14 +30,19 @@ pub enum Init {
     Uniform(f32),
 }
 
-/// One trainable parameter: its name, its group and its compute-dtype variable.
+/// One trainable parameter: its name, its group, its shape, how it is initialized and its
+/// compute-dtype variable.
 #[derive(Debug, Clone)]
 pub struct Param {
     /// Dotted name, e.g. `h.0.attn.qkv.weight`.
     pub name: String,
     /// Execution-order group (a layer or block), see the module doc.
     pub group: usize,
-    /// The candle variable the model computes with.
+    /// The declared shape (the variable's, unless it is an empty placeholder).
+    pub shape: Vec<usize>,
+    /// How its initial values are drawn.
+    pub init: Init,
+    /// The candle variable the model computes with (0 elements for a placeholder).
     pub var: Var,
 }
 
@@ -63,6 +72,11 @@ impl ParamSpec {
 #[derive(Debug, Clone, Default)]
 pub struct ParamSet {
     params: Vec<Param>,
+    /// The seed the initial values are drawn from.
+    seed: u64,
+    /// Declared without values: every variable an empty placeholder
+    /// ([`ParamBuilder::meta`]).
+    meta: bool,
 }
 
 impl ParamSet {
@@ -92,10 +106,46 @@ impl ParamSet {
             .iter()
             .map(|p| ParamSpec {
                 name: p.name.clone(),
-                shape: p.var.dims().to_vec(),
+                shape: p.shape.clone(),
                 group: p.group,
             })
             .collect()
+    }
+
+    /// Whether the parameters were declared without values ([`ParamBuilder::meta`]).
+    pub fn is_meta(&self) -> bool {
+        self.meta
+    }
+
+    /// The initial values of the elements `pieces` of the flat buffer `layout` lays out,
+    /// end to end (padding zero): what [`crate::layout::FlatLayout::flatten`] of the
+    /// initialized model followed by [`Pieces::take`] gives, drawn piece by piece.
+    ///
+    /// [`Pieces::take`]: crate::pieces::Pieces::take
+    pub fn init_pieces(
+        &self,
+        layout: &crate::layout::FlatLayout,
+        pieces: &crate::pieces::Pieces,
+    ) -> Result<Vec<f32>> {
+        let mut out = vec![0f32; pieces.len()];
+        for slot in layout.slots() {
+            let p = self.get(&slot.name).ok_or_else(|| {
+                TrainError::Layout(format!("layout slot `{}` is not a parameter", slot.name))
+            })?;
+            for (r, at) in pieces.with_starts() {
+                let (lo, hi) = (r.start.max(slot.offset), r.end.min(slot.offset + slot.len));
+                if lo < hi {
+                    let values = init_range(
+                        self.seed,
+                        &p.name,
+                        lo - slot.offset..hi - slot.offset,
+                        p.init,
+                    );
+                    out[at + lo - r.start..at + hi - r.start].copy_from_slice(&values);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// The `i`-th parameter in declaration order (the `i`-th slot of its layout).
@@ -111,6 +161,8 @@ impl ParamSet {
 
 /// Where a builder takes its parameters' values from instead of drawing them.
 enum Values {
+    /// None: every parameter an empty placeholder ([`ParamBuilder::meta`]).
+    Meta,
     /// Some groups' values (group number, the group's first flat element, its values from
     /// there), laid out by the layout; every other group's parameters are empty
     /// placeholders.
@@ -181,6 +233,17 @@ impl ParamBuilder {
         Ok(())
     }
 
+    /// Parameters in `dtype` on `device` declared without values: each an empty
+    /// placeholder, its shape and initialization recorded, so the flat layout and any
+    /// rank's pieces of the initial values come from the declaration alone
+    /// ([`ParamSet::init_pieces`]). ZeRO-3 builds its model so.
+    pub fn meta(device: Device, dtype: DType, seed: u64) -> Self {
+        ParamBuilder {
+            values: Some(Values::Meta),
+            ..ParamBuilder::new(device, dtype, seed)
+        }
+    }
+
     /// The dtype parameters are created in.
     pub fn dtype(&self) -> DType {
         self.dtype
@@ -209,7 +272,10 @@ impl ParamBuilder {
             })
         }
         let t = match &self.values {
-            None => Tensor::from_vec(init_values(self.seed, name, n, init), shape, &self.device)?,
+            None => Tensor::from_vec(init_range(self.seed, name, 0..n, init), shape, &self.device)?,
+            // Made in the parameters' dtype: a cast of an empty tensor launches a kernel of
+            // zero blocks, which CUDA refuses (invalid argument).
+            Some(Values::Meta) => Tensor::zeros(0, self.dtype, &self.device)?,
             Some(Values::Groups(layout, groups)) => {
                 match groups.iter().find(|(g, _, _)| *g == self.group) {
                     Some((g, start, values)) => {
@@ -229,6 +295,8 @@ impl ParamBuilder {
         self.params.push(Param {
             name: name.to_string(),
             group: self.group,
+            shape: shape.to_vec(),
+            init,
             var: var.clone(),
         });
         Ok(var)
@@ -237,6 +305,8 @@ impl ParamBuilder {
     /// The declared parameters, in declaration order.
     pub fn finish(self) -> ParamSet {
         ParamSet {
+            meta: matches!(self.values, Some(Values::Meta)),
+            seed: self.seed,
             params: self.params,
         }
     }
@@ -261,16 +331,17 @@ fn unit(h: u64) -> f64 {
     ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64
 }
 
-fn init_values(seed: u64, name: &str, n: usize, init: Init) -> Vec<f32> {
+/// The initial values of elements `range` of parameter `name`.
+fn init_range(seed: u64, name: &str, range: std::ops::Range<usize>, init: Init) -> Vec<f32> {
     let key = mix64(seed ^ name_hash(name));
     let u = |i: usize| unit(mix64(key ^ mix64(i as u64)));
     match init {
-        Init::Zeros => vec![0.0; n],
-        Init::Ones => vec![1.0; n],
-        Init::Uniform(b) => (0..n)
+        Init::Zeros => vec![0.0; range.len()],
+        Init::Ones => vec![1.0; range.len()],
+        Init::Uniform(b) => range
             .map(|i| ((2.0 * u(i) - 1.0) * b as f64) as f32)
             .collect(),
-        Init::Normal(std) => (0..n)
+        Init::Normal(std) => range
             .map(|i| {
                 // Box-Muller on two independent uniforms per element.
                 let (u1, u2) = (u(2 * i), u(2 * i + 1));

@@ -265,9 +265,19 @@ pub fn run_rank(
     let local = crate::device::local_rank(dims.rank, per_host, launched);
     let device = crate::device::TrainDevice::parse(&config.device)?.open(local)?;
     let (p, k, seed) = (config.precision, config.kernels, config.seed);
-    let model = build_model_on(&config.model, p, k, seed, &device)?;
-    let layout = FlatLayout::of(model.params())?;
+    // The model declared first without values: its layout sets the strategy up, and a
+    // strategy that shards the parameters (ZeRO-3) draws this rank's pieces from it
+    // alone; every other gets the model built whole.
+    let meta = crate::trainer::build_meta_model_on(&config.model, p, k, seed, &device)?;
+    let layout = FlatLayout::of(meta.params())?;
     let strategy = crate::parallel::for_config(config, &layout, comm.clone())?;
+    let model = match strategy
+        .holds(layout.total_len())
+        .is_whole(layout.total_len())
+    {
+        true => build_model_on(&config.model, p, k, seed, &device)?,
+        false => meta,
+    };
     let mut trainer = Trainer::with_strategy(config, model, strategy)?;
     let context = config.model.context().unwrap_or(0);
     let vocab = load_vocab(config, &trainer)?;

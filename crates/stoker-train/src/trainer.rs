@@ -99,6 +99,24 @@ pub fn build_model_on(
     })
 }
 
+/// The configured model declared without values (every variable an empty placeholder,
+/// [`crate::params::ParamBuilder::meta`]) on `dev`: its flat layout, and a ZeRO-3 rank's
+/// pieces of its initial values ([`crate::params::ParamSet::init_pieces`]), without the
+/// whole model in memory.
+pub fn build_meta_model_on(
+    model: &ModelConfig,
+    precision: Precision,
+    kernels: Kernels,
+    seed: u64,
+    dev: &Device,
+) -> Result<Box<dyn Model>> {
+    let dt = kernels.param_dtype(precision);
+    model_with_builder(
+        model,
+        crate::params::ParamBuilder::meta(dev.clone(), dt, seed),
+    )
+}
+
 /// The model `config` describes, its parameters from `b`.
 pub(crate) fn model_with_builder(
     model: &ModelConfig,
@@ -205,16 +223,29 @@ impl Trainer {
             Some(p) => p.var.device().clone(),
             None => Device::Cpu,
         };
+        let len = layout.total_len();
+        let held = strategy.holds(len);
+        let sharded = !held.is_whole(len);
+        let meta = model.params().is_meta();
         let mut master = match &config.model {
             ModelConfig::Gpt(g) if g.init_from.is_some() => {
                 crate::hf::import(g, &layout, g.init_from.as_deref().expect("checked"))?
             }
+            // A model declared without values (ZeRO-3): this rank draws its pieces alone.
+            // Every rank draws the same values from the same config (checked alike on
+            // every rank), so there is nothing to broadcast.
+            _ if meta && sharded => model.params().init_pieces(&layout, &held)?,
+            _ if meta => {
+                return Err(TrainError::Layout(format!(
+                    "a model declared without values needs a strategy that shards the parameters (ZeRO-3), not {}",
+                    strategy.name()
+                )))
+            }
             _ => layout.flatten(model.params())?,
         };
-        strategy.start(&mut master)?;
-        let len = layout.total_len();
-        let held = strategy.holds(len);
-        let sharded = !held.is_whole(len);
+        if master.len() == len {
+            strategy.start(&mut master)?;
+        }
         if !sharded {
             layout.unflatten(&master, model.params())?;
         }
@@ -248,7 +279,9 @@ impl Trainer {
         let (model, full_model): (Box<dyn Model>, _) = match sharded {
             false => (model, None),
             true => {
-                master = held.take(&master);
+                if master.len() == len {
+                    master = held.take(&master);
+                }
                 let shell = Box::new(crate::models::Shell::new(config.model.clone()));
                 (shell, Some(config.model.clone()))
             }
@@ -340,11 +373,28 @@ impl Trainer {
     /// keeps its part and its model's variables follow.
     pub fn set_master(&mut self, full: Vec<f32>) -> Result<()> {
         self.layout.check_len(full.len())?;
+        match self.shards_params() {
+            true => self.set_held_master(self.held.take(&full)),
+            false => self.set_held_master(full),
+        }
+    }
+
+    /// Sets the parameters this rank holds from `local`, its pieces of the flat buffer end
+    /// to end ([`Trainer::held`]: the whole buffer, except under ZeRO-3), and its model's
+    /// variables follow.
+    pub fn set_held_master(&mut self, local: Vec<f32>) -> Result<()> {
+        if local.len() != self.held.len() {
+            return Err(TrainError::Layout(format!(
+                "{} parameter values for the {} this rank holds",
+                local.len(),
+                self.held.len()
+            )));
+        }
         if self.shards_params() {
-            self.master = self.held.take(&full);
+            self.master = local;
             return Ok(());
         }
-        self.master = full;
+        self.master = local;
         self.layout.unflatten(&self.master, self.model.params())?;
         self.vars_stale.set(false);
         Ok(())

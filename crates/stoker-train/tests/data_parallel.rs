@@ -669,3 +669,71 @@ fn zero3_evaluation_piece_by_piece_equals_one_rank_s_on_the_same_weights() {
         }
     }
 }
+
+/// A ZeRO-3 rank built from the model declared without values (as `stoker train` builds
+/// it) draws its pieces of the initial parameters alone, and they are the bits the whole
+/// model would give: at 2 and 4 ranks, for the GPT, the CNN and the MLP, the parameters
+/// gathered after construction equal the whole model's flat buffer, and one training step
+/// later too. A strategy that keeps whole parameters refuses such a model.
+#[test]
+fn zero3_ranks_draw_their_pieces_of_the_initial_model_alone() {
+    use stoker_train::trainer::build_meta_model_on;
+    for (model, kernels) in [
+        (GPT, "direct"),
+        (GPT, "fused"),
+        (CNN, "fused"),
+        (MLP, "fused"),
+    ] {
+        let c = config(model, "fp32", kernels, ADAMW, "strategy = \"zero3\"");
+        let whole = build_model(&c.model, c.precision, c.kernels, c.seed).unwrap();
+        let layout = FlatLayout::of(whole.params()).unwrap();
+        let want = layout.flatten(whole.params()).unwrap();
+        for world in [2, 4] {
+            let got = run_local(world, Duration::from_secs(60), |comm| {
+                let rank = comm.rank();
+                let comm: Rc<dyn Communicator> = Rc::new(comm);
+                let mut masters = Vec::new();
+                for meta in [true, false] {
+                    let m = match meta {
+                        true => build_meta_model_on(
+                            &c.model,
+                            c.precision,
+                            c.kernels,
+                            c.seed,
+                            &Device::Cpu,
+                        )
+                        .unwrap(),
+                        false => build_model(&c.model, c.precision, c.kernels, c.seed).unwrap(),
+                    };
+                    assert_eq!(m.params().is_meta(), meta);
+                    let layout = FlatLayout::of(m.params()).unwrap();
+                    let s = stoker_train::parallel::for_config(&c, &layout, comm.clone()).unwrap();
+                    let mut t = Trainer::with_strategy(&c, m, s).unwrap();
+                    let start = t.full_master().unwrap();
+                    let k = 4 / world;
+                    let window: Vec<MicroBatch> = (rank * k..(rank + 1) * k)
+                        .map(|j| micro_batch(model, 0, j))
+                        .collect();
+                    t.train_step(&window).unwrap();
+                    masters.push((start, t.full_master().unwrap()));
+                }
+                masters
+            });
+            let what = format!("{} {kernels} at {world} ranks", &model[8..11]);
+            for masters in got {
+                let ((meta_start, meta_after), (whole_start, whole_after)) =
+                    (&masters[0], &masters[1]);
+                stoker_testkit::assert_bits_eq(meta_start, &want, &format!("{what}: initial"));
+                stoker_testkit::assert_bits_eq(whole_start, &want, &format!("{what}: whole"));
+                stoker_testkit::assert_bits_eq(meta_after, whole_after, &format!("{what}: a step"));
+            }
+        }
+    }
+    let c = config(GPT, "fp32", "direct", ADAMW, "");
+    let m = build_meta_model_on(&c.model, c.precision, c.kernels, c.seed, &Device::Cpu).unwrap();
+    let err = match Trainer::with_model(&c, m) {
+        Ok(_) => panic!("one rank took a model declared without values"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("declared without values"), "{err}");
+}

@@ -17,7 +17,8 @@ pub fn read_params(dir: &Path) -> Result<(FlatLayout, Vec<f32>)> {
     let m = read_manifest(dir)?;
     let len = m.layout.total_len();
     let mut master = vec![0f32; len];
-    for_shards(dir, &m, &(0..len), &["master"], |s, st| {
+    let whole = crate::pieces::Pieces::one(0..len);
+    for_shards(dir, &m, &whole, &["master"], |s, st| {
         copy_overlap(s, st, "master", &(0..len), &mut master);
         Ok(())
     })?;

@@ -19,9 +19,10 @@
 //! which [`super::latest`] skips and [`load`] refuses, so the previous checkpoint stays
 //! the one a resume takes.
 //!
-//! Loading reads, for each shard file that overlaps what this rank needs (the whole
-//! parameter buffer, its optimizer range), the overlapping elements: resharding is a copy
-//! of ranges, and no rank ever holds more optimizer state than its own range.
+//! Loading reads, for each shard file that overlaps what this rank needs (the parameters
+//! it holds: the whole buffer, or under ZeRO-3 its pieces; its optimizer's pieces), the
+//! overlapping elements: resharding is a copy of ranges, and no rank ever holds more
+//! parameters or optimizer state than its own.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -430,16 +431,17 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
     Ok(m)
 }
 
-/// Calls `each(entry, tensors)` for every shard file of `dir` overlapping `want`, after
+/// Calls `each(entry, tensors)` for every shard file of `dir` holding any of `want`, after
 /// checking its checksum and that every tensor of `names` is F32 of the shard's length.
 pub(crate) fn for_shards(
     dir: &Path,
     m: &Manifest,
-    want: &Range<usize>,
+    want: &Pieces,
     names: &[&str],
     mut each: impl FnMut(&ShardEntry, &safetensors::SafeTensors) -> Result<()>,
 ) -> Result<()> {
-    for s in m.shards.iter().filter(|s| s.held().owned_len(want) > 0) {
+    let wanted = |s: &ShardEntry| want.ranges().iter().any(|r| s.held().owned_len(r) > 0);
+    for s in m.shards.iter().filter(|s| wanted(s)) {
         let path = dir.join(&s.file);
         let bytes = read_checked(&path, s.crc32, MANIFEST)?;
         if bytes.len() as u64 != s.bytes {
@@ -521,17 +523,21 @@ pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<Resumed> {
             ),
         ));
     }
-    let len = trainer.layout.total_len();
     let pieces = ours.pieces.clone();
-    let mut master = vec![0f32; len];
+    // The parameters this rank holds alone (under ZeRO-3 its pieces, not the whole model).
+    let held = trainer.held().clone();
+    let mut master = vec![0f32; held.len()];
     let mut buffers: Vec<(String, Vec<f32>)> = names
         .iter()
         .map(|n| (n.to_string(), vec![0f32; pieces.len()]))
         .collect();
     let mut wanted = names.clone();
     wanted.push(MASTER);
-    for_shards(dir, &m, &(0..len), &wanted, |s, st| {
-        copy_overlap(s, st, MASTER, &(0..len), &mut master);
+    // The optimizer's pieces are among the parameters': only shards holding those are read.
+    for_shards(dir, &m, &held, &wanted, |s, st| {
+        for (r, at) in held.with_starts() {
+            copy_overlap(s, st, MASTER, r, &mut master[at..at + r.len()]);
+        }
         for (name, buf) in buffers.iter_mut() {
             for (r, at) in pieces.with_starts() {
                 copy_overlap(s, st, name, r, &mut buf[at..at + r.len()]);
@@ -562,7 +568,7 @@ pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<Resumed> {
     if let (Some(f), Some(saved)) = (&trainer.fp8, &m.fp8) {
         f.restore(saved.clone());
     }
-    trainer.set_master(master)?;
+    trainer.set_held_master(master)?;
     trainer.step = m.step;
     trainer.sampler_state = m.sampler;
     Ok(Resumed {

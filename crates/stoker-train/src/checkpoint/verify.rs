@@ -37,15 +37,21 @@ pub fn verify(dir: &Path) -> Result<Verified> {
         let mut names = vec!["master"];
         names.extend(m.optimizer_buffers.iter().map(String::as_str));
         let (mut files, mut bytes) = (1, 0u64);
-        sharded::for_shards(dir, &m, &(0..len), &names, |_, st| {
-            files += 1;
-            bytes += st
-                .tensors()
-                .iter()
-                .map(|(_, t)| t.data().len() as u64)
-                .sum::<u64>();
-            Ok(())
-        })?;
+        sharded::for_shards(
+            dir,
+            &m,
+            &crate::pieces::Pieces::one(0..len),
+            &names,
+            |_, st| {
+                files += 1;
+                bytes += st
+                    .tensors()
+                    .iter()
+                    .map(|(_, t)| t.data().len() as u64)
+                    .sum::<u64>();
+                Ok(())
+            },
+        )?;
         return Ok(Verified {
             step: m.step,
             version: m.version,
