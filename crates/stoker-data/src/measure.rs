@@ -114,6 +114,33 @@ pub fn peak_rss_bytes() -> u64 {
     status_kib("VmHWM:") * 1024
 }
 
+/// Resident bytes of this process's code and constant data: its executable's and shared
+/// libraries' file mappings (`/proc/self/smaps`), 0 where unavailable. They grow as code
+/// runs for the first time: part of what a run holds that no allocation counts.
+pub fn code_rss_bytes() -> u64 {
+    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
+        return 0;
+    };
+    let exe = std::fs::read_link("/proc/self/exe").ok();
+    let mut code = false;
+    let mut kib = 0u64;
+    for line in smaps.lines() {
+        let mut fields = line.split_whitespace();
+        match fields.next() {
+            Some(range) if range.contains('-') && !range.ends_with(':') => {
+                let path = fields.nth(4).unwrap_or("");
+                code = path.contains(".so")
+                    || exe
+                        .as_deref()
+                        .is_some_and(|e| std::path::Path::new(path) == e);
+            }
+            Some("Rss:") if code => kib += fields.next().and_then(|v| v.parse().ok()).unwrap_or(0),
+            _ => {}
+        }
+    }
+    kib * 1024
+}
+
 /// Resident set size (VmRSS) of this process now, in bytes, 0 where unavailable.
 pub fn rss_bytes() -> u64 {
     status_kib("VmRSS:") * 1024

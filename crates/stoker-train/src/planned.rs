@@ -356,7 +356,9 @@ pub fn to_toml(cfg: &TrainConfig, summary: &str) -> Result<String> {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct OwnBytes {
     /// The process before the run allocated anything (code, libraries, communicator),
-    /// measured at its start: the CPU's counterpart of an accelerator's runtime reserve.
+    /// measured at its start, and the code its step first runs after that (resident as it
+    /// runs; measured across the setup and the scratch micro-batch): the CPU's counterpart
+    /// of an accelerator's runtime reserve.
     pub baseline: f64,
     /// Parameters, gradients and optimizer states ([`stoker_plan::trainer`], exact).
     pub model_states: f64,
