@@ -421,6 +421,10 @@ pub struct RunForecast {
     pub step_s: Option<f64>,
     /// Samples/s one rank's loader must sustain at that step time.
     pub required_samples_per_s: Option<f64>,
+    /// Whether the step time rests on figures measured on this machine or typed into the
+    /// config (`[plan]`'s: `stoker plan --calibrate` writes them), not the preset's alone.
+    #[serde(default)]
+    pub measured_figures: bool,
     /// Why the planner gave no row (then there is no step time), e.g. a CNN, which the
     /// planner does not model, or a `[plan.hardware]` that cannot hold the run's ranks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -450,6 +454,8 @@ impl RunForecast {
 /// activations, and time.
 pub(crate) struct PlannerRow {
     hardware: String,
+    /// Planned from `[plan]`'s figures, not the preset's alone.
+    measured: bool,
     peak_bytes: f64,
     activation_bytes: f64,
     /// Seconds per optimizer step.
@@ -516,6 +522,7 @@ pub fn forecast(
         heap_bytes,
         step_s: row.as_ref().map(|r| r.step_s),
         required_samples_per_s: row.as_ref().map(|r| r.samples / r.step_s),
+        measured_figures: row.as_ref().is_some_and(|r| r.measured),
         no_planner_row,
     })
 }
@@ -552,6 +559,7 @@ pub(crate) fn planner_row(cfg: &TrainConfig, world: usize, per_host: usize) -> R
         .find(|r| Some(r.strategy) == plan.inputs.pinned_strategy)
         .ok_or_else(|| config_err("parallel.strategy", "the planner has no row for it"))?;
     Ok(PlannerRow {
+        measured,
         hardware: match measured {
             true => format!("{} preset with [plan]'s figures", plan.inputs.hardware.name),
             false => format!("{} preset", plan.inputs.hardware.name),

@@ -616,4 +616,17 @@ fn a_run_s_forecast_plans_its_ranks_on_the_hosts_they_share() {
     let f = forecast(&emitted_for_one_rank, 2, 2, None).unwrap();
     assert_eq!(f.no_planner_row, None);
     assert_eq!(f.step_s, Some(one_host));
+    // The preset's figures alone, not this machine's (the run's end says how to measure
+    // them where the step misses); an MFU in `[plan]` (a calibration's) is measured.
+    assert!(!f.measured_figures);
+    let mut calibrated = cfg.clone();
+    calibrated.plan = Some(stoker_plan::emit::PlanSection {
+        mfu: Some(0.3),
+        ..Default::default()
+    });
+    let f = forecast(&calibrated, 1, 1, None).unwrap();
+    assert!(
+        f.measured_figures && f.hardware.contains("[plan]'s figures"),
+        "{f:?}"
+    );
 }

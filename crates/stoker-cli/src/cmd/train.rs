@@ -393,6 +393,18 @@ fn print_forecast(s: &RunSummary) {
         },
         s.peak_rss_bytes as f64 / f.peak_bytes,
     );
+    // A preset's figures describe the machine they were measured on: say how to plan this
+    // one where the step missed them by more than the plan's 25%.
+    if let (Some(t), false) = (f.step_s, f.measured_figures) {
+        if !(0.75..=1.25).contains(&(s.step_s / t)) {
+            println!(
+                "note: the step time was planned from the {}'s figures, measured on another \
+                 machine; `stoker plan --config CONFIG --calibrate --emit-config OUT` measures \
+                 this one, and runs of OUT are planned from it",
+                f.hardware
+            );
+        }
+    }
 }
 
 fn print_summary(s: &RunSummary) {
