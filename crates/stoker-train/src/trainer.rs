@@ -390,11 +390,10 @@ impl Trainer {
                 self.held.len()
             )));
         }
+        self.master = local;
         if self.shards_params() {
-            self.master = local;
             return Ok(());
         }
-        self.master = local;
         self.layout.unflatten(&self.master, self.model.params())?;
         self.vars_stale.set(false);
         Ok(())

@@ -594,6 +594,14 @@ fn held_and_sent(
     })
 }
 
+/// ZeRO-3's paths: the GPT's direct step and every model on candle's graph.
+const ZERO3_PATHS: [(&str, &str); 4] = [
+    (GPT, "direct"),
+    (GPT, "fused"),
+    (CNN, "fused"),
+    (MLP, "fused"),
+];
+
 /// ZeRO-3's evaluation gathers each group as the forward needs it, not the whole model
 /// at once: on the GPT's direct step group by group, on the candle-graph path (the GPT's
 /// fused ops, the CNN, the MLP) unit by unit. At 2 and 4 ranks, each rank evaluating its
@@ -603,12 +611,7 @@ fn held_and_sent(
 /// taking part) draws one rank's tokens.
 #[test]
 fn zero3_evaluation_piece_by_piece_equals_one_rank_s_on_the_same_weights() {
-    for (model, kernels) in [
-        (GPT, "direct"),
-        (GPT, "fused"),
-        (CNN, "fused"),
-        (MLP, "fused"),
-    ] {
+    for (model, kernels) in ZERO3_PATHS {
         let c = config(model, "fp32", kernels, ADAMW, "strategy = \"zero3\"");
         let batches: Vec<MicroBatch> = (0..4).map(|j| micro_batch(model, 9, j)).collect();
         for world in [2, 4] {
@@ -678,12 +681,7 @@ fn zero3_evaluation_piece_by_piece_equals_one_rank_s_on_the_same_weights() {
 #[test]
 fn zero3_ranks_draw_their_pieces_of_the_initial_model_alone() {
     use stoker_train::trainer::build_meta_model_on;
-    for (model, kernels) in [
-        (GPT, "direct"),
-        (GPT, "fused"),
-        (CNN, "fused"),
-        (MLP, "fused"),
-    ] {
+    for (model, kernels) in ZERO3_PATHS {
         let c = config(model, "fp32", kernels, ADAMW, "strategy = \"zero3\"");
         let whole = build_model(&c.model, c.precision, c.kernels, c.seed).unwrap();
         let layout = FlatLayout::of(whole.params()).unwrap();
