@@ -73,9 +73,11 @@ for rate in "${rates[@]}"; do
     link=$([ "$rate" = unshaped ] && echo "$path_gbit" || gbit "$rate")
     link=$(python3 -c "print(min($link, $path_gbit))")
     # The plan of the config as calibrated above, over the link of this run, with the
-    # trainer's FP32 collectives.
+    # trainer's FP32 collectives; the cores push the path's rate through TCP whatever the
+    # link (--host-net-gbit-s: that part of ZeRO-3's collectives cannot hide).
     "$S" plan --config "$work/calibrated.toml" --nodes 2 --devices-per-node 1 \
-      --inter-node-gbit-s "$link" --json > "$work/$name.plan.json" 2> "$work/$name.plan.err" \
+      --inter-node-gbit-s "$link" --host-net-gbit-s "$path_gbit" --json \
+      > "$work/$name.plan.json" 2> "$work/$name.plan.err" \
       || { cat "$work/$name.plan.err"; exit 1; }
     python3 - "$work/$name.log" "$work/$name.plan.json" "$rate" "$strategy" "$work/base-$strategy" "$link" <<'PY'
 import json, os, re, sys

@@ -49,6 +49,9 @@ pub struct Hardware {
     pub intra_node_bw: f64,
     /// Network bandwidth of one node (all NICs together), bytes/s.
     pub inter_node_bw: f64,
+    /// What a CPU node's cores can push through its network stack, bytes/s (0: unknown,
+    /// taken as `intra_node_bw`); see `stoker_plan::time`.
+    pub host_net_bw: f64,
     /// Host<->device link (PCIe) per device, bytes/s, used by offload.
     pub host_link_bw: f64,
     /// Host memory bandwidth of one node, bytes/s, used by the CPU optimizer step.
@@ -114,6 +117,7 @@ pub fn preset(name: &str) -> Result<Hardware> {
             // 80% of NVLink's one-direction bandwidth: what nccl-tests' busbw reaches.
             intra_node_bw: 0.8 * nvlink * GB,
             inter_node_bw: nic_gbit * 1e9 / 8.0,
+            host_net_bw: 0.0,
             host_link_bw: 0.0,
             host_mem_bw: 0.0,
             runtime_reserve: GIB,
@@ -183,6 +187,7 @@ pub fn preset(name: &str) -> Result<Hardware> {
                 // 1-16 MiB buffers that stay in cache, 2 GB/s from 64 MiB).
                 intra_node_bw: 3.8 * GB,
                 inter_node_bw: 10e9 / 8.0,
+                host_net_bw: 0.0,
                 host_link_bw: 8.0 * GB, // "offload" to the same RAM: a memcpy
                 host_mem_bw: 8.0 * GB,
                 runtime_reserve: 0.0,

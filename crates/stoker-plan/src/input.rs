@@ -81,6 +81,10 @@ pub struct HardwareInput {
     pub intra_node_gbyte_s: Option<f64>,
     /// Network bandwidth per node, Gbit/s (bits, as NICs are sold).
     pub inter_node_gbit_s: Option<f64>,
+    /// What a CPU node's cores can push through its network stack, Gbit/s (TCP is
+    /// CPU-bound: measured as the unshaped path's rate); the part of a collective that
+    /// costs the cores and cannot hide behind their compute. Default: the intra-node rate.
+    pub host_net_gbit_s: Option<f64>,
     /// Host<->device link per device, GB/s.
     pub host_link_gbyte_s: Option<f64>,
     /// Host memory bandwidth per node, GB/s.
@@ -208,6 +212,7 @@ impl HardwareInput {
             host_cores,
             intra_node_gbyte_s,
             inter_node_gbit_s,
+            host_net_gbit_s,
             host_link_gbyte_s,
             host_mem_gbyte_s
         );

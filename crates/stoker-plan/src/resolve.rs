@@ -233,6 +233,7 @@ pub fn resolve_hardware(h: &HardwareInput) -> Result<Hardware> {
                 dtypes: Default::default(),
                 intra_node_bw: 0.0,
                 inter_node_bw: 0.0,
+                host_net_bw: 0.0,
                 host_link_bw: 25.0 * GB,
                 host_mem_bw: 100.0 * GB,
                 runtime_reserve: GIB,
@@ -281,6 +282,9 @@ pub fn resolve_hardware(h: &HardwareInput) -> Result<Hardware> {
     }
     if let Some(v) = opt_posf("hardware.inter_node_gbit_s", h.inter_node_gbit_s)? {
         hw.inter_node_bw = v * 1e9 / 8.0;
+    }
+    if let Some(v) = opt_posf("hardware.host_net_gbit_s", h.host_net_gbit_s)? {
+        hw.host_net_bw = v * 1e9 / 8.0;
     }
     if let Some(v) = opt_posf("hardware.host_link_gbyte_s", h.host_link_gbyte_s)? {
         hw.host_link_bw = v * GB;

@@ -104,16 +104,22 @@ pub fn step_time(
 }
 
 /// ZeRO-3's exposed collectives on CPU ranks computing for `compute_s` per step: the
-/// cores' own part of moving the bytes (the step's collectives at the node's bandwidth,
-/// `intra_node_bw`: copies, the TCP stack) never hides, and the rest of their time on a
-/// slower network link (waiting for the wire) hides behind the compute, as the gathers are
-/// prefetched a unit ahead and the reduce-scatters left in flight. On one node the two are
-/// the same and nothing hides. Measured on the cluster in a box (2 ranks, 8-block GPT,
-/// 2026-12-04, ZeRO-3 splitting every group over the ranks): 136 ms of compute, 155 ms
-/// of link time at 1 Gbit/s, the step grew by 35 ms over the unshaped link's.
+/// cores' own part of moving the bytes (the step's collectives at the rate the cores move
+/// them: the node's bandwidth, `intra_node_bw`, and across nodes at most what they push
+/// through the network stack, `host_net_bw`: copies, TCP) never hides, and the rest of
+/// their time on a slower network link (waiting for the wire) hides behind the compute,
+/// as the gathers are prefetched a unit ahead and the reduce-scatters left in flight. On
+/// one node the two are the same and nothing hides. Measured on the cluster in a box (2
+/// ranks, 8-block GPT, 2026-12-04, ZeRO-3 splitting every group over the ranks): 136 ms
+/// of compute, 155 ms of link time at 1 Gbit/s, the step grew by 35 ms over the unshaped
+/// link's; unshaped (TCP at the cores' 9-11 Gbit/s), ZeRO-3 cost 11-18 ms more than DDP.
 fn cpu_zero3_exposed(hw: &Hardware, comm: &Comm, compute_s: f64) -> f64 {
-    let host_s = match hw.intra_node_bw > 0.0 {
-        true => (comm.step_s * comm.bus_bw / hw.intra_node_bw).min(comm.step_s),
+    let mut cores_rate = hw.intra_node_bw;
+    if hw.nodes > 1 && hw.host_net_bw > 0.0 {
+        cores_rate = cores_rate.min(hw.host_net_bw);
+    }
+    let host_s = match cores_rate > 0.0 {
+        true => (comm.step_s * comm.bus_bw / cores_rate).min(comm.step_s),
         false => comm.step_s,
     };
     host_s + (comm.step_s - host_s - compute_s).max(0.0)

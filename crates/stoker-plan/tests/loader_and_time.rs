@@ -185,4 +185,9 @@ fn on_cpus_zero3_hides_its_wire_time_behind_compute_but_not_its_copies() {
     let want = host + (c.step_s - host - z3.compute_s).max(0.0);
     assert!(host < c.step_s && z3.exposed_comm_s < c.step_s);
     assert!((z3.exposed_comm_s - want).abs() < 1e-12, "{z3:?} {c:?}");
+    // Cores that push only 2 Gbit/s through their network stack pay the bytes at that rate.
+    let (z3, c, _) = step(&format!("{net}, host_net_gbit_s = 2"), Stage::Zero3);
+    let host = c.step_s * c.bus_bw / 0.25e9;
+    let want = host + (c.step_s - host - z3.compute_s).max(0.0);
+    assert!((z3.exposed_comm_s - want).abs() < 1e-12, "{z3:?} {c:?}");
 }

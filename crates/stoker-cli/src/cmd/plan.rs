@@ -111,6 +111,10 @@ pub struct PlanArgs {
     /// Inter-node bandwidth per node, Gbit/s (e.g. 10 for a 10 Gbps network).
     #[arg(long, help_heading = "Hardware", allow_negative_numbers = true)]
     inter_node_gbit_s: Option<f64>,
+    /// What a CPU node's cores push through its network stack, Gbit/s (TCP: CPU-bound;
+    /// the part of ZeRO-3's collectives that cannot hide behind compute).
+    #[arg(long, help_heading = "Hardware", allow_negative_numbers = true)]
+    host_net_gbit_s: Option<f64>,
     /// Host<->device (PCIe) bandwidth per device, GB/s.
     #[arg(long, help_heading = "Hardware", allow_negative_numbers = true)]
     host_link_gbyte_s: Option<f64>,
@@ -252,6 +256,7 @@ impl PlanArgs {
                 peak_tflops: peaks(&self.peak_tflops)?,
                 intra_node_gbyte_s: self.intra_node_gbyte_s,
                 inter_node_gbit_s: self.inter_node_gbit_s,
+                host_net_gbit_s: self.host_net_gbit_s,
                 host_link_gbyte_s: self.host_link_gbyte_s,
                 host_mem_gbyte_s: self.host_mem_gbyte_s,
             },
