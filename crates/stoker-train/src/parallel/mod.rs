@@ -7,7 +7,9 @@
 //!    batch arithmetic (`global_batch = micro_batch x accumulation_steps x world_size`);
 //!    every error names its config key, before any work.
 //! 2. At start the strategy makes the ranks agree: [`Strategy::start`] broadcasts the
-//!    parameters from rank 0 (ranks have already compared their configs).
+//!    parameters from rank 0 (ranks have already compared their configs); a ZeRO-3 rank
+//!    given a model declared without values draws its own pieces instead, the same on
+//!    every rank ([`crate::params::ParamSet::init_pieces`]).
 //! 3. Each window, the trainer runs the micro-batches. For those the strategy
 //!    reduces ([`Strategy::begin_micro_batch`]; DDP: only the last, PyTorch's `no_sync` for the
 //!    others) it hears of every parameter group as the backward finishes it
@@ -89,7 +91,8 @@ pub trait Strategy {
     fn world_size(&self) -> usize;
     /// How the trainer must sum this rank's micro-batch gradients.
     fn sum_order(&self) -> SumOrder;
-    /// Makes every rank start from rank 0's parameters.
+    /// Makes every rank start from rank 0's parameters, `master` the whole buffer (not
+    /// called where each rank drew its own pieces of them, ZeRO-3's model without values).
     fn start(&mut self, master: &mut [f32]) -> Result<()>;
     /// Marks the start of a window of `len` micro-batches.
     fn begin_window(&mut self, len: usize) -> Result<()>;
