@@ -271,11 +271,12 @@ impl ParamBuilder {
                 ))
             })
         }
+        // An empty placeholder is made in the parameters' dtype: a cast of an empty tensor
+        // launches a kernel of zero blocks, which CUDA refuses (invalid argument).
+        let placeholder = || Tensor::zeros(0, self.dtype, &self.device);
         let t = match &self.values {
             None => Tensor::from_vec(init_range(self.seed, name, 0..n, init), shape, &self.device)?,
-            // Made in the parameters' dtype: a cast of an empty tensor launches a kernel of
-            // zero blocks, which CUDA refuses (invalid argument).
-            Some(Values::Meta) => Tensor::zeros(0, self.dtype, &self.device)?,
+            Some(Values::Meta) => placeholder()?,
             Some(Values::Groups(layout, groups)) => {
                 match groups.iter().find(|(g, _, _)| *g == self.group) {
                     Some((g, start, values)) => {
@@ -284,9 +285,7 @@ impl ParamBuilder {
                         })?;
                         Tensor::from_slice(part(values, off, n, name)?, shape, &self.device)?
                     }
-                    // Made in the parameters' dtype: a cast of an empty tensor launches a
-                    // kernel of zero blocks, which CUDA refuses (invalid argument).
-                    None => Tensor::zeros(0, self.dtype, &self.device)?,
+                    None => placeholder()?,
                 }
             }
         };
