@@ -1,8 +1,9 @@
 //! `stoker train CONFIG --dry-run`: everything a run checks before its first step, and the
 //! plan it will be measured against, without training. The config is validated, the batch
-//! resolved for the world size, the model built (its flat layout counted), the datasets
-//! opened and checked against the model, and the per-rank bytes predicted by the same
-//! function the run's end compares with its buffers ([`crate::run::predicted`]).
+//! resolved for the world size, the model declared (its flat layout counted, no values
+//! drawn), the datasets opened and checked against the model, and the per-rank bytes
+//! predicted by the same function the run's end compares with its buffers
+//! ([`crate::run::predicted`]).
 
 use crate::config::TrainConfig;
 use crate::data::open_datasets;
@@ -10,7 +11,7 @@ use crate::error::Result;
 use crate::layout::FlatLayout;
 use crate::parallel::ParallelDims;
 use crate::run::predicted;
-use crate::trainer::build_model;
+use crate::trainer::build_meta_model_on;
 use stoker_plan::trainer::TrainerPrediction;
 
 /// What a dry run found.
@@ -32,7 +33,10 @@ pub struct DryRun {
 pub fn dry_run(config: &TrainConfig, world: usize) -> Result<DryRun> {
     config.validate()?;
     let dims = ParallelDims::resolve(config, world, 0, "dry run")?;
-    let model = build_model(&config.model, config.precision, config.kernels, config.seed)?;
+    // Declared without values: the layout and the data checks need the model's shapes
+    // alone, so a dry run of a model no machine can hold costs nothing.
+    let (p, k, seed) = (config.precision, config.kernels, config.seed);
+    let model = build_meta_model_on(&config.model, p, k, seed, &candle_core::Device::Cpu)?;
     let layout = FlatLayout::of(model.params())?;
     let data = open_datasets(config, &*model)?;
     Ok(DryRun {
