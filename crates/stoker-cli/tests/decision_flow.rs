@@ -37,25 +37,25 @@ fn write_corpus(dir: &Path, len: u32, vocab: u32) -> std::path::PathBuf {
     corpus
 }
 
-/// The "measured peak RSS ... (measured/planned R)" ratio of a `stoker train` run's last lines.
-fn rss_ratio(text: &str) -> f64 {
-    text.split("measured peak RSS ")
+/// The first "(measured/planned R)" ratio after `label` in a `stoker train` run's output.
+fn ratio_after(text: &str, label: &str) -> f64 {
+    text.split(label)
         .nth(1)
         .and_then(|r| r.split("(measured/planned ").nth(1))
         .and_then(|r| r.split(')').next())
         .and_then(|r| r.parse().ok())
-        .unwrap_or_else(|| panic!("no RSS line in\n{text}"))
+        .unwrap_or_else(|| panic!("no `{label}` ratio in\n{text}"))
+}
+
+/// The "measured peak RSS ... (measured/planned R)" ratio of a `stoker train` run's last lines.
+fn rss_ratio(text: &str) -> f64 {
+    ratio_after(text, "measured peak RSS ")
 }
 
 /// The "whole run's peak ... (measured/planned R)" ratio: the process's peak over the
 /// whole run (evaluation, checkpoints and sampling too) against the same forecast.
 fn whole_run_ratio(text: &str) -> f64 {
-    text.split("whole run's peak ")
-        .nth(1)
-        .and_then(|r| r.split("(measured/planned ").nth(1))
-        .and_then(|r| r.split(')').next())
-        .and_then(|r| r.parse().ok())
-        .unwrap_or_else(|| panic!("no whole-run peak in\n{text}"))
+    ratio_after(text, "whole run's peak ")
 }
 
 /// A bf16 GPT on the direct step, as the demo trains it: the process's peak resident set

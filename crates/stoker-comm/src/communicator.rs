@@ -192,6 +192,27 @@ pub trait CommExt: Communicator {
         self.send_recv_buf(peer, T::buf(send), T::buf_mut(recv))
     }
 
+    /// Every rank's `mine`, whatever its length, rank order: one all-gather of the lengths,
+    /// then one of the values (what each rank holds of something split unevenly, such as
+    /// ZeRO-3's pieces).
+    fn all_gather_varying<T: Element>(&self, mine: &[T]) -> Result<Vec<Vec<T>>> {
+        let world = self.world_size();
+        let mut lens = vec![0u64; world];
+        self.all_gather(&[mine.len() as u64], &vec![1; world], &mut lens)?;
+        let counts: Vec<usize> = lens.iter().map(|&n| n as usize).collect();
+        let mut all = vec![T::default(); counts.iter().sum()];
+        self.all_gather(mine, &counts, &mut all)?;
+        let mut rest = all.as_slice();
+        Ok(counts
+            .iter()
+            .map(|&n| {
+                let (this, next) = rest.split_at(n);
+                rest = next;
+                this.to_vec()
+            })
+            .collect())
+    }
+
     /// The sum of one value over ranks.
     fn sum<T: Element>(&self, x: T) -> Result<T> {
         let mut v = [x];

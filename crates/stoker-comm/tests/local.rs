@@ -16,6 +16,25 @@ fn collectives_match_plain_sums_at_world_sizes_1_to_8() {
     }
 }
 
+/// Ranks holding different lengths (rank `r` holds `r` values, rank 2 none at world 3)
+/// each get every rank's values, rank order.
+#[test]
+fn all_gather_varying_gives_every_rank_s_values_whatever_their_lengths() {
+    for world in 1..=5 {
+        let got = run_local(world, Duration::from_secs(30), |comm| {
+            let r = comm.rank() as u64;
+            let mine: Vec<u64> = (0..r).map(|i| 100 * r + i).collect();
+            comm.all_gather_varying(&mine).unwrap()
+        });
+        let want: Vec<Vec<u64>> = (0..world as u64)
+            .map(|r| (0..r).map(|i| 100 * r + i).collect())
+            .collect();
+        for g in got {
+            assert_eq!(g, want, "world {world}");
+        }
+    }
+}
+
 #[test]
 fn a_rank_that_leaves_is_named_at_once() {
     let t0 = Instant::now();

@@ -745,7 +745,6 @@ fn weights_crc32(comm: &dyn Communicator, trainer: &Trainer) -> Result<u32> {
     if !trainer.shards_params() {
         return Ok(crc32fast::hash(bytemuck::cast_slice(&trainer.master)));
     }
-    let world = comm.world_size();
     // [start, crc, bytes] of each piece.
     let mine: Vec<u64> = trainer
         .held()
@@ -759,12 +758,8 @@ fn weights_crc32(comm: &dyn Communicator, trainer: &Trainer) -> Result<u32> {
             ]
         })
         .collect();
-    let mut sizes = vec![0u64; world];
-    stoker_comm::CommExt::all_gather(comm, &[mine.len() as u64], &vec![1; world], &mut sizes)?;
-    let sizes: Vec<usize> = sizes.iter().map(|&n| n as usize).collect();
-    let mut all = vec![0u64; sizes.iter().sum()];
-    stoker_comm::CommExt::all_gather(comm, &mine, &sizes, &mut all)?;
-    let mut parts: Vec<&[u64]> = all.chunks(3).collect();
+    let all = stoker_comm::CommExt::all_gather_varying(comm, &mine)?;
+    let mut parts: Vec<&[u64]> = all.iter().flat_map(|p| p.chunks(3)).collect();
     parts.sort_by_key(|p| p[0]);
     Ok(combine_crcs(parts.iter().map(|p| (p[1] as u32, p[2]))))
 }

@@ -548,10 +548,10 @@ impl Trainer {
                 kernels: self.kernels,
                 layout: &self.layout,
                 fx: &fx,
-                own: self.held.clone(),
+                own: &self.held,
                 device: &self.device,
             };
-            let mut scratch = crate::parallel::units::Scratch::new(self.held.clone());
+            let mut scratch = crate::parallel::units::Scratch::new(&self.held);
             let mut peak = 0;
             crate::parallel::units::micro_batch(&step, &mut scratch, mb, factor, true, &mut peak)?;
             return Ok(Some(self.unit_workspace_bytes()));
@@ -602,6 +602,21 @@ impl Trainer {
             ..
         } = self;
         let by_group = strategy.reduces_by_group();
+        // ZeRO-3 on the graph path: the model run unit by unit, each unit's groups gathered
+        // as it runs and reduce-scattered as its backward finishes them.
+        let unit_step = match (units.as_ref(), full_model.as_ref()) {
+            (Some(plan), Some(config)) => Some(crate::parallel::units::UnitStep {
+                plan,
+                model: config,
+                precision: *precision,
+                kernels: *kernels,
+                layout,
+                fx: &fx,
+                own: held,
+                device,
+            }),
+            _ => None,
+        };
         for (j, mb) in window.iter().enumerate() {
             let reduce = strategy.begin_micro_batch(j, k)?;
             let target = sum.target(grads);
@@ -629,23 +644,11 @@ impl Trainer {
                 sum.push(grads, loss);
                 continue;
             }
-            if let (Some(plan), Some(config)) = (units.as_ref(), full_model.as_ref()) {
-                // ZeRO-3 on the graph path: the model run unit by unit, each unit's groups
-                // gathered as it runs and reduce-scattered as its backward finishes them.
-                let unit_step = crate::parallel::units::UnitStep {
-                    plan,
-                    model: config,
-                    precision: *precision,
-                    kernels: *kernels,
-                    layout,
-                    fx: &fx,
-                    own: held.clone(),
-                    device,
-                };
+            if let Some(unit_step) = &unit_step {
                 let mut source =
                     crate::parallel::units::Collective::new(&mut **strategy, master, target);
                 let loss = crate::parallel::units::micro_batch(
-                    &unit_step,
+                    unit_step,
                     &mut source,
                     mb,
                     factor,
@@ -946,7 +949,7 @@ impl Trainer {
             kernels: *kernels,
             layout,
             fx: &fx,
-            own: held.clone(),
+            own: held,
             device,
         };
         f(&step, &mut **strategy, master)

@@ -18,8 +18,8 @@ pub fn read_params(dir: &Path) -> Result<(FlatLayout, Vec<f32>)> {
     let len = m.layout.total_len();
     let mut master = vec![0f32; len];
     let whole = crate::pieces::Pieces::one(0..len);
-    for_shards(dir, &m, &whole, &["master"], |s, st| {
-        copy_overlap(s, st, "master", &(0..len), &mut master);
+    for_shards(dir, &m, &whole, &["master"], |shard, st| {
+        copy_overlap(shard, st, "master", &(0..len), &mut master);
         Ok(())
     })?;
     Ok((m.layout, master))

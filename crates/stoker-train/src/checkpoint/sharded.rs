@@ -257,11 +257,7 @@ pub fn save(
             .iter()
             .flat_map(|r| [r.start as u64, r.end as u64]),
     );
-    let mut sizes = vec![0u64; world];
-    comm.all_gather(&[mine.len() as u64], &vec![1; world], &mut sizes)?;
-    let sizes: Vec<usize> = sizes.iter().map(|&n| n as usize).collect();
-    let mut all = vec![0u64; sizes.iter().sum()];
-    comm.all_gather(&mine, &sizes, &mut all)?;
+    let all = comm.all_gather_varying(&mine)?;
 
     if rank == 0 {
         let manifest = Manifest {
@@ -278,7 +274,7 @@ pub fn save(
             scaler: trainer.scaler.as_ref().map(|s| s.state().clone()),
             fp8: trainer.fp8.as_ref().map(|f| f.state()),
             layout: layout.clone(),
-            shards: shard_entries(&all, &sizes),
+            shards: shard_entries(&all),
         };
         let json = serde_json::to_vec_pretty(&manifest).map_err(|e| ckpt_err(&tmp, e))?;
         write_synced(&tmp.join(MANIFEST), &json)?;
@@ -302,22 +298,18 @@ pub fn save(
 }
 
 /// The manifest's shard entries from every rank's `[crc, bytes, start, end, start, end,
-/// ...]` (`all`, `sizes[r]` numbers from rank `r`).
-fn shard_entries(all: &[u64], sizes: &[usize]) -> Vec<ShardEntry> {
-    let mut at = 0;
-    sizes
-        .iter()
+/// ...]`, rank order.
+fn shard_entries(all: &[Vec<u64>]) -> Vec<ShardEntry> {
+    all.iter()
         .enumerate()
-        .map(|(rank, &n)| {
-            let part = &all[at..at + n];
-            at += n;
+        .map(|(rank, part)| {
             let ranges: Vec<[usize; 2]> = part[2..]
                 .chunks(2)
                 .map(|c| [c[0] as usize, c[1] as usize])
                 .collect();
             let (start, end) = match (ranges.first(), ranges.last()) {
                 (Some(f), Some(l)) => (f[0], l[1]),
-                // An empty shard (a tiny model): it sits where the previous one ended.
+                // An empty shard (a tiny model): it holds nothing.
                 _ => (0, 0),
             };
             ShardEntry {
@@ -431,17 +423,21 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
     Ok(m)
 }
 
-/// Calls `each(entry, tensors)` for every shard file of `dir` holding any of `want`, after
+/// Calls `each(pieces, tensors)` for every shard file of `dir` holding any of `want` (the
+/// ranges the shard holds, end to end in its tensors, read from the manifest once), after
 /// checking its checksum and that every tensor of `names` is F32 of the shard's length.
 pub(crate) fn for_shards(
     dir: &Path,
     m: &Manifest,
     want: &Pieces,
     names: &[&str],
-    mut each: impl FnMut(&ShardEntry, &safetensors::SafeTensors) -> Result<()>,
+    mut each: impl FnMut(&Pieces, &safetensors::SafeTensors) -> Result<()>,
 ) -> Result<()> {
-    let wanted = |s: &ShardEntry| want.ranges().iter().any(|r| s.held().owned_len(r) > 0);
-    for s in m.shards.iter().filter(|s| wanted(s)) {
+    for s in &m.shards {
+        let held = s.held();
+        if !want.ranges().iter().any(|r| held.owned_len(r) > 0) {
+            continue;
+        }
         let path = dir.join(&s.file);
         let bytes = read_checked(&path, s.crc32, MANIFEST)?;
         if bytes.len() as u64 != s.bytes {
@@ -459,7 +455,7 @@ pub(crate) fn for_shards(
             let t = st
                 .tensor(name)
                 .map_err(|e| ckpt_err(&path, format!("tensor `{name}`: {e}")))?;
-            let len = s.held().len();
+            let len = held.len();
             if t.dtype() != StDtype::F32 || t.shape() != [len] {
                 return Err(ckpt_err(
                     &path,
@@ -471,22 +467,22 @@ pub(crate) fn for_shards(
                 ));
             }
         }
-        each(s, &st)?;
+        each(&held, &st)?;
     }
     Ok(())
 }
 
-/// Copies the part of shard `s`'s tensor `name` inside `want` into `out` (which holds
-/// the elements `want`).
+/// Copies the part of tensor `name` of a shard holding `shard` (its ranges end to end)
+/// inside `want` into `out` (which holds the elements `want`).
 pub(crate) fn copy_overlap(
-    s: &ShardEntry,
+    shard: &Pieces,
     st: &safetensors::SafeTensors,
     name: &str,
     want: &Range<usize>,
     out: &mut [f32],
 ) {
     let data = st.tensor(name).expect("checked by for_shards").data();
-    for (r, at) in s.held().with_starts() {
+    for (r, at) in shard.with_starts() {
         let (start, end) = (r.start.max(want.start), r.end.min(want.end));
         if start >= end {
             continue;
@@ -534,13 +530,13 @@ pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<Resumed> {
     let mut wanted = names.clone();
     wanted.push(MASTER);
     // The optimizer's pieces are among the parameters': only shards holding those are read.
-    for_shards(dir, &m, &held, &wanted, |s, st| {
+    for_shards(dir, &m, &held, &wanted, |shard, st| {
         for (r, at) in held.with_starts() {
-            copy_overlap(s, st, MASTER, r, &mut master[at..at + r.len()]);
+            copy_overlap(shard, st, MASTER, r, &mut master[at..at + r.len()]);
         }
         for (name, buf) in buffers.iter_mut() {
             for (r, at) in pieces.with_starts() {
-                copy_overlap(s, st, name, r, &mut buf[at..at + r.len()]);
+                copy_overlap(shard, st, name, r, &mut buf[at..at + r.len()]);
             }
         }
         Ok(())

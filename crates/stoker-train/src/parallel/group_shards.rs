@@ -54,11 +54,6 @@ impl GroupShards {
         GroupShards { len, spans, counts }
     }
 
-    /// Ranks.
-    pub fn world(&self) -> usize {
-        self.counts.first().map_or(1, Vec::len)
-    }
-
     /// Elements of the whole buffer.
     pub fn len(&self) -> usize {
         self.len
@@ -115,7 +110,6 @@ mod tests {
     fn every_group_is_split_over_every_rank_and_the_pieces_tile_the_buffer() {
         let spans = vec![0..64, 64..96, 96..400, 400..416];
         let g = GroupShards::new(spans.clone(), 2, 16);
-        assert_eq!(g.world(), 2);
         assert_eq!(g.held(0).ranges(), &[0..32, 64..80, 96..256]);
         // The last group's one unit goes to rank 1: rank 0 had the extra one before.
         assert_eq!(g.held(1).ranges(), &[32..64, 80..96, 256..416]);

@@ -82,16 +82,16 @@ impl SpanSource for Collective<'_> {
 /// gradients dropped. What a scratch micro-batch runs to count the step's memory before
 /// training, changing no state; a prefetch holds what the rank's would (the gathered
 /// buffer and the rank's piece of it) until its gather.
-pub struct Scratch {
+pub struct Scratch<'a> {
     /// The parts of the flat buffer the rank owns.
-    own: Pieces,
+    own: &'a Pieces,
     /// Prefetches not yet gathered: group, buffer, the rank's piece.
     started: Vec<(usize, Vec<f32>, Vec<f32>)>,
 }
 
-impl Scratch {
+impl<'a> Scratch<'a> {
     /// The scratch source of the rank owning `own` of the flat buffer.
-    pub fn new(own: Pieces) -> Self {
+    pub fn new(own: &'a Pieces) -> Self {
         Scratch {
             own,
             started: Vec::new(),
@@ -99,7 +99,7 @@ impl Scratch {
     }
 }
 
-impl SpanSource for Scratch {
+impl SpanSource for Scratch<'_> {
     fn prefetch(&mut self, g: usize, span: Range<usize>) -> Result<()> {
         let piece = vec![0.0; self.own.owned_len(&span)];
         self.started.push((g, vec![0.0; span.len()], piece));
@@ -133,7 +133,7 @@ pub struct UnitStep<'a> {
     /// The forward context.
     pub fx: &'a Fx<'a>,
     /// The parts of the flat buffer this rank owns (its reduce-scatter outputs' size).
-    pub own: Pieces,
+    pub own: &'a Pieces,
     /// Where each unit's variables are built (the trainer's device).
     pub device: &'a candle_core::Device,
 }
