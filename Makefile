@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 STOKER := target/release/stoker
 
-.PHONY: demo test test-hf soak fuzz miri deps data photos build release bench-loader bench-jpeg bench-precision bench-step bench-comm bench-ddp bench-cluster bench-allocator check-cuda gpu-build fmt clippy
+.PHONY: demo test test-hf soak fuzz miri deps data photos build release bench-loader bench-jpeg bench-precision bench-step bench-comm bench-ddp bench-cluster bench-allocator bench-profile check-cuda gpu-build fmt clippy
 
 # System packages, Python packages for fixtures/references, a Rust toolchain check.
 deps:
@@ -78,6 +78,10 @@ bench-ddp: data
 # The chapter's network case: DDP vs ZeRO-3 over shaped links between network namespaces.
 bench-cluster: deps release
 	bash scripts/bench/cluster.sh
+
+# The machine profile on configs it never measured: planned vs measured step and memory.
+bench-profile: data
+	bash scripts/bench/profile.sh
 
 # glibc's malloc (kept from returning memory) vs mimalloc: peak RSS over the forecast, step time.
 bench-allocator: data

@@ -4,6 +4,7 @@ mod candle_threads;
 mod cmd;
 mod error_kind;
 mod heap;
+mod machine_profile;
 
 use clap::{Parser, Subcommand};
 

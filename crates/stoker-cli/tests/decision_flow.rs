@@ -7,10 +7,17 @@ use std::process::{Command, Output};
 
 const STOKER: &str = env!("CARGO_BIN_EXE_stoker");
 
+/// `stoker ARGS` with no machine profile (a developer's own would change the plans).
 fn stoker(args: &[&str]) -> Output {
+    stoker_with_profile("off", args)
+}
+
+/// `stoker ARGS` with `STOKER_PROFILE=profile`; panics unless it succeeds.
+fn stoker_with_profile(profile: &str, args: &[&str]) -> Output {
     let o = Command::new("timeout")
         .args(["-k", "5", "300", STOKER])
         .args(args)
+        .env("STOKER_PROFILE", profile)
         .output()
         .unwrap();
     assert!(
@@ -213,4 +220,73 @@ fn plan_then_tune_then_train_runs_the_emitted_config_as_is() {
         "whole run's peak measured/planned {whole}\n{text}"
     );
     assert!(tmp.path().join("run/metrics.jsonl").exists());
+}
+
+/// `stoker plan --calibrate` alone measures this machine into its profile; a later plan of
+/// a config that gives no figures of its own, and its run's forecast, use it and say so;
+/// a config's own calibration is recorded in it, and the next plan of that config uses
+/// its own step. With `STOKER_PROFILE=off` nothing reads it.
+#[test]
+fn a_machine_calibration_plans_every_later_config_on_this_machine() {
+    let tmp = tempfile::tempdir().unwrap();
+    let profile = tmp.path().join("config").join("profile.toml");
+    let p = s(&profile);
+    let out = stoker_with_profile(p, &["plan", "--calibrate", "--probe-widths", "32,64"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("wrote {p}")), "{text}");
+    let steps = |f: &Path| {
+        std::fs::read_to_string(f)
+            .unwrap()
+            .matches("[[step]]")
+            .count()
+    };
+    let probed = steps(&profile);
+    assert!(probed >= 6, "{probed} steps");
+
+    // fp32, 48 wide: between the two widths measured.
+    let corpus = write_corpus(tmp.path(), 20_000, 24);
+    let cfg = tmp.path().join("gpt.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "run_dir = {:?}\nprecision = \"fp32\"\n[data]\ntrain = {:?}\nnum_workers = 0\n\
+             [model]\nkind = \"gpt\"\nvocab = 24\ncontext = 32\nd_model = 48\nn_layer = 2\nn_head = 2\n\
+             [batch]\nmicro_batch = 4\n[optimizer]\nkind = \"adamw\"\nlr = 1e-3\n[train]\nsteps = 3\n",
+            s(&tmp.path().join("run")),
+            s(&corpus)
+        ),
+    )
+    .unwrap();
+    let used = format!("machine profile {p}: MFU ");
+    let out = stoker_with_profile(p, &["plan", "--config", s(&cfg)]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&used), "{text}");
+    assert!(
+        text.contains("fp32 direct step interpolated between d_model 32"),
+        "{text}"
+    );
+    let out = stoker_with_profile(p, &["train", s(&cfg), "--no-progress"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&used), "{text}");
+    assert!(
+        text.contains(&format!(
+            "planned vs measured per rank (cpu preset with this machine's profile {p})"
+        )),
+        "{text}"
+    );
+    let out = stoker(&["plan", "--config", s(&cfg), "--hardware", "cpu"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("machine profile"), "{text}");
+
+    // The config's own step, calibrated, joins the profile and plans it from then on.
+    let out = stoker_with_profile(p, &["plan", "--config", s(&cfg), "--calibrate"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("recorded this step"), "{text}");
+    assert_eq!(steps(&profile), probed + 1);
+    let out = stoker_with_profile(p, &["plan", "--config", s(&cfg)]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("fp32 direct step of this shape measured"),
+        "{text}"
+    );
 }

@@ -158,6 +158,7 @@ impl PlanChoice {
             step_s: Some(self.predicted.step_s),
             peak_bytes: Some(self.predicted.peak_bytes),
             pin_memory: Some(self.data.pin_memory),
+            figures_from: None,
         }
     }
 }
@@ -203,6 +204,10 @@ pub struct PlanSection {
     /// accelerator; the CPU trainer has no host-to-device copy to pin for).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pin_memory: Option<bool>,
+    /// Where the figures above came from when a run filled them in rather than the file
+    /// (this machine's profile), for the plan's lines; never written.
+    #[serde(skip)]
+    pub figures_from: Option<String>,
 }
 
 fn is_default<T: Default + PartialEq>(v: &T) -> bool {

@@ -1,6 +1,9 @@
 //! `stoker plan --calibrate`: measures this machine instead of trusting a preset's typed-in
 //! constants, and turns the figures into planner inputs (`[plan.hardware]` and `[plan]
-//! mfu` of a training config), so later plans and every run's forecast use them.
+//! mfu` of a training config), so later plans and every run's forecast use them. Alone
+//! ([`probe_machine`]) it measures the training step of GPTs of several widths into the
+//! machine's profile (crate::profile), which plans every config on this machine; with a
+//! config ([`calibrate`]), that config's own step.
 //!
 //! What it measures, each with stoker's own code on this machine:
 //! - the GEMM rate of each dtype the trainer runs (`stoker_kernels::linear_with` on a
@@ -24,20 +27,83 @@
 use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
-use stoker_comm::communicator::Communicator;
+use stoker_comm::communicator::{CommExt, Communicator};
 use stoker_plan::input::{HardwareInput, PlanInput};
 
 use crate::accumulate::MicroBatch;
 use crate::config::{ModelConfig, TrainConfig};
 use crate::error::{config_err, Result};
 use crate::planned::{plan_input, planner_row};
+use crate::profile::{MachineProfile, StepAt, StepPoint};
 use crate::trainer::Trainer;
+
+/// The machine's own figures, measured whatever the config: what a machine profile
+/// keeps, and what a plan puts in place of a preset's constants.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MachineFigures {
+    /// Logical CPUs this process may use.
+    pub cores: usize,
+    /// f32 GEMM rate, TFLOP/s.
+    pub fp32_tflops: f64,
+    /// bf16-operand GEMM rate (f32 accumulation), TFLOP/s.
+    pub bf16_tflops: f64,
+    /// Host memory bandwidth of a large copy, GB/s (read + write counted once, as
+    /// memcpy benchmarks report it).
+    pub host_mem_gbyte_s: f64,
+    /// All-reduce bus bandwidth of the in-process backend between 2 ranks, GB/s.
+    pub allreduce_gbyte_s: f64,
+}
+
+impl MachineFigures {
+    /// Measures them (GEMMs, a copy, an all-reduce: about a second).
+    pub fn measure() -> Result<Self> {
+        Ok(MachineFigures {
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            fp32_tflops: gemm_tflops(false)?,
+            bf16_tflops: gemm_tflops(true)?,
+            host_mem_gbyte_s: host_mem_gbyte_s()?,
+            allreduce_gbyte_s: allreduce_gbyte_s()?,
+        })
+    }
+
+    /// The figures as planner inputs: `hardware` gets the peaks, links and cores (on top
+    /// of the `cpu` preset unless it names another).
+    pub fn apply(&self, hardware: &mut HardwareInput) {
+        if hardware.preset.is_none() {
+            hardware.preset = Some("cpu".into());
+        }
+        let peaks = hardware.peak_tflops.get_or_insert_with(Default::default);
+        peaks.insert("fp32".into(), self.fp32_tflops);
+        peaks.insert("bf16".into(), self.bf16_tflops);
+        hardware.host_cores = Some(self.cores as i64);
+        hardware.host_mem_gbyte_s = Some(self.host_mem_gbyte_s);
+        hardware.host_link_gbyte_s = Some(self.host_mem_gbyte_s);
+        hardware.intra_node_gbyte_s = Some(self.allreduce_gbyte_s);
+    }
+
+    /// A table for people.
+    pub fn to_text(&self) -> String {
+        format!(
+            "calibration of this machine ({} cores):\n\
+             \x20 GEMM fp32          {:>8.3} TFLOP/s  (2048 x 1024 x 1024, stoker's kernels)\n\
+             \x20 GEMM bf16 operands {:>8.3} TFLOP/s\n\
+             \x20 host memory        {:>8.2} GB/s     (256 MiB copy)\n\
+             \x20 all-reduce         {:>8.2} GB/s     (bus bandwidth, 2 in-process ranks, 16 MiB)\n",
+            self.cores,
+            self.fp32_tflops,
+            self.bf16_tflops,
+            self.host_mem_gbyte_s,
+            self.allreduce_gbyte_s,
+        )
+    }
+}
 
 /// What `--calibrate` measured.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Calibration {
-    /// Logical CPUs this process may use.
-    pub cores: usize,
+    /// The machine's figures.
+    pub machine: MachineFigures,
     /// Ranks planned on each host (`--devices-per-node`, else the config's), whose share of
     /// the GEMM rate the MFU is planned at.
     pub ranks_per_host: usize,
@@ -48,16 +114,8 @@ pub struct Calibration {
     /// Compute threads the step ran on: each rank's (`RAYON_NUM_THREADS`, else
     /// `parallel.threads_per_rank`, else the cores over `ranks_at_once`).
     pub threads_per_rank: usize,
-    /// f32 GEMM rate, TFLOP/s.
-    pub fp32_tflops: f64,
-    /// bf16-operand GEMM rate (f32 accumulation), TFLOP/s.
-    pub bf16_tflops: f64,
-    /// Host memory bandwidth of a large copy, GB/s (read + write counted once, as
-    /// memcpy benchmarks report it).
-    pub host_mem_gbyte_s: f64,
-    /// All-reduce bus bandwidth of the in-process backend between 2 ranks, GB/s.
-    pub allreduce_gbyte_s: f64,
-    /// Median seconds of the config's training step on `threads_per_rank` threads.
+    /// Seconds of the config's training step on `threads_per_rank` threads (the slowest
+    /// rank's lower quartile, see `step_time`).
     pub step_s: f64,
     /// The planner's compute time for that step at MFU 1, at one rank's share of the GEMM
     /// rate (the host's over `ranks_per_host`), over the measured step.
@@ -74,21 +132,24 @@ pub struct Calibration {
 }
 
 impl Calibration {
-    /// The measured figures as planner inputs: `hardware` gets the peaks, links and
-    /// cores (on top of the `cpu` preset unless it names another), and the MFU is
+    /// The measured figures as planner inputs ([`MachineFigures::apply`]); the MFU is
     /// returned for `[plan] mfu`.
     pub fn apply(&self, hardware: &mut HardwareInput) -> f64 {
-        if hardware.preset.is_none() {
-            hardware.preset = Some("cpu".into());
-        }
-        let peaks = hardware.peak_tflops.get_or_insert_with(Default::default);
-        peaks.insert("fp32".into(), self.fp32_tflops);
-        peaks.insert("bf16".into(), self.bf16_tflops);
-        hardware.host_cores = Some(self.cores as i64);
-        hardware.host_mem_gbyte_s = Some(self.host_mem_gbyte_s);
-        hardware.host_link_gbyte_s = Some(self.host_mem_gbyte_s);
-        hardware.intra_node_gbyte_s = Some(self.allreduce_gbyte_s);
+        self.machine.apply(hardware);
         self.mfu
+    }
+
+    /// The config's step as a machine profile keeps it; None for a model that is not a
+    /// GPT (which [`calibrate`] refuses anyway).
+    pub fn step_point(&self, cfg: &TrainConfig, source: &str) -> Option<StepPoint> {
+        let mut at = StepAt::of(cfg, self.ranks_per_host, self.threads_per_rank)?;
+        at.ranks_at_once = self.ranks_at_once;
+        Some(StepPoint {
+            step_s: self.step_s,
+            mfu: self.mfu,
+            source: source.into(),
+            at,
+        })
     }
 
     /// The loader measurement as the planner's loader benchmark (one point: the
@@ -112,19 +173,11 @@ impl Calibration {
             None => format!("not measured ({})", self.loader_note),
         };
         format!(
-            "calibration of this machine ({} cores):\n\
-             \x20 GEMM fp32          {:>8.3} TFLOP/s  (2048 x 1024 x 1024, stoker's kernels)\n\
-             \x20 GEMM bf16 operands {:>8.3} TFLOP/s\n\
-             \x20 host memory        {:>8.2} GB/s     (256 MiB copy)\n\
-             \x20 all-reduce         {:>8.2} GB/s     (bus bandwidth, 2 in-process ranks, 16 MiB)\n\
+            "{}\
              \x20 training step      {:>8.1} ms       ({}, the config's model and micro-batch, {} thread(s) per rank, {} rank(s) at once; planned {} per host)\n\
              \x20 MFU                {:>8.3}          (planner's FLOPs at the rank's share of the GEMM rate / step)\n\
              \x20 loader             {loader}\n",
-            self.cores,
-            self.fp32_tflops,
-            self.bf16_tflops,
-            self.host_mem_gbyte_s,
-            self.allreduce_gbyte_s,
+            self.machine.to_text(),
             self.step_s * 1e3,
             self.precision,
             self.threads_per_rank,
@@ -148,30 +201,66 @@ pub fn bench_point(t: &stoker_data::measure::Trial) -> stoker_plan::loader::Benc
     }
 }
 
-/// Median of `runs` timings of `f` after one warm-up call.
-fn median_s(runs: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    f()?;
+/// Seconds of each of `runs` calls of `f`.
+fn time_runs(runs: usize, mut f: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {
     let mut t = Vec::with_capacity(runs);
     for _ in 0..runs {
         let t0 = Instant::now();
         f()?;
         t.push(t0.elapsed().as_secs_f64());
     }
-    t.sort_by(f64::total_cmp);
-    Ok(t[t.len() / 2])
+    Ok(t)
 }
 
-/// TFLOP/s of stoker's linear layer on a 2048 x 1024 x 1024 product.
+/// Seconds of `runs` calls of `f` after one warm-up call.
+fn timings(runs: usize, mut f: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {
+    f()?;
+    time_runs(runs, f)
+}
+
+/// How many timed steps a step's measurement takes.
+#[derive(Clone, Copy, Debug)]
+enum Runs {
+    /// This many.
+    Fixed(usize),
+    /// As many as fill `seconds` at the warm-up step's time (rank 0's, which every rank
+    /// then runs), within `min..=max`: a short step is timed often enough to outlast a
+    /// busy moment of the machine, a long one no more than `min` times.
+    Budget {
+        seconds: f64,
+        min: usize,
+        max: usize,
+    },
+}
+
+/// The median of `t` (not empty).
+fn median(mut t: Vec<f64>) -> f64 {
+    t.sort_by(f64::total_cmp);
+    t[t.len() / 2]
+}
+
+/// Median of `runs` timings of `f` after one warm-up call.
+fn median_s(runs: usize, f: impl FnMut() -> Result<()>) -> Result<f64> {
+    Ok(median(timings(runs.max(1), f)?))
+}
+
+/// TFLOP/s of stoker's linear layer on a 2048 x 1024 x 1024 product: the best of 11
+/// runs, as a peak is what the machine can do. (A median of 5 drew 0.104 TFLOP/s in fp32
+/// in a busy spell of this shared 2-core machine, where other calibrations drew
+/// 0.18-0.20, 2026-12-04; every MFU planned on it would have been off by the same factor.)
 fn gemm_tflops(bf16_operands: bool) -> Result<f64> {
     let (m, k, n) = (2048usize, 1024usize, 1024usize);
     let x = Tensor::rand(-1f32, 1f32, (m, k), &Device::Cpu)?;
     let w = Tensor::rand(-1f32, 1f32, (n, k), &Device::Cpu)?;
     let b = Tensor::zeros(n, candle_core::DType::F32, &Device::Cpu)?;
-    let s = median_s(5, || {
+    stoker_kernels::linear_with(&x, &w, &b, bf16_operands)?;
+    let mut best = f64::INFINITY;
+    for _ in 0..11 {
+        let t0 = Instant::now();
         stoker_kernels::linear_with(&x, &w, &b, bf16_operands)?;
-        Ok(())
-    })?;
-    Ok(2.0 * (m * k * n) as f64 / s / 1e12)
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    Ok(2.0 * (m * k * n) as f64 / best / 1e12)
 }
 
 /// GB/s of a 256 MiB copy.
@@ -190,7 +279,6 @@ fn host_mem_gbyte_s() -> Result<f64> {
 /// Bus bandwidth (2 (n-1)/n x bytes / time) of a 16 MiB f32 all-reduce between two
 /// ranks of the in-process backend.
 fn allreduce_gbyte_s() -> Result<f64> {
-    use stoker_comm::communicator::CommExt;
     let elems = 4 << 20;
     let times = stoker_comm::local::run_local(2, Duration::from_secs(60), |c| {
         let mut buf = vec![1f32; elems];
@@ -222,7 +310,7 @@ fn one_micro_batch(cfg: &TrainConfig) -> TrainConfig {
 const STEP_RUNS: usize = 11;
 
 /// A trainer for `cfg` on one rank and one micro-batch of synthetic tokens, for
-/// [`time_step`].
+/// [`concurrent_step_times`].
 fn step_trainer(cfg: &TrainConfig) -> Result<(Trainer, Vec<MicroBatch>)> {
     let ModelConfig::Gpt(g) = &cfg.model else {
         return Err(config_err(
@@ -245,20 +333,20 @@ fn step_trainer(cfg: &TrainConfig) -> Result<(Trainer, Vec<MicroBatch>)> {
     Ok((trainer, window))
 }
 
-/// Median seconds of `trainer`'s step on `window` over [`STEP_RUNS`] runs.
-fn time_step(trainer: &mut Trainer, window: &[MicroBatch]) -> Result<f64> {
-    median_s(STEP_RUNS, || trainer.train_step(window).map(|_| ()))
-}
-
 /// `cfg`'s step as `ranks` ranks of `threads` compute threads each run it on this host at
 /// once (the ranks of an in-process group, each with its own pool and trainer, as
 /// `parallel.backend = "local"` runs them): the ranks share the cores' caches and memory
-/// bandwidth as the run's processes will. The slowest rank's median, which a synchronous
-/// step waits for. The ranks build their trainers, then meet (a barrier) so that their
-/// timed steps overlap: a rank stepping while another still builds runs alone, faster. A
-/// rank that fails leaves the group, and the others' barrier ends with an error.
-fn concurrent_step_s(cfg: &TrainConfig, ranks: usize, threads: usize) -> Result<f64> {
-    let medians = stoker_comm::run_local(ranks, stoker_comm::DEFAULT_TIMEOUT, |comm| {
+/// bandwidth as the run's processes will. Each rank's `runs` timings after a warm-up
+/// step, in rank order. The ranks build their trainers, then meet (a barrier) so that
+/// their timed steps overlap: a rank stepping while another still builds runs alone,
+/// faster. A rank that fails leaves the group, and the others' barrier ends with an error.
+fn concurrent_step_times(
+    cfg: &TrainConfig,
+    ranks: usize,
+    threads: usize,
+    runs: Runs,
+) -> Result<Vec<Vec<f64>>> {
+    let times = stoker_comm::run_local(ranks, stoker_comm::DEFAULT_TIMEOUT, |comm| {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .build()
@@ -266,14 +354,55 @@ fn concurrent_step_s(cfg: &TrainConfig, ranks: usize, threads: usize) -> Result<
         // The trainer stays on the pool's thread (it is not `Send`).
         pool.install(move || {
             let (mut trainer, window) = step_trainer(cfg)?;
-            comm.barrier()
-                .map_err(|e| config_err("calibrate", e.to_string()))?;
-            time_step(&mut trainer, &window)
+            let comm_err = |e: stoker_comm::CommError| config_err("calibrate", e.to_string());
+            comm.barrier().map_err(comm_err)?;
+            let mut step = || trainer.train_step(&window).map(|_| ());
+            let t0 = Instant::now();
+            step()?;
+            let warm = t0.elapsed().as_secs_f64();
+            let n = match runs {
+                Runs::Fixed(n) => n,
+                Runs::Budget { seconds, min, max } => {
+                    let mut n = [(seconds / warm).ceil().clamp(min as f64, max as f64)];
+                    comm.broadcast(&mut n, 0).map_err(comm_err)?;
+                    n[0] as usize
+                }
+            };
+            time_runs(n.max(1), step)
         })
     });
-    medians
+    times.into_iter().collect()
+}
+
+/// The step time of [`concurrent_step_times`] (see [`step_time`]).
+fn concurrent_step_s(cfg: &TrainConfig, ranks: usize, threads: usize, runs: usize) -> Result<f64> {
+    Ok(step_time(concurrent_step_times(
+        cfg,
+        ranks,
+        threads,
+        Runs::Fixed(runs),
+    )?))
+}
+
+/// A step's time from each rank's timings: the slowest rank's (a synchronous step waits
+/// for it) lower quartile, the step on a quiet machine. A busy spell of a shared machine
+/// only slows steps down, and lasts seconds: it moved the median of a probe's 5 steps by
+/// up to 35% between two calibrations minutes apart (bf16 at d_model 128: MFU 0.60 and
+/// 0.44, 2026-12-04); the lower quartile stands unless it covers three quarters of the
+/// steps, and a single lucky step does not set it. A run's mean step includes whatever
+/// else the machine runs then (a run of 60 steps here: lower quartile 54.1 ms, median
+/// 55.0, mean 60.3 with two spells of 74 ms steps).
+fn step_time(per_rank: Vec<Vec<f64>>) -> f64 {
+    per_rank
         .into_iter()
-        .try_fold(0f64, |slowest, m| Ok(slowest.max(m?)))
+        .map(lower_quartile)
+        .fold(0f64, f64::max)
+}
+
+/// The lower quartile of `t` (not empty).
+fn lower_quartile(mut t: Vec<f64>) -> f64 {
+    t.sort_by(f64::total_cmp);
+    t[(t.len() - 1) / 4]
 }
 
 /// `cfg`'s loader on its training set at its `[data]` settings and micro-batch, as fast as
@@ -325,40 +454,42 @@ pub fn calibrate(
     ranks_per_host: usize,
     ranks_at_once: usize,
 ) -> Result<Calibration> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let ranks_per_host = ranks_per_host.max(1);
     let ranks_at_once = ranks_at_once.max(1);
     let threads = rank_threads(cfg, ranks_at_once);
-    let fp32_tflops = gemm_tflops(false)?;
-    let bf16_tflops = gemm_tflops(true)?;
-    let host_mem = host_mem_gbyte_s()?;
-    let allreduce = allreduce_gbyte_s()?;
-    let step = concurrent_step_s(cfg, ranks_at_once, threads)?;
+    let machine = MachineFigures::measure()?;
+    let step = concurrent_step_s(cfg, ranks_at_once, threads, STEP_RUNS)?;
     let (loader, sample_bytes, loader_note) = match loader_rate(cfg) {
         Ok((t, b)) => (Some(t), Some(b), cfg.data.train.display().to_string()),
         Err(e) => (None, None, e.to_string()),
     };
-    // The planner's compute time of this step at MFU 1 on the measured peaks.
-    let mut probe = one_micro_batch(cfg);
-    let mut measured = Calibration {
-        cores,
+    Ok(Calibration {
+        mfu: step_mfu(cfg, &machine, ranks_per_host, step)?,
+        machine,
         ranks_per_host,
         ranks_at_once,
         threads_per_rank: threads,
-        fp32_tflops,
-        bf16_tflops,
-        host_mem_gbyte_s: host_mem,
-        allreduce_gbyte_s: allreduce,
         step_s: step,
-        mfu: 1.0,
         precision: crate::planned::plan_precision(cfg.precision).into(),
         loader,
         sample_bytes,
         loader_note,
-    };
+    })
+}
+
+/// The MFU of `cfg`'s step measured at `step_s` seconds per micro-batch: the planner's
+/// compute time for it at MFU 1, on one rank's share (over `ranks_per_host`) of the
+/// measured GEMM rates, over `step_s`.
+pub fn step_mfu(
+    cfg: &TrainConfig,
+    machine: &MachineFigures,
+    ranks_per_host: usize,
+    step_s: f64,
+) -> Result<f64> {
+    let mut probe = one_micro_batch(cfg);
     let section = probe.plan.get_or_insert_with(Default::default);
     section.hardware = HardwareInput::default();
-    measured.apply(&mut section.hardware);
+    machine.apply(&mut section.hardware);
     // One device with one rank's share of the host's GEMM rate.
     for peak in section
         .hardware
@@ -366,12 +497,125 @@ pub fn calibrate(
         .iter_mut()
         .flat_map(|p| p.values_mut())
     {
-        *peak /= ranks_per_host as f64;
+        *peak /= ranks_per_host.max(1) as f64;
     }
     section.mfu = Some(1.0);
     let at_peak = planner_row(&probe, 1, 1)?.step_s;
-    measured.mfu = (at_peak / step).clamp(1e-6, 1.0);
-    Ok(measured)
+    Ok((at_peak / step_s).clamp(1e-6, 1.0))
+}
+
+/// Widths of the GPTs a machine calibration times (2 blocks, 32-wide heads, context 128,
+/// [`PROBE_MICRO_BATCHES`], vocabulary 256): the direct step's MFU grows with the width, and plans
+/// interpolate between these (profile::pick_mfu). 64 to 512 spans the models a 2-core
+/// machine trains (the demo's is 128 wide).
+pub const PROBE_WIDTHS: [usize; 4] = [64, 128, 256, 512];
+
+/// Micro-batches of the probe GPTs (at context 128: 512 and 2048 tokens per micro-batch,
+/// the M of their GEMMs): the MFU grows with it too, and plans interpolate between them.
+pub const PROBE_MICRO_BATCHES: [usize; 2] = [4, 16];
+
+/// Timed steps of each probe in each pass (after one warm-up step): as many as fill a
+/// quarter of a second, 3 to 30.
+const PROBE_RUNS: Runs = Runs::Budget {
+    seconds: 0.25,
+    min: 3,
+    max: 30,
+};
+
+/// Passes over all the probes, their timings pooled: a busy spell of a shared machine
+/// lasts seconds, long enough to cover every run of a 15 ms probe. With one pass of 5
+/// runs, two calibrations 3 minutes apart put the bf16 direct step at d_model 128 at MFU
+/// 0.60 and 0.44 (2026-12-04).
+const PROBE_PASSES: usize = 2;
+
+/// A probe GPT's training config: `d_model` wide, `micro_batch` sequences of 128 tokens,
+/// in `precision`, on `kernels`.
+fn probe_config(
+    d_model: usize,
+    micro_batch: usize,
+    precision: &str,
+    kernels: &str,
+) -> Result<TrainConfig> {
+    let text = format!(
+        "run_dir = \"runs/probe\"\nprecision = \"{precision}\"\nkernels = \"{kernels}\"\n\
+         [data]\ntrain = \"probe.bin\"\n\
+         [model]\nkind = \"gpt\"\nvocab = 256\ncontext = 128\nd_model = {d_model}\n\
+         n_layer = 2\nn_head = {}\n\
+         [batch]\nmicro_batch = {micro_batch}\n\
+         [optimizer]\nkind = \"adamw\"\nlr = 1e-3\n\
+         [train]\nsteps = 1\n",
+        match d_model % 32 {
+            0 => d_model / 32,
+            _ => 1,
+        }
+    );
+    TrainConfig::parse(&text, std::path::Path::new("(machine calibration probe)"))
+}
+
+/// Measures this machine for its profile: its figures, then the training step of the
+/// probe GPTs `widths` wide ([`PROBE_WIDTHS`] by default; 32-wide heads where the width is
+/// a multiple of 32, else one head) in fp32
+/// and bf16 on the direct step and on candle's
+/// fused graph, by one rank on all `threads` cores and, with two cores or more, by two
+/// ranks at once on half each (as `mpirun -n 2` runs them). `progress` hears each step
+/// measured. [`PROBE_PASSES`] passes over them, about 40 s on 2 cores. The profile is to
+/// be kept at `path`.
+pub fn probe_machine(
+    threads: usize,
+    widths: &[usize],
+    path: &std::path::Path,
+    mut progress: impl FnMut(&StepPoint),
+) -> Result<MachineProfile> {
+    let machine = MachineFigures::measure()?;
+    let mut profile = MachineProfile::new(machine.clone(), path);
+    let threads = threads.max(1);
+    let mut layouts = vec![(1, threads)];
+    if threads >= 2 {
+        layouts.push((2, threads / 2));
+    }
+    // Every (config, ranks, threads per rank) the probes run.
+    let mut probes = Vec::new();
+    for precision in ["fp32", "bf16"] {
+        for kernels in ["direct", "fused"] {
+            for &d in widths {
+                for mb in PROBE_MICRO_BATCHES {
+                    let cfg = probe_config(d, mb, precision, kernels)?;
+                    match kernels {
+                        // bf16 without bf16 hardware runs on the graph: measured there.
+                        "direct" if !cfg.direct_step() => {}
+                        "direct" => probes.extend(layouts.iter().map(|&l| (cfg.clone(), l))),
+                        // The graph's step is timed by one rank only: runs on it are rarer.
+                        _ => probes.push((cfg, layouts[0])),
+                    }
+                }
+            }
+        }
+    }
+    let mut times: Vec<Vec<Vec<f64>>> = probes.iter().map(|_| Vec::new()).collect();
+    for _ in 0..PROBE_PASSES {
+        for ((cfg, (ranks, rank_threads)), pooled) in probes.iter().zip(&mut times) {
+            let pass = concurrent_step_times(cfg, *ranks, *rank_threads, PROBE_RUNS)?;
+            pooled.resize(pass.len(), Vec::new());
+            for (all, these) in pooled.iter_mut().zip(pass) {
+                all.extend(these);
+            }
+        }
+    }
+    for ((cfg, (ranks, rank_threads)), pooled) in probes.iter().zip(times) {
+        let step = step_time(pooled);
+        let mut at = StepAt::of(cfg, *ranks, *rank_threads)
+            .ok_or_else(|| config_err("model.kind", "a probe is a GPT"))?;
+        at.ranks_at_once = *ranks;
+        let point = StepPoint {
+            step_s: step,
+            mfu: step_mfu(cfg, &machine, *ranks, step)?,
+            source: "probe".into(),
+            at,
+        };
+        progress(&point);
+        profile.record(point);
+    }
+    Ok(profile)
 }
 
 /// A training config's planner input with the calibration applied on top of its

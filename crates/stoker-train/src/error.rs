@@ -21,6 +21,14 @@ pub enum TrainError {
         /// The parser's message (names the key).
         message: String,
     },
+    /// The machine profile (`stoker plan --calibrate`'s figures) does not read or write.
+    #[error("machine profile {path}: {message}")]
+    Profile {
+        /// The profile file.
+        path: PathBuf,
+        /// What is wrong, naming the field.
+        message: String,
+    },
     /// A parameter received no gradient in backward (e.g. a fused candle op detached it).
     #[error(
         "parameter `{name}` received no gradient: a detached (fused, backward-less) op sits on \

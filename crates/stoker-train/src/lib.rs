@@ -58,6 +58,7 @@ pub mod params;
 pub mod pieces;
 pub mod planned;
 pub mod precision;
+pub mod profile;
 pub mod report;
 pub mod run;
 pub mod schedule;

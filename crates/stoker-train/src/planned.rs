@@ -388,7 +388,8 @@ pub struct OwnBytes {
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RunForecast {
     /// The hardware planned for: `[plan.hardware]`'s preset (default `cpu`), "with
-    /// [plan]'s figures" where the config gives peaks or an MFU (a calibration's); `none`
+    /// [plan]'s figures" where the config gives peaks or an MFU (a calibration's), "with
+    /// this machine's profile PATH" where the run planned on it; `none`
     /// where the planner cannot model the run and only the trainer's count stands.
     pub hardware: String,
     /// Peak bytes per rank of training steps: with the trainer's own count, baseline +
@@ -548,6 +549,10 @@ pub(crate) fn planner_row(cfg: &TrainConfig, world: usize, per_host: usize) -> R
     // Figures measured on this machine (`stoker plan --calibrate`) or typed into the
     // config replace the preset's, and the forecast's lines say so.
     let measured = h.peak_tflops.is_some() || section.mfu.is_some();
+    let figures = section
+        .figures_from
+        .clone()
+        .unwrap_or_else(|| "[plan]'s figures".into());
     cfg.batch.world_size = Some(world);
     let input = plan_input(&cfg, &PlanInput::default())?;
     let resolved = stoker_plan::resolve::resolve(&PlanInput::default(), None, &input)
@@ -561,7 +566,7 @@ pub(crate) fn planner_row(cfg: &TrainConfig, world: usize, per_host: usize) -> R
     Ok(PlannerRow {
         measured,
         hardware: match measured {
-            true => format!("{} preset with [plan]'s figures", plan.inputs.hardware.name),
+            true => format!("{} preset with {figures}", plan.inputs.hardware.name),
             false => format!("{} preset", plan.inputs.hardware.name),
         },
         peak_bytes: row.memory.device.total,

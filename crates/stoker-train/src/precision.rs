@@ -206,6 +206,15 @@ pub enum Kernels {
 }
 
 impl Kernels {
+    /// The config's name for it (`direct`, `fused`, `composed`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernels::Direct => "direct",
+            Kernels::Fused => "fused",
+            Kernels::Composed => "composed",
+        }
+    }
+
     /// Whether the fused ops run (`direct` and `fused`).
     pub fn fused_ops(self) -> bool {
         self != Kernels::Composed

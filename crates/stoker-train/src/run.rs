@@ -51,6 +51,9 @@ pub struct RunOptions {
     /// The process allocator's count of live heap bytes, where the binary has one: the
     /// run reports the peak of its training steps beside the forecast.
     pub heap: Option<&'static dyn HeapCount>,
+    /// This machine's profile (`stoker plan --calibrate`'s figures), which the run's
+    /// forecast uses where the config gives none of its own (profile::MachineProfile::apply).
+    pub profile: Option<crate::profile::MachineProfile>,
 }
 
 /// What a run ended with.
@@ -392,10 +395,22 @@ pub fn run_rank(
         mapped: data.mapped_bytes() as f64,
         baseline_heap: baseline_heap.map(|b| b as f64),
     };
-    let forecast = crate::planned::forecast(config, dims.world, per_host, Some(&own));
+    // Planned on this machine's profile where it applies (the config itself is untouched).
+    let mut planned_config = config.clone();
+    let profile_line = opts.profile.as_ref().map(|p| {
+        let threads = rayon::current_num_threads();
+        match p.apply(&mut planned_config, per_host, threads) {
+            Ok(basis) => format!("machine profile {}: {basis}", p.path.display()),
+            Err(why) => format!("machine profile {} not used: {why}", p.path.display()),
+        }
+    });
+    let forecast = crate::planned::forecast(&planned_config, dims.world, per_host, Some(&own));
     if lead {
         bar.println(&accounting);
         bar.suspend(|| {
+            if let Some(line) = &profile_line {
+                println!("{line}");
+            }
             println!("plan per rank: {}", planned.summary());
             match &forecast {
                 Ok(f) => println!("{}", forecast_line(f)),

@@ -340,22 +340,25 @@ fn calibration_measures_this_machine_and_plans_its_own_step_back() {
     assert_eq!(bench.points[0].samples_per_s, t.samples_per_s);
     for (what, v) in [
         ("loader", t.samples_per_s),
-        ("fp32", c.fp32_tflops),
-        ("bf16", c.bf16_tflops),
-        ("memory", c.host_mem_gbyte_s),
-        ("all-reduce", c.allreduce_gbyte_s),
+        ("fp32", c.machine.fp32_tflops),
+        ("bf16", c.machine.bf16_tflops),
+        ("memory", c.machine.host_mem_gbyte_s),
+        ("all-reduce", c.machine.allreduce_gbyte_s),
         ("step", c.step_s),
     ] {
         assert!(v.is_finite() && v > 0.0, "{what}: {v}");
     }
     assert!(c.mfu > 0.0 && c.mfu <= 1.0, "mfu {}", c.mfu);
-    assert!(c.cores >= 1);
+    assert!(c.machine.cores >= 1);
     // Planned with the calibration, the config's own step takes what was measured (the
     // MFU is that ratio).
     let input = stoker_train::calibrate::calibrated_input(&cfg, &c, &PlanInput::default()).unwrap();
     let hw = &input.hardware;
-    assert_eq!(hw.peak_tflops.as_ref().unwrap()["bf16"], c.bf16_tflops);
-    assert_eq!(hw.intra_node_gbyte_s, Some(c.allreduce_gbyte_s));
+    assert_eq!(
+        hw.peak_tflops.as_ref().unwrap()["bf16"],
+        c.machine.bf16_tflops
+    );
+    assert_eq!(hw.intra_node_gbyte_s, Some(c.machine.allreduce_gbyte_s));
     assert_eq!(input.training.mfu, Some(c.mfu));
     assert_plans_the_step_back(&input, &c);
     // Calibrated as one of 2 ranks on this host, the step runs on each rank's share of
@@ -366,7 +369,7 @@ fn calibration_measures_this_machine_and_plans_its_own_step_back() {
         .ok()
         .and_then(|v| v.trim().parse().ok())
         .filter(|&n: &usize| n > 0)
-        .unwrap_or((c.cores / 2).max(1));
+        .unwrap_or((c.machine.cores / 2).max(1));
     assert_eq!((c2.ranks_per_host, c2.threads_per_rank), (2, threads));
     let mut on_two = cfg.clone();
     on_two.batch.world_size = Some(2);

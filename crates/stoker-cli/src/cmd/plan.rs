@@ -38,12 +38,18 @@ pub struct PlanArgs {
     /// training config's, else data/shakespeare/shakespeare.bin).
     #[arg(long, value_name = "PATH")]
     train_data: Option<PathBuf>,
-    /// Measure this machine (GEMM rate per dtype, the config's own training step, memory
-    /// and all-reduce bandwidth, the loader on the config's training set at its [data]
-    /// settings) and plan with the figures instead of the preset's; with --emit-config
-    /// they are kept in its [plan]. Needs --config with a training config.
+    /// Alone: measure this machine (GEMM rate per dtype, memory and all-reduce bandwidth,
+    /// the training step of GPTs of several widths) into its profile ($STOKER_PROFILE, else
+    /// ~/.config/stoker/profile.toml), which every later plan of a training config and every
+    /// run's forecast on this machine use. With --config: measure the config's own step
+    /// and loader too, plan with the figures, keep the step in the profile, and with
+    /// --emit-config keep the figures in the emitted [plan].
     #[arg(long)]
     calibrate: bool,
+    /// With --calibrate alone: the widths (d_model) of the GPTs whose training steps the
+    /// machine's profile measures; plans interpolate between them [default: 64,128,256,512].
+    #[arg(long, requires = "calibrate", value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=65536))]
+    probe_widths: Vec<u64>,
     /// With --calibrate: ranks that run the step at once on this machine, each on its share
     /// of the cores (default: the devices per node); more where several planned nodes share
     /// this machine, as scripts/cluster.sh's network namespaces do.
@@ -332,29 +338,57 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
+    if args.calibrate && args.config.is_none() {
+        let widths: Vec<usize> = match args.probe_widths.is_empty() {
+            true => stoker_train::calibrate::PROBE_WIDTHS.to_vec(),
+            false => args.probe_widths.iter().map(|&w| w as usize).collect(),
+        };
+        return calibrate_machine(&widths, args.json);
+    }
+    anyhow::ensure!(
+        args.probe_widths.is_empty(),
+        "--probe-widths: the widths of a machine calibration (`stoker plan --calibrate` \
+         without --config); a config's calibration times the config's own step"
+    );
     let cli = args.to_input()?;
+    // With --json stdout carries the plan alone.
+    let say = |text: &str| match args.json {
+        true => eprint!("{text}"),
+        false => print!("{text}"),
+    };
     // A training config is planned as it stands (its model, batch, precision, strategy);
     // a plan file is the planner's own input.
+    // What an emitted config keeps as its [plan]: the plan's inputs, less a machine
+    // profile's figures (runs of the file read the profile as it is then).
+    let mut emit_inputs = None;
     let (file, base, calibrated_loader) = match &args.config {
         Some(p) if is_training_config(p)? => {
             let cfg = stoker_train::config::TrainConfig::load(p)?;
             let mut loader = None;
+            let ranks = ranks_per_host(&cfg, args.devices_per_node);
             let input = if args.calibrate {
-                let ranks = ranks_per_host(&cfg, args.devices_per_node);
                 let at_once = args.calibrate_ranks_at_once.map_or(ranks, |n| n as usize);
                 crate::candle_threads::share_cores_with_candle(
                     stoker_train::calibrate::rank_threads(&cfg, at_once),
                 );
                 let c = stoker_train::calibrate::calibrate(&cfg, ranks, at_once)?;
-                // With --json stdout carries the plan alone.
-                match args.json {
-                    true => eprint!("{}", c.to_text()),
-                    false => print!("{}", c.to_text()),
-                }
+                say(&c.to_text());
+                say(&record_in_profile(&cfg, &c, p)?);
                 loader = c.loader_bench();
                 stoker_train::calibrate::calibrated_input(&cfg, &c, &cli)
             } else {
-                stoker_train::planned::plan_input(&cfg, &cli)
+                let mut planned = cfg.clone();
+                if let Some(line) = apply_profile(&mut planned, &cli, ranks)? {
+                    say(&format!("{line}\n"));
+                }
+                if planned != cfg {
+                    // The profile's preset, without its figures.
+                    let mut bare = cfg.clone();
+                    let section = bare.plan.get_or_insert_with(Default::default);
+                    section.hardware.preset.get_or_insert_with(|| "cpu".into());
+                    emit_inputs = Some(stoker_train::planned::plan_input(&bare, &cli));
+                }
+                stoker_train::planned::plan_input(&planned, &cli)
             }
             .with_context(|| format!("planning the training config {}", p.display()))?;
             (input, Some(cfg), loader)
@@ -364,7 +398,8 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     };
     anyhow::ensure!(
         base.is_some() || !args.calibrate,
-        "--calibrate times the training step of a training config: give one with --config"
+        "--calibrate times the training step of a training config (give one with --config), \
+         or alone measures this machine into its profile"
     );
     let ds = args
         .deepspeed
@@ -397,7 +432,10 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         print!("{}", plan.to_text());
     }
     if let Some(path) = &args.emit_config {
-        let mut planned_with = file.clone();
+        let mut planned_with = match emit_inputs {
+            Some(inputs) => inputs?,
+            None => file.clone(),
+        };
         planned_with.overlay(&cli);
         emit(&args, &plan, &planned_with, base.as_ref(), path)?;
         if !args.json {
@@ -405,6 +443,114 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `stoker plan --calibrate` alone: measures this machine (its figures and the probe
+/// GPTs' steps) into its profile, which later plans of training configs use.
+fn calibrate_machine(widths: &[usize], json: bool) -> anyhow::Result<()> {
+    let path = crate::machine_profile::path().with_context(|| {
+        format!(
+            "{}=off: there is no profile to write (name a file in it)",
+            crate::machine_profile::PROFILE_ENV
+        )
+    })?;
+    let threads = rayon::current_num_threads();
+    let say = |text: String| match json {
+        true => eprintln!("{text}"),
+        false => println!("{text}"),
+    };
+    say(format!(
+        "calibrating this machine ({threads} threads): GEMM rates, memory and all-reduce \
+         bandwidth, then the training step of GPTs {widths:?} wide, 2 blocks, context 128, \
+         micro-batch {:?}",
+        stoker_train::calibrate::PROBE_MICRO_BATCHES
+    ));
+    let profile = stoker_train::calibrate::probe_machine(threads, widths, &path, |p| {
+        say(format!(
+            "  {:>4} {:<6} d_model {:>4}, micro-batch {:>2}: {:>8.1} ms, MFU {:.3} ({} thread(s) x {} rank(s) at once)",
+            p.at.precision,
+            p.at.path,
+            p.at.d_model,
+            p.at.micro_batch,
+            1e3 * p.step_s,
+            p.mfu,
+            p.at.threads_per_rank,
+            p.at.ranks_at_once
+        ))
+    })?;
+    say(profile.figures.to_text().trim_end().to_string());
+    profile.save()?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&profile)?);
+    }
+    say(format!(
+        "wrote {} ({} steps): later plans of training configs on this machine use it \
+         (`stoker plan --config`, every `stoker train`'s forecast)",
+        path.display(),
+        profile.steps.len()
+    ));
+    Ok(())
+}
+
+/// Keeps a config's calibrated step in this machine's profile (started with the
+/// calibration's figures where there is none for this machine), its MFU at the profile's
+/// GEMM rates. Returns the line that says so.
+fn record_in_profile(
+    cfg: &stoker_train::config::TrainConfig,
+    c: &stoker_train::calibrate::Calibration,
+    config_path: &std::path::Path,
+) -> anyhow::Result<String> {
+    use stoker_train::profile::{this_cpu, MachineProfile};
+    let Some(path) = crate::machine_profile::path() else {
+        return Ok(String::new());
+    };
+    let mut profile = match crate::machine_profile::load() {
+        Ok(Some(p)) if p.other_machine(&this_cpu(), c.machine.cores).is_none() => p,
+        _ => MachineProfile::new(c.machine.clone(), &path),
+    };
+    let Some(mut point) = c.step_point(cfg, &config_path.display().to_string()) else {
+        return Ok(String::new());
+    };
+    point.mfu =
+        stoker_train::calibrate::step_mfu(cfg, &profile.figures, c.ranks_per_host, c.step_s)?;
+    profile.record(point);
+    profile.save()?;
+    Ok(format!(
+        "  recorded this step in this machine's profile {} ({} steps)\n",
+        path.display(),
+        profile.steps.len()
+    ))
+}
+
+/// Plans `cfg` on this machine's profile where it applies and the command line names no
+/// other hardware or figures (which would win over part of it). Returns the line that
+/// says what the plan rests on.
+fn apply_profile(
+    cfg: &mut stoker_train::config::TrainConfig,
+    cli: &PlanInput,
+    ranks: usize,
+) -> anyhow::Result<Option<String>> {
+    let Some(profile) = crate::machine_profile::load()? else {
+        return Ok(None);
+    };
+    let shown = profile.path.display().to_string();
+    let flags = &cli.hardware;
+    if flags
+        .preset
+        .as_deref()
+        .is_some_and(|p| !matches!(p, "cpu" | "cpu-only"))
+        || flags.peak_tflops.is_some()
+        || cli.training.mfu.is_some()
+    {
+        return Ok(Some(format!(
+            "machine profile {shown} not used: the command line names the hardware or its figures"
+        )));
+    }
+    let threads = stoker_train::calibrate::rank_threads(cfg, ranks);
+    Ok(Some(match profile.apply(cfg, ranks, threads) {
+        Ok(basis) => format!("machine profile {shown}: {basis}"),
+        Err(why) => format!("machine profile {shown} not used: {why}"),
+    }))
 }
 
 /// Whether `path` is a training config (it has the trainer's required `run_dir`) rather

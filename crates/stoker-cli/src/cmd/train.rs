@@ -122,6 +122,11 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         save_fault: args.test_crash_during_save,
         stop: Some(stop_on_signals()?),
         heap: Some(&crate::ALLOC),
+        // The forecast's figures; a broken profile only loses the run its plan.
+        profile: crate::machine_profile::load().unwrap_or_else(|e| {
+            eprintln!("stoker: warning: {e:#}; the forecast plans from the config alone");
+            None
+        }),
     };
     let launched = stoker_comm::mpi::launched_world();
     if let Some((_, world)) = &launched {
@@ -399,8 +404,8 @@ fn print_forecast(s: &RunSummary) {
         if !(0.75..=1.25).contains(&(s.step_s / t)) {
             println!(
                 "note: the step time was planned from the {}'s figures, measured on another \
-                 machine; `stoker plan --config CONFIG --calibrate --emit-config OUT` measures \
-                 this one, and runs of OUT are planned from it",
+                 machine; `stoker plan --calibrate` measures this one into its profile, which \
+                 later plans and runs use",
                 f.hardware
             );
         }
