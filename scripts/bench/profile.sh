@@ -6,12 +6,13 @@
 # print each run's measured / planned step time and peak memory. Baseline in the same run:
 # the same configs planned from the bare `cpu` preset (typed-in figures of another machine),
 # as every plan was before the profile.
-# Usage: bash scripts/bench/profile.sh [STEPS]   (needs target/release/stoker and
+# Usage: bash scripts/bench/profile.sh [STEPS, default 100: 30-step runs of 2 s swung 20% with
+# the machine's busy spells]   (needs target/release/stoker and
 # data/shakespeare from scripts/fetch-data.sh)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 STOKER=${STOKER:-target/release/stoker}
-STEPS=${1:-30}
+STEPS=${1:-100}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 export STOKER_PROFILE="$dir/profile.toml"

@@ -1,0 +1,124 @@
+//! The machine calibration's probes: GPTs of several widths and micro-batches whose
+//! training steps a machine profile keeps, for plans to interpolate between.
+
+use super::machine::MachineFigures;
+use super::step_mfu;
+use super::timing::{concurrent_step_times, step_time, Runs};
+use crate::config::TrainConfig;
+use crate::error::{config_err, Result};
+use crate::profile::{MachineProfile, StepAt, StepPoint};
+
+/// Widths of the GPTs a machine calibration times (2 blocks, 32-wide heads, context 128,
+/// [`PROBE_MICRO_BATCHES`], vocabulary 256): the direct step's MFU grows with the width, and plans
+/// interpolate between these (profile::pick_mfu). 64 to 512 spans the models a 2-core
+/// machine trains (the demo's is 128 wide).
+pub const PROBE_WIDTHS: [usize; 4] = [64, 128, 256, 512];
+
+/// Micro-batches of the probe GPTs (at context 128: 512 and 2048 tokens per micro-batch,
+/// the M of their GEMMs): the MFU grows with it too, and plans interpolate between them.
+pub const PROBE_MICRO_BATCHES: [usize; 2] = [4, 16];
+
+/// Timed steps of each probe in each pass (after one warm-up step): as many as fill a
+/// fifth of a second, 2 to 30.
+const PROBE_RUNS: Runs = Runs::Budget {
+    seconds: 0.2,
+    min: 2,
+    max: 30,
+};
+
+/// Passes over all the probes, their timings pooled: a busy spell of a shared machine
+/// lasts seconds, long enough to cover every run of a 15 ms probe in one pass, and a
+/// third of the pooled timings does not move their median. With one pass of 5 runs, two
+/// calibrations 3 minutes apart put the bf16 direct step at d_model 128 at MFU 0.60 and
+/// 0.44 (2026-12-04).
+const PROBE_PASSES: usize = 3;
+
+/// A probe GPT's training config: `d_model` wide, `micro_batch` sequences of 128 tokens,
+/// in `precision`, on `kernels`.
+fn probe_config(
+    d_model: usize,
+    micro_batch: usize,
+    precision: &str,
+    kernels: &str,
+) -> Result<TrainConfig> {
+    let text = format!(
+        "run_dir = \"runs/probe\"\nprecision = \"{precision}\"\nkernels = \"{kernels}\"\n\
+         [data]\ntrain = \"probe.bin\"\n\
+         [model]\nkind = \"gpt\"\nvocab = 256\ncontext = 128\nd_model = {d_model}\n\
+         n_layer = 2\nn_head = {}\n\
+         [batch]\nmicro_batch = {micro_batch}\n\
+         [optimizer]\nkind = \"adamw\"\nlr = 1e-3\n\
+         [train]\nsteps = 1\n",
+        match d_model % 32 {
+            0 => d_model / 32,
+            _ => 1,
+        }
+    );
+    TrainConfig::parse(&text, std::path::Path::new("(machine calibration probe)"))
+}
+
+/// Measures this machine for its profile: its figures, then the training step of the
+/// probe GPTs `widths` wide ([`PROBE_WIDTHS`] by default; 32-wide heads where the width is
+/// a multiple of 32, else one head) in fp32
+/// and bf16 on the direct step and on candle's
+/// fused graph, by one rank on all `threads` cores and, with two cores or more, by two
+/// ranks at once on half each (as `mpirun -n 2` runs them). `progress` hears each step
+/// measured. [`PROBE_PASSES`] passes over them, about 75 s on 2 cores. The profile is to
+/// be kept at `path`.
+pub fn probe_machine(
+    threads: usize,
+    widths: &[usize],
+    path: &std::path::Path,
+    mut progress: impl FnMut(&StepPoint),
+) -> Result<MachineProfile> {
+    let machine = MachineFigures::measure()?;
+    let mut profile = MachineProfile::new(machine.clone(), path);
+    let threads = threads.max(1);
+    let mut layouts = vec![(1, threads)];
+    if threads >= 2 {
+        layouts.push((2, threads / 2));
+    }
+    // Every (config, ranks, threads per rank) the probes run.
+    let mut probes = Vec::new();
+    for precision in ["fp32", "bf16"] {
+        for kernels in ["direct", "fused"] {
+            for &d in widths {
+                for mb in PROBE_MICRO_BATCHES {
+                    let cfg = probe_config(d, mb, precision, kernels)?;
+                    match kernels {
+                        // bf16 without bf16 hardware runs on the graph: measured there.
+                        "direct" if !cfg.direct_step() => {}
+                        "direct" => probes.extend(layouts.iter().map(|&l| (cfg.clone(), l))),
+                        // The graph's step is timed by one rank only: runs on it are rarer.
+                        _ => probes.push((cfg, layouts[0])),
+                    }
+                }
+            }
+        }
+    }
+    let mut times: Vec<Vec<Vec<f64>>> = probes.iter().map(|_| Vec::new()).collect();
+    for _ in 0..PROBE_PASSES {
+        for ((cfg, (ranks, rank_threads)), pooled) in probes.iter().zip(&mut times) {
+            let pass = concurrent_step_times(cfg, *ranks, *rank_threads, PROBE_RUNS)?;
+            pooled.resize(pass.len(), Vec::new());
+            for (all, these) in pooled.iter_mut().zip(pass) {
+                all.extend(these);
+            }
+        }
+    }
+    for ((cfg, (ranks, rank_threads)), pooled) in probes.iter().zip(times) {
+        let step = step_time(pooled);
+        let mut at = StepAt::of(cfg, *ranks, *rank_threads)
+            .ok_or_else(|| config_err("model.kind", "a probe is a GPT"))?;
+        at.ranks_at_once = *ranks;
+        let point = StepPoint {
+            step_s: step,
+            mfu: step_mfu(cfg, &machine, *ranks, step)?,
+            source: "probe".into(),
+            at,
+        };
+        progress(&point);
+        profile.record(point);
+    }
+    Ok(profile)
+}
