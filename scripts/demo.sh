@@ -7,9 +7,14 @@ STOKER=target/release/stoker
 echo "== loader on MNIST (60,000 x 1x28x28 u8), shuffled, batch 256 =="
 "$STOKER" bench loader data/mnist/train --batch 256 --seconds 2 --workers 0,1,2
 echo
-echo "== plan: calibrate this machine, then the chapter's decision flow for the Shakespeare GPT's config =="
+echo "== calibrate this machine once: its profile (GEMM rates, bandwidths, the training step of GPTs 64-512 wide) plans every later run on it =="
 mkdir -p runs
-"$STOKER" plan --config configs/shakespeare-gpt.toml --calibrate --emit-config runs/shakespeare.toml | sed -n '1,/^model /p;/Decision path/,$p'
+# The demo keeps its profile in runs/ (by default it is ~/.config/stoker/profile.toml).
+export STOKER_PROFILE=runs/machine-profile.toml
+"$STOKER" plan --calibrate | tail -n 6
+echo
+echo "== plan: the chapter's decision flow for the Shakespeare GPT's config, on this machine's profile =="
+"$STOKER" plan --config configs/shakespeare-gpt.toml --emit-config runs/shakespeare.toml | sed -n '1,/^model /p;/Decision path/,$p'
 echo
 echo "== loader autotune with the plan's need ([plan] required_samples_per_s in runs/shakespeare.toml; 0 workers tried first), written into its [data] =="
 "$STOKER" tune loader data/shakespeare/shakespeare.bin --batch 16 --context 128 --seconds 1 --max-workers 8 --from-plan runs/shakespeare.toml --write-config
@@ -24,12 +29,12 @@ echo "eval loss $eval_loss <= 2.0"
 echo "plots: runs/shakespeare/*.png"
 echo
 echo "== data parallelism: the same GPT and global batch on 1 rank, then on 2 ranks (mpirun -n 2), deterministic mode =="
-echo "   (each config calibrated on this machine for its rank count, as above, and trained as emitted)"
+echo "   (each config planned for its rank count on this machine's profile, and trained as emitted)"
 mkdir -p runs
 rm -rf runs/shakespeare-ddp runs/shakespeare-ddp-2ranks
-"$STOKER" plan --config configs/shakespeare-gpt-ddp.toml --calibrate --devices-per-node 1 --strategy ddp \
+"$STOKER" plan --config configs/shakespeare-gpt-ddp.toml --devices-per-node 1 --strategy ddp \
   --emit-config runs/shakespeare-gpt-ddp-1rank.toml > runs/plan-ddp-1rank.txt
-"$STOKER" plan --config configs/shakespeare-gpt-ddp.toml --calibrate --devices-per-node 2 --strategy ddp \
+"$STOKER" plan --config configs/shakespeare-gpt-ddp.toml --devices-per-node 2 --strategy ddp \
   --run-dir runs/shakespeare-ddp-2ranks --emit-config runs/shakespeare-gpt-ddp-2ranks.toml > runs/plan-ddp-2ranks.txt
 RAYON_NUM_THREADS=2 "$STOKER" train runs/shakespeare-gpt-ddp-1rank.toml --no-progress | tee runs/ddp-1rank.log
 timeout 900 mpirun -n 2 "$STOKER" train runs/shakespeare-gpt-ddp-2ranks.toml --no-progress | tee runs/ddp-2ranks.log
@@ -48,7 +53,7 @@ echo "== ZeRO-3: an 8-block GPT (1.6M parameters) over 2 ranks; each keeps half 
 rm -rf runs/shakespeare-zero
 # The planner recommends DDP here (the model fits whole on each rank); the demo runs
 # ZeRO-3 to show the sharding, and the run's own forecast plans the strategy it runs.
-"$STOKER" plan --config configs/shakespeare-gpt-zero.toml --calibrate --devices-per-node 2 --strategy zero3 \
+"$STOKER" plan --config configs/shakespeare-gpt-zero.toml --devices-per-node 2 --strategy zero3 \
   --emit-config runs/shakespeare-gpt-zero3-2ranks.toml > runs/plan-zero3-2ranks.txt
 grep -E "^\(c\) strategy|asks for zero3" runs/plan-zero3-2ranks.txt
 sed -i -e 's#^strategy = .*#strategy = "zero3"#' \

@@ -11,6 +11,9 @@
 # Usage: bash scripts/bench/allocator.sh   (ROUNDS=2, STEPS=40)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# Plans from each config's own calibration, written into it; no machine profile is read or
+# written (`stoker plan --calibrate` would record the steps in the user's).
+export STOKER_PROFILE=off
 [ -f data/shakespeare/shakespeare.bin ] && [ -f data/mnist/train.image.npy ] \
   || { echo "no Shakespeare shard or MNIST: run make data first" >&2; exit 1; }
 ROUNDS=${ROUNDS:-2}

@@ -7,6 +7,9 @@
 # Usage: bash scripts/bench/cluster.sh [RATE...]   (default: unshaped 10gbit 1gbit 100mbit)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# Plans from each config's own calibration, written into it; no machine profile is read or
+# written (`stoker plan --calibrate` would record the steps in the user's).
+export STOKER_PROFILE=off
 S=${STOKER:-target/release/stoker}
 [ -x "$S" ] || { echo "error: $S not built (cargo build --release -p stoker-cli)" >&2; exit 1; }
 S=$(realpath "$S")

@@ -122,8 +122,7 @@ impl StepAt {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StepPoint {
-    /// Seconds of one micro-batch's step on each rank (the slowest rank's lower quartile:
-    /// the step on a quiet machine).
+    /// Seconds of one micro-batch's step on each rank (the slowest rank's median).
     pub step_s: f64,
     /// The planner's compute time at MFU 1 (at the host's peak over `at.ranks_per_host`)
     /// over `step_s`.
