@@ -289,4 +289,23 @@ fn a_machine_calibration_plans_every_later_config_on_this_machine() {
         text.contains("fp32 direct step of this shape measured"),
         "{text}"
     );
+
+    // A profile that does not read: a run warns, naming the file and the field, and goes
+    // on without it; a calibration replaces it and says so.
+    std::fs::write(&profile, "cpu = 3\n").unwrap();
+    let out = stoker_with_profile(p, &["train", s(&cfg), "--no-progress"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("warning") && err.contains(p) && err.contains("cpu"),
+        "{err}"
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("planned vs measured per rank (cpu preset)"),
+        "{text}"
+    );
+    let out = stoker_with_profile(p, &["plan", "--config", s(&cfg), "--calibrate"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("replacing the one there"), "{text}");
+    assert_eq!(steps(&profile), 1);
 }

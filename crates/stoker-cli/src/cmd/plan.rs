@@ -356,11 +356,11 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         true => eprint!("{text}"),
         false => print!("{text}"),
     };
-    // A training config is planned as it stands (its model, batch, precision, strategy);
-    // a plan file is the planner's own input.
     // What an emitted config keeps as its [plan]: the plan's inputs, less a machine
     // profile's figures (runs of the file read the profile as it is then).
     let mut emit_inputs = None;
+    // A training config is planned as it stands (its model, batch, precision, strategy);
+    // a plan file is the planner's own input.
     let (file, base, calibrated_loader) = match &args.config {
         Some(p) if is_training_config(p)? => {
             let cfg = stoker_train::config::TrainConfig::load(p)?;
@@ -492,9 +492,10 @@ fn calibrate_machine(widths: &[usize], json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Keeps a config's calibrated step in this machine's profile (started with the
-/// calibration's figures where there is none for this machine), its MFU at the profile's
-/// GEMM rates. Returns the line that says so.
+/// Keeps a config's calibrated step in this machine's profile, its MFU at the profile's
+/// GEMM rates; where there is no profile of this machine (none, another machine's, or one
+/// that does not read), a new one starts with the calibration's figures, and the lines
+/// say what it replaced. Returns the lines that say so.
 fn record_in_profile(
     cfg: &stoker_train::config::TrainConfig,
     c: &stoker_train::calibrate::Calibration,
@@ -504,9 +505,14 @@ fn record_in_profile(
     let Some(path) = crate::machine_profile::path() else {
         return Ok(String::new());
     };
-    let mut profile = match crate::machine_profile::load() {
-        Ok(Some(p)) if p.other_machine(&this_cpu(), c.machine.cores).is_none() => p,
-        _ => MachineProfile::new(c.machine.clone(), &path),
+    let fresh = || MachineProfile::new(c.machine.clone(), &path);
+    let (mut profile, replaced) = match crate::machine_profile::load() {
+        Ok(None) => (fresh(), String::new()),
+        Ok(Some(p)) => match p.other_machine(&this_cpu(), c.machine.cores) {
+            None => (p, String::new()),
+            Some(why) => (fresh(), format!(" (replacing the one there: {why})")),
+        },
+        Err(e) => (fresh(), format!(" (replacing the one there: {e:#})")),
     };
     let Some(mut point) = c.step_point(cfg, &config_path.display().to_string()) else {
         return Ok(String::new());
@@ -516,7 +522,7 @@ fn record_in_profile(
     profile.record(point);
     profile.save()?;
     Ok(format!(
-        "  recorded this step in this machine's profile {} ({} steps)\n",
+        "  recorded this step in this machine's profile {} ({} steps){replaced}\n",
         path.display(),
         profile.steps.len()
     ))
