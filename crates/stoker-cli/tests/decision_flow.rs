@@ -265,6 +265,16 @@ fn a_machine_calibration_plans_every_later_config_on_this_machine() {
         text.contains("fp32 direct step interpolated between d_model 32"),
         "{text}"
     );
+    // Its loader planned on the profile's synthetic shard: 0 workers sustain it.
+    assert!(
+        text.contains("loader: a synthetic token shard")
+            && text.contains("scaled to windows of 32 tokens"),
+        "{text}"
+    );
+    assert!(
+        text.contains("num_workers 0 and prefetch_factor 2 is the cheapest measured setting"),
+        "{text}"
+    );
     let out = stoker_with_profile(p, &["train", s(&cfg), "--no-progress"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains(&used), "{text}");

@@ -6,9 +6,10 @@ mod common;
 
 use std::path::Path;
 
+use stoker_plan::loader::{BenchPoint, LoaderBench};
 use stoker_train::calibrate::{probe_machine, step_mfu, MachineFigures};
 use stoker_train::config::TrainConfig;
-use stoker_train::profile::{pick_mfu, this_cpu, MachineProfile, StepAt, StepPoint};
+use stoker_train::profile::{pick_mfu, this_cpu, LoaderProbe, MachineProfile, StepAt, StepPoint};
 
 fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -47,6 +48,26 @@ fn point(at: StepAt, mfu: f64) -> StepPoint {
         mfu,
         source: "probe".into(),
         at,
+    }
+}
+
+/// A loader probe on windows of 128 tokens (2048 bytes a sample) at 0 workers.
+fn loader_probe(samples_per_s: f64) -> LoaderProbe {
+    LoaderProbe {
+        context: 128,
+        bench: LoaderBench {
+            dataset: Some("synthetic".into()),
+            sample_bytes: Some(2048),
+            points: vec![BenchPoint {
+                num_workers: 0,
+                prefetch_factor: 2,
+                batch_size: Some(16),
+                samples_per_s,
+                mb_per_s: None,
+                consumer_wait_pct: None,
+                peak_rss_bytes: None,
+            }],
+        },
     }
 }
 
@@ -180,6 +201,15 @@ fn a_profile_plans_a_config_that_gives_no_figures_and_gives_a_measured_step_back
         2.0 * step
     );
 
+    // The profile's loader rates plan the config's loader, scaled from the probe's windows
+    // of 128 tokens to the config's 16 by their bytes.
+    assert_eq!(profile.loader_for(&cfg), None, "no loader measured");
+    profile.loader = Some(loader_probe(1000.0));
+    let bench = profile.loader_for(&cfg).unwrap();
+    assert_eq!(bench.points[0].samples_per_s, 1000.0 * 128.0 / 16.0);
+    assert_eq!(bench.sample_bytes, Some(2048 * 16 / 128));
+    assert!(bench.dataset.unwrap().contains("windows of 16 tokens"));
+
     // The config's own figures win, and so does another preset or device.
     for extra in [
         "[plan]\nmfu = 0.3\n",
@@ -221,6 +251,7 @@ fn a_profile_reads_back_what_it_wrote_and_refuses_a_broken_file_naming_the_field
     for p in points() {
         profile.record(p);
     }
+    profile.loader = Some(loader_probe(1000.0));
     profile.save().unwrap();
     assert_eq!(MachineProfile::load(&path).unwrap(), Some(profile.clone()));
     let text = std::fs::read_to_string(&path).unwrap();
@@ -233,6 +264,11 @@ fn a_profile_reads_back_what_it_wrote_and_refuses_a_broken_file_naming_the_field
             "figures.fp32_tflops",
         ),
         ("cores = ", "kernels = 3\ncores = ", "kernels"),
+        (
+            "samples_per_s = 1000.0",
+            "samples_per_s = -1.0",
+            "loader.bench.points[0].samples_per_s",
+        ),
     ] {
         assert!(text.contains(from), "{from} in\n{text}");
         std::fs::write(&path, text.replacen(from, to, 1)).unwrap();
@@ -260,6 +296,24 @@ fn a_machine_calibration_measures_every_probe_step() {
     assert_eq!(heard, expected);
     assert_eq!(profile.cpu, this_cpu());
     assert_eq!(profile.figures.cores, cores());
+    // The loader on a synthetic token shard at 0, 1, 2 and 4 workers, up to the cores.
+    let loader = profile.loader.as_ref().unwrap();
+    assert_eq!(
+        loader.context,
+        stoker_train::calibrate::LOADER_PROBE_CONTEXT
+    );
+    let workers: Vec<u64> = loader.bench.points.iter().map(|p| p.num_workers).collect();
+    let expected: Vec<u64> = [0, 1, 2, 4]
+        .into_iter()
+        .filter(|&w| w == 0 || w <= cores() as u64)
+        .collect();
+    assert_eq!(workers, expected);
+    for p in &loader.bench.points {
+        assert!(
+            p.samples_per_s.is_finite() && p.samples_per_s > 0.0,
+            "{p:?}"
+        );
+    }
     for p in &profile.steps {
         assert!(p.step_s.is_finite() && p.step_s > 0.0, "{p:?}");
         assert!(p.mfu > 0.0 && p.mfu <= 1.0, "{p:?}");

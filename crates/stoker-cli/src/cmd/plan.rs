@@ -39,7 +39,8 @@ pub struct PlanArgs {
     #[arg(long, value_name = "PATH")]
     train_data: Option<PathBuf>,
     /// Alone: measure this machine (GEMM rate per dtype, memory and all-reduce bandwidth,
-    /// the training step of GPTs of several widths) into its profile ($STOKER_PROFILE, else
+    /// the loader on a synthetic token shard, the training step of GPTs of several widths)
+    /// into its profile ($STOKER_PROFILE, else
     /// ~/.config/stoker/profile.toml), which every later plan of a training config and every
     /// run's forecast on this machine use. With --config: measure the config's own step
     /// and loader too, plan with the figures, keep the step in the profile, and with
@@ -361,6 +362,8 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     let mut emit_inputs = None;
     // A training config is planned as it stands (its model, batch, precision, strategy);
     // a plan file is the planner's own input.
+    // The loader rates of this machine's profile, where it plans the config.
+    let mut profile_loader = None;
     let (file, base, calibrated_loader) = match &args.config {
         Some(p) if is_training_config(p)? => {
             let cfg = stoker_train::config::TrainConfig::load(p)?;
@@ -378,9 +381,11 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
                 stoker_train::calibrate::calibrated_input(&cfg, &c, &cli)
             } else {
                 let mut planned = cfg.clone();
-                if let Some(line) = apply_profile(&mut planned, &cli, ranks)? {
+                let (line, loader) = apply_profile(&mut planned, &cli, ranks)?;
+                if let Some(line) = line {
                     say(&format!("{line}\n"));
                 }
+                profile_loader = loader;
                 if planned != cfg {
                     // The profile's preset, without its figures.
                     let mut bare = cfg.clone();
@@ -406,13 +411,28 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         .as_deref()
         .map(DsConfig::from_file)
         .transpose()?;
-    // A loader benchmark file wins over the calibration's one measured point.
+    // A loader benchmark file wins over the calibration's one measured point, and that
+    // over the machine profile's synthetic shard.
     let bench = args
         .loader_bench
         .as_deref()
         .map(LoaderBench::from_file)
         .transpose()?
-        .or(calibrated_loader);
+        .or(calibrated_loader)
+        .or_else(|| {
+            let b = profile_loader?;
+            let rates: Vec<String> = b
+                .points
+                .iter()
+                .map(|p| format!("{} workers {:.0}", p.num_workers, p.samples_per_s))
+                .collect();
+            say(&format!(
+                "loader: {}: {} samples/s\n",
+                b.dataset.as_deref().unwrap_or("the profile's"),
+                rates.join(", ")
+            ));
+            Some(b)
+        });
     // An error in the merged inputs names the files they came from (later ones win).
     let files: Vec<String> = [&args.config, &args.deepspeed]
         .into_iter()
@@ -530,14 +550,15 @@ fn record_in_profile(
 
 /// Plans `cfg` on this machine's profile where it applies and the command line names no
 /// other hardware or figures (which would win over part of it). Returns the line that
-/// says what the plan rests on.
+/// says what the plan rests on, and the profile's loader rates for the config where it
+/// applied.
 fn apply_profile(
     cfg: &mut stoker_train::config::TrainConfig,
     cli: &PlanInput,
     ranks: usize,
-) -> anyhow::Result<Option<String>> {
+) -> anyhow::Result<(Option<String>, Option<LoaderBench>)> {
     let Some(profile) = crate::machine_profile::load()? else {
-        return Ok(None);
+        return Ok((None, None));
     };
     let shown = profile.path.display().to_string();
     let flags = &cli.hardware;
@@ -548,15 +569,25 @@ fn apply_profile(
         || flags.peak_tflops.is_some()
         || cli.training.mfu.is_some()
     {
-        return Ok(Some(format!(
-            "machine profile {shown} not used: the command line names the hardware or its figures"
-        )));
+        return Ok((
+            Some(format!(
+                "machine profile {shown} not used: the command line names the hardware or its \
+                 figures"
+            )),
+            None,
+        ));
     }
     let threads = stoker_train::calibrate::rank_threads(cfg, ranks);
-    Ok(Some(match profile.apply(cfg, ranks, threads) {
-        Ok(basis) => format!("machine profile {shown}: {basis}"),
-        Err(why) => format!("machine profile {shown} not used: {why}"),
-    }))
+    Ok(match profile.apply(cfg, ranks, threads) {
+        Ok(basis) => (
+            Some(format!("machine profile {shown}: {basis}")),
+            profile.loader_for(cfg),
+        ),
+        Err(why) => (
+            Some(format!("machine profile {shown} not used: {why}")),
+            None,
+        ),
+    })
 }
 
 /// Whether `path` is a training config (it has the trainer's required `run_dir`) rather

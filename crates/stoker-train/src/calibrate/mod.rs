@@ -24,14 +24,14 @@
 //!   one point of a loader benchmark, which the plan checks its consumption against
 //!   (`stoker tune loader` searches the settings; this measures the ones configured).
 
+mod loader;
 mod machine;
 mod probe;
 mod timing;
 
+pub use loader::{bench_point, probe_loader, LOADER_PROBE_CONTEXT};
 pub use machine::MachineFigures;
 pub use probe::{probe_machine, PROBE_MICRO_BATCHES, PROBE_WIDTHS};
-
-use std::time::Duration;
 
 use stoker_plan::input::{HardwareInput, PlanInput};
 
@@ -39,6 +39,7 @@ use crate::config::TrainConfig;
 use crate::error::Result;
 use crate::planned::{plan_input, planner_row};
 use crate::profile::{StepAt, StepPoint};
+use loader::loader_rate;
 use timing::{concurrent_step_s, one_micro_batch, STEP_RUNS};
 
 /// What `--calibrate` measured.
@@ -128,47 +129,6 @@ impl Calibration {
             self.mfu,
         )
     }
-}
-
-/// A loader trial as a point of the planner's loader benchmark.
-pub fn bench_point(t: &stoker_data::measure::Trial) -> stoker_plan::loader::BenchPoint {
-    stoker_plan::loader::BenchPoint {
-        num_workers: t.num_workers as u64,
-        prefetch_factor: t.prefetch_factor as u64,
-        batch_size: Some(t.batch_size as u64),
-        samples_per_s: t.samples_per_s,
-        mb_per_s: Some(t.mb_per_s),
-        consumer_wait_pct: Some(t.consumer_wait_pct),
-        peak_rss_bytes: Some(t.peak_rss_bytes),
-    }
-}
-
-/// `cfg`'s loader on its training set at its `[data]` settings and micro-batch, as fast as
-/// the consumer takes batches; Err with the reason where the data cannot be opened.
-fn loader_rate(cfg: &TrainConfig) -> Result<(stoker_data::measure::Trial, u64)> {
-    use stoker_data::{Dataset, Sampler, SamplerConfig};
-    // The data is checked against the model's input shapes, which a shell knows without
-    // drawing any weights.
-    let shell = crate::models::Shell::new(cfg.model.clone());
-    let data = crate::data::open_datasets(cfg, &shell)?;
-    let d = &cfg.data;
-    let lc = d.train_loader(cfg.batch.micro_batch);
-    let sampler = Sampler::new(
-        data.train.len(),
-        SamplerConfig {
-            shuffle: d.shuffle,
-            seed: cfg.seed,
-            ..SamplerConfig::default()
-        },
-    )?;
-    let budget = stoker_data::measure::TrialBudget {
-        min_time: Duration::from_millis(500),
-        max_batches: 100_000,
-        step: None,
-    };
-    let bytes: usize = data.train.fields().iter().map(|f| f.sample_bytes()).sum();
-    let trial = stoker_data::measure::measure_loader(data.train.clone(), sampler, lc, budget)?;
-    Ok((trial, bytes as u64))
 }
 
 /// Compute threads of each of `ranks` ranks run at once on this machine, as the run gives

@@ -1,12 +1,13 @@
 //! The machine calibration's probes: GPTs of several widths and micro-batches whose
 //! training steps a machine profile keeps, for plans to interpolate between.
 
+use super::loader::{probe_loader, LOADER_PROBE_CONTEXT};
 use super::machine::MachineFigures;
 use super::step_mfu;
 use super::timing::{concurrent_step_times, step_time, Runs};
 use crate::config::TrainConfig;
 use crate::error::{config_err, Result};
-use crate::profile::{MachineProfile, StepAt, StepPoint};
+use crate::profile::{LoaderProbe, MachineProfile, StepAt, StepPoint};
 
 /// Widths of the GPTs a machine calibration times (2 blocks, 32-wide heads, context 128,
 /// [`PROBE_MICRO_BATCHES`], vocabulary 256): the direct step's MFU grows with the width, and plans
@@ -57,7 +58,8 @@ fn probe_config(
     TrainConfig::parse(&text, std::path::Path::new("(machine calibration probe)"))
 }
 
-/// Measures this machine for its profile: its figures, then the training step of the
+/// Measures this machine for its profile: its figures, its loader on a synthetic token
+/// shard ([`probe_loader`]), then the training step of the
 /// probe GPTs `widths` wide ([`PROBE_WIDTHS`] by default; 32-wide heads where the width is
 /// a multiple of 32, else one head) in fp32
 /// and bf16 on the direct step and on candle's
@@ -74,6 +76,10 @@ pub fn probe_machine(
     let machine = MachineFigures::measure()?;
     let mut profile = MachineProfile::new(machine.clone(), path);
     let threads = threads.max(1);
+    profile.loader = Some(LoaderProbe {
+        context: LOADER_PROBE_CONTEXT,
+        bench: probe_loader(machine.cores)?,
+    });
     let mut layouts = vec![(1, threads)];
     if threads >= 2 {
         layouts.push((2, threads / 2));

@@ -19,6 +19,8 @@ use serde::{Deserialize, Serialize};
 
 pub use pick::{pick_mfu, MfuPick};
 
+use stoker_plan::loader::LoaderBench;
+
 use crate::calibrate::MachineFigures;
 use crate::config::{ModelConfig, TrainConfig};
 use crate::error::{Result, TrainError};
@@ -33,6 +35,10 @@ pub struct MachineProfile {
     pub measured_unix_s: u64,
     /// The machine's figures (cores, GEMM rates, bandwidths).
     pub figures: MachineFigures,
+    /// The loader's rates on a synthetic token shard (`[loader]`), for plans of GPT
+    /// configs; absent in a profile written before it was measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loader: Option<LoaderProbe>,
     /// Training steps measured, each with its MFU (`[[step]]` tables).
     #[serde(default, rename = "step")]
     pub steps: Vec<StepPoint>,
@@ -118,6 +124,16 @@ impl StepAt {
     }
 }
 
+/// The loader measured on token windows of `context` tokens ([`crate::calibrate::probe_loader`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoaderProbe {
+    /// Tokens per window.
+    pub context: usize,
+    /// Samples/s per setting.
+    pub bench: LoaderBench,
+}
+
 /// One measured training step.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -163,6 +179,7 @@ impl MachineProfile {
             cpu: this_cpu(),
             measured_unix_s: now,
             figures,
+            loader: None,
             steps: Vec::new(),
             path: path.to_path_buf(),
         }
@@ -207,6 +224,17 @@ impl MachineProfile {
         positive("figures.bf16_tflops", f.bf16_tflops)?;
         positive("figures.host_mem_gbyte_s", f.host_mem_gbyte_s)?;
         positive("figures.allreduce_gbyte_s", f.allreduce_gbyte_s)?;
+        if let Some(l) = &self.loader {
+            if l.context == 0 {
+                return Err("loader.context = 0: expected at least 1".into());
+            }
+            for (i, p) in l.bench.points.iter().enumerate() {
+                positive(
+                    &format!("loader.bench.points[{i}].samples_per_s"),
+                    p.samples_per_s,
+                )?;
+            }
+        }
         for (i, p) in self.steps.iter().enumerate() {
             positive(&format!("step[{i}].step_s"), p.step_s)?;
             if !(p.mfu > 0.0 && p.mfu <= 1.0) {
@@ -258,6 +286,33 @@ impl MachineProfile {
             Some(p) => *p = point,
             None => self.steps.push(point),
         }
+    }
+
+    /// The profile's loader rates as the loader benchmark of `cfg`'s plan: a GPT reads
+    /// token windows, and each point's samples/s is scaled from the probe's window to the
+    /// config's by their bytes (the rate per byte held; where per-sample costs dominate,
+    /// longer windows come out slower than they are, on the safe side). None where the
+    /// profile measured no loader or `cfg` is not a GPT.
+    pub fn loader_for(&self, cfg: &TrainConfig) -> Option<LoaderBench> {
+        let ModelConfig::Gpt(g) = &cfg.model else {
+            return None;
+        };
+        let probe = self.loader.as_ref()?;
+        let scale = probe.context.max(1) as f64 / g.context.max(1) as f64;
+        let mut bench = probe.bench.clone();
+        for p in &mut bench.points {
+            p.samples_per_s *= scale;
+        }
+        bench.sample_bytes = bench
+            .sample_bytes
+            .map(|b| (b as f64 / scale).round() as u64);
+        bench.dataset = Some(format!(
+            "{}, scaled to windows of {} tokens (this machine's profile {})",
+            probe.bench.dataset.as_deref().unwrap_or("token windows"),
+            g.context,
+            self.path.display()
+        ));
+        Some(bench)
     }
 
     /// Why the profile does not describe this machine (another CPU model or core count),
