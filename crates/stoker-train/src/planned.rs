@@ -331,6 +331,10 @@ pub fn emit(
     };
     cfg.data.num_workers = usize_of("data.num_workers", choice.data.num_workers)?;
     cfg.data.prefetch_factor = usize_of("data.prefetch_factor", choice.data.prefetch_factor)?;
+    if cfg.data.num_workers == 0 {
+        // Workers kept between epochs need workers (as torch's DataLoader says).
+        cfg.data.persistent_workers = false;
+    }
     if plan.inputs.hardware.accelerator {
         // A GPU runs candle's CUDA ops; the direct step and fused ops are CPU kernels.
         cfg.device = "cuda".into();

@@ -633,3 +633,43 @@ fn a_run_s_forecast_plans_its_ranks_on_the_hosts_they_share() {
         "{f:?}"
     );
 }
+
+/// A plan whose loader benchmark says 0 workers sustain the step emits a config the
+/// trainer runs: a base config's `persistent_workers = true` goes with its workers (as
+/// torch's DataLoader refuses persistent workers without workers).
+#[test]
+fn a_plan_that_picks_no_loader_workers_emits_no_persistent_workers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut base = TrainConfig::parse(
+        &common::gpt_config(tmp.path(), "fp32", 10, ""),
+        Path::new("t.toml"),
+    )
+    .unwrap();
+    base.data.num_workers = 2;
+    base.data.persistent_workers = true;
+    let point = |workers: u64, samples_per_s: f64| stoker_plan::loader::BenchPoint {
+        num_workers: workers,
+        prefetch_factor: 2,
+        batch_size: Some(4),
+        samples_per_s,
+        mb_per_s: None,
+        consumer_wait_pct: None,
+        peak_rss_bytes: None,
+    };
+    let bench = stoker_plan::loader::LoaderBench {
+        dataset: None,
+        sample_bytes: None,
+        points: vec![point(0, 1e7), point(2, 2e7)],
+    };
+    let input = plan_input(&base, &input("[hardware]\npreset = \"cpu\"\n")).unwrap();
+    let resolved = stoker_plan::resolve::resolve(&PlanInput::default(), None, &input).unwrap();
+    let plan = stoker_plan::plan(resolved, Some(&bench));
+    let cfg = emit(&plan, &input, Some(&base), &place(tmp.path())).unwrap();
+    assert_eq!(
+        (cfg.data.num_workers, cfg.data.persistent_workers),
+        (0, false)
+    );
+    let text = to_toml(&cfg, "test").unwrap();
+    let back = TrainConfig::parse(&text, Path::new("emitted.toml")).unwrap();
+    assert_eq!(back.data.num_workers, 0);
+}

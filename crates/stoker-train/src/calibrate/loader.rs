@@ -73,12 +73,17 @@ impl Drop for TempFile {
 /// The loader on a synthetic token shard (2M tokens in the temporary directory, removed
 /// after) in windows of [`LOADER_PROBE_CONTEXT`] tokens, batches of 16, shuffled, prefetch
 /// 2, at 0, 1, 2 and 4 workers up to `cores`: what this machine's loader delivers per
-/// worker count, for plans of configs whose data it has not seen (profile::MachineProfile
-/// ::loader_for).
+/// worker count, for plans of configs whose data it has not seen
+/// (`MachineProfile::loader_for`).
 pub fn probe_loader(cores: usize) -> Result<LoaderBench> {
-    let shard = TempFile(
-        std::env::temp_dir().join(format!("stoker-loader-probe-{}.bin", std::process::id())),
-    );
+    // This process's and this moment's: two calibrations at once write two files.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let shard = TempFile(std::env::temp_dir().join(format!(
+        "stoker-loader-probe-{}-{now}.bin",
+        std::process::id()
+    )));
     let tokens: Vec<u16> = (0..2_000_000u32).map(|i| (i % 251) as u16).collect();
     stoker_data::tokens::write_tokens(&shard.0, &tokens, stoker_data::TokenFormat::Llmc)
         .map_err(|e| config_err("calibrate", e.to_string()))?;
