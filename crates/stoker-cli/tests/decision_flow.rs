@@ -300,6 +300,12 @@ fn a_machine_calibration_plans_every_later_config_on_this_machine() {
         "{text}"
     );
 
+    // A new machine calibration keeps the config's own step.
+    let out = stoker_with_profile(p, &["plan", "--calibrate", "--probe-widths", "32"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("kept 1 step(s) of configs"), "{text}");
+    assert_eq!(steps(&profile), probed / 2 + 1);
+
     // A profile that does not read: a run warns, naming the file and the field, and goes
     // on without it; a calibration replaces it and says so.
     std::fs::write(&profile, "cpu = 3\n").unwrap();

@@ -201,6 +201,16 @@ fn a_profile_plans_a_config_that_gives_no_figures_and_gives_a_measured_step_back
         2.0 * step
     );
 
+    // A new machine calibration keeps the config's step, its MFU at the new GEMM rates
+    // (twice the fp32 rate: half the MFU), and not the old probes.
+    let mut faster = figures();
+    faster.fp32_tflops *= 2.0;
+    let mut again = MachineProfile::new(faster, &tmp.path().join("profile.toml"));
+    assert_eq!(again.keep_config_steps(&profile), 1);
+    assert_eq!(again.steps.len(), 1);
+    assert_eq!(again.steps[0].source, "t.toml");
+    assert!((again.steps[0].mfu - mfu / 2.0).abs() < 1e-15);
+
     // The profile's loader rates plan the config's loader, scaled from the probe's windows
     // of 128 tokens to the config's 16 by their bytes.
     assert_eq!(profile.loader_for(&cfg), None, "no loader measured");

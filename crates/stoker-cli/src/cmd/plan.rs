@@ -485,7 +485,7 @@ fn calibrate_machine(widths: &[usize], json: bool) -> anyhow::Result<()> {
          micro-batch {:?}",
         stoker_train::calibrate::PROBE_MICRO_BATCHES
     ));
-    let profile = stoker_train::calibrate::probe_machine(threads, widths, &path, |p| {
+    let mut profile = stoker_train::calibrate::probe_machine(threads, widths, &path, |p| {
         say(format!(
             "  {:>4} {:<6} d_model {:>4}, micro-batch {:>2}: {:>8.1} ms, MFU {:.3} ({} thread(s) x {} rank(s) at once)",
             p.at.precision,
@@ -499,6 +499,23 @@ fn calibrate_machine(widths: &[usize], json: bool) -> anyhow::Result<()> {
         ))
     })?;
     say(profile.figures.to_text().trim_end().to_string());
+    // The steps of configs calibrated on this machine stay, at the new GEMM rates.
+    match crate::machine_profile::load() {
+        Ok(Some(old)) => match old.other_machine(&profile.cpu, profile.figures.cores) {
+            None => {
+                let kept = profile.keep_config_steps(&old);
+                if kept > 0 {
+                    say(format!(
+                        "kept {kept} step(s) of configs calibrated on this machine, their MFUs \
+                         at the new GEMM rates"
+                    ));
+                }
+            }
+            Some(why) => say(format!("replacing the profile there: {why}")),
+        },
+        Ok(None) => {}
+        Err(e) => say(format!("replacing the profile there: {e:#}")),
+    }
     profile.save()?;
     if json {
         println!("{}", serde_json::to_string_pretty(&profile)?);

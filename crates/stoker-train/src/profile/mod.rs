@@ -315,6 +315,31 @@ impl MachineProfile {
         Some(bench)
     }
 
+    /// Keeps the steps `old` recorded from configs' own calibrations (not its probes),
+    /// their MFUs moved to this profile's GEMM rates (an MFU is the planner's time at the
+    /// peak over the step: it scales as one over the peak). Returns how many it kept.
+    pub fn keep_config_steps(&mut self, old: &MachineProfile) -> usize {
+        let peak = |f: &MachineFigures, precision: &str| match precision {
+            "fp32" => Some(f.fp32_tflops),
+            "bf16" => Some(f.bf16_tflops),
+            // Planned at the preset's peak either way.
+            _ => None,
+        };
+        let mut kept = 0;
+        for p in old.steps.iter().filter(|p| p.source != "probe") {
+            let mut p = p.clone();
+            if let (Some(was), Some(now)) = (
+                peak(&old.figures, &p.at.precision),
+                peak(&self.figures, &p.at.precision),
+            ) {
+                p.mfu = (p.mfu * was / now).clamp(1e-6, 1.0);
+            }
+            self.record(p);
+            kept += 1;
+        }
+        kept
+    }
+
     /// Why the profile does not describe this machine (another CPU model or core count),
     /// or None where it does.
     pub fn other_machine(&self, cpu: &str, cores: usize) -> Option<String> {
