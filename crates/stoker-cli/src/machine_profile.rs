@@ -36,3 +36,17 @@ pub fn load() -> anyhow::Result<Option<MachineProfile>> {
         format!("reading this machine's profile ({PROFILE_ENV}=off plans without it)")
     })
 }
+
+/// The profile there where it is this machine's (this CPU, `cores` cores), for a
+/// calibration to add to: Ok(None) where there is none; Err says what a new one replaces
+/// (another machine's, or a file that does not read).
+pub fn this_machines(cores: usize) -> Result<Option<MachineProfile>, String> {
+    match load() {
+        Ok(None) => Ok(None),
+        Ok(Some(p)) => match p.other_machine(&stoker_train::profile::this_cpu(), cores) {
+            None => Ok(Some(p)),
+            Some(why) => Err(why),
+        },
+        Err(e) => Err(format!("{e:#}")),
+    }
+}

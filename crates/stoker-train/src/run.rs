@@ -399,10 +399,7 @@ pub fn run_rank(
     let mut planned_config = config.clone();
     let profile_line = opts.profile.as_ref().map(|p| {
         let threads = rayon::current_num_threads();
-        match p.apply(&mut planned_config, per_host, threads) {
-            Ok(basis) => format!("machine profile {}: {basis}", p.path.display()),
-            Err(why) => format!("machine profile {} not used: {why}", p.path.display()),
-        }
+        p.line(&p.apply(&mut planned_config, per_host, threads))
     });
     let forecast = crate::planned::forecast(&planned_config, dims.world, per_host, Some(&own));
     if lead {

@@ -500,21 +500,18 @@ fn calibrate_machine(widths: &[usize], json: bool) -> anyhow::Result<()> {
     })?;
     say(profile.figures.to_text().trim_end().to_string());
     // The steps of configs calibrated on this machine stay, at the new GEMM rates.
-    match crate::machine_profile::load() {
-        Ok(Some(old)) => match old.other_machine(&profile.cpu, profile.figures.cores) {
-            None => {
-                let kept = profile.keep_config_steps(&old);
-                if kept > 0 {
-                    say(format!(
-                        "kept {kept} step(s) of configs calibrated on this machine, their MFUs \
-                         at the new GEMM rates"
-                    ));
-                }
+    match crate::machine_profile::this_machines(profile.figures.cores) {
+        Ok(Some(old)) => {
+            let kept = profile.keep_config_steps(&old);
+            if kept > 0 {
+                say(format!(
+                    "kept {kept} step(s) of configs calibrated on this machine, their MFUs at \
+                     the new GEMM rates"
+                ));
             }
-            Some(why) => say(format!("replacing the profile there: {why}")),
-        },
+        }
         Ok(None) => {}
-        Err(e) => say(format!("replacing the profile there: {e:#}")),
+        Err(why) => say(format!("replacing the profile there: {why}")),
     }
     profile.save()?;
     if json {
@@ -529,34 +526,28 @@ fn calibrate_machine(widths: &[usize], json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Keeps a config's calibrated step in this machine's profile, its MFU at the profile's
+/// Keeps a config's calibrated step in this machine's profile, moved to the profile's
 /// GEMM rates; where there is no profile of this machine (none, another machine's, or one
-/// that does not read), a new one starts with the calibration's figures, and the lines
-/// say what it replaced. Returns the lines that say so.
+/// that does not read), a new one starts with the calibration's figures, and the line
+/// says what it replaced. Returns the line that says so.
 fn record_in_profile(
     cfg: &stoker_train::config::TrainConfig,
     c: &stoker_train::calibrate::Calibration,
     config_path: &std::path::Path,
 ) -> anyhow::Result<String> {
-    use stoker_train::profile::{this_cpu, MachineProfile};
     let Some(path) = crate::machine_profile::path() else {
         return Ok(String::new());
     };
-    let fresh = || MachineProfile::new(c.machine.clone(), &path);
-    let (mut profile, replaced) = match crate::machine_profile::load() {
-        Ok(None) => (fresh(), String::new()),
-        Ok(Some(p)) => match p.other_machine(&this_cpu(), c.machine.cores) {
-            None => (p, String::new()),
-            Some(why) => (fresh(), format!(" (replacing the one there: {why})")),
-        },
-        Err(e) => (fresh(), format!(" (replacing the one there: {e:#})")),
-    };
-    let Some(mut point) = c.step_point(cfg, &config_path.display().to_string()) else {
+    let Some(point) = c.step_point(cfg, &config_path.display().to_string()) else {
         return Ok(String::new());
     };
-    point.mfu =
-        stoker_train::calibrate::step_mfu(cfg, &profile.figures, c.ranks_per_host, c.step_s)?;
-    profile.record(point);
+    let (old, replaced) = match crate::machine_profile::this_machines(c.machine.cores) {
+        Ok(old) => (old, String::new()),
+        Err(why) => (None, format!(" (replacing the one there: {why})")),
+    };
+    let mut profile =
+        old.unwrap_or_else(|| stoker_train::profile::MachineProfile::new(c.machine.clone(), &path));
+    profile.record(point.moved(&c.machine, &profile.figures));
     profile.save()?;
     Ok(format!(
         "  recorded this step in this machine's profile {} ({} steps){replaced}\n",
@@ -577,34 +568,21 @@ fn apply_profile(
     let Some(profile) = crate::machine_profile::load()? else {
         return Ok((None, None));
     };
-    let shown = profile.path.display().to_string();
     let flags = &cli.hardware;
-    if flags
+    let outcome = if flags
         .preset
         .as_deref()
         .is_some_and(|p| !matches!(p, "cpu" | "cpu-only"))
         || flags.peak_tflops.is_some()
         || cli.training.mfu.is_some()
     {
-        return Ok((
-            Some(format!(
-                "machine profile {shown} not used: the command line names the hardware or its \
-                 figures"
-            )),
-            None,
-        ));
-    }
-    let threads = stoker_train::calibrate::rank_threads(cfg, ranks);
-    Ok(match profile.apply(cfg, ranks, threads) {
-        Ok(basis) => (
-            Some(format!("machine profile {shown}: {basis}")),
-            profile.loader_for(cfg),
-        ),
-        Err(why) => (
-            Some(format!("machine profile {shown} not used: {why}")),
-            None,
-        ),
-    })
+        Err("the command line names the hardware or its figures".into())
+    } else {
+        let threads = stoker_train::calibrate::rank_threads(cfg, ranks);
+        profile.apply(cfg, ranks, threads)
+    };
+    let loader = outcome.is_ok().then(|| profile.loader_for(cfg)).flatten();
+    Ok((Some(profile.line(&outcome)), loader))
 }
 
 /// Whether `path` is a training config (it has the trainer's required `run_dir`) rather

@@ -50,8 +50,8 @@ pub(super) fn loader_rate(cfg: &TrainConfig) -> Result<(stoker_data::measure::Tr
     Ok((trial, bytes as u64))
 }
 
-/// Context of the loader probe's token windows.
-pub const LOADER_PROBE_CONTEXT: usize = 128;
+/// Context of the loader probe's token windows: the probe GPTs'.
+pub const LOADER_PROBE_CONTEXT: usize = super::probe::PROBE_CONTEXT;
 
 /// Worker counts the loader probe measures: 0, 1, 2 and 4, up to the cores.
 fn probe_workers(cores: usize) -> Vec<usize> {
@@ -90,16 +90,10 @@ pub fn probe_loader(cores: usize) -> Result<LoaderBench> {
     let mut points = Vec::new();
     let mut sample_bytes = None;
     for workers in probe_workers(cores) {
-        let text = format!(
-            "run_dir = \"runs/probe\"\n\
-             [data]\ntrain = {:?}\nnum_workers = {workers}\nprefetch_factor = 2\n\
-             [model]\nkind = \"gpt\"\nvocab = 256\ncontext = {LOADER_PROBE_CONTEXT}\n\
-             d_model = 32\nn_layer = 1\nn_head = 1\n\
-             [batch]\nmicro_batch = 16\n[optimizer]\nkind = \"adamw\"\nlr = 1e-3\n\
-             [train]\nsteps = 1\n",
-            shard.0.display().to_string()
-        );
-        let cfg = TrainConfig::parse(&text, std::path::Path::new("(loader probe)"))?;
+        let mut cfg = super::probe::probe_config(64, 16, "fp32", "direct")?;
+        cfg.data.train = shard.0.clone();
+        cfg.data.num_workers = workers;
+        cfg.data.prefetch_factor = 2;
         let (trial, bytes) = loader_rate(&cfg)?;
         points.push(bench_point(&trial));
         sample_bytes = Some(bytes);

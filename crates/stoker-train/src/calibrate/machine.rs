@@ -29,6 +29,9 @@ pub struct MachineFigures {
     pub allreduce_gbyte_s: f64,
 }
 
+/// The dtypes whose GEMM rate the figures hold.
+const MEASURED_DTYPES: [&str; 2] = ["fp32", "bf16"];
+
 impl MachineFigures {
     /// Measures them (GEMMs, a copy, an all-reduce: about a second).
     pub fn measure() -> Result<Self> {
@@ -41,6 +44,16 @@ impl MachineFigures {
         })
     }
 
+    /// The measured GEMM rate of the planner's dtype `dtype`, TFLOP/s; None for one that
+    /// is not measured (fp16, fp8: the preset's peak stands).
+    pub fn peak_tflops(&self, dtype: &str) -> Option<f64> {
+        match dtype {
+            "fp32" => Some(self.fp32_tflops),
+            "bf16" => Some(self.bf16_tflops),
+            _ => None,
+        }
+    }
+
     /// The figures as planner inputs: `hardware` gets the peaks, links and cores (on top
     /// of the `cpu` preset unless it names another).
     pub fn apply(&self, hardware: &mut HardwareInput) {
@@ -48,8 +61,11 @@ impl MachineFigures {
             hardware.preset = Some("cpu".into());
         }
         let peaks = hardware.peak_tflops.get_or_insert_with(Default::default);
-        peaks.insert("fp32".into(), self.fp32_tflops);
-        peaks.insert("bf16".into(), self.bf16_tflops);
+        for dtype in MEASURED_DTYPES {
+            if let Some(tflops) = self.peak_tflops(dtype) {
+                peaks.insert(dtype.into(), tflops);
+            }
+        }
         hardware.host_cores = Some(self.cores as i64);
         hardware.host_mem_gbyte_s = Some(self.host_mem_gbyte_s);
         hardware.host_link_gbyte_s = Some(self.host_mem_gbyte_s);

@@ -34,9 +34,13 @@ const PROBE_RUNS: Runs = Runs::Budget {
 /// 0.44 (2026-12-04).
 const PROBE_PASSES: usize = 3;
 
-/// A probe GPT's training config: `d_model` wide, `micro_batch` sequences of 128 tokens,
-/// in `precision`, on `kernels`.
-fn probe_config(
+/// Tokens per sequence of the probe GPTs (and of the loader probe's windows).
+pub(super) const PROBE_CONTEXT: usize = 128;
+
+/// A probe GPT's training config: `d_model` wide, `micro_batch` sequences of
+/// [`PROBE_CONTEXT`] tokens, in `precision`, on `kernels`; its data file is a placeholder
+/// (the step runs on synthetic tokens; the loader probe sets its own).
+pub(super) fn probe_config(
     d_model: usize,
     micro_batch: usize,
     precision: &str,
@@ -45,7 +49,7 @@ fn probe_config(
     let text = format!(
         "run_dir = \"runs/probe\"\nprecision = \"{precision}\"\nkernels = \"{kernels}\"\n\
          [data]\ntrain = \"probe.bin\"\n\
-         [model]\nkind = \"gpt\"\nvocab = 256\ncontext = 128\nd_model = {d_model}\n\
+         [model]\nkind = \"gpt\"\nvocab = 256\ncontext = {PROBE_CONTEXT}\nd_model = {d_model}\n\
          n_layer = 2\nn_head = {}\n\
          [batch]\nmicro_batch = {micro_batch}\n\
          [optimizer]\nkind = \"adamw\"\nlr = 1e-3\n\
@@ -114,9 +118,8 @@ pub fn probe_machine(
     }
     for ((cfg, (ranks, rank_threads)), pooled) in probes.iter().zip(times) {
         let step = step_time(pooled);
-        let mut at = StepAt::of(cfg, *ranks, *rank_threads)
+        let at = StepAt::of(cfg, *ranks, *rank_threads)
             .ok_or_else(|| config_err("model.kind", "a probe is a GPT"))?;
-        at.ranks_at_once = *ranks;
         let point = StepPoint {
             step_s: step,
             mfu: step_mfu(cfg, &machine, *ranks, step)?,

@@ -149,6 +149,20 @@ pub struct StepPoint {
     pub at: StepAt,
 }
 
+impl StepPoint {
+    /// The step with its MFU moved from GEMM rates `from` to `to`: an MFU is the planner's
+    /// time at the peak over the step, so it scales as one over the peak (a dtype the
+    /// figures do not measure is planned at the preset's peak either way).
+    pub fn moved(&self, from: &MachineFigures, to: &MachineFigures) -> StepPoint {
+        let mut p = self.clone();
+        let precision = p.at.precision.as_str();
+        if let (Some(was), Some(now)) = (from.peak_tflops(precision), to.peak_tflops(precision)) {
+            p.mfu = (p.mfu * was / now).clamp(1e-6, 1.0);
+        }
+        p
+    }
+}
+
 /// This machine's CPU model: `/proc/cpuinfo`'s first `model name` (x86) or `CPU part`
 /// (Arm), else `unknown`. With the core count it tells a profile measured here from one
 /// copied from elsewhere.
@@ -316,25 +330,11 @@ impl MachineProfile {
     }
 
     /// Keeps the steps `old` recorded from configs' own calibrations (not its probes),
-    /// their MFUs moved to this profile's GEMM rates (an MFU is the planner's time at the
-    /// peak over the step: it scales as one over the peak). Returns how many it kept.
+    /// moved to this profile's GEMM rates ([`StepPoint::moved`]). Returns how many it kept.
     pub fn keep_config_steps(&mut self, old: &MachineProfile) -> usize {
-        let peak = |f: &MachineFigures, precision: &str| match precision {
-            "fp32" => Some(f.fp32_tflops),
-            "bf16" => Some(f.bf16_tflops),
-            // Planned at the preset's peak either way.
-            _ => None,
-        };
         let mut kept = 0;
         for p in old.steps.iter().filter(|p| p.source != "probe") {
-            let mut p = p.clone();
-            if let (Some(was), Some(now)) = (
-                peak(&old.figures, &p.at.precision),
-                peak(&self.figures, &p.at.precision),
-            ) {
-                p.mfu = (p.mfu * was / now).clamp(1e-6, 1.0);
-            }
-            self.record(p);
+            self.record(p.moved(&old.figures, &self.figures));
             kept += 1;
         }
         kept
@@ -352,6 +352,15 @@ impl MachineProfile {
         })
     }
 
+    /// The line a plan or run prints of `outcome` ([`MachineProfile::apply`]'s): what
+    /// the plan rests on, or why the profile is not used.
+    pub fn line(&self, outcome: &std::result::Result<String, String>) -> String {
+        match outcome {
+            Ok(basis) => format!("machine profile {}: {basis}", self.path.display()),
+            Err(why) => format!("machine profile {} not used: {why}", self.path.display()),
+        }
+    }
+
     /// Plans `cfg` with the profile's figures: writes them and the MFU of its step (run by
     /// `ranks_per_host` ranks of `threads_per_rank` threads) into its `[plan]`, marked as
     /// coming from this profile's file. Ok says what the MFU rests on; Err why the profile
@@ -365,16 +374,17 @@ impl MachineProfile {
         if crate::device::TrainDevice::parse(&cfg.device).map_or(true, |d| d.is_cuda()) {
             return Err(format!("the config runs on `{}`, not this CPU", cfg.device));
         }
-        let section = cfg.plan.clone().unwrap_or_default();
-        if let Some(p) = section
-            .hardware
-            .preset
-            .as_deref()
+        let section = cfg.plan.as_ref();
+        let hardware = section.map(|s| &s.hardware);
+        if let Some(p) = hardware
+            .and_then(|h| h.preset.as_deref())
             .filter(|p| !matches!(*p, "cpu" | "cpu-only"))
         {
             return Err(format!("the config plans for the `{p}` preset"));
         }
-        if section.hardware.peak_tflops.is_some() || section.mfu.is_some() {
+        if hardware.is_some_and(|h| h.peak_tflops.is_some())
+            || section.is_some_and(|s| s.mfu.is_some())
+        {
             return Err("the config's [plan] gives its own figures (peaks or MFU)".into());
         }
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
