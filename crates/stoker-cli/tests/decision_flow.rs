@@ -275,6 +275,16 @@ fn a_machine_calibration_plans_every_later_config_on_this_machine() {
         text.contains("num_workers 0 and prefetch_factor 2 is the cheapest measured setting"),
         "{text}"
     );
+    // A dry run plans the step on the profile too, without training.
+    let out = stoker_with_profile(p, &["train", s(&cfg), "--dry-run"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&used), "{text}");
+    assert!(
+        text.contains(&format!(
+            "planned step per rank (cpu preset with this machine's profile {p}): "
+        )),
+        "{text}"
+    );
     let out = stoker_with_profile(p, &["train", s(&cfg), "--no-progress"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains(&used), "{text}");

@@ -83,6 +83,24 @@ fn dry_run(args: &TrainArgs, config: &TrainConfig) -> anyhow::Result<()> {
         d.dims.micro_batch, d.dims.accumulation_steps, d.dims.world, d.dims.global_batch, d.dims.strategy
     );
     println!("planned per rank: {}", d.planned.summary());
+    // The planner's step time for these ranks on this host (on this machine's profile
+    // where it applies); the run's memory forecast needs its own count of its buffers.
+    let mut planned = config.clone();
+    if let Some(p) = crate::machine_profile::load()? {
+        let threads = stoker_train::calibrate::rank_threads(config, world);
+        println!("{}", p.line(&p.apply(&mut planned, world, threads)));
+    }
+    match stoker_train::planned::forecast(&planned, world, world, None) {
+        Ok(f) => match (f.step_s, f.required_samples_per_s) {
+            (Some(t), Some(need)) => println!(
+                "planned step per rank ({}): {:.1} ms, loader need {need:.0} samples/s",
+                f.basis(),
+                1e3 * t
+            ),
+            _ => println!("planned step: none ({})", f.why_no_step_time()),
+        },
+        Err(e) => println!("planned step: none ({e})"),
+    }
     println!("(a run prints the same beside what it counted; nothing was trained or written)");
     Ok(())
 }
