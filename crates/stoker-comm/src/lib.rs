@@ -10,6 +10,9 @@
 //!   Slurm's `srun`;
 //! - [`nccl`] (feature `cuda`): NVIDIA's NCCL through cudarc, bootstrapped through MPI.
 //!
+//! [`checked::Checked`] wraps any of them and checks before every collective that every
+//! rank is calling the same one, failing at once where they differ instead of hanging.
+//!
 //! Every wait is bounded by the communicator's timeout and its error names the
 //! collective, the rank and the bytes ([`CommError`]). [`tree`] builds a sum all-reduce
 //! whose bits are fixed by the rank order alone, the cross-rank half of the trainer's
@@ -27,6 +30,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod checked;
 pub mod communicator;
 pub mod dry;
 pub mod element;
@@ -148,6 +152,7 @@ mod say;
 
 pub use say::say;
 
+pub use checked::Checked;
 pub use communicator::{CommExt, Communicator, Pending, PendingOp, DEFAULT_TIMEOUT};
 pub use dry::DryComm;
 pub use element::{Buf, BufMut, Buffer, DType, Element};

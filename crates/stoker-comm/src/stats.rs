@@ -117,6 +117,17 @@ impl CommStats {
         out
     }
 
+    /// The counters of `self` and `other` added (two sets of calls on one communicator).
+    pub fn plus(&self, other: &CommStats) -> CommStats {
+        let mut out = self.clone();
+        for (o, e) in out.ops.iter_mut().zip(&other.ops) {
+            o.calls += e.calls;
+            o.bytes += e.bytes;
+            o.bus_bytes += e.bus_bytes;
+        }
+        out
+    }
+
     /// `(op, counters)` for every collective called at least once.
     pub fn nonzero(&self) -> Vec<(Op, OpStats)> {
         Op::ALL

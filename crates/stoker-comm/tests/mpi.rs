@@ -127,3 +127,57 @@ fn mpi_lost_rank_ends_the_job_naming_it() {
         "the lost rank is not named: {out}"
     );
 }
+
+#[test]
+#[ignore = "worker of mpi_checked_*: runs only under mpirun"]
+fn worker_checked_mismatch() {
+    use std::rc::Rc;
+    // A long timeout: the check must fail at once, not when a wait runs out.
+    let comm = Rc::new(MpiComm::init(Duration::from_secs(60)).unwrap());
+    let checked = stoker_comm::Checked::new(comm.clone());
+    common::check_all(&checked);
+    // Rank 0 gathers where the others sum three f64s (ZeRO-3's evaluation at 3 ranks once).
+    let e = match checked.rank() {
+        0 => {
+            let mut out = vec![0f32; 3 * 2];
+            checked.all_gather(&[1.0, 2.0], &[2, 2, 2], &mut out)
+        }
+        _ => checked.all_reduce(&mut [0f64; 3]),
+    };
+    println!(
+        "rank {} of {}: {}",
+        checked.rank(),
+        checked.world_size(),
+        e.unwrap_err()
+    );
+    drop(checked);
+    let comm = Rc::try_unwrap(comm).unwrap_or_else(|_| unreachable!("the only owner"));
+    comm.finalize(Duration::from_secs(10), 0);
+}
+
+#[test]
+fn mpi_checked_collectives_at_3_ranks_fail_at_once_naming_each_rank_s_call() {
+    let t0 = std::time::Instant::now();
+    let Some(o) = mpirun(3, "worker_checked_mismatch", &[]) else {
+        return;
+    };
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(50),
+        "took {:?}: {out}",
+        t0.elapsed()
+    );
+    for r in 0..3 {
+        let line = out
+            .lines()
+            .find(|l| l.contains(&format!("rank {r} of 3: collective call")))
+            .unwrap_or_else(|| panic!("rank {r} said nothing: {out}"));
+        assert!(
+            line.contains("rank 0: all_gather (f32, 6 elements)")
+                && line.contains("rank 1: all_reduce (f64, 3 elements)")
+                && line.contains("rank 2: all_reduce (f64, 3 elements)"),
+            "{line}"
+        );
+    }
+}
