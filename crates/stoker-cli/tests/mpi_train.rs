@@ -296,6 +296,126 @@ fn mpi_n_ranks_equal_one_rank_and_deterministic_mode_is_bit_identical() {
     }
 }
 
+/// Every strategy at `mpirun -n 3`, a world size that divides neither the models' groups
+/// nor the 4 evaluation batches (shared 2, 1, 1): one rank's weights within the fp32
+/// tolerance and its evaluation loss, with every collective checked across ranks
+/// (`check_collectives`). ZeRO-3 once deadlocked here in its evaluation.
+#[test]
+fn every_strategy_at_3_ranks_equals_one_rank_and_evaluates_alike() {
+    if !have_mpirun("every_strategy_at_3_ranks_equals_one_rank_and_evaluates_alike") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_data(dir);
+    let at_six = |path: &Path| {
+        let t = std::fs::read_to_string(path).unwrap();
+        std::fs::write(path, t.replace("global_batch = 8", "global_batch = 6")).unwrap();
+    };
+    let cases = [
+        (Model::Gpt, "direct", "ddp"),
+        (Model::Gpt, "direct", "zero1"),
+        (Model::Gpt, "direct", "zero2"),
+        (Model::Gpt, "direct", "zero3"),
+        (Model::Gpt, "fused", "zero3"),
+        (Model::Cnn, "fused", "zero3"),
+    ];
+    for (i, (model, kernels, strategy)) in cases.into_iter().enumerate() {
+        let one = config(dir, &format!("t{i}_w1"), model, "fp32", kernels, 4, "");
+        at_six(&one);
+        let o1 = train(1, &one, &[]);
+        assert!(o1.status.success(), "{}", text(&o1));
+        let extra = format!("strategy = \"{strategy}\"\ncheck_collectives = true");
+        let name = format!("t{i}_w3");
+        let three = config(dir, &name, model, "fp32", kernels, 4, &extra);
+        at_six(&three);
+        let o3 = train(3, &three, &[]);
+        let what = format!("{strategy} {kernels} case {i} at 3 ranks");
+        assert!(o3.status.success(), "{what}: {}", text(&o3));
+        let d = rel_l2(
+            &final_weights(&dir.join(&name)),
+            &final_weights(&dir.join(format!("t{i}_w1"))),
+        );
+        assert!(d <= tolerance("fp32"), "{what}: weights differ by {d:e}");
+        let eval = |o: &Output| -> f64 {
+            field(o, "eval loss")
+                .split(',')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        let (e1, e3) = (eval(&o1), eval(&o3));
+        assert!(
+            (e1 - e3).abs() <= 1e-4 * e1,
+            "{what}: eval loss {e3} vs {e1}"
+        );
+    }
+}
+
+/// `stoker bench ddp` measures the config's own strategy under `mpirun -n 2`: ZeRO-3 (its
+/// gathers and reduce-scatters) as well as DDP, each ending well before the collectives'
+/// timeout (ZeRO-3's bench once hung until it: its last evaluation had one batch for two
+/// ranks), each sending per step the bytes `stoker train --dry-run` plans.
+#[test]
+fn bench_ddp_measures_each_strategy_s_own_collectives() {
+    if !have_mpirun("bench_ddp_measures_each_strategy_s_own_collectives") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_data(dir);
+    for strategy in ["ddp", "zero2", "zero3"] {
+        let extra = format!("strategy = \"{strategy}\"\ntimeout_s = 100");
+        let c = config(
+            dir,
+            &format!("bench_{strategy}"),
+            Model::Gpt,
+            "fp32",
+            "direct",
+            4,
+            &extra,
+        );
+        let json = dir.join(format!("bench_{strategy}.json"));
+        let t0 = Instant::now();
+        let o = Command::new("timeout")
+            .args(["-k", "5", "90", "mpirun", "-n", "2", STOKER, "bench", "ddp"])
+            .arg(&c)
+            .args(["--steps", "4", "--warmup", "1", "--json"])
+            .arg(&json)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{strategy}: {}", text(&o));
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{strategy}: {:?}",
+            t0.elapsed()
+        );
+        let r: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(r["strategy"], strategy, "{r}");
+        assert_eq!(r["ranks"], 2, "{r}");
+        assert!(r["isolated_comm_ms"].as_f64().unwrap() > 0.0, "{r}");
+        let dry = Command::new(STOKER)
+            .args(["train", "--dry-run", "--world", "2"])
+            .arg(&c)
+            .output()
+            .unwrap();
+        assert!(dry.status.success(), "{}", text(&dry));
+        let planned: f64 = field(&dry, "planned per rank:")
+            .split(", ")
+            .find_map(|p| p.strip_suffix(" MiB sent per step"))
+            .unwrap_or_else(|| panic!("no bytes sent planned: {}", text(&dry)))
+            .parse()
+            .unwrap();
+        let sent = r["mib_sent_per_step"].as_f64().unwrap();
+        assert!(
+            (sent - planned).abs() <= 0.01 * planned,
+            "{strategy}: {sent} MiB sent per step, planned {planned}"
+        );
+    }
+}
+
 /// The number after `counted/planned ` on the heap's planned-vs-measured line.
 fn heap_ratio(o: &Output) -> f64 {
     let out = String::from_utf8_lossy(&o.stdout);

@@ -38,11 +38,24 @@ pub enum Normalization {
 }
 
 /// One micro-batch: the model input and its targets (flattened, [`IGNORE_INDEX`](crate::loss::IGNORE_INDEX) = masked).
+#[derive(Clone)]
 pub struct MicroBatch {
     /// Input tensor (token ids or images).
     pub input: Tensor,
     /// Targets, one per logit row.
     pub targets: Vec<i64>,
+}
+
+impl MicroBatch {
+    /// The same input with every target masked: a forward that counts nothing, for a rank
+    /// that must take part in a collective forward (ZeRO-3's evaluation) with no batch of
+    /// its own left.
+    pub fn masked(&self) -> MicroBatch {
+        MicroBatch {
+            input: self.input.clone(),
+            targets: vec![crate::loss::IGNORE_INDEX; self.targets.len()],
+        }
+    }
 }
 
 /// What one accumulation window produced.

@@ -239,6 +239,10 @@ pub struct ParallelConfig {
     pub timeout_s: f64,
     /// Compute threads per rank (0: this host's cores divided by its ranks).
     pub threads_per_rank: usize,
+    /// Check before every collective that every rank calls the same one, failing at once
+    /// naming each rank's call where they differ instead of waiting for `timeout_s`
+    /// (PyTorch's `TORCH_DISTRIBUTED_DEBUG=DETAIL`; one small all-gather per collective).
+    pub check_collectives: bool,
 }
 
 impl Default for ParallelConfig {
@@ -254,6 +258,7 @@ impl Default for ParallelConfig {
             offload_optimizer: false,
             timeout_s: 60.0,
             threads_per_rank: 0,
+            check_collectives: false,
         }
     }
 }

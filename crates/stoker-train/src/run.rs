@@ -262,6 +262,10 @@ pub fn run_rank(
     let code_at_start = stoker_data::measure::code_rss_bytes();
     let baseline_heap = opts.heap.map(|h| h.live());
     agree::check_same_config(&*comm, config)?;
+    let comm: Rc<dyn Communicator> = match config.parallel.check_collectives {
+        true => Rc::new(stoker_comm::Checked::new(comm)),
+        false => comm,
+    };
     let dims = ParallelDims::resolve(config, comm.world_size(), comm.rank(), launcher)?;
     let lead = dims.rank == 0;
     // A GPU (`device = "cuda"`): the rank's own, one per rank on its host.
@@ -813,12 +817,20 @@ fn evaluate(
     let mut loader = Loader::new(data.eval.clone(), sampler, lc)?;
     let mut batches = Vec::new();
     let wanted = config.train.eval_batches.max(1);
+    let mut first = None;
     for (i, b) in loader.epoch(0).take(wanted).enumerate() {
         let b = b?;
+        let dev = trainer.device();
         if i % dims.world == dims.rank {
-            let dev = trainer.device();
             batches.push(to_micro_batch(&b, &data.input, &data.target, dev)?);
+        } else if i == 0 {
+            first = Some(to_micro_batch(&b, &data.input, &data.target, dev)?);
         }
+    }
+    // Fewer batches than ranks: under ZeRO-3 (a collective forward per batch) a rank
+    // without one still joins, counting nothing; the trainer pads the other shortfalls.
+    if let (true, Some(b)) = (batches.is_empty(), first) {
+        batches.push(b.masked());
     }
     trainer.evaluate(&batches)
 }

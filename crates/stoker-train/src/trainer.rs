@@ -849,8 +849,13 @@ impl Trainer {
         // Under ZeRO-3 the direct step runs group by group, the graph path unit by unit.
         let local = match (self.shards_params(), self.direct.is_some()) {
             (false, _) => self.evaluate_local(batches)?,
-            (true, true) => self.evaluate_by_group(batches)?,
-            (true, false) => self.evaluate_by_unit(batches)?,
+            (true, direct) => {
+                let padded = self.same_batch_count(batches)?;
+                match direct {
+                    true => self.evaluate_by_group(&padded)?,
+                    false => self.evaluate_by_unit(&padded)?,
+                }
+            }
         };
         let mut x = [
             local.loss * local.count as f64,
@@ -864,6 +869,32 @@ impl Trainer {
             accuracy: x[2] / c,
             count: x[1] as usize,
         })
+    }
+
+    /// `batches` padded with masked copies of its last one to the most any rank passed:
+    /// under ZeRO-3 every forward is a collective (each group gathered from every rank), so
+    /// every rank must run as many as the others, whatever share of the evaluation set it
+    /// drew (16 batches over 3 ranks give 6, 5 and 5). The counts are agreed through
+    /// [`Strategy::sum_scalars`]; a rank with no batch at all while another has some
+    /// cannot pad (it knows no shape), and every rank fails alike, naming the counts.
+    fn same_batch_count(&mut self, batches: &[MicroBatch]) -> Result<Vec<MicroBatch>> {
+        let (rank, world) = (self.strategy.rank(), self.strategy.world_size());
+        let mut counts = vec![0f64; world];
+        counts[rank] = batches.len() as f64;
+        self.strategy.sum_scalars(&mut counts)?;
+        let most = counts.iter().fold(0f64, |a, &b| a.max(b)) as usize;
+        if counts.contains(&0.0) && most > 0 {
+            return Err(TrainError::Layout(format!(
+                "evaluation under ZeRO-3 runs a collective forward per batch, and the ranks \
+                 passed {counts:?} batches: a rank with none cannot join (pass it a masked \
+                 batch, MicroBatch::masked)"
+            )));
+        }
+        let mut padded = batches.to_vec();
+        if let Some(last) = batches.last() {
+            padded.extend((batches.len()..most).map(|_| last.masked()));
+        }
+        Ok(padded)
     }
 
     /// ZeRO-3 on the direct step: the training forward through the step's own source, each

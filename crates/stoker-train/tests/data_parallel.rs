@@ -16,167 +16,19 @@ mod common;
 use std::rc::Rc;
 use std::time::Duration;
 
-use candle_core::{Device, Tensor};
-use common::*;
+use candle_core::Device;
+use common::ranks::*;
 use stoker_comm::{run_local, Communicator};
 use stoker_testkit::data_parallel_tolerance as tolerance;
 use stoker_train::accumulate::MicroBatch;
 use stoker_train::config::TrainConfig;
 use stoker_train::layout::FlatLayout;
-use stoker_train::trainer::{build_model, StepReport, Trainer};
-
-const STEPS: usize = 5;
-
-/// A config for `model` (a `[model]` table body) in `precision` with `kernels`.
-fn config(
-    model: &str,
-    precision: &str,
-    kernels: &str,
-    optimizer: &str,
-    extra: &str,
-) -> TrainConfig {
-    let text = config_text(model, precision, kernels, optimizer, extra);
-    TrainConfig::parse(&text, std::path::Path::new("data_parallel.toml")).unwrap()
-}
-
-/// The TOML of [`config`].
-fn config_text(
-    model: &str,
-    precision: &str,
-    kernels: &str,
-    optimizer: &str,
-    extra: &str,
-) -> String {
-    format!(
-        r#"
-run_dir = "/nonexistent"
-seed = 11
-precision = "{precision}"
-kernels = "{kernels}"
-[data]
-train = "/nonexistent"
-[model]
-{model}
-[batch]
-micro_batch = 2
-[optimizer]
-{optimizer}
-grad_clip = 1.0
-[train]
-steps = 5
-[parallel]
-bucket_cap_mb = 0.002
-first_bucket_mb = 0.0005
-{extra}
-"#
-    )
-}
-
-const GPT: &str = "kind = \"gpt\"\nvocab = 11\ncontext = 6\nd_model = 8\nn_layer = 2\nn_head = 2";
-const CNN: &str = "kind = \"cnn\"\nin_channels = 1\nimage_size = 8\nchannels1 = 2\nchannels2 = 3\nhidden = 5\nclasses = 4";
-const MLP: &str = "kind = \"mlp\"\ninput_shape = [6]\nhidden = [7]\nclasses = 3";
-const ADAMW: &str = "kind = \"adamw\"\nlr = 1e-3\nweight_decay = 0.1";
-const SGD: &str = "kind = \"sgd\"\nlr = 0.05\nmomentum = 0.9\nweight_decay = 0.01";
-
-/// Global micro-batch `j` of step `s`: two samples, different masking per micro-batch.
-fn micro_batch(model: &str, s: usize, j: usize) -> MicroBatch {
-    let seed = (s * 1000 + j * 7) as u64;
-    if model == GPT {
-        let masked = [j % 3, (j * 2 + s) % 4];
-        token_batch(seed, 2, 6, 11, &masked)
-    } else if model == CNN {
-        let x = floats(seed, 2 * 64);
-        MicroBatch {
-            input: Tensor::from_vec(x, (2, 1, 8, 8), &Device::Cpu).unwrap(),
-            targets: ints(seed + 1, 2, 4),
-        }
-    } else {
-        let x = floats(seed, 2 * 6);
-        let mut targets = ints(seed + 1, 2, 3);
-        if j % 3 == 1 {
-            targets[0] = stoker_train::loss::IGNORE_INDEX;
-        }
-        MicroBatch {
-            input: Tensor::from_vec(x, (2, 6), &Device::Cpu).unwrap(),
-            targets,
-        }
-    }
-}
-
-/// Trains `STEPS` steps of global batches of `g` micro-batches on `world` ranks (DDP,
-/// `threads` compute threads each); every rank's final master weights and reports.
-fn train(
-    world: usize,
-    config: &TrainConfig,
-    model: &str,
-    g: usize,
-    threads: usize,
-    batch: impl Fn(&str, usize, usize) -> MicroBatch + Sync,
-) -> Vec<(Vec<f32>, Vec<StepReport>)> {
-    run_local(world, Duration::from_secs(60), |comm| {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
-        pool.install(|| {
-            let rank = comm.rank();
-            let comm: Rc<dyn Communicator> = Rc::new(comm);
-            let m =
-                build_model(&config.model, config.precision, config.kernels, config.seed).unwrap();
-            let layout = FlatLayout::of(m.params()).unwrap();
-            let strategy = stoker_train::parallel::for_config(config, &layout, comm).unwrap();
-            let mut t = Trainer::with_strategy(config, m, strategy).unwrap();
-            let k = g / world;
-            let reports = (0..STEPS)
-                .map(|s| {
-                    let window: Vec<MicroBatch> = (rank * k..(rank + 1) * k)
-                        .map(|j| batch(model, s, j))
-                        .collect();
-                    t.train_step(&window).unwrap()
-                })
-                .collect();
-            // Under ZeRO-3 each rank holds a shard: gather the whole buffer.
-            (t.full_master().unwrap(), reports)
-        })
-    })
-}
-
-/// ||a - b|| / ||b|| over the whole buffer, NaN if anything is not finite.
-fn rel_l2_checked(a: &[f32], b: &[f32]) -> f64 {
-    assert!(
-        stoker_testkit::max_abs(a).is_finite() && stoker_testkit::max_abs(b).is_finite(),
-        "non-finite weights"
-    );
-    rel_l2(a, b)
-}
+use stoker_train::trainer::{build_model, Trainer};
 
 fn check_equivalent(model: &str, precision: &str, kernels: &str, optimizer: &str, tol: f64) {
     for strategy in strategies() {
         check_strategy(model, precision, kernels, optimizer, tol, strategy);
     }
-}
-
-/// ZeRO-3's variants: resharding after the forward (its default) or not.
-const ZERO3: [&str; 2] = [
-    "strategy = \"zero3\"",
-    "strategy = \"full_shard\"\nreshard_after_forward = false",
-];
-
-/// Every strategy the equivalence matrix runs besides ZeRO-3's: DDP, ZeRO-1, ZeRO-2
-/// reducing every micro-batch (its default) and ZeRO-2 with `no_sync` accumulation.
-const STRATEGIES: [&str; 4] = [
-    "strategy = \"ddp\"",
-    "strategy = \"zero1\"",
-    "strategy = \"zero2\"",
-    "strategy = \"zero2\"\nsync_every_micro_batch = false",
-];
-
-/// Every strategy: [`STRATEGIES`] and ZeRO-3's (on the direct step one block at a time,
-/// on the graph path the whole model per micro-batch).
-fn strategies() -> Vec<&'static str> {
-    let mut all = STRATEGIES.to_vec();
-    all.extend(ZERO3);
-    all
 }
 
 fn check_strategy(

@@ -1,10 +1,11 @@
-//! `stoker bench ddp CONFIG` (alone for one rank, under `mpirun -n N` for N): the DDP step
-//! on this machine. It trains the config's model on its data for `--steps` steps and
-//! reports the median step time and the median wait for gradient reductions after the
-//! backward (the communication the backward did not hide), then all-reduces the same
-//! gradient buckets with nothing else running (the communication's whole time), and
-//! prints the overlap achieved, `1 - exposed wait / isolated time`, beside `stoker plan`'s
-//! predicted DDP communication time for the same model and world size on the `cpu`
+//! `stoker bench ddp CONFIG` (alone for one rank, under `mpirun -n N` for N): the
+//! data-parallel step of the config's strategy on this machine. It trains the config's
+//! model on its data for `--steps` steps and reports the median step time and the median
+//! wait for communication the step did not hide (DDP and ZeRO-1/2: reductions after the
+//! backward; ZeRO-3: gathers and reduce-scatters), then runs the same collectives with
+//! nothing else running (the communication's whole time), and prints the overlap
+//! achieved, `1 - exposed wait / isolated time`, beside `stoker plan`'s predicted
+//! communication time of that strategy for the same model and world size on the `cpu`
 //! preset. scripts/bench/ddp.sh runs it at 1 and 2 ranks and prints the step time beyond
 //! compute.
 
@@ -13,10 +14,10 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use stoker_comm::{Buffer, Communicator};
-use stoker_train::config::{ModelConfig, TrainConfig};
+use stoker_comm::{Buffer, Communicator, Pending};
+use stoker_train::config::{ModelConfig, StrategyKind, TrainConfig};
 use stoker_train::layout::FlatLayout;
-use stoker_train::parallel::buckets;
+use stoker_train::parallel::{buckets, GroupShards};
 use stoker_train::run::{run_rank, threads_per_rank, RunOptions};
 use stoker_train::trainer::build_model;
 
@@ -38,6 +39,7 @@ pub struct DdpBenchArgs {
 
 #[derive(serde::Serialize)]
 struct DdpResult {
+    strategy: &'static str,
     ranks: usize,
     threads_per_rank: usize,
     params: usize,
@@ -60,16 +62,21 @@ fn median(v: &[f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// `stoker plan`'s DDP communication time per step for a GPT of `config` on `world`
-/// ranks of the `cpu` preset, in seconds (None for other models).
-fn plan_comm_s(config: &TrainConfig, world: usize, global_batch: usize) -> Option<f64> {
+/// `stoker plan`'s communication time per step of `strategy` for a GPT of `config` on
+/// `world` ranks of the `cpu` preset, in seconds (None for other models).
+fn plan_comm_s(
+    config: &TrainConfig,
+    strategy: &str,
+    world: usize,
+    global_batch: usize,
+) -> Option<f64> {
     let ModelConfig::Gpt(g) = &config.model else {
         return None;
     };
     let text = format!(
         "[model]\nfamily = \"gpt2\"\nlayers = {}\nhidden = {}\nheads = {}\nvocab = {}\ncontext = {}\n\
          [hardware]\npreset = \"cpu\"\ndevices_per_node = {world}\n\
-         [training]\nglobal_batch = {global_batch}\nseq_len = {}\nprecision = \"fp32\"\noptimizer = \"adamw\"\nstrategy = \"ddp\"\n",
+         [training]\nglobal_batch = {global_batch}\nseq_len = {}\nprecision = \"fp32\"\noptimizer = \"adamw\"\nstrategy = \"{strategy}\"\n",
         g.n_layer, g.d_model, g.n_head, g.vocab, g.context, g.context
     );
     let input = stoker_plan::input::PlanInput::from_toml_str("bench-ddp", &text).ok()?;
@@ -77,8 +84,70 @@ fn plan_comm_s(config: &TrainConfig, world: usize, global_batch: usize) -> Optio
     let p = stoker_plan::plan(r, None);
     p.strategies
         .iter()
-        .find(|s| s.label == "ddp")
+        .find(|s| s.label == strategy)
         .map(|s| s.comm.step_s)
+}
+
+/// Starts one step's collectives of `config`'s strategy with nothing else running, on
+/// buffers of zeros. DDP and ZeRO-1/2: an all-reduce of every gradient bucket (ZeRO's
+/// reduce-scatter and all-gather move a ring all-reduce's bytes), once per reduced
+/// micro-batch. ZeRO-3, every micro-batch: each parameter group gathered (blocks twice
+/// when they are resharded after the forward) and reduce-scattered.
+fn start_step_collectives(
+    comm: &dyn Communicator,
+    config: &TrainConfig,
+    layout: &FlatLayout,
+    accumulation_steps: usize,
+) -> anyhow::Result<Vec<Pending>> {
+    let p = &config.parallel;
+    let mut pending = Vec::new();
+    if p.strategy == StrategyKind::Zero3 {
+        let (world, rank) = (comm.world_size(), comm.rank());
+        let shards = GroupShards::new(layout.group_spans()?, world, layout.align());
+        let splits = shards.group_splits(rank);
+        let last = splits.len().saturating_sub(1);
+        for _ in 0..accumulation_steps {
+            for (g, s) in splits.iter().enumerate() {
+                let block = g > 0 && g < last;
+                let gathers = if block && p.reshard_after_forward {
+                    2
+                } else {
+                    1
+                };
+                for _ in 0..gathers {
+                    let (input, output) = (vec![0f32; s.local.len()], vec![0f32; s.span.len()]);
+                    pending.push(comm.start_all_gather(
+                        Buffer::F32(input),
+                        &s.counts,
+                        Buffer::F32(output),
+                    )?);
+                }
+                let (input, output) = (vec![0f32; s.span.len()], vec![0f32; s.local.len()]);
+                pending.push(comm.start_reduce_scatter(
+                    Buffer::F32(input),
+                    &s.counts,
+                    Buffer::F32(output),
+                )?);
+            }
+        }
+        return Ok(pending);
+    }
+    let mib = |x: f64| (x * (1 << 20) as f64) as usize;
+    let plan = buckets::plan(
+        &layout.group_ranges(),
+        mib(p.bucket_cap_mb),
+        mib(p.first_bucket_mb),
+    );
+    let reduced = match p.sync_every_micro_batch {
+        Some(true) => accumulation_steps,
+        _ => 1,
+    };
+    for _ in 0..reduced {
+        for b in &plan {
+            pending.push(comm.start_all_reduce(Buffer::F32(vec![0.0; b.range.len()]))?);
+        }
+    }
+    Ok(pending)
 }
 
 /// Runs `stoker bench ddp`.
@@ -120,34 +189,25 @@ pub fn run(a: DdpBenchArgs) -> anyhow::Result<()> {
     };
     let s = run_rank(&config, &RunOptions::default(), comm.clone(), &launcher)
         .context("the timed training run")?;
-    // The same buckets, all-reduced with nothing else running.
+    // The same collectives with nothing else running.
     let model = build_model(&config.model, config.precision, config.kernels, config.seed)?;
     let layout = FlatLayout::of(model.params())?;
-    let mib = |x: f64| (x * (1 << 20) as f64) as usize;
     let p = &config.parallel;
-    let plan = buckets::plan(
-        &layout.group_ranges(),
-        mib(p.bucket_cap_mb),
-        mib(p.first_bucket_mb),
-    );
+    let strategy = match world {
+        1 => "none",
+        _ => p.strategy.stage().name(),
+    };
     let mut isolated = Vec::new();
+    let mut collectives = 0;
     for _ in 0..(a.steps as usize).max(10) {
         comm.barrier()?;
         let t0 = Instant::now();
-        let pending = plan
-            .iter()
-            .map(|b| comm.start_all_reduce(Buffer::F32(vec![0.0; b.range.len()])))
-            .collect::<stoker_comm::Result<Vec<_>>>()?;
+        let pending = start_step_collectives(&*comm, &config, &layout, s.dims.accumulation_steps)?;
+        collectives = pending.len();
         for p in pending {
             p.wait()?;
         }
-        // Every micro-batch that is reduced pays it: one per step, or k with sync every.
-        let per_step = if p.sync_every_micro_batch == Some(true) {
-            s.dims.accumulation_steps
-        } else {
-            1
-        };
-        isolated.push(t0.elapsed().as_secs_f64() * per_step as f64);
+        isolated.push(t0.elapsed().as_secs_f64());
     }
     let skip = a.warmup.min(s.step_times_s.len().saturating_sub(1));
     let step = median(&s.step_times_s[skip..]);
@@ -158,8 +218,14 @@ pub fn run(a: DdpBenchArgs) -> anyhow::Result<()> {
     } else {
         f64::NAN
     };
-    let planned = plan_comm_s(&config, world, s.dims.global_batch);
+    let planned = plan_comm_s(
+        &config,
+        p.strategy.stage().name(),
+        world,
+        s.dims.global_batch,
+    );
     let result = DdpResult {
+        strategy,
         ranks: world,
         threads_per_rank: threads,
         params: s.params,
@@ -174,11 +240,10 @@ pub fn run(a: DdpBenchArgs) -> anyhow::Result<()> {
     };
     if comm.rank() == 0 {
         println!(
-            "{} rank(s) x {} thread(s), {} parameters, {} buckets, accumulation {}{}: step {:.1} ms (median of {}), waiting for reductions after the backward {:.2} ms, the same all-reduces alone {:.2} ms: {:.0}% hidden under the backward; {:.2} MiB sent per step by each rank; stoker plan predicts {} of DDP communication per step",
+            "{strategy}: {} rank(s) x {} thread(s), {} parameters, {collectives} collectives per step, accumulation {}{}: step {:.1} ms (median of {}), waiting for communication the step did not hide {:.2} ms, the same collectives alone {:.2} ms: {:.0}% hidden under the computation; {:.2} MiB sent per step by each rank; stoker plan predicts {} of {} communication per step",
             world,
             threads,
             s.params,
-            plan.len(),
             result.accumulation_steps,
             if p.sync_every_micro_batch == Some(true) { " (sync every micro-batch)" } else { "" },
             result.step_ms,
@@ -188,6 +253,7 @@ pub fn run(a: DdpBenchArgs) -> anyhow::Result<()> {
             100.0 * if overlap.is_nan() { 0.0 } else { overlap },
             result.mib_sent_per_step,
             planned.map_or("(no prediction for this model)".into(), |x| format!("{:.2} ms", 1e3 * x)),
+            p.strategy.stage().name(),
         );
         if let Some(path) = &a.json {
             std::fs::write(path, serde_json::to_string_pretty(&result)?)

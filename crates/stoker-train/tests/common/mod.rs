@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: tiny models and deterministic data.
 #![allow(dead_code)]
 
+pub mod ranks;
+
 use candle_core::{DType, Device, Tensor};
 use stoker_train::accumulate::{accumulate, AccumulateOptions, MicroBatch, Normalization};
 use stoker_train::layout::FlatLayout;
