@@ -41,6 +41,14 @@ fn check_strategy(
 ) {
     let c = config(model, precision, kernels, optimizer, strategy);
     let g = 4;
+    // The gradient norm to 1e-4, except where candle's graph computes in bf16 (a CPU
+    // without bf16 hardware): its gradients are bf16, and ZeRO-3's unit-by-unit backward
+    // adds a parameter's contributions (the tied embedding's, from the lookup and the
+    // head) in FP32 where the whole graph adds them in bf16 (measured: 2.2e-4).
+    let norm_tol = match c.kernels.param_dtype(c.precision) {
+        candle_core::DType::BF16 => 1e-3,
+        _ => 1e-4,
+    };
     let reference = train(1, &c, model, g, 2, micro_batch).remove(0);
     for world in [2, 4] {
         let ranks = train(world, &c, model, g, 1, micro_batch);
@@ -66,7 +74,7 @@ fn check_strategy(
                 stoker_testkit::assert_close_scalar(
                     a.grad_norm,
                     b.grad_norm,
-                    1e-4,
+                    norm_tol,
                     &format!("{what}: norm"),
                 );
             }
@@ -358,7 +366,7 @@ fn held_bytes_and_bytes_sent_match_the_plan() {
                         "{what}: 1/N"
                     );
                 }
-                if world > 1 && kernels == "direct" && strategy == "strategy = \"zero2\"" {
+                if world > 1 && cw.direct_step() && strategy == "strategy = \"zero2\"" {
                     // ZeRO-2 reducing every micro-batch on the direct step: each group's
                     // gradients reduced as the backward finishes them, so a rank keeps
                     // only its shard of the gradients (the shards tile the buffer).
@@ -370,8 +378,14 @@ fn held_bytes_and_bytes_sent_match_the_plan() {
                     );
                 }
                 if world > 1 && (strategy.contains("zero3") || strategy.contains("full_shard")) {
-                    // Parameters and gradients are shards too: FP32, 4 bytes each.
-                    let elems: usize = held.iter().map(|(h, _)| h.params / 4).sum();
+                    // Parameters and gradients are shards too: FP32, 4 bytes each, and
+                    // where the model's variables are bf16 (bf16 on a CPU without bf16
+                    // hardware) the optimizer's bf16 copy of the shard, 2 more.
+                    let per_param = match cw.kernels.param_dtype(cw.precision) {
+                        candle_core::DType::BF16 => 6,
+                        _ => 4,
+                    };
+                    let elems: usize = held.iter().map(|(h, _)| h.params / per_param).sum();
                     assert_eq!(
                         elems,
                         layout.total_len(),
@@ -379,7 +393,8 @@ fn held_bytes_and_bytes_sent_match_the_plan() {
                     );
                     for (h, _) in &held {
                         assert_eq!(
-                            h.grads, h.params,
+                            h.grads / 4,
+                            h.params / per_param,
                             "{what}: gradient shard = parameter shard"
                         );
                         eprintln!(

@@ -148,17 +148,39 @@ fn three_presets_emit_configs_the_trainer_parses_and_that_plan_again_alike() {
         let choice = plan_of(&fp32).choice.unwrap();
         assert_eq!(c2.parallel, choice.parallel, "{name}");
         assert_eq!(c2.accumulation, choice.accumulation, "{name}");
-        assert_eq!(c2.data, choice.data, "{name}");
         assert_eq!(c2.precision, choice.precision, "{name}");
         assert_eq!(c2.model.seq_len, choice.model.seq_len, "{name}");
         let rel = |a: f64, b: f64| ((a - b) / b).abs();
-        assert!(
-            rel(c2.predicted.step_s, choice.predicted.step_s) < 1e-12,
-            "{name}: {:?} vs {:?}",
-            c2.predicted,
-            choice.predicted
-        );
         assert!(rel(c2.predicted.peak_bytes, choice.predicted.peak_bytes) < 1e-12);
+        if accelerator || cfg.direct_step() {
+            assert_eq!(c2.data, choice.data, "{name}");
+            assert!(
+                rel(c2.predicted.step_s, choice.predicted.step_s) < 1e-12,
+                "{name}: {:?} vs {:?}",
+                c2.predicted,
+                choice.predicted
+            );
+        } else {
+            // A CPU without bf16 hardware runs the emitted bf16 config on candle's graph
+            // (its activations through memory: a slower step), which the plan of the file
+            // counts and the plan of the bare preset does not.
+            eprintln!(
+                "{name}: bf16 runs on candle's graph on this CPU (no AMX or AVX512-BF16): \
+                 its replanned step is the graph path's"
+            );
+            assert!(
+                c2.predicted.step_s > choice.predicted.step_s,
+                "{name}: {:?} vs {:?}",
+                c2.predicted,
+                choice.predicted
+            );
+            let rate = c2.data.required_samples_per_s;
+            let same = stoker_plan::emit::DataSection {
+                required_samples_per_s: rate,
+                ..choice.data.clone()
+            };
+            assert_eq!(c2.data, same, "{name}");
+        }
     }
 }
 
@@ -195,11 +217,17 @@ fn a_config_emitted_for_this_cpu_trains_as_is_and_holds_the_planned_bytes() {
     // Its model states are the planned ones, counted from its buffers, and so are the
     // direct step's activations, which the forecast's peak memory adds.
     assert_eq!(s.held.model_states() as f64, s.planned.model_states());
-    let acts = stoker_train::run::direct_activation_bytes(&cfg, &s.dims).unwrap();
-    assert_eq!(s.activation_bytes, acts);
     let f = s.forecast.as_ref().unwrap();
-    assert_eq!(f.activation_bytes, acts as f64);
-    assert!(f.peak_bytes > s.planned.model_states() + acts as f64);
+    match stoker_train::run::direct_activation_bytes(&cfg, &s.dims) {
+        Some(acts) => {
+            assert_eq!(s.activation_bytes, acts);
+            assert_eq!(f.activation_bytes, acts as f64);
+        }
+        // bf16 on a CPU without bf16 hardware: candle's graph, whose activations the
+        // forecast takes from the scratch micro-batch the run counts.
+        None => assert!(f.activation_bytes > 0.0, "{f:?}"),
+    }
+    assert!(f.peak_bytes > s.planned.model_states() + f.activation_bytes);
     assert!(s.train_rss_bytes > 0);
 }
 
