@@ -121,6 +121,38 @@ fn char_and_gpt2_text_shards() {
         (0..shard.len()).map(|i| shard.token(i)).collect::<Vec<_>>(),
         vec![31373, 220]
     );
+    // What `stoker train` reads back: the same BPE decodes the ids, and the vocabulary
+    // knows its end-of-text token (config.json's bos and eos on export).
+    let vocab = Vocab::load(dir.path().join("g.vocab.json")).unwrap();
+    assert_eq!(vocab, Vocab::Gpt2 { size: 50257 });
+    assert_eq!(vocab.decode(&[31373, 220]), "hello ");
+    assert_eq!(vocab.end_of_text(), Some(50_256));
+    assert_eq!(Vocab::Char { tokens: vec![] }.end_of_text(), None);
+    // A hand-written vocabulary without `kind` is characters; anything else is refused
+    // naming the file and the field.
+    for (text, field) in [
+        (r#"{"tokens": ["a", "b"]}"#, ""),
+        (r#"{"kind": 7}"#, "kind"),
+        (r#"{"kind": "wordpiece"}"#, "kind"),
+        (r#"{"kind": "gpt2"}"#, "size"),
+        (r#"{"kind": "char", "tokens": 7}"#, "tokens"),
+        (r#"{"tokens": ["a", 3]}"#, "tokens[1]"),
+        ("not json", "vocab"),
+    ] {
+        let path = dir.path().join("hand.vocab.json");
+        std::fs::write(&path, text).unwrap();
+        match (Vocab::load(&path), field) {
+            (Ok(v), "") => assert_eq!(v.size(), 2),
+            (Err(e), f) if !f.is_empty() => {
+                let e = e.to_string();
+                assert!(
+                    e.contains("hand.vocab.json") && e.contains(f),
+                    "{text}: {e}"
+                );
+            }
+            (other, _) => panic!("{text}: {other:?}"),
+        }
+    }
 
     std::fs::write(dir.path().join("latin1.txt"), [b'o', b'k', 0xE9, b'!']).unwrap();
     let e = pack_text(

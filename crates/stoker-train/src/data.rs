@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
+use stoker_data::transform::{ImageTransformConfig, TransformMode};
 use stoker_data::{
     open_dataset, AnyDataset, DType, Dataset, FieldSpec, MappedBytes, OpenOptions, SampleContext,
 };
@@ -75,6 +76,8 @@ pub struct Datasets {
     pub target: String,
     /// How the eval split was made, for the log.
     pub eval_note: String,
+    /// Whether the evaluation samples are a held-out split of the training files.
+    pub held_out: bool,
 }
 
 impl Datasets {
@@ -82,18 +85,38 @@ impl Datasets {
     /// evaluation split maps the training file): what reading them adds to the resident
     /// set as file-backed pages.
     pub fn mapped_bytes(&self) -> u64 {
-        match Arc::ptr_eq(&self.train.inner, &self.eval.inner) {
+        match self.held_out {
             true => self.train.mapped_bytes(),
             false => self.train.mapped_bytes() + self.eval.mapped_bytes(),
         }
     }
 }
 
-fn open(path: &std::path::Path, context: usize, key: &str) -> Result<Arc<AnyDataset>> {
+/// How JPEG records become the model's input: at the CNN's `image_size` (the ImageNet
+/// recipe's geometry, its 224 only where the model is 224), training data with random
+/// resized crops and flips, evaluation data with the resize and center crop.
+fn image_transform(config: &TrainConfig, mode: TransformMode) -> ImageTransformConfig {
+    let size = match &config.model {
+        crate::config::ModelConfig::Cnn(c) => c.image_size as u32,
+        _ => ImageTransformConfig::default().size,
+    };
+    ImageTransformConfig {
+        size,
+        mode,
+        ..ImageTransformConfig::default()
+    }
+}
+
+fn open(
+    path: &std::path::Path,
+    config: &TrainConfig,
+    mode: TransformMode,
+    key: &str,
+) -> Result<Arc<AnyDataset>> {
     let opts = OpenOptions {
-        context,
+        context: config.model.context().unwrap_or(1),
         token_dtype: DType::I64,
-        ..OpenOptions::default()
+        image: image_transform(config, mode),
     };
     open_dataset(path, &opts)
         .map(Arc::new)
@@ -106,9 +129,8 @@ fn open(path: &std::path::Path, context: usize, key: &str) -> Result<Arc<AnyData
 /// Opens the configured data (token shards in windows of the model's context) and checks
 /// it against `model` before any training.
 pub fn open_datasets(config: &TrainConfig, model: &dyn Model) -> Result<Datasets> {
-    let context = config.model.context().unwrap_or(1);
     let d = &config.data;
-    let train = open(&d.train, context, "data.train")?;
+    let train = open(&d.train, config, TransformMode::Train, "data.train")?;
     let tokens = matches!(&*train, AnyDataset::Tokens(_));
     let input = d
         .input_field
@@ -128,7 +150,7 @@ pub fn open_datasets(config: &TrainConfig, model: &dyn Model) -> Result<Datasets
     let n = train.len();
     let (train, eval, eval_note) = match &d.eval {
         Some(p) => {
-            let eval = open(p, context, "data.eval")?;
+            let eval = open(p, config, TransformMode::Eval, "data.eval")?;
             check_fields(&eval, &input, &target, model, &p.display().to_string())?;
             let m = eval.len();
             (
@@ -153,9 +175,15 @@ pub fn open_datasets(config: &TrainConfig, model: &dyn Model) -> Result<Datasets
                 d.train.display(),
                 d.eval_fraction
             );
+            // JPEG records are opened again for the held-out split, with the evaluation
+            // transform (no random crops); the other formats are the same either way.
+            let eval = match &*train {
+                AnyDataset::Images(_) => open(&d.train, config, TransformMode::Eval, "data.train")?,
+                _ => train.clone(),
+            };
             (
-                Subset::new(train.clone(), 0, n - held),
-                Subset::new(train, n - held, held),
+                Subset::new(train, 0, n - held),
+                Subset::new(eval, n - held, held),
                 note,
             )
         }
@@ -176,6 +204,7 @@ pub fn open_datasets(config: &TrainConfig, model: &dyn Model) -> Result<Datasets
         input,
         target,
         eval_note,
+        held_out: d.eval.is_none(),
     })
 }
 

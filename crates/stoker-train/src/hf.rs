@@ -65,6 +65,14 @@ pub struct Gpt2Config {
     /// Attention dropout.
     #[serde(default)]
     pub attn_pdrop: f64,
+    /// The beginning-of-text token: GPT-2's end-of-text token where the vocabulary is
+    /// GPT-2's BPE, else null (a character vocabulary has none; transformers' default,
+    /// 50256, would lie outside a small vocabulary).
+    #[serde(default)]
+    pub bos_token_id: Option<u32>,
+    /// The end-of-text token, as `bos_token_id`.
+    #[serde(default)]
+    pub eos_token_id: Option<u32>,
 }
 
 fn yes() -> bool {
@@ -72,8 +80,8 @@ fn yes() -> bool {
 }
 
 impl Gpt2Config {
-    /// GPT-2's config for `c`.
-    pub fn of(c: &GptConfig) -> Self {
+    /// GPT-2's config for `c`, whose vocabulary's end-of-text token is `end_of_text`.
+    pub fn of(c: &GptConfig, end_of_text: Option<u32>) -> Self {
         Gpt2Config {
             architectures: vec!["GPT2LMHeadModel".into()],
             model_type: "gpt2".into(),
@@ -90,6 +98,8 @@ impl Gpt2Config {
             resid_pdrop: 0.0,
             embd_pdrop: 0.0,
             attn_pdrop: 0.0,
+            bos_token_id: end_of_text,
+            eos_token_id: end_of_text,
         }
     }
 }
@@ -117,11 +127,13 @@ fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 }
 
 /// Writes the GPT `config`'s weights `master` (laid out by `layout`) as a Hugging Face
-/// GPT-2 directory `out`: `model.safetensors` and `config.json`.
+/// GPT-2 directory `out`: `model.safetensors` and `config.json` (its bos and eos tokens
+/// `end_of_text`, the vocabulary's: `stoker_data::pack::text::Vocab::end_of_text`).
 pub fn export(
     config: &GptConfig,
     layout: &FlatLayout,
     master: &[f32],
+    end_of_text: Option<u32>,
     out: &Path,
 ) -> Result<PathBuf> {
     std::fs::create_dir_all(out).map_err(|e| io_err(out, e))?;
@@ -151,7 +163,8 @@ pub fn export(
     let st = out.join("model.safetensors");
     let bytes = safetensors::serialize(views, Some(meta)).map_err(|e| ckpt_err(&st, e))?;
     write_synced(&st, &bytes)?;
-    let json = serde_json::to_vec_pretty(&Gpt2Config::of(config)).map_err(|e| ckpt_err(out, e))?;
+    let json = serde_json::to_vec_pretty(&Gpt2Config::of(config, end_of_text))
+        .map_err(|e| ckpt_err(out, e))?;
     write_synced(&out.join("config.json"), &json)?;
     Ok(out.to_path_buf())
 }
@@ -162,7 +175,7 @@ pub fn import(config: &GptConfig, layout: &FlatLayout, dir: &Path) -> Result<Vec
     let cp = dir.join("config.json");
     let text = std::fs::read(&cp).map_err(|e| io_err(&cp, e))?;
     let hf: Gpt2Config = serde_json::from_slice(&text).map_err(|e| ckpt_err(&cp, e))?;
-    let want = Gpt2Config::of(config);
+    let want = Gpt2Config::of(config, None);
     let checks: [(&str, String, String); 8] = [
         ("model_type", hf.model_type.clone(), want.model_type.clone()),
         (

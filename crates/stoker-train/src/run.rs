@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use stoker_comm::Communicator;
+use stoker_data::pack::text::Vocab;
 use stoker_data::{Dataset, Loader, LoaderConfig, Partition, Sampler, SamplerConfig, SamplerState};
 
 use crate::checkpoint::{self, DataPosition};
@@ -288,7 +289,7 @@ pub fn run_rank(
     };
     let mut trainer = Trainer::with_strategy(config, model, strategy)?;
     let context = config.model.context().unwrap_or(0);
-    let vocab = load_vocab(config, &trainer)?;
+    let vocab = load_vocab(config)?;
     let data = open_datasets(config, &*trainer.model)?;
     let resumed_at = match &opts.resume {
         Some(dir) => {
@@ -593,11 +594,8 @@ pub fn run_rank(
     let sample = match (&vocab, config.train.sample_tokens) {
         (Some(v), n) if n > 0 && (lead || trainer.shards_params()) => {
             let toks = trainer.sample(&[0], n, context, config.seed)?;
-            lead.then(|| {
-                toks.iter()
-                    .map(|&t| v.get(t as usize).map_or("?", |s| s.as_str()))
-                    .collect()
-            })
+            let ids: Vec<u32> = toks.iter().map(|&t| t as u32).collect();
+            lead.then(|| v.decode(&ids))
         }
         _ => None,
     };
@@ -835,38 +833,27 @@ fn evaluate(
     trainer.evaluate(&batches)
 }
 
-fn load_vocab(config: &TrainConfig, trainer: &Trainer) -> Result<Option<Vec<String>>> {
+/// The vocabulary `data.vocab` names (what `stoker pack` wrote beside the shard: the
+/// characters, or GPT-2's BPE), checked against the model's vocabulary size.
+fn load_vocab(config: &TrainConfig) -> Result<Option<Vocab>> {
     let Some(path) = &config.data.vocab else {
         return Ok(None);
     };
-    let text = std::fs::read_to_string(path).map_err(|e| io_err(path, e))?;
-    let bad = |field: &str, message: String| {
-        TrainError::DataLoader(stoker_data::DataError::format(path, field, message))
-    };
-    let v: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| bad("JSON", e.to_string()))?;
-    let tokens: Vec<String> = match v["tokens"].as_array() {
-        Some(a) => a
-            .iter()
-            .map(|t| t.as_str().unwrap_or("?").to_string())
-            .collect(),
-        None => return Err(bad("tokens", "expected an array of token strings".into())),
-    };
+    let vocab = Vocab::load(path)?;
     if let ModelConfig::Gpt(g) = &config.model {
-        if tokens.len() > g.vocab {
+        if vocab.size() > g.vocab {
             return Err(crate::error::config_err(
                 "model.vocab",
                 format!(
                     "{} < {} tokens in {} (data.vocab)",
                     g.vocab,
-                    tokens.len(),
+                    vocab.size(),
                     path.display()
                 ),
             ));
         }
     }
-    let _ = trainer;
-    Ok(Some(tokens))
+    Ok(Some(vocab))
 }
 
 fn progress_bar(show: bool, total: u64, start: u64) -> ProgressBar {

@@ -61,7 +61,7 @@ fn export_writes_gpt2_names_shapes_and_config_and_imports_back_bit_for_bit() {
     let tmp = tempfile::tempdir().unwrap();
     let c = config();
     let t = trained();
-    let out = hf::export(gpt(&c), &t.layout, &t.master, &tmp.path().join("hf")).unwrap();
+    let out = hf::export(gpt(&c), &t.layout, &t.master, None, &tmp.path().join("hf")).unwrap();
     let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
@@ -102,6 +102,26 @@ fn export_writes_gpt2_names_shapes_and_config_and_imports_back_bit_for_bit() {
     assert_eq!(cfg["model_type"], "gpt2");
     assert_eq!(cfg["activation_function"], "gelu_new");
     assert_eq!(cfg["n_embd"], 32);
+    // A character vocabulary has no end-of-text token: null, not GPT-2's 50256 (which
+    // transformers would warn lies outside a vocabulary of 16).
+    assert!(
+        cfg["bos_token_id"].is_null() && cfg["eos_token_id"].is_null(),
+        "{cfg}"
+    );
+    let bpe = hf::export(
+        gpt(&c),
+        &t.layout,
+        &t.master,
+        Some(50_256),
+        &tmp.path().join("bpe"),
+    )
+    .unwrap();
+    let cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(bpe.join("config.json")).unwrap()).unwrap();
+    assert_eq!(
+        (&cfg["bos_token_id"], &cfg["eos_token_id"]),
+        (&50_256.into(), &50_256.into())
+    );
     let back = hf::import(gpt(&c), &t.layout, &out).unwrap();
     stoker_testkit::assert_bits_eq(&back, &t.master, "export then import");
 
@@ -155,7 +175,7 @@ fn transformers_loads_the_export_with_stokers_logits_and_its_save_imports_back()
     let tmp = tempfile::tempdir().unwrap();
     let c = config();
     let t = trained();
-    let out = hf::export(gpt(&c), &t.layout, &t.master, &tmp.path().join("hf")).unwrap();
+    let out = hf::export(gpt(&c), &t.layout, &t.master, None, &tmp.path().join("hf")).unwrap();
     // stoker's logits over two sequences of the full context.
     let mb = token_batch(99, 2, 16, 16, &[]);
     t.sync_vars().unwrap();

@@ -55,7 +55,13 @@ pub fn run(args: ExportArgs) -> anyhow::Result<()> {
                 }
                 None => eprintln!("no checkpoint: exporting the initial weights"),
             }
-            let dir = stoker_train::hf::export(gpt, &trainer.layout, &trainer.master, &out)?;
+            // The vocabulary's end-of-text token becomes config.json's bos and eos.
+            let end_of_text = match &config.data.vocab {
+                Some(path) => stoker_data::pack::text::Vocab::load(path)?.end_of_text(),
+                None => None,
+            };
+            let dir =
+                stoker_train::hf::export(gpt, &trainer.layout, &trainer.master, end_of_text, &out)?;
             println!("wrote {}", dir.display());
             Ok(())
         }

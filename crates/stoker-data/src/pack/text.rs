@@ -38,6 +38,18 @@ pub enum Vocab {
 }
 
 impl Vocab {
+    /// GPT-2's end-of-text token, `<|endoftext|>`, the last of its 50,257.
+    pub const GPT2_END_OF_TEXT: u32 = 50_256;
+
+    /// The token that ends a document, where the vocabulary has one (GPT-2's BPE; a
+    /// character vocabulary has none).
+    pub fn end_of_text(&self) -> Option<u32> {
+        match self {
+            Vocab::Char { .. } => None,
+            Vocab::Gpt2 { .. } => Some(Self::GPT2_END_OF_TEXT),
+        }
+    }
+
     /// Number of token ids.
     pub fn size(&self) -> usize {
         match self {
@@ -46,11 +58,52 @@ impl Vocab {
         }
     }
 
-    /// Reads `PREFIX.vocab.json`.
+    /// Reads `PREFIX.vocab.json`: what [`pack_text`] writes (`{"kind": "char", "tokens":
+    /// [...]}` or `{"kind": "gpt2", "size": 50257}`), or a hand-written `{"tokens": [...]}`
+    /// (characters). Errors name the file and the field.
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let bytes = std::fs::read(path).map_err(|e| DataError::io(path, e))?;
-        serde_json::from_slice(&bytes).map_err(|e| DataError::format(path, "vocab", e.to_string()))
+        let bad = |field: &str, message: &str| DataError::format(path, field, message);
+        let v: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|e| bad("vocab", &e.to_string()))?;
+        let kind = match v.get("kind") {
+            None => "char",
+            Some(k) => k
+                .as_str()
+                .ok_or_else(|| bad("kind", "expected \"char\" or \"gpt2\""))?,
+        };
+        match kind {
+            "char" => {
+                let tokens = v
+                    .get("tokens")
+                    .and_then(|t| t.as_array())
+                    .ok_or_else(|| bad("tokens", "expected an array of token strings"))?;
+                let tokens = tokens
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        t.as_str()
+                            .map(String::from)
+                            .ok_or_else(|| bad(&format!("tokens[{i}]"), "expected a token string"))
+                    })
+                    .collect::<Result<Vec<String>>>()?;
+                Ok(Vocab::Char { tokens })
+            }
+            "gpt2" => {
+                let size = v
+                    .get("size")
+                    .and_then(|n| n.as_u64())
+                    .ok_or_else(|| bad("size", "expected the vocabulary's size, a count"))?;
+                Ok(Vocab::Gpt2 {
+                    size: size as usize,
+                })
+            }
+            other => Err(bad(
+                "kind",
+                &format!("{other:?}: expected \"char\" or \"gpt2\""),
+            )),
+        }
     }
 
     /// Turns char-level ids back into text (GPT-2 ids need tiktoken; they are rendered as ids).

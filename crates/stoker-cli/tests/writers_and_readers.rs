@@ -1,0 +1,265 @@
+//! What one command writes, the next reads: each writer of the binary paired with the
+//! reader a user runs next, through the binary, on data the test makes. `stoker pack text
+//! --tokenizer gpt2` once wrote a vocabulary that `stoker train` refused ("expected an
+//! array of token strings").
+//!
+//! - pack text (GPT-2 BPE) -> train -> sample, decoded by the same BPE;
+//! - pack idx -> train (the CNN);
+//! - pack images (JPEG records) -> train (the CNN on decoded photos);
+//! - export hf -> train from it (`[model] init_from`), starting at the exported loss.
+//!
+//! `plan --emit-config` -> train is tests/decision_flow.rs's.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const STOKER: &str = env!("CARGO_BIN_EXE_stoker");
+
+fn stoker(args: &[&str]) -> Output {
+    let o = Command::new("timeout")
+        .args(["-k", "5", "300", STOKER])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "stoker {args:?}: {}", text(&o));
+    o
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// A config writing to `dir/name`, with `data` and `model` as the bodies of their tables.
+fn config(dir: &Path, name: &str, data: &str, model: &str, train: &str) -> PathBuf {
+    let text = format!(
+        "run_dir = {:?}\nseed = 3\nprecision = \"fp32\"\n[data]\n{data}\n[model]\n{model}\n\
+         [batch]\nmicro_batch = 4\n[optimizer]\nkind = \"adamw\"\nlr = 3e-3\nwarmup_steps = 0\n\
+         [train]\nlog_every = 1\neval_batches = 2\n{train}\n",
+        s(&dir.join(name))
+    );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// The text between the run's sample markers.
+fn sample(o: &Output) -> String {
+    let out = String::from_utf8_lossy(&o.stdout);
+    let (_, rest) = out
+        .split_once("--- sample ---\n")
+        .unwrap_or_else(|| panic!("no sample: {}", text(o)));
+    rest.split_once("\n--------------")
+        .map(|(s, _)| s.to_string())
+        .unwrap_or_else(|| panic!("no end of sample: {}", text(o)))
+}
+
+/// The number after `key` on the first line that starts with it.
+fn number(o: &Output, key: &str) -> f64 {
+    let out = String::from_utf8_lossy(&o.stdout);
+    out.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|r| r.trim().split([',', ' ']).next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no `{key}`: {}", text(o)))
+}
+
+#[test]
+fn text_packed_with_gpt2_s_bpe_trains_and_samples_through_the_same_bpe() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let words = [
+        "the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog.",
+    ];
+    let corpus: String = (0..3000)
+        .map(|i| words[(i * 7 + i / 9) % 9])
+        .collect::<Vec<_>>()
+        .join(" ");
+    std::fs::write(dir.join("t.txt"), &corpus).unwrap();
+    let prefix = dir.join("bpe");
+    stoker(&[
+        "pack",
+        "text",
+        s(&prefix),
+        s(&dir.join("t.txt")),
+        "--tokenizer",
+        "gpt2",
+    ]);
+    let data = format!(
+        "train = {:?}\nvocab = {:?}\neval_fraction = 0.1",
+        s(&dir.join("bpe.bin")),
+        s(&dir.join("bpe.vocab.json"))
+    );
+    // GPT-2's vocabulary rounded up to 50,304 (a multiple of 64, as llm.c does).
+    let model =
+        "kind = \"gpt\"\nvocab = 50304\ncontext = 16\nd_model = 16\nn_layer = 1\nn_head = 2";
+    let c = config(
+        dir,
+        "bpe-run",
+        &data,
+        model,
+        "steps = 3\nsample_tokens = 12",
+    );
+    let o = stoker(&["train", s(&c), "--no-progress"]);
+    let sampled = sample(&o);
+    // Decoded text, not ids: GPT-2 tokens of an untrained model decode to words, spaces
+    // and symbols of any language, never a bracketed list of numbers.
+    assert!(!sampled.trim().is_empty(), "{}", text(&o));
+    assert!(
+        !sampled.starts_with('['),
+        "the sample is ids, not text: {sampled}"
+    );
+    // The vocabulary larger than the model's is refused naming both keys.
+    let small = config(
+        dir,
+        "bpe-small",
+        &data,
+        &model.replace("50304", "1000"),
+        "steps = 1",
+    );
+    let o = Command::new(STOKER)
+        .args(["train", s(&small)])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("model.vocab") && err.contains("50257"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// The evaluation's top-1 accuracy, percent.
+fn accuracy(o: &Output) -> f64 {
+    let out = String::from_utf8_lossy(&o.stdout);
+    out.lines()
+        .find_map(|l| l.strip_prefix("eval loss"))
+        .and_then(|l| l.split("accuracy ").nth(1))
+        .and_then(|a| a.split('%').next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no accuracy: {}", text(o)))
+}
+
+fn idx(type_code: u8, dims: &[u32], data: &[u8]) -> Vec<u8> {
+    let mut out = vec![0, 0, type_code, dims.len() as u8];
+    for d in dims {
+        out.extend(d.to_be_bytes());
+    }
+    out.extend(data);
+    out
+}
+
+#[test]
+fn idx_files_packed_train_the_cnn() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let n = 64usize;
+    // Two classes: bright and dark 8x8 images.
+    let labels: Vec<u8> = (0..n).map(|i| (i % 2) as u8).collect();
+    let px: Vec<u8> = (0..n * 64)
+        .map(|i| {
+            if labels[i / 64] == 1 {
+                200 + (i % 7) as u8
+            } else {
+                20 + (i % 5) as u8
+            }
+        })
+        .collect();
+    std::fs::write(dir.join("images.idx"), idx(8, &[n as u32, 8, 8], &px)).unwrap();
+    std::fs::write(dir.join("labels.idx"), idx(8, &[n as u32], &labels)).unwrap();
+    let prefix = dir.join("mnistish");
+    stoker(&[
+        "pack",
+        "idx",
+        "--images",
+        s(&dir.join("images.idx")),
+        "--labels",
+        s(&dir.join("labels.idx")),
+        s(&prefix),
+    ]);
+    let data = format!("train = {:?}\neval_fraction = 0.25", s(&prefix));
+    let model = "kind = \"cnn\"\nin_channels = 1\nimage_size = 8\nchannels1 = 4\nchannels2 = 4\nhidden = 8\nclasses = 2";
+    let c = config(dir, "idx-run", &data, model, "steps = 100");
+    let o = stoker(&["train", s(&c), "--no-progress"]);
+    // Bright against dark: learned well past chance.
+    assert!(accuracy(&o) >= 90.0, "{}", text(&o));
+}
+
+fn jpeg(side: u16, bright: bool, seed: u8) -> Vec<u8> {
+    let base: u8 = if bright { 190 } else { 30 };
+    let px: Vec<u8> = (0..side as usize * side as usize * 3)
+        .map(|i| base + ((i as u8).wrapping_mul(seed) % 20))
+        .collect();
+    let mut out = Vec::new();
+    jpeg_encoder::Encoder::new(&mut out, 90)
+        .encode(&px, side, side, jpeg_encoder::ColorType::Rgb)
+        .unwrap();
+    out
+}
+
+#[test]
+fn jpeg_folders_packed_train_the_cnn() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    for (class, bright) in [("dark", false), ("light", true)] {
+        std::fs::create_dir_all(dir.join("photos").join(class)).unwrap();
+        for k in 0..24u8 {
+            let p = dir.join("photos").join(class).join(format!("{k}.jpg"));
+            std::fs::write(p, jpeg(16, bright, k + 1)).unwrap();
+        }
+    }
+    let prefix = dir.join("records");
+    stoker(&["pack", "images", s(&dir.join("photos")), s(&prefix)]);
+    let data = format!("train = {:?}\neval_fraction = 0.25", s(&prefix));
+    let model = "kind = \"cnn\"\nin_channels = 3\nimage_size = 16\nchannels1 = 4\nchannels2 = 4\nhidden = 8\nclasses = 2";
+    let c = config(dir, "jpeg-run", &data, model, "steps = 30");
+    let o = stoker(&["train", s(&c), "--no-progress"]);
+    assert!(accuracy(&o) >= 90.0, "{}", text(&o));
+}
+
+#[test]
+fn an_exported_hugging_face_directory_starts_a_run_where_the_export_left_off() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let corpus: String = (0..4000).map(|i| ["ab ", "cd ", "ef\n"][i % 3]).collect();
+    std::fs::write(dir.join("t.txt"), corpus).unwrap();
+    let prefix = dir.join("chars");
+    stoker(&["pack", "text", s(&prefix), s(&dir.join("t.txt"))]);
+    let data = format!(
+        "train = {:?}\nvocab = {:?}\neval_fraction = 0.1",
+        s(&dir.join("chars.bin")),
+        s(&dir.join("chars.vocab.json"))
+    );
+    let model = "kind = \"gpt\"\nvocab = 16\ncontext = 16\nd_model = 16\nn_layer = 2\nn_head = 2";
+    let c = config(dir, "first", &data, model, "steps = 20");
+    let first = stoker(&["train", s(&c), "--no-progress"]);
+    let trained = number(&first, "eval loss");
+    let hf = dir.join("hf");
+    stoker(&["export", "hf", s(&c), "--out", s(&hf)]);
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(hf.join("config.json")).unwrap()).unwrap();
+    // A character vocabulary has no end-of-text token.
+    assert!(
+        cfg["eos_token_id"].is_null() && cfg["bos_token_id"].is_null(),
+        "{cfg}"
+    );
+    // One step of a vanishing learning rate from the export: its evaluation is the
+    // trained run's.
+    let from = format!("{model}\ninit_from = {:?}", s(&hf));
+    let c2 = config(dir, "second", &data, &from, "steps = 1");
+    let t = std::fs::read_to_string(&c2).unwrap();
+    std::fs::write(&c2, t.replace("lr = 3e-3", "lr = 1e-30\nmin_lr = 0.0")).unwrap();
+    let second = stoker(&["train", s(&c2), "--no-progress"]);
+    let again = number(&second, "eval loss");
+    assert!(
+        (again - trained).abs() <= 1e-4 * trained,
+        "{again} after import vs {trained} at export"
+    );
+}
