@@ -24,11 +24,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Convert raw data (IDX, JPEG folders, text) into stoker's memory-mappable formats.
+    /// Convert raw data into stoker's memory-mappable formats: idx, text, images.
     Pack(cmd::pack::PackArgs),
-    /// Measure a component (the data loader) and print ratios against a baseline.
+    /// Measure a component against a baseline: loader, comm, ddp.
     Bench(cmd::bench::BenchArgs),
-    /// Search loader settings (num_workers, prefetch_factor) for a throughput target.
+    /// Search settings for a throughput target: loader.
     Tune(cmd::tune::TuneArgs),
     /// Predict memory, communication and step time per strategy and recommend one.
     Plan(Box<cmd::plan::PlanArgs>),
@@ -36,9 +36,9 @@ enum Command {
     Train(cmd::train::TrainArgs),
     /// Plot a training run's metrics to PNG files.
     Report(cmd::report::ReportArgs),
-    /// Work with checkpoints (consolidate a sharded one into one safetensors file).
+    /// Work with checkpoints: consolidate, verify.
     Ckpt(cmd::ckpt::CkptArgs),
-    /// Export a trained model to another framework's format (Hugging Face GPT-2).
+    /// Export a trained model to another framework's format: hf.
     Export(cmd::export::ExportArgs),
 }
 

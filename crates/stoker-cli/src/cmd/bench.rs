@@ -18,7 +18,7 @@ enum BenchWhat {
     Loader(LoaderBenchArgs),
     /// Collective bus bandwidth through stoker's communicator vs the direct MPI call (under mpirun).
     Comm(super::bench_comm::CommBenchArgs),
-    /// The DDP step: step time, exposed communication, overlap, against the plan (1 rank, or under mpirun).
+    /// The data-parallel step of the config's strategy (DDP, ZeRO-1/2/3): step time, exposed communication, overlap, against the plan (1 rank, or under mpirun).
     Ddp(super::bench_ddp::DdpBenchArgs),
 }
 
