@@ -281,7 +281,7 @@ fn a_machine_calibration_plans_every_later_config_on_this_machine() {
     assert!(text.contains(&used), "{text}");
     assert!(
         text.contains(&format!(
-            "planned step per rank (cpu preset with this machine's profile {p}): "
+            "planner forecast per rank (cpu preset with this machine's profile {p}): peak memory "
         )),
         "{text}"
     );

@@ -17,6 +17,19 @@ pub fn launched_world() -> Option<(String, usize)> {
     None
 }
 
+/// How many of the job's ranks the launcher started on this host (MPICH's Hydra sets
+/// `MPI_LOCALNRANKS`, Open MPI `OMPI_COMM_WORLD_LOCAL_SIZE`, Slurm
+/// `SLURM_NTASKS_PER_NODE`); None outside a launcher or where it does not say.
+pub fn local_ranks() -> Option<usize> {
+    [
+        "MPI_LOCALNRANKS",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "SLURM_NTASKS_PER_NODE",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
+}
+
 /// This machine's host name (for messages that say where a rank runs).
 pub fn host_name() -> String {
     let mut name = [0u8; 256];

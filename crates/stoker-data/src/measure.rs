@@ -146,6 +146,27 @@ pub fn rss_bytes() -> u64 {
     status_kib("VmRSS:") * 1024
 }
 
+/// The memory this process's machine gives it, bytes: `MemTotal` of /proc/meminfo, or the
+/// cgroup's limit (`memory.max`, v2; `memory.limit_in_bytes`, v1) where that is lower;
+/// None where neither can be read.
+pub fn memory_limit_bytes() -> Option<u64> {
+    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
+        let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
+        line.split_whitespace().nth(1)?.parse::<u64>().ok()
+    });
+    let total = total.map(|kib| kib * 1024);
+    let cgroup = [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .find_map(|p| std::fs::read_to_string(p).ok()?.trim().parse::<u64>().ok());
+    match (total, cgroup) {
+        (Some(t), Some(c)) => Some(t.min(c)),
+        (t, c) => t.or(c),
+    }
+}
+
 /// A `kB` field of /proc/self/status, 0 where unavailable.
 fn status_kib(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")

@@ -4,14 +4,33 @@
 //! drawn), the datasets opened and checked against the model, and the per-rank bytes
 //! predicted by the same function the run's end compares with its buffers
 //! ([`crate::run::predicted`]).
+//!
+//! It also answers the decision flow's first question, "will it fit?", with the run's own
+//! forecast of peak memory per rank ([`crate::planned::forecast`] over [`OwnBytes`]). The
+//! strategy is set up over a communicator that moves no data, so its buffers (buckets,
+//! shards, ZeRO-3's gathered groups) are sized as the run sizes them. Where one rank's
+//! model states fit in this machine's memory, the dry run then builds that rank's trainer
+//! (ZeRO-3 drawing only its own pieces; the other strategies one rank's, whose step holds
+//! the same activations) and runs one scratch micro-batch through the binary's heap count,
+//! as the run does at its start: activations and kernel scratch are counted, not
+//! estimated. A model this machine cannot hold is counted without allocating: the direct
+//! step's activations told from its shapes, the graph path's from the planner's formula.
+//! [`Fit`] holds the ranks of one host against this machine's memory, or against the
+//! `[plan.hardware]` the config gives.
+
+use std::rc::Rc;
 
 use crate::config::TrainConfig;
 use crate::data::open_datasets;
 use crate::error::Result;
+use crate::heap::HeapCount;
 use crate::layout::FlatLayout;
+use crate::parallel::units::UnitPlan;
 use crate::parallel::ParallelDims;
-use crate::run::predicted;
-use crate::trainer::build_meta_model_on;
+use crate::planned::OwnBytes;
+use crate::run::{direct_activation_bytes, predicted, step_scratch_heap};
+use crate::trainer::{build_meta_model_on, steady_buffer_bytes, Trainer};
+use stoker_data::{Dataset, Loader, Sampler, SamplerConfig};
 use stoker_plan::trainer::TrainerPrediction;
 
 /// What a dry run found.
@@ -27,10 +46,22 @@ pub struct DryRun {
     pub eval_samples: usize,
     /// What each rank will hold and send (the run prints the same beside what it counted).
     pub planned: TrainerPrediction,
+    /// What one rank will hold, counted as the run counts it at its start (see the module
+    /// doc for what a model too large for this machine leaves out).
+    pub own: OwnBytes,
+    /// Whether a scratch micro-batch counted the activations and kernel scratch.
+    pub measured_step: bool,
 }
 
-/// Checks `config` for a run on `world` ranks and predicts its per-rank bytes.
-pub fn dry_run(config: &TrainConfig, world: usize) -> Result<DryRun> {
+/// Checks `config` for a run on `world` ranks and predicts its per-rank bytes; with
+/// `heap` (the binary's allocation count), measures one scratch micro-batch where a rank's
+/// model states fit in `budget` bytes.
+pub fn dry_run(
+    config: &TrainConfig,
+    world: usize,
+    heap: Option<&dyn HeapCount>,
+    budget: Option<f64>,
+) -> Result<DryRun> {
     config.validate()?;
     let dims = ParallelDims::resolve(config, world, 0, "dry run")?;
     // Declared without values: the layout and the data checks need the model's shapes
@@ -39,11 +70,160 @@ pub fn dry_run(config: &TrainConfig, world: usize) -> Result<DryRun> {
     let model = build_meta_model_on(&config.model, p, k, seed, &candle_core::Device::Cpu)?;
     let layout = FlatLayout::of(model.params())?;
     let data = open_datasets(config, &*model)?;
+    let planned = predicted(config, &dims, &layout);
+    // The strategy as the run sets it up, over a communicator that moves no data.
+    let mut strategy = crate::parallel::for_config(config, &layout, dry_comm(world)?)?;
+    let len = layout.total_len();
+    let held = strategy.holds(len);
+    let direct = config.direct_step();
+    let grad_held = strategy.settle_grads(len, direct)?;
+    let units = match (held.is_whole(len), direct) {
+        (false, false) => Some(UnitPlan::of(
+            &*model,
+            &layout,
+            config.parallel.reshard_after_forward,
+            k.param_dtype(p).size_in_bytes(),
+        )?),
+        _ => None,
+    };
+    let buffers = steady_buffer_bytes(
+        &*strategy,
+        grad_held.len(),
+        dims.accumulation_steps,
+        units.as_ref(),
+        &held,
+    );
+    let sampler = Sampler::new(data.train.len(), SamplerConfig::default())?;
+    let loader = Loader::new(
+        data.train.clone(),
+        sampler,
+        config.data.train_loader(dims.micro_batch),
+    )?;
+    let (baseline, code_at_start) = (
+        stoker_data::measure::rss_bytes(),
+        stoker_data::measure::code_rss_bytes(),
+    );
+    let told = direct_activation_bytes(config, &dims);
+    // One scratch micro-batch on the rank's own trainer, where it fits here.
+    let fits_here = budget.is_some_and(|b| 2.0 * planned.model_states() < b);
+    let scratch = match (heap, fits_here) {
+        (Some(h), true) => {
+            let trainer = match held.is_whole(len) {
+                true => Trainer::new(config),
+                false => Trainer::with_strategy(
+                    config,
+                    model,
+                    crate::parallel::for_config(config, &layout, dry_comm(world)?)?,
+                ),
+            };
+            step_scratch_heap(&mut trainer?, &data, dims.micro_batch, Some(h), false)?
+        }
+        _ => None,
+    };
+    // As the run splits it: the direct step's told activations, the rest its kernels'.
+    let (activations, workspace) = match (told, scratch) {
+        (Some(a), s) => (Some(a), s.map_or(0, |s| s.saturating_sub(a))),
+        (None, s) => (s, 0),
+    };
+    // The code the step runs becomes resident as it first runs (as the run counts it).
+    let code_grown = stoker_data::measure::code_rss_bytes().saturating_sub(code_at_start);
+    let own = OwnBytes {
+        baseline: (baseline + code_grown) as f64,
+        model_states: planned.model_states(),
+        buffers: buffers as f64,
+        activations: activations.map(|b| b as f64),
+        workspace: workspace as f64,
+        loader: loader.steady_bytes() as f64,
+        mapped: data.mapped_bytes() as f64,
+        baseline_heap: None,
+    };
     Ok(DryRun {
-        planned: predicted(config, &dims, &layout),
+        planned,
+        own,
+        measured_step: scratch.is_some(),
         params: layout.numel(),
-        train_samples: stoker_data::Dataset::len(&*data.train),
-        eval_samples: stoker_data::Dataset::len(&*data.eval),
+        train_samples: data.train.len(),
+        eval_samples: data.eval.len(),
         dims,
     })
+}
+
+/// Rank 0 of `world` over a communicator that moves no data.
+fn dry_comm(world: usize) -> Result<Rc<dyn stoker_comm::Communicator>> {
+    Ok(Rc::new(stoker_comm::DryComm::new(0, world)?))
+}
+
+/// The memory a host's ranks must fit in, and where the figure comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryBudget {
+    /// Bytes.
+    pub bytes: f64,
+    /// `this machine's memory` or `[plan.hardware] (...)`, for the message.
+    pub source: String,
+}
+
+impl MemoryBudget {
+    /// The host memory of `config`'s `[plan.hardware]` where it gives one (a preset or
+    /// `host_memory_gib`), else this machine's (its memory, or its cgroup's limit where
+    /// lower); None where neither is known.
+    pub fn of(config: &TrainConfig) -> Result<Option<MemoryBudget>> {
+        let given = config
+            .plan
+            .as_ref()
+            .map(|p| &p.hardware)
+            .filter(|h| **h != stoker_plan::input::HardwareInput::default());
+        if let Some(h) = given {
+            let hw = stoker_plan::resolve::resolve_hardware(h)
+                .map_err(|e| crate::error::config_err("plan.hardware", e.to_string()))?;
+            if hw.host_memory > 0.0 {
+                return Ok(Some(MemoryBudget {
+                    bytes: hw.host_memory,
+                    source: format!("[plan.hardware] ({} host memory)", hw.name),
+                }));
+            }
+        }
+        Ok(
+            stoker_data::measure::memory_limit_bytes().map(|b| MemoryBudget {
+                bytes: b as f64,
+                source: "this machine's memory".into(),
+            }),
+        )
+    }
+}
+
+/// Whether the ranks of one host fit in its memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fit {
+    /// Ranks sharing the host.
+    pub ranks: usize,
+    /// Forecast peak per rank, bytes.
+    pub per_rank: f64,
+    /// What they must fit in.
+    pub budget: MemoryBudget,
+}
+
+impl Fit {
+    /// Bytes the host's ranks need together.
+    pub fn needed(&self) -> f64 {
+        self.per_rank * self.ranks as f64
+    }
+
+    /// Whether they fit.
+    pub fn fits(&self) -> bool {
+        self.needed() <= self.budget.bytes
+    }
+
+    /// `fits: 3 ranks x 52.1 MiB = 156.3 MiB of 23.5 GiB (this machine's memory)`.
+    pub fn line(&self) -> String {
+        let mib = |b: f64| b / (1u64 << 20) as f64;
+        format!(
+            "{}: {} rank(s) on this host x {:.1} MiB = {:.1} MiB of {:.1} MiB ({})",
+            if self.fits() { "fits" } else { "does not fit" },
+            self.ranks,
+            mib(self.per_rank),
+            mib(self.needed()),
+            mib(self.budget.bytes),
+            self.budget.source
+        )
+    }
 }

@@ -664,7 +664,7 @@ pub fn run_rank(
 /// ([`Trainer::scratch_micro_batch`]: no state changes, no collective). None in fp8 (where
 /// the scratch step cannot run), without a heap counter, and with ranks as threads of one
 /// process (one counter for all of them).
-fn step_scratch_heap(
+pub(crate) fn step_scratch_heap(
     trainer: &mut Trainer,
     data: &Datasets,
     micro: usize,

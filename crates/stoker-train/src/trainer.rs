@@ -138,6 +138,23 @@ pub(crate) fn vars_bytes(model: &dyn Model) -> usize {
         .sum()
 }
 
+/// The communication and accumulation buffers a rank holds in steady state for windows of
+/// `k` micro-batches, known before the first step: the strategy's (settled, as
+/// [`Strategy::settle_grads`] leaves it), the running sum's extra gradient buffers of
+/// `grad_len` elements, and ZeRO-3's graph-path units' workspace over this rank's `held`
+/// pieces. [`Trainer::steady_buffer_bytes`] adds a GPU model's host staging; a dry run
+/// calls it over a strategy on a communicator that moves no data.
+pub fn steady_buffer_bytes(
+    strategy: &dyn Strategy,
+    grad_len: usize,
+    k: usize,
+    units: Option<&UnitPlan>,
+    held: &Pieces,
+) -> usize {
+    let sums = GradSum::steady_extra_buffers(strategy.sum_order(), k);
+    strategy.steady_buffer_bytes() + 4 * grad_len * sums + units.map_or(0, |u| u.peak_bytes(held))
+}
+
 /// The training state.
 pub struct Trainer {
     /// The model (its variables hold compute-dtype copies of `master`; while the direct
@@ -459,10 +476,13 @@ impl Trainer {
     /// `k` micro-batches, known before the first step (the strategy's buckets and the
     /// accumulation's partial sums are allocated by the first window).
     pub fn steady_buffer_bytes(&self, k: usize) -> usize {
-        self.strategy.steady_buffer_bytes()
-            + self.step_buffer_bytes(GradSum::steady_extra_buffers(self.sum.order(), k))
-            + self.unit_workspace_bytes()
-            + self.staging_bytes()
+        steady_buffer_bytes(
+            &*self.strategy,
+            self.grads.len(),
+            k,
+            self.units.as_ref(),
+            &self.held,
+        ) + self.staging_bytes()
     }
 
     /// ZeRO-3 on the graph path: the most bytes its units' gathered groups, gradient buffers

@@ -360,7 +360,7 @@ fn evaluation_and_checkpoint_time_are_reported_apart_from_training() {
 fn a_dry_run_plans_what_the_run_holds() {
     let tmp = tempfile::tempdir().unwrap();
     let c = config(tmp.path(), "bf16", 2, "");
-    let d = stoker_train::dry_run::dry_run(&c, 1).unwrap();
+    let d = stoker_train::dry_run::dry_run(&c, 1, None, None).unwrap();
     assert!(
         !c.run_dir.exists(),
         "a dry run wrote {}",
@@ -371,6 +371,6 @@ fn a_dry_run_plans_what_the_run_holds() {
     assert_eq!(d.params, s.params);
     assert_eq!(s.held.model_states() as f64, d.planned.model_states());
     // At 3 ranks the batch is 3x (the config pins the accumulation, not the global batch).
-    let d3 = stoker_train::dry_run::dry_run(&c, 3).unwrap();
+    let d3 = stoker_train::dry_run::dry_run(&c, 3, None, None).unwrap();
     assert_eq!(d3.dims.global_batch, 3 * d.dims.global_batch);
 }

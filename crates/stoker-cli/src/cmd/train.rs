@@ -65,14 +65,61 @@ fn parse_fault(s: &str) -> Result<checkpoint::SaveFault, String> {
     })
 }
 
-/// `--dry-run`: the checks a run makes before its first step, and its plan.
+/// `--dry-run`: the checks a run makes before its first step, and its plan. The compute
+/// threads are the run's (the kernels' scratch is per thread); under a launcher every
+/// rank joins MPI as the run's ranks do, so that rank 0's count holds MPI's own memory,
+/// and rank 0 alone counts and prints.
 fn dry_run(args: &TrainArgs, config: &TrainConfig) -> anyhow::Result<()> {
+    let launched = stoker_comm::mpi::launched_world();
     let world = args
         .world
-        .or(stoker_comm::mpi::launched_world().map(|(_, n)| n))
+        .or(launched.as_ref().map(|(_, n)| *n))
         .unwrap_or(1);
     anyhow::ensure!(world >= 1, "--world 0: expected at least 1 rank");
-    let d = stoker_train::dry_run::dry_run(config, world)?;
+    let per_host = stoker_comm::mpi::local_ranks().unwrap_or(world).min(world);
+    let threads = threads_per_rank(config.parallel.threads_per_rank, per_host);
+    crate::candle_threads::share_cores_with_candle(threads);
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build_global();
+    }
+    let mpi = match &launched {
+        Some((_, n)) if *n > 1 => Some(stoker_comm::mpi::MpiComm::init(
+            stoker_comm::communicator::timeout_from_secs(
+                config.parallel.timeout_s,
+                stoker_comm::DEFAULT_TIMEOUT,
+            ),
+        )?),
+        _ => None,
+    };
+    let lead = mpi.as_ref().is_none_or(|m| m.rank() == 0);
+    let result = match lead {
+        true => print_dry_run(args, config, world, per_host),
+        false => Ok(()),
+    };
+    if let Some(m) = mpi {
+        m.barrier()?;
+        m.finalize(Duration::from_secs(10), 0);
+    }
+    result
+}
+
+/// The dry run's count and plan for `world` ranks, `per_host` of them on this host.
+fn print_dry_run(
+    args: &TrainArgs,
+    config: &TrainConfig,
+    world: usize,
+    per_host: usize,
+) -> anyhow::Result<()> {
+    let budget = stoker_train::dry_run::MemoryBudget::of(config)?;
+    let heap: &dyn stoker_train::heap::HeapCount = &crate::ALLOC;
+    let d = stoker_train::dry_run::dry_run(
+        config,
+        world,
+        Some(heap),
+        budget.as_ref().map(|b| b.bytes),
+    )?;
     println!("{}: valid", args.config.display());
     println!(
         "model: {} parameters; data: {} training and {} evaluation samples",
@@ -83,23 +130,47 @@ fn dry_run(args: &TrainArgs, config: &TrainConfig) -> anyhow::Result<()> {
         d.dims.micro_batch, d.dims.accumulation_steps, d.dims.world, d.dims.global_batch, d.dims.strategy
     );
     println!("planned per rank: {}", d.planned.summary());
-    // The planner's step time for these ranks on this host (on this machine's profile
-    // where it applies); the run's memory forecast needs its own count of its buffers.
+    // The run's forecast (peak memory per rank, step time) for these ranks on this host,
+    // on this machine's profile where it applies; then whether the host's ranks fit.
     let mut planned = config.clone();
     if let Some(p) = crate::machine_profile::load()? {
         let threads = stoker_train::calibrate::rank_threads(config, world);
         println!("{}", p.line(&p.apply(&mut planned, world, threads)));
     }
-    match stoker_train::planned::forecast(&planned, world, world, None) {
-        Ok(f) => match (f.step_s, f.required_samples_per_s) {
-            (Some(t), Some(need)) => println!(
-                "planned step per rank ({}): {:.1} ms, loader need {need:.0} samples/s",
-                f.basis(),
-                1e3 * t
-            ),
-            _ => println!("planned step: none ({})", f.why_no_step_time()),
-        },
-        Err(e) => println!("planned step: none ({e})"),
+    match stoker_train::planned::forecast(&planned, world, per_host, Some(&d.own)) {
+        Ok(f) => {
+            println!("{}", stoker_train::run::forecast_line(&f));
+            if !d.measured_step {
+                println!(
+                    "not counted: the kernels' scratch{} (a rank's model states do not fit here, \
+                     so no scratch micro-batch ran)",
+                    match d.own.activations {
+                        Some(_) => "",
+                        None =>
+                            " and candle's graph's activations (the planner's formula stands in)",
+                    }
+                );
+            }
+            let outside = stoker_comm::mpi::launched_world().is_none();
+            if world > 1 && outside && config.parallel.backend != BackendKind::Local {
+                println!(
+                    "not counted: MPI's own memory in each rank (run the dry run under the \
+                     launcher, `mpirun -n {world} stoker train CONFIG --dry-run`, to count it)"
+                );
+            }
+            match budget {
+                Some(budget) => {
+                    let fit = stoker_train::dry_run::Fit {
+                        ranks: per_host,
+                        per_rank: f.peak_bytes,
+                        budget,
+                    };
+                    println!("{}", fit.line());
+                }
+                None => println!("fit: unknown (this machine's memory cannot be read)"),
+            }
+        }
+        Err(e) => println!("planner forecast: none ({e})"),
     }
     println!("(a run prints the same beside what it counted; nothing was trained or written)");
     Ok(())
@@ -150,7 +221,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     if let Some((_, world)) = &launched {
         crate::candle_threads::share_cores_with_candle(threads_per_rank(
             config.parallel.threads_per_rank,
-            local_ranks(*world),
+            stoker_comm::mpi::local_ranks().unwrap_or(*world),
         ));
     }
     match (config.parallel.backend, launched) {
@@ -247,18 +318,6 @@ fn run_local(args: &TrainArgs, config: &TrainConfig, opts: &RunOptions) -> anyho
     }
 }
 
-/// Ranks on this host, as the launcher announced them (for the compute threads).
-fn local_ranks(world: usize) -> usize {
-    [
-        "MPI_LOCALNRANKS",
-        "OMPI_COMM_WORLD_LOCAL_SIZE",
-        "SLURM_NTASKS_PER_NODE",
-    ]
-    .iter()
-    .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
-    .unwrap_or(world)
-}
-
 fn run_mpi(
     args: &TrainArgs,
     config: &TrainConfig,
@@ -278,7 +337,10 @@ fn run_mpi(
         stoker_comm::mpi::abort_world(101);
     }));
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        let n = threads_per_rank(config.parallel.threads_per_rank, local_ranks(world));
+        let n = threads_per_rank(
+            config.parallel.threads_per_rank,
+            stoker_comm::mpi::local_ranks().unwrap_or(world),
+        );
         let _ = rayon::ThreadPoolBuilder::new()
             .num_threads(n)
             .build_global();

@@ -1,0 +1,160 @@
+//! "Will this config fit on this machine, at this world size?" is the first question of the
+//! chapter's decision flow, and `stoker train --dry-run` answers it: the run's own forecast
+//! of peak memory per rank, counted without training (a scratch micro-batch on the rank's
+//! own trainer where its model states fit here), and whether the ranks of one host fit in
+//! this machine's memory or in the `[plan.hardware]` the config gives.
+//!
+//! Checked through the binary: the dry run's peak per rank is within 5% of the peak the run
+//! itself forecasts at its start, for the GPT's direct step and its candle graph and for
+//! the CNN, at one rank and under ZeRO-3 at `mpirun -n 3` (where the dry run joins MPI as
+//! the run's ranks do, so that MPI's own memory is counted); a tiny
+//! `[plan.hardware]` host memory says "does not fit".
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const STOKER: &str = env!("CARGO_BIN_EXE_stoker");
+
+fn stoker(args: &[&str]) -> Output {
+    under(1, args)
+}
+
+/// `stoker ARGS`, under `mpirun -n ranks` where `ranks` > 1.
+fn under(ranks: usize, args: &[&str]) -> Output {
+    let mut cmd = Command::new("timeout");
+    cmd.args(["-k", "5", "300"]);
+    if ranks > 1 {
+        cmd.args(["mpirun", "-n", &ranks.to_string()]);
+    }
+    let o = cmd
+        .arg(STOKER)
+        .args(args)
+        .env("STOKER_PROFILE", "off")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "stoker {args:?}: {}", text(&o));
+    o
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// The MiB after `peak memory ` on the forecast line.
+fn forecast_peak(o: &Output) -> f64 {
+    let out = String::from_utf8_lossy(&o.stdout);
+    out.lines()
+        .find(|l| l.starts_with("planner forecast per rank"))
+        .and_then(|l| l.split("peak memory ").nth(1))
+        .and_then(|r| r.split(" MiB").next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no forecast peak: {}", text(o)))
+}
+
+fn write_data(dir: &Path) {
+    let corpus: String = (0..6000)
+        .map(|i| ["ab ", "cd ", "ef\n", "gh "][i % 4])
+        .collect();
+    std::fs::write(dir.join("t.txt"), corpus).unwrap();
+    stoker(&["pack", "text", s(&dir.join("chars")), s(&dir.join("t.txt"))]);
+    let n = 128usize;
+    let px: Vec<u8> = (0..n * 64).map(|i| (i * 31 % 251) as u8).collect();
+    stoker_testkit::write_npy(&dir.join("img.image.npy"), "|u1", &[n, 1, 8, 8], &px);
+    let labels: Vec<i64> = (0..n).map(|i| (i % 4) as i64).collect();
+    stoker_testkit::write_npy(
+        &dir.join("img.label.npy"),
+        "<i8",
+        &[n],
+        bytemuck::cast_slice(&labels),
+    );
+}
+
+fn config(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let text = format!(
+        "run_dir = {:?}\nseed = 3\n{body}\n[optimizer]\nkind = \"adamw\"\nlr = 1e-3\n\
+         [train]\nsteps = 2\neval_every = 0\ncheckpoint_every = 0\n",
+        s(&dir.join(name))
+    );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn the_dry_run_forecasts_the_run_s_peak_and_says_whether_it_fits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_data(dir);
+    let gpt = |kernels: &str, parallel: &str| {
+        format!(
+            "precision = \"fp32\"\nkernels = \"{kernels}\"\n[data]\ntrain = {:?}\n\
+             vocab = {:?}\nnum_workers = 0\n[model]\nkind = \"gpt\"\nvocab = 16\ncontext = 32\n\
+             d_model = 64\nn_layer = 3\nn_head = 4\n[batch]\nmicro_batch = 4\n{parallel}",
+            s(&dir.join("chars.bin")),
+            s(&dir.join("chars.vocab.json"))
+        )
+    };
+    let cnn = format!(
+        "precision = \"fp32\"\n[data]\ntrain = {:?}\nnum_workers = 0\n[model]\nkind = \"cnn\"\n\
+         in_channels = 1\nimage_size = 8\nchannels1 = 8\nchannels2 = 8\nhidden = 32\nclasses = 4\n\
+         [batch]\nmicro_batch = 8",
+        s(&dir.join("img"))
+    );
+    let zero3 = "global_batch = 12\n[parallel]\nstrategy = \"zero3\"";
+    let cases = [
+        ("gpt-direct", gpt("direct", ""), 1),
+        ("gpt-graph", gpt("fused", ""), 1),
+        ("cnn", cnn, 1),
+        ("gpt-direct-zero3", gpt("direct", zero3), 3),
+        ("gpt-graph-zero3", gpt("fused", zero3), 3),
+    ];
+    for (name, body, world) in cases {
+        let c = config(dir, name, &body);
+        let dry = under(world, &["train", s(&c), "--dry-run"]);
+        assert!(
+            !dir.join(name).exists(),
+            "{name}: a dry run wrote its run_dir"
+        );
+        let fit = String::from_utf8_lossy(&dry.stdout)
+            .lines()
+            .find(|l| l.starts_with("fits: ") || l.starts_with("does not fit: "))
+            .map(String::from)
+            .unwrap_or_else(|| panic!("{name}: no fit line: {}", text(&dry)));
+        assert!(
+            fit.starts_with(&format!("fits: {world} rank(s) on this host"))
+                && fit.ends_with("(this machine's memory)"),
+            "{name}: {fit}"
+        );
+        let run = under(world, &["train", s(&c), "--no-progress"]);
+        let (planned, counted) = (forecast_peak(&dry), forecast_peak(&run));
+        eprintln!("{name}: dry run {planned:.1} MiB, run {counted:.1} MiB per rank");
+        assert!(
+            (planned / counted - 1.0).abs() <= 0.05,
+            "{name}: the dry run forecasts {planned} MiB per rank, the run {counted}"
+        );
+    }
+    // The [plan.hardware] given: far too little host memory.
+    let small = format!(
+        "{}\n[plan.hardware]\npreset = \"cpu\"\nhost_memory_gib = 0.001",
+        gpt("direct", "")
+    );
+    let c = config(dir, "small", &small);
+    let dry = stoker(&["train", s(&c), "--dry-run"]);
+    let out = String::from_utf8_lossy(&dry.stdout);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("does not fit: 1 rank(s) on this host")
+                && l.ends_with("MiB ([plan.hardware] (cpu host memory))")),
+        "{}",
+        text(&dry)
+    );
+}
