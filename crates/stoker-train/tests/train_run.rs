@@ -374,3 +374,19 @@ fn a_dry_run_plans_what_the_run_holds() {
     let d3 = stoker_train::dry_run::dry_run(&c, 3, None, None).unwrap();
     assert_eq!(d3.dims.global_batch, 3 * d.dims.global_batch);
 }
+
+/// bf16 on a CPU without bf16 hardware runs candle's emulated bf16 (5x slower than fp32
+/// on this project's AVX2 machine), and the run says so at its start; fp32 never.
+#[test]
+fn bf16_without_bf16_hardware_is_named_as_slow() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bf16 = config(tmp.path(), "bf16", 2, "");
+    let fp32 = config(tmp.path(), "fp32", 2, "");
+    let native = stoker_kernels::bf16_native();
+    let why = stoker_train::run::slow_precision(&bf16);
+    assert_eq!(why.is_some(), !native, "{why:?}");
+    if let Some(w) = why {
+        assert!(w.contains("precision = \"fp32\""), "{w}");
+    }
+    assert_eq!(stoker_train::run::slow_precision(&fp32), None);
+}

@@ -130,6 +130,9 @@ fn print_dry_run(
         d.dims.micro_batch, d.dims.accumulation_steps, d.dims.world, d.dims.global_batch, d.dims.strategy
     );
     println!("planned per rank: {}", d.planned.summary());
+    if let Some(why) = stoker_train::run::slow_precision(config) {
+        println!("warning: {why}");
+    }
     // The run's forecast (peak memory per rank, step time) for these ranks on this host,
     // on this machine's profile where it applies; then whether the host's ranks fit.
     let mut planned = config.clone();
