@@ -88,7 +88,7 @@ steps = {steps}
     let median = times[times.len() / 2];
     println!(
         "{{\"impl\": \"stoker\", \"precision\": \"{precision}\", \"kernels\": \"{kernels}\", \"params\": {}, \"median_step_s\": {median}, \"tokens_per_s\": {}, \"step_s\": [{list}]}}",
-        trainer.layout.numel(),
+        trainer.layout().numel(),
         (batch * context) as f64 / median
     );
     Ok(())

@@ -25,11 +25,12 @@ use crate::data::open_datasets;
 use crate::error::Result;
 use crate::heap::HeapCount;
 use crate::layout::FlatLayout;
+use crate::models::build_meta_model_on;
 use crate::parallel::units::UnitPlan;
 use crate::parallel::ParallelDims;
 use crate::planned::OwnBytes;
 use crate::run::{direct_activation_bytes, predicted, step_scratch_heap};
-use crate::trainer::{build_meta_model_on, steady_buffer_bytes, Trainer};
+use crate::trainer::{steady_buffer_bytes, Trainer};
 use stoker_data::{Dataset, Loader, Sampler, SamplerConfig};
 use stoker_plan::trainer::TrainerPrediction;
 

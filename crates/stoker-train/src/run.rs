@@ -25,9 +25,10 @@ use crate::heap::HeapCount;
 use crate::layout::FlatLayout;
 use crate::memory::HeldBytes;
 use crate::metrics::{MetricsLog, Record};
+use crate::models::build_model_on;
 use crate::models::LossKind;
 use crate::parallel::{agree, ParallelDims};
-use crate::trainer::{build_model_on, EvalReport, Trainer};
+use crate::trainer::{EvalReport, Trainer};
 use stoker_plan::strategy::Stage;
 use stoker_plan::trainer::{GroupSpans, TrainerPrediction, TrainerRun};
 
@@ -282,7 +283,7 @@ pub fn run_rank(
     // The model declared first without values: its layout sets the strategy up, and a
     // strategy that shards the parameters (ZeRO-3) draws this rank's pieces from it
     // alone; every other gets the model built whole.
-    let meta = crate::trainer::build_meta_model_on(&config.model, p, k, seed, &device)?;
+    let meta = crate::models::build_meta_model_on(&config.model, p, k, seed, &device)?;
     let layout = FlatLayout::of(meta.params())?;
     let strategy = crate::parallel::for_config(config, &layout, comm.clone())?;
     let model = match strategy
@@ -295,7 +296,7 @@ pub fn run_rank(
     let mut trainer = Trainer::with_strategy(config, model, strategy)?;
     let context = config.model.context().unwrap_or(0);
     let vocab = load_vocab(config)?;
-    let data = open_datasets(config, &*trainer.model)?;
+    let data = open_datasets(config, trainer.model())?;
     let resumed_at = match &opts.resume {
         Some(dir) => {
             let state = checkpoint::load(&mut trainer, dir)?;
@@ -304,7 +305,7 @@ pub fn run_rank(
                 let k = dims.global_batch / dims.micro_batch;
                 DataPosition::of(state.sampler, dims.global_batch, 1, k)
             });
-            trainer.sampler_state = pos.resume_at(dims.global_batch, dims.accumulation_steps)?;
+            trainer.set_sampler_state(pos.resume_at(dims.global_batch, dims.accumulation_steps)?);
             Some(state.step)
         }
         None => None,
@@ -322,16 +323,16 @@ pub fn run_rank(
         false => None,
     };
     let ckpt_root = run_dir.join("checkpoints");
-    let params = trainer.layout.numel();
+    let params = trainer.layout().numel();
     let mib = |elems: usize| elems as f64 * 4.0 / (1 << 20) as f64;
     let accounting = format!(
         "{params} parameters in {} tensors; FP32 master {:.2} MiB + gradients {:.2} MiB + optimizer {:.2} MiB (align {}) per rank; \
          {} x {} rank(s), micro_batch {} x accumulation_steps {} x world_size {} = global_batch {}; eval: {}",
-        trainer.layout.slots().len(),
-        mib(trainer.master.len()),
+        trainer.layout().slots().len(),
+        mib(trainer.master().len()),
         mib(trainer.grad_held().len() * (1 + trainer.extra_grad_buffers())),
-        mib(trainer.optimizer.state_bytes() / 4),
-        trainer.layout.align(),
+        mib(trainer.optimizer().state_bytes() / 4),
+        trainer.layout().align(),
         trainer.strategy().name(),
         dims.world,
         dims.micro_batch,
@@ -389,9 +390,9 @@ pub fn run_rank(
         .stop_after
         .unwrap_or(config.train.steps)
         .min(config.train.steps);
-    let bar = progress_bar(opts.progress && lead, total, trainer.step);
+    let bar = progress_bar(opts.progress && lead, total, trainer.step());
     // The plan this run is checked against at its end (as `--dry-run` prints it).
-    let planned = predicted(config, &dims, &trainer.layout);
+    let planned = predicted(config, &dims, trainer.layout());
     // The planner's whole forecast (peak memory, step time) for this run as configured,
     // its memory from the trainer's own count of its buffers.
     let own = crate::planned::OwnBytes {
@@ -452,9 +453,9 @@ pub fn run_rank(
     let mut last_eval = None;
     let k = dims.accumulation_steps;
     let mut window = Vec::with_capacity(k);
-    let mut state = trainer.sampler_state;
+    let mut state = trainer.sampler_state();
     let mut preempted = false;
-    'outer: while trainer.step < total {
+    'outer: while trainer.step() < total {
         let mut it = loader.resume(state);
         while let Some(batch) = it.next() {
             let batch = batch?;
@@ -480,11 +481,11 @@ pub fn run_rank(
             comm_wait += r.sync.exposed_wait;
             bytes_sent += r.sync.bytes_sent;
             window.clear();
-            trainer.sampler_state = it.state();
+            trainer.set_sampler_state(it.state());
             last_loss = r.loss;
             interval_count += r.count;
             total_count += r.count;
-            let step = trainer.step;
+            let step = trainer.step();
             // The resident set where a record logs it.
             let logged = step % config.train.log_every == 0 || step == total;
             let rss = logged.then(stoker_data::measure::rss_bytes);
@@ -570,7 +571,8 @@ pub fn run_rank(
                 side_work_done = true;
                 let t_save = Instant::now();
                 same_weights_everywhere(&*comm, &trainer, step)?;
-                let pos = DataPosition::of(trainer.sampler_state, dims.global_batch, dims.world, k);
+                let pos =
+                    DataPosition::of(trainer.sampler_state(), dims.global_batch, dims.world, k);
                 checkpoint::save(
                     &trainer,
                     &*comm,
@@ -610,7 +612,7 @@ pub fn run_rank(
     let step_s = step_time.as_secs_f64() / steps_run.max(1) as f64;
     if let (Some(log), Some(f)) = (&mut log, &forecast) {
         log.write(&Record::Forecast {
-            step: trainer.step,
+            step: trainer.step(),
             forecast: f.clone(),
             peak_rss_bytes,
             train_rss_bytes: train_rss_max,
@@ -621,7 +623,7 @@ pub fn run_rank(
     }
     if let Some(log) = &mut log {
         log.write(&Record::States {
-            step: trainer.step,
+            step: trainer.step(),
             strategy: trainer.strategy().name().into(),
             world: dims.world,
             planned,
@@ -630,10 +632,10 @@ pub fn run_rank(
         })?;
     }
     if preempted && lead {
-        tracing::warn!("stopped by a signal after step {}", trainer.step);
+        tracing::warn!("stopped by a signal after step {}", trainer.step());
     }
     Ok(RunSummary {
-        steps: trainer.step,
+        steps: trainer.step(),
         preempted,
         last_loss,
         eval: last_eval,
@@ -744,7 +746,7 @@ fn same_weights_everywhere(comm: &dyn Communicator, trainer: &Trainer, step: u64
         // ZeRO-3's ranks hold different shards by design; each writes its own.
         return Ok(());
     }
-    let mine = crc32fast::hash(bytemuck::cast_slice(&trainer.master)) as u64;
+    let mine = crc32fast::hash(bytemuck::cast_slice(trainer.master())) as u64;
     let mut all = vec![0u64; n];
     stoker_comm::CommExt::all_gather(comm, &[mine], &vec![1; n], &mut all)?;
     if all.iter().any(|&c| c != all[0]) {
@@ -762,14 +764,14 @@ fn same_weights_everywhere(comm: &dyn Communicator, trainer: &Trainer, step: u64
 /// its peak).
 fn weights_crc32(comm: &dyn Communicator, trainer: &Trainer) -> Result<u32> {
     if !trainer.shards_params() {
-        return Ok(crc32fast::hash(bytemuck::cast_slice(&trainer.master)));
+        return Ok(crc32fast::hash(bytemuck::cast_slice(trainer.master())));
     }
     // [start, crc, bytes] of each piece.
     let mine: Vec<u64> = trainer
         .held()
         .with_starts()
         .flat_map(|(r, at)| {
-            let values = &trainer.master[at..at + r.len()];
+            let values = &trainer.master()[at..at + r.len()];
             [
                 r.start as u64,
                 crc32fast::hash(bytemuck::cast_slice(values)) as u64,

@@ -23,7 +23,8 @@ use stoker_testkit::data_parallel_tolerance as tolerance;
 use stoker_train::accumulate::MicroBatch;
 use stoker_train::config::TrainConfig;
 use stoker_train::layout::FlatLayout;
-use stoker_train::trainer::{build_model, Trainer};
+use stoker_train::models::build_model;
+use stoker_train::trainer::{StepPath, Trainer};
 
 fn check_equivalent(model: &str, precision: &str, kernels: &str, optimizer: &str, tol: f64) {
     for strategy in strategies() {
@@ -158,7 +159,7 @@ fn one_rank_of_ddp_is_the_single_rank_trainer() {
             let w: Vec<MicroBatch> = (0..3).map(|j| micro_batch(model, s, j)).collect();
             t.train_step(&w).unwrap();
         }
-        stoker_testkit::assert_bits_eq(&ddp, &t.master, "ddp at world 1 vs strategy none");
+        stoker_testkit::assert_bits_eq(&ddp, t.master(), "ddp at world 1 vs strategy none");
     }
 }
 
@@ -441,7 +442,7 @@ fn held_and_sent(
         let bucketed = matches!(
             config.parallel.strategy,
             stoker_train::config::StrategyKind::Zero2
-        ) && !t.strategy().reduces_by_group();
+        ) && !matches!(t.path(), StepPath::DirectByGroup { .. });
         let what = format!(
             "{:?} rank {rank} of {world} ({:?})",
             config.parallel.strategy, config.kernels
@@ -547,7 +548,7 @@ fn zero3_evaluation_piece_by_piece_equals_one_rank_s_on_the_same_weights() {
 /// later too. A strategy that keeps whole parameters refuses such a model.
 #[test]
 fn zero3_ranks_draw_their_pieces_of_the_initial_model_alone() {
-    use stoker_train::trainer::build_meta_model_on;
+    use stoker_train::models::build_meta_model_on;
     for (model, kernels) in ZERO3_PATHS {
         let c = config(model, "fp32", kernels, ADAMW, "strategy = \"zero3\"");
         let whole = build_model(&c.model, c.precision, c.kernels, c.seed).unwrap();

@@ -152,7 +152,7 @@ fn trainers_with_direct_and_composed_kernels_take_the_same_steps() {
             "step {s}: norm"
         );
     }
-    let diff = stoker_testkit::max_abs_diff(&d.master, &c.master);
+    let diff = stoker_testkit::max_abs_diff(d.master(), c.master());
     // AdamW moves every weight by about lr = 1e-2 per step whatever the gradient's size,
     // so gradients equal to 1e-5 relative can move a weight differently by more than
     // 1e-5; 1% of one step's size (1e-4) still catches any wrong gradient.

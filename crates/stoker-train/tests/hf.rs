@@ -61,7 +61,14 @@ fn export_writes_gpt2_names_shapes_and_config_and_imports_back_bit_for_bit() {
     let tmp = tempfile::tempdir().unwrap();
     let c = config();
     let t = trained();
-    let out = hf::export(gpt(&c), &t.layout, &t.master, None, &tmp.path().join("hf")).unwrap();
+    let out = hf::export(
+        gpt(&c),
+        t.layout(),
+        t.master(),
+        None,
+        &tmp.path().join("hf"),
+    )
+    .unwrap();
     let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
@@ -110,8 +117,8 @@ fn export_writes_gpt2_names_shapes_and_config_and_imports_back_bit_for_bit() {
     );
     let bpe = hf::export(
         gpt(&c),
-        &t.layout,
-        &t.master,
+        t.layout(),
+        t.master(),
         Some(50_256),
         &tmp.path().join("bpe"),
     )
@@ -122,13 +129,15 @@ fn export_writes_gpt2_names_shapes_and_config_and_imports_back_bit_for_bit() {
         (&cfg["bos_token_id"], &cfg["eos_token_id"]),
         (&50_256.into(), &50_256.into())
     );
-    let back = hf::import(gpt(&c), &t.layout, &out).unwrap();
-    stoker_testkit::assert_bits_eq(&back, &t.master, "export then import");
+    let back = hf::import(gpt(&c), t.layout(), &out).unwrap();
+    stoker_testkit::assert_bits_eq(&back, t.master(), "export then import");
 
     // A directory for another size is refused naming config.json and the key.
     let mut other = gpt(&c).clone();
     other.n_head = 2;
-    let e = hf::import(&other, &t.layout, &out).unwrap_err().to_string();
+    let e = hf::import(&other, t.layout(), &out)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("config.json") && e.contains("`n_head`"), "{e}");
     // `[model] init_from` starts training from it.
     let text = toml::to_string(&c).unwrap().replace(
@@ -137,7 +146,7 @@ fn export_writes_gpt2_names_shapes_and_config_and_imports_back_bit_for_bit() {
     );
     let ft = TrainConfig::parse(&text, Path::new("ft.toml")).unwrap();
     let fine = Trainer::new(&ft).unwrap();
-    stoker_testkit::assert_bits_eq(&fine.master, &t.master, "init_from");
+    stoker_testkit::assert_bits_eq(fine.master(), t.master(), "init_from");
 }
 
 /// The Python that has torch and transformers: `STOKER_HF_PYTHONPATH`, or the cache
@@ -175,11 +184,18 @@ fn transformers_loads_the_export_with_stokers_logits_and_its_save_imports_back()
     let tmp = tempfile::tempdir().unwrap();
     let c = config();
     let t = trained();
-    let out = hf::export(gpt(&c), &t.layout, &t.master, None, &tmp.path().join("hf")).unwrap();
+    let out = hf::export(
+        gpt(&c),
+        t.layout(),
+        t.master(),
+        None,
+        &tmp.path().join("hf"),
+    )
+    .unwrap();
     // stoker's logits over two sequences of the full context.
     let mb = token_batch(99, 2, 16, 16, &[]);
     t.sync_vars().unwrap();
-    let logits = t.model.forward(&t.fx(), &mb.input).unwrap();
+    let logits = t.model().forward(&t.fx(), &mb.input).unwrap();
     let logits: Vec<f32> = logits.flatten_all().unwrap().to_vec1().unwrap();
     let tokens: Vec<i64> = mb.input.flatten_all().unwrap().to_vec1().unwrap();
     let (tp, lp) = (tmp.path().join("tokens.npy"), tmp.path().join("logits.npy"));
@@ -201,6 +217,6 @@ fn transformers_loads_the_export_with_stokers_logits_and_its_save_imports_back()
     );
     eprintln!("{text}");
     assert!(o.status.success(), "transformers check failed: {text}");
-    let back = hf::import(gpt(&c), &t.layout, &saved).unwrap();
-    stoker_testkit::assert_bits_eq(&back, &t.master, "transformers' save_pretrained, imported");
+    let back = hf::import(gpt(&c), t.layout(), &saved).unwrap();
+    stoker_testkit::assert_bits_eq(&back, t.master(), "transformers' save_pretrained, imported");
 }

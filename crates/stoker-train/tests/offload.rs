@@ -39,7 +39,7 @@ fn staging_through_host_buffers_changes_no_bit() {
         let mut staged = Trainer::new(&c).unwrap();
         assert_eq!(plain.staging_bytes(), 0, "a CPU model stages nothing");
         staged.stage_through_host().unwrap();
-        let n = staged.layout.numel();
+        let n = staged.layout().numel();
         let width = if precision == "fp32" { 4 } else { 2 };
         assert_eq!(staged.staging_bytes(), 2 * width * n, "{precision}");
         let mut skipped = 0;
@@ -56,10 +56,10 @@ fn staging_through_host_buffers_changes_no_bit() {
             assert_eq!(a.grad_norm.to_bits(), b.grad_norm.to_bits(), "{precision}");
             assert_eq!(a.skipped, b.skipped, "{precision}: step {step}");
         }
-        assert_eq!(bits(&plain.master), bits(&staged.master), "{precision}");
+        assert_eq!(bits(plain.master()), bits(staged.master()), "{precision}");
         // Each parameter went up once per step that updated (fp16 may skip a step), each
         // as the optimizer finished it: no whole upload on top.
-        let params = staged.layout.slots().len();
+        let params = staged.layout().slots().len();
         let updated = 6 - skipped;
         assert_eq!(
             staged.staging_upload_counts(),
@@ -106,7 +106,7 @@ fn two_ranks(strategy: &str, staged: bool) -> Vec<Vec<u32>> {
         let rank = comm.rank();
         let comm: Rc<dyn Communicator> = Rc::new(comm);
         let m =
-            stoker_train::trainer::build_model(&c.model, c.precision, c.kernels, c.seed).unwrap();
+            stoker_train::models::build_model(&c.model, c.precision, c.kernels, c.seed).unwrap();
         let layout = stoker_train::layout::FlatLayout::of(m.params()).unwrap();
         let s = stoker_train::parallel::for_config(&c, &layout, comm).unwrap();
         let mut t = Trainer::with_strategy(&c, m, s).unwrap();
@@ -123,7 +123,7 @@ fn two_ranks(strategy: &str, staged: bool) -> Vec<Vec<u32>> {
         if staged {
             // Sharded optimizers upload every parameter after the all-gather; DDP's updates
             // the whole buffer and uploads each as it finishes it.
-            let n = t.layout.slots().len();
+            let n = t.layout().slots().len();
             let by_segment = if strategy == "ddp" { 4 * n } else { 0 };
             assert_eq!(
                 t.staging_upload_counts(),

@@ -51,7 +51,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<()> {
                 Some(dir) => {
                     checkpoint::load(&mut trainer, dir)
                         .with_context(|| format!("loading {}", dir.display()))?;
-                    eprintln!("exporting {} (step {})", dir.display(), trainer.step);
+                    eprintln!("exporting {} (step {})", dir.display(), trainer.step());
                 }
                 None => eprintln!("no checkpoint: exporting the initial weights"),
             }
@@ -60,8 +60,13 @@ pub fn run(args: ExportArgs) -> anyhow::Result<()> {
                 Some(path) => stoker_data::pack::text::Vocab::load(path)?.end_of_text(),
                 None => None,
             };
-            let dir =
-                stoker_train::hf::export(gpt, &trainer.layout, &trainer.master, end_of_text, &out)?;
+            let dir = stoker_train::hf::export(
+                gpt,
+                trainer.layout(),
+                trainer.master(),
+                end_of_text,
+                &out,
+            )?;
             println!("wrote {}", dir.display());
             Ok(())
         }

@@ -26,10 +26,12 @@ pub fn bench_point(t: &stoker_data::measure::Trial) -> BenchPoint {
 /// the consumer takes batches; Err with the reason where the data cannot be opened.
 pub(super) fn loader_rate(cfg: &TrainConfig) -> Result<(stoker_data::measure::Trial, u64)> {
     use stoker_data::{Dataset, Sampler, SamplerConfig};
-    // The data is checked against the model's input shapes, which a shell knows without
-    // drawing any weights.
-    let shell = crate::models::Shell::new(cfg.model.clone());
-    let data = crate::data::open_datasets(cfg, &shell)?;
+    // The data is checked against the model's input shapes, which the model declared
+    // without values knows without drawing any weights.
+    let (p, k, seed) = (cfg.precision, cfg.kernels, cfg.seed);
+    let shapes =
+        crate::models::build_meta_model_on(&cfg.model, p, k, seed, &candle_core::Device::Cpu)?;
+    let data = crate::data::open_datasets(cfg, &*shapes)?;
     let d = &cfg.data;
     let lc = d.train_loader(cfg.batch.micro_batch);
     let sampler = Sampler::new(

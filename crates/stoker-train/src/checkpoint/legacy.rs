@@ -108,22 +108,22 @@ pub fn verify(dir: &Path) -> Result<CheckpointState> {
 /// Loads the checkpoint in `dir` into `trainer`, after verifying every checksum and that
 /// its layout matches the model.
 pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<CheckpointState> {
-    let pieces = trainer.optimizer.pieces().clone();
+    let pieces = trainer.optimizer().pieces().clone();
     let state = read_state(dir)?;
     // The same parameters in another order or alignment (a version 1 checkpoint's name
     // order) load by name; other parameters or shapes do not load at all.
-    if state.layout != trainer.layout {
+    if state.layout != *trainer.layout() {
         let probe = vec![0f32; state.layout.total_len()];
-        if trainer.layout.remap_from(&state.layout, &probe).is_err() {
-            let diff = describe_mismatch(&state.layout, &trainer.layout);
+        if trainer.layout().remap_from(&state.layout, &probe).is_err() {
+            let diff = describe_mismatch(&state.layout, trainer.layout());
             return Err(st_err(dir, format!("does not match the model: {diff}")));
         }
     }
     let mp = dir.join("model.safetensors");
     let model = read_checked(&mp, state.model_crc32)?;
     let st = safetensors::SafeTensors::deserialize(&model).map_err(|e| st_err(&mp, e))?;
-    let mut master = vec![0f32; trainer.layout.total_len()];
-    for s in trainer.layout.slots() {
+    let mut master = vec![0f32; trainer.layout().total_len()];
+    for s in trainer.layout().slots() {
         let t = st
             .tensor(&s.name)
             .map_err(|e| st_err(&mp, format!("parameter `{}`: {e}", s.name)))?;
@@ -156,34 +156,34 @@ pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<CheckpointState> {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
-        let v = match state.layout == trainer.layout {
+        let v = match state.layout == *trainer.layout() {
             true => v,
             false => trainer
-                .layout
+                .layout()
                 .remap_from(&state.layout, &v)
                 .map_err(|e| st_err(&op, format!("optimizer buffer `{name}`: {e}")))?,
         };
-        if v.len() != trainer.layout.total_len() {
+        if v.len() != trainer.layout().total_len() {
             return Err(st_err(
                 &op,
                 format!(
                     "optimizer buffer `{name}` has {} elements, the layout {}",
                     v.len(),
-                    trainer.layout.total_len()
+                    trainer.layout().total_len()
                 ),
             ));
         }
         buffers.push((name, pieces.take(&v)));
     }
     trainer
-        .optimizer
+        .optimizer_mut()
         .restore(OptimState {
             step: state.optimizer_step,
             pieces,
             buffers,
         })
         .map_err(|m| st_err(&op, m))?;
-    match (&mut trainer.scaler, &state.scaler) {
+    match (trainer.scaler_mut(), &state.scaler) {
         (Some(s), Some(saved)) => s.restore(saved.clone())?,
         (None, None) => {}
         _ => {
@@ -193,12 +193,11 @@ pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<CheckpointState> {
             ))
         }
     }
-    if let (Some(f), Some(saved)) = (&trainer.fp8, &state.fp8) {
+    if let (Some(f), Some(saved)) = (trainer.fp8(), &state.fp8) {
         f.restore(saved.clone());
     }
     trainer.set_master(master)?;
-    trainer.step = state.step;
-    trainer.sampler_state = state.sampler;
+    trainer.restore_position(state.step, state.sampler);
     Ok(state)
 }
 

@@ -213,8 +213,8 @@ pub fn save(
     fault: Option<SaveFault>,
 ) -> Result<PathBuf> {
     let (rank, world) = (comm.rank(), comm.world_size());
-    let dir = step_dir(root, trainer.step);
-    let tmp = root.join(format!(".tmp_step_{:08}", trainer.step));
+    let dir = step_dir(root, trainer.step());
+    let tmp = root.join(format!(".tmp_step_{:08}", trainer.step()));
     if rank == 0 {
         std::fs::create_dir_all(root).map_err(|e| io_err(root, e))?;
         if tmp.exists() {
@@ -224,9 +224,9 @@ pub fn save(
     }
     comm.barrier()?;
 
-    let layout = &trainer.layout;
+    let layout = &trainer.layout();
     let (own, mine) = trainer.master_shard(world, rank);
-    let opt = trainer.optimizer.state_ref();
+    let opt = trainer.optimizer().state_ref();
     let Some(local) = opt.pieces.local_of(&own) else {
         return Err(ckpt_err(
             &tmp,
@@ -245,7 +245,7 @@ pub fn save(
     // 1 MiB buffer): a serialized copy in memory would add 12 bytes per parameter of the
     // shard to the run's peak. The manifest's CRC is of the bytes read back.
     let file = tmp.join(shard_file(rank));
-    let step = trainer.step;
+    let step = trainer.step();
     safetensors::serialize_to_file(views, None, &file).map_err(|e| ckpt_err(&file, e))?;
     crash_if(fault, rank, step, SavePoint::ShardWritten, &file);
     let (crc, len) = sync_and_hash(&file)?;
@@ -263,17 +263,17 @@ pub fn save(
         let manifest = Manifest {
             format: FORMAT.into(),
             version: VERSION,
-            step: trainer.step,
+            step: trainer.step(),
             optimizer_step: opt.step,
             optimizer_buffers: opt.buffers.iter().map(|(n, _)| n.to_string()).collect(),
             world_size: world,
             strategy: trainer.strategy().name().into(),
             seed,
-            sampler: trainer.sampler_state,
+            sampler: trainer.sampler_state(),
             data,
-            scaler: trainer.scaler.as_ref().map(|s| s.state().clone()),
-            fp8: trainer.fp8.as_ref().map(|f| f.state()),
-            layout: layout.clone(),
+            scaler: trainer.scaler().map(|s| s.state().clone()),
+            fp8: trainer.fp8().map(|f| f.state()),
+            layout: (*layout).clone(),
             shards: shard_entries(&all),
         };
         let json = serde_json::to_vec_pretty(&manifest).map_err(|e| ckpt_err(&tmp, e))?;
@@ -501,14 +501,14 @@ pub(crate) fn copy_overlap(
 pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<Resumed> {
     let m = read_manifest(dir)?;
     let mp = dir.join(MANIFEST);
-    if m.layout != trainer.layout {
-        let diff = super::legacy::describe_mismatch(&m.layout, &trainer.layout);
+    if m.layout != *trainer.layout() {
+        let diff = super::legacy::describe_mismatch(&m.layout, trainer.layout());
         return Err(ckpt_err(
             &mp,
             format!("layout does not match the model: {diff}"),
         ));
     }
-    let ours = trainer.optimizer.state_ref();
+    let ours = trainer.optimizer().state_ref();
     let names: Vec<&str> = ours.buffers.iter().map(|(n, _)| *n).collect();
     if m.optimizer_buffers != names {
         return Err(ckpt_err(
@@ -541,7 +541,7 @@ pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<Resumed> {
         }
         Ok(())
     })?;
-    match (&trainer.scaler, &m.scaler) {
+    match (trainer.scaler(), &m.scaler) {
         (Some(_), Some(_)) | (None, None) => {}
         _ => {
             return Err(ckpt_err(
@@ -551,22 +551,21 @@ pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<Resumed> {
         }
     }
     trainer
-        .optimizer
+        .optimizer_mut()
         .restore(OptimState {
             step: m.optimizer_step,
             pieces,
             buffers,
         })
         .map_err(|e| ckpt_err(&mp, e))?;
-    if let (Some(s), Some(saved)) = (&mut trainer.scaler, &m.scaler) {
+    if let (Some(s), Some(saved)) = (trainer.scaler_mut(), &m.scaler) {
         s.restore(saved.clone())?;
     }
-    if let (Some(f), Some(saved)) = (&trainer.fp8, &m.fp8) {
+    if let (Some(f), Some(saved)) = (trainer.fp8(), &m.fp8) {
         f.restore(saved.clone());
     }
     trainer.set_held_master(master)?;
-    trainer.step = m.step;
-    trainer.sampler_state = m.sampler;
+    trainer.restore_position(m.step, m.sampler);
     Ok(Resumed {
         step: m.step,
         sampler: m.sampler,

@@ -5,9 +5,9 @@
 //! the high dtype. Token models produce one row per position, classifiers one per sample.
 
 pub mod cnn;
+pub mod factory;
 pub mod gpt;
 pub mod mlp;
-pub mod shell;
 
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
@@ -18,9 +18,9 @@ use crate::params::ParamSet;
 use crate::precision::Fx;
 
 pub use cnn::{Cnn, CnnConfig};
+pub use factory::{build_meta_model_on, build_model, build_model_on};
 pub use gpt::{Gpt, GptConfig};
 pub use mlp::{Mlp, MlpConfig};
-pub use shell::Shell;
 
 /// Whether the loss is per target token (language models) or per sample (classifiers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

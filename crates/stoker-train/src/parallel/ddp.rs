@@ -19,7 +19,7 @@ use std::time::Instant;
 use stoker_comm::{tree_all_reduce, CommExt, CommStats, Communicator};
 
 use super::buckets::{Bucket, BucketOp, Buckets};
-use super::{scalars, Pieces, Strategy, SyncStats};
+use super::{scalars, Pieces, Strategy, StrategyBytes, SyncStats};
 use crate::error::Result;
 use crate::grad_sum::SumOrder;
 
@@ -138,18 +138,20 @@ impl Strategy for Ddp {
         Ok(())
     }
 
+    fn stats(&self) -> SyncStats {
+        SyncStats {
+            bytes_sent: self.comm.stats().since(&self.window_start).bus_bytes(),
+            ..self.stats
+        }
+    }
+}
+
+impl StrategyBytes for Ddp {
     fn buffer_bytes(&self) -> usize {
         self.buckets.buffer_bytes()
     }
 
     fn steady_buffer_bytes(&self) -> usize {
         self.buckets.steady_bytes()
-    }
-
-    fn stats(&self) -> SyncStats {
-        SyncStats {
-            bytes_sent: self.comm.stats().since(&self.window_start).bus_bytes(),
-            ..self.stats
-        }
     }
 }

@@ -81,8 +81,30 @@ pub struct SyncStats {
     pub buckets: usize,
 }
 
-/// How one rank's step meets the others; see the module doc for the order of calls.
-pub trait Strategy {
+/// The bytes a strategy holds beside the trainer's buffers, for the memory accounting
+/// (every strategy has it; the defaults are a strategy that holds nothing of its own).
+pub trait StrategyBytes {
+    /// Bytes of gradient sums the strategy keeps besides the trainer's gradient buffer
+    /// (ZeRO-2's shard-sized running sum).
+    fn grad_bytes(&self) -> usize {
+        0
+    }
+    /// Bytes of communication buffers it holds (bucket copies, shard buffers; ZeRO-3:
+    /// the most its gathered groups and their gradients held at once).
+    fn buffer_bytes(&self) -> usize {
+        0
+    }
+    /// [`StrategyBytes::buffer_bytes`] in steady state, known before the first step
+    /// allocates them (the forecast's count); where it cannot be known, what is held now.
+    fn steady_buffer_bytes(&self) -> usize {
+        self.buffer_bytes()
+    }
+}
+
+/// How one rank's step meets the others: the phase methods, in the order of the module
+/// doc; a strategy that serves the direct step group by group, or shards the
+/// parameters, says so through [`Strategy::by_group`] and [`Strategy::sharded`].
+pub trait Strategy: StrategyBytes {
     /// `none` or `ddp`, for logs.
     fn name(&self) -> &'static str;
     /// This rank.
@@ -116,21 +138,6 @@ pub trait Strategy {
     fn update_range(&self, len: usize) -> Pieces;
     /// After the optimizer: every rank's `master` is up to date.
     fn after_update(&mut self, master: &mut [f32]) -> Result<()>;
-    /// Bytes of gradient sums the strategy keeps besides the trainer's gradient buffer
-    /// (ZeRO-2's shard-sized running sum).
-    fn grad_bytes(&self) -> usize {
-        0
-    }
-    /// Bytes of communication buffers it holds (bucket copies, shard buffers; ZeRO-3:
-    /// the most its gathered groups and their gradients held at once).
-    fn buffer_bytes(&self) -> usize {
-        0
-    }
-    /// [`Strategy::buffer_bytes`] in steady state, known before the first step allocates
-    /// them (the forecast's count); where it cannot be told, what is held now.
-    fn steady_buffer_bytes(&self) -> usize {
-        self.buffer_bytes()
-    }
     /// The part of a flat buffer of `len` elements whose parameters and gradients this
     /// rank's trainer keeps between steps: all of it, except under ZeRO-3 (its piece of
     /// every group).
@@ -138,81 +145,79 @@ pub trait Strategy {
         Pieces::one(0..len)
     }
     /// Settles, before the first step, how the trainer's gradients meet this strategy,
-    /// told whether its steps are direct (group by group through
-    /// [`Strategy::step_source`]); returns the part of a flat gradient buffer of `len`
-    /// elements the trainer keeps: [`Strategy::holds`], except where a direct step's
-    /// gradients are reduced group by group into this rank's shard (ZeRO-2 reducing
-    /// every micro-batch; ZeRO-3). Calling it again gives the same answer.
+    /// told whether its steps are direct; returns the part of a flat gradient buffer of
+    /// `len` elements the trainer keeps: [`Strategy::holds`], except where a direct step's
+    /// gradients are reduced group by group into this rank's shard (ZeRO-2 reducing every
+    /// micro-batch; ZeRO-3), when [`Strategy::by_group`] then answers. Calling it again
+    /// gives the same answer.
     fn settle_grads(&mut self, len: usize, _direct: bool) -> Result<Pieces> {
         Ok(self.holds(len))
     }
-    /// Whether a direct step's micro-batch runs through [`Strategy::step_source`] (its
-    /// gradients reduced group by group into this rank's shard), as settled by
-    /// [`Strategy::settle_grads`].
-    fn reduces_by_group(&self) -> bool {
-        false
-    }
-    /// A source for one scratch micro-batch of the direct step: this strategy's per-group
-    /// schedule over a communicator that moves no data (ZeRO-2 reducing by group,
-    /// ZeRO-3), with the workspace it holds at most (told, as in
-    /// [`Strategy::steady_buffer_bytes`]). None where the step reads and writes the whole
-    /// buffers. What the run's memory count measures the kernels' own scratch with.
-    #[allow(clippy::type_complexity)]
-    fn dry_source<'a>(
-        &self,
-        _master: &'a [f32],
-        _grads: &'a mut [f32],
-    ) -> Result<Option<(Box<dyn stoker_kernels::StepParams + 'a>, usize)>> {
-        Ok(None)
-    }
-    /// Where a micro-batch's direct step finds each parameter group (ZeRO-3: gathered
-    /// from the ranks' shards of `master`; ZeRO-2: `master` itself) and where its
-    /// gradients go (reduce-scattered and added into this rank's shard `grads`). None:
-    /// the step reads and writes the whole buffers.
-    fn step_source<'a>(
-        &'a mut self,
-        _master: &'a [f32],
-        _grads: &'a mut [f32],
-    ) -> Option<Box<dyn stoker_kernels::StepParams + 'a>> {
+    /// Where a direct step's micro-batch finds each parameter group and sends its
+    /// gradients, as settled by [`Strategy::settle_grads`]; None where the step reads and
+    /// writes the whole buffers.
+    fn by_group(&mut self) -> Option<&mut dyn GroupSource> {
         None
     }
-    /// ZeRO-3 on the graph path: starts gathering the parameters of flat span `span` from
-    /// every rank's shard `held` (a collective; [`units`]), for
-    /// [`Strategy::finish_gather_span`] to complete: the next unit's gather proceeds while
-    /// this one computes.
-    fn start_gather_span(
-        &mut self,
-        _held: &[f32],
-        _span: Range<usize>,
-    ) -> Result<stoker_comm::Pending> {
-        Err(not_sharded(self.name()))
-    }
-    /// Completes a gather [`Strategy::start_gather_span`] started: the span's parameters.
-    /// The wait counts as exposed communication.
-    fn finish_gather_span(&mut self, _started: stoker_comm::Pending) -> Result<Vec<f32>> {
-        Err(not_sharded(self.name()))
-    }
-    /// ZeRO-3 on the graph path: reduce-scatters `grads`, a micro-batch's gradients of flat
-    /// span `span`, and adds this rank's part into its shard `shard` (a collective).
-    fn scatter_span(
-        &mut self,
-        _grads: Vec<f32>,
-        _span: Range<usize>,
-        _shard: &mut [f32],
-    ) -> Result<()> {
-        Err(not_sharded(self.name()))
-    }
-    /// ZeRO-3: the whole parameter buffer, gathered from every rank's shard `held` (a
-    /// collective: FSDP's `summon_full_params`). None where every rank holds it already.
-    fn gather_params(&mut self, _held: &[f32]) -> Result<Option<Vec<f32>>> {
-        Ok(None)
+    /// ZeRO-3's parameter hooks (the graph path's gathers and reduce-scatters, the whole
+    /// buffer gathered); None where every rank holds every parameter.
+    fn sharded(&mut self) -> Option<&mut dyn ShardedParams> {
+        None
     }
     /// What the last window cost.
     fn stats(&self) -> SyncStats;
 }
 
-fn not_sharded(name: &str) -> crate::error::TrainError {
-    crate::error::TrainError::Layout(format!("{name}: the parameters are not sharded here"))
+/// A strategy that serves the direct step group by group: each parameter group from it
+/// (ZeRO-3: gathered from the ranks' shards; ZeRO-2: the master itself), each group's
+/// gradients to it as the backward finishes them (reduce-scattered and added into this
+/// rank's shard).
+pub trait GroupSource {
+    /// The source for one micro-batch over this rank's parameters `master` and gradient
+    /// shard `grads`.
+    fn step_source<'a>(
+        &'a mut self,
+        master: &'a [f32],
+        grads: &'a mut [f32],
+    ) -> Box<dyn stoker_kernels::StepParams + 'a>;
+    /// The same schedule over a communicator that moves no data, for one scratch
+    /// micro-batch, with the workspace it holds at most (known before the first step,
+    /// as [`StrategyBytes::steady_buffer_bytes`]): what the run's memory count measures
+    /// the kernels' own scratch with.
+    #[allow(clippy::type_complexity)]
+    fn dry_source<'a>(
+        &self,
+        master: &'a [f32],
+        grads: &'a mut [f32],
+    ) -> Result<(Box<dyn stoker_kernels::StepParams + 'a>, usize)>;
+}
+
+/// ZeRO-3's parameter hooks: the graph path gathers each unit's groups and
+/// reduce-scatters their gradients through them ([`units`]), and the whole buffer is
+/// gathered where it is needed at once (FSDP's `summon_full_params`).
+pub trait ShardedParams {
+    /// Starts gathering the parameters of flat span `span` from every rank's shard
+    /// `held` (a collective), for [`ShardedParams::finish_gather_span`] to complete: the
+    /// next unit's gather proceeds while this one computes.
+    fn start_gather_span(
+        &mut self,
+        held: &[f32],
+        span: Range<usize>,
+    ) -> Result<stoker_comm::Pending>;
+    /// Completes a gather [`ShardedParams::start_gather_span`] started: the span's
+    /// parameters. The wait counts as exposed communication.
+    fn finish_gather_span(&mut self, started: stoker_comm::Pending) -> Result<Vec<f32>>;
+    /// Reduce-scatters `grads`, a micro-batch's gradients of flat span `span`, and adds
+    /// this rank's part into its shard `shard` (a collective).
+    fn scatter_span(
+        &mut self,
+        grads: Vec<f32>,
+        span: Range<usize>,
+        shard: &mut [f32],
+    ) -> Result<()>;
+    /// The whole parameter buffer, gathered from every rank's shard `held` (a
+    /// collective).
+    fn gather_params(&mut self, held: &[f32]) -> Result<Vec<f32>>;
 }
 
 /// The strategy `config` asks for over `comm`, with buckets over `layout`. One rank

@@ -1,7 +1,7 @@
 //! One rank: nothing to meet. The strategy of a run without a launcher (`strategy =
 //! "none"`), and the reference every data-parallel run is held against.
 
-use super::{Pieces, Strategy, SyncStats};
+use super::{Pieces, Strategy, StrategyBytes, SyncStats};
 use crate::error::Result;
 use crate::grad_sum::SumOrder;
 
@@ -18,6 +18,8 @@ impl Single {
         Single { order }
     }
 }
+
+impl StrategyBytes for Single {}
 
 impl Strategy for Single {
     fn name(&self) -> &'static str {

@@ -41,7 +41,7 @@ use stoker_comm::{tree_all_reduce, CommExt, CommStats, Communicator};
 use super::buckets::{Bucket, BucketOp, Buckets};
 use super::reduce::{GroupReduce, ReduceSource};
 use super::shard::ShardPlan;
-use super::{scalars, Pieces, Strategy, SyncStats};
+use super::{scalars, GroupSource, Pieces, Strategy, StrategyBytes, SyncStats};
 use crate::error::Result;
 use crate::grad_sum::SumOrder;
 
@@ -92,9 +92,7 @@ pub struct Zero {
     spans: Option<Vec<Range<usize>>>,
     /// Stage 2, every micro-batch, direct step: per-group gradient buffers reduced into
     /// the trainer's shard-sized gradient sum.
-    reduce: Option<GroupReduce>,
-    /// That workspace in one micro-batch, told before the first.
-    planned_reduce: usize,
+    reduce: Option<ByGroup>,
     /// A shard-sized buffer: the stage-1 reduce-scatter's output, the all-gather's input.
     shard_buf: Vec<f32>,
     window_start: CommStats,
@@ -129,7 +127,6 @@ impl Zero {
             shard_buf: vec![0.0; own.len()],
             spans: None,
             reduce: None,
-            planned_reduce: 0,
             own,
             shards,
             opts,
@@ -205,7 +202,7 @@ impl Strategy for Zero {
     }
 
     fn finish_micro_batch(&mut self, grads: &mut [f32]) -> Result<()> {
-        if let Some(reduce) = &mut self.reduce {
+        if let Some(ByGroup { reduce, .. }) = &mut self.reduce {
             // `grads` is this rank's shard of the window's sum: the reductions add into it.
             reduce.finish(grads)?;
             self.stats.exposed_wait += reduce.take_waited();
@@ -286,8 +283,11 @@ impl Strategy for Zero {
             (true, Some(spans)) => {
                 let splits = self.shards.group_splits(self.comm.rank(), spans);
                 let reduce = GroupReduce::new(self.comm.clone(), splits, self.own.len());
-                self.planned_reduce = reduce.planned_peak()?;
-                self.reduce = Some(reduce);
+                let planned_peak = reduce.planned_peak()?;
+                self.reduce = Some(ByGroup {
+                    reduce,
+                    planned_peak,
+                });
                 self.shard_sum = Vec::new();
                 Ok(Pieces::one(self.own.clone()))
             }
@@ -295,58 +295,8 @@ impl Strategy for Zero {
         }
     }
 
-    fn dry_source<'a>(
-        &self,
-        master: &'a [f32],
-        grads: &'a mut [f32],
-    ) -> Result<Option<(Box<dyn stoker_kernels::StepParams + 'a>, usize)>> {
-        let Some(r) = &self.reduce else {
-            return Ok(None);
-        };
-        let source = ReduceSource {
-            reduce: r.dry()?,
-            master,
-            grads,
-        };
-        Ok(Some((Box::new(source), self.planned_reduce)))
-    }
-
-    fn reduces_by_group(&self) -> bool {
-        self.reduce.is_some()
-    }
-
-    fn step_source<'a>(
-        &'a mut self,
-        master: &'a [f32],
-        grads: &'a mut [f32],
-    ) -> Option<Box<dyn stoker_kernels::StepParams + 'a>> {
-        let reduce = self.reduce.as_mut()?;
-        Some(Box::new(ReduceSource {
-            reduce,
-            master,
-            grads,
-        }))
-    }
-
-    fn grad_bytes(&self) -> usize {
-        4 * self.shard_sum.len()
-    }
-
-    fn buffer_bytes(&self) -> usize {
-        4 * self.shard_buf.len()
-            + self.buckets.buffer_bytes()
-            + self.reduce.as_ref().map_or(0, GroupReduce::peak_bytes)
-    }
-
-    fn steady_buffer_bytes(&self) -> usize {
-        // Reductions during the backward go through the buckets, or, on the direct step,
-        // by group.
-        4 * self.shard_buf.len()
-            + match (&self.reduce, self.opts.during_backward()) {
-                (Some(_), _) => self.planned_reduce,
-                (None, true) => self.buckets.steady_bytes(),
-                (None, false) => 0,
-            }
+    fn by_group(&mut self) -> Option<&mut dyn GroupSource> {
+        self.reduce.as_mut().map(|r| r as &mut dyn GroupSource)
     }
 
     fn stats(&self) -> SyncStats {
@@ -354,5 +304,62 @@ impl Strategy for Zero {
             bytes_sent: self.comm.stats().since(&self.window_start).bus_bytes(),
             ..self.stats
         }
+    }
+}
+
+impl StrategyBytes for Zero {
+    fn grad_bytes(&self) -> usize {
+        4 * self.shard_sum.len()
+    }
+
+    fn buffer_bytes(&self) -> usize {
+        4 * self.shard_buf.len()
+            + self.buckets.buffer_bytes()
+            + self.reduce.as_ref().map_or(0, |r| r.reduce.peak_bytes())
+    }
+
+    fn steady_buffer_bytes(&self) -> usize {
+        // Reductions during the backward go through the buckets, or, on the direct step,
+        // by group.
+        4 * self.shard_buf.len()
+            + match (&self.reduce, self.opts.during_backward()) {
+                (Some(r), _) => r.planned_peak,
+                (None, true) => self.buckets.steady_bytes(),
+                (None, false) => 0,
+            }
+    }
+}
+
+/// ZeRO-2's reductions on the direct step, group by group as its backward finishes each,
+/// and the workspace they hold at most (told before the first step).
+struct ByGroup {
+    reduce: GroupReduce,
+    planned_peak: usize,
+}
+
+impl GroupSource for ByGroup {
+    fn step_source<'a>(
+        &'a mut self,
+        master: &'a [f32],
+        grads: &'a mut [f32],
+    ) -> Box<dyn stoker_kernels::StepParams + 'a> {
+        Box::new(ReduceSource {
+            reduce: &mut self.reduce,
+            master,
+            grads,
+        })
+    }
+
+    fn dry_source<'a>(
+        &self,
+        master: &'a [f32],
+        grads: &'a mut [f32],
+    ) -> Result<(Box<dyn stoker_kernels::StepParams + 'a>, usize)> {
+        let source = ReduceSource {
+            reduce: self.reduce.dry()?,
+            master,
+            grads,
+        };
+        Ok((Box::new(source), self.planned_peak))
     }
 }

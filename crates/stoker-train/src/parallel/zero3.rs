@@ -13,12 +13,12 @@
 //! with the ring model `(n-1)/n x 4 x (root + 2 blocks + everything)` bytes, about 1.5x
 //! DDP's all-reduce per micro-batch, as the ZeRO paper counts.
 //!
-//! On the candle-graph path (every model; the GPT without `kernels = "direct"`) the
-//! trainer runs the model unit by unit ([`super::units`]: a layer or block at a time, its
-//! groups gathered through [`Strategy::start_gather_span`] and reduce-scattered through
-//! [`Strategy::scatter_span`], with activation checkpointing at the units' boundaries);
-//! the traffic is the direct step's. Between micro-batches a rank holds only its shards
-//! either way.
+//! On the candle-graph path (every model; the GPT without `kernels = "direct"`) the trainer
+//! runs the model unit by unit ([`super::units`]: a layer or block at a time, its groups
+//! gathered through [`ShardedParams::start_gather_span`] and reduce-scattered through
+//! [`ShardedParams::scatter_span`], with activation checkpointing at the units'
+//! boundaries); the traffic is the direct step's. Between micro-batches a rank holds only
+//! its shards either way.
 //!
 //! Not built: deterministic mode (the per-micro-batch reduce-scatters sum in MPI's order)
 //! and `no_sync`; the config refuses each, naming the key.
@@ -29,7 +29,10 @@ use std::rc::Rc;
 use stoker_comm::{Buffer, CommExt, CommStats, Communicator, Pending};
 
 use super::gather::{GroupGather, Source};
-use super::{scalars, GroupShards, GroupSplit, Pieces, Strategy, SyncStats};
+use super::{
+    scalars, GroupShards, GroupSource, GroupSplit, Pieces, ShardedParams, Strategy, StrategyBytes,
+    SyncStats,
+};
 use crate::error::Result;
 use crate::error::TrainError;
 use crate::grad_sum::SumOrder;
@@ -168,14 +171,6 @@ impl Strategy for Zero3 {
         Ok(())
     }
 
-    fn buffer_bytes(&self) -> usize {
-        self.gather.peak_bytes()
-    }
-
-    fn steady_buffer_bytes(&self) -> usize {
-        self.planned_peak
-    }
-
     fn holds(&self, len: usize) -> Pieces {
         debug_assert_eq!(len, self.shards.len());
         self.own.clone()
@@ -188,35 +183,60 @@ impl Strategy for Zero3 {
         Ok(self.holds(len))
     }
 
+    fn by_group(&mut self) -> Option<&mut dyn GroupSource> {
+        Some(self)
+    }
+
+    fn sharded(&mut self) -> Option<&mut dyn ShardedParams> {
+        Some(self)
+    }
+
+    fn stats(&self) -> SyncStats {
+        SyncStats {
+            bytes_sent: self.comm.stats().since(&self.window_start).bus_bytes(),
+            ..self.stats
+        }
+    }
+}
+
+impl StrategyBytes for Zero3 {
+    fn buffer_bytes(&self) -> usize {
+        self.gather.peak_bytes()
+    }
+
+    fn steady_buffer_bytes(&self) -> usize {
+        self.planned_peak
+    }
+}
+
+impl GroupSource for Zero3 {
+    fn step_source<'a>(
+        &'a mut self,
+        master: &'a [f32],
+        grads: &'a mut [f32],
+    ) -> Box<dyn stoker_kernels::StepParams + 'a> {
+        Box::new(Source {
+            gather: &mut self.gather,
+            master,
+            grads,
+        })
+    }
+
     fn dry_source<'a>(
         &self,
         master: &'a [f32],
         grads: &'a mut [f32],
-    ) -> Result<Option<(Box<dyn stoker_kernels::StepParams + 'a>, usize)>> {
+    ) -> Result<(Box<dyn stoker_kernels::StepParams + 'a>, usize)> {
         let source = Source {
             gather: self.gather.dry()?,
             master,
             grads,
         };
-        Ok(Some((Box::new(source), self.planned_peak)))
+        Ok((Box::new(source), self.planned_peak))
     }
+}
 
-    fn reduces_by_group(&self) -> bool {
-        true
-    }
-
-    fn step_source<'a>(
-        &'a mut self,
-        master: &'a [f32],
-        grads: &'a mut [f32],
-    ) -> Option<Box<dyn stoker_kernels::StepParams + 'a>> {
-        Some(Box::new(Source {
-            gather: &mut self.gather,
-            master,
-            grads,
-        }))
-    }
-
+impl ShardedParams for Zero3 {
     // Non-blocking collectives and a wait: the MPI backend's wait yields the core, where
     // MPICH's blocking calls spin (4 ranks on 2 cores took 4.7 s per step spinning).
     fn start_gather_span(&mut self, held: &[f32], span: Range<usize>) -> Result<Pending> {
@@ -256,20 +276,13 @@ impl Strategy for Zero3 {
         Ok(())
     }
 
-    fn gather_params(&mut self, held: &[f32]) -> Result<Option<Vec<f32>>> {
+    fn gather_params(&mut self, held: &[f32]) -> Result<Vec<f32>> {
         // Group by group, straight into place (rank order is buffer order within a group).
         let mut full = vec![0f32; self.shards.len()];
         for s in &self.splits {
             self.comm
                 .all_gather(&held[s.local.clone()], &s.counts, &mut full[s.span.clone()])?;
         }
-        Ok(Some(full))
-    }
-
-    fn stats(&self) -> SyncStats {
-        SyncStats {
-            bytes_sent: self.comm.stats().since(&self.window_start).bus_bytes(),
-            ..self.stats
-        }
+        Ok(full)
     }
 }

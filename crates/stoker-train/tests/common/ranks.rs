@@ -11,7 +11,8 @@ use stoker_comm::{run_local, Communicator};
 use stoker_train::accumulate::MicroBatch;
 use stoker_train::config::TrainConfig;
 use stoker_train::layout::FlatLayout;
-use stoker_train::trainer::{build_model, EvalReport, StepReport, Trainer};
+use stoker_train::models::build_model;
+use stoker_train::trainer::{EvalReport, StepReport, Trainer};
 
 use super::{floats, ints, rel_l2, token_batch};
 

@@ -280,7 +280,7 @@ pub(super) fn unit_model(
         layout.clone(),
         groups,
     );
-    crate::trainer::model_with_builder(config, b)
+    crate::models::factory::model_with_builder(config, b)
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use crate::error::{Result, TrainError};
 use crate::layout::{add_grad, FlatLayout};
 use crate::loss::{cross_entropy_sum, scalar};
 use crate::models::Model;
-use crate::parallel::Strategy;
+use crate::parallel::ShardedParams;
 use crate::pieces::Pieces;
 use crate::precision::{Fx, Kernels, Precision};
 
@@ -32,11 +32,11 @@ pub trait SpanSource {
 }
 
 /// The rank's collectives: groups all-gathered from every rank's shard `held`, gradients
-/// reduce-scattered into its shard `shard` ([`Strategy::start_gather_span`],
-/// [`Strategy::scatter_span`]).
+/// reduce-scattered into its shard `shard` ([`ShardedParams::start_gather_span`],
+/// [`ShardedParams::scatter_span`]).
 pub struct Collective<'a> {
-    /// The ZeRO-3 strategy.
-    pub strategy: &'a mut dyn Strategy,
+    /// The ZeRO-3 strategy's parameter hooks.
+    pub strategy: &'a mut dyn ShardedParams,
     /// This rank's shard of the FP32 parameters.
     pub held: &'a [f32],
     /// This rank's shard of the window's gradient sum.
@@ -48,7 +48,7 @@ pub struct Collective<'a> {
 impl<'a> Collective<'a> {
     /// The collectives of `strategy` over the shards `held` (parameters) and `shard`
     /// (gradient sum), none started.
-    pub fn new(strategy: &'a mut dyn Strategy, held: &'a [f32], shard: &'a mut [f32]) -> Self {
+    pub fn new(strategy: &'a mut dyn ShardedParams, held: &'a [f32], shard: &'a mut [f32]) -> Self {
         Collective {
             strategy,
             held,
@@ -226,7 +226,7 @@ pub fn micro_batch(
             }
             Event::Forward(u) => {
                 let m = build(u, &params)?;
-                *peak = (*peak).max(bytes + crate::trainer::vars_bytes(&*m));
+                *peak = (*peak).max(bytes + crate::models::factory::vars_bytes(&*m));
                 let y = m.unit_forward(step.fx, u, &inputs[u])?.detach();
                 inputs.push(y);
             }
@@ -238,7 +238,7 @@ pub fn micro_batch(
                         bytes += 4 * plan.spans[g].len();
                     }
                 }
-                *peak = (*peak).max(bytes + crate::trainer::vars_bytes(&*m));
+                *peak = (*peak).max(bytes + crate::models::factory::vars_bytes(&*m));
                 let input = match u {
                     0 => None,
                     _ => Some(Var::from_tensor(&inputs[u])?),
