@@ -4,13 +4,14 @@
 use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
+use stoker_data::pack::text::Vocab;
 use stoker_data::transform::{ImageTransformConfig, TransformMode};
 use stoker_data::{
     open_dataset, AnyDataset, DType, Dataset, FieldSpec, MappedBytes, OpenOptions, SampleContext,
 };
 
 use crate::accumulate::MicroBatch;
-use crate::config::TrainConfig;
+use crate::config::{ModelConfig, TrainConfig};
 use crate::error::{Result, TrainError};
 use crate::models::Model;
 
@@ -97,7 +98,7 @@ impl Datasets {
 /// resized crops and flips, evaluation data with the resize and center crop.
 fn image_transform(config: &TrainConfig, mode: TransformMode) -> ImageTransformConfig {
     let size = match &config.model {
-        crate::config::ModelConfig::Cnn(c) => c.image_size as u32,
+        ModelConfig::Cnn(c) => c.image_size as u32,
         _ => ImageTransformConfig::default().size,
     };
     ImageTransformConfig {
@@ -316,4 +317,27 @@ pub fn to_micro_batch(
         device.synchronize()?;
     }
     Ok(MicroBatch { input: x, targets })
+}
+
+/// The vocabulary `data.vocab` names (what `stoker pack` wrote beside the shard: the
+/// characters, or GPT-2's BPE), checked against the model's vocabulary size.
+pub fn load_vocab(config: &TrainConfig) -> Result<Option<Vocab>> {
+    let Some(path) = &config.data.vocab else {
+        return Ok(None);
+    };
+    let vocab = Vocab::load(path)?;
+    if let ModelConfig::Gpt(g) = &config.model {
+        if vocab.size() > g.vocab {
+            return Err(crate::error::config_err(
+                "model.vocab",
+                format!(
+                    "{} < {} tokens in {} (data.vocab)",
+                    g.vocab,
+                    vocab.size(),
+                    path.display()
+                ),
+            ));
+        }
+    }
+    Ok(Some(vocab))
 }

@@ -3,7 +3,7 @@
 //! resolved for the world size, the model declared (its flat layout counted, no values
 //! drawn), the datasets opened and checked against the model, and the per-rank bytes
 //! predicted by the same function the run's end compares with its buffers
-//! ([`crate::run::predicted`]).
+//! ([`crate::planned::predicted`]).
 //!
 //! It also answers the decision flow's first question, "will it fit?", with the run's own
 //! forecast of peak memory per rank ([`crate::planned::forecast`] over [`OwnBytes`]). The
@@ -28,8 +28,9 @@ use crate::layout::FlatLayout;
 use crate::models::build_meta_model_on;
 use crate::parallel::units::UnitPlan;
 use crate::parallel::ParallelDims;
+use crate::planned::predicted;
 use crate::planned::OwnBytes;
-use crate::run::{direct_activation_bytes, predicted, step_scratch_heap};
+use crate::run::{direct_activation_bytes, step_scratch_heap};
 use crate::trainer::{steady_buffer_bytes, Trainer};
 use stoker_data::{Dataset, Loader, Sampler, SamplerConfig};
 use stoker_plan::trainer::TrainerPrediction;

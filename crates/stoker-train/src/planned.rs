@@ -5,7 +5,10 @@
 //!   `[plan]` table's hardware;
 //! - [`emit`]: a plan's choice written into a training config, keeping every key the plan
 //!   does not decide from the config it started from, so `stoker train` runs the file as
-//!   is.
+//!   is;
+//! - [`predicted`]: the planner's bytes held and sent per rank for a config at its
+//!   parallel degrees, which the run's end and the dry run hold the trainer to;
+//! - [`forecast`]: the planner's peak memory and step time for a run as configured.
 //!
 //! Keys only one side reads are listed in docs/plan.md; the planner's own live in
 //! `[plan]` ([`PlanSection`]), which the trainer accepts and does not act on.
@@ -15,11 +18,15 @@ use std::path::PathBuf;
 use stoker_plan::emit::PlanSection;
 use stoker_plan::input::PlanInput;
 use stoker_plan::model::{Architecture, Family};
+use stoker_plan::strategy::Stage;
+use stoker_plan::trainer::{GroupSpans, TrainerPrediction, TrainerRun};
 use stoker_plan::Plan;
 
 use crate::config::{ModelConfig, OptimizerKind, StrategyKind, TrainConfig};
 use crate::error::{config_err, Result};
+use crate::layout::FlatLayout;
 use crate::models::GptConfig;
+use crate::parallel::ParallelDims;
 use crate::precision::Precision;
 
 /// The planner's name of a trainer precision.
@@ -577,5 +584,90 @@ pub(crate) fn planner_row(cfg: &TrainConfig, world: usize, per_host: usize) -> R
         activation_bytes: row.memory.device.activations,
         step_s: row.time.step_s,
         samples: (row.micro_batch * row.accumulation_steps) as f64,
+    })
+}
+
+/// The planner's prediction of one rank's bytes for `config` at `dims`.
+pub fn predicted(
+    config: &TrainConfig,
+    dims: &ParallelDims,
+    layout: &FlatLayout,
+) -> TrainerPrediction {
+    let p = &config.parallel;
+    let stage = dims.strategy.stage();
+    let dtype = config.kernels.param_dtype(config.precision);
+    let bf16_copy = if dtype == candle_core::DType::BF16 {
+        2
+    } else {
+        0
+    };
+    // ZeRO-3 gathers by group: the root groups (first and last) once per micro-batch,
+    // the blocks between them once or twice.
+    let spans: Vec<u64> = layout
+        .group_ranges()
+        .iter()
+        .map(|(_, r)| r.len() as u64)
+        .collect();
+    let root = spans.first().copied().unwrap_or(0) + spans.last().copied().unwrap_or(0);
+    let direct = config.direct_step();
+    let groups = match direct {
+        true => GroupSpans {
+            root: if spans.len() > 1 { root } else { root / 2 },
+            blocks: spans.iter().sum::<u64>().saturating_sub(root),
+            reshard_after_forward: p.reshard_after_forward,
+        },
+        // The graph path gathers unit by unit (parallel::units): the groups its schedule
+        // gathers once count as root, those gathered twice as blocks.
+        false => {
+            let plan = crate::parallel::units::UnitPlan::for_model(
+                &config.model,
+                config.precision,
+                config.kernels,
+                layout,
+                p.reshard_after_forward,
+            );
+            let (mut once, mut twice) = (0u64, 0u64);
+            match plan {
+                Ok(plan) => {
+                    for (n, s) in plan.gathers().into_iter().zip(&plan.spans) {
+                        match n {
+                            1 => once += s.len() as u64,
+                            _ => twice += s.len() as u64,
+                        }
+                    }
+                }
+                // A model whose units cannot be planned fails the trainer's build first;
+                // here it counts as one unit.
+                Err(_) => once = layout.total_len() as u64,
+            }
+            GroupSpans {
+                root: once,
+                blocks: twice,
+                reshard_after_forward: true,
+            }
+        }
+    };
+    stoker_plan::trainer::predict(&TrainerRun {
+        flat_len: layout.total_len() as u64,
+        world: dims.world as u64,
+        stage,
+        moments: match config.optimizer.kind {
+            OptimizerKind::Adamw => 2,
+            OptimizerKind::Sgd => 1,
+        },
+        // Under ZeRO-3 the model's candle variables give way to a shell.
+        copy_bytes: match stage {
+            Stage::Zero3 if dims.world > 1 => bf16_copy as u64,
+            _ => (dtype.size_in_bytes() + bf16_copy) as u64,
+        },
+        accumulation: dims.accumulation_steps as u64,
+        reduce_every_micro_batch: match stage {
+            Stage::Zero1 => false,
+            Stage::Zero2 => p.sync_every_micro_batch.unwrap_or(true),
+            _ => p.sync_every_micro_batch.unwrap_or(false),
+        },
+        deterministic: p.deterministic,
+        groups,
+        direct,
     })
 }

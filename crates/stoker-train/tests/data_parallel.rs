@@ -328,7 +328,7 @@ fn held_bytes_and_bytes_sent_match_the_plan() {
                 let cw = TrainConfig::parse(&toml_with(&c, &text), std::path::Path::new("t.toml"))
                     .unwrap();
                 let dims = ParallelDims::resolve(&cw, world, 0, "test").unwrap();
-                let plan = stoker_train::run::predicted(&cw, &dims, &layout);
+                let plan = stoker_train::planned::predicted(&cw, &dims, &layout);
                 let held = held_and_sent(world, &cw, g);
                 let what = format!(
                     "{} {kernels} {precision} world {world}",

@@ -1,0 +1,154 @@
+//! A rank's setup before its first step: the parallel degrees checked, the device, the
+//! model (declared first without values, so that a ZeRO-3 rank draws only its pieces), the
+//! strategy and the trainer, the vocabulary and the data checked against the model, the
+//! checkpoint resumed, and rank 0's run directory.
+
+use std::rc::Rc;
+
+use stoker_comm::Communicator;
+use stoker_data::pack::text::Vocab;
+use stoker_data::Dataset;
+
+use crate::checkpoint::{self, DataPosition};
+use crate::config::TrainConfig;
+use crate::data::{load_vocab, open_datasets, Datasets};
+use crate::error::{io_err, Result, TrainError};
+use crate::layout::FlatLayout;
+use crate::metrics::MetricsLog;
+use crate::models::{build_meta_model_on, build_model_on};
+use crate::parallel::ParallelDims;
+use crate::trainer::Trainer;
+
+use super::{slow_precision, RunOptions};
+
+/// One rank, set up.
+pub(super) struct Rank {
+    /// The batch and parallel degrees.
+    pub dims: ParallelDims,
+    /// Whether this is rank 0, which prints and writes the run directory.
+    pub lead: bool,
+    /// Ranks on this rank's host (sharing its cores and memory).
+    pub per_host: usize,
+    /// The trainer.
+    pub trainer: Trainer,
+    /// The training and evaluation data.
+    pub data: Datasets,
+    /// The vocabulary, for the text sample.
+    pub vocab: Option<Vocab>,
+    /// Rank 0's metrics log.
+    pub log: Option<MetricsLog>,
+    /// The line that says what each rank holds and how the batch splits.
+    pub accounting: String,
+}
+
+impl Rank {
+    /// Sets up this rank of `comm`'s group (started by `launcher`, named in errors).
+    pub fn set_up(
+        config: &TrainConfig,
+        opts: &RunOptions,
+        comm: &Rc<dyn Communicator>,
+        launcher: &str,
+    ) -> Result<Rank> {
+        let dims = ParallelDims::resolve(config, comm.world_size(), comm.rank(), launcher)?;
+        let lead = dims.rank == 0;
+        if let (Some(why), true) = (slow_precision(config), lead) {
+            tracing::warn!("{why}");
+        }
+        // A GPU (`device = "cuda"`): the rank's own, one per rank on its host.
+        let (launched, per_host) = (comm.backend() != "local", comm.ranks_on_this_host());
+        let local = crate::device::local_rank(dims.rank, per_host, launched);
+        let device = crate::device::TrainDevice::parse(&config.device)?.open(local)?;
+        let (p, k, seed) = (config.precision, config.kernels, config.seed);
+        // The model declared first without values: its layout sets the strategy up, and a
+        // strategy that shards the parameters (ZeRO-3) draws this rank's pieces from it
+        // alone; every other gets the model built whole.
+        let meta = build_meta_model_on(&config.model, p, k, seed, &device)?;
+        let layout = FlatLayout::of(meta.params())?;
+        let strategy = crate::parallel::for_config(config, &layout, comm.clone())?;
+        let len = layout.total_len();
+        let model = match strategy.holds(len).is_whole(len) {
+            true => build_model_on(&config.model, p, k, seed, &device)?,
+            false => meta,
+        };
+        let mut trainer = Trainer::with_strategy(config, model, strategy)?;
+        let vocab = load_vocab(config)?;
+        let data = open_datasets(config, trainer.model())?;
+        let resumed_at = match &opts.resume {
+            Some(dir) => Some(resume(&mut trainer, dir, &dims)?),
+            None => None,
+        };
+        let log = match lead {
+            true => Some(open_run_dir(config, resumed_at)?),
+            false => None,
+        };
+        let accounting = accounting(&trainer, &dims, &data);
+        tracing::info!("{accounting}");
+        if data.train.len() < dims.global_batch {
+            return Err(TrainError::Data {
+                what: config.data.train.display().to_string(),
+                message: format!(
+                    "{} training samples, fewer than one global batch of {} (batch.global_batch)",
+                    data.train.len(),
+                    dims.global_batch
+                ),
+            });
+        }
+        Ok(Rank {
+            dims,
+            lead,
+            per_host,
+            trainer,
+            data,
+            vocab,
+            log,
+            accounting,
+        })
+    }
+}
+
+/// Loads the checkpoint `dir` into `trainer` and sets its loader position for this
+/// run's batch split; the step it was saved after.
+fn resume(trainer: &mut Trainer, dir: &std::path::Path, dims: &ParallelDims) -> Result<u64> {
+    let state = checkpoint::load(trainer, dir)?;
+    let pos = state.data.clone().unwrap_or_else(|| {
+        // Version 1: written by one rank, k = global_batch / micro_batch.
+        let k = dims.global_batch / dims.micro_batch;
+        DataPosition::of(state.sampler, dims.global_batch, 1, k)
+    });
+    trainer.set_sampler_state(pos.resume_at(dims.global_batch, dims.accumulation_steps)?);
+    Ok(state.step)
+}
+
+/// Rank 0's run directory: the resolved config written, the metrics log opened (kept up
+/// to `resumed_at` where the run resumes).
+fn open_run_dir(config: &TrainConfig, resumed_at: Option<u64>) -> Result<MetricsLog> {
+    let run_dir = &config.run_dir;
+    std::fs::create_dir_all(run_dir).map_err(|e| io_err(run_dir, e))?;
+    let cfg_text = toml::to_string(config).map_err(|e| TrainError::Layout(e.to_string()))?;
+    std::fs::write(run_dir.join("config.toml"), cfg_text).map_err(|e| io_err(run_dir, e))?;
+    MetricsLog::open(run_dir, resumed_at)
+}
+
+/// What each rank holds (llm.c's "allocating N MiB for ..." at start-up) and how the
+/// batch splits.
+fn accounting(trainer: &Trainer, dims: &ParallelDims, data: &Datasets) -> String {
+    let mib = |elems: usize| elems as f64 * 4.0 / (1 << 20) as f64;
+    let layout = trainer.layout();
+    format!(
+        "{} parameters in {} tensors; FP32 master {:.2} MiB + gradients {:.2} MiB + optimizer {:.2} MiB (align {}) per rank; \
+         {} x {} rank(s), micro_batch {} x accumulation_steps {} x world_size {} = global_batch {}; eval: {}",
+        layout.numel(),
+        layout.slots().len(),
+        mib(trainer.master().len()),
+        mib(trainer.grad_held().len() * (1 + trainer.extra_grad_buffers())),
+        mib(trainer.optimizer().state_bytes() / 4),
+        layout.align(),
+        trainer.strategy().name(),
+        dims.world,
+        dims.micro_batch,
+        dims.accumulation_steps,
+        dims.world,
+        dims.global_batch,
+        data.eval_note
+    )
+}
