@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use stoker_train::profile::MachineProfile;
+use stoker_train::machine::profile::MachineProfile;
 
 /// The environment variable that names the profile's file, or `off`.
 pub const PROFILE_ENV: &str = "STOKER_PROFILE";
@@ -43,7 +43,7 @@ pub fn load() -> anyhow::Result<Option<MachineProfile>> {
 pub fn this_machines(cores: usize) -> Result<Option<MachineProfile>, String> {
     match load() {
         Ok(None) => Ok(None),
-        Ok(Some(p)) => match p.other_machine(&stoker_train::profile::this_cpu(), cores) {
+        Ok(Some(p)) => match p.other_machine(&stoker_train::machine::profile::this_cpu(), cores) {
             None => Ok(Some(p)),
             Some(why) => Err(why),
         },

@@ -35,6 +35,10 @@ impl Value for f64 {
     }
 }
 
+pub mod module_cycles;
+
+pub use module_cycles::module_cycles;
+
 /// The largest `|x|`, or NaN if any element is NaN or infinite (a checker must never
 /// mistake a broken buffer for a small one).
 pub fn max_abs<T: Value>(x: &[T]) -> f64 {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{config_err, Result, TrainError};
-use crate::models::{CnnConfig, GptConfig, MlpConfig};
+use crate::models::ModelConfig;
 use crate::optim::{AdamWConfig, SgdConfig};
 use crate::precision::{Kernels, Precision};
 use crate::schedule::Schedule;
@@ -116,28 +116,6 @@ fn yes() -> bool {
     true
 }
 
-/// `[model]`, tagged by `kind`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "lowercase")]
-pub enum ModelConfig {
-    /// GPT (token model).
-    Gpt(GptConfig),
-    /// CNN (image classifier).
-    Cnn(CnnConfig),
-    /// MLP (classifier).
-    Mlp(MlpConfig),
-}
-
-impl ModelConfig {
-    /// The token window a token model reads (the GPT's context); None for classifiers.
-    pub fn context(&self) -> Option<usize> {
-        match self {
-            ModelConfig::Gpt(g) => Some(g.context),
-            ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => None,
-        }
-    }
-}
-
 /// `[batch]`: DeepSpeed's rule `global_batch = micro_batch x accumulation_steps x
 /// world_size`. Give `global_batch` to keep it fixed across world sizes (the accumulation
 /// steps follow from the launcher's world size), or `accumulation_steps`; with both, the
@@ -156,6 +134,54 @@ pub struct BatchConfig {
     /// Samples per optimizer step over all ranks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub global_batch: Option<usize>,
+}
+
+impl BatchConfig {
+    /// `(accumulation_steps, global_batch)` at `world` ranks, or an error naming the key
+    /// that does not fit.
+    pub fn resolve(&self, world: usize) -> Result<(usize, usize)> {
+        let b = self;
+        let m = b.micro_batch;
+        let per_step = m * world;
+        match (b.accumulation_steps, b.global_batch) {
+            (None, None) => Ok((1, per_step)),
+            (Some(k), None) => Ok((k, per_step * k)),
+            (None, Some(g)) => {
+                if g % per_step != 0 || g == 0 {
+                    let fits: Vec<String> = (1..=g.min(64))
+                        .filter(|w| g % (m * w) == 0)
+                        .map(|w| w.to_string())
+                        .collect();
+                    return Err(config_err(
+                    "batch.global_batch",
+                    format!(
+                        "{g} is not divisible by micro_batch {m} x world_size {world} = {per_step}, \
+                         so no whole number of accumulation steps fits (world sizes that fit: {})",
+                        if fits.is_empty() { "none".into() } else { fits.join(", ") }
+                    ),
+                ));
+                }
+                Ok((g / per_step, g))
+            }
+            (Some(k), Some(g)) => {
+                let product = per_step * k;
+                if g != product {
+                    let hint = if g % per_step == 0 {
+                        format!("; accumulation_steps = {} would fit", g / per_step)
+                    } else {
+                        format!("; {g} is not divisible by micro_batch x world_size = {per_step}")
+                    };
+                    return Err(config_err(
+                    "batch.global_batch",
+                    format!(
+                        "{g} != micro_batch {m} x accumulation_steps {k} x world_size {world} = {product}{hint}"
+                    ),
+                ));
+                }
+                Ok((k, g))
+            }
+        }
+    }
 }
 
 /// `[parallel] strategy`.
@@ -539,7 +565,7 @@ impl TrainConfig {
         // any work); here: whatever the file alone decides.
         match (b.world_size, b.accumulation_steps, b.global_batch) {
             (Some(w), _, _) => {
-                crate::parallel::dims::resolve_batch(b, w)?;
+                b.resolve(w)?;
             }
             (None, Some(k), Some(g)) if g % (b.micro_batch * k) != 0 => {
                 return Err(config_err(

@@ -11,9 +11,10 @@ use stoker_data::{
 };
 
 use crate::accumulate::MicroBatch;
-use crate::config::{ModelConfig, TrainConfig};
+use crate::config::TrainConfig;
 use crate::error::{Result, TrainError};
 use crate::models::Model;
+use crate::models::ModelConfig;
 
 /// Samples `start..start + len` of a dataset, re-indexed from 0.
 pub struct Subset<D: Dataset> {

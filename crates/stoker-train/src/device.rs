@@ -94,6 +94,16 @@ pub fn local_rank(rank: usize, ranks_on_this_host: usize, launched: bool) -> usi
     .unwrap_or(rank % ranks_on_this_host.max(1))
 }
 
+/// Compute threads for each of `ranks` ranks on this machine: `configured`, or the
+/// cores divided among the ranks (at least 1).
+pub fn threads_per_rank(configured: usize, ranks: usize) -> usize {
+    if configured > 0 {
+        return configured;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / ranks.max(1)).max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,9 +17,9 @@ use std::path::{Path, PathBuf};
 use safetensors::tensor::{Dtype as StDtype, TensorView};
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::{ckpt_err, write_synced};
 use crate::error::{io_err, Result};
 use crate::layout::FlatLayout;
+use crate::model_files::{ckpt_err, write_synced};
 use crate::models::GptConfig;
 
 /// The LayerNorm epsilon of stoker's GPT and of GPT-2.
@@ -242,7 +242,7 @@ pub fn import(config: &GptConfig, layout: &FlatLayout, dir: &Path) -> Result<Vec
             ));
         }
         let x: Vec<f32> = match t.dtype() {
-            StDtype::F32 => crate::checkpoint::f32s(t.data()).collect(),
+            StDtype::F32 => crate::model_files::f32s(t.data()).collect(),
             StDtype::F16 => t
                 .data()
                 .chunks_exact(2)

@@ -4,16 +4,36 @@
 //! model's execution order; each parameter starts at a multiple of `align` elements
 //! (padding is zero and stays zero), and each group (a layer or block) is one contiguous
 //! range ([`FlatLayout::group_ranges`]). Gradients are gathered into a buffer of the same
-//! layout. The layout knows nothing about any model: data-parallel and ZeRO strategies
-//! bucket and shard these buffers.
+//! layout. The layout knows nothing about any model, only the [`ParamSpec`]s it is made
+//! from: data-parallel and ZeRO strategies bucket and shard these buffers, and
+//! [`crate::vars`] copies between them and a model's variables.
 
-use candle_core::backprop::GradStore;
-use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TrainError};
-use crate::params::{ParamSet, ParamSpec};
 use crate::pieces::Pieces;
+
+/// What the flat layout needs of a parameter: name, shape and group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamSpec {
+    /// Dotted name.
+    pub name: String,
+    /// Tensor shape.
+    pub shape: Vec<usize>,
+    /// Execution-order group.
+    pub group: usize,
+}
+
+impl ParamSpec {
+    /// A spec in group 0.
+    pub fn new(name: impl Into<String>, shape: &[usize]) -> Self {
+        ParamSpec {
+            name: name.into(),
+            shape: shape.to_vec(),
+            group: 0,
+        }
+    }
+}
 
 /// Default alignment: 16 f32 elements = 64 bytes, one cache line.
 pub const DEFAULT_ALIGN: usize = 16;
@@ -75,11 +95,6 @@ impl FlatLayout {
             align,
             total: offset,
         })
-    }
-
-    /// The layout of `params` (declaration order) with [`DEFAULT_ALIGN`].
-    pub fn of(params: &ParamSet) -> Result<Self> {
-        Self::new(&params.specs(), DEFAULT_ALIGN)
     }
 
     /// The slots in buffer order.
@@ -170,96 +185,6 @@ impl FlatLayout {
             .map(|s| s.name.as_str())
     }
 
-    /// Checks that `params` matches this layout name for name, shape for shape.
-    pub fn check_params(&self, params: &ParamSet) -> Result<()> {
-        if params.len() != self.slots.len() {
-            return Err(TrainError::Layout(format!(
-                "{} parameters, layout has {}",
-                params.len(),
-                self.slots.len()
-            )));
-        }
-        for (p, s) in params.iter().zip(&self.slots) {
-            if p.name != s.name || p.var.dims() != s.shape.as_slice() {
-                return Err(TrainError::Layout(format!(
-                    "parameter `{}` {:?} where the layout has `{}` {:?}",
-                    p.name,
-                    p.var.dims(),
-                    s.name,
-                    s.shape
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// Copies the variables' values (any float dtype, widened to f32) into a new buffer.
-    pub fn flatten(&self, params: &ParamSet) -> Result<Vec<f32>> {
-        self.check_params(params)?;
-        let mut buf = vec![0f32; self.total];
-        for (p, s) in params.iter().zip(&self.slots) {
-            let v = p.var.as_tensor().to_dtype(DType::F32)?.flatten_all()?;
-            buf[s.offset..s.offset + s.len].copy_from_slice(&v.to_vec1::<f32>()?);
-        }
-        Ok(buf)
-    }
-
-    /// Refreshes the variables from `buf`, casting to each variable's dtype.
-    pub fn unflatten(&self, buf: &[f32], params: &ParamSet) -> Result<()> {
-        self.check_len(buf.len())?;
-        for (p, s) in params.iter().zip(&self.slots) {
-            let t = Tensor::from_slice(
-                &buf[s.offset..s.offset + s.len],
-                s.shape.as_slice(),
-                p.var.device(),
-            )?
-            .to_dtype(p.var.dtype())?;
-            p.var.set(&t)?;
-        }
-        Ok(())
-    }
-
-    /// Refreshes bf16 variables from `buf`, a bf16 copy of the master buffer in this
-    /// layout (the optimizer's copy-out), with no conversion.
-    pub fn unflatten_bf16(&self, buf: &[half::bf16], params: &ParamSet) -> Result<()> {
-        self.check_len(buf.len())?;
-        for (p, s) in params.iter().zip(&self.slots) {
-            if p.var.dtype() != DType::BF16 {
-                return Err(TrainError::Layout(format!(
-                    "parameter `{}` is {:?}, not bf16",
-                    p.name,
-                    p.var.dtype()
-                )));
-            }
-            let t = Tensor::from_slice(
-                &buf[s.offset..s.offset + s.len],
-                s.shape.as_slice(),
-                p.var.device(),
-            )?;
-            p.var.set(&t)?;
-        }
-        Ok(())
-    }
-
-    /// Adds (`scale` x) each parameter's gradient from `grads` into `out`. A parameter
-    /// without a gradient is an error naming it (see [`crate::check`]).
-    pub fn gather_grads(
-        &self,
-        grads: &GradStore,
-        params: &ParamSet,
-        out: &mut [f32],
-    ) -> Result<()> {
-        self.check_len(out.len())?;
-        for (p, s) in params.iter().zip(&self.slots) {
-            if !add_grad(grads, p, &mut out[s.offset..s.offset + s.len])? {
-                return Err(TrainError::NoGradient {
-                    name: p.name.clone(),
-                });
-            }
-        }
-        Ok(())
-    }
-
     /// `buf`, laid out by `from`, re-laid out by this layout parameter by parameter (by
     /// name), padding zero: how a checkpoint written with another order or alignment
     /// loads. The error names a parameter that is missing or has another shape.
@@ -300,21 +225,4 @@ impl FlatLayout {
         }
         Ok(())
     }
-}
-
-/// Adds parameter `p`'s gradient from `grads`, as f32, into `out` (its slot of a flat
-/// buffer); false if the backward gave it none.
-pub(crate) fn add_grad(
-    grads: &GradStore,
-    p: &crate::params::Param,
-    out: &mut [f32],
-) -> Result<bool> {
-    let Some(g) = grads.get(p.var.as_tensor()) else {
-        return Ok(false);
-    };
-    let g = g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-    for (o, x) in out.iter_mut().zip(&g) {
-        *o += x;
-    }
-    Ok(true)
 }

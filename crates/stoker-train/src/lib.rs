@@ -5,11 +5,41 @@
 //! optimizers, clipping and loss scaling work on flat buffers; gradient accumulation
 //! normalizes token losses by the target tokens of the whole window ([`accumulate`]).
 //!
-//! Modules, one idea each: [`params`] (declaring and initializing parameters), [`layout`]
-//! (the flat buffer table), [`optim`] (AdamW, SGD), [`schedule`], [`clip`], [`loss`],
-//! [`accumulate`], [`models`], [`ops`], [`precision`], [`check`], [`config`], [`data`],
-//! [`trainer`], [`checkpoint`], [`metrics`], [`run`] (the loop), [`report`] (plots),
-//! [`device`] (where the model runs) and [`offload`] (a GPU model's optimizer on the host).
+//! Modules, one idea each (and no module cycles: `tests/module_cycles.rs` checks it):
+//!
+//! - [`accumulate`]: gradient accumulation, normalized by the window's valid targets;
+//! - [`check`]: every parameter reached by a gradient;
+//! - [`checkpoint`]: sharded checkpoints that load at any world size and strategy;
+//! - [`clip`]: global-norm gradient clipping;
+//! - [`config`]: the training config, one typed schema with its defaults;
+//! - [`data`]: the configured datasets, checked against the model, as micro-batches;
+//! - [`device`]: where a rank computes (its device, its compute threads);
+//! - [`dry_run`]: a run's checks, plan and memory forecast, without training;
+//! - [`error`]: the crate's typed errors;
+//! - [`grad_sum`]: a window's running gradient sum (in place, or the deterministic tree);
+//! - [`heap`]: the binary's heap count, as the run reads it;
+//! - [`hf`]: Hugging Face GPT-2 export and import;
+//! - [`layout`]: the flat buffer table every parameter and gradient lives in;
+//! - [`loss`]: cross-entropy over valid targets;
+//! - [`machine`]: this machine measured (`--calibrate`) and its profile;
+//! - [`malloc_tuning`]: glibc's malloc kept from returning memory every step;
+//! - [`memory`]: the bytes a rank holds, by kind;
+//! - [`metrics`]: the run's `metrics.jsonl`;
+//! - [`model_files`]: synced writes and errors shared by checkpoints and exports;
+//! - [`models`]: the GPT, CNN and MLP, their config and their one factory;
+//! - [`offload`]: a GPU model's optimizer on the host;
+//! - [`ops`]: the differentiable ops models are written with;
+//! - [`optim`]: AdamW and SGD over flat buffers;
+//! - [`parallel`]: the data-parallel strategies (DDP, ZeRO-1/2/3) behind one seam;
+//! - [`params`]: declaring and initializing parameters;
+//! - [`pieces`]: the parts of the flat buffer a rank keeps;
+//! - [`planned`]: the joint between the planner and the trainer (predictions, forecast);
+//! - [`precision`]: precision modes, kernel choice and the forward context;
+//! - [`report`]: the run's plots;
+//! - [`run`]: a run, set up, trained, checked and summarized;
+//! - [`schedule`]: the learning-rate schedule;
+//! - [`trainer`]: one rank's training state and its step, on one step path;
+//! - [`vars`]: copies between a model's variables and the flat buffers.
 //!
 //! ```
 //! use candle_core::{DType, Device};
@@ -32,7 +62,6 @@
 #![deny(missing_docs)]
 
 pub mod accumulate;
-pub mod calibrate;
 pub mod check;
 pub mod checkpoint;
 pub mod clip;
@@ -46,9 +75,11 @@ pub mod heap;
 pub mod hf;
 pub mod layout;
 pub mod loss;
+pub mod machine;
 pub mod malloc_tuning;
 pub mod memory;
 pub mod metrics;
+pub mod model_files;
 pub mod models;
 pub mod offload;
 pub mod ops;
@@ -58,10 +89,10 @@ pub mod params;
 pub mod pieces;
 pub mod planned;
 pub mod precision;
-pub mod profile;
 pub mod report;
 pub mod run;
 pub mod schedule;
 pub mod trainer;
+pub mod vars;
 
 pub use error::{Result, TrainError};

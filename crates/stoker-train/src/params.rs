@@ -16,6 +16,7 @@
 use candle_core::{DType, Device, Tensor, Var};
 
 use crate::error::{Result, TrainError};
+use crate::layout::{FlatLayout, ParamSpec};
 
 /// How a parameter's initial values are drawn.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -44,28 +45,6 @@ pub struct Param {
     pub init: Init,
     /// The candle variable the model computes with (0 elements for a placeholder).
     pub var: Var,
-}
-
-/// What the flat layout needs of a parameter: name, shape and group.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParamSpec {
-    /// Dotted name.
-    pub name: String,
-    /// Tensor shape.
-    pub shape: Vec<usize>,
-    /// Execution-order group.
-    pub group: usize,
-}
-
-impl ParamSpec {
-    /// A spec in group 0.
-    pub fn new(name: impl Into<String>, shape: &[usize]) -> Self {
-        ParamSpec {
-            name: name.into(),
-            shape: shape.to_vec(),
-            group: 0,
-        }
-    }
 }
 
 /// A model's parameters in declaration (execution) order: the flat-buffer order.
@@ -100,7 +79,7 @@ impl ParamSet {
         self.params.iter().map(|p| p.var.elem_count()).sum()
     }
 
-    /// The specs in declaration order: the input of [`crate::layout::FlatLayout::new`].
+    /// The specs in declaration order: the input of [`FlatLayout::new`].
     pub fn specs(&self) -> Vec<ParamSpec> {
         self.params
             .iter()
@@ -118,13 +97,13 @@ impl ParamSet {
     }
 
     /// The initial values of the elements `pieces` of the flat buffer `layout` lays out,
-    /// end to end (padding zero): what [`crate::layout::FlatLayout::flatten`] of the
+    /// end to end (padding zero): what [`FlatLayout::flatten`] of the
     /// initialized model followed by [`Pieces::take`] gives, drawn piece by piece.
     ///
     /// [`Pieces::take`]: crate::pieces::Pieces::take
     pub fn init_pieces(
         &self,
-        layout: &crate::layout::FlatLayout,
+        layout: &FlatLayout,
         pieces: &crate::pieces::Pieces,
     ) -> Result<Vec<f32>> {
         let mut out = vec![0f32; pieces.len()];
@@ -166,10 +145,7 @@ enum Values {
     /// Some groups' values (group number, the group's first flat element, its values from
     /// there), laid out by the layout; every other group's parameters are empty
     /// placeholders.
-    Groups(
-        crate::layout::FlatLayout,
-        Vec<(usize, usize, std::sync::Arc<Vec<f32>>)>,
-    ),
+    Groups(FlatLayout, Vec<(usize, usize, std::sync::Arc<Vec<f32>>)>),
 }
 
 /// Collects a model's parameters as it declares them.
@@ -204,7 +180,7 @@ impl ParamBuilder {
     pub fn from_groups(
         device: Device,
         dtype: DType,
-        layout: crate::layout::FlatLayout,
+        layout: FlatLayout,
         groups: Vec<(usize, std::sync::Arc<Vec<f32>>)>,
     ) -> Self {
         let spans = layout.group_ranges();
@@ -257,7 +233,7 @@ impl ParamBuilder {
             )));
         }
         let n: usize = shape.iter().product();
-        let offset = |layout: &crate::layout::FlatLayout| {
+        let offset = |layout: &FlatLayout| {
             layout.offset_of(name).ok_or_else(|| {
                 TrainError::Layout(format!("parameter `{name}` is not in the flat layout"))
             })

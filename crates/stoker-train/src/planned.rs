@@ -22,10 +22,11 @@ use stoker_plan::strategy::Stage;
 use stoker_plan::trainer::{GroupSpans, TrainerPrediction, TrainerRun};
 use stoker_plan::Plan;
 
-use crate::config::{ModelConfig, OptimizerKind, StrategyKind, TrainConfig};
+use crate::config::{OptimizerKind, StrategyKind, TrainConfig};
 use crate::error::{config_err, Result};
 use crate::layout::FlatLayout;
 use crate::models::GptConfig;
+use crate::models::ModelConfig;
 use crate::parallel::ParallelDims;
 use crate::precision::Precision;
 

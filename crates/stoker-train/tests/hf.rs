@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::*;
-use stoker_train::config::{ModelConfig, TrainConfig};
+use stoker_train::config::TrainConfig;
 use stoker_train::hf;
+use stoker_train::models::ModelConfig;
 use stoker_train::trainer::Trainer;
 
 fn config() -> TrainConfig {

@@ -110,7 +110,7 @@ fn gathers_gradients_and_names_a_missing_one() {
 
 #[test]
 fn a_buffer_remaps_by_name_between_orders_and_names_what_does_not_fit() {
-    use stoker_train::params::ParamSpec;
+    use stoker_train::layout::ParamSpec;
     let a = FlatLayout::new(
         &[ParamSpec::new("w", &[3, 5]), ParamSpec::new("b", &[5])],
         16,

@@ -7,9 +7,11 @@ mod common;
 use std::path::Path;
 
 use stoker_plan::loader::{BenchPoint, LoaderBench};
-use stoker_train::calibrate::{probe_machine, step_mfu, MachineFigures};
 use stoker_train::config::TrainConfig;
-use stoker_train::profile::{pick_mfu, this_cpu, LoaderProbe, MachineProfile, StepAt, StepPoint};
+use stoker_train::machine::profile::{
+    pick_mfu, this_cpu, LoaderProbe, MachineProfile, StepAt, StepPoint,
+};
+use stoker_train::machine::{probe_machine, step_mfu, MachineFigures};
 
 fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -301,17 +303,14 @@ fn a_machine_calibration_measures_every_probe_step() {
     // micro-batch.
     let bf16_direct = stoker_kernels::bf16_native();
     let per_size = 2 + usize::from(bf16_direct) * 2 + 2;
-    let expected = 2 * per_size * stoker_train::calibrate::PROBE_MICRO_BATCHES.len();
+    let expected = 2 * per_size * stoker_train::machine::PROBE_MICRO_BATCHES.len();
     assert_eq!(profile.steps.len(), expected);
     assert_eq!(heard, expected);
     assert_eq!(profile.cpu, this_cpu());
     assert_eq!(profile.figures.cores, cores());
     // The loader on a synthetic token shard at 0, 1, 2 and 4 workers, up to the cores.
     let loader = profile.loader.as_ref().unwrap();
-    assert_eq!(
-        loader.context,
-        stoker_train::calibrate::LOADER_PROBE_CONTEXT
-    );
+    assert_eq!(loader.context, stoker_train::machine::LOADER_PROBE_CONTEXT);
     let workers: Vec<u64> = loader.bench.points.iter().map(|p| p.num_workers).collect();
     let expected: Vec<u64> = [0, 1, 2, 4]
         .into_iter()

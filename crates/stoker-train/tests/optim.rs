@@ -4,8 +4,8 @@
 use serde_json::Value;
 use stoker_train::clip::{clip_global_norm, global_norm};
 use stoker_train::layout::FlatLayout;
+use stoker_train::layout::ParamSpec;
 use stoker_train::optim::{segments, AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
-use stoker_train::params::ParamSpec;
 use stoker_train::pieces::Pieces;
 use stoker_train::schedule::Schedule;
 

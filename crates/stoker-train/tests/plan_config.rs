@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 
 use stoker_plan::input::PlanInput;
 use stoker_plan::Plan;
-use stoker_train::config::{ModelConfig, StrategyKind, TrainConfig};
+use stoker_train::config::{StrategyKind, TrainConfig};
+use stoker_train::models::ModelConfig;
 use stoker_train::planned::{
     emit, forecast, plan_input, to_toml, EmitPlace, GRAPH_ACTIVATION_PASSES,
 };
@@ -348,7 +349,7 @@ fn calibration_measures_this_machine_and_plans_its_own_step_back() {
     let text = common::gpt_config(tmp.path(), "bf16", 10, "");
     let cfg = TrainConfig::parse(&text, Path::new("t.toml")).unwrap();
     common::write_token_corpus(&tmp.path().join("corpus.bin"), 12_000);
-    let c = stoker_train::calibrate::calibrate(&cfg, 1, 1).unwrap();
+    let c = stoker_train::machine::calibrate(&cfg, 1, 1).unwrap();
     // The loader, measured on the config's training set at its settings: one point of a
     // loader benchmark the plan can read.
     let t = c
@@ -380,7 +381,7 @@ fn calibration_measures_this_machine_and_plans_its_own_step_back() {
     assert!(c.machine.cores >= 1);
     // Planned with the calibration, the config's own step takes what was measured (the
     // MFU is that ratio).
-    let input = stoker_train::calibrate::calibrated_input(&cfg, &c, &PlanInput::default()).unwrap();
+    let input = stoker_train::machine::calibrated_input(&cfg, &c, &PlanInput::default()).unwrap();
     let hw = &input.hardware;
     assert_eq!(
         hw.peak_tflops.as_ref().unwrap()["bf16"],
@@ -392,7 +393,7 @@ fn calibration_measures_this_machine_and_plans_its_own_step_back() {
     // Calibrated as one of 2 ranks on this host, the step runs on each rank's share of
     // the cores, and planned for 2 ranks on one host (each with half the GEMM rate) each
     // rank's compute per micro-batch is again what was measured.
-    let c2 = stoker_train::calibrate::calibrate(&cfg, 2, 2).unwrap();
+    let c2 = stoker_train::machine::calibrate(&cfg, 2, 2).unwrap();
     let threads = std::env::var("RAYON_NUM_THREADS")
         .ok()
         .and_then(|v| v.trim().parse().ok())
@@ -402,29 +403,28 @@ fn calibration_measures_this_machine_and_plans_its_own_step_back() {
     let mut on_two = cfg.clone();
     on_two.batch.world_size = Some(2);
     let input =
-        stoker_train::calibrate::calibrated_input(&on_two, &c2, &PlanInput::default()).unwrap();
+        stoker_train::machine::calibrated_input(&on_two, &c2, &PlanInput::default()).unwrap();
     assert_eq!(input.hardware.devices_per_node, Some(2));
     assert_plans_the_step_back(&input, &c2);
     // Two ranks at once on this machine for a plan of one device per host (two planned
     // hosts sharing this machine, as scripts/cluster.sh's namespaces do): the MFU is at a
     // whole host's rate, and the plan gives the step timed under that contention back.
-    let c3 = stoker_train::calibrate::calibrate(&cfg, 1, 2).unwrap();
+    let c3 = stoker_train::machine::calibrate(&cfg, 1, 2).unwrap();
     assert_eq!((c3.ranks_per_host, c3.ranks_at_once), (1, 2));
     assert_eq!(c3.threads_per_rank, threads);
-    let input =
-        stoker_train::calibrate::calibrated_input(&cfg, &c3, &PlanInput::default()).unwrap();
+    let input = stoker_train::machine::calibrated_input(&cfg, &c3, &PlanInput::default()).unwrap();
     assert_plans_the_step_back(&input, &c3);
     // Without its data the calibration still measures the machine and says why the
     // loader was not measured, naming the file.
     std::fs::remove_file(tmp.path().join("corpus.bin")).unwrap();
-    let c = stoker_train::calibrate::calibrate(&cfg, 1, 1).unwrap();
+    let c = stoker_train::machine::calibrate(&cfg, 1, 1).unwrap();
     assert!(c.loader.is_none() && c.loader_bench().is_none());
     assert!(c.loader_note.contains("corpus.bin"), "{}", c.loader_note);
 }
 
 /// The calibrated plan `input` gives each rank's compute per micro-batch as `c` measured
 /// the step (the MFU is that ratio), unless the MFU hit its bound of 1.
-fn assert_plans_the_step_back(input: &PlanInput, c: &stoker_train::calibrate::Calibration) {
+fn assert_plans_the_step_back(input: &PlanInput, c: &stoker_train::machine::Calibration) {
     let plan = plan_of(input);
     let row = plan
         .strategies

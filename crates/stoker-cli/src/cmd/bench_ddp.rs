@@ -15,11 +15,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use stoker_comm::{Buffer, Communicator, Pending};
-use stoker_train::config::{ModelConfig, StrategyKind, TrainConfig};
+use stoker_train::config::{StrategyKind, TrainConfig};
+use stoker_train::device::threads_per_rank;
 use stoker_train::layout::FlatLayout;
 use stoker_train::models::build_model;
+use stoker_train::models::ModelConfig;
 use stoker_train::parallel::{buckets, GroupShards};
-use stoker_train::run::{run_rank, threads_per_rank, RunOptions};
+use stoker_train::run::{run_rank, RunOptions};
 
 /// Arguments of `stoker bench ddp`.
 #[derive(clap::Args)]

@@ -135,7 +135,7 @@ pub fn bench_json(
         sample_bytes: Some(sample_bytes(ds) as u64),
         points: trials
             .iter()
-            .map(stoker_train::calibrate::bench_point)
+            .map(stoker_train::machine::bench_point)
             .collect(),
     }
 }

@@ -4,7 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use stoker_train::checkpoint;
-use stoker_train::config::{ModelConfig, TrainConfig};
+use stoker_train::config::TrainConfig;
+use stoker_train::models::ModelConfig;
 use stoker_train::trainer::Trainer;
 
 /// Arguments of `stoker export`.

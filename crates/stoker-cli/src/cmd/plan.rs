@@ -341,7 +341,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     }
     if args.calibrate && args.config.is_none() {
         let widths: Vec<usize> = match args.probe_widths.is_empty() {
-            true => stoker_train::calibrate::PROBE_WIDTHS.to_vec(),
+            true => stoker_train::machine::PROBE_WIDTHS.to_vec(),
             false => args.probe_widths.iter().map(|&w| w as usize).collect(),
         };
         return calibrate_machine(&widths, args.json);
@@ -372,13 +372,13 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
             let input = if args.calibrate {
                 let at_once = args.calibrate_ranks_at_once.map_or(ranks, |n| n as usize);
                 crate::candle_threads::share_cores_with_candle(
-                    stoker_train::calibrate::rank_threads(&cfg, at_once),
+                    stoker_train::machine::rank_threads(&cfg, at_once),
                 );
-                let c = stoker_train::calibrate::calibrate(&cfg, ranks, at_once)?;
+                let c = stoker_train::machine::calibrate(&cfg, ranks, at_once)?;
                 say(&c.to_text());
                 say(&record_in_profile(&cfg, &c, p)?);
                 loader = c.loader_bench();
-                stoker_train::calibrate::calibrated_input(&cfg, &c, &cli)
+                stoker_train::machine::calibrated_input(&cfg, &c, &cli)
             } else {
                 let mut planned = cfg.clone();
                 let (line, loader) = apply_profile(&mut planned, &cli, ranks)?;
@@ -483,9 +483,9 @@ fn calibrate_machine(widths: &[usize], json: bool) -> anyhow::Result<()> {
         "calibrating this machine ({threads} threads): GEMM rates, memory and all-reduce \
          bandwidth, then the training step of GPTs {widths:?} wide, 2 blocks, context 128, \
          micro-batch {:?}",
-        stoker_train::calibrate::PROBE_MICRO_BATCHES
+        stoker_train::machine::PROBE_MICRO_BATCHES
     ));
-    let mut profile = stoker_train::calibrate::probe_machine(threads, widths, &path, |p| {
+    let mut profile = stoker_train::machine::probe_machine(threads, widths, &path, |p| {
         say(format!(
             "  {:>4} {:<6} d_model {:>4}, micro-batch {:>2}: {:>8.1} ms, MFU {:.3} ({} thread(s) x {} rank(s) at once)",
             p.at.precision,
@@ -532,7 +532,7 @@ fn calibrate_machine(widths: &[usize], json: bool) -> anyhow::Result<()> {
 /// says what it replaced. Returns the line that says so.
 fn record_in_profile(
     cfg: &stoker_train::config::TrainConfig,
-    c: &stoker_train::calibrate::Calibration,
+    c: &stoker_train::machine::Calibration,
     config_path: &std::path::Path,
 ) -> anyhow::Result<String> {
     let Some(path) = crate::machine_profile::path() else {
@@ -545,8 +545,9 @@ fn record_in_profile(
         Ok(old) => (old, String::new()),
         Err(why) => (None, format!(" (replacing the one there: {why})")),
     };
-    let mut profile =
-        old.unwrap_or_else(|| stoker_train::profile::MachineProfile::new(c.machine.clone(), &path));
+    let mut profile = old.unwrap_or_else(|| {
+        stoker_train::machine::profile::MachineProfile::new(c.machine.clone(), &path)
+    });
     profile.record(point.moved(&c.machine, &profile.figures));
     profile.save()?;
     Ok(format!(
@@ -578,7 +579,7 @@ fn apply_profile(
     {
         Err("the command line names the hardware or its figures".into())
     } else {
-        let threads = stoker_train::calibrate::rank_threads(cfg, ranks);
+        let threads = stoker_train::machine::rank_threads(cfg, ranks);
         profile.apply(cfg, ranks, threads)
     };
     let loader = outcome.is_ok().then(|| profile.loader_for(cfg)).flatten();

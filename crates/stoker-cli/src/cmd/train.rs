@@ -11,9 +11,8 @@ use anyhow::Context;
 use stoker_comm::Communicator;
 use stoker_train::checkpoint;
 use stoker_train::config::{BackendKind, TrainConfig};
-use stoker_train::run::{
-    run as train, run_rank, run_threads, threads_per_rank, RunOptions, RunSummary,
-};
+use stoker_train::device::threads_per_rank;
+use stoker_train::run::{run as train, run_rank, run_threads, RunOptions, RunSummary};
 
 /// Arguments of `stoker train`.
 #[derive(clap::Args)]
@@ -137,7 +136,7 @@ fn print_dry_run(
     // on this machine's profile where it applies; then whether the host's ranks fit.
     let mut planned = config.clone();
     if let Some(p) = crate::machine_profile::load()? {
-        let threads = stoker_train::calibrate::rank_threads(config, world);
+        let threads = stoker_train::machine::rank_threads(config, world);
         println!("{}", p.line(&p.apply(&mut planned, world, threads)));
     }
     match stoker_train::planned::forecast(&planned, world, per_host, Some(&d.own)) {

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use safetensors::tensor::{Dtype as StDtype, TensorView};
 
 use super::sharded::{copy_overlap, for_shards, read_manifest};
-use super::{ckpt_err, write_synced};
 use crate::error::Result;
 use crate::layout::FlatLayout;
+use crate::model_files::{ckpt_err, write_synced};
 
 /// The whole FP32 parameter buffer of the sharded checkpoint in `dir`, and its layout.
 pub fn read_params(dir: &Path) -> Result<(FlatLayout, Vec<f32>)> {

@@ -12,13 +12,13 @@ pub mod legacy;
 pub mod sharded;
 pub mod verify;
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use stoker_data::SamplerState;
 
 use crate::error::{io_err, Result, TrainError};
+use crate::model_files::ckpt_err;
 use crate::trainer::Trainer;
 
 pub use consolidate::consolidate;
@@ -154,24 +154,6 @@ pub fn latest(root: &Path) -> Option<PathBuf> {
     complete(root).pop()
 }
 
-/// Writes `bytes` to `path` and fsyncs it.
-pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    write_synced_with(path, bytes, || {})
-}
-
-/// [`write_synced`], calling `before_sync` between the write and the fsync (where the
-/// crash tests stop a save).
-pub(crate) fn write_synced_with(
-    path: &Path,
-    bytes: &[u8],
-    before_sync: impl FnOnce(),
-) -> Result<()> {
-    let mut f = std::fs::File::create(path).map_err(|e| io_err(path, e))?;
-    f.write_all(bytes).map_err(|e| io_err(path, e))?;
-    before_sync();
-    f.sync_all().map_err(|e| io_err(path, e))
-}
-
 /// The error for a directory holding neither checkpoint format.
 pub(crate) fn not_a_checkpoint(dir: &Path) -> TrainError {
     TrainError::Checkpoint {
@@ -180,14 +162,6 @@ pub(crate) fn not_a_checkpoint(dir: &Path) -> TrainError {
             "no {} (version 3) or state.json (versions 1-2): not a stoker checkpoint directory",
             sharded::MANIFEST
         ),
-    }
-}
-
-/// A checkpoint error about `path`.
-pub(crate) fn ckpt_err(path: &Path, e: impl std::fmt::Display) -> TrainError {
-    TrainError::Checkpoint {
-        path: path.to_path_buf(),
-        message: e.to_string(),
     }
 }
 
@@ -207,11 +181,4 @@ pub(crate) fn read_checked(path: &Path, want: u32, by: &str) -> Result<Vec<u8>> 
         ));
     }
     Ok(bytes)
-}
-
-/// Little-endian f32s from bytes.
-pub(crate) fn f32s(bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
 }

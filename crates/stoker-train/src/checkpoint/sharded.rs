@@ -34,9 +34,10 @@ use stoker_comm::{CommExt, Communicator};
 use stoker_data::SamplerState;
 use stoker_precision::ScalerState;
 
-use super::{ckpt_err, f32s, read_checked, step_dir, write_synced, DataPosition, Resumed, FORMAT};
+use super::{read_checked, step_dir, DataPosition, Resumed, FORMAT};
 use crate::error::{io_err, Result};
 use crate::layout::FlatLayout;
+use crate::model_files::{ckpt_err, f32s, write_synced};
 use crate::optim::OptimState;
 use crate::pieces::Pieces;
 use crate::precision::LayerScalers;

@@ -4,8 +4,8 @@
 
 use candle_core::Device;
 
-use crate::config::ModelConfig;
 use crate::error::Result;
+use crate::models::ModelConfig;
 use crate::params::ParamBuilder;
 use crate::precision::{Kernels, Precision};
 

@@ -5,6 +5,7 @@
 //! the high dtype. Token models produce one row per position, classifiers one per sample.
 
 pub mod cnn;
+pub mod config;
 pub mod factory;
 pub mod gpt;
 pub mod mlp;
@@ -18,6 +19,7 @@ use crate::params::ParamSet;
 use crate::precision::Fx;
 
 pub use cnn::{Cnn, CnnConfig};
+pub use config::ModelConfig;
 pub use factory::{build_meta_model_on, build_model, build_model_on};
 pub use gpt::{Gpt, GptConfig};
 pub use mlp::{Mlp, MlpConfig};

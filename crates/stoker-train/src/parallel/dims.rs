@@ -3,7 +3,7 @@
 //! `global_batch = micro_batch x accumulation_steps x world_size`, and the strategy
 //! against both. Every error names its config key and shows the numbers.
 
-use crate::config::{BatchConfig, StrategyKind, TrainConfig};
+use crate::config::{StrategyKind, TrainConfig};
 use crate::error::{config_err, Result};
 
 /// The resolved degrees of one run.
@@ -23,51 +23,6 @@ pub struct ParallelDims {
     pub strategy: StrategyKind,
     /// Deterministic reduction order.
     pub deterministic: bool,
-}
-
-/// `(accumulation_steps, global_batch)` of `b` at `world` ranks, or an error naming the
-/// key that does not fit.
-pub fn resolve_batch(b: &BatchConfig, world: usize) -> Result<(usize, usize)> {
-    let m = b.micro_batch;
-    let per_step = m * world;
-    match (b.accumulation_steps, b.global_batch) {
-        (None, None) => Ok((1, per_step)),
-        (Some(k), None) => Ok((k, per_step * k)),
-        (None, Some(g)) => {
-            if g % per_step != 0 || g == 0 {
-                let fits: Vec<String> = (1..=g.min(64))
-                    .filter(|w| g % (m * w) == 0)
-                    .map(|w| w.to_string())
-                    .collect();
-                return Err(config_err(
-                    "batch.global_batch",
-                    format!(
-                        "{g} is not divisible by micro_batch {m} x world_size {world} = {per_step}, \
-                         so no whole number of accumulation steps fits (world sizes that fit: {})",
-                        if fits.is_empty() { "none".into() } else { fits.join(", ") }
-                    ),
-                ));
-            }
-            Ok((g / per_step, g))
-        }
-        (Some(k), Some(g)) => {
-            let product = per_step * k;
-            if g != product {
-                let hint = if g % per_step == 0 {
-                    format!("; accumulation_steps = {} would fit", g / per_step)
-                } else {
-                    format!("; {g} is not divisible by micro_batch x world_size = {per_step}")
-                };
-                return Err(config_err(
-                    "batch.global_batch",
-                    format!(
-                        "{g} != micro_batch {m} x accumulation_steps {k} x world_size {world} = {product}{hint}"
-                    ),
-                ));
-            }
-            Ok((k, g))
-        }
-    }
 }
 
 impl ParallelDims {
@@ -92,7 +47,7 @@ impl ParallelDims {
                 ));
             }
         }
-        let (k, global) = resolve_batch(b, world)?;
+        let (k, global) = b.resolve(world)?;
         if p.strategy == StrategyKind::None && world > 1 {
             return Err(config_err(
                 "parallel.strategy",
@@ -142,7 +97,7 @@ impl ParallelDims {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::config::BatchConfig;
 
     fn batch(m: usize, k: Option<usize>, g: Option<usize>) -> BatchConfig {
         BatchConfig {
@@ -156,16 +111,17 @@ mod tests {
     #[test]
     fn the_global_batch_fixes_the_accumulation_steps_at_each_world_size() {
         let b = batch(4, None, Some(32));
-        assert_eq!(resolve_batch(&b, 1).unwrap(), (8, 32));
-        assert_eq!(resolve_batch(&b, 2).unwrap(), (4, 32));
-        assert_eq!(resolve_batch(&b, 8).unwrap(), (1, 32));
-        let e = resolve_batch(&b, 3).unwrap_err().to_string();
+        assert_eq!(b.resolve(1).unwrap(), (8, 32));
+        assert_eq!(b.resolve(2).unwrap(), (4, 32));
+        assert_eq!(b.resolve(8).unwrap(), (1, 32));
+        let e = b.resolve(3).unwrap_err().to_string();
         assert!(
             e.contains("batch.global_batch") && e.contains("world sizes that fit: 1, 2, 4, 8"),
             "{e}"
         );
-        assert_eq!(resolve_batch(&batch(4, Some(2), None), 2).unwrap(), (2, 16));
-        let e = resolve_batch(&batch(4, Some(2), Some(12)), 1)
+        assert_eq!(batch(4, Some(2), None).resolve(2).unwrap(), (2, 16));
+        let e = batch(4, Some(2), Some(12))
+            .resolve(1)
             .unwrap_err()
             .to_string();
         assert!(e.contains("12 != micro_batch 4 x accumulation_steps 2 x world_size 1 = 8; accumulation_steps = 3 would fit"), "{e}");

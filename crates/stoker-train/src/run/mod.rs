@@ -65,7 +65,7 @@ pub struct RunOptions {
     pub heap: Option<&'static dyn HeapCount>,
     /// This machine's profile (`stoker plan --calibrate`'s figures), which the run's
     /// forecast uses where the config gives none of its own (profile::MachineProfile::apply).
-    pub profile: Option<crate::profile::MachineProfile>,
+    pub profile: Option<crate::machine::profile::MachineProfile>,
 }
 
 /// What a run ended with.
@@ -150,7 +150,7 @@ pub fn run_threads(config: &TrainConfig, opts: &RunOptions) -> Result<Vec<Result
             "parallel.backend = \"local\" runs this many ranks as threads: give it",
         )
     })?;
-    let threads = threads_per_rank(config.parallel.threads_per_rank, world);
+    let threads = crate::device::threads_per_rank(config.parallel.threads_per_rank, world);
     let timeout = stoker_comm::communicator::timeout_from_secs(
         config.parallel.timeout_s,
         stoker_comm::DEFAULT_TIMEOUT,
@@ -163,16 +163,6 @@ pub fn run_threads(config: &TrainConfig, opts: &RunOptions) -> Result<Vec<Result
             .map_err(|e| TrainError::Layout(format!("building a compute pool: {e}")))?;
         pool.install(|| run_rank(config, opts, Rc::new(comm), "parallel.backend = \"local\""))
     }))
-}
-
-/// Compute threads for each of `ranks` ranks on this machine: `configured`, or the
-/// cores divided among the ranks (at least 1).
-pub fn threads_per_rank(configured: usize, ranks: usize) -> usize {
-    if configured > 0 {
-        return configured;
-    }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (cores / ranks.max(1)).max(1)
 }
 
 /// Trains as `config` says as one rank of `comm`'s group (started by `launcher`, named

@@ -10,10 +10,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 use stoker_comm::Communicator;
 use stoker_data::{Dataset, Loader, LoaderConfig, Sampler, SamplerConfig};
 
-use crate::config::{ModelConfig, TrainConfig};
+use crate::config::TrainConfig;
 use crate::data::{to_micro_batch, Datasets};
 use crate::error::{Result, TrainError};
 use crate::heap::HeapCount;
+use crate::models::ModelConfig;
 use crate::parallel::ParallelDims;
 use crate::planned::{OwnBytes, RunForecast};
 use crate::trainer::Trainer;

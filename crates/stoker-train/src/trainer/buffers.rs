@@ -4,11 +4,12 @@
 
 use half::bf16;
 
-use crate::config::{ModelConfig, TrainConfig};
+use crate::config::TrainConfig;
 use crate::error::{Result, TrainError};
 use crate::grad_sum::{GradSum, SumOrder};
 use crate::layout::FlatLayout;
 use crate::models::Model;
+use crate::models::ModelConfig;
 use crate::parallel::Strategy;
 use crate::pieces::Pieces;
 

@@ -103,7 +103,7 @@ pub struct Trainer {
     /// How this rank meets the others.
     strategy: Box<dyn Strategy>,
     /// The model's config: ZeRO-3 builds unit models from it around gathered groups.
-    model_config: crate::config::ModelConfig,
+    model_config: crate::models::ModelConfig,
 }
 
 impl Trainer {

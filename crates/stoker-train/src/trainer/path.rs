@@ -62,7 +62,7 @@ pub enum StepPath {
 /// What a micro-batch on any path reads besides the path itself.
 pub(super) struct PathInputs<'a> {
     pub model: &'a dyn Model,
-    pub model_config: &'a crate::config::ModelConfig,
+    pub model_config: &'a crate::models::ModelConfig,
     pub params: &'a ParamBuffers,
     pub fx: &'a Fx<'a>,
     pub device: &'a Device,

@@ -6,10 +6,10 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::config::ModelConfig;
 use crate::error::{Result, TrainError};
 use crate::layout::FlatLayout;
 use crate::models::Model;
+use crate::models::ModelConfig;
 use crate::params::ParamBuilder;
 use crate::pieces::Pieces;
 use crate::precision::{Kernels, Precision};

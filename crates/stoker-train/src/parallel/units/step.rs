@@ -10,14 +10,15 @@ use stoker_comm::Pending;
 
 use super::plan::{unit_model, Event, UnitPlan};
 use crate::accumulate::MicroBatch;
-use crate::config::ModelConfig;
 use crate::error::{Result, TrainError};
-use crate::layout::{add_grad, FlatLayout};
+use crate::layout::FlatLayout;
 use crate::loss::{cross_entropy_sum, scalar};
 use crate::models::Model;
+use crate::models::ModelConfig;
 use crate::parallel::ShardedParams;
 use crate::pieces::Pieces;
 use crate::precision::{Fx, Kernels, Precision};
+use crate::vars::add_grad;
 
 /// Where the unit-by-unit step gets each group's parameters and sends its gradients.
 pub trait SpanSource {

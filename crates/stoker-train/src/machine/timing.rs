@@ -7,8 +7,9 @@ use candle_core::{Device, Tensor};
 use stoker_comm::communicator::{CommExt, Communicator};
 
 use crate::accumulate::MicroBatch;
-use crate::config::{ModelConfig, TrainConfig};
+use crate::config::TrainConfig;
 use crate::error::{config_err, Result};
+use crate::models::ModelConfig;
 use crate::trainer::Trainer;
 
 /// Seconds of each of `runs` calls of `f`.

@@ -1,8 +1,8 @@
-//! `stoker plan --calibrate`: measures this machine instead of trusting a preset's typed-in
+//! This machine, measured: `stoker plan --calibrate` measures it instead of trusting a preset's typed-in
 //! constants, and turns the figures into planner inputs (`[plan.hardware]` and `[plan]
 //! mfu` of a training config), so later plans and every run's forecast use them. Alone
 //! ([`probe_machine`]) it measures the training step of GPTs of several widths into the
-//! machine's profile (crate::profile), which plans every config on this machine; with a
+//! machine's profile ([`profile`]), which plans every config on this machine; with a
 //! config ([`calibrate`]), that config's own step.
 //!
 //! What it measures, each with stoker's own code on this machine:
@@ -24,21 +24,22 @@
 //!   one point of a loader benchmark, which the plan checks its consumption against
 //!   (`stoker tune loader` searches the settings; this measures the ones configured).
 
+mod figures;
 mod loader;
-mod machine;
 mod probe;
+pub mod profile;
 mod timing;
 
+pub use figures::MachineFigures;
 pub use loader::{bench_point, probe_loader, LOADER_PROBE_CONTEXT};
-pub use machine::MachineFigures;
 pub use probe::{probe_machine, PROBE_MICRO_BATCHES, PROBE_WIDTHS};
 
 use stoker_plan::input::{HardwareInput, PlanInput};
 
 use crate::config::TrainConfig;
 use crate::error::Result;
+use crate::machine::profile::{StepAt, StepPoint};
 use crate::planned::{plan_input, planner_row};
-use crate::profile::{StepAt, StepPoint};
 use loader::loader_rate;
 use timing::{concurrent_step_s, one_micro_batch, STEP_RUNS};
 
@@ -139,7 +140,7 @@ pub fn rank_threads(cfg: &TrainConfig, ranks: usize) -> usize {
         .ok()
         .and_then(|v| v.trim().parse().ok())
         .filter(|&n: &usize| n > 0)
-        .unwrap_or_else(|| crate::run::threads_per_rank(cfg.parallel.threads_per_rank, ranks))
+        .unwrap_or_else(|| crate::device::threads_per_rank(cfg.parallel.threads_per_rank, ranks))
 }
 
 /// Measures this machine and `cfg`'s step run by `ranks_at_once` ranks at once, for a plan

@@ -21,9 +21,10 @@ pub use pick::{pick_mfu, MfuPick};
 
 use stoker_plan::loader::LoaderBench;
 
-use crate::calibrate::MachineFigures;
-use crate::config::{ModelConfig, TrainConfig};
+use crate::config::TrainConfig;
 use crate::error::{Result, TrainError};
+use crate::machine::MachineFigures;
+use crate::models::ModelConfig;
 
 /// This machine's measured figures, kept between runs (see the module docs).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -124,7 +125,7 @@ impl StepAt {
     }
 }
 
-/// The loader measured on token windows of `context` tokens ([`crate::calibrate::probe_loader`]).
+/// The loader measured on token windows of `context` tokens ([`crate::machine::probe_loader`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LoaderProbe {

@@ -1,13 +1,13 @@
 //! The machine calibration's probes: GPTs of several widths and micro-batches whose
 //! training steps a machine profile keeps, for plans to interpolate between.
 
+use super::figures::MachineFigures;
 use super::loader::{probe_loader, LOADER_PROBE_CONTEXT};
-use super::machine::MachineFigures;
 use super::step_mfu;
 use super::timing::{concurrent_step_times, step_time, Runs};
 use crate::config::TrainConfig;
 use crate::error::{config_err, Result};
-use crate::profile::{LoaderProbe, MachineProfile, StepAt, StepPoint};
+use crate::machine::profile::{LoaderProbe, MachineProfile, StepAt, StepPoint};
 
 /// Widths of the GPTs a machine calibration times (2 blocks, 32-wide heads, context 128,
 /// [`PROBE_MICRO_BATCHES`], vocabulary 256): the direct step's MFU grows with the width, and plans

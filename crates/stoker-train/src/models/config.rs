@@ -1,0 +1,28 @@
+//! `[model]`: which model a run trains and its sizes, tagged by `kind`. The one place a
+//! model's config is defined; [`super::factory`] builds the model from it.
+
+use serde::{Deserialize, Serialize};
+
+use super::{CnnConfig, GptConfig, MlpConfig};
+
+/// `[model]`, tagged by `kind`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum ModelConfig {
+    /// GPT (token model).
+    Gpt(GptConfig),
+    /// CNN (image classifier).
+    Cnn(CnnConfig),
+    /// MLP (classifier).
+    Mlp(MlpConfig),
+}
+
+impl ModelConfig {
+    /// The token window a token model reads (the GPT's context); None for classifiers.
+    pub fn context(&self) -> Option<usize> {
+        match self {
+            ModelConfig::Gpt(g) => Some(g.context),
+            ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => None,
+        }
+    }
+}
