@@ -1,7 +1,8 @@
 //! The hardware: devices, memory, peak FLOP/s per dtype, links; presets for common nodes.
 //!
 //! Preset numbers are vendor datasheet values (dense, no sparsity) or, for `cpu`, what was
-//! measured on stoker's 2-core build machine (REFERENCES.md, 2026-12-02).
+//! measured on stoker's 2-core build machine (REFERENCES.md; the measurements are in
+//! docs/benchmarks.md, "Measurements behind code constants").
 
 use std::collections::BTreeMap;
 
@@ -153,11 +154,10 @@ pub fn preset(name: &str) -> Result<Hardware> {
         },
         "cpu" | "cpu-only" => {
             let mut dtypes = BTreeMap::new();
-            // Per-core peaks from `cargo bench -p stoker-kernels --bench peak` (2026-12-02),
-            // times 2 cores: AVX-512 f32 FMA 213 GFLOP/s, AMX bf16 3,130 GFLOP/s. fp16 stays
-            // candle's emulation (1024^3 matmul in 33 ms). MFUs from the 822K GPT training
-            // step of `make bench-step` (11.7 GFLOP per step, 16:14 UTC): fp32 69.5 ms =
-            // 168 GFLOP/s, 0.40 of 426; bf16 50.3 ms = 233 GFLOP/s, 0.037 of 6,260.
+            // Per-core peaks from `cargo bench -p stoker-kernels --bench peak` times 2 cores
+            // (AVX-512 f32 FMA, AMX bf16; fp16 is candle's emulation), and MFUs from the
+            // 822K GPT training step of `make bench-step`: docs/benchmarks.md, "Measurements
+            // behind code constants".
             dtypes.insert(
                 Dtype::Fp32,
                 DtypeSupport {
@@ -181,10 +181,9 @@ pub fn preset(name: &str) -> Result<Hardware> {
                 host_memory: 24.0 * GIB,
                 host_cores: 2,
                 dtypes,
-                // MPICH, 2 ranks: the DDP gradient buckets of a 10.7M-parameter GPT (43 MB
-                // in 3 buckets) all-reduce in 11.4 ms alone, 3.8 GB/s of bus bandwidth
-                // (`make bench-ddp`, 2026-12-03; `stoker bench comm` gives 5-11 GB/s for
-                // 1-16 MiB buffers that stay in cache, 2 GB/s from 64 MiB).
+                // MPICH, 2 ranks: the bus bandwidth of the DDP gradient buckets of a
+                // 10.7M-parameter GPT all-reduced alone (`make bench-ddp`; docs/benchmarks.md,
+                // "Measurements behind code constants").
                 intra_node_bw: 3.8 * GB,
                 inter_node_bw: 10e9 / 8.0,
                 host_net_bw: 0.0,

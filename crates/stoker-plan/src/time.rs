@@ -109,10 +109,8 @@ pub fn step_time(
 /// through the network stack, `host_net_bw`: copies, TCP) never hides, and the rest of
 /// their time on a slower network link (waiting for the wire) hides behind the compute,
 /// as the gathers are prefetched a unit ahead and the reduce-scatters left in flight. On
-/// one node the two are the same and nothing hides. Measured on the cluster in a box (2
-/// ranks, 8-block GPT, 2026-12-04, ZeRO-3 splitting every group over the ranks): 136 ms
-/// of compute, 155 ms of link time at 1 Gbit/s, the step grew by 35 ms over the unshaped
-/// link's; unshaped (TCP at the cores' 9-11 Gbit/s), ZeRO-3 cost 11-18 ms more than DDP.
+/// one node the two are the same and nothing hides. Measured on the cluster in a box
+/// (`make bench-cluster`; docs/benchmarks.md, "Measurements behind code constants").
 fn cpu_zero3_exposed(hw: &Hardware, comm: &Comm, compute_s: f64) -> f64 {
     let mut cores_rate = hw.intra_node_bw;
     if hw.nodes > 1 && hw.host_net_bw > 0.0 {

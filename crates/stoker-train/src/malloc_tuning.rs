@@ -4,9 +4,10 @@
 //! glibc's defaults return freed memory to the kernel: blocks from 128 KiB up are their own
 //! `mmap` (the threshold then rises with what is freed), and the heap's top is trimmed
 //! whenever 128 KiB of it is free. A step that allocates the same tensors again then faults
-//! every page in again (a third of a CPU step, docs/benchmarks.md). mimalloc, which the
-//! binary used instead until 2026-12-04, keeps freed pages, but per thread and size class,
-//! so the resident set of a graph-path step rose to about 1.5x the bytes live at its peak.
+//! every page in again (a third of a CPU step, docs/benchmarks.md). mimalloc (the binary's
+//! allocator before, still a feature) keeps freed pages, but per thread and size class, so
+//! the resident set of a graph-path step rose well above the bytes live at its peak
+//! (docs/benchmarks.md, `make bench-allocator`).
 //!
 //! [`keep_freed_memory`] asks glibc to keep what the process frees and to reuse it for
 //! any size: blocks up to 32 MiB (the largest threshold glibc takes on a 64-bit machine)

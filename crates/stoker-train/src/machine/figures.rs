@@ -90,9 +90,9 @@ impl MachineFigures {
 }
 
 /// TFLOP/s of stoker's linear layer on a 2048 x 1024 x 1024 product: the best of 11
-/// runs, as a peak is what the machine can do. (A median of 5 drew 0.104 TFLOP/s in fp32
-/// in a busy spell of this shared 2-core machine, where other calibrations drew
-/// 0.18-0.20, 2026-12-04; every MFU planned on it would have been off by the same factor.)
+/// runs, as a peak is what the machine can do; a median draws a busy spell of a shared
+/// machine into every MFU planned on it (docs/benchmarks.md, "Measurements behind code
+/// constants").
 fn gemm_tflops(bf16_operands: bool) -> Result<f64> {
     let (m, k, n) = (2048usize, 1024usize, 1024usize);
     let x = Tensor::rand(-1f32, 1f32, (m, k), &Device::Cpu)?;

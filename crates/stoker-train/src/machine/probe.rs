@@ -29,9 +29,8 @@ const PROBE_RUNS: Runs = Runs::Budget {
 
 /// Passes over all the probes, their timings pooled: a busy spell of a shared machine
 /// lasts seconds, long enough to cover every run of a 15 ms probe in one pass, and a
-/// third of the pooled timings does not move their median. With one pass of 5 runs, two
-/// calibrations 3 minutes apart put the bf16 direct step at d_model 128 at MFU 0.60 and
-/// 0.44 (2026-12-04).
+/// third of the pooled timings does not move their median (one pass let two calibrations
+/// minutes apart disagree: docs/benchmarks.md, "Measurements behind code constants").
 const PROBE_PASSES: usize = 3;
 
 /// Tokens per sequence of the probe GPTs (and of the loader probe's windows).

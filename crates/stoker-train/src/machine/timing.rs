@@ -65,9 +65,9 @@ pub(super) fn one_micro_batch(cfg: &TrainConfig) -> TrainConfig {
     one
 }
 
-/// Timed training steps per rank (after one warm-up step). Four calibrations of the same
-/// step by two one-thread ranks at once gave 62-97 ms with 5 runs and no meeting of the
-/// ranks before them, 68-74 ms with 11 runs after the meeting (2026-12-04).
+/// Timed training steps per rank (after one warm-up step): enough runs, after the ranks
+/// meet, that two ranks timing one step at once agree (docs/benchmarks.md, "Measurements
+/// behind code constants").
 pub(super) const STEP_RUNS: usize = 11;
 
 /// A trainer for `cfg` on one rank and one micro-batch of synthetic tokens, for
@@ -153,9 +153,9 @@ pub(super) fn concurrent_step_s(
 /// A step's time from each rank's timings: the slowest rank's median (a synchronous step
 /// waits for the slowest rank). The run's measured step is the mean of all its steps,
 /// busy spells of a shared machine included; the median is the typical step, which a
-/// spell over less than half the timings does not move. (The lower quartile, the step on a
-/// quiet machine, planned 8 configs the profile never measured at 0.99-1.36 of their
-/// measured steps, mean 1.12, where the median gave 0.81-1.21, 2026-12-04.)
+/// spell over less than half the timings does not move (the lower quartile, the step on a
+/// quiet machine, planned runs' mean steps fast: docs/benchmarks.md, "Measurements behind
+/// code constants").
 pub(super) fn step_time(per_rank: Vec<Vec<f64>>) -> f64 {
     per_rank.into_iter().map(median).fold(0f64, f64::max)
 }
