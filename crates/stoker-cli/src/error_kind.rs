@@ -94,6 +94,11 @@ fn train(e: &TrainError) -> ErrorKind {
         TrainError::Comm(_) => ErrorKind::Comm,
         TrainError::NoGradient { .. }
         | TrainError::Layout(_)
+        | TrainError::Model(_)
+        | TrainError::Strategy(_)
+        | TrainError::Units(_)
+        | TrainError::Offload(_)
+        | TrainError::Setup(_)
         | TrainError::Candle(_)
         | TrainError::Kernel(_) => ErrorKind::Model,
     }

@@ -434,7 +434,7 @@ fn heap_ratio(o: &Output) -> f64 {
 /// Under MPI each rank's heap over its training steps (the binary's counting allocator)
 /// is within 10% of the run's forecast for DDP, ZeRO-2 and ZeRO-3 on the GPT's direct
 /// step and on the candle graph, the CNN and the MLP: the strategies' workspaces (bucket
-/// copies, per-group gradient buffers, gathered groups and units) told before the first
+/// copies, per-group gradient buffers, gathered groups and units) predicted before the first
 /// step, the graph path's activations and the direct step's kernel scratch counted by a
 /// scratch micro-batch (without collectives). Before the kernel scratch was counted, the
 /// direct step's fp32 GPT here came out 1.36-1.58 (gemm's per-thread packing slabs).

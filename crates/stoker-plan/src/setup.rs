@@ -240,7 +240,7 @@ pub struct Setup {
     /// Assumed model FLOP utilization (fraction of peak).
     pub mfu: f64,
     /// Host-memory passes over each micro-batch's activation bytes beyond the FLOP rate
-    /// (`training.activation_passes`; 0 unless told).
+    /// (`training.activation_passes`; 0 unless given).
     pub activation_passes: f64,
     /// Micro-batch per device, when pinned by the user or a DeepSpeed config.
     pub micro_batch: Option<u64>,

@@ -24,7 +24,16 @@ pub struct TrainConfig {
     /// `fp32`, `bf16`, `fp16` or `fp8`.
     #[serde(default)]
     pub precision: Precision,
-    /// `direct` (default), `fused` or `composed`; see [`Kernels`].
+    /// How a training step runs: `handwritten` (the model's own step over flat buffers,
+    /// no autograd graph, where it has one) or `graph` (candle's autograd). Unset: from
+    /// `kernels` as it was before this key (`direct`, the default, is `handwritten`;
+    /// `fused` and `composed` are `graph`). Always set once parsed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<StepKind>,
+    /// The ops the graph runs: `fused` (stoker-kernels' custom ops) or `composed`
+    /// (candle's primitives); see [`Kernels`]. `direct` is the older name of `step =
+    /// "handwritten"`, accepted and reported as renamed. Once parsed, [`Kernels::Direct`]
+    /// exactly where the step is handwritten.
     #[serde(default)]
     pub kernels: Kernels,
     /// `cpu` (default), or `cuda` / `cuda:N` in a build with the `cuda` feature: the
@@ -49,6 +58,21 @@ pub struct TrainConfig {
     /// as is and plans again alike.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<stoker_plan::emit::PlanSection>,
+    /// What parsing has to tell the user: keys accepted under an older name.
+    #[serde(skip)]
+    pub notes: Vec<String>,
+}
+
+/// The `step` key: how a training step runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StepKind {
+    /// The model's hand-written step over the flat buffers, no autograd graph (llm.c's
+    /// design), where it has one (the GPT on a CPU in fp32, and in bf16 where the CPU has
+    /// bf16 hardware); elsewhere the graph with stoker-kernels' fused ops.
+    Handwritten,
+    /// Candle's autograd graph, with the ops `kernels` names.
+    Graph,
 }
 
 fn default_device() -> String {
@@ -431,12 +455,59 @@ impl TrainConfig {
 
     /// Parses TOML text (`path` only labels errors) and validates it.
     pub fn parse(text: &str, path: &Path) -> Result<Self> {
-        let c: TrainConfig = toml::from_str(text).map_err(|e| TrainError::ConfigParse {
+        let mut c: TrainConfig = toml::from_str(text).map_err(|e| TrainError::ConfigParse {
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
+        let direct_given = toml::from_str::<toml::Table>(text)
+            .ok()
+            .and_then(|t| {
+                t.get("kernels")
+                    .and_then(|k| k.as_str().map(|k| k == "direct"))
+            })
+            .unwrap_or(false);
+        c.resolve_step(direct_given)?;
         c.validate()?;
         Ok(c)
+    }
+
+    /// Settles `step` and `kernels` together (see [`TrainConfig::step`]); `direct_given`:
+    /// the file said `kernels = "direct"`, the older name of `step = "handwritten"`.
+    fn resolve_step(&mut self, direct_given: bool) -> Result<()> {
+        let step =
+            match (self.step, self.kernels, direct_given) {
+                (Some(StepKind::Graph), Kernels::Direct, true) => return Err(config_err(
+                    "kernels",
+                    "\"direct\" is the older name of step = \"handwritten\", and step = \"graph\" \
+                     is given: for the graph, kernels = \"fused\" or \"composed\"",
+                )),
+                (Some(StepKind::Handwritten), Kernels::Composed, _) => {
+                    return Err(config_err(
+                        "kernels",
+                        "\"composed\" names candle's primitives on the graph, and step = \
+                     \"handwritten\" runs no graph: use step = \"graph\" with it",
+                    ))
+                }
+                (Some(step), _, _) => step,
+                (None, Kernels::Direct, given) => {
+                    if given {
+                        self.notes.push(
+                        "kernels = \"direct\" is now step = \"handwritten\" (the older key still \
+                         works)"
+                            .into(),
+                    );
+                    }
+                    StepKind::Handwritten
+                }
+                (None, _, _) => StepKind::Graph,
+            };
+        self.step = Some(step);
+        self.kernels = match (step, self.kernels) {
+            (StepKind::Handwritten, _) => Kernels::Direct,
+            (StepKind::Graph, Kernels::Direct) => Kernels::Fused,
+            (StepKind::Graph, k) => k,
+        };
+        Ok(())
     }
 
     /// The schedule with `decay_steps` defaulted to `train.steps`.

@@ -14,7 +14,7 @@
 //! the same activations) and runs one scratch micro-batch through the binary's heap count,
 //! as the run does at its start: activations and kernel scratch are counted, not
 //! estimated. A model this machine cannot hold is counted without allocating: the direct
-//! step's activations told from its shapes, the graph path's from the planner's formula.
+//! step's activations predicted from its shapes, the graph path's from the planner's formula.
 //! [`Fit`] holds the ranks of one host against this machine's memory, or against the
 //! `[plan.hardware]` the config gives.
 
@@ -74,7 +74,7 @@ pub fn dry_run(
     let data = open_datasets(config, &*model)?;
     let planned = predicted(config, &dims, &layout);
     // The strategy as the run sets it up, over a communicator that moves no data.
-    let mut strategy = crate::parallel::for_config(config, &layout, dry_comm(world)?)?;
+    let mut strategy = crate::parallel::for_config(config, &layout, null_comm(world)?)?;
     let len = layout.total_len();
     let held = strategy.holds(len);
     let direct = config.direct_step();
@@ -105,7 +105,7 @@ pub fn dry_run(
         stoker_data::measure::rss_bytes(),
         stoker_data::measure::code_rss_bytes(),
     );
-    let told = direct_activation_bytes(config, &dims);
+    let predicted = direct_activation_bytes(config, &dims);
     // One scratch micro-batch on the rank's own trainer, where it fits here.
     let fits_here = budget.is_some_and(|b| 2.0 * planned.model_states() < b);
     let scratch = match (heap, fits_here) {
@@ -115,15 +115,15 @@ pub fn dry_run(
                 false => Trainer::with_strategy(
                     config,
                     model,
-                    crate::parallel::for_config(config, &layout, dry_comm(world)?)?,
+                    crate::parallel::for_config(config, &layout, null_comm(world)?)?,
                 ),
             };
             step_scratch_heap(&mut trainer?, &data, dims.micro_batch, Some(h), false)?
         }
         _ => None,
     };
-    // As the run splits it: the direct step's told activations, the rest its kernels'.
-    let (activations, workspace) = match (told, scratch) {
+    // As the run splits it: the direct step's predicted activations, the rest its kernels'.
+    let (activations, workspace) = match (predicted, scratch) {
         (Some(a), s) => (Some(a), s.map_or(0, |s| s.saturating_sub(a))),
         (None, s) => (s, 0),
     };
@@ -151,8 +151,8 @@ pub fn dry_run(
 }
 
 /// Rank 0 of `world` over a communicator that moves no data.
-fn dry_comm(world: usize) -> Result<Rc<dyn stoker_comm::Communicator>> {
-    Ok(Rc::new(stoker_comm::DryComm::new(0, world)?))
+fn null_comm(world: usize) -> Result<Rc<dyn stoker_comm::Communicator>> {
+    Ok(Rc::new(stoker_comm::NullComm::new(0, world)?))
 }
 
 /// The memory a host's ranks must fit in, and where the figure comes from.

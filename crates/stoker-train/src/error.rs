@@ -75,9 +75,27 @@ pub enum TrainError {
         #[source]
         source: stoker_data::DataError,
     },
-    /// A parameter layout mismatch (buffer sizes, names, shapes).
+    /// A flat buffer that does not match its layout (sizes, names, shapes, pieces).
     #[error("layout: {0}")]
     Layout(String),
+    /// A model's declaration does not hold together (a parameter its table lacks, a unit
+    /// it does not have).
+    #[error("model: {0}")]
+    Model(String),
+    /// What a strategy or step path cannot serve (a hook it lacks, a forward that needs
+    /// every rank, a path chosen for another strategy).
+    #[error("strategy: {0}")]
+    Strategy(String),
+    /// ZeRO-3's unit-by-unit schedule broke one of its rules (a unit before its groups,
+    /// a group without a unit).
+    #[error("zero3 units: {0}")]
+    Units(String),
+    /// A GPU model's host staging (pinned buffers, copies) failed.
+    #[error("offload: {0}")]
+    Offload(String),
+    /// The run could not set itself up (its compute pool, its run directory's config).
+    #[error("run setup: {0}")]
+    Setup(String),
     /// An I/O error on `path`.
     #[error("{path}: {source}")]
     Io {

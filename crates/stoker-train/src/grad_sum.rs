@@ -153,7 +153,7 @@ impl GradSum {
     }
 
     /// The gradient-sized buffers a sum in `order` holds once it has summed windows of
-    /// `k` micro-batches, told before any (the forecast's count): in place none, in
+    /// `k` micro-batches, predicted before any (the forecast's count): in place none, in
     /// sequence the leaf, in the tree the leaf and every partial sum the binary tree of `k`
     /// leaves keeps at once (its buffers are kept for reuse). Counted by running the sum's
     /// own bookkeeping for two windows over one-element buffers: the count does not depend
@@ -194,7 +194,7 @@ mod tests {
     use super::*;
     use stoker_testkit::assert_bits_eq;
 
-    /// The buffers told before any window are the ones held after two windows of k.
+    /// The buffers predicted before any window are the ones held after two windows of k.
     #[test]
     fn steady_buffers_are_told_before_the_first_window() {
         for order in [SumOrder::InPlace, SumOrder::Sequential, SumOrder::Tree] {

@@ -119,7 +119,7 @@ impl HostStaging {
     /// variables are on a GPU.
     pub fn for_params(params: &ParamSet, layout: &FlatLayout) -> Result<Self> {
         if layout.slots().len() != params.len() {
-            return Err(TrainError::Layout(format!(
+            return Err(TrainError::Offload(format!(
                 "{} parameters, the layout has {} slots",
                 params.len(),
                 layout.slots().len()
@@ -134,7 +134,7 @@ impl HostStaging {
                     DType::BF16 => StagedBuf::Bf16(staged(dev, n)?),
                     DType::F16 => StagedBuf::F16(staged(dev, n)?),
                     other => {
-                        return Err(TrainError::Layout(format!(
+                        return Err(TrainError::Offload(format!(
                         "parameter `{}` is {other:?}: offload stages f32, bf16 and f16 variables",
                         p.name
                     )))
@@ -248,7 +248,7 @@ impl HostStaging {
         let i = match self.by_offset.binary_search_by_key(&offset, |&(o, _)| o) {
             Ok(k) => self.by_offset[k].1,
             Err(_) => {
-                return Err(TrainError::Layout(format!(
+                return Err(TrainError::Offload(format!(
                     "offload: no parameter starts at flat offset {offset}"
                 )))
             }
@@ -276,7 +276,7 @@ impl HostStaging {
         let staged = &mut self.params[i];
         let n = src.len();
         if n != p.var.elem_count() {
-            return Err(TrainError::Layout(format!(
+            return Err(TrainError::Offload(format!(
                 "offload: {n} values for parameter `{}` of {} elements",
                 p.name,
                 p.var.elem_count()
@@ -286,7 +286,7 @@ impl HostStaging {
             (StagedBuf::Bf16(b), MasterView::Bf16(m)) => b.write()?.copy_from_slice(m),
             (b, MasterView::F32(m)) => each!(b, b => narrow_into(b.write()?, m)),
             (_, MasterView::Bf16(_)) => {
-                return Err(TrainError::Layout(format!(
+                return Err(TrainError::Offload(format!(
                     "parameter `{}` is {:?}: a bf16 copy refreshes bf16 variables only",
                     p.name,
                     p.var.dtype()
@@ -302,7 +302,7 @@ impl HostStaging {
     fn check_count(&self, params: &ParamSet) -> Result<()> {
         let n = params.len();
         if n != self.grads.len() {
-            return Err(TrainError::Layout(format!(
+            return Err(TrainError::Offload(format!(
                 "{n} parameters, the staging holds {}",
                 self.grads.len()
             )));
@@ -335,7 +335,7 @@ fn staged<T: Element>(dev: &Device, n: usize) -> Result<Staged<T>> {
             n,
         )?)),
         #[allow(unreachable_patterns)]
-        other => Err(TrainError::Layout(format!(
+        other => Err(TrainError::Offload(format!(
             "offload stages variables on a CPU or CUDA device, not {other:?}"
         ))),
     }
@@ -373,7 +373,7 @@ impl<T: Element> Pinned<T> {
         n: usize,
     ) -> Result<Self> {
         let err = |what: &str, e: &dyn std::fmt::Debug| {
-            TrainError::Layout(format!("{what} ({n} pinned host elements): {e:?}"))
+            TrainError::Offload(format!("{what} ({n} pinned host elements): {e:?}"))
         };
         // SAFETY: the allocation is uninitialized until the `write_bytes` below, and nothing
         // reads it before then: it is not returned or referenced before the fill.
@@ -400,7 +400,7 @@ impl<T: Element> Pinned<T> {
     fn wait(&self) -> Result<()> {
         self.done
             .synchronize()
-            .map_err(|e| TrainError::Layout(format!("offload: waiting for a copy: {e:?}")))
+            .map_err(|e| TrainError::Offload(format!("offload: waiting for a copy: {e:?}")))
     }
 
     /// The memory, once the last copy from or into it has finished.
@@ -419,7 +419,7 @@ impl<T: Element> Pinned<T> {
 /// A failure to address a pinned buffer.
 #[cfg(feature = "cuda")]
 fn pinned_err(e: candle_core::cuda_backend::cudarc::driver::DriverError) -> TrainError {
-    TrainError::Layout(format!("offload: a pinned buffer: {e:?}"))
+    TrainError::Offload(format!("offload: a pinned buffer: {e:?}"))
 }
 
 #[cfg(feature = "cuda")]
@@ -467,7 +467,7 @@ impl<T: Element> Staged<T> {
     /// vector; queued on the tensor's stream into pinned memory ([`Staged::read`] waits).
     fn start_download(&mut self, g: &Tensor, name: &str) -> Result<()> {
         if g.elem_count() != self.len() || g.dtype() != T::DTYPE {
-            return Err(TrainError::Layout(format!(
+            return Err(TrainError::Offload(format!(
                 "gradient of `{name}`: {} {:?} elements, its staging {} {:?}",
                 g.elem_count(),
                 g.dtype(),
@@ -484,10 +484,10 @@ impl<T: Element> Staged<T> {
             Staged::Pinned(p) => {
                 let (storage, layout) = g.storage_and_layout();
                 let (a, b) = layout.contiguous_offsets().ok_or_else(|| {
-                    TrainError::Layout(format!("gradient of `{name}` is not contiguous"))
+                    TrainError::Offload(format!("gradient of `{name}` is not contiguous"))
                 })?;
                 let candle_core::Storage::Cuda(cs) = &*storage else {
-                    return Err(TrainError::Layout(format!(
+                    return Err(TrainError::Offload(format!(
                         "gradient of `{name}` is not on the GPU its staging is pinned for"
                     )));
                 };
@@ -497,7 +497,7 @@ impl<T: Element> Staged<T> {
                 stream
                     .memcpy_dtoh(&slice.slice(a..b), &mut p.buf)
                     .map_err(|e| {
-                        TrainError::Layout(format!("copying `{name}`'s gradient: {e:?}"))
+                        TrainError::Offload(format!("copying `{name}`'s gradient: {e:?}"))
                     })?;
                 Ok(p.copied_on(&stream)?)
             }

@@ -228,7 +228,7 @@ impl ParamBuilder {
     /// Declares parameter `name` of `shape`, initialized by `init`.
     pub fn param(&mut self, name: &str, shape: &[usize], init: Init) -> Result<Var> {
         if self.params.iter().any(|p| p.name == name) {
-            return Err(TrainError::Layout(format!(
+            return Err(TrainError::Model(format!(
                 "parameter `{name}` declared twice"
             )));
         }

@@ -436,9 +436,9 @@ fn held_and_sent(
         }
         let held = t.held_bytes();
         // ZeRO-2's bucket copies live only during the backward (the reduce-scatter keeps
-        // no input between steps): what it holds after is at most the told peak. Every
+        // no input between steps): what it holds after is at most the predicted peak. Every
         // other strategy's buffers, ZeRO-2's and ZeRO-3's per-group workspace included
-        // (told by replaying the step's calls), are what was told.
+        // (predicted by replaying the step's calls), are what was predicted.
         let bucketed = matches!(
             config.parallel.strategy,
             stoker_train::config::StrategyKind::Zero2
@@ -450,11 +450,11 @@ fn held_and_sent(
         match bucketed && world > 1 {
             false => assert_eq!(
                 held.buffers, steady,
-                "{what}: buffers told before the first step"
+                "{what}: buffers predicted before the first step"
             ),
             true => assert!(
                 held.buffers <= steady,
-                "{what}: {} > told {steady}",
+                "{what}: {} > predicted {steady}",
                 held.buffers
             ),
         }

@@ -263,15 +263,15 @@ fn step_each_tells_every_segment_its_final_values() {
         let (mut ca, mut cb) = (vec![half::bf16::ZERO; n], vec![half::bf16::ZERO; n]);
         for _ in 0..3 {
             plain.step(&mut a, &grads, 1e-2, Some(&mut ca));
-            let mut told = Vec::new();
+            let mut reported = Vec::new();
             each.step_each(&mut b, &grads, 1e-2, Some(&mut cb), &mut |r, v, c| {
-                told.push((r, v.to_vec(), c.map(|c| c.to_vec())));
+                reported.push((r, v.to_vec(), c.map(|c| c.to_vec())));
             });
-            assert_eq!(told.len(), layout.slots().len());
-            for ((r, v, c), s) in told.iter().zip(layout.slots()) {
+            assert_eq!(reported.len(), layout.slots().len());
+            for ((r, v, c), s) in reported.iter().zip(layout.slots()) {
                 assert_eq!(*r, s.offset..s.offset + s.len);
                 let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(v), bits(&b[r.clone()]), "told values are final");
+                assert_eq!(bits(v), bits(&b[r.clone()]), "reported values are final");
                 assert_eq!(c.as_deref(), Some(&cb[r.clone()]));
             }
         }

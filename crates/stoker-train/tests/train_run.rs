@@ -390,3 +390,82 @@ fn bf16_without_bf16_hardware_is_named_as_slow() {
     }
     assert_eq!(stoker_train::run::slow_precision(&fp32), None);
 }
+
+/// `step = "handwritten" | "graph"` chooses the step path; `kernels` names the graph's ops.
+/// `kernels = "direct"`, the older name of the handwritten step, still works and the
+/// config says it was renamed; contradictions are refused naming `kernels`; a config
+/// written back (the run directory's `config.toml`) parses to the same config, silently.
+#[test]
+fn step_chooses_the_path_and_the_older_kernels_key_still_works() {
+    use stoker_train::config::StepKind;
+    use stoker_train::precision::Kernels;
+    let tmp = tempfile::tempdir().unwrap();
+    let text = |top: &str| {
+        gpt_config(tmp.path(), "fp32", 2, "").replacen(
+            "seed = 3\n",
+            &format!("seed = 3\n{top}\n"),
+            1,
+        )
+    };
+    let parse = |top: &str| TrainConfig::parse(&text(top), Path::new("t.toml"));
+    let cases = [
+        ("", StepKind::Handwritten, Kernels::Direct, false),
+        (
+            "kernels = \"direct\"",
+            StepKind::Handwritten,
+            Kernels::Direct,
+            true,
+        ),
+        (
+            "kernels = \"fused\"",
+            StepKind::Graph,
+            Kernels::Fused,
+            false,
+        ),
+        (
+            "kernels = \"composed\"",
+            StepKind::Graph,
+            Kernels::Composed,
+            false,
+        ),
+        (
+            "step = \"handwritten\"",
+            StepKind::Handwritten,
+            Kernels::Direct,
+            false,
+        ),
+        ("step = \"graph\"", StepKind::Graph, Kernels::Fused, false),
+        (
+            "step = \"graph\"\nkernels = \"composed\"",
+            StepKind::Graph,
+            Kernels::Composed,
+            false,
+        ),
+    ];
+    for (top, step, kernels, renamed) in cases {
+        let c = parse(top).unwrap();
+        assert_eq!((c.step, c.kernels), (Some(step), kernels), "{top:?}");
+        assert_eq!(
+            c.notes.iter().any(|n| n.contains("step = \"handwritten\"")),
+            renamed,
+            "{top:?}: {:?}",
+            c.notes
+        );
+        let again = TrainConfig::parse(&toml::to_string(&c).unwrap(), Path::new("w.toml")).unwrap();
+        assert_eq!(
+            again,
+            TrainConfig {
+                notes: vec![],
+                ..c.clone()
+            },
+            "{top:?} written back"
+        );
+    }
+    for top in [
+        "step = \"graph\"\nkernels = \"direct\"",
+        "step = \"handwritten\"\nkernels = \"composed\"",
+    ] {
+        let e = parse(top).unwrap_err().to_string();
+        assert!(e.contains("`kernels`"), "{top:?}: {e}");
+    }
+}

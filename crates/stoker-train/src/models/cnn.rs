@@ -127,7 +127,7 @@ impl Model for Cnn {
             .relu()?,
             3 => linear(fx, "fc2", x, &self.fc2[0], Some(&self.fc2[1]))?.to_dtype(fx.high)?,
             _ => {
-                return Err(crate::error::TrainError::Layout(format!(
+                return Err(crate::error::TrainError::Model(format!(
                     "the CNN has no unit {u}"
                 )))
             }

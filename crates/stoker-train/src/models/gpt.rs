@@ -119,7 +119,7 @@ impl Gpt {
             params
                 .get(&name)
                 .map(|p| p.var.as_tensor().clone())
-                .ok_or_else(|| TrainError::Layout(format!("the GPT table has no `{name}`")))
+                .ok_or_else(|| TrainError::Model(format!("the GPT table has no `{name}`")))
         };
         let pair = |name: &str| -> Result<[Tensor; 2]> {
             Ok([t(format!("{name}.weight"))?, t(format!("{name}.bias"))?])
@@ -319,7 +319,7 @@ impl Model for Gpt {
             return Ok((&x + self.mlp(fx, blk, &h)?)?);
         }
         if u != self.blocks.len() + 1 {
-            return Err(TrainError::Layout(format!("the GPT has no unit {u}")));
+            return Err(TrainError::Model(format!("the GPT has no unit {u}")));
         }
         let (bsz, t, d) = x.dims3()?;
         let x = layer_norm(fx, x, &self.ln_f[0], &self.ln_f[1], LN_EPS)?;

@@ -88,7 +88,7 @@ impl Model for Mlp {
         let [w, b] = self
             .layers
             .get(u)
-            .ok_or_else(|| crate::error::TrainError::Layout(format!("the MLP has no unit {u}")))?;
+            .ok_or_else(|| crate::error::TrainError::Model(format!("the MLP has no unit {u}")))?;
         let y = linear(fx, &format!("layers.{u}"), &x, w, Some(b))?;
         Ok(match u + 1 == self.layers.len() {
             true => y.to_dtype(fx.high)?,

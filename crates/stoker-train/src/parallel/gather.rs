@@ -80,28 +80,28 @@ impl GroupGather {
     }
 
     /// What [`GroupGather::peak_bytes`] reaches in one micro-batch of the GPT's direct
-    /// step, told before the first: the step's calls (`stoker_kernels::group_calls`)
+    /// step, predicted before the first: the step's calls (`stoker_kernels::group_calls`)
     /// replayed through a [`Source`] over a communicator that moves no data.
     pub fn planned_peak(&self) -> Result<usize> {
-        let mut dry = self.dry()?;
+        let mut scratch = self.over_null_comm()?;
         let n = self.reduce.own_len();
         let (master, mut grads) = (vec![0f32; n], vec![0f32; n]);
         let mut source = Source {
-            gather: &mut dry,
+            gather: &mut scratch,
             master: &master,
             grads: &mut grads,
         };
         stoker_kernels::replay(&mut source, &stoker_kernels::group_calls(self.params.len()))
-            .map_err(|e| crate::error::TrainError::Layout(e.to_string()))?;
-        dry.finish(&mut grads)?;
-        Ok(dry.peak_bytes())
+            .map_err(|e| crate::error::TrainError::Units(e.to_string()))?;
+        scratch.finish(&mut grads)?;
+        Ok(scratch.peak_bytes())
     }
 
     /// The same groups and shards over a communicator that moves no data: the schedule
     /// runs alone (gathered groups stay zero, reductions add zeros).
-    pub fn dry(&self) -> Result<GroupGather> {
+    pub fn over_null_comm(&self) -> Result<GroupGather> {
         Ok(GroupGather {
-            reduce: self.reduce.dry()?,
+            reduce: self.reduce.over_null_comm()?,
             reshard_after_forward: self.reshard_after_forward,
             params: (0..self.params.len()).map(|_| Slot::Free).collect(),
         })

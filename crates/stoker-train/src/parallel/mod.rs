@@ -145,7 +145,7 @@ pub trait Strategy: StrategyBytes {
         Pieces::one(0..len)
     }
     /// Settles, before the first step, how the trainer's gradients meet this strategy,
-    /// told whether its steps are direct; returns the part of a flat gradient buffer of
+    /// predicted whether its steps are direct; returns the part of a flat gradient buffer of
     /// `len` elements the trainer keeps: [`Strategy::holds`], except where a direct step's
     /// gradients are reduced group by group into this rank's shard (ZeRO-2 reducing every
     /// micro-batch; ZeRO-3), when [`Strategy::by_group`] then answers. Calling it again
@@ -185,7 +185,7 @@ pub trait GroupSource {
     /// as [`StrategyBytes::steady_buffer_bytes`]): what the run's memory count measures
     /// the kernels' own scratch with.
     #[allow(clippy::type_complexity)]
-    fn dry_source<'a>(
+    fn scratch_source<'a>(
         &self,
         master: &'a [f32],
         grads: &'a mut [f32],

@@ -16,7 +16,7 @@ use std::ops::Range;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use stoker_comm::{Buffer, Communicator, DryComm, Pending};
+use stoker_comm::{Buffer, Communicator, NullComm, Pending};
 use stoker_kernels::{GroupCall, GroupView, KernelError, Phase, StepParams};
 
 use super::shard::GroupSplit;
@@ -83,7 +83,7 @@ impl Pool {
 pub fn f32s(b: Buffer, what: &str) -> Result<Vec<f32>> {
     match b {
         Buffer::F32(v) => Ok(v),
-        other => Err(TrainError::Layout(format!(
+        other => Err(TrainError::Strategy(format!(
             "the {what} came back as {}, expected f32",
             other.dtype().name()
         ))),
@@ -137,8 +137,8 @@ impl GroupReduce {
 
     /// The same groups and shards over a communicator that moves no data, for running
     /// the schedule before the first step.
-    pub fn dry(&self) -> Result<GroupReduce> {
-        let comm = DryComm::new(self.comm.rank(), self.comm.world_size())?;
+    pub fn over_null_comm(&self) -> Result<GroupReduce> {
+        let comm = NullComm::new(self.comm.rank(), self.comm.world_size())?;
         Ok(GroupReduce::new(
             Rc::new(comm),
             self.splits.clone(),
@@ -152,25 +152,25 @@ impl GroupReduce {
     }
 
     /// What [`GroupReduce::peak_bytes`] reaches in one micro-batch of the GPT's direct
-    /// step, told before the first: the step's calls (`stoker_kernels::group_calls`) run
+    /// step, predicted before the first: the step's calls (`stoker_kernels::group_calls`) run
     /// through [`ReduceSource`]'s two rules (a group's buffer at its first backward view,
-    /// its reduce-scatter when the backward is done with it) over a dry communicator. The
+    /// its reduce-scatter when the backward is done with it) over a communicator that moves no data. The
     /// rules are restated here because a `ReduceSource` needs the whole parameter buffer
-    /// to serve views; `tests/data_parallel.rs` holds the told bytes to the held ones.
+    /// to serve views; `tests/data_parallel.rs` holds the predicted bytes to the held ones.
     pub fn planned_peak(&self) -> Result<usize> {
-        let mut dry = self.dry()?;
+        let mut scratch = self.over_null_comm()?;
         let mut shard = vec![0f32; self.own_len];
         for call in stoker_kernels::group_calls(self.splits.len()) {
             match call {
                 GroupCall::Open(g, Phase::Backward) => {
-                    dry.grads(g);
+                    scratch.grads(g);
                 }
-                GroupCall::Done(g, Phase::Backward) => dry.start(g, &mut shard)?,
+                GroupCall::Done(g, Phase::Backward) => scratch.start(g, &mut shard)?,
                 GroupCall::Open(_, Phase::Forward) | GroupCall::Done(_, Phase::Forward) => {}
             }
         }
-        dry.finish(&mut shard)?;
-        Ok(dry.peak_bytes())
+        scratch.finish(&mut shard)?;
+        Ok(scratch.peak_bytes())
     }
 
     /// The part of `group` this rank owns, as a range of its shard (empty if none).

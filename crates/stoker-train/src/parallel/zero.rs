@@ -331,7 +331,7 @@ impl StrategyBytes for Zero {
 }
 
 /// ZeRO-2's reductions on the direct step, group by group as its backward finishes each,
-/// and the workspace they hold at most (told before the first step).
+/// and the workspace they hold at most (predicted before the first step).
 struct ByGroup {
     reduce: GroupReduce,
     planned_peak: usize,
@@ -350,13 +350,13 @@ impl GroupSource for ByGroup {
         })
     }
 
-    fn dry_source<'a>(
+    fn scratch_source<'a>(
         &self,
         master: &'a [f32],
         grads: &'a mut [f32],
     ) -> Result<(Box<dyn stoker_kernels::StepParams + 'a>, usize)> {
         let source = ReduceSource {
-            reduce: self.reduce.dry()?,
+            reduce: self.reduce.over_null_comm()?,
             master,
             grads,
         };

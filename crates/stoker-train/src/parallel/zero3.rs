@@ -46,7 +46,7 @@ pub struct Zero3 {
     /// Every group as this rank's collectives see it.
     splits: Vec<GroupSplit>,
     gather: GroupGather,
-    /// The gathered groups' workspace one micro-batch of the direct step holds, told
+    /// The gathered groups' workspace one micro-batch of the direct step holds, predicted
     /// before the first (0 on the graph path, whose units the trainer tells).
     planned_peak: usize,
     window_start: CommStats,
@@ -90,7 +90,7 @@ impl Zero3 {
     fn split(&self, span: &Range<usize>) -> Result<&GroupSplit> {
         match self.shards.group_of(span) {
             Some(g) => Ok(&self.splits[g]),
-            None => Err(TrainError::Layout(format!(
+            None => Err(TrainError::Strategy(format!(
                 "zero3: elements {span:?} are not one parameter group's span"
             ))),
         }
@@ -222,13 +222,13 @@ impl GroupSource for Zero3 {
         })
     }
 
-    fn dry_source<'a>(
+    fn scratch_source<'a>(
         &self,
         master: &'a [f32],
         grads: &'a mut [f32],
     ) -> Result<(Box<dyn stoker_kernels::StepParams + 'a>, usize)> {
         let source = Source {
-            gather: self.gather.dry()?,
+            gather: self.gather.over_null_comm()?,
             master,
             grads,
         };

@@ -160,7 +160,7 @@ pub fn run_threads(config: &TrainConfig, opts: &RunOptions) -> Result<Vec<Result
             .num_threads(threads)
             .thread_name(move |i| format!("rank-compute-{i}"))
             .build()
-            .map_err(|e| TrainError::Layout(format!("building a compute pool: {e}")))?;
+            .map_err(|e| TrainError::Setup(format!("building a compute pool: {e}")))?;
         pool.install(|| run_rank(config, opts, Rc::new(comm), "parallel.backend = \"local\""))
     }))
 }

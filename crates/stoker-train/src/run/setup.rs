@@ -51,8 +51,10 @@ impl Rank {
     ) -> Result<Rank> {
         let dims = ParallelDims::resolve(config, comm.world_size(), comm.rank(), launcher)?;
         let lead = dims.rank == 0;
-        if let (Some(why), true) = (slow_precision(config), lead) {
-            tracing::warn!("{why}");
+        if lead {
+            for note in config.notes.iter().chain(&slow_precision(config)) {
+                tracing::warn!("{note}");
+            }
         }
         // A GPU (`device = "cuda"`): the rank's own, one per rank on its host.
         let (launched, per_host) = (comm.backend() != "local", comm.ranks_on_this_host());
@@ -124,7 +126,7 @@ fn resume(trainer: &mut Trainer, dir: &std::path::Path, dims: &ParallelDims) -> 
 fn open_run_dir(config: &TrainConfig, resumed_at: Option<u64>) -> Result<MetricsLog> {
     let run_dir = &config.run_dir;
     std::fs::create_dir_all(run_dir).map_err(|e| io_err(run_dir, e))?;
-    let cfg_text = toml::to_string(config).map_err(|e| TrainError::Layout(e.to_string()))?;
+    let cfg_text = toml::to_string(config).map_err(|e| TrainError::Setup(e.to_string()))?;
     std::fs::write(run_dir.join("config.toml"), cfg_text).map_err(|e| io_err(run_dir, e))?;
     MetricsLog::open(run_dir, resumed_at)
 }

@@ -67,7 +67,7 @@ pub(super) struct StepCount {
     baseline: u64,
     /// Heap bytes live before the run (None without a heap count).
     heap: Option<u64>,
-    /// Activation bytes: told for the direct step, counted on the graph path.
+    /// Activation bytes: predicted for the direct step, counted on the graph path.
     activations: Option<usize>,
     /// The kernels' scratch beyond the activations, counted.
     workspace: Option<usize>,
@@ -96,7 +96,7 @@ impl StepCount {
         // becomes resident as it first runs, which no allocation counts: measured across
         // the setup and the scratch micro-batch.
         let code_grown = stoker_data::measure::code_rss_bytes().saturating_sub(probes.code);
-        // The direct step's activation and packing buffers are told; what its scratch run
+        // The direct step's activation and packing buffers are predicted; what its scratch run
         // held beyond them is its kernels' workspace. On the graph path it is all candle's.
         let (activations, workspace) = match (direct_activation_bytes(config, dims), scratch) {
             (Some(a), s) => (Some(a), s.map(|s| s.saturating_sub(a))),
@@ -228,10 +228,10 @@ pub(crate) fn step_scratch_heap(
     drop((first, loader));
     h.reset_peak();
     let before = h.live();
-    let told = trainer.scratch_micro_batch(&mb)?;
+    let predicted = trainer.scratch_micro_batch(&mb)?;
     let step = h.peak().saturating_sub(before) as usize;
-    // The strategy's told workspace is counted with its buffers already.
-    Ok(told.map(|t| step.saturating_sub(t)))
+    // The strategy's predicted workspace is counted with its buffers already.
+    Ok(predicted.map(|t| step.saturating_sub(t)))
 }
 
 /// Bytes of the direct step's activation buffers for this run's micro-batch, with its

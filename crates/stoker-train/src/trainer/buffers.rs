@@ -59,7 +59,7 @@ impl ParamBuffers {
             }
             _ if meta && sharded => return model.params().init_pieces(layout, held),
             _ if meta => {
-                return Err(TrainError::Layout(format!(
+                return Err(TrainError::Strategy(format!(
                     "a model declared without values needs a strategy that shards the parameters (ZeRO-3), not {}",
                     strategy.name()
                 )))

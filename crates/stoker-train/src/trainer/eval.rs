@@ -82,7 +82,7 @@ impl Trainer {
         self.strategy.sum_scalars(&mut counts)?;
         let most = counts.iter().fold(0f64, |a, &b| a.max(b)) as usize;
         if counts.contains(&0.0) && most > 0 {
-            return Err(TrainError::Layout(format!(
+            return Err(TrainError::Strategy(format!(
                 "evaluation under ZeRO-3 runs a collective forward per batch, and the ranks \
                  passed {counts:?} batches: a rank with none cannot join (pass it a masked \
                  batch, MicroBatch::masked)"
@@ -108,7 +108,7 @@ impl Trainer {
             ..
         } = self;
         let step = path.direct_step().ok_or_else(|| {
-            TrainError::Layout("evaluation by group needs the direct step".into())
+            TrainError::Strategy("evaluation by group needs the direct step".into())
         })?;
         let (mut sum, mut correct, mut count) = (0f64, 0usize, 0usize);
         for mb in batches {
@@ -148,7 +148,7 @@ impl Trainer {
         f: impl FnOnce(&UnitStep<'_>, &mut dyn ShardedParams, &[f32]) -> Result<R>,
     ) -> Result<R> {
         let Some(plan) = plan.or(self.path.units()) else {
-            return Err(TrainError::Layout(
+            return Err(TrainError::Strategy(
                 "a forward by unit needs ZeRO-3 and its units".into(),
             ));
         };
@@ -172,7 +172,7 @@ impl Trainer {
     /// hold than a training step); the graph path candle's forward.
     pub fn evaluate_local(&mut self, batches: &[MicroBatch]) -> Result<EvalReport> {
         if self.shards_params() {
-            return Err(TrainError::Layout(
+            return Err(TrainError::Strategy(
                 "the parameters are sharded over the ranks (zero3): evaluate with \
                  Trainer::evaluate, a collective"
                     .into(),

@@ -397,7 +397,7 @@ impl Trainer {
     }
 
     /// ZeRO-3 on the graph path: the most bytes its units' gathered groups, gradient buffers
-    /// and variables hold at once in a micro-batch, told from the schedule (0 otherwise).
+    /// and variables hold at once in a micro-batch, predicted from the schedule (0 otherwise).
     pub fn unit_workspace_bytes(&self) -> usize {
         self.path
             .units()

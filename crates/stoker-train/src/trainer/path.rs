@@ -90,7 +90,7 @@ impl PathInputs<'_> {
 pub(super) fn by_group(strategy: &mut dyn Strategy) -> Result<&mut dyn GroupSource> {
     let name = strategy.name();
     strategy.by_group().ok_or_else(|| {
-        TrainError::Layout(format!(
+        TrainError::Strategy(format!(
             "{name} does not serve the direct step group by group"
         ))
     })
@@ -101,7 +101,7 @@ pub(super) fn sharded(strategy: &mut dyn Strategy) -> Result<&mut dyn ShardedPar
     let name = strategy.name();
     strategy
         .sharded()
-        .ok_or_else(|| TrainError::Layout(format!("{name} does not shard the parameters")))
+        .ok_or_else(|| TrainError::Strategy(format!("{name} does not shard the parameters")))
 }
 
 /// A micro-batch whose gradients go into the whole buffer `target`, each group reported
@@ -155,7 +155,7 @@ impl StepPath {
             }
             (Some(step), false) => StepPath::Direct { step, vars_stale },
             (Some(_), true) => {
-                return Err(TrainError::Layout(format!(
+                return Err(TrainError::Strategy(format!(
                     "{} shards the parameters but does not reduce the direct step by group",
                     strategy.name()
                 )))
@@ -243,8 +243,8 @@ impl StepPath {
 
     /// Runs micro-batch `mb`'s forward and backward into `grads` and changes no state:
     /// no collective (a strategy reducing by group runs its schedule over a communicator
-    /// that moves no data, [`GroupSource::dry_source`](crate::parallel::GroupSource::dry_source); ZeRO-3's units run on zeros), for a
-    /// caller that counts what one step allocates. Returns the bytes of told workspace
+    /// that moves no data, [`GroupSource::scratch_source`](crate::parallel::GroupSource::scratch_source); ZeRO-3's units run on zeros), for a
+    /// caller that counts what one step allocates. Returns the bytes of predicted workspace
     /// held meanwhile (the strategy's groups, ZeRO-3's units), which a count must not
     /// take twice.
     pub(super) fn scratch(
@@ -259,9 +259,9 @@ impl StepPath {
         let master = &on.params.master;
         match self {
             StepPath::DirectByGroup { step, .. } => {
-                let (mut source, told) = by_group(strategy)?.dry_source(master, grads)?;
+                let (mut source, predicted) = by_group(strategy)?.scratch_source(master, grads)?;
                 step.forward_backward_groups(&mut *source, &mb.input, &mb.targets, f)?;
-                Ok(told)
+                Ok(predicted)
             }
             StepPath::Direct { step, .. } => {
                 step.forward_backward(master, &mb.input, &mb.targets, f, grads, &mut |_, _| {})?;
@@ -372,7 +372,7 @@ impl StepPath {
                 *s = Some(staging);
                 Ok(())
             }
-            other => Err(TrainError::Layout(format!(
+            other => Err(TrainError::Strategy(format!(
                 "host staging serves the graph path of an unsharded model, not the {} path",
                 other.name()
             ))),

@@ -275,7 +275,7 @@ impl Trainer {
     /// gradient buffer zeroed after), so that a caller can count what one step allocates
     /// ([`StepPath`]'s scratch: a strategy reducing by group runs its schedule over a
     /// communicator that moves no data, ZeRO-3's units run on zeros); the direct step's
-    /// activation buffers stay (the step keeps them). Returns the bytes of told
+    /// activation buffers stay (the step keeps them). Returns the bytes of predicted
     /// workspace the run held meanwhile (the strategy's groups, ZeRO-3's units), which a
     /// count must not take twice; None without running in fp8 (whose forward records amax
     /// history).
@@ -295,10 +295,10 @@ impl Trainer {
             precision: self.precision,
             kernels: self.kernels,
         };
-        let told = self
-            .path
-            .scratch(&on, &mut *self.strategy, mb, factor, &mut self.grads.buf)?;
+        let predicted =
+            self.path
+                .scratch(&on, &mut *self.strategy, mb, factor, &mut self.grads.buf)?;
         stoker_kernels::flat::zero(&mut self.grads.buf);
-        Ok(Some(told))
+        Ok(Some(predicted))
     }
 }

@@ -20,7 +20,7 @@
 //! backward (one gather each, the whole model's parameters at the forward's end).
 //!
 //! The schedule ([`plan::UnitPlan::schedule`]) is data: [`step::micro_batch`] runs it,
-//! and [`plan::UnitPlan::peak_bytes`] replays it with sizes alone, so the workspace is told
+//! and [`plan::UnitPlan::peak_bytes`] replays it with sizes alone, so the workspace is predicted
 //! before the first step; the planner counts its gathers ([`plan::UnitPlan::gathers`]).
 //!
 //! Evaluation and sampling run the forward alone the same way ([`step::forward`]), on

@@ -69,11 +69,11 @@ impl UnitPlan {
         }
         let units: Vec<Vec<usize>> = (0..model.units()).map(|u| model.unit_groups(u)).collect();
         if units.is_empty() {
-            return Err(TrainError::Layout("zero3: a model without units".into()));
+            return Err(TrainError::Units("zero3: a model without units".into()));
         }
         for g in units.iter().flatten() {
             if *g >= spans.len() {
-                return Err(TrainError::Layout(format!(
+                return Err(TrainError::Units(format!(
                     "zero3: a unit reads group {g}, the layout has {}",
                     spans.len()
                 )));
@@ -81,7 +81,7 @@ impl UnitPlan {
         }
         // A group no unit reads would never be gathered nor get a gradient.
         if let Some(g) = (0..spans.len()).find(|g| !units.iter().any(|u| u.contains(g))) {
-            return Err(TrainError::Layout(format!(
+            return Err(TrainError::Units(format!(
                 "zero3: no unit of the model reads parameter group {g}"
             )));
         }
@@ -227,7 +227,7 @@ impl UnitPlan {
     /// The most bytes one micro-batch holds at once on the rank owning `own` of the flat
     /// buffer: gathered and prefetched groups and gradient buffers (FP32), a unit model's variables while
     /// it runs, a reduce-scatter's output; what [`super::step::micro_batch`] counts as it
-    /// runs, told here from the schedule and the sizes alone.
+    /// runs, predicted here from the schedule and the sizes alone.
     pub fn peak_bytes(&self, own: &Pieces) -> usize {
         let local = |g: usize| own.owned_len(&self.spans[g]);
         let (mut held, mut peak) = (0usize, 0usize);

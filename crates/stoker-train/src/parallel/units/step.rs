@@ -187,14 +187,14 @@ pub fn micro_batch(
             .iter()
             .map(|&g| {
                 let v = params[g].clone().ok_or_else(|| {
-                    TrainError::Layout(format!("zero3: unit {u} runs before group {g} is gathered"))
+                    TrainError::Units(format!("zero3: unit {u} runs before group {g} is gathered"))
                 })?;
                 Ok((g, v))
             })
             .collect::<Result<Vec<_>>>()?;
         let m = step.unit_model(groups)?;
         if m.params().len() != slots.len() {
-            return Err(TrainError::Layout(format!(
+            return Err(TrainError::Units(format!(
                 "zero3: unit {u}'s model declares {} parameters, the layout {}",
                 m.params().len(),
                 slots.len()
@@ -269,14 +269,14 @@ pub fn micro_batch(
                 }
                 if let Some(v) = &input {
                     let g = store.get(v.as_tensor()).ok_or_else(|| {
-                        TrainError::Layout(format!("zero3: unit {u}'s input got no gradient"))
+                        TrainError::Units(format!("zero3: unit {u}'s input got no gradient"))
                     })?;
                     grad_out = Some(g.clone());
                 }
             }
             Event::Scatter(g) => {
                 let v = grads[g].take().ok_or_else(|| {
-                    TrainError::Layout(format!("zero3: group {g} scattered before its backward"))
+                    TrainError::Units(format!("zero3: group {g} scattered before its backward"))
                 })?;
                 let span = plan.spans[g].clone();
                 *peak = (*peak).max(bytes + 4 * step.own.owned_len(&span));

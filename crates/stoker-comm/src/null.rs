@@ -13,34 +13,34 @@ use crate::stats::CommStats;
 
 /// Rank `rank` of a pretended group of `world` ranks.
 #[derive(Debug, Clone, Copy)]
-pub struct DryComm {
+pub struct NullComm {
     rank: usize,
     world: usize,
 }
 
-impl DryComm {
+impl NullComm {
     /// Rank `rank` of `world` (`rank < world`).
     pub fn new(rank: usize, world: usize) -> Result<Self> {
         if rank >= world {
             return Err(CommError::Argument {
-                op: "dry",
+                op: "null",
                 rank,
                 detail: format!("rank {rank} of a world of {world}"),
             });
         }
-        Ok(DryComm { rank, world })
+        Ok(NullComm { rank, world })
     }
 
     fn refuse(&self, op: &'static str) -> CommError {
         CommError::Unsupported {
             op,
             rank: self.rank,
-            detail: "the dry communicator moves no data; only non-blocking collectives run".into(),
+            detail: "the null communicator moves no data; only non-blocking collectives run".into(),
         }
     }
 }
 
-impl Communicator for DryComm {
+impl Communicator for NullComm {
     fn rank(&self) -> usize {
         self.rank
     }
@@ -50,7 +50,7 @@ impl Communicator for DryComm {
     }
 
     fn backend(&self) -> &'static str {
-        "dry"
+        "null"
     }
 
     fn timeout(&self) -> Duration {
@@ -119,7 +119,7 @@ impl Communicator for DryComm {
 
     fn abort(&self, code: i32, message: &str) -> ! {
         panic!(
-            "rank {} of a dry group aborted (code {code}): {message}",
+            "rank {} of a null group aborted (code {code}): {message}",
             self.rank
         )
     }
@@ -131,7 +131,7 @@ mod tests {
 
     #[test]
     fn non_blocking_collectives_give_their_buffers_back_and_blocking_ones_fail() {
-        let c = DryComm::new(1, 2).unwrap();
+        let c = NullComm::new(1, 2).unwrap();
         let p = c
             .start_all_gather(Buffer::F32(vec![1.0]), &[1, 1], Buffer::F32(vec![0.0; 2]))
             .unwrap();
@@ -141,6 +141,6 @@ mod tests {
         let mut x = [1f32];
         let err = crate::CommExt::all_reduce(&c, &mut x).unwrap_err();
         assert!(err.to_string().contains("moves no data"), "{err}");
-        assert!(DryComm::new(2, 2).is_err());
+        assert!(NullComm::new(2, 2).is_err());
     }
 }
