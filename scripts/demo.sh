@@ -21,10 +21,12 @@ echo "== loader autotune with the plan's need ([plan] required_samples_per_s in 
 echo
 echo "== train the emitted config as is: char-level GPT (~0.8M parameters, bf16) on Shakespeare, planned vs measured at the end =="
 rm -rf runs/shakespeare
-RAYON_NUM_THREADS=2 "$STOKER" train runs/shakespeare.toml | tee runs/shakespeare.log
+RAYON_NUM_THREADS=2 "$STOKER" train runs/shakespeare.toml --summary-json runs/shakespeare.json | tee runs/shakespeare.log
 "$STOKER" report runs/shakespeare
-eval_loss=$(grep -E "^eval loss" runs/shakespeare.log | tail -1 | awk '{print $3}' | tr -d ,)
-awk -v l="$eval_loss" 'BEGIN { exit !(l <= 2.0) }' || { echo "error: eval loss $eval_loss is above 2.0" >&2; exit 1; }
+# The run's results as JSON (--summary-json): the checks read fields, not printed prose.
+field() { python3 -c 'import json, sys; v = json.load(open(sys.argv[1])); [v := v[k] for k in sys.argv[2:]]; print(v)' "$@"; }
+eval_loss=$(field runs/shakespeare.json eval_loss)
+python3 -c "import sys; sys.exit(0 if $eval_loss <= 2.0 else 1)" || { echo "error: eval loss $eval_loss is above 2.0" >&2; exit 1; }
 echo "eval loss $eval_loss <= 2.0"
 echo "plots: runs/shakespeare/*.png"
 echo
@@ -36,10 +38,10 @@ rm -rf runs/shakespeare-ddp runs/shakespeare-ddp-2ranks
   --emit-config runs/shakespeare-gpt-ddp-1rank.toml > runs/plan-ddp-1rank.txt
 "$STOKER" plan --config configs/shakespeare-gpt-ddp.toml --devices-per-node 2 --strategy ddp \
   --run-dir runs/shakespeare-ddp-2ranks --emit-config runs/shakespeare-gpt-ddp-2ranks.toml > runs/plan-ddp-2ranks.txt
-RAYON_NUM_THREADS=2 "$STOKER" train runs/shakespeare-gpt-ddp-1rank.toml --no-progress | tee runs/ddp-1rank.log
-timeout 900 mpirun -n 2 "$STOKER" train runs/shakespeare-gpt-ddp-2ranks.toml --no-progress | tee runs/ddp-2ranks.log
-one=$(grep -E "^eval loss|weights crc32" runs/ddp-1rank.log | tr '\n' ' ')
-two=$(grep -E "^eval loss|weights crc32" runs/ddp-2ranks.log | tr '\n' ' ')
+RAYON_NUM_THREADS=2 "$STOKER" train runs/shakespeare-gpt-ddp-1rank.toml --no-progress --summary-json runs/ddp-1rank.json | tee runs/ddp-1rank.log
+timeout 900 mpirun -n 2 "$STOKER" train runs/shakespeare-gpt-ddp-2ranks.toml --no-progress --summary-json runs/ddp-2ranks.json | tee runs/ddp-2ranks.log
+one="eval loss $(field runs/ddp-1rank.json eval_loss), weights crc32 $(field runs/ddp-1rank.json weights_crc32)"
+two="eval loss $(field runs/ddp-2ranks.json eval_loss), weights crc32 $(field runs/ddp-2ranks.json weights_crc32)"
 if [ "$one" = "$two" ]; then
   echo "1 rank and 2 ranks agree bit for bit: $one"
 else
@@ -59,8 +61,9 @@ grep -E "^\(c\) strategy|asks for zero3" runs/plan-zero3-2ranks.txt
 sed -i -e 's#^strategy = .*#strategy = "zero3"#' \
   -e '1i # scripts/demo.sh set strategy = "zero3" over the plan'"'"'s choice below, to show ZeRO-3' \
   runs/shakespeare-gpt-zero3-2ranks.toml
-timeout 900 mpirun -n 2 "$STOKER" train runs/shakespeare-gpt-zero3-2ranks.toml --no-progress | tee runs/zero3-2ranks.log
-grep -q "held/planned 1.0" runs/zero3-2ranks.log || { echo "error: held model states differ from the plan" >&2; exit 1; }
+timeout 900 mpirun -n 2 "$STOKER" train runs/shakespeare-gpt-zero3-2ranks.toml --no-progress --summary-json runs/zero3-2ranks.json | tee runs/zero3-2ranks.log
+held=$(field runs/zero3-2ranks.json model_states ratio)
+python3 -c "import sys; sys.exit(0 if abs($held - 1) <= 0.01 else 1)" || { echo "error: held model states are $held of the plan" >&2; exit 1; }
 echo
 echo "== resume the 2-rank ZeRO-3 checkpoint on 1 rank (DDP), 20 more steps; then one model.safetensors and a Hugging Face GPT-2 directory =="
 sed -e 's#^strategy = .*#strategy = "ddp"#' -e 's#^steps = .*#steps = 120#' configs/shakespeare-gpt-zero.toml > runs/shakespeare-gpt-zero-resume.toml
@@ -69,6 +72,19 @@ RAYON_NUM_THREADS=2 "$STOKER" train runs/shakespeare-gpt-zero-resume.toml --resu
 "$STOKER" export hf runs/shakespeare-gpt-zero-resume.toml --out runs/shakespeare-zero/hf
 echo
 echo "== planned vs measured, every training run above (the forecast each printed at its start, checked at its end) =="
-for log in runs/shakespeare.log runs/ddp-1rank.log runs/ddp-2ranks.log runs/zero3-2ranks.log; do
-  echo "$log: $(grep -E '^planned vs measured' "$log" | grep -oE "measured peak RSS [0-9.]+ MiB \(measured/planned [0-9.]+\)|whole run's peak [^;]*|step time planned [0-9.]+ ms, measured [0-9.]+ ms \(measured/planned [0-9.]+\)" | paste -sd';' | sed 's/;/; /g')"
+for run in shakespeare ddp-1rank ddp-2ranks zero3-2ranks; do
+  python3 - "runs/$run.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+def part(name, key, unit, scale):
+    p = s.get(key)
+    if not p or p["ratio"] is None:
+        return f"{name}: not planned"
+    return f"{name} {p['measured'] * scale:.1f} {unit} (measured/planned {p['ratio']:.2f})"
+print(f"{sys.argv[1]}: " + "; ".join([
+    part("training steps' peak RSS", "train_memory", "MiB", 1 / 2**20),
+    part("whole run's peak", "run_memory", "MiB", 1 / 2**20),
+    part("step time", "step_time", "ms", 1e3),
+]))
+PY
 done

@@ -6,7 +6,8 @@
 //! - pack text (GPT-2 BPE) -> train -> sample, decoded by the same BPE;
 //! - pack idx -> train (the CNN);
 //! - pack images (JPEG records) -> train (the CNN on decoded photos);
-//! - export hf -> train from it (`[model] init_from`), starting at the exported loss.
+//! - export hf -> train from it (`[model] init_from`), starting at the exported loss;
+//! - train --summary-json -> the fields scripts read (what the run printed).
 //!
 //! `plan --emit-config` -> train is tests/decision_flow.rs's.
 
@@ -239,8 +240,25 @@ fn an_exported_hugging_face_directory_starts_a_run_where_the_export_left_off() {
     );
     let model = "kind = \"gpt\"\nvocab = 16\ncontext = 16\nd_model = 16\nn_layer = 2\nn_head = 2";
     let c = config(dir, "first", &data, model, "steps = 20");
-    let first = stoker(&["train", s(&c), "--no-progress"]);
+    let json = dir.join("first.json");
+    let first = stoker(&["train", s(&c), "--no-progress", "--summary-json", s(&json)]);
     let trained = number(&first, "eval loss");
+    // `--summary-json` writes what the run printed, as fields scripts read.
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(summary["steps"], 20, "{summary}");
+    let printed_crc = String::from_utf8_lossy(&first.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("weights crc32: ").map(String::from))
+        .unwrap();
+    assert_eq!(summary["weights_crc32"], printed_crc.trim(), "{summary}");
+    let eval = summary["eval_loss"].as_f64().unwrap();
+    assert!(
+        (eval - trained).abs() <= 5e-5,
+        "{eval} vs printed {trained}"
+    );
+    let ratio = summary["model_states"]["ratio"].as_f64().unwrap();
+    assert!((ratio - 1.0).abs() <= 0.01, "{summary}");
     let hf = dir.join("hf");
     stoker(&["export", "hf", s(&c), "--out", s(&hf)]);
     let cfg: serde_json::Value =

@@ -9,4 +9,5 @@ pub mod pack;
 pub mod plan;
 pub mod report;
 pub mod train;
+pub mod train_report;
 pub mod tune;

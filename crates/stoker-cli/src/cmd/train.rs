@@ -12,7 +12,7 @@ use stoker_comm::Communicator;
 use stoker_train::checkpoint;
 use stoker_train::config::{BackendKind, TrainConfig};
 use stoker_train::device::threads_per_rank;
-use stoker_train::run::{run as train, run_rank, run_threads, RunOptions, RunSummary};
+use stoker_train::run::{run as train, run_rank, run_threads, RunOptions};
 
 /// Arguments of `stoker train`.
 #[derive(clap::Args)]
@@ -32,6 +32,10 @@ pub struct TrainArgs {
     /// With --dry-run: the number of ranks to plan for (default: the launcher's, else 1).
     #[arg(long, requires = "dry_run")]
     pub world: Option<usize>,
+    /// Also write the run's results as JSON (rank 0): steps, losses, the weights' CRC-32,
+    /// planned against measured; what scripts check instead of the printed lines.
+    #[arg(long)]
+    pub summary_json: Option<PathBuf>,
     /// Stop after this many steps (writes a checkpoint there).
     #[arg(long)]
     pub stop_after: Option<u64>,
@@ -129,8 +133,12 @@ fn print_dry_run(
         d.dims.micro_batch, d.dims.accumulation_steps, d.dims.world, d.dims.global_batch, d.dims.strategy
     );
     println!("planned per rank: {}", d.planned.summary());
-    if let Some(why) = stoker_train::run::slow_precision(config) {
-        println!("warning: {why}");
+    for note in config
+        .notes
+        .iter()
+        .chain(&stoker_train::run::slow_precision(config))
+    {
+        println!("warning: {note}");
     }
     // The run's forecast (peak memory per rank, step time) for these ranks on this host,
     // on this machine's profile where it applies; then whether the host's ranks fit.
@@ -237,9 +245,9 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         (BackendKind::Auto, _) => {
             banner(&args, &config, "1 rank");
             let s = train(&config, &opts)?;
-            print_summary(&s);
+            super::train_report::print(&s, args.summary_json.as_deref())?;
             if s.preempted {
-                print_preempted(&s, &config);
+                super::train_report::print_preempted(&s, &config);
                 std::process::exit(PREEMPTED_EXIT);
             }
             Ok(())
@@ -267,19 +275,6 @@ fn stop_on_signals() -> anyhow::Result<Arc<AtomicBool>> {
     Ok(flag)
 }
 
-/// Says how a run that a signal stopped can continue.
-fn print_preempted(s: &RunSummary, config: &TrainConfig) {
-    println!(
-        "stopped by a signal after step {}: checkpoint {} written; continue with --resume latest",
-        s.steps,
-        config
-            .run_dir
-            .join("checkpoints")
-            .join(format!("step_{:08}", s.steps))
-            .display()
-    );
-}
-
 fn banner(args: &TrainArgs, config: &TrainConfig, ranks: &str) {
     let threads = std::env::var("RAYON_NUM_THREADS")
         .unwrap_or_else(|_| rayon::current_num_threads().to_string());
@@ -300,9 +295,9 @@ fn run_local(args: &TrainArgs, config: &TrainConfig, opts: &RunOptions) -> anyho
     for (rank, r) in results.into_iter().enumerate() {
         match r {
             Ok(s) if rank == 0 => {
-                print_summary(&s);
+                super::train_report::print(&s, args.summary_json.as_deref())?;
                 if s.preempted {
-                    print_preempted(&s, config);
+                    super::train_report::print_preempted(&s, config);
                     preempted = true;
                 }
             }
@@ -362,9 +357,9 @@ fn run_mpi(
     match result {
         Ok(s) => {
             if rank == 0 {
-                print_summary(&s);
+                super::train_report::print(&s, args.summary_json.as_deref())?;
                 if s.preempted {
-                    print_preempted(&s, config);
+                    super::train_report::print_preempted(&s, config);
                 }
             }
             use std::io::Write;
@@ -383,151 +378,5 @@ fn run_mpi(
             let kind = crate::error_kind::ErrorKind::of(&e).name();
             comm.abort(1, &format!("error[{kind}]: {e:#}"))
         }
-    }
-}
-
-/// Rank 0's bytes, planned (`stoker_plan::trainer`) vs counted from its buffers and by
-/// its communicator.
-fn print_states(s: &RunSummary) {
-    let mib = |b: f64| b / (1 << 20) as f64;
-    let ratio = |held: f64, plan: f64| if plan > 0.0 { held / plan } else { f64::NAN };
-    let (p, h) = (&s.planned, &s.held);
-    println!(
-        "model states per rank ({} x {}): planned {:.2} MiB (params {:.2} + grads {:.2} + optimizer {:.2}), held {:.2} MiB (params {:.2} + grads {:.2} + optimizer {:.2}), held/planned {:.4}; workspace {:.2} MiB",
-        s.strategy,
-        s.dims.world,
-        mib(p.model_states()),
-        mib(p.params),
-        mib(p.grads),
-        mib(p.optimizer),
-        mib(h.model_states() as f64),
-        mib(h.params as f64),
-        mib(h.grads as f64),
-        mib(h.optimizer as f64),
-        ratio(h.model_states() as f64, p.model_states()),
-        mib(h.buffers as f64),
-    );
-    if s.dims.world > 1 {
-        println!(
-            "bytes sent per step per rank: planned {:.3} MiB, counted {:.3} MiB, counted/planned {:.4}",
-            mib(p.bytes_sent_per_step),
-            mib(s.bytes_per_step),
-            ratio(s.bytes_per_step, p.bytes_sent_per_step)
-        );
-    }
-}
-
-/// The planner's forecast for this run (peak memory, step time) beside what it measured.
-fn print_forecast(s: &RunSummary) {
-    let Some(f) = &s.forecast else {
-        return;
-    };
-    let mib = |b: f64| b / (1 << 20) as f64;
-    let rss = s.train_rss_bytes as f64;
-    let heap = match (f.heap_bytes, s.train_heap_bytes) {
-        (Some(plan), Some(counted)) => format!(
-            "heap of training steps planned {:.1} MiB, counted peak {:.1} MiB (counted/planned \
-             {:.3}); ",
-            mib(plan),
-            mib(counted as f64),
-            counted as f64 / plan
-        ),
-        _ => String::new(),
-    };
-    let time = match f.step_s {
-        Some(t) => format!(
-            "step time planned {:.1} ms, measured {:.1} ms (measured/planned {:.2})",
-            t * 1e3,
-            s.step_s * 1e3,
-            s.step_s / t
-        ),
-        None => format!(
-            "step time measured {:.1} ms (not planned: {})",
-            s.step_s * 1e3,
-            f.why_no_step_time()
-        ),
-    };
-    // The plan sizes the loader to sustain the step's need (`stoker tune loader
-    // --from-plan`), so it expects the step never to wait for data.
-    let loader = match f.required_samples_per_s {
-        Some(need) => format!(
-            "; loader wait planned 0% (the step needs {need:.0} samples/s), measured {:.2}% \
-             of training time",
-            s.loader_wait_pct
-        ),
-        None => format!("; loader wait {:.2}% of training time", s.loader_wait_pct),
-    };
-    let planner = match f.planner_peak_bytes > 0.0 {
-        true => format!(
-            " (planner's generic formula {:.1} MiB)",
-            mib(f.planner_peak_bytes)
-        ),
-        false => String::new(),
-    };
-    println!(
-        "planned vs measured per rank ({}): {heap}memory of training steps planned \
-         {:.1} MiB{planner}, measured peak RSS {:.1} MiB (measured/planned {:.2}); whole run's peak \
-         with evaluation, checkpoints and sampling {:.1} MiB{} (measured/planned {:.2}); {time}{loader}",
-        f.basis(),
-        mib(f.peak_bytes),
-        mib(rss),
-        rss / f.peak_bytes,
-        mib(s.peak_rss_bytes as f64),
-        if s.dims.world > 1 {
-            " (rank 0's process)"
-        } else {
-            ""
-        },
-        s.peak_rss_bytes as f64 / f.peak_bytes,
-    );
-    // A preset's figures describe the machine they were measured on: say how to plan this
-    // one where the step missed them by more than the plan's 25%.
-    if let (Some(t), false) = (f.step_s, f.measured_figures) {
-        if !(0.75..=1.25).contains(&(s.step_s / t)) {
-            println!(
-                "note: the step time was planned from the {}'s figures, measured on another \
-                 machine; `stoker plan --calibrate` measures this one into its profile, which \
-                 later plans and runs use",
-                f.hardware
-            );
-        }
-    }
-}
-
-fn print_summary(s: &RunSummary) {
-    println!("parameters: {}", s.params);
-    println!("steps: {}, last train loss {:.4}", s.steps, s.last_loss);
-    if let Some(e) = s.eval {
-        println!(
-            "eval loss {:.4}, accuracy {:.2}% ({} targets)",
-            e.loss,
-            100.0 * e.accuracy,
-            e.count
-        );
-    }
-    println!(
-        "throughput {:.0} targets/s, {:.1} ms per step, loader wait {:.2}% of training time \
-         (evaluation {:.2} s and checkpoints {:.2} s not counted)",
-        s.throughput,
-        1e3 * s.step_s,
-        s.loader_wait_pct,
-        s.eval_s,
-        s.checkpoint_s
-    );
-    if s.dims.world > 1 {
-        println!(
-            "ranks: {} ({:?}), {:.1} ms per step, {:.1} ms of it waiting for gradient reductions, {:.2} MiB sent per step by each rank",
-            s.dims.world,
-            s.dims.strategy,
-            1e3 * s.step_s,
-            1e3 * s.comm_wait_s,
-            s.bytes_per_step / (1 << 20) as f64
-        );
-    }
-    print_states(s);
-    print_forecast(s);
-    println!("weights crc32: {:08x}", s.weights_crc32);
-    if let Some(text) = &s.sample {
-        println!("--- sample ---\n{text}\n--------------");
     }
 }
