@@ -115,20 +115,30 @@ fn chart(path: &Path, title: &str, y_label: &str, series: &[Series], log_y: bool
     Ok(())
 }
 
-/// Writes `loss.png`, `throughput.png`, `loader_wait.png`, `loss_scale.png` and `lr.png`
-/// into `run_dir`; returns the files written.
-pub fn write_report(run_dir: &Path) -> Result<Vec<PathBuf>> {
-    let records = read(run_dir)?;
-    register_font()?;
-    let mut train = Vec::new();
-    let mut eval = Vec::new();
-    let mut unit = String::from("targets/s");
-    // (step, step seconds, RSS bytes) per logged step, and the planner's forecast.
-    let mut measured = Vec::new();
-    // With it, the run's measured peaks: its training steps' and the whole run's
-    // (evaluation, checkpoints and sampling too), bytes.
-    let mut forecast = None;
-    for r in &records {
+/// A run's metrics, collected for the plots.
+struct Collected {
+    /// One row per logged step.
+    train: Vec<Row>,
+    /// (step, eval loss).
+    eval: Vec<(f64, f64)>,
+    /// The throughput's unit.
+    unit: String,
+    /// (step, step seconds, RSS bytes) per logged step.
+    measured: Vec<(f64, f64, f64)>,
+    /// The planner's forecast, with the run's measured peaks: its training steps' and the
+    /// whole run's (evaluation, checkpoints and sampling too), bytes.
+    forecast: Option<(crate::planned::RunForecast, (u64, u64))>,
+}
+
+fn collect(records: &[Record]) -> Collected {
+    let mut c = Collected {
+        train: Vec::new(),
+        eval: Vec::new(),
+        unit: String::from("targets/s"),
+        measured: Vec::new(),
+        forecast: None,
+    };
+    for r in records {
         match r {
             Record::Train {
                 step,
@@ -142,8 +152,8 @@ pub fn write_report(run_dir: &Path) -> Result<Vec<PathBuf>> {
                 rss_bytes,
                 ..
             } => {
-                measured.push((*step as f64, *step_s, *rss_bytes as f64));
-                train.push((
+                c.measured.push((*step as f64, *step_s, *rss_bytes as f64));
+                c.train.push((
                     *step as f64,
                     *loss,
                     *lr,
@@ -151,18 +161,38 @@ pub fn write_report(run_dir: &Path) -> Result<Vec<PathBuf>> {
                     *throughput,
                     *loader_wait_pct,
                 ));
-                unit = u.clone();
+                c.unit = u.clone();
             }
-            Record::Eval { step, loss, .. } => eval.push((*step as f64, *loss)),
+            Record::Eval { step, loss, .. } => c.eval.push((*step as f64, *loss)),
             Record::States { .. } => {}
             Record::Forecast {
                 forecast: f,
                 train_rss_bytes,
                 peak_rss_bytes,
                 ..
-            } => forecast = Some((f.clone(), (*train_rss_bytes, *peak_rss_bytes))),
+            } => c.forecast = Some((f.clone(), (*train_rss_bytes, *peak_rss_bytes))),
         }
     }
+    c
+}
+
+/// One series.
+fn one(label: &'static str, points: Vec<(f64, f64)>, color: RGBColor) -> Vec<Series<'static>> {
+    vec![Series {
+        label,
+        points,
+        color,
+    }]
+}
+
+/// Writes `loss.png`, `throughput.png`, `loader_wait.png`, `loss_scale.png` and `lr.png`
+/// into `run_dir`, and the planned-vs-measured `memory.png` and `step_time.png` where the
+/// run recorded its forecast; returns the files written.
+pub fn write_report(run_dir: &Path) -> Result<Vec<PathBuf>> {
+    let records = read(run_dir)?;
+    register_font()?;
+    let c = collect(&records);
+    let train = &c.train;
     let col = |f: fn(&Row) -> f64| train.iter().map(|t| (t.0, f(t))).collect::<Vec<_>>();
     let mut out = Vec::new();
     let mut emit =
@@ -184,7 +214,7 @@ pub fn write_report(run_dir: &Path) -> Result<Vec<PathBuf>> {
             },
             Series {
                 label: "eval",
-                points: eval.clone(),
+                points: c.eval.clone(),
                 color: RED,
             },
         ],
@@ -193,39 +223,28 @@ pub fn write_report(run_dir: &Path) -> Result<Vec<PathBuf>> {
     emit(
         "throughput.png",
         "Throughput",
-        &unit,
-        vec![Series {
-            label: "train",
-            points: col(|t| t.4),
-            color: GREEN,
-        }],
+        &c.unit,
+        one("train", col(|t| t.4), GREEN),
         false,
     )?;
     emit(
         "loader_wait.png",
         "Loader wait",
         "% of wall time",
-        vec![Series {
-            label: "wait",
-            points: col(|t| t.5),
-            color: MAGENTA,
-        }],
+        one("wait", col(|t| t.5), MAGENTA),
         false,
     )?;
     emit(
         "loss_scale.png",
         "Loss scale",
         "scale",
-        vec![Series {
-            label: "scale",
-            points: col(|t| t.3),
-            color: BLACK,
-        }],
+        one("scale", col(|t| t.3), BLACK),
         true,
     )?;
     // Planned vs measured: the forecast as a flat line over the measured curve (runs
     // written before these fields existed have no measured points).
-    if let (Some((f, peaks)), false) = (&forecast, measured.iter().all(|m| m.1 == 0.0)) {
+    let measured = &c.measured;
+    if let (Some((f, peaks)), false) = (&c.forecast, measured.iter().all(|m| m.1 == 0.0)) {
         let flat = |v: f64| measured.iter().map(|m| (m.0, v)).collect::<Vec<_>>();
         let mib = (1u64 << 20) as f64;
         emit(
@@ -279,11 +298,7 @@ pub fn write_report(run_dir: &Path) -> Result<Vec<PathBuf>> {
         "lr.png",
         "Learning rate",
         "lr",
-        vec![Series {
-            label: "lr",
-            points: col(|t| t.2),
-            color: CYAN,
-        }],
+        one("lr", col(|t| t.2), CYAN),
         false,
     )?;
     Ok(out)

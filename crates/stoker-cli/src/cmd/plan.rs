@@ -9,6 +9,7 @@ use stoker_plan::deepspeed::DsConfig;
 use stoker_plan::input::{Count, HardwareInput, ModelInput, PlanInput, TrainingInput};
 use stoker_plan::loader::LoaderBench;
 use stoker_plan::setup::{Optimizer, Precision};
+use stoker_train::machine::profile::{pick_loader_bench, LoaderSource};
 
 /// Arguments of `stoker plan`. Precedence: --config TOML < --deepspeed JSON < flags.
 #[derive(clap::Args)]
@@ -295,6 +296,39 @@ impl PlanArgs {
     }
 }
 
+/// `stoker plan --params N`: the model states of N parameters per strategy and world size.
+fn print_states_only(args: &PlanArgs, params: u64) -> anyhow::Result<()> {
+    let precision = args
+        .precision
+        .as_deref()
+        .map(|s| Precision::parse("training.precision", s))
+        .transpose()?
+        .unwrap_or(Precision::Bf16);
+    let optimizer = args
+        .optimizer
+        .as_deref()
+        .map(|s| Optimizer::parse("training.optimizer", s))
+        .transpose()?
+        .unwrap_or(Optimizer::Adam);
+    let worlds: Vec<u64> = match (args.nodes, args.devices_per_node) {
+        (None, None) => vec![1, 8, 64],
+        (n, d) => {
+            let n = n.unwrap_or(1);
+            let d = d.unwrap_or(1);
+            anyhow::ensure!(
+                n > 0 && d > 0 && n <= 1_000_000 && d <= 1_000_000,
+                "--nodes {n} x --devices-per-node {d}: expected positive counts up to 10^6"
+            );
+            vec![(n * d) as u64]
+        }
+    };
+    print!(
+        "{}",
+        stoker_plan::states_only::table(params, precision, optimizer, &worlds)
+    );
+    Ok(())
+}
+
 /// Runs `stoker plan`.
 pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     if args.list_presets {
@@ -309,35 +343,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     if let Some(params) = states_only(&args)? {
-        let precision = args
-            .precision
-            .as_deref()
-            .map(|s| Precision::parse("training.precision", s))
-            .transpose()?
-            .unwrap_or(Precision::Bf16);
-        let optimizer = args
-            .optimizer
-            .as_deref()
-            .map(|s| Optimizer::parse("training.optimizer", s))
-            .transpose()?
-            .unwrap_or(Optimizer::Adam);
-        let worlds: Vec<u64> = match (args.nodes, args.devices_per_node) {
-            (None, None) => vec![1, 8, 64],
-            (n, d) => {
-                let n = n.unwrap_or(1);
-                let d = d.unwrap_or(1);
-                anyhow::ensure!(
-                    n > 0 && d > 0 && n <= 1_000_000 && d <= 1_000_000,
-                    "--nodes {n} x --devices-per-node {d}: expected positive counts up to 10^6"
-                );
-                vec![(n * d) as u64]
-            }
-        };
-        print!(
-            "{}",
-            stoker_plan::states_only::table(params, precision, optimizer, &worlds)
-        );
-        return Ok(());
+        return print_states_only(&args, params);
     }
     if args.calibrate && args.config.is_none() {
         let widths: Vec<usize> = match args.probe_widths.is_empty() {
@@ -357,50 +363,13 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         true => eprint!("{text}"),
         false => print!("{text}"),
     };
-    // What an emitted config keeps as its [plan]: the plan's inputs, less a machine
-    // profile's figures (runs of the file read the profile as it is then).
-    let mut emit_inputs = None;
-    // A training config is planned as it stands (its model, batch, precision, strategy);
-    // a plan file is the planner's own input.
-    // The loader rates of this machine's profile, where it plans the config.
-    let mut profile_loader = None;
-    let (file, base, calibrated_loader) = match &args.config {
-        Some(p) if is_training_config(p)? => {
-            let cfg = stoker_train::config::TrainConfig::load(p)?;
-            let mut loader = None;
-            let ranks = ranks_per_host(&cfg, args.devices_per_node);
-            let input = if args.calibrate {
-                let at_once = args.calibrate_ranks_at_once.map_or(ranks, |n| n as usize);
-                crate::candle_threads::share_cores_with_candle(
-                    stoker_train::machine::rank_threads(&cfg, at_once),
-                );
-                let c = stoker_train::machine::calibrate(&cfg, ranks, at_once)?;
-                say(&c.to_text());
-                say(&record_in_profile(&cfg, &c, p)?);
-                loader = c.loader_bench();
-                stoker_train::machine::calibrated_input(&cfg, &c, &cli)
-            } else {
-                let mut planned = cfg.clone();
-                let (line, loader) = apply_profile(&mut planned, &cli, ranks)?;
-                if let Some(line) = line {
-                    say(&format!("{line}\n"));
-                }
-                profile_loader = loader;
-                if planned != cfg {
-                    // The profile's preset, without its figures.
-                    let mut bare = cfg.clone();
-                    let section = bare.plan.get_or_insert_with(Default::default);
-                    section.hardware.preset.get_or_insert_with(|| "cpu".into());
-                    emit_inputs = Some(stoker_train::planned::plan_input(&bare, &cli));
-                }
-                stoker_train::planned::plan_input(&planned, &cli)
-            }
-            .with_context(|| format!("planning the training config {}", p.display()))?;
-            (input, Some(cfg), loader)
-        }
-        Some(p) => (PlanInput::from_toml_file(p)?, None, None),
-        None => (PlanInput::default(), None, None),
-    };
+    let Inputs {
+        file,
+        base,
+        calibrated_loader,
+        profile_loader,
+        emit_inputs,
+    } = plan_inputs(&args, &cli, &say)?;
     anyhow::ensure!(
         base.is_some() || !args.calibrate,
         "--calibrate times the training step of a training config (give one with --config), \
@@ -411,27 +380,26 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         .as_deref()
         .map(DsConfig::from_file)
         .transpose()?;
-    // A loader benchmark file wins over the calibration's one measured point, and that
-    // over the machine profile's synthetic shard.
-    let bench = args
+    let file_bench = args
         .loader_bench
         .as_deref()
         .map(LoaderBench::from_file)
-        .transpose()?
-        .or(calibrated_loader)
-        .or_else(|| {
-            let b = profile_loader?;
-            let rates: Vec<String> = b
-                .points
-                .iter()
-                .map(|p| format!("{} workers {:.0}", p.num_workers, p.samples_per_s))
-                .collect();
-            say(&format!(
-                "loader: {}: {} samples/s\n",
-                b.dataset.as_deref().unwrap_or("the profile's"),
-                rates.join(", ")
-            ));
-            Some(b)
+        .transpose()?;
+    let bench =
+        pick_loader_bench(file_bench, calibrated_loader, profile_loader).map(|(b, source)| {
+            if source == LoaderSource::Profile {
+                let rates: Vec<String> = b
+                    .points
+                    .iter()
+                    .map(|p| format!("{} workers {:.0}", p.num_workers, p.samples_per_s))
+                    .collect();
+                say(&format!(
+                    "loader: {}: {} samples/s\n",
+                    b.dataset.as_deref().unwrap_or("the profile's"),
+                    rates.join(", ")
+                ));
+            }
+            b
         });
     // An error in the merged inputs names the files they came from (later ones win).
     let files: Vec<String> = [&args.config, &args.deepspeed]
@@ -463,6 +431,71 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// What a plan is made from: the planner's input (a training config as it stands, on
+/// this machine's profile where it applies, or with `--calibrate` its own measured step;
+/// a plan file as the planner's own input), the training config itself, the loader
+/// benchmarks of a calibration and of the profile, and what an emitted config keeps as
+/// its `[plan]` (the inputs less the profile's figures: runs of the file read the profile
+/// as it is then).
+struct Inputs {
+    file: PlanInput,
+    base: Option<stoker_train::config::TrainConfig>,
+    calibrated_loader: Option<LoaderBench>,
+    profile_loader: Option<LoaderBench>,
+    emit_inputs: Option<stoker_train::Result<PlanInput>>,
+}
+
+/// The [`Inputs`] of `args` with the command line's `cli`; `say` prints what the
+/// calibration and the profile contribute.
+fn plan_inputs(args: &PlanArgs, cli: &PlanInput, say: &dyn Fn(&str)) -> anyhow::Result<Inputs> {
+    let mut emit_inputs = None;
+    let mut profile_loader = None;
+    let (file, base, calibrated_loader) = match &args.config {
+        Some(p) if is_training_config(p)? => {
+            let cfg = stoker_train::config::TrainConfig::load(p)?;
+            let mut loader = None;
+            let ranks = ranks_per_host(&cfg, args.devices_per_node);
+            let input = if args.calibrate {
+                let at_once = args.calibrate_ranks_at_once.map_or(ranks, |n| n as usize);
+                crate::candle_threads::share_cores_with_candle(
+                    stoker_train::machine::rank_threads(&cfg, at_once),
+                );
+                let c = stoker_train::machine::calibrate(&cfg, ranks, at_once)?;
+                say(&c.to_text());
+                say(&record_in_profile(&cfg, &c, p)?);
+                loader = c.loader_bench();
+                stoker_train::machine::calibrated_input(&cfg, &c, cli)
+            } else {
+                let mut planned = cfg.clone();
+                let (line, loader) = apply_profile(&mut planned, cli, ranks)?;
+                if let Some(line) = line {
+                    say(&format!("{line}\n"));
+                }
+                profile_loader = loader;
+                if planned != cfg {
+                    // The profile's preset, without its figures.
+                    let mut bare = cfg.clone();
+                    let section = bare.plan.get_or_insert_with(Default::default);
+                    section.hardware.preset.get_or_insert_with(|| "cpu".into());
+                    emit_inputs = Some(stoker_train::planned::plan_input(&bare, cli));
+                }
+                stoker_train::planned::plan_input(&planned, cli)
+            }
+            .with_context(|| format!("planning the training config {}", p.display()))?;
+            (input, Some(cfg), loader)
+        }
+        Some(p) => (PlanInput::from_toml_file(p)?, None, None),
+        None => (PlanInput::default(), None, None),
+    };
+    Ok(Inputs {
+        file,
+        base,
+        calibrated_loader,
+        profile_loader,
+        emit_inputs,
+    })
 }
 
 /// `stoker plan --calibrate` alone: measures this machine (its figures and the probe
@@ -569,21 +602,8 @@ fn apply_profile(
     let Some(profile) = crate::machine_profile::load()? else {
         return Ok((None, None));
     };
-    let flags = &cli.hardware;
-    let outcome = if flags
-        .preset
-        .as_deref()
-        .is_some_and(|p| !matches!(p, "cpu" | "cpu-only"))
-        || flags.peak_tflops.is_some()
-        || cli.training.mfu.is_some()
-    {
-        Err("the command line names the hardware or its figures".into())
-    } else {
-        let threads = stoker_train::machine::rank_threads(cfg, ranks);
-        profile.apply(cfg, ranks, threads)
-    };
-    let loader = outcome.is_ok().then(|| profile.loader_for(cfg)).flatten();
-    Ok((Some(profile.line(&outcome)), loader))
+    let on = profile.plan_config(cfg, cli, ranks);
+    Ok((Some(on.line), on.loader))
 }
 
 /// Whether `path` is a training config (it has the trainer's required `run_dir`) rather

@@ -406,3 +406,68 @@ impl MachineProfile {
         Ok(format!("MFU {:.3} from the {}", pick.mfu, pick.basis))
     }
 }
+
+/// A training config planned on this machine's profile: its figures applied (unless the
+/// command line names the hardware or its figures, which then stand), the profile's line
+/// saying which, and the profile's loader rates for the config's windows.
+pub struct OnProfile {
+    /// `machine profile PATH: ...` or `... not used: why`.
+    pub line: String,
+    /// The profile's loader benchmark for the config, where its figures apply.
+    pub loader: Option<LoaderBench>,
+}
+
+impl MachineProfile {
+    /// Plans `cfg` (for `ranks` ranks on a host) on this profile, unless the command line's
+    /// `cli` names the hardware or its figures: a `stoker plan --config` on this machine.
+    pub fn plan_config(
+        &self,
+        cfg: &mut TrainConfig,
+        cli: &stoker_plan::input::PlanInput,
+        ranks: usize,
+    ) -> OnProfile {
+        let flags = &cli.hardware;
+        let named = flags
+            .preset
+            .as_deref()
+            .is_some_and(|p| !matches!(p, "cpu" | "cpu-only"))
+            || flags.peak_tflops.is_some()
+            || cli.training.mfu.is_some();
+        let outcome = match named {
+            true => Err("the command line names the hardware or its figures".into()),
+            false => {
+                let threads = crate::machine::rank_threads(cfg, ranks);
+                self.apply(cfg, ranks, threads)
+            }
+        };
+        OnProfile {
+            loader: outcome.is_ok().then(|| self.loader_for(cfg)).flatten(),
+            line: self.line(&outcome),
+        }
+    }
+}
+
+/// Where a plan's loader benchmark comes from, most direct first: a benchmark file given
+/// (`--loader-bench`), the config's own calibration (one measured point), this machine's
+/// profile (its synthetic shard, scaled to the config's windows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoaderSource {
+    /// `stoker bench loader --json`'s file.
+    File,
+    /// The config's calibration.
+    Calibration,
+    /// The machine profile.
+    Profile,
+}
+
+/// The loader benchmark a plan uses, and where it came from: the first of `file`,
+/// `calibration`, `profile` that is there.
+pub fn pick_loader_bench(
+    file: Option<LoaderBench>,
+    calibration: Option<LoaderBench>,
+    profile: Option<LoaderBench>,
+) -> Option<(LoaderBench, LoaderSource)> {
+    file.map(|b| (b, LoaderSource::File))
+        .or(calibration.map(|b| (b, LoaderSource::Calibration)))
+        .or(profile.map(|b| (b, LoaderSource::Profile)))
+}

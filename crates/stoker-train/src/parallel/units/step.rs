@@ -169,131 +169,173 @@ pub fn micro_batch(
     check_grads: bool,
     peak: &mut usize,
 ) -> Result<f64> {
-    let plan = step.plan;
-    let n = plan.units.len();
-    let slots = step.layout.slots();
-    // Which parameters got a gradient from some unit (every one must, when checked).
-    let mut reached = vec![false; slots.len()];
-    // Groups prefetched and not yet in hand (their bytes are held from the prefetch).
-    let mut started = vec![false; plan.spans.len()];
-    let mut params: Vec<Option<Arc<Vec<f32>>>> = vec![None; plan.spans.len()];
-    let mut grads: Vec<Option<Vec<f32>>> = vec![None; plan.spans.len()];
-    let mut inputs = vec![mb.input.clone()];
-    let mut grad_out: Option<Tensor> = None;
-    let mut loss = 0.0;
-    let mut bytes = 0usize;
-    let build = |u: usize, params: &[Option<Arc<Vec<f32>>>]| -> Result<Box<dyn Model>> {
-        let groups = plan.units[u]
+    let mut run = UnitRun::new(step, mb, factor);
+    for &event in step.plan.schedule() {
+        run.event(event, source, peak)?;
+        *peak = (*peak).max(run.bytes);
+    }
+    if check_grads && factor.is_some() {
+        if let Some(i) = run.reached.iter().position(|r| !r) {
+            return Err(TrainError::NoGradient {
+                name: step.layout.slots()[i].name.clone(),
+            });
+        }
+    }
+    Ok(run.loss)
+}
+
+/// One micro-batch's state as its schedule runs.
+struct UnitRun<'s, 'a> {
+    step: &'s UnitStep<'a>,
+    mb: &'s MicroBatch,
+    factor: Option<f64>,
+    /// Which parameters got a gradient from some unit (every one must, when checked).
+    reached: Vec<bool>,
+    /// Groups prefetched and not yet in hand (their bytes are held from the prefetch).
+    started: Vec<bool>,
+    params: Vec<Option<Arc<Vec<f32>>>>,
+    grads: Vec<Option<Vec<f32>>>,
+    /// Each unit's input (its checkpoint), the batch's input first.
+    inputs: Vec<Tensor>,
+    /// The gradient of the next unit's input: what this unit's output backpropagates.
+    grad_out: Option<Tensor>,
+    loss: f64,
+    /// Bytes held now.
+    bytes: usize,
+}
+
+impl<'s, 'a> UnitRun<'s, 'a> {
+    fn new(step: &'s UnitStep<'a>, mb: &'s MicroBatch, factor: Option<f64>) -> Self {
+        let groups = step.plan.spans.len();
+        UnitRun {
+            step,
+            mb,
+            factor,
+            reached: vec![false; step.layout.slots().len()],
+            started: vec![false; groups],
+            params: vec![None; groups],
+            grads: vec![None; groups],
+            inputs: vec![mb.input.clone()],
+            grad_out: None,
+            loss: 0.0,
+            bytes: 0,
+        }
+    }
+
+    fn event(&mut self, event: Event, source: &mut dyn SpanSource, peak: &mut usize) -> Result<()> {
+        let (plan, own) = (self.step.plan, self.step.own);
+        match event {
+            // The gathered buffer, and the rank's piece it sends until it completes.
+            Event::Prefetch(g) => {
+                let span = plan.spans[g].clone();
+                self.bytes += 4 * (span.len() + own.owned_len(&span));
+                source.prefetch(g, span)?;
+                self.started[g] = true;
+            }
+            Event::Gather(g) => {
+                let span = plan.spans[g].clone();
+                let v = source.gather(g, span.clone())?;
+                match std::mem::take(&mut self.started[g]) {
+                    true => self.bytes -= 4 * own.owned_len(&span),
+                    false => self.bytes += 4 * v.len(),
+                }
+                self.params[g] = Some(Arc::new(v));
+            }
+            Event::Free(g) => {
+                if let Some(v) = self.params[g].take() {
+                    self.bytes -= 4 * v.len();
+                }
+            }
+            Event::Forward(u) => {
+                let m = self.unit_model(u)?;
+                *peak = (*peak).max(self.bytes + crate::models::factory::vars_bytes(&*m));
+                let y = m.unit_forward(self.step.fx, u, &self.inputs[u])?.detach();
+                self.inputs.push(y);
+            }
+            Event::Backward(u) => self.backward(u, peak)?,
+            Event::Scatter(g) => {
+                let v = self.grads[g].take().ok_or_else(|| {
+                    TrainError::Units(format!("zero3: group {g} scattered before its backward"))
+                })?;
+                let span = plan.spans[g].clone();
+                *peak = (*peak).max(self.bytes + 4 * own.owned_len(&span));
+                self.bytes -= 4 * v.len();
+                source.scatter(v, span)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Unit `u`'s model around its gathered groups.
+    fn unit_model(&self, u: usize) -> Result<Box<dyn Model>> {
+        let groups = self.step.plan.units[u]
             .iter()
             .map(|&g| {
-                let v = params[g].clone().ok_or_else(|| {
+                let v = self.params[g].clone().ok_or_else(|| {
                     TrainError::Units(format!("zero3: unit {u} runs before group {g} is gathered"))
                 })?;
                 Ok((g, v))
             })
             .collect::<Result<Vec<_>>>()?;
-        let m = step.unit_model(groups)?;
-        if m.params().len() != slots.len() {
+        let m = self.step.unit_model(groups)?;
+        let slots = self.step.layout.slots().len();
+        if m.params().len() != slots {
             return Err(TrainError::Units(format!(
-                "zero3: unit {u}'s model declares {} parameters, the layout {}",
-                m.params().len(),
-                slots.len()
+                "zero3: unit {u}'s model declares {} parameters, the layout {slots}",
+                m.params().len()
             )));
         }
         Ok(m)
-    };
-    for &event in plan.schedule() {
-        match event {
-            // The gathered buffer, and the rank's piece it sends until it completes.
-            Event::Prefetch(g) => {
-                let span = plan.spans[g].clone();
-                bytes += 4 * (span.len() + step.own.owned_len(&span));
-                source.prefetch(g, span)?;
-                started[g] = true;
-            }
-            Event::Gather(g) => {
-                let span = plan.spans[g].clone();
-                let v = source.gather(g, span.clone())?;
-                match std::mem::take(&mut started[g]) {
-                    true => bytes -= 4 * step.own.owned_len(&span),
-                    false => bytes += 4 * v.len(),
-                }
-                params[g] = Some(Arc::new(v));
-            }
-            Event::Free(g) => {
-                if let Some(v) = params[g].take() {
-                    bytes -= 4 * v.len();
-                }
-            }
-            Event::Forward(u) => {
-                let m = build(u, &params)?;
-                *peak = (*peak).max(bytes + crate::models::factory::vars_bytes(&*m));
-                let y = m.unit_forward(step.fx, u, &inputs[u])?.detach();
-                inputs.push(y);
-            }
-            Event::Backward(u) => {
-                let m = build(u, &params)?;
-                for &g in &plan.units[u] {
-                    if grads[g].is_none() {
-                        grads[g] = Some(vec![0.0; plan.spans[g].len()]);
-                        bytes += 4 * plan.spans[g].len();
-                    }
-                }
-                *peak = (*peak).max(bytes + crate::models::factory::vars_bytes(&*m));
-                let input = match u {
-                    0 => None,
-                    _ => Some(Var::from_tensor(&inputs[u])?),
-                };
-                let x = input.as_ref().map_or(&inputs[0], |v| v.as_tensor());
-                let out = m.unit_forward(step.fx, u, x)?;
-                let objective = match (u + 1 == n, &grad_out) {
-                    (true, _) => {
-                        let (sum, _) = cross_entropy_sum(step.fx, &out, &mb.targets)?;
-                        loss = scalar(&sum)?;
-                        factor.map(|f| sum * f).transpose()?
-                    }
-                    (false, Some(g)) => Some((out * g)?.sum_all()?),
-                    (false, None) => None,
-                };
-                let Some(objective) = objective else {
-                    continue;
-                };
-                let store = objective.backward()?;
-                for (i, (p, slot)) in m.params().iter().zip(slots).enumerate() {
-                    let Some(buf) = grads[slot.group].as_mut() else {
-                        continue;
-                    };
-                    // A shared group's other parameters get no gradient from this unit.
-                    let at = slot.offset - plan.spans[slot.group].start;
-                    reached[i] |= add_grad(&store, p, &mut buf[at..at + slot.len])?;
-                }
-                if let Some(v) = &input {
-                    let g = store.get(v.as_tensor()).ok_or_else(|| {
-                        TrainError::Units(format!("zero3: unit {u}'s input got no gradient"))
-                    })?;
-                    grad_out = Some(g.clone());
-                }
-            }
-            Event::Scatter(g) => {
-                let v = grads[g].take().ok_or_else(|| {
-                    TrainError::Units(format!("zero3: group {g} scattered before its backward"))
-                })?;
-                let span = plan.spans[g].clone();
-                *peak = (*peak).max(bytes + 4 * step.own.owned_len(&span));
-                bytes -= 4 * v.len();
-                source.scatter(v, span)?;
+    }
+
+    /// Unit `u`'s backward: its forward again from its checkpoint with the graph, then the
+    /// gradient of its output (the loss, for the last unit) into its groups' gradient
+    /// buffers and its input.
+    fn backward(&mut self, u: usize, peak: &mut usize) -> Result<()> {
+        let (plan, step) = (self.step.plan, self.step);
+        let m = self.unit_model(u)?;
+        for &g in &plan.units[u] {
+            if self.grads[g].is_none() {
+                self.grads[g] = Some(vec![0.0; plan.spans[g].len()]);
+                self.bytes += 4 * plan.spans[g].len();
             }
         }
-        *peak = (*peak).max(bytes);
-    }
-    if check_grads && factor.is_some() {
-        if let Some(i) = reached.iter().position(|r| !r) {
-            return Err(TrainError::NoGradient {
-                name: slots[i].name.clone(),
-            });
+        *peak = (*peak).max(self.bytes + crate::models::factory::vars_bytes(&*m));
+        let input = match u {
+            0 => None,
+            _ => Some(Var::from_tensor(&self.inputs[u])?),
+        };
+        let x = input.as_ref().map_or(&self.inputs[0], |v| v.as_tensor());
+        let out = m.unit_forward(step.fx, u, x)?;
+        let objective = match (u + 1 == plan.units.len(), &self.grad_out) {
+            (true, _) => {
+                let (sum, _) = cross_entropy_sum(step.fx, &out, &self.mb.targets)?;
+                self.loss = scalar(&sum)?;
+                self.factor.map(|f| sum * f).transpose()?
+            }
+            (false, Some(g)) => Some((out * g)?.sum_all()?),
+            (false, None) => None,
+        };
+        let Some(objective) = objective else {
+            return Ok(());
+        };
+        let store = objective.backward()?;
+        for (i, (p, slot)) in m.params().iter().zip(step.layout.slots()).enumerate() {
+            let Some(buf) = self.grads[slot.group].as_mut() else {
+                continue;
+            };
+            // A shared group's other parameters get no gradient from this unit.
+            let at = slot.offset - plan.spans[slot.group].start;
+            self.reached[i] |= add_grad(&store, p, &mut buf[at..at + slot.len])?;
         }
+        if let Some(v) = &input {
+            let g = store.get(v.as_tensor()).ok_or_else(|| {
+                TrainError::Units(format!("zero3: unit {u}'s input got no gradient"))
+            })?;
+            self.grad_out = Some(g.clone());
+        }
+        Ok(())
     }
-    Ok(loss)
 }
 
 /// The model's forward of `input` unit by unit (ZeRO-3: evaluation, sampling): each
