@@ -11,11 +11,11 @@ use serde::{Deserialize, Serialize};
 use stoker_data::SamplerState;
 use stoker_precision::ScalerState;
 
+use super::state::{LoadedState, Stateful};
 use crate::error::{io_err, Result, TrainError};
 use crate::layout::FlatLayout;
 use crate::optim::OptimState;
 use crate::precision::LayerScalers;
-use crate::trainer::Trainer;
 
 use super::{DataPosition, FORMAT};
 
@@ -107,23 +107,30 @@ pub fn verify(dir: &Path) -> Result<CheckpointState> {
 
 /// Loads the checkpoint in `dir` into `trainer`, after verifying every checksum and that
 /// its layout matches the model.
-pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<CheckpointState> {
-    let pieces = trainer.optimizer().pieces().clone();
+pub fn load(trainer: &mut dyn Stateful, dir: &Path) -> Result<CheckpointState> {
+    let ours = trainer.state();
+    let (layout, pieces, held) = (
+        ours.layout.clone(),
+        ours.optimizer.pieces.clone(),
+        ours.held.clone(),
+    );
+    let has_scaler = ours.scaler.is_some();
+    drop(ours);
     let state = read_state(dir)?;
     // The same parameters in another order or alignment (a version 1 checkpoint's name
     // order) load by name; other parameters or shapes do not load at all.
-    if state.layout != *trainer.layout() {
+    if state.layout != layout {
         let probe = vec![0f32; state.layout.total_len()];
-        if trainer.layout().remap_from(&state.layout, &probe).is_err() {
-            let diff = describe_mismatch(&state.layout, trainer.layout());
+        if layout.remap_from(&state.layout, &probe).is_err() {
+            let diff = describe_mismatch(&state.layout, &layout);
             return Err(st_err(dir, format!("does not match the model: {diff}")));
         }
     }
     let mp = dir.join("model.safetensors");
     let model = read_checked(&mp, state.model_crc32)?;
     let st = safetensors::SafeTensors::deserialize(&model).map_err(|e| st_err(&mp, e))?;
-    let mut master = vec![0f32; trainer.layout().total_len()];
-    for s in trainer.layout().slots() {
+    let mut master = vec![0f32; layout.total_len()];
+    for s in layout.slots() {
         let t = st
             .tensor(&s.name)
             .map_err(|e| st_err(&mp, format!("parameter `{}`: {e}", s.name)))?;
@@ -156,48 +163,44 @@ pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<CheckpointState> {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
-        let v = match state.layout == *trainer.layout() {
+        let v = match state.layout == layout {
             true => v,
-            false => trainer
-                .layout()
+            false => layout
                 .remap_from(&state.layout, &v)
                 .map_err(|e| st_err(&op, format!("optimizer buffer `{name}`: {e}")))?,
         };
-        if v.len() != trainer.layout().total_len() {
+        if v.len() != layout.total_len() {
             return Err(st_err(
                 &op,
                 format!(
                     "optimizer buffer `{name}` has {} elements, the layout {}",
                     v.len(),
-                    trainer.layout().total_len()
+                    layout.total_len()
                 ),
             ));
         }
         buffers.push((name, pieces.take(&v)));
     }
+    if has_scaler != state.scaler.is_some() {
+        return Err(st_err(
+            &dir.join("state.json"),
+            "loss-scaler state does not match the precision mode",
+        ));
+    }
     trainer
-        .optimizer_mut()
-        .restore(OptimState {
-            step: state.optimizer_step,
-            pieces,
-            buffers,
+        .load_state(LoadedState {
+            step: state.step,
+            sampler: state.sampler,
+            master: held.take(&master),
+            optimizer: OptimState {
+                step: state.optimizer_step,
+                pieces,
+                buffers,
+            },
+            scaler: state.scaler.clone(),
+            fp8: state.fp8.clone(),
         })
-        .map_err(|m| st_err(&op, m))?;
-    match (trainer.scaler_mut(), &state.scaler) {
-        (Some(s), Some(saved)) => s.restore(saved.clone())?,
-        (None, None) => {}
-        _ => {
-            return Err(st_err(
-                &dir.join("state.json"),
-                "loss-scaler state does not match the precision mode",
-            ))
-        }
-    }
-    if let (Some(f), Some(saved)) = (trainer.fp8(), &state.fp8) {
-        f.restore(saved.clone());
-    }
-    trainer.set_master(master)?;
-    trainer.restore_position(state.step, state.sampler);
+        .map_err(|e| st_err(&op, e))?;
     Ok(state)
 }
 

@@ -10,6 +10,7 @@
 pub mod consolidate;
 pub mod legacy;
 pub mod sharded;
+pub mod state;
 pub mod verify;
 
 use std::path::{Path, PathBuf};
@@ -19,10 +20,10 @@ use stoker_data::SamplerState;
 
 use crate::error::{io_err, Result, TrainError};
 use crate::model_files::ckpt_err;
-use crate::trainer::Trainer;
 
 pub use consolidate::consolidate;
 pub use sharded::{save, Manifest, SaveFault, SavePoint};
+pub use state::{LoadedState, RankState, Stateful};
 pub use verify::{latest_intact, verify, Intact, Verified};
 
 /// Every checkpoint's `format` field.
@@ -109,7 +110,7 @@ pub fn step_dir(root: &Path, step: u64) -> PathBuf {
 /// rank's `trainer` (the whole parameter buffer and its range of the optimizer state),
 /// after verifying every checksum and that the layout matches the model; nothing is
 /// changed when anything fails.
-pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<Resumed> {
+pub fn load(trainer: &mut dyn Stateful, dir: &Path) -> Result<Resumed> {
     if dir.join(sharded::MANIFEST).exists() {
         return sharded::load(trainer, dir);
     }

@@ -34,14 +34,15 @@ use stoker_comm::{CommExt, Communicator};
 use stoker_data::SamplerState;
 use stoker_precision::ScalerState;
 
+use super::state::{LoadedState, Stateful};
 use super::{read_checked, step_dir, DataPosition, Resumed, FORMAT};
 use crate::error::{io_err, Result};
 use crate::layout::FlatLayout;
 use crate::model_files::{ckpt_err, f32s, write_synced};
 use crate::optim::OptimState;
+use crate::parallel::ShardPlan;
 use crate::pieces::Pieces;
 use crate::precision::LayerScalers;
-use crate::trainer::Trainer;
 
 /// The manifest's file name.
 pub const MANIFEST: &str = "manifest.json";
@@ -198,6 +199,22 @@ fn crash_if(fault: Option<SaveFault>, rank: usize, step: u64, at: SavePoint, pat
     }
 }
 
+/// What rank `rank` of `world` saves of the FP32 parameters, and its values: where it
+/// holds a shard (ZeRO-3), that shard (its piece of every group); where it holds the whole
+/// buffer, its range of [`ShardPlan`]'s even split, so that every rank writes.
+fn master_shard<'a>(
+    state: &'a super::state::RankState<'_>,
+    world: usize,
+    rank: usize,
+) -> (Pieces, &'a [f32]) {
+    let len = state.layout.total_len();
+    if !state.held.is_whole(len) {
+        return (state.held.clone(), state.master);
+    }
+    let own = ShardPlan::new(len, world, state.layout.align()).range(rank);
+    (Pieces::one(own.clone()), &state.master[own])
+}
+
 fn shard_file(rank: usize) -> String {
     format!("shard_{rank:05}.safetensors")
 }
@@ -206,7 +223,7 @@ fn shard_file(rank: usize) -> String {
 /// collective); returns the directory. `data` is every rank's data position, `strategy`
 /// the strategy's name for the manifest.
 pub fn save(
-    trainer: &Trainer,
+    trainer: &dyn Stateful,
     comm: &dyn Communicator,
     root: &Path,
     seed: u64,
@@ -214,8 +231,10 @@ pub fn save(
     fault: Option<SaveFault>,
 ) -> Result<PathBuf> {
     let (rank, world) = (comm.rank(), comm.world_size());
-    let dir = step_dir(root, trainer.step());
-    let tmp = root.join(format!(".tmp_step_{:08}", trainer.step()));
+    let state = trainer.state();
+    let step = state.step;
+    let dir = step_dir(root, step);
+    let tmp = root.join(format!(".tmp_step_{step:08}"));
     if rank == 0 {
         std::fs::create_dir_all(root).map_err(|e| io_err(root, e))?;
         if tmp.exists() {
@@ -225,9 +244,9 @@ pub fn save(
     }
     comm.barrier()?;
 
-    let layout = &trainer.layout();
-    let (own, mine) = trainer.master_shard(world, rank);
-    let opt = trainer.optimizer().state_ref();
+    let layout = state.layout;
+    let (own, mine) = master_shard(&state, world, rank);
+    let opt = &state.optimizer;
     let Some(local) = opt.pieces.local_of(&own) else {
         return Err(ckpt_err(
             &tmp,
@@ -246,7 +265,6 @@ pub fn save(
     // 1 MiB buffer): a serialized copy in memory would add 12 bytes per parameter of the
     // shard to the run's peak. The manifest's CRC is of the bytes read back.
     let file = tmp.join(shard_file(rank));
-    let step = trainer.step();
     safetensors::serialize_to_file(views, None, &file).map_err(|e| ckpt_err(&file, e))?;
     crash_if(fault, rank, step, SavePoint::ShardWritten, &file);
     let (crc, len) = sync_and_hash(&file)?;
@@ -264,16 +282,16 @@ pub fn save(
         let manifest = Manifest {
             format: FORMAT.into(),
             version: VERSION,
-            step: trainer.step(),
+            step,
             optimizer_step: opt.step,
             optimizer_buffers: opt.buffers.iter().map(|(n, _)| n.to_string()).collect(),
             world_size: world,
-            strategy: trainer.strategy().name().into(),
+            strategy: state.strategy.into(),
             seed,
-            sampler: trainer.sampler_state(),
+            sampler: state.sampler,
             data,
-            scaler: trainer.scaler().map(|s| s.state().clone()),
-            fp8: trainer.fp8().map(|f| f.state()),
+            scaler: state.scaler.clone(),
+            fp8: state.fp8.clone(),
             layout: (*layout).clone(),
             shards: shard_entries(&all),
         };
@@ -498,19 +516,19 @@ pub(crate) fn copy_overlap(
     }
 }
 
-/// Loads a version 3 checkpoint into this rank's trainer.
-pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<Resumed> {
+/// Loads a version 3 checkpoint into this rank's state.
+pub fn load(trainer: &mut dyn Stateful, dir: &Path) -> Result<Resumed> {
     let m = read_manifest(dir)?;
     let mp = dir.join(MANIFEST);
-    if m.layout != *trainer.layout() {
-        let diff = super::legacy::describe_mismatch(&m.layout, trainer.layout());
+    let ours = trainer.state();
+    if m.layout != *ours.layout {
+        let diff = super::legacy::describe_mismatch(&m.layout, ours.layout);
         return Err(ckpt_err(
             &mp,
             format!("layout does not match the model: {diff}"),
         ));
     }
-    let ours = trainer.optimizer().state_ref();
-    let names: Vec<&str> = ours.buffers.iter().map(|(n, _)| *n).collect();
+    let names: Vec<&str> = ours.optimizer.buffers.iter().map(|(n, _)| *n).collect();
     if m.optimizer_buffers != names {
         return Err(ckpt_err(
             &mp,
@@ -520,9 +538,15 @@ pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<Resumed> {
             ),
         ));
     }
-    let pieces = ours.pieces.clone();
+    if ours.scaler.is_some() != m.scaler.is_some() {
+        return Err(ckpt_err(
+            &mp,
+            "scaler: the loss-scaler state does not match the precision mode",
+        ));
+    }
+    let pieces = ours.optimizer.pieces.clone();
     // The parameters this rank holds alone (under ZeRO-3 its pieces, not the whole model).
-    let held = trainer.held().clone();
+    let held = ours.held.clone();
     let mut master = vec![0f32; held.len()];
     let mut buffers: Vec<(String, Vec<f32>)> = names
         .iter()
@@ -542,31 +566,20 @@ pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<Resumed> {
         }
         Ok(())
     })?;
-    match (trainer.scaler(), &m.scaler) {
-        (Some(_), Some(_)) | (None, None) => {}
-        _ => {
-            return Err(ckpt_err(
-                &mp,
-                "scaler: the loss-scaler state does not match the precision mode",
-            ))
-        }
-    }
     trainer
-        .optimizer_mut()
-        .restore(OptimState {
-            step: m.optimizer_step,
-            pieces,
-            buffers,
+        .load_state(LoadedState {
+            step: m.step,
+            sampler: m.sampler,
+            master,
+            optimizer: OptimState {
+                step: m.optimizer_step,
+                pieces,
+                buffers,
+            },
+            scaler: m.scaler.clone(),
+            fp8: m.fp8.clone(),
         })
         .map_err(|e| ckpt_err(&mp, e))?;
-    if let (Some(s), Some(saved)) = (trainer.scaler_mut(), &m.scaler) {
-        s.restore(saved.clone())?;
-    }
-    if let (Some(f), Some(saved)) = (trainer.fp8(), &m.fp8) {
-        f.restore(saved.clone());
-    }
-    trainer.set_held_master(master)?;
-    trainer.restore_position(m.step, m.sampler);
     Ok(Resumed {
         step: m.step,
         sampler: m.sampler,

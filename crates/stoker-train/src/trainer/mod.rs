@@ -13,6 +13,7 @@
 mod buffers;
 mod eval;
 mod path;
+mod state;
 mod step;
 
 use candle_core::Device;
@@ -218,11 +219,6 @@ impl Trainer {
         &*self.optimizer
     }
 
-    /// The optimizer, to restore its state from a checkpoint.
-    pub fn optimizer_mut(&mut self) -> &mut dyn Optimizer {
-        &mut *self.optimizer
-    }
-
     /// The learning-rate schedule.
     pub fn schedule(&self) -> &Schedule {
         &self.schedule
@@ -258,12 +254,6 @@ impl Trainer {
         self.sampler_state = state;
     }
 
-    /// Sets the step count and loader position a checkpoint recorded.
-    pub fn restore_position(&mut self, step: u64, sampler: SamplerState) {
-        self.step = step;
-        self.sampler_state = sampler;
-    }
-
     /// The parts of the flat buffer this rank's `master` holds: all of it, except under
     /// ZeRO-3 (its piece of every group).
     pub fn held(&self) -> &Pieces {
@@ -288,21 +278,6 @@ impl Trainer {
             Some(s) => s.gather_params(&self.params.master),
             None => Ok(self.params.master.clone()),
         }
-    }
-
-    /// What rank `rank` of `world` saves of the FP32 parameters in a checkpoint, and
-    /// its values: under ZeRO-3 what it holds (its piece of every group); otherwise (it
-    /// holds everything) its range of [`ShardPlan`]'s split, so that every rank writes.
-    ///
-    /// [`ShardPlan`]: crate::parallel::ShardPlan
-    pub fn master_shard(&self, world: usize, rank: usize) -> (Pieces, &[f32]) {
-        let p = &self.params;
-        if p.sharded() {
-            return (p.held.clone(), &p.master);
-        }
-        let own = crate::parallel::ShardPlan::new(p.layout.total_len(), world, p.layout.align())
-            .range(rank);
-        (Pieces::one(own.clone()), &p.master[own])
     }
 
     /// Sets the parameters from the whole FP32 buffer `full` (a checkpoint's): this rank

@@ -1,0 +1,40 @@
+//! The trainer as a checkpoint sees it ([`Stateful`]): its step, loader position, the
+//! parameters it holds, the optimizer's moments and the scalers' state, handed over for a
+//! save and taken back from a load.
+
+use crate::checkpoint::{LoadedState, RankState, Stateful};
+use crate::error::Result;
+
+use super::Trainer;
+
+impl Stateful for Trainer {
+    fn state(&self) -> RankState<'_> {
+        RankState {
+            step: self.step,
+            sampler: self.sampler_state,
+            layout: &self.params.layout,
+            held: &self.params.held,
+            master: &self.params.master,
+            optimizer: self.optimizer.state_ref(),
+            scaler: self.scaler.as_ref().map(|s| s.state().clone()),
+            fp8: self.fp8.as_ref().map(|f| f.state()),
+            strategy: self.strategy.name(),
+        }
+    }
+
+    fn load_state(&mut self, loaded: LoadedState) -> Result<()> {
+        self.optimizer
+            .restore(loaded.optimizer)
+            .map_err(crate::error::TrainError::Layout)?;
+        if let (Some(s), Some(saved)) = (&mut self.scaler, loaded.scaler) {
+            s.restore(saved)?;
+        }
+        if let (Some(f), Some(saved)) = (&self.fp8, loaded.fp8) {
+            f.restore(saved);
+        }
+        self.set_held_master(loaded.master)?;
+        self.step = loaded.step;
+        self.sampler_state = loaded.sampler;
+        Ok(())
+    }
+}
