@@ -44,7 +44,7 @@ pub struct DataSection {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PrecisionSection {
     /// `fp32`, `fp16`, `bf16`, `bf16-pure` or `fp8`.
-    pub precision: String,
+    pub precision: crate::setup::Precision,
     /// `dynamic` for fp16, else `none`.
     pub loss_scaling: String,
 }
@@ -62,7 +62,7 @@ pub struct AccumulationSection {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ParallelSection {
     /// `ddp`, `zero1`, `zero2` or `zero3`.
-    pub strategy: String,
+    pub strategy: crate::strategy::Stage,
     /// Optimizer states on the host, stepped by the CPU.
     pub offload_optimizer: bool,
     /// Parameter shards on the host (zero3 only).
@@ -118,7 +118,7 @@ impl PlanChoice {
             "{}{} on {} device(s): micro-batch {} x accumulation {} x {} = global batch {}; \
              {}{}, {}; loader {} worker(s) x prefetch {} for {:.1} samples/s \
              per device",
-            p.strategy,
+            p.strategy.name(),
             match (p.offload_optimizer, p.offload_params) {
                 (false, false) => "",
                 (true, false) => "+offload-opt",
@@ -129,7 +129,7 @@ impl PlanChoice {
             a.accumulation_steps,
             p.world_size,
             a.global_batch,
-            self.precision.precision,
+            self.precision.precision.name(),
             if self.precision.loss_scaling == "dynamic" {
                 " with dynamic loss scaling"
             } else {

@@ -75,7 +75,7 @@ pub fn plan(r: Resolved, bench: Option<&LoaderBench>) -> Plan {
                 required_samples_per_s: decision.data.per_device,
             },
             precision: PrecisionSection {
-                precision: r.setup.precision.name().into(),
+                precision: r.setup.precision,
                 loss_scaling: if r.precision.loss_scaling {
                     "dynamic"
                 } else {
@@ -88,7 +88,7 @@ pub fn plan(r: Resolved, bench: Option<&LoaderBench>) -> Plan {
                 global_batch: r.setup.global_batch,
             },
             parallel: ParallelSection {
-                strategy: row.strategy.stage.name().into(),
+                strategy: row.strategy.stage,
                 offload_optimizer: row.strategy.offload_optimizer,
                 offload_params: row.strategy.offload_params,
                 world_size: r.hardware.world_size(),

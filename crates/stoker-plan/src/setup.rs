@@ -1,7 +1,7 @@
 //! The training setup: batch, sequence, precision, optimizer, and the model's own knobs
 //! (utilization, margins). Also the bytes-per-parameter table of each precision/optimizer.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{PlanError, Result};
 
@@ -37,7 +37,7 @@ impl Dtype {
 }
 
 /// How weights, gradients and optimizer states are stored, and which dtype the matmuls use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Precision {
     /// Everything in fp32.

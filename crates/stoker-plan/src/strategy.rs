@@ -5,7 +5,7 @@ use serde::Serialize;
 use crate::error::{PlanError, Result};
 
 /// What is sharded across the data-parallel ranks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Stage {
     /// DDP (FSDP NO_SHARD): everything replicated.

@@ -125,13 +125,16 @@ fn the_choice_round_trips_through_json() {
     let c = p.choice.as_ref().unwrap();
     let back: PlanChoice = serde_json::from_str(&serde_json::to_string(c).unwrap()).unwrap();
     assert_eq!(&back, c);
-    assert_eq!(back.parallel.strategy, "zero1");
+    assert_eq!(back.parallel.strategy, stoker_plan::strategy::Stage::Zero1);
     assert_eq!(back.parallel.world_size, 8);
     assert_eq!(
         back.data.micro_batch * back.accumulation.accumulation_steps * 8,
         1024
     );
-    assert_eq!(back.precision.precision, "bf16");
+    assert_eq!(
+        back.precision.precision,
+        stoker_plan::setup::Precision::Bf16
+    );
     assert_eq!(
         back.predicted.step_s,
         p.strategies[p.decision.chosen.unwrap()].time.step_s

@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use stoker_plan::emit::PlanSection;
 use stoker_plan::input::PlanInput;
 use stoker_plan::model::{Architecture, Family};
+use stoker_plan::setup::Precision as PlanPrecision;
 use stoker_plan::strategy::Stage;
 use stoker_plan::trainer::{GroupSpans, TrainerPrediction, TrainerRun};
 use stoker_plan::Plan;
@@ -41,36 +42,28 @@ pub(crate) fn plan_precision(p: Precision) -> &'static str {
     }
 }
 
-/// The trainer's precision for a planner precision name.
-fn train_precision(name: &str) -> Result<Precision> {
-    match name {
-        "fp32" => Ok(Precision::Fp32),
-        "bf16" => Ok(Precision::Bf16),
-        "fp16" => Ok(Precision::Fp16),
-        "fp8" => Ok(Precision::Fp8),
-        "bf16-pure" => Err(config_err(
+/// The trainer's precision for the planner's.
+fn train_precision(p: PlanPrecision) -> Result<Precision> {
+    match p {
+        PlanPrecision::Fp32 => Ok(Precision::Fp32),
+        PlanPrecision::Bf16 => Ok(Precision::Bf16),
+        PlanPrecision::Fp16 => Ok(Precision::Fp16),
+        PlanPrecision::Fp8 => Ok(Precision::Fp8),
+        PlanPrecision::Bf16Pure => Err(config_err(
             "precision",
             "the plan chose bf16-pure (bf16 weights and moments, no FP32 master), which the \
              trainer does not build (it keeps FP32 master weights); plan with --precision bf16",
         )),
-        other => Err(config_err(
-            "precision",
-            format!("the plan chose `{other}`, which the trainer does not know"),
-        )),
     }
 }
 
-/// The trainer's strategy for a planner stage name.
-fn train_strategy(name: &str) -> Result<StrategyKind> {
-    match name {
-        "ddp" => Ok(StrategyKind::Ddp),
-        "zero1" => Ok(StrategyKind::Zero1),
-        "zero2" => Ok(StrategyKind::Zero2),
-        "zero3" => Ok(StrategyKind::Zero3),
-        other => Err(config_err(
-            "parallel.strategy",
-            format!("the plan chose `{other}`, which the trainer does not know"),
-        )),
+/// The trainer's strategy for the planner's stage.
+fn train_strategy(stage: Stage) -> StrategyKind {
+    match stage {
+        Stage::Ddp => StrategyKind::Ddp,
+        Stage::Zero1 => StrategyKind::Zero1,
+        Stage::Zero2 => StrategyKind::Zero2,
+        Stage::Zero3 => StrategyKind::Zero3,
     }
 }
 
@@ -135,7 +128,10 @@ pub fn plan_input(cfg: &TrainConfig, flags: &PlanInput) -> Result<PlanInput> {
     // The path the run will take at the precision planned (a `--precision` flag may
     // change it: fp16 and fp8 run on candle's graph).
     let precision = match input.training.precision.as_deref() {
-        Some(p) => train_precision(p).unwrap_or(cfg.precision),
+        Some(p) => PlanPrecision::parse("training.precision", p)
+            .ok()
+            .and_then(|p| train_precision(p).ok())
+            .unwrap_or(cfg.precision),
         None => cfg.precision,
     };
     if !cfg.direct_step_at(precision) {
@@ -330,8 +326,8 @@ pub fn emit(
         "batch.global_batch",
         choice.accumulation.global_batch,
     )?);
-    cfg.precision = train_precision(&choice.precision.precision)?;
-    cfg.parallel.strategy = train_strategy(&choice.parallel.strategy)?;
+    cfg.precision = train_precision(choice.precision.precision)?;
+    cfg.parallel.strategy = train_strategy(choice.parallel.strategy);
     cfg.parallel.offload_optimizer = choice.parallel.offload_optimizer;
     cfg.optimizer.kind = match choice.optimizer.name.as_str() {
         "sgd" => OptimizerKind::Sgd,
