@@ -24,7 +24,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Convert raw data into stoker's memory-mappable formats: idx, text, images.
+    /// Convert raw data into stoker's memory-mappable formats: idx, text, docs, images.
     Pack(cmd::pack::PackArgs),
     /// Measure a component against a baseline: loader, comm, ddp.
     Bench(cmd::bench::BenchArgs),

@@ -6,6 +6,8 @@
 //! - pack text (GPT-2 BPE) -> train -> sample, decoded by the same BPE;
 //! - pack idx -> train (the CNN);
 //! - pack images (JPEG records) -> train (the CNN on decoded photos);
+//! - pack docs (JSON Lines, GPT-2's BPE, shards with a validation split) -> train on the
+//!   training shards' pattern, evaluating on the validation shard;
 //! - export hf -> train from it (`[model] init_from`), starting at the exported loss;
 //! - train --summary-json -> the fields scripts read (what the run printed).
 //!
@@ -280,4 +282,56 @@ fn an_exported_hugging_face_directory_starts_a_run_where_the_export_left_off() {
         (again - trained).abs() <= 1e-4 * trained,
         "{again} after import vs {trained} at export"
     );
+}
+
+#[test]
+fn documents_packed_into_shards_train_on_the_pattern_and_evaluate_on_the_split() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let words = [
+        "a",
+        "stoker",
+        "keeps",
+        "the",
+        "accelerator",
+        "fed",
+        "with",
+        "tokens.",
+    ];
+    let lines: String = (0..400)
+        .map(|i| {
+            let n = 5 + (i * 7) % 40;
+            let text: Vec<&str> = (0..n).map(|k| words[(i + k * 3) % words.len()]).collect();
+            serde_json::json!({"id": i, "text": text.join(" ")}).to_string() + "\n"
+        })
+        .collect();
+    std::fs::write(dir.join("docs.jsonl"), lines).unwrap();
+    let o = stoker(&[
+        "pack",
+        "docs",
+        s(&dir.join("web/web")),
+        s(&dir.join("docs.jsonl")),
+        "--shard-tokens",
+        "2000",
+        "--val-tokens",
+        "800",
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("web_val_000000.bin") && out.contains("web_train_000003.bin"),
+        "{out}"
+    );
+    let data = format!(
+        "train = {:?}\neval = {:?}\nvocab = {:?}",
+        s(&dir.join("web/web_train_*.bin")),
+        s(&dir.join("web/web_val_000000.bin")),
+        s(&dir.join("web/web.vocab.json"))
+    );
+    let model =
+        "kind = \"gpt\"\nvocab = 50304\ncontext = 16\nd_model = 16\nn_layer = 1\nn_head = 2";
+    let c = config(dir, "web-run", &data, model, "steps = 4");
+    let o = stoker(&["train", s(&c), "--no-progress"]);
+    let eval = number(&o, "eval loss");
+    // Evaluated on the validation shard's windows: (tokens - 1) / context of them.
+    assert!(eval.is_finite() && eval < 11.0, "{}", text(&o));
 }

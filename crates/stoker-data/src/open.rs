@@ -1,7 +1,7 @@
 //! Opening a dataset from a path, for tools that take "DATASET" on the command line.
 //!
 //! The path says what it is: `X.npy` (one array, field `data`), `X.bin` (a token shard,
-//! nanoGPT or llm.c), a prefix with `PREFIX.manifest.json` (JPEG records + labels), or a prefix
+//! nanoGPT or llm.c; `X_*.bin` every shard that matches, in name order), a prefix with `PREFIX.manifest.json` (JPEG records + labels), or a prefix
 //! with `PREFIX.FIELD.npy` arrays (e.g. `mnist/train` -> `train.image.npy`, `train.label.npy`).
 
 use std::path::{Path, PathBuf};
@@ -74,9 +74,9 @@ pub fn open_dataset(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<AnyDat
         )])?));
     }
     if ext == "bin" {
-        let shard = TokenShard::open_detect(path)?;
-        let tokens = shard.len();
-        let windows = TokenWindows::new(vec![shard], opts.context, opts.token_dtype)?;
+        let shards = token_shards(path)?;
+        let tokens: usize = shards.iter().map(TokenShard::len).sum();
+        let windows = TokenWindows::new(shards, opts.context, opts.token_dtype)?;
         if crate::dataset::Dataset::len(&windows) == 0 {
             return Err(DataError::format(
                 path,
@@ -117,6 +117,39 @@ pub fn open_dataset(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<AnyDat
     }
     let names: Vec<&str> = fields.iter().map(String::as_str).collect();
     Ok(AnyDataset::Arrays(ArrayDataset::open_prefix(path, &names)?))
+}
+
+/// The token shards `path` names: one file, or with a `*` in its file name every file of
+/// its directory that matches, in name order (`data/fineweb/fineweb_train_*.bin`, as
+/// `stoker pack docs` writes them).
+fn token_shards(path: &Path) -> Result<Vec<TokenShard>> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let Some((head, tail)) = name.split_once('*') else {
+        return Ok(vec![TokenShard::open_detect(path)?]);
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map_err(|e| DataError::io(&dir, e))?
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            n.len() >= head.len() + tail.len() && n.starts_with(head) && n.ends_with(tail)
+        })
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(DataError::format(
+            path,
+            "shards",
+            "no file matches the pattern",
+        ));
+    }
+    files.iter().map(TokenShard::open_detect).collect()
 }
 
 /// Field names of the `PREFIX.FIELD.npy` files beside `prefix`, sorted.

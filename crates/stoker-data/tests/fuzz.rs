@@ -347,3 +347,55 @@ proptest! {
         }
     }
 }
+
+/// A valid Parquet file of a few documents in two row groups, and the same as JSON Lines.
+fn valid_documents() -> (Vec<u8>, Vec<u8>) {
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    let docs: Vec<String> = (0..12)
+        .map(|i| format!("document {i}: some text, données, 名前 {}", "x".repeat(i)))
+        .collect();
+    let text: ArrayRef = std::sync::Arc::new(StringArray::from_iter_values(docs.iter()));
+    let batch = RecordBatch::try_from_iter([("text", text)]).unwrap();
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_max_row_group_size(6)
+        .build();
+    let mut pq = Vec::new();
+    let mut w = parquet::arrow::ArrowWriter::try_new(&mut pq, batch.schema(), Some(props)).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let jsonl: String = docs
+        .iter()
+        .map(|d| serde_json::json!({ "text": d }).to_string() + "\n")
+        .collect();
+    (pq, jsonl.into_bytes())
+}
+
+proptest! {
+    #[test]
+    fn document_file_mutations_pack_or_fail_naming_the_file(
+        ms in prop::collection::vec(mutation(), 1..4),
+        parquet in any::<bool>(),
+    ) {
+        use stoker_data::pack::docs::{pack_docs, DocsOptions};
+        use stoker_data::pack::text::Tokenizer;
+        let dir = tempfile::tempdir().unwrap();
+        let (pq, jsonl) = valid_documents();
+        let (name, bytes) = match parquet {
+            true => ("d.parquet", mutate(pq, &ms)),
+            false => ("d.jsonl", mutate(jsonl, &ms)),
+        };
+        let p = dir.path().join(name);
+        std::fs::write(&p, &bytes).unwrap();
+        let opts = DocsOptions {
+            field: "text".into(),
+            tokenizer: Tokenizer::Gpt2,
+            shard_tokens: 64,
+            val_tokens: 16,
+        };
+        match pack_docs(std::slice::from_ref(&p), &dir.path().join("out/x"), &opts) {
+            // A document a mutation left valid: what was read is within the file's bytes.
+            Ok(s) => prop_assert!(s.text_bytes <= 8 * bytes.len() as u64 + 1024),
+            Err(e) => prop_assert!(names(&e, &p), "{e}"),
+        }
+    }
+}

@@ -2,8 +2,10 @@
 
 use std::path::PathBuf;
 
+use stoker_data::pack::docs::{pack_docs, DocsOptions};
 use stoker_data::pack::idx::pack_idx;
 use stoker_data::pack::image_folder::{pack_image_folder_with, PackOptions};
+use stoker_data::pack::shard_writer::WrittenShards;
 use stoker_data::pack::text::{pack_text, Tokenizer};
 
 /// Arguments of `stoker pack`.
@@ -37,6 +39,29 @@ enum PackWhat {
         #[arg(long, default_value = "char")]
         tokenizer: String,
     },
+    /// Documents from Parquet or JSON Lines files (a Hugging Face dataset's shards) to
+    /// llm.c token shards PREFIX_val_000000.bin, PREFIX_train_000001.bin, ... and
+    /// PREFIX.vocab.json; every document ends with the end-of-text token.
+    Docs {
+        /// Output prefix, e.g. data/fineweb/fineweb.
+        out: PathBuf,
+        /// .parquet or .jsonl files, or directories of them, read in the order given.
+        #[arg(required = true)]
+        inputs: Vec<PathBuf>,
+        /// The Parquet column or JSON Lines field holding the text.
+        #[arg(long, default_value = "text")]
+        column: String,
+        /// gpt2 (BPE via tiktoken-rs) or char (vocabulary of the characters seen).
+        #[arg(long, default_value = "gpt2")]
+        tokenizer: String,
+        /// Tokens per training shard (llm.c's fineweb.py writes 10^8).
+        #[arg(long, default_value_t = 100_000_000)]
+        shard_tokens: usize,
+        /// Tokens of the validation split: the first documents, whole, until this many
+        /// (0: no validation shard).
+        #[arg(long, default_value_t = 0)]
+        val_tokens: usize,
+    },
     /// A folder of JPEGs, one sub-folder per class, to record shards + labels.
     Images {
         /// Source folder with one sub-folder per class.
@@ -50,6 +75,15 @@ enum PackWhat {
         #[arg(long)]
         max_side: Option<u32>,
     },
+}
+
+/// The tokenizer `--tokenizer` names.
+fn tokenizer_named(name: &str) -> anyhow::Result<Tokenizer> {
+    Ok(match name {
+        "char" => Tokenizer::Char,
+        "gpt2" => Tokenizer::Gpt2,
+        other => anyhow::bail!("--tokenizer {other}: expected char or gpt2"),
+    })
 }
 
 /// Runs `stoker pack`.
@@ -75,12 +109,7 @@ pub fn run(args: PackArgs) -> anyhow::Result<()> {
             sources,
             tokenizer,
         } => {
-            let tok = match tokenizer.as_str() {
-                "char" => Tokenizer::Char,
-                "gpt2" => Tokenizer::Gpt2,
-                other => anyhow::bail!("--tokenizer {other}: expected char or gpt2"),
-            };
-            let s = pack_text(&sources, &out, tok)?;
+            let s = pack_text(&sources, &out, tokenizer_named(&tokenizer)?)?;
             println!(
                 "packed {} tokens (vocabulary {}) -> {} and {}",
                 s.tokens,
@@ -88,6 +117,44 @@ pub fn run(args: PackArgs) -> anyhow::Result<()> {
                 s.files[0].display(),
                 s.files[1].display()
             );
+        }
+        PackWhat::Docs {
+            out,
+            inputs,
+            column,
+            tokenizer,
+            shard_tokens,
+            val_tokens,
+        } => {
+            let opts = DocsOptions {
+                field: column,
+                tokenizer: tokenizer_named(&tokenizer)?,
+                shard_tokens,
+                val_tokens,
+            };
+            let t0 = std::time::Instant::now();
+            let s = pack_docs(&inputs, &out, &opts)?;
+            let secs = t0.elapsed().as_secs_f64().max(1e-9);
+            let tokens = |split: &[(PathBuf, usize)]| WrittenShards::tokens(split);
+            let (val, train) = (tokens(&s.shards.val), tokens(&s.shards.train));
+            println!(
+                "packed {} documents ({:.1} MB of text) into {} tokens (vocabulary {}): {} validation \
+                 in {} shard(s), {} training in {} shard(s); {:.1} MB/s of text in, {:.0} tokens/s out",
+                s.documents,
+                s.text_bytes as f64 / 1e6,
+                val + train,
+                s.vocab_size,
+                val,
+                s.shards.val.len(),
+                train,
+                s.shards.train.len(),
+                s.text_bytes as f64 / 1e6 / secs,
+                (val + train) as f64 / secs
+            );
+            for (p, n) in s.shards.val.iter().chain(&s.shards.train) {
+                println!("  {} ({n} tokens)", p.display());
+            }
+            println!("  {}", s.vocab_path.display());
         }
         PackWhat::Images {
             src,

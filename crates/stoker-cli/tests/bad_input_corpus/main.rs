@@ -10,10 +10,11 @@
 //! Formats, one module each: `.npy`, llm.c and nanoGPT token shards, IDX (raw and gzip),
 //! image folders and the JPEG record shards packed from them (data, index, manifest,
 //! labels), sharded checkpoints, training configs and vocab JSON, plan configs, DeepSpeed
-//! JSON and loader benchmark JSON.
+//! JSON and loader benchmark JSON, users' Parquet and JSON Lines documents.
 
 mod checkpoints;
 mod configs;
+mod docs;
 mod idx;
 mod images;
 mod npy;
@@ -108,7 +109,7 @@ fn every_case_of_the_bad_input_corpus_fails_cleanly_naming_the_file() {
     let dir = tmp.path();
     checkpoints::corpus(dir);
     let mut cases = Vec::new();
-    let formats: [(&str, AddCases); 7] = [
+    let formats: [(&str, AddCases); 8] = [
         ("npy", npy::cases),
         ("token shards", tokens::cases),
         ("IDX", idx::cases),
@@ -116,6 +117,7 @@ fn every_case_of_the_bad_input_corpus_fails_cleanly_naming_the_file() {
         ("checkpoints", checkpoints::cases),
         ("training configs and vocab", configs::cases),
         ("plan, DeepSpeed and loader-bench inputs", plan::cases),
+        ("Parquet and JSON Lines documents", docs::cases),
     ];
     for (name, add) in formats {
         let before = cases.len();

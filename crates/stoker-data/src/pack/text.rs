@@ -42,10 +42,14 @@ impl Vocab {
     pub const GPT2_END_OF_TEXT: u32 = 50_256;
 
     /// The token that ends a document, where the vocabulary has one (GPT-2's BPE; a
-    /// character vocabulary has none).
+    /// character vocabulary where documents were packed with it).
     pub fn end_of_text(&self) -> Option<u32> {
         match self {
-            Vocab::Char { .. } => None,
+            // `stoker pack docs` ends each document with it, the vocabulary's last entry.
+            Vocab::Char { tokens } => tokens
+                .iter()
+                .position(|t| t == super::docs::END_OF_TEXT)
+                .map(|i| i as u32),
             Vocab::Gpt2 { .. } => Some(Self::GPT2_END_OF_TEXT),
         }
     }

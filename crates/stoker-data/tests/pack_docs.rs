@@ -1,0 +1,301 @@
+//! `pack_docs`: users' documents (Parquet, JSON Lines) to llm.c token shards. The tests
+//! write their own Parquet (arrow's writer, several row groups) and JSON Lines files.
+//!
+//! - The same documents from Parquet and from JSON Lines give the same shards, and their
+//!   tokens are GPT-2's BPE of each document (`encode_ordinary`) with the end-of-text
+//!   token after it, in order, across the shards: whole documents in the validation
+//!   shard up to `val_tokens`, training shards of exactly `shard_tokens` but the last.
+//! - A pattern of shards opens as one dataset of windows over all of them.
+//! - Characters: the vocabulary of the characters seen, the end-of-text token last.
+//! - Bad input fails naming the file, the row group or line, and the field.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+use parquet::arrow::ArrowWriter;
+use parquet::file::properties::WriterProperties;
+use stoker_data::pack::docs::{pack_docs, DocsOptions, END_OF_TEXT};
+use stoker_data::pack::text::{Tokenizer, Vocab};
+use stoker_data::{open_dataset, Dataset, OpenOptions, TokenShard};
+
+/// Documents of realistic variety: words, punctuation, newlines, non-ASCII, an empty one.
+fn documents(n: usize) -> Vec<String> {
+    let words = [
+        "the",
+        "training",
+        "step",
+        "keeps",
+        "accelerators",
+        "fed:",
+        "données",
+        "und",
+        "名前",
+        "GPU's",
+        "memory,",
+        "2048",
+        "tokens.",
+        "\n",
+        "  ",
+        "emoji🙂",
+        "end",
+    ];
+    let mut z = 0x9E37_79B9_7F4A_7C15u64;
+    (0..n)
+        .map(|i| {
+            z = z
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let len = match i % 11 {
+                0 => 0,
+                _ => 1 + (z >> 40) as usize % 120,
+            };
+            (0..len)
+                .map(|k| words[((z >> 20) as usize + k * 7) % words.len()])
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect()
+}
+
+fn write_parquet(path: &Path, docs: &[String], rows_per_group: usize) {
+    let file = std::fs::File::create(path).unwrap();
+    let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(0..docs.len() as i64));
+    let text: ArrayRef = Arc::new(StringArray::from_iter_values(docs.iter()));
+    let batch = RecordBatch::try_from_iter([("id", ids), ("text", text)]).unwrap();
+    let props = WriterProperties::builder()
+        .set_max_row_group_size(rows_per_group)
+        .build();
+    let mut w = ArrowWriter::try_new(file, batch.schema(), Some(props)).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+fn write_jsonl(path: &Path, docs: &[String]) {
+    let lines: Vec<String> = docs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| serde_json::json!({"id": i, "text": d}).to_string())
+        .collect();
+    std::fs::write(path, lines.join("\n") + "\n").unwrap();
+}
+
+fn shard_tokens(paths: &[(PathBuf, usize)]) -> Vec<u16> {
+    let mut out = Vec::new();
+    for (p, n) in paths {
+        let s = TokenShard::open_detect(p).unwrap();
+        assert_eq!(s.len(), *n, "{}", p.display());
+        out.extend((0..s.len()).map(|i| s.token(i)));
+    }
+    out
+}
+
+fn gpt2(field: &str, shard: usize, val: usize) -> DocsOptions {
+    DocsOptions {
+        field: field.into(),
+        tokenizer: Tokenizer::Gpt2,
+        shard_tokens: shard,
+        val_tokens: val,
+    }
+}
+
+#[test]
+fn parquet_and_jsonl_give_gpt2_s_tokens_of_each_document_then_end_of_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = documents(700);
+    // A directory of Parquet shards (read in name order) and one JSON Lines file.
+    let pq_dir = dir.path().join("parquet");
+    std::fs::create_dir_all(&pq_dir).unwrap();
+    write_parquet(&pq_dir.join("a.parquet"), &docs[..400], 64);
+    write_parquet(&pq_dir.join("b.parquet"), &docs[400..], 100);
+    write_jsonl(&dir.path().join("all.jsonl"), &docs);
+    let (shard, val) = (5000, 3000);
+    let pq = pack_docs(
+        &[pq_dir],
+        &dir.path().join("out/pq"),
+        &gpt2("text", shard, val),
+    )
+    .unwrap();
+    let js = pack_docs(
+        &[dir.path().join("all.jsonl")],
+        &dir.path().join("out/js"),
+        &gpt2("text", shard, val),
+    )
+    .unwrap();
+    assert_eq!((pq.documents, js.documents), (700, 700));
+    assert_eq!(
+        pq.text_bytes,
+        docs.iter().map(|d| d.len() as u64).sum::<u64>()
+    );
+    let bpe = tiktoken_rs::r50k_base().unwrap();
+    let want: Vec<Vec<u16>> = docs
+        .iter()
+        .map(|d| {
+            let mut t: Vec<u16> = bpe
+                .encode_ordinary(d)
+                .into_iter()
+                .map(|x| x as u16)
+                .collect();
+            t.push(50_256);
+            t
+        })
+        .collect();
+    let flat: Vec<u16> = want.concat();
+    for s in [&pq, &js] {
+        let (v, t) = (shard_tokens(&s.shards.val), shard_tokens(&s.shards.train));
+        assert_eq!([v.clone(), t.clone()].concat(), flat);
+        // The validation split is whole documents, the fewest that reach val_tokens.
+        let mut at = 0;
+        let whole = want
+            .iter()
+            .position(|d| {
+                at += d.len();
+                at >= val
+            })
+            .unwrap();
+        assert_eq!(v.len(), at, "whole documents up to {whole}");
+        assert_eq!(v.last(), Some(&50_256));
+        let sizes: Vec<usize> = s.shards.train.iter().map(|(_, n)| *n).collect();
+        assert!(
+            sizes[..sizes.len() - 1].iter().all(|&n| n == shard),
+            "{sizes:?}"
+        );
+        assert!(*sizes.last().unwrap() <= shard);
+        assert_eq!(s.vocab_size, 50_257);
+        assert_eq!(
+            Vocab::load(&s.vocab_path).unwrap().end_of_text(),
+            Some(50_256)
+        );
+    }
+    // Names: PREFIX_val_000000.bin, then PREFIX_train_000001.bin, ...
+    assert!(pq.shards.val[0].0.ends_with("pq_val_000000.bin"));
+    assert!(pq.shards.train[0].0.ends_with("pq_train_000001.bin"));
+    // The training shards open as one dataset through a pattern.
+    let opts = OpenOptions {
+        context: 32,
+        ..OpenOptions::default()
+    };
+    let ds = open_dataset(dir.path().join("out/pq_train_*.bin"), &opts).unwrap();
+    let windows: usize = pq.shards.train.iter().map(|(_, n)| (n - 1) / 32).sum();
+    assert_eq!(ds.len(), windows);
+    let e = match open_dataset(dir.path().join("out/none_*.bin"), &opts) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a pattern that matches nothing opened"),
+    };
+    assert!(
+        e.contains("none_*.bin") && e.contains("no file matches"),
+        "{e}"
+    );
+}
+
+#[test]
+fn characters_make_their_vocabulary_with_the_end_of_text_token_last() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = documents(50);
+    write_jsonl(&dir.path().join("d.jsonl"), &docs);
+    let opts = DocsOptions {
+        field: "text".into(),
+        tokenizer: Tokenizer::Char,
+        shard_tokens: 1 << 20,
+        val_tokens: 0,
+    };
+    let s = pack_docs(&[dir.path().join("d.jsonl")], &dir.path().join("c"), &opts).unwrap();
+    assert!(s.shards.val.is_empty());
+    let vocab = Vocab::load(&s.vocab_path).unwrap();
+    let Vocab::Char { tokens } = &vocab else {
+        panic!("a character vocabulary")
+    };
+    assert_eq!(tokens.last().map(String::as_str), Some(END_OF_TEXT));
+    let eot = vocab.end_of_text().unwrap();
+    assert_eq!(eot as usize, tokens.len() - 1);
+    let ids: Vec<u32> = shard_tokens(&s.shards.train)
+        .into_iter()
+        .map(u32::from)
+        .collect();
+    let want: String = docs.iter().map(|d| format!("{d}{END_OF_TEXT}")).collect();
+    assert_eq!(vocab.decode(&ids), want);
+}
+
+#[test]
+fn bad_documents_fail_naming_the_file_the_place_and_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let docs = documents(40);
+    let opts = gpt2("text", 1000, 0);
+    let fails = |inputs: &[PathBuf], opts: &DocsOptions| {
+        pack_docs(inputs, &d.join("out/x"), opts)
+            .unwrap_err()
+            .to_string()
+    };
+    // Parquet: another column name, a column of numbers, nulls, a truncated file.
+    write_parquet(&d.join("ok.parquet"), &docs, 10);
+    let e = fails(&[d.join("ok.parquet")], &gpt2("content", 1000, 0));
+    assert!(
+        e.contains("ok.parquet") && e.contains("content") && e.contains("no such column"),
+        "{e}"
+    );
+    let e = fails(&[d.join("ok.parquet")], &gpt2("id", 1000, 0));
+    assert!(
+        e.contains("ok.parquet") && e.contains("id") && e.contains("expected strings"),
+        "{e}"
+    );
+    let nulls: ArrayRef = Arc::new(StringArray::from(vec![Some("a"), None, Some("c")]));
+    let batch = RecordBatch::try_from_iter([("text", nulls)]).unwrap();
+    let f = std::fs::File::create(d.join("nulls.parquet")).unwrap();
+    let mut w = ArrowWriter::try_new(f, batch.schema(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let e = fails(&[d.join("nulls.parquet")], &opts);
+    assert!(
+        e.contains("nulls.parquet") && e.contains("row group 0") && e.contains("row 1 is null"),
+        "{e}"
+    );
+    let bytes = std::fs::read(d.join("ok.parquet")).unwrap();
+    std::fs::write(d.join("cut.parquet"), &bytes[..bytes.len() / 2]).unwrap();
+    let e = fails(&[d.join("cut.parquet")], &opts);
+    assert!(
+        e.contains("cut.parquet") && e.contains("footer") && e.contains("truncated"),
+        "{e}"
+    );
+    // JSON Lines: a number where the text is, no text, bytes that are not UTF-8, a line cut.
+    let jl = |name: &str, body: &[u8]| {
+        std::fs::write(d.join(name), body).unwrap();
+        fails(&[d.join(name)], &opts)
+    };
+    let e = jl("num.jsonl", b"{\"text\": \"a\"}\n{\"text\": 7}\n");
+    assert!(
+        e.contains("num.jsonl") && e.contains("line 2, field text") && e.contains("a number"),
+        "{e}"
+    );
+    let e = jl("missing.jsonl", b"{\"text\": \"a\"}\n{\"body\": \"b\"}\n");
+    assert!(
+        e.contains("missing.jsonl") && e.contains("line 2, field text") && e.contains("missing"),
+        "{e}"
+    );
+    let e = jl(
+        "latin1.jsonl",
+        b"{\"text\": \"ok\"}\n{\"text\": \"caf\xe9\"}\n",
+    );
+    assert!(
+        e.contains("latin1.jsonl") && e.contains("line 2") && e.contains("not UTF-8"),
+        "{e}"
+    );
+    let e = jl("cut.jsonl", b"{\"text\": \"a\"}\n{\"text\": \"b");
+    assert!(
+        e.contains("cut.jsonl") && e.contains("line 2") && e.contains("truncated"),
+        "{e}"
+    );
+    // Inputs: a file of another kind, an empty directory.
+    std::fs::write(d.join("notes.txt"), "x").unwrap();
+    let e = fails(&[d.join("notes.txt")], &opts);
+    assert!(
+        e.contains("notes.txt") && e.contains(".parquet or .jsonl"),
+        "{e}"
+    );
+    std::fs::create_dir_all(d.join("empty")).unwrap();
+    let e = fails(&[d.join("empty")], &opts);
+    assert!(
+        e.contains("empty") && e.contains("no .parquet or .jsonl"),
+        "{e}"
+    );
+}
