@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 STOKER := target/release/stoker
 
-.PHONY: demo test test-hf soak fuzz miri deps data photos build release bench-loader bench-jpeg bench-precision bench-step bench-comm bench-ddp bench-cluster bench-allocator bench-profile check-cuda gpu-build fmt clippy
+.PHONY: demo test test-hf soak fuzz miri deps data photos build release bench-loader bench-jpeg bench-precision bench-step bench-comm bench-ddp bench-cluster bench-allocator bench-profile bench-prepare check-cuda gpu-build fmt clippy
 
 # System packages, Python packages for fixtures/references, a Rust toolchain check.
 deps:
@@ -53,6 +53,10 @@ check-cuda: deps
 # compressed); then, on the GPU machine, scripts/gpu/device-check.sh (docs/zero.md, Offload).
 gpu-build: deps data
 	bash scripts/gpu/build.sh
+
+# Data preparation from Parquet: stoker pack docs vs nanoGPT's and llm.c's Python recipes.
+bench-prepare: data
+	bash scripts/bench/prepare.sh
 
 bench-loader: data
 	bash scripts/bench/loader.sh
