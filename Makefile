@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 STOKER := target/release/stoker
 
-.PHONY: demo test test-hf soak fuzz miri deps data photos build release bench-loader bench-jpeg bench-precision bench-step bench-comm bench-ddp bench-cluster bench-allocator bench-profile bench-prepare check-cuda gpu-build fmt clippy
+.PHONY: demo test test-hf test-slurm soak fuzz miri deps data photos build release bench-loader bench-jpeg bench-precision bench-step bench-comm bench-ddp bench-cluster bench-allocator bench-profile bench-prepare check-cuda gpu-build fmt clippy
 
 # System packages, Python packages for fixtures/references, a Rust toolchain check.
 deps:
@@ -32,6 +32,11 @@ test: deps
 # 5 GB, into ~/.cache/stoker; `make test` runs the same test and says SKIPPED without them).
 test-hf: deps
 	STOKER_HF_PYTHONPATH="$$(bash scripts/install-hf.sh)" $(CARGO) test -p stoker-train --test hf -- --nocapture
+
+# Only the Slurm tests (make test runs them too): srun, sbatch preemption and requeue, a
+# dying rank, each in a Slurm box that scripts/slurm.sh starts and stops (docs/distributed.md).
+test-slurm: deps
+	$(CARGO) test -p stoker-cli --test slurm -- --nocapture
 
 # Property-based fuzzing of every reader and parser, long run (make test runs 256 cases each).
 fuzz: deps

@@ -1,0 +1,262 @@
+//! stoker under a real Slurm, in a box (`scripts/slurm.sh`: munged, slurmctld and slurmd
+//! on this machine, stopped after each test): `srun -n 2` trains to the bits of
+//! `mpirun -n 2`; the documented sbatch script (`scripts/slurm/train.sbatch`), preempted
+//! by `scancel --signal=TERM` or by the time limit's warning to its shell, checkpoints,
+//! exits 75, is requeued and resumes to the bits of a run never stopped; a rank that dies
+//! under `srun` ends the job with stoker's message naming it.
+//!
+//! Each test runs itself again inside a box; where Slurm cannot start here (not
+//! installed, daemons not up within a minute) it says so loudly and skips.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+use common::{config, field, text, train, write_data, Model, STOKER};
+
+const IN_BOX: &str = "STOKER_IN_SLURM_BOX";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Whether this process is the one inside the box. Outside, runs `test` again inside a
+/// fresh box and checks that it passed there (or reports the skip when no box starts).
+fn inside_slurm_box(test: &str) -> bool {
+    if std::env::var_os(IN_BOX).is_some() {
+        return true;
+    }
+    let o = Command::new("timeout")
+        .args(["-k", "5", "600", "bash"])
+        .arg(repo().join("scripts/slurm.sh"))
+        .args(["--timeout", "400", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(IN_BOX, "1")
+        .output()
+        .unwrap();
+    if o.status.code() == Some(77) {
+        let why = String::from_utf8_lossy(&o.stderr);
+        stoker_testkit::skip(
+            test,
+            why.lines()
+                .find(|l| l.starts_with("SKIPPED"))
+                .unwrap_or(&why),
+        );
+        return false;
+    }
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("1 passed"),
+        "inside the Slurm box: {}",
+        text(&o)
+    );
+    false
+}
+
+/// Waits (up to `secs`) until `ready()` holds.
+fn wait_for(what: &str, secs: u64, ready: impl Fn() -> bool) {
+    let t0 = Instant::now();
+    while !ready() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(secs),
+            "waited {secs} s for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn slurm(cmd: &str, args: &[&str]) -> Output {
+    let o = Command::new(cmd).args(args).output().unwrap();
+    assert!(o.status.success(), "{cmd} {args:?}: {}", text(&o));
+    o
+}
+
+/// `srun -n 2` starts two ranks that MPICH wires up through Slurm's PMI (rank and world
+/// size from Slurm), and they train to the bits of `mpirun -n 2` in deterministic mode.
+#[test]
+fn srun_n_2_trains_to_the_bits_of_mpirun_n_2() {
+    if !inside_slurm_box("srun_n_2_trains_to_the_bits_of_mpirun_n_2") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_data(dir);
+    let det = "deterministic = true\nstrategy = \"zero2\"";
+    let c = config(dir, "srun", Model::Gpt, "fp32", "direct", 8, det);
+    let o = Command::new("timeout")
+        .args(["-k", "5", "180", "srun", "-n", "2", STOKER, "train"])
+        .arg(&c)
+        .arg("--no-progress")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    for rank in 0..2 {
+        assert!(
+            err.contains(&format!("rank {rank} of 2: pid")) && err.contains("(srun (PMI))"),
+            "{}",
+            text(&o)
+        );
+    }
+    let by_srun = field(&o, "weights crc32:");
+    let c = config(dir, "mpirun", Model::Gpt, "fp32", "direct", 8, det);
+    let o = train(2, &c, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(by_srun, field(&o, "weights crc32:"));
+}
+
+/// A run long enough (hundreds of steps of a few ms) that a signal lands in its middle.
+fn long_config(dir: &Path, name: &str) -> PathBuf {
+    let extra = "deterministic = true\ntimeout_s = 60";
+    let c = config(dir, name, Model::Gpt, "fp32", "direct", 100_000, extra);
+    let t = std::fs::read_to_string(&c)
+        .unwrap()
+        .replace("d_model = 16", "d_model = 32")
+        .replace("global_batch = 8", "global_batch = 32")
+        .replace("log_every = 1", "log_every = 20")
+        .replace("checkpoint_every = 2", "checkpoint_every = 100000");
+    std::fs::write(&c, t).unwrap();
+    c
+}
+
+/// Submits the sbatch script for `--stop-after 600`, waits for its first logged step,
+/// preempts it with `scancel ARGS`, and waits for the requeued job to end. Returns the
+/// job's output (both lives, appended) and the step the first one stopped after.
+fn preempted_job(dir: &Path, name: &str, scancel: &[&str]) -> (String, u64) {
+    let c = long_config(dir, name);
+    let out = dir.join(format!("{name}.out"));
+    let o = Command::new("sbatch")
+        .arg("--parsable")
+        .arg(format!("--output={}", out.display()))
+        .arg(format!("--chdir={}", dir.display()))
+        .arg(repo().join("scripts/slurm/train.sbatch"))
+        .arg(&c)
+        .args(["--stop-after", "600"])
+        .env("STOKER", STOKER)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let job = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let metrics = dir.join(name).join("metrics.jsonl");
+    wait_for("the job's first logged step", 120, || {
+        std::fs::read_to_string(&metrics).is_ok_and(|s| !s.is_empty())
+    });
+    let mut args = scancel.to_vec();
+    args.push(&job);
+    slurm("scancel", &args);
+    let requeued = || {
+        let o = slurm("scontrol", &["show", "job", &job]);
+        String::from_utf8_lossy(&o.stdout).contains("Restarts=1")
+    };
+    wait_for("the requeue", 60, requeued);
+    wait_for("the requeued job to end", 240, || {
+        let o = slurm("squeue", &["-h", "-j", &job, "-o", "%T"]);
+        o.stdout.is_empty()
+    });
+    let log = std::fs::read_to_string(&out).unwrap();
+    let step: u64 = log
+        .lines()
+        .find_map(|l| l.strip_prefix("stopped by a signal after step "))
+        .and_then(|l| l.split(':').next())
+        .unwrap_or_else(|| panic!("no preemption line: {log}"))
+        .parse()
+        .unwrap();
+    assert!(step < 600, "the signal came after the run's end: {log}");
+    assert!(
+        log.contains("tasks 0-1: Exited with exit code 75")
+            && log.contains(&format!("stoker: preempted; requeueing job {job}")),
+        "{log}"
+    );
+    (log, step)
+}
+
+/// The documented sbatch script: `scancel --signal=TERM` (a preemption, to the ranks) and
+/// `scancel --batch --signal=TERM` (what `--signal=B:TERM@60` sends before the time limit,
+/// to the script's shell, which passes it on) each make every rank checkpoint one step
+/// and exit 75; the script requeues the job, which resumes with `--resume latest` and ends
+/// on the bits of a run never stopped.
+#[test]
+fn an_sbatch_job_preempted_by_scancel_requeues_and_resumes_bit_identically() {
+    let name = "an_sbatch_job_preempted_by_scancel_requeues_and_resumes_bit_identically";
+    if !inside_slurm_box(name) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_data(dir);
+    let whole = long_config(dir, "whole");
+    let o = train(2, &whole, &["--stop-after", "600"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let want = field(&o, "weights crc32:");
+    for (name, how) in [
+        ("ranks", vec!["--signal=TERM"]),
+        ("shell", vec!["--batch", "--signal=TERM"]),
+    ] {
+        let (log, step) = preempted_job(dir, name, &how);
+        let last = log
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("weights crc32:"))
+            .unwrap()
+            .trim();
+        assert_eq!(
+            last, want,
+            "scancel {how:?}, stopped after step {step}: {log}"
+        );
+        assert!(log.contains("steps: 600"), "{log}");
+    }
+}
+
+/// SIGKILL to rank 1 of `srun -n 2`: rank 0 names it and ends, and so does the job,
+/// long before the collective's timeout.
+#[test]
+fn a_rank_killed_under_srun_ends_the_job_naming_it() {
+    if !inside_slurm_box("a_rank_killed_under_srun_ends_the_job_naming_it") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_data(dir);
+    let c = long_config(dir, "die");
+    let log = dir.join("die.log");
+    let out = std::fs::File::create(&log).unwrap();
+    let mut child = Command::new("timeout")
+        .args(["-k", "5", "120", "srun", "-n", "2", STOKER, "train"])
+        .arg(&c)
+        .arg("--no-progress")
+        .stdout(Stdio::from(out.try_clone().unwrap()))
+        .stderr(Stdio::from(out))
+        .spawn()
+        .unwrap();
+    let metrics = dir.join("die/metrics.jsonl");
+    wait_for("both ranks' first step", 60, || {
+        std::fs::read_to_string(&log).is_ok_and(|s| s.contains("rank 1 of 2: pid"))
+            && std::fs::read_to_string(&metrics).is_ok_and(|s| !s.is_empty())
+    });
+    let s = std::fs::read_to_string(&log).unwrap();
+    let pid = s
+        .lines()
+        .find_map(|l| l.split("rank 1 of 2: pid ").nth(1))
+        .and_then(|l| l.split(' ').next())
+        .unwrap()
+        .to_string();
+    assert!(Command::new("kill")
+        .args(["-KILL", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let t0 = Instant::now();
+    let status = child.wait().unwrap();
+    let secs = t0.elapsed().as_secs_f64();
+    let out = std::fs::read_to_string(&log).unwrap();
+    assert!(!status.success(), "{out}");
+    assert!(
+        secs < 60.0,
+        "the job outlived the collective timeout: {secs} s: {out}"
+    );
+    assert!(
+        out.contains(&format!("rank 1 (pid {pid}, this host) died")),
+        "the lost rank (pid {pid}) is not named: {out}"
+    );
+}
