@@ -36,10 +36,15 @@ pub mod gelu;
 pub mod gpt;
 pub mod layer_norm;
 pub mod linear;
+pub mod llama;
 pub mod matmul;
 pub mod optim;
+pub mod param_spec;
 pub mod reference;
+pub mod rms_norm;
+pub mod rope;
 pub mod softmax;
+pub mod swiglu;
 
 pub use attention::{causal_attention, causal_attention_qkv};
 pub use cross_entropy::{cross_entropy_sum, valid_token_count};
@@ -48,11 +53,15 @@ pub use error::KernelError;
 pub use gelu::gelu;
 pub use gpt::{
     activation_floats, gemm_pack_bytes, gpt_params, group_calls, replay, GptBatch, GptDims,
-    GptOffsets, GptParam, GptStep, GroupCall, GroupReady, GroupView, Phase, SpecInit, StepParams,
-    Whole,
+    GptOffsets, GptStep, GroupCall, GroupReady, GroupView, Phase, SpecInit, StepParams, Whole,
 };
 pub use layer_norm::layer_norm;
 pub use linear::{linear, linear_with};
+pub use llama::{llama_params, LlamaDims};
 pub use matmul::{bf16_native, linear_bf16, matmul_bf16, Bf16Kernel, PackBuffers};
 pub use optim::{adamw_update, sgd_update, AdamWStep, SgdStep};
+pub use param_spec::ParamSpec;
+pub use rms_norm::rms_norm;
+pub use rope::rope;
 pub use softmax::softmax_last_dim;
+pub use swiglu::swiglu;

@@ -97,3 +97,36 @@ pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
         .reshape(dims)?
         .broadcast_add(b)
 }
+
+/// RMSNorm over the last dim with a gain, composed: `x / sqrt(mean(x^2) + eps) * w`.
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+    x.broadcast_div(&(ms + eps)?.sqrt()?)?.broadcast_mul(weight)
+}
+
+/// Rotary embeddings on `[B, T, H, D]`, composed as transformers writes them:
+/// `x cos + rotate_half(x) sin`, with `rotate_half(x) = [-x2, x1]`.
+pub fn rope(x: &Tensor, base: f64) -> Result<Tensor> {
+    let (_, t, _, d) = x.dims4()?;
+    let half = d / 2;
+    let mut ang = Vec::with_capacity(t * d);
+    for pos in 0..t {
+        for i in 0..d {
+            ang.push(pos as f64 * base.powf(-2.0 * (i % half) as f64 / d as f64));
+        }
+    }
+    let dev = x.device();
+    let cos: Vec<f32> = ang.iter().map(|a| a.cos() as f32).collect();
+    let sin: Vec<f32> = ang.iter().map(|a| a.sin() as f32).collect();
+    let cos = Tensor::from_vec(cos, (1, t, 1, d), dev)?.to_dtype(x.dtype())?;
+    let sin = Tensor::from_vec(sin, (1, t, 1, d), dev)?.to_dtype(x.dtype())?;
+    let x1 = x.narrow(3, 0, half)?;
+    let x2 = x.narrow(3, half, half)?;
+    let rotated = Tensor::cat(&[&x2.neg()?, &x1], 3)?;
+    x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?
+}
+
+/// `silu(gate) * up`, composed from candle's `silu`.
+pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    gate.silu()? * up
+}

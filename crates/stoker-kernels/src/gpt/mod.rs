@@ -31,9 +31,9 @@ pub mod spec;
 
 use groups::check_view;
 pub use groups::{group_calls, replay, GroupCall, GroupView, Phase, StepParams, Whole};
-pub use spec::{gpt_params, GptDims, GptOffsets, GptParam, SpecInit};
+pub use spec::{gpt_params, GptDims, GptOffsets, ParamSpec, SpecInit};
 
-/// Called during the backward with a parameter group (see [`spec::GptParam::group`]) as
+/// Called during the backward with a parameter group (see [`spec::ParamSpec::group`]) as
 /// soon as its gradients in the flat buffer are final for this micro-batch, and the
 /// buffer: the data-parallel strategy starts that bucket's all-reduce while the backward
 /// goes on. Groups arrive last first: the final norm, the blocks from the last to the

@@ -8,6 +8,7 @@
 //! ([`GptOffsets::from_table`]).
 
 use crate::error::KernelError;
+pub use crate::param_spec::{ParamSpec, SpecInit};
 
 /// The GPT's sizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,31 +23,6 @@ pub struct GptDims {
     pub n_layer: usize,
     /// Attention heads (divide `C`).
     pub n_head: usize,
-}
-
-/// How a parameter's initial values are drawn (GPT-2's scheme).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum SpecInit {
-    /// All zeros (biases).
-    Zeros,
-    /// All ones (LayerNorm gains).
-    Ones,
-    /// Normal with mean 0 and this standard deviation.
-    Normal(f32),
-}
-
-/// One row of the table.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GptParam {
-    /// Dotted name, as in checkpoints (`h.3.attn.qkv.weight`).
-    pub name: String,
-    /// Shape; weights are `[out, in]` as in PyTorch.
-    pub shape: Vec<usize>,
-    /// Execution-order group: 0 the embeddings, `1..=n_layer` the blocks, `n_layer + 1`
-    /// the final LayerNorm.
-    pub group: usize,
-    /// Initialization.
-    pub init: SpecInit,
 }
 
 /// GPT-2's initialization scale.
@@ -73,12 +49,12 @@ enum Part {
 /// Every parameter of a GPT of `dims`, in execution order. Residual projections are
 /// initialized with `0.02 / sqrt(2 n_layer)` (GPT-2), other weights and the embeddings
 /// with 0.02, gains with ones, biases with zeros.
-pub fn gpt_params(dims: &GptDims) -> Vec<GptParam> {
+pub fn gpt_params(dims: &GptDims) -> Vec<ParamSpec> {
     let c = dims.d_model;
     let resid = STD / (2.0 * dims.n_layer.max(1) as f32).sqrt();
     let mut out = Vec::with_capacity(4 + 12 * dims.n_layer);
     let mut push = |name: String, shape: Vec<usize>, group: usize, init: SpecInit| {
-        out.push(GptParam {
+        out.push(ParamSpec {
             name,
             shape,
             group,

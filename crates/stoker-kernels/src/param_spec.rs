@@ -1,0 +1,30 @@
+//! A row of a model's parameter table (the GPT's, the Llama's): name, shape, execution
+//! group and initialization. The tables themselves live with their models
+//! ([`crate::gpt::gpt_params`], [`crate::llama::llama_params`]); everything downstream
+//! (the candle models' variables, the flat layout, buckets, ZeRO's groups, checkpoints)
+//! reads them through this one type.
+
+/// How a parameter's initial values are drawn.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SpecInit {
+    /// All zeros (biases).
+    Zeros,
+    /// All ones (norm gains).
+    Ones,
+    /// Normal with mean 0 and this standard deviation.
+    Normal(f32),
+}
+
+/// One row of a parameter table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamSpec {
+    /// Dotted name, as in checkpoints (`h.3.attn.qkv.weight`).
+    pub name: String,
+    /// Shape; weights are `[out, in]` as in PyTorch.
+    pub shape: Vec<usize>,
+    /// Execution-order group: 0 the embeddings, `1..=n_layer` the blocks, `n_layer + 1`
+    /// the final norm (and an untied head).
+    pub group: usize,
+    /// Initialization.
+    pub init: SpecInit,
+}
