@@ -663,6 +663,10 @@ impl TrainConfig {
             g.validate()
                 .map_err(|(k, m)| config_err(format!("model.{k}"), m))?;
         }
+        if let ModelConfig::Llama(l) = &self.model {
+            l.validate()
+                .map_err(|(k, m)| config_err(format!("model.{k}"), m))?;
+        }
         if let ModelConfig::Cnn(c) = &self.model {
             if c.image_size % 4 != 0 || c.image_size == 0 {
                 return Err(config_err(

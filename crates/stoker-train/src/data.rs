@@ -327,13 +327,13 @@ pub fn load_vocab(config: &TrainConfig) -> Result<Option<Vocab>> {
         return Ok(None);
     };
     let vocab = Vocab::load(path)?;
-    if let ModelConfig::Gpt(g) = &config.model {
-        if vocab.size() > g.vocab {
+    if let Some(model_vocab) = config.model.vocab() {
+        if vocab.size() > model_vocab {
             return Err(crate::error::config_err(
                 "model.vocab",
                 format!(
                     "{} < {} tokens in {} (data.vocab)",
-                    g.vocab,
+                    model_vocab,
                     vocab.size(),
                     path.display()
                 ),

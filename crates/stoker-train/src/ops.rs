@@ -99,6 +99,38 @@ pub fn layer_norm(fx: &Fx, x: &Tensor, gain: &Tensor, bias: &Tensor, eps: f64) -
     Ok(y.to_dtype(fx.compute)?)
 }
 
+/// RMSNorm over the last dimension (Llama's norm), in the high dtype, returned in the
+/// activation dtype.
+pub fn rms_norm(fx: &Fx, x: &Tensor, gain: &Tensor, eps: f64) -> Result<Tensor> {
+    let x = x.to_dtype(fx.high)?;
+    let g = gain.to_dtype(fx.high)?;
+    if fx.fused_for(&x) {
+        return Ok(stoker_kernels::rms_norm(&x, &g, eps)?.to_dtype(fx.activation())?);
+    }
+    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+    let y = x.broadcast_div(&(ms + eps)?.sqrt()?)?.broadcast_mul(&g)?;
+    Ok(y.to_dtype(fx.activation())?)
+}
+
+/// Rotary position embeddings of `base` on `x` `(B, T, H, D)` (positions from 0 along
+/// `T`; transformers' rotate-half layout), in the dtype of `x`.
+pub fn rope(fx: &Fx, x: &Tensor, base: f64) -> Result<Tensor> {
+    Ok(if fx.fused_for(x) {
+        stoker_kernels::rope(x, base)?
+    } else {
+        stoker_kernels::reference::rope(x, base)?
+    })
+}
+
+/// SwiGLU's gate `silu(gate) * up`, in the dtype of the inputs.
+pub fn swiglu(fx: &Fx, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    Ok(if fx.fused_for(gate) {
+        stoker_kernels::swiglu(gate, up)?
+    } else {
+        (gate.silu()? * up)?
+    })
+}
+
 /// GELU, tanh approximation (GPT-2's), in the dtype of `x`.
 pub fn gelu(fx: &Fx, x: &Tensor) -> Result<Tensor> {
     Ok(if fx.fused_for(x) {
@@ -150,6 +182,25 @@ pub fn causal_attention_qkv(fx: &Fx, qkv: &Tensor, heads: usize) -> Result<Tenso
     };
     let y = causal_attention(fx, &split(0)?, &split(1)?, &split(2)?)?;
     Ok(y.transpose(1, 2)?.reshape((b, t, c))?)
+}
+
+/// Causal grouped-query attention: `q` `(B, H, T, D)` against `k`, `v` `(B, KV, T, D)`,
+/// each key/value head serving `H / KV` consecutive query heads (repeated, as
+/// transformers' `repeat_kv` does; its backward sums the copies).
+pub fn causal_attention_gqa(fx: &Fx, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    let (b, h, t, d) = q.dims4()?;
+    let kv = k.dim(1)?;
+    let repeat = |x: &Tensor| -> Result<Tensor> {
+        Ok(match h / kv {
+            1 => x.contiguous()?,
+            n => x
+                .unsqueeze(2)?
+                .broadcast_as((b, kv, n, t, d))?
+                .contiguous()?
+                .reshape((b, h, t, d))?,
+        })
+    };
+    causal_attention(fx, &q.contiguous()?, &repeat(k)?, &repeat(v)?)
 }
 
 /// Adds a causal mask to attention scores `(.., T, T)` (future positions get -inf).

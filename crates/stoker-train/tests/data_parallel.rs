@@ -86,10 +86,11 @@ fn check_strategy(
 }
 
 /// The models and kernel paths every precision is checked on: the GPT's direct step and
-/// its candle graph, the CNN and the MLP (AdamW and SGD alternate).
-const CASES: [(&str, &str, &str); 4] = [
+/// its candle graph, the Llama's graph, the CNN and the MLP (AdamW and SGD alternate).
+const CASES: [(&str, &str, &str); 5] = [
     (GPT, "direct", ADAMW),
     (GPT, "fused", SGD),
+    (LLAMA, "fused", ADAMW),
     (CNN, "fused", ADAMW),
     (MLP, "fused", SGD),
 ];
@@ -267,6 +268,7 @@ fn what_zero3_cannot_serve_is_refused_naming_the_key_and_every_model_is_served()
     for (model, kernels) in [
         (GPT, "direct"),
         (GPT, "fused"),
+        (LLAMA, "fused"),
         (CNN, "fused"),
         (MLP, "fused"),
     ] {
@@ -463,9 +465,10 @@ fn held_and_sent(
 }
 
 /// ZeRO-3's paths: the GPT's direct step and every model on candle's graph.
-const ZERO3_PATHS: [(&str, &str); 4] = [
+const ZERO3_PATHS: [(&str, &str); 5] = [
     (GPT, "direct"),
     (GPT, "fused"),
+    (LLAMA, "fused"),
     (CNN, "fused"),
     (MLP, "fused"),
 ];

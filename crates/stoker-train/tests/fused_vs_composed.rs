@@ -1,5 +1,5 @@
 //! The models' gradients with stoker-kernels' fused ops equal those with the composed
-//! candle ops: every parameter of a GPT (with masked targets), CNN and MLP, f32 to 1e-5
+//! candle ops: every parameter of a GPT and a Llama (with masked targets), CNN and MLP, f32 to 1e-5
 //! relative (per tensor: max |fused - composed| / max |composed|), bf16 to bf16 rounding.
 
 mod common;
@@ -8,7 +8,7 @@ use candle_core::{DType, Device, Tensor};
 use common::*;
 use stoker_train::accumulate::{accumulate, AccumulateOptions, MicroBatch};
 use stoker_train::layout::FlatLayout;
-use stoker_train::models::{Gpt, GptConfig, Model};
+use stoker_train::models::{Gpt, GptConfig, Llama, LlamaConfig, Model};
 use stoker_train::precision::{Fx, Kernels, Precision};
 
 fn grads(
@@ -104,6 +104,38 @@ fn gpt_fused_equals_composed_bf16() {
     );
     // And the fused ops on bf16 variables (f32 activations, bf16 weights).
     compare(&gpt(Precision::Bf16), Precision::Bf16, &mb, 1.0 / 32.0);
+}
+
+/// A Llama with grouped-query attention (3 query heads per key/value head), heads of
+/// width 4, T not a multiple of a vector, masked targets.
+fn llama(dtype: DType) -> Llama {
+    let c = LlamaConfig {
+        vocab: 37,
+        context: 19,
+        d_model: 24,
+        n_layer: 2,
+        n_head: 6,
+        n_kv_head: Some(2),
+        ffn_hidden: Some(40),
+        rope_theta: 10_000.0,
+        norm_eps: 1e-5,
+        init_from: None,
+    };
+    Llama::new(c, &Device::Cpu, dtype, 17).unwrap()
+}
+
+#[test]
+fn llama_fused_equals_composed_f32_and_bf16() {
+    let mb = token_batch(3, 4, 19, 37, &[0, 2, 19, 5]);
+    compare(&llama(DType::F32), Precision::Fp32, &mb, 1e-5);
+    let fused = llama(Kernels::Fused.param_dtype(Precision::Bf16));
+    compare_models(
+        &fused,
+        &llama(Precision::Bf16.compute_dtype()),
+        Precision::Bf16,
+        &mb,
+        1.0 / 32.0,
+    );
 }
 
 #[test]

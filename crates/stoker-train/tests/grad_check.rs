@@ -1,4 +1,4 @@
-//! Per-parameter gradients of the GPT, CNN and MLP against central finite differences in
+//! Per-parameter gradients of the GPT, Llama, CNN and MLP against central finite differences in
 //! f64 on tiny sizes, and the check that catches a detached (fused) op.
 
 mod common;
@@ -82,6 +82,28 @@ fn finite_difference_check(model: &dyn Model, mb: MicroBatch, per_param: usize) 
 #[test]
 fn gpt_gradients_match_finite_differences_f64() {
     let model = tiny_gpt(Precision::Fp64);
+    let mut mb = token_batch(3, 2, 6, 11, &[0, 2]);
+    mb.input = mb.input.to_dtype(DType::I64).unwrap();
+    finite_difference_check(&model, mb, 8);
+}
+
+/// The Llama's composed graph (f64: RMSNorm, rotary embeddings, grouped-query attention
+/// with its repeated key/value heads, SwiGLU, untied head).
+#[test]
+fn llama_gradients_match_finite_differences_f64() {
+    let c = stoker_train::models::LlamaConfig {
+        vocab: 11,
+        context: 6,
+        d_model: 8,
+        n_layer: 2,
+        n_head: 2,
+        n_kv_head: Some(1),
+        ffn_hidden: Some(12),
+        rope_theta: 100.0,
+        norm_eps: 1e-5,
+        init_from: None,
+    };
+    let model = stoker_train::models::Llama::new(c, &Device::Cpu, DType::F64, 5).unwrap();
     let mut mb = token_batch(3, 2, 6, 11, &[0, 2]);
     mb.input = mb.input.to_dtype(DType::I64).unwrap();
     finite_difference_check(&model, mb, 8);

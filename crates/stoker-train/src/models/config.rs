@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{CnnConfig, GptConfig, MlpConfig};
+use super::{CnnConfig, GptConfig, LlamaConfig, MlpConfig};
 
 /// `[model]`, tagged by `kind`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -11,6 +11,8 @@ use super::{CnnConfig, GptConfig, MlpConfig};
 pub enum ModelConfig {
     /// GPT (token model).
     Gpt(GptConfig),
+    /// Llama (token model).
+    Llama(LlamaConfig),
     /// CNN (image classifier).
     Cnn(CnnConfig),
     /// MLP (classifier).
@@ -18,10 +20,21 @@ pub enum ModelConfig {
 }
 
 impl ModelConfig {
-    /// The token window a token model reads (the GPT's context); None for classifiers.
+    /// The token window a token model reads (the GPT's or Llama's context); None for
+    /// classifiers.
     pub fn context(&self) -> Option<usize> {
         match self {
             ModelConfig::Gpt(g) => Some(g.context),
+            ModelConfig::Llama(l) => Some(l.context),
+            ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => None,
+        }
+    }
+
+    /// The vocabulary a token model predicts over; None for classifiers.
+    pub fn vocab(&self) -> Option<usize> {
+        match self {
+            ModelConfig::Gpt(g) => Some(g.vocab),
+            ModelConfig::Llama(l) => Some(l.vocab),
             ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => None,
         }
     }

@@ -9,7 +9,7 @@ use crate::models::ModelConfig;
 use crate::params::ParamBuilder;
 use crate::precision::{Kernels, Precision};
 
-use super::{Cnn, Gpt, Mlp, Model};
+use super::{Cnn, Gpt, Llama, Mlp, Model};
 
 /// Builds the configured model with its variables in `kernels.param_dtype(precision)`,
 /// in host memory.
@@ -36,6 +36,7 @@ pub fn build_model_on(
         ModelConfig::Gpt(c) => Box::new(Gpt::new(c.clone(), dev, dt, seed)?),
         ModelConfig::Cnn(c) => Box::new(Cnn::new(*c, dev, dt, seed)?),
         ModelConfig::Mlp(c) => Box::new(Mlp::new(c.clone(), dev, dt, seed)?),
+        ModelConfig::Llama(c) => Box::new(Llama::new(c.clone(), dev, dt, seed)?),
     })
 }
 
@@ -60,6 +61,7 @@ pub(crate) fn model_with_builder(model: &ModelConfig, b: ParamBuilder) -> Result
         ModelConfig::Gpt(c) => Box::new(Gpt::with_builder(c.clone(), b)?),
         ModelConfig::Cnn(c) => Box::new(Cnn::with_builder(*c, b)?),
         ModelConfig::Mlp(c) => Box::new(Mlp::with_builder(c.clone(), b)?),
+        ModelConfig::Llama(c) => Box::new(Llama::with_builder(c.clone(), b)?),
     })
 }
 

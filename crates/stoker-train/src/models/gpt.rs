@@ -332,14 +332,15 @@ impl Model for Gpt {
     }
 
     fn check_input(&self, shape: &[usize], dtype: &str) -> std::result::Result<(), String> {
-        check_tokens(&self.config, shape, dtype)
+        check_tokens(self.config.context, shape, dtype)
     }
 }
 
-/// Whether a dataset field of per-sample `shape` and `dtype` holds token windows for a GPT
-/// of `config` (the check of [`Model::check_input`], also for a sharded GPT's shell).
+/// Whether a dataset field of per-sample `shape` and `dtype` holds token windows for a
+/// token model of `context` positions (the check of [`Model::check_input`] for the GPT
+/// and the Llama).
 pub fn check_tokens(
-    config: &GptConfig,
+    context: usize,
     shape: &[usize],
     dtype: &str,
 ) -> std::result::Result<(), String> {
@@ -349,11 +350,8 @@ pub fn check_tokens(
         ));
     }
     match shape {
-        [t] if *t >= 1 && *t <= config.context => Ok(()),
-        [t] => Err(format!(
-            "windows of {t} tokens, model.context is {}",
-            config.context
-        )),
+        [t] if *t >= 1 && *t <= context => Ok(()),
+        [t] => Err(format!("windows of {t} tokens, model.context is {context}")),
         s => Err(format!("per-sample shape {s:?}, expected [context]")),
     }
 }

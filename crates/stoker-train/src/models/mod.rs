@@ -8,6 +8,7 @@ pub mod cnn;
 pub mod config;
 pub mod factory;
 pub mod gpt;
+pub mod llama;
 pub mod mlp;
 
 use candle_core::Tensor;
@@ -22,6 +23,7 @@ pub use cnn::{Cnn, CnnConfig};
 pub use config::ModelConfig;
 pub use factory::{build_meta_model_on, build_model, build_model_on};
 pub use gpt::{Gpt, GptConfig};
+pub use llama::{Llama, LlamaConfig};
 pub use mlp::{Mlp, MlpConfig};
 
 /// Whether the loss is per target token (language models) or per sample (classifiers).

@@ -65,6 +65,8 @@ first_bucket_mb = 0.0005
 
 pub const GPT: &str =
     "kind = \"gpt\"\nvocab = 11\ncontext = 6\nd_model = 8\nn_layer = 2\nn_head = 2";
+/// A Llama with grouped-query attention (2 query heads per key/value head).
+pub const LLAMA: &str = "kind = \"llama\"\nvocab = 11\ncontext = 6\nd_model = 8\nn_layer = 2\nn_head = 2\nn_kv_head = 1\nffn_hidden = 12";
 pub const CNN: &str = "kind = \"cnn\"\nin_channels = 1\nimage_size = 8\nchannels1 = 2\nchannels2 = 3\nhidden = 5\nclasses = 4";
 pub const MLP: &str = "kind = \"mlp\"\ninput_shape = [6]\nhidden = [7]\nclasses = 3";
 pub const ADAMW: &str = "kind = \"adamw\"\nlr = 1e-3\nweight_decay = 0.1";
@@ -73,7 +75,7 @@ pub const SGD: &str = "kind = \"sgd\"\nlr = 0.05\nmomentum = 0.9\nweight_decay =
 /// Global micro-batch `j` of step `s`: two samples, different masking per micro-batch.
 pub fn micro_batch(model: &str, s: usize, j: usize) -> MicroBatch {
     let seed = (s * 1000 + j * 7) as u64;
-    if model == GPT {
+    if model == GPT || model == LLAMA {
         let masked = [j % 3, (j * 2 + s) % 4];
         token_batch(seed, 2, 6, 11, &masked)
     } else if model == CNN {
