@@ -28,10 +28,12 @@ demo: data
 test: deps
 	bash scripts/test.sh
 
-# Hugging Face interop against transformers itself (installs torch + transformers, about
-# 5 GB, into ~/.cache/stoker; `make test` runs the same test and says SKIPPED without them).
+# Hugging Face interop against transformers itself, the last 4.x and the current 5.x
+# (installs torch once and each transformers beside it, about 5 GB, into ~/.cache/stoker;
+# `make test` runs the same tests against whatever is cached and says SKIPPED without).
 test-hf: deps
-	STOKER_HF_PYTHONPATH="$$(bash scripts/install-hf.sh)" $(CARGO) test -p stoker-train --test hf -- --nocapture
+	for v in 4.57.1 5.25.0; do bash scripts/install-hf.sh $$v >/dev/null; done
+	$(CARGO) test -p stoker-train --test hf --test hf_llama -- --nocapture
 
 # Only the Slurm tests (make test runs them too): srun, sbatch preemption and requeue, a
 # dying rank, each in a Slurm box that scripts/slurm.sh starts and stops (docs/distributed.md).

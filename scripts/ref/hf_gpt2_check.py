@@ -8,7 +8,12 @@ tolerance. Then writes the model back with save_pretrained into SAVE_DIR (transf
 own safetensors writer), for stoker to import: the round trip.
 """
 import argparse
+import os
 import sys
+
+# transformers 5 loads Hugging Face hub kernels by default (a download and the `kernels`
+# package); the check is of the model as written, offline.
+os.environ.setdefault("USE_HUB_KERNELS", "0")
 
 import numpy as np
 import torch
@@ -24,7 +29,7 @@ def main():
     ap.add_argument("--tol", type=float, default=1e-4)
     a = ap.parse_args()
     torch.manual_seed(0)
-    m = GPT2LMHeadModel.from_pretrained(a.model_dir, torch_dtype=torch.float32)
+    m = GPT2LMHeadModel.from_pretrained(a.model_dir, dtype=torch.float32)
     m.eval()
     assert m.lm_head.weight.data_ptr() == m.transformer.wte.weight.data_ptr(), "head not tied"
     tokens = torch.from_numpy(np.load(a.tokens).astype(np.int64))

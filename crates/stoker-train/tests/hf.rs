@@ -1,12 +1,13 @@
 //! Hugging Face GPT-2 interop: `hf::export` writes GPT-2's tensor names, shapes and
 //! config, `hf::import` reads them back bit for bit; and, where transformers is
-//! installed (`make test-hf`, or a cache from an earlier run), transformers' own
+//! installed (`make test-hf`, or a cache from an earlier run; each of its 4.x and 5.x
+//! versions), transformers' own
 //! GPT2LMHeadModel loads the export and gives stoker's logits within 1e-4, and its
 //! save_pretrained output imports back to the same bits.
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use common::*;
@@ -62,7 +63,7 @@ fn export_writes_gpt2_names_shapes_and_config_and_imports_back_bit_for_bit() {
     let tmp = tempfile::tempdir().unwrap();
     let c = config();
     let t = trained();
-    let out = hf::export(
+    let out = hf::gpt2::export(
         gpt(&c),
         t.layout(),
         t.master(),
@@ -116,7 +117,7 @@ fn export_writes_gpt2_names_shapes_and_config_and_imports_back_bit_for_bit() {
         cfg["bos_token_id"].is_null() && cfg["eos_token_id"].is_null(),
         "{cfg}"
     );
-    let bpe = hf::export(
+    let bpe = hf::gpt2::export(
         gpt(&c),
         t.layout(),
         t.master(),
@@ -130,13 +131,13 @@ fn export_writes_gpt2_names_shapes_and_config_and_imports_back_bit_for_bit() {
         (&cfg["bos_token_id"], &cfg["eos_token_id"]),
         (&50_256.into(), &50_256.into())
     );
-    let back = hf::import(gpt(&c), t.layout(), &out).unwrap();
+    let back = hf::gpt2::import(gpt(&c), t.layout(), &out).unwrap();
     stoker_testkit::assert_bits_eq(&back, t.master(), "export then import");
 
     // A directory for another size is refused naming config.json and the key.
     let mut other = gpt(&c).clone();
     other.n_head = 2;
-    let e = hf::import(&other, t.layout(), &out)
+    let e = hf::gpt2::import(&other, t.layout(), &out)
         .unwrap_err()
         .to_string();
     assert!(e.contains("config.json") && e.contains("`n_head`"), "{e}");
@@ -150,42 +151,28 @@ fn export_writes_gpt2_names_shapes_and_config_and_imports_back_bit_for_bit() {
     stoker_testkit::assert_bits_eq(fine.master(), t.master(), "init_from");
 }
 
-/// The Python that has torch and transformers: `STOKER_HF_PYTHONPATH`, or the cache
-/// scripts/install-hf.sh fills.
-fn hf_python() -> Option<PathBuf> {
-    let dir = match std::env::var_os("STOKER_HF_PYTHONPATH") {
-        Some(d) => PathBuf::from(d),
-        None => {
-            let cache = std::env::var_os("STOKER_CACHE_DIR")
-                .map(PathBuf::from)
-                .or_else(|| {
-                    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/stoker"))
-                })?;
-            cache.join("hf-torch-2.15.0-transformers-4.57.1")
-        }
-    };
-    let ok = Command::new("python3")
-        .args(["-c", "import torch, transformers"])
-        .env("PYTHONPATH", &dir)
-        .output()
-        .is_ok_and(|o| o.status.success());
-    ok.then_some(dir)
-}
-
 #[test]
 fn transformers_loads_the_export_with_stokers_logits_and_its_save_imports_back() {
     let test = "transformers_loads_the_export_with_stokers_logits_and_its_save_imports_back";
-    let Some(pythonpath) = hf_python() else {
+    let pythons = common::hf_python::hf_pythons();
+    if pythons.is_empty() {
         stoker_testkit::skip(
             test,
             "torch + transformers not installed (run `make test-hf` or scripts/install-hf.sh; ~4 GB with torch's CUDA libraries)",
         );
         return;
-    };
+    }
+    for pythonpath in pythons {
+        check_gpt2_with(&pythonpath);
+    }
+}
+
+/// The GPT's export, loaded by the transformers under `pythonpath`.
+fn check_gpt2_with(pythonpath: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let c = config();
     let t = trained();
-    let out = hf::export(
+    let out = hf::gpt2::export(
         gpt(&c),
         t.layout(),
         t.master(),
@@ -208,7 +195,7 @@ fn transformers_loads_the_export_with_stokers_logits_and_its_save_imports_back()
         .args(["300", "python3"])
         .arg(script)
         .args([&out, &tp, &lp, &saved])
-        .env("PYTHONPATH", &pythonpath)
+        .env("PYTHONPATH", pythonpath)
         .output()
         .unwrap();
     let text = format!(
@@ -218,6 +205,6 @@ fn transformers_loads_the_export_with_stokers_logits_and_its_save_imports_back()
     );
     eprintln!("{text}");
     assert!(o.status.success(), "transformers check failed: {text}");
-    let back = hf::import(gpt(&c), t.layout(), &saved).unwrap();
+    let back = hf::gpt2::import(gpt(&c), t.layout(), &saved).unwrap();
     stoker_testkit::assert_bits_eq(&back, t.master(), "transformers' save_pretrained, imported");
 }

@@ -1,4 +1,5 @@
-//! `stoker export hf`: a trained GPT as a Hugging Face GPT-2 directory.
+//! `stoker export hf`: a trained GPT as a Hugging Face GPT-2 directory, a Llama as a
+//! `LlamaForCausalLM` one.
 
 use std::path::PathBuf;
 
@@ -17,8 +18,8 @@ pub struct ExportArgs {
 
 #[derive(clap::Subcommand)]
 enum ExportCommand {
-    /// Write model.safetensors (GPT-2's tensor names) and config.json, which
-    /// transformers' GPT2LMHeadModel.from_pretrained loads.
+    /// Write model.safetensors and config.json, which transformers' from_pretrained
+    /// loads: GPT2LMHeadModel for a GPT, LlamaForCausalLM for a Llama.
     Hf {
         /// The training config (its [model] section gives the sizes).
         config: PathBuf,
@@ -41,11 +42,12 @@ pub fn run(args: ExportArgs) -> anyhow::Result<()> {
             out,
         } => {
             let config = TrainConfig::load(&config)?;
-            let ModelConfig::Gpt(gpt) = &config.model else {
+            if matches!(config.model, ModelConfig::Cnn(_) | ModelConfig::Mlp(_)) {
                 anyhow::bail!(
-                    "config key `model.kind`: only the GPT has a Hugging Face (GPT-2) form"
+                    "config key `model.kind`: only the GPT (GPT-2) and the Llama \
+                     (LlamaForCausalLM) have a Hugging Face form"
                 );
-            };
+            }
             let mut trainer = Trainer::new(&config)?;
             let ckpt = ckpt.or_else(|| checkpoint::latest(&config.run_dir.join("checkpoints")));
             match &ckpt {
@@ -62,7 +64,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<()> {
                 None => None,
             };
             let dir = stoker_train::hf::export(
-                gpt,
+                &config.model,
                 trainer.layout(),
                 trainer.master(),
                 end_of_text,

@@ -38,4 +38,13 @@ impl ModelConfig {
             ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => None,
         }
     }
+
+    /// The Hugging Face directory a token model starts from (`init_from`), if any.
+    pub fn init_from(&self) -> Option<&std::path::Path> {
+        match self {
+            ModelConfig::Gpt(g) => g.init_from.as_deref(),
+            ModelConfig::Llama(l) => l.init_from.as_deref(),
+            ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => None,
+        }
+    }
 }

@@ -9,7 +9,6 @@ use crate::error::{Result, TrainError};
 use crate::grad_sum::{GradSum, SumOrder};
 use crate::layout::FlatLayout;
 use crate::models::Model;
-use crate::models::ModelConfig;
 use crate::parallel::Strategy;
 use crate::pieces::Pieces;
 
@@ -54,8 +53,8 @@ impl ParamBuffers {
         let sharded = !held.is_whole(len);
         let meta = model.params().is_meta();
         let mut master = match &config.model {
-            ModelConfig::Gpt(g) if g.init_from.is_some() => {
-                crate::hf::import(g, layout, g.init_from.as_deref().expect("checked"))?
+            m if m.init_from().is_some() => {
+                crate::hf::import(m, layout, m.init_from().expect("checked"))?
             }
             _ if meta && sharded => return model.params().init_pieces(layout, held),
             _ if meta => {

@@ -1,4 +1,4 @@
-//! Hugging Face GPT-2 interop for the GPT: stoker's GPT is GPT-2's architecture (learned
+//! GPT-2 for the GPT: stoker's GPT is GPT-2's architecture (learned
 //! positions, pre-LayerNorm with eps 1e-5, tanh GELU, packed QKV split as q | k | v and
 //! then by head, LM head tied to the token embedding), so its weights are a GPT-2
 //! checkpoint under other names. [`export`] writes `model.safetensors` with
@@ -14,7 +14,6 @@
 
 use std::path::{Path, PathBuf};
 
-use safetensors::tensor::{Dtype as StDtype, TensorView};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{io_err, Result};
@@ -150,19 +149,7 @@ pub fn export(
         };
         tensors.push((name, shape, data));
     }
-    let views: Vec<(String, TensorView)> = tensors
-        .iter()
-        .map(|(n, shape, d)| {
-            let v = TensorView::new(StDtype::F32, shape.clone(), bytemuck::cast_slice(d))
-                .expect("sizes match");
-            (n.clone(), v)
-        })
-        .collect();
-    let mut meta = std::collections::HashMap::new();
-    meta.insert("format".to_string(), "pt".to_string());
-    let st = out.join("model.safetensors");
-    let bytes = safetensors::serialize(views, Some(meta)).map_err(|e| ckpt_err(&st, e))?;
-    write_synced(&st, &bytes)?;
+    super::write_tensors(out, &tensors)?;
     let json = serde_json::to_vec_pretty(&Gpt2Config::of(config, end_of_text))
         .map_err(|e| ckpt_err(out, e))?;
     write_synced(&out.join("config.json"), &json)?;
@@ -228,38 +215,11 @@ pub fn import(config: &GptConfig, layout: &FlatLayout, dir: &Path) -> Result<Vec
     let mut master = vec![0f32; layout.total_len()];
     for s in layout.slots() {
         let (name, conv) = gpt2_name(&s.name);
-        let t = st
-            .tensor(&name)
-            .map_err(|e| ckpt_err(&sp, format!("tensor `{name}`: {e}")))?;
         let shape = match conv {
             true => vec![s.shape[1], s.shape[0]],
             false => s.shape.clone(),
         };
-        if t.shape() != shape.as_slice() {
-            return Err(ckpt_err(
-                &sp,
-                format!("tensor `{name}`: shape {:?}, expected {shape:?}", t.shape()),
-            ));
-        }
-        let x: Vec<f32> = match t.dtype() {
-            StDtype::F32 => crate::model_files::f32s(t.data()).collect(),
-            StDtype::F16 => t
-                .data()
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            StDtype::BF16 => t
-                .data()
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            other => {
-                return Err(ckpt_err(
-                    &sp,
-                    format!("tensor `{name}`: dtype {other:?}, expected F32, F16 or BF16"),
-                ))
-            }
-        };
+        let x = super::read_f32(&st, &sp, &name, &shape)?;
         let x = match conv {
             true => transpose(&x, shape[0], shape[1]),
             false => x,

@@ -1,0 +1,107 @@
+//! Hugging Face interop: a trained model as a `transformers` directory (`config.json` +
+//! `model.safetensors`) and back. The GPT is GPT-2 ([`gpt2`]: `GPT2LMHeadModel`), the
+//! Llama is `LlamaForCausalLM` ([`llama`]). [`export`] and [`import`] pick by the
+//! model's kind; CNNs and MLPs have no such form.
+
+pub mod gpt2;
+pub mod llama;
+
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::{Dtype as StDtype, TensorView};
+
+use crate::error::{config_err, Result};
+use crate::layout::FlatLayout;
+use crate::model_files::{ckpt_err, write_synced};
+use crate::models::ModelConfig;
+
+pub use gpt2::{gpt2_name, Gpt2Config};
+pub use llama::LlamaHfConfig;
+
+/// Writes `model`'s weights `master` (laid out by `layout`) as a Hugging Face directory
+/// `out` (its bos and eos tokens `end_of_text`, the vocabulary's).
+pub fn export(
+    model: &ModelConfig,
+    layout: &FlatLayout,
+    master: &[f32],
+    end_of_text: Option<u32>,
+    out: &Path,
+) -> Result<PathBuf> {
+    match model {
+        ModelConfig::Gpt(g) => gpt2::export(g, layout, master, end_of_text, out),
+        ModelConfig::Llama(l) => llama::export(l, layout, master, end_of_text, out),
+        ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => Err(no_form()),
+    }
+}
+
+/// Reads the Hugging Face directory `dir` into a flat buffer laid out by `layout` for
+/// `model`; errors name the file and the key or tensor that does not fit.
+pub fn import(model: &ModelConfig, layout: &FlatLayout, dir: &Path) -> Result<Vec<f32>> {
+    match model {
+        ModelConfig::Gpt(g) => gpt2::import(g, layout, dir),
+        ModelConfig::Llama(l) => llama::import(l, layout, dir),
+        ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => Err(no_form()),
+    }
+}
+
+fn no_form() -> crate::error::TrainError {
+    config_err(
+        "model.kind",
+        "only the GPT (GPT-2) and the Llama (LlamaForCausalLM) have a Hugging Face form",
+    )
+}
+
+/// Writes `(name, shape, f32 values)` as `out/model.safetensors` (PyTorch's format tag).
+pub(crate) fn write_tensors(out: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Result<()> {
+    let views: Vec<(String, TensorView)> = tensors
+        .iter()
+        .map(|(n, shape, d)| {
+            let v = TensorView::new(StDtype::F32, shape.clone(), bytemuck::cast_slice(d))
+                .expect("sizes match");
+            (n.clone(), v)
+        })
+        .collect();
+    let mut meta = std::collections::HashMap::new();
+    meta.insert("format".to_string(), "pt".to_string());
+    let st = out.join("model.safetensors");
+    let bytes = safetensors::serialize(views, Some(meta)).map_err(|e| ckpt_err(&st, e))?;
+    write_synced(&st, &bytes)
+}
+
+/// Tensor `name` of `st` (read from `path`) as f32, checked to be `shape`; F32, F16 and
+/// BF16 are read.
+pub(crate) fn read_f32(
+    st: &safetensors::SafeTensors<'_>,
+    path: &Path,
+    name: &str,
+    shape: &[usize],
+) -> Result<Vec<f32>> {
+    let t = st
+        .tensor(name)
+        .map_err(|e| ckpt_err(path, format!("tensor `{name}`: {e}")))?;
+    if t.shape() != shape {
+        return Err(ckpt_err(
+            path,
+            format!("tensor `{name}`: shape {:?}, expected {shape:?}", t.shape()),
+        ));
+    }
+    Ok(match t.dtype() {
+        StDtype::F32 => crate::model_files::f32s(t.data()).collect(),
+        StDtype::F16 => t
+            .data()
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        StDtype::BF16 => t
+            .data()
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        other => {
+            return Err(ckpt_err(
+                path,
+                format!("tensor `{name}`: dtype {other:?}, expected F32, F16 or BF16"),
+            ))
+        }
+    })
+}
