@@ -45,6 +45,7 @@ pub mod rms_norm;
 pub mod rope;
 pub mod softmax;
 pub mod swiglu;
+pub mod token_step;
 
 pub use attention::{causal_attention, causal_attention_qkv};
 pub use cross_entropy::{cross_entropy_sum, valid_token_count};
@@ -57,7 +58,7 @@ pub use gpt::{
 };
 pub use layer_norm::layer_norm;
 pub use linear::{linear, linear_with};
-pub use llama::{llama_params, LlamaDims};
+pub use llama::{llama_params, LlamaDims, LlamaOffsets, LlamaStep};
 pub use matmul::{bf16_native, linear_bf16, matmul_bf16, Bf16Kernel, PackBuffers};
 pub use optim::{adamw_update, sgd_update, AdamWStep, SgdStep};
 pub use param_spec::ParamSpec;
@@ -65,3 +66,4 @@ pub use rms_norm::rms_norm;
 pub use rope::rope;
 pub use softmax::softmax_last_dim;
 pub use swiglu::swiglu;
+pub use token_step::TokenStep;

@@ -438,7 +438,8 @@ impl TrainConfig {
     /// [`TrainConfig::direct_step`] were the run in `precision` instead (a plan may
     /// change it).
     pub fn direct_step_at(&self, precision: Precision) -> bool {
-        matches!(self.model, ModelConfig::Gpt(_)) && self.kernels.direct_step(precision)
+        matches!(self.model, ModelConfig::Gpt(_) | ModelConfig::Llama(_))
+            && self.kernels.direct_step(precision)
     }
 
     /// Whether a direct step multiplies bf16 operands (on the bf16 GEMM, which keeps

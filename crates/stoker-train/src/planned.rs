@@ -68,35 +68,64 @@ fn train_strategy(stage: Stage) -> StrategyKind {
 }
 
 /// A training config as the planner's input, with `flags` (the command line) on top:
-/// the GPT's architecture, its context as the sequence length, the batch (micro-batch and
+/// the GPT's or Llama's architecture, its context as the sequence length, the batch (micro-batch and
 /// accumulation pinned when the config gives them), precision, optimizer, strategy, and
-/// `[plan]`'s hardware and knobs. Only GPT configs can be planned: the planner models
+/// `[plan]`'s hardware and knobs. Only transformers (GPT, Llama) can be planned: the planner models
 /// transformers (`stoker train --dry-run` counts any model's bytes).
 pub fn plan_input(cfg: &TrainConfig, flags: &PlanInput) -> Result<PlanInput> {
-    let ModelConfig::Gpt(g) = &cfg.model else {
-        return Err(config_err(
-            "model.kind",
-            "the planner models transformers (GPT); for a CNN or MLP, `stoker train --dry-run \
-             CONFIG` prints the bytes the run will hold",
-        ));
+    // (family, layers, width, heads, kv heads, MLP width, vocab, context, tied head)
+    let arch = match &cfg.model {
+        ModelConfig::Gpt(g) => (
+            "gpt2",
+            g.n_layer,
+            g.d_model,
+            g.n_head,
+            g.n_head,
+            4 * g.d_model,
+            g.vocab,
+            g.context,
+            true,
+        ),
+        ModelConfig::Llama(l) => {
+            let d = l.dims();
+            (
+                "llama",
+                d.n_layer,
+                d.d_model,
+                d.n_head,
+                d.n_kv_head,
+                d.ffn_hidden,
+                d.vocab,
+                d.context,
+                false,
+            )
+        }
+        ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => {
+            return Err(config_err(
+                "model.kind",
+                "the planner models transformers (GPT, Llama); for a CNN or MLP, `stoker \
+                 train --dry-run CONFIG` prints the bytes the run will hold",
+            ))
+        }
     };
+    let (family, layers, hidden, heads, kv_heads, ffn, vocab, context, tied) = arch;
     let mut input = PlanInput::default();
     if let Some(section) = &cfg.plan {
         section.apply_to(&mut input);
         input.model.preset = section.model_preset.clone();
     }
     let m = &mut input.model;
-    m.family = Some("gpt2".into());
-    m.layers = Some(g.n_layer as i64);
-    m.hidden = Some(g.d_model as i64);
-    m.heads = Some(g.n_head as i64);
-    m.kv_heads = Some(g.n_head as i64);
-    m.ffn_hidden = Some(4 * g.d_model as i64);
-    m.vocab = Some(g.vocab as i64);
-    m.context = Some(g.context as i64);
-    m.tied_embeddings = Some(true);
+    m.family = Some(family.into());
+    m.layers = Some(layers as i64);
+    m.hidden = Some(hidden as i64);
+    m.heads = Some(heads as i64);
+    m.kv_heads = Some(kv_heads as i64);
+    m.ffn_hidden = Some(ffn as i64);
+    m.vocab = Some(vocab as i64);
+    m.context = Some(context as i64);
+    m.tied_embeddings = Some(tied);
     let t = &mut input.training;
-    t.seq_len = Some(g.context as i64);
+    t.seq_len = Some(context as i64);
     t.micro_batch = Some(cfg.batch.micro_batch as i64);
     t.accumulation_steps = cfg.batch.accumulation_steps.map(|k| k as i64);
     t.global_batch = cfg.batch.global_batch.map(|b| b as i64);

@@ -85,11 +85,12 @@ fn check_strategy(
     }
 }
 
-/// The models and kernel paths every precision is checked on: the GPT's direct step and
-/// its candle graph, the Llama's graph, the CNN and the MLP (AdamW and SGD alternate).
-const CASES: [(&str, &str, &str); 5] = [
+/// The models and kernel paths every precision is checked on: the GPT's and the Llama's
+/// direct steps and candle graphs, the CNN and the MLP (AdamW and SGD alternate).
+const CASES: [(&str, &str, &str); 6] = [
     (GPT, "direct", ADAMW),
     (GPT, "fused", SGD),
+    (LLAMA, "direct", SGD),
     (LLAMA, "fused", ADAMW),
     (CNN, "fused", ADAMW),
     (MLP, "fused", SGD),
@@ -268,6 +269,7 @@ fn what_zero3_cannot_serve_is_refused_naming_the_key_and_every_model_is_served()
     for (model, kernels) in [
         (GPT, "direct"),
         (GPT, "fused"),
+        (LLAMA, "direct"),
         (LLAMA, "fused"),
         (CNN, "fused"),
         (MLP, "fused"),
@@ -464,10 +466,11 @@ fn held_and_sent(
     })
 }
 
-/// ZeRO-3's paths: the GPT's direct step and every model on candle's graph.
-const ZERO3_PATHS: [(&str, &str); 5] = [
+/// ZeRO-3's paths: the GPT's and the Llama's direct steps and every model on candle's graph.
+const ZERO3_PATHS: [(&str, &str); 6] = [
     (GPT, "direct"),
     (GPT, "fused"),
+    (LLAMA, "direct"),
     (LLAMA, "fused"),
     (CNN, "fused"),
     (MLP, "fused"),

@@ -1,4 +1,5 @@
-//! The GPT's direct training step (`kernels = "direct"`: stoker-kernels' `GptStep` over
+//! The GPT's and the Llama's direct training steps (`kernels = "direct"`: stoker-kernels'
+//! `GptStep` and `LlamaStep` over
 //! the flat buffers, no autograd graph) gives the gradients of the candle graph built
 //! from the composed reference ops: every parameter, over a window of micro-batches of
 //! different lengths with masked targets, f32 to 1e-5 relative per tensor (max |direct -
@@ -13,7 +14,7 @@ use stoker_train::accumulate::{
     accumulate, accumulate_direct, AccumulateOptions, MicroBatch, Normalization,
 };
 use stoker_train::layout::FlatLayout;
-use stoker_train::models::{Gpt, GptConfig, Model};
+use stoker_train::models::{Gpt, GptConfig, Llama, LlamaConfig, Model};
 use stoker_train::precision::{Fx, Kernels, Precision};
 use stoker_train::trainer::Trainer;
 
@@ -39,17 +40,45 @@ fn window() -> Vec<MicroBatch> {
     ]
 }
 
-/// (direct gradients, direct loss, composed gradients, composed loss).
+/// (direct gradients, direct loss, composed gradients, composed loss) of the GPT.
 fn both(
     precision: Precision,
     norm: Normalization,
     loss_scale: f64,
 ) -> (Vec<f32>, f64, Vec<f32>, f64, FlatLayout) {
-    let composed = gpt(precision.compute_dtype());
+    both_of(&|d| Box::new(gpt(d)), precision, norm, loss_scale)
+}
+
+/// A Llama with grouped-query attention (3 query heads per key/value head) on the same
+/// windows, its weights drawn as `dtype`.
+fn llama(dtype: DType) -> Box<dyn Model> {
+    let c = LlamaConfig {
+        vocab: 37,
+        context: 19,
+        d_model: 24,
+        n_layer: 2,
+        n_head: 6,
+        n_kv_head: Some(2),
+        ffn_hidden: Some(40),
+        rope_theta: 10_000.0,
+        norm_eps: 1e-5,
+        init_from: None,
+    };
+    Box::new(Llama::new(c, &Device::Cpu, dtype, 17).unwrap())
+}
+
+/// [`both`] for the model `make` draws in a dtype.
+fn both_of(
+    make: &dyn Fn(DType) -> Box<dyn Model>,
+    precision: Precision,
+    norm: Normalization,
+    loss_scale: f64,
+) -> (Vec<f32>, f64, Vec<f32>, f64, FlatLayout) {
+    let composed = make(precision.compute_dtype());
     let layout = FlatLayout::of(composed.params()).unwrap();
     // Not the initial weights: every bias and gain moved, so reading a neighbouring
     // tensor (or alignment padding) instead of the right one shows.
-    let mut master = layout.flatten(gpt(DType::F32).params()).unwrap();
+    let mut master = layout.flatten(make(DType::F32).params()).unwrap();
     for (m, n) in master.iter_mut().zip(floats(78, layout.total_len())) {
         *m += 0.05 * n;
     }
@@ -61,13 +90,13 @@ fn both(
     };
     let mut gc = vec![0f32; layout.total_len()];
     let fx = Fx::new(precision, None).with_kernels(Kernels::Composed);
-    let rc = accumulate(&composed, &fx, &window(), opts, &layout, &mut gc).unwrap();
+    let rc = accumulate(&*composed, &fx, &window(), opts, &layout, &mut gc).unwrap();
     // The direct step reads the FP32 master: the same values.
-    let direct = gpt(DType::F32);
+    let direct = make(DType::F32);
     let mut step = direct
         .direct_step(&layout, precision == Precision::Bf16)
         .unwrap()
-        .expect("GPT has a direct step");
+        .expect("the model has a direct step");
     let mut gd = vec![0f32; layout.total_len()];
     let rd = accumulate_direct(&mut *step, &window(), opts, &master, &mut gd).unwrap();
     (gd, rd.loss, gc, rc.loss, layout)
@@ -101,6 +130,36 @@ fn direct_step_bf16_autocast_within_bf16_rounding() {
         "loss: direct {ld}, composed {lc}"
     );
     assert_grads_close(&layout, &gd, &gc, 1.0 / 32.0, "direct vs composed, bf16");
+}
+
+/// The Llama's direct step (RMSNorm, rotary q and k, grouped-query attention through
+/// repeated key/value heads, SwiGLU, untied head) against its composed graph.
+#[test]
+fn llama_direct_step_equals_composed_graph_f32_and_bf16() {
+    for (norm, scale) in [
+        (Normalization::WindowCount, 1.0),
+        (Normalization::StepCount, 1024.0),
+    ] {
+        let (gd, ld, gc, lc, layout) = both_of(&llama, Precision::Fp32, norm, scale);
+        assert!(
+            (ld - lc).abs() <= 1e-6 * lc.abs(),
+            "loss: direct {ld}, composed {lc}"
+        );
+        assert_grads_close(&layout, &gd, &gc, 1e-5, "llama direct vs composed, f32");
+    }
+    let (gd, ld, gc, lc, layout) =
+        both_of(&llama, Precision::Bf16, Normalization::WindowCount, 1.0);
+    assert!(
+        (ld - lc).abs() <= 0.02 * lc.abs(),
+        "loss: direct {ld}, composed {lc}"
+    );
+    assert_grads_close(
+        &layout,
+        &gd,
+        &gc,
+        1.0 / 32.0,
+        "llama direct vs composed, bf16",
+    );
 }
 
 fn trainer(kernels: &str) -> Trainer {

@@ -1,6 +1,6 @@
 //! Every strategy at every world size from 1 to 8: DDP, ZeRO-1, ZeRO-2 (reducing every
 //! micro-batch, and with `no_sync`), ZeRO-3 (resharding after the forward, and not) for the
-//! GPT's direct step and its candle graph, the Llama's graph, the CNN and the MLP, on the in-process backend.
+//! GPT's and the Llama's direct steps and candle graphs, the CNN and the MLP, on the in-process backend.
 //! Each case trains three fp32 steps of the same global batches as one rank and then
 //! evaluates five batches shared round-robin (so most world sizes share them unevenly,
 //! and at 6-8 ranks some ranks have none), and must give one rank's weights within the
@@ -20,10 +20,11 @@ use stoker_testkit::data_parallel_tolerance as tolerance;
 const EVALS: usize = 5;
 const MATRIX_STEPS: usize = 3;
 
-/// The GPT's direct step and its graph, the Llama's graph, the CNN and the MLP.
-const CASES: [(&str, &str, &str); 5] = [
+/// The GPT's and the Llama's direct steps and graphs, the CNN and the MLP.
+const CASES: [(&str, &str, &str); 6] = [
     (GPT, "direct", ADAMW),
     (GPT, "fused", SGD),
+    (LLAMA, "direct", SGD),
     (LLAMA, "fused", ADAMW),
     (CNN, "fused", ADAMW),
     (MLP, "fused", SGD),

@@ -274,57 +274,7 @@ impl GptStep {
     }
 
     fn check(&self, b: &GptBatch) -> Result<(), KernelError> {
-        let n = b.batch * b.t;
-        let shape = candle_core::Shape::from((b.batch, b.t));
-        if b.batch == 0
-            || b.t == 0
-            || b.t > self.dims.context
-            || b.tokens.len() != n
-            || b.targets.len() != n
-        {
-            return Err(KernelError::Shape {
-                op: OP,
-                msg: format!(
-                    "{} tokens and {} targets for batch {} x {} positions (context {}); \
-                     expected at least one sequence of 1..=context positions",
-                    b.tokens.len(),
-                    b.targets.len(),
-                    b.batch,
-                    b.t,
-                    self.dims.context
-                ),
-                shape,
-            });
-        }
-        let v = self.dims.vocab;
-        if let Some((pos, &id)) = b
-            .tokens
-            .iter()
-            .enumerate()
-            .find(|(_, &id)| id < 0 || id as usize >= v)
-        {
-            return Err(KernelError::Index {
-                op: OP,
-                pos,
-                id,
-                rows: v,
-            });
-        }
-        if let Some((row, &target)) = b
-            .targets
-            .iter()
-            .enumerate()
-            .find(|(_, &t)| t != b.ignore && (t < 0 || t as usize >= v))
-        {
-            return Err(KernelError::Target {
-                op: OP,
-                row,
-                target,
-                vocab: v,
-                ignore: b.ignore,
-            });
-        }
-        Ok(())
+        check_batch(OP, b, self.dims.vocab, self.dims.context)
     }
 
     /// Forward and backward of one micro-batch: adds the gradient of
@@ -723,9 +673,7 @@ impl GptStep {
         self.gemm(MatRef::new(x, m, k), w, Some(bias), out, accumulate, packs);
     }
 
-    /// `out = A B (+ bias)`, or with `accumulate` `out += A B (+ bias)`, on the bf16 GEMM
-    /// (bf16 operands) or the f32 one, either operand stored transposed as its `MatRef`
-    /// says; `out` is `A.rows x B.cols`, row-major.
+    /// [`step_gemm`] on this step's GEMM (bf16 operands or f32).
     fn gemm(
         &self,
         a: MatRef<f32>,
@@ -735,28 +683,7 @@ impl GptStep {
         accumulate: bool,
         packs: &mut PackBuffers,
     ) {
-        if let Some(kernel) = self.bf16 {
-            gemm_write(kernel, &a, &b, bias, out, accumulate, packs)
-                .expect("gpt-step: GEMM shapes are fixed by the checked dims");
-            return;
-        }
-        let n = b.cols;
-        match (bias, accumulate) {
-            (Some(bias), true) => out
-                .par_chunks_mut(n)
-                .for_each(|r| r.iter_mut().zip(bias).for_each(|(o, &b)| *o += b)),
-            (Some(bias), false) => out.par_chunks_mut(n).for_each(|r| r.copy_from_slice(bias)),
-            (None, _) => {}
-        }
-        // Element (i, j) of a logical rows x cols matrix: i * cols + j stored as is, j * rows
-        // + i stored transposed.
-        let strides = |m: &MatRef<f32>| match m.transposed {
-            false => (m.cols, 1),
-            true => (1, m.rows),
-        };
-        let dims = (a.rows, a.cols, n);
-        let acc = accumulate || bias.is_some();
-        gemm_f32_into(dims, a.data, strides(&a), b.data, strides(&b), out, acc);
+        step_gemm(self.bf16, a, b, bias, out, accumulate, packs)
     }
 
     /// The backward of [`GptStep::linear`] (`x` `[m, k]`, output `[m, n]`): `dx` written,
@@ -821,6 +748,98 @@ impl GptStep {
             g[i..i + c].iter_mut().zip(d).for_each(|(g, &d)| *g += d);
         }
     }
+}
+
+/// Checks a token batch against a model of `vocab` tokens and `context` positions: at
+/// least one sequence of 1..=context positions, every token id in the vocabulary, every
+/// target in it or `ignore`. The errors name `op`, the position and the id.
+pub(crate) fn check_batch(
+    op: &'static str,
+    b: &GptBatch,
+    vocab: usize,
+    context: usize,
+) -> Result<(), KernelError> {
+    let n = b.batch * b.t;
+    let shape = candle_core::Shape::from((b.batch, b.t));
+    if b.batch == 0 || b.t == 0 || b.t > context || b.tokens.len() != n || b.targets.len() != n {
+        return Err(KernelError::Shape {
+            op,
+            msg: format!(
+                "{} tokens and {} targets for batch {} x {} positions (context {context}); \
+                 expected at least one sequence of 1..=context positions",
+                b.tokens.len(),
+                b.targets.len(),
+                b.batch,
+                b.t,
+            ),
+            shape,
+        });
+    }
+    if let Some((pos, &id)) = b
+        .tokens
+        .iter()
+        .enumerate()
+        .find(|(_, &id)| id < 0 || id as usize >= vocab)
+    {
+        return Err(KernelError::Index {
+            op,
+            pos,
+            id,
+            rows: vocab,
+        });
+    }
+    if let Some((row, &target)) = b
+        .targets
+        .iter()
+        .enumerate()
+        .find(|(_, &t)| t != b.ignore && (t < 0 || t as usize >= vocab))
+    {
+        return Err(KernelError::Target {
+            op,
+            row,
+            target,
+            vocab,
+            ignore: b.ignore,
+        });
+    }
+    Ok(())
+}
+
+/// `out = A B (+ bias)`, or with `accumulate` `out += A B (+ bias)`, on the bf16 GEMM
+/// (`bf16`: bf16 operands) or the f32 one, either operand stored transposed as its
+/// `MatRef` says; `out` is `A.rows x B.cols`, row-major. The GEMM of the steps over flat
+/// buffers (the GPT's, the Llama's).
+pub(crate) fn step_gemm(
+    bf16: Option<Bf16Kernel>,
+    a: MatRef<f32>,
+    b: MatRef<f32>,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    accumulate: bool,
+    packs: &mut PackBuffers,
+) {
+    if let Some(kernel) = bf16 {
+        gemm_write(kernel, &a, &b, bias, out, accumulate, packs)
+            .expect("step GEMM: shapes are fixed by the checked dims");
+        return;
+    }
+    let n = b.cols;
+    match (bias, accumulate) {
+        (Some(bias), true) => out
+            .par_chunks_mut(n)
+            .for_each(|r| r.iter_mut().zip(bias).for_each(|(o, &b)| *o += b)),
+        (Some(bias), false) => out.par_chunks_mut(n).for_each(|r| r.copy_from_slice(bias)),
+        (None, _) => {}
+    }
+    // Element (i, j) of a logical rows x cols matrix: i * cols + j stored as is, j * rows
+    // + i stored transposed.
+    let strides = |m: &MatRef<f32>| match m.transposed {
+        false => (m.cols, 1),
+        true => (1, m.rows),
+    };
+    let dims = (a.rows, a.cols, n);
+    let acc = accumulate || bias.is_some();
+    gemm_f32_into(dims, a.data, strides(&a), b.data, strides(&b), out, acc);
 }
 
 #[cfg(test)]

@@ -5,6 +5,10 @@
 //! rotary layout is transformers' (each head's first half rotated against its second
 //! half), so weights move to and from transformers without permutation.
 
+mod offsets;
 mod spec;
+mod step;
 
+pub use offsets::LlamaOffsets;
 pub use spec::{llama_params, LlamaDims};
+pub use step::LlamaStep;

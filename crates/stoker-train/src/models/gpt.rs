@@ -4,10 +4,10 @@
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
+use super::token_direct::TokenDirect;
 use super::{DirectStep, LossKind, Model};
 use crate::error::{Result, TrainError};
 use crate::layout::FlatLayout;
-use crate::loss::IGNORE_INDEX;
 use crate::ops::{causal_attention_qkv, embedding, gelu, layer_norm, linear};
 use crate::params::{Init, ParamBuilder, ParamSet};
 use crate::precision::Fx;
@@ -188,92 +188,6 @@ impl Gpt {
     }
 }
 
-/// The GPT's direct training step: stoker-kernels' [`GptStep`](stoker_kernels::GptStep)
-/// at the parameters' offsets in the flat layout.
-struct GptDirect {
-    step: stoker_kernels::GptStep,
-}
-
-impl GptDirect {
-    /// The batch of token ids `input` `(B, T)` and `targets`, as the kernel takes it.
-    fn batch<'a>(
-        tokens: &'a [i64],
-        input: &Tensor,
-        targets: &'a [i64],
-    ) -> Result<stoker_kernels::GptBatch<'a>> {
-        let (batch, t) = input.dims2()?;
-        Ok(stoker_kernels::GptBatch {
-            tokens,
-            targets,
-            batch,
-            t,
-            ignore: IGNORE_INDEX,
-        })
-    }
-}
-
-fn token_ids(input: &Tensor) -> Result<Vec<i64>> {
-    Ok(crate::ops::ids_i64(input)?
-        .flatten_all()?
-        .to_vec1::<i64>()?)
-}
-
-impl DirectStep for GptDirect {
-    fn forward_backward(
-        &mut self,
-        master: &[f32],
-        input: &Tensor,
-        targets: &[i64],
-        grad_scale: f32,
-        grads: &mut [f32],
-        ready: stoker_kernels::GroupReady<'_>,
-    ) -> Result<f64> {
-        let tokens = token_ids(input)?;
-        let b = Self::batch(&tokens, input, targets)?;
-        Ok(self
-            .step
-            .forward_backward(master, b, grad_scale, grads, ready)?)
-    }
-
-    fn forward_backward_groups(
-        &mut self,
-        source: &mut dyn stoker_kernels::StepParams,
-        input: &Tensor,
-        targets: &[i64],
-        grad_scale: f32,
-    ) -> Result<f64> {
-        let tokens = token_ids(input)?;
-        let b = Self::batch(&tokens, input, targets)?;
-        Ok(self.step.forward_backward_groups(source, b, grad_scale)?)
-    }
-
-    fn activation_bytes(&self) -> usize {
-        self.step.activation_bytes()
-    }
-
-    fn evaluate(
-        &mut self,
-        master: &[f32],
-        input: &Tensor,
-        targets: &[i64],
-    ) -> Result<(f64, usize, usize)> {
-        let tokens = token_ids(input)?;
-        let b = Self::batch(&tokens, input, targets)?;
-        Ok(self.step.evaluate(master, b)?)
-    }
-
-    fn evaluate_groups(
-        &mut self,
-        source: &mut dyn stoker_kernels::StepParams,
-        input: &Tensor,
-        targets: &[i64],
-    ) -> Result<(f64, usize, usize)> {
-        let tokens = token_ids(input)?;
-        let b = Self::batch(&tokens, input, targets)?;
-        Ok(self.step.evaluate_groups(source, b)?)
-    }
-}
-
 impl Model for Gpt {
     fn direct_step(
         &self,
@@ -283,7 +197,7 @@ impl Model for Gpt {
         let dims = self.config.dims();
         let offsets = GptOffsets::from_table(&dims, |name| layout.offset_of(name))?;
         let step = stoker_kernels::GptStep::new(dims, offsets, bf16_operands, LN_EPS)?;
-        Ok(Some(Box::new(GptDirect { step })))
+        Ok(Some(Box::new(TokenDirect { step })))
     }
 
     fn params(&self) -> &ParamSet {

@@ -8,12 +8,14 @@ use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
 use super::gpt::check_tokens;
-use super::{LossKind, Model};
+use super::token_direct::TokenDirect;
+use super::{DirectStep, LossKind, Model};
 use crate::error::{Result, TrainError};
+use crate::layout::FlatLayout;
 use crate::ops::{causal_attention_gqa, embedding, linear, rms_norm, rope, swiglu};
 use crate::params::{Init, ParamBuilder, ParamSet};
 use crate::precision::Fx;
-use stoker_kernels::{LlamaDims, SpecInit};
+use stoker_kernels::{LlamaDims, LlamaOffsets, LlamaStep, SpecInit};
 
 /// Llama size and options, with Llama's defaults where a key is left out.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -230,6 +232,18 @@ impl Llama {
 }
 
 impl Model for Llama {
+    fn direct_step(
+        &self,
+        layout: &FlatLayout,
+        bf16_operands: bool,
+    ) -> Result<Option<Box<dyn DirectStep>>> {
+        let dims = self.dims;
+        let offsets = LlamaOffsets::from_table(&dims, |name| layout.offset_of(name))?;
+        let c = &self.config;
+        let step = LlamaStep::new(dims, offsets, bf16_operands, c.norm_eps, c.rope_theta)?;
+        Ok(Some(Box::new(TokenDirect { step })))
+    }
+
     fn params(&self) -> &ParamSet {
         &self.params
     }

@@ -10,6 +10,7 @@ pub mod factory;
 pub mod gpt;
 pub mod llama;
 pub mod mlp;
+mod token_direct;
 
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};

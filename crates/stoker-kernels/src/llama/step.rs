@@ -1,0 +1,706 @@
+//! A Llama's whole training forward and backward over flat f32 buffers: the GPT step's
+//! design ([`crate::gpt`]: parameters read from the flat master, gradients added into the
+//! flat gradient buffer, activations in buffers kept per batch shape, no autograd graph)
+//! with the Llama's parts: RMSNorm ([`crate::rms_norm`]), rotary embeddings applied in
+//! place to q and k ([`crate::rope`]), grouped-query attention, SwiGLU
+//! ([`crate::swiglu`]) and an untied head.
+//!
+//! Grouped-query attention runs on the GPT's attention kernels: after the rotation, each
+//! key/value head is copied to the query heads it serves (transformers' `repeat_kv`) in
+//! the packed `[N, 3 C]` layout those kernels read, and the backward sums the copies'
+//! gradients back. The step opens and closes parameter groups in the GPT step's order
+//! ([`crate::gpt::group_calls`]), so ZeRO-3's schedule serves both.
+//!
+//! stoker-train's `tests/direct_step.rs` holds this step's gradients to the candle graph's.
+
+use rayon::prelude::*;
+
+use super::offsets::{LlamaBlockOffsets, LlamaOffsets};
+use super::spec::LlamaDims;
+use crate::attention::{qkv_backward_f32, qkv_forward_f32};
+use crate::cross_entropy::{loss_and_grad_in_place, loss_and_hits};
+use crate::embedding::scatter_add;
+use crate::error::KernelError;
+use crate::gpt::groups::check_view;
+use crate::gpt::{check_batch, step_gemm, GptBatch, GroupView, Phase, StepParams, Whole};
+use crate::matmul::{Bf16Kernel, MatRef, PackBuffers};
+use crate::{rms_norm, rope, swiglu};
+
+const OP: &str = "llama-step";
+
+/// Batch shapes whose activation buffers a step keeps.
+const SHAPES_KEPT: usize = 2;
+
+/// One block's saved activations (`N = batch x t` rows).
+struct BlockActs {
+    /// The block's input (the residual stream) `[N, C]`.
+    x: Vec<f32>,
+    h1: Vec<f32>,
+    rstd1: Vec<f32>,
+    /// Rotated queries, and keys and values repeated per query head: `[N, 3 C]`.
+    qkv: Vec<f32>,
+    att: Vec<f32>,
+    lse: Vec<f32>,
+    /// The residual stream after attention `[N, C]`.
+    mid: Vec<f32>,
+    h2: Vec<f32>,
+    rstd2: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    act: Vec<f32>,
+}
+
+/// Every buffer of one batch shape.
+struct Acts {
+    n: usize,
+    blocks: Vec<BlockActs>,
+    x_out: Vec<f32>,
+    hf: Vec<f32>,
+    rstdf: Vec<f32>,
+    /// Logits, then (in place) their gradient `[N, vocab]`.
+    logits: Vec<f32>,
+    /// Projections before the repeat (forward), their gradients (backward).
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    dres: Vec<f32>,
+    dh: Vec<f32>,
+    dqkv: Vec<f32>,
+    datt: Vec<f32>,
+    dgate: Vec<f32>,
+    dup: Vec<f32>,
+    dact: Vec<f32>,
+    packs: PackBuffers,
+}
+
+/// Every GEMM `(m, k, n)` of the step for `rows` rows: the head's three, and three per
+/// linear layer of a block (forward, input gradient, weight gradient).
+fn gemm_shapes(rows: usize, d: LlamaDims) -> Vec<(usize, usize, usize)> {
+    let (n, c, v, f) = (rows, d.d_model, d.vocab, d.ffn_hidden);
+    let kv = d.n_kv_head * d.head_dim();
+    let mut shapes = vec![(n, c, v), (n, v, c), (v, n, c)];
+    if d.n_layer > 0 {
+        for (k, out) in [(c, c), (c, kv), (c, c), (c, f), (f, c)] {
+            shapes.extend([(n, k, out), (n, out, k), (out, n, k)]);
+        }
+    }
+    shapes
+}
+
+impl Acts {
+    fn new(n: usize, d: LlamaDims, bf16_operands: bool) -> Self {
+        let (c, f, v) = (d.d_model, d.ffn_hidden, d.vocab);
+        let kv = d.n_kv_head * d.head_dim();
+        let z = |len: usize| vec![0f32; len];
+        let blocks = (0..d.n_layer)
+            .map(|_| BlockActs {
+                x: z(n * c),
+                h1: z(n * c),
+                rstd1: z(n),
+                qkv: z(3 * n * c),
+                att: z(n * c),
+                lse: z(n * d.n_head),
+                mid: z(n * c),
+                h2: z(n * c),
+                rstd2: z(n),
+                gate: z(n * f),
+                up: z(n * f),
+                act: z(n * f),
+            })
+            .collect();
+        Acts {
+            n,
+            blocks,
+            x_out: z(n * c),
+            hf: z(n * c),
+            rstdf: z(n),
+            logits: z(n * v),
+            q: z(n * c),
+            k: z(n * kv),
+            v: z(n * kv),
+            dres: z(n * c),
+            dh: z(n * c),
+            dqkv: z(3 * n * c),
+            datt: z(n * c),
+            dgate: z(n * f),
+            dup: z(n * f),
+            dact: z(n * f),
+            packs: match bf16_operands {
+                true => PackBuffers::for_shapes(gemm_shapes(n, d)),
+                false => PackBuffers::default(),
+            },
+        }
+    }
+
+    /// f32 elements held, counted from the buffers themselves.
+    fn floats(&self) -> usize {
+        let blocks: usize = self
+            .blocks
+            .iter()
+            .map(|b| {
+                [
+                    &b.x, &b.h1, &b.rstd1, &b.qkv, &b.att, &b.lse, &b.mid, &b.h2, &b.rstd2,
+                    &b.gate, &b.up, &b.act,
+                ]
+                .iter()
+                .map(|v| v.len())
+                .sum::<usize>()
+            })
+            .sum();
+        blocks
+            + [
+                &self.x_out,
+                &self.hf,
+                &self.rstdf,
+                &self.logits,
+                &self.q,
+                &self.k,
+                &self.v,
+                &self.dres,
+                &self.dh,
+                &self.dqkv,
+                &self.datt,
+                &self.dgate,
+                &self.dup,
+                &self.dact,
+            ]
+            .iter()
+            .map(|v| v.len())
+            .sum::<usize>()
+    }
+}
+
+/// The Llama training step: forward, loss and backward of one micro-batch, gradients
+/// added into a flat buffer. Reuses its activation buffers while the batch shape stays.
+pub struct LlamaStep {
+    dims: LlamaDims,
+    offsets: LlamaOffsets,
+    bf16: Option<Bf16Kernel>,
+    eps: f32,
+    /// The rotary tables for every position of the context: `cos`, `sin` `[context, hd/2]`.
+    rotary: (Vec<f32>, Vec<f32>),
+    acts: Vec<Acts>,
+}
+
+impl LlamaStep {
+    /// A step for `dims` with parameters at `offsets`; `bf16_operands` runs the linear
+    /// layers on the bf16 GEMM. `eps` is RMSNorm's epsilon, `rope_theta` the rotary base.
+    pub fn new(
+        dims: LlamaDims,
+        offsets: LlamaOffsets,
+        bf16_operands: bool,
+        eps: f64,
+        rope_theta: f64,
+    ) -> Result<Self, KernelError> {
+        if offsets.blocks.len() != dims.n_layer {
+            return Err(KernelError::Layout {
+                op: OP,
+                msg: format!(
+                    "offsets for {} blocks, dims have n_layer {}",
+                    offsets.blocks.len(),
+                    dims.n_layer
+                ),
+            });
+        }
+        let heads_ok = dims.n_head > 0
+            && dims.n_kv_head > 0
+            && dims.d_model.is_multiple_of(dims.n_head)
+            && dims.head_dim().is_multiple_of(2)
+            && dims.n_head.is_multiple_of(dims.n_kv_head);
+        if !heads_ok {
+            return Err(KernelError::Shape {
+                op: OP,
+                msg: format!(
+                    "d_model {} into n_head {} heads of even width, n_kv_head {} dividing them",
+                    dims.d_model, dims.n_head, dims.n_kv_head
+                ),
+                shape: candle_core::Shape::from(dims.d_model),
+            });
+        }
+        Ok(LlamaStep {
+            rotary: rope::tables(dims.context, dims.head_dim(), rope_theta),
+            dims,
+            offsets,
+            bf16: bf16_operands.then(Bf16Kernel::detect),
+            eps: eps as f32,
+            acts: Vec::new(),
+        })
+    }
+
+    fn check_len(&self, what: &'static str, len: usize) -> Result<(), KernelError> {
+        let expected = self.offsets.end();
+        match len < expected {
+            true => Err(KernelError::Length {
+                op: OP,
+                what,
+                len,
+                expected,
+            }),
+            false => Ok(()),
+        }
+    }
+
+    /// Forward and backward of one micro-batch: adds the gradient of
+    /// `grad_scale x (summed token loss)` into `grads` and returns the summed loss of the
+    /// valid targets (unscaled); `ready` hears of each parameter group as its gradients
+    /// become final.
+    pub fn forward_backward(
+        &mut self,
+        params: &[f32],
+        batch: GptBatch,
+        grad_scale: f32,
+        grads: &mut [f32],
+        ready: crate::gpt::GroupReady<'_>,
+    ) -> Result<f64, KernelError> {
+        self.check_len("params", params.len())?;
+        self.check_len("grads", grads.len())?;
+        let mut whole = Whole {
+            params,
+            grads,
+            ready,
+        };
+        self.forward_backward_groups(&mut whole, batch, grad_scale)
+    }
+
+    /// [`LlamaStep::forward_backward`] with each group wherever `source` keeps it.
+    pub fn forward_backward_groups(
+        &mut self,
+        source: &mut dyn StepParams,
+        batch: GptBatch,
+        grad_scale: f32,
+    ) -> Result<f64, KernelError> {
+        check_batch(OP, &batch, self.dims.vocab, self.dims.context)?;
+        let mut acts = self.acts_for(batch.batch * batch.t);
+        let result = self.forward(source, &batch, &mut acts).and_then(|()| {
+            let loss = loss_and_grad_in_place(
+                &mut acts.logits,
+                batch.targets,
+                self.dims.vocab,
+                batch.ignore,
+                grad_scale,
+            );
+            self.backward(source, &batch, &mut acts)?;
+            Ok(loss)
+        });
+        self.keep(acts);
+        result
+    }
+
+    /// Evaluation of one micro-batch with the training forward: the summed loss of the
+    /// valid targets, how many are the top-1 logit, and how many there are.
+    pub fn evaluate(
+        &mut self,
+        params: &[f32],
+        batch: GptBatch,
+    ) -> Result<(f64, usize, usize), KernelError> {
+        self.check_len("params", params.len())?;
+        let mut no_grads: [f32; 0] = [];
+        let mut nobody = |_: usize, _: &[f32]| {};
+        let mut source = Whole {
+            params,
+            grads: &mut no_grads,
+            ready: &mut nobody,
+        };
+        self.evaluate_groups(&mut source, batch)
+    }
+
+    /// [`LlamaStep::evaluate`] with each group wherever `source` keeps it.
+    pub fn evaluate_groups(
+        &mut self,
+        source: &mut dyn StepParams,
+        batch: GptBatch,
+    ) -> Result<(f64, usize, usize), KernelError> {
+        check_batch(OP, &batch, self.dims.vocab, self.dims.context)?;
+        let mut acts = self.acts_for(batch.batch * batch.t);
+        let result = self
+            .forward(source, &batch, &mut acts)
+            .map(|()| loss_and_hits(&acts.logits, batch.targets, self.dims.vocab, batch.ignore));
+        self.keep(acts);
+        result
+    }
+
+    /// Bytes of the activation and GEMM packing buffers this step holds now.
+    pub fn activation_bytes(&self) -> usize {
+        self.acts
+            .iter()
+            .map(|a| 4 * a.floats() + a.packs.bytes())
+            .sum()
+    }
+
+    fn acts_for(&mut self, rows: usize) -> Acts {
+        match self.acts.iter().position(|a| a.n == rows) {
+            Some(i) => self.acts.remove(i),
+            None => Acts::new(rows, self.dims, self.bf16.is_some()),
+        }
+    }
+
+    fn keep(&mut self, acts: Acts) {
+        self.acts.push(acts);
+        if self.acts.len() > SHAPES_KEPT {
+            self.acts.remove(0);
+        }
+    }
+
+    fn open<'s>(
+        &self,
+        source: &'s mut dyn StepParams,
+        group: usize,
+        phase: Phase,
+    ) -> Result<GroupView<'s>, KernelError> {
+        let view = source.group(group, phase)?;
+        check_view(&view, group, &self.offsets.groups[group], phase)?;
+        Ok(view)
+    }
+
+    /// `(cos, sin)` of the rotary tables.
+    fn tables(&self) -> (&[f32], &[f32]) {
+        (&self.rotary.0, &self.rotary.1)
+    }
+
+    fn forward(
+        &self,
+        source: &mut dyn StepParams,
+        b: &GptBatch,
+        a: &mut Acts,
+    ) -> Result<(), KernelError> {
+        let d = self.dims;
+        let (c, v, f) = (d.d_model, d.vocab, d.ffn_hidden);
+        let (hd, kv) = (d.head_dim(), d.n_kv_head * d.head_dim());
+        let n = a.n;
+        let last = a.blocks.len() + 1;
+        {
+            let view = self.open(source, 0, Phase::Forward)?;
+            let embed = &view.params[self.offsets.embed - view.base..][..v * c];
+            let x0 = match a.blocks.first_mut() {
+                Some(blk) => &mut blk.x,
+                None => &mut a.x_out,
+            };
+            x0.par_chunks_mut(c).enumerate().for_each(|(i, row)| {
+                let tok = b.tokens[i] as usize;
+                row.copy_from_slice(&embed[tok * c..(tok + 1) * c]);
+            });
+        }
+        source.done(0, Phase::Forward)?;
+        for l in 0..a.blocks.len() {
+            let view = self.open(source, l + 1, Phase::Forward)?;
+            let (p, bo) = (view.params, self.offsets.blocks[l].rebased(view.base));
+            let (done, rest) = a.blocks.split_at_mut(l + 1);
+            let blk = &mut done[l];
+            let packs = &mut a.packs;
+            rms_norm::fwd_into(
+                &blk.x,
+                &p[bo.input_norm..][..c],
+                c,
+                self.eps,
+                &mut blk.h1,
+                &mut blk.rstd1,
+            );
+            self.linear(
+                &blk.h1,
+                &p[bo.q..][..c * c],
+                (n, c, c),
+                &mut a.q,
+                false,
+                packs,
+            );
+            self.linear(
+                &blk.h1,
+                &p[bo.k..][..kv * c],
+                (n, c, kv),
+                &mut a.k,
+                false,
+                packs,
+            );
+            self.linear(
+                &blk.h1,
+                &p[bo.v..][..kv * c],
+                (n, c, kv),
+                &mut a.v,
+                false,
+                packs,
+            );
+            rope::rotate(&mut a.q, (b.t, d.n_head, hd), self.tables(), 1.0);
+            rope::rotate(&mut a.k, (b.t, d.n_kv_head, hd), self.tables(), 1.0);
+            self.repeat_kv(&a.q, &a.k, &a.v, &mut blk.qkv);
+            qkv_forward_f32(
+                &blk.qkv,
+                (b.batch, b.t, d.n_head),
+                &mut blk.att,
+                &mut blk.lse,
+            );
+            blk.mid.copy_from_slice(&blk.x);
+            self.linear(
+                &blk.att,
+                &p[bo.o..][..c * c],
+                (n, c, c),
+                &mut blk.mid,
+                true,
+                packs,
+            );
+            rms_norm::fwd_into(
+                &blk.mid,
+                &p[bo.post_norm..][..c],
+                c,
+                self.eps,
+                &mut blk.h2,
+                &mut blk.rstd2,
+            );
+            self.linear(
+                &blk.h2,
+                &p[bo.gate..][..f * c],
+                (n, c, f),
+                &mut blk.gate,
+                false,
+                packs,
+            );
+            self.linear(
+                &blk.h2,
+                &p[bo.up..][..f * c],
+                (n, c, f),
+                &mut blk.up,
+                false,
+                packs,
+            );
+            swiglu::fwd_into(&blk.gate, &blk.up, &mut blk.act);
+            let next = match rest.first_mut() {
+                Some(nb) => &mut nb.x,
+                None => &mut a.x_out,
+            };
+            next.copy_from_slice(&blk.mid);
+            self.linear(
+                &blk.act,
+                &p[bo.down..][..c * f],
+                (n, f, c),
+                next,
+                true,
+                packs,
+            );
+            source.done(l + 1, Phase::Forward)?;
+        }
+        {
+            let view = self.open(source, last, Phase::Forward)?;
+            let p = view.params;
+            let norm = &p[self.offsets.norm - view.base..][..c];
+            rms_norm::fwd_into(&a.x_out, norm, c, self.eps, &mut a.hf, &mut a.rstdf);
+            let head = &p[self.offsets.head - view.base..][..v * c];
+            self.linear(&a.hf, head, (n, c, v), &mut a.logits, false, &mut a.packs);
+        }
+        source.done(last, Phase::Forward)?;
+        // The GPT step's order (its tied head reads the embedding again here).
+        self.open(source, 0, Phase::Forward)?;
+        source.done(0, Phase::Forward)
+    }
+
+    fn backward(
+        &self,
+        source: &mut dyn StepParams,
+        b: &GptBatch,
+        a: &mut Acts,
+    ) -> Result<(), KernelError> {
+        let d = self.dims;
+        let (c, v, f) = (d.d_model, d.vocab, d.ffn_hidden);
+        let (hd, kv) = (d.head_dim(), d.n_kv_head * d.head_dim());
+        let n = a.n;
+        let layers = a.blocks.len();
+        // The GPT step's order: group 0 first (its tied head's gradient); here it holds
+        // nothing the head needs.
+        self.open(source, 0, Phase::Backward)?;
+        {
+            let view = self.open(source, layers + 1, Phase::Backward)?;
+            let (p, g) = (view.params, view.grads);
+            let (head, norm) = (self.offsets.head - view.base, self.offsets.norm - view.base);
+            self.linear_bwd(
+                (&a.logits, &a.hf),
+                &p[head..][..v * c],
+                &mut g[head..][..v * c],
+                (n, c, v),
+                (&mut a.dh, false),
+                &mut a.packs,
+            );
+            rms_norm::bwd_into(
+                &a.x_out,
+                &p[norm..][..c],
+                &a.dh,
+                c,
+                &a.rstdf,
+                (&mut a.dres, false),
+                &mut g[norm..][..c],
+            );
+        }
+        source.done(layers + 1, Phase::Backward)?;
+        for (l, blk) in a.blocks.iter().enumerate().rev() {
+            let view = self.open(source, l + 1, Phase::Backward)?;
+            let (p, g) = (view.params, view.grads);
+            let bo: LlamaBlockOffsets = self.offsets.blocks[l].rebased(view.base);
+            let packs = &mut a.packs;
+            // MLP: next = mid + down(swiglu(gate(h2), up(h2))).
+            self.linear_bwd(
+                (&a.dres, &blk.act),
+                &p[bo.down..][..c * f],
+                &mut g[bo.down..][..c * f],
+                (n, f, c),
+                (&mut a.dact, false),
+                packs,
+            );
+            swiglu::bwd_into(&blk.gate, &blk.up, &a.dact, &mut a.dgate, &mut a.dup);
+            for (dy, at, add) in [(&a.dgate, bo.gate, false), (&a.dup, bo.up, true)] {
+                self.linear_bwd(
+                    (dy, &blk.h2),
+                    &p[at..][..f * c],
+                    &mut g[at..][..f * c],
+                    (n, c, f),
+                    (&mut a.dh, add),
+                    packs,
+                );
+            }
+            rms_norm::bwd_into(
+                &blk.mid,
+                &p[bo.post_norm..][..c],
+                &a.dh,
+                c,
+                &blk.rstd2,
+                (&mut a.dres, true),
+                &mut g[bo.post_norm..][..c],
+            );
+            // Attention: mid = x + o(attention(rope(q(h1)), rope(k(h1)), v(h1))).
+            self.linear_bwd(
+                (&a.dres, &blk.att),
+                &p[bo.o..][..c * c],
+                &mut g[bo.o..][..c * c],
+                (n, c, c),
+                (&mut a.datt, false),
+                packs,
+            );
+            qkv_backward_f32(
+                &blk.qkv,
+                (&blk.att, &a.datt, &blk.lse),
+                (b.batch, b.t, d.n_head),
+                &mut a.dqkv,
+            );
+            self.sum_repeats(&a.dqkv, &mut a.q, &mut a.k, &mut a.v);
+            rope::rotate(&mut a.q, (b.t, d.n_head, hd), self.tables(), -1.0);
+            rope::rotate(&mut a.k, (b.t, d.n_kv_head, hd), self.tables(), -1.0);
+            for (dy, at, out, add) in [
+                (&a.q, bo.q, c, false),
+                (&a.k, bo.k, kv, true),
+                (&a.v, bo.v, kv, true),
+            ] {
+                self.linear_bwd(
+                    (dy, &blk.h1),
+                    &p[at..][..out * c],
+                    &mut g[at..][..out * c],
+                    (n, c, out),
+                    (&mut a.dh, add),
+                    packs,
+                );
+            }
+            rms_norm::bwd_into(
+                &blk.x,
+                &p[bo.input_norm..][..c],
+                &a.dh,
+                c,
+                &blk.rstd1,
+                (&mut a.dres, true),
+                &mut g[bo.input_norm..][..c],
+            );
+            source.done(l + 1, Phase::Backward)?;
+        }
+        {
+            let view = self.open(source, 0, Phase::Backward)?;
+            let at = self.offsets.embed - view.base;
+            scatter_add(
+                &a.dres,
+                |i| b.tokens[i] as usize,
+                c,
+                &mut view.grads[at..][..v * c],
+            );
+        }
+        source.done(0, Phase::Backward)
+    }
+
+    /// Rows of `q` `[N, C]`, `k` and `v` `[N, KV hd]` into `qkv` `[N, 3 C]`: q as is, each
+    /// key/value head copied to the `H / KV` query heads it serves.
+    fn repeat_kv(&self, q: &[f32], k: &[f32], v: &[f32], qkv: &mut [f32]) {
+        let d = self.dims;
+        let (c, hd) = (d.d_model, d.head_dim());
+        let (kv, rep) = (d.n_kv_head * hd, d.n_head / d.n_kv_head);
+        qkv.par_chunks_mut(3 * c).enumerate().for_each(|(i, row)| {
+            let (rq, rest) = row.split_at_mut(c);
+            rq.copy_from_slice(&q[i * c..][..c]);
+            let (rk, rv) = rest.split_at_mut(c);
+            for h in 0..d.n_head {
+                let src = i * kv + (h / rep) * hd;
+                rk[h * hd..][..hd].copy_from_slice(&k[src..][..hd]);
+                rv[h * hd..][..hd].copy_from_slice(&v[src..][..hd]);
+            }
+        });
+    }
+
+    /// The backward of [`LlamaStep::repeat_kv`]: `dqkv` `[N, 3 C]` into `dq`, and `dk`,
+    /// `dv` summed over each key/value head's copies (in head order: deterministic).
+    fn sum_repeats(&self, dqkv: &[f32], dq: &mut [f32], dk: &mut [f32], dv: &mut [f32]) {
+        let d = self.dims;
+        let (c, hd) = (d.d_model, d.head_dim());
+        let (kv, rep) = (d.n_kv_head * hd, d.n_head / d.n_kv_head);
+        dq.par_chunks_mut(c)
+            .zip(dk.par_chunks_mut(kv).zip(dv.par_chunks_mut(kv)))
+            .enumerate()
+            .for_each(|(i, (rq, (rk, rv)))| {
+                let row = &dqkv[i * 3 * c..][..3 * c];
+                rq.copy_from_slice(&row[..c]);
+                rk.fill(0.0);
+                rv.fill(0.0);
+                for h in 0..d.n_head {
+                    let dst = (h / rep) * hd;
+                    let (sk, sv) = (&row[c + h * hd..][..hd], &row[2 * c + h * hd..][..hd]);
+                    rk[dst..dst + hd]
+                        .iter_mut()
+                        .zip(sk)
+                        .for_each(|(o, &s)| *o += s);
+                    rv[dst..dst + hd]
+                        .iter_mut()
+                        .zip(sv)
+                        .for_each(|(o, &s)| *o += s);
+                }
+            });
+    }
+
+    /// `out = x W^T` (or `out +=` with `accumulate`) for `x` `[m, k]` and `w` `[n, k]`.
+    fn linear(
+        &self,
+        x: &[f32],
+        w: &[f32],
+        (m, k, n): (usize, usize, usize),
+        out: &mut [f32],
+        accumulate: bool,
+        packs: &mut PackBuffers,
+    ) {
+        let (a, b) = (MatRef::new(x, m, k), MatRef::transposed(w, k, n));
+        step_gemm(self.bf16, a, b, None, out, accumulate, packs);
+    }
+
+    /// The backward of [`LlamaStep::linear`] from `dy` `[m, n]` and its input `x`:
+    /// `dx = dy W` written (or added, with `add_dx`), `dw += dy^T x`.
+    fn linear_bwd(
+        &self,
+        (dy, x): (&[f32], &[f32]),
+        w: &[f32],
+        dw: &mut [f32],
+        (m, k, n): (usize, usize, usize),
+        (dx, add_dx): (&mut [f32], bool),
+        packs: &mut PackBuffers,
+    ) {
+        let dy_m = MatRef::new(dy, m, n);
+        step_gemm(
+            self.bf16,
+            dy_m,
+            MatRef::new(w, n, k),
+            None,
+            dx,
+            add_dx,
+            packs,
+        );
+        let (dyt, xm) = (MatRef::transposed(dy, n, m), MatRef::new(x, m, k));
+        step_gemm(self.bf16, dyt, xm, None, dw, true, packs);
+    }
+}
