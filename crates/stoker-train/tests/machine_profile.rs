@@ -30,6 +30,7 @@ fn figures() -> MachineFigures {
 
 fn at(precision: &str, d_model: usize, ranks: usize, threads: usize) -> StepAt {
     StepAt {
+        model: "gpt".into(),
         precision: precision.into(),
         path: "direct".into(),
         ranks_per_host: ranks,
@@ -123,6 +124,35 @@ fn the_mfu_is_the_step_s_own_else_interpolated_over_the_width() {
     let p = pick_mfu(&pts, &four).unwrap();
     assert_eq!(p.mfu, 1.0, "0.5 x 2, at most 1");
     assert!(p.basis.contains("nearest to this run's"), "{}", p.basis);
+}
+
+/// A Llama plans from the Llama's steps where the profile measured them, else from the
+/// GPT's, saying so.
+#[test]
+fn a_llama_plans_from_llama_steps_and_else_from_the_gpt_s_saying_so() {
+    let mut pts = points();
+    let llama = |d| {
+        let mut a = at("bf16", d, 1, 2);
+        a.model = "llama".into();
+        a
+    };
+    let p = pick_mfu(&pts, &llama(128)).unwrap();
+    assert_eq!(p.mfu, 0.5, "the GPT's step of that width");
+    assert!(
+        p.basis.contains("another family's steps: none of a llama"),
+        "{}",
+        p.basis
+    );
+    pts.push(point(llama(128), 0.42));
+    let p = pick_mfu(&pts, &llama(128)).unwrap();
+    assert_eq!(p.mfu, 0.42);
+    assert!(
+        p.basis.contains("bf16 direct llama step of this shape"),
+        "{}",
+        p.basis
+    );
+    // And a GPT still plans from the GPT's.
+    assert_eq!(pick_mfu(&pts, &at("bf16", 128, 1, 2)).unwrap().mfu, 0.5);
 }
 
 /// Two widths, each at 512 and 2048 tokens per micro-batch (micro-batches 4 and 16 of 128).
@@ -298,12 +328,22 @@ fn a_machine_calibration_measures_every_probe_step() {
     let path = tmp.path().join("profile.toml");
     let mut heard = 0;
     let profile = probe_machine(2, &[32, 64], &path, |_| heard += 1).unwrap();
-    // fp32 and (where the CPU has bf16 hardware) bf16 on the direct step by 1 rank of 2
-    // threads and 2 of 1; both on candle's fused graph by 1 rank; at each width and
-    // micro-batch.
+    // The GPT in fp32 and (where the CPU has bf16 hardware) bf16 on the direct step by 1
+    // rank of 2 threads and 2 of 1, both on candle's fused graph by 1 rank; the Llama on
+    // its direct step as the GPT; at each width and micro-batch.
     let bf16_direct = stoker_kernels::bf16_native();
-    let per_size = 2 + usize::from(bf16_direct) * 2 + 2;
+    let direct = 2 + usize::from(bf16_direct) * 2;
+    let per_size = 2 * direct + 2;
     let expected = 2 * per_size * stoker_train::machine::PROBE_MICRO_BATCHES.len();
+    let llamas = profile
+        .steps
+        .iter()
+        .filter(|p| p.at.model == "llama")
+        .count();
+    assert_eq!(
+        llamas,
+        2 * direct * stoker_train::machine::PROBE_MICRO_BATCHES.len()
+    );
     assert_eq!(profile.steps.len(), expected);
     assert_eq!(heard, expected);
     assert_eq!(profile.cpu, this_cpu());

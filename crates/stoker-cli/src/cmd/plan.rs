@@ -514,13 +514,14 @@ fn calibrate_machine(widths: &[usize], json: bool) -> anyhow::Result<()> {
     };
     say(format!(
         "calibrating this machine ({threads} threads): GEMM rates, memory and all-reduce \
-         bandwidth, then the training step of GPTs {widths:?} wide, 2 blocks, context 128, \
-         micro-batch {:?}",
+         bandwidth, then the training step of GPTs and Llamas {widths:?} wide, 2 blocks, \
+         context 128, micro-batch {:?}",
         stoker_train::machine::PROBE_MICRO_BATCHES
     ));
     let mut profile = stoker_train::machine::probe_machine(threads, widths, &path, |p| {
         say(format!(
-            "  {:>4} {:<6} d_model {:>4}, micro-batch {:>2}: {:>8.1} ms, MFU {:.3} ({} thread(s) x {} rank(s) at once)",
+            "  {:<5} {:>4} {:<6} d_model {:>4}, micro-batch {:>2}: {:>8.1} ms, MFU {:.3} ({} thread(s) x {} rank(s) at once)",
+            p.at.model,
             p.at.precision,
             p.at.path,
             p.at.d_model,

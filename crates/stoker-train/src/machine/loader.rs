@@ -92,7 +92,7 @@ pub fn probe_loader(cores: usize) -> Result<LoaderBench> {
     let mut points = Vec::new();
     let mut sample_bytes = None;
     for workers in probe_workers(cores) {
-        let mut cfg = super::probe::probe_config(64, 16, "fp32", "direct")?;
+        let mut cfg = super::probe::probe_config("gpt", 64, 16, "fp32", "direct")?;
         cfg.data.train = shard.0.clone();
         cfg.data.num_workers = workers;
         cfg.data.prefetch_factor = 2;

@@ -1,7 +1,7 @@
 //! This machine, measured: `stoker plan --calibrate` measures it instead of trusting a preset's typed-in
 //! constants, and turns the figures into planner inputs (`[plan.hardware]` and `[plan]
 //! mfu` of a training config), so later plans and every run's forecast use them. Alone
-//! ([`probe_machine`]) it measures the training step of GPTs of several widths into the
+//! ([`probe_machine`]) it measures the training step of GPTs and Llamas of several widths into the
 //! machine's profile ([`profile`]), which plans every config on this machine; with a
 //! config ([`calibrate`]), that config's own step.
 //!

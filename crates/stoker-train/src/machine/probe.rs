@@ -1,4 +1,4 @@
-//! The machine calibration's probes: GPTs of several widths and micro-batches whose
+//! The machine calibration's probes: GPTs and Llamas of several widths and micro-batches whose
 //! training steps a machine profile keeps, for plans to interpolate between.
 
 use super::figures::MachineFigures;
@@ -36,26 +36,38 @@ const PROBE_PASSES: usize = 3;
 /// Tokens per sequence of the probe GPTs (and of the loader probe's windows).
 pub(super) const PROBE_CONTEXT: usize = 128;
 
-/// A probe GPT's training config: `d_model` wide, `micro_batch` sequences of
-/// [`PROBE_CONTEXT`] tokens, in `precision`, on `kernels`; its data file is a placeholder
-/// (the step runs on synthetic tokens; the loader probe sets its own).
+/// A probe's training config: a `family` model (`gpt` or `llama`) `d_model` wide, 2
+/// blocks of 32-wide heads (one head where the width is not a multiple of 32; the
+/// Llama's key/value heads half its query heads where they divide, with Llama's default
+/// SwiGLU width), `micro_batch` sequences of [`PROBE_CONTEXT`] tokens, in `precision`, on
+/// `kernels`; its data file is a placeholder (the step runs on synthetic tokens; the
+/// loader probe sets its own).
 pub(super) fn probe_config(
+    family: &str,
     d_model: usize,
     micro_batch: usize,
     precision: &str,
     kernels: &str,
 ) -> Result<TrainConfig> {
+    let heads = match d_model % 32 {
+        0 => d_model / 32,
+        _ => 1,
+    };
+    let kv = match heads % 2 {
+        0 => format!("n_kv_head = {}\n", heads / 2),
+        _ => String::new(),
+    };
     let text = format!(
         "run_dir = \"runs/probe\"\nprecision = \"{precision}\"\nkernels = \"{kernels}\"\n\
          [data]\ntrain = \"probe.bin\"\n\
-         [model]\nkind = \"gpt\"\nvocab = 256\ncontext = {PROBE_CONTEXT}\nd_model = {d_model}\n\
-         n_layer = 2\nn_head = {}\n\
+         [model]\nkind = \"{family}\"\nvocab = 256\ncontext = {PROBE_CONTEXT}\nd_model = {d_model}\n\
+         n_layer = 2\nn_head = {heads}\n{}\
          [batch]\nmicro_batch = {micro_batch}\n\
          [optimizer]\nkind = \"adamw\"\nlr = 1e-3\n\
          [train]\nsteps = 1\n",
-        match d_model % 32 {
-            0 => d_model / 32,
-            _ => 1,
+        match family {
+            "llama" => kv,
+            _ => String::new(),
         }
     );
     TrainConfig::parse(&text, std::path::Path::new("(machine calibration probe)"))
@@ -66,9 +78,9 @@ pub(super) fn probe_config(
 /// probe GPTs `widths` wide ([`PROBE_WIDTHS`] by default; 32-wide heads where the width is
 /// a multiple of 32, else one head) in fp32
 /// and bf16 on the direct step and on candle's
-/// fused graph, by one rank on all `threads` cores and, with two cores or more, by two
+/// fused graph, and of probe Llamas as wide on their direct step, by one rank on all `threads` cores and, with two cores or more, by two
 /// ranks at once on half each (as `mpirun -n 2` runs them). `progress` hears each step
-/// measured. [`PROBE_PASSES`] passes over them, about 75 s on 2 cores. The profile is to
+/// measured. [`PROBE_PASSES`] passes over them, about 110 s on 2 cores. The profile is to
 /// be kept at `path`.
 pub fn probe_machine(
     threads: usize,
@@ -89,17 +101,24 @@ pub fn probe_machine(
     }
     // Every (config, ranks, threads per rank) the probes run.
     let mut probes = Vec::new();
-    for precision in ["fp32", "bf16"] {
-        for kernels in ["direct", "fused"] {
-            for &d in widths {
-                for mb in PROBE_MICRO_BATCHES {
-                    let cfg = probe_config(d, mb, precision, kernels)?;
-                    match kernels {
-                        // bf16 without bf16 hardware runs on the graph: measured there.
-                        "direct" if !cfg.direct_step() => {}
-                        "direct" => probes.extend(layouts.iter().map(|&l| (cfg.clone(), l))),
-                        // The graph's step is timed by one rank only: runs on it are rarer.
-                        _ => probes.push((cfg, layouts[0])),
+    // The GPT on both paths; the Llama on its direct step (its graph path plans from the
+    // GPT's graph steps: runs on it are rarer).
+    for (family, paths) in [
+        ("gpt", &["direct", "fused"][..]),
+        ("llama", &["direct"][..]),
+    ] {
+        for precision in ["fp32", "bf16"] {
+            for &kernels in paths {
+                for &d in widths {
+                    for mb in PROBE_MICRO_BATCHES {
+                        let cfg = probe_config(family, d, mb, precision, kernels)?;
+                        match kernels {
+                            // bf16 without bf16 hardware runs on the graph: measured there.
+                            "direct" if !cfg.direct_step() => {}
+                            "direct" => probes.extend(layouts.iter().map(|&l| (cfg.clone(), l))),
+                            // The graph's step is timed by one rank only.
+                            _ => probes.push((cfg, layouts[0])),
+                        }
                     }
                 }
             }
@@ -118,7 +137,7 @@ pub fn probe_machine(
     for ((cfg, (ranks, rank_threads)), pooled) in probes.iter().zip(times) {
         let step = step_time(pooled);
         let at = StepAt::of(cfg, *ranks, *rank_threads)
-            .ok_or_else(|| config_err("model.kind", "a probe is a GPT"))?;
+            .ok_or_else(|| config_err("model.kind", "a probe is a transformer"))?;
         let point = StepPoint {
             step_s: step,
             mfu: step_mfu(cfg, &machine, *ranks, step)?,

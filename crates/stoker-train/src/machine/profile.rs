@@ -53,9 +53,13 @@ pub struct MachineProfile {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StepAt {
+    /// The model family: `gpt` or `llama` (absent in a profile written before Llamas
+    /// were measured: `gpt`).
+    #[serde(default = "gpt_family")]
+    pub model: String,
     /// The planner's precision name (`fp32`, `bf16`, ...).
     pub precision: String,
-    /// `direct` (the GPT's own step), or `fused` / `composed` (candle's graph).
+    /// `direct` (the model's own step), or `fused` / `composed` (candle's graph).
     pub path: String,
     /// Ranks per host the MFU is planned at (each has the host's peak over these).
     pub ranks_per_host: usize,
@@ -63,7 +67,7 @@ pub struct StepAt {
     pub ranks_at_once: usize,
     /// Compute threads of each rank.
     pub threads_per_rank: usize,
-    /// The GPT's width.
+    /// The model's width.
     pub d_model: usize,
     /// Its blocks.
     pub n_layer: usize,
@@ -79,12 +83,16 @@ pub struct StepAt {
 
 impl StepAt {
     /// `cfg`'s step as `ranks_per_host` ranks of `threads_per_rank` threads run it at once
-    /// on one host; None for a model that is not a GPT (the planner models transformers).
+    /// on one host; None for a model that is not a transformer (the planner models
+    /// transformers: the GPT and the Llama).
     pub fn of(cfg: &TrainConfig, ranks_per_host: usize, threads_per_rank: usize) -> Option<Self> {
-        let ModelConfig::Gpt(g) = &cfg.model else {
-            return None;
+        let (model, d_model, n_layer, n_head, context, vocab) = match &cfg.model {
+            ModelConfig::Gpt(g) => ("gpt", g.d_model, g.n_layer, g.n_head, g.context, g.vocab),
+            ModelConfig::Llama(l) => ("llama", l.d_model, l.n_layer, l.n_head, l.context, l.vocab),
+            ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => return None,
         };
         Some(StepAt {
+            model: model.into(),
             precision: crate::planned::plan_precision(cfg.precision).into(),
             // Where `direct` cannot run the step (fp16, fp8), candle's graph runs it fused.
             path: match (cfg.direct_step(), cfg.kernels) {
@@ -96,33 +104,38 @@ impl StepAt {
             ranks_per_host: ranks_per_host.max(1),
             ranks_at_once: ranks_per_host.max(1),
             threads_per_rank: threads_per_rank.max(1),
-            d_model: g.d_model,
-            n_layer: g.n_layer,
-            n_head: g.n_head,
-            context: g.context,
-            vocab: g.vocab,
+            d_model,
+            n_layer,
+            n_head,
+            context,
+            vocab,
             micro_batch: cfg.batch.micro_batch,
         })
     }
 
     /// Whether `other` is the same model and micro-batch (layout aside).
     pub fn same_shape(&self, other: &StepAt) -> bool {
-        (
-            self.d_model,
-            self.n_layer,
-            self.n_head,
-            self.context,
-            self.vocab,
-            self.micro_batch,
-        ) == (
-            other.d_model,
-            other.n_layer,
-            other.n_head,
-            other.context,
-            other.vocab,
-            other.micro_batch,
-        )
+        self.model == other.model
+            && (
+                self.d_model,
+                self.n_layer,
+                self.n_head,
+                self.context,
+                self.vocab,
+                self.micro_batch,
+            ) == (
+                other.d_model,
+                other.n_layer,
+                other.n_head,
+                other.context,
+                other.vocab,
+                other.micro_batch,
+            )
     }
+}
+
+fn gpt_family() -> String {
+    "gpt".into()
 }
 
 /// The loader measured on token windows of `context` tokens ([`crate::machine::probe_loader`]).

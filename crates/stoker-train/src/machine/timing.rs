@@ -9,7 +9,6 @@ use stoker_comm::communicator::{CommExt, Communicator};
 use crate::accumulate::MicroBatch;
 use crate::config::TrainConfig;
 use crate::error::{config_err, Result};
-use crate::models::ModelConfig;
 use crate::trainer::Trainer;
 
 /// Seconds of each of `runs` calls of `f`.
@@ -73,18 +72,19 @@ pub(super) const STEP_RUNS: usize = 11;
 /// A trainer for `cfg` on one rank and one micro-batch of synthetic tokens, for
 /// [`concurrent_step_times`].
 fn step_trainer(cfg: &TrainConfig) -> Result<(Trainer, Vec<MicroBatch>)> {
-    let ModelConfig::Gpt(g) = &cfg.model else {
+    let (Some(context), Some(vocab)) = (cfg.model.context(), cfg.model.vocab()) else {
         return Err(config_err(
             "model.kind",
-            "calibration times the GPT's training step (the planner models transformers)",
+            "calibration times a transformer's training step, the GPT's or the Llama's \
+             (the planner models transformers)",
         ));
     };
     let one = one_micro_batch(cfg);
     let trainer = Trainer::new(&one)?;
-    let (b, t) = (one.batch.micro_batch, g.context);
+    let (b, t) = (one.batch.micro_batch, context);
     let ids = |salt: u64| -> Vec<i64> {
         (0..(b * t) as u64)
-            .map(|i| (crate::params::mix64(i ^ salt) % g.vocab as u64) as i64)
+            .map(|i| (crate::params::mix64(i ^ salt) % vocab as u64) as i64)
             .collect()
     };
     let window = vec![MicroBatch {

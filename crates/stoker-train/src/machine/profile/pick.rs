@@ -45,10 +45,25 @@ fn shape_distance(p: &StepAt, want: &StepAt) -> f64 {
 /// The MFU of `want`'s step from `points` (see the module docs): Err says why none
 /// applies (no step of its precision on its path).
 pub fn pick_mfu(points: &[StepPoint], want: &StepAt) -> Result<MfuPick, String> {
-    let same: Vec<&StepPoint> = points
+    let on_path = |p: &&StepPoint| p.at.precision == want.precision && p.at.path == want.path;
+    // The model's own family's steps; where the profile measured none on this path (a
+    // profile from before Llamas were measured, or the graph path, which is probed with
+    // GPTs alone), the other family's, said so in the basis.
+    let family: Vec<&StepPoint> = points
         .iter()
-        .filter(|p| p.at.precision == want.precision && p.at.path == want.path)
+        .filter(on_path)
+        .filter(|p| p.at.model == want.model)
         .collect();
+    let (same, borrowed) = match family.is_empty() {
+        false => (family, String::new()),
+        true => (
+            points.iter().filter(on_path).collect(),
+            format!(
+                " (from another family's steps: none of a {} here)",
+                want.model
+            ),
+        ),
+    };
     if same.is_empty() {
         return Err(format!(
             "it measured no {} step on the {} path",
@@ -78,8 +93,8 @@ pub fn pick_mfu(points: &[StepPoint], want: &StepAt) -> Result<MfuPick, String> 
     let done = |mfu: f64, what: String| MfuPick {
         mfu: mfu.clamp(1e-6, 1.0),
         basis: format!(
-            "{} {} step {what}, {layout_words}",
-            want.precision, want.path
+            "{} {} {} step{borrowed} {what}, {layout_words}",
+            want.precision, want.path, want.model
         ),
     };
     if let Some(p) = layout.iter().find(|p| p.at.same_shape(want)) {
