@@ -77,32 +77,51 @@ impl MachineFigures {
         format!(
             "calibration of this machine ({} cores):\n\
              \x20 GEMM fp32          {:>8.3} TFLOP/s  (2048 x 1024 x 1024, stoker's kernels)\n\
-             \x20 GEMM bf16 operands {:>8.3} TFLOP/s\n\
+             \x20 GEMM bf16 operands {:>8.3} TFLOP/s  ({})\n\
              \x20 host memory        {:>8.2} GB/s     (256 MiB copy)\n\
              \x20 all-reduce         {:>8.2} GB/s     (bus bandwidth, 2 in-process ranks, 16 MiB)\n",
             self.cores,
             self.fp32_tflops,
             self.bf16_tflops,
+            match stoker_kernels::bf16_native() {
+                true => "stoker's kernels, the CPU's bf16 instructions",
+                false => "candle's bf16 matmul: no bf16 hardware, bf16 steps run on the graph",
+            },
             self.host_mem_gbyte_s,
             self.allreduce_gbyte_s,
         )
     }
 }
 
-/// TFLOP/s of stoker's linear layer on a 2048 x 1024 x 1024 product: the best of 11
-/// runs, as a peak is what the machine can do; a median draws a busy spell of a shared
-/// machine into every MFU planned on it (docs/benchmarks.md, "Measurements behind code
-/// constants").
+/// TFLOP/s of the GEMM a step in this dtype runs, on a 2048 x 1024 x 1024 product: the
+/// best of 11 runs, as a peak is what the machine can do; a median draws a busy spell of
+/// a shared machine into every MFU planned on it (docs/benchmarks.md, "Measurements
+/// behind code constants"). fp32, and bf16 on a CPU with bf16 hardware: stoker's linear
+/// layer. bf16 without it: candle's bf16 matmul, which is what a bf16 step runs there (on
+/// the graph path; stoker's portable bf16 kernel measured 0.009 TFLOP/s here against the
+/// graph step's far higher rate, and every bf16 MFU clamped at 1).
 fn gemm_tflops(bf16_operands: bool) -> Result<f64> {
     let (m, k, n) = (2048usize, 1024usize, 1024usize);
     let x = Tensor::rand(-1f32, 1f32, (m, k), &Device::Cpu)?;
     let w = Tensor::rand(-1f32, 1f32, (n, k), &Device::Cpu)?;
     let b = Tensor::zeros(n, candle_core::DType::F32, &Device::Cpu)?;
-    stoker_kernels::linear_with(&x, &w, &b, bf16_operands)?;
+    let graph_bf16 = bf16_operands && !stoker_kernels::bf16_native();
+    let (xh, wt) = (
+        x.to_dtype(candle_core::DType::BF16)?,
+        w.to_dtype(candle_core::DType::BF16)?.t()?,
+    );
+    let run = || -> Result<()> {
+        match graph_bf16 {
+            true => drop(xh.matmul(&wt)?),
+            false => drop(stoker_kernels::linear_with(&x, &w, &b, bf16_operands)?),
+        }
+        Ok(())
+    };
+    run()?;
     let mut best = f64::INFINITY;
     for _ in 0..11 {
         let t0 = Instant::now();
-        stoker_kernels::linear_with(&x, &w, &b, bf16_operands)?;
+        run()?;
         best = best.min(t0.elapsed().as_secs_f64());
     }
     Ok(2.0 * (m * k * n) as f64 / best / 1e12)
