@@ -262,7 +262,7 @@ fn a_machine_calibration_plans_every_later_config_on_this_machine() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains(&used), "{text}");
     assert!(
-        text.contains("fp32 direct step interpolated between d_model 32"),
+        text.contains("fp32 direct gpt step interpolated between d_model 32"),
         "{text}"
     );
     // Its loader planned on the profile's synthetic shard: 0 workers sustain it.
@@ -306,7 +306,7 @@ fn a_machine_calibration_plans_every_later_config_on_this_machine() {
     let out = stoker_with_profile(p, &["plan", "--config", s(&cfg)]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("fp32 direct step of this shape measured"),
+        text.contains("fp32 direct gpt step of this shape measured"),
         "{text}"
     );
 

@@ -225,6 +225,21 @@ impl ParamBuilder {
         self.dtype
     }
 
+    /// Declares every row of a model's parameter table (stoker-kernels' GPT or Llama
+    /// table), each in its group, in the table's (execution) order.
+    pub fn params_of(&mut self, table: &[stoker_kernels::ParamSpec]) -> Result<()> {
+        for p in table {
+            self.set_group(p.group)?;
+            let init = match p.init {
+                stoker_kernels::SpecInit::Zeros => Init::Zeros,
+                stoker_kernels::SpecInit::Ones => Init::Ones,
+                stoker_kernels::SpecInit::Normal(std) => Init::Normal(std),
+            };
+            self.param(&p.name, &p.shape, init)?;
+        }
+        Ok(())
+    }
+
     /// Declares parameter `name` of `shape`, initialized by `init`.
     pub fn param(&mut self, name: &str, shape: &[usize], init: Init) -> Result<Var> {
         if self.params.iter().any(|p| p.name == name) {

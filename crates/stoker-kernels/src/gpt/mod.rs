@@ -24,6 +24,7 @@ use crate::embedding::scatter_add;
 use crate::error::KernelError;
 use crate::linear::{column_sums, gemm_f32_into};
 use crate::matmul::{gemm_write, Bf16Kernel, MatRef, PackBuffers};
+use crate::token_step::ShapeCache;
 use crate::{gelu, layer_norm};
 
 pub mod groups;
@@ -207,16 +208,11 @@ impl Acts {
 /// into a flat buffer. Reuses its activation buffers while the batch shape stays.
 pub struct GptStep {
     dims: GptDims,
-    offsets: GptOffsets,
+    pub(crate) offsets: GptOffsets,
     bf16: Option<Bf16Kernel>,
     eps: f32,
-    /// Activation buffers of the last [`SHAPES_KEPT`] batch shapes (rows), most recent
-    /// last: a window mixing two micro-batch lengths reuses both.
-    acts: Vec<Acts>,
+    acts: ShapeCache<Acts>,
 }
-
-/// Batch shapes whose activation buffers a step keeps.
-const SHAPES_KEPT: usize = 2;
 
 const OP: &str = "gpt-step";
 
@@ -255,51 +251,15 @@ impl GptStep {
             offsets,
             bf16: bf16_operands.then(Bf16Kernel::detect),
             eps: eps as f32,
-            acts: Vec::new(),
+            acts: ShapeCache::new(),
         })
-    }
-
-    /// A flat buffer (`what`) of `len` elements must reach past every parameter.
-    fn check_len(&self, what: &'static str, len: usize) -> Result<(), KernelError> {
-        let expected = self.offsets.end();
-        match len < expected {
-            true => Err(KernelError::Length {
-                op: OP,
-                what,
-                len,
-                expected,
-            }),
-            false => Ok(()),
-        }
     }
 
     fn check(&self, b: &GptBatch) -> Result<(), KernelError> {
         check_batch(OP, b, self.dims.vocab, self.dims.context)
     }
 
-    /// Forward and backward of one micro-batch: adds the gradient of
-    /// `grad_scale x (summed token loss)` into `grads` and returns the summed loss of the
-    /// valid targets (unscaled). `params` and `grads` are flat buffers laid out by the
-    /// offsets; `ready` hears of each parameter group as its gradients become final.
-    pub fn forward_backward(
-        &mut self,
-        params: &[f32],
-        batch: GptBatch,
-        grad_scale: f32,
-        grads: &mut [f32],
-        ready: GroupReady<'_>,
-    ) -> Result<f64, KernelError> {
-        self.check_len("params", params.len())?;
-        self.check_len("grads", grads.len())?;
-        let mut whole = Whole {
-            params,
-            grads,
-            ready,
-        };
-        self.forward_backward_groups(&mut whole, batch, grad_scale)
-    }
-
-    /// [`GptStep::forward_backward`] with the parameters and gradients of each group
+    /// [`crate::TokenStep::forward_backward`] with the parameters and gradients of each group
     /// wherever `source` keeps them (ZeRO-3: gathered one block at a time); the same
     /// arithmetic in the same order, so the same bits.
     pub fn forward_backward_groups(
@@ -330,41 +290,16 @@ impl GptStep {
 
     /// The activation buffers for `rows` rows: kept ones if a shape matched, else new.
     fn acts_for(&mut self, rows: usize) -> Acts {
-        match self.acts.iter().position(|a| a.n == rows) {
-            Some(i) => self.acts.remove(i),
-            None => Acts::new(rows, self.dims, self.bf16.is_some()),
-        }
+        let (dims, bf16) = (self.dims, self.bf16.is_some());
+        self.acts.take(rows, || Acts::new(rows, dims, bf16))
     }
 
-    /// Keeps `acts` as the most recent shape, dropping the oldest beyond [`SHAPES_KEPT`].
+    /// Keeps `acts` as the most recent shape.
     fn keep(&mut self, acts: Acts) {
-        self.acts.push(acts);
-        if self.acts.len() > SHAPES_KEPT {
-            self.acts.remove(0);
-        }
+        self.acts.keep(acts.n, acts);
     }
 
-    /// Evaluation of one micro-batch: the training forward (same buffers, same kernels,
-    /// no autograd graph) and the loss without its gradient. Returns the summed loss of
-    /// the valid targets, how many of them are the top-1 logit, and how many there are.
-    pub fn evaluate(
-        &mut self,
-        params: &[f32],
-        batch: GptBatch,
-    ) -> Result<(f64, usize, usize), KernelError> {
-        self.check_len("params", params.len())?;
-        // The forward reads parameters only; no gradient buffer, nobody to tell.
-        let mut no_grads: [f32; 0] = [];
-        let mut nobody = |_: usize, _: &[f32]| {};
-        let mut source = Whole {
-            params,
-            grads: &mut no_grads,
-            ready: &mut nobody,
-        };
-        self.evaluate_groups(&mut source, batch)
-    }
-
-    /// [`GptStep::evaluate`] with each group's parameters wherever `source` keeps them
+    /// [`crate::TokenStep::evaluate`] with each group's parameters wherever `source` keeps them
     /// (ZeRO-3: gathered one block at a time, as in training, instead of the whole model
     /// at once). Only the forward phase is asked for.
     pub fn evaluate_groups(
@@ -382,7 +317,7 @@ impl GptStep {
     }
 
     /// Bytes of the activation buffers and GEMM packing buffers this step holds now (up
-    /// to [`SHAPES_KEPT`] batch shapes), counted from the buffers.
+    /// to two batch shapes), counted from the buffers.
     pub fn activation_bytes(&self) -> usize {
         self.acts
             .iter()
@@ -845,6 +780,7 @@ pub(crate) fn step_gemm(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TokenStep;
 
     #[test]
     fn activation_floats_is_what_the_step_allocates() {
@@ -965,7 +901,7 @@ mod tests {
         assert_eq!(count, batch * t - 1);
         // Top-1 from the logits the evaluation left in its buffers.
         let v = 13;
-        let logits = &step.acts.last().unwrap().logits;
+        let logits = &step.acts.iter().last().unwrap().logits;
         let expected = logits
             .chunks_exact(v)
             .zip(&targets)

@@ -11,7 +11,8 @@
 //! gradients back. The step opens and closes parameter groups in the GPT step's order
 //! ([`crate::gpt::group_calls`]), so ZeRO-3's schedule serves both.
 //!
-//! stoker-train's `tests/direct_step.rs` holds this step's gradients to the candle graph's.
+//! [`crate::TokenStep`] gives it the whole-buffer entry points. stoker-train's
+//! `tests/direct_step.rs` holds this step's gradients to the candle graph's.
 
 use rayon::prelude::*;
 
@@ -22,14 +23,12 @@ use crate::cross_entropy::{loss_and_grad_in_place, loss_and_hits};
 use crate::embedding::scatter_add;
 use crate::error::KernelError;
 use crate::gpt::groups::check_view;
-use crate::gpt::{check_batch, step_gemm, GptBatch, GroupView, Phase, StepParams, Whole};
+use crate::gpt::{check_batch, step_gemm, GptBatch, GroupView, Phase, StepParams};
 use crate::matmul::{Bf16Kernel, MatRef, PackBuffers};
+use crate::token_step::ShapeCache;
 use crate::{rms_norm, rope, swiglu};
 
 const OP: &str = "llama-step";
-
-/// Batch shapes whose activation buffers a step keeps.
-const SHAPES_KEPT: usize = 2;
 
 /// One block's saved activations (`N = batch x t` rows).
 struct BlockActs {
@@ -174,12 +173,12 @@ impl Acts {
 /// added into a flat buffer. Reuses its activation buffers while the batch shape stays.
 pub struct LlamaStep {
     dims: LlamaDims,
-    offsets: LlamaOffsets,
+    pub(crate) offsets: LlamaOffsets,
     bf16: Option<Bf16Kernel>,
     eps: f32,
     /// The rotary tables for every position of the context: `cos`, `sin` `[context, hd/2]`.
     rotary: (Vec<f32>, Vec<f32>),
-    acts: Vec<Acts>,
+    acts: ShapeCache<Acts>,
 }
 
 impl LlamaStep {
@@ -223,46 +222,11 @@ impl LlamaStep {
             offsets,
             bf16: bf16_operands.then(Bf16Kernel::detect),
             eps: eps as f32,
-            acts: Vec::new(),
+            acts: ShapeCache::new(),
         })
     }
 
-    fn check_len(&self, what: &'static str, len: usize) -> Result<(), KernelError> {
-        let expected = self.offsets.end();
-        match len < expected {
-            true => Err(KernelError::Length {
-                op: OP,
-                what,
-                len,
-                expected,
-            }),
-            false => Ok(()),
-        }
-    }
-
-    /// Forward and backward of one micro-batch: adds the gradient of
-    /// `grad_scale x (summed token loss)` into `grads` and returns the summed loss of the
-    /// valid targets (unscaled); `ready` hears of each parameter group as its gradients
-    /// become final.
-    pub fn forward_backward(
-        &mut self,
-        params: &[f32],
-        batch: GptBatch,
-        grad_scale: f32,
-        grads: &mut [f32],
-        ready: crate::gpt::GroupReady<'_>,
-    ) -> Result<f64, KernelError> {
-        self.check_len("params", params.len())?;
-        self.check_len("grads", grads.len())?;
-        let mut whole = Whole {
-            params,
-            grads,
-            ready,
-        };
-        self.forward_backward_groups(&mut whole, batch, grad_scale)
-    }
-
-    /// [`LlamaStep::forward_backward`] with each group wherever `source` keeps it.
+    /// [`crate::TokenStep::forward_backward`] with each group wherever `source` keeps it.
     pub fn forward_backward_groups(
         &mut self,
         source: &mut dyn StepParams,
@@ -286,25 +250,7 @@ impl LlamaStep {
         result
     }
 
-    /// Evaluation of one micro-batch with the training forward: the summed loss of the
-    /// valid targets, how many are the top-1 logit, and how many there are.
-    pub fn evaluate(
-        &mut self,
-        params: &[f32],
-        batch: GptBatch,
-    ) -> Result<(f64, usize, usize), KernelError> {
-        self.check_len("params", params.len())?;
-        let mut no_grads: [f32; 0] = [];
-        let mut nobody = |_: usize, _: &[f32]| {};
-        let mut source = Whole {
-            params,
-            grads: &mut no_grads,
-            ready: &mut nobody,
-        };
-        self.evaluate_groups(&mut source, batch)
-    }
-
-    /// [`LlamaStep::evaluate`] with each group wherever `source` keeps it.
+    /// [`crate::TokenStep::evaluate`] with each group wherever `source` keeps it.
     pub fn evaluate_groups(
         &mut self,
         source: &mut dyn StepParams,
@@ -328,17 +274,12 @@ impl LlamaStep {
     }
 
     fn acts_for(&mut self, rows: usize) -> Acts {
-        match self.acts.iter().position(|a| a.n == rows) {
-            Some(i) => self.acts.remove(i),
-            None => Acts::new(rows, self.dims, self.bf16.is_some()),
-        }
+        let (dims, bf16) = (self.dims, self.bf16.is_some());
+        self.acts.take(rows, || Acts::new(rows, dims, bf16))
     }
 
     fn keep(&mut self, acts: Acts) {
-        self.acts.push(acts);
-        if self.acts.len() > SHAPES_KEPT {
-            self.acts.remove(0);
-        }
+        self.acts.keep(acts.n, acts);
     }
 
     fn open<'s>(
@@ -511,20 +452,17 @@ impl LlamaStep {
             let (head, norm) = (self.offsets.head - view.base, self.offsets.norm - view.base);
             self.linear_bwd(
                 (&a.logits, &a.hf),
-                &p[head..][..v * c],
-                &mut g[head..][..v * c],
+                (p, &mut *g, head),
                 (n, c, v),
                 (&mut a.dh, false),
                 &mut a.packs,
             );
-            rms_norm::bwd_into(
+            self.rms_bwd(
                 &a.x_out,
-                &p[norm..][..c],
+                (p, &mut *g, norm),
                 &a.dh,
-                c,
                 &a.rstdf,
                 (&mut a.dres, false),
-                &mut g[norm..][..c],
             );
         }
         source.done(layers + 1, Phase::Backward)?;
@@ -536,8 +474,7 @@ impl LlamaStep {
             // MLP: next = mid + down(swiglu(gate(h2), up(h2))).
             self.linear_bwd(
                 (&a.dres, &blk.act),
-                &p[bo.down..][..c * f],
-                &mut g[bo.down..][..c * f],
+                (p, &mut *g, bo.down),
                 (n, f, c),
                 (&mut a.dact, false),
                 packs,
@@ -546,27 +483,23 @@ impl LlamaStep {
             for (dy, at, add) in [(&a.dgate, bo.gate, false), (&a.dup, bo.up, true)] {
                 self.linear_bwd(
                     (dy, &blk.h2),
-                    &p[at..][..f * c],
-                    &mut g[at..][..f * c],
+                    (p, &mut *g, at),
                     (n, c, f),
                     (&mut a.dh, add),
                     packs,
                 );
             }
-            rms_norm::bwd_into(
+            self.rms_bwd(
                 &blk.mid,
-                &p[bo.post_norm..][..c],
+                (p, &mut *g, bo.post_norm),
                 &a.dh,
-                c,
                 &blk.rstd2,
                 (&mut a.dres, true),
-                &mut g[bo.post_norm..][..c],
             );
             // Attention: mid = x + o(attention(rope(q(h1)), rope(k(h1)), v(h1))).
             self.linear_bwd(
                 (&a.dres, &blk.att),
-                &p[bo.o..][..c * c],
-                &mut g[bo.o..][..c * c],
+                (p, &mut *g, bo.o),
                 (n, c, c),
                 (&mut a.datt, false),
                 packs,
@@ -587,21 +520,18 @@ impl LlamaStep {
             ] {
                 self.linear_bwd(
                     (dy, &blk.h1),
-                    &p[at..][..out * c],
-                    &mut g[at..][..out * c],
+                    (p, &mut *g, at),
                     (n, c, out),
                     (&mut a.dh, add),
                     packs,
                 );
             }
-            rms_norm::bwd_into(
+            self.rms_bwd(
                 &blk.x,
-                &p[bo.input_norm..][..c],
+                (p, &mut *g, bo.input_norm),
                 &a.dh,
-                c,
                 &blk.rstd1,
                 (&mut a.dres, true),
-                &mut g[bo.input_norm..][..c],
             );
             source.done(l + 1, Phase::Backward)?;
         }
@@ -679,17 +609,18 @@ impl LlamaStep {
         step_gemm(self.bf16, a, b, None, out, accumulate, packs);
     }
 
-    /// The backward of [`LlamaStep::linear`] from `dy` `[m, n]` and its input `x`:
+    /// The backward of [`LlamaStep::linear`] from `dy` `[m, n]` and its input `x`, the
+    /// weight `[n, k]` at `at` in the group's parameters `p` and gradients `g`:
     /// `dx = dy W` written (or added, with `add_dx`), `dw += dy^T x`.
     fn linear_bwd(
         &self,
         (dy, x): (&[f32], &[f32]),
-        w: &[f32],
-        dw: &mut [f32],
+        (p, g, at): (&[f32], &mut [f32], usize),
         (m, k, n): (usize, usize, usize),
         (dx, add_dx): (&mut [f32], bool),
         packs: &mut PackBuffers,
     ) {
+        let (w, dw) = (&p[at..][..n * k], &mut g[at..][..n * k]);
         let dy_m = MatRef::new(dy, m, n);
         step_gemm(
             self.bf16,
@@ -702,5 +633,19 @@ impl LlamaStep {
         );
         let (dyt, xm) = (MatRef::transposed(dy, n, m), MatRef::new(x, m, k));
         step_gemm(self.bf16, dyt, xm, None, dw, true, packs);
+    }
+
+    /// RMSNorm's backward for the gain at `at` in `p` (its gradient added in `g`): `dx`
+    /// written or, with `add`, added to.
+    fn rms_bwd(
+        &self,
+        x: &[f32],
+        (p, g, at): (&[f32], &mut [f32], usize),
+        dy: &[f32],
+        rstd: &[f32],
+        (dx, add): (&mut [f32], bool),
+    ) {
+        let c = self.dims.d_model;
+        rms_norm::bwd_into(x, &p[at..][..c], dy, c, rstd, (dx, add), &mut g[at..][..c]);
     }
 }

@@ -16,9 +16,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{io_err, Result};
+use crate::error::Result;
 use crate::layout::FlatLayout;
-use crate::model_files::{ckpt_err, write_synced};
+use crate::model_files::ckpt_err;
 use crate::models::GptConfig;
 
 /// The LayerNorm epsilon of stoker's GPT and of GPT-2.
@@ -135,7 +135,6 @@ pub fn export(
     end_of_text: Option<u32>,
     out: &Path,
 ) -> Result<PathBuf> {
-    std::fs::create_dir_all(out).map_err(|e| io_err(out, e))?;
     let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
     for s in layout.slots() {
         let (name, conv) = gpt2_name(&s.name);
@@ -149,19 +148,13 @@ pub fn export(
         };
         tensors.push((name, shape, data));
     }
-    super::write_tensors(out, &tensors)?;
-    let json = serde_json::to_vec_pretty(&Gpt2Config::of(config, end_of_text))
-        .map_err(|e| ckpt_err(out, e))?;
-    write_synced(&out.join("config.json"), &json)?;
-    Ok(out.to_path_buf())
+    super::write_dir(out, &tensors, &Gpt2Config::of(config, end_of_text))
 }
 
 /// Reads the Hugging Face GPT-2 directory `dir` into a flat buffer laid out by `layout`
 /// for the GPT `config`; errors name the file and the key or tensor that does not fit.
 pub fn import(config: &GptConfig, layout: &FlatLayout, dir: &Path) -> Result<Vec<f32>> {
-    let cp = dir.join("config.json");
-    let text = std::fs::read(&cp).map_err(|e| io_err(&cp, e))?;
-    let hf: Gpt2Config = serde_json::from_slice(&text).map_err(|e| ckpt_err(&cp, e))?;
+    let (hf, cp): (Gpt2Config, _) = super::read_config(dir)?;
     let want = Gpt2Config::of(config, None);
     let checks: [(&str, String, String); 8] = [
         ("model_type", hf.model_type.clone(), want.model_type.clone()),
@@ -209,22 +202,16 @@ pub fn import(config: &GptConfig, layout: &FlatLayout, dir: &Path) -> Result<Vec
             ),
         ));
     }
-    let sp = dir.join("model.safetensors");
-    let bytes = std::fs::read(&sp).map_err(|e| io_err(&sp, e))?;
-    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| ckpt_err(&sp, e))?;
-    let mut master = vec![0f32; layout.total_len()];
-    for s in layout.slots() {
+    super::read_weights(dir, layout, |s, st, sp| {
         let (name, conv) = gpt2_name(&s.name);
         let shape = match conv {
             true => vec![s.shape[1], s.shape[0]],
             false => s.shape.clone(),
         };
-        let x = super::read_f32(&st, &sp, &name, &shape)?;
-        let x = match conv {
+        let x = super::read_f32(st, sp, &name, &shape)?;
+        Ok(match conv {
             true => transpose(&x, shape[0], shape[1]),
             false => x,
-        };
-        master[s.offset..s.offset + s.len].copy_from_slice(&x);
-    }
-    Ok(master)
+        })
+    })
 }

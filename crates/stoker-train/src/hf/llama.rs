@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{io_err, Result};
+use crate::error::Result;
 use crate::layout::FlatLayout;
-use crate::model_files::{ckpt_err, write_synced};
+use crate::model_files::ckpt_err;
 use crate::models::LlamaConfig;
 
 /// The `config.json` fields stoker writes and checks (transformers' `LlamaConfig`).
@@ -127,7 +127,6 @@ pub fn export(
     end_of_text: Option<u32>,
     out: &Path,
 ) -> Result<PathBuf> {
-    std::fs::create_dir_all(out).map_err(|e| io_err(out, e))?;
     let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = layout
         .slots()
         .iter()
@@ -136,19 +135,13 @@ pub fn export(
             (hf_name(&s.name), s.shape.clone(), x)
         })
         .collect();
-    super::write_tensors(out, &tensors)?;
-    let json = serde_json::to_vec_pretty(&LlamaHfConfig::of(config, end_of_text))
-        .map_err(|e| ckpt_err(out, e))?;
-    write_synced(&out.join("config.json"), &json)?;
-    Ok(out.to_path_buf())
+    super::write_dir(out, &tensors, &LlamaHfConfig::of(config, end_of_text))
 }
 
 /// Reads the `LlamaForCausalLM` directory `dir` into a flat buffer laid out by `layout`
 /// for the Llama `config`; errors name the file and the key or tensor that does not fit.
 pub fn import(config: &LlamaConfig, layout: &FlatLayout, dir: &Path) -> Result<Vec<f32>> {
-    let cp = dir.join("config.json");
-    let text = std::fs::read(&cp).map_err(|e| io_err(&cp, e))?;
-    let hf: LlamaHfConfig = serde_json::from_slice(&text).map_err(|e| ckpt_err(&cp, e))?;
+    let (hf, cp): (LlamaHfConfig, _) = super::read_config(dir)?;
     let want = LlamaHfConfig::of(config, None);
     let sizes = [
         ("vocab_size", hf.vocab_size, want.vocab_size),
@@ -221,13 +214,7 @@ pub fn import(config: &LlamaConfig, layout: &FlatLayout, dir: &Path) -> Result<V
     if let Some(first) = wrong.into_iter().next() {
         return Err(ckpt_err(&cp, first));
     }
-    let sp = dir.join("model.safetensors");
-    let bytes = std::fs::read(&sp).map_err(|e| io_err(&sp, e))?;
-    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| ckpt_err(&sp, e))?;
-    let mut master = vec![0f32; layout.total_len()];
-    for s in layout.slots() {
-        let x = super::read_f32(&st, &sp, &hf_name(&s.name), &s.shape)?;
-        master[s.offset..s.offset + s.len].copy_from_slice(&x);
-    }
-    Ok(master)
+    super::read_weights(dir, layout, |s, st, sp| {
+        super::read_f32(st, sp, &hf_name(&s.name), &s.shape)
+    })
 }

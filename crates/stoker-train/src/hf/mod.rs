@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use safetensors::tensor::{Dtype as StDtype, TensorView};
 
-use crate::error::{config_err, Result};
+use crate::error::{config_err, io_err, Result};
 use crate::layout::FlatLayout;
 use crate::model_files::{ckpt_err, write_synced};
 use crate::models::ModelConfig;
@@ -51,8 +51,48 @@ fn no_form() -> crate::error::TrainError {
     )
 }
 
+/// Writes the directory `out`: `model.safetensors` of `(name, shape, f32 values)` and
+/// `config.json` of `config`.
+pub(crate) fn write_dir(
+    out: &Path,
+    tensors: &[(String, Vec<usize>, Vec<f32>)],
+    config: &impl serde::Serialize,
+) -> Result<PathBuf> {
+    std::fs::create_dir_all(out).map_err(|e| io_err(out, e))?;
+    write_tensors(out, tensors)?;
+    let json = serde_json::to_vec_pretty(config).map_err(|e| ckpt_err(out, e))?;
+    write_synced(&out.join("config.json"), &json)?;
+    Ok(out.to_path_buf())
+}
+
+/// `dir/config.json` parsed as `T`, and its path (for errors naming it).
+pub(crate) fn read_config<T: serde::de::DeserializeOwned>(dir: &Path) -> Result<(T, PathBuf)> {
+    let cp = dir.join("config.json");
+    let text = std::fs::read(&cp).map_err(|e| io_err(&cp, e))?;
+    let config = serde_json::from_slice(&text).map_err(|e| ckpt_err(&cp, e))?;
+    Ok((config, cp))
+}
+
+/// A flat buffer laid out by `layout` from `dir/model.safetensors`: each slot's values as
+/// `values_of(slot, file, path)` reads them (a name and shape of the format's, checked).
+pub(crate) fn read_weights(
+    dir: &Path,
+    layout: &FlatLayout,
+    values_of: impl Fn(&crate::layout::Slot, &safetensors::SafeTensors<'_>, &Path) -> Result<Vec<f32>>,
+) -> Result<Vec<f32>> {
+    let sp = dir.join("model.safetensors");
+    let bytes = std::fs::read(&sp).map_err(|e| io_err(&sp, e))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| ckpt_err(&sp, e))?;
+    let mut master = vec![0f32; layout.total_len()];
+    for s in layout.slots() {
+        let x = values_of(s, &st, &sp)?;
+        master[s.offset..s.offset + s.len].copy_from_slice(&x);
+    }
+    Ok(master)
+}
+
 /// Writes `(name, shape, f32 values)` as `out/model.safetensors` (PyTorch's format tag).
-pub(crate) fn write_tensors(out: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Result<()> {
+fn write_tensors(out: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Result<()> {
     let views: Vec<(String, TensorView)> = tensors
         .iter()
         .map(|(n, shape, d)| {

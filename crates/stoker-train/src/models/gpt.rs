@@ -9,9 +9,9 @@ use super::{DirectStep, LossKind, Model};
 use crate::error::{Result, TrainError};
 use crate::layout::FlatLayout;
 use crate::ops::{causal_attention_qkv, embedding, gelu, layer_norm, linear};
-use crate::params::{Init, ParamBuilder, ParamSet};
+use crate::params::{ParamBuilder, ParamSet};
 use crate::precision::Fx;
-use stoker_kernels::{GptDims, GptOffsets, SpecInit};
+use stoker_kernels::{GptDims, GptOffsets};
 
 /// GPT size, and where its initial weights come from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,15 +105,7 @@ impl Gpt {
 
     /// As [`Gpt::new`] with the values `b` gives (drawn, or a flat buffer's).
     pub fn with_builder(config: GptConfig, mut b: ParamBuilder) -> Result<Self> {
-        for p in stoker_kernels::gpt_params(&config.dims()) {
-            b.set_group(p.group)?;
-            let init = match p.init {
-                SpecInit::Zeros => Init::Zeros,
-                SpecInit::Ones => Init::Ones,
-                SpecInit::Normal(std) => Init::Normal(std),
-            };
-            b.param(&p.name, &p.shape, init)?;
-        }
+        b.params_of(&stoker_kernels::gpt_params(&config.dims()))?;
         let params = b.finish();
         let t = |name: String| -> Result<Tensor> {
             params

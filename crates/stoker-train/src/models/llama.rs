@@ -13,9 +13,9 @@ use super::{DirectStep, LossKind, Model};
 use crate::error::{Result, TrainError};
 use crate::layout::FlatLayout;
 use crate::ops::{causal_attention_gqa, embedding, linear, rms_norm, rope, swiglu};
-use crate::params::{Init, ParamBuilder, ParamSet};
+use crate::params::{ParamBuilder, ParamSet};
 use crate::precision::Fx;
-use stoker_kernels::{LlamaDims, LlamaOffsets, LlamaStep, SpecInit};
+use stoker_kernels::{LlamaDims, LlamaOffsets, LlamaStep};
 
 /// Llama size and options, with Llama's defaults where a key is left out.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -156,15 +156,7 @@ impl Llama {
     /// (drawn from its seed, a flat buffer's, or none).
     pub fn with_builder(config: LlamaConfig, mut b: ParamBuilder) -> Result<Self> {
         let dims = config.dims();
-        for p in stoker_kernels::llama_params(&dims) {
-            b.set_group(p.group)?;
-            let init = match p.init {
-                SpecInit::Zeros => Init::Zeros,
-                SpecInit::Ones => Init::Ones,
-                SpecInit::Normal(std) => Init::Normal(std),
-            };
-            b.param(&p.name, &p.shape, init)?;
-        }
+        b.params_of(&stoker_kernels::llama_params(&dims))?;
         let params = b.finish();
         let t = |name: String| -> Result<Tensor> {
             params
