@@ -278,19 +278,27 @@ fn resume_at_another_world_size_and_the_local_backend_continue_bit_identically()
     if !have_mpirun("resume_at_another_world_size_and_the_local_backend_continue_bit_identically") {
         return;
     }
+    for model in [Model::Gpt, Model::Llama] {
+        resume_elsewhere(model);
+    }
+}
+
+/// [`resume_at_another_world_size_and_the_local_backend_continue_bit_identically`] for
+/// `model`.
+fn resume_elsewhere(model: Model) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     write_data(dir);
     let det = "deterministic = true";
     // Uninterrupted: 1 rank, 8 steps.
-    let whole = config(dir, "whole", Model::Gpt, "fp32", "direct", 8, det);
+    let whole = config(dir, "whole", model, "fp32", "direct", 8, det);
     let o = train(1, &whole, &[]);
     assert!(o.status.success(), "{}", text(&o));
     let want = field(&o, "weights crc32:");
     // 4 steps on 2 ranks, then the last 4 on 1 rank, and on 4 ranks, from its checkpoint.
     for (first, then) in [(2, 1), (2, 4), (4, 2)] {
         let name = format!("split_{first}_{then}");
-        let c = config(dir, &name, Model::Gpt, "fp32", "direct", 8, det);
+        let c = config(dir, &name, model, "fp32", "direct", 8, det);
         let o = train(first, &c, &["--stop-after", "4"]);
         assert!(o.status.success(), "{}", text(&o));
         let o = train(then, &c, &["--resume", "latest"]);
@@ -306,7 +314,7 @@ fn resume_at_another_world_size_and_the_local_backend_continue_bit_identically()
     let local = config(
         dir,
         "local",
-        Model::Gpt,
+        model,
         "fp32",
         "direct",
         8,

@@ -8,7 +8,8 @@
 //! - pack images (JPEG records) -> train (the CNN on decoded photos);
 //! - pack docs (JSON Lines, GPT-2's BPE, shards with a validation split) -> train on the
 //!   training shards' pattern, evaluating on the validation shard;
-//! - export hf -> train from it (`[model] init_from`), starting at the exported loss;
+//! - export hf -> train from it (`[model] init_from`), starting at the exported loss (GPT
+//!   and Llama);
 //! - train --summary-json -> the fields scripts read (what the run printed).
 //!
 //! `plan --emit-config` -> train is tests/decision_flow.rs's.
@@ -227,8 +228,19 @@ fn jpeg_folders_packed_train_the_cnn() {
     assert!(accuracy(&o) >= 90.0, "{}", text(&o));
 }
 
+/// For the GPT (GPT-2) and the Llama (`LlamaForCausalLM`, grouped-query attention).
 #[test]
 fn an_exported_hugging_face_directory_starts_a_run_where_the_export_left_off() {
+    for model in [
+        "kind = \"gpt\"\nvocab = 16\ncontext = 16\nd_model = 16\nn_layer = 2\nn_head = 2",
+        "kind = \"llama\"\nvocab = 16\ncontext = 16\nd_model = 16\nn_layer = 2\nn_head = 4\n\
+         n_kv_head = 2\nffn_hidden = 24",
+    ] {
+        export_then_start_from_it(model);
+    }
+}
+
+fn export_then_start_from_it(model: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let corpus: String = (0..4000).map(|i| ["ab ", "cd ", "ef\n"][i % 3]).collect();
@@ -240,7 +252,6 @@ fn an_exported_hugging_face_directory_starts_a_run_where_the_export_left_off() {
         s(&dir.join("chars.bin")),
         s(&dir.join("chars.vocab.json"))
     );
-    let model = "kind = \"gpt\"\nvocab = 16\ncontext = 16\nd_model = 16\nn_layer = 2\nn_head = 2";
     let c = config(dir, "first", &data, model, "steps = 20");
     let json = dir.join("first.json");
     let first = stoker(&["train", s(&c), "--no-progress", "--summary-json", s(&json)]);
@@ -280,7 +291,7 @@ fn an_exported_hugging_face_directory_starts_a_run_where_the_export_left_off() {
     let again = number(&second, "eval loss");
     assert!(
         (again - trained).abs() <= 1e-4 * trained,
-        "{again} after import vs {trained} at export"
+        "{model}: {again} after import vs {trained} at export"
     );
 }
 

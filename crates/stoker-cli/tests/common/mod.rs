@@ -159,6 +159,7 @@ pub fn write_data(dir: &Path) {
 #[derive(Clone, Copy)]
 pub enum Model {
     Gpt,
+    Llama,
     Cnn,
     Mlp,
 }
@@ -175,7 +176,7 @@ pub fn config(
     extra: &str,
 ) -> PathBuf {
     let data = match model {
-        Model::Gpt => format!(
+        Model::Gpt | Model::Llama => format!(
             "train = \"{}\"\nvocab = \"{}\"",
             dir.join("corpus.bin").display(),
             dir.join("corpus.vocab.json").display()
@@ -191,6 +192,7 @@ pub fn config(
     };
     let model_t = match model {
         Model::Gpt => "kind = \"gpt\"\nvocab = 16\ncontext = 16\nd_model = 16\nn_layer = 2\nn_head = 2",
+        Model::Llama => "kind = \"llama\"\nvocab = 16\ncontext = 16\nd_model = 16\nn_layer = 2\nn_head = 4\nn_kv_head = 2\nffn_hidden = 24",
         Model::Cnn => "kind = \"cnn\"\nin_channels = 1\nimage_size = 8\nchannels1 = 2\nchannels2 = 3\nhidden = 8\nclasses = 4",
         Model::Mlp => "kind = \"mlp\"\ninput_shape = [6]\nhidden = [8]\nclasses = 3",
     };
