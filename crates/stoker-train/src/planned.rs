@@ -26,8 +26,8 @@ use stoker_plan::Plan;
 use crate::config::{OptimizerKind, StrategyKind, TrainConfig};
 use crate::error::{config_err, Result};
 use crate::layout::FlatLayout;
-use crate::models::GptConfig;
 use crate::models::ModelConfig;
+use crate::models::{GptConfig, LlamaConfig};
 use crate::parallel::ParallelDims;
 use crate::precision::Precision;
 
@@ -224,66 +224,86 @@ pub struct EmitPlace {
     pub train_data: PathBuf,
 }
 
-/// The trainer's GPT for the plan's architecture: GPT-2's layout only (learned positions,
-/// tied head, 4h MLP, one key/value head per head).
-fn gpt_for(arch: &Architecture) -> Result<GptConfig> {
-    let unsupported = |key: &str, what: String| {
+/// The trainer's model for the plan's architecture: a GPT for GPT-2's layout (learned
+/// positions, tied head, 4h MLP, one key/value head per head), a Llama for the Llama
+/// family (rotary positions, grouped-query attention, SwiGLU of the plan's width, untied
+/// head). What the trainer cannot build is refused naming the key.
+fn model_for(arch: &Architecture) -> Result<ModelConfig> {
+    let dim = |v: u64| usize::try_from(v).map_err(|_| config_err("model", "too large"));
+    let unsupported = |key: &str, what: String, layout: &str| {
         Err(config_err(
             format!("model.{key}"),
-            format!(
-                "{what}: the trainer builds GPT-2's layout only (learned positions, LayerNorm, \
-                 GELU, 4h MLP, tied head), so no training config is emitted"
-            ),
+            format!("{what}: the trainer builds {layout}, so no training config is emitted"),
         ))
     };
+    if arch.family == Family::Llama {
+        if arch.tied_embeddings {
+            return unsupported(
+                "tied_embeddings",
+                "true".into(),
+                "the Llama with an untied head",
+            );
+        }
+        return Ok(ModelConfig::Llama(LlamaConfig {
+            vocab: dim(arch.vocab)?,
+            context: dim(arch.context)?,
+            d_model: dim(arch.hidden)?,
+            n_layer: dim(arch.layers)?,
+            n_head: dim(arch.heads)?,
+            n_kv_head: Some(dim(arch.kv_heads)?),
+            ffn_hidden: Some(dim(arch.ffn_hidden)?),
+            rope_theta: 10_000.0,
+            norm_eps: 1e-5,
+            init_from: None,
+        }));
+    }
+    let gpt2 =
+        "GPT-2's layout (learned positions, LayerNorm, GELU, 4h MLP, tied head) or the Llama";
     if arch.family != Family::Gpt2 {
-        return unsupported("family", format!("{:?}", arch.family).to_lowercase());
+        return unsupported("family", format!("{:?}", arch.family).to_lowercase(), gpt2);
     }
     if arch.ffn_hidden != 4 * arch.hidden {
         return unsupported(
             "ffn_hidden",
             format!("{} (not 4 x {})", arch.ffn_hidden, arch.hidden),
+            gpt2,
         );
     }
     if arch.kv_heads != arch.heads {
         return unsupported(
             "kv_heads",
             format!("{} (grouped-query attention)", arch.kv_heads),
+            gpt2,
         );
     }
     if !arch.tied_embeddings {
-        return unsupported("tied_embeddings", "false".into());
+        return unsupported("tied_embeddings", "false".into(), gpt2);
     }
-    let dim = |v: u64| usize::try_from(v).map_err(|_| config_err("model", "too large"));
-    Ok(GptConfig {
+    Ok(ModelConfig::Gpt(GptConfig {
         vocab: dim(arch.vocab)?,
         context: dim(arch.context)?,
         d_model: dim(arch.hidden)?,
         n_layer: dim(arch.layers)?,
         n_head: dim(arch.heads)?,
         init_from: None,
-    })
+    }))
 }
 
-/// A fresh training config for `gpt`: nanoGPT's GPT-2 hyper-parameters (AdamW, lr 6e-4
+/// A fresh training config for `model`: nanoGPT's GPT-2 hyper-parameters (AdamW, lr 6e-4
 /// decaying to 6e-5 after 100 warmup steps, betas 0.9 / 0.95, weight decay 0.1, clipping
 /// at 1.0), 1000 steps. Parsed from TOML so that every other default stays the one the
 /// config types declare.
-fn fresh(gpt: &GptConfig, place: &EmitPlace) -> Result<TrainConfig> {
+fn fresh(model: &ModelConfig, place: &EmitPlace) -> Result<TrainConfig> {
     let quoted = |p: &PathBuf| toml::Value::String(p.display().to_string()).to_string();
+    let model = toml::to_string(model).map_err(|e| config_err("model", e.to_string()))?;
     let text = format!(
         "run_dir = {run_dir}\n\
          [data]\ntrain = {train}\n\
-         [model]\nkind = \"gpt\"\nvocab = {}\ncontext = {}\nd_model = {}\nn_layer = {}\nn_head = {}\n\
+         [model]\n{model}\
          [batch]\nmicro_batch = 1\n\
          [optimizer]\nkind = \"adamw\"\nlr = 6e-4\nmin_lr = 6e-5\nwarmup_steps = 100\n\
          beta2 = 0.95\nweight_decay = 0.1\ngrad_clip = 1.0\n\
          [train]\nsteps = 1000\neval_every = 100\ncheckpoint_every = 500\n",
-        gpt.vocab,
-        gpt.context,
-        gpt.d_model,
-        gpt.n_layer,
-        gpt.n_head,
         run_dir = quoted(&place.run_dir),
         train = quoted(&place.train_data),
     );
@@ -329,19 +349,30 @@ pub fn emit(
             "the plan offloads parameters, which the trainer does not build",
         ));
     }
-    let mut gpt = gpt_for(arch)?;
+    let mut model = model_for(arch)?;
     // The trainer's windows are `context` tokens long: a plan for shorter sequences than
     // the architecture's context trains that many (and a position table that size).
     let seq = usize::try_from(plan.inputs.setup.seq_len).unwrap_or(usize::MAX);
-    gpt.context = gpt.context.min(seq);
+    match &mut model {
+        ModelConfig::Gpt(g) => g.context = g.context.min(seq),
+        ModelConfig::Llama(l) => l.context = l.context.min(seq),
+        ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => {}
+    }
     let mut cfg = match base {
         Some(b) => b.clone(),
-        None => fresh(&gpt, place)?,
+        None => fresh(&model, place)?,
     };
-    if let ModelConfig::Gpt(old) = &cfg.model {
-        gpt.init_from = old.init_from.clone();
+    // What the plan's architecture does not say stays the base config's.
+    match (&mut model, &cfg.model) {
+        (ModelConfig::Gpt(new), ModelConfig::Gpt(old)) => new.init_from = old.init_from.clone(),
+        (ModelConfig::Llama(new), ModelConfig::Llama(old)) => {
+            new.init_from = old.init_from.clone();
+            new.rope_theta = old.rope_theta;
+            new.norm_eps = old.norm_eps;
+        }
+        _ => {}
     }
-    cfg.model = ModelConfig::Gpt(gpt);
+    cfg.model = model;
     let usize_of = |key: &str, v: u64| {
         usize::try_from(v).map_err(|_| config_err(key, format!("{v} does not fit this machine")))
     };

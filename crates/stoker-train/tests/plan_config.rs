@@ -287,6 +287,52 @@ fn a_plan_for_shorter_sequences_trains_windows_that_long() {
     assert_eq!(g.context, 256);
 }
 
+/// A Llama preset's plan emits a Llama (grouped-query heads, SwiGLU width, untied head)
+/// that the trainer parses, and that plans again alike.
+#[test]
+fn a_llama_plan_emits_a_llama_config() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (preset, nodes, want) in [
+        ("llama-7b", 1, (4096, 32, 32, 32, 11008, 32000, 1024)),
+        ("llama-70b", 8, (8192, 80, 64, 8, 28672, 32000, 1024)),
+    ] {
+        let planned_with = input(&format!(
+            "model = {{ preset = \"{preset}\" }}\n\
+             hardware = {{ preset = \"h100-80gb\", nodes = {nodes}, devices_per_node = 8 }}\n\
+             training = {{ global_batch = 64, seq_len = 1024 }}"
+        ));
+        let (plan, text) = emitted_text(&planned_with, tmp.path());
+        // An accelerator's config names its device, which this CPU build refuses by key
+        // (three_presets_... above): read it as the CPU's.
+        let on_cpu = text.replace("device = \"cuda\"", "device = \"cpu\"");
+        let cfg = TrainConfig::parse(&on_cpu, Path::new("emitted.toml")).unwrap();
+        let ModelConfig::Llama(l) = &cfg.model else {
+            panic!("{preset}: not a Llama: {text}")
+        };
+        let d = l.dims();
+        assert_eq!(
+            (
+                d.d_model,
+                d.n_layer,
+                d.n_head,
+                d.n_kv_head,
+                d.ffn_hidden,
+                d.vocab,
+                d.context
+            ),
+            want,
+            "{preset}"
+        );
+        let again =
+            plan_of(&stoker_train::planned::plan_input(&cfg, &PlanInput::default()).unwrap());
+        assert_eq!(
+            again.choice.as_ref().map(|c| c.parallel.strategy),
+            plan.choice.as_ref().map(|c| c.parallel.strategy),
+            "{preset}"
+        );
+    }
+}
+
 #[test]
 fn what_the_trainer_cannot_build_is_refused_by_key() {
     let tmp = tempfile::tempdir().unwrap();
@@ -299,8 +345,12 @@ fn what_the_trainer_cannot_build_is_refused_by_key() {
         }
     };
     assert_eq!(
-        refused("model = { preset = \"llama-7b\" }\nhardware = { preset = \"h100-80gb\" }"),
-        "model.family"
+        refused(
+            "model = { family = \"llama\", layers = 2, hidden = 64, heads = 4, vocab = 100, \
+             context = 32, tied_embeddings = true }\nhardware = { preset = \"cpu\" }\n\
+             training = { global_batch = 8 }"
+        ),
+        "model.tied_embeddings"
     );
     assert_eq!(
         refused("model = { params = \"7.5B\" }\nhardware = { preset = \"h100-80gb\" }\ntraining = { global_batch = 64, seq_len = 1024 }"),
