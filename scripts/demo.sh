@@ -30,6 +30,15 @@ python3 -c "import sys; sys.exit(0 if $eval_loss <= 2.0 else 1)" || { echo "erro
 echo "eval loss $eval_loss <= 2.0"
 echo "plots: runs/shakespeare/*.png"
 echo
+echo "== the same job on a Llama (RMSNorm, RoPE, grouped-query attention, SwiGLU; ~0.76M parameters): planned on the profile, trained, exported as LlamaForCausalLM =="
+"$STOKER" plan --config configs/shakespeare-llama.toml --emit-config runs/shakespeare-llama.toml | sed -n '1,/^model /p;/^Chosen/p'
+rm -rf runs/shakespeare-llama
+RAYON_NUM_THREADS=2 "$STOKER" train runs/shakespeare-llama.toml --no-progress --summary-json runs/llama.json | grep -E "^parameters|^eval loss|^throughput|^planned vs measured"
+llama_loss=$(field runs/llama.json eval_loss)
+python3 -c "import sys; sys.exit(0 if $llama_loss <= 2.0 else 1)" || { echo "error: the Llama's eval loss $llama_loss is above 2.0" >&2; exit 1; }
+echo "Llama eval loss $llama_loss <= 2.0 (the GPT's: $eval_loss)"
+"$STOKER" export hf runs/shakespeare-llama.toml --out runs/shakespeare-llama/hf
+echo
 echo "== data parallelism: the same GPT and global batch on 1 rank, then on 2 ranks (mpirun -n 2), deterministic mode =="
 echo "   (each config planned for its rank count on this machine's profile, and trained as emitted)"
 mkdir -p runs
@@ -72,7 +81,7 @@ RAYON_NUM_THREADS=2 "$STOKER" train runs/shakespeare-gpt-zero-resume.toml --resu
 "$STOKER" export hf runs/shakespeare-gpt-zero-resume.toml --out runs/shakespeare-zero/hf
 echo
 echo "== planned vs measured, every training run above (the forecast each printed at its start, checked at its end) =="
-for run in shakespeare ddp-1rank ddp-2ranks zero3-2ranks; do
+for run in shakespeare llama ddp-1rank ddp-2ranks zero3-2ranks; do
   python3 - "runs/$run.json" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
