@@ -94,6 +94,39 @@ fn precision_or_device_that_cannot_run_names_the_key() {
     assert!(parse(&t).unwrap_err().to_string().contains("model.n_head"));
 }
 
+/// A Llama's sizes that cannot build name their key: heads of odd width (rotary
+/// embeddings turn pairs), key/value heads that do not divide the query heads, a rotary
+/// base or epsilon that is not a positive number, and an unknown key.
+#[test]
+fn llama_sizes_that_cannot_build_name_the_key() {
+    let llama = |extra: &str| {
+        base(Path::new("/tmp")).replace("kind = \"gpt\"", &format!("kind = \"llama\"\n{extra}"))
+    };
+    assert!(
+        parse(&llama("n_kv_head = 2")).is_ok(),
+        "the base Llama parses"
+    );
+    for (extra, from, to, key) in [
+        ("n_kv_head = 3", "", "", "model.n_kv_head"),
+        ("n_kv_head = 0", "", "", "model.n_kv_head"),
+        ("rope_theta = -1.0", "", "", "model.rope_theta"),
+        ("norm_eps = 0.0", "", "", "model.norm_eps"),
+        ("ffn_hidden = 0", "", "", "model.ffn_hidden"),
+        ("", "n_head = 4", "n_head = 32", "model.n_head"),
+        ("rotary = true", "", "", "rotary"),
+    ] {
+        let mut t = llama(extra);
+        if !from.is_empty() {
+            t = t.replace(from, to);
+        }
+        let err = match parse(&t) {
+            Ok(_) => panic!("{extra}{to}: the config parsed"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains(key), "{extra}{to}: {err}");
+    }
+}
+
 #[test]
 fn dataset_that_does_not_fit_the_model_fails_before_training() {
     let tmp = tempfile::tempdir().unwrap();
