@@ -1,6 +1,7 @@
 //! stoker under a real Slurm, in a box (`scripts/slurm.sh`: munged, slurmctld and slurmd
 //! on this machine, stopped after each test): `srun -n 2` trains to the bits of
-//! `mpirun -n 2`; the documented sbatch script (`scripts/slurm/train.sbatch`), preempted
+//! `mpirun -n 2`, on one node and across two (a slurmd in each of two network
+//! namespaces); the documented sbatch script (`scripts/slurm/train.sbatch`), preempted
 //! by `scancel --signal=TERM` or by the time limit's warning to its shell, checkpoints,
 //! exits 75, is requeued and resumes to the bits of a run never stopped; a rank that dies
 //! under `srun` ends the job with stoker's message naming it.
@@ -24,13 +25,18 @@ fn repo() -> PathBuf {
 /// Whether this process is the one inside the box. Outside, runs `test` again inside a
 /// fresh box and checks that it passed there (or reports the skip when no box starts).
 fn inside_slurm_box(test: &str) -> bool {
+    inside_slurm_box_of(test, 1)
+}
+
+/// [`inside_slurm_box`] with `nodes` nodes (more than one: network namespaces).
+fn inside_slurm_box_of(test: &str, nodes: usize) -> bool {
     if std::env::var_os(IN_BOX).is_some() {
         return true;
     }
     let o = Command::new("timeout")
         .args(["-k", "5", "600", "bash"])
         .arg(repo().join("scripts/slurm.sh"))
-        .args(["--timeout", "400", "--"])
+        .args(["--nodes", &nodes.to_string(), "--timeout", "400", "--"])
         .arg(std::env::current_exe().unwrap())
         .args(["--exact", test, "--nocapture", "--test-threads=1"])
         .env(IN_BOX, "1")
@@ -104,6 +110,54 @@ fn srun_n_2_trains_to_the_bits_of_mpirun_n_2() {
     let o = train(2, &c, &[]);
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(by_srun, field(&o, "weights crc32:"));
+}
+
+/// Two nodes, each a slurmd in its own network namespace: `srun -N 2 -n 2` puts one rank on
+/// each, their collectives cross the bridge over TCP, and they end on the bits of
+/// `mpirun -n 2` on this machine.
+#[test]
+fn srun_across_two_nodes_trains_to_the_bits_of_mpirun_n_2() {
+    if !inside_slurm_box_of("srun_across_two_nodes_trains_to_the_bits_of_mpirun_n_2", 2) {
+        return;
+    }
+    let o = slurm(
+        "srun",
+        &["-N", "2", "-n", "2", "printenv", "SLURMD_NODENAME"],
+    );
+    let mut nodes: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(String::from)
+        .collect();
+    nodes.sort();
+    assert_eq!(nodes, ["sbox0", "sbox1"], "one rank per node");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_data(dir);
+    let det = "deterministic = true\nstrategy = \"zero2\"";
+    let c = config(dir, "nodes", Model::Gpt, "fp32", "direct", 8, det);
+    let o = Command::new("timeout")
+        .args([
+            "-k", "5", "180", "srun", "-N", "2", "-n", "2", STOKER, "train",
+        ])
+        .arg(&c)
+        .arg("--no-progress")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let across = field(&o, "weights crc32:");
+    // The baseline on this machine's own network, UCX as mpirun's default picks it.
+    let c = config(dir, "here", Model::Gpt, "fp32", "direct", 8, det);
+    let o = Command::new("timeout")
+        .args(["-k", "5", "180", "mpirun", "-n", "2", STOKER, "train"])
+        .arg(&c)
+        .arg("--no-progress")
+        .env_remove("UCX_TLS")
+        .env_remove("UCX_NET_DEVICES")
+        .env_remove("UCX_RNDV_THRESH")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(across, field(&o, "weights crc32:"));
 }
 
 /// A run long enough (hundreds of steps of a few ms) that a signal lands in its middle.
