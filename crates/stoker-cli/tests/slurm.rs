@@ -314,3 +314,14 @@ fn a_rank_killed_under_srun_ends_the_job_naming_it() {
         "the lost rank (pid {pid}) is not named: {out}"
     );
 }
+
+/// docs/distributed.md quotes the sbatch script these tests run, as it stands.
+#[test]
+fn the_documented_sbatch_script_is_the_tested_one() {
+    let script = std::fs::read_to_string(repo().join("scripts/slurm/train.sbatch")).unwrap();
+    let docs = std::fs::read_to_string(repo().join("docs/distributed.md")).unwrap();
+    assert!(
+        docs.contains(&format!("```bash\n{script}```")),
+        "docs/distributed.md's sbatch script differs from scripts/slurm/train.sbatch"
+    );
+}
