@@ -43,6 +43,7 @@ pub mod param_spec;
 pub mod reference;
 pub mod rms_norm;
 pub mod rope;
+mod shape_cache;
 pub mod softmax;
 pub mod swiglu;
 pub mod token_step;

@@ -1,7 +1,6 @@
 //! What a token model's step over flat buffers offers the trainer (the GPT's
 //! [`GptStep`], the Llama's [`LlamaStep`]): one interface, so the trainer's direct path
-//! serves both, and one place for what both steps do alike (the whole-buffer entry
-//! points, the activation buffers kept per batch shape).
+//! serves both, and one place for the whole-buffer entry points both steps share.
 
 use crate::error::KernelError;
 use crate::gpt::{GptBatch, GptStep, GroupReady, StepParams, Whole};
@@ -85,42 +84,6 @@ fn check_len(end: usize, what: &'static str, len: usize) -> Result<(), KernelErr
             expected: end,
         }),
         false => Ok(()),
-    }
-}
-
-/// Activation buffers of the last [`ShapeCache::KEPT`] batch shapes (rows), most recent
-/// last: a window mixing two micro-batch lengths reuses both.
-pub(crate) struct ShapeCache<A> {
-    kept: Vec<(usize, A)>,
-}
-
-impl<A> ShapeCache<A> {
-    /// Batch shapes kept.
-    const KEPT: usize = 2;
-
-    pub(crate) fn new() -> Self {
-        ShapeCache { kept: Vec::new() }
-    }
-
-    /// The buffers for `rows` rows: kept ones if a shape matched, else `make()`'s.
-    pub(crate) fn take(&mut self, rows: usize, make: impl FnOnce() -> A) -> A {
-        match self.kept.iter().position(|(r, _)| *r == rows) {
-            Some(i) => self.kept.remove(i).1,
-            None => make(),
-        }
-    }
-
-    /// Keeps `acts` (for `rows` rows) as the most recent shape, dropping the oldest.
-    pub(crate) fn keep(&mut self, rows: usize, acts: A) {
-        self.kept.push((rows, acts));
-        if self.kept.len() > Self::KEPT {
-            self.kept.remove(0);
-        }
-    }
-
-    /// The buffers kept, oldest first.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &A> {
-        self.kept.iter().map(|(_, a)| a)
     }
 }
 

@@ -4,8 +4,8 @@
 use serde::Serialize;
 
 use crate::loader::{self, LoaderBench, LoaderChoice};
-use crate::recommend::StrategyRow;
 use crate::resolve::Resolved;
+use crate::row::StrategyRow;
 use crate::units::fmt_rate;
 
 /// Decision (a): the data rate and, with a benchmark, the loader setting.

@@ -218,7 +218,7 @@ impl DsConfig {
             // DeepSpeed buckets hold 16-bit gradients.
             bucket_mb: self
                 .reduce_bucket_elems
-                .map(|e| e * 2.0 / crate::resolve::MIB),
+                .map(|e| e * 2.0 / crate::hardware::MIB),
             ..Default::default()
         })
     }

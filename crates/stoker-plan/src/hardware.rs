@@ -13,6 +13,8 @@ use crate::setup::Dtype;
 
 /// Bytes in a GiB.
 pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+/// Bytes in the MiB that `bucket_mb` counts (PyTorch's `bucket_cap_mb` is MiB too).
+pub const MIB: f64 = 1024.0 * 1024.0;
 /// Bytes in a GB (the ZeRO paper's unit).
 pub const GB: f64 = 1e9;
 

@@ -34,6 +34,7 @@ pub mod precision;
 pub mod recommend;
 pub mod report;
 pub mod resolve;
+pub mod row;
 pub mod setup;
 pub mod states_only;
 pub mod strategy;

@@ -4,34 +4,16 @@
 
 use serde::Serialize;
 
-use crate::comm::{communication, Comm};
+use crate::comm::communication;
 use crate::data::{decide_data, DataDecision};
 use crate::hardware::GB;
 use crate::loader::LoaderBench;
-use crate::memory::{self, MemoryEstimate};
+use crate::memory;
 use crate::resolve::Resolved;
+pub use crate::row::StrategyRow;
 use crate::strategy::{self, Stage, Strategy};
-use crate::time::{step_time, StepTime};
+use crate::time::step_time;
 use crate::units::{fmt_bytes, fmt_s};
-
-/// One strategy evaluated at its best micro-batch.
-#[derive(Clone, Debug, Serialize)]
-pub struct StrategyRow {
-    /// The strategy.
-    pub strategy: Strategy,
-    /// Its label, e.g. `zero2+offload-opt`.
-    pub label: String,
-    /// Sequences per device per micro-step.
-    pub micro_batch: u64,
-    /// Micro-steps per optimizer step.
-    pub accumulation_steps: u64,
-    /// Memory at that micro-batch.
-    pub memory: MemoryEstimate,
-    /// Collectives.
-    pub comm: Comm,
-    /// Step time.
-    pub time: StepTime,
-}
 
 /// The whole recommendation.
 #[derive(Clone, Debug, Serialize)]

@@ -12,6 +12,7 @@ use crate::recommend::{Decision, StrategyRow};
 use crate::resolve::Resolved;
 use crate::setup::Accounting;
 use crate::strategy::Strategy;
+pub use crate::units::group;
 
 /// One line of DeepSpeed's own estimator table (model states only).
 #[derive(Clone, Debug, Serialize)]
@@ -233,17 +234,4 @@ impl Plan {
         }
         o
     }
-}
-
-/// 124439808 -> "124,439,808".
-pub fn group(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }

@@ -19,8 +19,7 @@ pub const DEFAULT_SAFETY_MARGIN: f64 = 0.10;
 /// Default gradient bucket: 25 MiB, PyTorch DDP's bucket_cap_mb.
 pub const DEFAULT_BUCKET_MB: f64 = 25.0;
 
-/// Bytes in the MiB that `bucket_mb` counts (PyTorch's `bucket_cap_mb` is MiB too).
-pub const MIB: f64 = 1024.0 * 1024.0;
+pub use crate::hardware::MIB;
 
 /// Validated inputs, ready to plan.
 #[derive(Clone, Debug, Serialize)]
@@ -59,7 +58,7 @@ pub fn resolve(file: &PlanInput, ds: Option<&DsConfig>, cli: &PlanInput) -> Resu
         notes.push(format!(
             "model given by parameter count only ({}): activations and ZeRO-3's gathered layers \
              are not counted; give layers/hidden/heads/vocab for them",
-            crate::report::group(model.params)
+            crate::units::group(model.params)
         ));
     }
     let (setup, precision, pinned_strategy, pinned_accumulation) =

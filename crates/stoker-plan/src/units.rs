@@ -33,3 +33,16 @@ pub fn fmt_s(s: f64) -> String {
         format!("{:.1} us", s * 1e6)
     }
 }
+
+/// 124439808 -> "124,439,808".
+pub fn group(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}

@@ -24,7 +24,7 @@ use crate::embedding::scatter_add;
 use crate::error::KernelError;
 use crate::linear::{column_sums, gemm_f32_into};
 use crate::matmul::{gemm_write, Bf16Kernel, MatRef, PackBuffers};
-use crate::token_step::ShapeCache;
+use crate::shape_cache::ShapeCache;
 use crate::{gelu, layer_norm};
 
 pub mod groups;

@@ -25,7 +25,7 @@ use crate::error::KernelError;
 use crate::gpt::groups::check_view;
 use crate::gpt::{check_batch, step_gemm, GptBatch, GroupView, Phase, StepParams};
 use crate::matmul::{Bf16Kernel, MatRef, PackBuffers};
-use crate::token_step::ShapeCache;
+use crate::shape_cache::ShapeCache;
 use crate::{rms_norm, rope, swiglu};
 
 const OP: &str = "llama-step";
