@@ -328,38 +328,10 @@ impl LlamaStep {
             let (done, rest) = a.blocks.split_at_mut(l + 1);
             let blk = &mut done[l];
             let packs = &mut a.packs;
-            rms_norm::fwd_into(
-                &blk.x,
-                &p[bo.input_norm..][..c],
-                c,
-                self.eps,
-                &mut blk.h1,
-                &mut blk.rstd1,
-            );
-            self.linear(
-                &blk.h1,
-                &p[bo.q..][..c * c],
-                (n, c, c),
-                &mut a.q,
-                false,
-                packs,
-            );
-            self.linear(
-                &blk.h1,
-                &p[bo.k..][..kv * c],
-                (n, c, kv),
-                &mut a.k,
-                false,
-                packs,
-            );
-            self.linear(
-                &blk.h1,
-                &p[bo.v..][..kv * c],
-                (n, c, kv),
-                &mut a.v,
-                false,
-                packs,
-            );
+            self.rms_fwd(&blk.x, (p, bo.input_norm), &mut blk.h1, &mut blk.rstd1);
+            self.linear(&blk.h1, (p, bo.q), (n, c, c), &mut a.q, false, packs);
+            self.linear(&blk.h1, (p, bo.k), (n, c, kv), &mut a.k, false, packs);
+            self.linear(&blk.h1, (p, bo.v), (n, c, kv), &mut a.v, false, packs);
             rope::rotate(&mut a.q, (b.t, d.n_head, hd), self.tables(), 1.0);
             rope::rotate(&mut a.k, (b.t, d.n_kv_head, hd), self.tables(), 1.0);
             self.repeat_kv(&a.q, &a.k, &a.v, &mut blk.qkv);
@@ -370,61 +342,40 @@ impl LlamaStep {
                 &mut blk.lse,
             );
             blk.mid.copy_from_slice(&blk.x);
-            self.linear(
-                &blk.att,
-                &p[bo.o..][..c * c],
-                (n, c, c),
-                &mut blk.mid,
-                true,
-                packs,
-            );
-            rms_norm::fwd_into(
-                &blk.mid,
-                &p[bo.post_norm..][..c],
-                c,
-                self.eps,
-                &mut blk.h2,
-                &mut blk.rstd2,
-            );
+            self.linear(&blk.att, (p, bo.o), (n, c, c), &mut blk.mid, true, packs);
+            self.rms_fwd(&blk.mid, (p, bo.post_norm), &mut blk.h2, &mut blk.rstd2);
             self.linear(
                 &blk.h2,
-                &p[bo.gate..][..f * c],
+                (p, bo.gate),
                 (n, c, f),
                 &mut blk.gate,
                 false,
                 packs,
             );
-            self.linear(
-                &blk.h2,
-                &p[bo.up..][..f * c],
-                (n, c, f),
-                &mut blk.up,
-                false,
-                packs,
-            );
+            self.linear(&blk.h2, (p, bo.up), (n, c, f), &mut blk.up, false, packs);
             swiglu::fwd_into(&blk.gate, &blk.up, &mut blk.act);
             let next = match rest.first_mut() {
                 Some(nb) => &mut nb.x,
                 None => &mut a.x_out,
             };
             next.copy_from_slice(&blk.mid);
-            self.linear(
-                &blk.act,
-                &p[bo.down..][..c * f],
-                (n, f, c),
-                next,
-                true,
-                packs,
-            );
+            self.linear(&blk.act, (p, bo.down), (n, f, c), next, true, packs);
             source.done(l + 1, Phase::Forward)?;
         }
         {
             let view = self.open(source, last, Phase::Forward)?;
             let p = view.params;
-            let norm = &p[self.offsets.norm - view.base..][..c];
-            rms_norm::fwd_into(&a.x_out, norm, c, self.eps, &mut a.hf, &mut a.rstdf);
-            let head = &p[self.offsets.head - view.base..][..v * c];
-            self.linear(&a.hf, head, (n, c, v), &mut a.logits, false, &mut a.packs);
+            let norm = self.offsets.norm - view.base;
+            self.rms_fwd(&a.x_out, (p, norm), &mut a.hf, &mut a.rstdf);
+            let head = self.offsets.head - view.base;
+            self.linear(
+                &a.hf,
+                (p, head),
+                (n, c, v),
+                &mut a.logits,
+                false,
+                &mut a.packs,
+            );
         }
         source.done(last, Phase::Forward)?;
         // The GPT step's order (its tied head reads the embedding again here).
@@ -595,17 +546,21 @@ impl LlamaStep {
             });
     }
 
-    /// `out = x W^T` (or `out +=` with `accumulate`) for `x` `[m, k]` and `w` `[n, k]`.
+    /// `out = x W^T` (or `out +=` with `accumulate`) for `x` `[m, k]` and the weight
+    /// `[n, k]` at `at` in the group's parameters `p`.
     fn linear(
         &self,
         x: &[f32],
-        w: &[f32],
+        (p, at): (&[f32], usize),
         (m, k, n): (usize, usize, usize),
         out: &mut [f32],
         accumulate: bool,
         packs: &mut PackBuffers,
     ) {
-        let (a, b) = (MatRef::new(x, m, k), MatRef::transposed(w, k, n));
+        let (a, b) = (
+            MatRef::new(x, m, k),
+            MatRef::transposed(&p[at..][..n * k], k, n),
+        );
         step_gemm(self.bf16, a, b, None, out, accumulate, packs);
     }
 
@@ -633,6 +588,12 @@ impl LlamaStep {
         );
         let (dyt, xm) = (MatRef::transposed(dy, n, m), MatRef::new(x, m, k));
         step_gemm(self.bf16, dyt, xm, None, dw, true, packs);
+    }
+
+    /// RMSNorm of `x` with the gain at `at` in `p` into `y`, each row's `rstd` saved.
+    fn rms_fwd(&self, x: &[f32], (p, at): (&[f32], usize), y: &mut [f32], rstd: &mut [f32]) {
+        let c = self.dims.d_model;
+        rms_norm::fwd_into(x, &p[at..][..c], c, self.eps, y, rstd);
     }
 
     /// RMSNorm's backward for the gain at `at` in `p` (its gradient added in `g`): `dx`
