@@ -11,4 +11,4 @@ mod step;
 
 pub use offsets::LlamaOffsets;
 pub use spec::{llama_params, LlamaDims};
-pub use step::LlamaStep;
+pub use step::{activation_floats, gemm_pack_bytes, LlamaStep};

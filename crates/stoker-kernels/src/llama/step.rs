@@ -86,6 +86,28 @@ fn gemm_shapes(rows: usize, d: LlamaDims) -> Vec<(usize, usize, usize)> {
     shapes
 }
 
+/// f32 elements of the activation buffers the Llama step keeps for one micro-batch of
+/// `rows` rows (`N`): per block the residual input, both RMSNorm outputs, the attention
+/// output and the residual after it (5 N C), q with the repeated k and v (3 N C), gate,
+/// up and their product (3 N F), two `rstd` and one log-sum-exp per head and row; then the
+/// final stream and norm (2 N C + N), the logits (N V), and the scratch: the projections
+/// before the repeat (N C + 2 N KV hd) and the backward's (2 N C + 3 N C + N C + 3 N F).
+/// A test checks it against the allocation.
+pub fn activation_floats(rows: usize, d: LlamaDims) -> usize {
+    let (n, c, f) = (rows, d.d_model, d.ffn_hidden);
+    let kv = d.n_kv_head * d.head_dim();
+    let block = 8 * n * c + 3 * n * f + 2 * n + n * d.n_head;
+    let scratch = n * c + 2 * n * kv + 6 * n * c + 3 * n * f;
+    d.n_layer * block + 2 * n * c + n + n * d.vocab + scratch
+}
+
+/// Bytes of the buffers the Llama step with bf16 operands packs its GEMM operands into,
+/// for `rows` rows; 0 with f32 operands. A test checks it against a step's.
+pub fn gemm_pack_bytes(rows: usize, d: LlamaDims) -> usize {
+    let (a, b) = PackBuffers::words_for(gemm_shapes(rows, d));
+    4 * (a + b)
+}
+
 impl Acts {
     fn new(n: usize, d: LlamaDims, bf16_operands: bool) -> Self {
         let (c, f, v) = (d.d_model, d.ffn_hidden, d.vocab);
@@ -608,5 +630,81 @@ impl LlamaStep {
     ) {
         let c = self.dims.d_model;
         rms_norm::bwd_into(x, &p[at..][..c], dy, c, rstd, (dx, add), &mut g[at..][..c]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llama::llama_params;
+    use crate::TokenStep;
+
+    fn dims(vocab: usize, d_model: usize, n_layer: usize, heads: (usize, usize)) -> LlamaDims {
+        LlamaDims {
+            vocab,
+            context: 16,
+            d_model,
+            n_layer,
+            n_head: heads.0,
+            n_kv_head: heads.1,
+            ffn_hidden: 3 * d_model - 4,
+        }
+    }
+
+    #[test]
+    fn activation_floats_is_what_the_step_allocates() {
+        for (rows, d) in [
+            (1, dims(11, 8, 2, (2, 1))),
+            (2048, dims(96, 128, 4, (4, 2))),
+            (7, dims(3, 12, 0, (3, 3))),
+        ] {
+            assert_eq!(
+                Acts::new(rows, d, false).floats(),
+                activation_floats(rows, d),
+                "{d:?} rows {rows}"
+            );
+        }
+    }
+
+    /// After a whole bf16 step the packing buffers hold what `gemm_pack_bytes` says.
+    #[test]
+    fn gemm_pack_bytes_is_what_the_bf16_step_holds_after_a_step() {
+        for (d, batch, t) in [
+            (dims(13, 16, 2, (4, 2)), 3, 8),
+            (dims(9, 8, 0, (2, 2)), 2, 3),
+        ] {
+            let mut at = std::collections::HashMap::new();
+            let mut end = 0;
+            for p in llama_params(&d) {
+                at.insert(p.name.clone(), end);
+                end += p.shape.iter().product::<usize>();
+            }
+            let offsets = LlamaOffsets::from_table(&d, |n| at.get(n).copied()).unwrap();
+            let params: Vec<f32> = (0..end)
+                .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 4e-4)
+                .collect();
+            let rows = batch * t;
+            let tokens: Vec<i64> = (0..rows).map(|i| (i * 5 % d.vocab) as i64).collect();
+            let targets: Vec<i64> = (0..rows).map(|i| (i * 3 % d.vocab) as i64).collect();
+            for bf16 in [true, false] {
+                let mut step = LlamaStep::new(d, offsets.clone(), bf16, 1e-5, 1e4).unwrap();
+                let mut grads = vec![0f32; end];
+                let b = GptBatch {
+                    tokens: &tokens,
+                    targets: &targets,
+                    batch,
+                    t,
+                    ignore: -100,
+                };
+                step.forward_backward(&params, b, 1.0, &mut grads, &mut |_, _| {})
+                    .unwrap();
+                let packs = if bf16 { gemm_pack_bytes(rows, d) } else { 0 };
+                assert_eq!(
+                    step.activation_bytes(),
+                    4 * activation_floats(rows, d) + packs,
+                    "{d:?} rows {rows} bf16 {bf16}"
+                );
+            }
+        }
     }
 }

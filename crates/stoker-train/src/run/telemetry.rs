@@ -235,19 +235,31 @@ pub(crate) fn step_scratch_heap(
 }
 
 /// Bytes of the direct step's activation buffers for this run's micro-batch, with its
-/// bf16 GEMMs' packing buffers (GPT on the direct step; None on the graph path, whose
+/// bf16 GEMMs' packing buffers (the GPT or the Llama on the direct step; None on the graph path, whose
 /// candle tensors the trainer does not count).
 pub fn direct_activation_bytes(config: &TrainConfig, dims: &ParallelDims) -> Option<usize> {
+    if !config.direct_step() {
+        return None;
+    }
+    let bf16 = config.direct_bf16_operands();
     match &config.model {
-        ModelConfig::Gpt(g) if config.direct_step() => {
+        ModelConfig::Gpt(g) => {
             let rows = dims.micro_batch * g.context;
-            let packs = match config.direct_bf16_operands() {
+            let packs = match bf16 {
                 true => stoker_kernels::gemm_pack_bytes(rows, g.dims()),
                 false => 0,
             };
             Some(4 * stoker_kernels::activation_floats(rows, g.dims()) + packs)
         }
-        _ => None,
+        ModelConfig::Llama(l) => {
+            let rows = dims.micro_batch * l.context;
+            let packs = match bf16 {
+                true => stoker_kernels::llama::gemm_pack_bytes(rows, l.dims()),
+                false => 0,
+            };
+            Some(4 * stoker_kernels::llama::activation_floats(rows, l.dims()) + packs)
+        }
+        ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => None,
     }
 }
 
