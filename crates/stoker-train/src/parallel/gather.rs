@@ -84,6 +84,8 @@ impl GroupGather {
     /// replayed through a [`Source`] over a communicator that moves no data.
     pub fn planned_peak(&self) -> Result<usize> {
         let mut scratch = self.over_null_comm()?;
+        scratch.reduce.pool = super::reduce::Pool::counting();
+        // Never read or written: the counting pool's buffers are empty.
         let n = self.reduce.own_len();
         let (master, mut grads) = (vec![0f32; n], vec![0f32; n]);
         let mut source = Source {
@@ -118,9 +120,12 @@ impl GroupGather {
         let r = &mut self.reduce;
         let local = r.local(group);
         let mut input = r.pool.take(local.len());
-        input.copy_from_slice(&master[local]);
+        if !r.pool.is_counting() {
+            input.copy_from_slice(&master[local.clone()]);
+        }
         let output = r.pool.take(r.span(group).len());
-        let len = input.len();
+        // The buffer's logical length (a counting pool's buffers are empty).
+        let len = local.len();
         let p = r.comm.start_all_gather(
             Buffer::F32(input),
             &r.splits[group].counts,
@@ -156,7 +161,8 @@ impl GroupGather {
     fn free(&mut self, group: usize) -> Result<()> {
         self.wait(group)?;
         if let Slot::Ready(v) = std::mem::replace(&mut self.params[group], Slot::Free) {
-            self.reduce.pool.give(v);
+            let len = self.reduce.span(group).len();
+            self.reduce.pool.give(v, len);
         }
         Ok(())
     }

@@ -27,19 +27,40 @@ pub const REDUCING: usize = 1;
 
 /// A pool of zeroed f32 buffers, with the bytes handed out counted by length (a backend
 /// may keep a buffer it was handed, so the count cannot follow capacities; buffers are
-/// asked for in a few fixed sizes, which best-fit reuses exactly).
+/// asked for in a few fixed sizes, which best-fit reuses exactly). A counting pool
+/// ([`Pool::counting`]) hands out empty buffers and only counts: a schedule replayed to
+/// learn its peak touches no memory, whatever the model's size.
 #[derive(Default)]
 pub struct Pool {
     free: Vec<Vec<f32>>,
     in_use: usize,
     peak: usize,
+    counting: bool,
 }
 
 impl Pool {
+    /// A pool that counts what it would hand out and hands out empty buffers.
+    pub fn counting() -> Self {
+        Pool {
+            counting: true,
+            ..Pool::default()
+        }
+    }
+
+    /// Whether this pool only counts ([`Pool::counting`]).
+    pub fn is_counting(&self) -> bool {
+        self.counting
+    }
+
     /// A buffer of `len` zeros from the pool (the smallest that fits) or new; an empty
     /// one (a rank that owns nothing of a group) takes nothing from the pool.
     pub fn take(&mut self, len: usize) -> Vec<f32> {
         if len == 0 {
+            return Vec::new();
+        }
+        self.in_use += 4 * len;
+        self.peak = self.peak.max(self.in_use);
+        if self.counting {
             return Vec::new();
         }
         let best = (0..self.free.len())
@@ -51,14 +72,14 @@ impl Pool {
         };
         v.clear();
         v.resize(len, 0.0);
-        self.in_use += 4 * len;
-        self.peak = self.peak.max(self.in_use);
         v
     }
 
-    /// Gives `v` back.
-    pub fn give(&mut self, v: Vec<f32>) {
-        self.in_use -= 4 * v.len();
+    /// Gives back `v`, the buffer of `len` elements [`Pool::take`] handed out (or the one a
+    /// backend returned in its place: its own length is what comes back, except in a
+    /// counting pool, whose buffers are empty).
+    pub fn give(&mut self, v: Vec<f32>, len: usize) {
+        self.in_use -= 4 * if self.counting { len } else { v.len() };
         if v.capacity() > 0 {
             self.free.push(v);
         }
@@ -68,7 +89,7 @@ impl Pool {
     /// returned it, else only the accounting.
     pub fn gone(&mut self, input: Option<Vec<f32>>, len: usize) {
         match input {
-            Some(v) => self.give(v),
+            Some(v) => self.give(v, len),
             None => self.in_use -= 4 * len,
         }
     }
@@ -159,6 +180,8 @@ impl GroupReduce {
     /// to serve views; `tests/data_parallel.rs` holds the predicted bytes to the held ones.
     pub fn planned_peak(&self) -> Result<usize> {
         let mut scratch = self.over_null_comm()?;
+        scratch.pool = Pool::counting();
+        // Never written: the counting pool's reductions are empty.
         let mut shard = vec![0f32; self.own_len];
         for call in stoker_kernels::group_calls(self.splits.len()) {
             match call {
@@ -200,7 +223,8 @@ impl GroupReduce {
             return Ok(());
         };
         let output = self.pool.take(self.local(group).len());
-        let len = input.len();
+        // The buffer's logical length (a counting pool's buffers are empty).
+        let len = self.splits[group].span.len();
         let p = self.comm.start_reduce_scatter(
             Buffer::F32(input),
             &self.splits[group].counts,
@@ -222,10 +246,11 @@ impl GroupReduce {
         let (out, input) = p.wait_with_input()?;
         self.waited += t0.elapsed();
         let out = f32s(out, "reduced gradients")?;
-        for (g, s) in shard[self.local(group)].iter_mut().zip(&out) {
+        let local = self.local(group);
+        for (g, s) in shard[local.clone()].iter_mut().zip(&out) {
             *g += s;
         }
-        self.pool.give(out);
+        self.pool.give(out, local.len());
         let input = input.map(|b| f32s(b, "gradient buffer")).transpose()?;
         self.pool.gone(input, len);
         Ok(())
@@ -239,7 +264,8 @@ impl GroupReduce {
         }
         for group in 0..self.grads.len() {
             if let Some(v) = self.grads[group].take() {
-                self.pool.give(v);
+                let len = self.splits[group].span.len();
+                self.pool.give(v, len);
             }
         }
         Ok(())
