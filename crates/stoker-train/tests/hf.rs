@@ -8,7 +8,6 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 
 use common::*;
 use stoker_train::config::TrainConfig;
@@ -154,14 +153,7 @@ fn export_writes_gpt2_names_shapes_and_config_and_imports_back_bit_for_bit() {
 #[test]
 fn transformers_loads_the_export_with_stokers_logits_and_its_save_imports_back() {
     let test = "transformers_loads_the_export_with_stokers_logits_and_its_save_imports_back";
-    let pythons = common::hf_python::hf_pythons();
-    if pythons.is_empty() {
-        stoker_testkit::skip(
-            test,
-            "torch + transformers not installed (run `make test-hf` or scripts/install-hf.sh; ~4 GB with torch's CUDA libraries)",
-        );
-        return;
-    }
+    let pythons = common::hf_python::hf_pythons_or_skip(test);
     for pythonpath in pythons {
         check_gpt2_with(&pythonpath);
     }
@@ -182,29 +174,9 @@ fn check_gpt2_with(pythonpath: &str) {
     .unwrap();
     // stoker's logits over two sequences of the full context.
     let mb = token_batch(99, 2, 16, 16, &[]);
-    t.sync_vars().unwrap();
-    let logits = t.model().forward(&t.fx(), &mb.input).unwrap();
-    let logits: Vec<f32> = logits.flatten_all().unwrap().to_vec1().unwrap();
-    let tokens: Vec<i64> = mb.input.flatten_all().unwrap().to_vec1().unwrap();
-    let (tp, lp) = (tmp.path().join("tokens.npy"), tmp.path().join("logits.npy"));
-    stoker_testkit::write_npy(&tp, "<i8", &[2, 16], bytemuck::cast_slice(&tokens));
-    stoker_testkit::write_npy(&lp, "<f4", &[32, 16], bytemuck::cast_slice(&logits));
+    let (tp, lp) = common::hf_python::write_tokens_and_logits(tmp.path(), &t, &mb.input);
     let saved = tmp.path().join("saved");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ref/hf_gpt2_check.py");
-    let o = Command::new("timeout")
-        .args(["300", "python3"])
-        .arg(script)
-        .args([&out, &tp, &lp, &saved])
-        .env("PYTHONPATH", pythonpath)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    eprintln!("{text}");
-    assert!(o.status.success(), "transformers check failed: {text}");
+    common::hf_python::run_check_script("hf_gpt2_check.py", &[&out, &tp, &lp, &saved], pythonpath);
     let back = hf::gpt2::import(gpt(&c), t.layout(), &saved).unwrap();
     stoker_testkit::assert_bits_eq(&back, t.master(), "transformers' save_pretrained, imported");
 }

@@ -8,7 +8,6 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 
 use common::*;
 use stoker_train::config::TrainConfig;
@@ -135,24 +134,10 @@ fn export_writes_llama_names_shapes_and_config_and_imports_back_bit_for_bit() {
 #[test]
 fn transformers_and_stoker_give_the_same_llama_logits_both_ways() {
     let test = "transformers_and_stoker_give_the_same_llama_logits_both_ways";
-    let pythons = common::hf_python::hf_pythons();
-    if pythons.is_empty() {
-        stoker_testkit::skip(
-            test,
-            "torch + transformers not installed (run `make test-hf` or scripts/install-hf.sh; ~4 GB with torch's CUDA libraries)",
-        );
-        return;
-    }
+    let pythons = common::hf_python::hf_pythons_or_skip(test);
     for pythonpath in pythons {
         check_with(&pythonpath);
     }
-}
-
-/// stoker's logits for `mb`'s tokens from the trainer's weights.
-fn logits_of(t: &Trainer, input: &candle_core::Tensor) -> Vec<f32> {
-    t.sync_vars().unwrap();
-    let logits = t.model().forward(&t.fx(), input).unwrap();
-    logits.flatten_all().unwrap().to_vec1().unwrap()
 }
 
 fn check_with(pythonpath: &str) {
@@ -168,27 +153,10 @@ fn check_with(pythonpath: &str) {
     )
     .unwrap();
     let mb = token_batch(99, 2, 16, 16, &[]);
-    let logits = logits_of(&t, &mb.input);
-    let tokens: Vec<i64> = mb.input.flatten_all().unwrap().to_vec1().unwrap();
-    let (tp, lp) = (tmp.path().join("tokens.npy"), tmp.path().join("logits.npy"));
-    stoker_testkit::write_npy(&tp, "<i8", &[2, 16], bytemuck::cast_slice(&tokens));
-    stoker_testkit::write_npy(&lp, "<f4", &[32, 16], bytemuck::cast_slice(&logits));
+    let (tp, lp) = common::hf_python::write_tokens_and_logits(tmp.path(), &t, &mb.input);
     let (saved, fresh) = (tmp.path().join("saved"), tmp.path().join("fresh"));
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ref/hf_llama_check.py");
-    let o = Command::new("timeout")
-        .args(["300", "python3"])
-        .arg(script)
-        .args([&out, &tp, &lp, &saved, &fresh])
-        .env("PYTHONPATH", pythonpath)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    eprintln!("{text}");
-    assert!(o.status.success(), "transformers check failed: {text}");
+    let args: [&Path; 5] = [&out, &tp, &lp, &saved, &fresh];
+    common::hf_python::run_check_script("hf_llama_check.py", &args, pythonpath);
     let back = hf::import(&c.model, t.layout(), &saved).unwrap();
     stoker_testkit::assert_bits_eq(&back, t.master(), "transformers' save_pretrained, imported");
     // The other way: transformers' own random Llama, imported and run by stoker.
@@ -198,7 +166,7 @@ fn check_with(pythonpath: &str) {
     );
     let theirs =
         Trainer::new(&TrainConfig::parse(&text, Path::new("fresh.toml")).unwrap()).unwrap();
-    let ours = logits_of(&theirs, &mb.input);
+    let ours = common::hf_python::logits_of(&theirs, &mb.input);
     let want = read_npy_f32(&fresh.join("logits.npy"));
     assert_eq!(want.len(), ours.len());
     let d = stoker_testkit::max_abs_diff(&ours, &want);
