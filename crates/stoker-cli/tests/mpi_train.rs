@@ -12,7 +12,8 @@ use stoker_testkit::write_npy;
 
 mod common;
 use common::{
-    config, field, final_weights, have_mpirun, rel_l2, text, train, write_data, Model, STOKER,
+    config, field, final_weights, have_mpirun, rank_pid, rel_l2, spawn_logged, text, train,
+    wait_for, write_data, Model, STOKER,
 };
 
 #[test]
@@ -608,40 +609,19 @@ fn signal_rank_1(dir: &Path, signal: &str, extra: &str) -> (String, String, f64)
         extra,
     );
     let log = dir.join(format!("sig{signal}.log"));
-    // One file description for both streams, so that they share the offset.
-    let out = std::fs::File::create(&log).unwrap();
-    let mut child = Command::new("timeout")
-        .args(["-k", "5", "120", "mpirun", "-n", "2", STOKER, "train"])
-        .arg(&c)
-        .arg("--no-progress")
-        .stdout(Stdio::from(out.try_clone().unwrap()))
-        .stderr(Stdio::from(out))
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    let pid = loop {
+    let mut child = spawn_logged(
+        Command::new("timeout")
+            .args(["-k", "5", "120", "mpirun", "-n", "2", STOKER, "train"])
+            .arg(&c)
+            .arg("--no-progress"),
+        &log,
+    );
+    let metrics = dir.join(format!("sig{signal}")).join("metrics.jsonl");
+    wait_for("both ranks' start and the first logged step", 60, || {
         let s = std::fs::read_to_string(&log).unwrap_or_default();
-        let started = s.contains("rank 0 of 2: pid")
-            && dir
-                .join(format!("sig{signal}"))
-                .join("metrics.jsonl")
-                .exists();
-        if let (Some(l), true) = (s.lines().find(|l| l.contains("rank 1 of 2: pid")), started) {
-            break l
-                .split("pid ")
-                .nth(1)
-                .unwrap()
-                .split(' ')
-                .next()
-                .unwrap()
-                .to_string();
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "the job did not start: {s}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+        rank_pid(&s, 0, 2).is_some() && rank_pid(&s, 1, 2).is_some() && metrics.exists()
+    });
+    let pid = rank_pid(&std::fs::read_to_string(&log).unwrap(), 1, 2).unwrap();
     let k = Command::new("kill")
         .args([&format!("-{signal}"), &pid])
         .status()
@@ -837,18 +817,6 @@ fn a_second_sigterm_ends_the_run_at_once() {
     assert_eq!(status.code(), Some(128 + 15), "{status:?}");
 }
 
-/// Waits (up to 60 s) until `ready()` holds.
-fn wait_for(what: &str, ready: impl Fn() -> bool) {
-    let t0 = Instant::now();
-    while !ready() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// A dataset file truncated while `stoker bench loader` reads it through its memory map:
 /// one line naming the file, exit status 74 (not a bare SIGBUS, exit 135).
 #[test]
@@ -868,7 +836,7 @@ fn a_dataset_truncated_under_the_loader_is_named_not_a_bare_sigbus() {
         .stderr(Stdio::from(log))
         .spawn()
         .unwrap();
-    wait_for("the measurement to start", || {
+    wait_for("the measurement to start", 60, || {
         std::fs::read_to_string(&out).is_ok_and(|s| s.contains("workers prefetch"))
     });
     std::fs::OpenOptions::new()
@@ -908,7 +876,7 @@ fn a_token_shard_truncated_during_training_is_named_and_the_last_checkpoint_is_i
         .spawn()
         .unwrap();
     let ckpt = dir.join("cut/checkpoints/step_00000002");
-    wait_for("a checkpoint", || ckpt.join("COMMITTED").exists());
+    wait_for("a checkpoint", 60, || ckpt.join("COMMITTED").exists());
     let shard = dir.join("corpus.bin");
     std::fs::OpenOptions::new()
         .write(true)

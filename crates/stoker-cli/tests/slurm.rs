@@ -10,11 +10,13 @@
 //! installed, daemons not up within a minute) it says so loudly and skips.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
+use std::time::Instant;
 
 mod common;
-use common::{config, field, text, train, write_data, Model, STOKER};
+use common::{
+    config, field, rank_pid, spawn_logged, text, train, wait_for, write_data, Model, STOKER,
+};
 
 const IN_BOX: &str = "STOKER_IN_SLURM_BOX";
 
@@ -58,18 +60,6 @@ fn inside_slurm_box_of(test: &str, nodes: usize) -> bool {
         text(&o)
     );
     false
-}
-
-/// Waits (up to `secs`) until `ready()` holds.
-fn wait_for(what: &str, secs: u64, ready: impl Fn() -> bool) {
-    let t0 = Instant::now();
-    while !ready() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(secs),
-            "waited {secs} s for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 fn slurm(cmd: &str, args: &[&str]) -> Output {
@@ -274,27 +264,19 @@ fn a_rank_killed_under_srun_ends_the_job_naming_it() {
     write_data(dir);
     let c = long_config(dir, "die");
     let log = dir.join("die.log");
-    let out = std::fs::File::create(&log).unwrap();
-    let mut child = Command::new("timeout")
-        .args(["-k", "5", "120", "srun", "-n", "2", STOKER, "train"])
-        .arg(&c)
-        .arg("--no-progress")
-        .stdout(Stdio::from(out.try_clone().unwrap()))
-        .stderr(Stdio::from(out))
-        .spawn()
-        .unwrap();
+    let mut child = spawn_logged(
+        Command::new("timeout")
+            .args(["-k", "5", "120", "srun", "-n", "2", STOKER, "train"])
+            .arg(&c)
+            .arg("--no-progress"),
+        &log,
+    );
     let metrics = dir.join("die/metrics.jsonl");
     wait_for("both ranks' first step", 60, || {
-        std::fs::read_to_string(&log).is_ok_and(|s| s.contains("rank 1 of 2: pid"))
+        std::fs::read_to_string(&log).is_ok_and(|s| rank_pid(&s, 1, 2).is_some())
             && std::fs::read_to_string(&metrics).is_ok_and(|s| !s.is_empty())
     });
-    let s = std::fs::read_to_string(&log).unwrap();
-    let pid = s
-        .lines()
-        .find_map(|l| l.split("rank 1 of 2: pid ").nth(1))
-        .and_then(|l| l.split(' ').next())
-        .unwrap()
-        .to_string();
+    let pid = rank_pid(&std::fs::read_to_string(&log).unwrap(), 1, 2).unwrap();
     assert!(Command::new("kill")
         .args(["-KILL", &pid])
         .status()

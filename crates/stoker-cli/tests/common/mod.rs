@@ -3,7 +3,8 @@
 #![allow(dead_code)] // each test binary uses its own part
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 use stoker_testkit::write_npy;
 
 pub const STOKER: &str = env!("CARGO_BIN_EXE_stoker");
@@ -228,4 +229,35 @@ first_bucket_mb = 0.0005
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, text).unwrap();
     path
+}
+
+/// Waits (up to `secs` seconds) until `ready()` holds; the panic names `what`.
+pub fn wait_for(what: &str, secs: u64, ready: impl Fn() -> bool) {
+    let t0 = Instant::now();
+    while !ready() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(secs),
+            "timed out after {secs} s waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Starts `cmd` with stdout and stderr into `log` through one file description (so that
+/// they share the offset and interleave as written).
+pub fn spawn_logged(cmd: &mut Command, log: &Path) -> Child {
+    let out = std::fs::File::create(log).unwrap();
+    cmd.stdout(Stdio::from(out.try_clone().unwrap()))
+        .stderr(Stdio::from(out))
+        .spawn()
+        .unwrap()
+}
+
+/// The pid rank `rank` of `world` printed at its start (`stoker: rank R of N: pid P ...`).
+pub fn rank_pid(log: &str, rank: usize, world: usize) -> Option<String> {
+    let key = format!("rank {rank} of {world}: pid ");
+    log.lines()
+        .find_map(|l| l.split(&key).nth(1))
+        .and_then(|l| l.split(' ').next())
+        .map(String::from)
 }
