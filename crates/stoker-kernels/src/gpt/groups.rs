@@ -127,6 +127,19 @@ impl StepParams for Whole<'_, '_> {
     }
 }
 
+/// Group `group` from `source` for `phase`, checked to cover its span `range` of the flat
+/// layout (each step's `open`).
+pub(crate) fn open_group<'s>(
+    source: &'s mut dyn StepParams,
+    group: usize,
+    phase: Phase,
+    range: &Range<usize>,
+) -> Result<GroupView<'s>, KernelError> {
+    let view = source.group(group, phase)?;
+    check_view(&view, group, range, phase)?;
+    Ok(view)
+}
+
 /// Checks that `view` covers `range` (and its gradients do, in the backward), so that
 /// a wrong source is an error naming the group instead of an out-of-bounds panic.
 pub(crate) fn check_view(

@@ -30,7 +30,7 @@ use crate::{gelu, layer_norm};
 pub mod groups;
 pub mod spec;
 
-use groups::check_view;
+use groups::open_group;
 pub use groups::{group_calls, replay, GroupCall, GroupView, Phase, StepParams, Whole};
 pub use spec::{gpt_params, GptDims, GptOffsets, ParamSpec, SpecInit};
 
@@ -128,6 +128,16 @@ fn gemm_shapes(rows: usize, dims: GptDims) -> Vec<(usize, usize, usize)> {
 pub fn gemm_pack_bytes(rows: usize, dims: GptDims) -> usize {
     let (a, b) = PackBuffers::words_for(gemm_shapes(rows, dims));
     4 * (a + b)
+}
+
+impl crate::shape_cache::StepBuffers for Acts {
+    fn rows(&self) -> usize {
+        self.n
+    }
+
+    fn bytes(&self) -> usize {
+        4 * self.floats() + self.packs.bytes()
+    }
 }
 
 impl Acts {
@@ -284,7 +294,7 @@ impl GptStep {
             self.backward(source, &batch, &mut acts)?;
             Ok(loss)
         });
-        self.keep(acts);
+        self.acts.keep(acts);
         result
     }
 
@@ -292,11 +302,6 @@ impl GptStep {
     fn acts_for(&mut self, rows: usize) -> Acts {
         let (dims, bf16) = (self.dims, self.bf16.is_some());
         self.acts.take(rows, || Acts::new(rows, dims, bf16))
-    }
-
-    /// Keeps `acts` as the most recent shape.
-    fn keep(&mut self, acts: Acts) {
-        self.acts.keep(acts.n, acts);
     }
 
     /// [`crate::TokenStep::evaluate`] with each group's parameters wherever `source` keeps them
@@ -312,17 +317,14 @@ impl GptStep {
         let result = self
             .forward(source, &batch, &mut acts)
             .map(|()| loss_and_hits(&acts.logits, batch.targets, self.dims.vocab, batch.ignore));
-        self.keep(acts);
+        self.acts.keep(acts);
         result
     }
 
     /// Bytes of the activation buffers and GEMM packing buffers this step holds now (up
     /// to two batch shapes), counted from the buffers.
     pub fn activation_bytes(&self) -> usize {
-        self.acts
-            .iter()
-            .map(|a| 4 * a.floats() + a.packs.bytes())
-            .sum()
+        self.acts.bytes()
     }
 
     /// Group `group` from `source`, checked to cover the group's span.
@@ -332,9 +334,7 @@ impl GptStep {
         group: usize,
         phase: Phase,
     ) -> Result<GroupView<'s>, KernelError> {
-        let view = source.group(group, phase)?;
-        check_view(&view, group, &self.offsets.groups[group], phase)?;
-        Ok(view)
+        open_group(source, group, phase, &self.offsets.groups[group])
     }
 
     /// The forward pass up to the logits (`a.logits`), every activation kept for the

@@ -22,7 +22,7 @@ use crate::attention::{qkv_backward_f32, qkv_forward_f32};
 use crate::cross_entropy::{loss_and_grad_in_place, loss_and_hits};
 use crate::embedding::scatter_add;
 use crate::error::KernelError;
-use crate::gpt::groups::check_view;
+use crate::gpt::groups::open_group;
 use crate::gpt::{check_batch, step_gemm, GptBatch, GroupView, Phase, StepParams};
 use crate::matmul::{Bf16Kernel, MatRef, PackBuffers};
 use crate::shape_cache::ShapeCache;
@@ -106,6 +106,16 @@ pub fn activation_floats(rows: usize, d: LlamaDims) -> usize {
 pub fn gemm_pack_bytes(rows: usize, d: LlamaDims) -> usize {
     let (a, b) = PackBuffers::words_for(gemm_shapes(rows, d));
     4 * (a + b)
+}
+
+impl crate::shape_cache::StepBuffers for Acts {
+    fn rows(&self) -> usize {
+        self.n
+    }
+
+    fn bytes(&self) -> usize {
+        4 * self.floats() + self.packs.bytes()
+    }
 }
 
 impl Acts {
@@ -268,7 +278,7 @@ impl LlamaStep {
             self.backward(source, &batch, &mut acts)?;
             Ok(loss)
         });
-        self.keep(acts);
+        self.acts.keep(acts);
         result
     }
 
@@ -283,25 +293,18 @@ impl LlamaStep {
         let result = self
             .forward(source, &batch, &mut acts)
             .map(|()| loss_and_hits(&acts.logits, batch.targets, self.dims.vocab, batch.ignore));
-        self.keep(acts);
+        self.acts.keep(acts);
         result
     }
 
     /// Bytes of the activation and GEMM packing buffers this step holds now.
     pub fn activation_bytes(&self) -> usize {
-        self.acts
-            .iter()
-            .map(|a| 4 * a.floats() + a.packs.bytes())
-            .sum()
+        self.acts.bytes()
     }
 
     fn acts_for(&mut self, rows: usize) -> Acts {
         let (dims, bf16) = (self.dims, self.bf16.is_some());
         self.acts.take(rows, || Acts::new(rows, dims, bf16))
-    }
-
-    fn keep(&mut self, acts: Acts) {
-        self.acts.keep(acts.n, acts);
     }
 
     fn open<'s>(
@@ -310,9 +313,7 @@ impl LlamaStep {
         group: usize,
         phase: Phase,
     ) -> Result<GroupView<'s>, KernelError> {
-        let view = source.group(group, phase)?;
-        check_view(&view, group, &self.offsets.groups[group], phase)?;
-        Ok(view)
+        open_group(source, group, phase, &self.offsets.groups[group])
     }
 
     /// `(cos, sin)` of the rotary tables.
