@@ -241,26 +241,25 @@ pub fn direct_activation_bytes(config: &TrainConfig, dims: &ParallelDims) -> Opt
     if !config.direct_step() {
         return None;
     }
-    let bf16 = config.direct_bf16_operands();
-    match &config.model {
-        ModelConfig::Gpt(g) => {
-            let rows = dims.micro_batch * g.context;
-            let packs = match bf16 {
-                true => stoker_kernels::gemm_pack_bytes(rows, g.dims()),
-                false => 0,
-            };
-            Some(4 * stoker_kernels::activation_floats(rows, g.dims()) + packs)
-        }
-        ModelConfig::Llama(l) => {
-            let rows = dims.micro_batch * l.context;
-            let packs = match bf16 {
-                true => stoker_kernels::llama::gemm_pack_bytes(rows, l.dims()),
-                false => 0,
-            };
-            Some(4 * stoker_kernels::llama::activation_floats(rows, l.dims()) + packs)
-        }
-        ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => None,
-    }
+    let rows = dims.micro_batch * config.model.context()?;
+    let (floats, packs) = match &config.model {
+        ModelConfig::Gpt(g) => (
+            stoker_kernels::activation_floats(rows, g.dims()),
+            stoker_kernels::gemm_pack_bytes(rows, g.dims()),
+        ),
+        ModelConfig::Llama(l) => (
+            stoker_kernels::llama::activation_floats(rows, l.dims()),
+            stoker_kernels::llama::gemm_pack_bytes(rows, l.dims()),
+        ),
+        ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => return None,
+    };
+    // The packing buffers are the bf16 GEMM's only.
+    let packs = if config.direct_bf16_operands() {
+        packs
+    } else {
+        0
+    };
+    Some(4 * floats + packs)
 }
 
 /// The planner's forecast in one line (the run's start; its end adds what it measured).
