@@ -16,6 +16,17 @@
 //! [`optim`] holds the AdamW and SGD updates over flat FP32 buffers as single fused
 //! passes, bit-identical to stoker-train's optimizers, with an optional bf16 copy-out.
 //!
+//! Modules, one idea each:
+//! - ops (each a candle custom op, forward and backward): `attention` (causal, per head),
+//!   `cross_entropy`, `embedding`, `gelu`, `layer_norm`, `linear`, `rms_norm`, `rope`,
+//!   `softmax`, `swiglu`; `reference`: their composed twins;
+//! - arithmetic underneath: `matmul` (the bf16 GEMM), `fastmath` (exp, tanh), `elem`
+//!   (f32 / bf16 element access), `error` (typed errors naming the op);
+//! - the steps over flat buffers: `param_spec` (one row of a parameter table), `gpt` and
+//!   `llama` (each model's table, offsets and step), `token_step` (the trainer's interface
+//!   to both), `shape_cache` (their buffers per batch shape), `flat` (whole-buffer passes),
+//!   `optim` (AdamW, SGD).
+//!
 //! ```
 //! use candle_core::{Device, Tensor, Var};
 //! let x = Var::from_vec(vec![-1.0f32, 0.0, 2.0], 3, &Device::Cpu).unwrap();

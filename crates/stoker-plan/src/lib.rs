@@ -6,6 +6,14 @@
 //! that fits; [`emit::PlanChoice`] is what it chose, which `stoker plan --emit-config`
 //! writes as a training config in the trainer's own schema.
 //!
+//! Modules, one idea each: `input` (raw TOML and flag inputs), `resolve` (validated model,
+//! hardware and setup), `model`, `hardware`, `setup`, `deepspeed` (reading a ds_config);
+//! the estimates `activation`, `memory`, `comm`, `time`, `states_only`, `ds_estimate`,
+//! `trainer` (the trainer's own buffer count); the decisions `data` (a), `precision` (b),
+//! `strategy` and `recommend` (c), each strategy's result a `row`, `loader` (a loader
+//! benchmark); the output `report`, `units` (formatting), `emit` (the chosen settings for
+//! the trainer), `error`.
+//!
 //! ```
 //! use stoker_plan::{input::PlanInput, plan, resolve::resolve};
 //! let cli: PlanInput = toml::from_str(r#"
