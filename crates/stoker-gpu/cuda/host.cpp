@@ -1,0 +1,30 @@
+// The host build of stoker's GPU kernels: each entry of kernels.inc as a C function,
+// stoker_host_<name>, that runs the kernel's body over its whole grid on the CPU, lane by
+// lane (warp.h's HostWarp). Compiled by build.rs with the system C++ compiler and
+// -ffp-contract=off, so that its results are the device's bit for bit; the Rust tests
+// check it against stoker-kernels' CPU twins, and the device check checks the GPU
+// against it.
+#include "ops/classifier.cuh"
+#include "ops/elementwise.cuh"
+#include "ops/layernorm.cuh"
+#include "ops/reduce.cuh"
+#include "ops/softmax.cuh"
+
+#define STOKER_ELEMENTS(name, params, n, call)                                                  \
+  extern "C" void stoker_host_##name params {                                                   \
+    for (int64_t i = 0; i < (n); ++i) call;                                                     \
+  }
+
+#define STOKER_ROWS(name, params, rows, call)                                                   \
+  extern "C" void stoker_host_##name params {                                                   \
+    const stoker::HostWarp w{};                                                                 \
+    for (int64_t row = 0; row < (rows); ++row) call;                                            \
+  }
+
+#define STOKER_WARPS(name, params, warps, call)                                                 \
+  extern "C" void stoker_host_##name params {                                                   \
+    const stoker::HostWarp w{};                                                                 \
+    for (int wid = 0; wid < (warps); ++wid) call;                                               \
+  }
+
+#include "kernels.inc"

@@ -1,0 +1,47 @@
+// The fused classifier (llm.c's): softmax, cross-entropy and the logits' gradient in one
+// kernel, one warp per row; the probabilities are never stored, the gradient overwrites
+// the logits. The vocabulary is padded to Vp columns (GPT-2's 50,257 to 50,304); the
+// padding takes no part and gets gradient 0.
+#pragma once
+#include "../warp.h"
+
+namespace stoker {
+
+// Row `row`: losses[row] = logsumexp(x[:V]) - x[target] and, when `dscale` is not 0,
+// x[j] = dscale * (softmax(x)[j] - [j == target]) for j < V, 0 for V <= j < Vp. A row
+// whose target is `ignore` gets loss 0 and gradient 0.
+template <class W, class T>
+STOKER_HD void classifier_row(const W& w, int64_t row, T* logits, float* losses,
+                              const int32_t* targets, int V, int Vp, float dscale, int ignore) {
+  T* x = logits + row * Vp;
+  int target = targets[row];
+  if (target == ignore) {
+    w.each([&](int lane) {
+      if (dscale != 0.0f)
+        for (int j = lane; j < Vp; j += WARP) x[j] = store<T>(0.0f);
+      if (lane == 0) losses[row] = 0.0f;
+      return 0;
+    });
+    return;
+  }
+  auto stats = w.each([&](int lane) {
+    MaxSum acc{-INFINITY, 0.0f};
+    for (int j = lane; j < V; j += WARP) acc = push(acc, load(x[j]));
+    return acc;
+  });
+  MaxSum all = w.reduce(stats, CombineMaxSum{});
+  float lse = all.m + flog(all.s);
+  float xt = load(x[target]);
+  w.sync();  // every lane has read x[target] before any lane overwrites it
+  w.each([&](int lane) {
+    if (dscale != 0.0f)
+      for (int j = lane; j < Vp; j += WARP) {
+        float p = j < V ? fexp(load(x[j]) - lse) : 0.0f;
+        x[j] = store<T>(dscale * (j == target ? p - 1.0f : p));
+      }
+    if (lane == 0) losses[row] = lse - xt;
+    return 0;
+  });
+}
+
+}  // namespace stoker

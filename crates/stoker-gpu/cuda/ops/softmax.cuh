@@ -1,0 +1,53 @@
+// Causal attention's softmax, one warp per row of the [B*H, T, T] score matrix: the
+// forward scales, masks (keys after the query get probability 0) and normalizes in one
+// pass of statistics and one of writes; the backward is softmax's Jacobian-vector
+// product. The matrix products around them are cuBLAS's (the CPU twins' in tests).
+#pragma once
+#include "../warp.h"
+
+namespace stoker {
+
+// Row `row` (query t = row % T): att[j] = softmax_j(scale * pre[j]) for j <= t, 0 after.
+template <class W, class T>
+STOKER_HD void attention_softmax_forward_row(const W& w, int64_t row, T* att, const T* pre,
+                                             int T_, float scale) {
+  int t = int(row % T_);
+  const T* x = pre + row * T_;
+  T* y = att + row * T_;
+  auto stats = w.each([&](int lane) {
+    MaxSum acc{-INFINITY, 0.0f};
+    for (int j = lane; j <= t; j += WARP) acc = push(acc, scale * load(x[j]));
+    return acc;
+  });
+  MaxSum all = w.reduce(stats, CombineMaxSum{});
+  float inv = 1.0f / all.s;
+  w.each([&](int lane) {
+    for (int j = lane; j < T_; j += WARP)
+      y[j] = store<T>(j <= t ? fexp(scale * load(x[j]) - all.m) * inv : 0.0f);
+    return 0;
+  });
+}
+
+// Row `row` of the backward: dpre[j] = scale * att[j] * (datt[j] - sum_k att[k] datt[k])
+// for j <= t, 0 after. dpre may be datt (in place).
+template <class W, class T>
+STOKER_HD void attention_softmax_backward_row(const W& w, int64_t row, T* dpre, const T* datt,
+                                              const T* att, int T_, float scale) {
+  int t = int(row % T_);
+  const T* a = att + row * T_;
+  const T* g = datt + row * T_;
+  T* d = dpre + row * T_;
+  auto dots = w.each([&](int lane) {
+    float s = 0.0f;
+    for (int j = lane; j <= t; j += WARP) s += load(a[j]) * load(g[j]);
+    return s;
+  });
+  float dot = w.reduce(dots, Sum{});
+  w.each([&](int lane) {
+    for (int j = lane; j < T_; j += WARP)
+      d[j] = store<T>(j <= t ? scale * load(a[j]) * (load(g[j]) - dot) : 0.0f);
+    return 0;
+  });
+}
+
+}  // namespace stoker

@@ -1,0 +1,56 @@
+//! The kernels' by-value arguments, laid out as cuda/ops declares them (`repr(C)`).
+
+use stoker_kernels::AdamWStep;
+
+/// Attention's shape: batch, sequence, heads and head width (`Heads` in
+/// cuda/ops/elementwise.cuh).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Heads {
+    /// Batch.
+    pub b: i32,
+    /// Sequence length.
+    pub t: i32,
+    /// Heads.
+    pub h: i32,
+    /// Head width.
+    pub d: i32,
+}
+
+impl Heads {
+    /// Elements of one of q, k, v, or of the attention output: `b * h * t * d`.
+    pub fn elems(&self) -> usize {
+        [self.b, self.h, self.t, self.d]
+            .iter()
+            .map(|&x| x as usize)
+            .product()
+    }
+}
+
+/// AdamW's scalars for one step (`AdamW` in cuda/ops/elementwise.cuh): stoker-kernels'
+/// [`AdamWStep`], field for field, so the GPU update is the CPU's arithmetic.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWArgs {
+    decay: f32,
+    w1: f32,
+    beta2: f32,
+    w2: f32,
+    step_size: f32,
+    bc2_sqrt: f32,
+    eps: f32,
+}
+
+impl From<&AdamWStep> for AdamWArgs {
+    fn from(s: &AdamWStep) -> Self {
+        AdamWArgs {
+            decay: s.decay,
+            w1: s.w1,
+            beta2: s.beta2,
+            w2: s.w2,
+            step_size: s.step_size,
+            bc2_sqrt: s.bc2_sqrt,
+            eps: s.eps,
+        }
+    }
+}
