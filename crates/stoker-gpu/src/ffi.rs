@@ -1,36 +1,36 @@
-//! The host build's C functions (cuda/host.cpp: `stoker_host_<kernel>[_f32|_bf16]`), and
-//! one table of them per element type. Only [`crate::host`] calls them, after checking
-//! every length.
+//! The host build's C functions (cuda/host.cpp: `stoker_host_<kernel>[_f32|_bf16]`), one
+//! table per element type, and [`run`], which calls the one a [`Call`] names. Typed
+//! buffers travel as untyped pointers: the table picked fixes their element type.
 
-use half::bf16;
+use std::ffi::c_void;
 
 use crate::args::{AdamWArgs, Heads};
+use crate::call::{Addr, Call};
+use crate::elem::Dtype;
 
-/// Declares the typed kernels once: the table's fields, and the two extern blocks whose
-/// link names add `_f32` / `_bf16` (`T` is the element type in each).
+/// An untyped buffer pointer.
+type P = *mut c_void;
+
+/// Declares the typed kernels once: the table's fields and the two extern blocks whose
+/// link names add `_f32` / `_bf16`.
 macro_rules! typed_kernels {
-    ($($name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {
+    ($($name:ident($($ty:ty),* $(,)?);)*) => {
         /// One element type's host kernels.
-        pub struct HostFns<T> {
-            $(pub(crate) $name: unsafe extern "C" fn($($ty),*),)*
+        struct HostFns {
+            $($name: unsafe extern "C" fn($($ty),*),)*
         }
-        typed_kernels!(@externs f32_fns, f32, "_f32", $($name($($arg: $ty),*);)*);
-        typed_kernels!(@externs bf16_fns, bf16, "_bf16", $($name($($arg: $ty),*);)*);
-        /// The f32 kernels.
-        pub(crate) static F32: HostFns<f32> = HostFns { $($name: f32_fns::$name,)* };
-        /// The bf16 kernels.
-        pub(crate) static BF16: HostFns<bf16> = HostFns { $($name: bf16_fns::$name,)* };
+        typed_kernels!(@externs f32_fns, "_f32", $($name($($ty),*);)*);
+        typed_kernels!(@externs bf16_fns, "_bf16", $($name($($ty),*);)*);
+        static F32: HostFns = HostFns { $($name: f32_fns::$name,)* };
+        static BF16: HostFns = HostFns { $($name: bf16_fns::$name,)* };
     };
-    (@externs $module:ident, $t:ty, $suffix:literal, $($name:ident($($arg:ident: $ty:ty),*);)*) => {
+    (@externs $module:ident, $suffix:literal, $($name:ident($($ty:ty),*);)*) => {
         mod $module {
-            #[allow(unused_imports)]
             use super::*;
-            #[allow(dead_code)]
-            type T = $t;
             extern "C" {
                 $(
                     #[link_name = concat!("stoker_host_", stringify!($name), $suffix)]
-                    pub(crate) fn $name($($arg: $ty),*);
+                    pub(super) fn $name($(_: $ty),*);
                 )*
             }
         }
@@ -38,46 +38,226 @@ macro_rules! typed_kernels {
 }
 
 typed_kernels! {
-    encoder_forward(out: *mut T, tokens: *const i32, wte: *const T, wpe: *const T, n: i64, t: i32, c: i32);
-    encoder_backward_wpe(dwpe: *mut f32, dout: *const T, b: i32, t: i32, c: i32);
-    encoder_backward_wte(dwte: *mut f32, dout: *const T, uniq: *const i32, starts: *const i32, positions: *const i32, u: i32, c: i32);
-    gelu_forward(out: *mut T, inp: *const T, n: i64);
-    gelu_backward(dinp: *mut T, inp: *const T, dout: *const T, n: i64);
-    qkv_to_heads(qkvh: *mut T, qkv: *const T, g: Heads);
-    heads_to_qkv(dqkv: *mut T, dqkvh: *const T, g: Heads);
-    heads_to_merged(out: *mut T, heads: *const T, g: Heads);
-    merged_to_heads(dheads: *mut T, dout: *const T, g: Heads);
-    column_partials(partials: *mut f32, x: *const T, n: i64, cols: i32, r: i32, chunk: i64);
-    layernorm_forward(out: *mut T, mean: *mut f32, rstd: *mut f32, resid: *mut T, a: *const T, a2: *const T, weight: *const T, bias: *const T, n: i64, c: i32, eps: f32);
-    layernorm_backward(dinp: *mut T, partials: *mut f32, dout: *const T, inp: *const T, weight: *const T, mean: *const f32, rstd: *const f32, n: i64, c: i32, warps: i32);
-    attention_softmax_forward(att: *mut T, pre: *const T, rows: i64, t: i32, scale: f32);
-    attention_softmax_backward(dpre: *mut T, datt: *const T, att: *const T, rows: i64, t: i32, scale: f32);
-    classifier(logits: *mut T, losses: *mut f32, targets: *const i32, n: i64, v: i32, vp: i32, dscale: f32, ignore: i32);
+    encoder_forward(P, P, P, P, i64, i32, i32);
+    encoder_backward_wpe(P, P, i32, i32, i32);
+    encoder_backward_wte(P, P, P, P, P, i32, i32);
+    gelu_forward(P, P, i64);
+    gelu_backward(P, P, P, i64);
+    qkv_to_heads(P, P, Heads);
+    heads_to_qkv(P, P, Heads);
+    heads_to_merged(P, P, Heads);
+    merged_to_heads(P, P, Heads);
+    column_partials(P, P, i64, i32, i32, i64);
+    layernorm_forward(P, P, P, P, P, P, P, P, i64, i32, f32);
+    layernorm_backward(P, P, P, P, P, P, P, i64, i32, i32);
+    attention_softmax_forward(P, P, i64, i32, f32);
+    attention_softmax_backward(P, P, P, i64, i32, f32);
+    classifier(P, P, P, i64, i32, i32, f32, i32);
 }
 
 extern "C" {
-    #[link_name = "stoker_host_reduce_partials"]
-    pub(crate) fn reduce_partials(
-        dst: *mut f32,
-        partials: *const f32,
-        p: i32,
-        cols: i32,
-        stride: i64,
-    );
-    #[link_name = "stoker_host_adamw"]
-    pub(crate) fn adamw(
-        p: *mut f32,
-        g: *const f32,
-        m: *mut f32,
-        v: *mut f32,
-        copy: *mut bf16,
+    fn stoker_host_reduce_partials(dst: P, partials: P, p: i32, cols: i32, stride: i64);
+    fn stoker_host_adamw(
+        p: P,
+        g: P,
+        m: P,
+        v: P,
+        copy: P,
         n: i64,
         s: AdamWArgs,
         decay: i32,
         grad_scale: f32,
     );
-    #[link_name = "stoker_host_sum_partials"]
-    pub(crate) fn sum_partials(partials: *mut f32, x: *const f32, n: i64, squares: i32, warps: i32);
-    #[link_name = "stoker_host_sum"]
-    pub(crate) fn sum(out: *mut f32, x: *const f32, n: i64, accumulate: i32);
+    fn stoker_host_sum_partials(partials: P, x: P, n: i64, squares: i32, warps: i32);
+    fn stoker_host_sum(out: P, x: P, n: i64, accumulate: i32);
+}
+
+fn fns(d: Dtype) -> &'static HostFns {
+    match d {
+        Dtype::F32 => &F32,
+        Dtype::Bf16 => &BF16,
+    }
+}
+
+/// Runs `call` on the CPU.
+///
+/// # Safety
+/// Every address in `call` is a host pointer (or 0 where the kernel allows null) to as
+/// many elements as the call's shapes imply, valid for reads and writes.
+pub(crate) unsafe fn run(call: &Call) {
+    let p = |a: Addr| a as usize as P;
+    use Call::*;
+    // SAFETY: the caller's contract; each arm passes the call's fields in kernels.inc's order.
+    unsafe {
+        match *call {
+            EncoderForward {
+                dtype,
+                out,
+                tokens,
+                wte,
+                wpe,
+                n,
+                t,
+                c,
+            } => (fns(dtype).encoder_forward)(p(out), p(tokens), p(wte), p(wpe), n, t, c),
+            EncoderBackwardWpe {
+                dtype,
+                dwpe,
+                dout,
+                b,
+                t,
+                c,
+            } => (fns(dtype).encoder_backward_wpe)(p(dwpe), p(dout), b, t, c),
+            EncoderBackwardWte {
+                dtype,
+                dwte,
+                dout,
+                uniq,
+                starts,
+                positions,
+                u,
+                c,
+            } => (fns(dtype).encoder_backward_wte)(
+                p(dwte),
+                p(dout),
+                p(uniq),
+                p(starts),
+                p(positions),
+                u,
+                c,
+            ),
+            GeluForward { dtype, out, inp, n } => (fns(dtype).gelu_forward)(p(out), p(inp), n),
+            GeluBackward {
+                dtype,
+                dinp,
+                inp,
+                dout,
+                n,
+            } => (fns(dtype).gelu_backward)(p(dinp), p(inp), p(dout), n),
+            QkvToHeads { dtype, dst, src, g } => (fns(dtype).qkv_to_heads)(p(dst), p(src), g),
+            HeadsToQkv { dtype, dst, src, g } => (fns(dtype).heads_to_qkv)(p(dst), p(src), g),
+            HeadsToMerged { dtype, dst, src, g } => (fns(dtype).heads_to_merged)(p(dst), p(src), g),
+            MergedToHeads { dtype, dst, src, g } => (fns(dtype).merged_to_heads)(p(dst), p(src), g),
+            ColumnPartials {
+                dtype,
+                partials,
+                x,
+                n,
+                cols,
+                r,
+                chunk,
+            } => (fns(dtype).column_partials)(p(partials), p(x), n, cols, r, chunk),
+            LayernormForward {
+                dtype,
+                out,
+                mean,
+                rstd,
+                resid,
+                a,
+                a2,
+                weight,
+                bias,
+                n,
+                c,
+                eps,
+            } => (fns(dtype).layernorm_forward)(
+                p(out),
+                p(mean),
+                p(rstd),
+                p(resid),
+                p(a),
+                p(a2),
+                p(weight),
+                p(bias),
+                n,
+                c,
+                eps,
+            ),
+            LayernormBackward {
+                dtype,
+                dinp,
+                partials,
+                dout,
+                inp,
+                weight,
+                mean,
+                rstd,
+                n,
+                c,
+                warps,
+            } => (fns(dtype).layernorm_backward)(
+                p(dinp),
+                p(partials),
+                p(dout),
+                p(inp),
+                p(weight),
+                p(mean),
+                p(rstd),
+                n,
+                c,
+                warps,
+            ),
+            AttentionSoftmaxForward {
+                dtype,
+                att,
+                pre,
+                rows,
+                t,
+                scale,
+            } => (fns(dtype).attention_softmax_forward)(p(att), p(pre), rows, t, scale),
+            AttentionSoftmaxBackward {
+                dtype,
+                dpre,
+                datt,
+                att,
+                rows,
+                t,
+                scale,
+            } => (fns(dtype).attention_softmax_backward)(p(dpre), p(datt), p(att), rows, t, scale),
+            Classifier {
+                dtype,
+                logits,
+                losses,
+                targets,
+                n,
+                v,
+                vp,
+                dscale,
+                ignore,
+            } => {
+                (fns(dtype).classifier)(p(logits), p(losses), p(targets), n, v, vp, dscale, ignore)
+            }
+            ReducePartials {
+                dst,
+                partials,
+                p: parts,
+                cols,
+                stride,
+            } => stoker_host_reduce_partials(p(dst), p(partials), parts, cols, stride),
+            Adamw {
+                p: w,
+                g,
+                m,
+                v,
+                copy,
+                n,
+                s,
+                decay,
+                grad_scale,
+            } => stoker_host_adamw(p(w), p(g), p(m), p(v), p(copy), n, s, decay, grad_scale),
+            SumPartials {
+                partials,
+                x,
+                n,
+                squares,
+                warps,
+            } => stoker_host_sum_partials(p(partials), p(x), n, squares, warps),
+            Sum {
+                out,
+                x,
+                n,
+                accumulate,
+            } => stoker_host_sum(p(out), p(x), n, accumulate),
+        }
+    }
 }

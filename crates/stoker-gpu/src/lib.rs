@@ -1,21 +1,32 @@
-//! stoker's GPU kernels, written once (cuda/) and built twice: by the host C++ compiler
-//! into [`host`], which the CPU runs in tests against stoker-kernels' twins, and with the
-//! `cuda` feature by nvcc into a fatbin for the device, loaded through cudarc. The two
-//! builds agree bit for bit by construction (cuda/portable.h says how), so what the CPU
-//! checks here, the device check then only has to confirm.
+//! stoker's GPU kernels, written once (cuda/) and built twice: by the host C++ compiler,
+//! so that the CPU runs every kernel (the [`host::Host`] backend, which the tests hold
+//! against stoker-kernels), and with the `cuda` feature by nvcc into a fatbin the device
+//! backend loads through cudarc. The two builds agree bit for bit by construction
+//! (cuda/portable.h says how), so what the CPU checks here the device check only has to
+//! confirm.
 //!
-//! Modules, one idea each: `args` (by-value kernel arguments, `repr(C)`), `error`
-//! (what a call refuses), `ffi` (the host build's C functions), `host` (safe calls over
-//! slices), `token_groups` (the embedding backward's one-writer-per-row index).
+//! Layers, bottom up: `call` (one launch as data: name, grid, arguments), `backend` (flat
+//! buffers, views, launching), `host` (the CPU backend, through `ffi`), `ids` (ids checked
+//! before upload), `kernels` (every kernel as a checked call, for any backend). Beside
+//! them: `args` (by-value arguments, `repr(C)`), `elem` (element types), `error`,
+//! `token_groups` (the embedding backward's one-writer-per-row index).
 #![deny(missing_docs)]
 
 pub mod args;
+pub mod backend;
+pub mod call;
+pub mod elem;
 pub mod error;
 mod ffi;
 pub mod host;
+pub mod ids;
+pub mod kernels;
 pub mod token_groups;
 
 pub use args::{AdamWArgs, Heads};
+pub use backend::{Backend, View};
+pub use elem::{Act, Dtype, Elem};
 pub use error::GpuError;
-pub use host::Act;
+pub use host::Host;
+pub use ids::{Groups, Ids};
 pub use token_groups::TokenGroups;

@@ -6,8 +6,7 @@ mod common;
 
 use candle_core::{Device, Tensor};
 use common::*;
-use stoker_gpu::host;
-use stoker_gpu::TokenGroups;
+use stoker_gpu::{kernels, Groups, Host, TokenGroups};
 use stoker_testkit::{assert_bits_eq, assert_close};
 
 #[test]
@@ -20,22 +19,25 @@ fn gelu_is_stoker_kernels_gelu_bit_for_bit() {
     let grads = (&y * &dyt).unwrap().sum_all().unwrap().backward().unwrap();
     let want_dx = values(grads.get(xv.as_tensor()).unwrap());
 
-    let mut out = vec![0.0f32; x.len()];
-    host::gelu_forward(&mut out, &x).unwrap();
-    assert_bits_eq(&out, &values(&y), "gelu forward f32");
-    let mut g = dy.clone();
-    host::gelu_backward_in_place(&x, &mut g).unwrap();
+    let (xb, out, g) = (up(&x), zeros::<f32>(x.len()), up(&dy));
+    kernels::gelu_forward(&Host, all(&out), all(&xb)).unwrap();
+    assert_bits_eq(&down(&out), &values(&y), "gelu forward f32");
+    kernels::gelu_backward(&Host, all(&g), all(&xb), all(&g)).unwrap();
     // Equal values (tolerance 0): candle's gradient store adds into zeros, which turns
     // the kernel's -0.0 into +0.0, so the bits differ there only.
-    assert_close(&g, &want_dx, 0.0, "gelu backward f32");
+    assert_close(&down(&g), &want_dx, 0.0, "gelu backward f32");
 
     // bf16 storage: widened, computed in f32, rounded to nearest even on both sides.
-    let xb = to_bf16(&x);
-    let yb =
-        stoker_kernels::gelu(&Tensor::from_slice(&xb, x.len(), &Device::Cpu).unwrap()).unwrap();
-    let mut outb = vec![half::bf16::ZERO; x.len()];
-    host::gelu_forward(&mut outb, &xb).unwrap();
-    assert_bits_eq(&from_bf16(&outb), &values(&yb), "gelu forward bf16");
+    let x16 = to_bf16(&x);
+    let y16 =
+        stoker_kernels::gelu(&Tensor::from_slice(&x16, x.len(), &Device::Cpu).unwrap()).unwrap();
+    let (xb16, out16) = (up(&x16), zeros::<half::bf16>(x.len()));
+    kernels::gelu_forward(&Host, all(&out16), all(&xb16)).unwrap();
+    assert_bits_eq(
+        &from_bf16(&down(&out16)),
+        &values(&y16),
+        "gelu forward bf16",
+    );
 }
 
 #[test]
@@ -59,23 +61,33 @@ fn embedding_and_its_gradients_match_the_cpu_ops() {
     let dyt = Tensor::from_slice(&dout, (b, t, c), &Device::Cpu).unwrap();
     let grads = (&y * &dyt).unwrap().sum_all().unwrap().backward().unwrap();
 
-    let mut out = vec![0.0f32; b * t * c];
-    host::encoder_forward(&mut out, &tokens, &wte, &wpe, t, c).unwrap();
-    assert_bits_eq(&out, &values(&y), "encoder forward");
+    let (wteb, wpeb, doutb) = (up(&wte), up(&wpe), up(&dout));
+    let out = zeros::<f32>(b * t * c);
+    kernels::encoder_forward(
+        &Host,
+        all(&out),
+        &ids_on_host(&tokens, v, None),
+        all(&wteb),
+        all(&wpeb),
+        t,
+        c,
+    )
+    .unwrap();
+    assert_bits_eq(&down(&out), &values(&y), "encoder forward");
 
-    let mut dwpe = vec![0.0f32; t * c];
-    host::encoder_backward_wpe(&mut dwpe, &dout, b, t, c).unwrap();
+    let dwpe = zeros::<f32>(t * c);
+    kernels::encoder_backward_wpe(&Host, all(&dwpe), all(&doutb), b, t, c).unwrap();
     assert_close(
-        &dwpe,
+        &down(&dwpe),
         &values(grads.get(wpe_v.as_tensor()).unwrap()),
         1e-6,
         "dwpe",
     );
-    let mut dwte = vec![0.0f32; v * c];
-    let groups = TokenGroups::new(&tokens, v).unwrap();
-    host::encoder_backward_wte(&mut dwte, &dout, &groups, c).unwrap();
+    let dwte = zeros::<f32>(v * c);
+    let groups = Groups::new(&Host, &TokenGroups::new(&tokens, v).unwrap(), v).unwrap();
+    kernels::encoder_backward_wte(&Host, all(&dwte), all(&doutb), &groups, c).unwrap();
     assert_close(
-        &dwte,
+        &down(&dwte),
         &values(grads.get(wte_v.as_tensor()).unwrap()),
         1e-6,
         "dwte",
@@ -89,9 +101,15 @@ fn column_sums_are_the_bias_gradient() {
     let want: Vec<f32> = (0..cols)
         .map(|c| (0..rows).map(|r| x[r * cols + c] as f64).sum::<f64>() as f32 + 0.5)
         .collect();
+    let xb = up(&x);
     for parts in [1, 4, 64, 400] {
-        let mut got = vec![0.5f32; cols];
-        host::column_sums_add(&mut got, &x, parts).unwrap();
-        assert_close(&got, &want, 1e-5, &format!("column sums, {parts} parts"));
+        let (got, partials) = (up(&vec![0.5f32; cols]), zeros::<f32>(parts * cols));
+        kernels::column_sums_add(&Host, all(&got), all(&xb), all(&partials), parts).unwrap();
+        assert_close(
+            &down(&got),
+            &want,
+            1e-5,
+            &format!("column sums, {parts} parts"),
+        );
     }
 }

@@ -1,45 +1,71 @@
-//! What the kernels' safe calls refuse, before any C runs: a wrong length, a token or
-//! target outside the vocabulary (which the kernel would read out of bounds), a zero or
-//! oversized dimension; each error names the kernel and the buffer.
+//! What the kernels' checked calls refuse, before anything runs: a wrong length, a token
+//! or target outside the vocabulary (which a kernel would read out of bounds), a zero
+//! dimension, a view past its buffer; each error names the kernel and the buffer.
 
-use stoker_gpu::{host, GpuError, Heads};
+mod common;
 
-fn message(e: GpuError) -> String {
-    e.to_string()
-}
+use common::*;
+use stoker_gpu::{kernels, Backend, Heads, Host, Ids};
 
 #[test]
 fn out_of_range_ids_and_targets_are_refused_naming_the_index() {
-    let (wte, wpe) = (vec![0.0f32; 6 * 4], vec![0.0f32; 3 * 4]);
-    let mut out = vec![0.0f32; 3 * 4];
-    let e = host::encoder_forward(&mut out, &[0, 6, 1], &wte, &wpe, 3, 4).unwrap_err();
-    assert_eq!(
-        message(e),
-        "encoder-forward: `tokens`[1] = 6 is outside 0..6"
+    let e = Ids::new(&Host, "tokens", &[0, 6, 1], 6, None)
+        .err()
+        .unwrap();
+    assert_eq!(e.to_string(), "ids: `tokens`[1] = 6 is outside 0..6");
+    let e = Ids::new(&Host, "targets", &[-100, 5], 5, Some(-100))
+        .err()
+        .unwrap();
+    assert_eq!(e.to_string(), "ids: `targets`[1] = 5 is outside 0..5");
+    let e = Ids::new(&Host, "targets", &[-1, 0], 5, Some(-100))
+        .err()
+        .unwrap();
+    assert_eq!(e.to_string(), "ids: `targets`[0] = -1 is outside 0..5");
+    // Targets checked against a larger vocabulary than the classifier's.
+    let (logits, losses) = (zeros::<f32>(2 * 8), zeros::<f32>(2));
+    let t = ids_on_host(&[0, 6], 7, Some(-100));
+    let e = kernels::classifier(&Host, all(&logits), all(&losses), &t, 5, 1.0, -100).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("classifier: v = 5 with rows of 8, targets checked against 7"),
+        "{e}"
     );
-    let mut logits = vec![0.0f32; 2 * 8];
-    let mut losses = vec![0.0f32; 2];
-    let e = host::classifier(&mut logits, &mut losses, &[-100, 5], 5, 1.0, -100).unwrap_err();
-    assert_eq!(message(e), "classifier: `targets`[1] = 5 is outside 0..5");
-    let e = host::classifier(&mut logits, &mut losses, &[-1, 0], 5, 1.0, -100).unwrap_err();
-    assert_eq!(message(e), "classifier: `targets`[0] = -1 is outside 0..5");
 }
 
 #[test]
 fn wrong_lengths_and_dimensions_are_refused_naming_the_buffer() {
-    let mut out = vec![0.0f32; 5];
-    let e = host::gelu_forward(&mut out, &[0.0; 4]).unwrap_err();
+    let (out, inp) = (zeros::<f32>(5), zeros::<f32>(4));
+    let e = kernels::gelu_forward(&Host, all(&out), all(&inp)).unwrap_err();
     assert_eq!(
-        message(e),
+        e.to_string(),
         "gelu-forward: `out` holds 5 elements, expected 4"
     );
-    let (mut dx, mut dw, mut db) = (vec![0.0f32; 12], vec![0.0f32; 4], vec![0.0f32; 3]);
-    let e = host::layernorm_backward(
-        &mut dx, &mut dw, &mut db, &[0.0; 12], &[0.0; 12], &[1.0; 4], &[0.0; 3], &[1.0; 3], 2,
+    let (x, dw, db, p) = (
+        zeros::<f32>(12),
+        zeros::<f32>(4),
+        zeros::<f32>(3),
+        zeros::<f32>(16),
+    );
+    let (w, st) = (up(&[1.0f32; 4]), zeros::<f32>(3));
+    let stats = kernels::Stats {
+        mean: all(&st),
+        rstd: all(&st),
+    };
+    let e = kernels::layernorm_backward(
+        &Host,
+        all(&x),
+        all(&dw),
+        all(&db),
+        all(&p),
+        all(&x),
+        all(&x),
+        all(&w),
+        stats,
+        2,
     )
     .unwrap_err();
     assert_eq!(
-        message(e),
+        e.to_string(),
         "layernorm-backward: `dbias` holds 3 elements, expected 4"
     );
     let g = Heads {
@@ -48,12 +74,14 @@ fn wrong_lengths_and_dimensions_are_refused_naming_the_buffer() {
         h: 2,
         d: 4,
     };
-    let e = host::qkv_heads(&mut [0.0f32; 0], &[], g, false).unwrap_err();
-    assert_eq!(message(e), "qkv-heads: t = 0 must be in 1..=2^31-1");
-    let mut att = vec![0.0f32; 10];
-    let e = host::attention_softmax_forward(&mut att, &[0.0; 10], 3, 1.0).unwrap_err();
+    let e = kernels::qkv_heads(&Host, all(&inp), all(&inp), g, false).unwrap_err();
+    assert_eq!(e.to_string(), "qkv-heads: t = 0 must be in 1..=2^31-1");
+    let (att, pre) = (zeros::<f32>(10), zeros::<f32>(10));
+    let e = kernels::attention_softmax_forward(&Host, all(&att), all(&pre), 3, 1.0).unwrap_err();
     assert_eq!(
-        message(e),
+        e.to_string(),
         "attention-softmax-forward: `pre` holds 10 elements, expected 9"
     );
+    let e = Host.view(&att, 4..11).unwrap_err();
+    assert_eq!(e.to_string(), "view: elements 4..11 of a buffer of 10");
 }

@@ -9,12 +9,46 @@ mod common;
 use candle_core::{Device, Tensor};
 use common::*;
 use half::bf16;
-use stoker_gpu::host::{self, RowStats};
-use stoker_gpu::Heads;
+use stoker_gpu::{kernels, Heads, Host};
 use stoker_testkit::{assert_bits_eq, assert_close};
 
 /// bf16 storage against the f32 kernel: a relative error a few times bf16's 2^-8.
 const BF16_REL: f64 = 2e-2;
+
+/// Layer norm on the host build: (out, mean, rstd, residual sum).
+fn layernorm<T: stoker_gpu::Act>(
+    x: &[T],
+    a2: Option<&[T]>,
+    w: &[T],
+    b: &[T],
+) -> (Vec<T>, Vec<f32>, Vec<f32>, Vec<T>) {
+    let rows = x.len() / w.len();
+    let (xb, wb, bb) = (up(x), up(w), up(b));
+    let (out, mean, rstd, sum) = (
+        zeros::<T>(x.len()),
+        zeros::<f32>(rows),
+        zeros::<f32>(rows),
+        zeros::<T>(x.len()),
+    );
+    let a2b = a2.map(up);
+    let residual = a2b.as_ref().map(|a| (all(&sum), all(a)));
+    let stats = kernels::Stats {
+        mean: all(&mean),
+        rstd: all(&rstd),
+    };
+    kernels::layernorm_forward(
+        &Host,
+        all(&out),
+        stats,
+        all(&xb),
+        residual,
+        all(&wb),
+        all(&bb),
+        1e-5,
+    )
+    .unwrap();
+    (down(&out), down(&mean), down(&rstd), down(&sum))
+}
 
 #[test]
 fn layernorm_matches_the_cpu_op_forward_and_backward() {
@@ -29,36 +63,47 @@ fn layernorm_matches_the_cpu_op_forward_and_backward() {
     let dyt = Tensor::from_slice(&dy, (rows, c), &Device::Cpu).unwrap();
     let grads = (&y * &dyt).unwrap().sum_all().unwrap().backward().unwrap();
 
-    let (mut out, mut mean, mut rstd) = (
-        vec![0.0f32; rows * c],
-        vec![0.0f32; rows],
-        vec![0.0f32; rows],
-    );
-    let stats = RowStats {
-        mean: &mut mean,
-        rstd: &mut rstd,
-    };
-    host::layernorm_forward(&mut out, stats, &x, None, &w, &b, 1e-5).unwrap();
+    let (out, mean, rstd, _) = layernorm(&x, None, &w, &b);
     assert_close(&out, &values(&y), 2e-6, "layernorm forward");
 
+    let (xb, wb, dyb, mb, rb) = (up(&x), up(&w), up(&dy), up(&mean), up(&rstd));
     for warps in [1, 5, 64] {
-        let mut dx = vec![0.25f32; rows * c];
-        let (mut dw, mut db) = (vec![0.0f32; c], vec![0.0f32; c]);
-        host::layernorm_backward(&mut dx, &mut dw, &mut db, &dy, &x, &w, &mean, &rstd, warps)
-            .unwrap();
+        let (dx, dw, db) = (
+            up(&vec![0.25f32; rows * c]),
+            zeros::<f32>(c),
+            zeros::<f32>(c),
+        );
+        let partials = zeros::<f32>(warps * 2 * c);
+        let stats = kernels::Stats {
+            mean: all(&mb),
+            rstd: all(&rb),
+        };
+        kernels::layernorm_backward(
+            &Host,
+            all(&dx),
+            all(&dw),
+            all(&db),
+            all(&partials),
+            all(&dyb),
+            all(&xb),
+            all(&wb),
+            stats,
+            warps,
+        )
+        .unwrap();
         let want_dx: Vec<f32> = values(grads.get(xv.as_tensor()).unwrap())
             .iter()
             .map(|g| g + 0.25)
             .collect();
-        assert_close(&dx, &want_dx, 2e-6, "layernorm dx (added)");
+        assert_close(&down(&dx), &want_dx, 2e-6, "layernorm dx (added)");
         assert_close(
-            &dw,
+            &down(&dw),
             &values(grads.get(wv.as_tensor()).unwrap()),
             2e-6,
             "layernorm dweight",
         );
         assert_close(
-            &db,
+            &down(&db),
             &values(grads.get(bv.as_tensor()).unwrap()),
             2e-6,
             "layernorm dbias",
@@ -68,60 +113,32 @@ fn layernorm_matches_the_cpu_op_forward_and_backward() {
     // The fused residual: the same as adding first.
     let a2 = uniform(rows * c, 15, 1.0);
     let sum: Vec<f32> = x.iter().zip(&a2).map(|(p, q)| p + q).collect();
-    let mut want = vec![0.0f32; rows * c];
-    let (mut m2, mut r2) = (vec![0.0f32; rows], vec![0.0f32; rows]);
-    host::layernorm_forward(
-        &mut want,
-        RowStats {
-            mean: &mut m2,
-            rstd: &mut r2,
-        },
-        &sum,
-        None,
-        &w,
-        &b,
-        1e-5,
-    )
-    .unwrap();
-    let mut resid = vec![0.0f32; rows * c];
-    host::layernorm_forward(
-        &mut out,
-        RowStats {
-            mean: &mut mean,
-            rstd: &mut rstd,
-        },
-        &x,
-        Some((&mut resid, &a2)),
-        &w,
-        &b,
-        1e-5,
-    )
-    .unwrap();
+    let (want, ..) = layernorm(&sum, None, &w, &b);
+    let (fused, _, _, resid) = layernorm(&x, Some(&a2), &w, &b);
     assert_bits_eq(&resid, &sum, "fused residual sum");
-    assert_bits_eq(&out, &want, "layernorm after the fused residual");
+    assert_bits_eq(&fused, &want, "layernorm after the fused residual");
 
     // bf16 storage.
-    let (xb, wb, bb) = (to_bf16(&x), to_bf16(&w), to_bf16(&b));
-    let mut outb = vec![bf16::ZERO; rows * c];
-    host::layernorm_forward(
-        &mut outb,
-        RowStats {
-            mean: &mut m2,
-            rstd: &mut r2,
-        },
-        &xb,
-        None,
-        &wb,
-        &bb,
-        1e-5,
-    )
-    .unwrap();
+    let (out16, ..) = layernorm(&to_bf16(&x), None, &to_bf16(&w), &to_bf16(&b));
     assert_close(
-        &from_bf16(&outb),
+        &from_bf16(&out16),
         &values(&y),
         BF16_REL,
         "layernorm forward bf16",
     );
+}
+
+/// The fused classifier on the host build: (losses, logits or their gradient).
+fn classify<T: stoker_gpu::Act>(
+    logits: &[T],
+    targets: &[i32],
+    v: usize,
+    dscale: f32,
+) -> (Vec<f32>, Vec<T>) {
+    let (lb, losses) = (up(logits), zeros::<f32>(targets.len()));
+    let t = ids_on_host(targets, v, Some(-100));
+    kernels::classifier(&Host, all(&lb), all(&losses), &t, v, dscale, -100).unwrap();
+    (down(&losses), down(&lb))
 }
 
 #[test]
@@ -144,7 +161,7 @@ fn classifier_is_cross_entropy_and_its_gradient() {
     let want_grad = values(grads.get(lv.as_tensor()).unwrap());
 
     // Padded rows: the padding holds junk that must not count, and gets gradient 0.
-    let mut padded: Vec<f32> = (0..n)
+    let padded: Vec<f32> = (0..n)
         .flat_map(|r| {
             logits[r * v..(r + 1) * v]
                 .iter()
@@ -152,30 +169,27 @@ fn classifier_is_cross_entropy_and_its_gradient() {
                 .chain(std::iter::repeat_n(1e3, vp - v))
         })
         .collect();
-    let mut losses = vec![0.0f32; n];
-    host::classifier(&mut padded, &mut losses, &targets, v, dscale, -100).unwrap();
+    let (losses, grad) = classify(&padded, &targets, v, dscale);
     let total: f64 = losses.iter().map(|&l| l as f64).sum();
     stoker_testkit::assert_close_scalar(total, values(&loss)[0] as f64, 1e-6, "summed loss");
     assert_eq!((losses[3], losses[17]), (0.0, 0.0), "ignored rows' losses");
     let got: Vec<f32> = (0..n)
-        .flat_map(|r| padded[r * vp..r * vp + v].to_vec())
+        .flat_map(|r| grad[r * vp..r * vp + v].to_vec())
         .collect();
     assert_close(&got, &want_grad, 1e-6, "dlogits");
     assert!(
-        (0..n).all(|r| padded[r * vp + v..(r + 1) * vp].iter().all(|&g| g == 0.0)),
+        (0..n).all(|r| grad[r * vp + v..(r + 1) * vp].iter().all(|&g| g == 0.0)),
         "the padding's gradient is not 0"
     );
 
     // Loss only (dscale 0): the logits stay.
-    let mut kept = logits.clone();
-    host::classifier(&mut kept, &mut losses, &targets, v, 0.0, -100).unwrap();
+    let (same, kept) = classify(&logits, &targets, v, 0.0);
     assert_bits_eq(&kept, &logits, "logits without a gradient");
+    assert_close(&same, &losses, 1e-6, "losses without a gradient");
 
-    let mut lb = to_bf16(&logits);
-    let mut lossb = vec![0.0f32; n];
-    host::classifier(&mut lb, &mut lossb, &targets, v, dscale, -100).unwrap();
-    assert_close(&lossb, &losses, BF16_REL, "losses from bf16 logits");
-    assert_close(&from_bf16(&lb), &want_grad, BF16_REL, "dlogits bf16");
+    let (loss16, grad16) = classify(&to_bf16(&logits), &targets, v, dscale);
+    assert_close(&loss16, &losses, BF16_REL, "losses from bf16 logits");
+    assert_close(&from_bf16(&grad16), &want_grad, BF16_REL, "dlogits bf16");
 }
 
 /// `c[i, j] = sum_k a[i, k] b[j, k]` (`a` `[m, k]`, `b` `[n, k]`), or with `b` `[k, n]`
@@ -230,30 +244,34 @@ fn attention_from_the_kernels_matches_the_cpu_op() {
 
     let (bh, n) = (b * h, b * h * t * d);
     let scale = 1.0 / (d as f32).sqrt();
-    let mut heads = vec![0.0f32; 3 * n];
-    host::qkv_heads(&mut heads, &qkv, g, false).unwrap();
+    let (qkvb, heads) = (up(&qkv), zeros::<f32>(3 * n));
+    kernels::qkv_heads(&Host, all(&heads), all(&qkvb), g, false).unwrap();
+    let heads = down(&heads);
     let (q, rest) = heads.split_at(n);
     let (k, v) = rest.split_at(n);
     let pre = matmul(q, k, bh, (t, d, t), true, false);
-    let mut att = vec![0.0f32; bh * t * t];
-    host::attention_softmax_forward(&mut att, &pre, t, scale).unwrap();
-    let out_h = matmul(&att, v, bh, (t, t, d), false, false);
-    let mut out = vec![0.0f32; n];
-    host::merged_heads(&mut out, &out_h, g, false).unwrap();
-    assert_close(&out, &values(&y), 1e-5, "attention forward");
+    let (preb, attb) = (up(&pre), zeros::<f32>(bh * t * t));
+    kernels::attention_softmax_forward(&Host, all(&attb), all(&preb), t, scale).unwrap();
+    let att = down(&attb);
+    let out_h = up(&matmul(&att, v, bh, (t, t, d), false, false));
+    let out = zeros::<f32>(n);
+    kernels::merged_heads(&Host, all(&out), all(&out_h), g, false).unwrap();
+    assert_close(&down(&out), &values(&y), 1e-5, "attention forward");
 
-    let mut dout_h = vec![0.0f32; n];
-    host::merged_heads(&mut dout_h, &dout, g, true).unwrap();
-    let mut datt = matmul(&dout_h, v, bh, (t, d, t), true, false);
+    let (doutb, dout_h) = (up(&dout), zeros::<f32>(n));
+    kernels::merged_heads(&Host, all(&dout_h), all(&doutb), g, true).unwrap();
+    let dout_h = down(&dout_h);
+    let datt = up(&matmul(&dout_h, v, bh, (t, d, t), true, false));
     let dv = matmul(&att, &dout_h, bh, (t, t, d), false, true);
-    host::attention_softmax_backward_in_place(&att, &mut datt, t, scale).unwrap();
-    let dq = matmul(&datt, k, bh, (t, t, d), false, false);
-    let dk = matmul(&datt, q, bh, (t, t, d), false, true);
-    let dheads: Vec<f32> = [dq, dk, dv].concat();
-    let mut dqkv = vec![0.0f32; 3 * n];
-    host::qkv_heads(&mut dqkv, &dheads, g, true).unwrap();
+    kernels::attention_softmax_backward(&Host, all(&datt), all(&datt), all(&attb), t, scale)
+        .unwrap();
+    let dpre = down(&datt);
+    let dq = matmul(&dpre, k, bh, (t, t, d), false, false);
+    let dk = matmul(&dpre, q, bh, (t, t, d), false, true);
+    let (dheads, dqkv) = (up(&[dq, dk, dv].concat()), zeros::<f32>(3 * n));
+    kernels::qkv_heads(&Host, all(&dqkv), all(&dheads), g, true).unwrap();
     assert_close(
-        &dqkv,
+        &down(&dqkv),
         &values(grads.get(qv.as_tensor()).unwrap()),
         1e-5,
         "attention dqkv",
@@ -271,7 +289,12 @@ fn attention_from_the_kernels_matches_the_cpu_op() {
         assert!((s - 1.0).abs() < 1e-6, "row {r} sums to {s}");
     }
 
-    let mut attb = vec![bf16::ZERO; bh * t * t];
-    host::attention_softmax_forward(&mut attb, &to_bf16(&pre), t, scale).unwrap();
-    assert_close(&from_bf16(&attb), &att, BF16_REL, "attention softmax bf16");
+    let (pre16, att16) = (up(&to_bf16(&pre)), zeros::<bf16>(bh * t * t));
+    kernels::attention_softmax_forward(&Host, all(&att16), all(&pre16), t, scale).unwrap();
+    assert_close(
+        &from_bf16(&down(&att16)),
+        &att,
+        BF16_REL,
+        "attention softmax bf16",
+    );
 }

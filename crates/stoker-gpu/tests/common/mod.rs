@@ -52,3 +52,31 @@ pub fn to_bf16(x: &[f32]) -> Vec<bf16> {
 pub fn from_bf16(x: &[bf16]) -> Vec<f32> {
     x.iter().map(|v| v.to_f32()).collect()
 }
+
+use stoker_gpu::host::HostBuf;
+use stoker_gpu::{Backend, Elem, Host, View};
+
+/// A host buffer holding `x`.
+pub fn up<E: Elem>(x: &[E]) -> HostBuf<E> {
+    Host.upload(x).unwrap()
+}
+
+/// A host buffer of `n` zeros.
+pub fn zeros<E: Elem>(n: usize) -> HostBuf<E> {
+    Host.zeros(n).unwrap()
+}
+
+/// The whole of a host buffer.
+pub fn all<E: Elem>(b: &HostBuf<E>) -> View<'_, E> {
+    Host.all(b)
+}
+
+/// A host buffer's elements.
+pub fn down<E: Elem>(b: &HostBuf<E>) -> Vec<E> {
+    Host.download(b).unwrap()
+}
+
+/// Ids on the host, checked against `0..limit` (`skip` excepted).
+pub fn ids_on_host(x: &[i32], limit: usize, skip: Option<i32>) -> stoker_gpu::Ids<Host> {
+    stoker_gpu::Ids::new(&Host, "ids", x, limit, skip).unwrap()
+}

@@ -1,0 +1,109 @@
+//! Where kernels run: a [`Backend`] owns flat buffers and runs [`Call`]s on them. The
+//! host backend ([`crate::host::Host`]) runs the host build on the CPU; the device
+//! backend (`device::Device`, with the `cuda` feature) launches the GPU kernels. Code
+//! above this line ([`crate::kernels`], the step) is written once for both.
+
+use std::marker::PhantomData;
+use std::ops::Range;
+
+use crate::call::{Addr, Call};
+use crate::elem::Elem;
+use crate::error::GpuError;
+
+/// Flat buffers and kernel launches.
+pub trait Backend {
+    /// A flat buffer of `E`.
+    type Buf<E: Elem>;
+
+    /// A buffer of `len` zeros.
+    fn zeros<E: Elem>(&self, len: usize) -> Result<Self::Buf<E>, GpuError>;
+    /// A buffer holding `data`.
+    fn upload<E: Elem>(&self, data: &[E]) -> Result<Self::Buf<E>, GpuError>;
+    /// Overwrites `buf[offset..offset + data.len()]` with `data`.
+    fn write<E: Elem>(&self, buf: &Self::Buf<E>, offset: usize, data: &[E])
+        -> Result<(), GpuError>;
+    /// A buffer's elements, after every launch so far has finished.
+    fn download<E: Elem>(&self, buf: &Self::Buf<E>) -> Result<Vec<E>, GpuError>;
+    /// A buffer's length in elements.
+    fn len<E: Elem>(buf: &Self::Buf<E>) -> usize;
+    /// The address of a buffer's first element.
+    fn addr<E: Elem>(&self, buf: &Self::Buf<E>) -> Addr;
+    /// Runs (or enqueues) `call`.
+    ///
+    /// # Safety
+    /// Every address in `call` points into a live buffer of this backend with as many
+    /// elements as the call's shapes imply ([`crate::kernels`] checks this before each
+    /// call).
+    unsafe fn launch(&self, call: &Call) -> Result<(), GpuError>;
+
+    /// Elements `range` of `buf`, checked against its length.
+    fn view<'a, E: Elem>(
+        &self,
+        buf: &'a Self::Buf<E>,
+        range: Range<usize>,
+    ) -> Result<View<'a, E>, GpuError> {
+        let len = Self::len(buf);
+        if range.start > range.end || range.end > len {
+            return Err(GpuError::Shape {
+                kernel: "view",
+                what: format!("elements {range:?} of a buffer of {len}"),
+            });
+        }
+        Ok(View {
+            addr: self.addr(buf) + (range.start * std::mem::size_of::<E>()) as Addr,
+            len: range.len(),
+            _buf: PhantomData,
+        })
+    }
+
+    /// The whole of `buf`.
+    fn all<'a, E: Elem>(&self, buf: &'a Self::Buf<E>) -> View<'a, E> {
+        View {
+            addr: self.addr(buf),
+            len: Self::len(buf),
+            _buf: PhantomData,
+        }
+    }
+}
+
+/// Elements of a live buffer: an address and a length, borrowed from the buffer so the
+/// buffer outlives it. Kernels read and write through views (device memory, or host
+/// buffers made for it); which views a kernel may alias is the kernel's contract.
+#[derive(Debug, Clone, Copy)]
+pub struct View<'a, E> {
+    addr: Addr,
+    len: usize,
+    _buf: PhantomData<&'a E>,
+}
+
+impl<E> View<'_, E> {
+    /// Elements in the view.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Its first element's address.
+    pub fn addr(&self) -> Addr {
+        self.addr
+    }
+
+    /// Elements `range` of this view, checked.
+    pub fn slice(&self, range: Range<usize>) -> Result<Self, GpuError> {
+        if range.start > range.end || range.end > self.len {
+            return Err(GpuError::Shape {
+                kernel: "view",
+                what: format!("elements {range:?} of a view of {}", self.len),
+            });
+        }
+        Ok(View {
+            addr: self.addr + (range.start * std::mem::size_of::<E>()) as Addr,
+            len: range.len(),
+            _buf: PhantomData,
+        })
+    }
+}

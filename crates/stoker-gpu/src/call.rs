@@ -1,0 +1,491 @@
+//! One kernel launch as data: which kernel, its variant, its grid and its arguments
+//! (device addresses and scalars). Both backends take the same [`Call`]: the host runs
+//! the C function of that name over the whole grid, the device launches the kernel. The
+//! names, argument orders and grids here are cuda/kernels.inc's.
+
+use crate::args::{AdamWArgs, Heads};
+use crate::elem::Dtype;
+
+/// A buffer's element address: a device pointer on the GPU, a host pointer on the CPU.
+pub type Addr = u64;
+
+/// How a kernel covers its work: one thread per element, one warp per row, or exactly
+/// this many warps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grid {
+    /// Element kernels: grid-stride over this many elements.
+    Elements(i64),
+    /// Row kernels: one warp per row, grid-stride over this many rows.
+    Rows(i64),
+    /// Warp kernels: exactly this many warps (their partial sums depend on it).
+    Warps(i64),
+}
+
+/// One scalar or address argument, in the kernel's parameter order.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arg {
+    /// An address.
+    Addr(Addr),
+    /// An `int64_t`.
+    I64(i64),
+    /// An `int`.
+    I32(i32),
+    /// A `float`.
+    F32(f32),
+    /// A `Heads` by value.
+    Heads(Heads),
+    /// An `AdamW` by value.
+    AdamW(AdamWArgs),
+}
+
+/// A kernel launch. Addresses must cover what the shapes imply: [`crate::kernels`]
+/// builds every call after checking that.
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Call {
+    EncoderForward {
+        dtype: Dtype,
+        out: Addr,
+        tokens: Addr,
+        wte: Addr,
+        wpe: Addr,
+        n: i64,
+        t: i32,
+        c: i32,
+    },
+    EncoderBackwardWpe {
+        dtype: Dtype,
+        dwpe: Addr,
+        dout: Addr,
+        b: i32,
+        t: i32,
+        c: i32,
+    },
+    EncoderBackwardWte {
+        dtype: Dtype,
+        dwte: Addr,
+        dout: Addr,
+        uniq: Addr,
+        starts: Addr,
+        positions: Addr,
+        u: i32,
+        c: i32,
+    },
+    GeluForward {
+        dtype: Dtype,
+        out: Addr,
+        inp: Addr,
+        n: i64,
+    },
+    GeluBackward {
+        dtype: Dtype,
+        dinp: Addr,
+        inp: Addr,
+        dout: Addr,
+        n: i64,
+    },
+    QkvToHeads {
+        dtype: Dtype,
+        dst: Addr,
+        src: Addr,
+        g: Heads,
+    },
+    HeadsToQkv {
+        dtype: Dtype,
+        dst: Addr,
+        src: Addr,
+        g: Heads,
+    },
+    HeadsToMerged {
+        dtype: Dtype,
+        dst: Addr,
+        src: Addr,
+        g: Heads,
+    },
+    MergedToHeads {
+        dtype: Dtype,
+        dst: Addr,
+        src: Addr,
+        g: Heads,
+    },
+    ColumnPartials {
+        dtype: Dtype,
+        partials: Addr,
+        x: Addr,
+        n: i64,
+        cols: i32,
+        r: i32,
+        chunk: i64,
+    },
+    LayernormForward {
+        dtype: Dtype,
+        out: Addr,
+        mean: Addr,
+        rstd: Addr,
+        resid: Addr,
+        a: Addr,
+        a2: Addr,
+        weight: Addr,
+        bias: Addr,
+        n: i64,
+        c: i32,
+        eps: f32,
+    },
+    LayernormBackward {
+        dtype: Dtype,
+        dinp: Addr,
+        partials: Addr,
+        dout: Addr,
+        inp: Addr,
+        weight: Addr,
+        mean: Addr,
+        rstd: Addr,
+        n: i64,
+        c: i32,
+        warps: i32,
+    },
+    AttentionSoftmaxForward {
+        dtype: Dtype,
+        att: Addr,
+        pre: Addr,
+        rows: i64,
+        t: i32,
+        scale: f32,
+    },
+    AttentionSoftmaxBackward {
+        dtype: Dtype,
+        dpre: Addr,
+        datt: Addr,
+        att: Addr,
+        rows: i64,
+        t: i32,
+        scale: f32,
+    },
+    Classifier {
+        dtype: Dtype,
+        logits: Addr,
+        losses: Addr,
+        targets: Addr,
+        n: i64,
+        v: i32,
+        vp: i32,
+        dscale: f32,
+        ignore: i32,
+    },
+    ReducePartials {
+        dst: Addr,
+        partials: Addr,
+        p: i32,
+        cols: i32,
+        stride: i64,
+    },
+    Adamw {
+        p: Addr,
+        g: Addr,
+        m: Addr,
+        v: Addr,
+        copy: Addr,
+        n: i64,
+        s: AdamWArgs,
+        decay: i32,
+        grad_scale: f32,
+    },
+    SumPartials {
+        partials: Addr,
+        x: Addr,
+        n: i64,
+        squares: i32,
+        warps: i32,
+    },
+    Sum {
+        out: Addr,
+        x: Addr,
+        n: i64,
+        accumulate: i32,
+    },
+}
+
+impl Call {
+    /// The kernel's base name (kernels.inc), without the element type's suffix.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Call::EncoderForward { .. } => "encoder_forward",
+            Call::EncoderBackwardWpe { .. } => "encoder_backward_wpe",
+            Call::EncoderBackwardWte { .. } => "encoder_backward_wte",
+            Call::GeluForward { .. } => "gelu_forward",
+            Call::GeluBackward { .. } => "gelu_backward",
+            Call::QkvToHeads { .. } => "qkv_to_heads",
+            Call::HeadsToQkv { .. } => "heads_to_qkv",
+            Call::HeadsToMerged { .. } => "heads_to_merged",
+            Call::MergedToHeads { .. } => "merged_to_heads",
+            Call::ColumnPartials { .. } => "column_partials",
+            Call::LayernormForward { .. } => "layernorm_forward",
+            Call::LayernormBackward { .. } => "layernorm_backward",
+            Call::AttentionSoftmaxForward { .. } => "attention_softmax_forward",
+            Call::AttentionSoftmaxBackward { .. } => "attention_softmax_backward",
+            Call::Classifier { .. } => "classifier",
+            Call::ReducePartials { .. } => "reduce_partials",
+            Call::Adamw { .. } => "adamw",
+            Call::SumPartials { .. } => "sum_partials",
+            Call::Sum { .. } => "sum",
+        }
+    }
+
+    /// The element type of a typed kernel; `None` for the f32-only ones.
+    pub fn dtype(&self) -> Option<Dtype> {
+        use Call::*;
+        match *self {
+            EncoderForward { dtype, .. }
+            | EncoderBackwardWpe { dtype, .. }
+            | EncoderBackwardWte { dtype, .. }
+            | GeluForward { dtype, .. }
+            | GeluBackward { dtype, .. }
+            | QkvToHeads { dtype, .. }
+            | HeadsToQkv { dtype, .. }
+            | HeadsToMerged { dtype, .. }
+            | MergedToHeads { dtype, .. }
+            | ColumnPartials { dtype, .. }
+            | LayernormForward { dtype, .. }
+            | LayernormBackward { dtype, .. }
+            | AttentionSoftmaxForward { dtype, .. }
+            | AttentionSoftmaxBackward { dtype, .. }
+            | Classifier { dtype, .. } => Some(dtype),
+            ReducePartials { .. } | Adamw { .. } | SumPartials { .. } | Sum { .. } => None,
+        }
+    }
+
+    /// The kernel's full name: the base name and, for typed kernels, `_f32` or `_bf16`.
+    pub fn symbol(&self) -> String {
+        match self.dtype() {
+            Some(d) => format!("{}_{}", self.name(), d.suffix()),
+            None => self.name().to_string(),
+        }
+    }
+
+    /// How the kernel covers its work (kernels.inc's `n`, `rows` or `warps`).
+    pub fn grid(&self) -> Grid {
+        use Call::*;
+        let heads = |g: &Heads| g.elems() as i64;
+        match self {
+            EncoderForward { n, .. }
+            | GeluForward { n, .. }
+            | GeluBackward { n, .. }
+            | Adamw { n, .. } => Grid::Elements(*n),
+            EncoderBackwardWpe { t, c, .. } => Grid::Elements(*t as i64 * *c as i64),
+            EncoderBackwardWte { u, c, .. } => Grid::Elements(*u as i64 * *c as i64),
+            QkvToHeads { g, .. } | HeadsToQkv { g, .. } => Grid::Elements(3 * heads(g)),
+            HeadsToMerged { g, .. } | MergedToHeads { g, .. } => Grid::Elements(heads(g)),
+            ColumnPartials { cols, r, .. } => Grid::Elements(*cols as i64 * *r as i64),
+            ReducePartials { cols, .. } => Grid::Elements(*cols as i64),
+            LayernormForward { n, .. } | Classifier { n, .. } => Grid::Rows(*n),
+            AttentionSoftmaxForward { rows, .. } | AttentionSoftmaxBackward { rows, .. } => {
+                Grid::Rows(*rows)
+            }
+            LayernormBackward { warps, .. } | SumPartials { warps, .. } => {
+                Grid::Warps(*warps as i64)
+            }
+            Sum { .. } => Grid::Warps(1),
+        }
+    }
+
+    /// The arguments in the kernel's parameter order.
+    pub fn args(&self) -> Vec<Arg> {
+        use Arg::{Addr as A, F32, I32, I64};
+        use Call::*;
+        match *self {
+            EncoderForward {
+                out,
+                tokens,
+                wte,
+                wpe,
+                n,
+                t,
+                c,
+                ..
+            } => vec![A(out), A(tokens), A(wte), A(wpe), I64(n), I32(t), I32(c)],
+            EncoderBackwardWpe {
+                dwpe,
+                dout,
+                b,
+                t,
+                c,
+                ..
+            } => vec![A(dwpe), A(dout), I32(b), I32(t), I32(c)],
+            EncoderBackwardWte {
+                dwte,
+                dout,
+                uniq,
+                starts,
+                positions,
+                u,
+                c,
+                ..
+            } => {
+                vec![
+                    A(dwte),
+                    A(dout),
+                    A(uniq),
+                    A(starts),
+                    A(positions),
+                    I32(u),
+                    I32(c),
+                ]
+            }
+            GeluForward { out, inp, n, .. } => vec![A(out), A(inp), I64(n)],
+            GeluBackward {
+                dinp, inp, dout, n, ..
+            } => vec![A(dinp), A(inp), A(dout), I64(n)],
+            QkvToHeads { dst, src, g, .. }
+            | HeadsToQkv { dst, src, g, .. }
+            | HeadsToMerged { dst, src, g, .. }
+            | MergedToHeads { dst, src, g, .. } => {
+                vec![A(dst), A(src), Arg::Heads(g)]
+            }
+            ColumnPartials {
+                partials,
+                x,
+                n,
+                cols,
+                r,
+                chunk,
+                ..
+            } => vec![A(partials), A(x), I64(n), I32(cols), I32(r), I64(chunk)],
+            LayernormForward {
+                out,
+                mean,
+                rstd,
+                resid,
+                a,
+                a2,
+                weight,
+                bias,
+                n,
+                c,
+                eps,
+                ..
+            } => {
+                vec![
+                    A(out),
+                    A(mean),
+                    A(rstd),
+                    A(resid),
+                    A(a),
+                    A(a2),
+                    A(weight),
+                    A(bias),
+                    I64(n),
+                    I32(c),
+                    F32(eps),
+                ]
+            }
+            LayernormBackward {
+                dinp,
+                partials,
+                dout,
+                inp,
+                weight,
+                mean,
+                rstd,
+                n,
+                c,
+                warps,
+                ..
+            } => {
+                vec![
+                    A(dinp),
+                    A(partials),
+                    A(dout),
+                    A(inp),
+                    A(weight),
+                    A(mean),
+                    A(rstd),
+                    I64(n),
+                    I32(c),
+                    I32(warps),
+                ]
+            }
+            AttentionSoftmaxForward {
+                att,
+                pre,
+                rows,
+                t,
+                scale,
+                ..
+            } => vec![A(att), A(pre), I64(rows), I32(t), F32(scale)],
+            AttentionSoftmaxBackward {
+                dpre,
+                datt,
+                att,
+                rows,
+                t,
+                scale,
+                ..
+            } => vec![A(dpre), A(datt), A(att), I64(rows), I32(t), F32(scale)],
+            Classifier {
+                logits,
+                losses,
+                targets,
+                n,
+                v,
+                vp,
+                dscale,
+                ignore,
+                ..
+            } => {
+                vec![
+                    A(logits),
+                    A(losses),
+                    A(targets),
+                    I64(n),
+                    I32(v),
+                    I32(vp),
+                    F32(dscale),
+                    I32(ignore),
+                ]
+            }
+            ReducePartials {
+                dst,
+                partials,
+                p,
+                cols,
+                stride,
+            } => vec![A(dst), A(partials), I32(p), I32(cols), I64(stride)],
+            Adamw {
+                p,
+                g,
+                m,
+                v,
+                copy,
+                n,
+                s,
+                decay,
+                grad_scale,
+            } => {
+                vec![
+                    A(p),
+                    A(g),
+                    A(m),
+                    A(v),
+                    A(copy),
+                    I64(n),
+                    Arg::AdamW(s),
+                    I32(decay),
+                    F32(grad_scale),
+                ]
+            }
+            SumPartials {
+                partials,
+                x,
+                n,
+                squares,
+                warps,
+            } => vec![A(partials), A(x), I64(n), I32(squares), I32(warps)],
+            Sum {
+                out,
+                x,
+                n,
+                accumulate,
+            } => vec![A(out), A(x), I64(n), I32(accumulate)],
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! What the kernels' buffers hold: f32 and bf16 activations (computed in f32), i32 ids.
+
+use half::bf16;
+
+/// An element type a buffer holds.
+pub trait Elem: Copy + Default + Send + Sync + std::fmt::Debug + 'static + sealed::Sealed {}
+
+/// An element type the typed kernels store activations in.
+pub trait Act: Elem {
+    /// Which variant of a typed kernel runs.
+    const DTYPE: Dtype;
+}
+
+/// The typed kernels' variants (the `_f32` / `_bf16` suffix of their names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dtype {
+    /// f32 storage.
+    F32,
+    /// bf16 storage.
+    Bf16,
+}
+
+impl Dtype {
+    /// The kernels' name suffix.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::Bf16 => "bf16",
+        }
+    }
+}
+
+impl Elem for f32 {}
+impl Elem for bf16 {}
+impl Elem for i32 {}
+
+impl Act for f32 {
+    const DTYPE: Dtype = Dtype::F32;
+}
+
+impl Act for bf16 {
+    const DTYPE: Dtype = Dtype::Bf16;
+}
+
+mod sealed {
+    /// Only the types the kernels were compiled for.
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::bf16 {}
+    impl Sealed for i32 {}
+}
