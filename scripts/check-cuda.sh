@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Proves the opt-in `cuda` feature compiles: candle's CUDA backend with its kernels compiled
-# to PTX by nvcc, then stoker-kernels, stoker-train, stoker-comm (NCCL) and stoker-cli with
+# to PTX by nvcc, stoker-gpu's own kernels compiled by nvcc to an sm_90 fatbin (and its
+# cudarc backend), then stoker-kernels, stoker-train, stoker-comm (NCCL) and stoker-cli with
 # every target. Compiling needs no GPU; running needs one (none here).
 #
 # nvcc comes from NVIDIA's PyPI wheels, pinned to CUDA 13.0: the lent H200's driver (580,
@@ -36,5 +37,5 @@ export PATH="$tk/nvidia/cu13/bin:$PATH" CUDA_ROOT="$tk/nvidia/cu13" CUDA_PATH="$
 # No GPU to ask: compile the PTX for Hopper (H100 / H200), the device these runs target.
 export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}
 nvcc --version | tail -1
-cargo check -p stoker-kernels -p stoker-train -p stoker-comm -p stoker-cli --features cuda --all-targets \
+cargo check -p stoker-kernels -p stoker-gpu -p stoker-train -p stoker-comm -p stoker-cli --features cuda --all-targets \
   --target-dir "$cache/target-cuda-$version" 2>&1

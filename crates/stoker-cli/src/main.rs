@@ -26,7 +26,7 @@ struct Cli {
 enum Command {
     /// Convert raw data into stoker's memory-mappable formats: idx, text, docs, images.
     Pack(cmd::pack::PackArgs),
-    /// Measure a component against a baseline: loader, comm, ddp.
+    /// Measure a component against a baseline: loader, comm, ddp, gpu-kernels.
     Bench(cmd::bench::BenchArgs),
     /// Search settings for a throughput target: loader.
     Tune(cmd::tune::TuneArgs),

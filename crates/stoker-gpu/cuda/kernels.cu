@@ -11,17 +11,17 @@
 
 #define STOKER_ELEMENTS(name, params, n, call)                                                  \
   extern "C" __global__ void name params {                                                      \
-    const int64_t stride = int64_t(gridDim.x) * blockDim.x;                                     \
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += stride)      \
+    const int64_t grid_stride_ = int64_t(gridDim.x) * blockDim.x;                                     \
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += grid_stride_)      \
       call;                                                                                     \
   }
 
 #define STOKER_ROWS(name, params, rows, call)                                                   \
   extern "C" __global__ void name params {                                                      \
     const stoker::DeviceWarp w{int(threadIdx.x % stoker::WARP)};                                \
-    const int64_t stride = int64_t(gridDim.x) * blockDim.x / stoker::WARP;                      \
+    const int64_t grid_stride_ = int64_t(gridDim.x) * blockDim.x / stoker::WARP;                      \
     for (int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / stoker::WARP;         \
-         row < (rows); row += stride)                                                           \
+         row < (rows); row += grid_stride_)                                                           \
       call;                                                                                     \
   }
 

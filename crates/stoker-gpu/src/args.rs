@@ -54,3 +54,10 @@ impl From<&AdamWStep> for AdamWArgs {
         }
     }
 }
+
+// SAFETY: both are repr(C) structs of plain 32-bit numbers, laid out as the kernels'
+// C++ structs of the same fields.
+#[cfg(feature = "cuda")]
+unsafe impl cudarc::driver::DeviceRepr for Heads {}
+#[cfg(feature = "cuda")]
+unsafe impl cudarc::driver::DeviceRepr for AdamWArgs {}

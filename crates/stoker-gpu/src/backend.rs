@@ -9,6 +9,7 @@ use std::ops::Range;
 use crate::call::{Addr, Call};
 use crate::elem::Elem;
 use crate::error::GpuError;
+use crate::gemm::Gemm;
 
 /// Flat buffers and kernel launches.
 pub trait Backend {
@@ -35,6 +36,12 @@ pub trait Backend {
     /// elements as the call's shapes imply ([`crate::kernels`] checks this before each
     /// call).
     unsafe fn launch(&self, call: &Call) -> Result<(), GpuError>;
+    /// Runs (or enqueues) the matrix product `g`.
+    ///
+    /// # Safety
+    /// Every operand's extent lies inside a live buffer of this backend
+    /// ([`crate::gemm::matmul`] checks this before each product).
+    unsafe fn gemm(&self, g: &Gemm) -> Result<(), GpuError>;
 
     /// Elements `range` of `buf`, checked against its length.
     fn view<'a, E: Elem>(

@@ -84,6 +84,13 @@ pub enum Call {
         dout: Addr,
         n: i64,
     },
+    AddBias {
+        dtype: Dtype,
+        out: Addr,
+        bias: Addr,
+        n: i64,
+        cols: i32,
+    },
     QkvToHeads {
         dtype: Dtype,
         dst: Addr,
@@ -214,6 +221,7 @@ impl Call {
             Call::EncoderBackwardWte { .. } => "encoder_backward_wte",
             Call::GeluForward { .. } => "gelu_forward",
             Call::GeluBackward { .. } => "gelu_backward",
+            Call::AddBias { .. } => "add_bias",
             Call::QkvToHeads { .. } => "qkv_to_heads",
             Call::HeadsToQkv { .. } => "heads_to_qkv",
             Call::HeadsToMerged { .. } => "heads_to_merged",
@@ -240,6 +248,7 @@ impl Call {
             | EncoderBackwardWte { dtype, .. }
             | GeluForward { dtype, .. }
             | GeluBackward { dtype, .. }
+            | AddBias { dtype, .. }
             | QkvToHeads { dtype, .. }
             | HeadsToQkv { dtype, .. }
             | HeadsToMerged { dtype, .. }
@@ -270,7 +279,8 @@ impl Call {
             EncoderForward { n, .. }
             | GeluForward { n, .. }
             | GeluBackward { n, .. }
-            | Adamw { n, .. } => Grid::Elements(*n),
+            | Adamw { n, .. }
+            | AddBias { n, .. } => Grid::Elements(*n),
             EncoderBackwardWpe { t, c, .. } => Grid::Elements(*t as i64 * *c as i64),
             EncoderBackwardWte { u, c, .. } => Grid::Elements(*u as i64 * *c as i64),
             QkvToHeads { g, .. } | HeadsToQkv { g, .. } => Grid::Elements(3 * heads(g)),
@@ -332,6 +342,9 @@ impl Call {
                 ]
             }
             GeluForward { out, inp, n, .. } => vec![A(out), A(inp), I64(n)],
+            AddBias {
+                out, bias, n, cols, ..
+            } => vec![A(out), A(bias), I64(n), I32(cols)],
             GeluBackward {
                 dinp, inp, dout, n, ..
             } => vec![A(dinp), A(inp), A(dout), I64(n)],

@@ -3,12 +3,42 @@
 use half::bf16;
 
 /// An element type a buffer holds.
+#[cfg(not(feature = "cuda"))]
 pub trait Elem: Copy + Default + Send + Sync + std::fmt::Debug + 'static + sealed::Sealed {}
+
+/// An element type a buffer holds (and, with the `cuda` feature, the device too).
+#[cfg(feature = "cuda")]
+pub trait Elem:
+    Copy
+    + Default
+    + Send
+    + Sync
+    + std::fmt::Debug
+    + 'static
+    + sealed::Sealed
+    + cudarc::driver::DeviceRepr
+    + cudarc::driver::ValidAsZeroBits
+{
+}
 
 /// An element type the typed kernels store activations in.
 pub trait Act: Elem {
     /// Which variant of a typed kernel runs.
     const DTYPE: Dtype;
+    /// The value widened to f32 (exact).
+    fn to_f32(self) -> f32;
+    /// `x` rounded to nearest even.
+    fn from_f32(x: f32) -> Self;
+}
+
+/// `x` widened to f32.
+pub fn to_f32<T: Act>(x: T) -> f32 {
+    x.to_f32()
+}
+
+/// `x` in `T`, rounded to nearest even.
+pub fn from_f32<T: Act>(x: f32) -> T {
+    T::from_f32(x)
 }
 
 /// The typed kernels' variants (the `_f32` / `_bf16` suffix of their names).
@@ -36,10 +66,22 @@ impl Elem for i32 {}
 
 impl Act for f32 {
     const DTYPE: Dtype = Dtype::F32;
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(x: f32) -> Self {
+        x
+    }
 }
 
 impl Act for bf16 {
     const DTYPE: Dtype = Dtype::Bf16;
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    fn from_f32(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
 }
 
 mod sealed {

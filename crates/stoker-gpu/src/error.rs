@@ -29,6 +29,14 @@ pub enum GpuError {
         /// One past the largest value allowed.
         limit: usize,
     },
+    /// The CUDA driver refused something (no device, a failed launch or copy).
+    #[error("cuda: {what}: {error}")]
+    Driver {
+        /// What was being done.
+        what: String,
+        /// The driver's message.
+        error: String,
+    },
     /// A dimension that is zero, too large for the kernels' 32-bit sizes, or
     /// inconsistent with another.
     #[error("{kernel}: {what}")]

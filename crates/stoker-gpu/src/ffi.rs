@@ -43,6 +43,7 @@ typed_kernels! {
     encoder_backward_wte(P, P, P, P, P, i32, i32);
     gelu_forward(P, P, i64);
     gelu_backward(P, P, P, i64);
+    add_bias(P, P, i64, i32);
     qkv_to_heads(P, P, Heads);
     heads_to_qkv(P, P, Heads);
     heads_to_merged(P, P, Heads);
@@ -134,6 +135,13 @@ pub(crate) unsafe fn run(call: &Call) {
                 dout,
                 n,
             } => (fns(dtype).gelu_backward)(p(dinp), p(inp), p(dout), n),
+            AddBias {
+                dtype,
+                out,
+                bias,
+                n,
+                cols,
+            } => (fns(dtype).add_bias)(p(out), p(bias), n, cols),
             QkvToHeads { dtype, dst, src, g } => (fns(dtype).qkv_to_heads)(p(dst), p(src), g),
             HeadsToQkv { dtype, dst, src, g } => (fns(dtype).heads_to_qkv)(p(dst), p(src), g),
             HeadsToMerged { dtype, dst, src, g } => (fns(dtype).heads_to_merged)(p(dst), p(src), g),

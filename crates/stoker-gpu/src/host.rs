@@ -9,6 +9,7 @@ use crate::backend::Backend;
 use crate::call::{Addr, Call};
 use crate::elem::Elem;
 use crate::error::GpuError;
+use crate::gemm::{host_gemm, Gemm};
 
 /// The CPU as a backend.
 #[derive(Debug, Default, Clone, Copy)]
@@ -74,6 +75,13 @@ impl Backend for Host {
         // SAFETY: the caller's contract: every address points into a live HostBuf with
         // the elements the call's shapes imply, and HostBuf's cells may be written.
         unsafe { crate::ffi::run(call) };
+        Ok(())
+    }
+
+    unsafe fn gemm(&self, g: &Gemm) -> Result<(), GpuError> {
+        // SAFETY: the caller's contract: every operand's checked extent lies inside a
+        // live HostBuf.
+        unsafe { host_gemm(g) };
         Ok(())
     }
 }

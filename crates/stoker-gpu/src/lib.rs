@@ -9,7 +9,8 @@
 //! buffers, views, launching), `host` (the CPU backend, through `ffi`), `ids` (ids checked
 //! before upload), `kernels` (every kernel as a checked call, for any backend). Beside
 //! them: `args` (by-value arguments, `repr(C)`), `elem` (element types), `error`,
-//! `token_groups` (the embedding backward's one-writer-per-row index).
+//! `token_groups` (the embedding backward's one-writer-per-row index), `sample` (seeded
+//! inputs), `scenario` (every kernel once: what the device check compares).
 #![deny(missing_docs)]
 
 pub mod args;
@@ -18,9 +19,13 @@ pub mod call;
 pub mod elem;
 pub mod error;
 mod ffi;
+pub mod gemm;
 pub mod host;
 pub mod ids;
 pub mod kernels;
+pub mod sample;
+pub mod scenario;
+pub mod step;
 pub mod token_groups;
 
 pub use args::{AdamWArgs, Heads};
@@ -30,3 +35,6 @@ pub use error::GpuError;
 pub use host::Host;
 pub use ids::{Groups, Ids};
 pub use token_groups::TokenGroups;
+
+#[cfg(feature = "cuda")]
+pub mod device;

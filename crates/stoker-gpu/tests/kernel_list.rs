@@ -91,6 +91,13 @@ fn calls() -> Vec<Call> {
                 dout: 0,
                 n: 1,
             },
+            Call::AddBias {
+                dtype,
+                out: 0,
+                bias: 0,
+                n: 1,
+                cols: 1,
+            },
             Call::QkvToHeads {
                 dtype,
                 dst: 0,
@@ -237,7 +244,7 @@ fn every_call_is_a_kernels_inc_entry_with_its_grid_and_arity() {
     );
     assert_eq!(
         want.len(),
-        34,
+        36,
         "kernels.inc's entry count changed: update Call and ffi.rs"
     );
 }

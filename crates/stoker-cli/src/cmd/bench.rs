@@ -20,6 +20,8 @@ enum BenchWhat {
     Comm(super::bench_comm::CommBenchArgs),
     /// The data-parallel step of the config's strategy (DDP, ZeRO-1/2/3): step time, exposed communication, overlap, against the plan (1 rank, or under mpirun).
     Ddp(super::bench_ddp::DdpBenchArgs),
+    /// stoker's GPU kernels on the GPU against their host build (bit for bit), then each one's time at GPT-2 124M's shapes (a `cuda` build on a GPU).
+    GpuKernels(super::bench_gpu::GpuKernelsArgs),
 }
 
 #[derive(clap::Args)]
@@ -43,6 +45,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchWhat::Loader(a) => a,
         BenchWhat::Comm(a) => return super::bench_comm::run(a),
         BenchWhat::Ddp(a) => return super::bench_ddp::run(a),
+        BenchWhat::GpuKernels(a) => return super::bench_gpu::run(a),
     };
     let ds = a.data.open()?;
     let n = ds.len();

@@ -2,6 +2,7 @@
 pub mod bench;
 pub mod bench_comm;
 pub mod bench_ddp;
+pub mod bench_gpu;
 pub mod ckpt;
 pub mod dataset_args;
 pub mod export;

@@ -65,6 +65,12 @@ STOKER_HD void gelu_backward_at(int64_t i, T* dinp, const T* inp, const T* dout)
   dinp[i] = store<T>(load(dout[i]) * gelu_grad_of(load(inp[i])));
 }
 
+// out[row, col] += bias[col], for i over rows * cols: a linear layer's bias after its
+// matrix product.
+template <class T> STOKER_HD void add_bias_at(int64_t i, T* out, const T* bias, int cols) {
+  out[i] = store<T>(load(out[i]) + load(bias[i % cols]));
+}
+
 // Attention's layouts: qkv [B, T, 3, H, D] (the QKV projection's output) and q, k, v
 // each [B, H, T, D], one after another in `qkvh` [3, B, H, T, D]; i over 3*B*H*T*D.
 struct Heads {

@@ -8,6 +8,7 @@
 namespace stoker {
 
 // Row `row` (query t = row % T): att[j] = softmax_j(scale * pre[j]) for j <= t, 0 after.
+// att may be pre (in place): each lane reads its elements before writing them.
 template <class W, class T>
 STOKER_HD void attention_softmax_forward_row(const W& w, int64_t row, T* att, const T* pre,
                                              int T_, float scale) {

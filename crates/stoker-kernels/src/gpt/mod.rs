@@ -32,7 +32,7 @@ pub mod spec;
 
 use groups::open_group;
 pub use groups::{group_calls, replay, GroupCall, GroupView, Phase, StepParams, Whole};
-pub use spec::{gpt_params, GptDims, GptOffsets, ParamSpec, SpecInit};
+pub use spec::{gpt_params, BlockOffsets, GptDims, GptOffsets, ParamSpec, SpecInit};
 
 /// Called during the backward with a parameter group (see [`spec::ParamSpec::group`]) as
 /// soon as its gradients in the flat buffer are final for this micro-batch, and the

@@ -109,13 +109,19 @@ pub fn gpt_params(dims: &GptDims) -> Vec<ParamSpec> {
 /// Where one block's parameters start in the flat buffer (element offsets); each pair
 /// is `[weight, bias]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct BlockOffsets {
-    pub(crate) ln1: [usize; 2],
-    pub(crate) qkv: [usize; 2],
-    pub(crate) proj: [usize; 2],
-    pub(crate) ln2: [usize; 2],
-    pub(crate) fc: [usize; 2],
-    pub(crate) fc_proj: [usize; 2],
+pub struct BlockOffsets {
+    /// The first LayerNorm.
+    pub ln1: [usize; 2],
+    /// The attention's QKV projection (`[3C, C]`).
+    pub qkv: [usize; 2],
+    /// The attention's output projection (`[C, C]`).
+    pub proj: [usize; 2],
+    /// The second LayerNorm.
+    pub ln2: [usize; 2],
+    /// The MLP's expansion (`[4C, C]`).
+    pub fc: [usize; 2],
+    /// The MLP's projection (`[C, 4C]`).
+    pub fc_proj: [usize; 2],
 }
 
 impl BlockOffsets {
@@ -207,6 +213,26 @@ impl GptOffsets {
     /// Each group's span of the flat buffer, group order (embeddings, blocks, final norm).
     pub fn group_ranges(&self) -> &[std::ops::Range<usize>] {
         &self.groups
+    }
+
+    /// The token embedding's offset (`[vocab, C]`, also the tied head).
+    pub fn wte(&self) -> usize {
+        self.wte
+    }
+
+    /// The position embedding's offset (`[context, C]`).
+    pub fn wpe(&self) -> usize {
+        self.wpe
+    }
+
+    /// Each block's offsets, in order.
+    pub fn blocks(&self) -> &[BlockOffsets] {
+        &self.blocks
+    }
+
+    /// The final LayerNorm's `[weight, bias]`.
+    pub fn ln_f(&self) -> [usize; 2] {
+        self.ln_f
     }
 }
 

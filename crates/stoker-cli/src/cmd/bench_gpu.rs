@@ -1,0 +1,90 @@
+//! `stoker bench gpu-kernels`: every GPU kernel on the GPU against the host build of the
+//! same source (they must agree bit for bit), then each kernel's median time at GPT-2
+//! 124M's shapes with its effective bandwidth against the GPU's. Needs the `cuda` build
+//! (scripts/gpu/build.sh) and a GPU; the device check runs it first.
+
+/// Arguments of `stoker bench gpu-kernels`.
+#[derive(clap::Args)]
+pub struct GpuKernelsArgs {
+    /// Timed launches per kernel (the median is reported).
+    #[arg(long, default_value_t = 20)]
+    reps: usize,
+    /// Sequences per micro-batch for the timings (1,024 positions each).
+    #[arg(long, default_value_t = 16)]
+    batch: usize,
+    /// Only compare with the host build; no timings.
+    #[arg(long)]
+    no_timing: bool,
+}
+
+/// Runs `stoker bench gpu-kernels`.
+#[cfg(not(feature = "cuda"))]
+pub fn run(_: GpuKernelsArgs) -> anyhow::Result<()> {
+    anyhow::bail!(
+        "this stoker was built without the `cuda` feature; the GPU binary comes from `make gpu-build` (scripts/gpu/build.sh)"
+    )
+}
+
+/// Runs `stoker bench gpu-kernels`.
+#[cfg(feature = "cuda")]
+pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
+    use stoker_gpu::device::{check, Device};
+    use stoker_gpu::scenario::ScenarioSize;
+
+    let dev = Device::new(0)?;
+    println!(
+        "gpu kernels on {}: against the host build of the same source",
+        dev.name()
+    );
+    let compared = check::compare_with_host(&dev, ScenarioSize::SMALL)?;
+    println!(
+        "{:<44} {:>9} {:>9} {:>12}",
+        "output", "elements", "differ", "max |diff|"
+    );
+    for c in &compared {
+        println!(
+            "{:<44} {:>9} {:>9} {:>12.3e}",
+            c.name, c.elements, c.differing, c.max_abs_diff
+        );
+    }
+    let bad = compared.iter().filter(|c| c.differing > 0).count();
+    println!(
+        "bit-identical: {} of {} outputs",
+        compared.len() - bad,
+        compared.len()
+    );
+    if !a.no_timing {
+        let size = ScenarioSize {
+            b: a.batch,
+            ..check::GPT2
+        };
+        // H200 4.8 TB/s, H100 SXM 3.35 TB/s (docs/gpu.md); others: no reference.
+        let peak = match dev.name() {
+            n if n.contains("H200") => Some(4.8e12),
+            n if n.contains("H100") => Some(3.35e12),
+            _ => None,
+        };
+        println!(
+            "\ntimes at GPT-2 124M's shapes, bf16, micro-batch {} x 1024 (median of {}):",
+            a.batch, a.reps
+        );
+        println!(
+            "{:<38} {:>10} {:>10} {:>8}",
+            "kernel", "us", "GB/s", "of peak"
+        );
+        for t in check::time_kernels(&dev, size, a.reps.max(1))? {
+            let gbs = t.bytes / (t.micros * 1e-6) / 1e9;
+            let frac = peak
+                .map(|p| format!("{:.0}%", 100.0 * gbs * 1e9 / p))
+                .unwrap_or_else(|| "n/a".into());
+            println!(
+                "{:<38} {:>10.1} {:>10.0} {:>8}",
+                t.name, t.micros, gbs, frac
+            );
+        }
+    }
+    if bad > 0 {
+        anyhow::bail!("{bad} outputs differ from the host build (above)");
+    }
+    Ok(())
+}

@@ -1,0 +1,311 @@
+//! The device check: every kernel on the GPU against the host build, bit for bit, then
+//! each kernel's time at GPT-2 124M's shapes. What `stoker bench gpu-kernels` prints on
+//! a lent GPU (scripts/gpu/device-check.sh, part `kernels`).
+
+use half::bf16;
+use stoker_kernels::AdamWStep;
+
+use super::Device;
+use crate::backend::Backend;
+use crate::error::GpuError;
+use crate::ids::Ids;
+use crate::kernels::{self, Stats};
+use crate::scenario::{all_outputs, ScenarioSize};
+use crate::{Heads, Host};
+
+/// One output compared: how many elements differ in their bits, and by how much.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Compared {
+    /// `kernel/buffer dtype`.
+    pub name: String,
+    /// Elements.
+    pub elements: usize,
+    /// Elements whose bits differ.
+    pub differing: usize,
+    /// The largest absolute difference (NaN if either side holds one the other does not).
+    pub max_abs_diff: f64,
+}
+
+/// Runs the scenario at `s` on the GPU and on the host and compares every output.
+pub fn compare_with_host(dev: &Device, s: ScenarioSize) -> Result<Vec<Compared>, GpuError> {
+    let want = all_outputs(&Host, s)?;
+    let got = all_outputs(dev, s)?;
+    Ok(want
+        .iter()
+        .zip(&got)
+        .map(|((name, w), (_, g))| {
+            let differing = w
+                .iter()
+                .zip(g)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            let max_abs_diff = w.iter().zip(g).fold(0f64, |m, (a, b)| {
+                let d = (*a as f64 - *b as f64).abs();
+                if m.is_nan() || d.is_nan() && a.to_bits() != b.to_bits() {
+                    f64::NAN
+                } else if d > m {
+                    d
+                } else {
+                    m
+                }
+            });
+            Compared {
+                name: name.clone(),
+                elements: w.len().max(g.len()),
+                differing: differing + w.len().abs_diff(g.len()),
+                max_abs_diff,
+            }
+        })
+        .collect())
+}
+
+/// One kernel's time: the median of `reps` launches, and the bytes it must move at
+/// least (its effective bandwidth's numerator).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelTime {
+    /// The kernel and its shape.
+    pub name: String,
+    /// Median microseconds per launch.
+    pub micros: f64,
+    /// Bytes read and written, counting each buffer once.
+    pub bytes: f64,
+}
+
+/// The shapes of GPT-2 124M's step: micro-batch `b` of 1,024 positions, d_model 768, 12
+/// heads, the vocabulary padded to 50,304.
+pub const GPT2: ScenarioSize = ScenarioSize {
+    b: 16,
+    t: 1024,
+    h: 12,
+    d: 64,
+    v: 50_257,
+};
+
+/// Times each bf16 kernel at `s` (`reps` launches each, after one warm-up).
+pub fn time_kernels(
+    dev: &Device,
+    s: ScenarioSize,
+    reps: usize,
+) -> Result<Vec<KernelTime>, GpuError> {
+    let (c, n) = (s.h * s.d, s.b * s.t);
+    let vp = s.v.div_ceil(64) * 64;
+    let e = 2.0; // bf16 bytes
+    let z = |len: usize| dev.zeros::<bf16>(len);
+    let (x, a2, out, resid) = (z(n * c)?, z(n * c)?, z(n * c)?, z(n * c)?);
+    let (w, bias) = (dev.upload(&vec![bf16::ONE; c])?, z(c)?);
+    let (mean, rstd) = (dev.upload(&vec![0f32; n])?, dev.upload(&vec![1f32; n])?);
+    let stats = Stats {
+        mean: dev.all(&mean),
+        rstd: dev.all(&rstd),
+    };
+    let (fc, fc_out) = (z(n * 4 * c)?, z(n * 4 * c)?);
+    let (qkv, heads) = (z(n * 3 * c)?, z(n * 3 * c)?);
+    let bhtt = s.b * s.h * s.t * s.t;
+    let (pre, att) = (z(bhtt)?, z(bhtt)?);
+    let logits = z(n * vp)?;
+    let losses = dev.zeros::<f32>(n)?;
+    let tokens = Ids::new(dev, "tokens", &crate::sample::ids(n, 1, s.v), s.v, None)?;
+    let targets = Ids::new(
+        dev,
+        "targets",
+        &crate::sample::ids(n, 2, s.v),
+        s.v,
+        Some(-1),
+    )?;
+    let wte = z(vp * c)?;
+    let warps = 1024;
+    let (dw, db, partials) = (
+        dev.zeros::<f32>(c)?,
+        dev.zeros::<f32>(c)?,
+        dev.zeros::<f32>(warps * 2 * c)?,
+    );
+    let params = 124_475_904usize;
+    let (p, g, m, v) = (
+        dev.zeros::<f32>(params)?,
+        dev.zeros::<f32>(params)?,
+        dev.zeros::<f32>(params)?,
+        dev.zeros::<f32>(params)?,
+    );
+    let copy = dev.zeros::<bf16>(params)?;
+    let dbias = dev.zeros::<f32>(3 * c)?;
+    let col_partials = dev.zeros::<f32>(64 * 3 * c)?;
+    let hd = Heads {
+        b: s.b as i32,
+        t: s.t as i32,
+        h: s.h as i32,
+        d: s.d as i32,
+    };
+    let step = AdamWStep::new(3e-4, 0.9, 0.95, 1e-8, 0.1, 1);
+    let nc = (n * c) as f64;
+    type Run<'a> = Box<dyn Fn() -> Result<(), GpuError> + 'a>;
+    let runs: Vec<(String, f64, Run)> = vec![
+        (
+            "encoder-forward".into(),
+            3.0 * nc * e,
+            Box::new(|| {
+                kernels::encoder_forward(
+                    dev,
+                    dev.all(&out),
+                    &tokens,
+                    dev.all(&wte),
+                    dev.all(&x),
+                    s.t,
+                    c,
+                )
+            }),
+        ),
+        (
+            "layernorm-forward (residual fused)".into(),
+            4.0 * nc * e,
+            Box::new(|| {
+                kernels::layernorm_forward(
+                    dev,
+                    dev.all(&out),
+                    stats,
+                    dev.all(&x),
+                    Some((dev.all(&resid), dev.all(&a2))),
+                    dev.all(&w),
+                    dev.all(&bias),
+                    1e-5,
+                )
+            }),
+        ),
+        (
+            "layernorm-backward".into(),
+            4.0 * nc * e,
+            Box::new(|| {
+                kernels::layernorm_backward(
+                    dev,
+                    dev.all(&out),
+                    dev.all(&dw),
+                    dev.all(&db),
+                    dev.all(&partials),
+                    dev.all(&x),
+                    dev.all(&resid),
+                    dev.all(&w),
+                    stats,
+                    warps,
+                )
+            }),
+        ),
+        (
+            "gelu-forward".into(),
+            8.0 * nc * e,
+            Box::new(|| kernels::gelu_forward(dev, dev.all(&fc_out), dev.all(&fc))),
+        ),
+        (
+            "gelu-backward".into(),
+            12.0 * nc * e,
+            Box::new(|| {
+                kernels::gelu_backward(dev, dev.all(&fc_out), dev.all(&fc), dev.all(&fc_out))
+            }),
+        ),
+        (
+            "qkv-heads".into(),
+            6.0 * nc * e,
+            Box::new(|| kernels::qkv_heads(dev, dev.all(&heads), dev.all(&qkv), hd, false)),
+        ),
+        (
+            "attention-softmax-forward".into(),
+            2.0 * bhtt as f64 * e,
+            Box::new(|| {
+                kernels::attention_softmax_forward(dev, dev.all(&att), dev.all(&pre), s.t, 0.125)
+            }),
+        ),
+        (
+            "attention-softmax-backward".into(),
+            3.0 * bhtt as f64 * e,
+            Box::new(|| {
+                kernels::attention_softmax_backward(
+                    dev,
+                    dev.all(&pre),
+                    dev.all(&pre),
+                    dev.all(&att),
+                    s.t,
+                    0.125,
+                )
+            }),
+        ),
+        (
+            "classifier".into(),
+            2.0 * (n * vp) as f64 * e,
+            Box::new(|| {
+                kernels::classifier(
+                    dev,
+                    dev.all(&logits),
+                    dev.all(&losses),
+                    &targets,
+                    s.v,
+                    1.0 / n as f32,
+                    -1,
+                )
+            }),
+        ),
+        (
+            "column-sums (qkv bias)".into(),
+            3.0 * nc * e,
+            Box::new(|| {
+                kernels::column_sums_add(
+                    dev,
+                    dev.all(&dbias),
+                    dev.all(&qkv),
+                    dev.all(&col_partials),
+                    64,
+                )
+            }),
+        ),
+        (
+            "adamw (124M, bf16 copy)".into(),
+            30.0 * params as f64,
+            Box::new(|| {
+                kernels::adamw(
+                    dev,
+                    dev.all(&p),
+                    dev.all(&g),
+                    dev.all(&m),
+                    dev.all(&v),
+                    Some(dev.all(&copy)),
+                    &step,
+                    true,
+                    1.0,
+                )
+            }),
+        ),
+    ];
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let ev = |what: &str| {
+        dev.ctx
+            .new_event(flags)
+            .map_err(super::driver(what.to_string()))
+    };
+    let mut out_times = Vec::new();
+    for (name, bytes, run) in &runs {
+        run()?;
+        dev.synchronize()?;
+        let mut times = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            let (start, end) = (ev("creating an event")?, ev("creating an event")?);
+            start
+                .record(dev.stream())
+                .map_err(super::driver("recording an event"))?;
+            run()?;
+            end.record(dev.stream())
+                .map_err(super::driver("recording an event"))?;
+            end.synchronize()
+                .map_err(super::driver("waiting for an event"))?;
+            times.push(
+                start
+                    .elapsed_ms(&end)
+                    .map_err(super::driver("reading an event"))? as f64
+                    * 1e3,
+            );
+        }
+        times.sort_by(f64::total_cmp);
+        out_times.push(KernelTime {
+            name: name.clone(),
+            micros: times[times.len() / 2],
+            bytes: *bytes,
+        });
+    }
+    Ok(out_times)
+}

@@ -1,0 +1,253 @@
+//! The GPU backend (`cuda` feature): buffers in device memory (cudarc), every [`Call`]
+//! launched on one stream from the fatbin build.rs compiled with nvcc, embedded in the
+//! binary and loaded once. Launch shapes: 256 threads a block; element kernels one
+//! thread per element (grid-stride past 2^20 blocks), row kernels one warp per row,
+//! warp kernels exactly their warp count.
+
+pub mod check;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::cublas::{sys as blas, CudaBlas};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
+    PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+
+use crate::backend::Backend;
+use crate::call::{Addr, Arg, Call, Grid};
+use crate::elem::Dtype;
+use crate::elem::Elem;
+use crate::error::GpuError;
+use crate::gemm::Gemm;
+
+/// kernels.cu as nvcc compiled it (SASS for sm_90, PTX for later GPUs).
+static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kernels.fatbin"));
+
+/// Threads per block.
+const BLOCK: u32 = 256;
+/// Warps per block.
+const WARPS_PER_BLOCK: i64 = BLOCK as i64 / 32;
+/// The most blocks a grid-stride kernel gets.
+const MAX_BLOCKS: i64 = 1 << 20;
+
+fn driver(what: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverError) -> GpuError {
+    let what = what.into();
+    move |e| GpuError::Driver {
+        what,
+        error: e.to_string(),
+    }
+}
+
+/// One GPU, one stream, stoker's kernels loaded.
+pub struct Device {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    module: Arc<CudaModule>,
+    functions: RefCell<HashMap<String, CudaFunction>>,
+    blas: CudaBlas,
+}
+
+impl Device {
+    /// GPU `ordinal`, its default stream, and the kernels loaded.
+    pub fn new(ordinal: usize) -> Result<Self, GpuError> {
+        let ctx = CudaContext::new(ordinal).map_err(driver(format!("opening GPU {ordinal}")))?;
+        // One stream and no buffer shared across streams: cudarc's per-buffer events
+        // would only add work to every launch.
+        // SAFETY: no buffer of this context exists yet.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let module = ctx
+            .load_module(Ptx::from_binary(FATBIN.to_vec()))
+            .map_err(driver("loading stoker's kernels"))?;
+        let blas = CudaBlas::new(stream.clone()).map_err(|e| GpuError::Driver {
+            what: "creating a cuBLAS handle".into(),
+            error: e.to_string(),
+        })?;
+        Ok(Device {
+            ctx,
+            stream,
+            module,
+            functions: RefCell::new(HashMap::new()),
+            blas,
+        })
+    }
+
+    /// The GPU's name, as the driver reports it.
+    pub fn name(&self) -> String {
+        self.ctx
+            .name()
+            .unwrap_or_else(|e| format!("unknown GPU ({e})"))
+    }
+
+    /// Waits for every launch so far.
+    pub fn synchronize(&self) -> Result<(), GpuError> {
+        self.stream.synchronize().map_err(driver("synchronizing"))
+    }
+
+    /// The stream every launch goes to (for events and timings).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    fn function(&self, symbol: &str) -> Result<CudaFunction, GpuError> {
+        if let Some(f) = self.functions.borrow().get(symbol) {
+            return Ok(f.clone());
+        }
+        let f = self
+            .module
+            .load_function(symbol)
+            .map_err(driver(format!("finding kernel {symbol}")))?;
+        self.functions
+            .borrow_mut()
+            .insert(symbol.to_string(), f.clone());
+        Ok(f)
+    }
+}
+
+/// The launch shape of a grid.
+fn config(grid: Grid) -> LaunchConfig {
+    let blocks = match grid {
+        Grid::Elements(n) => (n.max(1) + BLOCK as i64 - 1) / BLOCK as i64,
+        Grid::Rows(n) | Grid::Warps(n) => (n.max(1) + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK,
+    };
+    // Warp kernels need every warp (a partial sum per warp); the others stride.
+    let blocks = match grid {
+        Grid::Warps(_) => blocks,
+        _ => blocks.min(MAX_BLOCKS),
+    };
+    LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl Backend for Device {
+    type Buf<E: Elem> = CudaSlice<E>;
+
+    fn zeros<E: Elem>(&self, len: usize) -> Result<CudaSlice<E>, GpuError> {
+        self.stream
+            .alloc_zeros::<E>(len.max(1))
+            .map_err(driver(format!("allocating {len} elements")))
+    }
+
+    fn upload<E: Elem>(&self, data: &[E]) -> Result<CudaSlice<E>, GpuError> {
+        self.stream
+            .clone_htod(data)
+            .map_err(driver(format!("copying {} elements up", data.len())))
+    }
+
+    fn write<E: Elem>(
+        &self,
+        buf: &CudaSlice<E>,
+        offset: usize,
+        data: &[E],
+    ) -> Result<(), GpuError> {
+        let view = self.view(buf, offset..offset + data.len())?;
+        // A view of a live buffer of this context: copy into its address range.
+        // SAFETY: `view` checked the range against the buffer's length; the copy is
+        // ordered on the stream after every launch that reads the buffer.
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(view.addr(), data, self.stream.cu_stream())
+                .map_err(driver(format!("copying {} elements up", data.len())))?;
+        }
+        self.synchronize()
+    }
+
+    fn download<E: Elem>(&self, buf: &CudaSlice<E>) -> Result<Vec<E>, GpuError> {
+        self.stream
+            .clone_dtoh(buf)
+            .map_err(driver("copying a buffer down"))
+    }
+
+    fn len<E: Elem>(buf: &CudaSlice<E>) -> usize {
+        buf.len()
+    }
+
+    fn addr<E: Elem>(&self, buf: &CudaSlice<E>) -> Addr {
+        let (ptr, _sync) = buf.device_ptr(&self.stream);
+        ptr
+    }
+
+    unsafe fn launch(&self, call: &Call) -> Result<(), GpuError> {
+        let symbol = call.symbol();
+        let f = self.function(&symbol)?;
+        let args = call.args();
+        let mut launch = self.stream.launch_builder(&f);
+        for a in &args {
+            match a {
+                Arg::Addr(v) => launch.arg(v),
+                Arg::I64(v) => launch.arg(v),
+                Arg::I32(v) => launch.arg(v),
+                Arg::F32(v) => launch.arg(v),
+                Arg::Heads(v) => launch.arg(v),
+                Arg::AdamW(v) => launch.arg(v),
+            };
+        }
+        // SAFETY: the caller's contract (every address inside a live buffer, as the
+        // shapes imply); the arguments are the kernel's parameters in order, with the
+        // types kernels.inc declares (tests/kernel_list.rs holds the counts in step).
+        unsafe { launch.launch(config(call.grid())) }
+            .map_err(driver(format!("launching {symbol}")))?;
+        Ok(())
+    }
+
+    unsafe fn gemm(&self, g: &Gemm) -> Result<(), GpuError> {
+        use blas::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
+        let ty = |d: Dtype| match d {
+            Dtype::F32 => blas::cudaDataType::CUDA_R_32F,
+            Dtype::Bf16 => blas::cudaDataType::CUDA_R_16BF,
+        };
+        let op = |t: bool| if t { CUBLAS_OP_T } else { CUBLAS_OP_N };
+        let int = |x: usize| {
+            i32::try_from(x).map_err(|_| GpuError::Shape {
+                kernel: "matmul",
+                what: format!("{x} exceeds cuBLAS's 32-bit sizes"),
+            })
+        };
+        let (alpha, beta) = (1f32, if g.accumulate { 1f32 } else { 0f32 });
+        let stride = |s: usize| s as i64;
+        // Row-major C = A B is column-major C^T = B^T A^T: cuBLAS gets B's storage first,
+        // with the sizes swapped. f32 accumulation (no TF32) for every input type.
+        // SAFETY: the caller's contract: every operand's extent lies in a live buffer of
+        // this context; alpha and beta outlive the (stream-ordered) call's launch.
+        let status = unsafe {
+            blas::cublasGemmStridedBatchedEx(
+                *self.blas.handle(),
+                op(g.b.trans),
+                op(g.a.trans),
+                int(g.n)?,
+                int(g.m)?,
+                int(g.k)?,
+                (&alpha as *const f32).cast(),
+                g.b.addr as usize as *const std::ffi::c_void,
+                ty(g.ab),
+                int(g.b.ld)?,
+                stride(g.strides[1]),
+                g.a.addr as usize as *const std::ffi::c_void,
+                ty(g.ab),
+                int(g.a.ld)?,
+                stride(g.strides[0]),
+                (&beta as *const f32).cast(),
+                g.c as usize as *mut std::ffi::c_void,
+                ty(g.c_type),
+                int(g.ldc)?,
+                stride(g.strides[2]),
+                int(g.batch)?,
+                blas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        };
+        if status != blas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(GpuError::Driver {
+                what: format!("cuBLAS product {}x{}x{} (batch {})", g.m, g.n, g.k, g.batch),
+                error: format!("{status:?}"),
+            });
+        }
+        Ok(())
+    }
+}

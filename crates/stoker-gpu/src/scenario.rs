@@ -1,0 +1,241 @@
+//! Every kernel once, on seeded inputs, for any backend: what the device check runs on
+//! the host and on the GPU and compares bit for bit. bf16 results are widened to f32
+//! (exactly), so one comparison covers both element types.
+
+use half::bf16;
+use stoker_kernels::AdamWStep;
+
+use crate::backend::Backend;
+use crate::elem::Act;
+use crate::error::GpuError;
+use crate::ids::{Groups, Ids};
+use crate::kernels::{self, Stats};
+use crate::sample::{ids, uniform};
+use crate::{Heads, TokenGroups};
+
+/// The shapes a scenario runs at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScenarioSize {
+    /// Sequences.
+    pub b: usize,
+    /// Positions.
+    pub t: usize,
+    /// Heads.
+    pub h: usize,
+    /// Head width.
+    pub d: usize,
+    /// Vocabulary (the classifier pads it to a multiple of 64).
+    pub v: usize,
+}
+
+impl ScenarioSize {
+    /// Small enough for a test, odd enough to catch edge handling (rows and widths not
+    /// multiples of 32).
+    pub const SMALL: ScenarioSize = ScenarioSize {
+        b: 2,
+        t: 37,
+        h: 3,
+        d: 16,
+        v: 101,
+    };
+}
+
+/// One named output of a scenario, as f32.
+pub type Output = (String, Vec<f32>);
+
+fn widen<T: Act>(x: &[T]) -> Vec<f32> {
+    x.iter().map(|&v| crate::elem::to_f32(v)).collect()
+}
+
+/// Runs every kernel of element type `T` at size `s` on `b` and returns its outputs,
+/// named `kernel/buffer <dtype>`.
+pub fn outputs<B: Backend, T: Act>(b: &B, s: ScenarioSize) -> Result<Vec<Output>, GpuError> {
+    let tag = T::DTYPE.suffix();
+    let (c, n) = (s.h * s.d, s.b * s.t);
+    let vp = s.v.div_ceil(64) * 64;
+    let act = |len: usize, seed: u64, scale: f32| -> Result<B::Buf<T>, GpuError> {
+        let x: Vec<T> = uniform(len, seed, scale)
+            .into_iter()
+            .map(crate::elem::from_f32::<T>)
+            .collect();
+        b.upload(&x)
+    };
+    let mut out: Vec<Output> = Vec::new();
+    let mut keep = |name: &str, v: Vec<f32>| out.push((format!("{name} {tag}"), v));
+    let get = |buf: &B::Buf<T>| -> Result<Vec<f32>, GpuError> { Ok(widen(&b.download(buf)?)) };
+
+    // Embedding.
+    let tok = ids(n, 1, s.v);
+    let tokens = Ids::new(b, "tokens", &tok, s.v, None)?;
+    let (wte, wpe, x) = (
+        act(s.v * c, 2, 1.0)?,
+        act(s.t * c, 3, 1.0)?,
+        b.zeros::<T>(n * c)?,
+    );
+    kernels::encoder_forward(b, b.all(&x), &tokens, b.all(&wte), b.all(&wpe), s.t, c)?;
+    keep("encoder-forward/out", get(&x)?);
+    let dout = act(n * c, 4, 1.0)?;
+    let (dwte, dwpe) = (b.zeros::<f32>(s.v * c)?, b.zeros::<f32>(s.t * c)?);
+    kernels::encoder_backward_wpe(b, b.all(&dwpe), b.all(&dout), s.b, s.t, c)?;
+    let groups = Groups::new(b, &TokenGroups::new(&tok, s.v)?, s.v)?;
+    kernels::encoder_backward_wte(b, b.all(&dwte), b.all(&dout), &groups, c)?;
+    keep("encoder-backward/dwpe", b.download(&dwpe)?);
+    keep("encoder-backward/dwte", b.download(&dwte)?);
+
+    // Layer norm with the fused residual, and its backward.
+    let (a2, w, bias) = (act(n * c, 5, 1.0)?, act(c, 6, 1.0)?, act(c, 7, 0.5)?);
+    let (ln, resid) = (b.zeros::<T>(n * c)?, b.zeros::<T>(n * c)?);
+    let (mean, rstd) = (b.zeros::<f32>(n)?, b.zeros::<f32>(n)?);
+    let stats = Stats {
+        mean: b.all(&mean),
+        rstd: b.all(&rstd),
+    };
+    kernels::layernorm_forward(
+        b,
+        b.all(&ln),
+        stats,
+        b.all(&x),
+        Some((b.all(&resid), b.all(&a2))),
+        b.all(&w),
+        b.all(&bias),
+        1e-5,
+    )?;
+    keep("layernorm-forward/out", get(&ln)?);
+    keep("layernorm-forward/residual", get(&resid)?);
+    keep("layernorm-forward/mean", b.download(&mean)?);
+    keep("layernorm-forward/rstd", b.download(&rstd)?);
+    let warps = 7;
+    let (dx, dw, db, partials) = (
+        act(n * c, 8, 0.1)?,
+        b.zeros::<f32>(c)?,
+        b.zeros::<f32>(c)?,
+        b.zeros::<f32>(warps * 2 * c)?,
+    );
+    kernels::layernorm_backward(
+        b,
+        b.all(&dx),
+        b.all(&dw),
+        b.all(&db),
+        b.all(&partials),
+        b.all(&dout),
+        b.all(&resid),
+        b.all(&w),
+        stats,
+        warps,
+    )?;
+    keep("layernorm-backward/dinp", get(&dx)?);
+    keep("layernorm-backward/dweight", b.download(&dw)?);
+    keep("layernorm-backward/dbias", b.download(&db)?);
+
+    // GELU.
+    let (fc, g) = (act(n * 4 * c, 9, 4.0)?, b.zeros::<T>(n * 4 * c)?);
+    kernels::gelu_forward(b, b.all(&g), b.all(&fc))?;
+    keep("gelu-forward/out", get(&g)?);
+    let dg = act(n * 4 * c, 10, 1.0)?;
+    kernels::gelu_backward(b, b.all(&dg), b.all(&fc), b.all(&dg))?;
+    keep("gelu-backward/dinp", get(&dg)?);
+
+    // Attention's layouts and softmax.
+    let hd = Heads {
+        b: s.b as i32,
+        t: s.t as i32,
+        h: s.h as i32,
+        d: s.d as i32,
+    };
+    let (qkv, heads) = (act(n * 3 * c, 11, 1.0)?, b.zeros::<T>(n * 3 * c)?);
+    kernels::qkv_heads(b, b.all(&heads), b.all(&qkv), hd, false)?;
+    keep("qkv-heads/forward", get(&heads)?);
+    let back = b.zeros::<T>(n * 3 * c)?;
+    kernels::qkv_heads(b, b.all(&back), b.all(&heads), hd, true)?;
+    keep("qkv-heads/back", get(&back)?);
+    let (merged, unmerged) = (b.zeros::<T>(n * c)?, b.zeros::<T>(n * c)?);
+    kernels::merged_heads(b, b.all(&merged), b.view(&heads, 0..n * c)?, hd, false)?;
+    kernels::merged_heads(b, b.all(&unmerged), b.all(&merged), hd, true)?;
+    keep("merged-heads/forward", get(&merged)?);
+    keep("merged-heads/back", get(&unmerged)?);
+    let bh_tt = s.b * s.h * s.t * s.t;
+    let (pre, att) = (act(bh_tt, 12, 3.0)?, b.zeros::<T>(bh_tt)?);
+    let scale = 1.0 / (s.d as f32).sqrt();
+    kernels::attention_softmax_forward(b, b.all(&att), b.all(&pre), s.t, scale)?;
+    keep("attention-softmax-forward/att", get(&att)?);
+    let datt = act(bh_tt, 13, 1.0)?;
+    kernels::attention_softmax_backward(b, b.all(&datt), b.all(&datt), b.all(&att), s.t, scale)?;
+    keep("attention-softmax-backward/dpre", get(&datt)?);
+
+    // Bias gradient.
+    let (dbias, cp) = (b.zeros::<f32>(3 * c)?, b.zeros::<f32>(5 * 3 * c)?);
+    kernels::column_sums_add(b, b.all(&dbias), b.all(&qkv), b.all(&cp), 5)?;
+    keep("column-sums/dst", b.download(&dbias)?);
+
+    // The classifier, with ignored rows and a padded vocabulary.
+    let mut tg = ids(n, 14, s.v);
+    tg[1] = -100;
+    let targets = Ids::new(b, "targets", &tg, s.v, Some(-100))?;
+    let (logits, losses) = (act(n * vp, 15, 5.0)?, b.zeros::<f32>(n)?);
+    kernels::classifier(
+        b,
+        b.all(&logits),
+        b.all(&losses),
+        &targets,
+        s.v,
+        1.0 / n as f32,
+        -100,
+    )?;
+    keep("classifier/losses", b.download(&losses)?);
+    keep("classifier/dlogits", get(&logits)?);
+    Ok(out)
+}
+
+/// The element-type-free kernels: AdamW (with its bf16 copy) and the sums.
+pub fn f32_outputs<B: Backend>(b: &B) -> Result<Vec<Output>, GpuError> {
+    let n = 10_007;
+    let (p, g, m) = (
+        b.upload(&uniform(n, 21, 1.0))?,
+        b.upload(&uniform(n, 22, 0.1))?,
+        b.upload(&uniform(n, 23, 0.01))?,
+    );
+    let v = b.upload(
+        &uniform(n, 24, 0.001)
+            .iter()
+            .map(|x| x.abs())
+            .collect::<Vec<_>>(),
+    )?;
+    let copy = b.zeros::<bf16>(n)?;
+    let step = AdamWStep::new(3e-4, 0.9, 0.95, 1e-8, 0.1, 5);
+    kernels::adamw(
+        b,
+        b.all(&p),
+        b.all(&g),
+        b.all(&m),
+        b.all(&v),
+        Some(b.all(&copy)),
+        &step,
+        true,
+        0.5,
+    )?;
+    let (sum, partials) = (b.zeros::<f32>(1)?, b.zeros::<f32>(300)?);
+    kernels::sum(
+        b,
+        b.all(&sum),
+        b.all(&g),
+        b.all(&partials),
+        true,
+        300,
+        false,
+    )?;
+    Ok(vec![
+        ("adamw/p".into(), b.download(&p)?),
+        ("adamw/m".into(), b.download(&m)?),
+        ("adamw/v".into(), b.download(&v)?),
+        ("adamw/copy".into(), widen(&b.download(&copy)?)),
+        ("sum/squares".into(), b.download(&sum)?),
+    ])
+}
+
+/// Every output of every kernel at `s`: f32, bf16, then the f32-only kernels.
+pub fn all_outputs<B: Backend>(b: &B, s: ScenarioSize) -> Result<Vec<Output>, GpuError> {
+    let mut out = outputs::<B, f32>(b, s)?;
+    out.extend(outputs::<B, bf16>(b, s)?);
+    out.extend(f32_outputs(b)?);
+    Ok(out)
+}

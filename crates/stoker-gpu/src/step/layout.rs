@@ -1,0 +1,190 @@
+//! Where every activation of the GPU step lives: one buffer of the activations' type and
+//! one of f32 (statistics, losses, partial sums), each named span's offset and length
+//! computed here and nowhere else (llm.c's `fill_in_activation_sizes`).
+
+use stoker_kernels::GptDims;
+
+/// Elements `start..start + len` of a buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// First element.
+    pub start: usize,
+    /// Elements.
+    pub len: usize,
+}
+
+impl Span {
+    /// The range it covers.
+    pub fn range(&self) -> std::ops::Range<usize> {
+        self.start..self.start + self.len
+    }
+}
+
+/// Hands out consecutive spans of one buffer.
+#[derive(Debug, Default)]
+struct Cursor(usize);
+
+impl Cursor {
+    fn take(&mut self, len: usize) -> Span {
+        let s = Span { start: self.0, len };
+        self.0 += len;
+        s
+    }
+}
+
+/// One block's saved activations (`N` rows of width `C`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockActs {
+    /// The block's input, the residual stream `[N, C]` (the previous block's output sum).
+    pub resid_in: Span,
+    /// The first LayerNorm's output `[N, C]`.
+    pub ln1: Span,
+    /// The QKV projection `[N, 3C]`.
+    pub qkv: Span,
+    /// q, k, v per head `[3, B, H, T, D]`.
+    pub heads: Span,
+    /// Attention probabilities `[B, H, T, T]` (the scores before the softmax, in place).
+    pub att: Span,
+    /// Attention's output per head `[B, H, T, D]`.
+    pub atty_h: Span,
+    /// Attention's output `[N, C]`.
+    pub atty: Span,
+    /// The output projection `[N, C]`.
+    pub attproj: Span,
+    /// The residual after attention `[N, C]`.
+    pub resid2: Span,
+    /// The second LayerNorm's output `[N, C]`.
+    pub ln2: Span,
+    /// The MLP's expansion `[N, 4C]`.
+    pub fch: Span,
+    /// Its GELU `[N, 4C]`.
+    pub fch_gelu: Span,
+    /// The MLP's projection `[N, C]`.
+    pub fcproj: Span,
+}
+
+/// One block's LayerNorm statistics (f32, `N` each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockStats {
+    /// The first LayerNorm's mean and rstd.
+    pub ln1: [Span; 2],
+    /// The second's.
+    pub ln2: [Span; 2],
+}
+
+/// Every span of a step at one batch shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActLayout {
+    /// Per block.
+    pub blocks: Vec<BlockActs>,
+    /// The last block's output sum `[N, C]`.
+    pub resid_out: Span,
+    /// The final LayerNorm's output `[N, C]`.
+    pub lnf: Span,
+    /// Logits, then in place their gradient `[N, Vp]`.
+    pub logits: Span,
+    /// The backward's scratch: the residual stream's gradient `[N, C]`.
+    pub dres: Span,
+    /// A LayerNorm input's gradient or attention's output gradient `[N, C]`.
+    pub dnc: Span,
+    /// The MLP's hidden gradient `[N, 4C]`.
+    pub dfch: Span,
+    /// The QKV projection's gradient `[N, 3C]`.
+    pub dqkv: Span,
+    /// dq, dk, dv per head `[3, B, H, T, D]`.
+    pub dheads: Span,
+    /// Attention's output gradient per head `[B, H, T, D]`.
+    pub datty_h: Span,
+    /// The probabilities' (then the scores') gradient `[B, H, T, T]`.
+    pub datt: Span,
+    /// Elements of the activation buffer.
+    pub total: usize,
+    /// Per block, in the f32 buffer.
+    pub stats: Vec<BlockStats>,
+    /// The final LayerNorm's statistics.
+    pub lnf_stats: [Span; 2],
+    /// Each row's loss `[N]`.
+    pub losses: Span,
+    /// Partial sums: LayerNorm backward's per-warp rows, the bias gradients' row chunks,
+    /// the loss sum's per-warp sums.
+    pub partials: Span,
+    /// The summed loss `[1]`.
+    pub loss_sum: Span,
+    /// Elements of the f32 buffer.
+    pub floats: usize,
+}
+
+/// Warps of the LayerNorm backward's partial rows, and of the loss sum.
+pub const PARTIAL_WARPS: usize = 128;
+/// Row chunks of a bias gradient.
+pub const BIAS_PARTS: usize = 64;
+
+impl ActLayout {
+    /// The spans for `batch` sequences of `t` positions of a GPT of `dims` with the
+    /// vocabulary padded to `vp`.
+    pub fn new(dims: &GptDims, batch: usize, t: usize, vp: usize) -> Self {
+        let (n, c) = (batch * t, dims.d_model);
+        let tt = batch * dims.n_head * t * t;
+        let mut a = Cursor::default();
+        let blocks = (0..dims.n_layer)
+            .map(|_| BlockActs {
+                resid_in: a.take(n * c),
+                ln1: a.take(n * c),
+                qkv: a.take(3 * n * c),
+                heads: a.take(3 * n * c),
+                att: a.take(tt),
+                atty_h: a.take(n * c),
+                atty: a.take(n * c),
+                attproj: a.take(n * c),
+                resid2: a.take(n * c),
+                ln2: a.take(n * c),
+                fch: a.take(4 * n * c),
+                fch_gelu: a.take(4 * n * c),
+                fcproj: a.take(n * c),
+            })
+            .collect();
+        let (resid_out, lnf, logits) = (a.take(n * c), a.take(n * c), a.take(n * vp));
+        let (dres, dnc, dfch, dqkv) = (
+            a.take(n * c),
+            a.take(n * c),
+            a.take(4 * n * c),
+            a.take(3 * n * c),
+        );
+        let (dheads, datty_h, datt) = (a.take(3 * n * c), a.take(n * c), a.take(tt));
+        let mut f = Cursor::default();
+        let stats = (0..dims.n_layer)
+            .map(|_| BlockStats {
+                ln1: [f.take(n), f.take(n)],
+                ln2: [f.take(n), f.take(n)],
+            })
+            .collect();
+        let lnf_stats = [f.take(n), f.take(n)];
+        let losses = f.take(n);
+        let partials = f.take(
+            (PARTIAL_WARPS * 2 * c)
+                .max(BIAS_PARTS * 4 * c)
+                .max(PARTIAL_WARPS),
+        );
+        let loss_sum = f.take(1);
+        ActLayout {
+            blocks,
+            resid_out,
+            lnf,
+            logits,
+            dres,
+            dnc,
+            dfch,
+            dqkv,
+            dheads,
+            datty_h,
+            datt,
+            total: a.0,
+            stats,
+            lnf_stats,
+            losses,
+            partials,
+            loss_sum,
+            floats: f.0,
+        }
+    }
+}
