@@ -2,7 +2,10 @@
 # Everything a session with a lent GPU checks, as one device call (the device tool's time
 # is short: one prepared script, rerun at most once). Run in the repository root there,
 # carrying target/gpu (bash scripts/gpu/build.sh) and data/shakespeare:
-#   bash scripts/gpu/device-check.sh [PART...]      (default: all three, in this order)
+#   bash scripts/gpu/device-check.sh [PART...]      (default: all four, in this order)
+# - kernels: scripts/gpu/kernels-check.sh, stoker's own GPU kernels (crates/stoker-gpu)
+#   against their host build bit for bit, and each one's time at GPT-2 124M's shapes
+#   beside PyTorch's for the same operation;
 # - offload: scripts/gpu/offload-check.sh, the demo's GPT on the CPU and on the GPU
 #   (optimizer offloaded to the host), fp32 and bf16, losses compared step by step;
 # - ranks: scripts/gpu/ranks-check.sh, 1 rank vs 2 ranks (DDP, ZeRO-1/2 bit for bit,
@@ -16,7 +19,7 @@ res=${OUT:-/tmp/gpu-out}
 work=${TMPDIR:-/tmp}/gpu-check
 mkdir -p "$res"
 parts=("$@")
-[ ${#parts[@]} = 0 ] && parts=(offload ranks step-time)
+[ ${#parts[@]} = 0 ] && parts=(kernels offload ranks step-time)
 status=0
 {
   date -u
@@ -24,10 +27,11 @@ status=0
   echo "cpu cores: $(nproc)"
   for part in "${parts[@]}"; do
     case $part in
+      kernels) script=kernels-check.sh ;;
       offload) script=offload-check.sh ;;
       ranks) script=ranks-check.sh ;;
       step-time) script=step-time.sh ;;
-      *) echo "device-check: unknown part $part (offload, ranks, step-time)"; echo "$part exit 2"; continue ;;
+      *) echo "device-check: unknown part $part (kernels, offload, ranks, step-time)"; echo "$part exit 2"; continue ;;
     esac
     OUT=$work timeout 600 bash "scripts/gpu/$script"
     echo "$part exit $?"

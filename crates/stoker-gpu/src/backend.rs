@@ -29,6 +29,10 @@ pub trait Backend {
     fn len<E: Elem>(buf: &Self::Buf<E>) -> usize;
     /// The address of a buffer's first element.
     fn addr<E: Elem>(&self, buf: &Self::Buf<E>) -> Addr;
+    /// Sets the elements of `v` to zero (enqueued after every launch so far).
+    fn zero<E: Elem>(&self, v: View<E>) -> Result<(), GpuError>;
+    /// The elements of `v`, after every launch so far has finished.
+    fn read<E: Elem>(&self, v: View<E>) -> Result<Vec<E>, GpuError>;
     /// Runs (or enqueues) `call`.
     ///
     /// # Safety

@@ -5,7 +5,7 @@
 
 use std::cell::UnsafeCell;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, View};
 use crate::call::{Addr, Call};
 use crate::elem::Elem;
 use crate::error::GpuError;
@@ -60,6 +60,19 @@ impl Backend for Host {
     fn download<E: Elem>(&self, buf: &HostBuf<E>) -> Result<Vec<E>, GpuError> {
         // SAFETY: as in `write`: no kernel runs and no other access is live.
         Ok(buf.cells.iter().map(|c| unsafe { *c.get() }).collect())
+    }
+
+    fn zero<E: Elem>(&self, v: View<E>) -> Result<(), GpuError> {
+        // SAFETY: a View is made only by `view`/`all`/`slice`, inside a live HostBuf of
+        // this backend (its borrow keeps the buffer alive), whose cells may be written;
+        // all-zero bits are zero for f32, bf16 and i32.
+        unsafe { std::ptr::write_bytes(v.addr() as usize as *mut E, 0, v.len()) };
+        Ok(())
+    }
+
+    fn read<E: Elem>(&self, v: View<E>) -> Result<Vec<E>, GpuError> {
+        // SAFETY: as in `zero`: the view lies inside a live HostBuf, and no kernel runs.
+        Ok(unsafe { std::slice::from_raw_parts(v.addr() as usize as *const E, v.len()) }.to_vec())
     }
 
     fn len<E: Elem>(buf: &HostBuf<E>) -> usize {

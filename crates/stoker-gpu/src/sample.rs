@@ -23,3 +23,44 @@ pub fn ids(n: usize, seed: u64, limit: usize) -> Vec<i32> {
         .map(|&u| (((u + 1.0) * 0.5 * limit as f32) as usize).min(limit - 1) as i32)
         .collect()
 }
+
+/// A GPT of `dims` laid out contiguously in its table's order: the offsets, each
+/// parameter's name and range, and parameters drawn near their initialization (gains
+/// 1 +- 0.1, everything else +-`scale`) from seed `seed`.
+pub fn gpt(dims: &stoker_kernels::GptDims, seed: u64, scale: f32) -> SampleGpt {
+    use stoker_kernels::SpecInit;
+    let table = stoker_kernels::gpt_params(dims);
+    let (mut at, mut ranges, mut params) =
+        (std::collections::HashMap::new(), Vec::new(), Vec::new());
+    for (i, p) in table.iter().enumerate() {
+        let len: usize = p.shape.iter().product();
+        at.insert(p.name.clone(), params.len());
+        ranges.push((p.name.clone(), params.len()..params.len() + len));
+        params.extend(
+            uniform(len, seed + i as u64, 1.0)
+                .iter()
+                .map(|x| match p.init {
+                    SpecInit::Ones => 1.0 + 0.1 * x,
+                    _ => scale * x,
+                }),
+        );
+    }
+    let offsets = stoker_kernels::GptOffsets::from_table(dims, |name| at.get(name).copied())
+        .expect("every name of the table has an offset");
+    SampleGpt {
+        offsets,
+        params,
+        ranges,
+    }
+}
+
+/// What [`gpt`] draws.
+#[derive(Debug, Clone)]
+pub struct SampleGpt {
+    /// Where each parameter starts.
+    pub offsets: stoker_kernels::GptOffsets,
+    /// The flat parameters.
+    pub params: Vec<f32>,
+    /// Each parameter's name and range, in table order.
+    pub ranges: Vec<(String, std::ops::Range<usize>)>,
+}

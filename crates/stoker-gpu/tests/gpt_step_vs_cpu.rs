@@ -6,13 +6,11 @@
 
 mod common;
 
-use std::collections::HashMap;
-
 use common::*;
 use half::bf16;
 use stoker_gpu::step::{GptGpuStep, TokenBatch};
 use stoker_gpu::{Act, Host};
-use stoker_kernels::{gpt_params, GptBatch, GptDims, GptOffsets, GptStep, SpecInit, TokenStep};
+use stoker_kernels::{GptBatch, GptDims, GptOffsets, GptStep, TokenStep};
 use stoker_testkit::{assert_close, assert_close_scalar, rel_l2};
 
 const DIMS: GptDims = GptDims {
@@ -34,24 +32,9 @@ type Setup = (
     Vec<i64>,
 );
 
-/// Contiguous offsets in table order, parameters drawn around their initialization, a
-/// batch with two ignored targets.
+/// A seeded GPT and a batch with two ignored targets.
 fn setup() -> Setup {
-    let table = gpt_params(&DIMS);
-    let (mut at, mut ranges, mut end) = (HashMap::new(), Vec::new(), 0);
-    let mut params = Vec::new();
-    for (i, p) in table.iter().enumerate() {
-        let len: usize = p.shape.iter().product();
-        at.insert(p.name.clone(), end);
-        ranges.push((p.name.clone(), end..end + len));
-        let u = uniform(len, 100 + i as u64, 1.0);
-        params.extend(u.iter().map(|x| match p.init {
-            SpecInit::Ones => 1.0 + 0.1 * x,
-            _ => 0.2 * x,
-        }));
-        end += len;
-    }
-    let offsets = GptOffsets::from_table(&DIMS, |name| at.get(name).copied()).unwrap();
+    let g = stoker_gpu::sample::gpt(&DIMS, 100, 0.2);
     let tokens: Vec<i64> = ids(BATCH * T, 1, DIMS.vocab)
         .iter()
         .map(|&x| x as i64)
@@ -62,7 +45,7 @@ fn setup() -> Setup {
         .collect();
     targets[4] = -1;
     targets[20] = -1;
-    (offsets, params, ranges, tokens, targets)
+    (g.offsets, g.params, g.ranges, tokens, targets)
 }
 
 /// The CPU step's loss and gradients.
@@ -138,4 +121,16 @@ fn the_bf16_step_tracks_the_cpu_f32_step() {
             "gradient of {name}: relative L2 error {e} with bf16 activations"
         );
     }
+}
+
+#[test]
+fn a_zero_scale_adds_no_gradient_and_the_same_loss() {
+    let (offsets, params, _, tokens, targets) = setup();
+    let (want_loss, _) = cpu(&offsets, &params, &tokens, &targets, 1.0);
+    let (loss, grads) = gpu::<f32>(&offsets, &params, &tokens, &targets, 0.0);
+    assert_close_scalar(loss, want_loss, 1e-5, "summed loss at scale 0");
+    assert!(
+        grads.iter().all(|&g| g == 0.0),
+        "a zero loss scale left a nonzero gradient"
+    );
 }

@@ -15,6 +15,10 @@ pub struct GpuKernelsArgs {
     /// Only compare with the host build; no timings.
     #[arg(long)]
     no_timing: bool,
+    /// Also the GPT step: on the GPU against the host backend (a small GPT, f32 and
+    /// bf16), then the bf16 forward + backward of GPT-2 124M timed.
+    #[arg(long)]
+    step: bool,
 }
 
 /// Runs `stoker bench gpu-kernels`.
@@ -80,6 +84,28 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
             println!(
                 "{:<38} {:>10.1} {:>10.0} {:>8}",
                 t.name, t.micros, gbs, frac
+            );
+        }
+    }
+    if a.step {
+        println!(
+            "\nthe GPT step on the GPU against the host backend (products differ: a tolerance):"
+        );
+        for c in check::compare_step(&dev)? {
+            println!(
+                "  {:<5} loss {:.2e} relative; worst gradient {} {:.2e} of its largest",
+                c.dtype, c.loss_rel, c.worst.0, c.worst.1
+            );
+        }
+        if !a.no_timing {
+            let (ms, params) = check::time_step(&dev, a.batch, a.reps.max(1))?;
+            let tokens = (a.batch * 1024) as f64;
+            let flops = 6.0 * params as f64 + 6.0 * 12.0 * 768.0 * 1024.0;
+            let tps = tokens / (ms / 1e3);
+            println!(
+                "GPT-2 124M bf16 forward+backward, micro-batch {} x 1024: {ms:.2} ms, {tps:.0} tokens/s, MFU {:.1}% (989 TFLOP/s)",
+                a.batch,
+                100.0 * tps * flops / 989e12
             );
         }
     }

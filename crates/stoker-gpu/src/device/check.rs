@@ -11,6 +11,7 @@ use crate::error::GpuError;
 use crate::ids::Ids;
 use crate::kernels::{self, Stats};
 use crate::scenario::{all_outputs, ScenarioSize};
+use crate::step::{GptGpuStep, TokenBatch};
 use crate::{Heads, Host};
 
 /// One output compared: how many elements differ in their bits, and by how much.
@@ -308,4 +309,132 @@ pub fn time_kernels(
         });
     }
     Ok(out_times)
+}
+
+/// The step on the GPU against the step on the host, one element type: the summed
+/// losses' relative difference and the worst parameter's gradient error (its largest
+/// absolute difference over its largest absolute value on the host).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepCompared {
+    /// `f32` or `bf16`.
+    pub dtype: &'static str,
+    /// |loss_gpu - loss_host| / |loss_host|.
+    pub loss_rel: f64,
+    /// The worst parameter and its relative gradient error.
+    pub worst: (String, f64),
+}
+
+/// A small GPT's step (the tests' shape) on the GPU and on the host backend, f32 and
+/// bf16. The matrix products differ (cuBLAS against the host's), so this is a
+/// tolerance, not bits: f32 should land near 1e-5, bf16 near 1e-2.
+pub fn compare_step(dev: &Device) -> Result<Vec<StepCompared>, GpuError> {
+    fn one<A: crate::Act>(dev: &Device, dtype: &'static str) -> Result<StepCompared, GpuError> {
+        let dims = stoker_kernels::GptDims {
+            vocab: 71,
+            context: 16,
+            d_model: 32,
+            n_layer: 2,
+            n_head: 4,
+        };
+        let (b, t) = (3, 11);
+        let g = crate::sample::gpt(&dims, 100, 0.2);
+        let tokens: Vec<i64> = crate::sample::ids(b * t, 1, dims.vocab)
+            .iter()
+            .map(|&x| x as i64)
+            .collect();
+        let targets: Vec<i64> = crate::sample::ids(b * t, 2, dims.vocab)
+            .iter()
+            .map(|&x| x as i64)
+            .collect();
+        let batch = TokenBatch {
+            tokens: &tokens,
+            targets: &targets,
+            ignore: -1,
+        };
+        let run = |be_loss: &mut f64| -> Result<(f64, Vec<f32>), GpuError> {
+            let s = GptGpuStep::<Host, A>::new(&Host, dims, g.offsets.clone(), 1e-5, b, t)?;
+            s.load_params(&Host, &g.params)?;
+            *be_loss = s.forward_backward(&Host, batch, 1.0 / 33.0)?;
+            Ok((*be_loss, s.grads(&Host)?))
+        };
+        let mut host_loss = 0.0;
+        let (host_loss, host_grads) = run(&mut host_loss)?;
+        let s = GptGpuStep::<Device, A>::new(dev, dims, g.offsets.clone(), 1e-5, b, t)?;
+        s.load_params(dev, &g.params)?;
+        let loss = s.forward_backward(dev, batch, 1.0 / 33.0)?;
+        let grads = s.grads(dev)?;
+        let worst = g
+            .ranges
+            .iter()
+            .map(|(name, r)| {
+                let (h, d) = (&host_grads[r.clone()], &grads[r.clone()]);
+                let scale = h
+                    .iter()
+                    .fold(0f64, |m, &x| m.max((x as f64).abs()))
+                    .max(f64::MIN_POSITIVE);
+                let diff = h.iter().zip(d).fold(0f64, |m, (&x, &y)| {
+                    let e = (x as f64 - y as f64).abs();
+                    if e.is_nan() || m.is_nan() {
+                        f64::NAN
+                    } else {
+                        m.max(e)
+                    }
+                });
+                (name.clone(), diff / scale)
+            })
+            .fold((String::new(), 0f64), |w, x| {
+                if x.1.is_nan() || x.1 > w.1 {
+                    x
+                } else {
+                    w
+                }
+            });
+        Ok(StepCompared {
+            dtype,
+            loss_rel: (loss - host_loss).abs() / host_loss.abs(),
+            worst,
+        })
+    }
+    Ok(vec![one::<f32>(dev, "f32")?, one::<bf16>(dev, "bf16")?])
+}
+
+/// The bf16 step's forward + backward on GPT-2 124M (vocabulary 50,257 padded to
+/// 50,304, context 1,024, 12 layers, d_model 768, 12 heads) at micro-batch `b` x 1,024:
+/// the median milliseconds of `reps` steps after two warm-up steps, and the parameter
+/// count (for MFU: 6N + 6LCT FLOPs per token).
+pub fn time_step(dev: &Device, b: usize, reps: usize) -> Result<(f64, usize), GpuError> {
+    let dims = stoker_kernels::GptDims {
+        vocab: 50_257,
+        context: 1024,
+        d_model: 768,
+        n_layer: 12,
+        n_head: 12,
+    };
+    let t = dims.context;
+    let g = crate::sample::gpt(&dims, 7, 0.02);
+    let step = GptGpuStep::<Device, bf16>::new(dev, dims, g.offsets.clone(), 1e-5, b, t)?;
+    step.load_params(dev, &g.params)?;
+    let tokens: Vec<i64> = crate::sample::ids(b * t, 3, dims.vocab)
+        .iter()
+        .map(|&x| x as i64)
+        .collect();
+    let targets: Vec<i64> = crate::sample::ids(b * t, 4, dims.vocab)
+        .iter()
+        .map(|&x| x as i64)
+        .collect();
+    let batch = TokenBatch {
+        tokens: &tokens,
+        targets: &targets,
+        ignore: -1,
+    };
+    let mut times = Vec::new();
+    for i in 0..reps + 2 {
+        let t0 = std::time::Instant::now();
+        step.forward_backward(dev, batch, 1.0 / (b * t) as f32)?; // ends on the loss read
+        if i >= 2 {
+            times.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok((times[times.len() / 2], g.params.len()))
 }

@@ -17,7 +17,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, View};
 use crate::call::{Addr, Arg, Call, Grid};
 use crate::elem::Dtype;
 use crate::elem::Elem;
@@ -162,6 +162,32 @@ impl Backend for Device {
         self.stream
             .clone_dtoh(buf)
             .map_err(driver("copying a buffer down"))
+    }
+
+    fn zero<E: Elem>(&self, v: View<E>) -> Result<(), GpuError> {
+        // SAFETY: a View lies inside a live device buffer of this context (checked when
+        // it was made); the memset is ordered on the stream.
+        unsafe {
+            cudarc::driver::result::memset_d8_async(
+                v.addr(),
+                0,
+                v.len() * std::mem::size_of::<E>(),
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(driver(format!("zeroing {} elements", v.len())))
+    }
+
+    fn read<E: Elem>(&self, v: View<E>) -> Result<Vec<E>, GpuError> {
+        let mut out = vec![E::default(); v.len()];
+        // SAFETY: as in `zero`; `out` holds v.len() elements and lives until the
+        // synchronization below.
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(&mut out, v.addr(), self.stream.cu_stream())
+        }
+        .map_err(driver(format!("copying {} elements down", v.len())))?;
+        self.synchronize()?;
+        Ok(out)
     }
 
     fn len<E: Elem>(buf: &CudaSlice<E>) -> usize {

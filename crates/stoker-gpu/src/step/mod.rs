@@ -121,7 +121,7 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
 
     /// Sets every gradient to 0.
     pub fn zero_grads(&self, be: &B) -> Result<(), GpuError> {
-        be.write(&self.grads, 0, &vec![0f32; self.offsets.end()])
+        be.zero(be.all(&self.grads))
     }
 
     fn p(&self, be: &B, at: usize, len: usize) -> Result<View<'_, T>, GpuError> {
@@ -192,6 +192,11 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
             grad_scale,
             ignore,
         )?;
+        if grad_scale == 0.0 {
+            // The classifier leaves the logits when it writes no gradient: a zero scale
+            // means a zero gradient.
+            be.zero(self.a(be, lay.logits)?)?;
+        }
         kernels::sum(
             be,
             self.f(be, lay.loss_sum)?,
@@ -203,8 +208,7 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
         )?;
         self.backward(be, &groups)?;
         // The one read back: the summed loss (waits for the step).
-        let floats = be.download(&self.floats)?;
-        Ok(floats[lay.loss_sum.start] as f64)
+        Ok(be.read(self.f(be, lay.loss_sum)?)?[0] as f64)
     }
 
     /// `y = x W^T + b` for the linear layer at `wb` (`W` `[out, inp]`).
@@ -533,11 +537,7 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
             None,
             true,
         )?;
-        be.write(
-            &self.acts,
-            lay.dres.start,
-            &vec![T::default(); lay.dres.len],
-        )?;
+        be.zero(self.a(be, lay.dres)?)?;
         let last = lay.blocks.len() - 1;
         self.ln_back(be, lay.dnc, lay.resid_out, o.ln_f(), lay.lnf_stats)?;
         for l in (0..=last).rev() {

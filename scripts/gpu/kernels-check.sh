@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# stoker's GPU kernels (crates/stoker-gpu) on the lent GPU: every kernel against the host
+# build of the same source, bit for bit (`stoker bench gpu-kernels` exits 1 on any
+# difference), then each kernel's median time at GPT-2 124M's shapes (bf16, micro-batch
+# BATCH x 1024) beside PyTorch's time for the same operation on the same GPU
+# (scripts/gpu/torch_kernels.py: eager, and torch.compile where it fuses); then the GPT
+# step on the GPU against the host backend, and GPT-2 124M's bf16 forward + backward timed
+# beside PyTorch's (scripts/gpu/torch_gpt2.py: compile, SDPA, bf16 autocast).
+#   bash scripts/gpu/kernels-check.sh [BIN]      (BATCH, default 16; REPS, default 20)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source scripts/gpu/env.sh "${1:-}"
+batch=${BATCH:-16}
+reps=${REPS:-20}
+status=0
+timeout 300 "$STOKER_GPU_BIN" bench gpu-kernels --step --batch "$batch" --reps "$reps" || status=1
+echo
+timeout 240 python3 scripts/gpu/torch_kernels.py --batch "$batch" --reps "$reps" || status=1
+echo
+timeout 240 python3 scripts/gpu/torch_gpt2.py --batch "$batch" --steps "$reps" || status=1
+exit $status
