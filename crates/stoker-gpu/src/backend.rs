@@ -6,10 +6,9 @@
 use std::marker::PhantomData;
 use std::ops::Range;
 
-use crate::call::{Addr, Call};
+use crate::call::{Addr, Call, Gemm};
 use crate::elem::Elem;
 use crate::error::GpuError;
-use crate::gemm::Gemm;
 
 /// Flat buffers and kernel launches.
 pub trait Backend {

@@ -38,6 +38,48 @@ pub enum Arg {
     AdamW(AdamWArgs),
 }
 
+/// One operand: its address, leading dimension (elements between rows as stored) and
+/// whether it is stored transposed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Operand {
+    /// First element.
+    pub addr: Addr,
+    /// Elements between consecutive stored rows.
+    pub ld: usize,
+    /// Stored transposed: `A` `m x k` held as `k x m` (or `B` `k x n` as `n x k`).
+    pub trans: bool,
+}
+
+/// `C[z] = A[z] B[z] (+ C[z] when accumulating)` for `z` in `0..batch`: `A` is
+/// `m x k`, `B` `k x n`, `C` `m x n` with leading dimension `ldc`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gemm {
+    /// Rows of `A` and `C`.
+    pub m: usize,
+    /// Columns of `B` and `C`.
+    pub n: usize,
+    /// The shared dimension.
+    pub k: usize,
+    /// `A`.
+    pub a: Operand,
+    /// `B`.
+    pub b: Operand,
+    /// `C`'s first element.
+    pub c: Addr,
+    /// Elements between `C`'s rows.
+    pub ldc: usize,
+    /// Products in the batch, and each operand's stride between them (elements).
+    pub batch: usize,
+    /// Strides of `A`, `B`, `C` between batch entries.
+    pub strides: [usize; 3],
+    /// `A`'s and `B`'s element type.
+    pub ab: Dtype,
+    /// `C`'s element type.
+    pub c_type: Dtype,
+    /// Add `C`'s old value (weight gradients accumulate).
+    pub accumulate: bool,
+}
+
 /// A kernel launch. Addresses must cover what the shapes imply: [`crate::kernels`]
 /// builds every call after checking that.
 #[allow(missing_docs)]

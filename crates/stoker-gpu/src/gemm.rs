@@ -1,55 +1,13 @@
-//! Matrix products: a [`Gemm`] describes one (batched, strided) product
-//! `C = A B (+ C)`, row-major, each operand possibly transposed, A and B in the
-//! activations' type and C in it or in f32 (weight gradients accumulate in f32). Both
-//! backends run the same description: the host with the `gemm` crate in f32, the device
-//! with cuBLAS. [`matmul`] checks every operand's extent before it launches.
+//! Matrix products: [`matmul`] checks every operand's extent against its view, then hands
+//! the backend a [`Gemm`] (one batched, strided product as data, row-major, A and B in the
+//! activations' type, C in it or in f32: weight gradients accumulate in f32) and adds
+//! the bias. The host runs products with the `gemm` crate in f32 ([`host_gemm`]), the
+//! device with cuBLAS.
 
 use crate::backend::{Backend, View};
-use crate::call::Addr;
+use crate::call::{Addr, Gemm, Operand};
 use crate::elem::{Act, Dtype};
 use crate::error::GpuError;
-
-/// One operand: its address, leading dimension (elements between rows as stored) and
-/// whether it is stored transposed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Operand {
-    /// First element.
-    pub addr: Addr,
-    /// Elements between consecutive stored rows.
-    pub ld: usize,
-    /// Stored transposed: `A` `m x k` held as `k x m` (or `B` `k x n` as `n x k`).
-    pub trans: bool,
-}
-
-/// `C[z] = A[z] B[z] (+ C[z] when accumulating)` for `z` in `0..batch`: `A` is
-/// `m x k`, `B` `k x n`, `C` `m x n` with leading dimension `ldc`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Gemm {
-    /// Rows of `A` and `C`.
-    pub m: usize,
-    /// Columns of `B` and `C`.
-    pub n: usize,
-    /// The shared dimension.
-    pub k: usize,
-    /// `A`.
-    pub a: Operand,
-    /// `B`.
-    pub b: Operand,
-    /// `C`'s first element.
-    pub c: Addr,
-    /// Elements between `C`'s rows.
-    pub ldc: usize,
-    /// Products in the batch, and each operand's stride between them (elements).
-    pub batch: usize,
-    /// Strides of `A`, `B`, `C` between batch entries.
-    pub strides: [usize; 3],
-    /// `A`'s and `B`'s element type.
-    pub ab: Dtype,
-    /// `C`'s element type.
-    pub c_type: Dtype,
-    /// Add `C`'s old value (weight gradients accumulate).
-    pub accumulate: bool,
-}
 
 /// The element count an operand must hold: the last batch entry's last element plus one.
 fn extent(rows: usize, cols: usize, ld: usize, trans: bool, batch: usize, stride: usize) -> usize {

@@ -6,10 +6,10 @@
 use std::cell::UnsafeCell;
 
 use crate::backend::{Backend, View};
-use crate::call::{Addr, Call};
+use crate::call::{Addr, Call, Gemm};
 use crate::elem::Elem;
 use crate::error::GpuError;
-use crate::gemm::{host_gemm, Gemm};
+use crate::gemm::host_gemm;
 
 /// The CPU as a backend.
 #[derive(Debug, Default, Clone, Copy)]

@@ -18,11 +18,9 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use crate::backend::{Backend, View};
-use crate::call::{Addr, Arg, Call, Grid};
-use crate::elem::Dtype;
-use crate::elem::Elem;
+use crate::call::{Addr, Arg, Call, Gemm, Grid};
+use crate::elem::{Dtype, Elem};
 use crate::error::GpuError;
-use crate::gemm::Gemm;
 
 /// kernels.cu as nvcc compiled it (SASS for sm_90, PTX for later GPUs).
 static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kernels.fatbin"));
