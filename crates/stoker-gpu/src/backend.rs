@@ -30,6 +30,9 @@ pub trait Backend {
     fn addr<E: Elem>(&self, buf: &Self::Buf<E>) -> Addr;
     /// Sets the elements of `v` to zero (enqueued after every launch so far).
     fn zero<E: Elem>(&self, v: View<E>) -> Result<(), GpuError>;
+    /// Copies `src` into `dst` (enqueued after every launch so far); the lengths must
+    /// match.
+    fn copy<E: Elem>(&self, dst: View<E>, src: View<E>) -> Result<(), GpuError>;
     /// The elements of `v`, after every launch so far has finished.
     fn read<E: Elem>(&self, v: View<E>) -> Result<Vec<E>, GpuError>;
     /// Runs (or enqueues) `call`.
@@ -84,6 +87,24 @@ pub struct View<'a, E> {
     addr: Addr,
     len: usize,
     _buf: PhantomData<&'a E>,
+}
+
+impl<'a, E: crate::elem::Act> View<'a, E> {
+    /// The same elements as `U`, which must be the same element type (`E` itself: the
+    /// step's generic activations seen as the concrete type a kernel takes).
+    pub fn cast<U: crate::elem::Act>(self) -> Result<View<'a, U>, GpuError> {
+        if E::DTYPE != U::DTYPE {
+            return Err(GpuError::Shape {
+                kernel: "view",
+                what: format!("{:?} elements seen as {:?}", E::DTYPE, U::DTYPE),
+            });
+        }
+        Ok(View {
+            addr: self.addr,
+            len: self.len,
+            _buf: PhantomData,
+        })
+    }
 }
 
 impl<E> View<'_, E> {

@@ -70,6 +70,20 @@ impl Backend for Host {
         Ok(())
     }
 
+    fn copy<E: Elem>(&self, dst: View<E>, src: View<E>) -> Result<(), GpuError> {
+        crate::error::check_len("copy", "dst", dst.len(), src.len())?;
+        // SAFETY: both views lie inside live HostBufs of this backend (cells that may be
+        // written) and hold src.len() elements; `copy` allows them to overlap.
+        unsafe {
+            std::ptr::copy(
+                src.addr() as usize as *const E,
+                dst.addr() as usize as *mut E,
+                src.len(),
+            )
+        };
+        Ok(())
+    }
+
     fn read<E: Elem>(&self, v: View<E>) -> Result<Vec<E>, GpuError> {
         // SAFETY: as in `zero`: the view lies inside a live HostBuf, and no kernel runs.
         Ok(unsafe { std::slice::from_raw_parts(v.addr() as usize as *const E, v.len()) }.to_vec())

@@ -134,3 +134,133 @@ fn a_zero_scale_adds_no_gradient_and_the_same_loss() {
         "a zero loss scale left a nonzero gradient"
     );
 }
+
+/// Segments as stoker-train makes them: weight decay on tensors of rank >= 2.
+fn segments(ranges: &[(String, std::ops::Range<usize>)]) -> Vec<(std::ops::Range<usize>, bool)> {
+    let table = stoker_kernels::gpt_params(&DIMS);
+    ranges
+        .iter()
+        .zip(&table)
+        .map(|((_, r), p)| (r.clone(), p.shape.len() >= 2))
+        .collect()
+}
+
+/// Five training steps (forward, backward, norm, clipping, AdamW) of the GPU step on the
+/// host backend against the CPU direct step with stoker-kernels' AdamW and stoker-train's
+/// clipping rule: the same losses step by step and the same weights after, within f32
+/// rounding of the sums (the norm's too, so the clipping coefficients differ in the last
+/// bits).
+#[test]
+fn five_training_steps_track_the_cpu_steps_losses_and_weights() {
+    use stoker_gpu::step::optimizer::AdamWState;
+    use stoker_kernels::optim::adamw_update_scalar;
+    use stoker_kernels::AdamWStep;
+    let (offsets, params0, ranges, tokens, targets) = setup();
+    let segs = segments(&ranges);
+    let (scale, clip) = (1.0 / 31.0, 0.5);
+    let adam = |t: u64| AdamWStep::new(3e-3, 0.9, 0.95, 1e-8, 0.1, t);
+    let batch = GptBatch {
+        tokens: &tokens,
+        targets: &targets,
+        batch: BATCH,
+        t: T,
+        ignore: -1,
+    };
+
+    let mut cpu = GptStep::new(DIMS, offsets.clone(), false, 1e-5).unwrap();
+    let (mut p, mut m, mut v) = (
+        params0.clone(),
+        vec![0f32; params0.len()],
+        vec![0f32; params0.len()],
+    );
+    let mut cpu_losses = Vec::new();
+    for t in 1..=5 {
+        let mut g = vec![0f32; p.len()];
+        cpu_losses.push(
+            cpu.forward_backward(&p, batch, scale, &mut g, &mut |_, _| {})
+                .unwrap(),
+        );
+        let norm = g.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
+        let coef = clip / (norm + 1e-6);
+        if coef < 1.0 {
+            g.iter_mut().for_each(|x| *x *= coef as f32);
+        }
+        for (r, decay) in &segs {
+            adamw_update_scalar(
+                &adam(t),
+                *decay,
+                &mut p[r.clone()],
+                &g[r.clone()],
+                &mut m[r.clone()],
+                &mut v[r.clone()],
+            );
+        }
+    }
+
+    let step = GptGpuStep::<Host, f32>::new(&Host, DIMS, offsets, 1e-5, BATCH, T).unwrap();
+    step.load_params(&Host, &params0).unwrap();
+    let opt = AdamWState::new(&Host, &params0, segs).unwrap();
+    let tb = TokenBatch {
+        tokens: &tokens,
+        targets: &targets,
+        ignore: -1,
+    };
+    for (t, want) in (1..=5).zip(&cpu_losses) {
+        step.zero_grads(&Host).unwrap();
+        let loss = step.forward_backward(&Host, tb, scale).unwrap();
+        assert_close_scalar(loss, *want, 1e-5, &format!("loss at step {t}"));
+        let norm = step.update(&Host, &opt, &adam(t), 1.0, Some(clip)).unwrap();
+        assert!(
+            norm > clip,
+            "step {t}: norm {norm} does not exercise clipping"
+        );
+    }
+    assert!(
+        cpu_losses[4] < cpu_losses[0],
+        "the loss did not fall: {cpu_losses:?}"
+    );
+    let got = opt.master(&Host).unwrap();
+    let c = DIMS.d_model;
+    for (name, r) in &ranges {
+        // The key bias's true gradient is 0 (it shifts every score of a query's row by the
+        // same amount, which the softmax ignores): both steps compute rounding noise of
+        // about 1e-9 there, and AdamW turns noise into steps of about lr. Compare its
+        // query and value thirds only, and require the key third to have barely moved.
+        if name.ends_with("attn.qkv.bias") {
+            let (q, k, v) = (
+                r.start..r.start + c,
+                r.start + c..r.start + 2 * c,
+                r.start + 2 * c..r.end,
+            );
+            for (part, rr) in [("q", q), ("v", v)] {
+                assert_close(
+                    &got[rr.clone()],
+                    &p[rr.clone()],
+                    1e-5,
+                    &format!("{name} ({part}) after 5 steps"),
+                );
+            }
+            let moved = k
+                .clone()
+                .map(|i| (got[i] - params0[i]).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                moved <= 5.0 * 3e-3 * 1.01,
+                "{name} (k) moved {moved}, more than 5 steps of lr"
+            );
+            continue;
+        }
+        assert_close(
+            &got[r.clone()],
+            &p[r.clone()],
+            1e-5,
+            &format!("{name} after 5 steps"),
+        );
+    }
+    // The compute copy is the master.
+    stoker_testkit::assert_bits_eq(
+        &step.params(&Host).unwrap(),
+        &got,
+        "compute copy after the update",
+    );
+}

@@ -98,15 +98,20 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
             );
         }
         if !a.no_timing {
-            let (ms, params) = check::time_step(&dev, a.batch, a.reps.max(1))?;
+            let (fb, whole, params) = check::time_step(&dev, a.batch, a.reps.max(1))?;
             let tokens = (a.batch * 1024) as f64;
             let flops = 6.0 * params as f64 + 6.0 * 12.0 * 768.0 * 1024.0;
-            let tps = tokens / (ms / 1e3);
             println!(
-                "GPT-2 124M bf16 forward+backward, micro-batch {} x 1024: {ms:.2} ms, {tps:.0} tokens/s, MFU {:.1}% (989 TFLOP/s)",
-                a.batch,
-                100.0 * tps * flops / 989e12
+                "GPT-2 124M ({params} parameters), bf16, micro-batch {} x 1024:",
+                a.batch
             );
+            for (label, ms) in [("forward+backward", fb), ("step with AdamW", whole)] {
+                let tps = tokens / (ms / 1e3);
+                println!(
+                    "  {label:<24} {ms:9.2} ms  {tps:12.0} tokens/s  MFU {:5.1}% (989 TFLOP/s)",
+                    100.0 * tps * flops / 989e12
+                );
+            }
         }
     }
     if bad > 0 {

@@ -398,11 +398,12 @@ pub fn compare_step(dev: &Device) -> Result<Vec<StepCompared>, GpuError> {
     Ok(vec![one::<f32>(dev, "f32")?, one::<bf16>(dev, "bf16")?])
 }
 
-/// The bf16 step's forward + backward on GPT-2 124M (vocabulary 50,257 padded to
-/// 50,304, context 1,024, 12 layers, d_model 768, 12 heads) at micro-batch `b` x 1,024:
-/// the median milliseconds of `reps` steps after two warm-up steps, and the parameter
-/// count (for MFU: 6N + 6LCT FLOPs per token).
-pub fn time_step(dev: &Device, b: usize, reps: usize) -> Result<(f64, usize), GpuError> {
+/// The bf16 step on GPT-2 124M (vocabulary 50,257 padded to 50,304, context 1,024, 12
+/// layers, d_model 768, 12 heads) at micro-batch `b` x 1,024, after two warm-up steps:
+/// the median milliseconds of `reps` forward + backward passes and of `reps` whole steps
+/// (with the gradient norm, clipping at 1.0 and AdamW), and the parameter count (for
+/// MFU: 6N + 6LCT FLOPs per token).
+pub fn time_step(dev: &Device, b: usize, reps: usize) -> Result<(f64, f64, usize), GpuError> {
     let dims = stoker_kernels::GptDims {
         vocab: 50_257,
         context: 1024,
@@ -414,6 +415,14 @@ pub fn time_step(dev: &Device, b: usize, reps: usize) -> Result<(f64, usize), Gp
     let g = crate::sample::gpt(&dims, 7, 0.02);
     let step = GptGpuStep::<Device, bf16>::new(dev, dims, g.offsets.clone(), 1e-5, b, t)?;
     step.load_params(dev, &g.params)?;
+    let table = stoker_kernels::gpt_params(&dims);
+    let segments = g
+        .ranges
+        .iter()
+        .zip(&table)
+        .map(|((_, r), p)| (r.clone(), p.shape.len() >= 2))
+        .collect();
+    let opt = crate::step::optimizer::AdamWState::new(dev, &g.params, segments)?;
     let tokens: Vec<i64> = crate::sample::ids(b * t, 3, dims.vocab)
         .iter()
         .map(|&x| x as i64)
@@ -427,14 +436,23 @@ pub fn time_step(dev: &Device, b: usize, reps: usize) -> Result<(f64, usize), Gp
         targets: &targets,
         ignore: -1,
     };
-    let mut times = Vec::new();
-    for i in 0..reps + 2 {
-        let t0 = std::time::Instant::now();
-        step.forward_backward(dev, batch, 1.0 / (b * t) as f32)?; // ends on the loss read
-        if i >= 2 {
-            times.push(t0.elapsed().as_secs_f64() * 1e3);
+    let median = |with_update: bool| -> Result<f64, GpuError> {
+        let mut times = Vec::new();
+        for i in 0..reps + 2 {
+            let t0 = std::time::Instant::now();
+            step.zero_grads(dev)?;
+            step.forward_backward(dev, batch, 1.0 / (b * t) as f32)?; // ends on the loss read
+            if with_update {
+                let adam = AdamWStep::new(3e-4, 0.9, 0.95, 1e-8, 0.1, i as u64 + 1);
+                step.update(dev, &opt, &adam, 1.0, Some(1.0))?; // ends on the norm read
+                dev.synchronize()?;
+            }
+            if i >= 2 {
+                times.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
         }
-    }
-    times.sort_by(f64::total_cmp);
-    Ok((times[times.len() / 2], g.params.len()))
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
+    };
+    Ok((median(false)?, median(true)?, g.params.len()))
 }

@@ -176,6 +176,24 @@ impl Backend for Device {
         .map_err(driver(format!("zeroing {} elements", v.len())))
     }
 
+    fn copy<E: Elem>(&self, dst: View<E>, src: View<E>) -> Result<(), GpuError> {
+        crate::error::check_len("copy", "dst", dst.len(), src.len())?;
+        // SAFETY: both views lie inside live device buffers of this context and hold
+        // src.len() elements; the copy is ordered on the stream.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(
+                dst.addr(),
+                src.addr(),
+                src.len() * std::mem::size_of::<E>(),
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(driver(format!(
+            "copying {} elements on the device",
+            src.len()
+        )))
+    }
+
     fn read<E: Elem>(&self, v: View<E>) -> Result<Vec<E>, GpuError> {
         let mut out = vec![E::default(); v.len()];
         // SAFETY: as in `zero`; `out` holds v.len() elements and lives until the

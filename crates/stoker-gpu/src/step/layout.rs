@@ -110,6 +110,8 @@ pub struct ActLayout {
     pub partials: Span,
     /// The summed loss `[1]`.
     pub loss_sum: Span,
+    /// The gradients' squared norm `[1]`.
+    pub grad_norm: Span,
     /// Elements of the f32 buffer.
     pub floats: usize,
 }
@@ -165,7 +167,7 @@ impl ActLayout {
                 .max(BIAS_PARTS * 4 * c)
                 .max(PARTIAL_WARPS),
         );
-        let loss_sum = f.take(1);
+        let (loss_sum, grad_norm) = (f.take(1), f.take(1));
         ActLayout {
             blocks,
             resid_out,
@@ -184,6 +186,7 @@ impl ActLayout {
             losses,
             partials,
             loss_sum,
+            grad_norm,
             floats: f.0,
         }
     }

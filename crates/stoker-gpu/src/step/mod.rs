@@ -9,12 +9,13 @@
 //! device backend runs the same calls on a GPU.
 
 pub mod layout;
+pub mod optimizer;
 
 use stoker_kernels::gpt::BlockOffsets;
 use stoker_kernels::{GptDims, GptOffsets};
 
 use crate::backend::{Backend, View};
-use crate::elem::Act;
+use crate::elem::{Act, Dtype};
 use crate::error::GpuError;
 use crate::gemm::{matmul, Dims, Mat};
 use crate::ids::{Groups, Ids};
@@ -22,6 +23,7 @@ use crate::kernels::{self, Stats};
 use crate::token_groups::TokenGroups;
 use crate::Heads;
 use layout::{ActLayout, Span, BIAS_PARTS, PARTIAL_WARPS};
+use optimizer::{grad_multiplier, AdamWState};
 
 /// The vocabulary padded to a multiple of 64 (GPT-2's 50,257 to 50,304): the logits'
 /// row width, so their rows stay aligned.
@@ -114,6 +116,15 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
         be.write(&self.params, 0, &copy)
     }
 
+    /// The compute copy of the parameters, widened to f32 (the flat layout).
+    pub fn params(&self, be: &B) -> Result<Vec<f32>, GpuError> {
+        Ok(be
+            .download(&self.params)?
+            .into_iter()
+            .map(T::to_f32)
+            .collect())
+    }
+
     /// The gradients (f32, the flat layout).
     pub fn grads(&self, be: &B) -> Result<Vec<f32>, GpuError> {
         be.download(&self.grads)
@@ -122,6 +133,57 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
     /// Sets every gradient to 0.
     pub fn zero_grads(&self, be: &B) -> Result<(), GpuError> {
         be.zero(be.all(&self.grads))
+    }
+
+    /// The update after an accumulation window: the gradients' norm (the one value read
+    /// back), then AdamW on every segment of `opt` over the gradients times `unscale`
+    /// (1 / the loss scale) and the clipping coefficient for `clip` (torch's
+    /// `clip_grad_norm_`), and the compute copy rewritten from the master. Returns the
+    /// unscaled gradient norm. (With a loss scale the CPU multiplies twice, unscale then
+    /// clip; here once by their product.)
+    pub fn update(
+        &self,
+        be: &B,
+        opt: &AdamWState<B>,
+        step: &stoker_kernels::AdamWStep,
+        unscale: f32,
+        clip: Option<f64>,
+    ) -> Result<f64, GpuError> {
+        crate::error::check_len(OP, "master", B::len(&opt.master), self.offsets.end())?;
+        let lay = &self.layout;
+        let squares = self.f(be, lay.grad_norm)?;
+        kernels::sum(
+            be,
+            squares,
+            be.all(&self.grads),
+            self.f(be, lay.partials)?,
+            true,
+            PARTIAL_WARPS,
+            false,
+        )?;
+        let norm = (be.read(squares)?[0] as f64).sqrt() * unscale as f64;
+        let mult = grad_multiplier(norm, unscale, clip);
+        for (r, decay) in &opt.segments {
+            let copy = match T::DTYPE {
+                Dtype::Bf16 => Some(be.view(&self.params, r.clone())?.cast::<half::bf16>()?),
+                Dtype::F32 => None,
+            };
+            kernels::adamw(
+                be,
+                be.view(&opt.master, r.clone())?,
+                be.view(&self.grads, r.clone())?,
+                be.view(&opt.m, r.clone())?,
+                be.view(&opt.v, r.clone())?,
+                copy,
+                step,
+                *decay,
+                mult,
+            )?;
+        }
+        if T::DTYPE == Dtype::F32 {
+            be.copy(be.all(&self.params).cast::<f32>()?, be.all(&opt.master))?;
+        }
+        Ok(norm)
     }
 
     fn p(&self, be: &B, at: usize, len: usize) -> Result<View<'_, T>, GpuError> {
