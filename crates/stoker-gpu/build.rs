@@ -21,6 +21,7 @@ fn main() {
         "classifier",
         "elementwise",
         "layernorm",
+        "llama",
         "reduce",
         "softmax",
     ];

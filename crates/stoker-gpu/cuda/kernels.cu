@@ -6,6 +6,7 @@
 #include "ops/classifier.cuh"
 #include "ops/elementwise.cuh"
 #include "ops/layernorm.cuh"
+#include "ops/llama.cuh"
 #include "ops/reduce.cuh"
 #include "ops/softmax.cuh"
 

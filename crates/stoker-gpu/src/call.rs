@@ -221,6 +221,71 @@ pub enum Call {
         dscale: f32,
         ignore: i32,
     },
+    RmsnormForward {
+        dtype: Dtype,
+        out: Addr,
+        rstd: Addr,
+        resid: Addr,
+        a: Addr,
+        a2: Addr,
+        weight: Addr,
+        n: i64,
+        c: i32,
+        eps: f32,
+    },
+    RmsnormBackward {
+        dtype: Dtype,
+        dinp: Addr,
+        partials: Addr,
+        dout: Addr,
+        inp: Addr,
+        weight: Addr,
+        rstd: Addr,
+        n: i64,
+        c: i32,
+        warps: i32,
+    },
+    Rope {
+        dtype: Dtype,
+        x: Addr,
+        cos: Addr,
+        sin: Addr,
+        n: i64,
+        t: i32,
+        h: i32,
+        d: i32,
+        sign: f32,
+    },
+    SwigluForward {
+        dtype: Dtype,
+        y: Addr,
+        gate: Addr,
+        up: Addr,
+        n: i64,
+    },
+    SwigluBackward {
+        dtype: Dtype,
+        dgate: Addr,
+        dup: Addr,
+        gate: Addr,
+        up: Addr,
+        dy: Addr,
+        n: i64,
+    },
+    KvToHeads {
+        dtype: Dtype,
+        dst: Addr,
+        src: Addr,
+        g: Heads,
+        kv: i32,
+    },
+    HeadsToKv {
+        dtype: Dtype,
+        dst: Addr,
+        src: Addr,
+        g: Heads,
+        kv: i32,
+    },
     ReducePartials {
         dst: Addr,
         partials: Addr,
@@ -274,6 +339,13 @@ impl Call {
             Call::AttentionSoftmaxForward { .. } => "attention_softmax_forward",
             Call::AttentionSoftmaxBackward { .. } => "attention_softmax_backward",
             Call::Classifier { .. } => "classifier",
+            Call::RmsnormForward { .. } => "rmsnorm_forward",
+            Call::RmsnormBackward { .. } => "rmsnorm_backward",
+            Call::Rope { .. } => "rope",
+            Call::SwigluForward { .. } => "swiglu_forward",
+            Call::SwigluBackward { .. } => "swiglu_backward",
+            Call::KvToHeads { .. } => "kv_to_heads",
+            Call::HeadsToKv { .. } => "heads_to_kv",
             Call::ReducePartials { .. } => "reduce_partials",
             Call::Adamw { .. } => "adamw",
             Call::SumPartials { .. } => "sum_partials",
@@ -300,7 +372,14 @@ impl Call {
             | LayernormBackward { dtype, .. }
             | AttentionSoftmaxForward { dtype, .. }
             | AttentionSoftmaxBackward { dtype, .. }
-            | Classifier { dtype, .. } => Some(dtype),
+            | Classifier { dtype, .. }
+            | RmsnormForward { dtype, .. }
+            | RmsnormBackward { dtype, .. }
+            | Rope { dtype, .. }
+            | SwigluForward { dtype, .. }
+            | SwigluBackward { dtype, .. }
+            | KvToHeads { dtype, .. }
+            | HeadsToKv { dtype, .. } => Some(dtype),
             ReducePartials { .. } | Adamw { .. } | SumPartials { .. } | Sum { .. } => None,
         }
     }
@@ -337,6 +416,13 @@ impl Call {
                 Grid::Warps(*warps as i64)
             }
             Sum { .. } => Grid::Warps(1),
+            RmsnormForward { n, .. } => Grid::Rows(*n),
+            RmsnormBackward { warps, .. } => Grid::Warps(*warps as i64),
+            Rope { n, .. } | SwigluForward { n, .. } | SwigluBackward { n, .. } => {
+                Grid::Elements(*n)
+            }
+            KvToHeads { g, .. } => Grid::Elements(heads(g)),
+            HeadsToKv { g, kv, .. } => Grid::Elements(heads(g) / g.h as i64 * *kv as i64),
         }
     }
 
@@ -498,6 +584,90 @@ impl Call {
                     I32(ignore),
                 ]
             }
+            RmsnormForward {
+                out,
+                rstd,
+                resid,
+                a,
+                a2,
+                weight,
+                n,
+                c,
+                eps,
+                ..
+            } => {
+                vec![
+                    A(out),
+                    A(rstd),
+                    A(resid),
+                    A(a),
+                    A(a2),
+                    A(weight),
+                    I64(n),
+                    I32(c),
+                    F32(eps),
+                ]
+            }
+            RmsnormBackward {
+                dinp,
+                partials,
+                dout,
+                inp,
+                weight,
+                rstd,
+                n,
+                c,
+                warps,
+                ..
+            } => {
+                vec![
+                    A(dinp),
+                    A(partials),
+                    A(dout),
+                    A(inp),
+                    A(weight),
+                    A(rstd),
+                    I64(n),
+                    I32(c),
+                    I32(warps),
+                ]
+            }
+            Rope {
+                x,
+                cos,
+                sin,
+                n,
+                t,
+                h,
+                d,
+                sign,
+                ..
+            } => vec![
+                A(x),
+                A(cos),
+                A(sin),
+                I64(n),
+                I32(t),
+                I32(h),
+                I32(d),
+                F32(sign),
+            ],
+            SwigluForward { y, gate, up, n, .. } => vec![A(y), A(gate), A(up), I64(n)],
+            SwigluBackward {
+                dgate,
+                dup,
+                gate,
+                up,
+                dy,
+                n,
+                ..
+            } => vec![A(dgate), A(dup), A(gate), A(up), A(dy), I64(n)],
+            KvToHeads {
+                dst, src, g, kv, ..
+            }
+            | HeadsToKv {
+                dst, src, g, kv, ..
+            } => vec![A(dst), A(src), Arg::Heads(g), I32(kv)],
             ReducePartials {
                 dst,
                 partials,

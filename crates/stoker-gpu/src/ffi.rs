@@ -54,6 +54,13 @@ typed_kernels! {
     attention_softmax_forward(P, P, i64, i32, f32);
     attention_softmax_backward(P, P, P, i64, i32, f32);
     classifier(P, P, P, i64, i32, i32, f32, i32);
+    rmsnorm_forward(P, P, P, P, P, P, i64, i32, f32);
+    rmsnorm_backward(P, P, P, P, P, P, i64, i32, i32);
+    rope(P, P, P, i64, i32, i32, i32, f32);
+    swiglu_forward(P, P, P, i64);
+    swiglu_backward(P, P, P, P, P, i64);
+    kv_to_heads(P, P, Heads, i32);
+    heads_to_kv(P, P, Heads, i32);
 }
 
 extern "C" {
@@ -235,6 +242,91 @@ pub(crate) unsafe fn run(call: &Call) {
             } => {
                 (fns(dtype).classifier)(p(logits), p(losses), p(targets), n, v, vp, dscale, ignore)
             }
+            RmsnormForward {
+                dtype,
+                out,
+                rstd,
+                resid,
+                a,
+                a2,
+                weight,
+                n,
+                c,
+                eps,
+            } => (fns(dtype).rmsnorm_forward)(
+                p(out),
+                p(rstd),
+                p(resid),
+                p(a),
+                p(a2),
+                p(weight),
+                n,
+                c,
+                eps,
+            ),
+            RmsnormBackward {
+                dtype,
+                dinp,
+                partials,
+                dout,
+                inp,
+                weight,
+                rstd,
+                n,
+                c,
+                warps,
+            } => (fns(dtype).rmsnorm_backward)(
+                p(dinp),
+                p(partials),
+                p(dout),
+                p(inp),
+                p(weight),
+                p(rstd),
+                n,
+                c,
+                warps,
+            ),
+            Rope {
+                dtype,
+                x,
+                cos,
+                sin,
+                n,
+                t,
+                h,
+                d,
+                sign,
+            } => (fns(dtype).rope)(p(x), p(cos), p(sin), n, t, h, d, sign),
+            SwigluForward {
+                dtype,
+                y,
+                gate,
+                up,
+                n,
+            } => (fns(dtype).swiglu_forward)(p(y), p(gate), p(up), n),
+            SwigluBackward {
+                dtype,
+                dgate,
+                dup,
+                gate,
+                up,
+                dy,
+                n,
+            } => (fns(dtype).swiglu_backward)(p(dgate), p(dup), p(gate), p(up), p(dy), n),
+            KvToHeads {
+                dtype,
+                dst,
+                src,
+                g,
+                kv,
+            } => (fns(dtype).kv_to_heads)(p(dst), p(src), g, kv),
+            HeadsToKv {
+                dtype,
+                dst,
+                src,
+                g,
+                kv,
+            } => (fns(dtype).heads_to_kv)(p(dst), p(src), g, kv),
             ReducePartials {
                 dst,
                 partials,

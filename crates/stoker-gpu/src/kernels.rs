@@ -13,7 +13,7 @@ use crate::error::{check_len, dim, GpuError};
 use crate::ids::{Groups, Ids};
 
 /// `view` holds at least `want` elements.
-fn at_least<E>(
+pub(crate) fn at_least<E>(
     kernel: &'static str,
     buffer: &'static str,
     view: &View<E>,
@@ -142,7 +142,7 @@ pub fn gelu_backward<B: Backend, T: Act>(
     unsafe { b.launch(&call) }
 }
 
-fn heads_len(kernel: &'static str, g: Heads) -> Result<usize, GpuError> {
+pub(crate) fn heads_len(kernel: &'static str, g: Heads) -> Result<usize, GpuError> {
     for (name, v) in [("b", g.b), ("t", g.t), ("h", g.h), ("d", g.d)] {
         dim(kernel, name, v.max(0) as usize)?;
     }

@@ -7,7 +7,7 @@
 //!
 //! Layers, bottom up: `call` (one launch as data: name, grid, arguments), `backend` (flat
 //! buffers, views, launching), `host` (the CPU backend, through `ffi`), `ids` (ids checked
-//! before upload), `kernels` (every kernel as a checked call, for any backend). Beside
+//! before upload), `kernels` (every kernel as a checked call, for any backend; `llama` the Llama's). Beside
 //! them: `args` (by-value arguments, `repr(C)`), `elem` (element types), `error`,
 //! `token_groups` (the embedding backward's one-writer-per-row index), `sample` (seeded
 //! inputs), `scenario` (every kernel once: what the device check compares).
@@ -23,6 +23,7 @@ pub mod gemm;
 pub mod host;
 pub mod ids;
 pub mod kernels;
+pub mod llama;
 pub mod sample;
 pub mod scenario;
 pub mod step;

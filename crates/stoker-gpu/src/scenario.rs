@@ -183,7 +183,104 @@ pub fn outputs<B: Backend, T: Act>(b: &B, s: ScenarioSize) -> Result<Vec<Output>
     )?;
     keep("classifier/losses", b.download(&losses)?);
     keep("classifier/dlogits", get(&logits)?);
+    llama_outputs::<B, T>(b, s, &mut keep)?;
     Ok(out)
+}
+
+/// The Llama's kernels at `s` (two kv heads when the head count allows, else one).
+fn llama_outputs<B: Backend, T: Act>(
+    b: &B,
+    s: ScenarioSize,
+    keep: &mut impl FnMut(&str, Vec<f32>),
+) -> Result<(), GpuError> {
+    let (c, n) = (s.h * s.d, s.b * s.t);
+    let act = |len: usize, seed: u64, scale: f32| -> Result<B::Buf<T>, GpuError> {
+        let x: Vec<T> = uniform(len, seed, scale)
+            .into_iter()
+            .map(crate::elem::from_f32::<T>)
+            .collect();
+        b.upload(&x)
+    };
+    let get = |buf: &B::Buf<T>| -> Result<Vec<f32>, GpuError> { Ok(widen(&b.download(buf)?)) };
+    let (x, a2, w) = (act(n * c, 31, 1.0)?, act(n * c, 32, 1.0)?, act(c, 33, 1.0)?);
+    let (out, resid, rstd) = (
+        b.zeros::<T>(n * c)?,
+        b.zeros::<T>(n * c)?,
+        b.zeros::<f32>(n)?,
+    );
+    crate::llama::rmsnorm_forward(
+        b,
+        b.all(&out),
+        b.all(&rstd),
+        b.all(&x),
+        Some((b.all(&resid), b.all(&a2))),
+        b.all(&w),
+        1e-5,
+    )?;
+    keep("rmsnorm-forward/out", get(&out)?);
+    keep("rmsnorm-forward/rstd", b.download(&rstd)?);
+    let warps = 5;
+    let (dx, dw, partials, dout) = (
+        act(n * c, 34, 0.1)?,
+        b.zeros::<f32>(c)?,
+        b.zeros::<f32>(warps * c)?,
+        act(n * c, 35, 1.0)?,
+    );
+    crate::llama::rmsnorm_backward(
+        b,
+        b.all(&dx),
+        b.all(&dw),
+        b.all(&partials),
+        b.all(&dout),
+        b.all(&resid),
+        b.all(&w),
+        b.all(&rstd),
+        warps,
+    )?;
+    keep("rmsnorm-backward/dinp", get(&dx)?);
+    keep("rmsnorm-backward/dweight", b.download(&dw)?);
+    let (cos, sin) = stoker_kernels::rope::tables(s.t, s.d, 10_000.0);
+    let (cb, sb, q) = (b.upload(&cos)?, b.upload(&sin)?, act(n * c, 36, 1.0)?);
+    crate::llama::rope(b, b.all(&q), b.all(&cb), b.all(&sb), s.t, s.h, s.d, false)?;
+    keep("rope/forward", get(&q)?);
+    crate::llama::rope(b, b.all(&q), b.all(&cb), b.all(&sb), s.t, s.h, s.d, true)?;
+    keep("rope/back", get(&q)?);
+    let (gate, upv, y) = (
+        act(n * 4 * c, 37, 5.0)?,
+        act(n * 4 * c, 38, 1.0)?,
+        b.zeros::<T>(n * 4 * c)?,
+    );
+    crate::llama::swiglu_forward(b, b.all(&y), b.all(&gate), b.all(&upv))?;
+    keep("swiglu-forward/y", get(&y)?);
+    let (dg, du, dy) = (
+        b.zeros::<T>(n * 4 * c)?,
+        b.zeros::<T>(n * 4 * c)?,
+        act(n * 4 * c, 39, 1.0)?,
+    );
+    crate::llama::swiglu_backward(
+        b,
+        b.all(&dg),
+        b.all(&du),
+        b.all(&gate),
+        b.all(&upv),
+        b.all(&dy),
+    )?;
+    keep("swiglu-backward/dgate", get(&dg)?);
+    keep("swiglu-backward/dup", get(&du)?);
+    let kv = if s.h.is_multiple_of(2) { 2 } else { 1 };
+    let g = Heads {
+        b: s.b as i32,
+        t: s.t as i32,
+        h: s.h as i32,
+        d: s.d as i32,
+    };
+    let (kvs, heads) = (act(n * kv * s.d, 40, 1.0)?, b.zeros::<T>(n * c)?);
+    crate::llama::kv_heads(b, b.all(&heads), b.all(&kvs), g, kv, false)?;
+    keep("kv-heads/forward", get(&heads)?);
+    let back = b.zeros::<T>(n * kv * s.d)?;
+    crate::llama::kv_heads(b, b.all(&back), b.all(&heads), g, kv, true)?;
+    keep("kv-heads/back", get(&back)?);
+    Ok(())
 }
 
 /// The element-type-free kernels: AdamW (with its bf16 copy) and the sums.

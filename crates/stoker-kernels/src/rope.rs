@@ -28,8 +28,8 @@ pub struct Rope {
 }
 
 /// `cos` and `sin` of every position's angle per frequency: `[T, D/2]` each. Angles are
-/// computed in f64 and rounded once.
-pub(crate) fn tables(t: usize, d: usize, base: f64) -> (Vec<f32>, Vec<f32>) {
+/// computed in f64 and rounded once. (The GPU's rope kernel takes these same tables.)
+pub fn tables(t: usize, d: usize, base: f64) -> (Vec<f32>, Vec<f32>) {
     let half = d / 2;
     let mut cos = Vec::with_capacity(t * half);
     let mut sin = Vec::with_capacity(t * half);
