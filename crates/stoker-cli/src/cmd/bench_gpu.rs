@@ -98,20 +98,30 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
             );
         }
         if !a.no_timing {
-            let (fb, whole, params) = check::time_step(&dev, a.batch, a.reps.max(1))?;
+            let st = check::time_step(&dev, a.batch, a.reps.max(1))?;
             let tokens = (a.batch * 1024) as f64;
-            let flops = 6.0 * params as f64 + 6.0 * 12.0 * 768.0 * 1024.0;
+            let flops = 6.0 * st.params as f64 + 6.0 * 12.0 * 768.0 * 1024.0;
             println!(
-                "GPT-2 124M ({params} parameters), bf16, micro-batch {} x 1024:",
-                a.batch
+                "GPT-2 124M ({} parameters), bf16, micro-batch {} x 1024:",
+                st.params, a.batch
             );
-            for (label, ms) in [("forward+backward", fb), ("step with AdamW", whole)] {
+            for (label, ms) in [
+                ("forward+backward", st.forward_backward_ms),
+                ("step with AdamW", st.step_ms),
+            ] {
                 let tps = tokens / (ms / 1e3);
                 println!(
                     "  {label:<24} {ms:9.2} ms  {tps:12.0} tokens/s  MFU {:5.1}% (989 TFLOP/s)",
                     100.0 * tps * flops / 989e12
                 );
             }
+            let mib = |b: usize| b as f64 / (1 << 20) as f64;
+            println!(
+                "  device memory: planned {:.0} MiB (the step's own count), measured {:.0} MiB (the driver's free memory before and after), measured/planned {:.3}",
+                mib(st.planned_bytes),
+                mib(st.measured_bytes),
+                st.measured_bytes as f64 / st.planned_bytes as f64
+            );
         }
     }
     if bad > 0 {

@@ -398,12 +398,27 @@ pub fn compare_step(dev: &Device) -> Result<Vec<StepCompared>, GpuError> {
     Ok(vec![one::<f32>(dev, "f32")?, one::<bf16>(dev, "bf16")?])
 }
 
+/// What [`time_step`] measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepTimes {
+    /// Median milliseconds of a forward + backward.
+    pub forward_backward_ms: f64,
+    /// Median milliseconds of a whole step (with the update).
+    pub step_ms: f64,
+    /// Parameters.
+    pub params: usize,
+    /// Bytes the step's and the optimizer's buffers should take (their own count).
+    pub planned_bytes: usize,
+    /// Device memory the driver reports gone since before the step was made.
+    pub measured_bytes: usize,
+}
+
 /// The bf16 step on GPT-2 124M (vocabulary 50,257 padded to 50,304, context 1,024, 12
 /// layers, d_model 768, 12 heads) at micro-batch `b` x 1,024, after two warm-up steps:
 /// the median milliseconds of `reps` forward + backward passes and of `reps` whole steps
 /// (with the gradient norm, clipping at 1.0 and AdamW), and the parameter count (for
 /// MFU: 6N + 6LCT FLOPs per token).
-pub fn time_step(dev: &Device, b: usize, reps: usize) -> Result<(f64, f64, usize), GpuError> {
+pub fn time_step(dev: &Device, b: usize, reps: usize) -> Result<StepTimes, GpuError> {
     let dims = stoker_kernels::GptDims {
         vocab: 50_257,
         context: 1024,
@@ -413,6 +428,7 @@ pub fn time_step(dev: &Device, b: usize, reps: usize) -> Result<(f64, f64, usize
     };
     let t = dims.context;
     let g = crate::sample::gpt(&dims, 7, 0.02);
+    let free_before = dev.free_bytes()?;
     let step = GptGpuStep::<Device, bf16>::new(dev, dims, g.offsets.clone(), 1e-5, b, t)?;
     step.load_params(dev, &g.params)?;
     let table = stoker_kernels::gpt_params(&dims);
@@ -454,5 +470,14 @@ pub fn time_step(dev: &Device, b: usize, reps: usize) -> Result<(f64, f64, usize
         times.sort_by(f64::total_cmp);
         Ok(times[times.len() / 2])
     };
-    Ok((median(false)?, median(true)?, g.params.len()))
+    let (forward_backward_ms, step_ms) = (median(false)?, median(true)?);
+    // Measured after the steps: cuBLAS's workspace and the ids' small buffers count too.
+    let measured_bytes = free_before.saturating_sub(dev.free_bytes()?);
+    Ok(StepTimes {
+        forward_backward_ms,
+        step_ms,
+        params: g.params.len(),
+        planned_bytes: step.bytes() + opt.bytes(),
+        measured_bytes,
+    })
 }

@@ -81,6 +81,14 @@ impl Device {
             .unwrap_or_else(|e| format!("unknown GPU ({e})"))
     }
 
+    /// Free device memory, as the driver reports it.
+    pub fn free_bytes(&self) -> Result<usize, GpuError> {
+        self.ctx
+            .mem_get_info()
+            .map(|(free, _)| free)
+            .map_err(driver("reading free memory"))
+    }
+
     /// Waits for every launch so far.
     pub fn synchronize(&self) -> Result<(), GpuError> {
         self.stream.synchronize().map_err(driver("synchronizing"))

@@ -109,6 +109,14 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
         (self.layout.total, self.layout.floats)
     }
 
+    /// Bytes of every buffer the step allocates: the compute copy and the activations in
+    /// `T`, the gradients and the f32 buffer. With AdamW add [`AdamWState::bytes`]. The
+    /// planned side of the device check's memory line.
+    pub fn bytes(&self) -> usize {
+        let t = std::mem::size_of::<T>();
+        (self.offsets.end() + self.layout.total) * t + (self.offsets.end() + self.layout.floats) * 4
+    }
+
     /// Copies the FP32 master `params` (the flat layout) into the compute copy.
     pub fn load_params(&self, be: &B, params: &[f32]) -> Result<(), GpuError> {
         crate::error::check_len(OP, "params", params.len(), self.offsets.end())?;

@@ -42,6 +42,11 @@ impl<B: Backend> AdamWState<B> {
         })
     }
 
+    /// Bytes of the master and both moments.
+    pub fn bytes(&self) -> usize {
+        3 * 4 * B::len(&self.master)
+    }
+
     /// The master's values.
     pub fn master(&self, be: &B) -> Result<Vec<f32>, GpuError> {
         be.download(&self.master)
