@@ -29,7 +29,7 @@ pub fn encoder_forward<B: Backend, T: Act>(
     out: View<T>,
     tokens: &Ids<B>,
     wte: View<T>,
-    wpe: View<T>,
+    wpe: Option<View<T>>,
     t: usize,
     c: usize,
 ) -> Result<(), GpuError> {
@@ -39,19 +39,21 @@ pub fn encoder_forward<B: Backend, T: Act>(
     check_len(K, "tokens", n, n / t * t)?;
     check_len(K, "out", out.len(), n * c)?;
     at_least(K, "wte", &wte, tokens.limit * c)?;
-    at_least(K, "wpe", &wpe, t * c)?;
+    if let Some(wpe) = &wpe {
+        at_least(K, "wpe", wpe, t * c)?;
+    }
     let call = Call::EncoderForward {
         dtype: T::DTYPE,
         out: out.addr(),
         tokens: b.addr(&tokens.buf),
         wte: wte.addr(),
-        wpe: wpe.addr(),
+        wpe: wpe.map_or(0, |w| w.addr()),
         n: out.len() as i64,
         t: t32,
         c: c32,
     };
     // SAFETY: out holds n * c, every id is below the limit whose rows wte holds, wpe
-    // holds t rows: every element the kernel touches is inside a view.
+    // (when not 0) holds t rows: every element the kernel touches is inside a view.
     unsafe { b.launch(&call) }
 }
 

@@ -72,7 +72,15 @@ pub fn outputs<B: Backend, T: Act>(b: &B, s: ScenarioSize) -> Result<Vec<Output>
         act(s.t * c, 3, 1.0)?,
         b.zeros::<T>(n * c)?,
     );
-    kernels::encoder_forward(b, b.all(&x), &tokens, b.all(&wte), b.all(&wpe), s.t, c)?;
+    kernels::encoder_forward(
+        b,
+        b.all(&x),
+        &tokens,
+        b.all(&wte),
+        Some(b.all(&wpe)),
+        s.t,
+        c,
+    )?;
     keep("encoder-forward/out", get(&x)?);
     let dout = act(n * c, 4, 1.0)?;
     let (dwte, dwpe) = (b.zeros::<f32>(s.v * c)?, b.zeros::<f32>(s.t * c)?);

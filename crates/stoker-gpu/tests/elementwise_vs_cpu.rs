@@ -68,12 +68,24 @@ fn embedding_and_its_gradients_match_the_cpu_ops() {
         all(&out),
         &ids_on_host(&tokens, v, None),
         all(&wteb),
-        all(&wpeb),
+        Some(all(&wpeb)),
         t,
         c,
     )
     .unwrap();
     assert_bits_eq(&down(&out), &values(&y), "encoder forward");
+    // Without positions (the Llama): the token's row itself.
+    kernels::encoder_forward(
+        &Host,
+        all(&out),
+        &ids_on_host(&tokens, v, None),
+        all(&wteb),
+        None,
+        t,
+        c,
+    )
+    .unwrap();
+    assert_bits_eq(&down(&out), &values(&emb), "embedding without positions");
 
     let dwpe = zeros::<f32>(t * c);
     kernels::encoder_backward_wpe(&Host, all(&dwpe), all(&doutb), b, t, c).unwrap();

@@ -6,7 +6,8 @@
 
 namespace stoker {
 
-// out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :], for i over B*T*C.
+// out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :], for i over B*T*C; without wpe (null,
+// the Llama) the token's row alone.
 template <class T>
 STOKER_HD void encoder_forward_at(int64_t i, T* out, const int32_t* tokens, const T* wte,
                                   const T* wpe, int T_, int C) {
@@ -14,7 +15,7 @@ STOKER_HD void encoder_forward_at(int64_t i, T* out, const int32_t* tokens, cons
   int c = int(i % C);
   int t = int(bt % T_);
   int64_t tok = tokens[bt];
-  out[i] = store<T>(load(wte[tok * C + c]) + load(wpe[int64_t(t) * C + c]));
+  out[i] = wpe ? store<T>(load(wte[tok * C + c]) + load(wpe[int64_t(t) * C + c])) : wte[tok * C + c];
 }
 
 // dwpe[t, c] += sum over b (in order) of dout[b, t, c], for i over T*C.

@@ -149,7 +149,7 @@ pub fn time_kernels(
                     dev.all(&out),
                     &tokens,
                     dev.all(&wte),
-                    dev.all(&x),
+                    Some(dev.all(&x)),
                     s.t,
                     c,
                 )

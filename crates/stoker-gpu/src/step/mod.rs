@@ -8,6 +8,7 @@
 //! (the same flat buffers, the same loss and gradients within float tolerance), and the
 //! device backend runs the same calls on a GPU.
 
+pub mod attention;
 pub mod layout;
 pub mod optimizer;
 
@@ -356,7 +357,7 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
             self.a(be, first)?,
             tokens,
             self.p(be, o.wte(), v * c)?,
-            self.p(be, o.wpe(), self.dims.context * c)?,
+            Some(self.p(be, o.wpe(), self.dims.context * c)?),
             t,
             c,
         )?;
@@ -436,49 +437,16 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
     /// Causal attention of block `s`: heads, scores, softmax, weighted values, merged.
     fn attention(&self, be: &B, s: &layout::BlockActs) -> Result<(), GpuError> {
         let g = self.heads();
-        let (t, d, bh) = (self.t, g.d as usize, (g.b * g.h) as usize);
-        let nc = self.batch * t * self.dims.d_model;
+        let nc = self.batch * self.t * self.dims.d_model;
         kernels::qkv_heads(be, self.a(be, s.heads)?, self.a(be, s.qkv)?, g, false)?;
-        let heads = self.a(be, s.heads)?;
-        let (q, k, v) = (
-            heads.slice(0..nc)?,
-            heads.slice(nc..2 * nc)?,
-            heads.slice(2 * nc..3 * nc)?,
-        );
-        let att = self.a(be, s.att)?;
-        let per_head = Dims {
-            m: t,
-            n: t,
-            k: d,
-            batch: bh,
-            strides: [t * d, t * d, t * t],
+        let h = self.a(be, s.heads)?;
+        let x = attention::Qkv {
+            q: h.slice(0..nc)?,
+            k: h.slice(nc..2 * nc)?,
+            v: h.slice(2 * nc..3 * nc)?,
         };
-        matmul(
-            be,
-            Mat::rows(att, t),
-            Mat::rows(q, d),
-            Mat::t(k, d),
-            per_head,
-            None,
-            false,
-        )?;
-        kernels::attention_softmax_forward(be, att, att, t, 1.0 / (d as f32).sqrt())?;
-        let weighted = Dims {
-            m: t,
-            n: d,
-            k: t,
-            batch: bh,
-            strides: [t * t, t * d, t * d],
-        };
-        matmul(
-            be,
-            Mat::rows(self.a(be, s.atty_h)?, d),
-            Mat::rows(att, t),
-            Mat::rows(v, d),
-            weighted,
-            None,
-            false,
-        )?;
+        let shape = ((g.b * g.h) as usize, self.t, g.d as usize);
+        attention::forward(be, x, self.a(be, s.att)?, self.a(be, s.atty_h)?, shape)?;
         kernels::merged_heads(be, self.a(be, s.atty)?, self.a(be, s.atty_h)?, g, false)
     }
 
@@ -486,77 +454,31 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
     fn attention_back(&self, be: &B, s: &layout::BlockActs) -> Result<(), GpuError> {
         let lay = &self.layout;
         let g = self.heads();
-        let (t, d, bh) = (self.t, g.d as usize, (g.b * g.h) as usize);
-        let nc = self.batch * t * self.dims.d_model;
+        let nc = self.batch * self.t * self.dims.d_model;
         let datty_h = self.a(be, lay.datty_h)?;
         kernels::merged_heads(be, datty_h, self.a(be, lay.dnc)?, g, true)?;
-        let heads = self.a(be, s.heads)?;
-        let (q, k, v) = (
-            heads.slice(0..nc)?,
-            heads.slice(nc..2 * nc)?,
-            heads.slice(2 * nc..3 * nc)?,
-        );
-        let dheads = self.a(be, lay.dheads)?;
-        let (dq, dk, dv) = (
-            dheads.slice(0..nc)?,
-            dheads.slice(nc..2 * nc)?,
-            dheads.slice(2 * nc..3 * nc)?,
-        );
-        let (att, datt) = (self.a(be, s.att)?, self.a(be, lay.datt)?);
-        let tt_from_td = Dims {
-            m: t,
-            n: t,
-            k: d,
-            batch: bh,
-            strides: [t * d, t * d, t * t],
+        let (h, dh) = (self.a(be, s.heads)?, self.a(be, lay.dheads)?);
+        let x = attention::Qkv {
+            q: h.slice(0..nc)?,
+            k: h.slice(nc..2 * nc)?,
+            v: h.slice(2 * nc..3 * nc)?,
         };
-        let td_from_tt = Dims {
-            m: t,
-            n: d,
-            k: t,
-            batch: bh,
-            strides: [t * t, t * d, t * d],
+        let dx = attention::Qkv {
+            q: dh.slice(0..nc)?,
+            k: dh.slice(nc..2 * nc)?,
+            v: dh.slice(2 * nc..3 * nc)?,
         };
-        // datt = datty_h v^T; dv = att^T datty_h.
-        matmul(
+        let shape = ((g.b * g.h) as usize, self.t, g.d as usize);
+        attention::backward(
             be,
-            Mat::rows(datt, t),
-            Mat::rows(datty_h, d),
-            Mat::t(v, d),
-            tt_from_td,
-            None,
-            false,
+            x,
+            self.a(be, s.att)?,
+            datty_h,
+            self.a(be, lay.datt)?,
+            dx,
+            shape,
         )?;
-        matmul(
-            be,
-            Mat::rows(dv, d),
-            Mat::t(att, t),
-            Mat::rows(datty_h, d),
-            td_from_tt,
-            None,
-            false,
-        )?;
-        kernels::attention_softmax_backward(be, datt, datt, att, t, 1.0 / (d as f32).sqrt())?;
-        // dq = dpre k; dk = dpre^T q.
-        matmul(
-            be,
-            Mat::rows(dq, d),
-            Mat::rows(datt, t),
-            Mat::rows(k, d),
-            td_from_tt,
-            None,
-            false,
-        )?;
-        matmul(
-            be,
-            Mat::rows(dk, d),
-            Mat::t(datt, t),
-            Mat::rows(q, d),
-            td_from_tt,
-            None,
-            false,
-        )?;
-        kernels::qkv_heads(be, self.a(be, lay.dqkv)?, dheads, g, true)
+        kernels::qkv_heads(be, self.a(be, lay.dqkv)?, dh, g, true)
     }
 
     fn ln_back(

@@ -9,6 +9,6 @@ mod offsets;
 mod spec;
 mod step;
 
-pub use offsets::LlamaOffsets;
+pub use offsets::{LlamaBlockOffsets, LlamaOffsets};
 pub use spec::{llama_params, LlamaDims};
 pub use step::{activation_floats, gemm_pack_bytes, LlamaStep};

@@ -8,16 +8,25 @@ use crate::error::KernelError;
 
 /// Where one block's weights start (element offsets; the Llama has no biases).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct LlamaBlockOffsets {
-    pub(crate) input_norm: usize,
-    pub(crate) q: usize,
-    pub(crate) k: usize,
-    pub(crate) v: usize,
-    pub(crate) o: usize,
-    pub(crate) post_norm: usize,
-    pub(crate) gate: usize,
-    pub(crate) up: usize,
-    pub(crate) down: usize,
+pub struct LlamaBlockOffsets {
+    /// The attention's RMSNorm gain `[C]`.
+    pub input_norm: usize,
+    /// The query projection `[C, C]`.
+    pub q: usize,
+    /// The key projection `[kv heads x head width, C]`.
+    pub k: usize,
+    /// The value projection, the key's shape.
+    pub v: usize,
+    /// The output projection `[C, C]`.
+    pub o: usize,
+    /// The MLP's RMSNorm gain `[C]`.
+    pub post_norm: usize,
+    /// SwiGLU's gate projection `[F, C]`.
+    pub gate: usize,
+    /// SwiGLU's up projection `[F, C]`.
+    pub up: usize,
+    /// The down projection `[C, F]`.
+    pub down: usize,
 }
 
 impl LlamaBlockOffsets {
@@ -105,5 +114,25 @@ impl LlamaOffsets {
     /// with the head).
     pub fn group_ranges(&self) -> &[Range<usize>] {
         &self.groups
+    }
+
+    /// The token embedding's offset (`[vocab, C]`).
+    pub fn embed(&self) -> usize {
+        self.embed
+    }
+
+    /// Each block's offsets, in order.
+    pub fn blocks(&self) -> &[LlamaBlockOffsets] {
+        &self.blocks
+    }
+
+    /// The final RMSNorm gain's offset (`[C]`).
+    pub fn norm(&self) -> usize {
+        self.norm
+    }
+
+    /// The (untied) head's offset (`[vocab, C]`).
+    pub fn head(&self) -> usize {
+        self.head
     }
 }

@@ -1,0 +1,127 @@
+//! Causal attention over per-head buffers `[B*H, T, D]`: the scores as one batched
+//! product, the causal softmax kernel in place, the weighted values as another; and the
+//! backward's four products around the softmax's backward. Shared by the GPT's and the
+//! Llama's steps, which differ only in how they lay out q, k and v before and after.
+
+use crate::backend::{Backend, View};
+use crate::elem::Act;
+use crate::error::GpuError;
+use crate::gemm::{matmul, Dims, Mat};
+use crate::kernels;
+
+/// q, k and v, each `[B*H, T, D]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Qkv<'a, T> {
+    /// Queries.
+    pub q: View<'a, T>,
+    /// Keys.
+    pub k: View<'a, T>,
+    /// Values.
+    pub v: View<'a, T>,
+}
+
+/// Heads, positions and head width: `(B*H, T, D)`.
+pub type HeadShape = (usize, usize, usize);
+
+fn scores(bh: usize, t: usize, d: usize) -> Dims {
+    Dims {
+        m: t,
+        n: t,
+        k: d,
+        batch: bh,
+        strides: [t * d, t * d, t * t],
+    }
+}
+
+fn weighted(bh: usize, t: usize, d: usize) -> Dims {
+    Dims {
+        m: t,
+        n: d,
+        k: t,
+        batch: bh,
+        strides: [t * t, t * d, t * d],
+    }
+}
+
+/// `att = softmax(q k^T / sqrt(D))` with the causal mask (`[B*H, T, T]`, kept for the
+/// backward), then `out = att v` (`[B*H, T, D]`).
+pub fn forward<B: Backend, T: Act>(
+    be: &B,
+    x: Qkv<T>,
+    att: View<T>,
+    out: View<T>,
+    (bh, t, d): HeadShape,
+) -> Result<(), GpuError> {
+    matmul(
+        be,
+        Mat::rows(att, t),
+        Mat::rows(x.q, d),
+        Mat::t(x.k, d),
+        scores(bh, t, d),
+        None,
+        false,
+    )?;
+    kernels::attention_softmax_forward(be, att, att, t, 1.0 / (d as f32).sqrt())?;
+    matmul(
+        be,
+        Mat::rows(out, d),
+        Mat::rows(att, t),
+        Mat::rows(x.v, d),
+        weighted(bh, t, d),
+        None,
+        false,
+    )
+}
+
+/// The backward: from the output's gradient `dout`, the forward's `att` and q, k, v,
+/// into `dx` (`datt` is scratch `[B*H, T, T]`).
+#[allow(clippy::too_many_arguments)]
+pub fn backward<B: Backend, T: Act>(
+    be: &B,
+    x: Qkv<T>,
+    att: View<T>,
+    dout: View<T>,
+    datt: View<T>,
+    dx: Qkv<T>,
+    (bh, t, d): HeadShape,
+) -> Result<(), GpuError> {
+    // datt = dout v^T; dv = att^T dout.
+    matmul(
+        be,
+        Mat::rows(datt, t),
+        Mat::rows(dout, d),
+        Mat::t(x.v, d),
+        scores(bh, t, d),
+        None,
+        false,
+    )?;
+    matmul(
+        be,
+        Mat::rows(dx.v, d),
+        Mat::t(att, t),
+        Mat::rows(dout, d),
+        weighted(bh, t, d),
+        None,
+        false,
+    )?;
+    kernels::attention_softmax_backward(be, datt, datt, att, t, 1.0 / (d as f32).sqrt())?;
+    // dq = dpre k; dk = dpre^T q.
+    matmul(
+        be,
+        Mat::rows(dx.q, d),
+        Mat::rows(datt, t),
+        Mat::rows(x.k, d),
+        weighted(bh, t, d),
+        None,
+        false,
+    )?;
+    matmul(
+        be,
+        Mat::rows(dx.k, d),
+        Mat::t(datt, t),
+        Mat::rows(x.q, d),
+        weighted(bh, t, d),
+        None,
+        false,
+    )
+}
