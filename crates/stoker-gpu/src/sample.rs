@@ -24,12 +24,15 @@ pub fn ids(n: usize, seed: u64, limit: usize) -> Vec<i32> {
         .collect()
 }
 
-/// A GPT of `dims` laid out contiguously in its table's order: the offsets, each
+/// A parameter table laid out contiguously in its order: each name's offset, each
 /// parameter's name and range, and parameters drawn near their initialization (gains
 /// 1 +- 0.1, everything else +-`scale`) from seed `seed`.
-pub fn gpt(dims: &stoker_kernels::GptDims, seed: u64, scale: f32) -> SampleGpt {
+fn flat(
+    table: &[stoker_kernels::ParamSpec],
+    seed: u64,
+    scale: f32,
+) -> (std::collections::HashMap<String, usize>, Vec<f32>, Ranges) {
     use stoker_kernels::SpecInit;
-    let table = stoker_kernels::gpt_params(dims);
     let (mut at, mut ranges, mut params) =
         (std::collections::HashMap::new(), Vec::new(), Vec::new());
     for (i, p) in table.iter().enumerate() {
@@ -45,6 +48,16 @@ pub fn gpt(dims: &stoker_kernels::GptDims, seed: u64, scale: f32) -> SampleGpt {
                 }),
         );
     }
+    (at, params, ranges)
+}
+
+/// Each parameter's name and range of the flat buffer, in table order.
+pub type Ranges = Vec<(String, std::ops::Range<usize>)>;
+
+/// A GPT of `dims` laid out contiguously in its table's order, parameters drawn as
+/// [`flat`] draws them.
+pub fn gpt(dims: &stoker_kernels::GptDims, seed: u64, scale: f32) -> SampleGpt {
+    let (at, params, ranges) = flat(&stoker_kernels::gpt_params(dims), seed, scale);
     let offsets = stoker_kernels::GptOffsets::from_table(dims, |name| at.get(name).copied())
         .expect("every name of the table has an offset");
     SampleGpt {
@@ -62,5 +75,28 @@ pub struct SampleGpt {
     /// The flat parameters.
     pub params: Vec<f32>,
     /// Each parameter's name and range, in table order.
-    pub ranges: Vec<(String, std::ops::Range<usize>)>,
+    pub ranges: Ranges,
+}
+
+/// A Llama of `dims`, laid out and drawn as [`gpt`] does.
+pub fn llama(dims: &stoker_kernels::LlamaDims, seed: u64, scale: f32) -> SampleLlama {
+    let (at, params, ranges) = flat(&stoker_kernels::llama_params(dims), seed, scale);
+    let offsets = stoker_kernels::LlamaOffsets::from_table(dims, |name| at.get(name).copied())
+        .expect("every name of the table has an offset");
+    SampleLlama {
+        offsets,
+        params,
+        ranges,
+    }
+}
+
+/// What [`llama`] draws.
+#[derive(Debug, Clone)]
+pub struct SampleLlama {
+    /// Where each parameter starts.
+    pub offsets: stoker_kernels::LlamaOffsets,
+    /// The flat parameters.
+    pub params: Vec<f32>,
+    /// Each parameter's name and range, in table order.
+    pub ranges: Ranges,
 }

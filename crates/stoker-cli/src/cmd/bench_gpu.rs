@@ -89,12 +89,12 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
     }
     if a.step {
         println!(
-            "\nthe GPT step on the GPU against the host backend (products differ: a tolerance):"
+            "\nthe GPT and Llama steps on the GPU against the host backend (products differ: a tolerance):"
         );
         for c in check::compare_step(&dev)? {
             println!(
-                "  {:<5} loss {:.2e} relative; worst gradient {} {:.2e} of its largest",
-                c.dtype, c.loss_rel, c.worst.0, c.worst.1
+                "  {:<10} loss {:.2e} relative; worst gradient {} {:.2e} of its largest",
+                c.what, c.loss_rel, c.worst.0, c.worst.1
             );
         }
         if !a.no_timing {

@@ -311,24 +311,75 @@ pub fn time_kernels(
     Ok(out_times)
 }
 
-/// The step on the GPU against the step on the host, one element type: the summed
-/// losses' relative difference and the worst parameter's gradient error (its largest
-/// absolute difference over its largest absolute value on the host).
+/// A step on the GPU against the same step on the host, one model and element type:
+/// the summed losses' relative difference and the worst parameter's gradient error (its
+/// largest absolute difference over its largest absolute value on the host).
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepCompared {
-    /// `f32` or `bf16`.
-    pub dtype: &'static str,
+    /// `gpt f32`, `llama bf16`, ...
+    pub what: String,
     /// |loss_gpu - loss_host| / |loss_host|.
     pub loss_rel: f64,
     /// The worst parameter and its relative gradient error.
     pub worst: (String, f64),
 }
 
-/// A small GPT's step (the tests' shape) on the GPU and on the host backend, f32 and
-/// bf16. The matrix products differ (cuBLAS against the host's), so this is a
-/// tolerance, not bits: f32 should land near 1e-5, bf16 near 1e-2.
+/// One step's (loss, gradients) on each backend, compared parameter by parameter.
+fn compared(
+    what: String,
+    ranges: &crate::sample::Ranges,
+    host: (f64, Vec<f32>),
+    gpu: (f64, Vec<f32>),
+) -> StepCompared {
+    let worst = ranges
+        .iter()
+        .map(|(name, r)| {
+            let (h, d) = (&host.1[r.clone()], &gpu.1[r.clone()]);
+            let scale = h
+                .iter()
+                .fold(0f64, |m, &x| m.max((x as f64).abs()))
+                .max(f64::MIN_POSITIVE);
+            let diff = h.iter().zip(d).fold(0f64, |m, (&x, &y)| {
+                let e = (x as f64 - y as f64).abs();
+                if e.is_nan() || m.is_nan() {
+                    f64::NAN
+                } else {
+                    m.max(e)
+                }
+            });
+            (name.clone(), diff / scale)
+        })
+        .fold((String::new(), 0f64), |w, x| {
+            if x.1.is_nan() || x.1 > w.1 {
+                x
+            } else {
+                w
+            }
+        });
+    StepCompared {
+        what,
+        loss_rel: (gpu.0 - host.0).abs() / host.0.abs(),
+        worst,
+    }
+}
+
+/// The tests' small batch: 3 sequences of 11 positions over `vocab`.
+fn small_batch(vocab: usize) -> (Vec<i64>, Vec<i64>) {
+    let draw = |seed| {
+        crate::sample::ids(33, seed, vocab)
+            .iter()
+            .map(|&x| x as i64)
+            .collect()
+    };
+    (draw(1), draw(2))
+}
+
+/// The tests' small GPT and Llama (grouped-query: 4 heads over 2), their steps on the GPU
+/// and on the host backend, f32 and bf16. The matrix products differ (cuBLAS against
+/// the host's), so this is a tolerance, not bits: f32 should land near 1e-5, bf16 near
+/// 1e-2.
 pub fn compare_step(dev: &Device) -> Result<Vec<StepCompared>, GpuError> {
-    fn one<A: crate::Act>(dev: &Device, dtype: &'static str) -> Result<StepCompared, GpuError> {
+    fn gpt<A: crate::Act>(dev: &Device, what: &str) -> Result<StepCompared, GpuError> {
         let dims = stoker_kernels::GptDims {
             vocab: 71,
             context: 16,
@@ -336,66 +387,78 @@ pub fn compare_step(dev: &Device) -> Result<Vec<StepCompared>, GpuError> {
             n_layer: 2,
             n_head: 4,
         };
-        let (b, t) = (3, 11);
         let g = crate::sample::gpt(&dims, 100, 0.2);
-        let tokens: Vec<i64> = crate::sample::ids(b * t, 1, dims.vocab)
-            .iter()
-            .map(|&x| x as i64)
-            .collect();
-        let targets: Vec<i64> = crate::sample::ids(b * t, 2, dims.vocab)
-            .iter()
-            .map(|&x| x as i64)
-            .collect();
+        let (tokens, targets) = small_batch(dims.vocab);
         let batch = TokenBatch {
             tokens: &tokens,
             targets: &targets,
             ignore: -1,
         };
-        let run = |be_loss: &mut f64| -> Result<(f64, Vec<f32>), GpuError> {
-            let s = GptGpuStep::<Host, A>::new(&Host, dims, g.offsets.clone(), 1e-5, b, t)?;
-            s.load_params(&Host, &g.params)?;
-            *be_loss = s.forward_backward(&Host, batch, 1.0 / 33.0)?;
-            Ok((*be_loss, s.grads(&Host)?))
-        };
-        let mut host_loss = 0.0;
-        let (host_loss, host_grads) = run(&mut host_loss)?;
-        let s = GptGpuStep::<Device, A>::new(dev, dims, g.offsets.clone(), 1e-5, b, t)?;
-        s.load_params(dev, &g.params)?;
-        let loss = s.forward_backward(dev, batch, 1.0 / 33.0)?;
-        let grads = s.grads(dev)?;
-        let worst = g
-            .ranges
-            .iter()
-            .map(|(name, r)| {
-                let (h, d) = (&host_grads[r.clone()], &grads[r.clone()]);
-                let scale = h
-                    .iter()
-                    .fold(0f64, |m, &x| m.max((x as f64).abs()))
-                    .max(f64::MIN_POSITIVE);
-                let diff = h.iter().zip(d).fold(0f64, |m, (&x, &y)| {
-                    let e = (x as f64 - y as f64).abs();
-                    if e.is_nan() || m.is_nan() {
-                        f64::NAN
-                    } else {
-                        m.max(e)
-                    }
-                });
-                (name.clone(), diff / scale)
-            })
-            .fold((String::new(), 0f64), |w, x| {
-                if x.1.is_nan() || x.1 > w.1 {
-                    x
-                } else {
-                    w
-                }
-            });
-        Ok(StepCompared {
-            dtype,
-            loss_rel: (loss - host_loss).abs() / host_loss.abs(),
-            worst,
-        })
+        fn run<B: Backend, A: crate::Act>(
+            be: &B,
+            dims: stoker_kernels::GptDims,
+            g: &crate::sample::SampleGpt,
+            batch: TokenBatch,
+        ) -> Result<(f64, Vec<f32>), GpuError> {
+            let s = GptGpuStep::<B, A>::new(be, dims, g.offsets.clone(), 1e-5, 3, 11)?;
+            s.load_params(be, &g.params)?;
+            Ok((s.forward_backward(be, batch, 1.0 / 33.0)?, s.grads(be)?))
+        }
+        Ok(compared(
+            what.into(),
+            &g.ranges,
+            run::<Host, A>(&Host, dims, &g, batch)?,
+            run::<Device, A>(dev, dims, &g, batch)?,
+        ))
     }
-    Ok(vec![one::<f32>(dev, "f32")?, one::<bf16>(dev, "bf16")?])
+    fn llama<A: crate::Act>(dev: &Device, what: &str) -> Result<StepCompared, GpuError> {
+        let dims = stoker_kernels::LlamaDims {
+            vocab: 67,
+            context: 16,
+            d_model: 32,
+            n_layer: 2,
+            n_head: 4,
+            n_kv_head: 2,
+            ffn_hidden: 48,
+        };
+        let g = crate::sample::llama(&dims, 200, 0.2);
+        let (tokens, targets) = small_batch(dims.vocab);
+        let batch = TokenBatch {
+            tokens: &tokens,
+            targets: &targets,
+            ignore: -1,
+        };
+        fn run<B: Backend, A: crate::Act>(
+            be: &B,
+            dims: stoker_kernels::LlamaDims,
+            g: &crate::sample::SampleLlama,
+            batch: TokenBatch,
+        ) -> Result<(f64, Vec<f32>), GpuError> {
+            let s = crate::step::llama::LlamaGpuStep::<B, A>::new(
+                be,
+                dims,
+                g.offsets.clone(),
+                1e-5,
+                10_000.0,
+                3,
+                11,
+            )?;
+            s.load_params(be, &g.params)?;
+            Ok((s.forward_backward(be, batch, 1.0 / 32.0)?, s.grads(be)?))
+        }
+        Ok(compared(
+            what.into(),
+            &g.ranges,
+            run::<Host, A>(&Host, dims, &g, batch)?,
+            run::<Device, A>(dev, dims, &g, batch)?,
+        ))
+    }
+    Ok(vec![
+        gpt::<f32>(dev, "gpt f32")?,
+        gpt::<bf16>(dev, "gpt bf16")?,
+        llama::<f32>(dev, "llama f32")?,
+        llama::<bf16>(dev, "llama bf16")?,
+    ])
 }
 
 /// What [`time_step`] measured.

@@ -22,10 +22,10 @@ impl Span {
 
 /// Hands out consecutive spans of one buffer.
 #[derive(Debug, Default)]
-struct Cursor(usize);
+pub(crate) struct Cursor(pub(crate) usize);
 
 impl Cursor {
-    fn take(&mut self, len: usize) -> Span {
+    pub(crate) fn take(&mut self, len: usize) -> Span {
         let s = Span { start: self.0, len };
         self.0 += len;
         s

@@ -10,13 +10,15 @@
 
 pub mod attention;
 pub mod layout;
+pub mod llama;
+pub mod llama_layout;
 pub mod optimizer;
 
 use stoker_kernels::gpt::BlockOffsets;
 use stoker_kernels::{GptDims, GptOffsets};
 
 use crate::backend::{Backend, View};
-use crate::elem::{Act, Dtype};
+use crate::elem::Act;
 use crate::error::GpuError;
 use crate::gemm::{matmul, Dims, Mat};
 use crate::ids::{Groups, Ids};
@@ -24,7 +26,7 @@ use crate::kernels::{self, Stats};
 use crate::token_groups::TokenGroups;
 use crate::Heads;
 use layout::{ActLayout, Span, BIAS_PARTS, PARTIAL_WARPS};
-use optimizer::{grad_multiplier, AdamWState};
+use optimizer::AdamWState;
 
 /// The vocabulary padded to a multiple of 64 (GPT-2's 50,257 to 50,304): the logits'
 /// row width, so their rows stay aligned.
@@ -158,41 +160,17 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
         unscale: f32,
         clip: Option<f64>,
     ) -> Result<f64, GpuError> {
-        crate::error::check_len(OP, "master", B::len(&opt.master), self.offsets.end())?;
         let lay = &self.layout;
-        let squares = self.f(be, lay.grad_norm)?;
-        kernels::sum(
+        let scratch = (self.f(be, lay.grad_norm)?, self.f(be, lay.partials)?);
+        optimizer::update(
             be,
-            squares,
-            be.all(&self.grads),
-            self.f(be, lay.partials)?,
-            true,
-            PARTIAL_WARPS,
-            false,
-        )?;
-        let norm = (be.read(squares)?[0] as f64).sqrt() * unscale as f64;
-        let mult = grad_multiplier(norm, unscale, clip);
-        for (r, decay) in &opt.segments {
-            let copy = match T::DTYPE {
-                Dtype::Bf16 => Some(be.view(&self.params, r.clone())?.cast::<half::bf16>()?),
-                Dtype::F32 => None,
-            };
-            kernels::adamw(
-                be,
-                be.view(&opt.master, r.clone())?,
-                be.view(&self.grads, r.clone())?,
-                be.view(&opt.m, r.clone())?,
-                be.view(&opt.v, r.clone())?,
-                copy,
-                step,
-                *decay,
-                mult,
-            )?;
-        }
-        if T::DTYPE == Dtype::F32 {
-            be.copy(be.all(&self.params).cast::<f32>()?, be.all(&opt.master))?;
-        }
-        Ok(norm)
+            opt,
+            (&self.params, &self.grads),
+            scratch,
+            step,
+            unscale,
+            clip,
+        )
     }
 
     fn p(&self, be: &B, at: usize, len: usize) -> Result<View<'_, T>, GpuError> {

@@ -6,8 +6,10 @@
 
 use std::ops::Range;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, View};
+use crate::elem::{Act, Dtype};
 use crate::error::GpuError;
+use crate::kernels;
 
 /// AdamW's state on a backend: the FP32 master, the moments, the segments.
 pub struct AdamWState<B: Backend> {
@@ -62,4 +64,48 @@ pub fn grad_multiplier(norm: f64, unscale: f32, clip: Option<f64>) -> f32 {
         Some(c) => unscale * c as f32,
         None => unscale,
     }
+}
+
+/// The update of a step's `(params, grads)` (the compute copy in `T`, the f32 gradients,
+/// both the flat layout of `opt`'s master): the gradients' squared norm into
+/// `scratch.0` through `scratch.1`'s partial sums (the one value read back), then AdamW
+/// on every segment over the gradients times [`grad_multiplier`], writing the bf16 copy
+/// in the same pass or, for f32, copying the master into it. Returns the unscaled norm.
+pub fn update<B: Backend, T: Act>(
+    be: &B,
+    opt: &AdamWState<B>,
+    (params, grads): (&B::Buf<T>, &B::Buf<f32>),
+    (squares, partials): (View<f32>, View<f32>),
+    step: &stoker_kernels::AdamWStep,
+    unscale: f32,
+    clip: Option<f64>,
+) -> Result<f64, GpuError> {
+    crate::error::check_len("adamw", "master", B::len(&opt.master), B::len(params))?;
+    crate::error::check_len("adamw", "grads", B::len(grads), B::len(params))?;
+    let warps = super::layout::PARTIAL_WARPS.min(partials.len());
+    kernels::sum(be, squares, be.all(grads), partials, true, warps, false)?;
+    let norm = (be.read(squares)?[0] as f64).sqrt() * unscale as f64;
+    let mult = grad_multiplier(norm, unscale, clip);
+    for (r, decay) in &opt.segments {
+        let copy = match T::DTYPE {
+            Dtype::Bf16 => Some(be.view(params, r.clone())?.cast::<half::bf16>()?),
+            Dtype::F32 => None,
+        };
+        let at = |b| be.view(b, r.clone());
+        kernels::adamw(
+            be,
+            at(&opt.master)?,
+            at(grads)?,
+            at(&opt.m)?,
+            at(&opt.v)?,
+            copy,
+            step,
+            *decay,
+            mult,
+        )?;
+    }
+    if T::DTYPE == Dtype::F32 {
+        be.copy(be.all(params).cast::<f32>()?, be.all(&opt.master))?;
+    }
+    Ok(norm)
 }

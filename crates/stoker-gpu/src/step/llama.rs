@@ -1,0 +1,508 @@
+//! The Llama's training step over flat buffers on any [`Backend`]: stoker-kernels'
+//! `LlamaStep` (RMSNorm, rotary embeddings, grouped-query attention, SwiGLU, an untied
+//! head, no biases) over the same flat layout and offsets, with the GPT step's design:
+//! one buffer each for the compute copy, the f32 gradients, the activations and the f32
+//! statistics (spans from `llama_layout.rs`), products through [`matmul`], the residual
+//! add fused into the next RMSNorm, the one value read back the summed loss.
+
+use stoker_kernels::{LlamaDims, LlamaOffsets};
+
+use super::attention::{self, Qkv};
+use super::layout::{Span, PARTIAL_WARPS};
+use super::llama_layout::{LlamaBlockActs, LlamaLayout};
+use super::optimizer::{self, AdamWState};
+use super::{padded_vocab, TokenBatch};
+use crate::backend::{Backend, View};
+use crate::elem::Act;
+use crate::error::GpuError;
+use crate::gemm::{matmul, Dims, Mat};
+use crate::ids::{Groups, Ids};
+use crate::token_groups::TokenGroups;
+use crate::{kernels, llama, Heads};
+
+const OP: &str = "llama-gpu-step";
+
+fn shape_err(what: String) -> GpuError {
+    GpuError::Shape { kernel: OP, what }
+}
+
+/// A Llama's step at one batch shape, its buffers on backend `B`, activations in `T`.
+pub struct LlamaGpuStep<B: Backend, T: Act> {
+    dims: LlamaDims,
+    offsets: LlamaOffsets,
+    eps: f32,
+    batch: usize,
+    t: usize,
+    vp: usize,
+    layout: LlamaLayout,
+    params: B::Buf<T>,
+    grads: B::Buf<f32>,
+    acts: B::Buf<T>,
+    floats: B::Buf<f32>,
+}
+
+impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
+    /// A step for `batch` sequences of `t` positions of a Llama of `dims`, parameters at
+    /// `offsets`, RMSNorm epsilon `eps`, rotary base `rope_theta`: every buffer allocated
+    /// once, the rotary tables (stoker-kernels' own) uploaded once.
+    pub fn new(
+        be: &B,
+        dims: LlamaDims,
+        offsets: LlamaOffsets,
+        eps: f64,
+        rope_theta: f64,
+        batch: usize,
+        t: usize,
+    ) -> Result<Self, GpuError> {
+        let heads_ok = dims.n_layer > 0
+            && dims.n_head > 0
+            && dims.n_kv_head > 0
+            && dims.d_model.is_multiple_of(dims.n_head)
+            && dims.head_dim().is_multiple_of(2)
+            && dims.n_head.is_multiple_of(dims.n_kv_head);
+        if !heads_ok || offsets.blocks().len() != dims.n_layer {
+            return Err(shape_err(format!(
+                "{dims:?} with offsets for {} blocks",
+                offsets.blocks().len()
+            )));
+        }
+        if batch == 0 || t == 0 || t > dims.context {
+            return Err(shape_err(format!(
+                "batch {batch} x {t} positions (context {})",
+                dims.context
+            )));
+        }
+        let vp = padded_vocab(dims.vocab);
+        let layout = LlamaLayout::new(&dims, batch, t, vp);
+        let floats = be.zeros(layout.floats)?;
+        let (cos, sin) = stoker_kernels::rope::tables(t, dims.head_dim(), rope_theta);
+        be.write(&floats, layout.cos.start, &cos)?;
+        be.write(&floats, layout.sin.start, &sin)?;
+        Ok(LlamaGpuStep {
+            params: be.zeros(offsets.end())?,
+            grads: be.zeros(offsets.end())?,
+            acts: be.zeros(layout.total)?,
+            floats,
+            dims,
+            offsets,
+            eps: eps as f32,
+            batch,
+            t,
+            vp,
+            layout,
+        })
+    }
+
+    /// Copies the FP32 master `params` (the flat layout) into the compute copy.
+    pub fn load_params(&self, be: &B, params: &[f32]) -> Result<(), GpuError> {
+        crate::error::check_len(OP, "params", params.len(), self.offsets.end())?;
+        let copy: Vec<T> = params.iter().map(|&x| T::from_f32(x)).collect();
+        be.write(&self.params, 0, &copy)
+    }
+
+    /// The gradients (f32, the flat layout).
+    pub fn grads(&self, be: &B) -> Result<Vec<f32>, GpuError> {
+        be.download(&self.grads)
+    }
+
+    /// Sets every gradient to 0.
+    pub fn zero_grads(&self, be: &B) -> Result<(), GpuError> {
+        be.zero(be.all(&self.grads))
+    }
+
+    /// The update after an accumulation window (the GPT step's: [`optimizer::update`]).
+    pub fn update(
+        &self,
+        be: &B,
+        opt: &AdamWState<B>,
+        step: &stoker_kernels::AdamWStep,
+        unscale: f32,
+        clip: Option<f64>,
+    ) -> Result<f64, GpuError> {
+        let scratch = (
+            self.f(be, self.layout.grad_norm)?,
+            self.f(be, self.layout.partials)?,
+        );
+        optimizer::update(
+            be,
+            opt,
+            (&self.params, &self.grads),
+            scratch,
+            step,
+            unscale,
+            clip,
+        )
+    }
+
+    fn p(&self, be: &B, at: usize, len: usize) -> Result<View<'_, T>, GpuError> {
+        be.view(&self.params, at..at + len)
+    }
+
+    fn g(&self, be: &B, at: usize, len: usize) -> Result<View<'_, f32>, GpuError> {
+        be.view(&self.grads, at..at + len)
+    }
+
+    fn a(&self, be: &B, s: Span) -> Result<View<'_, T>, GpuError> {
+        be.view(&self.acts, s.range())
+    }
+
+    fn f(&self, be: &B, s: Span) -> Result<View<'_, f32>, GpuError> {
+        be.view(&self.floats, s.range())
+    }
+
+    fn heads(&self) -> Heads {
+        let d = self.dims.head_dim();
+        Heads {
+            b: self.batch as i32,
+            t: self.t as i32,
+            h: self.dims.n_head as i32,
+            d: d as i32,
+        }
+    }
+
+    fn kv(&self) -> usize {
+        self.dims.n_kv_head * self.dims.head_dim()
+    }
+
+    /// Forward and backward of one micro-batch: adds the gradient of `grad_scale x
+    /// (summed token loss)` and returns the summed loss of the valid targets, as
+    /// stoker-kernels' `LlamaStep::forward_backward`.
+    pub fn forward_backward(
+        &self,
+        be: &B,
+        batch: TokenBatch,
+        grad_scale: f32,
+    ) -> Result<f64, GpuError> {
+        let n = self.batch * self.t;
+        crate::error::check_len(OP, "tokens", batch.tokens.len(), n)?;
+        crate::error::check_len(OP, "targets", batch.targets.len(), n)?;
+        let ignore = i32::try_from(batch.ignore)
+            .map_err(|_| shape_err(format!("ignore index {} outside i32", batch.ignore)))?;
+        let to_i32 = |x: &[i64]| -> Vec<i32> {
+            x.iter()
+                .map(|&v| v.clamp(i32::MIN as i64, i32::MAX as i64) as i32)
+                .collect()
+        };
+        let v = self.dims.vocab;
+        let tok = to_i32(batch.tokens);
+        let tokens = Ids::new(be, "tokens", &tok, v, None)?;
+        let targets = Ids::new(be, "targets", &to_i32(batch.targets), v, Some(ignore))?;
+        let groups = Groups::new(be, &TokenGroups::new(&tok, v)?, v)?;
+        self.forward(be, &tokens)?;
+        let lay = &self.layout;
+        kernels::classifier(
+            be,
+            self.a(be, lay.logits)?,
+            self.f(be, lay.losses)?,
+            &targets,
+            v,
+            grad_scale,
+            ignore,
+        )?;
+        if grad_scale == 0.0 {
+            be.zero(self.a(be, lay.logits)?)?;
+        }
+        kernels::sum(
+            be,
+            self.f(be, lay.loss_sum)?,
+            self.f(be, lay.losses)?,
+            self.f(be, lay.partials)?,
+            false,
+            PARTIAL_WARPS,
+            false,
+        )?;
+        self.backward(be, &groups)?;
+        Ok(be.read(self.f(be, lay.loss_sum)?)?[0] as f64)
+    }
+
+    /// `y = x W^T` (`W` at `w`, `[out, inp]`).
+    fn linear(
+        &self,
+        be: &B,
+        y: Span,
+        x: Span,
+        w: usize,
+        (inp, out): (usize, usize),
+    ) -> Result<(), GpuError> {
+        let n = self.batch * self.t;
+        let wv = self.p(be, w, out * inp)?;
+        matmul(
+            be,
+            Mat::rows(self.a(be, y)?, out),
+            Mat::rows(self.a(be, x)?, inp),
+            Mat::t(wv, inp),
+            Dims::one(n, out, inp),
+            None,
+            false,
+        )
+    }
+
+    /// `dx (+)= dy W` (added when `add`), `dW += dy^T x`.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_back(
+        &self,
+        be: &B,
+        dx: Span,
+        add: bool,
+        dy: Span,
+        x: Span,
+        w: usize,
+        (inp, out): (usize, usize),
+    ) -> Result<(), GpuError> {
+        let n = self.batch * self.t;
+        let (dyv, wv) = (self.a(be, dy)?, self.p(be, w, out * inp)?);
+        matmul(
+            be,
+            Mat::rows(self.a(be, dx)?, inp),
+            Mat::rows(dyv, out),
+            Mat::rows(wv, inp),
+            Dims::one(n, inp, out),
+            None,
+            add,
+        )?;
+        matmul(
+            be,
+            Mat::rows(self.g(be, w, out * inp)?, inp),
+            Mat::t(dyv, out),
+            Mat::rows(self.a(be, x)?, inp),
+            Dims::one(out, inp, n),
+            None,
+            true,
+        )
+    }
+
+    fn rope(&self, be: &B, x: Span, heads: usize, inverse: bool) -> Result<(), GpuError> {
+        let lay = &self.layout;
+        llama::rope(
+            be,
+            self.a(be, x)?,
+            self.f(be, lay.cos)?,
+            self.f(be, lay.sin)?,
+            self.t,
+            heads,
+            self.dims.head_dim(),
+            inverse,
+        )
+    }
+
+    fn forward(&self, be: &B, tokens: &Ids<B>) -> Result<(), GpuError> {
+        let d = self.dims;
+        let (c, v, f, kv) = (d.d_model, d.vocab, d.ffn_hidden, self.kv());
+        let (o, lay) = (&self.offsets, &self.layout);
+        kernels::encoder_forward(
+            be,
+            self.a(be, lay.blocks[0].resid_in)?,
+            tokens,
+            self.p(be, o.embed(), v * c)?,
+            None,
+            self.t,
+            c,
+        )?;
+        for (l, s) in lay.blocks.iter().enumerate() {
+            let bo = &o.blocks()[l];
+            let (x, residual) = match l {
+                0 => (self.a(be, s.resid_in)?, None),
+                _ => {
+                    let prev = &lay.blocks[l - 1];
+                    (
+                        self.a(be, prev.resid2)?,
+                        Some((self.a(be, s.resid_in)?, self.a(be, prev.down)?)),
+                    )
+                }
+            };
+            llama::rmsnorm_forward(
+                be,
+                self.a(be, s.h1)?,
+                self.f(be, s.rstd[0])?,
+                x,
+                residual,
+                self.p(be, bo.input_norm, c)?,
+                self.eps,
+            )?;
+            self.linear(be, s.q, s.h1, bo.q, (c, c))?;
+            self.linear(be, s.k, s.h1, bo.k, (c, kv))?;
+            self.linear(be, s.v, s.h1, bo.v, (c, kv))?;
+            self.rope(be, s.q, d.n_head, false)?;
+            self.rope(be, s.k, d.n_kv_head, false)?;
+            self.attention(be, s)?;
+            self.linear(be, s.o, s.atty, bo.o, (c, c))?;
+            let residual = Some((self.a(be, s.resid2)?, self.a(be, s.o)?));
+            llama::rmsnorm_forward(
+                be,
+                self.a(be, s.h2)?,
+                self.f(be, s.rstd[1])?,
+                self.a(be, s.resid_in)?,
+                residual,
+                self.p(be, bo.post_norm, c)?,
+                self.eps,
+            )?;
+            self.linear(be, s.gate, s.h2, bo.gate, (c, f))?;
+            self.linear(be, s.up, s.h2, bo.up, (c, f))?;
+            llama::swiglu_forward(
+                be,
+                self.a(be, s.act)?,
+                self.a(be, s.gate)?,
+                self.a(be, s.up)?,
+            )?;
+            self.linear(be, s.down, s.act, bo.down, (f, c))?;
+        }
+        let last = lay.blocks[lay.blocks.len() - 1];
+        let residual = Some((self.a(be, lay.resid_out)?, self.a(be, last.down)?));
+        llama::rmsnorm_forward(
+            be,
+            self.a(be, lay.hf)?,
+            self.f(be, lay.rstd_f)?,
+            self.a(be, last.resid2)?,
+            residual,
+            self.p(be, o.norm(), c)?,
+            self.eps,
+        )?;
+        let n = self.batch * self.t;
+        let head = self.p(be, o.head(), v * c)?;
+        matmul(
+            be,
+            Mat::rows(self.a(be, lay.logits)?, self.vp),
+            Mat::rows(self.a(be, lay.hf)?, c),
+            Mat::t(head, c),
+            Dims::one(n, v, c),
+            None,
+            false,
+        )
+    }
+
+    /// q to heads, k and v repeated to the query heads, attention, merged back.
+    fn attention(&self, be: &B, s: &LlamaBlockActs) -> Result<(), GpuError> {
+        let g = self.heads();
+        let nc = self.batch * self.t * self.dims.d_model;
+        let h = self.a(be, s.heads)?;
+        let x = Qkv {
+            q: h.slice(0..nc)?,
+            k: h.slice(nc..2 * nc)?,
+            v: h.slice(2 * nc..3 * nc)?,
+        };
+        kernels::merged_heads(be, x.q, self.a(be, s.q)?, g, true)?;
+        llama::kv_heads(be, x.k, self.a(be, s.k)?, g, self.dims.n_kv_head, false)?;
+        llama::kv_heads(be, x.v, self.a(be, s.v)?, g, self.dims.n_kv_head, false)?;
+        let shape = ((g.b * g.h) as usize, self.t, g.d as usize);
+        attention::forward(be, x, self.a(be, s.att)?, self.a(be, s.atty_h)?, shape)?;
+        kernels::merged_heads(be, self.a(be, s.atty)?, self.a(be, s.atty_h)?, g, false)
+    }
+
+    /// Attention's backward: `dnc` (the output's gradient) to `dq`, `dk`, `dv` (the kv
+    /// gradients summed over their query heads, q and k turned back).
+    fn attention_back(&self, be: &B, s: &LlamaBlockActs) -> Result<(), GpuError> {
+        let lay = &self.layout;
+        let g = self.heads();
+        let nc = self.batch * self.t * self.dims.d_model;
+        let datty_h = self.a(be, lay.datty_h)?;
+        kernels::merged_heads(be, datty_h, self.a(be, lay.dnc)?, g, true)?;
+        let (h, dh) = (self.a(be, s.heads)?, self.a(be, lay.dheads)?);
+        let x = Qkv {
+            q: h.slice(0..nc)?,
+            k: h.slice(nc..2 * nc)?,
+            v: h.slice(2 * nc..3 * nc)?,
+        };
+        let dx = Qkv {
+            q: dh.slice(0..nc)?,
+            k: dh.slice(nc..2 * nc)?,
+            v: dh.slice(2 * nc..3 * nc)?,
+        };
+        let shape = ((g.b * g.h) as usize, self.t, g.d as usize);
+        attention::backward(
+            be,
+            x,
+            self.a(be, s.att)?,
+            datty_h,
+            self.a(be, lay.datt)?,
+            dx,
+            shape,
+        )?;
+        kernels::merged_heads(be, self.a(be, lay.dq)?, dx.q, g, false)?;
+        llama::kv_heads(be, self.a(be, lay.dk)?, dx.k, g, self.dims.n_kv_head, true)?;
+        llama::kv_heads(be, self.a(be, lay.dv)?, dx.v, g, self.dims.n_kv_head, true)?;
+        self.rope(be, lay.dq, self.dims.n_head, true)?;
+        self.rope(be, lay.dk, self.dims.n_kv_head, true)
+    }
+
+    /// RMSNorm's backward into the residual stream's gradient.
+    fn norm_back(&self, be: &B, dout: Span, x: Span, w: usize, rstd: Span) -> Result<(), GpuError> {
+        let (c, lay) = (self.dims.d_model, &self.layout);
+        llama::rmsnorm_backward(
+            be,
+            self.a(be, lay.dres)?,
+            self.g(be, w, c)?,
+            self.f(be, lay.partials)?,
+            self.a(be, dout)?,
+            self.a(be, x)?,
+            self.p(be, w, c)?,
+            self.f(be, rstd)?,
+            PARTIAL_WARPS,
+        )
+    }
+
+    fn backward(&self, be: &B, groups: &Groups<B>) -> Result<(), GpuError> {
+        let d = self.dims;
+        let (c, v, f, kv, n) = (
+            d.d_model,
+            d.vocab,
+            d.ffn_hidden,
+            self.kv(),
+            self.batch * self.t,
+        );
+        let (o, lay) = (&self.offsets, &self.layout);
+        // The head: dhf = dlogits W_head; dW_head += dlogits^T hf.
+        let dlogits = self.a(be, lay.logits)?;
+        let head = self.p(be, o.head(), v * c)?;
+        matmul(
+            be,
+            Mat::rows(self.a(be, lay.dnc)?, c),
+            Mat::rows(dlogits, self.vp),
+            Mat::rows(head, c),
+            Dims::one(n, c, v),
+            None,
+            false,
+        )?;
+        matmul(
+            be,
+            Mat::rows(self.g(be, o.head(), v * c)?, c),
+            Mat::t(dlogits, self.vp),
+            Mat::rows(self.a(be, lay.hf)?, c),
+            Dims::one(v, c, n),
+            None,
+            true,
+        )?;
+        be.zero(self.a(be, lay.dres)?)?;
+        self.norm_back(be, lay.dnc, lay.resid_out, o.norm(), lay.rstd_f)?;
+        for (l, s) in lay.blocks.iter().enumerate().rev() {
+            let bo = &o.blocks()[l];
+            // dres is the gradient of the block's output sum: the down projection's too.
+            self.linear_back(be, lay.dgate, false, lay.dres, s.act, bo.down, (f, c))?;
+            let dact = self.a(be, lay.dgate)?;
+            llama::swiglu_backward(
+                be,
+                dact,
+                self.a(be, lay.dup)?,
+                self.a(be, s.gate)?,
+                self.a(be, s.up)?,
+                dact,
+            )?;
+            self.linear_back(be, lay.dnc, false, lay.dgate, s.h2, bo.gate, (c, f))?;
+            self.linear_back(be, lay.dnc, true, lay.dup, s.h2, bo.up, (c, f))?;
+            self.norm_back(be, lay.dnc, s.resid2, bo.post_norm, s.rstd[1])?;
+            // dres is now resid2's gradient: the output projection's too.
+            self.linear_back(be, lay.dnc, false, lay.dres, s.atty, bo.o, (c, c))?;
+            self.attention_back(be, s)?;
+            self.linear_back(be, lay.dnc, false, lay.dq, s.h1, bo.q, (c, c))?;
+            self.linear_back(be, lay.dnc, true, lay.dk, s.h1, bo.k, (c, kv))?;
+            self.linear_back(be, lay.dnc, true, lay.dv, s.h1, bo.v, (c, kv))?;
+            self.norm_back(be, lay.dnc, s.resid_in, bo.input_norm, s.rstd[0])?;
+        }
+        kernels::encoder_backward_wte(
+            be,
+            self.g(be, o.embed(), v * c)?,
+            self.a(be, lay.dres)?,
+            groups,
+            c,
+        )
+    }
+}

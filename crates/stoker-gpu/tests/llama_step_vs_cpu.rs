@@ -1,0 +1,190 @@
+//! The Llama's GPU step, run by the host backend, against stoker-kernels' `LlamaStep` on
+//! the same flat parameters, batch and loss scale (grouped-query attention: 4 query heads
+//! over 2 kv heads): the summed loss and every parameter's gradient within f32 rounding,
+//! or within bf16's precision with bf16 activations; and five training steps with AdamW
+//! and clipping against the CPU's.
+
+mod common;
+
+use common::*;
+use half::bf16;
+use stoker_gpu::step::llama::LlamaGpuStep;
+use stoker_gpu::step::optimizer::AdamWState;
+use stoker_gpu::step::TokenBatch;
+use stoker_gpu::{Act, Host};
+use stoker_kernels::optim::adamw_update_scalar;
+use stoker_kernels::{AdamWStep, GptBatch, LlamaDims, LlamaStep, TokenStep};
+use stoker_testkit::{assert_close, assert_close_scalar, rel_l2};
+
+const DIMS: LlamaDims = LlamaDims {
+    vocab: 67,
+    context: 16,
+    d_model: 32,
+    n_layer: 2,
+    n_head: 4,
+    n_kv_head: 2,
+    ffn_hidden: 48,
+};
+const BATCH: usize = 3;
+const T: usize = 11;
+const THETA: f64 = 10_000.0;
+
+fn batch() -> (Vec<i64>, Vec<i64>) {
+    let tokens: Vec<i64> = ids(BATCH * T, 1, DIMS.vocab)
+        .iter()
+        .map(|&x| x as i64)
+        .collect();
+    let mut targets: Vec<i64> = ids(BATCH * T, 2, DIMS.vocab)
+        .iter()
+        .map(|&x| x as i64)
+        .collect();
+    targets[5] = -1;
+    (tokens, targets)
+}
+
+fn cpu_step() -> LlamaStep {
+    LlamaStep::new(
+        DIMS,
+        stoker_gpu::sample::llama(&DIMS, 200, 0.2).offsets,
+        false,
+        1e-5,
+        THETA,
+    )
+    .unwrap()
+}
+
+fn gpu<A: Act>(params: &[f32], tokens: &[i64], targets: &[i64], scale: f32) -> (f64, Vec<f32>) {
+    let offsets = stoker_gpu::sample::llama(&DIMS, 200, 0.2).offsets;
+    let step = LlamaGpuStep::<Host, A>::new(&Host, DIMS, offsets, 1e-5, THETA, BATCH, T).unwrap();
+    step.load_params(&Host, params).unwrap();
+    let loss = step
+        .forward_backward(
+            &Host,
+            TokenBatch {
+                tokens,
+                targets,
+                ignore: -1,
+            },
+            scale,
+        )
+        .unwrap();
+    (loss, step.grads(&Host).unwrap())
+}
+
+#[test]
+fn the_llama_step_gives_the_cpu_steps_loss_and_gradients() {
+    let g = stoker_gpu::sample::llama(&DIMS, 200, 0.2);
+    let (tokens, targets) = batch();
+    let scale = 1.0 / 32.0;
+    let mut want = vec![0f32; g.params.len()];
+    let b = GptBatch {
+        tokens: &tokens,
+        targets: &targets,
+        batch: BATCH,
+        t: T,
+        ignore: -1,
+    };
+    let want_loss = cpu_step()
+        .forward_backward(&g.params, b, scale, &mut want, &mut |_, _| {})
+        .unwrap();
+    let (loss, got) = gpu::<f32>(&g.params, &tokens, &targets, scale);
+    assert_close_scalar(loss, want_loss, 1e-5, "summed loss");
+    for (name, r) in &g.ranges {
+        assert_close(
+            &got[r.clone()],
+            &want[r.clone()],
+            2e-5,
+            &format!("gradient of {name}"),
+        );
+    }
+    let (loss16, got16) = gpu::<bf16>(&g.params, &tokens, &targets, scale);
+    assert_close_scalar(loss16, want_loss, 1e-2, "summed loss, bf16 activations");
+    for (name, r) in &g.ranges {
+        let e = rel_l2(&got16[r.clone()], &want[r.clone()]);
+        assert!(
+            e < 5e-2,
+            "gradient of {name}: relative L2 error {e} with bf16 activations"
+        );
+    }
+}
+
+#[test]
+fn five_llama_training_steps_track_the_cpu_steps() {
+    let g = stoker_gpu::sample::llama(&DIMS, 200, 0.2);
+    let (tokens, targets) = batch();
+    let (scale, clip) = (1.0 / 32.0, 0.5);
+    let table = stoker_kernels::llama_params(&DIMS);
+    let segs: Vec<_> = g
+        .ranges
+        .iter()
+        .zip(&table)
+        .map(|((_, r), p)| (r.clone(), p.shape.len() >= 2))
+        .collect();
+    let adam = |t: u64| AdamWStep::new(3e-3, 0.9, 0.95, 1e-8, 0.1, t);
+    let b = GptBatch {
+        tokens: &tokens,
+        targets: &targets,
+        batch: BATCH,
+        t: T,
+        ignore: -1,
+    };
+
+    let mut cpu = cpu_step();
+    let n = g.params.len();
+    let (mut p, mut m, mut v) = (g.params.clone(), vec![0f32; n], vec![0f32; n]);
+    let mut losses = Vec::new();
+    for t in 1..=5 {
+        let mut gr = vec![0f32; n];
+        losses.push(
+            cpu.forward_backward(&p, b, scale, &mut gr, &mut |_, _| {})
+                .unwrap(),
+        );
+        let norm = gr.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
+        let coef = clip / (norm + 1e-6);
+        if coef < 1.0 {
+            gr.iter_mut().for_each(|x| *x *= coef as f32);
+        }
+        for (r, decay) in &segs {
+            adamw_update_scalar(
+                &adam(t),
+                *decay,
+                &mut p[r.clone()],
+                &gr[r.clone()],
+                &mut m[r.clone()],
+                &mut v[r.clone()],
+            );
+        }
+    }
+
+    let step =
+        LlamaGpuStep::<Host, f32>::new(&Host, DIMS, g.offsets.clone(), 1e-5, THETA, BATCH, T)
+            .unwrap();
+    step.load_params(&Host, &g.params).unwrap();
+    let opt = AdamWState::new(&Host, &g.params, segs).unwrap();
+    for (t, want) in (1..=5).zip(&losses) {
+        step.zero_grads(&Host).unwrap();
+        let loss = step
+            .forward_backward(
+                &Host,
+                TokenBatch {
+                    tokens: &tokens,
+                    targets: &targets,
+                    ignore: -1,
+                },
+                scale,
+            )
+            .unwrap();
+        assert_close_scalar(loss, *want, 1e-5, &format!("loss at step {t}"));
+        step.update(&Host, &opt, &adam(t), 1.0, Some(clip)).unwrap();
+    }
+    assert!(losses[4] < losses[0], "the loss did not fall: {losses:?}");
+    let got = opt.master(&Host).unwrap();
+    for (name, r) in &g.ranges {
+        assert_close(
+            &got[r.clone()],
+            &p[r.clone()],
+            1e-5,
+            &format!("{name} after 5 steps"),
+        );
+    }
+}
