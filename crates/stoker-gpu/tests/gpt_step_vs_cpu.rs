@@ -80,14 +80,14 @@ fn gpu<A: Act>(
     scale: f32,
 ) -> (f64, Vec<f32>) {
     let step = GptGpuStep::<Host, A>::new(&Host, DIMS, offsets.clone(), 1e-5, BATCH, T).unwrap();
-    step.load_params(&Host, params).unwrap();
+    step.buffers().load_params(&Host, params).unwrap();
     let batch = TokenBatch {
         tokens,
         targets,
         ignore: -1,
     };
     let loss = step.forward_backward(&Host, batch, scale).unwrap();
-    (loss, step.grads(&Host).unwrap())
+    (loss, step.buffers().grads(&Host).unwrap())
 }
 
 #[test]
@@ -153,7 +153,6 @@ fn segments(ranges: &[(String, std::ops::Range<usize>)]) -> Vec<(std::ops::Range
 #[test]
 fn five_training_steps_track_the_cpu_steps_losses_and_weights() {
     use stoker_gpu::step::optimizer::AdamWState;
-    use stoker_kernels::optim::adamw_update_scalar;
     use stoker_kernels::AdamWStep;
     let (offsets, params0, ranges, tokens, targets) = setup();
     let segs = segments(&ranges);
@@ -168,37 +167,11 @@ fn five_training_steps_track_the_cpu_steps_losses_and_weights() {
     };
 
     let mut cpu = GptStep::new(DIMS, offsets.clone(), false, 1e-5).unwrap();
-    let (mut p, mut m, mut v) = (
-        params0.clone(),
-        vec![0f32; params0.len()],
-        vec![0f32; params0.len()],
-    );
-    let mut cpu_losses = Vec::new();
-    for t in 1..=5 {
-        let mut g = vec![0f32; p.len()];
-        cpu_losses.push(
-            cpu.forward_backward(&p, batch, scale, &mut g, &mut |_, _| {})
-                .unwrap(),
-        );
-        let norm = g.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
-        let coef = clip / (norm + 1e-6);
-        if coef < 1.0 {
-            g.iter_mut().for_each(|x| *x *= coef as f32);
-        }
-        for (r, decay) in &segs {
-            adamw_update_scalar(
-                &adam(t),
-                *decay,
-                &mut p[r.clone()],
-                &g[r.clone()],
-                &mut m[r.clone()],
-                &mut v[r.clone()],
-            );
-        }
-    }
+    let mut p = params0.clone();
+    let cpu_losses = cpu_train(&mut cpu, &mut p, batch, scale, clip, &segs, adam, 5);
 
     let step = GptGpuStep::<Host, f32>::new(&Host, DIMS, offsets, 1e-5, BATCH, T).unwrap();
-    step.load_params(&Host, &params0).unwrap();
+    step.buffers().load_params(&Host, &params0).unwrap();
     let opt = AdamWState::new(&Host, &params0, segs).unwrap();
     let tb = TokenBatch {
         tokens: &tokens,
@@ -206,7 +179,7 @@ fn five_training_steps_track_the_cpu_steps_losses_and_weights() {
         ignore: -1,
     };
     for (t, want) in (1..=5).zip(&cpu_losses) {
-        step.zero_grads(&Host).unwrap();
+        step.buffers().zero_grads(&Host).unwrap();
         let loss = step.forward_backward(&Host, tb, scale).unwrap();
         assert_close_scalar(loss, *want, 1e-5, &format!("loss at step {t}"));
         let norm = step.update(&Host, &opt, &adam(t), 1.0, Some(clip)).unwrap();
@@ -259,7 +232,7 @@ fn five_training_steps_track_the_cpu_steps_losses_and_weights() {
     }
     // The compute copy is the master.
     stoker_testkit::assert_bits_eq(
-        &step.params(&Host).unwrap(),
+        &step.buffers().params(&Host).unwrap(),
         &got,
         "compute copy after the update",
     );

@@ -12,7 +12,6 @@ use stoker_gpu::step::llama::LlamaGpuStep;
 use stoker_gpu::step::optimizer::AdamWState;
 use stoker_gpu::step::TokenBatch;
 use stoker_gpu::{Act, Host};
-use stoker_kernels::optim::adamw_update_scalar;
 use stoker_kernels::{AdamWStep, GptBatch, LlamaDims, LlamaStep, TokenStep};
 use stoker_testkit::{assert_close, assert_close_scalar, rel_l2};
 
@@ -56,7 +55,7 @@ fn cpu_step() -> LlamaStep {
 fn gpu<A: Act>(params: &[f32], tokens: &[i64], targets: &[i64], scale: f32) -> (f64, Vec<f32>) {
     let offsets = stoker_gpu::sample::llama(&DIMS, 200, 0.2).offsets;
     let step = LlamaGpuStep::<Host, A>::new(&Host, DIMS, offsets, 1e-5, THETA, BATCH, T).unwrap();
-    step.load_params(&Host, params).unwrap();
+    step.buffers().load_params(&Host, params).unwrap();
     let loss = step
         .forward_backward(
             &Host,
@@ -68,7 +67,7 @@ fn gpu<A: Act>(params: &[f32], tokens: &[i64], targets: &[i64], scale: f32) -> (
             scale,
         )
         .unwrap();
-    (loss, step.grads(&Host).unwrap())
+    (loss, step.buffers().grads(&Host).unwrap())
 }
 
 #[test]
@@ -130,39 +129,16 @@ fn five_llama_training_steps_track_the_cpu_steps() {
     };
 
     let mut cpu = cpu_step();
-    let n = g.params.len();
-    let (mut p, mut m, mut v) = (g.params.clone(), vec![0f32; n], vec![0f32; n]);
-    let mut losses = Vec::new();
-    for t in 1..=5 {
-        let mut gr = vec![0f32; n];
-        losses.push(
-            cpu.forward_backward(&p, b, scale, &mut gr, &mut |_, _| {})
-                .unwrap(),
-        );
-        let norm = gr.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
-        let coef = clip / (norm + 1e-6);
-        if coef < 1.0 {
-            gr.iter_mut().for_each(|x| *x *= coef as f32);
-        }
-        for (r, decay) in &segs {
-            adamw_update_scalar(
-                &adam(t),
-                *decay,
-                &mut p[r.clone()],
-                &gr[r.clone()],
-                &mut m[r.clone()],
-                &mut v[r.clone()],
-            );
-        }
-    }
+    let mut p = g.params.clone();
+    let losses = cpu_train(&mut cpu, &mut p, b, scale, clip, &segs, adam, 5);
 
     let step =
         LlamaGpuStep::<Host, f32>::new(&Host, DIMS, g.offsets.clone(), 1e-5, THETA, BATCH, T)
             .unwrap();
-    step.load_params(&Host, &g.params).unwrap();
+    step.buffers().load_params(&Host, &g.params).unwrap();
     let opt = AdamWState::new(&Host, &g.params, segs).unwrap();
     for (t, want) in (1..=5).zip(&losses) {
-        step.zero_grads(&Host).unwrap();
+        step.buffers().zero_grads(&Host).unwrap();
         let loss = step
             .forward_backward(
                 &Host,

@@ -187,38 +187,6 @@ fn kv_heads_repeat_and_sum_back_like_repeat_kv() {
     );
 }
 
-/// `c[i, j] = sum_k a[i, k] b[.., ..]` per head: `a` `[m, k]`, `b` `[k, n]` (or `[n, k]`
-/// with `bt`, or `a` stored `[k, m]` with `at`), in f64.
-fn matmul(
-    a: &[f32],
-    b: &[f32],
-    batch: usize,
-    (m, k, n): (usize, usize, usize),
-    bt: bool,
-    at: bool,
-) -> Vec<f32> {
-    let mut c = vec![0.0f32; batch * m * n];
-    for z in 0..batch {
-        let (a, b) = (
-            &a[z * m * k..(z + 1) * m * k],
-            &b[z * k * n..(z + 1) * k * n],
-        );
-        for i in 0..m {
-            for j in 0..n {
-                let s: f64 = (0..k)
-                    .map(|l| {
-                        let av = if at { a[l * m + i] } else { a[i * k + l] };
-                        let bv = if bt { b[j * k + l] } else { b[l * n + j] };
-                        av as f64 * bv as f64
-                    })
-                    .sum();
-                c[z * m * n + i * n + j] = s as f32;
-            }
-        }
-    }
-    c
-}
-
 /// Grouped-query attention as the GPU step would run it (q to heads, k and v repeated to
 /// the query heads, scores, the causal softmax kernel, weighted values, and back, the
 /// kv gradients summed over their query heads) against stoker-kernels' causal attention

@@ -192,37 +192,6 @@ fn classifier_is_cross_entropy_and_its_gradient() {
     assert_close(&from_bf16(&grad16), &want_grad, BF16_REL, "dlogits bf16");
 }
 
-/// `c[i, j] = sum_k a[i, k] b[j, k]` (`a` `[m, k]`, `b` `[n, k]`), or with `b` `[k, n]`
-/// when not `bt`; per matrix of a batch.
-fn matmul(
-    a: &[f32],
-    b: &[f32],
-    batch: usize,
-    (m, k, n): (usize, usize, usize),
-    bt: bool,
-    at: bool,
-) -> Vec<f32> {
-    let mut c = vec![0.0f32; batch * m * n];
-    for z in 0..batch {
-        let (a, b) = (
-            &a[z * m * k..(z + 1) * m * k],
-            &b[z * k * n..(z + 1) * k * n],
-        );
-        for i in 0..m {
-            for j in 0..n {
-                let mut s = 0.0f64;
-                for l in 0..k {
-                    let av = if at { a[l * m + i] } else { a[i * k + l] };
-                    let bv = if bt { b[j * k + l] } else { b[l * n + j] };
-                    s += av as f64 * bv as f64;
-                }
-                c[z * m * n + i * n + j] = s as f32;
-            }
-        }
-    }
-    c
-}
-
 /// Causal attention as the GPU step runs it: layouts, `q k^T`, the softmax kernel,
 /// `att v`, and back; against stoker-kernels' fused attention and its gradient.
 #[test]

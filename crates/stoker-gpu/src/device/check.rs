@@ -401,8 +401,11 @@ pub fn compare_step(dev: &Device) -> Result<Vec<StepCompared>, GpuError> {
             batch: TokenBatch,
         ) -> Result<(f64, Vec<f32>), GpuError> {
             let s = GptGpuStep::<B, A>::new(be, dims, g.offsets.clone(), 1e-5, 3, 11)?;
-            s.load_params(be, &g.params)?;
-            Ok((s.forward_backward(be, batch, 1.0 / 33.0)?, s.grads(be)?))
+            s.buffers().load_params(be, &g.params)?;
+            Ok((
+                s.forward_backward(be, batch, 1.0 / 33.0)?,
+                s.buffers().grads(be)?,
+            ))
         }
         Ok(compared(
             what.into(),
@@ -443,8 +446,11 @@ pub fn compare_step(dev: &Device) -> Result<Vec<StepCompared>, GpuError> {
                 3,
                 11,
             )?;
-            s.load_params(be, &g.params)?;
-            Ok((s.forward_backward(be, batch, 1.0 / 32.0)?, s.grads(be)?))
+            s.buffers().load_params(be, &g.params)?;
+            Ok((
+                s.forward_backward(be, batch, 1.0 / 32.0)?,
+                s.buffers().grads(be)?,
+            ))
         }
         Ok(compared(
             what.into(),
@@ -493,7 +499,7 @@ pub fn time_step(dev: &Device, b: usize, reps: usize) -> Result<StepTimes, GpuEr
     let g = crate::sample::gpt(&dims, 7, 0.02);
     let free_before = dev.free_bytes()?;
     let step = GptGpuStep::<Device, bf16>::new(dev, dims, g.offsets.clone(), 1e-5, b, t)?;
-    step.load_params(dev, &g.params)?;
+    step.buffers().load_params(dev, &g.params)?;
     let table = stoker_kernels::gpt_params(&dims);
     let segments = g
         .ranges
@@ -519,7 +525,7 @@ pub fn time_step(dev: &Device, b: usize, reps: usize) -> Result<StepTimes, GpuEr
         let mut times = Vec::new();
         for i in 0..reps + 2 {
             let t0 = std::time::Instant::now();
-            step.zero_grads(dev)?;
+            step.buffers().zero_grads(dev)?;
             step.forward_backward(dev, batch, 1.0 / (b * t) as f32)?; // ends on the loss read
             if with_update {
                 let adam = AdamWStep::new(3e-4, 0.9, 0.95, 1e-8, 0.1, i as u64 + 1);
@@ -540,7 +546,7 @@ pub fn time_step(dev: &Device, b: usize, reps: usize) -> Result<StepTimes, GpuEr
         forward_backward_ms,
         step_ms,
         params: g.params.len(),
-        planned_bytes: step.bytes() + opt.bytes(),
+        planned_bytes: step.buffers().bytes() + opt.bytes(),
         measured_bytes,
     })
 }

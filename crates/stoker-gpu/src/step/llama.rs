@@ -8,16 +8,16 @@
 use stoker_kernels::{LlamaDims, LlamaOffsets};
 
 use super::attention::{self, Qkv};
+use super::buffers::{loss_and_grad, BatchIds, LossSpans, StepBuffers};
 use super::layout::{Span, PARTIAL_WARPS};
 use super::llama_layout::{LlamaBlockActs, LlamaLayout};
 use super::optimizer::{self, AdamWState};
 use super::{padded_vocab, TokenBatch};
-use crate::backend::{Backend, View};
+use crate::backend::Backend;
 use crate::elem::Act;
 use crate::error::GpuError;
 use crate::gemm::{matmul, Dims, Mat};
 use crate::ids::{Groups, Ids};
-use crate::token_groups::TokenGroups;
 use crate::{kernels, llama, Heads};
 
 const OP: &str = "llama-gpu-step";
@@ -35,10 +35,7 @@ pub struct LlamaGpuStep<B: Backend, T: Act> {
     t: usize,
     vp: usize,
     layout: LlamaLayout,
-    params: B::Buf<T>,
-    grads: B::Buf<f32>,
-    acts: B::Buf<T>,
-    floats: B::Buf<f32>,
+    bufs: StepBuffers<B, T>,
 }
 
 impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
@@ -74,15 +71,12 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         }
         let vp = padded_vocab(dims.vocab);
         let layout = LlamaLayout::new(&dims, batch, t, vp);
-        let floats = be.zeros(layout.floats)?;
+        let bufs = StepBuffers::new(be, offsets.end(), layout.total, layout.floats)?;
         let (cos, sin) = stoker_kernels::rope::tables(t, dims.head_dim(), rope_theta);
-        be.write(&floats, layout.cos.start, &cos)?;
-        be.write(&floats, layout.sin.start, &sin)?;
+        be.write(&bufs.floats, layout.cos.start, &cos)?;
+        be.write(&bufs.floats, layout.sin.start, &sin)?;
         Ok(LlamaGpuStep {
-            params: be.zeros(offsets.end())?,
-            grads: be.zeros(offsets.end())?,
-            acts: be.zeros(layout.total)?,
-            floats,
+            bufs,
             dims,
             offsets,
             eps: eps as f32,
@@ -93,21 +87,9 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         })
     }
 
-    /// Copies the FP32 master `params` (the flat layout) into the compute copy.
-    pub fn load_params(&self, be: &B, params: &[f32]) -> Result<(), GpuError> {
-        crate::error::check_len(OP, "params", params.len(), self.offsets.end())?;
-        let copy: Vec<T> = params.iter().map(|&x| T::from_f32(x)).collect();
-        be.write(&self.params, 0, &copy)
-    }
-
-    /// The gradients (f32, the flat layout).
-    pub fn grads(&self, be: &B) -> Result<Vec<f32>, GpuError> {
-        be.download(&self.grads)
-    }
-
-    /// Sets every gradient to 0.
-    pub fn zero_grads(&self, be: &B) -> Result<(), GpuError> {
-        be.zero(be.all(&self.grads))
+    /// The step's buffers: loading parameters, reading gradients, their bytes.
+    pub fn buffers(&self) -> &StepBuffers<B, T> {
+        &self.bufs
     }
 
     /// The update after an accumulation window (the GPT step's: [`optimizer::update`]).
@@ -120,34 +102,18 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         clip: Option<f64>,
     ) -> Result<f64, GpuError> {
         let scratch = (
-            self.f(be, self.layout.grad_norm)?,
-            self.f(be, self.layout.partials)?,
+            self.bufs.f(be, self.layout.grad_norm)?,
+            self.bufs.f(be, self.layout.partials)?,
         );
         optimizer::update(
             be,
             opt,
-            (&self.params, &self.grads),
+            (&self.bufs.params, &self.bufs.grads),
             scratch,
             step,
             unscale,
             clip,
         )
-    }
-
-    fn p(&self, be: &B, at: usize, len: usize) -> Result<View<'_, T>, GpuError> {
-        be.view(&self.params, at..at + len)
-    }
-
-    fn g(&self, be: &B, at: usize, len: usize) -> Result<View<'_, f32>, GpuError> {
-        be.view(&self.grads, at..at + len)
-    }
-
-    fn a(&self, be: &B, s: Span) -> Result<View<'_, T>, GpuError> {
-        be.view(&self.acts, s.range())
-    }
-
-    fn f(&self, be: &B, s: Span) -> Result<View<'_, f32>, GpuError> {
-        be.view(&self.floats, s.range())
     }
 
     fn heads(&self) -> Heads {
@@ -174,45 +140,19 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         grad_scale: f32,
     ) -> Result<f64, GpuError> {
         let n = self.batch * self.t;
-        crate::error::check_len(OP, "tokens", batch.tokens.len(), n)?;
-        crate::error::check_len(OP, "targets", batch.targets.len(), n)?;
-        let ignore = i32::try_from(batch.ignore)
-            .map_err(|_| shape_err(format!("ignore index {} outside i32", batch.ignore)))?;
-        let to_i32 = |x: &[i64]| -> Vec<i32> {
-            x.iter()
-                .map(|&v| v.clamp(i32::MIN as i64, i32::MAX as i64) as i32)
-                .collect()
-        };
-        let v = self.dims.vocab;
-        let tok = to_i32(batch.tokens);
-        let tokens = Ids::new(be, "tokens", &tok, v, None)?;
-        let targets = Ids::new(be, "targets", &to_i32(batch.targets), v, Some(ignore))?;
-        let groups = Groups::new(be, &TokenGroups::new(&tok, v)?, v)?;
-        self.forward(be, &tokens)?;
+        let ids = BatchIds::new(be, OP, batch, n, self.dims.vocab)?;
+        self.forward(be, &ids.tokens)?;
         let lay = &self.layout;
-        kernels::classifier(
-            be,
-            self.a(be, lay.logits)?,
-            self.f(be, lay.losses)?,
-            &targets,
-            v,
-            grad_scale,
-            ignore,
-        )?;
-        if grad_scale == 0.0 {
-            be.zero(self.a(be, lay.logits)?)?;
-        }
-        kernels::sum(
-            be,
-            self.f(be, lay.loss_sum)?,
-            self.f(be, lay.losses)?,
-            self.f(be, lay.partials)?,
-            false,
-            PARTIAL_WARPS,
-            false,
-        )?;
-        self.backward(be, &groups)?;
-        Ok(be.read(self.f(be, lay.loss_sum)?)?[0] as f64)
+        let spans = LossSpans {
+            logits: lay.logits,
+            losses: lay.losses,
+            partials: lay.partials,
+            loss_sum: lay.loss_sum,
+        };
+        loss_and_grad(be, &self.bufs, spans, &ids, self.dims.vocab, grad_scale)?;
+        self.backward(be, &ids.groups)?;
+        // The one read back: the summed loss (waits for the step).
+        Ok(be.read(self.bufs.f(be, lay.loss_sum)?)?[0] as f64)
     }
 
     /// `y = x W^T` (`W` at `w`, `[out, inp]`).
@@ -225,11 +165,11 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         (inp, out): (usize, usize),
     ) -> Result<(), GpuError> {
         let n = self.batch * self.t;
-        let wv = self.p(be, w, out * inp)?;
+        let wv = self.bufs.p(be, w, out * inp)?;
         matmul(
             be,
-            Mat::rows(self.a(be, y)?, out),
-            Mat::rows(self.a(be, x)?, inp),
+            Mat::rows(self.bufs.a(be, y)?, out),
+            Mat::rows(self.bufs.a(be, x)?, inp),
             Mat::t(wv, inp),
             Dims::one(n, out, inp),
             None,
@@ -250,10 +190,10 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         (inp, out): (usize, usize),
     ) -> Result<(), GpuError> {
         let n = self.batch * self.t;
-        let (dyv, wv) = (self.a(be, dy)?, self.p(be, w, out * inp)?);
+        let (dyv, wv) = (self.bufs.a(be, dy)?, self.bufs.p(be, w, out * inp)?);
         matmul(
             be,
-            Mat::rows(self.a(be, dx)?, inp),
+            Mat::rows(self.bufs.a(be, dx)?, inp),
             Mat::rows(dyv, out),
             Mat::rows(wv, inp),
             Dims::one(n, inp, out),
@@ -262,9 +202,9 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         )?;
         matmul(
             be,
-            Mat::rows(self.g(be, w, out * inp)?, inp),
+            Mat::rows(self.bufs.g(be, w, out * inp)?, inp),
             Mat::t(dyv, out),
-            Mat::rows(self.a(be, x)?, inp),
+            Mat::rows(self.bufs.a(be, x)?, inp),
             Dims::one(out, inp, n),
             None,
             true,
@@ -275,9 +215,9 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         let lay = &self.layout;
         llama::rope(
             be,
-            self.a(be, x)?,
-            self.f(be, lay.cos)?,
-            self.f(be, lay.sin)?,
+            self.bufs.a(be, x)?,
+            self.bufs.f(be, lay.cos)?,
+            self.bufs.f(be, lay.sin)?,
             self.t,
             heads,
             self.dims.head_dim(),
@@ -291,9 +231,9 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         let (o, lay) = (&self.offsets, &self.layout);
         kernels::encoder_forward(
             be,
-            self.a(be, lay.blocks[0].resid_in)?,
+            self.bufs.a(be, lay.blocks[0].resid_in)?,
             tokens,
-            self.p(be, o.embed(), v * c)?,
+            self.bufs.p(be, o.embed(), v * c)?,
             None,
             self.t,
             c,
@@ -301,22 +241,22 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         for (l, s) in lay.blocks.iter().enumerate() {
             let bo = &o.blocks()[l];
             let (x, residual) = match l {
-                0 => (self.a(be, s.resid_in)?, None),
+                0 => (self.bufs.a(be, s.resid_in)?, None),
                 _ => {
                     let prev = &lay.blocks[l - 1];
                     (
-                        self.a(be, prev.resid2)?,
-                        Some((self.a(be, s.resid_in)?, self.a(be, prev.down)?)),
+                        self.bufs.a(be, prev.resid2)?,
+                        Some((self.bufs.a(be, s.resid_in)?, self.bufs.a(be, prev.down)?)),
                     )
                 }
             };
             llama::rmsnorm_forward(
                 be,
-                self.a(be, s.h1)?,
-                self.f(be, s.rstd[0])?,
+                self.bufs.a(be, s.h1)?,
+                self.bufs.f(be, s.rstd[0])?,
                 x,
                 residual,
-                self.p(be, bo.input_norm, c)?,
+                self.bufs.p(be, bo.input_norm, c)?,
                 self.eps,
             )?;
             self.linear(be, s.q, s.h1, bo.q, (c, c))?;
@@ -326,43 +266,43 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
             self.rope(be, s.k, d.n_kv_head, false)?;
             self.attention(be, s)?;
             self.linear(be, s.o, s.atty, bo.o, (c, c))?;
-            let residual = Some((self.a(be, s.resid2)?, self.a(be, s.o)?));
+            let residual = Some((self.bufs.a(be, s.resid2)?, self.bufs.a(be, s.o)?));
             llama::rmsnorm_forward(
                 be,
-                self.a(be, s.h2)?,
-                self.f(be, s.rstd[1])?,
-                self.a(be, s.resid_in)?,
+                self.bufs.a(be, s.h2)?,
+                self.bufs.f(be, s.rstd[1])?,
+                self.bufs.a(be, s.resid_in)?,
                 residual,
-                self.p(be, bo.post_norm, c)?,
+                self.bufs.p(be, bo.post_norm, c)?,
                 self.eps,
             )?;
             self.linear(be, s.gate, s.h2, bo.gate, (c, f))?;
             self.linear(be, s.up, s.h2, bo.up, (c, f))?;
             llama::swiglu_forward(
                 be,
-                self.a(be, s.act)?,
-                self.a(be, s.gate)?,
-                self.a(be, s.up)?,
+                self.bufs.a(be, s.act)?,
+                self.bufs.a(be, s.gate)?,
+                self.bufs.a(be, s.up)?,
             )?;
             self.linear(be, s.down, s.act, bo.down, (f, c))?;
         }
         let last = lay.blocks[lay.blocks.len() - 1];
-        let residual = Some((self.a(be, lay.resid_out)?, self.a(be, last.down)?));
+        let residual = Some((self.bufs.a(be, lay.resid_out)?, self.bufs.a(be, last.down)?));
         llama::rmsnorm_forward(
             be,
-            self.a(be, lay.hf)?,
-            self.f(be, lay.rstd_f)?,
-            self.a(be, last.resid2)?,
+            self.bufs.a(be, lay.hf)?,
+            self.bufs.f(be, lay.rstd_f)?,
+            self.bufs.a(be, last.resid2)?,
             residual,
-            self.p(be, o.norm(), c)?,
+            self.bufs.p(be, o.norm(), c)?,
             self.eps,
         )?;
         let n = self.batch * self.t;
-        let head = self.p(be, o.head(), v * c)?;
+        let head = self.bufs.p(be, o.head(), v * c)?;
         matmul(
             be,
-            Mat::rows(self.a(be, lay.logits)?, self.vp),
-            Mat::rows(self.a(be, lay.hf)?, c),
+            Mat::rows(self.bufs.a(be, lay.logits)?, self.vp),
+            Mat::rows(self.bufs.a(be, lay.hf)?, c),
             Mat::t(head, c),
             Dims::one(n, v, c),
             None,
@@ -374,18 +314,44 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
     fn attention(&self, be: &B, s: &LlamaBlockActs) -> Result<(), GpuError> {
         let g = self.heads();
         let nc = self.batch * self.t * self.dims.d_model;
-        let h = self.a(be, s.heads)?;
+        let h = self.bufs.a(be, s.heads)?;
         let x = Qkv {
             q: h.slice(0..nc)?,
             k: h.slice(nc..2 * nc)?,
             v: h.slice(2 * nc..3 * nc)?,
         };
-        kernels::merged_heads(be, x.q, self.a(be, s.q)?, g, true)?;
-        llama::kv_heads(be, x.k, self.a(be, s.k)?, g, self.dims.n_kv_head, false)?;
-        llama::kv_heads(be, x.v, self.a(be, s.v)?, g, self.dims.n_kv_head, false)?;
+        kernels::merged_heads(be, x.q, self.bufs.a(be, s.q)?, g, true)?;
+        llama::kv_heads(
+            be,
+            x.k,
+            self.bufs.a(be, s.k)?,
+            g,
+            self.dims.n_kv_head,
+            false,
+        )?;
+        llama::kv_heads(
+            be,
+            x.v,
+            self.bufs.a(be, s.v)?,
+            g,
+            self.dims.n_kv_head,
+            false,
+        )?;
         let shape = ((g.b * g.h) as usize, self.t, g.d as usize);
-        attention::forward(be, x, self.a(be, s.att)?, self.a(be, s.atty_h)?, shape)?;
-        kernels::merged_heads(be, self.a(be, s.atty)?, self.a(be, s.atty_h)?, g, false)
+        attention::forward(
+            be,
+            x,
+            self.bufs.a(be, s.att)?,
+            self.bufs.a(be, s.atty_h)?,
+            shape,
+        )?;
+        kernels::merged_heads(
+            be,
+            self.bufs.a(be, s.atty)?,
+            self.bufs.a(be, s.atty_h)?,
+            g,
+            false,
+        )
     }
 
     /// Attention's backward: `dnc` (the output's gradient) to `dq`, `dk`, `dv` (the kv
@@ -394,9 +360,9 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         let lay = &self.layout;
         let g = self.heads();
         let nc = self.batch * self.t * self.dims.d_model;
-        let datty_h = self.a(be, lay.datty_h)?;
-        kernels::merged_heads(be, datty_h, self.a(be, lay.dnc)?, g, true)?;
-        let (h, dh) = (self.a(be, s.heads)?, self.a(be, lay.dheads)?);
+        let datty_h = self.bufs.a(be, lay.datty_h)?;
+        kernels::merged_heads(be, datty_h, self.bufs.a(be, lay.dnc)?, g, true)?;
+        let (h, dh) = (self.bufs.a(be, s.heads)?, self.bufs.a(be, lay.dheads)?);
         let x = Qkv {
             q: h.slice(0..nc)?,
             k: h.slice(nc..2 * nc)?,
@@ -411,15 +377,29 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         attention::backward(
             be,
             x,
-            self.a(be, s.att)?,
+            self.bufs.a(be, s.att)?,
             datty_h,
-            self.a(be, lay.datt)?,
+            self.bufs.a(be, lay.datt)?,
             dx,
             shape,
         )?;
-        kernels::merged_heads(be, self.a(be, lay.dq)?, dx.q, g, false)?;
-        llama::kv_heads(be, self.a(be, lay.dk)?, dx.k, g, self.dims.n_kv_head, true)?;
-        llama::kv_heads(be, self.a(be, lay.dv)?, dx.v, g, self.dims.n_kv_head, true)?;
+        kernels::merged_heads(be, self.bufs.a(be, lay.dq)?, dx.q, g, false)?;
+        llama::kv_heads(
+            be,
+            self.bufs.a(be, lay.dk)?,
+            dx.k,
+            g,
+            self.dims.n_kv_head,
+            true,
+        )?;
+        llama::kv_heads(
+            be,
+            self.bufs.a(be, lay.dv)?,
+            dx.v,
+            g,
+            self.dims.n_kv_head,
+            true,
+        )?;
         self.rope(be, lay.dq, self.dims.n_head, true)?;
         self.rope(be, lay.dk, self.dims.n_kv_head, true)
     }
@@ -429,13 +409,13 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         let (c, lay) = (self.dims.d_model, &self.layout);
         llama::rmsnorm_backward(
             be,
-            self.a(be, lay.dres)?,
-            self.g(be, w, c)?,
-            self.f(be, lay.partials)?,
-            self.a(be, dout)?,
-            self.a(be, x)?,
-            self.p(be, w, c)?,
-            self.f(be, rstd)?,
+            self.bufs.a(be, lay.dres)?,
+            self.bufs.g(be, w, c)?,
+            self.bufs.f(be, lay.partials)?,
+            self.bufs.a(be, dout)?,
+            self.bufs.a(be, x)?,
+            self.bufs.p(be, w, c)?,
+            self.bufs.f(be, rstd)?,
             PARTIAL_WARPS,
         )
     }
@@ -451,11 +431,11 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         );
         let (o, lay) = (&self.offsets, &self.layout);
         // The head: dhf = dlogits W_head; dW_head += dlogits^T hf.
-        let dlogits = self.a(be, lay.logits)?;
-        let head = self.p(be, o.head(), v * c)?;
+        let dlogits = self.bufs.a(be, lay.logits)?;
+        let head = self.bufs.p(be, o.head(), v * c)?;
         matmul(
             be,
-            Mat::rows(self.a(be, lay.dnc)?, c),
+            Mat::rows(self.bufs.a(be, lay.dnc)?, c),
             Mat::rows(dlogits, self.vp),
             Mat::rows(head, c),
             Dims::one(n, c, v),
@@ -464,26 +444,26 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         )?;
         matmul(
             be,
-            Mat::rows(self.g(be, o.head(), v * c)?, c),
+            Mat::rows(self.bufs.g(be, o.head(), v * c)?, c),
             Mat::t(dlogits, self.vp),
-            Mat::rows(self.a(be, lay.hf)?, c),
+            Mat::rows(self.bufs.a(be, lay.hf)?, c),
             Dims::one(v, c, n),
             None,
             true,
         )?;
-        be.zero(self.a(be, lay.dres)?)?;
+        be.zero(self.bufs.a(be, lay.dres)?)?;
         self.norm_back(be, lay.dnc, lay.resid_out, o.norm(), lay.rstd_f)?;
         for (l, s) in lay.blocks.iter().enumerate().rev() {
             let bo = &o.blocks()[l];
             // dres is the gradient of the block's output sum: the down projection's too.
             self.linear_back(be, lay.dgate, false, lay.dres, s.act, bo.down, (f, c))?;
-            let dact = self.a(be, lay.dgate)?;
+            let dact = self.bufs.a(be, lay.dgate)?;
             llama::swiglu_backward(
                 be,
                 dact,
-                self.a(be, lay.dup)?,
-                self.a(be, s.gate)?,
-                self.a(be, s.up)?,
+                self.bufs.a(be, lay.dup)?,
+                self.bufs.a(be, s.gate)?,
+                self.bufs.a(be, s.up)?,
                 dact,
             )?;
             self.linear_back(be, lay.dnc, false, lay.dgate, s.h2, bo.gate, (c, f))?;
@@ -499,8 +479,8 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         }
         kernels::encoder_backward_wte(
             be,
-            self.g(be, o.embed(), v * c)?,
-            self.a(be, lay.dres)?,
+            self.bufs.g(be, o.embed(), v * c)?,
+            self.bufs.a(be, lay.dres)?,
             groups,
             c,
         )

@@ -59,3 +59,77 @@ pub fn down<E: Elem>(b: &HostBuf<E>) -> Vec<E> {
 pub fn ids_on_host(x: &[i32], limit: usize, skip: Option<i32>) -> stoker_gpu::Ids<Host> {
     stoker_gpu::Ids::new(&Host, "ids", x, limit, skip).unwrap()
 }
+
+/// `c[i, j] = sum_k a[i, k] b[j, k]` (`a` `[m, k]`, `b` `[n, k]`), or with `b` `[k, n]`
+/// when not `bt`; per matrix of a batch.
+pub fn matmul(
+    a: &[f32],
+    b: &[f32],
+    batch: usize,
+    (m, k, n): (usize, usize, usize),
+    bt: bool,
+    at: bool,
+) -> Vec<f32> {
+    let mut c = vec![0.0f32; batch * m * n];
+    for z in 0..batch {
+        let (a, b) = (
+            &a[z * m * k..(z + 1) * m * k],
+            &b[z * k * n..(z + 1) * k * n],
+        );
+        for i in 0..m {
+            for j in 0..n {
+                let mut s = 0.0f64;
+                for l in 0..k {
+                    let av = if at { a[l * m + i] } else { a[i * k + l] };
+                    let bv = if bt { b[j * k + l] } else { b[l * n + j] };
+                    s += av as f64 * bv as f64;
+                }
+                c[z * m * n + i * n + j] = s as f32;
+            }
+        }
+    }
+    c
+}
+
+/// `steps` training steps of a CPU step over `params` (in place) on one batch: forward
+/// and backward, stoker-train's clipping rule at `clip`, stoker-kernels' AdamW per
+/// segment with `adam(t)`. Returns each step's summed loss.
+#[allow(clippy::too_many_arguments)]
+pub fn cpu_train(
+    step: &mut dyn stoker_kernels::TokenStep,
+    params: &mut [f32],
+    batch: stoker_kernels::GptBatch,
+    scale: f32,
+    clip: f64,
+    segs: &[(std::ops::Range<usize>, bool)],
+    adam: impl Fn(u64) -> stoker_kernels::AdamWStep,
+    steps: u64,
+) -> Vec<f64> {
+    let n = params.len();
+    let (mut m, mut v) = (vec![0f32; n], vec![0f32; n]);
+    let mut losses = Vec::new();
+    for t in 1..=steps {
+        let mut g = vec![0f32; n];
+        losses.push(
+            step.forward_backward(params, batch, scale, &mut g, &mut |_, _| {})
+                .unwrap(),
+        );
+        let norm = g.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
+        let coef = clip / (norm + 1e-6);
+        if coef < 1.0 {
+            g.iter_mut().for_each(|x| *x *= coef as f32);
+        }
+        for (r, decay) in segs {
+            let r = r.clone();
+            stoker_kernels::optim::adamw_update_scalar(
+                &adam(t),
+                *decay,
+                &mut params[r.clone()],
+                &g[r.clone()],
+                &mut m[r.clone()],
+                &mut v[r],
+            );
+        }
+    }
+    losses
+}

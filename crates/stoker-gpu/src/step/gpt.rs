@@ -1,0 +1,467 @@
+//! The GPT's training step over flat buffers on any [`Backend`]: llm.c's step on
+//! stoker's flat layout. The compute copy of the parameters (f32 or bf16) sits at the
+//! CPU step's offsets, so checkpoints and ZeRO's groups are unchanged; matrix products
+//! go through [`matmul`], everything else through [`crate::kernels`].
+
+use stoker_kernels::gpt::BlockOffsets;
+use stoker_kernels::{GptDims, GptOffsets};
+
+use super::buffers::{loss_and_grad, BatchIds, LossSpans, StepBuffers};
+use super::layout::{ActLayout, Span, BIAS_PARTS, PARTIAL_WARPS};
+use super::optimizer::{self, AdamWState};
+use crate::backend::{Backend, View};
+use crate::elem::Act;
+use crate::error::GpuError;
+use crate::gemm::{matmul, Dims, Mat};
+use crate::ids::{Groups, Ids};
+use crate::kernels::{self, Stats};
+use crate::Heads;
+
+use super::{attention, layout, padded_vocab, TokenBatch};
+
+/// A GPT's step at one batch shape, its buffers on backend `B`, activations in `T`.
+pub struct GptGpuStep<B: Backend, T: Act> {
+    dims: GptDims,
+    offsets: GptOffsets,
+    eps: f32,
+    batch: usize,
+    t: usize,
+    vp: usize,
+    layout: ActLayout,
+    bufs: StepBuffers<B, T>,
+}
+
+const OP: &str = "gpt-gpu-step";
+
+fn shape_err(what: String) -> GpuError {
+    GpuError::Shape { kernel: OP, what }
+}
+
+impl<B: Backend, T: Act> GptGpuStep<B, T> {
+    /// A step for `batch` sequences of `t` positions of a GPT of `dims`, parameters at
+    /// `offsets`, LayerNorm epsilon `eps`: every buffer allocated once, here.
+    pub fn new(
+        be: &B,
+        dims: GptDims,
+        offsets: GptOffsets,
+        eps: f64,
+        batch: usize,
+        t: usize,
+    ) -> Result<Self, GpuError> {
+        if dims.n_layer == 0 || dims.n_head == 0 || !dims.d_model.is_multiple_of(dims.n_head) {
+            return Err(shape_err(format!(
+                "n_layer {} >= 1 and d_model {} a multiple of n_head {}",
+                dims.n_layer, dims.d_model, dims.n_head
+            )));
+        }
+        if batch == 0 || t == 0 || t > dims.context || offsets.blocks().len() != dims.n_layer {
+            return Err(shape_err(format!(
+                "batch {batch} x {t} positions (context {}), offsets for {} blocks",
+                dims.context,
+                offsets.blocks().len()
+            )));
+        }
+        let vp = padded_vocab(dims.vocab);
+        let layout = ActLayout::new(&dims, batch, t, vp);
+        Ok(GptGpuStep {
+            bufs: StepBuffers::new(be, offsets.end(), layout.total, layout.floats)?,
+            dims,
+            offsets,
+            eps: eps as f32,
+            batch,
+            t,
+            vp,
+            layout,
+        })
+    }
+
+    /// The step's buffers: loading parameters, reading gradients, their bytes.
+    pub fn buffers(&self) -> &StepBuffers<B, T> {
+        &self.bufs
+    }
+
+    /// Elements of the activation buffer and of the f32 buffer.
+    pub fn activation_elements(&self) -> (usize, usize) {
+        (self.layout.total, self.layout.floats)
+    }
+
+    /// The update after an accumulation window: the gradients' norm (the one value read
+    /// back), then AdamW on every segment of `opt` over the gradients times `unscale`
+    /// (1 / the loss scale) and the clipping coefficient for `clip` (torch's
+    /// `clip_grad_norm_`), and the compute copy rewritten from the master. Returns the
+    /// unscaled gradient norm. (With a loss scale the CPU multiplies twice, unscale then
+    /// clip; here once by their product.)
+    pub fn update(
+        &self,
+        be: &B,
+        opt: &AdamWState<B>,
+        step: &stoker_kernels::AdamWStep,
+        unscale: f32,
+        clip: Option<f64>,
+    ) -> Result<f64, GpuError> {
+        let lay = &self.layout;
+        let scratch = (
+            self.bufs.f(be, lay.grad_norm)?,
+            self.bufs.f(be, lay.partials)?,
+        );
+        optimizer::update(
+            be,
+            opt,
+            (&self.bufs.params, &self.bufs.grads),
+            scratch,
+            step,
+            unscale,
+            clip,
+        )
+    }
+
+    fn stats(&self, be: &B, s: [Span; 2]) -> Result<Stats<'_>, GpuError> {
+        Ok(Stats {
+            mean: self.bufs.f(be, s[0])?,
+            rstd: self.bufs.f(be, s[1])?,
+        })
+    }
+
+    fn heads(&self) -> Heads {
+        let d = self.dims.d_model / self.dims.n_head;
+        Heads {
+            b: self.batch as i32,
+            t: self.t as i32,
+            h: self.dims.n_head as i32,
+            d: d as i32,
+        }
+    }
+
+    /// Forward and backward of one micro-batch: adds the gradient of `grad_scale x
+    /// (summed token loss)` to the gradients and returns the summed loss of the valid
+    /// targets (unscaled), as stoker-kernels' `GptStep::forward_backward`.
+    pub fn forward_backward(
+        &self,
+        be: &B,
+        batch: TokenBatch,
+        grad_scale: f32,
+    ) -> Result<f64, GpuError> {
+        let n = self.batch * self.t;
+        let ids = BatchIds::new(be, OP, batch, n, self.dims.vocab)?;
+        self.forward(be, &ids.tokens)?;
+        let lay = &self.layout;
+        let spans = LossSpans {
+            logits: lay.logits,
+            losses: lay.losses,
+            partials: lay.partials,
+            loss_sum: lay.loss_sum,
+        };
+        loss_and_grad(be, &self.bufs, spans, &ids, self.dims.vocab, grad_scale)?;
+        self.backward(be, &ids.groups)?;
+        // The one read back: the summed loss (waits for the step).
+        Ok(be.read(self.bufs.f(be, lay.loss_sum)?)?[0] as f64)
+    }
+
+    /// `y = x W^T + b` for the linear layer at `wb` (`W` `[out, inp]`).
+    fn linear(
+        &self,
+        be: &B,
+        y: Span,
+        x: Span,
+        wb: [usize; 2],
+        (inp, out): (usize, usize),
+    ) -> Result<(), GpuError> {
+        let n = self.batch * self.t;
+        let (w, b) = (
+            self.bufs.p(be, wb[0], out * inp)?,
+            self.bufs.p(be, wb[1], out)?,
+        );
+        matmul(
+            be,
+            Mat::rows(self.bufs.a(be, y)?, out),
+            Mat::rows(self.bufs.a(be, x)?, inp),
+            Mat::t(w, inp),
+            Dims::one(n, out, inp),
+            Some(b),
+            false,
+        )
+    }
+
+    /// The linear layer's backward: `dx = dy W` (when `dx` is given), `dW += dy^T x`,
+    /// `db += column sums of dy`.
+    fn linear_back(
+        &self,
+        be: &B,
+        dx: Option<Span>,
+        dy: Span,
+        x: Span,
+        wb: [usize; 2],
+        (inp, out): (usize, usize),
+    ) -> Result<(), GpuError> {
+        let n = self.batch * self.t;
+        let dyv = self.bufs.a(be, dy)?;
+        if let Some(dx) = dx {
+            let w = self.bufs.p(be, wb[0], out * inp)?;
+            matmul(
+                be,
+                Mat::rows(self.bufs.a(be, dx)?, inp),
+                Mat::rows(dyv, out),
+                Mat::rows(w, inp),
+                Dims::one(n, inp, out),
+                None,
+                false,
+            )?;
+        }
+        let dw = self.bufs.g(be, wb[0], out * inp)?;
+        matmul(
+            be,
+            Mat::rows(dw, inp),
+            Mat::t(dyv, out),
+            Mat::rows(self.bufs.a(be, x)?, inp),
+            Dims::one(out, inp, n),
+            None,
+            true,
+        )?;
+        kernels::column_sums_add(
+            be,
+            self.bufs.g(be, wb[1], out)?,
+            dyv,
+            self.bufs.f(be, self.layout.partials)?,
+            BIAS_PARTS,
+        )
+    }
+
+    fn forward(&self, be: &B, tokens: &Ids<B>) -> Result<(), GpuError> {
+        let (c, v, t) = (self.dims.d_model, self.dims.vocab, self.t);
+        let (o, lay) = (&self.offsets, &self.layout);
+        let first = lay.blocks[0].resid_in;
+        kernels::encoder_forward(
+            be,
+            self.bufs.a(be, first)?,
+            tokens,
+            self.bufs.p(be, o.wte(), v * c)?,
+            Some(self.bufs.p(be, o.wpe(), self.dims.context * c)?),
+            t,
+            c,
+        )?;
+        for (l, (s, st)) in lay.blocks.iter().zip(&lay.stats).enumerate() {
+            let bo = &o.blocks()[l];
+            let ln = |wb: [usize; 2]| -> Result<(View<T>, View<T>), GpuError> {
+                Ok((self.bufs.p(be, wb[0], c)?, self.bufs.p(be, wb[1], c)?))
+            };
+            // The block's input: the encoding, or the previous block's residual sum
+            // (fused into this LayerNorm).
+            let (x, residual) = match l {
+                0 => (self.bufs.a(be, s.resid_in)?, None),
+                _ => {
+                    let prev = &lay.blocks[l - 1];
+                    (
+                        self.bufs.a(be, prev.resid2)?,
+                        Some((self.bufs.a(be, s.resid_in)?, self.bufs.a(be, prev.fcproj)?)),
+                    )
+                }
+            };
+            let (w, b) = ln(bo.ln1)?;
+            kernels::layernorm_forward(
+                be,
+                self.bufs.a(be, s.ln1)?,
+                self.stats(be, st.ln1)?,
+                x,
+                residual,
+                w,
+                b,
+                self.eps,
+            )?;
+            self.linear(be, s.qkv, s.ln1, bo.qkv, (c, 3 * c))?;
+            self.attention(be, s)?;
+            self.linear(be, s.attproj, s.atty, bo.proj, (c, c))?;
+            let (w, b) = ln(bo.ln2)?;
+            let residual = Some((self.bufs.a(be, s.resid2)?, self.bufs.a(be, s.attproj)?));
+            kernels::layernorm_forward(
+                be,
+                self.bufs.a(be, s.ln2)?,
+                self.stats(be, st.ln2)?,
+                self.bufs.a(be, s.resid_in)?,
+                residual,
+                w,
+                b,
+                self.eps,
+            )?;
+            self.linear(be, s.fch, s.ln2, bo.fc, (c, 4 * c))?;
+            kernels::gelu_forward(be, self.bufs.a(be, s.fch_gelu)?, self.bufs.a(be, s.fch)?)?;
+            self.linear(be, s.fcproj, s.fch_gelu, bo.fc_proj, (4 * c, c))?;
+        }
+        let last = lay.blocks[lay.blocks.len() - 1];
+        let [w, b] = o.ln_f();
+        let residual = Some((
+            self.bufs.a(be, lay.resid_out)?,
+            self.bufs.a(be, last.fcproj)?,
+        ));
+        kernels::layernorm_forward(
+            be,
+            self.bufs.a(be, lay.lnf)?,
+            self.stats(be, lay.lnf_stats)?,
+            self.bufs.a(be, last.resid2)?,
+            residual,
+            self.bufs.p(be, w, c)?,
+            self.bufs.p(be, b, c)?,
+            self.eps,
+        )?;
+        // The tied head: logits[:, :V] = lnf wte^T, rows of Vp.
+        let n = self.batch * t;
+        matmul(
+            be,
+            Mat::rows(self.bufs.a(be, lay.logits)?, self.vp),
+            Mat::rows(self.bufs.a(be, lay.lnf)?, c),
+            Mat::t(self.bufs.p(be, o.wte(), v * c)?, c),
+            Dims::one(n, v, c),
+            None,
+            false,
+        )
+    }
+
+    /// Causal attention of block `s`: heads, scores, softmax, weighted values, merged.
+    fn attention(&self, be: &B, s: &layout::BlockActs) -> Result<(), GpuError> {
+        let g = self.heads();
+        let nc = self.batch * self.t * self.dims.d_model;
+        kernels::qkv_heads(
+            be,
+            self.bufs.a(be, s.heads)?,
+            self.bufs.a(be, s.qkv)?,
+            g,
+            false,
+        )?;
+        let h = self.bufs.a(be, s.heads)?;
+        let x = attention::Qkv {
+            q: h.slice(0..nc)?,
+            k: h.slice(nc..2 * nc)?,
+            v: h.slice(2 * nc..3 * nc)?,
+        };
+        let shape = ((g.b * g.h) as usize, self.t, g.d as usize);
+        attention::forward(
+            be,
+            x,
+            self.bufs.a(be, s.att)?,
+            self.bufs.a(be, s.atty_h)?,
+            shape,
+        )?;
+        kernels::merged_heads(
+            be,
+            self.bufs.a(be, s.atty)?,
+            self.bufs.a(be, s.atty_h)?,
+            g,
+            false,
+        )
+    }
+
+    /// Attention's backward: `dnc` (the output's gradient) to `dqkv`.
+    fn attention_back(&self, be: &B, s: &layout::BlockActs) -> Result<(), GpuError> {
+        let lay = &self.layout;
+        let g = self.heads();
+        let nc = self.batch * self.t * self.dims.d_model;
+        let datty_h = self.bufs.a(be, lay.datty_h)?;
+        kernels::merged_heads(be, datty_h, self.bufs.a(be, lay.dnc)?, g, true)?;
+        let (h, dh) = (self.bufs.a(be, s.heads)?, self.bufs.a(be, lay.dheads)?);
+        let x = attention::Qkv {
+            q: h.slice(0..nc)?,
+            k: h.slice(nc..2 * nc)?,
+            v: h.slice(2 * nc..3 * nc)?,
+        };
+        let dx = attention::Qkv {
+            q: dh.slice(0..nc)?,
+            k: dh.slice(nc..2 * nc)?,
+            v: dh.slice(2 * nc..3 * nc)?,
+        };
+        let shape = ((g.b * g.h) as usize, self.t, g.d as usize);
+        attention::backward(
+            be,
+            x,
+            self.bufs.a(be, s.att)?,
+            datty_h,
+            self.bufs.a(be, lay.datt)?,
+            dx,
+            shape,
+        )?;
+        kernels::qkv_heads(be, self.bufs.a(be, lay.dqkv)?, dh, g, true)
+    }
+
+    fn ln_back(
+        &self,
+        be: &B,
+        dout: Span,
+        x: Span,
+        wb: [usize; 2],
+        stats: [Span; 2],
+    ) -> Result<(), GpuError> {
+        let c = self.dims.d_model;
+        let lay = &self.layout;
+        kernels::layernorm_backward(
+            be,
+            self.bufs.a(be, lay.dres)?,
+            self.bufs.g(be, wb[0], c)?,
+            self.bufs.g(be, wb[1], c)?,
+            self.bufs.f(be, lay.partials)?,
+            self.bufs.a(be, dout)?,
+            self.bufs.a(be, x)?,
+            self.bufs.p(be, wb[0], c)?,
+            self.stats(be, stats)?,
+            PARTIAL_WARPS,
+        )
+    }
+
+    fn backward(&self, be: &B, groups: &Groups<B>) -> Result<(), GpuError> {
+        let (c, v, n) = (self.dims.d_model, self.dims.vocab, self.batch * self.t);
+        let (o, lay) = (&self.offsets, &self.layout);
+        let wte = self.bufs.p(be, o.wte(), v * c)?;
+        // The head: dlnf = dlogits wte; dwte += dlogits^T lnf.
+        let dlogits = self.bufs.a(be, lay.logits)?;
+        matmul(
+            be,
+            Mat::rows(self.bufs.a(be, lay.dnc)?, c),
+            Mat::rows(dlogits, self.vp),
+            Mat::rows(wte, c),
+            Dims::one(n, c, v),
+            None,
+            false,
+        )?;
+        matmul(
+            be,
+            Mat::rows(self.bufs.g(be, o.wte(), v * c)?, c),
+            Mat::t(dlogits, self.vp),
+            Mat::rows(self.bufs.a(be, lay.lnf)?, c),
+            Dims::one(v, c, n),
+            None,
+            true,
+        )?;
+        be.zero(self.bufs.a(be, lay.dres)?)?;
+        let last = lay.blocks.len() - 1;
+        self.ln_back(be, lay.dnc, lay.resid_out, o.ln_f(), lay.lnf_stats)?;
+        for l in (0..=last).rev() {
+            let (s, st, bo): (_, _, &BlockOffsets) =
+                (&lay.blocks[l], &lay.stats[l], &o.blocks()[l]);
+            // dres is the gradient of the block's output sum: the MLP projection's too.
+            self.linear_back(
+                be,
+                Some(lay.dfch),
+                lay.dres,
+                s.fch_gelu,
+                bo.fc_proj,
+                (4 * c, c),
+            )?;
+            let dfch = self.bufs.a(be, lay.dfch)?;
+            kernels::gelu_backward(be, dfch, self.bufs.a(be, s.fch)?, dfch)?;
+            self.linear_back(be, Some(lay.dnc), lay.dfch, s.ln2, bo.fc, (c, 4 * c))?;
+            self.ln_back(be, lay.dnc, s.resid2, bo.ln2, st.ln2)?;
+            // dres is now resid2's gradient: the attention projection's output's too.
+            self.linear_back(be, Some(lay.dnc), lay.dres, s.atty, bo.proj, (c, c))?;
+            self.attention_back(be, s)?;
+            self.linear_back(be, Some(lay.dnc), lay.dqkv, s.ln1, bo.qkv, (c, 3 * c))?;
+            self.ln_back(be, lay.dnc, s.resid_in, bo.ln1, st.ln1)?;
+        }
+        let dres = self.bufs.a(be, lay.dres)?;
+        kernels::encoder_backward_wpe(
+            be,
+            self.bufs.g(be, o.wpe(), self.t * c)?,
+            dres,
+            self.batch,
+            self.t,
+            c,
+        )?;
+        kernels::encoder_backward_wte(be, self.bufs.g(be, o.wte(), v * c)?, dres, groups, c)
+    }
+}
