@@ -169,3 +169,37 @@ pub(crate) fn loss_and_grad<B: Backend, T: Act>(
         false,
     )
 }
+
+/// What a step tells [`forward_backward`]: its buffers, shape, loss spans, and its own
+/// forward and backward.
+pub(crate) trait TokenModel<B: Backend, T: Act> {
+    /// The step's buffers.
+    fn bufs(&self) -> &StepBuffers<B, T>;
+    /// Rows of a micro-batch (sequences x positions) and the vocabulary.
+    fn rows_and_vocab(&self) -> (usize, usize);
+    /// Where the loss's buffers are.
+    fn loss_spans(&self) -> LossSpans;
+    /// The forward to the logits.
+    fn forward(&self, be: &B, tokens: &Ids<B>) -> Result<(), GpuError>;
+    /// The backward from the logits' gradient.
+    fn backward(&self, be: &B, groups: &Groups<B>) -> Result<(), GpuError>;
+}
+
+/// One micro-batch through a step: its ids uploaded, the forward, the loss and the
+/// logits' gradient, the backward; the summed loss read back (the one value, after the
+/// step).
+pub(crate) fn forward_backward<B: Backend, T: Act>(
+    m: &impl TokenModel<B, T>,
+    be: &B,
+    op: &'static str,
+    batch: TokenBatch,
+    grad_scale: f32,
+) -> Result<f64, GpuError> {
+    let (n, vocab) = m.rows_and_vocab();
+    let ids = BatchIds::new(be, op, batch, n, vocab)?;
+    m.forward(be, &ids.tokens)?;
+    let spans = m.loss_spans();
+    loss_and_grad(be, m.bufs(), spans, &ids, vocab, grad_scale)?;
+    m.backward(be, &ids.groups)?;
+    Ok(be.read(m.bufs().f(be, spans.loss_sum)?)?[0] as f64)
+}

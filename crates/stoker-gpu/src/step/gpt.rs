@@ -6,7 +6,7 @@
 use stoker_kernels::gpt::BlockOffsets;
 use stoker_kernels::{GptDims, GptOffsets};
 
-use super::buffers::{loss_and_grad, BatchIds, LossSpans, StepBuffers};
+use super::buffers::{self, LossSpans, StepBuffers, TokenModel};
 use super::layout::{ActLayout, Span, BIAS_PARTS, PARTIAL_WARPS};
 use super::optimizer::{self, AdamWState};
 use crate::backend::{Backend, View};
@@ -141,20 +141,7 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
         batch: TokenBatch,
         grad_scale: f32,
     ) -> Result<f64, GpuError> {
-        let n = self.batch * self.t;
-        let ids = BatchIds::new(be, OP, batch, n, self.dims.vocab)?;
-        self.forward(be, &ids.tokens)?;
-        let lay = &self.layout;
-        let spans = LossSpans {
-            logits: lay.logits,
-            losses: lay.losses,
-            partials: lay.partials,
-            loss_sum: lay.loss_sum,
-        };
-        loss_and_grad(be, &self.bufs, spans, &ids, self.dims.vocab, grad_scale)?;
-        self.backward(be, &ids.groups)?;
-        // The one read back: the summed loss (waits for the step).
-        Ok(be.read(self.bufs.f(be, lay.loss_sum)?)?[0] as f64)
+        buffers::forward_backward(self, be, OP, batch, grad_scale)
     }
 
     /// `y = x W^T + b` for the linear layer at `wb` (`W` `[out, inp]`).
@@ -223,95 +210,6 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
             dyv,
             self.bufs.f(be, self.layout.partials)?,
             BIAS_PARTS,
-        )
-    }
-
-    fn forward(&self, be: &B, tokens: &Ids<B>) -> Result<(), GpuError> {
-        let (c, v, t) = (self.dims.d_model, self.dims.vocab, self.t);
-        let (o, lay) = (&self.offsets, &self.layout);
-        let first = lay.blocks[0].resid_in;
-        kernels::encoder_forward(
-            be,
-            self.bufs.a(be, first)?,
-            tokens,
-            self.bufs.p(be, o.wte(), v * c)?,
-            Some(self.bufs.p(be, o.wpe(), self.dims.context * c)?),
-            t,
-            c,
-        )?;
-        for (l, (s, st)) in lay.blocks.iter().zip(&lay.stats).enumerate() {
-            let bo = &o.blocks()[l];
-            let ln = |wb: [usize; 2]| -> Result<(View<T>, View<T>), GpuError> {
-                Ok((self.bufs.p(be, wb[0], c)?, self.bufs.p(be, wb[1], c)?))
-            };
-            // The block's input: the encoding, or the previous block's residual sum
-            // (fused into this LayerNorm).
-            let (x, residual) = match l {
-                0 => (self.bufs.a(be, s.resid_in)?, None),
-                _ => {
-                    let prev = &lay.blocks[l - 1];
-                    (
-                        self.bufs.a(be, prev.resid2)?,
-                        Some((self.bufs.a(be, s.resid_in)?, self.bufs.a(be, prev.fcproj)?)),
-                    )
-                }
-            };
-            let (w, b) = ln(bo.ln1)?;
-            kernels::layernorm_forward(
-                be,
-                self.bufs.a(be, s.ln1)?,
-                self.stats(be, st.ln1)?,
-                x,
-                residual,
-                w,
-                b,
-                self.eps,
-            )?;
-            self.linear(be, s.qkv, s.ln1, bo.qkv, (c, 3 * c))?;
-            self.attention(be, s)?;
-            self.linear(be, s.attproj, s.atty, bo.proj, (c, c))?;
-            let (w, b) = ln(bo.ln2)?;
-            let residual = Some((self.bufs.a(be, s.resid2)?, self.bufs.a(be, s.attproj)?));
-            kernels::layernorm_forward(
-                be,
-                self.bufs.a(be, s.ln2)?,
-                self.stats(be, st.ln2)?,
-                self.bufs.a(be, s.resid_in)?,
-                residual,
-                w,
-                b,
-                self.eps,
-            )?;
-            self.linear(be, s.fch, s.ln2, bo.fc, (c, 4 * c))?;
-            kernels::gelu_forward(be, self.bufs.a(be, s.fch_gelu)?, self.bufs.a(be, s.fch)?)?;
-            self.linear(be, s.fcproj, s.fch_gelu, bo.fc_proj, (4 * c, c))?;
-        }
-        let last = lay.blocks[lay.blocks.len() - 1];
-        let [w, b] = o.ln_f();
-        let residual = Some((
-            self.bufs.a(be, lay.resid_out)?,
-            self.bufs.a(be, last.fcproj)?,
-        ));
-        kernels::layernorm_forward(
-            be,
-            self.bufs.a(be, lay.lnf)?,
-            self.stats(be, lay.lnf_stats)?,
-            self.bufs.a(be, last.resid2)?,
-            residual,
-            self.bufs.p(be, w, c)?,
-            self.bufs.p(be, b, c)?,
-            self.eps,
-        )?;
-        // The tied head: logits[:, :V] = lnf wte^T, rows of Vp.
-        let n = self.batch * t;
-        matmul(
-            be,
-            Mat::rows(self.bufs.a(be, lay.logits)?, self.vp),
-            Mat::rows(self.bufs.a(be, lay.lnf)?, c),
-            Mat::t(self.bufs.p(be, o.wte(), v * c)?, c),
-            Dims::one(n, v, c),
-            None,
-            false,
         )
     }
 
@@ -401,6 +299,115 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
             self.bufs.p(be, wb[0], c)?,
             self.stats(be, stats)?,
             PARTIAL_WARPS,
+        )
+    }
+}
+
+impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {
+    fn bufs(&self) -> &StepBuffers<B, T> {
+        &self.bufs
+    }
+
+    fn rows_and_vocab(&self) -> (usize, usize) {
+        (self.batch * self.t, self.dims.vocab)
+    }
+
+    fn loss_spans(&self) -> LossSpans {
+        let lay = &self.layout;
+        LossSpans {
+            logits: lay.logits,
+            losses: lay.losses,
+            partials: lay.partials,
+            loss_sum: lay.loss_sum,
+        }
+    }
+
+    fn forward(&self, be: &B, tokens: &Ids<B>) -> Result<(), GpuError> {
+        let (c, v, t) = (self.dims.d_model, self.dims.vocab, self.t);
+        let (o, lay) = (&self.offsets, &self.layout);
+        let first = lay.blocks[0].resid_in;
+        kernels::encoder_forward(
+            be,
+            self.bufs.a(be, first)?,
+            tokens,
+            self.bufs.p(be, o.wte(), v * c)?,
+            Some(self.bufs.p(be, o.wpe(), self.dims.context * c)?),
+            t,
+            c,
+        )?;
+        for (l, (s, st)) in lay.blocks.iter().zip(&lay.stats).enumerate() {
+            let bo = &o.blocks()[l];
+            let ln = |wb: [usize; 2]| -> Result<(View<T>, View<T>), GpuError> {
+                Ok((self.bufs.p(be, wb[0], c)?, self.bufs.p(be, wb[1], c)?))
+            };
+            // The block's input: the encoding, or the previous block's residual sum
+            // (fused into this LayerNorm).
+            let (x, residual) = match l {
+                0 => (self.bufs.a(be, s.resid_in)?, None),
+                _ => {
+                    let prev = &lay.blocks[l - 1];
+                    (
+                        self.bufs.a(be, prev.resid2)?,
+                        Some((self.bufs.a(be, s.resid_in)?, self.bufs.a(be, prev.fcproj)?)),
+                    )
+                }
+            };
+            let (w, b) = ln(bo.ln1)?;
+            kernels::layernorm_forward(
+                be,
+                self.bufs.a(be, s.ln1)?,
+                self.stats(be, st.ln1)?,
+                x,
+                residual,
+                w,
+                b,
+                self.eps,
+            )?;
+            self.linear(be, s.qkv, s.ln1, bo.qkv, (c, 3 * c))?;
+            self.attention(be, s)?;
+            self.linear(be, s.attproj, s.atty, bo.proj, (c, c))?;
+            let (w, b) = ln(bo.ln2)?;
+            let residual = Some((self.bufs.a(be, s.resid2)?, self.bufs.a(be, s.attproj)?));
+            kernels::layernorm_forward(
+                be,
+                self.bufs.a(be, s.ln2)?,
+                self.stats(be, st.ln2)?,
+                self.bufs.a(be, s.resid_in)?,
+                residual,
+                w,
+                b,
+                self.eps,
+            )?;
+            self.linear(be, s.fch, s.ln2, bo.fc, (c, 4 * c))?;
+            kernels::gelu_forward(be, self.bufs.a(be, s.fch_gelu)?, self.bufs.a(be, s.fch)?)?;
+            self.linear(be, s.fcproj, s.fch_gelu, bo.fc_proj, (4 * c, c))?;
+        }
+        let last = lay.blocks[lay.blocks.len() - 1];
+        let [w, b] = o.ln_f();
+        let residual = Some((
+            self.bufs.a(be, lay.resid_out)?,
+            self.bufs.a(be, last.fcproj)?,
+        ));
+        kernels::layernorm_forward(
+            be,
+            self.bufs.a(be, lay.lnf)?,
+            self.stats(be, lay.lnf_stats)?,
+            self.bufs.a(be, last.resid2)?,
+            residual,
+            self.bufs.p(be, w, c)?,
+            self.bufs.p(be, b, c)?,
+            self.eps,
+        )?;
+        // The tied head: logits[:, :V] = lnf wte^T, rows of Vp.
+        let n = self.batch * t;
+        matmul(
+            be,
+            Mat::rows(self.bufs.a(be, lay.logits)?, self.vp),
+            Mat::rows(self.bufs.a(be, lay.lnf)?, c),
+            Mat::t(self.bufs.p(be, o.wte(), v * c)?, c),
+            Dims::one(n, v, c),
+            None,
+            false,
         )
     }
 

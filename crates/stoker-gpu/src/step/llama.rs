@@ -8,7 +8,7 @@
 use stoker_kernels::{LlamaDims, LlamaOffsets};
 
 use super::attention::{self, Qkv};
-use super::buffers::{loss_and_grad, BatchIds, LossSpans, StepBuffers};
+use super::buffers::{self, LossSpans, StepBuffers, TokenModel};
 use super::layout::{Span, PARTIAL_WARPS};
 use super::llama_layout::{LlamaBlockActs, LlamaLayout};
 use super::optimizer::{self, AdamWState};
@@ -139,20 +139,7 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         batch: TokenBatch,
         grad_scale: f32,
     ) -> Result<f64, GpuError> {
-        let n = self.batch * self.t;
-        let ids = BatchIds::new(be, OP, batch, n, self.dims.vocab)?;
-        self.forward(be, &ids.tokens)?;
-        let lay = &self.layout;
-        let spans = LossSpans {
-            logits: lay.logits,
-            losses: lay.losses,
-            partials: lay.partials,
-            loss_sum: lay.loss_sum,
-        };
-        loss_and_grad(be, &self.bufs, spans, &ids, self.dims.vocab, grad_scale)?;
-        self.backward(be, &ids.groups)?;
-        // The one read back: the summed loss (waits for the step).
-        Ok(be.read(self.bufs.f(be, lay.loss_sum)?)?[0] as f64)
+        buffers::forward_backward(self, be, OP, batch, grad_scale)
     }
 
     /// `y = x W^T` (`W` at `w`, `[out, inp]`).
@@ -222,91 +209,6 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
             heads,
             self.dims.head_dim(),
             inverse,
-        )
-    }
-
-    fn forward(&self, be: &B, tokens: &Ids<B>) -> Result<(), GpuError> {
-        let d = self.dims;
-        let (c, v, f, kv) = (d.d_model, d.vocab, d.ffn_hidden, self.kv());
-        let (o, lay) = (&self.offsets, &self.layout);
-        kernels::encoder_forward(
-            be,
-            self.bufs.a(be, lay.blocks[0].resid_in)?,
-            tokens,
-            self.bufs.p(be, o.embed(), v * c)?,
-            None,
-            self.t,
-            c,
-        )?;
-        for (l, s) in lay.blocks.iter().enumerate() {
-            let bo = &o.blocks()[l];
-            let (x, residual) = match l {
-                0 => (self.bufs.a(be, s.resid_in)?, None),
-                _ => {
-                    let prev = &lay.blocks[l - 1];
-                    (
-                        self.bufs.a(be, prev.resid2)?,
-                        Some((self.bufs.a(be, s.resid_in)?, self.bufs.a(be, prev.down)?)),
-                    )
-                }
-            };
-            llama::rmsnorm_forward(
-                be,
-                self.bufs.a(be, s.h1)?,
-                self.bufs.f(be, s.rstd[0])?,
-                x,
-                residual,
-                self.bufs.p(be, bo.input_norm, c)?,
-                self.eps,
-            )?;
-            self.linear(be, s.q, s.h1, bo.q, (c, c))?;
-            self.linear(be, s.k, s.h1, bo.k, (c, kv))?;
-            self.linear(be, s.v, s.h1, bo.v, (c, kv))?;
-            self.rope(be, s.q, d.n_head, false)?;
-            self.rope(be, s.k, d.n_kv_head, false)?;
-            self.attention(be, s)?;
-            self.linear(be, s.o, s.atty, bo.o, (c, c))?;
-            let residual = Some((self.bufs.a(be, s.resid2)?, self.bufs.a(be, s.o)?));
-            llama::rmsnorm_forward(
-                be,
-                self.bufs.a(be, s.h2)?,
-                self.bufs.f(be, s.rstd[1])?,
-                self.bufs.a(be, s.resid_in)?,
-                residual,
-                self.bufs.p(be, bo.post_norm, c)?,
-                self.eps,
-            )?;
-            self.linear(be, s.gate, s.h2, bo.gate, (c, f))?;
-            self.linear(be, s.up, s.h2, bo.up, (c, f))?;
-            llama::swiglu_forward(
-                be,
-                self.bufs.a(be, s.act)?,
-                self.bufs.a(be, s.gate)?,
-                self.bufs.a(be, s.up)?,
-            )?;
-            self.linear(be, s.down, s.act, bo.down, (f, c))?;
-        }
-        let last = lay.blocks[lay.blocks.len() - 1];
-        let residual = Some((self.bufs.a(be, lay.resid_out)?, self.bufs.a(be, last.down)?));
-        llama::rmsnorm_forward(
-            be,
-            self.bufs.a(be, lay.hf)?,
-            self.bufs.f(be, lay.rstd_f)?,
-            self.bufs.a(be, last.resid2)?,
-            residual,
-            self.bufs.p(be, o.norm(), c)?,
-            self.eps,
-        )?;
-        let n = self.batch * self.t;
-        let head = self.bufs.p(be, o.head(), v * c)?;
-        matmul(
-            be,
-            Mat::rows(self.bufs.a(be, lay.logits)?, self.vp),
-            Mat::rows(self.bufs.a(be, lay.hf)?, c),
-            Mat::t(head, c),
-            Dims::one(n, v, c),
-            None,
-            false,
         )
     }
 
@@ -417,6 +319,111 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
             self.bufs.p(be, w, c)?,
             self.bufs.f(be, rstd)?,
             PARTIAL_WARPS,
+        )
+    }
+}
+
+impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
+    fn bufs(&self) -> &StepBuffers<B, T> {
+        &self.bufs
+    }
+
+    fn rows_and_vocab(&self) -> (usize, usize) {
+        (self.batch * self.t, self.dims.vocab)
+    }
+
+    fn loss_spans(&self) -> LossSpans {
+        let lay = &self.layout;
+        LossSpans {
+            logits: lay.logits,
+            losses: lay.losses,
+            partials: lay.partials,
+            loss_sum: lay.loss_sum,
+        }
+    }
+
+    fn forward(&self, be: &B, tokens: &Ids<B>) -> Result<(), GpuError> {
+        let d = self.dims;
+        let (c, v, f, kv) = (d.d_model, d.vocab, d.ffn_hidden, self.kv());
+        let (o, lay) = (&self.offsets, &self.layout);
+        kernels::encoder_forward(
+            be,
+            self.bufs.a(be, lay.blocks[0].resid_in)?,
+            tokens,
+            self.bufs.p(be, o.embed(), v * c)?,
+            None,
+            self.t,
+            c,
+        )?;
+        for (l, s) in lay.blocks.iter().enumerate() {
+            let bo = &o.blocks()[l];
+            let (x, residual) = match l {
+                0 => (self.bufs.a(be, s.resid_in)?, None),
+                _ => {
+                    let prev = &lay.blocks[l - 1];
+                    (
+                        self.bufs.a(be, prev.resid2)?,
+                        Some((self.bufs.a(be, s.resid_in)?, self.bufs.a(be, prev.down)?)),
+                    )
+                }
+            };
+            llama::rmsnorm_forward(
+                be,
+                self.bufs.a(be, s.h1)?,
+                self.bufs.f(be, s.rstd[0])?,
+                x,
+                residual,
+                self.bufs.p(be, bo.input_norm, c)?,
+                self.eps,
+            )?;
+            self.linear(be, s.q, s.h1, bo.q, (c, c))?;
+            self.linear(be, s.k, s.h1, bo.k, (c, kv))?;
+            self.linear(be, s.v, s.h1, bo.v, (c, kv))?;
+            self.rope(be, s.q, d.n_head, false)?;
+            self.rope(be, s.k, d.n_kv_head, false)?;
+            self.attention(be, s)?;
+            self.linear(be, s.o, s.atty, bo.o, (c, c))?;
+            let residual = Some((self.bufs.a(be, s.resid2)?, self.bufs.a(be, s.o)?));
+            llama::rmsnorm_forward(
+                be,
+                self.bufs.a(be, s.h2)?,
+                self.bufs.f(be, s.rstd[1])?,
+                self.bufs.a(be, s.resid_in)?,
+                residual,
+                self.bufs.p(be, bo.post_norm, c)?,
+                self.eps,
+            )?;
+            self.linear(be, s.gate, s.h2, bo.gate, (c, f))?;
+            self.linear(be, s.up, s.h2, bo.up, (c, f))?;
+            llama::swiglu_forward(
+                be,
+                self.bufs.a(be, s.act)?,
+                self.bufs.a(be, s.gate)?,
+                self.bufs.a(be, s.up)?,
+            )?;
+            self.linear(be, s.down, s.act, bo.down, (f, c))?;
+        }
+        let last = lay.blocks[lay.blocks.len() - 1];
+        let residual = Some((self.bufs.a(be, lay.resid_out)?, self.bufs.a(be, last.down)?));
+        llama::rmsnorm_forward(
+            be,
+            self.bufs.a(be, lay.hf)?,
+            self.bufs.f(be, lay.rstd_f)?,
+            self.bufs.a(be, last.resid2)?,
+            residual,
+            self.bufs.p(be, o.norm(), c)?,
+            self.eps,
+        )?;
+        let n = self.batch * self.t;
+        let head = self.bufs.p(be, o.head(), v * c)?;
+        matmul(
+            be,
+            Mat::rows(self.bufs.a(be, lay.logits)?, self.vp),
+            Mat::rows(self.bufs.a(be, lay.hf)?, c),
+            Mat::t(head, c),
+            Dims::one(n, v, c),
+            None,
+            false,
         )
     }
 
