@@ -19,9 +19,17 @@ pub trait Backend {
     fn zeros<E: Elem>(&self, len: usize) -> Result<Self::Buf<E>, GpuError>;
     /// A buffer holding `data`.
     fn upload<E: Elem>(&self, data: &[E]) -> Result<Self::Buf<E>, GpuError>;
+    /// Overwrites the elements of `v` with `data` (as many), after every launch so far.
+    fn write_at<E: Elem>(&self, v: View<E>, data: &[E]) -> Result<(), GpuError>;
     /// Overwrites `buf[offset..offset + data.len()]` with `data`.
-    fn write<E: Elem>(&self, buf: &Self::Buf<E>, offset: usize, data: &[E])
-        -> Result<(), GpuError>;
+    fn write<E: Elem>(
+        &self,
+        buf: &Self::Buf<E>,
+        offset: usize,
+        data: &[E],
+    ) -> Result<(), GpuError> {
+        self.write_at(self.view(buf, offset..offset + data.len())?, data)
+    }
     /// A buffer's elements, after every launch so far has finished.
     fn download<E: Elem>(&self, buf: &Self::Buf<E>) -> Result<Vec<E>, GpuError>;
     /// A buffer's length in elements.

@@ -37,23 +37,14 @@ impl Backend for Host {
         })
     }
 
-    fn write<E: Elem>(&self, buf: &HostBuf<E>, offset: usize, data: &[E]) -> Result<(), GpuError> {
-        let cells = buf
-            .cells
-            .get(offset..offset + data.len())
-            .ok_or_else(|| GpuError::Shape {
-                kernel: "write",
-                what: format!(
-                    "{} elements at {offset} of a buffer of {}",
-                    data.len(),
-                    buf.cells.len()
-                ),
-            })?;
-        for (cell, &x) in cells.iter().zip(data) {
-            // SAFETY: host kernels run synchronously and no reference to an element is
-            // held between calls, so nothing else accesses the cell now.
-            unsafe { *cell.get() = x };
-        }
+    fn write_at<E: Elem>(&self, v: View<E>, data: &[E]) -> Result<(), GpuError> {
+        crate::error::check_len("write", "data", data.len(), v.len())?;
+        // SAFETY: a View lies inside a live HostBuf of this backend (checked when it was
+        // made), whose cells may be written; host kernels run synchronously, so nothing
+        // else touches them now, and `data` is Rust memory outside any HostBuf.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), v.addr() as usize as *mut E, data.len())
+        };
         Ok(())
     }
 

@@ -9,7 +9,8 @@
 //! buffers, views, launching), `host` (the CPU backend, through `ffi`), `ids` (ids checked
 //! before upload), `kernels` (every kernel as a checked call, for any backend; `llama` the Llama's). Beside
 //! them: `args` (by-value arguments, `repr(C)`), `elem` (element types), `error`,
-//! `token_groups` (the embedding backward's one-writer-per-row index), `sample` (seeded
+//! `token_groups` (the embedding backward's one-writer-per-row index), `grad_reduce` (gradients
+//! summed over ranks), `sample` (seeded
 //! inputs), `scenario` (every kernel once: what the device check compares).
 #![deny(missing_docs)]
 
@@ -20,6 +21,7 @@ pub mod elem;
 pub mod error;
 mod ffi;
 pub mod gemm;
+pub mod grad_reduce;
 pub mod host;
 pub mod ids;
 pub mod kernels;

@@ -237,3 +237,71 @@ fn five_training_steps_track_the_cpu_steps_losses_and_weights() {
         "compute copy after the update",
     );
 }
+
+/// Data parallelism with the GPU step: 2 and 3 in-process ranks, each with its own step on
+/// its share of the sequences and the global token count's scale, their gradients summed
+/// through the communicator, give 1 rank's gradients on the whole batch (within f32
+/// rounding: the sums are bracketed differently), and their losses add up to its loss.
+#[test]
+fn n_ranks_reduced_through_the_communicator_equal_one_rank() {
+    use stoker_comm::{run_local, Communicator, DEFAULT_TIMEOUT};
+    use stoker_gpu::grad_reduce::{GradReduce, ThroughHost};
+    let g = stoker_gpu::sample::gpt(&DIMS, 300, 0.2);
+    let seqs = 6;
+    let tokens: Vec<i64> = ids(seqs * T, 11, DIMS.vocab)
+        .iter()
+        .map(|&x| x as i64)
+        .collect();
+    let targets: Vec<i64> = ids(seqs * T, 12, DIMS.vocab)
+        .iter()
+        .map(|&x| x as i64)
+        .collect();
+    let scale = 1.0 / (seqs * T) as f32;
+    let run = |from: usize, count: usize| {
+        let step =
+            GptGpuStep::<Host, f32>::new(&Host, DIMS, g.offsets.clone(), 1e-5, count, T).unwrap();
+        step.buffers().load_params(&Host, &g.params).unwrap();
+        let (a, b) = (from * T, (from + count) * T);
+        let batch = TokenBatch {
+            tokens: &tokens[a..b],
+            targets: &targets[a..b],
+            ignore: -1,
+        };
+        let loss = step.forward_backward(&Host, batch, scale).unwrap();
+        (step, loss)
+    };
+    let (one, want_loss) = run(0, seqs);
+    let want = one.buffers().grads(&Host).unwrap();
+    for world in [2, 3] {
+        let per = seqs / world;
+        let out = run_local(world, DEFAULT_TIMEOUT, |comm| {
+            let (step, loss) = run(comm.rank() * per, per);
+            ThroughHost(&comm)
+                .all_reduce(&Host, step.buffers().grads_view(&Host))
+                .unwrap();
+            (loss, step.buffers().grads(&Host).unwrap())
+        });
+        let loss: f64 = out.iter().map(|(l, _)| l).sum();
+        assert_close_scalar(
+            loss,
+            want_loss,
+            1e-5,
+            &format!("summed loss over {world} ranks"),
+        );
+        for (rank, (_, grads)) in out.iter().enumerate() {
+            stoker_testkit::assert_bits_eq(
+                grads,
+                &out[0].1,
+                &format!("rank {rank}'s reduced gradients against rank 0's"),
+            );
+        }
+        for (name, r) in &g.ranges {
+            assert_close(
+                &out[0].1[r.clone()],
+                &want[r.clone()],
+                2e-5,
+                &format!("{name} over {world} ranks"),
+            );
+        }
+    }
+}

@@ -147,20 +147,15 @@ impl Backend for Device {
             .map_err(driver(format!("copying {} elements up", data.len())))
     }
 
-    fn write<E: Elem>(
-        &self,
-        buf: &CudaSlice<E>,
-        offset: usize,
-        data: &[E],
-    ) -> Result<(), GpuError> {
-        let view = self.view(buf, offset..offset + data.len())?;
-        // A view of a live buffer of this context: copy into its address range.
-        // SAFETY: `view` checked the range against the buffer's length; the copy is
-        // ordered on the stream after every launch that reads the buffer.
+    fn write_at<E: Elem>(&self, v: View<E>, data: &[E]) -> Result<(), GpuError> {
+        crate::error::check_len("write", "data", data.len(), v.len())?;
+        // SAFETY: a View lies inside a live device buffer of this context (checked when
+        // it was made) and holds data.len() elements; the copy is ordered on the stream
+        // after every launch, and `data` outlives it (the synchronization below).
         unsafe {
-            cudarc::driver::result::memcpy_htod_async(view.addr(), data, self.stream.cu_stream())
-                .map_err(driver(format!("copying {} elements up", data.len())))?;
+            cudarc::driver::result::memcpy_htod_async(v.addr(), data, self.stream.cu_stream())
         }
+        .map_err(driver(format!("copying {} elements up", data.len())))?;
         self.synchronize()
     }
 

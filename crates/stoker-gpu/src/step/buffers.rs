@@ -66,6 +66,11 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
         be.zero(be.all(&self.grads))
     }
 
+    /// All the gradients (the view a [`crate::grad_reduce::GradReduce`] sums).
+    pub fn grads_view(&self, be: &B) -> View<'_, f32> {
+        be.all(&self.grads)
+    }
+
     /// Parameters `at..at + len`.
     pub(crate) fn p(&self, be: &B, at: usize, len: usize) -> Result<View<'_, T>, GpuError> {
         be.view(&self.params, at..at + len)
