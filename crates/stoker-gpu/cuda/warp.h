@@ -31,6 +31,19 @@ struct CombineMaxSum {
   }
 };
 
+// The largest value and its first index (the index kept as a float: exact below 2^24).
+struct ArgMax {
+  float v, i;
+};
+
+struct CombineArgMax {
+  STOKER_HD ArgMax operator()(ArgMax a, ArgMax b) const {
+    if (a.v > b.v) return a;
+    if (b.v > a.v) return b;
+    return a.i < b.i ? a : b;
+  }
+};
+
 STOKER_HD MaxSum push(MaxSum acc, float x) {
   if (x > acc.m) return MaxSum{x, acc.s * fexp(acc.m - x) + 1.0f};
   return MaxSum{acc.m, acc.s + fexp(x - acc.m)};
@@ -42,6 +55,9 @@ __device__ __forceinline__ float shuffle_xor(float v, int mask) {
 }
 __device__ __forceinline__ MaxSum shuffle_xor(MaxSum v, int mask) {
   return MaxSum{__shfl_xor_sync(0xffffffffu, v.m, mask), __shfl_xor_sync(0xffffffffu, v.s, mask)};
+}
+__device__ __forceinline__ ArgMax shuffle_xor(ArgMax v, int mask) {
+  return ArgMax{__shfl_xor_sync(0xffffffffu, v.v, mask), __shfl_xor_sync(0xffffffffu, v.i, mask)};
 }
 
 // The device's warp: this thread's lane.

@@ -214,6 +214,7 @@ pub enum Call {
         dtype: Dtype,
         logits: Addr,
         losses: Addr,
+        hits: Addr,
         targets: Addr,
         n: i64,
         v: i32,
@@ -565,6 +566,7 @@ impl Call {
             Classifier {
                 logits,
                 losses,
+                hits,
                 targets,
                 n,
                 v,
@@ -576,6 +578,7 @@ impl Call {
                 vec![
                     A(logits),
                     A(losses),
+                    A(hits),
                     A(targets),
                     I64(n),
                     I32(v),

@@ -53,7 +53,7 @@ typed_kernels! {
     layernorm_backward(P, P, P, P, P, P, P, i64, i32, i32);
     attention_softmax_forward(P, P, i64, i32, f32);
     attention_softmax_backward(P, P, P, i64, i32, f32);
-    classifier(P, P, P, i64, i32, i32, f32, i32);
+    classifier(P, P, P, P, i64, i32, i32, f32, i32);
     rmsnorm_forward(P, P, P, P, P, P, i64, i32, f32);
     rmsnorm_backward(P, P, P, P, P, P, i64, i32, i32);
     rope(P, P, P, i64, i32, i32, i32, f32);
@@ -233,15 +233,24 @@ pub(crate) unsafe fn run(call: &Call) {
                 dtype,
                 logits,
                 losses,
+                hits,
                 targets,
                 n,
                 v,
                 vp,
                 dscale,
                 ignore,
-            } => {
-                (fns(dtype).classifier)(p(logits), p(losses), p(targets), n, v, vp, dscale, ignore)
-            }
+            } => (fns(dtype).classifier)(
+                p(logits),
+                p(losses),
+                p(hits),
+                p(targets),
+                n,
+                v,
+                vp,
+                dscale,
+                ignore,
+            ),
             RmsnormForward {
                 dtype,
                 out,

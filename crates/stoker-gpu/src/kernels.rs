@@ -425,12 +425,15 @@ pub fn attention_softmax_backward<B: Backend, T: Act>(
 }
 
 /// The fused classifier over `logits` `[N, Vp]` (the first `v` columns real): each
-/// row's loss into `losses`, and with `dscale` nonzero the logits overwritten by
+/// row's loss into `losses`, with `hits` each row's top-1 hit (1 where the target is the
+/// first largest logit), and with `dscale` nonzero the logits overwritten by
 /// `dscale * (softmax - onehot)`. Rows whose target is `ignore` get 0.
+#[allow(clippy::too_many_arguments)]
 pub fn classifier<B: Backend, T: Act>(
     b: &B,
     logits: View<T>,
     losses: View<f32>,
+    hits: Option<View<f32>>,
     targets: &Ids<B>,
     v: usize,
     dscale: f32,
@@ -439,6 +442,9 @@ pub fn classifier<B: Backend, T: Act>(
     const K: &str = "classifier";
     let n = dim(K, "rows", targets.len())? as usize;
     check_len(K, "losses", losses.len(), n)?;
+    if let Some(h) = &hits {
+        check_len(K, "hits", h.len(), n)?;
+    }
     let vp = logits.len() / n;
     check_len(K, "logits", logits.len(), vp * n)?;
     let (v32, vp32) = (dim(K, "v", v)?, dim(K, "padded v", vp)?);
@@ -452,6 +458,7 @@ pub fn classifier<B: Backend, T: Act>(
         dtype: T::DTYPE,
         logits: logits.addr(),
         losses: losses.addr(),
+        hits: hits.map_or(0, |h| h.addr()),
         targets: b.addr(&targets.buf),
         n: n as i64,
         v: v32,
@@ -459,8 +466,8 @@ pub fn classifier<B: Backend, T: Act>(
         dscale,
         ignore,
     };
-    // SAFETY: logits hold n rows of vp >= v, losses n; every target is below v or the
-    // ignore index, which the kernel never indexes with.
+    // SAFETY: logits hold n rows of vp >= v, losses (and hits when not 0) n; every
+    // target is below v or the ignore index, which the kernel never indexes with.
     unsafe { b.launch(&call) }
 }
 

@@ -179,17 +179,23 @@ pub fn outputs<B: Backend, T: Act>(b: &B, s: ScenarioSize) -> Result<Vec<Output>
     let mut tg = ids(n, 14, s.v);
     tg[1] = -100;
     let targets = Ids::new(b, "targets", &tg, s.v, Some(-100))?;
-    let (logits, losses) = (act(n * vp, 15, 5.0)?, b.zeros::<f32>(n)?);
+    let (logits, losses, hits) = (
+        act(n * vp, 15, 5.0)?,
+        b.zeros::<f32>(n)?,
+        b.zeros::<f32>(n)?,
+    );
     kernels::classifier(
         b,
         b.all(&logits),
         b.all(&losses),
+        Some(b.all(&hits)),
         &targets,
         s.v,
         1.0 / n as f32,
         -100,
     )?;
     keep("classifier/losses", b.download(&losses)?);
+    keep("classifier/hits", b.download(&hits)?);
     keep("classifier/dlogits", get(&logits)?);
     llama_outputs::<B, T>(b, s, &mut keep)?;
     Ok(out)

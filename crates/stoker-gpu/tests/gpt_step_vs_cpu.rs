@@ -305,3 +305,36 @@ fn n_ranks_reduced_through_the_communicator_equal_one_rank() {
         }
     }
 }
+
+/// Evaluation (the forward, losses and top-1 hits, no gradient) against the CPU step's.
+#[test]
+fn evaluation_gives_the_cpu_steps_loss_hits_and_count() {
+    let (offsets, params, _, tokens, targets) = setup();
+    let mut cpu = GptStep::new(DIMS, offsets.clone(), false, 1e-5).unwrap();
+    let b = GptBatch {
+        tokens: &tokens,
+        targets: &targets,
+        batch: BATCH,
+        t: T,
+        ignore: -1,
+    };
+    let (want_loss, want_hits, want_count) = cpu.evaluate(&params, b).unwrap();
+    let step = GptGpuStep::<Host, f32>::new(&Host, DIMS, offsets, 1e-5, BATCH, T).unwrap();
+    step.buffers().load_params(&Host, &params).unwrap();
+    let (loss, hits, count) = step
+        .evaluate(
+            &Host,
+            TokenBatch {
+                tokens: &tokens,
+                targets: &targets,
+                ignore: -1,
+            },
+        )
+        .unwrap();
+    assert_close_scalar(loss, want_loss, 1e-5, "evaluated loss");
+    assert_eq!(
+        (hits, count),
+        (want_hits, want_count),
+        "top-1 hits and valid targets"
+    );
+}

@@ -244,6 +244,7 @@ fn calls() -> Vec<Call> {
                 dtype,
                 logits: 0,
                 losses: 0,
+                hits: 0,
                 targets: 0,
                 n: 1,
                 v: 1,

@@ -164,3 +164,38 @@ fn five_llama_training_steps_track_the_cpu_steps() {
         );
     }
 }
+
+/// Evaluation against the CPU step's: the loss, top-1 hits and count.
+#[test]
+fn llama_evaluation_gives_the_cpu_steps_loss_hits_and_count() {
+    let g = stoker_gpu::sample::llama(&DIMS, 200, 0.2);
+    let (tokens, targets) = batch();
+    let b = GptBatch {
+        tokens: &tokens,
+        targets: &targets,
+        batch: BATCH,
+        t: T,
+        ignore: -1,
+    };
+    let (want_loss, want_hits, want_count) = cpu_step().evaluate(&g.params, b).unwrap();
+    let step =
+        LlamaGpuStep::<Host, f32>::new(&Host, DIMS, g.offsets.clone(), 1e-5, THETA, BATCH, T)
+            .unwrap();
+    step.buffers().load_params(&Host, &g.params).unwrap();
+    let (loss, hits, count) = step
+        .evaluate(
+            &Host,
+            TokenBatch {
+                tokens: &tokens,
+                targets: &targets,
+                ignore: -1,
+            },
+        )
+        .unwrap();
+    assert_close_scalar(loss, want_loss, 1e-5, "evaluated loss");
+    assert_eq!(
+        (hits, count),
+        (want_hits, want_count),
+        "top-1 hits and valid targets"
+    );
+}

@@ -137,7 +137,7 @@ fn classify<T: stoker_gpu::Act>(
 ) -> (Vec<f32>, Vec<T>) {
     let (lb, losses) = (up(logits), zeros::<f32>(targets.len()));
     let t = ids_on_host(targets, v, Some(-100));
-    kernels::classifier(&Host, all(&lb), all(&losses), &t, v, dscale, -100).unwrap();
+    kernels::classifier(&Host, all(&lb), all(&losses), None, &t, v, dscale, -100).unwrap();
     (down(&losses), down(&lb))
 }
 
@@ -265,5 +265,60 @@ fn attention_from_the_kernels_matches_the_cpu_op() {
         &att,
         BF16_REL,
         "attention softmax bf16",
+    );
+}
+
+/// The classifier's top-1 hits: 1 where the target is the first largest logit (ties go
+/// to the lower index, as `argmax`), 0 elsewhere and on ignored rows.
+#[test]
+fn classifier_hits_are_argmax_top1() {
+    let (n, v, vp) = (40, 37, 64);
+    // Coarse logits so that ties happen, and the target placed on some maxima.
+    let mut logits: Vec<f32> = uniform(n * v, 25, 3.0).iter().map(|x| x.round()).collect();
+    let mut targets = ids(n, 26, v);
+    targets[7] = -100;
+    for r in (0..n).step_by(3) {
+        let row = &logits[r * v..(r + 1) * v];
+        let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        targets[r] = row.iter().position(|&x| x == max).unwrap() as i32;
+    }
+    logits[2 * v + 5] = 100.0; // one clear winner, another tie below
+    let want: Vec<f32> = (0..n)
+        .map(|r| {
+            let row = &logits[r * v..(r + 1) * v];
+            let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let first = row.iter().position(|&x| x == max).unwrap() as i32;
+            if targets[r] >= 0 && first == targets[r] {
+                1.0
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let padded: Vec<f32> = (0..n)
+        .flat_map(|r| {
+            logits[r * v..(r + 1) * v]
+                .iter()
+                .copied()
+                .chain(std::iter::repeat_n(1e3, vp - v))
+        })
+        .collect();
+    let (lb, losses, hits) = (up(&padded), zeros::<f32>(n), zeros::<f32>(n));
+    let t = ids_on_host(&targets, v, Some(-100));
+    kernels::classifier(
+        &Host,
+        all(&lb),
+        all(&losses),
+        Some(all(&hits)),
+        &t,
+        v,
+        0.0,
+        -100,
+    )
+    .unwrap();
+    assert_bits_eq(&down(&hits), &want, "top-1 hits");
+    assert!(
+        want.iter().sum::<f32>() >= 10.0,
+        "too few hits to test: {want:?}"
     );
 }

@@ -8,10 +8,11 @@
 namespace stoker {
 
 // Row `row`: losses[row] = logsumexp(x[:V]) - x[target] and, when `dscale` is not 0,
-// x[j] = dscale * (softmax(x)[j] - [j == target]) for j < V, 0 for V <= j < Vp. A row
-// whose target is `ignore` gets loss 0 and gradient 0.
+// x[j] = dscale * (softmax(x)[j] - [j == target]) for j < V, 0 for V <= j < Vp. With
+// `hits` not null, hits[row] = 1 where the target is the first largest logit (argmax's
+// top-1), else 0. A row whose target is `ignore` gets loss 0, no hit and gradient 0.
 template <class W, class T>
-STOKER_HD void classifier_row(const W& w, int64_t row, T* logits, float* losses,
+STOKER_HD void classifier_row(const W& w, int64_t row, T* logits, float* losses, float* hits,
                               const int32_t* targets, int V, int Vp, float dscale, int ignore) {
   T* x = logits + row * Vp;
   int target = targets[row];
@@ -19,10 +20,28 @@ STOKER_HD void classifier_row(const W& w, int64_t row, T* logits, float* losses,
     w.each([&](int lane) {
       if (dscale != 0.0f)
         for (int j = lane; j < Vp; j += WARP) x[j] = store<T>(0.0f);
-      if (lane == 0) losses[row] = 0.0f;
+      if (lane == 0) {
+        losses[row] = 0.0f;
+        if (hits) hits[row] = 0.0f;
+      }
       return 0;
     });
     return;
+  }
+  if (hits) {
+    auto best = w.each([&](int lane) {
+      ArgMax acc{-INFINITY, float(V)};
+      for (int j = lane; j < V; j += WARP) {
+        float v = load(x[j]);
+        if (v > acc.v) acc = ArgMax{v, float(j)};
+      }
+      return acc;
+    });
+    ArgMax top = w.reduce(best, CombineArgMax{});
+    w.each([&](int lane) {
+      if (lane == 0) hits[row] = top.i == float(target) ? 1.0f : 0.0f;
+      return 0;
+    });
   }
   auto stats = w.each([&](int lane) {
     MaxSum acc{-INFINITY, 0.0f};

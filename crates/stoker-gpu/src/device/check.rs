@@ -235,6 +235,7 @@ pub fn time_kernels(
                     dev,
                     dev.all(&logits),
                     dev.all(&losses),
+                    None,
                     &targets,
                     s.v,
                     1.0 / n as f32,

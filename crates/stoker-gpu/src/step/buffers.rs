@@ -137,6 +137,7 @@ impl<B: Backend> BatchIds<B> {
 pub(crate) struct LossSpans {
     pub(crate) logits: Span,
     pub(crate) losses: Span,
+    pub(crate) hits: Span,
     pub(crate) partials: Span,
     pub(crate) loss_sum: Span,
 }
@@ -156,6 +157,7 @@ pub(crate) fn loss_and_grad<B: Backend, T: Act>(
         be,
         bufs.a(be, s.logits)?,
         bufs.f(be, s.losses)?,
+        None,
         &ids.targets,
         vocab,
         grad_scale,
@@ -207,4 +209,47 @@ pub(crate) fn forward_backward<B: Backend, T: Act>(
     loss_and_grad(be, m.bufs(), spans, &ids, vocab, grad_scale)?;
     m.backward(be, &ids.groups)?;
     Ok(be.read(m.bufs().f(be, spans.loss_sum)?)?[0] as f64)
+}
+
+/// One micro-batch's evaluation through a step: the training forward, each row's loss
+/// and top-1 hit (no gradient), their sums read back. Returns the summed loss of the
+/// valid targets, how many are the first largest logit, and how many there are (as
+/// stoker-kernels' `TokenStep::evaluate`).
+pub(crate) fn evaluate<B: Backend, T: Act>(
+    m: &impl TokenModel<B, T>,
+    be: &B,
+    op: &'static str,
+    batch: TokenBatch,
+) -> Result<(f64, usize, usize), GpuError> {
+    let (n, vocab) = m.rows_and_vocab();
+    let ids = BatchIds::new(be, op, batch, n, vocab)?;
+    m.forward(be, &ids.tokens)?;
+    let (s, bufs) = (m.loss_spans(), m.bufs());
+    kernels::classifier(
+        be,
+        bufs.a(be, s.logits)?,
+        bufs.f(be, s.losses)?,
+        Some(bufs.f(be, s.hits)?),
+        &ids.targets,
+        vocab,
+        0.0,
+        ids.ignore,
+    )?;
+    let total = |rows: Span| -> Result<f32, GpuError> {
+        kernels::sum(
+            be,
+            bufs.f(be, s.loss_sum)?,
+            bufs.f(be, rows)?,
+            bufs.f(be, s.partials)?,
+            false,
+            PARTIAL_WARPS,
+            false,
+        )?;
+        Ok(be.read(bufs.f(be, s.loss_sum)?)?[0])
+    };
+    let loss = total(s.losses)?;
+    // A count of ones below 2^24 sums exactly in f32.
+    let hits = total(s.hits)?;
+    let count = batch.targets.iter().filter(|&&t| t != batch.ignore).count();
+    Ok((loss as f64, hits as usize, count))
 }

@@ -132,6 +132,13 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
         }
     }
 
+    /// The training forward of one micro-batch and its loss without a gradient: the
+    /// summed loss of the valid targets, how many are the top-1 logit, how many there are
+    /// (as stoker-kernels' `GptStep::evaluate`).
+    pub fn evaluate(&self, be: &B, batch: TokenBatch) -> Result<(f64, usize, usize), GpuError> {
+        buffers::evaluate(self, be, OP, batch)
+    }
+
     /// Forward and backward of one micro-batch: adds the gradient of `grad_scale x
     /// (summed token loss)` to the gradients and returns the summed loss of the valid
     /// targets (unscaled), as stoker-kernels' `GptStep::forward_backward`.
@@ -317,6 +324,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {
         LossSpans {
             logits: lay.logits,
             losses: lay.losses,
+            hits: lay.hits,
             partials: lay.partials,
             loss_sum: lay.loss_sum,
         }

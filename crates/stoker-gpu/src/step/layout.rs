@@ -105,6 +105,8 @@ pub struct ActLayout {
     pub lnf_stats: [Span; 2],
     /// Each row's loss `[N]`.
     pub losses: Span,
+    /// Each row's top-1 hit (evaluation) `[N]`.
+    pub hits: Span,
     /// Partial sums: LayerNorm backward's per-warp rows, the bias gradients' row chunks,
     /// the loss sum's per-warp sums.
     pub partials: Span,
@@ -161,7 +163,7 @@ impl ActLayout {
             })
             .collect();
         let lnf_stats = [f.take(n), f.take(n)];
-        let losses = f.take(n);
+        let (losses, hits) = (f.take(n), f.take(n));
         let partials = f.take(
             (PARTIAL_WARPS * 2 * c)
                 .max(BIAS_PARTS * 4 * c)
@@ -184,6 +186,7 @@ impl ActLayout {
             stats,
             lnf_stats,
             losses,
+            hits,
             partials,
             loss_sum,
             grad_norm,

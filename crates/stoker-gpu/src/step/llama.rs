@@ -130,6 +130,13 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         self.dims.n_kv_head * self.dims.head_dim()
     }
 
+    /// The training forward of one micro-batch and its loss without a gradient: the
+    /// summed loss of the valid targets, how many are the top-1 logit, how many there are
+    /// (as stoker-kernels' `LlamaStep::evaluate`).
+    pub fn evaluate(&self, be: &B, batch: TokenBatch) -> Result<(f64, usize, usize), GpuError> {
+        buffers::evaluate(self, be, OP, batch)
+    }
+
     /// Forward and backward of one micro-batch: adds the gradient of `grad_scale x
     /// (summed token loss)` and returns the summed loss of the valid targets, as
     /// stoker-kernels' `LlamaStep::forward_backward`.
@@ -337,6 +344,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
         LossSpans {
             logits: lay.logits,
             losses: lay.losses,
+            hits: lay.hits,
             partials: lay.partials,
             loss_sum: lay.loss_sum,
         }

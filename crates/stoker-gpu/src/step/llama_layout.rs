@@ -86,6 +86,8 @@ pub struct LlamaLayout {
     pub sin: Span,
     /// Each row's loss (f32).
     pub losses: Span,
+    /// Each row's top-1 hit (f32, evaluation).
+    pub hits: Span,
     /// Partial sums (f32).
     pub partials: Span,
     /// The summed loss (f32, 1).
@@ -132,6 +134,7 @@ impl LlamaLayout {
         let half = dims.head_dim() / 2;
         let (rstd_f, cos, sin, losses) =
             (fl.take(n), fl.take(t * half), fl.take(t * half), fl.take(n));
+        let hits = fl.take(n);
         let partials = fl.take((PARTIAL_WARPS * c).max(BIAS_PARTS * c).max(PARTIAL_WARPS));
         let (loss_sum, grad_norm) = (fl.take(1), fl.take(1));
         LlamaLayout {
@@ -154,6 +157,7 @@ impl LlamaLayout {
             cos,
             sin,
             losses,
+            hits,
             partials,
             loss_sum,
             grad_norm,
