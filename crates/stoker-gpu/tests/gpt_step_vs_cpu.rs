@@ -338,3 +338,52 @@ fn evaluation_gives_the_cpu_steps_loss_hits_and_count() {
         "top-1 hits and valid targets"
     );
 }
+
+/// The GPU step as a stoker-kernels `TokenStep` (what stoker-train's direct path runs):
+/// the same loss and gradients as the CPU step through the whole-buffer entry point, the
+/// groups reported final in the same order, and evaluation alike.
+#[test]
+fn as_a_token_step_it_matches_the_cpu_step_and_its_group_order() {
+    use stoker_gpu::step::token_step::AsTokenStep;
+    let (offsets, params, ranges, tokens, targets) = setup();
+    let b = GptBatch {
+        tokens: &tokens,
+        targets: &targets,
+        batch: BATCH,
+        t: T,
+        ignore: -1,
+    };
+    let (groups, end) = (offsets.group_ranges().to_vec(), offsets.end());
+    let o = offsets.clone();
+    let make = Box::new(move |be: &Host, batch: usize, t: usize| {
+        GptGpuStep::<Host, f32>::new(be, DIMS, o.clone(), 1e-5, batch, t)
+    });
+    let mut gpu = AsTokenStep::new(Host, make, groups, end);
+    let mut cpu = GptStep::new(DIMS, offsets, false, 1e-5).unwrap();
+    let run = |s: &mut dyn TokenStep| {
+        let (mut grads, mut order) = (vec![0.5f32; params.len()], Vec::new());
+        let loss = s
+            .forward_backward(&params, b, 1.0 / 31.0, &mut grads, &mut |g, _| {
+                order.push(g)
+            })
+            .unwrap();
+        (loss, grads, order)
+    };
+    let (want_loss, want, want_order) = run(&mut cpu);
+    let (loss, got, order) = run(&mut gpu);
+    assert_close_scalar(loss, want_loss, 1e-5, "loss through TokenStep");
+    assert_eq!(order, want_order, "groups reported final");
+    for (name, r) in &ranges {
+        assert_close(
+            &got[r.clone()],
+            &want[r.clone()],
+            2e-5,
+            &format!("{name} (added to 0.5)"),
+        );
+    }
+    let (l1, h1, c1) = cpu.evaluate(&params, b).unwrap();
+    let (l2, h2, c2) = gpu.evaluate(&params, b).unwrap();
+    assert_close_scalar(l2, l1, 1e-5, "evaluation through TokenStep");
+    assert_eq!((h2, c2), (h1, c1));
+    assert!(gpu.activation_bytes() > 0);
+}

@@ -25,7 +25,8 @@ pub struct TrainConfig {
     #[serde(default)]
     pub precision: Precision,
     /// How a training step runs: `handwritten` (the model's own step over flat buffers,
-    /// no autograd graph, where it has one) or `graph` (candle's autograd). Unset: from
+    /// no autograd graph, where it has one), `graph` (candle's autograd) or `resident`
+    /// (the GPU step's code on the CPU, [`StepKind::Resident`]). Unset: from
     /// `kernels` as it was before this key (`direct`, the default, is `handwritten`;
     /// `fused` and `composed` are `graph`). Always set once parsed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -73,6 +74,11 @@ pub enum StepKind {
     Handwritten,
     /// Candle's autograd graph, with the ops `kernels` names.
     Graph,
+    /// The GPU-resident step's code (stoker-gpu: the GPT's and the Llama's, fp32 or bf16
+    /// activations) run by its host build on a CPU, inside the whole training loop: the
+    /// twin of what a GPU runs, slower than `handwritten`, for checking the GPU path
+    /// end to end (docs/gpu.md). Not yet wired to `device = "cuda"`.
+    Resident,
 }
 
 fn default_device() -> String {
@@ -439,7 +445,39 @@ impl TrainConfig {
     /// change it).
     pub fn direct_step_at(&self, precision: Precision) -> bool {
         matches!(self.model, ModelConfig::Gpt(_) | ModelConfig::Llama(_))
-            && self.kernels.direct_step(precision)
+            && match self.resident_step() {
+                true => matches!(precision, Precision::Fp32 | Precision::Bf16),
+                false => self.kernels.direct_step(precision),
+            }
+    }
+
+    /// Whether the direct step is the GPU-resident step's host build (`step =
+    /// "resident"`).
+    pub fn resident_step(&self) -> bool {
+        self.step == Some(StepKind::Resident)
+    }
+
+    /// `step = "resident"`'s requirements: a GPT or Llama, fp32 or bf16, on the CPU.
+    fn check_resident(&self) -> Result<()> {
+        if !self.resident_step() {
+            return Ok(());
+        }
+        if !matches!(self.model, ModelConfig::Gpt(_) | ModelConfig::Llama(_)) {
+            return Err(config_err(
+                "step",
+                "\"resident\" runs the GPU step of a GPT or a Llama; this model has none",
+            ));
+        }
+        if !matches!(self.precision, Precision::Fp32 | Precision::Bf16) {
+            return Err(config_err("precision", "step = \"resident\" runs fp32 or bf16 activations (fp16 needs the graph's loss scaling, fp8 its quantization)"));
+        }
+        if self.device != "cpu" {
+            return Err(config_err(
+                "device",
+                format!("step = \"resident\" runs the GPU step's host build on the CPU; on `{}` it is not wired yet (docs/gpu.md)", self.device),
+            ));
+        }
+        Ok(())
     }
 
     /// Whether a direct step multiplies bf16 operands (on the bf16 GEMM, which keeps
@@ -482,7 +520,7 @@ impl TrainConfig {
                     "\"direct\" is the older name of step = \"handwritten\", and step = \"graph\" \
                      is given: for the graph, kernels = \"fused\" or \"composed\"",
                 )),
-                (Some(StepKind::Handwritten), Kernels::Composed, _) => {
+                (Some(StepKind::Handwritten | StepKind::Resident), Kernels::Composed, _) => {
                     return Err(config_err(
                         "kernels",
                         "\"composed\" names candle's primitives on the graph, and step = \
@@ -504,7 +542,7 @@ impl TrainConfig {
             };
         self.step = Some(step);
         self.kernels = match (step, self.kernels) {
-            (StepKind::Handwritten, _) => Kernels::Direct,
+            (StepKind::Handwritten | StepKind::Resident, _) => Kernels::Direct,
             (StepKind::Graph, Kernels::Direct) => Kernels::Fused,
             (StepKind::Graph, k) => k,
         };
@@ -592,6 +630,7 @@ impl TrainConfig {
 
     /// Checks everything that does not need the data; errors name the key.
     pub fn validate(&self) -> Result<()> {
+        self.check_resident()?;
         let b = &self.batch;
         if b.micro_batch == 0 {
             return Err(config_err("batch.micro_batch", "must be at least 1"));

@@ -16,8 +16,10 @@ pub mod layout;
 pub mod llama;
 pub mod llama_layout;
 pub mod optimizer;
+pub mod token_step;
 
 pub use gpt::GptGpuStep;
+pub use llama::LlamaGpuStep;
 
 /// The vocabulary padded to a multiple of 64 (GPT-2's 50,257 to 50,304): the logits'
 /// row width, so their rows stay aligned.

@@ -192,6 +192,16 @@ impl Model for Gpt {
         Ok(Some(Box::new(TokenDirect { step })))
     }
 
+    fn resident_step(
+        &self,
+        layout: &FlatLayout,
+        bf16: bool,
+    ) -> Result<Option<Box<dyn DirectStep>>> {
+        let dims = self.config.dims();
+        let offsets = GptOffsets::from_table(&dims, |name| layout.offset_of(name))?;
+        Ok(Some(super::resident::gpt(dims, offsets, LN_EPS, bf16)))
+    }
+
     fn params(&self) -> &ParamSet {
         &self.params
     }

@@ -236,6 +236,23 @@ impl Model for Llama {
         Ok(Some(Box::new(TokenDirect { step })))
     }
 
+    fn resident_step(
+        &self,
+        layout: &FlatLayout,
+        bf16: bool,
+    ) -> Result<Option<Box<dyn DirectStep>>> {
+        let dims = self.dims;
+        let offsets = LlamaOffsets::from_table(&dims, |name| layout.offset_of(name))?;
+        let c = &self.config;
+        Ok(Some(super::resident::llama(
+            dims,
+            offsets,
+            c.norm_eps,
+            c.rope_theta,
+            bf16,
+        )))
+    }
+
     fn params(&self) -> &ParamSet {
         &self.params
     }

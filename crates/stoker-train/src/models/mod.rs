@@ -10,6 +10,7 @@ pub mod factory;
 pub mod gpt;
 pub mod llama;
 pub mod mlp;
+mod resident;
 mod token_direct;
 
 use candle_core::Tensor;
@@ -72,6 +73,16 @@ pub trait Model {
         &self,
         _layout: &FlatLayout,
         _bf16_operands: bool,
+    ) -> Result<Option<Box<dyn DirectStep>>> {
+        Ok(None)
+    }
+    /// The model's GPU-resident step (stoker-gpu) run by its host build, over the same
+    /// flat layout (`step = "resident"`), with bf16 activations when `bf16`. None by
+    /// default: only the GPT and the Llama have one.
+    fn resident_step(
+        &self,
+        _layout: &FlatLayout,
+        _bf16: bool,
     ) -> Result<Option<Box<dyn DirectStep>>> {
         Ok(None)
     }

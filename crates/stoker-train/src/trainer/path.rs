@@ -143,9 +143,21 @@ impl StepPath {
         sharded: bool,
         device: &Device,
     ) -> Result<(StepPath, Pieces)> {
-        let direct = match config.kernels.direct_step(config.precision) {
-            true => model.direct_step(layout, config.direct_bf16_operands())?,
-            false => None,
+        let direct = match (
+            config.resident_step(),
+            config.kernels.direct_step(config.precision),
+        ) {
+            (true, _) => Some(
+                model
+                    .resident_step(layout, config.precision == Precision::Bf16)?
+                    .ok_or_else(|| {
+                        TrainError::Strategy(
+                            "step = \"resident\": this model has no GPU step".into(),
+                        )
+                    })?,
+            ),
+            (false, true) => model.direct_step(layout, config.direct_bf16_operands())?,
+            (false, false) => None,
         };
         let grad_held = strategy.settle_grads(layout.total_len(), direct.is_some())?;
         let vars_stale = Cell::new(false);

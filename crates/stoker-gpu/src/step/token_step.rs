@@ -1,0 +1,215 @@
+//! The GPU-design steps as stoker-kernels' [`TokenStep`], the interface stoker-train's
+//! direct path runs: each micro-batch's parameters are gathered through the group
+//! protocol (the calls and order of `group_calls`, so every strategy's source, ZeRO-3's
+//! included, serves them as it serves the CPU step), loaded into the step's compute copy,
+//! run, and its gradients added back group by group as the protocol marks them final.
+//! The trainer's master and optimizer stay where they are. On the host backend this is
+//! the GPU step's code inside the whole training loop (`step = "resident"`).
+
+use std::ops::Range;
+
+use stoker_kernels::gpt::{group_calls, GroupCall, Phase, StepParams};
+use stoker_kernels::{GptBatch, KernelError, TokenStep};
+
+use super::TokenBatch;
+use crate::backend::Backend;
+use crate::error::GpuError;
+
+/// What a GPU-design step offers the adapter: the GPT's and the Llama's at one shape.
+pub trait ResidentStep<B: Backend>: Send {
+    /// Copies the flat FP32 `params` into the compute copy.
+    fn load(&self, be: &B, params: &[f32]) -> Result<(), GpuError>;
+    /// Zeroes the gradients, runs one micro-batch, returns the summed loss.
+    fn run(&self, be: &B, batch: TokenBatch, grad_scale: f32) -> Result<f64, GpuError>;
+    /// The gradients (flat layout).
+    fn gradients(&self, be: &B) -> Result<Vec<f32>, GpuError>;
+    /// The evaluation of one micro-batch: summed loss, top-1 hits, valid targets.
+    fn eval(&self, be: &B, batch: TokenBatch) -> Result<(f64, usize, usize), GpuError>;
+    /// Bytes of its buffers.
+    fn buffer_bytes(&self) -> usize;
+}
+
+/// Builds a step for `batch` sequences of `t` positions.
+pub type MakeStep<B, S> = Box<dyn Fn(&B, usize, usize) -> Result<S, GpuError> + Send>;
+
+/// A [`ResidentStep`] per batch shape, on backend `B`, as a [`TokenStep`].
+pub struct AsTokenStep<B: Backend, S: ResidentStep<B>> {
+    be: B,
+    make: MakeStep<B, S>,
+    steps: Vec<((usize, usize), S)>,
+    groups: Vec<Range<usize>>,
+    end: usize,
+}
+
+const OP: &str = "resident-step";
+
+fn kernel_err(e: GpuError) -> KernelError {
+    KernelError::Layout {
+        op: OP,
+        msg: e.to_string(),
+    }
+}
+
+impl<B: Backend, S: ResidentStep<B>> AsTokenStep<B, S> {
+    /// Steps made by `make` on `be` for parameters whose groups span `groups` of a flat
+    /// layout ending at `end`.
+    pub fn new(be: B, make: MakeStep<B, S>, groups: Vec<Range<usize>>, end: usize) -> Self {
+        AsTokenStep {
+            be,
+            make,
+            steps: Vec::new(),
+            groups,
+            end,
+        }
+    }
+
+    /// The step for `batch` x `t` (made on first use: a shape's buffers once).
+    fn step(&mut self, batch: usize, t: usize) -> Result<usize, KernelError> {
+        if let Some(i) = self.steps.iter().position(|(k, _)| *k == (batch, t)) {
+            return Ok(i);
+        }
+        let s = (self.make)(&self.be, batch, t).map_err(kernel_err)?;
+        self.steps.push(((batch, t), s));
+        Ok(self.steps.len() - 1)
+    }
+
+    /// The parameters, gathered through the forward calls of the group protocol.
+    fn gather(
+        &self,
+        source: &mut dyn StepParams,
+    ) -> Result<(Vec<f32>, Vec<GroupCall>), KernelError> {
+        let calls = group_calls(self.groups.len());
+        let mut params = vec![0f32; self.end];
+        let mut seen = vec![false; self.groups.len()];
+        let backward = calls
+            .iter()
+            .position(|c| matches!(c, GroupCall::Open(_, Phase::Backward)))
+            .unwrap_or(calls.len());
+        for &call in &calls[..backward] {
+            match call {
+                GroupCall::Open(g, phase) => {
+                    let view = source.group(g, phase)?;
+                    if !seen[g] {
+                        let r = self.groups[g].clone();
+                        let from = r
+                            .start
+                            .checked_sub(view.base)
+                            .and_then(|s| view.params.get(s..s + r.len()));
+                        let from = from.ok_or_else(|| KernelError::Layout {
+                            op: OP,
+                            msg: format!("group {g}'s view does not cover {r:?}"),
+                        })?;
+                        params[r].copy_from_slice(from);
+                        seen[g] = true;
+                    }
+                }
+                GroupCall::Done(g, phase) => source.done(g, phase)?,
+            }
+        }
+        Ok((params, calls[backward..].to_vec()))
+    }
+}
+
+impl<B: Backend + Send, S: ResidentStep<B>> TokenStep for AsTokenStep<B, S> {
+    fn param_end(&self) -> usize {
+        self.end
+    }
+
+    fn forward_backward_groups(
+        &mut self,
+        source: &mut dyn StepParams,
+        batch: GptBatch,
+        grad_scale: f32,
+    ) -> Result<f64, KernelError> {
+        let (params, backward) = self.gather(source)?;
+        let i = self.step(batch.batch, batch.t)?;
+        let (be, s) = (&self.be, &self.steps[i].1);
+        s.load(be, &params).map_err(kernel_err)?;
+        let tb = TokenBatch {
+            tokens: batch.tokens,
+            targets: batch.targets,
+            ignore: batch.ignore,
+        };
+        let loss = s.run(be, tb, grad_scale).map_err(kernel_err)?;
+        let grads = s.gradients(be).map_err(kernel_err)?;
+        // The backward calls: a group's gradients are added when the protocol opens it
+        // for the last time before marking it done (group 0 opens twice).
+        for (k, &call) in backward.iter().enumerate() {
+            match call {
+                GroupCall::Open(g, phase) => {
+                    let view = source.group(g, phase)?;
+                    if backward.get(k + 1) == Some(&GroupCall::Done(g, Phase::Backward)) {
+                        let r = self.groups[g].clone();
+                        let at = r
+                            .start
+                            .checked_sub(view.base)
+                            .filter(|s| s + r.len() <= view.grads.len());
+                        let at = at.ok_or_else(|| KernelError::Layout {
+                            op: OP,
+                            msg: format!("group {g}'s gradient view does not cover {r:?}"),
+                        })?;
+                        view.grads[at..at + r.len()]
+                            .iter_mut()
+                            .zip(&grads[r])
+                            .for_each(|(a, &g)| *a += g);
+                    }
+                }
+                GroupCall::Done(g, phase) => source.done(g, phase)?,
+            }
+        }
+        Ok(loss)
+    }
+
+    fn evaluate_groups(
+        &mut self,
+        source: &mut dyn StepParams,
+        batch: GptBatch,
+    ) -> Result<(f64, usize, usize), KernelError> {
+        let (params, _) = self.gather(source)?;
+        let i = self.step(batch.batch, batch.t)?;
+        let (be, s) = (&self.be, &self.steps[i].1);
+        s.load(be, &params).map_err(kernel_err)?;
+        s.eval(
+            be,
+            TokenBatch {
+                tokens: batch.tokens,
+                targets: batch.targets,
+                ignore: batch.ignore,
+            },
+        )
+        .map_err(kernel_err)
+    }
+
+    fn activation_bytes(&self) -> usize {
+        self.steps.iter().map(|(_, s)| s.buffer_bytes()).sum()
+    }
+}
+
+macro_rules! resident {
+    ($t:ident) => {
+        impl<B: Backend + Send, T: crate::Act> ResidentStep<B> for super::$t<B, T>
+        where
+            super::$t<B, T>: Send,
+        {
+            fn load(&self, be: &B, params: &[f32]) -> Result<(), GpuError> {
+                self.buffers().load_params(be, params)
+            }
+            fn run(&self, be: &B, batch: TokenBatch, grad_scale: f32) -> Result<f64, GpuError> {
+                self.buffers().zero_grads(be)?;
+                self.forward_backward(be, batch, grad_scale)
+            }
+            fn gradients(&self, be: &B) -> Result<Vec<f32>, GpuError> {
+                self.buffers().grads(be)
+            }
+            fn eval(&self, be: &B, batch: TokenBatch) -> Result<(f64, usize, usize), GpuError> {
+                self.evaluate(be, batch)
+            }
+            fn buffer_bytes(&self) -> usize {
+                self.buffers().bytes()
+            }
+        }
+    };
+}
+
+resident!(GptGpuStep);
+resident!(LlamaGpuStep);

@@ -1,0 +1,120 @@
+//! `step = "resident"`: the GPU step's code (stoker-gpu, on its host backend) inside the
+//! whole training loop. Against the CPU direct step (`handwritten`) on the same global
+//! batches, the GPT and the Llama (grouped-query) train to the same weights and losses
+//! in fp32, track them with bf16 activations, and every strategy (DDP, ZeRO-1/2/3) at 2
+//! ranks gives one rank's result, as the direct step's strategies do; evaluation too.
+
+mod common;
+
+use common::ranks::*;
+use stoker_train::config::{StepKind, TrainConfig};
+
+/// The config of [`config_text`] with `step = "resident"` in place of the kernels key.
+fn resident(model: &str, precision: &str, optimizer: &str, extra: &str) -> TrainConfig {
+    let text = config_text(model, precision, "direct", optimizer, extra)
+        .replace("kernels = \"direct\"", "step = \"resident\"");
+    let c = TrainConfig::parse(&text, std::path::Path::new("resident.toml")).unwrap();
+    assert_eq!(c.step, Some(StepKind::Resident));
+    assert!(
+        c.direct_step(),
+        "step = \"resident\" runs on the direct path"
+    );
+    c
+}
+
+#[test]
+fn the_resident_step_trains_like_the_direct_step_in_fp32_and_tracks_it_in_bf16() {
+    for (model, optimizer) in [(GPT, ADAMW), (LLAMA, SGD)] {
+        let direct = config(model, "fp32", "direct", optimizer, "");
+        let want = train(1, &direct, model, 4, 2, micro_batch).remove(0);
+        for precision in ["fp32", "bf16"] {
+            let got = train(
+                1,
+                &resident(model, precision, optimizer, ""),
+                model,
+                4,
+                2,
+                micro_batch,
+            )
+            .remove(0);
+            let what = format!("{} resident {precision}", &model[8..11]);
+            let d = rel_l2_checked(&got.0, &want.0);
+            let (tol, loss_tol) = if precision == "fp32" {
+                (1e-5, 1e-5)
+            } else {
+                (2e-2, 2e-2)
+            };
+            eprintln!("{what}: weights after {STEPS} steps differ from the direct step's by {d:.2e} (relative L2)");
+            assert!(
+                d <= tol,
+                "{what}: weights differ by {d:e} from the direct step's"
+            );
+            for (s, (a, b)) in got.1.iter().zip(&want.1).enumerate() {
+                assert_eq!(a.count, b.count, "{what}: step {s}'s target count");
+                stoker_testkit::assert_close_scalar(
+                    a.loss,
+                    b.loss,
+                    loss_tol,
+                    &format!("{what}: step {s}'s loss"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_strategy_with_the_resident_step_equals_one_rank_and_evaluates_alike() {
+    for (model, optimizer) in [(GPT, ADAMW), (LLAMA, ADAMW)] {
+        let one = resident(model, "fp32", optimizer, "");
+        let reference = train_and_evaluate(1, &one, model, 4, 2, STEPS, 3, micro_batch).remove(0);
+        for strategy in strategies() {
+            let c = resident(model, "fp32", optimizer, strategy);
+            let what = format!("{} resident {}", &model[8..11], strategy.replace('\n', " "));
+            for (r, run) in train_and_evaluate(2, &c, model, 4, 1, STEPS, 3, micro_batch)
+                .iter()
+                .enumerate()
+            {
+                let d = rel_l2_checked(&run.master, &reference.master);
+                assert!(
+                    d <= 1e-5,
+                    "{what}: rank {r}'s weights differ by {d:e} from one rank's"
+                );
+                let (e, want) = (run.eval.as_ref().unwrap(), reference.eval.as_ref().unwrap());
+                assert_eq!(e.count, want.count, "{what}: rank {r}'s evaluation count");
+                stoker_testkit::assert_close_scalar(
+                    e.accuracy,
+                    want.accuracy,
+                    0.0,
+                    &format!("{what}: rank {r}'s evaluation accuracy"),
+                );
+                stoker_testkit::assert_close_scalar(
+                    e.loss,
+                    want.loss,
+                    1e-5,
+                    &format!("{what}: rank {r}'s evaluation loss"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn what_the_resident_step_cannot_run_is_refused_naming_the_key() {
+    let text = |model: &str, precision: &str, device: &str| {
+        config_text(model, precision, "direct", ADAMW, "").replace(
+            "kernels = \"direct\"",
+            &format!("step = \"resident\"\ndevice = \"{device}\""),
+        )
+    };
+    let err = |t: String| {
+        TrainConfig::parse(&t, std::path::Path::new("r.toml"))
+            .unwrap_err()
+            .to_string()
+    };
+    let e = err(text(CNN, "fp32", "cpu"));
+    assert!(e.contains("step") && e.contains("GPT or a Llama"), "{e}");
+    let e = err(text(GPT, "fp16", "cpu"));
+    assert!(e.contains("precision") && e.contains("fp32 or bf16"), "{e}");
+    let e = err(text(GPT, "fp32", "cuda"));
+    assert!(e.contains("device") && e.contains("not wired yet"), "{e}");
+}
