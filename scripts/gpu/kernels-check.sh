@@ -3,7 +3,8 @@
 # build of the same source, bit for bit (`stoker bench gpu-kernels` exits 1 on any
 # difference), then each kernel's median time at GPT-2 124M's shapes (bf16, micro-batch
 # BATCH x 1024) beside PyTorch's time for the same operation on the same GPU
-# (scripts/gpu/torch_kernels.py: eager, and torch.compile where it fuses); then the GPT
+# (scripts/gpu/torch_kernels.py, eager: compiling each op would take minutes of the
+# device call; TORCH_KERNELS_COMPILE=1 adds torch.compile's times); then the GPT
 # step on the GPU against the host backend, and GPT-2 124M's bf16 forward + backward timed
 # beside PyTorch's (scripts/gpu/torch_gpt2.py: compile, SDPA, bf16 autocast).
 #   bash scripts/gpu/kernels-check.sh [BIN]      (BATCH, default 16; REPS, default 20)
@@ -15,7 +16,9 @@ reps=${REPS:-20}
 status=0
 timeout 300 "$STOKER_GPU_BIN" bench gpu-kernels --step --batch "$batch" --reps "$reps" || status=1
 echo
-timeout 240 python3 scripts/gpu/torch_kernels.py --batch "$batch" --reps "$reps" || status=1
+compile=--no-compile
+[ "${TORCH_KERNELS_COMPILE:-0}" = 1 ] && compile=
+timeout 180 python3 scripts/gpu/torch_kernels.py --batch "$batch" --reps "$reps" $compile || status=1
 echo
 timeout 240 python3 scripts/gpu/torch_gpt2.py --batch "$batch" --steps "$reps" || status=1
 exit $status
