@@ -11,12 +11,12 @@
 // - warp reductions are a butterfly (xor 16, 8, 4, 2, 1) that the host replays lane by
 //   lane in the same order (warp.h).
 #pragma once
+#include <math.h>
 #include <stdint.h>
 
 #ifdef __CUDACC__
 #define STOKER_HD __host__ __device__ __forceinline__
 #else
-#include <math.h>
 #include <string.h>
 #define STOKER_HD inline
 #endif
@@ -114,6 +114,8 @@ STOKER_HD float ftanh(float u) {
   return copysign_((1.0f - e) / (1.0f + e), u);
 }
 
-STOKER_HD float fmax_(float a, float b) { return a > b ? a : b; }
+// The larger of a and b; NaN if either is (whichever argument order: every lane of a
+// butterfly then agrees, as the host's replay does).
+STOKER_HD float fmax_(float a, float b) { return (a != a || a > b) ? a : b; }
 
 }  // namespace stoker

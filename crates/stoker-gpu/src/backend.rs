@@ -39,7 +39,7 @@ pub trait Backend {
     /// Sets the elements of `v` to zero (enqueued after every launch so far).
     fn zero<E: Elem>(&self, v: View<E>) -> Result<(), GpuError>;
     /// Copies `src` into `dst` (enqueued after every launch so far); the lengths must
-    /// match.
+    /// match and the views must not overlap.
     fn copy<E: Elem>(&self, dst: View<E>, src: View<E>) -> Result<(), GpuError>;
     /// The elements of `v`, after every launch so far has finished.
     fn read<E: Elem>(&self, v: View<E>) -> Result<Vec<E>, GpuError>;
@@ -85,6 +85,24 @@ pub trait Backend {
             _buf: PhantomData,
         }
     }
+}
+
+/// `a` and `b` share no element: what a copy between them needs.
+pub(crate) fn check_disjoint<E>(
+    kernel: &'static str,
+    a: &View<E>,
+    b: &View<E>,
+) -> Result<(), GpuError> {
+    let size = std::mem::size_of::<E>() as Addr;
+    let (a0, a1) = (a.addr(), a.addr() + a.len() as Addr * size);
+    let (b0, b1) = (b.addr(), b.addr() + b.len() as Addr * size);
+    if a0 < b1 && b0 < a1 {
+        return Err(GpuError::Shape {
+            kernel,
+            what: format!("the views overlap ({} and {} elements)", a.len(), b.len()),
+        });
+    }
+    Ok(())
 }
 
 /// Elements of a live buffer: an address and a length, borrowed from the buffer so the

@@ -63,10 +63,11 @@ impl Backend for Host {
 
     fn copy<E: Elem>(&self, dst: View<E>, src: View<E>) -> Result<(), GpuError> {
         crate::error::check_len("copy", "dst", dst.len(), src.len())?;
+        crate::backend::check_disjoint("copy", &dst, &src)?;
         // SAFETY: both views lie inside live HostBufs of this backend (cells that may be
-        // written) and hold src.len() elements; `copy` allows them to overlap.
+        // written), hold src.len() elements and do not overlap (checked above).
         unsafe {
-            std::ptr::copy(
+            std::ptr::copy_nonoverlapping(
                 src.addr() as usize as *const E,
                 dst.addr() as usize as *mut E,
                 src.len(),

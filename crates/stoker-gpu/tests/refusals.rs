@@ -86,3 +86,14 @@ fn wrong_lengths_and_dimensions_are_refused_naming_the_buffer() {
     let e = Host.view(&att, 4..11).unwrap_err();
     assert_eq!(e.to_string(), "view: elements 4..11 of a buffer of 10");
 }
+
+#[test]
+fn a_copy_between_overlapping_views_is_refused() {
+    let b = up(&[1.0f32, 2.0, 3.0, 4.0]);
+    let (a, c) = (Host.view(&b, 0..3).unwrap(), Host.view(&b, 1..4).unwrap());
+    let e = Host.copy(a, c).unwrap_err();
+    assert_eq!(e.to_string(), "copy: the views overlap (3 and 3 elements)");
+    let (lo, hi) = (Host.view(&b, 0..2).unwrap(), Host.view(&b, 2..4).unwrap());
+    Host.copy(lo, hi).unwrap();
+    assert_eq!(down(&b), [3.0, 4.0, 3.0, 4.0]);
+}

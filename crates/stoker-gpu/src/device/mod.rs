@@ -132,23 +132,51 @@ fn config(grid: Grid) -> LaunchConfig {
     }
 }
 
-impl Backend for Device {
-    type Buf<E: Elem> = CudaSlice<E>;
+/// A device buffer and the length asked for (CUDA refuses empty allocations: an empty
+/// buffer holds one unused element, and says it holds none, as the host's does).
+pub struct DeviceBuf<E> {
+    slice: CudaSlice<E>,
+    len: usize,
+}
 
-    fn zeros<E: Elem>(&self, len: usize) -> Result<CudaSlice<E>, GpuError> {
-        self.stream
+impl Device {
+    /// Makes this device's context current on the calling thread (a `Device` may move
+    /// between threads; cudarc's own calls do this, the raw ones below need it).
+    fn bind(&self) -> Result<(), GpuError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver("making the context current"))
+    }
+}
+
+impl Backend for Device {
+    type Buf<E: Elem> = DeviceBuf<E>;
+
+    fn zeros<E: Elem>(&self, len: usize) -> Result<DeviceBuf<E>, GpuError> {
+        let slice = self
+            .stream
             .alloc_zeros::<E>(len.max(1))
-            .map_err(driver(format!("allocating {len} elements")))
+            .map_err(driver(format!("allocating {len} elements")))?;
+        Ok(DeviceBuf { slice, len })
     }
 
-    fn upload<E: Elem>(&self, data: &[E]) -> Result<CudaSlice<E>, GpuError> {
-        self.stream
+    fn upload<E: Elem>(&self, data: &[E]) -> Result<DeviceBuf<E>, GpuError> {
+        if data.is_empty() {
+            return self.zeros(0);
+        }
+        let slice = self
+            .stream
             .clone_htod(data)
-            .map_err(driver(format!("copying {} elements up", data.len())))
+            .map_err(driver(format!("copying {} elements up", data.len())))?;
+        Ok(DeviceBuf {
+            slice,
+            len: data.len(),
+        })
     }
 
     fn write_at<E: Elem>(&self, v: View<E>, data: &[E]) -> Result<(), GpuError> {
         crate::error::check_len("write", "data", data.len(), v.len())?;
+        self.bind()?;
         // SAFETY: a View lies inside a live device buffer of this context (checked when
         // it was made) and holds data.len() elements; the copy is ordered on the stream
         // after every launch, and `data` outlives it (the synchronization below).
@@ -159,13 +187,17 @@ impl Backend for Device {
         self.synchronize()
     }
 
-    fn download<E: Elem>(&self, buf: &CudaSlice<E>) -> Result<Vec<E>, GpuError> {
-        self.stream
-            .clone_dtoh(buf)
-            .map_err(driver("copying a buffer down"))
+    fn download<E: Elem>(&self, buf: &DeviceBuf<E>) -> Result<Vec<E>, GpuError> {
+        let mut all = self
+            .stream
+            .clone_dtoh(&buf.slice)
+            .map_err(driver("copying a buffer down"))?;
+        all.truncate(buf.len);
+        Ok(all)
     }
 
     fn zero<E: Elem>(&self, v: View<E>) -> Result<(), GpuError> {
+        self.bind()?;
         // SAFETY: a View lies inside a live device buffer of this context (checked when
         // it was made); the memset is ordered on the stream.
         unsafe {
@@ -181,6 +213,8 @@ impl Backend for Device {
 
     fn copy<E: Elem>(&self, dst: View<E>, src: View<E>) -> Result<(), GpuError> {
         crate::error::check_len("copy", "dst", dst.len(), src.len())?;
+        crate::backend::check_disjoint("copy", &dst, &src)?;
+        self.bind()?;
         // SAFETY: both views lie inside live device buffers of this context and hold
         // src.len() elements; the copy is ordered on the stream.
         unsafe {
@@ -198,6 +232,7 @@ impl Backend for Device {
     }
 
     fn read<E: Elem>(&self, v: View<E>) -> Result<Vec<E>, GpuError> {
+        self.bind()?;
         let mut out = vec![E::default(); v.len()];
         // SAFETY: as in `zero`; `out` holds v.len() elements and lives until the
         // synchronization below.
@@ -209,12 +244,12 @@ impl Backend for Device {
         Ok(out)
     }
 
-    fn len<E: Elem>(buf: &CudaSlice<E>) -> usize {
-        buf.len()
+    fn len<E: Elem>(buf: &DeviceBuf<E>) -> usize {
+        buf.len
     }
 
-    fn addr<E: Elem>(&self, buf: &CudaSlice<E>) -> Addr {
-        let (ptr, _sync) = buf.device_ptr(&self.stream);
+    fn addr<E: Elem>(&self, buf: &DeviceBuf<E>) -> Addr {
+        let (ptr, _sync) = buf.slice.device_ptr(&self.stream);
         ptr
     }
 
@@ -255,6 +290,7 @@ impl Backend for Device {
             })
         };
         let (alpha, beta) = (1f32, if g.accumulate { 1f32 } else { 0f32 });
+        self.bind()?;
         let stride = |s: usize| s as i64;
         // Row-major C = A B is column-major C^T = B^T A^T: cuBLAS gets B's storage first,
         // with the sizes swapped. f32 accumulation (no TF32) for every input type.

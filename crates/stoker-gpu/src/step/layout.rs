@@ -119,7 +119,7 @@ pub struct ActLayout {
 }
 
 /// Warps of the LayerNorm backward's partial rows, and of the loss sum.
-pub const PARTIAL_WARPS: usize = 128;
+pub const PARTIAL_WARPS: usize = 1024;
 /// Row chunks of a bias gradient.
 pub const BIAS_PARTS: usize = 64;
 
