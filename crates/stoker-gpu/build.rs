@@ -22,6 +22,7 @@ fn main() {
         "elementwise",
         "layernorm",
         "llama",
+        "optim",
         "reduce",
         "softmax",
     ];

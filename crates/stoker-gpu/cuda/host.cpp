@@ -8,6 +8,7 @@
 #include "ops/elementwise.cuh"
 #include "ops/layernorm.cuh"
 #include "ops/llama.cuh"
+#include "ops/optim.cuh"
 #include "ops/reduce.cuh"
 #include "ops/softmax.cuh"
 

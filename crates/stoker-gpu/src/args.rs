@@ -1,6 +1,6 @@
 //! The kernels' by-value arguments, laid out as cuda/ops declares them (`repr(C)`).
 
-use stoker_kernels::AdamWStep;
+use stoker_kernels::{AdamWStep, SgdStep};
 
 /// Attention's shape: batch, sequence, heads and head width (`Heads` in
 /// cuda/ops/elementwise.cuh).
@@ -55,9 +55,35 @@ impl From<&AdamWStep> for AdamWArgs {
     }
 }
 
-// SAFETY: both are repr(C) structs of plain 32-bit numbers, laid out as the kernels'
+/// SGD's scalars for one step (`Sgd` in cuda/ops/optim.cuh): stoker-kernels' [`SgdStep`],
+/// field for field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SgdArgs {
+    lr: f32,
+    momentum: f32,
+    weight_decay: f32,
+    nesterov: i32,
+    first: i32,
+}
+
+impl From<&SgdStep> for SgdArgs {
+    fn from(s: &SgdStep) -> Self {
+        SgdArgs {
+            lr: s.lr,
+            momentum: s.momentum,
+            weight_decay: s.weight_decay,
+            nesterov: s.nesterov as i32,
+            first: s.first as i32,
+        }
+    }
+}
+
+// SAFETY: all three are repr(C) structs of plain 32-bit numbers, laid out as the kernels'
 // C++ structs of the same fields.
 #[cfg(feature = "cuda")]
 unsafe impl cudarc::driver::DeviceRepr for Heads {}
 #[cfg(feature = "cuda")]
 unsafe impl cudarc::driver::DeviceRepr for AdamWArgs {}
+#[cfg(feature = "cuda")]
+unsafe impl cudarc::driver::DeviceRepr for SgdArgs {}

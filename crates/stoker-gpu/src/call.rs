@@ -3,7 +3,7 @@
 //! the C function of that name over the whole grid, the device launches the kernel. The
 //! names, argument orders and grids here are cuda/kernels.inc's.
 
-use crate::args::{AdamWArgs, Heads};
+use crate::args::{AdamWArgs, Heads, SgdArgs};
 use crate::elem::Dtype;
 
 /// A buffer's element address: a device pointer on the GPU, a host pointer on the CPU.
@@ -36,6 +36,8 @@ pub enum Arg {
     Heads(Heads),
     /// An `AdamW` by value.
     AdamW(AdamWArgs),
+    /// An `Sgd` by value.
+    Sgd(SgdArgs),
 }
 
 /// One operand: its address, leading dimension (elements between rows as stored) and
@@ -305,6 +307,31 @@ pub enum Call {
         decay: i32,
         grad_scale: f32,
     },
+    AdamwSegments {
+        p: Addr,
+        g: Addr,
+        m: Addr,
+        v: Addr,
+        copy: Addr,
+        n: i64,
+        s: AdamWArgs,
+        bounds: Addr,
+        decay: Addr,
+        segs: i32,
+        grad_scale: f32,
+    },
+    SgdSegments {
+        p: Addr,
+        g: Addr,
+        buf: Addr,
+        copy: Addr,
+        n: i64,
+        s: SgdArgs,
+        bounds: Addr,
+        decay: Addr,
+        segs: i32,
+        grad_scale: f32,
+    },
     SumPartials {
         partials: Addr,
         x: Addr,
@@ -349,6 +376,8 @@ impl Call {
             Call::HeadsToKv { .. } => "heads_to_kv",
             Call::ReducePartials { .. } => "reduce_partials",
             Call::Adamw { .. } => "adamw",
+            Call::AdamwSegments { .. } => "adamw_segments",
+            Call::SgdSegments { .. } => "sgd_segments",
             Call::SumPartials { .. } => "sum_partials",
             Call::Sum { .. } => "sum",
         }
@@ -381,7 +410,12 @@ impl Call {
             | SwigluBackward { dtype, .. }
             | KvToHeads { dtype, .. }
             | HeadsToKv { dtype, .. } => Some(dtype),
-            ReducePartials { .. } | Adamw { .. } | SumPartials { .. } | Sum { .. } => None,
+            ReducePartials { .. }
+            | Adamw { .. }
+            | AdamwSegments { .. }
+            | SgdSegments { .. }
+            | SumPartials { .. }
+            | Sum { .. } => None,
         }
     }
 
@@ -417,6 +451,7 @@ impl Call {
                 Grid::Warps(*warps as i64)
             }
             Sum { .. } => Grid::Warps(1),
+            AdamwSegments { n, .. } | SgdSegments { n, .. } => Grid::Elements(*n),
             RmsnormForward { n, .. } => Grid::Rows(*n),
             RmsnormBackward { warps, .. } => Grid::Warps(*warps as i64),
             Rope { n, .. } | SwigluForward { n, .. } | SwigluBackward { n, .. } => {
@@ -698,6 +733,58 @@ impl Call {
                     I64(n),
                     Arg::AdamW(s),
                     I32(decay),
+                    F32(grad_scale),
+                ]
+            }
+            AdamwSegments {
+                p,
+                g,
+                m,
+                v,
+                copy,
+                n,
+                s,
+                bounds,
+                decay,
+                segs,
+                grad_scale,
+            } => {
+                vec![
+                    A(p),
+                    A(g),
+                    A(m),
+                    A(v),
+                    A(copy),
+                    I64(n),
+                    Arg::AdamW(s),
+                    A(bounds),
+                    A(decay),
+                    I32(segs),
+                    F32(grad_scale),
+                ]
+            }
+            SgdSegments {
+                p,
+                g,
+                buf,
+                copy,
+                n,
+                s,
+                bounds,
+                decay,
+                segs,
+                grad_scale,
+            } => {
+                vec![
+                    A(p),
+                    A(g),
+                    A(buf),
+                    A(copy),
+                    I64(n),
+                    Arg::Sgd(s),
+                    A(bounds),
+                    A(decay),
+                    I32(segs),
                     F32(grad_scale),
                 ]
             }

@@ -63,6 +63,7 @@ impl Dtype {
 impl Elem for f32 {}
 impl Elem for bf16 {}
 impl Elem for i32 {}
+impl Elem for i64 {}
 
 impl Act for f32 {
     const DTYPE: Dtype = Dtype::F32;
@@ -90,4 +91,5 @@ mod sealed {
     impl Sealed for f32 {}
     impl Sealed for half::bf16 {}
     impl Sealed for i32 {}
+    impl Sealed for i64 {}
 }

@@ -4,7 +4,7 @@
 
 use std::ffi::c_void;
 
-use crate::args::{AdamWArgs, Heads};
+use crate::args::{AdamWArgs, Heads, SgdArgs};
 use crate::call::{Addr, Call};
 use crate::elem::Dtype;
 
@@ -74,6 +74,31 @@ extern "C" {
         n: i64,
         s: AdamWArgs,
         decay: i32,
+        grad_scale: f32,
+    );
+    fn stoker_host_adamw_segments(
+        p: P,
+        g: P,
+        m: P,
+        v: P,
+        copy: P,
+        n: i64,
+        s: AdamWArgs,
+        bounds: P,
+        decay: P,
+        segs: i32,
+        grad_scale: f32,
+    );
+    fn stoker_host_sgd_segments(
+        p: P,
+        g: P,
+        buf: P,
+        copy: P,
+        n: i64,
+        s: SgdArgs,
+        bounds: P,
+        decay: P,
+        segs: i32,
         grad_scale: f32,
     );
     fn stoker_host_sum_partials(partials: P, x: P, n: i64, squares: i32, warps: i32);
@@ -354,6 +379,54 @@ pub(crate) unsafe fn run(call: &Call) {
                 decay,
                 grad_scale,
             } => stoker_host_adamw(p(w), p(g), p(m), p(v), p(copy), n, s, decay, grad_scale),
+            AdamwSegments {
+                p: w,
+                g,
+                m,
+                v,
+                copy,
+                n,
+                s,
+                bounds,
+                decay,
+                segs,
+                grad_scale,
+            } => stoker_host_adamw_segments(
+                p(w),
+                p(g),
+                p(m),
+                p(v),
+                p(copy),
+                n,
+                s,
+                p(bounds),
+                p(decay),
+                segs,
+                grad_scale,
+            ),
+            SgdSegments {
+                p: w,
+                g,
+                buf,
+                copy,
+                n,
+                s,
+                bounds,
+                decay,
+                segs,
+                grad_scale,
+            } => stoker_host_sgd_segments(
+                p(w),
+                p(g),
+                p(buf),
+                p(copy),
+                n,
+                s,
+                p(bounds),
+                p(decay),
+                segs,
+                grad_scale,
+            ),
             SumPartials {
                 partials,
                 x,

@@ -7,7 +7,8 @@
 //!
 //! Layers, bottom up: `call` (one launch as data: name, grid, arguments), `backend` (flat
 //! buffers, views, launching), `host` (the CPU backend, through `ffi`), `ids` (ids checked
-//! before upload), `kernels` (every kernel as a checked call, for any backend; `llama` the Llama's). Beside
+//! before upload), `kernels` (every kernel as a checked call, for any backend; `llama` the Llama's, `optim` the
+//! optimizers over segments). Beside
 //! them: `args` (by-value arguments, `repr(C)`), `elem` (element types), `error`,
 //! `token_groups` (the embedding backward's one-writer-per-row index), `grad_reduce` (gradients
 //! summed over ranks), `sample` (seeded
@@ -26,6 +27,7 @@ pub mod host;
 pub mod ids;
 pub mod kernels;
 pub mod llama;
+pub mod optim;
 pub mod sample;
 pub mod scenario;
 pub mod step;

@@ -334,12 +334,60 @@ pub fn f32_outputs<B: Backend>(b: &B) -> Result<Vec<Output>, GpuError> {
         300,
         false,
     )?;
+    // The segmented optimizers over the same buffers' copies, gaps between segments.
+    let segments = [(0..3000, true), (3000..3001, false), (3100..n, true)];
+    let segs = crate::optim::Segments::new(b, &segments, n)?;
+    let (p2, m2, v2) = (
+        b.upload(&uniform(n, 21, 1.0))?,
+        b.upload(&uniform(n, 23, 0.01))?,
+        b.upload(
+            &uniform(n, 24, 0.001)
+                .iter()
+                .map(|x| x.abs())
+                .collect::<Vec<_>>(),
+        )?,
+    );
+    crate::optim::adamw(
+        b,
+        b.all(&p2),
+        b.all(&g),
+        b.all(&m2),
+        b.all(&v2),
+        None,
+        &step,
+        &segs,
+        0.5,
+    )?;
+    let (p3, buf) = (
+        b.upload(&uniform(n, 25, 1.0))?,
+        b.upload(&uniform(n, 26, 0.05))?,
+    );
+    let sgd = stoker_kernels::SgdStep {
+        lr: 0.05,
+        momentum: 0.9,
+        weight_decay: 0.01,
+        nesterov: true,
+        first: false,
+    };
+    crate::optim::sgd(
+        b,
+        b.all(&p3),
+        b.all(&g),
+        Some(b.all(&buf)),
+        None,
+        &sgd,
+        &segs,
+        0.5,
+    )?;
     Ok(vec![
         ("adamw/p".into(), b.download(&p)?),
         ("adamw/m".into(), b.download(&m)?),
         ("adamw/v".into(), b.download(&v)?),
         ("adamw/copy".into(), widen(&b.download(&copy)?)),
         ("sum/squares".into(), b.download(&sum)?),
+        ("adamw-segments/p".into(), b.download(&p2)?),
+        ("sgd-segments/p".into(), b.download(&p3)?),
+        ("sgd-segments/buf".into(), b.download(&buf)?),
     ])
 }
 

@@ -152,7 +152,7 @@ fn segments(ranges: &[(String, std::ops::Range<usize>)]) -> Vec<(std::ops::Range
 /// bits).
 #[test]
 fn five_training_steps_track_the_cpu_steps_losses_and_weights() {
-    use stoker_gpu::step::optimizer::AdamWState;
+    use stoker_gpu::step::optimizer::{OptimizerState, Scalars};
     use stoker_kernels::AdamWStep;
     let (offsets, params0, ranges, tokens, targets) = setup();
     let segs = segments(&ranges);
@@ -172,7 +172,7 @@ fn five_training_steps_track_the_cpu_steps_losses_and_weights() {
 
     let step = GptGpuStep::<Host, f32>::new(&Host, DIMS, offsets, 1e-5, BATCH, T).unwrap();
     step.buffers().load_params(&Host, &params0).unwrap();
-    let opt = AdamWState::new(&Host, &params0, segs).unwrap();
+    let opt = OptimizerState::adamw(&Host, &params0, &segs).unwrap();
     let tb = TokenBatch {
         tokens: &tokens,
         targets: &targets,
@@ -182,7 +182,9 @@ fn five_training_steps_track_the_cpu_steps_losses_and_weights() {
         step.buffers().zero_grads(&Host).unwrap();
         let loss = step.forward_backward(&Host, tb, scale).unwrap();
         assert_close_scalar(loss, *want, 1e-5, &format!("loss at step {t}"));
-        let norm = step.update(&Host, &opt, &adam(t), 1.0, Some(clip)).unwrap();
+        let norm = step
+            .update(&Host, &opt, &Scalars::AdamW(adam(t)), 1.0, Some(clip))
+            .unwrap();
         assert!(
             norm > clip,
             "step {t}: norm {norm} does not exercise clipping"
@@ -386,4 +388,82 @@ fn as_a_token_step_it_matches_the_cpu_step_and_its_group_order() {
     assert_close_scalar(l2, l1, 1e-5, "evaluation through TokenStep");
     assert_eq!((h2, c2), (h1, c1));
     assert!(gpu.activation_bytes() > 0);
+}
+
+/// Three training steps with SGD (Nesterov momentum, weight decay on matrices) through
+/// the step's update, against the CPU step with stoker-kernels' SGD: the same weights.
+#[test]
+fn sgd_training_steps_track_the_cpu_steps() {
+    use stoker_gpu::step::optimizer::{OptimizerState, Scalars};
+    use stoker_kernels::optim::sgd_update_scalar;
+    use stoker_kernels::SgdStep;
+    let (offsets, params0, ranges, tokens, targets) = setup();
+    let segs = segments(&ranges);
+    let sgd = |t: u64| SgdStep {
+        lr: 0.05,
+        momentum: 0.9,
+        weight_decay: 0.01,
+        nesterov: true,
+        first: t == 1,
+    };
+    let b = GptBatch {
+        tokens: &tokens,
+        targets: &targets,
+        batch: BATCH,
+        t: T,
+        ignore: -1,
+    };
+    let mut cpu = GptStep::new(DIMS, offsets.clone(), false, 1e-5).unwrap();
+    let (mut p, mut buf) = (params0.clone(), vec![0f32; params0.len()]);
+    for t in 1..=3 {
+        let mut g = vec![0f32; p.len()];
+        cpu.forward_backward(&p, b, 1.0 / 31.0, &mut g, &mut |_, _| {})
+            .unwrap();
+        for (r, decay) in &segs {
+            sgd_update_scalar(
+                &sgd(t),
+                *decay,
+                &mut p[r.clone()],
+                &g[r.clone()],
+                &mut buf[r.clone()],
+            );
+        }
+    }
+    let step = GptGpuStep::<Host, f32>::new(&Host, DIMS, offsets, 1e-5, BATCH, T).unwrap();
+    step.buffers().load_params(&Host, &params0).unwrap();
+    let opt = OptimizerState::sgd(&Host, &params0, &segs, true).unwrap();
+    for t in 1..=3 {
+        step.buffers().zero_grads(&Host).unwrap();
+        step.forward_backward(
+            &Host,
+            TokenBatch {
+                tokens: &tokens,
+                targets: &targets,
+                ignore: -1,
+            },
+            1.0 / 31.0,
+        )
+        .unwrap();
+        step.update(&Host, &opt, &Scalars::Sgd(sgd(t)), 1.0, None)
+            .unwrap();
+    }
+    let got = opt.master(&Host).unwrap();
+    for (name, r) in &ranges {
+        assert_close(
+            &got[r.clone()],
+            &p[r.clone()],
+            1e-5,
+            &format!("{name} after 3 SGD steps"),
+        );
+    }
+    let wrong = step.update(
+        &Host,
+        &opt,
+        &Scalars::AdamW(stoker_kernels::AdamWStep::new(
+            1e-3, 0.9, 0.99, 1e-8, 0.0, 1,
+        )),
+        1.0,
+        None,
+    );
+    assert!(wrong.unwrap_err().to_string().contains("other optimizer"));
 }

@@ -273,6 +273,37 @@ fn calls() -> Vec<Call> {
             decay: 0,
             grad_scale: 1.0,
         },
+        Call::AdamwSegments {
+            p: 0,
+            g: 0,
+            m: 0,
+            v: 0,
+            copy: 0,
+            n: 1,
+            s,
+            bounds: 0,
+            decay: 0,
+            segs: 1,
+            grad_scale: 1.0,
+        },
+        Call::SgdSegments {
+            p: 0,
+            g: 0,
+            buf: 0,
+            copy: 0,
+            n: 1,
+            s: stoker_gpu::args::SgdArgs::from(&stoker_kernels::SgdStep {
+                lr: 0.1,
+                momentum: 0.0,
+                weight_decay: 0.0,
+                nesterov: false,
+                first: true,
+            }),
+            bounds: 0,
+            decay: 0,
+            segs: 1,
+            grad_scale: 1.0,
+        },
         Call::SumPartials {
             partials: 0,
             x: 0,
@@ -310,7 +341,7 @@ fn every_call_is_a_kernels_inc_entry_with_its_grid_and_arity() {
     );
     assert_eq!(
         want.len(),
-        50,
+        52,
         "kernels.inc's entry count changed: update Call and ffi.rs"
     );
 }

@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use half::bf16;
 use stoker_gpu::step::llama::LlamaGpuStep;
-use stoker_gpu::step::optimizer::AdamWState;
+use stoker_gpu::step::optimizer::{OptimizerState, Scalars};
 use stoker_gpu::step::TokenBatch;
 use stoker_gpu::{Act, Host};
 use stoker_kernels::{AdamWStep, GptBatch, LlamaDims, LlamaStep, TokenStep};
@@ -136,7 +136,7 @@ fn five_llama_training_steps_track_the_cpu_steps() {
         LlamaGpuStep::<Host, f32>::new(&Host, DIMS, g.offsets.clone(), 1e-5, THETA, BATCH, T)
             .unwrap();
     step.buffers().load_params(&Host, &g.params).unwrap();
-    let opt = AdamWState::new(&Host, &g.params, segs).unwrap();
+    let opt = OptimizerState::adamw(&Host, &g.params, &segs).unwrap();
     for (t, want) in (1..=5).zip(&losses) {
         step.buffers().zero_grads(&Host).unwrap();
         let loss = step
@@ -151,7 +151,8 @@ fn five_llama_training_steps_track_the_cpu_steps() {
             )
             .unwrap();
         assert_close_scalar(loss, *want, 1e-5, &format!("loss at step {t}"));
-        step.update(&Host, &opt, &adam(t), 1.0, Some(clip)).unwrap();
+        step.update(&Host, &opt, &Scalars::AdamW(adam(t)), 1.0, Some(clip))
+            .unwrap();
     }
     assert!(losses[4] < losses[0], "the loss did not fall: {losses:?}");
     let got = opt.master(&Host).unwrap();

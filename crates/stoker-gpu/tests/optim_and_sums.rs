@@ -103,3 +103,114 @@ fn sums_and_squared_norms_match_f64() {
         );
     }
 }
+
+/// Segments with gaps between them and mixed weight-decay flags.
+fn segments() -> Vec<(std::ops::Range<usize>, bool)> {
+    vec![
+        (0..700, true),
+        (700..701, false),
+        (705..2000, true),
+        (2000..4100, false),
+        (4200..5003, true),
+    ]
+}
+
+#[test]
+fn segmented_adamw_is_the_cpu_update_per_segment_bit_for_bit_and_leaves_gaps() {
+    use stoker_gpu::optim::{self, Segments};
+    let n = 5003;
+    let (p0, g) = (uniform(n, 61, 1.0), uniform(n, 62, 0.1));
+    let m0 = uniform(n, 63, 0.01);
+    let v0: Vec<f32> = uniform(n, 64, 0.001).iter().map(|x| x.abs()).collect();
+    let s = AdamWStep::new(3e-4, 0.9, 0.95, 1e-8, 0.1, 9);
+    let (mut p, mut m, mut v) = (p0.clone(), m0.clone(), v0.clone());
+    for (r, decay) in segments() {
+        adamw_update_scalar(
+            &s,
+            decay,
+            &mut p[r.clone()],
+            &g[r.clone()],
+            &mut m[r.clone()],
+            &mut v[r],
+        );
+    }
+    let segs = Segments::new(&Host, &segments(), n).unwrap();
+    let (hp, hg, hm, hv, copy) = (up(&p0), up(&g), up(&m0), up(&v0), zeros::<half::bf16>(n));
+    optim::adamw(
+        &Host,
+        all(&hp),
+        all(&hg),
+        all(&hm),
+        all(&hv),
+        Some(all(&copy)),
+        &s,
+        &segs,
+        1.0,
+    )
+    .unwrap();
+    assert_bits_eq(&down(&hp), &p, "segmented adamw weights (gaps untouched)");
+    assert_bits_eq(&down(&hm), &m, "segmented adamw first moment");
+    assert_bits_eq(&down(&hv), &v, "segmented adamw second moment");
+    let copied: Vec<f32> = segments()
+        .iter()
+        .flat_map(|(r, _)| r.clone())
+        .map(|i| down(&copy)[i].to_f32())
+        .collect();
+    let want: Vec<f32> = segments()
+        .iter()
+        .flat_map(|(r, _)| r.clone())
+        .map(|i| half::bf16::from_f32(p[i]).to_f32())
+        .collect();
+    assert_bits_eq(&copied, &want, "segmented adamw bf16 copy");
+}
+
+#[test]
+fn segmented_sgd_is_the_cpu_update_per_segment_bit_for_bit() {
+    use stoker_gpu::optim::{self, Segments};
+    use stoker_kernels::optim::sgd_update_scalar;
+    use stoker_kernels::SgdStep;
+    let n = 5003;
+    let (p0, g, b0) = (
+        uniform(n, 71, 1.0),
+        uniform(n, 72, 0.1),
+        uniform(n, 73, 0.05),
+    );
+    let segs = Segments::new(&Host, &segments(), n).unwrap();
+    for (momentum, nesterov, first) in [
+        (0.9f32, false, true),
+        (0.9, true, false),
+        (0.0, false, false),
+    ] {
+        let s = SgdStep {
+            lr: 0.05,
+            momentum,
+            weight_decay: 0.01,
+            nesterov,
+            first,
+        };
+        let (mut p, mut b) = (p0.clone(), b0.clone());
+        for (r, decay) in segments() {
+            sgd_update_scalar(&s, decay, &mut p[r.clone()], &g[r.clone()], &mut b[r]);
+        }
+        let (hp, hg, hb) = (up(&p0), up(&g), up(&b0));
+        let buf = (momentum != 0.0).then(|| all(&hb));
+        optim::sgd(&Host, all(&hp), all(&hg), buf, None, &s, &segs, 1.0).unwrap();
+        let what = format!("sgd momentum {momentum} nesterov {nesterov} first {first}");
+        assert_bits_eq(&down(&hp), &p, &format!("{what}: weights"));
+        assert_bits_eq(&down(&hb), &b, &format!("{what}: momentum buffer"));
+    }
+    let e = Segments::new(&Host, &[(0..10, true), (5..20, false)], 30)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("sorted, disjoint"), "{e}");
+    let s = SgdStep {
+        lr: 0.05,
+        momentum: 0.9,
+        weight_decay: 0.0,
+        nesterov: false,
+        first: true,
+    };
+    let (hp, hg) = (up(&p0), up(&g));
+    let e = optim::sgd(&Host, all(&hp), all(&hg), None, None, &s, &segs, 1.0).unwrap_err();
+    assert!(e.to_string().contains("needs a momentum buffer"), "{e}");
+}

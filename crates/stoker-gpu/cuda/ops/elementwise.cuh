@@ -139,29 +139,4 @@ STOKER_HD void reduce_partials_at(int64_t i, float* dst, const float* partials, 
   dst[i] += s;
 }
 
-// AdamW's scalars for one step, as stoker-kernels' AdamWStep (derived in f64 on the host).
-struct AdamW {
-  float decay, w1, beta2, w2, step_size, bc2_sqrt, eps;
-};
-
-// One AdamW update of element i, stoker-kernels' adamw_update_scalar exactly (torch's
-// order; the one fused multiply-add where it has one), on the gradient times
-// `grad_scale` (unscaling and clipping, 1 when neither applies). Writes the bf16 copy
-// when `copy` is not null.
-STOKER_HD void adamw_at(int64_t i, float* p, const float* g, float* m, float* v, bf16* copy,
-                        AdamW s, int decay, float grad_scale) {
-  float gi = g[i];
-  if (grad_scale != 1.0f) gi = gi * grad_scale;
-  float pi = p[i];
-  if (decay) pi = pi * s.decay;
-  float mi = m[i] + s.w1 * (gi - m[i]);
-  float vi = v[i] * s.beta2 + s.w2 * gi * gi;
-  float denom = fsqrt(vi) / s.bc2_sqrt + s.eps;
-  pi = fmaf(-s.step_size, mi / denom, pi);
-  p[i] = pi;
-  m[i] = mi;
-  v[i] = vi;
-  if (copy) copy[i] = store<bf16>(pi);
-}
-
 }  // namespace stoker

@@ -505,13 +505,13 @@ pub fn time_step(dev: &Device, b: usize, reps: usize) -> Result<StepTimes, GpuEr
     let step = GptGpuStep::<Device, bf16>::new(dev, dims, g.offsets.clone(), 1e-5, b, t)?;
     step.buffers().load_params(dev, &g.params)?;
     let table = stoker_kernels::gpt_params(&dims);
-    let segments = g
+    let segments: Vec<(std::ops::Range<usize>, bool)> = g
         .ranges
         .iter()
         .zip(&table)
         .map(|((_, r), p)| (r.clone(), p.shape.len() >= 2))
         .collect();
-    let opt = crate::step::optimizer::AdamWState::new(dev, &g.params, segments)?;
+    let opt = crate::step::optimizer::OptimizerState::adamw(dev, &g.params, &segments)?;
     let tokens: Vec<i64> = crate::sample::ids(b * t, 3, dims.vocab)
         .iter()
         .map(|&x| x as i64)
@@ -533,7 +533,13 @@ pub fn time_step(dev: &Device, b: usize, reps: usize) -> Result<StepTimes, GpuEr
             step.forward_backward(dev, batch, 1.0 / (b * t) as f32)?; // ends on the loss read
             if with_update {
                 let adam = AdamWStep::new(3e-4, 0.9, 0.95, 1e-8, 0.1, i as u64 + 1);
-                step.update(dev, &opt, &adam, 1.0, Some(1.0))?; // ends on the norm read
+                step.update(
+                    dev,
+                    &opt,
+                    &crate::step::optimizer::Scalars::AdamW(adam),
+                    1.0,
+                    Some(1.0),
+                )?; // ends on the norm read
                 dev.synchronize()?;
             }
             if i >= 2 {

@@ -266,6 +266,7 @@ impl Backend for Device {
                 Arg::F32(v) => launch.arg(v),
                 Arg::Heads(v) => launch.arg(v),
                 Arg::AdamW(v) => launch.arg(v),
+                Arg::Sgd(v) => launch.arg(v),
             };
         }
         // SAFETY: the caller's contract (every address inside a live buffer, as the

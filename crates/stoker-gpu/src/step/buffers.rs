@@ -32,7 +32,7 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
         })
     }
 
-    /// Bytes of the four buffers. With AdamW add [`super::optimizer::AdamWState::bytes`]:
+    /// Bytes of the four buffers. With AdamW add [`super::optimizer::OptimizerState::bytes`]:
     /// the planned side of the device check's memory line.
     pub fn bytes(&self) -> usize {
         let t = std::mem::size_of::<T>();

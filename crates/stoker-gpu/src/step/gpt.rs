@@ -8,7 +8,7 @@ use stoker_kernels::{GptDims, GptOffsets};
 
 use super::buffers::{self, LossSpans, StepBuffers, TokenModel};
 use super::layout::{ActLayout, Span, BIAS_PARTS, PARTIAL_WARPS};
-use super::optimizer::{self, AdamWState};
+use super::optimizer::{self, OptimizerState, Scalars};
 use crate::backend::{Backend, View};
 use crate::elem::Act;
 use crate::error::GpuError;
@@ -94,8 +94,8 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
     pub fn update(
         &self,
         be: &B,
-        opt: &AdamWState<B>,
-        step: &stoker_kernels::AdamWStep,
+        opt: &OptimizerState<B>,
+        scalars: &Scalars,
         unscale: f32,
         clip: Option<f64>,
     ) -> Result<f64, GpuError> {
@@ -109,7 +109,7 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
             opt,
             (&self.bufs.params, &self.bufs.grads),
             scratch,
-            step,
+            scalars,
             unscale,
             clip,
         )

@@ -11,7 +11,7 @@ use super::attention::{self, Qkv};
 use super::buffers::{self, LossSpans, StepBuffers, TokenModel};
 use super::layout::{Span, PARTIAL_WARPS};
 use super::llama_layout::{LlamaBlockActs, LlamaLayout};
-use super::optimizer::{self, AdamWState};
+use super::optimizer::{self, OptimizerState, Scalars};
 use super::{padded_vocab, TokenBatch};
 use crate::backend::Backend;
 use crate::elem::Act;
@@ -96,8 +96,8 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
     pub fn update(
         &self,
         be: &B,
-        opt: &AdamWState<B>,
-        step: &stoker_kernels::AdamWStep,
+        opt: &OptimizerState<B>,
+        scalars: &Scalars,
         unscale: f32,
         clip: Option<f64>,
     ) -> Result<f64, GpuError> {
@@ -110,7 +110,7 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
             opt,
             (&self.bufs.params, &self.bufs.grads),
             scratch,
-            step,
+            scalars,
             unscale,
             clip,
         )

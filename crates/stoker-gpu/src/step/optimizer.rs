@@ -1,52 +1,88 @@
-//! AdamW over the step's flat FP32 master on the backend: the master and both moments
-//! live beside the step's buffers, one `adamw` launch per segment (a tensor, or a run of
-//! tensors with one weight-decay flag), the compute copy rewritten from the master in the
-//! same pass (bf16) or copied after it (f32). The only value read back is the gradient
-//! norm, for clipping and for the run's metrics.
+//! The optimizer over a step's flat FP32 master on the backend (AdamW or SGD): the master
+//! and the optimizer's state live beside the step's buffers, one launch updates every
+//! segment (a tensor, or a run of tensors with one weight-decay flag: `optim`), writing
+//! the compute copy in the same pass (bf16) or copying the master into it after (f32).
+//! The only value read back is the gradient norm, for clipping and the run's metrics.
 
 use std::ops::Range;
+
+use stoker_kernels::{AdamWStep, SgdStep};
 
 use crate::backend::{Backend, View};
 use crate::elem::{Act, Dtype};
 use crate::error::GpuError;
 use crate::kernels;
+use crate::optim::{self, Segments};
 
-/// AdamW's state on a backend: the FP32 master, the moments, the segments.
-pub struct AdamWState<B: Backend> {
-    pub(crate) master: B::Buf<f32>,
-    pub(crate) m: B::Buf<f32>,
-    pub(crate) v: B::Buf<f32>,
-    pub(crate) segments: Vec<(Range<usize>, bool)>,
+/// The optimizer's own buffers.
+enum Moments<B: Backend> {
+    /// AdamW's first and second moments.
+    AdamW { m: B::Buf<f32>, v: B::Buf<f32> },
+    /// SGD's momentum buffer (none without momentum).
+    Sgd { buf: Option<B::Buf<f32>> },
 }
 
-impl<B: Backend> AdamWState<B> {
-    /// The master `master` (the flat layout), moments at zero, and `segments`: ranges
-    /// of the flat buffer with their weight-decay flag, each inside the master.
-    pub fn new(
+/// An optimizer's state on a backend: the FP32 master, its moments, the segments.
+pub struct OptimizerState<B: Backend> {
+    pub(crate) master: B::Buf<f32>,
+    moments: Moments<B>,
+    segments: Segments<B>,
+}
+
+/// One step's scalars: which optimizer, at which step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scalars {
+    /// AdamW at step `t` (stoker-kernels' `AdamWStep`).
+    AdamW(AdamWStep),
+    /// SGD (stoker-kernels' `SgdStep`).
+    Sgd(SgdStep),
+}
+
+impl<B: Backend> OptimizerState<B> {
+    /// AdamW over `master` (the flat layout), moments at zero, with `segments`: sorted,
+    /// disjoint ranges inside it with their weight-decay flags.
+    pub fn adamw(
         be: &B,
         master: &[f32],
-        segments: Vec<(Range<usize>, bool)>,
+        segments: &[(Range<usize>, bool)],
     ) -> Result<Self, GpuError> {
-        if let Some((r, _)) = segments
-            .iter()
-            .find(|(r, _)| r.start > r.end || r.end > master.len())
-        {
-            return Err(GpuError::Shape {
-                kernel: "adamw",
-                what: format!("segment {r:?} outside a master of {}", master.len()),
-            });
-        }
-        Ok(AdamWState {
+        let n = master.len();
+        Ok(OptimizerState {
             master: be.upload(master)?,
-            m: be.zeros(master.len())?,
-            v: be.zeros(master.len())?,
-            segments,
+            moments: Moments::AdamW {
+                m: be.zeros(n)?,
+                v: be.zeros(n)?,
+            },
+            segments: Segments::new(be, segments, n)?,
         })
     }
 
-    /// Bytes of the master and both moments.
+    /// SGD over `master`, with a momentum buffer when `momentum`.
+    pub fn sgd(
+        be: &B,
+        master: &[f32],
+        segments: &[(Range<usize>, bool)],
+        momentum: bool,
+    ) -> Result<Self, GpuError> {
+        let n = master.len();
+        let buf = match momentum {
+            true => Some(be.zeros(n)?),
+            false => None,
+        };
+        Ok(OptimizerState {
+            master: be.upload(master)?,
+            moments: Moments::Sgd { buf },
+            segments: Segments::new(be, segments, n)?,
+        })
+    }
+
+    /// Bytes of the master and the optimizer's buffers.
     pub fn bytes(&self) -> usize {
-        3 * 4 * B::len(&self.master)
+        let moments = match &self.moments {
+            Moments::AdamW { .. } => 2,
+            Moments::Sgd { buf } => buf.is_some() as usize,
+        };
+        (1 + moments) * 4 * B::len(&self.master)
     }
 
     /// The master's values.
@@ -68,41 +104,51 @@ pub fn grad_multiplier(norm: f64, unscale: f32, clip: Option<f64>) -> f32 {
 
 /// The update of a step's `(params, grads)` (the compute copy in `T`, the f32 gradients,
 /// both the flat layout of `opt`'s master): the gradients' squared norm into
-/// `scratch.0` through `scratch.1`'s partial sums (the one value read back), then AdamW
-/// on every segment over the gradients times [`grad_multiplier`], writing the bf16 copy
-/// in the same pass or, for f32, copying the master into it. Returns the unscaled norm.
+/// `scratch.0` through `scratch.1`'s partial sums (the one value read back), then one
+/// launch of the optimizer over every segment on the gradients times [`grad_multiplier`],
+/// writing the bf16 copy in the same pass or, for f32, copying the master into it.
+/// Returns the unscaled norm. (With a loss scale the CPU multiplies twice, unscale then
+/// clip; here once by their product.)
 pub fn update<B: Backend, T: Act>(
     be: &B,
-    opt: &AdamWState<B>,
+    opt: &OptimizerState<B>,
     (params, grads): (&B::Buf<T>, &B::Buf<f32>),
     (squares, partials): (View<f32>, View<f32>),
-    step: &stoker_kernels::AdamWStep,
+    scalars: &Scalars,
     unscale: f32,
     clip: Option<f64>,
 ) -> Result<f64, GpuError> {
-    crate::error::check_len("adamw", "master", B::len(&opt.master), B::len(params))?;
-    crate::error::check_len("adamw", "grads", B::len(grads), B::len(params))?;
+    crate::error::check_len("optimizer", "master", B::len(&opt.master), B::len(params))?;
+    crate::error::check_len("optimizer", "grads", B::len(grads), B::len(params))?;
     let warps = super::layout::PARTIAL_WARPS.min(partials.len());
     kernels::sum(be, squares, be.all(grads), partials, true, warps, false)?;
     let norm = (be.read(squares)?[0] as f64).sqrt() * unscale as f64;
     let mult = grad_multiplier(norm, unscale, clip);
-    for (r, decay) in &opt.segments {
-        let copy = match T::DTYPE {
-            Dtype::Bf16 => Some(be.view(params, r.clone())?.cast::<half::bf16>()?),
-            Dtype::F32 => None,
-        };
-        let at = |b| be.view(b, r.clone());
-        kernels::adamw(
+    let copy = match T::DTYPE {
+        Dtype::Bf16 => Some(be.all(params).cast::<half::bf16>()?),
+        Dtype::F32 => None,
+    };
+    let (p, g) = (be.all(&opt.master), be.all(grads));
+    match (&opt.moments, scalars) {
+        (Moments::AdamW { m, v }, Scalars::AdamW(s)) => {
+            optim::adamw(be, p, g, be.all(m), be.all(v), copy, s, &opt.segments, mult)?
+        }
+        (Moments::Sgd { buf }, Scalars::Sgd(s)) => optim::sgd(
             be,
-            at(&opt.master)?,
-            at(grads)?,
-            at(&opt.m)?,
-            at(&opt.v)?,
+            p,
+            g,
+            buf.as_ref().map(|b| be.all(b)),
             copy,
-            step,
-            *decay,
+            s,
+            &opt.segments,
             mult,
-        )?;
+        )?,
+        (_, s) => {
+            return Err(GpuError::Shape {
+                kernel: "optimizer",
+                what: format!("{s:?} for a state made for the other optimizer"),
+            })
+        }
     }
     if T::DTYPE == Dtype::F32 {
         be.copy(be.all(params).cast::<f32>()?, be.all(&opt.master))?;
