@@ -150,7 +150,12 @@ fn srun_across_two_nodes_trains_to_the_bits_of_mpirun_n_2() {
     assert_eq!(across, field(&o, "weights crc32:"));
 }
 
-/// A run long enough (hundreds of steps of a few ms) that a signal lands in its middle.
+/// Steps of the preempted runs: a few ms each, enough that a signal sent after the first
+/// logged step lands in the middle even when the machine is busy (600 once let a loaded
+/// machine finish the run before slurmd delivered the signal).
+const LONG_STEPS: u64 = 2000;
+
+/// A run long enough (thousands of steps of a few ms) that a signal lands in its middle.
 fn long_config(dir: &Path, name: &str) -> PathBuf {
     let extra = "deterministic = true\ntimeout_s = 60";
     let c = config(dir, name, Model::Gpt, "fp32", "direct", 100_000, extra);
@@ -164,7 +169,7 @@ fn long_config(dir: &Path, name: &str) -> PathBuf {
     c
 }
 
-/// Submits the sbatch script for `--stop-after 600`, waits for its first logged step,
+/// Submits the sbatch script for `--stop-after` [`LONG_STEPS`], waits for its first logged step,
 /// preempts it with `scancel ARGS`, and waits for the requeued job to end. Returns the
 /// job's output (both lives, appended) and the step the first one stopped after.
 fn preempted_job(dir: &Path, name: &str, scancel: &[&str]) -> (String, u64) {
@@ -176,7 +181,7 @@ fn preempted_job(dir: &Path, name: &str, scancel: &[&str]) -> (String, u64) {
         .arg(format!("--chdir={}", dir.display()))
         .arg(repo().join("scripts/slurm/train.sbatch"))
         .arg(&c)
-        .args(["--stop-after", "600"])
+        .args(["--stop-after", &LONG_STEPS.to_string()])
         .env("STOKER", STOKER)
         .output()
         .unwrap();
@@ -206,7 +211,10 @@ fn preempted_job(dir: &Path, name: &str, scancel: &[&str]) -> (String, u64) {
         .unwrap_or_else(|| panic!("no preemption line: {log}"))
         .parse()
         .unwrap();
-    assert!(step < 600, "the signal came after the run's end: {log}");
+    assert!(
+        step < LONG_STEPS,
+        "the signal came after the run's end: {log}"
+    );
     assert!(
         log.contains("tasks 0-1: Exited with exit code 75")
             && log.contains(&format!("stoker: preempted; requeueing job {job}")),
@@ -230,7 +238,7 @@ fn an_sbatch_job_preempted_by_scancel_requeues_and_resumes_bit_identically() {
     let dir = tmp.path();
     write_data(dir);
     let whole = long_config(dir, "whole");
-    let o = train(2, &whole, &["--stop-after", "600"]);
+    let o = train(2, &whole, &["--stop-after", &LONG_STEPS.to_string()]);
     assert!(o.status.success(), "{}", text(&o));
     let want = field(&o, "weights crc32:");
     for (name, how) in [
@@ -248,7 +256,7 @@ fn an_sbatch_job_preempted_by_scancel_requeues_and_resumes_bit_identically() {
             last, want,
             "scancel {how:?}, stopped after step {step}: {log}"
         );
-        assert!(log.contains("steps: 600"), "{log}");
+        assert!(log.contains(&format!("steps: {LONG_STEPS}")), "{log}");
     }
 }
 
