@@ -215,10 +215,9 @@ fn five_training_steps_track_the_cpu_steps_losses_and_weights() {
                     &format!("{name} ({part}) after 5 steps"),
                 );
             }
-            let moved = k
-                .clone()
-                .map(|i| (got[i] - params0[i]).abs())
-                .fold(0f32, f32::max);
+            // NaN-aware: a NaN movement fails the bound instead of folding away.
+            let moved: Vec<f32> = k.clone().map(|i| got[i] - params0[i]).collect();
+            let moved = stoker_testkit::max_abs(&moved);
             assert!(
                 moved <= 5.0 * 3e-3 * 1.01,
                 "{name} (k) moved {moved}, more than 5 steps of lr"

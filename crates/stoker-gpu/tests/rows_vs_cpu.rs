@@ -268,6 +268,14 @@ fn attention_from_the_kernels_matches_the_cpu_op() {
     );
 }
 
+/// A row's largest value, NaN if it holds one (a plain max would drop it; the
+/// `position` below then finds no match and the test fails loudly).
+fn row_max(row: &[f32]) -> f32 {
+    row.iter().fold(f64::NEG_INFINITY, |m, &x| {
+        stoker_testkit::nan_max(m, x as f64)
+    }) as f32
+}
+
 /// The classifier's top-1 hits: 1 where the target is the first largest logit (ties go
 /// to the lower index, as `argmax`), 0 elsewhere and on ignored rows.
 #[test]
@@ -279,14 +287,14 @@ fn classifier_hits_are_argmax_top1() {
     targets[7] = -100;
     for r in (0..n).step_by(3) {
         let row = &logits[r * v..(r + 1) * v];
-        let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let max = row_max(row);
         targets[r] = row.iter().position(|&x| x == max).unwrap() as i32;
     }
     logits[2 * v + 5] = 100.0; // one clear winner, another tie below
     let want: Vec<f32> = (0..n)
         .map(|r| {
             let row = &logits[r * v..(r + 1) * v];
-            let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let max = row_max(row);
             let first = row.iter().position(|&x| x == max).unwrap() as i32;
             if targets[r] >= 0 && first == targets[r] {
                 1.0
