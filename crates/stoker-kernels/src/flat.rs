@@ -40,6 +40,13 @@ pub fn l2_norm(x: &[f32]) -> f64 {
     sum_of_squares(x).sqrt()
 }
 
+/// Torch's `clip_grad_norm_` coefficient for gradients of global norm `norm` clipped at
+/// `max_norm`: `max_norm / (norm + 1e-6)` where that is below 1, else None (no clipping).
+/// The one definition the CPU trainer and the GPU step both use.
+pub fn clip_coefficient(norm: f64, max_norm: f64) -> Option<f64> {
+    Some(max_norm / (norm + 1e-6)).filter(|&c| c < 1.0)
+}
+
 /// `x *= c`, in parallel.
 pub fn scale(x: &mut [f32], c: f32) {
     x.par_chunks_mut(CHUNK)

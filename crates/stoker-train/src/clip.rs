@@ -17,8 +17,7 @@ pub fn clip_global_norm(grads: &mut [f32], max_norm: f64) -> f64 {
 
 /// The scaling of [`clip_global_norm`] for a `norm` already computed by [`global_norm`].
 pub fn clip_to(grads: &mut [f32], norm: f64, max_norm: f64) {
-    let coef = max_norm / (norm + 1e-6);
-    if coef < 1.0 {
+    if let Some(coef) = stoker_kernels::flat::clip_coefficient(norm, max_norm) {
         stoker_kernels::flat::scale(grads, coef as f32);
     }
 }

@@ -95,8 +95,7 @@ impl<B: Backend> OptimizerState<B> {
 /// torch's `clip_grad_norm_` coefficient `max_norm / (norm + 1e-6)` where that is below
 /// 1 (`norm` of the unscaled gradients), as stoker-train's `clip_to`.
 pub fn grad_multiplier(norm: f64, unscale: f32, clip: Option<f64>) -> f32 {
-    let coef = clip.map(|c| c / (norm + 1e-6)).filter(|&c| c < 1.0);
-    match coef {
+    match clip.and_then(|c| stoker_kernels::flat::clip_coefficient(norm, c)) {
         Some(c) => unscale * c as f32,
         None => unscale,
     }

@@ -115,8 +115,7 @@ pub fn cpu_train(
                 .unwrap(),
         );
         let norm = g.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
-        let coef = clip / (norm + 1e-6);
-        if coef < 1.0 {
+        if let Some(coef) = stoker_kernels::flat::clip_coefficient(norm, clip) {
             g.iter_mut().for_each(|x| *x *= coef as f32);
         }
         for (r, decay) in segs {
