@@ -221,6 +221,7 @@ pub enum Call {
         n: i64,
         v: i32,
         vp: i32,
+        grad: i32,
         dscale: f32,
         ignore: i32,
     },
@@ -606,6 +607,7 @@ impl Call {
                 n,
                 v,
                 vp,
+                grad,
                 dscale,
                 ignore,
                 ..
@@ -618,6 +620,7 @@ impl Call {
                     I64(n),
                     I32(v),
                     I32(vp),
+                    I32(grad),
                     F32(dscale),
                     I32(ignore),
                 ]

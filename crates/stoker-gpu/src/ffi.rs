@@ -53,7 +53,7 @@ typed_kernels! {
     layernorm_backward(P, P, P, P, P, P, P, i64, i32, i32);
     attention_softmax_forward(P, P, i64, i32, f32);
     attention_softmax_backward(P, P, P, i64, i32, f32);
-    classifier(P, P, P, P, i64, i32, i32, f32, i32);
+    classifier(P, P, P, P, i64, i32, i32, i32, f32, i32);
     rmsnorm_forward(P, P, P, P, P, P, i64, i32, f32);
     rmsnorm_backward(P, P, P, P, P, P, i64, i32, i32);
     rope(P, P, P, i64, i32, i32, i32, f32);
@@ -263,6 +263,7 @@ pub(crate) unsafe fn run(call: &Call) {
                 n,
                 v,
                 vp,
+                grad,
                 dscale,
                 ignore,
             } => (fns(dtype).classifier)(
@@ -273,6 +274,7 @@ pub(crate) unsafe fn run(call: &Call) {
                 n,
                 v,
                 vp,
+                grad,
                 dscale,
                 ignore,
             ),

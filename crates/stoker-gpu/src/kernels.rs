@@ -426,8 +426,9 @@ pub fn attention_softmax_backward<B: Backend, T: Act>(
 
 /// The fused classifier over `logits` `[N, Vp]` (the first `v` columns real): each
 /// row's loss into `losses`, with `hits` each row's top-1 hit (1 where the target is the
-/// first largest logit), and with `dscale` nonzero the logits overwritten by
-/// `dscale * (softmax - onehot)`. Rows whose target is `ignore` get 0.
+/// first largest logit), and with `dscale` given the logits overwritten by their
+/// gradient `dscale * (softmax - onehot)` (0 where the scale is 0). Rows whose target is
+/// `ignore` get 0.
 #[allow(clippy::too_many_arguments)]
 pub fn classifier<B: Backend, T: Act>(
     b: &B,
@@ -436,7 +437,7 @@ pub fn classifier<B: Backend, T: Act>(
     hits: Option<View<f32>>,
     targets: &Ids<B>,
     v: usize,
-    dscale: f32,
+    dscale: Option<f32>,
     ignore: i32,
 ) -> Result<(), GpuError> {
     const K: &str = "classifier";
@@ -463,7 +464,8 @@ pub fn classifier<B: Backend, T: Act>(
         n: n as i64,
         v: v32,
         vp: vp32,
-        dscale,
+        grad: dscale.is_some() as i32,
+        dscale: dscale.unwrap_or(0.0),
         ignore,
     };
     // SAFETY: logits hold n rows of vp >= v, losses (and hits when not 0) n; every

@@ -191,7 +191,7 @@ pub fn outputs<B: Backend, T: Act>(b: &B, s: ScenarioSize) -> Result<Vec<Output>
         Some(b.all(&hits)),
         &targets,
         s.v,
-        1.0 / n as f32,
+        Some(1.0 / n as f32),
         -100,
     )?;
     keep("classifier/losses", b.download(&losses)?);

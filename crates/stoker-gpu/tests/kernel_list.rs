@@ -249,6 +249,7 @@ fn calls() -> Vec<Call> {
                 n: 1,
                 v: 1,
                 vp: 1,
+                grad: 1,
                 dscale: 1.0,
                 ignore: -1,
             },

@@ -24,8 +24,17 @@ fn out_of_range_ids_and_targets_are_refused_naming_the_index() {
     // Targets checked against a larger vocabulary than the classifier's.
     let (logits, losses) = (zeros::<f32>(2 * 8), zeros::<f32>(2));
     let t = ids_on_host(&[0, 6], 7, Some(-100));
-    let e =
-        kernels::classifier(&Host, all(&logits), all(&losses), None, &t, 5, 1.0, -100).unwrap_err();
+    let e = kernels::classifier(
+        &Host,
+        all(&logits),
+        all(&losses),
+        None,
+        &t,
+        5,
+        Some(1.0),
+        -100,
+    )
+    .unwrap_err();
     assert!(
         e.to_string()
             .starts_with("classifier: v = 5 with rows of 8, targets checked against 7"),

@@ -133,7 +133,7 @@ fn classify<T: stoker_gpu::Act>(
     logits: &[T],
     targets: &[i32],
     v: usize,
-    dscale: f32,
+    dscale: Option<f32>,
 ) -> (Vec<f32>, Vec<T>) {
     let (lb, losses) = (up(logits), zeros::<f32>(targets.len()));
     let t = ids_on_host(targets, v, Some(-100));
@@ -169,7 +169,7 @@ fn classifier_is_cross_entropy_and_its_gradient() {
                 .chain(std::iter::repeat_n(1e3, vp - v))
         })
         .collect();
-    let (losses, grad) = classify(&padded, &targets, v, dscale);
+    let (losses, grad) = classify(&padded, &targets, v, Some(dscale));
     let total: f64 = losses.iter().map(|&l| l as f64).sum();
     stoker_testkit::assert_close_scalar(total, values(&loss)[0] as f64, 1e-6, "summed loss");
     assert_eq!((losses[3], losses[17]), (0.0, 0.0), "ignored rows' losses");
@@ -182,12 +182,12 @@ fn classifier_is_cross_entropy_and_its_gradient() {
         "the padding's gradient is not 0"
     );
 
-    // Loss only (dscale 0): the logits stay.
-    let (same, kept) = classify(&logits, &targets, v, 0.0);
+    // Loss only (no gradient asked): the logits stay.
+    let (same, kept) = classify(&logits, &targets, v, None);
     assert_bits_eq(&kept, &logits, "logits without a gradient");
     assert_close(&same, &losses, 1e-6, "losses without a gradient");
 
-    let (loss16, grad16) = classify(&to_bf16(&logits), &targets, v, dscale);
+    let (loss16, grad16) = classify(&to_bf16(&logits), &targets, v, Some(dscale));
     assert_close(&loss16, &losses, BF16_REL, "losses from bf16 logits");
     assert_close(&from_bf16(&grad16), &want_grad, BF16_REL, "dlogits bf16");
 }
@@ -320,7 +320,7 @@ fn classifier_hits_are_argmax_top1() {
         Some(all(&hits)),
         &t,
         v,
-        0.0,
+        None,
         -100,
     )
     .unwrap();

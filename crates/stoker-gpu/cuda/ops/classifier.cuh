@@ -7,18 +7,19 @@
 
 namespace stoker {
 
-// Row `row`: losses[row] = logsumexp(x[:V]) - x[target] and, when `dscale` is not 0,
+// Row `row`: losses[row] = logsumexp(x[:V]) - x[target] and, with `grad`,
 // x[j] = dscale * (softmax(x)[j] - [j == target]) for j < V, 0 for V <= j < Vp. With
 // `hits` not null, hits[row] = 1 where the target is the first largest logit (argmax's
 // top-1), else 0. A row whose target is `ignore` gets loss 0, no hit and gradient 0.
 template <class W, class T>
 STOKER_HD void classifier_row(const W& w, int64_t row, T* logits, float* losses, float* hits,
-                              const int32_t* targets, int V, int Vp, float dscale, int ignore) {
+                              const int32_t* targets, int V, int Vp, int grad, float dscale,
+                              int ignore) {
   T* x = logits + row * Vp;
   int target = targets[row];
   if (target == ignore) {
     w.each([&](int lane) {
-      if (dscale != 0.0f)
+      if (grad)
         for (int j = lane; j < Vp; j += WARP) x[j] = store<T>(0.0f);
       if (lane == 0) {
         losses[row] = 0.0f;
@@ -53,7 +54,7 @@ STOKER_HD void classifier_row(const W& w, int64_t row, T* logits, float* losses,
   float xt = load(x[target]);
   w.sync();  // every lane has read x[target] before any lane overwrites it
   w.each([&](int lane) {
-    if (dscale != 0.0f)
+    if (grad)
       for (int j = lane; j < Vp; j += WARP) {
         float p = j < V ? fexp(load(x[j]) - lse) : 0.0f;
         x[j] = store<T>(dscale * (j == target ? p - 1.0f : p));

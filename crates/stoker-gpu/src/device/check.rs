@@ -241,7 +241,7 @@ pub fn time_kernels(
                     None,
                     &targets,
                     s.v,
-                    1.0 / n as f32,
+                    Some(1.0 / n as f32),
                     -1,
                 )
             }),

@@ -142,9 +142,8 @@ pub(crate) struct LossSpans {
     pub(crate) loss_sum: Span,
 }
 
-/// The fused classifier over the logits (their gradient, times `grad_scale`, in place; a
-/// zero scale zeroes them, since the classifier then leaves the logits) and the summed
-/// loss into `loss_sum`.
+/// The fused classifier over the logits (their gradient, times `grad_scale`, in place)
+/// and the summed loss into `loss_sum`.
 pub(crate) fn loss_and_grad<B: Backend, T: Act>(
     be: &B,
     bufs: &StepBuffers<B, T>,
@@ -160,12 +159,9 @@ pub(crate) fn loss_and_grad<B: Backend, T: Act>(
         None,
         &ids.targets,
         vocab,
-        grad_scale,
+        Some(grad_scale),
         ids.ignore,
     )?;
-    if grad_scale == 0.0 {
-        be.zero(bufs.a(be, s.logits)?)?;
-    }
     kernels::sum(
         be,
         bufs.f(be, s.loss_sum)?,
@@ -232,7 +228,7 @@ pub(crate) fn evaluate<B: Backend, T: Act>(
         Some(bufs.f(be, s.hits)?),
         &ids.targets,
         vocab,
-        0.0,
+        None,
         ids.ignore,
     )?;
     let total = |rows: Span| -> Result<f32, GpuError> {
