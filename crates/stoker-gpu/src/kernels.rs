@@ -237,6 +237,23 @@ pub fn column_sums_add<B: Backend, T: Act>(
     }
 }
 
+/// A fused residual's addresses (its sum's and its second addend's), each checked to hold
+/// `len` elements; (0, 0) without one: what the norms' forward kernels take.
+pub(crate) fn residual_addrs<T>(
+    kernel: &'static str,
+    residual: Option<(View<T>, View<T>)>,
+    len: usize,
+) -> Result<(Addr, Addr), GpuError> {
+    match residual {
+        Some((s, a2)) => {
+            check_len(kernel, "residual sum", s.len(), len)?;
+            check_len(kernel, "residual", a2.len(), len)?;
+            Ok((s.addr(), a2.addr()))
+        }
+        None => Ok((0, 0)),
+    }
+}
+
 /// Layer norm's per-row statistics.
 #[derive(Debug, Clone, Copy)]
 pub struct Stats<'a> {
@@ -267,14 +284,7 @@ pub fn layernorm_forward<B: Backend, T: Act>(
     check_len(K, "x", x.len(), rows * weight.len())?;
     check_len(K, "out", out.len(), x.len())?;
     check_len(K, "rstd", stats.rstd.len(), rows)?;
-    let (resid, a2): (Addr, Addr) = match residual {
-        Some((s, a2)) => {
-            check_len(K, "residual sum", s.len(), x.len())?;
-            check_len(K, "residual", a2.len(), x.len())?;
-            (s.addr(), a2.addr())
-        }
-        None => (0, 0),
-    };
+    let (resid, a2) = residual_addrs(K, residual, x.len())?;
     let call = Call::LayernormForward {
         dtype: T::DTYPE,
         out: out.addr(),

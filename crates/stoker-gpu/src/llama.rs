@@ -4,10 +4,10 @@
 
 use crate::args::Heads;
 use crate::backend::{Backend, View};
-use crate::call::{Addr, Call};
+use crate::call::Call;
 use crate::elem::Act;
 use crate::error::{check_len, dim, GpuError};
-use crate::kernels::{at_least, heads_len};
+use crate::kernels::{at_least, heads_len, residual_addrs};
 
 /// RMSNorm of `x` `[rows, C]` (C = weight's length) into `out`, each row's reciprocal
 /// root mean square into `rstd`. With `residual = Some((sum, a2))` the rows are first
@@ -27,14 +27,7 @@ pub fn rmsnorm_forward<B: Backend, T: Act>(
     let rows = rstd.len();
     check_len(K, "x", x.len(), rows * weight.len())?;
     check_len(K, "out", out.len(), x.len())?;
-    let (resid, a2): (Addr, Addr) = match residual {
-        Some((s, a2)) => {
-            check_len(K, "residual sum", s.len(), x.len())?;
-            check_len(K, "residual", a2.len(), x.len())?;
-            (s.addr(), a2.addr())
-        }
-        None => (0, 0),
-    };
+    let (resid, a2) = residual_addrs(K, residual, x.len())?;
     let call = Call::RmsnormForward {
         dtype: T::DTYPE,
         out: out.addr(),

@@ -11,7 +11,8 @@ use crate::error::GpuError;
 use crate::ids::Ids;
 use crate::kernels::{self, Stats};
 use crate::scenario::{all_outputs, ScenarioSize};
-use crate::step::{GptGpuStep, TokenBatch};
+use crate::step::token_step::ResidentStep;
+use crate::step::{GptGpuStep, LlamaGpuStep, TokenBatch};
 use crate::{Heads, Host};
 
 /// One output compared: how many elements differ in their bits, and by how much.
@@ -341,7 +342,13 @@ fn compared(
             let (h, d) = (&host.1[r.clone()], &gpu.1[r.clone()]);
             let scale = h
                 .iter()
-                .fold(0f64, |m, &x| m.max((x as f64).abs()))
+                .fold(0f64, |m, &x| {
+                    if m.is_nan() || x.is_nan() {
+                        f64::NAN
+                    } else {
+                        m.max((x as f64).abs())
+                    }
+                })
                 .max(f64::MIN_POSITIVE);
             let diff = h.iter().zip(d).fold(0f64, |m, (&x, &y)| {
                 let e = (x as f64 - y as f64).abs();
@@ -378,6 +385,19 @@ fn small_batch(vocab: usize) -> (Vec<i64>, Vec<i64>) {
     (draw(1), draw(2))
 }
 
+/// One step's (loss, gradients) on its backend.
+fn run_once<B: Backend + Send, S: ResidentStep<B>>(
+    be: &B,
+    s: &S,
+    params: &[f32],
+    batch: TokenBatch,
+    scale: f32,
+) -> Result<(f64, Vec<f32>), GpuError> {
+    s.load(be, params)?;
+    let loss = s.run(be, batch, scale)?;
+    Ok((loss, s.gradients(be)?))
+}
+
 /// The tests' small GPT and Llama (grouped-query: 4 heads over 2), their steps on the GPU
 /// and on the host backend, f32 and bf16. The matrix products differ (cuBLAS against
 /// the host's), so this is a tolerance, not bits: f32 should land near 1e-5, bf16 near
@@ -398,24 +418,14 @@ pub fn compare_step(dev: &Device) -> Result<Vec<StepCompared>, GpuError> {
             targets: &targets,
             ignore: -1,
         };
-        fn run<B: Backend, A: crate::Act>(
-            be: &B,
-            dims: stoker_kernels::GptDims,
-            g: &crate::sample::SampleGpt,
-            batch: TokenBatch,
-        ) -> Result<(f64, Vec<f32>), GpuError> {
-            let s = GptGpuStep::<B, A>::new(be, dims, g.offsets.clone(), 1e-5, 3, 11)?;
-            s.buffers().load_params(be, &g.params)?;
-            Ok((
-                s.forward_backward(be, batch, 1.0 / 33.0)?,
-                s.buffers().grads(be)?,
-            ))
-        }
+        let host = GptGpuStep::<Host, A>::new(&Host, dims, g.offsets.clone(), 1e-5, 3, 11)?;
+        let gpu = GptGpuStep::<Device, A>::new(dev, dims, g.offsets.clone(), 1e-5, 3, 11)?;
+        let scale = 1.0 / 33.0;
         Ok(compared(
             what.into(),
             &g.ranges,
-            run::<Host, A>(&Host, dims, &g, batch)?,
-            run::<Device, A>(dev, dims, &g, batch)?,
+            run_once(&Host, &host, &g.params, batch, scale)?,
+            run_once(dev, &gpu, &g.params, batch, scale)?,
         ))
     }
     fn llama<A: crate::Act>(dev: &Device, what: &str) -> Result<StepCompared, GpuError> {
@@ -435,32 +445,16 @@ pub fn compare_step(dev: &Device) -> Result<Vec<StepCompared>, GpuError> {
             targets: &targets,
             ignore: -1,
         };
-        fn run<B: Backend, A: crate::Act>(
-            be: &B,
-            dims: stoker_kernels::LlamaDims,
-            g: &crate::sample::SampleLlama,
-            batch: TokenBatch,
-        ) -> Result<(f64, Vec<f32>), GpuError> {
-            let s = crate::step::llama::LlamaGpuStep::<B, A>::new(
-                be,
-                dims,
-                g.offsets.clone(),
-                1e-5,
-                10_000.0,
-                3,
-                11,
-            )?;
-            s.buffers().load_params(be, &g.params)?;
-            Ok((
-                s.forward_backward(be, batch, 1.0 / 32.0)?,
-                s.buffers().grads(be)?,
-            ))
-        }
+        let host =
+            LlamaGpuStep::<Host, A>::new(&Host, dims, g.offsets.clone(), 1e-5, 10_000.0, 3, 11)?;
+        let gpu =
+            LlamaGpuStep::<Device, A>::new(dev, dims, g.offsets.clone(), 1e-5, 10_000.0, 3, 11)?;
+        let scale = 1.0 / 32.0;
         Ok(compared(
             what.into(),
             &g.ranges,
-            run::<Host, A>(&Host, dims, &g, batch)?,
-            run::<Device, A>(dev, dims, &g, batch)?,
+            run_once(&Host, &host, &g.params, batch, scale)?,
+            run_once(dev, &gpu, &g.params, batch, scale)?,
         ))
     }
     Ok(vec![

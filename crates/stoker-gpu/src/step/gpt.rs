@@ -7,7 +7,7 @@ use stoker_kernels::gpt::BlockOffsets;
 use stoker_kernels::{GptDims, GptOffsets};
 
 use super::buffers::{self, LossSpans, StepBuffers, TokenModel};
-use super::layout::{ActLayout, Span, BIAS_PARTS, PARTIAL_WARPS};
+use super::layout::{ActLayout, Span, PARTIAL_WARPS};
 use super::optimizer::{self, OptimizerState, Scalars};
 use crate::backend::{Backend, View};
 use crate::elem::Act;
@@ -17,6 +17,7 @@ use crate::ids::{Groups, Ids};
 use crate::kernels::{self, Stats};
 use crate::Heads;
 
+use super::linear::{self, Linear};
 use super::{attention, layout, padded_vocab, TokenBatch};
 
 /// A GPT's step at one batch shape, its buffers on backend `B`, activations in `T`.
@@ -160,20 +161,13 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
         wb: [usize; 2],
         (inp, out): (usize, usize),
     ) -> Result<(), GpuError> {
-        let n = self.batch * self.t;
-        let (w, b) = (
-            self.bufs.p(be, wb[0], out * inp)?,
-            self.bufs.p(be, wb[1], out)?,
-        );
-        matmul(
-            be,
-            Mat::rows(self.bufs.a(be, y)?, out),
-            Mat::rows(self.bufs.a(be, x)?, inp),
-            Mat::t(w, inp),
-            Dims::one(n, out, inp),
-            Some(b),
-            false,
-        )
+        let l = Linear {
+            w: wb[0],
+            b: Some(wb[1]),
+            inp,
+            out,
+        };
+        linear::forward(be, &self.bufs, self.batch * self.t, l, y, x)
     }
 
     /// The linear layer's backward: `dx = dy W` (when `dx` is given), `dW += dy^T x`,
@@ -187,36 +181,21 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
         wb: [usize; 2],
         (inp, out): (usize, usize),
     ) -> Result<(), GpuError> {
-        let n = self.batch * self.t;
-        let dyv = self.bufs.a(be, dy)?;
-        if let Some(dx) = dx {
-            let w = self.bufs.p(be, wb[0], out * inp)?;
-            matmul(
-                be,
-                Mat::rows(self.bufs.a(be, dx)?, inp),
-                Mat::rows(dyv, out),
-                Mat::rows(w, inp),
-                Dims::one(n, inp, out),
-                None,
-                false,
-            )?;
-        }
-        let dw = self.bufs.g(be, wb[0], out * inp)?;
-        matmul(
+        let l = Linear {
+            w: wb[0],
+            b: Some(wb[1]),
+            inp,
+            out,
+        };
+        linear::backward(
             be,
-            Mat::rows(dw, inp),
-            Mat::t(dyv, out),
-            Mat::rows(self.bufs.a(be, x)?, inp),
-            Dims::one(out, inp, n),
-            None,
-            true,
-        )?;
-        kernels::column_sums_add(
-            be,
-            self.bufs.g(be, wb[1], out)?,
-            dyv,
-            self.bufs.f(be, self.layout.partials)?,
-            BIAS_PARTS,
+            &self.bufs,
+            self.batch * self.t,
+            l,
+            dx.map(|d| (d, false)),
+            dy,
+            x,
+            self.layout.partials,
         )
     }
 

@@ -10,6 +10,7 @@ use stoker_kernels::{LlamaDims, LlamaOffsets};
 use super::attention::{self, Qkv};
 use super::buffers::{self, LossSpans, StepBuffers, TokenModel};
 use super::layout::{Span, PARTIAL_WARPS};
+use super::linear::{self, Linear};
 use super::llama_layout::{LlamaBlockActs, LlamaLayout};
 use super::optimizer::{self, OptimizerState, Scalars};
 use super::{padded_vocab, TokenBatch};
@@ -158,16 +159,18 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         w: usize,
         (inp, out): (usize, usize),
     ) -> Result<(), GpuError> {
-        let n = self.batch * self.t;
-        let wv = self.bufs.p(be, w, out * inp)?;
-        matmul(
+        linear::forward(
             be,
-            Mat::rows(self.bufs.a(be, y)?, out),
-            Mat::rows(self.bufs.a(be, x)?, inp),
-            Mat::t(wv, inp),
-            Dims::one(n, out, inp),
-            None,
-            false,
+            &self.bufs,
+            self.batch * self.t,
+            Linear {
+                w,
+                b: None,
+                inp,
+                out,
+            },
+            y,
+            x,
         )
     }
 
@@ -183,25 +186,21 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         w: usize,
         (inp, out): (usize, usize),
     ) -> Result<(), GpuError> {
-        let n = self.batch * self.t;
-        let (dyv, wv) = (self.bufs.a(be, dy)?, self.bufs.p(be, w, out * inp)?);
-        matmul(
+        let l = Linear {
+            w,
+            b: None,
+            inp,
+            out,
+        };
+        linear::backward(
             be,
-            Mat::rows(self.bufs.a(be, dx)?, inp),
-            Mat::rows(dyv, out),
-            Mat::rows(wv, inp),
-            Dims::one(n, inp, out),
-            None,
-            add,
-        )?;
-        matmul(
-            be,
-            Mat::rows(self.bufs.g(be, w, out * inp)?, inp),
-            Mat::t(dyv, out),
-            Mat::rows(self.bufs.a(be, x)?, inp),
-            Dims::one(out, inp, n),
-            None,
-            true,
+            &self.bufs,
+            self.batch * self.t,
+            l,
+            Some((dx, add)),
+            dy,
+            x,
+            self.layout.partials,
         )
     }
 

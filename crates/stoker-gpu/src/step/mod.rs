@@ -13,6 +13,7 @@ pub mod attention;
 pub mod buffers;
 pub mod gpt;
 pub mod layout;
+mod linear;
 pub mod llama;
 pub mod llama_layout;
 pub mod optimizer;
