@@ -93,11 +93,12 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
 }
 
 /// A micro-batch's ids on the backend: tokens and targets checked against the vocabulary
-/// (targets may be the ignore index), and the tokens grouped for the embedding's backward.
+/// (targets may be the ignore index), and the tokens as the host has them (for the
+/// embedding backward's groups, which only training needs).
 pub(crate) struct BatchIds<B: Backend> {
     pub(crate) tokens: Ids<B>,
     pub(crate) targets: Ids<B>,
-    pub(crate) groups: Groups<B>,
+    pub(crate) host_tokens: Vec<i32>,
     pub(crate) ignore: i32,
 }
 
@@ -125,7 +126,7 @@ impl<B: Backend> BatchIds<B> {
         Ok(BatchIds {
             tokens: Ids::new(be, "tokens", &tok, vocab, None)?,
             targets: Ids::new(be, "targets", &to_i32(batch.targets), vocab, Some(ignore))?,
-            groups: Groups::new(be, &TokenGroups::new(&tok, vocab)?, vocab)?,
+            host_tokens: tok,
             ignore,
         })
     }
@@ -203,7 +204,8 @@ pub(crate) fn forward_backward<B: Backend, T: Act>(
     m.forward(be, &ids.tokens)?;
     let spans = m.loss_spans();
     loss_and_grad(be, m.bufs(), spans, &ids, vocab, grad_scale)?;
-    m.backward(be, &ids.groups)?;
+    let groups = Groups::new(be, &TokenGroups::new(&ids.host_tokens, vocab)?, vocab)?;
+    m.backward(be, &groups)?;
     Ok(be.read(m.bufs().f(be, spans.loss_sum)?)?[0] as f64)
 }
 

@@ -27,7 +27,6 @@ pub struct GptGpuStep<B: Backend, T: Act> {
     eps: f32,
     batch: usize,
     t: usize,
-    vp: usize,
     layout: ActLayout,
     bufs: StepBuffers<B, T>,
 }
@@ -62,8 +61,7 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
                 offsets.blocks().len()
             )));
         }
-        let vp = padded_vocab(dims.vocab);
-        let layout = ActLayout::new(&dims, batch, t, vp);
+        let layout = ActLayout::new(&dims, batch, t, padded_vocab(dims.vocab));
         Ok(GptGpuStep {
             bufs: StepBuffers::new(be, offsets.end(), layout.total, layout.floats)?,
             dims,
@@ -71,7 +69,6 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
             eps: eps as f32,
             batch,
             t,
-            vp,
             layout,
         })
     }
@@ -389,7 +386,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {
         let n = self.batch * t;
         matmul(
             be,
-            Mat::rows(self.bufs.a(be, lay.logits)?, self.vp),
+            Mat::rows(self.bufs.a(be, lay.logits)?, padded_vocab(self.dims.vocab)),
             Mat::rows(self.bufs.a(be, lay.lnf)?, c),
             Mat::t(self.bufs.p(be, o.wte(), v * c)?, c),
             Dims::one(n, v, c),
@@ -407,7 +404,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {
         matmul(
             be,
             Mat::rows(self.bufs.a(be, lay.dnc)?, c),
-            Mat::rows(dlogits, self.vp),
+            Mat::rows(dlogits, padded_vocab(self.dims.vocab)),
             Mat::rows(wte, c),
             Dims::one(n, c, v),
             None,
@@ -416,7 +413,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {
         matmul(
             be,
             Mat::rows(self.bufs.g(be, o.wte(), v * c)?, c),
-            Mat::t(dlogits, self.vp),
+            Mat::t(dlogits, padded_vocab(self.dims.vocab)),
             Mat::rows(self.bufs.a(be, lay.lnf)?, c),
             Dims::one(v, c, n),
             None,

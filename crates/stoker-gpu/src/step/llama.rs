@@ -34,7 +34,6 @@ pub struct LlamaGpuStep<B: Backend, T: Act> {
     eps: f32,
     batch: usize,
     t: usize,
-    vp: usize,
     layout: LlamaLayout,
     bufs: StepBuffers<B, T>,
 }
@@ -70,8 +69,7 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
                 dims.context
             )));
         }
-        let vp = padded_vocab(dims.vocab);
-        let layout = LlamaLayout::new(&dims, batch, t, vp);
+        let layout = LlamaLayout::new(&dims, batch, t, padded_vocab(dims.vocab));
         let bufs = StepBuffers::new(be, offsets.end(), layout.total, layout.floats)?;
         let (cos, sin) = stoker_kernels::rope::tables(t, dims.head_dim(), rope_theta);
         be.write(&bufs.floats, layout.cos.start, &cos)?;
@@ -83,7 +81,6 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
             eps: eps as f32,
             batch,
             t,
-            vp,
             layout,
         })
     }
@@ -425,7 +422,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
         let head = self.bufs.p(be, o.head(), v * c)?;
         matmul(
             be,
-            Mat::rows(self.bufs.a(be, lay.logits)?, self.vp),
+            Mat::rows(self.bufs.a(be, lay.logits)?, padded_vocab(self.dims.vocab)),
             Mat::rows(self.bufs.a(be, lay.hf)?, c),
             Mat::t(head, c),
             Dims::one(n, v, c),
@@ -450,7 +447,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
         matmul(
             be,
             Mat::rows(self.bufs.a(be, lay.dnc)?, c),
-            Mat::rows(dlogits, self.vp),
+            Mat::rows(dlogits, padded_vocab(self.dims.vocab)),
             Mat::rows(head, c),
             Dims::one(n, c, v),
             None,
@@ -459,7 +456,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
         matmul(
             be,
             Mat::rows(self.bufs.g(be, o.head(), v * c)?, c),
-            Mat::t(dlogits, self.vp),
+            Mat::t(dlogits, padded_vocab(self.dims.vocab)),
             Mat::rows(self.bufs.a(be, lay.hf)?, c),
             Dims::one(v, c, n),
             None,

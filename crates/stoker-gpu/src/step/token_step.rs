@@ -39,6 +39,14 @@ pub struct AsTokenStep<B: Backend, S: ResidentStep<B>> {
     steps: Vec<((usize, usize), S)>,
     groups: Vec<Range<usize>>,
     end: usize,
+    /// The protocol's forward calls, each open marked where it gathers its group (the
+    /// first time the group is opened).
+    forward: Vec<(GroupCall, bool)>,
+    /// The backward calls, each open marked where it adds its group's gradients (the
+    /// last open before the group is marked done: group 0 opens twice).
+    backward: Vec<(GroupCall, bool)>,
+    /// The gathered parameters, reused from micro-batch to micro-batch.
+    staging: Vec<f32>,
 }
 
 const OP: &str = "resident-step";
@@ -54,12 +62,40 @@ impl<B: Backend, S: ResidentStep<B>> AsTokenStep<B, S> {
     /// Steps made by `make` on `be` for parameters whose groups span `groups` of a flat
     /// layout ending at `end`.
     pub fn new(be: B, make: MakeStep<B, S>, groups: Vec<Range<usize>>, end: usize) -> Self {
+        let calls = group_calls(groups.len());
+        let split = calls
+            .iter()
+            .position(|c| matches!(c, GroupCall::Open(_, Phase::Backward)))
+            .unwrap_or(calls.len());
+        let mut seen = vec![false; groups.len()];
+        let forward = calls[..split]
+            .iter()
+            .map(|&c| match c {
+                GroupCall::Open(g, _) => (c, !std::mem::replace(&mut seen[g], true)),
+                GroupCall::Done(..) => (c, false),
+            })
+            .collect();
+        let back = &calls[split..];
+        let backward = back
+            .iter()
+            .enumerate()
+            .map(|(k, &c)| match c {
+                GroupCall::Open(g, _) => (
+                    c,
+                    back.get(k + 1) == Some(&GroupCall::Done(g, Phase::Backward)),
+                ),
+                GroupCall::Done(..) => (c, false),
+            })
+            .collect();
         AsTokenStep {
             be,
             make,
             steps: Vec::new(),
             groups,
             end,
+            forward,
+            backward,
+            staging: vec![0f32; end],
         }
     }
 
@@ -73,23 +109,14 @@ impl<B: Backend, S: ResidentStep<B>> AsTokenStep<B, S> {
         Ok(self.steps.len() - 1)
     }
 
-    /// The parameters, gathered through the forward calls of the group protocol.
-    fn gather(
-        &self,
-        source: &mut dyn StepParams,
-    ) -> Result<(Vec<f32>, Vec<GroupCall>), KernelError> {
-        let calls = group_calls(self.groups.len());
-        let mut params = vec![0f32; self.end];
-        let mut seen = vec![false; self.groups.len()];
-        let backward = calls
-            .iter()
-            .position(|c| matches!(c, GroupCall::Open(_, Phase::Backward)))
-            .unwrap_or(calls.len());
-        for &call in &calls[..backward] {
+    /// The parameters gathered into `staging` through the forward calls of the group
+    /// protocol.
+    fn gather(&mut self, source: &mut dyn StepParams) -> Result<(), KernelError> {
+        for &(call, copy) in &self.forward {
             match call {
                 GroupCall::Open(g, phase) => {
                     let view = source.group(g, phase)?;
-                    if !seen[g] {
+                    if copy {
                         let r = self.groups[g].clone();
                         let from = r
                             .start
@@ -99,14 +126,13 @@ impl<B: Backend, S: ResidentStep<B>> AsTokenStep<B, S> {
                             op: OP,
                             msg: format!("group {g}'s view does not cover {r:?}"),
                         })?;
-                        params[r].copy_from_slice(from);
-                        seen[g] = true;
+                        self.staging[r].copy_from_slice(from);
                     }
                 }
                 GroupCall::Done(g, phase) => source.done(g, phase)?,
             }
         }
-        Ok((params, calls[backward..].to_vec()))
+        Ok(())
     }
 }
 
@@ -121,10 +147,10 @@ impl<B: Backend + Send, S: ResidentStep<B>> TokenStep for AsTokenStep<B, S> {
         batch: GptBatch,
         grad_scale: f32,
     ) -> Result<f64, KernelError> {
-        let (params, backward) = self.gather(source)?;
+        self.gather(source)?;
         let i = self.step(batch.batch, batch.t)?;
         let (be, s) = (&self.be, &self.steps[i].1);
-        s.load(be, &params).map_err(kernel_err)?;
+        s.load(be, &self.staging).map_err(kernel_err)?;
         let tb = TokenBatch {
             tokens: batch.tokens,
             targets: batch.targets,
@@ -132,13 +158,11 @@ impl<B: Backend + Send, S: ResidentStep<B>> TokenStep for AsTokenStep<B, S> {
         };
         let loss = s.run(be, tb, grad_scale).map_err(kernel_err)?;
         let grads = s.gradients(be).map_err(kernel_err)?;
-        // The backward calls: a group's gradients are added when the protocol opens it
-        // for the last time before marking it done (group 0 opens twice).
-        for (k, &call) in backward.iter().enumerate() {
+        for &(call, add) in &self.backward {
             match call {
                 GroupCall::Open(g, phase) => {
                     let view = source.group(g, phase)?;
-                    if backward.get(k + 1) == Some(&GroupCall::Done(g, Phase::Backward)) {
+                    if add {
                         let r = self.groups[g].clone();
                         let at = r
                             .start
@@ -165,10 +189,10 @@ impl<B: Backend + Send, S: ResidentStep<B>> TokenStep for AsTokenStep<B, S> {
         source: &mut dyn StepParams,
         batch: GptBatch,
     ) -> Result<(f64, usize, usize), KernelError> {
-        let (params, _) = self.gather(source)?;
+        self.gather(source)?;
         let i = self.step(batch.batch, batch.t)?;
         let (be, s) = (&self.be, &self.steps[i].1);
-        s.load(be, &params).map_err(kernel_err)?;
+        s.load(be, &self.staging).map_err(kernel_err)?;
         s.eval(
             be,
             TokenBatch {
