@@ -19,6 +19,9 @@ export STOKER_PROFILE=off
 # Tests that cannot run here say so (stoker_testkit::skip); collect them for the summary.
 export STOKER_SKIP_LOG=$(mktemp)
 trap 'rm -f "$STOKER_SKIP_LOG"' EXIT
+# CI builds once from a clean checkout: incremental state would only cost disk (it was the
+# larger half of a test build's target/ before it was turned off here).
+export CARGO_INCREMENTAL=0
 # MPI tests run `mpirun -n 2` and `-n 4` themselves, each wrapped in `timeout`.
 cargo test --workspace 2>&1
 # A 2-minute kill-and-resume soak on a generated text: bit-identical to a run never killed
