@@ -260,8 +260,8 @@ fn an_sbatch_job_preempted_by_scancel_requeues_and_resumes_bit_identically() {
     }
 }
 
-/// SIGKILL to rank 1 of `srun -n 2`: rank 0 names it and ends, and so does the job,
-/// long before the collective's timeout.
+/// SIGKILL to rank 1 of `srun -n 2`: the job ends naming it (stoker's peer watcher, or
+/// srun when UCX aborts rank 0 first), long before the collective's timeout.
 #[test]
 fn a_rank_killed_under_srun_ends_the_job_naming_it() {
     if !inside_slurm_box("a_rank_killed_under_srun_ends_the_job_naming_it") {
@@ -299,10 +299,12 @@ fn a_rank_killed_under_srun_ends_the_job_naming_it() {
         secs < 60.0,
         "the job outlived the collective timeout: {secs} s: {out}"
     );
-    assert!(
-        out.contains(&format!("rank 1 (pid {pid}, this host) died")),
-        "the lost rank (pid {pid}) is not named: {out}"
-    );
+    // stoker's peer watcher names the rank; where a collective in flight was copying
+    // from the dead rank's memory (UCX's CMA transport), UCX aborts rank 0 itself first,
+    // and srun's own line names the rank (its task number) instead.
+    let named = out.contains(&format!("rank 1 (pid {pid}, this host) died"))
+        || out.contains("task 1: Killed");
+    assert!(named, "the lost rank (pid {pid}) is not named: {out}");
 }
 
 /// docs/distributed.md quotes the sbatch script these tests run, as it stands.
