@@ -37,6 +37,7 @@ pub mod error;
 pub mod local;
 pub mod nccl;
 pub mod null;
+pub mod shard;
 pub mod stats;
 pub mod tree;
 

@@ -1,10 +1,11 @@
-//! ZeRO-1/2's split of the flat buffer (and every checkpoint's): rank `r` owns one
+//! ZeRO-1/2's split of the flat buffer (and every checkpoint's), for the CPU trainer
+//! and the resident path alike: rank `r` owns one
 //! contiguous range, rank order, each boundary a multiple of the layout's alignment (a
 //! cache line), the last rank's range ending at the buffer's end (it may be shorter, or
 //! empty on a tiny model). Ranges of the execution-order layout, so a rank's shard is a
 //! run of consecutive blocks, cut wherever the boundary falls (inside a tensor too: the
-//! optimizers work on segments). ZeRO-3 splits each group instead
-//! ([`super::GroupShards`]).
+//! optimizers work on segments). ZeRO-3 splits each group instead (stoker-train's
+//! `GroupShards`).
 
 use std::ops::Range;
 

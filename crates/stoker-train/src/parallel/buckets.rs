@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use stoker_comm::{Buffer, Communicator, Element, Pending};
 
-use super::shard::ShardPlan;
 use crate::error::{Result, TrainError};
+use stoker_comm::shard::ShardPlan;
 
 /// The collective each bucket runs.
 #[derive(Debug, Clone, PartialEq, Eq)]

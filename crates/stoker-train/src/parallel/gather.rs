@@ -27,8 +27,8 @@ use stoker_comm::{Buffer, Communicator, Pending};
 use stoker_kernels::{GroupView, KernelError, Phase, StepParams};
 
 use super::reduce::{f32s, source_err, GroupReduce};
-use super::shard::GroupSplit;
 use crate::error::Result;
+use stoker_comm::shard::GroupSplit;
 
 /// Where one group's gathered parameters are.
 enum Slot {

@@ -11,8 +11,8 @@
 
 use std::ops::Range;
 
-use super::shard::GroupSplit;
 use super::Pieces;
+use stoker_comm::shard::GroupSplit;
 
 /// Which elements of each group each rank owns.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -26,7 +26,7 @@
 //!
 //! [`single::Single`] is the one-rank strategy; [`ddp::Ddp`] is data parallelism with
 //! bucketed all-reduce overlapped with the backward, or, in deterministic mode, a fixed
-//! reduction tree; [`zero::Zero`] is ZeRO stage 1 or 2 over [`shard::ShardPlan`]'s
+//! reduction tree; [`zero::Zero`] is ZeRO stage 1 or 2 over [`ShardPlan`]'s
 //! split of the flat buffer (stage 2 on the direct step reduces each parameter group's
 //! gradients as the backward finishes it, [`reduce`]); [`zero3::Zero3`] shards the
 //! parameters too, gathering each group for the direct step as it computes ([`gather`]). [`for_config`] picks one from
@@ -40,7 +40,6 @@ pub mod gather;
 pub mod group_shards;
 pub mod reduce;
 pub mod scalars;
-pub mod shard;
 pub mod single;
 pub mod units;
 pub mod zero;
@@ -61,8 +60,8 @@ pub use crate::pieces::Pieces;
 pub use ddp::Ddp;
 pub use dims::ParallelDims;
 pub use group_shards::GroupShards;
-pub use shard::{GroupSplit, ShardPlan};
 pub use single::Single;
+pub use stoker_comm::shard::{GroupSplit, ShardPlan};
 pub use zero::{Zero, ZeroOptions, ZeroStage};
 pub use zero3::Zero3;
 

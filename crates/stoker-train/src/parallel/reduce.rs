@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use stoker_comm::{Buffer, Communicator, NullComm, Pending};
 use stoker_kernels::{GroupCall, GroupView, KernelError, Phase, StepParams};
 
-use super::shard::GroupSplit;
 use crate::error::{Result, TrainError};
+use stoker_comm::shard::GroupSplit;
 
 /// Reduce-scatters a rank lets run at once before it waits for the oldest.
 pub const REDUCING: usize = 1;

@@ -40,10 +40,10 @@ use stoker_comm::{tree_all_reduce, CommExt, CommStats, Communicator};
 
 use super::buckets::{Bucket, BucketOp, Buckets};
 use super::reduce::{GroupReduce, ReduceSource};
-use super::shard::ShardPlan;
 use super::{scalars, GroupSource, Pieces, Strategy, StrategyBytes, SyncStats};
 use crate::error::Result;
 use crate::grad_sum::SumOrder;
+use stoker_comm::shard::ShardPlan;
 
 /// Which ZeRO stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
