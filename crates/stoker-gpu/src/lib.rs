@@ -10,8 +10,8 @@
 //! before upload), `kernels` (every kernel as a checked call, for any backend; `llama` the Llama's, `optim` the
 //! optimizers over segments). Beside
 //! them: `args` (by-value arguments, `repr(C)`), `elem` (element types), `error`,
-//! `token_groups` (the embedding backward's one-writer-per-row index), `grad_reduce` (gradients
-//! summed over ranks), `sample` (seeded
+//! `token_groups` (the embedding backward's one-writer-per-row index), `parallel` (data parallelism
+//! on the backend's buffers: collectives, DDP, ZeRO-1, one rank's windows), `sample` (seeded
 //! inputs), `scenario` (every kernel once: what the device check compares).
 #![deny(missing_docs)]
 
@@ -22,12 +22,12 @@ pub mod elem;
 pub mod error;
 mod ffi;
 pub mod gemm;
-pub mod grad_reduce;
 pub mod host;
 pub mod ids;
 pub mod kernels;
 pub mod llama;
 pub mod optim;
+pub mod parallel;
 pub mod sample;
 pub mod scenario;
 pub mod step;

@@ -246,7 +246,7 @@ fn five_training_steps_track_the_cpu_steps_losses_and_weights() {
 #[test]
 fn n_ranks_reduced_through_the_communicator_equal_one_rank() {
     use stoker_comm::{run_local, Communicator, DEFAULT_TIMEOUT};
-    use stoker_gpu::grad_reduce::{GradReduce, ThroughHost};
+    use stoker_gpu::parallel::{Collectives, ThroughHost};
     let g = stoker_gpu::sample::gpt(&DIMS, 300, 0.2);
     let seqs = 6;
     let tokens: Vec<i64> = ids(seqs * T, 11, DIMS.vocab)

@@ -66,7 +66,7 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
         be.zero(be.all(&self.grads))
     }
 
-    /// All the gradients (the view a [`crate::grad_reduce::GradReduce`] sums).
+    /// All the gradients (the view [`crate::parallel::Collectives`] sum).
     pub fn grads_view(&self, be: &B) -> View<'_, f32> {
         be.all(&self.grads)
     }

@@ -8,7 +8,7 @@ use stoker_kernels::{GptDims, GptOffsets};
 
 use super::buffers::{self, LossSpans, StepBuffers, TokenModel};
 use super::layout::{ActLayout, Span, PARTIAL_WARPS};
-use super::optimizer::{self, OptimizerState, Scalars};
+use super::optimizer::{self, OptimizerState, Scalars, UpdateViews};
 use crate::backend::{Backend, View};
 use crate::elem::Act;
 use crate::error::GpuError;
@@ -97,20 +97,18 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
         unscale: f32,
         clip: Option<f64>,
     ) -> Result<f64, GpuError> {
-        let lay = &self.layout;
-        let scratch = (
-            self.bufs.f(be, lay.grad_norm)?,
-            self.bufs.f(be, lay.partials)?,
-        );
-        optimizer::update(
-            be,
-            opt,
-            (&self.bufs.params, &self.bufs.grads),
-            scratch,
-            scalars,
-            unscale,
-            clip,
-        )
+        optimizer::update(be, opt, self.update_views(be)?, scalars, unscale, clip)
+    }
+
+    /// The views an update works on: the compute copy, the gradients, the norm's
+    /// scratch.
+    pub fn update_views(&self, be: &B) -> Result<UpdateViews<'_, T>, GpuError> {
+        Ok(UpdateViews {
+            params: be.all(&self.bufs.params),
+            grads: be.all(&self.bufs.grads),
+            squares: self.bufs.f(be, self.layout.grad_norm)?,
+            partials: self.bufs.f(be, self.layout.partials)?,
+        })
     }
 
     fn stats(&self, be: &B, s: [Span; 2]) -> Result<Stats<'_>, GpuError> {

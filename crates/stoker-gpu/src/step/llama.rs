@@ -12,7 +12,7 @@ use super::buffers::{self, LossSpans, StepBuffers, TokenModel};
 use super::layout::{Span, PARTIAL_WARPS};
 use super::linear::{self, Linear};
 use super::llama_layout::{LlamaBlockActs, LlamaLayout};
-use super::optimizer::{self, OptimizerState, Scalars};
+use super::optimizer::{self, OptimizerState, Scalars, UpdateViews};
 use super::{padded_vocab, TokenBatch};
 use crate::backend::Backend;
 use crate::elem::Act;
@@ -99,19 +99,18 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         unscale: f32,
         clip: Option<f64>,
     ) -> Result<f64, GpuError> {
-        let scratch = (
-            self.bufs.f(be, self.layout.grad_norm)?,
-            self.bufs.f(be, self.layout.partials)?,
-        );
-        optimizer::update(
-            be,
-            opt,
-            (&self.bufs.params, &self.bufs.grads),
-            scratch,
-            scalars,
-            unscale,
-            clip,
-        )
+        optimizer::update(be, opt, self.update_views(be)?, scalars, unscale, clip)
+    }
+
+    /// The views an update works on: the compute copy, the gradients, the norm's
+    /// scratch.
+    pub fn update_views(&self, be: &B) -> Result<UpdateViews<'_, T>, GpuError> {
+        Ok(UpdateViews {
+            params: be.all(&self.bufs.params),
+            grads: be.all(&self.bufs.grads),
+            squares: self.bufs.f(be, self.layout.grad_norm)?,
+            partials: self.bufs.f(be, self.layout.partials)?,
+        })
     }
 
     fn heads(&self) -> Heads {

@@ -29,6 +29,33 @@ pub struct OptimizerState<B: Backend> {
     segments: Segments<B>,
 }
 
+/// Which optimizer a state is made for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Optimizer {
+    /// AdamW: two moments.
+    AdamW,
+    /// SGD, with a momentum buffer when `momentum`.
+    Sgd {
+        /// Whether the state holds a momentum buffer.
+        momentum: bool,
+    },
+}
+
+/// The views an update works on, from a step: the compute copy of the parameters, the
+/// f32 gradients (both the flat layout), and the scratch of the norm (one f32 and the
+/// per-warp partial sums).
+#[derive(Debug, Clone, Copy)]
+pub struct UpdateViews<'a, T> {
+    /// The compute copy.
+    pub params: View<'a, T>,
+    /// The gradients.
+    pub grads: View<'a, f32>,
+    /// One f32: the squared norm.
+    pub squares: View<'a, f32>,
+    /// The norm's per-warp partial sums.
+    pub partials: View<'a, f32>,
+}
+
 /// One step's scalars: which optimizer, at which step.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Scalars {
@@ -76,6 +103,30 @@ impl<B: Backend> OptimizerState<B> {
         })
     }
 
+    /// The state of `kind` over `master` with `segments` ([`OptimizerState::adamw`],
+    /// [`OptimizerState::sgd`]).
+    pub fn new(
+        be: &B,
+        kind: Optimizer,
+        master: &[f32],
+        segments: &[(Range<usize>, bool)],
+    ) -> Result<Self, GpuError> {
+        match kind {
+            Optimizer::AdamW => Self::adamw(be, master, segments),
+            Optimizer::Sgd { momentum } => Self::sgd(be, master, segments, momentum),
+        }
+    }
+
+    /// Elements of the master.
+    pub fn len(&self) -> usize {
+        B::len(&self.master)
+    }
+
+    /// Whether the master is empty (a rank's shard of a tiny model).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Bytes of the master and the optimizer's buffers.
     pub fn bytes(&self) -> usize {
         let moments = match &self.moments {
@@ -101,41 +152,58 @@ pub fn grad_multiplier(norm: f64, unscale: f32, clip: Option<f64>) -> f32 {
     }
 }
 
-/// The update of a step's `(params, grads)` (the compute copy in `T`, the f32 gradients,
-/// both the flat layout of `opt`'s master): the gradients' squared norm into
-/// `scratch.0` through `scratch.1`'s partial sums (the one value read back), then one
-/// launch of the optimizer over every segment on the gradients times [`grad_multiplier`],
-/// writing the bf16 copy in the same pass or, for f32, copying the master into it.
-/// Returns the unscaled norm. (With a loss scale the CPU multiplies twice, unscale then
-/// clip; here once by their product.)
-pub fn update<B: Backend, T: Act>(
+/// The squared norm of `grads` as the device brackets it (`squares` and `partials` its
+/// scratch), read back: the one value an update waits for. 0 for no gradients.
+pub fn squared_norm<B: Backend>(
+    be: &B,
+    grads: View<f32>,
+    (squares, partials): (View<f32>, View<f32>),
+) -> Result<f64, GpuError> {
+    if grads.is_empty() {
+        return Ok(0.0);
+    }
+    let warps = super::layout::PARTIAL_WARPS.min(partials.len());
+    kernels::sum(be, squares, grads, partials, true, warps, false)?;
+    Ok(be.read(squares)?[0] as f64)
+}
+
+/// One launch of `opt`'s optimizer over every segment of its master on `grads x mult`,
+/// the compute copy `params` (as long as the master) written in the same pass (bf16) or
+/// copied from the master after (f32).
+pub fn apply<B: Backend, T: Act>(
     be: &B,
     opt: &OptimizerState<B>,
-    (params, grads): (&B::Buf<T>, &B::Buf<f32>),
-    (squares, partials): (View<f32>, View<f32>),
+    params: View<T>,
+    grads: View<f32>,
     scalars: &Scalars,
-    unscale: f32,
-    clip: Option<f64>,
-) -> Result<f64, GpuError> {
-    crate::error::check_len("optimizer", "master", B::len(&opt.master), B::len(params))?;
-    crate::error::check_len("optimizer", "grads", B::len(grads), B::len(params))?;
-    let warps = super::layout::PARTIAL_WARPS.min(partials.len());
-    kernels::sum(be, squares, be.all(grads), partials, true, warps, false)?;
-    let norm = (be.read(squares)?[0] as f64).sqrt() * unscale as f64;
-    let mult = grad_multiplier(norm, unscale, clip);
+    mult: f32,
+) -> Result<(), GpuError> {
+    crate::error::check_len("optimizer", "params", params.len(), opt.len())?;
+    crate::error::check_len("optimizer", "grads", grads.len(), opt.len())?;
+    if opt.is_empty() {
+        return Ok(());
+    }
     let copy = match T::DTYPE {
-        Dtype::Bf16 => Some(be.all(params).cast::<half::bf16>()?),
+        Dtype::Bf16 => Some(params.cast::<half::bf16>()?),
         Dtype::F32 => None,
     };
-    let (p, g) = (be.all(&opt.master), be.all(grads));
+    let p = be.all(&opt.master);
     match (&opt.moments, scalars) {
-        (Moments::AdamW { m, v }, Scalars::AdamW(s)) => {
-            optim::adamw(be, p, g, be.all(m), be.all(v), copy, s, &opt.segments, mult)?
-        }
+        (Moments::AdamW { m, v }, Scalars::AdamW(s)) => optim::adamw(
+            be,
+            p,
+            grads,
+            be.all(m),
+            be.all(v),
+            copy,
+            s,
+            &opt.segments,
+            mult,
+        )?,
         (Moments::Sgd { buf }, Scalars::Sgd(s)) => optim::sgd(
             be,
             p,
-            g,
+            grads,
             buf.as_ref().map(|b| be.all(b)),
             copy,
             s,
@@ -150,7 +218,26 @@ pub fn update<B: Backend, T: Act>(
         }
     }
     if T::DTYPE == Dtype::F32 {
-        be.copy(be.all(params).cast::<f32>()?, be.all(&opt.master))?;
+        be.copy(params.cast::<f32>()?, p)?;
     }
+    Ok(())
+}
+
+/// The update of a step's [`UpdateViews`] (one rank, or DDP's after the all-reduce):
+/// the gradients' squared norm (the one value read back), then [`apply`] on the
+/// gradients times [`grad_multiplier`]. Returns the unscaled norm. (With a loss scale the
+/// CPU multiplies twice, unscale then clip; here once by their product.)
+pub fn update<B: Backend, T: Act>(
+    be: &B,
+    opt: &OptimizerState<B>,
+    views: UpdateViews<T>,
+    scalars: &Scalars,
+    unscale: f32,
+    clip: Option<f64>,
+) -> Result<f64, GpuError> {
+    let squares = squared_norm(be, views.grads, (views.squares, views.partials))?;
+    let norm = squares.sqrt() * unscale as f64;
+    let mult = grad_multiplier(norm, unscale, clip);
+    apply(be, opt, views.params, views.grads, scalars, mult)?;
     Ok(norm)
 }

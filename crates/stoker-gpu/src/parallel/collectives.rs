@@ -1,0 +1,150 @@
+//! The collectives a resident step's data parallelism runs on a backend's buffers.
+//! [`ThroughHost`] goes through any stoker-comm [`Communicator`] on host memory: each
+//! buffer copied down, reduced or gathered, copied back. It is the in-process ranks' path
+//! in the tests (the same code at every world size) and a GPU's path through MPI; NCCL on
+//! device memory, which needs no copies, is the device backend's `device::nccl` (feature
+//! `cuda`).
+
+use stoker_comm::{CommExt, Communicator};
+
+use crate::backend::{Backend, View};
+use crate::elem::Act;
+use crate::error::{check_len, GpuError};
+
+/// Sums and gathers over the ranks, on a backend's buffers.
+pub trait Collectives<B: Backend> {
+    /// This rank.
+    fn rank(&self) -> usize;
+    /// Ranks in all.
+    fn world(&self) -> usize;
+    /// Replaces `buf` on every rank by its sum over the ranks.
+    fn all_reduce(&self, be: &B, buf: View<f32>) -> Result<(), GpuError>;
+    /// Sums `input` (the same length on every rank) over the ranks and leaves this rank's
+    /// piece of the sum in `out`: piece `r` is `counts[r]` elements, rank order.
+    fn reduce_scatter(
+        &self,
+        be: &B,
+        input: View<f32>,
+        counts: &[usize],
+        out: View<f32>,
+    ) -> Result<(), GpuError>;
+    /// Fills `buf` on every rank with every rank's piece of it (`counts`, rank order),
+    /// this rank's piece already in place.
+    fn all_gather<E: Act>(&self, be: &B, buf: View<E>, counts: &[usize]) -> Result<(), GpuError>;
+    /// `xs` summed over the ranks, element by element (a window's tallies, the pieces of
+    /// a squared norm): at most [`MAX_SCALARS`] values, one collective.
+    fn sum(&self, be: &B, xs: &[f64]) -> Result<Vec<f64>, GpuError>;
+}
+
+/// The most scalars one [`Collectives::sum`] carries.
+pub const MAX_SCALARS: usize = 8;
+
+/// `xs` within [`MAX_SCALARS`].
+pub(crate) fn check_scalars(xs: &[f64]) -> Result<(), GpuError> {
+    if xs.len() > MAX_SCALARS {
+        return Err(GpuError::Shape {
+            kernel: "sum",
+            what: format!("{} scalars, more than {MAX_SCALARS}", xs.len()),
+        });
+    }
+    Ok(())
+}
+
+/// `counts` as a split of `len` elements over `world` ranks: where this rank's piece
+/// starts and how long it is.
+pub(crate) fn piece(
+    op: &'static str,
+    counts: &[usize],
+    world: usize,
+    rank: usize,
+    len: usize,
+) -> Result<(usize, usize), GpuError> {
+    if counts.len() != world || counts.iter().sum::<usize>() != len {
+        return Err(GpuError::Shape {
+            kernel: op,
+            what: format!(
+                "counts {counts:?} for {world} ranks must add up to the buffer's {len} elements"
+            ),
+        });
+    }
+    Ok((counts[..rank].iter().sum(), counts[rank]))
+}
+
+/// Through a [`Communicator`] on host memory.
+#[derive(Debug)]
+pub struct ThroughHost<'a, C>(pub &'a C);
+
+impl<C: Communicator> ThroughHost<'_, C> {
+    fn err(&self, what: String) -> impl FnOnce(stoker_comm::CommError) -> GpuError + '_ {
+        move |e| GpuError::Driver {
+            what: format!(
+                "{what} over {} ranks ({})",
+                self.0.world_size(),
+                self.0.backend()
+            ),
+            error: e.to_string(),
+        }
+    }
+}
+
+impl<B: Backend, C: Communicator> Collectives<B> for ThroughHost<'_, C> {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+
+    fn world(&self) -> usize {
+        self.0.world_size()
+    }
+
+    fn all_reduce(&self, be: &B, buf: View<f32>) -> Result<(), GpuError> {
+        let mut host = be.read(buf)?;
+        let what = format!("all-reducing {} gradients", host.len());
+        self.0.all_reduce(&mut host).map_err(self.err(what))?;
+        be.write_at(buf, &host)
+    }
+
+    fn reduce_scatter(
+        &self,
+        be: &B,
+        input: View<f32>,
+        counts: &[usize],
+        out: View<f32>,
+    ) -> Result<(), GpuError> {
+        let (world, rank) = (self.0.world_size(), self.0.rank());
+        let (_, mine) = piece("reduce-scatter", counts, world, rank, input.len())?;
+        check_len("reduce-scatter", "out", out.len(), mine)?;
+        let host = be.read(input)?;
+        let mut piece = vec![0f32; mine];
+        let what = format!("reduce-scattering {} gradients", host.len());
+        self.0
+            .reduce_scatter(&host, counts, &mut piece)
+            .map_err(self.err(what))?;
+        be.write_at(out, &piece)
+    }
+
+    fn all_gather<E: Act>(&self, be: &B, buf: View<E>, counts: &[usize]) -> Result<(), GpuError> {
+        let (world, rank) = (self.0.world_size(), self.0.rank());
+        let (at, mine) = piece("all-gather", counts, world, rank, buf.len())?;
+        // bf16 widens to f32 and back exactly: the communicators carry f32.
+        let host: Vec<f32> = be
+            .read(buf.slice(at..at + mine)?)?
+            .into_iter()
+            .map(E::to_f32)
+            .collect();
+        let mut all = vec![0f32; buf.len()];
+        let what = format!("all-gathering {} parameters", buf.len());
+        self.0
+            .all_gather(&host, counts, &mut all)
+            .map_err(self.err(what))?;
+        let all: Vec<E> = all.into_iter().map(E::from_f32).collect();
+        be.write_at(buf, &all)
+    }
+
+    fn sum(&self, _: &B, xs: &[f64]) -> Result<Vec<f64>, GpuError> {
+        check_scalars(xs)?;
+        let mut v = xs.to_vec();
+        let what = format!("summing {} scalars", v.len());
+        self.0.all_reduce(&mut v).map_err(self.err(what))?;
+        Ok(v)
+    }
+}

@@ -1,0 +1,96 @@
+//! The update after a window on every rank, by strategy: DDP (the gradients all-reduced,
+//! every rank updating the whole master, as torch's DistributedDataParallel) or ZeRO-1
+//! ([`Zero1`]). At one rank both are the single-device update.
+
+use std::ops::Range;
+
+use super::collectives::Collectives;
+use super::tally::Tally;
+use super::zero1::Zero1;
+use crate::backend::Backend;
+use crate::elem::Act;
+use crate::error::GpuError;
+use crate::step::optimizer::{self, Optimizer, OptimizerState, Scalars, UpdateViews};
+
+/// Which data parallelism a replica runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// Every rank holds the whole master and optimizer state.
+    Ddp,
+    /// Each rank holds its shard of them.
+    Zero1,
+}
+
+/// One rank's optimizer state under a [`Strategy`].
+pub enum DataParallel<B: Backend> {
+    /// DDP: the whole state.
+    Ddp(OptimizerState<B>),
+    /// ZeRO-1: this rank's shard.
+    Zero1(Zero1<B>),
+}
+
+impl<B: Backend> DataParallel<B> {
+    /// Rank `rank` of `world`'s state of `kind` over `master` (the same on every rank)
+    /// with its `segments`.
+    pub fn new(
+        be: &B,
+        strategy: Strategy,
+        kind: Optimizer,
+        master: &[f32],
+        segments: &[(Range<usize>, bool)],
+        rank_world: (usize, usize),
+    ) -> Result<Self, GpuError> {
+        Ok(match strategy {
+            Strategy::Ddp => DataParallel::Ddp(OptimizerState::new(be, kind, master, segments)?),
+            Strategy::Zero1 => {
+                DataParallel::Zero1(Zero1::new(be, kind, master, segments, rank_world)?)
+            }
+        })
+    }
+
+    /// The range of the flat buffer this rank's master covers, and its values.
+    pub fn master(&self, be: &B) -> Result<(Range<usize>, Vec<f32>), GpuError> {
+        match self {
+            DataParallel::Ddp(opt) => Ok((0..opt.len(), opt.master(be)?)),
+            DataParallel::Zero1(z) => Ok((z.shard(), z.master(be)?)),
+        }
+    }
+
+    /// Bytes of this rank's master, optimizer state (and ZeRO-1's shard of gradients).
+    pub fn bytes(&self) -> usize {
+        match self {
+            DataParallel::Ddp(opt) => opt.bytes(),
+            DataParallel::Zero1(z) => z.bytes(),
+        }
+    }
+
+    /// The update of `views` (this rank's accumulated gradients, each micro-batch's
+    /// scaled by 1 / `capacity`, not yet reduced) with this rank's `tally`: the reduction
+    /// over `coll`'s ranks, the tallies summed (one scalar collective), the gradients
+    /// rescaled to the mean over the valid targets inside the optimizer's multiplier,
+    /// the optimizer. Returns the unscaled norm of the mean gradient (before clipping)
+    /// and the summed tally.
+    #[allow(clippy::too_many_arguments)]
+    pub fn update<T: Act>(
+        &self,
+        be: &B,
+        coll: &impl Collectives<B>,
+        views: UpdateViews<T>,
+        scalars: &Scalars,
+        (tally, capacity): (Tally, f64),
+        clip: Option<f64>,
+    ) -> Result<(f64, Tally), GpuError> {
+        match self {
+            DataParallel::Ddp(opt) => {
+                let total = Tally::from_values(&coll.sum(be, &tally.values())?);
+                let unscale = total.rescale(coll.world(), capacity)?;
+                if coll.world() > 1 {
+                    coll.all_reduce(be, views.grads)?;
+                }
+                let norm = optimizer::update(be, opt, views, scalars, unscale, clip)?;
+                Ok((norm, total))
+            }
+            DataParallel::Zero1(z) => z.update(be, coll, views, scalars, (tally, capacity), clip),
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! One rank's resident training (the resident path of the chapter's 4.3 and 4.4): a
+//! step at one batch shape, its optimizer state under a data-parallel strategy, and a
+//! window of micro-batches run as the CPU trainer runs one (stoker-train's
+//! `accumulate`): nothing is communicated before the last micro-batch. Each
+//! micro-batch's gradient is scaled by 1 / C, C the window's target capacity over every
+//! rank (ranks x micro-batches x rows, known to all without asking); the update's one
+//! scalar collective sums the valid targets, and the optimizer's multiplier rescales by
+//! C / valid, so the step is the mean over the window's valid targets on every rank,
+//! whatever the ranks' and micro-batches' shares of them.
+
+use std::ops::Range;
+
+use super::collectives::Collectives;
+use super::data_parallel::{DataParallel, Strategy};
+use super::tally::Tally;
+use crate::backend::Backend;
+use crate::elem::Act;
+use crate::error::GpuError;
+use crate::step::optimizer::{Optimizer, Scalars, UpdateViews};
+use crate::step::{GptGpuStep, LlamaGpuStep, TokenBatch};
+
+/// What a replica needs of a step.
+pub trait Trainable<B: Backend> {
+    /// The compute copy's element type.
+    type T: Act;
+    /// Target positions of one micro-batch (sequences x positions).
+    fn rows(&self) -> usize;
+    /// Copies the flat FP32 `params` into the compute copy.
+    fn load(&self, be: &B, params: &[f32]) -> Result<(), GpuError>;
+    /// The compute copy, widened to f32.
+    fn params(&self, be: &B) -> Result<Vec<f32>, GpuError>;
+    /// Sets every gradient to 0.
+    fn zero_grads(&self, be: &B) -> Result<(), GpuError>;
+    /// Adds one micro-batch's gradient of `grad_scale x (summed loss)`; returns the
+    /// summed loss.
+    fn forward_backward(&self, be: &B, batch: TokenBatch, grad_scale: f32)
+        -> Result<f64, GpuError>;
+    /// The views an update works on.
+    fn update_views(&self, be: &B) -> Result<UpdateViews<'_, Self::T>, GpuError>;
+}
+
+macro_rules! trainable {
+    ($t:ident) => {
+        impl<B: Backend, T: Act> Trainable<B> for $t<B, T> {
+            type T = T;
+            fn rows(&self) -> usize {
+                crate::step::buffers::TokenModel::rows_and_vocab(self).0
+            }
+            fn load(&self, be: &B, params: &[f32]) -> Result<(), GpuError> {
+                self.buffers().load_params(be, params)
+            }
+            fn params(&self, be: &B) -> Result<Vec<f32>, GpuError> {
+                self.buffers().params(be)
+            }
+            fn zero_grads(&self, be: &B) -> Result<(), GpuError> {
+                self.buffers().zero_grads(be)
+            }
+            fn forward_backward(
+                &self,
+                be: &B,
+                batch: TokenBatch,
+                grad_scale: f32,
+            ) -> Result<f64, GpuError> {
+                $t::forward_backward(self, be, batch, grad_scale)
+            }
+            fn update_views(&self, be: &B) -> Result<UpdateViews<'_, T>, GpuError> {
+                $t::update_views(self, be)
+            }
+        }
+    };
+}
+
+trainable!(GptGpuStep);
+trainable!(LlamaGpuStep);
+
+/// What one window did, the same on every rank.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WindowReport {
+    /// The mean loss over the window's valid targets on every rank.
+    pub loss: f64,
+    /// The window's valid targets on every rank.
+    pub tokens: u64,
+    /// The norm of the summed (mean) gradients, before clipping.
+    pub grad_norm: f64,
+}
+
+/// One rank's resident training.
+pub struct Replica<B: Backend, S: Trainable<B>> {
+    step: S,
+    state: DataParallel<B>,
+}
+
+impl<B: Backend, S: Trainable<B>> Replica<B, S> {
+    /// Rank `rank_world.0` of `rank_world.1`: `step` loaded with `master` (the same on
+    /// every rank: seeded alike, or broadcast), and the state of optimizer `kind` over it
+    /// with `segments` under `strategy`.
+    pub fn new(
+        be: &B,
+        step: S,
+        (strategy, kind): (Strategy, Optimizer),
+        master: &[f32],
+        segments: &[(Range<usize>, bool)],
+        rank_world: (usize, usize),
+    ) -> Result<Self, GpuError> {
+        step.load(be, master)?;
+        let state = DataParallel::new(be, strategy, kind, master, segments, rank_world)?;
+        Ok(Replica { step, state })
+    }
+
+    /// The step.
+    pub fn step(&self) -> &S {
+        &self.step
+    }
+
+    /// The optimizer state (this rank's master, or its shard).
+    pub fn state(&self) -> &DataParallel<B> {
+        &self.state
+    }
+
+    /// One window: this rank's `micro` batches (each the step's shape; as many on
+    /// every rank), then the update with `scalars`, clipping the mean gradient's norm to
+    /// `clip`.
+    pub fn window(
+        &self,
+        be: &B,
+        coll: &impl Collectives<B>,
+        micro: &[TokenBatch],
+        scalars: &Scalars,
+        clip: Option<f64>,
+    ) -> Result<WindowReport, GpuError> {
+        let capacity = (coll.world() * micro.len() * self.step.rows()) as f64;
+        let grad_scale = (1.0 / capacity.max(1.0)) as f32;
+        self.step.zero_grads(be)?;
+        let mut tally = Tally {
+            micro: micro.len() as f64,
+            micro_sq: (micro.len() * micro.len()) as f64,
+            ..Tally::default()
+        };
+        for batch in micro {
+            tally.loss += self.step.forward_backward(be, *batch, grad_scale)?;
+            tally.valid += batch.targets.iter().filter(|&&t| t != batch.ignore).count() as f64;
+        }
+        let views = self.step.update_views(be)?;
+        let (grad_norm, total) =
+            self.state
+                .update(be, coll, views, scalars, (tally, capacity), clip)?;
+        Ok(WindowReport {
+            loss: total.loss / total.valid,
+            tokens: total.valid as u64,
+            grad_norm,
+        })
+    }
+}

@@ -1,0 +1,124 @@
+//! ZeRO stage 1 on a backend (DeepSpeed's `stage: 1`, FSDP's optimizer-state sharding):
+//! each rank holds the FP32 master and the optimizer's moments of its own shard only,
+//! the CPU trainer's split of the flat buffer ([`ShardPlan`], boundaries at multiples of
+//! 16 elements). An update reduce-scatters the gradients into the shard, sums the
+//! squared norm's pieces over the ranks (one scalar), updates the shard writing its
+//! piece of the compute copy, and all-gathers the compute copy (bf16 where the step
+//! computes in bf16: half of DDP's bytes on that leg). AdamW's 12 bytes a parameter of
+//! master and moments become 12 / world.
+
+use std::ops::Range;
+
+use stoker_comm::shard::ShardPlan;
+
+use super::collectives::Collectives;
+use super::tally::Tally;
+use crate::backend::Backend;
+use crate::elem::Act;
+use crate::error::{check_len, GpuError};
+use crate::step::optimizer::{self, Optimizer, OptimizerState, Scalars, UpdateViews};
+
+/// Shard boundaries, in elements: the CPU trainer's (a 64-byte cache line of f32).
+pub const SHARD_ALIGN: usize = 16;
+
+/// `segments` (sorted, disjoint, with their weight-decay flags) cut to `shard` and
+/// moved to start at 0: the optimizer's segments over a shard of the master.
+pub fn shard_segments(
+    segments: &[(Range<usize>, bool)],
+    shard: &Range<usize>,
+) -> Vec<(Range<usize>, bool)> {
+    segments
+        .iter()
+        .filter_map(|(r, decay)| {
+            let (start, end) = (r.start.max(shard.start), r.end.min(shard.end));
+            (start < end).then(|| (start - shard.start..end - shard.start, *decay))
+        })
+        .collect()
+}
+
+/// One rank's ZeRO-1 state: its shard of the master and moments, the shard's gradients.
+pub struct Zero1<B: Backend> {
+    plan: ShardPlan,
+    rank: usize,
+    opt: OptimizerState<B>,
+    grads: B::Buf<f32>,
+}
+
+impl<B: Backend> Zero1<B> {
+    /// Rank `rank` of `world`'s state of optimizer `kind` over the flat `master` (every
+    /// rank passes the same one) with its `segments`.
+    pub fn new(
+        be: &B,
+        kind: Optimizer,
+        master: &[f32],
+        segments: &[(Range<usize>, bool)],
+        (rank, world): (usize, usize),
+    ) -> Result<Self, GpuError> {
+        if rank >= world {
+            return Err(GpuError::Shape {
+                kernel: "zero-1",
+                what: format!("rank {rank} of a world of {world}"),
+            });
+        }
+        let plan = ShardPlan::new(master.len(), world, SHARD_ALIGN);
+        let shard = plan.range(rank);
+        let opt = OptimizerState::new(
+            be,
+            kind,
+            &master[shard.clone()],
+            &shard_segments(segments, &shard),
+        )?;
+        Ok(Zero1 {
+            grads: be.zeros(shard.len())?,
+            plan,
+            rank,
+            opt,
+        })
+    }
+
+    /// This rank's shard of the flat buffer.
+    pub fn shard(&self) -> Range<usize> {
+        self.plan.range(self.rank)
+    }
+
+    /// The shard's master values.
+    pub fn master(&self, be: &B) -> Result<Vec<f32>, GpuError> {
+        self.opt.master(be)
+    }
+
+    /// Bytes of the shard's master, moments and gradients.
+    pub fn bytes(&self) -> usize {
+        self.opt.bytes() + 4 * B::len(&self.grads)
+    }
+
+    /// The update of `views` (this rank's accumulated gradients, scaled by
+    /// 1 / `capacity`, not yet reduced) with this rank's `tally`: the reduce-scatter, one
+    /// scalar collective for the norm's pieces and the tallies, the shard's optimizer
+    /// step on the mean gradient, the compute copy gathered. Returns the unscaled norm of
+    /// the mean gradient and the summed tally.
+    pub fn update<T: Act>(
+        &self,
+        be: &B,
+        coll: &impl Collectives<B>,
+        views: UpdateViews<T>,
+        scalars: &Scalars,
+        (tally, capacity): (Tally, f64),
+        clip: Option<f64>,
+    ) -> Result<(f64, Tally), GpuError> {
+        check_len("zero-1", "grads", views.grads.len(), self.plan.len())?;
+        let counts = self.plan.counts();
+        let grads = be.all(&self.grads);
+        coll.reduce_scatter(be, views.grads, &counts, grads)?;
+        let mine = optimizer::squared_norm(be, grads, (views.squares, views.partials))?;
+        let [valid, loss, micro, micro_sq] = tally.values();
+        let sums = coll.sum(be, &[mine, valid, loss, micro, micro_sq])?;
+        let total = Tally::from_values(&sums[1..]);
+        let unscale = total.rescale(coll.world(), capacity)?;
+        let norm = sums[0].sqrt() * unscale as f64;
+        let mult = optimizer::grad_multiplier(norm, unscale, clip);
+        let piece = views.params.slice(self.shard())?;
+        optimizer::apply(be, &self.opt, piece, grads, scalars, mult)?;
+        coll.all_gather(be, views.params, &counts)?;
+        Ok((norm, total))
+    }
+}

@@ -1,0 +1,479 @@
+//! One rank's resident training (`stoker_gpu::parallel`) on the host backend, with
+//! in-process ranks: a window of micro-batches is the hand-written loop at one rank, and
+//! N ranks under DDP or ZeRO-1 (2 and 3 ranks: an odd world too) train the weights one
+//! rank trains on the same window, within f32 rounding of the sums. The window's
+//! normalization is by valid targets over every micro-batch and rank: the ranks here get
+//! different counts of ignored targets. Bad windows are refused on every rank alike.
+
+use std::ops::Range;
+
+use stoker_comm::{run_local, Communicator, DEFAULT_TIMEOUT};
+use stoker_gpu::parallel::zero1::shard_segments;
+use stoker_gpu::parallel::{
+    Collectives, DataParallel, Replica, Strategy, Tally, ThroughHost, Zero1,
+};
+use stoker_gpu::sample::{gpt, ids, uniform, Ranges};
+use stoker_gpu::step::optimizer::{Optimizer, OptimizerState, Scalars, UpdateViews};
+use stoker_gpu::step::{GptGpuStep, TokenBatch};
+use stoker_gpu::{Act, Backend, Host};
+use stoker_kernels::{AdamWStep, GptDims, SgdStep};
+use stoker_testkit::{assert_bits_eq, assert_close, assert_close_scalar};
+
+const DIMS: GptDims = GptDims {
+    vocab: 53,
+    context: 8,
+    d_model: 16,
+    n_layer: 2,
+    n_head: 2,
+};
+/// Sequences of one micro-batch, positions of each.
+const B: usize = 2;
+const T: usize = 8;
+/// Micro-batches of a window over all ranks (6: 1, 2 and 3 ranks share it evenly).
+const MICRO: usize = 6;
+const WINDOWS: usize = 3;
+const SEED: u64 = 40;
+
+/// A window's micro-batches: tokens and targets of each; micro-batch `k` ignores `k`
+/// targets, so the ranks' counts differ.
+fn window(w: usize) -> Vec<(Vec<i64>, Vec<i64>)> {
+    (0..MICRO)
+        .map(|k| {
+            let seed = 1000 + 10 * (w * MICRO + k) as u64;
+            let tokens: Vec<i64> = ids(B * T, seed, DIMS.vocab)
+                .iter()
+                .map(|&x| x as i64)
+                .collect();
+            let mut targets: Vec<i64> = ids(B * T, seed + 1, DIMS.vocab)
+                .iter()
+                .map(|&x| x as i64)
+                .collect();
+            targets.iter_mut().take(k).for_each(|t| *t = -1);
+            (tokens, targets)
+        })
+        .collect()
+}
+
+fn batch(m: &(Vec<i64>, Vec<i64>)) -> TokenBatch<'_> {
+    TokenBatch {
+        tokens: &m.0,
+        targets: &m.1,
+        ignore: -1,
+    }
+}
+
+/// Segments as stoker-train makes them: weight decay on tensors of rank >= 2.
+fn segments(ranges: &Ranges) -> Vec<(Range<usize>, bool)> {
+    let table = stoker_kernels::gpt_params(&DIMS);
+    ranges
+        .iter()
+        .zip(&table)
+        .map(|((_, r), p)| (r.clone(), p.shape.len() >= 2))
+        .collect()
+}
+
+fn scalars(opt: Optimizer, t: u64) -> Scalars {
+    match opt {
+        Optimizer::AdamW => Scalars::AdamW(AdamWStep::new(3e-3, 0.9, 0.95, 1e-8, 0.1, t)),
+        Optimizer::Sgd { .. } => Scalars::Sgd(SgdStep {
+            lr: 0.05,
+            momentum: 0.9,
+            weight_decay: 0.01,
+            nesterov: false,
+            first: t == 1,
+        }),
+    }
+}
+
+/// What one rank ends with: each window's report (loss, tokens, norm), its master range
+/// and values, its compute copy.
+type RankEnd = (Vec<(f64, u64, f64)>, Range<usize>, Vec<f32>, Vec<f32>);
+
+/// `WINDOWS` windows of rank `comm.rank()`'s share of the micro-batches.
+fn train<T: Act, C: Communicator>(
+    comm: &C,
+    strategy: Strategy,
+    opt: Optimizer,
+    clip: Option<f64>,
+) -> RankEnd {
+    let g = gpt(&DIMS, SEED, 0.2);
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let step = GptGpuStep::<Host, T>::new(&Host, DIMS, g.offsets.clone(), 1e-5, B, T).unwrap();
+    let segs = segments(&g.ranges);
+    let replica = Replica::new(
+        &Host,
+        step,
+        (strategy, opt),
+        &g.params,
+        &segs,
+        (rank, world),
+    )
+    .unwrap();
+    let coll = ThroughHost(comm);
+    let per = MICRO / world;
+    let mut reports = Vec::new();
+    for w in 0..WINDOWS {
+        let data = window(w);
+        let mine: Vec<TokenBatch> = data[rank * per..(rank + 1) * per]
+            .iter()
+            .map(batch)
+            .collect();
+        let r = replica
+            .window(&Host, &coll, &mine, &scalars(opt, w as u64 + 1), clip)
+            .unwrap();
+        reports.push((r.loss, r.tokens, r.grad_norm));
+    }
+    let (range, master) = replica.state().master(&Host).unwrap();
+    let params = replica.step().buffers().params(&Host).unwrap();
+    (reports, range, master, params)
+}
+
+fn ranks<T: Act>(
+    world: usize,
+    strategy: Strategy,
+    opt: Optimizer,
+    clip: Option<f64>,
+) -> Vec<RankEnd> {
+    run_local(world, DEFAULT_TIMEOUT, |comm| {
+        train::<T, _>(&comm, strategy, opt, clip)
+    })
+}
+
+/// The whole master from every rank's piece (checking that the pieces tile it).
+fn assemble(ends: &[RankEnd]) -> Vec<f32> {
+    let mut all = Vec::new();
+    for (_, range, master, _) in ends {
+        assert_eq!(
+            range.start,
+            all.len(),
+            "the shards tile the buffer in rank order"
+        );
+        assert_eq!(range.len(), master.len());
+        all.extend_from_slice(master);
+    }
+    all
+}
+
+/// `got` against `want` parameter by parameter, within `rel`. The attention key bias's
+/// true gradient is 0 (the softmax ignores a shift of a query's scores), so what reaches
+/// it is rounding noise, which AdamW turns into steps of about lr: its key third is only
+/// bounded by the steps taken.
+fn assert_weights(got: &[f32], want: &[f32], rel: f64, what: &str) {
+    let g = gpt(&DIMS, SEED, 0.2);
+    let c = DIMS.d_model;
+    for (name, r) in &g.ranges {
+        if name.ends_with("attn.qkv.bias") {
+            let k = r.start + c..r.start + 2 * c;
+            let moved: Vec<f32> = k.clone().map(|i| got[i] - want[i]).collect();
+            let moved = stoker_testkit::max_abs(&moved);
+            assert!(
+                moved <= 2.0 * WINDOWS as f64 * 3e-3,
+                "{what}: {name} (k) differs by {moved}"
+            );
+            for rr in [r.start..r.start + c, r.start + 2 * c..r.end] {
+                assert_close(&got[rr.clone()], &want[rr], rel, &format!("{what}: {name}"));
+            }
+            continue;
+        }
+        assert_close(
+            &got[r.clone()],
+            &want[r.clone()],
+            rel,
+            &format!("{what}: {name}"),
+        );
+    }
+}
+
+/// One rank's window is the loop written by hand: each micro-batch's gradient scaled by
+/// 1 / C (C the window's target capacity), accumulated, one update whose multiplier
+/// rescales by C / (the valid targets); bit for bit.
+#[test]
+fn one_rank_window_is_the_hand_written_loop() {
+    let clip = Some(0.05);
+    let end = &ranks::<f32>(1, Strategy::Ddp, Optimizer::AdamW, clip)[0];
+
+    let g = gpt(&DIMS, SEED, 0.2);
+    let step = GptGpuStep::<Host, f32>::new(&Host, DIMS, g.offsets.clone(), 1e-5, B, T).unwrap();
+    step.buffers().load_params(&Host, &g.params).unwrap();
+    let opt = OptimizerState::adamw(&Host, &g.params, &segments(&g.ranges)).unwrap();
+    let capacity = (MICRO * B * T) as f64;
+    for w in 0..WINDOWS {
+        let data = window(w);
+        let count: usize = data
+            .iter()
+            .map(|(_, t)| t.iter().filter(|&&x| x != -1).count())
+            .sum();
+        assert!(count < MICRO * B * T, "window {w} ignores some targets");
+        assert_eq!(end.0[w].1, count as u64, "window {w}'s tokens");
+        step.buffers().zero_grads(&Host).unwrap();
+        let mut loss = 0.0;
+        for m in &data {
+            loss += step
+                .forward_backward(&Host, batch(m), (1.0 / capacity) as f32)
+                .unwrap();
+        }
+        let unscale = (capacity / count as f64) as f32;
+        let norm = step
+            .update(
+                &Host,
+                &opt,
+                &scalars(Optimizer::AdamW, w as u64 + 1),
+                unscale,
+                clip,
+            )
+            .unwrap();
+        assert!(
+            norm > 0.05,
+            "window {w}: norm {norm} does not exercise clipping"
+        );
+        assert_eq!(end.0[w].2, norm, "window {w}'s norm");
+        assert_eq!(end.0[w].0, loss / count as f64, "window {w}'s loss");
+    }
+    assert_bits_eq(
+        &end.2,
+        &opt.master(&Host).unwrap(),
+        "master after 3 windows",
+    );
+    assert_bits_eq(&end.3, &end.2, "compute copy: the master");
+}
+
+/// 2 and 3 ranks, DDP and ZeRO-1, AdamW and SGD with momentum, clipped: every rank ends
+/// with one compute copy, and the master is one rank's within f32 rounding; the windows'
+/// losses and norms agree.
+#[test]
+fn ranks_and_strategies_train_what_one_rank_trains() {
+    let clip = Some(0.05);
+    for opt in [Optimizer::AdamW, Optimizer::Sgd { momentum: true }] {
+        let one = &ranks::<f32>(1, Strategy::Ddp, opt, clip)[0];
+        for world in [2, 3] {
+            for strategy in [Strategy::Ddp, Strategy::Zero1] {
+                let what = format!("{opt:?}, {strategy:?} over {world} ranks");
+                let ends = ranks::<f32>(world, strategy, opt, clip);
+                for (rank, end) in ends.iter().enumerate() {
+                    assert_bits_eq(
+                        &end.3,
+                        &ends[0].3,
+                        &format!("{what}: rank {rank}'s compute copy"),
+                    );
+                    for (w, (got, want)) in end.0.iter().zip(&one.0).enumerate() {
+                        assert_eq!(got.1, want.1, "{what}: window {w}'s tokens");
+                        assert_close_scalar(
+                            got.0,
+                            want.0,
+                            1e-5,
+                            &format!("{what}: window {w}'s loss"),
+                        );
+                        assert_close_scalar(
+                            got.2,
+                            want.2,
+                            1e-5,
+                            &format!("{what}: window {w}'s norm"),
+                        );
+                    }
+                }
+                let master = match strategy {
+                    Strategy::Ddp => ends[0].2.clone(),
+                    Strategy::Zero1 => assemble(&ends),
+                };
+                assert_bits_eq(
+                    &ends[0].3,
+                    &master,
+                    &format!("{what}: compute copy and master"),
+                );
+                assert_weights(&master, &one.2, 1e-5, &what);
+            }
+        }
+    }
+}
+
+/// Without clipping the norm does not enter the update, and ZeRO-1's reduce-scatter sums
+/// what DDP's all-reduce sums in the same rank order: the two strategies' weights are the
+/// same bits, in f32 and with bf16 compute copies (gathered as bf16).
+#[test]
+fn zero1_is_ddp_bit_for_bit_without_clipping() {
+    fn check<T: Act>(world: usize) {
+        let ddp = ranks::<T>(world, Strategy::Ddp, Optimizer::AdamW, None);
+        let zero = ranks::<T>(world, Strategy::Zero1, Optimizer::AdamW, None);
+        let what = format!("{:?} over {world} ranks", T::DTYPE);
+        assert_bits_eq(
+            &assemble(&zero),
+            &ddp[0].2,
+            &format!("{what}: ZeRO-1's master"),
+        );
+        for (z, d) in zero.iter().zip(&ddp) {
+            assert_bits_eq(&z.3, &d.3, &format!("{what}: compute copies"));
+        }
+    }
+    check::<f32>(3);
+    check::<half::bf16>(2);
+}
+
+/// ZeRO-1 at a world whose last rank owns nothing (40 elements over 4 ranks at 16-element
+/// boundaries: 16, 16, 8, 0): every rank takes part in the collectives, the empty one
+/// updates nothing, and the master is DDP's.
+#[test]
+fn zero1_with_an_empty_shard_updates_what_ddp_updates() {
+    let n = 40;
+    let master = uniform(n, 7, 1.0);
+    let segs = vec![(0..24, true), (24..40, false)];
+    let s = scalars(Optimizer::AdamW, 1);
+    let run = |strategy: Strategy, world: usize| {
+        run_local(world, DEFAULT_TIMEOUT, |comm| {
+            let coll = ThroughHost(&comm);
+            let state = DataParallel::new(
+                &Host,
+                strategy,
+                Optimizer::AdamW,
+                &master,
+                &segs,
+                (comm.rank(), world),
+            )
+            .unwrap();
+            let params = Host.upload(&master).unwrap();
+            let grads = Host
+                .upload(&uniform(n, 100 + comm.rank() as u64, 1.0))
+                .unwrap();
+            let (squares, partials) = (
+                Host.zeros::<f32>(1).unwrap(),
+                Host.zeros::<f32>(64).unwrap(),
+            );
+            let views = UpdateViews {
+                params: Host.all(&params),
+                grads: Host.all(&grads),
+                squares: Host.all(&squares),
+                partials: Host.all(&partials),
+            };
+            let tally = Tally {
+                valid: 1.0,
+                loss: 0.0,
+                micro: 1.0,
+                micro_sq: 1.0,
+            };
+            let (norm, total) = state
+                .update(&Host, &coll, views, &s, (tally, 4.0), None)
+                .unwrap();
+            assert_eq!(total.valid, 4.0, "the tallies summed");
+            (
+                norm,
+                state.master(&Host).unwrap(),
+                Host.download(&params).unwrap(),
+            )
+        })
+    };
+    let ddp = run(Strategy::Ddp, 4);
+    let zero = run(Strategy::Zero1, 4);
+    assert_eq!(zero[3].1 .0, 40..40, "the last rank's shard is empty");
+    let lens: Vec<usize> = zero.iter().map(|z| z.1 .1.len()).collect();
+    assert_eq!(lens, vec![16, 16, 8, 0]);
+    let all: Vec<f32> = zero.iter().flat_map(|z| z.1 .1.clone()).collect();
+    assert_bits_eq(&all, &ddp[0].1 .1, "ZeRO-1's master pieces against DDP's");
+    for (z, d) in zero.iter().zip(&ddp) {
+        assert_bits_eq(&z.2, &d.2, "compute copies");
+        assert_close_scalar(z.0, d.0, 1e-6, "norms");
+    }
+}
+
+/// A shard's segments: cut at its ends, moved to start at 0, flags kept.
+#[test]
+fn shard_segments_cut_and_rebase() {
+    let segs = vec![(0..10, true), (10..30, false), (30..31, true)];
+    assert_eq!(
+        shard_segments(&segs, &(5..16)),
+        vec![(0..5, true), (5..11, false)]
+    );
+    assert_eq!(shard_segments(&segs, &(30..31)), vec![(0..1, true)]);
+    assert_eq!(shard_segments(&segs, &(31..31)), vec![]);
+}
+
+fn replica_for(
+    comm: &impl Communicator,
+    strategy: Strategy,
+) -> Replica<Host, GptGpuStep<Host, f32>> {
+    let g = gpt(&DIMS, SEED, 0.2);
+    let step = GptGpuStep::<Host, f32>::new(&Host, DIMS, g.offsets.clone(), 1e-5, B, T).unwrap();
+    Replica::new(
+        &Host,
+        step,
+        (strategy, Optimizer::AdamW),
+        &g.params,
+        &segments(&g.ranges),
+        (comm.rank(), comm.world_size()),
+    )
+    .unwrap()
+}
+
+/// A window with no valid target anywhere is refused, naming it, on every rank (after
+/// the micro-batches: nothing is communicated before), and the weights are untouched.
+#[test]
+fn a_window_without_targets_is_refused_on_every_rank() {
+    for strategy in [Strategy::Ddp, Strategy::Zero1] {
+        let errs = run_local(2, DEFAULT_TIMEOUT, |comm| {
+            let replica = replica_for(&comm, strategy);
+            let before = replica.step().buffers().params(&Host).unwrap();
+            let (tokens, targets) = (vec![1i64; B * T], vec![-1i64; B * T]);
+            let b = TokenBatch {
+                tokens: &tokens,
+                targets: &targets,
+                ignore: -1,
+            };
+            let coll = ThroughHost(&comm);
+            assert_eq!(Collectives::<Host>::world(&coll), 2);
+            let e = replica
+                .window(&Host, &coll, &[b, b], &scalars(Optimizer::AdamW, 1), None)
+                .unwrap_err()
+                .to_string();
+            assert_bits_eq(
+                &replica.step().buffers().params(&Host).unwrap(),
+                &before,
+                "weights",
+            );
+            e
+        });
+        for e in errs {
+            assert!(
+                e.contains("no valid target on any of 2 ranks"),
+                "{strategy:?}: {e}"
+            );
+        }
+    }
+}
+
+/// Ranks that run different numbers of micro-batches in a window (1, 2 and 3: the middle
+/// one runs the mean) are refused on every rank, none left waiting in a collective.
+#[test]
+fn ranks_with_different_micro_batch_counts_are_refused_on_every_rank() {
+    for strategy in [Strategy::Ddp, Strategy::Zero1] {
+        let errs = run_local(3, DEFAULT_TIMEOUT, |comm| {
+            let replica = replica_for(&comm, strategy);
+            let data = window(0);
+            let mine: Vec<TokenBatch> = data[..comm.rank() + 1].iter().map(batch).collect();
+            replica
+                .window(
+                    &Host,
+                    &ThroughHost(&comm),
+                    &mine,
+                    &scalars(Optimizer::AdamW, 1),
+                    None,
+                )
+                .unwrap_err()
+                .to_string()
+        });
+        for e in errs {
+            assert!(
+                e.contains("ran different numbers of micro-batches"),
+                "{strategy:?}: {e}"
+            );
+        }
+    }
+}
+
+/// ZeRO-1's shard state holds a world's share: master and both moments of 16 of 40.
+#[test]
+fn zero1_state_is_the_shard() {
+    let master = uniform(40, 7, 1.0);
+    let z = Zero1::new(&Host, Optimizer::AdamW, &master, &[(0..40, true)], (1, 4)).unwrap();
+    assert_eq!(z.shard(), 16..32);
+    assert_eq!(z.master(&Host).unwrap(), master[16..32].to_vec());
+    assert_eq!(z.bytes(), 16 * (12 + 4));
+    assert!(Zero1::new(&Host, Optimizer::AdamW, &master, &[], (4, 4)).is_err());
+}
