@@ -16,7 +16,8 @@ pub struct GpuKernelsArgs {
     #[arg(long)]
     no_timing: bool,
     /// Also the GPT step: on the GPU against the host backend (a small GPT, f32 and
-    /// bf16), then the bf16 forward + backward of GPT-2 124M timed.
+    /// bf16), the resident training loop with NCCL at one rank against the host's, then
+    /// the bf16 forward + backward of GPT-2 124M timed.
     #[arg(long)]
     step: bool,
 }
@@ -95,6 +96,15 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
             println!(
                 "  {:<10} loss {:.2e} relative; worst gradient {} {:.2e} of its largest",
                 c.what, c.loss_rel, c.worst.0, c.worst.1
+            );
+        }
+        println!(
+            "\nthe resident training loop (3 windows of 2 micro-batches, AdamW, clipping) on the GPU, NCCL at one rank, against the host backend:"
+        );
+        for c in stoker_gpu::device::replica_check::compare_replica(&dev)? {
+            println!(
+                "  {:<12} last window's loss {:.2e} relative; master {:.2e} of its largest",
+                c.what, c.loss_rel, c.master_rel
             );
         }
         if !a.no_timing {

@@ -5,6 +5,8 @@
 //! warp kernels exactly their warp count.
 
 pub mod check;
+pub mod nccl;
+pub mod replica_check;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -142,7 +144,7 @@ pub struct DeviceBuf<E> {
 impl Device {
     /// Makes this device's context current on the calling thread (a `Device` may move
     /// between threads; cudarc's own calls do this, the raw ones below need it).
-    fn bind(&self) -> Result<(), GpuError> {
+    pub(crate) fn bind(&self) -> Result<(), GpuError> {
         self.ctx
             .bind_to_thread()
             .map_err(driver("making the context current"))

@@ -1,0 +1,297 @@
+//! NCCL on device memory (feature `cuda`): the collectives of [`Collectives`] on the
+//! device backend's own buffers, ordered on its one stream, with no copy through the host
+//! (the chapter's NCCL all-reduce, and ZeRO's reduce-scatter and all-gather). Ranks join
+//! as llm.c's do: rank 0 makes NCCL's unique id, any host [`Communicator`] (MPI in a job,
+//! or a one-rank `NullComm`) carries it to the others, each calls `ncclCommInitRank` on
+//! its own GPU. NCCL's reduce-scatter and all-gather need equal pieces; uneven pieces
+//! (ZeRO's last shard) run as one group of per-rank reduces or broadcasts instead, in
+//! place. Compiled by the cuda check; run only where a GPU is lent.
+
+use std::cell::RefCell;
+
+use cudarc::driver::{CudaSlice, DevicePtr};
+use cudarc::nccl::{result, sys};
+use stoker_comm::{CommExt, Communicator};
+
+use super::Device;
+use crate::backend::View;
+use crate::elem::{Act, Dtype};
+use crate::error::GpuError;
+use crate::parallel::collectives::{check_scalars, piece, Collectives, MAX_SCALARS};
+
+/// One rank's NCCL communicator on a [`Device`].
+pub struct DeviceNccl<'d> {
+    dev: &'d Device,
+    comm: sys::ncclComm_t,
+    rank: usize,
+    world: usize,
+    /// [`MAX_SCALARS`] f64 on the device: the scalar sums' buffer, made once.
+    scalar: RefCell<CudaSlice<f64>>,
+}
+
+fn nccl_err(what: impl Into<String>) -> impl FnOnce(result::NcclError) -> GpuError {
+    let what = what.into();
+    move |e| GpuError::Driver {
+        what,
+        error: format!("{e:?}"),
+    }
+}
+
+fn nccl_type(d: Dtype) -> sys::ncclDataType_t {
+    match d {
+        Dtype::F32 => sys::ncclDataType_t::ncclFloat32,
+        Dtype::Bf16 => sys::ncclDataType_t::ncclBfloat16,
+    }
+}
+
+/// `x` as a raw device pointer NCCL takes.
+fn ptr<E>(v: &View<E>, at: usize) -> *mut std::ffi::c_void {
+    (v.addr() + (at * std::mem::size_of::<E>()) as u64) as usize as *mut std::ffi::c_void
+}
+
+impl<'d> DeviceNccl<'d> {
+    /// Joins every rank of `host` (rank 0 makes the id, `host` broadcasts it) in an
+    /// NCCL communicator on `dev`.
+    pub fn join(dev: &'d Device, host: &impl Communicator) -> Result<Self, GpuError> {
+        let (rank, world) = (host.rank(), host.world_size());
+        let mut words = [0u64; 16];
+        if rank == 0 {
+            let id = result::get_uniqueid().map_err(nccl_err("making NCCL's unique id"))?;
+            for (w, c) in words.iter_mut().zip(id.internal.chunks(8)) {
+                *w = u64::from_le_bytes(std::array::from_fn(|i| c[i] as u8));
+            }
+        }
+        host.broadcast(&mut words, 0)
+            .map_err(|e| GpuError::Driver {
+                what: format!(
+                    "broadcasting NCCL's id over {world} ranks ({})",
+                    host.backend()
+                ),
+                error: e.to_string(),
+            })?;
+        let mut id = sys::ncclUniqueId { internal: [0; 128] };
+        for (i, w) in words.iter().enumerate() {
+            for (j, b) in w.to_le_bytes().into_iter().enumerate() {
+                id.internal[i * 8 + j] = b as std::ffi::c_char;
+            }
+        }
+        dev.bind()?;
+        let mut comm: sys::ncclComm_t = std::ptr::null_mut();
+        // SAFETY: `comm` is a valid place for the handle; the id is the one every rank
+        // got from rank 0; this thread's context is `dev`'s (bound above).
+        unsafe { result::comm_init_rank(&mut comm, world as i32, id, rank as i32) }.map_err(
+            nccl_err(format!("ncclCommInitRank, rank {rank} of {world}")),
+        )?;
+        let scalar =
+            dev.stream()
+                .alloc_zeros::<f64>(MAX_SCALARS)
+                .map_err(|e| GpuError::Driver {
+                    what: "allocating NCCL's scalar".into(),
+                    error: e.to_string(),
+                })?;
+        Ok(DeviceNccl {
+            dev,
+            comm,
+            rank,
+            world,
+            scalar: RefCell::new(scalar),
+        })
+    }
+
+    fn stream(&self) -> sys::cudaStream_t {
+        self.dev.stream().cu_stream() as sys::cudaStream_t
+    }
+
+    /// `f` between NCCL's group calls, so its per-rank operations run as one.
+    fn group(&self, what: &str, f: impl FnOnce() -> Result<(), GpuError>) -> Result<(), GpuError> {
+        result::group_start().map_err(nccl_err(format!("{what}: ncclGroupStart")))?;
+        let r = f();
+        result::group_end().map_err(nccl_err(format!("{what}: ncclGroupEnd")))?;
+        r
+    }
+}
+
+impl Drop for DeviceNccl<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from ncclCommInitRank and is destroyed once, here,
+        // after every call on it was enqueued on the stream (synchronized first).
+        let _ = self.dev.synchronize();
+        let _ = unsafe { result::comm_destroy(self.comm) };
+    }
+}
+
+impl Collectives<Device> for DeviceNccl<'_> {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world(&self) -> usize {
+        self.world
+    }
+
+    fn all_reduce(&self, be: &Device, buf: View<f32>) -> Result<(), GpuError> {
+        be.bind()?;
+        // SAFETY: `buf` lies in a live buffer of `be` (the communicator's device), in
+        // place; the call is ordered on its stream.
+        unsafe {
+            result::all_reduce(
+                ptr(&buf, 0),
+                ptr(&buf, 0),
+                buf.len(),
+                sys::ncclDataType_t::ncclFloat32,
+                sys::ncclRedOp_t::ncclSum,
+                self.comm,
+                self.stream(),
+            )
+        }
+        .map(drop)
+        .map_err(nccl_err(format!("all-reducing {} gradients", buf.len())))
+    }
+
+    fn reduce_scatter(
+        &self,
+        be: &Device,
+        input: View<f32>,
+        counts: &[usize],
+        out: View<f32>,
+    ) -> Result<(), GpuError> {
+        let (_, mine) = piece("reduce-scatter", counts, self.world, self.rank, input.len())?;
+        crate::error::check_len("reduce-scatter", "out", out.len(), mine)?;
+        crate::backend::check_disjoint("reduce-scatter", &input, &out)?;
+        be.bind()?;
+        let what = format!("reduce-scattering {} gradients", input.len());
+        let f32 = sys::ncclDataType_t::ncclFloat32;
+        if counts.iter().all(|&c| c == counts[0]) {
+            // SAFETY: input holds world x counts[0] elements, out counts[0], both in
+            // live buffers of `be`, disjoint (checked); ordered on its stream.
+            return unsafe {
+                result::reduce_scatter(
+                    ptr(&input, 0),
+                    ptr(&out, 0),
+                    mine,
+                    f32,
+                    sys::ncclRedOp_t::ncclSum,
+                    self.comm,
+                    self.stream(),
+                )
+            }
+            .map(drop)
+            .map_err(nccl_err(what));
+        }
+        self.group(&what, || {
+            let mut at = 0;
+            for (root, &n) in counts.iter().enumerate() {
+                if n > 0 {
+                    // SAFETY: piece `root` is input[at..at + n] (the counts add up to its
+                    // length, checked); only the root writes its `out`, which holds n.
+                    unsafe {
+                        result::reduce(
+                            ptr(&input, at),
+                            ptr(&out, 0),
+                            n,
+                            f32,
+                            sys::ncclRedOp_t::ncclSum,
+                            root as i32,
+                            self.comm,
+                            self.stream(),
+                        )
+                    }
+                    .map_err(nccl_err(format!("{what}: piece {root}")))?;
+                }
+                at += n;
+            }
+            Ok(())
+        })
+    }
+
+    fn all_gather<E: Act>(
+        &self,
+        be: &Device,
+        buf: View<E>,
+        counts: &[usize],
+    ) -> Result<(), GpuError> {
+        let (at, mine) = piece("all-gather", counts, self.world, self.rank, buf.len())?;
+        be.bind()?;
+        let what = format!("all-gathering {} parameters", buf.len());
+        let ty = nccl_type(E::DTYPE);
+        if counts.iter().all(|&c| c == counts[0]) {
+            // SAFETY: in place (NCCL's rule: this rank's piece at rank x count of the
+            // output); buf holds world x count elements of a live buffer of `be`.
+            return unsafe {
+                result::all_gather(
+                    ptr(&buf, at),
+                    ptr(&buf, 0),
+                    mine,
+                    ty,
+                    self.comm,
+                    self.stream(),
+                )
+            }
+            .map(drop)
+            .map_err(nccl_err(what));
+        }
+        self.group(&what, || {
+            let mut at = 0;
+            for (root, &n) in counts.iter().enumerate() {
+                if n > 0 {
+                    // SAFETY: piece `root` is buf[at..at + n] (the counts add up to its
+                    // length, checked), broadcast in place from its owner.
+                    unsafe {
+                        result::broadcast(
+                            ptr(&buf, at),
+                            ptr(&buf, at),
+                            n,
+                            ty,
+                            root as i32,
+                            self.comm,
+                            self.stream(),
+                        )
+                    }
+                    .map_err(nccl_err(format!("{what}: piece {root}")))?;
+                }
+                at += n;
+            }
+            Ok(())
+        })
+    }
+
+    fn sum(&self, be: &Device, xs: &[f64]) -> Result<Vec<f64>, GpuError> {
+        check_scalars(xs)?;
+        if xs.is_empty() {
+            return Ok(Vec::new());
+        }
+        be.bind()?;
+        let stream = be.stream();
+        let copy = |what: &'static str| {
+            move |e: cudarc::driver::DriverError| GpuError::Driver {
+                what: what.into(),
+                error: e.to_string(),
+            }
+        };
+        let mut scalars = self.scalar.borrow_mut();
+        stream
+            .memcpy_htod(xs, &mut *scalars)
+            .map_err(copy("copying scalars up"))?;
+        let (p, _sync) = (*scalars).device_ptr(stream);
+        // SAFETY: the buffer holds MAX_SCALARS >= xs.len() f64 of `be`'s context (checked
+        // above); ordered on its stream.
+        unsafe {
+            result::all_reduce(
+                p as usize as *const std::ffi::c_void,
+                p as usize as *mut std::ffi::c_void,
+                xs.len(),
+                sys::ncclDataType_t::ncclFloat64,
+                sys::ncclRedOp_t::ncclSum,
+                self.comm,
+                self.stream(),
+            )
+        }
+        .map_err(nccl_err(format!("summing {} scalars", xs.len())))?;
+        let mut out = [0f64; MAX_SCALARS];
+        stream
+            .memcpy_dtoh(&*scalars, &mut out)
+            .map_err(copy("copying scalars down"))?;
+        stream.synchronize().map_err(copy("synchronizing"))?;
+        Ok(out[..xs.len()].to_vec())
+    }
+}

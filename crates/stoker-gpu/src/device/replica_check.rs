@@ -1,0 +1,142 @@
+//! The resident training loop on the GPU against the same loop on the host backend: a
+//! small GPT, three windows of two micro-batches, DDP and ZeRO-1, f32 and bf16, the
+//! GPU's collectives NCCL on device memory at one rank (ZeRO-1's reduce-scatter,
+//! all-gather and scalar sums all run through NCCL), the host's through an in-process
+//! communicator. What `stoker bench gpu-kernels --step` prints after the step check.
+
+use half::bf16;
+use stoker_comm::{local_group, DEFAULT_TIMEOUT};
+use stoker_kernels::AdamWStep;
+
+use super::nccl::DeviceNccl;
+use super::Device;
+use crate::backend::Backend;
+use crate::error::GpuError;
+use crate::parallel::{Collectives, Replica, Strategy, ThroughHost};
+use crate::step::optimizer::{Optimizer, Scalars};
+use crate::step::{GptGpuStep, TokenBatch};
+use crate::{Act, Host};
+
+/// One configuration's loop on both backends.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaCompared {
+    /// `ddp f32`, `zero-1 bf16`, ...
+    pub what: String,
+    /// The last window's loss, relative difference.
+    pub loss_rel: f64,
+    /// The master after the windows: largest difference over the largest value.
+    pub master_rel: f64,
+}
+
+const DIMS: stoker_kernels::GptDims = stoker_kernels::GptDims {
+    vocab: 71,
+    context: 16,
+    d_model: 32,
+    n_layer: 2,
+    n_head: 4,
+};
+
+/// The windows' micro-batches: 3 windows of 2, each 3 x 11, a few targets ignored.
+fn windows() -> Vec<Vec<(Vec<i64>, Vec<i64>)>> {
+    (0..3)
+        .map(|w| {
+            (0..2)
+                .map(|k| {
+                    let seed = 500 + 10 * (2 * w + k) as u64;
+                    let draw = |s| -> Vec<i64> {
+                        crate::sample::ids(33, s, DIMS.vocab)
+                            .iter()
+                            .map(|&x| x as i64)
+                            .collect()
+                    };
+                    let mut targets = draw(seed + 1);
+                    targets.iter_mut().take(k + 1).for_each(|t| *t = -1);
+                    (draw(seed), targets)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The loop on `be` with `coll`: the last window's loss and the master.
+fn train<B: Backend, T: Act>(
+    be: &B,
+    coll: &impl Collectives<B>,
+    strategy: Strategy,
+) -> Result<(f64, Vec<f32>), GpuError> {
+    let g = crate::sample::gpt(&DIMS, 100, 0.2);
+    let table = stoker_kernels::gpt_params(&DIMS);
+    let segments: Vec<_> = g
+        .ranges
+        .iter()
+        .zip(&table)
+        .map(|((_, r), p)| (r.clone(), p.shape.len() >= 2))
+        .collect();
+    let step = GptGpuStep::<B, T>::new(be, DIMS, g.offsets.clone(), 1e-5, 3, 11)?;
+    let replica = Replica::new(
+        be,
+        step,
+        (strategy, Optimizer::AdamW),
+        &g.params,
+        &segments,
+        (0, 1),
+    )?;
+    let mut loss = 0.0;
+    for (w, micro) in windows().iter().enumerate() {
+        let batches: Vec<TokenBatch> = micro
+            .iter()
+            .map(|(tokens, targets)| TokenBatch {
+                tokens,
+                targets,
+                ignore: -1,
+            })
+            .collect();
+        let adam = AdamWStep::new(3e-3, 0.9, 0.95, 1e-8, 0.1, w as u64 + 1);
+        loss = replica
+            .window(be, coll, &batches, &Scalars::AdamW(adam), Some(0.5))?
+            .loss;
+    }
+    Ok((loss, replica.state().master(be)?.1))
+}
+
+/// Every configuration on both backends. The products differ (cuBLAS against the
+/// host's), so this is a tolerance: f32 near 1e-5, bf16 near 1e-2.
+pub fn compare_replica(dev: &Device) -> Result<Vec<ReplicaCompared>, GpuError> {
+    let host_comm = local_group(1, DEFAULT_TIMEOUT).remove(0);
+    let host = ThroughHost(&host_comm);
+    let nccl = DeviceNccl::join(dev, &local_group(1, DEFAULT_TIMEOUT).remove(0))?;
+    let mut out = Vec::new();
+    for (strategy, name) in [(Strategy::Ddp, "ddp"), (Strategy::Zero1, "zero-1")] {
+        for dtype in ["f32", "bf16"] {
+            let (h, d) = match dtype {
+                "f32" => (
+                    train::<Host, f32>(&Host, &host, strategy)?,
+                    train::<Device, f32>(dev, &nccl, strategy)?,
+                ),
+                _ => (
+                    train::<Host, bf16>(&Host, &host, strategy)?,
+                    train::<Device, bf16>(dev, &nccl, strategy)?,
+                ),
+            };
+            let scale = max_abs(&h.1).max(f64::MIN_POSITIVE);
+            let diff: Vec<f32> = h.1.iter().zip(&d.1).map(|(a, b)| a - b).collect();
+            out.push(ReplicaCompared {
+                what: format!("{name} {dtype}"),
+                loss_rel: (d.0 - h.0).abs() / h.0.abs(),
+                master_rel: max_abs(&diff) / scale,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The largest absolute value, NaN if any is NaN (a NaN must not fold away).
+fn max_abs(x: &[f32]) -> f64 {
+    x.iter().fold(0f64, |m, &v| {
+        if m.is_nan() || v.is_nan() {
+            f64::NAN
+        } else {
+            m.max((v as f64).abs())
+        }
+    })
+}
