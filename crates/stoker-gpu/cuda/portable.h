@@ -62,6 +62,33 @@ template <> STOKER_HD bf16 store<bf16>(float x) {
   return bf16{uint16_t((b + 0x7fffu + ((b >> 16) & 1u)) >> 16)};
 }
 
+// Stochastic rounding to bf16 as llm.c writes its parameters, stoker-precision's
+// stochastic.rs exactly: element `index`'s 16 random bits under `seed` (counter-based:
+// lowbias32 hashes of the index's halves and the seed's) added to the f32's bits, the high
+// half kept, so x rounds up with probability equal to its distance from the bf16 below;
+// NaN becomes the quiet NaN with its sign.
+STOKER_HD uint32_t hash32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+STOKER_HD uint32_t round_noise(uint64_t seed, uint64_t index) {
+  uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
+  uint32_t hi = hash32(uint32_t(index >> 32) ^ k1);
+  uint32_t rot = (hi << 7) | (hi >> 25);
+  return hash32(uint32_t(index) ^ k0 ^ rot) & 0xffffu;
+}
+
+STOKER_HD bf16 store_stochastic(float x, uint32_t r) {
+  uint32_t b = bits_of(x);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t(((b >> 16) & 0x8000u) | 0x7fc0u)};
+  return bf16{uint16_t((b + (r & 0xffffu)) >> 16)};
+}
+
 STOKER_HD float fsqrt(float x) { return sqrtf(x); }
 
 // e^x as stoker-kernels' fastmath::exp: Cody-Waite range reduction and a degree-6

@@ -27,8 +27,9 @@ impl Heads {
     }
 }
 
-/// AdamW's scalars for one step (`AdamW` in cuda/ops/elementwise.cuh): stoker-kernels'
-/// [`AdamWStep`], field for field, so the GPU update is the CPU's arithmetic.
+/// AdamW's scalars for one step (`AdamW` in cuda/ops/optim.cuh): stoker-kernels'
+/// [`AdamWStep`], field for field, so the GPU update is the CPU's arithmetic, and how the
+/// bf16 copy rounds ([`AdamWArgs::rounded`]).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamWArgs {
@@ -39,6 +40,36 @@ pub struct AdamWArgs {
     step_size: f32,
     bc2_sqrt: f32,
     eps: f32,
+    stochastic: u32,
+    seed: u64,
+    offset: u64,
+}
+
+/// Stochastic rounding of a bf16 copy (llm.c's): element `i` of a launch rounds with the
+/// random bits stoker-precision's `f32_to_bf16_stochastic` gives element `offset + i`
+/// under `seed`, so a buffer split across launches (a rank's shard) rounds as the whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StochasticRound {
+    /// The generator's seed.
+    pub seed: u64,
+    /// The counter of the launch's first element.
+    pub offset: u64,
+}
+
+impl AdamWArgs {
+    /// These scalars with the bf16 copy rounded by `round` (to nearest even with `None`).
+    pub fn rounded(self, round: Option<StochasticRound>) -> Self {
+        let (stochastic, seed, offset) = match round {
+            Some(r) => (1, r.seed, r.offset),
+            None => (0, 0, 0),
+        };
+        AdamWArgs {
+            stochastic,
+            seed,
+            offset,
+            ..self
+        }
+    }
 }
 
 impl From<&AdamWStep> for AdamWArgs {
@@ -51,6 +82,9 @@ impl From<&AdamWStep> for AdamWArgs {
             step_size: s.step_size,
             bc2_sqrt: s.bc2_sqrt,
             eps: s.eps,
+            stochastic: 0,
+            seed: 0,
+            offset: 0,
         }
     }
 }
@@ -79,8 +113,9 @@ impl From<&SgdStep> for SgdArgs {
     }
 }
 
-// SAFETY: all three are repr(C) structs of plain 32-bit numbers, laid out as the kernels'
-// C++ structs of the same fields.
+// SAFETY: all three are repr(C) structs of plain numbers (no pointers, no padding the C++
+// side lacks: AdamW's u64s start at byte 32 on both), laid out as the kernels' C++ structs
+// of the same fields in the same order.
 #[cfg(feature = "cuda")]
 unsafe impl cudarc::driver::DeviceRepr for Heads {}
 #[cfg(feature = "cuda")]

@@ -33,7 +33,7 @@ pub mod scenario;
 pub mod step;
 pub mod token_groups;
 
-pub use args::{AdamWArgs, Heads};
+pub use args::{AdamWArgs, Heads, StochasticRound};
 pub use backend::{Backend, View};
 pub use elem::{Act, Dtype, Elem};
 pub use error::GpuError;

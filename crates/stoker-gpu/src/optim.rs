@@ -8,6 +8,7 @@ use std::ops::Range;
 use half::bf16;
 use stoker_kernels::{AdamWStep, SgdStep};
 
+use crate::args::{AdamWArgs, StochasticRound};
 use crate::backend::{Backend, View};
 use crate::call::Call;
 use crate::error::{check_len, dim, GpuError};
@@ -68,7 +69,7 @@ fn check_whole(
 
 /// One AdamW step over every segment of the flat buffer `p` (stoker-kernels'
 /// `adamw_update_scalar` per segment, on `g * grad_scale`), the bf16 copy written where
-/// `copy` is given.
+/// `copy` is given: rounded to nearest even, or by `round`.
 #[allow(clippy::too_many_arguments)]
 pub fn adamw<B: Backend>(
     b: &B,
@@ -76,7 +77,7 @@ pub fn adamw<B: Backend>(
     g: View<f32>,
     m: View<f32>,
     v: View<f32>,
-    copy: Option<View<bf16>>,
+    (copy, round): (Option<View<bf16>>, Option<StochasticRound>),
     step: &AdamWStep,
     segs: &Segments<B>,
     grad_scale: f32,
@@ -92,7 +93,7 @@ pub fn adamw<B: Backend>(
         v: v.addr(),
         copy: copy.map_or(0, |c| c.addr()),
         n: segs.end as i64,
-        s: step.into(),
+        s: AdamWArgs::from(step).rounded(round),
         bounds: b.addr(&segs.bounds),
         decay: b.addr(&segs.decay),
         segs: segs.count,

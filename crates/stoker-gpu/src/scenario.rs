@@ -347,13 +347,20 @@ pub fn f32_outputs<B: Backend>(b: &B) -> Result<Vec<Output>, GpuError> {
                 .collect::<Vec<_>>(),
         )?,
     );
+    // Its bf16 copy rounded stochastically (counters from an offset past 2^32, so both
+    // halves of the index reach the hash).
+    let copy2 = b.zeros::<bf16>(n)?;
+    let round = crate::args::StochasticRound {
+        seed: 0x5eed_0000_0001,
+        offset: (1 << 32) + 12_345,
+    };
     crate::optim::adamw(
         b,
         b.all(&p2),
         b.all(&g),
         b.all(&m2),
         b.all(&v2),
-        None,
+        (Some(b.all(&copy2)), Some(round)),
         &step,
         &segs,
         0.5,
@@ -386,6 +393,10 @@ pub fn f32_outputs<B: Backend>(b: &B) -> Result<Vec<Output>, GpuError> {
         ("adamw/copy".into(), widen(&b.download(&copy)?)),
         ("sum/squares".into(), b.download(&sum)?),
         ("adamw-segments/p".into(), b.download(&p2)?),
+        (
+            "adamw-segments/stochastic-copy".into(),
+            widen(&b.download(&copy2)?),
+        ),
         ("sgd-segments/p".into(), b.download(&p3)?),
         ("sgd-segments/buf".into(), b.download(&buf)?),
     ])

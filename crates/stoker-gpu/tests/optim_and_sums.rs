@@ -142,7 +142,7 @@ fn segmented_adamw_is_the_cpu_update_per_segment_bit_for_bit_and_leaves_gaps() {
         all(&hg),
         all(&hm),
         all(&hv),
-        Some(all(&copy)),
+        (Some(all(&copy)), None),
         &s,
         &segs,
         1.0,

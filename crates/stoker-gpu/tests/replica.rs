@@ -95,12 +95,13 @@ fn train<T: Act, C: Communicator>(
     strategy: Strategy,
     opt: Optimizer,
     clip: Option<f64>,
+    round_seed: Option<u64>,
 ) -> RankEnd {
     let g = gpt(&DIMS, SEED, 0.2);
     let (rank, world) = (comm.rank(), comm.world_size());
     let step = GptGpuStep::<Host, T>::new(&Host, DIMS, g.offsets.clone(), 1e-5, B, T).unwrap();
     let segs = segments(&g.ranges);
-    let replica = Replica::new(
+    let mut replica = Replica::new(
         &Host,
         step,
         (strategy, opt),
@@ -109,6 +110,9 @@ fn train<T: Act, C: Communicator>(
         (rank, world),
     )
     .unwrap();
+    if let Some(seed) = round_seed {
+        replica = replica.with_stochastic_rounding(seed).unwrap();
+    }
     let coll = ThroughHost(comm);
     let per = MICRO / world;
     let mut reports = Vec::new();
@@ -134,8 +138,18 @@ fn ranks<T: Act>(
     opt: Optimizer,
     clip: Option<f64>,
 ) -> Vec<RankEnd> {
+    ranks_rounded::<T>(world, strategy, opt, clip, None)
+}
+
+fn ranks_rounded<T: Act>(
+    world: usize,
+    strategy: Strategy,
+    opt: Optimizer,
+    clip: Option<f64>,
+    round_seed: Option<u64>,
+) -> Vec<RankEnd> {
     run_local(world, DEFAULT_TIMEOUT, |comm| {
-        train::<T, _>(&comm, strategy, opt, clip)
+        train::<T, _>(&comm, strategy, opt, clip, round_seed)
     })
 }
 
@@ -476,4 +490,153 @@ fn zero1_state_is_the_shard() {
     assert_eq!(z.master(&Host).unwrap(), master[16..32].to_vec());
     assert_eq!(z.bytes(), 16 * (12 + 4));
     assert!(Zero1::new(&Host, Optimizer::AdamW, &master, &[], (4, 4)).is_err());
+}
+
+/// Stochastic rounding of the bf16 compute copy (llm.c's AdamW): after the last window the
+/// copy is stoker-precision's `f32_to_bf16_stochastic` of the master at the counter of that
+/// update (window k rounds counters from k x n), bit for bit; ZeRO-1's shards at 3 ranks
+/// round as DDP's whole copy; about a quarter of the elements round the other way from
+/// round-to-nearest. SGD refuses it, naming AdamW.
+#[test]
+fn stochastic_rounding_of_the_bf16_copy_is_stoker_precisions() {
+    let seed = 0xfeed_beef_0123;
+    let one = &ranks_rounded::<half::bf16>(1, Strategy::Ddp, Optimizer::AdamW, None, Some(seed))[0];
+    let n = one.2.len();
+    let mut want = vec![half::bf16::ZERO; n];
+    let offset = ((WINDOWS - 1) * n) as u64;
+    stoker_precision::stochastic::f32_to_bf16_stochastic(&one.2, &mut want, seed, offset).unwrap();
+    let want: Vec<f32> = want.iter().map(|x| x.to_f32()).collect();
+    assert_bits_eq(&one.3, &want, "the stochastically rounded copy");
+    let nearest: Vec<f32> = one
+        .2
+        .iter()
+        .map(|&x| half::bf16::from_f32(x).to_f32())
+        .collect();
+    let other_way = one
+        .3
+        .iter()
+        .zip(&nearest)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    assert!(
+        other_way * 10 > n && other_way * 10 < 4 * n,
+        "{other_way} of {n} elements round away from nearest (expected about a quarter)"
+    );
+    let ddp = ranks_rounded::<half::bf16>(3, Strategy::Ddp, Optimizer::AdamW, None, Some(seed));
+    let zero = ranks_rounded::<half::bf16>(3, Strategy::Zero1, Optimizer::AdamW, None, Some(seed));
+    for (z, d) in zero.iter().zip(&ddp) {
+        assert_bits_eq(&z.3, &d.3, "ZeRO-1's rounded copy against DDP's");
+    }
+    let refused = run_local(1, DEFAULT_TIMEOUT, |comm| {
+        let g = gpt(&DIMS, SEED, 0.2);
+        let step = GptGpuStep::<Host, half::bf16>::new(&Host, DIMS, g.offsets.clone(), 1e-5, B, T)
+            .unwrap();
+        let sgd = (Strategy::Ddp, Optimizer::Sgd { momentum: false });
+        let r = Replica::new(
+            &Host,
+            step,
+            sgd,
+            &g.params,
+            &segments(&g.ranges),
+            (comm.rank(), 1),
+        );
+        r.unwrap()
+            .with_stochastic_rounding(seed)
+            .err()
+            .unwrap()
+            .to_string()
+    });
+    assert!(refused[0].contains("AdamW"), "{}", refused[0]);
+}
+
+/// The Llama's step (grouped-query attention, RoPE, SwiGLU) in a replica: 3 ranks under
+/// ZeRO-1 train, over two windows with SGD and momentum, what one rank trains on the
+/// same micro-batches, within f32 rounding.
+#[test]
+fn llama_under_zero1_at_3_ranks_trains_what_one_rank_trains() {
+    use stoker_gpu::step::LlamaGpuStep;
+    const LLAMA: stoker_kernels::LlamaDims = stoker_kernels::LlamaDims {
+        vocab: 53,
+        context: 8,
+        d_model: 16,
+        n_layer: 2,
+        n_head: 4,
+        n_kv_head: 2,
+        ffn_hidden: 24,
+    };
+    let opt = Optimizer::Sgd { momentum: true };
+    let run = |world: usize, strategy: Strategy| {
+        run_local(world, DEFAULT_TIMEOUT, |comm| {
+            let g = stoker_gpu::sample::llama(&LLAMA, 77, 0.2);
+            let table = stoker_kernels::llama_params(&LLAMA);
+            let segs: Vec<(Range<usize>, bool)> = g
+                .ranges
+                .iter()
+                .zip(&table)
+                .map(|((_, r), p)| (r.clone(), p.shape.len() >= 2))
+                .collect();
+            let step = LlamaGpuStep::<Host, f32>::new(
+                &Host,
+                LLAMA,
+                g.offsets.clone(),
+                1e-5,
+                10_000.0,
+                B,
+                T,
+            )
+            .unwrap();
+            let (rank, per) = (comm.rank(), MICRO / world);
+            let replica = Replica::new(
+                &Host,
+                step,
+                (strategy, opt),
+                &g.params,
+                &segs,
+                (rank, world),
+            )
+            .unwrap();
+            let mut losses = Vec::new();
+            for w in 0..2 {
+                let data = window(w);
+                let mine: Vec<TokenBatch> = data[rank * per..(rank + 1) * per]
+                    .iter()
+                    .map(batch)
+                    .collect();
+                let r = replica
+                    .window(
+                        &Host,
+                        &ThroughHost(&comm),
+                        &mine,
+                        &scalars(opt, w as u64 + 1),
+                        Some(0.5),
+                    )
+                    .unwrap();
+                losses.push(r.loss);
+            }
+            let (range, master) = replica.state().master(&Host).unwrap();
+            (
+                losses,
+                range,
+                master,
+                replica.step().buffers().params(&Host).unwrap(),
+            )
+        })
+    };
+    let one = &run(1, Strategy::Ddp)[0];
+    let three = run(3, Strategy::Zero1);
+    let mut master = Vec::new();
+    for (rank, (losses, range, piece, params)) in three.iter().enumerate() {
+        assert_eq!(range.start, master.len());
+        master.extend_from_slice(piece);
+        assert_bits_eq(params, &three[0].3, &format!("rank {rank}'s compute copy"));
+        for (got, want) in losses.iter().zip(&one.0) {
+            assert_close_scalar(*got, *want, 1e-5, "window loss");
+        }
+    }
+    assert_close(
+        &master,
+        &one.2,
+        1e-5,
+        "the Llama's master, ZeRO-1 at 3 ranks against 1 rank",
+    );
 }

@@ -10,7 +10,7 @@ use stoker_testkit::{assert_bits_eq, assert_close, max_abs};
 fn every_kernel_runs_deterministically_and_bf16_tracks_f32() {
     let first = all_outputs(&Host, ScenarioSize::SMALL).unwrap();
     let second = all_outputs(&Host, ScenarioSize::SMALL).unwrap();
-    assert_eq!(first.len(), 2 * (22 + 11) + 8, "outputs per scenario");
+    assert_eq!(first.len(), 2 * (22 + 11) + 9, "outputs per scenario");
     for ((name, a), (_, b)) in first.iter().zip(&second) {
         assert!(
             !a.is_empty() && max_abs(a).is_finite(),

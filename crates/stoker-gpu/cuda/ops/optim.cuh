@@ -9,15 +9,19 @@
 
 namespace stoker {
 
-// AdamW's scalars for one step, as stoker-kernels' AdamWStep (derived in f64 on the host).
+// AdamW's scalars for one step, as stoker-kernels' AdamWStep (derived in f64 on the host),
+// and how the bf16 copy rounds: to nearest even, or (`stochastic` 1) with element i's
+// random bits round_noise(seed, offset + i).
 struct AdamW {
   float decay, w1, beta2, w2, step_size, bc2_sqrt, eps;
+  uint32_t stochastic;
+  uint64_t seed, offset;
 };
 
 // One AdamW update of element i, stoker-kernels' adamw_update_scalar exactly (torch's
 // order; the one fused multiply-add where it has one), on the gradient times
 // `grad_scale` (unscaling and clipping, 1 when neither applies). Writes the bf16 copy
-// when `copy` is not null.
+// when `copy` is not null, rounded as `s` says.
 STOKER_HD void adamw_at(int64_t i, float* p, const float* g, float* m, float* v, bf16* copy,
                         AdamW s, int decay, float grad_scale) {
   float gi = g[i];
@@ -31,7 +35,9 @@ STOKER_HD void adamw_at(int64_t i, float* p, const float* g, float* m, float* v,
   p[i] = pi;
   m[i] = mi;
   v[i] = vi;
-  if (copy) copy[i] = store<bf16>(pi);
+  if (copy)
+    copy[i] = s.stochastic ? store_stochastic(pi, round_noise(s.seed, s.offset + uint64_t(i)))
+                           : store<bf16>(pi);
 }
 
 // SGD's scalars for one step, as stoker-kernels' SgdStep.

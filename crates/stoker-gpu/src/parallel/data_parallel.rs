@@ -48,6 +48,18 @@ impl<B: Backend> DataParallel<B> {
         })
     }
 
+    /// This state with the bf16 compute copy rounded stochastically under `seed` (AdamW;
+    /// every rank and shard counting as the whole buffer does).
+    pub fn with_stochastic_rounding(self, seed: u64) -> Result<Self, GpuError> {
+        Ok(match self {
+            DataParallel::Ddp(opt) => {
+                let whole = (opt.len(), 0);
+                DataParallel::Ddp(opt.with_stochastic_rounding(seed, whole)?)
+            }
+            DataParallel::Zero1(z) => DataParallel::Zero1(z.with_stochastic_rounding(seed)?),
+        })
+    }
+
     /// The range of the flat buffer this rank's master covers, and its values.
     pub fn master(&self, be: &B) -> Result<(Range<usize>, Vec<f32>), GpuError> {
         match self {

@@ -107,6 +107,13 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         Ok(Replica { step, state })
     }
 
+    /// This replica with its bf16 compute copy rounded stochastically under `seed` after
+    /// each update (llm.c's AdamW; the same seed on every rank).
+    pub fn with_stochastic_rounding(mut self, seed: u64) -> Result<Self, GpuError> {
+        self.state = self.state.with_stochastic_rounding(seed)?;
+        Ok(self)
+    }
+
     /// The step.
     pub fn step(&self) -> &S {
         &self.step

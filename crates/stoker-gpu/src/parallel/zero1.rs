@@ -76,6 +76,15 @@ impl<B: Backend> Zero1<B> {
         })
     }
 
+    /// This state with the bf16 compute copy rounded stochastically under `seed`, each
+    /// shard counting from its place in the whole buffer (so the shards round as one
+    /// rank's whole copy would).
+    pub fn with_stochastic_rounding(mut self, seed: u64) -> Result<Self, GpuError> {
+        let at = (self.plan.len(), self.shard().start);
+        self.opt = self.opt.with_stochastic_rounding(seed, at)?;
+        Ok(self)
+    }
+
     /// This rank's shard of the flat buffer.
     pub fn shard(&self) -> Range<usize> {
         self.plan.range(self.rank)

@@ -4,10 +4,12 @@
 //! the compute copy in the same pass (bf16) or copying the master into it after (f32).
 //! The only value read back is the gradient norm, for clipping and the run's metrics.
 
+use std::cell::Cell;
 use std::ops::Range;
 
 use stoker_kernels::{AdamWStep, SgdStep};
 
+use crate::args::StochasticRound;
 use crate::backend::{Backend, View};
 use crate::elem::{Act, Dtype};
 use crate::error::GpuError;
@@ -22,11 +24,36 @@ enum Moments<B: Backend> {
     Sgd { buf: Option<B::Buf<f32>> },
 }
 
-/// An optimizer's state on a backend: the FP32 master, its moments, the segments.
+/// An optimizer's state on a backend: the FP32 master, its moments, the segments, and
+/// how the bf16 compute copy rounds.
 pub struct OptimizerState<B: Backend> {
     pub(crate) master: B::Buf<f32>,
     moments: Moments<B>,
     segments: Segments<B>,
+    round: Option<RoundState>,
+}
+
+/// Stochastic rounding's counters: the seed, the whole flat buffer's length and where
+/// this master starts in it (a shard's offset), updates so far. Update `k`'s element `i`
+/// of this master takes counter `k x total + base + i`: the counter stoker-precision's
+/// `StochasticRounder` would reach over the whole buffer, whatever the sharding.
+struct RoundState {
+    seed: u64,
+    total: u64,
+    base: u64,
+    updates: Cell<u64>,
+}
+
+impl RoundState {
+    /// The next update's rounding.
+    fn next(&self) -> StochasticRound {
+        let k = self.updates.get();
+        self.updates.set(k + 1);
+        StochasticRound {
+            seed: self.seed,
+            offset: k * self.total + self.base,
+        }
+    }
 }
 
 /// Which optimizer a state is made for.
@@ -81,6 +108,7 @@ impl<B: Backend> OptimizerState<B> {
                 v: be.zeros(n)?,
             },
             segments: Segments::new(be, segments, n)?,
+            round: None,
         })
     }
 
@@ -100,6 +128,7 @@ impl<B: Backend> OptimizerState<B> {
             master: be.upload(master)?,
             moments: Moments::Sgd { buf },
             segments: Segments::new(be, segments, n)?,
+            round: None,
         })
     }
 
@@ -115,6 +144,32 @@ impl<B: Backend> OptimizerState<B> {
             Optimizer::AdamW => Self::adamw(be, master, segments),
             Optimizer::Sgd { momentum } => Self::sgd(be, master, segments, momentum),
         }
+    }
+
+    /// This state with the bf16 compute copy rounded stochastically (llm.c's AdamW) under
+    /// `seed`, for a master that is elements `base..` of a flat buffer of `total` (the
+    /// whole: `total` its length and `base` 0; a ZeRO shard: its range's start). AdamW
+    /// only; the f32 compute copy is the master and does not round.
+    pub fn with_stochastic_rounding(
+        mut self,
+        seed: u64,
+        (total, base): (usize, usize),
+    ) -> Result<Self, GpuError> {
+        if !matches!(self.moments, Moments::AdamW { .. }) {
+            return Err(GpuError::Shape {
+                kernel: "optimizer",
+                what: "stochastic rounding of the bf16 copy is AdamW's (llm.c's); SGD rounds \
+                       to nearest"
+                    .into(),
+            });
+        }
+        self.round = Some(RoundState {
+            seed,
+            total: total as u64,
+            base: base as u64,
+            updates: Cell::new(0),
+        });
+        Ok(self)
     }
 
     /// Elements of the master.
@@ -195,7 +250,10 @@ pub fn apply<B: Backend, T: Act>(
             grads,
             be.all(m),
             be.all(v),
-            copy,
+            (
+                copy,
+                copy.and_then(|_| opt.round.as_ref().map(RoundState::next)),
+            ),
             s,
             &opt.segments,
             mult,
