@@ -37,6 +37,7 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
     use stoker_gpu::scenario::ScenarioSize;
 
     let dev = Device::new(0)?;
+    let mut failed: Vec<&str> = Vec::new();
     println!(
         "gpu kernels on {}: against the host build of the same source",
         dev.name()
@@ -101,11 +102,20 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
         println!(
             "\nthe resident training loop (3 windows of 2 micro-batches, AdamW, clipping) on the GPU, NCCL at one rank, against the host backend:"
         );
-        for c in stoker_gpu::device::replica_check::compare_replica(&dev)? {
-            println!(
-                "  {:<12} last window's loss {:.2e} relative; master {:.2e} of its largest",
-                c.what, c.loss_rel, c.master_rel
-            );
+        // Not fatal: the timings below still run where NCCL cannot start on this machine.
+        match stoker_gpu::device::replica_check::compare_replica(&dev) {
+            Ok(compared) => {
+                for c in compared {
+                    println!(
+                        "  {:<12} last window's loss {:.2e} relative; master {:.2e} of its largest",
+                        c.what, c.loss_rel, c.master_rel
+                    );
+                }
+            }
+            Err(e) => {
+                println!("  the resident loop did not run: {e}");
+                failed.push("the resident loop");
+            }
         }
         if !a.no_timing {
             let st = check::time_step(&dev, a.batch, a.reps.max(1))?;
@@ -136,6 +146,9 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
     }
     if bad > 0 {
         anyhow::bail!("{bad} outputs differ from the host build (above)");
+    }
+    if !failed.is_empty() {
+        anyhow::bail!("did not run: {} (above)", failed.join(", "));
     }
     Ok(())
 }
