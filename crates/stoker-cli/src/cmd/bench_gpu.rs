@@ -100,7 +100,7 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
             );
         }
         println!(
-            "\nthe resident training loop (3 windows of 2 micro-batches, AdamW, clipping) on the GPU, NCCL at one rank, against the host backend:"
+            "\nthe resident training loop (3 windows of 2 micro-batches, AdamW, clipping) on the GPU, NCCL at one rank, against the host backend; then 2 ranks on the GPU (through host memory) against 1:"
         );
         // Not fatal: the timings below still run where NCCL cannot start on this machine.
         match stoker_gpu::device::replica_check::compare_replica(&dev) {
@@ -115,6 +115,16 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
             Err(e) => {
                 println!("  the resident loop did not run: {e}");
                 failed.push("the resident loop");
+            }
+        }
+        match stoker_gpu::device::replica_check::compare_replica_ranks(0) {
+            Ok(c) => println!(
+                "  {:<12} last window's loss {:.2e} relative; master {:.2e} of its largest",
+                c.what, c.loss_rel, c.master_rel
+            ),
+            Err(e) => {
+                println!("  the resident loop at 2 ranks did not run: {e}");
+                failed.push("the resident loop at 2 ranks");
             }
         }
         if !a.no_timing {

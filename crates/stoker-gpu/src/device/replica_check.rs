@@ -2,10 +2,14 @@
 //! small GPT, three windows of two micro-batches, DDP and ZeRO-1, f32 and bf16, the
 //! GPU's collectives NCCL on device memory at one rank (ZeRO-1's reduce-scatter,
 //! all-gather and scalar sums all run through NCCL), the host's through an in-process
-//! communicator. What `stoker bench gpu-kernels --step` prints after the step check.
+//! communicator; then 2 ranks on the one GPU against 1. What `stoker bench gpu-kernels
+//! --step` prints after the step check.
 
 use half::bf16;
-use stoker_comm::{local_group, DEFAULT_TIMEOUT};
+use std::ops::Range;
+use std::sync::Mutex;
+
+use stoker_comm::{local_group, run_local, DEFAULT_TIMEOUT};
 use stoker_kernels::AdamWStep;
 
 use super::nccl::DeviceNccl;
@@ -58,12 +62,14 @@ fn windows() -> Vec<Vec<(Vec<i64>, Vec<i64>)>> {
         .collect()
 }
 
-/// The loop on `be` with `coll`: the last window's loss and the master.
+/// The loop on `be` with `coll` (its rank taking its share of each window's two
+/// micro-batches): the last window's loss, and this rank's range of the master and its
+/// values.
 fn train<B: Backend, T: Act>(
     be: &B,
     coll: &impl Collectives<B>,
     strategy: Strategy,
-) -> Result<(f64, Vec<f32>), GpuError> {
+) -> Result<(f64, Range<usize>, Vec<f32>), GpuError> {
     let g = crate::sample::gpt(&DIMS, 100, 0.2);
     let table = stoker_kernels::gpt_params(&DIMS);
     let segments: Vec<_> = g
@@ -72,6 +78,7 @@ fn train<B: Backend, T: Act>(
         .zip(&table)
         .map(|((_, r), p)| (r.clone(), p.shape.len() >= 2))
         .collect();
+    let (rank, world) = (coll.rank(), coll.world());
     let step = GptGpuStep::<B, T>::new(be, DIMS, g.offsets.clone(), 1e-5, 3, 11)?;
     let replica = Replica::new(
         be,
@@ -79,11 +86,12 @@ fn train<B: Backend, T: Act>(
         (strategy, Optimizer::AdamW),
         &g.params,
         &segments,
-        (0, 1),
+        (rank, world),
     )?;
+    let per = 2 / world;
     let mut loss = 0.0;
     for (w, micro) in windows().iter().enumerate() {
-        let batches: Vec<TokenBatch> = micro
+        let batches: Vec<TokenBatch> = micro[rank * per..(rank + 1) * per]
             .iter()
             .map(|(tokens, targets)| TokenBatch {
                 tokens,
@@ -96,7 +104,20 @@ fn train<B: Backend, T: Act>(
             .window(be, coll, &batches, &Scalars::AdamW(adam), Some(0.5))?
             .loss;
     }
-    Ok((loss, replica.state().master(be)?.1))
+    let (range, master) = replica.state().master(be)?;
+    Ok((loss, range, master))
+}
+
+/// `got` against `want`: the loss's relative difference, and the master's largest
+/// difference over its largest value.
+fn compared(what: String, want: (f64, &[f32]), got: (f64, &[f32])) -> ReplicaCompared {
+    let scale = max_abs(want.1).max(f64::MIN_POSITIVE);
+    let diff: Vec<f32> = want.1.iter().zip(got.1).map(|(a, b)| a - b).collect();
+    ReplicaCompared {
+        what,
+        loss_rel: (got.0 - want.0).abs() / want.0.abs(),
+        master_rel: max_abs(&diff) / scale,
+    }
 }
 
 /// Every configuration on both backends. The products differ (cuBLAS against the
@@ -118,16 +139,62 @@ pub fn compare_replica(dev: &Device) -> Result<Vec<ReplicaCompared>, GpuError> {
                     train::<Device, bf16>(dev, &nccl, strategy)?,
                 ),
             };
-            let scale = max_abs(&h.1).max(f64::MIN_POSITIVE);
-            let diff: Vec<f32> = h.1.iter().zip(&d.1).map(|(a, b)| a - b).collect();
-            out.push(ReplicaCompared {
-                what: format!("{name} {dtype}"),
-                loss_rel: (d.0 - h.0).abs() / h.0.abs(),
-                master_rel: max_abs(&diff) / scale,
-            });
+            out.push(compared(
+                format!("{name} {dtype}"),
+                (h.0, &h.2),
+                (d.0, &d.2),
+            ));
         }
     }
     Ok(out)
+}
+
+/// The loop at 2 ranks on GPU `ordinal` (threads of this process, each with its own
+/// [`Device`] on the one GPU, ZeRO-1 through an in-process communicator on host memory:
+/// what a GPU job over MPI runs) against 1 rank on the same GPU, f32: the same weights
+/// within f32 rounding of the sums.
+pub fn compare_replica_ranks(ordinal: usize) -> Result<ReplicaCompared, GpuError> {
+    let one_dev = Device::new(ordinal)?;
+    let one_comm = local_group(1, DEFAULT_TIMEOUT).remove(0);
+    let one = train::<Device, f32>(&one_dev, &ThroughHost(&one_comm), Strategy::Ddp)?;
+    // Made here, one after the other (each disables the context's event tracking before
+    // any buffer of its own exists), then handed to the ranks' threads.
+    let devices = (0..2)
+        .map(|_| Device::new(ordinal))
+        .collect::<Result<Vec<_>, _>>()?;
+    let devices = Mutex::new(devices);
+    let ranks = run_local(2, DEFAULT_TIMEOUT, |comm| {
+        let dev = devices
+            .lock()
+            .map_err(|_| GpuError::Driver {
+                what: "taking a rank's device".into(),
+                error: "a rank's thread panicked".into(),
+            })?
+            .pop();
+        let dev = dev.ok_or_else(|| GpuError::Driver {
+            what: "taking a rank's device".into(),
+            error: "none left".into(),
+        })?;
+        train::<Device, f32>(&dev, &ThroughHost(&comm), Strategy::Zero1)
+    });
+    let mut master = Vec::new();
+    let mut loss = 0.0;
+    for r in ranks {
+        let (l, range, piece) = r?;
+        if range.start != master.len() {
+            return Err(GpuError::Shape {
+                kernel: "replica-check",
+                what: format!("shard {range:?} after {} elements", master.len()),
+            });
+        }
+        master.extend_from_slice(&piece);
+        loss = l;
+    }
+    Ok(compared(
+        "zero-1 f32, 2 ranks vs 1".into(),
+        (one.0, &one.2),
+        (loss, &master),
+    ))
 }
 
 /// The largest absolute value, NaN if any is NaN (a NaN must not fold away).
