@@ -7,12 +7,14 @@
 //!
 //! Layers, bottom up: `call` (one launch as data: name, grid, arguments), `backend` (flat
 //! buffers, views, launching), `host` (the CPU backend, through `ffi`), `ids` (ids checked
-//! before upload), `kernels` (every kernel as a checked call, for any backend; `llama` the Llama's, `optim` the
-//! optimizers over segments). Beside
-//! them: `args` (by-value arguments, `repr(C)`), `elem` (element types), `error`,
-//! `token_groups` (the embedding backward's one-writer-per-row index), `parallel` (data parallelism
-//! on the backend's buffers: collectives, DDP, ZeRO-1, one rank's windows), `sample` (seeded
-//! inputs), `scenario` (every kernel once: what the device check compares).
+//! before upload), `kernels` (every kernel as a checked call, for any backend; `llama`
+//! the Llama's, `optim` the optimizers over segments), `step` (the GPT's and the Llama's
+//! training steps over flat buffers), `parallel` (data parallelism on the backend's
+//! buffers: collectives, DDP, ZeRO-1, one rank's windows). Beside them: `args` (by-value
+//! arguments, `repr(C)`), `elem` (element types), `error`, `token_groups` (the embedding
+//! backward's one-writer-per-row index), `sample` (seeded inputs), `scenario` (every
+//! kernel once: what the device check compares), `device` (the GPU backend, feature
+//! `cuda`).
 #![deny(missing_docs)]
 
 pub mod args;

@@ -2,7 +2,9 @@
 //! launched on one stream from the fatbin build.rs compiled with nvcc, embedded in the
 //! binary and loaded once. Launch shapes: 256 threads a block; element kernels one
 //! thread per element (grid-stride past 2^20 blocks), row kernels one warp per row,
-//! warp kernels exactly their warp count.
+//! warp kernels exactly their warp count. Beside it: `nccl` (the resident path's
+//! collectives on device memory), `check` and `replica_check` (the device check: kernels,
+//! steps and the training loop against the host build).
 
 pub mod check;
 pub mod nccl;
