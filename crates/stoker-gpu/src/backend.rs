@@ -30,6 +30,13 @@ pub trait Backend {
     ) -> Result<(), GpuError> {
         self.write_at(self.view(buf, offset..offset + data.len())?, data)
     }
+    /// Overwrites `v` with `data` as [`Backend::write_at`] does, ordered after every
+    /// launch so far, without waiting for them: the data is staged first (the device
+    /// copies it from pinned host memory while earlier launches run). The host's is
+    /// `write_at`.
+    fn write_staged<E: Elem>(&self, v: View<E>, data: &[E]) -> Result<(), GpuError> {
+        self.write_at(v, data)
+    }
     /// A buffer's elements, after every launch so far has finished.
     fn download<E: Elem>(&self, buf: &Self::Buf<E>) -> Result<Vec<E>, GpuError>;
     /// A buffer's length in elements.

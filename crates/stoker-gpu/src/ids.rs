@@ -6,6 +6,30 @@ use crate::backend::Backend;
 use crate::error::GpuError;
 use crate::token_groups::TokenGroups;
 
+/// Every id in `0..limit` or equal to `skip`; the error names `what` and the first that
+/// is not.
+fn check_ids(
+    what: &'static str,
+    ids: &[i32],
+    limit: usize,
+    skip: Option<i32>,
+) -> Result<(), GpuError> {
+    if let Some((index, &t)) = ids
+        .iter()
+        .enumerate()
+        .find(|&(_, &t)| Some(t) != skip && (t < 0 || t as usize >= limit))
+    {
+        return Err(GpuError::OutOfRange {
+            kernel: "ids",
+            buffer: what,
+            index,
+            value: t as i64,
+            limit,
+        });
+    }
+    Ok(())
+}
+
 /// Ids in `0..limit` (or equal to `skip`), on a backend.
 pub struct Ids<B: Backend> {
     pub(crate) buf: B::Buf<i32>,
@@ -23,24 +47,37 @@ impl<B: Backend> Ids<B> {
         limit: usize,
         skip: Option<i32>,
     ) -> Result<Self, GpuError> {
-        if let Some((index, &t)) = ids
-            .iter()
-            .enumerate()
-            .find(|&(_, &t)| Some(t) != skip && (t < 0 || t as usize >= limit))
-        {
-            return Err(GpuError::OutOfRange {
-                kernel: "ids",
-                buffer: what,
-                index,
-                value: t as i64,
-                limit,
-            });
-        }
+        check_ids(what, ids, limit, skip)?;
         Ok(Ids {
             buf: b.upload(ids)?,
             limit,
             skip,
         })
+    }
+
+    /// `n` zeros in `0..limit`: a buffer [`Ids::rewrite`] fills batch after batch.
+    pub fn zeros(b: &B, n: usize, limit: usize) -> Result<Self, GpuError> {
+        Ok(Ids {
+            buf: b.zeros(n)?,
+            limit,
+            skip: None,
+        })
+    }
+
+    /// Checks `ids` (as many as this holds) as [`Ids::new`] does and writes them in place,
+    /// staged ([`Backend::write_staged`]: the host does not wait for the launches before).
+    pub fn rewrite(
+        &mut self,
+        b: &B,
+        what: &'static str,
+        ids: &[i32],
+        skip: Option<i32>,
+    ) -> Result<(), GpuError> {
+        crate::error::check_len("ids", what, ids.len(), self.len())?;
+        check_ids(what, ids, self.limit, skip)?;
+        b.write_staged(b.all(&self.buf), ids)?;
+        self.skip = skip;
+        Ok(())
     }
 
     /// How many ids.
@@ -54,36 +91,68 @@ impl<B: Backend> Ids<B> {
     }
 }
 
-/// A batch's [`TokenGroups`] on a backend.
+/// A batch's [`TokenGroups`] on a backend: buffers for up to `positions` positions, the
+/// first `uniq` groups in use.
 pub struct Groups<B: Backend> {
     pub(crate) tokens: B::Buf<i32>,
     pub(crate) starts: B::Buf<i32>,
     pub(crate) positions: B::Buf<i32>,
+    pub(crate) uniq: usize,
     pub(crate) limit: usize,
 }
 
 impl<B: Backend> Groups<B> {
     /// Uploads `g`, grouped from ids in `0..limit`.
     pub fn new(b: &B, g: &TokenGroups, limit: usize) -> Result<Self, GpuError> {
-        if let Some(&t) = g.tokens().iter().find(|&&t| t as usize >= limit) {
-            return Err(GpuError::OutOfRange {
-                kernel: "groups",
-                buffer: "tokens",
-                index: 0,
-                value: t as i64,
-                limit,
-            });
-        }
+        check_groups(g, limit)?;
         Ok(Groups {
             tokens: b.upload(g.tokens())?,
             starts: b.upload(g.starts())?,
             positions: b.upload(g.positions())?,
+            uniq: g.tokens().len(),
             limit,
         })
+    }
+
+    /// Room for the groups of `n` positions of ids in `0..limit` (none in use yet).
+    pub fn with_room(b: &B, n: usize, limit: usize) -> Result<Self, GpuError> {
+        Ok(Groups {
+            tokens: b.zeros(n)?,
+            starts: b.zeros(n + 1)?,
+            positions: b.zeros(n)?,
+            uniq: 0,
+            limit,
+        })
+    }
+
+    /// Writes `g` (of as many positions as this has room for) in place, staged.
+    pub fn rewrite(&mut self, b: &B, g: &TokenGroups) -> Result<(), GpuError> {
+        check_groups(g, self.limit)?;
+        crate::error::check_len("groups", "positions", g.positions().len(), self.positions())?;
+        let u = g.tokens().len();
+        b.write_staged(b.view(&self.tokens, 0..u)?, g.tokens())?;
+        b.write_staged(b.view(&self.starts, 0..u + 1)?, g.starts())?;
+        b.write_staged(b.all(&self.positions), g.positions())?;
+        self.uniq = u;
+        Ok(())
     }
 
     /// Positions grouped (the batch's token count).
     pub fn positions(&self) -> usize {
         B::len(&self.positions)
     }
+}
+
+/// Every group's token below `limit`.
+fn check_groups(g: &TokenGroups, limit: usize) -> Result<(), GpuError> {
+    if let Some(&t) = g.tokens().iter().find(|&&t| t as usize >= limit) {
+        return Err(GpuError::OutOfRange {
+            kernel: "groups",
+            buffer: "tokens",
+            index: 0,
+            value: t as i64,
+            limit,
+        });
+    }
+    Ok(())
 }

@@ -93,7 +93,7 @@ pub fn encoder_backward_wte<B: Backend, T: Act>(
 ) -> Result<(), GpuError> {
     const K: &str = "encoder-backward-wte";
     let c32 = dim(K, "c", c)?;
-    let u = dim(K, "distinct tokens", B::len(&groups.tokens))?;
+    let u = dim(K, "distinct tokens", groups.uniq)?;
     check_len(K, "dout", dout.len(), groups.positions() * c)?;
     at_least(K, "dwte", &dwte, groups.limit * c)?;
     let call = Call::EncoderBackwardWte {
@@ -107,7 +107,8 @@ pub fn encoder_backward_wte<B: Backend, T: Act>(
         c: c32,
     };
     // SAFETY: the groups hold positions 0..dout.len() / c (TokenGroups builds them from
-    // the ids) and tokens below the limit whose rows dwte holds.
+    // the ids), `u` groups (their buffers hold at least u tokens and u + 1 starts) and
+    // tokens below the limit whose rows dwte holds.
     unsafe { b.launch(&call) }
 }
 

@@ -2,13 +2,15 @@
 //! launched on one stream from the fatbin build.rs compiled with nvcc, embedded in the
 //! binary and loaded once. Launch shapes: 256 threads a block; element kernels one
 //! thread per element (grid-stride past 2^20 blocks), row kernels one warp per row,
-//! warp kernels exactly their warp count. Beside it: `nccl` (the resident path's
-//! collectives on device memory), `check` and `replica_check` (the device check: kernels,
-//! steps and the training loop against the host build).
+//! warp kernels exactly their warp count. Beside it: `staging` (writes through pinned
+//! memory that do not wait for the stream), `nccl` (the resident path's collectives on
+//! device memory), `check` and `replica_check` (the device check: kernels, steps and the
+//! training loop against the host build).
 
 pub mod check;
 pub mod nccl;
 pub mod replica_check;
+mod staging;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -51,6 +53,7 @@ pub struct Device {
     module: Arc<CudaModule>,
     functions: RefCell<HashMap<String, CudaFunction>>,
     blas: CudaBlas,
+    staging: staging::Staging,
 }
 
 impl Device {
@@ -75,6 +78,7 @@ impl Device {
             module,
             functions: RefCell::new(HashMap::new()),
             blas,
+            staging: staging::Staging::default(),
         })
     }
 
@@ -189,6 +193,17 @@ impl Backend for Device {
         }
         .map_err(driver(format!("copying {} elements up", data.len())))?;
         self.synchronize()
+    }
+
+    fn write_staged<E: Elem>(&self, v: View<E>, data: &[E]) -> Result<(), GpuError> {
+        crate::error::check_len("write", "data", data.len(), v.len())?;
+        self.bind()?;
+        // SAFETY: `data` is a live slice of an Elem type: plain numbers (f32, bf16, i32,
+        // i64) with no padding, so its memory reads as size_of_val(data) initialized bytes.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data))
+        };
+        self.staging.write(&self.ctx, &self.stream, v.addr(), bytes)
     }
 
     fn download<E: Elem>(&self, buf: &DeviceBuf<E>) -> Result<Vec<E>, GpuError> {

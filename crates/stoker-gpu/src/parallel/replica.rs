@@ -31,10 +31,18 @@ pub trait Trainable<B: Backend> {
     fn params(&self, be: &B) -> Result<Vec<f32>, GpuError>;
     /// Sets every gradient to 0.
     fn zero_grads(&self, be: &B) -> Result<(), GpuError>;
-    /// Adds one micro-batch's gradient of `grad_scale x (summed loss)`; returns the
-    /// summed loss.
-    fn forward_backward(&self, be: &B, batch: TokenBatch, grad_scale: f32)
-        -> Result<f64, GpuError>;
+    /// Queues one micro-batch: adds its gradient of `grad_scale x (summed loss)`, and
+    /// writes its summed loss to the step's loss sum (or adds it, with `add_loss`),
+    /// without waiting for the backend.
+    fn queue_micro_batch(
+        &self,
+        be: &B,
+        batch: TokenBatch,
+        grad_scale: f32,
+        add_loss: bool,
+    ) -> Result<(), GpuError>;
+    /// The loss sum of the micro-batches queued since the last without `add_loss`.
+    fn loss_sum(&self, be: &B) -> Result<f64, GpuError>;
     /// The views an update works on.
     fn update_views(&self, be: &B) -> Result<UpdateViews<'_, Self::T>, GpuError>;
 }
@@ -55,13 +63,17 @@ macro_rules! trainable {
             fn zero_grads(&self, be: &B) -> Result<(), GpuError> {
                 self.buffers().zero_grads(be)
             }
-            fn forward_backward(
+            fn queue_micro_batch(
                 &self,
                 be: &B,
                 batch: TokenBatch,
                 grad_scale: f32,
-            ) -> Result<f64, GpuError> {
-                $t::forward_backward(self, be, batch, grad_scale)
+                add_loss: bool,
+            ) -> Result<(), GpuError> {
+                $t::queue_micro_batch(self, be, batch, grad_scale, add_loss)
+            }
+            fn loss_sum(&self, be: &B) -> Result<f64, GpuError> {
+                $t::loss_sum(self, be)
             }
             fn update_views(&self, be: &B) -> Result<UpdateViews<'_, T>, GpuError> {
                 $t::update_views(self, be)
@@ -143,9 +155,14 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
             micro_sq: (micro.len() * micro.len()) as f64,
             ..Tally::default()
         };
-        for batch in micro {
-            tally.loss += self.step.forward_backward(be, *batch, grad_scale)?;
+        // Queued back to back: the host checks and groups the next micro-batch's ids
+        // while the backend runs this one; the window's loss is read once, after.
+        for (j, batch) in micro.iter().enumerate() {
+            self.step.queue_micro_batch(be, *batch, grad_scale, j > 0)?;
             tally.valid += batch.targets.iter().filter(|&&t| t != batch.ignore).count() as f64;
+        }
+        if !micro.is_empty() {
+            tally.loss = self.step.loss_sum(be)?;
         }
         let views = self.step.update_views(be)?;
         let (grad_norm, total) =

@@ -3,6 +3,8 @@
 //! their views, a micro-batch's ids checked and uploaded, and the loss at the end of the
 //! forward (the fused classifier, then the sum).
 
+use std::cell::RefCell;
+
 use crate::backend::{Backend, View};
 use crate::elem::Act;
 use crate::error::{check_len, GpuError};
@@ -13,22 +15,31 @@ use crate::token_groups::TokenGroups;
 use super::layout::{Span, PARTIAL_WARPS};
 use super::TokenBatch;
 
-/// A step's buffers on backend `B`, activations in `T`.
+/// A step's buffers on backend `B`, activations in `T`, and its micro-batch's ids
+/// (rewritten batch after batch: a step allocates nothing after it is made).
 pub struct StepBuffers<B: Backend, T: Act> {
     pub(crate) params: B::Buf<T>,
     pub(crate) grads: B::Buf<f32>,
     pub(crate) acts: B::Buf<T>,
     pub(crate) floats: B::Buf<f32>,
+    pub(crate) ids: RefCell<BatchIds<B>>,
 }
 
 impl<B: Backend, T: Act> StepBuffers<B, T> {
-    /// `params` parameters (and as many gradients), `acts` activations, `floats` f32s.
-    pub(crate) fn new(be: &B, params: usize, acts: usize, floats: usize) -> Result<Self, GpuError> {
+    /// `params` parameters (and as many gradients), `acts` activations and `floats` f32s,
+    /// ids for micro-batches of `rows` positions over `vocab`.
+    pub(crate) fn new(
+        be: &B,
+        params: usize,
+        (acts, floats): (usize, usize),
+        (rows, vocab): (usize, usize),
+    ) -> Result<Self, GpuError> {
         Ok(StepBuffers {
             params: be.zeros(params)?,
             grads: be.zeros(params)?,
             acts: be.zeros(acts)?,
             floats: be.zeros(floats)?,
+            ids: RefCell::new(BatchIds::with_room(be, rows, vocab)?),
         })
     }
 
@@ -38,6 +49,7 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
         let t = std::mem::size_of::<T>();
         (B::len(&self.params) + B::len(&self.acts)) * t
             + (B::len(&self.grads) + B::len(&self.floats)) * 4
+            + self.ids.borrow().bytes()
     }
 
     /// Copies the FP32 master `params` (the flat layout) into the compute copy.
@@ -93,24 +105,43 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
 }
 
 /// A micro-batch's ids on the backend: tokens and targets checked against the vocabulary
-/// (targets may be the ignore index), and the tokens as the host has them (for the
-/// embedding backward's groups, which only training needs).
+/// (targets may be the ignore index), the tokens' groups for the embedding backward
+/// (training only), and the ignore index. Made once with room for a step's rows, then
+/// rewritten in place for each micro-batch (staged: the host prepares the next batch's
+/// ids while the launches before run).
 pub(crate) struct BatchIds<B: Backend> {
     pub(crate) tokens: Ids<B>,
     pub(crate) targets: Ids<B>,
-    pub(crate) host_tokens: Vec<i32>,
+    pub(crate) groups: Groups<B>,
     pub(crate) ignore: i32,
 }
 
 impl<B: Backend> BatchIds<B> {
-    /// The ids of `batch`, `n` of each, in `0..vocab`.
-    pub(crate) fn new(
+    /// Room for `n` ids of each kind in `0..vocab`.
+    pub(crate) fn with_room(be: &B, n: usize, vocab: usize) -> Result<Self, GpuError> {
+        Ok(BatchIds {
+            tokens: Ids::zeros(be, n, vocab)?,
+            targets: Ids::zeros(be, n, vocab)?,
+            groups: Groups::with_room(be, n, vocab)?,
+            ignore: -1,
+        })
+    }
+
+    /// Bytes of its buffers.
+    pub(crate) fn bytes(&self) -> usize {
+        // Tokens, targets, and the groups' tokens, starts (one more) and positions.
+        4 * (5 * self.tokens.len() + 1)
+    }
+
+    /// Loads `batch` (`n` of each id, as made): checked, grouped when `train`, written.
+    pub(crate) fn load(
+        &mut self,
         be: &B,
         op: &'static str,
         batch: TokenBatch,
-        n: usize,
-        vocab: usize,
-    ) -> Result<Self, GpuError> {
+        train: bool,
+    ) -> Result<(), GpuError> {
+        let n = self.tokens.len();
         check_len(op, "tokens", batch.tokens.len(), n)?;
         check_len(op, "targets", batch.targets.len(), n)?;
         let ignore = i32::try_from(batch.ignore).map_err(|_| GpuError::Shape {
@@ -123,12 +154,15 @@ impl<B: Backend> BatchIds<B> {
                 .collect()
         };
         let tok = to_i32(batch.tokens);
-        Ok(BatchIds {
-            tokens: Ids::new(be, "tokens", &tok, vocab, None)?,
-            targets: Ids::new(be, "targets", &to_i32(batch.targets), vocab, Some(ignore))?,
-            host_tokens: tok,
-            ignore,
-        })
+        self.tokens.rewrite(be, "tokens", &tok, None)?;
+        self.targets
+            .rewrite(be, "targets", &to_i32(batch.targets), Some(ignore))?;
+        if train {
+            let vocab = self.tokens.limit;
+            self.groups.rewrite(be, &TokenGroups::new(&tok, vocab)?)?;
+        }
+        self.ignore = ignore;
+        Ok(())
     }
 }
 
@@ -144,7 +178,7 @@ pub(crate) struct LossSpans {
 }
 
 /// The fused classifier over the logits (their gradient, times `grad_scale`, in place)
-/// and the summed loss into `loss_sum`.
+/// and the summed loss into `loss_sum` (added to it with `add_loss`).
 pub(crate) fn loss_and_grad<B: Backend, T: Act>(
     be: &B,
     bufs: &StepBuffers<B, T>,
@@ -152,6 +186,7 @@ pub(crate) fn loss_and_grad<B: Backend, T: Act>(
     ids: &BatchIds<B>,
     vocab: usize,
     grad_scale: f32,
+    add_loss: bool,
 ) -> Result<(), GpuError> {
     kernels::classifier(
         be,
@@ -170,11 +205,11 @@ pub(crate) fn loss_and_grad<B: Backend, T: Act>(
         bufs.f(be, s.partials)?,
         false,
         PARTIAL_WARPS,
-        false,
+        add_loss,
     )
 }
 
-/// What a step tells [`forward_backward`]: its buffers, shape, loss spans, and its own
+/// What a step tells [`queue_micro_batch`]: its buffers, shape, loss spans, and its own
 /// forward and backward.
 pub(crate) trait TokenModel<B: Backend, T: Act> {
     /// The step's buffers.
@@ -189,9 +224,36 @@ pub(crate) trait TokenModel<B: Backend, T: Act> {
     fn backward(&self, be: &B, groups: &Groups<B>) -> Result<(), GpuError>;
 }
 
-/// One micro-batch through a step: its ids uploaded, the forward, the loss and the
-/// logits' gradient, the backward; the summed loss read back (the one value, after the
-/// step).
+/// One micro-batch through a step: its ids written, the forward, the loss and the
+/// logits' gradient, the backward, all queued; the micro-batch's summed loss written to,
+/// or with `add_loss` added to, the step's loss sum on the backend (a window's micro-batches
+/// add up there, read once after the last: [`read_loss`]). Nothing waits for the
+/// backend.
+pub(crate) fn queue_micro_batch<B: Backend, T: Act>(
+    m: &impl TokenModel<B, T>,
+    be: &B,
+    op: &'static str,
+    (batch, grad_scale): (TokenBatch, f32),
+    add_loss: bool,
+) -> Result<(), GpuError> {
+    let mut ids = m.bufs().ids.borrow_mut();
+    ids.load(be, op, batch, true)?;
+    let vocab = m.rows_and_vocab().1;
+    m.forward(be, &ids.tokens)?;
+    let spans = m.loss_spans();
+    loss_and_grad(be, m.bufs(), spans, &ids, vocab, grad_scale, add_loss)?;
+    m.backward(be, &ids.groups)
+}
+
+/// The step's loss sum, read back (waits for every launch so far).
+pub(crate) fn read_loss<B: Backend, T: Act>(
+    m: &impl TokenModel<B, T>,
+    be: &B,
+) -> Result<f64, GpuError> {
+    Ok(be.read(m.bufs().f(be, m.loss_spans().loss_sum)?)?[0] as f64)
+}
+
+/// One micro-batch through a step ([`queue_micro_batch`]), its summed loss read back.
 pub(crate) fn forward_backward<B: Backend, T: Act>(
     m: &impl TokenModel<B, T>,
     be: &B,
@@ -199,14 +261,8 @@ pub(crate) fn forward_backward<B: Backend, T: Act>(
     batch: TokenBatch,
     grad_scale: f32,
 ) -> Result<f64, GpuError> {
-    let (n, vocab) = m.rows_and_vocab();
-    let ids = BatchIds::new(be, op, batch, n, vocab)?;
-    m.forward(be, &ids.tokens)?;
-    let spans = m.loss_spans();
-    loss_and_grad(be, m.bufs(), spans, &ids, vocab, grad_scale)?;
-    let groups = Groups::new(be, &TokenGroups::new(&ids.host_tokens, vocab)?, vocab)?;
-    m.backward(be, &groups)?;
-    Ok(be.read(m.bufs().f(be, spans.loss_sum)?)?[0] as f64)
+    queue_micro_batch(m, be, op, (batch, grad_scale), false)?;
+    read_loss(m, be)
 }
 
 /// One micro-batch's evaluation through a step: the training forward, each row's loss
@@ -219,8 +275,9 @@ pub(crate) fn evaluate<B: Backend, T: Act>(
     op: &'static str,
     batch: TokenBatch,
 ) -> Result<(f64, usize, usize), GpuError> {
-    let (n, vocab) = m.rows_and_vocab();
-    let ids = BatchIds::new(be, op, batch, n, vocab)?;
+    let vocab = m.rows_and_vocab().1;
+    let mut ids = m.bufs().ids.borrow_mut();
+    ids.load(be, op, batch, false)?;
     m.forward(be, &ids.tokens)?;
     let (s, bufs) = (m.loss_spans(), m.bufs());
     kernels::classifier(

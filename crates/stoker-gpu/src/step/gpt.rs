@@ -63,7 +63,12 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
         }
         let layout = ActLayout::new(&dims, batch, t, padded_vocab(dims.vocab));
         Ok(GptGpuStep {
-            bufs: StepBuffers::new(be, offsets.end(), layout.total, layout.floats)?,
+            bufs: StepBuffers::new(
+                be,
+                offsets.end(),
+                (layout.total, layout.floats),
+                (batch * t, dims.vocab),
+            )?,
             dims,
             offsets,
             eps: eps as f32,
@@ -145,6 +150,25 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
         grad_scale: f32,
     ) -> Result<f64, GpuError> {
         buffers::forward_backward(self, be, OP, batch, grad_scale)
+    }
+
+    /// [`Self::forward_backward`] queued without reading the loss back: the micro-batch's
+    /// summed loss is written to the step's loss sum on the backend, or added to it with
+    /// `add_loss` (a window's micro-batches, read once by [`Self::loss_sum`]).
+    pub fn queue_micro_batch(
+        &self,
+        be: &B,
+        batch: TokenBatch,
+        grad_scale: f32,
+        add_loss: bool,
+    ) -> Result<(), GpuError> {
+        buffers::queue_micro_batch(self, be, OP, (batch, grad_scale), add_loss)
+    }
+
+    /// The loss sum the micro-batches queued since the last one without `add_loss`
+    /// wrote (waits for every launch so far).
+    pub fn loss_sum(&self, be: &B) -> Result<f64, GpuError> {
+        buffers::read_loss(self, be)
     }
 
     /// `y = x W^T + b` for the linear layer at `wb` (`W` `[out, inp]`).
