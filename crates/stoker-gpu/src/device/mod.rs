@@ -62,7 +62,8 @@ impl Device {
         let ctx = CudaContext::new(ordinal).map_err(driver(format!("opening GPU {ordinal}")))?;
         // One stream and no buffer shared across streams: cudarc's per-buffer events
         // would only add work to every launch.
-        // SAFETY: no buffer of this context exists yet.
+        // SAFETY: the flag belongs to this `CudaContext` object (other `Device`s on the same
+        // primary context hold their own), and no buffer of this object exists yet.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
         let module = ctx

@@ -31,9 +31,10 @@ pub struct DeviceNccl<'d> {
 
 fn nccl_err(what: impl Into<String>) -> impl FnOnce(result::NcclError) -> GpuError {
     let what = what.into();
+    // NcclError's Debug prints only its name; the result code is in `.0`.
     move |e| GpuError::Driver {
         what,
-        error: format!("{e:?}"),
+        error: format!("{:?}", e.0),
     }
 }
 
@@ -54,11 +55,19 @@ impl<'d> DeviceNccl<'d> {
     /// NCCL communicator on `dev`.
     pub fn join(dev: &'d Device, host: &impl Communicator) -> Result<Self, GpuError> {
         let (rank, world) = (host.rank(), host.world_size());
-        let mut words = [0u64; 16];
+        // Words 0..16 carry rank 0's id, word 16 whether it made one: no rank waits for
+        // an id that is never coming.
+        let mut words = [0u64; 17];
+        let mut why = None;
         if rank == 0 {
-            let id = result::get_uniqueid().map_err(nccl_err("making NCCL's unique id"))?;
-            for (w, c) in words.iter_mut().zip(id.internal.chunks(8)) {
-                *w = u64::from_le_bytes(std::array::from_fn(|i| c[i] as u8));
+            match result::get_uniqueid() {
+                Ok(id) => {
+                    for (w, c) in words.iter_mut().zip(id.internal.chunks(8)) {
+                        *w = u64::from_le_bytes(std::array::from_fn(|i| c[i] as u8));
+                    }
+                    words[16] = 1;
+                }
+                Err(e) => why = Some(format!("{:?}", e.0)),
             }
         }
         host.broadcast(&mut words, 0)
@@ -69,19 +78,19 @@ impl<'d> DeviceNccl<'d> {
                 ),
                 error: e.to_string(),
             })?;
+        if words[16] != 1 {
+            return Err(GpuError::Driver {
+                what: format!("making NCCL's unique id on rank 0 of {world}"),
+                error: why.unwrap_or_else(|| "rank 0 could not".into()),
+            });
+        }
         let mut id = sys::ncclUniqueId { internal: [0; 128] };
-        for (i, w) in words.iter().enumerate() {
+        for (i, w) in words[..16].iter().enumerate() {
             for (j, b) in w.to_le_bytes().into_iter().enumerate() {
                 id.internal[i * 8 + j] = b as std::ffi::c_char;
             }
         }
-        dev.bind()?;
-        let mut comm: sys::ncclComm_t = std::ptr::null_mut();
-        // SAFETY: `comm` is a valid place for the handle; the id is the one every rank
-        // got from rank 0; this thread's context is `dev`'s (bound above).
-        unsafe { result::comm_init_rank(&mut comm, world as i32, id, rank as i32) }.map_err(
-            nccl_err(format!("ncclCommInitRank, rank {rank} of {world}")),
-        )?;
+        // Before the communicator, so that nothing fails between its making and its owner.
         let scalar =
             dev.stream()
                 .alloc_zeros::<f64>(MAX_SCALARS)
@@ -89,6 +98,13 @@ impl<'d> DeviceNccl<'d> {
                     what: "allocating NCCL's scalar".into(),
                     error: e.to_string(),
                 })?;
+        dev.bind()?;
+        let mut comm: sys::ncclComm_t = std::ptr::null_mut();
+        // SAFETY: `comm` is a valid place for the handle; the id is the one every rank
+        // got from rank 0; this thread's context is `dev`'s (bound above).
+        unsafe { result::comm_init_rank(&mut comm, world as i32, id, rank as i32) }.map_err(
+            nccl_err(format!("ncclCommInitRank, rank {rank} of {world}")),
+        )?;
         Ok(DeviceNccl {
             dev,
             comm,
@@ -98,14 +114,41 @@ impl<'d> DeviceNccl<'d> {
         })
     }
 
+    /// `be` is the device this communicator joined on: its stream is the one the
+    /// collectives are ordered on.
+    fn check_device(&self, be: &Device) -> Result<(), GpuError> {
+        match std::ptr::eq(be, self.dev) {
+            true => be.bind(),
+            false => Err(GpuError::Shape {
+                kernel: "nccl",
+                what: "a collective on another device than the communicator's".into(),
+            }),
+        }
+    }
+
     fn stream(&self) -> sys::cudaStream_t {
         self.dev.stream().cu_stream() as sys::cudaStream_t
     }
 
-    /// `f` between NCCL's group calls, so its per-rank operations run as one.
-    fn group(&self, what: &str, f: impl FnOnce() -> Result<(), GpuError>) -> Result<(), GpuError> {
+    /// `op(root, at, n)` for every rank's non-empty piece (`n` elements from `at`, rank
+    /// order) between NCCL's group calls, so that they run as one operation.
+    fn per_piece(
+        &self,
+        what: &str,
+        counts: &[usize],
+        mut op: impl FnMut(usize, usize, usize) -> Result<result::NcclStatus, result::NcclError>,
+    ) -> Result<(), GpuError> {
         result::group_start().map_err(nccl_err(format!("{what}: ncclGroupStart")))?;
-        let r = f();
+        let mut at = 0;
+        let mut r = Ok(());
+        for (root, &n) in counts.iter().enumerate() {
+            if n > 0 && r.is_ok() {
+                r = op(root, at, n)
+                    .map(drop)
+                    .map_err(nccl_err(format!("{what}: piece {root}")));
+            }
+            at += n;
+        }
         result::group_end().map_err(nccl_err(format!("{what}: ncclGroupEnd")))?;
         r
     }
@@ -130,7 +173,7 @@ impl Collectives<Device> for DeviceNccl<'_> {
     }
 
     fn all_reduce(&self, be: &Device, buf: View<f32>) -> Result<(), GpuError> {
-        be.bind()?;
+        self.check_device(be)?;
         // SAFETY: `buf` lies in a live buffer of `be` (the communicator's device), in
         // place; the call is ordered on its stream.
         unsafe {
@@ -158,7 +201,7 @@ impl Collectives<Device> for DeviceNccl<'_> {
         let (_, mine) = piece("reduce-scatter", counts, self.world, self.rank, input.len())?;
         crate::error::check_len("reduce-scatter", "out", out.len(), mine)?;
         crate::backend::check_disjoint("reduce-scatter", &input, &out)?;
-        be.bind()?;
+        self.check_device(be)?;
         let what = format!("reduce-scattering {} gradients", input.len());
         let f32 = sys::ncclDataType_t::ncclFloat32;
         if counts.iter().all(|&c| c == counts[0]) {
@@ -178,29 +221,21 @@ impl Collectives<Device> for DeviceNccl<'_> {
             .map(drop)
             .map_err(nccl_err(what));
         }
-        self.group(&what, || {
-            let mut at = 0;
-            for (root, &n) in counts.iter().enumerate() {
-                if n > 0 {
-                    // SAFETY: piece `root` is input[at..at + n] (the counts add up to its
-                    // length, checked); only the root writes its `out`, which holds n.
-                    unsafe {
-                        result::reduce(
-                            ptr(&input, at),
-                            ptr(&out, 0),
-                            n,
-                            f32,
-                            sys::ncclRedOp_t::ncclSum,
-                            root as i32,
-                            self.comm,
-                            self.stream(),
-                        )
-                    }
-                    .map_err(nccl_err(format!("{what}: piece {root}")))?;
-                }
-                at += n;
+        self.per_piece(&what, counts, |root, at, n| {
+            // SAFETY: piece `root` is input[at..at + n] (the counts add up to its length,
+            // checked); only the root writes its `out`, which holds n (its `mine`).
+            unsafe {
+                result::reduce(
+                    ptr(&input, at),
+                    ptr(&out, 0),
+                    n,
+                    f32,
+                    sys::ncclRedOp_t::ncclSum,
+                    root as i32,
+                    self.comm,
+                    self.stream(),
+                )
             }
-            Ok(())
         })
     }
 
@@ -211,7 +246,7 @@ impl Collectives<Device> for DeviceNccl<'_> {
         counts: &[usize],
     ) -> Result<(), GpuError> {
         let (at, mine) = piece("all-gather", counts, self.world, self.rank, buf.len())?;
-        be.bind()?;
+        self.check_device(be)?;
         let what = format!("all-gathering {} parameters", buf.len());
         let ty = nccl_type(E::DTYPE);
         if counts.iter().all(|&c| c == counts[0]) {
@@ -230,28 +265,20 @@ impl Collectives<Device> for DeviceNccl<'_> {
             .map(drop)
             .map_err(nccl_err(what));
         }
-        self.group(&what, || {
-            let mut at = 0;
-            for (root, &n) in counts.iter().enumerate() {
-                if n > 0 {
-                    // SAFETY: piece `root` is buf[at..at + n] (the counts add up to its
-                    // length, checked), broadcast in place from its owner.
-                    unsafe {
-                        result::broadcast(
-                            ptr(&buf, at),
-                            ptr(&buf, at),
-                            n,
-                            ty,
-                            root as i32,
-                            self.comm,
-                            self.stream(),
-                        )
-                    }
-                    .map_err(nccl_err(format!("{what}: piece {root}")))?;
-                }
-                at += n;
+        self.per_piece(&what, counts, |root, at, n| {
+            // SAFETY: piece `root` is buf[at..at + n] (the counts add up to its length,
+            // checked), broadcast in place from its owner.
+            unsafe {
+                result::broadcast(
+                    ptr(&buf, at),
+                    ptr(&buf, at),
+                    n,
+                    ty,
+                    root as i32,
+                    self.comm,
+                    self.stream(),
+                )
             }
-            Ok(())
         })
     }
 
@@ -260,7 +287,7 @@ impl Collectives<Device> for DeviceNccl<'_> {
         if xs.is_empty() {
             return Ok(Vec::new());
         }
-        be.bind()?;
+        self.check_device(be)?;
         let stream = be.stream();
         let copy = |what: &'static str| {
             move |e: cudarc::driver::DriverError| GpuError::Driver {

@@ -3,7 +3,10 @@
 //! GPU's collectives NCCL on device memory at one rank (ZeRO-1's reduce-scatter,
 //! all-gather and scalar sums all run through NCCL), the host's through an in-process
 //! communicator; then 2 ranks on the one GPU against 1. What `stoker bench gpu-kernels
-//! --step` prints after the step check.
+//! --step` prints after the step check. One GPU cannot host two NCCL ranks (NCCL refuses
+//! a device twice in one communicator), so NCCL's grouped paths for uneven pieces, and
+//! DDP's all-reduce beyond the probe below, wait for a machine with several GPUs; the
+//! 2 ranks here meet through host memory.
 
 use half::bf16;
 use std::ops::Range;
@@ -126,6 +129,17 @@ pub fn compare_replica(dev: &Device) -> Result<Vec<ReplicaCompared>, GpuError> {
     let host_comm = local_group(1, DEFAULT_TIMEOUT).remove(0);
     let host = ThroughHost(&host_comm);
     let nccl = DeviceNccl::join(dev, &local_group(1, DEFAULT_TIMEOUT).remove(0))?;
+    // DDP skips its all-reduce at one rank: NCCL's runs once here, so that the call is
+    // checked too (at one rank it leaves the values as they are).
+    let values = [1.0f32, -2.0, 3.5];
+    let probe = dev.upload(&values)?;
+    nccl.all_reduce(dev, dev.all(&probe))?;
+    if dev.download(&probe)? != values {
+        return Err(GpuError::Driver {
+            what: "NCCL's all-reduce at one rank".into(),
+            error: "changed the values".into(),
+        });
+    }
     let mut out = Vec::new();
     for (strategy, name) in [(Strategy::Ddp, "ddp"), (Strategy::Zero1, "zero-1")] {
         for dtype in ["f32", "bf16"] {

@@ -63,10 +63,17 @@ impl Staging {
         let slots = match all.entry(dst) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
-                // SAFETY: pinned memory is uninitialized; every byte a copy reads is
-                // written below first (the copy reads the first bytes.len() only).
-                let alloc = || unsafe { ctx.alloc_pinned::<u8>(bytes.len()) };
-                let pinned = || alloc().map_err(driver("allocating pinned staging"));
+                let pinned = || -> Result<PinnedHostSlice<u8>, GpuError> {
+                    // SAFETY: the memory comes uninitialized, and is zeroed below before
+                    // any slice of it exists.
+                    let mut p = unsafe { ctx.alloc_pinned::<u8>(bytes.len()) }
+                        .map_err(driver("allocating pinned staging"))?;
+                    let at = p.as_mut_ptr().map_err(driver("reading pinned staging"))?;
+                    // SAFETY: `at` points at the p.len() bytes just allocated, which
+                    // nothing else refers to.
+                    unsafe { std::ptr::write_bytes(at, 0, p.len()) };
+                    Ok(p)
+                };
                 let event = || ctx.new_event(None).map_err(driver("making an event"));
                 v.insert(Slots {
                     bufs: [pinned()?, pinned()?],

@@ -78,42 +78,9 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
         })
     }
 
-    /// The step's buffers: loading parameters, reading gradients, their bytes.
-    pub fn buffers(&self) -> &StepBuffers<B, T> {
-        &self.bufs
-    }
-
     /// Elements of the activation buffer and of the f32 buffer.
     pub fn activation_elements(&self) -> (usize, usize) {
         (self.layout.total, self.layout.floats)
-    }
-
-    /// The update after an accumulation window: the gradients' norm (the one value read
-    /// back), then AdamW on every segment of `opt` over the gradients times `unscale`
-    /// (1 / the loss scale) and the clipping coefficient for `clip` (torch's
-    /// `clip_grad_norm_`), and the compute copy rewritten from the master. Returns the
-    /// unscaled gradient norm. (With a loss scale the CPU multiplies twice, unscale then
-    /// clip; here once by their product.)
-    pub fn update(
-        &self,
-        be: &B,
-        opt: &OptimizerState<B>,
-        scalars: &Scalars,
-        unscale: f32,
-        clip: Option<f64>,
-    ) -> Result<f64, GpuError> {
-        optimizer::update(be, opt, self.update_views(be)?, scalars, unscale, clip)
-    }
-
-    /// The views an update works on: the compute copy, the gradients, the norm's
-    /// scratch.
-    pub fn update_views(&self, be: &B) -> Result<UpdateViews<'_, T>, GpuError> {
-        Ok(UpdateViews {
-            params: be.all(&self.bufs.params),
-            grads: be.all(&self.bufs.grads),
-            squares: self.bufs.f(be, self.layout.grad_norm)?,
-            partials: self.bufs.f(be, self.layout.partials)?,
-        })
     }
 
     fn stats(&self, be: &B, s: [Span; 2]) -> Result<Stats<'_>, GpuError> {
@@ -131,44 +98,6 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
             h: self.dims.n_head as i32,
             d: d as i32,
         }
-    }
-
-    /// The training forward of one micro-batch and its loss without a gradient: the
-    /// summed loss of the valid targets, how many are the top-1 logit, how many there are
-    /// (as stoker-kernels' `GptStep::evaluate`).
-    pub fn evaluate(&self, be: &B, batch: TokenBatch) -> Result<(f64, usize, usize), GpuError> {
-        buffers::evaluate(self, be, OP, batch)
-    }
-
-    /// Forward and backward of one micro-batch: adds the gradient of `grad_scale x
-    /// (summed token loss)` to the gradients and returns the summed loss of the valid
-    /// targets (unscaled), as stoker-kernels' `GptStep::forward_backward`.
-    pub fn forward_backward(
-        &self,
-        be: &B,
-        batch: TokenBatch,
-        grad_scale: f32,
-    ) -> Result<f64, GpuError> {
-        buffers::forward_backward(self, be, OP, batch, grad_scale)
-    }
-
-    /// [`Self::forward_backward`] queued without reading the loss back: the micro-batch's
-    /// summed loss is written to the step's loss sum on the backend, or added to it with
-    /// `add_loss` (a window's micro-batches, read once by [`Self::loss_sum`]).
-    pub fn queue_micro_batch(
-        &self,
-        be: &B,
-        batch: TokenBatch,
-        grad_scale: f32,
-        add_loss: bool,
-    ) -> Result<(), GpuError> {
-        buffers::queue_micro_batch(self, be, OP, (batch, grad_scale), add_loss)
-    }
-
-    /// The loss sum the micro-batches queued since the last one without `add_loss`
-    /// wrote (waits for every launch so far).
-    pub fn loss_sum(&self, be: &B) -> Result<f64, GpuError> {
-        buffers::read_loss(self, be)
     }
 
     /// `y = x W^T + b` for the linear layer at `wb` (`W` `[out, inp]`).
@@ -306,6 +235,10 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
             PARTIAL_WARPS,
         )
     }
+}
+
+impl<B: Backend, T: Act> GptGpuStep<B, T> {
+    token_step_api!("GptStep");
 }
 
 impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {

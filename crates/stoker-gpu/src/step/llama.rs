@@ -90,34 +90,6 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         })
     }
 
-    /// The step's buffers: loading parameters, reading gradients, their bytes.
-    pub fn buffers(&self) -> &StepBuffers<B, T> {
-        &self.bufs
-    }
-
-    /// The update after an accumulation window (the GPT step's: [`optimizer::update`]).
-    pub fn update(
-        &self,
-        be: &B,
-        opt: &OptimizerState<B>,
-        scalars: &Scalars,
-        unscale: f32,
-        clip: Option<f64>,
-    ) -> Result<f64, GpuError> {
-        optimizer::update(be, opt, self.update_views(be)?, scalars, unscale, clip)
-    }
-
-    /// The views an update works on: the compute copy, the gradients, the norm's
-    /// scratch.
-    pub fn update_views(&self, be: &B) -> Result<UpdateViews<'_, T>, GpuError> {
-        Ok(UpdateViews {
-            params: be.all(&self.bufs.params),
-            grads: be.all(&self.bufs.grads),
-            squares: self.bufs.f(be, self.layout.grad_norm)?,
-            partials: self.bufs.f(be, self.layout.partials)?,
-        })
-    }
-
     fn heads(&self) -> Heads {
         let d = self.dims.head_dim();
         Heads {
@@ -130,44 +102,6 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
 
     fn kv(&self) -> usize {
         self.dims.n_kv_head * self.dims.head_dim()
-    }
-
-    /// The training forward of one micro-batch and its loss without a gradient: the
-    /// summed loss of the valid targets, how many are the top-1 logit, how many there are
-    /// (as stoker-kernels' `LlamaStep::evaluate`).
-    pub fn evaluate(&self, be: &B, batch: TokenBatch) -> Result<(f64, usize, usize), GpuError> {
-        buffers::evaluate(self, be, OP, batch)
-    }
-
-    /// Forward and backward of one micro-batch: adds the gradient of `grad_scale x
-    /// (summed token loss)` and returns the summed loss of the valid targets, as
-    /// stoker-kernels' `LlamaStep::forward_backward`.
-    pub fn forward_backward(
-        &self,
-        be: &B,
-        batch: TokenBatch,
-        grad_scale: f32,
-    ) -> Result<f64, GpuError> {
-        buffers::forward_backward(self, be, OP, batch, grad_scale)
-    }
-
-    /// [`Self::forward_backward`] queued without reading the loss back: the micro-batch's
-    /// summed loss is written to the step's loss sum on the backend, or added to it with
-    /// `add_loss` (a window's micro-batches, read once by [`Self::loss_sum`]).
-    pub fn queue_micro_batch(
-        &self,
-        be: &B,
-        batch: TokenBatch,
-        grad_scale: f32,
-        add_loss: bool,
-    ) -> Result<(), GpuError> {
-        buffers::queue_micro_batch(self, be, OP, (batch, grad_scale), add_loss)
-    }
-
-    /// The loss sum the micro-batches queued since the last one without `add_loss`
-    /// wrote (waits for every launch so far).
-    pub fn loss_sum(&self, be: &B) -> Result<f64, GpuError> {
-        buffers::read_loss(self, be)
     }
 
     /// `y = x W^T` (`W` at `w`, `[out, inp]`).
@@ -347,6 +281,10 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
             PARTIAL_WARPS,
         )
     }
+}
+
+impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
+    token_step_api!("LlamaStep");
 }
 
 impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {

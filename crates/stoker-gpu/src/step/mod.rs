@@ -9,6 +9,93 @@
 //! the same losses and gradients within float tolerance); the device backend runs the
 //! same calls on a GPU.
 
+/// The methods the GPT's and the Llama's steps share, written once: their buffers, a
+/// micro-batch (read back at once, or queued), evaluation, and the update. `$cpu` names
+/// the stoker-kernels step each is the twin of. Expanded inside each step's `impl`, where
+/// `OP`, `bufs` and `layout` (with `grad_norm` and `partials`) are the step's own.
+macro_rules! token_step_api {
+    ($cpu:literal) => {
+        /// The step's buffers: loading parameters, reading gradients, their bytes.
+        pub fn buffers(&self) -> &StepBuffers<B, T> {
+            &self.bufs
+        }
+
+        /// The update after an accumulation window: the gradients' norm (the one value
+        /// read back), then the optimizer on every segment of `opt` over the gradients
+        /// times `unscale` (1 / the loss scale) and the clipping coefficient for `clip`
+        /// (torch's `clip_grad_norm_`), the compute copy written from the master ([`optimizer::update`]).
+        /// Returns the unscaled gradient norm.
+        pub fn update(
+            &self,
+            be: &B,
+            opt: &OptimizerState<B>,
+            scalars: &Scalars,
+            unscale: f32,
+            clip: Option<f64>,
+        ) -> Result<f64, GpuError> {
+            optimizer::update(be, opt, self.update_views(be)?, scalars, unscale, clip)
+        }
+
+        /// The views an update works on: the compute copy, the gradients, the norm's
+        /// scratch.
+        pub fn update_views(&self, be: &B) -> Result<UpdateViews<'_, T>, GpuError> {
+            Ok(UpdateViews {
+                params: be.all(&self.bufs.params),
+                grads: be.all(&self.bufs.grads),
+                squares: self.bufs.f(be, self.layout.grad_norm)?,
+                partials: self.bufs.f(be, self.layout.partials)?,
+            })
+        }
+
+        #[doc = concat!(
+            "The training forward of one micro-batch and its loss without a gradient: the\n",
+            "summed loss of the valid targets, how many are the top-1 logit, how many there\n",
+            "are (as stoker-kernels' `", $cpu, "::evaluate`)."
+        )]
+        pub fn evaluate(
+            &self,
+            be: &B,
+            batch: TokenBatch,
+        ) -> Result<(f64, usize, usize), GpuError> {
+            buffers::evaluate(self, be, OP, batch)
+        }
+
+        #[doc = concat!(
+            "Forward and backward of one micro-batch: adds the gradient of `grad_scale x\n",
+            "(summed token loss)` to the gradients and returns the summed loss of the valid\n",
+            "targets (unscaled), as stoker-kernels' `", $cpu, "::forward_backward`."
+        )]
+        pub fn forward_backward(
+            &self,
+            be: &B,
+            batch: TokenBatch,
+            grad_scale: f32,
+        ) -> Result<f64, GpuError> {
+            buffers::forward_backward(self, be, OP, batch, grad_scale)
+        }
+
+        /// [`Self::forward_backward`] queued without reading the loss back: the
+        /// micro-batch's summed loss is written to the step's loss sum on the backend, or
+        /// added to it with `add_loss` (a window's micro-batches, read once by
+        /// [`Self::loss_sum`]).
+        pub fn queue_micro_batch(
+            &self,
+            be: &B,
+            batch: TokenBatch,
+            grad_scale: f32,
+            add_loss: bool,
+        ) -> Result<(), GpuError> {
+            buffers::queue_micro_batch(self, be, OP, (batch, grad_scale), add_loss)
+        }
+
+        /// The loss sum the micro-batches queued since the last one without `add_loss`
+        /// wrote (waits for every launch so far).
+        pub fn loss_sum(&self, be: &B) -> Result<f64, GpuError> {
+            buffers::read_loss(self, be)
+        }
+    };
+}
+
 pub mod attention;
 pub mod buffers;
 pub mod gpt;
