@@ -1,7 +1,7 @@
 //! Matrix products: [`matmul`] checks every operand's extent against its view, then hands
 //! the backend a [`Gemm`] (one batched, strided product as data, row-major, A and B in the
 //! activations' type, C in it or in f32: weight gradients accumulate in f32) and adds
-//! the bias. The host runs products with the `gemm` crate in f32 ([`host_gemm`]), the
+//! the bias. The host runs products with the `gemm` crate in f32 (`host_gemm`), the
 //! device with cuBLAS.
 
 use crate::backend::{Backend, View};

@@ -55,7 +55,7 @@ fn flat(
 pub type Ranges = Vec<(String, std::ops::Range<usize>)>;
 
 /// A GPT of `dims` laid out contiguously in its table's order, parameters drawn as
-/// [`flat`] draws them.
+/// `flat` draws them.
 pub fn gpt(dims: &stoker_kernels::GptDims, seed: u64, scale: f32) -> SampleGpt {
     let (at, params, ranges) = flat(&stoker_kernels::gpt_params(dims), seed, scale);
     let offsets = stoker_kernels::GptOffsets::from_table(dims, |name| at.get(name).copied())
