@@ -301,6 +301,10 @@ fn ranks_and_strategies_train_what_one_rank_trains() {
                     &master,
                     &format!("{what}: compute copy and master"),
                 );
+                eprintln!(
+                    "{what}: master within {:.1e} of its largest value against 1 rank",
+                    stoker_testkit::max_abs_diff(&master, &one.2) / stoker_testkit::max_abs(&one.2)
+                );
                 assert_weights(&master, &one.2, 1e-5, &what);
             }
         }
@@ -525,6 +529,7 @@ fn stochastic_rounding_of_the_bf16_copy_is_stoker_precisions() {
         .zip(&nearest)
         .filter(|(a, b)| a.to_bits() != b.to_bits())
         .count();
+    eprintln!("stochastic rounding: {other_way} of {n} elements round away from nearest");
     assert!(
         other_way * 10 > n && other_way * 10 < 4 * n,
         "{other_way} of {n} elements round away from nearest (expected about a quarter)"
