@@ -375,7 +375,7 @@ fn zero1_with_an_empty_shard_updates_what_ddp_updates() {
                 micro_sq: 1.0,
             };
             let (norm, total) = state
-                .update(&Host, &coll, views, &s, (tally, 4.0), None)
+                .update(&Host, &coll, views, &s, (tally, 4.0), (None, false))
                 .unwrap();
             assert_eq!(total.valid, 4.0, "the tallies summed");
             (
@@ -651,4 +651,220 @@ fn llama_under_zero1_at_3_ranks_trains_what_one_rank_trains() {
         1e-5,
         "the Llama's master, ZeRO-1 at 3 ranks against 1 rank",
     );
+}
+
+/// Records the all-reduces a replica starts (their offsets in the gradients and lengths)
+/// and the finishes, passing everything on to [`ThroughHost`].
+struct Recording<'a, C> {
+    inner: ThroughHost<'a, C>,
+    base: std::cell::Cell<u64>,
+    started: std::cell::RefCell<Vec<Range<usize>>>,
+    finished: std::cell::Cell<usize>,
+}
+
+impl<C: Communicator> Collectives<Host> for Recording<'_, C> {
+    fn rank(&self) -> usize {
+        Collectives::<Host>::rank(&self.inner)
+    }
+    fn world(&self) -> usize {
+        Collectives::<Host>::world(&self.inner)
+    }
+    fn all_reduce(
+        &self,
+        be: &Host,
+        buf: stoker_gpu::View<f32>,
+    ) -> Result<(), stoker_gpu::GpuError> {
+        self.inner.all_reduce(be, buf)
+    }
+    fn start_all_reduce(
+        &self,
+        be: &Host,
+        buf: stoker_gpu::View<f32>,
+    ) -> Result<(), stoker_gpu::GpuError> {
+        let at = ((buf.addr() - self.base.get()) / 4) as usize;
+        self.started.borrow_mut().push(at..at + buf.len());
+        self.inner.all_reduce(be, buf)
+    }
+    fn finish(&self, _: &Host) -> Result<(), stoker_gpu::GpuError> {
+        self.finished.set(self.finished.get() + 1);
+        Ok(())
+    }
+    fn reduce_scatter(
+        &self,
+        be: &Host,
+        input: stoker_gpu::View<f32>,
+        counts: &[usize],
+        out: stoker_gpu::View<f32>,
+    ) -> Result<(), stoker_gpu::GpuError> {
+        self.inner.reduce_scatter(be, input, counts, out)
+    }
+    fn all_gather<E: Act>(
+        &self,
+        be: &Host,
+        buf: stoker_gpu::View<E>,
+        counts: &[usize],
+    ) -> Result<(), stoker_gpu::GpuError> {
+        self.inner.all_gather(be, buf, counts)
+    }
+    fn sum(&self, be: &Host, xs: &[f64]) -> Result<Vec<f64>, stoker_gpu::GpuError> {
+        self.inner.sum(be, xs)
+    }
+}
+
+/// DDP's buckets (torch DDP's overlap): beyond one rank, the last micro-batch's backward
+/// starts each block's all-reduce as soon as the block is done, last block first, then
+/// the parameters outside the blocks, then one finish; together they cover every
+/// gradient exactly once. The weights are those of one all-reduce after the backward,
+/// bit for bit, at 2 and 3 ranks (GPT), and the Llama's buckets cover its buffer too.
+#[test]
+fn ddp_buckets_overlapping_the_backward_sum_what_one_all_reduce_sums() {
+    for world in [2, 3] {
+        let runs = |overlap: bool| {
+            run_local(world, DEFAULT_TIMEOUT, |comm| {
+                let replica = replica_for(&comm, Strategy::Ddp).with_overlap(overlap);
+                let grads = replica.step().update_views(&Host).unwrap().grads;
+                let coll = Recording {
+                    inner: ThroughHost(&comm),
+                    base: std::cell::Cell::new(grads.addr()),
+                    started: Default::default(),
+                    finished: Default::default(),
+                };
+                let per = MICRO / world;
+                let mut starts = Vec::new();
+                for w in 0..2 {
+                    let data = window(w);
+                    let rank = comm.rank();
+                    let mine: Vec<TokenBatch> = data[rank * per..(rank + 1) * per]
+                        .iter()
+                        .map(batch)
+                        .collect();
+                    coll.started.borrow_mut().clear();
+                    replica
+                        .window(
+                            &Host,
+                            &coll,
+                            &mine,
+                            &scalars(Optimizer::AdamW, w as u64 + 1),
+                            Some(0.05),
+                        )
+                        .unwrap();
+                    starts.push(coll.started.borrow().clone());
+                }
+                let master = replica.state().master(&Host).unwrap().1;
+                (
+                    starts,
+                    coll.finished.get(),
+                    master,
+                    replica.step().buffers().params(&Host).unwrap(),
+                )
+            })
+        };
+        let (with, without) = (runs(true), runs(false));
+        let g = gpt(&DIMS, SEED, 0.2);
+        let n = g.params.len();
+        let blocks = {
+            let step =
+                GptGpuStep::<Host, f32>::new(&Host, DIMS, g.offsets.clone(), 1e-5, B, T).unwrap();
+            step.block_runs().to_vec()
+        };
+        for (rank, ((starts, finished, master, params), (none, _, master1, params1))) in
+            with.iter().zip(&without).enumerate()
+        {
+            assert_eq!(*finished, 2, "rank {rank}: one finish a window");
+            assert!(
+                none.iter().all(|s| s.is_empty()),
+                "no buckets without overlap"
+            );
+            for s in starts {
+                let order: Vec<Range<usize>> = blocks.iter().rev().flatten().cloned().collect();
+                assert_eq!(
+                    &s[..order.len()],
+                    &order[..],
+                    "blocks' runs first, last block first"
+                );
+                let mut covered: Vec<Range<usize>> = s.clone();
+                covered.sort_by_key(|r| r.start);
+                let mut at = 0;
+                for r in &covered {
+                    assert_eq!(
+                        r.start, at,
+                        "every gradient reduced once, in runs {covered:?}"
+                    );
+                    at = r.end;
+                }
+                assert_eq!(at, n);
+            }
+            assert_bits_eq(
+                master,
+                master1,
+                &format!("{world} ranks: master, buckets against one all-reduce"),
+            );
+            assert_bits_eq(params, params1, &format!("{world} ranks: compute copy"));
+        }
+    }
+    let llama = stoker_kernels::LlamaDims {
+        vocab: 53,
+        context: 8,
+        d_model: 16,
+        n_layer: 3,
+        n_head: 4,
+        n_kv_head: 2,
+        ffn_hidden: 24,
+    };
+    let g = stoker_gpu::sample::llama(&llama, 5, 0.2);
+    let step = stoker_gpu::step::LlamaGpuStep::<Host, f32>::new(
+        &Host,
+        llama,
+        g.offsets.clone(),
+        1e-5,
+        1e4,
+        1,
+        4,
+    )
+    .unwrap();
+    let blocks = step.block_runs();
+    assert_eq!(blocks.len(), 3);
+    let inside: usize = blocks.iter().flatten().map(|r| r.len()).sum();
+    let outside: usize = g
+        .ranges
+        .iter()
+        .filter(|(name, _)| !name.contains("layers."))
+        .map(|(_, r)| r.len())
+        .sum();
+    assert_eq!(
+        inside + outside,
+        g.params.len(),
+        "the Llama's blocks and the rest tile it"
+    );
+    assert!(
+        blocks.iter().all(|b| b.len() == 1),
+        "each block one run: {blocks:?}"
+    );
+}
+
+/// A rank with no micro-batch in a window, beside one with two, under DDP's buckets: it
+/// still joins each block's all-reduce (nothing waits for it), and both refuse the window.
+#[test]
+fn an_empty_rank_joins_the_buckets_and_the_window_is_refused() {
+    let errs = run_local(2, DEFAULT_TIMEOUT, |comm| {
+        let replica = replica_for(&comm, Strategy::Ddp);
+        let data = window(0);
+        let mine: Vec<TokenBatch> = match comm.rank() {
+            0 => Vec::new(),
+            _ => data[..2].iter().map(batch).collect(),
+        };
+        replica
+            .window(
+                &Host,
+                &ThroughHost(&comm),
+                &mine,
+                &scalars(Optimizer::AdamW, 1),
+                None,
+            )
+            .unwrap_err()
+            .to_string()
+    });
+    for e in errs {
+        assert!(e.contains("ran different numbers of micro-batches"), "{e}");
+    }
 }

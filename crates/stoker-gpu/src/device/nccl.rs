@@ -9,7 +9,9 @@
 
 use std::cell::RefCell;
 
-use cudarc::driver::{CudaSlice, DevicePtr};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr};
 use cudarc::nccl::{result, sys};
 use stoker_comm::{CommExt, Communicator};
 
@@ -27,6 +29,14 @@ pub struct DeviceNccl<'d> {
     world: usize,
     /// [`MAX_SCALARS`] f64 on the device: the scalar sums' buffer, made once.
     scalar: RefCell<CudaSlice<f64>>,
+    /// The stream DDP's buckets reduce on, beside the compute stream (non-blocking: the
+    /// legacy stream does not wait for it, nor it for the legacy stream, but through
+    /// the events below).
+    comm_stream: Arc<CudaStream>,
+    /// Recorded on the compute stream before a bucket starts; the comm stream waits it.
+    ready: CudaEvent,
+    /// Recorded on the comm stream at `finish`; the compute stream waits it.
+    done: CudaEvent,
 }
 
 fn nccl_err(what: impl Into<String>) -> impl FnOnce(result::NcclError) -> GpuError {
@@ -98,6 +108,18 @@ impl<'d> DeviceNccl<'d> {
                     what: "allocating NCCL's scalar".into(),
                     error: e.to_string(),
                 })?;
+        let ctx = dev.stream().context().clone();
+        let comm_stream = ctx.new_stream().map_err(|e| GpuError::Driver {
+            what: "making NCCL's stream".into(),
+            error: e.to_string(),
+        })?;
+        let event = || {
+            ctx.new_event(None).map_err(|e| GpuError::Driver {
+                what: "making an event".into(),
+                error: e.to_string(),
+            })
+        };
+        let (ready, done) = (event()?, event()?);
         dev.bind()?;
         let mut comm: sys::ncclComm_t = std::ptr::null_mut();
         // SAFETY: `comm` is a valid place for the handle; the id is the one every rank
@@ -111,6 +133,9 @@ impl<'d> DeviceNccl<'d> {
             rank,
             world,
             scalar: RefCell::new(scalar),
+            comm_stream,
+            ready,
+            done,
         })
     }
 
@@ -157,8 +182,9 @@ impl<'d> DeviceNccl<'d> {
 impl Drop for DeviceNccl<'_> {
     fn drop(&mut self) {
         // SAFETY: the handle came from ncclCommInitRank and is destroyed once, here,
-        // after every call on it was enqueued on the stream (synchronized first).
+        // after every call on it has finished (both its streams synchronized first).
         let _ = self.dev.synchronize();
+        let _ = self.comm_stream.synchronize();
         let _ = unsafe { result::comm_destroy(self.comm) };
     }
 }
@@ -189,6 +215,52 @@ impl Collectives<Device> for DeviceNccl<'_> {
         }
         .map(drop)
         .map_err(nccl_err(format!("all-reducing {} gradients", buf.len())))
+    }
+
+    fn start_all_reduce(&self, be: &Device, buf: View<f32>) -> Result<(), GpuError> {
+        self.check_device(be)?;
+        let driver = |what: &'static str| {
+            move |e: cudarc::driver::DriverError| GpuError::Driver {
+                what: what.into(),
+                error: e.to_string(),
+            }
+        };
+        // The bucket's gradients are final once the compute stream reaches here.
+        self.ready
+            .record(be.stream())
+            .map_err(driver("recording a bucket's event"))?;
+        self.comm_stream
+            .wait(&self.ready)
+            .map_err(driver("ordering a bucket after its backward"))?;
+        // SAFETY: `buf` lies in a live buffer of `be` (checked: the communicator's
+        // device), in place; ordered on the comm stream after the event above, and the
+        // compute stream leaves it alone until `finish` orders it after this.
+        unsafe {
+            result::all_reduce(
+                ptr(&buf, 0),
+                ptr(&buf, 0),
+                buf.len(),
+                sys::ncclDataType_t::ncclFloat32,
+                sys::ncclRedOp_t::ncclSum,
+                self.comm,
+                self.comm_stream.cu_stream() as sys::cudaStream_t,
+            )
+        }
+        .map(drop)
+        .map_err(nccl_err(format!(
+            "all-reducing a bucket of {} gradients",
+            buf.len()
+        )))
+    }
+
+    fn finish(&self, be: &Device) -> Result<(), GpuError> {
+        self.check_device(be)?;
+        let err = |e: cudarc::driver::DriverError| GpuError::Driver {
+            what: "ordering the compute stream after the buckets".into(),
+            error: e.to_string(),
+        };
+        self.done.record(&self.comm_stream).map_err(err)?;
+        be.stream().wait(&self.done).map_err(err)
     }
 
     fn reduce_scatter(

@@ -19,6 +19,17 @@ pub trait Collectives<B: Backend> {
     fn world(&self) -> usize;
     /// Replaces `buf` on every rank by its sum over the ranks.
     fn all_reduce(&self, be: &B, buf: View<f32>) -> Result<(), GpuError>;
+    /// Starts [`Collectives::all_reduce`] of `buf` after every launch so far, without
+    /// holding back later launches (which must leave `buf` alone until
+    /// [`Collectives::finish`]): DDP's bucket overlapping the rest of the backward. The
+    /// default runs it at once.
+    fn start_all_reduce(&self, be: &B, buf: View<f32>) -> Result<(), GpuError> {
+        self.all_reduce(be, buf)
+    }
+    /// Orders every later launch after the reductions started so far.
+    fn finish(&self, _be: &B) -> Result<(), GpuError> {
+        Ok(())
+    }
     /// Sums `input` (the same length on every rank) over the ranks and leaves this rank's
     /// piece of the sum in `out`: piece `r` is `counts[r]` elements, rank order.
     fn reduce_scatter(

@@ -60,6 +60,12 @@ impl<B: Backend> DataParallel<B> {
         })
     }
 
+    /// Whether the window's buckets all-reduce the gradients during the backward (DDP
+    /// beyond one rank).
+    pub fn reduces_in_backward(&self, world: usize) -> bool {
+        matches!(self, DataParallel::Ddp(_)) && world > 1
+    }
+
     /// The range of the flat buffer this rank's master covers, and its values.
     pub fn master(&self, be: &B) -> Result<(Range<usize>, Vec<f32>), GpuError> {
         match self {
@@ -77,12 +83,12 @@ impl<B: Backend> DataParallel<B> {
     }
 
     /// The update of `views` (this rank's accumulated gradients, each micro-batch's
-    /// scaled by 1 / `capacity`, not yet reduced) with this rank's `tally`: the reduction
-    /// over `coll`'s ranks, the tallies summed (one scalar collective), the gradients
-    /// rescaled to the mean over the valid targets inside the optimizer's multiplier,
-    /// the optimizer. Returns the unscaled norm of the mean gradient (before clipping)
-    /// and the summed tally.
-    #[allow(clippy::too_many_arguments)]
+    /// scaled by 1 / `capacity`; under DDP already all-reduced when `reduced`, as the
+    /// window's buckets leave them) with this rank's `tally`: the reduction over `coll`'s
+    /// ranks, the tallies summed (one scalar collective), the gradients rescaled to the
+    /// mean over the valid targets inside the optimizer's multiplier, the optimizer.
+    /// Returns the unscaled norm of the mean gradient (before clipping) and the summed
+    /// tally.
     pub fn update<T: Act>(
         &self,
         be: &B,
@@ -90,13 +96,13 @@ impl<B: Backend> DataParallel<B> {
         views: UpdateViews<T>,
         scalars: &Scalars,
         (tally, capacity): (Tally, f64),
-        clip: Option<f64>,
+        (clip, reduced): (Option<f64>, bool),
     ) -> Result<(f64, Tally), GpuError> {
         match self {
             DataParallel::Ddp(opt) => {
                 let total = Tally::from_values(&coll.sum(be, &tally.values())?);
                 let unscale = total.rescale(coll.world(), capacity)?;
-                if coll.world() > 1 {
+                if coll.world() > 1 && !reduced {
                     coll.all_reduce(be, views.grads)?;
                 }
                 let norm = optimizer::update(be, opt, views, scalars, unscale, clip)?;

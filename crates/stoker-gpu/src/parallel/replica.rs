@@ -16,6 +16,8 @@ use super::tally::Tally;
 use crate::backend::Backend;
 use crate::elem::Act;
 use crate::error::GpuError;
+use crate::step::block_runs::{merge_runs, outside_blocks};
+use crate::step::buffers::AfterBlock;
 use crate::step::optimizer::{Optimizer, Scalars, UpdateViews};
 use crate::step::{GptGpuStep, LlamaGpuStep, TokenBatch};
 
@@ -33,14 +35,17 @@ pub trait Trainable<B: Backend> {
     fn zero_grads(&self, be: &B) -> Result<(), GpuError>;
     /// Queues one micro-batch: adds its gradient of `grad_scale x (summed loss)`, and
     /// writes its summed loss to the step's loss sum (or adds it, with `add_loss`),
-    /// without waiting for the backend.
+    /// without waiting for the backend; `after_block` gets each block's parameter runs
+    /// once the backward has queued their last gradient.
     fn queue_micro_batch(
         &self,
         be: &B,
-        batch: TokenBatch,
-        grad_scale: f32,
+        micro: (TokenBatch, f32),
         add_loss: bool,
+        after_block: AfterBlock<'_>,
     ) -> Result<(), GpuError>;
+    /// Each block's parameters as runs of the flat buffer.
+    fn block_runs(&self) -> &[Vec<Range<usize>>];
     /// The loss sum of the micro-batches queued since the last without `add_loss`.
     fn loss_sum(&self, be: &B) -> Result<f64, GpuError>;
     /// The views an update works on.
@@ -66,11 +71,14 @@ macro_rules! trainable {
             fn queue_micro_batch(
                 &self,
                 be: &B,
-                batch: TokenBatch,
-                grad_scale: f32,
+                micro: (TokenBatch, f32),
                 add_loss: bool,
+                after_block: AfterBlock<'_>,
             ) -> Result<(), GpuError> {
-                $t::queue_micro_batch(self, be, batch, grad_scale, add_loss)
+                $t::queue_micro_batch(self, be, micro, add_loss, after_block)
+            }
+            fn block_runs(&self) -> &[Vec<Range<usize>>] {
+                $t::block_runs(self)
             }
             fn loss_sum(&self, be: &B) -> Result<f64, GpuError> {
                 $t::loss_sum(self, be)
@@ -100,6 +108,10 @@ pub struct WindowReport {
 pub struct Replica<B: Backend, S: Trainable<B>> {
     step: S,
     state: DataParallel<B>,
+    /// The parameters outside every block (embeddings, final norm, head), as runs.
+    rest: Vec<Range<usize>>,
+    /// Whether DDP's buckets overlap the backward (on by default).
+    overlap: bool,
 }
 
 impl<B: Backend, S: Trainable<B>> Replica<B, S> {
@@ -116,7 +128,21 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
     ) -> Result<Self, GpuError> {
         step.load(be, master)?;
         let state = DataParallel::new(be, strategy, kind, master, segments, rank_world)?;
-        Ok(Replica { step, state })
+        let rest = buckets_rest(step.block_runs(), master.len())?;
+        Ok(Replica {
+            step,
+            state,
+            rest,
+            overlap: true,
+        })
+    }
+
+    /// This replica with DDP's per-block all-reduces started as the last micro-batch's
+    /// backward finishes each block (`true`, the default: torch DDP's buckets), or one
+    /// all-reduce after the backward (`false`). The same sums either way.
+    pub fn with_overlap(mut self, overlap: bool) -> Self {
+        self.overlap = overlap;
+        self
     }
 
     /// This replica with its bf16 compute copy rounded stochastically under `seed` after
@@ -156,10 +182,35 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
             ..Tally::default()
         };
         // Queued back to back: the host checks and groups the next micro-batch's ids
-        // while the backend runs this one; the window's loss is read once, after.
+        // while the backend runs this one; the window's loss is read once, after. Under
+        // DDP the last micro-batch's backward starts each block's all-reduce as soon as
+        // the block is done, and the rest follows it.
+        let buckets = self.overlap && self.state.reduces_in_backward(coll.world());
+        let grads = self.step.update_views(be)?.grads;
+        let mut start = |runs: &[Range<usize>]| -> Result<(), GpuError> {
+            runs.iter()
+                .try_for_each(|r| coll.start_all_reduce(be, grads.slice(r.clone())?))
+        };
         for (j, batch) in micro.iter().enumerate() {
-            self.step.queue_micro_batch(be, *batch, grad_scale, j > 0)?;
+            let last = buckets && j + 1 == micro.len();
+            let after_block: AfterBlock<'_> = match last {
+                true => &mut start,
+                false => &mut |_| Ok(()),
+            };
+            self.step
+                .queue_micro_batch(be, (*batch, grad_scale), j > 0, after_block)?;
             tally.valid += batch.targets.iter().filter(|&&t| t != batch.ignore).count() as f64;
+        }
+        if buckets {
+            // A rank without micro-batches (refused below, with every rank) still joins
+            // each block's all-reduce, in the backward's order.
+            if micro.is_empty() {
+                for runs in self.step.block_runs().iter().rev() {
+                    start(runs)?;
+                }
+            }
+            start(&self.rest)?;
+            coll.finish(be)?;
         }
         if !micro.is_empty() {
             tally.loss = self.step.loss_sum(be)?;
@@ -167,11 +218,34 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         let views = self.step.update_views(be)?;
         let (grad_norm, total) =
             self.state
-                .update(be, coll, views, scalars, (tally, capacity), clip)?;
+                .update(be, coll, views, scalars, (tally, capacity), (clip, buckets))?;
         Ok(WindowReport {
             loss: total.loss / total.valid,
             tokens: total.valid as u64,
             grad_norm,
         })
     }
+}
+
+/// The runs of a flat buffer of `end` elements outside every block's runs, after checking
+/// that the blocks' runs lie inside it and overlap nowhere (an element reduced twice
+/// would be summed twice).
+fn buckets_rest(blocks: &[Vec<Range<usize>>], end: usize) -> Result<Vec<Range<usize>>, GpuError> {
+    let pieces: Vec<(usize, usize)> = blocks
+        .iter()
+        .flatten()
+        .map(|r| (r.start, r.len()))
+        .collect();
+    let total: usize = pieces.iter().map(|p| p.1).sum();
+    let merged = merge_runs(pieces);
+    let covered: usize = merged.iter().map(|r| r.len()).sum();
+    if covered != total || merged.last().is_some_and(|r| r.end > end) {
+        return Err(GpuError::Shape {
+            kernel: "replica",
+            what: format!(
+                "blocks' parameter runs overlap or pass the buffer's {end} elements: {blocks:?}"
+            ),
+        });
+    }
+    Ok(outside_blocks(blocks, end))
 }

@@ -209,6 +209,9 @@ pub(crate) fn loss_and_grad<B: Backend, T: Act>(
     )
 }
 
+/// What a backward calls with a block's parameter runs once their gradients are final.
+pub type AfterBlock<'a> = &'a mut dyn FnMut(&[std::ops::Range<usize>]) -> Result<(), GpuError>;
+
 /// What a step tells [`queue_micro_batch`]: its buffers, shape, loss spans, and its own
 /// forward and backward.
 pub(crate) trait TokenModel<B: Backend, T: Act> {
@@ -220,8 +223,14 @@ pub(crate) trait TokenModel<B: Backend, T: Act> {
     fn loss_spans(&self) -> LossSpans;
     /// The forward to the logits.
     fn forward(&self, be: &B, tokens: &Ids<B>) -> Result<(), GpuError>;
-    /// The backward from the logits' gradient.
-    fn backward(&self, be: &B, groups: &Groups<B>) -> Result<(), GpuError>;
+    /// The backward from the logits' gradient, calling `after_block` with each block's
+    /// parameter runs as soon as the block's gradients are final (last block first).
+    fn backward(
+        &self,
+        be: &B,
+        groups: &Groups<B>,
+        after_block: AfterBlock<'_>,
+    ) -> Result<(), GpuError>;
 }
 
 /// One micro-batch through a step: its ids written, the forward, the loss and the
@@ -235,6 +244,7 @@ pub(crate) fn queue_micro_batch<B: Backend, T: Act>(
     op: &'static str,
     (batch, grad_scale): (TokenBatch, f32),
     add_loss: bool,
+    after_block: AfterBlock<'_>,
 ) -> Result<(), GpuError> {
     let mut ids = m.bufs().ids.borrow_mut();
     ids.load(be, op, batch, true)?;
@@ -242,7 +252,7 @@ pub(crate) fn queue_micro_batch<B: Backend, T: Act>(
     m.forward(be, &ids.tokens)?;
     let spans = m.loss_spans();
     loss_and_grad(be, m.bufs(), spans, &ids, vocab, grad_scale, add_loss)?;
-    m.backward(be, &ids.groups)
+    m.backward(be, &ids.groups, after_block)
 }
 
 /// The step's loss sum, read back (waits for every launch so far).
@@ -261,7 +271,7 @@ pub(crate) fn forward_backward<B: Backend, T: Act>(
     batch: TokenBatch,
     grad_scale: f32,
 ) -> Result<f64, GpuError> {
-    queue_micro_batch(m, be, op, (batch, grad_scale), false)?;
+    queue_micro_batch(m, be, op, (batch, grad_scale), false, &mut |_| Ok(()))?;
     read_loss(m, be)
 }
 

@@ -6,7 +6,7 @@
 use stoker_kernels::gpt::BlockOffsets;
 use stoker_kernels::{GptDims, GptOffsets};
 
-use super::buffers::{self, LossSpans, StepBuffers, TokenModel};
+use super::buffers::{self, AfterBlock, LossSpans, StepBuffers, TokenModel};
 use super::layout::{ActLayout, Span, PARTIAL_WARPS};
 use super::optimizer::{self, OptimizerState, Scalars, UpdateViews};
 use crate::backend::{Backend, View};
@@ -29,6 +29,8 @@ pub struct GptGpuStep<B: Backend, T: Act> {
     t: usize,
     layout: ActLayout,
     bufs: StepBuffers<B, T>,
+    /// Each block's parameters as runs of the flat buffer (see `block_runs`).
+    blocks: Vec<Vec<std::ops::Range<usize>>>,
 }
 
 const OP: &str = "gpt-gpu-step";
@@ -62,7 +64,30 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
             )));
         }
         let layout = ActLayout::new(&dims, batch, t, padded_vocab(dims.vocab));
+        let c = dims.d_model;
+        let blocks = offsets
+            .blocks()
+            .iter()
+            .map(|b| {
+                let [l1, qkv, proj, l2, fc, fp] = [b.ln1, b.qkv, b.proj, b.ln2, b.fc, b.fc_proj];
+                super::block_runs::merge_runs(vec![
+                    (l1[0], c),
+                    (l1[1], c),
+                    (qkv[0], 3 * c * c),
+                    (qkv[1], 3 * c),
+                    (proj[0], c * c),
+                    (proj[1], c),
+                    (l2[0], c),
+                    (l2[1], c),
+                    (fc[0], 4 * c * c),
+                    (fc[1], 4 * c),
+                    (fp[0], 4 * c * c),
+                    (fp[1], c),
+                ])
+            })
+            .collect();
         Ok(GptGpuStep {
+            blocks,
             bufs: StepBuffers::new(
                 be,
                 offsets.end(),
@@ -350,7 +375,12 @@ impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {
         )
     }
 
-    fn backward(&self, be: &B, groups: &Groups<B>) -> Result<(), GpuError> {
+    fn backward(
+        &self,
+        be: &B,
+        groups: &Groups<B>,
+        after_block: AfterBlock<'_>,
+    ) -> Result<(), GpuError> {
         let (c, v, n) = (self.dims.d_model, self.dims.vocab, self.batch * self.t);
         let (o, lay) = (&self.offsets, &self.layout);
         let wte = self.bufs.p(be, o.wte(), v * c)?;
@@ -398,6 +428,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {
             self.attention_back(be, s)?;
             self.linear_back(be, Some(lay.dnc), lay.dqkv, s.ln1, bo.qkv, (c, 3 * c))?;
             self.ln_back(be, lay.dnc, s.resid_in, bo.ln1, st.ln1)?;
+            after_block(&self.blocks[l])?;
         }
         let dres = self.bufs.a(be, lay.dres)?;
         kernels::encoder_backward_wpe(

@@ -8,7 +8,7 @@
 use stoker_kernels::{LlamaDims, LlamaOffsets};
 
 use super::attention::{self, Qkv};
-use super::buffers::{self, LossSpans, StepBuffers, TokenModel};
+use super::buffers::{self, AfterBlock, LossSpans, StepBuffers, TokenModel};
 use super::layout::{Span, PARTIAL_WARPS};
 use super::linear::{self, Linear};
 use super::llama_layout::{LlamaBlockActs, LlamaLayout};
@@ -36,6 +36,8 @@ pub struct LlamaGpuStep<B: Backend, T: Act> {
     t: usize,
     layout: LlamaLayout,
     bufs: StepBuffers<B, T>,
+    /// Each block's parameters as runs of the flat buffer (see `block_runs`).
+    blocks: Vec<Vec<std::ops::Range<usize>>>,
 }
 
 impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
@@ -79,7 +81,27 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         let (cos, sin) = stoker_kernels::rope::tables(t, dims.head_dim(), rope_theta);
         be.write(&bufs.floats, layout.cos.start, &cos)?;
         be.write(&bufs.floats, layout.sin.start, &sin)?;
+        let (c, f) = (dims.d_model, dims.ffn_hidden);
+        let kv = dims.n_kv_head * dims.head_dim();
+        let blocks = offsets
+            .blocks()
+            .iter()
+            .map(|b| {
+                super::block_runs::merge_runs(vec![
+                    (b.input_norm, c),
+                    (b.q, c * c),
+                    (b.k, kv * c),
+                    (b.v, kv * c),
+                    (b.o, c * c),
+                    (b.post_norm, c),
+                    (b.gate, f * c),
+                    (b.up, f * c),
+                    (b.down, c * f),
+                ])
+            })
+            .collect();
         Ok(LlamaGpuStep {
+            blocks,
             bufs,
             dims,
             offsets,
@@ -392,7 +414,12 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
         )
     }
 
-    fn backward(&self, be: &B, groups: &Groups<B>) -> Result<(), GpuError> {
+    fn backward(
+        &self,
+        be: &B,
+        groups: &Groups<B>,
+        after_block: AfterBlock<'_>,
+    ) -> Result<(), GpuError> {
         let d = self.dims;
         let (c, v, f, kv, n) = (
             d.d_model,
@@ -448,6 +475,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
             self.linear_back(be, lay.dnc, true, lay.dk, s.h1, bo.k, (c, kv))?;
             self.linear_back(be, lay.dnc, true, lay.dv, s.h1, bo.v, (c, kv))?;
             self.norm_back(be, lay.dnc, s.resid_in, bo.input_norm, s.rstd[0])?;
+            after_block(&self.blocks[l])?;
         }
         kernels::encoder_backward_wte(
             be,

@@ -77,15 +77,21 @@ macro_rules! token_step_api {
         /// [`Self::forward_backward`] queued without reading the loss back: the
         /// micro-batch's summed loss is written to the step's loss sum on the backend, or
         /// added to it with `add_loss` (a window's micro-batches, read once by
-        /// [`Self::loss_sum`]).
+        /// [`Self::loss_sum`]); `after_block` is called with each block's parameter runs
+        /// as soon as the backward has queued their last gradient (DDP's buckets).
         pub fn queue_micro_batch(
             &self,
             be: &B,
-            batch: TokenBatch,
-            grad_scale: f32,
+            (batch, grad_scale): (TokenBatch, f32),
             add_loss: bool,
+            after_block: buffers::AfterBlock<'_>,
         ) -> Result<(), GpuError> {
-            buffers::queue_micro_batch(self, be, OP, (batch, grad_scale), add_loss)
+            buffers::queue_micro_batch(self, be, OP, (batch, grad_scale), add_loss, after_block)
+        }
+
+        /// Each block's parameters as runs of the flat buffer, block order.
+        pub fn block_runs(&self) -> &[Vec<std::ops::Range<usize>>] {
+            &self.blocks
         }
 
         /// The loss sum the micro-batches queued since the last one without `add_loss`
@@ -97,6 +103,7 @@ macro_rules! token_step_api {
 }
 
 pub mod attention;
+pub mod block_runs;
 pub mod buffers;
 pub mod gpt;
 pub mod layout;
