@@ -676,7 +676,7 @@ impl<C: Communicator> Collectives<Host> for Recording<'_, C> {
     ) -> Result<(), stoker_gpu::GpuError> {
         self.inner.all_reduce(be, buf)
     }
-    fn start_all_reduce(
+    unsafe fn start_all_reduce(
         &self,
         be: &Host,
         buf: stoker_gpu::View<f32>,

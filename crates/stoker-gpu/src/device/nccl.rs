@@ -217,7 +217,7 @@ impl Collectives<Device> for DeviceNccl<'_> {
         .map_err(nccl_err(format!("all-reducing {} gradients", buf.len())))
     }
 
-    fn start_all_reduce(&self, be: &Device, buf: View<f32>) -> Result<(), GpuError> {
+    unsafe fn start_all_reduce(&self, be: &Device, buf: View<f32>) -> Result<(), GpuError> {
         self.check_device(be)?;
         let driver = |what: &'static str| {
             move |e: cudarc::driver::DriverError| GpuError::Driver {
@@ -233,8 +233,8 @@ impl Collectives<Device> for DeviceNccl<'_> {
             .wait(&self.ready)
             .map_err(driver("ordering a bucket after its backward"))?;
         // SAFETY: `buf` lies in a live buffer of `be` (checked: the communicator's
-        // device), in place; ordered on the comm stream after the event above, and the
-        // compute stream leaves it alone until `finish` orders it after this.
+        // device), in place; ordered on the comm stream after the event above; the
+        // caller's contract keeps it alive and unwritten until `finish`.
         unsafe {
             result::all_reduce(
                 ptr(&buf, 0),

@@ -20,10 +20,13 @@ pub trait Collectives<B: Backend> {
     /// Replaces `buf` on every rank by its sum over the ranks.
     fn all_reduce(&self, be: &B, buf: View<f32>) -> Result<(), GpuError>;
     /// Starts [`Collectives::all_reduce`] of `buf` after every launch so far, without
-    /// holding back later launches (which must leave `buf` alone until
-    /// [`Collectives::finish`]): DDP's bucket overlapping the rest of the backward. The
-    /// default runs it at once.
-    fn start_all_reduce(&self, be: &B, buf: View<f32>) -> Result<(), GpuError> {
+    /// holding back later launches: DDP's bucket overlapping the rest of the backward.
+    /// The default runs it at once.
+    ///
+    /// # Safety
+    /// Until [`Collectives::finish`] is called, nothing may write `buf`, and its buffer
+    /// must stay alive: on a device the reduction may still be running.
+    unsafe fn start_all_reduce(&self, be: &B, buf: View<f32>) -> Result<(), GpuError> {
         self.all_reduce(be, buf)
     }
     /// Orders every later launch after the reductions started so far.

@@ -16,7 +16,7 @@ use super::tally::Tally;
 use crate::backend::Backend;
 use crate::elem::Act;
 use crate::error::GpuError;
-use crate::step::block_runs::{merge_runs, outside_blocks};
+use crate::step::block_runs::outside_blocks;
 use crate::step::buffers::AfterBlock;
 use crate::step::optimizer::{Optimizer, Scalars, UpdateViews};
 use crate::step::{GptGpuStep, LlamaGpuStep, TokenBatch};
@@ -128,7 +128,11 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
     ) -> Result<Self, GpuError> {
         step.load(be, master)?;
         let state = DataParallel::new(be, strategy, kind, master, segments, rank_world)?;
-        let rest = buckets_rest(step.block_runs(), master.len())?;
+        // Only DDP beyond one rank reduces by blocks.
+        let rest = match state.reduces_in_backward(rank_world.1) {
+            true => buckets_rest(step.block_runs(), master.len())?,
+            false => Vec::new(),
+        };
         Ok(Replica {
             step,
             state,
@@ -139,7 +143,8 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
 
     /// This replica with DDP's per-block all-reduces started as the last micro-batch's
     /// backward finishes each block (`true`, the default: torch DDP's buckets), or one
-    /// all-reduce after the backward (`false`). The same sums either way.
+    /// all-reduce after the backward (`false`). The same sums on the host, bit for bit;
+    /// NCCL's may differ in rounding (its order of adding ranks depends on the size).
     pub fn with_overlap(mut self, overlap: bool) -> Self {
         self.overlap = overlap;
         self
@@ -188,30 +193,44 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         let buckets = self.overlap && self.state.reduces_in_backward(coll.world());
         let grads = self.step.update_views(be)?.grads;
         let mut start = |runs: &[Range<usize>]| -> Result<(), GpuError> {
-            runs.iter()
-                .try_for_each(|r| coll.start_all_reduce(be, grads.slice(r.clone())?))
+            runs.iter().try_for_each(|r| {
+                let bucket = grads.slice(r.clone())?;
+                // SAFETY: a block's runs are final when the backward calls back (and the
+                // rest when it has returned): nothing queued before `finish` below writes
+                // them again, and the gradients outlive it (the step's own buffer).
+                unsafe { coll.start_all_reduce(be, bucket) }
+            })
         };
-        for (j, batch) in micro.iter().enumerate() {
-            let last = buckets && j + 1 == micro.len();
-            let after_block: AfterBlock<'_> = match last {
-                true => &mut start,
-                false => &mut |_| Ok(()),
-            };
-            self.step
-                .queue_micro_batch(be, (*batch, grad_scale), j > 0, after_block)?;
-            tally.valid += batch.targets.iter().filter(|&&t| t != batch.ignore).count() as f64;
-        }
-        if buckets {
-            // A rank without micro-batches (refused below, with every rank) still joins
-            // each block's all-reduce, in the backward's order.
-            if micro.is_empty() {
-                for runs in self.step.block_runs().iter().rev() {
-                    start(runs)?;
-                }
+        let mut queued = || -> Result<(), GpuError> {
+            for (j, batch) in micro.iter().enumerate() {
+                let last = buckets && j + 1 == micro.len();
+                let after_block: AfterBlock<'_> = match last {
+                    true => &mut start,
+                    false => &mut |_| Ok(()),
+                };
+                self.step
+                    .queue_micro_batch(be, (*batch, grad_scale), j > 0, after_block)?;
+                tally.valid += batch.targets.iter().filter(|&&t| t != batch.ignore).count() as f64;
             }
-            start(&self.rest)?;
+            if buckets {
+                // A rank without micro-batches (refused below, with every rank) still
+                // joins each block's all-reduce, in the backward's order.
+                if micro.is_empty() {
+                    for runs in self.step.block_runs().iter().rev() {
+                        start(runs)?;
+                    }
+                }
+                start(&self.rest)?;
+            }
+            Ok(())
+        };
+        let queued = queued();
+        // Whatever failed, the buckets started are waited for before anything else
+        // touches (or frees) the gradients.
+        if buckets {
             coll.finish(be)?;
         }
+        queued?;
         if !micro.is_empty() {
             tally.loss = self.step.loss_sum(be)?;
         }
@@ -231,21 +250,39 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
 /// that the blocks' runs lie inside it and overlap nowhere (an element reduced twice
 /// would be summed twice).
 fn buckets_rest(blocks: &[Vec<Range<usize>>], end: usize) -> Result<Vec<Range<usize>>, GpuError> {
-    let pieces: Vec<(usize, usize)> = blocks
-        .iter()
-        .flatten()
-        .map(|r| (r.start, r.len()))
-        .collect();
-    let total: usize = pieces.iter().map(|p| p.1).sum();
-    let merged = merge_runs(pieces);
-    let covered: usize = merged.iter().map(|r| r.len()).sum();
-    if covered != total || merged.last().is_some_and(|r| r.end > end) {
-        return Err(GpuError::Shape {
-            kernel: "replica",
-            what: format!(
-                "blocks' parameter runs overlap or pass the buffer's {end} elements: {blocks:?}"
-            ),
-        });
+    let mut pieces: Vec<&Range<usize>> = blocks.iter().flatten().collect();
+    pieces.sort_unstable_by_key(|r| (r.start, r.end));
+    let mut at = 0;
+    for r in pieces {
+        if r.start < at || r.end > end {
+            return Err(GpuError::Shape {
+                kernel: "replica",
+                what: format!(
+                    "blocks' parameter run {r:?} overlaps another or passes the buffer's \
+                     {end} elements"
+                ),
+            });
+        }
+        at = r.end;
     }
     Ok(outside_blocks(blocks, end))
+}
+
+#[cfg(test)]
+// A block of one run is a Vec holding one Range, not a mistaken range of values.
+#[allow(clippy::single_range_in_vec_init)]
+mod tests {
+    use super::buckets_rest;
+
+    #[test]
+    fn overlapping_or_outlying_block_runs_are_refused() {
+        assert_eq!(
+            buckets_rest(&[vec![2..4], vec![4..6]], 8).unwrap(),
+            vec![0..2, 6..8]
+        );
+        assert!(buckets_rest(&[vec![0..4], vec![2..6]], 8).is_err());
+        assert!(buckets_rest(&[vec![0..4, 0..4]], 8).is_err());
+        assert!(buckets_rest(&[vec![0..100], vec![5..6]], 50).is_err());
+        assert!(buckets_rest(&[vec![4..9]], 8).is_err());
+    }
 }
