@@ -685,6 +685,17 @@ impl<C: Communicator> Collectives<Host> for Recording<'_, C> {
         self.started.borrow_mut().push(at..at + buf.len());
         self.inner.all_reduce(be, buf)
     }
+    unsafe fn start_reduce_scatter(
+        &self,
+        be: &Host,
+        input: stoker_gpu::View<f32>,
+        counts: &[usize],
+        out: stoker_gpu::View<f32>,
+    ) -> Result<(), stoker_gpu::GpuError> {
+        let at = ((input.addr() - self.base.get()) / 4) as usize;
+        self.started.borrow_mut().push(at..at + input.len());
+        self.inner.reduce_scatter(be, input, counts, out)
+    }
     fn finish(&self, _: &Host) -> Result<(), stoker_gpu::GpuError> {
         self.finished.set(self.finished.get() + 1);
         Ok(())
@@ -711,17 +722,23 @@ impl<C: Communicator> Collectives<Host> for Recording<'_, C> {
     }
 }
 
-/// DDP's buckets (torch DDP's overlap): beyond one rank, the last micro-batch's backward
-/// starts each block's all-reduce as soon as the block is done, last block first, then
+/// The buckets (torch DDP's overlap, DeepSpeed's `overlap_comm`): beyond one rank, the
+/// last micro-batch's backward starts each block's reduction (DDP's all-reduce, ZeRO-1's
+/// reduce-scatter into the shard) as soon as the block is done, last block first, then
 /// the parameters outside the blocks, then one finish; together they cover every
-/// gradient exactly once. The weights are those of one all-reduce after the backward,
-/// bit for bit, at 2 and 3 ranks (GPT), and the Llama's buckets cover its buffer too.
+/// gradient exactly once. The weights are those of one reduction after the backward, bit
+/// for bit, at 2 and 3 ranks (GPT), and the Llama's buckets cover its buffer too.
 #[test]
-fn ddp_buckets_overlapping_the_backward_sum_what_one_all_reduce_sums() {
-    for world in [2, 3] {
+fn buckets_overlapping_the_backward_sum_what_one_reduction_sums() {
+    for (world, strategy) in [
+        (2, Strategy::Ddp),
+        (3, Strategy::Ddp),
+        (2, Strategy::Zero1),
+        (3, Strategy::Zero1),
+    ] {
         let runs = |overlap: bool| {
             run_local(world, DEFAULT_TIMEOUT, |comm| {
-                let replica = replica_for(&comm, Strategy::Ddp).with_overlap(overlap);
+                let replica = replica_for(&comm, strategy).with_overlap(overlap);
                 let grads = replica.step().update_views(&Host).unwrap().grads;
                 let coll = Recording {
                     inner: ThroughHost(&comm),
@@ -750,7 +767,7 @@ fn ddp_buckets_overlapping_the_backward_sum_what_one_all_reduce_sums() {
                         .unwrap();
                     starts.push(coll.started.borrow().clone());
                 }
-                let master = replica.state().master(&Host).unwrap().1;
+                let master = replica.state().master(&Host).unwrap();
                 (
                     starts,
                     coll.finished.get(),
@@ -760,6 +777,7 @@ fn ddp_buckets_overlapping_the_backward_sum_what_one_all_reduce_sums() {
             })
         };
         let (with, without) = (runs(true), runs(false));
+        let what = format!("{strategy:?} over {world} ranks");
         let g = gpt(&DIMS, SEED, 0.2);
         let n = g.params.len();
         let blocks = {
@@ -770,17 +788,17 @@ fn ddp_buckets_overlapping_the_backward_sum_what_one_all_reduce_sums() {
         for (rank, ((starts, finished, master, params), (none, _, master1, params1))) in
             with.iter().zip(&without).enumerate()
         {
-            assert_eq!(*finished, 2, "rank {rank}: one finish a window");
+            assert_eq!(*finished, 2, "{what}: rank {rank}: one finish a window");
             assert!(
                 none.iter().all(|s| s.is_empty()),
-                "no buckets without overlap"
+                "{what}: no buckets without overlap"
             );
             for s in starts {
                 let order: Vec<Range<usize>> = blocks.iter().rev().flatten().cloned().collect();
                 assert_eq!(
                     &s[..order.len()],
                     &order[..],
-                    "blocks' runs first, last block first"
+                    "{what}: blocks' runs first, last block first"
                 );
                 let mut covered: Vec<Range<usize>> = s.clone();
                 covered.sort_by_key(|r| r.start);
@@ -788,18 +806,19 @@ fn ddp_buckets_overlapping_the_backward_sum_what_one_all_reduce_sums() {
                 for r in &covered {
                     assert_eq!(
                         r.start, at,
-                        "every gradient reduced once, in runs {covered:?}"
+                        "{what}: every gradient reduced once, in runs {covered:?}"
                     );
                     at = r.end;
                 }
                 assert_eq!(at, n);
             }
+            assert_eq!(master.0, master1.0, "{what}: rank {rank}'s range");
             assert_bits_eq(
-                master,
-                master1,
-                &format!("{world} ranks: master, buckets against one all-reduce"),
+                &master.1,
+                &master1.1,
+                &format!("{what}: master, buckets against one reduction"),
             );
-            assert_bits_eq(params, params1, &format!("{world} ranks: compute copy"));
+            assert_bits_eq(params, params1, &format!("{what}: compute copy"));
         }
     }
     let llama = stoker_kernels::LlamaDims {

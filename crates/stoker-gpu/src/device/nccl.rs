@@ -177,6 +177,75 @@ impl<'d> DeviceNccl<'d> {
         result::group_end().map_err(nccl_err(format!("{what}: ncclGroupEnd")))?;
         r
     }
+
+    /// [`Collectives::reduce_scatter`] enqueued on `stream`.
+    ///
+    /// # Safety
+    /// `input` and `out` are views of live buffers of this communicator's device that
+    /// nothing writes (`out`: touches) until the work on `stream` so far has finished, or
+    /// until a stream waiting for it says so.
+    unsafe fn reduce_scatter_on(
+        &self,
+        input: View<f32>,
+        counts: &[usize],
+        out: View<f32>,
+        stream: sys::cudaStream_t,
+    ) -> Result<(), GpuError> {
+        let (_, mine) = piece("reduce-scatter", counts, self.world, self.rank, input.len())?;
+        crate::error::check_len("reduce-scatter", "out", out.len(), mine)?;
+        crate::backend::check_disjoint("reduce-scatter", &input, &out)?;
+        let what = format!("reduce-scattering {} gradients", input.len());
+        let f32 = sys::ncclDataType_t::ncclFloat32;
+        if counts.iter().all(|&c| c == counts[0]) {
+            // SAFETY: input holds world x counts[0] elements, out counts[0], both in
+            // live buffers of the device, disjoint (checked); ordered on `stream`.
+            return unsafe {
+                result::reduce_scatter(
+                    ptr(&input, 0),
+                    ptr(&out, 0),
+                    mine,
+                    f32,
+                    sys::ncclRedOp_t::ncclSum,
+                    self.comm,
+                    stream,
+                )
+            }
+            .map(drop)
+            .map_err(nccl_err(what));
+        }
+        self.per_piece(&what, counts, |root, at, n| {
+            // SAFETY: piece `root` is input[at..at + n] (the counts add up to its length,
+            // checked); only the root writes its `out`, which holds n (its `mine`).
+            unsafe {
+                result::reduce(
+                    ptr(&input, at),
+                    ptr(&out, 0),
+                    n,
+                    f32,
+                    sys::ncclRedOp_t::ncclSum,
+                    root as i32,
+                    self.comm,
+                    stream,
+                )
+            }
+        })
+    }
+
+    /// Orders the comm stream after every launch on `be`'s compute stream so far.
+    fn after_compute(&self, be: &Device) -> Result<(), GpuError> {
+        let driver = |what: &'static str| {
+            move |e: cudarc::driver::DriverError| GpuError::Driver {
+                what: what.into(),
+                error: e.to_string(),
+            }
+        };
+        self.ready
+            .record(be.stream())
+            .map_err(driver("recording a bucket's event"))?;
+        self.comm_stream
+            .wait(&self.ready)
+            .map_err(driver("ordering a bucket after its backward"))
+    }
 }
 
 impl Drop for DeviceNccl<'_> {
@@ -219,22 +288,10 @@ impl Collectives<Device> for DeviceNccl<'_> {
 
     unsafe fn start_all_reduce(&self, be: &Device, buf: View<f32>) -> Result<(), GpuError> {
         self.check_device(be)?;
-        let driver = |what: &'static str| {
-            move |e: cudarc::driver::DriverError| GpuError::Driver {
-                what: what.into(),
-                error: e.to_string(),
-            }
-        };
-        // The bucket's gradients are final once the compute stream reaches here.
-        self.ready
-            .record(be.stream())
-            .map_err(driver("recording a bucket's event"))?;
-        self.comm_stream
-            .wait(&self.ready)
-            .map_err(driver("ordering a bucket after its backward"))?;
+        self.after_compute(be)?;
         // SAFETY: `buf` lies in a live buffer of `be` (checked: the communicator's
-        // device), in place; ordered on the comm stream after the event above; the
-        // caller's contract keeps it alive and unwritten until `finish`.
+        // device), in place; ordered on the comm stream after the compute stream's work
+        // so far; the caller's contract keeps it alive and unwritten until `finish`.
         unsafe {
             result::all_reduce(
                 ptr(&buf, 0),
@@ -251,6 +308,27 @@ impl Collectives<Device> for DeviceNccl<'_> {
             "all-reducing a bucket of {} gradients",
             buf.len()
         )))
+    }
+
+    unsafe fn start_reduce_scatter(
+        &self,
+        be: &Device,
+        input: View<f32>,
+        counts: &[usize],
+        out: View<f32>,
+    ) -> Result<(), GpuError> {
+        self.check_device(be)?;
+        self.after_compute(be)?;
+        // SAFETY: the caller's contract keeps `input` unwritten and `out` untouched, both
+        // alive, until `finish` orders the compute stream after the comm stream.
+        unsafe {
+            self.reduce_scatter_on(
+                input,
+                counts,
+                out,
+                self.comm_stream.cu_stream() as sys::cudaStream_t,
+            )
+        }
     }
 
     fn finish(&self, be: &Device) -> Result<(), GpuError> {
@@ -270,45 +348,9 @@ impl Collectives<Device> for DeviceNccl<'_> {
         counts: &[usize],
         out: View<f32>,
     ) -> Result<(), GpuError> {
-        let (_, mine) = piece("reduce-scatter", counts, self.world, self.rank, input.len())?;
-        crate::error::check_len("reduce-scatter", "out", out.len(), mine)?;
-        crate::backend::check_disjoint("reduce-scatter", &input, &out)?;
         self.check_device(be)?;
-        let what = format!("reduce-scattering {} gradients", input.len());
-        let f32 = sys::ncclDataType_t::ncclFloat32;
-        if counts.iter().all(|&c| c == counts[0]) {
-            // SAFETY: input holds world x counts[0] elements, out counts[0], both in
-            // live buffers of `be`, disjoint (checked); ordered on its stream.
-            return unsafe {
-                result::reduce_scatter(
-                    ptr(&input, 0),
-                    ptr(&out, 0),
-                    mine,
-                    f32,
-                    sys::ncclRedOp_t::ncclSum,
-                    self.comm,
-                    self.stream(),
-                )
-            }
-            .map(drop)
-            .map_err(nccl_err(what));
-        }
-        self.per_piece(&what, counts, |root, at, n| {
-            // SAFETY: piece `root` is input[at..at + n] (the counts add up to its length,
-            // checked); only the root writes its `out`, which holds n (its `mine`).
-            unsafe {
-                result::reduce(
-                    ptr(&input, at),
-                    ptr(&out, 0),
-                    n,
-                    f32,
-                    sys::ncclRedOp_t::ncclSum,
-                    root as i32,
-                    self.comm,
-                    self.stream(),
-                )
-            }
-        })
+        // SAFETY: on the compute stream, where every later launch waits for it.
+        unsafe { self.reduce_scatter_on(input, counts, out, self.stream()) }
     }
 
     fn all_gather<E: Act>(

@@ -29,6 +29,22 @@ pub trait Collectives<B: Backend> {
     unsafe fn start_all_reduce(&self, be: &B, buf: View<f32>) -> Result<(), GpuError> {
         self.all_reduce(be, buf)
     }
+    /// Starts [`Collectives::reduce_scatter`] of `input` into `out` (`counts`, rank order)
+    /// after every launch so far, without holding back later launches: ZeRO's bucket
+    /// overlapping the rest of the backward. The default runs it at once.
+    ///
+    /// # Safety
+    /// Until [`Collectives::finish`] is called, nothing may write `input` or touch `out`,
+    /// and their buffers must stay alive: on a device the reduction may still be running.
+    unsafe fn start_reduce_scatter(
+        &self,
+        be: &B,
+        input: View<f32>,
+        counts: &[usize],
+        out: View<f32>,
+    ) -> Result<(), GpuError> {
+        self.reduce_scatter(be, input, counts, out)
+    }
     /// Orders every later launch after the reductions started so far.
     fn finish(&self, _be: &B) -> Result<(), GpuError> {
         Ok(())

@@ -7,7 +7,7 @@ use std::ops::Range;
 use super::collectives::Collectives;
 use super::tally::Tally;
 use super::zero1::Zero1;
-use crate::backend::Backend;
+use crate::backend::{Backend, View};
 use crate::elem::Act;
 use crate::error::GpuError;
 use crate::step::optimizer::{self, Optimizer, OptimizerState, Scalars, UpdateViews};
@@ -60,10 +60,32 @@ impl<B: Backend> DataParallel<B> {
         })
     }
 
-    /// Whether the window's buckets all-reduce the gradients during the backward (DDP
-    /// beyond one rank).
+    /// Whether the window's buckets reduce the gradients during the backward (beyond
+    /// one rank).
     pub fn reduces_in_backward(&self, world: usize) -> bool {
-        matches!(self, DataParallel::Ddp(_)) && world > 1
+        world > 1
+    }
+
+    /// Starts the reduction of the gradients in `run` (a block's, or the rest): DDP's
+    /// all-reduce, or ZeRO-1's reduce-scatter into this rank's shard.
+    ///
+    /// # Safety
+    /// As [`Collectives::start_all_reduce`]: the run's gradients (and ZeRO-1's shard of
+    /// gradients) stay unwritten and alive until `finish`.
+    pub unsafe fn start_bucket(
+        &self,
+        be: &B,
+        coll: &impl Collectives<B>,
+        grads: View<f32>,
+        run: Range<usize>,
+    ) -> Result<(), GpuError> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            match self {
+                DataParallel::Ddp(_) => coll.start_all_reduce(be, grads.slice(run)?),
+                DataParallel::Zero1(z) => z.start_bucket(be, coll, grads, run),
+            }
+        }
     }
 
     /// The range of the flat buffer this rank's master covers, and its values.
@@ -83,8 +105,8 @@ impl<B: Backend> DataParallel<B> {
     }
 
     /// The update of `views` (this rank's accumulated gradients, each micro-batch's
-    /// scaled by 1 / `capacity`; under DDP already all-reduced when `reduced`, as the
-    /// window's buckets leave them) with this rank's `tally`: the reduction over `coll`'s
+    /// scaled by 1 / `capacity`; already reduced when `reduced`, as the window's buckets
+    /// leave them) with this rank's `tally`: the reduction over `coll`'s
     /// ranks, the tallies summed (one scalar collective), the gradients rescaled to the
     /// mean over the valid targets inside the optimizer's multiplier, the optimizer.
     /// Returns the unscaled norm of the mean gradient (before clipping) and the summed
@@ -108,7 +130,9 @@ impl<B: Backend> DataParallel<B> {
                 let norm = optimizer::update(be, opt, views, scalars, unscale, clip)?;
                 Ok((norm, total))
             }
-            DataParallel::Zero1(z) => z.update(be, coll, views, scalars, (tally, capacity), clip),
+            DataParallel::Zero1(z) => {
+                z.update(be, coll, views, scalars, (tally, capacity), (clip, reduced))
+            }
         }
     }
 }

@@ -128,7 +128,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
     ) -> Result<Self, GpuError> {
         step.load(be, master)?;
         let state = DataParallel::new(be, strategy, kind, master, segments, rank_world)?;
-        // Only DDP beyond one rank reduces by blocks.
+        // Only beyond one rank do the buckets run.
         let rest = match state.reduces_in_backward(rank_world.1) {
             true => buckets_rest(step.block_runs(), master.len())?,
             false => Vec::new(),
@@ -141,9 +141,10 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         })
     }
 
-    /// This replica with DDP's per-block all-reduces started as the last micro-batch's
-    /// backward finishes each block (`true`, the default: torch DDP's buckets), or one
-    /// all-reduce after the backward (`false`). The same sums on the host, bit for bit;
+    /// This replica with its per-block reductions (DDP's all-reduces, ZeRO-1's
+    /// reduce-scatters) started as the last micro-batch's backward finishes each block
+    /// (`true`, the default: torch DDP's buckets, DeepSpeed's `overlap_comm`), or one
+    /// reduction after the backward (`false`). The same sums on the host, bit for bit;
     /// NCCL's may differ in rounding (its order of adding ranks depends on the size).
     pub fn with_overlap(mut self, overlap: bool) -> Self {
         self.overlap = overlap;
@@ -187,18 +188,18 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
             ..Tally::default()
         };
         // Queued back to back: the host checks and groups the next micro-batch's ids
-        // while the backend runs this one; the window's loss is read once, after. Under
-        // DDP the last micro-batch's backward starts each block's all-reduce as soon as
-        // the block is done, and the rest follows it.
+        // while the backend runs this one; the window's loss is read once, after. Beyond
+        // one rank the last micro-batch's backward starts each block's reduction (DDP's
+        // all-reduce, ZeRO-1's reduce-scatter) as soon as the block is done, and the
+        // rest follows it.
         let buckets = self.overlap && self.state.reduces_in_backward(coll.world());
         let grads = self.step.update_views(be)?.grads;
         let mut start = |runs: &[Range<usize>]| -> Result<(), GpuError> {
             runs.iter().try_for_each(|r| {
-                let bucket = grads.slice(r.clone())?;
                 // SAFETY: a block's runs are final when the backward calls back (and the
                 // rest when it has returned): nothing queued before `finish` below writes
-                // them again, and the gradients outlive it (the step's own buffer).
-                unsafe { coll.start_all_reduce(be, bucket) }
+                // them again, nor ZeRO-1's shard of gradients, and both outlive it.
+                unsafe { self.state.start_bucket(be, coll, grads, r.clone()) }
             })
         };
         let mut queued = || -> Result<(), GpuError> {

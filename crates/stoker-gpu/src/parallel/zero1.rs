@@ -13,7 +13,7 @@ use stoker_comm::shard::ShardPlan;
 
 use super::collectives::Collectives;
 use super::tally::Tally;
-use crate::backend::Backend;
+use crate::backend::{Backend, View};
 use crate::elem::Act;
 use crate::error::{check_len, GpuError};
 use crate::step::optimizer::{self, Optimizer, OptimizerState, Scalars, UpdateViews};
@@ -85,6 +85,26 @@ impl<B: Backend> Zero1<B> {
         Ok(self)
     }
 
+    /// Starts the reduce-scatter of the gradients in `run` (a block's, or the rest) into
+    /// this rank's shard of gradients: each rank's piece of the run to its owner.
+    ///
+    /// # Safety
+    /// As [`Collectives::start_reduce_scatter`]: the run's gradients stay unwritten and
+    /// alive until `finish`, and nothing else writes the shard's gradients before then.
+    pub unsafe fn start_bucket(
+        &self,
+        be: &B,
+        coll: &impl Collectives<B>,
+        grads: View<f32>,
+        run: Range<usize>,
+    ) -> Result<(), GpuError> {
+        check_len("zero-1", "grads", grads.len(), self.plan.len())?;
+        let counts = self.plan.counts_within(&run);
+        let out = be.view(&self.grads, self.plan.local_within(self.rank, &run))?;
+        // SAFETY: the caller's contract, passed on.
+        unsafe { coll.start_reduce_scatter(be, grads.slice(run)?, &counts, out) }
+    }
+
     /// This rank's shard of the flat buffer.
     pub fn shard(&self) -> Range<usize> {
         self.plan.range(self.rank)
@@ -101,7 +121,8 @@ impl<B: Backend> Zero1<B> {
     }
 
     /// The update of `views` (this rank's accumulated gradients, scaled by
-    /// 1 / `capacity`, not yet reduced) with this rank's `tally`: the reduce-scatter, one
+    /// 1 / `capacity`; already reduce-scattered into the shard when `reduced`, as the
+    /// window's buckets leave them) with this rank's `tally`: the reduce-scatter, one
     /// scalar collective for the norm's pieces and the tallies, the shard's optimizer
     /// step on the mean gradient, the compute copy gathered. Returns the unscaled norm of
     /// the mean gradient and the summed tally.
@@ -112,12 +133,14 @@ impl<B: Backend> Zero1<B> {
         views: UpdateViews<T>,
         scalars: &Scalars,
         (tally, capacity): (Tally, f64),
-        clip: Option<f64>,
+        (clip, reduced): (Option<f64>, bool),
     ) -> Result<(f64, Tally), GpuError> {
         check_len("zero-1", "grads", views.grads.len(), self.plan.len())?;
         let counts = self.plan.counts();
         let grads = be.all(&self.grads);
-        coll.reduce_scatter(be, views.grads, &counts, grads)?;
+        if !reduced {
+            coll.reduce_scatter(be, views.grads, &counts, grads)?;
+        }
         let mine = optimizer::squared_norm(be, grads, (views.squares, views.partials))?;
         let [valid, loss, micro, micro_sq] = tally.values();
         let sums = coll.sum(be, &[mine, valid, loss, micro, micro_sq])?;
