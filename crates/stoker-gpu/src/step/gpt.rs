@@ -175,34 +175,14 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
     /// Causal attention of block `s`: heads, scores, softmax, weighted values, merged.
     fn attention(&self, be: &B, s: &layout::BlockActs) -> Result<(), GpuError> {
         let g = self.heads();
-        let nc = self.batch * self.t * self.dims.d_model;
-        kernels::qkv_heads(
-            be,
-            self.bufs.a(be, s.heads)?,
-            self.bufs.a(be, s.qkv)?,
-            g,
-            false,
-        )?;
-        let h = self.bufs.a(be, s.heads)?;
-        let x = attention::Qkv {
-            q: h.slice(0..nc)?,
-            k: h.slice(nc..2 * nc)?,
-            v: h.slice(2 * nc..3 * nc)?,
-        };
-        let shape = ((g.b * g.h) as usize, self.t, g.d as usize);
+        let heads = self.bufs.a(be, s.heads)?;
+        kernels::qkv_heads(be, heads, self.bufs.a(be, s.qkv)?, g, false)?;
         attention::forward(
             be,
-            x,
+            attention::Qkv::thirds(heads)?,
             self.bufs.a(be, s.att)?,
-            self.bufs.a(be, s.atty_h)?,
-            shape,
-        )?;
-        kernels::merged_heads(
-            be,
-            self.bufs.a(be, s.atty)?,
-            self.bufs.a(be, s.atty_h)?,
+            (self.bufs.a(be, s.atty_h)?, self.bufs.a(be, s.atty)?),
             g,
-            false,
         )
     }
 
@@ -210,31 +190,19 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
     fn attention_back(&self, be: &B, s: &layout::BlockActs) -> Result<(), GpuError> {
         let lay = &self.layout;
         let g = self.heads();
-        let nc = self.batch * self.t * self.dims.d_model;
-        let datty_h = self.bufs.a(be, lay.datty_h)?;
-        kernels::merged_heads(be, datty_h, self.bufs.a(be, lay.dnc)?, g, true)?;
-        let (h, dh) = (self.bufs.a(be, s.heads)?, self.bufs.a(be, lay.dheads)?);
-        let x = attention::Qkv {
-            q: h.slice(0..nc)?,
-            k: h.slice(nc..2 * nc)?,
-            v: h.slice(2 * nc..3 * nc)?,
-        };
-        let dx = attention::Qkv {
-            q: dh.slice(0..nc)?,
-            k: dh.slice(nc..2 * nc)?,
-            v: dh.slice(2 * nc..3 * nc)?,
-        };
-        let shape = ((g.b * g.h) as usize, self.t, g.d as usize);
+        let dheads = self.bufs.a(be, lay.dheads)?;
         attention::backward(
             be,
-            x,
-            self.bufs.a(be, s.att)?,
-            datty_h,
+            (
+                attention::Qkv::thirds(self.bufs.a(be, s.heads)?)?,
+                self.bufs.a(be, s.att)?,
+            ),
+            (self.bufs.a(be, lay.dnc)?, self.bufs.a(be, lay.datty_h)?),
             self.bufs.a(be, lay.datt)?,
-            dx,
-            shape,
+            attention::Qkv::thirds(dheads)?,
+            g,
         )?;
-        kernels::qkv_heads(be, self.bufs.a(be, lay.dqkv)?, dh, g, true)
+        kernels::qkv_heads(be, self.bufs.a(be, lay.dqkv)?, dheads, g, true)
     }
 
     fn ln_back(

@@ -197,44 +197,17 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
     /// q to heads, k and v repeated to the query heads, attention, merged back.
     fn attention(&self, be: &B, s: &LlamaBlockActs) -> Result<(), GpuError> {
         let g = self.heads();
-        let nc = self.batch * self.t * self.dims.d_model;
-        let h = self.bufs.a(be, s.heads)?;
-        let x = Qkv {
-            q: h.slice(0..nc)?,
-            k: h.slice(nc..2 * nc)?,
-            v: h.slice(2 * nc..3 * nc)?,
-        };
+        let kv = self.dims.n_kv_head;
+        let x = Qkv::thirds(self.bufs.a(be, s.heads)?)?;
         kernels::merged_heads(be, x.q, self.bufs.a(be, s.q)?, g, true)?;
-        llama::kv_heads(
-            be,
-            x.k,
-            self.bufs.a(be, s.k)?,
-            g,
-            self.dims.n_kv_head,
-            false,
-        )?;
-        llama::kv_heads(
-            be,
-            x.v,
-            self.bufs.a(be, s.v)?,
-            g,
-            self.dims.n_kv_head,
-            false,
-        )?;
-        let shape = ((g.b * g.h) as usize, self.t, g.d as usize);
+        llama::kv_heads(be, x.k, self.bufs.a(be, s.k)?, g, kv, false)?;
+        llama::kv_heads(be, x.v, self.bufs.a(be, s.v)?, g, kv, false)?;
         attention::forward(
             be,
             x,
             self.bufs.a(be, s.att)?,
-            self.bufs.a(be, s.atty_h)?,
-            shape,
-        )?;
-        kernels::merged_heads(
-            be,
-            self.bufs.a(be, s.atty)?,
-            self.bufs.a(be, s.atty_h)?,
+            (self.bufs.a(be, s.atty_h)?, self.bufs.a(be, s.atty)?),
             g,
-            false,
         )
     }
 
@@ -243,47 +216,22 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
     fn attention_back(&self, be: &B, s: &LlamaBlockActs) -> Result<(), GpuError> {
         let lay = &self.layout;
         let g = self.heads();
-        let nc = self.batch * self.t * self.dims.d_model;
-        let datty_h = self.bufs.a(be, lay.datty_h)?;
-        kernels::merged_heads(be, datty_h, self.bufs.a(be, lay.dnc)?, g, true)?;
-        let (h, dh) = (self.bufs.a(be, s.heads)?, self.bufs.a(be, lay.dheads)?);
-        let x = Qkv {
-            q: h.slice(0..nc)?,
-            k: h.slice(nc..2 * nc)?,
-            v: h.slice(2 * nc..3 * nc)?,
-        };
-        let dx = Qkv {
-            q: dh.slice(0..nc)?,
-            k: dh.slice(nc..2 * nc)?,
-            v: dh.slice(2 * nc..3 * nc)?,
-        };
-        let shape = ((g.b * g.h) as usize, self.t, g.d as usize);
+        let kv = self.dims.n_kv_head;
+        let dx = Qkv::thirds(self.bufs.a(be, lay.dheads)?)?;
         attention::backward(
             be,
-            x,
-            self.bufs.a(be, s.att)?,
-            datty_h,
+            (
+                Qkv::thirds(self.bufs.a(be, s.heads)?)?,
+                self.bufs.a(be, s.att)?,
+            ),
+            (self.bufs.a(be, lay.dnc)?, self.bufs.a(be, lay.datty_h)?),
             self.bufs.a(be, lay.datt)?,
             dx,
-            shape,
+            g,
         )?;
         kernels::merged_heads(be, self.bufs.a(be, lay.dq)?, dx.q, g, false)?;
-        llama::kv_heads(
-            be,
-            self.bufs.a(be, lay.dk)?,
-            dx.k,
-            g,
-            self.dims.n_kv_head,
-            true,
-        )?;
-        llama::kv_heads(
-            be,
-            self.bufs.a(be, lay.dv)?,
-            dx.v,
-            g,
-            self.dims.n_kv_head,
-            true,
-        )?;
+        llama::kv_heads(be, self.bufs.a(be, lay.dk)?, dx.k, g, kv, true)?;
+        llama::kv_heads(be, self.bufs.a(be, lay.dv)?, dx.v, g, kv, true)?;
         self.rope(be, lay.dq, self.dims.n_head, true)?;
         self.rope(be, lay.dk, self.dims.n_kv_head, true)
     }
