@@ -11,7 +11,7 @@ use half::bf16;
 use stoker_gpu::step::{GptGpuStep, TokenBatch};
 use stoker_gpu::{Act, Host};
 use stoker_kernels::{GptBatch, GptDims, GptOffsets, GptStep, TokenStep};
-use stoker_testkit::{assert_close, assert_close_scalar, rel_l2};
+use stoker_testkit::{assert_close, assert_close_scalar};
 
 const DIMS: GptDims = GptDims {
     vocab: 71,
@@ -97,14 +97,9 @@ fn the_f32_step_gives_the_cpu_steps_loss_and_gradients() {
     let (want_loss, want) = cpu(&offsets, &params, &tokens, &targets, scale);
     let (loss, got) = gpu::<f32>(&offsets, &params, &tokens, &targets, scale);
     assert_close_scalar(loss, want_loss, 1e-5, "summed loss");
-    for (name, r) in &ranges {
-        assert_close(
-            &got[r.clone()],
-            &want[r.clone()],
-            2e-5,
-            &format!("gradient of {name}"),
-        );
-    }
+    assert_close_each(&got, &want, &ranges, 2e-5, |name| {
+        format!("gradient of {name}")
+    });
 }
 
 #[test]
@@ -114,13 +109,7 @@ fn the_bf16_step_tracks_the_cpu_f32_step() {
     let (want_loss, want) = cpu(&offsets, &params, &tokens, &targets, scale);
     let (loss, got) = gpu::<bf16>(&offsets, &params, &tokens, &targets, scale);
     assert_close_scalar(loss, want_loss, 1e-2, "summed loss, bf16 activations");
-    for (name, r) in &ranges {
-        let e = rel_l2(&got[r.clone()], &want[r.clone()]);
-        assert!(
-            e < 5e-2,
-            "gradient of {name}: relative L2 error {e} with bf16 activations"
-        );
-    }
+    assert_rel_l2_each(&got, &want, &ranges, 5e-2);
 }
 
 #[test]
@@ -296,14 +285,9 @@ fn n_ranks_reduced_through_the_communicator_equal_one_rank() {
                 &format!("rank {rank}'s reduced gradients against rank 0's"),
             );
         }
-        for (name, r) in &g.ranges {
-            assert_close(
-                &out[0].1[r.clone()],
-                &want[r.clone()],
-                2e-5,
-                &format!("{name} over {world} ranks"),
-            );
-        }
+        assert_close_each(&out[0].1, &want, &g.ranges, 2e-5, |name| {
+            format!("{name} over {world} ranks")
+        });
     }
 }
 
@@ -374,14 +358,9 @@ fn as_a_token_step_it_matches_the_cpu_step_and_its_group_order() {
     let (loss, got, order) = run(&mut gpu);
     assert_close_scalar(loss, want_loss, 1e-5, "loss through TokenStep");
     assert_eq!(order, want_order, "groups reported final");
-    for (name, r) in &ranges {
-        assert_close(
-            &got[r.clone()],
-            &want[r.clone()],
-            2e-5,
-            &format!("{name} (added to 0.5)"),
-        );
-    }
+    assert_close_each(&got, &want, &ranges, 2e-5, |name| {
+        format!("{name} (added to 0.5)")
+    });
     let (l1, h1, c1) = cpu.evaluate(&params, b).unwrap();
     let (l2, h2, c2) = gpu.evaluate(&params, b).unwrap();
     assert_close_scalar(l2, l1, 1e-5, "evaluation through TokenStep");
@@ -447,14 +426,9 @@ fn sgd_training_steps_track_the_cpu_steps() {
             .unwrap();
     }
     let got = opt.master(&Host).unwrap();
-    for (name, r) in &ranges {
-        assert_close(
-            &got[r.clone()],
-            &p[r.clone()],
-            1e-5,
-            &format!("{name} after 3 SGD steps"),
-        );
-    }
+    assert_close_each(&got, &p, &ranges, 1e-5, |name| {
+        format!("{name} after 3 SGD steps")
+    });
     let wrong = step.update(
         &Host,
         &opt,
@@ -496,7 +470,5 @@ fn a_step_reused_across_batches_equals_a_fresh_one() {
     stoker_testkit::assert_bits_eq(&grads, &want, "gradients of the second batch");
     let (cpu_loss, cpu_grads) = cpu(&offsets, &params, &few, &targets, 0.25);
     assert_close_scalar(loss, cpu_loss, 1e-5, "the CPU step's loss");
-    for (name, r) in &ranges {
-        assert_close(&grads[r.clone()], &cpu_grads[r.clone()], 2e-5, name);
-    }
+    assert_close_each(&grads, &cpu_grads, &ranges, 2e-5, str::to_string);
 }

@@ -13,7 +13,7 @@ use stoker_gpu::step::optimizer::{OptimizerState, Scalars};
 use stoker_gpu::step::TokenBatch;
 use stoker_gpu::{Act, Host};
 use stoker_kernels::{AdamWStep, GptBatch, LlamaDims, LlamaStep, TokenStep};
-use stoker_testkit::{assert_close, assert_close_scalar, rel_l2};
+use stoker_testkit::assert_close_scalar;
 
 const DIMS: LlamaDims = LlamaDims {
     vocab: 67,
@@ -88,23 +88,12 @@ fn the_llama_step_gives_the_cpu_steps_loss_and_gradients() {
         .unwrap();
     let (loss, got) = gpu::<f32>(&g.params, &tokens, &targets, scale);
     assert_close_scalar(loss, want_loss, 1e-5, "summed loss");
-    for (name, r) in &g.ranges {
-        assert_close(
-            &got[r.clone()],
-            &want[r.clone()],
-            2e-5,
-            &format!("gradient of {name}"),
-        );
-    }
+    assert_close_each(&got, &want, &g.ranges, 2e-5, |name| {
+        format!("gradient of {name}")
+    });
     let (loss16, got16) = gpu::<bf16>(&g.params, &tokens, &targets, scale);
     assert_close_scalar(loss16, want_loss, 1e-2, "summed loss, bf16 activations");
-    for (name, r) in &g.ranges {
-        let e = rel_l2(&got16[r.clone()], &want[r.clone()]);
-        assert!(
-            e < 5e-2,
-            "gradient of {name}: relative L2 error {e} with bf16 activations"
-        );
-    }
+    assert_rel_l2_each(&got16, &want, &g.ranges, 5e-2);
 }
 
 #[test]
@@ -156,14 +145,9 @@ fn five_llama_training_steps_track_the_cpu_steps() {
     }
     assert!(losses[4] < losses[0], "the loss did not fall: {losses:?}");
     let got = opt.master(&Host).unwrap();
-    for (name, r) in &g.ranges {
-        assert_close(
-            &got[r.clone()],
-            &p[r.clone()],
-            1e-5,
-            &format!("{name} after 5 steps"),
-        );
-    }
+    assert_close_each(&got, &p, &g.ranges, 1e-5, |name| {
+        format!("{name} after 5 steps")
+    });
 }
 
 /// Evaluation against the CPU step's: the loss, top-1 hits and count.

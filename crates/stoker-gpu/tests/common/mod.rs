@@ -132,3 +132,34 @@ pub fn cpu_train(
     }
     losses
 }
+
+/// [`stoker_testkit::assert_close`] parameter by parameter (`ranges`: each name and
+/// range of the flat buffers), each labelled by `label(name)`.
+pub fn assert_close_each(
+    got: &[f32],
+    want: &[f32],
+    ranges: &[(String, std::ops::Range<usize>)],
+    rel: f64,
+    label: impl Fn(&str) -> String,
+) {
+    for (name, r) in ranges {
+        stoker_testkit::assert_close(&got[r.clone()], &want[r.clone()], rel, &label(name));
+    }
+}
+
+/// Each parameter's gradient within relative L2 `max` of the f32 reference: what bf16
+/// activations allow.
+pub fn assert_rel_l2_each(
+    got: &[f32],
+    want: &[f32],
+    ranges: &[(String, std::ops::Range<usize>)],
+    max: f64,
+) {
+    for (name, r) in ranges {
+        let e = stoker_testkit::rel_l2(&got[r.clone()], &want[r.clone()]);
+        assert!(
+            e < max,
+            "gradient of {name}: relative L2 error {e} with bf16 activations"
+        );
+    }
+}
