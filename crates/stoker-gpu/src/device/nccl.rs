@@ -178,6 +178,33 @@ impl<'d> DeviceNccl<'d> {
         r
     }
 
+    /// [`Collectives::all_reduce`] of `buf`, in place, enqueued on `stream`.
+    ///
+    /// # Safety
+    /// `buf` is a view of a live buffer of this communicator's device that nothing
+    /// writes until the work on `stream` so far has finished, or a stream waiting for it
+    /// says so.
+    unsafe fn all_reduce_on(
+        &self,
+        buf: View<f32>,
+        stream: sys::cudaStream_t,
+    ) -> Result<(), GpuError> {
+        // SAFETY: the caller's contract; in place, `buf.len()` f32 on this device.
+        unsafe {
+            result::all_reduce(
+                ptr(&buf, 0),
+                ptr(&buf, 0),
+                buf.len(),
+                sys::ncclDataType_t::ncclFloat32,
+                sys::ncclRedOp_t::ncclSum,
+                self.comm,
+                stream,
+            )
+        }
+        .map(drop)
+        .map_err(nccl_err(format!("all-reducing {} gradients", buf.len())))
+    }
+
     /// [`Collectives::reduce_scatter`] enqueued on `stream`.
     ///
     /// # Safety
@@ -269,45 +296,16 @@ impl Collectives<Device> for DeviceNccl<'_> {
 
     fn all_reduce(&self, be: &Device, buf: View<f32>) -> Result<(), GpuError> {
         self.check_device(be)?;
-        // SAFETY: `buf` lies in a live buffer of `be` (the communicator's device), in
-        // place; the call is ordered on its stream.
-        unsafe {
-            result::all_reduce(
-                ptr(&buf, 0),
-                ptr(&buf, 0),
-                buf.len(),
-                sys::ncclDataType_t::ncclFloat32,
-                sys::ncclRedOp_t::ncclSum,
-                self.comm,
-                self.stream(),
-            )
-        }
-        .map(drop)
-        .map_err(nccl_err(format!("all-reducing {} gradients", buf.len())))
+        // SAFETY: on the compute stream, where every later launch waits for it.
+        unsafe { self.all_reduce_on(buf, self.stream()) }
     }
 
     unsafe fn start_all_reduce(&self, be: &Device, buf: View<f32>) -> Result<(), GpuError> {
         self.check_device(be)?;
         self.after_compute(be)?;
-        // SAFETY: `buf` lies in a live buffer of `be` (checked: the communicator's
-        // device), in place; ordered on the comm stream after the compute stream's work
-        // so far; the caller's contract keeps it alive and unwritten until `finish`.
-        unsafe {
-            result::all_reduce(
-                ptr(&buf, 0),
-                ptr(&buf, 0),
-                buf.len(),
-                sys::ncclDataType_t::ncclFloat32,
-                sys::ncclRedOp_t::ncclSum,
-                self.comm,
-                self.comm_stream.cu_stream() as sys::cudaStream_t,
-            )
-        }
-        .map(drop)
-        .map_err(nccl_err(format!(
-            "all-reducing a bucket of {} gradients",
-            buf.len()
-        )))
+        // SAFETY: the caller's contract keeps `buf` alive and unwritten until `finish`
+        // orders the compute stream after the comm stream.
+        unsafe { self.all_reduce_on(buf, self.comm_stream.cu_stream() as sys::cudaStream_t) }
     }
 
     unsafe fn start_reduce_scatter(
