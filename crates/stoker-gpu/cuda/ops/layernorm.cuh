@@ -6,6 +6,22 @@
 
 namespace stoker {
 
+// The input of a norm's row `row`: `a`'s row, or with `a2` not null a + a2 (the residual
+// add fused in front), rounded to T and written to `resid`'s row, which it then is.
+template <class W, class T>
+STOKER_HD const T* fused_residual_row(const W& w, int64_t row, T* resid, const T* a,
+                                      const T* a2, int C) {
+  const T* x = a + row * C;
+  if (!a2) return x;
+  T* r = resid + row * C;
+  const T* y = a2 + row * C;
+  w.each([&](int lane) {
+    for (int i = lane; i < C; i += WARP) r[i] = store<T>(load(x[i]) + load(y[i]));
+    return 0;
+  });
+  return r;
+}
+
 // Row `row` of the forward. With `a2` not null the row's input is a + a2, rounded to T
 // and written to `resid` (the residual stream the next block reads); otherwise the input
 // is `a`. Writes out = (x - mean) * rstd * weight + bias and the row's mean and rstd.
@@ -13,16 +29,7 @@ template <class W, class T>
 STOKER_HD void layernorm_forward_row(const W& w, int64_t row, T* out, float* mean, float* rstd,
                                      T* resid, const T* a, const T* a2, const T* weight,
                                      const T* bias, int C, float eps) {
-  const T* x = a + row * C;
-  if (a2) {
-    T* r = resid + row * C;
-    const T* y = a2 + row * C;
-    w.each([&](int lane) {
-      for (int i = lane; i < C; i += WARP) r[i] = store<T>(load(x[i]) + load(y[i]));
-      return 0;
-    });
-    x = r;
-  }
+  const T* x = fused_residual_row(w, row, resid, a, a2, C);
   auto sums = w.each([&](int lane) {
     float s = 0.0f;
     for (int i = lane; i < C; i += WARP) s += load(x[i]);

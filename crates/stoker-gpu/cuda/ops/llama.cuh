@@ -6,6 +6,7 @@
 #pragma once
 #include "../warp.h"
 #include "elementwise.cuh"
+#include "layernorm.cuh"
 
 namespace stoker {
 
@@ -14,16 +15,7 @@ namespace stoker {
 template <class W, class T>
 STOKER_HD void rmsnorm_forward_row(const W& w, int64_t row, T* out, float* rstd, T* resid,
                                    const T* a, const T* a2, const T* weight, int C, float eps) {
-  const T* x = a + row * C;
-  if (a2) {
-    T* r = resid + row * C;
-    const T* y = a2 + row * C;
-    w.each([&](int lane) {
-      for (int i = lane; i < C; i += WARP) r[i] = store<T>(load(x[i]) + load(y[i]));
-      return 0;
-    });
-    x = r;
-  }
+  const T* x = fused_residual_row(w, row, resid, a, a2, C);
   auto squares = w.each([&](int lane) {
     float s = 0.0f;
     for (int i = lane; i < C; i += WARP) s += load(x[i]) * load(x[i]);
