@@ -50,6 +50,13 @@ pub trait Backend {
     fn copy<E: Elem>(&self, dst: View<E>, src: View<E>) -> Result<(), GpuError>;
     /// The elements of `v`, after every launch so far has finished.
     fn read<E: Elem>(&self, v: View<E>) -> Result<Vec<E>, GpuError>;
+    /// [`Backend::read`] into `out` (as many elements as `v`), reusing the caller's
+    /// memory.
+    fn read_into<E: Elem>(&self, v: View<E>, out: &mut [E]) -> Result<(), GpuError> {
+        crate::error::check_len("read", "out", out.len(), v.len())?;
+        out.copy_from_slice(&self.read(v)?);
+        Ok(())
+    }
     /// Runs (or enqueues) `call`.
     ///
     /// # Safety

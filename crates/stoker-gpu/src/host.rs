@@ -81,6 +81,16 @@ impl Backend for Host {
         Ok(unsafe { std::slice::from_raw_parts(v.addr() as usize as *const E, v.len()) }.to_vec())
     }
 
+    fn read_into<E: Elem>(&self, v: View<E>, out: &mut [E]) -> Result<(), GpuError> {
+        crate::error::check_len("read", "out", out.len(), v.len())?;
+        // SAFETY: as in `zero`: the view lies inside a live HostBuf, and no kernel runs;
+        // `out` is Rust memory outside any HostBuf, as long as the view (checked).
+        out.copy_from_slice(unsafe {
+            std::slice::from_raw_parts(v.addr() as usize as *const E, v.len())
+        });
+        Ok(())
+    }
+
     fn len<E: Elem>(buf: &HostBuf<E>) -> usize {
         buf.cells.len()
     }

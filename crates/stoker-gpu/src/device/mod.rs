@@ -264,6 +264,18 @@ impl Backend for Device {
         Ok(out)
     }
 
+    fn read_into<E: Elem>(&self, v: View<E>, out: &mut [E]) -> Result<(), GpuError> {
+        crate::error::check_len("read", "out", out.len(), v.len())?;
+        self.bind()?;
+        // SAFETY: as in `read`; `out` holds v.len() elements (checked) and lives until the
+        // synchronization below.
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(out, v.addr(), self.stream.cu_stream())
+        }
+        .map_err(driver(format!("copying {} elements down", v.len())))?;
+        self.synchronize()
+    }
+
     fn len<E: Elem>(buf: &DeviceBuf<E>) -> usize {
         buf.len
     }

@@ -52,9 +52,13 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
             + self.ids.borrow().bytes()
     }
 
-    /// Copies the FP32 master `params` (the flat layout) into the compute copy.
+    /// Copies the FP32 master `params` (the flat layout) into the compute copy: as it
+    /// is for f32, rounded for bf16.
     pub fn load_params(&self, be: &B, params: &[f32]) -> Result<(), GpuError> {
         check_len("step", "params", params.len(), B::len(&self.params))?;
+        if let Ok(f32s) = be.all(&self.params).cast::<f32>() {
+            return be.write_at(f32s, params);
+        }
         let copy: Vec<T> = params.iter().map(|&x| T::from_f32(x)).collect();
         be.write(&self.params, 0, &copy)
     }
@@ -71,6 +75,11 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
     /// The gradients (f32, the flat layout).
     pub fn grads(&self, be: &B) -> Result<Vec<f32>, GpuError> {
         be.download(&self.grads)
+    }
+
+    /// The gradients into `out` (as many), reusing the caller's memory.
+    pub fn grads_into(&self, be: &B, out: &mut [f32]) -> Result<(), GpuError> {
+        be.read_into(be.all(&self.grads), out)
     }
 
     /// Sets every gradient to 0.

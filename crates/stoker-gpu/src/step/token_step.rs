@@ -21,8 +21,8 @@ pub trait ResidentStep<B: Backend>: Send {
     fn load(&self, be: &B, params: &[f32]) -> Result<(), GpuError>;
     /// Zeroes the gradients, runs one micro-batch, returns the summed loss.
     fn run(&self, be: &B, batch: TokenBatch, grad_scale: f32) -> Result<f64, GpuError>;
-    /// The gradients (flat layout).
-    fn gradients(&self, be: &B) -> Result<Vec<f32>, GpuError>;
+    /// The gradients (flat layout) into `out`.
+    fn gradients_into(&self, be: &B, out: &mut [f32]) -> Result<(), GpuError>;
     /// The evaluation of one micro-batch: summed loss, top-1 hits, valid targets.
     fn eval(&self, be: &B, batch: TokenBatch) -> Result<(f64, usize, usize), GpuError>;
     /// Bytes of its buffers.
@@ -47,6 +47,8 @@ pub struct AsTokenStep<B: Backend, S: ResidentStep<B>> {
     backward: Vec<(GroupCall, bool)>,
     /// The gathered parameters, reused from micro-batch to micro-batch.
     staging: Vec<f32>,
+    /// The step's gradients read back, reused likewise.
+    grads: Vec<f32>,
 }
 
 const OP: &str = "resident-step";
@@ -96,6 +98,7 @@ impl<B: Backend, S: ResidentStep<B>> AsTokenStep<B, S> {
             forward,
             backward,
             staging: vec![0f32; end],
+            grads: vec![0f32; end],
         }
     }
 
@@ -157,7 +160,8 @@ impl<B: Backend + Send, S: ResidentStep<B>> TokenStep for AsTokenStep<B, S> {
             ignore: batch.ignore,
         };
         let loss = s.run(be, tb, grad_scale).map_err(kernel_err)?;
-        let grads = s.gradients(be).map_err(kernel_err)?;
+        s.gradients_into(be, &mut self.grads).map_err(kernel_err)?;
+        let grads = &self.grads;
         for &(call, add) in &self.backward {
             match call {
                 GroupCall::Open(g, phase) => {
@@ -222,8 +226,8 @@ macro_rules! resident {
                 self.buffers().zero_grads(be)?;
                 self.forward_backward(be, batch, grad_scale)
             }
-            fn gradients(&self, be: &B) -> Result<Vec<f32>, GpuError> {
-                self.buffers().grads(be)
+            fn gradients_into(&self, be: &B, out: &mut [f32]) -> Result<(), GpuError> {
+                self.buffers().grads_into(be, out)
             }
             fn eval(&self, be: &B, batch: TokenBatch) -> Result<(f64, usize, usize), GpuError> {
                 self.evaluate(be, batch)
