@@ -123,6 +123,8 @@ pub(crate) struct BatchIds<B: Backend> {
     pub(crate) targets: Ids<B>,
     pub(crate) groups: Groups<B>,
     pub(crate) ignore: i32,
+    /// The tokens and targets as i32 on the host, reused from batch to batch.
+    host: (Vec<i32>, Vec<i32>),
 }
 
 impl<B: Backend> BatchIds<B> {
@@ -133,6 +135,7 @@ impl<B: Backend> BatchIds<B> {
             targets: Ids::zeros(be, n, vocab)?,
             groups: Groups::with_room(be, n, vocab)?,
             ignore: -1,
+            host: (Vec::with_capacity(n), Vec::with_capacity(n)),
         })
     }
 
@@ -157,18 +160,21 @@ impl<B: Backend> BatchIds<B> {
             kernel: op,
             what: format!("ignore index {} outside i32", batch.ignore),
         })?;
-        let to_i32 = |x: &[i64]| -> Vec<i32> {
-            x.iter()
-                .map(|&v| v.clamp(i32::MIN as i64, i32::MAX as i64) as i32)
-                .collect()
+        let to_i32 = |out: &mut Vec<i32>, x: &[i64]| {
+            out.clear();
+            out.extend(
+                x.iter()
+                    .map(|&v| v.clamp(i32::MIN as i64, i32::MAX as i64) as i32),
+            );
         };
-        let tok = to_i32(batch.tokens);
-        self.tokens.rewrite(be, "tokens", &tok, None)?;
-        self.targets
-            .rewrite(be, "targets", &to_i32(batch.targets), Some(ignore))?;
+        let (tok, tgt) = &mut self.host;
+        to_i32(tok, batch.tokens);
+        to_i32(tgt, batch.targets);
+        self.tokens.rewrite(be, "tokens", tok, None)?;
+        self.targets.rewrite(be, "targets", tgt, Some(ignore))?;
         if train {
             let vocab = self.tokens.limit;
-            self.groups.rewrite(be, &TokenGroups::new(&tok, vocab)?)?;
+            self.groups.rewrite(be, &TokenGroups::new(tok, vocab)?)?;
         }
         self.ignore = ignore;
         Ok(())
