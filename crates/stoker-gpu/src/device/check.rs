@@ -340,25 +340,11 @@ fn compared(
         .iter()
         .map(|(name, r)| {
             let (h, d) = (&host.1[r.clone()], &gpu.1[r.clone()]);
-            let scale = h
-                .iter()
-                .fold(0f64, |m, &x| {
-                    if m.is_nan() || x.is_nan() {
-                        f64::NAN
-                    } else {
-                        m.max((x as f64).abs())
-                    }
-                })
-                .max(f64::MIN_POSITIVE);
-            let diff = h.iter().zip(d).fold(0f64, |m, (&x, &y)| {
-                let e = (x as f64 - y as f64).abs();
-                if e.is_nan() || m.is_nan() {
-                    f64::NAN
-                } else {
-                    m.max(e)
-                }
-            });
-            (name.clone(), diff / scale)
+            let diff: Vec<f32> = h.iter().zip(d).map(|(x, y)| x - y).collect();
+            (
+                name.clone(),
+                max_abs(&diff) / max_abs(h).max(f64::MIN_POSITIVE),
+            )
         })
         .fold((String::new(), 0f64), |w, x| {
             if x.1.is_nan() || x.1 > w.1 {
@@ -372,6 +358,17 @@ fn compared(
         loss_rel: (gpu.0 - host.0).abs() / host.0.abs(),
         worst,
     }
+}
+
+/// The largest absolute value, NaN if any is NaN (a NaN must not fold away).
+pub(super) fn max_abs(x: &[f32]) -> f64 {
+    x.iter().fold(0f64, |m, &v| {
+        if m.is_nan() || v.is_nan() {
+            f64::NAN
+        } else {
+            m.max((v as f64).abs())
+        }
+    })
 }
 
 /// The tests' small batch: 3 sequences of 11 positions over `vocab`.

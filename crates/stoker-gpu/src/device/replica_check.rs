@@ -15,6 +15,7 @@ use std::sync::Mutex;
 use stoker_comm::{local_group, run_local, DEFAULT_TIMEOUT};
 use stoker_kernels::AdamWStep;
 
+use super::check::max_abs;
 use super::nccl::DeviceNccl;
 use super::Device;
 use crate::backend::Backend;
@@ -217,15 +218,4 @@ pub fn compare_replica_ranks(ordinal: usize) -> Result<ReplicaCompared, GpuError
         (one.0, &one.2),
         (loss, &master),
     ))
-}
-
-/// The largest absolute value, NaN if any is NaN (a NaN must not fold away).
-fn max_abs(x: &[f32]) -> f64 {
-    x.iter().fold(0f64, |m, &v| {
-        if m.is_nan() || v.is_nan() {
-            f64::NAN
-        } else {
-            m.max((v as f64).abs())
-        }
-    })
 }
