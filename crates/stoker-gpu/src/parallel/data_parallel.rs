@@ -60,12 +60,6 @@ impl<B: Backend> DataParallel<B> {
         })
     }
 
-    /// Whether the window's buckets reduce the gradients during the backward (beyond
-    /// one rank).
-    pub fn reduces_in_backward(&self, world: usize) -> bool {
-        world > 1
-    }
-
     /// Starts the reduction of the gradients in `run` (a block's, or the rest): DDP's
     /// all-reduce, or ZeRO-1's reduce-scatter into this rank's shard.
     ///

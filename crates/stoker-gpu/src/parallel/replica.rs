@@ -129,7 +129,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         step.load(be, master)?;
         let state = DataParallel::new(be, strategy, kind, master, segments, rank_world)?;
         // Only beyond one rank do the buckets run.
-        let rest = match state.reduces_in_backward(rank_world.1) {
+        let rest = match rank_world.1 > 1 {
             true => buckets_rest(step.block_runs(), master.len())?,
             false => Vec::new(),
         };
@@ -192,7 +192,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         // one rank the last micro-batch's backward starts each block's reduction (DDP's
         // all-reduce, ZeRO-1's reduce-scatter) as soon as the block is done, and the
         // rest follows it.
-        let buckets = self.overlap && self.state.reduces_in_backward(coll.world());
+        let buckets = self.overlap && coll.world() > 1;
         let grads = self.step.update_views(be)?.grads;
         let mut start = |runs: &[Range<usize>]| -> Result<(), GpuError> {
             runs.iter().try_for_each(|r| {
