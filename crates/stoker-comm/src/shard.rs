@@ -9,6 +9,10 @@
 
 use std::ops::Range;
 
+/// The flat layouts' alignment, and so the shards' boundaries: 16 f32 elements, 64 bytes,
+/// one cache line.
+pub const DEFAULT_ALIGN: usize = 16;
+
 /// One parameter group's split over the ranks, as one rank's collectives over it need
 /// it: the group's span of the flat buffer, each rank's element count in it (rank order,
 /// the counts of an all-gather or reduce-scatter of the group) and where this rank's

@@ -35,8 +35,9 @@ impl ParamSpec {
     }
 }
 
-/// Default alignment: 16 f32 elements = 64 bytes, one cache line.
-pub const DEFAULT_ALIGN: usize = 16;
+/// Default alignment: 16 f32 elements = 64 bytes, one cache line (stoker-comm's, which
+/// the shards of every path share).
+pub use stoker_comm::shard::DEFAULT_ALIGN;
 
 /// One parameter's place in the flat buffer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

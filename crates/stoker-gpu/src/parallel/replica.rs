@@ -29,8 +29,6 @@ pub trait Trainable<B: Backend> {
     fn rows(&self) -> usize;
     /// Copies the flat FP32 `params` into the compute copy.
     fn load(&self, be: &B, params: &[f32]) -> Result<(), GpuError>;
-    /// The compute copy, widened to f32.
-    fn params(&self, be: &B) -> Result<Vec<f32>, GpuError>;
     /// Sets every gradient to 0.
     fn zero_grads(&self, be: &B) -> Result<(), GpuError>;
     /// Queues one micro-batch: adds its gradient of `grad_scale x (summed loss)`, and
@@ -61,9 +59,6 @@ macro_rules! trainable {
             }
             fn load(&self, be: &B, params: &[f32]) -> Result<(), GpuError> {
                 self.buffers().load_params(be, params)
-            }
-            fn params(&self, be: &B) -> Result<Vec<f32>, GpuError> {
-                self.buffers().params(be)
             }
             fn zero_grads(&self, be: &B) -> Result<(), GpuError> {
                 self.buffers().zero_grads(be)

@@ -9,7 +9,7 @@
 
 use std::ops::Range;
 
-use stoker_comm::shard::ShardPlan;
+use stoker_comm::shard::{ShardPlan, DEFAULT_ALIGN};
 
 use super::collectives::Collectives;
 use super::tally::Tally;
@@ -17,9 +17,6 @@ use crate::backend::{Backend, View};
 use crate::elem::Act;
 use crate::error::{check_len, GpuError};
 use crate::step::optimizer::{self, Optimizer, OptimizerState, Scalars, UpdateViews};
-
-/// Shard boundaries, in elements: the CPU trainer's (a 64-byte cache line of f32).
-pub const SHARD_ALIGN: usize = 16;
 
 /// `segments` (sorted, disjoint, with their weight-decay flags) cut to `shard` and
 /// moved to start at 0: the optimizer's segments over a shard of the master.
@@ -60,7 +57,7 @@ impl<B: Backend> Zero1<B> {
                 what: format!("rank {rank} of a world of {world}"),
             });
         }
-        let plan = ShardPlan::new(master.len(), world, SHARD_ALIGN);
+        let plan = ShardPlan::new(master.len(), world, DEFAULT_ALIGN);
         let shard = plan.range(rank);
         let opt = OptimizerState::new(
             be,
