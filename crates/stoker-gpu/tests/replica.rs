@@ -656,7 +656,7 @@ fn llama_under_zero1_at_3_ranks_trains_what_one_rank_trains() {
 /// Records the all-reduces a replica starts (their offsets in the gradients and lengths)
 /// and the finishes, passing everything on to [`ThroughHost`].
 struct Recording<'a, C> {
-    inner: ThroughHost<'a, C>,
+    inner: ThroughHost<&'a C>,
     base: std::cell::Cell<u64>,
     started: std::cell::RefCell<Vec<Range<usize>>>,
     finished: std::cell::Cell<usize>,

@@ -457,7 +457,66 @@ impl TrainConfig {
         self.step == Some(StepKind::Resident)
     }
 
-    /// `step = "resident"`'s requirements: a GPT or Llama, fp32 or bf16, on the CPU.
+    /// Whether training steps run the resident loop (`step = "resident"` under one rank,
+    /// DDP or ZeRO-1, reducing once per window and not in deterministic mode): the step,
+    /// the FP32 master, the optimizer and the reductions on the step's backend. The rest
+    /// of `step = "resident"` (ZeRO-2/3, deterministic mode, a reduction per micro-batch)
+    /// runs the same step's host build through the CPU trainer's own master and
+    /// optimizer, on the CPU only.
+    pub fn resident_loop(&self) -> bool {
+        let p = &self.parallel;
+        self.resident_step()
+            && matches!(
+                p.strategy,
+                StrategyKind::None | StrategyKind::Ddp | StrategyKind::Zero1
+            )
+            && !p.deterministic
+            && p.sync_every_micro_batch != Some(true)
+    }
+
+    /// `step = "resident"` on a GPU: only the resident loop, whose optimizer is on the
+    /// device; errors name the key that asks for anything else.
+    fn check_resident_gpu(&self) -> Result<()> {
+        let p = &self.parallel;
+        if !matches!(
+            p.strategy,
+            StrategyKind::None | StrategyKind::Ddp | StrategyKind::Zero1
+        ) {
+            return Err(config_err(
+                "parallel.strategy",
+                format!(
+                    "{:?} is not built on the resident step's GPU loop (gradients and \
+                     parameters sharded while the backward runs): use \"ddp\" or \"zero1\"",
+                    p.strategy
+                ),
+            ));
+        }
+        if p.deterministic {
+            return Err(config_err(
+                "parallel.deterministic",
+                "the resident loop sums a rank's micro-batches in place on the GPU and reduces \
+                 them once, in the collective's order: bit-identical weights across world \
+                 sizes are not built on it",
+            ));
+        }
+        if p.sync_every_micro_batch == Some(true) {
+            return Err(config_err(
+                "parallel.sync_every_micro_batch",
+                "the resident loop reduces once per window (a reduction per micro-batch is \
+                 only there to measure the chapter's 4.3.1 advice, on the CPU)",
+            ));
+        }
+        if p.offload_optimizer {
+            return Err(config_err(
+                "parallel.offload_optimizer",
+                "true, but step = \"resident\" keeps the optimizer on the GPU beside the \
+                 step; offloading it (or the parameters) is not built on the resident loop",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `step = "resident"`'s requirements: a GPT or Llama, fp32 or bf16.
     fn check_resident(&self) -> Result<()> {
         if !self.resident_step() {
             return Ok(());
@@ -470,12 +529,6 @@ impl TrainConfig {
         }
         if !matches!(self.precision, Precision::Fp32 | Precision::Bf16) {
             return Err(config_err("precision", "step = \"resident\" runs fp32 or bf16 activations (fp16 needs the graph's loss scaling, fp8 its quantization)"));
-        }
-        if self.device != "cpu" {
-            return Err(config_err(
-                "device",
-                format!("step = \"resident\" runs the GPU step's host build on the CPU; on `{}` it is not wired yet (docs/gpu.md)", self.device),
-            ));
         }
         Ok(())
     }
@@ -564,10 +617,11 @@ impl TrainConfig {
         }
     }
 
-    /// What a model on a GPU needs: a build with CUDA, candle's CUDA ops (`kernels =
-    /// "composed"`: the direct step and the fused ops are stoker's CPU kernels), a
-    /// precision whose arithmetic stays on the device (fp8's quantization does not), and
-    /// the optimizer on the host, the only place this trainer steps it.
+    /// What a model on a GPU needs: a build with CUDA; on candle's graph, candle's CUDA
+    /// ops (`kernels = "composed"`: the direct step and the fused ops are stoker's CPU
+    /// kernels), a precision whose arithmetic stays on the device (fp8's quantization
+    /// does not), and the optimizer on the host; on the resident step, its loop
+    /// ([`TrainConfig::resident_loop`]) with the optimizer on the device.
     fn check_gpu(&self) -> Result<()> {
         if !cfg!(feature = "cuda") {
             return Err(crate::device::not_compiled());
@@ -577,6 +631,9 @@ impl TrainConfig {
 
     /// The keys [`TrainConfig::check_gpu`] checks beyond the build.
     fn check_gpu_keys(&self) -> Result<()> {
+        if self.resident_step() {
+            return self.check_resident_gpu();
+        }
         if self.kernels != Kernels::Composed {
             return Err(config_err(
                 "kernels",
@@ -814,6 +871,41 @@ steps = 1
         match cfg!(feature = "cuda") {
             true => c.check_gpu().unwrap(),
             false => assert_eq!(key_of(c.check_gpu()), "device"),
+        }
+        // The resident step on a GPU: its loop, with the optimizer on the device.
+        let mut r = cpu_config();
+        r.device = "cuda".into();
+        r.step = Some(StepKind::Resident);
+        r.kernels = Kernels::Direct;
+        r.check_gpu_keys().unwrap();
+        assert!(r.resident_loop());
+        for (key, change) in [
+            (
+                "parallel.strategy",
+                (|c: &mut TrainConfig| c.parallel.strategy = StrategyKind::Zero2)
+                    as fn(&mut TrainConfig),
+            ),
+            ("parallel.strategy", |c| {
+                c.parallel.strategy = StrategyKind::Zero3
+            }),
+            ("parallel.deterministic", |c| {
+                c.parallel.deterministic = true
+            }),
+            ("parallel.sync_every_micro_batch", |c| {
+                c.parallel.sync_every_micro_batch = Some(true)
+            }),
+            ("parallel.offload_optimizer", |c| {
+                c.parallel.offload_optimizer = true
+            }),
+        ] {
+            let mut bad = r.clone();
+            change(&mut bad);
+            assert_eq!(key_of(bad.check_gpu_keys()), key);
+        }
+        for kind in [StrategyKind::None, StrategyKind::Zero1] {
+            let mut ok = r.clone();
+            ok.parallel.strategy = kind;
+            ok.check_gpu_keys().unwrap();
         }
         // Offload on a CPU is refused whatever the build.
         let mut cpu = cpu_config();

@@ -469,3 +469,81 @@ fn step_chooses_the_path_and_the_older_kernels_key_still_works() {
         assert!(e.contains("`kernels`"), "{top:?}: {e}");
     }
 }
+
+/// (step, loss bits) of each record of one kind.
+type LossCurve = Vec<(u64, u64)>;
+
+/// A run's train losses and evaluation losses, as bits.
+fn train_and_eval_losses(dir: &Path) -> (LossCurve, LossCurve) {
+    let eval = read(dir)
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| match r {
+            Record::Eval { step, loss, .. } => Some((step, loss.to_bits())),
+            _ => None,
+        })
+        .collect();
+    (losses(dir), eval)
+}
+
+#[test]
+fn the_resident_loop_runs_whole_runs_that_resume_bit_identically() {
+    // The resident loop (`step = "resident"`, one rank and ZeRO-1 on two) inside the run:
+    // loader, schedule, evaluation, checkpoints (the master and moments read back from
+    // the loop, ZeRO-1's shards gathered), resume (sent back down) and the closing CRC.
+    for (ranks, strategy) in [(1, "none"), (2, "zero1")] {
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = |name: &str| {
+            let dir = tmp.path().join(name);
+            std::fs::create_dir_all(&dir).unwrap();
+            write_token_corpus(&dir.join("corpus.bin"), 12_000);
+            let extra = format!(
+                "checkpoint_every = 4\neval_every = 4\n[parallel]\nstrategy = \"{strategy}\"\nbackend = \"local\"\n"
+            );
+            let text = gpt_config(&dir, "fp32", 8, &extra)
+                .replace("[data]", "step = \"resident\"\n[data]")
+                .replace(
+                    "accumulation_steps = 2\n",
+                    &format!("accumulation_steps = {}\nworld_size = {ranks}\n", 2 / ranks),
+                );
+            TrainConfig::parse(&text, Path::new("test.toml")).unwrap()
+        };
+        let run_all = |c: &TrainConfig, opts: RunOptions| {
+            stoker_train::run::run_threads(c, &opts)
+                .unwrap()
+                .into_iter()
+                .map(|r| r.unwrap())
+                .collect::<Vec<_>>()
+        };
+        let ca = cfg("a");
+        let a = run_all(&ca, RunOptions::default());
+        let cb = cfg("b");
+        let stop = RunOptions {
+            stop_after: Some(4),
+            ..Default::default()
+        };
+        run_all(&cb, stop);
+        let resume = RunOptions {
+            resume: Some(cb.run_dir.join("checkpoints/step_00000004")),
+            ..Default::default()
+        };
+        let b = run_all(&cb, resume);
+        let (want, got) = (
+            train_and_eval_losses(&ca.run_dir),
+            train_and_eval_losses(&cb.run_dir),
+        );
+        let what = format!("resident {strategy} on {ranks}");
+        assert_eq!(want.0.len(), 8, "{what}: train records");
+        assert_eq!(want.1.len(), 2, "{what}: eval records");
+        assert_eq!(want, got, "{what}: 2N steps vs N + resume + N");
+        // The closing CRC is the checkpoint's whole master, the same on every rank.
+        let (_, master) = stoker_train::checkpoint::consolidate::read_params(
+            &ca.run_dir.join("checkpoints/step_00000008"),
+        )
+        .unwrap();
+        let whole = crc32fast::hash(bytemuck::cast_slice(&master));
+        for s in a.iter().chain(&b) {
+            assert_eq!(s.weights_crc32, whole, "{what}: the closing CRC");
+        }
+    }
+}

@@ -5,6 +5,8 @@
 //! device memory, which needs no copies, is the device backend's `device::nccl` (feature
 //! `cuda`).
 
+use std::ops::Deref;
+
 use stoker_comm::{CommExt, Communicator};
 
 use crate::backend::{Backend, View};
@@ -100,11 +102,12 @@ pub(crate) fn piece(
     Ok((counts[..rank].iter().sum(), counts[rank]))
 }
 
-/// Through a [`Communicator`] on host memory.
+/// Through a [`Communicator`] on host memory, held by any pointer to one (a reference,
+/// an `Rc<dyn Communicator>`).
 #[derive(Debug)]
-pub struct ThroughHost<'a, C>(pub &'a C);
+pub struct ThroughHost<P>(pub P);
 
-impl<C: Communicator> ThroughHost<'_, C> {
+impl<P: Deref<Target = C>, C: Communicator + ?Sized> ThroughHost<P> {
     fn err(&self, what: String) -> impl FnOnce(stoker_comm::CommError) -> GpuError + '_ {
         move |e| GpuError::Driver {
             what: format!(
@@ -117,7 +120,7 @@ impl<C: Communicator> ThroughHost<'_, C> {
     }
 }
 
-impl<B: Backend, C: Communicator> Collectives<B> for ThroughHost<'_, C> {
+impl<B: Backend, P: Deref<Target = C>, C: Communicator + ?Sized> Collectives<B> for ThroughHost<P> {
     fn rank(&self) -> usize {
         self.0.rank()
     }

@@ -90,6 +90,22 @@ impl<B: Backend> DataParallel<B> {
         }
     }
 
+    /// The optimizer state: DDP's whole, ZeRO-1's shard.
+    pub fn optimizer(&self) -> &OptimizerState<B> {
+        match self {
+            DataParallel::Ddp(opt) => opt,
+            DataParallel::Zero1(z) => z.optimizer(),
+        }
+    }
+
+    /// The range of the flat buffer this rank's master and moments cover.
+    pub fn range(&self) -> Range<usize> {
+        match self {
+            DataParallel::Ddp(opt) => 0..opt.len(),
+            DataParallel::Zero1(z) => z.shard(),
+        }
+    }
+
     /// Bytes of this rank's master, optimizer state (and ZeRO-1's shard of gradients).
     pub fn bytes(&self) -> usize {
         match self {

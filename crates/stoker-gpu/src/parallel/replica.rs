@@ -15,7 +15,7 @@ use super::data_parallel::{DataParallel, Strategy};
 use super::tally::Tally;
 use crate::backend::Backend;
 use crate::elem::Act;
-use crate::error::GpuError;
+use crate::error::{check_len, GpuError};
 use crate::step::block_runs::outside_blocks;
 use crate::step::buffers::AfterBlock;
 use crate::step::optimizer::{Optimizer, Scalars, UpdateViews};
@@ -48,6 +48,11 @@ pub trait Trainable<B: Backend> {
     fn loss_sum(&self, be: &B) -> Result<f64, GpuError>;
     /// The views an update works on.
     fn update_views(&self, be: &B) -> Result<UpdateViews<'_, Self::T>, GpuError>;
+    /// One micro-batch's evaluation: the summed loss of its valid targets, how many are
+    /// the top-1 logit, how many there are.
+    fn evaluate(&self, be: &B, batch: TokenBatch) -> Result<(f64, usize, usize), GpuError>;
+    /// Bytes of the step's buffers (parameters, gradients, activations, ids).
+    fn buffer_bytes(&self) -> usize;
 }
 
 macro_rules! trainable {
@@ -80,6 +85,12 @@ macro_rules! trainable {
             }
             fn update_views(&self, be: &B) -> Result<UpdateViews<'_, T>, GpuError> {
                 $t::update_views(self, be)
+            }
+            fn evaluate(&self, be: &B, batch: TokenBatch) -> Result<(f64, usize, usize), GpuError> {
+                $t::evaluate(self, be, batch)
+            }
+            fn buffer_bytes(&self) -> usize {
+                self.buffers().bytes()
             }
         }
     };
@@ -156,6 +167,50 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
     /// The step.
     pub fn step(&self) -> &S {
         &self.step
+    }
+
+    /// Puts `step` (the same model at another batch shape: a last, shorter batch, an
+    /// evaluation's) in the running one's place, its compute copy copied from the running
+    /// one on the backend; returns the step it replaced.
+    pub fn replace_step(&mut self, be: &B, step: S) -> Result<S, GpuError> {
+        if step.block_runs() != self.step.block_runs() {
+            return Err(GpuError::Shape {
+                kernel: "replica",
+                what: "a step of another model's layout in the running step's place".into(),
+            });
+        }
+        let (to, from) = (
+            step.update_views(be)?.params,
+            self.step.update_views(be)?.params,
+        );
+        check_len("replica", "params", to.len(), from.len())?;
+        be.copy(to, from)?;
+        Ok(std::mem::replace(&mut self.step, step))
+    }
+
+    /// Sets the whole flat `master` (a checkpoint's, the same on every rank) as the step's
+    /// compute copy and this rank's part of it as the optimizer's master, with the
+    /// optimizer's buffers over that part (named and ordered as
+    /// [`OptimizerState::moments`](crate::step::optimizer::OptimizerState::moments) gives
+    /// them) and `updates` updates taken.
+    pub fn load(
+        &self,
+        be: &B,
+        master: &[f32],
+        moments: &[(&str, &[f32])],
+        updates: u64,
+    ) -> Result<(), GpuError> {
+        let range = self.state.range();
+        check_len("replica", "master", master.len(), self.flat_len(be)?)?;
+        self.step.load(be, master)?;
+        self.state
+            .optimizer()
+            .set(be, &master[range], moments, updates)
+    }
+
+    /// Elements of the flat buffer.
+    fn flat_len(&self, be: &B) -> Result<usize, GpuError> {
+        Ok(self.step.update_views(be)?.grads.len())
     }
 
     /// The optimizer state (this rank's master, or its shard).

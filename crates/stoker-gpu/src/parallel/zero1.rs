@@ -107,6 +107,11 @@ impl<B: Backend> Zero1<B> {
         self.plan.range(self.rank)
     }
 
+    /// The shard's optimizer state (its master and moments).
+    pub fn optimizer(&self) -> &OptimizerState<B> {
+        &self.opt
+    }
+
     /// The shard's master values.
     pub fn master(&self, be: &B) -> Result<Vec<f32>, GpuError> {
         self.opt.master(be)

@@ -12,7 +12,7 @@ use stoker_kernels::{AdamWStep, SgdStep};
 use crate::args::StochasticRound;
 use crate::backend::{Backend, View};
 use crate::elem::{Act, Dtype};
-use crate::error::GpuError;
+use crate::error::{check_len, GpuError};
 use crate::kernels;
 use crate::optim::{self, Segments};
 
@@ -194,6 +194,61 @@ impl<B: Backend> OptimizerState<B> {
     /// The master's values.
     pub fn master(&self, be: &B) -> Result<Vec<f32>, GpuError> {
         be.download(&self.master)
+    }
+
+    /// The optimizer's buffers by the names a checkpoint gives them (stoker-train's:
+    /// `exp_avg` and `exp_avg_sq` for AdamW, `momentum` for SGD with momentum), each as
+    /// long as the master.
+    pub fn moments(&self, be: &B) -> Result<Vec<(&'static str, Vec<f32>)>, GpuError> {
+        Ok(match &self.moments {
+            Moments::AdamW { m, v } => {
+                vec![
+                    ("exp_avg", be.download(m)?),
+                    ("exp_avg_sq", be.download(v)?),
+                ]
+            }
+            Moments::Sgd { buf: Some(b) } => vec![("momentum", be.download(b)?)],
+            Moments::Sgd { buf: None } => Vec::new(),
+        })
+    }
+
+    /// Sets the master and the optimizer's buffers (named and ordered as
+    /// [`OptimizerState::moments`] gives them) from a checkpoint, `updates` updates into
+    /// the run (where stochastic rounding's counter stands).
+    pub fn set(
+        &self,
+        be: &B,
+        master: &[f32],
+        moments: &[(&str, &[f32])],
+        updates: u64,
+    ) -> Result<(), GpuError> {
+        let n = self.len();
+        check_len("optimizer", "master", master.len(), n)?;
+        let mine: Vec<(&'static str, &B::Buf<f32>)> = match &self.moments {
+            Moments::AdamW { m, v } => vec![("exp_avg", m), ("exp_avg_sq", v)],
+            Moments::Sgd { buf: Some(b) } => vec![("momentum", b)],
+            Moments::Sgd { buf: None } => Vec::new(),
+        };
+        let names = |v: &mut dyn Iterator<Item = &str>| v.collect::<Vec<_>>().join(", ");
+        if mine.len() != moments.len() || mine.iter().zip(moments).any(|((a, _), (b, _))| a != b) {
+            return Err(GpuError::Shape {
+                kernel: "optimizer",
+                what: format!(
+                    "buffers [{}] for a state that holds [{}]",
+                    names(&mut moments.iter().map(|(n, _)| *n)),
+                    names(&mut mine.iter().map(|(n, _)| *n))
+                ),
+            });
+        }
+        for ((name, buf), (_, values)) in mine.iter().zip(moments) {
+            check_len("optimizer", name, values.len(), n)?;
+            be.write(buf, 0, values)?;
+        }
+        be.write(&self.master, 0, master)?;
+        if let Some(r) = &self.round {
+            r.updates.set(updates);
+        }
+        Ok(())
     }
 }
 

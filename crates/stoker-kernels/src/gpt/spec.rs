@@ -210,6 +210,24 @@ impl GptOffsets {
         self.end
     }
 
+    /// The same offsets over a flat buffer of `len` elements: a layout's, padded past its
+    /// last parameter (the trainer's flat buffers are), so that a step's parameter and
+    /// gradient buffers are exactly as long as the trainer's. Fails where `len` falls
+    /// short of the last parameter.
+    pub fn with_end(mut self, len: usize) -> Result<Self, KernelError> {
+        if len < self.end {
+            return Err(KernelError::Layout {
+                op: "gpt-step",
+                msg: format!(
+                    "a flat buffer of {len} elements, short of the last parameter's end at {}",
+                    self.end
+                ),
+            });
+        }
+        self.end = len;
+        Ok(self)
+    }
+
     /// Each group's span of the flat buffer, group order (embeddings, blocks, final norm).
     pub fn group_ranges(&self) -> &[std::ops::Range<usize>] {
         &self.groups

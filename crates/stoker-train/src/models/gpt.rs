@@ -202,6 +202,18 @@ impl Model for Gpt {
         Ok(Some(super::resident::gpt(dims, offsets, LN_EPS, bf16)))
     }
 
+    fn resident_run(
+        &self,
+        layout: &FlatLayout,
+        bf16: bool,
+        setup: &super::resident_run::RunSetup<'_>,
+    ) -> Result<Option<Box<dyn super::resident_run::ResidentRun>>> {
+        let dims = self.config.dims();
+        let offsets = GptOffsets::from_table(&dims, |name| layout.offset_of(name))?
+            .with_end(layout.total_len())?;
+        super::resident::gpt_run(dims, offsets, LN_EPS, bf16, setup).map(Some)
+    }
+
     fn params(&self) -> &ParamSet {
         &self.params
     }

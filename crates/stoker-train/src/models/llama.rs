@@ -253,6 +253,19 @@ impl Model for Llama {
         )))
     }
 
+    fn resident_run(
+        &self,
+        layout: &FlatLayout,
+        bf16: bool,
+        setup: &super::resident_run::RunSetup<'_>,
+    ) -> Result<Option<Box<dyn super::resident_run::ResidentRun>>> {
+        let dims = self.dims;
+        let offsets = LlamaOffsets::from_table(&dims, |name| layout.offset_of(name))?
+            .with_end(layout.total_len())?;
+        let c = &self.config;
+        super::resident::llama_run(dims, offsets, (c.norm_eps, c.rope_theta), bf16, setup).map(Some)
+    }
+
     fn params(&self) -> &ParamSet {
         &self.params
     }

@@ -11,6 +11,7 @@ pub mod gpt;
 pub mod llama;
 pub mod mlp;
 mod resident;
+pub mod resident_run;
 mod token_direct;
 
 use candle_core::Tensor;
@@ -84,6 +85,17 @@ pub trait Model {
         _layout: &FlatLayout,
         _bf16: bool,
     ) -> Result<Option<Box<dyn DirectStep>>> {
+        Ok(None)
+    }
+    /// The model's resident loop (stoker-gpu's step, master, optimizer and reductions on
+    /// one backend) of `setup` over the same flat layout, bf16 activations when `bf16`.
+    /// None by default: only the GPT and the Llama have one.
+    fn resident_run(
+        &self,
+        _layout: &FlatLayout,
+        _bf16: bool,
+        _setup: &resident_run::RunSetup<'_>,
+    ) -> Result<Option<Box<dyn resident_run::ResidentRun>>> {
         Ok(None)
     }
 }

@@ -2,7 +2,8 @@
 //! GPT and Llama steps on its host backend, behind stoker-kernels' `TokenStep` (the
 //! adapter gathers parameters and adds gradients through the same group protocol as the
 //! CPU step), so the whole training loop (loader, accumulation, strategies, optimizer,
-//! checkpoints, evaluation) runs the GPU step's code on a CPU.
+//! checkpoints, evaluation) runs the GPU step's code on a CPU; and the same steps as the
+//! resident loops ([`super::resident_run`]) on the host or a GPU.
 
 use half::bf16;
 use stoker_gpu::step::token_step::{AsTokenStep, MakeStep, ResidentStep};
@@ -10,8 +11,10 @@ use stoker_gpu::step::{GptGpuStep, LlamaGpuStep};
 use stoker_gpu::{Act, Host};
 use stoker_kernels::{GptDims, GptOffsets, LlamaDims, LlamaOffsets};
 
+use super::resident_run::{ResidentLoop, ResidentOn, ResidentRun, RunSetup};
 use super::token_direct::TokenDirect;
 use super::DirectStep;
+use crate::error::Result;
 
 fn boxed<S: ResidentStep<Host> + 'static>(
     make: MakeStep<Host, S>,
@@ -67,5 +70,91 @@ pub(crate) fn llama(
     match bf16 {
         true => llama_as::<bf16>(dims, offsets, eps, theta),
         false => llama_as::<f32>(dims, offsets, eps, theta),
+    }
+}
+
+/// A [`ResidentLoop`] of steps made by `make` on the backend `setup` names, as a
+/// [`ResidentRun`]. `make` is generic over the backend: one closure for the host build
+/// and the device.
+macro_rules! loop_on {
+    ($setup:expr, $make:expr) => {{
+        let setup: &RunSetup<'_> = $setup;
+        match setup.on {
+            ResidentOn::Host => {
+                let run = ResidentLoop::new(Host, Box::new($make), setup)?;
+                Ok(Box::new(run) as Box<dyn ResidentRun>)
+            }
+            #[cfg(feature = "cuda")]
+            ResidentOn::Cuda(n) => {
+                let dev = stoker_gpu::device::Device::new(n).map_err(|e| {
+                    crate::error::config_err("device", format!("opening CUDA GPU {n}: {e}"))
+                })?;
+                let run = ResidentLoop::new(dev, Box::new($make), setup)?;
+                Ok(Box::new(run) as Box<dyn ResidentRun>)
+            }
+            #[cfg(not(feature = "cuda"))]
+            ResidentOn::Cuda(_) => Err(crate::device::not_compiled()),
+        }
+    }};
+}
+
+fn gpt_run_as<T: Act>(
+    dims: GptDims,
+    offsets: GptOffsets,
+    eps: f64,
+    setup: &RunSetup<'_>,
+) -> Result<Box<dyn ResidentRun>> {
+    loop_on!(setup, move |be: &_, b, t| GptGpuStep::<_, T>::new(
+        be,
+        dims,
+        offsets.clone(),
+        eps,
+        b,
+        t
+    ))
+}
+
+/// The GPT's resident loop of `setup`, bf16 activations when `bf16`.
+pub(crate) fn gpt_run(
+    dims: GptDims,
+    offsets: GptOffsets,
+    eps: f64,
+    bf16: bool,
+    setup: &RunSetup<'_>,
+) -> Result<Box<dyn ResidentRun>> {
+    match bf16 {
+        true => gpt_run_as::<bf16>(dims, offsets, eps, setup),
+        false => gpt_run_as::<f32>(dims, offsets, eps, setup),
+    }
+}
+
+fn llama_run_as<T: Act>(
+    dims: LlamaDims,
+    offsets: LlamaOffsets,
+    (eps, theta): (f64, f64),
+    setup: &RunSetup<'_>,
+) -> Result<Box<dyn ResidentRun>> {
+    loop_on!(setup, move |be: &_, b, t| LlamaGpuStep::<_, T>::new(
+        be,
+        dims,
+        offsets.clone(),
+        eps,
+        theta,
+        b,
+        t
+    ))
+}
+
+/// The Llama's resident loop of `setup`, bf16 activations when `bf16`.
+pub(crate) fn llama_run(
+    dims: LlamaDims,
+    offsets: LlamaOffsets,
+    (eps, theta): (f64, f64),
+    bf16: bool,
+    setup: &RunSetup<'_>,
+) -> Result<Box<dyn ResidentRun>> {
+    match bf16 {
+        true => llama_run_as::<bf16>(dims, offsets, (eps, theta), setup),
+        false => llama_run_as::<f32>(dims, offsets, (eps, theta), setup),
     }
 }

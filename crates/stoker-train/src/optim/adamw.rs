@@ -66,7 +66,20 @@ impl AdamW {
     }
 }
 
+impl AdamW {
+    /// The scalars of the next update at `lr`, the step count advanced.
+    fn advance(&mut self, lr: f32) -> AdamWStep {
+        self.step += 1;
+        let c = self.config;
+        AdamWStep::new(lr, c.beta1, c.beta2, c.eps, c.weight_decay, self.step)
+    }
+}
+
 impl Optimizer for AdamW {
+    fn next_scalars(&mut self, lr: f32) -> stoker_gpu::step::optimizer::Scalars {
+        stoker_gpu::step::optimizer::Scalars::AdamW(self.advance(lr))
+    }
+
     fn step_each(
         &mut self,
         params: &mut [f32],
@@ -75,9 +88,7 @@ impl Optimizer for AdamW {
         mut bf16_out: Option<&mut [bf16]>,
         done: SegmentDone<'_>,
     ) {
-        self.step += 1;
-        let c = self.config;
-        let s = AdamWStep::new(lr, c.beta1, c.beta2, c.eps, c.weight_decay, self.step);
+        let s = self.advance(lr);
         for seg in &self.segments {
             let r = span(seg);
             adamw_update(

@@ -61,15 +61,9 @@ impl Sgd {
     }
 }
 
-impl Optimizer for Sgd {
-    fn step_each(
-        &mut self,
-        params: &mut [f32],
-        grads: &[f32],
-        lr: f32,
-        mut bf16_out: Option<&mut [bf16]>,
-        done: SegmentDone<'_>,
-    ) {
+impl Sgd {
+    /// The scalars of the next update at `lr`, the step count advanced.
+    fn advance(&mut self, lr: f32) -> SgdStep {
         let s = SgdStep {
             lr,
             momentum: self.config.momentum as f32,
@@ -78,6 +72,24 @@ impl Optimizer for Sgd {
             first: self.step == 0,
         };
         self.step += 1;
+        s
+    }
+}
+
+impl Optimizer for Sgd {
+    fn next_scalars(&mut self, lr: f32) -> stoker_gpu::step::optimizer::Scalars {
+        stoker_gpu::step::optimizer::Scalars::Sgd(self.advance(lr))
+    }
+
+    fn step_each(
+        &mut self,
+        params: &mut [f32],
+        grads: &[f32],
+        lr: f32,
+        mut bf16_out: Option<&mut [bf16]>,
+        done: SegmentDone<'_>,
+    ) {
+        let s = self.advance(lr);
         for seg in &self.segments {
             let r = span(seg);
             sgd_update(

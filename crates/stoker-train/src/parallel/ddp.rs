@@ -64,6 +64,10 @@ impl Strategy for Ddp {
         "ddp"
     }
 
+    fn communicator(&self) -> Option<Rc<dyn Communicator>> {
+        Some(self.comm.clone())
+    }
+
     fn rank(&self) -> usize {
         self.comm.rank()
     }

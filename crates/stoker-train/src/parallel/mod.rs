@@ -106,6 +106,11 @@ pub trait StrategyBytes {
 pub trait Strategy: StrategyBytes {
     /// `none` or `ddp`, for logs.
     fn name(&self) -> &'static str;
+    /// The communicator it runs over (None: one rank alone), for a path that runs its
+    /// own collectives on its own buffers (the resident path, [`crate::trainer::StepPath`]).
+    fn communicator(&self) -> Option<Rc<dyn Communicator>> {
+        None
+    }
     /// This rank.
     fn rank(&self) -> usize;
     /// Ranks in the data-parallel group.

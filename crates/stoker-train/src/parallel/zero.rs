@@ -163,6 +163,10 @@ impl Strategy for Zero {
         }
     }
 
+    fn communicator(&self) -> Option<Rc<dyn Communicator>> {
+        Some(self.comm.clone())
+    }
+
     fn rank(&self) -> usize {
         self.comm.rank()
     }

@@ -245,6 +245,9 @@ fn finish(
     let training_s =
         (elapsed - stats.eval_time.as_secs_f64() - stats.ckpt_time.as_secs_f64()).max(1e-9);
     let held = trainer.held_bytes();
+    // Every rank (under ZeRO-1 on the resident path a collective), before rank 0 alone
+    // samples.
+    trainer.sync_host()?;
     let sample = match (&rank.vocab, config.train.sample_tokens) {
         (Some(v), n) if n > 0 && (rank.lead || trainer.shards_params()) => {
             let context = config.model.context().unwrap_or(0);

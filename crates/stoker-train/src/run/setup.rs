@@ -59,7 +59,12 @@ impl Rank {
         // A GPU (`device = "cuda"`): the rank's own, one per rank on its host.
         let (launched, per_host) = (comm.backend() != "local", comm.ranks_on_this_host());
         let local = crate::device::local_rank(dims.rank, per_host, launched);
-        let device = crate::device::TrainDevice::parse(&config.device)?.open(local)?;
+        // The resident step opens its GPU itself (stoker-gpu's device, not candle's): the
+        // model's candle variables, which only sampling runs, stay on the host.
+        let device = match config.resident_step() {
+            true => candle_core::Device::Cpu,
+            false => crate::device::TrainDevice::parse(&config.device)?.open(local)?,
+        };
         let (p, k, seed) = (config.precision, config.kernels, config.seed);
         // The model declared first without values: its layout sets the strategy up, and a
         // strategy that shards the parameters (ZeRO-3) draws this rank's pieces from it
@@ -72,7 +77,7 @@ impl Rank {
             true => build_model_on(&config.model, p, k, seed, &device)?,
             false => meta,
         };
-        let mut trainer = Trainer::with_strategy(config, model, strategy)?;
+        let mut trainer = Trainer::with_strategy_on_gpu(config, model, strategy, local)?;
         let vocab = load_vocab(config)?;
         let data = open_datasets(config, trainer.model())?;
         let resumed_at = match &opts.resume {

@@ -236,6 +236,7 @@ fn evaluate_now(ctx: &LoopContext<'_>, rank: &mut Rank, stats: &mut LoopStats) -
 /// weights.
 fn checkpoint_now(ctx: &LoopContext<'_>, rank: &mut Rank, stats: &mut LoopStats) -> Result<()> {
     let t0 = Instant::now();
+    rank.trainer.sync_host()?;
     let (trainer, dims) = (&rank.trainer, &rank.dims);
     same_weights_everywhere(&**ctx.comm, trainer, trainer.step())?;
     let pos = DataPosition::of(

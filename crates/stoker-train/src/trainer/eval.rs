@@ -178,6 +178,14 @@ impl Trainer {
                     .into(),
             ));
         }
+        if let Some(path) = self.path.resident() {
+            let (mut sum, mut correct, mut count) = (0f64, 0usize, 0usize);
+            for mb in batches {
+                let (s, c, n) = path.evaluate(mb)?;
+                (sum, correct, count) = (sum + s, correct + c, count + n);
+            }
+            return Ok(EvalReport::of(sum, correct, count));
+        }
         if let Some(step) = self.path.direct_step() {
             let (mut sum, mut correct, mut count) = (0f64, 0usize, 0usize);
             for mb in batches {
@@ -193,7 +201,10 @@ impl Trainer {
     /// Samples `n` tokens after `prompt` (GPT), with temperature 1 and a seeded generator.
     /// Under ZeRO-3 a collective (every rank calls it and gets the same tokens): each
     /// token's forward runs unit by unit, gathering each unit's groups as it needs them, so
-    /// no rank holds the whole model (FSDP's generation through its wrapped units).
+    /// no rank holds the whole model (FSDP's generation through its wrapped units). On the
+    /// resident path it first brings the host's master up to the loop's
+    /// ([`Trainer::sync_host`], a collective under ZeRO-1: there every rank calls that
+    /// first, and then one rank may sample alone).
     pub fn sample(
         &mut self,
         prompt: &[i64],
@@ -212,6 +223,7 @@ impl Trainer {
                 sample_with(&mut forward, step.fx, prompt, n, context, seed, step.device)
             });
         }
+        self.sync_host()?;
         self.sync_vars()?;
         let (model, fx) = (&*self.model, self.fx());
         let mut forward = |x: &Tensor| Ok(model.forward(&fx, x)?.detach());

@@ -13,6 +13,7 @@
 mod buffers;
 mod eval;
 mod path;
+mod resident;
 mod state;
 mod step;
 
@@ -37,6 +38,7 @@ use crate::schedule::Schedule;
 use buffers::{GradBuffers, ParamBuffers};
 pub use eval::EvalReport;
 pub use path::StepPath;
+pub use resident::ResidentPath;
 
 /// What one optimizer step did.
 #[derive(Debug, Clone, PartialEq)]
@@ -129,7 +131,19 @@ impl Trainer {
     pub fn with_strategy(
         config: &TrainConfig,
         model: Box<dyn Model>,
+        strategy: Box<dyn Strategy>,
+    ) -> Result<Self> {
+        Self::with_strategy_on_gpu(config, model, strategy, 0)
+    }
+
+    /// As [`Trainer::with_strategy`], for the rank that takes GPU `gpu` where the config's
+    /// device is `cuda` without an index and the step is resident (its loop opens the GPU
+    /// itself; the model's candle variables stay on the host).
+    pub fn with_strategy_on_gpu(
+        config: &TrainConfig,
+        model: Box<dyn Model>,
         mut strategy: Box<dyn Strategy>,
+        gpu: usize,
     ) -> Result<Self> {
         let layout = FlatLayout::of(model.params())?;
         let device = match model.params().iter().next() {
@@ -164,8 +178,15 @@ impl Trainer {
             }
             false => model,
         };
-        let (path, grad_held) =
-            StepPath::choose(config, &*model, &layout, &mut *strategy, sharded, &device)?;
+        let (path, grad_held) = StepPath::choose(
+            config,
+            &*model,
+            &layout,
+            &mut *strategy,
+            sharded,
+            &device,
+            (&master, gpu),
+        )?;
         let bf16 = config.kernels.param_dtype(config.precision) == candle_core::DType::BF16;
         let params = ParamBuffers::new(layout, master, held, bf16);
         Ok(Trainer {
@@ -209,8 +230,15 @@ impl Trainer {
     }
 
     /// This rank's FP32 master weights: the whole flat buffer, or under ZeRO-3 its pieces
-    /// of it ([`Trainer::held`]) end to end.
+    /// of it ([`Trainer::held`]) end to end. On the resident path, after
+    /// [`Trainer::sync_host`]: a read of a master that lags the loop's fails loudly
+    /// rather than hand over stale weights.
     pub fn master(&self) -> &[f32] {
+        let behind = matches!(&self.path, StepPath::Resident(r) if r.host_behind());
+        assert!(
+            !behind,
+            "Trainer::master on the resident path lags the loop: call Trainer::sync_host first"
+        );
         &self.params.master
     }
 
@@ -274,6 +302,7 @@ impl Trainer {
     /// The whole FP32 parameter buffer: a copy of `master`, or under ZeRO-3 gathered from
     /// every rank's shard (a collective: every rank calls it).
     pub fn full_master(&mut self) -> Result<Vec<f32>> {
+        self.sync_host()?;
         match self.strategy.sharded() {
             Some(s) => s.gather_params(&self.params.master),
             None => Ok(self.params.master.clone()),
@@ -302,6 +331,7 @@ impl Trainer {
             )));
         }
         self.params.master = local;
+        self.path.host_changed();
         if self.shards_params() {
             return Ok(());
         }
@@ -321,14 +351,20 @@ impl Trainer {
     /// The bytes this rank's trainer holds in model states and communication buffers,
     /// counted from the buffers themselves.
     pub fn held_bytes(&self) -> crate::memory::HeldBytes {
+        // The resident loop's master, moments and steps' buffers (on a GPU: device memory).
+        let (resident_state, resident_steps) = match &self.path {
+            StepPath::Resident(r) => r.bytes(),
+            _ => (0, 0),
+        };
         crate::memory::HeldBytes {
             params: self.params.bytes() + vars_bytes(&*self.model),
             grads: 4 * self.grads.buf.len() + self.strategy.grad_bytes(),
-            optimizer: self.optimizer.state_bytes(),
+            optimizer: self.optimizer.state_bytes() + resident_state,
             buffers: self.strategy.buffer_bytes()
                 + 4 * self.grads.buf.len() * self.grads.sum.extra_buffers()
                 + self.path.unit_peak()
-                + self.staging_bytes(),
+                + self.staging_bytes()
+                + resident_steps,
         }
     }
 

@@ -21,6 +21,7 @@ use crate::pieces::Pieces;
 use crate::precision::{Fx, Kernels, Precision};
 
 use super::buffers::ParamBuffers;
+use super::resident::ResidentPath;
 
 /// How a rank's micro-batch runs.
 pub enum StepPath {
@@ -57,6 +58,10 @@ pub enum StepPath {
         /// The most bytes of that workspace held so far.
         peak: usize,
     },
+    /// The GPU-design step with the FP32 master, the optimizer and the reductions on its
+    /// own backend (a GPU, or the host build on a CPU), a whole window at a time
+    /// (`step = "resident"` under one rank, DDP or ZeRO-1; [`super::resident`]).
+    Resident(ResidentPath),
 }
 
 /// What a micro-batch on any path reads besides the path itself.
@@ -134,7 +139,10 @@ impl StepPath {
     /// The path `config` asks for with `strategy` (its gradients settled here: where they
     /// go decides between the direct step's two forms), for `model` laid out by `layout`,
     /// its parameters `sharded` over the ranks or not; and the pieces of the flat buffer
-    /// the rank's gradient sum holds.
+    /// the rank's gradient sum holds (none on the resident path, whose gradients stay on
+    /// its backend). The resident path starts from the whole `master`, on GPU `gpu` where
+    /// the config's device is `cuda` without an index.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn choose(
         config: &TrainConfig,
         model: &dyn Model,
@@ -142,7 +150,12 @@ impl StepPath {
         strategy: &mut dyn Strategy,
         sharded: bool,
         device: &Device,
+        (master, gpu): (&[f32], usize),
     ) -> Result<(StepPath, Pieces)> {
+        if config.resident_loop() {
+            let path = ResidentPath::new(config, model, layout, &*strategy, master, gpu)?;
+            return Ok((StepPath::Resident(path), Pieces::new([])));
+        }
         let direct = match (
             config.resident_step(),
             config.kernels.direct_step(config.precision),
@@ -209,6 +222,13 @@ impl StepPath {
     ) -> Result<f64> {
         let master = &on.params.master;
         let loss = match self {
+            StepPath::Resident(_) => {
+                return Err(TrainError::Strategy(
+                    "the resident path runs whole windows (Trainer::train_step), not one \
+                     micro-batch"
+                        .into(),
+                ))
+            }
             StepPath::DirectByGroup { step, .. } => {
                 let mut source = by_group(strategy)?.step_source(master, target);
                 let mut backward = Backward::Sharded {
@@ -270,6 +290,9 @@ impl StepPath {
         let f = factor.unwrap_or(0.0) as f32;
         let master = &on.params.master;
         match self {
+            StepPath::Resident(_) => Err(TrainError::Strategy(
+                "the resident path's steps change its backend's state: no scratch step".into(),
+            )),
             StepPath::DirectByGroup { step, .. } => {
                 let (mut source, predicted) = by_group(strategy)?.scratch_source(master, grads)?;
                 step.forward_backward_groups(&mut *source, &mb.input, &mb.targets, f)?;
@@ -325,13 +348,14 @@ impl StepPath {
         )
     }
 
-    /// A name for logs: `graph`, `direct`, `direct by group`, `units`.
+    /// A name for logs: `graph`, `direct`, `direct by group`, `units`, `resident`.
     pub fn name(&self) -> &'static str {
         match self {
             StepPath::Graph { .. } => "graph",
             StepPath::Direct { .. } => "direct",
             StepPath::DirectByGroup { .. } => "direct by group",
             StepPath::Units { .. } => "units",
+            StepPath::Resident(_) => "resident",
         }
     }
 
@@ -357,6 +381,7 @@ impl StepPath {
             StepPath::Direct { step, .. } | StepPath::DirectByGroup { step, .. } => {
                 step.activation_bytes()
             }
+            StepPath::Resident(r) => r.bytes().1,
             _ => 0,
         }
     }
@@ -391,12 +416,29 @@ impl StepPath {
         }
     }
 
+    /// The trainer set its master or optimizer state: the resident loop takes them before
+    /// its next window.
+    pub(super) fn host_changed(&mut self) {
+        if let StepPath::Resident(r) = self {
+            r.host_changed();
+        }
+    }
+
+    /// The resident path.
+    pub(super) fn resident(&mut self) -> Option<&mut ResidentPath> {
+        match self {
+            StepPath::Resident(r) => Some(r),
+            _ => None,
+        }
+    }
+
     /// Whether the model's variables lag the master.
     pub(super) fn vars_stale(&self) -> bool {
         match self {
             StepPath::Direct { vars_stale, .. } | StepPath::DirectByGroup { vars_stale, .. } => {
                 vars_stale.get()
             }
+            StepPath::Resident(r) => r.vars_stale.get(),
             _ => false,
         }
     }
@@ -412,10 +454,12 @@ impl StepPath {
     }
 
     fn mark_vars(&self, stale: bool) {
-        if let StepPath::Direct { vars_stale, .. } | StepPath::DirectByGroup { vars_stale, .. } =
-            self
-        {
-            vars_stale.set(stale);
+        match self {
+            StepPath::Direct { vars_stale, .. } | StepPath::DirectByGroup { vars_stale, .. } => {
+                vars_stale.set(stale)
+            }
+            StepPath::Resident(r) => r.vars_stale.set(stale),
+            _ => {}
         }
     }
 }

@@ -26,6 +26,7 @@ impl Stateful for Trainer {
         self.optimizer
             .restore(loaded.optimizer)
             .map_err(crate::error::TrainError::Layout)?;
+        self.path.host_changed();
         if let (Some(s), Some(saved)) = (&mut self.scaler, loaded.scaler) {
             s.restore(saved)?;
         }

@@ -26,6 +26,9 @@ impl Trainer {
     /// One optimizer step over this rank's accumulation window (its part of the global
     /// batch; every rank's window has the same shapes).
     pub fn train_step(&mut self, window: &[MicroBatch]) -> Result<StepReport> {
+        if self.path.resident().is_some() {
+            return self.resident_step(window);
+        }
         let step = self.step;
         // The global batch's target capacity, which every rank knows without asking: the
         // backward divides by it, the count over all ranks corrects it afterwards.
@@ -278,9 +281,9 @@ impl Trainer {
     /// activation buffers stay (the step keeps them). Returns the bytes of predicted
     /// workspace the run held meanwhile (the strategy's groups, ZeRO-3's units), which a
     /// count must not take twice; None without running in fp8 (whose forward records amax
-    /// history).
+    /// history) or on the resident path (whose step changes its backend's state).
     pub fn scratch_micro_batch(&mut self, mb: &MicroBatch) -> Result<Option<usize>> {
-        if self.fp8.is_some() {
+        if self.fp8.is_some() || self.path.resident().is_some() {
             return Ok(None);
         }
         let fx = Fx::new(self.precision, None).with_kernels(self.kernels);

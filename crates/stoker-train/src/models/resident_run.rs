@@ -1,0 +1,267 @@
+//! The resident loop behind the trainer (`step = "resident"` under one rank, DDP or
+//! ZeRO-1): stoker-gpu's [`Replica`] (the step, the FP32 master, the optimizer's moments
+//! and the reductions, all on the step's backend) fed the trainer's micro-batches. The
+//! trainer keeps its schedule, loader, evaluation calls and checkpoints; the master and
+//! the moments cross to the host only when it asks for them ([`ResidentRun::state`]).
+//!
+//! One loop per backend: the host build on a CPU (what the tests run), the device on a
+//! GPU (`cuda` feature). Both run the same calls.
+
+use std::ops::Range;
+use std::rc::Rc;
+
+use stoker_comm::Communicator;
+use stoker_gpu::parallel::{
+    Replica, Strategy as GpuStrategy, ThroughHost, Trainable, WindowReport,
+};
+use stoker_gpu::step::optimizer::{Optimizer as GpuOptimizer, Scalars};
+use stoker_gpu::step::token_step::MakeStep;
+use stoker_gpu::step::TokenBatch;
+use stoker_gpu::Backend;
+
+use crate::accumulate::MicroBatch;
+use crate::error::{Result, TrainError};
+use crate::loss::IGNORE_INDEX;
+
+/// What the trainer asks of a resident loop, whatever its backend and model.
+pub trait ResidentRun {
+    /// One accumulation window of this rank's micro-batches (every rank passes as many),
+    /// the reductions over `comm`'s ranks, and the optimizer's update with `scalars`,
+    /// the mean gradient clipped to `clip`.
+    fn window(
+        &mut self,
+        comm: &Rc<dyn Communicator>,
+        window: &[MicroBatch],
+        scalars: &Scalars,
+        clip: Option<f64>,
+    ) -> Result<WindowReport>;
+    /// One micro-batch's evaluation: the summed loss of its valid targets, how many are
+    /// the top-1 logit, how many there are.
+    fn evaluate(&mut self, mb: &MicroBatch) -> Result<(f64, usize, usize)>;
+    /// The range of the flat buffer this rank's master covers (all of it, or its ZeRO-1
+    /// shard), its values, and the optimizer's buffers over it, named as a checkpoint
+    /// names them.
+    fn state(&self) -> Result<ResidentState>;
+    /// The range of the flat buffer this rank's master covers.
+    fn range(&self) -> Range<usize>;
+    /// Sets the whole flat master (the same on every rank) and the optimizer's buffers
+    /// over this rank's range, `updates` updates into the run.
+    fn load(&mut self, master: &[f32], moments: &[(&str, &[f32])], updates: u64) -> Result<()>;
+    /// Bytes the loop holds on its backend: the master, moments (and ZeRO-1's shard of
+    /// gradients); and every step's buffers (parameters, gradients, activations).
+    fn bytes(&self) -> (usize, usize);
+}
+
+/// A resident loop's state read back: see [`ResidentRun::state`].
+pub struct ResidentState {
+    /// The range of the flat buffer the master covers.
+    pub range: Range<usize>,
+    /// Its values.
+    pub master: Vec<f32>,
+    /// The optimizer's buffers over it.
+    pub moments: Vec<(&'static str, Vec<f32>)>,
+}
+
+/// Which strategy and optimizer a resident loop runs, for which rank, from which master.
+pub struct RunSetup<'a> {
+    /// DDP (one rank too) or ZeRO-1.
+    pub strategy: GpuStrategy,
+    /// AdamW or SGD.
+    pub optimizer: GpuOptimizer,
+    /// The initial whole flat master, the same on every rank.
+    pub master: &'a [f32],
+    /// The optimizer's segments of the flat buffer with their weight-decay flags.
+    pub segments: Vec<(Range<usize>, bool)>,
+    /// This rank and the ranks in all.
+    pub rank_world: (usize, usize),
+    /// The training micro-batch's shape: sequences and positions.
+    pub shape: (usize, usize),
+    /// Where the loop runs.
+    pub on: ResidentOn,
+}
+
+/// The backend a resident loop runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResidentOn {
+    /// The host build, on this CPU.
+    Host,
+    /// GPU `n` (the `cuda` feature).
+    Cuda(usize),
+}
+
+fn gpu_err(what: &str) -> impl FnOnce(stoker_gpu::GpuError) -> TrainError + '_ {
+    move |e| TrainError::Strategy(format!("the resident step ({what}): {e}"))
+}
+
+/// A [`ResidentRun`] on backend `B` with steps of type `S` (one per batch shape met).
+pub(crate) struct ResidentLoop<B: Backend, S: Trainable<B>> {
+    be: B,
+    replica: Replica<B, S>,
+    /// The running step's shape.
+    shape: (usize, usize),
+    /// Steps made for other shapes, kept for the next time one comes.
+    spare: Vec<((usize, usize), S)>,
+    make: MakeStep<B, S>,
+    /// Each micro-batch's token ids, reused from window to window.
+    tokens: Vec<Vec<i64>>,
+    /// An evaluation batch's token ids, reused likewise.
+    eval_ids: Vec<i64>,
+}
+
+impl<B: Backend, S: Trainable<B>> ResidentLoop<B, S> {
+    /// The loop of `setup` on `be`, its steps made by `make`.
+    pub(crate) fn new(be: B, make: MakeStep<B, S>, setup: &RunSetup<'_>) -> Result<Self> {
+        let (b, t) = setup.shape;
+        let step = make(&be, b, t).map_err(gpu_err("making the step"))?;
+        let replica = Replica::new(
+            &be,
+            step,
+            (setup.strategy, setup.optimizer),
+            setup.master,
+            &setup.segments,
+            setup.rank_world,
+        )
+        .map_err(gpu_err("setting up the optimizer"))?;
+        Ok(ResidentLoop {
+            be,
+            replica,
+            shape: setup.shape,
+            spare: Vec::new(),
+            make,
+            tokens: Vec::new(),
+            eval_ids: Vec::new(),
+        })
+    }
+
+    /// Makes the running step the one for `shape` (made on first use, its parameters
+    /// copied from the running one on the backend).
+    fn use_shape(&mut self, shape: (usize, usize)) -> Result<()> {
+        if shape == self.shape {
+            return Ok(());
+        }
+        let step = match self.spare.iter().position(|(s, _)| *s == shape) {
+            Some(i) => self.spare.swap_remove(i).1,
+            None => (self.make)(&self.be, shape.0, shape.1)
+                .map_err(gpu_err("making a step for another batch shape"))?,
+        };
+        let old = self
+            .replica
+            .replace_step(&self.be, step)
+            .map_err(gpu_err("changing the batch shape"))?;
+        self.spare.push((self.shape, old));
+        self.shape = shape;
+        Ok(())
+    }
+}
+
+/// The shape `(sequences, positions)` of micro-batch `mb`, its token ids written into
+/// `ids`.
+fn ids_of(mb: &MicroBatch, ids: &mut Vec<i64>) -> Result<(usize, usize)> {
+    let shape = mb.input.dims2()?;
+    ids.clear();
+    ids.extend(
+        crate::ops::ids_i64(&mb.input)?
+            .flatten_all()?
+            .to_vec1::<i64>()?,
+    );
+    if mb.targets.len() != ids.len() {
+        return Err(TrainError::Strategy(format!(
+            "the resident step: a micro-batch of {} token ids has {} targets",
+            ids.len(),
+            mb.targets.len()
+        )));
+    }
+    Ok(shape)
+}
+
+fn batch<'a>(tokens: &'a [i64], targets: &'a [i64]) -> TokenBatch<'a> {
+    TokenBatch {
+        tokens,
+        targets,
+        ignore: IGNORE_INDEX,
+    }
+}
+
+impl<B: Backend, S: Trainable<B>> ResidentRun for ResidentLoop<B, S> {
+    fn window(
+        &mut self,
+        comm: &Rc<dyn Communicator>,
+        window: &[MicroBatch],
+        scalars: &Scalars,
+        clip: Option<f64>,
+    ) -> Result<WindowReport> {
+        if self.tokens.len() < window.len() {
+            self.tokens.resize_with(window.len(), Vec::new);
+        }
+        let mut shape = None;
+        for (mb, ids) in window.iter().zip(&mut self.tokens) {
+            let s = ids_of(mb, ids)?;
+            if *shape.get_or_insert(s) != s {
+                return Err(TrainError::Strategy(format!(
+                    "the resident step runs a window's micro-batches at one shape; this \
+                     window has {:?} and {s:?}",
+                    shape.unwrap_or(s)
+                )));
+            }
+        }
+        if let Some(s) = shape {
+            self.use_shape(s)?;
+        }
+        let batches: Vec<TokenBatch> = window
+            .iter()
+            .zip(&self.tokens)
+            .map(|(mb, ids)| batch(ids, &mb.targets))
+            .collect();
+        self.replica
+            .window(&self.be, &ThroughHost(&**comm), &batches, scalars, clip)
+            .map_err(gpu_err("a training window"))
+    }
+
+    fn evaluate(&mut self, mb: &MicroBatch) -> Result<(f64, usize, usize)> {
+        let mut ids = std::mem::take(&mut self.eval_ids);
+        let result = ids_of(mb, &mut ids).and_then(|shape| {
+            self.use_shape(shape)?;
+            self.replica
+                .step()
+                .evaluate(&self.be, batch(&ids, &mb.targets))
+                .map_err(gpu_err("an evaluation batch"))
+        });
+        self.eval_ids = ids;
+        result
+    }
+
+    fn state(&self) -> Result<ResidentState> {
+        let err = gpu_err("reading the master and moments back");
+        let state = self.replica.state();
+        let opt = state.optimizer();
+        let master = opt
+            .master(&self.be)
+            .map_err(gpu_err("reading the master back"))?;
+        let moments = opt.moments(&self.be).map_err(err)?;
+        Ok(ResidentState {
+            range: state.range(),
+            master,
+            moments,
+        })
+    }
+
+    fn range(&self) -> Range<usize> {
+        self.replica.state().range()
+    }
+
+    fn load(&mut self, master: &[f32], moments: &[(&str, &[f32])], updates: u64) -> Result<()> {
+        self.replica
+            .load(&self.be, master, moments, updates)
+            .map_err(gpu_err("loading the master and moments"))
+    }
+
+    fn bytes(&self) -> (usize, usize) {
+        let steps = self.replica.step().buffer_bytes()
+            + self
+                .spare
+                .iter()
+                .map(|(_, s)| s.buffer_bytes())
+                .sum::<usize>();
+        (self.replica.state().bytes(), steps)
+    }
+}

@@ -1,0 +1,235 @@
+//! The resident path (`step = "resident"` under one rank, DDP or ZeRO-1): a whole window
+//! (micro-batches, reductions, the optimizer) runs on the step's backend, a GPU's memory
+//! or the host build's, where the FP32 master and the optimizer's moments live between
+//! steps (llm.c's loop). The trainer keeps what surrounds the step: the schedule and the
+//! optimizer's step count (each update's scalars come from the trainer's own optimizer,
+//! so the arithmetic's constants have one definition), evaluation, sampling and
+//! checkpoints.
+//!
+//! The trainer's master and optimizer buffers are a mirror, brought up to date only when
+//! something on the host reads them ([`Trainer::sync_host`]: a checkpoint, the run's
+//! closing CRC, sampling); whatever sets them (a checkpoint loaded) is sent down before
+//! the next window.
+
+use std::cell::Cell;
+use std::rc::Rc;
+
+use stoker_comm::Communicator;
+
+use crate::accumulate::MicroBatch;
+use crate::config::{OptimizerKind, StrategyKind, TrainConfig};
+use crate::error::{Result, TrainError};
+use crate::layout::FlatLayout;
+use crate::models::resident_run::{ResidentOn, ResidentRun, RunSetup};
+use crate::models::Model;
+use crate::optim::{segments, OptimState};
+use crate::parallel::Strategy;
+use crate::precision::Precision;
+
+use super::{StepReport, Trainer};
+
+/// The resident path's loop and what the trainer knows of it.
+pub struct ResidentPath {
+    run: Box<dyn ResidentRun>,
+    /// The ranks' communicator (a one-rank group where the strategy has none).
+    comm: Rc<dyn Communicator>,
+    /// The trainer's master and optimizer buffers lag the loop's (a window ran since).
+    host_behind: bool,
+    /// The loop lags the trainer's master and optimizer buffers (they were set).
+    run_behind: bool,
+    /// The model's candle variables lag the trainer's master.
+    pub(super) vars_stale: Cell<bool>,
+}
+
+impl ResidentPath {
+    /// The resident loop of `model` laid out by `layout` for `config`, rank
+    /// `strategy.rank()` of its group, starting from the whole flat `master`; on GPU
+    /// `gpu` where `config.device` is a GPU.
+    pub(super) fn new(
+        config: &TrainConfig,
+        model: &dyn Model,
+        layout: &FlatLayout,
+        strategy: &dyn Strategy,
+        master: &[f32],
+        gpu: usize,
+    ) -> Result<Self> {
+        let on = match crate::device::TrainDevice::parse(&config.device)? {
+            crate::device::TrainDevice::Cpu => ResidentOn::Host,
+            crate::device::TrainDevice::Cuda(n) => ResidentOn::Cuda(n.unwrap_or(gpu)),
+        };
+        let timeout = std::time::Duration::from_secs_f64(config.parallel.timeout_s);
+        let comm = match strategy.communicator() {
+            Some(c) => c,
+            None => Rc::new(stoker_comm::local_group(1, timeout).remove(0)),
+        };
+        let o = &config.optimizer;
+        let setup = RunSetup {
+            strategy: match config.parallel.strategy {
+                StrategyKind::Zero1 => stoker_gpu::parallel::Strategy::Zero1,
+                _ => stoker_gpu::parallel::Strategy::Ddp,
+            },
+            optimizer: match o.kind {
+                OptimizerKind::Adamw => stoker_gpu::step::optimizer::Optimizer::AdamW,
+                OptimizerKind::Sgd => stoker_gpu::step::optimizer::Optimizer::Sgd {
+                    momentum: o.momentum != 0.0,
+                },
+            },
+            master,
+            segments: segments(layout, false)
+                .iter()
+                .map(|s| (s.offset..s.offset + s.len, s.decay))
+                .collect(),
+            rank_world: (strategy.rank(), strategy.world_size()),
+            shape: (
+                config.batch.micro_batch,
+                config.model.context().unwrap_or(1),
+            ),
+            on,
+        };
+        let bf16 = config.precision == Precision::Bf16;
+        let run = model.resident_run(layout, bf16, &setup)?.ok_or_else(|| {
+            TrainError::Strategy("step = \"resident\": this model has no GPU step".into())
+        })?;
+        // The trainer's optimizer covers the strategy's range: the loop's must be the same
+        // (ZeRO-1's shard: both split by stoker-comm's ShardPlan at one alignment).
+        let want = strategy.update_range(layout.total_len());
+        if want.ranges() != std::slice::from_ref(&run.range()) {
+            return Err(TrainError::Layout(format!(
+                "the resident loop's optimizer would cover {:?} of the flat buffer, the \
+                 strategy's range is {:?}",
+                run.range(),
+                want.ranges()
+            )));
+        }
+        Ok(ResidentPath {
+            run,
+            comm,
+            host_behind: false,
+            run_behind: false,
+            vars_stale: Cell::new(false),
+        })
+    }
+
+    /// The trainer set its master or optimizer buffers: send them down before the next
+    /// window.
+    pub(super) fn host_changed(&mut self) {
+        self.run_behind = true;
+        self.host_behind = false;
+    }
+
+    /// Whether the trainer's master lags the loop's.
+    pub(super) fn host_behind(&self) -> bool {
+        self.host_behind
+    }
+
+    /// One micro-batch's evaluation on the loop's backend.
+    pub(super) fn evaluate(&mut self, mb: &MicroBatch) -> Result<(f64, usize, usize)> {
+        self.run.evaluate(mb)
+    }
+
+    /// Bytes the loop holds on its backend: master and moments (ZeRO-1's shard of
+    /// gradients too), and the steps' buffers.
+    pub(super) fn bytes(&self) -> (usize, usize) {
+        self.run.bytes()
+    }
+}
+
+impl Trainer {
+    /// The resident path's optimizer step: the window on the loop's backend at this
+    /// step's learning rate, clipped as configured.
+    pub(super) fn resident_step(&mut self, window: &[MicroBatch]) -> Result<StepReport> {
+        let step = self.step;
+        let lr = self.schedule.lr_at(step);
+        self.send_down()?;
+        let super::StepPath::Resident(path) = &mut self.path else {
+            return Err(TrainError::Strategy("not on the resident path".into()));
+        };
+        // The scalars from the trainer's own optimizer, which counts the step.
+        let scalars = self.optimizer.next_scalars(lr as f32);
+        let clip = (self.grad_clip > 0.0).then_some(self.grad_clip);
+        let report = path.run.window(&path.comm, window, &scalars, clip)?;
+        path.host_behind = true;
+        path.vars_stale.set(true);
+        self.step += 1;
+        if !report.loss.is_finite() || !report.grad_norm.is_finite() {
+            return Err(TrainError::NonFinite {
+                step,
+                what: match report.loss.is_finite() {
+                    true => "gradient",
+                    false => "loss",
+                }
+                .into(),
+                param: "(not named: the resident path keeps its gradients on its backend)".into(),
+            });
+        }
+        Ok(StepReport {
+            step: step + 1,
+            loss: report.loss,
+            count: report.tokens as usize,
+            grad_norm: report.grad_norm,
+            lr,
+            loss_scale: 1.0,
+            skipped: None,
+            sync: self.strategy.stats(),
+        })
+    }
+
+    /// The trainer's master and optimizer buffers into the resident loop, where they were
+    /// set since it last ran.
+    fn send_down(&mut self) -> Result<()> {
+        let super::StepPath::Resident(path) = &mut self.path else {
+            return Ok(());
+        };
+        if !path.run_behind {
+            return Ok(());
+        }
+        let state = self.optimizer.state_ref();
+        let moments: Vec<(&str, &[f32])> = state.buffers.iter().map(|(n, b)| (*n, *b)).collect();
+        path.run.load(&self.params.master, &moments, state.step)?;
+        path.run_behind = false;
+        Ok(())
+    }
+
+    /// On the resident path, brings the trainer's master and optimizer buffers up to the
+    /// loop's (under ZeRO-1 a collective: the shards are all-gathered into the master, so
+    /// every rank calls it at the same point); elsewhere nothing. Whatever reads
+    /// [`Trainer::master`] or the optimizer's state after training steps calls it first
+    /// (the run does before its checks, checkpoints and sampling).
+    pub fn sync_host(&mut self) -> Result<()> {
+        let super::StepPath::Resident(path) = &mut self.path else {
+            return Ok(());
+        };
+        if !path.host_behind {
+            return Ok(());
+        }
+        let state = path.run.state()?;
+        let master = &mut self.params.master;
+        let pieces = self.optimizer.pieces().clone();
+        if pieces.ranges() != std::slice::from_ref(&state.range) {
+            return Err(TrainError::Layout(format!(
+                "the resident loop's optimizer covers {:?}, the trainer's {:?}",
+                state.range,
+                pieces.ranges()
+            )));
+        }
+        master[state.range.clone()].copy_from_slice(&state.master);
+        if state.range.len() < master.len() {
+            self.strategy.after_update(master)?;
+        }
+        let step = self.optimizer.state_ref().step;
+        let buffers = state
+            .moments
+            .into_iter()
+            .map(|(n, b)| (n.to_string(), b))
+            .collect();
+        self.optimizer
+            .restore(OptimState {
+                step,
+                pieces,
+                buffers,
+            })
+            .map_err(TrainError::Layout)?;
+        path.host_behind = false;
+        Ok(())
+    }
+}

@@ -1,0 +1,183 @@
+//! The trainer on the resident loop (`step = "resident"` under one rank, DDP or ZeRO-1:
+//! stoker-gpu's `Replica`, here on its host backend): the path each strategy gets, a run
+//! stopped, checkpointed and resumed equal to one that never stopped (bit for bit, on one
+//! rank and on ZeRO-1's two), and a shorter window and evaluation batches of other shapes
+//! against the CPU direct step.
+
+mod common;
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use common::ranks::*;
+use stoker_comm::{run_local, Communicator};
+use stoker_train::accumulate::MicroBatch;
+use stoker_train::checkpoint::{LoadedState, Stateful};
+use stoker_train::config::TrainConfig;
+use stoker_train::layout::FlatLayout;
+use stoker_train::models::build_model;
+use stoker_train::trainer::{StepReport, Trainer};
+
+/// The config of [`config_text`] with `step = "resident"` in place of the kernels key.
+fn resident(model: &str, precision: &str, optimizer: &str, extra: &str) -> TrainConfig {
+    let text = config_text(model, precision, "direct", optimizer, extra)
+        .replace("kernels = \"direct\"", "step = \"resident\"");
+    TrainConfig::parse(&text, std::path::Path::new("resident.toml")).unwrap()
+}
+
+/// A trainer for rank `comm.rank()` of `config`'s strategy over `comm`.
+fn trainer(config: &TrainConfig, comm: Rc<dyn Communicator>) -> Trainer {
+    let m = build_model(&config.model, config.precision, config.kernels, config.seed).unwrap();
+    let layout = FlatLayout::of(m.params()).unwrap();
+    let strategy = stoker_train::parallel::for_config(config, &layout, comm).unwrap();
+    Trainer::with_strategy(config, m, strategy).unwrap()
+}
+
+/// This rank's window of step `s`: `k` micro-batches of the global batch.
+fn window(model: &str, s: usize, rank: usize, k: usize) -> Vec<MicroBatch> {
+    (rank * k..(rank + 1) * k)
+        .map(|j| micro_batch(model, s, j))
+        .collect()
+}
+
+#[test]
+fn the_resident_loop_serves_one_rank_ddp_and_zero1_and_the_adapter_the_rest() {
+    for (extra, world, want) in [
+        ("strategy = \"none\"", 1, "resident"),
+        ("strategy = \"ddp\"", 2, "resident"),
+        ("strategy = \"zero1\"", 2, "resident"),
+        ("strategy = \"zero2\"", 2, "direct by group"),
+        ("strategy = \"zero3\"", 2, "direct by group"),
+        ("strategy = \"ddp\"\ndeterministic = true", 2, "direct"),
+    ] {
+        let c = resident(GPT, "fp32", ADAMW, extra);
+        assert_eq!(c.resident_loop(), want == "resident", "{extra}");
+        let names = run_local(world, Duration::from_secs(60), |comm| {
+            trainer(&c, Rc::new(comm)).path().name()
+        });
+        assert!(
+            names.iter().all(|n| *n == want),
+            "{extra}: paths {names:?}, expected {want}"
+        );
+    }
+}
+
+/// `steps` steps on `world` ranks, stopping after `stop` of them (if given) to save each
+/// rank's state and load it into a fresh trainer, which runs the rest. Every rank's whole
+/// master and reports.
+fn run_with_resume(
+    config: &TrainConfig,
+    model: &'static str,
+    world: usize,
+    steps: usize,
+    stop: Option<usize>,
+) -> Vec<(Vec<f32>, Vec<StepReport>)> {
+    let k = 4 / world;
+    run_local(world, Duration::from_secs(60), |comm| {
+        let rank = comm.rank();
+        let comm: Rc<dyn Communicator> = Rc::new(comm);
+        let mut t = trainer(config, comm.clone());
+        let mut reports = Vec::new();
+        for s in 0..steps {
+            if Some(s) == stop {
+                t.sync_host().unwrap();
+                let saved = {
+                    let st = t.state();
+                    LoadedState {
+                        step: st.step,
+                        sampler: st.sampler,
+                        master: st.master.to_vec(),
+                        optimizer: st.optimizer.to_owned(),
+                        scaler: None,
+                        fp8: None,
+                    }
+                };
+                // The fresh trainer starts from other weights: the load must replace them.
+                let mut other = config.clone();
+                other.seed += 1;
+                t = trainer(&other, comm.clone());
+                t.load_state(saved).unwrap();
+            }
+            reports.push(t.train_step(&window(model, s, rank, k)).unwrap());
+        }
+        (t.full_master().unwrap(), reports)
+    })
+}
+
+#[test]
+fn a_resident_run_resumed_from_its_state_equals_one_that_never_stopped() {
+    for (precision, extra, world) in [
+        ("fp32", "strategy = \"none\"", 1),
+        ("bf16", "strategy = \"none\"", 1),
+        ("fp32", "strategy = \"zero1\"", 2),
+        ("bf16", "strategy = \"ddp\"", 2),
+    ] {
+        let c = resident(GPT, precision, ADAMW, extra);
+        let what = format!("{precision} {extra} on {world} ranks");
+        let straight = run_with_resume(&c, GPT, world, 5, None);
+        let resumed = run_with_resume(&c, GPT, world, 5, Some(3));
+        for (r, ((m, reps), (want_m, want_reps))) in resumed.iter().zip(&straight).enumerate() {
+            assert!(
+                m.iter().all(|x| x.is_finite()),
+                "{what}: rank {r}'s weights are not finite"
+            );
+            let same = m
+                .iter()
+                .zip(want_m)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{what}: rank {r}'s resumed weights differ");
+            for (s, (a, b)) in reps.iter().zip(want_reps).enumerate() {
+                assert_eq!(
+                    a.loss.to_bits(),
+                    b.loss.to_bits(),
+                    "{what}: rank {r}'s step {s} loss {} against {}",
+                    a.loss,
+                    b.loss
+                );
+                assert_eq!(a.step, b.step, "{what}: step count");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_shorter_window_and_other_evaluation_shapes_track_the_direct_step() {
+    for (model, optimizer) in [(GPT, ADAMW), (LLAMA, SGD)] {
+        let direct = config(model, "fp32", "direct", optimizer, "strategy = \"none\"");
+        let res = resident(model, "fp32", optimizer, "strategy = \"none\"");
+        let run = |c: &TrainConfig| {
+            run_local(1, Duration::from_secs(60), |comm| {
+                let mut t = trainer(c, Rc::new(comm));
+                let mut losses = Vec::new();
+                for s in 0..3 {
+                    losses.push(t.train_step(&window(model, s, 0, 2)).unwrap().loss);
+                }
+                // One sequence per micro-batch: the step at another shape.
+                let short: Vec<MicroBatch> = (0..2)
+                    .map(|j| common::token_batch(500 + j, 1, 6, 11, &[j as usize % 3]))
+                    .collect();
+                losses.push(t.train_step(&short).unwrap().loss);
+                // Back to the first shape, then evaluation at a third.
+                losses.push(t.train_step(&window(model, 3, 0, 2)).unwrap().loss);
+                let eval: Vec<MicroBatch> = (0..2)
+                    .map(|j| common::token_batch(900 + j, 3, 6, 11, &[1, 0, 2]))
+                    .collect();
+                let e = t.evaluate(&eval).unwrap();
+                (t.full_master().unwrap(), losses, e)
+            })
+            .remove(0)
+        };
+        let (want_m, want_l, want_e) = run(&direct);
+        let (m, l, e) = run(&res);
+        let what = &model[8..11];
+        let d = rel_l2_checked(&m, &want_m);
+        eprintln!("{what}: resident loop against the direct step after a shorter window: {d:.2e} (relative L2)");
+        assert!(d <= 1e-5, "{what}: weights differ by {d:e}");
+        for (s, (a, b)) in l.iter().zip(&want_l).enumerate() {
+            stoker_testkit::assert_close_scalar(*a, *b, 1e-5, &format!("{what}: step {s} loss"));
+        }
+        assert_eq!(e.count, want_e.count, "{what}: evaluation count");
+        stoker_testkit::assert_close_scalar(e.loss, want_e.loss, 1e-5, "evaluation loss");
+        stoker_testkit::assert_close_scalar(e.accuracy, want_e.accuracy, 0.0, "accuracy");
+    }
+}
