@@ -2,15 +2,18 @@
 # Everything a session with a lent GPU checks, as one device call (the device tool's time
 # is short: one prepared script, rerun at most once). Run in the repository root there,
 # carrying target/gpu (bash scripts/gpu/build.sh) and data/shakespeare:
-#   bash scripts/gpu/device-check.sh [PART...]      (default: all four, in this order)
+#   bash scripts/gpu/device-check.sh [PART...]      (default: all five, in this order)
 # - kernels: scripts/gpu/kernels-check.sh, stoker's own GPU kernels (crates/stoker-gpu)
 #   against their host build bit for bit, and each one's time at GPT-2 124M's shapes
 #   beside PyTorch's for the same operation;
+# - resident: scripts/gpu/resident-check.sh, the trainer on the resident GPU loop (the
+#   demo's GPT, 1 and 2 ranks) against the CPU direct step, losses and norms per step;
 # - offload: scripts/gpu/offload-check.sh, the demo's GPT on the CPU and on the GPU
 #   (optimizer offloaded to the host), fp32 and bf16, losses compared step by step;
 # - ranks: scripts/gpu/ranks-check.sh, 1 rank vs 2 ranks (DDP, ZeRO-1/2 bit for bit,
 #   ZeRO-3 within a tolerance) with every model on the GPU;
-# - step-time: scripts/gpu/step-time.sh, stoker vs PyTorch on the GPU, two GPT sizes.
+# - step-time: scripts/gpu/step-time.sh, stoker (candle's graph, and the resident step) vs
+#   PyTorch on the GPU, two GPT sizes.
 # The log and the runs' logs, configs and metrics come back in $OUT (device-check.log,
 # runs.tar.gz). Exits 1 if a part fails.
 set -uo pipefail
@@ -19,7 +22,7 @@ res=${OUT:-/tmp/gpu-out}
 work=${TMPDIR:-/tmp}/gpu-check
 mkdir -p "$res"
 parts=("$@")
-[ ${#parts[@]} = 0 ] && parts=(kernels offload ranks step-time)
+[ ${#parts[@]} = 0 ] && parts=(kernels resident step-time offload ranks)
 status=0
 {
   date -u
@@ -28,10 +31,11 @@ status=0
   for part in "${parts[@]}"; do
     case $part in
       kernels) script=kernels-check.sh ;;
+      resident) script=resident-check.sh ;;
       offload) script=offload-check.sh ;;
       ranks) script=ranks-check.sh ;;
       step-time) script=step-time.sh ;;
-      *) echo "device-check: unknown part $part (kernels, offload, ranks, step-time)"; echo "$part exit 2"; continue ;;
+      *) echo "device-check: unknown part $part (kernels, resident, step-time, offload, ranks)"; echo "$part exit 2"; continue ;;
     esac
     OUT=$work timeout 600 bash "scripts/gpu/$script"
     echo "$part exit $?"

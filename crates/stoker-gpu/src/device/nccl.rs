@@ -21,9 +21,12 @@ use crate::elem::{Act, Dtype};
 use crate::error::GpuError;
 use crate::parallel::collectives::{check_scalars, piece, Collectives, MAX_SCALARS};
 
-/// One rank's NCCL communicator on a [`Device`].
-pub struct DeviceNccl<'d> {
-    dev: &'d Device,
+/// One rank's NCCL communicator on a [`Device`]: it holds the device's compute stream
+/// (shared, not borrowed: a training loop owns the device and its communicator side by
+/// side), and orders every collective on it.
+pub struct DeviceNccl {
+    /// The compute stream of the device it joined on.
+    compute: Arc<CudaStream>,
     comm: sys::ncclComm_t,
     rank: usize,
     world: usize,
@@ -60,10 +63,10 @@ fn ptr<E>(v: &View<E>, at: usize) -> *mut std::ffi::c_void {
     (v.addr() + (at * std::mem::size_of::<E>()) as u64) as usize as *mut std::ffi::c_void
 }
 
-impl<'d> DeviceNccl<'d> {
+impl DeviceNccl {
     /// Joins every rank of `host` (rank 0 makes the id, `host` broadcasts it) in an
     /// NCCL communicator on `dev`.
-    pub fn join(dev: &'d Device, host: &impl Communicator) -> Result<Self, GpuError> {
+    pub fn join(dev: &Device, host: &(impl Communicator + ?Sized)) -> Result<Self, GpuError> {
         let (rank, world) = (host.rank(), host.world_size());
         // Words 0..16 carry rank 0's id, word 16 whether it made one: no rank waits for
         // an id that is never coming.
@@ -128,7 +131,7 @@ impl<'d> DeviceNccl<'d> {
             nccl_err(format!("ncclCommInitRank, rank {rank} of {world}")),
         )?;
         Ok(DeviceNccl {
-            dev,
+            compute: dev.stream().clone(),
             comm,
             rank,
             world,
@@ -142,7 +145,7 @@ impl<'d> DeviceNccl<'d> {
     /// `be` is the device this communicator joined on: its stream is the one the
     /// collectives are ordered on.
     fn check_device(&self, be: &Device) -> Result<(), GpuError> {
-        match std::ptr::eq(be, self.dev) {
+        match Arc::ptr_eq(be.stream(), &self.compute) {
             true => be.bind(),
             false => Err(GpuError::Shape {
                 kernel: "nccl",
@@ -152,7 +155,7 @@ impl<'d> DeviceNccl<'d> {
     }
 
     fn stream(&self) -> sys::cudaStream_t {
-        self.dev.stream().cu_stream() as sys::cudaStream_t
+        self.compute.cu_stream() as sys::cudaStream_t
     }
 
     /// `op(root, at, n)` for every rank's non-empty piece (`n` elements from `at`, rank
@@ -275,17 +278,17 @@ impl<'d> DeviceNccl<'d> {
     }
 }
 
-impl Drop for DeviceNccl<'_> {
+impl Drop for DeviceNccl {
     fn drop(&mut self) {
         // SAFETY: the handle came from ncclCommInitRank and is destroyed once, here,
         // after every call on it has finished (both its streams synchronized first).
-        let _ = self.dev.synchronize();
+        let _ = self.compute.synchronize();
         let _ = self.comm_stream.synchronize();
         let _ = unsafe { result::comm_destroy(self.comm) };
     }
 }
 
-impl Collectives<Device> for DeviceNccl<'_> {
+impl Collectives<Device> for DeviceNccl {
     fn rank(&self) -> usize {
         self.rank
     }

@@ -11,6 +11,8 @@ use stoker_gpu::step::{GptGpuStep, LlamaGpuStep};
 use stoker_gpu::{Act, Host};
 use stoker_kernels::{GptDims, GptOffsets, LlamaDims, LlamaOffsets};
 
+use stoker_gpu::parallel::ThroughHost;
+
 use super::resident_run::{ResidentLoop, ResidentOn, ResidentRun, RunSetup};
 use super::token_direct::TokenDirect;
 use super::DirectStep;
@@ -74,14 +76,18 @@ pub(crate) fn llama(
 }
 
 /// A [`ResidentLoop`] of steps made by `make` on the backend `setup` names, as a
-/// [`ResidentRun`]. `make` is generic over the backend: one closure for the host build
-/// and the device.
+/// [`ResidentRun`]: the host build through the ranks' communicator, or a GPU, whose
+/// collectives are NCCL's on device memory where the ranks are processes on GPUs of their
+/// own (`mpirun`, `srun`) and go through host memory otherwise (one rank; ranks as
+/// threads of one process, which may share a GPU). `make` is generic over the backend:
+/// one closure for the host build and the device.
 macro_rules! loop_on {
     ($setup:expr, $make:expr) => {{
         let setup: &RunSetup<'_> = $setup;
+        let through_host = ThroughHost(setup.comm.clone());
         match setup.on {
             ResidentOn::Host => {
-                let run = ResidentLoop::new(Host, Box::new($make), setup)?;
+                let run = ResidentLoop::new(Host, through_host, Box::new($make), setup)?;
                 Ok(Box::new(run) as Box<dyn ResidentRun>)
             }
             #[cfg(feature = "cuda")]
@@ -89,8 +95,23 @@ macro_rules! loop_on {
                 let dev = stoker_gpu::device::Device::new(n).map_err(|e| {
                     crate::error::config_err("device", format!("opening CUDA GPU {n}: {e}"))
                 })?;
-                let run = ResidentLoop::new(dev, Box::new($make), setup)?;
-                Ok(Box::new(run) as Box<dyn ResidentRun>)
+                let nccl = setup.rank_world.1 > 1 && setup.comm.backend() != "local";
+                match nccl {
+                    true => {
+                        let coll = stoker_gpu::device::nccl::DeviceNccl::join(&dev, &*setup.comm)
+                            .map_err(|e| {
+                            crate::error::TrainError::Strategy(format!(
+                                "the resident step's NCCL communicator: {e}"
+                            ))
+                        })?;
+                        let run = ResidentLoop::new(dev, coll, Box::new($make), setup)?;
+                        Ok(Box::new(run) as Box<dyn ResidentRun>)
+                    }
+                    false => {
+                        let run = ResidentLoop::new(dev, through_host, Box::new($make), setup)?;
+                        Ok(Box::new(run) as Box<dyn ResidentRun>)
+                    }
+                }
             }
             #[cfg(not(feature = "cuda"))]
             ResidentOn::Cuda(_) => Err(crate::device::not_compiled()),

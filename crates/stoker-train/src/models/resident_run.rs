@@ -12,7 +12,7 @@ use std::rc::Rc;
 
 use stoker_comm::Communicator;
 use stoker_gpu::parallel::{
-    Replica, Strategy as GpuStrategy, ThroughHost, Trainable, WindowReport,
+    Collectives, Replica, Strategy as GpuStrategy, Trainable, WindowReport,
 };
 use stoker_gpu::step::optimizer::{Optimizer as GpuOptimizer, Scalars};
 use stoker_gpu::step::token_step::MakeStep;
@@ -26,11 +26,10 @@ use crate::loss::IGNORE_INDEX;
 /// What the trainer asks of a resident loop, whatever its backend and model.
 pub trait ResidentRun {
     /// One accumulation window of this rank's micro-batches (every rank passes as many),
-    /// the reductions over `comm`'s ranks, and the optimizer's update with `scalars`,
-    /// the mean gradient clipped to `clip`.
+    /// the reductions over the ranks, and the optimizer's update with `scalars`, the mean
+    /// gradient clipped to `clip`.
     fn window(
         &mut self,
-        comm: &Rc<dyn Communicator>,
         window: &[MicroBatch],
         scalars: &Scalars,
         clip: Option<f64>,
@@ -74,6 +73,10 @@ pub struct RunSetup<'a> {
     pub segments: Vec<(Range<usize>, bool)>,
     /// This rank and the ranks in all.
     pub rank_world: (usize, usize),
+    /// The ranks' communicator (a one-rank group where there is none): the loop's
+    /// collectives go through it, or, on GPUs of ranks launched as processes, through
+    /// NCCL on device memory, whose id it carries.
+    pub comm: Rc<dyn Communicator>,
     /// The training micro-batch's shape: sequences and positions.
     pub shape: (usize, usize),
     /// Where the loop runs.
@@ -93,9 +96,11 @@ fn gpu_err(what: &str) -> impl FnOnce(stoker_gpu::GpuError) -> TrainError + '_ {
     move |e| TrainError::Strategy(format!("the resident step ({what}): {e}"))
 }
 
-/// A [`ResidentRun`] on backend `B` with steps of type `S` (one per batch shape met).
-pub(crate) struct ResidentLoop<B: Backend, S: Trainable<B>> {
+/// A [`ResidentRun`] on backend `B` with steps of type `S` (one per batch shape met) and
+/// collectives `C`.
+pub(crate) struct ResidentLoop<B: Backend, S: Trainable<B>, C: Collectives<B>> {
     be: B,
+    coll: C,
     replica: Replica<B, S>,
     /// The running step's shape.
     shape: (usize, usize),
@@ -108,9 +113,9 @@ pub(crate) struct ResidentLoop<B: Backend, S: Trainable<B>> {
     eval_ids: Vec<i64>,
 }
 
-impl<B: Backend, S: Trainable<B>> ResidentLoop<B, S> {
-    /// The loop of `setup` on `be`, its steps made by `make`.
-    pub(crate) fn new(be: B, make: MakeStep<B, S>, setup: &RunSetup<'_>) -> Result<Self> {
+impl<B: Backend, S: Trainable<B>, C: Collectives<B>> ResidentLoop<B, S, C> {
+    /// The loop of `setup` on `be` with collectives `coll`, its steps made by `make`.
+    pub(crate) fn new(be: B, coll: C, make: MakeStep<B, S>, setup: &RunSetup<'_>) -> Result<Self> {
         let (b, t) = setup.shape;
         let step = make(&be, b, t).map_err(gpu_err("making the step"))?;
         let replica = Replica::new(
@@ -124,6 +129,7 @@ impl<B: Backend, S: Trainable<B>> ResidentLoop<B, S> {
         .map_err(gpu_err("setting up the optimizer"))?;
         Ok(ResidentLoop {
             be,
+            coll,
             replica,
             shape: setup.shape,
             spare: Vec::new(),
@@ -182,10 +188,9 @@ fn batch<'a>(tokens: &'a [i64], targets: &'a [i64]) -> TokenBatch<'a> {
     }
 }
 
-impl<B: Backend, S: Trainable<B>> ResidentRun for ResidentLoop<B, S> {
+impl<B: Backend, S: Trainable<B>, C: Collectives<B>> ResidentRun for ResidentLoop<B, S, C> {
     fn window(
         &mut self,
-        comm: &Rc<dyn Communicator>,
         window: &[MicroBatch],
         scalars: &Scalars,
         clip: Option<f64>,
@@ -213,7 +218,7 @@ impl<B: Backend, S: Trainable<B>> ResidentRun for ResidentLoop<B, S> {
             .map(|(mb, ids)| batch(ids, &mb.targets))
             .collect();
         self.replica
-            .window(&self.be, &ThroughHost(&**comm), &batches, scalars, clip)
+            .window(&self.be, &self.coll, &batches, scalars, clip)
             .map_err(gpu_err("a training window"))
     }
 

@@ -14,8 +14,6 @@
 use std::cell::Cell;
 use std::rc::Rc;
 
-use stoker_comm::Communicator;
-
 use crate::accumulate::MicroBatch;
 use crate::config::{OptimizerKind, StrategyKind, TrainConfig};
 use crate::error::{Result, TrainError};
@@ -31,8 +29,6 @@ use super::{StepReport, Trainer};
 /// The resident path's loop and what the trainer knows of it.
 pub struct ResidentPath {
     run: Box<dyn ResidentRun>,
-    /// The ranks' communicator (a one-rank group where the strategy has none).
-    comm: Rc<dyn Communicator>,
     /// The trainer's master and optimizer buffers lag the loop's (a window ran since).
     host_behind: bool,
     /// The loop lags the trainer's master and optimizer buffers (they were set).
@@ -70,9 +66,11 @@ impl ResidentPath {
             },
             optimizer: match o.kind {
                 OptimizerKind::Adamw => stoker_gpu::step::optimizer::Optimizer::AdamW,
-                OptimizerKind::Sgd => stoker_gpu::step::optimizer::Optimizer::Sgd {
-                    momentum: o.momentum != 0.0,
-                },
+                // The trainer's SGD keeps its momentum buffer whatever the factor (a
+                // checkpoint always has one), so the loop's does too.
+                OptimizerKind::Sgd => {
+                    stoker_gpu::step::optimizer::Optimizer::Sgd { momentum: true }
+                }
             },
             master,
             segments: segments(layout, false)
@@ -80,6 +78,7 @@ impl ResidentPath {
                 .map(|s| (s.offset..s.offset + s.len, s.decay))
                 .collect(),
             rank_world: (strategy.rank(), strategy.world_size()),
+            comm,
             shape: (
                 config.batch.micro_batch,
                 config.model.context().unwrap_or(1),
@@ -103,7 +102,6 @@ impl ResidentPath {
         }
         Ok(ResidentPath {
             run,
-            comm,
             host_behind: false,
             run_behind: false,
             vars_stale: Cell::new(false),
@@ -147,7 +145,7 @@ impl Trainer {
         // The scalars from the trainer's own optimizer, which counts the step.
         let scalars = self.optimizer.next_scalars(lr as f32);
         let clip = (self.grad_clip > 0.0).then_some(self.grad_clip);
-        let report = path.run.window(&path.comm, window, &scalars, clip)?;
+        let report = path.run.window(window, &scalars, clip)?;
         path.host_behind = true;
         path.vars_stale.set(true);
         self.step += 1;
