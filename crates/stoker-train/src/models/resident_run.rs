@@ -10,6 +10,7 @@
 use std::ops::Range;
 use std::rc::Rc;
 
+use candle_core::Tensor;
 use stoker_comm::Communicator;
 use stoker_gpu::parallel::{
     Collectives, Replica, Strategy as GpuStrategy, Trainable, WindowReport,
@@ -19,9 +20,12 @@ use stoker_gpu::step::token_step::MakeStep;
 use stoker_gpu::step::TokenBatch;
 use stoker_gpu::Backend;
 
-use crate::accumulate::MicroBatch;
 use crate::error::{Result, TrainError};
 use crate::loss::IGNORE_INDEX;
+
+/// One micro-batch as a resident loop takes it: token ids `(B, T)` and their targets
+/// (the trainer's `MicroBatch`, borrowed: this module sits below the accumulation's).
+pub type TokenIds<'a> = (&'a Tensor, &'a [i64]);
 
 /// What the trainer asks of a resident loop, whatever its backend and model.
 pub trait ResidentRun {
@@ -30,13 +34,13 @@ pub trait ResidentRun {
     /// gradient clipped to `clip`.
     fn window(
         &mut self,
-        window: &[MicroBatch],
+        window: &[TokenIds<'_>],
         scalars: &Scalars,
         clip: Option<f64>,
     ) -> Result<WindowReport>;
     /// One micro-batch's evaluation: the summed loss of its valid targets, how many are
     /// the top-1 logit, how many there are.
-    fn evaluate(&mut self, mb: &MicroBatch) -> Result<(f64, usize, usize)>;
+    fn evaluate(&mut self, mb: TokenIds<'_>) -> Result<(f64, usize, usize)>;
     /// The range of the flat buffer this rank's master covers (all of it, or its ZeRO-1
     /// shard), its values, and the optimizer's buffers over it, named as a checkpoint
     /// names them.
@@ -162,19 +166,19 @@ impl<B: Backend, S: Trainable<B>, C: Collectives<B>> ResidentLoop<B, S, C> {
 
 /// The shape `(sequences, positions)` of micro-batch `mb`, its token ids written into
 /// `ids`.
-fn ids_of(mb: &MicroBatch, ids: &mut Vec<i64>) -> Result<(usize, usize)> {
-    let shape = mb.input.dims2()?;
+fn ids_of(mb: TokenIds<'_>, ids: &mut Vec<i64>) -> Result<(usize, usize)> {
+    let shape = mb.0.dims2()?;
     ids.clear();
     ids.extend(
-        crate::ops::ids_i64(&mb.input)?
+        crate::ops::ids_i64(&mb.0)?
             .flatten_all()?
             .to_vec1::<i64>()?,
     );
-    if mb.targets.len() != ids.len() {
+    if mb.1.len() != ids.len() {
         return Err(TrainError::Strategy(format!(
             "the resident step: a micro-batch of {} token ids has {} targets",
             ids.len(),
-            mb.targets.len()
+            mb.1.len()
         )));
     }
     Ok(shape)
@@ -191,7 +195,7 @@ fn batch<'a>(tokens: &'a [i64], targets: &'a [i64]) -> TokenBatch<'a> {
 impl<B: Backend, S: Trainable<B>, C: Collectives<B>> ResidentRun for ResidentLoop<B, S, C> {
     fn window(
         &mut self,
-        window: &[MicroBatch],
+        window: &[TokenIds<'_>],
         scalars: &Scalars,
         clip: Option<f64>,
     ) -> Result<WindowReport> {
@@ -200,7 +204,7 @@ impl<B: Backend, S: Trainable<B>, C: Collectives<B>> ResidentRun for ResidentLoo
         }
         let mut shape = None;
         for (mb, ids) in window.iter().zip(&mut self.tokens) {
-            let s = ids_of(mb, ids)?;
+            let s = ids_of(*mb, ids)?;
             if *shape.get_or_insert(s) != s {
                 return Err(TrainError::Strategy(format!(
                     "the resident step runs a window's micro-batches at one shape; this \
@@ -215,20 +219,20 @@ impl<B: Backend, S: Trainable<B>, C: Collectives<B>> ResidentRun for ResidentLoo
         let batches: Vec<TokenBatch> = window
             .iter()
             .zip(&self.tokens)
-            .map(|(mb, ids)| batch(ids, &mb.targets))
+            .map(|(mb, ids)| batch(ids, mb.1))
             .collect();
         self.replica
             .window(&self.be, &self.coll, &batches, scalars, clip)
             .map_err(gpu_err("a training window"))
     }
 
-    fn evaluate(&mut self, mb: &MicroBatch) -> Result<(f64, usize, usize)> {
+    fn evaluate(&mut self, mb: TokenIds<'_>) -> Result<(f64, usize, usize)> {
         let mut ids = std::mem::take(&mut self.eval_ids);
         let result = ids_of(mb, &mut ids).and_then(|shape| {
             self.use_shape(shape)?;
             self.replica
                 .step()
-                .evaluate(&self.be, batch(&ids, &mb.targets))
+                .evaluate(&self.be, batch(&ids, mb.1))
                 .map_err(gpu_err("an evaluation batch"))
         });
         self.eval_ids = ids;

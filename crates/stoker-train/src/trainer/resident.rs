@@ -122,7 +122,7 @@ impl ResidentPath {
 
     /// One micro-batch's evaluation on the loop's backend.
     pub(super) fn evaluate(&mut self, mb: &MicroBatch) -> Result<(f64, usize, usize)> {
-        self.run.evaluate(mb)
+        self.run.evaluate((&mb.input, &mb.targets))
     }
 
     /// Bytes the loop holds on its backend: master and moments (ZeRO-1's shard of
@@ -145,7 +145,8 @@ impl Trainer {
         // The scalars from the trainer's own optimizer, which counts the step.
         let scalars = self.optimizer.next_scalars(lr as f32);
         let clip = (self.grad_clip > 0.0).then_some(self.grad_clip);
-        let report = path.run.window(window, &scalars, clip)?;
+        let ids: Vec<_> = window.iter().map(|m| (&m.input, &m.targets[..])).collect();
+        let report = path.run.window(&ids, &scalars, clip)?;
         path.host_behind = true;
         path.vars_stale.set(true);
         self.step += 1;
