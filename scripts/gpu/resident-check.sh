@@ -12,8 +12,8 @@
 # bf16: losses step by step (3e-2, and 1e-2 between 1 and 2 ranks), and the gradient norm
 # at step 1, where every run has the same weights, against the fp32 CPU run's (1e-2): bf16
 # runs' later norms follow trajectories that part. It prints each run's median step time,
-# loader wait and the ratio to the CPU's, and exits 1 if anything is off, not finite, or
-# fails.
+# loader wait and the ratio to the CPU's, and the loop's device memory planned against
+# what the driver reports (within 10%); exits 1 if anything is off, not finite, or fails.
 #   bash scripts/gpu/resident-check.sh [BIN]      (STEPS, default 40)
 # Rehearsal without a GPU (the same script, the "GPU" runs on the host build):
 #   GPU_DEVICE=cpu bash scripts/gpu/resident-check.sh target/release/stoker
@@ -55,6 +55,17 @@ for prec in fp32 bf16; do
     echo "== $1 $prec ($2 on $3, $4 rank(s)): $STOKER_GPU_BIN train $f"
     if ! timeout 150 "$STOKER_GPU_BIN" train "$f" --stop-after "$steps" --no-progress > "$out/$1-$prec.log" 2>&1; then
       echo "FAILED ($out/$1-$prec.log):"; tail -20 "$out/$1-$prec.log"; status=1
+    fi
+  done
+  # The loop's memory on the GPU: planned from the sizes its buffers are made with,
+  # counted from them, and taken from the device as the driver reports it (item 8: within
+  # 10% of the plan).
+  for r in gpu gpu2; do
+    line=$(grep -h -m1 "resident loop per rank" "$out/$r-$prec.log" || true)
+    echo "  $prec $r: ${line:-no memory line}"
+    ratio=$(echo "$line" | sed -n 's/.*measured\/planned \([0-9.]*\).*/\1/p')
+    if [ -n "$ratio" ] && ! python3 -c "import sys; sys.exit(0 if 0.9 <= float('$ratio') <= 1.1 else 1)"; then
+      echo "  $prec $r: device memory measured/planned $ratio, outside 10%: FAILED"; status=1
     fi
   done
   python3 - "$out" "$prec" <<'EOF' || status=1

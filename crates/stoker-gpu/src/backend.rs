@@ -57,6 +57,11 @@ pub trait Backend {
         out.copy_from_slice(&self.read(v)?);
         Ok(())
     }
+    /// Free memory as the device's driver reports it, for a run's measured side of its
+    /// device memory; None where the backend is host memory.
+    fn free_memory(&self) -> Option<usize> {
+        None
+    }
     /// Runs (or enqueues) `call`.
     ///
     /// # Safety

@@ -186,3 +186,45 @@ fn a_shorter_window_and_other_evaluation_shapes_track_the_direct_step() {
         stoker_testkit::assert_close_scalar(e.accuracy, want_e.accuracy, 0.0, "accuracy");
     }
 }
+
+#[test]
+fn the_loop_holds_what_its_plan_says() {
+    // The planned side of a run's device memory: the loop's bytes from the sizes its
+    // buffers are made with, before it exists, against its buffers counted after a step.
+    for (model, precision, optimizer, extra, world) in [
+        (GPT, "fp32", ADAMW, "strategy = \"none\"", 1),
+        (GPT, "bf16", ADAMW, "strategy = \"zero1\"", 2),
+        (LLAMA, "bf16", SGD, "strategy = \"ddp\"", 2),
+        (LLAMA, "fp32", ADAMW, "strategy = \"zero1\"", 3),
+    ] {
+        let c = resident(model, precision, optimizer, extra);
+        let what = format!("{} {precision} {extra} on {world}", &model[8..11]);
+        let got = run_local(world, Duration::from_secs(60), |comm| {
+            let rank = comm.rank();
+            let mut t = trainer(&c, Rc::new(comm));
+            t.train_step(&window(model, 0, rank, 1)).unwrap();
+            let planned = stoker_train::trainer::planned_resident_bytes(
+                &c,
+                t.layout().total_len(),
+                (rank, world),
+            )
+            .unwrap();
+            let (counted, measured) = t.resident_bytes().unwrap();
+            (planned, counted, measured)
+        });
+        for (r, (planned, counted, measured)) in got.into_iter().enumerate() {
+            assert_eq!(
+                planned, counted,
+                "{what}: rank {r}'s planned and counted bytes"
+            );
+            assert!(
+                planned.state > 0 && planned.steps > 0,
+                "{what}: {planned:?}"
+            );
+            assert_eq!(
+                measured, None,
+                "{what}: the host build has no driver to ask"
+            );
+        }
+    }
+}

@@ -109,6 +109,40 @@ pub fn print_preempted(s: &RunSummary, config: &TrainConfig) {
     );
 }
 
+/// The resident loop's memory on its backend: planned, counted, and on a GPU measured.
+fn print_resident(r: &stoker_train::run::ResidentMemory) {
+    let mib = |b: usize| b as f64 / (1 << 20) as f64;
+    let c = &r.counted;
+    let planned = match r.planned {
+        Some(p) => format!(
+            "planned {:.2} MiB (master and optimizer {:.2} + step {:.2}), ",
+            mib(p.total()),
+            mib(p.state),
+            mib(p.steps)
+        ),
+        None => String::new(),
+    };
+    let ratio = |b: usize| match r.planned {
+        Some(p) if p.total() > 0 => format!("{:.4}", b as f64 / p.total() as f64),
+        _ => "-".into(),
+    };
+    let measured = match r.measured {
+        Some(m) => format!(
+            "; taken from the GPU as its driver reports it {:.2} MiB, measured/planned {}",
+            mib(m),
+            ratio(m)
+        ),
+        None => "; on the host build (no driver to ask)".into(),
+    };
+    println!(
+        "resident loop per rank: {planned}counted {:.2} MiB (master and optimizer {:.2} + steps {:.2}), counted/planned {}{measured}",
+        mib(c.total()),
+        mib(c.state),
+        mib(c.steps),
+        ratio(c.total()),
+    );
+}
+
 /// Rank 0's bytes, planned (`stoker_plan::trainer`) vs counted from its buffers and by
 /// its communicator.
 fn print_states(s: &RunSummary) {
@@ -130,6 +164,9 @@ fn print_states(s: &RunSummary) {
         ratio(h.model_states() as f64, p.model_states()),
         mib(h.buffers as f64),
     );
+    if let Some(r) = &s.resident {
+        print_resident(r);
+    }
     if s.dims.world > 1 {
         println!(
             "bytes sent per step per rank: planned {:.3} MiB, counted {:.3} MiB, counted/planned {:.4}",

@@ -161,6 +161,10 @@ impl Device {
 impl Backend for Device {
     type Buf<E: Elem> = DeviceBuf<E>;
 
+    fn free_memory(&self) -> Option<usize> {
+        self.free_bytes().ok()
+    }
+
     fn zeros<E: Elem>(&self, len: usize) -> Result<DeviceBuf<E>, GpuError> {
         let slice = self
             .stream

@@ -48,6 +48,27 @@ impl<B: Backend> DataParallel<B> {
         })
     }
 
+    /// Bytes rank `rank_world.0` of `rank_world.1`'s state of `kind` over a flat buffer of
+    /// `len` elements holds under `strategy`, planned before it exists (the counted side
+    /// is [`DataParallel::bytes`]): DDP the whole master and moments, ZeRO-1 its shard of
+    /// them and of the gradients.
+    pub fn planned_bytes(
+        strategy: Strategy,
+        kind: Optimizer,
+        len: usize,
+        (rank, world): (usize, usize),
+    ) -> usize {
+        match strategy {
+            Strategy::Ddp => kind.state_bytes(len),
+            Strategy::Zero1 => {
+                let shard = super::zero1::shard_plan(len, world)
+                    .range(rank.min(world.max(1) - 1))
+                    .len();
+                kind.state_bytes(shard) + 4 * shard
+            }
+        }
+    }
+
     /// This state with the bf16 compute copy rounded stochastically under `seed` (AdamW;
     /// every rank and shard counting as the whole buffer does).
     pub fn with_stochastic_rounding(self, seed: u64) -> Result<Self, GpuError> {

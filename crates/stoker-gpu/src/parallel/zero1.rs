@@ -33,6 +33,12 @@ pub fn shard_segments(
         .collect()
 }
 
+/// ZeRO-1's split of a flat buffer of `len` elements over `world` ranks: the CPU
+/// trainer's ([`ShardPlan`] at the layouts' alignment).
+pub fn shard_plan(len: usize, world: usize) -> ShardPlan {
+    ShardPlan::new(len, world, DEFAULT_ALIGN)
+}
+
 /// One rank's ZeRO-1 state: its shard of the master and moments, the shard's gradients.
 pub struct Zero1<B: Backend> {
     plan: ShardPlan,
@@ -57,7 +63,7 @@ impl<B: Backend> Zero1<B> {
                 what: format!("rank {rank} of a world of {world}"),
             });
         }
-        let plan = ShardPlan::new(master.len(), world, DEFAULT_ALIGN);
+        let plan = shard_plan(master.len(), world);
         let shard = plan.range(rank);
         let opt = OptimizerState::new(
             be,

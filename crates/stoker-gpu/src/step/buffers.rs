@@ -15,6 +15,38 @@ use crate::token_groups::TokenGroups;
 use super::layout::{Span, PARTIAL_WARPS};
 use super::TokenBatch;
 
+/// What a step's buffers hold, in elements: sized once, for [`StepBuffers::new`] and for a
+/// plan made before any step exists (the planned side of a run's device memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepSizes {
+    /// Parameters in the compute copy (and as many f32 gradients).
+    pub params: usize,
+    /// Activations, in the compute type.
+    pub acts: usize,
+    /// f32 statistics and scratch.
+    pub floats: usize,
+    /// Positions of a micro-batch (its ids).
+    pub rows: usize,
+    /// The vocabulary the ids index.
+    pub vocab: usize,
+}
+
+impl StepSizes {
+    /// Bytes the buffers take with the compute copy and activations of `act_bytes` bytes
+    /// an element (4 for f32, 2 for bf16).
+    pub fn bytes(&self, act_bytes: usize) -> usize {
+        (self.params + self.acts) * act_bytes
+            + (self.params + self.floats) * 4
+            + ids_bytes(self.rows)
+    }
+}
+
+/// Bytes of a micro-batch's id buffers for `n` positions: tokens, targets, and the
+/// embedding backward's groups (tokens, starts with one more, positions), i32 each.
+fn ids_bytes(n: usize) -> usize {
+    4 * (5 * n + 1)
+}
+
 /// A step's buffers on backend `B`, activations in `T`, and its micro-batch's ids
 /// (rewritten batch after batch: a step allocates nothing after it is made).
 pub struct StepBuffers<B: Backend, T: Act> {
@@ -26,25 +58,20 @@ pub struct StepBuffers<B: Backend, T: Act> {
 }
 
 impl<B: Backend, T: Act> StepBuffers<B, T> {
-    /// `params` parameters (and as many gradients), `acts` activations and `floats` f32s,
-    /// ids for micro-batches of `rows` positions over `vocab`.
-    pub(crate) fn new(
-        be: &B,
-        params: usize,
-        (acts, floats): (usize, usize),
-        (rows, vocab): (usize, usize),
-    ) -> Result<Self, GpuError> {
+    /// The buffers of `sizes`, zeroed.
+    pub(crate) fn new(be: &B, sizes: StepSizes) -> Result<Self, GpuError> {
         Ok(StepBuffers {
-            params: be.zeros(params)?,
-            grads: be.zeros(params)?,
-            acts: be.zeros(acts)?,
-            floats: be.zeros(floats)?,
-            ids: RefCell::new(BatchIds::with_room(be, rows, vocab)?),
+            params: be.zeros(sizes.params)?,
+            grads: be.zeros(sizes.params)?,
+            acts: be.zeros(sizes.acts)?,
+            floats: be.zeros(sizes.floats)?,
+            ids: RefCell::new(BatchIds::with_room(be, sizes.rows, sizes.vocab)?),
         })
     }
 
-    /// Bytes of the four buffers. With AdamW add [`super::optimizer::OptimizerState::bytes`]:
-    /// the planned side of the device check's memory line.
+    /// Bytes of the four buffers and the ids, counted from them ([`StepSizes::bytes`] is
+    /// the same sum planned). With AdamW add
+    /// [`super::optimizer::OptimizerState::bytes`]: the device check's memory line.
     pub fn bytes(&self) -> usize {
         let t = std::mem::size_of::<T>();
         (B::len(&self.params) + B::len(&self.acts)) * t
@@ -141,8 +168,7 @@ impl<B: Backend> BatchIds<B> {
 
     /// Bytes of its buffers.
     pub(crate) fn bytes(&self) -> usize {
-        // Tokens, targets, and the groups' tokens, starts (one more) and positions.
-        4 * (5 * self.tokens.len() + 1)
+        ids_bytes(self.tokens.len())
     }
 
     /// Loads `batch` (`n` of each id, as made): checked, grouped when `train`, written.

@@ -6,7 +6,7 @@
 use stoker_kernels::gpt::BlockOffsets;
 use stoker_kernels::{GptDims, GptOffsets};
 
-use super::buffers::{self, AfterBlock, LossSpans, StepBuffers, TokenModel};
+use super::buffers::{self, AfterBlock, LossSpans, StepBuffers, StepSizes, TokenModel};
 use super::layout::{ActLayout, Span, PARTIAL_WARPS};
 use super::optimizer::{self, OptimizerState, Scalars, UpdateViews};
 use crate::backend::{Backend, View};
@@ -37,6 +37,19 @@ const OP: &str = "gpt-gpu-step";
 
 fn shape_err(what: String) -> GpuError {
     GpuError::Shape { kernel: OP, what }
+}
+
+/// What a GPT step of `dims` over a flat buffer of `params` elements holds for `batch`
+/// sequences of `t` positions: its buffers' sizes, known before the step is made.
+pub fn gpt_step_sizes(dims: &GptDims, params: usize, batch: usize, t: usize) -> StepSizes {
+    let layout = ActLayout::new(dims, batch, t, padded_vocab(dims.vocab));
+    StepSizes {
+        params,
+        acts: layout.total,
+        floats: layout.floats,
+        rows: batch * t,
+        vocab: dims.vocab,
+    }
 }
 
 impl<B: Backend, T: Act> GptGpuStep<B, T> {
@@ -88,12 +101,7 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
             .collect();
         Ok(GptGpuStep {
             blocks,
-            bufs: StepBuffers::new(
-                be,
-                offsets.end(),
-                (layout.total, layout.floats),
-                (batch * t, dims.vocab),
-            )?,
+            bufs: StepBuffers::new(be, gpt_step_sizes(&dims, offsets.end(), batch, t))?,
             dims,
             offsets,
             eps: eps as f32,

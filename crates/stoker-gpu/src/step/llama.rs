@@ -8,7 +8,7 @@
 use stoker_kernels::{LlamaDims, LlamaOffsets};
 
 use super::attention::{self, Qkv};
-use super::buffers::{self, AfterBlock, LossSpans, StepBuffers, TokenModel};
+use super::buffers::{self, AfterBlock, LossSpans, StepBuffers, StepSizes, TokenModel};
 use super::layout::{Span, PARTIAL_WARPS};
 use super::linear::{self, Linear};
 use super::llama_layout::{LlamaBlockActs, LlamaLayout};
@@ -38,6 +38,19 @@ pub struct LlamaGpuStep<B: Backend, T: Act> {
     bufs: StepBuffers<B, T>,
     /// Each block's parameters as runs of the flat buffer (see `block_runs`).
     blocks: Vec<Vec<std::ops::Range<usize>>>,
+}
+
+/// What a Llama step of `dims` over a flat buffer of `params` elements holds for `batch`
+/// sequences of `t` positions: its buffers' sizes, known before the step is made.
+pub fn llama_step_sizes(dims: &LlamaDims, params: usize, batch: usize, t: usize) -> StepSizes {
+    let layout = LlamaLayout::new(dims, batch, t, padded_vocab(dims.vocab));
+    StepSizes {
+        params,
+        acts: layout.total,
+        floats: layout.floats,
+        rows: batch * t,
+        vocab: dims.vocab,
+    }
 }
 
 impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
@@ -72,12 +85,7 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
             )));
         }
         let layout = LlamaLayout::new(&dims, batch, t, padded_vocab(dims.vocab));
-        let bufs = StepBuffers::new(
-            be,
-            offsets.end(),
-            (layout.total, layout.floats),
-            (batch * t, dims.vocab),
-        )?;
+        let bufs = StepBuffers::new(be, llama_step_sizes(&dims, offsets.end(), batch, t))?;
         let (cos, sin) = stoker_kernels::rope::tables(t, dims.head_dim(), rope_theta);
         be.write(&bufs.floats, layout.cos.start, &cos)?;
         be.write(&bufs.floats, layout.sin.start, &sin)?;

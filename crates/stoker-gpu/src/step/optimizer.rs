@@ -16,6 +16,19 @@ use crate::error::{check_len, GpuError};
 use crate::kernels;
 use crate::optim::{self, Segments};
 
+impl Optimizer {
+    /// Bytes a state of this optimizer over `len` elements holds: the FP32 master and the
+    /// optimizer's buffers (AdamW's two moments, SGD's momentum where it keeps one),
+    /// planned before the state exists ([`OptimizerState::bytes`] counts a state's).
+    pub fn state_bytes(self, len: usize) -> usize {
+        let buffers = match self {
+            Optimizer::AdamW => 2,
+            Optimizer::Sgd { momentum } => momentum as usize,
+        };
+        (1 + buffers) * 4 * len
+    }
+}
+
 /// The optimizer's own buffers.
 enum Moments<B: Backend> {
     /// AdamW's first and second moments.

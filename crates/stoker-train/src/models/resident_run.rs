@@ -50,9 +50,31 @@ pub trait ResidentRun {
     /// Sets the whole flat master (the same on every rank) and the optimizer's buffers
     /// over this rank's range, `updates` updates into the run.
     fn load(&mut self, master: &[f32], moments: &[(&str, &[f32])], updates: u64) -> Result<()>;
-    /// Bytes the loop holds on its backend: the master, moments (and ZeRO-1's shard of
-    /// gradients); and every step's buffers (parameters, gradients, activations).
-    fn bytes(&self) -> (usize, usize);
+    /// Bytes the loop holds on its backend, counted from its buffers: the master, moments
+    /// (and ZeRO-1's shard of gradients); and every step's buffers (parameters,
+    /// gradients, activations, ids), the running one's and those kept for other shapes.
+    fn bytes(&self) -> ResidentBytes;
+    /// Device memory the loop has taken since it started making its buffers, as the
+    /// driver reports it (its buffers, and what cuBLAS and NCCL took); None on the host.
+    /// The steps allocate nothing once made, so this is also the peak.
+    fn measured_bytes(&self) -> Option<usize>;
+}
+
+/// What a resident loop holds on its backend: see [`ResidentRun::bytes`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResidentBytes {
+    /// The FP32 master and the optimizer's buffers (ZeRO-1: this rank's shard, and its
+    /// shard of gradients).
+    pub state: usize,
+    /// The steps' buffers.
+    pub steps: usize,
+}
+
+impl ResidentBytes {
+    /// Both.
+    pub fn total(&self) -> usize {
+        self.state + self.steps
+    }
 }
 
 /// A resident loop's state read back: see [`ResidentRun::state`].
@@ -115,11 +137,14 @@ pub(crate) struct ResidentLoop<B: Backend, S: Trainable<B>, C: Collectives<B>> {
     tokens: Vec<Vec<i64>>,
     /// An evaluation batch's token ids, reused likewise.
     eval_ids: Vec<i64>,
+    /// The backend's free memory before the loop made its buffers (a device's).
+    free_at_start: Option<usize>,
 }
 
 impl<B: Backend, S: Trainable<B>, C: Collectives<B>> ResidentLoop<B, S, C> {
     /// The loop of `setup` on `be` with collectives `coll`, its steps made by `make`.
     pub(crate) fn new(be: B, coll: C, make: MakeStep<B, S>, setup: &RunSetup<'_>) -> Result<Self> {
+        let free_at_start = be.free_memory();
         let (b, t) = setup.shape;
         let step = make(&be, b, t).map_err(gpu_err("making the step"))?;
         let replica = Replica::new(
@@ -140,6 +165,7 @@ impl<B: Backend, S: Trainable<B>, C: Collectives<B>> ResidentLoop<B, S, C> {
             make,
             tokens: Vec::new(),
             eval_ids: Vec::new(),
+            free_at_start,
         })
     }
 
@@ -170,7 +196,7 @@ fn ids_of(mb: TokenIds<'_>, ids: &mut Vec<i64>) -> Result<(usize, usize)> {
     let shape = mb.0.dims2()?;
     ids.clear();
     ids.extend(
-        crate::ops::ids_i64(&mb.0)?
+        crate::ops::ids_i64(mb.0)?
             .flatten_all()?
             .to_vec1::<i64>()?,
     );
@@ -264,13 +290,20 @@ impl<B: Backend, S: Trainable<B>, C: Collectives<B>> ResidentRun for ResidentLoo
             .map_err(gpu_err("loading the master and moments"))
     }
 
-    fn bytes(&self) -> (usize, usize) {
+    fn bytes(&self) -> ResidentBytes {
         let steps = self.replica.step().buffer_bytes()
             + self
                 .spare
                 .iter()
                 .map(|(_, s)| s.buffer_bytes())
                 .sum::<usize>();
-        (self.replica.state().bytes(), steps)
+        ResidentBytes {
+            state: self.replica.state().bytes(),
+            steps,
+        }
+    }
+
+    fn measured_bytes(&self) -> Option<usize> {
+        Some(self.free_at_start?.saturating_sub(self.be.free_memory()?))
     }
 }

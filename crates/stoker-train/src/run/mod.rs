@@ -131,6 +131,22 @@ pub struct RunSummary {
     pub train_heap_bytes: Option<u64>,
     /// Bytes of the direct step's activation buffers at the end, counted from them.
     pub activation_bytes: usize,
+    /// On the resident path, its loop's memory on its backend (rank 0's).
+    pub resident: Option<ResidentMemory>,
+}
+
+/// The resident loop's memory on its backend: planned before it existed
+/// ([`crate::trainer::planned_resident_bytes`]: the optimizer's state and one training
+/// step), counted from its buffers at the run's end (the steps kept for other batch
+/// shapes included), and on a GPU taken from the device as its driver reports it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ResidentMemory {
+    /// Planned.
+    pub planned: Option<crate::models::resident_run::ResidentBytes>,
+    /// Counted from the buffers.
+    pub counted: crate::models::resident_run::ResidentBytes,
+    /// Measured by the GPU's driver (None on the host build).
+    pub measured: Option<usize>,
 }
 
 /// Trains as `config` says on one rank (no launcher).
@@ -313,6 +329,17 @@ fn finish(
         train_rss_bytes: telemetry.train_rss_max,
         train_heap_bytes: telemetry.train_heap_peak,
         activation_bytes: trainer.activation_bytes(),
+        resident: trainer
+            .resident_bytes()
+            .map(|(counted, measured)| ResidentMemory {
+                planned: crate::trainer::planned_resident_bytes(
+                    config,
+                    trainer.layout().total_len(),
+                    (rank.dims.rank, rank.dims.world),
+                ),
+                counted,
+                measured,
+            }),
     })
 }
 

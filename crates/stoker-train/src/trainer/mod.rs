@@ -38,7 +38,7 @@ use crate::schedule::Schedule;
 use buffers::{GradBuffers, ParamBuffers};
 pub use eval::EvalReport;
 pub use path::StepPath;
-pub use resident::ResidentPath;
+pub use resident::{planned_resident_bytes, ResidentPath};
 
 /// What one optimizer step did.
 #[derive(Debug, Clone, PartialEq)]
@@ -349,22 +349,28 @@ impl Trainer {
     }
 
     /// The bytes this rank's trainer holds in model states and communication buffers,
-    /// counted from the buffers themselves.
+    /// counted from the buffers themselves (the resident loop's, on its backend, apart:
+    /// [`Trainer::resident_bytes`]).
     pub fn held_bytes(&self) -> crate::memory::HeldBytes {
-        // The resident loop's master, moments and steps' buffers (on a GPU: device memory).
-        let (resident_state, resident_steps) = match &self.path {
-            StepPath::Resident(r) => r.bytes(),
-            _ => (0, 0),
-        };
         crate::memory::HeldBytes {
             params: self.params.bytes() + vars_bytes(&*self.model),
             grads: 4 * self.grads.buf.len() + self.strategy.grad_bytes(),
-            optimizer: self.optimizer.state_bytes() + resident_state,
+            optimizer: self.optimizer.state_bytes(),
             buffers: self.strategy.buffer_bytes()
                 + 4 * self.grads.buf.len() * self.grads.sum.extra_buffers()
                 + self.path.unit_peak()
-                + self.staging_bytes()
-                + resident_steps,
+                + self.staging_bytes(),
+        }
+    }
+
+    /// On the resident path, what its loop holds on its backend (counted from its buffers)
+    /// and, on a GPU, the device memory it took as the driver reports it.
+    pub fn resident_bytes(
+        &self,
+    ) -> Option<(crate::models::resident_run::ResidentBytes, Option<usize>)> {
+        match &self.path {
+            StepPath::Resident(r) => Some((r.bytes(), r.measured_bytes())),
+            _ => None,
         }
     }
 

@@ -381,7 +381,7 @@ impl StepPath {
             StepPath::Direct { step, .. } | StepPath::DirectByGroup { step, .. } => {
                 step.activation_bytes()
             }
-            StepPath::Resident(r) => r.bytes().1,
+            StepPath::Resident(r) => r.bytes().steps,
             _ => 0,
         }
     }

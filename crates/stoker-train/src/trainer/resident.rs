@@ -18,8 +18,9 @@ use crate::accumulate::MicroBatch;
 use crate::config::{OptimizerKind, StrategyKind, TrainConfig};
 use crate::error::{Result, TrainError};
 use crate::layout::FlatLayout;
-use crate::models::resident_run::{ResidentOn, ResidentRun, RunSetup};
+use crate::models::resident_run::{ResidentBytes, ResidentOn, ResidentRun, RunSetup};
 use crate::models::Model;
+use crate::models::ModelConfig;
 use crate::optim::{segments, OptimState};
 use crate::parallel::Strategy;
 use crate::precision::Precision;
@@ -58,20 +59,10 @@ impl ResidentPath {
             Some(c) => c,
             None => Rc::new(stoker_comm::local_group(1, timeout).remove(0)),
         };
-        let o = &config.optimizer;
+        let (strategy_kind, optimizer, shape) = loop_kinds(config);
         let setup = RunSetup {
-            strategy: match config.parallel.strategy {
-                StrategyKind::Zero1 => stoker_gpu::parallel::Strategy::Zero1,
-                _ => stoker_gpu::parallel::Strategy::Ddp,
-            },
-            optimizer: match o.kind {
-                OptimizerKind::Adamw => stoker_gpu::step::optimizer::Optimizer::AdamW,
-                // The trainer's SGD keeps its momentum buffer whatever the factor (a
-                // checkpoint always has one), so the loop's does too.
-                OptimizerKind::Sgd => {
-                    stoker_gpu::step::optimizer::Optimizer::Sgd { momentum: true }
-                }
-            },
+            strategy: strategy_kind,
+            optimizer,
             master,
             segments: segments(layout, false)
                 .iter()
@@ -79,10 +70,7 @@ impl ResidentPath {
                 .collect(),
             rank_world: (strategy.rank(), strategy.world_size()),
             comm,
-            shape: (
-                config.batch.micro_batch,
-                config.model.context().unwrap_or(1),
-            ),
+            shape,
             on,
         };
         let bf16 = config.precision == Precision::Bf16;
@@ -125,11 +113,71 @@ impl ResidentPath {
         self.run.evaluate((&mb.input, &mb.targets))
     }
 
-    /// Bytes the loop holds on its backend: master and moments (ZeRO-1's shard of
-    /// gradients too), and the steps' buffers.
-    pub(super) fn bytes(&self) -> (usize, usize) {
+    /// Bytes the loop holds on its backend, counted from its buffers.
+    pub(super) fn bytes(&self) -> ResidentBytes {
         self.run.bytes()
     }
+
+    /// Device memory the loop has taken, from the driver (None on the host build).
+    pub(super) fn measured_bytes(&self) -> Option<usize> {
+        self.run.measured_bytes()
+    }
+}
+
+/// The resident loop's strategy, optimizer and training micro-batch shape for `config`.
+fn loop_kinds(
+    config: &TrainConfig,
+) -> (
+    stoker_gpu::parallel::Strategy,
+    stoker_gpu::step::optimizer::Optimizer,
+    (usize, usize),
+) {
+    let strategy = match config.parallel.strategy {
+        StrategyKind::Zero1 => stoker_gpu::parallel::Strategy::Zero1,
+        _ => stoker_gpu::parallel::Strategy::Ddp,
+    };
+    let optimizer = match config.optimizer.kind {
+        OptimizerKind::Adamw => stoker_gpu::step::optimizer::Optimizer::AdamW,
+        // The trainer's SGD keeps its momentum buffer whatever the factor (a checkpoint
+        // always has one), so the loop's does too.
+        OptimizerKind::Sgd => stoker_gpu::step::optimizer::Optimizer::Sgd { momentum: true },
+    };
+    let shape = (
+        config.batch.micro_batch,
+        config.model.context().unwrap_or(1),
+    );
+    (strategy, optimizer, shape)
+}
+
+/// What the resident loop of `config` holds on its backend at rank `rank_world.0` of
+/// `rank_world.1`, over a flat layout of `len` elements, planned before it exists from
+/// the sizes its buffers are made with (stoker-gpu's `gpt_step_sizes`,
+/// `llama_step_sizes`, `DataParallel::planned_bytes`): the optimizer's state and one
+/// training step. None where `config` does not run the resident loop.
+pub fn planned_resident_bytes(
+    config: &TrainConfig,
+    len: usize,
+    rank_world: (usize, usize),
+) -> Option<ResidentBytes> {
+    if !config.resident_loop() {
+        return None;
+    }
+    let (strategy, optimizer, (b, t)) = loop_kinds(config);
+    let sizes = match &config.model {
+        ModelConfig::Gpt(g) => stoker_gpu::step::gpt::gpt_step_sizes(&g.dims(), len, b, t),
+        ModelConfig::Llama(l) => stoker_gpu::step::llama::llama_step_sizes(&l.dims(), len, b, t),
+        ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => return None,
+    };
+    let act_bytes = match config.precision {
+        Precision::Bf16 => 2,
+        _ => 4,
+    };
+    Some(ResidentBytes {
+        state: stoker_gpu::parallel::DataParallel::<stoker_gpu::Host>::planned_bytes(
+            strategy, optimizer, len, rank_world,
+        ),
+        steps: sizes.bytes(act_bytes),
+    })
 }
 
 impl Trainer {
