@@ -13,7 +13,8 @@
 # at step 1, where every run has the same weights, against the fp32 CPU run's (1e-2): bf16
 # runs' later norms follow trajectories that part. It prints each run's median step time,
 # loader wait and the ratio to the CPU's, and the loop's device memory planned against
-# what the driver reports (within 10%); exits 1 if anything is off, not finite, or fails.
+# what the driver reports (within 10%, or 64 MiB for small models); exits 1 if anything
+# is off, not finite, or fails.
 #   bash scripts/gpu/resident-check.sh [BIN]      (STEPS, default 40)
 # Rehearsal without a GPU (the same script, the "GPU" runs on the host build):
 #   GPU_DEVICE=cpu bash scripts/gpu/resident-check.sh target/release/stoker
@@ -59,14 +60,29 @@ for prec in fp32 bf16; do
   done
   # The loop's memory on the GPU: planned from the sizes its buffers are made with,
   # counted from them, and taken from the device as the driver reports it (item 8: within
-  # 10% of the plan).
+  # 10% of the plan, or 64 MiB for small models, where cuBLAS's workspace and NCCL's
+  # communicator weigh). The two-rank run shares one GPU between two threads: the driver's
+  # figure is the device's, not a rank's, so it is printed, not checked.
   for r in gpu gpu2; do
     line=$(grep -h -m1 "resident loop per rank" "$out/$r-$prec.log" || true)
     echo "  $prec $r: ${line:-no memory line}"
-    ratio=$(echo "$line" | sed -n 's/.*measured\/planned \([0-9.]*\).*/\1/p')
-    if [ -n "$ratio" ] && ! python3 -c "import sys; sys.exit(0 if 0.9 <= float('$ratio') <= 1.1 else 1)"; then
-      echo "  $prec $r: device memory measured/planned $ratio, outside 10%: FAILED"; status=1
-    fi
+    [ "$r" = gpu ] || continue
+    python3 - "$line" "$gpu" <<'PY' || status=1
+import re, sys
+line, device = sys.argv[1], sys.argv[2]
+planned = re.search(r"planned ([0-9.]+) MiB", line)
+measured = re.search(r"as its driver reports it ([0-9.]+) MiB", line)
+if device == "cpu":
+    sys.exit(0)
+if not planned or not measured:
+    sys.exit("  no planned or measured device memory in the run's output: FAILED")
+p, m = float(planned.group(1)), float(measured.group(1))
+slack = max(0.10 * p, 64.0)
+ok = abs(m - p) <= slack
+print(f"  device memory: measured {m:.1f} MiB, planned {p:.1f} MiB, allowed +-{slack:.1f} MiB: "
+      f"{'OK' if ok else 'FAILED'}")
+sys.exit(0 if ok else 1)
+PY
   done
   python3 - "$out" "$prec" <<'EOF' || status=1
 import json, math, statistics, sys

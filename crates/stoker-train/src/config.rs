@@ -464,49 +464,54 @@ impl TrainConfig {
     /// runs the same step's host build through the CPU trainer's own master and
     /// optimizer, on the CPU only.
     pub fn resident_loop(&self) -> bool {
+        self.resident_step() && self.not_on_resident_loop().is_none()
+    }
+
+    /// The first key (and why) that keeps `step = "resident"` off its loop: the rules of
+    /// [`TrainConfig::resident_loop`], in one place.
+    fn not_on_resident_loop(&self) -> Option<(&'static str, String)> {
         let p = &self.parallel;
-        self.resident_step()
-            && matches!(
-                p.strategy,
-                StrategyKind::None | StrategyKind::Ddp | StrategyKind::Zero1
-            )
-            && !p.deterministic
-            && p.sync_every_micro_batch != Some(true)
+        let sharded = match p.strategy {
+            StrategyKind::None | StrategyKind::Ddp | StrategyKind::Zero1 => None,
+            StrategyKind::Zero2 => Some("zero2"),
+            StrategyKind::Zero3 => Some("zero3"),
+        };
+        if let Some(name) = sharded {
+            return Some((
+                "parallel.strategy",
+                format!(
+                    "\"{name}\" is not built on the resident step's GPU loop (gradients and \
+                     parameters sharded while the backward runs): use \"ddp\" or \"zero1\""
+                ),
+            ));
+        }
+        if p.deterministic {
+            return Some((
+                "parallel.deterministic",
+                "the resident loop sums a rank's micro-batches in place on the GPU and reduces \
+                 them once, in the collective's order: bit-identical weights across world \
+                 sizes are not built on it"
+                    .into(),
+            ));
+        }
+        if p.sync_every_micro_batch == Some(true) {
+            return Some((
+                "parallel.sync_every_micro_batch",
+                "the resident loop reduces once per window (a reduction per micro-batch is \
+                 only there to measure the chapter's 4.3.1 advice, on the CPU)"
+                    .into(),
+            ));
+        }
+        None
     }
 
     /// `step = "resident"` on a GPU: only the resident loop, whose optimizer is on the
     /// device; errors name the key that asks for anything else.
     fn check_resident_gpu(&self) -> Result<()> {
-        let p = &self.parallel;
-        if !matches!(
-            p.strategy,
-            StrategyKind::None | StrategyKind::Ddp | StrategyKind::Zero1
-        ) {
-            return Err(config_err(
-                "parallel.strategy",
-                format!(
-                    "{:?} is not built on the resident step's GPU loop (gradients and \
-                     parameters sharded while the backward runs): use \"ddp\" or \"zero1\"",
-                    p.strategy
-                ),
-            ));
+        if let Some((key, why)) = self.not_on_resident_loop() {
+            return Err(config_err(key, why));
         }
-        if p.deterministic {
-            return Err(config_err(
-                "parallel.deterministic",
-                "the resident loop sums a rank's micro-batches in place on the GPU and reduces \
-                 them once, in the collective's order: bit-identical weights across world \
-                 sizes are not built on it",
-            ));
-        }
-        if p.sync_every_micro_batch == Some(true) {
-            return Err(config_err(
-                "parallel.sync_every_micro_batch",
-                "the resident loop reduces once per window (a reduction per micro-batch is \
-                 only there to measure the chapter's 4.3.1 advice, on the CPU)",
-            ));
-        }
-        if p.offload_optimizer {
+        if self.parallel.offload_optimizer {
             return Err(config_err(
                 "parallel.offload_optimizer",
                 "true, but step = \"resident\" keeps the optimizer on the GPU beside the \

@@ -282,6 +282,7 @@ impl Drop for DeviceNccl {
     fn drop(&mut self) {
         // SAFETY: the handle came from ncclCommInitRank and is destroyed once, here,
         // after every call on it has finished (both its streams synchronized first).
+        let _ = self.compute.context().bind_to_thread();
         let _ = self.compute.synchronize();
         let _ = self.comm_stream.synchronize();
         let _ = unsafe { result::comm_destroy(self.comm) };

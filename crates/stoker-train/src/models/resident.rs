@@ -78,8 +78,8 @@ pub(crate) fn llama(
 /// A [`ResidentLoop`] of steps made by `make` on the backend `setup` names, as a
 /// [`ResidentRun`]: the host build through the ranks' communicator, or a GPU, whose
 /// collectives are NCCL's on device memory where the ranks are processes on GPUs of their
-/// own (`mpirun`, `srun`) and go through host memory otherwise (one rank; ranks as
-/// threads of one process, which may share a GPU). `make` is generic over the backend:
+/// own (`mpirun`, `srun` with `device = "cuda"`) and go through host memory otherwise
+/// (one rank; ranks as threads of one process; a GPU every rank names, `cuda:N`). `make` is generic over the backend:
 /// one closure for the host build and the device.
 macro_rules! loop_on {
     ($setup:expr, $make:expr) => {{
@@ -87,15 +87,16 @@ macro_rules! loop_on {
         let through_host = ThroughHost(setup.comm.clone());
         match setup.on {
             ResidentOn::Host => {
-                let run = ResidentLoop::new(Host, through_host, Box::new($make), setup)?;
+                let run = ResidentLoop::new(Host, through_host, Box::new($make), setup, None)?;
                 Ok(Box::new(run) as Box<dyn ResidentRun>)
             }
             #[cfg(feature = "cuda")]
-            ResidentOn::Cuda(n) => {
+            ResidentOn::Cuda { gpu: n, own } => {
                 let dev = stoker_gpu::device::Device::new(n).map_err(|e| {
                     crate::error::config_err("device", format!("opening CUDA GPU {n}: {e}"))
                 })?;
-                let nccl = setup.rank_world.1 > 1 && setup.comm.backend() != "local";
+                let free = stoker_gpu::Backend::free_memory(&dev);
+                let nccl = own && setup.rank_world.1 > 1 && setup.comm.backend() != "local";
                 match nccl {
                     true => {
                         let coll = stoker_gpu::device::nccl::DeviceNccl::join(&dev, &*setup.comm)
@@ -104,17 +105,18 @@ macro_rules! loop_on {
                                 "the resident step's NCCL communicator: {e}"
                             ))
                         })?;
-                        let run = ResidentLoop::new(dev, coll, Box::new($make), setup)?;
+                        let run = ResidentLoop::new(dev, coll, Box::new($make), setup, free)?;
                         Ok(Box::new(run) as Box<dyn ResidentRun>)
                     }
                     false => {
-                        let run = ResidentLoop::new(dev, through_host, Box::new($make), setup)?;
+                        let run =
+                            ResidentLoop::new(dev, through_host, Box::new($make), setup, free)?;
                         Ok(Box::new(run) as Box<dyn ResidentRun>)
                     }
                 }
             }
             #[cfg(not(feature = "cuda"))]
-            ResidentOn::Cuda(_) => Err(crate::device::not_compiled()),
+            ResidentOn::Cuda { .. } => Err(crate::device::not_compiled()),
         }
     }};
 }

@@ -54,9 +54,10 @@ pub trait ResidentRun {
     /// (and ZeRO-1's shard of gradients); and every step's buffers (parameters,
     /// gradients, activations, ids), the running one's and those kept for other shapes.
     fn bytes(&self) -> ResidentBytes;
-    /// Device memory the loop has taken since it started making its buffers, as the
-    /// driver reports it (its buffers, and what cuBLAS and NCCL took); None on the host.
-    /// The steps allocate nothing once made, so this is also the peak.
+    /// Device memory the loop has taken since its GPU was opened, as the driver reports
+    /// it (its buffers, NCCL's communicator, cuBLAS's workspace and whatever the first
+    /// launches made); None on the host. The steps allocate nothing once made, so this is
+    /// also the peak.
     fn measured_bytes(&self) -> Option<usize>;
 }
 
@@ -114,8 +115,15 @@ pub struct RunSetup<'a> {
 pub enum ResidentOn {
     /// The host build, on this CPU.
     Host,
-    /// GPU `n` (the `cuda` feature).
-    Cuda(usize),
+    /// A GPU (the `cuda` feature).
+    Cuda {
+        /// Its index.
+        gpu: usize,
+        /// Whether it is this rank's own (`device = "cuda"`: the rank's index on its
+        /// host) rather than one the config names for every rank (`cuda:N`), which ranks
+        /// launched as processes would share: NCCL needs a GPU per rank.
+        own: bool,
+    },
 }
 
 fn gpu_err(what: &str) -> impl FnOnce(stoker_gpu::GpuError) -> TrainError + '_ {
@@ -124,27 +132,37 @@ fn gpu_err(what: &str) -> impl FnOnce(stoker_gpu::GpuError) -> TrainError + '_ {
 
 /// A [`ResidentRun`] on backend `B` with steps of type `S` (one per batch shape met) and
 /// collectives `C`.
+///
+/// Fields drop in order: the steps' buffers and the collectives before the backend they
+/// run on.
 pub(crate) struct ResidentLoop<B: Backend, S: Trainable<B>, C: Collectives<B>> {
-    be: B,
-    coll: C,
     replica: Replica<B, S>,
     /// The running step's shape.
     shape: (usize, usize),
     /// Steps made for other shapes, kept for the next time one comes.
     spare: Vec<((usize, usize), S)>,
     make: MakeStep<B, S>,
-    /// Each micro-batch's token ids, reused from window to window.
+    /// Each micro-batch's token ids, copied into buffers kept from window to window.
     tokens: Vec<Vec<i64>>,
     /// An evaluation batch's token ids, reused likewise.
     eval_ids: Vec<i64>,
     /// The backend's free memory before the loop made its buffers (a device's).
     free_at_start: Option<usize>,
+    coll: C,
+    be: B,
 }
 
 impl<B: Backend, S: Trainable<B>, C: Collectives<B>> ResidentLoop<B, S, C> {
-    /// The loop of `setup` on `be` with collectives `coll`, its steps made by `make`.
-    pub(crate) fn new(be: B, coll: C, make: MakeStep<B, S>, setup: &RunSetup<'_>) -> Result<Self> {
-        let free_at_start = be.free_memory();
+    /// The loop of `setup` on `be` with collectives `coll`, its steps made by `make`;
+    /// `free_at_start` the device's free memory before anything of the loop's was made
+    /// (None on the host).
+    pub(crate) fn new(
+        be: B,
+        coll: C,
+        make: MakeStep<B, S>,
+        setup: &RunSetup<'_>,
+        free_at_start: Option<usize>,
+    ) -> Result<Self> {
         let (b, t) = setup.shape;
         let step = make(&be, b, t).map_err(gpu_err("making the step"))?;
         let replica = Replica::new(
@@ -195,11 +213,7 @@ impl<B: Backend, S: Trainable<B>, C: Collectives<B>> ResidentLoop<B, S, C> {
 fn ids_of(mb: TokenIds<'_>, ids: &mut Vec<i64>) -> Result<(usize, usize)> {
     let shape = mb.0.dims2()?;
     ids.clear();
-    ids.extend(
-        crate::ops::ids_i64(mb.0)?
-            .flatten_all()?
-            .to_vec1::<i64>()?,
-    );
+    ids.extend(crate::ops::ids_i64(mb.0)?.flatten_all()?.to_vec1::<i64>()?);
     if mb.1.len() != ids.len() {
         return Err(TrainError::Strategy(format!(
             "the resident step: a micro-batch of {} token ids has {} targets",

@@ -129,7 +129,8 @@ pub struct RunSummary {
     /// The counting allocator's peak of live heap bytes over training steps before the
     /// first evaluation or checkpoint (None without a [`HeapCount`]).
     pub train_heap_bytes: Option<u64>,
-    /// Bytes of the direct step's activation buffers at the end, counted from them.
+    /// Bytes of the direct step's activation buffers at the end, counted from them (on
+    /// the resident path: its steps' buffers, on the loop's backend).
     pub activation_bytes: usize,
     /// On the resident path, its loop's memory on its backend (rank 0's).
     pub resident: Option<ResidentMemory>,

@@ -178,21 +178,14 @@ impl Trainer {
                     .into(),
             ));
         }
+        // Weights set since the loop last ran (a checkpoint loaded) go down first.
+        self.send_down()?;
         if let Some(path) = self.path.resident() {
-            let (mut sum, mut correct, mut count) = (0f64, 0usize, 0usize);
-            for mb in batches {
-                let (s, c, n) = path.evaluate(mb)?;
-                (sum, correct, count) = (sum + s, correct + c, count + n);
-            }
-            return Ok(EvalReport::of(sum, correct, count));
+            return summed(batches, |mb| path.evaluate(mb));
         }
         if let Some(step) = self.path.direct_step() {
-            let (mut sum, mut correct, mut count) = (0f64, 0usize, 0usize);
-            for mb in batches {
-                let (s, c, n) = step.evaluate(&self.params.master, &mb.input, &mb.targets)?;
-                (sum, correct, count) = (sum + s, correct + c, count + n);
-            }
-            return Ok(EvalReport::of(sum, correct, count));
+            let master = &self.params.master;
+            return summed(batches, |mb| step.evaluate(master, &mb.input, &mb.targets));
         }
         self.sync_vars()?;
         eval_with(&*self.model, &self.fx(), batches)
@@ -229,6 +222,20 @@ impl Trainer {
         let mut forward = |x: &Tensor| Ok(model.forward(&fx, x)?.detach());
         sample_with(&mut forward, &fx, prompt, n, context, seed, &self.device)
     }
+}
+
+/// Mean loss and top-1 accuracy over `batches`, each evaluated by `eval` (its summed
+/// loss, top-1 hits and valid targets).
+fn summed(
+    batches: &[MicroBatch],
+    mut eval: impl FnMut(&MicroBatch) -> Result<(f64, usize, usize)>,
+) -> Result<EvalReport> {
+    let (mut sum, mut correct, mut count) = (0f64, 0usize, 0usize);
+    for mb in batches {
+        let (s, c, n) = eval(mb)?;
+        (sum, correct, count) = (sum + s, correct + c, count + n);
+    }
+    Ok(EvalReport::of(sum, correct, count))
 }
 
 /// Mean loss and top-1 accuracy of `model` over `batches`.

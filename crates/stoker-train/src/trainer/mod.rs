@@ -234,9 +234,8 @@ impl Trainer {
     /// [`Trainer::sync_host`]: a read of a master that lags the loop's fails loudly
     /// rather than hand over stale weights.
     pub fn master(&self) -> &[f32] {
-        let behind = matches!(&self.path, StepPath::Resident(r) if r.host_behind());
         assert!(
-            !behind,
+            !self.host_behind(),
             "Trainer::master on the resident path lags the loop: call Trainer::sync_host first"
         );
         &self.params.master
@@ -323,6 +322,10 @@ impl Trainer {
     /// to end ([`Trainer::held`]: the whole buffer, except under ZeRO-3), and its model's
     /// variables follow.
     pub fn set_held_master(&mut self, local: Vec<f32>) -> Result<()> {
+        // On the resident path the optimizer's moments go down with the master: bring
+        // them up first, so that setting the weights keeps them (a collective under
+        // ZeRO-1, as setting a checkpoint's weights is on every rank).
+        self.sync_host()?;
         if local.len() != self.params.held.len() {
             return Err(TrainError::Layout(format!(
                 "{} parameter values for the {} this rank holds",
@@ -451,6 +454,13 @@ impl Trainer {
     /// behind; [`Trainer::evaluate`] and [`Trainer::sample`] call it, and so must anything
     /// else that runs the model's candle forward after training steps.
     pub fn sync_vars(&self) -> Result<()> {
+        if self.host_behind() {
+            return Err(TrainError::Strategy(
+                "the model's variables would follow a master that lags the resident loop: \
+                 call Trainer::sync_host first"
+                    .into(),
+            ));
+        }
         if self.path.vars_stale() && !self.shards_params() {
             self.params
                 .layout

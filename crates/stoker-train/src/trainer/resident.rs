@@ -36,6 +36,19 @@ pub struct ResidentPath {
     run_behind: bool,
     /// The model's candle variables lag the trainer's master.
     pub(super) vars_stale: Cell<bool>,
+    /// Whether the ranks' masters are shards (ZeRO-1 beyond one rank): bringing the
+    /// trainer's master up to date is then a collective every rank joins. Decided from
+    /// the config and the world, the same on every rank.
+    sharded: bool,
+}
+
+/// `range` as the pieces of a flat buffer it covers (none when it is empty): how the
+/// trainer's `Pieces` name an optimizer's range.
+fn as_pieces(range: &std::ops::Range<usize>) -> &[std::ops::Range<usize>] {
+    match range.is_empty() {
+        true => &[],
+        false => std::slice::from_ref(range),
+    }
 }
 
 impl ResidentPath {
@@ -52,7 +65,10 @@ impl ResidentPath {
     ) -> Result<Self> {
         let on = match crate::device::TrainDevice::parse(&config.device)? {
             crate::device::TrainDevice::Cpu => ResidentOn::Host,
-            crate::device::TrainDevice::Cuda(n) => ResidentOn::Cuda(n.unwrap_or(gpu)),
+            crate::device::TrainDevice::Cuda(n) => ResidentOn::Cuda {
+                gpu: n.unwrap_or(gpu),
+                own: n.is_none(),
+            },
         };
         let timeout = std::time::Duration::from_secs_f64(config.parallel.timeout_s);
         let comm = match strategy.communicator() {
@@ -80,7 +96,7 @@ impl ResidentPath {
         // The trainer's optimizer covers the strategy's range: the loop's must be the same
         // (ZeRO-1's shard: both split by stoker-comm's ShardPlan at one alignment).
         let want = strategy.update_range(layout.total_len());
-        if want.ranges() != std::slice::from_ref(&run.range()) {
+        if want.ranges() != as_pieces(&run.range()) {
             return Err(TrainError::Layout(format!(
                 "the resident loop's optimizer would cover {:?} of the flat buffer, the \
                  strategy's range is {:?}",
@@ -93,6 +109,8 @@ impl ResidentPath {
             host_behind: false,
             run_behind: false,
             vars_stale: Cell::new(false),
+            sharded: strategy_kind == stoker_gpu::parallel::Strategy::Zero1
+                && strategy.world_size() > 1,
         })
     }
 
@@ -193,6 +211,10 @@ impl Trainer {
         // The scalars from the trainer's own optimizer, which counts the step.
         let scalars = self.optimizer.next_scalars(lr as f32);
         let clip = (self.grad_clip > 0.0).then_some(self.grad_clip);
+        // The strategy's statistics count this window's traffic from here: the loop's
+        // collectives go through the same communicator (through host memory; NCCL's
+        // are not counted).
+        self.strategy.begin_window(window.len())?;
         let ids: Vec<_> = window.iter().map(|m| (&m.input, &m.targets[..])).collect();
         let report = path.run.window(&ids, &scalars, clip)?;
         path.host_behind = true;
@@ -223,7 +245,7 @@ impl Trainer {
 
     /// The trainer's master and optimizer buffers into the resident loop, where they were
     /// set since it last ran.
-    fn send_down(&mut self) -> Result<()> {
+    pub(super) fn send_down(&mut self) -> Result<()> {
         let super::StepPath::Resident(path) = &mut self.path else {
             return Ok(());
         };
@@ -252,7 +274,7 @@ impl Trainer {
         let state = path.run.state()?;
         let master = &mut self.params.master;
         let pieces = self.optimizer.pieces().clone();
-        if pieces.ranges() != std::slice::from_ref(&state.range) {
+        if pieces.ranges() != as_pieces(&state.range) {
             return Err(TrainError::Layout(format!(
                 "the resident loop's optimizer covers {:?}, the trainer's {:?}",
                 state.range,
@@ -260,7 +282,7 @@ impl Trainer {
             )));
         }
         master[state.range.clone()].copy_from_slice(&state.master);
-        if state.range.len() < master.len() {
+        if path.sharded {
             self.strategy.after_update(master)?;
         }
         let step = self.optimizer.state_ref().step;
@@ -277,6 +299,14 @@ impl Trainer {
             })
             .map_err(TrainError::Layout)?;
         path.host_behind = false;
+        // The candle variables follow the master on their next use.
+        path.vars_stale.set(true);
         Ok(())
+    }
+
+    /// Whether the trainer's master and optimizer buffers lag the resident loop's (a
+    /// window ran since [`Trainer::sync_host`]).
+    pub(super) fn host_behind(&self) -> bool {
+        matches!(&self.path, super::StepPath::Resident(r) if r.host_behind())
     }
 }

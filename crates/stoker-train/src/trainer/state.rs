@@ -9,6 +9,10 @@ use super::Trainer;
 
 impl Stateful for Trainer {
     fn state(&self) -> RankState<'_> {
+        assert!(
+            !self.host_behind(),
+            "Stateful::state on the resident path lags the loop: call Trainer::sync_host first"
+        );
         RankState {
             step: self.step,
             sampler: self.sampler_state,
