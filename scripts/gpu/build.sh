@@ -67,4 +67,4 @@ tar -C "$libs_dir" -cJf target/gpu/libs.tar.xz .
 echo "gpu build: shared libraries that travel with it: $(ls "$libs_dir" | tr '\n' ' ')"
 rm -rf "$libs_dir"
 ls -l "$bin" target/gpu/
-echo "gpu build: carry target/gpu and data/shakespeare; there, bash scripts/gpu/device-check.sh kernels (then offload, ranks, step-time)"
+echo "gpu build: carry target/gpu and data/shakespeare; there, bash scripts/gpu/device-check.sh kernels (then resident, step-time, offload, ranks)"

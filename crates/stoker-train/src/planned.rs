@@ -728,3 +728,81 @@ pub fn predicted(
         direct,
     })
 }
+
+/// `stoker plan`'s line for a config on the resident loop: what the loop holds on its
+/// backend at rank 0 of `world`, planned from the sizes its buffers are made with
+/// ([`crate::trainer::planned_resident_bytes`]), and its share of `device` (the plan's
+/// hardware: name and bytes per device) where there is one. None off the resident loop.
+pub fn resident_plan_line(
+    cfg: &TrainConfig,
+    world: usize,
+    device: Option<(&str, f64)>,
+) -> Result<Option<String>> {
+    if !cfg.resident_loop() {
+        return Ok(None);
+    }
+    let meta = crate::models::build_meta_model_on(
+        &cfg.model,
+        cfg.precision,
+        cfg.kernels,
+        cfg.seed,
+        &candle_core::Device::Cpu,
+    )?;
+    let len = FlatLayout::of(meta.params())?.total_len();
+    let Some(b) = crate::trainer::planned_resident_bytes(cfg, len, (0, world.max(1))) else {
+        return Ok(None);
+    };
+    let mib = |x: usize| x as f64 / (1 << 20) as f64;
+    let share = match device {
+        Some((name, bytes)) if bytes > 0.0 => format!(
+            ", {:.1}% of the {name}'s {:.1} GiB; the largest micro-batch within 90% of it: {}",
+            100.0 * b.total() as f64 / bytes,
+            bytes / (1u64 << 30) as f64,
+            largest_resident_micro_batch(cfg, len, world.max(1), 0.9 * bytes)
+        ),
+        _ => String::new(),
+    };
+    Ok(Some(format!(
+        "resident loop per rank ({} on {world} rank(s), micro-batch {} x {}): {:.2} MiB \
+         planned from its buffers (master and optimizer {:.2} + step {:.2}){share}",
+        match cfg.parallel.strategy {
+            StrategyKind::Zero1 => "zero1",
+            StrategyKind::None => "none",
+            _ => "ddp",
+        },
+        cfg.batch.micro_batch,
+        cfg.model.context().unwrap_or(1),
+        mib(b.total()),
+        mib(b.state),
+        mib(b.steps),
+    )))
+}
+
+/// The largest micro-batch whose resident loop (planned, rank 0 of `world`, over a flat
+/// layout of `len` elements) stays within `budget` bytes: 0 where not even one sequence
+/// does. The step's buffers grow with the micro-batch; the state does not.
+fn largest_resident_micro_batch(cfg: &TrainConfig, len: usize, world: usize, budget: f64) -> usize {
+    let fits = |b: usize| {
+        let mut c = cfg.clone();
+        c.batch.micro_batch = b;
+        crate::trainer::planned_resident_bytes(&c, len, (0, world))
+            .is_some_and(|p| p.total() as f64 <= budget)
+    };
+    if !fits(1) {
+        return 0;
+    }
+    // Doubling to a bound, then bisection: `fits` is monotone in the micro-batch.
+    let mut hi = 2;
+    while fits(hi) && hi < 1 << 20 {
+        hi *= 2;
+    }
+    let mut lo = hi / 2;
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        match fits(mid) {
+            true => lo = mid,
+            false => hi = mid,
+        }
+    }
+    lo
+}

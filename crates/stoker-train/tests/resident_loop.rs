@@ -316,3 +316,27 @@ fn a_step_reports_its_own_window_s_traffic() {
         );
     }
 }
+
+#[test]
+fn the_plan_line_finds_the_largest_micro_batch_that_fits() {
+    // A device whose 90% is exactly what micro-batch 2 needs: 2 fits, 3 does not.
+    let c = resident(GPT, "bf16", ADAMW, "strategy = \"none\"");
+    let m = build_model(&c.model, c.precision, c.kernels, c.seed).unwrap();
+    let len = FlatLayout::of(m.params()).unwrap().total_len();
+    let two = stoker_train::trainer::planned_resident_bytes(&c, len, (0, 1)).unwrap();
+    let device = (two.total() as f64 + 0.5) / 0.9;
+    let line = stoker_train::planned::resident_plan_line(&c, 1, Some(("test GPU", device)))
+        .unwrap()
+        .unwrap();
+    assert!(
+        line.ends_with("the largest micro-batch within 90% of it: 2"),
+        "{line}"
+    );
+    let mib = format!("{:.2} MiB planned", two.total() as f64 / (1 << 20) as f64);
+    assert!(line.contains(&mib), "{line} (expected {mib})");
+    // Off the loop: no line.
+    let zero2 = resident(GPT, "bf16", ADAMW, "strategy = \"zero2\"");
+    assert!(stoker_train::planned::resident_plan_line(&zero2, 2, None)
+        .unwrap()
+        .is_none());
+}

@@ -418,6 +418,16 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         println!("{}", plan.to_json());
     } else {
         print!("{}", plan.to_text());
+        // A config on the resident loop: its memory on the step's backend, from the
+        // sizes its buffers are made with (the planner's rows model candle's graph).
+        if let Some(cfg) = &base {
+            let hw = &plan.inputs.hardware;
+            let world = hw.world_size() as usize;
+            let device = Some((hw.name.as_str(), hw.device_memory));
+            if let Some(line) = stoker_train::planned::resident_plan_line(cfg, world, device)? {
+                println!("{line}");
+            }
+        }
     }
     if let Some(path) = &args.emit_config {
         let mut planned_with = match emit_inputs {
