@@ -340,3 +340,46 @@ fn the_plan_line_finds_the_largest_micro_batch_that_fits() {
         .unwrap()
         .is_none());
 }
+
+#[test]
+fn a_trainer_that_only_loads_and_reads_weights_never_makes_its_loop() {
+    // `stoker export` on a machine without the run's GPU: the loop (and its GPU) is made
+    // by the first window or evaluation, not by loading and reading a state.
+    let c = resident(GPT, "fp32", ADAMW, "strategy = \"none\"");
+    let (saved, want) = run_local(1, Duration::from_secs(60), |comm| {
+        let mut t = trainer(&c, Rc::new(comm));
+        for s in 0..2 {
+            t.train_step(&window(GPT, s, 0, 2)).unwrap();
+        }
+        t.sync_host().unwrap();
+        let st = t.state();
+        let saved = LoadedState {
+            step: st.step,
+            sampler: st.sampler,
+            master: st.master.to_vec(),
+            optimizer: st.optimizer.to_owned(),
+            scaler: None,
+            fp8: None,
+        };
+        (saved, t.master().to_vec())
+    })
+    .remove(0);
+    // The closure runs once per rank (one here): it takes the state out.
+    let saved = std::sync::Mutex::new(Some(saved));
+    let got = run_local(1, Duration::from_secs(60), |comm| {
+        let mut t = trainer(&c, Rc::new(comm));
+        assert!(
+            t.resident_bytes().is_none(),
+            "made when the trainer was built"
+        );
+        t.load_state(saved.lock().unwrap().take().unwrap()).unwrap();
+        let m = t.master().to_vec();
+        assert!(
+            t.resident_bytes().is_none(),
+            "made by loading or reading weights"
+        );
+        m
+    })
+    .remove(0);
+    assert_eq!(got, want);
+}

@@ -84,6 +84,9 @@ impl Rank {
             Some(dir) => Some(resume(&mut trainer, dir, &dims)?),
             None => None,
         };
+        // The resident loop made before the first step (its GPU opened, its buffers
+        // allocated): a run fails here, not at its first window, where it cannot.
+        trainer.make_resident_loop()?;
         let log = match lead {
             true => Some(open_run_dir(config, resumed_at)?),
             false => None,

@@ -178,7 +178,9 @@ impl Trainer {
                     .into(),
             ));
         }
-        // Weights set since the loop last ran (a checkpoint loaded) go down first.
+        // The loop made where it is not, and weights set since it last ran (a checkpoint
+        // loaded) sent down first.
+        self.make_resident_loop()?;
         self.send_down()?;
         if let Some(path) = self.path.resident() {
             return summed(batches, |mb| path.evaluate(mb));

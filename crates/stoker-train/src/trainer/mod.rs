@@ -185,7 +185,7 @@ impl Trainer {
             &mut *strategy,
             sharded,
             &device,
-            (&master, gpu),
+            gpu,
         )?;
         let bf16 = config.kernels.param_dtype(config.precision) == candle_core::DType::BF16;
         let params = ParamBuffers::new(layout, master, held, bf16);
@@ -366,13 +366,14 @@ impl Trainer {
         }
     }
 
-    /// On the resident path, what its loop holds on its backend (counted from its buffers)
-    /// and, on a GPU, the device memory it took as the driver reports it.
+    /// On the resident path once its loop is made, what the loop holds on its backend
+    /// (counted from its buffers) and, on a GPU, the device memory it took as the driver
+    /// reports it.
     pub fn resident_bytes(
         &self,
     ) -> Option<(crate::models::resident_run::ResidentBytes, Option<usize>)> {
         match &self.path {
-            StepPath::Resident(r) => Some((r.bytes(), r.measured_bytes())),
+            StepPath::Resident(r) => r.bytes().map(|b| (b, r.measured_bytes())),
             _ => None,
         }
     }

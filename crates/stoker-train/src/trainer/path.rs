@@ -140,9 +140,8 @@ impl StepPath {
     /// go decides between the direct step's two forms), for `model` laid out by `layout`,
     /// its parameters `sharded` over the ranks or not; and the pieces of the flat buffer
     /// the rank's gradient sum holds (none on the resident path, whose gradients stay on
-    /// its backend). The resident path starts from the whole `master`, on GPU `gpu` where
-    /// the config's device is `cuda` without an index.
-    #[allow(clippy::too_many_arguments)]
+    /// its backend). The resident path runs on GPU `gpu` where the config's device is
+    /// `cuda` without an index.
     pub(super) fn choose(
         config: &TrainConfig,
         model: &dyn Model,
@@ -150,10 +149,10 @@ impl StepPath {
         strategy: &mut dyn Strategy,
         sharded: bool,
         device: &Device,
-        (master, gpu): (&[f32], usize),
+        gpu: usize,
     ) -> Result<(StepPath, Pieces)> {
         if config.resident_loop() {
-            let path = ResidentPath::new(config, model, layout, &*strategy, master, gpu)?;
+            let path = ResidentPath::new(config, &*strategy, gpu)?;
             return Ok((StepPath::Resident(path), Pieces::new([])));
         }
         let direct = match (
@@ -381,7 +380,7 @@ impl StepPath {
             StepPath::Direct { step, .. } | StepPath::DirectByGroup { step, .. } => {
                 step.activation_bytes()
             }
-            StepPath::Resident(r) => r.bytes().steps,
+            StepPath::Resident(r) => r.bytes().map_or(0, |b| b.steps),
             _ => 0,
         }
     }

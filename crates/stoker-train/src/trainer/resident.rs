@@ -29,7 +29,12 @@ use super::{StepReport, Trainer};
 
 /// The resident path's loop and what the trainer knows of it.
 pub struct ResidentPath {
-    run: Box<dyn ResidentRun>,
+    /// The loop, once made: by a run before its first step, or by the first window or
+    /// evaluation. A trainer that only loads weights and reads them (`stoker export`)
+    /// never makes it, nor opens a GPU.
+    run: Option<Box<dyn ResidentRun>>,
+    /// What making it takes from the config.
+    plan: LoopPlan,
     /// The trainer's master and optimizer buffers lag the loop's (a window ran since).
     host_behind: bool,
     /// The loop lags the trainer's master and optimizer buffers (they were set).
@@ -42,43 +47,33 @@ pub struct ResidentPath {
     sharded: bool,
 }
 
-/// `range` as the pieces of a flat buffer it covers (none when it is empty): how the
-/// trainer's `Pieces` name an optimizer's range.
-fn as_pieces(range: &std::ops::Range<usize>) -> &[std::ops::Range<usize>] {
-    match range.is_empty() {
-        true => &[],
-        false => std::slice::from_ref(range),
-    }
+/// What making a resident loop takes from the config.
+struct LoopPlan {
+    on: ResidentOn,
+    strategy: stoker_gpu::parallel::Strategy,
+    optimizer: stoker_gpu::step::optimizer::Optimizer,
+    shape: (usize, usize),
+    bf16: bool,
+    timeout: std::time::Duration,
 }
 
-impl ResidentPath {
-    /// The resident loop of `model` laid out by `layout` for `config`, rank
-    /// `strategy.rank()` of its group, starting from the whole flat `master`; on GPU
-    /// `gpu` where `config.device` is a GPU.
-    pub(super) fn new(
-        config: &TrainConfig,
+impl LoopPlan {
+    /// The loop of `model` laid out by `layout`, rank `strategy.rank()` of its group,
+    /// starting from the whole flat `master`, its optimizer covering the strategy's range.
+    fn make(
+        &self,
         model: &dyn Model,
         layout: &FlatLayout,
         strategy: &dyn Strategy,
         master: &[f32],
-        gpu: usize,
-    ) -> Result<Self> {
-        let on = match crate::device::TrainDevice::parse(&config.device)? {
-            crate::device::TrainDevice::Cpu => ResidentOn::Host,
-            crate::device::TrainDevice::Cuda(n) => ResidentOn::Cuda {
-                gpu: n.unwrap_or(gpu),
-                own: n.is_none(),
-            },
-        };
-        let timeout = std::time::Duration::from_secs_f64(config.parallel.timeout_s);
+    ) -> Result<Box<dyn ResidentRun>> {
         let comm = match strategy.communicator() {
             Some(c) => c,
-            None => Rc::new(stoker_comm::local_group(1, timeout).remove(0)),
+            None => Rc::new(stoker_comm::local_group(1, self.timeout).remove(0)),
         };
-        let (strategy_kind, optimizer, shape) = loop_kinds(config);
         let setup = RunSetup {
-            strategy: strategy_kind,
-            optimizer,
+            strategy: self.strategy,
+            optimizer: self.optimizer,
             master,
             segments: segments(layout, false)
                 .iter()
@@ -86,13 +81,14 @@ impl ResidentPath {
                 .collect(),
             rank_world: (strategy.rank(), strategy.world_size()),
             comm,
-            shape,
-            on,
+            shape: self.shape,
+            on: self.on,
         };
-        let bf16 = config.precision == Precision::Bf16;
-        let run = model.resident_run(layout, bf16, &setup)?.ok_or_else(|| {
-            TrainError::Strategy("step = \"resident\": this model has no GPU step".into())
-        })?;
+        let run = model
+            .resident_run(layout, self.bf16, &setup)?
+            .ok_or_else(|| {
+                TrainError::Strategy("step = \"resident\": this model has no GPU step".into())
+            })?;
         // The trainer's optimizer covers the strategy's range: the loop's must be the same
         // (ZeRO-1's shard: both split by stoker-comm's ShardPlan at one alignment).
         let want = strategy.update_range(layout.total_len());
@@ -104,13 +100,56 @@ impl ResidentPath {
                 want.ranges()
             )));
         }
+        Ok(run)
+    }
+}
+
+/// `range` as the pieces of a flat buffer it covers (none when it is empty): how the
+/// trainer's `Pieces` name an optimizer's range.
+fn as_pieces(range: &std::ops::Range<usize>) -> &[std::ops::Range<usize>] {
+    match range.is_empty() {
+        true => &[],
+        false => std::slice::from_ref(range),
+    }
+}
+
+impl ResidentPath {
+    /// The resident path of `config` for rank `strategy.rank()` of its group, on GPU
+    /// `gpu` where `config.device` is `cuda` without an index; its loop is made later
+    /// ([`Trainer::make_resident_loop`]).
+    pub(super) fn new(config: &TrainConfig, strategy: &dyn Strategy, gpu: usize) -> Result<Self> {
+        let on = match crate::device::TrainDevice::parse(&config.device)? {
+            crate::device::TrainDevice::Cpu => ResidentOn::Host,
+            crate::device::TrainDevice::Cuda(n) => ResidentOn::Cuda {
+                gpu: n.unwrap_or(gpu),
+                own: n.is_none(),
+            },
+        };
+        let (strategy_kind, optimizer, shape) = loop_kinds(config);
         Ok(ResidentPath {
-            run,
+            run: None,
+            plan: LoopPlan {
+                on,
+                strategy: strategy_kind,
+                optimizer,
+                shape,
+                bf16: config.precision == Precision::Bf16,
+                timeout: std::time::Duration::from_secs_f64(config.parallel.timeout_s),
+            },
             host_behind: false,
             run_behind: false,
             vars_stale: Cell::new(false),
             sharded: strategy_kind == stoker_gpu::parallel::Strategy::Zero1
                 && strategy.world_size() > 1,
+        })
+    }
+
+    /// The loop, once made.
+    fn run(&mut self) -> Result<&mut Box<dyn ResidentRun>> {
+        self.run.as_mut().ok_or_else(|| {
+            TrainError::Strategy(
+                "the resident loop is not made yet (Trainer::make_resident_loop)".into(),
+            )
         })
     }
 
@@ -128,17 +167,19 @@ impl ResidentPath {
 
     /// One micro-batch's evaluation on the loop's backend.
     pub(super) fn evaluate(&mut self, mb: &MicroBatch) -> Result<(f64, usize, usize)> {
-        self.run.evaluate((&mb.input, &mb.targets))
+        self.run()?.evaluate((&mb.input, &mb.targets))
     }
 
-    /// Bytes the loop holds on its backend, counted from its buffers.
-    pub(super) fn bytes(&self) -> ResidentBytes {
-        self.run.bytes()
+    /// Bytes the loop holds on its backend, counted from its buffers (None before it is
+    /// made).
+    pub(super) fn bytes(&self) -> Option<ResidentBytes> {
+        self.run.as_ref().map(|r| r.bytes())
     }
 
-    /// Device memory the loop has taken, from the driver (None on the host build).
+    /// Device memory the loop has taken, from the driver (None on the host build, and
+    /// before it is made).
     pub(super) fn measured_bytes(&self) -> Option<usize> {
-        self.run.measured_bytes()
+        self.run.as_ref().and_then(|r| r.measured_bytes())
     }
 }
 
@@ -204,6 +245,7 @@ impl Trainer {
     pub(super) fn resident_step(&mut self, window: &[MicroBatch]) -> Result<StepReport> {
         let step = self.step;
         let lr = self.schedule.lr_at(step);
+        self.make_resident_loop()?;
         self.send_down()?;
         let super::StepPath::Resident(path) = &mut self.path else {
             return Err(TrainError::Strategy("not on the resident path".into()));
@@ -216,7 +258,7 @@ impl Trainer {
         // are not counted).
         self.strategy.begin_window(window.len())?;
         let ids: Vec<_> = window.iter().map(|m| (&m.input, &m.targets[..])).collect();
-        let report = path.run.window(&ids, &scalars, clip)?;
+        let report = path.run()?.window(&ids, &scalars, clip)?;
         path.host_behind = true;
         path.vars_stale.set(true);
         self.step += 1;
@@ -249,12 +291,12 @@ impl Trainer {
         let super::StepPath::Resident(path) = &mut self.path else {
             return Ok(());
         };
-        if !path.run_behind {
+        let Some(run) = path.run.as_mut().filter(|_| path.run_behind) else {
             return Ok(());
-        }
+        };
         let state = self.optimizer.state_ref();
         let moments: Vec<(&str, &[f32])> = state.buffers.iter().map(|(n, b)| (*n, *b)).collect();
-        path.run.load(&self.params.master, &moments, state.step)?;
+        run.load(&self.params.master, &moments, state.step)?;
         path.run_behind = false;
         Ok(())
     }
@@ -271,7 +313,7 @@ impl Trainer {
         if !path.host_behind {
             return Ok(());
         }
-        let state = path.run.state()?;
+        let state = path.run()?.state()?;
         let master = &mut self.params.master;
         let pieces = self.optimizer.pieces().clone();
         if pieces.ranges() != as_pieces(&state.range) {
@@ -301,6 +343,28 @@ impl Trainer {
         path.host_behind = false;
         // The candle variables follow the master on their next use.
         path.vars_stale.set(true);
+        Ok(())
+    }
+
+    /// On the resident path, makes its loop where it is not made yet: from the trainer's
+    /// master, with the optimizer's moments sent down before its first window. A run
+    /// calls it before its first step, so that a GPU that cannot be opened fails the run
+    /// at once; otherwise the first window or evaluation does.
+    pub fn make_resident_loop(&mut self) -> Result<()> {
+        let super::StepPath::Resident(path) = &mut self.path else {
+            return Ok(());
+        };
+        if path.run.is_some() {
+            return Ok(());
+        }
+        let (layout, master) = (&self.params.layout, &self.params.master);
+        path.run = Some(
+            path.plan
+                .make(&*self.model, layout, &*self.strategy, master)?,
+        );
+        // Made with zero moments: a restored optimizer's go down with the master.
+        path.run_behind = self.optimizer.state_ref().step > 0;
+        path.host_behind = false;
         Ok(())
     }
 
