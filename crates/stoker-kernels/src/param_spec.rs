@@ -2,7 +2,10 @@
 //! group and initialization. The tables themselves live with their models
 //! ([`crate::gpt::gpt_params`], [`crate::llama::llama_params`]); everything downstream
 //! (the candle models' variables, the flat layout, buckets, ZeRO's groups, checkpoints)
-//! reads them through this one type.
+//! reads them through this one type; and the flat buffer's length the offsets of a table
+//! take (`padded_end`).
+
+use crate::error::KernelError;
 
 /// How a parameter's initial values are drawn.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -27,4 +30,19 @@ pub struct ParamSpec {
     pub group: usize,
     /// Initialization.
     pub init: SpecInit,
+}
+
+/// A flat buffer's length for parameters that end at `end`: `len` (a layout's, padded past
+/// its last parameter), or an error for `op` where it falls short of them. The GPT's and
+/// the Llama's offsets take it as their buffers' length.
+pub(crate) fn padded_end(op: &'static str, end: usize, len: usize) -> Result<usize, KernelError> {
+    match len >= end {
+        true => Ok(len),
+        false => Err(KernelError::Layout {
+            op,
+            msg: format!(
+                "a flat buffer of {len} elements, short of the last parameter's end at {end}"
+            ),
+        }),
+    }
 }

@@ -40,6 +40,21 @@ fn window(model: &str, s: usize, rank: usize, k: usize) -> Vec<MicroBatch> {
         .collect()
 }
 
+/// `t`'s state as a checkpoint would save it and load it back, after bringing the
+/// trainer's mirror up to the loop's.
+fn saved_state(t: &mut Trainer) -> LoadedState {
+    t.sync_host().unwrap();
+    let st = t.state();
+    LoadedState {
+        step: st.step,
+        sampler: st.sampler,
+        master: st.master.to_vec(),
+        optimizer: st.optimizer.to_owned(),
+        scaler: None,
+        fp8: None,
+    }
+}
+
 #[test]
 fn the_resident_loop_serves_one_rank_ddp_and_zero1_and_the_adapter_the_rest() {
     for (extra, world, want) in [
@@ -80,18 +95,7 @@ fn run_with_resume(
         let mut reports = Vec::new();
         for s in 0..steps {
             if Some(s) == stop {
-                t.sync_host().unwrap();
-                let saved = {
-                    let st = t.state();
-                    LoadedState {
-                        step: st.step,
-                        sampler: st.sampler,
-                        master: st.master.to_vec(),
-                        optimizer: st.optimizer.to_owned(),
-                        scaler: None,
-                        fp8: None,
-                    }
-                };
+                let saved = saved_state(&mut t);
                 // The fresh trainer starts from other weights: the load must replace them.
                 let mut other = config.clone();
                 other.seed += 1;
@@ -252,18 +256,7 @@ fn weights_set_between_windows_keep_the_moments_and_evaluation_sees_a_loaded_sta
             reset.train_step(&window(GPT, s, rank, 2)).unwrap();
         }
         // A state loaded into a trainer of other weights, evaluated before any window.
-        straight.sync_host().unwrap();
-        let saved = {
-            let st = straight.state();
-            LoadedState {
-                step: st.step,
-                sampler: st.sampler,
-                master: st.master.to_vec(),
-                optimizer: st.optimizer.to_owned(),
-                scaler: None,
-                fp8: None,
-            }
-        };
+        let saved = saved_state(&mut straight);
         let mut other = c.clone();
         other.seed += 1;
         let mut loaded = trainer(&other, comm.clone());
@@ -351,17 +344,7 @@ fn a_trainer_that_only_loads_and_reads_weights_never_makes_its_loop() {
         for s in 0..2 {
             t.train_step(&window(GPT, s, 0, 2)).unwrap();
         }
-        t.sync_host().unwrap();
-        let st = t.state();
-        let saved = LoadedState {
-            step: st.step,
-            sampler: st.sampler,
-            master: st.master.to_vec(),
-            optimizer: st.optimizer.to_owned(),
-            scaler: None,
-            fp8: None,
-        };
-        (saved, t.master().to_vec())
+        (saved_state(&mut t), t.master().to_vec())
     })
     .remove(0);
     // The closure runs once per rank (one here): it takes the state out.

@@ -32,6 +32,23 @@ pub struct StepSizes {
 }
 
 impl StepSizes {
+    /// The sizes of a step over `params` parameters, with an activation layout of
+    /// `acts` elements and `floats` f32s, for micro-batches of `rows` positions over
+    /// `vocab`.
+    pub(crate) fn of(
+        params: usize,
+        (acts, floats): (usize, usize),
+        (rows, vocab): (usize, usize),
+    ) -> Self {
+        StepSizes {
+            params,
+            acts,
+            floats,
+            rows,
+            vocab,
+        }
+    }
+
     /// Bytes the buffers take with the compute copy and activations of `act_bytes` bytes
     /// an element (4 for f32, 2 for bf16).
     pub fn bytes(&self, act_bytes: usize) -> usize {

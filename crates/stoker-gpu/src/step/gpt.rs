@@ -43,13 +43,11 @@ fn shape_err(what: String) -> GpuError {
 /// sequences of `t` positions: its buffers' sizes, known before the step is made.
 pub fn gpt_step_sizes(dims: &GptDims, params: usize, batch: usize, t: usize) -> StepSizes {
     let layout = ActLayout::new(dims, batch, t, padded_vocab(dims.vocab));
-    StepSizes {
+    StepSizes::of(
         params,
-        acts: layout.total,
-        floats: layout.floats,
-        rows: batch * t,
-        vocab: dims.vocab,
-    }
+        (layout.total, layout.floats),
+        (batch * t, dims.vocab),
+    )
 }
 
 impl<B: Backend, T: Act> GptGpuStep<B, T> {

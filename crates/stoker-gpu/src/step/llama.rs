@@ -44,13 +44,11 @@ pub struct LlamaGpuStep<B: Backend, T: Act> {
 /// sequences of `t` positions: its buffers' sizes, known before the step is made.
 pub fn llama_step_sizes(dims: &LlamaDims, params: usize, batch: usize, t: usize) -> StepSizes {
     let layout = LlamaLayout::new(dims, batch, t, padded_vocab(dims.vocab));
-    StepSizes {
+    StepSizes::of(
         params,
-        acts: layout.total,
-        floats: layout.floats,
-        rows: batch * t,
-        vocab: dims.vocab,
-    }
+        (layout.total, layout.floats),
+        (batch * t, dims.vocab),
+    )
 }
 
 impl<B: Backend, T: Act> LlamaGpuStep<B, T> {

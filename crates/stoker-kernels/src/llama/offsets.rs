@@ -115,16 +115,7 @@ impl LlamaOffsets {
     /// gradient buffers are exactly as long as the trainer's. Fails where `len` falls
     /// short of the last parameter.
     pub fn with_end(mut self, len: usize) -> Result<Self, KernelError> {
-        if len < self.end {
-            return Err(KernelError::Layout {
-                op: "llama-step",
-                msg: format!(
-                    "a flat buffer of {len} elements, short of the last parameter's end at {}",
-                    self.end
-                ),
-            });
-        }
-        self.end = len;
+        self.end = crate::param_spec::padded_end("llama-step", self.end, len)?;
         Ok(self)
     }
 
