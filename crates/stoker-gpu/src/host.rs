@@ -22,6 +22,47 @@ pub struct HostBuf<E> {
     cells: Box<[UnsafeCell<E>]>,
 }
 
+impl Host {
+    /// Copies `src`, a view of backend `be` (a device's buffer), into `dst`, a view of a
+    /// host buffer, as many elements: the gradients down for an optimizer on the host,
+    /// with no copy in between. The views must not overlap (checked).
+    pub fn copy_from<B: Backend, E: Elem>(
+        &self,
+        dst: View<E>,
+        be: &B,
+        src: View<E>,
+    ) -> Result<(), GpuError> {
+        crate::error::check_len("copy", "dst", dst.len(), src.len())?;
+        crate::backend::check_disjoint("copy", &dst, &src)?;
+        // SAFETY: a View is made only inside a live HostBuf of this backend (its borrow
+        // keeps the buffer alive), whose cells may be written; host kernels run
+        // synchronously, so none touches them now; `src` does not overlap them (checked
+        // above), so this slice is the only access to those elements while `read_into`
+        // fills it.
+        let out =
+            unsafe { std::slice::from_raw_parts_mut(dst.addr() as usize as *mut E, dst.len()) };
+        be.read_into(src, out)
+    }
+
+    /// Copies `src`, a view of a host buffer, into `dst`, a view of backend `be` (a
+    /// device's buffer), as many elements: the compute copy up after an optimizer on the
+    /// host. The views must not overlap (checked).
+    pub fn copy_to<B: Backend, E: Elem>(
+        &self,
+        src: View<E>,
+        be: &B,
+        dst: View<E>,
+    ) -> Result<(), GpuError> {
+        crate::error::check_len("copy", "dst", dst.len(), src.len())?;
+        crate::backend::check_disjoint("copy", &dst, &src)?;
+        // SAFETY: as in `copy_from`: `src` lies inside a live HostBuf that no kernel
+        // touches now, and `dst`, which `write_at` writes, does not overlap it (checked).
+        let data =
+            unsafe { std::slice::from_raw_parts(src.addr() as usize as *const E, src.len()) };
+        be.write_at(dst, data)
+    }
+}
+
 impl Backend for Host {
     type Buf<E: Elem> = HostBuf<E>;
 

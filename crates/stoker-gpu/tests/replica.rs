@@ -293,7 +293,7 @@ fn ranks_and_strategies_train_what_one_rank_trains() {
                     }
                 }
                 let master = match strategy {
-                    Strategy::Ddp => ends[0].2.clone(),
+                    Strategy::Ddp | Strategy::Offload => ends[0].2.clone(),
                     Strategy::Zero1 => assemble(&ends),
                 };
                 assert_bits_eq(
@@ -885,5 +885,27 @@ fn an_empty_rank_joins_the_buckets_and_the_window_is_refused() {
     });
     for e in errs {
         assert!(e.contains("ran different numbers of micro-batches"), "{e}");
+    }
+}
+
+/// The optimizer offloaded to the host (ZeRO-Offload) is DDP with its update stepped by
+/// the host build of the same kernels: on the host backend, the same bits, one and two
+/// ranks, AdamW (clipped) and SGD, f32 and bf16.
+#[test]
+fn the_optimizer_offloaded_to_the_host_is_ddp_bit_for_bit() {
+    fn check<T: Act>(world: usize, opt: Optimizer, clip: Option<f64>) {
+        let ddp = ranks::<T>(world, Strategy::Ddp, opt, clip);
+        let off = ranks::<T>(world, Strategy::Offload, opt, clip);
+        let what = format!("{:?} {opt:?} over {world} ranks", T::DTYPE);
+        for (o, d) in off.iter().zip(&ddp) {
+            assert_eq!(o.0, d.0, "{what}: losses, tokens and norms");
+            assert_bits_eq(&o.2, &d.2, &format!("{what}: master"));
+            assert_bits_eq(&o.3, &d.3, &format!("{what}: compute copies"));
+        }
+    }
+    for world in [1, 2] {
+        check::<f32>(world, Optimizer::AdamW, Some(0.05));
+        check::<half::bf16>(world, Optimizer::AdamW, Some(0.05));
+        check::<f32>(world, Optimizer::Sgd { momentum: true }, None);
     }
 }

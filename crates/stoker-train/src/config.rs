@@ -511,11 +511,12 @@ impl TrainConfig {
         if let Some((key, why)) = self.not_on_resident_loop() {
             return Err(config_err(key, why));
         }
-        if self.parallel.offload_optimizer {
+        if self.parallel.offload_optimizer && self.parallel.strategy == StrategyKind::Zero1 {
             return Err(config_err(
                 "parallel.offload_optimizer",
-                "true, but step = \"resident\" keeps the optimizer on the GPU beside the \
-                 step; offloading it (or the parameters) is not built on the resident loop",
+                "true with \"zero1\": the resident loop offloads the optimizer of one rank \
+                 or \"ddp\" (the whole state on each host); with ZeRO-1's shards it is not \
+                 built",
             ));
         }
         Ok(())
@@ -900,7 +901,8 @@ steps = 1
                 c.parallel.sync_every_micro_batch = Some(true)
             }),
             ("parallel.offload_optimizer", |c| {
-                c.parallel.offload_optimizer = true
+                c.parallel.offload_optimizer = true;
+                c.parallel.strategy = StrategyKind::Zero1
             }),
         ] {
             let mut bad = r.clone();
@@ -910,6 +912,13 @@ steps = 1
         for kind in [StrategyKind::None, StrategyKind::Zero1] {
             let mut ok = r.clone();
             ok.parallel.strategy = kind;
+            ok.check_gpu_keys().unwrap();
+        }
+        // The optimizer offloaded to the host: one rank or DDP.
+        for kind in [StrategyKind::None, StrategyKind::Ddp] {
+            let mut ok = r.clone();
+            ok.parallel.strategy = kind;
+            ok.parallel.offload_optimizer = true;
             ok.check_gpu_keys().unwrap();
         }
         // Offload on a CPU is refused whatever the build.

@@ -366,3 +366,18 @@ fn a_trainer_that_only_loads_and_reads_weights_never_makes_its_loop() {
     .remove(0);
     assert_eq!(got, want);
 }
+
+#[test]
+fn an_offloaded_optimizer_leaves_the_device_only_the_step() {
+    // `parallel.offload_optimizer = true` on a GPU (the config is checked there; its plan
+    // is the same here): the loop's master and moments are in host memory.
+    let mut c = resident(GPT, "bf16", ADAMW, "strategy = \"ddp\"");
+    let m = build_model(&c.model, c.precision, c.kernels, c.seed).unwrap();
+    let len = FlatLayout::of(m.params()).unwrap().total_len();
+    let on_device = stoker_train::trainer::planned_resident_bytes(&c, len, (0, 2)).unwrap();
+    c.parallel.offload_optimizer = true;
+    let offloaded = stoker_train::trainer::planned_resident_bytes(&c, len, (0, 2)).unwrap();
+    assert_eq!(offloaded.state, 0, "{offloaded:?}");
+    assert_eq!(offloaded.steps, on_device.steps);
+    assert!(on_device.state > 0);
+}

@@ -1,16 +1,22 @@
 //! The update after a window on every rank, by strategy: DDP (the gradients all-reduced,
-//! every rank updating the whole master, as torch's DistributedDataParallel) or ZeRO-1
-//! ([`Zero1`]). At one rank both are the single-device update.
+//! every rank updating the whole master, as torch's DistributedDataParallel), ZeRO-1
+//! ([`Zero1`]), or DDP with the master and the optimizer in host memory ([`Offloaded`]).
+//! At one rank each is the single-device update.
 
 use std::ops::Range;
 
 use super::collectives::Collectives;
+use super::offload::Offloaded;
 use super::tally::Tally;
 use super::zero1::Zero1;
 use crate::backend::{Backend, View};
 use crate::elem::Act;
 use crate::error::GpuError;
+use crate::host::Host;
 use crate::step::optimizer::{self, Optimizer, OptimizerState, Scalars, UpdateViews};
+
+/// A rank's master and the optimizer's buffers by name, read back.
+pub type MasterAndMoments = (Vec<f32>, Vec<(&'static str, Vec<f32>)>);
 
 /// Which data parallelism a replica runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,6 +25,9 @@ pub enum Strategy {
     Ddp,
     /// Each rank holds its shard of them.
     Zero1,
+    /// Every rank holds the whole master and optimizer state in host memory, stepped by
+    /// the host (ZeRO-Offload; DeepSpeed's `offload_optimizer`).
+    Offload,
 }
 
 /// One rank's optimizer state under a [`Strategy`].
@@ -27,6 +36,8 @@ pub enum DataParallel<B: Backend> {
     Ddp(OptimizerState<B>),
     /// ZeRO-1: this rank's shard.
     Zero1(Zero1<B>),
+    /// The whole state, in host memory.
+    Offload(Offloaded),
 }
 
 impl<B: Backend> DataParallel<B> {
@@ -45,6 +56,7 @@ impl<B: Backend> DataParallel<B> {
             Strategy::Zero1 => {
                 DataParallel::Zero1(Zero1::new(be, kind, master, segments, rank_world)?)
             }
+            Strategy::Offload => DataParallel::Offload(Offloaded::new(kind, master, segments)?),
         })
     }
 
@@ -60,6 +72,7 @@ impl<B: Backend> DataParallel<B> {
     ) -> usize {
         match strategy {
             Strategy::Ddp => kind.state_bytes(len),
+            Strategy::Offload => 0,
             Strategy::Zero1 => {
                 let shard = super::zero1::shard_plan(len, world)
                     .range(rank.min(world.max(1) - 1))
@@ -78,6 +91,7 @@ impl<B: Backend> DataParallel<B> {
                 DataParallel::Ddp(opt.with_stochastic_rounding(seed, whole)?)
             }
             DataParallel::Zero1(z) => DataParallel::Zero1(z.with_stochastic_rounding(seed)?),
+            DataParallel::Offload(o) => DataParallel::Offload(o.with_stochastic_rounding(seed)?),
         })
     }
 
@@ -97,7 +111,9 @@ impl<B: Backend> DataParallel<B> {
         // SAFETY: the caller's contract, passed on.
         unsafe {
             match self {
-                DataParallel::Ddp(_) => coll.start_all_reduce(be, grads.slice(run)?),
+                DataParallel::Ddp(_) | DataParallel::Offload(_) => {
+                    coll.start_all_reduce(be, grads.slice(run)?)
+                }
                 DataParallel::Zero1(z) => z.start_bucket(be, coll, grads, run),
             }
         }
@@ -108,14 +124,42 @@ impl<B: Backend> DataParallel<B> {
         match self {
             DataParallel::Ddp(opt) => Ok((0..opt.len(), opt.master(be)?)),
             DataParallel::Zero1(z) => Ok((z.shard(), z.master(be)?)),
+            DataParallel::Offload(o) => {
+                let opt = o.optimizer();
+                Ok((0..opt.len(), opt.master(&Host)?))
+            }
         }
     }
 
-    /// The optimizer state: DDP's whole, ZeRO-1's shard.
-    pub fn optimizer(&self) -> &OptimizerState<B> {
+    /// This rank's master and the optimizer's buffers (named as a checkpoint names them),
+    /// read back from wherever they live.
+    pub fn read_state(&self, be: &B) -> Result<MasterAndMoments, GpuError> {
         match self {
-            DataParallel::Ddp(opt) => opt,
-            DataParallel::Zero1(z) => z.optimizer(),
+            DataParallel::Ddp(opt) => Ok((opt.master(be)?, opt.moments(be)?)),
+            DataParallel::Zero1(z) => {
+                let opt = z.optimizer();
+                Ok((opt.master(be)?, opt.moments(be)?))
+            }
+            DataParallel::Offload(o) => {
+                let opt = o.optimizer();
+                Ok((opt.master(&Host)?, opt.moments(&Host)?))
+            }
+        }
+    }
+
+    /// Sets this rank's master and the optimizer's buffers (as [`Self::read_state`]
+    /// names and orders them), `updates` updates into the run.
+    pub fn set_state(
+        &self,
+        be: &B,
+        master: &[f32],
+        moments: &[(&str, &[f32])],
+        updates: u64,
+    ) -> Result<(), GpuError> {
+        match self {
+            DataParallel::Ddp(opt) => opt.set(be, master, moments, updates),
+            DataParallel::Zero1(z) => z.optimizer().set(be, master, moments, updates),
+            DataParallel::Offload(o) => o.optimizer().set(&Host, master, moments, updates),
         }
     }
 
@@ -124,14 +168,26 @@ impl<B: Backend> DataParallel<B> {
         match self {
             DataParallel::Ddp(opt) => 0..opt.len(),
             DataParallel::Zero1(z) => z.shard(),
+            DataParallel::Offload(o) => 0..o.optimizer().len(),
         }
     }
 
-    /// Bytes of this rank's master, optimizer state (and ZeRO-1's shard of gradients).
+    /// Bytes of this rank's master, optimizer state (and ZeRO-1's shard of gradients) on
+    /// the backend: none where they are offloaded.
     pub fn bytes(&self) -> usize {
         match self {
             DataParallel::Ddp(opt) => opt.bytes(),
             DataParallel::Zero1(z) => z.bytes(),
+            DataParallel::Offload(_) => 0,
+        }
+    }
+
+    /// Bytes it holds in host memory: the offloaded master, moments, gradients copied
+    /// down and compute copy (none otherwise).
+    pub fn host_bytes(&self) -> usize {
+        match self {
+            DataParallel::Offload(o) => o.host_bytes(),
+            _ => 0,
         }
     }
 
@@ -163,6 +219,9 @@ impl<B: Backend> DataParallel<B> {
             }
             DataParallel::Zero1(z) => {
                 z.update(be, coll, views, scalars, (tally, capacity), (clip, reduced))
+            }
+            DataParallel::Offload(o) => {
+                o.update(be, coll, views, scalars, (tally, capacity), (clip, reduced))
             }
         }
     }

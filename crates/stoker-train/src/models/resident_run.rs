@@ -280,13 +280,10 @@ impl<B: Backend, S: Trainable<B>, C: Collectives<B>> ResidentRun for ResidentLoo
     }
 
     fn state(&self) -> Result<ResidentState> {
-        let err = gpu_err("reading the master and moments back");
         let state = self.replica.state();
-        let opt = state.optimizer();
-        let master = opt
-            .master(&self.be)
-            .map_err(gpu_err("reading the master back"))?;
-        let moments = opt.moments(&self.be).map_err(err)?;
+        let (master, moments) = state
+            .read_state(&self.be)
+            .map_err(gpu_err("reading the master and moments back"))?;
         Ok(ResidentState {
             range: state.range(),
             master,

@@ -191,8 +191,9 @@ fn loop_kinds(
     stoker_gpu::step::optimizer::Optimizer,
     (usize, usize),
 ) {
-    let strategy = match config.parallel.strategy {
-        StrategyKind::Zero1 => stoker_gpu::parallel::Strategy::Zero1,
+    let strategy = match (config.parallel.strategy, config.parallel.offload_optimizer) {
+        (StrategyKind::Zero1, _) => stoker_gpu::parallel::Strategy::Zero1,
+        (_, true) => stoker_gpu::parallel::Strategy::Offload,
         _ => stoker_gpu::parallel::Strategy::Ddp,
     };
     let optimizer = match config.optimizer.kind {

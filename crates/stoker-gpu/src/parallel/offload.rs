@@ -1,0 +1,121 @@
+//! The optimizer offloaded to the host on the resident loop (DeepSpeed's
+//! `offload_optimizer`, ZeRO-Offload; FSDP's optimizer CPU offload): the FP32 master and
+//! the optimizer's moments live in host memory and the host build of the same optimizer
+//! kernels steps them, so the device holds only the step (compute copy, gradients,
+//! activations). An update: the gradients reduced on the device as DDP's are, their norm
+//! taken there (the one value an update reads back anyway), the gradients copied down,
+//! the optimizer on the host writing the compute copy, the compute copy copied up. Per
+//! step that moves 4 bytes a parameter down and the compute copy's (2 in bf16) up.
+
+use std::cell::RefCell;
+use std::ops::Range;
+
+use half::bf16;
+
+use super::collectives::Collectives;
+use super::tally::Tally;
+use crate::backend::{Backend, View};
+use crate::elem::{Act, Dtype};
+use crate::error::{check_len, GpuError};
+use crate::host::{Host, HostBuf};
+use crate::step::optimizer::{self, Optimizer, OptimizerState, Scalars, UpdateViews};
+
+/// One rank's optimizer state in host memory.
+pub struct Offloaded {
+    opt: OptimizerState<Host>,
+    /// The gradients, copied down for the host's optimizer.
+    grads: HostBuf<f32>,
+    /// The compute copy the host's optimizer writes, in the step's type: made by the
+    /// first update (the state does not know the type before).
+    copy: RefCell<Option<HostCopy>>,
+}
+
+/// The compute copy on the host, in the step's type.
+enum HostCopy {
+    F32(HostBuf<f32>),
+    Bf16(HostBuf<bf16>),
+}
+
+impl Offloaded {
+    /// The state of optimizer `kind` over the flat `master` with its `segments`, in host
+    /// memory.
+    pub fn new(
+        kind: Optimizer,
+        master: &[f32],
+        segments: &[(Range<usize>, bool)],
+    ) -> Result<Self, GpuError> {
+        Ok(Offloaded {
+            opt: OptimizerState::new(&Host, kind, master, segments)?,
+            grads: Host.zeros(master.len())?,
+            copy: RefCell::new(None),
+        })
+    }
+
+    /// This state with the bf16 compute copy rounded stochastically under `seed`.
+    pub fn with_stochastic_rounding(mut self, seed: u64) -> Result<Self, GpuError> {
+        let whole = (self.opt.len(), 0);
+        self.opt = self.opt.with_stochastic_rounding(seed, whole)?;
+        Ok(self)
+    }
+
+    /// The optimizer state, in host memory.
+    pub fn optimizer(&self) -> &OptimizerState<Host> {
+        &self.opt
+    }
+
+    /// Bytes it holds in host memory: the master, the moments, the gradients copied down
+    /// and the compute copy.
+    pub fn host_bytes(&self) -> usize {
+        let copy = match &*self.copy.borrow() {
+            Some(HostCopy::F32(b)) => 4 * Host::len(b),
+            Some(HostCopy::Bf16(b)) => 2 * Host::len(b),
+            None => 0,
+        };
+        self.opt.bytes() + 4 * Host::len(&self.grads) + copy
+    }
+
+    /// The update of `views` on `be` (DDP's: the gradients all-reduced unless `reduced`,
+    /// the tallies summed in one scalar collective, the norm on the device), the optimizer
+    /// on the host. Returns the unscaled norm of the mean gradient and the summed tally.
+    pub fn update<B: Backend, T: Act>(
+        &self,
+        be: &B,
+        coll: &impl Collectives<B>,
+        views: UpdateViews<T>,
+        scalars: &Scalars,
+        (tally, capacity): (Tally, f64),
+        (clip, reduced): (Option<f64>, bool),
+    ) -> Result<(f64, Tally), GpuError> {
+        check_len("offload", "grads", views.grads.len(), self.opt.len())?;
+        let total = Tally::from_values(&coll.sum(be, &tally.values())?);
+        let unscale = total.rescale(coll.world(), capacity)?;
+        if coll.world() > 1 && !reduced {
+            coll.all_reduce(be, views.grads)?;
+        }
+        let squares = optimizer::squared_norm(be, views.grads, (views.squares, views.partials))?;
+        let norm = squares.sqrt() * unscale as f64;
+        let mult = optimizer::grad_multiplier(norm, unscale, clip);
+        let host_grads = Host.all(&self.grads);
+        Host.copy_from(host_grads, be, views.grads)?;
+        let mut copy = self.copy.borrow_mut();
+        if copy.is_none() {
+            *copy = Some(match T::DTYPE {
+                Dtype::F32 => HostCopy::F32(Host.zeros(self.opt.len())?),
+                Dtype::Bf16 => HostCopy::Bf16(Host.zeros(self.opt.len())?),
+            });
+        }
+        let host_copy: View<T> = match copy.as_ref() {
+            Some(HostCopy::F32(b)) => Host.all(b).cast::<T>()?,
+            Some(HostCopy::Bf16(b)) => Host.all(b).cast::<T>()?,
+            None => {
+                return Err(GpuError::Shape {
+                    kernel: "offload",
+                    what: "no host compute copy".into(),
+                })
+            }
+        };
+        optimizer::apply(&Host, &self.opt, host_copy, host_grads, scalars, mult)?;
+        Host.copy_to(host_copy, be, views.params)?;
+        Ok((norm, total))
+    }
+}
