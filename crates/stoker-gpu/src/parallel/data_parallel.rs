@@ -209,11 +209,8 @@ impl<B: Backend> DataParallel<B> {
     ) -> Result<(f64, Tally), GpuError> {
         match self {
             DataParallel::Ddp(opt) => {
-                let total = Tally::from_values(&coll.sum(be, &tally.values())?);
-                let unscale = total.rescale(coll.world(), capacity)?;
-                if coll.world() > 1 && !reduced {
-                    coll.all_reduce(be, views.grads)?;
-                }
+                let (unscale, total) =
+                    reduce_as_ddp(be, coll, views.grads, (tally, capacity), reduced)?;
                 let norm = optimizer::update(be, opt, views, scalars, unscale, clip)?;
                 Ok((norm, total))
             }
@@ -225,4 +222,23 @@ impl<B: Backend> DataParallel<B> {
             }
         }
     }
+}
+
+/// DDP's side of an update, before the optimizer: the tallies summed over the ranks (one
+/// scalar collective), the gradients' rescale to the mean over the valid targets, and
+/// the gradients all-reduced unless the window's buckets did (`reduced`). Returns the
+/// rescale and the summed tally.
+pub(super) fn reduce_as_ddp<B: Backend>(
+    be: &B,
+    coll: &impl Collectives<B>,
+    grads: View<f32>,
+    (tally, capacity): (Tally, f64),
+    reduced: bool,
+) -> Result<(f32, Tally), GpuError> {
+    let total = Tally::from_values(&coll.sum(be, &tally.values())?);
+    let unscale = total.rescale(coll.world(), capacity)?;
+    if coll.world() > 1 && !reduced {
+        coll.all_reduce(be, grads)?;
+    }
+    Ok((unscale, total))
 }

@@ -87,11 +87,8 @@ impl Offloaded {
         (clip, reduced): (Option<f64>, bool),
     ) -> Result<(f64, Tally), GpuError> {
         check_len("offload", "grads", views.grads.len(), self.opt.len())?;
-        let total = Tally::from_values(&coll.sum(be, &tally.values())?);
-        let unscale = total.rescale(coll.world(), capacity)?;
-        if coll.world() > 1 && !reduced {
-            coll.all_reduce(be, views.grads)?;
-        }
+        let (unscale, total) =
+            super::data_parallel::reduce_as_ddp(be, coll, views.grads, (tally, capacity), reduced)?;
         let squares = optimizer::squared_norm(be, views.grads, (views.squares, views.partials))?;
         let norm = squares.sqrt() * unscale as f64;
         let mult = optimizer::grad_multiplier(norm, unscale, clip);
