@@ -294,7 +294,7 @@ fn ranks_and_strategies_train_what_one_rank_trains() {
                 }
                 let master = match strategy {
                     Strategy::Ddp | Strategy::Offload => ends[0].2.clone(),
-                    Strategy::Zero1 => assemble(&ends),
+                    Strategy::Zero1 | Strategy::Zero1Offload => assemble(&ends),
                 };
                 assert_bits_eq(
                     &ends[0].3,
@@ -496,11 +496,19 @@ fn ranks_with_different_micro_batch_counts_are_refused_on_every_rank() {
 #[test]
 fn zero1_state_is_the_shard() {
     let master = uniform(40, 7, 1.0);
-    let z = Zero1::new(&Host, Optimizer::AdamW, &master, &[(0..40, true)], (1, 4)).unwrap();
+    let z = Zero1::new(
+        &Host,
+        Optimizer::AdamW,
+        &master,
+        &[(0..40, true)],
+        (1, 4),
+        false,
+    )
+    .unwrap();
     assert_eq!(z.shard(), 16..32);
     assert_eq!(z.master(&Host).unwrap(), master[16..32].to_vec());
     assert_eq!(z.bytes(), 16 * (12 + 4));
-    assert!(Zero1::new(&Host, Optimizer::AdamW, &master, &[], (4, 4)).is_err());
+    assert!(Zero1::new(&Host, Optimizer::AdamW, &master, &[], (4, 4), false).is_err());
 }
 
 /// Stochastic rounding of the bf16 compute copy (llm.c's AdamW): after the last window the
@@ -907,5 +915,31 @@ fn the_optimizer_offloaded_to_the_host_is_ddp_bit_for_bit() {
         check::<f32>(world, Optimizer::AdamW, Some(0.05));
         check::<half::bf16>(world, Optimizer::AdamW, Some(0.05));
         check::<f32>(world, Optimizer::Sgd { momentum: true }, None);
+    }
+}
+
+/// ZeRO-1 with each shard's optimizer offloaded to the host is ZeRO-1 bit for bit on the
+/// host backend: 2 and 3 ranks, AdamW (clipped) and SGD, f32 and bf16, stochastic
+/// rounding included (each host shard counting from its place in the whole buffer).
+#[test]
+fn zero1_with_its_shards_offloaded_is_zero1_bit_for_bit() {
+    fn check<T: Act>(world: usize, opt: Optimizer, clip: Option<f64>, round: Option<u64>) {
+        let zero = ranks_rounded::<T>(world, Strategy::Zero1, opt, clip, round);
+        let off = ranks_rounded::<T>(world, Strategy::Zero1Offload, opt, clip, round);
+        let what = format!("{:?} {opt:?} over {world} ranks", T::DTYPE);
+        assert_bits_eq(
+            &assemble(&off),
+            &assemble(&zero),
+            &format!("{what}: master"),
+        );
+        for (o, z) in off.iter().zip(&zero) {
+            assert_eq!(o.0, z.0, "{what}: losses, tokens and norms");
+            assert_bits_eq(&o.3, &z.3, &format!("{what}: compute copies"));
+        }
+    }
+    for world in [2, 3] {
+        check::<f32>(world, Optimizer::AdamW, Some(0.05), None);
+        check::<half::bf16>(world, Optimizer::AdamW, Some(0.05), Some(0x5eed));
+        check::<f32>(world, Optimizer::Sgd { momentum: true }, None, None);
     }
 }

@@ -511,14 +511,6 @@ impl TrainConfig {
         if let Some((key, why)) = self.not_on_resident_loop() {
             return Err(config_err(key, why));
         }
-        if self.parallel.offload_optimizer && self.parallel.strategy == StrategyKind::Zero1 {
-            return Err(config_err(
-                "parallel.offload_optimizer",
-                "true with \"zero1\": the resident loop offloads the optimizer of one rank \
-                 or \"ddp\" (the whole state on each host); with ZeRO-1's shards it is not \
-                 built",
-            ));
-        }
         Ok(())
     }
 
@@ -900,10 +892,6 @@ steps = 1
             ("parallel.sync_every_micro_batch", |c| {
                 c.parallel.sync_every_micro_batch = Some(true)
             }),
-            ("parallel.offload_optimizer", |c| {
-                c.parallel.offload_optimizer = true;
-                c.parallel.strategy = StrategyKind::Zero1
-            }),
         ] {
             let mut bad = r.clone();
             change(&mut bad);
@@ -914,8 +902,8 @@ steps = 1
             ok.parallel.strategy = kind;
             ok.check_gpu_keys().unwrap();
         }
-        // The optimizer offloaded to the host: one rank or DDP.
-        for kind in [StrategyKind::None, StrategyKind::Ddp] {
+        // The optimizer offloaded to the host: one rank, DDP or ZeRO-1.
+        for kind in [StrategyKind::None, StrategyKind::Ddp, StrategyKind::Zero1] {
             let mut ok = r.clone();
             ok.parallel.strategy = kind;
             ok.parallel.offload_optimizer = true;

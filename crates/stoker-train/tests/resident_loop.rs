@@ -380,4 +380,14 @@ fn an_offloaded_optimizer_leaves_the_device_only_the_step() {
     assert_eq!(offloaded.state, 0, "{offloaded:?}");
     assert_eq!(offloaded.steps, on_device.steps);
     assert!(on_device.state > 0);
+    // ZeRO-1 with its shards offloaded keeps only the shard's gradients on the device.
+    c.parallel.strategy = stoker_train::config::StrategyKind::Zero1;
+    let zero1_off = stoker_train::trainer::planned_resident_bytes(&c, len, (0, 2)).unwrap();
+    c.parallel.offload_optimizer = false;
+    let zero1 = stoker_train::trainer::planned_resident_bytes(&c, len, (0, 2)).unwrap();
+    assert_eq!(zero1_off.steps, zero1.steps);
+    assert!(
+        zero1_off.state < zero1.state && zero1_off.state > 0,
+        "{zero1_off:?} against {zero1:?}"
+    );
 }

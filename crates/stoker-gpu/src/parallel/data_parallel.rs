@@ -28,6 +28,9 @@ pub enum Strategy {
     /// Every rank holds the whole master and optimizer state in host memory, stepped by
     /// the host (ZeRO-Offload; DeepSpeed's `offload_optimizer`).
     Offload,
+    /// ZeRO-1 with each rank's shard of the master and optimizer state in host memory,
+    /// stepped by the host (DeepSpeed's stage 1 with `offload_optimizer`).
+    Zero1Offload,
 }
 
 /// One rank's optimizer state under a [`Strategy`].
@@ -53,8 +56,10 @@ impl<B: Backend> DataParallel<B> {
     ) -> Result<Self, GpuError> {
         Ok(match strategy {
             Strategy::Ddp => DataParallel::Ddp(OptimizerState::new(be, kind, master, segments)?),
-            Strategy::Zero1 => {
-                DataParallel::Zero1(Zero1::new(be, kind, master, segments, rank_world)?)
+            Strategy::Zero1 | Strategy::Zero1Offload => {
+                let offload = strategy == Strategy::Zero1Offload;
+                let z = Zero1::new(be, kind, master, segments, rank_world, offload)?;
+                DataParallel::Zero1(z)
             }
             Strategy::Offload => DataParallel::Offload(Offloaded::new(kind, master, segments)?),
         })
@@ -73,11 +78,15 @@ impl<B: Backend> DataParallel<B> {
         match strategy {
             Strategy::Ddp => kind.state_bytes(len),
             Strategy::Offload => 0,
-            Strategy::Zero1 => {
+            Strategy::Zero1 | Strategy::Zero1Offload => {
                 let shard = super::zero1::shard_plan(len, world)
                     .range(rank.min(world.max(1) - 1))
                     .len();
-                kind.state_bytes(shard) + 4 * shard
+                let state = match strategy {
+                    Strategy::Zero1 => kind.state_bytes(shard),
+                    _ => 0,
+                };
+                state + 4 * shard
             }
         }
     }
@@ -91,7 +100,10 @@ impl<B: Backend> DataParallel<B> {
                 DataParallel::Ddp(opt.with_stochastic_rounding(seed, whole)?)
             }
             DataParallel::Zero1(z) => DataParallel::Zero1(z.with_stochastic_rounding(seed)?),
-            DataParallel::Offload(o) => DataParallel::Offload(o.with_stochastic_rounding(seed)?),
+            DataParallel::Offload(o) => {
+                let whole = (o.optimizer().len(), 0);
+                DataParallel::Offload(o.with_stochastic_rounding(seed, whole)?)
+            }
         })
     }
 
@@ -136,10 +148,7 @@ impl<B: Backend> DataParallel<B> {
     pub fn read_state(&self, be: &B) -> Result<MasterAndMoments, GpuError> {
         match self {
             DataParallel::Ddp(opt) => Ok((opt.master(be)?, opt.moments(be)?)),
-            DataParallel::Zero1(z) => {
-                let opt = z.optimizer();
-                Ok((opt.master(be)?, opt.moments(be)?))
-            }
+            DataParallel::Zero1(z) => z.read_state(be),
             DataParallel::Offload(o) => {
                 let opt = o.optimizer();
                 Ok((opt.master(&Host)?, opt.moments(&Host)?))
@@ -158,7 +167,7 @@ impl<B: Backend> DataParallel<B> {
     ) -> Result<(), GpuError> {
         match self {
             DataParallel::Ddp(opt) => opt.set(be, master, moments, updates),
-            DataParallel::Zero1(z) => z.optimizer().set(be, master, moments, updates),
+            DataParallel::Zero1(z) => z.set_state(be, master, moments, updates),
             DataParallel::Offload(o) => o.optimizer().set(&Host, master, moments, updates),
         }
     }
@@ -186,8 +195,9 @@ impl<B: Backend> DataParallel<B> {
     /// down and compute copy (none otherwise).
     pub fn host_bytes(&self) -> usize {
         match self {
+            DataParallel::Ddp(_) => 0,
+            DataParallel::Zero1(z) => z.host_bytes(),
             DataParallel::Offload(o) => o.host_bytes(),
-            _ => 0,
         }
     }
 

@@ -37,8 +37,8 @@ enum HostCopy {
 }
 
 impl Offloaded {
-    /// The state of optimizer `kind` over the flat `master` with its `segments`, in host
-    /// memory.
+    /// The state of optimizer `kind` over `master` (the whole flat buffer, or a ZeRO-1
+    /// shard of it) with its `segments`, in host memory.
     pub fn new(
         kind: Optimizer,
         master: &[f32],
@@ -51,10 +51,15 @@ impl Offloaded {
         })
     }
 
-    /// This state with the bf16 compute copy rounded stochastically under `seed`.
-    pub fn with_stochastic_rounding(mut self, seed: u64) -> Result<Self, GpuError> {
-        let whole = (self.opt.len(), 0);
-        self.opt = self.opt.with_stochastic_rounding(seed, whole)?;
+    /// This state with the bf16 compute copy rounded stochastically under `seed`, its
+    /// master being elements `base..` of a flat buffer of `total` (as
+    /// [`OptimizerState::with_stochastic_rounding`]).
+    pub fn with_stochastic_rounding(
+        mut self,
+        seed: u64,
+        (total, base): (usize, usize),
+    ) -> Result<Self, GpuError> {
+        self.opt = self.opt.with_stochastic_rounding(seed, (total, base))?;
         Ok(self)
     }
 
@@ -92,8 +97,23 @@ impl Offloaded {
         let squares = optimizer::squared_norm(be, views.grads, (views.squares, views.partials))?;
         let norm = squares.sqrt() * unscale as f64;
         let mult = optimizer::grad_multiplier(norm, unscale, clip);
+        self.step_on_host(be, views.grads, views.params, scalars, mult)?;
+        Ok((norm, total))
+    }
+
+    /// The optimizer's step on the host over `grads` (on `be`, as long as the master)
+    /// times `mult`: the gradients copied down, the host build of the optimizer's kernels,
+    /// the compute copy `params` (on `be`, as long) copied up.
+    pub fn step_on_host<B: Backend, T: Act>(
+        &self,
+        be: &B,
+        grads: View<f32>,
+        params: View<T>,
+        scalars: &Scalars,
+        mult: f32,
+    ) -> Result<(), GpuError> {
         let host_grads = Host.all(&self.grads);
-        Host.copy_from(host_grads, be, views.grads)?;
+        Host.copy_from(host_grads, be, grads)?;
         let mut copy = self.copy.borrow_mut();
         if copy.is_none() {
             *copy = Some(match T::DTYPE {
@@ -112,7 +132,6 @@ impl Offloaded {
             }
         };
         optimizer::apply(&Host, &self.opt, host_copy, host_grads, scalars, mult)?;
-        Host.copy_to(host_copy, be, views.params)?;
-        Ok((norm, total))
+        Host.copy_to(host_copy, be, params)
     }
 }

@@ -12,10 +12,13 @@ use std::ops::Range;
 use stoker_comm::shard::{ShardPlan, DEFAULT_ALIGN};
 
 use super::collectives::Collectives;
+use super::data_parallel::MasterAndMoments;
+use super::offload::Offloaded;
 use super::tally::Tally;
 use crate::backend::{Backend, View};
 use crate::elem::Act;
 use crate::error::{check_len, GpuError};
+use crate::host::Host;
 use crate::step::optimizer::{self, Optimizer, OptimizerState, Scalars, UpdateViews};
 
 /// `segments` (sorted, disjoint, with their weight-decay flags) cut to `shard` and
@@ -39,23 +42,34 @@ pub fn shard_plan(len: usize, world: usize) -> ShardPlan {
     ShardPlan::new(len, world, DEFAULT_ALIGN)
 }
 
-/// One rank's ZeRO-1 state: its shard of the master and moments, the shard's gradients.
+/// One rank's ZeRO-1 state: its shard of the master and moments (on the backend, or in
+/// host memory), the shard's gradients.
 pub struct Zero1<B: Backend> {
     plan: ShardPlan,
     rank: usize,
-    opt: OptimizerState<B>,
+    state: ShardState<B>,
     grads: B::Buf<f32>,
+}
+
+/// Where a ZeRO-1 shard's master and moments live.
+enum ShardState<B: Backend> {
+    /// On the backend, beside the step.
+    Here(OptimizerState<B>),
+    /// In host memory, stepped by the host (ZeRO-Offload with ZeRO-1's shards).
+    Host(Offloaded),
 }
 
 impl<B: Backend> Zero1<B> {
     /// Rank `rank` of `world`'s state of optimizer `kind` over the flat `master` (every
-    /// rank passes the same one) with its `segments`.
+    /// rank passes the same one) with its `segments`; the shard's master and moments in
+    /// host memory where `offload`.
     pub fn new(
         be: &B,
         kind: Optimizer,
         master: &[f32],
         segments: &[(Range<usize>, bool)],
         (rank, world): (usize, usize),
+        offload: bool,
     ) -> Result<Self, GpuError> {
         if rank >= world {
             return Err(GpuError::Shape {
@@ -65,17 +79,16 @@ impl<B: Backend> Zero1<B> {
         }
         let plan = shard_plan(master.len(), world);
         let shard = plan.range(rank);
-        let opt = OptimizerState::new(
-            be,
-            kind,
-            &master[shard.clone()],
-            &shard_segments(segments, &shard),
-        )?;
+        let (piece, segs) = (&master[shard.clone()], shard_segments(segments, &shard));
+        let state = match offload {
+            false => ShardState::Here(OptimizerState::new(be, kind, piece, &segs)?),
+            true => ShardState::Host(Offloaded::new(kind, piece, &segs)?),
+        };
         Ok(Zero1 {
             grads: be.zeros(shard.len())?,
             plan,
             rank,
-            opt,
+            state,
         })
     }
 
@@ -84,7 +97,10 @@ impl<B: Backend> Zero1<B> {
     /// rank's whole copy would).
     pub fn with_stochastic_rounding(mut self, seed: u64) -> Result<Self, GpuError> {
         let at = (self.plan.len(), self.shard().start);
-        self.opt = self.opt.with_stochastic_rounding(seed, at)?;
+        self.state = match self.state {
+            ShardState::Here(opt) => ShardState::Here(opt.with_stochastic_rounding(seed, at)?),
+            ShardState::Host(o) => ShardState::Host(o.with_stochastic_rounding(seed, at)?),
+        };
         Ok(self)
     }
 
@@ -113,19 +129,54 @@ impl<B: Backend> Zero1<B> {
         self.plan.range(self.rank)
     }
 
-    /// The shard's optimizer state (its master and moments).
-    pub fn optimizer(&self) -> &OptimizerState<B> {
-        &self.opt
-    }
-
     /// The shard's master values.
     pub fn master(&self, be: &B) -> Result<Vec<f32>, GpuError> {
-        self.opt.master(be)
+        Ok(self.read_state(be)?.0)
     }
 
-    /// Bytes of the shard's master, moments and gradients.
+    /// The shard's master and the optimizer's buffers by name, read back from wherever
+    /// they live.
+    pub fn read_state(&self, be: &B) -> Result<MasterAndMoments, GpuError> {
+        match &self.state {
+            ShardState::Here(opt) => Ok((opt.master(be)?, opt.moments(be)?)),
+            ShardState::Host(o) => {
+                let opt = o.optimizer();
+                Ok((opt.master(&Host)?, opt.moments(&Host)?))
+            }
+        }
+    }
+
+    /// Sets the shard's master and the optimizer's buffers, `updates` updates into the
+    /// run.
+    pub fn set_state(
+        &self,
+        be: &B,
+        master: &[f32],
+        moments: &[(&str, &[f32])],
+        updates: u64,
+    ) -> Result<(), GpuError> {
+        match &self.state {
+            ShardState::Here(opt) => opt.set(be, master, moments, updates),
+            ShardState::Host(o) => o.optimizer().set(&Host, master, moments, updates),
+        }
+    }
+
+    /// Bytes on the backend: the shard's gradients, and its master and moments unless
+    /// they are offloaded.
     pub fn bytes(&self) -> usize {
-        self.opt.bytes() + 4 * B::len(&self.grads)
+        let state = match &self.state {
+            ShardState::Here(opt) => opt.bytes(),
+            ShardState::Host(_) => 0,
+        };
+        state + 4 * B::len(&self.grads)
+    }
+
+    /// Bytes in host memory: an offloaded shard's (none otherwise).
+    pub fn host_bytes(&self) -> usize {
+        match &self.state {
+            ShardState::Here(_) => 0,
+            ShardState::Host(o) => o.host_bytes(),
+        }
     }
 
     /// The update of `views` (this rank's accumulated gradients, scaled by
@@ -157,7 +208,10 @@ impl<B: Backend> Zero1<B> {
         let norm = sums[0].sqrt() * unscale as f64;
         let mult = optimizer::grad_multiplier(norm, unscale, clip);
         let piece = views.params.slice(self.shard())?;
-        optimizer::apply(be, &self.opt, piece, grads, scalars, mult)?;
+        match &self.state {
+            ShardState::Here(opt) => optimizer::apply(be, opt, piece, grads, scalars, mult)?,
+            ShardState::Host(o) => o.step_on_host(be, grads, piece, scalars, mult)?,
+        }
         coll.all_gather(be, views.params, &counts)?;
         Ok((norm, total))
     }

@@ -139,8 +139,11 @@ impl ResidentPath {
             host_behind: false,
             run_behind: false,
             vars_stale: Cell::new(false),
-            sharded: strategy_kind == stoker_gpu::parallel::Strategy::Zero1
-                && strategy.world_size() > 1,
+            sharded: matches!(
+                strategy_kind,
+                stoker_gpu::parallel::Strategy::Zero1
+                    | stoker_gpu::parallel::Strategy::Zero1Offload
+            ) && strategy.world_size() > 1,
         })
     }
 
@@ -192,7 +195,8 @@ fn loop_kinds(
     (usize, usize),
 ) {
     let strategy = match (config.parallel.strategy, config.parallel.offload_optimizer) {
-        (StrategyKind::Zero1, _) => stoker_gpu::parallel::Strategy::Zero1,
+        (StrategyKind::Zero1, false) => stoker_gpu::parallel::Strategy::Zero1,
+        (StrategyKind::Zero1, true) => stoker_gpu::parallel::Strategy::Zero1Offload,
         (_, true) => stoker_gpu::parallel::Strategy::Offload,
         _ => stoker_gpu::parallel::Strategy::Ddp,
     };
