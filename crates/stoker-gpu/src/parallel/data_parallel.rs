@@ -1,22 +1,18 @@
 //! The update after a window on every rank, by strategy: DDP (the gradients all-reduced,
 //! every rank updating the whole master, as torch's DistributedDataParallel), ZeRO-1
-//! ([`Zero1`]), or DDP with the master and the optimizer in host memory ([`Offloaded`]).
-//! At one rank each is the single-device update.
+//! ([`Zero1`]); either with the master and the optimizer's state in host memory
+//! ([`StateAt`], ZeRO-Offload). At one rank each is the single-device update.
 
 use std::ops::Range;
 
 use super::collectives::Collectives;
-use super::offload::Offloaded;
+use super::state_at::{MasterAndMoments, StateAt};
 use super::tally::Tally;
 use super::zero1::Zero1;
 use crate::backend::{Backend, View};
 use crate::elem::Act;
 use crate::error::GpuError;
-use crate::host::Host;
-use crate::step::optimizer::{self, Optimizer, OptimizerState, Scalars, UpdateViews};
-
-/// A rank's master and the optimizer's buffers by name, read back.
-pub type MasterAndMoments = (Vec<f32>, Vec<(&'static str, Vec<f32>)>);
+use crate::step::optimizer::{self, Optimizer, Scalars, UpdateViews};
 
 /// Which data parallelism a replica runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,12 +31,10 @@ pub enum Strategy {
 
 /// One rank's optimizer state under a [`Strategy`].
 pub enum DataParallel<B: Backend> {
-    /// DDP: the whole state.
-    Ddp(OptimizerState<B>),
-    /// ZeRO-1: this rank's shard.
+    /// DDP: the whole state (on the backend, or offloaded).
+    Ddp(StateAt<B>),
+    /// ZeRO-1: this rank's shard (likewise).
     Zero1(Zero1<B>),
-    /// The whole state, in host memory.
-    Offload(Offloaded),
 }
 
 impl<B: Backend> DataParallel<B> {
@@ -54,14 +48,14 @@ impl<B: Backend> DataParallel<B> {
         segments: &[(Range<usize>, bool)],
         rank_world: (usize, usize),
     ) -> Result<Self, GpuError> {
+        let offload = matches!(strategy, Strategy::Offload | Strategy::Zero1Offload);
         Ok(match strategy {
-            Strategy::Ddp => DataParallel::Ddp(OptimizerState::new(be, kind, master, segments)?),
-            Strategy::Zero1 | Strategy::Zero1Offload => {
-                let offload = strategy == Strategy::Zero1Offload;
-                let z = Zero1::new(be, kind, master, segments, rank_world, offload)?;
-                DataParallel::Zero1(z)
+            Strategy::Ddp | Strategy::Offload => {
+                DataParallel::Ddp(StateAt::new(be, kind, master, segments, offload)?)
             }
-            Strategy::Offload => DataParallel::Offload(Offloaded::new(kind, master, segments)?),
+            Strategy::Zero1 | Strategy::Zero1Offload => {
+                DataParallel::Zero1(Zero1::new(be, kind, master, segments, rank_world, offload)?)
+            }
         })
     }
 
@@ -95,15 +89,11 @@ impl<B: Backend> DataParallel<B> {
     /// every rank and shard counting as the whole buffer does).
     pub fn with_stochastic_rounding(self, seed: u64) -> Result<Self, GpuError> {
         Ok(match self {
-            DataParallel::Ddp(opt) => {
-                let whole = (opt.len(), 0);
-                DataParallel::Ddp(opt.with_stochastic_rounding(seed, whole)?)
+            DataParallel::Ddp(state) => {
+                let whole = (state.len(), 0);
+                DataParallel::Ddp(state.with_stochastic_rounding(seed, whole)?)
             }
             DataParallel::Zero1(z) => DataParallel::Zero1(z.with_stochastic_rounding(seed)?),
-            DataParallel::Offload(o) => {
-                let whole = (o.optimizer().len(), 0);
-                DataParallel::Offload(o.with_stochastic_rounding(seed, whole)?)
-            }
         })
     }
 
@@ -123,9 +113,7 @@ impl<B: Backend> DataParallel<B> {
         // SAFETY: the caller's contract, passed on.
         unsafe {
             match self {
-                DataParallel::Ddp(_) | DataParallel::Offload(_) => {
-                    coll.start_all_reduce(be, grads.slice(run)?)
-                }
+                DataParallel::Ddp(_) => coll.start_all_reduce(be, grads.slice(run)?),
                 DataParallel::Zero1(z) => z.start_bucket(be, coll, grads, run),
             }
         }
@@ -133,26 +121,15 @@ impl<B: Backend> DataParallel<B> {
 
     /// The range of the flat buffer this rank's master covers, and its values.
     pub fn master(&self, be: &B) -> Result<(Range<usize>, Vec<f32>), GpuError> {
-        match self {
-            DataParallel::Ddp(opt) => Ok((0..opt.len(), opt.master(be)?)),
-            DataParallel::Zero1(z) => Ok((z.shard(), z.master(be)?)),
-            DataParallel::Offload(o) => {
-                let opt = o.optimizer();
-                Ok((0..opt.len(), opt.master(&Host)?))
-            }
-        }
+        Ok((self.range(), self.read_state(be)?.0))
     }
 
     /// This rank's master and the optimizer's buffers (named as a checkpoint names them),
     /// read back from wherever they live.
     pub fn read_state(&self, be: &B) -> Result<MasterAndMoments, GpuError> {
         match self {
-            DataParallel::Ddp(opt) => Ok((opt.master(be)?, opt.moments(be)?)),
+            DataParallel::Ddp(state) => state.read(be),
             DataParallel::Zero1(z) => z.read_state(be),
-            DataParallel::Offload(o) => {
-                let opt = o.optimizer();
-                Ok((opt.master(&Host)?, opt.moments(&Host)?))
-            }
         }
     }
 
@@ -166,18 +143,16 @@ impl<B: Backend> DataParallel<B> {
         updates: u64,
     ) -> Result<(), GpuError> {
         match self {
-            DataParallel::Ddp(opt) => opt.set(be, master, moments, updates),
+            DataParallel::Ddp(state) => state.set(be, master, moments, updates),
             DataParallel::Zero1(z) => z.set_state(be, master, moments, updates),
-            DataParallel::Offload(o) => o.optimizer().set(&Host, master, moments, updates),
         }
     }
 
     /// The range of the flat buffer this rank's master and moments cover.
     pub fn range(&self) -> Range<usize> {
         match self {
-            DataParallel::Ddp(opt) => 0..opt.len(),
+            DataParallel::Ddp(state) => 0..state.len(),
             DataParallel::Zero1(z) => z.shard(),
-            DataParallel::Offload(o) => 0..o.optimizer().len(),
         }
     }
 
@@ -185,9 +160,8 @@ impl<B: Backend> DataParallel<B> {
     /// the backend: none where they are offloaded.
     pub fn bytes(&self) -> usize {
         match self {
-            DataParallel::Ddp(opt) => opt.bytes(),
+            DataParallel::Ddp(state) => state.bytes(),
             DataParallel::Zero1(z) => z.bytes(),
-            DataParallel::Offload(_) => 0,
         }
     }
 
@@ -195,9 +169,8 @@ impl<B: Backend> DataParallel<B> {
     /// down and compute copy (none otherwise).
     pub fn host_bytes(&self) -> usize {
         match self {
-            DataParallel::Ddp(_) => 0,
+            DataParallel::Ddp(state) => state.host_bytes(),
             DataParallel::Zero1(z) => z.host_bytes(),
-            DataParallel::Offload(o) => o.host_bytes(),
         }
     }
 
@@ -218,17 +191,18 @@ impl<B: Backend> DataParallel<B> {
         (clip, reduced): (Option<f64>, bool),
     ) -> Result<(f64, Tally), GpuError> {
         match self {
-            DataParallel::Ddp(opt) => {
+            DataParallel::Ddp(state) => {
                 let (unscale, total) =
                     reduce_as_ddp(be, coll, views.grads, (tally, capacity), reduced)?;
-                let norm = optimizer::update(be, opt, views, scalars, unscale, clip)?;
+                let squares =
+                    optimizer::squared_norm(be, views.grads, (views.squares, views.partials))?;
+                let norm = squares.sqrt() * unscale as f64;
+                let mult = optimizer::grad_multiplier(norm, unscale, clip);
+                state.apply(be, views.params, views.grads, scalars, mult)?;
                 Ok((norm, total))
             }
             DataParallel::Zero1(z) => {
                 z.update(be, coll, views, scalars, (tally, capacity), (clip, reduced))
-            }
-            DataParallel::Offload(o) => {
-                o.update(be, coll, views, scalars, (tally, capacity), (clip, reduced))
             }
         }
     }
@@ -238,7 +212,7 @@ impl<B: Backend> DataParallel<B> {
 /// scalar collective), the gradients' rescale to the mean over the valid targets, and
 /// the gradients all-reduced unless the window's buckets did (`reduced`). Returns the
 /// rescale and the summed tally.
-pub(super) fn reduce_as_ddp<B: Backend>(
+fn reduce_as_ddp<B: Backend>(
     be: &B,
     coll: &impl Collectives<B>,
     grads: View<f32>,

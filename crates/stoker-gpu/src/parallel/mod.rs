@@ -13,12 +13,14 @@ pub mod collectives;
 pub mod data_parallel;
 pub mod offload;
 pub mod replica;
+pub mod state_at;
 pub mod tally;
 pub mod zero1;
 
 pub use collectives::{Collectives, ThroughHost};
-pub use data_parallel::{DataParallel, MasterAndMoments, Strategy};
+pub use data_parallel::{DataParallel, Strategy};
 pub use offload::Offloaded;
 pub use replica::{Replica, Trainable, WindowReport};
+pub use state_at::{MasterAndMoments, StateAt};
 pub use tally::Tally;
 pub use zero1::Zero1;

@@ -1,24 +1,23 @@
 //! The optimizer offloaded to the host on the resident loop (DeepSpeed's
 //! `offload_optimizer`, ZeRO-Offload; FSDP's optimizer CPU offload): the FP32 master and
-//! the optimizer's moments live in host memory and the host build of the same optimizer
-//! kernels steps them, so the device holds only the step (compute copy, gradients,
-//! activations). An update: the gradients reduced on the device as DDP's are, their norm
-//! taken there (the one value an update reads back anyway), the gradients copied down,
-//! the optimizer on the host writing the compute copy, the compute copy copied up. Per
-//! step that moves 4 bytes a parameter down and the compute copy's (2 in bf16) up.
+//! the optimizer's moments (DDP's whole state, or ZeRO-1's shard) live in host memory and
+//! the host build of the same optimizer kernels steps them, so the device holds only the
+//! step (compute copy, gradients, activations). The strategy reduces the gradients on the
+//! device and takes their norm there (the one value an update reads back anyway); then
+//! [`Offloaded::step_on_host`] copies them down, steps, and copies the compute copy up.
+//! Per step that moves 4 bytes a parameter down and the compute copy's (2 in bf16) up.
+//! [`super::StateAt`] is the choice between this and a state on the backend.
 
 use std::cell::RefCell;
 use std::ops::Range;
 
 use half::bf16;
 
-use super::collectives::Collectives;
-use super::tally::Tally;
 use crate::backend::{Backend, View};
 use crate::elem::{Act, Dtype};
-use crate::error::{check_len, GpuError};
+use crate::error::GpuError;
 use crate::host::{Host, HostBuf};
-use crate::step::optimizer::{self, Optimizer, OptimizerState, Scalars, UpdateViews};
+use crate::step::optimizer::{self, Optimizer, OptimizerState, Scalars};
 
 /// One rank's optimizer state in host memory.
 pub struct Offloaded {
@@ -77,28 +76,6 @@ impl Offloaded {
             None => 0,
         };
         self.opt.bytes() + 4 * Host::len(&self.grads) + copy
-    }
-
-    /// The update of `views` on `be` (DDP's: the gradients all-reduced unless `reduced`,
-    /// the tallies summed in one scalar collective, the norm on the device), the optimizer
-    /// on the host. Returns the unscaled norm of the mean gradient and the summed tally.
-    pub fn update<B: Backend, T: Act>(
-        &self,
-        be: &B,
-        coll: &impl Collectives<B>,
-        views: UpdateViews<T>,
-        scalars: &Scalars,
-        (tally, capacity): (Tally, f64),
-        (clip, reduced): (Option<f64>, bool),
-    ) -> Result<(f64, Tally), GpuError> {
-        check_len("offload", "grads", views.grads.len(), self.opt.len())?;
-        let (unscale, total) =
-            super::data_parallel::reduce_as_ddp(be, coll, views.grads, (tally, capacity), reduced)?;
-        let squares = optimizer::squared_norm(be, views.grads, (views.squares, views.partials))?;
-        let norm = squares.sqrt() * unscale as f64;
-        let mult = optimizer::grad_multiplier(norm, unscale, clip);
-        self.step_on_host(be, views.grads, views.params, scalars, mult)?;
-        Ok((norm, total))
     }
 
     /// The optimizer's step on the host over `grads` (on `be`, as long as the master)

@@ -12,14 +12,12 @@ use std::ops::Range;
 use stoker_comm::shard::{ShardPlan, DEFAULT_ALIGN};
 
 use super::collectives::Collectives;
-use super::data_parallel::MasterAndMoments;
-use super::offload::Offloaded;
+use super::state_at::{MasterAndMoments, StateAt};
 use super::tally::Tally;
 use crate::backend::{Backend, View};
 use crate::elem::Act;
 use crate::error::{check_len, GpuError};
-use crate::host::Host;
-use crate::step::optimizer::{self, Optimizer, OptimizerState, Scalars, UpdateViews};
+use crate::step::optimizer::{self, Optimizer, Scalars, UpdateViews};
 
 /// `segments` (sorted, disjoint, with their weight-decay flags) cut to `shard` and
 /// moved to start at 0: the optimizer's segments over a shard of the master.
@@ -47,16 +45,8 @@ pub fn shard_plan(len: usize, world: usize) -> ShardPlan {
 pub struct Zero1<B: Backend> {
     plan: ShardPlan,
     rank: usize,
-    state: ShardState<B>,
+    state: StateAt<B>,
     grads: B::Buf<f32>,
-}
-
-/// Where a ZeRO-1 shard's master and moments live.
-enum ShardState<B: Backend> {
-    /// On the backend, beside the step.
-    Here(OptimizerState<B>),
-    /// In host memory, stepped by the host (ZeRO-Offload with ZeRO-1's shards).
-    Host(Offloaded),
 }
 
 impl<B: Backend> Zero1<B> {
@@ -80,10 +70,7 @@ impl<B: Backend> Zero1<B> {
         let plan = shard_plan(master.len(), world);
         let shard = plan.range(rank);
         let (piece, segs) = (&master[shard.clone()], shard_segments(segments, &shard));
-        let state = match offload {
-            false => ShardState::Here(OptimizerState::new(be, kind, piece, &segs)?),
-            true => ShardState::Host(Offloaded::new(kind, piece, &segs)?),
-        };
+        let state = StateAt::new(be, kind, piece, &segs, offload)?;
         Ok(Zero1 {
             grads: be.zeros(shard.len())?,
             plan,
@@ -97,10 +84,7 @@ impl<B: Backend> Zero1<B> {
     /// rank's whole copy would).
     pub fn with_stochastic_rounding(mut self, seed: u64) -> Result<Self, GpuError> {
         let at = (self.plan.len(), self.shard().start);
-        self.state = match self.state {
-            ShardState::Here(opt) => ShardState::Here(opt.with_stochastic_rounding(seed, at)?),
-            ShardState::Host(o) => ShardState::Host(o.with_stochastic_rounding(seed, at)?),
-        };
+        self.state = self.state.with_stochastic_rounding(seed, at)?;
         Ok(self)
     }
 
@@ -137,13 +121,7 @@ impl<B: Backend> Zero1<B> {
     /// The shard's master and the optimizer's buffers by name, read back from wherever
     /// they live.
     pub fn read_state(&self, be: &B) -> Result<MasterAndMoments, GpuError> {
-        match &self.state {
-            ShardState::Here(opt) => Ok((opt.master(be)?, opt.moments(be)?)),
-            ShardState::Host(o) => {
-                let opt = o.optimizer();
-                Ok((opt.master(&Host)?, opt.moments(&Host)?))
-            }
-        }
+        self.state.read(be)
     }
 
     /// Sets the shard's master and the optimizer's buffers, `updates` updates into the
@@ -155,28 +133,18 @@ impl<B: Backend> Zero1<B> {
         moments: &[(&str, &[f32])],
         updates: u64,
     ) -> Result<(), GpuError> {
-        match &self.state {
-            ShardState::Here(opt) => opt.set(be, master, moments, updates),
-            ShardState::Host(o) => o.optimizer().set(&Host, master, moments, updates),
-        }
+        self.state.set(be, master, moments, updates)
     }
 
     /// Bytes on the backend: the shard's gradients, and its master and moments unless
     /// they are offloaded.
     pub fn bytes(&self) -> usize {
-        let state = match &self.state {
-            ShardState::Here(opt) => opt.bytes(),
-            ShardState::Host(_) => 0,
-        };
-        state + 4 * B::len(&self.grads)
+        self.state.bytes() + 4 * B::len(&self.grads)
     }
 
     /// Bytes in host memory: an offloaded shard's (none otherwise).
     pub fn host_bytes(&self) -> usize {
-        match &self.state {
-            ShardState::Here(_) => 0,
-            ShardState::Host(o) => o.host_bytes(),
-        }
+        self.state.host_bytes()
     }
 
     /// The update of `views` (this rank's accumulated gradients, scaled by
@@ -208,10 +176,7 @@ impl<B: Backend> Zero1<B> {
         let norm = sums[0].sqrt() * unscale as f64;
         let mult = optimizer::grad_multiplier(norm, unscale, clip);
         let piece = views.params.slice(self.shard())?;
-        match &self.state {
-            ShardState::Here(opt) => optimizer::apply(be, opt, piece, grads, scalars, mult)?,
-            ShardState::Host(o) => o.step_on_host(be, grads, piece, scalars, mult)?,
-        }
+        self.state.apply(be, piece, grads, scalars, mult)?;
         coll.all_gather(be, views.params, &counts)?;
         Ok((norm, total))
     }
