@@ -6,7 +6,7 @@
 use std::ops::Range;
 
 use super::collectives::Collectives;
-use super::state_at::{MasterAndMoments, StateAt};
+use super::state_at::StateAt;
 use super::tally::Tally;
 use super::zero1::Zero1;
 use crate::backend::{Backend, View};
@@ -121,30 +121,15 @@ impl<B: Backend> DataParallel<B> {
 
     /// The range of the flat buffer this rank's master covers, and its values.
     pub fn master(&self, be: &B) -> Result<(Range<usize>, Vec<f32>), GpuError> {
-        Ok((self.range(), self.read_state(be)?.0))
+        Ok((self.range(), self.state_at().master(be)?))
     }
 
-    /// This rank's master and the optimizer's buffers (named as a checkpoint names them),
-    /// read back from wherever they live.
-    pub fn read_state(&self, be: &B) -> Result<MasterAndMoments, GpuError> {
+    /// This rank's master and moments (DDP's whole, ZeRO-1's shard), wherever they live:
+    /// to read back or set from a checkpoint.
+    pub fn state_at(&self) -> &StateAt<B> {
         match self {
-            DataParallel::Ddp(state) => state.read(be),
-            DataParallel::Zero1(z) => z.read_state(be),
-        }
-    }
-
-    /// Sets this rank's master and the optimizer's buffers (as [`Self::read_state`]
-    /// names and orders them), `updates` updates into the run.
-    pub fn set_state(
-        &self,
-        be: &B,
-        master: &[f32],
-        moments: &[(&str, &[f32])],
-        updates: u64,
-    ) -> Result<(), GpuError> {
-        match self {
-            DataParallel::Ddp(state) => state.set(be, master, moments, updates),
-            DataParallel::Zero1(z) => z.set_state(be, master, moments, updates),
+            DataParallel::Ddp(state) => state,
+            DataParallel::Zero1(z) => z.state(),
         }
     }
 
@@ -162,15 +147,6 @@ impl<B: Backend> DataParallel<B> {
         match self {
             DataParallel::Ddp(state) => state.bytes(),
             DataParallel::Zero1(z) => z.bytes(),
-        }
-    }
-
-    /// Bytes it holds in host memory: the offloaded master, moments, gradients copied
-    /// down and compute copy (none otherwise).
-    pub fn host_bytes(&self) -> usize {
-        match self {
-            DataParallel::Ddp(state) => state.host_bytes(),
-            DataParallel::Zero1(z) => z.host_bytes(),
         }
     }
 

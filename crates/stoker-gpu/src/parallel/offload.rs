@@ -67,17 +67,6 @@ impl Offloaded {
         &self.opt
     }
 
-    /// Bytes it holds in host memory: the master, the moments, the gradients copied down
-    /// and the compute copy.
-    pub fn host_bytes(&self) -> usize {
-        let copy = match &*self.copy.borrow() {
-            Some(HostCopy::F32(b)) => 4 * Host::len(b),
-            Some(HostCopy::Bf16(b)) => 2 * Host::len(b),
-            None => 0,
-        };
-        self.opt.bytes() + 4 * Host::len(&self.grads) + copy
-    }
-
     /// The optimizer's step on the host over `grads` (on `be`, as long as the master)
     /// times `mult`: the gradients copied down, the host build of the optimizer's kernels,
     /// the compute copy `params` (on `be`, as long) copied up.

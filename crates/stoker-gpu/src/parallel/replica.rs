@@ -203,7 +203,9 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         let range = self.state.range();
         check_len("replica", "master", master.len(), self.flat_len(be)?)?;
         self.step.load(be, master)?;
-        self.state.set_state(be, &master[range], moments, updates)
+        self.state
+            .state_at()
+            .set(be, &master[range], moments, updates)
     }
 
     /// Elements of the flat buffer.

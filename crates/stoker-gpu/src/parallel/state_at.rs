@@ -61,6 +61,14 @@ impl<B: Backend> StateAt<B> {
         self.len() == 0
     }
 
+    /// The master's values, read back from wherever they live.
+    pub fn master(&self, be: &B) -> Result<Vec<f32>, GpuError> {
+        match self {
+            StateAt::Here(opt) => opt.master(be),
+            StateAt::Host(o) => o.optimizer().master(&Host),
+        }
+    }
+
     /// The master and the optimizer's buffers by name, read back from wherever they live.
     pub fn read(&self, be: &B) -> Result<MasterAndMoments, GpuError> {
         match self {
@@ -92,14 +100,6 @@ impl<B: Backend> StateAt<B> {
         match self {
             StateAt::Here(opt) => opt.bytes(),
             StateAt::Host(_) => 0,
-        }
-    }
-
-    /// Bytes it holds in host memory (none where it is on the backend).
-    pub fn host_bytes(&self) -> usize {
-        match self {
-            StateAt::Here(_) => 0,
-            StateAt::Host(o) => o.host_bytes(),
         }
     }
 

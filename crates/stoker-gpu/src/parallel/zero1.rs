@@ -12,7 +12,7 @@ use std::ops::Range;
 use stoker_comm::shard::{ShardPlan, DEFAULT_ALIGN};
 
 use super::collectives::Collectives;
-use super::state_at::{MasterAndMoments, StateAt};
+use super::state_at::StateAt;
 use super::tally::Tally;
 use crate::backend::{Backend, View};
 use crate::elem::Act;
@@ -115,36 +115,18 @@ impl<B: Backend> Zero1<B> {
 
     /// The shard's master values.
     pub fn master(&self, be: &B) -> Result<Vec<f32>, GpuError> {
-        Ok(self.read_state(be)?.0)
+        self.state.master(be)
     }
 
-    /// The shard's master and the optimizer's buffers by name, read back from wherever
-    /// they live.
-    pub fn read_state(&self, be: &B) -> Result<MasterAndMoments, GpuError> {
-        self.state.read(be)
-    }
-
-    /// Sets the shard's master and the optimizer's buffers, `updates` updates into the
-    /// run.
-    pub fn set_state(
-        &self,
-        be: &B,
-        master: &[f32],
-        moments: &[(&str, &[f32])],
-        updates: u64,
-    ) -> Result<(), GpuError> {
-        self.state.set(be, master, moments, updates)
+    /// The shard's master and moments, wherever they live.
+    pub fn state(&self) -> &StateAt<B> {
+        &self.state
     }
 
     /// Bytes on the backend: the shard's gradients, and its master and moments unless
     /// they are offloaded.
     pub fn bytes(&self) -> usize {
         self.state.bytes() + 4 * B::len(&self.grads)
-    }
-
-    /// Bytes in host memory: an offloaded shard's (none otherwise).
-    pub fn host_bytes(&self) -> usize {
-        self.state.host_bytes()
     }
 
     /// The update of `views` (this rank's accumulated gradients, scaled by

@@ -142,10 +142,6 @@ pub(crate) struct ResidentLoop<B: Backend, S: Trainable<B>, C: Collectives<B>> {
     /// Steps made for other shapes, kept for the next time one comes.
     spare: Vec<((usize, usize), S)>,
     make: MakeStep<B, S>,
-    /// Each micro-batch's token ids, copied into buffers kept from window to window.
-    tokens: Vec<Vec<i64>>,
-    /// An evaluation batch's token ids, reused likewise.
-    eval_ids: Vec<i64>,
     /// The backend's free memory before the loop made its buffers (a device's).
     free_at_start: Option<usize>,
     coll: C,
@@ -181,8 +177,6 @@ impl<B: Backend, S: Trainable<B>, C: Collectives<B>> ResidentLoop<B, S, C> {
             shape: setup.shape,
             spare: Vec::new(),
             make,
-            tokens: Vec::new(),
-            eval_ids: Vec::new(),
             free_at_start,
         })
     }
@@ -208,12 +202,11 @@ impl<B: Backend, S: Trainable<B>, C: Collectives<B>> ResidentLoop<B, S, C> {
     }
 }
 
-/// The shape `(sequences, positions)` of micro-batch `mb`, its token ids written into
-/// `ids`.
-fn ids_of(mb: TokenIds<'_>, ids: &mut Vec<i64>) -> Result<(usize, usize)> {
+/// The shape `(sequences, positions)` of micro-batch `mb` and its token ids (read out of
+/// the tensor once; the step checks and converts them as it writes them).
+fn ids_of(mb: TokenIds<'_>) -> Result<((usize, usize), Vec<i64>)> {
     let shape = mb.0.dims2()?;
-    ids.clear();
-    ids.extend(crate::ops::ids_i64(mb.0)?.flatten_all()?.to_vec1::<i64>()?);
+    let ids = crate::ops::ids_i64(mb.0)?.flatten_all()?.to_vec1::<i64>()?;
     if mb.1.len() != ids.len() {
         return Err(TrainError::Strategy(format!(
             "the resident step: a micro-batch of {} token ids has {} targets",
@@ -221,7 +214,7 @@ fn ids_of(mb: TokenIds<'_>, ids: &mut Vec<i64>) -> Result<(usize, usize)> {
             mb.1.len()
         )));
     }
-    Ok(shape)
+    Ok((shape, ids))
 }
 
 fn batch<'a>(tokens: &'a [i64], targets: &'a [i64]) -> TokenBatch<'a> {
@@ -239,12 +232,12 @@ impl<B: Backend, S: Trainable<B>, C: Collectives<B>> ResidentRun for ResidentLoo
         scalars: &Scalars,
         clip: Option<f64>,
     ) -> Result<WindowReport> {
-        if self.tokens.len() < window.len() {
-            self.tokens.resize_with(window.len(), Vec::new);
-        }
+        let ids = window
+            .iter()
+            .map(|mb| ids_of(*mb))
+            .collect::<Result<Vec<_>>>()?;
         let mut shape = None;
-        for (mb, ids) in window.iter().zip(&mut self.tokens) {
-            let s = ids_of(*mb, ids)?;
+        for &(s, _) in &ids {
             if *shape.get_or_insert(s) != s {
                 return Err(TrainError::Strategy(format!(
                     "the resident step runs a window's micro-batches at one shape; this \
@@ -258,8 +251,8 @@ impl<B: Backend, S: Trainable<B>, C: Collectives<B>> ResidentRun for ResidentLoo
         }
         let batches: Vec<TokenBatch> = window
             .iter()
-            .zip(&self.tokens)
-            .map(|(mb, ids)| batch(ids, mb.1))
+            .zip(&ids)
+            .map(|(mb, (_, ids))| batch(ids, mb.1))
             .collect();
         self.replica
             .window(&self.be, &self.coll, &batches, scalars, clip)
@@ -267,22 +260,19 @@ impl<B: Backend, S: Trainable<B>, C: Collectives<B>> ResidentRun for ResidentLoo
     }
 
     fn evaluate(&mut self, mb: TokenIds<'_>) -> Result<(f64, usize, usize)> {
-        let mut ids = std::mem::take(&mut self.eval_ids);
-        let result = ids_of(mb, &mut ids).and_then(|shape| {
-            self.use_shape(shape)?;
-            self.replica
-                .step()
-                .evaluate(&self.be, batch(&ids, mb.1))
-                .map_err(gpu_err("an evaluation batch"))
-        });
-        self.eval_ids = ids;
-        result
+        let (shape, ids) = ids_of(mb)?;
+        self.use_shape(shape)?;
+        self.replica
+            .step()
+            .evaluate(&self.be, batch(&ids, mb.1))
+            .map_err(gpu_err("an evaluation batch"))
     }
 
     fn state(&self) -> Result<ResidentState> {
         let state = self.replica.state();
         let (master, moments) = state
-            .read_state(&self.be)
+            .state_at()
+            .read(&self.be)
             .map_err(gpu_err("reading the master and moments back"))?;
         Ok(ResidentState {
             range: state.range(),
