@@ -152,7 +152,7 @@ impl StepPath {
         gpu: usize,
     ) -> Result<(StepPath, Pieces)> {
         if config.resident_loop() {
-            let path = ResidentPath::new(config, &*strategy, gpu)?;
+            let path = ResidentPath::new(config, gpu)?;
             return Ok((StepPath::Resident(path), Pieces::new([])));
         }
         let direct = match (

@@ -41,10 +41,6 @@ pub struct ResidentPath {
     run_behind: bool,
     /// The model's candle variables lag the trainer's master.
     pub(super) vars_stale: Cell<bool>,
-    /// Whether the ranks' masters are shards (ZeRO-1 beyond one rank): bringing the
-    /// trainer's master up to date is then a collective every rank joins. Decided from
-    /// the config and the world, the same on every rank.
-    sharded: bool,
 }
 
 /// What making a resident loop takes from the config.
@@ -58,6 +54,14 @@ struct LoopPlan {
 }
 
 impl LoopPlan {
+    /// Whether each rank's master is a shard of the flat buffer (ZeRO-1, offloaded or not).
+    fn sharded(&self) -> bool {
+        matches!(
+            self.strategy,
+            stoker_gpu::parallel::Strategy::Zero1 | stoker_gpu::parallel::Strategy::Zero1Offload
+        )
+    }
+
     /// The loop of `model` laid out by `layout`, rank `strategy.rank()` of its group,
     /// starting from the whole flat `master`, its optimizer covering the strategy's range.
     fn make(
@@ -114,10 +118,9 @@ fn as_pieces(range: &std::ops::Range<usize>) -> &[std::ops::Range<usize>] {
 }
 
 impl ResidentPath {
-    /// The resident path of `config` for rank `strategy.rank()` of its group, on GPU
-    /// `gpu` where `config.device` is `cuda` without an index; its loop is made later
-    /// ([`Trainer::make_resident_loop`]).
-    pub(super) fn new(config: &TrainConfig, strategy: &dyn Strategy, gpu: usize) -> Result<Self> {
+    /// The resident path of `config`, on GPU `gpu` where `config.device` is `cuda`
+    /// without an index; its loop is made later ([`Trainer::make_resident_loop`]).
+    pub(super) fn new(config: &TrainConfig, gpu: usize) -> Result<Self> {
         let on = match crate::device::TrainDevice::parse(&config.device)? {
             crate::device::TrainDevice::Cpu => ResidentOn::Host,
             crate::device::TrainDevice::Cuda(n) => ResidentOn::Cuda {
@@ -139,11 +142,6 @@ impl ResidentPath {
             host_behind: false,
             run_behind: false,
             vars_stale: Cell::new(false),
-            sharded: matches!(
-                strategy_kind,
-                stoker_gpu::parallel::Strategy::Zero1
-                    | stoker_gpu::parallel::Strategy::Zero1Offload
-            ) && strategy.world_size() > 1,
         })
     }
 
@@ -329,7 +327,9 @@ impl Trainer {
             )));
         }
         master[state.range.clone()].copy_from_slice(&state.master);
-        if path.sharded {
+        // ZeRO-1 beyond one rank: the shards all-gathered, a collective every rank joins
+        // (decided from the config and the world, the same on every rank).
+        if path.plan.sharded() && self.strategy.world_size() > 1 {
             self.strategy.after_update(master)?;
         }
         let step = self.optimizer.state_ref().step;
