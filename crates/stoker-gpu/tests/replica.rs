@@ -410,6 +410,24 @@ fn shard_segments_cut_and_rebase() {
     assert_eq!(shard_segments(&segs, &(31..31)), vec![]);
 }
 
+/// The error of a window of `mine` that the replica must refuse (AdamW, no clipping).
+fn refused_window<C: Communicator>(
+    replica: &Replica<Host, GptGpuStep<Host, f32>>,
+    comm: &C,
+    mine: &[TokenBatch],
+) -> String {
+    replica
+        .window(
+            &Host,
+            &ThroughHost(comm),
+            mine,
+            &scalars(Optimizer::AdamW, 1),
+            None,
+        )
+        .unwrap_err()
+        .to_string()
+}
+
 fn replica_for(
     comm: &impl Communicator,
     strategy: Strategy,
@@ -472,16 +490,7 @@ fn ranks_with_different_micro_batch_counts_are_refused_on_every_rank() {
             let replica = replica_for(&comm, strategy);
             let data = window(0);
             let mine: Vec<TokenBatch> = data[..comm.rank() + 1].iter().map(batch).collect();
-            replica
-                .window(
-                    &Host,
-                    &ThroughHost(&comm),
-                    &mine,
-                    &scalars(Optimizer::AdamW, 1),
-                    None,
-                )
-                .unwrap_err()
-                .to_string()
+            refused_window(&replica, &comm, &mine)
         });
         for e in errs {
             assert!(
@@ -880,16 +889,7 @@ fn an_empty_rank_joins_the_buckets_and_the_window_is_refused() {
             0 => Vec::new(),
             _ => data[..2].iter().map(batch).collect(),
         };
-        replica
-            .window(
-                &Host,
-                &ThroughHost(&comm),
-                &mine,
-                &scalars(Optimizer::AdamW, 1),
-                None,
-            )
-            .unwrap_err()
-            .to_string()
+        refused_window(&replica, &comm, &mine)
     });
     for e in errs {
         assert!(e.contains("ran different numbers of micro-batches"), "{e}");
