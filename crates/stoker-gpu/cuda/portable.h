@@ -28,6 +28,11 @@ struct bf16 {
   uint16_t bits;
 };
 
+// An IEEE half (fp16) value as its 16 bits, converted by bit arithmetic like bf16.
+struct f16 {
+  uint16_t bits;
+};
+
 STOKER_HD uint32_t bits_of(float f) {
 #ifdef __CUDA_ARCH__
   return __float_as_uint(f);
@@ -51,6 +56,15 @@ STOKER_HD float float_of(uint32_t u) {
 // Widening loads: every kernel computes in f32.
 STOKER_HD float load(float x) { return x; }
 STOKER_HD float load(bf16 x) { return float_of(uint32_t(x.bits) << 16); }
+// Exact: a normal half moves its exponent and fraction into place; a subnormal is its
+// fraction times 2^-24 (both exact in f32); inf stays inf, NaN becomes quiet.
+STOKER_HD float load(f16 x) {
+  uint32_t sign = uint32_t(x.bits & 0x8000u) << 16;
+  uint32_t exp = (x.bits >> 10) & 0x1fu, frac = x.bits & 0x3ffu;
+  if (exp == 0x1fu) return float_of(sign | (frac ? 0x7fc00000u | (frac << 13) : 0x7f800000u));
+  if (exp == 0) return float_of(bits_of(float(frac) * 5.9604644775390625e-8f) | sign);
+  return float_of(sign | ((exp + 112u) << 23) | (frac << 13));
+}
 
 // Narrowing stores: round to nearest even, NaN kept quiet (half's and stoker-kernels'
 // to_bf16 exactly).
@@ -60,6 +74,30 @@ template <> STOKER_HD bf16 store<bf16>(float x) {
   uint32_t b = bits_of(x);
   if ((b & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((b >> 16) | 0x40u)};
   return bf16{uint16_t((b + 0x7fffu + ((b >> 16) & 1u)) >> 16)};
+}
+
+// To half, round to nearest even (half's f16::from_f32 exactly): beyond 65504 to inf,
+// below half's normals to its subnormals (and to zero under 2^-25), NaN kept quiet.
+template <> STOKER_HD f16 store<f16>(float x) {
+  uint32_t b = bits_of(x);
+  uint16_t sign = uint16_t((b >> 16) & 0x8000u);
+  uint32_t exp = (b >> 23) & 0xffu, frac = b & 0x7fffffu;
+  if (exp == 0xffu) return f16{uint16_t(sign | 0x7c00u | (frac ? 0x200u | (frac >> 13) : 0u))};
+  int e = int(exp) - 112;  // the half's biased exponent
+  if (e >= 0x1f) return f16{uint16_t(sign | 0x7c00u)};
+  if (e <= 0) {
+    // Subnormal: the implicit bit made explicit, shifted down by 14 - e, rounded.
+    if (e < -10) return f16{sign};
+    uint32_t m = frac | 0x800000u;
+    uint32_t shift = uint32_t(14 - e);
+    uint32_t half_frac = m >> shift, rest = m & ((1u << shift) - 1u), mid = 1u << (shift - 1u);
+    if (rest > mid || (rest == mid && (half_frac & 1u))) half_frac += 1u;
+    return f16{uint16_t(sign | half_frac)};
+  }
+  // Normal: a carry out of the fraction lands in the exponent (up to inf), as it should.
+  uint32_t h = (uint32_t(e) << 10) | (frac >> 13), rest = frac & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h += 1u;
+  return f16{uint16_t(sign | h)};
 }
 
 // Stochastic rounding to bf16 as llm.c writes its parameters, stoker-precision's

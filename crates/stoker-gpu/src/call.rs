@@ -115,6 +115,12 @@ pub enum Call {
         u: i32,
         c: i32,
     },
+    FromF32 {
+        dtype: Dtype,
+        out: Addr,
+        x: Addr,
+        n: i64,
+    },
     GeluForward {
         dtype: Dtype,
         out: Addr,
@@ -355,6 +361,7 @@ impl Call {
             Call::EncoderForward { .. } => "encoder_forward",
             Call::EncoderBackwardWpe { .. } => "encoder_backward_wpe",
             Call::EncoderBackwardWte { .. } => "encoder_backward_wte",
+            Call::FromF32 { .. } => "from_f32",
             Call::GeluForward { .. } => "gelu_forward",
             Call::GeluBackward { .. } => "gelu_backward",
             Call::AddBias { .. } => "add_bias",
@@ -391,6 +398,7 @@ impl Call {
             EncoderForward { dtype, .. }
             | EncoderBackwardWpe { dtype, .. }
             | EncoderBackwardWte { dtype, .. }
+            | FromF32 { dtype, .. }
             | GeluForward { dtype, .. }
             | GeluBackward { dtype, .. }
             | AddBias { dtype, .. }
@@ -420,7 +428,8 @@ impl Call {
         }
     }
 
-    /// The kernel's full name: the base name and, for typed kernels, `_f32` or `_bf16`.
+    /// The kernel's full name: the base name and, for typed kernels, `_f32`, `_bf16` or
+    /// `_f16`.
     pub fn symbol(&self) -> String {
         match self.dtype() {
             Some(d) => format!("{}_{}", self.name(), d.suffix()),
@@ -434,6 +443,7 @@ impl Call {
         let heads = |g: &Heads| g.elems() as i64;
         match self {
             EncoderForward { n, .. }
+            | FromF32 { n, .. }
             | GeluForward { n, .. }
             | GeluBackward { n, .. }
             | Adamw { n, .. }
@@ -506,7 +516,9 @@ impl Call {
                     I32(c),
                 ]
             }
-            GeluForward { out, inp, n, .. } => vec![A(out), A(inp), I64(n)],
+            GeluForward { out, inp, n, .. } | FromF32 { out, x: inp, n, .. } => {
+                vec![A(out), A(inp), I64(n)]
+            }
             AddBias {
                 out, bias, n, cols, ..
             } => vec![A(out), A(bias), I64(n), I32(cols)],

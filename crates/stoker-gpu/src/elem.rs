@@ -1,6 +1,7 @@
-//! What the kernels' buffers hold: f32 and bf16 activations (computed in f32), i32 ids.
+//! What the kernels' buffers hold: f32, bf16 and f16 activations (computed in f32), i32
+//! ids.
 
-use half::bf16;
+use half::{bf16, f16};
 
 /// An element type a buffer holds.
 #[cfg(not(feature = "cuda"))]
@@ -41,13 +42,15 @@ pub fn from_f32<T: Act>(x: f32) -> T {
     T::from_f32(x)
 }
 
-/// The typed kernels' variants (the `_f32` / `_bf16` suffix of their names).
+/// The typed kernels' variants (the `_f32` / `_bf16` / `_f16` suffix of their names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dtype {
     /// f32 storage.
     F32,
     /// bf16 storage.
     Bf16,
+    /// IEEE half storage (fp16 training, under a loss scale).
+    F16,
 }
 
 impl Dtype {
@@ -56,12 +59,22 @@ impl Dtype {
         match self {
             Dtype::F32 => "f32",
             Dtype::Bf16 => "bf16",
+            Dtype::F16 => "f16",
+        }
+    }
+
+    /// Bytes one element takes.
+    pub fn bytes(self) -> usize {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::Bf16 | Dtype::F16 => 2,
         }
     }
 }
 
 impl Elem for f32 {}
 impl Elem for bf16 {}
+impl Elem for f16 {}
 impl Elem for i32 {}
 impl Elem for i64 {}
 
@@ -85,11 +98,22 @@ impl Act for bf16 {
     }
 }
 
+impl Act for f16 {
+    const DTYPE: Dtype = Dtype::F16;
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+}
+
 mod sealed {
     /// Only the types the kernels were compiled for.
     pub trait Sealed {}
     impl Sealed for f32 {}
     impl Sealed for half::bf16 {}
+    impl Sealed for half::f16 {}
     impl Sealed for i32 {}
     impl Sealed for i64 {}
 }

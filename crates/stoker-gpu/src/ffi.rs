@@ -1,4 +1,4 @@
-//! The host build's C functions (cuda/host.cpp: `stoker_host_<kernel>[_f32|_bf16]`), one
+//! The host build's C functions (cuda/host.cpp: `stoker_host_<kernel>[_f32|_bf16|_f16]`), one
 //! table per element type, and [`run`], which calls the one a [`Call`] names. Typed
 //! buffers travel as untyped pointers: the table picked fixes their element type.
 
@@ -12,7 +12,7 @@ use crate::elem::Dtype;
 type P = *mut c_void;
 
 /// Declares the typed kernels once: the table's fields and the two extern blocks whose
-/// link names add `_f32` / `_bf16`.
+/// link names add `_f32` / `_bf16` / `_f16`.
 macro_rules! typed_kernels {
     ($($name:ident($($ty:ty),* $(,)?);)*) => {
         /// One element type's host kernels.
@@ -21,8 +21,10 @@ macro_rules! typed_kernels {
         }
         typed_kernels!(@externs f32_fns, "_f32", $($name($($ty),*);)*);
         typed_kernels!(@externs bf16_fns, "_bf16", $($name($($ty),*);)*);
+        typed_kernels!(@externs f16_fns, "_f16", $($name($($ty),*);)*);
         static F32: HostFns = HostFns { $($name: f32_fns::$name,)* };
         static BF16: HostFns = HostFns { $($name: bf16_fns::$name,)* };
+        static F16: HostFns = HostFns { $($name: f16_fns::$name,)* };
     };
     (@externs $module:ident, $suffix:literal, $($name:ident($($ty:ty),*);)*) => {
         mod $module {
@@ -41,6 +43,7 @@ typed_kernels! {
     encoder_forward(P, P, P, P, i64, i32, i32);
     encoder_backward_wpe(P, P, i32, i32, i32);
     encoder_backward_wte(P, P, P, P, P, i32, i32);
+    from_f32(P, P, i64);
     gelu_forward(P, P, i64);
     gelu_backward(P, P, P, i64);
     add_bias(P, P, i64, i32);
@@ -109,6 +112,7 @@ fn fns(d: Dtype) -> &'static HostFns {
     match d {
         Dtype::F32 => &F32,
         Dtype::Bf16 => &BF16,
+        Dtype::F16 => &F16,
     }
 }
 
@@ -159,6 +163,7 @@ pub(crate) unsafe fn run(call: &Call) {
                 u,
                 c,
             ),
+            FromF32 { dtype, out, x, n } => (fns(dtype).from_f32)(p(out), p(x), n),
             GeluForward { dtype, out, inp, n } => (fns(dtype).gelu_forward)(p(out), p(inp), n),
             GeluBackward {
                 dtype,

@@ -177,6 +177,7 @@ pub(crate) unsafe fn host_gemm(g: &Gemm) {
             match ty {
                 Dtype::F32 => *(addr as usize as *const f32).add(i),
                 Dtype::Bf16 => (*(addr as usize as *const half::bf16).add(i)).to_f32(),
+                Dtype::F16 => (*(addr as usize as *const half::f16).add(i)).to_f32(),
             }
         }
     };
@@ -243,6 +244,9 @@ pub(crate) unsafe fn host_gemm(g: &Gemm) {
                         Dtype::F32 => *(g.c as usize as *mut f32).add(at) = v,
                         Dtype::Bf16 => {
                             *(g.c as usize as *mut half::bf16).add(at) = half::bf16::from_f32(v)
+                        }
+                        Dtype::F16 => {
+                            *(g.c as usize as *mut half::f16).add(at) = half::f16::from_f32(v)
                         }
                     }
                 }

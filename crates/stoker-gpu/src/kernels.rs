@@ -112,6 +112,19 @@ pub fn encoder_backward_wte<B: Backend, T: Act>(
     unsafe { b.launch(&call) }
 }
 
+/// `x` rounded to nearest even into `out` (the compute copy of an f32 master).
+pub fn from_f32<B: Backend, T: Act>(b: &B, out: View<T>, x: View<f32>) -> Result<(), GpuError> {
+    check_len("from-f32", "out", out.len(), x.len())?;
+    let call = Call::FromF32 {
+        dtype: T::DTYPE,
+        out: out.addr(),
+        x: x.addr(),
+        n: x.len() as i64,
+    };
+    // SAFETY: both hold x.len() elements.
+    unsafe { b.launch(&call) }
+}
+
 /// GELU (tanh approximation) of `inp` into `out`.
 pub fn gelu_forward<B: Backend, T: Act>(b: &B, out: View<T>, inp: View<T>) -> Result<(), GpuError> {
     check_len("gelu-forward", "out", out.len(), inp.len())?;

@@ -1,8 +1,8 @@
 //! Every kernel once, on seeded inputs, for any backend: what the device check runs on
-//! the host and on the GPU and compares bit for bit. bf16 results are widened to f32
-//! (exactly), so one comparison covers both element types.
+//! the host and on the GPU and compares bit for bit. bf16 and f16 results are widened to
+//! f32 (exactly), so one comparison covers every element type.
 
-use half::bf16;
+use half::{bf16, f16};
 use stoker_kernels::AdamWStep;
 
 use crate::backend::Backend;
@@ -134,6 +134,15 @@ pub fn outputs<B: Backend, T: Act>(b: &B, s: ScenarioSize) -> Result<Vec<Output>
     keep("layernorm-backward/dinp", get(&dx)?);
     keep("layernorm-backward/dweight", b.download(&dw)?);
     keep("layernorm-backward/dbias", b.download(&db)?);
+
+    // Rounding an f32 master into the compute copy: values past f16's range and into its
+    // subnormals as well as ordinary ones.
+    for (what, scale) in [("ordinary", 4.0), ("large", 1e5), ("tiny", 1e-5)] {
+        let x = b.upload(&uniform(n * c, 17, scale))?;
+        let y = b.zeros::<T>(n * c)?;
+        kernels::from_f32(b, b.all(&y), b.all(&x))?;
+        keep(&format!("from-f32/{what}"), get(&y)?);
+    }
 
     // GELU.
     let (fc, g) = (act(n * 4 * c, 9, 4.0)?, b.zeros::<T>(n * 4 * c)?);
@@ -406,6 +415,7 @@ pub fn f32_outputs<B: Backend>(b: &B) -> Result<Vec<Output>, GpuError> {
 pub fn all_outputs<B: Backend>(b: &B, s: ScenarioSize) -> Result<Vec<Output>, GpuError> {
     let mut out = outputs::<B, f32>(b, s)?;
     out.extend(outputs::<B, bf16>(b, s)?);
+    out.extend(outputs::<B, f16>(b, s)?);
     out.extend(f32_outputs(b)?);
     Ok(out)
 }

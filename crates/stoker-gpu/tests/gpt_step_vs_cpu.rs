@@ -1,7 +1,7 @@
 //! The GPU step, run by the host backend, against stoker-kernels' CPU step on the same
 //! flat parameters, batch and loss scale: the summed loss and every parameter's gradient
-//! agree within f32 rounding (f32 activations), or within bf16's precision (bf16
-//! activations). The step's orchestration (buffers, GEMM shapes, the residual stream,
+//! agree within f32 rounding (f32 activations), or within bf16's or f16's precision
+//! (16-bit activations; f16 under a loss scale, as fp16 training runs it). The step's orchestration (buffers, GEMM shapes, the residual stream,
 //! the backward's order) is what this checks; the kernels have their own tests.
 
 mod common;
@@ -110,6 +110,32 @@ fn the_bf16_step_tracks_the_cpu_f32_step() {
     let (loss, got) = gpu::<bf16>(&offsets, &params, &tokens, &targets, scale);
     assert_close_scalar(loss, want_loss, 1e-2, "summed loss, bf16 activations");
     assert_rel_l2_each(&got, &want, &ranges, 5e-2);
+}
+
+#[test]
+fn the_f16_step_under_a_loss_scale_tracks_the_cpu_f32_step() {
+    let (offsets, params, ranges, tokens, targets) = setup();
+    // fp16's loss scale keeps the small gradients above f16's subnormals.
+    let scale = 4096.0 / 31.0;
+    let (want_loss, want) = cpu(&offsets, &params, &tokens, &targets, scale);
+    let (loss, got) = gpu::<half::f16>(&offsets, &params, &tokens, &targets, scale);
+    assert_close_scalar(loss, want_loss, 2e-3, "summed loss, f16 activations");
+    // f16 keeps 11 significant bits to bf16's 8: a tighter bound than bf16's.
+    assert_rel_l2_each(&got, &want, &ranges, 1e-2);
+}
+
+#[test]
+fn an_f16_step_under_too_large_a_loss_scale_overflows_to_non_finite_gradients() {
+    let (offsets, params, _, tokens, targets) = setup();
+    // The logits' gradient alone is then far beyond f16's 65504.
+    let (loss, grads) = gpu::<half::f16>(&offsets, &params, &tokens, &targets, 1e9);
+    assert!(loss.is_finite(), "the loss is f32 and stays finite: {loss}");
+    let bad = grads.iter().filter(|g| !g.is_finite()).count();
+    assert!(
+        bad > grads.len() / 2,
+        "only {bad} of {} gradients overflowed: the scaler would not see it",
+        grads.len()
+    );
 }
 
 #[test]

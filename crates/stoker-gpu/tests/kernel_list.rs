@@ -25,7 +25,7 @@ fn entries() -> BTreeMap<String, (String, usize)> {
             let open = rest.find('(').unwrap();
             let close = open + rest[open..].find(')').unwrap();
             let params = rest[open + 1..close].split(',').count();
-            for (suffix, s) in [("_##S", "_f32"), ("_##S", "_bf16")] {
+            for (suffix, s) in [("_##S", "_f32"), ("_##S", "_bf16"), ("_##S", "_f16")] {
                 match name.strip_suffix(suffix) {
                     Some(base) => out.insert(format!("{base}{s}"), (kind.to_string(), params)),
                     None => out.insert(name.clone(), (kind.to_string(), params)),
@@ -36,7 +36,7 @@ fn entries() -> BTreeMap<String, (String, usize)> {
     out
 }
 
-/// One call of every kind, in both element types where typed.
+/// One call of every kind, in every element type where typed.
 fn calls() -> Vec<Call> {
     let g = Heads {
         b: 1,
@@ -48,8 +48,14 @@ fn calls() -> Vec<Call> {
         1e-3, 0.9, 0.999, 1e-8, 0.0, 1,
     ));
     let mut out = Vec::new();
-    for dtype in [Dtype::F32, Dtype::Bf16] {
+    for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
         out.extend([
+            Call::FromF32 {
+                dtype,
+                out: 0,
+                x: 0,
+                n: 1,
+            },
             Call::EncoderForward {
                 dtype,
                 out: 0,
@@ -342,7 +348,7 @@ fn every_call_is_a_kernels_inc_entry_with_its_grid_and_arity() {
     );
     assert_eq!(
         want.len(),
-        52,
+        78,
         "kernels.inc's entry count changed: update Call and ffi.rs"
     );
 }

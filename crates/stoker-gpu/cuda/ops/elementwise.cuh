@@ -56,6 +56,11 @@ STOKER_HD float gelu_grad_of(float x) {
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
 }
 
+// out[i] = x[i] rounded to T (the compute copy of an f32 master).
+template <class T> STOKER_HD void from_f32_at(int64_t i, T* out, const float* x) {
+  out[i] = store<T>(x[i]);
+}
+
 template <class T> STOKER_HD void gelu_forward_at(int64_t i, T* out, const T* inp) {
   out[i] = store<T>(gelu_of(load(inp[i])));
 }

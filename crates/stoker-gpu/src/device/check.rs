@@ -44,7 +44,8 @@ pub fn compare_with_host(dev: &Device, s: ScenarioSize) -> Result<Vec<Compared>,
                 .count();
             let max_abs_diff = w.iter().zip(g).fold(0f64, |m, (a, b)| {
                 let d = (*a as f64 - *b as f64).abs();
-                if a.is_nan() && b.is_nan() {
+                // Equal bits (an inf on both sides included) differ by nothing.
+                if a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()) {
                     m
                 } else if m.is_nan() || d.is_nan() {
                     f64::NAN
@@ -398,9 +399,9 @@ fn run_once<B: Backend + Send, S: ResidentStep<B>>(
 }
 
 /// The tests' small GPT and Llama (grouped-query: 4 heads over 2), their steps on the GPU
-/// and on the host backend, f32 and bf16. The matrix products differ (cuBLAS against
-/// the host's), so this is a tolerance, not bits: f32 should land near 1e-5, bf16 near
-/// 1e-2.
+/// and on the host backend, f32, bf16 and f16. The matrix products differ (cuBLAS
+/// against the host's), so this is a tolerance, not bits: f32 should land near 1e-5,
+/// bf16 near 1e-2, f16 near 1e-3.
 pub fn compare_step(dev: &Device) -> Result<Vec<StepCompared>, GpuError> {
     fn gpt<A: crate::Act>(dev: &Device, what: &str) -> Result<StepCompared, GpuError> {
         let dims = stoker_kernels::GptDims {
@@ -459,8 +460,10 @@ pub fn compare_step(dev: &Device) -> Result<Vec<StepCompared>, GpuError> {
     Ok(vec![
         gpt::<f32>(dev, "gpt f32")?,
         gpt::<bf16>(dev, "gpt bf16")?,
+        gpt::<half::f16>(dev, "gpt f16")?,
         llama::<f32>(dev, "llama f32")?,
         llama::<bf16>(dev, "llama bf16")?,
+        llama::<half::f16>(dev, "llama f16")?,
     ])
 }
 

@@ -318,6 +318,7 @@ impl Backend for Device {
         let ty = |d: Dtype| match d {
             Dtype::F32 => blas::cudaDataType::CUDA_R_32F,
             Dtype::Bf16 => blas::cudaDataType::CUDA_R_16BF,
+            Dtype::F16 => blas::cudaDataType::CUDA_R_16F,
         };
         let op = |t: bool| if t { CUBLAS_OP_T } else { CUBLAS_OP_N };
         let int = |x: usize| {

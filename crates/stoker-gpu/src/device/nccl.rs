@@ -55,6 +55,7 @@ fn nccl_type(d: Dtype) -> sys::ncclDataType_t {
     match d {
         Dtype::F32 => sys::ncclDataType_t::ncclFloat32,
         Dtype::Bf16 => sys::ncclDataType_t::ncclBfloat16,
+        Dtype::F16 => sys::ncclDataType_t::ncclFloat16,
     }
 }
 

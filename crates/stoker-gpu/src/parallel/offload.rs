@@ -5,13 +5,14 @@
 //! step (compute copy, gradients, activations). The strategy reduces the gradients on the
 //! device and takes their norm there (the one value an update reads back anyway); then
 //! [`Offloaded::step_on_host`] copies them down, steps, and copies the compute copy up.
-//! Per step that moves 4 bytes a parameter down and the compute copy's (2 in bf16) up.
+//! Per step that moves 4 bytes a parameter down and the compute copy's (2 in bf16 or
+//! f16) up.
 //! [`super::StateAt`] is the choice between this and a state on the backend.
 
 use std::cell::RefCell;
 use std::ops::Range;
 
-use half::bf16;
+use half::{bf16, f16};
 
 use crate::backend::{Backend, View};
 use crate::elem::{Act, Dtype};
@@ -33,6 +34,7 @@ pub struct Offloaded {
 enum HostCopy {
     F32(HostBuf<f32>),
     Bf16(HostBuf<bf16>),
+    F16(HostBuf<f16>),
 }
 
 impl Offloaded {
@@ -85,11 +87,13 @@ impl Offloaded {
             *copy = Some(match T::DTYPE {
                 Dtype::F32 => HostCopy::F32(Host.zeros(self.opt.len())?),
                 Dtype::Bf16 => HostCopy::Bf16(Host.zeros(self.opt.len())?),
+                Dtype::F16 => HostCopy::F16(Host.zeros(self.opt.len())?),
             });
         }
         let host_copy: View<T> = match copy.as_ref() {
             Some(HostCopy::F32(b)) => Host.all(b).cast::<T>()?,
             Some(HostCopy::Bf16(b)) => Host.all(b).cast::<T>()?,
+            Some(HostCopy::F16(b)) => Host.all(b).cast::<T>()?,
             None => {
                 return Err(GpuError::Shape {
                     kernel: "offload",

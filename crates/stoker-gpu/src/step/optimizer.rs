@@ -1,7 +1,8 @@
 //! The optimizer over a step's flat FP32 master on the backend (AdamW or SGD): the master
 //! and the optimizer's state live beside the step's buffers, one launch updates every
 //! segment (a tensor, or a run of tensors with one weight-decay flag: `optim`), writing
-//! the compute copy in the same pass (bf16) or copying the master into it after (f32).
+//! the compute copy in the same pass (bf16), or from the master after (f32 copied, f16
+//! rounded).
 //! The only value read back is the gradient norm, for clipping and the run's metrics.
 
 use std::cell::Cell;
@@ -291,8 +292,8 @@ pub fn squared_norm<B: Backend>(
 }
 
 /// One launch of `opt`'s optimizer over every segment of its master on `grads x mult`,
-/// the compute copy `params` (as long as the master) written in the same pass (bf16) or
-/// copied from the master after (f32).
+/// the compute copy `params` (as long as the master) written in the same pass (bf16), or
+/// from the master after (f32 copied, f16 rounded to nearest).
 pub fn apply<B: Backend, T: Act>(
     be: &B,
     opt: &OptimizerState<B>,
@@ -308,7 +309,7 @@ pub fn apply<B: Backend, T: Act>(
     }
     let copy = match T::DTYPE {
         Dtype::Bf16 => Some(params.cast::<half::bf16>()?),
-        Dtype::F32 => None,
+        Dtype::F32 | Dtype::F16 => None,
     };
     let p = be.all(&opt.master);
     match (&opt.moments, scalars) {
@@ -343,8 +344,10 @@ pub fn apply<B: Backend, T: Act>(
             })
         }
     }
-    if T::DTYPE == Dtype::F32 {
-        be.copy(params.cast::<f32>()?, p)?;
+    match T::DTYPE {
+        Dtype::F32 => be.copy(params.cast::<f32>()?, p)?,
+        Dtype::F16 => kernels::from_f32(be, params, p)?,
+        Dtype::Bf16 => {}
     }
     Ok(())
 }
