@@ -10,12 +10,16 @@
 #   host memory), against the one-rank GPU run;
 # - on the GPU with the optimizer offloaded to the host (`offload_optimizer = true`),
 #   against the one-rank GPU run (within 1e-5: the host build of the same kernels);
-# fp32 and bf16 each. fp32: losses and gradient norms step by step (the GPU sums in other
+# fp32, bf16 and fp16 each (fp16: f16 activations under the dynamic loss scale, its
+# overflow skip decided on the device; its CPU reference is the fp32 run). fp32: losses
+# and gradient norms step by step (the GPU sums in other
 # orders: within 2e-3 relative of the CPU over 40 steps, 1e-4 between 1 and 2 ranks), and
 # the weights after the last step (relative L2 within 1e-3, and 1e-4 between ranks).
 # bf16: losses step by step (3e-2, and 1e-2 between 1 and 2 ranks), and the gradient norm
 # at step 1, where every run has the same weights, against the fp32 CPU run's (1e-2): bf16
-# runs' later norms follow trajectories that part. It prints each run's median step time,
+# runs' later norms follow trajectories that part. fp16: as bf16, tighter (f16 keeps 11
+# significant bits to bf16's 8): losses within 1e-2 of the fp32 CPU run's, the step-1
+# norm within 2e-3, and 2 ranks within 1e-3 of 1 (step 1's norm 1e-4). It prints each run's median step time,
 # loader wait and the ratio to the CPU's, and the loop's device memory planned against
 # what the driver reports (within 10%, or 64 MiB for small models); exits 1 if anything
 # is off, not finite, or fails.
@@ -54,8 +58,10 @@ config() {
 }
 
 status=0
-for prec in fp32 bf16; do
-  runs=("cpu handwritten cpu 1" "gpu resident $gpu 1" "gpu2 resident ${gpu/#cuda/cuda:0} 2")
+for prec in fp32 bf16 fp16; do
+  runs=("gpu resident $gpu 1" "gpu2 resident ${gpu/#cuda/cuda:0} 2")
+  # The CPU reference: the direct step in fp32 and bf16; fp16's is the fp32 run.
+  [ "$prec" = fp16 ] || runs=("cpu handwritten cpu 1" "${runs[@]}")
   # The optimizer offloaded to the host: a GPU's only (on a CPU there is nothing to
   # offload, and the config says so).
   [ "$gpu" = cpu ] || runs+=("gpuoff resident $gpu 1 offload")
@@ -69,6 +75,7 @@ for prec in fp32 bf16; do
   done
   # Each run's weights after the last step, one file each (the checkpoint at $steps).
   for r in cpu gpu gpu2; do
+    [ "$r-$prec" = cpu-fp16 ] && continue
     ck=$out/$r-$prec/checkpoints/$(printf 'step_%08d' "$steps")
     "$STOKER_GPU_BIN" ckpt consolidate "$ck" > /dev/null 2>&1 || echo "  $prec $r: no checkpoint at $ck"
   done
@@ -112,7 +119,13 @@ def median_ms(r):
     return statistics.median(r[k]["step_s"] for k in s[2:] or s) * 1e3
 def rel(a, b):
     return abs(a - b) / max(abs(b), 1e-12)
-cpu, gpu, gpu2 = rows("cpu"), rows("gpu"), rows("gpu2")
+# fp16 has no CPU run of its own: the fp32 one is its reference.
+cpu_prec = "fp32" if prec == "fp16" else prec
+cpu, gpu, gpu2 = rows("cpu", cpu_prec), rows("gpu"), rows("gpu2")
+skips = sum(1 for r in gpu.values() if r.get("skipped"))
+if prec == "fp16":
+    print(f"  fp16: {skips} of {len(gpu)} steps skipped on an overflow; loss scale at the end "
+          f"{gpu[max(gpu)].get('loss_scale')}")
 ok = True
 def check(name, a, b, keys, tol, steps=None):
     global ok
@@ -130,6 +143,12 @@ if prec == "fp32":
     # The same trajectory: losses and norms step by step.
     check("gpu vs cpu", gpu, cpu, ("loss", "grad_norm"), 2e-3)
     check("gpu 2 ranks vs 1", gpu2, gpu, ("loss", "grad_norm"), 1e-4)
+elif prec == "fp16":
+    # f16 keeps 11 significant bits: the bf16 checks, tighter, against the fp32 CPU run.
+    check("gpu vs cpu fp32", gpu, cpu, ("loss",), 1e-2)
+    check("gpu vs cpu fp32 at step 1", gpu, cpu, ("grad_norm",), 2e-3, steps=[1])
+    check("gpu 2 ranks vs 1", gpu2, gpu, ("loss",), 1e-3)
+    check("gpu 2 ranks vs 1 at step 1", gpu2, gpu, ("grad_norm",), 1e-4, steps=[1])
 else:
     # bf16 trajectories part after a few steps and their gradient norms are spiky: the
     # losses step by step; the norm at step 1 (the same weights everywhere) against the
@@ -167,7 +186,7 @@ def rel_l2(a, b):
         for p, q in zip(a[k], b[k]):
             num += (p - q) ** 2; den += q * q
     return math.sqrt(num / den) if den > 0 else float("nan")
-wc, wg, wg2 = weights("cpu"), weights("gpu"), weights("gpu2")
+wc, wg, wg2 = weights("cpu", cpu_prec), weights("gpu"), weights("gpu2")
 for name, a, b, tol in [("gpu vs cpu", wg, wc, 1e-3), ("gpu 2 ranks vs 1", wg2, wg, 1e-4)]:
     if a is None or b is None or a.keys() != b.keys():
         print(f"  {prec} {name}: weights missing or of other parameters FAILED"); ok = False; continue

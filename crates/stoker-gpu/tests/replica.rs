@@ -10,7 +10,7 @@ use std::ops::Range;
 use stoker_comm::{run_local, Communicator, DEFAULT_TIMEOUT};
 use stoker_gpu::parallel::zero1::shard_segments;
 use stoker_gpu::parallel::{
-    Collectives, DataParallel, Replica, Strategy, Tally, ThroughHost, Zero1,
+    Collectives, DataParallel, GradRule, Replica, Strategy, Tally, ThroughHost, Zero1,
 };
 use stoker_gpu::sample::{gpt, ids, uniform, Ranges};
 use stoker_gpu::step::optimizer::{Optimizer, OptimizerState, Scalars, UpdateViews};
@@ -72,6 +72,14 @@ fn segments(ranges: &Ranges) -> Vec<(Range<usize>, bool)> {
         .collect()
 }
 
+/// Clipping to `clip`, no loss scale.
+fn rule(clip: Option<f64>) -> GradRule {
+    GradRule {
+        clip,
+        loss_scale: None,
+    }
+}
+
 fn scalars(opt: Optimizer, t: u64) -> Scalars {
     match opt {
         Optimizer::AdamW => Scalars::AdamW(AdamWStep::new(3e-3, 0.9, 0.95, 1e-8, 0.1, t)),
@@ -94,7 +102,7 @@ fn train<T: Act, C: Communicator>(
     comm: &C,
     strategy: Strategy,
     opt: Optimizer,
-    clip: Option<f64>,
+    rule: GradRule,
     round_seed: Option<u64>,
 ) -> RankEnd {
     let g = gpt(&DIMS, SEED, 0.2);
@@ -123,7 +131,7 @@ fn train<T: Act, C: Communicator>(
             .map(batch)
             .collect();
         let r = replica
-            .window(&Host, &coll, &mine, &scalars(opt, w as u64 + 1), clip)
+            .window(&Host, &coll, &mine, &scalars(opt, w as u64 + 1), rule)
             .unwrap();
         reports.push((r.loss, r.tokens, r.grad_norm));
     }
@@ -149,7 +157,23 @@ fn ranks_rounded<T: Act>(
     round_seed: Option<u64>,
 ) -> Vec<RankEnd> {
     run_local(world, DEFAULT_TIMEOUT, |comm| {
-        train::<T, _>(&comm, strategy, opt, clip, round_seed)
+        train::<T, _>(&comm, strategy, opt, rule(clip), round_seed)
+    })
+}
+
+/// [`ranks`] with AdamW under fp16's loss scale `scale`.
+fn ranks_scaled<T: Act>(
+    world: usize,
+    strategy: Strategy,
+    clip: Option<f64>,
+    scale: f32,
+) -> Vec<RankEnd> {
+    let rule = GradRule {
+        clip,
+        loss_scale: Some(scale),
+    };
+    run_local(world, DEFAULT_TIMEOUT, |comm| {
+        train::<T, _>(&comm, strategy, Optimizer::AdamW, rule, None)
     })
 }
 
@@ -375,7 +399,14 @@ fn zero1_with_an_empty_shard_updates_what_ddp_updates() {
                 micro_sq: 1.0,
             };
             let (norm, total) = state
-                .update(&Host, &coll, views, &s, (tally, 4.0), (None, false))
+                .update(
+                    &Host,
+                    &coll,
+                    views,
+                    &s,
+                    (tally, 4.0),
+                    (GradRule::default(), false),
+                )
                 .unwrap();
             assert_eq!(total.valid, 4.0, "the tallies summed");
             (
@@ -422,18 +453,18 @@ fn refused_window<C: Communicator>(
             &ThroughHost(comm),
             mine,
             &scalars(Optimizer::AdamW, 1),
-            None,
+            rule(None),
         )
         .unwrap_err()
         .to_string()
 }
 
-fn replica_for(
+fn replica_for<A: Act>(
     comm: &impl Communicator,
     strategy: Strategy,
-) -> Replica<Host, GptGpuStep<Host, f32>> {
+) -> Replica<Host, GptGpuStep<Host, A>> {
     let g = gpt(&DIMS, SEED, 0.2);
-    let step = GptGpuStep::<Host, f32>::new(&Host, DIMS, g.offsets.clone(), 1e-5, B, T).unwrap();
+    let step = GptGpuStep::<Host, A>::new(&Host, DIMS, g.offsets.clone(), 1e-5, B, T).unwrap();
     Replica::new(
         &Host,
         step,
@@ -451,7 +482,7 @@ fn replica_for(
 fn a_window_without_targets_is_refused_on_every_rank() {
     for strategy in [Strategy::Ddp, Strategy::Zero1] {
         let errs = run_local(2, DEFAULT_TIMEOUT, |comm| {
-            let replica = replica_for(&comm, strategy);
+            let replica = replica_for::<f32>(&comm, strategy);
             let before = replica.step().buffers().params(&Host).unwrap();
             let (tokens, targets) = (vec![1i64; B * T], vec![-1i64; B * T]);
             let b = TokenBatch {
@@ -462,7 +493,13 @@ fn a_window_without_targets_is_refused_on_every_rank() {
             let coll = ThroughHost(&comm);
             assert_eq!(Collectives::<Host>::world(&coll), 2);
             let e = replica
-                .window(&Host, &coll, &[b, b], &scalars(Optimizer::AdamW, 1), None)
+                .window(
+                    &Host,
+                    &coll,
+                    &[b, b],
+                    &scalars(Optimizer::AdamW, 1),
+                    rule(None),
+                )
                 .unwrap_err()
                 .to_string();
             assert_bits_eq(
@@ -487,7 +524,7 @@ fn a_window_without_targets_is_refused_on_every_rank() {
 fn ranks_with_different_micro_batch_counts_are_refused_on_every_rank() {
     for strategy in [Strategy::Ddp, Strategy::Zero1] {
         let errs = run_local(3, DEFAULT_TIMEOUT, |comm| {
-            let replica = replica_for(&comm, strategy);
+            let replica = replica_for::<f32>(&comm, strategy);
             let data = window(0);
             let mine: Vec<TokenBatch> = data[..comm.rank() + 1].iter().map(batch).collect();
             refused_window(&replica, &comm, &mine)
@@ -637,7 +674,7 @@ fn llama_under_zero1_at_3_ranks_trains_what_one_rank_trains() {
                         &ThroughHost(&comm),
                         &mine,
                         &scalars(opt, w as u64 + 1),
-                        Some(0.5),
+                        rule(Some(0.5)),
                     )
                     .unwrap();
                 losses.push(r.loss);
@@ -755,7 +792,7 @@ fn buckets_overlapping_the_backward_sum_what_one_reduction_sums() {
     ] {
         let runs = |overlap: bool| {
             run_local(world, DEFAULT_TIMEOUT, |comm| {
-                let replica = replica_for(&comm, strategy).with_overlap(overlap);
+                let replica = replica_for::<f32>(&comm, strategy).with_overlap(overlap);
                 let grads = replica.step().update_views(&Host).unwrap().grads;
                 let coll = Recording {
                     inner: ThroughHost(&comm),
@@ -779,7 +816,7 @@ fn buckets_overlapping_the_backward_sum_what_one_reduction_sums() {
                             &coll,
                             &mine,
                             &scalars(Optimizer::AdamW, w as u64 + 1),
-                            Some(0.05),
+                            rule(Some(0.05)),
                         )
                         .unwrap();
                     starts.push(coll.started.borrow().clone());
@@ -942,4 +979,140 @@ fn zero1_with_its_shards_offloaded_is_zero1_bit_for_bit() {
         check::<half::bf16>(world, Optimizer::AdamW, Some(0.05), Some(0x5eed));
         check::<f32>(world, Optimizer::Sgd { momentum: true }, None, None);
     }
+}
+
+/// fp16: f16 activations under a loss scale train what f32 trains, within f16's
+/// precision, and 2 and 3 ranks (DDP, ZeRO-1) train what one rank trains.
+#[test]
+fn f16_under_a_loss_scale_tracks_f32_and_ranks_agree() {
+    let clip = Some(0.05);
+    let full = &ranks::<f32>(1, Strategy::Ddp, Optimizer::AdamW, clip)[0];
+    let one = &ranks_scaled::<half::f16>(1, Strategy::Ddp, clip, 4096.0)[0];
+    for (w, (got, want)) in one.0.iter().zip(&full.0).enumerate() {
+        assert_eq!(got.1, want.1, "f16: window {w}'s tokens");
+        assert_close_scalar(got.0, want.0, 2e-3, &format!("f16: window {w}'s loss"));
+        assert_close_scalar(got.2, want.2, 2e-2, &format!("f16: window {w}'s norm"));
+    }
+    // AdamW divides each gradient by its own running scale, so a parameter whose
+    // gradient is mostly rounding moves by about lr either way: compare what the three
+    // updates moved, as a whole (relative L2), and bound each element by the steps taken.
+    let start = gpt(&DIMS, SEED, 0.2).params;
+    let moved =
+        |m: &[f32]| -> Vec<f64> { m.iter().zip(&start).map(|(a, b)| (a - b) as f64).collect() };
+    let (got, want) = (moved(&one.2), moved(&full.2));
+    let l2 = |x: &mut dyn Iterator<Item = f64>| x.map(|v| v * v).sum::<f64>().sqrt();
+    let rel = l2(&mut got.iter().zip(&want).map(|(a, b)| a - b)) / l2(&mut want.iter().copied());
+    eprintln!("f16's updates within {rel:.1e} (relative L2) of f32's");
+    assert!(
+        rel < 0.1,
+        "f16's updates are {rel:.3} (relative L2) from f32's"
+    );
+    let bound = 2.0 * WINDOWS as f64 * 3e-3;
+    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (a - b).abs() <= bound,
+            "element {i}: f16 moved {a}, f32 {b}"
+        );
+    }
+    for world in [2, 3] {
+        for strategy in [Strategy::Ddp, Strategy::Zero1] {
+            let what = format!("f16, {strategy:?} over {world} ranks");
+            let ends = ranks_scaled::<half::f16>(world, strategy, clip, 4096.0);
+            for (w, (got, want)) in ends[0].0.iter().zip(&one.0).enumerate() {
+                assert_eq!(got.1, want.1, "{what}: window {w}'s tokens");
+                assert_close_scalar(got.0, want.0, 1e-5, &format!("{what}: window {w}'s loss"));
+                assert_close_scalar(got.2, want.2, 1e-5, &format!("{what}: window {w}'s norm"));
+            }
+            let master = match strategy {
+                Strategy::Zero1 => assemble(&ends),
+                _ => ends[0].2.clone(),
+            };
+            for end in &ends {
+                assert_bits_eq(&end.3, &ends[0].3, &format!("{what}: compute copies"));
+            }
+            assert_weights(&master, &one.2, 1e-5, &what);
+        }
+    }
+}
+
+/// An fp16 overflow skips the update on every rank under every strategy and leaves no
+/// trace: a window at too large a loss scale, then one at a good scale, ends with the
+/// bits of the good window alone (the optimizer's first update either way).
+#[test]
+fn an_f16_overflow_skips_the_update_everywhere_and_leaves_no_trace() {
+    let rule = |scale: f32| GradRule {
+        clip: Some(0.05),
+        loss_scale: Some(scale),
+    };
+    for world in [1, 2] {
+        for strategy in [
+            Strategy::Ddp,
+            Strategy::Zero1,
+            Strategy::Offload,
+            Strategy::Zero1Offload,
+        ] {
+            let what = format!("{strategy:?} over {world} ranks");
+            let run = |overflow_first: bool| {
+                run_local(world, DEFAULT_TIMEOUT, |comm| {
+                    let replica = replica_for::<half::f16>(&comm, strategy);
+                    let coll = ThroughHost(&comm);
+                    let per = MICRO / world;
+                    let mine = |w: usize| -> Vec<(Vec<i64>, Vec<i64>)> {
+                        window(w)[comm.rank() * per..(comm.rank() + 1) * per].to_vec()
+                    };
+                    let first = scalars(Optimizer::AdamW, 1);
+                    if overflow_first {
+                        let (master, params) = (
+                            replica.state().master(&Host).unwrap(),
+                            replica.step().buffers().params(&Host).unwrap(),
+                        );
+                        let data = mine(0);
+                        let batches: Vec<TokenBatch> = data.iter().map(batch).collect();
+                        let r = replica
+                            .window(&Host, &coll, &batches, &first, rule(1e9))
+                            .unwrap();
+                        assert!(
+                            r.skipped && !r.grad_norm.is_finite() && r.loss.is_finite(),
+                            "{what}: rank {} did not skip: {r:?}",
+                            comm.rank()
+                        );
+                        assert_eq!(replica.state().master(&Host).unwrap(), master);
+                        assert_bits_eq(
+                            &replica.step().buffers().params(&Host).unwrap(),
+                            &params,
+                            "the compute copy after a skipped update",
+                        );
+                    }
+                    let data = mine(1);
+                    let batches: Vec<TokenBatch> = data.iter().map(batch).collect();
+                    let r = replica
+                        .window(&Host, &coll, &batches, &first, rule(4096.0))
+                        .unwrap();
+                    assert!(!r.skipped && r.grad_norm.is_finite(), "{what}: {r:?}");
+                    (
+                        r,
+                        replica.state().master(&Host).unwrap().1,
+                        replica.step().buffers().params(&Host).unwrap(),
+                    )
+                })
+            };
+            for (after, alone) in run(true).iter().zip(&run(false)) {
+                assert_eq!(after.0, alone.0, "{what}: the good window's report");
+                assert_bits_eq(&after.1, &alone.1, &format!("{what}: master"));
+                assert_bits_eq(&after.2, &alone.2, &format!("{what}: compute copy"));
+            }
+        }
+    }
+}
+
+/// Stochastic rounding writes a bf16 compute copy: an f32 or f16 step refuses it.
+#[test]
+fn stochastic_rounding_is_refused_for_a_non_bf16_compute_copy() {
+    run_local(1, DEFAULT_TIMEOUT, |comm| {
+        let e = replica_for::<half::f16>(&comm, Strategy::Ddp)
+            .with_stochastic_rounding(7)
+            .err()
+            .expect("an f16 step took stochastic rounding");
+        assert!(e.to_string().contains("f16"), "{e}");
+    });
 }

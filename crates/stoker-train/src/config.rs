@@ -446,7 +446,7 @@ impl TrainConfig {
     pub fn direct_step_at(&self, precision: Precision) -> bool {
         matches!(self.model, ModelConfig::Gpt(_) | ModelConfig::Llama(_))
             && match self.resident_step() {
-                true => matches!(precision, Precision::Fp32 | Precision::Bf16),
+                true => crate::models::resident::activations(precision).is_ok(),
                 false => self.kernels.direct_step(precision),
             }
     }
@@ -514,7 +514,7 @@ impl TrainConfig {
         Ok(())
     }
 
-    /// `step = "resident"`'s requirements: a GPT or Llama, fp32 or bf16.
+    /// `step = "resident"`'s requirements: a GPT or Llama, fp32, bf16 or fp16.
     fn check_resident(&self) -> Result<()> {
         if !self.resident_step() {
             return Ok(());
@@ -525,10 +525,7 @@ impl TrainConfig {
                 "\"resident\" runs the GPU step of a GPT or a Llama; this model has none",
             ));
         }
-        if !matches!(self.precision, Precision::Fp32 | Precision::Bf16) {
-            return Err(config_err("precision", "step = \"resident\" runs fp32 or bf16 activations (fp16 needs the graph's loss scaling, fp8 its quantization)"));
-        }
-        Ok(())
+        crate::models::resident::activations(self.precision).map(|_| ())
     }
 
     /// Whether a direct step multiplies bf16 operands (on the bf16 GEMM, which keeps

@@ -1,8 +1,8 @@
 //! The trainer on the resident loop (`step = "resident"` under one rank, DDP or ZeRO-1:
 //! stoker-gpu's `Replica`, here on its host backend): the path each strategy gets, a run
 //! stopped, checkpointed and resumed equal to one that never stopped (bit for bit, on one
-//! rank and on ZeRO-1's two), and a shorter window and evaluation batches of other shapes
-//! against the CPU direct step.
+//! rank and on ZeRO-1's two), a shorter window and evaluation batches of other shapes
+//! against the CPU direct step, and fp16's overflows skipped as the CPU step skips them.
 
 mod common;
 
@@ -50,7 +50,7 @@ fn saved_state(t: &mut Trainer) -> LoadedState {
         sampler: st.sampler,
         master: st.master.to_vec(),
         optimizer: st.optimizer.to_owned(),
-        scaler: None,
+        scaler: st.scaler,
         fp8: None,
     }
 }
@@ -120,6 +120,7 @@ fn a_resident_run_resumed_from_its_state_equals_one_that_never_stopped() {
         ("bf16", "strategy = \"ddp\"", 2, ADAMW),
         ("fp32", "strategy = \"zero1\"", 2, SGD),
         ("fp32", "strategy = \"none\"", 1, PLAIN_SGD),
+        ("fp16", "strategy = \"zero1\"", 2, ADAMW),
     ] {
         let c = resident(GPT, precision, optimizer, extra);
         let what = format!("{precision} {extra} on {world} ranks, {optimizer}");
@@ -390,4 +391,77 @@ fn an_offloaded_optimizer_leaves_the_device_only_the_step() {
         zero1_off.state < zero1.state && zero1_off.state > 0,
         "{zero1_off:?} against {zero1:?}"
     );
+}
+
+/// fp16 on the loop: a run whose loss scale starts far too high skips its first steps
+/// (every rank alike, the scale halving each time, the weights untouched) and then trains
+/// exactly, bit for bit, as a run started at the scale it settled on, at that step: a
+/// skipped step leaves no trace in the weights, the moments or the optimizer's count.
+#[test]
+fn fp16_overflows_skip_steps_and_leave_no_trace() {
+    for (extra, world) in [("strategy = \"none\"", 1), ("strategy = \"zero1\"", 2)] {
+        let mut c = resident(GPT, "fp16", ADAMW, extra);
+        assert!(c.resident_loop(), "{extra}: not on the loop");
+        let k = 4 / world;
+        // The scale to start from (f16's gradients overflow far below it), and the steps.
+        const TOP: i32 = 26;
+        const STEPS_AT: usize = 12;
+        // The schedule runs to the last step (its learning rate is 0 beyond).
+        c.train.steps = STEPS_AT as u64;
+        // Steps from `from` to STEPS_AT with the scaler at `scale`, from the seeded weights.
+        let run = |scale: f32, from: usize| {
+            run_local(world, Duration::from_secs(60), |comm| {
+                let rank = comm.rank();
+                let mut t = trainer(&c, Rc::new(comm));
+                let mut state = saved_state(&mut t);
+                state.step = from as u64;
+                state.scaler.as_mut().expect("fp16 has a loss scaler").scale = scale;
+                t.load_state(state).unwrap();
+                let reports: Vec<StepReport> = (from..STEPS_AT)
+                    .map(|s| t.train_step(&window(GPT, s, rank, k)).unwrap())
+                    .collect();
+                (t.full_master().unwrap(), reports)
+            })
+        };
+        let high = run(2f32.powi(TOP), 0);
+        let reports = &high[0].1;
+        let skipped = reports.iter().take_while(|r| r.skipped.is_some()).count();
+        assert!(
+            (1..STEPS_AT - 2).contains(&skipped),
+            "{extra}: {skipped} of {STEPS_AT} steps skipped at 2^{TOP}"
+        );
+        for (s, r) in reports.iter().take(skipped + 1).enumerate() {
+            assert_eq!(r.loss_scale, 2f32.powi(TOP - s as i32), "{extra}: step {s}");
+        }
+        for (rank, (_, reps)) in high.iter().enumerate() {
+            let same = reps
+                .iter()
+                .zip(reports)
+                .all(|(a, b)| a.skipped.is_some() == b.skipped.is_some());
+            assert!(same, "{extra}: rank {rank} skipped other steps than rank 0");
+        }
+        let settled = run(2f32.powi(TOP - skipped as i32), skipped);
+        for (rank, ((m, reps), (want_m, want_reps))) in high.iter().zip(&settled).enumerate() {
+            assert!(m.iter().all(|x| x.is_finite()), "{extra}: rank {rank}");
+            let same = m
+                .iter()
+                .zip(want_m)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{extra}: rank {rank}'s weights differ from the settled run's"
+            );
+            assert_eq!(reps.len() - skipped, want_reps.len());
+            for (a, b) in reps[skipped..].iter().zip(want_reps) {
+                let what = format!("{extra}: rank {rank}'s step {}", a.step);
+                assert_eq!(a.step, b.step, "{what}");
+                assert!(a.lr > 0.0, "{what}: the schedule ended");
+                assert_eq!(a.loss.to_bits(), b.loss.to_bits(), "{what}: loss");
+                assert_eq!(a.grad_norm.to_bits(), b.grad_norm.to_bits(), "{what}: norm");
+                assert_eq!(a.loss_scale, b.loss_scale, "{what}: loss scale");
+                assert_eq!(a.skipped.is_some(), b.skipped.is_some(), "{what}: skip");
+            }
+        }
+        eprintln!("{extra}: {skipped} steps skipped from 2^{TOP}, then the settled run's bits");
+    }
 }

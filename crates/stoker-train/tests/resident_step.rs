@@ -1,8 +1,9 @@
 //! `step = "resident"`: the GPU step's code (stoker-gpu, on its host backend) inside the
 //! whole training loop. Against the CPU direct step (`handwritten`) on the same global
 //! batches, the GPT and the Llama (grouped-query) train to the same weights and losses
-//! in fp32, track them with bf16 activations, and every strategy (DDP, ZeRO-1/2/3) at 2
-//! ranks gives one rank's result, as the direct step's strategies do; evaluation too.
+//! in fp32, track them with bf16 activations and with fp16's (under its loss scale),
+//! and every strategy (DDP, ZeRO-1/2/3) at 2 ranks gives one rank's result, as the
+//! direct step's strategies do; evaluation too.
 
 mod common;
 
@@ -23,11 +24,11 @@ fn resident(model: &str, precision: &str, optimizer: &str, extra: &str) -> Train
 }
 
 #[test]
-fn the_resident_step_trains_like_the_direct_step_in_fp32_and_tracks_it_in_bf16() {
+fn the_resident_step_trains_like_the_direct_step_in_fp32_and_tracks_it_in_bf16_and_fp16() {
     for (model, optimizer) in [(GPT, ADAMW), (LLAMA, SGD)] {
         let direct = config(model, "fp32", "direct", optimizer, "");
         let want = train(1, &direct, model, 4, 2, micro_batch).remove(0);
-        for precision in ["fp32", "bf16"] {
+        for precision in ["fp32", "bf16", "fp16"] {
             let got = train(
                 1,
                 &resident(model, precision, optimizer, ""),
@@ -39,10 +40,11 @@ fn the_resident_step_trains_like_the_direct_step_in_fp32_and_tracks_it_in_bf16()
             .remove(0);
             let what = format!("{} resident {precision}", &model[8..11]);
             let d = rel_l2_checked(&got.0, &want.0);
-            let (tol, loss_tol) = if precision == "fp32" {
-                (1e-5, 1e-5)
-            } else {
-                (2e-2, 2e-2)
+            let (tol, loss_tol) = match precision {
+                "fp32" => (1e-5, 1e-5),
+                // f16 keeps 11 significant bits to bf16's 8.
+                "fp16" => (2e-3, 5e-3),
+                _ => (2e-2, 2e-2),
             };
             eprintln!("{what}: weights after {STEPS} steps differ from the direct step's by {d:.2e} (relative L2)");
             assert!(
@@ -98,6 +100,32 @@ fn every_strategy_with_the_resident_step_equals_one_rank_and_evaluates_alike() {
     }
 }
 
+/// fp16 through the adapter (ZeRO-2 and -3: the CPU trainer's own loss scaler over the
+/// host gradients) trains what the resident loop (its scaler's skip on the backend)
+/// trains at one rank.
+#[test]
+fn fp16_through_the_adapter_trains_what_the_loop_trains() {
+    let one = resident(GPT, "fp16", ADAMW, "strategy = \"none\"");
+    assert!(one.resident_loop());
+    let want = train(1, &one, GPT, 4, 1, micro_batch).remove(0);
+    for strategy in ZERO3.iter().chain(["strategy = \"zero2\""].iter()) {
+        let c = resident(GPT, "fp16", ADAMW, strategy);
+        assert!(!c.resident_loop(), "{strategy}");
+        for (r, got) in train(2, &c, GPT, 4, 1, micro_batch).iter().enumerate() {
+            let d = rel_l2_checked(&got.0, &want.0);
+            eprintln!("fp16 {strategy}: rank {r} within {d:.1e} of the loop's (relative L2)");
+            assert!(
+                d <= 1e-5,
+                "fp16 {strategy}: rank {r}'s weights differ by {d:e}"
+            );
+            for (a, b) in got.1.iter().zip(&want.1) {
+                assert_eq!(a.loss_scale, b.loss_scale, "{strategy}: step {}", a.step);
+                assert_eq!(a.skipped.is_some(), b.skipped.is_some());
+            }
+        }
+    }
+}
+
 #[test]
 fn what_the_resident_step_cannot_run_is_refused_naming_the_key() {
     let text = |model: &str, precision: &str, device: &str| {
@@ -113,8 +141,11 @@ fn what_the_resident_step_cannot_run_is_refused_naming_the_key() {
     };
     let e = err(text(CNN, "fp32", "cpu"));
     assert!(e.contains("step") && e.contains("GPT or a Llama"), "{e}");
-    let e = err(text(GPT, "fp16", "cpu"));
-    assert!(e.contains("precision") && e.contains("fp32 or bf16"), "{e}");
+    let e = err(text(GPT, "fp8", "cpu"));
+    assert!(
+        e.contains("precision") && e.contains("fp32, bf16 or fp16"),
+        "{e}"
+    );
     // On a GPU the resident loop runs (the device keys are checked in config.rs's
     // tests); a build without CUDA says so, naming the key.
     if !cfg!(feature = "cuda") {

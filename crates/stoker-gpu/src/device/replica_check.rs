@@ -1,5 +1,6 @@
 //! The resident training loop on the GPU against the same loop on the host backend: a
-//! small GPT, three windows of two micro-batches, DDP and ZeRO-1, f32 and bf16, the
+//! small GPT, three windows of two micro-batches, DDP and ZeRO-1, f32, bf16 and f16
+//! (under a loss scale, after a window whose overflow must be skipped), the
 //! GPU's collectives NCCL on device memory at one rank (ZeRO-1's reduce-scatter,
 //! all-gather and scalar sums all run through NCCL), the host's through an in-process
 //! communicator; then 2 ranks on the one GPU against 1. What `stoker bench gpu-kernels
@@ -20,10 +21,10 @@ use super::nccl::DeviceNccl;
 use super::Device;
 use crate::backend::Backend;
 use crate::error::GpuError;
-use crate::parallel::{Collectives, Replica, Strategy, ThroughHost};
+use crate::parallel::{Collectives, GradRule, Replica, Strategy, ThroughHost};
 use crate::step::optimizer::{Optimizer, Scalars};
 use crate::step::{GptGpuStep, TokenBatch};
-use crate::{Act, Host};
+use crate::{Act, Dtype, Host};
 
 /// One configuration's loop on both backends.
 #[derive(Debug, Clone, PartialEq)]
@@ -68,7 +69,8 @@ fn windows() -> Vec<Vec<(Vec<i64>, Vec<i64>)>> {
 
 /// The loop on `be` with `coll` (its rank taking its share of each window's two
 /// micro-batches): the last window's loss, and this rank's range of the master and its
-/// values.
+/// values. f16 runs under fp16's loss scale, after a first window at a scale that must
+/// overflow and be skipped.
 fn train<B: Backend, T: Act>(
     be: &B,
     coll: &impl Collectives<B>,
@@ -94,6 +96,30 @@ fn train<B: Backend, T: Act>(
     )?;
     let per = 2 / world;
     let mut loss = 0.0;
+    let fp16 = T::DTYPE == Dtype::F16;
+    let rule = |loss_scale: f32| GradRule {
+        clip: Some(0.5),
+        loss_scale: fp16.then_some(loss_scale),
+    };
+    if fp16 {
+        let micro = &windows()[0];
+        let batches: Vec<TokenBatch> = micro[rank * per..(rank + 1) * per]
+            .iter()
+            .map(|(tokens, targets)| TokenBatch {
+                tokens,
+                targets,
+                ignore: -1,
+            })
+            .collect();
+        let adam = AdamWStep::new(3e-3, 0.9, 0.95, 1e-8, 0.1, 1);
+        let r = replica.window(be, coll, &batches, &Scalars::AdamW(adam), rule(1e9))?;
+        if !r.skipped {
+            return Err(GpuError::Driver {
+                what: "an f16 window at loss scale 1e9".into(),
+                error: format!("was not skipped (norm {})", r.grad_norm),
+            });
+        }
+    }
     for (w, micro) in windows().iter().enumerate() {
         let batches: Vec<TokenBatch> = micro[rank * per..(rank + 1) * per]
             .iter()
@@ -105,7 +131,7 @@ fn train<B: Backend, T: Act>(
             .collect();
         let adam = AdamWStep::new(3e-3, 0.9, 0.95, 1e-8, 0.1, w as u64 + 1);
         loss = replica
-            .window(be, coll, &batches, &Scalars::AdamW(adam), Some(0.5))?
+            .window(be, coll, &batches, &Scalars::AdamW(adam), rule(4096.0))?
             .loss;
     }
     let (range, master) = replica.state().master(be)?;
@@ -125,7 +151,7 @@ fn compared(what: String, want: (f64, &[f32]), got: (f64, &[f32])) -> ReplicaCom
 }
 
 /// Every configuration on both backends. The products differ (cuBLAS against the
-/// host's), so this is a tolerance: f32 near 1e-5, bf16 near 1e-2.
+/// host's), so this is a tolerance: f32 near 1e-5, bf16 near 1e-2, f16 near 1e-3.
 pub fn compare_replica(dev: &Device) -> Result<Vec<ReplicaCompared>, GpuError> {
     let host_comm = local_group(1, DEFAULT_TIMEOUT).remove(0);
     let host = ThroughHost(&host_comm);
@@ -151,15 +177,19 @@ pub fn compare_replica(dev: &Device) -> Result<Vec<ReplicaCompared>, GpuError> {
     }
     let mut out = Vec::new();
     for (strategy, name) in [(Strategy::Ddp, "ddp"), (Strategy::Zero1, "zero-1")] {
-        for dtype in ["f32", "bf16"] {
+        for dtype in ["f32", "bf16", "f16"] {
             let (h, d) = match dtype {
                 "f32" => (
                     train::<Host, f32>(&Host, &host, strategy)?,
                     train::<Device, f32>(dev, &nccl, strategy)?,
                 ),
-                _ => (
+                "bf16" => (
                     train::<Host, bf16>(&Host, &host, strategy)?,
                     train::<Device, bf16>(dev, &nccl, strategy)?,
+                ),
+                _ => (
+                    train::<Host, half::f16>(&Host, &host, strategy)?,
+                    train::<Device, half::f16>(dev, &nccl, strategy)?,
                 ),
             };
             out.push(compared(

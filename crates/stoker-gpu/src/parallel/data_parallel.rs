@@ -6,6 +6,7 @@
 use std::ops::Range;
 
 use super::collectives::Collectives;
+use super::grad_rule::GradRule;
 use super::state_at::StateAt;
 use super::tally::Tally;
 use super::zero1::Zero1;
@@ -151,10 +152,11 @@ impl<B: Backend> DataParallel<B> {
     }
 
     /// The update of `views` (this rank's accumulated gradients, each micro-batch's
-    /// scaled by 1 / `capacity`; already reduced when `reduced`, as the window's buckets
-    /// leave them) with this rank's `tally`: the reduction over `coll`'s
+    /// scaled by `rule`'s loss scale / `capacity`; already reduced when `reduced`, as the
+    /// window's buckets leave them) with this rank's `tally`: the reduction over `coll`'s
     /// ranks, the tallies summed (one scalar collective), the gradients rescaled to the
-    /// mean over the valid targets inside the optimizer's multiplier, the optimizer.
+    /// mean over the valid targets, unscaled and clipped inside the optimizer's
+    /// multiplier, the optimizer (skipped, on every rank alike, where `rule` skips).
     /// Returns the unscaled norm of the mean gradient (before clipping) and the summed
     /// tally.
     pub fn update<T: Act>(
@@ -164,21 +166,22 @@ impl<B: Backend> DataParallel<B> {
         views: UpdateViews<T>,
         scalars: &Scalars,
         (tally, capacity): (Tally, f64),
-        (clip, reduced): (Option<f64>, bool),
+        (rule, reduced): (GradRule, bool),
     ) -> Result<(f64, Tally), GpuError> {
         match self {
             DataParallel::Ddp(state) => {
-                let (unscale, total) =
+                let (rescale, total) =
                     reduce_as_ddp(be, coll, views.grads, (tally, capacity), reduced)?;
                 let squares =
                     optimizer::squared_norm(be, views.grads, (views.squares, views.partials))?;
-                let norm = squares.sqrt() * unscale as f64;
-                let mult = optimizer::grad_multiplier(norm, unscale, clip);
-                state.apply(be, views.params, views.grads, scalars, mult)?;
+                let (norm, mult) = rule.multiplier(squares, rescale);
+                if let Some(mult) = mult {
+                    state.apply(be, views.params, views.grads, scalars, mult)?;
+                }
                 Ok((norm, total))
             }
             DataParallel::Zero1(z) => {
-                z.update(be, coll, views, scalars, (tally, capacity), (clip, reduced))
+                z.update(be, coll, views, scalars, (tally, capacity), (rule, reduced))
             }
         }
     }

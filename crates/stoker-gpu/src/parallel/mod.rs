@@ -11,6 +11,7 @@
 
 pub mod collectives;
 pub mod data_parallel;
+pub mod grad_rule;
 pub mod offload;
 pub mod replica;
 pub mod state_at;
@@ -19,6 +20,7 @@ pub mod zero1;
 
 pub use collectives::{Collectives, ThroughHost};
 pub use data_parallel::{DataParallel, Strategy};
+pub use grad_rule::GradRule;
 pub use offload::Offloaded;
 pub use replica::{Replica, Trainable, WindowReport};
 pub use state_at::{MasterAndMoments, StateAt};

@@ -12,9 +12,10 @@ use std::ops::Range;
 
 use super::collectives::Collectives;
 use super::data_parallel::{DataParallel, Strategy};
+use super::grad_rule::GradRule;
 use super::tally::Tally;
 use crate::backend::Backend;
-use crate::elem::Act;
+use crate::elem::{Act, Dtype};
 use crate::error::{check_len, GpuError};
 use crate::step::block_runs::outside_blocks;
 use crate::step::buffers::AfterBlock;
@@ -106,8 +107,12 @@ pub struct WindowReport {
     pub loss: f64,
     /// The window's valid targets on every rank.
     pub tokens: u64,
-    /// The norm of the summed (mean) gradients, before clipping.
+    /// The norm of the summed (mean) gradients, before clipping (not finite where an
+    /// fp16 overflow skipped the update).
     pub grad_norm: f64,
+    /// Whether the update was skipped: under a loss scale, the gradients overflowed
+    /// (every rank skips together; the master, moments and compute copy are as they were).
+    pub skipped: bool,
 }
 
 /// One rank's resident training.
@@ -160,6 +165,15 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
     /// This replica with its bf16 compute copy rounded stochastically under `seed` after
     /// each update (llm.c's AdamW; the same seed on every rank).
     pub fn with_stochastic_rounding(mut self, seed: u64) -> Result<Self, GpuError> {
+        if S::T::DTYPE != Dtype::Bf16 {
+            return Err(GpuError::Shape {
+                kernel: "replica",
+                what: format!(
+                    "stochastic rounding writes a bf16 compute copy; this step's is {}",
+                    S::T::DTYPE.suffix()
+                ),
+            });
+        }
         self.state = self.state.with_stochastic_rounding(seed)?;
         Ok(self)
     }
@@ -219,18 +233,19 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
     }
 
     /// One window: this rank's `micro` batches (each the step's shape; as many on
-    /// every rank), then the update with `scalars`, clipping the mean gradient's norm to
-    /// `clip`.
+    /// every rank), their gradients carrying `rule`'s loss scale, then the update with
+    /// `scalars`, clipping the mean gradient's norm as `rule` says (skipped where an fp16
+    /// overflow made it non-finite).
     pub fn window(
         &self,
         be: &B,
         coll: &impl Collectives<B>,
         micro: &[TokenBatch],
         scalars: &Scalars,
-        clip: Option<f64>,
+        rule: GradRule,
     ) -> Result<WindowReport, GpuError> {
         let capacity = (coll.world() * micro.len() * self.step.rows()) as f64;
-        let grad_scale = (1.0 / capacity.max(1.0)) as f32;
+        let grad_scale = (rule.loss_scale.unwrap_or(1.0) as f64 / capacity.max(1.0)) as f32;
         self.step.zero_grads(be)?;
         let mut tally = Tally {
             micro: micro.len() as f64,
@@ -288,11 +303,12 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         let views = self.step.update_views(be)?;
         let (grad_norm, total) =
             self.state
-                .update(be, coll, views, scalars, (tally, capacity), (clip, buckets))?;
+                .update(be, coll, views, scalars, (tally, capacity), (rule, buckets))?;
         Ok(WindowReport {
             loss: total.loss / total.valid,
             tokens: total.valid as u64,
             grad_norm,
+            skipped: rule.skips(grad_norm),
         })
     }
 }

@@ -12,6 +12,7 @@ use std::ops::Range;
 use stoker_comm::shard::{ShardPlan, DEFAULT_ALIGN};
 
 use super::collectives::Collectives;
+use super::grad_rule::GradRule;
 use super::state_at::StateAt;
 use super::tally::Tally;
 use crate::backend::{Backend, View};
@@ -129,12 +130,13 @@ impl<B: Backend> Zero1<B> {
         self.state.bytes() + 4 * B::len(&self.grads)
     }
 
-    /// The update of `views` (this rank's accumulated gradients, scaled by
-    /// 1 / `capacity`; already reduce-scattered into the shard when `reduced`, as the
+    /// The update of `views` (this rank's accumulated gradients, scaled by `rule`'s loss
+    /// scale / `capacity`; already reduce-scattered into the shard when `reduced`, as the
     /// window's buckets leave them) with this rank's `tally`: the reduce-scatter, one
     /// scalar collective for the norm's pieces and the tallies, the shard's optimizer
-    /// step on the mean gradient, the compute copy gathered. Returns the unscaled norm of
-    /// the mean gradient and the summed tally.
+    /// step on the mean gradient, the compute copy gathered (neither where `rule` skips
+    /// the update: every rank sees the same norm). Returns the unscaled norm of the mean
+    /// gradient and the summed tally.
     pub fn update<T: Act>(
         &self,
         be: &B,
@@ -142,7 +144,7 @@ impl<B: Backend> Zero1<B> {
         views: UpdateViews<T>,
         scalars: &Scalars,
         (tally, capacity): (Tally, f64),
-        (clip, reduced): (Option<f64>, bool),
+        (rule, reduced): (GradRule, bool),
     ) -> Result<(f64, Tally), GpuError> {
         check_len("zero-1", "grads", views.grads.len(), self.plan.len())?;
         let counts = self.plan.counts();
@@ -154,12 +156,13 @@ impl<B: Backend> Zero1<B> {
         let [valid, loss, micro, micro_sq] = tally.values();
         let sums = coll.sum(be, &[mine, valid, loss, micro, micro_sq])?;
         let total = Tally::from_values(&sums[1..]);
-        let unscale = total.rescale(coll.world(), capacity)?;
-        let norm = sums[0].sqrt() * unscale as f64;
-        let mult = optimizer::grad_multiplier(norm, unscale, clip);
-        let piece = views.params.slice(self.shard())?;
-        self.state.apply(be, piece, grads, scalars, mult)?;
-        coll.all_gather(be, views.params, &counts)?;
+        let rescale = total.rescale(coll.world(), capacity)?;
+        let (norm, mult) = rule.multiplier(sums[0], rescale);
+        if let Some(mult) = mult {
+            let piece = views.params.slice(self.shard())?;
+            self.state.apply(be, piece, grads, scalars, mult)?;
+            coll.all_gather(be, views.params, &counts)?;
+        }
         Ok((norm, total))
     }
 }

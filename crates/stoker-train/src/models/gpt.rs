@@ -195,23 +195,23 @@ impl Model for Gpt {
     fn resident_step(
         &self,
         layout: &FlatLayout,
-        bf16: bool,
+        act: stoker_gpu::Dtype,
     ) -> Result<Option<Box<dyn DirectStep>>> {
         let dims = self.config.dims();
         let offsets = GptOffsets::from_table(&dims, |name| layout.offset_of(name))?;
-        Ok(Some(super::resident::gpt(dims, offsets, LN_EPS, bf16)))
+        Ok(Some(super::resident::gpt(dims, offsets, LN_EPS, act)))
     }
 
     fn resident_run(
         &self,
         layout: &FlatLayout,
-        bf16: bool,
+        act: stoker_gpu::Dtype,
         setup: &super::resident_run::RunSetup<'_>,
     ) -> Result<Option<Box<dyn super::resident_run::ResidentRun>>> {
         let dims = self.config.dims();
         let offsets = GptOffsets::from_table(&dims, |name| layout.offset_of(name))?
             .with_end(layout.total_len())?;
-        super::resident::gpt_run(dims, offsets, LN_EPS, bf16, setup).map(Some)
+        super::resident::gpt_run(dims, offsets, LN_EPS, act, setup).map(Some)
     }
 
     fn params(&self) -> &ParamSet {

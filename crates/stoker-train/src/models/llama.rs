@@ -239,7 +239,7 @@ impl Model for Llama {
     fn resident_step(
         &self,
         layout: &FlatLayout,
-        bf16: bool,
+        act: stoker_gpu::Dtype,
     ) -> Result<Option<Box<dyn DirectStep>>> {
         let dims = self.dims;
         let offsets = LlamaOffsets::from_table(&dims, |name| layout.offset_of(name))?;
@@ -247,23 +247,22 @@ impl Model for Llama {
         Ok(Some(super::resident::llama(
             dims,
             offsets,
-            c.norm_eps,
-            c.rope_theta,
-            bf16,
+            (c.norm_eps, c.rope_theta),
+            act,
         )))
     }
 
     fn resident_run(
         &self,
         layout: &FlatLayout,
-        bf16: bool,
+        act: stoker_gpu::Dtype,
         setup: &super::resident_run::RunSetup<'_>,
     ) -> Result<Option<Box<dyn super::resident_run::ResidentRun>>> {
         let dims = self.dims;
         let offsets = LlamaOffsets::from_table(&dims, |name| layout.offset_of(name))?
             .with_end(layout.total_len())?;
         let c = &self.config;
-        super::resident::llama_run(dims, offsets, (c.norm_eps, c.rope_theta), bf16, setup).map(Some)
+        super::resident::llama_run(dims, offsets, (c.norm_eps, c.rope_theta), act, setup).map(Some)
     }
 
     fn params(&self) -> &ParamSet {

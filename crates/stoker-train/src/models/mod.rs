@@ -10,7 +10,7 @@ pub mod factory;
 pub mod gpt;
 pub mod llama;
 pub mod mlp;
-mod resident;
+pub(crate) mod resident;
 pub mod resident_run;
 mod token_direct;
 
@@ -78,22 +78,22 @@ pub trait Model {
         Ok(None)
     }
     /// The model's GPU-resident step (stoker-gpu) run by its host build, over the same
-    /// flat layout (`step = "resident"`), with bf16 activations when `bf16`. None by
-    /// default: only the GPT and the Llama have one.
+    /// flat layout (`step = "resident"`), with activations `act`. None by default: only
+    /// the GPT and the Llama have one.
     fn resident_step(
         &self,
         _layout: &FlatLayout,
-        _bf16: bool,
+        _act: stoker_gpu::Dtype,
     ) -> Result<Option<Box<dyn DirectStep>>> {
         Ok(None)
     }
     /// The model's resident loop (stoker-gpu's step, master, optimizer and reductions on
-    /// one backend) of `setup` over the same flat layout, bf16 activations when `bf16`.
-    /// None by default: only the GPT and the Llama have one.
+    /// one backend) of `setup` over the same flat layout, with activations `act`. None by
+    /// default: only the GPT and the Llama have one.
     fn resident_run(
         &self,
         _layout: &FlatLayout,
-        _bf16: bool,
+        _act: stoker_gpu::Dtype,
         _setup: &resident_run::RunSetup<'_>,
     ) -> Result<Option<Box<dyn resident_run::ResidentRun>>> {
         Ok(None)

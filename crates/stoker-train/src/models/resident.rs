@@ -5,10 +5,10 @@
 //! checkpoints, evaluation) runs the GPU step's code on a CPU; and the same steps as the
 //! resident loops ([`super::resident_run`]) on the host or a GPU.
 
-use half::bf16;
+use half::{bf16, f16};
 use stoker_gpu::step::token_step::{AsTokenStep, MakeStep, ResidentStep};
 use stoker_gpu::step::{GptGpuStep, LlamaGpuStep};
-use stoker_gpu::{Act, Host};
+use stoker_gpu::{Act, Dtype, Host};
 use stoker_kernels::{GptDims, GptOffsets, LlamaDims, LlamaOffsets};
 
 use stoker_gpu::parallel::ThroughHost;
@@ -16,7 +16,23 @@ use stoker_gpu::parallel::ThroughHost;
 use super::resident_run::{ResidentLoop, ResidentOn, ResidentRun, RunSetup};
 use super::token_direct::TokenDirect;
 use super::DirectStep;
-use crate::error::Result;
+use crate::error::{config_err, Result};
+use crate::precision::Precision;
+
+/// The resident steps' activation type for `precision`: f32, bf16, or f16 under fp16's
+/// loss scale; fp8 and fp64 have none.
+pub(crate) fn activations(precision: Precision) -> Result<Dtype> {
+    match precision {
+        Precision::Fp32 => Ok(Dtype::F32),
+        Precision::Bf16 => Ok(Dtype::Bf16),
+        Precision::Fp16 => Ok(Dtype::F16),
+        Precision::Fp8 | Precision::Fp64 => Err(config_err(
+            "precision",
+            "step = \"resident\" runs fp32, bf16 or fp16 activations (fp8 needs its \
+             quantization, fp64 the graph)",
+        )),
+    }
+}
 
 fn boxed<S: ResidentStep<Host> + 'static>(
     make: MakeStep<Host, S>,
@@ -38,11 +54,12 @@ where
     boxed(make, groups, end)
 }
 
-/// The GPT's GPU step on the host backend, bf16 activations when `bf16`.
-pub(crate) fn gpt(dims: GptDims, offsets: GptOffsets, eps: f64, bf16: bool) -> Box<dyn DirectStep> {
-    match bf16 {
-        true => gpt_as::<bf16>(dims, offsets, eps),
-        false => gpt_as::<f32>(dims, offsets, eps),
+/// The GPT's GPU step on the host backend, its activations `act`.
+pub(crate) fn gpt(dims: GptDims, offsets: GptOffsets, eps: f64, act: Dtype) -> Box<dyn DirectStep> {
+    match act {
+        Dtype::F32 => gpt_as::<f32>(dims, offsets, eps),
+        Dtype::Bf16 => gpt_as::<bf16>(dims, offsets, eps),
+        Dtype::F16 => gpt_as::<f16>(dims, offsets, eps),
     }
 }
 
@@ -61,17 +78,17 @@ where
     boxed(make, groups, end)
 }
 
-/// The Llama's GPU step on the host backend, bf16 activations when `bf16`.
+/// The Llama's GPU step on the host backend, its activations `act`.
 pub(crate) fn llama(
     dims: LlamaDims,
     offsets: LlamaOffsets,
-    eps: f64,
-    theta: f64,
-    bf16: bool,
+    (eps, theta): (f64, f64),
+    act: Dtype,
 ) -> Box<dyn DirectStep> {
-    match bf16 {
-        true => llama_as::<bf16>(dims, offsets, eps, theta),
-        false => llama_as::<f32>(dims, offsets, eps, theta),
+    match act {
+        Dtype::F32 => llama_as::<f32>(dims, offsets, eps, theta),
+        Dtype::Bf16 => llama_as::<bf16>(dims, offsets, eps, theta),
+        Dtype::F16 => llama_as::<f16>(dims, offsets, eps, theta),
     }
 }
 
@@ -137,17 +154,18 @@ fn gpt_run_as<T: Act>(
     ))
 }
 
-/// The GPT's resident loop of `setup`, bf16 activations when `bf16`.
+/// The GPT's resident loop of `setup`, its activations `act`.
 pub(crate) fn gpt_run(
     dims: GptDims,
     offsets: GptOffsets,
     eps: f64,
-    bf16: bool,
+    act: Dtype,
     setup: &RunSetup<'_>,
 ) -> Result<Box<dyn ResidentRun>> {
-    match bf16 {
-        true => gpt_run_as::<bf16>(dims, offsets, eps, setup),
-        false => gpt_run_as::<f32>(dims, offsets, eps, setup),
+    match act {
+        Dtype::F32 => gpt_run_as::<f32>(dims, offsets, eps, setup),
+        Dtype::Bf16 => gpt_run_as::<bf16>(dims, offsets, eps, setup),
+        Dtype::F16 => gpt_run_as::<f16>(dims, offsets, eps, setup),
     }
 }
 
@@ -168,16 +186,17 @@ fn llama_run_as<T: Act>(
     ))
 }
 
-/// The Llama's resident loop of `setup`, bf16 activations when `bf16`.
+/// The Llama's resident loop of `setup`, its activations `act`.
 pub(crate) fn llama_run(
     dims: LlamaDims,
     offsets: LlamaOffsets,
     (eps, theta): (f64, f64),
-    bf16: bool,
+    act: Dtype,
     setup: &RunSetup<'_>,
 ) -> Result<Box<dyn ResidentRun>> {
-    match bf16 {
-        true => llama_run_as::<bf16>(dims, offsets, (eps, theta), setup),
-        false => llama_run_as::<f32>(dims, offsets, (eps, theta), setup),
+    match act {
+        Dtype::F32 => llama_run_as::<f32>(dims, offsets, (eps, theta), setup),
+        Dtype::Bf16 => llama_run_as::<bf16>(dims, offsets, (eps, theta), setup),
+        Dtype::F16 => llama_run_as::<f16>(dims, offsets, (eps, theta), setup),
     }
 }

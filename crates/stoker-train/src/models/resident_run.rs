@@ -13,7 +13,7 @@ use std::rc::Rc;
 use candle_core::Tensor;
 use stoker_comm::Communicator;
 use stoker_gpu::parallel::{
-    Collectives, Replica, Strategy as GpuStrategy, Trainable, WindowReport,
+    Collectives, GradRule, Replica, Strategy as GpuStrategy, Trainable, WindowReport,
 };
 use stoker_gpu::step::optimizer::{Optimizer as GpuOptimizer, Scalars};
 use stoker_gpu::step::token_step::MakeStep;
@@ -31,12 +31,13 @@ pub type TokenIds<'a> = (&'a Tensor, &'a [i64]);
 pub trait ResidentRun {
     /// One accumulation window of this rank's micro-batches (every rank passes as many),
     /// the reductions over the ranks, and the optimizer's update with `scalars`, the mean
-    /// gradient clipped to `clip`.
+    /// gradient clipped and fp16's loss scale applied as `rule` says (the update skipped,
+    /// on every rank, where the scaled gradients overflowed).
     fn window(
         &mut self,
         window: &[TokenIds<'_>],
         scalars: &Scalars,
-        clip: Option<f64>,
+        rule: GradRule,
     ) -> Result<WindowReport>;
     /// One micro-batch's evaluation: the summed loss of its valid targets, how many are
     /// the top-1 logit, how many there are.
@@ -230,7 +231,7 @@ impl<B: Backend, S: Trainable<B>, C: Collectives<B>> ResidentRun for ResidentLoo
         &mut self,
         window: &[TokenIds<'_>],
         scalars: &Scalars,
-        clip: Option<f64>,
+        rule: GradRule,
     ) -> Result<WindowReport> {
         let ids = window
             .iter()
@@ -255,7 +256,7 @@ impl<B: Backend, S: Trainable<B>, C: Collectives<B>> ResidentRun for ResidentLoo
             .map(|(mb, (_, ids))| batch(ids, mb.1))
             .collect();
         self.replica
-            .window(&self.be, &self.coll, &batches, scalars, clip)
+            .window(&self.be, &self.coll, &batches, scalars, rule)
             .map_err(gpu_err("a training window"))
     }
 

@@ -69,15 +69,25 @@ impl AdamW {
 impl AdamW {
     /// The scalars of the next update at `lr`, the step count advanced.
     fn advance(&mut self, lr: f32) -> AdamWStep {
+        let s = self.scalars(lr);
         self.step += 1;
+        s
+    }
+
+    /// The next update's scalars at `lr` (step `t` one past the count).
+    fn scalars(&self, lr: f32) -> AdamWStep {
         let c = self.config;
-        AdamWStep::new(lr, c.beta1, c.beta2, c.eps, c.weight_decay, self.step)
+        AdamWStep::new(lr, c.beta1, c.beta2, c.eps, c.weight_decay, self.step + 1)
     }
 }
 
 impl Optimizer for AdamW {
-    fn next_scalars(&mut self, lr: f32) -> stoker_gpu::step::optimizer::Scalars {
-        stoker_gpu::step::optimizer::Scalars::AdamW(self.advance(lr))
+    fn next_scalars(&self, lr: f32) -> stoker_gpu::step::optimizer::Scalars {
+        stoker_gpu::step::optimizer::Scalars::AdamW(self.scalars(lr))
+    }
+
+    fn count_update(&mut self) {
+        self.step += 1;
     }
 
     fn step_each(

@@ -128,9 +128,12 @@ pub trait Optimizer: Send {
     /// Restores a saved state over the same range; errors name the buffer that does not fit.
     fn restore(&mut self, state: OptimState) -> Result<(), String>;
     /// The scalars of its next update at `lr`, for that update run elsewhere (the
-    /// resident path's optimizer on the step's backend, stoker-gpu's), advancing the step
-    /// count as [`Optimizer::step`] does; its own buffers stay as they are.
-    fn next_scalars(&mut self, lr: f32) -> stoker_gpu::step::optimizer::Scalars;
+    /// resident path's optimizer on the step's backend, stoker-gpu's). Nothing is counted
+    /// until [`Optimizer::count_update`] says the update ran (an fp16 overflow skips it).
+    fn next_scalars(&self, lr: f32) -> stoker_gpu::step::optimizer::Scalars;
+    /// Counts one update run elsewhere with [`Optimizer::next_scalars`]' scalars, as
+    /// [`Optimizer::step`] counts its own; its buffers stay as they are.
+    fn count_update(&mut self);
 }
 
 /// The parts of `segments` (global offsets) inside `pieces`, rebased to the pieces laid

@@ -64,21 +64,30 @@ impl Sgd {
 impl Sgd {
     /// The scalars of the next update at `lr`, the step count advanced.
     fn advance(&mut self, lr: f32) -> SgdStep {
-        let s = SgdStep {
+        let s = self.scalars(lr);
+        self.step += 1;
+        s
+    }
+
+    /// The next update's scalars at `lr` (the first one seeds the momentum buffer).
+    fn scalars(&self, lr: f32) -> SgdStep {
+        SgdStep {
             lr,
             momentum: self.config.momentum as f32,
             weight_decay: self.config.weight_decay as f32,
             nesterov: self.config.nesterov,
             first: self.step == 0,
-        };
-        self.step += 1;
-        s
+        }
     }
 }
 
 impl Optimizer for Sgd {
-    fn next_scalars(&mut self, lr: f32) -> stoker_gpu::step::optimizer::Scalars {
-        stoker_gpu::step::optimizer::Scalars::Sgd(self.advance(lr))
+    fn next_scalars(&self, lr: f32) -> stoker_gpu::step::optimizer::Scalars {
+        stoker_gpu::step::optimizer::Scalars::Sgd(self.scalars(lr))
+    }
+
+    fn count_update(&mut self) {
+        self.step += 1;
     }
 
     fn step_each(

@@ -161,7 +161,10 @@ impl StepPath {
         ) {
             (true, _) => Some(
                 model
-                    .resident_step(layout, config.precision == Precision::Bf16)?
+                    .resident_step(
+                        layout,
+                        crate::models::resident::activations(config.precision)?,
+                    )?
                     .ok_or_else(|| {
                         TrainError::Strategy(
                             "step = \"resident\": this model has no GPU step".into(),

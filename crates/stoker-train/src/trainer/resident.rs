@@ -23,7 +23,7 @@ use crate::models::Model;
 use crate::models::ModelConfig;
 use crate::optim::{segments, OptimState};
 use crate::parallel::Strategy;
-use crate::precision::Precision;
+use stoker_precision::StepDecision;
 
 use super::{StepReport, Trainer};
 
@@ -49,7 +49,8 @@ struct LoopPlan {
     strategy: stoker_gpu::parallel::Strategy,
     optimizer: stoker_gpu::step::optimizer::Optimizer,
     shape: (usize, usize),
-    bf16: bool,
+    /// The steps' activation type (f32, bf16, or fp16's f16).
+    act: stoker_gpu::Dtype,
     timeout: std::time::Duration,
 }
 
@@ -89,7 +90,7 @@ impl LoopPlan {
             on: self.on,
         };
         let run = model
-            .resident_run(layout, self.bf16, &setup)?
+            .resident_run(layout, self.act, &setup)?
             .ok_or_else(|| {
                 TrainError::Strategy("step = \"resident\": this model has no GPU step".into())
             })?;
@@ -136,7 +137,7 @@ impl ResidentPath {
                 strategy: strategy_kind,
                 optimizer,
                 shape,
-                bf16: config.precision == Precision::Bf16,
+                act: crate::models::resident::activations(config.precision)?,
                 timeout: std::time::Duration::from_secs_f64(config.parallel.timeout_s),
             },
             host_behind: false,
@@ -230,10 +231,9 @@ pub fn planned_resident_bytes(
         ModelConfig::Llama(l) => stoker_gpu::step::llama::llama_step_sizes(&l.dims(), len, b, t),
         ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => return None,
     };
-    let act_bytes = match config.precision {
-        Precision::Bf16 => 2,
-        _ => 4,
-    };
+    let act_bytes = crate::models::resident::activations(config.precision)
+        .ok()?
+        .bytes();
     Some(ResidentBytes {
         state: stoker_gpu::parallel::DataParallel::<stoker_gpu::Host>::planned_bytes(
             strategy, optimizer, len, rank_world,
@@ -244,7 +244,8 @@ pub fn planned_resident_bytes(
 
 impl Trainer {
     /// The resident path's optimizer step: the window on the loop's backend at this
-    /// step's learning rate, clipped as configured.
+    /// step's learning rate, clipped as configured; under fp16 at the loss scaler's scale,
+    /// skipped (as the CPU step skips) where the scaled gradients overflowed.
     pub(super) fn resident_step(&mut self, window: &[MicroBatch]) -> Result<StepReport> {
         let step = self.step;
         let lr = self.schedule.lr_at(step);
@@ -253,18 +254,54 @@ impl Trainer {
         let super::StepPath::Resident(path) = &mut self.path else {
             return Err(TrainError::Strategy("not on the resident path".into()));
         };
-        // The scalars from the trainer's own optimizer, which counts the step.
+        // The scalars from the trainer's own optimizer, which counts the update once it
+        // has run.
         let scalars = self.optimizer.next_scalars(lr as f32);
-        let clip = (self.grad_clip > 0.0).then_some(self.grad_clip);
+        let loss_scale = self.scaler.as_ref().map(|s| s.scale());
+        let rule = stoker_gpu::parallel::GradRule {
+            clip: (self.grad_clip > 0.0).then_some(self.grad_clip),
+            loss_scale,
+        };
         // The strategy's statistics count this window's traffic from here: the loop's
         // collectives go through the same communicator (through host memory; NCCL's
         // are not counted).
         self.strategy.begin_window(window.len())?;
         let ids: Vec<_> = window.iter().map(|m| (&m.input, &m.targets[..])).collect();
-        let report = path.run()?.window(&ids, &scalars, clip)?;
-        path.host_behind = true;
-        path.vars_stale.set(true);
+        let report = path.run()?.window(&ids, &scalars, rule)?;
         self.step += 1;
+        let skipped = match &mut self.scaler {
+            Some(scaler) => {
+                // Every rank saw the same global norm, so every rank decides alike.
+                if report.skipped {
+                    scaler.note_nonfinite(
+                        "(a gradient on the resident loop: its norm overflowed; the loop \
+                         does not name parameters)",
+                    );
+                }
+                match scaler.update(report.skipped) {
+                    StepDecision::Skip(why) => Some(format!("{why:?}")),
+                    StepDecision::Step => None,
+                }
+            }
+            None => None,
+        };
+        if !report.skipped {
+            self.optimizer.count_update();
+            path.host_behind = true;
+            path.vars_stale.set(true);
+        }
+        if let Some(why) = skipped {
+            return Ok(StepReport {
+                step: step + 1,
+                loss: report.loss,
+                count: report.tokens as usize,
+                grad_norm: 0.0,
+                lr,
+                loss_scale: loss_scale.unwrap_or(1.0),
+                skipped: Some(why),
+                sync: self.strategy.stats(),
+            });
+        }
         if !report.loss.is_finite() || !report.grad_norm.is_finite() {
             return Err(TrainError::NonFinite {
                 step,
@@ -282,7 +319,7 @@ impl Trainer {
             count: report.tokens as usize,
             grad_norm: report.grad_norm,
             lr,
-            loss_scale: 1.0,
+            loss_scale: loss_scale.unwrap_or(1.0),
             skipped: None,
             sync: self.strategy.stats(),
         })
