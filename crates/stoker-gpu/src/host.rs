@@ -61,6 +61,23 @@ impl Host {
             unsafe { std::slice::from_raw_parts(src.addr() as usize as *const E, src.len()) };
         be.write_at(dst, data)
     }
+
+    /// [`Host::copy_to`] through the backend's staging ([`Backend::write_staged`]):
+    /// ordered after every launch so far without waiting for them, so the host goes on
+    /// queueing while the copy waits its turn (a block's parameters up before it runs).
+    pub fn stage_to<B: Backend, E: Elem>(
+        &self,
+        src: View<E>,
+        be: &B,
+        dst: View<E>,
+    ) -> Result<(), GpuError> {
+        crate::error::check_len("copy", "dst", dst.len(), src.len())?;
+        crate::backend::check_disjoint("copy", &dst, &src)?;
+        // SAFETY: as in `copy_to`.
+        let data =
+            unsafe { std::slice::from_raw_parts(src.addr() as usize as *const E, src.len()) };
+        be.write_staged(dst, data)
+    }
 }
 
 impl Backend for Host {

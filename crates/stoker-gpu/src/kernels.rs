@@ -112,6 +112,25 @@ pub fn encoder_backward_wte<B: Backend, T: Act>(
     unsafe { b.launch(&call) }
 }
 
+/// `dst += x`, element by element (a block's gradients added into a window's sum).
+pub fn add_into<B: Backend>(b: &B, dst: View<f32>, x: View<f32>) -> Result<(), GpuError> {
+    check_len("add-into", "x", x.len(), dst.len())?;
+    if dst.is_empty() {
+        return Ok(());
+    }
+    let cols = dim("add-into", "elements", dst.len())?;
+    // One partial row: dst[i] += 0 + x[i], which is dst[i] + x[i] exactly.
+    let call = Call::ReducePartials {
+        dst: dst.addr(),
+        partials: x.addr(),
+        p: 1,
+        cols,
+        stride: cols as i64,
+    };
+    // SAFETY: dst and x hold cols elements each (checked).
+    unsafe { b.launch(&call) }
+}
+
 /// `x` rounded to nearest even into `out` (the compute copy of an f32 master).
 pub fn from_f32<B: Backend, T: Act>(b: &B, out: View<T>, x: View<f32>) -> Result<(), GpuError> {
     check_len("from-f32", "out", out.len(), x.len())?;

@@ -293,7 +293,7 @@ fn n_ranks_reduced_through_the_communicator_equal_one_rank() {
         let out = run_local(world, DEFAULT_TIMEOUT, |comm| {
             let (step, loss) = run(comm.rank() * per, per);
             ThroughHost(&comm)
-                .all_reduce(&Host, step.buffers().grads_view(&Host))
+                .all_reduce(&Host, step.buffers().grads_view(&Host).unwrap())
                 .unwrap();
             (loss, step.buffers().grads(&Host).unwrap())
         });

@@ -10,11 +10,11 @@ use std::ops::Range;
 use stoker_comm::{run_local, Communicator, DEFAULT_TIMEOUT};
 use stoker_gpu::parallel::zero1::shard_segments;
 use stoker_gpu::parallel::{
-    Collectives, DataParallel, GradRule, Replica, Strategy, Tally, ThroughHost, Zero1,
+    Collectives, DataParallel, GradRule, Replica, Strategy, Tally, ThroughHost, WindowReport, Zero1,
 };
 use stoker_gpu::sample::{gpt, ids, uniform, Ranges};
 use stoker_gpu::step::optimizer::{Optimizer, OptimizerState, Scalars, UpdateViews};
-use stoker_gpu::step::{GptGpuStep, TokenBatch};
+use stoker_gpu::step::{GptGpuStep, LlamaGpuStep, TokenBatch};
 use stoker_gpu::{Act, Backend, Host};
 use stoker_kernels::{AdamWStep, GptDims, SgdStep};
 use stoker_testkit::{assert_bits_eq, assert_close, assert_close_scalar};
@@ -620,7 +620,6 @@ fn stochastic_rounding_of_the_bf16_copy_is_stoker_precisions() {
 /// same micro-batches, within f32 rounding.
 #[test]
 fn llama_under_zero1_at_3_ranks_trains_what_one_rank_trains() {
-    use stoker_gpu::step::LlamaGpuStep;
     const LLAMA: stoker_kernels::LlamaDims = stoker_kernels::LlamaDims {
         vocab: 53,
         context: 8,
@@ -885,16 +884,8 @@ fn buckets_overlapping_the_backward_sum_what_one_reduction_sums() {
         ffn_hidden: 24,
     };
     let g = stoker_gpu::sample::llama(&llama, 5, 0.2);
-    let step = stoker_gpu::step::LlamaGpuStep::<Host, f32>::new(
-        &Host,
-        llama,
-        g.offsets.clone(),
-        1e-5,
-        1e4,
-        1,
-        4,
-    )
-    .unwrap();
+    let step =
+        LlamaGpuStep::<Host, f32>::new(&Host, llama, g.offsets.clone(), 1e-5, 1e4, 1, 4).unwrap();
     let blocks = step.block_runs();
     assert_eq!(blocks.len(), 3);
     let inside: usize = blocks.iter().flatten().map(|r| r.len()).sum();
@@ -1115,4 +1106,218 @@ fn stochastic_rounding_is_refused_for_a_non_bf16_compute_copy() {
             .expect("an f16 step took stochastic rounding");
         assert!(e.to_string().contains("f16"), "{e}");
     });
+}
+
+/// What a run of [`parameters_offloaded_train_what_the_optimizer_offload_trains_bit_for_bit`]
+/// ends with: its windows' reports, master, compute copy and an evaluation.
+type OffloadEnd = (Vec<WindowReport>, Vec<f32>, Vec<f32>, (f64, usize, usize));
+
+/// Three blocks: block 0's slot is block 2's in the forward, so the backward must bring
+/// block 0's parameters back.
+const DIMS3: GptDims = GptDims { n_layer: 3, ..DIMS };
+
+/// [`segments`] of a GPT of [`DIMS3`].
+fn segments3(ranges: &Ranges) -> Vec<(Range<usize>, bool)> {
+    let table = stoker_kernels::gpt_params(&DIMS3);
+    ranges
+        .iter()
+        .zip(&table)
+        .map(|((_, r), p)| (r.clone(), p.shape.len() >= 2))
+        .collect()
+}
+
+/// The parameters offloaded (FSDP's `CPUOffload(offload_params=True)`): one rank with the
+/// blocks' parameters in host memory, streamed into two slots as each block runs, trains
+/// what the optimizer's offload alone trains, bit for bit: the same kernels on the same
+/// values at other addresses, the gradients summed in the same order. f32, bf16, and f16
+/// under a loss scale; a window at another batch shape and an evaluation between.
+#[test]
+fn parameters_offloaded_train_what_the_optimizer_offload_trains_bit_for_bit() {
+    fn run<A: Act>(offload: bool, loss_scale: Option<f32>) -> OffloadEnd {
+        let g = gpt(&DIMS3, SEED, 0.2);
+        let make = |b: usize, t: usize| {
+            match offload {
+                true => GptGpuStep::<Host, A>::with_params_offloaded(
+                    &Host,
+                    DIMS3,
+                    g.offsets.clone(),
+                    1e-5,
+                    b,
+                    t,
+                ),
+                false => GptGpuStep::<Host, A>::new(&Host, DIMS3, g.offsets.clone(), 1e-5, b, t),
+            }
+            .unwrap()
+        };
+        run_local(1, DEFAULT_TIMEOUT, |comm| {
+            let mut replica = Replica::new(
+                &Host,
+                make(B, T),
+                (Strategy::Offload, Optimizer::AdamW),
+                &g.params,
+                &segments3(&g.ranges),
+                (0, 1),
+            )
+            .unwrap();
+            let coll = ThroughHost(&comm);
+            let rule = GradRule {
+                clip: Some(0.05),
+                loss_scale,
+            };
+            let mut reports = Vec::new();
+            for w in 0..WINDOWS {
+                if w == 2 {
+                    // A shorter batch shape for the last window: a step of its own, the
+                    // compute copy copied over.
+                    replica.replace_step(&Host, make(B, T - 3)).unwrap();
+                }
+                let data = window(w);
+                let cut: Vec<(Vec<i64>, Vec<i64>)> = data
+                    .iter()
+                    .map(|(x, y)| match w {
+                        2 => (trim(x), trim(y)),
+                        _ => (x.clone(), y.clone()),
+                    })
+                    .collect();
+                let batches: Vec<TokenBatch> = cut.iter().map(batch).collect();
+                let r = replica
+                    .window(
+                        &Host,
+                        &coll,
+                        &batches,
+                        &scalars(Optimizer::AdamW, w as u64 + 1),
+                        rule,
+                    )
+                    .unwrap();
+                reports.push(r);
+            }
+            let data = window(7);
+            let eval = replica
+                .step()
+                .evaluate(&Host, batch(&(trim(&data[0].0), trim(&data[0].1))))
+                .unwrap();
+            (
+                reports,
+                replica.state().master(&Host).unwrap().1,
+                replica.step().buffers().params(&Host).unwrap(),
+                eval,
+            )
+        })
+        .remove(0)
+    }
+    /// Each sequence's first T - 3 positions.
+    fn trim(x: &[i64]) -> Vec<i64> {
+        x.chunks(T).flat_map(|s| s[..T - 3].to_vec()).collect()
+    }
+    fn check<A: Act>(loss_scale: Option<f32>) {
+        let what = format!("{:?}", A::DTYPE);
+        let (plain, off) = (run::<A>(false, loss_scale), run::<A>(true, loss_scale));
+        assert_eq!(off.0, plain.0, "{what}: window reports");
+        assert_bits_eq(&off.1, &plain.1, &format!("{what}: master"));
+        assert_bits_eq(&off.2, &plain.2, &format!("{what}: compute copy"));
+        assert_eq!(off.3, plain.3, "{what}: evaluation");
+    }
+    check::<f32>(None);
+    check::<half::bf16>(None);
+    check::<half::f16>(Some(4096.0));
+}
+
+/// A step with its blocks' parameters offloaded holds two blocks' worth of them on the
+/// backend, as planned, and runs only with the optimizer offloaded on one rank.
+#[test]
+fn an_offloaded_step_holds_two_blocks_and_needs_the_optimizer_offloaded() {
+    let g = gpt(&DIMS, SEED, 0.2);
+    let plain = GptGpuStep::<Host, f32>::new(&Host, DIMS, g.offsets.clone(), 1e-5, B, T).unwrap();
+    let off =
+        GptGpuStep::<Host, f32>::with_params_offloaded(&Host, DIMS, g.offsets.clone(), 1e-5, B, T)
+            .unwrap();
+    let block = stoker_gpu::step::gpt::gpt_block_len(&DIMS);
+    let end = g.offsets.end();
+    // The plain step holds every parameter and gradient (4 + 4 bytes); the offloaded one
+    // the rest of the buffer and two slots of each.
+    let saved = 8 * (end - (end - DIMS.n_layer * block + 2 * block));
+    assert_eq!(plain.buffers().bytes() - off.buffers().bytes(), saved);
+    let planned = stoker_gpu::step::gpt::gpt_step_sizes(&DIMS, end, B, T)
+        .with_params_offloaded(DIMS.n_layer, block)
+        .bytes(4);
+    assert_eq!(off.buffers().bytes(), planned, "counted against planned");
+    for (strategy, world) in [
+        (Strategy::Ddp, 1),
+        (Strategy::Zero1, 1),
+        (Strategy::Offload, 2),
+    ] {
+        let e = run_local(world, DEFAULT_TIMEOUT, |comm| {
+            let step = GptGpuStep::<Host, f32>::with_params_offloaded(
+                &Host,
+                DIMS,
+                g.offsets.clone(),
+                1e-5,
+                B,
+                T,
+            )
+            .unwrap();
+            Replica::new(
+                &Host,
+                step,
+                (strategy, Optimizer::AdamW),
+                &g.params,
+                &segments(&g.ranges),
+                (comm.rank(), comm.world_size()),
+            )
+            .err()
+            .map(|e| e.to_string())
+        });
+        for e in e {
+            let e = e.unwrap_or_else(|| panic!("{strategy:?} on {world} took an offloaded step"));
+            assert!(e.contains("Strategy::Offload"), "{e}");
+        }
+    }
+}
+
+/// The Llama's step with its blocks' parameters offloaded (three blocks, so the backward
+/// brings the first back): two micro-batches give the plain step's losses and summed
+/// gradients bit for bit, in f32 and bf16.
+#[test]
+fn the_llama_step_with_its_parameters_offloaded_is_the_plain_step_bit_for_bit() {
+    fn check<A: Act>() {
+        let dims = stoker_kernels::LlamaDims {
+            vocab: 53,
+            context: 8,
+            d_model: 16,
+            n_layer: 3,
+            n_head: 4,
+            n_kv_head: 2,
+            ffn_hidden: 24,
+        };
+        let g = stoker_gpu::sample::llama(&dims, 78, 0.2);
+        let o = g.offsets.clone();
+        let plain =
+            LlamaGpuStep::<Host, A>::new(&Host, dims, o.clone(), 1e-5, 10_000.0, B, T).unwrap();
+        let off =
+            LlamaGpuStep::<Host, A>::with_params_offloaded(&Host, dims, o, (1e-5, 10_000.0), B, T)
+                .unwrap();
+        let data = window(0);
+        let mut losses = [Vec::new(), Vec::new()];
+        for (k, step) in [&plain, &off].into_iter().enumerate() {
+            step.buffers().load_params(&Host, &g.params).unwrap();
+            step.buffers().zero_grads(&Host).unwrap();
+            for m in &data[..2] {
+                losses[k].push(step.forward_backward(&Host, batch(m), 0.25).unwrap());
+            }
+        }
+        let what = format!("{:?}", A::DTYPE);
+        assert_eq!(losses[0], losses[1], "{what}: losses");
+        assert_bits_eq(
+            &off.buffers().grads(&Host).unwrap(),
+            &plain.buffers().grads(&Host).unwrap(),
+            &format!("{what}: summed gradients"),
+        );
+        assert_bits_eq(
+            &off.buffers().params(&Host).unwrap(),
+            &plain.buffers().params(&Host).unwrap(),
+            &format!("{what}: compute copy"),
+        );
+    }
+    check::<f32>();
+    check::<half::bf16>();
 }

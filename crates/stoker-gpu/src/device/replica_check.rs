@@ -1,5 +1,6 @@
 //! The resident training loop on the GPU against the same loop on the host backend: a
-//! small GPT, three windows of two micro-batches, DDP and ZeRO-1, f32, bf16 and f16
+//! small GPT, three windows of two micro-batches, DDP, ZeRO-1 and one rank with its
+//! blocks' parameters offloaded, f32, bf16 and f16
 //! (under a loss scale, after a window whose overflow must be skipped), the
 //! GPU's collectives NCCL on device memory at one rank (ZeRO-1's reduce-scatter,
 //! all-gather and scalar sums all run through NCCL), the host's through an in-process
@@ -37,11 +38,12 @@ pub struct ReplicaCompared {
     pub master_rel: f64,
 }
 
+/// Three blocks: with the parameters offloaded, the backward brings the first back.
 const DIMS: stoker_kernels::GptDims = stoker_kernels::GptDims {
     vocab: 71,
     context: 16,
     d_model: 32,
-    n_layer: 2,
+    n_layer: 3,
     n_head: 4,
 };
 
@@ -74,7 +76,7 @@ fn windows() -> Vec<Vec<(Vec<i64>, Vec<i64>)>> {
 fn train<B: Backend, T: Act>(
     be: &B,
     coll: &impl Collectives<B>,
-    strategy: Strategy,
+    (strategy, offload_params): (Strategy, bool),
 ) -> Result<(f64, Range<usize>, Vec<f32>), GpuError> {
     let g = crate::sample::gpt(&DIMS, 100, 0.2);
     let table = stoker_kernels::gpt_params(&DIMS);
@@ -85,7 +87,12 @@ fn train<B: Backend, T: Act>(
         .map(|((_, r), p)| (r.clone(), p.shape.len() >= 2))
         .collect();
     let (rank, world) = (coll.rank(), coll.world());
-    let step = GptGpuStep::<B, T>::new(be, DIMS, g.offsets.clone(), 1e-5, 3, 11)?;
+    let step = match offload_params {
+        true => {
+            GptGpuStep::<B, T>::with_params_offloaded(be, DIMS, g.offsets.clone(), 1e-5, 3, 11)?
+        }
+        false => GptGpuStep::<B, T>::new(be, DIMS, g.offsets.clone(), 1e-5, 3, 11)?,
+    };
     let replica = Replica::new(
         be,
         step,
@@ -176,20 +183,26 @@ pub fn compare_replica(dev: &Device) -> Result<Vec<ReplicaCompared>, GpuError> {
         });
     }
     let mut out = Vec::new();
-    for (strategy, name) in [(Strategy::Ddp, "ddp"), (Strategy::Zero1, "zero-1")] {
+    for (run, name) in [
+        ((Strategy::Ddp, false), "ddp"),
+        ((Strategy::Zero1, false), "zero-1"),
+        // The blocks' parameters offloaded (two slots on the device, the update on the
+        // host): against the host build's same loop.
+        ((Strategy::Offload, true), "params-off"),
+    ] {
         for dtype in ["f32", "bf16", "f16"] {
             let (h, d) = match dtype {
                 "f32" => (
-                    train::<Host, f32>(&Host, &host, strategy)?,
-                    train::<Device, f32>(dev, &nccl, strategy)?,
+                    train::<Host, f32>(&Host, &host, run)?,
+                    train::<Device, f32>(dev, &nccl, run)?,
                 ),
                 "bf16" => (
-                    train::<Host, bf16>(&Host, &host, strategy)?,
-                    train::<Device, bf16>(dev, &nccl, strategy)?,
+                    train::<Host, bf16>(&Host, &host, run)?,
+                    train::<Device, bf16>(dev, &nccl, run)?,
                 ),
                 _ => (
-                    train::<Host, half::f16>(&Host, &host, strategy)?,
-                    train::<Device, half::f16>(dev, &nccl, strategy)?,
+                    train::<Host, half::f16>(&Host, &host, run)?,
+                    train::<Device, half::f16>(dev, &nccl, run)?,
                 ),
             };
             out.push(compared(
@@ -209,7 +222,7 @@ pub fn compare_replica(dev: &Device) -> Result<Vec<ReplicaCompared>, GpuError> {
 pub fn compare_replica_ranks(ordinal: usize) -> Result<ReplicaCompared, GpuError> {
     let one_dev = Device::new(ordinal)?;
     let one_comm = local_group(1, DEFAULT_TIMEOUT).remove(0);
-    let one = train::<Device, f32>(&one_dev, &ThroughHost(&one_comm), Strategy::Ddp)?;
+    let one = train::<Device, f32>(&one_dev, &ThroughHost(&one_comm), (Strategy::Ddp, false))?;
     // Made here, one after the other (each disables the context's event tracking before
     // any buffer of its own exists), then handed to the ranks' threads.
     let devices = (0..2)
@@ -228,7 +241,7 @@ pub fn compare_replica_ranks(ordinal: usize) -> Result<ReplicaCompared, GpuError
             what: "taking a rank's device".into(),
             error: "none left".into(),
         })?;
-        train::<Device, f32>(&dev, &ThroughHost(&comm), Strategy::Zero1)
+        train::<Device, f32>(&dev, &ThroughHost(&comm), (Strategy::Zero1, false))
     });
     let mut master = Vec::new();
     let mut loss = 0.0;

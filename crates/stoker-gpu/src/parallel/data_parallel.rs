@@ -13,6 +13,7 @@ use super::zero1::Zero1;
 use crate::backend::{Backend, View};
 use crate::elem::Act;
 use crate::error::GpuError;
+use crate::host::Host;
 use crate::step::optimizer::{self, Optimizer, Scalars, UpdateViews};
 
 /// Which data parallelism a replica runs.
@@ -184,6 +185,40 @@ impl<B: Backend> DataParallel<B> {
                 z.update(be, coll, views, scalars, (tally, capacity), (rule, reduced))
             }
         }
+    }
+}
+
+impl<B: Backend> DataParallel<B> {
+    /// The update of a step whose blocks' parameters are offloaded: `host` (views of
+    /// host memory) holds the whole compute copy and the window's summed gradient, each
+    /// micro-batch's scaled as [`DataParallel::update`] says. One rank, the optimizer
+    /// offloaded (the replica checks both when it is made): the tally's collective, the
+    /// norm and the optimizer all on the host, the same kernels' host build, so the
+    /// result is an update without the offload bit for bit. Returns the unscaled norm of
+    /// the mean gradient and the summed tally.
+    pub fn update_on_host<T: Act>(
+        &self,
+        be: &B,
+        coll: &impl Collectives<B>,
+        host: UpdateViews<T>,
+        scalars: &Scalars,
+        (tally, capacity): (Tally, f64),
+        rule: GradRule,
+    ) -> Result<(f64, Tally), GpuError> {
+        let DataParallel::Ddp(StateAt::Host(offloaded)) = self else {
+            return Err(GpuError::Shape {
+                kernel: "replica",
+                what: "an update on the host needs the optimizer offloaded".into(),
+            });
+        };
+        let total = Tally::from_values(&coll.sum(be, &tally.values())?);
+        let rescale = total.rescale(coll.world(), capacity)?;
+        let squares = optimizer::squared_norm(&Host, host.grads, (host.squares, host.partials))?;
+        let (norm, mult) = rule.multiplier(squares, rescale);
+        if let Some(mult) = mult {
+            offloaded.step_on_host(&Host, host.grads, host.params, scalars, mult)?;
+        }
+        Ok((norm, total))
     }
 }
 

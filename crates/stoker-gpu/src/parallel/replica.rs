@@ -52,8 +52,18 @@ pub trait Trainable<B: Backend> {
     /// One micro-batch's evaluation: the summed loss of its valid targets, how many are
     /// the top-1 logit, how many there are.
     fn evaluate(&self, be: &B, batch: TokenBatch) -> Result<(f64, usize, usize), GpuError>;
-    /// Bytes of the step's buffers (parameters, gradients, activations, ids).
+    /// Bytes of the step's buffers on the backend (parameters, gradients, activations,
+    /// ids).
     fn buffer_bytes(&self) -> usize;
+    /// Elements of the flat buffer.
+    fn flat_len(&self) -> usize;
+    /// Copies `other`'s compute copy (the same model at another batch shape).
+    fn copy_params_from(&self, be: &B, other: &Self) -> Result<(), GpuError>;
+    /// With the blocks' parameters offloaded, the views an update on the host works on
+    /// (the whole gradient gathered there); None without.
+    fn host_update_views(&self, be: &B) -> Result<Option<UpdateViews<'_, Self::T>>, GpuError>;
+    /// After an update on the host, the backend's part of the compute copy brought up.
+    fn after_host_update(&self, be: &B) -> Result<(), GpuError>;
 }
 
 macro_rules! trainable {
@@ -92,6 +102,18 @@ macro_rules! trainable {
             }
             fn buffer_bytes(&self) -> usize {
                 self.buffers().bytes()
+            }
+            fn flat_len(&self) -> usize {
+                self.buffers().flat_len()
+            }
+            fn copy_params_from(&self, be: &B, other: &Self) -> Result<(), GpuError> {
+                self.buffers().copy_params_from(be, other.buffers())
+            }
+            fn host_update_views(&self, be: &B) -> Result<Option<UpdateViews<'_, T>>, GpuError> {
+                self.buffers().host_update_views(be)
+            }
+            fn after_host_update(&self, be: &B) -> Result<(), GpuError> {
+                self.buffers().after_host_update(be)
             }
         }
     };
@@ -138,6 +160,17 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         rank_world: (usize, usize),
     ) -> Result<Self, GpuError> {
         step.load(be, master)?;
+        let offloaded = step.host_update_views(be)?.is_some();
+        if offloaded && (strategy != Strategy::Offload || rank_world.1 != 1) {
+            return Err(GpuError::Shape {
+                kernel: "replica",
+                what: format!(
+                    "the blocks' parameters offloaded run with the optimizer offloaded \
+                     (Strategy::Offload) on one rank, not {strategy:?} on {}",
+                    rank_world.1
+                ),
+            });
+        }
         let state = DataParallel::new(be, strategy, kind, master, segments, rank_world)?;
         // Only beyond one rank do the buckets run.
         let rest = match rank_world.1 > 1 {
@@ -193,12 +226,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                 what: "a step of another model's layout in the running step's place".into(),
             });
         }
-        let (to, from) = (
-            step.update_views(be)?.params,
-            self.step.update_views(be)?.params,
-        );
-        check_len("replica", "params", to.len(), from.len())?;
-        be.copy(to, from)?;
+        step.copy_params_from(be, &self.step)?;
         Ok(std::mem::replace(&mut self.step, step))
     }
 
@@ -215,16 +243,11 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         updates: u64,
     ) -> Result<(), GpuError> {
         let range = self.state.range();
-        check_len("replica", "master", master.len(), self.flat_len(be)?)?;
+        check_len("replica", "master", master.len(), self.step.flat_len())?;
         self.step.load(be, master)?;
         self.state
             .state_at()
             .set(be, &master[range], moments, updates)
-    }
-
-    /// Elements of the flat buffer.
-    fn flat_len(&self, be: &B) -> Result<usize, GpuError> {
-        Ok(self.step.update_views(be)?.grads.len())
     }
 
     /// The optimizer state (this rank's master, or its shard).
@@ -258,8 +281,12 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         // all-reduce, ZeRO-1's reduce-scatter) as soon as the block is done, and the
         // rest follows it.
         let buckets = self.overlap && coll.world() > 1;
-        let grads = self.step.update_views(be)?.grads;
+        let grads = match buckets {
+            true => Some(self.step.update_views(be)?.grads),
+            false => None,
+        };
         let mut start = |runs: &[Range<usize>]| -> Result<(), GpuError> {
+            let Some(grads) = grads else { return Ok(()) };
             runs.iter().try_for_each(|r| {
                 // SAFETY: a block's runs are final when the backward calls back (and the
                 // rest when it has returned): nothing queued before `finish` below writes
@@ -300,10 +327,24 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         if !micro.is_empty() {
             tally.loss = self.step.loss_sum(be)?;
         }
-        let views = self.step.update_views(be)?;
-        let (grad_norm, total) =
-            self.state
-                .update(be, coll, views, scalars, (tally, capacity), (rule, buckets))?;
+        let (grad_norm, total) = match self.step.host_update_views(be)? {
+            // The blocks' parameters offloaded: the update on the host, the resident
+            // part of the compute copy back up.
+            Some(host) => {
+                let (norm, total) =
+                    self.state
+                        .update_on_host(be, coll, host, scalars, (tally, capacity), rule)?;
+                if !rule.skips(norm) {
+                    self.step.after_host_update(be)?;
+                }
+                (norm, total)
+            }
+            None => {
+                let views = self.step.update_views(be)?;
+                self.state
+                    .update(be, coll, views, scalars, (tally, capacity), (rule, buckets))?
+            }
+        };
         Ok(WindowReport {
             loss: total.loss / total.valid,
             tokens: total.valid as u64,

@@ -4,6 +4,7 @@
 //! forward (the fused classifier, then the sum).
 
 use std::cell::RefCell;
+use std::ops::Range;
 
 use crate::backend::{Backend, View};
 use crate::elem::Act;
@@ -13,6 +14,8 @@ use crate::kernels;
 use crate::token_groups::TokenGroups;
 
 use super::layout::{Span, PARTIAL_WARPS};
+use super::optimizer::UpdateViews;
+use super::param_offload::ParamOffload;
 use super::TokenBatch;
 
 /// What a step's buffers hold, in elements: sized once, for [`StepBuffers::new`] and for a
@@ -29,6 +32,19 @@ pub struct StepSizes {
     pub rows: usize,
     /// The vocabulary the ids index.
     pub vocab: usize,
+    /// With the blocks' parameters offloaded ([`ParamOffload`]): what the backend holds
+    /// of the parameters instead of all of them.
+    pub offload: Option<OffloadSizes>,
+}
+
+/// What a step with its blocks' parameters offloaded holds of them on the backend, in
+/// elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OffloadSizes {
+    /// The runs outside every block, packed.
+    pub resident: usize,
+    /// One block's slot (two for parameters, two for gradients).
+    pub slot: usize,
 }
 
 impl StepSizes {
@@ -46,15 +62,35 @@ impl StepSizes {
             floats,
             rows,
             vocab,
+            offload: None,
         }
     }
 
-    /// Bytes the buffers take with the compute copy and activations of `act_bytes` bytes
-    /// an element (4 for f32, 2 for bf16).
+    /// These sizes with the blocks' parameters offloaded: `blocks` blocks of `block`
+    /// elements each, the rest of the flat buffer resident.
+    pub fn with_params_offloaded(mut self, blocks: usize, block: usize) -> Self {
+        self.offload = Some(OffloadSizes {
+            resident: self.params.saturating_sub(blocks * block),
+            slot: block,
+        });
+        self
+    }
+
+    /// Parameters (and as many gradients) the backend holds: all of them, or the
+    /// resident runs and two slots.
+    pub fn backend_params(&self) -> usize {
+        match self.offload {
+            Some(o) => o.resident + 2 * o.slot,
+            None => self.params,
+        }
+    }
+
+    /// Bytes the buffers take on the backend with the compute copy and activations of
+    /// `act_bytes` bytes an element (4 for f32, 2 for bf16 and f16). An offload's host
+    /// memory (the whole compute copy and gradient) is not counted.
     pub fn bytes(&self, act_bytes: usize) -> usize {
-        (self.params + self.acts) * act_bytes
-            + (self.params + self.floats) * 4
-            + ids_bytes(self.rows)
+        let p = self.backend_params();
+        (p + self.acts) * act_bytes + (p + self.floats) * 4 + ids_bytes(self.rows)
     }
 }
 
@@ -67,38 +103,161 @@ fn ids_bytes(n: usize) -> usize {
 /// A step's buffers on backend `B`, activations in `T`, and its micro-batch's ids
 /// (rewritten batch after batch: a step allocates nothing after it is made).
 pub struct StepBuffers<B: Backend, T: Act> {
+    /// The compute copy: all of it, or with the blocks' parameters offloaded the
+    /// resident runs.
     pub(crate) params: B::Buf<T>,
+    /// The gradients, likewise.
     pub(crate) grads: B::Buf<f32>,
     pub(crate) acts: B::Buf<T>,
     pub(crate) floats: B::Buf<f32>,
     pub(crate) ids: RefCell<BatchIds<B>>,
+    /// The blocks' parameters offloaded, where `sizes.offload` asked for it.
+    pub(crate) offload: Option<ParamOffload<B, T>>,
 }
 
 impl<B: Backend, T: Act> StepBuffers<B, T> {
-    /// The buffers of `sizes`, zeroed.
-    pub(crate) fn new(be: &B, sizes: StepSizes) -> Result<Self, GpuError> {
+    /// The buffers of `sizes`, zeroed, for a model whose blocks hold `blocks` (each
+    /// block's runs of the flat buffer: what an offload streams).
+    pub(crate) fn new(
+        be: &B,
+        sizes: StepSizes,
+        blocks: &[Vec<Range<usize>>],
+    ) -> Result<Self, GpuError> {
+        let offload = match sizes.offload {
+            Some(want) => {
+                let o = ParamOffload::new(be, blocks, sizes.params, PARTIAL_WARPS)?;
+                let got = (o.placement().resident_len(), o.placement().slot_len());
+                if got != (want.resident, want.slot) {
+                    return Err(GpuError::Shape {
+                        kernel: "step",
+                        what: format!(
+                            "an offload planned as {want:?} lays out as resident {} and slot {}",
+                            got.0, got.1
+                        ),
+                    });
+                }
+                Some(o)
+            }
+            None => None,
+        };
+        // The resident runs where the blocks' parameters are offloaded, else all.
+        let p = sizes.offload.map_or(sizes.params, |o| o.resident);
         Ok(StepBuffers {
-            params: be.zeros(sizes.params)?,
-            grads: be.zeros(sizes.params)?,
+            params: be.zeros(p)?,
+            grads: be.zeros(p)?,
             acts: be.zeros(sizes.acts)?,
             floats: be.zeros(sizes.floats)?,
             ids: RefCell::new(BatchIds::with_room(be, sizes.rows, sizes.vocab)?),
+            offload,
         })
     }
 
-    /// Bytes of the four buffers and the ids, counted from them ([`StepSizes::bytes`] is
-    /// the same sum planned). With AdamW add
+    /// Bytes of the buffers on the backend and the ids, counted from them
+    /// ([`StepSizes::bytes`] is the same sum planned). With AdamW add
     /// [`super::optimizer::OptimizerState::bytes`]: the device check's memory line.
     pub fn bytes(&self) -> usize {
         let t = std::mem::size_of::<T>();
         (B::len(&self.params) + B::len(&self.acts)) * t
             + (B::len(&self.grads) + B::len(&self.floats)) * 4
             + self.ids.borrow().bytes()
+            + self.offload.as_ref().map_or(0, |o| o.backend_bytes())
+    }
+
+    /// The blocks' offloaded parameters, if they are.
+    pub fn offload(&self) -> Option<&ParamOffload<B, T>> {
+        self.offload.as_ref()
+    }
+
+    /// Elements of the flat buffer (the whole compute copy, wherever it lives).
+    pub fn flat_len(&self) -> usize {
+        match &self.offload {
+            Some(o) => o.flat_len(),
+            None => B::len(&self.params),
+        }
+    }
+
+    /// With an offload, the views an update on the host works on (the whole compute
+    /// copy and gradient in host memory, the resident runs' gradients gathered into it
+    /// first); None without one.
+    pub fn host_update_views(&self, be: &B) -> Result<Option<UpdateViews<'_, T>>, GpuError> {
+        match &self.offload {
+            Some(o) => {
+                o.gather_grads(be, &self.grads)?;
+                o.host_views().map(Some)
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// With an offload, the resident runs of the host's compute copy up after an update
+    /// on the host; nothing without one.
+    pub fn after_host_update(&self, be: &B) -> Result<(), GpuError> {
+        match &self.offload {
+            Some(o) => o.resident_up(be, &self.params),
+            None => Ok(()),
+        }
+    }
+
+    /// The whole compute copy and gradient on the backend (the views an update or a
+    /// collective takes); an error where the blocks' parameters are offloaded.
+    pub(crate) fn whole(&self, be: &B) -> Result<(View<'_, T>, View<'_, f32>), GpuError> {
+        if self.offload.is_some() {
+            return Err(GpuError::Shape {
+                kernel: "step",
+                what: "the blocks' parameters are offloaded: the whole compute copy and \
+                       gradient are in host memory (an update runs there)"
+                    .into(),
+            });
+        }
+        Ok((be.all(&self.params), be.all(&self.grads)))
+    }
+
+    /// Before block `l` runs (its backward when `backward`): with an offload, its
+    /// parameters up into their slot and, for the backward, its gradient slot zeroed.
+    pub(crate) fn enter_block(&self, be: &B, l: usize, backward: bool) -> Result<(), GpuError> {
+        match &self.offload {
+            Some(o) => o.enter_block(be, l, backward),
+            None => Ok(()),
+        }
+    }
+
+    /// After block `l`'s backward: with an offload, its gradients down and added into
+    /// the host's sum.
+    pub(crate) fn leave_block(&self, be: &B, l: usize) -> Result<(), GpuError> {
+        match &self.offload {
+            Some(o) => o.leave_block(be, l),
+            None => Ok(()),
+        }
+    }
+
+    /// Copies `other`'s compute copy (the same model at another batch shape) into this
+    /// one.
+    pub fn copy_params_from(&self, be: &B, other: &Self) -> Result<(), GpuError> {
+        match (&self.offload, &other.offload) {
+            (Some(mine), Some(theirs)) => mine.copy_params_from(be, &self.params, theirs),
+            (None, None) => {
+                check_len(
+                    "step",
+                    "params",
+                    B::len(&self.params),
+                    B::len(&other.params),
+                )?;
+                be.copy(be.all(&self.params), be.all(&other.params))
+            }
+            _ => Err(GpuError::Shape {
+                kernel: "step",
+                what: "copying parameters between a step with an offload and one without".into(),
+            }),
+        }
     }
 
     /// Copies the FP32 master `params` (the flat layout) into the compute copy: as it
-    /// is for f32, rounded for bf16.
+    /// is for f32, rounded for bf16 and f16 (with an offload: into host memory, the
+    /// resident runs up).
     pub fn load_params(&self, be: &B, params: &[f32]) -> Result<(), GpuError> {
+        if let Some(o) = &self.offload {
+            return o.load(be, &self.params, params);
+        }
         check_len("step", "params", params.len(), B::len(&self.params))?;
         if let Ok(f32s) = be.all(&self.params).cast::<f32>() {
             return be.write_at(f32s, params);
@@ -109,6 +268,9 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
 
     /// The compute copy of the parameters, widened to f32 (the flat layout).
     pub fn params(&self, be: &B) -> Result<Vec<f32>, GpuError> {
+        if let Some(o) = &self.offload {
+            return o.host_params();
+        }
         Ok(be
             .download(&self.params)?
             .into_iter()
@@ -116,34 +278,54 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
             .collect())
     }
 
-    /// The gradients (f32, the flat layout).
+    /// The gradients (f32, the flat layout; with an offload, gathered on the host).
     pub fn grads(&self, be: &B) -> Result<Vec<f32>, GpuError> {
+        if let Some(o) = &self.offload {
+            o.gather_grads(be, &self.grads)?;
+            return o.host_grads();
+        }
         be.download(&self.grads)
     }
 
     /// The gradients into `out` (as many), reusing the caller's memory.
     pub fn grads_into(&self, be: &B, out: &mut [f32]) -> Result<(), GpuError> {
+        if self.offload.is_some() {
+            let g = self.grads(be)?;
+            check_len("step", "out", out.len(), g.len())?;
+            out.copy_from_slice(&g);
+            return Ok(());
+        }
         be.read_into(be.all(&self.grads), out)
     }
 
     /// Sets every gradient to 0.
     pub fn zero_grads(&self, be: &B) -> Result<(), GpuError> {
+        if let Some(o) = &self.offload {
+            return o.zero_grads(be, &self.grads);
+        }
         be.zero(be.all(&self.grads))
     }
 
-    /// All the gradients (the view [`crate::parallel::Collectives`] sum).
-    pub fn grads_view(&self, be: &B) -> View<'_, f32> {
-        be.all(&self.grads)
+    /// All the gradients on the backend (the view [`crate::parallel::Collectives`] sum);
+    /// an error where the blocks' parameters are offloaded.
+    pub fn grads_view(&self, be: &B) -> Result<View<'_, f32>, GpuError> {
+        Ok(self.whole(be)?.1)
     }
 
-    /// Parameters `at..at + len`.
+    /// Parameters `at..at + len` (with an offload, a block's must be in its slot).
     pub(crate) fn p(&self, be: &B, at: usize, len: usize) -> Result<View<'_, T>, GpuError> {
-        be.view(&self.params, at..at + len)
+        match &self.offload {
+            Some(o) => o.params(be, &self.params, (at, len)),
+            None => be.view(&self.params, at..at + len),
+        }
     }
 
-    /// Gradients `at..at + len`.
+    /// Gradients `at..at + len` (likewise).
     pub(crate) fn g(&self, be: &B, at: usize, len: usize) -> Result<View<'_, f32>, GpuError> {
-        be.view(&self.grads, at..at + len)
+        match &self.offload {
+            Some(o) => o.grads(be, &self.grads, (at, len)),
+            None => be.view(&self.grads, at..at + len),
+        }
     }
 
     /// An activation span.

@@ -50,6 +50,15 @@ pub fn gpt_step_sizes(dims: &GptDims, params: usize, batch: usize, t: usize) -> 
     )
 }
 
+/// Elements of one GPT block's parameters (block 0's in stoker-kernels' table).
+pub fn gpt_block_len(dims: &GptDims) -> usize {
+    stoker_kernels::gpt_params(dims)
+        .iter()
+        .filter(|p| p.group == 1)
+        .map(|p| p.shape.iter().product::<usize>())
+        .sum()
+}
+
 impl<B: Backend, T: Act> GptGpuStep<B, T> {
     /// A step for `batch` sequences of `t` positions of a GPT of `dims`, parameters at
     /// `offsets`, LayerNorm epsilon `eps`: every buffer allocated once, here.
@@ -60,6 +69,31 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
         eps: f64,
         batch: usize,
         t: usize,
+    ) -> Result<Self, GpuError> {
+        Self::make(be, dims, offsets, eps, (batch, t), false)
+    }
+
+    /// [`GptGpuStep::new`] with the blocks' parameters offloaded to host memory
+    /// ([`super::param_offload`]): two blocks' worth on the backend, streamed up as
+    /// each block runs.
+    pub fn with_params_offloaded(
+        be: &B,
+        dims: GptDims,
+        offsets: GptOffsets,
+        eps: f64,
+        batch: usize,
+        t: usize,
+    ) -> Result<Self, GpuError> {
+        Self::make(be, dims, offsets, eps, (batch, t), true)
+    }
+
+    fn make(
+        be: &B,
+        dims: GptDims,
+        offsets: GptOffsets,
+        eps: f64,
+        (batch, t): (usize, usize),
+        offload: bool,
     ) -> Result<Self, GpuError> {
         if dims.n_layer == 0 || dims.n_head == 0 || !dims.d_model.is_multiple_of(dims.n_head) {
             return Err(shape_err(format!(
@@ -96,10 +130,14 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
                     (fp[1], c),
                 ])
             })
-            .collect();
+            .collect::<Vec<_>>();
+        let mut sizes = gpt_step_sizes(&dims, offsets.end(), batch, t);
+        if offload {
+            sizes = sizes.with_params_offloaded(dims.n_layer, gpt_block_len(&dims));
+        }
         Ok(GptGpuStep {
+            bufs: StepBuffers::new(be, sizes, &blocks)?,
             blocks,
-            bufs: StepBuffers::new(be, gpt_step_sizes(&dims, offsets.end(), batch, t))?,
             dims,
             offsets,
             eps: eps as f32,
@@ -274,6 +312,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {
             c,
         )?;
         for (l, (s, st)) in lay.blocks.iter().zip(&lay.stats).enumerate() {
+            self.bufs.enter_block(be, l, false)?;
             let bo = &o.blocks()[l];
             let ln = |wb: [usize; 2]| -> Result<(View<T>, View<T>), GpuError> {
                 Ok((self.bufs.p(be, wb[0], c)?, self.bufs.p(be, wb[1], c)?))
@@ -384,6 +423,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {
         for l in (0..=last).rev() {
             let (s, st, bo): (_, _, &BlockOffsets) =
                 (&lay.blocks[l], &lay.stats[l], &o.blocks()[l]);
+            self.bufs.enter_block(be, l, true)?;
             // dres is the gradient of the block's output sum: the MLP projection's too.
             self.linear_back(
                 be,
@@ -402,6 +442,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {
             self.attention_back(be, s)?;
             self.linear_back(be, Some(lay.dnc), lay.dqkv, s.ln1, bo.qkv, (c, 3 * c))?;
             self.ln_back(be, lay.dnc, s.resid_in, bo.ln1, st.ln1)?;
+            self.bufs.leave_block(be, l)?;
             after_block(&self.blocks[l])?;
         }
         let dres = self.bufs.a(be, lay.dres)?;

@@ -51,6 +51,15 @@ pub fn llama_step_sizes(dims: &LlamaDims, params: usize, batch: usize, t: usize)
     )
 }
 
+/// Elements of one Llama block's parameters (block 0's in stoker-kernels' table).
+pub fn llama_block_len(dims: &LlamaDims) -> usize {
+    stoker_kernels::llama_params(dims)
+        .iter()
+        .filter(|p| p.group == 1)
+        .map(|p| p.shape.iter().product::<usize>())
+        .sum()
+}
+
 impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
     /// A step for `batch` sequences of `t` positions of a Llama of `dims`, parameters at
     /// `offsets`, RMSNorm epsilon `eps`, rotary base `rope_theta`: every buffer allocated
@@ -63,6 +72,30 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         rope_theta: f64,
         batch: usize,
         t: usize,
+    ) -> Result<Self, GpuError> {
+        Self::make(be, dims, offsets, (eps, rope_theta), (batch, t), false)
+    }
+
+    /// [`LlamaGpuStep::new`] with the blocks' parameters offloaded to host memory
+    /// ([`super::param_offload`]).
+    pub fn with_params_offloaded(
+        be: &B,
+        dims: LlamaDims,
+        offsets: LlamaOffsets,
+        (eps, rope_theta): (f64, f64),
+        batch: usize,
+        t: usize,
+    ) -> Result<Self, GpuError> {
+        Self::make(be, dims, offsets, (eps, rope_theta), (batch, t), true)
+    }
+
+    fn make(
+        be: &B,
+        dims: LlamaDims,
+        offsets: LlamaOffsets,
+        (eps, rope_theta): (f64, f64),
+        (batch, t): (usize, usize),
+        offload: bool,
     ) -> Result<Self, GpuError> {
         let heads_ok = dims.n_layer > 0
             && dims.n_head > 0
@@ -83,10 +116,6 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
             )));
         }
         let layout = LlamaLayout::new(&dims, batch, t, padded_vocab(dims.vocab));
-        let bufs = StepBuffers::new(be, llama_step_sizes(&dims, offsets.end(), batch, t))?;
-        let (cos, sin) = stoker_kernels::rope::tables(t, dims.head_dim(), rope_theta);
-        be.write(&bufs.floats, layout.cos.start, &cos)?;
-        be.write(&bufs.floats, layout.sin.start, &sin)?;
         let (c, f) = (dims.d_model, dims.ffn_hidden);
         let kv = dims.n_kv_head * dims.head_dim();
         let blocks = offsets
@@ -105,7 +134,15 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
                     (b.down, c * f),
                 ])
             })
-            .collect();
+            .collect::<Vec<_>>();
+        let mut sizes = llama_step_sizes(&dims, offsets.end(), batch, t);
+        if offload {
+            sizes = sizes.with_params_offloaded(dims.n_layer, llama_block_len(&dims));
+        }
+        let bufs = StepBuffers::new(be, sizes, &blocks)?;
+        let (cos, sin) = stoker_kernels::rope::tables(t, dims.head_dim(), rope_theta);
+        be.write(&bufs.floats, layout.cos.start, &cos)?;
+        be.write(&bufs.floats, layout.sin.start, &sin)?;
         Ok(LlamaGpuStep {
             blocks,
             bufs,
@@ -297,6 +334,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
             c,
         )?;
         for (l, s) in lay.blocks.iter().enumerate() {
+            self.bufs.enter_block(be, l, false)?;
             let bo = &o.blocks()[l];
             let (x, residual) = match l {
                 0 => (self.bufs.a(be, s.resid_in)?, None),
@@ -407,6 +445,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
         be.zero(self.bufs.a(be, lay.dres)?)?;
         self.norm_back(be, lay.dnc, lay.resid_out, o.norm(), lay.rstd_f)?;
         for (l, s) in lay.blocks.iter().enumerate().rev() {
+            self.bufs.enter_block(be, l, true)?;
             let bo = &o.blocks()[l];
             // dres is the gradient of the block's output sum: the down projection's too.
             self.linear_back(be, lay.dgate, false, lay.dres, s.act, bo.down, (f, c))?;
@@ -429,6 +468,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
             self.linear_back(be, lay.dnc, true, lay.dk, s.h1, bo.k, (c, kv))?;
             self.linear_back(be, lay.dnc, true, lay.dv, s.h1, bo.v, (c, kv))?;
             self.norm_back(be, lay.dnc, s.resid_in, bo.input_norm, s.rstd[0])?;
+            self.bufs.leave_block(be, l)?;
             after_block(&self.blocks[l])?;
         }
         kernels::encoder_backward_wte(

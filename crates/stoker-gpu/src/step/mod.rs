@@ -39,9 +39,10 @@ macro_rules! token_step_api {
         /// The views an update works on: the compute copy, the gradients, the norm's
         /// scratch.
         pub fn update_views(&self, be: &B) -> Result<UpdateViews<'_, T>, GpuError> {
+            let (params, grads) = self.bufs.whole(be)?;
             Ok(UpdateViews {
-                params: be.all(&self.bufs.params),
-                grads: be.all(&self.bufs.grads),
+                params,
+                grads,
                 squares: self.bufs.f(be, self.layout.grad_norm)?,
                 partials: self.bufs.f(be, self.layout.partials)?,
             })
@@ -111,6 +112,8 @@ mod linear;
 pub mod llama;
 pub mod llama_layout;
 pub mod optimizer;
+pub mod param_offload;
+pub mod placement;
 pub mod token_step;
 
 pub use gpt::GptGpuStep;
