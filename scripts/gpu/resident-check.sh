@@ -10,6 +10,9 @@
 #   host memory), against the one-rank GPU run;
 # - on the GPU with the optimizer offloaded to the host (`offload_optimizer = true`),
 #   against the one-rank GPU run (within 1e-5: the host build of the same kernels);
+# - on the GPU with the blocks' parameters offloaded too (`offload_params = true`: two
+#   blocks' worth on the device, each block streamed up as it runs), against the run with
+#   the optimizer offloaded alone (within 1e-5; bit for bit on the host build);
 # fp32, bf16 and fp16 each (fp16: f16 activations under the dynamic loss scale, its
 # overflow skip decided on the device; its CPU reference is the fp32 run). fp32: losses
 # and gradient norms step by step (the GPU sums in other
@@ -37,7 +40,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 
 # config NAME PRECISION STEP DEVICE [RANKS] [OFFLOAD]: the demo's GPT logging every step,
 # with a checkpoint and an evaluation at the end, no sample; OFFLOAD "offload" keeps the
-# optimizer in host memory.
+# optimizer in host memory, "params" the blocks' parameters too.
 config() {
   local name=$1 prec=$2 step=$3 dev=$4 ranks=${5:-1} offload=${6:-} f=$out/$1-$2.toml
   sed -e "s|^run_dir = .*|run_dir = \"$out/$name-$prec\"|" \
@@ -54,6 +57,7 @@ config() {
     printf '\n[parallel]\nstrategy = "zero1"\nbackend = "local"\n' >> "$f"
   fi
   [ "$offload" = offload ] && printf '\n[parallel]\noffload_optimizer = true\n' >> "$f"
+  [ "$offload" = params ] && printf '\n[parallel]\noffload_optimizer = true\noffload_params = true\n' >> "$f"
   echo "$f"
 }
 
@@ -64,7 +68,7 @@ for prec in fp32 bf16 fp16; do
   [ "$prec" = fp16 ] || runs=("cpu handwritten cpu 1" "${runs[@]}")
   # The optimizer offloaded to the host: a GPU's only (on a CPU there is nothing to
   # offload, and the config says so).
-  [ "$gpu" = cpu ] || runs+=("gpuoff resident $gpu 1 offload")
+  [ "$gpu" = cpu ] || runs+=("gpuoff resident $gpu 1 offload" "gpupar resident $gpu 1 params")
   for r in "${runs[@]}"; do
     set -- $r
     f=$(config "$1" "$prec" "$2" "$3" "$4" "${5:-}")
@@ -84,10 +88,12 @@ for prec in fp32 bf16 fp16; do
   # 10% of the plan, or 64 MiB for small models, where cuBLAS's workspace and NCCL's
   # communicator weigh). The two-rank run shares one GPU between two threads: the driver's
   # figure is the device's, not a rank's, so it is printed, not checked.
-  for r in gpu gpu2; do
+  mem_runs="gpu gpu2"
+  [ "$gpu" = cpu ] || mem_runs="$mem_runs gpupar"
+  for r in $mem_runs; do
     line=$(grep -h -m1 "resident loop per rank" "$out/$r-$prec.log" || true)
     echo "  $prec $r: ${line:-no memory line}"
-    [ "$r" = gpu ] || continue
+    [ "$r" = gpu2 ] && continue
     python3 - "$line" "$gpu" <<'PY' || status=1
 import re, sys
 line, device = sys.argv[1], sys.argv[2]
@@ -206,6 +212,10 @@ if os.path.exists(f"{out}/gpuoff-{prec}/metrics.jsonl"):
     gpuoff = rows("gpuoff")
     check("gpu offloaded optimizer vs on the gpu", gpuoff, gpu, ("loss", "grad_norm"), 1e-5)
     print(f"  {prec}: median step with the optimizer offloaded {median_ms(gpuoff):.2f} ms")
+    if os.path.exists(f"{out}/gpupar-{prec}/metrics.jsonl"):
+        gpupar = rows("gpupar")
+        check("gpu parameters offloaded vs the optimizer alone", gpupar, gpuoff, ("loss", "grad_norm"), 1e-5)
+        print(f"  {prec}: median step with the parameters offloaded too {median_ms(gpupar):.2f} ms")
 t = {n: median_ms(r) for n, r in (("cpu", cpu), ("gpu", gpu), ("gpu2", gpu2))}
 wait = {n: statistics.median(r[k]["loader_wait_pct"] for k in r) for n, r in
         (("cpu", cpu), ("gpu", gpu), ("gpu2", gpu2))}

@@ -291,6 +291,11 @@ pub struct ParallelConfig {
     /// Keep optimizer states in host memory and step them there (DeepSpeed
     /// `offload_optimizer`, FSDP `CPUOffload`): for accelerator runs only.
     pub offload_optimizer: bool,
+    /// Keep the blocks' parameters in host memory too, each block's brought up just
+    /// before it runs and its gradients taken down after its backward (FSDP's
+    /// `CPUOffload(offload_params=True)`, DeepSpeed's `offload_param`): the resident
+    /// loop on one GPU, with `offload_optimizer`.
+    pub offload_params: bool,
     /// Seconds any collective may wait before the job ends naming it.
     pub timeout_s: f64,
     /// Compute threads per rank (0: this host's cores divided by its ranks).
@@ -312,6 +317,7 @@ impl Default for ParallelConfig {
             sync_every_micro_batch: None,
             reshard_after_forward: true,
             offload_optimizer: false,
+            offload_params: false,
             timeout_s: 60.0,
             threads_per_rank: 0,
             check_collectives: false,
@@ -660,6 +666,40 @@ impl TrainConfig {
         Ok(())
     }
 
+    /// `parallel.offload_params`: the resident loop on one GPU with its optimizer
+    /// offloaded, whatever else asks for it refused naming the key.
+    fn check_offload_params(&self, gpu: bool) -> Result<()> {
+        let why = if !gpu {
+            Some(
+                "device is \"cpu\": the parameters already live in host memory (offloading \
+                 moves an accelerator's parameters to the host)"
+                    .to_string(),
+            )
+        } else if !self.resident_loop() {
+            Some("runs on the resident loop only: set step = \"resident\"".to_string())
+        } else if !self.parallel.offload_optimizer {
+            Some(
+                "needs parallel.offload_optimizer = true: the update runs on the host, where \
+                 the parameters are"
+                    .to_string(),
+            )
+        } else if self.parallel.strategy == StrategyKind::Zero1
+            || self.batch.world_size.is_some_and(|w| w > 1)
+        {
+            Some(
+                "runs on one rank (strategy \"none\", or \"ddp\" on one): offloaded \
+                 parameters with several ranks or ZeRO are not built"
+                    .to_string(),
+            )
+        } else {
+            None
+        };
+        match why {
+            Some(why) => Err(config_err("parallel.offload_params", why)),
+            None => Ok(()),
+        }
+    }
+
     /// What ZeRO-3 cannot serve: deterministic mode, FSDP's `no_sync`.
     fn check_zero3(&self) -> Result<()> {
         let p = &self.parallel;
@@ -716,6 +756,9 @@ impl TrainConfig {
             self.check_zero3()?;
         }
         let gpu = crate::device::TrainDevice::parse(&self.device)?.is_cuda();
+        if p.offload_params {
+            self.check_offload_params(gpu)?;
+        }
         if p.offload_optimizer && !gpu {
             return Err(config_err(
                 "parallel.offload_optimizer",
@@ -910,5 +953,43 @@ steps = 1
         let mut cpu = cpu_config();
         cpu.parallel.offload_optimizer = true;
         assert_eq!(key_of(cpu.validate()), "parallel.offload_optimizer");
+    }
+
+    #[test]
+    fn parameter_offload_is_the_resident_loop_on_one_gpu_with_its_optimizer_offloaded() {
+        let mut r = cpu_config();
+        r.device = "cuda".into();
+        r.step = Some(StepKind::Resident);
+        r.kernels = Kernels::Direct;
+        r.parallel.offload_optimizer = true;
+        r.parallel.offload_params = true;
+        for kind in [StrategyKind::None, StrategyKind::Ddp] {
+            let mut ok = r.clone();
+            ok.parallel.strategy = kind;
+            ok.check_offload_params(true).unwrap();
+        }
+        assert_eq!(
+            key_of(r.check_offload_params(false)),
+            "parallel.offload_params",
+            "on a CPU"
+        );
+        for change in [
+            (|c: &mut TrainConfig| c.parallel.strategy = StrategyKind::Zero1)
+                as fn(&mut TrainConfig),
+            |c| c.parallel.strategy = StrategyKind::Zero3,
+            |c| c.parallel.offload_optimizer = false,
+            |c| c.step = None,
+            |c| c.batch.world_size = Some(2),
+        ] {
+            let mut bad = r.clone();
+            change(&mut bad);
+            assert_eq!(
+                key_of(bad.check_offload_params(true)),
+                "parallel.offload_params"
+            );
+        }
+        let mut cpu = cpu_config();
+        cpu.parallel.offload_params = true;
+        assert_eq!(key_of(cpu.validate()), "parallel.offload_params");
     }
 }

@@ -465,3 +465,85 @@ fn fp16_overflows_skip_steps_and_leave_no_trace() {
         eprintln!("{extra}: {skipped} steps skipped from 2^{TOP}, then the settled run's bits");
     }
 }
+
+/// `parallel.offload_params` (the blocks' parameters in host memory, streamed up as each
+/// block runs; with the optimizer offloaded): on the host build, where the config is
+/// set after parsing (it is a GPU's key), the trainer trains, evaluates, checkpoints and
+/// resumes what the optimizer's offload alone does, bit for bit; the loop holds what its
+/// plan says, two blocks' parameters and gradients instead of all of them.
+#[test]
+fn offloaded_parameters_train_what_the_offloaded_optimizer_trains() {
+    for (model, precision, optimizer) in [(GPT, "bf16", ADAMW), (LLAMA, "fp32", SGD)] {
+        // Three blocks: two slots hold less than all of them.
+        let three = model.replace("n_layer = 2", "n_layer = 3");
+        assert_ne!(three, model);
+        let mut c = resident(&three, precision, optimizer, "strategy = \"none\"");
+        c.parallel.offload_optimizer = true;
+        let mut p = c.clone();
+        p.parallel.offload_params = true;
+        let what = format!("{} {precision}", &model[8..11]);
+        let run = |c: &TrainConfig| {
+            run_local(1, Duration::from_secs(60), |comm| {
+                let comm: Rc<dyn Communicator> = Rc::new(comm);
+                let mut t = trainer(c, comm.clone());
+                let mut reports = Vec::new();
+                for s in 0..4 {
+                    if s == 2 {
+                        // Saved and loaded into a fresh trainer between the steps.
+                        let saved = saved_state(&mut t);
+                        t = trainer(c, comm.clone());
+                        t.load_state(saved).unwrap();
+                    }
+                    reports.push(t.train_step(&window(model, s, 0, 2)).unwrap());
+                }
+                let eval = t.evaluate(&[micro_batch(model, 99, 0)]).unwrap();
+                let planned = stoker_train::trainer::planned_resident_bytes(
+                    c,
+                    t.layout().total_len(),
+                    (0, 1),
+                )
+                .unwrap();
+                let counted = t.resident_bytes().unwrap().0;
+                (t.full_master().unwrap(), reports, eval, planned, counted)
+            })
+            .remove(0)
+        };
+        let (want, got) = (run(&c), run(&p));
+        assert!(
+            got.0
+                .iter()
+                .zip(&want.0)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{what}: weights differ from the optimizer's offload alone"
+        );
+        for (a, b) in got.1.iter().zip(&want.1) {
+            assert_eq!(
+                a.loss.to_bits(),
+                b.loss.to_bits(),
+                "{what}: step {}",
+                a.step
+            );
+            assert_eq!(a.grad_norm.to_bits(), b.grad_norm.to_bits(), "{what}: norm");
+        }
+        assert_eq!(
+            got.2.loss.to_bits(),
+            want.2.loss.to_bits(),
+            "{what}: evaluation"
+        );
+        assert_eq!(got.3, got.4, "{what}: planned and counted bytes");
+        assert_eq!(
+            want.3, want.4,
+            "{what}: planned and counted bytes, no offload"
+        );
+        assert!(
+            got.4.steps < want.4.steps,
+            "{what}: the offload holds {:?} against {:?}",
+            got.4,
+            want.4
+        );
+        eprintln!(
+            "{what}: the loop holds {} bytes of step with the parameters offloaded, {} without",
+            got.4.steps, want.4.steps
+        );
+    }
+}

@@ -144,14 +144,11 @@ fn gpt_run_as<T: Act>(
     eps: f64,
     setup: &RunSetup<'_>,
 ) -> Result<Box<dyn ResidentRun>> {
-    loop_on!(setup, move |be: &_, b, t| GptGpuStep::<_, T>::new(
-        be,
-        dims,
-        offsets.clone(),
-        eps,
-        b,
-        t
-    ))
+    let offload = setup.offload_params;
+    loop_on!(setup, move |be: &_, b, t| match offload {
+        true => GptGpuStep::<_, T>::with_params_offloaded(be, dims, offsets.clone(), eps, b, t),
+        false => GptGpuStep::<_, T>::new(be, dims, offsets.clone(), eps, b, t),
+    })
 }
 
 /// The GPT's resident loop of `setup`, its activations `act`.
@@ -175,15 +172,18 @@ fn llama_run_as<T: Act>(
     (eps, theta): (f64, f64),
     setup: &RunSetup<'_>,
 ) -> Result<Box<dyn ResidentRun>> {
-    loop_on!(setup, move |be: &_, b, t| LlamaGpuStep::<_, T>::new(
-        be,
-        dims,
-        offsets.clone(),
-        eps,
-        theta,
-        b,
-        t
-    ))
+    let offload = setup.offload_params;
+    loop_on!(setup, move |be: &_, b, t| match offload {
+        true => LlamaGpuStep::<_, T>::with_params_offloaded(
+            be,
+            dims,
+            offsets.clone(),
+            (eps, theta),
+            b,
+            t
+        ),
+        false => LlamaGpuStep::<_, T>::new(be, dims, offsets.clone(), eps, theta, b, t),
+    })
 }
 
 /// The Llama's resident loop of `setup`, its activations `act`.

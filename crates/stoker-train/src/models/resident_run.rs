@@ -109,6 +109,9 @@ pub struct RunSetup<'a> {
     pub shape: (usize, usize),
     /// Where the loop runs.
     pub on: ResidentOn,
+    /// The blocks' parameters offloaded to host memory (one rank, the optimizer
+    /// offloaded: the replica refuses anything else).
+    pub offload_params: bool,
 }
 
 /// The backend a resident loop runs on.

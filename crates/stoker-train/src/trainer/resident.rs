@@ -51,6 +51,8 @@ struct LoopPlan {
     shape: (usize, usize),
     /// The steps' activation type (f32, bf16, or fp16's f16).
     act: stoker_gpu::Dtype,
+    /// The blocks' parameters offloaded to host memory (`parallel.offload_params`).
+    offload_params: bool,
     timeout: std::time::Duration,
 }
 
@@ -72,6 +74,16 @@ impl LoopPlan {
         strategy: &dyn Strategy,
         master: &[f32],
     ) -> Result<Box<dyn ResidentRun>> {
+        if self.offload_params && strategy.world_size() > 1 {
+            return Err(crate::error::config_err(
+                "parallel.offload_params",
+                format!(
+                    "runs on one rank; this job has {}: offloaded parameters with several \
+                     ranks are not built",
+                    strategy.world_size()
+                ),
+            ));
+        }
         let comm = match strategy.communicator() {
             Some(c) => c,
             None => Rc::new(stoker_comm::local_group(1, self.timeout).remove(0)),
@@ -88,6 +100,7 @@ impl LoopPlan {
             comm,
             shape: self.shape,
             on: self.on,
+            offload_params: self.offload_params,
         };
         let run = model
             .resident_run(layout, self.act, &setup)?
@@ -138,6 +151,7 @@ impl ResidentPath {
                 optimizer,
                 shape,
                 act: crate::models::resident::activations(config.precision)?,
+                offload_params: config.parallel.offload_params,
                 timeout: std::time::Duration::from_secs_f64(config.parallel.timeout_s),
             },
             host_behind: false,
@@ -226,9 +240,30 @@ pub fn planned_resident_bytes(
         return None;
     }
     let (strategy, optimizer, (b, t)) = loop_kinds(config);
+    let offload = config.parallel.offload_params;
     let sizes = match &config.model {
-        ModelConfig::Gpt(g) => stoker_gpu::step::gpt::gpt_step_sizes(&g.dims(), len, b, t),
-        ModelConfig::Llama(l) => stoker_gpu::step::llama::llama_step_sizes(&l.dims(), len, b, t),
+        ModelConfig::Gpt(g) => {
+            let dims = g.dims();
+            let sizes = stoker_gpu::step::gpt::gpt_step_sizes(&dims, len, b, t);
+            match offload {
+                true => sizes.with_params_offloaded(
+                    dims.n_layer,
+                    stoker_gpu::step::gpt::gpt_block_len(&dims),
+                ),
+                false => sizes,
+            }
+        }
+        ModelConfig::Llama(l) => {
+            let dims = l.dims();
+            let sizes = stoker_gpu::step::llama::llama_step_sizes(&dims, len, b, t);
+            match offload {
+                true => sizes.with_params_offloaded(
+                    dims.n_layer,
+                    stoker_gpu::step::llama::llama_block_len(&dims),
+                ),
+                false => sizes,
+            }
+        }
         ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => return None,
     };
     let act_bytes = crate::models::resident::activations(config.precision)
