@@ -14,6 +14,7 @@ use stoker_gpu::parallel::{
 };
 use stoker_gpu::sample::{gpt, ids, uniform, Ranges};
 use stoker_gpu::step::optimizer::{Optimizer, OptimizerState, Scalars, UpdateViews};
+use stoker_gpu::step::options::StepOptions;
 use stoker_gpu::step::{GptGpuStep, LlamaGpuStep, TokenBatch};
 use stoker_gpu::{Act, Backend, Host};
 use stoker_kernels::{AdamWStep, GptDims, SgdStep};
@@ -1112,6 +1113,12 @@ fn stochastic_rounding_is_refused_for_a_non_bf16_compute_copy() {
 /// ends with: its windows' reports, master, compute copy and an evaluation.
 type OffloadEnd = (Vec<WindowReport>, Vec<f32>, Vec<f32>, (f64, usize, usize));
 
+/// A step's options with the blocks' parameters offloaded.
+const OFFLOAD: StepOptions = StepOptions {
+    offload_params: true,
+    recompute_attention: false,
+};
+
 /// Three blocks: block 0's slot is block 2's in the forward, so the backward must bring
 /// block 0's parameters back.
 const DIMS3: GptDims = GptDims { n_layer: 3, ..DIMS };
@@ -1136,18 +1143,12 @@ fn parameters_offloaded_train_what_the_optimizer_offload_trains_bit_for_bit() {
     fn run<A: Act>(offload: bool, loss_scale: Option<f32>) -> OffloadEnd {
         let g = gpt(&DIMS3, SEED, 0.2);
         let make = |b: usize, t: usize| {
-            match offload {
-                true => GptGpuStep::<Host, A>::with_params_offloaded(
-                    &Host,
-                    DIMS3,
-                    g.offsets.clone(),
-                    1e-5,
-                    b,
-                    t,
-                ),
-                false => GptGpuStep::<Host, A>::new(&Host, DIMS3, g.offsets.clone(), 1e-5, b, t),
-            }
-            .unwrap()
+            let opts = StepOptions {
+                offload_params: offload,
+                ..StepOptions::default()
+            };
+            GptGpuStep::<Host, A>::with_options(&Host, DIMS3, g.offsets.clone(), 1e-5, (b, t), opts)
+                .unwrap()
         };
         run_local(1, DEFAULT_TIMEOUT, |comm| {
             let mut replica = Replica::new(
@@ -1228,18 +1229,22 @@ fn parameters_offloaded_train_what_the_optimizer_offload_trains_bit_for_bit() {
 fn an_offloaded_step_holds_two_blocks_and_needs_the_optimizer_offloaded() {
     let g = gpt(&DIMS, SEED, 0.2);
     let plain = GptGpuStep::<Host, f32>::new(&Host, DIMS, g.offsets.clone(), 1e-5, B, T).unwrap();
-    let off =
-        GptGpuStep::<Host, f32>::with_params_offloaded(&Host, DIMS, g.offsets.clone(), 1e-5, B, T)
-            .unwrap();
+    let off = GptGpuStep::<Host, f32>::with_options(
+        &Host,
+        DIMS,
+        g.offsets.clone(),
+        1e-5,
+        (B, T),
+        OFFLOAD,
+    )
+    .unwrap();
     let block = stoker_gpu::step::gpt::gpt_block_len(&DIMS);
     let end = g.offsets.end();
     // The plain step holds every parameter and gradient (4 + 4 bytes); the offloaded one
     // the rest of the buffer and two slots of each.
     let saved = 8 * (end - (end - DIMS.n_layer * block + 2 * block));
     assert_eq!(plain.buffers().bytes() - off.buffers().bytes(), saved);
-    let planned = stoker_gpu::step::gpt::gpt_step_sizes(&DIMS, end, B, T)
-        .with_params_offloaded(DIMS.n_layer, block)
-        .bytes(4);
+    let planned = stoker_gpu::step::gpt::gpt_step_sizes(&DIMS, end, (B, T), OFFLOAD).bytes(4);
     assert_eq!(off.buffers().bytes(), planned, "counted against planned");
     for (strategy, world) in [
         (Strategy::Ddp, 1),
@@ -1247,13 +1252,13 @@ fn an_offloaded_step_holds_two_blocks_and_needs_the_optimizer_offloaded() {
         (Strategy::Offload, 2),
     ] {
         let e = run_local(world, DEFAULT_TIMEOUT, |comm| {
-            let step = GptGpuStep::<Host, f32>::with_params_offloaded(
+            let step = GptGpuStep::<Host, f32>::with_options(
                 &Host,
                 DIMS,
                 g.offsets.clone(),
                 1e-5,
-                B,
-                T,
+                (B, T),
+                OFFLOAD,
             )
             .unwrap();
             Replica::new(
@@ -1293,9 +1298,15 @@ fn the_llama_step_with_its_parameters_offloaded_is_the_plain_step_bit_for_bit() 
         let o = g.offsets.clone();
         let plain =
             LlamaGpuStep::<Host, A>::new(&Host, dims, o.clone(), 1e-5, 10_000.0, B, T).unwrap();
-        let off =
-            LlamaGpuStep::<Host, A>::with_params_offloaded(&Host, dims, o, (1e-5, 10_000.0), B, T)
-                .unwrap();
+        let off = LlamaGpuStep::<Host, A>::with_options(
+            &Host,
+            dims,
+            o,
+            (1e-5, 10_000.0),
+            (B, T),
+            OFFLOAD,
+        )
+        .unwrap();
         let data = window(0);
         let mut losses = [Vec::new(), Vec::new()];
         for (k, step) in [&plain, &off].into_iter().enumerate() {

@@ -41,6 +41,10 @@ pub struct TrainConfig {
     /// model on a GPU, its optimizer offloaded to the host ([`crate::device`]).
     #[serde(default = "default_device")]
     pub device: String,
+    /// What the resident step recomputes in its backward instead of keeping (`none`, the
+    /// default, or `attention`: [`Recompute`]).
+    #[serde(default, skip_serializing_if = "Recompute::is_none")]
+    pub recompute: Recompute,
     /// Data source and loader knobs.
     pub data: DataConfig,
     /// The model.
@@ -62,6 +66,27 @@ pub struct TrainConfig {
     /// What parsing has to tell the user: keys accepted under an older name.
     #[serde(skip)]
     pub notes: Vec<String>,
+}
+
+/// The `recompute` key: activations the resident step recomputes in its backward
+/// instead of keeping between the forward and the backward.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Recompute {
+    /// Keep every activation.
+    #[default]
+    None,
+    /// Attention's probabilities `[B, H, T, T]`: one buffer for every block, each block's
+    /// recomputed in its backward from its q and k (the same bits; Megatron-LM's
+    /// selective recomputation). `step = "resident"` only.
+    Attention,
+}
+
+impl Recompute {
+    /// Whether nothing is recomputed (the default, left out of a written config).
+    pub fn is_none(&self) -> bool {
+        *self == Recompute::None
+    }
 }
 
 /// The `step` key: how a training step runs.
@@ -520,9 +545,16 @@ impl TrainConfig {
         Ok(())
     }
 
-    /// `step = "resident"`'s requirements: a GPT or Llama, fp32, bf16 or fp16.
+    /// `step = "resident"`'s requirements: a GPT or Llama, fp32, bf16 or fp16; and
+    /// `recompute` only on it.
     fn check_resident(&self) -> Result<()> {
         if !self.resident_step() {
+            if !self.recompute.is_none() {
+                return Err(config_err(
+                    "recompute",
+                    "recomputes in the resident step's backward: set step = \"resident\"",
+                ));
+            }
             return Ok(());
         }
         if !matches!(self.model, ModelConfig::Gpt(_) | ModelConfig::Llama(_)) {

@@ -127,12 +127,22 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
                 failed.push("the resident loop at 2 ranks");
             }
         }
-        if !a.no_timing {
-            let st = check::time_step(&dev, a.batch, a.reps.max(1))?;
+        // Attention's probabilities kept per block, then recomputed in the backward
+        // (`recompute = "attention"`): what the recompute costs in time, and saves.
+        let recompute = stoker_gpu::step::options::StepOptions {
+            recompute_attention: true,
+            ..Default::default()
+        };
+        let variants = [
+            ("attention kept", Default::default()),
+            ("attention recomputed", recompute),
+        ];
+        for (variant, opts) in variants.into_iter().filter(|_| !a.no_timing) {
+            let st = check::time_step(&dev, a.batch, a.reps.max(1), opts)?;
             let tokens = (a.batch * 1024) as f64;
             let flops = 6.0 * st.params as f64 + 6.0 * 12.0 * 768.0 * 1024.0;
             println!(
-                "GPT-2 124M ({} parameters), bf16, micro-batch {} x 1024:",
+                "GPT-2 124M ({} parameters), bf16, micro-batch {} x 1024, {variant}:",
                 st.params, a.batch
             );
             for (label, ms) in [

@@ -486,8 +486,13 @@ pub struct StepTimes {
 /// layers, d_model 768, 12 heads) at micro-batch `b` x 1,024, after two warm-up steps:
 /// the median milliseconds of `reps` forward + backward passes and of `reps` whole steps
 /// (with the gradient norm, clipping at 1.0 and AdamW), and the parameter count (for
-/// MFU: 6N + 6LCT FLOPs per token).
-pub fn time_step(dev: &Device, b: usize, reps: usize) -> Result<StepTimes, GpuError> {
+/// MFU: 6N + 6LCT FLOPs per token); the step made with `opts` (attention recomputed, say).
+pub fn time_step(
+    dev: &Device,
+    b: usize,
+    reps: usize,
+    opts: crate::step::options::StepOptions,
+) -> Result<StepTimes, GpuError> {
     let dims = stoker_kernels::GptDims {
         vocab: 50_257,
         context: 1024,
@@ -498,7 +503,8 @@ pub fn time_step(dev: &Device, b: usize, reps: usize) -> Result<StepTimes, GpuEr
     let t = dims.context;
     let g = crate::sample::gpt(&dims, 7, 0.02);
     let free_before = dev.free_bytes()?;
-    let step = GptGpuStep::<Device, bf16>::new(dev, dims, g.offsets.clone(), 1e-5, b, t)?;
+    let step =
+        GptGpuStep::<Device, bf16>::with_options(dev, dims, g.offsets.clone(), 1e-5, (b, t), opts)?;
     step.buffers().load_params(dev, &g.params)?;
     let table = stoker_kernels::gpt_params(&dims);
     let segments: Vec<(std::ops::Range<usize>, bool)> = g

@@ -24,6 +24,7 @@ use crate::backend::Backend;
 use crate::error::GpuError;
 use crate::parallel::{Collectives, GradRule, Replica, Strategy, ThroughHost};
 use crate::step::optimizer::{Optimizer, Scalars};
+use crate::step::options::StepOptions;
 use crate::step::{GptGpuStep, TokenBatch};
 use crate::{Act, Dtype, Host};
 
@@ -87,12 +88,11 @@ fn train<B: Backend, T: Act>(
         .map(|((_, r), p)| (r.clone(), p.shape.len() >= 2))
         .collect();
     let (rank, world) = (coll.rank(), coll.world());
-    let step = match offload_params {
-        true => {
-            GptGpuStep::<B, T>::with_params_offloaded(be, DIMS, g.offsets.clone(), 1e-5, 3, 11)?
-        }
-        false => GptGpuStep::<B, T>::new(be, DIMS, g.offsets.clone(), 1e-5, 3, 11)?,
+    let opts = StepOptions {
+        offload_params,
+        ..StepOptions::default()
     };
+    let step = GptGpuStep::<B, T>::with_options(be, DIMS, g.offsets.clone(), 1e-5, (3, 11), opts)?;
     let replica = Replica::new(
         be,
         step,

@@ -77,17 +77,20 @@ pub fn forward<B: Backend, T: Act>(
     (out_h, out): (View<T>, View<T>),
     g: Heads,
 ) -> Result<(), GpuError> {
-    per_head_forward(be, x, att, out_h, head_shape(g))?;
+    per_head_forward(be, x, att, out_h, g)?;
     kernels::merged_heads(be, out, out_h, g, false)
 }
 
-fn per_head_forward<B: Backend, T: Act>(
+/// `att = softmax(q k^T / sqrt(D))` with the causal mask (`[B*H, T, T]`) alone: the
+/// forward's first half, and what a backward that did not keep `att` recomputes (the
+/// same product and kernel on the same q and k: the same bits).
+pub fn probabilities<B: Backend, T: Act>(
     be: &B,
     x: Qkv<T>,
     att: View<T>,
-    out: View<T>,
-    (bh, t, d): HeadShape,
+    g: Heads,
 ) -> Result<(), GpuError> {
+    let (bh, t, d) = head_shape(g);
     matmul(
         be,
         Mat::rows(att, t),
@@ -97,7 +100,18 @@ fn per_head_forward<B: Backend, T: Act>(
         None,
         false,
     )?;
-    kernels::attention_softmax_forward(be, att, att, t, 1.0 / (d as f32).sqrt())?;
+    kernels::attention_softmax_forward(be, att, att, t, 1.0 / (d as f32).sqrt())
+}
+
+fn per_head_forward<B: Backend, T: Act>(
+    be: &B,
+    x: Qkv<T>,
+    att: View<T>,
+    out: View<T>,
+    g: Heads,
+) -> Result<(), GpuError> {
+    let (bh, t, d) = head_shape(g);
+    probabilities(be, x, att, g)?;
     matmul(
         be,
         Mat::rows(out, d),

@@ -9,6 +9,7 @@ use stoker_kernels::{GptDims, GptOffsets};
 use super::buffers::{self, AfterBlock, LossSpans, StepBuffers, StepSizes, TokenModel};
 use super::layout::{ActLayout, Span, PARTIAL_WARPS};
 use super::optimizer::{self, OptimizerState, Scalars, UpdateViews};
+use super::options::StepOptions;
 use crate::backend::{Backend, View};
 use crate::elem::Act;
 use crate::error::GpuError;
@@ -31,6 +32,8 @@ pub struct GptGpuStep<B: Backend, T: Act> {
     bufs: StepBuffers<B, T>,
     /// Each block's parameters as runs of the flat buffer (see `block_runs`).
     blocks: Vec<Vec<std::ops::Range<usize>>>,
+    /// Attention's probabilities recomputed in each block's backward (one shared span).
+    recompute_attention: bool,
 }
 
 const OP: &str = "gpt-gpu-step";
@@ -40,14 +43,29 @@ fn shape_err(what: String) -> GpuError {
 }
 
 /// What a GPT step of `dims` over a flat buffer of `params` elements holds for `batch`
-/// sequences of `t` positions: its buffers' sizes, known before the step is made.
-pub fn gpt_step_sizes(dims: &GptDims, params: usize, batch: usize, t: usize) -> StepSizes {
-    let layout = ActLayout::new(dims, batch, t, padded_vocab(dims.vocab));
-    StepSizes::of(
+/// sequences of `t` positions, made with `opts`: its buffers' sizes, known before the
+/// step is made.
+pub fn gpt_step_sizes(
+    dims: &GptDims,
+    params: usize,
+    (batch, t): (usize, usize),
+    opts: StepOptions,
+) -> StepSizes {
+    let layout = ActLayout::new(
+        dims,
+        (batch, t),
+        padded_vocab(dims.vocab),
+        opts.recompute_attention,
+    );
+    let sizes = StepSizes::of(
         params,
         (layout.total, layout.floats),
         (batch * t, dims.vocab),
-    )
+    );
+    match opts.offload_params {
+        true => sizes.with_params_offloaded(dims.n_layer, gpt_block_len(dims)),
+        false => sizes,
+    }
 }
 
 /// Elements of one GPT block's parameters (block 0's in stoker-kernels' table).
@@ -70,30 +88,19 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
         batch: usize,
         t: usize,
     ) -> Result<Self, GpuError> {
-        Self::make(be, dims, offsets, eps, (batch, t), false)
+        Self::with_options(be, dims, offsets, eps, (batch, t), StepOptions::default())
     }
 
-    /// [`GptGpuStep::new`] with the blocks' parameters offloaded to host memory
-    /// ([`super::param_offload`]): two blocks' worth on the backend, streamed up as
-    /// each block runs.
-    pub fn with_params_offloaded(
-        be: &B,
-        dims: GptDims,
-        offsets: GptOffsets,
-        eps: f64,
-        batch: usize,
-        t: usize,
-    ) -> Result<Self, GpuError> {
-        Self::make(be, dims, offsets, eps, (batch, t), true)
-    }
-
-    fn make(
+    /// [`GptGpuStep::new`] made with `opts`: the blocks' parameters offloaded to host
+    /// memory ([`super::param_offload`]), attention's probabilities recomputed in the
+    /// backward ([`StepOptions`]).
+    pub fn with_options(
         be: &B,
         dims: GptDims,
         offsets: GptOffsets,
         eps: f64,
         (batch, t): (usize, usize),
-        offload: bool,
+        opts: StepOptions,
     ) -> Result<Self, GpuError> {
         if dims.n_layer == 0 || dims.n_head == 0 || !dims.d_model.is_multiple_of(dims.n_head) {
             return Err(shape_err(format!(
@@ -108,7 +115,12 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
                 offsets.blocks().len()
             )));
         }
-        let layout = ActLayout::new(&dims, batch, t, padded_vocab(dims.vocab));
+        let layout = ActLayout::new(
+            &dims,
+            (batch, t),
+            padded_vocab(dims.vocab),
+            opts.recompute_attention,
+        );
         let c = dims.d_model;
         let blocks = offsets
             .blocks()
@@ -131,11 +143,9 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
                 ])
             })
             .collect::<Vec<_>>();
-        let mut sizes = gpt_step_sizes(&dims, offsets.end(), batch, t);
-        if offload {
-            sizes = sizes.with_params_offloaded(dims.n_layer, gpt_block_len(&dims));
-        }
+        let sizes = gpt_step_sizes(&dims, offsets.end(), (batch, t), opts);
         Ok(GptGpuStep {
+            recompute_attention: opts.recompute_attention,
             bufs: StepBuffers::new(be, sizes, &blocks)?,
             blocks,
             dims,
@@ -230,10 +240,15 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
         )
     }
 
-    /// Attention's backward: `dnc` (the output's gradient) to `dqkv`.
+    /// Attention's backward: `dnc` (the output's gradient) to `dqkv`; the block's
+    /// probabilities recomputed first where they are not kept.
     fn attention_back(&self, be: &B, s: &layout::BlockActs) -> Result<(), GpuError> {
         let lay = &self.layout;
         let g = self.heads();
+        if self.recompute_attention {
+            let heads = attention::Qkv::thirds(self.bufs.a(be, s.heads)?)?;
+            attention::probabilities(be, heads, self.bufs.a(be, s.att)?, g)?;
+        }
         let dheads = self.bufs.a(be, lay.dheads)?;
         attention::backward(
             be,

@@ -43,7 +43,8 @@ pub struct BlockActs {
     pub qkv: Span,
     /// q, k, v per head `[3, B, H, T, D]`.
     pub heads: Span,
-    /// Attention probabilities `[B, H, T, T]` (the scores before the softmax, in place).
+    /// Attention probabilities `[B, H, T, T]` (the scores before the softmax, in place);
+    /// one span for every block where they are recomputed in the backward.
     pub att: Span,
     /// Attention's output per head `[B, H, T, D]`.
     pub atty_h: Span,
@@ -125,18 +126,25 @@ pub const BIAS_PARTS: usize = 64;
 
 impl ActLayout {
     /// The spans for `batch` sequences of `t` positions of a GPT of `dims` with the
-    /// vocabulary padded to `vp`.
-    pub fn new(dims: &GptDims, batch: usize, t: usize, vp: usize) -> Self {
+    /// vocabulary padded to `vp`; with `recompute_attention` every block's probabilities
+    /// share one span.
+    pub fn new(
+        dims: &GptDims,
+        (batch, t): (usize, usize),
+        vp: usize,
+        recompute_attention: bool,
+    ) -> Self {
         let (n, c) = (batch * t, dims.d_model);
         let tt = batch * dims.n_head * t * t;
         let mut a = Cursor::default();
+        let shared = recompute_attention.then(|| a.take(tt));
         let blocks = (0..dims.n_layer)
             .map(|_| BlockActs {
                 resid_in: a.take(n * c),
                 ln1: a.take(n * c),
                 qkv: a.take(3 * n * c),
                 heads: a.take(3 * n * c),
-                att: a.take(tt),
+                att: shared.unwrap_or_else(|| a.take(tt)),
                 atty_h: a.take(n * c),
                 atty: a.take(n * c),
                 attproj: a.take(n * c),

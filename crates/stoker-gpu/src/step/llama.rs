@@ -13,6 +13,7 @@ use super::layout::{Span, PARTIAL_WARPS};
 use super::linear::{self, Linear};
 use super::llama_layout::{LlamaBlockActs, LlamaLayout};
 use super::optimizer::{self, OptimizerState, Scalars, UpdateViews};
+use super::options::StepOptions;
 use super::{padded_vocab, TokenBatch};
 use crate::backend::Backend;
 use crate::elem::Act;
@@ -38,17 +39,34 @@ pub struct LlamaGpuStep<B: Backend, T: Act> {
     bufs: StepBuffers<B, T>,
     /// Each block's parameters as runs of the flat buffer (see `block_runs`).
     blocks: Vec<Vec<std::ops::Range<usize>>>,
+    /// Attention's probabilities recomputed in each block's backward (one shared span).
+    recompute_attention: bool,
 }
 
 /// What a Llama step of `dims` over a flat buffer of `params` elements holds for `batch`
-/// sequences of `t` positions: its buffers' sizes, known before the step is made.
-pub fn llama_step_sizes(dims: &LlamaDims, params: usize, batch: usize, t: usize) -> StepSizes {
-    let layout = LlamaLayout::new(dims, batch, t, padded_vocab(dims.vocab));
-    StepSizes::of(
+/// sequences of `t` positions, made with `opts`: its buffers' sizes, known before the
+/// step is made.
+pub fn llama_step_sizes(
+    dims: &LlamaDims,
+    params: usize,
+    (batch, t): (usize, usize),
+    opts: StepOptions,
+) -> StepSizes {
+    let layout = LlamaLayout::new(
+        dims,
+        (batch, t),
+        padded_vocab(dims.vocab),
+        opts.recompute_attention,
+    );
+    let sizes = StepSizes::of(
         params,
         (layout.total, layout.floats),
         (batch * t, dims.vocab),
-    )
+    );
+    match opts.offload_params {
+        true => sizes.with_params_offloaded(dims.n_layer, llama_block_len(dims)),
+        false => sizes,
+    }
 }
 
 /// Elements of one Llama block's parameters (block 0's in stoker-kernels' table).
@@ -73,29 +91,18 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         batch: usize,
         t: usize,
     ) -> Result<Self, GpuError> {
-        Self::make(be, dims, offsets, (eps, rope_theta), (batch, t), false)
+        let opts = StepOptions::default();
+        Self::with_options(be, dims, offsets, (eps, rope_theta), (batch, t), opts)
     }
 
-    /// [`LlamaGpuStep::new`] with the blocks' parameters offloaded to host memory
-    /// ([`super::param_offload`]).
-    pub fn with_params_offloaded(
-        be: &B,
-        dims: LlamaDims,
-        offsets: LlamaOffsets,
-        (eps, rope_theta): (f64, f64),
-        batch: usize,
-        t: usize,
-    ) -> Result<Self, GpuError> {
-        Self::make(be, dims, offsets, (eps, rope_theta), (batch, t), true)
-    }
-
-    fn make(
+    /// [`LlamaGpuStep::new`] made with `opts` ([`StepOptions`]).
+    pub fn with_options(
         be: &B,
         dims: LlamaDims,
         offsets: LlamaOffsets,
         (eps, rope_theta): (f64, f64),
         (batch, t): (usize, usize),
-        offload: bool,
+        opts: StepOptions,
     ) -> Result<Self, GpuError> {
         let heads_ok = dims.n_layer > 0
             && dims.n_head > 0
@@ -115,7 +122,12 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
                 dims.context
             )));
         }
-        let layout = LlamaLayout::new(&dims, batch, t, padded_vocab(dims.vocab));
+        let layout = LlamaLayout::new(
+            &dims,
+            (batch, t),
+            padded_vocab(dims.vocab),
+            opts.recompute_attention,
+        );
         let (c, f) = (dims.d_model, dims.ffn_hidden);
         let kv = dims.n_kv_head * dims.head_dim();
         let blocks = offsets
@@ -135,15 +147,13 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
                 ])
             })
             .collect::<Vec<_>>();
-        let mut sizes = llama_step_sizes(&dims, offsets.end(), batch, t);
-        if offload {
-            sizes = sizes.with_params_offloaded(dims.n_layer, llama_block_len(&dims));
-        }
+        let sizes = llama_step_sizes(&dims, offsets.end(), (batch, t), opts);
         let bufs = StepBuffers::new(be, sizes, &blocks)?;
         let (cos, sin) = stoker_kernels::rope::tables(t, dims.head_dim(), rope_theta);
         be.write(&bufs.floats, layout.cos.start, &cos)?;
         be.write(&bufs.floats, layout.sin.start, &sin)?;
         Ok(LlamaGpuStep {
+            recompute_attention: opts.recompute_attention,
             blocks,
             bufs,
             dims,
@@ -260,6 +270,10 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         let lay = &self.layout;
         let g = self.heads();
         let kv = self.dims.n_kv_head;
+        if self.recompute_attention {
+            let heads = Qkv::thirds(self.bufs.a(be, s.heads)?)?;
+            attention::probabilities(be, heads, self.bufs.a(be, s.att)?, g)?;
+        }
         let dx = Qkv::thirds(self.bufs.a(be, lay.dheads)?)?;
         attention::backward(
             be,

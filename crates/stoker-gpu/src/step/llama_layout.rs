@@ -21,7 +21,8 @@ pub struct LlamaBlockActs {
     pub v: Span,
     /// q, k, v per query head `[3, B, H, T, D]` (k and v repeated).
     pub heads: Span,
-    /// Attention probabilities `[B, H, T, T]`.
+    /// Attention probabilities `[B, H, T, T]`; one span for every block where they are
+    /// recomputed in the backward.
     pub att: Span,
     /// Attention's output per head `[B, H, T, D]`.
     pub atty_h: Span,
@@ -100,12 +101,19 @@ pub struct LlamaLayout {
 
 impl LlamaLayout {
     /// The spans for `batch` sequences of `t` positions of a Llama of `dims`, the
-    /// vocabulary padded to `vp`.
-    pub fn new(dims: &LlamaDims, batch: usize, t: usize, vp: usize) -> Self {
+    /// vocabulary padded to `vp`; with `recompute_attention` every block's probabilities
+    /// share one span.
+    pub fn new(
+        dims: &LlamaDims,
+        (batch, t): (usize, usize),
+        vp: usize,
+        recompute_attention: bool,
+    ) -> Self {
         let (n, c, f) = (batch * t, dims.d_model, dims.ffn_hidden);
         let kv = dims.n_kv_head * dims.head_dim();
         let tt = batch * dims.n_head * t * t;
         let (mut a, mut fl) = (Cursor::default(), Cursor::default());
+        let shared = recompute_attention.then(|| a.take(tt));
         let blocks = (0..dims.n_layer)
             .map(|_| LlamaBlockActs {
                 resid_in: a.take(n * c),
@@ -114,7 +122,7 @@ impl LlamaLayout {
                 k: a.take(n * kv),
                 v: a.take(n * kv),
                 heads: a.take(3 * n * c),
-                att: a.take(tt),
+                att: shared.unwrap_or_else(|| a.take(tt)),
                 atty_h: a.take(n * c),
                 atty: a.take(n * c),
                 o: a.take(n * c),

@@ -112,6 +112,7 @@ mod linear;
 pub mod llama;
 pub mod llama_layout;
 pub mod optimizer;
+pub mod options;
 pub mod param_offload;
 pub mod placement;
 pub mod token_step;

@@ -195,7 +195,7 @@ impl Model for Gpt {
     fn resident_step(
         &self,
         layout: &FlatLayout,
-        act: stoker_gpu::Dtype,
+        act: (stoker_gpu::Dtype, stoker_gpu::step::options::StepOptions),
     ) -> Result<Option<Box<dyn DirectStep>>> {
         let dims = self.config.dims();
         let offsets = GptOffsets::from_table(&dims, |name| layout.offset_of(name))?;

@@ -239,7 +239,7 @@ impl Model for Llama {
     fn resident_step(
         &self,
         layout: &FlatLayout,
-        act: stoker_gpu::Dtype,
+        act: (stoker_gpu::Dtype, stoker_gpu::step::options::StepOptions),
     ) -> Result<Option<Box<dyn DirectStep>>> {
         let dims = self.dims;
         let offsets = LlamaOffsets::from_table(&dims, |name| layout.offset_of(name))?;

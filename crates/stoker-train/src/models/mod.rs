@@ -78,12 +78,12 @@ pub trait Model {
         Ok(None)
     }
     /// The model's GPU-resident step (stoker-gpu) run by its host build, over the same
-    /// flat layout (`step = "resident"`), with activations `act`. None by default: only
-    /// the GPT and the Llama have one.
+    /// flat layout (`step = "resident"`), with activations `act`, made with `opts`. None
+    /// by default: only the GPT and the Llama have one.
     fn resident_step(
         &self,
         _layout: &FlatLayout,
-        _act: stoker_gpu::Dtype,
+        _act: (stoker_gpu::Dtype, stoker_gpu::step::options::StepOptions),
     ) -> Result<Option<Box<dyn DirectStep>>> {
         Ok(None)
     }

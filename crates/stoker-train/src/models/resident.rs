@@ -6,6 +6,7 @@
 //! resident loops ([`super::resident_run`]) on the host or a GPU.
 
 use half::{bf16, f16};
+use stoker_gpu::step::options::StepOptions;
 use stoker_gpu::step::token_step::{AsTokenStep, MakeStep, ResidentStep};
 use stoker_gpu::step::{GptGpuStep, LlamaGpuStep};
 use stoker_gpu::{Act, Dtype, Host};
@@ -18,6 +19,15 @@ use super::token_direct::TokenDirect;
 use super::DirectStep;
 use crate::error::{config_err, Result};
 use crate::precision::Precision;
+
+/// How `config`'s resident steps are made: its `recompute` key, and on the loop
+/// `parallel.offload_params`.
+pub(crate) fn options(config: &crate::config::TrainConfig) -> StepOptions {
+    StepOptions {
+        offload_params: config.parallel.offload_params,
+        recompute_attention: config.recompute == crate::config::Recompute::Attention,
+    }
+}
 
 /// The resident steps' activation type for `precision`: f32, bf16, or f16 under fp16's
 /// loss scale; fp8 and fp64 have none.
@@ -44,51 +54,63 @@ fn boxed<S: ResidentStep<Host> + 'static>(
     })
 }
 
-fn gpt_as<T: Act>(dims: GptDims, offsets: GptOffsets, eps: f64) -> Box<dyn DirectStep>
+fn gpt_as<T: Act>(
+    dims: GptDims,
+    offsets: GptOffsets,
+    eps: f64,
+    opts: StepOptions,
+) -> Box<dyn DirectStep>
 where
     GptGpuStep<Host, T>: ResidentStep<Host>,
 {
     let (groups, end) = (offsets.group_ranges().to_vec(), offsets.end());
-    let make: MakeStep<Host, GptGpuStep<Host, T>> =
-        Box::new(move |be, b, t| GptGpuStep::new(be, dims, offsets.clone(), eps, b, t));
+    let make: MakeStep<Host, GptGpuStep<Host, T>> = Box::new(move |be, b, t| {
+        GptGpuStep::with_options(be, dims, offsets.clone(), eps, (b, t), opts)
+    });
     boxed(make, groups, end)
 }
 
-/// The GPT's GPU step on the host backend, its activations `act`.
-pub(crate) fn gpt(dims: GptDims, offsets: GptOffsets, eps: f64, act: Dtype) -> Box<dyn DirectStep> {
+/// The GPT's GPU step on the host backend, its activations `act`, made with `opts`.
+pub(crate) fn gpt(
+    dims: GptDims,
+    offsets: GptOffsets,
+    eps: f64,
+    (act, opts): (Dtype, StepOptions),
+) -> Box<dyn DirectStep> {
     match act {
-        Dtype::F32 => gpt_as::<f32>(dims, offsets, eps),
-        Dtype::Bf16 => gpt_as::<bf16>(dims, offsets, eps),
-        Dtype::F16 => gpt_as::<f16>(dims, offsets, eps),
+        Dtype::F32 => gpt_as::<f32>(dims, offsets, eps, opts),
+        Dtype::Bf16 => gpt_as::<bf16>(dims, offsets, eps, opts),
+        Dtype::F16 => gpt_as::<f16>(dims, offsets, eps, opts),
     }
 }
 
 fn llama_as<T: Act>(
     dims: LlamaDims,
     offsets: LlamaOffsets,
-    eps: f64,
-    theta: f64,
+    (eps, theta): (f64, f64),
+    opts: StepOptions,
 ) -> Box<dyn DirectStep>
 where
     LlamaGpuStep<Host, T>: ResidentStep<Host>,
 {
     let (groups, end) = (offsets.group_ranges().to_vec(), offsets.end());
-    let make: MakeStep<Host, LlamaGpuStep<Host, T>> =
-        Box::new(move |be, b, t| LlamaGpuStep::new(be, dims, offsets.clone(), eps, theta, b, t));
+    let make: MakeStep<Host, LlamaGpuStep<Host, T>> = Box::new(move |be, b, t| {
+        LlamaGpuStep::with_options(be, dims, offsets.clone(), (eps, theta), (b, t), opts)
+    });
     boxed(make, groups, end)
 }
 
-/// The Llama's GPU step on the host backend, its activations `act`.
+/// The Llama's GPU step on the host backend, its activations `act`, made with `opts`.
 pub(crate) fn llama(
     dims: LlamaDims,
     offsets: LlamaOffsets,
     (eps, theta): (f64, f64),
-    act: Dtype,
+    (act, opts): (Dtype, StepOptions),
 ) -> Box<dyn DirectStep> {
     match act {
-        Dtype::F32 => llama_as::<f32>(dims, offsets, eps, theta),
-        Dtype::Bf16 => llama_as::<bf16>(dims, offsets, eps, theta),
-        Dtype::F16 => llama_as::<f16>(dims, offsets, eps, theta),
+        Dtype::F32 => llama_as::<f32>(dims, offsets, (eps, theta), opts),
+        Dtype::Bf16 => llama_as::<bf16>(dims, offsets, (eps, theta), opts),
+        Dtype::F16 => llama_as::<f16>(dims, offsets, (eps, theta), opts),
     }
 }
 
@@ -144,11 +166,15 @@ fn gpt_run_as<T: Act>(
     eps: f64,
     setup: &RunSetup<'_>,
 ) -> Result<Box<dyn ResidentRun>> {
-    let offload = setup.offload_params;
-    loop_on!(setup, move |be: &_, b, t| match offload {
-        true => GptGpuStep::<_, T>::with_params_offloaded(be, dims, offsets.clone(), eps, b, t),
-        false => GptGpuStep::<_, T>::new(be, dims, offsets.clone(), eps, b, t),
-    })
+    let opts = setup.options;
+    loop_on!(setup, move |be: &_, b, t| GptGpuStep::<_, T>::with_options(
+        be,
+        dims,
+        offsets.clone(),
+        eps,
+        (b, t),
+        opts
+    ))
 }
 
 /// The GPT's resident loop of `setup`, its activations `act`.
@@ -172,17 +198,9 @@ fn llama_run_as<T: Act>(
     (eps, theta): (f64, f64),
     setup: &RunSetup<'_>,
 ) -> Result<Box<dyn ResidentRun>> {
-    let offload = setup.offload_params;
-    loop_on!(setup, move |be: &_, b, t| match offload {
-        true => LlamaGpuStep::<_, T>::with_params_offloaded(
-            be,
-            dims,
-            offsets.clone(),
-            (eps, theta),
-            b,
-            t
-        ),
-        false => LlamaGpuStep::<_, T>::new(be, dims, offsets.clone(), eps, theta, b, t),
+    let opts = setup.options;
+    loop_on!(setup, move |be: &_, b, t| {
+        LlamaGpuStep::<_, T>::with_options(be, dims, offsets.clone(), (eps, theta), (b, t), opts)
     })
 }
 

@@ -16,6 +16,7 @@ use stoker_gpu::parallel::{
     Collectives, GradRule, Replica, Strategy as GpuStrategy, Trainable, WindowReport,
 };
 use stoker_gpu::step::optimizer::{Optimizer as GpuOptimizer, Scalars};
+use stoker_gpu::step::options::StepOptions;
 use stoker_gpu::step::token_step::MakeStep;
 use stoker_gpu::step::TokenBatch;
 use stoker_gpu::Backend;
@@ -109,9 +110,10 @@ pub struct RunSetup<'a> {
     pub shape: (usize, usize),
     /// Where the loop runs.
     pub on: ResidentOn,
-    /// The blocks' parameters offloaded to host memory (one rank, the optimizer
-    /// offloaded: the replica refuses anything else).
-    pub offload_params: bool,
+    /// How the steps are made: the blocks' parameters offloaded to host memory (one
+    /// rank, the optimizer offloaded: the replica refuses anything else), attention
+    /// recomputed in the backward.
+    pub options: StepOptions,
 }
 
 /// The backend a resident loop runs on.

@@ -163,7 +163,10 @@ impl StepPath {
                 model
                     .resident_step(
                         layout,
-                        crate::models::resident::activations(config.precision)?,
+                        (
+                            crate::models::resident::activations(config.precision)?,
+                            crate::models::resident::options(config),
+                        ),
                     )?
                     .ok_or_else(|| {
                         TrainError::Strategy(

@@ -51,8 +51,8 @@ struct LoopPlan {
     shape: (usize, usize),
     /// The steps' activation type (f32, bf16, or fp16's f16).
     act: stoker_gpu::Dtype,
-    /// The blocks' parameters offloaded to host memory (`parallel.offload_params`).
-    offload_params: bool,
+    /// How its steps are made (`parallel.offload_params`, `recompute`).
+    options: stoker_gpu::step::options::StepOptions,
     timeout: std::time::Duration,
 }
 
@@ -74,7 +74,7 @@ impl LoopPlan {
         strategy: &dyn Strategy,
         master: &[f32],
     ) -> Result<Box<dyn ResidentRun>> {
-        if self.offload_params && strategy.world_size() > 1 {
+        if self.options.offload_params && strategy.world_size() > 1 {
             return Err(crate::error::config_err(
                 "parallel.offload_params",
                 format!(
@@ -100,7 +100,7 @@ impl LoopPlan {
             comm,
             shape: self.shape,
             on: self.on,
-            offload_params: self.offload_params,
+            options: self.options,
         };
         let run = model
             .resident_run(layout, self.act, &setup)?
@@ -151,7 +151,7 @@ impl ResidentPath {
                 optimizer,
                 shape,
                 act: crate::models::resident::activations(config.precision)?,
-                offload_params: config.parallel.offload_params,
+                options: crate::models::resident::options(config),
                 timeout: std::time::Duration::from_secs_f64(config.parallel.timeout_s),
             },
             host_behind: false,
@@ -240,29 +240,11 @@ pub fn planned_resident_bytes(
         return None;
     }
     let (strategy, optimizer, (b, t)) = loop_kinds(config);
-    let offload = config.parallel.offload_params;
+    let opts = crate::models::resident::options(config);
     let sizes = match &config.model {
-        ModelConfig::Gpt(g) => {
-            let dims = g.dims();
-            let sizes = stoker_gpu::step::gpt::gpt_step_sizes(&dims, len, b, t);
-            match offload {
-                true => sizes.with_params_offloaded(
-                    dims.n_layer,
-                    stoker_gpu::step::gpt::gpt_block_len(&dims),
-                ),
-                false => sizes,
-            }
-        }
+        ModelConfig::Gpt(g) => stoker_gpu::step::gpt::gpt_step_sizes(&g.dims(), len, (b, t), opts),
         ModelConfig::Llama(l) => {
-            let dims = l.dims();
-            let sizes = stoker_gpu::step::llama::llama_step_sizes(&dims, len, b, t);
-            match offload {
-                true => sizes.with_params_offloaded(
-                    dims.n_layer,
-                    stoker_gpu::step::llama::llama_block_len(&dims),
-                ),
-                false => sizes,
-            }
+            stoker_gpu::step::llama::llama_step_sizes(&l.dims(), len, (b, t), opts)
         }
         ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => return None,
     };

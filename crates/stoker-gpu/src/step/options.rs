@@ -1,0 +1,15 @@
+//! How a resident step is made beyond its model and batch shape: what it keeps on the
+//! backend, traded for copies or recomputation.
+
+/// A step's memory options (none by default: everything kept on the backend).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepOptions {
+    /// The blocks' parameters offloaded to host memory, each block's streamed up as it
+    /// runs ([`super::param_offload`]; FSDP's `CPUOffload(offload_params=True)`).
+    pub offload_params: bool,
+    /// Attention's probabilities recomputed in each block's backward (the scores'
+    /// product and the softmax again, the same kernels on the same inputs, so the same
+    /// bits) instead of kept per block: one `[B, H, T, T]` buffer for every block
+    /// (Megatron-LM's selective activation recomputation).
+    pub recompute_attention: bool,
+}

@@ -1,0 +1,134 @@
+//! Attention's probabilities recomputed in the backward (`StepOptions::recompute_attention`,
+//! Megatron-LM's selective recomputation): the GPT's and the Llama's steps give the plain
+//! steps' losses and gradients bit for bit (the same product and softmax on the same q
+//! and k), over two micro-batches and an evaluation, in f32 and bf16, while holding one
+//! `[B, H, T, T]` buffer instead of one per block.
+
+use stoker_gpu::sample::{gpt, ids, llama};
+use stoker_gpu::step::gpt::gpt_step_sizes;
+use stoker_gpu::step::llama::llama_step_sizes;
+use stoker_gpu::step::options::StepOptions;
+use stoker_gpu::step::{GptGpuStep, LlamaGpuStep, TokenBatch};
+use stoker_gpu::{Act, Host};
+use stoker_kernels::{GptDims, LlamaDims};
+use stoker_testkit::assert_bits_eq;
+
+const B: usize = 2;
+const T: usize = 9;
+const RECOMPUTE: StepOptions = StepOptions {
+    offload_params: false,
+    recompute_attention: true,
+};
+
+/// Two micro-batches' tokens and targets over `vocab`, a few targets ignored.
+fn batches(vocab: usize) -> Vec<(Vec<i64>, Vec<i64>)> {
+    (0..2u64)
+        .map(|k| {
+            let draw = |s| -> Vec<i64> { ids(B * T, s, vocab).iter().map(|&x| x as i64).collect() };
+            let mut targets = draw(20 + k);
+            targets[3] = -1;
+            (draw(10 + k), targets)
+        })
+        .collect()
+}
+
+fn batch(m: &(Vec<i64>, Vec<i64>)) -> TokenBatch<'_> {
+    TokenBatch {
+        tokens: &m.0,
+        targets: &m.1,
+        ignore: -1,
+    }
+}
+
+/// Runs `$plain` and `$recompute` (steps of one model) over the same micro-batches and
+/// compares losses, gradients and an evaluation bit for bit.
+macro_rules! same_bits {
+    ($what:expr, $params:expr, $vocab:expr, $plain:expr, $recompute:expr) => {{
+        let data = batches($vocab);
+        let mut ends = Vec::new();
+        for step in [&$plain, &$recompute] {
+            step.buffers().load_params(&Host, $params).unwrap();
+            step.buffers().zero_grads(&Host).unwrap();
+            let losses: Vec<f64> = data
+                .iter()
+                .map(|m| step.forward_backward(&Host, batch(m), 0.5).unwrap())
+                .collect();
+            let eval = step.evaluate(&Host, batch(&data[1])).unwrap();
+            ends.push((losses, step.buffers().grads(&Host).unwrap(), eval));
+        }
+        assert_eq!(ends[1].0, ends[0].0, "{}: losses", $what);
+        assert_bits_eq(&ends[1].1, &ends[0].1, &format!("{}: gradients", $what));
+        assert_eq!(ends[1].2, ends[0].2, "{}: evaluation", $what);
+    }};
+}
+
+#[test]
+fn recomputed_attention_is_the_kept_one_bit_for_bit_in_less_memory() {
+    fn check<A: Act>() {
+        let what = format!("{:?}", A::DTYPE);
+        let dims = GptDims {
+            vocab: 41,
+            context: 12,
+            d_model: 16,
+            n_layer: 3,
+            n_head: 2,
+        };
+        let g = gpt(&dims, 5, 0.2);
+        let plain = GptGpuStep::<Host, A>::new(&Host, dims, g.offsets.clone(), 1e-5, B, T).unwrap();
+        let rec = GptGpuStep::<Host, A>::with_options(
+            &Host,
+            dims,
+            g.offsets.clone(),
+            1e-5,
+            (B, T),
+            RECOMPUTE,
+        )
+        .unwrap();
+        same_bits!(format!("gpt {what}"), &g.params, dims.vocab, plain, rec);
+        // Two blocks' probabilities fewer: counted, and planned alike.
+        let tt = B * dims.n_head * T * T;
+        let size = std::mem::size_of::<A>();
+        assert_eq!(
+            plain.buffers().bytes() - rec.buffers().bytes(),
+            (dims.n_layer - 1) * tt * size
+        );
+        let planned = gpt_step_sizes(&dims, g.offsets.end(), (B, T), RECOMPUTE).bytes(size);
+        assert_eq!(
+            rec.buffers().bytes(),
+            planned,
+            "gpt {what}: counted against planned"
+        );
+
+        let dims = LlamaDims {
+            vocab: 43,
+            context: 12,
+            d_model: 16,
+            n_layer: 3,
+            n_head: 4,
+            n_kv_head: 2,
+            ffn_hidden: 24,
+        };
+        let l = llama(&dims, 6, 0.2);
+        let theta = 10_000.0;
+        let plain = LlamaGpuStep::<Host, A>::new(&Host, dims, l.offsets.clone(), 1e-5, theta, B, T)
+            .unwrap();
+        let rec = LlamaGpuStep::<Host, A>::with_options(
+            &Host,
+            dims,
+            l.offsets.clone(),
+            (1e-5, theta),
+            (B, T),
+            RECOMPUTE,
+        )
+        .unwrap();
+        same_bits!(format!("llama {what}"), &l.params, dims.vocab, plain, rec);
+        let planned = llama_step_sizes(&dims, l.offsets.end(), (B, T), RECOMPUTE).bytes(size);
+        assert_eq!(
+            rec.buffers().bytes(),
+            planned,
+            "llama {what}: counted against planned"
+        );
+    }
+    check::<f32>();
+    check::<half::bf16>();
+}
