@@ -18,6 +18,7 @@ const T: usize = 9;
 const RECOMPUTE: StepOptions = StepOptions {
     offload_params: false,
     recompute_attention: true,
+    grads_in_slots: false,
 };
 
 /// Two micro-batches' tokens and targets over `vocab`, a few targets ignored.

@@ -73,6 +73,14 @@ fn segments(ranges: &Ranges) -> Vec<(Range<usize>, bool)> {
         .collect()
 }
 
+/// The step's options `strategy` runs with: ZeRO-2's gradients in slots.
+fn options_for(strategy: Strategy) -> StepOptions {
+    StepOptions {
+        grads_in_slots: strategy == Strategy::Zero2,
+        ..StepOptions::default()
+    }
+}
+
 /// Clipping to `clip`, no loss scale.
 fn rule(clip: Option<f64>) -> GradRule {
     GradRule {
@@ -108,7 +116,15 @@ fn train<T: Act, C: Communicator>(
 ) -> RankEnd {
     let g = gpt(&DIMS, SEED, 0.2);
     let (rank, world) = (comm.rank(), comm.world_size());
-    let step = GptGpuStep::<Host, T>::new(&Host, DIMS, g.offsets.clone(), 1e-5, B, T).unwrap();
+    let step = GptGpuStep::<Host, T>::with_options(
+        &Host,
+        DIMS,
+        g.offsets.clone(),
+        1e-5,
+        (B, T),
+        options_for(strategy),
+    )
+    .unwrap();
     let segs = segments(&g.ranges);
     let mut replica = Replica::new(
         &Host,
@@ -292,7 +308,7 @@ fn ranks_and_strategies_train_what_one_rank_trains() {
     for opt in [Optimizer::AdamW, Optimizer::Sgd { momentum: true }] {
         let one = &ranks::<f32>(1, Strategy::Ddp, opt, clip)[0];
         for world in [2, 3] {
-            for strategy in [Strategy::Ddp, Strategy::Zero1] {
+            for strategy in [Strategy::Ddp, Strategy::Zero1, Strategy::Zero2] {
                 let what = format!("{opt:?}, {strategy:?} over {world} ranks");
                 let ends = ranks::<f32>(world, strategy, opt, clip);
                 for (rank, end) in ends.iter().enumerate() {
@@ -319,7 +335,7 @@ fn ranks_and_strategies_train_what_one_rank_trains() {
                 }
                 let master = match strategy {
                     Strategy::Ddp | Strategy::Offload => ends[0].2.clone(),
-                    Strategy::Zero1 | Strategy::Zero1Offload => assemble(&ends),
+                    Strategy::Zero1 | Strategy::Zero1Offload | Strategy::Zero2 => assemble(&ends),
                 };
                 assert_bits_eq(
                     &ends[0].3,
@@ -465,7 +481,15 @@ fn replica_for<A: Act>(
     strategy: Strategy,
 ) -> Replica<Host, GptGpuStep<Host, A>> {
     let g = gpt(&DIMS, SEED, 0.2);
-    let step = GptGpuStep::<Host, A>::new(&Host, DIMS, g.offsets.clone(), 1e-5, B, T).unwrap();
+    let step = GptGpuStep::<Host, A>::with_options(
+        &Host,
+        DIMS,
+        g.offsets.clone(),
+        1e-5,
+        (B, T),
+        options_for(strategy),
+    )
+    .unwrap();
     Replica::new(
         &Host,
         step,
@@ -481,7 +505,7 @@ fn replica_for<A: Act>(
 /// the micro-batches: nothing is communicated before), and the weights are untouched.
 #[test]
 fn a_window_without_targets_is_refused_on_every_rank() {
-    for strategy in [Strategy::Ddp, Strategy::Zero1] {
+    for strategy in [Strategy::Ddp, Strategy::Zero1, Strategy::Zero2] {
         let errs = run_local(2, DEFAULT_TIMEOUT, |comm| {
             let replica = replica_for::<f32>(&comm, strategy);
             let before = replica.step().buffers().params(&Host).unwrap();
@@ -523,7 +547,7 @@ fn a_window_without_targets_is_refused_on_every_rank() {
 /// one runs the mean) are refused on every rank, none left waiting in a collective.
 #[test]
 fn ranks_with_different_micro_batch_counts_are_refused_on_every_rank() {
-    for strategy in [Strategy::Ddp, Strategy::Zero1] {
+    for strategy in [Strategy::Ddp, Strategy::Zero1, Strategy::Zero2] {
         let errs = run_local(3, DEFAULT_TIMEOUT, |comm| {
             let replica = replica_for::<f32>(&comm, strategy);
             let data = window(0);
@@ -1117,6 +1141,7 @@ type OffloadEnd = (Vec<WindowReport>, Vec<f32>, Vec<f32>, (f64, usize, usize));
 const OFFLOAD: StepOptions = StepOptions {
     offload_params: true,
     recompute_attention: false,
+    grads_in_slots: false,
 };
 
 /// Three blocks: block 0's slot is block 2's in the forward, so the backward must bring
@@ -1331,4 +1356,83 @@ fn the_llama_step_with_its_parameters_offloaded_is_the_plain_step_bit_for_bit() 
     }
     check::<f32>();
     check::<half::bf16>();
+}
+
+/// ZeRO-2 (the blocks' gradients in two slots, each block's reduce-scattered into the
+/// shard after every micro-batch's backward): one rank trains what DDP trains, and at 2
+/// and 3 ranks every rank holds the step's slots and its shard (gradients and a landing
+/// buffer) instead of the whole gradient, as planned.
+#[test]
+fn zero2_holds_a_shard_of_the_gradients_and_trains_what_one_rank_trains() {
+    let one = &ranks::<f32>(1, Strategy::Ddp, Optimizer::AdamW, Some(0.05))[0];
+    let zero2 = &ranks::<f32>(1, Strategy::Zero2, Optimizer::AdamW, Some(0.05))[0];
+    for (w, (got, want)) in zero2.0.iter().zip(&one.0).enumerate() {
+        assert_eq!(got.1, want.1, "window {w}'s tokens");
+        assert_close_scalar(got.0, want.0, 1e-6, &format!("window {w}'s loss"));
+    }
+    assert_weights(&zero2.2, &one.2, 1e-5, "ZeRO-2 on one rank");
+    // Six blocks: the two slots hold a third of the blocks' gradients.
+    let dims = GptDims { n_layer: 6, ..DIMS };
+    let g = gpt(&dims, SEED, 0.2);
+    let end = g.offsets.end();
+    let table = stoker_kernels::gpt_params(&dims);
+    let segs: Vec<(Range<usize>, bool)> = g
+        .ranges
+        .iter()
+        .zip(&table)
+        .map(|((_, r), p)| (r.clone(), p.shape.len() >= 2))
+        .collect();
+    let make = |comm: &stoker_comm::LocalComm, strategy: Strategy| {
+        let step = GptGpuStep::<Host, f32>::with_options(
+            &Host,
+            dims,
+            g.offsets.clone(),
+            1e-5,
+            (B, T),
+            options_for(strategy),
+        )
+        .unwrap();
+        Replica::new(
+            &Host,
+            step,
+            (strategy, Optimizer::AdamW),
+            &g.params,
+            &segs,
+            (comm.rank(), comm.world_size()),
+        )
+        .unwrap()
+    };
+    for world in [2, 3] {
+        let bytes = run_local(world, DEFAULT_TIMEOUT, |comm| {
+            let (z2, z1) = (make(&comm, Strategy::Zero2), make(&comm, Strategy::Zero1));
+            let rank_world = (comm.rank(), comm.world_size());
+            let planned = DataParallel::<Host>::planned_bytes(
+                Strategy::Zero2,
+                Optimizer::AdamW,
+                end,
+                rank_world,
+                stoker_gpu::step::gpt::gpt_block_len(&dims),
+            ) + stoker_gpu::step::gpt::gpt_step_sizes(
+                &dims,
+                end,
+                (B, T),
+                options_for(Strategy::Zero2),
+            )
+            .bytes(4);
+            let counted = |r: &Replica<Host, GptGpuStep<Host, f32>>| {
+                r.state().bytes() + r.step().buffers().bytes()
+            };
+            (planned, counted(&z2), counted(&z1))
+        });
+        for (r, (planned, z2, z1)) in bytes.into_iter().enumerate() {
+            assert_eq!(
+                planned, z2,
+                "rank {r} of {world}: ZeRO-2's planned and counted bytes"
+            );
+            assert!(
+                z2 < z1,
+                "rank {r} of {world}: ZeRO-2 holds {z2}, ZeRO-1 {z1}"
+            );
+        }
+    }
 }

@@ -489,11 +489,11 @@ impl TrainConfig {
     }
 
     /// Whether training steps run the resident loop (`step = "resident"` under one rank,
-    /// DDP or ZeRO-1, reducing once per window and not in deterministic mode): the step,
-    /// the FP32 master, the optimizer and the reductions on the step's backend. The rest
-    /// of `step = "resident"` (ZeRO-2/3, deterministic mode, a reduction per micro-batch)
-    /// runs the same step's host build through the CPU trainer's own master and
-    /// optimizer, on the CPU only.
+    /// DDP, ZeRO-1 or ZeRO-2, not in deterministic mode): the step, the FP32 master, the
+    /// optimizer and the reductions on the step's backend. The rest of `step =
+    /// "resident"` (ZeRO-3, deterministic mode, DDP's or ZeRO-1's reduction per
+    /// micro-batch, ZeRO-2's `no_sync`) runs the same step's host build through the CPU
+    /// trainer's own master and optimizer, on the CPU only.
     pub fn resident_loop(&self) -> bool {
         self.resident_step() && self.not_on_resident_loop().is_none()
     }
@@ -502,19 +502,32 @@ impl TrainConfig {
     /// [`TrainConfig::resident_loop`], in one place.
     fn not_on_resident_loop(&self) -> Option<(&'static str, String)> {
         let p = &self.parallel;
-        let sharded = match p.strategy {
-            StrategyKind::None | StrategyKind::Ddp | StrategyKind::Zero1 => None,
-            StrategyKind::Zero2 => Some("zero2"),
-            StrategyKind::Zero3 => Some("zero3"),
-        };
-        if let Some(name) = sharded {
+        if p.strategy == StrategyKind::Zero3 {
             return Some((
                 "parallel.strategy",
-                format!(
-                    "\"{name}\" is not built on the resident step's GPU loop (gradients and \
-                     parameters sharded while the backward runs): use \"ddp\" or \"zero1\""
-                ),
+                "\"zero3\" is not built on the resident step's GPU loop (parameters sharded \
+                 while the forward and backward run): use \"ddp\", \"zero1\" or \"zero2\""
+                    .into(),
             ));
+        }
+        if p.strategy == StrategyKind::Zero2 {
+            if p.offload_optimizer {
+                return Some((
+                    "parallel.offload_optimizer",
+                    "ZeRO-2 with its optimizer offloaded is not built on the resident loop: \
+                     use \"zero1\" with offload_optimizer"
+                        .into(),
+                ));
+            }
+            if p.sync_every_micro_batch == Some(false) {
+                return Some((
+                    "parallel.sync_every_micro_batch",
+                    "false keeps whole local gradients until the last micro-batch, which \
+                     ZeRO-2 on the resident loop does not hold: it reduces each block's after \
+                     every micro-batch (use \"zero1\" for one reduction per window)"
+                        .into(),
+                ));
+            }
         }
         if p.deterministic {
             return Some((
@@ -525,7 +538,7 @@ impl TrainConfig {
                     .into(),
             ));
         }
-        if p.sync_every_micro_batch == Some(true) {
+        if p.sync_every_micro_batch == Some(true) && p.strategy != StrategyKind::Zero2 {
             return Some((
                 "parallel.sync_every_micro_batch",
                 "the resident loop reduces once per window (a reduction per micro-batch is \
@@ -952,11 +965,16 @@ steps = 1
         for (key, change) in [
             (
                 "parallel.strategy",
-                (|c: &mut TrainConfig| c.parallel.strategy = StrategyKind::Zero2)
+                (|c: &mut TrainConfig| c.parallel.strategy = StrategyKind::Zero3)
                     as fn(&mut TrainConfig),
             ),
-            ("parallel.strategy", |c| {
-                c.parallel.strategy = StrategyKind::Zero3
+            ("parallel.offload_optimizer", |c| {
+                c.parallel.strategy = StrategyKind::Zero2;
+                c.parallel.offload_optimizer = true;
+            }),
+            ("parallel.sync_every_micro_batch", |c| {
+                c.parallel.strategy = StrategyKind::Zero2;
+                c.parallel.sync_every_micro_batch = Some(false);
             }),
             ("parallel.deterministic", |c| {
                 c.parallel.deterministic = true
@@ -969,11 +987,15 @@ steps = 1
             change(&mut bad);
             assert_eq!(key_of(bad.check_gpu_keys()), key);
         }
-        for kind in [StrategyKind::None, StrategyKind::Zero1] {
+        for kind in [StrategyKind::None, StrategyKind::Zero1, StrategyKind::Zero2] {
             let mut ok = r.clone();
             ok.parallel.strategy = kind;
             ok.check_gpu_keys().unwrap();
         }
+        let mut sync = r.clone();
+        sync.parallel.strategy = StrategyKind::Zero2;
+        sync.parallel.sync_every_micro_batch = Some(true);
+        sync.check_gpu_keys().unwrap();
         // The optimizer offloaded to the host: one rank, DDP or ZeRO-1.
         for kind in [StrategyKind::None, StrategyKind::Ddp, StrategyKind::Zero1] {
             let mut ok = r.clone();

@@ -56,12 +56,17 @@ fn saved_state(t: &mut Trainer) -> LoadedState {
 }
 
 #[test]
-fn the_resident_loop_serves_one_rank_ddp_and_zero1_and_the_adapter_the_rest() {
+fn the_resident_loop_serves_one_rank_ddp_zero1_and_zero2_and_the_adapter_the_rest() {
     for (extra, world, want) in [
         ("strategy = \"none\"", 1, "resident"),
         ("strategy = \"ddp\"", 2, "resident"),
         ("strategy = \"zero1\"", 2, "resident"),
-        ("strategy = \"zero2\"", 2, "direct by group"),
+        ("strategy = \"zero2\"", 2, "resident"),
+        (
+            "strategy = \"zero2\"\nsync_every_micro_batch = false",
+            2,
+            "direct",
+        ),
         ("strategy = \"zero3\"", 2, "direct by group"),
         ("strategy = \"ddp\"\ndeterministic = true", 2, "direct"),
     ] {
@@ -121,6 +126,7 @@ fn a_resident_run_resumed_from_its_state_equals_one_that_never_stopped() {
         ("fp32", "strategy = \"zero1\"", 2, SGD),
         ("fp32", "strategy = \"none\"", 1, PLAIN_SGD),
         ("fp16", "strategy = \"zero1\"", 2, ADAMW),
+        ("bf16", "strategy = \"zero2\"", 2, ADAMW),
     ] {
         let c = resident(GPT, precision, optimizer, extra);
         let what = format!("{precision} {extra} on {world} ranks, {optimizer}");
@@ -201,6 +207,8 @@ fn the_loop_holds_what_its_plan_says() {
         (GPT, "bf16", ADAMW, "strategy = \"zero1\"", 2),
         (LLAMA, "bf16", SGD, "strategy = \"ddp\"", 2),
         (LLAMA, "fp32", ADAMW, "strategy = \"zero1\"", 3),
+        (GPT, "bf16", SGD, "strategy = \"zero2\"", 2),
+        (LLAMA, "fp32", ADAMW, "strategy = \"zero2\"", 3),
     ] {
         let c = resident(model, precision, optimizer, extra);
         let what = format!("{} {precision} {extra} on {world}", &model[8..11]);
@@ -329,8 +337,8 @@ fn the_plan_line_finds_the_largest_micro_batch_that_fits() {
     let mib = format!("{:.2} MiB planned", two.total() as f64 / (1 << 20) as f64);
     assert!(line.contains(&mib), "{line} (expected {mib})");
     // Off the loop: no line.
-    let zero2 = resident(GPT, "bf16", ADAMW, "strategy = \"zero2\"");
-    assert!(stoker_train::planned::resident_plan_line(&zero2, 2, None)
+    let zero3 = resident(GPT, "bf16", ADAMW, "strategy = \"zero3\"");
+    assert!(stoker_train::planned::resident_plan_line(&zero3, 2, None)
         .unwrap()
         .is_none());
 }

@@ -100,15 +100,16 @@ fn every_strategy_with_the_resident_step_equals_one_rank_and_evaluates_alike() {
     }
 }
 
-/// fp16 through the adapter (ZeRO-2 and -3: the CPU trainer's own loss scaler over the
-/// host gradients) trains what the resident loop (its scaler's skip on the backend)
-/// trains at one rank.
+/// fp16 through the adapter (ZeRO-3, and ZeRO-2's `no_sync`: the CPU trainer's own loss
+/// scaler over the host gradients) trains what the resident loop (its scaler's skip on
+/// the backend) trains at one rank.
 #[test]
 fn fp16_through_the_adapter_trains_what_the_loop_trains() {
     let one = resident(GPT, "fp16", ADAMW, "strategy = \"none\"");
     assert!(one.resident_loop());
     let want = train(1, &one, GPT, 4, 1, micro_batch).remove(0);
-    for strategy in ZERO3.iter().chain(["strategy = \"zero2\""].iter()) {
+    let no_sync = "strategy = \"zero2\"\nsync_every_micro_batch = false";
+    for strategy in ZERO3.iter().chain([no_sync].iter()) {
         let c = resident(GPT, "fp16", ADAMW, strategy);
         assert!(!c.resident_loop(), "{strategy}");
         for (r, got) in train(2, &c, GPT, 4, 1, micro_batch).iter().enumerate() {

@@ -90,6 +90,7 @@ fn train<B: Backend, T: Act>(
     let (rank, world) = (coll.rank(), coll.world());
     let opts = StepOptions {
         offload_params,
+        grads_in_slots: strategy == Strategy::Zero2,
         ..StepOptions::default()
     };
     let step = GptGpuStep::<B, T>::with_options(be, DIMS, g.offsets.clone(), 1e-5, (3, 11), opts)?;
@@ -186,6 +187,7 @@ pub fn compare_replica(dev: &Device) -> Result<Vec<ReplicaCompared>, GpuError> {
     for (run, name) in [
         ((Strategy::Ddp, false), "ddp"),
         ((Strategy::Zero1, false), "zero-1"),
+        ((Strategy::Zero2, false), "zero-2"),
         // The blocks' parameters offloaded (two slots on the device, the update on the
         // host): against the host build's same loop.
         ((Strategy::Offload, true), "params-off"),

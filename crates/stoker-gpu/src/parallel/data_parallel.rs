@@ -29,6 +29,10 @@ pub enum Strategy {
     /// ZeRO-1 with each rank's shard of the master and optimizer state in host memory,
     /// stepped by the host (DeepSpeed's stage 1 with `offload_optimizer`).
     Zero1Offload,
+    /// ZeRO-2: ZeRO-1's shard, and the gradients reduce-scattered block by block after
+    /// every micro-batch's backward, so that no rank holds them whole (the step keeps
+    /// its blocks' gradients in two slots).
+    Zero2,
 }
 
 /// One rank's optimizer state under a [`Strategy`].
@@ -58,31 +62,59 @@ impl<B: Backend> DataParallel<B> {
             Strategy::Zero1 | Strategy::Zero1Offload => {
                 DataParallel::Zero1(Zero1::new(be, kind, master, segments, rank_world, offload)?)
             }
+            // Its landing buffer comes with the step's block size ([`Self::accumulating`]).
+            Strategy::Zero2 => {
+                DataParallel::Zero1(Zero1::new(be, kind, master, segments, rank_world, false)?)
+            }
+        })
+    }
+
+    /// ZeRO-2 (`strategy` [`Strategy::Zero2`]): this ZeRO-1 state summing per-block
+    /// reductions, with a landing buffer for pieces of at most `block_len` elements (the
+    /// step's largest block). Anything else is as it was.
+    pub fn accumulating(
+        self,
+        be: &B,
+        strategy: Strategy,
+        block_len: usize,
+    ) -> Result<Self, GpuError> {
+        Ok(match (self, strategy) {
+            (DataParallel::Zero1(z), Strategy::Zero2) => {
+                DataParallel::Zero1(z.accumulating(be, block_len)?)
+            }
+            (other, _) => other,
         })
     }
 
     /// Bytes rank `rank_world.0` of `rank_world.1`'s state of `kind` over a flat buffer of
     /// `len` elements holds under `strategy`, planned before it exists (the counted side
     /// is [`DataParallel::bytes`]): DDP the whole master and moments, ZeRO-1 its shard of
-    /// them and of the gradients.
+    /// them and of the gradients, ZeRO-2 also its landing buffer (from `block_len`, the
+    /// step's largest block).
     pub fn planned_bytes(
         strategy: Strategy,
         kind: Optimizer,
         len: usize,
         (rank, world): (usize, usize),
+        block_len: usize,
     ) -> usize {
         match strategy {
             Strategy::Ddp => kind.state_bytes(len),
             Strategy::Offload => 0,
-            Strategy::Zero1 | Strategy::Zero1Offload => {
+            Strategy::Zero1 | Strategy::Zero1Offload | Strategy::Zero2 => {
                 let shard = super::zero1::shard_plan(len, world)
                     .range(rank.min(world.max(1) - 1))
                     .len();
                 let state = match strategy {
-                    Strategy::Zero1 => kind.state_bytes(shard),
-                    _ => 0,
+                    Strategy::Zero1Offload => 0,
+                    _ => kind.state_bytes(shard),
                 };
-                state + 4 * shard
+                // ZeRO-2 lands each reduction beside the shard's sums.
+                let grads = match strategy {
+                    Strategy::Zero2 => shard + super::zero1::landing_len(shard, block_len),
+                    _ => shard,
+                };
+                state + 4 * grads
             }
         }
     }

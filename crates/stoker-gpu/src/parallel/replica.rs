@@ -14,12 +14,12 @@ use super::collectives::Collectives;
 use super::data_parallel::{DataParallel, Strategy};
 use super::grad_rule::GradRule;
 use super::tally::Tally;
-use crate::backend::Backend;
+use crate::backend::{Backend, View};
 use crate::elem::{Act, Dtype};
 use crate::error::{check_len, GpuError};
 use crate::step::block_runs::outside_blocks;
 use crate::step::buffers::AfterBlock;
-use crate::step::optimizer::{Optimizer, Scalars, UpdateViews};
+use crate::step::optimizer::{ComputeViews, Optimizer, Scalars, UpdateViews};
 use crate::step::{GptGpuStep, LlamaGpuStep, TokenBatch};
 
 /// What a replica needs of a step.
@@ -64,6 +64,13 @@ pub trait Trainable<B: Backend> {
     fn host_update_views(&self, be: &B) -> Result<Option<UpdateViews<'_, Self::T>>, GpuError>;
     /// After an update on the host, the backend's part of the compute copy brought up.
     fn after_host_update(&self, be: &B) -> Result<(), GpuError>;
+    /// Whether the blocks' gradients are in two slots (ZeRO-2's step).
+    fn grads_in_slots(&self) -> bool;
+    /// The gradients of the flat run `r` (a block's run, or one outside the blocks)
+    /// wherever they are on the backend.
+    fn grads_at(&self, be: &B, r: Range<usize>) -> Result<View<'_, f32>, GpuError>;
+    /// The compute copy and the norm's scratch, for an update from a shard's gradients.
+    fn compute_views(&self, be: &B) -> Result<ComputeViews<'_, Self::T>, GpuError>;
 }
 
 macro_rules! trainable {
@@ -115,6 +122,15 @@ macro_rules! trainable {
             fn after_host_update(&self, be: &B) -> Result<(), GpuError> {
                 self.buffers().after_host_update(be)
             }
+            fn grads_in_slots(&self) -> bool {
+                self.buffers().grads_in_slots()
+            }
+            fn grads_at(&self, be: &B, r: Range<usize>) -> Result<View<'_, f32>, GpuError> {
+                self.buffers().grads_at(be, r)
+            }
+            fn compute_views(&self, be: &B) -> Result<ComputeViews<'_, T>, GpuError> {
+                $t::compute_views(self, be)
+            }
         }
     };
 }
@@ -160,6 +176,16 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         rank_world: (usize, usize),
     ) -> Result<Self, GpuError> {
         step.load(be, master)?;
+        if step.grads_in_slots() != (strategy == Strategy::Zero2) {
+            return Err(GpuError::Shape {
+                kernel: "replica",
+                what: format!(
+                    "ZeRO-2 runs a step with its blocks' gradients in slots, and only ZeRO-2 \
+                     does (strategy {strategy:?}, gradients in slots: {})",
+                    step.grads_in_slots()
+                ),
+            });
+        }
         let offloaded = step.host_update_views(be)?.is_some();
         if offloaded && (strategy != Strategy::Offload || rank_world.1 != 1) {
             return Err(GpuError::Shape {
@@ -171,9 +197,16 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                 ),
             });
         }
-        let state = DataParallel::new(be, strategy, kind, master, segments, rank_world)?;
-        // Only beyond one rank do the buckets run.
-        let rest = match rank_world.1 > 1 {
+        let block_len = step
+            .block_runs()
+            .iter()
+            .map(|b| b.iter().map(|r| r.len()).sum::<usize>())
+            .max()
+            .unwrap_or(0);
+        let state = DataParallel::new(be, strategy, kind, master, segments, rank_world)?
+            .accumulating(be, strategy, block_len)?;
+        // Only beyond one rank do the buckets run (ZeRO-2's reductions at every world).
+        let rest = match rank_world.1 > 1 || strategy == Strategy::Zero2 {
             true => buckets_rest(step.block_runs(), master.len())?,
             false => Vec::new(),
         };
@@ -267,6 +300,11 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         scalars: &Scalars,
         rule: GradRule,
     ) -> Result<WindowReport, GpuError> {
+        if let DataParallel::Zero1(z) = &self.state {
+            if z.accumulates() {
+                return self.zero2_window(be, coll, z, micro, (scalars, rule));
+            }
+        }
         let capacity = (coll.world() * micro.len() * self.step.rows()) as f64;
         let grad_scale = (rule.loss_scale.unwrap_or(1.0) as f64 / capacity.max(1.0)) as f32;
         self.step.zero_grads(be)?;
@@ -345,6 +383,68 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                     .update(be, coll, views, scalars, (tally, capacity), (rule, buckets))?
             }
         };
+        Ok(WindowReport {
+            loss: total.loss / total.valid,
+            tokens: total.valid as u64,
+            grad_norm,
+            skipped: rule.skips(grad_norm),
+        })
+    }
+}
+
+impl<B: Backend, S: Trainable<B>> Replica<B, S> {
+    /// ZeRO-2's window (DeepSpeed's stage 2 under accumulation): after every
+    /// micro-batch's backward of each block, its gradients (in the step's slot) are
+    /// reduce-scattered and added into the shard's; the runs outside the blocks sum
+    /// locally over the window and are reduced once after it. Then the update from the
+    /// shard, as ZeRO-1's. Each reduction is ordered with the step's launches, so the
+    /// slot is free again before the block after next zeroes it.
+    fn zero2_window(
+        &self,
+        be: &B,
+        coll: &impl Collectives<B>,
+        z: &super::zero1::Zero1<B>,
+        micro: &[TokenBatch],
+        (scalars, rule): (&Scalars, GradRule),
+    ) -> Result<WindowReport, GpuError> {
+        let capacity = (coll.world() * micro.len() * self.step.rows()) as f64;
+        let grad_scale = (rule.loss_scale.unwrap_or(1.0) as f64 / capacity.max(1.0)) as f32;
+        // ZeRO-2 reduces after every micro-batch: a rank short of one would wait in a
+        // collective the others never start. Every rank checks the counts first (one
+        // scalar collective) and refuses together.
+        let m = micro.len() as f64;
+        Tally::from_values(&coll.sum(be, &[0.0, 0.0, m, m * m])?)
+            .same_micro_batches(coll.world())?;
+        self.step.zero_grads(be)?;
+        z.zero_grads(be)?;
+        let mut tally = Tally {
+            micro: micro.len() as f64,
+            micro_sq: (micro.len() * micro.len()) as f64,
+            ..Tally::default()
+        };
+        let reduce = |runs: &[Range<usize>]| -> Result<(), GpuError> {
+            runs.iter().try_for_each(|r| {
+                z.reduce_add(be, coll, self.step.grads_at(be, r.clone())?, r.clone())
+            })
+        };
+        for (j, batch) in micro.iter().enumerate() {
+            let mut each = |runs: &[Range<usize>]| reduce(runs);
+            self.step
+                .queue_micro_batch(be, (*batch, grad_scale), j > 0, &mut each)?;
+            tally.valid += batch.targets.iter().filter(|&&t| t != batch.ignore).count() as f64;
+        }
+        reduce(&self.rest)?;
+        if !micro.is_empty() {
+            tally.loss = self.step.loss_sum(be)?;
+        }
+        let (grad_norm, total) = z.update_shard(
+            be,
+            coll,
+            self.step.compute_views(be)?,
+            scalars,
+            (tally, capacity),
+            rule,
+        )?;
         Ok(WindowReport {
             loss: total.loss / total.valid,
             tokens: total.valid as u64,

@@ -43,13 +43,7 @@ impl Tally {
             kernel: "window",
             what,
         };
-        if world as f64 * self.micro_sq != self.micro * self.micro {
-            return Err(err(format!(
-                "the {world} ranks ran different numbers of micro-batches in one window \
-                 ({} in all); each must run as many",
-                self.micro
-            )));
-        }
+        self.same_micro_batches(world)?;
         if self.valid < 1.0 {
             return Err(err(format!(
                 "a window with no valid target on any of {world} ranks ({} micro-batches); \
@@ -58,5 +52,21 @@ impl Tally {
             )));
         }
         Ok((capacity / self.valid) as f32)
+    }
+
+    /// Whether every one of `world` ranks ran as many micro-batches (`world x sum of
+    /// squares = square of the sum`), checked alike on every rank from the summed tally.
+    pub fn same_micro_batches(&self, world: usize) -> Result<(), GpuError> {
+        if world as f64 * self.micro_sq != self.micro * self.micro {
+            return Err(GpuError::Shape {
+                kernel: "window",
+                what: format!(
+                    "the {world} ranks ran different numbers of micro-batches in one window \
+                     ({} in all); each must run as many",
+                    self.micro
+                ),
+            });
+        }
+        Ok(())
     }
 }

@@ -6,6 +6,12 @@
 //! piece of the compute copy, and all-gathers the compute copy (bf16 where the step
 //! computes in bf16: half of DDP's bytes on that leg). AdamW's 12 bytes a parameter of
 //! master and moments become 12 / world.
+//!
+//! ZeRO-2 (DeepSpeed's `stage: 2`) is the same state over a step whose blocks' gradients
+//! live in two slots ([`crate::step::grad_slots`]): each block's are reduce-scattered
+//! after its backward, every micro-batch, and added into the shard's gradients
+//! ([`Zero1::reduce_add`]), so that the whole gradient exists nowhere; the update then
+//! starts from the shard's sums.
 
 use std::ops::Range;
 
@@ -18,7 +24,7 @@ use super::tally::Tally;
 use crate::backend::{Backend, View};
 use crate::elem::Act;
 use crate::error::{check_len, GpuError};
-use crate::step::optimizer::{self, Optimizer, Scalars, UpdateViews};
+use crate::step::optimizer::{self, ComputeViews, Optimizer, Scalars, UpdateViews};
 
 /// `segments` (sorted, disjoint, with their weight-decay flags) cut to `shard` and
 /// moved to start at 0: the optimizer's segments over a shard of the master.
@@ -41,6 +47,12 @@ pub fn shard_plan(len: usize, world: usize) -> ShardPlan {
     ShardPlan::new(len, world, DEFAULT_ALIGN)
 }
 
+/// ZeRO-2's landing buffer for a shard of `shard` elements and reductions of at most
+/// `block_len` elements: a reduction's piece for this rank is no longer than either.
+pub fn landing_len(shard: usize, block_len: usize) -> usize {
+    shard.min(block_len)
+}
+
 /// One rank's ZeRO-1 state: its shard of the master and moments (on the backend, or in
 /// host memory), the shard's gradients.
 pub struct Zero1<B: Backend> {
@@ -48,6 +60,10 @@ pub struct Zero1<B: Backend> {
     rank: usize,
     state: StateAt<B>,
     grads: B::Buf<f32>,
+    /// ZeRO-2: a reduce-scatter's landing place before it is added into `grads`.
+    scratch: Option<B::Buf<f32>>,
+    /// ZeRO-2: the longest piece of a run one reduction takes.
+    piece: usize,
 }
 
 impl<B: Backend> Zero1<B> {
@@ -77,7 +93,62 @@ impl<B: Backend> Zero1<B> {
             plan,
             rank,
             state,
+            scratch: None,
+            piece: usize::MAX,
         })
+    }
+
+    /// This state for ZeRO-2: the shard's gradients summed from reductions after every
+    /// block's backward ([`Zero1::reduce_add`]), which cut runs into pieces of at most
+    /// `block_len` elements, and a landing buffer for one ([`landing_len`]).
+    pub fn accumulating(mut self, be: &B, block_len: usize) -> Result<Self, GpuError> {
+        let landing = landing_len(B::len(&self.grads), block_len.max(1));
+        self.scratch = Some(be.zeros(landing)?);
+        self.piece = block_len.max(1);
+        Ok(self)
+    }
+
+    /// Whether the shard's gradients are summed from per-block reductions (ZeRO-2).
+    pub fn accumulates(&self) -> bool {
+        self.scratch.is_some()
+    }
+
+    /// ZeRO-2: the flat run `run`'s gradients `input` (this rank's, in whatever buffer
+    /// holds them) summed over the ranks, and this rank's piece added into the shard's
+    /// gradients. Ordered on the backend with the launches around it, so `input` may be
+    /// rewritten by anything queued after.
+    pub fn reduce_add(
+        &self,
+        be: &B,
+        coll: &impl Collectives<B>,
+        input: View<f32>,
+        run: Range<usize>,
+    ) -> Result<(), GpuError> {
+        let scratch = self.scratch.as_ref().ok_or_else(|| GpuError::Shape {
+            kernel: "zero-2",
+            what: "a per-block reduction into a ZeRO-1 state (made without `accumulating`)".into(),
+        })?;
+        check_len("zero-2", "input", input.len(), run.len())?;
+        // Pieces of at most the landing buffer's reach, in order: every rank cuts alike.
+        let mut at = run.start;
+        while at < run.end {
+            let piece = at..run.end.min(at.saturating_add(self.piece));
+            let (counts, local) = (
+                self.plan.counts_within(&piece),
+                self.plan.local_within(self.rank, &piece),
+            );
+            let landed = be.view(scratch, 0..local.len())?;
+            let from = input.slice(piece.start - run.start..piece.end - run.start)?;
+            coll.reduce_scatter(be, from, &counts, landed)?;
+            crate::kernels::add_into(be, be.view(&self.grads, local)?, landed)?;
+            at = piece.end;
+        }
+        Ok(())
+    }
+
+    /// ZeRO-2: the shard's gradients to 0, before a window.
+    pub fn zero_grads(&self, be: &B) -> Result<(), GpuError> {
+        be.zero(be.all(&self.grads))
     }
 
     /// This state with the bf16 compute copy rounded stochastically under `seed`, each
@@ -124,10 +195,11 @@ impl<B: Backend> Zero1<B> {
         &self.state
     }
 
-    /// Bytes on the backend: the shard's gradients, and its master and moments unless
-    /// they are offloaded.
+    /// Bytes on the backend: the shard's gradients (and ZeRO-2's landing buffer), and its
+    /// master and moments unless they are offloaded.
     pub fn bytes(&self) -> usize {
-        self.state.bytes() + 4 * B::len(&self.grads)
+        let scratch = self.scratch.as_ref().map_or(0, |s| B::len(s));
+        self.state.bytes() + 4 * (B::len(&self.grads) + scratch)
     }
 
     /// The update of `views` (this rank's accumulated gradients, scaled by `rule`'s loss
@@ -147,21 +219,41 @@ impl<B: Backend> Zero1<B> {
         (rule, reduced): (GradRule, bool),
     ) -> Result<(f64, Tally), GpuError> {
         check_len("zero-1", "grads", views.grads.len(), self.plan.len())?;
+        if !reduced {
+            coll.reduce_scatter(be, views.grads, &self.plan.counts(), be.all(&self.grads))?;
+        }
+        let compute = (views.params, (views.squares, views.partials));
+        self.update_shard(be, coll, compute, scalars, (tally, capacity), rule)
+    }
+
+    /// The update from the shard's summed gradients (ZeRO-2's, or ZeRO-1's after its
+    /// reduce-scatter): one scalar collective for the norm's pieces and the tallies, the
+    /// shard's optimizer step writing its piece of the compute copy `params` (the whole
+    /// flat buffer), the compute copy gathered (neither where `rule` skips the update).
+    /// `scratch` is the norm's (one f32, the per-warp partial sums). Returns the
+    /// unscaled norm of the mean gradient and the summed tally.
+    pub fn update_shard<T: Act>(
+        &self,
+        be: &B,
+        coll: &impl Collectives<B>,
+        (params, scratch): ComputeViews<T>,
+        scalars: &Scalars,
+        (tally, capacity): (Tally, f64),
+        rule: GradRule,
+    ) -> Result<(f64, Tally), GpuError> {
+        check_len("zero-1", "params", params.len(), self.plan.len())?;
         let counts = self.plan.counts();
         let grads = be.all(&self.grads);
-        if !reduced {
-            coll.reduce_scatter(be, views.grads, &counts, grads)?;
-        }
-        let mine = optimizer::squared_norm(be, grads, (views.squares, views.partials))?;
+        let mine = optimizer::squared_norm(be, grads, scratch)?;
         let [valid, loss, micro, micro_sq] = tally.values();
         let sums = coll.sum(be, &[mine, valid, loss, micro, micro_sq])?;
         let total = Tally::from_values(&sums[1..]);
         let rescale = total.rescale(coll.world(), capacity)?;
         let (norm, mult) = rule.multiplier(sums[0], rescale);
         if let Some(mult) = mult {
-            let piece = views.params.slice(self.shard())?;
+            let piece = params.slice(self.shard())?;
             self.state.apply(be, piece, grads, scalars, mult)?;
-            coll.all_gather(be, views.params, &counts)?;
+            coll.all_gather(be, params, &counts)?;
         }
         Ok((norm, total))
     }

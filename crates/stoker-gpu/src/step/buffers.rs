@@ -13,6 +13,7 @@ use crate::ids::{Groups, Ids};
 use crate::kernels;
 use crate::token_groups::TokenGroups;
 
+use super::grad_slots::GradSlots;
 use super::layout::{Span, PARTIAL_WARPS};
 use super::optimizer::UpdateViews;
 use super::param_offload::ParamOffload;
@@ -33,8 +34,11 @@ pub struct StepSizes {
     /// The vocabulary the ids index.
     pub vocab: usize,
     /// With the blocks' parameters offloaded ([`ParamOffload`]): what the backend holds
-    /// of the parameters instead of all of them.
+    /// of the parameters and gradients instead of all of them.
     pub offload: Option<OffloadSizes>,
+    /// With the blocks' gradients in two slots alone ([`GradSlots`], ZeRO-2): what the
+    /// backend holds of the gradients instead of all of them.
+    pub grad_slots: Option<OffloadSizes>,
 }
 
 /// What a step with its blocks' parameters offloaded holds of them on the backend, in
@@ -63,7 +67,18 @@ impl StepSizes {
             rows,
             vocab,
             offload: None,
+            grad_slots: None,
         }
+    }
+
+    /// These sizes with the blocks' gradients in two slots: `blocks` blocks of `block`
+    /// elements each, the rest of the gradients resident.
+    pub fn with_grads_in_slots(mut self, blocks: usize, block: usize) -> Self {
+        self.grad_slots = Some(OffloadSizes {
+            resident: self.params.saturating_sub(blocks * block),
+            slot: block,
+        });
+        self
     }
 
     /// These sizes with the blocks' parameters offloaded: `blocks` blocks of `block`
@@ -76,10 +91,17 @@ impl StepSizes {
         self
     }
 
-    /// Parameters (and as many gradients) the backend holds: all of them, or the
-    /// resident runs and two slots.
+    /// Parameters the backend holds: all of them, or the resident runs and two slots.
     pub fn backend_params(&self) -> usize {
         match self.offload {
+            Some(o) => o.resident + 2 * o.slot,
+            None => self.params,
+        }
+    }
+
+    /// Gradients the backend holds: all of them, or the resident runs and two slots.
+    pub fn backend_grads(&self) -> usize {
+        match self.offload.or(self.grad_slots) {
             Some(o) => o.resident + 2 * o.slot,
             None => self.params,
         }
@@ -89,8 +111,8 @@ impl StepSizes {
     /// `act_bytes` bytes an element (4 for f32, 2 for bf16 and f16). An offload's host
     /// memory (the whole compute copy and gradient) is not counted.
     pub fn bytes(&self, act_bytes: usize) -> usize {
-        let p = self.backend_params();
-        (p + self.acts) * act_bytes + (p + self.floats) * 4 + ids_bytes(self.rows)
+        let (p, g) = (self.backend_params(), self.backend_grads());
+        (p + self.acts) * act_bytes + (g + self.floats) * 4 + ids_bytes(self.rows)
     }
 }
 
@@ -113,6 +135,8 @@ pub struct StepBuffers<B: Backend, T: Act> {
     pub(crate) ids: RefCell<BatchIds<B>>,
     /// The blocks' parameters offloaded, where `sizes.offload` asked for it.
     pub(crate) offload: Option<ParamOffload<B, T>>,
+    /// The blocks' gradients in two slots alone, where `sizes.grad_slots` asked for it.
+    pub(crate) grad_slots: Option<GradSlots<B>>,
 }
 
 impl<B: Backend, T: Act> StepBuffers<B, T> {
@@ -140,15 +164,38 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
             }
             None => None,
         };
-        // The resident runs where the blocks' parameters are offloaded, else all.
+        let grad_slots = match (sizes.grad_slots, &offload) {
+            (Some(want), None) => {
+                let s = GradSlots::new(be, blocks, sizes.params)?;
+                let got = (s.placement().resident_len(), s.placement().slot_len());
+                if got != (want.resident, want.slot) {
+                    return Err(GpuError::Shape {
+                        kernel: "step",
+                        what: format!(
+                            "gradient slots planned as {want:?} lay out as resident {} and slot {}",
+                            got.0, got.1
+                        ),
+                    });
+                }
+                Some(s)
+            }
+            _ => None,
+        };
+        // The resident runs where the blocks' parameters (or gradients) are in slots,
+        // else all.
         let p = sizes.offload.map_or(sizes.params, |o| o.resident);
+        let g = sizes
+            .offload
+            .or(sizes.grad_slots)
+            .map_or(sizes.params, |o| o.resident);
         Ok(StepBuffers {
             params: be.zeros(p)?,
-            grads: be.zeros(p)?,
+            grads: be.zeros(g)?,
             acts: be.zeros(sizes.acts)?,
             floats: be.zeros(sizes.floats)?,
             ids: RefCell::new(BatchIds::with_room(be, sizes.rows, sizes.vocab)?),
             offload,
+            grad_slots,
         })
     }
 
@@ -161,6 +208,19 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
             + (B::len(&self.grads) + B::len(&self.floats)) * 4
             + self.ids.borrow().bytes()
             + self.offload.as_ref().map_or(0, |o| o.backend_bytes())
+            + self.grad_slots.as_ref().map_or(0, |s| s.bytes())
+    }
+
+    /// Whether the blocks' gradients are in two slots alone (ZeRO-2): whoever runs the
+    /// step takes each block's out after its backward ([`Self::grads_at`]).
+    pub fn grads_in_slots(&self) -> bool {
+        self.grad_slots.is_some()
+    }
+
+    /// The gradients of the flat run `r` (inside one run of the placement: a block's
+    /// run, or one outside the blocks) wherever they are on the backend.
+    pub fn grads_at(&self, be: &B, r: Range<usize>) -> Result<View<'_, f32>, GpuError> {
+        self.g(be, r.start, r.len())
     }
 
     /// The blocks' offloaded parameters, if they are.
@@ -201,6 +261,14 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
     /// The whole compute copy and gradient on the backend (the views an update or a
     /// collective takes); an error where the blocks' parameters are offloaded.
     pub(crate) fn whole(&self, be: &B) -> Result<(View<'_, T>, View<'_, f32>), GpuError> {
+        if self.grad_slots.is_some() {
+            return Err(GpuError::Shape {
+                kernel: "step",
+                what: "the blocks' gradients are in slots (ZeRO-2): each block's is reduced \
+                       after its backward, and the whole gradient exists nowhere"
+                    .into(),
+            });
+        }
         if self.offload.is_some() {
             return Err(GpuError::Shape {
                 kernel: "step",
@@ -212,9 +280,26 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
         Ok((be.all(&self.params), be.all(&self.grads)))
     }
 
+    /// The whole compute copy on the backend; an error where the blocks' parameters are
+    /// offloaded.
+    pub(crate) fn whole_params(&self, be: &B) -> Result<View<'_, T>, GpuError> {
+        match self.offload {
+            Some(_) => Err(GpuError::Shape {
+                kernel: "step",
+                what: "the blocks' parameters are offloaded: the whole compute copy is in \
+                       host memory"
+                    .into(),
+            }),
+            None => Ok(be.all(&self.params)),
+        }
+    }
+
     /// Before block `l` runs (its backward when `backward`): with an offload, its
     /// parameters up into their slot and, for the backward, its gradient slot zeroed.
     pub(crate) fn enter_block(&self, be: &B, l: usize, backward: bool) -> Result<(), GpuError> {
+        if let (Some(s), true) = (&self.grad_slots, backward) {
+            s.zero(be, l)?;
+        }
         match &self.offload {
             Some(o) => o.enter_block(be, l, backward),
             None => Ok(()),
@@ -278,8 +363,15 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
             .collect())
     }
 
-    /// The gradients (f32, the flat layout; with an offload, gathered on the host).
+    /// The gradients (f32, the flat layout; with an offload, gathered on the host; an
+    /// error with the gradients in slots, where they exist nowhere whole).
     pub fn grads(&self, be: &B) -> Result<Vec<f32>, GpuError> {
+        if self.grad_slots.is_some() {
+            return Err(self.whole(be).err().unwrap_or(GpuError::Shape {
+                kernel: "step",
+                what: "gradients in slots".into(),
+            }));
+        }
         if let Some(o) = &self.offload {
             o.gather_grads(be, &self.grads)?;
             return o.host_grads();
@@ -320,11 +412,12 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
         }
     }
 
-    /// Gradients `at..at + len` (likewise).
+    /// Gradients `at..at + len` (likewise, and with the gradients in slots).
     pub(crate) fn g(&self, be: &B, at: usize, len: usize) -> Result<View<'_, f32>, GpuError> {
-        match &self.offload {
-            Some(o) => o.grads(be, &self.grads, (at, len)),
-            None => be.view(&self.grads, at..at + len),
+        match (&self.offload, &self.grad_slots) {
+            (Some(o), _) => o.grads(be, &self.grads, (at, len)),
+            (None, Some(s)) => s.grads(be, &self.grads, (at, len)),
+            (None, None) => be.view(&self.grads, at..at + len),
         }
     }
 

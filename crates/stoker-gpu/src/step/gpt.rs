@@ -62,9 +62,11 @@ pub fn gpt_step_sizes(
         (layout.total, layout.floats),
         (batch * t, dims.vocab),
     );
-    match opts.offload_params {
-        true => sizes.with_params_offloaded(dims.n_layer, gpt_block_len(dims)),
-        false => sizes,
+    let block = gpt_block_len(dims);
+    match (opts.offload_params, opts.grads_in_slots) {
+        (true, _) => sizes.with_params_offloaded(dims.n_layer, block),
+        (false, true) => sizes.with_grads_in_slots(dims.n_layer, block),
+        (false, false) => sizes,
     }
 }
 

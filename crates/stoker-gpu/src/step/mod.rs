@@ -48,6 +48,22 @@ macro_rules! token_step_api {
             })
         }
 
+        /// The compute copy (the whole flat buffer on the backend) and the norm's scratch
+        /// (one f32, the per-warp partial sums): what an update from a shard's gradients
+        /// (ZeRO-2's) works on, where the whole gradient exists nowhere.
+        pub fn compute_views(
+            &self,
+            be: &B,
+        ) -> Result<$crate::step::optimizer::ComputeViews<'_, T>, GpuError> {
+            Ok((
+                self.bufs.whole_params(be)?,
+                (
+                    self.bufs.f(be, self.layout.grad_norm)?,
+                    self.bufs.f(be, self.layout.partials)?,
+                ),
+            ))
+        }
+
         #[doc = concat!(
             "The training forward of one micro-batch and its loss without a gradient: the\n",
             "summed loss of the valid targets, how many are the top-1 logit, how many there\n",
@@ -107,6 +123,7 @@ pub mod attention;
 pub mod block_runs;
 pub mod buffers;
 pub mod gpt;
+pub mod grad_slots;
 pub mod layout;
 mod linear;
 pub mod llama;

@@ -97,6 +97,11 @@ pub struct UpdateViews<'a, T> {
     pub partials: View<'a, f32>,
 }
 
+/// The compute copy (the whole flat buffer) and the norm's scratch (one f32, then the
+/// per-warp partial sums): what an update from a shard's gradients (ZeRO-2's) works on,
+/// where the whole gradient exists nowhere.
+pub type ComputeViews<'a, T> = (View<'a, T>, (View<'a, f32>, View<'a, f32>));
+
 /// One step's scalars: which optimizer, at which step.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Scalars {

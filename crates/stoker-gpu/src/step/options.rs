@@ -12,4 +12,8 @@ pub struct StepOptions {
     /// bits) instead of kept per block: one `[B, H, T, T]` buffer for every block
     /// (Megatron-LM's selective activation recomputation).
     pub recompute_attention: bool,
+    /// The blocks' gradients in two slots instead of one buffer each ([`super::grad_slots`]):
+    /// ZeRO-2's, whose replica reduce-scatters each block's into the rank's shard after
+    /// its backward, every micro-batch, so that no rank holds the whole gradient.
+    pub grads_in_slots: bool,
 }

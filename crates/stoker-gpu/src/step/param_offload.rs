@@ -16,6 +16,7 @@
 
 use std::ops::Range;
 
+use super::grad_slots::GradSlots;
 use super::optimizer::UpdateViews;
 use super::placement::{Placement, Where};
 use crate::backend::{Backend, View};
@@ -26,11 +27,10 @@ use crate::kernels;
 
 /// A step's offloaded parameters: see the module docs.
 pub struct ParamOffload<B: Backend, T: Act> {
-    placement: Placement,
+    /// The blocks' gradient slots, and where every run lives.
+    grad_slots: GradSlots<B>,
     /// The blocks' parameter slots.
     slots: [B::Buf<T>; 2],
-    /// The blocks' gradient slots.
-    grad_slots: [B::Buf<f32>; 2],
     /// The whole compute copy (the flat layout), in host memory.
     host_params: HostBuf<T>,
     /// The whole gradient (the flat layout), summed over a window in host memory: the
@@ -51,22 +51,21 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
         end: usize,
         partials: usize,
     ) -> Result<Self, GpuError> {
-        let placement = Placement::new(blocks, end)?;
-        let slot = placement.slot_len();
+        let grad_slots = GradSlots::new(be, blocks, end)?;
+        let slot = grad_slots.placement().slot_len();
         Ok(ParamOffload {
             slots: [be.zeros(slot)?, be.zeros(slot)?],
-            grad_slots: [be.zeros(slot)?, be.zeros(slot)?],
+            grad_slots,
             host_params: Host.zeros(end)?,
             host_grads: Host.zeros(end)?,
             host_scratch: Host.zeros(slot)?,
             host_floats: Host.zeros(1 + partials)?,
-            placement,
         })
     }
 
     /// Where the flat buffer's runs live on the backend.
     pub fn placement(&self) -> &Placement {
-        &self.placement
+        self.grad_slots.placement()
     }
 
     /// Elements of the flat buffer.
@@ -82,7 +81,7 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
         resident: &'a B::Buf<T>,
         (at, len): (usize, usize),
     ) -> Result<View<'a, T>, GpuError> {
-        match self.placement.locate(at, len)? {
+        match self.placement().locate(at, len)? {
             Where::Resident(o) => be.view(resident, o..o + len),
             Where::Block(l, o) => be.view(&self.slots[l % 2], o..o + len),
         }
@@ -95,22 +94,19 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
         resident: &'a B::Buf<f32>,
         (at, len): (usize, usize),
     ) -> Result<View<'a, f32>, GpuError> {
-        match self.placement.locate(at, len)? {
-            Where::Resident(o) => be.view(resident, o..o + len),
-            Where::Block(l, o) => be.view(&self.grad_slots[l % 2], o..o + len),
-        }
+        self.grad_slots.grads(be, resident, (at, len))
     }
 
     /// Block `l`'s parameters up into its slot, before it runs; before its backward
     /// (`backward`) its gradient slot zeroed too.
     pub(crate) fn enter_block(&self, be: &B, l: usize, backward: bool) -> Result<(), GpuError> {
         let slot = &self.slots[l % 2];
-        for (r, o) in self.placement.block(l) {
+        for (r, o) in self.placement().block(l) {
             let src = Host.view(&self.host_params, r.clone())?;
             Host.stage_to(src, be, be.view(slot, *o..o + r.len())?)?;
         }
         if backward {
-            be.zero(be.all(&self.grad_slots[l % 2]))?;
+            self.grad_slots.zero(be, l)?;
         }
         Ok(())
     }
@@ -118,10 +114,9 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
     /// Block `l`'s gradients, after its backward: down from its slot and added into the
     /// host's sum (waiting for the backend: the slot is the next block's but one).
     pub(crate) fn leave_block(&self, be: &B, l: usize) -> Result<(), GpuError> {
-        let slot = &self.grad_slots[l % 2];
-        for (r, o) in self.placement.block(l) {
+        for (r, o) in self.placement().block(l) {
             let scratch = Host.view(&self.host_scratch, 0..r.len())?;
-            Host.copy_from(scratch, be, be.view(slot, *o..o + r.len())?)?;
+            Host.copy_from(scratch, be, self.grad_slots.slot_run(be, l, (r, *o))?)?;
             kernels::add_into(&Host, Host.view(&self.host_grads, r.clone())?, scratch)?;
         }
         Ok(())
@@ -144,7 +139,7 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
     /// The resident runs of the host's compute copy up into `resident` (after an update
     /// on the host).
     pub(crate) fn resident_up(&self, be: &B, resident: &B::Buf<T>) -> Result<(), GpuError> {
-        for (r, o) in self.placement.resident() {
+        for (r, o) in self.placement().resident() {
             let src = Host.view(&self.host_params, r.clone())?;
             Host.copy_to(src, be, be.view(resident, *o..o + r.len())?)?;
         }
@@ -163,7 +158,7 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
     /// The resident runs' gradients (`resident`) down into the host's sum: the whole
     /// gradient is then on the host.
     pub(crate) fn gather_grads(&self, be: &B, resident: &B::Buf<f32>) -> Result<(), GpuError> {
-        for (r, o) in self.placement.resident() {
+        for (r, o) in self.placement().resident() {
             let dst = Host.view(&self.host_grads, r.clone())?;
             Host.copy_from(dst, be, be.view(resident, *o..o + r.len())?)?;
         }
@@ -206,6 +201,6 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
 
     /// Bytes on the backend: the slots (the resident buffers are the step's own).
     pub(crate) fn backend_bytes(&self) -> usize {
-        2 * B::len(&self.slots[0]) * std::mem::size_of::<T>() + 2 * B::len(&self.grad_slots[0]) * 4
+        2 * B::len(&self.slots[0]) * std::mem::size_of::<T>() + self.grad_slots.bytes()
     }
 }

@@ -21,11 +21,13 @@ use crate::error::{config_err, Result};
 use crate::precision::Precision;
 
 /// How `config`'s resident steps are made: its `recompute` key, and on the loop
-/// `parallel.offload_params`.
+/// `parallel.offload_params` and ZeRO-2's gradients in slots.
 pub(crate) fn options(config: &crate::config::TrainConfig) -> StepOptions {
+    let on_loop = config.resident_loop();
     StepOptions {
-        offload_params: config.parallel.offload_params,
+        offload_params: on_loop && config.parallel.offload_params,
         recompute_attention: config.recompute == crate::config::Recompute::Attention,
+        grads_in_slots: on_loop && config.parallel.strategy == crate::config::StrategyKind::Zero2,
     }
 }
 

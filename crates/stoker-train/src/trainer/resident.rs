@@ -57,11 +57,14 @@ struct LoopPlan {
 }
 
 impl LoopPlan {
-    /// Whether each rank's master is a shard of the flat buffer (ZeRO-1, offloaded or not).
+    /// Whether each rank's master is a shard of the flat buffer (ZeRO-1, offloaded or not;
+    /// ZeRO-2).
     fn sharded(&self) -> bool {
         matches!(
             self.strategy,
-            stoker_gpu::parallel::Strategy::Zero1 | stoker_gpu::parallel::Strategy::Zero1Offload
+            stoker_gpu::parallel::Strategy::Zero1
+                | stoker_gpu::parallel::Strategy::Zero1Offload
+                | stoker_gpu::parallel::Strategy::Zero2
         )
     }
 
@@ -210,6 +213,8 @@ fn loop_kinds(
     let strategy = match (config.parallel.strategy, config.parallel.offload_optimizer) {
         (StrategyKind::Zero1, false) => stoker_gpu::parallel::Strategy::Zero1,
         (StrategyKind::Zero1, true) => stoker_gpu::parallel::Strategy::Zero1Offload,
+        // With the optimizer offloaded ZeRO-2 is refused before a loop is planned.
+        (StrategyKind::Zero2, _) => stoker_gpu::parallel::Strategy::Zero2,
         (_, true) => stoker_gpu::parallel::Strategy::Offload,
         _ => stoker_gpu::parallel::Strategy::Ddp,
     };
@@ -241,10 +246,16 @@ pub fn planned_resident_bytes(
     }
     let (strategy, optimizer, (b, t)) = loop_kinds(config);
     let opts = crate::models::resident::options(config);
-    let sizes = match &config.model {
-        ModelConfig::Gpt(g) => stoker_gpu::step::gpt::gpt_step_sizes(&g.dims(), len, (b, t), opts),
+    let (sizes, block) = match &config.model {
+        ModelConfig::Gpt(g) => {
+            let d = g.dims();
+            let sizes = stoker_gpu::step::gpt::gpt_step_sizes(&d, len, (b, t), opts);
+            (sizes, stoker_gpu::step::gpt::gpt_block_len(&d))
+        }
         ModelConfig::Llama(l) => {
-            stoker_gpu::step::llama::llama_step_sizes(&l.dims(), len, (b, t), opts)
+            let d = l.dims();
+            let sizes = stoker_gpu::step::llama::llama_step_sizes(&d, len, (b, t), opts);
+            (sizes, stoker_gpu::step::llama::llama_block_len(&d))
         }
         ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => return None,
     };
@@ -253,7 +264,7 @@ pub fn planned_resident_bytes(
         .bytes();
     Some(ResidentBytes {
         state: stoker_gpu::parallel::DataParallel::<stoker_gpu::Host>::planned_bytes(
-            strategy, optimizer, len, rank_world,
+            strategy, optimizer, len, rank_world, block,
         ),
         steps: sizes.bytes(act_bytes),
     })
