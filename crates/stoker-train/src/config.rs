@@ -477,9 +477,20 @@ impl TrainConfig {
     pub fn direct_step_at(&self, precision: Precision) -> bool {
         matches!(self.model, ModelConfig::Gpt(_) | ModelConfig::Llama(_))
             && match self.resident_step() {
-                true => crate::models::resident::activations(precision).is_ok(),
+                true => crate::precision::resident_activations(precision).is_ok(),
                 false => self.kernels.direct_step(precision),
             }
+    }
+
+    /// How the resident steps of this config are made: `recompute`, and on the loop
+    /// `parallel.offload_params` and ZeRO-2's gradients in slots.
+    pub fn resident_options(&self) -> stoker_gpu::step::options::StepOptions {
+        let on_loop = self.resident_loop();
+        stoker_gpu::step::options::StepOptions {
+            offload_params: on_loop && self.parallel.offload_params,
+            recompute_attention: self.recompute == Recompute::Attention,
+            grads_in_slots: on_loop && self.parallel.strategy == StrategyKind::Zero2,
+        }
     }
 
     /// Whether the direct step is the GPU-resident step's host build (`step =
@@ -576,7 +587,7 @@ impl TrainConfig {
                 "\"resident\" runs the GPU step of a GPT or a Llama; this model has none",
             ));
         }
-        crate::models::resident::activations(self.precision).map(|_| ())
+        crate::precision::resident_activations(self.precision).map(|_| ())
     }
 
     /// Whether a direct step multiplies bf16 operands (on the bf16 GEMM, which keeps

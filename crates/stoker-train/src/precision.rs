@@ -35,6 +35,21 @@ pub enum Precision {
     Fp64,
 }
 
+/// The resident steps' activation type for `precision`: f32, bf16, or f16 under fp16's
+/// loss scale; fp8 and fp64 have none.
+pub(crate) fn resident_activations(precision: Precision) -> Result<stoker_gpu::Dtype> {
+    match precision {
+        Precision::Fp32 => Ok(stoker_gpu::Dtype::F32),
+        Precision::Bf16 => Ok(stoker_gpu::Dtype::Bf16),
+        Precision::Fp16 => Ok(stoker_gpu::Dtype::F16),
+        Precision::Fp8 | Precision::Fp64 => Err(crate::error::config_err(
+            "precision",
+            "step = \"resident\" runs fp32, bf16 or fp16 activations (fp8 needs its \
+             quantization, fp64 the graph)",
+        )),
+    }
+}
+
 impl Precision {
     /// The dtype of the candle variables and of matmuls.
     pub fn compute_dtype(self) -> DType {

@@ -17,34 +17,7 @@ use stoker_gpu::parallel::ThroughHost;
 use super::resident_run::{ResidentLoop, ResidentOn, ResidentRun, RunSetup};
 use super::token_direct::TokenDirect;
 use super::DirectStep;
-use crate::error::{config_err, Result};
-use crate::precision::Precision;
-
-/// How `config`'s resident steps are made: its `recompute` key, and on the loop
-/// `parallel.offload_params` and ZeRO-2's gradients in slots.
-pub(crate) fn options(config: &crate::config::TrainConfig) -> StepOptions {
-    let on_loop = config.resident_loop();
-    StepOptions {
-        offload_params: on_loop && config.parallel.offload_params,
-        recompute_attention: config.recompute == crate::config::Recompute::Attention,
-        grads_in_slots: on_loop && config.parallel.strategy == crate::config::StrategyKind::Zero2,
-    }
-}
-
-/// The resident steps' activation type for `precision`: f32, bf16, or f16 under fp16's
-/// loss scale; fp8 and fp64 have none.
-pub(crate) fn activations(precision: Precision) -> Result<Dtype> {
-    match precision {
-        Precision::Fp32 => Ok(Dtype::F32),
-        Precision::Bf16 => Ok(Dtype::Bf16),
-        Precision::Fp16 => Ok(Dtype::F16),
-        Precision::Fp8 | Precision::Fp64 => Err(config_err(
-            "precision",
-            "step = \"resident\" runs fp32, bf16 or fp16 activations (fp8 needs its \
-             quantization, fp64 the graph)",
-        )),
-    }
-}
+use crate::error::Result;
 
 fn boxed<S: ResidentStep<Host> + 'static>(
     make: MakeStep<Host, S>,

@@ -164,8 +164,8 @@ impl StepPath {
                     .resident_step(
                         layout,
                         (
-                            crate::models::resident::activations(config.precision)?,
-                            crate::models::resident::options(config),
+                            crate::precision::resident_activations(config.precision)?,
+                            config.resident_options(),
                         ),
                     )?
                     .ok_or_else(|| {

@@ -153,8 +153,8 @@ impl ResidentPath {
                 strategy: strategy_kind,
                 optimizer,
                 shape,
-                act: crate::models::resident::activations(config.precision)?,
-                options: crate::models::resident::options(config),
+                act: crate::precision::resident_activations(config.precision)?,
+                options: config.resident_options(),
                 timeout: std::time::Duration::from_secs_f64(config.parallel.timeout_s),
             },
             host_behind: false,
@@ -245,7 +245,7 @@ pub fn planned_resident_bytes(
         return None;
     }
     let (strategy, optimizer, (b, t)) = loop_kinds(config);
-    let opts = crate::models::resident::options(config);
+    let opts = config.resident_options();
     let (sizes, block) = match &config.model {
         ModelConfig::Gpt(g) => {
             let d = g.dims();
@@ -259,7 +259,7 @@ pub fn planned_resident_bytes(
         }
         ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => return None,
     };
-    let act_bytes = crate::models::resident::activations(config.precision)
+    let act_bytes = crate::precision::resident_activations(config.precision)
         .ok()?
         .bytes();
     Some(ResidentBytes {
