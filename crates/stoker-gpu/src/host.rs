@@ -53,13 +53,7 @@ impl Host {
         be: &B,
         dst: View<E>,
     ) -> Result<(), GpuError> {
-        crate::error::check_len("copy", "dst", dst.len(), src.len())?;
-        crate::backend::check_disjoint("copy", &dst, &src)?;
-        // SAFETY: as in `copy_from`: `src` lies inside a live HostBuf that no kernel
-        // touches now, and `dst`, which `write_at` writes, does not overlap it (checked).
-        let data =
-            unsafe { std::slice::from_raw_parts(src.addr() as usize as *const E, src.len()) };
-        be.write_at(dst, data)
+        be.write_at(dst, self.readable(src, &dst)?)
     }
 
     /// [`Host::copy_to`] through the backend's staging ([`Backend::write_staged`]):
@@ -71,12 +65,18 @@ impl Host {
         be: &B,
         dst: View<E>,
     ) -> Result<(), GpuError> {
+        be.write_staged(dst, self.readable(src, &dst)?)
+    }
+
+    /// `src`, a view of a host buffer, as a slice to copy into `dst` (as long, not
+    /// overlapping it: checked).
+    fn readable<'a, E: Elem>(&self, src: View<'a, E>, dst: &View<E>) -> Result<&'a [E], GpuError> {
         crate::error::check_len("copy", "dst", dst.len(), src.len())?;
-        crate::backend::check_disjoint("copy", &dst, &src)?;
-        // SAFETY: as in `copy_to`.
-        let data =
-            unsafe { std::slice::from_raw_parts(src.addr() as usize as *const E, src.len()) };
-        be.write_staged(dst, data)
+        crate::backend::check_disjoint("copy", dst, &src)?;
+        // SAFETY: as in `copy_from`: `src` lies inside a live HostBuf (its borrow, 'a,
+        // keeps the buffer alive) that no kernel touches now, and `dst`, which the caller
+        // writes, does not overlap it (checked).
+        Ok(unsafe { std::slice::from_raw_parts(src.addr() as usize as *const E, src.len()) })
     }
 }
 

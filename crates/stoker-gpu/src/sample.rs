@@ -54,6 +54,20 @@ fn flat(
 /// Each parameter's name and range of the flat buffer, in table order.
 pub type Ranges = Vec<(String, std::ops::Range<usize>)>;
 
+/// The optimizer's segments of a sampled model as stoker-train makes them: each
+/// parameter's range of `ranges` (in `table`'s order), weight decay on tensors of rank
+/// >= 2.
+pub fn segments(
+    table: &[stoker_kernels::ParamSpec],
+    ranges: &[(String, std::ops::Range<usize>)],
+) -> Vec<(std::ops::Range<usize>, bool)> {
+    ranges
+        .iter()
+        .zip(table)
+        .map(|((_, r), p)| (r.clone(), p.shape.len() >= 2))
+        .collect()
+}
+
 /// A GPT of `dims` laid out contiguously in its table's order, parameters drawn as
 /// `flat` draws them.
 pub fn gpt(dims: &stoker_kernels::GptDims, seed: u64, scale: f32) -> SampleGpt {

@@ -152,12 +152,7 @@ fn a_zero_scale_adds_no_gradient_and_the_same_loss() {
 
 /// Segments as stoker-train makes them: weight decay on tensors of rank >= 2.
 fn segments(ranges: &[(String, std::ops::Range<usize>)]) -> Vec<(std::ops::Range<usize>, bool)> {
-    let table = stoker_kernels::gpt_params(&DIMS);
-    ranges
-        .iter()
-        .zip(&table)
-        .map(|((_, r), p)| (r.clone(), p.shape.len() >= 2))
-        .collect()
+    stoker_gpu::sample::segments(&stoker_kernels::gpt_params(&DIMS), ranges)
 }
 
 /// Five training steps (forward, backward, norm, clipping, AdamW) of the GPU step on the

@@ -101,13 +101,8 @@ fn five_llama_training_steps_track_the_cpu_steps() {
     let g = stoker_gpu::sample::llama(&DIMS, 200, 0.2);
     let (tokens, targets) = batch();
     let (scale, clip) = (1.0 / 32.0, 0.5);
-    let table = stoker_kernels::llama_params(&DIMS);
-    let segs: Vec<_> = g
-        .ranges
-        .iter()
-        .zip(&table)
-        .map(|((_, r), p)| (r.clone(), p.shape.len() >= 2))
-        .collect();
+    let segs: Vec<_> =
+        stoker_gpu::sample::segments(&stoker_kernels::llama_params(&DIMS), &g.ranges);
     let adam = |t: u64| AdamWStep::new(3e-3, 0.9, 0.95, 1e-8, 0.1, t);
     let b = GptBatch {
         tokens: &tokens,

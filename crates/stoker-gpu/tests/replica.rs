@@ -65,12 +65,7 @@ fn batch(m: &(Vec<i64>, Vec<i64>)) -> TokenBatch<'_> {
 
 /// Segments as stoker-train makes them: weight decay on tensors of rank >= 2.
 fn segments(ranges: &Ranges) -> Vec<(Range<usize>, bool)> {
-    let table = stoker_kernels::gpt_params(&DIMS);
-    ranges
-        .iter()
-        .zip(&table)
-        .map(|((_, r), p)| (r.clone(), p.shape.len() >= 2))
-        .collect()
+    stoker_gpu::sample::segments(&stoker_kernels::gpt_params(&DIMS), ranges)
 }
 
 /// The step's options `strategy` runs with: ZeRO-2's gradients in slots.
@@ -480,10 +475,19 @@ fn replica_for<A: Act>(
     comm: &impl Communicator,
     strategy: Strategy,
 ) -> Replica<Host, GptGpuStep<Host, A>> {
-    let g = gpt(&DIMS, SEED, 0.2);
+    replica_of::<A>(comm, strategy, DIMS)
+}
+
+/// [`replica_for`] of a GPT of `dims`.
+fn replica_of<A: Act>(
+    comm: &impl Communicator,
+    strategy: Strategy,
+    dims: GptDims,
+) -> Replica<Host, GptGpuStep<Host, A>> {
+    let g = gpt(&dims, SEED, 0.2);
     let step = GptGpuStep::<Host, A>::with_options(
         &Host,
-        DIMS,
+        dims,
         g.offsets.clone(),
         1e-5,
         (B, T),
@@ -495,7 +499,7 @@ fn replica_for<A: Act>(
         step,
         (strategy, Optimizer::AdamW),
         &g.params,
-        &segments(&g.ranges),
+        &stoker_gpu::sample::segments(&stoker_kernels::gpt_params(&dims), &g.ranges),
         (comm.rank(), comm.world_size()),
     )
     .unwrap()
@@ -658,13 +662,8 @@ fn llama_under_zero1_at_3_ranks_trains_what_one_rank_trains() {
     let run = |world: usize, strategy: Strategy| {
         run_local(world, DEFAULT_TIMEOUT, |comm| {
             let g = stoker_gpu::sample::llama(&LLAMA, 77, 0.2);
-            let table = stoker_kernels::llama_params(&LLAMA);
-            let segs: Vec<(Range<usize>, bool)> = g
-                .ranges
-                .iter()
-                .zip(&table)
-                .map(|((_, r), p)| (r.clone(), p.shape.len() >= 2))
-                .collect();
+            let segs: Vec<(Range<usize>, bool)> =
+                stoker_gpu::sample::segments(&stoker_kernels::llama_params(&LLAMA), &g.ranges);
             let step = LlamaGpuStep::<Host, f32>::new(
                 &Host,
                 LLAMA,
@@ -1150,12 +1149,7 @@ const DIMS3: GptDims = GptDims { n_layer: 3, ..DIMS };
 
 /// [`segments`] of a GPT of [`DIMS3`].
 fn segments3(ranges: &Ranges) -> Vec<(Range<usize>, bool)> {
-    let table = stoker_kernels::gpt_params(&DIMS3);
-    ranges
-        .iter()
-        .zip(&table)
-        .map(|((_, r), p)| (r.clone(), p.shape.len() >= 2))
-        .collect()
+    stoker_gpu::sample::segments(&stoker_kernels::gpt_params(&DIMS3), ranges)
 }
 
 /// The parameters offloaded (FSDP's `CPUOffload(offload_params=True)`): one rank with the
@@ -1375,36 +1369,12 @@ fn zero2_holds_a_shard_of_the_gradients_and_trains_what_one_rank_trains() {
     let dims = GptDims { n_layer: 6, ..DIMS };
     let g = gpt(&dims, SEED, 0.2);
     let end = g.offsets.end();
-    let table = stoker_kernels::gpt_params(&dims);
-    let segs: Vec<(Range<usize>, bool)> = g
-        .ranges
-        .iter()
-        .zip(&table)
-        .map(|((_, r), p)| (r.clone(), p.shape.len() >= 2))
-        .collect();
-    let make = |comm: &stoker_comm::LocalComm, strategy: Strategy| {
-        let step = GptGpuStep::<Host, f32>::with_options(
-            &Host,
-            dims,
-            g.offsets.clone(),
-            1e-5,
-            (B, T),
-            options_for(strategy),
-        )
-        .unwrap();
-        Replica::new(
-            &Host,
-            step,
-            (strategy, Optimizer::AdamW),
-            &g.params,
-            &segs,
-            (comm.rank(), comm.world_size()),
-        )
-        .unwrap()
-    };
     for world in [2, 3] {
         let bytes = run_local(world, DEFAULT_TIMEOUT, |comm| {
-            let (z2, z1) = (make(&comm, Strategy::Zero2), make(&comm, Strategy::Zero1));
+            let (z2, z1) = (
+                replica_of::<f32>(&comm, Strategy::Zero2, dims),
+                replica_of::<f32>(&comm, Strategy::Zero1, dims),
+            );
             let rank_world = (comm.rank(), comm.world_size());
             let planned = DataParallel::<Host>::planned_bytes(
                 Strategy::Zero2,

@@ -55,6 +55,26 @@ fn saved_state(t: &mut Trainer) -> LoadedState {
     }
 }
 
+/// `got`'s weights and steps (losses, norms, loss scales, skips) are `want`'s, bit for
+/// bit.
+fn assert_same_run(what: &str, got: (&[f32], &[StepReport]), want: (&[f32], &[StepReport])) {
+    assert_eq!(got.0.len(), want.0.len(), "{what}: weights");
+    let same = got
+        .0
+        .iter()
+        .zip(want.0)
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    assert!(same, "{what}: weights differ");
+    assert_eq!(got.1.len(), want.1.len(), "{what}: steps");
+    for (a, b) in got.1.iter().zip(want.1) {
+        let step = format!("{what}: step {}", a.step);
+        assert_eq!(a.loss.to_bits(), b.loss.to_bits(), "{step}: loss");
+        assert_eq!(a.grad_norm.to_bits(), b.grad_norm.to_bits(), "{step}: norm");
+        assert_eq!(a.loss_scale, b.loss_scale, "{step}: loss scale");
+        assert_eq!(a.skipped.is_some(), b.skipped.is_some(), "{step}: skip");
+    }
+}
+
 #[test]
 fn the_resident_loop_serves_one_rank_ddp_zero1_and_zero2_and_the_adapter_the_rest() {
     for (extra, world, want) in [
@@ -517,22 +537,7 @@ fn offloaded_parameters_train_what_the_offloaded_optimizer_trains() {
             .remove(0)
         };
         let (want, got) = (run(&c), run(&p));
-        assert!(
-            got.0
-                .iter()
-                .zip(&want.0)
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{what}: weights differ from the optimizer's offload alone"
-        );
-        for (a, b) in got.1.iter().zip(&want.1) {
-            assert_eq!(
-                a.loss.to_bits(),
-                b.loss.to_bits(),
-                "{what}: step {}",
-                a.step
-            );
-            assert_eq!(a.grad_norm.to_bits(), b.grad_norm.to_bits(), "{what}: norm");
-        }
+        assert_same_run(&what, (&got.0, &got.1), (&want.0, &want.1));
         assert_eq!(
             got.2.loss.to_bits(),
             want.2.loss.to_bits(),
@@ -592,20 +597,8 @@ fn recomputed_attention_trains_the_same_bits_in_less_memory() {
             })
         };
         for (r, (got, want)) in run(&rec).iter().zip(&run(&plain)).enumerate() {
-            let same = got
-                .0
-                .iter()
-                .zip(&want.0)
-                .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "{what}: rank {r}'s weights differ");
-            for (a, b) in got.1.iter().zip(&want.1) {
-                assert_eq!(
-                    a.loss.to_bits(),
-                    b.loss.to_bits(),
-                    "{what}: step {}",
-                    a.step
-                );
-            }
+            let what = format!("{what}: rank {r}");
+            assert_same_run(&what, (&got.0, &got.1), (&want.0, &want.1));
             // The loop's bytes as planned, fewer with the recompute; the adapter's steps
             // are the CPU trainer's to count.
             assert_eq!(got.2, got.3, "{what}: planned and counted");

@@ -506,13 +506,8 @@ pub fn time_step(
     let step =
         GptGpuStep::<Device, bf16>::with_options(dev, dims, g.offsets.clone(), 1e-5, (b, t), opts)?;
     step.buffers().load_params(dev, &g.params)?;
-    let table = stoker_kernels::gpt_params(&dims);
-    let segments: Vec<(std::ops::Range<usize>, bool)> = g
-        .ranges
-        .iter()
-        .zip(&table)
-        .map(|((_, r), p)| (r.clone(), p.shape.len() >= 2))
-        .collect();
+    let segments: Vec<(std::ops::Range<usize>, bool)> =
+        crate::sample::segments(&stoker_kernels::gpt_params(&dims), &g.ranges);
     let opt = crate::step::optimizer::OptimizerState::adamw(dev, &g.params, &segments)?;
     let tokens: Vec<i64> = crate::sample::ids(b * t, 3, dims.vocab)
         .iter()

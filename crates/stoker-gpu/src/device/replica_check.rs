@@ -80,13 +80,7 @@ fn train<B: Backend, T: Act>(
     (strategy, offload_params): (Strategy, bool),
 ) -> Result<(f64, Range<usize>, Vec<f32>), GpuError> {
     let g = crate::sample::gpt(&DIMS, 100, 0.2);
-    let table = stoker_kernels::gpt_params(&DIMS);
-    let segments: Vec<_> = g
-        .ranges
-        .iter()
-        .zip(&table)
-        .map(|((_, r), p)| (r.clone(), p.shape.len() >= 2))
-        .collect();
+    let segments: Vec<_> = crate::sample::segments(&stoker_kernels::gpt_params(&DIMS), &g.ranges);
     let (rank, world) = (coll.rank(), coll.world());
     let opts = StepOptions {
         offload_params,
@@ -109,16 +103,13 @@ fn train<B: Backend, T: Act>(
         clip: Some(0.5),
         loss_scale: fp16.then_some(loss_scale),
     };
+    // This rank's share of a window's micro-batches.
+    let mine = |micro: &'_ [(Vec<i64>, Vec<i64>)]| -> Vec<(Vec<i64>, Vec<i64>)> {
+        micro[rank * per..(rank + 1) * per].to_vec()
+    };
     if fp16 {
-        let micro = &windows()[0];
-        let batches: Vec<TokenBatch> = micro[rank * per..(rank + 1) * per]
-            .iter()
-            .map(|(tokens, targets)| TokenBatch {
-                tokens,
-                targets,
-                ignore: -1,
-            })
-            .collect();
+        let micro = mine(&windows()[0]);
+        let batches = as_batches(&micro);
         let adam = AdamWStep::new(3e-3, 0.9, 0.95, 1e-8, 0.1, 1);
         let r = replica.window(be, coll, &batches, &Scalars::AdamW(adam), rule(1e9))?;
         if !r.skipped {
@@ -129,14 +120,8 @@ fn train<B: Backend, T: Act>(
         }
     }
     for (w, micro) in windows().iter().enumerate() {
-        let batches: Vec<TokenBatch> = micro[rank * per..(rank + 1) * per]
-            .iter()
-            .map(|(tokens, targets)| TokenBatch {
-                tokens,
-                targets,
-                ignore: -1,
-            })
-            .collect();
+        let micro = mine(micro);
+        let batches = as_batches(&micro);
         let adam = AdamWStep::new(3e-3, 0.9, 0.95, 1e-8, 0.1, w as u64 + 1);
         loss = replica
             .window(be, coll, &batches, &Scalars::AdamW(adam), rule(4096.0))?
@@ -144,6 +129,17 @@ fn train<B: Backend, T: Act>(
     }
     let (range, master) = replica.state().master(be)?;
     Ok((loss, range, master))
+}
+
+/// Micro-batches as the step takes them (-1 ignored).
+fn as_batches(m: &[(Vec<i64>, Vec<i64>)]) -> Vec<TokenBatch<'_>> {
+    m.iter()
+        .map(|(tokens, targets)| TokenBatch {
+            tokens,
+            targets,
+            ignore: -1,
+        })
+        .collect()
 }
 
 /// `got` against `want`: the loss's relative difference, and the master's largest

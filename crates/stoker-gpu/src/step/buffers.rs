@@ -51,6 +51,23 @@ pub struct OffloadSizes {
     pub slot: usize,
 }
 
+impl OffloadSizes {
+    /// That `placement` (what the step made, `what`) lays out as planned.
+    fn check(&self, placement: &super::placement::Placement, what: &str) -> Result<(), GpuError> {
+        let got = (placement.resident_len(), placement.slot_len());
+        if got != (self.resident, self.slot) {
+            return Err(GpuError::Shape {
+                kernel: "step",
+                what: format!(
+                    "{what} planned as {self:?} lay out as resident {} and slot {}",
+                    got.0, got.1
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
 impl StepSizes {
     /// The sizes of a step over `params` parameters, with an activation layout of
     /// `acts` elements and `floats` f32s, for micro-batches of `rows` positions over
@@ -150,16 +167,7 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
         let offload = match sizes.offload {
             Some(want) => {
                 let o = ParamOffload::new(be, blocks, sizes.params, PARTIAL_WARPS)?;
-                let got = (o.placement().resident_len(), o.placement().slot_len());
-                if got != (want.resident, want.slot) {
-                    return Err(GpuError::Shape {
-                        kernel: "step",
-                        what: format!(
-                            "an offload planned as {want:?} lays out as resident {} and slot {}",
-                            got.0, got.1
-                        ),
-                    });
-                }
+                want.check(o.placement(), "an offload")?;
                 Some(o)
             }
             None => None,
@@ -167,16 +175,7 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
         let grad_slots = match (sizes.grad_slots, &offload) {
             (Some(want), None) => {
                 let s = GradSlots::new(be, blocks, sizes.params)?;
-                let got = (s.placement().resident_len(), s.placement().slot_len());
-                if got != (want.resident, want.slot) {
-                    return Err(GpuError::Shape {
-                        kernel: "step",
-                        what: format!(
-                            "gradient slots planned as {want:?} lay out as resident {} and slot {}",
-                            got.0, got.1
-                        ),
-                    });
-                }
+                want.check(s.placement(), "gradient slots")?;
                 Some(s)
             }
             _ => None,
