@@ -521,24 +521,14 @@ impl TrainConfig {
                     .into(),
             ));
         }
-        if p.strategy == StrategyKind::Zero2 {
-            if p.offload_optimizer {
-                return Some((
-                    "parallel.offload_optimizer",
-                    "ZeRO-2 with its optimizer offloaded is not built on the resident loop: \
-                     use \"zero1\" with offload_optimizer"
-                        .into(),
-                ));
-            }
-            if p.sync_every_micro_batch == Some(false) {
-                return Some((
-                    "parallel.sync_every_micro_batch",
-                    "false keeps whole local gradients until the last micro-batch, which \
-                     ZeRO-2 on the resident loop does not hold: it reduces each block's after \
-                     every micro-batch (use \"zero1\" for one reduction per window)"
-                        .into(),
-                ));
-            }
+        if p.strategy == StrategyKind::Zero2 && p.sync_every_micro_batch == Some(false) {
+            return Some((
+                "parallel.sync_every_micro_batch",
+                "false keeps whole local gradients until the last micro-batch, which ZeRO-2 \
+                 on the resident loop does not hold: it reduces each block's after every \
+                 micro-batch (use \"zero1\" for one reduction per window)"
+                    .into(),
+            ));
         }
         if p.deterministic {
             return Some((
@@ -979,10 +969,6 @@ steps = 1
                 (|c: &mut TrainConfig| c.parallel.strategy = StrategyKind::Zero3)
                     as fn(&mut TrainConfig),
             ),
-            ("parallel.offload_optimizer", |c| {
-                c.parallel.strategy = StrategyKind::Zero2;
-                c.parallel.offload_optimizer = true;
-            }),
             ("parallel.sync_every_micro_batch", |c| {
                 c.parallel.strategy = StrategyKind::Zero2;
                 c.parallel.sync_every_micro_batch = Some(false);
@@ -1007,8 +993,13 @@ steps = 1
         sync.parallel.strategy = StrategyKind::Zero2;
         sync.parallel.sync_every_micro_batch = Some(true);
         sync.check_gpu_keys().unwrap();
-        // The optimizer offloaded to the host: one rank, DDP or ZeRO-1.
-        for kind in [StrategyKind::None, StrategyKind::Ddp, StrategyKind::Zero1] {
+        // The optimizer offloaded to the host: one rank, DDP, ZeRO-1 or ZeRO-2.
+        for kind in [
+            StrategyKind::None,
+            StrategyKind::Ddp,
+            StrategyKind::Zero1,
+            StrategyKind::Zero2,
+        ] {
             let mut ok = r.clone();
             ok.parallel.strategy = kind;
             ok.parallel.offload_optimizer = true;

@@ -419,6 +419,16 @@ fn an_offloaded_optimizer_leaves_the_device_only_the_step() {
         zero1_off.state < zero1.state && zero1_off.state > 0,
         "{zero1_off:?} against {zero1:?}"
     );
+    // ZeRO-2 likewise: its shard of gradients and landing buffer stay.
+    c.parallel.strategy = stoker_train::config::StrategyKind::Zero2;
+    let zero2 = stoker_train::trainer::planned_resident_bytes(&c, len, (0, 2)).unwrap();
+    c.parallel.offload_optimizer = true;
+    let zero2_off = stoker_train::trainer::planned_resident_bytes(&c, len, (0, 2)).unwrap();
+    assert_eq!(zero2_off.steps, zero2.steps);
+    assert!(
+        zero2_off.state < zero2.state && zero2_off.state > 0,
+        "{zero2_off:?} against {zero2:?}"
+    );
 }
 
 /// fp16 on the loop: a run whose loss scale starts far too high skips its first steps

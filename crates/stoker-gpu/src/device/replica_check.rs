@@ -84,7 +84,7 @@ fn train<B: Backend, T: Act>(
     let (rank, world) = (coll.rank(), coll.world());
     let opts = StepOptions {
         offload_params,
-        grads_in_slots: strategy == Strategy::Zero2,
+        grads_in_slots: strategy.sums_shard_per_block(),
         ..StepOptions::default()
     };
     let step = GptGpuStep::<B, T>::with_options(be, DIMS, g.offsets.clone(), 1e-5, (3, 11), opts)?;

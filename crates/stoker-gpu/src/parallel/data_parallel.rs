@@ -33,6 +33,17 @@ pub enum Strategy {
     /// every micro-batch's backward, so that no rank holds them whole (the step keeps
     /// its blocks' gradients in two slots).
     Zero2,
+    /// ZeRO-2 with each rank's shard of the master and optimizer state in host memory
+    /// (DeepSpeed's stage 2 with `offload_optimizer`, ZeRO-Offload's own setting).
+    Zero2Offload,
+}
+
+impl Strategy {
+    /// Whether the gradients are reduce-scattered block by block after every
+    /// micro-batch (ZeRO-2, offloaded or not): its step keeps them in two slots.
+    pub fn sums_shard_per_block(self) -> bool {
+        matches!(self, Strategy::Zero2 | Strategy::Zero2Offload)
+    }
 }
 
 /// One rank's optimizer state under a [`Strategy`].
@@ -54,7 +65,10 @@ impl<B: Backend> DataParallel<B> {
         segments: &[(Range<usize>, bool)],
         rank_world: (usize, usize),
     ) -> Result<Self, GpuError> {
-        let offload = matches!(strategy, Strategy::Offload | Strategy::Zero1Offload);
+        let offload = matches!(
+            strategy,
+            Strategy::Offload | Strategy::Zero1Offload | Strategy::Zero2Offload
+        );
         Ok(match strategy {
             Strategy::Ddp | Strategy::Offload => {
                 DataParallel::Ddp(StateAt::new(be, kind, master, segments, offload)?)
@@ -63,13 +77,13 @@ impl<B: Backend> DataParallel<B> {
                 DataParallel::Zero1(Zero1::new(be, kind, master, segments, rank_world, offload)?)
             }
             // Its landing buffer comes with the step's block size ([`Self::accumulating`]).
-            Strategy::Zero2 => {
-                DataParallel::Zero1(Zero1::new(be, kind, master, segments, rank_world, false)?)
+            Strategy::Zero2 | Strategy::Zero2Offload => {
+                DataParallel::Zero1(Zero1::new(be, kind, master, segments, rank_world, offload)?)
             }
         })
     }
 
-    /// ZeRO-2 (`strategy` [`Strategy::Zero2`]): this ZeRO-1 state summing per-block
+    /// ZeRO-2 (`strategy` [`Strategy::Zero2`], offloaded or not): this ZeRO-1 state summing per-block
     /// reductions, with a landing buffer for pieces of at most `block_len` elements (the
     /// step's largest block). Anything else is as it was.
     pub fn accumulating(
@@ -78,10 +92,8 @@ impl<B: Backend> DataParallel<B> {
         strategy: Strategy,
         block_len: usize,
     ) -> Result<Self, GpuError> {
-        Ok(match (self, strategy) {
-            (DataParallel::Zero1(z), Strategy::Zero2) => {
-                DataParallel::Zero1(z.accumulating(be, block_len)?)
-            }
+        Ok(match (self, strategy.sums_shard_per_block()) {
+            (DataParallel::Zero1(z), true) => DataParallel::Zero1(z.accumulating(be, block_len)?),
             (other, _) => other,
         })
     }
@@ -101,18 +113,18 @@ impl<B: Backend> DataParallel<B> {
         match strategy {
             Strategy::Ddp => kind.state_bytes(len),
             Strategy::Offload => 0,
-            Strategy::Zero1 | Strategy::Zero1Offload | Strategy::Zero2 => {
+            Strategy::Zero1 | Strategy::Zero1Offload | Strategy::Zero2 | Strategy::Zero2Offload => {
                 let shard = super::zero1::shard_plan(len, world)
                     .range(rank.min(world.max(1) - 1))
                     .len();
                 let state = match strategy {
-                    Strategy::Zero1Offload => 0,
+                    Strategy::Zero1Offload | Strategy::Zero2Offload => 0,
                     _ => kind.state_bytes(shard),
                 };
                 // ZeRO-2 lands each reduction beside the shard's sums.
-                let grads = match strategy {
-                    Strategy::Zero2 => shard + super::zero1::landing_len(shard, block_len),
-                    _ => shard,
+                let grads = match strategy.sums_shard_per_block() {
+                    true => shard + super::zero1::landing_len(shard, block_len),
+                    false => shard,
                 };
                 state + 4 * grads
             }

@@ -176,7 +176,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         rank_world: (usize, usize),
     ) -> Result<Self, GpuError> {
         step.load(be, master)?;
-        if step.grads_in_slots() != (strategy == Strategy::Zero2) {
+        if step.grads_in_slots() != strategy.sums_shard_per_block() {
             return Err(GpuError::Shape {
                 kernel: "replica",
                 what: format!(
@@ -206,7 +206,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         let state = DataParallel::new(be, strategy, kind, master, segments, rank_world)?
             .accumulating(be, strategy, block_len)?;
         // Only beyond one rank do the buckets run (ZeRO-2's reductions at every world).
-        let rest = match rank_world.1 > 1 || strategy == Strategy::Zero2 {
+        let rest = match rank_world.1 > 1 || strategy.sums_shard_per_block() {
             true => buckets_rest(step.block_runs(), master.len())?,
             false => Vec::new(),
         };

@@ -65,6 +65,7 @@ impl LoopPlan {
             stoker_gpu::parallel::Strategy::Zero1
                 | stoker_gpu::parallel::Strategy::Zero1Offload
                 | stoker_gpu::parallel::Strategy::Zero2
+                | stoker_gpu::parallel::Strategy::Zero2Offload
         )
     }
 
@@ -213,8 +214,8 @@ fn loop_kinds(
     let strategy = match (config.parallel.strategy, config.parallel.offload_optimizer) {
         (StrategyKind::Zero1, false) => stoker_gpu::parallel::Strategy::Zero1,
         (StrategyKind::Zero1, true) => stoker_gpu::parallel::Strategy::Zero1Offload,
-        // With the optimizer offloaded ZeRO-2 is refused before a loop is planned.
-        (StrategyKind::Zero2, _) => stoker_gpu::parallel::Strategy::Zero2,
+        (StrategyKind::Zero2, false) => stoker_gpu::parallel::Strategy::Zero2,
+        (StrategyKind::Zero2, true) => stoker_gpu::parallel::Strategy::Zero2Offload,
         (_, true) => stoker_gpu::parallel::Strategy::Offload,
         _ => stoker_gpu::parallel::Strategy::Ddp,
     };
