@@ -754,12 +754,27 @@ pub fn resident_plan_line(
     };
     let mib = |x: usize| x as f64 / (1 << 20) as f64;
     let share = match device {
-        Some((name, bytes)) if bytes > 0.0 => format!(
-            ", {:.1}% of the {name}'s {:.1} GiB; the largest micro-batch within 90% of it: {}",
-            100.0 * b.total() as f64 / bytes,
-            bytes / (1u64 << 30) as f64,
-            largest_resident_micro_batch(cfg, len, world.max(1), 0.9 * bytes)
-        ),
+        Some((name, bytes)) if bytes > 0.0 => {
+            let largest =
+                |c: &TrainConfig| largest_resident_micro_batch(c, len, world.max(1), 0.9 * bytes);
+            // Where attention's probabilities are kept per block, what recomputing them
+            // would allow (the step's largest activation).
+            let recomputed = match cfg.recompute {
+                crate::config::Recompute::None => {
+                    let mut c = cfg.clone();
+                    c.recompute = crate::config::Recompute::Attention;
+                    format!(" ({} with recompute = \"attention\")", largest(&c))
+                }
+                crate::config::Recompute::Attention => String::new(),
+            };
+            format!(
+                ", {:.1}% of the {name}'s {:.1} GiB; the largest micro-batch within 90% of \
+                 it: {}{recomputed}",
+                100.0 * b.total() as f64 / bytes,
+                bytes / (1u64 << 30) as f64,
+                largest(cfg)
+            )
+        }
         _ => String::new(),
     };
     Ok(Some(format!(
@@ -767,6 +782,7 @@ pub fn resident_plan_line(
          planned from its buffers (master and optimizer {:.2} + step {:.2}){share}",
         match cfg.parallel.strategy {
             StrategyKind::Zero1 => "zero1",
+            StrategyKind::Zero2 => "zero2",
             StrategyKind::None => "none",
             _ => "ddp",
         },

@@ -351,9 +351,16 @@ fn the_plan_line_finds_the_largest_micro_batch_that_fits() {
         .unwrap()
         .unwrap();
     assert!(
-        line.ends_with("the largest micro-batch within 90% of it: 2"),
+        line.contains("the largest micro-batch within 90% of it: 2 ("),
         "{line}"
     );
+    // And what recomputing attention would allow: at least as many.
+    let recomputed: usize = line
+        .rsplit_once(" (")
+        .and_then(|(_, r)| r.strip_suffix(" with recompute = \"attention\")"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no recompute figure in {line}"));
+    assert!(recomputed >= 2, "{line}");
     let mib = format!("{:.2} MiB planned", two.total() as f64 / (1 << 20) as f64);
     assert!(line.contains(&mib), "{line} (expected {mib})");
     // Off the loop: no line.
