@@ -970,54 +970,46 @@ fn the_optimizer_offloaded_to_the_host_is_ddp_bit_for_bit() {
     }
 }
 
-/// ZeRO-1 with each shard's optimizer offloaded to the host is ZeRO-1 bit for bit on the
-/// host backend: 2 and 3 ranks, AdamW (clipped) and SGD, f32 and bf16, stochastic
-/// rounding included (each host shard counting from its place in the whole buffer).
-#[test]
-fn zero1_with_its_shards_offloaded_is_zero1_bit_for_bit() {
-    fn check<T: Act>(world: usize, opt: Optimizer, clip: Option<f64>, round: Option<u64>) {
-        let zero = ranks_rounded::<T>(world, Strategy::Zero1, opt, clip, round);
-        let off = ranks_rounded::<T>(world, Strategy::Zero1Offload, opt, clip, round);
-        let what = format!("{:?} {opt:?} over {world} ranks", T::DTYPE);
-        assert_bits_eq(
-            &assemble(&off),
-            &assemble(&zero),
-            &format!("{what}: master"),
-        );
-        for (o, z) in off.iter().zip(&zero) {
-            assert_eq!(o.0, z.0, "{what}: losses, tokens and norms");
-            assert_bits_eq(&o.3, &z.3, &format!("{what}: compute copies"));
-        }
-    }
-    for world in [2, 3] {
-        check::<f32>(world, Optimizer::AdamW, Some(0.05), None);
-        check::<half::bf16>(world, Optimizer::AdamW, Some(0.05), Some(0x5eed));
-        check::<f32>(world, Optimizer::Sgd { momentum: true }, None, None);
+/// `sharded` with each shard's optimizer offloaded to the host (`offloaded`) is `sharded`
+/// bit for bit on the host backend.
+fn assert_offload_is<T: Act>(
+    (sharded, offloaded): (Strategy, Strategy),
+    world: usize,
+    (opt, clip, round): (Optimizer, Option<f64>, Option<u64>),
+) {
+    let zero = ranks_rounded::<T>(world, sharded, opt, clip, round);
+    let off = ranks_rounded::<T>(world, offloaded, opt, clip, round);
+    let what = format!("{offloaded:?} {:?} {opt:?} over {world} ranks", T::DTYPE);
+    assert_bits_eq(
+        &assemble(&off),
+        &assemble(&zero),
+        &format!("{what}: master"),
+    );
+    for (o, z) in off.iter().zip(&zero) {
+        assert_eq!(o.0, z.0, "{what}: losses, tokens and norms");
+        assert_bits_eq(&o.3, &z.3, &format!("{what}: compute copies"));
     }
 }
 
-/// ZeRO-2 with each shard's optimizer offloaded to the host is ZeRO-2 bit for bit on the
-/// host backend: 1, 2 and 3 ranks, AdamW (clipped) and SGD, f32 and bf16.
+/// ZeRO-1 with each shard's optimizer offloaded to the host is ZeRO-1 bit for bit on the
+/// host backend: 2 and 3 ranks, AdamW (clipped) and SGD, f32 and bf16, stochastic
+/// rounding included (each host shard counting from its place in the whole buffer); and
+/// ZeRO-2's likewise, at 1, 2 and 3 ranks.
 #[test]
-fn zero2_with_its_shards_offloaded_is_zero2_bit_for_bit() {
-    fn check<T: Act>(world: usize, opt: Optimizer, clip: Option<f64>) {
-        let zero = ranks::<T>(world, Strategy::Zero2, opt, clip);
-        let off = ranks::<T>(world, Strategy::Zero2Offload, opt, clip);
-        let what = format!("{:?} {opt:?} over {world} ranks", T::DTYPE);
-        assert_bits_eq(
-            &assemble(&off),
-            &assemble(&zero),
-            &format!("{what}: master"),
-        );
-        for (o, z) in off.iter().zip(&zero) {
-            assert_eq!(o.0, z.0, "{what}: losses, tokens and norms");
-            assert_bits_eq(&o.3, &z.3, &format!("{what}: compute copies"));
-        }
+fn sharded_optimizers_offloaded_are_their_strategies_bit_for_bit() {
+    let adam = (Optimizer::AdamW, Some(0.05), None);
+    let sgd = (Optimizer::Sgd { momentum: true }, None, None);
+    let zero1 = (Strategy::Zero1, Strategy::Zero1Offload);
+    let zero2 = (Strategy::Zero2, Strategy::Zero2Offload);
+    for world in [2, 3] {
+        assert_offload_is::<f32>(zero1, world, adam);
+        assert_offload_is::<half::bf16>(zero1, world, (adam.0, adam.1, Some(0x5eed)));
+        assert_offload_is::<f32>(zero1, world, sgd);
     }
     for world in [1, 2, 3] {
-        check::<f32>(world, Optimizer::AdamW, Some(0.05));
-        check::<half::bf16>(world, Optimizer::AdamW, Some(0.05));
-        check::<f32>(world, Optimizer::Sgd { momentum: true }, None);
+        assert_offload_is::<f32>(zero2, world, adam);
+        assert_offload_is::<half::bf16>(zero2, world, adam);
+        assert_offload_is::<f32>(zero2, world, sgd);
     }
 }
 
