@@ -1265,15 +1265,11 @@ fn parameters_offloaded_train_what_the_optimizer_offload_trains_bit_for_bit() {
 fn an_offloaded_step_holds_two_blocks_and_needs_the_optimizer_offloaded() {
     let g = gpt(&DIMS, SEED, 0.2);
     let plain = GptGpuStep::<Host, f32>::new(&Host, DIMS, g.offsets.clone(), 1e-5, B, T).unwrap();
-    let off = GptGpuStep::<Host, f32>::with_options(
-        &Host,
-        DIMS,
-        g.offsets.clone(),
-        1e-5,
-        (B, T),
-        OFFLOAD,
-    )
-    .unwrap();
+    let offloaded = || {
+        let o = g.offsets.clone();
+        GptGpuStep::<Host, f32>::with_options(&Host, DIMS, o, 1e-5, (B, T), OFFLOAD).unwrap()
+    };
+    let off = offloaded();
     let block = stoker_gpu::step::gpt::gpt_block_len(&DIMS);
     let end = g.offsets.end();
     // The plain step holds every parameter and gradient (4 + 4 bytes); the offloaded one
@@ -1288,18 +1284,9 @@ fn an_offloaded_step_holds_two_blocks_and_needs_the_optimizer_offloaded() {
         (Strategy::Offload, 2),
     ] {
         let e = run_local(world, DEFAULT_TIMEOUT, |comm| {
-            let step = GptGpuStep::<Host, f32>::with_options(
-                &Host,
-                DIMS,
-                g.offsets.clone(),
-                1e-5,
-                (B, T),
-                OFFLOAD,
-            )
-            .unwrap();
             Replica::new(
                 &Host,
-                step,
+                offloaded(),
                 (strategy, Optimizer::AdamW),
                 &g.params,
                 &segments(&g.ranges),
