@@ -365,16 +365,12 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
     /// The gradients (f32, the flat layout; with an offload, gathered on the host; an
     /// error with the gradients in slots, where they exist nowhere whole).
     pub fn grads(&self, be: &B) -> Result<Vec<f32>, GpuError> {
-        if self.grad_slots.is_some() {
-            return Err(self.whole(be).err().unwrap_or(GpuError::Shape {
-                kernel: "step",
-                what: "gradients in slots".into(),
-            }));
-        }
         if let Some(o) = &self.offload {
             o.gather_grads(be, &self.grads)?;
             return o.host_grads();
         }
+        // The whole gradient on the backend, or why there is none (ZeRO-2's slots).
+        self.whole(be)?;
         be.download(&self.grads)
     }
 
