@@ -729,8 +729,10 @@ impl TrainConfig {
                  the parameters are"
                     .to_string(),
             )
-        } else if self.parallel.strategy == StrategyKind::Zero1
-            || self.batch.world_size.is_some_and(|w| w > 1)
+        } else if !matches!(
+            self.parallel.strategy,
+            StrategyKind::None | StrategyKind::Ddp
+        ) || self.batch.world_size.is_some_and(|w| w > 1)
         {
             Some(
                 "runs on one rank (strategy \"none\", or \"ddp\" on one): offloaded \
@@ -1033,6 +1035,7 @@ steps = 1
             (|c: &mut TrainConfig| c.parallel.strategy = StrategyKind::Zero1)
                 as fn(&mut TrainConfig),
             |c| c.parallel.strategy = StrategyKind::Zero3,
+            |c| c.parallel.strategy = StrategyKind::Zero2,
             |c| c.parallel.offload_optimizer = false,
             |c| c.step = None,
             |c| c.batch.world_size = Some(2),
