@@ -114,3 +114,12 @@ pub struct SampleLlama {
     /// Each parameter's name and range, in table order.
     pub ranges: Ranges,
 }
+
+/// A sampled micro-batch (tokens, targets, -1 ignored) as the steps take it.
+pub fn batch(m: &(Vec<i64>, Vec<i64>)) -> crate::step::TokenBatch<'_> {
+    crate::step::TokenBatch {
+        tokens: &m.0,
+        targets: &m.1,
+        ignore: -1,
+    }
+}

@@ -109,7 +109,7 @@ fn train<B: Backend, T: Act>(
     };
     if fp16 {
         let micro = mine(&windows()[0]);
-        let batches = as_batches(&micro);
+        let batches: Vec<TokenBatch> = micro.iter().map(crate::sample::batch).collect();
         let adam = AdamWStep::new(3e-3, 0.9, 0.95, 1e-8, 0.1, 1);
         let r = replica.window(be, coll, &batches, &Scalars::AdamW(adam), rule(1e9))?;
         if !r.skipped {
@@ -121,7 +121,7 @@ fn train<B: Backend, T: Act>(
     }
     for (w, micro) in windows().iter().enumerate() {
         let micro = mine(micro);
-        let batches = as_batches(&micro);
+        let batches: Vec<TokenBatch> = micro.iter().map(crate::sample::batch).collect();
         let adam = AdamWStep::new(3e-3, 0.9, 0.95, 1e-8, 0.1, w as u64 + 1);
         loss = replica
             .window(be, coll, &batches, &Scalars::AdamW(adam), rule(4096.0))?
@@ -129,17 +129,6 @@ fn train<B: Backend, T: Act>(
     }
     let (range, master) = replica.state().master(be)?;
     Ok((loss, range, master))
-}
-
-/// Micro-batches as the step takes them (-1 ignored).
-fn as_batches(m: &[(Vec<i64>, Vec<i64>)]) -> Vec<TokenBatch<'_>> {
-    m.iter()
-        .map(|(tokens, targets)| TokenBatch {
-            tokens,
-            targets,
-            ignore: -1,
-        })
-        .collect()
 }
 
 /// `got` against `want`: the loss's relative difference, and the master's largest

@@ -66,6 +66,8 @@ pub trait Trainable<B: Backend> {
     fn after_host_update(&self, be: &B) -> Result<(), GpuError>;
     /// Whether the blocks' gradients are in two slots (ZeRO-2's step).
     fn grads_in_slots(&self) -> bool;
+    /// Whether the blocks' parameters are offloaded to host memory.
+    fn params_offloaded(&self) -> bool;
     /// The gradients of the flat run `r` (a block's run, or one outside the blocks)
     /// wherever they are on the backend.
     fn grads_at(&self, be: &B, r: Range<usize>) -> Result<View<'_, f32>, GpuError>;
@@ -125,6 +127,9 @@ macro_rules! trainable {
             fn grads_in_slots(&self) -> bool {
                 self.buffers().grads_in_slots()
             }
+            fn params_offloaded(&self) -> bool {
+                self.buffers().offload().is_some()
+            }
             fn grads_at(&self, be: &B, r: Range<usize>) -> Result<View<'_, f32>, GpuError> {
                 self.buffers().grads_at(be, r)
             }
@@ -151,6 +156,19 @@ pub struct WindowReport {
     /// Whether the update was skipped: under a loss scale, the gradients overflowed
     /// (every rank skips together; the master, moments and compute copy are as they were).
     pub skipped: bool,
+}
+
+impl WindowReport {
+    /// The report of a window whose summed tally is `total`, whose mean gradient had
+    /// norm `grad_norm`, updated under `rule`.
+    fn of(total: Tally, grad_norm: f64, rule: GradRule) -> Self {
+        WindowReport {
+            loss: total.loss / total.valid,
+            tokens: total.valid as u64,
+            grad_norm,
+            skipped: rule.skips(grad_norm),
+        }
+    }
 }
 
 /// One rank's resident training.
@@ -186,7 +204,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                 ),
             });
         }
-        let offloaded = step.host_update_views(be)?.is_some();
+        let offloaded = step.params_offloaded();
         if offloaded && (strategy != Strategy::Offload || rank_world.1 != 1) {
             return Err(GpuError::Shape {
                 kernel: "replica",
@@ -305,14 +323,9 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                 return self.zero2_window(be, coll, z, micro, (scalars, rule));
             }
         }
-        let capacity = (coll.world() * micro.len() * self.step.rows()) as f64;
-        let grad_scale = (rule.loss_scale.unwrap_or(1.0) as f64 / capacity.max(1.0)) as f32;
+        let (capacity, grad_scale) = self.scales(coll.world(), micro.len(), rule);
         self.step.zero_grads(be)?;
-        let mut tally = Tally {
-            micro: micro.len() as f64,
-            micro_sq: (micro.len() * micro.len()) as f64,
-            ..Tally::default()
-        };
+        let mut tally = Tally::of_micro_batches(micro.len());
         // Queued back to back: the host checks and groups the next micro-batch's ids
         // while the backend runs this one; the window's loss is read once, after. Beyond
         // one rank the last micro-batch's backward starts each block's reduction (DDP's
@@ -341,7 +354,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                 };
                 self.step
                     .queue_micro_batch(be, (*batch, grad_scale), j > 0, after_block)?;
-                tally.valid += batch.targets.iter().filter(|&&t| t != batch.ignore).count() as f64;
+                tally.valid += batch.valid_targets() as f64;
             }
             if buckets {
                 // A rank without micro-batches (refused below, with every rank) still
@@ -383,12 +396,16 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                     .update(be, coll, views, scalars, (tally, capacity), (rule, buckets))?
             }
         };
-        Ok(WindowReport {
-            loss: total.loss / total.valid,
-            tokens: total.valid as u64,
-            grad_norm,
-            skipped: rule.skips(grad_norm),
-        })
+        Ok(WindowReport::of(total, grad_norm, rule))
+    }
+
+    /// A window's target capacity over every rank (ranks x `micro` micro-batches x
+    /// rows, known to all without asking) and each micro-batch's gradient scale under
+    /// `rule` (its loss scale over the capacity).
+    fn scales(&self, world: usize, micro: usize, rule: GradRule) -> (f64, f32) {
+        let capacity = (world * micro * self.step.rows()) as f64;
+        let grad_scale = (rule.loss_scale.unwrap_or(1.0) as f64 / capacity.max(1.0)) as f32;
+        (capacity, grad_scale)
     }
 }
 
@@ -407,21 +424,14 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         micro: &[TokenBatch],
         (scalars, rule): (&Scalars, GradRule),
     ) -> Result<WindowReport, GpuError> {
-        let capacity = (coll.world() * micro.len() * self.step.rows()) as f64;
-        let grad_scale = (rule.loss_scale.unwrap_or(1.0) as f64 / capacity.max(1.0)) as f32;
+        let (capacity, grad_scale) = self.scales(coll.world(), micro.len(), rule);
+        let mut tally = Tally::of_micro_batches(micro.len());
         // ZeRO-2 reduces after every micro-batch: a rank short of one would wait in a
         // collective the others never start. Every rank checks the counts first (one
         // scalar collective) and refuses together.
-        let m = micro.len() as f64;
-        Tally::from_values(&coll.sum(be, &[0.0, 0.0, m, m * m])?)
-            .same_micro_batches(coll.world())?;
+        Tally::from_values(&coll.sum(be, &tally.values())?).same_micro_batches(coll.world())?;
         self.step.zero_grads(be)?;
         z.zero_grads(be)?;
-        let mut tally = Tally {
-            micro: micro.len() as f64,
-            micro_sq: (micro.len() * micro.len()) as f64,
-            ..Tally::default()
-        };
         let reduce = |runs: &[Range<usize>]| -> Result<(), GpuError> {
             runs.iter().try_for_each(|r| {
                 z.reduce_add(be, coll, self.step.grads_at(be, r.clone())?, r.clone())
@@ -431,7 +441,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
             let mut each = |runs: &[Range<usize>]| reduce(runs);
             self.step
                 .queue_micro_batch(be, (*batch, grad_scale), j > 0, &mut each)?;
-            tally.valid += batch.targets.iter().filter(|&&t| t != batch.ignore).count() as f64;
+            tally.valid += batch.valid_targets() as f64;
         }
         reduce(&self.rest)?;
         if !micro.is_empty() {
@@ -445,12 +455,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
             (tally, capacity),
             rule,
         )?;
-        Ok(WindowReport {
-            loss: total.loss / total.valid,
-            tokens: total.valid as u64,
-            grad_norm,
-            skipped: rule.skips(grad_norm),
-        })
+        Ok(WindowReport::of(total, grad_norm, rule))
     }
 }
 

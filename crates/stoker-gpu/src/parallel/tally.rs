@@ -18,6 +18,15 @@ pub struct Tally {
 }
 
 impl Tally {
+    /// A window's tally before its micro-batches run: `n` of them, nothing counted yet.
+    pub fn of_micro_batches(n: usize) -> Self {
+        Tally {
+            micro: n as f64,
+            micro_sq: (n * n) as f64,
+            ..Tally::default()
+        }
+    }
+
     /// The values a collective sums, in order.
     pub fn values(&self) -> [f64; 4] {
         [self.valid, self.loss, self.micro, self.micro_sq]

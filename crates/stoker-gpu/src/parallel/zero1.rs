@@ -60,10 +60,9 @@ pub struct Zero1<B: Backend> {
     rank: usize,
     state: StateAt<B>,
     grads: B::Buf<f32>,
-    /// ZeRO-2: a reduce-scatter's landing place before it is added into `grads`.
-    scratch: Option<B::Buf<f32>>,
-    /// ZeRO-2: the longest piece of a run one reduction takes.
-    piece: usize,
+    /// ZeRO-2: a reduce-scatter's landing place before it is added into `grads`, and
+    /// the longest piece of a run one reduction takes.
+    landing: Option<(B::Buf<f32>, usize)>,
 }
 
 impl<B: Backend> Zero1<B> {
@@ -93,8 +92,7 @@ impl<B: Backend> Zero1<B> {
             plan,
             rank,
             state,
-            scratch: None,
-            piece: usize::MAX,
+            landing: None,
         })
     }
 
@@ -103,14 +101,13 @@ impl<B: Backend> Zero1<B> {
     /// `block_len` elements, and a landing buffer for one ([`landing_len`]).
     pub fn accumulating(mut self, be: &B, block_len: usize) -> Result<Self, GpuError> {
         let landing = landing_len(B::len(&self.grads), block_len.max(1));
-        self.scratch = Some(be.zeros(landing)?);
-        self.piece = block_len.max(1);
+        self.landing = Some((be.zeros(landing)?, block_len.max(1)));
         Ok(self)
     }
 
     /// Whether the shard's gradients are summed from per-block reductions (ZeRO-2).
     pub fn accumulates(&self) -> bool {
-        self.scratch.is_some()
+        self.landing.is_some()
     }
 
     /// ZeRO-2: the flat run `run`'s gradients `input` (this rank's, in whatever buffer
@@ -124,7 +121,7 @@ impl<B: Backend> Zero1<B> {
         input: View<f32>,
         run: Range<usize>,
     ) -> Result<(), GpuError> {
-        let scratch = self.scratch.as_ref().ok_or_else(|| GpuError::Shape {
+        let (landing, most) = self.landing.as_ref().ok_or_else(|| GpuError::Shape {
             kernel: "zero-2",
             what: "a per-block reduction into a ZeRO-1 state (made without `accumulating`)".into(),
         })?;
@@ -132,12 +129,12 @@ impl<B: Backend> Zero1<B> {
         // Pieces of at most the landing buffer's reach, in order: every rank cuts alike.
         let mut at = run.start;
         while at < run.end {
-            let piece = at..run.end.min(at.saturating_add(self.piece));
+            let piece = at..run.end.min(at.saturating_add(*most));
             let (counts, local) = (
                 self.plan.counts_within(&piece),
                 self.plan.local_within(self.rank, &piece),
             );
-            let landed = be.view(scratch, 0..local.len())?;
+            let landed = be.view(landing, 0..local.len())?;
             let from = input.slice(piece.start - run.start..piece.end - run.start)?;
             coll.reduce_scatter(be, from, &counts, landed)?;
             crate::kernels::add_into(be, be.view(&self.grads, local)?, landed)?;
@@ -198,8 +195,8 @@ impl<B: Backend> Zero1<B> {
     /// Bytes on the backend: the shard's gradients (and ZeRO-2's landing buffer), and its
     /// master and moments unless they are offloaded.
     pub fn bytes(&self) -> usize {
-        let scratch = self.scratch.as_ref().map_or(0, |s| B::len(s));
-        self.state.bytes() + 4 * (B::len(&self.grads) + scratch)
+        let landing = self.landing.as_ref().map_or(0, |(l, _)| B::len(l));
+        self.state.bytes() + 4 * (B::len(&self.grads) + landing)
     }
 
     /// The update of `views` (this rank's accumulated gradients, scaled by `rule`'s loss

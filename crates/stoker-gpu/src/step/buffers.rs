@@ -16,6 +16,7 @@ use crate::token_groups::TokenGroups;
 use super::grad_slots::GradSlots;
 use super::layout::{Span, PARTIAL_WARPS};
 use super::optimizer::UpdateViews;
+use super::options::StepOptions;
 use super::param_offload::ParamOffload;
 use super::TokenBatch;
 
@@ -88,23 +89,19 @@ impl StepSizes {
         }
     }
 
-    /// These sizes with the blocks' gradients in two slots: `blocks` blocks of `block`
-    /// elements each, the rest of the gradients resident.
-    pub fn with_grads_in_slots(mut self, blocks: usize, block: usize) -> Self {
-        self.grad_slots = Some(OffloadSizes {
+    /// These sizes for a step made with `opts` over `blocks` blocks of `block` elements
+    /// each: with the blocks' parameters offloaded (their gradients in slots with them),
+    /// or with their gradients alone in two slots; the rest of the flat buffer resident.
+    pub fn placed(mut self, opts: StepOptions, (blocks, block): (usize, usize)) -> Self {
+        let placed = OffloadSizes {
             resident: self.params.saturating_sub(blocks * block),
             slot: block,
-        });
-        self
-    }
-
-    /// These sizes with the blocks' parameters offloaded: `blocks` blocks of `block`
-    /// elements each, the rest of the flat buffer resident.
-    pub fn with_params_offloaded(mut self, blocks: usize, block: usize) -> Self {
-        self.offload = Some(OffloadSizes {
-            resident: self.params.saturating_sub(blocks * block),
-            slot: block,
-        });
+        };
+        if opts.offload_params {
+            self.offload = Some(placed);
+        } else if opts.grads_in_slots {
+            self.grad_slots = Some(placed);
+        }
         self
     }
 
@@ -643,6 +640,6 @@ pub(crate) fn evaluate<B: Backend, T: Act>(
     let loss = total(s.losses)?;
     // A count of ones below 2^24 sums exactly in f32.
     let hits = total(s.hits)?;
-    let count = batch.targets.iter().filter(|&&t| t != batch.ignore).count();
+    let count = batch.valid_targets();
     Ok((loss as f64, hits as usize, count))
 }

@@ -57,17 +57,12 @@ pub fn gpt_step_sizes(
         padded_vocab(dims.vocab),
         opts.recompute_attention,
     );
-    let sizes = StepSizes::of(
+    StepSizes::of(
         params,
         (layout.total, layout.floats),
         (batch * t, dims.vocab),
-    );
-    let block = gpt_block_len(dims);
-    match (opts.offload_params, opts.grads_in_slots) {
-        (true, _) => sizes.with_params_offloaded(dims.n_layer, block),
-        (false, true) => sizes.with_grads_in_slots(dims.n_layer, block),
-        (false, false) => sizes,
-    }
+    )
+    .placed(opts, (dims.n_layer, gpt_block_len(dims)))
 }
 
 /// Elements of one GPT block's parameters (block 0's in stoker-kernels' table).

@@ -7,7 +7,7 @@
 
 use std::ops::Range;
 
-use super::placement::{Placement, Where};
+use super::placement::{slot_of, Placement};
 use crate::backend::{Backend, View};
 use crate::error::GpuError;
 
@@ -41,15 +41,12 @@ impl<B: Backend> GradSlots<B> {
         resident: &'a B::Buf<f32>,
         (at, len): (usize, usize),
     ) -> Result<View<'a, f32>, GpuError> {
-        match self.placement.locate(at, len)? {
-            Where::Resident(o) => be.view(resident, o..o + len),
-            Where::Block(l, o) => be.view(&self.slots[l % 2], o..o + len),
-        }
+        self.placement.view(be, (resident, &self.slots), (at, len))
     }
 
     /// Block `l`'s slot zeroed, before its backward.
     pub(crate) fn zero(&self, be: &B, l: usize) -> Result<(), GpuError> {
-        be.zero(be.all(&self.slots[l % 2]))
+        be.zero(be.all(slot_of(&self.slots, l)))
     }
 
     /// Block `l`'s run `r` (flat) in its slot.
@@ -59,7 +56,7 @@ impl<B: Backend> GradSlots<B> {
         l: usize,
         (r, o): (&Range<usize>, usize),
     ) -> Result<View<'a, f32>, GpuError> {
-        be.view(&self.slots[l % 2], o..o + r.len())
+        be.view(slot_of(&self.slots, l), o..o + r.len())
     }
 
     /// Bytes of the two slots.

@@ -153,3 +153,10 @@ pub struct TokenBatch<'a> {
     /// The ignore index.
     pub ignore: i64,
 }
+
+impl TokenBatch<'_> {
+    /// Targets that are not the ignore index: the positions with a loss.
+    pub fn valid_targets(&self) -> usize {
+        self.targets.iter().filter(|&&t| t != self.ignore).count()
+    }
+}

@@ -18,7 +18,7 @@ use std::ops::Range;
 
 use super::grad_slots::GradSlots;
 use super::optimizer::UpdateViews;
-use super::placement::{Placement, Where};
+use super::placement::{slot_of, Placement};
 use crate::backend::{Backend, View};
 use crate::elem::Act;
 use crate::error::{check_len, GpuError};
@@ -81,10 +81,8 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
         resident: &'a B::Buf<T>,
         (at, len): (usize, usize),
     ) -> Result<View<'a, T>, GpuError> {
-        match self.placement().locate(at, len)? {
-            Where::Resident(o) => be.view(resident, o..o + len),
-            Where::Block(l, o) => be.view(&self.slots[l % 2], o..o + len),
-        }
+        self.placement()
+            .view(be, (resident, &self.slots), (at, len))
     }
 
     /// Elements `at..at + len` of the gradients on the backend, as [`Self::params`].
@@ -100,7 +98,7 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
     /// Block `l`'s parameters up into its slot, before it runs; before its backward
     /// (`backward`) its gradient slot zeroed too.
     pub(crate) fn enter_block(&self, be: &B, l: usize, backward: bool) -> Result<(), GpuError> {
-        let slot = &self.slots[l % 2];
+        let slot = slot_of(&self.slots, l);
         for (r, o) in self.placement().block(l) {
             let src = Host.view(&self.host_params, r.clone())?;
             Host.stage_to(src, be, be.view(slot, *o..o + r.len())?)?;

@@ -7,6 +7,8 @@
 use std::ops::Range;
 
 use super::block_runs::outside_blocks;
+use crate::backend::{Backend, View};
+use crate::elem::Elem;
 use crate::error::GpuError;
 
 /// Where a run of the flat buffer lives.
@@ -16,6 +18,11 @@ pub enum Where {
     Resident(usize),
     /// In block `.0`'s slot, from offset `.1`.
     Block(usize, usize),
+}
+
+/// Block `l`'s slot of the two: they alternate, so a block's never holds its neighbour's.
+pub(crate) fn slot_of<S>(slots: &[S; 2], l: usize) -> &S {
+    &slots[l % 2]
 }
 
 /// Every run of a flat buffer and where it lives.
@@ -91,6 +98,20 @@ impl Placement {
                 kernel: "placement",
                 what: format!("elements {at}..{} span runs of the flat buffer", at + len),
             }),
+        }
+    }
+
+    /// Elements `at..at + len` (inside one run) as a view: of `resident`, or of their
+    /// block's slot in `slots` ([`slot_of`]).
+    pub(crate) fn view<'a, B: Backend, E: Elem>(
+        &self,
+        be: &B,
+        (resident, slots): (&'a B::Buf<E>, &'a [B::Buf<E>; 2]),
+        (at, len): (usize, usize),
+    ) -> Result<View<'a, E>, GpuError> {
+        match self.locate(at, len)? {
+            Where::Resident(o) => be.view(resident, o..o + len),
+            Where::Block(l, o) => be.view(slot_of(slots, l), o..o + len),
         }
     }
 

@@ -319,37 +319,32 @@ impl Trainer {
             path.host_behind = true;
             path.vars_stale.set(true);
         }
-        if let Some(why) = skipped {
-            return Ok(StepReport {
-                step: step + 1,
-                loss: report.loss,
-                count: report.tokens as usize,
-                grad_norm: 0.0,
-                lr,
-                loss_scale: loss_scale.unwrap_or(1.0),
-                skipped: Some(why),
-                sync: self.strategy.stats(),
-            });
-        }
-        if !report.loss.is_finite() || !report.grad_norm.is_finite() {
-            return Err(TrainError::NonFinite {
-                step,
-                what: match report.loss.is_finite() {
-                    true => "gradient",
-                    false => "loss",
-                }
-                .into(),
-                param: "(not named: the resident path keeps its gradients on its backend)".into(),
-            });
-        }
+        // A step the scaler skips reports a norm of 0, as the CPU step does; otherwise a
+        // non-finite loss or norm fails it.
+        let grad_norm = match skipped {
+            Some(_) => 0.0,
+            None if !report.loss.is_finite() || !report.grad_norm.is_finite() => {
+                return Err(TrainError::NonFinite {
+                    step,
+                    what: match report.loss.is_finite() {
+                        true => "gradient",
+                        false => "loss",
+                    }
+                    .into(),
+                    param: "(not named: the resident path keeps its gradients on its backend)"
+                        .into(),
+                });
+            }
+            None => report.grad_norm,
+        };
         Ok(StepReport {
             step: step + 1,
             loss: report.loss,
             count: report.tokens as usize,
-            grad_norm: report.grad_norm,
+            grad_norm,
             lr,
             loss_scale: loss_scale.unwrap_or(1.0),
-            skipped: None,
+            skipped,
             sync: self.strategy.stats(),
         })
     }
