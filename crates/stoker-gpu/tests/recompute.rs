@@ -4,11 +4,11 @@
 //! and k), over two micro-batches and an evaluation, in f32 and bf16, while holding one
 //! `[B, H, T, T]` buffer instead of one per block.
 
-use stoker_gpu::sample::{gpt, ids, llama};
+use stoker_gpu::sample::{batch, gpt, ids, llama};
 use stoker_gpu::step::gpt::gpt_step_sizes;
 use stoker_gpu::step::llama::llama_step_sizes;
 use stoker_gpu::step::options::StepOptions;
-use stoker_gpu::step::{GptGpuStep, LlamaGpuStep, TokenBatch};
+use stoker_gpu::step::{GptGpuStep, LlamaGpuStep};
 use stoker_gpu::{Act, Host};
 use stoker_kernels::{GptDims, LlamaDims};
 use stoker_testkit::assert_bits_eq;
@@ -31,14 +31,6 @@ fn batches(vocab: usize) -> Vec<(Vec<i64>, Vec<i64>)> {
             (draw(10 + k), targets)
         })
         .collect()
-}
-
-fn batch(m: &(Vec<i64>, Vec<i64>)) -> TokenBatch<'_> {
-    TokenBatch {
-        tokens: &m.0,
-        targets: &m.1,
-        ignore: -1,
-    }
 }
 
 /// Runs `$plain` and `$recompute` (steps of one model) over the same micro-batches and

@@ -12,7 +12,7 @@ use stoker_gpu::parallel::zero1::shard_segments;
 use stoker_gpu::parallel::{
     Collectives, DataParallel, GradRule, Replica, Strategy, Tally, ThroughHost, WindowReport, Zero1,
 };
-use stoker_gpu::sample::{gpt, ids, uniform, Ranges};
+use stoker_gpu::sample::{batch, gpt, ids, uniform, Ranges};
 use stoker_gpu::step::optimizer::{Optimizer, OptimizerState, Scalars, UpdateViews};
 use stoker_gpu::step::options::StepOptions;
 use stoker_gpu::step::{GptGpuStep, LlamaGpuStep, TokenBatch};
@@ -53,14 +53,6 @@ fn window(w: usize) -> Vec<(Vec<i64>, Vec<i64>)> {
             (tokens, targets)
         })
         .collect()
-}
-
-fn batch(m: &(Vec<i64>, Vec<i64>)) -> TokenBatch<'_> {
-    TokenBatch {
-        tokens: &m.0,
-        targets: &m.1,
-        ignore: -1,
-    }
 }
 
 /// Segments as stoker-train makes them: weight decay on tensors of rank >= 2.
@@ -898,15 +890,7 @@ fn buckets_overlapping_the_backward_sum_what_one_reduction_sums() {
             assert_bits_eq(params, params1, &format!("{what}: compute copy"));
         }
     }
-    let llama = stoker_kernels::LlamaDims {
-        vocab: 53,
-        context: 8,
-        d_model: 16,
-        n_layer: 3,
-        n_head: 4,
-        n_kv_head: 2,
-        ffn_hidden: 24,
-    };
+    let llama = LLAMA3;
     let g = stoker_gpu::sample::llama(&llama, 5, 0.2);
     let step =
         LlamaGpuStep::<Host, f32>::new(&Host, llama, g.offsets.clone(), 1e-5, 1e4, 1, 4).unwrap();
@@ -1153,6 +1137,17 @@ fn stochastic_rounding_is_refused_for_a_non_bf16_compute_copy() {
 /// ends with: its windows' reports, master, compute copy and an evaluation.
 type OffloadEnd = (Vec<WindowReport>, Vec<f32>, Vec<f32>, (f64, usize, usize));
 
+/// A three-block Llama with grouped-query attention (4 heads over 2).
+const LLAMA3: stoker_kernels::LlamaDims = stoker_kernels::LlamaDims {
+    vocab: 53,
+    context: 8,
+    d_model: 16,
+    n_layer: 3,
+    n_head: 4,
+    n_kv_head: 2,
+    ffn_hidden: 24,
+};
+
 /// A step's options with the blocks' parameters offloaded.
 const OFFLOAD: StepOptions = StepOptions {
     offload_params: true,
@@ -1308,15 +1303,7 @@ fn an_offloaded_step_holds_two_blocks_and_needs_the_optimizer_offloaded() {
 #[test]
 fn the_llama_step_with_its_parameters_offloaded_is_the_plain_step_bit_for_bit() {
     fn check<A: Act>() {
-        let dims = stoker_kernels::LlamaDims {
-            vocab: 53,
-            context: 8,
-            d_model: 16,
-            n_layer: 3,
-            n_head: 4,
-            n_kv_head: 2,
-            ffn_hidden: 24,
-        };
+        let dims = LLAMA3;
         let g = stoker_gpu::sample::llama(&dims, 78, 0.2);
         let o = g.offsets.clone();
         let plain =
