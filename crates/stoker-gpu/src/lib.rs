@@ -20,6 +20,7 @@
 pub mod args;
 pub mod backend;
 pub mod call;
+pub mod collectives;
 pub mod elem;
 pub mod error;
 mod ffi;

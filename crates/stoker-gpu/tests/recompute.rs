@@ -19,6 +19,7 @@ const RECOMPUTE: StepOptions = StepOptions {
     offload_params: false,
     recompute_attention: true,
     grads_in_slots: false,
+    shard_params: None,
 };
 
 /// Two micro-batches' tokens and targets over `vocab`, a few targets ignored.

@@ -5,6 +5,8 @@
 //! normalization is by valid targets over every micro-batch and rank: the ranks here get
 //! different counts of ignored targets. Bad windows are refused on every rank alike.
 
+mod ranks;
+
 use std::ops::Range;
 
 use stoker_comm::{run_local, Communicator, DEFAULT_TIMEOUT};
@@ -12,219 +14,15 @@ use stoker_gpu::parallel::zero1::shard_segments;
 use stoker_gpu::parallel::{
     Collectives, DataParallel, GradRule, Replica, Strategy, Tally, ThroughHost, WindowReport, Zero1,
 };
-use stoker_gpu::sample::{batch, gpt, ids, uniform, Ranges};
-use stoker_gpu::step::optimizer::{Optimizer, OptimizerState, Scalars, UpdateViews};
+use stoker_gpu::sample::{batch, gpt, uniform};
+use stoker_gpu::step::optimizer::{Optimizer, OptimizerState, UpdateViews};
 use stoker_gpu::step::options::StepOptions;
 use stoker_gpu::step::{GptGpuStep, LlamaGpuStep, TokenBatch};
 use stoker_gpu::{Act, Backend, Host};
-use stoker_kernels::{AdamWStep, GptDims, SgdStep};
+use stoker_kernels::GptDims;
 use stoker_testkit::{assert_bits_eq, assert_close, assert_close_scalar};
 
-const DIMS: GptDims = GptDims {
-    vocab: 53,
-    context: 8,
-    d_model: 16,
-    n_layer: 2,
-    n_head: 2,
-};
-/// Sequences of one micro-batch, positions of each.
-const B: usize = 2;
-const T: usize = 8;
-/// Micro-batches of a window over all ranks (6: 1, 2 and 3 ranks share it evenly).
-const MICRO: usize = 6;
-const WINDOWS: usize = 3;
-const SEED: u64 = 40;
-
-/// A window's micro-batches: tokens and targets of each; micro-batch `k` ignores `k`
-/// targets, so the ranks' counts differ.
-fn window(w: usize) -> Vec<(Vec<i64>, Vec<i64>)> {
-    (0..MICRO)
-        .map(|k| {
-            let seed = 1000 + 10 * (w * MICRO + k) as u64;
-            let tokens: Vec<i64> = ids(B * T, seed, DIMS.vocab)
-                .iter()
-                .map(|&x| x as i64)
-                .collect();
-            let mut targets: Vec<i64> = ids(B * T, seed + 1, DIMS.vocab)
-                .iter()
-                .map(|&x| x as i64)
-                .collect();
-            targets.iter_mut().take(k).for_each(|t| *t = -1);
-            (tokens, targets)
-        })
-        .collect()
-}
-
-/// Segments as stoker-train makes them: weight decay on tensors of rank >= 2.
-fn segments(ranges: &Ranges) -> Vec<(Range<usize>, bool)> {
-    stoker_gpu::sample::segments(&stoker_kernels::gpt_params(&DIMS), ranges)
-}
-
-/// The step's options `strategy` runs with: ZeRO-2's gradients in slots.
-fn options_for(strategy: Strategy) -> StepOptions {
-    StepOptions {
-        grads_in_slots: strategy.sums_shard_per_block(),
-        ..StepOptions::default()
-    }
-}
-
-/// Clipping to `clip`, no loss scale.
-fn rule(clip: Option<f64>) -> GradRule {
-    GradRule {
-        clip,
-        loss_scale: None,
-    }
-}
-
-fn scalars(opt: Optimizer, t: u64) -> Scalars {
-    match opt {
-        Optimizer::AdamW => Scalars::AdamW(AdamWStep::new(3e-3, 0.9, 0.95, 1e-8, 0.1, t)),
-        Optimizer::Sgd { .. } => Scalars::Sgd(SgdStep {
-            lr: 0.05,
-            momentum: 0.9,
-            weight_decay: 0.01,
-            nesterov: false,
-            first: t == 1,
-        }),
-    }
-}
-
-/// What one rank ends with: each window's report (loss, tokens, norm), its master range
-/// and values, its compute copy.
-type RankEnd = (Vec<(f64, u64, f64)>, Range<usize>, Vec<f32>, Vec<f32>);
-
-/// `WINDOWS` windows of rank `comm.rank()`'s share of the micro-batches.
-fn train<T: Act, C: Communicator>(
-    comm: &C,
-    strategy: Strategy,
-    opt: Optimizer,
-    rule: GradRule,
-    round_seed: Option<u64>,
-) -> RankEnd {
-    let g = gpt(&DIMS, SEED, 0.2);
-    let (rank, world) = (comm.rank(), comm.world_size());
-    let step = GptGpuStep::<Host, T>::with_options(
-        &Host,
-        DIMS,
-        g.offsets.clone(),
-        1e-5,
-        (B, T),
-        options_for(strategy),
-    )
-    .unwrap();
-    let segs = segments(&g.ranges);
-    let mut replica = Replica::new(
-        &Host,
-        step,
-        (strategy, opt),
-        &g.params,
-        &segs,
-        (rank, world),
-    )
-    .unwrap();
-    if let Some(seed) = round_seed {
-        replica = replica.with_stochastic_rounding(seed).unwrap();
-    }
-    let coll = ThroughHost(comm);
-    let per = MICRO / world;
-    let mut reports = Vec::new();
-    for w in 0..WINDOWS {
-        let data = window(w);
-        let mine: Vec<TokenBatch> = data[rank * per..(rank + 1) * per]
-            .iter()
-            .map(batch)
-            .collect();
-        let r = replica
-            .window(&Host, &coll, &mine, &scalars(opt, w as u64 + 1), rule)
-            .unwrap();
-        reports.push((r.loss, r.tokens, r.grad_norm));
-    }
-    let (range, master) = replica.state().master(&Host).unwrap();
-    let params = replica.step().buffers().params(&Host).unwrap();
-    (reports, range, master, params)
-}
-
-fn ranks<T: Act>(
-    world: usize,
-    strategy: Strategy,
-    opt: Optimizer,
-    clip: Option<f64>,
-) -> Vec<RankEnd> {
-    ranks_rounded::<T>(world, strategy, opt, clip, None)
-}
-
-fn ranks_rounded<T: Act>(
-    world: usize,
-    strategy: Strategy,
-    opt: Optimizer,
-    clip: Option<f64>,
-    round_seed: Option<u64>,
-) -> Vec<RankEnd> {
-    run_local(world, DEFAULT_TIMEOUT, |comm| {
-        train::<T, _>(&comm, strategy, opt, rule(clip), round_seed)
-    })
-}
-
-/// [`ranks`] with AdamW under fp16's loss scale `scale`.
-fn ranks_scaled<T: Act>(
-    world: usize,
-    strategy: Strategy,
-    clip: Option<f64>,
-    scale: f32,
-) -> Vec<RankEnd> {
-    let rule = GradRule {
-        clip,
-        loss_scale: Some(scale),
-    };
-    run_local(world, DEFAULT_TIMEOUT, |comm| {
-        train::<T, _>(&comm, strategy, Optimizer::AdamW, rule, None)
-    })
-}
-
-/// The whole master from every rank's piece (checking that the pieces tile it).
-fn assemble(ends: &[RankEnd]) -> Vec<f32> {
-    let mut all = Vec::new();
-    for (_, range, master, _) in ends {
-        assert_eq!(
-            range.start,
-            all.len(),
-            "the shards tile the buffer in rank order"
-        );
-        assert_eq!(range.len(), master.len());
-        all.extend_from_slice(master);
-    }
-    all
-}
-
-/// `got` against `want` parameter by parameter, within `rel`. The attention key bias's
-/// true gradient is 0 (the softmax ignores a shift of a query's scores), so what reaches
-/// it is rounding noise, which AdamW turns into steps of about lr: its key third is only
-/// bounded by the steps taken.
-fn assert_weights(got: &[f32], want: &[f32], rel: f64, what: &str) {
-    let g = gpt(&DIMS, SEED, 0.2);
-    let c = DIMS.d_model;
-    for (name, r) in &g.ranges {
-        if name.ends_with("attn.qkv.bias") {
-            let k = r.start + c..r.start + 2 * c;
-            let moved: Vec<f32> = k.clone().map(|i| got[i] - want[i]).collect();
-            let moved = stoker_testkit::max_abs(&moved);
-            assert!(
-                moved <= 2.0 * WINDOWS as f64 * 3e-3,
-                "{what}: {name} (k) differs by {moved}"
-            );
-            for rr in [r.start..r.start + c, r.start + 2 * c..r.end] {
-                assert_close(&got[rr.clone()], &want[rr], rel, &format!("{what}: {name}"));
-            }
-            continue;
-        }
-        assert_close(
-            &got[r.clone()],
-            &want[r.clone()],
-            rel,
-            &format!("{what}: {name}"),
-        );
-    }
-}
+use ranks::*;
 
 /// One rank's window is the loop written by hand: each micro-batch's gradient scaled by
 /// 1 / C (C the window's target capacity), accumulated, one update whose multiplier
@@ -461,40 +259,6 @@ fn refused_window<C: Communicator>(
         )
         .unwrap_err()
         .to_string()
-}
-
-fn replica_for<A: Act>(
-    comm: &impl Communicator,
-    strategy: Strategy,
-) -> Replica<Host, GptGpuStep<Host, A>> {
-    replica_of::<A>(comm, strategy, DIMS)
-}
-
-/// [`replica_for`] of a GPT of `dims`.
-fn replica_of<A: Act>(
-    comm: &impl Communicator,
-    strategy: Strategy,
-    dims: GptDims,
-) -> Replica<Host, GptGpuStep<Host, A>> {
-    let g = gpt(&dims, SEED, 0.2);
-    let step = GptGpuStep::<Host, A>::with_options(
-        &Host,
-        dims,
-        g.offsets.clone(),
-        1e-5,
-        (B, T),
-        options_for(strategy),
-    )
-    .unwrap();
-    Replica::new(
-        &Host,
-        step,
-        (strategy, Optimizer::AdamW),
-        &g.params,
-        &stoker_gpu::sample::segments(&stoker_kernels::gpt_params(&dims), &g.ranges),
-        (comm.rank(), comm.world_size()),
-    )
-    .unwrap()
 }
 
 /// A window with no valid target anywhere is refused, naming it, on every rank (after
@@ -1066,6 +830,7 @@ fn an_f16_overflow_skips_the_update_everywhere_and_leaves_no_trace() {
             Strategy::Zero1,
             Strategy::Offload,
             Strategy::Zero1Offload,
+            Strategy::Zero3,
         ] {
             let what = format!("{strategy:?} over {world} ranks");
             let run = |overflow_first: bool| {
@@ -1080,7 +845,7 @@ fn an_f16_overflow_skips_the_update_everywhere_and_leaves_no_trace() {
                     if overflow_first {
                         let (master, params) = (
                             replica.state().master(&Host).unwrap(),
-                            replica.step().buffers().params(&Host).unwrap(),
+                            compute_copy(&replica),
                         );
                         let data = mine(0);
                         let batches: Vec<TokenBatch> = data.iter().map(batch).collect();
@@ -1094,7 +859,7 @@ fn an_f16_overflow_skips_the_update_everywhere_and_leaves_no_trace() {
                         );
                         assert_eq!(replica.state().master(&Host).unwrap(), master);
                         assert_bits_eq(
-                            &replica.step().buffers().params(&Host).unwrap(),
+                            &compute_copy(&replica),
                             &params,
                             "the compute copy after a skipped update",
                         );
@@ -1108,7 +873,7 @@ fn an_f16_overflow_skips_the_update_everywhere_and_leaves_no_trace() {
                     (
                         r,
                         replica.state().master(&Host).unwrap().1,
-                        replica.step().buffers().params(&Host).unwrap(),
+                        compute_copy(&replica),
                     )
                 })
             };
@@ -1136,33 +901,6 @@ fn stochastic_rounding_is_refused_for_a_non_bf16_compute_copy() {
 /// What a run of [`parameters_offloaded_train_what_the_optimizer_offload_trains_bit_for_bit`]
 /// ends with: its windows' reports, master, compute copy and an evaluation.
 type OffloadEnd = (Vec<WindowReport>, Vec<f32>, Vec<f32>, (f64, usize, usize));
-
-/// A three-block Llama with grouped-query attention (4 heads over 2).
-const LLAMA3: stoker_kernels::LlamaDims = stoker_kernels::LlamaDims {
-    vocab: 53,
-    context: 8,
-    d_model: 16,
-    n_layer: 3,
-    n_head: 4,
-    n_kv_head: 2,
-    ffn_hidden: 24,
-};
-
-/// A step's options with the blocks' parameters offloaded.
-const OFFLOAD: StepOptions = StepOptions {
-    offload_params: true,
-    recompute_attention: false,
-    grads_in_slots: false,
-};
-
-/// Three blocks: block 0's slot is block 2's in the forward, so the backward must bring
-/// block 0's parameters back.
-const DIMS3: GptDims = GptDims { n_layer: 3, ..DIMS };
-
-/// [`segments`] of a GPT of [`DIMS3`].
-fn segments3(ranges: &Ranges) -> Vec<(Range<usize>, bool)> {
-    stoker_gpu::sample::segments(&stoker_kernels::gpt_params(&DIMS3), ranges)
-}
 
 /// The parameters offloaded (FSDP's `CPUOffload(offload_params=True)`): one rank with the
 /// blocks' parameters in host memory, streamed into two slots as each block runs, trains
@@ -1377,7 +1115,7 @@ fn zero2_holds_a_shard_of_the_gradients_and_trains_what_one_rank_trains() {
                 &dims,
                 end,
                 (B, T),
-                options_for(Strategy::Zero2),
+                options_for(Strategy::Zero2, rank_world),
             )
             .bytes(4);
             let counted = |r: &Replica<Host, GptGpuStep<Host, f32>>| {

@@ -17,9 +17,9 @@ use stoker_comm::{CommExt, Communicator};
 
 use super::Device;
 use crate::backend::View;
+use crate::collectives::{check_scalars, piece, Collectives, MAX_SCALARS};
 use crate::elem::{Act, Dtype};
 use crate::error::GpuError;
-use crate::parallel::collectives::{check_scalars, piece, Collectives, MAX_SCALARS};
 
 /// One rank's NCCL communicator on a [`Device`]: it holds the device's compute stream
 /// (shared, not borrowed: a training loop owns the device and its communicator side by

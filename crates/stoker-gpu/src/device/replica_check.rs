@@ -82,11 +82,13 @@ fn train<B: Backend, T: Act>(
     let g = crate::sample::gpt(&DIMS, 100, 0.2);
     let segments: Vec<_> = crate::sample::segments(&stoker_kernels::gpt_params(&DIMS), &g.ranges);
     let (rank, world) = (coll.rank(), coll.world());
-    let opts = StepOptions {
-        offload_params,
-        grads_in_slots: strategy.sums_shard_per_block(),
-        ..StepOptions::default()
-    };
+    let opts = strategy.step_options(
+        StepOptions {
+            offload_params,
+            ..StepOptions::default()
+        },
+        (rank, world),
+    );
     let step = GptGpuStep::<B, T>::with_options(be, DIMS, g.offsets.clone(), 1e-5, (3, 11), opts)?;
     let replica = Replica::new(
         be,

@@ -5,16 +5,17 @@
 
 use std::ops::Range;
 
-use super::collectives::Collectives;
 use super::grad_rule::GradRule;
 use super::state_at::StateAt;
 use super::tally::Tally;
 use super::zero1::Zero1;
 use crate::backend::{Backend, View};
+use crate::collectives::Collectives;
 use crate::elem::Act;
 use crate::error::GpuError;
 use crate::host::Host;
 use crate::step::optimizer::{self, Optimizer, Scalars, UpdateViews};
+use crate::step::options::StepOptions;
 
 /// Which data parallelism a replica runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,13 +37,51 @@ pub enum Strategy {
     /// ZeRO-2 with each rank's shard of the master and optimizer state in host memory
     /// (DeepSpeed's stage 2 with `offload_optimizer`, ZeRO-Offload's own setting).
     Zero2Offload,
+    /// ZeRO-3: ZeRO-2's shards, and the compute copy sharded too, each block's
+    /// parameters gathered into a slot just before it runs, forward and backward
+    /// ([`crate::step::sharded_params`]).
+    Zero3,
+    /// ZeRO-3 with each rank's shard of the master and optimizer state in host memory
+    /// (DeepSpeed's stage 3 with `offload_optimizer`).
+    Zero3Offload,
 }
 
 impl Strategy {
     /// Whether the gradients are reduce-scattered block by block after every
     /// micro-batch (ZeRO-2, offloaded or not): its step keeps them in two slots.
     pub fn sums_shard_per_block(self) -> bool {
-        matches!(self, Strategy::Zero2 | Strategy::Zero2Offload)
+        matches!(
+            self,
+            Strategy::Zero2 | Strategy::Zero2Offload | Strategy::Zero3 | Strategy::Zero3Offload
+        )
+    }
+
+    /// Whether the compute copy is sharded too (ZeRO-3, offloaded or not): its step
+    /// keeps the blocks' parameters in two slots, gathered as they run.
+    pub fn shards_params(self) -> bool {
+        matches!(self, Strategy::Zero3 | Strategy::Zero3Offload)
+    }
+
+    /// `opts` with what this strategy's step needs on rank `rank_world.0` of
+    /// `rank_world.1`: ZeRO-2's gradients in slots, ZeRO-3's parameters sharded (and
+    /// neither for any other strategy).
+    pub fn step_options(self, opts: StepOptions, rank_world: (usize, usize)) -> StepOptions {
+        StepOptions {
+            grads_in_slots: matches!(self, Strategy::Zero2 | Strategy::Zero2Offload),
+            shard_params: self.shards_params().then_some(rank_world),
+            ..opts
+        }
+    }
+
+    /// Whether the master and the optimizer's state are in host memory.
+    pub fn offloads_optimizer(self) -> bool {
+        matches!(
+            self,
+            Strategy::Offload
+                | Strategy::Zero1Offload
+                | Strategy::Zero2Offload
+                | Strategy::Zero3Offload
+        )
     }
 }
 
@@ -65,10 +104,7 @@ impl<B: Backend> DataParallel<B> {
         segments: &[(Range<usize>, bool)],
         rank_world: (usize, usize),
     ) -> Result<Self, GpuError> {
-        let offload = matches!(
-            strategy,
-            Strategy::Offload | Strategy::Zero1Offload | Strategy::Zero2Offload
-        );
+        let offload = strategy.offloads_optimizer();
         Ok(match strategy {
             Strategy::Ddp | Strategy::Offload => {
                 DataParallel::Ddp(StateAt::new(be, kind, master, segments, offload)?)
@@ -77,13 +113,13 @@ impl<B: Backend> DataParallel<B> {
                 DataParallel::Zero1(Zero1::new(be, kind, master, segments, rank_world, offload)?)
             }
             // Its landing buffer comes with the step's block size ([`Self::accumulating`]).
-            Strategy::Zero2 | Strategy::Zero2Offload => {
+            Strategy::Zero2 | Strategy::Zero2Offload | Strategy::Zero3 | Strategy::Zero3Offload => {
                 DataParallel::Zero1(Zero1::new(be, kind, master, segments, rank_world, offload)?)
             }
         })
     }
 
-    /// ZeRO-2 (`strategy` [`Strategy::Zero2`], offloaded or not): this ZeRO-1 state summing per-block
+    /// ZeRO-2 and -3 ([`Strategy::sums_shard_per_block`]): this ZeRO-1 state summing per-block
     /// reductions, with a landing buffer for pieces of at most `block_len` elements (the
     /// step's largest block). Anything else is as it was.
     pub fn accumulating(
@@ -101,8 +137,8 @@ impl<B: Backend> DataParallel<B> {
     /// Bytes rank `rank_world.0` of `rank_world.1`'s state of `kind` over a flat buffer of
     /// `len` elements holds under `strategy`, planned before it exists (the counted side
     /// is [`DataParallel::bytes`]): DDP the whole master and moments, ZeRO-1 its shard of
-    /// them and of the gradients, ZeRO-2 also its landing buffer (from `block_len`, the
-    /// step's largest block).
+    /// them and of the gradients, ZeRO-2 and -3 also its landing buffer (from `block_len`,
+    /// the step's largest block; ZeRO-3's shard of the compute copy is the step's).
     pub fn planned_bytes(
         strategy: Strategy,
         kind: Optimizer,
@@ -113,13 +149,13 @@ impl<B: Backend> DataParallel<B> {
         match strategy {
             Strategy::Ddp => kind.state_bytes(len),
             Strategy::Offload => 0,
-            Strategy::Zero1 | Strategy::Zero1Offload | Strategy::Zero2 | Strategy::Zero2Offload => {
+            _ => {
                 let shard = super::zero1::shard_plan(len, world)
                     .range(rank.min(world.max(1) - 1))
                     .len();
-                let state = match strategy {
-                    Strategy::Zero1Offload | Strategy::Zero2Offload => 0,
-                    _ => kind.state_bytes(shard),
+                let state = match strategy.offloads_optimizer() {
+                    true => 0,
+                    false => kind.state_bytes(shard),
                 };
                 // ZeRO-2 lands each reduction beside the shard's sums.
                 let grads = match strategy.sums_shard_per_block() {

@@ -1,15 +1,14 @@
-//! Data parallelism for the resident steps, on the backend's own buffers: the
-//! collectives (`collectives`: through host memory and any stoker-comm communicator;
-//! NCCL on device memory is the device backend's, `device::nccl`, feature `cuda`), the update after a window of
-//! micro-batches under DDP or ZeRO-1 (`data_parallel`, `zero1`), and one rank's training
-//! (`replica`: the micro-batches accumulated with no collective, then one reduction, one
-//! scalar collective for the window's `tally` and one update).
+//! Data parallelism for the resident steps, on the backend's own buffers: the update
+//! after a window of micro-batches under DDP, ZeRO-1, -2 or -3 (`data_parallel`,
+//! `zero1`; ZeRO-3's sharded compute copy is the step's, `crate::step::sharded_params`),
+//! and one rank's training (`replica`: the micro-batches accumulated with no collective,
+//! then one reduction, one scalar collective for the window's `tally` and one update).
+//! The collectives themselves (through host memory, or NCCL on device memory) are
+//! `crate::collectives`, re-exported here.
 //!
 //! The order is the CPU trainer's (docs/distributed.md): data parallelism is the only
-//! degree here, validated when a replica is made; ZeRO-2 and -3 (gradients and
-//! parameters sharded while the backward runs) are not built on the resident path.
+//! degree here, validated when a replica is made.
 
-pub mod collectives;
 pub mod data_parallel;
 pub mod grad_rule;
 pub mod offload;
@@ -18,7 +17,7 @@ pub mod state_at;
 pub mod tally;
 pub mod zero1;
 
-pub use collectives::{Collectives, ThroughHost};
+pub use crate::collectives::{self, Collectives, ThroughHost};
 pub use data_parallel::{DataParallel, Strategy};
 pub use grad_rule::GradRule;
 pub use offload::Offloaded;

@@ -10,15 +10,15 @@
 
 use std::ops::Range;
 
-use super::collectives::Collectives;
 use super::data_parallel::{DataParallel, Strategy};
 use super::grad_rule::GradRule;
 use super::tally::Tally;
 use crate::backend::{Backend, View};
+use crate::collectives::Collectives;
 use crate::elem::{Act, Dtype};
 use crate::error::{check_len, GpuError};
 use crate::step::block_runs::outside_blocks;
-use crate::step::buffers::AfterBlock;
+use crate::step::buffers::BlockHooks;
 use crate::step::optimizer::{ComputeViews, Optimizer, Scalars, UpdateViews};
 use crate::step::{GptGpuStep, LlamaGpuStep, TokenBatch};
 
@@ -34,14 +34,14 @@ pub trait Trainable<B: Backend> {
     fn zero_grads(&self, be: &B) -> Result<(), GpuError>;
     /// Queues one micro-batch: adds its gradient of `grad_scale x (summed loss)`, and
     /// writes its summed loss to the step's loss sum (or adds it, with `add_loss`),
-    /// without waiting for the backend; `after_block` gets each block's parameter runs
-    /// once the backward has queued their last gradient.
+    /// without waiting for the backend; `hooks` run before each block and after each
+    /// block's backward has queued its last gradient.
     fn queue_micro_batch(
         &self,
         be: &B,
         micro: (TokenBatch, f32),
         add_loss: bool,
-        after_block: AfterBlock<'_>,
+        hooks: BlockHooks<'_>,
     ) -> Result<(), GpuError>;
     /// Each block's parameters as runs of the flat buffer.
     fn block_runs(&self) -> &[Vec<Range<usize>>];
@@ -50,8 +50,13 @@ pub trait Trainable<B: Backend> {
     /// The views an update works on.
     fn update_views(&self, be: &B) -> Result<UpdateViews<'_, Self::T>, GpuError>;
     /// One micro-batch's evaluation: the summed loss of its valid targets, how many are
-    /// the top-1 logit, how many there are.
-    fn evaluate(&self, be: &B, batch: TokenBatch) -> Result<(f64, usize, usize), GpuError>;
+    /// the top-1 logit, how many there are; `hooks` run before each block.
+    fn evaluate(
+        &self,
+        be: &B,
+        batch: TokenBatch,
+        hooks: BlockHooks<'_>,
+    ) -> Result<(f64, usize, usize), GpuError>;
     /// Bytes of the step's buffers on the backend (parameters, gradients, activations,
     /// ids).
     fn buffer_bytes(&self) -> usize;
@@ -73,6 +78,14 @@ pub trait Trainable<B: Backend> {
     fn grads_at(&self, be: &B, r: Range<usize>) -> Result<View<'_, f32>, GpuError>;
     /// The compute copy and the norm's scratch, for an update from a shard's gradients.
     fn compute_views(&self, be: &B) -> Result<ComputeViews<'_, Self::T>, GpuError>;
+    /// Whether the compute copy is sharded over the ranks (ZeRO-3's step).
+    fn params_sharded(&self) -> bool;
+    /// ZeRO-3: this rank's shard of the compute copy and the norm's scratch.
+    fn shard_compute_views(&self, be: &B) -> Result<ComputeViews<'_, Self::T>, GpuError>;
+    /// ZeRO-3: block `l`'s parameters gathered into its slot (a collective).
+    fn gather_block(&self, be: &B, coll: &impl Collectives<B>, l: usize) -> Result<(), GpuError>;
+    /// ZeRO-3: the runs outside the blocks gathered after an update (a collective).
+    fn gather_resident(&self, be: &B, coll: &impl Collectives<B>) -> Result<(), GpuError>;
 }
 
 macro_rules! trainable {
@@ -93,9 +106,9 @@ macro_rules! trainable {
                 be: &B,
                 micro: (TokenBatch, f32),
                 add_loss: bool,
-                after_block: AfterBlock<'_>,
+                hooks: BlockHooks<'_>,
             ) -> Result<(), GpuError> {
-                $t::queue_micro_batch(self, be, micro, add_loss, after_block)
+                $t::queue_micro_batch(self, be, micro, add_loss, hooks)
             }
             fn block_runs(&self) -> &[Vec<Range<usize>>] {
                 $t::block_runs(self)
@@ -106,8 +119,13 @@ macro_rules! trainable {
             fn update_views(&self, be: &B) -> Result<UpdateViews<'_, T>, GpuError> {
                 $t::update_views(self, be)
             }
-            fn evaluate(&self, be: &B, batch: TokenBatch) -> Result<(f64, usize, usize), GpuError> {
-                $t::evaluate(self, be, batch)
+            fn evaluate(
+                &self,
+                be: &B,
+                batch: TokenBatch,
+                hooks: BlockHooks<'_>,
+            ) -> Result<(f64, usize, usize), GpuError> {
+                $t::evaluate_with(self, be, batch, hooks)
             }
             fn buffer_bytes(&self) -> usize {
                 self.buffers().bytes()
@@ -135,6 +153,23 @@ macro_rules! trainable {
             }
             fn compute_views(&self, be: &B) -> Result<ComputeViews<'_, T>, GpuError> {
                 $t::compute_views(self, be)
+            }
+            fn params_sharded(&self) -> bool {
+                self.buffers().sharded().is_some()
+            }
+            fn shard_compute_views(&self, be: &B) -> Result<ComputeViews<'_, T>, GpuError> {
+                $t::shard_compute_views(self, be)
+            }
+            fn gather_block(
+                &self,
+                be: &B,
+                coll: &impl Collectives<B>,
+                l: usize,
+            ) -> Result<(), GpuError> {
+                self.buffers().gather_block(be, coll, l)
+            }
+            fn gather_resident(&self, be: &B, coll: &impl Collectives<B>) -> Result<(), GpuError> {
+                self.buffers().gather_resident(be, coll)
             }
         }
     };
@@ -201,6 +236,16 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                     "ZeRO-2 runs a step with its blocks' gradients in slots, and only ZeRO-2 \
                      does (strategy {strategy:?}, gradients in slots: {})",
                     step.grads_in_slots()
+                ),
+            });
+        }
+        if step.params_sharded() != strategy.shards_params() {
+            return Err(GpuError::Shape {
+                kernel: "replica",
+                what: format!(
+                    "ZeRO-3 runs a step with its parameters sharded, and only ZeRO-3 does \
+                     (strategy {strategy:?}, parameters sharded: {})",
+                    step.params_sharded()
                 ),
             });
         }
@@ -348,12 +393,15 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         let mut queued = || -> Result<(), GpuError> {
             for (j, batch) in micro.iter().enumerate() {
                 let last = buckets && j + 1 == micro.len();
-                let after_block: AfterBlock<'_> = match last {
-                    true => &mut start,
-                    false => &mut |_| Ok(()),
+                let hooks = BlockHooks {
+                    before: None,
+                    after: match last {
+                        true => Some(&mut start),
+                        false => None,
+                    },
                 };
                 self.step
-                    .queue_micro_batch(be, (*batch, grad_scale), j > 0, after_block)?;
+                    .queue_micro_batch(be, (*batch, grad_scale), j > 0, hooks)?;
                 tally.valid += batch.valid_targets() as f64;
             }
             if buckets {
@@ -399,6 +447,27 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         Ok(WindowReport::of(total, grad_norm, rule))
     }
 
+    /// One micro-batch's evaluation with the running step: the summed loss of its valid
+    /// targets, how many are the top-1 logit, how many there are. Under ZeRO-3 a
+    /// collective (each block gathered as the forward reaches it): every rank evaluates
+    /// as many batches.
+    pub fn evaluate(
+        &self,
+        be: &B,
+        coll: &impl Collectives<B>,
+        batch: TokenBatch,
+    ) -> Result<(f64, usize, usize), GpuError> {
+        let mut gather = |l: usize, _: bool| self.step.gather_block(be, coll, l);
+        let hooks = BlockHooks {
+            before: match self.step.params_sharded() {
+                true => Some(&mut gather),
+                false => None,
+            },
+            after: None,
+        };
+        self.step.evaluate(be, batch, hooks)
+    }
+
     /// A window's target capacity over every rank (ranks x `micro` micro-batches x
     /// rows, known to all without asking) and each micro-batch's gradient scale under
     /// `rule` (its loss scale over the capacity).
@@ -410,12 +479,14 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
 }
 
 impl<B: Backend, S: Trainable<B>> Replica<B, S> {
-    /// ZeRO-2's window (DeepSpeed's stage 2 under accumulation): after every
-    /// micro-batch's backward of each block, its gradients (in the step's slot) are
-    /// reduce-scattered and added into the shard's; the runs outside the blocks sum
-    /// locally over the window and are reduced once after it. Then the update from the
-    /// shard, as ZeRO-1's. Each reduction is ordered with the step's launches, so the
-    /// slot is free again before the block after next zeroes it.
+    /// ZeRO-2's and ZeRO-3's window (DeepSpeed's stages 2 and 3 under accumulation):
+    /// after every micro-batch's backward of each block, its gradients (in the step's
+    /// slot) are reduce-scattered and added into the shard's; the runs outside the blocks
+    /// sum locally over the window and are reduced once after it. Then the update from
+    /// the shard, as ZeRO-1's. Each reduction is ordered with the step's launches, so the
+    /// slot is free again before the block after next zeroes it. Under ZeRO-3 each block
+    /// is gathered into its slot before it runs, forward and backward, and the update
+    /// writes the shard of the compute copy and gathers only the runs outside the blocks.
     fn zero2_window(
         &self,
         be: &B,
@@ -437,24 +508,46 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                 z.reduce_add(be, coll, self.step.grads_at(be, r.clone())?, r.clone())
             })
         };
+        let sharded = self.step.params_sharded();
         for (j, batch) in micro.iter().enumerate() {
             let mut each = |runs: &[Range<usize>]| reduce(runs);
+            let mut gather = |l: usize, _: bool| self.step.gather_block(be, coll, l);
+            let hooks = BlockHooks {
+                before: match sharded {
+                    true => Some(&mut gather),
+                    false => None,
+                },
+                after: Some(&mut each),
+            };
             self.step
-                .queue_micro_batch(be, (*batch, grad_scale), j > 0, &mut each)?;
+                .queue_micro_batch(be, (*batch, grad_scale), j > 0, hooks)?;
             tally.valid += batch.valid_targets() as f64;
         }
         reduce(&self.rest)?;
         if !micro.is_empty() {
             tally.loss = self.step.loss_sum(be)?;
         }
-        let (grad_norm, total) = z.update_shard(
-            be,
-            coll,
-            self.step.compute_views(be)?,
-            scalars,
-            (tally, capacity),
-            rule,
-        )?;
+        let window = (tally, capacity);
+        let grad_norm_total = match sharded {
+            false => z.update_shard(
+                be,
+                coll,
+                self.step.compute_views(be)?,
+                scalars,
+                window,
+                rule,
+            )?,
+            true => {
+                let views = self.step.shard_compute_views(be)?;
+                let (norm, total, stepped) =
+                    z.step_shard(be, coll, views, scalars, window, rule)?;
+                if stepped {
+                    self.step.gather_resident(be, coll)?;
+                }
+                (norm, total)
+            }
+        };
+        let (grad_norm, total) = grad_norm_total;
         Ok(WindowReport::of(total, grad_norm, rule))
     }
 }

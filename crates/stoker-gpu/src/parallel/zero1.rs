@@ -15,13 +15,14 @@
 
 use std::ops::Range;
 
-use stoker_comm::shard::{ShardPlan, DEFAULT_ALIGN};
+use stoker_comm::shard::ShardPlan;
 
-use super::collectives::Collectives;
 use super::grad_rule::GradRule;
 use super::state_at::StateAt;
 use super::tally::Tally;
 use crate::backend::{Backend, View};
+pub use crate::collectives::shard_plan;
+use crate::collectives::Collectives;
 use crate::elem::Act;
 use crate::error::{check_len, GpuError};
 use crate::step::optimizer::{self, ComputeViews, Optimizer, Scalars, UpdateViews};
@@ -39,12 +40,6 @@ pub fn shard_segments(
             (start < end).then(|| (start - shard.start..end - shard.start, *decay))
         })
         .collect()
-}
-
-/// ZeRO-1's split of a flat buffer of `len` elements over `world` ranks: the CPU
-/// trainer's ([`ShardPlan`] at the layouts' alignment).
-pub fn shard_plan(len: usize, world: usize) -> ShardPlan {
-    ShardPlan::new(len, world, DEFAULT_ALIGN)
 }
 
 /// ZeRO-2's landing buffer for a shard of `shard` elements and reductions of at most
@@ -239,7 +234,30 @@ impl<B: Backend> Zero1<B> {
         rule: GradRule,
     ) -> Result<(f64, Tally), GpuError> {
         check_len("zero-1", "params", params.len(), self.plan.len())?;
-        let counts = self.plan.counts();
+        let piece = (params.slice(self.shard())?, scratch);
+        let (norm, total, stepped) =
+            self.step_shard(be, coll, piece, scalars, (tally, capacity), rule)?;
+        if stepped {
+            coll.all_gather(be, params, &self.plan.counts())?;
+        }
+        Ok((norm, total))
+    }
+
+    /// [`Zero1::update_shard`] up to the gather: the norm's pieces and the tallies summed
+    /// (one scalar collective), the shard's optimizer step writing `piece`, this shard's
+    /// compute copy (unless `rule` skips the update). ZeRO-3's update, whose compute copy
+    /// stays sharded. Returns the unscaled norm, the summed tally, and whether the
+    /// optimizer stepped.
+    pub fn step_shard<T: Act>(
+        &self,
+        be: &B,
+        coll: &impl Collectives<B>,
+        (piece, scratch): ComputeViews<T>,
+        scalars: &Scalars,
+        (tally, capacity): (Tally, f64),
+        rule: GradRule,
+    ) -> Result<(f64, Tally, bool), GpuError> {
+        check_len("zero-1", "shard", piece.len(), self.shard().len())?;
         let grads = be.all(&self.grads);
         let mine = optimizer::squared_norm(be, grads, scratch)?;
         let [valid, loss, micro, micro_sq] = tally.values();
@@ -248,10 +266,8 @@ impl<B: Backend> Zero1<B> {
         let rescale = total.rescale(coll.world(), capacity)?;
         let (norm, mult) = rule.multiplier(sums[0], rescale);
         if let Some(mult) = mult {
-            let piece = params.slice(self.shard())?;
             self.state.apply(be, piece, grads, scalars, mult)?;
-            coll.all_gather(be, params, &counts)?;
         }
-        Ok((norm, total))
+        Ok((norm, total, mult.is_some()))
     }
 }

@@ -18,6 +18,7 @@ use super::layout::{Span, PARTIAL_WARPS};
 use super::optimizer::UpdateViews;
 use super::options::StepOptions;
 use super::param_offload::ParamOffload;
+use super::sharded_params::ShardedParams;
 use super::TokenBatch;
 
 /// What a step's buffers hold, in elements: sized once, for [`StepBuffers::new`] and for a
@@ -40,6 +41,20 @@ pub struct StepSizes {
     /// With the blocks' gradients in two slots alone ([`GradSlots`], ZeRO-2): what the
     /// backend holds of the gradients instead of all of them.
     pub grad_slots: Option<OffloadSizes>,
+    /// With the parameters sharded over the ranks ([`ShardedParams`], ZeRO-3): what the
+    /// backend holds of the parameters and gradients instead of all of them.
+    pub sharded: Option<ShardedSizes>,
+}
+
+/// What a step with its parameters sharded (ZeRO-3) holds of them on the backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardedSizes {
+    /// The resident runs and one block's slot, in elements.
+    pub placed: OffloadSizes,
+    /// This rank and the ranks in all.
+    pub rank_world: (usize, usize),
+    /// Elements of this rank's shard of the compute copy.
+    pub shard: usize,
 }
 
 /// What a step with its blocks' parameters offloaded holds of them on the backend, in
@@ -86,12 +101,14 @@ impl StepSizes {
             vocab,
             offload: None,
             grad_slots: None,
+            sharded: None,
         }
     }
 
     /// These sizes for a step made with `opts` over `blocks` blocks of `block` elements
-    /// each: with the blocks' parameters offloaded (their gradients in slots with them),
-    /// or with their gradients alone in two slots; the rest of the flat buffer resident.
+    /// each: with the blocks' parameters offloaded or sharded (their gradients in slots
+    /// with them), or with their gradients alone in two slots; the rest of the flat
+    /// buffer resident.
     pub fn placed(mut self, opts: StepOptions, (blocks, block): (usize, usize)) -> Self {
         let placed = OffloadSizes {
             resident: self.params.saturating_sub(blocks * block),
@@ -99,23 +116,33 @@ impl StepSizes {
         };
         if opts.offload_params {
             self.offload = Some(placed);
+        } else if let Some((rank, world)) = opts.shard_params {
+            let plan = crate::collectives::shard_plan(self.params, world.max(1));
+            self.sharded = Some(ShardedSizes {
+                placed,
+                rank_world: (rank, world),
+                shard: plan.range(rank.min(world.max(1) - 1)).len(),
+            });
         } else if opts.grads_in_slots {
             self.grad_slots = Some(placed);
         }
         self
     }
 
-    /// Parameters the backend holds: all of them, or the resident runs and two slots.
+    /// Parameters the backend holds: all of them, or the resident runs and two slots
+    /// (and ZeRO-3's shard).
     pub fn backend_params(&self) -> usize {
-        match self.offload {
-            Some(o) => o.resident + 2 * o.slot,
-            None => self.params,
+        match (self.offload, self.sharded) {
+            (Some(o), _) => o.resident + 2 * o.slot,
+            (None, Some(s)) => s.placed.resident + 2 * s.placed.slot + s.shard,
+            (None, None) => self.params,
         }
     }
 
     /// Gradients the backend holds: all of them, or the resident runs and two slots.
     pub fn backend_grads(&self) -> usize {
-        match self.offload.or(self.grad_slots) {
+        let placed = self.offload.or(self.sharded.map(|s| s.placed));
+        match placed.or(self.grad_slots) {
             Some(o) => o.resident + 2 * o.slot,
             None => self.params,
         }
@@ -151,6 +178,8 @@ pub struct StepBuffers<B: Backend, T: Act> {
     pub(crate) offload: Option<ParamOffload<B, T>>,
     /// The blocks' gradients in two slots alone, where `sizes.grad_slots` asked for it.
     pub(crate) grad_slots: Option<GradSlots<B>>,
+    /// The parameters sharded over the ranks (ZeRO-3), where `sizes.sharded` asked.
+    pub(crate) sharded: Option<ShardedParams<B, T>>,
 }
 
 impl<B: Backend, T: Act> StepBuffers<B, T> {
@@ -169,8 +198,17 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
             }
             None => None,
         };
-        let grad_slots = match (sizes.grad_slots, &offload) {
+        let sharded = match (sizes.sharded, &offload) {
             (Some(want), None) => {
+                let s = ShardedParams::new(be, blocks, sizes.params, want.rank_world)?;
+                want.placed.check(s.placement(), "a sharded copy")?;
+                check_len("step", "shard", s.shard_range().len(), want.shard)?;
+                Some(s)
+            }
+            _ => None,
+        };
+        let grad_slots = match (sizes.grad_slots, &offload, &sharded) {
+            (Some(want), None, None) => {
                 let s = GradSlots::new(be, blocks, sizes.params)?;
                 want.check(s.placement(), "gradient slots")?;
                 Some(s)
@@ -179,9 +217,9 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
         };
         // The resident runs where the blocks' parameters (or gradients) are in slots,
         // else all.
-        let p = sizes.offload.map_or(sizes.params, |o| o.resident);
-        let g = sizes
-            .offload
+        let placed = sizes.offload.or(sizes.sharded.map(|s| s.placed));
+        let p = placed.map_or(sizes.params, |o| o.resident);
+        let g = placed
             .or(sizes.grad_slots)
             .map_or(sizes.params, |o| o.resident);
         Ok(StepBuffers {
@@ -192,6 +230,7 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
             ids: RefCell::new(BatchIds::with_room(be, sizes.rows, sizes.vocab)?),
             offload,
             grad_slots,
+            sharded,
         })
     }
 
@@ -205,18 +244,53 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
             + self.ids.borrow().bytes()
             + self.offload.as_ref().map_or(0, |o| o.backend_bytes())
             + self.grad_slots.as_ref().map_or(0, |s| s.bytes())
+            + self.sharded.as_ref().map_or(0, |s| s.backend_bytes())
     }
 
-    /// Whether the blocks' gradients are in two slots alone (ZeRO-2): whoever runs the
-    /// step takes each block's out after its backward ([`Self::grads_at`]).
+    /// Whether the blocks' gradients are in two slots for whoever runs the step to take
+    /// each block's out after its backward ([`Self::grads_at`]): ZeRO-2's, ZeRO-3's.
     pub fn grads_in_slots(&self) -> bool {
-        self.grad_slots.is_some()
+        self.grad_slots.is_some() || self.sharded.is_some()
+    }
+
+    /// The parameters sharded over the ranks, if they are (ZeRO-3).
+    pub fn sharded(&self) -> Option<&ShardedParams<B, T>> {
+        self.sharded.as_ref()
     }
 
     /// The gradients of the flat run `r` (inside one run of the placement: a block's
     /// run, or one outside the blocks) wherever they are on the backend.
     pub fn grads_at(&self, be: &B, r: Range<usize>) -> Result<View<'_, f32>, GpuError> {
         self.g(be, r.start, r.len())
+    }
+
+    /// ZeRO-3: block `l`'s parameters gathered into its slot from every rank's shard (a
+    /// collective); an error where the parameters are not sharded.
+    pub fn gather_block(
+        &self,
+        be: &B,
+        coll: &impl crate::collectives::Collectives<B>,
+        l: usize,
+    ) -> Result<(), GpuError> {
+        self.sharded_or_err()?.gather_block(be, coll, l)
+    }
+
+    /// ZeRO-3: the runs outside every block gathered from every rank's shard (a
+    /// collective, after an update); an error where the parameters are not sharded.
+    pub fn gather_resident(
+        &self,
+        be: &B,
+        coll: &impl crate::collectives::Collectives<B>,
+    ) -> Result<(), GpuError> {
+        self.sharded_or_err()?
+            .gather_resident(be, coll, &self.params)
+    }
+
+    fn sharded_or_err(&self) -> Result<&ShardedParams<B, T>, GpuError> {
+        self.sharded.as_ref().ok_or_else(|| GpuError::Shape {
+            kernel: "step",
+            what: "a gather into a step whose parameters are not sharded".into(),
+        })
     }
 
     /// The blocks' offloaded parameters, if they are.
@@ -226,9 +300,10 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
 
     /// Elements of the flat buffer (the whole compute copy, wherever it lives).
     pub fn flat_len(&self) -> usize {
-        match &self.offload {
-            Some(o) => o.flat_len(),
-            None => B::len(&self.params),
+        match (&self.offload, &self.sharded) {
+            (Some(o), _) => o.flat_len(),
+            (None, Some(s)) => s.flat_len(),
+            (None, None) => B::len(&self.params),
         }
     }
 
@@ -273,12 +348,20 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
                     .into(),
             });
         }
-        Ok((be.all(&self.params), be.all(&self.grads)))
+        Ok((self.whole_params(be)?, be.all(&self.grads)))
     }
 
     /// The whole compute copy on the backend; an error where the blocks' parameters are
     /// offloaded.
     pub(crate) fn whole_params(&self, be: &B) -> Result<View<'_, T>, GpuError> {
+        if self.sharded.is_some() {
+            return Err(GpuError::Shape {
+                kernel: "step",
+                what: "the parameters are sharded over the ranks (ZeRO-3): the whole compute \
+                       copy exists nowhere, each block is gathered as it runs"
+                    .into(),
+            });
+        }
         match self.offload {
             Some(_) => Err(GpuError::Shape {
                 kernel: "step",
@@ -295,6 +378,9 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
     pub(crate) fn enter_block(&self, be: &B, l: usize, backward: bool) -> Result<(), GpuError> {
         if let (Some(s), true) = (&self.grad_slots, backward) {
             s.zero(be, l)?;
+        }
+        if let (Some(s), true) = (&self.sharded, backward) {
+            s.slots().grad_slots().zero(be, l)?;
         }
         match &self.offload {
             Some(o) => o.enter_block(be, l, backward),
@@ -317,6 +403,14 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
         match (&self.offload, &other.offload) {
             (Some(mine), Some(theirs)) => mine.copy_params_from(be, &self.params, theirs),
             (None, None) => {
+                if let (Some(mine), Some(theirs)) = (&self.sharded, &other.sharded) {
+                    mine.copy_shard_from(be, theirs)?;
+                } else if self.sharded.is_some() || other.sharded.is_some() {
+                    return Err(GpuError::Shape {
+                        kernel: "step",
+                        what: "copying parameters between a sharded step and one not".into(),
+                    });
+                }
                 check_len(
                     "step",
                     "params",
@@ -339,6 +433,9 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
         if let Some(o) = &self.offload {
             return o.load(be, &self.params, params);
         }
+        if let Some(s) = &self.sharded {
+            return s.load(be, &self.params, params);
+        }
         check_len("step", "params", params.len(), B::len(&self.params))?;
         if let Ok(f32s) = be.all(&self.params).cast::<f32>() {
             return be.write_at(f32s, params);
@@ -352,6 +449,7 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
         if let Some(o) = &self.offload {
             return o.host_params();
         }
+        self.whole_params(be)?;
         Ok(be
             .download(&self.params)?
             .into_iter()
@@ -398,14 +496,18 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
 
     /// Parameters `at..at + len` (with an offload, a block's must be in its slot).
     pub(crate) fn p(&self, be: &B, at: usize, len: usize) -> Result<View<'_, T>, GpuError> {
-        match &self.offload {
-            Some(o) => o.params(be, &self.params, (at, len)),
-            None => be.view(&self.params, at..at + len),
+        match (&self.offload, &self.sharded) {
+            (Some(o), _) => o.params(be, &self.params, (at, len)),
+            (None, Some(s)) => s.slots().params(be, &self.params, (at, len)),
+            (None, None) => be.view(&self.params, at..at + len),
         }
     }
 
     /// Gradients `at..at + len` (likewise, and with the gradients in slots).
     pub(crate) fn g(&self, be: &B, at: usize, len: usize) -> Result<View<'_, f32>, GpuError> {
+        if let Some(s) = &self.sharded {
+            return s.slots().grads(be, &self.grads, (at, len));
+        }
         match (&self.offload, &self.grad_slots) {
             (Some(o), _) => o.grads(be, &self.grads, (at, len)),
             (None, Some(s)) => s.grads(be, &self.grads, (at, len)),
@@ -534,8 +636,41 @@ pub(crate) fn loss_and_grad<B: Backend, T: Act>(
     )
 }
 
-/// What a backward calls with a block's parameter runs once their gradients are final.
-pub type AfterBlock<'a> = &'a mut dyn FnMut(&[std::ops::Range<usize>]) -> Result<(), GpuError>;
+/// Called with a block's index just before it runs, and whether it is its backward.
+pub type BeforeBlock<'a> = &'a mut dyn FnMut(usize, bool) -> Result<(), GpuError>;
+
+/// Called with a block's parameter runs once its backward has queued their last gradient.
+pub type AfterBlock<'a> = &'a mut dyn FnMut(&[Range<usize>]) -> Result<(), GpuError>;
+
+/// What a micro-batch's forward and backward call around each block, either absent:
+/// `before` just before the block runs, forward or backward (ZeRO-3's gather of its
+/// parameters into their slot), `after` once its backward has queued its last gradient
+/// (DDP's buckets, ZeRO-2's reduce-scatter).
+#[derive(Default)]
+pub struct BlockHooks<'a> {
+    /// Before each block runs.
+    pub before: Option<BeforeBlock<'a>>,
+    /// After each block's backward.
+    pub after: Option<AfterBlock<'a>>,
+}
+
+impl BlockHooks<'_> {
+    /// `before` for block `l` (its backward when `backward`), if there is one.
+    pub(crate) fn run_before(&mut self, l: usize, backward: bool) -> Result<(), GpuError> {
+        match &mut self.before {
+            Some(f) => f(l, backward),
+            None => Ok(()),
+        }
+    }
+
+    /// `after` for a block's parameter runs `runs`, if there is one.
+    pub(crate) fn run_after(&mut self, runs: &[Range<usize>]) -> Result<(), GpuError> {
+        match &mut self.after {
+            Some(f) => f(runs),
+            None => Ok(()),
+        }
+    }
+}
 
 /// What a step tells [`queue_micro_batch`]: its buffers, shape, loss spans, and its own
 /// forward and backward.
@@ -546,15 +681,16 @@ pub(crate) trait TokenModel<B: Backend, T: Act> {
     fn rows_and_vocab(&self) -> (usize, usize);
     /// Where the loss's buffers are.
     fn loss_spans(&self) -> LossSpans;
-    /// The forward to the logits.
-    fn forward(&self, be: &B, tokens: &Ids<B>) -> Result<(), GpuError>;
-    /// The backward from the logits' gradient, calling `after_block` with each block's
-    /// parameter runs as soon as the block's gradients are final (last block first).
+    /// The forward to the logits, calling `hooks.before` before each block.
+    fn forward(&self, be: &B, tokens: &Ids<B>, hooks: &mut BlockHooks<'_>) -> Result<(), GpuError>;
+    /// The backward from the logits' gradient, calling `hooks.before` before each block
+    /// and `hooks.after` with its parameter runs as soon as its gradients are final (last
+    /// block first).
     fn backward(
         &self,
         be: &B,
         groups: &Groups<B>,
-        after_block: AfterBlock<'_>,
+        hooks: &mut BlockHooks<'_>,
     ) -> Result<(), GpuError>;
 }
 
@@ -569,15 +705,15 @@ pub(crate) fn queue_micro_batch<B: Backend, T: Act>(
     op: &'static str,
     (batch, grad_scale): (TokenBatch, f32),
     add_loss: bool,
-    after_block: AfterBlock<'_>,
+    mut hooks: BlockHooks<'_>,
 ) -> Result<(), GpuError> {
     let mut ids = m.bufs().ids.borrow_mut();
     ids.load(be, op, batch, true)?;
     let vocab = m.rows_and_vocab().1;
-    m.forward(be, &ids.tokens)?;
+    m.forward(be, &ids.tokens, &mut hooks)?;
     let spans = m.loss_spans();
     loss_and_grad(be, m.bufs(), spans, &ids, vocab, grad_scale, add_loss)?;
-    m.backward(be, &ids.groups, after_block)
+    m.backward(be, &ids.groups, &mut hooks)
 }
 
 /// The step's loss sum, read back (waits for every launch so far).
@@ -596,7 +732,7 @@ pub(crate) fn forward_backward<B: Backend, T: Act>(
     batch: TokenBatch,
     grad_scale: f32,
 ) -> Result<f64, GpuError> {
-    queue_micro_batch(m, be, op, (batch, grad_scale), false, &mut |_| Ok(()))?;
+    queue_micro_batch(m, be, op, (batch, grad_scale), false, BlockHooks::default())?;
     read_loss(m, be)
 }
 
@@ -609,11 +745,12 @@ pub(crate) fn evaluate<B: Backend, T: Act>(
     be: &B,
     op: &'static str,
     batch: TokenBatch,
+    mut hooks: BlockHooks<'_>,
 ) -> Result<(f64, usize, usize), GpuError> {
     let vocab = m.rows_and_vocab().1;
     let mut ids = m.bufs().ids.borrow_mut();
     ids.load(be, op, batch, false)?;
-    m.forward(be, &ids.tokens)?;
+    m.forward(be, &ids.tokens, &mut hooks)?;
     let (s, bufs) = (m.loss_spans(), m.bufs());
     kernels::classifier(
         be,

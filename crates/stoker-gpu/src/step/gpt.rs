@@ -6,7 +6,7 @@
 use stoker_kernels::gpt::BlockOffsets;
 use stoker_kernels::{GptDims, GptOffsets};
 
-use super::buffers::{self, AfterBlock, LossSpans, StepBuffers, StepSizes, TokenModel};
+use super::buffers::{self, BlockHooks, LossSpans, StepBuffers, StepSizes, TokenModel};
 use super::layout::{ActLayout, Span, PARTIAL_WARPS};
 use super::optimizer::{self, OptimizerState, Scalars, UpdateViews};
 use super::options::StepOptions;
@@ -310,7 +310,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {
         }
     }
 
-    fn forward(&self, be: &B, tokens: &Ids<B>) -> Result<(), GpuError> {
+    fn forward(&self, be: &B, tokens: &Ids<B>, hooks: &mut BlockHooks<'_>) -> Result<(), GpuError> {
         let (c, v, t) = (self.dims.d_model, self.dims.vocab, self.t);
         let (o, lay) = (&self.offsets, &self.layout);
         let first = lay.blocks[0].resid_in;
@@ -325,6 +325,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {
         )?;
         for (l, (s, st)) in lay.blocks.iter().zip(&lay.stats).enumerate() {
             self.bufs.enter_block(be, l, false)?;
+            hooks.run_before(l, false)?;
             let bo = &o.blocks()[l];
             let ln = |wb: [usize; 2]| -> Result<(View<T>, View<T>), GpuError> {
                 Ok((self.bufs.p(be, wb[0], c)?, self.bufs.p(be, wb[1], c)?))
@@ -404,7 +405,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {
         &self,
         be: &B,
         groups: &Groups<B>,
-        after_block: AfterBlock<'_>,
+        hooks: &mut BlockHooks<'_>,
     ) -> Result<(), GpuError> {
         let (c, v, n) = (self.dims.d_model, self.dims.vocab, self.batch * self.t);
         let (o, lay) = (&self.offsets, &self.layout);
@@ -436,6 +437,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {
             let (s, st, bo): (_, _, &BlockOffsets) =
                 (&lay.blocks[l], &lay.stats[l], &o.blocks()[l]);
             self.bufs.enter_block(be, l, true)?;
+            hooks.run_before(l, true)?;
             // dres is the gradient of the block's output sum: the MLP projection's too.
             self.linear_back(
                 be,
@@ -455,7 +457,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {
             self.linear_back(be, Some(lay.dnc), lay.dqkv, s.ln1, bo.qkv, (c, 3 * c))?;
             self.ln_back(be, lay.dnc, s.resid_in, bo.ln1, st.ln1)?;
             self.bufs.leave_block(be, l)?;
-            after_block(&self.blocks[l])?;
+            hooks.run_after(&self.blocks[l])?;
         }
         let dres = self.bufs.a(be, lay.dres)?;
         kernels::encoder_backward_wpe(

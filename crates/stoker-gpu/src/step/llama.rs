@@ -8,7 +8,7 @@
 use stoker_kernels::{LlamaDims, LlamaOffsets};
 
 use super::attention::{self, Qkv};
-use super::buffers::{self, AfterBlock, LossSpans, StepBuffers, StepSizes, TokenModel};
+use super::buffers::{self, BlockHooks, LossSpans, StepBuffers, StepSizes, TokenModel};
 use super::layout::{Span, PARTIAL_WARPS};
 use super::linear::{self, Linear};
 use super::llama_layout::{LlamaBlockActs, LlamaLayout};
@@ -331,7 +331,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
         }
     }
 
-    fn forward(&self, be: &B, tokens: &Ids<B>) -> Result<(), GpuError> {
+    fn forward(&self, be: &B, tokens: &Ids<B>, hooks: &mut BlockHooks<'_>) -> Result<(), GpuError> {
         let d = self.dims;
         let (c, v, f, kv) = (d.d_model, d.vocab, d.ffn_hidden, self.kv());
         let (o, lay) = (&self.offsets, &self.layout);
@@ -346,6 +346,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
         )?;
         for (l, s) in lay.blocks.iter().enumerate() {
             self.bufs.enter_block(be, l, false)?;
+            hooks.run_before(l, false)?;
             let bo = &o.blocks()[l];
             let (x, residual) = match l {
                 0 => (self.bufs.a(be, s.resid_in)?, None),
@@ -421,7 +422,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
         &self,
         be: &B,
         groups: &Groups<B>,
-        after_block: AfterBlock<'_>,
+        hooks: &mut BlockHooks<'_>,
     ) -> Result<(), GpuError> {
         let d = self.dims;
         let (c, v, f, kv, n) = (
@@ -457,6 +458,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
         self.norm_back(be, lay.dnc, lay.resid_out, o.norm(), lay.rstd_f)?;
         for (l, s) in lay.blocks.iter().enumerate().rev() {
             self.bufs.enter_block(be, l, true)?;
+            hooks.run_before(l, true)?;
             let bo = &o.blocks()[l];
             // dres is the gradient of the block's output sum: the down projection's too.
             self.linear_back(be, lay.dgate, false, lay.dres, s.act, bo.down, (f, c))?;
@@ -480,7 +482,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
             self.linear_back(be, lay.dnc, true, lay.dv, s.h1, bo.v, (c, kv))?;
             self.norm_back(be, lay.dnc, s.resid_in, bo.input_norm, s.rstd[0])?;
             self.bufs.leave_block(be, l)?;
-            after_block(&self.blocks[l])?;
+            hooks.run_after(&self.blocks[l])?;
         }
         kernels::encoder_backward_wte(
             be,

@@ -64,6 +64,28 @@ macro_rules! token_step_api {
             ))
         }
 
+        /// ZeRO-3: this rank's shard of the compute copy and the norm's scratch (what an
+        /// update from the shard's gradients writes); an error where the parameters are
+        /// not sharded.
+        pub fn shard_compute_views(
+            &self,
+            be: &B,
+        ) -> Result<$crate::step::optimizer::ComputeViews<'_, T>, GpuError> {
+            let sharded = self.bufs.sharded().ok_or_else(|| GpuError::Shape {
+                kernel: OP,
+                what: "a shard of the compute copy from a step whose parameters are not \
+                       sharded"
+                    .into(),
+            })?;
+            Ok((
+                sharded.shard(be),
+                (
+                    self.bufs.f(be, self.layout.grad_norm)?,
+                    self.bufs.f(be, self.layout.partials)?,
+                ),
+            ))
+        }
+
         #[doc = concat!(
             "The training forward of one micro-batch and its loss without a gradient: the\n",
             "summed loss of the valid targets, how many are the top-1 logit, how many there\n",
@@ -74,7 +96,17 @@ macro_rules! token_step_api {
             be: &B,
             batch: TokenBatch,
         ) -> Result<(f64, usize, usize), GpuError> {
-            buffers::evaluate(self, be, OP, batch)
+            buffers::evaluate(self, be, OP, batch, buffers::BlockHooks::default())
+        }
+
+        /// [`Self::evaluate`] calling `hooks.before` before each block (ZeRO-3's gather).
+        pub fn evaluate_with(
+            &self,
+            be: &B,
+            batch: TokenBatch,
+            hooks: buffers::BlockHooks<'_>,
+        ) -> Result<(f64, usize, usize), GpuError> {
+            buffers::evaluate(self, be, OP, batch, hooks)
         }
 
         #[doc = concat!(
@@ -94,16 +126,16 @@ macro_rules! token_step_api {
         /// [`Self::forward_backward`] queued without reading the loss back: the
         /// micro-batch's summed loss is written to the step's loss sum on the backend, or
         /// added to it with `add_loss` (a window's micro-batches, read once by
-        /// [`Self::loss_sum`]); `after_block` is called with each block's parameter runs
-        /// as soon as the backward has queued their last gradient (DDP's buckets).
+        /// [`Self::loss_sum`]); `hooks` are called around each block (ZeRO-3's gathers
+        /// before it runs, DDP's buckets once its backward has queued its last gradient).
         pub fn queue_micro_batch(
             &self,
             be: &B,
             (batch, grad_scale): (TokenBatch, f32),
             add_loss: bool,
-            after_block: buffers::AfterBlock<'_>,
+            hooks: buffers::BlockHooks<'_>,
         ) -> Result<(), GpuError> {
-            buffers::queue_micro_batch(self, be, OP, (batch, grad_scale), add_loss, after_block)
+            buffers::queue_micro_batch(self, be, OP, (batch, grad_scale), add_loss, hooks)
         }
 
         /// Each block's parameters as runs of the flat buffer, block order.
@@ -131,7 +163,9 @@ pub mod llama_layout;
 pub mod optimizer;
 pub mod options;
 pub mod param_offload;
+pub mod param_slots;
 pub mod placement;
+pub mod sharded_params;
 pub mod token_step;
 
 pub use gpt::GptGpuStep;

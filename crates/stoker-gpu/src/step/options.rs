@@ -16,4 +16,10 @@ pub struct StepOptions {
     /// ZeRO-2's, whose replica reduce-scatters each block's into the rank's shard after
     /// its backward, every micro-batch, so that no rank holds the whole gradient.
     pub grads_in_slots: bool,
+    /// The parameters sharded over ranks `(rank, world)` (ZeRO-3, FSDP's `FULL_SHARD`):
+    /// the step keeps this rank's shard of the compute copy, the runs outside the blocks
+    /// whole, and two slots each for a block's parameters and gradients; whoever runs the
+    /// step gathers each block into its slot before it runs ([`super::sharded_params`]).
+    /// The blocks' gradients are in slots too, as [`Self::grads_in_slots`] has them.
+    pub shard_params: Option<(usize, usize)>,
 }

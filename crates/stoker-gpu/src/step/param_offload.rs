@@ -16,9 +16,9 @@
 
 use std::ops::Range;
 
-use super::grad_slots::GradSlots;
 use super::optimizer::UpdateViews;
-use super::placement::{slot_of, Placement};
+use super::param_slots::ParamSlots;
+use super::placement::Placement;
 use crate::backend::{Backend, View};
 use crate::elem::Act;
 use crate::error::{check_len, GpuError};
@@ -27,10 +27,8 @@ use crate::kernels;
 
 /// A step's offloaded parameters: see the module docs.
 pub struct ParamOffload<B: Backend, T: Act> {
-    /// The blocks' gradient slots, and where every run lives.
-    grad_slots: GradSlots<B>,
-    /// The blocks' parameter slots.
-    slots: [B::Buf<T>; 2],
+    /// The blocks' parameter and gradient slots, and where every run lives.
+    slots: ParamSlots<B, T>,
     /// The whole compute copy (the flat layout), in host memory.
     host_params: HostBuf<T>,
     /// The whole gradient (the flat layout), summed over a window in host memory: the
@@ -51,11 +49,10 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
         end: usize,
         partials: usize,
     ) -> Result<Self, GpuError> {
-        let grad_slots = GradSlots::new(be, blocks, end)?;
-        let slot = grad_slots.placement().slot_len();
+        let slots = ParamSlots::new(be, blocks, end)?;
+        let slot = slots.placement().slot_len();
         Ok(ParamOffload {
-            slots: [be.zeros(slot)?, be.zeros(slot)?],
-            grad_slots,
+            slots,
             host_params: Host.zeros(end)?,
             host_grads: Host.zeros(end)?,
             host_scratch: Host.zeros(slot)?,
@@ -65,7 +62,7 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
 
     /// Where the flat buffer's runs live on the backend.
     pub fn placement(&self) -> &Placement {
-        self.grad_slots.placement()
+        self.slots.placement()
     }
 
     /// Elements of the flat buffer.
@@ -81,8 +78,7 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
         resident: &'a B::Buf<T>,
         (at, len): (usize, usize),
     ) -> Result<View<'a, T>, GpuError> {
-        self.placement()
-            .view(be, (resident, &self.slots), (at, len))
+        self.slots.params(be, resident, (at, len))
     }
 
     /// Elements `at..at + len` of the gradients on the backend, as [`Self::params`].
@@ -92,19 +88,18 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
         resident: &'a B::Buf<f32>,
         (at, len): (usize, usize),
     ) -> Result<View<'a, f32>, GpuError> {
-        self.grad_slots.grads(be, resident, (at, len))
+        self.slots.grads(be, resident, (at, len))
     }
 
     /// Block `l`'s parameters up into its slot, before it runs; before its backward
     /// (`backward`) its gradient slot zeroed too.
     pub(crate) fn enter_block(&self, be: &B, l: usize, backward: bool) -> Result<(), GpuError> {
-        let slot = slot_of(&self.slots, l);
         for (r, o) in self.placement().block(l) {
             let src = Host.view(&self.host_params, r.clone())?;
-            Host.stage_to(src, be, be.view(slot, *o..o + r.len())?)?;
+            Host.stage_to(src, be, self.slots.param_run(be, l, (r, *o))?)?;
         }
         if backward {
-            self.grad_slots.zero(be, l)?;
+            self.slots.grad_slots().zero(be, l)?;
         }
         Ok(())
     }
@@ -114,7 +109,11 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
     pub(crate) fn leave_block(&self, be: &B, l: usize) -> Result<(), GpuError> {
         for (r, o) in self.placement().block(l) {
             let scratch = Host.view(&self.host_scratch, 0..r.len())?;
-            Host.copy_from(scratch, be, self.grad_slots.slot_run(be, l, (r, *o))?)?;
+            Host.copy_from(
+                scratch,
+                be,
+                self.slots.grad_slots().slot_run(be, l, (r, *o))?,
+            )?;
             kernels::add_into(&Host, Host.view(&self.host_grads, r.clone())?, scratch)?;
         }
         Ok(())
@@ -199,6 +198,6 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
 
     /// Bytes on the backend: the slots (the resident buffers are the step's own).
     pub(crate) fn backend_bytes(&self) -> usize {
-        2 * B::len(&self.slots[0]) * std::mem::size_of::<T>() + self.grad_slots.bytes()
+        self.slots.bytes()
     }
 }

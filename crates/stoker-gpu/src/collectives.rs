@@ -7,6 +7,7 @@
 
 use std::ops::Deref;
 
+use stoker_comm::shard::{ShardPlan, DEFAULT_ALIGN};
 use stoker_comm::{CommExt, Communicator};
 
 use crate::backend::{Backend, View};
@@ -66,6 +67,13 @@ pub trait Collectives<B: Backend> {
     /// `xs` summed over the ranks, element by element (a window's tallies, the pieces of
     /// a squared norm): at most [`MAX_SCALARS`] values, one collective.
     fn sum(&self, be: &B, xs: &[f64]) -> Result<Vec<f64>, GpuError>;
+}
+
+/// ZeRO's split of a flat buffer of `len` elements over `world` ranks, the CPU
+/// trainer's ([`ShardPlan`] at the layouts' alignment): ZeRO-1's master and moments,
+/// ZeRO-2's gradients and ZeRO-3's compute copy are all cut by it.
+pub fn shard_plan(len: usize, world: usize) -> ShardPlan {
+    ShardPlan::new(len, world, DEFAULT_ALIGN)
 }
 
 /// The most scalars one [`Collectives::sum`] carries.

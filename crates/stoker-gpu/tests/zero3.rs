@@ -1,0 +1,323 @@
+//! ZeRO-3 on the resident loop (the compute copy sharded, each block gathered into a slot
+//! before it runs) on the host backend with in-process ranks: it computes what ZeRO-2
+//! computes on the same values, so at 1, 2 and 3 ranks (3: an odd world, shards of
+//! unequal length) it trains ZeRO-2's weights bit for bit, evaluates what the unsharded
+//! step evaluates, holds on each rank what is planned, and is refused where its step and
+//! its strategy disagree.
+
+mod ranks;
+
+use stoker_comm::{run_local, Communicator, DEFAULT_TIMEOUT};
+use stoker_gpu::parallel::{DataParallel, Replica, Strategy, ThroughHost};
+use stoker_gpu::sample::{batch, gpt};
+use stoker_gpu::step::optimizer::Optimizer;
+use stoker_gpu::step::options::StepOptions;
+use stoker_gpu::step::{GptGpuStep, LlamaGpuStep, TokenBatch};
+use stoker_gpu::{Act, Host};
+use stoker_kernels::GptDims;
+use stoker_testkit::assert_bits_eq;
+
+use ranks::*;
+
+/// `got` (ZeRO-3's ranks) against `want` (another strategy's at the same world): every
+/// window's report, every rank's master, and each ZeRO-3 rank's shard of the compute
+/// copy against that piece of the other's whole copy, all bit for bit.
+fn assert_same_training(got: &[RankEnd], want: &[RankEnd], what: &str) {
+    assert_eq!(got.len(), want.len());
+    for (rank, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.0, w.0, "{what}: rank {rank}'s window reports");
+        assert_eq!(g.1, w.1, "{what}: rank {rank}'s master range");
+        assert_bits_eq(&g.2, &w.2, &format!("{what}: rank {rank}'s master"));
+        let shard = &w.3[g.1.clone()];
+        assert_bits_eq(&g.3, shard, &format!("{what}: rank {rank}'s compute copy"));
+    }
+}
+
+/// ZeRO-3 trains what ZeRO-2 trains, bit for bit: AdamW with clipping in f32 and bf16,
+/// SGD with momentum, fp16 under a loss scale; the optimizer offloaded too; at 1, 2 and
+/// 3 ranks.
+#[test]
+fn zero3_trains_what_zero2_trains_bit_for_bit() {
+    let adam = (Optimizer::AdamW, Some(0.05));
+    let sgd = (Optimizer::Sgd { momentum: true }, None);
+    for world in [1, 2, 3] {
+        for (opt, clip) in [adam, sgd] {
+            let what = format!("f32, {opt:?} over {world} ranks");
+            let zero2 = ranks::<f32>(world, Strategy::Zero2, opt, clip);
+            assert_same_training(
+                &ranks::<f32>(world, Strategy::Zero3, opt, clip),
+                &zero2,
+                &what,
+            );
+        }
+        let what = format!("bf16 over {world} ranks");
+        let zero2 = ranks::<half::bf16>(world, Strategy::Zero2, adam.0, adam.1);
+        let zero3 = ranks::<half::bf16>(world, Strategy::Zero3, adam.0, adam.1);
+        assert_same_training(&zero3, &zero2, &what);
+        let offloaded = ranks::<half::bf16>(world, Strategy::Zero3Offload, adam.0, adam.1);
+        assert_same_training(&offloaded, &zero2, &format!("{what}, offloaded"));
+        let what = format!("f16 at 4096 over {world} ranks");
+        let zero2 = ranks_scaled::<half::f16>(world, Strategy::Zero2, adam.1, 4096.0);
+        let zero3 = ranks_scaled::<half::f16>(world, Strategy::Zero3, adam.1, 4096.0);
+        assert_same_training(&zero3, &zero2, &what);
+    }
+}
+
+/// A ZeRO-3 evaluation gathers each block as its forward reaches it: at 2 and 3 ranks,
+/// before and after a window, every rank evaluates what one unsharded rank evaluates on
+/// the same weights, bit for bit; and a window at another batch shape (the step replaced,
+/// its shard copied) goes on as ZeRO-2's does.
+#[test]
+fn zero3_evaluates_and_changes_shape_as_the_unsharded_step() {
+    let run = |world: usize, strategy: Strategy| {
+        run_local(world, DEFAULT_TIMEOUT, |comm| {
+            let mut replica = replica_for::<f32>(&comm, strategy);
+            let coll = ThroughHost(&comm);
+            let data = window(0);
+            let eval = batch(&data[5]);
+            let before = replica.evaluate(&Host, &coll, eval).unwrap();
+            let per = MICRO / world;
+            let mine: Vec<TokenBatch> = data[comm.rank() * per..(comm.rank() + 1) * per]
+                .iter()
+                .map(batch)
+                .collect();
+            let first = scalars(Optimizer::AdamW, 1);
+            replica
+                .window(&Host, &coll, &mine, &first, rule(Some(0.05)))
+                .unwrap();
+            let after = replica.evaluate(&Host, &coll, eval).unwrap();
+            // One sequence of T positions a micro-batch: a step at another shape.
+            let g = gpt(&DIMS, SEED, 0.2);
+            let rank_world = (comm.rank(), comm.world_size());
+            let short = GptGpuStep::<Host, f32>::with_options(
+                &Host,
+                DIMS,
+                g.offsets.clone(),
+                1e-5,
+                (1, T),
+                options_for(strategy, rank_world),
+            )
+            .unwrap();
+            replica.replace_step(&Host, short).unwrap();
+            let data = window(1);
+            let halves: Vec<(Vec<i64>, Vec<i64>)> = data
+                [comm.rank() * per..(comm.rank() + 1) * per]
+                .iter()
+                .map(|(x, y)| (x[..T].to_vec(), y[..T].to_vec()))
+                .collect();
+            let mine: Vec<TokenBatch> = halves.iter().map(batch).collect();
+            let r = replica
+                .window(
+                    &Host,
+                    &coll,
+                    &mine,
+                    &scalars(Optimizer::AdamW, 2),
+                    rule(Some(0.05)),
+                )
+                .unwrap();
+            let (range, master) = replica.state().master(&Host).unwrap();
+            (before, after, r, range, master)
+        })
+    };
+    let one = &run(1, Strategy::Ddp)[0];
+    for world in [2, 3] {
+        let zero2 = run(world, Strategy::Zero2);
+        for (rank, (got, want)) in run(world, Strategy::Zero3).iter().zip(&zero2).enumerate() {
+            let what = format!("rank {rank} of {world}");
+            assert_eq!(got.0, one.0, "{what}: the evaluation before training");
+            assert_eq!(got.1, want.1, "{what}: the evaluation after a window");
+            assert_eq!(got.2, want.2, "{what}: the window at another shape");
+            assert_eq!(got.3, want.3, "{what}: the master's range");
+            assert_bits_eq(&got.4, &want.4, &format!("{what}: master"));
+        }
+    }
+}
+
+/// Each rank holds the resident runs, two blocks' slots and its shard of the compute
+/// copy: with six blocks, at 2 and 3 ranks, what is counted is what is planned, and less
+/// than ZeRO-2 holds.
+#[test]
+fn zero3_holds_a_shard_of_the_parameters_as_planned() {
+    let dims = GptDims { n_layer: 6, ..DIMS };
+    let g = gpt(&dims, SEED, 0.2);
+    let end = g.offsets.end();
+    for world in [2, 3] {
+        let bytes = run_local(world, DEFAULT_TIMEOUT, |comm| {
+            let rank_world = (comm.rank(), comm.world_size());
+            let counted = |strategy: Strategy| {
+                let r = replica_of::<half::bf16>(&comm, strategy, dims);
+                r.state().bytes() + r.step().buffers().bytes()
+            };
+            let sizes = stoker_gpu::step::gpt::gpt_step_sizes(
+                &dims,
+                end,
+                (B, T),
+                options_for(Strategy::Zero3, rank_world),
+            );
+            let planned = DataParallel::<Host>::planned_bytes(
+                Strategy::Zero3,
+                Optimizer::AdamW,
+                end,
+                rank_world,
+                stoker_gpu::step::gpt::gpt_block_len(&dims),
+            ) + sizes.bytes(2);
+            let shard = sizes.sharded.expect("ZeRO-3's sizes").shard;
+            (
+                planned,
+                counted(Strategy::Zero3),
+                counted(Strategy::Zero2),
+                shard,
+            )
+        });
+        let mut shards = 0;
+        for (r, (planned, z3, z2, shard)) in bytes.into_iter().enumerate() {
+            assert_eq!(
+                planned, z3,
+                "rank {r} of {world}: planned and counted bytes"
+            );
+            assert!(
+                z3 < z2,
+                "rank {r} of {world}: ZeRO-3 holds {z3}, ZeRO-2 {z2}"
+            );
+            shards += shard;
+        }
+        assert_eq!(shards, end, "the {world} shards tile the flat buffer");
+    }
+}
+
+/// The Llama's step sharded (three blocks, grouped-query attention) trains ZeRO-2's
+/// weights bit for bit at 3 ranks.
+#[test]
+fn the_llama_under_zero3_is_zero2_bit_for_bit() {
+    let opt = Optimizer::Sgd { momentum: true };
+    let run = |strategy: Strategy| {
+        run_local(3, DEFAULT_TIMEOUT, |comm| {
+            let g = stoker_gpu::sample::llama(&LLAMA3, 77, 0.2);
+            let segs =
+                stoker_gpu::sample::segments(&stoker_kernels::llama_params(&LLAMA3), &g.ranges);
+            let (rank, per) = (comm.rank(), MICRO / 3);
+            let opts = options_for(strategy, (rank, 3));
+            let step = LlamaGpuStep::<Host, f32>::with_options(
+                &Host,
+                LLAMA3,
+                g.offsets.clone(),
+                (1e-5, 10_000.0),
+                (B, T),
+                opts,
+            )
+            .unwrap();
+            let replica =
+                Replica::new(&Host, step, (strategy, opt), &g.params, &segs, (rank, 3)).unwrap();
+            let mut reports = Vec::new();
+            for w in 0..2 {
+                let data = window(w);
+                let mine: Vec<TokenBatch> = data[rank * per..(rank + 1) * per]
+                    .iter()
+                    .map(batch)
+                    .collect();
+                let coll = ThroughHost(&comm);
+                let s = scalars(opt, w as u64 + 1);
+                reports.push(
+                    replica
+                        .window(&Host, &coll, &mine, &s, rule(Some(0.5)))
+                        .unwrap(),
+                );
+            }
+            (reports, replica.state().master(&Host).unwrap())
+        })
+    };
+    for (rank, (got, want)) in run(Strategy::Zero3)
+        .iter()
+        .zip(&run(Strategy::Zero2))
+        .enumerate()
+    {
+        assert_eq!(got.0, want.0, "rank {rank}'s window reports");
+        assert_eq!(got.1 .0, want.1 .0, "rank {rank}'s master range");
+        assert_bits_eq(&got.1 .1, &want.1 .1, &format!("rank {rank}'s master"));
+    }
+}
+
+/// A ZeRO-3 replica needs a sharded step and a sharded step needs ZeRO-3, each refused
+/// naming why; a shard made for one world gathered by another is refused too.
+#[test]
+fn zero3_and_its_step_go_together() {
+    run_local(2, DEFAULT_TIMEOUT, |comm| {
+        let g = gpt(&DIMS, SEED, 0.2);
+        let rank_world = (comm.rank(), comm.world_size());
+        let make = |opts: StepOptions| {
+            GptGpuStep::<Host, f32>::with_options(
+                &Host,
+                DIMS,
+                g.offsets.clone(),
+                1e-5,
+                (B, T),
+                opts,
+            )
+            .unwrap()
+        };
+        let segs = segments(&g.ranges);
+        let replica = |strategy: Strategy, opts: StepOptions| {
+            Replica::new(
+                &Host,
+                make(opts),
+                (strategy, Optimizer::AdamW),
+                &g.params,
+                &segs,
+                rank_world,
+            )
+            .err()
+            .map(|e| e.to_string())
+        };
+        let zero2 = options_for(Strategy::Zero2, rank_world);
+        let zero3 = options_for(Strategy::Zero3, rank_world);
+        let e = replica(Strategy::Zero3, zero2).expect("ZeRO-3 over an unsharded step");
+        assert!(e.contains("ZeRO-3") && e.contains("sharded"), "{e}");
+        let e = replica(Strategy::Zero2, zero3).expect("ZeRO-2 over a sharded step");
+        assert!(e.contains("ZeRO-3"), "{e}");
+        // A step sharded for rank 0 of 3 in a world of 2: its first gather refuses.
+        let wrong = options_for(Strategy::Zero3, (0, 3));
+        let step = make(wrong);
+        let e = step
+            .buffers()
+            .gather_block(&Host, &ThroughHost(&comm), 0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rank 0 of 3"), "{e}");
+        assert!(replica(Strategy::Zero3, zero3).is_none());
+    });
+}
+
+/// The shards' compute copies are ZeRO's split of the flat buffer: with the sizes
+/// planned before a step exists, every rank's shard has the planned length.
+#[test]
+fn a_sharded_step_is_sized_as_planned() {
+    fn check<A: Act>(world: usize) {
+        let g = gpt(&DIMS, SEED, 0.2);
+        let end = g.offsets.end();
+        for rank in 0..world {
+            let opts = options_for(Strategy::Zero3, (rank, world));
+            let sizes = stoker_gpu::step::gpt::gpt_step_sizes(&DIMS, end, (B, T), opts);
+            let step = GptGpuStep::<Host, A>::with_options(
+                &Host,
+                DIMS,
+                g.offsets.clone(),
+                1e-5,
+                (B, T),
+                opts,
+            )
+            .unwrap();
+            let want = stoker_gpu::collectives::shard_plan(end, world).range(rank);
+            let sharded = step.buffers().sharded().expect("a sharded step");
+            assert_eq!(sharded.shard_range(), want);
+            assert_eq!(sizes.sharded.map(|s| s.shard), Some(want.len()));
+            assert_eq!(
+                step.buffers().bytes(),
+                sizes.bytes(std::mem::size_of::<A>())
+            );
+        }
+    }
+    for world in [1, 2, 3, 5] {
+        check::<f32>(world);
+        check::<half::bf16>(world);
+    }
+}
