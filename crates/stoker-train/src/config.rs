@@ -482,14 +482,15 @@ impl TrainConfig {
             }
     }
 
-    /// How the resident steps of this config are made: `recompute`, and on the loop
-    /// `parallel.offload_params` and ZeRO-2's gradients in slots.
+    /// How the resident steps of this config are made as far as memory goes:
+    /// `recompute`, and on the loop `parallel.offload_params` (what a strategy's step
+    /// needs beyond it, ZeRO-2's gradient slots and ZeRO-3's shard, stoker-gpu's
+    /// `Strategy::step_options` adds for each rank).
     pub fn resident_options(&self) -> stoker_gpu::step::options::StepOptions {
-        let on_loop = self.resident_loop();
         stoker_gpu::step::options::StepOptions {
-            offload_params: on_loop && self.parallel.offload_params,
+            offload_params: self.resident_loop() && self.parallel.offload_params,
             recompute_attention: self.recompute == Recompute::Attention,
-            grads_in_slots: on_loop && self.parallel.strategy == StrategyKind::Zero2,
+            ..Default::default()
         }
     }
 
@@ -500,11 +501,11 @@ impl TrainConfig {
     }
 
     /// Whether training steps run the resident loop (`step = "resident"` under one rank,
-    /// DDP, ZeRO-1 or ZeRO-2, not in deterministic mode): the step, the FP32 master, the
+    /// DDP, ZeRO-1, -2 or -3, not in deterministic mode): the step, the FP32 master, the
     /// optimizer and the reductions on the step's backend. The rest of `step =
-    /// "resident"` (ZeRO-3, deterministic mode, DDP's or ZeRO-1's reduction per
-    /// micro-batch, ZeRO-2's `no_sync`) runs the same step's host build through the CPU
-    /// trainer's own master and optimizer, on the CPU only.
+    /// "resident"` (deterministic mode, DDP's or ZeRO-1's reduction per micro-batch,
+    /// `no_sync` under ZeRO-2) runs the same step's host build through the CPU trainer's
+    /// own master and optimizer, on the CPU only.
     pub fn resident_loop(&self) -> bool {
         self.resident_step() && self.not_on_resident_loop().is_none()
     }
@@ -513,20 +514,22 @@ impl TrainConfig {
     /// [`TrainConfig::resident_loop`], in one place.
     fn not_on_resident_loop(&self) -> Option<(&'static str, String)> {
         let p = &self.parallel;
-        if p.strategy == StrategyKind::Zero3 {
-            return Some((
-                "parallel.strategy",
-                "\"zero3\" is not built on the resident step's GPU loop (parameters sharded \
-                 while the forward and backward run): use \"ddp\", \"zero1\" or \"zero2\""
-                    .into(),
-            ));
-        }
-        if p.strategy == StrategyKind::Zero2 && p.sync_every_micro_batch == Some(false) {
+        let per_block = matches!(p.strategy, StrategyKind::Zero2 | StrategyKind::Zero3);
+        if per_block && p.sync_every_micro_batch == Some(false) {
             return Some((
                 "parallel.sync_every_micro_batch",
                 "false keeps whole local gradients until the last micro-batch, which ZeRO-2 \
-                 on the resident loop does not hold: it reduces each block's after every \
-                 micro-batch (use \"zero1\" for one reduction per window)"
+                 and ZeRO-3 on the resident loop do not hold: they reduce each block's after \
+                 every micro-batch (use \"zero1\" for one reduction per window)"
+                    .into(),
+            ));
+        }
+        if p.strategy == StrategyKind::Zero3 && !p.reshard_after_forward {
+            return Some((
+                "parallel.reshard_after_forward",
+                "false keeps each block's gathered parameters from its forward to its backward, \
+                 which the resident loop's two parameter slots do not hold: it gathers each \
+                 block again for its backward (FSDP's default, true)"
                     .into(),
             ));
         }
@@ -539,7 +542,7 @@ impl TrainConfig {
                     .into(),
             ));
         }
-        if p.sync_every_micro_batch == Some(true) && p.strategy != StrategyKind::Zero2 {
+        if p.sync_every_micro_batch == Some(true) && !per_block {
             return Some((
                 "parallel.sync_every_micro_batch",
                 "the resident loop reduces once per window (a reduction per micro-batch is \
@@ -967,13 +970,19 @@ steps = 1
         assert!(r.resident_loop());
         for (key, change) in [
             (
-                "parallel.strategy",
-                (|c: &mut TrainConfig| c.parallel.strategy = StrategyKind::Zero3)
-                    as fn(&mut TrainConfig),
+                "parallel.sync_every_micro_batch",
+                (|c: &mut TrainConfig| {
+                    c.parallel.strategy = StrategyKind::Zero2;
+                    c.parallel.sync_every_micro_batch = Some(false);
+                }) as fn(&mut TrainConfig),
             ),
             ("parallel.sync_every_micro_batch", |c| {
-                c.parallel.strategy = StrategyKind::Zero2;
+                c.parallel.strategy = StrategyKind::Zero3;
                 c.parallel.sync_every_micro_batch = Some(false);
+            }),
+            ("parallel.reshard_after_forward", |c| {
+                c.parallel.strategy = StrategyKind::Zero3;
+                c.parallel.reshard_after_forward = false;
             }),
             ("parallel.deterministic", |c| {
                 c.parallel.deterministic = true
@@ -986,22 +995,28 @@ steps = 1
             change(&mut bad);
             assert_eq!(key_of(bad.check_gpu_keys()), key);
         }
-        for kind in [StrategyKind::None, StrategyKind::Zero1, StrategyKind::Zero2] {
+        let zeros = [
+            StrategyKind::Zero1,
+            StrategyKind::Zero2,
+            StrategyKind::Zero3,
+        ];
+        for kind in [StrategyKind::None].into_iter().chain(zeros) {
             let mut ok = r.clone();
             ok.parallel.strategy = kind;
             ok.check_gpu_keys().unwrap();
+            assert!(ok.resident_loop(), "{kind:?} on the loop");
         }
-        let mut sync = r.clone();
-        sync.parallel.strategy = StrategyKind::Zero2;
-        sync.parallel.sync_every_micro_batch = Some(true);
-        sync.check_gpu_keys().unwrap();
-        // The optimizer offloaded to the host: one rank, DDP, ZeRO-1 or ZeRO-2.
-        for kind in [
-            StrategyKind::None,
-            StrategyKind::Ddp,
-            StrategyKind::Zero1,
-            StrategyKind::Zero2,
-        ] {
+        for kind in [StrategyKind::Zero2, StrategyKind::Zero3] {
+            let mut sync = r.clone();
+            sync.parallel.strategy = kind;
+            sync.parallel.sync_every_micro_batch = Some(true);
+            sync.check_gpu_keys().unwrap();
+        }
+        // The optimizer offloaded to the host: one rank, DDP, ZeRO-1, -2 or -3.
+        for kind in [StrategyKind::None, StrategyKind::Ddp]
+            .into_iter()
+            .chain(zeros)
+        {
             let mut ok = r.clone();
             ok.parallel.strategy = kind;
             ok.parallel.offload_optimizer = true;

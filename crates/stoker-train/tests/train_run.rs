@@ -488,10 +488,11 @@ fn train_and_eval_losses(dir: &Path) -> (LossCurve, LossCurve) {
 
 #[test]
 fn the_resident_loop_runs_whole_runs_that_resume_bit_identically() {
-    // The resident loop (`step = "resident"`, one rank and ZeRO-1 on two) inside the run:
-    // loader, schedule, evaluation, checkpoints (the master and moments read back from
-    // the loop, ZeRO-1's shards gathered), resume (sent back down) and the closing CRC.
-    for (ranks, strategy) in [(1, "none"), (2, "zero1")] {
+    // The resident loop (`step = "resident"`, one rank, ZeRO-1 and ZeRO-3 on two) inside
+    // the run: loader, schedule, evaluation (ZeRO-3's a collective), checkpoints (the
+    // master and moments read back from the loop, the shards gathered), resume (sent
+    // back down) and the closing CRC.
+    for (ranks, strategy) in [(1, "none"), (2, "zero1"), (2, "zero3")] {
         let tmp = tempfile::tempdir().unwrap();
         let cfg = |name: &str| {
             let dir = tmp.path().join(name);

@@ -141,7 +141,7 @@ fn gpt_run_as<T: Act>(
     eps: f64,
     setup: &RunSetup<'_>,
 ) -> Result<Box<dyn ResidentRun>> {
-    let opts = setup.options;
+    let opts = setup.step_options();
     loop_on!(setup, move |be: &_, b, t| GptGpuStep::<_, T>::with_options(
         be,
         dims,
@@ -173,7 +173,7 @@ fn llama_run_as<T: Act>(
     (eps, theta): (f64, f64),
     setup: &RunSetup<'_>,
 ) -> Result<Box<dyn ResidentRun>> {
-    let opts = setup.options;
+    let opts = setup.step_options();
     loop_on!(setup, move |be: &_, b, t| {
         LlamaGpuStep::<_, T>::with_options(be, dims, offsets.clone(), (eps, theta), (b, t), opts)
     })

@@ -1,5 +1,5 @@
 //! The resident loop behind the trainer (`step = "resident"` under one rank, DDP or
-//! ZeRO-1): stoker-gpu's [`Replica`] (the step, the FP32 master, the optimizer's moments
+//! ZeRO-1 to -3): stoker-gpu's [`Replica`] (the step, the FP32 master, the optimizer's moments
 //! and the reductions, all on the step's backend) fed the trainer's micro-batches. The
 //! trainer keeps its schedule, loader, evaluation calls and checkpoints; the master and
 //! the moments cross to the host only when it asks for them ([`ResidentRun::state`]).
@@ -92,7 +92,7 @@ pub struct ResidentState {
 
 /// Which strategy and optimizer a resident loop runs, for which rank, from which master.
 pub struct RunSetup<'a> {
-    /// DDP (one rank too) or ZeRO-1.
+    /// DDP (one rank too) or ZeRO-1, -2 or -3, offloaded or not.
     pub strategy: GpuStrategy,
     /// AdamW or SGD.
     pub optimizer: GpuOptimizer,
@@ -114,6 +114,14 @@ pub struct RunSetup<'a> {
     /// rank, the optimizer offloaded: the replica refuses anything else), attention
     /// recomputed in the backward.
     pub options: StepOptions,
+}
+
+impl RunSetup<'_> {
+    /// The options its steps are made with: the config's, and what the strategy's step
+    /// needs on this rank (ZeRO-2's gradient slots, ZeRO-3's shard).
+    pub fn step_options(&self) -> StepOptions {
+        self.strategy.step_options(self.options, self.rank_world)
+    }
 }
 
 /// The backend a resident loop runs on.
@@ -269,8 +277,7 @@ impl<B: Backend, S: Trainable<B>, C: Collectives<B>> ResidentRun for ResidentLoo
         let (shape, ids) = ids_of(mb)?;
         self.use_shape(shape)?;
         self.replica
-            .step()
-            .evaluate(&self.be, batch(&ids, mb.1))
+            .evaluate(&self.be, &self.coll, batch(&ids, mb.1))
             .map_err(gpu_err("an evaluation batch"))
     }
 

@@ -270,6 +270,11 @@ pub fn for_config(
             Zero::new(comm, len, align, plan(), zero(ZeroStage::Two))
                 .with_groups(layout.group_spans().ok()),
         ),
+        // On the resident loop the backend shards the compute copy; the host keeps
+        // ZeRO-2's flat shards of the master and moments, as the loop's optimizer does.
+        StrategyKind::Zero3 if config.resident_loop() => Box::new(
+            Zero::new(comm, len, align, plan(), zero(ZeroStage::Two)).on_resident_loop_as("zero3"),
+        ),
         StrategyKind::Zero3 => Box::new(Zero3::new(
             comm,
             GroupShards::new(layout.group_spans()?, world, align),

@@ -97,6 +97,8 @@ pub struct Zero {
     shard_buf: Vec<f32>,
     window_start: CommStats,
     stats: SyncStats,
+    /// The strategy's name where it is not its stage's ([`Zero::on_resident_loop_as`]).
+    name: Option<&'static str>,
 }
 
 impl Zero {
@@ -131,7 +133,18 @@ impl Zero {
             shards,
             opts,
             stats: SyncStats::default(),
+            name: None,
         }
+    }
+
+    /// This strategy as the host's side of a resident loop's `name` (`"zero3"`): the loop
+    /// reduces and updates on its backend, and the trainer keeps only the bookkeeping
+    /// (this rank's flat shard of the master and moments, its whole host mirror
+    /// all-gathered when something reads it), which for ZeRO-3 on the loop is ZeRO-2's.
+    /// The compute copy that ZeRO-3 shards lives on the loop's backend alone.
+    pub fn on_resident_loop_as(mut self, name: &'static str) -> Self {
+        self.name = Some(name);
+        self
     }
 
     /// Tells the strategy the parameter groups' spans by group number
@@ -157,9 +170,10 @@ impl Zero {
 
 impl Strategy for Zero {
     fn name(&self) -> &'static str {
-        match self.opts.stage {
-            ZeroStage::One => "zero1",
-            ZeroStage::Two => "zero2",
+        match (self.name, self.opts.stage) {
+            (Some(name), _) => name,
+            (None, ZeroStage::One) => "zero1",
+            (None, ZeroStage::Two) => "zero2",
         }
     }
 

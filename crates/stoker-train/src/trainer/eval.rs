@@ -46,6 +46,11 @@ impl Trainer {
     /// share; a collective), without gradients.
     pub fn evaluate(&mut self, batches: &[MicroBatch]) -> Result<EvalReport> {
         let local = match self.shards_params() {
+            // ZeRO-3 on the resident loop: each block gathered on the loop's backend.
+            false if self.resident_forward_gathers() => {
+                let padded = self.same_batch_count(batches)?;
+                self.evaluate_here(&padded)?
+            }
             false => self.evaluate_local(batches)?,
             true => {
                 let padded = self.same_batch_count(batches)?;
@@ -171,13 +176,24 @@ impl Trainer {
     /// runs its training forward on its own buffers (no autograd graph, nothing more to
     /// hold than a training step); the graph path candle's forward.
     pub fn evaluate_local(&mut self, batches: &[MicroBatch]) -> Result<EvalReport> {
-        if self.shards_params() {
+        if self.shards_params() || self.resident_forward_gathers() {
             return Err(TrainError::Strategy(
                 "the parameters are sharded over the ranks (zero3): evaluate with \
                  Trainer::evaluate, a collective"
                     .into(),
             ));
         }
+        self.evaluate_here(batches)
+    }
+
+    /// Whether the resident loop's forward is a collective (ZeRO-3 on the loop).
+    fn resident_forward_gathers(&self) -> bool {
+        matches!(&self.path, super::StepPath::Resident(p) if p.forward_gathers())
+    }
+
+    /// [`Trainer::evaluate_local`]'s work, or under ZeRO-3 on the resident loop every
+    /// rank's share of a collective evaluation (as many batches on every rank).
+    fn evaluate_here(&mut self, batches: &[MicroBatch]) -> Result<EvalReport> {
         // The loop made where it is not, and weights set since it last ran (a checkpoint
         // loaded) sent down first.
         self.make_resident_loop()?;

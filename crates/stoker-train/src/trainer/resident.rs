@@ -1,4 +1,4 @@
-//! The resident path (`step = "resident"` under one rank, DDP or ZeRO-1): a whole window
+//! The resident path (`step = "resident"` under one rank, DDP or ZeRO-1 to -3): a whole window
 //! (micro-batches, reductions, the optimizer) runs on the step's backend, a GPU's memory
 //! or the host build's, where the FP32 master and the optimizer's moments live between
 //! steps (llm.c's loop). The trainer keeps what surrounds the step: the schedule and the
@@ -57,15 +57,12 @@ struct LoopPlan {
 }
 
 impl LoopPlan {
-    /// Whether each rank's master is a shard of the flat buffer (ZeRO-1, offloaded or not;
-    /// ZeRO-2).
+    /// Whether each rank's master is a shard of the flat buffer (ZeRO-1, -2 or -3,
+    /// offloaded or not).
     fn sharded(&self) -> bool {
-        matches!(
+        !matches!(
             self.strategy,
-            stoker_gpu::parallel::Strategy::Zero1
-                | stoker_gpu::parallel::Strategy::Zero1Offload
-                | stoker_gpu::parallel::Strategy::Zero2
-                | stoker_gpu::parallel::Strategy::Zero2Offload
+            stoker_gpu::parallel::Strategy::Ddp | stoker_gpu::parallel::Strategy::Offload
         )
     }
 
@@ -185,6 +182,12 @@ impl ResidentPath {
         self.host_behind
     }
 
+    /// Whether the loop's forward is a collective (ZeRO-3: each block gathered from every
+    /// rank), so that every rank must evaluate as many batches.
+    pub(super) fn forward_gathers(&self) -> bool {
+        self.plan.strategy.shards_params()
+    }
+
     /// One micro-batch's evaluation on the loop's backend.
     pub(super) fn evaluate(&mut self, mb: &MicroBatch) -> Result<(f64, usize, usize)> {
         self.run()?.evaluate((&mb.input, &mb.targets))
@@ -216,6 +219,8 @@ fn loop_kinds(
         (StrategyKind::Zero1, true) => stoker_gpu::parallel::Strategy::Zero1Offload,
         (StrategyKind::Zero2, false) => stoker_gpu::parallel::Strategy::Zero2,
         (StrategyKind::Zero2, true) => stoker_gpu::parallel::Strategy::Zero2Offload,
+        (StrategyKind::Zero3, false) => stoker_gpu::parallel::Strategy::Zero3,
+        (StrategyKind::Zero3, true) => stoker_gpu::parallel::Strategy::Zero3Offload,
         (_, true) => stoker_gpu::parallel::Strategy::Offload,
         _ => stoker_gpu::parallel::Strategy::Ddp,
     };
@@ -246,7 +251,7 @@ pub fn planned_resident_bytes(
         return None;
     }
     let (strategy, optimizer, (b, t)) = loop_kinds(config);
-    let opts = config.resident_options();
+    let opts = strategy.step_options(config.resident_options(), rank_world);
     let (sizes, block) = match &config.model {
         ModelConfig::Gpt(g) => {
             let d = g.dims();
