@@ -48,6 +48,34 @@ pub trait Collectives<B: Backend> {
     ) -> Result<(), GpuError> {
         self.reduce_scatter(be, input, counts, out)
     }
+    /// Starts [`Collectives::all_gather`] of `buf` (this rank's piece already in place)
+    /// after every launch so far, without holding back later launches: ZeRO-3's next
+    /// block gathered while this one runs. The default runs it at once.
+    ///
+    /// # Safety
+    /// Until a [`Collectives::wait`] for a later mark (or [`Collectives::finish`]), nothing
+    /// may touch `buf`, and its buffer must stay alive: on a device the gather may still be
+    /// running.
+    unsafe fn start_all_gather<E: Act>(
+        &self,
+        be: &B,
+        buf: View<E>,
+        counts: &[usize],
+    ) -> Result<(), GpuError> {
+        self.all_gather(be, buf, counts)
+    }
+    /// A point after every collective started so far, for [`Collectives::wait`] to order
+    /// later launches after those alone (not after ones started since). The default,
+    /// whose collectives run at once, marks nothing.
+    fn mark(&self, _be: &B) -> Result<Mark, GpuError> {
+        Ok(Mark(0))
+    }
+    /// Orders every later launch after the collectives started before `mark` (on a device
+    /// perhaps after some started since: waiting longer is safe). The default waits for
+    /// nothing.
+    fn wait(&self, _be: &B, _mark: Mark) -> Result<(), GpuError> {
+        Ok(())
+    }
     /// Orders every later launch after the reductions started so far.
     fn finish(&self, _be: &B) -> Result<(), GpuError> {
         Ok(())
@@ -75,6 +103,11 @@ pub trait Collectives<B: Backend> {
 pub fn shard_plan(len: usize, world: usize) -> ShardPlan {
     ShardPlan::new(len, world, DEFAULT_ALIGN)
 }
+
+/// A point in the collectives a rank has started ([`Collectives::mark`]): its count of
+/// marks so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mark(pub u64);
 
 /// The most scalars one [`Collectives::sum`] carries.
 pub const MAX_SCALARS: usize = 8;

@@ -8,12 +8,13 @@
 mod ranks;
 
 use stoker_comm::{run_local, Communicator, DEFAULT_TIMEOUT};
-use stoker_gpu::parallel::{DataParallel, Replica, Strategy, ThroughHost};
+use stoker_gpu::collectives::Mark;
+use stoker_gpu::parallel::{Collectives, DataParallel, Replica, Strategy, ThroughHost};
 use stoker_gpu::sample::{batch, gpt};
 use stoker_gpu::step::optimizer::Optimizer;
 use stoker_gpu::step::options::StepOptions;
 use stoker_gpu::step::{GptGpuStep, LlamaGpuStep, TokenBatch};
-use stoker_gpu::{Act, Host};
+use stoker_gpu::{Act, GpuError, Host, View};
 use stoker_kernels::GptDims;
 use stoker_testkit::assert_bits_eq;
 
@@ -238,7 +239,8 @@ fn the_llama_under_zero3_is_zero2_bit_for_bit() {
 }
 
 /// A ZeRO-3 replica needs a sharded step and a sharded step needs ZeRO-3, each refused
-/// naming why; a shard made for one world gathered by another is refused too.
+/// naming why; a shard made for one world gathered by another is refused too, and so is
+/// a sharded step run without the replica that gathers its blocks.
 #[test]
 fn zero3_and_its_step_go_together() {
     run_local(2, DEFAULT_TIMEOUT, |comm| {
@@ -279,10 +281,16 @@ fn zero3_and_its_step_go_together() {
         let step = make(wrong);
         let e = step
             .buffers()
-            .gather_block(&Host, &ThroughHost(&comm), 0)
+            .ensure_block(&Host, &ThroughHost(&comm), 0)
             .unwrap_err()
             .to_string();
         assert!(e.contains("rank 0 of 3"), "{e}");
+        // Run without its replica, a sharded step would compute on empty slots: refused.
+        let e = make(zero3)
+            .forward_backward(&Host, batch(&window(0)[0]), 1.0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sharded") && e.contains("replica"), "{e}");
         assert!(replica(Strategy::Zero3, zero3).is_none());
     });
 }
@@ -319,5 +327,170 @@ fn a_sharded_step_is_sized_as_planned() {
     for world in [1, 2, 3, 5] {
         check::<f32>(world);
         check::<half::bf16>(world);
+    }
+}
+
+/// What a rank's collectives did: elements gathered at once and started, elements
+/// reduce-scattered at once and started, marks made and waited for.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Traffic {
+    gathered: usize,
+    gathers_started: usize,
+    scattered: usize,
+    scatters_started: usize,
+    marks: u64,
+    waits: usize,
+}
+
+/// [`ThroughHost`] counting what goes through it ([`Traffic`]), marks numbered as a
+/// device numbers them, each wait checked against the marks made.
+struct Counting<'a, C> {
+    inner: ThroughHost<&'a C>,
+    seen: std::cell::Cell<Traffic>,
+}
+
+impl<'a, C: Communicator> Counting<'a, C> {
+    fn new(comm: &'a C) -> Self {
+        Counting {
+            inner: ThroughHost(comm),
+            seen: Default::default(),
+        }
+    }
+
+    fn count(&self, f: impl FnOnce(&mut Traffic)) {
+        let mut t = self.seen.get();
+        f(&mut t);
+        self.seen.set(t);
+    }
+}
+
+impl<C: Communicator> Collectives<Host> for Counting<'_, C> {
+    fn rank(&self) -> usize {
+        self.inner.0.rank()
+    }
+    fn world(&self) -> usize {
+        self.inner.0.world_size()
+    }
+    fn all_reduce(&self, be: &Host, buf: View<f32>) -> Result<(), GpuError> {
+        self.inner.all_reduce(be, buf)
+    }
+    unsafe fn start_reduce_scatter(
+        &self,
+        be: &Host,
+        input: View<f32>,
+        counts: &[usize],
+        out: View<f32>,
+    ) -> Result<(), GpuError> {
+        self.count(|t| t.scatters_started += input.len());
+        self.inner.reduce_scatter(be, input, counts, out)
+    }
+    unsafe fn start_all_gather<E: Act>(
+        &self,
+        be: &Host,
+        buf: View<E>,
+        counts: &[usize],
+    ) -> Result<(), GpuError> {
+        self.count(|t| t.gathers_started += buf.len());
+        self.inner.all_gather(be, buf, counts)
+    }
+    fn mark(&self, _: &Host) -> Result<Mark, GpuError> {
+        let k = self.seen.get().marks;
+        self.count(|t| t.marks += 1);
+        Ok(Mark(k))
+    }
+    fn wait(&self, _: &Host, mark: Mark) -> Result<(), GpuError> {
+        assert!(mark.0 < self.seen.get().marks, "a wait for a mark not made");
+        self.count(|t| t.waits += 1);
+        Ok(())
+    }
+    fn reduce_scatter(
+        &self,
+        be: &Host,
+        input: View<f32>,
+        counts: &[usize],
+        out: View<f32>,
+    ) -> Result<(), GpuError> {
+        self.count(|t| t.scattered += input.len());
+        self.inner.reduce_scatter(be, input, counts, out)
+    }
+    fn all_gather<E: Act>(
+        &self,
+        be: &Host,
+        buf: View<E>,
+        counts: &[usize],
+    ) -> Result<(), GpuError> {
+        self.count(|t| t.gathered += buf.len());
+        self.inner.all_gather(be, buf, counts)
+    }
+    fn sum(&self, be: &Host, xs: &[f64]) -> Result<Vec<f64>, GpuError> {
+        self.inner.sum(be, xs)
+    }
+}
+
+/// The traffic of ZeRO-3's windows with six blocks at 2 ranks: a block still in its slot
+/// is not gathered again, so two micro-batches after an update gather `(2L - 2) + (2L - 4)`
+/// blocks (all but the first started while another block runs), and the update gathers
+/// the runs outside the blocks at once; every block's gradients are reduce-scattered once
+/// per micro-batch, started as its backward is queued, the runs outside once per window at
+/// once; every mark is waited for. ZeRO-2 gathers only the whole compute copy after its
+/// update. An evaluation after the update gathers block 0 at once and starts the rest.
+#[test]
+fn zero3_gathers_each_block_only_when_its_slot_lacks_it() {
+    let dims = GptDims { n_layer: 6, ..DIMS };
+    let g = gpt(&dims, SEED, 0.2);
+    let block = stoker_gpu::step::gpt::gpt_block_len(&dims);
+    let rest = g.offsets.end() - 6 * block;
+    let traffic = |strategy: Strategy| {
+        run_local(2, DEFAULT_TIMEOUT, |comm| {
+            let replica = replica_of::<f32>(&comm, strategy, dims);
+            let coll = Counting::new(&comm);
+            let data = window(0);
+            let mine: Vec<TokenBatch> = data[comm.rank() * 2..comm.rank() * 2 + 2]
+                .iter()
+                .map(batch)
+                .collect();
+            let first = scalars(Optimizer::AdamW, 1);
+            replica
+                .window(&Host, &coll, &mine, &first, rule(Some(0.05)))
+                .unwrap();
+            let window = coll.seen.get();
+            replica.evaluate(&Host, &coll, mine[0]).unwrap();
+            let evaluated = coll.seen.get();
+            (window, evaluated)
+        })
+    };
+    for (rank, (window, evaluated)) in traffic(Strategy::Zero3).into_iter().enumerate() {
+        let what = format!("ZeRO-3, rank {rank} of 2");
+        let (l, micro) = (6, 2);
+        assert_eq!(window.gathered, block + rest, "{what}: gathered at once");
+        assert_eq!(
+            window.gathers_started,
+            ((2 * l - 2) + (2 * l - 4) - 1) * block,
+            "{what}: gathers started"
+        );
+        assert_eq!(window.scatters_started, micro * l * block, "{what}");
+        assert_eq!(window.scattered, rest, "{what}: the runs outside, at once");
+        assert_eq!(
+            window.waits as u64, window.marks,
+            "{what}: every mark waited for"
+        );
+        // After the update every slot is stale: the evaluation gathers block 0 at once and
+        // starts the other five.
+        assert_eq!(evaluated.gathered - window.gathered, block, "{what}");
+        assert_eq!(
+            evaluated.gathers_started - window.gathers_started,
+            5 * block
+        );
+    }
+    for (rank, (window, _)) in traffic(Strategy::Zero2).into_iter().enumerate() {
+        let what = format!("ZeRO-2, rank {rank} of 2");
+        // Its update gathers the whole compute copy, at once.
+        assert_eq!(
+            (window.gathered, window.gathers_started),
+            (g.offsets.end(), 0),
+            "{what}"
+        );
+        assert_eq!(window.scatters_started, 2 * 6 * block, "{what}");
+        assert_eq!(window.waits as u64, window.marks, "{what}");
     }
 }

@@ -7,7 +7,7 @@
 //! (ZeRO's last shard) run as one group of per-rank reduces or broadcasts instead, in
 //! place. Compiled by the cuda check; run only where a GPU is lent.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use std::sync::Arc;
 
@@ -17,7 +17,7 @@ use stoker_comm::{CommExt, Communicator};
 
 use super::Device;
 use crate::backend::View;
-use crate::collectives::{check_scalars, piece, Collectives, MAX_SCALARS};
+use crate::collectives::{check_scalars, piece, Collectives, Mark, MAX_SCALARS};
 use crate::elem::{Act, Dtype};
 use crate::error::GpuError;
 
@@ -40,7 +40,16 @@ pub struct DeviceNccl {
     ready: CudaEvent,
     /// Recorded on the comm stream at `finish`; the compute stream waits it.
     done: CudaEvent,
+    /// [`Collectives::mark`]'s events, used in turn: mark `k` is recorded on event
+    /// `k % MARKS` (a wait for an older mark, whose event was recorded again since, waits
+    /// for more than it needs: safe).
+    marks: Vec<CudaEvent>,
+    /// Marks made so far.
+    marked: Cell<u64>,
 }
+
+/// Marks a rank keeps apart ([`DeviceNccl::marks`]): ZeRO's windows hold two at a time.
+const MARKS: usize = 4;
 
 fn nccl_err(what: impl Into<String>) -> impl FnOnce(result::NcclError) -> GpuError {
     let what = what.into();
@@ -124,6 +133,7 @@ impl DeviceNccl {
             })
         };
         let (ready, done) = (event()?, event()?);
+        let marks = (0..MARKS).map(|_| event()).collect::<Result<Vec<_>, _>>()?;
         dev.bind()?;
         let mut comm: sys::ncclComm_t = std::ptr::null_mut();
         // SAFETY: `comm` is a valid place for the handle; the id is the one every rank
@@ -140,6 +150,8 @@ impl DeviceNccl {
             comm_stream,
             ready,
             done,
+            marks,
+            marked: Cell::new(0),
         })
     }
 
@@ -262,6 +274,47 @@ impl DeviceNccl {
         })
     }
 
+    /// [`Collectives::all_gather`] enqueued on `stream`.
+    ///
+    /// # Safety
+    /// `buf` is a view of a live buffer of this communicator's device that nothing
+    /// touches until the work on `stream` so far has finished, or until a stream waiting
+    /// for it says so.
+    unsafe fn all_gather_on<E: Act>(
+        &self,
+        buf: View<E>,
+        counts: &[usize],
+        stream: sys::cudaStream_t,
+    ) -> Result<(), GpuError> {
+        let (at, mine) = piece("all-gather", counts, self.world, self.rank, buf.len())?;
+        let what = format!("all-gathering {} parameters", buf.len());
+        let ty = nccl_type(E::DTYPE);
+        if counts.iter().all(|&c| c == counts[0]) {
+            // SAFETY: in place (NCCL's rule: this rank's piece at rank x count of the
+            // output); buf holds world x count elements of a live buffer of `be`.
+            return unsafe {
+                result::all_gather(ptr(&buf, at), ptr(&buf, 0), mine, ty, self.comm, stream)
+            }
+            .map(drop)
+            .map_err(nccl_err(what));
+        }
+        self.per_piece(&what, counts, |root, at, n| {
+            // SAFETY: piece `root` is buf[at..at + n] (the counts add up to its length,
+            // checked), broadcast in place from its owner.
+            unsafe {
+                result::broadcast(
+                    ptr(&buf, at),
+                    ptr(&buf, at),
+                    n,
+                    ty,
+                    root as i32,
+                    self.comm,
+                    stream,
+                )
+            }
+        })
+    }
+
     /// Orders the comm stream after every launch on `be`'s compute stream so far.
     fn after_compute(&self, be: &Device) -> Result<(), GpuError> {
         let driver = |what: &'static str| {
@@ -362,41 +415,57 @@ impl Collectives<Device> for DeviceNccl {
         buf: View<E>,
         counts: &[usize],
     ) -> Result<(), GpuError> {
-        let (at, mine) = piece("all-gather", counts, self.world, self.rank, buf.len())?;
         self.check_device(be)?;
-        let what = format!("all-gathering {} parameters", buf.len());
-        let ty = nccl_type(E::DTYPE);
-        if counts.iter().all(|&c| c == counts[0]) {
-            // SAFETY: in place (NCCL's rule: this rank's piece at rank x count of the
-            // output); buf holds world x count elements of a live buffer of `be`.
-            return unsafe {
-                result::all_gather(
-                    ptr(&buf, at),
-                    ptr(&buf, 0),
-                    mine,
-                    ty,
-                    self.comm,
-                    self.stream(),
-                )
-            }
-            .map(drop)
-            .map_err(nccl_err(what));
+        // SAFETY: on the compute stream, where every later launch waits for it.
+        unsafe { self.all_gather_on(buf, counts, self.stream()) }
+    }
+
+    unsafe fn start_all_gather<E: Act>(
+        &self,
+        be: &Device,
+        buf: View<E>,
+        counts: &[usize],
+    ) -> Result<(), GpuError> {
+        self.check_device(be)?;
+        self.after_compute(be)?;
+        // SAFETY: the caller's contract keeps `buf` untouched and alive until a wait
+        // orders the compute stream after the comm stream.
+        unsafe {
+            self.all_gather_on(
+                buf,
+                counts,
+                self.comm_stream.cu_stream() as sys::cudaStream_t,
+            )
         }
-        self.per_piece(&what, counts, |root, at, n| {
-            // SAFETY: piece `root` is buf[at..at + n] (the counts add up to its length,
-            // checked), broadcast in place from its owner.
-            unsafe {
-                result::broadcast(
-                    ptr(&buf, at),
-                    ptr(&buf, at),
-                    n,
-                    ty,
-                    root as i32,
-                    self.comm,
-                    self.stream(),
-                )
-            }
-        })
+    }
+
+    fn mark(&self, be: &Device) -> Result<Mark, GpuError> {
+        self.check_device(be)?;
+        let k = self.marked.get();
+        self.marks[k as usize % MARKS]
+            .record(&self.comm_stream)
+            .map_err(|e| GpuError::Driver {
+                what: "marking the collectives started".into(),
+                error: e.to_string(),
+            })?;
+        self.marked.set(k + 1);
+        Ok(Mark(k))
+    }
+
+    fn wait(&self, be: &Device, mark: Mark) -> Result<(), GpuError> {
+        self.check_device(be)?;
+        if mark.0 >= self.marked.get() {
+            return Err(GpuError::Shape {
+                kernel: "nccl",
+                what: format!("a wait for mark {} of {} made", mark.0, self.marked.get()),
+            });
+        }
+        be.stream()
+            .wait(&self.marks[mark.0 as usize % MARKS])
+            .map_err(|e| GpuError::Driver {
+                what: "ordering the compute stream after a mark".into(),
+                error: e.to_string(),
+            })
     }
 
     fn sum(&self, be: &Device, xs: &[f64]) -> Result<Vec<f64>, GpuError> {

@@ -137,8 +137,9 @@ impl<B: Backend> DataParallel<B> {
     /// Bytes rank `rank_world.0` of `rank_world.1`'s state of `kind` over a flat buffer of
     /// `len` elements holds under `strategy`, planned before it exists (the counted side
     /// is [`DataParallel::bytes`]): DDP the whole master and moments, ZeRO-1 its shard of
-    /// them and of the gradients, ZeRO-2 and -3 also its landing buffer (from `block_len`,
-    /// the step's largest block; ZeRO-3's shard of the compute copy is the step's).
+    /// them and of the gradients, ZeRO-2 and -3 also their two landing buffers (from
+    /// `block_len`, the step's largest block; ZeRO-3's shard of the compute copy is the
+    /// step's).
     pub fn planned_bytes(
         strategy: Strategy,
         kind: Optimizer,
@@ -159,7 +160,7 @@ impl<B: Backend> DataParallel<B> {
                 };
                 // ZeRO-2 lands each reduction beside the shard's sums.
                 let grads = match strategy.sums_shard_per_block() {
-                    true => shard + super::zero1::landing_len(shard, block_len),
+                    true => shard + 2 * super::landing::landing_len(shard, block_len),
                     false => shard,
                 };
                 state + 4 * grads

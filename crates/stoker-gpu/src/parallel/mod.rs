@@ -11,6 +11,7 @@
 
 pub mod data_parallel;
 pub mod grad_rule;
+pub mod landing;
 pub mod offload;
 pub mod replica;
 pub mod state_at;

@@ -82,8 +82,12 @@ pub trait Trainable<B: Backend> {
     fn params_sharded(&self) -> bool;
     /// ZeRO-3: this rank's shard of the compute copy and the norm's scratch.
     fn shard_compute_views(&self, be: &B) -> Result<ComputeViews<'_, Self::T>, GpuError>;
-    /// ZeRO-3: block `l`'s parameters gathered into its slot (a collective).
-    fn gather_block(&self, be: &B, coll: &impl Collectives<B>, l: usize) -> Result<(), GpuError>;
+    /// ZeRO-3: block `l` in its slot before it runs (a collective).
+    fn ensure_block(&self, be: &B, coll: &impl Collectives<B>, l: usize) -> Result<(), GpuError>;
+    /// ZeRO-3: block `l`'s gather started while another block runs (a collective).
+    fn prefetch_block(&self, be: &B, coll: &impl Collectives<B>, l: usize) -> Result<(), GpuError>;
+    /// ZeRO-3: forgets which blocks the slots hold (after a failed pass).
+    fn forget_slots(&self);
     /// ZeRO-3: the runs outside the blocks gathered after an update (a collective).
     fn gather_resident(&self, be: &B, coll: &impl Collectives<B>) -> Result<(), GpuError>;
 }
@@ -160,13 +164,26 @@ macro_rules! trainable {
             fn shard_compute_views(&self, be: &B) -> Result<ComputeViews<'_, T>, GpuError> {
                 $t::shard_compute_views(self, be)
             }
-            fn gather_block(
+            fn ensure_block(
                 &self,
                 be: &B,
                 coll: &impl Collectives<B>,
                 l: usize,
             ) -> Result<(), GpuError> {
-                self.buffers().gather_block(be, coll, l)
+                self.buffers().ensure_block(be, coll, l)
+            }
+            fn prefetch_block(
+                &self,
+                be: &B,
+                coll: &impl Collectives<B>,
+                l: usize,
+            ) -> Result<(), GpuError> {
+                self.buffers().prefetch_block(be, coll, l)
+            }
+            fn forget_slots(&self) {
+                if let Some(s) = self.buffers().sharded() {
+                    s.forget_slots();
+                }
             }
             fn gather_resident(&self, be: &B, coll: &impl Collectives<B>) -> Result<(), GpuError> {
                 self.buffers().gather_resident(be, coll)
@@ -457,7 +474,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         coll: &impl Collectives<B>,
         batch: TokenBatch,
     ) -> Result<(f64, usize, usize), GpuError> {
-        let mut gather = |l: usize, _: bool| self.step.gather_block(be, coll, l);
+        let mut gather = |l: usize, backward: bool| self.gather_around(be, coll, l, backward);
         let hooks = BlockHooks {
             before: match self.step.params_sharded() {
                 true => Some(&mut gather),
@@ -465,7 +482,53 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
             },
             after: None,
         };
-        self.step.evaluate(be, batch, hooks)
+        // Every rank starts from empty slots: a rank that changed batch shape (another
+        // step) since must not skip a gather another rank makes.
+        self.step.forget_slots();
+        let evaluated = self.step.evaluate(be, batch, hooks);
+        self.settle(be, coll, evaluated.is_err(), None)?;
+        evaluated
+    }
+
+    /// ZeRO-3, before block `l` runs (in the backward when `backward`): the block in its
+    /// slot, and the next one's gather started (FSDP's prefetch).
+    fn gather_around(
+        &self,
+        be: &B,
+        coll: &impl Collectives<B>,
+        l: usize,
+        backward: bool,
+    ) -> Result<(), GpuError> {
+        self.step.ensure_block(be, coll, l)?;
+        let next = match backward {
+            true => l.checked_sub(1),
+            false => Some(l + 1).filter(|&n| n < self.step.block_runs().len()),
+        };
+        match next {
+            Some(n) => self.step.prefetch_block(be, coll, n),
+            None => Ok(()),
+        }
+    }
+
+    /// After a pass that `failed` midway: every collective in flight ends before
+    /// anything touches (or frees) what it reads or writes, and the slots and the block
+    /// reductions in flight are forgotten.
+    fn settle(
+        &self,
+        be: &B,
+        coll: &impl Collectives<B>,
+        failed: bool,
+        blocks: Option<&super::landing::BlockReductions<'_, B>>,
+    ) -> Result<(), GpuError> {
+        if !failed {
+            return Ok(());
+        }
+        coll.finish(be)?;
+        self.step.forget_slots();
+        if let Some(b) = blocks {
+            b.abandon();
+        }
+        Ok(())
     }
 
     /// A window's target capacity over every rank (ranks x `micro` micro-batches x
@@ -503,30 +566,19 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         Tally::from_values(&coll.sum(be, &tally.values())?).same_micro_batches(coll.world())?;
         self.step.zero_grads(be)?;
         z.zero_grads(be)?;
-        let reduce = |runs: &[Range<usize>]| -> Result<(), GpuError> {
-            runs.iter().try_for_each(|r| {
-                z.reduce_add(be, coll, self.step.grads_at(be, r.clone())?, r.clone())
-            })
-        };
-        let sharded = self.step.params_sharded();
-        for (j, batch) in micro.iter().enumerate() {
-            let mut each = |runs: &[Range<usize>]| reduce(runs);
-            let mut gather = |l: usize, _: bool| self.step.gather_block(be, coll, l);
-            let hooks = BlockHooks {
-                before: match sharded {
-                    true => Some(&mut gather),
-                    false => None,
-                },
-                after: Some(&mut each),
-            };
-            self.step
-                .queue_micro_batch(be, (*batch, grad_scale), j > 0, hooks)?;
-            tally.valid += batch.valid_targets() as f64;
+        // As in `evaluate`: every rank decides its gathers from the same empty slots.
+        self.step.forget_slots();
+        let blocks = z.blocks()?;
+        let queued = self.queue_per_block(be, coll, &blocks, (micro, grad_scale), &mut tally);
+        self.settle(be, coll, queued.is_err(), Some(&blocks))?;
+        queued?;
+        for r in &self.rest {
+            blocks.reduce_add(be, coll, self.step.grads_at(be, r.clone())?, r.clone())?;
         }
-        reduce(&self.rest)?;
         if !micro.is_empty() {
             tally.loss = self.step.loss_sum(be)?;
         }
+        let sharded = self.step.params_sharded();
         let window = (tally, capacity);
         let grad_norm_total = match sharded {
             false => z.update_shard(
@@ -549,6 +601,57 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         };
         let (grad_norm, total) = grad_norm_total;
         Ok(WindowReport::of(total, grad_norm, rule))
+    }
+}
+
+impl<B: Backend, S: Trainable<B>> Replica<B, S> {
+    /// ZeRO-2's and ZeRO-3's micro-batches: each block's reduction started on the
+    /// collectives' stream once its backward is queued (`blocks`), waited for and added
+    /// before the block after next zeroes the slot; under ZeRO-3 each block in its slot
+    /// before it runs and the next one's gather started. Every reduction added at the end.
+    fn queue_per_block(
+        &self,
+        be: &B,
+        coll: &impl Collectives<B>,
+        blocks: &super::landing::BlockReductions<'_, B>,
+        (micro, grad_scale): (&[TokenBatch], f32),
+        tally: &mut Tally,
+    ) -> Result<(), GpuError> {
+        let sharded = self.step.params_sharded();
+        // The block whose backward runs: its reduction lands in its slot's parity.
+        let current = std::cell::Cell::new(0usize);
+        for (j, batch) in micro.iter().enumerate() {
+            let mut before = |l: usize, backward: bool| -> Result<(), GpuError> {
+                if backward {
+                    // The slot's last reduction lands before the backward zeroes it.
+                    blocks.flush(be, coll, l % 2)?;
+                    current.set(l);
+                }
+                match sharded {
+                    true => self.gather_around(be, coll, l, backward),
+                    false => Ok(()),
+                }
+            };
+            let mut after = |runs: &[Range<usize>]| -> Result<(), GpuError> {
+                let inputs = runs
+                    .iter()
+                    .map(|r| Ok((self.step.grads_at(be, r.clone())?, r.clone())))
+                    .collect::<Result<Vec<_>, GpuError>>()?;
+                // SAFETY: the block's gradient slot is written next when the backward of
+                // the block after next zeroes it, after `before` has flushed this parity
+                // (or after the flush below, or a failed window's `finish`); the step
+                // outlives the window.
+                unsafe { blocks.start_block(be, coll, &inputs, current.get() % 2) }
+            };
+            let hooks = BlockHooks {
+                before: Some(&mut before),
+                after: Some(&mut after),
+            };
+            self.step
+                .queue_micro_batch(be, (*batch, grad_scale), j > 0, hooks)?;
+            tally.valid += batch.valid_targets() as f64;
+        }
+        blocks.flush_all(be, coll)
     }
 }
 

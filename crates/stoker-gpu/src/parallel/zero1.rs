@@ -10,14 +10,16 @@
 //! ZeRO-2 (DeepSpeed's `stage: 2`) is the same state over a step whose blocks' gradients
 //! live in two slots ([`crate::step::grad_slots`]): each block's are reduce-scattered
 //! after its backward, every micro-batch, and added into the shard's gradients
-//! ([`Zero1::reduce_add`]), so that the whole gradient exists nowhere; the update then
-//! starts from the shard's sums.
+//! ([`Zero1::blocks`], `landing.rs`), so that the whole gradient exists nowhere; the
+//! update then starts from the shard's sums.
 
 use std::ops::Range;
 
 use stoker_comm::shard::ShardPlan;
 
 use super::grad_rule::GradRule;
+pub use super::landing::landing_len;
+use super::landing::{BlockReductions, Landing};
 use super::state_at::StateAt;
 use super::tally::Tally;
 use crate::backend::{Backend, View};
@@ -42,12 +44,6 @@ pub fn shard_segments(
         .collect()
 }
 
-/// ZeRO-2's landing buffer for a shard of `shard` elements and reductions of at most
-/// `block_len` elements: a reduction's piece for this rank is no longer than either.
-pub fn landing_len(shard: usize, block_len: usize) -> usize {
-    shard.min(block_len)
-}
-
 /// One rank's ZeRO-1 state: its shard of the master and moments (on the backend, or in
 /// host memory), the shard's gradients.
 pub struct Zero1<B: Backend> {
@@ -55,9 +51,8 @@ pub struct Zero1<B: Backend> {
     rank: usize,
     state: StateAt<B>,
     grads: B::Buf<f32>,
-    /// ZeRO-2: a reduce-scatter's landing place before it is added into `grads`, and
-    /// the longest piece of a run one reduction takes.
-    landing: Option<(B::Buf<f32>, usize)>,
+    /// ZeRO-2: where the per-block reductions land before they are added into `grads`.
+    landing: Option<Landing<B>>,
 }
 
 impl<B: Backend> Zero1<B> {
@@ -92,50 +87,31 @@ impl<B: Backend> Zero1<B> {
     }
 
     /// This state for ZeRO-2: the shard's gradients summed from reductions after every
-    /// block's backward ([`Zero1::reduce_add`]), which cut runs into pieces of at most
-    /// `block_len` elements, and a landing buffer for one ([`landing_len`]).
+    /// block's backward ([`Zero1::blocks`]), of at most `block_len` elements each, with
+    /// two landing buffers ([`landing_len`] each).
     pub fn accumulating(mut self, be: &B, block_len: usize) -> Result<Self, GpuError> {
-        let landing = landing_len(B::len(&self.grads), block_len.max(1));
-        self.landing = Some((be.zeros(landing)?, block_len.max(1)));
+        self.landing = Some(Landing::new(be, B::len(&self.grads), block_len)?);
         Ok(self)
+    }
+
+    /// ZeRO-2: the per-block reductions into the shard's gradients; an error for a state
+    /// made without [`Zero1::accumulating`].
+    pub fn blocks(&self) -> Result<BlockReductions<'_, B>, GpuError> {
+        let landing = self.landing.as_ref().ok_or_else(|| GpuError::Shape {
+            kernel: "zero-2",
+            what: "a per-block reduction into a ZeRO-1 state (made without `accumulating`)".into(),
+        })?;
+        Ok(BlockReductions {
+            landing,
+            plan: &self.plan,
+            rank: self.rank,
+            grads: &self.grads,
+        })
     }
 
     /// Whether the shard's gradients are summed from per-block reductions (ZeRO-2).
     pub fn accumulates(&self) -> bool {
         self.landing.is_some()
-    }
-
-    /// ZeRO-2: the flat run `run`'s gradients `input` (this rank's, in whatever buffer
-    /// holds them) summed over the ranks, and this rank's piece added into the shard's
-    /// gradients. Ordered on the backend with the launches around it, so `input` may be
-    /// rewritten by anything queued after.
-    pub fn reduce_add(
-        &self,
-        be: &B,
-        coll: &impl Collectives<B>,
-        input: View<f32>,
-        run: Range<usize>,
-    ) -> Result<(), GpuError> {
-        let (landing, most) = self.landing.as_ref().ok_or_else(|| GpuError::Shape {
-            kernel: "zero-2",
-            what: "a per-block reduction into a ZeRO-1 state (made without `accumulating`)".into(),
-        })?;
-        check_len("zero-2", "input", input.len(), run.len())?;
-        // Pieces of at most the landing buffer's reach, in order: every rank cuts alike.
-        let mut at = run.start;
-        while at < run.end {
-            let piece = at..run.end.min(at.saturating_add(*most));
-            let (counts, local) = (
-                self.plan.counts_within(&piece),
-                self.plan.local_within(self.rank, &piece),
-            );
-            let landed = be.view(landing, 0..local.len())?;
-            let from = input.slice(piece.start - run.start..piece.end - run.start)?;
-            coll.reduce_scatter(be, from, &counts, landed)?;
-            crate::kernels::add_into(be, be.view(&self.grads, local)?, landed)?;
-            at = piece.end;
-        }
-        Ok(())
     }
 
     /// ZeRO-2: the shard's gradients to 0, before a window.
@@ -190,8 +166,8 @@ impl<B: Backend> Zero1<B> {
     /// Bytes on the backend: the shard's gradients (and ZeRO-2's landing buffer), and its
     /// master and moments unless they are offloaded.
     pub fn bytes(&self) -> usize {
-        let landing = self.landing.as_ref().map_or(0, |(l, _)| B::len(l));
-        self.state.bytes() + 4 * (B::len(&self.grads) + landing)
+        let landing = self.landing.as_ref().map_or(0, |l| l.bytes());
+        self.state.bytes() + 4 * B::len(&self.grads) + landing
     }
 
     /// The update of `views` (this rank's accumulated gradients, scaled by `rule`'s loss

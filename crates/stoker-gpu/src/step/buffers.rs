@@ -264,15 +264,26 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
         self.g(be, r.start, r.len())
     }
 
-    /// ZeRO-3: block `l`'s parameters gathered into its slot from every rank's shard (a
-    /// collective); an error where the parameters are not sharded.
-    pub fn gather_block(
+    /// ZeRO-3: block `l` in its slot before it runs ([`ShardedParams::ensure`]); an error
+    /// where the parameters are not sharded.
+    pub fn ensure_block(
         &self,
         be: &B,
         coll: &impl crate::collectives::Collectives<B>,
         l: usize,
     ) -> Result<(), GpuError> {
-        self.sharded_or_err()?.gather_block(be, coll, l)
+        self.sharded_or_err()?.ensure(be, coll, l)
+    }
+
+    /// ZeRO-3: block `l`'s gather started while another runs
+    /// ([`ShardedParams::prefetch`]); an error where the parameters are not sharded.
+    pub fn prefetch_block(
+        &self,
+        be: &B,
+        coll: &impl crate::collectives::Collectives<B>,
+        l: usize,
+    ) -> Result<(), GpuError> {
+        self.sharded_or_err()?.prefetch(be, coll, l)
     }
 
     /// ZeRO-3: the runs outside every block gathered from every rank's shard (a
@@ -643,9 +654,10 @@ pub type BeforeBlock<'a> = &'a mut dyn FnMut(usize, bool) -> Result<(), GpuError
 pub type AfterBlock<'a> = &'a mut dyn FnMut(&[Range<usize>]) -> Result<(), GpuError>;
 
 /// What a micro-batch's forward and backward call around each block, either absent:
-/// `before` just before the block runs, forward or backward (ZeRO-3's gather of its
-/// parameters into their slot), `after` once its backward has queued its last gradient
-/// (DDP's buckets, ZeRO-2's reduce-scatter).
+/// `before` just before the block runs, forward or backward, and before the step zeroes
+/// its gradient slot (ZeRO-2's wait for the slot's last reduction, ZeRO-3's gather of its
+/// parameters), `after` once its backward has queued its last gradient (DDP's buckets,
+/// ZeRO-2's reduce-scatter).
 #[derive(Default)]
 pub struct BlockHooks<'a> {
     /// Before each block runs.
@@ -707,6 +719,7 @@ pub(crate) fn queue_micro_batch<B: Backend, T: Act>(
     add_loss: bool,
     mut hooks: BlockHooks<'_>,
 ) -> Result<(), GpuError> {
+    check_hooks(m.bufs(), op, &hooks)?;
     let mut ids = m.bufs().ids.borrow_mut();
     ids.load(be, op, batch, true)?;
     let vocab = m.rows_and_vocab().1;
@@ -722,6 +735,24 @@ pub(crate) fn read_loss<B: Backend, T: Act>(
     be: &B,
 ) -> Result<f64, GpuError> {
     Ok(be.read(m.bufs().f(be, m.loss_spans().loss_sum)?)?[0] as f64)
+}
+
+/// A sharded step (ZeRO-3) runs only with a `before` hook that puts each block in its
+/// slot: without one it would compute on whatever the slots hold.
+fn check_hooks<B: Backend, T: Act>(
+    bufs: &StepBuffers<B, T>,
+    op: &'static str,
+    hooks: &BlockHooks<'_>,
+) -> Result<(), GpuError> {
+    if bufs.sharded.is_some() && hooks.before.is_none() {
+        return Err(GpuError::Shape {
+            kernel: op,
+            what: "a step whose parameters are sharded (ZeRO-3) runs through its replica, \
+                   which gathers each block before it runs"
+                .into(),
+        });
+    }
+    Ok(())
 }
 
 /// One micro-batch through a step ([`queue_micro_batch`]), its summed loss read back.
@@ -747,6 +778,7 @@ pub(crate) fn evaluate<B: Backend, T: Act>(
     batch: TokenBatch,
     mut hooks: BlockHooks<'_>,
 ) -> Result<(f64, usize, usize), GpuError> {
+    check_hooks(m.bufs(), op, &hooks)?;
     let vocab = m.rows_and_vocab().1;
     let mut ids = m.bufs().ids.borrow_mut();
     ids.load(be, op, batch, false)?;

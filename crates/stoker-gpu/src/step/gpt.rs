@@ -324,8 +324,9 @@ impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {
             c,
         )?;
         for (l, (s, st)) in lay.blocks.iter().zip(&lay.stats).enumerate() {
-            self.bufs.enter_block(be, l, false)?;
+            // The hook first: it may wait for what still reads the block's slots.
             hooks.run_before(l, false)?;
+            self.bufs.enter_block(be, l, false)?;
             let bo = &o.blocks()[l];
             let ln = |wb: [usize; 2]| -> Result<(View<T>, View<T>), GpuError> {
                 Ok((self.bufs.p(be, wb[0], c)?, self.bufs.p(be, wb[1], c)?))
@@ -436,8 +437,9 @@ impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {
         for l in (0..=last).rev() {
             let (s, st, bo): (_, _, &BlockOffsets) =
                 (&lay.blocks[l], &lay.stats[l], &o.blocks()[l]);
-            self.bufs.enter_block(be, l, true)?;
+            // The hook first: it may wait for what still reads the block's slots.
             hooks.run_before(l, true)?;
+            self.bufs.enter_block(be, l, true)?;
             // dres is the gradient of the block's output sum: the MLP projection's too.
             self.linear_back(
                 be,

@@ -345,8 +345,9 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
             c,
         )?;
         for (l, s) in lay.blocks.iter().enumerate() {
-            self.bufs.enter_block(be, l, false)?;
+            // The hook first: it may wait for what still reads the block's slots.
             hooks.run_before(l, false)?;
+            self.bufs.enter_block(be, l, false)?;
             let bo = &o.blocks()[l];
             let (x, residual) = match l {
                 0 => (self.bufs.a(be, s.resid_in)?, None),
@@ -457,8 +458,9 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
         be.zero(self.bufs.a(be, lay.dres)?)?;
         self.norm_back(be, lay.dnc, lay.resid_out, o.norm(), lay.rstd_f)?;
         for (l, s) in lay.blocks.iter().enumerate().rev() {
-            self.bufs.enter_block(be, l, true)?;
+            // The hook first: it may wait for what still reads the block's slots.
             hooks.run_before(l, true)?;
+            self.bufs.enter_block(be, l, true)?;
             let bo = &o.blocks()[l];
             // dres is the gradient of the block's output sum: the down projection's too.
             self.linear_back(be, lay.dgate, false, lay.dres, s.act, bo.down, (f, c))?;

@@ -11,7 +11,18 @@
 //! rest, and the activations: per micro-batch each block is gathered twice (its forward
 //! and its backward) and its gradients reduce-scattered once, ZeRO-3's 1.5x the
 //! communication of DDP.
+//!
+//! The slots remember which block they hold, and a block still in its slot is not
+//! gathered again: the forward's last two blocks are the backward's first two, and the
+//! backward's last two the next micro-batch's first two, so a micro-batch of `L >= 2`
+//! blocks gathers `2L - 4` times, the first of a window `2L - 2` (a window and an
+//! evaluation start from empty slots, so that every rank, whatever steps it made for
+//! other batch shapes since, makes the same gathers). The next block's gather starts on
+//! the collectives' own stream while this block runs ([`ShardedParams::prefetch`], FSDP's
+//! forward and backward prefetch); a block waits for its own before it runs
+//! ([`ShardedParams::ensure`]).
 
+use std::cell::Cell;
 use std::ops::Range;
 
 use stoker_comm::shard::ShardPlan;
@@ -19,7 +30,7 @@ use stoker_comm::shard::ShardPlan;
 use super::param_slots::ParamSlots;
 use super::placement::Placement;
 use crate::backend::{Backend, View};
-use crate::collectives::{shard_plan, Collectives};
+use crate::collectives::{shard_plan, Collectives, Mark};
 use crate::elem::Act;
 use crate::error::{check_len, GpuError};
 
@@ -30,7 +41,12 @@ pub struct ShardedParams<B: Backend, T: Act> {
     rank: usize,
     /// This rank's shard of the compute copy.
     shard: B::Buf<T>,
+    /// What each slot holds.
+    held: Cell<[Option<Held>; 2]>,
 }
+
+/// A slot's block, and the mark of its gather while it may still be running.
+type Held = (usize, Option<Mark>);
 
 impl<B: Backend, T: Act> ShardedParams<B, T> {
     /// Rank `rank` of `world`'s copy of a flat buffer of `end` elements whose blocks hold
@@ -53,6 +69,7 @@ impl<B: Backend, T: Act> ShardedParams<B, T> {
             shard: be.zeros(plan.range(rank).len())?,
             plan,
             rank,
+            held: Cell::new([None, None]),
         })
     }
 
@@ -82,27 +99,82 @@ impl<B: Backend, T: Act> ShardedParams<B, T> {
     }
 
     /// Block `l`'s parameters gathered into its slot from every rank's shard (a
-    /// collective: every rank calls it, block for block).
-    pub fn gather_block(
-        &self,
-        be: &B,
-        coll: &impl Collectives<B>,
-        l: usize,
-    ) -> Result<(), GpuError> {
+    /// collective: every rank calls it, block for block), at once; [`Self::ensure`]
+    /// records it.
+    fn gather_block(&self, be: &B, coll: &impl Collectives<B>, l: usize) -> Result<(), GpuError> {
         for (r, o) in self.placement().block(l) {
             self.gather_run(be, coll, r, self.slots.param_run(be, l, (r, *o))?)?;
         }
         Ok(())
     }
 
+    /// Block `l` in its slot, before it runs: waited for if its gather was started, else
+    /// gathered now (a collective: every rank calls it, block for block, and every rank
+    /// decides alike whether it gathers).
+    pub fn ensure(&self, be: &B, coll: &impl Collectives<B>, l: usize) -> Result<(), GpuError> {
+        let mut held = self.held.get();
+        match held[l % 2] {
+            Some((b, pending)) if b == l => {
+                if let Some(mark) = pending {
+                    coll.wait(be, mark)?;
+                }
+            }
+            Some((_, Some(mark))) => {
+                coll.wait(be, mark)?;
+                self.gather_block(be, coll, l)?;
+            }
+            _ => self.gather_block(be, coll, l)?,
+        }
+        held[l % 2] = Some((l, None));
+        self.held.set(held);
+        Ok(())
+    }
+
+    /// Starts gathering block `l` into its slot, unless it is there, without holding back
+    /// the launches after. On a device the gather runs on the collectives' own stream;
+    /// the replica's collectives on the compute stream (the update's) come only after
+    /// every mark has been waited for, so the two streams never hold NCCL calls that wait
+    /// on each other. The caller has queued every use of the block the slot held
+    /// (the one before the block about to run, whichever way the pass goes).
+    pub fn prefetch(&self, be: &B, coll: &impl Collectives<B>, l: usize) -> Result<(), GpuError> {
+        let mut held = self.held.get();
+        match held[l % 2] {
+            Some((b, _)) if b == l => return Ok(()),
+            // Another block's gather still in flight into this slot: it lands first.
+            Some((_, Some(mark))) => coll.wait(be, mark)?,
+            _ => {}
+        }
+        self.check_world(coll)?;
+        for (r, o) in self.placement().block(l) {
+            let dst = self.slots.param_run(be, l, (r, *o))?;
+            self.own_piece_into(be, r, dst)?;
+            // SAFETY: nothing touches the slot until `ensure(l)` waits for the mark below
+            // (a slot changes block only through `ensure` and `prefetch`, which wait for
+            // a gather in flight first, and the step reads a block's parameters only after
+            // `ensure`); the slot lives as long as the step.
+            unsafe { coll.start_all_gather(be, dst, &self.plan.counts_within(r))? };
+        }
+        held[l % 2] = Some((l, Some(coll.mark(be)?)));
+        self.held.set(held);
+        Ok(())
+    }
+
+    /// Forgets what the slots hold: the shards changed (an update, a load), or a pass
+    /// failed midway (after the collectives' `finish`).
+    pub fn forget_slots(&self) {
+        self.held.set([None, None]);
+    }
+
     /// The runs outside every block gathered into `resident` from every rank's shard
-    /// (a collective), after an update has written the shards.
+    /// (a collective), after an update has written the shards (which leaves the slots
+    /// stale: they are forgotten).
     pub fn gather_resident(
         &self,
         be: &B,
         coll: &impl Collectives<B>,
         resident: &B::Buf<T>,
     ) -> Result<(), GpuError> {
+        self.forget_slots();
         for (r, o) in self.placement().resident() {
             self.gather_run(be, coll, r, be.view(resident, *o..o + r.len())?)?;
         }
@@ -118,7 +190,28 @@ impl<B: Backend, T: Act> ShardedParams<B, T> {
         r: &Range<usize>,
         dst: View<T>,
     ) -> Result<(), GpuError> {
+        self.check_world(coll)?;
+        self.own_piece_into(be, r, dst)?;
+        coll.all_gather(be, dst, &self.plan.counts_within(r))
+    }
+
+    /// This rank's piece of the flat run `r` copied from the shard into its place in
+    /// `dst` (as long as `r`).
+    fn own_piece_into(&self, be: &B, r: &Range<usize>, dst: View<T>) -> Result<(), GpuError> {
         check_len("zero-3", "run", dst.len(), r.len())?;
+        let local = self.plan.local_within(self.rank, r);
+        if !local.is_empty() {
+            let at = self.plan.range(self.rank).start + local.start - r.start;
+            be.copy(
+                dst.slice(at..at + local.len())?,
+                be.view(&self.shard, local)?,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// `coll` is the world this shard was cut for, at its rank.
+    fn check_world(&self, coll: &impl Collectives<B>) -> Result<(), GpuError> {
         if coll.rank() != self.rank || coll.world() != self.plan.world() {
             return Err(GpuError::Shape {
                 kernel: "zero-3",
@@ -131,15 +224,7 @@ impl<B: Backend, T: Act> ShardedParams<B, T> {
                 ),
             });
         }
-        let local = self.plan.local_within(self.rank, r);
-        if !local.is_empty() {
-            let at = self.plan.range(self.rank).start + local.start - r.start;
-            be.copy(
-                dst.slice(at..at + local.len())?,
-                be.view(&self.shard, local)?,
-            )?;
-        }
-        coll.all_gather(be, dst, &self.plan.counts_within(r))
+        Ok(())
     }
 
     /// Sets the shard and the resident runs (`resident`) from the whole FP32 `master`,
@@ -151,6 +236,7 @@ impl<B: Backend, T: Act> ShardedParams<B, T> {
         master: &[f32],
     ) -> Result<(), GpuError> {
         check_len("zero-3", "params", master.len(), self.plan.len())?;
+        self.forget_slots();
         let round = |xs: &[f32]| -> Vec<T> { xs.iter().map(|&x| T::from_f32(x)).collect() };
         be.write(&self.shard, 0, &round(&master[self.shard_range()]))?;
         for (r, o) in self.placement().resident() {
@@ -171,6 +257,7 @@ impl<B: Backend, T: Act> ShardedParams<B, T> {
     /// Copies `other`'s shard (the same model and rank at another batch shape).
     pub(crate) fn copy_shard_from(&self, be: &B, other: &Self) -> Result<(), GpuError> {
         check_len("zero-3", "shard", B::len(&self.shard), B::len(&other.shard))?;
+        self.forget_slots();
         be.copy(be.all(&self.shard), be.all(&other.shard))
     }
 
