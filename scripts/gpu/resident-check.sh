@@ -8,6 +8,9 @@
 #   the device; the trainer's loader, schedule, evaluation and checkpoints around it);
 # - on the GPU with two ranks as threads of one process sharing the GPU (ZeRO-1, through
 #   host memory), against the one-rank GPU run;
+# - the same two ranks under ZeRO-3 (the compute copy sharded, each block gathered into a
+#   slot as it runs), against ZeRO-1's two (within 1e-5: one micro-batch a rank, so the
+#   same sums);
 # - on the GPU with the optimizer offloaded to the host (`offload_optimizer = true`),
 #   against the one-rank GPU run (within 1e-5: the host build of the same kernels);
 # - on the GPU with the blocks' parameters offloaded too (`offload_params = true`: two
@@ -53,8 +56,10 @@ config() {
       -e "s|^persistent_workers = .*|persistent_workers = false|" \
       configs/shakespeare-gpt.toml > "$f"
   if [ "$ranks" -gt 1 ]; then
+    local strategy=zero1
+    [ "$name" = gpu3 ] && strategy=zero3
     sed -i -e "s|^micro_batch = .*|micro_batch = 8\nworld_size = $ranks|" "$f"
-    printf '\n[parallel]\nstrategy = "zero1"\nbackend = "local"\n' >> "$f"
+    printf '\n[parallel]\nstrategy = "%s"\nbackend = "local"\n' "$strategy" >> "$f"
   fi
   [ "$offload" = offload ] && printf '\n[parallel]\noffload_optimizer = true\n' >> "$f"
   [ "$offload" = params ] && printf '\n[parallel]\noffload_optimizer = true\noffload_params = true\n' >> "$f"
@@ -63,7 +68,7 @@ config() {
 
 status=0
 for prec in fp32 bf16 fp16; do
-  runs=("gpu resident $gpu 1" "gpu2 resident ${gpu/#cuda/cuda:0} 2")
+  runs=("gpu resident $gpu 1" "gpu2 resident ${gpu/#cuda/cuda:0} 2" "gpu3 resident ${gpu/#cuda/cuda:0} 2")
   # The CPU reference: the direct step in fp32 and bf16; fp16's is the fp32 run.
   [ "$prec" = fp16 ] || runs=("cpu handwritten cpu 1" "${runs[@]}")
   # The optimizer offloaded to the host: a GPU's only (on a CPU there is nothing to
@@ -78,7 +83,7 @@ for prec in fp32 bf16 fp16; do
     fi
   done
   # Each run's weights after the last step, one file each (the checkpoint at $steps).
-  for r in cpu gpu gpu2; do
+  for r in cpu gpu gpu2 gpu3; do
     [ "$r-$prec" = cpu-fp16 ] && continue
     ck=$out/$r-$prec/checkpoints/$(printf 'step_%08d' "$steps")
     "$STOKER_GPU_BIN" ckpt consolidate "$ck" > /dev/null 2>&1 || echo "  $prec $r: no checkpoint at $ck"
@@ -88,12 +93,12 @@ for prec in fp32 bf16 fp16; do
   # 10% of the plan, or 64 MiB for small models, where cuBLAS's workspace and NCCL's
   # communicator weigh). The two-rank run shares one GPU between two threads: the driver's
   # figure is the device's, not a rank's, so it is printed, not checked.
-  mem_runs="gpu gpu2"
+  mem_runs="gpu gpu2 gpu3"
   [ "$gpu" = cpu ] || mem_runs="$mem_runs gpupar"
   for r in $mem_runs; do
     line=$(grep -h -m1 "resident loop per rank" "$out/$r-$prec.log" || true)
     echo "  $prec $r: ${line:-no memory line}"
-    [ "$r" = gpu2 ] && continue
+    [ "$r" = gpu2 ] || [ "$r" = gpu3 ] && continue
     python3 - "$line" "$gpu" <<'PY' || status=1
 import re, sys
 line, device = sys.argv[1], sys.argv[2]
@@ -192,8 +197,9 @@ def rel_l2(a, b):
         for p, q in zip(a[k], b[k]):
             num += (p - q) ** 2; den += q * q
     return math.sqrt(num / den) if den > 0 else float("nan")
-wc, wg, wg2 = weights("cpu", cpu_prec), weights("gpu"), weights("gpu2")
-for name, a, b, tol in [("gpu vs cpu", wg, wc, 1e-3), ("gpu 2 ranks vs 1", wg2, wg, 1e-4)]:
+wc, wg, wg2, wg3 = weights("cpu", cpu_prec), weights("gpu"), weights("gpu2"), weights("gpu3")
+for name, a, b, tol in [("gpu vs cpu", wg, wc, 1e-3), ("gpu 2 ranks vs 1", wg2, wg, 1e-4),
+                        ("gpu zero-3 vs zero-1 at 2 ranks", wg3, wg2, 1e-5)]:
     if a is None or b is None or a.keys() != b.keys():
         print(f"  {prec} {name}: weights missing or of other parameters FAILED"); ok = False; continue
     d = rel_l2(a, b)
@@ -205,9 +211,12 @@ for name, a, b, tol in [("gpu vs cpu", wg, wc, 1e-3), ("gpu 2 ranks vs 1", wg2, 
     else:
         print(f"  {prec} {name}: weights after the last step differ by {d:.2e} (relative L2; "
               f"printed, not checked)")
+# ZeRO-3 at 2 ranks against ZeRO-1's: one micro-batch a rank, so the same sums.
+import os
+if os.path.exists(f"{out}/gpu3-{prec}/metrics.jsonl"):
+    check("gpu zero-3 vs zero-1 at 2 ranks", rows("gpu3"), gpu2, ("loss", "grad_norm"), 1e-5)
 # The optimizer offloaded to the host runs the host build of the kernels the GPU runs
 # (which the `kernels` part holds to the same bits): the same run within float noise.
-import os
 if os.path.exists(f"{out}/gpuoff-{prec}/metrics.jsonl"):
     gpuoff = rows("gpuoff")
     check("gpu offloaded optimizer vs on the gpu", gpuoff, gpu, ("loss", "grad_norm"), 1e-5)

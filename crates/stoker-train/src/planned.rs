@@ -651,7 +651,13 @@ pub fn predicted(
     layout: &FlatLayout,
 ) -> TrainerPrediction {
     let p = &config.parallel;
-    let stage = dims.strategy.stage();
+    // ZeRO-3 on the resident loop keeps ZeRO-2's bookkeeping on the host (the whole
+    // master mirror, the model's variables, a shard of the moments): its backend holds
+    // what it shards (`planned_resident_bytes`).
+    let stage = match (dims.strategy.stage(), config.resident_loop()) {
+        (Stage::Zero3, true) => Stage::Zero2,
+        (stage, _) => stage,
+    };
     let dtype = config.kernels.param_dtype(config.precision);
     let bf16_copy = if dtype == candle_core::DType::BF16 {
         2

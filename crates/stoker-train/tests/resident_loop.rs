@@ -322,8 +322,8 @@ fn weights_set_between_windows_keep_the_moments_and_evaluation_sees_a_loaded_sta
 /// ZeRO-3 on the loop (the compute copy sharded on the backend, each block gathered as
 /// it runs) trains what ZeRO-2 on the loop trains, bit for bit, at 2 ranks; its
 /// evaluation is a collective that pads a rank with fewer batches (3 against 2 here) and
-/// agrees with ZeRO-2's; a rank's evaluation alone is refused naming why; and the run
-/// reports itself as "zero3".
+/// agrees with ZeRO-2's; a rank's evaluation alone is refused naming why; the run
+/// reports itself as "zero3"; and the host holds, and is planned to hold, ZeRO-2's share.
 #[test]
 fn zero3_on_the_loop_trains_and_evaluates_what_zero2_does() {
     let eval: Vec<MicroBatch> = (0..5).map(|j| micro_batch(GPT, 99, j)).collect();
@@ -342,7 +342,11 @@ fn zero3_on_the_loop_trains_and_evaluates_what_zero2_does() {
             let e = t.evaluate(mine).unwrap();
             let alone = t.evaluate_local(mine).err().map(|e| e.to_string());
             let name = t.strategy().name();
-            (t.full_master().unwrap(), reports, e, alone, name)
+            // The host's share: what the trainer holds against the planner's prediction.
+            let dims = stoker_train::parallel::ParallelDims::resolve(&c, 2, rank, "test").unwrap();
+            let plan = stoker_train::planned::predicted(&c, &dims, t.layout());
+            let host = (t.held_bytes().model_states(), plan.model_states());
+            (t.full_master().unwrap(), reports, e, alone, name, host)
         })
     };
     let (zero2, zero3) = (run("zero2"), run("zero3"));
@@ -362,6 +366,12 @@ fn zero3_on_the_loop_trains_and_evaluates_what_zero2_does() {
         );
         assert_eq!(want.3, None, "ZeRO-2 evaluates a rank's batches alone");
         assert_eq!((got.4, want.4), ("zero3", "zero2"));
+        // The host keeps ZeRO-2's bookkeeping under both, and is planned so.
+        eprintln!(
+            "{what}: the host's model states held/planned {:.4}",
+            got.5 .0 as f64 / got.5 .1
+        );
+        assert_eq!(got.5, want.5, "{what}: the host's held and planned bytes");
     }
 }
 

@@ -117,14 +117,24 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
                 failed.push("the resident loop");
             }
         }
-        match stoker_gpu::device::replica_check::compare_replica_ranks(0) {
-            Ok(c) => println!(
-                "  {:<12} last window's loss {:.2e} relative; master {:.2e} of its largest",
-                c.what, c.loss_rel, c.master_rel
-            ),
-            Err(e) => {
-                println!("  the resident loop at 2 ranks did not run: {e}");
-                failed.push("the resident loop at 2 ranks");
+        for strategy in [
+            stoker_gpu::parallel::Strategy::Zero1,
+            stoker_gpu::parallel::Strategy::Zero3,
+        ] {
+            match stoker_gpu::device::replica_check::compare_replica_ranks(0, strategy) {
+                Ok(c) => println!(
+                    "  {:<12} last window's loss {:.2e} relative; master {:.2e} of its largest",
+                    c.what, c.loss_rel, c.master_rel
+                ),
+                Err(e) => {
+                    println!("  the resident loop at 2 ranks ({strategy:?}) did not run: {e}");
+                    failed.push(match strategy {
+                        stoker_gpu::parallel::Strategy::Zero3 => {
+                            "the resident loop at 2 ranks, ZeRO-3"
+                        }
+                        _ => "the resident loop at 2 ranks, ZeRO-1",
+                    });
+                }
             }
         }
         // Attention's probabilities kept per block, then recomputed in the backward

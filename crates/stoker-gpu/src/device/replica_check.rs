@@ -175,6 +175,9 @@ pub fn compare_replica(dev: &Device) -> Result<Vec<ReplicaCompared>, GpuError> {
         ((Strategy::Ddp, false), "ddp"),
         ((Strategy::Zero1, false), "zero-1"),
         ((Strategy::Zero2, false), "zero-2"),
+        // The compute copy sharded, each block gathered into a slot (NCCL's all-gather
+        // at one rank).
+        ((Strategy::Zero3, false), "zero-3"),
         // The blocks' parameters offloaded (two slots on the device, the update on the
         // host): against the host build's same loop.
         ((Strategy::Offload, true), "params-off"),
@@ -204,11 +207,14 @@ pub fn compare_replica(dev: &Device) -> Result<Vec<ReplicaCompared>, GpuError> {
     Ok(out)
 }
 
-/// The loop at 2 ranks on GPU `ordinal` (threads of this process, each with its own
-/// [`Device`] on the one GPU, ZeRO-1 through an in-process communicator on host memory:
-/// what a GPU job over MPI runs) against 1 rank on the same GPU, f32: the same weights
-/// within f32 rounding of the sums.
-pub fn compare_replica_ranks(ordinal: usize) -> Result<ReplicaCompared, GpuError> {
+/// The loop at 2 ranks on GPU `ordinal` under `strategy` (threads of this process, each
+/// with its own [`Device`] on the one GPU, through an in-process communicator on host
+/// memory: what a GPU job over MPI runs) against 1 rank on the same GPU, f32: the same
+/// weights within f32 rounding of the sums.
+pub fn compare_replica_ranks(
+    ordinal: usize,
+    strategy: Strategy,
+) -> Result<ReplicaCompared, GpuError> {
     let one_dev = Device::new(ordinal)?;
     let one_comm = local_group(1, DEFAULT_TIMEOUT).remove(0);
     let one = train::<Device, f32>(&one_dev, &ThroughHost(&one_comm), (Strategy::Ddp, false))?;
@@ -230,7 +236,7 @@ pub fn compare_replica_ranks(ordinal: usize) -> Result<ReplicaCompared, GpuError
             what: "taking a rank's device".into(),
             error: "none left".into(),
         })?;
-        train::<Device, f32>(&dev, &ThroughHost(&comm), (Strategy::Zero1, false))
+        train::<Device, f32>(&dev, &ThroughHost(&comm), (strategy, false))
     });
     let mut master = Vec::new();
     let mut loss = 0.0;
@@ -246,7 +252,7 @@ pub fn compare_replica_ranks(ordinal: usize) -> Result<ReplicaCompared, GpuError
         loss = l;
     }
     Ok(compared(
-        "zero-1 f32, 2 ranks vs 1".into(),
+        format!("{strategy:?} f32, 2 ranks vs 1"),
         (one.0, &one.2),
         (loss, &master),
     ))
