@@ -83,7 +83,9 @@ fn mpi_n_ranks_equal_one_rank_and_deterministic_mode_is_bit_identical() {
 /// Every strategy at `mpirun -n 3`, a world size that divides neither the models' groups
 /// nor the 4 evaluation batches (shared 2, 1, 1): one rank's weights within the fp32
 /// tolerance and its evaluation loss, with every collective checked across ranks
-/// (`check_collectives`). ZeRO-3 once deadlocked here in its evaluation.
+/// (`check_collectives`). ZeRO-3 once deadlocked here in its evaluation. The resident
+/// loop's ZeRO-3 too (`step = "resident"`, the host build, MPI through host memory): its
+/// gathers, per-block reductions and padded evaluation, against the loop at one rank.
 #[test]
 fn every_strategy_at_3_ranks_equals_one_rank_and_evaluates_alike() {
     if !have_mpirun("every_strategy_at_3_ranks_equals_one_rank_and_evaluates_alike") {
@@ -103,19 +105,35 @@ fn every_strategy_at_3_ranks_equals_one_rank_and_evaluates_alike() {
         (Model::Gpt, "direct", "zero3"),
         (Model::Gpt, "fused", "zero3"),
         (Model::Cnn, "fused", "zero3"),
+        (Model::Gpt, "resident", "zero3"),
     ];
+    // `step = "resident"` in place of the kernels key.
+    let resident = |path: &Path| {
+        let t = std::fs::read_to_string(path).unwrap();
+        std::fs::write(
+            path,
+            t.replace("kernels = \"resident\"", "step = \"resident\""),
+        )
+        .unwrap();
+    };
     for (i, (model, kernels, strategy)) in cases.into_iter().enumerate() {
         let one = config(dir, &format!("t{i}_w1"), model, "fp32", kernels, 4, "");
         at_six(&one);
+        resident(&one);
         let o1 = train(1, &one, &[]);
         assert!(o1.status.success(), "{}", text(&o1));
         let extra = format!("strategy = \"{strategy}\"\ncheck_collectives = true");
         let name = format!("t{i}_w3");
         let three = config(dir, &name, model, "fp32", kernels, 4, &extra);
         at_six(&three);
+        resident(&three);
         let o3 = train(3, &three, &[]);
         let what = format!("{strategy} {kernels} case {i} at 3 ranks");
         assert!(o3.status.success(), "{what}: {}", text(&o3));
+        if kernels == "resident" {
+            let out = text(&o3);
+            assert!(out.contains("resident loop per rank"), "{what}: not on the loop: {out}");
+        }
         let d = rel_l2(
             &final_weights(&dir.join(&name)),
             &final_weights(&dir.join(format!("t{i}_w1"))),
