@@ -132,7 +132,10 @@ fn every_strategy_at_3_ranks_equals_one_rank_and_evaluates_alike() {
         assert!(o3.status.success(), "{what}: {}", text(&o3));
         if kernels == "resident" {
             let out = text(&o3);
-            assert!(out.contains("resident loop per rank"), "{what}: not on the loop: {out}");
+            assert!(
+                out.contains("resident loop per rank"),
+                "{what}: not on the loop: {out}"
+            );
         }
         let d = rel_l2(
             &final_weights(&dir.join(&name)),

@@ -494,3 +494,110 @@ fn zero3_gathers_each_block_only_when_its_slot_lacks_it() {
         assert_eq!(window.waits as u64, window.marks, "{what}");
     }
 }
+
+/// The step options with the parameters offloaded.
+const PARAMS_OFF: StepOptions = StepOptions {
+    offload_params: true,
+    recompute_attention: false,
+    grads_in_slots: false,
+    shard_params: None,
+};
+
+/// ZeRO-3 with its shard of the compute copy in host memory (FSDP's `FULL_SHARD` with
+/// `CPUOffload(offload_params=True)`, DeepSpeed's stage 3 with `offload_param`): each
+/// gather stages this rank's piece up from the host, and the offloaded optimizer writes
+/// the shard in place. It trains ZeRO-3's weights with the optimizer offloaded, bit for
+/// bit, at 1, 2 and 3 ranks in f32, bf16 and f16 under a loss scale; with six blocks at
+/// 2 and 3 ranks it holds on the backend what is planned, the shard's bytes fewer; and
+/// it needs the optimizer offloaded.
+#[test]
+fn zero3_with_its_shard_on_the_host_is_zero3_offloaded_bit_for_bit() {
+    let zero3 = |base: StepOptions| (Strategy::Zero3Offload, base);
+    let (opt, clip) = (Optimizer::AdamW, Some(0.05));
+    for world in [1, 2, 3] {
+        let run = |base: StepOptions, dtype: &str| {
+            run_local(world, DEFAULT_TIMEOUT, |comm| match dtype {
+                "f32" => train_with::<f32, _>(&comm, zero3(base), opt, rule(clip), None),
+                "bf16" => train_with::<half::bf16, _>(&comm, zero3(base), opt, rule(clip), None),
+                _ => {
+                    let scaled = stoker_gpu::parallel::GradRule {
+                        clip,
+                        loss_scale: Some(4096.0),
+                    };
+                    train_with::<half::f16, _>(&comm, zero3(base), opt, scaled, None)
+                }
+            })
+        };
+        for dtype in ["f32", "bf16", "f16"] {
+            let what = format!("{dtype} over {world} ranks, the shard on the host");
+            let want = run(StepOptions::default(), dtype);
+            let got = run(PARAMS_OFF, dtype);
+            for (rank, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g.0, w.0, "{what}: rank {rank}'s window reports");
+                assert_bits_eq(&g.2, &w.2, &format!("{what}: rank {rank}'s master"));
+                assert_bits_eq(&g.3, &w.3, &format!("{what}: rank {rank}'s shard"));
+            }
+        }
+    }
+    let dims = GptDims { n_layer: 6, ..DIMS };
+    let g = gpt(&dims, SEED, 0.2);
+    let end = g.offsets.end();
+    for world in [2, 3] {
+        let bytes = run_local(world, DEFAULT_TIMEOUT, |comm| {
+            let rank_world = (comm.rank(), comm.world_size());
+            let make = |base: StepOptions| {
+                let opts = Strategy::Zero3Offload.step_options(base, rank_world);
+                let step = GptGpuStep::<Host, half::bf16>::with_options(
+                    &Host,
+                    dims,
+                    g.offsets.clone(),
+                    1e-5,
+                    (B, T),
+                    opts,
+                )
+                .unwrap();
+                let planned = stoker_gpu::step::gpt::gpt_step_sizes(&dims, end, (B, T), opts);
+                (
+                    step.buffers().bytes(),
+                    planned.bytes(2),
+                    planned.sharded.unwrap().shard,
+                )
+            };
+            let (on_host, kept) = (make(PARAMS_OFF), make(StepOptions::default()));
+            // Without the optimizer offloaded the host's shard has no writer: refused.
+            let opts = Strategy::Zero3.step_options(PARAMS_OFF, rank_world);
+            let step = GptGpuStep::<Host, f32>::with_options(
+                &Host,
+                dims,
+                g.offsets.clone(),
+                1e-5,
+                (B, T),
+                opts,
+            )
+            .unwrap();
+            let segs = stoker_gpu::sample::segments(&stoker_kernels::gpt_params(&dims), &g.ranges);
+            let e = Replica::new(
+                &Host,
+                step,
+                (Strategy::Zero3, Optimizer::AdamW),
+                &g.params,
+                &segs,
+                rank_world,
+            )
+            .err()
+            .map(|e| e.to_string());
+            (on_host, kept, e)
+        });
+        for (r, (on_host, kept, e)) in bytes.into_iter().enumerate() {
+            let what = format!("rank {r} of {world}");
+            assert_eq!(on_host.0, on_host.1, "{what}: counted and planned");
+            assert_eq!(
+                kept.0 - on_host.0,
+                2 * kept.2,
+                "{what}: the shard's bf16 bytes"
+            );
+            let e = e.expect("the shard on the host without the optimizer offloaded");
+            assert!(e.contains("Zero3Offload"), "{what}: {e}");
+        }
+    }
+}

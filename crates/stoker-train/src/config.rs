@@ -319,7 +319,8 @@ pub struct ParallelConfig {
     /// Keep the blocks' parameters in host memory too, each block's brought up just
     /// before it runs and its gradients taken down after its backward (FSDP's
     /// `CPUOffload(offload_params=True)`, DeepSpeed's `offload_param`): the resident
-    /// loop on one GPU, with `offload_optimizer`.
+    /// loop on one GPU, or under `zero3` on any number (each rank's shard in host
+    /// memory), with `offload_optimizer`.
     pub offload_params: bool,
     /// Seconds any collective may wait before the job ends naming it.
     pub timeout_s: f64,
@@ -715,8 +716,9 @@ impl TrainConfig {
         Ok(())
     }
 
-    /// `parallel.offload_params`: the resident loop on one GPU with its optimizer
-    /// offloaded, whatever else asks for it refused naming the key.
+    /// `parallel.offload_params`: the resident loop on one GPU, or under ZeRO-3 on any
+    /// number, with its optimizer offloaded; whatever else asks for it refused naming
+    /// the key.
     fn check_offload_params(&self, gpu: bool) -> Result<()> {
         let why = if !gpu {
             Some(
@@ -732,14 +734,19 @@ impl TrainConfig {
                  the parameters are"
                     .to_string(),
             )
-        } else if !matches!(
-            self.parallel.strategy,
-            StrategyKind::None | StrategyKind::Ddp
-        ) || self.batch.world_size.is_some_and(|w| w > 1)
+        } else if !(self.parallel.strategy == StrategyKind::Zero3
+            || matches!(
+                self.parallel.strategy,
+                StrategyKind::None | StrategyKind::Ddp
+            ) && self.batch.world_size.is_none_or(|w| w <= 1))
         {
             Some(
-                "runs on one rank (strategy \"none\", or \"ddp\" on one): offloaded \
-                 parameters with several ranks or ZeRO are not built"
+                "runs on one rank (strategy \"none\", or \"ddp\" on one), or under \"zero3\" \
+                 on any number (each rank's shard in host memory: FSDP's FULL_SHARD with \
+                 CPUOffload, DeepSpeed's stage 3 offload_param); \"zero1\", \"zero2\" and \
+                 \"ddp\" on several ranks keep every rank's whole copy of the parameters, \
+                 which is not built offloaded (FSDP's SHARD_GRAD_OP keeps each unit gathered \
+                 from its forward to its backward, which the loop's two slots do not)"
                     .to_string(),
             )
         } else {
@@ -1041,6 +1048,13 @@ steps = 1
             ok.parallel.strategy = kind;
             ok.check_offload_params(true).unwrap();
         }
+        // ZeRO-3 on any number of ranks: each rank's shard in host memory.
+        for world in [None, Some(1), Some(4)] {
+            let mut ok = r.clone();
+            ok.parallel.strategy = StrategyKind::Zero3;
+            ok.batch.world_size = world;
+            ok.check_offload_params(true).unwrap();
+        }
         assert_eq!(
             key_of(r.check_offload_params(false)),
             "parallel.offload_params",
@@ -1049,8 +1063,11 @@ steps = 1
         for change in [
             (|c: &mut TrainConfig| c.parallel.strategy = StrategyKind::Zero1)
                 as fn(&mut TrainConfig),
-            |c| c.parallel.strategy = StrategyKind::Zero3,
             |c| c.parallel.strategy = StrategyKind::Zero2,
+            |c| {
+                c.parallel.strategy = StrategyKind::Zero3;
+                c.parallel.offload_optimizer = false;
+            },
             |c| c.parallel.offload_optimizer = false,
             |c| c.step = None,
             |c| c.batch.world_size = Some(2),

@@ -581,23 +581,31 @@ fn fp16_overflows_skip_steps_and_leave_no_trace() {
 }
 
 /// `parallel.offload_params` (the blocks' parameters in host memory, streamed up as each
-/// block runs; with the optimizer offloaded): on the host build, where the config is
-/// set after parsing (it is a GPU's key), the trainer trains, evaluates, checkpoints and
-/// resumes what the optimizer's offload alone does, bit for bit; the loop holds what its
-/// plan says, two blocks' parameters and gradients instead of all of them.
+/// block runs; with the optimizer offloaded; under ZeRO-3 each rank's shard in host
+/// memory): on the host build, where the config is set after parsing (it is a GPU's key),
+/// the trainer trains, evaluates, checkpoints and resumes what the optimizer's offload
+/// alone does, bit for bit, on one rank and under ZeRO-3 on two; the loop holds what its
+/// plan says, less than without.
 #[test]
 fn offloaded_parameters_train_what_the_offloaded_optimizer_trains() {
-    for (model, precision, optimizer) in [(GPT, "bf16", ADAMW), (LLAMA, "fp32", SGD)] {
+    for (model, precision, optimizer, strategy, world) in [
+        (GPT, "bf16", ADAMW, "none", 1),
+        (LLAMA, "fp32", SGD, "none", 1),
+        // ZeRO-3 at 2 ranks: each rank's shard of the parameters in host memory.
+        (GPT, "bf16", ADAMW, "zero3", 2),
+    ] {
         // Three blocks: two slots hold less than all of them.
         let three = model.replace("n_layer = 2", "n_layer = 3");
         assert_ne!(three, model);
-        let mut c = resident(&three, precision, optimizer, "strategy = \"none\"");
+        let extra = format!("strategy = \"{strategy}\"");
+        let mut c = resident(&three, precision, optimizer, &extra);
         c.parallel.offload_optimizer = true;
         let mut p = c.clone();
         p.parallel.offload_params = true;
-        let what = format!("{} {precision}", &model[8..11]);
+        let what = format!("{} {precision} {strategy} on {world}", &model[8..11]);
         let run = |c: &TrainConfig| {
-            run_local(1, Duration::from_secs(60), |comm| {
+            run_local(world, Duration::from_secs(60), |comm| {
+                let rank = comm.rank();
                 let comm: Rc<dyn Communicator> = Rc::new(comm);
                 let mut t = trainer(c, comm.clone());
                 let mut reports = Vec::new();
@@ -608,42 +616,43 @@ fn offloaded_parameters_train_what_the_offloaded_optimizer_trains() {
                         t = trainer(c, comm.clone());
                         t.load_state(saved).unwrap();
                     }
-                    reports.push(t.train_step(&window(model, s, 0, 2)).unwrap());
+                    reports.push(t.train_step(&window(model, s, rank, 2 / world)).unwrap());
                 }
-                let eval = t.evaluate(&[micro_batch(model, 99, 0)]).unwrap();
+                let eval = t.evaluate(&[micro_batch(model, 99, rank)]).unwrap();
                 let planned = stoker_train::trainer::planned_resident_bytes(
                     c,
                     t.layout().total_len(),
-                    (0, 1),
+                    (rank, world),
                 )
                 .unwrap();
                 let counted = t.resident_bytes().unwrap().0;
                 (t.full_master().unwrap(), reports, eval, planned, counted)
             })
-            .remove(0)
         };
-        let (want, got) = (run(&c), run(&p));
-        assert_same_run(&what, (&got.0, &got.1), (&want.0, &want.1));
-        assert_eq!(
-            got.2.loss.to_bits(),
-            want.2.loss.to_bits(),
-            "{what}: evaluation"
-        );
-        assert_eq!(got.3, got.4, "{what}: planned and counted bytes");
-        assert_eq!(
-            want.3, want.4,
-            "{what}: planned and counted bytes, no offload"
-        );
-        assert!(
-            got.4.steps < want.4.steps,
-            "{what}: the offload holds {:?} against {:?}",
-            got.4,
-            want.4
-        );
-        eprintln!(
-            "{what}: the loop holds {} bytes of step with the parameters offloaded, {} without",
-            got.4.steps, want.4.steps
-        );
+        for (r, (got, want)) in run(&p).iter().zip(&run(&c)).enumerate() {
+            let what = format!("{what}, rank {r}");
+            assert_same_run(&what, (&got.0, &got.1), (&want.0, &want.1));
+            assert_eq!(
+                got.2.loss.to_bits(),
+                want.2.loss.to_bits(),
+                "{what}: evaluation"
+            );
+            assert_eq!(got.3, got.4, "{what}: planned and counted bytes");
+            assert_eq!(
+                want.3, want.4,
+                "{what}: planned and counted bytes, no offload"
+            );
+            assert!(
+                got.4.steps < want.4.steps,
+                "{what}: the offload holds {:?} against {:?}",
+                got.4,
+                want.4
+            );
+            eprintln!(
+                "{what}: the loop holds {} bytes of step with the parameters offloaded, {} without",
+                got.4.steps, want.4.steps
+            );
+        }
     }
 }
 

@@ -181,6 +181,8 @@ pub fn compare_replica(dev: &Device) -> Result<Vec<ReplicaCompared>, GpuError> {
         // The blocks' parameters offloaded (two slots on the device, the update on the
         // host): against the host build's same loop.
         ((Strategy::Offload, true), "params-off"),
+        // ZeRO-3's shard in host memory, each gather staging this rank's piece up.
+        ((Strategy::Zero3Offload, true), "zero-3 params-off"),
     ] {
         for dtype in ["f32", "bf16", "f16"] {
             let (h, d) = match dtype {

@@ -80,8 +80,6 @@ impl Offloaded {
         scalars: &Scalars,
         mult: f32,
     ) -> Result<(), GpuError> {
-        let host_grads = Host.all(&self.grads);
-        Host.copy_from(host_grads, be, grads)?;
         let mut copy = self.copy.borrow_mut();
         if copy.is_none() {
             *copy = Some(match T::DTYPE {
@@ -101,7 +99,22 @@ impl Offloaded {
                 })
             }
         };
-        optimizer::apply(&Host, &self.opt, host_copy, host_grads, scalars, mult)?;
+        self.step_into_host(be, grads, host_copy, scalars, mult)?;
         Host.copy_to(host_copy, be, params)
+    }
+
+    /// [`Self::step_on_host`] writing the compute copy `host_params` where it lives, in
+    /// host memory (ZeRO-3's shard with the parameters offloaded): nothing goes back up.
+    pub fn step_into_host<B: Backend, T: Act>(
+        &self,
+        be: &B,
+        grads: View<f32>,
+        host_params: View<T>,
+        scalars: &Scalars,
+        mult: f32,
+    ) -> Result<(), GpuError> {
+        let host_grads = Host.all(&self.grads);
+        Host.copy_from(host_grads, be, grads)?;
+        optimizer::apply(&Host, &self.opt, host_params, host_grads, scalars, mult)
     }
 }

@@ -80,6 +80,8 @@ pub trait Trainable<B: Backend> {
     fn compute_views(&self, be: &B) -> Result<ComputeViews<'_, Self::T>, GpuError>;
     /// Whether the compute copy is sharded over the ranks (ZeRO-3's step).
     fn params_sharded(&self) -> bool;
+    /// Whether ZeRO-3's shard lives in host memory (the parameters offloaded too).
+    fn shard_on_host(&self) -> bool;
     /// ZeRO-3: this rank's shard of the compute copy and the norm's scratch.
     fn shard_compute_views(&self, be: &B) -> Result<ComputeViews<'_, Self::T>, GpuError>;
     /// ZeRO-3: block `l` in its slot before it runs (a collective).
@@ -160,6 +162,9 @@ macro_rules! trainable {
             }
             fn params_sharded(&self) -> bool {
                 self.buffers().sharded().is_some()
+            }
+            fn shard_on_host(&self) -> bool {
+                self.buffers().sharded().is_some_and(|s| s.shard_on_host())
             }
             fn shard_compute_views(&self, be: &B) -> Result<ComputeViews<'_, T>, GpuError> {
                 $t::shard_compute_views(self, be)
@@ -263,6 +268,15 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                     "ZeRO-3 runs a step with its parameters sharded, and only ZeRO-3 does \
                      (strategy {strategy:?}, parameters sharded: {})",
                     step.params_sharded()
+                ),
+            });
+        }
+        if step.shard_on_host() && strategy != Strategy::Zero3Offload {
+            return Err(GpuError::Shape {
+                kernel: "replica",
+                what: format!(
+                    "ZeRO-3's shard in host memory is written by the optimizer offloaded \
+                     there (Strategy::Zero3Offload), not {strategy:?}"
                 ),
             });
         }
@@ -590,7 +604,10 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                 rule,
             )?,
             true => {
-                let views = self.step.shard_compute_views(be)?;
+                let views = (
+                    self.step.shard_compute_views(be)?,
+                    self.step.shard_on_host(),
+                );
                 let (norm, total, stepped) =
                     z.step_shard(be, coll, views, scalars, window, rule)?;
                 if stepped {

@@ -119,4 +119,25 @@ impl<B: Backend> StateAt<B> {
             StateAt::Host(o) => o.step_on_host(be, grads, params, scalars, mult),
         }
     }
+
+    /// [`Self::apply`] writing a compute copy in host memory (`host_params`, a view of
+    /// host memory): only an offloaded state can, the host's optimizer writing it in place.
+    pub fn apply_into_host<T: Act>(
+        &self,
+        be: &B,
+        host_params: View<T>,
+        grads: View<f32>,
+        scalars: &Scalars,
+        mult: f32,
+    ) -> Result<(), GpuError> {
+        match self {
+            StateAt::Here(_) => Err(GpuError::Shape {
+                kernel: "offload",
+                what: "a compute copy in host memory is written by an optimizer offloaded \
+                       there (the parameters offloaded need offload_optimizer)"
+                    .into(),
+            }),
+            StateAt::Host(o) => o.step_into_host(be, grads, host_params, scalars, mult),
+        }
+    }
 }

@@ -210,7 +210,7 @@ impl<B: Backend> Zero1<B> {
         rule: GradRule,
     ) -> Result<(f64, Tally), GpuError> {
         check_len("zero-1", "params", params.len(), self.plan.len())?;
-        let piece = (params.slice(self.shard())?, scratch);
+        let piece = ((params.slice(self.shard())?, scratch), false);
         let (norm, total, stepped) =
             self.step_shard(be, coll, piece, scalars, (tally, capacity), rule)?;
         if stepped {
@@ -221,14 +221,14 @@ impl<B: Backend> Zero1<B> {
 
     /// [`Zero1::update_shard`] up to the gather: the norm's pieces and the tallies summed
     /// (one scalar collective), the shard's optimizer step writing `piece`, this shard's
-    /// compute copy (unless `rule` skips the update). ZeRO-3's update, whose compute copy
-    /// stays sharded. Returns the unscaled norm, the summed tally, and whether the
-    /// optimizer stepped.
+    /// compute copy (in host memory where `on_host`), unless `rule` skips the update.
+    /// ZeRO-3's update, whose compute copy stays sharded. Returns the unscaled norm, the
+    /// summed tally, and whether the optimizer stepped.
     pub fn step_shard<T: Act>(
         &self,
         be: &B,
         coll: &impl Collectives<B>,
-        (piece, scratch): ComputeViews<T>,
+        ((piece, scratch), on_host): (ComputeViews<T>, bool),
         scalars: &Scalars,
         (tally, capacity): (Tally, f64),
         rule: GradRule,
@@ -241,8 +241,12 @@ impl<B: Backend> Zero1<B> {
         let total = Tally::from_values(&sums[1..]);
         let rescale = total.rescale(coll.world(), capacity)?;
         let (norm, mult) = rule.multiplier(sums[0], rescale);
-        if let Some(mult) = mult {
-            self.state.apply(be, piece, grads, scalars, mult)?;
+        match (mult, on_host) {
+            (Some(mult), false) => self.state.apply(be, piece, grads, scalars, mult)?,
+            (Some(mult), true) => self
+                .state
+                .apply_into_host(be, piece, grads, scalars, mult)?,
+            (None, _) => {}
         }
         Ok((norm, total, mult.is_some()))
     }

@@ -55,6 +55,8 @@ pub struct ShardedSizes {
     pub rank_world: (usize, usize),
     /// Elements of this rank's shard of the compute copy.
     pub shard: usize,
+    /// Whether the shard lives in host memory (the parameters offloaded too).
+    pub on_host: bool,
 }
 
 /// What a step with its blocks' parameters offloaded holds of them on the backend, in
@@ -114,15 +116,16 @@ impl StepSizes {
             resident: self.params.saturating_sub(blocks * block),
             slot: block,
         };
-        if opts.offload_params {
-            self.offload = Some(placed);
-        } else if let Some((rank, world)) = opts.shard_params {
+        if let Some((rank, world)) = opts.shard_params {
             let plan = crate::collectives::shard_plan(self.params, world.max(1));
             self.sharded = Some(ShardedSizes {
                 placed,
                 rank_world: (rank, world),
                 shard: plan.range(rank.min(world.max(1) - 1)).len(),
+                on_host: opts.offload_params,
             });
+        } else if opts.offload_params {
+            self.offload = Some(placed);
         } else if opts.grads_in_slots {
             self.grad_slots = Some(placed);
         }
@@ -134,7 +137,10 @@ impl StepSizes {
     pub fn backend_params(&self) -> usize {
         match (self.offload, self.sharded) {
             (Some(o), _) => o.resident + 2 * o.slot,
-            (None, Some(s)) => s.placed.resident + 2 * s.placed.slot + s.shard,
+            (None, Some(s)) => {
+                let shard = if s.on_host { 0 } else { s.shard };
+                s.placed.resident + 2 * s.placed.slot + shard
+            }
             (None, None) => self.params,
         }
     }
@@ -200,7 +206,8 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
         };
         let sharded = match (sizes.sharded, &offload) {
             (Some(want), None) => {
-                let s = ShardedParams::new(be, blocks, sizes.params, want.rank_world)?;
+                let s =
+                    ShardedParams::new(be, blocks, sizes.params, want.rank_world, want.on_host)?;
                 want.placed.check(s.placement(), "a sharded copy")?;
                 check_len("step", "shard", s.shard_range().len(), want.shard)?;
                 Some(s)

@@ -5,7 +5,9 @@
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StepOptions {
     /// The blocks' parameters offloaded to host memory, each block's streamed up as it
-    /// runs ([`super::param_offload`]; FSDP's `CPUOffload(offload_params=True)`).
+    /// runs ([`super::param_offload`]; FSDP's `CPUOffload(offload_params=True)`). With
+    /// [`Self::shard_params`], the rank's shard lives in host memory instead
+    /// ([`super::sharded_params`]; DeepSpeed's stage 3 with `offload_param`).
     pub offload_params: bool,
     /// Attention's probabilities recomputed in each block's backward (the scores'
     /// product and the softmax again, the same kernels on the same inputs, so the same

@@ -7,8 +7,13 @@
 //! shard, and the resident runs are gathered again. A block's gradients are the ZeRO-2
 //! replica's to reduce-scatter after its backward.
 //!
+//! With the parameters offloaded too (`StepOptions::offload_params`: FSDP's `FULL_SHARD`
+//! with `CPUOffload(offload_params=True)`, DeepSpeed's stage 3 with `offload_param`) the
+//! shard lives in host memory: a gather stages this rank's piece up from there, and the
+//! offloaded optimizer writes it in place ([`crate::parallel::StateAt::apply_into_host`]).
+//!
 //! So a rank holds on the backend the resident runs, two blocks, `1 / world` of the
-//! rest, and the activations: per micro-batch each block is gathered twice (its forward
+//! rest (none of it with the shard on the host), and the activations: per micro-batch each block is gathered twice (its forward
 //! and its backward) and its gradients reduce-scattered once, ZeRO-3's 1.5x the
 //! communication of DDP.
 //!
@@ -33,6 +38,7 @@ use crate::backend::{Backend, View};
 use crate::collectives::{shard_plan, Collectives, Mark};
 use crate::elem::Act;
 use crate::error::{check_len, GpuError};
+use crate::host::{Host, HostBuf};
 
 /// One rank's ZeRO-3 compute copy: see the module docs.
 pub struct ShardedParams<B: Backend, T: Act> {
@@ -40,7 +46,7 @@ pub struct ShardedParams<B: Backend, T: Act> {
     plan: ShardPlan,
     rank: usize,
     /// This rank's shard of the compute copy.
-    shard: B::Buf<T>,
+    shard: ShardAt<B, T>,
     /// What each slot holds.
     held: Cell<[Option<Held>; 2]>,
 }
@@ -48,14 +54,23 @@ pub struct ShardedParams<B: Backend, T: Act> {
 /// A slot's block, and the mark of its gather while it may still be running.
 type Held = (usize, Option<Mark>);
 
+/// Where a rank's shard of the compute copy lives.
+enum ShardAt<B: Backend, T: Act> {
+    /// On the backend.
+    Backend(B::Buf<T>),
+    /// In host memory (the parameters offloaded).
+    Host(HostBuf<T>),
+}
+
 impl<B: Backend, T: Act> ShardedParams<B, T> {
     /// Rank `rank` of `world`'s copy of a flat buffer of `end` elements whose blocks hold
-    /// `blocks`.
+    /// `blocks`, its shard in host memory where `on_host`.
     pub(crate) fn new(
         be: &B,
         blocks: &[Vec<Range<usize>>],
         end: usize,
         (rank, world): (usize, usize),
+        on_host: bool,
     ) -> Result<Self, GpuError> {
         if rank >= world {
             return Err(GpuError::Shape {
@@ -66,7 +81,10 @@ impl<B: Backend, T: Act> ShardedParams<B, T> {
         let plan = shard_plan(end, world);
         Ok(ShardedParams {
             slots: ParamSlots::new(be, blocks, end)?,
-            shard: be.zeros(plan.range(rank).len())?,
+            shard: match on_host {
+                true => ShardAt::Host(Host.zeros(plan.range(rank).len())?),
+                false => ShardAt::Backend(be.zeros(plan.range(rank).len())?),
+            },
             plan,
             rank,
             held: Cell::new([None, None]),
@@ -88,9 +106,18 @@ impl<B: Backend, T: Act> ShardedParams<B, T> {
         self.plan.range(self.rank)
     }
 
-    /// This rank's shard of the compute copy: what its optimizer writes.
+    /// This rank's shard of the compute copy: what its optimizer writes (a view of host
+    /// memory where [`Self::shard_on_host`]).
     pub fn shard(&self, be: &B) -> View<'_, T> {
-        be.all(&self.shard)
+        match &self.shard {
+            ShardAt::Backend(b) => be.all(b),
+            ShardAt::Host(h) => Host.all(h),
+        }
+    }
+
+    /// Whether the shard lives in host memory (the parameters offloaded).
+    pub fn shard_on_host(&self) -> bool {
+        matches!(self.shard, ShardAt::Host(_))
     }
 
     /// Elements of the flat buffer.
@@ -202,10 +229,12 @@ impl<B: Backend, T: Act> ShardedParams<B, T> {
         let local = self.plan.local_within(self.rank, r);
         if !local.is_empty() {
             let at = self.plan.range(self.rank).start + local.start - r.start;
-            be.copy(
-                dst.slice(at..at + local.len())?,
-                be.view(&self.shard, local)?,
-            )?;
+            let dst = dst.slice(at..at + local.len())?;
+            match &self.shard {
+                ShardAt::Backend(b) => be.copy(dst, be.view(b, local)?)?,
+                // Staged: the copy queues behind the launches before it.
+                ShardAt::Host(h) => Host.stage_to(Host.view(h, local)?, be, dst)?,
+            }
         }
         Ok(())
     }
@@ -238,7 +267,11 @@ impl<B: Backend, T: Act> ShardedParams<B, T> {
         check_len("zero-3", "params", master.len(), self.plan.len())?;
         self.forget_slots();
         let round = |xs: &[f32]| -> Vec<T> { xs.iter().map(|&x| T::from_f32(x)).collect() };
-        be.write(&self.shard, 0, &round(&master[self.shard_range()]))?;
+        let shard = round(&master[self.shard_range()]);
+        match &self.shard {
+            ShardAt::Backend(b) => be.write(b, 0, &shard)?,
+            ShardAt::Host(h) => Host.write(h, 0, &shard)?,
+        }
         for (r, o) in self.placement().resident() {
             be.write(resident, *o, &round(&master[r.clone()]))?;
         }
@@ -247,23 +280,35 @@ impl<B: Backend, T: Act> ShardedParams<B, T> {
 
     /// The shard's compute copy, widened to f32.
     pub fn shard_values(&self, be: &B) -> Result<Vec<f32>, GpuError> {
-        Ok(be
-            .download(&self.shard)?
-            .into_iter()
-            .map(T::to_f32)
-            .collect())
+        let values = match &self.shard {
+            ShardAt::Backend(b) => be.download(b)?,
+            ShardAt::Host(h) => Host.download(h)?,
+        };
+        Ok(values.into_iter().map(T::to_f32).collect())
     }
 
     /// Copies `other`'s shard (the same model and rank at another batch shape).
     pub(crate) fn copy_shard_from(&self, be: &B, other: &Self) -> Result<(), GpuError> {
-        check_len("zero-3", "shard", B::len(&self.shard), B::len(&other.shard))?;
         self.forget_slots();
-        be.copy(be.all(&self.shard), be.all(&other.shard))
+        match (&self.shard, &other.shard) {
+            (ShardAt::Backend(a), ShardAt::Backend(b)) => be.copy(be.all(a), be.all(b)),
+            (ShardAt::Host(a), ShardAt::Host(b)) => Host.copy(Host.all(a), Host.all(b)),
+            _ => Err(GpuError::Shape {
+                kernel: "zero-3",
+                what: "copying a shard between a step with its parameters offloaded and one \
+                       without"
+                    .into(),
+            }),
+        }
     }
 
-    /// Bytes on the backend: the slots and the shard (the resident runs are the step's
-    /// own buffers).
+    /// Bytes on the backend: the slots and the shard unless it is in host memory (the
+    /// resident runs are the step's own buffers).
     pub(crate) fn backend_bytes(&self) -> usize {
-        self.slots.bytes() + B::len(&self.shard) * std::mem::size_of::<T>()
+        let shard = match &self.shard {
+            ShardAt::Backend(b) => B::len(b) * std::mem::size_of::<T>(),
+            ShardAt::Host(_) => 0,
+        };
+        self.slots.bytes() + shard
     }
 }

@@ -96,6 +96,23 @@ pub fn train<T: Act, C: Communicator>(
     rule: GradRule,
     round_seed: Option<u64>,
 ) -> RankEnd {
+    train_with::<T, C>(
+        comm,
+        (strategy, StepOptions::default()),
+        opt,
+        rule,
+        round_seed,
+    )
+}
+
+/// [`train`] with the step made from `base` (what the strategy needs added).
+pub fn train_with<T: Act, C: Communicator>(
+    comm: &C,
+    (strategy, base): (Strategy, StepOptions),
+    opt: Optimizer,
+    rule: GradRule,
+    round_seed: Option<u64>,
+) -> RankEnd {
     let g = gpt(&DIMS, SEED, 0.2);
     let (rank, world) = (comm.rank(), comm.world_size());
     let step = GptGpuStep::<Host, T>::with_options(
@@ -104,7 +121,7 @@ pub fn train<T: Act, C: Communicator>(
         g.offsets.clone(),
         1e-5,
         (B, T),
-        options_for(strategy, (rank, world)),
+        strategy.step_options(base, (rank, world)),
     )
     .unwrap();
     let segs = segments(&g.ranges);

@@ -75,12 +75,15 @@ impl LoopPlan {
         strategy: &dyn Strategy,
         master: &[f32],
     ) -> Result<Box<dyn ResidentRun>> {
-        if self.options.offload_params && strategy.world_size() > 1 {
+        if self.options.offload_params
+            && strategy.world_size() > 1
+            && !self.strategy.shards_params()
+        {
             return Err(crate::error::config_err(
                 "parallel.offload_params",
                 format!(
-                    "runs on one rank; this job has {}: offloaded parameters with several \
-                     ranks are not built",
+                    "runs on one rank, or sharded under \"zero3\"; this job has {}: \
+                     offloaded whole parameters with several ranks are not built",
                     strategy.world_size()
                 ),
             ));
