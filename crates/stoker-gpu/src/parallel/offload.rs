@@ -105,7 +105,7 @@ impl Offloaded {
 
     /// [`Self::step_on_host`] writing the compute copy `host_params` where it lives, in
     /// host memory (ZeRO-3's shard with the parameters offloaded): nothing goes back up.
-    pub fn step_into_host<B: Backend, T: Act>(
+    pub(crate) fn step_into_host<B: Backend, T: Act>(
         &self,
         be: &B,
         grads: View<f32>,

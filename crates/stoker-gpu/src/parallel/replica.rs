@@ -537,12 +537,12 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         if !failed {
             return Ok(());
         }
-        coll.finish(be)?;
+        // Forgotten first: even if `finish` fails, no later window adds a stale piece.
         self.step.forget_slots();
         if let Some(b) = blocks {
             b.abandon();
         }
-        Ok(())
+        coll.finish(be)
     }
 
     /// A window's target capacity over every rank (ranks x `micro` micro-batches x

@@ -120,9 +120,10 @@ impl<B: Backend> StateAt<B> {
         }
     }
 
-    /// [`Self::apply`] writing a compute copy in host memory (`host_params`, a view of
-    /// host memory): only an offloaded state can, the host's optimizer writing it in place.
-    pub fn apply_into_host<T: Act>(
+    /// [`Self::apply`] writing a compute copy in host memory (`host_params` must be a view
+    /// of a [`crate::host::HostBuf`]: ZeRO-3's shard, the one caller): only an offloaded
+    /// state can, the host's optimizer writing it in place.
+    pub(crate) fn apply_into_host<T: Act>(
         &self,
         be: &B,
         host_params: View<T>,

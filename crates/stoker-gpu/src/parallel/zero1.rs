@@ -224,7 +224,7 @@ impl<B: Backend> Zero1<B> {
     /// compute copy (in host memory where `on_host`), unless `rule` skips the update.
     /// ZeRO-3's update, whose compute copy stays sharded. Returns the unscaled norm, the
     /// summed tally, and whether the optimizer stepped.
-    pub fn step_shard<T: Act>(
+    pub(crate) fn step_shard<T: Act>(
         &self,
         be: &B,
         coll: &impl Collectives<B>,
