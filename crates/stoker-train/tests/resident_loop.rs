@@ -513,7 +513,11 @@ fn an_offloaded_optimizer_leaves_the_device_only_the_step() {
 /// skipped step leaves no trace in the weights, the moments or the optimizer's count.
 #[test]
 fn fp16_overflows_skip_steps_and_leave_no_trace() {
-    for (extra, world) in [("strategy = \"none\"", 1), ("strategy = \"zero1\"", 2)] {
+    for (extra, world) in [
+        ("strategy = \"none\"", 1),
+        ("strategy = \"zero1\"", 2),
+        ("strategy = \"zero3\"", 2),
+    ] {
         let mut c = resident(GPT, "fp16", ADAMW, extra);
         assert!(c.resident_loop(), "{extra}: not on the loop");
         let k = 4 / world;
@@ -657,15 +661,16 @@ fn offloaded_parameters_train_what_the_offloaded_optimizer_trains() {
 }
 
 /// `recompute = "attention"`: each block's attention probabilities recomputed in its
-/// backward, one `[B, H, T, T]` buffer for every block. On the loop (one rank, ZeRO-1 on
-/// two) and through the adapter (ZeRO-2), a GPT and a Llama train to the same bits as
-/// without it, holding less, as planned.
+/// backward, one `[B, H, T, T]` buffer for every block. On the loop (one rank; ZeRO-1,
+/// ZeRO-2 and ZeRO-3 on two), a GPT and a Llama train to the same bits as without it,
+/// holding less, as planned.
 #[test]
 fn recomputed_attention_trains_the_same_bits_in_less_memory() {
     for (model, extra, world) in [
         (GPT, "strategy = \"none\"", 1),
         (LLAMA, "strategy = \"zero1\"", 2),
         (GPT, "strategy = \"zero2\"", 2),
+        (LLAMA, "strategy = \"zero3\"", 2),
     ] {
         let three = model.replace("n_layer = 2", "n_layer = 3");
         let plain = resident(&three, "fp32", ADAMW, extra);
