@@ -50,6 +50,13 @@ fn check_strategy(
         candle_core::DType::BF16 => 1e-3,
         _ => 1e-4,
     };
+    // The loss to 1e-5, and to 1e-4 on that bf16 graph: its linear layers' bias
+    // gradients are sums over every row, taken in f32 and rounded to bf16, so splitting
+    // the rows over ranks rounds them otherwise (measured: 1.9e-5 under ZeRO-3 at 2).
+    let loss_tol = match c.kernels.param_dtype(c.precision) {
+        candle_core::DType::BF16 => 1e-4,
+        _ => 1e-5,
+    };
     let reference = train(1, &c, model, g, 2, micro_batch).remove(0);
     for world in [2, 4] {
         let ranks = train(world, &c, model, g, 1, micro_batch);
@@ -71,7 +78,12 @@ fn check_strategy(
             );
             for (a, b) in reports.iter().zip(&reference.1) {
                 assert_eq!(a.count, b.count, "{what}: global target count");
-                stoker_testkit::assert_close_scalar(a.loss, b.loss, 1e-5, &format!("{what}: loss"));
+                stoker_testkit::assert_close_scalar(
+                    a.loss,
+                    b.loss,
+                    loss_tol,
+                    &format!("{what}: loss"),
+                );
                 stoker_testkit::assert_close_scalar(
                     a.grad_norm,
                     b.grad_norm,
