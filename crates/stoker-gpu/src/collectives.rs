@@ -144,7 +144,9 @@ pub(crate) fn piece(
 }
 
 /// Through a [`Communicator`] on host memory, held by any pointer to one (a reference,
-/// an `Rc<dyn Communicator>`).
+/// an `Rc<dyn Communicator>`). A group of one needs no collective: its sums and gathers
+/// are the buffers as they are (a reduce-scatter a copy on the backend), with nothing
+/// copied through the host (a single GPU's ZeRO strategies run that way).
 #[derive(Debug)]
 pub struct ThroughHost<P>(pub P);
 
@@ -171,6 +173,9 @@ impl<B: Backend, P: Deref<Target = C>, C: Communicator + ?Sized> Collectives<B> 
     }
 
     fn all_reduce(&self, be: &B, buf: View<f32>) -> Result<(), GpuError> {
+        if self.0.world_size() == 1 {
+            return Ok(());
+        }
         let mut host = be.read(buf)?;
         let what = format!("all-reducing {} gradients", host.len());
         self.0.all_reduce(&mut host).map_err(self.err(what))?;
@@ -187,6 +192,9 @@ impl<B: Backend, P: Deref<Target = C>, C: Communicator + ?Sized> Collectives<B> 
         let (world, rank) = (self.0.world_size(), self.0.rank());
         let (_, mine) = piece("reduce-scatter", counts, world, rank, input.len())?;
         check_len("reduce-scatter", "out", out.len(), mine)?;
+        if world == 1 {
+            return be.copy(out, input);
+        }
         let host = be.read(input)?;
         let mut piece = vec![0f32; mine];
         let what = format!("reduce-scattering {} gradients", host.len());
@@ -199,6 +207,9 @@ impl<B: Backend, P: Deref<Target = C>, C: Communicator + ?Sized> Collectives<B> 
     fn all_gather<E: Act>(&self, be: &B, buf: View<E>, counts: &[usize]) -> Result<(), GpuError> {
         let (world, rank) = (self.0.world_size(), self.0.rank());
         let (at, mine) = piece("all-gather", counts, world, rank, buf.len())?;
+        if world == 1 {
+            return Ok(());
+        }
         // bf16 widens to f32 and back exactly: the communicators carry f32.
         let host: Vec<f32> = be
             .read(buf.slice(at..at + mine)?)?
@@ -217,6 +228,9 @@ impl<B: Backend, P: Deref<Target = C>, C: Communicator + ?Sized> Collectives<B> 
     fn sum(&self, _: &B, xs: &[f64]) -> Result<Vec<f64>, GpuError> {
         check_scalars(xs)?;
         let mut v = xs.to_vec();
+        if self.0.world_size() == 1 {
+            return Ok(v);
+        }
         let what = format!("summing {} scalars", v.len());
         self.0.all_reduce(&mut v).map_err(self.err(what))?;
         Ok(v)

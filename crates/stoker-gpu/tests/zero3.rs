@@ -16,7 +16,7 @@ use stoker_gpu::step::options::StepOptions;
 use stoker_gpu::step::{GptGpuStep, LlamaGpuStep, TokenBatch};
 use stoker_gpu::{Act, GpuError, Host, View};
 use stoker_kernels::GptDims;
-use stoker_testkit::assert_bits_eq;
+use stoker_testkit::{assert_bits_eq, assert_close};
 
 use ranks::*;
 
@@ -599,5 +599,39 @@ fn zero3_with_its_shard_on_the_host_is_zero3_offloaded_bit_for_bit() {
             let e = e.expect("the shard on the host without the optimizer offloaded");
             assert!(e.contains("Zero3Offload"), "{what}: {e}");
         }
+    }
+}
+
+/// One rank needs no collective: ZeRO-1, -2 and -3 windows at one rank, and an
+/// evaluation, make no call on the communicator (a single GPU's ZeRO copies nothing
+/// through the host), and train what DDP trains there.
+#[test]
+fn one_rank_calls_no_collective() {
+    let run = |strategy: Strategy| {
+        run_local(1, DEFAULT_TIMEOUT, |comm| {
+            let replica = replica_for::<f32>(&comm, strategy);
+            let coll = ThroughHost(&comm);
+            for w in 0..2 {
+                let data = window(w);
+                let mine: Vec<TokenBatch> = data.iter().map(batch).collect();
+                let s = scalars(Optimizer::AdamW, w as u64 + 1);
+                replica
+                    .window(&Host, &coll, &mine, &s, rule(Some(0.05)))
+                    .unwrap();
+            }
+            let e = replica
+                .evaluate(&Host, &coll, batch(&window(2)[0]))
+                .unwrap();
+            let master = replica.state().master(&Host).unwrap().1;
+            (comm.stats().calls(), master, e)
+        })
+        .remove(0)
+    };
+    let ddp = run(Strategy::Ddp);
+    for strategy in [Strategy::Zero1, Strategy::Zero2, Strategy::Zero3] {
+        let (calls, master, e) = run(strategy);
+        assert_eq!(calls, 0, "{strategy:?}: calls on a group of one");
+        assert_close(&master, &ddp.1, 1e-6, &format!("{strategy:?}: master"));
+        assert_eq!(e.2, ddp.2 .2, "{strategy:?}: evaluated targets");
     }
 }
