@@ -261,6 +261,17 @@ pub enum StrategyKind {
 }
 
 impl StrategyKind {
+    /// The name `parallel.strategy` gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            StrategyKind::None => "none",
+            StrategyKind::Ddp => "ddp",
+            StrategyKind::Zero1 => "zero1",
+            StrategyKind::Zero2 => "zero2",
+            StrategyKind::Zero3 => "zero3",
+        }
+    }
+
     /// The planner's stage for this strategy (one rank's `none` is DDP's arithmetic).
     pub fn stage(self) -> stoker_plan::strategy::Stage {
         use stoker_plan::strategy::Stage;

@@ -786,12 +786,7 @@ pub fn resident_plan_line(
     Ok(Some(format!(
         "resident loop per rank ({} on {world} rank(s), micro-batch {} x {}): {:.2} MiB \
          planned from its buffers (master and optimizer {:.2} + step {:.2}){share}",
-        match cfg.parallel.strategy {
-            StrategyKind::Zero1 => "zero1",
-            StrategyKind::Zero2 => "zero2",
-            StrategyKind::None => "none",
-            _ => "ddp",
-        },
+        cfg.parallel.strategy.name(),
         cfg.batch.micro_batch,
         cfg.model.context().unwrap_or(1),
         mib(b.total()),

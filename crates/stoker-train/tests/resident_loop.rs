@@ -427,9 +427,10 @@ fn the_plan_line_finds_the_largest_micro_batch_that_fits() {
     // this GPT's two blocks fill its two slots, so it saves nothing); off the loop, no
     // line.
     let zero3 = resident(GPT, "bf16", ADAMW, "strategy = \"zero3\"");
-    assert!(stoker_train::planned::resident_plan_line(&zero3, 2, None)
+    let line = stoker_train::planned::resident_plan_line(&zero3, 2, None)
         .unwrap()
-        .is_some());
+        .unwrap();
+    assert!(line.contains("(zero3 on 2 rank(s)"), "{line}");
     let off = resident(
         GPT,
         "bf16",
