@@ -104,6 +104,14 @@ pub fn shard_plan(len: usize, world: usize) -> ShardPlan {
     ShardPlan::new(len, world, DEFAULT_ALIGN)
 }
 
+/// Elements of rank `rank`'s shard of a flat buffer of `len` over `world` ranks
+/// ([`shard_plan`]), planned before anything is made (an out-of-range rank counts as the
+/// last, a world of 0 as 1: the plan's caller checks them when it makes the buffers).
+pub fn shard_len(len: usize, (rank, world): (usize, usize)) -> usize {
+    let world = world.max(1);
+    shard_plan(len, world).range(rank.min(world - 1)).len()
+}
+
 /// A point in the collectives a rank has started ([`Collectives::mark`]): its count of
 /// marks so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -109,13 +109,9 @@ impl<B: Backend> DataParallel<B> {
             Strategy::Ddp | Strategy::Offload => {
                 DataParallel::Ddp(StateAt::new(be, kind, master, segments, offload)?)
             }
-            Strategy::Zero1 | Strategy::Zero1Offload => {
-                DataParallel::Zero1(Zero1::new(be, kind, master, segments, rank_world, offload)?)
-            }
-            // Its landing buffer comes with the step's block size ([`Self::accumulating`]).
-            Strategy::Zero2 | Strategy::Zero2Offload | Strategy::Zero3 | Strategy::Zero3Offload => {
-                DataParallel::Zero1(Zero1::new(be, kind, master, segments, rank_world, offload)?)
-            }
+            // ZeRO-2's and -3's landing buffers come with the step's block size
+            // ([`Self::accumulating`]).
+            _ => DataParallel::Zero1(Zero1::new(be, kind, master, segments, rank_world, offload)?),
         })
     }
 
@@ -151,9 +147,7 @@ impl<B: Backend> DataParallel<B> {
             Strategy::Ddp => kind.state_bytes(len),
             Strategy::Offload => 0,
             _ => {
-                let shard = super::zero1::shard_plan(len, world)
-                    .range(rank.min(world.max(1) - 1))
-                    .len();
+                let shard = crate::collectives::shard_len(len, (rank, world));
                 let state = match strategy.offloads_optimizer() {
                     true => 0,
                     false => kind.state_bytes(shard),

@@ -18,13 +18,11 @@ use std::ops::Range;
 use stoker_comm::shard::ShardPlan;
 
 use super::grad_rule::GradRule;
-pub use super::landing::landing_len;
 use super::landing::{BlockReductions, Landing};
 use super::state_at::StateAt;
 use super::tally::Tally;
 use crate::backend::{Backend, View};
-pub use crate::collectives::shard_plan;
-use crate::collectives::Collectives;
+use crate::collectives::{shard_plan, Collectives};
 use crate::elem::Act;
 use crate::error::{check_len, GpuError};
 use crate::step::optimizer::{self, ComputeViews, Optimizer, Scalars, UpdateViews};
@@ -88,7 +86,7 @@ impl<B: Backend> Zero1<B> {
 
     /// This state for ZeRO-2: the shard's gradients summed from reductions after every
     /// block's backward ([`Zero1::blocks`]), of at most `block_len` elements each, with
-    /// two landing buffers ([`landing_len`] each).
+    /// two landing buffers ([`super::landing::landing_len`] each).
     pub fn accumulating(mut self, be: &B, block_len: usize) -> Result<Self, GpuError> {
         self.landing = Some(Landing::new(be, B::len(&self.grads), block_len)?);
         Ok(self)

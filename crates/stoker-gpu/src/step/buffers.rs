@@ -116,12 +116,11 @@ impl StepSizes {
             resident: self.params.saturating_sub(blocks * block),
             slot: block,
         };
-        if let Some((rank, world)) = opts.shard_params {
-            let plan = crate::collectives::shard_plan(self.params, world.max(1));
+        if let Some(rank_world) = opts.shard_params {
             self.sharded = Some(ShardedSizes {
                 placed,
-                rank_world: (rank, world),
-                shard: plan.range(rank.min(world.max(1) - 1)).len(),
+                rank_world,
+                shard: crate::collectives::shard_len(self.params, rank_world),
                 on_host: opts.offload_params,
             });
         } else if opts.offload_params {

@@ -40,12 +40,25 @@ macro_rules! token_step_api {
         /// scratch.
         pub fn update_views(&self, be: &B) -> Result<UpdateViews<'_, T>, GpuError> {
             let (params, grads) = self.bufs.whole(be)?;
+            let (squares, partials) = self.norm_scratch(be)?;
             Ok(UpdateViews {
                 params,
                 grads,
-                squares: self.bufs.f(be, self.layout.grad_norm)?,
-                partials: self.bufs.f(be, self.layout.partials)?,
+                squares,
+                partials,
             })
+        }
+
+        /// The norm's scratch: one f32 for the squared norm, then the per-warp partial sums.
+        fn norm_scratch(
+            &self,
+            be: &B,
+        ) -> Result<($crate::backend::View<'_, f32>, $crate::backend::View<'_, f32>), GpuError>
+        {
+            Ok((
+                self.bufs.f(be, self.layout.grad_norm)?,
+                self.bufs.f(be, self.layout.partials)?,
+            ))
         }
 
         /// The compute copy (the whole flat buffer on the backend) and the norm's scratch
@@ -57,10 +70,7 @@ macro_rules! token_step_api {
         ) -> Result<$crate::step::optimizer::ComputeViews<'_, T>, GpuError> {
             Ok((
                 self.bufs.whole_params(be)?,
-                (
-                    self.bufs.f(be, self.layout.grad_norm)?,
-                    self.bufs.f(be, self.layout.partials)?,
-                ),
+                self.norm_scratch(be)?,
             ))
         }
 
@@ -79,10 +89,7 @@ macro_rules! token_step_api {
             })?;
             Ok((
                 sharded.shard(be),
-                (
-                    self.bufs.f(be, self.layout.grad_norm)?,
-                    self.bufs.f(be, self.layout.partials)?,
-                ),
+                self.norm_scratch(be)?,
             ))
         }
 
