@@ -21,10 +21,12 @@ pub fn landing_len(shard: usize, block_len: usize) -> usize {
     shard.min(block_len)
 }
 
-/// A block's reduction started and not yet added: its mark, and each piece's place in
-/// the shard and in the landing buffer.
+/// A landing buffer's block reduction: its mark while it is started and not yet added,
+/// and each piece's place in the shard and in the landing buffer (kept from block to
+/// block, so a step allocates nothing after its first pass).
+#[derive(Default)]
 struct Pending {
-    mark: Mark,
+    mark: Option<Mark>,
     pieces: Vec<(Range<usize>, usize)>,
 }
 
@@ -33,7 +35,7 @@ pub(crate) struct Landing<B: Backend> {
     bufs: [B::Buf<f32>; 2],
     /// The longest run one reduction takes (the step's largest block).
     most: usize,
-    pending: RefCell<[Option<Pending>; 2]>,
+    pending: RefCell<[Pending; 2]>,
 }
 
 impl<B: Backend> Landing<B> {
@@ -43,7 +45,7 @@ impl<B: Backend> Landing<B> {
         Ok(Landing {
             bufs: [be.zeros(len)?, be.zeros(len)?],
             most: block_len.max(1),
-            pending: RefCell::new([None, None]),
+            pending: RefCell::new(Default::default()),
         })
     }
 
@@ -95,25 +97,29 @@ impl<B: Backend> BlockReductions<'_, B> {
     }
 
     /// Starts the reductions of one block's `runs` (each run's gradients and its place in
-    /// the flat buffer) into landing buffer `parity` (the block's slot's), without holding
-    /// back later launches; what that buffer held in flight is added first.
+    /// the flat buffer, or the error of finding them) into landing buffer `parity` (the
+    /// block's slot's), without holding back later launches; what that buffer held in
+    /// flight is added first.
     ///
     /// # Safety
     /// Until [`Self::flush`] of `parity` (or [`Self::flush_all`], or the collectives'
     /// `finish`), nothing may write the runs' gradients, and their buffers must stay
     /// alive: on a device the reductions may still be reading them.
-    pub unsafe fn start_block(
+    pub unsafe fn start_block<'r>(
         &self,
         be: &B,
         coll: &impl Collectives<B>,
-        runs: &[(View<f32>, Range<usize>)],
+        runs: impl IntoIterator<Item = Result<(View<'r, f32>, &'r Range<usize>), GpuError>>,
         parity: usize,
     ) -> Result<(), GpuError> {
         self.flush(be, coll, parity)?;
         let landing = &self.landing.bufs[parity % 2];
-        let mut pieces = Vec::with_capacity(runs.len());
+        let mut pending = self.landing.pending.borrow_mut();
+        let pieces = &mut pending[parity % 2].pieces;
+        pieces.clear();
         let mut at = 0;
-        for (input, run) in runs {
+        for run in runs {
+            let (input, run) = run?;
             check_len("zero-2", "input", input.len(), run.len())?;
             if run.len() > self.landing.most {
                 return Err(GpuError::Shape {
@@ -133,27 +139,28 @@ impl<B: Backend> BlockReductions<'_, B> {
             // SAFETY: the caller keeps the input unwritten and alive until this parity's
             // flush; the landing piece is touched by nothing else until that flush waits
             // for it (each run's piece has its own place in the buffer).
-            unsafe { coll.start_reduce_scatter(be, *input, &counts, landed)? };
+            unsafe { coll.start_reduce_scatter(be, input, &counts, landed)? };
             let len = local.len();
             pieces.push((local, at));
             at += len;
         }
-        let mark = coll.mark(be)?;
-        self.landing.pending.borrow_mut()[parity % 2] = Some(Pending { mark, pieces });
+        pending[parity % 2].mark = Some(coll.mark(be)?);
         Ok(())
     }
 
     /// Waits for the block reduction in flight in landing buffer `parity`, if any, and
     /// adds its pieces into the shard's gradients.
     pub fn flush(&self, be: &B, coll: &impl Collectives<B>, parity: usize) -> Result<(), GpuError> {
-        let Some(p) = self.landing.pending.borrow_mut()[parity % 2].take() else {
+        let mut pending = self.landing.pending.borrow_mut();
+        let p = &mut pending[parity % 2];
+        let Some(mark) = p.mark.take() else {
             return Ok(());
         };
-        coll.wait(be, p.mark)?;
+        coll.wait(be, mark)?;
         let landing = &self.landing.bufs[parity % 2];
-        for (local, at) in p.pieces {
-            let landed = be.view(landing, at..at + local.len())?;
-            crate::kernels::add_into(be, be.view(self.grads, local)?, landed)?;
+        for (local, at) in &p.pieces {
+            let landed = be.view(landing, *at..at + local.len())?;
+            crate::kernels::add_into(be, be.view(self.grads, local.clone())?, landed)?;
         }
         Ok(())
     }
@@ -167,6 +174,8 @@ impl<B: Backend> BlockReductions<'_, B> {
     /// Forgets the reductions in flight without adding them: after a failed window,
     /// once the collectives' `finish` has ordered everything after them.
     pub fn abandon(&self) {
-        *self.landing.pending.borrow_mut() = [None, None];
+        for p in self.landing.pending.borrow_mut().iter_mut() {
+            p.mark = None;
+        }
     }
 }

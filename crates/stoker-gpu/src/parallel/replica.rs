@@ -412,7 +412,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
             true => Some(self.step.update_views(be)?.grads),
             false => None,
         };
-        let mut start = |runs: &[Range<usize>]| -> Result<(), GpuError> {
+        let start = |runs: &[Range<usize>]| -> Result<(), GpuError> {
             let Some(grads) = grads else { return Ok(()) };
             runs.iter().try_for_each(|r| {
                 // SAFETY: a block's runs are final when the backward calls back (and the
@@ -424,10 +424,11 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         let mut queued = || -> Result<(), GpuError> {
             for (j, batch) in micro.iter().enumerate() {
                 let last = buckets && j + 1 == micro.len();
+                let mut after = |_: usize, runs: &[Range<usize>]| start(runs);
                 let hooks = BlockHooks {
                     before: None,
                     after: match last {
-                        true => Some(&mut start),
+                        true => Some(&mut after),
                         false => None,
                     },
                 };
@@ -635,30 +636,26 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         tally: &mut Tally,
     ) -> Result<(), GpuError> {
         let sharded = self.step.params_sharded();
-        // The block whose backward runs: its reduction lands in its slot's parity.
-        let current = std::cell::Cell::new(0usize);
         for (j, batch) in micro.iter().enumerate() {
             let mut before = |l: usize, backward: bool| -> Result<(), GpuError> {
                 if backward {
                     // The slot's last reduction lands before the backward zeroes it.
                     blocks.flush(be, coll, l % 2)?;
-                    current.set(l);
                 }
                 match sharded {
                     true => self.gather_around(be, coll, l, backward),
                     false => Ok(()),
                 }
             };
-            let mut after = |runs: &[Range<usize>]| -> Result<(), GpuError> {
+            let mut after = |l: usize, runs: &[Range<usize>]| -> Result<(), GpuError> {
                 let inputs = runs
                     .iter()
-                    .map(|r| Ok((self.step.grads_at(be, r.clone())?, r.clone())))
-                    .collect::<Result<Vec<_>, GpuError>>()?;
+                    .map(|r| Ok((self.step.grads_at(be, r.clone())?, r)));
                 // SAFETY: the block's gradient slot is written next when the backward of
                 // the block after next zeroes it, after `before` has flushed this parity
                 // (or after the flush below, or a failed window's `finish`); the step
                 // outlives the window.
-                unsafe { blocks.start_block(be, coll, &inputs, current.get() % 2) }
+                unsafe { blocks.start_block(be, coll, inputs, l % 2) }
             };
             let hooks = BlockHooks {
                 before: Some(&mut before),

@@ -656,8 +656,9 @@ pub(crate) fn loss_and_grad<B: Backend, T: Act>(
 /// Called with a block's index just before it runs, and whether it is its backward.
 pub type BeforeBlock<'a> = &'a mut dyn FnMut(usize, bool) -> Result<(), GpuError>;
 
-/// Called with a block's parameter runs once its backward has queued their last gradient.
-pub type AfterBlock<'a> = &'a mut dyn FnMut(&[Range<usize>]) -> Result<(), GpuError>;
+/// Called with a block's index and parameter runs once its backward has queued their last
+/// gradient.
+pub type AfterBlock<'a> = &'a mut dyn FnMut(usize, &[Range<usize>]) -> Result<(), GpuError>;
 
 /// What a micro-batch's forward and backward call around each block, either absent:
 /// `before` just before the block runs, forward or backward, and before the step zeroes
@@ -681,10 +682,10 @@ impl BlockHooks<'_> {
         }
     }
 
-    /// `after` for a block's parameter runs `runs`, if there is one.
-    pub(crate) fn run_after(&mut self, runs: &[Range<usize>]) -> Result<(), GpuError> {
+    /// `after` for block `l`, its parameter runs `runs`, if there is one.
+    pub(crate) fn run_after(&mut self, l: usize, runs: &[Range<usize>]) -> Result<(), GpuError> {
         match &mut self.after {
-            Some(f) => f(runs),
+            Some(f) => f(l, runs),
             None => Ok(()),
         }
     }

@@ -459,7 +459,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {
             self.linear_back(be, Some(lay.dnc), lay.dqkv, s.ln1, bo.qkv, (c, 3 * c))?;
             self.ln_back(be, lay.dnc, s.resid_in, bo.ln1, st.ln1)?;
             self.bufs.leave_block(be, l)?;
-            hooks.run_after(&self.blocks[l])?;
+            hooks.run_after(l, &self.blocks[l])?;
         }
         let dres = self.bufs.a(be, lay.dres)?;
         kernels::encoder_backward_wpe(

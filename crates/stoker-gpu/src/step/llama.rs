@@ -484,7 +484,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
             self.linear_back(be, lay.dnc, true, lay.dv, s.h1, bo.v, (c, kv))?;
             self.norm_back(be, lay.dnc, s.resid_in, bo.input_norm, s.rstd[0])?;
             self.bufs.leave_block(be, l)?;
-            hooks.run_after(&self.blocks[l])?;
+            hooks.run_after(l, &self.blocks[l])?;
         }
         kernels::encoder_backward_wte(
             be,
