@@ -281,7 +281,9 @@ fn zero3_and_its_step_go_together() {
         let step = make(wrong);
         let e = step
             .buffers()
-            .ensure_block(&Host, &ThroughHost(&comm), 0)
+            .sharded()
+            .expect("a sharded step")
+            .ensure(&Host, &ThroughHost(&comm), 0)
             .unwrap_err()
             .to_string();
         assert!(e.contains("rank 0 of 3"), "{e}");

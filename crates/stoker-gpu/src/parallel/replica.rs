@@ -13,19 +13,23 @@ use std::ops::Range;
 use super::data_parallel::{DataParallel, Strategy};
 use super::grad_rule::GradRule;
 use super::tally::Tally;
-use crate::backend::{Backend, View};
+use crate::backend::Backend;
 use crate::collectives::Collectives;
 use crate::elem::{Act, Dtype};
 use crate::error::{check_len, GpuError};
 use crate::step::block_runs::outside_blocks;
-use crate::step::buffers::BlockHooks;
+use crate::step::buffers::{BlockHooks, StepBuffers};
 use crate::step::optimizer::{ComputeViews, Optimizer, Scalars, UpdateViews};
+use crate::step::sharded_params::ShardedParams;
 use crate::step::{GptGpuStep, LlamaGpuStep, TokenBatch};
 
 /// What a replica needs of a step.
 pub trait Trainable<B: Backend> {
     /// The compute copy's element type.
     type T: Act;
+    /// The step's buffers: where its parameters and gradients live (offloaded, in slots,
+    /// sharded).
+    fn buffers(&self) -> &StepBuffers<B, Self::T>;
     /// Target positions of one micro-batch (sequences x positions).
     fn rows(&self) -> usize;
     /// Copies the flat FP32 `params` into the compute copy.
@@ -69,35 +73,19 @@ pub trait Trainable<B: Backend> {
     fn host_update_views(&self, be: &B) -> Result<Option<UpdateViews<'_, Self::T>>, GpuError>;
     /// After an update on the host, the backend's part of the compute copy brought up.
     fn after_host_update(&self, be: &B) -> Result<(), GpuError>;
-    /// Whether the blocks' gradients are in two slots (ZeRO-2's step).
-    fn grads_in_slots(&self) -> bool;
-    /// Whether the blocks' parameters are offloaded to host memory.
-    fn params_offloaded(&self) -> bool;
-    /// The gradients of the flat run `r` (a block's run, or one outside the blocks)
-    /// wherever they are on the backend.
-    fn grads_at(&self, be: &B, r: Range<usize>) -> Result<View<'_, f32>, GpuError>;
     /// The compute copy and the norm's scratch, for an update from a shard's gradients.
     fn compute_views(&self, be: &B) -> Result<ComputeViews<'_, Self::T>, GpuError>;
-    /// Whether the compute copy is sharded over the ranks (ZeRO-3's step).
-    fn params_sharded(&self) -> bool;
-    /// Whether ZeRO-3's shard lives in host memory (the parameters offloaded too).
-    fn shard_on_host(&self) -> bool;
     /// ZeRO-3: this rank's shard of the compute copy and the norm's scratch.
     fn shard_compute_views(&self, be: &B) -> Result<ComputeViews<'_, Self::T>, GpuError>;
-    /// ZeRO-3: block `l` in its slot before it runs (a collective).
-    fn ensure_block(&self, be: &B, coll: &impl Collectives<B>, l: usize) -> Result<(), GpuError>;
-    /// ZeRO-3: block `l`'s gather started while another block runs (a collective).
-    fn prefetch_block(&self, be: &B, coll: &impl Collectives<B>, l: usize) -> Result<(), GpuError>;
-    /// ZeRO-3: forgets which blocks the slots hold (after a failed pass).
-    fn forget_slots(&self);
-    /// ZeRO-3: the runs outside the blocks gathered after an update (a collective).
-    fn gather_resident(&self, be: &B, coll: &impl Collectives<B>) -> Result<(), GpuError>;
 }
 
 macro_rules! trainable {
     ($t:ident) => {
         impl<B: Backend, T: Act> Trainable<B> for $t<B, T> {
             type T = T;
+            fn buffers(&self) -> &StepBuffers<B, T> {
+                $t::buffers(self)
+            }
             fn rows(&self) -> usize {
                 crate::step::buffers::TokenModel::rows_and_vocab(self).0
             }
@@ -148,50 +136,11 @@ macro_rules! trainable {
             fn after_host_update(&self, be: &B) -> Result<(), GpuError> {
                 self.buffers().after_host_update(be)
             }
-            fn grads_in_slots(&self) -> bool {
-                self.buffers().grads_in_slots()
-            }
-            fn params_offloaded(&self) -> bool {
-                self.buffers().offload().is_some()
-            }
-            fn grads_at(&self, be: &B, r: Range<usize>) -> Result<View<'_, f32>, GpuError> {
-                self.buffers().grads_at(be, r)
-            }
             fn compute_views(&self, be: &B) -> Result<ComputeViews<'_, T>, GpuError> {
                 $t::compute_views(self, be)
             }
-            fn params_sharded(&self) -> bool {
-                self.buffers().sharded().is_some()
-            }
-            fn shard_on_host(&self) -> bool {
-                self.buffers().sharded().is_some_and(|s| s.shard_on_host())
-            }
             fn shard_compute_views(&self, be: &B) -> Result<ComputeViews<'_, T>, GpuError> {
                 $t::shard_compute_views(self, be)
-            }
-            fn ensure_block(
-                &self,
-                be: &B,
-                coll: &impl Collectives<B>,
-                l: usize,
-            ) -> Result<(), GpuError> {
-                self.buffers().ensure_block(be, coll, l)
-            }
-            fn prefetch_block(
-                &self,
-                be: &B,
-                coll: &impl Collectives<B>,
-                l: usize,
-            ) -> Result<(), GpuError> {
-                self.buffers().prefetch_block(be, coll, l)
-            }
-            fn forget_slots(&self) {
-                if let Some(s) = self.buffers().sharded() {
-                    s.forget_slots();
-                }
-            }
-            fn gather_resident(&self, be: &B, coll: &impl Collectives<B>) -> Result<(), GpuError> {
-                self.buffers().gather_resident(be, coll)
             }
         }
     };
@@ -251,27 +200,28 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         rank_world: (usize, usize),
     ) -> Result<Self, GpuError> {
         step.load(be, master)?;
-        if step.grads_in_slots() != strategy.sums_shard_per_block() {
+        let bufs = step.buffers();
+        if bufs.grads_in_slots() != strategy.sums_shard_per_block() {
             return Err(GpuError::Shape {
                 kernel: "replica",
                 what: format!(
                     "ZeRO-2 runs a step with its blocks' gradients in slots, and only ZeRO-2 \
                      does (strategy {strategy:?}, gradients in slots: {})",
-                    step.grads_in_slots()
+                    bufs.grads_in_slots()
                 ),
             });
         }
-        if step.params_sharded() != strategy.shards_params() {
+        if bufs.sharded().is_some() != strategy.shards_params() {
             return Err(GpuError::Shape {
                 kernel: "replica",
                 what: format!(
                     "ZeRO-3 runs a step with its parameters sharded, and only ZeRO-3 does \
                      (strategy {strategy:?}, parameters sharded: {})",
-                    step.params_sharded()
+                    bufs.sharded().is_some()
                 ),
             });
         }
-        if step.shard_on_host() && strategy != Strategy::Zero3Offload {
+        if bufs.sharded().is_some_and(|s| s.shard_on_host()) && strategy != Strategy::Zero3Offload {
             return Err(GpuError::Shape {
                 kernel: "replica",
                 what: format!(
@@ -280,7 +230,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                 ),
             });
         }
-        let offloaded = step.params_offloaded();
+        let offloaded = bufs.offload().is_some();
         if offloaded && (strategy != Strategy::Offload || rank_world.1 != 1) {
             return Err(GpuError::Shape {
                 kernel: "replica",
@@ -491,7 +441,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
     ) -> Result<(f64, usize, usize), GpuError> {
         let mut gather = |l: usize, backward: bool| self.gather_around(be, coll, l, backward);
         let hooks = BlockHooks {
-            before: match self.step.params_sharded() {
+            before: match self.sharded().is_some() {
                 true => Some(&mut gather),
                 false => None,
             },
@@ -499,14 +449,26 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         };
         // Every rank starts from empty slots: a rank that changed batch shape (another
         // step) since must not skip a gather another rank makes.
-        self.step.forget_slots();
+        self.forget_slots();
         let evaluated = self.step.evaluate(be, batch, hooks);
         self.settle(be, coll, evaluated.is_err(), None)?;
         evaluated
     }
 
+    /// The running step's sharded compute copy, under ZeRO-3.
+    fn sharded(&self) -> Option<&ShardedParams<B, S::T>> {
+        self.step.buffers().sharded()
+    }
+
+    /// ZeRO-3: forgets which blocks the running step's slots hold.
+    fn forget_slots(&self) {
+        if let Some(s) = self.sharded() {
+            s.forget_slots();
+        }
+    }
+
     /// ZeRO-3, before block `l` runs (in the backward when `backward`): the block in its
-    /// slot, and the next one's gather started (FSDP's prefetch).
+    /// slot, and the next one's gather started (FSDP's prefetch); nothing unsharded.
     fn gather_around(
         &self,
         be: &B,
@@ -514,13 +476,16 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         l: usize,
         backward: bool,
     ) -> Result<(), GpuError> {
-        self.step.ensure_block(be, coll, l)?;
+        let Some(sharded) = self.sharded() else {
+            return Ok(());
+        };
+        sharded.ensure(be, coll, l)?;
         let next = match backward {
             true => l.checked_sub(1),
             false => Some(l + 1).filter(|&n| n < self.step.block_runs().len()),
         };
         match next {
-            Some(n) => self.step.prefetch_block(be, coll, n),
+            Some(n) => sharded.prefetch(be, coll, n),
             None => Ok(()),
         }
     }
@@ -539,7 +504,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
             return Ok(());
         }
         // Forgotten first: even if `finish` fails, no later window adds a stale piece.
-        self.step.forget_slots();
+        self.forget_slots();
         if let Some(b) = blocks {
             b.abandon();
         }
@@ -582,21 +547,25 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         self.step.zero_grads(be)?;
         z.zero_grads(be)?;
         // As in `evaluate`: every rank decides its gathers from the same empty slots.
-        self.step.forget_slots();
+        self.forget_slots();
         let blocks = z.blocks()?;
         let queued = self.queue_per_block(be, coll, &blocks, (micro, grad_scale), &mut tally);
         self.settle(be, coll, queued.is_err(), Some(&blocks))?;
         queued?;
         for r in &self.rest {
-            blocks.reduce_add(be, coll, self.step.grads_at(be, r.clone())?, r.clone())?;
+            blocks.reduce_add(
+                be,
+                coll,
+                self.step.buffers().grads_at(be, r.clone())?,
+                r.clone(),
+            )?;
         }
         if !micro.is_empty() {
             tally.loss = self.step.loss_sum(be)?;
         }
-        let sharded = self.step.params_sharded();
         let window = (tally, capacity);
-        let grad_norm_total = match sharded {
-            false => z.update_shard(
+        let (grad_norm, total) = match self.sharded() {
+            None => z.update_shard(
                 be,
                 coll,
                 self.step.compute_views(be)?,
@@ -604,20 +573,16 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                 window,
                 rule,
             )?,
-            true => {
-                let views = (
-                    self.step.shard_compute_views(be)?,
-                    self.step.shard_on_host(),
-                );
+            Some(sharded) => {
+                let views = (self.step.shard_compute_views(be)?, sharded.shard_on_host());
                 let (norm, total, stepped) =
                     z.step_shard(be, coll, views, scalars, window, rule)?;
                 if stepped {
-                    self.step.gather_resident(be, coll)?;
+                    self.step.buffers().gather_resident(be, coll)?;
                 }
                 (norm, total)
             }
         };
-        let (grad_norm, total) = grad_norm_total;
         Ok(WindowReport::of(total, grad_norm, rule))
     }
 }
@@ -635,22 +600,18 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         (micro, grad_scale): (&[TokenBatch], f32),
         tally: &mut Tally,
     ) -> Result<(), GpuError> {
-        let sharded = self.step.params_sharded();
         for (j, batch) in micro.iter().enumerate() {
             let mut before = |l: usize, backward: bool| -> Result<(), GpuError> {
                 if backward {
                     // The slot's last reduction lands before the backward zeroes it.
                     blocks.flush(be, coll, l % 2)?;
                 }
-                match sharded {
-                    true => self.gather_around(be, coll, l, backward),
-                    false => Ok(()),
-                }
+                self.gather_around(be, coll, l, backward)
             };
             let mut after = |l: usize, runs: &[Range<usize>]| -> Result<(), GpuError> {
                 let inputs = runs
                     .iter()
-                    .map(|r| Ok((self.step.grads_at(be, r.clone())?, r)));
+                    .map(|r| Ok((self.step.buffers().grads_at(be, r.clone())?, r)));
                 // SAFETY: the block's gradient slot is written next when the backward of
                 // the block after next zeroes it, after `before` has flushed this parity
                 // (or after the flush below, or a failed window's `finish`); the step

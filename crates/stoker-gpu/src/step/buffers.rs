@@ -270,28 +270,6 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
         self.g(be, r.start, r.len())
     }
 
-    /// ZeRO-3: block `l` in its slot before it runs ([`ShardedParams::ensure`]); an error
-    /// where the parameters are not sharded.
-    pub fn ensure_block(
-        &self,
-        be: &B,
-        coll: &impl crate::collectives::Collectives<B>,
-        l: usize,
-    ) -> Result<(), GpuError> {
-        self.sharded_or_err()?.ensure(be, coll, l)
-    }
-
-    /// ZeRO-3: block `l`'s gather started while another runs
-    /// ([`ShardedParams::prefetch`]); an error where the parameters are not sharded.
-    pub fn prefetch_block(
-        &self,
-        be: &B,
-        coll: &impl crate::collectives::Collectives<B>,
-        l: usize,
-    ) -> Result<(), GpuError> {
-        self.sharded_or_err()?.prefetch(be, coll, l)
-    }
-
     /// ZeRO-3: the runs outside every block gathered from every rank's shard (a
     /// collective, after an update); an error where the parameters are not sharded.
     pub fn gather_resident(
