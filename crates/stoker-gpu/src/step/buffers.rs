@@ -179,12 +179,21 @@ pub struct StepBuffers<B: Backend, T: Act> {
     pub(crate) acts: B::Buf<T>,
     pub(crate) floats: B::Buf<f32>,
     pub(crate) ids: RefCell<BatchIds<B>>,
-    /// The blocks' parameters offloaded, where `sizes.offload` asked for it.
-    pub(crate) offload: Option<ParamOffload<B, T>>,
-    /// The blocks' gradients in two slots alone, where `sizes.grad_slots` asked for it.
-    pub(crate) grad_slots: Option<GradSlots<B>>,
-    /// The parameters sharded over the ranks (ZeRO-3), where `sizes.sharded` asked.
-    pub(crate) sharded: Option<ShardedParams<B, T>>,
+    /// Where the blocks' parameters and gradients live beyond these buffers.
+    placed: Placed<B, T>,
+}
+
+/// Where a step keeps its blocks' parameters and gradients: one of these, as its sizes
+/// ask ([`StepSizes`]).
+enum Placed<B: Backend, T: Act> {
+    /// All of them in the step's own buffers.
+    Whole,
+    /// The blocks' gradients in two slots alone (ZeRO-2).
+    GradSlots(GradSlots<B>),
+    /// The blocks' parameters offloaded to host memory, their gradients in slots.
+    Offload(ParamOffload<B, T>),
+    /// The compute copy sharded over the ranks, the blocks in slots (ZeRO-3).
+    Sharded(ShardedParams<B, T>),
 }
 
 impl<B: Backend, T: Act> StepBuffers<B, T> {
@@ -195,37 +204,31 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
         sizes: StepSizes,
         blocks: &[Vec<Range<usize>>],
     ) -> Result<Self, GpuError> {
-        let offload = match sizes.offload {
-            Some(want) => {
+        let placed = match (sizes.offload, sizes.sharded, sizes.grad_slots) {
+            (Some(want), _, _) => {
                 let o = ParamOffload::new(be, blocks, sizes.params, PARTIAL_WARPS)?;
                 want.check(o.placement(), "an offload")?;
-                Some(o)
+                Placed::Offload(o)
             }
-            None => None,
-        };
-        let sharded = match (sizes.sharded, &offload) {
-            (Some(want), None) => {
+            (None, Some(want), _) => {
                 let s =
                     ShardedParams::new(be, blocks, sizes.params, want.rank_world, want.on_host)?;
                 want.placed.check(s.placement(), "a sharded copy")?;
                 check_len("step", "shard", s.shard_range().len(), want.shard)?;
-                Some(s)
+                Placed::Sharded(s)
             }
-            _ => None,
-        };
-        let grad_slots = match (sizes.grad_slots, &offload, &sharded) {
-            (Some(want), None, None) => {
+            (None, None, Some(want)) => {
                 let s = GradSlots::new(be, blocks, sizes.params)?;
                 want.check(s.placement(), "gradient slots")?;
-                Some(s)
+                Placed::GradSlots(s)
             }
-            _ => None,
+            (None, None, None) => Placed::Whole,
         };
         // The resident runs where the blocks' parameters (or gradients) are in slots,
         // else all.
-        let placed = sizes.offload.or(sizes.sharded.map(|s| s.placed));
-        let p = placed.map_or(sizes.params, |o| o.resident);
-        let g = placed
+        let in_slots = sizes.offload.or(sizes.sharded.map(|s| s.placed));
+        let p = in_slots.map_or(sizes.params, |o| o.resident);
+        let g = in_slots
             .or(sizes.grad_slots)
             .map_or(sizes.params, |o| o.resident);
         Ok(StepBuffers {
@@ -234,9 +237,7 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
             acts: be.zeros(sizes.acts)?,
             floats: be.zeros(sizes.floats)?,
             ids: RefCell::new(BatchIds::with_room(be, sizes.rows, sizes.vocab)?),
-            offload,
-            grad_slots,
-            sharded,
+            placed,
         })
     }
 
@@ -248,20 +249,34 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
         (B::len(&self.params) + B::len(&self.acts)) * t
             + (B::len(&self.grads) + B::len(&self.floats)) * 4
             + self.ids.borrow().bytes()
-            + self.offload.as_ref().map_or(0, |o| o.backend_bytes())
-            + self.grad_slots.as_ref().map_or(0, |s| s.bytes())
-            + self.sharded.as_ref().map_or(0, |s| s.backend_bytes())
+            + match &self.placed {
+                Placed::Whole => 0,
+                Placed::GradSlots(s) => s.bytes(),
+                Placed::Offload(o) => o.backend_bytes(),
+                Placed::Sharded(s) => s.backend_bytes(),
+            }
     }
 
     /// Whether the blocks' gradients are in two slots for whoever runs the step to take
     /// each block's out after its backward ([`Self::grads_at`]): ZeRO-2's, ZeRO-3's.
     pub fn grads_in_slots(&self) -> bool {
-        self.grad_slots.is_some() || self.sharded.is_some()
+        matches!(self.placed, Placed::GradSlots(_) | Placed::Sharded(_))
     }
 
     /// The parameters sharded over the ranks, if they are (ZeRO-3).
     pub fn sharded(&self) -> Option<&ShardedParams<B, T>> {
-        self.sharded.as_ref()
+        match &self.placed {
+            Placed::Sharded(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The blocks' gradients in two slots alone (ZeRO-2), if they are.
+    fn grad_slots(&self) -> Option<&GradSlots<B>> {
+        match &self.placed {
+            Placed::GradSlots(s) => Some(s),
+            _ => None,
+        }
     }
 
     /// The gradients of the flat run `r` (inside one run of the placement: a block's
@@ -282,7 +297,7 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
     }
 
     fn sharded_or_err(&self) -> Result<&ShardedParams<B, T>, GpuError> {
-        self.sharded.as_ref().ok_or_else(|| GpuError::Shape {
+        self.sharded().ok_or_else(|| GpuError::Shape {
             kernel: "step",
             what: "a gather into a step whose parameters are not sharded".into(),
         })
@@ -290,12 +305,15 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
 
     /// The blocks' offloaded parameters, if they are.
     pub fn offload(&self) -> Option<&ParamOffload<B, T>> {
-        self.offload.as_ref()
+        match &self.placed {
+            Placed::Offload(o) => Some(o),
+            _ => None,
+        }
     }
 
     /// Elements of the flat buffer (the whole compute copy, wherever it lives).
     pub fn flat_len(&self) -> usize {
-        match (&self.offload, &self.sharded) {
+        match (self.offload(), self.sharded()) {
             (Some(o), _) => o.flat_len(),
             (None, Some(s)) => s.flat_len(),
             (None, None) => B::len(&self.params),
@@ -306,7 +324,7 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
     /// copy and gradient in host memory, the resident runs' gradients gathered into it
     /// first); None without one.
     pub fn host_update_views(&self, be: &B) -> Result<Option<UpdateViews<'_, T>>, GpuError> {
-        match &self.offload {
+        match self.offload() {
             Some(o) => {
                 o.gather_grads(be, &self.grads)?;
                 o.host_views().map(Some)
@@ -318,7 +336,7 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
     /// With an offload, the resident runs of the host's compute copy up after an update
     /// on the host; nothing without one.
     pub fn after_host_update(&self, be: &B) -> Result<(), GpuError> {
-        match &self.offload {
+        match self.offload() {
             Some(o) => o.resident_up(be, &self.params),
             None => Ok(()),
         }
@@ -327,7 +345,7 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
     /// The whole compute copy and gradient on the backend (the views an update or a
     /// collective takes); an error where the blocks' parameters are offloaded.
     pub(crate) fn whole(&self, be: &B) -> Result<(View<'_, T>, View<'_, f32>), GpuError> {
-        if self.grad_slots.is_some() {
+        if self.grad_slots().is_some() {
             return Err(GpuError::Shape {
                 kernel: "step",
                 what: "the blocks' gradients are in slots (ZeRO-2): each block's is reduced \
@@ -335,7 +353,7 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
                     .into(),
             });
         }
-        if self.offload.is_some() {
+        if self.offload().is_some() {
             return Err(GpuError::Shape {
                 kernel: "step",
                 what: "the blocks' parameters are offloaded: the whole compute copy and \
@@ -349,7 +367,7 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
     /// The whole compute copy on the backend; an error where the blocks' parameters are
     /// offloaded.
     pub(crate) fn whole_params(&self, be: &B) -> Result<View<'_, T>, GpuError> {
-        if self.sharded.is_some() {
+        if self.sharded().is_some() {
             return Err(GpuError::Shape {
                 kernel: "step",
                 what: "the parameters are sharded over the ranks (ZeRO-3): the whole compute \
@@ -357,7 +375,7 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
                     .into(),
             });
         }
-        match self.offload {
+        match self.offload() {
             Some(_) => Err(GpuError::Shape {
                 kernel: "step",
                 what: "the blocks' parameters are offloaded: the whole compute copy is in \
@@ -371,22 +389,19 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
     /// Before block `l` runs (its backward when `backward`): with an offload, its
     /// parameters up into their slot and, for the backward, its gradient slot zeroed.
     pub(crate) fn enter_block(&self, be: &B, l: usize, backward: bool) -> Result<(), GpuError> {
-        if let (Some(s), true) = (&self.grad_slots, backward) {
-            s.zero(be, l)?;
-        }
-        if let (Some(s), true) = (&self.sharded, backward) {
-            s.slots().grad_slots().zero(be, l)?;
-        }
-        match &self.offload {
-            Some(o) => o.enter_block(be, l, backward),
-            None => Ok(()),
+        match &self.placed {
+            Placed::Whole => Ok(()),
+            Placed::GradSlots(s) if backward => s.zero(be, l),
+            Placed::Sharded(s) if backward => s.slots().grad_slots().zero(be, l),
+            Placed::GradSlots(_) | Placed::Sharded(_) => Ok(()),
+            Placed::Offload(o) => o.enter_block(be, l, backward),
         }
     }
 
     /// After block `l`'s backward: with an offload, its gradients down and added into
     /// the host's sum.
     pub(crate) fn leave_block(&self, be: &B, l: usize) -> Result<(), GpuError> {
-        match &self.offload {
+        match self.offload() {
             Some(o) => o.leave_block(be, l),
             None => Ok(()),
         }
@@ -395,12 +410,12 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
     /// Copies `other`'s compute copy (the same model at another batch shape) into this
     /// one.
     pub fn copy_params_from(&self, be: &B, other: &Self) -> Result<(), GpuError> {
-        match (&self.offload, &other.offload) {
+        match (self.offload(), other.offload()) {
             (Some(mine), Some(theirs)) => mine.copy_params_from(be, &self.params, theirs),
             (None, None) => {
-                if let (Some(mine), Some(theirs)) = (&self.sharded, &other.sharded) {
+                if let (Some(mine), Some(theirs)) = (self.sharded(), other.sharded()) {
                     mine.copy_shard_from(be, theirs)?;
-                } else if self.sharded.is_some() || other.sharded.is_some() {
+                } else if self.sharded().is_some() || other.sharded().is_some() {
                     return Err(GpuError::Shape {
                         kernel: "step",
                         what: "copying parameters between a sharded step and one not".into(),
@@ -425,10 +440,10 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
     /// is for f32, rounded for bf16 and f16 (with an offload: into host memory, the
     /// resident runs up).
     pub fn load_params(&self, be: &B, params: &[f32]) -> Result<(), GpuError> {
-        if let Some(o) = &self.offload {
+        if let Some(o) = self.offload() {
             return o.load(be, &self.params, params);
         }
-        if let Some(s) = &self.sharded {
+        if let Some(s) = self.sharded() {
             return s.load(be, &self.params, params);
         }
         check_len("step", "params", params.len(), B::len(&self.params))?;
@@ -441,7 +456,7 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
 
     /// The compute copy of the parameters, widened to f32 (the flat layout).
     pub fn params(&self, be: &B) -> Result<Vec<f32>, GpuError> {
-        if let Some(o) = &self.offload {
+        if let Some(o) = self.offload() {
             return o.host_params();
         }
         self.whole_params(be)?;
@@ -455,7 +470,7 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
     /// The gradients (f32, the flat layout; with an offload, gathered on the host; an
     /// error with the gradients in slots, where they exist nowhere whole).
     pub fn grads(&self, be: &B) -> Result<Vec<f32>, GpuError> {
-        if let Some(o) = &self.offload {
+        if let Some(o) = self.offload() {
             o.gather_grads(be, &self.grads)?;
             return o.host_grads();
         }
@@ -466,7 +481,7 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
 
     /// The gradients into `out` (as many), reusing the caller's memory.
     pub fn grads_into(&self, be: &B, out: &mut [f32]) -> Result<(), GpuError> {
-        if self.offload.is_some() {
+        if self.offload().is_some() {
             let g = self.grads(be)?;
             check_len("step", "out", out.len(), g.len())?;
             out.copy_from_slice(&g);
@@ -477,7 +492,7 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
 
     /// Sets every gradient to 0.
     pub fn zero_grads(&self, be: &B) -> Result<(), GpuError> {
-        if let Some(o) = &self.offload {
+        if let Some(o) = self.offload() {
             return o.zero_grads(be, &self.grads);
         }
         be.zero(be.all(&self.grads))
@@ -491,22 +506,20 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
 
     /// Parameters `at..at + len` (with an offload, a block's must be in its slot).
     pub(crate) fn p(&self, be: &B, at: usize, len: usize) -> Result<View<'_, T>, GpuError> {
-        match (&self.offload, &self.sharded) {
-            (Some(o), _) => o.params(be, &self.params, (at, len)),
-            (None, Some(s)) => s.slots().params(be, &self.params, (at, len)),
-            (None, None) => be.view(&self.params, at..at + len),
+        match &self.placed {
+            Placed::Offload(o) => o.slots().params(be, &self.params, (at, len)),
+            Placed::Sharded(s) => s.slots().params(be, &self.params, (at, len)),
+            Placed::Whole | Placed::GradSlots(_) => be.view(&self.params, at..at + len),
         }
     }
 
     /// Gradients `at..at + len` (likewise, and with the gradients in slots).
     pub(crate) fn g(&self, be: &B, at: usize, len: usize) -> Result<View<'_, f32>, GpuError> {
-        if let Some(s) = &self.sharded {
-            return s.slots().grads(be, &self.grads, (at, len));
-        }
-        match (&self.offload, &self.grad_slots) {
-            (Some(o), _) => o.grads(be, &self.grads, (at, len)),
-            (None, Some(s)) => s.grads(be, &self.grads, (at, len)),
-            (None, None) => be.view(&self.grads, at..at + len),
+        match &self.placed {
+            Placed::Offload(o) => o.slots().grads(be, &self.grads, (at, len)),
+            Placed::Sharded(s) => s.slots().grads(be, &self.grads, (at, len)),
+            Placed::GradSlots(s) => s.grads(be, &self.grads, (at, len)),
+            Placed::Whole => be.view(&self.grads, at..at + len),
         }
     }
 
@@ -729,7 +742,7 @@ fn check_hooks<B: Backend, T: Act>(
     op: &'static str,
     hooks: &BlockHooks<'_>,
 ) -> Result<(), GpuError> {
-    if bufs.sharded.is_some() && hooks.before.is_none() {
+    if bufs.sharded().is_some() && hooks.before.is_none() {
         return Err(GpuError::Shape {
             kernel: op,
             what: "a step whose parameters are sharded (ZeRO-3) runs through its replica, \

@@ -19,7 +19,7 @@ use std::ops::Range;
 use super::optimizer::UpdateViews;
 use super::param_slots::ParamSlots;
 use super::placement::Placement;
-use crate::backend::{Backend, View};
+use crate::backend::Backend;
 use crate::elem::Act;
 use crate::error::{check_len, GpuError};
 use crate::host::{Host, HostBuf};
@@ -70,25 +70,9 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
         Host::len(&self.host_params)
     }
 
-    /// Elements `at..at + len` of the compute copy on the backend: `resident` (the
-    /// resident buffer) or a slot (the block must have entered it).
-    pub(crate) fn params<'a>(
-        &'a self,
-        be: &B,
-        resident: &'a B::Buf<T>,
-        (at, len): (usize, usize),
-    ) -> Result<View<'a, T>, GpuError> {
-        self.slots.params(be, resident, (at, len))
-    }
-
-    /// Elements `at..at + len` of the gradients on the backend, as [`Self::params`].
-    pub(crate) fn grads<'a>(
-        &'a self,
-        be: &B,
-        resident: &'a B::Buf<f32>,
-        (at, len): (usize, usize),
-    ) -> Result<View<'a, f32>, GpuError> {
-        self.slots.grads(be, resident, (at, len))
+    /// The blocks' parameter and gradient slots.
+    pub(crate) fn slots(&self) -> &ParamSlots<B, T> {
+        &self.slots
     }
 
     /// Block `l`'s parameters up into its slot, before it runs; before its backward
