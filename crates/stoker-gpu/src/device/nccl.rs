@@ -171,6 +171,11 @@ impl DeviceNccl {
         self.compute.cu_stream() as sys::cudaStream_t
     }
 
+    /// The stream the collectives started beside the compute run on.
+    fn comm_stream(&self) -> sys::cudaStream_t {
+        self.comm_stream.cu_stream() as sys::cudaStream_t
+    }
+
     /// `op(root, at, n)` for every rank's non-empty piece (`n` elements from `at`, rank
     /// order) between NCCL's group calls, so that they run as one operation.
     fn per_piece(
@@ -363,7 +368,7 @@ impl Collectives<Device> for DeviceNccl {
         self.after_compute(be)?;
         // SAFETY: the caller's contract keeps `buf` alive and unwritten until `finish`
         // orders the compute stream after the comm stream.
-        unsafe { self.all_reduce_on(buf, self.comm_stream.cu_stream() as sys::cudaStream_t) }
+        unsafe { self.all_reduce_on(buf, self.comm_stream()) }
     }
 
     unsafe fn start_reduce_scatter(
@@ -377,14 +382,7 @@ impl Collectives<Device> for DeviceNccl {
         self.after_compute(be)?;
         // SAFETY: the caller's contract keeps `input` unwritten and `out` untouched, both
         // alive, until `finish` orders the compute stream after the comm stream.
-        unsafe {
-            self.reduce_scatter_on(
-                input,
-                counts,
-                out,
-                self.comm_stream.cu_stream() as sys::cudaStream_t,
-            )
-        }
+        unsafe { self.reduce_scatter_on(input, counts, out, self.comm_stream()) }
     }
 
     fn finish(&self, be: &Device) -> Result<(), GpuError> {
@@ -430,13 +428,7 @@ impl Collectives<Device> for DeviceNccl {
         self.after_compute(be)?;
         // SAFETY: the caller's contract keeps `buf` untouched and alive until a wait
         // orders the compute stream after the comm stream.
-        unsafe {
-            self.all_gather_on(
-                buf,
-                counts,
-                self.comm_stream.cu_stream() as sys::cudaStream_t,
-            )
-        }
+        unsafe { self.all_gather_on(buf, counts, self.comm_stream()) }
     }
 
     fn mark(&self, be: &Device) -> Result<Mark, GpuError> {

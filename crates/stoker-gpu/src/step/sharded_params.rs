@@ -129,6 +129,7 @@ impl<B: Backend, T: Act> ShardedParams<B, T> {
     /// collective: every rank calls it, block for block), at once; [`Self::ensure`]
     /// records it.
     fn gather_block(&self, be: &B, coll: &impl Collectives<B>, l: usize) -> Result<(), GpuError> {
+        self.check_world(coll)?;
         for (r, o) in self.placement().block(l) {
             self.gather_run(be, coll, r, self.slots.param_run(be, l, (r, *o))?)?;
         }
@@ -202,6 +203,7 @@ impl<B: Backend, T: Act> ShardedParams<B, T> {
         resident: &B::Buf<T>,
     ) -> Result<(), GpuError> {
         self.forget_slots();
+        self.check_world(coll)?;
         for (r, o) in self.placement().resident() {
             self.gather_run(be, coll, r, be.view(resident, *o..o + r.len())?)?;
         }
@@ -209,7 +211,7 @@ impl<B: Backend, T: Act> ShardedParams<B, T> {
     }
 
     /// The flat run `r` into `dst` (as long): this rank's piece of it from the shard into
-    /// its place, then every rank's piece gathered.
+    /// its place, then every rank's piece gathered (`coll` checked by the caller).
     fn gather_run(
         &self,
         be: &B,
@@ -217,7 +219,6 @@ impl<B: Backend, T: Act> ShardedParams<B, T> {
         r: &Range<usize>,
         dst: View<T>,
     ) -> Result<(), GpuError> {
-        self.check_world(coll)?;
         self.own_piece_into(be, r, dst)?;
         coll.all_gather(be, dst, &self.plan.counts_within(r))
     }
