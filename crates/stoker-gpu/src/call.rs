@@ -52,8 +52,10 @@ pub struct Operand {
     pub trans: bool,
 }
 
-/// `C[z] = A[z] B[z] (+ C[z] when accumulating)` for `z` in `0..batch`: `A` is
-/// `m x k`, `B` `k x n`, `C` `m x n` with leading dimension `ldc`.
+/// `C[z] = A[z] B[z] (+ C[z] when accumulating) (+ bias on every row)` for `z` in
+/// `0..batch`: `A` is `m x k`, `B` `k x n`, `C` `m x n` with leading dimension `ldc`. The
+/// bias is added to the f32 accumulator before the one rounding to `C`'s type (cuBLASLt's
+/// bias epilogue).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Gemm {
     /// Rows of `A` and `C`.
@@ -80,6 +82,8 @@ pub struct Gemm {
     pub c_type: Dtype,
     /// Add `C`'s old value (weight gradients accumulate).
     pub accumulate: bool,
+    /// `n` elements in `C`'s type added to each row (one dense product only).
+    pub bias: Option<Addr>,
 }
 
 /// A kernel launch. Addresses must cover what the shapes imply: [`crate::kernels`]

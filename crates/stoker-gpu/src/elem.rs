@@ -43,7 +43,7 @@ pub fn from_f32<T: Act>(x: f32) -> T {
 }
 
 /// The typed kernels' variants (the `_f32` / `_bf16` / `_f16` suffix of their names).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Dtype {
     /// f32 storage.
     F32,

@@ -1,8 +1,8 @@
 //! Matrix products: [`matmul`] checks every operand's extent against its view, then hands
 //! the backend a [`Gemm`] (one batched, strided product as data, row-major, A and B in the
-//! activations' type, C in it or in f32: weight gradients accumulate in f32) and adds
-//! the bias. The host runs products with the `gemm` crate in f32 (`host_gemm`), the
-//! device with cuBLAS.
+//! activations' type, C in it or in f32: weight gradients accumulate in f32; a linear
+//! layer's bias added before C is rounded). The host runs products with the `gemm` crate
+//! in f32 (`host_gemm`), the device with cuBLASLt (the bias in its epilogue), or cuBLAS.
 
 use crate::backend::{Backend, View};
 use crate::call::{Addr, Gemm, Operand};
@@ -74,8 +74,8 @@ impl Dims {
     }
 }
 
-/// `c = a b (+ c)`, every extent checked against its view, then `+ bias` on each row
-/// (the add_bias kernel); `c` in `T` or f32.
+/// `c = a b (+ c) (+ bias on each row)`, every extent checked against its view; `c` in
+/// `T` or f32. The bias goes with the product: one dense product, `c` in `T`.
 pub fn matmul<B: Backend, T: Act, O: Act>(
     be: &B,
     c: Mat<O>,
@@ -117,6 +117,13 @@ pub fn matmul<B: Backend, T: Act, O: Act>(
     }
     if let Some(v) = bias {
         crate::error::check_len(K, "bias", v.len(), d.n)?;
+        // A linear layer's output: never batched, C m dense rows of n in the bias's type.
+        if d.batch != 1 || c.ld != d.n || O::DTYPE != T::DTYPE {
+            return Err(shape(format!(
+                "a bias needs one dense product in the activations' type, not {d:?} with rows of {}",
+                c.ld
+            )));
+        }
     }
     let g = Gemm {
         m: d.m,
@@ -139,34 +146,16 @@ pub fn matmul<B: Backend, T: Act, O: Act>(
         ab: T::DTYPE,
         c_type: O::DTYPE,
         accumulate,
+        bias: bias.map(|v| v.addr()),
     };
     // SAFETY: every operand's extent (its last batch entry's last element) lies inside
-    // its view and rows do not overlap.
-    unsafe { be.gemm(&g)? };
-    match bias {
-        // The bias in C's type, added row by row after the product (a linear layer's
-        // output, never batched: C is m rows of n, dense).
-        Some(v) if d.batch == 1 && c.ld == d.n && O::DTYPE == T::DTYPE => {
-            let call = crate::call::Call::AddBias {
-                dtype: T::DTYPE,
-                out: c.view.addr(),
-                bias: v.addr(),
-                n: (d.m * d.n) as i64,
-                cols: crate::error::dim(K, "n", d.n)?,
-            };
-            // SAFETY: C holds m x n dense elements (checked above), the bias n.
-            unsafe { be.launch(&call) }
-        }
-        Some(_) => Err(shape(format!(
-            "a bias needs one dense product in the activations' type, not {d:?} with rows of {}",
-            c.ld
-        ))),
-        None => Ok(()),
-    }
+    // its view and rows do not overlap; a bias holds n elements of C's type and C is dense.
+    unsafe { be.gemm(&g) }
 }
 
-/// The host's product: operands widened to f32, the `gemm` crate, the result rounded to
-/// C's type. Exposed to the host backend only.
+/// The host's product: operands widened to f32, the `gemm` crate, C's old value and the
+/// bias added in f32, the result rounded once to C's type (as cuBLASLt's epilogue does).
+/// Exposed to the host backend only.
 ///
 /// # Safety
 /// The [`Gemm`]'s addresses are host pointers with the extents [`matmul`] checks.
@@ -237,6 +226,9 @@ pub(crate) unsafe fn host_gemm(g: &Gemm) {
                 let at = z * g.strides[2] + i * g.ldc + j;
                 if g.accumulate {
                     v += load(g.c, g.c_type, at);
+                }
+                if let Some(bias) = g.bias {
+                    v += load(bias, g.c_type, j);
                 }
                 // SAFETY: `at` is below C's checked extent.
                 unsafe {

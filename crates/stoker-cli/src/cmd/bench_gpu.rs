@@ -33,7 +33,7 @@ pub fn run(_: GpuKernelsArgs) -> anyhow::Result<()> {
 /// Runs `stoker bench gpu-kernels`.
 #[cfg(feature = "cuda")]
 pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
-    use stoker_gpu::device::{check, Device};
+    use stoker_gpu::device::{check, Device, GemmLibrary};
     use stoker_gpu::scenario::ScenarioSize;
 
     let dev = Device::new(0)?;
@@ -89,9 +89,13 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
             );
         }
     }
+    if !a.no_timing {
+        gemm_libraries(&dev, a.batch, a.reps, &mut failed);
+    }
     if a.step {
         println!(
-            "\nthe GPT and Llama steps on the GPU against the host backend (products differ: a tolerance):"
+            "\nthe GPT and Llama steps on the GPU against the host backend (products differ: a tolerance), products through {:?}:",
+            dev.gemm_library()
         );
         for c in check::compare_step(&dev)? {
             println!(
@@ -143,12 +147,29 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
             recompute_attention: true,
             ..Default::default()
         };
+        // The products through the other library too: what cuBLASLt's epilogue and
+        // algorithms change in the whole step.
+        let (chosen, other) = match dev.gemm_library() {
+            GemmLibrary::CublasLt => (GemmLibrary::CublasLt, GemmLibrary::Cublas),
+            GemmLibrary::Cublas => (GemmLibrary::Cublas, GemmLibrary::CublasLt),
+        };
         let variants = [
-            ("attention kept", Default::default()),
-            ("attention recomputed", recompute),
+            ("attention kept", Default::default(), chosen),
+            ("attention recomputed", recompute, chosen),
+            ("attention kept", Default::default(), other),
         ];
-        for (variant, opts) in variants.into_iter().filter(|_| !a.no_timing) {
-            let st = check::time_step(&dev, a.batch, a.reps.max(1), opts)?;
+        for (variant, opts, library) in variants.into_iter().filter(|_| !a.no_timing) {
+            dev.set_gemm_library(library);
+            let variant = format!("{variant}, products through {library:?}");
+            let st = match check::time_step(&dev, a.batch, a.reps.max(1), opts) {
+                Ok(st) => st,
+                Err(e) if library != chosen => {
+                    println!("GPT-2 124M, {variant}: did not run: {e}");
+                    failed.push("the step with the other product library");
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
             let tokens = (a.batch * 1024) as f64;
             let flops = 6.0 * st.params as f64 + 6.0 * 12.0 * 768.0 * 1024.0;
             println!(
@@ -173,6 +194,9 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
                 st.measured_bytes as f64 / st.planned_bytes as f64
             );
         }
+        dev.set_gemm_library(chosen);
+        let (plans, without) = dev.gemm_plans();
+        println!("cuBLASLt planned {plans} product shapes, {without} of them without an algorithm (run through cuBLAS)");
     }
     if bad > 0 {
         anyhow::bail!("{bad} outputs differ from the host build (above)");
@@ -181,4 +205,66 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
         anyhow::bail!("did not run: {} (above)", failed.join(", "));
     }
     Ok(())
+}
+
+/// GPT-2 124M's products through cuBLASLt and through cuBLAS: their outputs' distance and
+/// times. Where cuBLASLt fails or disagrees, the rest of the run uses cuBLAS and the
+/// part fails, so one device call still measures everything else.
+#[cfg(feature = "cuda")]
+fn gemm_libraries(
+    dev: &stoker_gpu::device::Device,
+    batch: usize,
+    reps: usize,
+    failed: &mut Vec<&str>,
+) {
+    use stoker_gpu::device::{gemm_check, GemmLibrary};
+    // Both round a f32 sum once to bf16 (or keep f32): a bf16 rounding apart at most.
+    const TOLERANCE: f64 = 1e-2;
+    println!(
+        "\nGPT-2 124M's products (micro-batch {batch} x 1024, bf16, f32 sums): cuBLASLt (bias in the epilogue) against cuBLAS (bias by add_bias), median of {reps}:"
+    );
+    match gemm_check::compare_gemm_libraries(dev, batch, reps.max(1)) {
+        Ok(rows) => {
+            println!(
+                "{:<36} {:>10} {:>10} {:>8} {:>9} {:>11}",
+                "product", "Lt us", "cuBLAS us", "Lt/cuB", "Lt TF/s", "max diff"
+            );
+            let mut bad = false;
+            for r in &rows {
+                let ok = r.rel_diff <= TOLERANCE; // false for NaN
+                bad |= !ok;
+                println!(
+                    "{:<36} {:>10.1} {:>10.1} {:>8.3} {:>9.0} {:>11.2e}{}",
+                    r.name,
+                    r.lt_micros,
+                    r.cublas_micros,
+                    r.lt_micros / r.cublas_micros,
+                    r.flops / (r.lt_micros * 1e-6) / 1e12,
+                    r.rel_diff,
+                    match (ok, r.lt_ran) {
+                        (false, _) => "  FAILED",
+                        (true, false) => "  (no cuBLASLt algorithm: both ran through cuBLAS)",
+                        (true, true) => "",
+                    }
+                );
+            }
+            let (lt, cublas) = rows.iter().fold((0.0, 0.0), |(l, c), r| {
+                (l + r.lt_micros, c + r.cublas_micros)
+            });
+            println!(
+                "all products: cuBLASLt {lt:.1} us, cuBLAS {cublas:.1} us, ratio {:.3}",
+                lt / cublas
+            );
+            if bad {
+                println!("cuBLASLt disagrees with cuBLAS beyond {TOLERANCE:e}: the rest runs through cuBLAS");
+                dev.set_gemm_library(GemmLibrary::Cublas);
+                failed.push("cuBLASLt's products");
+            }
+        }
+        Err(e) => {
+            println!("cuBLASLt's products did not run: {e}; the rest runs through cuBLAS");
+            dev.set_gemm_library(GemmLibrary::Cublas);
+            failed.push("cuBLASLt's products");
+        }
+    }
 }

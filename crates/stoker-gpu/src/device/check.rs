@@ -279,42 +279,52 @@ pub fn time_kernels(
             }),
         ),
     ];
-    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    let ev = |what: &str| {
-        dev.ctx
-            .new_event(flags)
-            .map_err(super::driver(what.to_string()))
-    };
     let mut out_times = Vec::new();
     for (name, bytes, run) in &runs {
-        run()?;
-        dev.synchronize()?;
-        let mut times = Vec::with_capacity(reps);
-        for _ in 0..reps {
-            let (start, end) = (ev("creating an event")?, ev("creating an event")?);
-            start
-                .record(dev.stream())
-                .map_err(super::driver("recording an event"))?;
-            run()?;
-            end.record(dev.stream())
-                .map_err(super::driver("recording an event"))?;
-            end.synchronize()
-                .map_err(super::driver("waiting for an event"))?;
-            times.push(
-                start
-                    .elapsed_ms(&end)
-                    .map_err(super::driver("reading an event"))? as f64
-                    * 1e3,
-            );
-        }
-        times.sort_by(f64::total_cmp);
         out_times.push(KernelTime {
             name: name.clone(),
-            micros: times[times.len() / 2],
+            micros: median_micros(dev, reps, run)?,
             bytes: *bytes,
         });
     }
     Ok(out_times)
+}
+
+/// The median of `reps` timings of `run` on the device's stream (CUDA events), after one
+/// untimed run.
+pub(super) fn median_micros(
+    dev: &Device,
+    reps: usize,
+    run: impl Fn() -> Result<(), GpuError>,
+) -> Result<f64, GpuError> {
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let ev = || {
+        dev.ctx
+            .new_event(flags)
+            .map_err(super::driver("creating an event"))
+    };
+    run()?;
+    dev.synchronize()?;
+    let mut times = Vec::with_capacity(reps.max(1));
+    for _ in 0..reps.max(1) {
+        let (start, end) = (ev()?, ev()?);
+        start
+            .record(dev.stream())
+            .map_err(super::driver("recording an event"))?;
+        run()?;
+        end.record(dev.stream())
+            .map_err(super::driver("recording an event"))?;
+        end.synchronize()
+            .map_err(super::driver("waiting for an event"))?;
+        times.push(
+            start
+                .elapsed_ms(&end)
+                .map_err(super::driver("reading an event"))? as f64
+                * 1e3,
+        );
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
 }
 
 /// A step on the GPU against the same step on the host, one model and element type:

@@ -2,17 +2,21 @@
 //! launched on one stream from the fatbin build.rs compiled with nvcc, embedded in the
 //! binary and loaded once. Launch shapes: 256 threads a block; element kernels one
 //! thread per element (grid-stride past 2^20 blocks), row kernels one warp per row,
-//! warp kernels exactly their warp count. Beside it: `staging` (writes through pinned
+//! warp kernels exactly their warp count. Products go through cuBLASLt (`lt`, the bias in
+//! the epilogue), or cuBLAS where cuBLASLt has no algorithm for a shape or the caller
+//! asks for it ([`GemmLibrary`]). Beside it: `staging` (writes through pinned
 //! memory that do not wait for the stream), `nccl` (the resident path's collectives on
-//! device memory), `check` and `replica_check` (the device check: kernels, steps and the
-//! training loop against the host build).
+//! device memory), `check`, `gemm_check` and `replica_check` (the device check: kernels,
+//! the two product libraries, steps and the training loop against the host build).
 
 pub mod check;
+pub mod gemm_check;
+mod lt;
 pub mod nccl;
 pub mod replica_check;
 mod staging;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -46,6 +50,16 @@ fn driver(what: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverError) -
     }
 }
 
+/// Which library runs the matrix products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemmLibrary {
+    /// cuBLASLt, a linear layer's bias in the epilogue (llm.c's way; the default).
+    CublasLt,
+    /// cuBLAS's strided-batched product, the bias added by the `add_bias` kernel (the
+    /// first version's way, kept to compare against).
+    Cublas,
+}
+
 /// One GPU, one stream, stoker's kernels loaded.
 pub struct Device {
     ctx: Arc<CudaContext>,
@@ -53,6 +67,10 @@ pub struct Device {
     module: Arc<CudaModule>,
     functions: RefCell<HashMap<String, CudaFunction>>,
     blas: CudaBlas,
+    lt: lt::Lt,
+    gemm_library: Cell<GemmLibrary>,
+    /// The library the last product went through (cuBLAS where cuBLASLt had none).
+    last_gemm: Cell<GemmLibrary>,
     staging: staging::Staging,
 }
 
@@ -73,14 +91,40 @@ impl Device {
             what: "creating a cuBLAS handle".into(),
             error: e.to_string(),
         })?;
+        let lt = lt::Lt::new(stream.clone())?;
         Ok(Device {
             ctx,
             stream,
             module,
             functions: RefCell::new(HashMap::new()),
             blas,
+            lt,
+            gemm_library: Cell::new(GemmLibrary::CublasLt),
+            last_gemm: Cell::new(GemmLibrary::CublasLt),
             staging: staging::Staging::default(),
         })
+    }
+
+    /// Runs the products through `library` from now on (the device check times both).
+    pub fn set_gemm_library(&self, library: GemmLibrary) {
+        self.gemm_library.set(library);
+    }
+
+    /// The library that runs the products.
+    pub fn gemm_library(&self) -> GemmLibrary {
+        self.gemm_library.get()
+    }
+
+    /// The library the last product went through: cuBLAS when asked for, or where
+    /// cuBLASLt has no algorithm for its shape.
+    pub fn last_gemm_library(&self) -> GemmLibrary {
+        self.last_gemm.get()
+    }
+
+    /// Product shapes cuBLASLt has planned so far, and how many of them it had no
+    /// algorithm for (those ran through cuBLAS).
+    pub fn gemm_plans(&self) -> (usize, usize) {
+        self.lt.planned()
     }
 
     /// The GPU's name, as the driver reports it.
@@ -314,6 +358,46 @@ impl Backend for Device {
     }
 
     unsafe fn gemm(&self, g: &Gemm) -> Result<(), GpuError> {
+        self.bind()?;
+        let epilogue_bias = g.bias.is_some_and(|b| b % lt::BIAS_ALIGN == 0);
+        let done = match self.gemm_library.get() {
+            // SAFETY: the caller's contract; the context is current (bound above), and
+            // an epilogue bias is aligned (checked above).
+            GemmLibrary::CublasLt => unsafe { self.lt.gemm(g, epilogue_bias)? },
+            GemmLibrary::Cublas => false,
+        };
+        if !done {
+            // SAFETY: the caller's contract.
+            unsafe { self.cublas_gemm(g)? };
+        }
+        self.last_gemm.set(match done {
+            true => GemmLibrary::CublasLt,
+            false => GemmLibrary::Cublas,
+        });
+        match g.bias {
+            Some(bias) if !(done && epilogue_bias) => {
+                let call = Call::AddBias {
+                    dtype: g.c_type,
+                    out: g.c,
+                    bias,
+                    n: (g.m * g.n) as i64,
+                    cols: crate::error::dim("matmul", "n", g.n)?,
+                };
+                // SAFETY: the caller's contract: with a bias, C is m dense rows of n in
+                // the bias's type, and the bias holds n elements.
+                unsafe { self.launch(&call) }
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Device {
+    /// The product through cuBLAS's strided-batched GEMM (no bias).
+    ///
+    /// # Safety
+    /// As [`Backend::gemm`].
+    unsafe fn cublas_gemm(&self, g: &Gemm) -> Result<(), GpuError> {
         use blas::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
         let ty = |d: Dtype| match d {
             Dtype::F32 => blas::cudaDataType::CUDA_R_32F,
