@@ -3,14 +3,17 @@
 //! `zero1`; ZeRO-3's sharded compute copy is the step's, `crate::step::sharded_params`),
 //! and one rank's training (`replica`: the micro-batches accumulated with no collective,
 //! then one reduction, one scalar collective for the window's `tally` and one update).
-//! The collectives themselves (through host memory, or NCCL on device memory) are
+//! Deterministic mode's window (`deterministic`, with `grad_tree`'s sums) gives the same
+//! bits at every power-of-two world size. The collectives themselves (through host memory, or NCCL on device memory) are
 //! `crate::collectives`, re-exported here.
 //!
 //! The order is the CPU trainer's (docs/distributed.md): data parallelism is the only
 //! degree here, validated when a replica is made.
 
 pub mod data_parallel;
+mod deterministic;
 pub mod grad_rule;
+pub mod grad_tree;
 pub mod landing;
 pub mod offload;
 pub mod replica;

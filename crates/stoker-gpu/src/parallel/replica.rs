@@ -167,7 +167,7 @@ pub struct WindowReport {
 impl WindowReport {
     /// The report of a window whose summed tally is `total`, whose mean gradient had
     /// norm `grad_norm`, updated under `rule`.
-    fn of(total: Tally, grad_norm: f64, rule: GradRule) -> Self {
+    pub(super) fn of(total: Tally, grad_norm: f64, rule: GradRule) -> Self {
         WindowReport {
             loss: total.loss / total.valid,
             tokens: total.valid as u64,
@@ -179,12 +179,14 @@ impl WindowReport {
 
 /// One rank's resident training.
 pub struct Replica<B: Backend, S: Trainable<B>> {
-    step: S,
-    state: DataParallel<B>,
+    pub(super) step: S,
+    pub(super) state: DataParallel<B>,
     /// The parameters outside every block (embeddings, final norm, head), as runs.
     rest: Vec<Range<usize>>,
     /// Whether DDP's buckets overlap the backward (on by default).
     overlap: bool,
+    /// Deterministic mode's sums (`super::deterministic`), if it is on.
+    pub(super) tree: Option<std::cell::RefCell<super::grad_tree::GradTree<B>>>,
 }
 
 impl<B: Backend, S: Trainable<B>> Replica<B, S> {
@@ -259,6 +261,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
             state,
             rest,
             overlap: true,
+            tree: None,
         })
     }
 
@@ -344,6 +347,9 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         scalars: &Scalars,
         rule: GradRule,
     ) -> Result<WindowReport, GpuError> {
+        if self.tree.is_some() {
+            return self.deterministic_window(be, coll, micro, (scalars, rule));
+        }
         if let DataParallel::Zero1(z) = &self.state {
             if z.accumulates() {
                 return self.zero2_window(be, coll, z, micro, (scalars, rule));
@@ -514,7 +520,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
     /// A window's target capacity over every rank (ranks x `micro` micro-batches x
     /// rows, known to all without asking) and each micro-batch's gradient scale under
     /// `rule` (its loss scale over the capacity).
-    fn scales(&self, world: usize, micro: usize, rule: GradRule) -> (f64, f32) {
+    pub(super) fn scales(&self, world: usize, micro: usize, rule: GradRule) -> (f64, f32) {
         let capacity = (world * micro * self.step.rows()) as f64;
         let grad_scale = (rule.loss_scale.unwrap_or(1.0) as f64 / capacity.max(1.0)) as f32;
         (capacity, grad_scale)

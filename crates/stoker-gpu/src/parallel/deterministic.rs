@@ -1,0 +1,123 @@
+//! Deterministic mode on the resident loop (`parallel.deterministic`, DDP or one rank):
+//! the window's weights bit-identical at every power-of-two world size. Each
+//! micro-batch's gradient is computed alone into zeroed buffers and summed by
+//! [`GradTree`] in the global batch's tree, then across ranks by the tree over ranks; the
+//! loss goes through the same trees; every rank then holds the same gradient bits, so the
+//! norm, the clipping and the update are the same at every world size.
+//!
+//! What it costs against the default window: a pass to zero and one to add per
+//! micro-batch, one gradient-sized buffer per level of the tree, a loss read per
+//! micro-batch, and across ranks an all-gather of every rank's subtree (world / 2 times
+//! a ring all-reduce's traffic) that waits for the whole backward.
+
+use super::grad_tree::{rank_tree_sum, tree_sum, GradTree};
+use super::replica::{Replica, Trainable, WindowReport};
+use super::tally::Tally;
+use super::{DataParallel, GradRule};
+use crate::backend::Backend;
+use crate::collectives::Collectives;
+use crate::error::GpuError;
+use crate::step::buffers::BlockHooks;
+use crate::step::optimizer::Scalars;
+use crate::step::TokenBatch;
+
+impl<B: Backend, S: Trainable<B>> Replica<B, S> {
+    /// This replica in deterministic mode, for windows of at most `max_micro`
+    /// micro-batches; `chunk` elements of the gradient a round across ranks
+    /// ([`super::grad_tree::TREE_CHUNK`] unless a test wants several rounds). DDP (its
+    /// optimizer on the backend or offloaded) or one rank, a power-of-two world, the
+    /// parameters not offloaded.
+    pub fn with_deterministic(
+        mut self,
+        be: &B,
+        max_micro: usize,
+        world: usize,
+        chunk: usize,
+    ) -> Result<Self, GpuError> {
+        let refuse = |what: String| GpuError::Shape {
+            kernel: "deterministic",
+            what,
+        };
+        if !matches!(self.state, DataParallel::Ddp(_)) {
+            return Err(refuse(
+                "deterministic mode on the resident loop runs DDP or one rank: ZeRO's \
+                 sharded norm sums its pieces in an order that depends on the world size \
+                 (parallel.deterministic, parallel.strategy)"
+                    .into(),
+            ));
+        }
+        if self.step.buffers().offload().is_some() {
+            return Err(refuse(
+                "deterministic mode sums whole gradients on the backend; with the blocks' \
+                 parameters offloaded they are gathered on the host \
+                 (parallel.deterministic, parallel.offload_params)"
+                    .into(),
+            ));
+        }
+        self.tree = Some(std::cell::RefCell::new(GradTree::new(
+            be,
+            self.step.flat_len(),
+            max_micro,
+            world,
+            chunk,
+        )?));
+        Ok(self)
+    }
+
+    /// Bytes of deterministic mode's buffers (none outside it).
+    pub fn tree_bytes(&self) -> usize {
+        self.tree.as_ref().map_or(0, |t| t.borrow().bytes())
+    }
+
+    /// A window in deterministic mode: as [`Replica::window`], with the sums of
+    /// [`GradTree`].
+    pub(super) fn deterministic_window(
+        &self,
+        be: &B,
+        coll: &impl Collectives<B>,
+        micro: &[TokenBatch],
+        (scalars, rule): (&Scalars, GradRule),
+    ) -> Result<WindowReport, GpuError> {
+        let Some(tree) = &self.tree else {
+            return Err(GpuError::Shape {
+                kernel: "deterministic",
+                what: "a deterministic window on a replica made without its tree".into(),
+            });
+        };
+        // Every rank checks the same counts before any gradient collective: the tree
+        // refuses a count on every rank alike.
+        let counts = Tally::of_micro_batches(micro.len());
+        Tally::from_values(&coll.sum(be, &counts.values())?).same_micro_batches(coll.world())?;
+        let mut tree = tree.borrow_mut();
+        tree.begin(micro.len())?;
+        let (capacity, grad_scale) = self.scales(coll.world(), micro.len(), rule);
+        let mut losses = Vec::with_capacity(micro.len());
+        let mut valid = 0f64;
+        for (j, batch) in micro.iter().enumerate() {
+            self.step.zero_grads(be)?;
+            self.step
+                .queue_micro_batch(be, (*batch, grad_scale), false, BlockHooks::default())?;
+            losses.push(self.step.loss_sum(be)?);
+            valid += batch.valid_targets() as f64;
+            let grads = self.step.update_views(be)?.grads;
+            match j + 1 == micro.len() {
+                true => tree.finish(be, grads)?,
+                false => tree.push(be, grads)?,
+            }
+        }
+        let views = self.step.update_views(be)?;
+        tree.all_reduce(be, coll, views.grads)?;
+        // The window's loss through the same trees; the update's scalar sum then adds
+        // zeros to rank 0's (exactly), and integers for the counts.
+        let loss = rank_tree_sum(be, coll, tree_sum(&losses))?;
+        let tally = Tally {
+            valid,
+            loss: if coll.rank() == 0 { loss } else { 0.0 },
+            ..Tally::of_micro_batches(micro.len())
+        };
+        let (grad_norm, total) =
+            self.state
+                .update(be, coll, views, scalars, (tally, capacity), (rule, true))?;
+        Ok(WindowReport::of(total, grad_norm, rule))
+    }
+}

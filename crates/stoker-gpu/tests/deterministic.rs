@@ -1,0 +1,184 @@
+//! Deterministic mode on the resident loop: a window of 4 micro-batches trained on 1, 2
+//! and 4 in-process ranks (4, 2 and 1 micro-batches each) ends on the same bits: every
+//! report, every rank's master and compute copy, in f32, bf16 and f16 under a loss
+//! scale, AdamW with clipping and SGD. The default window does not (its sums follow the
+//! world size), which the last test shows, so the equality is the tree's doing.
+
+mod ranks;
+
+use half::{bf16, f16};
+use ranks::*;
+use stoker_comm::{run_local, Communicator, DEFAULT_TIMEOUT};
+use stoker_gpu::parallel::{GradRule, Replica, Strategy, ThroughHost};
+use stoker_gpu::sample::{batch, gpt};
+use stoker_gpu::step::optimizer::Optimizer;
+use stoker_gpu::step::options::StepOptions;
+use stoker_gpu::step::{GptGpuStep, TokenBatch};
+use stoker_gpu::{Act, Host};
+
+/// Micro-batches of a window over all ranks: a power of two, whole subtrees at 1, 2, 4.
+const GLOBAL: usize = 4;
+
+/// What a rank ends with: each window's (loss, tokens, norm) bits, its master and
+/// compute copy bits.
+type End = (Vec<(u64, u64, u64)>, Vec<u32>, Vec<u32>);
+
+fn train<T: Act, C: Communicator>(
+    comm: &C,
+    strategy: Strategy,
+    opt: Optimizer,
+    rule: GradRule,
+    deterministic: Option<usize>,
+) -> Result<End, stoker_gpu::GpuError> {
+    let g = gpt(&DIMS, SEED, 0.2);
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let step = GptGpuStep::<Host, T>::with_options(
+        &Host,
+        DIMS,
+        g.offsets.clone(),
+        1e-5,
+        (B, T),
+        strategy.step_options(StepOptions::default(), (rank, world)),
+    )?;
+    let mut replica = Replica::new(
+        &Host,
+        step,
+        (strategy, opt),
+        &g.params,
+        &segments(&g.ranges),
+        (rank, world),
+    )?;
+    if let Some(chunk) = deterministic {
+        replica = replica.with_deterministic(&Host, GLOBAL / world, world, chunk)?;
+    }
+    let coll = ThroughHost(comm);
+    let per = GLOBAL / world;
+    let mut reports = Vec::new();
+    for w in 0..WINDOWS {
+        let data = window(w);
+        let mine: Vec<TokenBatch> = data[rank * per..(rank + 1) * per]
+            .iter()
+            .map(batch)
+            .collect();
+        let r = replica.window(&Host, &coll, &mine, &scalars(opt, w as u64 + 1), rule)?;
+        reports.push((r.loss.to_bits(), r.tokens, r.grad_norm.to_bits()));
+    }
+    let (_, master) = replica.state().master(&Host)?;
+    let copy = replica.step().buffers().params(&Host)?;
+    let bits = |x: Vec<f32>| x.into_iter().map(f32::to_bits).collect();
+    Ok((reports, bits(master), bits(copy)))
+}
+
+/// Every rank of every world size (1, 2, 4) ends where one rank does.
+fn same_at_every_world<T: Act>(what: &str, opt: Optimizer, rule: GradRule, chunk: usize) {
+    let mut want: Option<End> = None;
+    for world in [1, 2, 4] {
+        let ends = run_local(world, DEFAULT_TIMEOUT, |comm| {
+            train::<T, _>(&comm, Strategy::Ddp, opt, rule, Some(chunk)).unwrap()
+        });
+        for (rank, end) in ends.into_iter().enumerate() {
+            let Some(w) = &want else {
+                want = Some(end);
+                continue;
+            };
+            assert_eq!(end.0, w.0, "{what}: reports of rank {rank} of {world}");
+            let differ = |a: &[u32], b: &[u32]| a.iter().zip(b).filter(|(x, y)| x != y).count();
+            assert_eq!(
+                differ(&end.1, &w.1),
+                0,
+                "{what}: master elements of rank {rank} of {world} differ from one rank's"
+            );
+            assert_eq!(
+                differ(&end.2, &w.2),
+                0,
+                "{what}: compute copy of rank {rank} of {world}"
+            );
+        }
+    }
+}
+
+#[test]
+fn deterministic_ddp_gives_one_rank_s_bits_at_2_and_4_ranks() {
+    // A chunk that does not divide the buffer: several rounds, the last one short.
+    let chunk = 1000;
+    same_at_every_world::<f32>("f32 adamw", Optimizer::AdamW, rule(Some(0.5)), chunk);
+    same_at_every_world::<bf16>("bf16 adamw", Optimizer::AdamW, rule(Some(0.5)), chunk);
+    let sgd = Optimizer::Sgd { momentum: true };
+    same_at_every_world::<f32>("f32 sgd", sgd, rule(None), 1 << 22);
+    let scaled = GradRule {
+        clip: Some(1.0),
+        loss_scale: Some(1024.0),
+    };
+    same_at_every_world::<f16>("f16 adamw, scale 1024", Optimizer::AdamW, scaled, chunk);
+    // The optimizer offloaded to the host (DDP's ZeRO-Offload) takes the same gradient.
+    let mut ends = Vec::new();
+    for (world, strategy) in [(1, Strategy::Ddp), (2, Strategy::Offload)] {
+        let got = run_local(world, DEFAULT_TIMEOUT, |comm| {
+            train::<f32, _>(&comm, strategy, Optimizer::AdamW, rule(Some(0.5)), Some(chunk))
+                .unwrap()
+        });
+        ends.extend(got);
+    }
+    assert!(ends.iter().all(|e| e.1 == ends[0].1), "offloaded optimizer");
+}
+
+#[test]
+fn the_default_window_s_bits_follow_the_world_size() {
+    // Without the tree, 4 ranks sum through the collective and one rank in place: some
+    // element of the master differs. (If this ever passes with equal bits, the test
+    // above proves nothing about the tree.)
+    let one = run_local(1, DEFAULT_TIMEOUT, |comm| {
+        train::<f32, _>(&comm, Strategy::Ddp, Optimizer::AdamW, rule(Some(0.5)), None).unwrap()
+    });
+    let four = run_local(4, DEFAULT_TIMEOUT, |comm| {
+        train::<f32, _>(&comm, Strategy::Ddp, Optimizer::AdamW, rule(Some(0.5)), None).unwrap()
+    });
+    let differing = one[0].1.iter().zip(&four[0].1).filter(|(a, b)| a != b).count();
+    assert!(differing > 0, "the default window matched one rank bit for bit");
+}
+
+#[test]
+fn deterministic_mode_refuses_what_its_tree_cannot_sum() {
+    let err = |r: Result<End, stoker_gpu::GpuError>| r.unwrap_err().to_string();
+    // ZeRO's sharded norm.
+    let e = run_local(2, DEFAULT_TIMEOUT, |comm| {
+        err(train::<f32, _>(
+            &comm,
+            Strategy::Zero1,
+            Optimizer::AdamW,
+            rule(None),
+            Some(1000),
+        ))
+    });
+    assert!(e[0].contains("parallel.deterministic"), "{}", e[0]);
+    // A world that is not a power of two.
+    let e = run_local(3, DEFAULT_TIMEOUT, |comm| {
+        let g = gpt(&DIMS, SEED, 0.2);
+        let step = GptGpuStep::<Host, f32>::with_options(
+            &Host,
+            DIMS,
+            g.offsets.clone(),
+            1e-5,
+            (B, T),
+            StepOptions::default(),
+        )
+        .unwrap();
+        let replica = Replica::new(
+            &Host,
+            step,
+            (Strategy::Ddp, Optimizer::AdamW),
+            &g.params,
+            &segments(&g.ranges),
+            (comm.rank(), 3),
+        )
+        .unwrap();
+        match replica.with_deterministic(&Host, 2, 3, 1000) {
+            Ok(_) => String::new(),
+            Err(e) => e.to_string(),
+        }
+    });
+    assert!(
+        e.iter().all(|e| e.contains("power-of-two world size")),
+        "{e:?}"
+    );
+}
