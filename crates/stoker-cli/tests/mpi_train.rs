@@ -1,8 +1,9 @@
 //! `stoker train` under `mpirun -n 2` and `mpirun -n 4` (oversubscribed on 2 cores), each
 //! wrapped in `timeout`: N ranks give what 1 rank gives (weights within the format's
-//! tolerance; bit-identical in deterministic mode, also across a resume at another world
-//! size and through the in-process backend), bad input fails before any work naming the
-//! key, and a rank that fails, dies or hangs ends the whole job with a message naming it.
+//! tolerance; bit-identical in deterministic mode, the resident loop's too, also across a
+//! resume at another world size and through the in-process backend), bad input fails
+//! before any work naming the key, and a rank that fails, dies or hangs ends the whole
+//! job with a message naming it.
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -78,6 +79,39 @@ fn mpi_n_ranks_equal_one_rank_and_deterministic_mode_is_bit_identical() {
             "case {i} ({precision} {kernels}): {crcs:?}"
         );
     }
+    // The resident loop's deterministic mode (the GPU step's host build, its trees of
+    // sums over MPI through host memory): the same bits at 1, 2 and 4 ranks, on the loop.
+    let mut crcs = Vec::new();
+    for n in [1, 2, 4] {
+        let name = format!("r_w{n}");
+        let c = config(
+            dir,
+            &name,
+            Model::Gpt,
+            "bf16",
+            "resident",
+            5,
+            "deterministic = true",
+        );
+        let t = std::fs::read_to_string(&c).unwrap();
+        std::fs::write(
+            &c,
+            t.replace("kernels = \"resident\"", "step = \"resident\""),
+        )
+        .unwrap();
+        let o = train(n, &c, &[]);
+        let out = text(&o);
+        assert!(o.status.success(), "{out}");
+        assert!(
+            out.contains("resident loop per rank"),
+            "not on the loop: {out}"
+        );
+        crcs.push((n, field(&o, "weights crc32:")));
+    }
+    assert!(
+        crcs.iter().all(|(_, c)| *c == crcs[0].1),
+        "the resident loop's deterministic mode: {crcs:?}"
+    );
 }
 
 /// Every strategy at `mpirun -n 3`, a world size that divides neither the models' groups

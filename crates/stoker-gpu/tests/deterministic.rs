@@ -114,8 +114,14 @@ fn deterministic_ddp_gives_one_rank_s_bits_at_2_and_4_ranks() {
     let mut ends = Vec::new();
     for (world, strategy) in [(1, Strategy::Ddp), (2, Strategy::Offload)] {
         let got = run_local(world, DEFAULT_TIMEOUT, |comm| {
-            train::<f32, _>(&comm, strategy, Optimizer::AdamW, rule(Some(0.5)), Some(chunk))
-                .unwrap()
+            train::<f32, _>(
+                &comm,
+                strategy,
+                Optimizer::AdamW,
+                rule(Some(0.5)),
+                Some(chunk),
+            )
+            .unwrap()
         });
         ends.extend(got);
     }
@@ -128,13 +134,35 @@ fn the_default_window_s_bits_follow_the_world_size() {
     // element of the master differs. (If this ever passes with equal bits, the test
     // above proves nothing about the tree.)
     let one = run_local(1, DEFAULT_TIMEOUT, |comm| {
-        train::<f32, _>(&comm, Strategy::Ddp, Optimizer::AdamW, rule(Some(0.5)), None).unwrap()
+        train::<f32, _>(
+            &comm,
+            Strategy::Ddp,
+            Optimizer::AdamW,
+            rule(Some(0.5)),
+            None,
+        )
+        .unwrap()
     });
     let four = run_local(4, DEFAULT_TIMEOUT, |comm| {
-        train::<f32, _>(&comm, Strategy::Ddp, Optimizer::AdamW, rule(Some(0.5)), None).unwrap()
+        train::<f32, _>(
+            &comm,
+            Strategy::Ddp,
+            Optimizer::AdamW,
+            rule(Some(0.5)),
+            None,
+        )
+        .unwrap()
     });
-    let differing = one[0].1.iter().zip(&four[0].1).filter(|(a, b)| a != b).count();
-    assert!(differing > 0, "the default window matched one rank bit for bit");
+    let differing = one[0]
+        .1
+        .iter()
+        .zip(&four[0].1)
+        .filter(|(a, b)| a != b)
+        .count();
+    assert!(
+        differing > 0,
+        "the default window matched one rank bit for bit"
+    );
 }
 
 #[test]

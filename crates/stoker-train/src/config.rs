@@ -513,11 +513,11 @@ impl TrainConfig {
     }
 
     /// Whether training steps run the resident loop (`step = "resident"` under one rank,
-    /// DDP, ZeRO-1, -2 or -3, not in deterministic mode): the step, the FP32 master, the
-    /// optimizer and the reductions on the step's backend. The rest of `step =
-    /// "resident"` (deterministic mode, DDP's or ZeRO-1's reduction per micro-batch,
-    /// `no_sync` under ZeRO-2) runs the same step's host build through the CPU trainer's
-    /// own master and optimizer, on the CPU only.
+    /// DDP, ZeRO-1, -2 or -3; deterministic mode under one rank or DDP): the step, the
+    /// FP32 master, the optimizer and the reductions on the step's backend. The rest of
+    /// `step = "resident"` (deterministic ZeRO, DDP's or ZeRO-1's reduction per
+    /// micro-batch, `no_sync` under ZeRO-2) runs the same step's host build through the
+    /// CPU trainer's own master and optimizer, on the CPU only.
     pub fn resident_loop(&self) -> bool {
         self.resident_step() && self.not_on_resident_loop().is_none()
     }
@@ -545,12 +545,20 @@ impl TrainConfig {
                     .into(),
             ));
         }
-        if p.deterministic {
+        if p.deterministic && !matches!(p.strategy, StrategyKind::None | StrategyKind::Ddp) {
             return Some((
                 "parallel.deterministic",
-                "the resident loop sums a rank's micro-batches in place on the GPU and reduces \
-                 them once, in the collective's order: bit-identical weights across world \
-                 sizes are not built on it"
+                "the resident loop's deterministic mode runs one rank or \"ddp\": ZeRO's \
+                 sharded gradient norm sums its pieces in an order that depends on the world \
+                 size"
+                    .into(),
+            ));
+        }
+        if p.deterministic && p.offload_params {
+            return Some((
+                "parallel.deterministic",
+                "the resident loop's deterministic mode sums whole gradients on the step's \
+                 backend; with parallel.offload_params they are gathered on the host"
                     .into(),
             ));
         }
@@ -1003,6 +1011,7 @@ steps = 1
                 c.parallel.reshard_after_forward = false;
             }),
             ("parallel.deterministic", |c| {
+                c.parallel.strategy = StrategyKind::Zero1;
                 c.parallel.deterministic = true
             }),
             ("parallel.sync_every_micro_batch", |c| {
@@ -1023,6 +1032,14 @@ steps = 1
             ok.parallel.strategy = kind;
             ok.check_gpu_keys().unwrap();
             assert!(ok.resident_loop(), "{kind:?} on the loop");
+        }
+        // Deterministic mode under one rank or DDP: its trees run on the loop.
+        for kind in [StrategyKind::None, StrategyKind::Ddp] {
+            let mut det = r.clone();
+            det.parallel.strategy = kind;
+            det.parallel.deterministic = true;
+            det.check_gpu_keys().unwrap();
+            assert!(det.resident_loop(), "deterministic {kind:?} on the loop");
         }
         for kind in [StrategyKind::Zero2, StrategyKind::Zero3] {
             let mut sync = r.clone();

@@ -88,7 +88,8 @@ fn the_resident_loop_serves_one_rank_ddp_and_zero1_to_3_and_the_adapter_the_rest
             "direct",
         ),
         ("strategy = \"zero3\"", 2, "resident"),
-        ("strategy = \"ddp\"\ndeterministic = true", 2, "direct"),
+        ("strategy = \"ddp\"\ndeterministic = true", 2, "resident"),
+        ("strategy = \"zero1\"\ndeterministic = true", 2, "direct"),
     ] {
         let c = resident(GPT, "fp32", ADAMW, extra);
         assert_eq!(c.resident_loop(), want == "resident", "{extra}");
@@ -179,6 +180,33 @@ fn a_resident_run_resumed_from_its_state_equals_one_that_never_stopped() {
 }
 
 #[test]
+fn deterministic_ddp_on_the_loop_gives_one_rank_s_bits_at_2_and_4_ranks() {
+    // A global batch of 4 micro-batches: 4 on one rank, 2 on each of two, 1 on each of
+    // four; the tree sums them alike (stoker-gpu's tests/deterministic.rs for the sums).
+    for (precision, optimizer) in [("fp32", ADAMW), ("bf16", ADAMW), ("fp16", SGD)] {
+        let mut c = resident(
+            GPT,
+            precision,
+            optimizer,
+            "strategy = \"ddp\"\ndeterministic = true",
+        );
+        c.batch.global_batch = Some(4 * c.batch.micro_batch);
+        assert!(c.resident_loop(), "deterministic DDP runs on the loop");
+        let one = run_with_resume(&c, GPT, 1, 4, None).remove(0);
+        for world in [2, 4] {
+            for (r, (m, reps)) in run_with_resume(&c, GPT, world, 4, None).iter().enumerate() {
+                let what = format!("{precision} {optimizer}, rank {r} of {world}");
+                assert_same_run(&what, (m, reps), (&one.0, &one.1));
+            }
+        }
+        // Resumed from a checkpoint mid-run, on 2 ranks: the same bits again.
+        for (m, reps) in run_with_resume(&c, GPT, 2, 4, Some(2)) {
+            assert_same_run("resumed on 2 ranks", (&m, &reps), (&one.0, &one.1));
+        }
+    }
+}
+
+#[test]
 fn a_shorter_window_and_other_evaluation_shapes_track_the_direct_step() {
     for (model, optimizer) in [(GPT, ADAMW), (LLAMA, SGD)] {
         let direct = config(model, "fp32", "direct", optimizer, "strategy = \"none\"");
@@ -233,6 +261,14 @@ fn the_loop_holds_what_its_plan_says() {
         (LLAMA, "fp32", ADAMW, "strategy = \"zero2\"", 3),
         (GPT, "bf16", ADAMW, "strategy = \"zero3\"", 2),
         (LLAMA, "fp32", SGD, "strategy = \"zero3\"", 3),
+        // Deterministic mode's scratch for the tree over ranks.
+        (
+            GPT,
+            "bf16",
+            ADAMW,
+            "strategy = \"ddp\"\ndeterministic = true",
+            2,
+        ),
     ] {
         let c = resident(model, precision, optimizer, extra);
         let what = format!("{} {precision} {extra} on {world}", &model[8..11]);
@@ -435,7 +471,7 @@ fn the_plan_line_finds_the_largest_micro_batch_that_fits() {
         GPT,
         "bf16",
         ADAMW,
-        "strategy = \"ddp\"\ndeterministic = true",
+        "strategy = \"zero1\"\ndeterministic = true",
     );
     assert!(stoker_train::planned::resident_plan_line(&off, 2, None)
         .unwrap()

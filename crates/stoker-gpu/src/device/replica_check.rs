@@ -1,6 +1,6 @@
 //! The resident training loop on the GPU against the same loop on the host backend: a
-//! small GPT, three windows of two micro-batches, DDP, ZeRO-1 and one rank with its
-//! blocks' parameters offloaded, f32, bf16 and f16
+//! small GPT, three windows of two micro-batches, DDP (also in deterministic mode), ZeRO-1
+//! to -3 and one rank with its blocks' parameters offloaded, f32, bf16 and f16
 //! (under a loss scale, after a window whose overflow must be skipped), the
 //! GPU's collectives NCCL on device memory at one rank (ZeRO-1's reduce-scatter,
 //! all-gather and scalar sums all run through NCCL), the host's through an in-process
@@ -70,6 +70,28 @@ fn windows() -> Vec<Vec<(Vec<i64>, Vec<i64>)>> {
         .collect()
 }
 
+/// One configuration of the loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Run {
+    /// The strategy.
+    pub strategy: Strategy,
+    /// The blocks' parameters in host memory.
+    pub offload_params: bool,
+    /// Deterministic mode's trees of sums.
+    pub deterministic: bool,
+}
+
+impl Run {
+    /// `strategy` with nothing else.
+    pub fn of(strategy: Strategy) -> Self {
+        Run {
+            strategy,
+            offload_params: false,
+            deterministic: false,
+        }
+    }
+}
+
 /// The loop on `be` with `coll` (its rank taking its share of each window's two
 /// micro-batches): the last window's loss, and this rank's range of the master and its
 /// values. f16 runs under fp16's loss scale, after a first window at a scale that must
@@ -77,7 +99,11 @@ fn windows() -> Vec<Vec<(Vec<i64>, Vec<i64>)>> {
 fn train<B: Backend, T: Act>(
     be: &B,
     coll: &impl Collectives<B>,
-    (strategy, offload_params): (Strategy, bool),
+    Run {
+        strategy,
+        offload_params,
+        deterministic,
+    }: Run,
 ) -> Result<(f64, Range<usize>, Vec<f32>), GpuError> {
     let g = crate::sample::gpt(&DIMS, 100, 0.2);
     let segments: Vec<_> = crate::sample::segments(&stoker_kernels::gpt_params(&DIMS), &g.ranges);
@@ -99,6 +125,12 @@ fn train<B: Backend, T: Act>(
         (rank, world),
     )?;
     let per = 2 / world;
+    // Deterministic mode's trees; a chunk of 1,000 elements so the tree over ranks takes
+    // several rounds.
+    let replica = match deterministic {
+        true => replica.with_deterministic(be, per, world, 1000)?,
+        false => replica,
+    };
     let mut loss = 0.0;
     let fp16 = T::DTYPE == Dtype::F16;
     let rule = |loss_scale: f32| GradRule {
@@ -171,18 +203,30 @@ pub fn compare_replica(dev: &Device) -> Result<Vec<ReplicaCompared>, GpuError> {
         });
     }
     let mut out = Vec::new();
+    let params_off = |strategy| Run {
+        offload_params: true,
+        ..Run::of(strategy)
+    };
     for (run, name) in [
-        ((Strategy::Ddp, false), "ddp"),
-        ((Strategy::Zero1, false), "zero-1"),
-        ((Strategy::Zero2, false), "zero-2"),
+        (Run::of(Strategy::Ddp), "ddp"),
+        (Run::of(Strategy::Zero1), "zero-1"),
+        (Run::of(Strategy::Zero2), "zero-2"),
         // The compute copy sharded, each block gathered into a slot (NCCL's all-gather
         // at one rank).
-        ((Strategy::Zero3, false), "zero-3"),
+        (Run::of(Strategy::Zero3), "zero-3"),
         // The blocks' parameters offloaded (two slots on the device, the update on the
         // host): against the host build's same loop.
-        ((Strategy::Offload, true), "params-off"),
+        (params_off(Strategy::Offload), "params-off"),
         // ZeRO-3's shard in host memory, each gather staging this rank's piece up.
-        ((Strategy::Zero3Offload, true), "zero-3 params-off"),
+        (params_off(Strategy::Zero3Offload), "zero-3 params-off"),
+        // Deterministic mode's trees (at one rank: the micro-batches' tree alone).
+        (
+            Run {
+                deterministic: true,
+                ..Run::of(Strategy::Ddp)
+            },
+            "ddp deterministic",
+        ),
     ] {
         for dtype in ["f32", "bf16", "f16"] {
             let (h, d) = match dtype {
@@ -209,17 +253,18 @@ pub fn compare_replica(dev: &Device) -> Result<Vec<ReplicaCompared>, GpuError> {
     Ok(out)
 }
 
-/// The loop at 2 ranks on GPU `ordinal` under `strategy` (threads of this process, each
+/// The loop at 2 ranks on GPU `ordinal` as `run` says (threads of this process, each
 /// with its own [`Device`] on the one GPU, through an in-process communicator on host
 /// memory: what a GPU job over MPI runs) against 1 rank on the same GPU, f32: the same
-/// weights within f32 rounding of the sums.
-pub fn compare_replica_ranks(
-    ordinal: usize,
-    strategy: Strategy,
-) -> Result<ReplicaCompared, GpuError> {
+/// weights within f32 rounding of the sums, or in deterministic mode bit for bit.
+pub fn compare_replica_ranks(ordinal: usize, run: Run) -> Result<ReplicaCompared, GpuError> {
     let one_dev = Device::new(ordinal)?;
     let one_comm = local_group(1, DEFAULT_TIMEOUT).remove(0);
-    let one = train::<Device, f32>(&one_dev, &ThroughHost(&one_comm), (Strategy::Ddp, false))?;
+    let baseline = Run {
+        deterministic: run.deterministic,
+        ..Run::of(Strategy::Ddp)
+    };
+    let one = train::<Device, f32>(&one_dev, &ThroughHost(&one_comm), baseline)?;
     // Made here, one after the other (each disables the context's event tracking before
     // any buffer of its own exists), then handed to the ranks' threads.
     let devices = (0..2)
@@ -238,7 +283,7 @@ pub fn compare_replica_ranks(
             what: "taking a rank's device".into(),
             error: "none left".into(),
         })?;
-        train::<Device, f32>(&dev, &ThroughHost(&comm), (strategy, false))
+        train::<Device, f32>(&dev, &ThroughHost(&comm), run)
     });
     let mut master = Vec::new();
     let mut loss = 0.0;
@@ -254,7 +299,15 @@ pub fn compare_replica_ranks(
         loss = l;
     }
     Ok(compared(
-        format!("{strategy:?} f32, 2 ranks vs 1"),
+        format!(
+            "{:?}{} f32, 2 ranks vs 1",
+            run.strategy,
+            if run.deterministic {
+                " deterministic"
+            } else {
+                ""
+            }
+        ),
         (one.0, &one.2),
         (loss, &master),
     ))

@@ -133,7 +133,11 @@ impl<B: Backend> GradTree<B> {
                     break;
                 }
                 let n = self.stack.len();
-                add_into(be, be.all(&self.partial[n - 2]), be.all(&self.partial[n - 1]))?;
+                add_into(
+                    be,
+                    be.all(&self.partial[n - 2]),
+                    be.all(&self.partial[n - 1]),
+                )?;
                 self.stack.pop();
                 self.stack[n - 2] += 1;
             }
@@ -177,10 +181,7 @@ impl<B: Backend> GradTree<B> {
         if world != self.world {
             return Err(GpuError::Shape {
                 kernel: "deterministic",
-                what: format!(
-                    "a tree planned for {} rank(s) run on {world}",
-                    self.world
-                ),
+                what: format!("a tree planned for {} rank(s) run on {world}", self.world),
             });
         }
         let Some(scratch) = &self.scratch else {
@@ -226,7 +227,10 @@ pub fn tree_sum(values: &[f64]) -> f64 {
         }
         stack.push(carry);
     }
-    stack.iter().rev().fold(last, |acc, &(_, lower)| lower + acc)
+    stack
+        .iter()
+        .rev()
+        .fold(last, |acc, &(_, lower)| lower + acc)
 }
 
 /// `value` from every rank summed as the balanced tree over ranks (a power of two), the

@@ -67,7 +67,7 @@ pub trait ResidentRun {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ResidentBytes {
     /// The FP32 master and the optimizer's buffers (ZeRO-1: this rank's shard, and its
-    /// shard of gradients).
+    /// shard of gradients; in deterministic mode with its tree's sums).
     pub state: usize,
     /// The steps' buffers.
     pub steps: usize,
@@ -114,6 +114,9 @@ pub struct RunSetup<'a> {
     /// rank, the optimizer offloaded: the replica refuses anything else), attention
     /// recomputed in the backward.
     pub options: StepOptions,
+    /// Deterministic mode's windows of at most this many micro-batches (its trees of
+    /// sums), or the default windows.
+    pub deterministic: Option<usize>,
 }
 
 impl RunSetup<'_> {
@@ -184,6 +187,17 @@ impl<B: Backend, S: Trainable<B>, C: Collectives<B>> ResidentLoop<B, S, C> {
             setup.rank_world,
         )
         .map_err(gpu_err("setting up the optimizer"))?;
+        let replica = match setup.deterministic {
+            Some(max_micro) => replica
+                .with_deterministic(
+                    &be,
+                    max_micro,
+                    setup.rank_world.1,
+                    stoker_gpu::parallel::grad_tree::TREE_CHUNK,
+                )
+                .map_err(gpu_err("setting up deterministic mode"))?,
+            None => replica,
+        };
         Ok(ResidentLoop {
             be,
             coll,
@@ -312,7 +326,7 @@ impl<B: Backend, S: Trainable<B>, C: Collectives<B>> ResidentRun for ResidentLoo
                 .map(|(_, s)| s.buffer_bytes())
                 .sum::<usize>();
         ResidentBytes {
-            state: self.replica.state().bytes(),
+            state: self.replica.state().bytes() + self.replica.tree_bytes(),
             steps,
         }
     }

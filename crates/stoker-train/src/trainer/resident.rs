@@ -54,6 +54,8 @@ struct LoopPlan {
     /// How its steps are made (`parallel.offload_params`, `recompute`).
     options: stoker_gpu::step::options::StepOptions,
     timeout: std::time::Duration,
+    /// `parallel.deterministic`: the batch whose accumulation steps size the trees.
+    deterministic: Option<crate::config::BatchConfig>,
 }
 
 impl LoopPlan {
@@ -105,6 +107,10 @@ impl LoopPlan {
             shape: self.shape,
             on: self.on,
             options: self.options,
+            deterministic: match &self.deterministic {
+                Some(batch) => Some(batch.resolve(strategy.world_size())?.0),
+                None => None,
+            },
         };
         let run = model
             .resident_run(layout, self.act, &setup)?
@@ -157,6 +163,7 @@ impl ResidentPath {
                 act: crate::precision::resident_activations(config.precision)?,
                 options: config.resident_options(),
                 timeout: std::time::Duration::from_secs_f64(config.parallel.timeout_s),
+                deterministic: config.parallel.deterministic.then_some(config.batch),
             },
             host_behind: false,
             run_behind: false,
@@ -271,10 +278,19 @@ pub fn planned_resident_bytes(
     let act_bytes = crate::precision::resident_activations(config.precision)
         .ok()?
         .bytes();
+    let tree = match config.parallel.deterministic {
+        true => stoker_gpu::parallel::grad_tree::GradTree::<stoker_gpu::Host>::planned_bytes(
+            len,
+            config.batch.resolve(rank_world.1).ok()?.0,
+            rank_world.1,
+            stoker_gpu::parallel::grad_tree::TREE_CHUNK,
+        ),
+        false => 0,
+    };
     Some(ResidentBytes {
         state: stoker_gpu::parallel::DataParallel::<stoker_gpu::Host>::planned_bytes(
             strategy, optimizer, len, rank_world, block,
-        ),
+        ) + tree,
         steps: sizes.bytes(act_bytes),
     })
 }
