@@ -200,7 +200,23 @@ fn preempted_job(dir: &Path, name: &str, scancel: &[&str]) -> (String, u64) {
     };
     // The ranks finish their step, checkpoint and exit before the script requeues: on 2
     // cores shared with the other Slurm tests that took over 60 s once (a flake in CI).
-    wait_for("the requeue", 180, requeued);
+    // Once the job ended instead, exit status 0, with no requeue: the job's own output
+    // then says why.
+    let t0 = std::time::Instant::now();
+    while !requeued() {
+        if t0.elapsed() > std::time::Duration::from_secs(180) {
+            let job_now = Command::new("scontrol")
+                .args(["show", "job", &job])
+                .output()
+                .unwrap();
+            panic!(
+                "timed out after 180 s waiting for the requeue of job {job}: {}\njob output:\n{}",
+                text(&job_now),
+                std::fs::read_to_string(&out).unwrap_or_else(|e| format!("({e})"))
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     wait_for("the requeued job to end", 240, || {
         let o = slurm("squeue", &["-h", "-j", &job, "-o", "%T"]);
         o.stdout.is_empty()

@@ -1,5 +1,5 @@
-//! Deterministic mode on the resident loop: a window of 4 micro-batches trained on 1, 2
-//! and 4 in-process ranks (4, 2 and 1 micro-batches each) ends on the same bits: every
+//! Deterministic mode on the resident loop: a window of 8 micro-batches trained on 1, 2,
+//! 4 and 8 in-process ranks (8 to 1 micro-batches each) ends on the same bits: every
 //! report, every rank's master and compute copy, in f32, bf16 and f16 under a loss
 //! scale, AdamW with clipping and SGD. The default window does not (its sums follow the
 //! world size), which the last test shows, so the equality is the tree's doing.
@@ -16,8 +16,16 @@ use stoker_gpu::step::options::StepOptions;
 use stoker_gpu::step::{GptGpuStep, TokenBatch};
 use stoker_gpu::{Act, Host};
 
-/// Micro-batches of a window over all ranks: a power of two, whole subtrees at 1, 2, 4.
-const GLOBAL: usize = 4;
+/// Micro-batches of a window over all ranks: a power of two, whole subtrees at 1 to 8
+/// ranks (and 8 on one rank: a tree three levels high).
+const GLOBAL: usize = 8;
+
+/// Window `w`'s 8 micro-batches: the shared helper's 6, and 2 of another window's.
+fn window8(w: usize) -> Vec<(Vec<i64>, Vec<i64>)> {
+    let mut all = window(w);
+    all.extend(window(w + WINDOWS).into_iter().take(GLOBAL - MICRO));
+    all
+}
 
 /// What a rank ends with: each window's (loss, tokens, norm) bits, its master and
 /// compute copy bits.
@@ -55,7 +63,7 @@ fn train<T: Act, C: Communicator>(
     let per = GLOBAL / world;
     let mut reports = Vec::new();
     for w in 0..WINDOWS {
-        let data = window(w);
+        let data = window8(w);
         let mine: Vec<TokenBatch> = data[rank * per..(rank + 1) * per]
             .iter()
             .map(batch)
@@ -69,10 +77,10 @@ fn train<T: Act, C: Communicator>(
     Ok((reports, bits(master), bits(copy)))
 }
 
-/// Every rank of every world size (1, 2, 4) ends where one rank does.
+/// Every rank of every world size (1, 2, 4, 8) ends where one rank does.
 fn same_at_every_world<T: Act>(what: &str, opt: Optimizer, rule: GradRule, chunk: usize) {
     let mut want: Option<End> = None;
-    for world in [1, 2, 4] {
+    for world in [1, 2, 4, 8] {
         let ends = run_local(world, DEFAULT_TIMEOUT, |comm| {
             train::<T, _>(&comm, Strategy::Ddp, opt, rule, Some(chunk)).unwrap()
         });
@@ -98,7 +106,7 @@ fn same_at_every_world<T: Act>(what: &str, opt: Optimizer, rule: GradRule, chunk
 }
 
 #[test]
-fn deterministic_ddp_gives_one_rank_s_bits_at_2_and_4_ranks() {
+fn deterministic_ddp_gives_one_rank_s_bits_at_2_4_and_8_ranks() {
     // A chunk that does not divide the buffer: several rounds, the last one short.
     let chunk = 1000;
     same_at_every_world::<f32>("f32 adamw", Optimizer::AdamW, rule(Some(0.5)), chunk);
@@ -209,4 +217,48 @@ fn deterministic_mode_refuses_what_its_tree_cannot_sum() {
         e.iter().all(|e| e.contains("power-of-two world size")),
         "{e:?}"
     );
+}
+
+#[test]
+fn a_rank_whose_micro_batch_fails_fails_the_window_on_every_rank() {
+    // Rank 1's token ids lie outside the vocabulary: its step refuses the micro-batch
+    // before any collective. Rank 0 must not wait in the tree's all-gather for it.
+    let errors = run_local(2, DEFAULT_TIMEOUT, |comm| {
+        let g = gpt(&DIMS, SEED, 0.2);
+        let rank = comm.rank();
+        let step = GptGpuStep::<Host, f32>::with_options(
+            &Host,
+            DIMS,
+            g.offsets.clone(),
+            1e-5,
+            (B, T),
+            StepOptions::default(),
+        )
+        .unwrap();
+        let replica = Replica::new(
+            &Host,
+            step,
+            (Strategy::Ddp, Optimizer::AdamW),
+            &g.params,
+            &segments(&g.ranges),
+            (rank, 2),
+        )
+        .unwrap()
+        .with_deterministic(&Host, 1, 2, 1000)
+        .unwrap();
+        let mut data = window(0).remove(rank);
+        if rank == 1 {
+            data.0[3] = DIMS.vocab as i64;
+        }
+        let r = replica.window(
+            &Host,
+            &ThroughHost(&comm),
+            &[batch(&data)],
+            &scalars(Optimizer::AdamW, 1),
+            rule(None),
+        );
+        r.unwrap_err().to_string()
+    });
+    assert!(errors[0].contains("1 of 2 ranks failed"), "{}", errors[0]);
+    assert!(errors[1].contains("outside"), "{}", errors[1]);
 }

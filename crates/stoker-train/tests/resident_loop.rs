@@ -300,6 +300,33 @@ fn the_loop_holds_what_its_plan_says() {
             );
         }
     }
+    // Deterministic mode's tree with two levels of partial sums: 4 micro-batches a rank.
+    let mut c = resident(
+        GPT,
+        "fp32",
+        ADAMW,
+        "strategy = \"ddp\"\ndeterministic = true",
+    );
+    c.batch.accumulation_steps = Some(4);
+    let got = run_local(2, Duration::from_secs(60), |comm| {
+        let rank = comm.rank();
+        let mut t = trainer(&c, Rc::new(comm));
+        t.train_step(&window(GPT, 0, rank, 4)).unwrap();
+        let len = t.layout().total_len();
+        let planned = stoker_train::trainer::planned_resident_bytes(&c, len, (rank, 2)).unwrap();
+        (planned, t.resident_bytes().unwrap().0, len)
+    });
+    for (planned, counted, len) in got {
+        assert_eq!(planned, counted, "deterministic, 4 micro-batches a rank");
+        // Two gradient-sized f32 buffers of partial sums beyond the plain DDP plan.
+        let mut plain = c.clone();
+        plain.parallel.deterministic = false;
+        let base = stoker_train::trainer::planned_resident_bytes(&plain, len, (0, 2)).unwrap();
+        assert!(
+            planned.state >= base.state + 2 * 4 * len,
+            "{planned:?} against {base:?}"
+        );
+    }
 }
 
 #[test]

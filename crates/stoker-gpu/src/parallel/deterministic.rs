@@ -23,8 +23,8 @@ use crate::step::TokenBatch;
 
 impl<B: Backend, S: Trainable<B>> Replica<B, S> {
     /// This replica in deterministic mode, for windows of at most `max_micro`
-    /// micro-batches; `chunk` elements of the gradient a round across ranks
-    /// ([`super::grad_tree::TREE_CHUNK`] unless a test wants several rounds). DDP (its
+    /// micro-batches; `chunk` elements of the gradient a round from each rank
+    /// ([`super::grad_tree::chunk_for`] unless a test wants several rounds). DDP (its
     /// optimizer on the backend or offloaded) or one rank, a power-of-two world, the
     /// parameters not offloaded.
     pub fn with_deterministic(
@@ -84,27 +84,55 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                 what: "a deterministic window on a replica made without its tree".into(),
             });
         };
-        // Every rank checks the same counts before any gradient collective: the tree
-        // refuses a count on every rank alike.
-        let counts = Tally::of_micro_batches(micro.len());
-        Tally::from_values(&coll.sum(be, &counts.values())?).same_micro_batches(coll.world())?;
         let mut tree = tree.borrow_mut();
-        tree.begin(micro.len())?;
         let (capacity, grad_scale) = self.scales(coll.world(), micro.len(), rule);
         let mut losses = Vec::with_capacity(micro.len());
         let mut valid = 0f64;
-        for (j, batch) in micro.iter().enumerate() {
-            self.step.zero_grads(be)?;
-            self.step
-                .queue_micro_batch(be, (*batch, grad_scale), false, BlockHooks::default())?;
-            losses.push(self.step.loss_sum(be)?);
-            valid += batch.valid_targets() as f64;
-            let grads = self.step.update_views(be)?.grads;
-            match j + 1 == micro.len() {
-                true => tree.finish(be, grads)?,
-                false => tree.push(be, grads)?,
+        // This rank's micro-batches, with nothing collective inside: whatever fails on
+        // one rank is told to every rank by the sum below, before the first gradient
+        // collective, so that no rank waits in one the others never join.
+        let mut local = || -> Result<(), GpuError> {
+            tree.begin(micro.len())?;
+            for (j, batch) in micro.iter().enumerate() {
+                self.step.zero_grads(be)?;
+                self.step.queue_micro_batch(
+                    be,
+                    (*batch, grad_scale),
+                    false,
+                    BlockHooks::default(),
+                )?;
+                losses.push(self.step.loss_sum(be)?);
+                valid += batch.valid_targets() as f64;
+                let grads = self.step.update_views(be)?.grads;
+                match j + 1 == micro.len() {
+                    true => tree.finish(be, grads)?,
+                    false => tree.push(be, grads)?,
+                }
             }
+            Ok(())
+        };
+        let local = local();
+        let n = micro.len() as f64;
+        let failed = local.is_err() as u8 as f64;
+        let summed = coll.sum(be, &[n, n * n, failed])?;
+        local?;
+        if summed[2] > 0.0 {
+            return Err(GpuError::Shape {
+                kernel: "deterministic",
+                what: format!(
+                    "{} of {} ranks failed their micro-batches in this window (see theirs)",
+                    summed[2],
+                    coll.world()
+                ),
+            });
         }
+        // Every rank ran as many micro-batches (the tree over ranks needs whole subtrees).
+        let counts = Tally {
+            micro: summed[0],
+            micro_sq: summed[1],
+            ..Tally::default()
+        };
+        counts.same_micro_batches(coll.world())?;
         let views = self.step.update_views(be)?;
         tree.all_reduce(be, coll, views.grads)?;
         // The window's loss through the same trees; the update's scalar sum then adds

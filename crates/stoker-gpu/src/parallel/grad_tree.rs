@@ -17,9 +17,15 @@ use crate::collectives::Collectives;
 use crate::error::GpuError;
 use crate::kernels::add_into;
 
-/// Elements of the gradient one cross-rank round gathers from each rank (16 MiB of f32):
-/// the scratch holds this many per rank.
+/// Elements of the scratch a cross-rank round gathers into (16 MiB of f32), all ranks'
+/// chunks together ([`chunk_for`]).
 pub const TREE_CHUNK: usize = 1 << 22;
+
+/// Elements of the gradient one cross-rank round takes from each of `world` ranks: the
+/// scratch stays [`TREE_CHUNK`] elements whatever the world.
+pub fn chunk_for(world: usize) -> usize {
+    (TREE_CHUNK / world.max(1)).max(1)
+}
 
 /// Partial sums buffered for a window of at most `max_micro` micro-batches: one fewer
 /// level than the tree's height, the last leaf being the step's own buffer.
@@ -280,6 +286,73 @@ mod tests {
         assert_eq!(tree_sum(&v).to_bits(), tree.to_bits());
         assert_eq!(tree_sum(&[3.0]), 3.0);
         assert_eq!(tree_sum(&[]), 0.0);
+    }
+
+    /// The tree of `v` written as recursion: a power-of-two count is the balanced tree
+    /// (left half + right half); any other count its largest power-of-two prefix's tree
+    /// plus the rest's.
+    fn reference(v: &[f32]) -> f32 {
+        match v.len() {
+            0 => 0.0,
+            1 => v[0],
+            n if n.is_power_of_two() => reference(&v[..n / 2]) + reference(&v[n / 2..]),
+            n => {
+                let p = 1 << (usize::BITS - 1 - n.leading_zeros());
+                reference(&v[..p]) + reference(&v[p..])
+            }
+        }
+    }
+
+    #[test]
+    fn push_and_finish_sum_every_count_as_the_written_out_tree() {
+        use crate::Host;
+        // Values of very different sizes, so another bracketing gives other bits.
+        let value = |j: usize, e: usize| {
+            let x = (j * 7 + e * 3) % 11;
+            (x as f32 - 5.0) * 10f32.powi((j * 5 % 9) as i32 - 4)
+        };
+        for k in 1..=17 {
+            let mut tree = GradTree::new(&Host, 3, k, 1, TREE_CHUNK).unwrap();
+            tree.begin(k).unwrap();
+            let grads = Host.zeros::<f32>(3).unwrap();
+            for j in 0..k {
+                let leaf: Vec<f32> = (0..3).map(|e| value(j, e)).collect();
+                Host.write_at(Host.all(&grads), &leaf).unwrap();
+                match j + 1 == k {
+                    true => tree.finish(&Host, Host.all(&grads)).unwrap(),
+                    false => tree.push(&Host, Host.all(&grads)).unwrap(),
+                }
+            }
+            let got = Host.download(&grads).unwrap();
+            for (e, g) in got.iter().enumerate() {
+                let leaves: Vec<f32> = (0..k).map(|j| value(j, e)).collect();
+                let want = reference(&leaves);
+                assert_eq!(
+                    g.to_bits(),
+                    want.to_bits(),
+                    "{k} micro-batches, element {e}"
+                );
+                let wide: Vec<f64> = leaves.iter().map(|&x| x as f64).collect();
+                let want64 = reference64(&wide);
+                assert_eq!(tree_sum(&wide).to_bits(), want64.to_bits(), "{k} losses");
+            }
+            assert_eq!(
+                tree.bytes(),
+                GradTree::<Host>::planned_bytes(3, k, 1, TREE_CHUNK)
+            );
+        }
+    }
+
+    fn reference64(v: &[f64]) -> f64 {
+        match v.len() {
+            0 => 0.0,
+            1 => v[0],
+            n if n.is_power_of_two() => reference64(&v[..n / 2]) + reference64(&v[n / 2..]),
+            n => {
+                let p = 1 << (usize::BITS - 1 - n.leading_zeros());
+                reference64(&v[..p]) + reference64(&v[p..])
+            }
+        }
     }
 
     #[test]

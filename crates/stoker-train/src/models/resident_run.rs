@@ -193,7 +193,7 @@ impl<B: Backend, S: Trainable<B>, C: Collectives<B>> ResidentLoop<B, S, C> {
                     &be,
                     max_micro,
                     setup.rank_world.1,
-                    stoker_gpu::parallel::grad_tree::TREE_CHUNK,
+                    stoker_gpu::parallel::grad_tree::chunk_for(setup.rank_world.1),
                 )
                 .map_err(gpu_err("setting up deterministic mode"))?,
             None => replica,

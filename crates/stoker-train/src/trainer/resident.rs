@@ -278,12 +278,14 @@ pub fn planned_resident_bytes(
     let act_bytes = crate::precision::resident_activations(config.precision)
         .ok()?
         .bytes();
+    // A batch that does not resolve at this world fails when the run starts; planned as
+    // one micro-batch meanwhile, so a search over micro-batches still sees every size.
     let tree = match config.parallel.deterministic {
         true => stoker_gpu::parallel::grad_tree::GradTree::<stoker_gpu::Host>::planned_bytes(
             len,
-            config.batch.resolve(rank_world.1).ok()?.0,
+            config.batch.resolve(rank_world.1).map_or(1, |r| r.0),
             rank_world.1,
-            stoker_gpu::parallel::grad_tree::TREE_CHUNK,
+            stoker_gpu::parallel::grad_tree::chunk_for(rank_world.1),
         ),
         false => 0,
     };
