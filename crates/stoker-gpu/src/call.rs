@@ -211,6 +211,7 @@ pub enum Call {
         pre: Addr,
         rows: i64,
         t: i32,
+        chunk: i32,
         scale: f32,
     },
     AttentionSoftmaxBackward {
@@ -220,6 +221,7 @@ pub enum Call {
         att: Addr,
         rows: i64,
         t: i32,
+        chunk: i32,
         scale: f32,
     },
     Classifier {
@@ -603,18 +605,28 @@ impl Call {
                 pre,
                 rows,
                 t,
+                chunk,
                 scale,
                 ..
-            } => vec![A(att), A(pre), I64(rows), I32(t), F32(scale)],
+            } => vec![A(att), A(pre), I64(rows), I32(t), I32(chunk), F32(scale)],
             AttentionSoftmaxBackward {
                 dpre,
                 datt,
                 att,
                 rows,
                 t,
+                chunk,
                 scale,
                 ..
-            } => vec![A(dpre), A(datt), A(att), I64(rows), I32(t), F32(scale)],
+            } => vec![
+                A(dpre),
+                A(datt),
+                A(att),
+                I64(rows),
+                I32(t),
+                I32(chunk),
+                F32(scale),
+            ],
             Classifier {
                 logits,
                 losses,

@@ -54,8 +54,8 @@ typed_kernels! {
     column_partials(P, P, i64, i32, i32, i64);
     layernorm_forward(P, P, P, P, P, P, P, P, i64, i32, f32);
     layernorm_backward(P, P, P, P, P, P, P, i64, i32, i32);
-    attention_softmax_forward(P, P, i64, i32, f32);
-    attention_softmax_backward(P, P, P, i64, i32, f32);
+    attention_softmax_forward(P, P, i64, i32, i32, f32);
+    attention_softmax_backward(P, P, P, i64, i32, i32, f32);
     classifier(P, P, P, P, i64, i32, i32, i32, f32, i32);
     rmsnorm_forward(P, P, P, P, P, P, i64, i32, f32);
     rmsnorm_backward(P, P, P, P, P, P, i64, i32, i32);
@@ -248,8 +248,9 @@ pub(crate) unsafe fn run(call: &Call) {
                 pre,
                 rows,
                 t,
+                chunk,
                 scale,
-            } => (fns(dtype).attention_softmax_forward)(p(att), p(pre), rows, t, scale),
+            } => (fns(dtype).attention_softmax_forward)(p(att), p(pre), rows, t, chunk, scale),
             AttentionSoftmaxBackward {
                 dtype,
                 dpre,
@@ -257,8 +258,17 @@ pub(crate) unsafe fn run(call: &Call) {
                 att,
                 rows,
                 t,
+                chunk,
                 scale,
-            } => (fns(dtype).attention_softmax_backward)(p(dpre), p(datt), p(att), rows, t, scale),
+            } => (fns(dtype).attention_softmax_backward)(
+                p(dpre),
+                p(datt),
+                p(att),
+                rows,
+                t,
+                chunk,
+                scale,
+            ),
             Classifier {
                 dtype,
                 logits,

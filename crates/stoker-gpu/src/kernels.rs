@@ -413,17 +413,30 @@ fn square_rows<E>(
     Ok((view.len() / t) as i64)
 }
 
+/// `chunk` as query rows per chunk of `t`: 1 to `t`.
+fn chunk_rows(kernel: &'static str, chunk: usize, t: usize) -> Result<i32, GpuError> {
+    if chunk == 0 || chunk > t {
+        return Err(GpuError::Shape {
+            kernel,
+            what: format!("query chunks of {chunk} rows for {t} positions (1 to {t})"),
+        });
+    }
+    dim(kernel, "chunk", chunk)
+}
+
 /// Causal softmax of `scale * pre` over rows of `t` (`[B*H, t, t]`), keys after the
-/// query masked to 0, into `att`.
+/// query masked to 0, into `att`; queries in chunks of `chunk` rows, each row written up
+/// to its chunk's last query (`t`: every row whole).
 pub fn attention_softmax_forward<B: Backend, T: Act>(
     b: &B,
     att: View<T>,
     pre: View<T>,
-    t: usize,
+    (t, chunk): (usize, usize),
     scale: f32,
 ) -> Result<(), GpuError> {
     const K: &str = "attention-softmax-forward";
     let t32 = dim(K, "t", t)?;
+    let chunk = chunk_rows(K, chunk, t)?;
     let rows = square_rows(K, "pre", &pre, t)?;
     check_len(K, "att", att.len(), pre.len())?;
     let call = Call::AttentionSoftmaxForward {
@@ -432,6 +445,7 @@ pub fn attention_softmax_forward<B: Backend, T: Act>(
         pre: pre.addr(),
         rows,
         t: t32,
+        chunk,
         scale,
     };
     // SAFETY: both hold a whole number of t x t matrices.
@@ -439,17 +453,19 @@ pub fn attention_softmax_forward<B: Backend, T: Act>(
 }
 
 /// The causal softmax's backward: `dpre` (which may be `datt`) from the probabilities'
-/// gradient `datt` and the forward's probabilities `att`.
+/// gradient `datt` and the forward's probabilities `att`, queries in chunks of `chunk`
+/// rows as in the forward.
 pub fn attention_softmax_backward<B: Backend, T: Act>(
     b: &B,
     dpre: View<T>,
     datt: View<T>,
     att: View<T>,
-    t: usize,
+    (t, chunk): (usize, usize),
     scale: f32,
 ) -> Result<(), GpuError> {
     const K: &str = "attention-softmax-backward";
     let t32 = dim(K, "t", t)?;
+    let chunk = chunk_rows(K, chunk, t)?;
     let rows = square_rows(K, "att", &att, t)?;
     check_len(K, "datt", datt.len(), att.len())?;
     check_len(K, "dpre", dpre.len(), att.len())?;
@@ -460,6 +476,7 @@ pub fn attention_softmax_backward<B: Backend, T: Act>(
         att: att.addr(),
         rows,
         t: t32,
+        chunk,
         scale,
     };
     // SAFETY: all hold a whole number of t x t matrices; each element of datt is read

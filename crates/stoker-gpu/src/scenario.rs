@@ -173,11 +173,34 @@ pub fn outputs<B: Backend, T: Act>(b: &B, s: ScenarioSize) -> Result<Vec<Output>
     let bh_tt = s.b * s.h * s.t * s.t;
     let (pre, att) = (act(bh_tt, 12, 3.0)?, b.zeros::<T>(bh_tt)?);
     let scale = 1.0 / (s.d as f32).sqrt();
-    kernels::attention_softmax_forward(b, b.all(&att), b.all(&pre), s.t, scale)?;
+    kernels::attention_softmax_forward(b, b.all(&att), b.all(&pre), (s.t, s.t), scale)?;
     keep("attention-softmax-forward/att", get(&att)?);
     let datt = act(bh_tt, 13, 1.0)?;
-    kernels::attention_softmax_backward(b, b.all(&datt), b.all(&datt), b.all(&att), s.t, scale)?;
+    kernels::attention_softmax_backward(
+        b,
+        b.all(&datt),
+        b.all(&datt),
+        b.all(&att),
+        (s.t, s.t),
+        scale,
+    )?;
     keep("attention-softmax-backward/dpre", get(&datt)?);
+    // Queries in chunks that do not divide the positions: each row written up to its
+    // chunk's width only (the rest stays as it was on both builds).
+    let chunk = s.t.div_ceil(3);
+    let att_c = b.zeros::<T>(bh_tt)?;
+    kernels::attention_softmax_forward(b, b.all(&att_c), b.all(&pre), (s.t, chunk), scale)?;
+    keep("attention-softmax-forward/att chunked", get(&att_c)?);
+    let datt_c = act(bh_tt, 13, 1.0)?;
+    kernels::attention_softmax_backward(
+        b,
+        b.all(&datt_c),
+        b.all(&datt_c),
+        b.all(&att_c),
+        (s.t, chunk),
+        scale,
+    )?;
+    keep("attention-softmax-backward/dpre chunked", get(&datt_c)?);
 
     // Bias gradient.
     let (dbias, cp) = (b.zeros::<f32>(3 * c)?, b.zeros::<f32>(5 * 3 * c)?);

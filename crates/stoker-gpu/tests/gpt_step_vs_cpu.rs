@@ -493,3 +493,48 @@ fn a_step_reused_across_batches_equals_a_fresh_one() {
     assert_close_scalar(loss, cpu_loss, 1e-5, "the CPU step's loss");
     assert_close_each(&grads, &cpu_grads, &ranges, 2e-5, str::to_string);
 }
+
+/// 1,000 positions: attention's queries in 3 chunks (334, 334 and 332 rows), each chunk's
+/// products over the keys up to its last query, the key-side gradients by key chunk.
+/// The loss and every gradient are still the CPU step's, whose attention is whole.
+#[test]
+fn a_long_context_s_chunked_attention_gives_the_cpu_steps_loss_and_gradients() {
+    let dims = GptDims {
+        vocab: 37,
+        context: 1000,
+        d_model: 16,
+        n_layer: 1,
+        n_head: 2,
+    };
+    let t = 1000;
+    assert_eq!(stoker_gpu::step::attention::query_chunk(t), 334);
+    let g = stoker_gpu::sample::gpt(&dims, 101, 0.3);
+    let tokens: Vec<i64> = ids(t, 5, dims.vocab).iter().map(|&x| x as i64).collect();
+    let targets: Vec<i64> = ids(t, 6, dims.vocab).iter().map(|&x| x as i64).collect();
+    let scale = 1.0 / t as f32;
+    let mut cpu = GptStep::new(dims, g.offsets.clone(), false, 1e-5).unwrap();
+    let mut want = vec![0f32; g.params.len()];
+    let batch = GptBatch {
+        tokens: &tokens,
+        targets: &targets,
+        batch: 1,
+        t,
+        ignore: -1,
+    };
+    let want_loss = cpu
+        .forward_backward(&g.params, batch, scale, &mut want, &mut |_, _| {})
+        .unwrap();
+    let step = GptGpuStep::<Host, f32>::new(&Host, dims, g.offsets.clone(), 1e-5, 1, t).unwrap();
+    step.buffers().load_params(&Host, &g.params).unwrap();
+    let tb = TokenBatch {
+        tokens: &tokens,
+        targets: &targets,
+        ignore: -1,
+    };
+    let loss = step.forward_backward(&Host, tb, scale).unwrap();
+    let got = step.buffers().grads(&Host).unwrap();
+    assert_close_scalar(loss, want_loss, 1e-5, "summed loss, 1,000 positions");
+    assert_close_each(&got, &want, &g.ranges, 2e-5, |name| {
+        format!("gradient of {name}, 1,000 positions")
+    });
+}

@@ -170,6 +170,7 @@ fn calls() -> Vec<Call> {
                 pre: 0,
                 rows: 1,
                 t: 1,
+                chunk: 1,
                 scale: 1.0,
             },
             Call::AttentionSoftmaxBackward {
@@ -179,6 +180,7 @@ fn calls() -> Vec<Call> {
                 att: 0,
                 rows: 1,
                 t: 1,
+                chunk: 1,
                 scale: 1.0,
             },
             Call::RmsnormForward {

@@ -242,7 +242,8 @@ fn gqa_attention_from_the_kernels_matches_the_cpu_op() {
     let bh = b * h;
     let scale = 1.0 / (d as f32).sqrt();
     let att = up(&matmul(&qh, &kh, bh, (t, d, t), true, false));
-    stoker_gpu::kernels::attention_softmax_forward(&Host, all(&att), all(&att), t, scale).unwrap();
+    stoker_gpu::kernels::attention_softmax_forward(&Host, all(&att), all(&att), (t, t), scale)
+        .unwrap();
     let att = down(&att);
     assert_close(
         &matmul(&att, &vh, bh, (t, t, d), false, false),
@@ -259,7 +260,7 @@ fn gqa_attention_from_the_kernels_matches_the_cpu_op() {
         all(&datt),
         all(&datt),
         all(&attb),
-        t,
+        (t, t),
         scale,
     )
     .unwrap();

@@ -87,10 +87,17 @@ fn wrong_lengths_and_dimensions_are_refused_naming_the_buffer() {
     let e = kernels::qkv_heads(&Host, all(&inp), all(&inp), g, false).unwrap_err();
     assert_eq!(e.to_string(), "qkv-heads: t = 0 must be in 1..=2^31-1");
     let (att, pre) = (zeros::<f32>(10), zeros::<f32>(10));
-    let e = kernels::attention_softmax_forward(&Host, all(&att), all(&pre), 3, 1.0).unwrap_err();
+    let e =
+        kernels::attention_softmax_forward(&Host, all(&att), all(&pre), (3, 3), 1.0).unwrap_err();
     assert_eq!(
         e.to_string(),
         "attention-softmax-forward: `pre` holds 10 elements, expected 9"
+    );
+    let e =
+        kernels::attention_softmax_forward(&Host, all(&att), all(&pre), (3, 4), 1.0).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "attention-softmax-forward: query chunks of 4 rows for 3 positions (1 to 3)"
     );
     let e = Host.view(&att, 4..11).unwrap_err();
     assert_eq!(e.to_string(), "view: elements 4..11 of a buffer of 10");

@@ -220,7 +220,7 @@ fn attention_from_the_kernels_matches_the_cpu_op() {
     let (k, v) = rest.split_at(n);
     let pre = matmul(q, k, bh, (t, d, t), true, false);
     let (preb, attb) = (up(&pre), zeros::<f32>(bh * t * t));
-    kernels::attention_softmax_forward(&Host, all(&attb), all(&preb), t, scale).unwrap();
+    kernels::attention_softmax_forward(&Host, all(&attb), all(&preb), (t, t), scale).unwrap();
     let att = down(&attb);
     let out_h = up(&matmul(&att, v, bh, (t, t, d), false, false));
     let out = zeros::<f32>(n);
@@ -232,7 +232,7 @@ fn attention_from_the_kernels_matches_the_cpu_op() {
     let dout_h = down(&dout_h);
     let datt = up(&matmul(&dout_h, v, bh, (t, d, t), true, false));
     let dv = matmul(&att, &dout_h, bh, (t, t, d), false, true);
-    kernels::attention_softmax_backward(&Host, all(&datt), all(&datt), all(&attb), t, scale)
+    kernels::attention_softmax_backward(&Host, all(&datt), all(&datt), all(&attb), (t, t), scale)
         .unwrap();
     let dpre = down(&datt);
     let dq = matmul(&dpre, k, bh, (t, t, d), false, false);
@@ -259,7 +259,7 @@ fn attention_from_the_kernels_matches_the_cpu_op() {
     }
 
     let (pre16, att16) = (up(&to_bf16(&pre)), zeros::<bf16>(bh * t * t));
-    kernels::attention_softmax_forward(&Host, all(&att16), all(&pre16), t, scale).unwrap();
+    kernels::attention_softmax_forward(&Host, all(&att16), all(&pre16), (t, t), scale).unwrap();
     assert_close(
         &from_bf16(&down(&att16)),
         &att,
@@ -329,4 +329,54 @@ fn classifier_hits_are_argmax_top1() {
         want.iter().sum::<f32>() >= 10.0,
         "too few hits to test: {want:?}"
     );
+}
+
+#[test]
+fn chunked_softmax_rows_are_the_whole_rows_up_to_their_chunk_s_width() {
+    // Queries in chunks of 4 of 10 positions: rows 0-3 written to 4 columns, 4-7 to 8,
+    // 8-9 to all 10; the written part is the whole-row kernel's, bit for bit, in both
+    // directions, and nothing past it is touched.
+    let (bh, t, chunk, scale) = (3, 10, 4, 0.3);
+    let pre = up(&uniform(bh * t * t, 21, 3.0));
+    let dg = uniform(bh * t * t, 22, 1.0);
+    let (whole, chunked) = (zeros::<f32>(bh * t * t), up(&vec![7.0f32; bh * t * t]));
+    kernels::attention_softmax_forward(&Host, all(&whole), all(&pre), (t, t), scale).unwrap();
+    kernels::attention_softmax_forward(&Host, all(&chunked), all(&pre), (t, chunk), scale).unwrap();
+    let (dwhole, dchunked) = (up(&dg), up(&dg));
+    kernels::attention_softmax_backward(
+        &Host,
+        all(&dwhole),
+        all(&dwhole),
+        all(&whole),
+        (t, t),
+        scale,
+    )
+    .unwrap();
+    kernels::attention_softmax_backward(
+        &Host,
+        all(&dchunked),
+        all(&dchunked),
+        all(&chunked),
+        (t, chunk),
+        scale,
+    )
+    .unwrap();
+    let (w, c, dw, dc) = (down(&whole), down(&chunked), down(&dwhole), down(&dchunked));
+    for row in 0..bh * t {
+        let q = row % t;
+        let width = ((q / chunk + 1) * chunk).min(t);
+        for j in 0..t {
+            let at = row * t + j;
+            if j < width {
+                assert_eq!(c[at].to_bits(), w[at].to_bits(), "att row {row} col {j}");
+                assert_eq!(dc[at].to_bits(), dw[at].to_bits(), "dpre row {row} col {j}");
+            } else {
+                assert_eq!(
+                    c[at], 7.0,
+                    "att row {row} col {j} past the width was written"
+                );
+                assert_eq!(dc[at], dg[at], "dpre row {row} col {j} past the width");
+            }
+        }
+    }
 }

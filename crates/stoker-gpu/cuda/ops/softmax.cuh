@@ -2,17 +2,30 @@
 // forward scales, masks (keys after the query get probability 0) and normalizes in one
 // pass of statistics and one of writes; the backward is softmax's Jacobian-vector
 // product. The matrix products around them are cuBLAS's (the CPU twins' in tests).
+//
+// Queries come in chunks of `chunk` rows, and the products around these kernels cover
+// only the keys up to each chunk's last query: a row t is written up to its chunk's
+// width, min((t / chunk + 1) * chunk, T), zeros after the query, and nothing beyond (no
+// product reads there). chunk = T writes every row whole.
 #pragma once
 #include "../warp.h"
 
 namespace stoker {
 
-// Row `row` (query t = row % T): att[j] = softmax_j(scale * pre[j]) for j <= t, 0 after.
-// att may be pre (in place): each lane reads its elements before writing them.
+// The columns written in row t: up to the last query of t's chunk.
+STOKER_HD int chunk_width(int t, int T_, int chunk) {
+  int w = (t / chunk + 1) * chunk;
+  return w < T_ ? w : T_;
+}
+
+// Row `row` (query t = row % T): att[j] = softmax_j(scale * pre[j]) for j <= t, 0 after,
+// up to the chunk's width. att may be pre (in place): each lane reads its elements
+// before writing them.
 template <class W, class T>
 STOKER_HD void attention_softmax_forward_row(const W& w, int64_t row, T* att, const T* pre,
-                                             int T_, float scale) {
+                                             int T_, int chunk, float scale) {
   int t = int(row % T_);
+  int width = chunk_width(t, T_, chunk);
   const T* x = pre + row * T_;
   T* y = att + row * T_;
   auto stats = w.each([&](int lane) {
@@ -23,18 +36,19 @@ STOKER_HD void attention_softmax_forward_row(const W& w, int64_t row, T* att, co
   MaxSum all = w.reduce(stats, CombineMaxSum{});
   float inv = 1.0f / all.s;
   w.each([&](int lane) {
-    for (int j = lane; j < T_; j += WARP)
+    for (int j = lane; j < width; j += WARP)
       y[j] = store<T>(j <= t ? fexp(scale * load(x[j]) - all.m) * inv : 0.0f);
     return 0;
   });
 }
 
 // Row `row` of the backward: dpre[j] = scale * att[j] * (datt[j] - sum_k att[k] datt[k])
-// for j <= t, 0 after. dpre may be datt (in place).
+// for j <= t, 0 after, up to the chunk's width. dpre may be datt (in place).
 template <class W, class T>
 STOKER_HD void attention_softmax_backward_row(const W& w, int64_t row, T* dpre, const T* datt,
-                                              const T* att, int T_, float scale) {
+                                              const T* att, int T_, int chunk, float scale) {
   int t = int(row % T_);
+  int width = chunk_width(t, T_, chunk);
   const T* a = att + row * T_;
   const T* g = datt + row * T_;
   T* d = dpre + row * T_;
@@ -45,7 +59,7 @@ STOKER_HD void attention_softmax_backward_row(const W& w, int64_t row, T* dpre, 
   });
   float dot = w.reduce(dots, Sum{});
   w.each([&](int lane) {
-    for (int j = lane; j < T_; j += WARP)
+    for (int j = lane; j < width; j += WARP)
       d[j] = store<T>(j <= t ? scale * load(a[j]) * (load(g[j]) - dot) : 0.0f);
     return 0;
   });

@@ -143,6 +143,14 @@ pub fn time_kernels(
     };
     let step = AdamWStep::new(3e-4, 0.9, 0.95, 1e-8, 0.1, 1);
     let nc = (n * c) as f64;
+    // The softmax kernels read each row up to its query (a little over half of T x T)
+    // and write it up to its chunk's width (5/8 at 4 chunks).
+    let chunk = crate::step::attention::query_chunk(s.t);
+    let causal_read = (s.t + 1) as f64 / (2 * s.t) as f64;
+    let chunk_written = (0..s.t)
+        .map(|q| ((q / chunk + 1) * chunk).min(s.t) as f64)
+        .sum::<f64>()
+        / (s.t * s.t) as f64;
     type Run<'a> = Box<dyn Fn() -> Result<(), GpuError> + 'a>;
     let runs: Vec<(String, f64, Run)> = vec![
         (
@@ -213,21 +221,27 @@ pub fn time_kernels(
         ),
         (
             "attention-softmax-forward".into(),
-            2.0 * bhtt as f64 * e,
+            (causal_read + chunk_written) * bhtt as f64 * e,
             Box::new(|| {
-                kernels::attention_softmax_forward(dev, dev.all(&att), dev.all(&pre), s.t, 0.125)
+                kernels::attention_softmax_forward(
+                    dev,
+                    dev.all(&att),
+                    dev.all(&pre),
+                    (s.t, chunk),
+                    0.125,
+                )
             }),
         ),
         (
             "attention-softmax-backward".into(),
-            3.0 * bhtt as f64 * e,
+            (2.0 * causal_read + chunk_written) * bhtt as f64 * e,
             Box::new(|| {
                 kernels::attention_softmax_backward(
                     dev,
                     dev.all(&pre),
                     dev.all(&pre),
                     dev.all(&att),
-                    s.t,
+                    (s.t, chunk),
                     0.125,
                 )
             }),

@@ -1,8 +1,16 @@
-//! Causal attention over per-head buffers `[B*H, T, D]`: the scores as one batched
-//! product, the causal softmax kernel in place, the weighted values as another, the
-//! heads merged back to `[B, T, H*D]`; and the backward's four products around the
-//! softmax's backward. Shared by the GPT's and the Llama's steps, which differ only in
-//! how they lay out q, k and v before.
+//! Causal attention over per-head buffers `[B*H, T, D]`: the scores as batched products,
+//! the causal softmax kernel in place, the weighted values as more, the heads merged back
+//! to `[B, T, H*D]`; and the backward's products around the softmax's backward. Shared by
+//! the GPT's and the Llama's steps, which differ only in how they lay out q, k and v
+//! before.
+//!
+//! The queries come in chunks ([`query_chunk`] rows each), and each chunk's products
+//! cover only the keys up to its last query: the masked upper triangle is skipped but
+//! for each chunk's diagonal block. With 4 chunks the products and the softmax's writes
+//! are 5/8 of the whole `T x T` (1/2 is the causal minimum). The backward's key-side
+//! products (`dv`, `dk`) go by key chunk: a key chunk is read by the queries from its own
+//! chunk on. Each element of a product still sums over every key (or query) it did
+//! before, only the masked zeros left out.
 
 use crate::backend::{Backend, View};
 use crate::elem::Act;
@@ -47,23 +55,34 @@ fn head_shape(g: Heads) -> HeadShape {
     ((g.b * g.h) as usize, g.t as usize, g.d as usize)
 }
 
-fn scores(bh: usize, t: usize, d: usize) -> Dims {
-    Dims {
-        m: t,
-        n: t,
-        k: d,
-        batch: bh,
-        strides: [t * d, t * d, t * t],
-    }
+/// Query rows per chunk at `t` positions: chunks of at least 256 rows, at most 8 of
+/// them (T = 1,024: 4 chunks of 256); fewer positions, one chunk (no extra launches for
+/// the small models, which are launch-bound).
+pub fn query_chunk(t: usize) -> usize {
+    t.div_ceil((t / 256).clamp(1, 8))
 }
 
-fn weighted(bh: usize, t: usize, d: usize) -> Dims {
+/// The query chunks of `t` positions: `(first row, rows)`; each covers the keys
+/// `0..first + rows`.
+fn chunks(t: usize) -> impl Iterator<Item = (usize, usize)> {
+    let c = query_chunk(t);
+    (0..t).step_by(c).map(move |r0| (r0, c.min(t - r0)))
+}
+
+/// `v` from element `at` on.
+fn from<T>(v: View<T>, at: usize) -> Result<View<T>, GpuError> {
+    v.slice(at..v.len())
+}
+
+/// A batched product over the `B*H` heads: `m x n` from `k`, with the strides of A, B, C
+/// between heads.
+fn per_head(bh: usize, (m, n, k): (usize, usize, usize), strides: [usize; 3]) -> Dims {
     Dims {
-        m: t,
-        n: d,
-        k: t,
+        m,
+        n,
+        k,
         batch: bh,
-        strides: [t * t, t * d, t * d],
+        strides,
     }
 }
 
@@ -83,7 +102,8 @@ pub fn forward<B: Backend, T: Act>(
 
 /// `att = softmax(q k^T / sqrt(D))` with the causal mask (`[B*H, T, T]`) alone: the
 /// forward's first half, and what a backward that did not keep `att` recomputes (the
-/// same product and kernel on the same q and k: the same bits).
+/// same products and kernel on the same q and k: the same bits). Each row is written up
+/// to its chunk's last query.
 pub fn probabilities<B: Backend, T: Act>(
     be: &B,
     x: Qkv<T>,
@@ -91,16 +111,20 @@ pub fn probabilities<B: Backend, T: Act>(
     g: Heads,
 ) -> Result<(), GpuError> {
     let (bh, t, d) = head_shape(g);
-    matmul(
-        be,
-        Mat::rows(att, t),
-        Mat::rows(x.q, d),
-        Mat::t(x.k, d),
-        scores(bh, t, d),
-        None,
-        false,
-    )?;
-    kernels::attention_softmax_forward(be, att, att, t, 1.0 / (d as f32).sqrt())
+    for (r0, rows) in chunks(t) {
+        // att[r0.., ..r0 + rows] = q[r0..] k[..r0 + rows]^T.
+        matmul(
+            be,
+            Mat::rows(from(att, r0 * t)?, t),
+            Mat::rows(from(x.q, r0 * d)?, d),
+            Mat::t(x.k, d),
+            per_head(bh, (rows, r0 + rows, d), [t * d, t * d, t * t]),
+            None,
+            false,
+        )?;
+    }
+    let scale = 1.0 / (d as f32).sqrt();
+    kernels::attention_softmax_forward(be, att, att, (t, query_chunk(t)), scale)
 }
 
 fn per_head_forward<B: Backend, T: Act>(
@@ -112,15 +136,19 @@ fn per_head_forward<B: Backend, T: Act>(
 ) -> Result<(), GpuError> {
     let (bh, t, d) = head_shape(g);
     probabilities(be, x, att, g)?;
-    matmul(
-        be,
-        Mat::rows(out, d),
-        Mat::rows(att, t),
-        Mat::rows(x.v, d),
-        weighted(bh, t, d),
-        None,
-        false,
-    )
+    for (r0, rows) in chunks(t) {
+        // out[r0..] = att[r0.., ..r0 + rows] v[..r0 + rows].
+        matmul(
+            be,
+            Mat::rows(from(out, r0 * d)?, d),
+            Mat::rows(from(att, r0 * t)?, t),
+            Mat::rows(x.v, d),
+            per_head(bh, (rows, d, r0 + rows), [t * t, t * d, t * d]),
+            None,
+            false,
+        )?;
+    }
+    Ok(())
 }
 
 /// The backward: from the merged output's gradient `dout` (split into heads in
@@ -138,6 +166,30 @@ pub fn backward<B: Backend, T: Act>(
     per_head_backward(be, x, att, dout_h, datt, dx, head_shape(g))
 }
 
+/// `y[c0..c0 + cols] = a[c0.., c0..c0 + cols]^T b[c0..]` for each key chunk: a key
+/// chunk's gradient from the queries of its chunk on (`[B*H, T, T]` scores `a`,
+/// `[B*H, T, D]` `b` and `y`).
+fn by_key_chunk<B: Backend, T: Act>(
+    be: &B,
+    y: View<T>,
+    a: View<T>,
+    b: View<T>,
+    (bh, t, d): HeadShape,
+) -> Result<(), GpuError> {
+    for (c0, cols) in chunks(t) {
+        matmul(
+            be,
+            Mat::rows(from(y, c0 * d)?, d),
+            Mat::t(from(a, c0 * t + c0)?, t),
+            Mat::rows(from(b, c0 * d)?, d),
+            per_head(bh, (cols, d, t - c0), [t * t, t * d, t * d]),
+            None,
+            false,
+        )?;
+    }
+    Ok(())
+}
+
 fn per_head_backward<B: Backend, T: Act>(
     be: &B,
     x: Qkv<T>,
@@ -147,43 +199,32 @@ fn per_head_backward<B: Backend, T: Act>(
     dx: Qkv<T>,
     (bh, t, d): HeadShape,
 ) -> Result<(), GpuError> {
-    // datt = dout v^T; dv = att^T dout.
-    matmul(
-        be,
-        Mat::rows(datt, t),
-        Mat::rows(dout, d),
-        Mat::t(x.v, d),
-        scores(bh, t, d),
-        None,
-        false,
-    )?;
-    matmul(
-        be,
-        Mat::rows(dx.v, d),
-        Mat::t(att, t),
-        Mat::rows(dout, d),
-        weighted(bh, t, d),
-        None,
-        false,
-    )?;
-    kernels::attention_softmax_backward(be, datt, datt, att, t, 1.0 / (d as f32).sqrt())?;
-    // dq = dpre k; dk = dpre^T q.
-    matmul(
-        be,
-        Mat::rows(dx.q, d),
-        Mat::rows(datt, t),
-        Mat::rows(x.k, d),
-        weighted(bh, t, d),
-        None,
-        false,
-    )?;
-    matmul(
-        be,
-        Mat::rows(dx.k, d),
-        Mat::t(datt, t),
-        Mat::rows(x.q, d),
-        weighted(bh, t, d),
-        None,
-        false,
-    )
+    // datt = dout v^T, by query chunk; dv = att^T dout, by key chunk.
+    for (r0, rows) in chunks(t) {
+        matmul(
+            be,
+            Mat::rows(from(datt, r0 * t)?, t),
+            Mat::rows(from(dout, r0 * d)?, d),
+            Mat::t(x.v, d),
+            per_head(bh, (rows, r0 + rows, d), [t * d, t * d, t * t]),
+            None,
+            false,
+        )?;
+    }
+    by_key_chunk(be, dx.v, att, dout, (bh, t, d))?;
+    let scale = 1.0 / (d as f32).sqrt();
+    kernels::attention_softmax_backward(be, datt, datt, att, (t, query_chunk(t)), scale)?;
+    // dq = dpre k, by query chunk; dk = dpre^T q, by key chunk.
+    for (r0, rows) in chunks(t) {
+        matmul(
+            be,
+            Mat::rows(from(dx.q, r0 * d)?, d),
+            Mat::rows(from(datt, r0 * t)?, t),
+            Mat::rows(x.k, d),
+            per_head(bh, (rows, d, r0 + rows), [t * t, t * d, t * d]),
+            None,
+            false,
+        )?;
+    }
+    by_key_chunk(be, dx.k, datt, x.q, (bh, t, d))
 }
