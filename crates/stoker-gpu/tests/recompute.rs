@@ -1,8 +1,9 @@
-//! Attention's probabilities recomputed in the backward (`StepOptions::recompute_attention`,
-//! Megatron-LM's selective recomputation): the GPT's and the Llama's steps give the plain
-//! steps' losses and gradients bit for bit (the same product and softmax on the same q
-//! and k), over two micro-batches and an evaluation, in f32 and bf16, while holding one
-//! `[B, H, T, T]` buffer instead of one per block.
+//! Activations recomputed in the backward: attention's probabilities
+//! (`StepOptions::recompute_attention`, Megatron-LM's selective recomputation), the MLP's
+//! activation (`recompute_mlp`, llm.c's default), or both. The GPT's and the Llama's steps
+//! give the plain steps' losses and gradients bit for bit (the same kernels on the same
+//! inputs), over two micro-batches and an evaluation, in f32 and bf16, while holding one
+//! buffer of each recomputed activation instead of one per block.
 
 use stoker_gpu::sample::{batch, gpt, ids, llama};
 use stoker_gpu::step::gpt::gpt_step_sizes;
@@ -18,6 +19,7 @@ const T: usize = 9;
 const RECOMPUTE: StepOptions = StepOptions {
     offload_params: false,
     recompute_attention: true,
+    recompute_mlp: false,
     grads_in_slots: false,
     shard_params: None,
 };
@@ -56,10 +58,28 @@ macro_rules! same_bits {
     }};
 }
 
+/// Each recompute option: attention's probabilities, the MLP's activation, both.
+fn options() -> [(StepOptions, &'static str); 3] {
+    let mlp = StepOptions {
+        recompute_attention: false,
+        recompute_mlp: true,
+        ..RECOMPUTE
+    };
+    let both = StepOptions {
+        recompute_mlp: true,
+        ..RECOMPUTE
+    };
+    [
+        (RECOMPUTE, "attention"),
+        (mlp, "mlp"),
+        (both, "attention+mlp"),
+    ]
+}
+
 #[test]
-fn recomputed_attention_is_the_kept_one_bit_for_bit_in_less_memory() {
-    fn check<A: Act>() {
-        let what = format!("{:?}", A::DTYPE);
+fn recomputed_activations_are_the_kept_ones_bit_for_bit_in_less_memory() {
+    fn check<A: Act>(opts: StepOptions, which: &str) {
+        let what = format!("{:?}, {which} recomputed", A::DTYPE);
         let dims = GptDims {
             vocab: 41,
             context: 12,
@@ -69,24 +89,27 @@ fn recomputed_attention_is_the_kept_one_bit_for_bit_in_less_memory() {
         };
         let g = gpt(&dims, 5, 0.2);
         let plain = GptGpuStep::<Host, A>::new(&Host, dims, g.offsets.clone(), 1e-5, B, T).unwrap();
-        let rec = GptGpuStep::<Host, A>::with_options(
-            &Host,
-            dims,
-            g.offsets.clone(),
-            1e-5,
-            (B, T),
-            RECOMPUTE,
-        )
-        .unwrap();
+        let rec =
+            GptGpuStep::<Host, A>::with_options(&Host, dims, g.offsets.clone(), 1e-5, (B, T), opts)
+                .unwrap();
         same_bits!(format!("gpt {what}"), &g.params, dims.vocab, plain, rec);
-        // Two blocks' probabilities fewer: counted, and planned alike.
+        // Two blocks' probabilities and/or GELU outputs fewer: counted, and planned alike.
         let tt = B * dims.n_head * T * T;
+        let gelu = B * T * 4 * dims.d_model;
+        let saved = |per_block: usize, on: bool| {
+            if on {
+                (dims.n_layer - 1) * per_block
+            } else {
+                0
+            }
+        };
         let size = std::mem::size_of::<A>();
         assert_eq!(
             plain.buffers().bytes() - rec.buffers().bytes(),
-            (dims.n_layer - 1) * tt * size
+            (saved(tt, opts.recompute_attention) + saved(gelu, opts.recompute_mlp)) * size,
+            "gpt {what}: bytes saved"
         );
-        let planned = gpt_step_sizes(&dims, g.offsets.end(), (B, T), RECOMPUTE).bytes(size);
+        let planned = gpt_step_sizes(&dims, g.offsets.end(), (B, T), opts).bytes(size);
         assert_eq!(
             rec.buffers().bytes(),
             planned,
@@ -112,17 +135,32 @@ fn recomputed_attention_is_the_kept_one_bit_for_bit_in_less_memory() {
             l.offsets.clone(),
             (1e-5, theta),
             (B, T),
-            RECOMPUTE,
+            opts,
         )
         .unwrap();
         same_bits!(format!("llama {what}"), &l.params, dims.vocab, plain, rec);
-        let planned = llama_step_sizes(&dims, l.offsets.end(), (B, T), RECOMPUTE).bytes(size);
+        let (tt, act) = (B * dims.n_head * T * T, B * T * dims.ffn_hidden);
+        let saved = |per_block: usize, on: bool| {
+            if on {
+                (dims.n_layer - 1) * per_block
+            } else {
+                0
+            }
+        };
+        assert_eq!(
+            plain.buffers().bytes() - rec.buffers().bytes(),
+            (saved(tt, opts.recompute_attention) + saved(act, opts.recompute_mlp)) * size,
+            "llama {what}: bytes saved"
+        );
+        let planned = llama_step_sizes(&dims, l.offsets.end(), (B, T), opts).bytes(size);
         assert_eq!(
             rec.buffers().bytes(),
             planned,
             "llama {what}: counted against planned"
         );
     }
-    check::<f32>();
-    check::<half::bf16>();
+    for (opts, which) in options() {
+        check::<f32>(opts, which);
+        check::<half::bf16>(opts, which);
+    }
 }

@@ -501,6 +501,7 @@ fn zero3_gathers_each_block_only_when_its_slot_lacks_it() {
 const PARAMS_OFF: StepOptions = StepOptions {
     offload_params: true,
     recompute_attention: false,
+    recompute_mlp: false,
     grads_in_slots: false,
     shard_params: None,
 };

@@ -80,12 +80,30 @@ pub enum Recompute {
     /// recomputed in its backward from its q and k (the same bits; Megatron-LM's
     /// selective recomputation). `step = "resident"` only.
     Attention,
+    /// The MLP's activation (the GPT's GELU output `[N, 4C]`, the Llama's SwiGLU product
+    /// `[N, F]`): one buffer for every block, each block's recomputed in its backward
+    /// from the kept pre-activations (the same bits; llm.c's default). `step =
+    /// "resident"` only.
+    Mlp,
+    /// Both of the above.
+    #[serde(rename = "attention+mlp")]
+    AttentionAndMlp,
 }
 
 impl Recompute {
     /// Whether nothing is recomputed (the default, left out of a written config).
     pub fn is_none(&self) -> bool {
         *self == Recompute::None
+    }
+
+    /// Whether attention's probabilities are recomputed.
+    pub fn attention(&self) -> bool {
+        matches!(self, Recompute::Attention | Recompute::AttentionAndMlp)
+    }
+
+    /// Whether the MLP's activation is recomputed.
+    pub fn mlp(&self) -> bool {
+        matches!(self, Recompute::Mlp | Recompute::AttentionAndMlp)
     }
 }
 
@@ -501,7 +519,8 @@ impl TrainConfig {
     pub fn resident_options(&self) -> stoker_gpu::step::options::StepOptions {
         stoker_gpu::step::options::StepOptions {
             offload_params: self.resident_loop() && self.parallel.offload_params,
-            recompute_attention: self.recompute == Recompute::Attention,
+            recompute_attention: self.recompute.attention(),
+            recompute_mlp: self.recompute.mlp(),
             ..Default::default()
         }
     }

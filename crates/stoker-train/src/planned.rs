@@ -763,15 +763,16 @@ pub fn resident_plan_line(
         Some((name, bytes)) if bytes > 0.0 => {
             let largest =
                 |c: &TrainConfig| largest_resident_micro_batch(c, len, world.max(1), 0.9 * bytes);
-            // Where attention's probabilities are kept per block, what recomputing them
-            // would allow (the step's largest activation).
+            // Where some activation is kept per block, what recomputing attention's
+            // probabilities and the MLP's activation would allow (the step's largest
+            // activations).
             let recomputed = match cfg.recompute {
-                crate::config::Recompute::None => {
+                crate::config::Recompute::AttentionAndMlp => String::new(),
+                _ => {
                     let mut c = cfg.clone();
-                    c.recompute = crate::config::Recompute::Attention;
-                    format!(" ({} with recompute = \"attention\")", largest(&c))
+                    c.recompute = crate::config::Recompute::AttentionAndMlp;
+                    format!(" ({} with recompute = \"attention+mlp\")", largest(&c))
                 }
-                crate::config::Recompute::Attention => String::new(),
             };
             format!(
                 ", {:.1}% of the {name}'s {:.1} GiB; the largest micro-batch within 90% of \

@@ -477,10 +477,10 @@ fn the_plan_line_finds_the_largest_micro_batch_that_fits() {
         line.contains("the largest micro-batch within 90% of it: 2 ("),
         "{line}"
     );
-    // And what recomputing attention would allow: at least as many.
+    // And what recomputing attention and the MLP would allow: at least as many.
     let recomputed: usize = line
         .rsplit_once(" (")
-        .and_then(|(_, r)| r.strip_suffix(" with recompute = \"attention\")"))
+        .and_then(|(_, r)| r.strip_suffix(" with recompute = \"attention+mlp\")"))
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no recompute figure in {line}"));
     assert!(recomputed >= 2, "{line}");
@@ -729,21 +729,24 @@ fn offloaded_parameters_train_what_the_offloaded_optimizer_trains() {
 /// ZeRO-2 and ZeRO-3 on two), a GPT and a Llama train to the same bits as without it,
 /// holding less, as planned.
 #[test]
-fn recomputed_attention_trains_the_same_bits_in_less_memory() {
-    for (model, extra, world) in [
-        (GPT, "strategy = \"none\"", 1),
-        (LLAMA, "strategy = \"zero1\"", 2),
-        (GPT, "strategy = \"zero2\"", 2),
-        (LLAMA, "strategy = \"zero3\"", 2),
+fn recomputed_activations_train_the_same_bits_in_less_memory() {
+    for (model, extra, world, recompute) in [
+        (GPT, "strategy = \"none\"", 1, "attention"),
+        (LLAMA, "strategy = \"zero1\"", 2, "attention"),
+        (GPT, "strategy = \"zero2\"", 2, "attention"),
+        (LLAMA, "strategy = \"zero3\"", 2, "attention"),
+        (GPT, "strategy = \"ddp\"", 2, "mlp"),
+        (LLAMA, "strategy = \"none\"", 1, "mlp"),
+        (GPT, "strategy = \"zero3\"", 2, "attention+mlp"),
     ] {
         let three = model.replace("n_layer = 2", "n_layer = 3");
         let plain = resident(&three, "fp32", ADAMW, extra);
         let text = config_text(&three, "fp32", "direct", ADAMW, extra).replace(
             "kernels = \"direct\"",
-            "step = \"resident\"\nrecompute = \"attention\"",
+            &format!("step = \"resident\"\nrecompute = \"{recompute}\""),
         );
         let rec = TrainConfig::parse(&text, std::path::Path::new("r.toml")).unwrap();
-        let what = format!("{} {extra}", &model[8..11]);
+        let what = format!("{} {extra}, recompute {recompute}", &model[8..11]);
         let run = |c: &TrainConfig| {
             run_local(world, Duration::from_secs(60), |comm| {
                 let rank = comm.rank();

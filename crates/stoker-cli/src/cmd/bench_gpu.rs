@@ -172,9 +172,15 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
             GemmLibrary::CublasLt => (GemmLibrary::CublasLt, GemmLibrary::Cublas),
             GemmLibrary::Cublas => (GemmLibrary::Cublas, GemmLibrary::CublasLt),
         };
+        // llm.c's default: the GELU output recomputed too.
+        let recompute_both = stoker_gpu::step::options::StepOptions {
+            recompute_mlp: true,
+            ..recompute
+        };
         let variants = [
             ("attention kept", Default::default(), chosen),
             ("attention recomputed", recompute, chosen),
+            ("attention and GELU recomputed", recompute_both, chosen),
             ("attention kept", Default::default(), other),
         ];
         for (variant, opts, library) in variants.into_iter().filter(|_| !a.no_timing) {

@@ -34,6 +34,8 @@ pub struct GptGpuStep<B: Backend, T: Act> {
     blocks: Vec<Vec<std::ops::Range<usize>>>,
     /// Attention's probabilities recomputed in each block's backward (one shared span).
     recompute_attention: bool,
+    /// The MLP's activation recomputed in each block's backward (one shared span).
+    recompute_mlp: bool,
 }
 
 const OP: &str = "gpt-gpu-step";
@@ -51,12 +53,7 @@ pub fn gpt_step_sizes(
     (batch, t): (usize, usize),
     opts: StepOptions,
 ) -> StepSizes {
-    let layout = ActLayout::new(
-        dims,
-        (batch, t),
-        padded_vocab(dims.vocab),
-        opts.recompute_attention,
-    );
+    let layout = ActLayout::new(dims, (batch, t), padded_vocab(dims.vocab), opts);
     StepSizes::of(
         params,
         (layout.total, layout.floats),
@@ -112,12 +109,7 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
                 offsets.blocks().len()
             )));
         }
-        let layout = ActLayout::new(
-            &dims,
-            (batch, t),
-            padded_vocab(dims.vocab),
-            opts.recompute_attention,
-        );
+        let layout = ActLayout::new(&dims, (batch, t), padded_vocab(dims.vocab), opts);
         let c = dims.d_model;
         let blocks = offsets
             .blocks()
@@ -143,6 +135,7 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
         let sizes = gpt_step_sizes(&dims, offsets.end(), (batch, t), opts);
         Ok(GptGpuStep {
             recompute_attention: opts.recompute_attention,
+            recompute_mlp: opts.recompute_mlp,
             bufs: StepBuffers::new(be, sizes, &blocks)?,
             blocks,
             dims,
@@ -440,7 +433,12 @@ impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {
             // The hook first: it may wait for what still reads the block's slots.
             hooks.run_before(l, true)?;
             self.bufs.enter_block(be, l, true)?;
-            // dres is the gradient of the block's output sum: the MLP projection's too.
+            // dres is the gradient of the block's output sum: the MLP projection's too,
+            // whose input (the GELU's output) is recomputed first where it is not kept.
+            if self.recompute_mlp {
+                let fch = self.bufs.a(be, s.fch)?;
+                kernels::gelu_forward(be, self.bufs.a(be, s.fch_gelu)?, fch)?;
+            }
             self.linear_back(
                 be,
                 Some(lay.dfch),

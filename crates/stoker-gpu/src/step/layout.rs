@@ -58,7 +58,8 @@ pub struct BlockActs {
     pub ln2: Span,
     /// The MLP's expansion `[N, 4C]`.
     pub fch: Span,
-    /// Its GELU `[N, 4C]`.
+    /// Its GELU `[N, 4C]`; one span for every block where it is recomputed in the
+    /// backward.
     pub fch_gelu: Span,
     /// The MLP's projection `[N, C]`.
     pub fcproj: Span,
@@ -126,18 +127,19 @@ pub const BIAS_PARTS: usize = 64;
 
 impl ActLayout {
     /// The spans for `batch` sequences of `t` positions of a GPT of `dims` with the
-    /// vocabulary padded to `vp`; with `recompute_attention` every block's probabilities
-    /// share one span.
+    /// vocabulary padded to `vp`; what `opts` recomputes (attention's probabilities, the
+    /// GELU's output) shares one span across the blocks.
     pub fn new(
         dims: &GptDims,
         (batch, t): (usize, usize),
         vp: usize,
-        recompute_attention: bool,
+        opts: crate::step::options::StepOptions,
     ) -> Self {
         let (n, c) = (batch * t, dims.d_model);
         let tt = batch * dims.n_head * t * t;
         let mut a = Cursor::default();
-        let shared = recompute_attention.then(|| a.take(tt));
+        let shared = opts.recompute_attention.then(|| a.take(tt));
+        let shared_gelu = opts.recompute_mlp.then(|| a.take(4 * n * c));
         let blocks = (0..dims.n_layer)
             .map(|_| BlockActs {
                 resid_in: a.take(n * c),
@@ -151,7 +153,7 @@ impl ActLayout {
                 resid2: a.take(n * c),
                 ln2: a.take(n * c),
                 fch: a.take(4 * n * c),
-                fch_gelu: a.take(4 * n * c),
+                fch_gelu: shared_gelu.unwrap_or_else(|| a.take(4 * n * c)),
                 fcproj: a.take(n * c),
             })
             .collect();

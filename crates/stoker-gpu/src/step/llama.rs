@@ -41,6 +41,8 @@ pub struct LlamaGpuStep<B: Backend, T: Act> {
     blocks: Vec<Vec<std::ops::Range<usize>>>,
     /// Attention's probabilities recomputed in each block's backward (one shared span).
     recompute_attention: bool,
+    /// The MLP's activation recomputed in each block's backward (one shared span).
+    recompute_mlp: bool,
 }
 
 /// What a Llama step of `dims` over a flat buffer of `params` elements holds for `batch`
@@ -52,12 +54,7 @@ pub fn llama_step_sizes(
     (batch, t): (usize, usize),
     opts: StepOptions,
 ) -> StepSizes {
-    let layout = LlamaLayout::new(
-        dims,
-        (batch, t),
-        padded_vocab(dims.vocab),
-        opts.recompute_attention,
-    );
+    let layout = LlamaLayout::new(dims, (batch, t), padded_vocab(dims.vocab), opts);
     StepSizes::of(
         params,
         (layout.total, layout.floats),
@@ -119,12 +116,7 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
                 dims.context
             )));
         }
-        let layout = LlamaLayout::new(
-            &dims,
-            (batch, t),
-            padded_vocab(dims.vocab),
-            opts.recompute_attention,
-        );
+        let layout = LlamaLayout::new(&dims, (batch, t), padded_vocab(dims.vocab), opts);
         let (c, f) = (dims.d_model, dims.ffn_hidden);
         let kv = dims.n_kv_head * dims.head_dim();
         let blocks = offsets
@@ -151,6 +143,7 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         be.write(&bufs.floats, layout.sin.start, &sin)?;
         Ok(LlamaGpuStep {
             recompute_attention: opts.recompute_attention,
+            recompute_mlp: opts.recompute_mlp,
             blocks,
             bufs,
             dims,
@@ -462,7 +455,16 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
             hooks.run_before(l, true)?;
             self.bufs.enter_block(be, l, true)?;
             let bo = &o.blocks()[l];
-            // dres is the gradient of the block's output sum: the down projection's too.
+            // dres is the gradient of the block's output sum: the down projection's too,
+            // whose input (the SwiGLU product) is recomputed first where it is not kept.
+            if self.recompute_mlp {
+                llama::swiglu_forward(
+                    be,
+                    self.bufs.a(be, s.act)?,
+                    self.bufs.a(be, s.gate)?,
+                    self.bufs.a(be, s.up)?,
+                )?;
+            }
             self.linear_back(be, lay.dgate, false, lay.dres, s.act, bo.down, (f, c))?;
             let dact = self.bufs.a(be, lay.dgate)?;
             llama::swiglu_backward(

@@ -38,7 +38,8 @@ pub struct LlamaBlockActs {
     pub gate: Span,
     /// The up projection.
     pub up: Span,
-    /// `silu(gate) * up`.
+    /// `silu(gate) * up`; one span for every block where it is recomputed in the
+    /// backward.
     pub act: Span,
     /// The down projection `[N, C]`.
     pub down: Span,
@@ -101,19 +102,20 @@ pub struct LlamaLayout {
 
 impl LlamaLayout {
     /// The spans for `batch` sequences of `t` positions of a Llama of `dims`, the
-    /// vocabulary padded to `vp`; with `recompute_attention` every block's probabilities
-    /// share one span.
+    /// vocabulary padded to `vp`; what `opts` recomputes (attention's probabilities, the
+    /// SwiGLU product) shares one span across the blocks.
     pub fn new(
         dims: &LlamaDims,
         (batch, t): (usize, usize),
         vp: usize,
-        recompute_attention: bool,
+        opts: crate::step::options::StepOptions,
     ) -> Self {
         let (n, c, f) = (batch * t, dims.d_model, dims.ffn_hidden);
         let kv = dims.n_kv_head * dims.head_dim();
         let tt = batch * dims.n_head * t * t;
         let (mut a, mut fl) = (Cursor::default(), Cursor::default());
-        let shared = recompute_attention.then(|| a.take(tt));
+        let shared = opts.recompute_attention.then(|| a.take(tt));
+        let shared_act = opts.recompute_mlp.then(|| a.take(n * f));
         let blocks = (0..dims.n_layer)
             .map(|_| LlamaBlockActs {
                 resid_in: a.take(n * c),
@@ -130,7 +132,7 @@ impl LlamaLayout {
                 h2: a.take(n * c),
                 gate: a.take(n * f),
                 up: a.take(n * f),
-                act: a.take(n * f),
+                act: shared_act.unwrap_or_else(|| a.take(n * f)),
                 down: a.take(n * c),
                 rstd: [fl.take(n), fl.take(n)],
             })

@@ -14,6 +14,12 @@ pub struct StepOptions {
     /// bits) instead of kept per block: one `[B, H, T, T]` buffer for every block
     /// (Megatron-LM's selective activation recomputation).
     pub recompute_attention: bool,
+    /// The MLP's activation recomputed in each block's backward from the kept
+    /// pre-activations (the GPT's GELU output `[N, 4C]` from its expansion, the Llama's
+    /// SwiGLU product `[N, F]` from its gate and up; the same kernel on the same inputs,
+    /// so the same bits) instead of kept per block: one buffer for every block (llm.c's
+    /// default, `recompute = 1`).
+    pub recompute_mlp: bool,
     /// The blocks' gradients in two slots instead of one buffer each ([`super::grad_slots`]):
     /// ZeRO-2's, whose replica reduce-scatters each block's into the rank's shard after
     /// its backward, every micro-batch, so that no rank holds the whole gradient.

@@ -295,6 +295,7 @@ pub const LLAMA3: stoker_kernels::LlamaDims = stoker_kernels::LlamaDims {
 pub const OFFLOAD: StepOptions = StepOptions {
     offload_params: true,
     recompute_attention: false,
+    recompute_mlp: false,
     grads_in_slots: false,
     shard_params: None,
 };
