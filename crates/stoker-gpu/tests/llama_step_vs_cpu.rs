@@ -179,3 +179,64 @@ fn llama_evaluation_gives_the_cpu_steps_loss_hits_and_count() {
         "top-1 hits and valid targets"
     );
 }
+
+/// 600 positions: grouped-query attention's queries in 2 chunks of 300, each chunk's
+/// products over the keys up to its last query, the key-side gradients by key chunk
+/// (summed back over the repeated kv heads after). The loss and every gradient are still
+/// the CPU step's, whose attention is whole; bf16 activations within bf16's precision.
+#[test]
+fn a_long_context_llama_s_chunked_attention_gives_the_cpu_steps_loss_and_gradients() {
+    let dims = LlamaDims {
+        vocab: 29,
+        context: 600,
+        d_model: 16,
+        n_layer: 1,
+        n_head: 4,
+        n_kv_head: 2,
+        ffn_hidden: 24,
+    };
+    let t = 600;
+    assert_eq!(stoker_gpu::step::attention::query_chunk(t), 300);
+    let g = stoker_gpu::sample::llama(&dims, 201, 0.3);
+    let tokens: Vec<i64> = ids(t, 7, dims.vocab).iter().map(|&x| x as i64).collect();
+    let targets: Vec<i64> = ids(t, 8, dims.vocab).iter().map(|&x| x as i64).collect();
+    let scale = 1.0 / t as f32;
+    let mut want = vec![0f32; g.params.len()];
+    let b = GptBatch {
+        tokens: &tokens,
+        targets: &targets,
+        batch: 1,
+        t,
+        ignore: -1,
+    };
+    let want_loss = LlamaStep::new(dims, g.offsets.clone(), false, 1e-5, THETA)
+        .unwrap()
+        .forward_backward(&g.params, b, scale, &mut want, &mut |_, _| {})
+        .unwrap();
+    fn run<A: Act>(
+        dims: LlamaDims,
+        g: &stoker_gpu::sample::SampleLlama,
+        (tokens, targets): (&[i64], &[i64]),
+        scale: f32,
+    ) -> (f64, Vec<f32>) {
+        let step =
+            LlamaGpuStep::<Host, A>::new(&Host, dims, g.offsets.clone(), 1e-5, THETA, 1, 600)
+                .unwrap();
+        step.buffers().load_params(&Host, &g.params).unwrap();
+        let tb = TokenBatch {
+            tokens,
+            targets,
+            ignore: -1,
+        };
+        let loss = step.forward_backward(&Host, tb, scale).unwrap();
+        (loss, step.buffers().grads(&Host).unwrap())
+    }
+    let (loss, got) = run::<f32>(dims, &g, (&tokens, &targets), scale);
+    assert_close_scalar(loss, want_loss, 1e-5, "summed loss, 600 positions");
+    assert_close_each(&got, &want, &g.ranges, 2e-5, |name| {
+        format!("gradient of {name}, 600 positions")
+    });
+    let (loss16, got16) = run::<bf16>(dims, &g, (&tokens, &targets), scale);
+    assert_close_scalar(loss16, want_loss, 1e-2, "summed loss, bf16, 600 positions");
+    assert_rel_l2_each(&got16, &want, &g.ranges, 5e-2);
+}

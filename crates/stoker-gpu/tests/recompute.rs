@@ -164,3 +164,107 @@ fn recomputed_activations_are_the_kept_ones_bit_for_bit_in_less_memory() {
         check::<half::bf16>(opts, which);
     }
 }
+
+/// 520 positions, attention in 2 query chunks of 260: the recomputed probabilities land
+/// in one buffer shared by every block, each row written up to its chunk's width; the
+/// steps still give the kept ones' losses and gradients bit for bit, GPT and Llama, f32
+/// and bf16.
+#[test]
+fn recompute_with_chunked_attention_is_the_kept_one_bit_for_bit() {
+    const LONG: usize = 520;
+    assert_eq!(stoker_gpu::step::attention::query_chunk(LONG), 260);
+    let both = StepOptions {
+        recompute_mlp: true,
+        ..RECOMPUTE
+    };
+    let data = |vocab: usize| -> (Vec<i64>, Vec<i64>) {
+        let draw = |s| -> Vec<i64> { ids(LONG, s, vocab).iter().map(|&x| x as i64).collect() };
+        (draw(31), draw(32))
+    };
+    fn run<S>(
+        steps: [&S; 2],
+        params: &[f32],
+        m: &(Vec<i64>, Vec<i64>),
+        load: impl Fn(&S, &[f32]),
+        fb: impl Fn(&S, &(Vec<i64>, Vec<i64>)) -> (f64, Vec<f32>),
+        what: &str,
+    ) {
+        let ends: Vec<(f64, Vec<f32>)> = steps
+            .iter()
+            .map(|s| {
+                load(s, params);
+                fb(s, m)
+            })
+            .collect();
+        assert_eq!(ends[1].0.to_bits(), ends[0].0.to_bits(), "{what}: loss");
+        assert_bits_eq(&ends[1].1, &ends[0].1, &format!("{what}: gradients"));
+    }
+    fn check<A: Act>(opts: StepOptions, data: &dyn Fn(usize) -> (Vec<i64>, Vec<i64>)) {
+        let what = format!("{:?}, 520 positions", A::DTYPE);
+        let dims = GptDims {
+            vocab: 23,
+            context: LONG,
+            d_model: 8,
+            n_layer: 2,
+            n_head: 2,
+        };
+        let g = gpt(&dims, 7, 0.3);
+        let make = |o| {
+            GptGpuStep::<Host, A>::with_options(&Host, dims, g.offsets.clone(), 1e-5, (1, LONG), o)
+                .unwrap()
+        };
+        let (plain, rec) = (make(StepOptions::default()), make(opts));
+        run(
+            [&plain, &rec],
+            &g.params,
+            &data(dims.vocab),
+            |s, p| {
+                s.buffers().load_params(&Host, p).unwrap();
+                s.buffers().zero_grads(&Host).unwrap();
+            },
+            |s, m| {
+                let loss = s.forward_backward(&Host, batch(m), 0.5).unwrap();
+                (loss, s.buffers().grads(&Host).unwrap())
+            },
+            &format!("gpt {what}"),
+        );
+        let dims = LlamaDims {
+            vocab: 23,
+            context: LONG,
+            d_model: 8,
+            n_layer: 2,
+            n_head: 2,
+            n_kv_head: 1,
+            ffn_hidden: 12,
+        };
+        let l = llama(&dims, 8, 0.3);
+        let make = |o| {
+            LlamaGpuStep::<Host, A>::with_options(
+                &Host,
+                dims,
+                l.offsets.clone(),
+                (1e-5, 10_000.0),
+                (1, LONG),
+                o,
+            )
+            .unwrap()
+        };
+        let (plain, rec) = (make(StepOptions::default()), make(opts));
+        run(
+            [&plain, &rec],
+            &l.params,
+            &data(dims.vocab),
+            |s, p| {
+                s.buffers().load_params(&Host, p).unwrap();
+                s.buffers().zero_grads(&Host).unwrap();
+            },
+            |s, m| {
+                let loss = s.forward_backward(&Host, batch(m), 0.5).unwrap();
+                (loss, s.buffers().grads(&Host).unwrap())
+            },
+            &format!("llama {what}"),
+        );
+    }
+    check::<f32>(both, &data);
+    check::<half::bf16>(both, &data);
+}

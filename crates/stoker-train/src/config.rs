@@ -42,7 +42,7 @@ pub struct TrainConfig {
     #[serde(default = "default_device")]
     pub device: String,
     /// What the resident step recomputes in its backward instead of keeping (`none`, the
-    /// default, or `attention`: [`Recompute`]).
+    /// default, `attention`, `mlp` or `attention+mlp`: [`Recompute`]).
     #[serde(default, skip_serializing_if = "Recompute::is_none")]
     pub recompute: Recompute,
     /// Data source and loader knobs.

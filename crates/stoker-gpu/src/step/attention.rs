@@ -59,7 +59,8 @@ fn head_shape(g: Heads) -> HeadShape {
 /// them (T = 1,024: 4 chunks of 256); fewer positions, one chunk (no extra launches for
 /// the small models, which are launch-bound).
 pub fn query_chunk(t: usize) -> usize {
-    t.div_ceil((t / 256).clamp(1, 8))
+    // At least 1: no positions give no chunks (and the softmax refuses t = 0).
+    t.div_ceil((t / 256).clamp(1, 8)).max(1)
 }
 
 /// The query chunks of `t` positions: `(first row, rows)`; each covers the keys
