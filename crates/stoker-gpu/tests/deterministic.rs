@@ -9,11 +9,11 @@ mod ranks;
 use half::{bf16, f16};
 use ranks::*;
 use stoker_comm::{run_local, Communicator, DEFAULT_TIMEOUT};
-use stoker_gpu::parallel::{GradRule, Replica, Strategy, ThroughHost};
-use stoker_gpu::sample::{batch, gpt};
+use stoker_gpu::parallel::{GradRule, Strategy, ThroughHost};
+use stoker_gpu::sample::batch;
 use stoker_gpu::step::optimizer::Optimizer;
 use stoker_gpu::step::options::StepOptions;
-use stoker_gpu::step::{GptGpuStep, TokenBatch};
+use stoker_gpu::step::TokenBatch;
 use stoker_gpu::{Act, Host};
 
 /// Micro-batches of a window over all ranks: a power of two, whole subtrees at 1 to 8
@@ -38,24 +38,8 @@ fn train<T: Act, C: Communicator>(
     rule: GradRule,
     deterministic: Option<usize>,
 ) -> Result<End, stoker_gpu::GpuError> {
-    let g = gpt(&DIMS, SEED, 0.2);
     let (rank, world) = (comm.rank(), comm.world_size());
-    let step = GptGpuStep::<Host, T>::with_options(
-        &Host,
-        DIMS,
-        g.offsets.clone(),
-        1e-5,
-        (B, T),
-        strategy.step_options(StepOptions::default(), (rank, world)),
-    )?;
-    let mut replica = Replica::new(
-        &Host,
-        step,
-        (strategy, opt),
-        &g.params,
-        &segments(&g.ranges),
-        (rank, world),
-    )?;
+    let mut replica = replica::<T>((strategy, StepOptions::default()), opt, (rank, world))?;
     if let Some(chunk) = deterministic {
         replica = replica.with_deterministic(&Host, GLOBAL / world, world, chunk)?;
     }
@@ -141,26 +125,13 @@ fn the_default_window_s_bits_follow_the_world_size() {
     // Without the tree, 4 ranks sum through the collective and one rank in place: some
     // element of the master differs. (If this ever passes with equal bits, the test
     // above proves nothing about the tree.)
-    let one = run_local(1, DEFAULT_TIMEOUT, |comm| {
-        train::<f32, _>(
-            &comm,
-            Strategy::Ddp,
-            Optimizer::AdamW,
-            rule(Some(0.5)),
-            None,
-        )
-        .unwrap()
-    });
-    let four = run_local(4, DEFAULT_TIMEOUT, |comm| {
-        train::<f32, _>(
-            &comm,
-            Strategy::Ddp,
-            Optimizer::AdamW,
-            rule(Some(0.5)),
-            None,
-        )
-        .unwrap()
-    });
+    let plain = |world| {
+        run_local(world, DEFAULT_TIMEOUT, |comm| {
+            let (ddp, adamw) = (Strategy::Ddp, Optimizer::AdamW);
+            train::<f32, _>(&comm, ddp, adamw, rule(Some(0.5)), None).unwrap()
+        })
+    };
+    let (one, four) = (plain(1), plain(4));
     let differing = one[0]
         .1
         .iter()
@@ -189,25 +160,8 @@ fn deterministic_mode_refuses_what_its_tree_cannot_sum() {
     assert!(e[0].contains("parallel.deterministic"), "{}", e[0]);
     // A world that is not a power of two.
     let e = run_local(3, DEFAULT_TIMEOUT, |comm| {
-        let g = gpt(&DIMS, SEED, 0.2);
-        let step = GptGpuStep::<Host, f32>::with_options(
-            &Host,
-            DIMS,
-            g.offsets.clone(),
-            1e-5,
-            (B, T),
-            StepOptions::default(),
-        )
-        .unwrap();
-        let replica = Replica::new(
-            &Host,
-            step,
-            (Strategy::Ddp, Optimizer::AdamW),
-            &g.params,
-            &segments(&g.ranges),
-            (comm.rank(), 3),
-        )
-        .unwrap();
+        let ddp = (Strategy::Ddp, StepOptions::default());
+        let replica = replica::<f32>(ddp, Optimizer::AdamW, (comm.rank(), 3)).unwrap();
         match replica.with_deterministic(&Host, 2, 3, 1000) {
             Ok(_) => String::new(),
             Err(e) => e.to_string(),
@@ -224,28 +178,12 @@ fn a_rank_whose_micro_batch_fails_fails_the_window_on_every_rank() {
     // Rank 1's token ids lie outside the vocabulary: its step refuses the micro-batch
     // before any collective. Rank 0 must not wait in the tree's all-gather for it.
     let errors = run_local(2, DEFAULT_TIMEOUT, |comm| {
-        let g = gpt(&DIMS, SEED, 0.2);
         let rank = comm.rank();
-        let step = GptGpuStep::<Host, f32>::with_options(
-            &Host,
-            DIMS,
-            g.offsets.clone(),
-            1e-5,
-            (B, T),
-            StepOptions::default(),
-        )
-        .unwrap();
-        let replica = Replica::new(
-            &Host,
-            step,
-            (Strategy::Ddp, Optimizer::AdamW),
-            &g.params,
-            &segments(&g.ranges),
-            (rank, 2),
-        )
-        .unwrap()
-        .with_deterministic(&Host, 1, 2, 1000)
-        .unwrap();
+        let ddp = (Strategy::Ddp, StepOptions::default());
+        let replica = replica::<f32>(ddp, Optimizer::AdamW, (rank, 2))
+            .unwrap()
+            .with_deterministic(&Host, 1, 2, 1000)
+            .unwrap();
         let mut data = window(0).remove(rank);
         if rank == 1 {
             data.0[3] = DIMS.vocab as i64;

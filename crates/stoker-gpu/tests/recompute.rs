@@ -36,11 +36,11 @@ fn batches(vocab: usize) -> Vec<(Vec<i64>, Vec<i64>)> {
         .collect()
 }
 
-/// Runs `$plain` and `$recompute` (steps of one model) over the same micro-batches and
-/// compares losses, gradients and an evaluation bit for bit.
+/// Runs `$plain` and `$recompute` (steps of one model) over the same micro-batches
+/// `$data` (two at least) and compares losses, gradients and an evaluation bit for bit.
 macro_rules! same_bits {
-    ($what:expr, $params:expr, $vocab:expr, $plain:expr, $recompute:expr) => {{
-        let data = batches($vocab);
+    ($what:expr, $params:expr, $data:expr, $plain:expr, $recompute:expr) => {{
+        let data: Vec<(Vec<i64>, Vec<i64>)> = $data;
         let mut ends = Vec::new();
         for step in [&$plain, &$recompute] {
             step.buffers().load_params(&Host, $params).unwrap();
@@ -92,7 +92,13 @@ fn recomputed_activations_are_the_kept_ones_bit_for_bit_in_less_memory() {
         let rec =
             GptGpuStep::<Host, A>::with_options(&Host, dims, g.offsets.clone(), 1e-5, (B, T), opts)
                 .unwrap();
-        same_bits!(format!("gpt {what}"), &g.params, dims.vocab, plain, rec);
+        same_bits!(
+            format!("gpt {what}"),
+            &g.params,
+            batches(dims.vocab),
+            plain,
+            rec
+        );
         // Two blocks' probabilities and/or GELU outputs fewer: counted, and planned alike.
         let tt = B * dims.n_head * T * T;
         let gelu = B * T * 4 * dims.d_model;
@@ -138,7 +144,13 @@ fn recomputed_activations_are_the_kept_ones_bit_for_bit_in_less_memory() {
             opts,
         )
         .unwrap();
-        same_bits!(format!("llama {what}"), &l.params, dims.vocab, plain, rec);
+        same_bits!(
+            format!("llama {what}"),
+            &l.params,
+            batches(dims.vocab),
+            plain,
+            rec
+        );
         let (tt, act) = (B * dims.n_head * T * T, B * T * dims.ffn_hidden);
         let saved = |per_block: usize, on: bool| {
             if on {
@@ -167,8 +179,8 @@ fn recomputed_activations_are_the_kept_ones_bit_for_bit_in_less_memory() {
 
 /// 520 positions, attention in 2 query chunks of 260: the recomputed probabilities land
 /// in one buffer shared by every block, each row written up to its chunk's width; the
-/// steps still give the kept ones' losses and gradients bit for bit, GPT and Llama, f32
-/// and bf16.
+/// steps still give the kept ones' losses, gradients and evaluation bit for bit, GPT and
+/// Llama, f32 and bf16.
 #[test]
 fn recompute_with_chunked_attention_is_the_kept_one_bit_for_bit() {
     const LONG: usize = 520;
@@ -177,29 +189,11 @@ fn recompute_with_chunked_attention_is_the_kept_one_bit_for_bit() {
         recompute_mlp: true,
         ..RECOMPUTE
     };
-    let data = |vocab: usize| -> (Vec<i64>, Vec<i64>) {
+    let data = |vocab: usize| -> Vec<(Vec<i64>, Vec<i64>)> {
         let draw = |s| -> Vec<i64> { ids(LONG, s, vocab).iter().map(|&x| x as i64).collect() };
-        (draw(31), draw(32))
+        vec![(draw(31), draw(32)), (draw(33), draw(34))]
     };
-    fn run<S>(
-        steps: [&S; 2],
-        params: &[f32],
-        m: &(Vec<i64>, Vec<i64>),
-        load: impl Fn(&S, &[f32]),
-        fb: impl Fn(&S, &(Vec<i64>, Vec<i64>)) -> (f64, Vec<f32>),
-        what: &str,
-    ) {
-        let ends: Vec<(f64, Vec<f32>)> = steps
-            .iter()
-            .map(|s| {
-                load(s, params);
-                fb(s, m)
-            })
-            .collect();
-        assert_eq!(ends[1].0.to_bits(), ends[0].0.to_bits(), "{what}: loss");
-        assert_bits_eq(&ends[1].1, &ends[0].1, &format!("{what}: gradients"));
-    }
-    fn check<A: Act>(opts: StepOptions, data: &dyn Fn(usize) -> (Vec<i64>, Vec<i64>)) {
+    fn check<A: Act>(opts: StepOptions, data: &dyn Fn(usize) -> Vec<(Vec<i64>, Vec<i64>)>) {
         let what = format!("{:?}, 520 positions", A::DTYPE);
         let dims = GptDims {
             vocab: 23,
@@ -214,19 +208,12 @@ fn recompute_with_chunked_attention_is_the_kept_one_bit_for_bit() {
                 .unwrap()
         };
         let (plain, rec) = (make(StepOptions::default()), make(opts));
-        run(
-            [&plain, &rec],
+        same_bits!(
+            format!("gpt {what}"),
             &g.params,
-            &data(dims.vocab),
-            |s, p| {
-                s.buffers().load_params(&Host, p).unwrap();
-                s.buffers().zero_grads(&Host).unwrap();
-            },
-            |s, m| {
-                let loss = s.forward_backward(&Host, batch(m), 0.5).unwrap();
-                (loss, s.buffers().grads(&Host).unwrap())
-            },
-            &format!("gpt {what}"),
+            data(dims.vocab),
+            plain,
+            rec
         );
         let dims = LlamaDims {
             vocab: 23,
@@ -250,19 +237,12 @@ fn recompute_with_chunked_attention_is_the_kept_one_bit_for_bit() {
             .unwrap()
         };
         let (plain, rec) = (make(StepOptions::default()), make(opts));
-        run(
-            [&plain, &rec],
+        same_bits!(
+            format!("llama {what}"),
             &l.params,
-            &data(dims.vocab),
-            |s, p| {
-                s.buffers().load_params(&Host, p).unwrap();
-                s.buffers().zero_grads(&Host).unwrap();
-            },
-            |s, m| {
-                let loss = s.forward_backward(&Host, batch(m), 0.5).unwrap();
-                (loss, s.buffers().grads(&Host).unwrap())
-            },
-            &format!("llama {what}"),
+            data(dims.vocab),
+            plain,
+            rec
         );
     }
     check::<f32>(both, &data);

@@ -291,9 +291,9 @@ mod tests {
     /// The tree of `v` written as recursion: a power-of-two count is the balanced tree
     /// (left half + right half); any other count its largest power-of-two prefix's tree
     /// plus the rest's.
-    fn reference(v: &[f32]) -> f32 {
+    fn reference<F: Copy + Default + std::ops::Add<Output = F>>(v: &[F]) -> F {
         match v.len() {
-            0 => 0.0,
+            0 => F::default(),
             1 => v[0],
             n if n.is_power_of_two() => reference(&v[..n / 2]) + reference(&v[n / 2..]),
             n => {
@@ -333,25 +333,13 @@ mod tests {
                     "{k} micro-batches, element {e}"
                 );
                 let wide: Vec<f64> = leaves.iter().map(|&x| x as f64).collect();
-                let want64 = reference64(&wide);
+                let want64 = reference(&wide);
                 assert_eq!(tree_sum(&wide).to_bits(), want64.to_bits(), "{k} losses");
             }
             assert_eq!(
                 tree.bytes(),
                 GradTree::<Host>::planned_bytes(3, k, 1, TREE_CHUNK)
             );
-        }
-    }
-
-    fn reference64(v: &[f64]) -> f64 {
-        match v.len() {
-            0 => 0.0,
-            1 => v[0],
-            n if n.is_power_of_two() => reference64(&v[..n / 2]) + reference64(&v[n / 2..]),
-            n => {
-                let p = 1 << (usize::BITS - 1 - n.leading_zeros());
-                reference64(&v[..p]) + reference64(&v[p..])
-            }
         }
     }
 

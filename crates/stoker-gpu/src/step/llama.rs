@@ -254,6 +254,17 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         )
     }
 
+    /// The MLP's activation `silu(gate) * up` of block `s` into its span (the forward's,
+    /// and the backward's recompute where it is not kept).
+    fn swiglu(&self, be: &B, s: &LlamaBlockActs) -> Result<(), GpuError> {
+        llama::swiglu_forward(
+            be,
+            self.bufs.a(be, s.act)?,
+            self.bufs.a(be, s.gate)?,
+            self.bufs.a(be, s.up)?,
+        )
+    }
+
     /// Attention's backward: `dnc` (the output's gradient) to `dq`, `dk`, `dv` (the kv
     /// gradients summed over their query heads, q and k turned back).
     fn attention_back(&self, be: &B, s: &LlamaBlockActs) -> Result<(), GpuError> {
@@ -380,12 +391,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
             )?;
             self.linear(be, s.gate, s.h2, bo.gate, (c, f))?;
             self.linear(be, s.up, s.h2, bo.up, (c, f))?;
-            llama::swiglu_forward(
-                be,
-                self.bufs.a(be, s.act)?,
-                self.bufs.a(be, s.gate)?,
-                self.bufs.a(be, s.up)?,
-            )?;
+            self.swiglu(be, s)?;
             self.linear(be, s.down, s.act, bo.down, (f, c))?;
         }
         let last = lay.blocks[lay.blocks.len() - 1];
@@ -458,12 +464,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
             // dres is the gradient of the block's output sum: the down projection's too,
             // whose input (the SwiGLU product) is recomputed first where it is not kept.
             if self.recompute_mlp {
-                llama::swiglu_forward(
-                    be,
-                    self.bufs.a(be, s.act)?,
-                    self.bufs.a(be, s.gate)?,
-                    self.bufs.a(be, s.up)?,
-                )?;
+                self.swiglu(be, s)?;
             }
             self.linear_back(be, lay.dgate, false, lay.dres, s.act, bo.down, (f, c))?;
             let dact = self.bufs.a(be, lay.dgate)?;

@@ -113,27 +113,8 @@ pub fn train_with<T: Act, C: Communicator>(
     rule: GradRule,
     round_seed: Option<u64>,
 ) -> RankEnd {
-    let g = gpt(&DIMS, SEED, 0.2);
     let (rank, world) = (comm.rank(), comm.world_size());
-    let step = GptGpuStep::<Host, T>::with_options(
-        &Host,
-        DIMS,
-        g.offsets.clone(),
-        1e-5,
-        (B, T),
-        strategy.step_options(base, (rank, world)),
-    )
-    .unwrap();
-    let segs = segments(&g.ranges);
-    let mut replica = Replica::new(
-        &Host,
-        step,
-        (strategy, opt),
-        &g.params,
-        &segs,
-        (rank, world),
-    )
-    .unwrap();
+    let mut replica = replica::<T>((strategy, base), opt, (rank, world)).unwrap();
     if let Some(seed) = round_seed {
         replica = replica.with_stochastic_rounding(seed).unwrap();
     }
@@ -153,6 +134,32 @@ pub fn train_with<T: Act, C: Communicator>(
     }
     let (range, master) = replica.state().master(&Host).unwrap();
     (reports, range, master, compute_copy(&replica))
+}
+
+/// Rank `rank_world.0`'s replica of the tiny GPT under `strategy` (its step made from
+/// `base` with what the strategy needs added) with optimizer `opt`.
+pub fn replica<T: Act>(
+    (strategy, base): (Strategy, StepOptions),
+    opt: Optimizer,
+    rank_world: (usize, usize),
+) -> Result<Replica<Host, GptGpuStep<Host, T>>, stoker_gpu::GpuError> {
+    let g = gpt(&DIMS, SEED, 0.2);
+    let step = GptGpuStep::<Host, T>::with_options(
+        &Host,
+        DIMS,
+        g.offsets.clone(),
+        1e-5,
+        (B, T),
+        strategy.step_options(base, rank_world),
+    )?;
+    Replica::new(
+        &Host,
+        step,
+        (strategy, opt),
+        &g.params,
+        &segments(&g.ranges),
+        rank_world,
+    )
 }
 
 /// A replica's compute copy, widened to f32: the whole, or under ZeRO-3 its shard.
