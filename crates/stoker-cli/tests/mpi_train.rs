@@ -80,19 +80,19 @@ fn mpi_n_ranks_equal_one_rank_and_deterministic_mode_is_bit_identical() {
         );
     }
     // The resident loop's deterministic mode (the GPU step's host build, its trees of
-    // sums over MPI through host memory): the same bits at 1, 2 and 4 ranks, on the loop.
+    // sums over MPI through host memory): the same bits at 1, 2 and 4 ranks, on the loop,
+    // under DDP and ZeRO-1.
     let mut crcs = Vec::new();
-    for n in [1, 2, 4] {
-        let name = format!("r_w{n}");
-        let c = config(
-            dir,
-            &name,
-            Model::Gpt,
-            "bf16",
-            "resident",
-            5,
-            "deterministic = true",
-        );
+    for (n, strategy) in [
+        (1, "ddp"),
+        (2, "ddp"),
+        (4, "ddp"),
+        (2, "zero1"),
+        (4, "zero1"),
+    ] {
+        let name = format!("r_{strategy}_w{n}");
+        let extra = format!("deterministic = true\nstrategy = \"{strategy}\"");
+        let c = config(dir, &name, Model::Gpt, "bf16", "resident", 5, &extra);
         let t = std::fs::read_to_string(&c).unwrap();
         std::fs::write(
             &c,
@@ -106,10 +106,10 @@ fn mpi_n_ranks_equal_one_rank_and_deterministic_mode_is_bit_identical() {
             out.contains("resident loop per rank"),
             "not on the loop: {out}"
         );
-        crcs.push((n, field(&o, "weights crc32:")));
+        crcs.push((n, strategy, field(&o, "weights crc32:")));
     }
     assert!(
-        crcs.iter().all(|(_, c)| *c == crcs[0].1),
+        crcs.iter().all(|(_, _, c)| *c == crcs[0].2),
         "the resident loop's deterministic mode: {crcs:?}"
     );
 }

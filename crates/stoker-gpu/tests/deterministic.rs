@@ -27,9 +27,9 @@ fn window8(w: usize) -> Vec<(Vec<i64>, Vec<i64>)> {
     all
 }
 
-/// What a rank ends with: each window's (loss, tokens, norm) bits, its master and
-/// compute copy bits.
-type End = (Vec<(u64, u64, u64)>, Vec<u32>, Vec<u32>);
+/// What a rank ends with: each window's (loss, tokens, norm) bits, its master's (under
+/// ZeRO-1 its shard's) and the compute copy's bits, and where its master starts.
+type End = (Vec<(u64, u64, u64)>, Vec<u32>, Vec<u32>, usize);
 
 fn train<T: Act, C: Communicator>(
     comm: &C,
@@ -55,10 +55,10 @@ fn train<T: Act, C: Communicator>(
         let r = replica.window(&Host, &coll, &mine, &scalars(opt, w as u64 + 1), rule)?;
         reports.push((r.loss.to_bits(), r.tokens, r.grad_norm.to_bits()));
     }
-    let (_, master) = replica.state().master(&Host)?;
+    let (range, master) = replica.state().master(&Host)?;
     let copy = replica.step().buffers().params(&Host)?;
     let bits = |x: Vec<f32>| x.into_iter().map(f32::to_bits).collect();
-    Ok((reports, bits(master), bits(copy)))
+    Ok((reports, bits(master), bits(copy), range.start))
 }
 
 /// Every rank of every world size (1, 2, 4, 8) ends where one rank does.
@@ -121,6 +121,37 @@ fn deterministic_ddp_gives_one_rank_s_bits_at_2_4_and_8_ranks() {
 }
 
 #[test]
+fn deterministic_zero1_gives_one_rank_s_bits_at_2_4_and_8_ranks() {
+    // Every rank holds the whole tree-summed gradient; the norm comes from it whole, and
+    // each shard's optimizer step is element by element: one DDP rank's bits.
+    let (adamw, clip) = (Optimizer::AdamW, rule(Some(0.5)));
+    let one = run_local(1, DEFAULT_TIMEOUT, |comm| {
+        train::<f32, _>(&comm, Strategy::Ddp, adamw, clip, Some(1000)).unwrap()
+    })
+    .remove(0);
+    for (world, strategy) in [
+        (2, Strategy::Zero1),
+        (4, Strategy::Zero1),
+        (8, Strategy::Zero1),
+        (2, Strategy::Zero1Offload),
+    ] {
+        let ends = run_local(world, DEFAULT_TIMEOUT, |comm| {
+            train::<f32, _>(&comm, strategy, adamw, clip, Some(1000)).unwrap()
+        });
+        for (rank, (reports, shard, copy, start)) in ends.into_iter().enumerate() {
+            let what = format!("{strategy:?}, rank {rank} of {world}");
+            assert_eq!(reports, one.0, "{what}: reports");
+            assert_eq!(
+                shard[..],
+                one.1[start..start + shard.len()],
+                "{what}: master shard"
+            );
+            assert_eq!(copy, one.2, "{what}: compute copy");
+        }
+    }
+}
+
+#[test]
 fn the_default_window_s_bits_follow_the_world_size() {
     // Without the tree, 4 ranks sum through the collective and one rank in place: some
     // element of the master differs. (If this ever passes with equal bits, the test
@@ -147,11 +178,11 @@ fn the_default_window_s_bits_follow_the_world_size() {
 #[test]
 fn deterministic_mode_refuses_what_its_tree_cannot_sum() {
     let err = |r: Result<End, stoker_gpu::GpuError>| r.unwrap_err().to_string();
-    // ZeRO's sharded norm.
+    // ZeRO-2's gradients reduced block by block as the backward goes.
     let e = run_local(2, DEFAULT_TIMEOUT, |comm| {
         err(train::<f32, _>(
             &comm,
-            Strategy::Zero1,
+            Strategy::Zero2,
             Optimizer::AdamW,
             rule(None),
             Some(1000),

@@ -532,9 +532,9 @@ impl TrainConfig {
     }
 
     /// Whether training steps run the resident loop (`step = "resident"` under one rank,
-    /// DDP, ZeRO-1, -2 or -3; deterministic mode under one rank or DDP): the step, the
-    /// FP32 master, the optimizer and the reductions on the step's backend. The rest of
-    /// `step = "resident"` (deterministic ZeRO, DDP's or ZeRO-1's reduction per
+    /// DDP, ZeRO-1, -2 or -3; deterministic mode under one rank, DDP or ZeRO-1): the step,
+    /// the FP32 master, the optimizer and the reductions on the step's backend. The rest
+    /// of `step = "resident"` (deterministic ZeRO-2, DDP's or ZeRO-1's reduction per
     /// micro-batch, `no_sync` under ZeRO-2) runs the same step's host build through the
     /// CPU trainer's own master and optimizer, on the CPU only.
     pub fn resident_loop(&self) -> bool {
@@ -564,12 +564,16 @@ impl TrainConfig {
                     .into(),
             ));
         }
-        if p.deterministic && !matches!(p.strategy, StrategyKind::None | StrategyKind::Ddp) {
+        let whole_gradients = matches!(
+            p.strategy,
+            StrategyKind::None | StrategyKind::Ddp | StrategyKind::Zero1
+        );
+        if p.deterministic && !whole_gradients {
             return Some((
                 "parallel.deterministic",
-                "the resident loop's deterministic mode runs one rank or \"ddp\": ZeRO's \
-                 sharded gradient norm sums its pieces in an order that depends on the world \
-                 size"
+                "the resident loop's deterministic mode runs one rank, \"ddp\" or \"zero1\": \
+                 ZeRO-2 and ZeRO-3 reduce each block's gradient as the backward goes, and its \
+                 trees need each micro-batch's whole"
                     .into(),
             ));
         }
@@ -1030,7 +1034,7 @@ steps = 1
                 c.parallel.reshard_after_forward = false;
             }),
             ("parallel.deterministic", |c| {
-                c.parallel.strategy = StrategyKind::Zero1;
+                c.parallel.strategy = StrategyKind::Zero2;
                 c.parallel.deterministic = true
             }),
             ("parallel.sync_every_micro_batch", |c| {
@@ -1052,8 +1056,8 @@ steps = 1
             ok.check_gpu_keys().unwrap();
             assert!(ok.resident_loop(), "{kind:?} on the loop");
         }
-        // Deterministic mode under one rank or DDP: its trees run on the loop.
-        for kind in [StrategyKind::None, StrategyKind::Ddp] {
+        // Deterministic mode under one rank, DDP or ZeRO-1: its trees run on the loop.
+        for kind in [StrategyKind::None, StrategyKind::Ddp, StrategyKind::Zero1] {
             let mut det = r.clone();
             det.parallel.strategy = kind;
             det.parallel.deterministic = true;

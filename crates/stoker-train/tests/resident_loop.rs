@@ -89,7 +89,8 @@ fn the_resident_loop_serves_one_rank_ddp_and_zero1_to_3_and_the_adapter_the_rest
         ),
         ("strategy = \"zero3\"", 2, "resident"),
         ("strategy = \"ddp\"\ndeterministic = true", 2, "resident"),
-        ("strategy = \"zero1\"\ndeterministic = true", 2, "direct"),
+        ("strategy = \"zero1\"\ndeterministic = true", 2, "resident"),
+        ("strategy = \"zero2\"\ndeterministic = true", 2, "direct"),
     ] {
         let c = resident(GPT, "fp32", ADAMW, extra);
         assert_eq!(c.resident_loop(), want == "resident", "{extra}");
@@ -180,22 +181,28 @@ fn a_resident_run_resumed_from_its_state_equals_one_that_never_stopped() {
 }
 
 #[test]
-fn deterministic_ddp_on_the_loop_gives_one_rank_s_bits_at_2_and_4_ranks() {
+fn deterministic_ddp_and_zero1_on_the_loop_give_one_rank_s_bits_at_2_and_4_ranks() {
     // A global batch of 4 micro-batches: 4 on one rank, 2 on each of two, 1 on each of
     // four; the tree sums them alike (stoker-gpu's tests/deterministic.rs for the sums).
-    for (precision, optimizer) in [("fp32", ADAMW), ("bf16", ADAMW), ("fp16", SGD)] {
+    // ZeRO-1 steps each rank's shard from the same whole gradient and norm.
+    for (precision, optimizer, strategy) in [
+        ("fp32", ADAMW, "ddp"),
+        ("bf16", ADAMW, "ddp"),
+        ("fp16", SGD, "ddp"),
+        ("bf16", ADAMW, "zero1"),
+    ] {
         let mut c = resident(
             GPT,
             precision,
             optimizer,
-            "strategy = \"ddp\"\ndeterministic = true",
+            &format!("strategy = \"{strategy}\"\ndeterministic = true"),
         );
         c.batch.global_batch = Some(4 * c.batch.micro_batch);
         assert!(c.resident_loop(), "deterministic DDP runs on the loop");
         let one = run_with_resume(&c, GPT, 1, 4, None).remove(0);
         for world in [2, 4] {
             for (r, (m, reps)) in run_with_resume(&c, GPT, world, 4, None).iter().enumerate() {
-                let what = format!("{precision} {optimizer}, rank {r} of {world}");
+                let what = format!("{strategy} {precision} {optimizer}, rank {r} of {world}");
                 assert_same_run(&what, (m, reps), (&one.0, &one.1));
             }
         }
@@ -498,7 +505,7 @@ fn the_plan_line_finds_the_largest_micro_batch_that_fits() {
         GPT,
         "bf16",
         ADAMW,
-        "strategy = \"zero1\"\ndeterministic = true",
+        "strategy = \"zero2\"\ndeterministic = true",
     );
     assert!(stoker_train::planned::resident_plan_line(&off, 2, None)
         .unwrap()

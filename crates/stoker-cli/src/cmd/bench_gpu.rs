@@ -123,9 +123,9 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
         }
         use stoker_gpu::device::replica_check::{compare_replica_ranks, Run};
         use stoker_gpu::parallel::Strategy;
-        let deterministic = Run {
+        let deterministic = |strategy| Run {
             deterministic: true,
-            ..Run::of(Strategy::Ddp)
+            ..Run::of(strategy)
         };
         for (run, name) in [
             (
@@ -137,8 +137,12 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
                 "the resident loop at 2 ranks, ZeRO-3",
             ),
             (
-                deterministic,
+                deterministic(Strategy::Ddp),
                 "the resident loop at 2 ranks, deterministic DDP",
+            ),
+            (
+                deterministic(Strategy::Zero1),
+                "the resident loop at 2 ranks, deterministic ZeRO-1",
             ),
         ] {
             match compare_replica_ranks(0, run) {

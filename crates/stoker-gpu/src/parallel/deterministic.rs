@@ -1,4 +1,5 @@
-//! Deterministic mode on the resident loop (`parallel.deterministic`, DDP or one rank):
+//! Deterministic mode on the resident loop (`parallel.deterministic`, one rank, DDP or
+//! ZeRO-1, the optimizer on the backend or offloaded):
 //! the window's weights bit-identical at every power-of-two world size. Each
 //! micro-batch's gradient is computed alone into zeroed buffers and summed by
 //! [`GradTree`] in the global batch's tree, then across ranks by the tree over ranks; the
@@ -24,9 +25,9 @@ use crate::step::TokenBatch;
 impl<B: Backend, S: Trainable<B>> Replica<B, S> {
     /// This replica in deterministic mode, for windows of at most `max_micro`
     /// micro-batches; `chunk` elements of the gradient a round from each rank
-    /// ([`super::grad_tree::chunk_for`] unless a test wants several rounds). DDP (its
-    /// optimizer on the backend or offloaded) or one rank, a power-of-two world, the
-    /// parameters not offloaded.
+    /// ([`super::grad_tree::chunk_for`] unless a test wants several rounds). One rank,
+    /// DDP or ZeRO-1 (the optimizer on the backend or offloaded), a power-of-two world,
+    /// the parameters not offloaded.
     pub fn with_deterministic(
         mut self,
         be: &B,
@@ -38,11 +39,16 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
             kernel: "deterministic",
             what,
         };
-        if !matches!(self.state, DataParallel::Ddp(_)) {
+        let whole_gradients = match &self.state {
+            DataParallel::Ddp(_) => true,
+            DataParallel::Zero1(z) => !z.accumulates(),
+        };
+        if !whole_gradients || self.step.buffers().sharded().is_some() {
             return Err(refuse(
-                "deterministic mode on the resident loop runs DDP or one rank: ZeRO's \
-                 sharded norm sums its pieces in an order that depends on the world size \
-                 (parallel.deterministic, parallel.strategy)"
+                "deterministic mode on the resident loop runs one rank, DDP or ZeRO-1: \
+                 ZeRO-2 and -3 reduce each block's gradient as the backward goes, and the \
+                 tree needs each micro-batch's whole (parallel.deterministic, \
+                 parallel.strategy)"
                     .into(),
             ));
         }
@@ -143,9 +149,17 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
             loss: if coll.rank() == 0 { loss } else { 0.0 },
             ..Tally::of_micro_batches(micro.len())
         };
-        let (grad_norm, total) =
-            self.state
-                .update(be, coll, views, scalars, (tally, capacity), (rule, true))?;
+        // Every rank holds the whole summed gradient: DDP updates the whole master, ZeRO-1
+        // its shard, with the norm from the whole gradient either way.
+        let (grad_norm, total) = match &self.state {
+            DataParallel::Ddp(_) => {
+                self.state
+                    .update(be, coll, views, scalars, (tally, capacity), (rule, true))?
+            }
+            DataParallel::Zero1(z) => {
+                z.update_from_whole(be, coll, views, scalars, (tally, capacity), rule)?
+            }
+        };
         Ok(WindowReport::of(total, grad_norm, rule))
     }
 }

@@ -582,7 +582,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
             Some(sharded) => {
                 let views = (self.step.shard_compute_views(be)?, sharded.shard_on_host());
                 let (norm, total, stepped) =
-                    z.step_shard(be, coll, views, scalars, window, rule)?;
+                    z.step_shard(be, coll, views, scalars, window, (rule, None))?;
                 if stepped {
                     self.step.buffers().gather_resident(be, coll)?;
                 }

@@ -210,9 +210,36 @@ impl<B: Backend> Zero1<B> {
         check_len("zero-1", "params", params.len(), self.plan.len())?;
         let piece = ((params.slice(self.shard())?, scratch), false);
         let (norm, total, stepped) =
-            self.step_shard(be, coll, piece, scalars, (tally, capacity), rule)?;
+            self.step_shard(be, coll, piece, scalars, (tally, capacity), (rule, None))?;
         if stepped {
             coll.all_gather(be, params, &self.plan.counts())?;
+        }
+        Ok((norm, total))
+    }
+
+    /// The update from the whole summed gradient, the same on every rank (deterministic
+    /// mode's trees): the norm from the whole gradient here, in the bracketing of one
+    /// rank's (not from the shards' pieces, whose sum would follow the world size), this
+    /// rank's piece copied into the shard's gradient, the shard stepped and the compute
+    /// copy gathered.
+    pub(crate) fn update_from_whole<T: Act>(
+        &self,
+        be: &B,
+        coll: &impl Collectives<B>,
+        views: UpdateViews<T>,
+        scalars: &Scalars,
+        window: (Tally, f64),
+        rule: GradRule,
+    ) -> Result<(f64, Tally), GpuError> {
+        check_len("zero-1", "grads", views.grads.len(), self.plan.len())?;
+        let scratch = (views.squares, views.partials);
+        let whole = optimizer::squared_norm(be, views.grads, scratch)?;
+        be.copy(be.all(&self.grads), views.grads.slice(self.shard())?)?;
+        let piece = ((views.params.slice(self.shard())?, scratch), false);
+        let (norm, total, stepped) =
+            self.step_shard(be, coll, piece, scalars, window, (rule, Some(whole)))?;
+        if stepped {
+            coll.all_gather(be, views.params, &self.plan.counts())?;
         }
         Ok((norm, total))
     }
@@ -220,8 +247,9 @@ impl<B: Backend> Zero1<B> {
     /// [`Zero1::update_shard`] up to the gather: the norm's pieces and the tallies summed
     /// (one scalar collective), the shard's optimizer step writing `piece`, this shard's
     /// compute copy (in host memory where `on_host`), unless `rule` skips the update.
-    /// ZeRO-3's update, whose compute copy stays sharded. Returns the unscaled norm, the
-    /// summed tally, and whether the optimizer stepped.
+    /// ZeRO-3's update, whose compute copy stays sharded. `whole` is the whole
+    /// gradient's squared norm where every rank has it (then the shards add no pieces).
+    /// Returns the unscaled norm, the summed tally, and whether the optimizer stepped.
     pub(crate) fn step_shard<T: Act>(
         &self,
         be: &B,
@@ -229,16 +257,19 @@ impl<B: Backend> Zero1<B> {
         ((piece, scratch), on_host): (ComputeViews<T>, bool),
         scalars: &Scalars,
         (tally, capacity): (Tally, f64),
-        rule: GradRule,
+        (rule, whole): (GradRule, Option<f64>),
     ) -> Result<(f64, Tally, bool), GpuError> {
         check_len("zero-1", "shard", piece.len(), self.shard().len())?;
         let grads = be.all(&self.grads);
-        let mine = optimizer::squared_norm(be, grads, scratch)?;
+        let mine = match whole {
+            Some(_) => 0.0,
+            None => optimizer::squared_norm(be, grads, scratch)?,
+        };
         let [valid, loss, micro, micro_sq] = tally.values();
         let sums = coll.sum(be, &[mine, valid, loss, micro, micro_sq])?;
         let total = Tally::from_values(&sums[1..]);
         let rescale = total.rescale(coll.world(), capacity)?;
-        let (norm, mult) = rule.multiplier(sums[0], rescale);
+        let (norm, mult) = rule.multiplier(whole.unwrap_or(sums[0]), rescale);
         match (mult, on_host) {
             (Some(mult), false) => self.state.apply(be, piece, grads, scalars, mult)?,
             (Some(mult), true) => self
