@@ -8,17 +8,18 @@
 # step on the GPU against the host backend, and GPT-2 124M's bf16 forward + backward timed
 # beside PyTorch's (scripts/gpu/torch_gpt2.py: compile, SDPA, bf16 autocast).
 #   bash scripts/gpu/kernels-check.sh [BIN]      (BATCH, default 16; REPS, default 20)
+# The three parts' limits add up to 560 s, inside one 600 s device call.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/gpu/env.sh "${1:-}"
 batch=${BATCH:-16}
 reps=${REPS:-20}
 status=0
-timeout 300 "$STOKER_GPU_BIN" bench gpu-kernels --step --batch "$batch" --reps "$reps" || status=1
+timeout 280 "$STOKER_GPU_BIN" bench gpu-kernels --step --batch "$batch" --reps "$reps" || status=1
 echo
 compile=--no-compile
 [ "${TORCH_KERNELS_COMPILE:-0}" = 1 ] && compile=
-timeout 180 python3 scripts/gpu/torch_kernels.py --batch "$batch" --reps "$reps" $compile || status=1
+timeout 100 python3 scripts/gpu/torch_kernels.py --batch "$batch" --reps "$reps" $compile || status=1
 echo
-timeout 240 python3 scripts/gpu/torch_gpt2.py --batch "$batch" --steps "$reps" || status=1
+timeout 180 python3 scripts/gpu/torch_gpt2.py --batch "$batch" --steps "$reps" || status=1
 exit $status

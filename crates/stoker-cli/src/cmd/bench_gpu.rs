@@ -224,8 +224,12 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
             );
         }
         dev.set_gemm_library(chosen);
-        let (plans, without) = dev.gemm_plans();
-        println!("cuBLASLt planned {plans} product shapes, {without} of them without an algorithm (run through cuBLAS)");
+        let (plans, without, refused) = dev.gemm_plans();
+        println!("cuBLASLt planned {plans} product shapes, {without} of them run through cuBLAS (no algorithm, or refused)");
+        if let Some(why) = refused {
+            println!("cuBLASLt's first refusal: {why}");
+            failed.push("cuBLASLt refused a product");
+        }
     }
     if bad > 0 {
         anyhow::bail!("{bad} outputs differ from the host build (above)");
@@ -272,7 +276,8 @@ fn gemm_libraries(
                     r.rel_diff,
                     match (ok, r.lt_ran) {
                         (false, _) => "  FAILED",
-                        (true, false) => "  (no cuBLASLt algorithm: both ran through cuBLAS)",
+                        (true, false) =>
+                            "  (not run by cuBLASLt: no algorithm, or refused; both through cuBLAS)",
                         (true, true) => "",
                     }
                 );

@@ -4,8 +4,10 @@
 //!
 //! Each product's shape is planned once: its descriptor, the three layouts and the
 //! algorithm cuBLASLt's heuristic picks for the operands' alignments, cached by shape.
-//! A shape the heuristic has no algorithm for is remembered as such, and the caller runs
-//! it through cuBLAS instead ([`Lt::gemm`] returns `false`).
+//! A shape the heuristic has no algorithm for, or whose planning or launch cuBLASLt
+//! refuses, is remembered as such (the first refusal kept for the device check to print),
+//! and the caller runs it through cuBLAS instead ([`Lt::gemm`] returns `false`): a run
+//! goes on where cuBLASLt cannot serve a shape.
 
 use std::cell::{OnceCell, RefCell};
 use std::collections::HashMap;
@@ -164,8 +166,11 @@ pub(super) struct Lt {
     handle: sys::cublasLtHandle_t,
     stream: Arc<CudaStream>,
     workspace: OnceCell<CudaSlice<u8>>,
-    /// `None`: the heuristic had no algorithm for that shape (cuBLAS runs it).
+    /// `None`: the heuristic had no algorithm for that shape, or cuBLASLt refused it
+    /// (cuBLAS runs it).
     plans: RefCell<HashMap<Key, Option<Plan>>>,
+    /// The first refusal, if cuBLASLt refused a shape.
+    refused: RefCell<Option<String>>,
 }
 
 // SAFETY: the handle and the descriptors are host objects that cuBLASLt lets any thread
@@ -200,13 +205,23 @@ impl Lt {
             stream,
             workspace: OnceCell::new(),
             plans: RefCell::new(HashMap::new()),
+            refused: RefCell::new(None),
         })
     }
 
-    /// Shapes planned so far, and how many of them cuBLASLt had no algorithm for.
-    pub(super) fn planned(&self) -> (usize, usize) {
+    /// Shapes planned so far, how many of them run through cuBLAS (no algorithm, or
+    /// refused), and the first refusal.
+    pub(super) fn planned(&self) -> (usize, usize, Option<String>) {
         let plans = self.plans.borrow();
-        (plans.len(), plans.values().filter(|p| p.is_none()).count())
+        let without = plans.values().filter(|p| p.is_none()).count();
+        (plans.len(), without, self.refused.borrow().clone())
+    }
+
+    /// Keeps `e` as the first refusal (if it is).
+    fn refuse(&self, e: GpuError) {
+        self.refused
+            .borrow_mut()
+            .get_or_insert_with(|| e.to_string());
     }
 
     fn workspace(&self) -> Result<u64, GpuError> {
@@ -259,11 +274,16 @@ impl Lt {
         };
         let workspace = self.workspace()?;
         let mut plans = self.plans.borrow_mut();
-        let plan = match plans.entry(key) {
+        let slot = match plans.entry(key) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(&key, bias)?),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(self.plan(&key, bias).unwrap_or_else(|err| {
+                    self.refuse(err);
+                    None
+                }))
+            }
         };
-        let Some(plan) = plan.as_ref() else {
+        let Some(plan) = slot.as_ref() else {
             return Ok(false);
         };
         let what = || {
@@ -275,22 +295,26 @@ impl Lt {
         if let Some(b) = bias {
             // SAFETY: the descriptor is live; the value is a device pointer, the
             // attribute's type, and cuBLASLt copies it.
-            unsafe {
+            let set = unsafe {
                 lt::set_matmul_desc_attribute(
                     plan.desc.0,
                     sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                     (&b as *const u64).cast(),
                     std::mem::size_of::<u64>(),
                 )
+            };
+            if let Err(e) = set {
+                self.refuse(lt_err(what())(e));
+                *slot = None;
+                return Ok(false);
             }
-            .map_err(lt_err(what()))?;
         }
         let (alpha, beta) = (1f32, if g.accumulate { 1f32 } else { 0f32 });
         // Row-major C = A B is column-major C^T = B^T A^T: cuBLASLt's A is our B.
         // SAFETY: the caller's contract for the operands; the plan's layouts describe
         // them (made from this key); alpha and beta are read before the call returns; the
         // workspace holds WORKSPACE_BYTES, the size the plan's algorithm was chosen for.
-        unsafe {
+        let launched = unsafe {
             lt::matmul(
                 self.handle,
                 plan.desc.0,
@@ -310,8 +334,17 @@ impl Lt {
                 self.stream.cu_stream() as _,
             )
         }
-        .map_err(lt_err(what()))?;
-        Ok(true)
+        .map_err(lt_err(what()));
+        match launched {
+            Ok(()) => Ok(true),
+            // Refused before anything ran (a status, not a fault): cuBLAS runs it, now and
+            // from now on.
+            Err(e) => {
+                self.refuse(e);
+                *slot = None;
+                Ok(false)
+            }
+        }
     }
 
     /// The descriptor, layouts and the heuristic's first algorithm for `key` (with the

@@ -121,9 +121,9 @@ impl Device {
         self.last_gemm.get()
     }
 
-    /// Product shapes cuBLASLt has planned so far, and how many of them it had no
-    /// algorithm for (those ran through cuBLAS).
-    pub fn gemm_plans(&self) -> (usize, usize) {
+    /// Product shapes cuBLASLt has planned so far, how many of them run through cuBLAS
+    /// (no algorithm, or refused by cuBLASLt), and cuBLASLt's first refusal.
+    pub fn gemm_plans(&self) -> (usize, usize, Option<String>) {
         self.lt.planned()
     }
 
