@@ -7,9 +7,10 @@
 //! norm, the clipping and the update are the same at every world size.
 //!
 //! What it costs against the default window: a pass to zero and one to add per
-//! micro-batch, one gradient-sized buffer per level of the tree, a loss read per
-//! micro-batch, and across ranks an all-gather of every rank's subtree (world / 2 times
-//! a ring all-reduce's traffic) that waits for the whole backward.
+//! micro-batch, one gradient-sized buffer per level of the tree, and across ranks an
+//! all-gather of every rank's subtree (world / 2 times a ring all-reduce's traffic) that
+//! waits for the whole backward. The micro-batches' losses are copied on the backend and
+//! read once, after the last.
 
 use super::grad_tree::{rank_tree_sum, tree_sum, GradTree};
 use super::replica::{Replica, Trainable, WindowReport};
@@ -92,7 +93,6 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         };
         let mut tree = tree.borrow_mut();
         let (capacity, grad_scale) = self.scales(coll.world(), micro.len(), rule);
-        let mut losses = Vec::with_capacity(micro.len());
         let mut valid = 0f64;
         // This rank's micro-batches, with nothing collective inside: whatever fails on
         // one rank is told to every rank by the sum below, before the first gradient
@@ -107,7 +107,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                     false,
                     BlockHooks::default(),
                 )?;
-                losses.push(self.step.loss_sum(be)?);
+                tree.keep_loss(be, j, self.step.loss_view(be)?)?;
                 valid += batch.valid_targets() as f64;
                 let grads = self.step.update_views(be)?.grads;
                 match j + 1 == micro.len() {
@@ -143,7 +143,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
         tree.all_reduce(be, coll, views.grads)?;
         // The window's loss through the same trees; the update's scalar sum then adds
         // zeros to rank 0's (exactly), and integers for the counts.
-        let loss = rank_tree_sum(be, coll, tree_sum(&losses))?;
+        let loss = rank_tree_sum(be, coll, tree_sum(&tree.losses(be, micro.len())?))?;
         let tally = Tally {
             valid,
             loss: if coll.rank() == 0 { loss } else { 0.0 },

@@ -55,20 +55,22 @@ pub struct GradTree<B: Backend> {
     stack: Vec<u32>,
     /// `world` slots of `chunk` elements for the tree over ranks (none at one rank).
     scratch: Option<B::Buf<f32>>,
+    /// Each micro-batch's loss sum, copied on the backend and read once a window.
+    losses: B::Buf<f32>,
     chunk: usize,
     world: usize,
     max_micro: usize,
 }
 
 impl<B: Backend> GradTree<B> {
-    /// The bytes [`GradTree::new`] allocates: one f32 buffer of `len` per level, and the
-    /// scratch beyond one rank.
+    /// The bytes [`GradTree::new`] allocates: one f32 buffer of `len` per level, the
+    /// scratch beyond one rank, and a loss per micro-batch.
     pub fn planned_bytes(len: usize, max_micro: usize, world: usize, chunk: usize) -> usize {
         let scratch = match world > 1 {
             true => world * chunk.min(len).max(1),
             false => 0,
         };
-        4 * (levels(max_micro) * len + scratch)
+        4 * (levels(max_micro) * len + scratch + max_micro.max(1))
     }
 
     /// The sums for gradients of `len` elements, windows of at most `max_micro`
@@ -94,6 +96,7 @@ impl<B: Backend> GradTree<B> {
             partial,
             stack: Vec::new(),
             scratch,
+            losses: be.zeros::<f32>(max_micro.max(1))?,
             chunk,
             world,
             max_micro: max_micro.max(1),
@@ -103,7 +106,20 @@ impl<B: Backend> GradTree<B> {
     /// Bytes held on the backend.
     pub fn bytes(&self) -> usize {
         let len = |b: &B::Buf<f32>| B::len(b);
-        4 * (self.partial.iter().map(len).sum::<usize>() + self.scratch.as_ref().map_or(0, len))
+        let partial = self.partial.iter().map(len).sum::<usize>();
+        4 * (partial + self.scratch.as_ref().map_or(0, len) + len(&self.losses))
+    }
+
+    /// Keeps micro-batch `j`'s loss sum (`loss`, one f32 on the backend) without waiting
+    /// for it.
+    pub fn keep_loss(&self, be: &B, j: usize, loss: View<f32>) -> Result<(), GpuError> {
+        be.copy(be.all(&self.losses).slice(j..j + 1)?, loss)
+    }
+
+    /// The first `micro` losses kept, read at once (waits for the backend).
+    pub fn losses(&self, be: &B, micro: usize) -> Result<Vec<f64>, GpuError> {
+        let kept = be.read(be.all(&self.losses).slice(0..micro)?)?;
+        Ok(kept.into_iter().map(f64::from).collect())
     }
 
     /// Starts a window of `micro` micro-batches: `micro` within the planned count, and

@@ -51,6 +51,8 @@ pub trait Trainable<B: Backend> {
     fn block_runs(&self) -> &[Vec<Range<usize>>];
     /// The loss sum of the micro-batches queued since the last without `add_loss`.
     fn loss_sum(&self, be: &B) -> Result<f64, GpuError>;
+    /// That loss sum on the backend (one f32), to copy without waiting.
+    fn loss_view(&self, be: &B) -> Result<crate::View<'_, f32>, GpuError>;
     /// The views an update works on.
     fn update_views(&self, be: &B) -> Result<UpdateViews<'_, Self::T>, GpuError>;
     /// One micro-batch's evaluation: the summed loss of its valid targets, how many are
@@ -109,6 +111,9 @@ macro_rules! trainable {
             }
             fn loss_sum(&self, be: &B) -> Result<f64, GpuError> {
                 $t::loss_sum(self, be)
+            }
+            fn loss_view(&self, be: &B) -> Result<crate::View<'_, f32>, GpuError> {
+                $t::loss_view(self, be)
             }
             fn update_views(&self, be: &B) -> Result<UpdateViews<'_, T>, GpuError> {
                 $t::update_views(self, be)

@@ -732,7 +732,15 @@ pub(crate) fn read_loss<B: Backend, T: Act>(
     m: &impl TokenModel<B, T>,
     be: &B,
 ) -> Result<f64, GpuError> {
-    Ok(be.read(m.bufs().f(be, m.loss_spans().loss_sum)?)?[0] as f64)
+    Ok(be.read(loss_view(m, be)?)?[0] as f64)
+}
+
+/// The step's loss sum on the backend (one f32).
+pub(crate) fn loss_view<'m, B: Backend + 'm, T: Act>(
+    m: &'m impl TokenModel<B, T>,
+    be: &B,
+) -> Result<View<'m, f32>, GpuError> {
+    m.bufs().f(be, m.loss_spans().loss_sum)
 }
 
 /// A sharded step (ZeRO-3) runs only with a `before` hook that puts each block in its

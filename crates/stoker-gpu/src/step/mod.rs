@@ -155,6 +155,11 @@ macro_rules! token_step_api {
         pub fn loss_sum(&self, be: &B) -> Result<f64, GpuError> {
             buffers::read_loss(self, be)
         }
+
+        /// The loss sum on the backend (one f32), to copy without waiting for it.
+        pub fn loss_view<'s>(&'s self, be: &B) -> Result<crate::View<'s, f32>, GpuError> {
+            buffers::loss_view(self, be)
+        }
     };
 }
 
