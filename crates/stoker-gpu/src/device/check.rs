@@ -494,6 +494,9 @@ pub fn compare_step(dev: &Device) -> Result<Vec<StepCompared>, GpuError> {
 /// What [`time_step`] measured.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepTimes {
+    /// Median milliseconds of a forward alone (the evaluation pass: the forward and the
+    /// classifier's loss, no gradient), so that the backward's share shows.
+    pub forward_ms: f64,
     /// Median milliseconds of a forward + backward.
     pub forward_backward_ms: f64,
     /// Median milliseconds of a whole step (with the update).
@@ -571,9 +574,20 @@ pub fn time_step(
         Ok(times[times.len() / 2])
     };
     let (forward_backward_ms, step_ms) = (median(false)?, median(true)?);
+    let mut forward = Vec::new();
+    for i in 0..reps + 2 {
+        let t0 = std::time::Instant::now();
+        step.evaluate(dev, batch)?; // ends on reading its sums
+        if i >= 2 {
+            forward.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    forward.sort_by(f64::total_cmp);
+    let forward_ms = forward[forward.len() / 2];
     // Measured after the steps: cuBLAS's workspace and the ids' small buffers count too.
     let measured_bytes = free_before.saturating_sub(dev.free_bytes()?);
     Ok(StepTimes {
+        forward_ms,
         forward_backward_ms,
         step_ms,
         params: g.params.len(),

@@ -3,7 +3,7 @@
 //! kernel), on the same inputs: how far apart their outputs are, and each one's median
 //! time. The two libraries sum in different orders, so this is a tolerance, not bits;
 //! it is what backs making cuBLASLt the default. The attention products are timed whole
-//! (`T x T`), for comparison with PyTorch's; the step runs them in query chunks
+//! (`T x T`), for comparison with PyTorch's, and in the query chunks the step runs
 //! (`step::attention`), 5/8 of that work at T = 1,024.
 
 use half::bf16;
@@ -77,6 +77,9 @@ pub fn compare_gemm_libraries(
     let att = fill(bh * t * t, 4)?; // [B*H, T, T]
     let dw = dev.zeros::<f32>(4 * c * c)?; // a weight's f32 gradient
     type Run<'a> = Box<dyn Fn() -> Result<(), GpuError> + 'a>;
+    // The step's query chunks at T (`step::attention::query_chunk`): (first row, rows).
+    let qc = crate::step::attention::query_chunk(t);
+    let chunks: Vec<(usize, usize)> = (0..t).step_by(qc).map(|r0| (r0, qc.min(t - r0))).collect();
     // Each product: its name, FLOPs, how many of `y`'s elements it writes (0: it writes
     // the f32 `dw`), and the product.
     let (x, w, y, bias) = (&x, &w, &y, &bias);
@@ -194,6 +197,66 @@ pub fn compare_gemm_libraries(
                     None,
                     false,
                 )
+            }),
+        ),
+        // What the step runs instead: the same two products by query chunk, each over
+        // the keys up to the chunk's last query.
+        (
+            format!("attention q k^T, {} query chunks", t.div_ceil(qc)),
+            chunks
+                .iter()
+                .map(|&(r0, rows)| 2.0 * (bh * rows * (r0 + rows) * d) as f64)
+                .sum(),
+            bh * t * t,
+            Box::new(|| {
+                for &(r0, rows) in &chunks {
+                    let dims = Dims {
+                        m: rows,
+                        n: r0 + rows,
+                        k: d,
+                        batch: bh,
+                        strides: [t * d, t * d, t * t],
+                    };
+                    matmul(
+                        dev,
+                        Mat::rows(view(dev, y, bh * t * t)?.slice(r0 * t..bh * t * t)?, t),
+                        Mat::rows(view(dev, x, bh * t * d)?.slice(r0 * d..bh * t * d)?, d),
+                        Mat::t(view(dev, w, bh * t * d)?, d),
+                        dims,
+                        None,
+                        false,
+                    )?;
+                }
+                Ok(())
+            }),
+        ),
+        (
+            format!("attention att v, {} query chunks", t.div_ceil(qc)),
+            chunks
+                .iter()
+                .map(|&(r0, rows)| 2.0 * (bh * rows * (r0 + rows) * d) as f64)
+                .sum(),
+            bh * t * d,
+            Box::new(|| {
+                for &(r0, rows) in &chunks {
+                    let dims = Dims {
+                        m: rows,
+                        n: d,
+                        k: r0 + rows,
+                        batch: bh,
+                        strides: [t * t, t * d, t * d],
+                    };
+                    matmul(
+                        dev,
+                        Mat::rows(view(dev, y, bh * t * d)?.slice(r0 * d..bh * t * d)?, d),
+                        Mat::rows(dev.all(&att).slice(r0 * t..bh * t * t)?, t),
+                        Mat::rows(view(dev, x, bh * t * d)?, d),
+                        dims,
+                        None,
+                        false,
+                    )?;
+                }
+                Ok(())
             }),
         ),
     ];
