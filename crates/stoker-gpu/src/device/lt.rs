@@ -33,7 +33,12 @@ const MAX_ALIGN: u32 = 256;
 
 /// The epilogue takes a bias this aligned (llm.c checks the same); a less aligned one is
 /// added by the `add_bias` kernel after the product.
-pub(super) const BIAS_ALIGN: u64 = 16;
+const BIAS_ALIGN: u64 = 16;
+
+/// `g`'s bias where the epilogue can take it (aligned to [`BIAS_ALIGN`]).
+pub(super) fn epilogue_bias(g: &Gemm) -> Option<Addr> {
+    g.bias.filter(|b| b % BIAS_ALIGN == 0)
+}
 
 fn lt_err(what: impl Into<String>) -> impl FnOnce(lt::CublasError) -> GpuError {
     let what = what.into();
@@ -240,24 +245,14 @@ impl Lt {
         Ok(ptr)
     }
 
-    /// Runs `g` with its bias in the epilogue when `epilogue_bias`; `Ok(false)` when
-    /// cuBLASLt has no algorithm for its shape (nothing was launched).
+    /// Runs `g` with `bias` (its bias, or none) in the epilogue; `Ok(false)` when
+    /// cuBLASLt does not serve its shape (nothing was launched).
     ///
     /// # Safety
     /// As [`crate::Backend::gemm`]: every operand's extent lies in a live buffer of this
-    /// stream's context, which is current on this thread; with `epilogue_bias`, the bias
-    /// holds `g.n` elements of `g.c_type`, aligned to [`BIAS_ALIGN`] bytes.
-    pub(super) unsafe fn gemm(&self, g: &Gemm, epilogue_bias: bool) -> Result<bool, GpuError> {
-        let bias = match (epilogue_bias, g.bias) {
-            (true, Some(b)) if b % BIAS_ALIGN == 0 => Some(b),
-            (true, _) => {
-                return Err(GpuError::Shape {
-                    kernel: "matmul",
-                    what: format!("an epilogue bias at {:?} is missing or unaligned", g.bias),
-                })
-            }
-            (false, _) => None,
-        };
+    /// stream's context, which is current on this thread; `bias` holds `g.n` elements of
+    /// `g.c_type`, aligned to [`BIAS_ALIGN`] bytes ([`epilogue_bias`]).
+    pub(super) unsafe fn gemm(&self, g: &Gemm, bias: Option<Addr>) -> Result<bool, GpuError> {
         let key = Key {
             mnk: [g.m, g.n, g.k],
             lds: [g.a.ld, g.b.ld, g.ldc],

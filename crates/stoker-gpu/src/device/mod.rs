@@ -69,8 +69,6 @@ pub struct Device {
     blas: CudaBlas,
     lt: lt::Lt,
     gemm_library: Cell<GemmLibrary>,
-    /// The library the last product went through (cuBLAS where cuBLASLt had none).
-    last_gemm: Cell<GemmLibrary>,
     staging: staging::Staging,
 }
 
@@ -100,7 +98,6 @@ impl Device {
             blas,
             lt,
             gemm_library: Cell::new(GemmLibrary::CublasLt),
-            last_gemm: Cell::new(GemmLibrary::CublasLt),
             staging: staging::Staging::default(),
         })
     }
@@ -113,12 +110,6 @@ impl Device {
     /// The library that runs the products.
     pub fn gemm_library(&self) -> GemmLibrary {
         self.gemm_library.get()
-    }
-
-    /// The library the last product went through: cuBLAS when asked for, or where
-    /// cuBLASLt has no algorithm for its shape.
-    pub fn last_gemm_library(&self) -> GemmLibrary {
-        self.last_gemm.get()
     }
 
     /// Product shapes cuBLASLt has planned so far, how many of them run through cuBLAS
@@ -359,23 +350,19 @@ impl Backend for Device {
 
     unsafe fn gemm(&self, g: &Gemm) -> Result<(), GpuError> {
         self.bind()?;
-        let epilogue_bias = g.bias.is_some_and(|b| b % lt::BIAS_ALIGN == 0);
+        let epilogue = lt::epilogue_bias(g);
         let done = match self.gemm_library.get() {
             // SAFETY: the caller's contract; the context is current (bound above), and
-            // an epilogue bias is aligned (checked above).
-            GemmLibrary::CublasLt => unsafe { self.lt.gemm(g, epilogue_bias)? },
+            // an epilogue bias is aligned (epilogue_bias).
+            GemmLibrary::CublasLt => unsafe { self.lt.gemm(g, epilogue)? },
             GemmLibrary::Cublas => false,
         };
         if !done {
             // SAFETY: the caller's contract.
             unsafe { self.cublas_gemm(g)? };
         }
-        self.last_gemm.set(match done {
-            true => GemmLibrary::CublasLt,
-            false => GemmLibrary::Cublas,
-        });
         match g.bias {
-            Some(bias) if !(done && epilogue_bias) => {
+            Some(bias) if !(done && epilogue.is_some()) => {
                 let call = Call::AddBias {
                     dtype: g.c_type,
                     out: g.c,

@@ -154,7 +154,7 @@ impl<B: Backend> DataParallel<B> {
                 };
                 // ZeRO-2 lands each reduction beside the shard's sums.
                 let grads = match strategy.sums_shard_per_block() {
-                    true => shard + 2 * super::landing::landing_len(shard, block_len.max(1)),
+                    true => shard + 2 * super::landing::landing_len(shard, block_len),
                     false => shard,
                 };
                 state + 4 * grads

@@ -217,13 +217,9 @@ impl<B: Backend> GradTree<B> {
             let mine = grads.slice(start..start + n)?;
             be.copy(slot(rank)?, mine)?;
             coll.all_gather(be, slots, &vec![n; world])?;
-            let mut d = 1;
-            while d < world {
-                for r in (0..world).step_by(2 * d) {
-                    add_into(be, slot(r)?, slot(r + d)?)?;
-                }
-                d *= 2;
-            }
+            rank_tree(world, |lower, higher| {
+                add_into(be, slot(lower)?, slot(higher)?)
+            })?;
             be.copy(mine, slot(0)?)?;
             start += n;
         }
@@ -275,14 +271,28 @@ pub fn rank_tree_sum<B: Backend>(
         // x + 0 is x exactly: each slot ends with its one rank's value.
         all.extend(coll.sum(be, &mine)?);
     }
+    rank_tree(world, |lower, higher| {
+        all[lower] += all[higher];
+        Ok(())
+    })?;
+    Ok(all[0])
+}
+
+/// The balanced tree over `world` ranks (a power of two), one `add(lower, higher)` per
+/// pair, neighbours first: the sum ends at 0, in the same bracketing for the gradient and
+/// the loss.
+fn rank_tree(
+    world: usize,
+    mut add: impl FnMut(usize, usize) -> Result<(), GpuError>,
+) -> Result<(), GpuError> {
     let mut d = 1;
     while d < world {
         for r in (0..world).step_by(2 * d) {
-            all[r] += all[r + d];
+            add(r, r + d)?;
         }
         d *= 2;
     }
-    Ok(all[0])
+    Ok(())
 }
 
 #[cfg(test)]

@@ -16,9 +16,10 @@ use crate::collectives::{Collectives, Mark};
 use crate::error::{check_len, GpuError};
 
 /// ZeRO-2's landing buffer for a shard of `shard` elements and reductions of at most
-/// `block_len` elements: a block's pieces for this rank are no longer than either.
+/// `block_len` elements (at least one): a block's pieces for this rank are no longer
+/// than either.
 pub fn landing_len(shard: usize, block_len: usize) -> usize {
-    shard.min(block_len)
+    shard.min(block_len.max(1))
 }
 
 /// A landing buffer's block reduction: its mark while it is started and not yet added,
@@ -41,7 +42,7 @@ pub(crate) struct Landing<B: Backend> {
 impl<B: Backend> Landing<B> {
     /// Landing buffers for a shard of `shard` elements and blocks of at most `block_len`.
     pub(crate) fn new(be: &B, shard: usize, block_len: usize) -> Result<Self, GpuError> {
-        let len = landing_len(shard, block_len.max(1));
+        let len = landing_len(shard, block_len);
         Ok(Landing {
             bufs: [be.zeros(len)?, be.zeros(len)?],
             most: block_len.max(1),

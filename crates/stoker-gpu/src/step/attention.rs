@@ -112,18 +112,7 @@ pub fn probabilities<B: Backend, T: Act>(
     g: Heads,
 ) -> Result<(), GpuError> {
     let (bh, t, d) = head_shape(g);
-    for (r0, rows) in chunks(t) {
-        // att[r0.., ..r0 + rows] = q[r0..] k[..r0 + rows]^T.
-        matmul(
-            be,
-            Mat::rows(from(att, r0 * t)?, t),
-            Mat::rows(from(x.q, r0 * d)?, d),
-            Mat::t(x.k, d),
-            per_head(bh, (rows, r0 + rows, d), [t * d, t * d, t * t]),
-            None,
-            false,
-        )?;
-    }
+    scores_by_query_chunk(be, att, x.q, x.k, (bh, t, d))?;
     let scale = 1.0 / (d as f32).sqrt();
     kernels::attention_softmax_forward(be, att, att, (t, query_chunk(t)), scale)
 }
@@ -135,21 +124,8 @@ fn per_head_forward<B: Backend, T: Act>(
     out: View<T>,
     g: Heads,
 ) -> Result<(), GpuError> {
-    let (bh, t, d) = head_shape(g);
     probabilities(be, x, att, g)?;
-    for (r0, rows) in chunks(t) {
-        // out[r0..] = att[r0.., ..r0 + rows] v[..r0 + rows].
-        matmul(
-            be,
-            Mat::rows(from(out, r0 * d)?, d),
-            Mat::rows(from(att, r0 * t)?, t),
-            Mat::rows(x.v, d),
-            per_head(bh, (rows, d, r0 + rows), [t * t, t * d, t * d]),
-            None,
-            false,
-        )?;
-    }
-    Ok(())
+    weighted_by_query_chunk(be, out, att, x.v, head_shape(g))
 }
 
 /// The backward: from the merged output's gradient `dout` (split into heads in
@@ -165,6 +141,54 @@ pub fn backward<B: Backend, T: Act>(
 ) -> Result<(), GpuError> {
     kernels::merged_heads(be, dout_h, dout, g, true)?;
     per_head_backward(be, x, att, dout_h, datt, dx, head_shape(g))
+}
+
+/// `y[r0.., ..r0 + rows] = a[r0..] b[..r0 + rows]^T` for each query chunk: scores
+/// (`[B*H, T, T]` `y`) from per-head rows (`[B*H, T, D]` `a` and `b`), each chunk's over
+/// the keys up to its last query.
+fn scores_by_query_chunk<B: Backend, T: Act>(
+    be: &B,
+    y: View<T>,
+    a: View<T>,
+    b: View<T>,
+    (bh, t, d): HeadShape,
+) -> Result<(), GpuError> {
+    for (r0, rows) in chunks(t) {
+        matmul(
+            be,
+            Mat::rows(from(y, r0 * t)?, t),
+            Mat::rows(from(a, r0 * d)?, d),
+            Mat::t(b, d),
+            per_head(bh, (rows, r0 + rows, d), [t * d, t * d, t * t]),
+            None,
+            false,
+        )?;
+    }
+    Ok(())
+}
+
+/// `y[r0..] = a[r0.., ..r0 + rows] b[..r0 + rows]` for each query chunk: per-head rows
+/// (`[B*H, T, D]` `y` and `b`) weighted by scores (`[B*H, T, T]` `a`) up to each chunk's
+/// last query.
+fn weighted_by_query_chunk<B: Backend, T: Act>(
+    be: &B,
+    y: View<T>,
+    a: View<T>,
+    b: View<T>,
+    (bh, t, d): HeadShape,
+) -> Result<(), GpuError> {
+    for (r0, rows) in chunks(t) {
+        matmul(
+            be,
+            Mat::rows(from(y, r0 * d)?, d),
+            Mat::rows(from(a, r0 * t)?, t),
+            Mat::rows(b, d),
+            per_head(bh, (rows, d, r0 + rows), [t * t, t * d, t * d]),
+            None,
+            false,
+        )?;
+    }
+    Ok(())
 }
 
 /// `y[c0..c0 + cols] = a[c0.., c0..c0 + cols]^T b[c0..]` for each key chunk: a key
@@ -201,31 +225,11 @@ fn per_head_backward<B: Backend, T: Act>(
     (bh, t, d): HeadShape,
 ) -> Result<(), GpuError> {
     // datt = dout v^T, by query chunk; dv = att^T dout, by key chunk.
-    for (r0, rows) in chunks(t) {
-        matmul(
-            be,
-            Mat::rows(from(datt, r0 * t)?, t),
-            Mat::rows(from(dout, r0 * d)?, d),
-            Mat::t(x.v, d),
-            per_head(bh, (rows, r0 + rows, d), [t * d, t * d, t * t]),
-            None,
-            false,
-        )?;
-    }
+    scores_by_query_chunk(be, datt, dout, x.v, (bh, t, d))?;
     by_key_chunk(be, dx.v, att, dout, (bh, t, d))?;
     let scale = 1.0 / (d as f32).sqrt();
     kernels::attention_softmax_backward(be, datt, datt, att, (t, query_chunk(t)), scale)?;
     // dq = dpre k, by query chunk; dk = dpre^T q, by key chunk.
-    for (r0, rows) in chunks(t) {
-        matmul(
-            be,
-            Mat::rows(from(dx.q, r0 * d)?, d),
-            Mat::rows(from(datt, r0 * t)?, t),
-            Mat::rows(x.k, d),
-            per_head(bh, (rows, d, r0 + rows), [t * t, t * d, t * d]),
-            None,
-            false,
-        )?;
-    }
+    weighted_by_query_chunk(be, dx.q, datt, x.k, (bh, t, d))?;
     by_key_chunk(be, dx.k, datt, x.q, (bh, t, d))
 }
