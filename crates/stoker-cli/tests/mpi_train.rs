@@ -17,6 +17,17 @@ use common::{
     wait_for, write_data, Model, STOKER,
 };
 
+/// The config at `path` on `step = "resident"`, in place of the kernels key that
+/// `config` wrote.
+fn on_resident_step(path: &Path) {
+    let t = std::fs::read_to_string(path).unwrap();
+    std::fs::write(
+        path,
+        t.replace("kernels = \"resident\"", "step = \"resident\""),
+    )
+    .unwrap();
+}
+
 #[test]
 fn mpi_n_ranks_equal_one_rank_and_deterministic_mode_is_bit_identical() {
     if !have_mpirun("mpi_n_ranks_equal_one_rank_and_deterministic_mode_is_bit_identical") {
@@ -93,12 +104,7 @@ fn mpi_n_ranks_equal_one_rank_and_deterministic_mode_is_bit_identical() {
         let name = format!("r_{strategy}_w{n}");
         let extra = format!("deterministic = true\nstrategy = \"{strategy}\"");
         let c = config(dir, &name, Model::Gpt, "bf16", "resident", 5, &extra);
-        let t = std::fs::read_to_string(&c).unwrap();
-        std::fs::write(
-            &c,
-            t.replace("kernels = \"resident\"", "step = \"resident\""),
-        )
-        .unwrap();
+        on_resident_step(&c);
         let o = train(n, &c, &[]);
         let out = text(&o);
         assert!(o.status.success(), "{out}");
@@ -141,26 +147,17 @@ fn every_strategy_at_3_ranks_equals_one_rank_and_evaluates_alike() {
         (Model::Cnn, "fused", "zero3"),
         (Model::Gpt, "resident", "zero3"),
     ];
-    // `step = "resident"` in place of the kernels key.
-    let resident = |path: &Path| {
-        let t = std::fs::read_to_string(path).unwrap();
-        std::fs::write(
-            path,
-            t.replace("kernels = \"resident\"", "step = \"resident\""),
-        )
-        .unwrap();
-    };
     for (i, (model, kernels, strategy)) in cases.into_iter().enumerate() {
         let one = config(dir, &format!("t{i}_w1"), model, "fp32", kernels, 4, "");
         at_six(&one);
-        resident(&one);
+        on_resident_step(&one);
         let o1 = train(1, &one, &[]);
         assert!(o1.status.success(), "{}", text(&o1));
         let extra = format!("strategy = \"{strategy}\"\ncheck_collectives = true");
         let name = format!("t{i}_w3");
         let three = config(dir, &name, model, "fp32", kernels, 4, &extra);
         at_six(&three);
-        resident(&three);
+        on_resident_step(&three);
         let o3 = train(3, &three, &[]);
         let what = format!("{strategy} {kernels} case {i} at 3 ranks");
         assert!(o3.status.success(), "{what}: {}", text(&o3));

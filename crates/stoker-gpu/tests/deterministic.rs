@@ -61,6 +61,13 @@ fn train<T: Act, C: Communicator>(
     Ok((reports, bits(master), bits(copy), range.start))
 }
 
+/// `got`'s bits are `want`'s: as many elements, none differing.
+fn same_bits(got: &[u32], want: &[u32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: elements");
+    let differ = got.iter().zip(want).filter(|(x, y)| x != y).count();
+    assert_eq!(differ, 0, "{what}: elements differing from one rank's");
+}
+
 /// Every rank of every world size (1, 2, 4, 8) ends where one rank does.
 fn same_at_every_world<T: Act>(what: &str, opt: Optimizer, rule: GradRule, chunk: usize) {
     let mut want: Option<End> = None;
@@ -74,17 +81,9 @@ fn same_at_every_world<T: Act>(what: &str, opt: Optimizer, rule: GradRule, chunk
                 continue;
             };
             assert_eq!(end.0, w.0, "{what}: reports of rank {rank} of {world}");
-            let differ = |a: &[u32], b: &[u32]| a.iter().zip(b).filter(|(x, y)| x != y).count();
-            assert_eq!(
-                differ(&end.1, &w.1),
-                0,
-                "{what}: master elements of rank {rank} of {world} differ from one rank's"
-            );
-            assert_eq!(
-                differ(&end.2, &w.2),
-                0,
-                "{what}: compute copy of rank {rank} of {world}"
-            );
+            let of = format!("of rank {rank} of {world}");
+            same_bits(&end.1, &w.1, &format!("{what}: master {of}"));
+            same_bits(&end.2, &w.2, &format!("{what}: compute copy {of}"));
         }
     }
 }

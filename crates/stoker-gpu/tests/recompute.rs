@@ -76,6 +76,15 @@ fn options() -> [(StepOptions, &'static str); 3] {
     ]
 }
 
+/// Elements a step of `n_layer` blocks saves by keeping one buffer of `per_block` for
+/// every block instead of one each, where `on`.
+fn saved(n_layer: usize, per_block: usize, on: bool) -> usize {
+    match on {
+        true => (n_layer - 1) * per_block,
+        false => 0,
+    }
+}
+
 #[test]
 fn recomputed_activations_are_the_kept_ones_bit_for_bit_in_less_memory() {
     fn check<A: Act>(opts: StepOptions, which: &str) {
@@ -102,17 +111,12 @@ fn recomputed_activations_are_the_kept_ones_bit_for_bit_in_less_memory() {
         // Two blocks' probabilities and/or GELU outputs fewer: counted, and planned alike.
         let tt = B * dims.n_head * T * T;
         let gelu = B * T * 4 * dims.d_model;
-        let saved = |per_block: usize, on: bool| {
-            if on {
-                (dims.n_layer - 1) * per_block
-            } else {
-                0
-            }
-        };
         let size = std::mem::size_of::<A>();
         assert_eq!(
             plain.buffers().bytes() - rec.buffers().bytes(),
-            (saved(tt, opts.recompute_attention) + saved(gelu, opts.recompute_mlp)) * size,
+            (saved(dims.n_layer, tt, opts.recompute_attention)
+                + saved(dims.n_layer, gelu, opts.recompute_mlp))
+                * size,
             "gpt {what}: bytes saved"
         );
         let planned = gpt_step_sizes(&dims, g.offsets.end(), (B, T), opts).bytes(size);
@@ -152,16 +156,11 @@ fn recomputed_activations_are_the_kept_ones_bit_for_bit_in_less_memory() {
             rec
         );
         let (tt, act) = (B * dims.n_head * T * T, B * T * dims.ffn_hidden);
-        let saved = |per_block: usize, on: bool| {
-            if on {
-                (dims.n_layer - 1) * per_block
-            } else {
-                0
-            }
-        };
         assert_eq!(
             plain.buffers().bytes() - rec.buffers().bytes(),
-            (saved(tt, opts.recompute_attention) + saved(act, opts.recompute_mlp)) * size,
+            (saved(dims.n_layer, tt, opts.recompute_attention)
+                + saved(dims.n_layer, act, opts.recompute_mlp))
+                * size,
             "llama {what}: bytes saved"
         );
         let planned = llama_step_sizes(&dims, l.offsets.end(), (B, T), opts).bytes(size);

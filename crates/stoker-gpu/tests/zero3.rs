@@ -497,15 +497,6 @@ fn zero3_gathers_each_block_only_when_its_slot_lacks_it() {
     }
 }
 
-/// The step options with the parameters offloaded.
-const PARAMS_OFF: StepOptions = StepOptions {
-    offload_params: true,
-    recompute_attention: false,
-    recompute_mlp: false,
-    grads_in_slots: false,
-    shard_params: None,
-};
-
 /// ZeRO-3 with its shard of the compute copy in host memory (FSDP's `FULL_SHARD` with
 /// `CPUOffload(offload_params=True)`, DeepSpeed's stage 3 with `offload_param`): each
 /// gather stages this rank's piece up from the host, and the offloaded optimizer writes
@@ -534,7 +525,7 @@ fn zero3_with_its_shard_on_the_host_is_zero3_offloaded_bit_for_bit() {
         for dtype in ["f32", "bf16", "f16"] {
             let what = format!("{dtype} over {world} ranks, the shard on the host");
             let want = run(StepOptions::default(), dtype);
-            let got = run(PARAMS_OFF, dtype);
+            let got = run(OFFLOAD, dtype);
             for (rank, (g, w)) in got.iter().zip(&want).enumerate() {
                 assert_eq!(g.0, w.0, "{what}: rank {rank}'s window reports");
                 assert_bits_eq(&g.2, &w.2, &format!("{what}: rank {rank}'s master"));
@@ -566,9 +557,9 @@ fn zero3_with_its_shard_on_the_host_is_zero3_offloaded_bit_for_bit() {
                     planned.sharded.unwrap().shard,
                 )
             };
-            let (on_host, kept) = (make(PARAMS_OFF), make(StepOptions::default()));
+            let (on_host, kept) = (make(OFFLOAD), make(StepOptions::default()));
             // Without the optimizer offloaded the host's shard has no writer: refused.
-            let opts = Strategy::Zero3.step_options(PARAMS_OFF, rank_world);
+            let opts = Strategy::Zero3.step_options(OFFLOAD, rank_world);
             let step = GptGpuStep::<Host, f32>::with_options(
                 &Host,
                 dims,
