@@ -62,6 +62,17 @@ fn inside_slurm_box_of(test: &str, nodes: usize) -> bool {
     false
 }
 
+/// How often a test asks the box's controller about a job.
+const POLL: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// `cmd args`' output, or None where it failed (a loaded controller; asked again later).
+fn query(cmd: &str, args: &[&str]) -> Option<String> {
+    let o = Command::new(cmd).args(args).output().ok()?;
+    o.status
+        .success()
+        .then(|| String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
 fn slurm(cmd: &str, args: &[&str]) -> Output {
     let o = Command::new(cmd).args(args).output().unwrap();
     assert!(o.status.success(), "{cmd} {args:?}: {}", text(&o));
@@ -208,10 +219,10 @@ fn preempted_job(dir: &Path, name: &str, scancel: &[&str]) -> (String, u64) {
         );
         std::thread::sleep(std::time::Duration::from_secs(1));
     }
-    let requeued = || {
-        let o = slurm("scontrol", &["show", "job", &job]);
-        String::from_utf8_lossy(&o.stdout).contains("Restarts=1")
-    };
+    // Polled four times a second, a failed query counting as "not yet": polling every
+    // 20 ms loaded the box's controller until squeue died of SIGPIPE once.
+    let requeued =
+        || query("scontrol", &["show", "job", &job]).is_some_and(|s| s.contains("Restarts=1"));
     // The ranks finish their step, checkpoint and exit before the script requeues: on 2
     // cores shared with the other Slurm tests that took over 60 s once (a flake in CI).
     // Once the job ended instead, exit status 0, with no requeue: the job's own output
@@ -229,12 +240,16 @@ fn preempted_job(dir: &Path, name: &str, scancel: &[&str]) -> (String, u64) {
                 std::fs::read_to_string(&out).unwrap_or_else(|e| format!("({e})"))
             );
         }
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::thread::sleep(POLL);
     }
-    wait_for("the requeued job to end", 240, || {
-        let o = slurm("squeue", &["-h", "-j", &job, "-o", "%T"]);
-        o.stdout.is_empty()
-    });
+    let t0 = std::time::Instant::now();
+    while !query("squeue", &["-h", "-j", &job, "-o", "%T"]).is_some_and(|s| s.trim().is_empty()) {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(240),
+            "timed out after 240 s waiting for the requeued job {job} to end"
+        );
+        std::thread::sleep(POLL);
+    }
     let log = std::fs::read_to_string(&out).unwrap();
     let step: u64 = log
         .lines()
