@@ -163,8 +163,10 @@ fn srun_across_two_nodes_trains_to_the_bits_of_mpirun_n_2() {
 
 /// Steps of the preempted runs: a few ms each, enough that a signal sent after the first
 /// logged step lands in the middle even when the machine is busy (600 once let a loaded
-/// machine finish the run before slurmd delivered the signal).
-const LONG_STEPS: u64 = 2000;
+/// machine finish the run before slurmd delivered the signal; 2,000, about 12 s, once
+/// ended before the batch shell's scancel, which a loaded controller kept waiting and
+/// then refused, got through on its retry).
+const LONG_STEPS: u64 = 5000;
 
 /// A run long enough (thousands of steps of a few ms) that a signal lands in its middle.
 fn long_config(dir: &Path, name: &str) -> PathBuf {
