@@ -12,6 +12,7 @@ fn main() {
     let cuda = Path::new("cuda");
     let sources = [
         "portable.h",
+        "pack.h",
         "warp.h",
         "kernels.inc",
         "kernels.cu",

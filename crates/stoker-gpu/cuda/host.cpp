@@ -17,6 +17,11 @@
     for (int64_t i = 0; i < (n); ++i) call;                                                     \
   }
 
+#define STOKER_PACKS(name, params, n, call)                                                     \
+  extern "C" void stoker_host_##name params {                                                   \
+    for (int64_t i0 = 0; i0 < (n); i0 += stoker::PACK) call;                                    \
+  }
+
 #define STOKER_ROWS(name, params, rows, call)                                                   \
   extern "C" void stoker_host_##name params {                                                   \
     const stoker::HostWarp w{};                                                                 \

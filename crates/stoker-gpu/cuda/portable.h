@@ -21,6 +21,14 @@
 #define STOKER_HD inline
 #endif
 
+// Unrolls the loop after it on the device, so a small array indexed by its counter stays
+// in registers; nothing on the host.
+#ifdef __CUDA_ARCH__
+#define STOKER_UNROLL _Pragma("unroll")
+#else
+#define STOKER_UNROLL
+#endif
+
 namespace stoker {
 
 // A bf16 value as its 16 bits: the same type on both sides, converted by bit arithmetic.

@@ -7,11 +7,17 @@
 //   float total = w.reduce(part, Sum{});                         // the same on every lane
 //   w.each([&](int lane) { ... use total ... return 0; });
 #pragma once
-#include "portable.h"
+#include "pack.h"
 
 namespace stoker {
 
 constexpr int WARP = 32;
+
+// A row's elements by lane: lane `lane` owns packs lane, lane + 32, ... (pack.h), so the
+// loop runs i0 = lane * 8, then every 256, while i0 < n; a lane sums its elements in that
+// order before the butterfly.
+#define STOKER_LANE_PACKS(i0, lane, n) \
+  for (int64_t i0 = int64_t(lane) * stoker::PACK; i0 < (n); i0 += int64_t(stoker::WARP) * stoker::PACK)
 
 struct Sum {
   STOKER_HD float operator()(float a, float b) const { return a + b; }

@@ -9,12 +9,18 @@ use crate::elem::Dtype;
 /// A buffer's element address: a device pointer on the GPU, a host pointer on the CPU.
 pub type Addr = u64;
 
-/// How a kernel covers its work: one thread per element, one warp per row, or exactly
-/// this many warps.
+/// How many elements one thread of a pack kernel moves (cuda/pack.h's `PACK`).
+pub const PACK: i64 = 8;
+
+/// How a kernel covers its work: one thread per element or per pack of elements, one
+/// warp per row, or exactly this many warps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Grid {
     /// Element kernels: grid-stride over this many elements.
     Elements(i64),
+    /// Pack kernels: grid-stride over this many elements, a thread per pack of
+    /// [`PACK`] (cuda/pack.h).
+    Packs(i64),
     /// Row kernels: one warp per row, grid-stride over this many rows.
     Rows(i64),
     /// Warp kernels: exactly this many warps (their partial sums depend on it).
@@ -453,13 +459,17 @@ impl Call {
             | GeluForward { n, .. }
             | GeluBackward { n, .. }
             | Adamw { n, .. }
-            | AddBias { n, .. } => Grid::Elements(*n),
-            EncoderBackwardWpe { t, c, .. } => Grid::Elements(*t as i64 * *c as i64),
-            EncoderBackwardWte { u, c, .. } => Grid::Elements(*u as i64 * *c as i64),
-            QkvToHeads { g, .. } | HeadsToQkv { g, .. } => Grid::Elements(3 * heads(g)),
-            HeadsToMerged { g, .. } | MergedToHeads { g, .. } => Grid::Elements(heads(g)),
-            ColumnPartials { cols, r, .. } => Grid::Elements(*cols as i64 * *r as i64),
-            ReducePartials { cols, .. } => Grid::Elements(*cols as i64),
+            | AddBias { n, .. }
+            | AdamwSegments { n, .. }
+            | SgdSegments { n, .. }
+            | SwigluForward { n, .. }
+            | SwigluBackward { n, .. } => Grid::Packs(*n),
+            EncoderBackwardWpe { t, c, .. } => Grid::Packs(*t as i64 * *c as i64),
+            EncoderBackwardWte { u, c, .. } => Grid::Packs(*u as i64 * *c as i64),
+            QkvToHeads { g, .. } | HeadsToQkv { g, .. } => Grid::Packs(3 * heads(g)),
+            HeadsToMerged { g, .. } | MergedToHeads { g, .. } => Grid::Packs(heads(g)),
+            ColumnPartials { cols, r, .. } => Grid::Packs(*cols as i64 * *r as i64),
+            ReducePartials { cols, .. } => Grid::Packs(*cols as i64),
             LayernormForward { n, .. } | Classifier { n, .. } => Grid::Rows(*n),
             AttentionSoftmaxForward { rows, .. } | AttentionSoftmaxBackward { rows, .. } => {
                 Grid::Rows(*rows)
@@ -468,14 +478,11 @@ impl Call {
                 Grid::Warps(*warps as i64)
             }
             Sum { .. } => Grid::Warps(1),
-            AdamwSegments { n, .. } | SgdSegments { n, .. } => Grid::Elements(*n),
             RmsnormForward { n, .. } => Grid::Rows(*n),
             RmsnormBackward { warps, .. } => Grid::Warps(*warps as i64),
-            Rope { n, .. } | SwigluForward { n, .. } | SwigluBackward { n, .. } => {
-                Grid::Elements(*n)
-            }
-            KvToHeads { g, .. } => Grid::Elements(heads(g)),
-            HeadsToKv { g, kv, .. } => Grid::Elements(heads(g) / g.h as i64 * *kv as i64),
+            Rope { n, .. } => Grid::Elements(*n),
+            KvToHeads { g, .. } => Grid::Packs(heads(g)),
+            HeadsToKv { g, kv, .. } => Grid::Packs(heads(g) / g.h as i64 * *kv as i64),
         }
     }
 

@@ -234,10 +234,15 @@ fn five_training_steps_track_the_cpu_steps_losses_and_weights() {
             );
             continue;
         }
+        // AdamW divides each gradient by its own running RMS, so an element whose gradient
+        // is a near-cancelling sum carries its sums' relative rounding difference straight
+        // into its steps: the two steps sum rows in different orders (the CPU's in
+        // sequence, the GPU's by lanes of packs), and 5 steps of lr 3e-3 then part by a few
+        // 1e-6 on a handful of elements (2e-5 of the largest weight).
         assert_close(
             &got[r.clone()],
             &p[r.clone()],
-            1e-5,
+            5e-5,
             &format!("{name} after 5 steps"),
         );
     }

@@ -14,7 +14,7 @@ fn entries() -> BTreeMap<String, (String, usize)> {
     let src =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/cuda/kernels.inc")).unwrap();
     let mut out = BTreeMap::new();
-    for kind in ["ELEMENTS", "ROWS", "WARPS"] {
+    for kind in ["ELEMENTS", "PACKS", "ROWS", "WARPS"] {
         let tag = format!("STOKER_{kind}(");
         for (at, _) in src.match_indices(&tag) {
             let rest = &src[at + tag.len()..];
@@ -338,6 +338,7 @@ fn every_call_is_a_kernels_inc_entry_with_its_grid_and_arity() {
         .map(|c| {
             let kind = match c.grid() {
                 Grid::Elements(_) => "ELEMENTS",
+                Grid::Packs(_) => "PACKS",
                 Grid::Rows(_) => "ROWS",
                 Grid::Warps(_) => "WARPS",
             };

@@ -77,10 +77,11 @@ fn options() -> [(StepOptions, &'static str); 3] {
 }
 
 /// Elements a step of `n_layer` blocks saves by keeping one buffer of `per_block` for
-/// every block instead of one each, where `on`.
+/// every block instead of one each, where `on`: each span starts aligned, so one held
+/// between others takes `per_block` rounded up to the alignment.
 fn saved(n_layer: usize, per_block: usize, on: bool) -> usize {
     match on {
-        true => (n_layer - 1) * per_block,
+        true => (n_layer - 1) * per_block.next_multiple_of(stoker_gpu::step::layout::SPAN_ALIGN),
         false => 0,
     }
 }

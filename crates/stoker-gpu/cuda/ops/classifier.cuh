@@ -1,7 +1,7 @@
 // The fused classifier (llm.c's): softmax, cross-entropy and the logits' gradient in one
-// kernel, one warp per row; the probabilities are never stored, the gradient overwrites
-// the logits. The vocabulary is padded to Vp columns (GPT-2's 50,257 to 50,304); the
-// padding takes no part and gets gradient 0.
+// kernel, one warp per row (a lane's elements by pack, warp.h); the probabilities are
+// never stored, the gradient overwrites the logits. The vocabulary is padded to Vp
+// columns (GPT-2's 50,257 to 50,304); the padding takes no part and gets gradient 0.
 #pragma once
 #include "../warp.h"
 
@@ -19,8 +19,7 @@ STOKER_HD void classifier_row(const W& w, int64_t row, T* logits, float* losses,
   int target = targets[row];
   if (target == ignore) {
     w.each([&](int lane) {
-      if (grad)
-        for (int j = lane; j < Vp; j += WARP) x[j] = store<T>(0.0f);
+      if (grad) STOKER_LANE_PACKS(i0, lane, Vp) store_pack(x, i0, Vp, Pack{});
       if (lane == 0) {
         losses[row] = 0.0f;
         if (hits) hits[row] = 0.0f;
@@ -32,9 +31,10 @@ STOKER_HD void classifier_row(const W& w, int64_t row, T* logits, float* losses,
   if (hits) {
     auto best = w.each([&](int lane) {
       ArgMax acc{-INFINITY, float(V)};
-      for (int j = lane; j < V; j += WARP) {
-        float v = load(x[j]);
-        if (v > acc.v) acc = ArgMax{v, float(j)};
+      STOKER_LANE_PACKS(i0, lane, V) {
+        Pack p = load_pack(x, i0, V);
+        STOKER_PACK_ELEMENTS(k, i0, V)
+          if (p.v[k] > acc.v) acc = ArgMax{p.v[k], float(i0 + k)};
       }
       return acc;
     });
@@ -46,7 +46,10 @@ STOKER_HD void classifier_row(const W& w, int64_t row, T* logits, float* losses,
   }
   auto stats = w.each([&](int lane) {
     MaxSum acc{-INFINITY, 0.0f};
-    for (int j = lane; j < V; j += WARP) acc = push(acc, load(x[j]));
+    STOKER_LANE_PACKS(i0, lane, V) {
+      Pack p = load_pack(x, i0, V);
+      STOKER_PACK_ELEMENTS(k, i0, V) acc = push(acc, p.v[k]);
+    }
     return acc;
   });
   MaxSum all = w.reduce(stats, CombineMaxSum{});
@@ -54,10 +57,14 @@ STOKER_HD void classifier_row(const W& w, int64_t row, T* logits, float* losses,
   float xt = load(x[target]);
   w.sync();  // every lane has read x[target] before any lane overwrites it
   w.each([&](int lane) {
-    if (grad)
-      for (int j = lane; j < Vp; j += WARP) {
-        float p = j < V ? fexp(load(x[j]) - lse) : 0.0f;
-        x[j] = store<T>(dscale * (j == target ? p - 1.0f : p));
+    if (grad) STOKER_LANE_PACKS(i0, lane, Vp) {
+        Pack p = load_pack(x, i0, V);
+        for (int k = 0; k < PACK; ++k) {
+          int64_t j = i0 + k;
+          float q = j < V ? fexp(p.v[k] - lse) : 0.0f;
+          p.v[k] = dscale * (j == target ? q - 1.0f : q);
+        }
+        store_pack(x, i0, Vp, p);
       }
     if (lane == 0) losses[row] = lse - xt;
     return 0;

@@ -1,8 +1,10 @@
-// One element per call: the embedding sum, GELU, the attention layout permutations and
-// the bias and partial-sum reductions. `i` is the element's flat index; the device calls
-// a body once per thread (grid-stride), the host in a loop.
+// The element kernels: the embedding sum, GELU, the attention layout permutations and
+// the bias and partial-sum reductions. Each `_pack` body is one thread's pack of eight
+// consecutive elements from flat index i0 (pack.h); the device runs a pack per thread
+// (grid-stride), the host in a loop. An `_at` body is one element's, the packs' fallback
+// where a pack straddles a row the layout needs whole.
 #pragma once
-#include "../portable.h"
+#include "../pack.h"
 
 namespace stoker {
 
@@ -18,13 +20,43 @@ STOKER_HD void encoder_forward_at(int64_t i, T* out, const int32_t* tokens, cons
   out[i] = wpe ? store<T>(load(wte[tok * C + c]) + load(wpe[int64_t(t) * C + c])) : wte[tok * C + c];
 }
 
+// The pack at i0 of encoder_forward_at's n = B*T*C elements: one position's channels
+// where the pack lies in one row.
+template <class T>
+STOKER_HD void encoder_forward_pack(int64_t i0, int64_t n, T* out, const int32_t* tokens,
+                                    const T* wte, const T* wpe, int T_, int C) {
+  int c0 = int(i0 % C);
+  int count = pack_count(i0, n);
+  if (c0 + count > C) {
+    for (int k = 0; k < count; ++k) encoder_forward_at(i0 + k, out, tokens, wte, wpe, T_, C);
+    return;
+  }
+  int64_t bt = i0 / C;
+  int t = int(bt % T_);
+  const T* row = wte + int64_t(tokens[bt]) * C;
+  if (!wpe) {
+    copy_pack(out, i0, row, c0, count);
+    return;
+  }
+  Pack a = load_pack(row, c0, c0 + count);
+  Pack b = load_pack(wpe + int64_t(t) * C, c0, c0 + count);
+  for (int k = 0; k < PACK; ++k) a.v[k] = a.v[k] + b.v[k];
+  store_pack(out, i0, n, a);
+}
+
 // dwpe[t, c] += sum over b (in order) of dout[b, t, c], for i over T*C.
 template <class T>
-STOKER_HD void encoder_backward_wpe_at(int64_t i, float* dwpe, const T* dout, int B, int T_,
-                                       int C) {
-  float s = 0.0f;
-  for (int b = 0; b < B; ++b) s += load(dout[int64_t(b) * T_ * C + i]);
-  dwpe[i] += s;
+STOKER_HD void encoder_backward_wpe_pack(int64_t i0, float* dwpe, const T* dout, int B, int T_,
+                                         int C) {
+  int64_t n = int64_t(T_) * C;
+  Pack s = {};
+  for (int b = 0; b < B; ++b) {
+    Pack d = load_pack(dout + int64_t(b) * n, i0, n);
+    for (int k = 0; k < PACK; ++k) s.v[k] += d.v[k];
+  }
+  Pack acc = load_pack(dwpe, i0, n);
+  for (int k = 0; k < PACK; ++k) acc.v[k] += s.v[k];
+  store_pack(dwpe, i0, n, acc);
 }
 
 // dwte[token u, c] += sum over u's positions (ascending) of dout[position, c], for i over
@@ -39,6 +71,31 @@ STOKER_HD void encoder_backward_wte_at(int64_t i, float* dwte, const T* dout, co
   float s = 0.0f;
   for (int p = starts[u]; p < starts[u + 1]; ++p) s += load(dout[int64_t(positions[p]) * C + c]);
   dwte[int64_t(uniq[u]) * C + c] += s;
+}
+
+// The pack at i0 of encoder_backward_wte_at's n = U*C elements: eight channels of one
+// token's row where the pack lies in one row.
+template <class T>
+STOKER_HD void encoder_backward_wte_pack(int64_t i0, int64_t n, float* dwte, const T* dout,
+                                         const int32_t* uniq, const int32_t* starts,
+                                         const int32_t* positions, int C) {
+  int c0 = int(i0 % C);
+  int count = pack_count(i0, n);
+  if (c0 + count > C) {
+    for (int k = 0; k < count; ++k)
+      encoder_backward_wte_at(i0 + k, dwte, dout, uniq, starts, positions, C);
+    return;
+  }
+  int64_t u = i0 / C;
+  Pack s = {};
+  for (int p = starts[u]; p < starts[u + 1]; ++p) {
+    Pack d = load_pack(dout + int64_t(positions[p]) * C, c0, c0 + count);
+    for (int k = 0; k < PACK; ++k) s.v[k] += d.v[k];
+  }
+  float* row = dwte + int64_t(uniq[u]) * C;
+  Pack acc = load_pack(row, c0, c0 + count);
+  for (int k = 0; k < PACK; ++k) acc.v[k] += s.v[k];
+  store_pack(row, c0, c0 + count, acc);
 }
 
 // GELU, tanh approximation (GPT-2's), as stoker-kernels' gelu.
@@ -56,25 +113,32 @@ STOKER_HD float gelu_grad_of(float x) {
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
 }
 
-// out[i] = x[i] rounded to T (the compute copy of an f32 master).
-template <class T> STOKER_HD void from_f32_at(int64_t i, T* out, const float* x) {
-  out[i] = store<T>(x[i]);
+// out = x rounded to T (the compute copy of an f32 master).
+template <class T> STOKER_HD void from_f32_pack(int64_t i0, int64_t n, T* out, const float* x) {
+  store_pack(out, i0, n, load_pack(x, i0, n));
 }
 
-template <class T> STOKER_HD void gelu_forward_at(int64_t i, T* out, const T* inp) {
-  out[i] = store<T>(gelu_of(load(inp[i])));
+template <class T> STOKER_HD void gelu_forward_pack(int64_t i0, int64_t n, T* out, const T* inp) {
+  Pack x = load_pack(inp, i0, n);
+  for (int k = 0; k < PACK; ++k) x.v[k] = gelu_of(x.v[k]);
+  store_pack(out, i0, n, x);
 }
 
 // dinp = dout * gelu'(inp); dinp may be dout (in place).
 template <class T>
-STOKER_HD void gelu_backward_at(int64_t i, T* dinp, const T* inp, const T* dout) {
-  dinp[i] = store<T>(load(dout[i]) * gelu_grad_of(load(inp[i])));
+STOKER_HD void gelu_backward_pack(int64_t i0, int64_t n, T* dinp, const T* inp, const T* dout) {
+  Pack x = load_pack(inp, i0, n), d = load_pack(dout, i0, n);
+  for (int k = 0; k < PACK; ++k) d.v[k] = d.v[k] * gelu_grad_of(x.v[k]);
+  store_pack(dinp, i0, n, d);
 }
 
-// out[row, col] += bias[col], for i over rows * cols: a linear layer's bias after its
-// matrix product.
-template <class T> STOKER_HD void add_bias_at(int64_t i, T* out, const T* bias, int cols) {
-  out[i] = store<T>(load(out[i]) + load(bias[i % cols]));
+// out[row, col] += bias[col], over n = rows * cols: a linear layer's bias after its
+// matrix product (where cuBLASLt's epilogue cannot add it).
+template <class T>
+STOKER_HD void add_bias_pack(int64_t i0, int64_t n, T* out, const T* bias, int cols) {
+  Pack x = load_pack(out, i0, n);
+  STOKER_PACK_ELEMENTS(k, i0, n) x.v[k] = x.v[k] + load(bias[(i0 + k) % cols]);
+  store_pack(out, i0, n, x);
 }
 
 // Attention's layouts: qkv [B, T, 3, H, D] (the QKV projection's output) and q, k, v
@@ -95,12 +159,35 @@ STOKER_HD int64_t qkv_index(int64_t i, Heads g) {
   return ((((int64_t(b) * g.t + t) * 3 + s) * g.h + h) * g.d) + d;
 }
 
-template <class T> STOKER_HD void qkv_to_heads_at(int64_t i, T* qkvh, const T* qkv, Heads g) {
-  qkvh[i] = qkv[qkv_index(i, g)];
+// A permutation's pack at i0 (of n): dst[to(i)] = src[from(i)] for the pack's elements,
+// as one copy of eight where the head width allows (d a multiple of 8: both sides
+// contiguous), else element by element.
+template <class T, class To, class From>
+STOKER_HD void permute_pack(int64_t i0, int64_t n, Heads g, T* dst, To to, const T* src,
+                            From from) {
+  int count = pack_count(i0, n);
+  if (g.d % PACK == 0) {
+    copy_pack(dst, to(i0), src, from(i0), count);
+    return;
+  }
+  for (int k = 0; k < count; ++k) dst[to(i0 + k)] = src[from(i0 + k)];
 }
 
-template <class T> STOKER_HD void heads_to_qkv_at(int64_t i, T* dqkv, const T* dqkvh, Heads g) {
-  dqkv[qkv_index(i, g)] = dqkvh[i];
+// The identity index: the heads' side of a permutation.
+struct SameIndex {
+  STOKER_HD int64_t operator()(int64_t i) const { return i; }
+};
+
+template <class T>
+STOKER_HD void qkv_to_heads_pack(int64_t i0, T* qkvh, const T* qkv, Heads g) {
+  int64_t n = int64_t(3) * g.b * g.h * g.t * g.d;
+  permute_pack(i0, n, g, qkvh, SameIndex{}, qkv, [&](int64_t i) { return qkv_index(i, g); });
+}
+
+template <class T>
+STOKER_HD void heads_to_qkv_pack(int64_t i0, T* dqkv, const T* dqkvh, Heads g) {
+  int64_t n = int64_t(3) * g.b * g.h * g.t * g.d;
+  permute_pack(i0, n, g, dqkv, [&](int64_t i) { return qkv_index(i, g); }, dqkvh, SameIndex{});
 }
 
 // [B, H, T, D] <-> [B, T, H, D] (= [B, T, C]); i over B*H*T*D in the [B, H, T, D] order.
@@ -114,12 +201,16 @@ STOKER_HD int64_t merged_index(int64_t i, Heads g) {
   return ((int64_t(b) * g.t + t) * g.h + h) * g.d + d;
 }
 
-template <class T> STOKER_HD void heads_to_merged_at(int64_t i, T* out, const T* heads, Heads g) {
-  out[merged_index(i, g)] = heads[i];
+template <class T>
+STOKER_HD void heads_to_merged_pack(int64_t i0, T* out, const T* heads, Heads g) {
+  int64_t n = int64_t(g.b) * g.h * g.t * g.d;
+  permute_pack(i0, n, g, out, [&](int64_t i) { return merged_index(i, g); }, heads, SameIndex{});
 }
 
-template <class T> STOKER_HD void merged_to_heads_at(int64_t i, T* dheads, const T* dout, Heads g) {
-  dheads[i] = dout[merged_index(i, g)];
+template <class T>
+STOKER_HD void merged_to_heads_pack(int64_t i0, T* dheads, const T* dout, Heads g) {
+  int64_t n = int64_t(g.b) * g.h * g.t * g.d;
+  permute_pack(i0, n, g, dheads, SameIndex{}, dout, [&](int64_t i) { return merged_index(i, g); });
 }
 
 // partials[r, col] = sum over rows r*chunk .. min((r+1)*chunk, N) of x[row, col], for i
@@ -136,12 +227,38 @@ STOKER_HD void column_partials_at(int64_t i, float* partials, const T* x, int64_
   partials[i] = s;
 }
 
-// dst[col] += sum over p (in order) of partials[p * stride + col], for i over cols.
-STOKER_HD void reduce_partials_at(int64_t i, float* dst, const float* partials, int P,
-                                  int64_t stride) {
-  float s = 0.0f;
-  for (int p = 0; p < P; ++p) s += partials[int64_t(p) * stride + i];
-  dst[i] += s;
+// The pack at i0 of column_partials_at's n = R*cols elements: eight columns of one
+// partial row where the pack lies in one row.
+template <class T>
+STOKER_HD void column_partials_pack(int64_t i0, int64_t n, float* partials, const T* x, int64_t N,
+                                    int cols, int64_t chunk) {
+  int col0 = int(i0 % cols);
+  int count = pack_count(i0, n);
+  if (col0 + count > cols) {
+    for (int k = 0; k < count; ++k) column_partials_at(i0 + k, partials, x, N, cols, chunk);
+    return;
+  }
+  int64_t r = i0 / cols;
+  int64_t end = (r + 1) * chunk < N ? (r + 1) * chunk : N;
+  Pack s = {};
+  for (int64_t row = r * chunk; row < end; ++row) {
+    Pack v = load_pack(x + row * cols, col0, col0 + count);
+    for (int k = 0; k < PACK; ++k) s.v[k] += v.v[k];
+  }
+  store_pack(partials, i0, n, s);
+}
+
+// dst[col] += sum over p (in order) of partials[p * stride + col], over n = cols.
+STOKER_HD void reduce_partials_pack(int64_t i0, int64_t n, float* dst, const float* partials,
+                                    int P, int64_t stride) {
+  Pack s = {};
+  for (int p = 0; p < P; ++p) {
+    Pack v = load_pack(partials + int64_t(p) * stride, i0, n);
+    for (int k = 0; k < PACK; ++k) s.v[k] += v.v[k];
+  }
+  Pack acc = load_pack(dst, i0, n);
+  for (int k = 0; k < PACK; ++k) acc.v[k] += s.v[k];
+  store_pack(dst, i0, n, acc);
 }
 
 }  // namespace stoker

@@ -1,7 +1,7 @@
 // Deterministic sums for the step's scalars: the squared gradient norm and the summed
-// loss. Warp `wid` of `warps` sums elements (wid * 32 + lane) + k * warps * 32 into
-// partials[wid]; one warp then sums the partials. The same bracketing on every run and
-// on the host.
+// loss. Warp `wid` of `warps` sums packs (wid * 32 + lane) + k * warps * 32 (pack.h:
+// eight elements each, in order) into partials[wid]; one warp then sums the partials.
+// The same bracketing on every run and on the host.
 #pragma once
 #include "../warp.h"
 
@@ -13,8 +13,11 @@ STOKER_HD void sum_partial_warp(const W& w, int wid, int warps, float* partials,
                                 int64_t n, int squares) {
   auto parts = w.each([&](int lane) {
     float s = 0.0f;
-    for (int64_t i = int64_t(wid) * WARP + lane; i < n; i += int64_t(warps) * WARP)
-      s += squares ? x[i] * x[i] : x[i];
+    for (int64_t i0 = (int64_t(wid) * WARP + lane) * PACK; i0 < n;
+         i0 += int64_t(warps) * WARP * PACK) {
+      Pack p = load_pack(x, i0, n);
+      STOKER_PACK_ELEMENTS(k, i0, n) s += squares ? p.v[k] * p.v[k] : p.v[k];
+    }
     return s;
   });
   float total = w.reduce(parts, Sum{});

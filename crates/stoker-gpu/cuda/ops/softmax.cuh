@@ -19,8 +19,8 @@ STOKER_HD int chunk_width(int t, int T_, int chunk) {
 }
 
 // Row `row` (query t = row % T): att[j] = softmax_j(scale * pre[j]) for j <= t, 0 after,
-// up to the chunk's width. att may be pre (in place): each lane reads its elements
-// before writing them.
+// up to the chunk's width. att may be pre (in place): each lane reads its packs before
+// writing them.
 template <class W, class T>
 STOKER_HD void attention_softmax_forward_row(const W& w, int64_t row, T* att, const T* pre,
                                              int T_, int chunk, float scale) {
@@ -30,14 +30,21 @@ STOKER_HD void attention_softmax_forward_row(const W& w, int64_t row, T* att, co
   T* y = att + row * T_;
   auto stats = w.each([&](int lane) {
     MaxSum acc{-INFINITY, 0.0f};
-    for (int j = lane; j <= t; j += WARP) acc = push(acc, scale * load(x[j]));
+    STOKER_LANE_PACKS(i0, lane, t + 1) {
+      Pack p = load_pack(x, i0, t + 1);
+      STOKER_PACK_ELEMENTS(k, i0, t + 1) acc = push(acc, scale * p.v[k]);
+    }
     return acc;
   });
   MaxSum all = w.reduce(stats, CombineMaxSum{});
   float inv = 1.0f / all.s;
   w.each([&](int lane) {
-    for (int j = lane; j < width; j += WARP)
-      y[j] = store<T>(j <= t ? fexp(scale * load(x[j]) - all.m) * inv : 0.0f);
+    STOKER_LANE_PACKS(i0, lane, width) {
+      Pack p = load_pack(x, i0, t + 1);
+      for (int k = 0; k < PACK; ++k)
+        p.v[k] = i0 + k <= t ? fexp(scale * p.v[k] - all.m) * inv : 0.0f;
+      store_pack(y, i0, width, p);
+    }
     return 0;
   });
 }
@@ -54,13 +61,20 @@ STOKER_HD void attention_softmax_backward_row(const W& w, int64_t row, T* dpre, 
   T* d = dpre + row * T_;
   auto dots = w.each([&](int lane) {
     float s = 0.0f;
-    for (int j = lane; j <= t; j += WARP) s += load(a[j]) * load(g[j]);
+    STOKER_LANE_PACKS(i0, lane, t + 1) {
+      Pack ap = load_pack(a, i0, t + 1), gp = load_pack(g, i0, t + 1);
+      STOKER_PACK_ELEMENTS(k, i0, t + 1) s += ap.v[k] * gp.v[k];
+    }
     return s;
   });
   float dot = w.reduce(dots, Sum{});
   w.each([&](int lane) {
-    for (int j = lane; j < width; j += WARP)
-      d[j] = store<T>(j <= t ? scale * load(a[j]) * (load(g[j]) - dot) : 0.0f);
+    STOKER_LANE_PACKS(i0, lane, width) {
+      Pack ap = load_pack(a, i0, t + 1), gp = load_pack(g, i0, t + 1);
+      for (int k = 0; k < PACK; ++k)
+        ap.v[k] = i0 + k <= t ? scale * ap.v[k] * (gp.v[k] - dot) : 0.0f;
+      store_pack(d, i0, width, ap);
+    }
     return 0;
   });
 }

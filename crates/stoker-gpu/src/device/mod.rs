@@ -162,6 +162,10 @@ impl Device {
 fn config(grid: Grid) -> LaunchConfig {
     let blocks = match grid {
         Grid::Elements(n) => (n.max(1) + BLOCK as i64 - 1) / BLOCK as i64,
+        Grid::Packs(n) => {
+            let packs = (n.max(1) + crate::call::PACK - 1) / crate::call::PACK;
+            (packs + BLOCK as i64 - 1) / BLOCK as i64
+        }
         Grid::Rows(n) | Grid::Warps(n) => (n.max(1) + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK,
     };
     // Warp kernels need every warp (a partial sum per warp); the others stride.

@@ -20,15 +20,21 @@ impl Span {
     }
 }
 
-/// Hands out consecutive spans of one buffer.
+/// Elements each span starts on a multiple of: 128 bytes of a 16-bit buffer, so every
+/// row kernel's and pack kernel's 16-byte words and cuBLASLt's operands see aligned
+/// starts whatever the spans before them hold.
+pub const SPAN_ALIGN: usize = 64;
+
+/// Hands out consecutive spans of one buffer, each starting on a multiple of
+/// [`SPAN_ALIGN`].
 #[derive(Debug, Default)]
 pub(crate) struct Cursor(pub(crate) usize);
 
 impl Cursor {
     pub(crate) fn take(&mut self, len: usize) -> Span {
-        let s = Span { start: self.0, len };
-        self.0 += len;
-        s
+        let start = self.0.div_ceil(SPAN_ALIGN) * SPAN_ALIGN;
+        self.0 = start + len;
+        Span { start, len }
     }
 }
 
