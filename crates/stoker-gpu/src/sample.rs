@@ -33,14 +33,11 @@ fn flat(
     scale: f32,
 ) -> (std::collections::HashMap<String, usize>, Vec<f32>, Ranges) {
     use stoker_kernels::SpecInit;
-    let (mut at, mut ranges, mut params) =
-        (std::collections::HashMap::new(), Vec::new(), Vec::new());
-    for (i, p) in table.iter().enumerate() {
-        let len: usize = p.shape.iter().product();
-        at.insert(p.name.clone(), params.len());
-        ranges.push((p.name.clone(), params.len()..params.len() + len));
+    let (at, ranges) = contiguous(table);
+    let mut params = Vec::with_capacity(ranges.last().map_or(0, |(_, r)| r.end));
+    for (i, (p, (_, r))) in table.iter().zip(&ranges).enumerate() {
         params.extend(
-            uniform(len, seed + i as u64, 1.0)
+            uniform(r.len(), seed + i as u64, 1.0)
                 .iter()
                 .map(|x| match p.init {
                     SpecInit::Ones => 1.0 + 0.1 * x,
@@ -49,6 +46,38 @@ fn flat(
         );
     }
     (at, params, ranges)
+}
+
+/// A parameter table laid out contiguously in its order: each name's offset, and each
+/// parameter's name and range.
+fn contiguous(
+    table: &[stoker_kernels::ParamSpec],
+) -> (std::collections::HashMap<String, usize>, Ranges) {
+    let (mut at, mut ranges, mut end) = (std::collections::HashMap::new(), Vec::new(), 0);
+    for p in table {
+        let len: usize = p.shape.iter().product();
+        at.insert(p.name.clone(), end);
+        ranges.push((p.name.clone(), end..end + len));
+        end += len;
+    }
+    (at, ranges)
+}
+
+/// A GPT of `dims` laid out as [`gpt`] lays it out, without drawing its parameters: its
+/// offsets and each parameter's range.
+pub fn gpt_layout(dims: &stoker_kernels::GptDims) -> (stoker_kernels::GptOffsets, Ranges) {
+    let (at, ranges) = contiguous(&stoker_kernels::gpt_params(dims));
+    let offsets = stoker_kernels::GptOffsets::from_table(dims, |name| at.get(name).copied())
+        .expect("every name of the table has an offset");
+    (offsets, ranges)
+}
+
+/// A Llama of `dims` laid out as [`llama`] lays it out, without drawing its parameters.
+pub fn llama_layout(dims: &stoker_kernels::LlamaDims) -> (stoker_kernels::LlamaOffsets, Ranges) {
+    let (at, ranges) = contiguous(&stoker_kernels::llama_params(dims));
+    let offsets = stoker_kernels::LlamaOffsets::from_table(dims, |name| at.get(name).copied())
+        .expect("every name of the table has an offset");
+    (offsets, ranges)
 }
 
 /// Each parameter's name and range of the flat buffer, in table order.

@@ -56,7 +56,7 @@ fn gelu_and_the_residual_layer_norm_ignore_alignment_and_partial_packs() {
     // starts mid-word every other row).
     let x = bf16s(37, 1, 2.0);
     same_at_every_offset("gelu forward", |off| {
-        let (inp, out) = (placed(&x, off), placed(&vec![bf16::ZERO; 37], off));
+        let (inp, out) = (placed(&x, off), placed(&[bf16::ZERO; 37], off));
         kernels::gelu_forward(&Host, at(&out, off, 37), at(&inp, off, 37)).unwrap();
         wide(Host.read(at(&out, off, 37)).unwrap())
     });

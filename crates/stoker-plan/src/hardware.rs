@@ -59,6 +59,9 @@ pub struct Hardware {
     pub host_link_bw: f64,
     /// Host memory bandwidth of one node, bytes/s, used by the CPU optimizer step.
     pub host_mem_bw: f64,
+    /// One device's memory bandwidth, bytes/s (0: unknown): what the memory-bound
+    /// kernels of a GPU's resident step run at (`stoker_gpu::forecast`).
+    pub device_mem_bw: f64,
     /// Memory taken before the first tensor (CUDA context, cuBLAS/NCCL workspaces), bytes.
     pub runtime_reserve: f64,
     /// Model FLOP utilization assumed when the user gives none.
@@ -101,7 +104,13 @@ fn support(tflops: f64, native: bool) -> DtypeSupport {
 /// Looks up a hardware preset (case-insensitive); unknown names list the known ones.
 pub fn preset(name: &str) -> Result<Hardware> {
     let key = name.to_ascii_lowercase();
-    let gpu = |mem_mib: f64, fp32: f64, half: f64, fp8: Option<f64>, nvlink: f64, nic_gbit: f64| {
+    let gpu = |mem_mib: f64,
+               hbm_tbyte_s: f64,
+               fp32: f64,
+               half: f64,
+               fp8: Option<f64>,
+               nvlink: f64,
+               nic_gbit: f64| {
         let mut dtypes = BTreeMap::new();
         dtypes.insert(Dtype::Fp32, support(fp32, true));
         dtypes.insert(Dtype::Fp16, support(half, true));
@@ -123,6 +132,7 @@ pub fn preset(name: &str) -> Result<Hardware> {
             host_net_bw: 0.0,
             host_link_bw: 0.0,
             host_mem_bw: 0.0,
+            device_mem_bw: hbm_tbyte_s * 1e12,
             runtime_reserve: GIB,
             default_mfu: 0.4,
             fused_attention: true,
@@ -130,29 +140,31 @@ pub fn preset(name: &str) -> Result<Hardware> {
         }
     };
     let hw = match key.as_str() {
-        // A100 SXM: 19.5 TF fp32 (no TF32), 312 TF fp16/bf16, no fp8; 81920 MiB reported.
+        // A100 SXM: 19.5 TF fp32 (no TF32), 312 TF fp16/bf16, no fp8; 81920 MiB reported;
+        // 2.039 TB/s HBM2e.
         "a100-80gb" | "a100" => Hardware {
             host_memory: 1024.0 * GB,
             host_cores: 128,
             host_link_bw: 25.0 * GB, // PCIe Gen4 x16, ~80% of 32 GB/s
             host_mem_bw: 300.0 * GB, // 2 x EPYC 7742, 16 channels DDR4-3200, ~75% of peak
-            ..gpu(81920.0, 19.5, 312.0, None, 300.0, 8.0 * 200.0)
+            ..gpu(81920.0, 2.039, 19.5, 312.0, None, 300.0, 8.0 * 200.0)
         },
-        // H100 SXM: 67 TF fp32, 989 TF fp16/bf16, 1979 TF fp8 (dense); 81559 MiB reported.
+        // H100 SXM: 67 TF fp32, 989 TF fp16/bf16, 1979 TF fp8 (dense); 81559 MiB reported;
+        // 3.35 TB/s HBM3.
         "h100-80gb" | "h100" => Hardware {
             host_memory: 2048.0 * GB,
             host_cores: 112,
             host_link_bw: 50.0 * GB, // PCIe Gen5 x16, ~80% of 64 GB/s
             host_mem_bw: 450.0 * GB, // 2 x Xeon 8480C, 16 channels DDR5-4800, ~75% of peak
-            ..gpu(81559.0, 67.0, 989.0, Some(1979.0), 450.0, 8.0 * 400.0)
+            ..gpu(81559.0, 3.35, 67.0, 989.0, Some(1979.0), 450.0, 8.0 * 400.0)
         },
-        // H200 SXM: H100's compute with 141 GB HBM3e; 143771 MiB reported.
+        // H200 SXM: H100's compute with 141 GB HBM3e at 4.8 TB/s; 143771 MiB reported.
         "h200-141gb" | "h200" => Hardware {
             host_memory: 2048.0 * GB,
             host_cores: 112,
             host_link_bw: 50.0 * GB,
             host_mem_bw: 450.0 * GB,
-            ..gpu(143771.0, 67.0, 989.0, Some(1979.0), 450.0, 8.0 * 400.0)
+            ..gpu(143771.0, 4.8, 67.0, 989.0, Some(1979.0), 450.0, 8.0 * 400.0)
         },
         "cpu" | "cpu-only" => {
             let mut dtypes = BTreeMap::new();
@@ -191,6 +203,7 @@ pub fn preset(name: &str) -> Result<Hardware> {
                 host_net_bw: 0.0,
                 host_link_bw: 8.0 * GB, // "offload" to the same RAM: a memcpy
                 host_mem_bw: 8.0 * GB,
+                device_mem_bw: 8.0 * GB, // the device is the host
                 runtime_reserve: 0.0,
                 default_mfu: 0.40,
                 // stoker's attention (the direct step, the fused op) saves each row's

@@ -89,6 +89,8 @@ pub struct HardwareInput {
     pub host_link_gbyte_s: Option<f64>,
     /// Host memory bandwidth per node, GB/s.
     pub host_mem_gbyte_s: Option<f64>,
+    /// One device's memory bandwidth, GB/s (an accelerator's HBM).
+    pub device_mem_gbyte_s: Option<f64>,
 }
 
 /// `[training]`: batch, sequence, precision, optimizer and the model's knobs.
@@ -117,6 +119,10 @@ pub struct TrainingInput {
     pub flash_attention: Option<bool>,
     /// Assumed model FLOP utilization, 0..1 (default from the hardware).
     pub mfu: Option<f64>,
+    /// The step's own forecast of its MFU, 0..1, used where `mfu` is not given (before
+    /// the hardware's): stoker's trainer sets it for the GPU-resident step from what the
+    /// step asks of the device (`stoker_gpu::forecast`).
+    pub forecast_mfu: Option<f64>,
     /// Times each activation of a micro-batch crosses host memory at f32 width beyond
     /// what the FLOP rate covers (default 0): a framework of unfused ops, each writing a
     /// fresh output, pays it; stoker's trainer sets it for candle's graph path.
@@ -214,7 +220,8 @@ impl HardwareInput {
             inter_node_gbit_s,
             host_net_gbit_s,
             host_link_gbyte_s,
-            host_mem_gbyte_s
+            host_mem_gbyte_s,
+            device_mem_gbyte_s
         );
         if let Some(top_peaks) = &top.peak_tflops {
             let peaks = self.peak_tflops.get_or_insert_with(BTreeMap::new);
@@ -241,6 +248,7 @@ impl TrainingInput {
             zero3_checkpoints_units,
             flash_attention,
             mfu,
+            forecast_mfu,
             activation_passes,
             fragmentation,
             safety_margin,

@@ -235,6 +235,7 @@ pub fn resolve_hardware(h: &HardwareInput) -> Result<Hardware> {
                 host_net_bw: 0.0,
                 host_link_bw: 25.0 * GB,
                 host_mem_bw: 100.0 * GB,
+                device_mem_bw: 0.0,
                 runtime_reserve: GIB,
                 default_mfu: 0.4,
                 fused_attention: false,
@@ -290,6 +291,9 @@ pub fn resolve_hardware(h: &HardwareInput) -> Result<Hardware> {
     }
     if let Some(v) = opt_posf("hardware.host_mem_gbyte_s", h.host_mem_gbyte_s)? {
         hw.host_mem_bw = v * GB;
+    }
+    if let Some(v) = opt_posf("hardware.device_mem_gbyte_s", h.device_mem_gbyte_s)? {
+        hw.device_mem_bw = v * GB;
     }
     if let Some(peaks) = &h.peak_tflops {
         for (k, v) in peaks {
@@ -444,11 +448,16 @@ fn resolve_training(t: &TrainingInput, model: &ModelSpec, hw: &Hardware) -> Resu
     let mfu = match t.mfu {
         Some(v) if v.is_finite() && v > 0.0 && v <= 1.0 => v,
         Some(v) => return Err(invalid("training.mfu", "a fraction in (0, 1]", v)),
-        // The compute dtype's measured MFU where the preset has one, else its default.
-        None => hw
-            .dtype(precision.precision.compute_dtype())
-            .and_then(|d| d.mfu)
-            .unwrap_or(hw.default_mfu),
+        // The step's own forecast, then the compute dtype's measured MFU where the preset
+        // has one, else its default.
+        None => match t.forecast_mfu {
+            Some(v) if v.is_finite() && v > 0.0 && v <= 1.0 => v,
+            Some(v) => return Err(invalid("training.forecast_mfu", "a fraction in (0, 1]", v)),
+            None => hw
+                .dtype(precision.precision.compute_dtype())
+                .and_then(|d| d.mfu)
+                .unwrap_or(hw.default_mfu),
+        },
     };
     let activation_passes = match t.activation_passes {
         None => 0.0,

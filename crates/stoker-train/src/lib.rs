@@ -90,6 +90,7 @@ pub mod pieces;
 pub mod planned;
 pub mod precision;
 pub mod report;
+pub mod resident_forecast;
 pub mod run;
 pub mod schedule;
 pub mod trainer;

@@ -16,6 +16,7 @@
 use std::path::PathBuf;
 
 use stoker_plan::emit::PlanSection;
+use stoker_plan::hardware::Hardware;
 use stoker_plan::input::PlanInput;
 use stoker_plan::model::{Architecture, Family};
 use stoker_plan::setup::Precision as PlanPrecision;
@@ -163,6 +164,9 @@ pub fn plan_input(cfg: &TrainConfig, flags: &PlanInput) -> Result<PlanInput> {
             .unwrap_or(cfg.precision),
         None => cfg.precision,
     };
+    if input.training.mfu.is_none() {
+        input.training.forecast_mfu = resident_forecast_mfu(cfg, &input, precision)?;
+    }
     if !cfg.direct_step_at(precision) {
         // Candle's graph path: ZeRO-3 over several ranks runs each unit's forward again
         // in the backward (docs/zero.md), and unfused ops move the activations through
@@ -175,6 +179,34 @@ pub fn plan_input(cfg: &TrainConfig, flags: &PlanInput) -> Result<PlanInput> {
         }
     }
     Ok(input)
+}
+
+/// The planner's MFU of `cfg`'s GPU-resident step forecast on `input`'s hardware
+/// ([`crate::resident_forecast`]): the planner's FLOPs of a micro-batch (PaLM's count)
+/// over the peak and the forecast time, so its compute time is the forecast's. None off
+/// the resident step or off an accelerator.
+fn resident_forecast_mfu(
+    cfg: &TrainConfig,
+    input: &PlanInput,
+    precision: Precision,
+) -> Result<Option<f64>> {
+    let plan_err = |e: stoker_plan::error::PlanError| config_err("plan", e.to_string());
+    let hw = stoker_plan::resolve::resolve_hardware(&input.hardware).map_err(plan_err)?;
+    let Some(f) = crate::resident_forecast::resident_forecast(cfg, &hw, precision)? else {
+        return Ok(None);
+    };
+    let model = stoker_plan::resolve::resolve_model(&input.model).map_err(plan_err)?;
+    let (b, t) = f.shape;
+    let flops = (b * t) as f64 * model.train_flops_per_token(t as u64);
+    let mfu = flops / (f.figures.peak_flops * f.micro_batch_s());
+    Ok((mfu.is_finite() && mfu > 0.0).then_some(mfu.min(1.0)))
+}
+
+/// `stoker plan`'s line for a config on the resident step and an accelerator: the
+/// forecast of one micro-batch's step on one device of `hw` (where the time goes). None
+/// where there is no forecast.
+pub fn resident_forecast_line(cfg: &TrainConfig, hw: &Hardware) -> Result<Option<String>> {
+    Ok(crate::resident_forecast::resident_forecast(cfg, hw, cfg.precision)?.map(|f| f.line()))
 }
 
 /// Host-memory passes over each micro-batch's activation bytes that candle's graph path

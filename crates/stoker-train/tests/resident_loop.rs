@@ -792,3 +792,51 @@ fn recompute_without_the_resident_step_is_refused_naming_the_key() {
         .to_string();
     assert!(e.contains("recompute") && e.contains("resident"), "{e}");
 }
+
+#[test]
+fn on_a_gpu_the_plan_times_the_resident_step_by_its_forecast() {
+    use stoker_plan::input::PlanInput;
+    let c = resident(GPT, "bf16", ADAMW, "strategy = \"none\"");
+    let on = |hardware: &str| {
+        let text = format!("[hardware]\npreset = \"{hardware}\"\ndevices_per_node = 1\n");
+        PlanInput::from_toml_str("flags.toml", &text).unwrap()
+    };
+    let h100 = stoker_plan::hardware::preset("h100-80gb").unwrap();
+    let f = stoker_train::resident_forecast::resident_forecast(&c, &h100, c.precision)
+        .unwrap()
+        .expect("a resident config on an H100 has a forecast");
+    assert_eq!(f.figures.mem_bw, 3.35e12);
+    assert_eq!(f.figures.peak_flops, 989e12);
+    // The planner's MFU is its own FLOPs of a micro-batch over the peak and the
+    // forecast, so its compute time is the forecast's.
+    let input = stoker_train::planned::plan_input(&c, &on("h100-80gb")).unwrap();
+    let model = stoker_plan::resolve::resolve_model(&input.model).unwrap();
+    let (b, t) = f.shape;
+    let want =
+        (b * t) as f64 * model.train_flops_per_token(t as u64) / (989e12 * f.micro_batch_s());
+    assert_eq!(input.training.forecast_mfu, Some(want));
+    assert_eq!(input.training.mfu, None);
+    // A given MFU wins (no forecast asked for); a CPU has none.
+    let mut given = c.clone();
+    given.plan.get_or_insert_with(Default::default).mfu = Some(0.3);
+    let input = stoker_train::planned::plan_input(&given, &on("h100-80gb")).unwrap();
+    assert_eq!(
+        (input.training.mfu, input.training.forecast_mfu),
+        (Some(0.3), None)
+    );
+    let input = stoker_train::planned::plan_input(&c, &on("cpu")).unwrap();
+    assert_eq!(input.training.forecast_mfu, None);
+    // The line says where the time goes.
+    let line = stoker_train::planned::resident_forecast_line(&c, &h100)
+        .unwrap()
+        .unwrap();
+    assert!(
+        line.contains(&format!("MFU {:.1}%", 100.0 * f.mfu())),
+        "{line}"
+    );
+    // This GPT is tiny: its step is its launches' floor, not its FLOPs.
+    let launches = format!("{} launches", f.micro_batch.launches);
+    assert!(line.contains(&launches), "{line}");
+    let floor = f.micro_batch.launches as f64 * f.figures.launch_s;
+    assert!(f.micro_batch.total_s() < 1.5 * floor, "{line}");
+}

@@ -64,12 +64,8 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
             b: a.batch,
             ..check::GPT2
         };
-        // H200 4.8 TB/s, H100 SXM 3.35 TB/s (docs/gpu.md); others: no reference.
-        let peak = match dev.name() {
-            n if n.contains("H200") => Some(4.8e12),
-            n if n.contains("H100") => Some(3.35e12),
-            _ => None,
-        };
+        // The planner's preset of this GPU (H100, H200): its memory bandwidth.
+        let peak = preset_of(&dev.name()).map(|hw| hw.device_mem_bw);
         println!(
             "\ntimes at GPT-2 124M's shapes, bf16, micro-batch {} x 1024 (median of {}):",
             a.batch, a.reps
@@ -217,6 +213,7 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
                     100.0 * tps * flops * share / 989e12
                 );
             }
+            forecast_beside(&dev.name(), a.batch, opts, &st);
             let mib = |b: usize| b as f64 / (1 << 20) as f64;
             println!(
                 "  device memory: planned {:.0} MiB (the step's own count), measured {:.0} MiB (the driver's free memory before and after), measured/planned {:.3}",
@@ -240,6 +237,68 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
         anyhow::bail!("did not run: {} (above)", failed.join(", "));
     }
     Ok(())
+}
+
+/// The planner's hardware preset of a GPU named `name` (as the driver names it), where
+/// it has one.
+#[cfg(feature = "cuda")]
+fn preset_of(name: &str) -> Option<stoker_plan::hardware::Hardware> {
+    let key = match name {
+        n if n.contains("H200") => "h200-141gb",
+        n if n.contains("H100") => "h100-80gb",
+        n if n.contains("A100") => "a100-80gb",
+        _ => return None,
+    };
+    stoker_plan::hardware::preset(key).ok()
+}
+
+/// `stoker plan`'s forecast of the GPT-2 124M step just timed (`stoker_gpu::forecast`,
+/// its efficiencies assumed), beside the measured times: what each run checks it by.
+#[cfg(feature = "cuda")]
+fn forecast_beside(
+    name: &str,
+    batch: usize,
+    opts: stoker_gpu::step::options::StepOptions,
+    st: &stoker_gpu::device::check::StepTimes,
+) {
+    use stoker_gpu::forecast::{forecast, gpt_step_work_in, GpuFigures};
+    let Some(hw) = preset_of(name) else {
+        println!("  forecast: no preset for {name}");
+        return;
+    };
+    let peak = hw
+        .dtype(stoker_plan::setup::Dtype::Bf16)
+        .map_or(989e12, |d| d.peak_flops);
+    let figures = GpuFigures::assumed(peak, hw.device_mem_bw, hw.host_link_bw);
+    let work = match gpt_step_work_in(
+        stoker_gpu::Dtype::Bf16,
+        stoker_gpu::device::check::GPT2_124M,
+        (batch, 1024),
+        opts,
+    ) {
+        Ok(w) => w,
+        Err(e) => {
+            println!("  forecast: {e}");
+            return;
+        }
+    };
+    let (micro, update) = (
+        forecast(&work.micro_batch, &figures),
+        forecast(&work.update, &figures),
+    );
+    let (fb, step) = (
+        micro.total_s() * 1e3,
+        (micro.total_s() + update.total_s()) * 1e3,
+    );
+    println!(
+        "  forecast on {} (efficiencies assumed): forward+backward {fb:.2} ms (products {:.2}, attention's per-head products {:.2}, kernels {:.2}), step {step:.2} ms; measured/forecast {:.2} and {:.2}",
+        hw.name,
+        micro.products_s * 1e3,
+        micro.batched_products_s * 1e3,
+        micro.kernels_s() * 1e3,
+        st.forward_backward_ms / fb,
+        st.step_ms / step
+    );
 }
 
 /// GPT-2 124M's products through cuBLASLt and through cuBLAS: their outputs' distance and

@@ -129,6 +129,9 @@ pub struct PlanArgs {
     /// Host memory bandwidth per node, GB/s.
     #[arg(long, help_heading = "Hardware", allow_negative_numbers = true)]
     host_mem_gbyte_s: Option<f64>,
+    /// One device's memory bandwidth (a GPU's HBM), GB/s: the resident step's forecast.
+    #[arg(long, help_heading = "Hardware", allow_negative_numbers = true)]
+    device_mem_gbyte_s: Option<f64>,
 
     /// Sequences per optimizer step over all devices.
     #[arg(long, help_heading = "Training", allow_negative_numbers = true)]
@@ -267,6 +270,7 @@ impl PlanArgs {
                 host_net_gbit_s: self.host_net_gbit_s,
                 host_link_gbyte_s: self.host_link_gbyte_s,
                 host_mem_gbyte_s: self.host_mem_gbyte_s,
+                device_mem_gbyte_s: self.device_mem_gbyte_s,
             },
             training: TrainingInput {
                 global_batch: self.global_batch,
@@ -280,6 +284,8 @@ impl PlanArgs {
                 zero3_checkpoints_units: None,
                 flash_attention: self.flash_attention,
                 mfu: self.mfu,
+                // Set by a training config's kernels (`--config`), not a flag.
+                forecast_mfu: None,
                 // Set by a training config's kernels (`--config`), not a flag.
                 activation_passes: None,
                 fragmentation: self.fragmentation,
@@ -419,12 +425,16 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     } else {
         print!("{}", plan.to_text());
         // A config on the resident loop: its memory on the step's backend, from the
-        // sizes its buffers are made with (the planner's rows model candle's graph).
+        // sizes its buffers are made with, and on an accelerator its step's forecast
+        // (which the rows' compute time already is, where no MFU is given).
         if let Some(cfg) = &base {
             let hw = &plan.inputs.hardware;
             let world = hw.world_size() as usize;
             let device = Some((hw.name.as_str(), hw.device_memory));
             if let Some(line) = stoker_train::planned::resident_plan_line(cfg, world, device)? {
+                println!("{line}");
+            }
+            if let Some(line) = stoker_train::planned::resident_forecast_line(cfg, hw)? {
                 println!("{line}");
             }
         }

@@ -509,6 +509,16 @@ pub struct StepTimes {
     pub measured_bytes: usize,
 }
 
+/// GPT-2 124M's sizes: vocabulary 50,257 (padded to 50,304), context 1,024, 12 layers,
+/// d_model 768, 12 heads.
+pub const GPT2_124M: stoker_kernels::GptDims = stoker_kernels::GptDims {
+    vocab: 50_257,
+    context: 1024,
+    d_model: 768,
+    n_layer: 12,
+    n_head: 12,
+};
+
 /// The bf16 step on GPT-2 124M (vocabulary 50,257 padded to 50,304, context 1,024, 12
 /// layers, d_model 768, 12 heads) at micro-batch `b` x 1,024, after two warm-up steps:
 /// the median milliseconds of `reps` forward + backward passes and of `reps` whole steps
@@ -520,13 +530,7 @@ pub fn time_step(
     reps: usize,
     opts: crate::step::options::StepOptions,
 ) -> Result<StepTimes, GpuError> {
-    let dims = stoker_kernels::GptDims {
-        vocab: 50_257,
-        context: 1024,
-        d_model: 768,
-        n_layer: 12,
-        n_head: 12,
-    };
+    let dims = GPT2_124M;
     let t = dims.context;
     let g = crate::sample::gpt(&dims, 7, 0.02);
     let free_before = dev.free_bytes()?;

@@ -1,0 +1,135 @@
+//! The bytes a launch must move at least: each buffer it reads or writes counted once
+//! (a buffer read and written, twice), at the element sizes the call names. This is the
+//! numerator of a kernel's effective bandwidth, and what [`crate::forecast`] times a
+//! memory-bound kernel by.
+
+use crate::call::Call;
+use crate::elem::Dtype;
+
+/// Elements of causal rows read (keys up to the query) and written (up to the last
+/// query of the query's chunk, cuda/ops/softmax.cuh's `chunk_width`) over one `[t, t]`
+/// matrix.
+fn causal_elements(t: i64, chunk: i64) -> (i64, i64) {
+    let read = t * (t + 1) / 2;
+    let chunk = chunk.max(1);
+    let written = (0..t).map(|q| ((q / chunk + 1) * chunk).min(t)).sum();
+    (read, written)
+}
+
+impl Call {
+    /// Bytes the launch reads and writes, each buffer once; the element sizes are the
+    /// call's own (16-bit activations, f32 statistics, master and moments).
+    pub fn min_bytes(&self) -> u64 {
+        use Call::*;
+        let e = |d: Dtype| d.bytes() as i64;
+        let bytes: i64 = match *self {
+            EncoderForward {
+                dtype,
+                wpe,
+                n,
+                t,
+                c,
+                ..
+            } => {
+                let rows = n / c as i64;
+                // out and the tokens' rows of wte; wpe's T rows; the token ids.
+                2 * n * e(dtype)
+                    + if wpe != 0 {
+                        (t * c) as i64 * e(dtype)
+                    } else {
+                        0
+                    }
+                    + 4 * rows
+            }
+            EncoderBackwardWpe { dtype, b, t, c, .. } => {
+                (b * t * c) as i64 * e(dtype) + 2 * 4 * (t * c) as i64
+            }
+            // dout's rows of these tokens are not in the call: the gradient rows only.
+            EncoderBackwardWte { u, c, .. } => 2 * 4 * (u * c) as i64 + 4 * u as i64,
+            FromF32 { dtype, n, .. } => n * (4 + e(dtype)),
+            GeluForward { dtype, n, .. } => 2 * n * e(dtype),
+            GeluBackward { dtype, n, .. } => 3 * n * e(dtype),
+            AddBias { dtype, n, cols, .. } => (2 * n + cols as i64) * e(dtype),
+            QkvToHeads { dtype, g, .. } | HeadsToQkv { dtype, g, .. } => {
+                2 * 3 * g.elems() as i64 * e(dtype)
+            }
+            HeadsToMerged { dtype, g, .. } | MergedToHeads { dtype, g, .. } => {
+                2 * g.elems() as i64 * e(dtype)
+            }
+            KvToHeads { dtype, g, kv, .. } | HeadsToKv { dtype, g, kv, .. } => {
+                let heads = g.elems() as i64;
+                (heads + heads / g.h as i64 * kv as i64) * e(dtype)
+            }
+            ColumnPartials {
+                dtype, n, cols, r, ..
+            } => n * cols as i64 * e(dtype) + 4 * (r * cols) as i64,
+            ReducePartials { p, cols, .. } => 4 * (p as i64 + 2) * cols as i64,
+            LayernormForward {
+                dtype, a2, n, c, ..
+            } => {
+                // a (and a2, and the sum written), out; weight and bias; mean and rstd.
+                let rows = if a2 != 0 { 4 } else { 2 };
+                rows * n * c as i64 * e(dtype) + 2 * c as i64 * e(dtype) + 8 * n
+            }
+            RmsnormForward {
+                dtype, a2, n, c, ..
+            } => {
+                let rows = if a2 != 0 { 4 } else { 2 };
+                rows * n * c as i64 * e(dtype) + c as i64 * e(dtype) + 4 * n
+            }
+            LayernormBackward {
+                dtype, n, c, warps, ..
+            } => {
+                // dout, inp, dinp read and written; weight; mean, rstd; 2 partial rows a warp.
+                4 * n * c as i64 * e(dtype) + c as i64 * e(dtype) + 8 * n + 8 * (warps * c) as i64
+            }
+            RmsnormBackward {
+                dtype, n, c, warps, ..
+            } => 4 * n * c as i64 * e(dtype) + c as i64 * e(dtype) + 4 * n + 4 * (warps * c) as i64,
+            AttentionSoftmaxForward {
+                dtype,
+                rows,
+                t,
+                chunk,
+                ..
+            } => {
+                let (read, written) = causal_elements(t as i64, chunk as i64);
+                rows / t as i64 * (read + written) * e(dtype)
+            }
+            AttentionSoftmaxBackward {
+                dtype,
+                rows,
+                t,
+                chunk,
+                ..
+            } => {
+                let (read, written) = causal_elements(t as i64, chunk as i64);
+                rows / t as i64 * (2 * read + written) * e(dtype)
+            }
+            Classifier {
+                dtype,
+                hits,
+                n,
+                vp,
+                grad,
+                ..
+            } => {
+                let passes = if grad != 0 { 2 } else { 1 };
+                passes * n * vp as i64 * e(dtype) + 8 * n + if hits != 0 { 4 * n } else { 0 }
+            }
+            Rope { dtype, n, .. } => 4 * n * e(dtype),
+            SwigluForward { dtype, n, .. } => 3 * n * e(dtype),
+            SwigluBackward { dtype, n, .. } => 5 * n * e(dtype),
+            // p, m, v read and written, g read, the bf16 copy written.
+            Adamw { copy, n, .. } | AdamwSegments { copy, n, .. } => {
+                n * (7 * 4 + if copy != 0 { 2 } else { 0 })
+            }
+            SgdSegments { buf, copy, n, .. } => {
+                n * (3 * 4 + if buf != 0 { 8 } else { 0 } + if copy != 0 { 2 } else { 0 })
+            }
+            SumPartials { n, warps, .. } => 4 * (n + warps as i64),
+            Sum { n, .. } => 4 * n,
+        };
+        bytes.max(0) as u64
+    }
+}

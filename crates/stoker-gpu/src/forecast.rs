@@ -1,0 +1,313 @@
+//! The resident step's time on a GPU, forecast from what the step itself asks of the
+//! device: its code runs over [`Tally`], which counts every launch's bytes and every
+//! product's FLOPs, and each is timed on a roofline:
+//! - a matrix product takes the longer of its FLOPs at a fraction of the dtype's peak and
+//!   its bytes at a fraction of the memory bandwidth (attention's per-head products, with
+//!   a shared dimension of 64, are bound by their bytes);
+//! - a kernel takes its bytes at that fraction of the bandwidth;
+//! - neither takes less than a launch (small models are launch-bound);
+//! - the ids come up over the host link, and each value read back waits a round trip.
+//!
+//! The fractions are assumptions until a device run measures them ([`GpuFigures::assumed`]
+//! says which); the device check prints the forecast beside its measured step, so each
+//! run checks them.
+
+use stoker_kernels::{GptDims, LlamaDims};
+
+use crate::elem::{Act, Dtype};
+use crate::error::GpuError;
+use crate::step::optimizer::{OptimizerState, Scalars};
+use crate::step::options::StepOptions;
+use crate::step::{GptGpuStep, LlamaGpuStep, TokenBatch};
+use crate::tally::{Tally, Work};
+
+/// What a forecast needs to know of a GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuFigures {
+    /// Dense matrix-product peak at the step's dtype, FLOP/s.
+    pub peak_flops: f64,
+    /// Device memory bandwidth, bytes/s.
+    pub mem_bw: f64,
+    /// Host-to-device link, bytes/s.
+    pub link_bw: f64,
+    /// The fraction of `peak_flops` a large product reaches.
+    pub product_efficiency: f64,
+    /// The fraction of `mem_bw` a streaming kernel reaches.
+    pub memory_efficiency: f64,
+    /// The least time one launch takes, back to back, s.
+    pub launch_s: f64,
+    /// A value read back to the host: the round trip, s.
+    pub read_s: f64,
+}
+
+impl GpuFigures {
+    /// A GPU's datasheet figures with the fractions assumed until measured: products at
+    /// 70% of peak (cuBLASLt's large bf16 products on an H100 reach 600-750 of 989
+    /// TFLOP/s), kernels at 80% of the bandwidth (what a streaming copy reaches), 3 us a
+    /// launch and 10 us a read back.
+    pub fn assumed(peak_flops: f64, mem_bw: f64, link_bw: f64) -> Self {
+        GpuFigures {
+            peak_flops,
+            mem_bw,
+            link_bw,
+            product_efficiency: 0.7,
+            memory_efficiency: 0.8,
+            launch_s: 3e-6,
+            read_s: 10e-6,
+        }
+    }
+}
+
+/// One kernel's share of a forecast.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelShare {
+    /// The kernel's name, without its dtype (`layernorm_forward`).
+    pub kernel: String,
+    /// Its launches.
+    pub launches: usize,
+    /// Its bytes, all launches.
+    pub bytes: u64,
+    /// Its time, s.
+    pub seconds: f64,
+}
+
+/// Where a step's forecast time goes, s.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct StepForecast {
+    /// Dense products (the linear layers, the head): FLOP-bound.
+    pub products_s: f64,
+    /// Batched products (attention's per-head scores and weighted values).
+    pub batched_products_s: f64,
+    /// Hand-written kernels, by kernel, largest first.
+    pub kernels: Vec<KernelShare>,
+    /// Copies and zeroing inside device memory.
+    pub device_s: f64,
+    /// Uploads and reads back.
+    pub host_s: f64,
+    /// Launches of kernels and products.
+    pub launches: usize,
+    /// FLOPs of every product.
+    pub flops: f64,
+}
+
+impl StepForecast {
+    /// The hand-written kernels' time, s.
+    pub fn kernels_s(&self) -> f64 {
+        self.kernels.iter().map(|k| k.seconds).sum()
+    }
+
+    /// The whole, s: nothing overlaps on one stream.
+    pub fn total_s(&self) -> f64 {
+        self.products_s + self.batched_products_s + self.kernels_s() + self.device_s + self.host_s
+    }
+
+    /// `model_flops` (as llm.c counts a step: 6N + 6LCT a token) over the peak and the
+    /// forecast time.
+    pub fn mfu(&self, model_flops: f64, peak_flops: f64) -> f64 {
+        model_flops / (peak_flops * self.total_s())
+    }
+}
+
+/// Times `work` on `gpu`.
+pub fn forecast(work: &[Work], gpu: &GpuFigures) -> StepForecast {
+    let bw = gpu.mem_bw * gpu.memory_efficiency;
+    let streamed = |bytes: u64| (bytes as f64 / bw).max(gpu.launch_s);
+    let mut f = StepForecast::default();
+    let mut kernels: Vec<KernelShare> = Vec::new();
+    for w in work {
+        match w {
+            Work::Launch { kernel, bytes } => {
+                f.launches += 1;
+                let name = ["_f32", "_bf16", "_f16"]
+                    .iter()
+                    .find_map(|s| kernel.strip_suffix(s))
+                    .unwrap_or(kernel);
+                let at = match kernels.iter().position(|k| k.kernel == name) {
+                    Some(i) => i,
+                    None => {
+                        kernels.push(KernelShare {
+                            kernel: name.to_string(),
+                            launches: 0,
+                            bytes: 0,
+                            seconds: 0.0,
+                        });
+                        kernels.len() - 1
+                    }
+                };
+                let k = &mut kernels[at];
+                k.launches += 1;
+                k.bytes += bytes;
+                k.seconds += streamed(*bytes);
+            }
+            Work::Product {
+                flops,
+                bytes,
+                batch,
+            } => {
+                f.launches += 1;
+                f.flops += flops;
+                let s = (flops / (gpu.peak_flops * gpu.product_efficiency)).max(streamed(*bytes));
+                match batch {
+                    1 => f.products_s += s,
+                    _ => f.batched_products_s += s,
+                }
+            }
+            Work::Device { bytes } => f.device_s += streamed(*bytes),
+            Work::Upload { bytes } => f.host_s += *bytes as f64 / gpu.link_bw,
+            Work::Read { .. } => f.host_s += gpu.read_s,
+        }
+    }
+    kernels.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+    f.kernels = kernels;
+    f
+}
+
+/// What one training step of a GPT asks of the device: the gradients zeroed, a
+/// micro-batch of `batch` x `t` positions (forward and backward, the loss read back),
+/// then the update (the norm read back, clipping, AdamW writing the compute copy), with
+/// activations in `A`.
+pub fn gpt_step_work<A: Act>(
+    dims: GptDims,
+    (batch, t): (usize, usize),
+    opts: StepOptions,
+) -> Result<StepWork, GpuError> {
+    let (tally, vocab) = (Tally::new(), dims.vocab);
+    let (offsets, ranges) = crate::sample::gpt_layout(&dims);
+    let step = GptGpuStep::<Tally, A>::with_options(&tally, dims, offsets, 1e-5, (batch, t), opts)?;
+    let segments = crate::sample::segments(&stoker_kernels::gpt_params(&dims), &ranges);
+    let len = ranges.last().map_or(0, |(_, r)| r.end);
+    step_work(
+        &tally,
+        (len, vocab),
+        &segments,
+        (batch, t),
+        |b| {
+            step.buffers().zero_grads(&tally)?;
+            step.forward_backward(&tally, b, 1.0 / (batch * t) as f32)?;
+            Ok(())
+        },
+        |opt| {
+            step.update(&tally, opt, &adamw(), 1.0, Some(1.0))
+                .map(|_| ())
+        },
+    )
+}
+
+/// [`gpt_step_work`] for a Llama.
+pub fn llama_step_work<A: Act>(
+    dims: LlamaDims,
+    (batch, t): (usize, usize),
+    opts: StepOptions,
+) -> Result<StepWork, GpuError> {
+    let (tally, vocab) = (Tally::new(), dims.vocab);
+    let (offsets, ranges) = crate::sample::llama_layout(&dims);
+    let step = LlamaGpuStep::<Tally, A>::with_options(
+        &tally,
+        dims,
+        offsets,
+        (1e-5, 10_000.0),
+        (batch, t),
+        opts,
+    )?;
+    let segments = crate::sample::segments(&stoker_kernels::llama_params(&dims), &ranges);
+    let len = ranges.last().map_or(0, |(_, r)| r.end);
+    step_work(
+        &tally,
+        (len, vocab),
+        &segments,
+        (batch, t),
+        |b| {
+            step.buffers().zero_grads(&tally)?;
+            step.forward_backward(&tally, b, 1.0 / (batch * t) as f32)?;
+            Ok(())
+        },
+        |opt| {
+            step.update(&tally, opt, &adamw(), 1.0, Some(1.0))
+                .map(|_| ())
+        },
+    )
+}
+
+/// [`gpt_step_work`] with activations of `dtype`.
+pub fn gpt_step_work_in(
+    dtype: Dtype,
+    dims: GptDims,
+    shape: (usize, usize),
+    opts: StepOptions,
+) -> Result<StepWork, GpuError> {
+    match dtype {
+        Dtype::F32 => gpt_step_work::<f32>(dims, shape, opts),
+        Dtype::Bf16 => gpt_step_work::<half::bf16>(dims, shape, opts),
+        Dtype::F16 => gpt_step_work::<half::f16>(dims, shape, opts),
+    }
+}
+
+/// [`llama_step_work`] with activations of `dtype`.
+pub fn llama_step_work_in(
+    dtype: Dtype,
+    dims: LlamaDims,
+    shape: (usize, usize),
+    opts: StepOptions,
+) -> Result<StepWork, GpuError> {
+    match dtype {
+        Dtype::F32 => llama_step_work::<f32>(dims, shape, opts),
+        Dtype::Bf16 => llama_step_work::<half::bf16>(dims, shape, opts),
+        Dtype::F16 => llama_step_work::<half::f16>(dims, shape, opts),
+    }
+}
+
+/// The AdamW step the forecasts update with (its scalars change no count).
+fn adamw() -> Scalars {
+    Scalars::AdamW(stoker_kernels::AdamWStep::new(
+        3e-4, 0.9, 0.95, 1e-8, 0.1, 1,
+    ))
+}
+
+/// What one training step asks of the device, in its two parts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepWork {
+    /// A micro-batch: the gradients zeroed, forward and backward, the loss read back
+    /// (the zeroing is once a window; it is counted with each micro-batch here).
+    pub micro_batch: Vec<Work>,
+    /// The update after a window: the norm read back, clipping, the optimizer.
+    pub update: Vec<Work>,
+}
+
+impl StepWork {
+    /// Both parts, in order.
+    pub fn all(&self) -> Vec<Work> {
+        self.micro_batch
+            .iter()
+            .chain(&self.update)
+            .cloned()
+            .collect()
+    }
+}
+
+/// Makes the optimizer's state over `len` parameters, then counts what `micro_batch`
+/// asks with a micro-batch of tokens as distinct as a vocabulary of `vocab` allows (each
+/// a group of its own in the embedding's backward, the most its backward can have), and
+/// what `update` asks with the optimizer.
+fn step_work(
+    tally: &Tally,
+    (len, vocab): (usize, usize),
+    segments: &[(std::ops::Range<usize>, bool)],
+    (batch, t): (usize, usize),
+    micro_batch: impl FnOnce(TokenBatch) -> Result<(), GpuError>,
+    update: impl FnOnce(&OptimizerState<Tally>) -> Result<(), GpuError>,
+) -> Result<StepWork, GpuError> {
+    let opt = OptimizerState::adamw(tally, &vec![0f32; len], segments)?;
+    let ids: Vec<i64> = (0..batch * t).map(|i| (i % vocab.max(1)) as i64).collect();
+    let _ = tally.take(); // the setup's uploads are not the step's
+    micro_batch(TokenBatch {
+        tokens: &ids,
+        targets: &ids,
+        ignore: -1,
+    })?;
+    let micro_batch_work = tally.take();
+    update(&opt)?;
+    Ok(StepWork {
+        micro_batch: micro_batch_work,
+        update: tally.take(),
+    })
+}

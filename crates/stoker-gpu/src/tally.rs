@@ -1,0 +1,188 @@
+//! A backend that runs nothing and counts what a step asks of a device: each kernel
+//! launch with the bytes it must move, each matrix product with its FLOPs and bytes,
+//! each copy, zeroing, upload and read. The step's own code runs unchanged over it, so
+//! the count is the step's, not a model of it: [`crate::forecast`] turns it into a time
+//! on a given GPU.
+//!
+//! Buffers hold no memory, only an address range of their own (so the kernels' checks
+//! of lengths and overlaps run as on a device). Reads return zeros.
+
+use std::cell::{Cell, RefCell};
+use std::marker::PhantomData;
+
+use crate::backend::{Backend, View};
+use crate::call::{Addr, Call, Gemm};
+use crate::elem::Elem;
+use crate::error::GpuError;
+
+/// One thing asked of the device.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Work {
+    /// A kernel launch: its symbol and the bytes it reads and writes at least.
+    Launch {
+        /// The kernel's symbol (`layernorm_forward_bf16`).
+        kernel: String,
+        /// Bytes read and written, each buffer counted once ([`Call::min_bytes`]).
+        bytes: u64,
+    },
+    /// A matrix product (a batch of them).
+    Product {
+        /// Multiply-adds times two.
+        flops: f64,
+        /// Operands read, the result written (and read, where it accumulates).
+        bytes: u64,
+        /// Products in the batch (attention's per-head products are batches).
+        batch: usize,
+    },
+    /// A copy, zeroing or write inside device memory.
+    Device {
+        /// Bytes written (and read, for a copy).
+        bytes: u64,
+    },
+    /// Data from the host (the ids, staged).
+    Upload {
+        /// Bytes.
+        bytes: u64,
+    },
+    /// Data read back to the host: the step waits for the device there.
+    Read {
+        /// Bytes.
+        bytes: u64,
+    },
+}
+
+/// The counting backend.
+#[derive(Debug)]
+pub struct Tally {
+    next: Cell<Addr>,
+    work: RefCell<Vec<Work>>,
+}
+
+/// A buffer's address range, and no memory.
+#[derive(Debug)]
+pub struct TallyBuf<E> {
+    addr: Addr,
+    len: usize,
+    _elem: PhantomData<E>,
+}
+
+/// Where the first buffer's addresses start (nonzero: a zero address means "none" to
+/// the kernels).
+const FIRST_ADDR: Addr = 1 << 20;
+
+impl Default for Tally {
+    fn default() -> Self {
+        Tally {
+            next: Cell::new(FIRST_ADDR),
+            work: RefCell::new(Vec::new()),
+        }
+    }
+}
+
+impl Tally {
+    /// A backend with nothing counted.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// What was asked since the last call (or since it was made), emptied.
+    pub fn take(&self) -> Vec<Work> {
+        std::mem::take(&mut self.work.borrow_mut())
+    }
+
+    fn push(&self, w: Work) {
+        self.work.borrow_mut().push(w);
+    }
+
+    fn alloc<E: Elem>(&self, len: usize) -> TallyBuf<E> {
+        let addr = self.next.get();
+        let bytes = (len.max(1) * std::mem::size_of::<E>()) as Addr;
+        // 256-byte aligned, as cudaMalloc's.
+        self.next.set((addr + bytes).div_ceil(256) * 256);
+        TallyBuf {
+            addr,
+            len,
+            _elem: PhantomData,
+        }
+    }
+}
+
+fn bytes_of<E>(v: &View<E>) -> u64 {
+    (v.len() * std::mem::size_of::<E>()) as u64
+}
+
+impl Backend for Tally {
+    type Buf<E: Elem> = TallyBuf<E>;
+
+    fn zeros<E: Elem>(&self, len: usize) -> Result<TallyBuf<E>, GpuError> {
+        Ok(self.alloc(len))
+    }
+
+    fn upload<E: Elem>(&self, data: &[E]) -> Result<TallyBuf<E>, GpuError> {
+        Ok(self.alloc(data.len()))
+    }
+
+    fn write_at<E: Elem>(&self, v: View<E>, data: &[E]) -> Result<(), GpuError> {
+        crate::error::check_len("write", "data", data.len(), v.len())?;
+        self.push(Work::Upload {
+            bytes: bytes_of(&v),
+        });
+        Ok(())
+    }
+
+    fn download<E: Elem>(&self, buf: &TallyBuf<E>) -> Result<Vec<E>, GpuError> {
+        self.read(self.all(buf))
+    }
+
+    fn len<E: Elem>(buf: &TallyBuf<E>) -> usize {
+        buf.len
+    }
+
+    fn addr<E: Elem>(&self, buf: &TallyBuf<E>) -> Addr {
+        buf.addr
+    }
+
+    fn zero<E: Elem>(&self, v: View<E>) -> Result<(), GpuError> {
+        self.push(Work::Device {
+            bytes: bytes_of(&v),
+        });
+        Ok(())
+    }
+
+    fn copy<E: Elem>(&self, dst: View<E>, src: View<E>) -> Result<(), GpuError> {
+        crate::error::check_len("copy", "dst", dst.len(), src.len())?;
+        crate::backend::check_disjoint("copy", &dst, &src)?;
+        self.push(Work::Device {
+            bytes: 2 * bytes_of(&src),
+        });
+        Ok(())
+    }
+
+    fn read<E: Elem>(&self, v: View<E>) -> Result<Vec<E>, GpuError> {
+        self.push(Work::Read {
+            bytes: bytes_of(&v),
+        });
+        Ok(vec![E::default(); v.len()])
+    }
+
+    unsafe fn launch(&self, call: &Call) -> Result<(), GpuError> {
+        self.push(Work::Launch {
+            kernel: call.symbol(),
+            bytes: call.min_bytes(),
+        });
+        Ok(())
+    }
+
+    unsafe fn gemm(&self, g: &Gemm) -> Result<(), GpuError> {
+        let (m, n, k, batch) = (g.m as u64, g.n as u64, g.k as u64, g.batch as u64);
+        let (ab, c) = (g.ab.bytes() as u64, g.c_type.bytes() as u64);
+        let c_passes = if g.accumulate { 2 } else { 1 };
+        let bias = g.bias.map_or(0, |_| n * c);
+        self.push(Work::Product {
+            flops: 2.0 * (m * n * k * batch) as f64,
+            bytes: batch * ((m * k + k * n) * ab + c_passes * m * n * c) + bias,
+            batch: g.batch,
+        });
+        Ok(())
+    }
+}

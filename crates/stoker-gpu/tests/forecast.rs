@@ -1,0 +1,195 @@
+//! The step's forecast (`stoker_gpu::forecast`): the counting backend runs the step's own
+//! code, so what it counts must be the step's work exactly. Its products' FLOPs equal
+//! the count written out from the model's shapes. The roofline adds its parts up, and
+//! each part answers to the figure it depends on.
+
+use stoker_gpu::forecast::{forecast, gpt_step_work, llama_step_work, GpuFigures};
+use stoker_gpu::step::options::StepOptions;
+use stoker_gpu::tally::Work;
+use stoker_kernels::{GptDims, LlamaDims};
+
+const GPT: GptDims = GptDims {
+    vocab: 97,
+    context: 40,
+    d_model: 32,
+    n_layer: 3,
+    n_head: 4,
+};
+
+fn flops(work: &[Work]) -> (f64, f64) {
+    let (mut dense, mut batched) = (0.0, 0.0);
+    for w in work {
+        if let Work::Product { flops, batch, .. } = w {
+            match batch {
+                1 => dense += flops,
+                _ => batched += flops,
+            }
+        }
+    }
+    (dense, batched)
+}
+
+/// Keys each query's chunk covers, summed over one sequence: the width the attention
+/// products run at (`step::attention::query_chunk`).
+fn chunked_keys(t: usize) -> usize {
+    let chunk = stoker_gpu::step::attention::query_chunk(t);
+    (0..t).map(|q| ((q / chunk + 1) * chunk).min(t)).sum()
+}
+
+#[test]
+fn the_gpt_steps_products_are_its_linear_layers_head_and_chunked_attention() {
+    for (b, t) in [(2, 40), (1, 600)] {
+        let dims = GptDims { context: t, ..GPT };
+        let work = gpt_step_work::<half::bf16>(dims, (b, t), StepOptions::default())
+            .unwrap()
+            .all();
+        let (dense, batched) = flops(&work);
+        let (n, c, l) = ((b * t) as f64, dims.d_model as f64, dims.n_layer as f64);
+        let v = dims.vocab as f64;
+        // Forward 2 FLOPs a weight a position, backward twice that (input and weight
+        // gradients): 12 C^2 weights a block, the tied head's V x C (the logits' rows
+        // are padded to Vp, but the products stop at the vocabulary).
+        assert_eq!(
+            dense,
+            6.0 * n * (12.0 * c * c * l + v * c),
+            "dense, {b} x {t}"
+        );
+        // Scores and weighted values forward, their four gradients back: six products of
+        // each head's queries against the keys its chunk covers, d = C / H wide.
+        let heads = (b * dims.n_head) as f64 * l;
+        let d = c / dims.n_head as f64;
+        assert_eq!(
+            batched,
+            6.0 * 2.0 * heads * chunked_keys(t) as f64 * d,
+            "batched, {b} x {t}"
+        );
+    }
+}
+
+#[test]
+fn recomputing_attention_adds_the_scores_product_again() {
+    let (b, t) = (2, 40);
+    let dims = GptDims { context: t, ..GPT };
+    let opts = StepOptions {
+        recompute_attention: true,
+        ..StepOptions::default()
+    };
+    let plain = flops(
+        &gpt_step_work::<half::bf16>(dims, (b, t), StepOptions::default())
+            .unwrap()
+            .all(),
+    );
+    let again = flops(
+        &gpt_step_work::<half::bf16>(dims, (b, t), opts)
+            .unwrap()
+            .all(),
+    );
+    let heads = (b * dims.n_head * dims.n_layer) as f64;
+    let d = (dims.d_model / dims.n_head) as f64;
+    assert_eq!(again.0, plain.0);
+    assert_eq!(again.1 - plain.1, 2.0 * heads * chunked_keys(t) as f64 * d);
+}
+
+#[test]
+fn the_forecast_adds_its_parts_and_each_follows_its_figure() {
+    let dims = GptDims {
+        vocab: 50_257,
+        context: 1024,
+        d_model: 768,
+        n_layer: 12,
+        n_head: 12,
+    };
+    let work = gpt_step_work::<half::bf16>(dims, (16, 1024), StepOptions::default())
+        .unwrap()
+        .all();
+    let h100 = GpuFigures::assumed(989e12, 3.35e12, 50e9);
+    let f = forecast(&work, &h100);
+    let parts = f.products_s + f.batched_products_s + f.kernels_s() + f.device_s + f.host_s;
+    assert_eq!(f.total_s(), parts);
+    assert_eq!(
+        f.launches,
+        work.iter()
+            .filter(|w| matches!(w, Work::Launch { .. } | Work::Product { .. }))
+            .count()
+    );
+    // The dense products are FLOP-bound: half the peak doubles them exactly.
+    let slow = forecast(
+        &work,
+        &GpuFigures {
+            peak_flops: h100.peak_flops / 2.0,
+            ..h100.clone()
+        },
+    );
+    assert!((slow.products_s - 2.0 * f.products_s).abs() < 1e-12 * f.products_s);
+    assert_eq!(slow.kernels_s(), f.kernels_s());
+    // Attention's per-head products (d = 64) are bound by their bytes, not their FLOPs.
+    assert_eq!(slow.batched_products_s, f.batched_products_s);
+    // The kernels are bound by bytes: twice the bandwidth halves every one above the
+    // launch floor.
+    let wide = forecast(
+        &work,
+        &GpuFigures {
+            mem_bw: 2.0 * h100.mem_bw,
+            ..h100.clone()
+        },
+    );
+    let softmax = |f: &stoker_gpu::forecast::StepForecast| {
+        f.kernels
+            .iter()
+            .find(|k| k.kernel == "attention_softmax_forward")
+            .map(|k| k.seconds)
+            .unwrap()
+    };
+    assert!((softmax(&wide) - softmax(&f) / 2.0).abs() < 1e-12);
+    // The classifier reads and writes the padded logits once each (16 x 1,024 rows of
+    // 50,304 bf16), plus a loss and a target each row, once per step.
+    let classifier = f.kernels.iter().find(|k| k.kernel == "classifier").unwrap();
+    assert_eq!(classifier.launches, 1);
+    assert_eq!(classifier.bytes, 2 * 16384 * 50_304 * 2 + 8 * 16384);
+    // The update is its own part: the optimizer and the norm, nothing of the forward.
+    let parts = gpt_step_work::<half::bf16>(dims, (16, 1024), StepOptions::default()).unwrap();
+    assert_eq!(parts.all(), work);
+    let update = forecast(&parts.update, &h100);
+    assert_eq!(update.flops, 0.0);
+    assert!(update.kernels.iter().any(|k| k.kernel == "adamw_segments"));
+    assert!(!update.kernels.iter().any(|k| k.kernel == "classifier"));
+    // AdamW over the master: 7 f32 accesses and the bf16 copy a parameter.
+    let adamw = f
+        .kernels
+        .iter()
+        .find(|k| k.kernel == "adamw_segments")
+        .unwrap();
+    let params = stoker_gpu::sample::gpt_layout(&dims)
+        .1
+        .last()
+        .unwrap()
+        .1
+        .end as u64;
+    assert_eq!(adamw.bytes, params * 30);
+}
+
+#[test]
+fn a_llama_step_is_counted_too() {
+    let dims = LlamaDims {
+        vocab: 101,
+        context: 32,
+        d_model: 32,
+        n_layer: 2,
+        n_head: 4,
+        n_kv_head: 2,
+        ffn_hidden: 48,
+    };
+    let (b, t) = (2, 32);
+    let work = llama_step_work::<half::bf16>(dims, (b, t), StepOptions::default())
+        .unwrap()
+        .all();
+    let (dense, _) = flops(&work);
+    let (n, c, l) = ((b * t) as f64, dims.d_model as f64, dims.n_layer as f64);
+    let kv = (dims.n_kv_head * (dims.d_model / dims.n_head)) as f64;
+    let f = dims.ffn_hidden as f64;
+    let v = dims.vocab as f64;
+    // q and o (C x C each), k and v (C x kv each), gate, up and down (C x F each); the
+    // untied head.
+    let block = 2.0 * c * c + 2.0 * c * kv + 3.0 * c * f;
+    assert_eq!(dense, 6.0 * n * (block * l + v * c));
+}
