@@ -1,5 +1,5 @@
 //! The resident step's time on a GPU, forecast from what the step itself asks of the
-//! device: its code runs over [`Tally`], which counts every launch's bytes and every
+//! device: its code runs over [`CountingBackend`], which counts every launch's bytes and every
 //! product's FLOPs, and each is timed on a roofline:
 //! - a matrix product takes the longer of its FLOPs at a fraction of the dtype's peak and
 //!   its bytes at a fraction of the memory bandwidth (attention's per-head products, with
@@ -14,12 +14,14 @@
 
 use stoker_kernels::{GptDims, LlamaDims};
 
+use crate::counting::{CountingBackend, Work};
 use crate::elem::{Act, Dtype};
 use crate::error::GpuError;
+use crate::parallel::Trainable;
+use crate::step::buffers::BlockHooks;
 use crate::step::optimizer::{OptimizerState, Scalars};
 use crate::step::options::StepOptions;
 use crate::step::{GptGpuStep, LlamaGpuStep, TokenBatch};
-use crate::tally::{Tally, Work};
 
 /// What a forecast needs to know of a GPU.
 #[derive(Debug, Clone, PartialEq)]
@@ -168,64 +170,35 @@ pub fn forecast(work: &[Work], gpu: &GpuFigures) -> StepForecast {
 /// activations in `A`.
 pub fn gpt_step_work<A: Act>(
     dims: GptDims,
-    (batch, t): (usize, usize),
+    shape: (usize, usize),
     opts: StepOptions,
 ) -> Result<StepWork, GpuError> {
-    let (tally, vocab) = (Tally::new(), dims.vocab);
+    let be = CountingBackend::new();
     let (offsets, ranges) = crate::sample::gpt_layout(&dims);
-    let step = GptGpuStep::<Tally, A>::with_options(&tally, dims, offsets, 1e-5, (batch, t), opts)?;
+    let step =
+        GptGpuStep::<CountingBackend, A>::with_options(&be, dims, offsets, 1e-5, shape, opts)?;
     let segments = crate::sample::segments(&stoker_kernels::gpt_params(&dims), &ranges);
-    let len = ranges.last().map_or(0, |(_, r)| r.end);
-    step_work(
-        &tally,
-        (len, vocab),
-        &segments,
-        (batch, t),
-        |b| {
-            step.buffers().zero_grads(&tally)?;
-            step.forward_backward(&tally, b, 1.0 / (batch * t) as f32)?;
-            Ok(())
-        },
-        |opt| {
-            step.update(&tally, opt, &adamw(), 1.0, Some(1.0))
-                .map(|_| ())
-        },
-    )
+    step_work(&be, &step, &segments, dims.vocab)
 }
 
 /// [`gpt_step_work`] for a Llama.
 pub fn llama_step_work<A: Act>(
     dims: LlamaDims,
-    (batch, t): (usize, usize),
+    shape: (usize, usize),
     opts: StepOptions,
 ) -> Result<StepWork, GpuError> {
-    let (tally, vocab) = (Tally::new(), dims.vocab);
+    let be = CountingBackend::new();
     let (offsets, ranges) = crate::sample::llama_layout(&dims);
-    let step = LlamaGpuStep::<Tally, A>::with_options(
-        &tally,
+    let step = LlamaGpuStep::<CountingBackend, A>::with_options(
+        &be,
         dims,
         offsets,
         (1e-5, 10_000.0),
-        (batch, t),
+        shape,
         opts,
     )?;
     let segments = crate::sample::segments(&stoker_kernels::llama_params(&dims), &ranges);
-    let len = ranges.last().map_or(0, |(_, r)| r.end);
-    step_work(
-        &tally,
-        (len, vocab),
-        &segments,
-        (batch, t),
-        |b| {
-            step.buffers().zero_grads(&tally)?;
-            step.forward_backward(&tally, b, 1.0 / (batch * t) as f32)?;
-            Ok(())
-        },
-        |opt| {
-            step.update(&tally, opt, &adamw(), 1.0, Some(1.0))
-                .map(|_| ())
-        },
-    )
+    step_work(&be, &step, &segments, dims.vocab)
 }
 
 /// [`gpt_step_work`] with activations of `dtype`.
@@ -284,30 +257,34 @@ impl StepWork {
     }
 }
 
-/// Makes the optimizer's state over `len` parameters, then counts what `micro_batch`
-/// asks with a micro-batch of tokens as distinct as a vocabulary of `vocab` allows (each
-/// a group of its own in the embedding's backward, the most its backward can have), and
-/// what `update` asks with the optimizer.
-fn step_work(
-    tally: &Tally,
-    (len, vocab): (usize, usize),
+/// Makes the optimizer's state over `step`'s parameters, then counts a micro-batch (the
+/// gradients zeroed, forward and backward as the resident loop queues it, the loss read
+/// back) with tokens as distinct as a vocabulary of `vocab` allows (each a group of its
+/// own in the embedding's backward, the most its backward can have), and the update.
+fn step_work<S: Trainable<CountingBackend>>(
+    be: &CountingBackend,
+    step: &S,
     segments: &[(std::ops::Range<usize>, bool)],
-    (batch, t): (usize, usize),
-    micro_batch: impl FnOnce(TokenBatch) -> Result<(), GpuError>,
-    update: impl FnOnce(&OptimizerState<Tally>) -> Result<(), GpuError>,
+    vocab: usize,
 ) -> Result<StepWork, GpuError> {
-    let opt = OptimizerState::adamw(tally, &vec![0f32; len], segments)?;
-    let ids: Vec<i64> = (0..batch * t).map(|i| (i % vocab.max(1)) as i64).collect();
-    let _ = tally.take(); // the setup's uploads are not the step's
-    micro_batch(TokenBatch {
+    let opt = OptimizerState::adamw(be, &vec![0f32; step.flat_len()], segments)?;
+    let ids: Vec<i64> = (0..step.rows())
+        .map(|i| (i % vocab.max(1)) as i64)
+        .collect();
+    let batch = TokenBatch {
         tokens: &ids,
         targets: &ids,
         ignore: -1,
-    })?;
-    let micro_batch_work = tally.take();
-    update(&opt)?;
+    };
+    let _ = be.take(); // the setup's uploads are not the step's
+    step.zero_grads(be)?;
+    let scale = 1.0 / step.rows() as f32;
+    step.queue_micro_batch(be, (batch, scale), false, BlockHooks::default())?;
+    step.loss_sum(be)?;
+    let micro_batch = be.take();
+    crate::step::optimizer::update(be, &opt, step.update_views(be)?, &adamw(), 1.0, Some(1.0))?;
     Ok(StepWork {
-        micro_batch: micro_batch_work,
-        update: tally.take(),
+        micro_batch,
+        update: be.take(),
     })
 }

@@ -13,7 +13,7 @@
 //! buffers: collectives, DDP, ZeRO-1, one rank's windows). Beside them: `args` (by-value
 //! arguments, `repr(C)`), `elem` (element types), `error`, `token_groups` (the embedding
 //! backward's one-writer-per-row index), `sample` (seeded inputs), `scenario` (every
-//! kernel once: what the device check compares), `tally` (a backend that runs nothing
+//! kernel once: what the device check compares), `counting` (a backend that runs nothing
 //! and counts what a step asks) and `forecast` (that count timed on a GPU's roofline),
 //! `device` (the GPU backend, feature `cuda`).
 #![deny(missing_docs)]
@@ -23,6 +23,7 @@ pub mod backend;
 pub mod call;
 mod call_bytes;
 pub mod collectives;
+pub mod counting;
 pub mod elem;
 pub mod error;
 mod ffi;
@@ -37,7 +38,6 @@ pub mod parallel;
 pub mod sample;
 pub mod scenario;
 pub mod step;
-pub mod tally;
 pub mod token_groups;
 
 pub use args::{AdamWArgs, Heads, StochasticRound};

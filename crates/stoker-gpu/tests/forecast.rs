@@ -3,9 +3,9 @@
 //! the count written out from the model's shapes. The roofline adds its parts up, and
 //! each part answers to the figure it depends on.
 
+use stoker_gpu::counting::Work;
 use stoker_gpu::forecast::{forecast, gpt_step_work, llama_step_work, GpuFigures};
 use stoker_gpu::step::options::StepOptions;
-use stoker_gpu::tally::Work;
 use stoker_kernels::{GptDims, LlamaDims};
 
 const GPT: GptDims = GptDims {

@@ -190,15 +190,23 @@ STOKER_HD void heads_to_qkv_pack(int64_t i0, T* dqkv, const T* dqkvh, Heads g) {
   permute_pack(i0, n, g, dqkv, [&](int64_t i) { return qkv_index(i, g); }, dqkvh, SameIndex{});
 }
 
-// [B, H, T, D] <-> [B, T, H, D] (= [B, T, C]); i over B*H*T*D in the [B, H, T, D] order.
-STOKER_HD int64_t merged_index(int64_t i, Heads g) {
+// Flat index i of a [B, H, T, D] tensor as its coordinates.
+struct HeadsAt {
+  int b, h, t, d;
+};
+
+STOKER_HD HeadsAt heads_at(int64_t i, Heads g) {
   int d = int(i % g.d);
   int64_t r = i / g.d;
   int t = int(r % g.t);
   r /= g.t;
-  int h = int(r % g.h);
-  int b = int(r / g.h);
-  return ((int64_t(b) * g.t + t) * g.h + h) * g.d + d;
+  return HeadsAt{int(r / g.h), int(r % g.h), t, d};
+}
+
+// [B, H, T, D] <-> [B, T, H, D] (= [B, T, C]); i over B*H*T*D in the [B, H, T, D] order.
+STOKER_HD int64_t merged_index(int64_t i, Heads g) {
+  HeadsAt p = heads_at(i, g);
+  return ((int64_t(p.b) * g.t + p.t) * g.h + p.h) * g.d + p.d;
 }
 
 template <class T>

@@ -129,14 +129,9 @@ template <class T>
 STOKER_HD void kv_to_heads_pack(int64_t i0, T* dst, const T* src, Heads g, int kv) {
   int64_t n = int64_t(g.b) * g.h * g.t * g.d;
   auto from = [&](int64_t i) {
-    int d = int(i % g.d);
-    int64_t r = i / g.d;
-    int t = int(r % g.t);
-    r /= g.t;
-    int h = int(r % g.h);
-    int b = int(r / g.h);
-    int k = h / (g.h / kv);
-    return ((int64_t(b) * g.t + t) * kv + k) * g.d + d;
+    HeadsAt p = heads_at(i, g);
+    int k = p.h / (g.h / kv);
+    return ((int64_t(p.b) * g.t + p.t) * kv + k) * g.d + p.d;
   };
   permute_pack(i0, n, g, dst, SameIndex{}, src, from);
 }

@@ -53,14 +53,14 @@ pub enum Work {
 
 /// The counting backend.
 #[derive(Debug)]
-pub struct Tally {
+pub struct CountingBackend {
     next: Cell<Addr>,
     work: RefCell<Vec<Work>>,
 }
 
 /// A buffer's address range, and no memory.
 #[derive(Debug)]
-pub struct TallyBuf<E> {
+pub struct CountedBuf<E> {
     addr: Addr,
     len: usize,
     _elem: PhantomData<E>,
@@ -70,16 +70,16 @@ pub struct TallyBuf<E> {
 /// the kernels).
 const FIRST_ADDR: Addr = 1 << 20;
 
-impl Default for Tally {
+impl Default for CountingBackend {
     fn default() -> Self {
-        Tally {
+        CountingBackend {
             next: Cell::new(FIRST_ADDR),
             work: RefCell::new(Vec::new()),
         }
     }
 }
 
-impl Tally {
+impl CountingBackend {
     /// A backend with nothing counted.
     pub fn new() -> Self {
         Self::default()
@@ -94,12 +94,12 @@ impl Tally {
         self.work.borrow_mut().push(w);
     }
 
-    fn alloc<E: Elem>(&self, len: usize) -> TallyBuf<E> {
+    fn alloc<E: Elem>(&self, len: usize) -> CountedBuf<E> {
         let addr = self.next.get();
         let bytes = (len.max(1) * std::mem::size_of::<E>()) as Addr;
         // 256-byte aligned, as cudaMalloc's.
         self.next.set((addr + bytes).div_ceil(256) * 256);
-        TallyBuf {
+        CountedBuf {
             addr,
             len,
             _elem: PhantomData,
@@ -111,14 +111,14 @@ fn bytes_of<E>(v: &View<E>) -> u64 {
     (v.len() * std::mem::size_of::<E>()) as u64
 }
 
-impl Backend for Tally {
-    type Buf<E: Elem> = TallyBuf<E>;
+impl Backend for CountingBackend {
+    type Buf<E: Elem> = CountedBuf<E>;
 
-    fn zeros<E: Elem>(&self, len: usize) -> Result<TallyBuf<E>, GpuError> {
+    fn zeros<E: Elem>(&self, len: usize) -> Result<CountedBuf<E>, GpuError> {
         Ok(self.alloc(len))
     }
 
-    fn upload<E: Elem>(&self, data: &[E]) -> Result<TallyBuf<E>, GpuError> {
+    fn upload<E: Elem>(&self, data: &[E]) -> Result<CountedBuf<E>, GpuError> {
         Ok(self.alloc(data.len()))
     }
 
@@ -130,15 +130,15 @@ impl Backend for Tally {
         Ok(())
     }
 
-    fn download<E: Elem>(&self, buf: &TallyBuf<E>) -> Result<Vec<E>, GpuError> {
+    fn download<E: Elem>(&self, buf: &CountedBuf<E>) -> Result<Vec<E>, GpuError> {
         self.read(self.all(buf))
     }
 
-    fn len<E: Elem>(buf: &TallyBuf<E>) -> usize {
+    fn len<E: Elem>(buf: &CountedBuf<E>) -> usize {
         buf.len
     }
 
-    fn addr<E: Elem>(&self, buf: &TallyBuf<E>) -> Addr {
+    fn addr<E: Elem>(&self, buf: &CountedBuf<E>) -> Addr {
         buf.addr
     }
 
