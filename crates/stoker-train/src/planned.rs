@@ -203,10 +203,29 @@ fn resident_forecast_mfu(
 }
 
 /// `stoker plan`'s line for a config on the resident step and an accelerator: the
-/// forecast of one micro-batch's step on one device of `hw` (where the time goes). None
-/// where there is no forecast.
+/// forecast of one micro-batch's step on one device of `hw` (where the time goes) and,
+/// where something is kept per block, what recomputing attention and the MLP's
+/// activation would cost (the memory it saves is the resident loop's line). None where
+/// there is no forecast.
 pub fn resident_forecast_line(cfg: &TrainConfig, hw: &Hardware) -> Result<Option<String>> {
-    Ok(crate::resident_forecast::resident_forecast(cfg, hw, cfg.precision)?.map(|f| f.line()))
+    use crate::resident_forecast::resident_forecast;
+    let Some(f) = resident_forecast(cfg, hw, cfg.precision)? else {
+        return Ok(None);
+    };
+    let mut line = f.line();
+    if cfg.recompute != crate::config::Recompute::AttentionAndMlp {
+        let mut c = cfg.clone();
+        c.recompute = crate::config::Recompute::AttentionAndMlp;
+        if let Some(r) = resident_forecast(&c, hw, cfg.precision)? {
+            let (now, then) = (f.micro_batch_s(), r.micro_batch_s());
+            line.push_str(&format!(
+                "; with recompute = \"attention+mlp\": {:.2} ms (+{:.1}%)",
+                then * 1e3,
+                100.0 * (then / now - 1.0)
+            ));
+        }
+    }
+    Ok(Some(line))
 }
 
 /// Host-memory passes over each micro-batch's activation bytes that candle's graph path

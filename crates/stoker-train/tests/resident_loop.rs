@@ -839,4 +839,16 @@ fn on_a_gpu_the_plan_times_the_resident_step_by_its_forecast() {
     assert!(line.contains(&launches), "{line}");
     let floor = f.micro_batch.launches as f64 * f.figures.launch_s;
     assert!(f.micro_batch.total_s() < 1.5 * floor, "{line}");
+    // And what recomputing would cost: the recomputed config's own forecast.
+    let mut r = c.clone();
+    r.recompute = stoker_train::config::Recompute::AttentionAndMlp;
+    let again = stoker_train::resident_forecast::resident_forecast(&r, &h100, r.precision)
+        .unwrap()
+        .unwrap();
+    assert!(again.micro_batch_s() > f.micro_batch_s());
+    let cost = format!(
+        "with recompute = \"attention+mlp\": {:.2} ms",
+        again.micro_batch_s() * 1e3
+    );
+    assert!(line.contains(&cost), "{line}");
 }
