@@ -9,7 +9,7 @@ use crate::elem::Dtype;
 /// Elements of causal rows read (keys up to the query) and written (up to the last
 /// query of the query's chunk, cuda/ops/softmax.cuh's `chunk_width`) over one `[t, t]`
 /// matrix.
-fn causal_elements(t: i64, chunk: i64) -> (i64, i64) {
+pub(crate) fn causal_elements(t: i64, chunk: i64) -> (i64, i64) {
     let read = t * (t + 1) / 2;
     let chunk = chunk.max(1);
     let written = (0..t).map(|q| ((q / chunk + 1) * chunk).min(t)).sum();

@@ -146,11 +146,9 @@ pub fn time_kernels(
     // The softmax kernels read each row up to its query (a little over half of T x T)
     // and write it up to its chunk's width (5/8 at 4 chunks).
     let chunk = crate::step::attention::query_chunk(s.t);
-    let causal_read = (s.t + 1) as f64 / (2 * s.t) as f64;
-    let chunk_written = (0..s.t)
-        .map(|q| ((q / chunk + 1) * chunk).min(s.t) as f64)
-        .sum::<f64>()
-        / (s.t * s.t) as f64;
+    let (read, written) = crate::call_bytes::causal_elements(s.t as i64, chunk as i64);
+    let square = (s.t * s.t) as f64;
+    let (causal_read, chunk_written) = (read as f64 / square, written as f64 / square);
     type Run<'a> = Box<dyn Fn() -> Result<(), GpuError> + 'a>;
     let runs: Vec<(String, f64, Run)> = vec![
         (
