@@ -551,41 +551,34 @@ pub fn time_step(
         targets: &targets,
         ignore: -1,
     };
-    let median = |with_update: bool| -> Result<f64, GpuError> {
+    // The median milliseconds of `run(i)` over `reps` runs after two warm-up runs.
+    let median = |mut run: Box<dyn FnMut(u64) -> Result<(), GpuError> + '_>| {
         let mut times = Vec::new();
-        for i in 0..reps + 2 {
+        for i in 0..reps as u64 + 2 {
             let t0 = std::time::Instant::now();
-            step.buffers().zero_grads(dev)?;
-            step.forward_backward(dev, batch, 1.0 / (b * t) as f32)?; // ends on the loss read
-            if with_update {
-                let adam = AdamWStep::new(3e-4, 0.9, 0.95, 1e-8, 0.1, i as u64 + 1);
-                step.update(
-                    dev,
-                    &opt,
-                    &crate::step::optimizer::Scalars::AdamW(adam),
-                    1.0,
-                    Some(1.0),
-                )?; // ends on the norm read
-                dev.synchronize()?;
-            }
+            run(i)?;
             if i >= 2 {
                 times.push(t0.elapsed().as_secs_f64() * 1e3);
             }
         }
         times.sort_by(f64::total_cmp);
-        Ok(times[times.len() / 2])
+        Ok::<f64, GpuError>(times[times.len() / 2])
     };
-    let (forward_backward_ms, step_ms) = (median(false)?, median(true)?);
-    let mut forward = Vec::new();
-    for i in 0..reps + 2 {
-        let t0 = std::time::Instant::now();
-        step.evaluate(dev, batch)?; // ends on reading its sums
-        if i >= 2 {
-            forward.push(t0.elapsed().as_secs_f64() * 1e3);
-        }
-    }
-    forward.sort_by(f64::total_cmp);
-    let forward_ms = forward[forward.len() / 2];
+    let forward_backward = || -> Result<(), GpuError> {
+        step.buffers().zero_grads(dev)?;
+        step.forward_backward(dev, batch, 1.0 / (b * t) as f32)?; // ends on the loss read
+        Ok(())
+    };
+    let forward_backward_ms = median(Box::new(|_| forward_backward()))?;
+    let step_ms = median(Box::new(|i| {
+        forward_backward()?;
+        let adam = AdamWStep::new(3e-4, 0.9, 0.95, 1e-8, 0.1, i + 1);
+        let scalars = crate::step::optimizer::Scalars::AdamW(adam);
+        step.update(dev, &opt, &scalars, 1.0, Some(1.0))?; // ends on the norm read
+        dev.synchronize()
+    }))?;
+    // The forward alone: evaluation ends on reading its sums.
+    let forward_ms = median(Box::new(|_| step.evaluate(dev, batch).map(|_| ())))?;
     // Measured after the steps: cuBLAS's workspace and the ids' small buffers count too.
     let measured_bytes = free_before.saturating_sub(dev.free_bytes()?);
     Ok(StepTimes {

@@ -77,9 +77,12 @@ pub fn compare_gemm_libraries(
     let att = fill(bh * t * t, 4)?; // [B*H, T, T]
     let dw = dev.zeros::<f32>(4 * c * c)?; // a weight's f32 gradient
     type Run<'a> = Box<dyn Fn() -> Result<(), GpuError> + 'a>;
-    // The step's query chunks at T (`step::attention::query_chunk`): (first row, rows).
-    let qc = crate::step::attention::query_chunk(t);
-    let chunks: Vec<(usize, usize)> = (0..t).step_by(qc).map(|r0| (r0, qc.min(t - r0))).collect();
+    // The step's query chunks at T: each one's product over the keys up to its last query.
+    use crate::step::attention::{chunks, scores_by_query_chunk, weighted_by_query_chunk};
+    let chunked_flops: f64 = chunks(t)
+        .map(|(r0, rows)| 2.0 * (bh * rows * (r0 + rows) * d) as f64)
+        .sum();
+    let query_chunks = chunks(t).count();
     // Each product: its name, FLOPs, how many of `y`'s elements it writes (0: it writes
     // the f32 `dw`), and the product.
     let (x, w, y, bias) = (&x, &w, &y, &bias);
@@ -202,61 +205,25 @@ pub fn compare_gemm_libraries(
         // What the step runs instead: the same two products by query chunk, each over
         // the keys up to the chunk's last query.
         (
-            format!("attention q k^T, {} query chunks", t.div_ceil(qc)),
-            chunks
-                .iter()
-                .map(|&(r0, rows)| 2.0 * (bh * rows * (r0 + rows) * d) as f64)
-                .sum(),
+            format!("attention q k^T, {query_chunks} query chunks"),
+            chunked_flops,
             bh * t * t,
             Box::new(|| {
-                for &(r0, rows) in &chunks {
-                    let dims = Dims {
-                        m: rows,
-                        n: r0 + rows,
-                        k: d,
-                        batch: bh,
-                        strides: [t * d, t * d, t * t],
-                    };
-                    matmul(
-                        dev,
-                        Mat::rows(view(dev, y, bh * t * t)?.slice(r0 * t..bh * t * t)?, t),
-                        Mat::rows(view(dev, x, bh * t * d)?.slice(r0 * d..bh * t * d)?, d),
-                        Mat::t(view(dev, w, bh * t * d)?, d),
-                        dims,
-                        None,
-                        false,
-                    )?;
-                }
-                Ok(())
+                let (y, q, k) = (
+                    view(dev, y, bh * t * t)?,
+                    view(dev, x, bh * t * d)?,
+                    view(dev, w, bh * t * d)?,
+                );
+                scores_by_query_chunk(dev, y, q, k, (bh, t, d))
             }),
         ),
         (
-            format!("attention att v, {} query chunks", t.div_ceil(qc)),
-            chunks
-                .iter()
-                .map(|&(r0, rows)| 2.0 * (bh * rows * (r0 + rows) * d) as f64)
-                .sum(),
+            format!("attention att v, {query_chunks} query chunks"),
+            chunked_flops,
             bh * t * d,
             Box::new(|| {
-                for &(r0, rows) in &chunks {
-                    let dims = Dims {
-                        m: rows,
-                        n: d,
-                        k: r0 + rows,
-                        batch: bh,
-                        strides: [t * t, t * d, t * d],
-                    };
-                    matmul(
-                        dev,
-                        Mat::rows(view(dev, y, bh * t * d)?.slice(r0 * d..bh * t * d)?, d),
-                        Mat::rows(dev.all(&att).slice(r0 * t..bh * t * t)?, t),
-                        Mat::rows(view(dev, x, bh * t * d)?, d),
-                        dims,
-                        None,
-                        false,
-                    )?;
-                }
-                Ok(())
+                let (y, v) = (view(dev, y, bh * t * d)?, view(dev, x, bh * t * d)?);
+                weighted_by_query_chunk(dev, y, dev.all(&att), v, (bh, t, d))
             }),
         ),
     ];

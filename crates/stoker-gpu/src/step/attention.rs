@@ -49,7 +49,8 @@ impl<'a, T> Qkv<'a, T> {
 }
 
 /// Heads, positions and head width: `(B*H, T, D)`.
-type HeadShape = (usize, usize, usize);
+/// Heads of the batch, positions, head width: `(B*H, T, D)`.
+pub(crate) type HeadShape = (usize, usize, usize);
 
 fn head_shape(g: Heads) -> HeadShape {
     ((g.b * g.h) as usize, g.t as usize, g.d as usize)
@@ -65,7 +66,7 @@ pub fn query_chunk(t: usize) -> usize {
 
 /// The query chunks of `t` positions: `(first row, rows)`; each covers the keys
 /// `0..first + rows`.
-fn chunks(t: usize) -> impl Iterator<Item = (usize, usize)> {
+pub(crate) fn chunks(t: usize) -> impl Iterator<Item = (usize, usize)> {
     let c = query_chunk(t);
     (0..t).step_by(c).map(move |r0| (r0, c.min(t - r0)))
 }
@@ -146,7 +147,7 @@ pub fn backward<B: Backend, T: Act>(
 /// `y[r0.., ..r0 + rows] = a[r0..] b[..r0 + rows]^T` for each query chunk: scores
 /// (`[B*H, T, T]` `y`) from per-head rows (`[B*H, T, D]` `a` and `b`), each chunk's over
 /// the keys up to its last query.
-fn scores_by_query_chunk<B: Backend, T: Act>(
+pub(crate) fn scores_by_query_chunk<B: Backend, T: Act>(
     be: &B,
     y: View<T>,
     a: View<T>,
@@ -170,7 +171,7 @@ fn scores_by_query_chunk<B: Backend, T: Act>(
 /// `y[r0..] = a[r0.., ..r0 + rows] b[..r0 + rows]` for each query chunk: per-head rows
 /// (`[B*H, T, D]` `y` and `b`) weighted by scores (`[B*H, T, T]` `a`) up to each chunk's
 /// last query.
-fn weighted_by_query_chunk<B: Backend, T: Act>(
+pub(crate) fn weighted_by_query_chunk<B: Backend, T: Act>(
     be: &B,
     y: View<T>,
     a: View<T>,
