@@ -18,10 +18,10 @@ use crate::error::GpuError;
 /// One thing asked of the device.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Work {
-    /// A kernel launch: its symbol and the bytes it reads and writes at least.
+    /// A kernel launch: its name and the bytes it reads and writes at least.
     Launch {
-        /// The kernel's symbol (`layernorm_forward_bf16`).
-        kernel: String,
+        /// The kernel's name, whatever its element type (`layernorm_forward`).
+        kernel: &'static str,
         /// Bytes read and written, each buffer counted once ([`Call::min_bytes`]).
         bytes: u64,
     },
@@ -167,7 +167,7 @@ impl Backend for CountingBackend {
 
     unsafe fn launch(&self, call: &Call) -> Result<(), GpuError> {
         self.push(Work::Launch {
-            kernel: call.symbol(),
+            kernel: call.name(),
             bytes: call.min_bytes(),
         });
         Ok(())

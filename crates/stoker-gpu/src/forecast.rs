@@ -64,7 +64,7 @@ impl GpuFigures {
 #[derive(Debug, Clone, PartialEq)]
 pub struct KernelShare {
     /// The kernel's name, without its dtype (`layernorm_forward`).
-    pub kernel: String,
+    pub kernel: &'static str,
     /// Its launches.
     pub launches: usize,
     /// Its bytes, all launches.
@@ -115,28 +115,17 @@ pub fn forecast(work: &[Work], gpu: &GpuFigures) -> StepForecast {
     let bw = gpu.mem_bw * gpu.memory_efficiency;
     let streamed = |bytes: u64| (bytes as f64 / bw).max(gpu.launch_s);
     let mut f = StepForecast::default();
-    let mut kernels: Vec<KernelShare> = Vec::new();
+    let mut kernels = std::collections::BTreeMap::new();
     for w in work {
         match w {
             Work::Launch { kernel, bytes } => {
                 f.launches += 1;
-                let name = ["_f32", "_bf16", "_f16"]
-                    .iter()
-                    .find_map(|s| kernel.strip_suffix(s))
-                    .unwrap_or(kernel);
-                let at = match kernels.iter().position(|k| k.kernel == name) {
-                    Some(i) => i,
-                    None => {
-                        kernels.push(KernelShare {
-                            kernel: name.to_string(),
-                            launches: 0,
-                            bytes: 0,
-                            seconds: 0.0,
-                        });
-                        kernels.len() - 1
-                    }
-                };
-                let k = &mut kernels[at];
+                let k = kernels.entry(*kernel).or_insert(KernelShare {
+                    kernel,
+                    launches: 0,
+                    bytes: 0,
+                    seconds: 0.0,
+                });
                 k.launches += 1;
                 k.bytes += bytes;
                 k.seconds += streamed(*bytes);
@@ -159,8 +148,8 @@ pub fn forecast(work: &[Work], gpu: &GpuFigures) -> StepForecast {
             Work::Read { .. } => f.host_s += gpu.read_s,
         }
     }
-    kernels.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
-    f.kernels = kernels;
+    f.kernels = kernels.into_values().collect();
+    f.kernels.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
     f
 }
 
@@ -244,6 +233,8 @@ pub struct StepWork {
     pub micro_batch: Vec<Work>,
     /// The update after a window: the norm read back, clipping, the optimizer.
     pub update: Vec<Work>,
+    /// The step's parameters (its flat buffer, laid out contiguously).
+    pub params: usize,
 }
 
 impl StepWork {
@@ -286,5 +277,6 @@ fn step_work<S: Trainable<CountingBackend>>(
     Ok(StepWork {
         micro_batch,
         update: be.take(),
+        params: step.flat_len(),
     })
 }

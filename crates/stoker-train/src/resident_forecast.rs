@@ -103,29 +103,21 @@ pub fn resident_forecast(
     let gpu_err = |e: stoker_gpu::GpuError| {
         crate::error::config_err("model", format!("the resident step's forecast: {e}"))
     };
-    let (work, t, params, layers, width) = match &cfg.model {
+    let (work, t, layers, width) = match &cfg.model {
         ModelConfig::Gpt(g) => {
             let d = g.dims();
-            let t = d.context;
-            let work = gpt_step_work_in(dtype, d, (b, t), opts).map_err(gpu_err)?;
-            let params = stoker_gpu::sample::gpt_layout(&d)
-                .1
-                .last()
-                .map_or(0, |(_, r)| r.end);
-            (work, t, params, d.n_layer, d.d_model)
+            let work = gpt_step_work_in(dtype, d, (b, d.context), opts);
+            (work, d.context, d.n_layer, d.d_model)
         }
         ModelConfig::Llama(l) => {
             let d = l.dims();
-            let t = d.context;
-            let work = llama_step_work_in(dtype, d, (b, t), opts).map_err(gpu_err)?;
-            let params = stoker_gpu::sample::llama_layout(&d)
-                .1
-                .last()
-                .map_or(0, |(_, r)| r.end);
-            (work, t, params, d.n_layer, d.d_model)
+            let work = llama_step_work_in(dtype, d, (b, d.context), opts);
+            (work, d.context, d.n_layer, d.d_model)
         }
         ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => return Ok(None),
     };
+    let work = work.map_err(gpu_err)?;
+    let params = work.params;
     let figures = GpuFigures::assumed(peak, hw.device_mem_bw, hw.host_link_bw);
     let tokens = (b * t) as f64;
     Ok(Some(ResidentForecast {

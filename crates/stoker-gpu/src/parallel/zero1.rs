@@ -207,14 +207,8 @@ impl<B: Backend> Zero1<B> {
         (tally, capacity): (Tally, f64),
         rule: GradRule,
     ) -> Result<(f64, Tally), GpuError> {
-        check_len("zero-1", "params", params.len(), self.plan.len())?;
-        let piece = ((params.slice(self.shard())?, scratch), false);
-        let (norm, total, stepped) =
-            self.step_shard(be, coll, piece, scalars, (tally, capacity), (rule, None))?;
-        if stepped {
-            coll.all_gather(be, params, &self.plan.counts())?;
-        }
-        Ok((norm, total))
+        let window = (tally, capacity);
+        self.step_and_gather(be, coll, (params, scratch), scalars, window, (rule, None))
     }
 
     /// The update from the whole summed gradient, the same on every rank (deterministic
@@ -235,11 +229,26 @@ impl<B: Backend> Zero1<B> {
         let scratch = (views.squares, views.partials);
         let whole = optimizer::squared_norm(be, views.grads, scratch)?;
         be.copy(be.all(&self.grads), views.grads.slice(self.shard())?)?;
-        let piece = ((views.params.slice(self.shard())?, scratch), false);
-        let (norm, total, stepped) =
-            self.step_shard(be, coll, piece, scalars, window, (rule, Some(whole)))?;
+        let compute = (views.params, scratch);
+        self.step_and_gather(be, coll, compute, scalars, window, (rule, Some(whole)))
+    }
+
+    /// [`Zero1::step_shard`] on this rank's piece of the compute copy `params` (the whole
+    /// flat buffer), then the compute copy gathered where the optimizer stepped.
+    fn step_and_gather<T: Act>(
+        &self,
+        be: &B,
+        coll: &impl Collectives<B>,
+        (params, scratch): ComputeViews<T>,
+        scalars: &Scalars,
+        window: (Tally, f64),
+        norm: (GradRule, Option<f64>),
+    ) -> Result<(f64, Tally), GpuError> {
+        check_len("zero-1", "params", params.len(), self.plan.len())?;
+        let piece = ((params.slice(self.shard())?, scratch), false);
+        let (norm, total, stepped) = self.step_shard(be, coll, piece, scalars, window, norm)?;
         if stepped {
-            coll.all_gather(be, views.params, &self.plan.counts())?;
+            coll.all_gather(be, params, &self.plan.counts())?;
         }
         Ok((norm, total))
     }
