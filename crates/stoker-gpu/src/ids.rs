@@ -91,37 +91,49 @@ impl<B: Backend> Ids<B> {
     }
 }
 
-/// A batch's [`TokenGroups`] on a backend: buffers for up to `positions` positions, the
-/// first `uniq` groups in use.
+/// A batch's [`TokenGroups`] on a backend: buffers for `positions` positions and as many
+/// groups, the groups past the batch's distinct tokens empty (their starts all equal the
+/// position count). The embedding's backward runs over every group, empty ones doing
+/// nothing, so its launch does not depend on the batch (a graph replays it unchanged).
 pub struct Groups<B: Backend> {
     pub(crate) tokens: B::Buf<i32>,
     pub(crate) starts: B::Buf<i32>,
     pub(crate) positions: B::Buf<i32>,
-    pub(crate) uniq: usize,
     pub(crate) limit: usize,
+    /// The starts padded to `positions + 1`, reused from batch to batch.
+    padded: Vec<i32>,
 }
 
 impl<B: Backend> Groups<B> {
     /// Uploads `g`, grouped from ids in `0..limit`.
     pub fn new(b: &B, g: &TokenGroups, limit: usize) -> Result<Self, GpuError> {
         check_groups(g, limit)?;
+        let mut padded = Vec::new();
+        pad_starts(g, &mut padded);
+        let mut tokens = g.tokens().to_vec();
+        tokens.resize(g.positions().len(), 0);
         Ok(Groups {
-            tokens: b.upload(g.tokens())?,
-            starts: b.upload(g.starts())?,
+            tokens: b.upload(&tokens)?,
+            starts: b.upload(&padded)?,
             positions: b.upload(g.positions())?,
-            uniq: g.tokens().len(),
             limit,
+            padded,
         })
     }
 
-    /// Room for the groups of `n` positions of ids in `0..limit` (none in use yet).
+    /// Room for the groups of `n` positions of ids in `0..limit` (none in use yet: every
+    /// group empty).
     pub fn with_room(b: &B, n: usize, limit: usize) -> Result<Self, GpuError> {
+        let n32 = i32::try_from(n).map_err(|_| GpuError::Shape {
+            kernel: "groups",
+            what: format!("{n} positions exceed the kernels' 32-bit sizes"),
+        })?;
         Ok(Groups {
             tokens: b.zeros(n)?,
-            starts: b.zeros(n + 1)?,
+            starts: b.upload(&vec![n32; n + 1])?,
             positions: b.zeros(n)?,
-            uniq: 0,
             limit,
+            padded: Vec::with_capacity(n + 1),
         })
     }
 
@@ -130,10 +142,10 @@ impl<B: Backend> Groups<B> {
         check_groups(g, self.limit)?;
         crate::error::check_len("groups", "positions", g.positions().len(), self.positions())?;
         let u = g.tokens().len();
+        pad_starts(g, &mut self.padded);
         b.write_staged(b.view(&self.tokens, 0..u)?, g.tokens())?;
-        b.write_staged(b.view(&self.starts, 0..u + 1)?, g.starts())?;
+        b.write_staged(b.all(&self.starts), &self.padded)?;
         b.write_staged(b.all(&self.positions), g.positions())?;
-        self.uniq = u;
         Ok(())
     }
 
@@ -141,6 +153,15 @@ impl<B: Backend> Groups<B> {
     pub fn positions(&self) -> usize {
         B::len(&self.positions)
     }
+}
+
+/// `g`'s starts into `out`, then the position count again for every group past its
+/// distinct tokens: as many groups as positions, the padding empty.
+fn pad_starts(g: &TokenGroups, out: &mut Vec<i32>) {
+    let n = g.positions().len();
+    out.clear();
+    out.extend_from_slice(g.starts());
+    out.resize(n + 1, n as i32);
 }
 
 /// Every group's token below `limit`.

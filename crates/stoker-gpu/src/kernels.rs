@@ -83,7 +83,8 @@ pub fn encoder_backward_wpe<B: Backend, T: Act>(
 }
 
 /// `dwte[token, :] += sum over the token's positions of dout[position, :]`, one writer
-/// per row (`groups` from the batch's ids; `dout` `[positions, c]`).
+/// per row (`groups` from the batch's ids; `dout` `[positions, c]`), launched over as
+/// many groups as positions whatever the batch (the empty padding groups do nothing).
 pub fn encoder_backward_wte<B: Backend, T: Act>(
     b: &B,
     dwte: View<f32>,
@@ -93,7 +94,7 @@ pub fn encoder_backward_wte<B: Backend, T: Act>(
 ) -> Result<(), GpuError> {
     const K: &str = "encoder-backward-wte";
     let c32 = dim(K, "c", c)?;
-    let u = dim(K, "distinct tokens", groups.uniq)?;
+    let u = dim(K, "groups", groups.positions())?;
     check_len(K, "dout", dout.len(), groups.positions() * c)?;
     at_least(K, "dwte", &dwte, groups.limit * c)?;
     let call = Call::EncoderBackwardWte {
@@ -107,8 +108,8 @@ pub fn encoder_backward_wte<B: Backend, T: Act>(
         c: c32,
     };
     // SAFETY: the groups hold positions 0..dout.len() / c (TokenGroups builds them from
-    // the ids), `u` groups (their buffers hold at least u tokens and u + 1 starts) and
-    // tokens below the limit whose rows dwte holds.
+    // the ids), `u` groups (their buffers hold u tokens and u + 1 starts, the padding's
+    // empty) and tokens below the limit whose rows dwte holds.
     unsafe { b.launch(&call) }
 }
 

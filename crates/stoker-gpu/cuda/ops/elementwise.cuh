@@ -62,12 +62,16 @@ STOKER_HD void encoder_backward_wpe_pack(int64_t i0, float* dwpe, const T* dout,
 // dwte[token u, c] += sum over u's positions (ascending) of dout[position, c], for i over
 // U*C: `uniq` holds the batch's U distinct tokens, `starts[u]..starts[u+1]` index
 // `positions`, each token's positions grouped and ascending (gpu::TokenGroups). One
-// writer per row of dwte: no atomics, the same bits on every run.
+// writer per row of dwte: no atomics, the same bits on every run. A group with no
+// positions (the padding past U) leaves every row alone, so a launch over as many groups
+// as the batch has positions, whatever U is, does what one over U does: the same
+// arguments for every batch, as a captured graph needs.
 template <class T>
 STOKER_HD void encoder_backward_wte_at(int64_t i, float* dwte, const T* dout, const int32_t* uniq,
                                        const int32_t* starts, const int32_t* positions, int C) {
   int64_t u = i / C;
   int c = int(i % C);
+  if (starts[u] == starts[u + 1]) return;  // a padding group: its row is not touched
   float s = 0.0f;
   for (int p = starts[u]; p < starts[u + 1]; ++p) s += load(dout[int64_t(positions[p]) * C + c]);
   dwte[int64_t(uniq[u]) * C + c] += s;
@@ -87,6 +91,7 @@ STOKER_HD void encoder_backward_wte_pack(int64_t i0, int64_t n, float* dwte, con
     return;
   }
   int64_t u = i0 / C;
+  if (starts[u] == starts[u + 1]) return;  // a padding group: its row is not touched
   Pack s = {};
   for (int p = starts[u]; p < starts[u + 1]; ++p) {
     Pack d = load_pack(dout + int64_t(positions[p]) * C, c0, c0 + count);
