@@ -14,6 +14,9 @@ use crate::error::GpuError;
 pub trait Backend {
     /// A flat buffer of `E`.
     type Buf<E: Elem>;
+    /// Launches captured once and replayed as one (a CUDA graph): see
+    /// [`Backend::begin_capture`].
+    type Graph;
 
     /// A buffer of `len` zeros.
     fn zeros<E: Elem>(&self, len: usize) -> Result<Self::Buf<E>, GpuError>;
@@ -62,6 +65,22 @@ pub trait Backend {
     fn free_memory(&self) -> Option<usize> {
         None
     }
+    /// Starts capturing: until [`Backend::end_capture`], launches, products, zeroings
+    /// and copies inside device memory are recorded into a graph instead of run, with
+    /// their arguments as they are now. Reads back and writes from the host are errors
+    /// meanwhile ([`GpuError::Capture`]): a replay could not repeat them. An error where
+    /// the backend cannot capture ([`crate::Host`]; [`crate::GraphHost`] can).
+    fn begin_capture(&self) -> Result<(), GpuError>;
+    /// Ends the capture [`Backend::begin_capture`] started: what it recorded, not yet
+    /// run.
+    fn end_capture(&self) -> Result<Self::Graph, GpuError>;
+    /// Runs (or enqueues) every launch of `graph` in its captured order, with its
+    /// captured arguments.
+    ///
+    /// # Safety
+    /// Every buffer the captured launches touched is still alive (the graph holds their
+    /// addresses, not borrows).
+    unsafe fn replay(&self, graph: &Self::Graph) -> Result<(), GpuError>;
     /// Runs (or enqueues) `call`.
     ///
     /// # Safety

@@ -56,6 +56,8 @@ pub enum Work {
 pub struct CountingBackend {
     next: Cell<Addr>,
     work: RefCell<Vec<Work>>,
+    /// Where the capture under way began in `work`.
+    capture_from: Cell<Option<usize>>,
 }
 
 /// A buffer's address range, and no memory.
@@ -75,6 +77,7 @@ impl Default for CountingBackend {
         CountingBackend {
             next: Cell::new(FIRST_ADDR),
             work: RefCell::new(Vec::new()),
+            capture_from: Cell::new(None),
         }
     }
 }
@@ -92,6 +95,14 @@ impl CountingBackend {
 
     fn push(&self, w: Work) {
         self.work.borrow_mut().push(w);
+    }
+
+    /// An error where a capture is under way: `op` cannot be part of a graph.
+    fn live(&self, op: &str) -> Result<(), GpuError> {
+        match self.capture_from.get() {
+            Some(_) => Err(crate::error::not_while_capturing(op)),
+            None => Ok(()),
+        }
     }
 
     fn alloc<E: Elem>(&self, len: usize) -> CountedBuf<E> {
@@ -113,16 +124,40 @@ fn bytes_of<E>(v: &View<E>) -> u64 {
 
 impl Backend for CountingBackend {
     type Buf<E: Elem> = CountedBuf<E>;
+    /// What the capture counted; a replay counts it again.
+    type Graph = Vec<Work>;
+
+    fn begin_capture(&self) -> Result<(), GpuError> {
+        self.live("a capture inside a capture")?;
+        self.capture_from.set(Some(self.work.borrow().len()));
+        Ok(())
+    }
+
+    fn end_capture(&self) -> Result<Vec<Work>, GpuError> {
+        let from = self.capture_from.take().ok_or_else(|| GpuError::Capture {
+            what: "end_capture with no capture under way".into(),
+        })?;
+        Ok(self.work.borrow_mut().split_off(from))
+    }
+
+    unsafe fn replay(&self, graph: &Vec<Work>) -> Result<(), GpuError> {
+        self.live("a replay inside a capture")?;
+        self.work.borrow_mut().extend_from_slice(graph);
+        Ok(())
+    }
 
     fn zeros<E: Elem>(&self, len: usize) -> Result<CountedBuf<E>, GpuError> {
+        self.live("an allocation")?;
         Ok(self.alloc(len))
     }
 
     fn upload<E: Elem>(&self, data: &[E]) -> Result<CountedBuf<E>, GpuError> {
+        self.live("an upload")?;
         Ok(self.alloc(data.len()))
     }
 
     fn write_at<E: Elem>(&self, v: View<E>, data: &[E]) -> Result<(), GpuError> {
+        self.live("a write from the host")?;
         crate::error::check_len("write", "data", data.len(), v.len())?;
         self.push(Work::Upload {
             bytes: bytes_of(&v),
@@ -159,6 +194,7 @@ impl Backend for CountingBackend {
     }
 
     fn read<E: Elem>(&self, v: View<E>) -> Result<Vec<E>, GpuError> {
+        self.live("a read back")?;
         self.push(Work::Read {
             bytes: bytes_of(&v),
         });

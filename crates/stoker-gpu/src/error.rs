@@ -37,6 +37,13 @@ pub enum GpuError {
         /// The driver's message.
         error: String,
     },
+    /// Something a graph capture cannot hold (a read back, a write from the host), or a
+    /// backend that cannot capture.
+    #[error("graph capture: {what}")]
+    Capture {
+        /// What was asked.
+        what: String,
+    },
     /// A dimension that is zero, too large for the kernels' 32-bit sizes, or
     /// inconsistent with another.
     #[error("{kernel}: {what}")]
@@ -75,5 +82,16 @@ pub(crate) fn dim(kernel: &'static str, name: &str, n: usize) -> Result<i32, Gpu
             kernel,
             what: format!("{name} = {n} must be in 1..=2^31-1"),
         }),
+    }
+}
+
+/// A [`GpuError::Capture`] for `op`, which waits for the backend or writes from the host,
+/// asked while a graph is being captured.
+pub(crate) fn not_while_capturing(op: &str) -> GpuError {
+    GpuError::Capture {
+        what: format!(
+            "{op} waits for the backend or copies from the host, which a captured graph \
+             cannot replay: it belongs before or after the capture"
+        ),
     }
 }

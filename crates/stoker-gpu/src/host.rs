@@ -80,8 +80,30 @@ impl Host {
     }
 }
 
+fn refuses_capture() -> GpuError {
+    GpuError::Capture {
+        what: "the host backend runs each call as it comes; \
+               stoker_gpu::GraphHost captures"
+            .into(),
+    }
+}
+
 impl Backend for Host {
     type Buf<E: Elem> = HostBuf<E>;
+    /// The host backend runs each call as it comes and captures nothing.
+    type Graph = std::convert::Infallible;
+
+    fn begin_capture(&self) -> Result<(), GpuError> {
+        Err(refuses_capture())
+    }
+
+    fn end_capture(&self) -> Result<Self::Graph, GpuError> {
+        Err(refuses_capture())
+    }
+
+    unsafe fn replay(&self, graph: &Self::Graph) -> Result<(), GpuError> {
+        match *graph {}
+    }
 
     fn zeros<E: Elem>(&self, len: usize) -> Result<HostBuf<E>, GpuError> {
         Ok(HostBuf {

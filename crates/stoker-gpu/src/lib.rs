@@ -6,7 +6,7 @@
 //! confirm.
 //!
 //! Layers, bottom up: `call` (one launch as data: name, grid, arguments), `backend` (flat
-//! buffers, views, launching), `host` (the CPU backend, through `ffi`), `ids` (ids checked
+//! buffers, views, launching), `host` (the CPU backend, through `ffi`; `graph_host`, the same with CUDA graphs' capture and replay), `ids` (ids checked
 //! before upload), `kernels` (every kernel as a checked call, for any backend; `llama`
 //! the Llama's, `optim` the optimizers over segments), `step` (the GPT's and the Llama's
 //! training steps over flat buffers), `parallel` (data parallelism on the backend's
@@ -29,6 +29,7 @@ pub mod error;
 mod ffi;
 pub mod forecast;
 pub mod gemm;
+pub mod graph_host;
 pub mod host;
 pub mod ids;
 pub mod kernels;
@@ -44,6 +45,7 @@ pub use args::{AdamWArgs, Heads, StochasticRound};
 pub use backend::{Backend, View};
 pub use elem::{Act, Dtype, Elem};
 pub use error::GpuError;
+pub use graph_host::{GraphHost, HostGraph};
 pub use host::Host;
 pub use ids::{Groups, Ids};
 pub use token_groups::TokenGroups;

@@ -70,7 +70,19 @@ pub struct Device {
     lt: lt::Lt,
     gemm_library: Cell<GemmLibrary>,
     staging: staging::Staging,
+    /// Whether the stream is being captured into a graph.
+    capturing: Cell<bool>,
 }
+
+/// A captured graph on the device, instantiated (cudarc's, on the device's stream).
+pub struct DeviceGraph(cudarc::driver::CudaGraph);
+
+// SAFETY: CUDA allows a graph to be used from any thread as long as no two threads use it
+// at once (its objects are not internally synchronized). A DeviceGraph is reached only
+// through `&mut` or through a step's RefCell (`step::graphs`), which is not Sync, so a
+// step moved to another thread takes its graphs along and uses them there alone; cudarc
+// binds the context to the calling thread before each launch.
+unsafe impl Send for DeviceGraph {}
 
 impl Device {
     /// GPU `ordinal`, its default stream, and the kernels loaded.
@@ -99,6 +111,7 @@ impl Device {
             lt,
             gemm_library: Cell::new(GemmLibrary::CublasLt),
             staging: staging::Staging::default(),
+            capturing: Cell::new(false),
         })
     }
 
@@ -135,6 +148,7 @@ impl Device {
 
     /// Waits for every launch so far.
     pub fn synchronize(&self) -> Result<(), GpuError> {
+        self.live("a synchronization")?;
         self.stream.synchronize().map_err(driver("synchronizing"))
     }
 
@@ -188,6 +202,15 @@ pub struct DeviceBuf<E> {
 }
 
 impl Device {
+    /// An error where the stream is being captured: `op` waits for the stream, copies
+    /// from the host or allocates, which a graph cannot replay.
+    fn live(&self, op: &str) -> Result<(), GpuError> {
+        match self.capturing.get() {
+            true => Err(crate::error::not_while_capturing(op)),
+            false => Ok(()),
+        }
+    }
+
     /// Makes this device's context current on the calling thread (a `Device` may move
     /// between threads; cudarc's own calls do this, the raw ones below need it).
     pub(crate) fn bind(&self) -> Result<(), GpuError> {
@@ -199,12 +222,47 @@ impl Device {
 
 impl Backend for Device {
     type Buf<E: Elem> = DeviceBuf<E>;
+    type Graph = DeviceGraph;
+
+    fn begin_capture(&self) -> Result<(), GpuError> {
+        self.live("a capture inside a capture")?;
+        // Relaxed: the step's own checks (`live`) keep what a graph cannot hold out of
+        // the capture; cuBLASLt's plans and workspace were made by an eager run before.
+        self.stream
+            .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(driver("starting a graph capture"))?;
+        self.capturing.set(true);
+        Ok(())
+    }
+
+    fn end_capture(&self) -> Result<DeviceGraph, GpuError> {
+        if !self.capturing.replace(false) {
+            return Err(GpuError::Capture {
+                what: "end_capture with no capture under way".into(),
+            });
+        }
+        let graph = self
+            .stream
+            .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
+            .map_err(driver("ending a graph capture"))?;
+        graph.map(DeviceGraph).ok_or_else(|| GpuError::Capture {
+            what: "the capture recorded nothing".into(),
+        })
+    }
+
+    unsafe fn replay(&self, graph: &DeviceGraph) -> Result<(), GpuError> {
+        self.live("a replay inside a capture")?;
+        // The caller's contract keeps every captured buffer alive until the launch ends
+        // (the graph is ordered on the stream like any launch).
+        graph.0.launch().map_err(driver("launching a graph"))
+    }
 
     fn free_memory(&self) -> Option<usize> {
         self.free_bytes().ok()
     }
 
     fn zeros<E: Elem>(&self, len: usize) -> Result<DeviceBuf<E>, GpuError> {
+        self.live("an allocation")?;
         let slice = self
             .stream
             .alloc_zeros::<E>(len.max(1))
@@ -213,6 +271,7 @@ impl Backend for Device {
     }
 
     fn upload<E: Elem>(&self, data: &[E]) -> Result<DeviceBuf<E>, GpuError> {
+        self.live("an upload")?;
         if data.is_empty() {
             return self.zeros(0);
         }
@@ -227,6 +286,7 @@ impl Backend for Device {
     }
 
     fn write_at<E: Elem>(&self, v: View<E>, data: &[E]) -> Result<(), GpuError> {
+        self.live("a write from the host")?;
         crate::error::check_len("write", "data", data.len(), v.len())?;
         self.bind()?;
         // SAFETY: a View lies inside a live device buffer of this context (checked when
@@ -240,6 +300,7 @@ impl Backend for Device {
     }
 
     fn write_staged<E: Elem>(&self, v: View<E>, data: &[E]) -> Result<(), GpuError> {
+        self.live("a staged write")?;
         crate::error::check_len("write", "data", data.len(), v.len())?;
         self.bind()?;
         // SAFETY: `data` is a live slice of an Elem type: plain numbers (f32, bf16, i32,
@@ -251,6 +312,7 @@ impl Backend for Device {
     }
 
     fn download<E: Elem>(&self, buf: &DeviceBuf<E>) -> Result<Vec<E>, GpuError> {
+        self.live("a download")?;
         let mut all = self
             .stream
             .clone_dtoh(&buf.slice)
@@ -295,6 +357,7 @@ impl Backend for Device {
     }
 
     fn read<E: Elem>(&self, v: View<E>) -> Result<Vec<E>, GpuError> {
+        self.live("a read back")?;
         self.bind()?;
         let mut out = vec![E::default(); v.len()];
         // SAFETY: as in `zero`; `out` holds v.len() elements and lives until the
@@ -308,6 +371,7 @@ impl Backend for Device {
     }
 
     fn read_into<E: Elem>(&self, v: View<E>, out: &mut [E]) -> Result<(), GpuError> {
+        self.live("a read back")?;
         crate::error::check_len("read", "out", out.len(), v.len())?;
         self.bind()?;
         // SAFETY: as in `read`; `out` holds v.len() elements (checked) and lives until the
