@@ -22,6 +22,7 @@ const RECOMPUTE: StepOptions = StepOptions {
     recompute_mlp: false,
     grads_in_slots: false,
     shard_params: None,
+    graph_micro_batches: false,
 };
 
 /// Two micro-batches' tokens and targets over `vocab`, a few targets ignored.

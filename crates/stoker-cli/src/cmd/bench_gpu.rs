@@ -177,8 +177,19 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
             recompute_mlp: true,
             ..recompute
         };
+        // Each micro-batch captured once and replayed as one CUDA graph (`cuda_graphs`):
+        // what the host's launches cost at this size.
+        let graphs = stoker_gpu::step::options::StepOptions {
+            graph_micro_batches: true,
+            ..Default::default()
+        };
         let variants = [
             ("attention kept", Default::default(), chosen),
+            (
+                "attention kept, micro-batches as CUDA graphs",
+                graphs,
+                chosen,
+            ),
             ("attention recomputed", recompute, chosen),
             ("attention and GELU recomputed", recompute_both, chosen),
             ("attention kept", Default::default(), other),

@@ -14,6 +14,7 @@ use crate::kernels;
 use crate::token_groups::TokenGroups;
 
 use super::grad_slots::GradSlots;
+use super::graphs::{GraphKey, MicroBatchGraphs};
 use super::layout::{Span, PARTIAL_WARPS};
 use super::optimizer::UpdateViews;
 use super::options::StepOptions;
@@ -171,6 +172,9 @@ fn ids_bytes(n: usize) -> usize {
 /// A step's buffers on backend `B`, activations in `T`, and its micro-batch's ids
 /// (rewritten batch after batch: a step allocates nothing after it is made).
 pub struct StepBuffers<B: Backend, T: Act> {
+    /// The micro-batches' graphs, where they replay as graphs (before the buffers they
+    /// launch on, so they go first).
+    graphs: Option<MicroBatchGraphs<B::Graph>>,
     /// The compute copy: all of it, or with the blocks' parameters offloaded the
     /// resident runs.
     pub(crate) params: B::Buf<T>,
@@ -203,7 +207,18 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
         be: &B,
         sizes: StepSizes,
         blocks: &[Vec<Range<usize>>],
+        graph_micro_batches: bool,
     ) -> Result<Self, GpuError> {
+        if graph_micro_batches
+            && (sizes.offload.is_some() || sizes.sharded.is_some() || sizes.grad_slots.is_some())
+        {
+            return Err(GpuError::Capture {
+                what: "micro-batches replayed as graphs with the blocks' parameters or \
+                       gradients in slots or offloaded: those move blocks between the \
+                       launches of every micro-batch, which a graph cannot hold"
+                    .into(),
+            });
+        }
         let placed = match (sizes.offload, sizes.sharded, sizes.grad_slots) {
             (Some(want), _, _) => {
                 let o = ParamOffload::new(be, blocks, sizes.params, PARTIAL_WARPS)?;
@@ -232,6 +247,7 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
             .or(sizes.grad_slots)
             .map_or(sizes.params, |o| o.resident);
         Ok(StepBuffers {
+            graphs: graph_micro_batches.then(MicroBatchGraphs::default),
             params: be.zeros(p)?,
             grads: be.zeros(g)?,
             acts: be.zeros(sizes.acts)?,
@@ -239,6 +255,11 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
             ids: RefCell::new(BatchIds::with_room(be, sizes.rows, sizes.vocab)?),
             placed,
         })
+    }
+
+    /// Micro-batch keys captured as graphs so far (0 without graphs).
+    pub fn graphs_captured(&self) -> usize {
+        self.graphs.as_ref().map_or(0, |g| g.captured())
     }
 
     /// Bytes of the buffers on the backend and the ids, counted from them
@@ -720,11 +741,28 @@ pub(crate) fn queue_micro_batch<B: Backend, T: Act>(
     check_hooks(m.bufs(), op, &hooks)?;
     let mut ids = m.bufs().ids.borrow_mut();
     ids.load(be, op, batch, true)?;
+    let ids = &*ids;
     let vocab = m.rows_and_vocab().1;
-    m.forward(be, &ids.tokens, &mut hooks)?;
-    let spans = m.loss_spans();
-    loss_and_grad(be, m.bufs(), spans, &ids, vocab, grad_scale, add_loss)?;
-    m.backward(be, &ids.groups, &mut hooks)
+    let plain = hooks.before.is_none() && hooks.after.is_none();
+    let key = GraphKey {
+        grad_scale: grad_scale.to_bits(),
+        add_loss,
+        ignore: ids.ignore,
+    };
+    let mut body = || {
+        m.forward(be, &ids.tokens, &mut hooks)?;
+        let spans = m.loss_spans();
+        loss_and_grad(be, m.bufs(), spans, ids, vocab, grad_scale, add_loss)?;
+        m.backward(be, &ids.groups, &mut hooks)
+    };
+    match (&m.bufs().graphs, plain) {
+        // SAFETY: with no hooks a micro-batch launches on the step's own buffers alone
+        // (its ids were written above, outside the graph), which StepBuffers::new
+        // allocated once (none in slots or offloaded: refused there with graphs) and
+        // which live as long as the graphs they hold.
+        (Some(graphs), true) => unsafe { graphs.run(be, key, body) },
+        _ => body(),
+    }
 }
 
 /// The step's loss sum, read back (waits for every launch so far).

@@ -136,7 +136,7 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
         Ok(GptGpuStep {
             recompute_attention: opts.recompute_attention,
             recompute_mlp: opts.recompute_mlp,
-            bufs: StepBuffers::new(be, sizes, &blocks)?,
+            bufs: StepBuffers::new(be, sizes, &blocks, opts.graph_micro_batches)?,
             blocks,
             dims,
             offsets,

@@ -137,7 +137,7 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
             })
             .collect::<Vec<_>>();
         let sizes = llama_step_sizes(&dims, offsets.end(), (batch, t), opts);
-        let bufs = StepBuffers::new(be, sizes, &blocks)?;
+        let bufs = StepBuffers::new(be, sizes, &blocks, opts.graph_micro_batches)?;
         let (cos, sin) = stoker_kernels::rope::tables(t, dims.head_dim(), rope_theta);
         be.write(&bufs.floats, layout.cos.start, &cos)?;
         be.write(&bufs.floats, layout.sin.start, &sin)?;

@@ -168,6 +168,7 @@ pub mod block_runs;
 pub mod buffers;
 pub mod gpt;
 pub mod grad_slots;
+mod graphs;
 pub mod layout;
 mod linear;
 pub mod llama;

@@ -1,7 +1,9 @@
 //! How a resident step is made beyond its model and batch shape: what it keeps on the
-//! backend, traded for copies or recomputation.
+//! backend, traded for copies or recomputation, and whether its micro-batches replay as
+//! graphs.
 
-/// A step's memory options (none by default: everything kept on the backend).
+/// A step's options (none by default: everything kept on the backend, each launch its
+/// own).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StepOptions {
     /// The blocks' parameters offloaded to host memory, each block's streamed up as it
@@ -30,4 +32,10 @@ pub struct StepOptions {
     /// step gathers each block into its slot before it runs ([`super::sharded_params`]).
     /// The blocks' gradients are in slots too, as [`Self::grads_in_slots`] has them.
     pub shard_params: Option<(usize, usize)>,
+    /// Each micro-batch that runs without hooks between its blocks (one rank; every
+    /// micro-batch of a window under DDP and ZeRO-1 but the last, whose backward starts
+    /// the reductions) replayed as one captured graph ([`super::graphs`]; CUDA graphs).
+    /// Refused with parameters or gradients in slots or offloaded: those run hooks in
+    /// every micro-batch.
+    pub graph_micro_batches: bool,
 }

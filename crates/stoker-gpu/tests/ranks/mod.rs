@@ -305,6 +305,7 @@ pub const OFFLOAD: StepOptions = StepOptions {
     recompute_mlp: false,
     grads_in_slots: false,
     shard_params: None,
+    graph_micro_batches: false,
 };
 
 /// Three blocks: block 0's slot is block 2's in the forward, so the backward must bring
