@@ -13,6 +13,8 @@
 #   same sums);
 # - on the GPU with the optimizer offloaded to the host (`offload_optimizer = true`),
 #   against the one-rank GPU run (within 1e-5: the host build of the same kernels);
+# - on the GPU with its micro-batches replayed as CUDA graphs (`cuda_graphs = true`),
+#   against the one-rank GPU run bit for bit (the same kernels with the same arguments);
 # - on the GPU with the blocks' parameters offloaded too (`offload_params = true`: two
 #   blocks' worth on the device, each block streamed up as it runs), against the run with
 #   the optimizer offloaded alone (within 1e-5; bit for bit on the host build);
@@ -43,7 +45,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 
 # config NAME PRECISION STEP DEVICE [RANKS] [OFFLOAD]: the demo's GPT logging every step,
 # with a checkpoint and an evaluation at the end, no sample; OFFLOAD "offload" keeps the
-# optimizer in host memory, "params" the blocks' parameters too.
+# optimizer in host memory, "params" the blocks' parameters too, "graphs" replays the
+# micro-batches as CUDA graphs.
 config() {
   local name=$1 prec=$2 step=$3 dev=$4 ranks=${5:-1} offload=${6:-} f=$out/$1-$2.toml
   sed -e "s|^run_dir = .*|run_dir = \"$out/$name-$prec\"|" \
@@ -63,12 +66,13 @@ config() {
   fi
   [ "$offload" = offload ] && printf '\n[parallel]\noffload_optimizer = true\n' >> "$f"
   [ "$offload" = params ] && printf '\n[parallel]\noffload_optimizer = true\noffload_params = true\n' >> "$f"
+  [ "$offload" = graphs ] && sed -i "s|^step = .*|&\ncuda_graphs = true|" "$f"
   echo "$f"
 }
 
 status=0
 for prec in fp32 bf16 fp16; do
-  runs=("gpu resident $gpu 1" "gpu2 resident ${gpu/#cuda/cuda:0} 2" "gpu3 resident ${gpu/#cuda/cuda:0} 2")
+  runs=("gpu resident $gpu 1" "gpug resident $gpu 1 graphs" "gpu2 resident ${gpu/#cuda/cuda:0} 2" "gpu3 resident ${gpu/#cuda/cuda:0} 2")
   # The CPU reference: the direct step in fp32 and bf16; fp16's is the fp32 run.
   [ "$prec" = fp16 ] || runs=("cpu handwritten cpu 1" "${runs[@]}")
   # The optimizer offloaded to the host: a GPU's only (on a CPU there is nothing to
@@ -83,7 +87,7 @@ for prec in fp32 bf16 fp16; do
     fi
   done
   # Each run's weights after the last step, one file each (the checkpoint at $steps).
-  for r in cpu gpu gpu2 gpu3; do
+  for r in cpu gpu gpug gpu2 gpu3; do
     [ "$r-$prec" = cpu-fp16 ] && continue
     ck=$out/$r-$prec/checkpoints/$(printf 'step_%08d' "$steps")
     "$STOKER_GPU_BIN" ckpt consolidate "$ck" > /dev/null 2>&1 || echo "  $prec $r: no checkpoint at $ck"
@@ -211,8 +215,18 @@ for name, a, b, tol in [("gpu vs cpu", wg, wc, 1e-3), ("gpu 2 ranks vs 1", wg2, 
     else:
         print(f"  {prec} {name}: weights after the last step differ by {d:.2e} (relative L2; "
               f"printed, not checked)")
-# ZeRO-3 at 2 ranks against ZeRO-1's: one micro-batch a rank, so the same sums.
+# The micro-batches replayed as CUDA graphs: the same launches with the same arguments,
+# so the same bits step by step and in the weights.
 import os
+if os.path.exists(f"{out}/gpug-{prec}/metrics.jsonl"):
+    check("gpu cuda graphs vs launched one by one", rows("gpug"), gpu, ("loss", "grad_norm"), 0.0)
+    d = rel_l2(weights("gpug"), wg) if weights("gpug") and wg else float("nan")
+    good = d == 0.0
+    ok &= good
+    print(f"  {prec} gpu cuda graphs vs launched one by one: weights after the last step differ "
+          f"by {d:.2e} (bit for bit expected) {'OK' if good else 'FAILED'}")
+    print(f"  {prec}: median step with cuda graphs {median_ms(rows('gpug')):.2f} ms")
+# ZeRO-3 at 2 ranks against ZeRO-1's: one micro-batch a rank, so the same sums.
 if os.path.exists(f"{out}/gpu3-{prec}/metrics.jsonl"):
     check("gpu zero-3 vs zero-1 at 2 ranks", rows("gpu3"), gpu2, ("loss", "grad_norm"), 1e-5)
 # The optimizer offloaded to the host runs the host build of the kernels the GPU runs

@@ -4,7 +4,8 @@
 # parameters) and #13's (d_model 320, 5 blocks, 5 heads, context 192, batch 12; 6.2M with
 # the demo's 96-token vocabulary). stoker, `device = "cuda"`, two paths: `graph`, candle's
 # ops with the optimizer offloaded to the host; and `resident`, stoker's own GPU step
-# with the master and AdamW on the device (docs/gpu.md). PyTorch: the whole model and
+# with the master and AdamW on the device (docs/gpu.md), in bf16 also with its
+# micro-batches replayed as CUDA graphs (`cuda_graphs = true`). PyTorch: the whole model and
 # fused AdamW on the GPU, fp32 and bf16 autocast (scripts/gpu/torch_step.py). Median step
 # time over STEPS steps after warm-up, each figure and stoker / PyTorch.
 #   bash scripts/gpu/step-time.sh [BIN]      (STEPS, default 40)
@@ -23,12 +24,14 @@ for sh in "${shapes[@]}"; do
   torch=$(timeout 180 python3 scripts/gpu/torch_step.py --d-model "$2" --layers "$3" --heads "$4" \
     --context "$5" --batch "$6" --steps "$steps") || { echo "FAILED torch $1"; status=1; continue; }
   echo "$torch"
-  for run in fp32-graph bf16-graph fp32-resident bf16-resident; do
-    prec=${run%-*} path=${run#*-}
+  for run in fp32-graph bf16-graph fp32-resident bf16-resident bf16-resident+cudagraphs; do
+    prec=${run%%-*} path=${run#*-}
     f=$out/$1-$run.toml
     case $path in
       graph) keys="kernels = \"composed\"" ;;
       resident) keys="step = \"resident\"" ;;
+      # Each micro-batch captured once and replayed as one CUDA graph (`cuda_graphs`).
+      resident+cudagraphs) keys="step = \"resident\"\ncuda_graphs = true" ;;
     esac
     sed -e "s|^run_dir = .*|run_dir = \"$out/$1-$run\"|" \
         -e "s|^precision = .*|precision = \"$prec\"\n$keys\ndevice = \"cuda\"|" \

@@ -45,6 +45,12 @@ pub struct TrainConfig {
     /// default, `attention`, `mlp` or `attention+mlp`: [`Recompute`]).
     #[serde(default, skip_serializing_if = "Recompute::is_none")]
     pub recompute: Recompute,
+    /// The resident loop's micro-batches replayed as CUDA graphs: each captured on its
+    /// second run and then launched from the host as one (stoker-gpu's
+    /// `StepOptions::graph_micro_batches`). For small models, whose step is mostly launch
+    /// overhead. On the CPU the host build records and replays alike, for the tests.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cuda_graphs: bool,
     /// Data source and loader knobs.
     pub data: DataConfig,
     /// The model.
@@ -521,6 +527,7 @@ impl TrainConfig {
             offload_params: self.resident_loop() && self.parallel.offload_params,
             recompute_attention: self.recompute.attention(),
             recompute_mlp: self.recompute.mlp(),
+            graph_micro_batches: self.cuda_graphs,
             ..Default::default()
         }
     }
@@ -608,6 +615,7 @@ impl TrainConfig {
     /// `step = "resident"`'s requirements: a GPT or Llama, fp32, bf16 or fp16; and
     /// `recompute` only on it.
     fn check_resident(&self) -> Result<()> {
+        self.check_cuda_graphs()?;
         if !self.resident_step() {
             if !self.recompute.is_none() {
                 return Err(config_err(
@@ -624,6 +632,34 @@ impl TrainConfig {
             ));
         }
         crate::precision::resident_activations(self.precision).map(|_| ())
+    }
+
+    /// `cuda_graphs` only on the resident loop, and not where blocks move between a
+    /// micro-batch's launches (ZeRO-2's and ZeRO-3's slots, the parameters offloaded).
+    fn check_cuda_graphs(&self) -> Result<()> {
+        if !self.cuda_graphs {
+            return Ok(());
+        }
+        if !self.resident_loop() {
+            let why = match self.not_on_resident_loop() {
+                Some((key, why)) if self.resident_step() => format!(
+                    "replays the resident loop's micro-batches, and {key} keeps this run off \
+                     the loop: {why}"
+                ),
+                _ => "replays the resident loop's micro-batches: set step = \"resident\"".into(),
+            };
+            return Err(config_err("cuda_graphs", why));
+        }
+        let p = &self.parallel;
+        if p.offload_params || matches!(p.strategy, StrategyKind::Zero2 | StrategyKind::Zero3) {
+            return Err(config_err(
+                "cuda_graphs",
+                "a graph replays fixed launches, and with parallel.offload_params, zero2 or \
+                 zero3 each micro-batch moves blocks' parameters or gradients between its \
+                 launches: use ddp, zero1 or none, without offload_params",
+            ));
+        }
+        Ok(())
     }
 
     /// Whether a direct step multiplies bf16 operands (on the bf16 GEMM, which keeps

@@ -794,6 +794,62 @@ fn recompute_without_the_resident_step_is_refused_naming_the_key() {
 }
 
 #[test]
+fn micro_batches_replayed_as_cuda_graphs_train_the_same_bits() {
+    for (model, precision, extra, world) in [
+        (GPT, "fp32", "strategy = \"none\"", 1),
+        (LLAMA, "bf16", "strategy = \"ddp\"", 2),
+        (GPT, "fp16", "strategy = \"zero1\"", 2),
+    ] {
+        let plain = resident(model, precision, ADAMW, extra);
+        let text = config_text(model, precision, "direct", ADAMW, extra).replace(
+            "kernels = \"direct\"",
+            "step = \"resident\"\ncuda_graphs = true",
+        );
+        let graphed = TrainConfig::parse(&text, std::path::Path::new("g.toml")).unwrap();
+        assert!(graphed.resident_options().graph_micro_batches);
+        let what = format!("{} {precision} {extra}", &model[8..11]);
+        let run = |c: &TrainConfig| {
+            run_local(world, Duration::from_secs(60), |comm| {
+                let rank = comm.rank();
+                let mut t = trainer(c, Rc::new(comm));
+                let reports: Vec<StepReport> = (0..4)
+                    .map(|s| t.train_step(&window(model, s, rank, 4 / world)).unwrap())
+                    .collect();
+                (t.full_master().unwrap(), reports)
+            })
+        };
+        for (r, (got, want)) in run(&graphed).iter().zip(&run(&plain)).enumerate() {
+            assert_same_run(
+                &format!("{what}: rank {r}"),
+                (&got.0, &got.1),
+                (&want.0, &want.1),
+            );
+        }
+    }
+}
+
+#[test]
+fn cuda_graphs_where_blocks_move_or_off_the_loop_are_refused_naming_the_key() {
+    for (step, extra, why) in [
+        ("resident", "strategy = \"zero2\"", "zero2"),
+        ("resident", "strategy = \"zero3\"", "zero3"),
+        ("handwritten", "strategy = \"none\"", "resident"),
+    ] {
+        let text = config_text(GPT, "fp32", "direct", ADAMW, extra).replace(
+            "kernels = \"direct\"",
+            &format!("step = \"{step}\"\ncuda_graphs = true"),
+        );
+        let e = TrainConfig::parse(&text, std::path::Path::new("g.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cuda_graphs") && e.contains(why),
+            "{step} {extra}: {e}"
+        );
+    }
+}
+
+#[test]
 fn on_a_gpu_the_plan_times_the_resident_step_by_its_forecast() {
     use stoker_plan::input::PlanInput;
     let c = resident(GPT, "bf16", ADAMW, "strategy = \"none\"");

@@ -100,6 +100,12 @@ macro_rules! loop_on {
         let setup: &RunSetup<'_> = $setup;
         let through_host = ThroughHost(setup.comm.clone());
         match setup.on {
+            // Micro-batches replayed as graphs: the host build that records and replays.
+            ResidentOn::Host if setup.step_options().graph_micro_batches => {
+                let be = stoker_gpu::GraphHost::new();
+                let run = ResidentLoop::new(be, through_host, Box::new($make), setup, None)?;
+                Ok(Box::new(run) as Box<dyn ResidentRun>)
+            }
             ResidentOn::Host => {
                 let run = ResidentLoop::new(Host, through_host, Box::new($make), setup, None)?;
                 Ok(Box::new(run) as Box<dyn ResidentRun>)
