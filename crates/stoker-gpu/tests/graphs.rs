@@ -13,18 +13,18 @@
 
 mod ranks;
 
-use stoker_comm::{run_local, Communicator, DEFAULT_TIMEOUT};
-use stoker_gpu::parallel::{Replica, Strategy, ThroughHost, Trainable};
+use stoker_comm::{run_local, DEFAULT_TIMEOUT};
+use stoker_gpu::parallel::{Strategy, Trainable};
 use stoker_gpu::sample::{batch, gpt, ids, llama};
 use stoker_gpu::step::buffers::BlockHooks;
 use stoker_gpu::step::optimizer::Optimizer;
 use stoker_gpu::step::options::StepOptions;
-use stoker_gpu::step::{GptGpuStep, LlamaGpuStep, TokenBatch};
+use stoker_gpu::step::{GptGpuStep, LlamaGpuStep};
 use stoker_gpu::{Act, Backend, GpuError, GraphHost, Host};
 use stoker_kernels::LlamaDims;
 use stoker_testkit::assert_bits_eq;
 
-use ranks::{rule, scalars, segments, window, B, DIMS, SEED, T};
+use ranks::{rule, train_on, B, DIMS, SEED, T};
 
 const GRAPHS: StepOptions = StepOptions {
     offload_params: false,
@@ -157,86 +157,51 @@ fn gpt_and_llama_micro_batches_replayed_as_graphs_give_the_eager_bits() {
     check::<half::bf16>();
 }
 
-/// Rank `comm.rank()`'s replica of the tiny GPT on `be` under `strategy`, its
-/// micro-batches replayed as graphs where `graphs`, after three AdamW windows: each
-/// window's loss and norm, and the master's values.
-fn trained<Be: Backend>(
-    be: &Be,
-    comm: &impl Communicator,
-    strategy: Strategy,
-    graphs: bool,
-) -> (Vec<(f64, f64)>, Vec<f32>, usize) {
-    let (rank, world) = (comm.rank(), comm.world_size());
-    let g = gpt(&DIMS, SEED, 0.2);
-    let base = StepOptions {
-        graph_micro_batches: graphs,
-        ..StepOptions::default()
-    };
-    let step = GptGpuStep::<Be, f32>::with_options(
-        be,
-        DIMS,
-        g.offsets.clone(),
-        1e-5,
-        (B, T),
-        strategy.step_options(base, (rank, world)),
-    )
-    .unwrap();
-    let replica = Replica::new(
-        be,
-        step,
-        (strategy, Optimizer::AdamW),
-        &g.params,
-        &segments(&g.ranges),
-        (rank, world),
-    )
-    .unwrap();
-    let coll = ThroughHost(comm);
-    let per = ranks::MICRO / world;
-    let reports = (0..ranks::WINDOWS)
-        .map(|w| {
-            let data = window(w);
-            let mine: Vec<TokenBatch> = data[rank * per..(rank + 1) * per]
-                .iter()
-                .map(batch)
-                .collect();
-            let r = replica
-                .window(
-                    be,
-                    &coll,
-                    &mine,
-                    &scalars(Optimizer::AdamW, w as u64 + 1),
-                    rule(Some(1.0)),
-                )
-                .unwrap();
-            (r.loss, r.grad_norm)
-        })
-        .collect();
-    let (_, master) = replica.state().master(be).unwrap();
-    (reports, master, replica.step().buffers().graphs_captured())
-}
-
 #[test]
 fn a_replica_whose_micro_batches_replay_as_graphs_trains_the_eager_weights() {
     for (world, strategy) in [(1, Strategy::Ddp), (2, Strategy::Ddp)] {
         let ends = run_local(world, DEFAULT_TIMEOUT, |comm| {
-            let eager = trained(&Host, &comm, strategy, false);
-            let graphed = trained(&GraphHost::new(), &comm, strategy, true);
-            (eager, graphed)
+            let base = |graphs| {
+                (
+                    strategy,
+                    StepOptions {
+                        graph_micro_batches: graphs,
+                        ..StepOptions::default()
+                    },
+                )
+            };
+            let (eager, _) = train_on::<Host, f32, _>(
+                &Host,
+                &comm,
+                base(false),
+                Optimizer::AdamW,
+                rule(Some(1.0)),
+                None,
+            );
+            let be = GraphHost::new();
+            let (graphed, replica) = train_on::<GraphHost, f32, _>(
+                &be,
+                &comm,
+                base(true),
+                Optimizer::AdamW,
+                rule(Some(1.0)),
+                None,
+            );
+            (eager, graphed, replica.step().buffers().graphs_captured())
         });
-        for (rank, (eager, graphed)) in ends.iter().enumerate() {
+        for (rank, (eager, graphed, captured)) in ends.iter().enumerate() {
             let what = format!("{strategy:?} at {world} ranks, rank {rank}");
+            assert_eq!(graphed.0.len(), eager.0.len(), "{what}: windows");
             for (w, (g, e)) in graphed.0.iter().zip(&eager.0).enumerate() {
                 assert_eq!(g.0.to_bits(), e.0.to_bits(), "{what}: window {w}'s loss");
-                assert_eq!(g.1.to_bits(), e.1.to_bits(), "{what}: window {w}'s norm");
+                assert_eq!(g.2.to_bits(), e.2.to_bits(), "{what}: window {w}'s norm");
             }
-            assert_bits_eq(&graphed.1, &eager.1, &format!("{what}: master"));
-            // One rank: every micro-batch is plain, the first of a window and the rest
-            // are two keys. DDP: the last micro-batch starts the buckets (eager); the
-            // first of each window is captured (the windows' three micro-batches over
-            // two ranks leave ranks with one or two each: 6 / 2 = 3, so one key of the
-            // first and one of the second are plain).
-            assert!(graphed.2 >= 1, "{what}: nothing was captured");
-            assert_eq!(eager.2, 0, "{what}: eager steps capture nothing");
+            assert_bits_eq(&graphed.2, &eager.2, &format!("{what}: master"));
+            assert_bits_eq(&graphed.3, &eager.3, &format!("{what}: compute copy"));
+            // One rank: every micro-batch is plain, the first of a window and the rest two
+            // keys. Two ranks: the last micro-batch of a rank's window starts the buckets
+            // (eager), the others are captured.
+            assert!(*captured >= 1, "{what}: nothing was captured");
         }
     }
 }

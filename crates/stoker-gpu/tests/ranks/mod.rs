@@ -13,7 +13,7 @@ use stoker_gpu::sample::{batch, gpt, ids, Ranges};
 use stoker_gpu::step::optimizer::{Optimizer, Scalars};
 use stoker_gpu::step::options::StepOptions;
 use stoker_gpu::step::{GptGpuStep, TokenBatch};
-use stoker_gpu::{Act, Host};
+use stoker_gpu::{Act, Backend, Host};
 use stoker_kernels::{AdamWStep, GptDims, SgdStep};
 use stoker_testkit::assert_close;
 
@@ -113,8 +113,20 @@ pub fn train_with<T: Act, C: Communicator>(
     rule: GradRule,
     round_seed: Option<u64>,
 ) -> RankEnd {
+    train_on::<Host, T, C>(&Host, comm, (strategy, base), opt, rule, round_seed).0
+}
+
+/// [`train_with`] on backend `be`; the replica too, as it ended.
+pub fn train_on<Be: Backend, T: Act, C: Communicator>(
+    be: &Be,
+    comm: &C,
+    (strategy, base): (Strategy, StepOptions),
+    opt: Optimizer,
+    rule: GradRule,
+    round_seed: Option<u64>,
+) -> (RankEnd, Replica<Be, GptGpuStep<Be, T>>) {
     let (rank, world) = (comm.rank(), comm.world_size());
-    let mut replica = replica::<T>((strategy, base), opt, (rank, world)).unwrap();
+    let mut replica = replica_on::<Be, T>(be, (strategy, base), opt, (rank, world)).unwrap();
     if let Some(seed) = round_seed {
         replica = replica.with_stochastic_rounding(seed).unwrap();
     }
@@ -128,12 +140,13 @@ pub fn train_with<T: Act, C: Communicator>(
             .map(batch)
             .collect();
         let r = replica
-            .window(&Host, &coll, &mine, &scalars(opt, w as u64 + 1), rule)
+            .window(be, &coll, &mine, &scalars(opt, w as u64 + 1), rule)
             .unwrap();
         reports.push((r.loss, r.tokens, r.grad_norm));
     }
-    let (range, master) = replica.state().master(&Host).unwrap();
-    (reports, range, master, compute_copy(&replica))
+    let (range, master) = replica.state().master(be).unwrap();
+    let copy = compute_copy_on(be, &replica);
+    ((reports, range, master, copy), replica)
 }
 
 /// Rank `rank_world.0`'s replica of the tiny GPT under `strategy` (its step made from
@@ -143,9 +156,19 @@ pub fn replica<T: Act>(
     opt: Optimizer,
     rank_world: (usize, usize),
 ) -> Result<Replica<Host, GptGpuStep<Host, T>>, stoker_gpu::GpuError> {
+    replica_on::<Host, T>(&Host, (strategy, base), opt, rank_world)
+}
+
+/// [`replica`] on backend `be`.
+pub fn replica_on<Be: Backend, T: Act>(
+    be: &Be,
+    (strategy, base): (Strategy, StepOptions),
+    opt: Optimizer,
+    rank_world: (usize, usize),
+) -> Result<Replica<Be, GptGpuStep<Be, T>>, stoker_gpu::GpuError> {
     let g = gpt(&DIMS, SEED, 0.2);
-    let step = GptGpuStep::<Host, T>::with_options(
-        &Host,
+    let step = GptGpuStep::<Be, T>::with_options(
+        be,
         DIMS,
         g.offsets.clone(),
         1e-5,
@@ -153,7 +176,7 @@ pub fn replica<T: Act>(
         strategy.step_options(base, rank_world),
     )?;
     Replica::new(
-        &Host,
+        be,
         step,
         (strategy, opt),
         &g.params,
@@ -164,10 +187,18 @@ pub fn replica<T: Act>(
 
 /// A replica's compute copy, widened to f32: the whole, or under ZeRO-3 its shard.
 pub fn compute_copy<A: Act>(replica: &Replica<Host, GptGpuStep<Host, A>>) -> Vec<f32> {
+    compute_copy_on(&Host, replica)
+}
+
+/// [`compute_copy`] on backend `be`.
+pub fn compute_copy_on<Be: Backend, A: Act>(
+    be: &Be,
+    replica: &Replica<Be, GptGpuStep<Be, A>>,
+) -> Vec<f32> {
     let bufs = replica.step().buffers();
     match bufs.sharded() {
-        Some(s) => s.shard_values(&Host).unwrap(),
-        None => bufs.params(&Host).unwrap(),
+        Some(s) => s.shard_values(be).unwrap(),
+        None => bufs.params(be).unwrap(),
     }
 }
 
