@@ -48,6 +48,8 @@ pub use error::GpuError;
 pub use graph_host::{GraphHost, HostGraph};
 pub use host::Host;
 pub use ids::{Groups, Ids};
+/// The model shapes the steps and the forecast take (stoker-kernels' own).
+pub use stoker_kernels::{GptDims, LlamaDims};
 pub use token_groups::TokenGroups;
 
 #[cfg(feature = "cuda")]

@@ -183,34 +183,49 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
             graph_micro_batches: true,
             ..Default::default()
         };
+        use stoker_gpu::device::check::{DEMO_GPT, GPT2_124M};
+        let gpt2 = ("GPT-2 124M", GPT2_124M, a.batch);
+        let demo = ("the demo's GPT", DEMO_GPT, 16);
         let variants = [
-            ("attention kept", Default::default(), chosen),
+            (gpt2, "attention kept", Default::default(), chosen),
             (
+                gpt2,
                 "attention kept, micro-batches as CUDA graphs",
                 graphs,
                 chosen,
             ),
-            ("attention recomputed", recompute, chosen),
-            ("attention and GELU recomputed", recompute_both, chosen),
-            ("attention kept", Default::default(), other),
+            (gpt2, "attention recomputed", recompute, chosen),
+            (
+                gpt2,
+                "attention and GELU recomputed",
+                recompute_both,
+                chosen,
+            ),
+            (gpt2, "attention kept", Default::default(), other),
+            (demo, "launched one by one", Default::default(), chosen),
+            (demo, "micro-batches as CUDA graphs", graphs, chosen),
         ];
-        for (variant, opts, library) in variants.into_iter().filter(|_| !a.no_timing) {
+        for ((model, dims, batch), variant, opts, library) in
+            variants.into_iter().filter(|_| !a.no_timing)
+        {
             dev.set_gemm_library(library);
             let variant = format!("{variant}, products through {library:?}");
-            let st = match check::time_step(&dev, a.batch, a.reps.max(1), opts) {
+            let st = match check::time_step(&dev, dims, batch, a.reps.max(1), opts) {
                 Ok(st) => st,
-                Err(e) if library != chosen => {
-                    println!("GPT-2 124M, {variant}: did not run: {e}");
-                    failed.push("the step with the other product library");
+                Err(e) if library != chosen || model != gpt2.0 => {
+                    println!("{model}, {variant}: did not run: {e}");
+                    failed.push("a timed step variant");
                     continue;
                 }
                 Err(e) => return Err(e.into()),
             };
-            let tokens = (a.batch * 1024) as f64;
-            let flops = 6.0 * st.params as f64 + 6.0 * 12.0 * 768.0 * 1024.0;
+            let t = dims.context;
+            let tokens = (batch * t) as f64;
+            // llm.c's count: 6N + 6LCT a token.
+            let flops = 6.0 * st.params as f64 + 6.0 * (dims.n_layer * dims.d_model * t) as f64;
             println!(
-                "GPT-2 124M ({} parameters), bf16, micro-batch {} x 1024, {variant}:",
-                st.params, a.batch
+                "{model} ({} parameters), bf16, micro-batch {batch} x {t}, {variant}:",
+                st.params
             );
             // The forward alone does a third of the FLOPs (2N + 2LCT a token).
             for (label, ms, share) in [
@@ -224,7 +239,7 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
                     100.0 * tps * flops * share / 989e12
                 );
             }
-            forecast_beside(&dev.name(), a.batch, opts, &st);
+            forecast_beside(&dev.name(), (dims, batch), opts, &st);
             let mib = |b: usize| b as f64 / (1 << 20) as f64;
             println!(
                 "  device memory: planned {:.0} MiB (the step's own count), measured {:.0} MiB (the driver's free memory before and after), measured/planned {:.3}",
@@ -263,15 +278,18 @@ fn preset_of(name: &str) -> Option<stoker_plan::hardware::Hardware> {
     stoker_plan::hardware::preset(key).ok()
 }
 
-/// `stoker plan`'s forecast of the GPT-2 124M step just timed (`stoker_gpu::forecast`,
-/// its efficiencies assumed), beside the measured times: what each run checks it by.
+/// `stoker plan`'s forecast of the GPT step just timed (`stoker_gpu::forecast`, its
+/// efficiencies assumed), beside the measured times, then the profiled step's parts
+/// (CUDA events around each launch) beside the forecast's: where the time goes, and
+/// which assumption each part checks.
 #[cfg(feature = "cuda")]
 fn forecast_beside(
     name: &str,
-    batch: usize,
+    (dims, batch): (stoker_gpu::GptDims, usize),
     opts: stoker_gpu::step::options::StepOptions,
     st: &stoker_gpu::device::check::StepTimes,
 ) {
+    use stoker_gpu::device::profile::Part;
     use stoker_gpu::forecast::{forecast, gpt_step_work_in, GpuFigures};
     let Some(hw) = preset_of(name) else {
         println!("  forecast: no preset for {name}");
@@ -281,12 +299,7 @@ fn forecast_beside(
         .dtype(stoker_plan::setup::Dtype::Bf16)
         .map_or(989e12, |d| d.peak_flops);
     let figures = GpuFigures::assumed(peak, hw.device_mem_bw, hw.host_link_bw);
-    let work = match gpt_step_work_in(
-        stoker_gpu::Dtype::Bf16,
-        stoker_gpu::device::check::GPT2_124M,
-        (batch, 1024),
-        opts,
-    ) {
+    let work = match gpt_step_work_in(stoker_gpu::Dtype::Bf16, dims, (batch, dims.context), opts) {
         Ok(w) => w,
         Err(e) => {
             println!("  forecast: {e}");
@@ -310,6 +323,55 @@ fn forecast_beside(
         st.forward_backward_ms / fb,
         st.step_ms / step
     );
+    // The forecast of each part, over the micro-batch and the update together.
+    let forecast_ms = |part: Part| -> Option<f64> {
+        let both = [&micro, &update];
+        let s: f64 = match part {
+            Part::Kernel(k) => both
+                .iter()
+                .flat_map(|f| f.kernels.iter())
+                .filter(|s| s.kernel == k)
+                .map(|s| s.seconds)
+                .sum(),
+            Part::Products => both.iter().map(|f| f.products_s).sum(),
+            Part::BatchedProducts => both.iter().map(|f| f.batched_products_s).sum(),
+            Part::Device => both.iter().map(|f| f.device_s).sum(),
+            Part::Graph => return None,
+        };
+        Some(s * 1e3)
+    };
+    let timed: f64 = st.profile.iter().map(|p| p.ms).sum();
+    println!(
+        "  where one step's time goes (CUDA events around each launch): the parts sum to {timed:.2} ms of its {:.2} ms wall time; the rest, {:.2} ms, the GPU waits between launches",
+        st.profiled_ms,
+        (st.profiled_ms - timed).max(0.0)
+    );
+    println!(
+        "    {:<34} {:>8} {:>11} {:>11} {:>9}",
+        "part", "launches", "measured ms", "forecast ms", "meas/fcst"
+    );
+    for p in st.profile.iter().take(16) {
+        let label = match p.part {
+            Part::Kernel(k) => k.to_string(),
+            Part::Products => "products".into(),
+            Part::BatchedProducts => "batched (per-head) products".into(),
+            Part::Device => "copies and zeroings".into(),
+            Part::Graph => "graphs (replayed whole)".into(),
+        };
+        match forecast_ms(p.part) {
+            Some(f) if f > 0.0 => println!(
+                "    {label:<34} {:>8} {:>11.3} {:>11.3} {:>9.2}",
+                p.launches,
+                p.ms,
+                f,
+                p.ms / f
+            ),
+            _ => println!(
+                "    {label:<34} {:>8} {:>11.3} {:>11}",
+                p.launches, p.ms, "-"
+            ),
+        }
+    }
 }
 
 /// GPT-2 124M's products through cuBLASLt and through cuBLAS: their outputs' distance and

@@ -505,7 +505,23 @@ pub struct StepTimes {
     pub planned_bytes: usize,
     /// Device memory the driver reports gone since before the step was made.
     pub measured_bytes: usize,
+    /// One more step (micro-batch and update) with CUDA events around each launch:
+    /// each part's GPU time ([`super::profile`]), the longest first.
+    pub profile: Vec<super::profile::MeasuredShare>,
+    /// That step's wall time, in milliseconds (the events' own cost included): what the
+    /// parts' sum leaves of it is the GPU waiting between launches.
+    pub profiled_ms: f64,
 }
+
+/// The demo's GPT (configs/shakespeare-gpt.toml): vocabulary 96, context 128, 4 layers,
+/// d_model 128, 4 heads; 0.82M parameters, a step made mostly of launches.
+pub const DEMO_GPT: stoker_kernels::GptDims = stoker_kernels::GptDims {
+    vocab: 96,
+    context: 128,
+    d_model: 128,
+    n_layer: 4,
+    n_head: 4,
+};
 
 /// GPT-2 124M's sizes: vocabulary 50,257 (padded to 50,304), context 1,024, 12 layers,
 /// d_model 768, 12 heads.
@@ -524,11 +540,11 @@ pub const GPT2_124M: stoker_kernels::GptDims = stoker_kernels::GptDims {
 /// MFU: 6N + 6LCT FLOPs per token); the step made with `opts` (attention recomputed, say).
 pub fn time_step(
     dev: &Device,
+    dims: stoker_kernels::GptDims,
     b: usize,
     reps: usize,
     opts: crate::step::options::StepOptions,
 ) -> Result<StepTimes, GpuError> {
-    let dims = GPT2_124M;
     let t = dims.context;
     let g = crate::sample::gpt(&dims, 7, 0.02);
     let free_before = dev.free_bytes()?;
@@ -570,13 +586,22 @@ pub fn time_step(
         Ok(())
     };
     let forward_backward_ms = median(Box::new(|_| forward_backward()))?;
-    let step_ms = median(Box::new(|i| {
+    let whole_step = |i: u64| -> Result<(), GpuError> {
         forward_backward()?;
         let adam = AdamWStep::new(3e-4, 0.9, 0.95, 1e-8, 0.1, i + 1);
         let scalars = crate::step::optimizer::Scalars::AdamW(adam);
         step.update(dev, &opt, &scalars, 1.0, Some(1.0))?; // ends on the norm read
         dev.synchronize()
-    }))?;
+    };
+    let step_ms = median(Box::new(&whole_step))?;
+    // One more, each launch between CUDA events: where the step's time goes.
+    dev.start_profile();
+    let t0 = std::time::Instant::now();
+    let profiled = whole_step(reps as u64 + 2);
+    let profiled_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let profile = dev.take_profile();
+    profiled?;
+    let profile = profile?;
     // The forward alone: evaluation ends on reading its sums.
     let forward_ms = median(Box::new(|_| step.evaluate(dev, batch).map(|_| ())))?;
     // Measured after the steps: cuBLAS's workspace and the ids' small buffers count too.
@@ -588,5 +613,7 @@ pub fn time_step(
         params: g.params.len(),
         planned_bytes: step.buffers().bytes() + opt.bytes(),
         measured_bytes,
+        profile,
+        profiled_ms,
     })
 }

@@ -13,6 +13,7 @@ pub mod check;
 pub mod gemm_check;
 mod lt;
 pub mod nccl;
+pub mod profile;
 pub mod replica_check;
 mod staging;
 
@@ -72,6 +73,8 @@ pub struct Device {
     staging: staging::Staging,
     /// Whether the stream is being captured into a graph.
     capturing: Cell<bool>,
+    /// Events around each launch, while a profile is under way.
+    profiler: profile::Profiler,
 }
 
 /// A captured graph on the device, instantiated (cudarc's, on the device's stream).
@@ -112,6 +115,7 @@ impl Device {
             gemm_library: Cell::new(GemmLibrary::CublasLt),
             staging: staging::Staging::default(),
             capturing: Cell::new(false),
+            profiler: profile::Profiler::default(),
         })
     }
 
@@ -202,6 +206,32 @@ pub struct DeviceBuf<E> {
 }
 
 impl Device {
+    /// Starts timing each launch, product, zeroing, copy and graph replay from now on
+    /// (CUDA events around each; [`profile`]).
+    pub fn start_profile(&self) {
+        self.profiler.start();
+    }
+
+    /// Ends the profile [`Device::start_profile`] started: each part's summed GPU time,
+    /// the longest first (waits for the stream).
+    pub fn take_profile(&self) -> Result<Vec<profile::MeasuredShare>, GpuError> {
+        self.live("a profile's end")?;
+        self.profiler.take()
+    }
+
+    /// Runs `work` timed as `part` where a profile is under way (and no capture: a
+    /// graph's launches are timed as its replay).
+    fn timed<R>(
+        &self,
+        part: profile::Part,
+        work: impl FnOnce() -> Result<R, GpuError>,
+    ) -> Result<R, GpuError> {
+        match self.capturing.get() {
+            true => work(),
+            false => self.profiler.timed((&self.ctx, &self.stream), part, work),
+        }
+    }
+
     /// An error where the stream is being captured: `op` waits for the stream, copies
     /// from the host or allocates, which a graph cannot replay.
     fn live(&self, op: &str) -> Result<(), GpuError> {
@@ -254,7 +284,9 @@ impl Backend for Device {
         self.live("a replay inside a capture")?;
         // The caller's contract keeps every captured buffer alive until the launch ends
         // (the graph is ordered on the stream like any launch).
-        graph.0.launch().map_err(driver("launching a graph"))
+        self.timed(profile::Part::Graph, || {
+            graph.0.launch().map_err(driver("launching a graph"))
+        })
     }
 
     fn free_memory(&self) -> Option<usize> {
@@ -322,38 +354,42 @@ impl Backend for Device {
     }
 
     fn zero<E: Elem>(&self, v: View<E>) -> Result<(), GpuError> {
-        self.bind()?;
-        // SAFETY: a View lies inside a live device buffer of this context (checked when
-        // it was made); the memset is ordered on the stream.
-        unsafe {
-            cudarc::driver::result::memset_d8_async(
-                v.addr(),
-                0,
-                v.len() * std::mem::size_of::<E>(),
-                self.stream.cu_stream(),
-            )
-        }
-        .map_err(driver(format!("zeroing {} elements", v.len())))
+        self.timed(profile::Part::Device, || {
+            self.bind()?;
+            // SAFETY: a View lies inside a live device buffer of this context (checked when
+            // it was made); the memset is ordered on the stream.
+            unsafe {
+                cudarc::driver::result::memset_d8_async(
+                    v.addr(),
+                    0,
+                    v.len() * std::mem::size_of::<E>(),
+                    self.stream.cu_stream(),
+                )
+            }
+            .map_err(driver(format!("zeroing {} elements", v.len())))
+        })
     }
 
     fn copy<E: Elem>(&self, dst: View<E>, src: View<E>) -> Result<(), GpuError> {
         crate::error::check_len("copy", "dst", dst.len(), src.len())?;
         crate::backend::check_disjoint("copy", &dst, &src)?;
-        self.bind()?;
-        // SAFETY: both views lie inside live device buffers of this context and hold
-        // src.len() elements; the copy is ordered on the stream.
-        unsafe {
-            cudarc::driver::result::memcpy_dtod_async(
-                dst.addr(),
-                src.addr(),
-                src.len() * std::mem::size_of::<E>(),
-                self.stream.cu_stream(),
-            )
-        }
-        .map_err(driver(format!(
-            "copying {} elements on the device",
-            src.len()
-        )))
+        self.timed(profile::Part::Device, || {
+            self.bind()?;
+            // SAFETY: both views lie inside live device buffers of this context and hold
+            // src.len() elements; the copy is ordered on the stream.
+            unsafe {
+                cudarc::driver::result::memcpy_dtod_async(
+                    dst.addr(),
+                    src.addr(),
+                    src.len() * std::mem::size_of::<E>(),
+                    self.stream.cu_stream(),
+                )
+            }
+            .map_err(driver(format!(
+                "copying {} elements on the device",
+                src.len()
+            )))
+        })
     }
 
     fn read<E: Elem>(&self, v: View<E>) -> Result<Vec<E>, GpuError> {
@@ -393,57 +429,67 @@ impl Backend for Device {
     }
 
     unsafe fn launch(&self, call: &Call) -> Result<(), GpuError> {
-        let symbol = call.symbol();
-        let f = self.function(&symbol)?;
-        let args = call.args();
-        let mut launch = self.stream.launch_builder(&f);
-        for a in &args {
-            match a {
-                Arg::Addr(v) => launch.arg(v),
-                Arg::I64(v) => launch.arg(v),
-                Arg::I32(v) => launch.arg(v),
-                Arg::F32(v) => launch.arg(v),
-                Arg::Heads(v) => launch.arg(v),
-                Arg::AdamW(v) => launch.arg(v),
-                Arg::Sgd(v) => launch.arg(v),
-            };
-        }
-        // SAFETY: the caller's contract (every address inside a live buffer, as the
-        // shapes imply); the arguments are the kernel's parameters in order, with the
-        // types kernels.inc declares (tests/kernel_list.rs holds the counts in step).
-        unsafe { launch.launch(config(call.grid())) }
-            .map_err(driver(format!("launching {symbol}")))?;
-        Ok(())
+        self.timed(profile::Part::Kernel(call.name()), || {
+            let symbol = call.symbol();
+            let f = self.function(&symbol)?;
+            let args = call.args();
+            let mut launch = self.stream.launch_builder(&f);
+            for a in &args {
+                match a {
+                    Arg::Addr(v) => launch.arg(v),
+                    Arg::I64(v) => launch.arg(v),
+                    Arg::I32(v) => launch.arg(v),
+                    Arg::F32(v) => launch.arg(v),
+                    Arg::Heads(v) => launch.arg(v),
+                    Arg::AdamW(v) => launch.arg(v),
+                    Arg::Sgd(v) => launch.arg(v),
+                };
+            }
+            // SAFETY: the caller's contract (every address inside a live buffer, as the
+            // shapes imply); the arguments are the kernel's parameters in order, with the
+            // types kernels.inc declares (tests/kernel_list.rs holds the counts in step).
+            unsafe { launch.launch(config(call.grid())) }
+                .map_err(driver(format!("launching {symbol}")))?;
+            Ok(())
+        })
     }
 
     unsafe fn gemm(&self, g: &Gemm) -> Result<(), GpuError> {
-        self.bind()?;
-        let epilogue = lt::epilogue_bias(g);
-        let done = match self.gemm_library.get() {
-            // SAFETY: the caller's contract; the context is current (bound above), and
-            // an epilogue bias is aligned (epilogue_bias).
-            GemmLibrary::CublasLt => unsafe { self.lt.gemm(g, epilogue)? },
-            GemmLibrary::Cublas => false,
-        };
-        if !done {
-            // SAFETY: the caller's contract.
-            unsafe { self.cublas_gemm(g)? };
-        }
-        match g.bias {
-            Some(bias) if !(done && epilogue.is_some()) => {
-                let call = Call::AddBias {
-                    dtype: g.c_type,
-                    out: g.c,
-                    bias,
-                    n: (g.m * g.n) as i64,
-                    cols: crate::error::dim("matmul", "n", g.n)?,
+        self.timed(
+            match g.batch {
+                1 => profile::Part::Products,
+                _ => profile::Part::BatchedProducts,
+            },
+            || {
+                self.bind()?;
+                let epilogue = lt::epilogue_bias(g);
+                let done = match self.gemm_library.get() {
+                    // SAFETY: the caller's contract; the context is current (bound above), and
+                    // an epilogue bias is aligned (epilogue_bias).
+                    GemmLibrary::CublasLt => unsafe { self.lt.gemm(g, epilogue)? },
+                    GemmLibrary::Cublas => false,
                 };
-                // SAFETY: the caller's contract: with a bias, C is m dense rows of n in
-                // the bias's type, and the bias holds n elements.
-                unsafe { self.launch(&call) }
-            }
-            _ => Ok(()),
-        }
+                if !done {
+                    // SAFETY: the caller's contract.
+                    unsafe { self.cublas_gemm(g)? };
+                }
+                match g.bias {
+                    Some(bias) if !(done && epilogue.is_some()) => {
+                        let call = Call::AddBias {
+                            dtype: g.c_type,
+                            out: g.c,
+                            bias,
+                            n: (g.m * g.n) as i64,
+                            cols: crate::error::dim("matmul", "n", g.n)?,
+                        };
+                        // SAFETY: the caller's contract: with a bias, C is m dense rows of n in
+                        // the bias's type, and the bias holds n elements.
+                        unsafe { self.launch(&call) }
+                    }
+                    _ => Ok(()),
+                }
+            },
+        )
     }
 }
 
