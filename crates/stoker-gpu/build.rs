@@ -14,6 +14,7 @@ fn main() {
         "portable.h",
         "pack.h",
         "warp.h",
+        "mma.h",
         "kernels.inc",
         "kernels.cu",
         "host.cpp",
@@ -21,6 +22,7 @@ fn main() {
     let ops = [
         "classifier",
         "elementwise",
+        "flash",
         "layernorm",
         "llama",
         "optim",

@@ -6,6 +6,7 @@
 // returning at once.
 #include "ops/classifier.cuh"
 #include "ops/elementwise.cuh"
+#include "ops/flash.cuh"
 #include "ops/layernorm.cuh"
 #include "ops/llama.cuh"
 #include "ops/optim.cuh"

@@ -364,6 +364,52 @@ pub enum Call {
         n: i64,
         accumulate: i32,
     },
+    // Causal attention on tensor cores (bf16 only; cuda/ops/flash.cuh): `tiles` of 16 rows.
+    FlashForward {
+        out: Addr,
+        lse: Addr,
+        q: Addr,
+        k: Addr,
+        v: Addr,
+        tiles: i64,
+        t: i32,
+        d: i32,
+        scale: f32,
+    },
+    FlashRowdot {
+        dsum: Addr,
+        dout: Addr,
+        out: Addr,
+        rows: i64,
+        d: i32,
+    },
+    FlashBackwardKv {
+        dk: Addr,
+        dv: Addr,
+        q: Addr,
+        k: Addr,
+        v: Addr,
+        dout: Addr,
+        lse: Addr,
+        dsum: Addr,
+        tiles: i64,
+        t: i32,
+        d: i32,
+        scale: f32,
+    },
+    FlashBackwardQ {
+        dq: Addr,
+        q: Addr,
+        k: Addr,
+        v: Addr,
+        dout: Addr,
+        lse: Addr,
+        dsum: Addr,
+        tiles: i64,
+        t: i32,
+        d: i32,
+        scale: f32,
+    },
 }
 
 impl Call {
@@ -400,6 +446,10 @@ impl Call {
             Call::SgdSegments { .. } => "sgd_segments",
             Call::SumPartials { .. } => "sum_partials",
             Call::Sum { .. } => "sum",
+            Call::FlashForward { .. } => "flash_forward",
+            Call::FlashRowdot { .. } => "flash_rowdot",
+            Call::FlashBackwardKv { .. } => "flash_backward_kv",
+            Call::FlashBackwardQ { .. } => "flash_backward_q",
         }
     }
 
@@ -437,6 +487,10 @@ impl Call {
             | SgdSegments { .. }
             | SumPartials { .. }
             | Sum { .. } => None,
+            FlashForward { .. }
+            | FlashRowdot { .. }
+            | FlashBackwardKv { .. }
+            | FlashBackwardQ { .. } => Some(Dtype::Bf16),
         }
     }
 
@@ -478,6 +532,10 @@ impl Call {
                 Grid::Warps(*warps as i64)
             }
             Sum { .. } => Grid::Warps(1),
+            FlashForward { tiles, .. }
+            | FlashBackwardKv { tiles, .. }
+            | FlashBackwardQ { tiles, .. } => Grid::Rows(*tiles),
+            FlashRowdot { rows, .. } => Grid::Rows(*rows),
             RmsnormForward { n, .. } => Grid::Rows(*n),
             RmsnormBackward { warps, .. } => Grid::Warps(*warps as i64),
             Rope { n, .. } => Grid::Elements(*n),
@@ -839,6 +897,86 @@ impl Call {
                 n,
                 accumulate,
             } => vec![A(out), A(x), I64(n), I32(accumulate)],
+            FlashForward {
+                out,
+                lse,
+                q,
+                k,
+                v,
+                tiles,
+                t,
+                d,
+                scale,
+            } => vec![
+                A(out),
+                A(lse),
+                A(q),
+                A(k),
+                A(v),
+                I64(tiles),
+                I32(t),
+                I32(d),
+                F32(scale),
+            ],
+            FlashRowdot {
+                dsum,
+                dout,
+                out,
+                rows,
+                d,
+            } => vec![A(dsum), A(dout), A(out), I64(rows), I32(d)],
+            FlashBackwardKv {
+                dk,
+                dv,
+                q,
+                k,
+                v,
+                dout,
+                lse,
+                dsum,
+                tiles,
+                t,
+                d,
+                scale,
+            } => vec![
+                A(dk),
+                A(dv),
+                A(q),
+                A(k),
+                A(v),
+                A(dout),
+                A(lse),
+                A(dsum),
+                I64(tiles),
+                I32(t),
+                I32(d),
+                F32(scale),
+            ],
+            FlashBackwardQ {
+                dq,
+                q,
+                k,
+                v,
+                dout,
+                lse,
+                dsum,
+                tiles,
+                t,
+                d,
+                scale,
+            } => vec![
+                A(dq),
+                A(q),
+                A(k),
+                A(v),
+                A(dout),
+                A(lse),
+                A(dsum),
+                I64(tiles),
+                I32(t),
+                I32(d),
+                F32(scale),
+            ],
         }
     }
 }

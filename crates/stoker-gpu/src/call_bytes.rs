@@ -129,7 +129,47 @@ impl Call {
             }
             SumPartials { n, warps, .. } => 4 * (n + warps as i64),
             Sum { n, .. } => 4 * n,
+            // q, k, v read, the output written (bf16), each row's log-sum-exp (f32).
+            FlashForward { tiles, t, d, .. } => {
+                let rows = flash_rows(tiles, t);
+                rows * (4 * d as i64 * 2 + 4)
+            }
+            FlashRowdot { rows, d, .. } => rows * (2 * d as i64 * 2 + 4),
+            // q, k, v, dout read and two gradients written (bf16); two f32 a row.
+            FlashBackwardKv { tiles, t, d, .. } => flash_rows(tiles, t) * (6 * d as i64 * 2 + 8),
+            FlashBackwardQ { tiles, t, d, .. } => flash_rows(tiles, t) * (5 * d as i64 * 2 + 8),
         };
         bytes.max(0) as u64
     }
+
+    /// Multiply-adds times two that the launch does on tensor cores (the flash attention
+    /// kernels' products over their causal blocks of 16 x 16); 0 for the others, whose
+    /// time is their bytes'.
+    pub fn tensor_flops(&self) -> f64 {
+        use Call::*;
+        // Per head, a tile of 16 rows meets its blocks of 16: tile r's forward and its
+        // query side the r + 1 blocks up to its diagonal, a key tile the blocks from its
+        // diagonal on: R (R + 1) / 2 block pairs a head either way, R = ceil(T / 16).
+        let pairs = |tiles: i64, t: i32| {
+            let r = (t as i64 + 15) / 16;
+            (tiles / r.max(1)) as f64 * (r * (r + 1) / 2) as f64
+        };
+        // One 16 x 16 x D product: 2 * 16 * 16 * D.
+        let product = |d: i32| 512.0 * d as f64;
+        match *self {
+            // The scores and the weighted values.
+            FlashForward { tiles, t, d, .. } => pairs(tiles, t) * 2.0 * product(d),
+            // The scores, dp, dv, dk.
+            FlashBackwardKv { tiles, t, d, .. } => pairs(tiles, t) * 4.0 * product(d),
+            // The scores, dp, dq.
+            FlashBackwardQ { tiles, t, d, .. } => pairs(tiles, t) * 3.0 * product(d),
+            _ => 0.0,
+        }
+    }
+}
+
+/// The rows `tiles` tiles of 16 cover over heads of `t` positions.
+fn flash_rows(tiles: i64, t: i32) -> i64 {
+    let per = (t as i64 + 15) / 16;
+    tiles / per.max(1) * t as i64
 }

@@ -106,6 +106,46 @@ extern "C" {
     );
     fn stoker_host_sum_partials(partials: P, x: P, n: i64, squares: i32, warps: i32);
     fn stoker_host_sum(out: P, x: P, n: i64, accumulate: i32);
+    // The tensor-core kernels, bf16 alone.
+    fn stoker_host_flash_forward_bf16(
+        out: P,
+        lse: P,
+        q: P,
+        k: P,
+        v: P,
+        tiles: i64,
+        t: i32,
+        d: i32,
+        scale: f32,
+    );
+    fn stoker_host_flash_rowdot_bf16(dsum: P, dout: P, out: P, rows: i64, d: i32);
+    fn stoker_host_flash_backward_kv_bf16(
+        dk: P,
+        dv: P,
+        q: P,
+        k: P,
+        v: P,
+        dout: P,
+        lse: P,
+        dsum: P,
+        tiles: i64,
+        t: i32,
+        d: i32,
+        scale: f32,
+    );
+    fn stoker_host_flash_backward_q_bf16(
+        dq: P,
+        q: P,
+        k: P,
+        v: P,
+        dout: P,
+        lse: P,
+        dsum: P,
+        tiles: i64,
+        t: i32,
+        d: i32,
+        scale: f32,
+    );
 }
 
 fn fns(d: Dtype) -> &'static HostFns {
@@ -457,6 +497,78 @@ pub(crate) unsafe fn run(call: &Call) {
                 n,
                 accumulate,
             } => stoker_host_sum(p(out), p(x), n, accumulate),
+            FlashForward {
+                out,
+                lse,
+                q,
+                k,
+                v,
+                tiles,
+                t,
+                d,
+                scale,
+            } => {
+                stoker_host_flash_forward_bf16(p(out), p(lse), p(q), p(k), p(v), tiles, t, d, scale)
+            }
+            FlashRowdot {
+                dsum,
+                dout,
+                out,
+                rows,
+                d,
+            } => stoker_host_flash_rowdot_bf16(p(dsum), p(dout), p(out), rows, d),
+            FlashBackwardKv {
+                dk,
+                dv,
+                q,
+                k,
+                v,
+                dout,
+                lse,
+                dsum,
+                tiles,
+                t,
+                d,
+                scale,
+            } => stoker_host_flash_backward_kv_bf16(
+                p(dk),
+                p(dv),
+                p(q),
+                p(k),
+                p(v),
+                p(dout),
+                p(lse),
+                p(dsum),
+                tiles,
+                t,
+                d,
+                scale,
+            ),
+            FlashBackwardQ {
+                dq,
+                q,
+                k,
+                v,
+                dout,
+                lse,
+                dsum,
+                tiles,
+                t,
+                d,
+                scale,
+            } => stoker_host_flash_backward_q_bf16(
+                p(dq),
+                p(q),
+                p(k),
+                p(v),
+                p(dout),
+                p(lse),
+                p(dsum),
+                tiles,
+                t,
+                d,
+                scale,
+            ),
         }
     }
 }

@@ -27,6 +27,7 @@ pub mod counting;
 pub mod elem;
 pub mod error;
 mod ffi;
+pub mod flash;
 pub mod forecast;
 pub mod gemm;
 pub mod graph_host;

@@ -25,11 +25,14 @@ fn entries() -> BTreeMap<String, (String, usize)> {
             let open = rest.find('(').unwrap();
             let close = open + rest[open..].find(')').unwrap();
             let params = rest[open + 1..close].split(',').count();
-            for (suffix, s) in [("_##S", "_f32"), ("_##S", "_bf16"), ("_##S", "_f16")] {
-                match name.strip_suffix(suffix) {
-                    Some(base) => out.insert(format!("{base}{s}"), (kind.to_string(), params)),
-                    None => out.insert(name.clone(), (kind.to_string(), params)),
-                };
+            // _##S: every element type; _##H: the tensor-core kernels' bf16 alone.
+            let typed = [("_##S", "_f32"), ("_##S", "_bf16"), ("_##S", "_f16")];
+            for (suffix, s) in typed.into_iter().chain([("_##H", "_bf16")]) {
+                if let Some(base) = name.strip_suffix(suffix) {
+                    out.insert(format!("{base}{s}"), (kind.to_string(), params));
+                } else if !name.ends_with("_##S") && !name.ends_with("_##H") {
+                    out.insert(name.clone(), (kind.to_string(), params));
+                }
             }
         }
     }
@@ -326,6 +329,51 @@ fn calls() -> Vec<Call> {
             n: 1,
             accumulate: 0,
         },
+        Call::FlashForward {
+            out: 0,
+            lse: 0,
+            q: 0,
+            k: 0,
+            v: 0,
+            tiles: 1,
+            t: 1,
+            d: 16,
+            scale: 1.0,
+        },
+        Call::FlashRowdot {
+            dsum: 0,
+            dout: 0,
+            out: 0,
+            rows: 1,
+            d: 16,
+        },
+        Call::FlashBackwardKv {
+            dk: 0,
+            dv: 0,
+            q: 0,
+            k: 0,
+            v: 0,
+            dout: 0,
+            lse: 0,
+            dsum: 0,
+            tiles: 1,
+            t: 1,
+            d: 16,
+            scale: 1.0,
+        },
+        Call::FlashBackwardQ {
+            dq: 0,
+            q: 0,
+            k: 0,
+            v: 0,
+            dout: 0,
+            lse: 0,
+            dsum: 0,
+            tiles: 1,
+            t: 1,
+            d: 16,
+            scale: 1.0,
+        },
     ]);
     out
 }
@@ -351,7 +399,7 @@ fn every_call_is_a_kernels_inc_entry_with_its_grid_and_arity() {
     );
     assert_eq!(
         want.len(),
-        78,
+        82,
         "kernels.inc's entry count changed: update Call and ffi.rs"
     );
 }

@@ -1,0 +1,155 @@
+//! Causal attention that keeps no scores, on tensor cores (cuda/ops/flash.cuh,
+//! FlashAttention-2's algorithm): checked calls over per-head bf16 buffers `[B*H, T, D]`.
+//! The forward writes the output and each row's log-sum-exp (`[B*H, T]` f32), the one
+//! thing the backward keeps of the scores; the backward recomputes the probabilities
+//! from q, k and it, 16 x 16 at a time. Head widths 16, 32 and 64; any T.
+
+use half::bf16;
+
+use crate::backend::{check_disjoint, Backend, View};
+use crate::call::Call;
+use crate::error::{check_len, dim, GpuError};
+
+/// The head widths the kernels are built for.
+pub const HEAD_WIDTHS: [usize; 3] = [16, 32, 64];
+
+/// Whether heads of width `d` run here.
+pub fn supports(d: usize) -> bool {
+    HEAD_WIDTHS.contains(&d)
+}
+
+/// `(B*H, T, D)`: heads, positions, head width.
+pub type FlashShape = (usize, usize, usize);
+
+/// q, k and v, each `[B*H, T, D]` bf16.
+pub type FlashQkv<'a> = (View<'a, bf16>, View<'a, bf16>, View<'a, bf16>);
+
+/// The launch's scalars after the shapes' checks: tiles of 16 rows, T, D, the scale.
+fn checked(
+    kernel: &'static str,
+    (bh, t, d): FlashShape,
+    (q, k, v): &FlashQkv,
+    per_row: &[(&'static str, usize)],
+) -> Result<(i64, i32, i32, f32), GpuError> {
+    if !supports(d) {
+        return Err(GpuError::Shape {
+            kernel,
+            what: format!("head width {d}: the kernels are built for {HEAD_WIDTHS:?}"),
+        });
+    }
+    let (t32, d32) = (dim(kernel, "t", t)?, dim(kernel, "d", d)?);
+    dim(kernel, "heads", bh)?;
+    let n = bh * t * d;
+    check_len(kernel, "q", q.len(), n)?;
+    check_len(kernel, "k", k.len(), n)?;
+    check_len(kernel, "v", v.len(), n)?;
+    for &(name, len) in per_row {
+        check_len(kernel, name, len, bh * t)?;
+    }
+    let tiles = i64::try_from(bh * t.div_ceil(16)).map_err(|_| GpuError::Shape {
+        kernel,
+        what: format!("{bh} heads of {t} positions"),
+    })?;
+    Ok((tiles, t32, d32, 1.0 / (d as f32).sqrt()))
+}
+
+/// `out = softmax(q k^T / sqrt(D)) v` with the causal mask, and `lse` each row's
+/// log-sum-exp of its scaled scores (`[B*H, T]`).
+pub fn forward<B: Backend>(
+    b: &B,
+    x: FlashQkv,
+    (out, lse): (View<bf16>, View<f32>),
+    shape: FlashShape,
+) -> Result<(), GpuError> {
+    const K: &str = "flash-forward";
+    let (tiles, t, d, scale) = checked(K, shape, &x, &[("lse", lse.len())])?;
+    check_len(K, "out", out.len(), x.0.len())?;
+    for input in [x.0, x.1, x.2] {
+        check_disjoint(K, &out, &input)?;
+    }
+    let call = Call::FlashForward {
+        out: out.addr(),
+        lse: lse.addr(),
+        q: x.0.addr(),
+        k: x.1.addr(),
+        v: x.2.addr(),
+        tiles,
+        t,
+        d,
+        scale,
+    };
+    // SAFETY: q, k, v and out hold B*H*T*D elements and lse B*H*T (checked above); the
+    // kernel reads and writes rows below T of each head only.
+    unsafe { b.launch(&call) }
+}
+
+/// The backward from the output's gradient `dout`: `dq`, `dk`, `dv` (written whole),
+/// with `dsum` (`[B*H, T]` f32) scratch for each row's `dout . out`.
+pub fn backward<B: Backend>(
+    b: &B,
+    x: FlashQkv,
+    (out, dout, lse): (View<bf16>, View<bf16>, View<f32>),
+    dsum: View<f32>,
+    (dq, dk, dv): FlashQkv,
+    shape: FlashShape,
+) -> Result<(), GpuError> {
+    const K: &str = "flash-backward";
+    let rows = [("lse", lse.len()), ("dsum", dsum.len())];
+    let (tiles, t, d, scale) = checked(K, shape, &x, &rows)?;
+    for (name, v) in [
+        ("out", out),
+        ("dout", dout),
+        ("dq", dq),
+        ("dk", dk),
+        ("dv", dv),
+    ] {
+        check_len(K, name, v.len(), x.0.len())?;
+    }
+    // The gradients are written while q, k, v, out and dout are still read.
+    for written in [dq, dk, dv] {
+        for read in [x.0, x.1, x.2, out, dout] {
+            check_disjoint(K, &written, &read)?;
+        }
+    }
+    let rowdot = Call::FlashRowdot {
+        dsum: dsum.addr(),
+        dout: dout.addr(),
+        out: out.addr(),
+        rows: (shape.0 * shape.1) as i64,
+        d,
+    };
+    let kv = Call::FlashBackwardKv {
+        dk: dk.addr(),
+        dv: dv.addr(),
+        q: x.0.addr(),
+        k: x.1.addr(),
+        v: x.2.addr(),
+        dout: dout.addr(),
+        lse: lse.addr(),
+        dsum: dsum.addr(),
+        tiles,
+        t,
+        d,
+        scale,
+    };
+    let q = Call::FlashBackwardQ {
+        dq: dq.addr(),
+        q: x.0.addr(),
+        k: x.1.addr(),
+        v: x.2.addr(),
+        dout: dout.addr(),
+        lse: lse.addr(),
+        dsum: dsum.addr(),
+        tiles,
+        t,
+        d,
+        scale,
+    };
+    // SAFETY: every [B*H, T, D] view holds B*H*T*D elements and lse and dsum B*H*T
+    // (checked above); each kernel reads and writes rows below T of each head only.
+    unsafe {
+        b.launch(&rowdot)?;
+        b.launch(&kv)?;
+        b.launch(&q)
+    }
+}
