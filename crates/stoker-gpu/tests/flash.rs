@@ -4,12 +4,19 @@
 //! f64 from the same bf16 inputs, for head widths 16, 32 and 64 and T a multiple of 16
 //! or not (partial tiles), below 16 too. The kernels round the probabilities (and their
 //! gradient) to bf16 before the products they feed, as FlashAttention-2 does, so this is
-//! a tolerance: a hundredth of the largest value.
+//! a tolerance: a hundredth of the largest value. Then the GPT's and the Llama's bf16
+//! steps with `StepOptions::flash_attention` against the same steps keeping their
+//! scores (within bf16's rounding, in the memory planned), and the refusals.
 
 use half::bf16;
 use stoker_gpu::flash::{self, FlashShape};
-use stoker_gpu::sample::uniform;
+use stoker_gpu::sample::{batch, gpt, llama, uniform};
+use stoker_gpu::step::gpt::gpt_step_sizes;
+use stoker_gpu::step::llama::llama_step_sizes;
+use stoker_gpu::step::options::StepOptions;
+use stoker_gpu::step::{GptGpuStep, LlamaGpuStep};
 use stoker_gpu::{Backend, GpuError, Host};
+use stoker_kernels::{GptDims, LlamaDims};
 use stoker_testkit::assert_close;
 
 /// Causal attention in f64: the output, each row's log-sum-exp, dq, dk, dv.
@@ -149,5 +156,187 @@ fn flash_attention_refuses_other_head_widths_and_aliased_gradients() {
     match flash::forward(&be, x, (be.all(&a), be.all(&l)), (bh, t, d)) {
         Err(GpuError::Shape { what, .. }) => assert!(what.contains("overlap"), "{what}"),
         other => panic!("the output over q: {other:?}"),
+    }
+}
+
+/// Runs `$plain` and `$flash` (bf16 steps of one model, the scores kept and flash
+/// attention) over the same two micro-batches
+/// and an evaluation: the summed losses within 2e-3 and the gradients within 2.5e-2 of
+/// their largest (measured here: 3e-4 and 1e-2; a mask off by one moves the losses 1.5%).
+macro_rules! close_steps {
+    ($what:expr, $params:expr, $vocab:expr, $plain:expr, $flash:expr) => {{
+        let data: Vec<(Vec<i64>, Vec<i64>)> = (0..2u64)
+            .map(|k| {
+                let draw = |s| -> Vec<i64> {
+                    stoker_gpu::sample::ids(B * T, s, $vocab)
+                        .iter()
+                        .map(|&x| x as i64)
+                        .collect()
+                };
+                let mut targets = draw(60 + k);
+                targets[2] = -1;
+                (draw(50 + k), targets)
+            })
+            .collect();
+        let mut ends = Vec::new();
+        for step in [&$plain, &$flash] {
+            step.buffers().load_params(&Host, $params).unwrap();
+            step.buffers().zero_grads(&Host).unwrap();
+            let losses: Vec<f64> = data
+                .iter()
+                .map(|m| step.forward_backward(&Host, batch(m), 0.5).unwrap())
+                .collect();
+            let eval = step.evaluate(&Host, batch(&data[1])).unwrap();
+            ends.push((losses, step.buffers().grads(&Host).unwrap(), eval));
+        }
+        let what = $what;
+        assert_close(&ends[1].0, &ends[0].0, 2e-3, &format!("{what}: losses"));
+        assert_close(
+            &ends[1].1,
+            &ends[0].1,
+            2.5e-2,
+            &format!("{what}: gradients"),
+        );
+        assert_close(
+            &[ends[1].2 .0],
+            &[ends[0].2 .0],
+            2e-3,
+            &format!("{what}: evaluation"),
+        );
+    }};
+}
+
+const B: usize = 2;
+/// Positions of a micro-batch: one full tile of 16 and a partial one.
+const T: usize = 19;
+
+#[test]
+fn flash_attention_in_the_steps_trains_what_the_kept_scores_train_in_less_memory() {
+    let flash = StepOptions {
+        flash_attention: true,
+        ..StepOptions::default()
+    };
+    let dims = GptDims {
+        vocab: 41,
+        context: 24,
+        d_model: 32,
+        n_layer: 2,
+        n_head: 2,
+    };
+    let g = gpt(&dims, 5, 0.3);
+    let plain = GptGpuStep::<Host, bf16>::new(&Host, dims, g.offsets.clone(), 1e-5, B, T).unwrap();
+    let fl =
+        GptGpuStep::<Host, bf16>::with_options(&Host, dims, g.offsets.clone(), 1e-5, (B, T), flash)
+            .unwrap();
+    close_steps!("gpt", &g.params, dims.vocab, plain, fl);
+    // The probabilities and their gradient's scratch (bf16, aligned spans) give way to
+    // each row's log-sum-exp and the backward's row sums (f32).
+    let planned = gpt_step_sizes(&dims, g.offsets.end(), (B, T), flash).bytes(2);
+    assert_eq!(
+        fl.buffers().bytes(),
+        planned,
+        "gpt: counted against planned"
+    );
+    assert!(
+        fl.buffers().bytes() < plain.buffers().bytes(),
+        "gpt: flash holds less"
+    );
+
+    let dims = LlamaDims {
+        vocab: 43,
+        context: 24,
+        d_model: 32,
+        n_layer: 2,
+        n_head: 2,
+        n_kv_head: 1,
+        ffn_hidden: 48,
+    };
+    let l = llama(&dims, 6, 0.3);
+    let theta = 10_000.0;
+    let plain =
+        LlamaGpuStep::<Host, bf16>::new(&Host, dims, l.offsets.clone(), 1e-5, theta, B, T).unwrap();
+    let fl = LlamaGpuStep::<Host, bf16>::with_options(
+        &Host,
+        dims,
+        l.offsets.clone(),
+        (1e-5, theta),
+        (B, T),
+        flash,
+    )
+    .unwrap();
+    close_steps!("llama", &l.params, dims.vocab, plain, fl);
+    let planned = llama_step_sizes(&dims, l.offsets.end(), (B, T), flash).bytes(2);
+    assert_eq!(
+        fl.buffers().bytes(),
+        planned,
+        "llama: counted against planned"
+    );
+}
+
+#[test]
+fn flash_attention_is_refused_in_f32_with_other_head_widths_or_with_recompute() {
+    let dims = GptDims {
+        vocab: 41,
+        context: 24,
+        d_model: 32,
+        n_layer: 1,
+        n_head: 2,
+    };
+    let g = gpt(&dims, 5, 0.3);
+    let flash = StepOptions {
+        flash_attention: true,
+        ..StepOptions::default()
+    };
+    let refusal = |r: Result<GptGpuStep<Host, f32>, GpuError>| match r {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("not refused"),
+    };
+    let e = refusal(GptGpuStep::with_options(
+        &Host,
+        dims,
+        g.offsets.clone(),
+        1e-5,
+        (B, T),
+        flash,
+    ));
+    assert!(e.contains("bf16"), "{e}");
+    let narrow = GptDims { n_head: 4, ..dims };
+    let g4 = gpt(&narrow, 5, 0.3);
+    let r = GptGpuStep::<Host, bf16>::with_options(&Host, narrow, g4.offsets, 1e-5, (B, T), flash);
+    assert!(
+        matches!(&r, Err(e) if e.to_string().contains("8 wide")),
+        "{:?}",
+        r.err()
+    );
+    let both = StepOptions {
+        recompute_attention: true,
+        ..flash
+    };
+    let r = GptGpuStep::<Host, bf16>::with_options(&Host, dims, g.offsets, 1e-5, (B, T), both);
+    assert!(
+        matches!(&r, Err(e) if e.to_string().contains("recompute")),
+        "{:?}",
+        r.err()
+    );
+}
+
+#[test]
+fn the_device_check_s_flash_outputs_run_on_the_host_build() {
+    // What `stoker bench gpu-kernels` compares on a GPU (device::flash_check): here the
+    // host build's side, at the check's widest shape.
+    let out = stoker_gpu::scenario::flash_outputs(&Host, (4, 77, 64)).unwrap();
+    assert_eq!(out.len(), 5);
+    for (name, x) in &out {
+        assert_eq!(
+            x.len(),
+            if name.contains("lse") {
+                4 * 77
+            } else {
+                4 * 77 * 64
+            },
+            "{name}"
+        );
+        assert!(x.iter().all(|v| v.is_finite()), "{name}: not finite");
+        assert!(x.iter().any(|&v| v != 0.0), "{name}: all zero");
     }
 }

@@ -33,6 +33,7 @@ const GRAPHS: StepOptions = StepOptions {
     grads_in_slots: false,
     shard_params: None,
     graph_micro_batches: true,
+    flash_attention: false,
 };
 
 /// A micro-batch's tokens and targets.

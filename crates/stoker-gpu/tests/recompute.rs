@@ -23,6 +23,7 @@ const RECOMPUTE: StepOptions = StepOptions {
     grads_in_slots: false,
     shard_params: None,
     graph_micro_batches: false,
+    flash_attention: false,
 };
 
 /// Two micro-batches' tokens and targets over `vocab`, a few targets ignored.

@@ -144,6 +144,42 @@ pub fn backward<B: Backend, T: Act>(
     per_head_backward(be, x, att, dout_h, datt, dx, head_shape(g))
 }
 
+/// Flash attention's forward ([`crate::flash`], bf16 alone): `out_h` and each row's
+/// log-sum-exp `lse` (`[B*H, T]`, all the backward keeps), the heads merged into `out`.
+pub fn flash_forward<B: Backend, T: Act>(
+    be: &B,
+    x: Qkv<T>,
+    lse: View<f32>,
+    (out_h, out): (View<T>, View<T>),
+    g: Heads,
+) -> Result<(), GpuError> {
+    let x16 = (x.q.cast()?, x.k.cast()?, x.v.cast()?);
+    crate::flash::forward(be, x16, (out_h.cast()?, lse), head_shape(g))?;
+    kernels::merged_heads(be, out, out_h, g, false)
+}
+
+/// Flash attention's backward: from the merged output's gradient `dout` (split into
+/// heads in `dout_h`), the forward's q, k, v, output per head and `lse`, into `dx`
+/// (`dsum`, `[B*H, T]`, is scratch).
+pub fn flash_backward<B: Backend, T: Act>(
+    be: &B,
+    (x, out_h, lse): (Qkv<T>, View<T>, View<f32>),
+    (dout, dout_h): (View<T>, View<T>),
+    dsum: View<f32>,
+    dx: Qkv<T>,
+    g: Heads,
+) -> Result<(), GpuError> {
+    kernels::merged_heads(be, dout_h, dout, g, true)?;
+    crate::flash::backward(
+        be,
+        (x.q.cast()?, x.k.cast()?, x.v.cast()?),
+        (out_h.cast()?, dout_h.cast()?, lse),
+        dsum,
+        (dx.q.cast()?, dx.k.cast()?, dx.v.cast()?),
+        head_shape(g),
+    )
+}
+
 /// `y[r0.., ..r0 + rows] = a[r0..] b[..r0 + rows]^T` for each query chunk: scores
 /// (`[B*H, T, T]` `y`) from per-head rows (`[B*H, T, D]` `a` and `b`), each chunk's over
 /// the keys up to its last query.

@@ -36,6 +36,8 @@ pub struct GptGpuStep<B: Backend, T: Act> {
     recompute_attention: bool,
     /// The MLP's activation recomputed in each block's backward (one shared span).
     recompute_mlp: bool,
+    /// Attention on tensor cores keeping each row's log-sum-exp, not its probabilities.
+    flash_attention: bool,
 }
 
 const OP: &str = "gpt-gpu-step";
@@ -109,6 +111,9 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
                 offsets.blocks().len()
             )));
         }
+        if let Some(why) = opts.flash_refusal(T::DTYPE, dims.d_model / dims.n_head) {
+            return Err(shape_err(why));
+        }
         let layout = ActLayout::new(&dims, (batch, t), padded_vocab(dims.vocab), opts);
         let c = dims.d_model;
         let blocks = offsets
@@ -136,6 +141,7 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
         Ok(GptGpuStep {
             recompute_attention: opts.recompute_attention,
             recompute_mlp: opts.recompute_mlp,
+            flash_attention: opts.flash_attention,
             bufs: StepBuffers::new(be, sizes, &blocks, opts.graph_micro_batches)?,
             blocks,
             dims,
@@ -216,11 +222,21 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
         )
     }
 
-    /// Causal attention of block `s`: heads, scores, softmax, weighted values, merged.
-    fn attention(&self, be: &B, s: &layout::BlockActs) -> Result<(), GpuError> {
+    /// Causal attention of block `s`: heads, scores, softmax, weighted values, merged
+    /// (with flash attention, the rows' log-sum-exp into `lse` instead of the scores).
+    fn attention(&self, be: &B, s: &layout::BlockActs, lse: Span) -> Result<(), GpuError> {
         let g = self.heads();
         let heads = self.bufs.a(be, s.heads)?;
         kernels::qkv_heads(be, heads, self.bufs.a(be, s.qkv)?, g, false)?;
+        if self.flash_attention {
+            return attention::flash_forward(
+                be,
+                attention::Qkv::thirds(heads)?,
+                self.bufs.f(be, lse)?,
+                (self.bufs.a(be, s.atty_h)?, self.bufs.a(be, s.atty)?),
+                g,
+            );
+        }
         attention::forward(
             be,
             attention::Qkv::thirds(heads)?,
@@ -232,14 +248,29 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
 
     /// Attention's backward: `dnc` (the output's gradient) to `dqkv`; the block's
     /// probabilities recomputed first where they are not kept.
-    fn attention_back(&self, be: &B, s: &layout::BlockActs) -> Result<(), GpuError> {
+    fn attention_back(&self, be: &B, s: &layout::BlockActs, lse: Span) -> Result<(), GpuError> {
         let lay = &self.layout;
         let g = self.heads();
+        let dheads = self.bufs.a(be, lay.dheads)?;
+        if self.flash_attention {
+            attention::flash_backward(
+                be,
+                (
+                    attention::Qkv::thirds(self.bufs.a(be, s.heads)?)?,
+                    self.bufs.a(be, s.atty_h)?,
+                    self.bufs.f(be, lse)?,
+                ),
+                (self.bufs.a(be, lay.dnc)?, self.bufs.a(be, lay.datty_h)?),
+                self.bufs.f(be, lay.dsum)?,
+                attention::Qkv::thirds(dheads)?,
+                g,
+            )?;
+            return kernels::qkv_heads(be, self.bufs.a(be, lay.dqkv)?, dheads, g, true);
+        }
         if self.recompute_attention {
             let heads = attention::Qkv::thirds(self.bufs.a(be, s.heads)?)?;
             attention::probabilities(be, heads, self.bufs.a(be, s.att)?, g)?;
         }
-        let dheads = self.bufs.a(be, lay.dheads)?;
         attention::backward(
             be,
             (
@@ -348,7 +379,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {
                 self.eps,
             )?;
             self.linear(be, s.qkv, s.ln1, bo.qkv, (c, 3 * c))?;
-            self.attention(be, s)?;
+            self.attention(be, s, st.lse)?;
             self.linear(be, s.attproj, s.atty, bo.proj, (c, c))?;
             let (w, b) = ln(bo.ln2)?;
             let residual = Some((self.bufs.a(be, s.resid2)?, self.bufs.a(be, s.attproj)?));
@@ -453,7 +484,7 @@ impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {
             self.ln_back(be, lay.dnc, s.resid2, bo.ln2, st.ln2)?;
             // dres is now resid2's gradient: the attention projection's output's too.
             self.linear_back(be, Some(lay.dnc), lay.dres, s.atty, bo.proj, (c, c))?;
-            self.attention_back(be, s)?;
+            self.attention_back(be, s, st.lse)?;
             self.linear_back(be, Some(lay.dnc), lay.dqkv, s.ln1, bo.qkv, (c, 3 * c))?;
             self.ln_back(be, lay.dnc, s.resid_in, bo.ln1, st.ln1)?;
             self.bufs.leave_block(be, l)?;

@@ -36,6 +36,15 @@ impl Cursor {
         self.0 = start + len;
         Span { start, len }
     }
+
+    /// A span of `len` where `on`, else an empty one that takes nothing (and moves no
+    /// later span).
+    pub(crate) fn take_if(&mut self, on: bool, len: usize) -> Span {
+        match on {
+            true => self.take(len),
+            false => Span { start: 0, len: 0 },
+        }
+    }
 }
 
 /// One block's saved activations (`N` rows of width `C`).
@@ -50,7 +59,8 @@ pub struct BlockActs {
     /// q, k, v per head `[3, B, H, T, D]`.
     pub heads: Span,
     /// Attention probabilities `[B, H, T, T]` (the scores before the softmax, in place);
-    /// one span for every block where they are recomputed in the backward.
+    /// one span for every block where they are recomputed in the backward; empty with
+    /// flash attention.
     pub att: Span,
     /// Attention's output per head `[B, H, T, D]`.
     pub atty_h: Span,
@@ -78,6 +88,8 @@ pub struct BlockStats {
     pub ln1: [Span; 2],
     /// The second's.
     pub ln2: [Span; 2],
+    /// With flash attention, each row's log-sum-exp `[B, H, T]` (else empty).
+    pub lse: Span,
 }
 
 /// Every span of a step at one batch shape.
@@ -103,10 +115,14 @@ pub struct ActLayout {
     pub dheads: Span,
     /// Attention's output gradient per head `[B, H, T, D]`.
     pub datty_h: Span,
-    /// The probabilities' (then the scores') gradient `[B, H, T, T]`.
+    /// The probabilities' (then the scores') gradient `[B, H, T, T]`; empty with flash
+    /// attention.
     pub datt: Span,
     /// Elements of the activation buffer.
     pub total: usize,
+    /// With flash attention, each row's `dout . out` `[B, H, T]` in the f32 buffer (else
+    /// empty).
+    pub dsum: Span,
     /// Per block, in the f32 buffer.
     pub stats: Vec<BlockStats>,
     /// The final LayerNorm's statistics.
@@ -143,6 +159,7 @@ impl ActLayout {
     ) -> Self {
         let (n, c) = (batch * t, dims.d_model);
         let tt = batch * dims.n_head * t * t;
+        let (flash, rows) = (opts.flash_attention, batch * dims.n_head * t);
         let mut a = Cursor::default();
         let shared = opts.recompute_attention.then(|| a.take(tt));
         let shared_gelu = opts.recompute_mlp.then(|| a.take(4 * n * c));
@@ -152,7 +169,7 @@ impl ActLayout {
                 ln1: a.take(n * c),
                 qkv: a.take(3 * n * c),
                 heads: a.take(3 * n * c),
-                att: shared.unwrap_or_else(|| a.take(tt)),
+                att: shared.unwrap_or_else(|| a.take_if(!flash, tt)),
                 atty_h: a.take(n * c),
                 atty: a.take(n * c),
                 attproj: a.take(n * c),
@@ -170,14 +187,17 @@ impl ActLayout {
             a.take(4 * n * c),
             a.take(3 * n * c),
         );
-        let (dheads, datty_h, datt) = (a.take(3 * n * c), a.take(n * c), a.take(tt));
+        let (dheads, datty_h) = (a.take(3 * n * c), a.take(n * c));
+        let datt = a.take_if(!flash, tt);
         let mut f = Cursor::default();
         let stats = (0..dims.n_layer)
             .map(|_| BlockStats {
                 ln1: [f.take(n), f.take(n)],
                 ln2: [f.take(n), f.take(n)],
+                lse: f.take_if(flash, rows),
             })
             .collect();
+        let dsum = f.take_if(flash, rows);
         let lnf_stats = [f.take(n), f.take(n)];
         let (losses, hits) = (f.take(n), f.take(n));
         let partials = f.take(
@@ -199,6 +219,7 @@ impl ActLayout {
             datty_h,
             datt,
             total: a.0,
+            dsum,
             stats,
             lnf_stats,
             losses,

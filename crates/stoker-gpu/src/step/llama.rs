@@ -43,6 +43,8 @@ pub struct LlamaGpuStep<B: Backend, T: Act> {
     recompute_attention: bool,
     /// The MLP's activation recomputed in each block's backward (one shared span).
     recompute_mlp: bool,
+    /// Attention on tensor cores keeping each row's log-sum-exp, not its probabilities.
+    flash_attention: bool,
 }
 
 /// What a Llama step of `dims` over a flat buffer of `params` elements holds for `batch`
@@ -116,6 +118,9 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
                 dims.context
             )));
         }
+        if let Some(why) = opts.flash_refusal(T::DTYPE, dims.head_dim()) {
+            return Err(shape_err(why));
+        }
         let layout = LlamaLayout::new(&dims, (batch, t), padded_vocab(dims.vocab), opts);
         let (c, f) = (dims.d_model, dims.ffn_hidden);
         let kv = dims.n_kv_head * dims.head_dim();
@@ -144,6 +149,7 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         Ok(LlamaGpuStep {
             recompute_attention: opts.recompute_attention,
             recompute_mlp: opts.recompute_mlp,
+            flash_attention: opts.flash_attention,
             blocks,
             bufs,
             dims,
@@ -245,6 +251,15 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         kernels::merged_heads(be, x.q, self.bufs.a(be, s.q)?, g, true)?;
         llama::kv_heads(be, x.k, self.bufs.a(be, s.k)?, g, kv, false)?;
         llama::kv_heads(be, x.v, self.bufs.a(be, s.v)?, g, kv, false)?;
+        if self.flash_attention {
+            return attention::flash_forward(
+                be,
+                x,
+                self.bufs.f(be, s.lse)?,
+                (self.bufs.a(be, s.atty_h)?, self.bufs.a(be, s.atty)?),
+                g,
+            );
+        }
         attention::forward(
             be,
             x,
@@ -276,17 +291,15 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
             attention::probabilities(be, heads, self.bufs.a(be, s.att)?, g)?;
         }
         let dx = Qkv::thirds(self.bufs.a(be, lay.dheads)?)?;
-        attention::backward(
-            be,
-            (
-                Qkv::thirds(self.bufs.a(be, s.heads)?)?,
-                self.bufs.a(be, s.att)?,
-            ),
-            (self.bufs.a(be, lay.dnc)?, self.bufs.a(be, lay.datty_h)?),
-            self.bufs.a(be, lay.datt)?,
-            dx,
-            g,
-        )?;
+        let x = Qkv::thirds(self.bufs.a(be, s.heads)?)?;
+        let dout = (self.bufs.a(be, lay.dnc)?, self.bufs.a(be, lay.datty_h)?);
+        if self.flash_attention {
+            let kept = (x, self.bufs.a(be, s.atty_h)?, self.bufs.f(be, s.lse)?);
+            attention::flash_backward(be, kept, dout, self.bufs.f(be, lay.dsum)?, dx, g)?;
+        } else {
+            let kept = (x, self.bufs.a(be, s.att)?);
+            attention::backward(be, kept, dout, self.bufs.a(be, lay.datt)?, dx, g)?;
+        }
         kernels::merged_heads(be, self.bufs.a(be, lay.dq)?, dx.q, g, false)?;
         llama::kv_heads(be, self.bufs.a(be, lay.dk)?, dx.k, g, kv, true)?;
         llama::kv_heads(be, self.bufs.a(be, lay.dv)?, dx.v, g, kv, true)?;

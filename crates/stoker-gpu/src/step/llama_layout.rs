@@ -45,6 +45,8 @@ pub struct LlamaBlockActs {
     pub down: Span,
     /// The two RMSNorms' rstd (f32 buffer, `N` each).
     pub rstd: [Span; 2],
+    /// With flash attention, each row's log-sum-exp `[B, H, T]` (f32 buffer; else empty).
+    pub lse: Span,
 }
 
 /// Every span of the Llama step at one batch shape.
@@ -76,10 +78,12 @@ pub struct LlamaLayout {
     pub dheads: Span,
     /// Attention's output gradient per head `[B, H, T, D]`.
     pub datty_h: Span,
-    /// The probabilities' gradient `[B, H, T, T]`.
+    /// The probabilities' gradient `[B, H, T, T]`; empty with flash attention.
     pub datt: Span,
     /// Elements of the activation buffer.
     pub total: usize,
+    /// With flash attention, each row's `dout . out` `[B, H, T]` (f32; else empty).
+    pub dsum: Span,
     /// The final RMSNorm's rstd (f32).
     pub rstd_f: Span,
     /// The rotary tables `[T, D/2]` each (f32).
@@ -113,6 +117,7 @@ impl LlamaLayout {
         let (n, c, f) = (batch * t, dims.d_model, dims.ffn_hidden);
         let kv = dims.n_kv_head * dims.head_dim();
         let tt = batch * dims.n_head * t * t;
+        let (flash, rows) = (opts.flash_attention, batch * dims.n_head * t);
         let (mut a, mut fl) = (Cursor::default(), Cursor::default());
         let shared = opts.recompute_attention.then(|| a.take(tt));
         let shared_act = opts.recompute_mlp.then(|| a.take(n * f));
@@ -124,7 +129,7 @@ impl LlamaLayout {
                 k: a.take(n * kv),
                 v: a.take(n * kv),
                 heads: a.take(3 * n * c),
-                att: shared.unwrap_or_else(|| a.take(tt)),
+                att: shared.unwrap_or_else(|| a.take_if(!flash, tt)),
                 atty_h: a.take(n * c),
                 atty: a.take(n * c),
                 o: a.take(n * c),
@@ -135,12 +140,15 @@ impl LlamaLayout {
                 act: shared_act.unwrap_or_else(|| a.take(n * f)),
                 down: a.take(n * c),
                 rstd: [fl.take(n), fl.take(n)],
+                lse: fl.take_if(flash, rows),
             })
             .collect();
         let (resid_out, hf, logits) = (a.take(n * c), a.take(n * c), a.take(n * vp));
         let (dres, dnc, dgate, dup) = (a.take(n * c), a.take(n * c), a.take(n * f), a.take(n * f));
         let (dq, dk, dv) = (a.take(n * c), a.take(n * kv), a.take(n * kv));
-        let (dheads, datty_h, datt) = (a.take(3 * n * c), a.take(n * c), a.take(tt));
+        let (dheads, datty_h) = (a.take(3 * n * c), a.take(n * c));
+        let datt = a.take_if(!flash, tt);
+        let dsum = fl.take_if(flash, rows);
         let half = dims.head_dim() / 2;
         let (rstd_f, cos, sin, losses) =
             (fl.take(n), fl.take(t * half), fl.take(t * half), fl.take(n));
@@ -163,6 +171,7 @@ impl LlamaLayout {
             datty_h,
             datt,
             total: a.0,
+            dsum,
             rstd_f,
             cos,
             sin,

@@ -38,4 +38,38 @@ pub struct StepOptions {
     /// Refused with parameters or gradients in slots or offloaded: those run hooks in
     /// every micro-batch.
     pub graph_micro_batches: bool,
+    /// Attention on tensor cores keeping no scores ([`crate::flash`], FlashAttention-2's
+    /// algorithm): each block keeps its rows' log-sum-exp (`[B, H, T]` f32) instead of its
+    /// probabilities (`[B, H, T, T]`), and the backward recomputes them 16 x 16 at a time.
+    /// bf16 activations and head widths 16, 32 or 64; not with `recompute_attention`
+    /// (there is nothing to recompute).
+    pub flash_attention: bool,
+}
+
+impl StepOptions {
+    /// Why `flash_attention` cannot run on a step of `dtype` activations and heads of
+    /// `head_width`, if it cannot.
+    pub fn flash_refusal(&self, dtype: crate::Dtype, head_width: usize) -> Option<String> {
+        if !self.flash_attention {
+            return None;
+        }
+        if dtype != crate::Dtype::Bf16 {
+            return Some(format!(
+                "flash attention runs on bf16 activations; this step's are {dtype:?}"
+            ));
+        }
+        if !crate::flash::supports(head_width) {
+            return Some(format!(
+                "flash attention is built for head widths {:?}; this model's heads are {head_width} wide",
+                crate::flash::HEAD_WIDTHS
+            ));
+        }
+        if self.recompute_attention {
+            return Some(
+                "flash attention keeps no probabilities: recompute = \"attention\" has nothing to recompute"
+                    .into(),
+            );
+        }
+        None
+    }
 }

@@ -337,6 +337,7 @@ pub const OFFLOAD: StepOptions = StepOptions {
     grads_in_slots: false,
     shard_params: None,
     graph_micro_batches: false,
+    flash_attention: false,
 };
 
 /// Three blocks: block 0's slot is block 2's in the forward, so the backward must bring
