@@ -18,12 +18,16 @@ use crate::error::GpuError;
 /// One thing asked of the device.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Work {
-    /// A kernel launch: its name and the bytes it reads and writes at least.
+    /// A kernel launch: its name, the bytes it reads and writes at least, and what it
+    /// computes on tensor cores.
     Launch {
         /// The kernel's name, whatever its element type (`layernorm_forward`).
         kernel: &'static str,
         /// Bytes read and written, each buffer counted once ([`Call::min_bytes`]).
         bytes: u64,
+        /// Multiply-adds times two on tensor cores ([`Call::tensor_flops`]; 0 for a
+        /// memory-bound kernel).
+        flops: f64,
     },
     /// A matrix product (a batch of them).
     Product {
@@ -205,6 +209,7 @@ impl Backend for CountingBackend {
         self.push(Work::Launch {
             kernel: call.name(),
             bytes: call.min_bytes(),
+            flops: call.tensor_flops(),
         });
         Ok(())
     }

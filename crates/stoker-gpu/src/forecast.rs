@@ -36,6 +36,9 @@ pub struct GpuFigures {
     pub product_efficiency: f64,
     /// The fraction of `mem_bw` a streaming kernel reaches.
     pub memory_efficiency: f64,
+    /// The fraction of `peak_flops` stoker's own tensor-core kernels reach (flash
+    /// attention's: warp-level products fed from L2, no shared-memory staging).
+    pub tensor_kernel_efficiency: f64,
     /// The least time one launch takes, back to back, s.
     pub launch_s: f64,
     /// A value read back to the host: the round trip, s.
@@ -45,7 +48,9 @@ pub struct GpuFigures {
 impl GpuFigures {
     /// A GPU's datasheet figures with the fractions assumed until measured: products at
     /// 70% of peak (cuBLASLt's large bf16 products on an H100 reach 600-750 of 989
-    /// TFLOP/s), kernels at 80% of the bandwidth (what a streaming copy reaches), 3 us a
+    /// TFLOP/s), kernels at 80% of the bandwidth (what a streaming copy reaches), stoker's
+    /// tensor-core kernels at 35% of peak (FlashAttention-2 reaches 50-70% on an H100 with
+    /// shared-memory tiles and pipelined copies, which these do not have yet), 3 us a
     /// launch and 10 us a read back.
     pub fn assumed(peak_flops: f64, mem_bw: f64, link_bw: f64) -> Self {
         GpuFigures {
@@ -54,6 +59,7 @@ impl GpuFigures {
             link_bw,
             product_efficiency: 0.7,
             memory_efficiency: 0.8,
+            tensor_kernel_efficiency: 0.35,
             launch_s: 3e-6,
             read_s: 10e-6,
         }
@@ -88,7 +94,7 @@ pub struct StepForecast {
     pub host_s: f64,
     /// Launches of kernels and products.
     pub launches: usize,
-    /// FLOPs of every product.
+    /// FLOPs of every product and tensor-core kernel.
     pub flops: f64,
 }
 
@@ -118,7 +124,11 @@ pub fn forecast(work: &[Work], gpu: &GpuFigures) -> StepForecast {
     let mut kernels = std::collections::BTreeMap::new();
     for w in work {
         match w {
-            Work::Launch { kernel, bytes } => {
+            Work::Launch {
+                kernel,
+                bytes,
+                flops,
+            } => {
                 f.launches += 1;
                 let k = kernels.entry(*kernel).or_insert(KernelShare {
                     kernel,
@@ -128,7 +138,10 @@ pub fn forecast(work: &[Work], gpu: &GpuFigures) -> StepForecast {
                 });
                 k.launches += 1;
                 k.bytes += bytes;
-                k.seconds += streamed(*bytes);
+                // A tensor-core kernel takes the longer of its FLOPs and its bytes.
+                f.flops += flops;
+                let computed = flops / (gpu.peak_flops * gpu.tensor_kernel_efficiency);
+                k.seconds += streamed(*bytes).max(computed);
             }
             Work::Product {
                 flops,

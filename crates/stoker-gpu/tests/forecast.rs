@@ -91,6 +91,56 @@ fn recomputing_attention_adds_the_scores_product_again() {
 }
 
 #[test]
+fn flash_attention_counts_its_causal_tiles_in_place_of_the_per_head_products() {
+    // d_model 32 over 2 heads: heads 16 wide; 40 positions: 3 tiles a head, one partial.
+    let (b, t) = (2, 40);
+    let dims = GptDims {
+        context: t,
+        n_head: 2,
+        ..GPT
+    };
+    let opts = StepOptions {
+        flash_attention: true,
+        ..StepOptions::default()
+    };
+    let plain = gpt_step_work::<half::bf16>(dims, (b, t), StepOptions::default()).unwrap();
+    let flash = gpt_step_work::<half::bf16>(dims, (b, t), opts).unwrap();
+    let (dense, batched) = flops(&flash.all());
+    assert_eq!(
+        dense,
+        flops(&plain.all()).0,
+        "the linear layers and the head"
+    );
+    assert_eq!(batched, 0.0, "no per-head products");
+    let kernel_flops = |k: &str| -> f64 {
+        flash
+            .all()
+            .iter()
+            .filter_map(|w| match w {
+                Work::Launch { kernel, flops, .. } if *kernel == k => Some(*flops),
+                _ => None,
+            })
+            .sum()
+    };
+    // Per head, R = 3 tiles meet R (R + 1) / 2 = 6 pairs of 16 x 16 blocks, each product
+    // 2 x 16 x 16 x 16 FLOPs: the forward 2 products a pair, the key side 4, the query
+    // side 3.
+    let pairs = (b * dims.n_head * dims.n_layer * 6) as f64;
+    let product = 2.0 * 16.0 * 16.0 * 16.0;
+    assert_eq!(kernel_flops("flash_forward"), pairs * 2.0 * product);
+    assert_eq!(kernel_flops("flash_backward_kv"), pairs * 4.0 * product);
+    assert_eq!(kernel_flops("flash_backward_q"), pairs * 3.0 * product);
+    assert_eq!(kernel_flops("attention_softmax_forward"), 0.0);
+    let softmaxes = |w: &[Work]| {
+        w.iter()
+            .filter(|w| matches!(w, Work::Launch { kernel, .. } if kernel.starts_with("attention_softmax")))
+            .count()
+    };
+    assert_eq!(softmaxes(&flash.all()), 0);
+    assert!(softmaxes(&plain.all()) > 0);
+}
+
+#[test]
 fn the_forecast_adds_its_parts_and_each_follows_its_figure() {
     let dims = GptDims {
         vocab: 50_257,
