@@ -15,6 +15,8 @@
 #   against the one-rank GPU run (within 1e-5: the host build of the same kernels);
 # - on the GPU with its micro-batches replayed as CUDA graphs (`cuda_graphs = true`),
 #   against the one-rank GPU run bit for bit (the same kernels with the same arguments);
+# - in bf16, on the GPU with flash attention (`flash_attention = true`: tensor cores, no
+#   scores kept), against the one-rank GPU run: losses within 3e-2, the step-1 norm 1e-2;
 # - on the GPU with the blocks' parameters offloaded too (`offload_params = true`: two
 #   blocks' worth on the device, each block streamed up as it runs), against the run with
 #   the optimizer offloaded alone (within 1e-5; bit for bit on the host build);
@@ -46,7 +48,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 # config NAME PRECISION STEP DEVICE [RANKS] [OFFLOAD]: the demo's GPT logging every step,
 # with a checkpoint and an evaluation at the end, no sample; OFFLOAD "offload" keeps the
 # optimizer in host memory, "params" the blocks' parameters too, "graphs" replays the
-# micro-batches as CUDA graphs.
+# micro-batches as CUDA graphs, "flash" runs flash attention.
 config() {
   local name=$1 prec=$2 step=$3 dev=$4 ranks=${5:-1} offload=${6:-} f=$out/$1-$2.toml
   sed -e "s|^run_dir = .*|run_dir = \"$out/$name-$prec\"|" \
@@ -67,6 +69,7 @@ config() {
   [ "$offload" = offload ] && printf '\n[parallel]\noffload_optimizer = true\n' >> "$f"
   [ "$offload" = params ] && printf '\n[parallel]\noffload_optimizer = true\noffload_params = true\n' >> "$f"
   [ "$offload" = graphs ] && sed -i "s|^step = .*|&\ncuda_graphs = true|" "$f"
+  [ "$offload" = flash ] && sed -i "s|^step = .*|&\nflash_attention = true|" "$f"
   echo "$f"
 }
 
@@ -75,6 +78,8 @@ for prec in fp32 bf16 fp16; do
   runs=("gpu resident $gpu 1" "gpug resident $gpu 1 graphs" "gpu2 resident ${gpu/#cuda/cuda:0} 2" "gpu3 resident ${gpu/#cuda/cuda:0} 2")
   # The CPU reference: the direct step in fp32 and bf16; fp16's is the fp32 run.
   [ "$prec" = fp16 ] || runs=("cpu handwritten cpu 1" "${runs[@]}")
+  # Flash attention runs in bf16 alone.
+  [ "$prec" = bf16 ] && runs+=("gpuf resident $gpu 1 flash")
   # The optimizer offloaded to the host: a GPU's only (on a CPU there is nothing to
   # offload, and the config says so).
   [ "$gpu" = cpu ] || runs+=("gpuoff resident $gpu 1 offload" "gpupar resident $gpu 1 params")
@@ -99,6 +104,7 @@ for prec in fp32 bf16 fp16; do
   # figure is the device's, not a rank's, so it is printed, not checked.
   mem_runs="gpu gpu2 gpu3"
   [ "$gpu" = cpu ] || mem_runs="$mem_runs gpupar"
+  [ "$prec" = bf16 ] && mem_runs="$mem_runs gpuf"
   for r in $mem_runs; do
     line=$(grep -h -m1 "resident loop per rank" "$out/$r-$prec.log" || true)
     echo "  $prec $r: ${line:-no memory line}"
@@ -226,6 +232,13 @@ if os.path.exists(f"{out}/gpug-{prec}/metrics.jsonl"):
     print(f"  {prec} gpu cuda graphs vs launched one by one: weights after the last step differ "
           f"by {d:.2e} (bit for bit expected) {'OK' if good else 'FAILED'}")
     print(f"  {prec}: median step with cuda graphs {median_ms(rows('gpug')):.2f} ms")
+# Flash attention (bf16): the tensor cores' sums and bf16 probabilities, the trajectory
+# of the kept scores within bf16's tolerances.
+if os.path.exists(f"{out}/gpuf-{prec}/metrics.jsonl"):
+    gpuf = rows("gpuf")
+    check("gpu flash attention vs scores kept", gpuf, gpu, ("loss",), 3e-2)
+    check("gpu flash attention vs scores kept at step 1", gpuf, gpu, ("grad_norm",), 1e-2, steps=[1])
+    print(f"  {prec}: median step with flash attention {median_ms(gpuf):.2f} ms")
 # ZeRO-3 at 2 ranks against ZeRO-1's: one micro-batch a rank, so the same sums.
 if os.path.exists(f"{out}/gpu3-{prec}/metrics.jsonl"):
     check("gpu zero-3 vs zero-1 at 2 ranks", rows("gpu3"), gpu2, ("loss", "grad_norm"), 1e-5)

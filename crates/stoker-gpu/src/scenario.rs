@@ -442,3 +442,48 @@ pub fn all_outputs<B: Backend>(b: &B, s: ScenarioSize) -> Result<Vec<Output>, Gp
     out.extend(f32_outputs(b)?);
     Ok(out)
 }
+
+/// Flash attention's forward and backward ([`crate::flash`]) at `(B*H, T, D)` on seeded
+/// bf16 inputs: the output, each row's log-sum-exp and the three gradients, as f32. Not
+/// part of [`all_outputs`]: the tensor cores sum in their own order, so the device check
+/// compares these within a tolerance, not bit for bit.
+pub fn flash_outputs<B: Backend>(
+    b: &B,
+    shape: crate::flash::FlashShape,
+) -> Result<Vec<Output>, GpuError> {
+    let (bh, t, d) = shape;
+    let n = bh * t * d;
+    let draw = |seed, scale| -> Result<B::Buf<bf16>, GpuError> {
+        let x: Vec<bf16> = uniform(n, seed, scale)
+            .into_iter()
+            .map(bf16::from_f32)
+            .collect();
+        b.upload(&x)
+    };
+    let (q, k, v, dout) = (
+        draw(71, 1.5)?,
+        draw(72, 1.5)?,
+        draw(73, 1.0)?,
+        draw(74, 1.0)?,
+    );
+    let (out, dq, dk, dv) = (b.zeros(n)?, b.zeros(n)?, b.zeros(n)?, b.zeros(n)?);
+    let (lse, dsum) = (b.zeros::<f32>(bh * t)?, b.zeros::<f32>(bh * t)?);
+    let x = (b.all(&q), b.all(&k), b.all(&v));
+    crate::flash::forward(b, x, (b.all(&out), b.all(&lse)), shape)?;
+    crate::flash::backward(
+        b,
+        x,
+        (b.all(&out), b.all(&dout), b.all(&lse)),
+        b.all(&dsum),
+        (b.all(&dq), b.all(&dk), b.all(&dv)),
+        shape,
+    )?;
+    let name = |what: &str| format!("flash/{what} bf16 ({bh} x {t} x {d})");
+    Ok(vec![
+        (name("out"), widen(&b.download(&out)?)),
+        (name("lse"), b.download(&lse)?),
+        (name("dq"), widen(&b.download(&dq)?)),
+        (name("dk"), widen(&b.download(&dk)?)),
+        (name("dv"), widen(&b.download(&dv)?)),
+    ])
+}

@@ -51,6 +51,12 @@ pub struct TrainConfig {
     /// overhead. On the CPU the host build records and replays alike, for the tests.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cuda_graphs: bool,
+    /// The resident step's attention on tensor cores, keeping no scores
+    /// (FlashAttention-2's algorithm; stoker-gpu's `StepOptions::flash_attention`): each
+    /// block keeps its rows' log-sum-exp instead of its `[B, H, T, T]` probabilities. bf16,
+    /// heads 16, 32 or 64 wide.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub flash_attention: bool,
     /// Data source and loader knobs.
     pub data: DataConfig,
     /// The model.
@@ -97,6 +103,26 @@ pub enum Recompute {
 }
 
 impl Recompute {
+    /// The key's value as a config writes it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Recompute::None => "none",
+            Recompute::Attention => "attention",
+            Recompute::Mlp => "mlp",
+            Recompute::AttentionAndMlp => "attention+mlp",
+        }
+    }
+
+    /// The most a step can recompute: attention's probabilities and the MLP's
+    /// activation, or with flash attention (which keeps no probabilities) the MLP's
+    /// alone.
+    pub fn most(flash_attention: bool) -> Recompute {
+        match flash_attention {
+            true => Recompute::Mlp,
+            false => Recompute::AttentionAndMlp,
+        }
+    }
+
     /// Whether nothing is recomputed (the default, left out of a written config).
     pub fn is_none(&self) -> bool {
         *self == Recompute::None
@@ -528,6 +554,7 @@ impl TrainConfig {
             recompute_attention: self.recompute.attention(),
             recompute_mlp: self.recompute.mlp(),
             graph_micro_batches: self.cuda_graphs,
+            flash_attention: self.flash_attention,
             ..Default::default()
         }
     }
@@ -616,6 +643,7 @@ impl TrainConfig {
     /// `recompute` only on it.
     fn check_resident(&self) -> Result<()> {
         self.check_cuda_graphs()?;
+        self.check_flash_attention()?;
         if !self.resident_step() {
             if !self.recompute.is_none() {
                 return Err(config_err(
@@ -660,6 +688,34 @@ impl TrainConfig {
             ));
         }
         Ok(())
+    }
+
+    /// `flash_attention` only on the resident step, in bf16, with heads it is built for
+    /// and without `recompute` of attention (stoker-gpu's own refusal, named here).
+    fn check_flash_attention(&self) -> Result<()> {
+        if !self.flash_attention {
+            return Ok(());
+        }
+        if !self.resident_step() {
+            return Err(config_err(
+                "flash_attention",
+                "runs in the resident step's attention: set step = \"resident\"",
+            ));
+        }
+        let head_width = match &self.model {
+            ModelConfig::Gpt(g) => g.d_model / g.n_head.max(1),
+            ModelConfig::Llama(l) => l.dims().head_dim(),
+            _ => 0,
+        };
+        let dtype = match self.precision {
+            Precision::Bf16 => stoker_gpu::Dtype::Bf16,
+            Precision::Fp16 => stoker_gpu::Dtype::F16,
+            _ => stoker_gpu::Dtype::F32,
+        };
+        match self.resident_options().flash_refusal(dtype, head_width) {
+            Some(why) => Err(config_err("flash_attention", why)),
+            None => Ok(()),
+        }
     }
 
     /// Whether a direct step multiplies bf16 operands (on the bf16 GEMM, which keeps

@@ -213,13 +213,15 @@ pub fn resident_forecast_line(cfg: &TrainConfig, hw: &Hardware) -> Result<Option
         return Ok(None);
     };
     let mut line = f.line();
-    if cfg.recompute != crate::config::Recompute::AttentionAndMlp {
+    let most = crate::config::Recompute::most(cfg.flash_attention);
+    if cfg.recompute != most {
         let mut c = cfg.clone();
-        c.recompute = crate::config::Recompute::AttentionAndMlp;
+        c.recompute = most;
         if let Some(r) = resident_forecast(&c, hw, cfg.precision)? {
             let (now, then) = (f.micro_batch_s(), r.micro_batch_s());
             line.push_str(&format!(
-                "; with recompute = \"attention+mlp\": {:.2} ms (+{:.1}%)",
+                "; with recompute = \"{}\": {:.2} ms (+{:.1}%)",
+                most.name(),
                 then * 1e3,
                 100.0 * (then / now - 1.0)
             ));
@@ -817,12 +819,13 @@ pub fn resident_plan_line(
             // Where some activation is kept per block, what recomputing attention's
             // probabilities and the MLP's activation would allow (the step's largest
             // activations).
-            let recomputed = match cfg.recompute {
-                crate::config::Recompute::AttentionAndMlp => String::new(),
-                _ => {
+            let most = crate::config::Recompute::most(cfg.flash_attention);
+            let recomputed = match cfg.recompute == most {
+                true => String::new(),
+                false => {
                     let mut c = cfg.clone();
-                    c.recompute = crate::config::Recompute::AttentionAndMlp;
-                    format!(" ({} with recompute = \"attention+mlp\")", largest(&c))
+                    c.recompute = most;
+                    format!(" ({} with recompute = \"{}\")", largest(&c), most.name())
                 }
             };
             format!(

@@ -52,11 +52,19 @@ impl ResidentForecast {
             .take(3)
             .map(|k| format!("{} {:.2}", k.kernel, ms(k.seconds)))
             .collect();
+        // Flash attention's kernels run on tensor cores: their FLOPs at their own fraction.
+        let tensor = match f.kernels.iter().any(|k| k.kernel.starts_with("flash_")) {
+            true => format!(
+                ", flash attention's at {:.0}% of peak",
+                100.0 * self.figures.tensor_kernel_efficiency
+            ),
+            false => String::new(),
+        };
         format!(
             "resident step forecast (micro-batch {} x {}, one device): {:.2} ms a micro-batch \
              with 1/{} of the update's {:.2} ms, MFU {:.1}% (llm.c's count); the micro-batch's \
              products {:.2} ms at {:.0}% of peak, attention's per-head products {:.2} ms, \
-             kernels {:.2} ms at {:.0}% of {:.0} GB/s (largest: {}), {} launches; the \
+             kernels {:.2} ms at {:.0}% of {:.0} GB/s{tensor} (largest: {}), {} launches; the \
              efficiencies are assumed until a device run measures them",
             self.shape.0,
             self.shape.1,

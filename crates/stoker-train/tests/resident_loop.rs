@@ -829,6 +829,66 @@ fn micro_batches_replayed_as_cuda_graphs_train_the_same_bits() {
 }
 
 #[test]
+fn flash_attention_trains_what_the_kept_scores_train_within_bf16_rounding() {
+    // Heads 16 wide (d_model 32 over 2), the widths the flash kernels are built for.
+    let wide = |m: &str| m.replace("d_model = 8", "d_model = 32");
+    for (model, extra, world) in [
+        (wide(GPT), "strategy = \"none\"", 1),
+        (wide(LLAMA), "strategy = \"zero1\"", 2),
+    ] {
+        let plain = resident(&model, "bf16", ADAMW, extra);
+        let text = config_text(&model, "bf16", "direct", ADAMW, extra).replace(
+            "kernels = \"direct\"",
+            "step = \"resident\"\nflash_attention = true",
+        );
+        let flash = TrainConfig::parse(&text, std::path::Path::new("f.toml")).unwrap();
+        let run = |c: &TrainConfig| {
+            run_local(world, Duration::from_secs(60), |comm| {
+                let rank = comm.rank();
+                let mut t = trainer(c, Rc::new(comm));
+                let losses: Vec<f64> = (0..3)
+                    .map(|s| {
+                        t.train_step(&window(&model, s, rank, 4 / world))
+                            .unwrap()
+                            .loss
+                    })
+                    .collect();
+                (losses, t.resident_bytes().map(|b| b.0.steps))
+            })
+        };
+        let (got, want) = (run(&flash), run(&plain));
+        let what = format!("{} {extra}", &model[8..11]);
+        for (r, (g, w)) in got.iter().zip(&want).enumerate() {
+            stoker_testkit::assert_close(&g.0, &w.0, 1e-2, &format!("{what}: rank {r}'s losses"));
+            // The probabilities ([B, H, T, T] a block) give way to a row's log-sum-exp.
+            assert!(g.1 < w.1, "{what}: rank {r}: {:?} against {:?}", g.1, w.1);
+        }
+    }
+}
+
+#[test]
+fn flash_attention_off_the_resident_step_in_fp32_or_with_narrow_heads_is_refused() {
+    let wide = GPT.replace("d_model = 8", "d_model = 32");
+    for (model, precision, step, why) in [
+        (wide.as_str(), "fp32", "resident", "bf16"),
+        (wide.as_str(), "bf16", "handwritten", "resident"),
+        (GPT, "bf16", "resident", "4 wide"),
+    ] {
+        let text = config_text(model, precision, "direct", ADAMW, "").replace(
+            "kernels = \"direct\"",
+            &format!("step = \"{step}\"\nflash_attention = true"),
+        );
+        let e = TrainConfig::parse(&text, std::path::Path::new("f.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("flash_attention") && e.contains(why),
+            "{precision} {step}: {e}"
+        );
+    }
+}
+
+#[test]
 fn cuda_graphs_where_blocks_move_or_off_the_loop_are_refused_naming_the_key() {
     for (step, extra, why) in [
         ("resident", "strategy = \"zero2\"", "zero2"),

@@ -59,6 +59,21 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
         compared.len() - bad,
         compared.len()
     );
+    // Flash attention on tensor cores: within a tolerance (their sums' order is theirs).
+    use stoker_gpu::device::flash_check::{compare_flash, FLASH_TOLERANCE};
+    println!("\nflash attention on the tensor cores against the host build (largest difference over the largest value; tolerance {FLASH_TOLERANCE:.0e}):");
+    for c in compare_flash(&dev)? {
+        let ok = c.rel <= FLASH_TOLERANCE;
+        println!(
+            "  {:<40} {:>10.2e} {}",
+            c.name,
+            c.rel,
+            if ok { "OK" } else { "FAILED" }
+        );
+        if !ok {
+            failed.push("flash attention against the host build");
+        }
+    }
     if !a.no_timing {
         let size = ScenarioSize {
             b: a.batch,
@@ -186,8 +201,14 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
         use stoker_gpu::device::check::{DEMO_GPT, GPT2_124M};
         let gpt2 = ("GPT-2 124M", GPT2_124M, a.batch);
         let demo = ("the demo's GPT", DEMO_GPT, 16);
+        // Attention on tensor cores keeping no scores (`flash_attention`).
+        let flash = stoker_gpu::step::options::StepOptions {
+            flash_attention: true,
+            ..Default::default()
+        };
         let variants = [
             (gpt2, "attention kept", Default::default(), chosen),
+            (gpt2, "flash attention", flash, chosen),
             (
                 gpt2,
                 "attention kept, micro-batches as CUDA graphs",
@@ -204,6 +225,7 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
             (gpt2, "attention kept", Default::default(), other),
             (demo, "launched one by one", Default::default(), chosen),
             (demo, "micro-batches as CUDA graphs", graphs, chosen),
+            (demo, "flash attention", flash, chosen),
         ];
         for ((model, dims, batch), variant, opts, library) in
             variants.into_iter().filter(|_| !a.no_timing)

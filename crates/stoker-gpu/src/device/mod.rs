@@ -6,10 +6,12 @@
 //! the epilogue), or cuBLAS where cuBLASLt has no algorithm for a shape or the caller
 //! asks for it ([`GemmLibrary`]). Beside it: `staging` (writes through pinned
 //! memory that do not wait for the stream), `nccl` (the resident path's collectives on
-//! device memory), `check`, `gemm_check` and `replica_check` (the device check: kernels,
-//! the two product libraries, steps and the training loop against the host build).
+//! device memory), `check`, `flash_check`, `gemm_check` and `replica_check` (the device check:
+//! kernels, flash attention within its tolerance, the two product libraries, steps and
+//! the training loop against the host build), `profile` (each launch's time).
 
 pub mod check;
+pub mod flash_check;
 pub mod gemm_check;
 mod lt;
 pub mod nccl;

@@ -75,7 +75,8 @@ pub const SGD: &str = "kind = \"sgd\"\nlr = 0.05\nmomentum = 0.9\nweight_decay =
 /// Global micro-batch `j` of step `s`: two samples, different masking per micro-batch.
 pub fn micro_batch(model: &str, s: usize, j: usize) -> MicroBatch {
     let seed = (s * 1000 + j * 7) as u64;
-    if model == GPT || model == LLAMA {
+    // A token model (widened or not): six positions over a vocabulary of 11.
+    if model.starts_with("kind = \"gpt\"") || model.starts_with("kind = \"llama\"") {
         let masked = [j % 3, (j * 2 + s) % 4];
         token_batch(seed, 2, 6, 11, &masked)
     } else if model == CNN {
