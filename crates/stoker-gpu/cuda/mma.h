@@ -57,6 +57,23 @@ template <class T> STOKER_HD uint16_t elem_bits(const T* m, int64_t row, int col
   return row < rows ? m[row * ld + col].bits : uint16_t(0);
 }
 
+// Elements col and col + 1 of a row of a row-major [rows, ld] T matrix as one register (0
+// past its rows), read as one 32-bit word: col and ld are even and the matrix 4-byte
+// aligned (stoker_gpu::flash checks the views), and the low half is element col on both
+// sides (little-endian).
+template <class T>
+STOKER_HD uint32_t pair_bits_at(const T* m, int64_t row, int col, int64_t rows, int ld) {
+  if (row >= rows) return 0u;
+  const T* p = m + row * ld + col;
+#ifdef __CUDA_ARCH__
+  return *reinterpret_cast<const uint32_t*>(p);
+#else
+  uint32_t r;
+  memcpy(&r, p, sizeof r);
+  return r;
+#endif
+}
+
 // Lane `lane`'s A fragment of rows r0..r0+15 and columns c0..c0+15 of the row-major
 // [rows, ld] matrix m (rows past `rows` read as 0).
 template <class T>
@@ -65,7 +82,7 @@ STOKER_HD FragA frag_a_rows(const T* m, int64_t r0, int c0, int64_t rows, int ld
   for (int j = 0; j < 4; ++j) {
     int64_t row = r0 + frag_a_row(lane, 2 * j);
     int col = c0 + frag_a_col(lane, 2 * j);
-    a.r[j] = pair_bits(elem_bits(m, row, col, rows, ld), elem_bits(m, row, col + 1, rows, ld));
+    a.r[j] = pair_bits_at(m, row, col, rows, ld);
   }
   return a;
 }
@@ -78,7 +95,7 @@ STOKER_HD FragB frag_b_cols(const T* m, int64_t n0, int k0, int64_t rows, int ld
   int64_t row = n0 + frag_b_col(lane, 0);
   for (int j = 0; j < 2; ++j) {
     int col = k0 + frag_b_row(lane, 2 * j);
-    b.r[j] = pair_bits(elem_bits(m, row, col, rows, ld), elem_bits(m, row, col + 1, rows, ld));
+    b.r[j] = pair_bits_at(m, row, col, rows, ld);
   }
   return b;
 }

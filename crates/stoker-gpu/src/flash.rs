@@ -43,6 +43,9 @@ fn checked(
     check_len(kernel, "q", q.len(), n)?;
     check_len(kernel, "k", k.len(), n)?;
     check_len(kernel, "v", v.len(), n)?;
+    for (name, x) in [("q", q), ("k", k), ("v", v)] {
+        check_pairs(kernel, name, x)?;
+    }
     for &(name, len) in per_row {
         check_len(kernel, name, len, bh * t)?;
     }
@@ -51,6 +54,18 @@ fn checked(
         what: format!("{bh} heads of {t} positions"),
     })?;
     Ok((tiles, t32, d32, 1.0 / (d as f32).sqrt()))
+}
+
+/// The kernels read two neighbouring bf16 as one 32-bit word: a view must start on a
+/// multiple of 4 bytes (the step's spans start on 128).
+fn check_pairs(kernel: &'static str, name: &str, x: &View<bf16>) -> Result<(), GpuError> {
+    match x.addr() % 4 {
+        0 => Ok(()),
+        _ => Err(GpuError::Shape {
+            kernel,
+            what: format!("`{name}` starts at an odd element: its pairs must be 4-byte words"),
+        }),
+    }
 }
 
 /// `out = softmax(q k^T / sqrt(D)) v` with the causal mask, and `lse` each row's
@@ -105,6 +120,7 @@ pub fn backward<B: Backend>(
     ] {
         check_len(K, name, v.len(), x.0.len())?;
     }
+    check_pairs(K, "dout", &dout)?;
     // The gradients are written while q, k, v, out and dout are still read.
     for written in [dq, dk, dv] {
         for read in [x.0, x.1, x.2, out, dout] {

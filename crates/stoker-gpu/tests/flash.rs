@@ -138,7 +138,7 @@ fn flash_attention_is_causal_attention_within_bf16_rounding() {
 }
 
 #[test]
-fn flash_attention_refuses_other_head_widths_and_aliased_gradients() {
+fn flash_attention_refuses_other_head_widths_aliased_outputs_and_odd_starts() {
     let be = Host;
     let (bh, t, d) = (1, 8, 8);
     let a = be.zeros::<bf16>(bh * t * d).unwrap();
@@ -156,6 +156,14 @@ fn flash_attention_refuses_other_head_widths_and_aliased_gradients() {
     match flash::forward(&be, x, (be.all(&a), be.all(&l)), (bh, t, d)) {
         Err(GpuError::Shape { what, .. }) => assert!(what.contains("overlap"), "{what}"),
         other => panic!("the output over q: {other:?}"),
+    }
+    // q starting at an odd element: its pairs are not 4-byte words.
+    let wide = be.zeros::<bf16>(bh * t * d + 1).unwrap();
+    let odd = be.view(&wide, 1..bh * t * d + 1).unwrap();
+    let o16 = be.zeros::<bf16>(bh * t * d).unwrap();
+    match flash::forward(&be, (odd, x.1, x.2), (be.all(&o16), be.all(&l)), (bh, t, d)) {
+        Err(GpuError::Shape { what, .. }) => assert!(what.contains("odd element"), "{what}"),
+        other => panic!("q at an odd element: {other:?}"),
     }
 }
 
