@@ -5,7 +5,8 @@
 # the demo's 96-token vocabulary). stoker, `device = "cuda"`, two paths: `graph`, candle's
 # ops with the optimizer offloaded to the host; and `resident`, stoker's own GPU step
 # with the master and AdamW on the device (docs/gpu.md), in bf16 also with its
-# micro-batches replayed as CUDA graphs (`cuda_graphs = true`). PyTorch: the whole model and
+# micro-batches replayed as CUDA graphs (`cuda_graphs = true`) and with flash attention
+# (`flash_attention = true`). PyTorch: the whole model and
 # fused AdamW on the GPU, fp32 and bf16 autocast (scripts/gpu/torch_step.py). Median step
 # time over STEPS steps after warm-up, each figure and stoker / PyTorch.
 #   bash scripts/gpu/step-time.sh [BIN]      (STEPS, default 40)
@@ -24,7 +25,7 @@ for sh in "${shapes[@]}"; do
   torch=$(timeout 180 python3 scripts/gpu/torch_step.py --d-model "$2" --layers "$3" --heads "$4" \
     --context "$5" --batch "$6" --steps "$steps") || { echo "FAILED torch $1"; status=1; continue; }
   echo "$torch"
-  for run in fp32-graph bf16-graph fp32-resident bf16-resident bf16-resident+cudagraphs; do
+  for run in fp32-graph bf16-graph fp32-resident bf16-resident bf16-resident+cudagraphs bf16-resident+flash; do
     prec=${run%%-*} path=${run#*-}
     f=$out/$1-$run.toml
     case $path in
@@ -32,6 +33,8 @@ for sh in "${shapes[@]}"; do
       resident) keys="step = \"resident\"" ;;
       # Each micro-batch captured once and replayed as one CUDA graph (`cuda_graphs`).
       resident+cudagraphs) keys="step = \"resident\"\ncuda_graphs = true" ;;
+      # Attention on tensor cores keeping no scores (`flash_attention`).
+      resident+flash) keys="step = \"resident\"\nflash_attention = true" ;;
     esac
     sed -e "s|^run_dir = .*|run_dir = \"$out/$1-$run\"|" \
         -e "s|^precision = .*|precision = \"$prec\"\n$keys\ndevice = \"cuda\"|" \
