@@ -135,6 +135,9 @@ struct Max {
 };
 
 #ifdef __CUDA_ARCH__
+#if __CUDA_ARCH__ < 800
+#error "mma.sync.m16n8k16 with bf16 needs sm_80 or later (build.rs's CUDA_COMPUTE_CAP)"
+#endif
 template <class X> using PerLane = X;
 template <class X> __device__ __forceinline__ X& at(X& x, int) { return x; }
 template <class X> __device__ __forceinline__ const X& at(const X& x, int) { return x; }

@@ -60,12 +60,13 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
         compared.len()
     );
     // Flash attention on tensor cores: within a tolerance (their sums' order is theirs).
-    use stoker_gpu::device::flash_check::{compare_flash, FLASH_TOLERANCE};
-    println!("\nflash attention on the tensor cores against the host build (largest difference over the largest value; tolerance {FLASH_TOLERANCE:.0e}):");
+    use stoker_gpu::device::flash_check::{compare_flash, tolerance};
+    println!("\nflash attention on the tensor cores against the host build (largest difference over the largest value):");
     for c in compare_flash(&dev)? {
-        let ok = c.rel <= FLASH_TOLERANCE;
+        let tol = tolerance(&c.name);
+        let ok = c.rel <= tol;
         println!(
-            "  {:<40} {:>10.2e} {}",
+            "  {:<40} {:>10.2e} (tolerance {tol:.0e}) {}",
             c.name,
             c.rel,
             if ok { "OK" } else { "FAILED" }
@@ -364,7 +365,7 @@ fn forecast_beside(
     };
     let timed: f64 = st.profile.iter().map(|p| p.ms).sum();
     println!(
-        "  where one step's time goes (CUDA events around each launch): the parts sum to {timed:.2} ms of its {:.2} ms wall time; the rest, {:.2} ms, the GPU waits between launches",
+        "  where one step's time goes (CUDA events around each launch; a launch-bound step's parts hold the driver's launch calls too): the parts sum to {timed:.2} ms of its {:.2} ms wall time; the rest, {:.2} ms, the GPU waits between launches (at least)",
         st.profiled_ms,
         (st.profiled_ms - timed).max(0.0)
     );

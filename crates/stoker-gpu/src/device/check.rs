@@ -533,11 +533,11 @@ pub const GPT2_124M: stoker_kernels::GptDims = stoker_kernels::GptDims {
     n_head: 12,
 };
 
-/// The bf16 step on GPT-2 124M (vocabulary 50,257 padded to 50,304, context 1,024, 12
-/// layers, d_model 768, 12 heads) at micro-batch `b` x 1,024, after two warm-up steps:
-/// the median milliseconds of `reps` forward + backward passes and of `reps` whole steps
-/// (with the gradient norm, clipping at 1.0 and AdamW), and the parameter count (for
-/// MFU: 6N + 6LCT FLOPs per token); the step made with `opts` (attention recomputed, say).
+/// The bf16 step of a GPT of `dims` ([`GPT2_124M`], [`DEMO_GPT`]) at micro-batch `b` x
+/// its context, after two warm-up steps: the median milliseconds of `reps` forward +
+/// backward passes and of `reps` whole steps (with the gradient norm, clipping at 1.0 and
+/// AdamW), the parameter count (for MFU: 6N + 6LCT FLOPs per token), and one more step
+/// profiled launch by launch; the step made with `opts` (attention recomputed, say).
 pub fn time_step(
     dev: &Device,
     dims: stoker_kernels::GptDims,

@@ -229,6 +229,12 @@ impl Lt {
             .get_or_insert_with(|| e.to_string());
     }
 
+    /// Allocates the workspace where it is not yet (before a graph capture, which must
+    /// not allocate).
+    pub(super) fn ensure_workspace(&self) -> Result<(), GpuError> {
+        self.workspace().map(|_| ())
+    }
+
     fn workspace(&self) -> Result<u64, GpuError> {
         if self.workspace.get().is_none() {
             // SAFETY: cuBLASLt writes the workspace before it reads it; nothing else does.

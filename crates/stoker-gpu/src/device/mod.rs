@@ -75,6 +75,9 @@ pub struct Device {
     staging: staging::Staging,
     /// Whether the stream is being captured into a graph.
     capturing: Cell<bool>,
+    /// cuBLAS's workspace of its own, set before the first capture (cuBLAS would
+    /// otherwise use memory of its default pool inside a graph).
+    blas_workspace: std::cell::OnceCell<CudaSlice<u8>>,
     /// Events around each launch, while a profile is under way.
     profiler: profile::Profiler,
 }
@@ -98,7 +101,12 @@ impl Device {
         // SAFETY: the flag belongs to this `CudaContext` object (other `Device`s on the same
         // primary context hold their own), and no buffer of this object exists yet.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        // A stream of its own, not the legacy default one: CUDA captures no graph on the
+        // legacy stream, and a non-blocking stream does not wait for other work on the
+        // GPU (another rank's thread, candle's) through its implicit synchronization.
+        let stream = ctx
+            .new_stream()
+            .map_err(driver(format!("making a stream on GPU {ordinal}")))?;
         let module = ctx
             .load_module(Ptx::from_binary(FATBIN.to_vec()))
             .map_err(driver("loading stoker's kernels"))?;
@@ -117,6 +125,7 @@ impl Device {
             gemm_library: Cell::new(GemmLibrary::CublasLt),
             staging: staging::Staging::default(),
             capturing: Cell::new(false),
+            blas_workspace: std::cell::OnceCell::new(),
             profiler: profile::Profiler::default(),
         })
     }
@@ -234,6 +243,40 @@ impl Device {
         }
     }
 
+    /// cuBLAS's own workspace (as large as cuBLASLt's), made and set once.
+    fn ensure_blas_workspace(&self) -> Result<(), GpuError> {
+        if self.blas_workspace.get().is_some() {
+            return Ok(());
+        }
+        let bytes = lt::WORKSPACE_BYTES;
+        // SAFETY: cuBLAS writes its workspace before it reads it; nothing else does.
+        let buf = unsafe { self.stream.alloc::<u8>(bytes) }.map_err(driver(format!(
+            "allocating cuBLAS's {bytes}-byte workspace"
+        )))?;
+        let ptr = {
+            let (ptr, _record) = buf.device_ptr(&self.stream);
+            ptr
+        };
+        self.bind()?;
+        // SAFETY: the handle is this device's; `ptr` starts `bytes` bytes of device memory
+        // that `blas_workspace` keeps alive as long as the device (and so the handle).
+        let status = unsafe {
+            blas::cublasSetWorkspace_v2(
+                *self.blas.handle(),
+                ptr as usize as *mut std::ffi::c_void,
+                bytes,
+            )
+        };
+        if status != blas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(GpuError::Driver {
+                what: "setting cuBLAS's workspace".into(),
+                error: format!("{status:?}"),
+            });
+        }
+        let _ = self.blas_workspace.set(buf);
+        Ok(())
+    }
+
     /// An error where the stream is being captured: `op` waits for the stream, copies
     /// from the host or allocates, which a graph cannot replay.
     fn live(&self, op: &str) -> Result<(), GpuError> {
@@ -258,6 +301,10 @@ impl Backend for Device {
 
     fn begin_capture(&self) -> Result<(), GpuError> {
         self.live("a capture inside a capture")?;
+        // What the products allocate lazily exists before the capture: an allocation
+        // inside it would become the graph's own memory.
+        self.lt.ensure_workspace()?;
+        self.ensure_blas_workspace()?;
         // Relaxed: the step's own checks (`live`) keep what a graph cannot hold out of
         // the capture; cuBLASLt's plans and workspace were made by an eager run before.
         self.stream
@@ -431,22 +478,24 @@ impl Backend for Device {
     }
 
     unsafe fn launch(&self, call: &Call) -> Result<(), GpuError> {
+        let symbol = call.symbol();
+        let f = self.function(&symbol)?;
+        let args = call.args();
+        let mut launch = self.stream.launch_builder(&f);
+        for a in &args {
+            match a {
+                Arg::Addr(v) => launch.arg(v),
+                Arg::I64(v) => launch.arg(v),
+                Arg::I32(v) => launch.arg(v),
+                Arg::F32(v) => launch.arg(v),
+                Arg::Heads(v) => launch.arg(v),
+                Arg::AdamW(v) => launch.arg(v),
+                Arg::Sgd(v) => launch.arg(v),
+            };
+        }
+        // Timed from just before the launch: the host's lookups and arguments above are
+        // not the kernel's time.
         self.timed(profile::Part::Kernel(call.name()), || {
-            let symbol = call.symbol();
-            let f = self.function(&symbol)?;
-            let args = call.args();
-            let mut launch = self.stream.launch_builder(&f);
-            for a in &args {
-                match a {
-                    Arg::Addr(v) => launch.arg(v),
-                    Arg::I64(v) => launch.arg(v),
-                    Arg::I32(v) => launch.arg(v),
-                    Arg::F32(v) => launch.arg(v),
-                    Arg::Heads(v) => launch.arg(v),
-                    Arg::AdamW(v) => launch.arg(v),
-                    Arg::Sgd(v) => launch.arg(v),
-                };
-            }
             // SAFETY: the caller's contract (every address inside a live buffer, as the
             // shapes imply); the arguments are the kernel's parameters in order, with the
             // types kernels.inc declares (tests/kernel_list.rs holds the counts in step).

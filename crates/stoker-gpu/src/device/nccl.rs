@@ -32,9 +32,8 @@ pub struct DeviceNccl {
     world: usize,
     /// [`MAX_SCALARS`] f64 on the device: the scalar sums' buffer, made once.
     scalar: RefCell<CudaSlice<f64>>,
-    /// The stream DDP's buckets reduce on, beside the compute stream (non-blocking: the
-    /// legacy stream does not wait for it, nor it for the legacy stream, but through
-    /// the events below).
+    /// The stream DDP's buckets reduce on, beside the compute stream (both non-blocking:
+    /// neither waits for the other but through the events below).
     comm_stream: Arc<CudaStream>,
     /// Recorded on the compute stream before a bucket starts; the comm stream waits it.
     ready: CudaEvent,

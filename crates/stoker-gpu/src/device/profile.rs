@@ -2,9 +2,12 @@
 //! (`crate::forecast`): with a profile started, `Device` records a pair of CUDA events
 //! around each launch, product, zeroing, copy and graph replay, and the profile sums
 //! their times by part: each kernel by name, the dense products, the batched (attention's
-//! per-head) products, copies and zeroings, graphs. The events add a little to each
-//! launch; the gaps between launches (the host's launch cost, where the GPU waits) are
-//! what the parts' sum leaves of the step's wall time.
+//! per-head) products, copies and zeroings, graphs. A kernel's start event is recorded
+//! just before its launch; where the GPU is idle, waiting on the host, the interval
+//! still holds the driver's own launch call (a few microseconds), so on launch-bound
+//! steps the parts overstate the kernels and the gaps between them (what the parts' sum
+//! leaves of the step's wall time) understate the waiting. Products' intervals hold the
+//! library's host-side planning too. The events are pooled across profiles.
 
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
@@ -43,6 +46,8 @@ pub struct MeasuredShare {
 #[derive(Default)]
 pub(super) struct Profiler {
     marks: RefCell<Option<Vec<(Part, CudaEvent, CudaEvent)>>>,
+    /// Events of earlier profiles, to record again.
+    pool: RefCell<Vec<CudaEvent>>,
     /// Whether a timed piece of work is running (a product's bias kernel is the
     /// product's, not timed again).
     inside: Cell<bool>,
@@ -73,9 +78,11 @@ impl Profiler {
             return work();
         }
         let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let event = || {
-            ctx.new_event(flags)
-                .map_err(driver("making a profile event"))
+        let event = || match self.pool.borrow_mut().pop() {
+            Some(e) => Ok(e),
+            None => ctx
+                .new_event(flags)
+                .map_err(driver("making a profile event")),
         };
         let (start, end) = (event()?, event()?);
         start
@@ -98,17 +105,19 @@ impl Profiler {
     pub(super) fn take(&self) -> Result<Vec<MeasuredShare>, GpuError> {
         let marks = self.marks.borrow_mut().take().unwrap_or_default();
         let mut shares: Vec<MeasuredShare> = Vec::new();
-        for (part, start, end) in &marks {
+        let mut pool = self.pool.borrow_mut();
+        for (part, start, end) in marks {
             let ms = start
-                .elapsed_ms(end)
+                .elapsed_ms(&end)
                 .map_err(driver("reading a profile event"))? as f64;
-            match shares.iter_mut().find(|s| s.part == *part) {
+            pool.extend([start, end]);
+            match shares.iter_mut().find(|s| s.part == part) {
                 Some(s) => {
                     s.launches += 1;
                     s.ms += ms;
                 }
                 None => shares.push(MeasuredShare {
-                    part: *part,
+                    part,
                     launches: 1,
                     ms,
                 }),

@@ -30,7 +30,8 @@ pub(crate) struct GraphKey {
 }
 
 /// Keys kept at once: the first micro-batch of a window and the rest, under up to two
-/// loss scales (fp16's scale moves rarely; an older key is captured again if it returns).
+/// loss scales (fp16's scale moves rarely; the least recently used key goes first, and
+/// is captured again if it returns).
 const KEPT: usize = 4;
 
 /// A step's graphs by key: `None` where the key has run once, eagerly.
@@ -61,6 +62,11 @@ impl<G> MicroBatchGraphs<G> {
         body: impl FnOnce() -> Result<(), GpuError>,
     ) -> Result<(), GpuError> {
         let mut entries = self.entries.borrow_mut();
+        // Most recently used last: the first is the one a new key evicts.
+        if let Some(at) = entries.iter().position(|(k, _)| *k == key) {
+            let used = entries.remove(at);
+            entries.push(used);
+        }
         let Some(at) = entries.iter().position(|(k, _)| *k == key) else {
             body()?;
             if entries.len() == KEPT {
