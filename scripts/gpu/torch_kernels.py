@@ -73,6 +73,12 @@ gelu_out = F.gelu(fc, approximate="tanh")
 att_out = att_in.masked_fill(~mask, float("-inf")).softmax(-1)
 g_att = torch.randn_like(att_out)
 
+# Causal attention as PyTorch runs it fused (SDPA: FlashAttention-2 or cuDNN on a GPU),
+# beside stoker's flash kernels.
+sq, sk, sv = (torch.randn(B, H, T, C // H, device=dev, dtype=bf, requires_grad=True) for _ in range(3))
+sdpa_out = F.scaled_dot_product_attention(sq, sk, sv, is_causal=True)
+g_sdpa = torch.randn_like(sdpa_out)
+
 ps = [torch.zeros(params, device=dev, dtype=torch.float32, requires_grad=True)]
 ps[0].grad = torch.randn_like(ps[0]) * 1e-3
 opt = torch.optim.AdamW(ps, lr=3e-4, fused=dev.type == "cuda")
@@ -89,6 +95,8 @@ ops = [
     ("classifier (cross-entropy fwd+bwd)", lambda: torch.autograd.grad(F.cross_entropy(logits.float(), targets), logits)),
     ("column-sums (qkv bias)", lambda: qkv.view(N, 3 * C).float().sum(0)),
     ("adamw (124M, fused)", lambda: opt.step()),
+    ("flash-forward (sdpa, causal)", lambda: F.scaled_dot_product_attention(sq, sk, sv, is_causal=True)),
+    ("flash-backward (sdpa, causal)", lambda: torch.autograd.grad(sdpa_out, (sq, sk, sv), g_sdpa, retain_graph=True)),
 ]
 name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
 print(f"pytorch {torch.__version__} on {name}: the same operations, bf16, micro-batch {B} x {T} (median of {a.reps}, us)")

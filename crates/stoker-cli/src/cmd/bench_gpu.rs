@@ -102,6 +102,29 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
         }
     }
     if !a.no_timing {
+        // Flash attention at GPT-2's attention, beside torch_kernels.py's SDPA.
+        println!(
+            "\nflash attention at GPT-2 124M's attention (bf16, {} x 12 heads of 64, 1024 positions; median of {}):",
+            a.batch, a.reps
+        );
+        match stoker_gpu::device::flash_check::time_flash(&dev, a.batch, a.reps.max(1)) {
+            Ok(times) => {
+                for t in times {
+                    let tflops = t.flops / (t.micros * 1e-6) / 1e12;
+                    println!(
+                        "  flash-{:<31} {:>10.1} us {:>8.1} TFLOP/s on tensor cores ({:.1}% of 989)",
+                        t.name,
+                        t.micros,
+                        tflops,
+                        100.0 * tflops / 989.0
+                    );
+                }
+            }
+            Err(e) => {
+                println!("  did not run: {e}");
+                failed.push("flash attention's timing");
+            }
+        }
         gemm_libraries(&dev, a.batch, a.reps, &mut failed);
     }
     if a.step {

@@ -62,3 +62,100 @@ pub fn compare_flash(dev: &Device) -> Result<Vec<FlashCompared>, GpuError> {
     }
     Ok(out)
 }
+
+/// Flash attention's time at GPT-2 124M's attention (micro-batch `b`, 12 heads of 64,
+/// 1,024 positions): the median of `reps` forwards and of `reps` backwards (rowdot, key
+/// side, query side), with the tensor-core FLOPs each runs (`Call::tensor_flops`: whole
+/// 16 x 16 blocks, the masked halves of the diagonal's included).
+pub struct FlashTime {
+    /// `forward` or `backward`.
+    pub name: &'static str,
+    /// Median microseconds.
+    pub micros: f64,
+    /// FLOPs on tensor cores.
+    pub flops: f64,
+}
+
+/// Times flash attention's forward and backward at `(b * 12, 1024, 64)`.
+pub fn time_flash(dev: &Device, b: usize, reps: usize) -> Result<Vec<FlashTime>, GpuError> {
+    use crate::backend::Backend;
+    use half::bf16;
+    let shape = (b * 12, 1024, 64);
+    let n = shape.0 * shape.1 * shape.2;
+    let rows = shape.0 * shape.1;
+    let draw = |seed| -> Result<_, GpuError> {
+        let x: Vec<bf16> = crate::sample::uniform(n, seed, 1.0)
+            .into_iter()
+            .map(bf16::from_f32)
+            .collect();
+        dev.upload(&x)
+    };
+    let (q, k, v, dout) = (draw(81)?, draw(82)?, draw(83)?, draw(84)?);
+    let (out, dq, dk, dv) = (dev.zeros(n)?, dev.zeros(n)?, dev.zeros(n)?, dev.zeros(n)?);
+    let (lse, dsum) = (dev.zeros::<f32>(rows)?, dev.zeros::<f32>(rows)?);
+    let x = (dev.all(&q), dev.all(&k), dev.all(&v));
+    let forward = || crate::flash::forward(dev, x, (dev.all(&out), dev.all(&lse)), shape);
+    let backward = || {
+        crate::flash::backward(
+            dev,
+            x,
+            (dev.all(&out), dev.all(&dout), dev.all(&lse)),
+            dev.all(&dsum),
+            (dev.all(&dq), dev.all(&dk), dev.all(&dv)),
+            shape,
+        )
+    };
+    let tiles = (shape.0 * shape.1.div_ceil(16)) as i64;
+    let flops = |call: crate::call::Call| call.tensor_flops();
+    let (tl, t, d) = (tiles, shape.1 as i32, shape.2 as i32);
+    let fwd = crate::call::Call::FlashForward {
+        out: 0,
+        lse: 0,
+        q: 0,
+        k: 0,
+        v: 0,
+        tiles: tl,
+        t,
+        d,
+        scale: 1.0,
+    };
+    let kv = crate::call::Call::FlashBackwardKv {
+        dk: 0,
+        dv: 0,
+        q: 0,
+        k: 0,
+        v: 0,
+        dout: 0,
+        lse: 0,
+        dsum: 0,
+        tiles: tl,
+        t,
+        d,
+        scale: 1.0,
+    };
+    let qs = crate::call::Call::FlashBackwardQ {
+        dq: 0,
+        q: 0,
+        k: 0,
+        v: 0,
+        dout: 0,
+        lse: 0,
+        dsum: 0,
+        tiles: tl,
+        t,
+        d,
+        scale: 1.0,
+    };
+    Ok(vec![
+        FlashTime {
+            name: "forward",
+            micros: super::check::median_micros(dev, reps, forward)?,
+            flops: flops(fwd),
+        },
+        FlashTime {
+            name: "backward",
+            micros: super::check::median_micros(dev, reps, backward)?,
+            flops: flops(kv) + flops(qs),
+        },
+    ])
+}
