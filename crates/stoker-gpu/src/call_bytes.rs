@@ -146,23 +146,17 @@ impl Call {
     /// kernels' products over their causal blocks of 16 x 16); 0 for the others, whose
     /// time is their bytes'.
     pub fn tensor_flops(&self) -> f64 {
+        use crate::flash::{FORWARD_PRODUCTS, KEY_SIDE_PRODUCTS, QUERY_SIDE_PRODUCTS};
         use Call::*;
-        // Per head, a tile of 16 rows meets its blocks of 16: tile r's forward and its
-        // query side the r + 1 blocks up to its diagonal, a key tile the blocks from its
-        // diagonal on: R (R + 1) / 2 block pairs a head either way, R = ceil(T / 16).
-        let pairs = |tiles: i64, t: i32| {
-            let r = (t as i64 + 15) / 16;
-            (tiles / r.max(1)) as f64 * (r * (r + 1) / 2) as f64
+        let heads = |tiles: i64, t: i32| tiles / ((t as i64 + 15) / 16).max(1);
+        let of = |tiles: i64, t: i32, d: i32, products: f64| {
+            let shape = (heads(tiles, t) as usize, t as usize, d as usize);
+            products * crate::flash::product_flops(shape)
         };
-        // One 16 x 16 x D product: 2 * 16 * 16 * D.
-        let product = |d: i32| 512.0 * d as f64;
         match *self {
-            // The scores and the weighted values.
-            FlashForward { tiles, t, d, .. } => pairs(tiles, t) * 2.0 * product(d),
-            // The scores, dp, dv, dk.
-            FlashBackwardKv { tiles, t, d, .. } => pairs(tiles, t) * 4.0 * product(d),
-            // The scores, dp, dq.
-            FlashBackwardQ { tiles, t, d, .. } => pairs(tiles, t) * 3.0 * product(d),
+            FlashForward { tiles, t, d, .. } => of(tiles, t, d, FORWARD_PRODUCTS),
+            FlashBackwardKv { tiles, t, d, .. } => of(tiles, t, d, KEY_SIDE_PRODUCTS),
+            FlashBackwardQ { tiles, t, d, .. } => of(tiles, t, d, QUERY_SIDE_PRODUCTS),
             _ => 0.0,
         }
     }

@@ -21,6 +21,22 @@ pub fn supports(d: usize) -> bool {
 /// `(B*H, T, D)`: heads, positions, head width.
 pub type FlashShape = (usize, usize, usize);
 
+/// Products each pair of 16 x 16 blocks costs the forward: the scores, the weighted
+/// values.
+pub const FORWARD_PRODUCTS: f64 = 2.0;
+/// ... the backward over keys: the scores, dp, dv, dk.
+pub const KEY_SIDE_PRODUCTS: f64 = 4.0;
+/// ... the backward over queries: the scores, dp, dq.
+pub const QUERY_SIDE_PRODUCTS: f64 = 3.0;
+
+/// FLOPs of one product (2 x 16 x 16 x D) over every pair of 16-row blocks the causal
+/// mask leaves at `shape`: R (R + 1) / 2 pairs a head, R = ceil(T / 16), the masked
+/// halves of the diagonal's blocks included (the tensor cores run them whole).
+pub fn product_flops((bh, t, d): FlashShape) -> f64 {
+    let r = t.div_ceil(16) as f64;
+    bh as f64 * r * (r + 1.0) / 2.0 * 512.0 * d as f64
+}
+
 /// q, k and v, each `[B*H, T, D]` bf16.
 pub type FlashQkv<'a> = (View<'a, bf16>, View<'a, bf16>, View<'a, bf16>);
 

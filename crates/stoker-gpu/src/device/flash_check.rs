@@ -65,8 +65,8 @@ pub fn compare_flash(dev: &Device) -> Result<Vec<FlashCompared>, GpuError> {
 
 /// Flash attention's time at GPT-2 124M's attention (micro-batch `b`, 12 heads of 64,
 /// 1,024 positions): the median of `reps` forwards and of `reps` backwards (rowdot, key
-/// side, query side), with the tensor-core FLOPs each runs (`Call::tensor_flops`: whole
-/// 16 x 16 blocks, the masked halves of the diagonal's included).
+/// side, query side), with the tensor-core FLOPs each runs (`flash::product_flops`:
+/// whole 16 x 16 blocks, the masked halves of the diagonal's included).
 pub struct FlashTime {
     /// `forward` or `backward`.
     pub name: &'static str,
@@ -79,6 +79,7 @@ pub struct FlashTime {
 /// Times flash attention's forward and backward at `(b * 12, 1024, 64)`.
 pub fn time_flash(dev: &Device, b: usize, reps: usize) -> Result<Vec<FlashTime>, GpuError> {
     use crate::backend::Backend;
+    use crate::flash::{product_flops, FORWARD_PRODUCTS, KEY_SIDE_PRODUCTS, QUERY_SIDE_PRODUCTS};
     use half::bf16;
     let shape = (b * 12, 1024, 64);
     let n = shape.0 * shape.1 * shape.2;
@@ -105,57 +106,16 @@ pub fn time_flash(dev: &Device, b: usize, reps: usize) -> Result<Vec<FlashTime>,
             shape,
         )
     };
-    let tiles = (shape.0 * shape.1.div_ceil(16)) as i64;
-    let flops = |call: crate::call::Call| call.tensor_flops();
-    let (tl, t, d) = (tiles, shape.1 as i32, shape.2 as i32);
-    let fwd = crate::call::Call::FlashForward {
-        out: 0,
-        lse: 0,
-        q: 0,
-        k: 0,
-        v: 0,
-        tiles: tl,
-        t,
-        d,
-        scale: 1.0,
-    };
-    let kv = crate::call::Call::FlashBackwardKv {
-        dk: 0,
-        dv: 0,
-        q: 0,
-        k: 0,
-        v: 0,
-        dout: 0,
-        lse: 0,
-        dsum: 0,
-        tiles: tl,
-        t,
-        d,
-        scale: 1.0,
-    };
-    let qs = crate::call::Call::FlashBackwardQ {
-        dq: 0,
-        q: 0,
-        k: 0,
-        v: 0,
-        dout: 0,
-        lse: 0,
-        dsum: 0,
-        tiles: tl,
-        t,
-        d,
-        scale: 1.0,
-    };
     Ok(vec![
         FlashTime {
             name: "forward",
             micros: super::check::median_micros(dev, reps, forward)?,
-            flops: flops(fwd),
+            flops: FORWARD_PRODUCTS * product_flops(shape),
         },
         FlashTime {
             name: "backward",
             micros: super::check::median_micros(dev, reps, backward)?,
-            flops: flops(kv) + flops(qs),
+            flops: (KEY_SIDE_PRODUCTS + QUERY_SIDE_PRODUCTS) * product_flops(shape),
         },
     ])
 }
