@@ -374,6 +374,7 @@ pub enum Call {
         tiles: i64,
         t: i32,
         d: i32,
+        group: i32,
         scale: f32,
     },
     FlashRowdot {
@@ -395,6 +396,7 @@ pub enum Call {
         tiles: i64,
         t: i32,
         d: i32,
+        group: i32,
         scale: f32,
     },
     FlashBackwardQ {
@@ -408,6 +410,7 @@ pub enum Call {
         tiles: i64,
         t: i32,
         d: i32,
+        group: i32,
         scale: f32,
     },
 }
@@ -906,6 +909,7 @@ impl Call {
                 tiles,
                 t,
                 d,
+                group,
                 scale,
             } => vec![
                 A(out),
@@ -916,6 +920,7 @@ impl Call {
                 I64(tiles),
                 I32(t),
                 I32(d),
+                I32(group),
                 F32(scale),
             ],
             FlashRowdot {
@@ -937,6 +942,7 @@ impl Call {
                 tiles,
                 t,
                 d,
+                group,
                 scale,
             } => vec![
                 A(dk),
@@ -950,6 +956,7 @@ impl Call {
                 I64(tiles),
                 I32(t),
                 I32(d),
+                I32(group),
                 F32(scale),
             ],
             FlashBackwardQ {
@@ -963,6 +970,7 @@ impl Call {
                 tiles,
                 t,
                 d,
+                group,
                 scale,
             } => vec![
                 A(dq),
@@ -975,6 +983,7 @@ impl Call {
                 I64(tiles),
                 I32(t),
                 I32(d),
+                I32(group),
                 F32(scale),
             ],
         }

@@ -129,15 +129,30 @@ impl Call {
             }
             SumPartials { n, warps, .. } => 4 * (n + warps as i64),
             Sum { n, .. } => 4 * n,
-            // q, k, v read, the output written (bf16), each row's log-sum-exp (f32).
-            FlashForward { tiles, t, d, .. } => {
+            // q read and the output written per query row, k and v read per kv row
+            // (bf16); each row's log-sum-exp (f32).
+            FlashForward {
+                tiles, t, d, group, ..
+            } => {
                 let rows = flash_rows(tiles, t);
-                rows * (4 * d as i64 * 2 + 4)
+                rows * (2 * d as i64 * 2 + 4) + rows / group.max(1) as i64 * 2 * d as i64 * 2
             }
             FlashRowdot { rows, d, .. } => rows * (2 * d as i64 * 2 + 4),
-            // q, k, v, dout read and two gradients written (bf16); two f32 a row.
-            FlashBackwardKv { tiles, t, d, .. } => flash_rows(tiles, t) * (6 * d as i64 * 2 + 8),
-            FlashBackwardQ { tiles, t, d, .. } => flash_rows(tiles, t) * (5 * d as i64 * 2 + 8),
+            // A kv tile: k, v read and dk, dv written per kv row; q, dout read per query
+            // row of its group, with two f32 a row.
+            FlashBackwardKv {
+                tiles, t, d, group, ..
+            } => {
+                let rows = flash_rows(tiles, t);
+                rows * 4 * d as i64 * 2 + rows * group as i64 * (2 * d as i64 * 2 + 8)
+            }
+            // q, dout read and dq written per query row, two f32; k, v per kv row.
+            FlashBackwardQ {
+                tiles, t, d, group, ..
+            } => {
+                let rows = flash_rows(tiles, t);
+                rows * (3 * d as i64 * 2 + 8) + rows / group.max(1) as i64 * 2 * d as i64 * 2
+            }
         };
         bytes.max(0) as u64
     }
@@ -155,7 +170,10 @@ impl Call {
         };
         match *self {
             FlashForward { tiles, t, d, .. } => of(tiles, t, d, FORWARD_PRODUCTS),
-            FlashBackwardKv { tiles, t, d, .. } => of(tiles, t, d, KEY_SIDE_PRODUCTS),
+            // A kv tile runs its group's query heads.
+            FlashBackwardKv {
+                tiles, t, d, group, ..
+            } => group as f64 * of(tiles, t, d, KEY_SIDE_PRODUCTS),
             FlashBackwardQ { tiles, t, d, .. } => of(tiles, t, d, QUERY_SIDE_PRODUCTS),
             _ => 0.0,
         }

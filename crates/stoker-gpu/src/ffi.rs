@@ -116,6 +116,7 @@ extern "C" {
         tiles: i64,
         t: i32,
         d: i32,
+        group: i32,
         scale: f32,
     );
     fn stoker_host_flash_rowdot_bf16(dsum: P, dout: P, out: P, rows: i64, d: i32);
@@ -131,6 +132,7 @@ extern "C" {
         tiles: i64,
         t: i32,
         d: i32,
+        group: i32,
         scale: f32,
     );
     fn stoker_host_flash_backward_q_bf16(
@@ -144,6 +146,7 @@ extern "C" {
         tiles: i64,
         t: i32,
         d: i32,
+        group: i32,
         scale: f32,
     );
 }
@@ -506,10 +509,20 @@ pub(crate) unsafe fn run(call: &Call) {
                 tiles,
                 t,
                 d,
+                group,
                 scale,
-            } => {
-                stoker_host_flash_forward_bf16(p(out), p(lse), p(q), p(k), p(v), tiles, t, d, scale)
-            }
+            } => stoker_host_flash_forward_bf16(
+                p(out),
+                p(lse),
+                p(q),
+                p(k),
+                p(v),
+                tiles,
+                t,
+                d,
+                group,
+                scale,
+            ),
             FlashRowdot {
                 dsum,
                 dout,
@@ -529,6 +542,7 @@ pub(crate) unsafe fn run(call: &Call) {
                 tiles,
                 t,
                 d,
+                group,
                 scale,
             } => stoker_host_flash_backward_kv_bf16(
                 p(dk),
@@ -542,6 +556,7 @@ pub(crate) unsafe fn run(call: &Call) {
                 tiles,
                 t,
                 d,
+                group,
                 scale,
             ),
             FlashBackwardQ {
@@ -555,6 +570,7 @@ pub(crate) unsafe fn run(call: &Call) {
                 tiles,
                 t,
                 d,
+                group,
                 scale,
             } => stoker_host_flash_backward_q_bf16(
                 p(dq),
@@ -567,6 +583,7 @@ pub(crate) unsafe fn run(call: &Call) {
                 tiles,
                 t,
                 d,
+                group,
                 scale,
             ),
         }

@@ -2,7 +2,8 @@
 //! FlashAttention-2's algorithm): checked calls over per-head bf16 buffers `[B*H, T, D]`.
 //! The forward writes the output and each row's log-sum-exp (`[B*H, T]` f32), the one
 //! thing the backward keeps of the scores; the backward recomputes the probabilities
-//! from q, k and it, 16 x 16 at a time. Head widths 16, 32 and 64; any T.
+//! from q, k and it, 16 x 16 at a time. Head widths 16, 32 and 64; any T; grouped-query
+//! attention with k and v per kv head (`group` query heads each), not repeated.
 
 use half::bf16;
 
@@ -40,13 +41,26 @@ pub fn product_flops((bh, t, d): FlashShape) -> f64 {
 /// q, k and v, each `[B*H, T, D]` bf16.
 pub type FlashQkv<'a> = (View<'a, bf16>, View<'a, bf16>, View<'a, bf16>);
 
-/// The launch's scalars after the shapes' checks: tiles of 16 rows, T, D, the scale.
+/// What a launch takes after the shapes' checks.
+struct Checked {
+    /// Tiles of 16 query rows over the query heads.
+    tiles: i64,
+    t: i32,
+    d: i32,
+    group: i32,
+    scale: f32,
+    /// Elements of k and v: `[B*H / group, T, D]`.
+    kv_len: usize,
+}
+
+/// Checks the shapes: q `[B*H, T, D]`, k and v `[B*H / group, T, D]` (`group` query heads
+/// a kv head), each per-row buffer `[B*H, T]`.
 fn checked(
     kernel: &'static str,
-    (bh, t, d): FlashShape,
+    ((bh, t, d), group): (FlashShape, usize),
     (q, k, v): &FlashQkv,
     per_row: &[(&'static str, usize)],
-) -> Result<(i64, i32, i32, f32), GpuError> {
+) -> Result<Checked, GpuError> {
     if !supports(d) {
         return Err(GpuError::Shape {
             kernel,
@@ -54,11 +68,18 @@ fn checked(
         });
     }
     let (t32, d32) = (dim(kernel, "t", t)?, dim(kernel, "d", d)?);
+    let group32 = dim(kernel, "group", group)?;
     dim(kernel, "heads", bh)?;
-    let n = bh * t * d;
+    if !bh.is_multiple_of(group) {
+        return Err(GpuError::Shape {
+            kernel,
+            what: format!("{bh} query heads are not groups of {group}"),
+        });
+    }
+    let (n, kv_len) = (bh * t * d, bh / group * t * d);
     check_len(kernel, "q", q.len(), n)?;
-    check_len(kernel, "k", k.len(), n)?;
-    check_len(kernel, "v", v.len(), n)?;
+    check_len(kernel, "k", k.len(), kv_len)?;
+    check_len(kernel, "v", v.len(), kv_len)?;
     for (name, x) in [("q", q), ("k", k), ("v", v)] {
         check_pairs(kernel, name, x)?;
     }
@@ -69,7 +90,14 @@ fn checked(
         kernel,
         what: format!("{bh} heads of {t} positions"),
     })?;
-    Ok((tiles, t32, d32, 1.0 / (d as f32).sqrt()))
+    Ok(Checked {
+        tiles,
+        t: t32,
+        d: d32,
+        group: group32,
+        scale: 1.0 / (d as f32).sqrt(),
+        kv_len,
+    })
 }
 
 /// The kernels read two neighbouring bf16 as one 32-bit word: a view must start on a
@@ -85,15 +113,16 @@ fn check_pairs(kernel: &'static str, name: &str, x: &View<bf16>) -> Result<(), G
 }
 
 /// `out = softmax(q k^T / sqrt(D)) v` with the causal mask, and `lse` each row's
-/// log-sum-exp of its scaled scores (`[B*H, T]`).
+/// log-sum-exp of its scaled scores (`[B*H, T]`); query head `h` attends with kv head
+/// `h / group`.
 pub fn forward<B: Backend>(
     b: &B,
     x: FlashQkv,
     (out, lse): (View<bf16>, View<f32>),
-    shape: FlashShape,
+    (shape, group): (FlashShape, usize),
 ) -> Result<(), GpuError> {
     const K: &str = "flash-forward";
-    let (tiles, t, d, scale) = checked(K, shape, &x, &[("lse", lse.len())])?;
+    let c = checked(K, (shape, group), &x, &[("lse", lse.len())])?;
     check_len(K, "out", out.len(), x.0.len())?;
     for input in [x.0, x.1, x.2] {
         check_disjoint(K, &out, &input)?;
@@ -104,38 +133,36 @@ pub fn forward<B: Backend>(
         q: x.0.addr(),
         k: x.1.addr(),
         v: x.2.addr(),
-        tiles,
-        t,
-        d,
-        scale,
+        tiles: c.tiles,
+        t: c.t,
+        d: c.d,
+        group: c.group,
+        scale: c.scale,
     };
-    // SAFETY: q, k, v and out hold B*H*T*D elements and lse B*H*T (checked above); the
-    // kernel reads and writes rows below T of each head only.
+    // SAFETY: q and out hold B*H*T*D elements, k and v B*H/group*T*D, lse B*H*T (checked
+    // above); the kernel reads and writes rows below T of each head only.
     unsafe { b.launch(&call) }
 }
 
-/// The backward from the output's gradient `dout`: `dq`, `dk`, `dv` (written whole),
-/// with `dsum` (`[B*H, T]` f32) scratch for each row's `dout . out`.
+/// The backward from the output's gradient `dout`: `dq` (`[B*H, T, D]`), `dk` and `dv`
+/// (`[B*H / group, T, D]`, each summed over its group's query heads; all written
+/// whole), with `dsum` (`[B*H, T]` f32) scratch for each row's `dout . out`.
 pub fn backward<B: Backend>(
     b: &B,
     x: FlashQkv,
     (out, dout, lse): (View<bf16>, View<bf16>, View<f32>),
     dsum: View<f32>,
     (dq, dk, dv): FlashQkv,
-    shape: FlashShape,
+    (shape, group): (FlashShape, usize),
 ) -> Result<(), GpuError> {
     const K: &str = "flash-backward";
     let rows = [("lse", lse.len()), ("dsum", dsum.len())];
-    let (tiles, t, d, scale) = checked(K, shape, &x, &rows)?;
-    for (name, v) in [
-        ("out", out),
-        ("dout", dout),
-        ("dq", dq),
-        ("dk", dk),
-        ("dv", dv),
-    ] {
+    let c = checked(K, (shape, group), &x, &rows)?;
+    for (name, v) in [("out", out), ("dout", dout), ("dq", dq)] {
         check_len(K, name, v.len(), x.0.len())?;
     }
+    check_len(K, "dk", dk.len(), c.kv_len)?;
+    check_len(K, "dv", dv.len(), c.kv_len)?;
     check_pairs(K, "dout", &dout)?;
     // The gradients are written while q, k, v, out and dout are still read.
     for written in [dq, dk, dv] {
@@ -148,7 +175,7 @@ pub fn backward<B: Backend>(
         dout: dout.addr(),
         out: out.addr(),
         rows: (shape.0 * shape.1) as i64,
-        d,
+        d: c.d,
     };
     let kv = Call::FlashBackwardKv {
         dk: dk.addr(),
@@ -159,10 +186,12 @@ pub fn backward<B: Backend>(
         dout: dout.addr(),
         lse: lse.addr(),
         dsum: dsum.addr(),
-        tiles,
-        t,
-        d,
-        scale,
+        // One tile a kv head's 16 rows.
+        tiles: c.tiles / c.group as i64,
+        t: c.t,
+        d: c.d,
+        group: c.group,
+        scale: c.scale,
     };
     let q = Call::FlashBackwardQ {
         dq: dq.addr(),
@@ -172,13 +201,15 @@ pub fn backward<B: Backend>(
         dout: dout.addr(),
         lse: lse.addr(),
         dsum: dsum.addr(),
-        tiles,
-        t,
-        d,
-        scale,
+        tiles: c.tiles,
+        t: c.t,
+        d: c.d,
+        group: c.group,
+        scale: c.scale,
     };
-    // SAFETY: every [B*H, T, D] view holds B*H*T*D elements and lse and dsum B*H*T
-    // (checked above); each kernel reads and writes rows below T of each head only.
+    // SAFETY: every query-side view holds B*H*T*D elements, k, v, dk and dv
+    // B*H/group*T*D, lse and dsum B*H*T (checked above); each kernel reads and writes rows
+    // below T of each head only.
     unsafe {
         b.launch(&rowdot)?;
         b.launch(&kv)?;

@@ -443,42 +443,39 @@ pub fn all_outputs<B: Backend>(b: &B, s: ScenarioSize) -> Result<Vec<Output>, Gp
     Ok(out)
 }
 
-/// Flash attention's forward and backward ([`crate::flash`]) at `(B*H, T, D)` on seeded
-/// bf16 inputs: the output, each row's log-sum-exp and the three gradients, as f32. Not
-/// part of [`all_outputs`]: the tensor cores sum in their own order, so the device check
-/// compares these within a tolerance, not bit for bit.
+/// Flash attention's forward and backward ([`crate::flash`]) at `(B*H, T, D)`, `group`
+/// query heads a kv head, on seeded bf16 inputs: the output, each row's log-sum-exp and
+/// the three gradients, as f32. Not part of [`all_outputs`]: the tensor cores sum in
+/// their own order, so the device check compares these within a tolerance, not bit for
+/// bit.
 pub fn flash_outputs<B: Backend>(
     b: &B,
-    shape: crate::flash::FlashShape,
+    (shape, group): (crate::flash::FlashShape, usize),
 ) -> Result<Vec<Output>, GpuError> {
     let (bh, t, d) = shape;
-    let n = bh * t * d;
-    let draw = |seed, scale| -> Result<B::Buf<bf16>, GpuError> {
-        let x: Vec<bf16> = uniform(n, seed, scale)
+    let (n, nkv) = (bh * t * d, bh / group.max(1) * t * d);
+    let draw = |len, seed, scale| -> Result<B::Buf<bf16>, GpuError> {
+        let x: Vec<bf16> = uniform(len, seed, scale)
             .into_iter()
             .map(bf16::from_f32)
             .collect();
         b.upload(&x)
     };
-    let (q, k, v, dout) = (
-        draw(71, 1.5)?,
-        draw(72, 1.5)?,
-        draw(73, 1.0)?,
-        draw(74, 1.0)?,
-    );
-    let (out, dq, dk, dv) = (b.zeros(n)?, b.zeros(n)?, b.zeros(n)?, b.zeros(n)?);
+    let (q, k) = (draw(n, 71, 1.5)?, draw(nkv, 72, 1.5)?);
+    let (v, dout) = (draw(nkv, 73, 1.0)?, draw(n, 74, 1.0)?);
+    let (out, dq, dk, dv) = (b.zeros(n)?, b.zeros(n)?, b.zeros(nkv)?, b.zeros(nkv)?);
     let (lse, dsum) = (b.zeros::<f32>(bh * t)?, b.zeros::<f32>(bh * t)?);
     let x = (b.all(&q), b.all(&k), b.all(&v));
-    crate::flash::forward(b, x, (b.all(&out), b.all(&lse)), shape)?;
+    crate::flash::forward(b, x, (b.all(&out), b.all(&lse)), (shape, group))?;
     crate::flash::backward(
         b,
         x,
         (b.all(&out), b.all(&dout), b.all(&lse)),
         b.all(&dsum),
         (b.all(&dq), b.all(&dk), b.all(&dv)),
-        shape,
+        (shape, group),
     )?;
-    let name = |what: &str| format!("flash/{what} bf16 ({bh} x {t} x {d})");
+    let name = |what: &str| format!("flash/{what} bf16 ({bh} x {t} x {d}, groups of {group})");
     Ok(vec![
         (name("out"), widen(&b.download(&out)?)),
         (name("lse"), b.download(&lse)?),

@@ -1,8 +1,8 @@
 //! Flash attention's kernels (`stoker_gpu::flash`, cuda/ops/flash.cuh) on the host build,
 //! whose tensor-core products are the PTX fragment layouts multiplied out: the output,
 //! each row's log-sum-exp and the three gradients against causal attention computed in
-//! f64 from the same bf16 inputs, for head widths 16, 32 and 64 and T a multiple of 16
-//! or not (partial tiles), below 16 too. The kernels round the probabilities (and their
+//! f64 from the same bf16 inputs, for head widths 16, 32 and 64, T a multiple of 16 or
+//! not (partial tiles), below 16 too, and grouped-query heads (k and v per kv head). The kernels round the probabilities (and their
 //! gradient) to bf16 before the products they feed, as FlashAttention-2 does, so this is
 //! a tolerance: a hundredth of the largest value. Then the GPT's and the Llama's bf16
 //! steps with `StepOptions::flash_attention` against the same steps keeping their
@@ -28,31 +28,40 @@ struct Reference {
     dv: Vec<f64>,
 }
 
-fn reference(q: &[f64], k: &[f64], v: &[f64], dout: &[f64], (bh, t, d): FlashShape) -> Reference {
-    let n = bh * t * d;
+/// `group` query heads share each kv head: k, v, dk and dv are `[B*H / group, T, D]`.
+fn reference(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    dout: &[f64],
+    ((bh, t, d), group): (FlashShape, usize),
+) -> Reference {
+    let (n, nkv) = (bh * t * d, bh / group * t * d);
     let scale = 1.0 / (d as f64).sqrt();
     let mut r = Reference {
         out: vec![0.0; n],
         lse: vec![0.0; bh * t],
         dq: vec![0.0; n],
-        dk: vec![0.0; n],
-        dv: vec![0.0; n],
+        dk: vec![0.0; nkv],
+        dv: vec![0.0; nkv],
     };
     for h in 0..bh {
         let at = |m: &[f64], row: usize, c: usize| m[(h * t + row) * d + c];
+        let kv = h / group;
+        let kv_at = |m: &[f64], row: usize, c: usize| m[(kv * t + row) * d + c];
         for i in 0..t {
             let s: Vec<f64> = (0..=i)
-                .map(|j| (0..d).map(|c| at(q, i, c) * at(k, j, c)).sum::<f64>() * scale)
+                .map(|j| (0..d).map(|c| at(q, i, c) * kv_at(k, j, c)).sum::<f64>() * scale)
                 .collect();
             let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
             r.lse[h * t + i] = m + z.ln();
             let p: Vec<f64> = s.iter().map(|x| (x - m).exp() / z).collect();
             for c in 0..d {
-                r.out[(h * t + i) * d + c] = (0..=i).map(|j| p[j] * at(v, j, c)).sum();
+                r.out[(h * t + i) * d + c] = (0..=i).map(|j| p[j] * kv_at(v, j, c)).sum();
             }
             let dp: Vec<f64> = (0..=i)
-                .map(|j| (0..d).map(|c| at(dout, i, c) * at(v, j, c)).sum())
+                .map(|j| (0..d).map(|c| at(dout, i, c) * kv_at(v, j, c)).sum())
                 .collect();
             let corr: f64 = (0..d)
                 .map(|c| at(dout, i, c) * r.out[(h * t + i) * d + c])
@@ -60,9 +69,9 @@ fn reference(q: &[f64], k: &[f64], v: &[f64], dout: &[f64], (bh, t, d): FlashSha
             for j in 0..=i {
                 let ds = p[j] * (dp[j] - corr);
                 for c in 0..d {
-                    r.dq[(h * t + i) * d + c] += ds * at(k, j, c) * scale;
-                    r.dk[(h * t + j) * d + c] += ds * at(q, i, c) * scale;
-                    r.dv[(h * t + j) * d + c] += p[j] * at(dout, i, c);
+                    r.dq[(h * t + i) * d + c] += ds * kv_at(k, j, c) * scale;
+                    r.dk[(kv * t + j) * d + c] += ds * at(q, i, c) * scale;
+                    r.dv[(kv * t + j) * d + c] += p[j] * at(dout, i, c);
                 }
             }
         }
@@ -83,34 +92,44 @@ fn wide(x: &[bf16]) -> Vec<f64> {
 
 #[test]
 fn flash_attention_is_causal_attention_within_bf16_rounding() {
-    for shape @ (bh, t, d) in [
-        (3, 37, 16),
-        (2, 64, 32),
-        (2, 48, 64),
-        (1, 5, 64),
-        (2, 16, 16),
-    ] {
-        let what = format!("B*H {bh}, T {t}, D {d}");
-        let n = bh * t * d;
+    // Shapes and query heads a kv head (grouped-query attention: 2 and 4).
+    let cases = [
+        ((3, 37, 16), 1),
+        ((2, 64, 32), 1),
+        ((2, 48, 64), 1),
+        ((1, 5, 64), 1),
+        ((2, 16, 16), 1),
+        ((4, 37, 16), 2),
+        ((8, 40, 64), 4),
+    ];
+    for (shape @ (bh, t, d), group) in cases {
+        let what = format!("B*H {bh}, T {t}, D {d}, groups of {group}");
+        let (n, nkv) = (bh * t * d, bh / group * t * d);
         let seed = (bh * 1000 + t * 10 + d) as u64;
         let (q, k, v, dout) = (
             bf16s(n, seed, 1.5),
-            bf16s(n, seed + 1, 1.5),
-            bf16s(n, seed + 2, 1.0),
+            bf16s(nkv, seed + 1, 1.5),
+            bf16s(nkv, seed + 2, 1.0),
             bf16s(n, seed + 3, 1.0),
         );
-        let want = reference(&wide(&q), &wide(&k), &wide(&v), &wide(&dout), shape);
+        let want = reference(
+            &wide(&q),
+            &wide(&k),
+            &wide(&v),
+            &wide(&dout),
+            (shape, group),
+        );
         let be = Host;
         let up = |x: &[bf16]| be.upload(x).unwrap();
         let (bq, bk, bv, bdo) = (up(&q), up(&k), up(&v), up(&dout));
         let out = be.zeros::<bf16>(n).unwrap();
         let lse = be.zeros::<f32>(bh * t).unwrap();
         let x = (be.all(&bq), be.all(&bk), be.all(&bv));
-        flash::forward(&be, x, (be.all(&out), be.all(&lse)), shape).unwrap();
+        flash::forward(&be, x, (be.all(&out), be.all(&lse)), (shape, group)).unwrap();
         let (dq, dk, dv) = (
             be.zeros::<bf16>(n).unwrap(),
-            be.zeros::<bf16>(n).unwrap(),
-            be.zeros::<bf16>(n).unwrap(),
+            be.zeros::<bf16>(nkv).unwrap(),
+            be.zeros::<bf16>(nkv).unwrap(),
         );
         let dsum = be.zeros::<f32>(bh * t).unwrap();
         flash::backward(
@@ -119,7 +138,7 @@ fn flash_attention_is_causal_attention_within_bf16_rounding() {
             (be.all(&out), be.all(&bdo), be.all(&lse)),
             be.all(&dsum),
             (be.all(&dq), be.all(&dk), be.all(&dv)),
-            shape,
+            (shape, group),
         )
         .unwrap();
         let got = |b: &<Host as Backend>::Buf<bf16>| wide(&be.download(b).unwrap());
@@ -145,7 +164,7 @@ fn flash_attention_refuses_other_head_widths_aliased_outputs_and_odd_starts() {
     let o = be.zeros::<bf16>(bh * t * d).unwrap();
     let l = be.zeros::<f32>(bh * t).unwrap();
     let x = (be.all(&a), be.all(&a), be.all(&a));
-    match flash::forward(&be, x, (be.all(&o), be.all(&l)), (bh, t, d)) {
+    match flash::forward(&be, x, (be.all(&o), be.all(&l)), ((bh, t, d), 1)) {
         Err(GpuError::Shape { what, .. }) => assert!(what.contains("head width 8"), "{what}"),
         other => panic!("head width 8: {other:?}"),
     }
@@ -153,7 +172,7 @@ fn flash_attention_refuses_other_head_widths_aliased_outputs_and_odd_starts() {
     let a = be.zeros::<bf16>(bh * t * d).unwrap();
     let x = (be.all(&a), be.all(&a), be.all(&a));
     // The output written over q.
-    match flash::forward(&be, x, (be.all(&a), be.all(&l)), (bh, t, d)) {
+    match flash::forward(&be, x, (be.all(&a), be.all(&l)), ((bh, t, d), 1)) {
         Err(GpuError::Shape { what, .. }) => assert!(what.contains("overlap"), "{what}"),
         other => panic!("the output over q: {other:?}"),
     }
@@ -161,7 +180,12 @@ fn flash_attention_refuses_other_head_widths_aliased_outputs_and_odd_starts() {
     let wide = be.zeros::<bf16>(bh * t * d + 1).unwrap();
     let odd = be.view(&wide, 1..bh * t * d + 1).unwrap();
     let o16 = be.zeros::<bf16>(bh * t * d).unwrap();
-    match flash::forward(&be, (odd, x.1, x.2), (be.all(&o16), be.all(&l)), (bh, t, d)) {
+    match flash::forward(
+        &be,
+        (odd, x.1, x.2),
+        (be.all(&o16), be.all(&l)),
+        ((bh, t, d), 1),
+    ) {
         Err(GpuError::Shape { what, .. }) => assert!(what.contains("odd element"), "{what}"),
         other => panic!("q at an odd element: {other:?}"),
     }
@@ -332,7 +356,7 @@ fn flash_attention_is_refused_in_f32_with_other_head_widths_or_with_recompute() 
 fn the_device_check_s_flash_outputs_run_on_the_host_build() {
     // What `stoker bench gpu-kernels` compares on a GPU (device::flash_check): here the
     // host build's side, at the check's widest shape.
-    let out = stoker_gpu::scenario::flash_outputs(&Host, (4, 77, 64)).unwrap();
+    let out = stoker_gpu::scenario::flash_outputs(&Host, ((4, 77, 64), 1)).unwrap();
     assert_eq!(out.len(), 5);
     for (name, x) in &out {
         assert_eq!(

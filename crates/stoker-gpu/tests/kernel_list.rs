@@ -338,6 +338,7 @@ fn calls() -> Vec<Call> {
             tiles: 1,
             t: 1,
             d: 16,
+            group: 1,
             scale: 1.0,
         },
         Call::FlashRowdot {
@@ -359,6 +360,7 @@ fn calls() -> Vec<Call> {
             tiles: 1,
             t: 1,
             d: 16,
+            group: 1,
             scale: 1.0,
         },
         Call::FlashBackwardQ {
@@ -372,6 +374,7 @@ fn calls() -> Vec<Call> {
             tiles: 1,
             t: 1,
             d: 16,
+            group: 1,
             scale: 1.0,
         },
     ]);

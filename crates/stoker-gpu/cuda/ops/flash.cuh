@@ -12,6 +12,9 @@
 //   - rowdot), dk += ds^T q; written once (no atomics: one writer per row);
 // - backward_q: 16 queries against their keys again: dq += ds k.
 // Rows and keys past T read as zeros and are masked, so T need not be a multiple of 16.
+// Grouped-query attention: `group` query heads share one key/value head (k and v are
+// `[B*H/group, T, D]`; query head h reads kv head h / group), and the key side's tile
+// sums its kv head's gradients over the group's query heads itself.
 #pragma once
 #include "../mma.h"
 
@@ -29,13 +32,13 @@ constexpr float FLASH_LOWEST = -3.402823466e38f;
 
 template <int D, class T, class W>
 STOKER_HD void flash_forward_tile_d(const W& w, int64_t tile, T* out, float* lse, const T* q,
-                                    const T* k, const T* v, int T_, float scale) {
+                                    const T* k, const T* v, int T_, int group, float scale) {
   constexpr int KS = D / 16, NT = D / 8;
   int64_t head;
   int q0;
   flash_tile_at(tile, T_, head, q0);
-  const int64_t base = head * T_ * D;
-  const T *Q = q + base, *K = k + base, *V = v + base;
+  const int64_t base = head * T_ * D, kv_base = head / group * T_ * D;
+  const T *Q = q + base, *K = k + kv_base, *V = v + kv_base;
   PerLane<FragA> qa[KS];
   PerLane<FragC> o[NT];
   PerLane<float> m[2], l[2];
@@ -109,11 +112,11 @@ STOKER_HD void flash_forward_tile_d(const W& w, int64_t tile, T* out, float* lse
 
 template <class T, class W>
 STOKER_HD void flash_forward_tile(const W& w, int64_t tile, T* out, float* lse, const T* q,
-                                  const T* k, const T* v, int T_, int D, float scale) {
+                                  const T* k, const T* v, int T_, int D, int group, float scale) {
   switch (D) {
-    case 16: return flash_forward_tile_d<16>(w, tile, out, lse, q, k, v, T_, scale);
-    case 32: return flash_forward_tile_d<32>(w, tile, out, lse, q, k, v, T_, scale);
-    case 64: return flash_forward_tile_d<64>(w, tile, out, lse, q, k, v, T_, scale);
+    case 16: return flash_forward_tile_d<16>(w, tile, out, lse, q, k, v, T_, group, scale);
+    case 32: return flash_forward_tile_d<32>(w, tile, out, lse, q, k, v, T_, group, scale);
+    case 64: return flash_forward_tile_d<64>(w, tile, out, lse, q, k, v, T_, group, scale);
   }
 }
 
@@ -153,14 +156,13 @@ STOKER_HD void flash_probabilities(FragC* s, int rows0, int cols0, bool keys_are
 template <int D, class T, class W>
 STOKER_HD void flash_backward_kv_tile_d(const W& w, int64_t tile, T* dk, T* dv, const T* q,
                                         const T* k, const T* v, const T* dout, const float* lse,
-                                        const float* dsum, int T_, float scale) {
+                                        const float* dsum, int T_, int group, float scale) {
   constexpr int KS = D / 16, NT = D / 8;
-  int64_t head;
+  int64_t kv_head;
   int k0;
-  flash_tile_at(tile, T_, head, k0);
-  const int64_t base = head * T_ * D;
-  const T *Q = q + base, *K = k + base, *V = v + base, *DO = dout + base;
-  const float *L = lse + head * T_, *DS = dsum + head * T_;
+  flash_tile_at(tile, T_, kv_head, k0);
+  const int64_t kv_base = kv_head * T_ * D;
+  const T *K = k + kv_base, *V = v + kv_base;
   PerLane<FragA> ka[KS], va[KS];
   PerLane<FragC> gk[NT], gv[NT];
   lanes(w, [&](int lane) {
@@ -170,45 +172,51 @@ STOKER_HD void flash_backward_kv_tile_d(const W& w, int64_t tile, T* dk, T* dv, 
     }
     for (int nt = 0; nt < NT; ++nt) at(gk[nt], lane) = frag_c_zero(), at(gv[nt], lane) = frag_c_zero();
   });
-  for (int q0 = k0; q0 < T_; q0 += 16) {
-    // s^T = k q^T and dp^T = v dout^T: keys as rows, queries as columns.
-    PerLane<FragC> s[2], dp[2];
-    lanes(w, [&](int lane) {
-      for (int nt = 0; nt < 2; ++nt) at(s[nt], lane) = frag_c_zero(), at(dp[nt], lane) = frag_c_zero();
-    });
-    for (int ks = 0; ks < KS; ++ks)
-      for (int nt = 0; nt < 2; ++nt) {
-        PerLane<FragB> bq, bo;
-        lanes(w, [&](int lane) {
-          at(bq, lane) = frag_b_cols(Q, q0 + nt * 8, ks * 16, T_, D, lane);
-          at(bo, lane) = frag_b_cols(DO, q0 + nt * 8, ks * 16, T_, D, lane);
-        });
-        mma<T>(w, s[nt], ka[ks], bq);
-        mma<T>(w, dp[nt], va[ks], bo);
-      }
-    PerLane<FragA> pa, dsa;
-    lanes(w, [&](int lane) {
-      FragC ps[2] = {at(s[0], lane), at(s[1], lane)};
-      flash_probabilities<T>(ps, k0, q0, true, L, T_, scale, lane);
-      FragC ds[2];
-      for (int nt = 0; nt < 2; ++nt)
-        for (int i = 0; i < 4; ++i) {
-          int query = q0 + nt * 8 + frag_c_col(lane, i);
-          float corr = query < T_ ? DS[query] : 0.0f;
-          ds[nt].x[i] = ps[nt].x[i] * (at(dp[nt], lane).x[i] - corr);
-        }
-      at(pa, lane) = frag_a_of<T>(ps[0], ps[1]);
-      at(dsa, lane) = frag_a_of<T>(ds[0], ds[1]);
-    });
-    // dv += p^T dout, dk += ds^T q: queries as the products' k.
-    for (int nt = 0; nt < NT; ++nt) {
-      PerLane<FragB> bo, bq;
+  // The group's query heads in turn, their gradients summed in the same registers.
+  for (int g = 0; g < group; ++g) {
+    const int64_t head = kv_head * group + g, base = head * T_ * D;
+    const T *Q = q + base, *DO = dout + base;
+    const float *L = lse + head * T_, *DS = dsum + head * T_;
+    for (int q0 = k0; q0 < T_; q0 += 16) {
+      // s^T = k q^T and dp^T = v dout^T: keys as rows, queries as columns.
+      PerLane<FragC> s[2], dp[2];
       lanes(w, [&](int lane) {
-        at(bo, lane) = frag_b_rows(DO, q0, nt * 8, T_, D, lane);
-        at(bq, lane) = frag_b_rows(Q, q0, nt * 8, T_, D, lane);
+        for (int nt = 0; nt < 2; ++nt) at(s[nt], lane) = frag_c_zero(), at(dp[nt], lane) = frag_c_zero();
       });
-      mma<T>(w, gv[nt], pa, bo);
-      mma<T>(w, gk[nt], dsa, bq);
+      for (int ks = 0; ks < KS; ++ks)
+        for (int nt = 0; nt < 2; ++nt) {
+          PerLane<FragB> bq, bo;
+          lanes(w, [&](int lane) {
+            at(bq, lane) = frag_b_cols(Q, q0 + nt * 8, ks * 16, T_, D, lane);
+            at(bo, lane) = frag_b_cols(DO, q0 + nt * 8, ks * 16, T_, D, lane);
+          });
+          mma<T>(w, s[nt], ka[ks], bq);
+          mma<T>(w, dp[nt], va[ks], bo);
+        }
+      PerLane<FragA> pa, dsa;
+      lanes(w, [&](int lane) {
+        FragC ps[2] = {at(s[0], lane), at(s[1], lane)};
+        flash_probabilities<T>(ps, k0, q0, true, L, T_, scale, lane);
+        FragC ds[2];
+        for (int nt = 0; nt < 2; ++nt)
+          for (int i = 0; i < 4; ++i) {
+            int query = q0 + nt * 8 + frag_c_col(lane, i);
+            float corr = query < T_ ? DS[query] : 0.0f;
+            ds[nt].x[i] = ps[nt].x[i] * (at(dp[nt], lane).x[i] - corr);
+          }
+        at(pa, lane) = frag_a_of<T>(ps[0], ps[1]);
+        at(dsa, lane) = frag_a_of<T>(ds[0], ds[1]);
+      });
+      // dv += p^T dout, dk += ds^T q: queries as the products' k.
+      for (int nt = 0; nt < NT; ++nt) {
+        PerLane<FragB> bo, bq;
+        lanes(w, [&](int lane) {
+          at(bo, lane) = frag_b_rows(DO, q0, nt * 8, T_, D, lane);
+          at(bq, lane) = frag_b_rows(Q, q0, nt * 8, T_, D, lane);
+        });
+        mma<T>(w, gv[nt], pa, bo);
+        mma<T>(w, gk[nt], dsa, bq);
+      }
     }
   }
   lanes(w, [&](int lane) {
@@ -216,7 +224,7 @@ STOKER_HD void flash_backward_kv_tile_d(const W& w, int64_t tile, T* dk, T* dv, 
       for (int i = 0; i < 4; ++i) {
         int row = k0 + frag_c_row(lane, i);
         if (row >= T_) continue;
-        int64_t at_ = base + int64_t(row) * D + nt * 8 + frag_c_col(lane, i);
+        int64_t at_ = kv_base + int64_t(row) * D + nt * 8 + frag_c_col(lane, i);
         dk[at_] = store<T>(at(gk[nt], lane).x[i] * scale);
         dv[at_] = store<T>(at(gv[nt], lane).x[i]);
       }
@@ -226,24 +234,24 @@ STOKER_HD void flash_backward_kv_tile_d(const W& w, int64_t tile, T* dk, T* dv, 
 template <class T, class W>
 STOKER_HD void flash_backward_kv_tile(const W& w, int64_t tile, T* dk, T* dv, const T* q,
                                       const T* k, const T* v, const T* dout, const float* lse,
-                                      const float* dsum, int T_, int D, float scale) {
+                                      const float* dsum, int T_, int D, int group, float scale) {
   switch (D) {
-    case 16: return flash_backward_kv_tile_d<16>(w, tile, dk, dv, q, k, v, dout, lse, dsum, T_, scale);
-    case 32: return flash_backward_kv_tile_d<32>(w, tile, dk, dv, q, k, v, dout, lse, dsum, T_, scale);
-    case 64: return flash_backward_kv_tile_d<64>(w, tile, dk, dv, q, k, v, dout, lse, dsum, T_, scale);
+    case 16: return flash_backward_kv_tile_d<16>(w, tile, dk, dv, q, k, v, dout, lse, dsum, T_, group, scale);
+    case 32: return flash_backward_kv_tile_d<32>(w, tile, dk, dv, q, k, v, dout, lse, dsum, T_, group, scale);
+    case 64: return flash_backward_kv_tile_d<64>(w, tile, dk, dv, q, k, v, dout, lse, dsum, T_, group, scale);
   }
 }
 
 template <int D, class T, class W>
 STOKER_HD void flash_backward_q_tile_d(const W& w, int64_t tile, T* dq, const T* q, const T* k,
                                        const T* v, const T* dout, const float* lse,
-                                       const float* dsum, int T_, float scale) {
+                                       const float* dsum, int T_, int group, float scale) {
   constexpr int KS = D / 16, NT = D / 8;
   int64_t head;
   int q0;
   flash_tile_at(tile, T_, head, q0);
-  const int64_t base = head * T_ * D;
-  const T *Q = q + base, *K = k + base, *V = v + base, *DO = dout + base;
+  const int64_t base = head * T_ * D, kv_base = head / group * T_ * D;
+  const T *Q = q + base, *K = k + kv_base, *V = v + kv_base, *DO = dout + base;
   const float *L = lse + head * T_, *DS = dsum + head * T_;
   PerLane<FragA> qa[KS], oa[KS];
   PerLane<FragC> gq[NT];
@@ -304,11 +312,11 @@ STOKER_HD void flash_backward_q_tile_d(const W& w, int64_t tile, T* dq, const T*
 template <class T, class W>
 STOKER_HD void flash_backward_q_tile(const W& w, int64_t tile, T* dq, const T* q, const T* k,
                                      const T* v, const T* dout, const float* lse,
-                                     const float* dsum, int T_, int D, float scale) {
+                                     const float* dsum, int T_, int D, int group, float scale) {
   switch (D) {
-    case 16: return flash_backward_q_tile_d<16>(w, tile, dq, q, k, v, dout, lse, dsum, T_, scale);
-    case 32: return flash_backward_q_tile_d<32>(w, tile, dq, q, k, v, dout, lse, dsum, T_, scale);
-    case 64: return flash_backward_q_tile_d<64>(w, tile, dq, q, k, v, dout, lse, dsum, T_, scale);
+    case 16: return flash_backward_q_tile_d<16>(w, tile, dq, q, k, v, dout, lse, dsum, T_, group, scale);
+    case 32: return flash_backward_q_tile_d<32>(w, tile, dq, q, k, v, dout, lse, dsum, T_, group, scale);
+    case 64: return flash_backward_q_tile_d<64>(w, tile, dq, q, k, v, dout, lse, dsum, T_, group, scale);
   }
 }
 

@@ -34,9 +34,14 @@ pub struct FlashCompared {
     pub rel: f64,
 }
 
-/// The shapes compared: GPT-2's head width with a partial last tile, the demo's, and
-/// the narrowest.
-const SHAPES: [crate::flash::FlashShape; 3] = [(4, 77, 64), (3, 64, 32), (2, 40, 16)];
+/// The shapes compared: GPT-2's head width with a partial last tile, the demo's, the
+/// narrowest, and grouped-query heads (4 query heads a kv head, as Llama 3.2 1B's).
+const SHAPES: [(crate::flash::FlashShape, usize); 4] = [
+    ((4, 77, 64), 1),
+    ((3, 64, 32), 1),
+    ((2, 40, 16), 1),
+    ((8, 40, 64), 4),
+];
 
 /// Runs flash attention at each shape on `dev` and on the host and compares.
 pub fn compare_flash(dev: &Device) -> Result<Vec<FlashCompared>, GpuError> {
@@ -95,7 +100,7 @@ pub fn time_flash(dev: &Device, b: usize, reps: usize) -> Result<Vec<FlashTime>,
     let (out, dq, dk, dv) = (dev.zeros(n)?, dev.zeros(n)?, dev.zeros(n)?, dev.zeros(n)?);
     let (lse, dsum) = (dev.zeros::<f32>(rows)?, dev.zeros::<f32>(rows)?);
     let x = (dev.all(&q), dev.all(&k), dev.all(&v));
-    let forward = || crate::flash::forward(dev, x, (dev.all(&out), dev.all(&lse)), shape);
+    let forward = || crate::flash::forward(dev, x, (dev.all(&out), dev.all(&lse)), (shape, 1));
     let backward = || {
         crate::flash::backward(
             dev,
@@ -103,7 +108,7 @@ pub fn time_flash(dev: &Device, b: usize, reps: usize) -> Result<Vec<FlashTime>,
             (dev.all(&out), dev.all(&dout), dev.all(&lse)),
             dev.all(&dsum),
             (dev.all(&dq), dev.all(&dk), dev.all(&dv)),
-            shape,
+            (shape, 1),
         )
     };
     Ok(vec![

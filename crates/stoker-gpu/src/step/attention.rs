@@ -145,29 +145,30 @@ pub fn backward<B: Backend, T: Act>(
 }
 
 /// Flash attention's forward ([`crate::flash`], bf16 alone): `out_h` and each row's
-/// log-sum-exp `lse` (`[B*H, T]`, all the backward keeps), the heads merged into `out`.
+/// log-sum-exp `lse` (`[B*H, T]`, all the backward keeps), the heads merged into `out`;
+/// k and v `[B*H / group, T, D]`, one kv head for each `group` query heads.
 pub fn flash_forward<B: Backend, T: Act>(
     be: &B,
     x: Qkv<T>,
     lse: View<f32>,
     (out_h, out): (View<T>, View<T>),
-    g: Heads,
+    (g, group): (Heads, usize),
 ) -> Result<(), GpuError> {
     let x16 = (x.q.cast()?, x.k.cast()?, x.v.cast()?);
-    crate::flash::forward(be, x16, (out_h.cast()?, lse), head_shape(g))?;
+    crate::flash::forward(be, x16, (out_h.cast()?, lse), (head_shape(g), group))?;
     kernels::merged_heads(be, out, out_h, g, false)
 }
 
 /// Flash attention's backward: from the merged output's gradient `dout` (split into
-/// heads in `dout_h`), the forward's q, k, v, output per head and `lse`, into `dx`
-/// (`dsum`, `[B*H, T]`, is scratch).
+/// heads in `dout_h`), the forward's q, k, v, output per head and `lse`, into `dx` (its
+/// k and v per kv head, summed over their group; `dsum`, `[B*H, T]`, is scratch).
 pub fn flash_backward<B: Backend, T: Act>(
     be: &B,
     (x, out_h, lse): (Qkv<T>, View<T>, View<f32>),
     (dout, dout_h): (View<T>, View<T>),
     dsum: View<f32>,
     dx: Qkv<T>,
-    g: Heads,
+    (g, group): (Heads, usize),
 ) -> Result<(), GpuError> {
     kernels::merged_heads(be, dout_h, dout, g, true)?;
     crate::flash::backward(
@@ -176,7 +177,7 @@ pub fn flash_backward<B: Backend, T: Act>(
         (out_h.cast()?, dout_h.cast()?, lse),
         dsum,
         (dx.q.cast()?, dx.k.cast()?, dx.v.cast()?),
-        head_shape(g),
+        (head_shape(g), group),
     )
 }
 

@@ -234,7 +234,7 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
                 attention::Qkv::thirds(heads)?,
                 self.bufs.f(be, lse)?,
                 (self.bufs.a(be, s.atty_h)?, self.bufs.a(be, s.atty)?),
-                g,
+                (g, 1),
             );
         }
         attention::forward(
@@ -263,7 +263,7 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
                 (self.bufs.a(be, lay.dnc)?, self.bufs.a(be, lay.datty_h)?),
                 self.bufs.f(be, lay.dsum)?,
                 attention::Qkv::thirds(dheads)?,
-                g,
+                (g, 1),
             )?;
             return kernels::qkv_heads(be, self.bufs.a(be, lay.dqkv)?, dheads, g, true);
         }

@@ -245,19 +245,19 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
 
     /// q to heads, k and v repeated to the query heads, attention, merged back.
     fn attention(&self, be: &B, s: &LlamaBlockActs) -> Result<(), GpuError> {
-        let g = self.heads();
+        let (g, g_kv) = (self.heads(), self.kv_heads_shape());
         let kv = self.dims.n_kv_head;
-        let x = Qkv::thirds(self.bufs.a(be, s.heads)?)?;
+        let x = self.head_views(be, s.heads)?;
         kernels::merged_heads(be, x.q, self.bufs.a(be, s.q)?, g, true)?;
-        llama::kv_heads(be, x.k, self.bufs.a(be, s.k)?, g, kv, false)?;
-        llama::kv_heads(be, x.v, self.bufs.a(be, s.v)?, g, kv, false)?;
+        llama::kv_heads(be, x.k, self.bufs.a(be, s.k)?, g_kv, kv, false)?;
+        llama::kv_heads(be, x.v, self.bufs.a(be, s.v)?, g_kv, kv, false)?;
         if self.flash_attention {
             return attention::flash_forward(
                 be,
                 x,
                 self.bufs.f(be, s.lse)?,
                 (self.bufs.a(be, s.atty_h)?, self.bufs.a(be, s.atty)?),
-                g,
+                (g, self.dims.n_head / kv),
             );
         }
         attention::forward(
@@ -267,6 +267,37 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
             (self.bufs.a(be, s.atty_h)?, self.bufs.a(be, s.atty)?),
             g,
         )
+    }
+
+    /// The heads k and v are laid out in: every query head's (repeated), or with flash
+    /// attention one per kv head.
+    fn kv_heads_shape(&self) -> Heads {
+        match self.flash_attention {
+            true => Heads {
+                h: self.dims.n_kv_head as i32,
+                ..self.heads()
+            },
+            false => self.heads(),
+        }
+    }
+
+    /// A heads span (`heads`, `dheads`) as q, k and v: thirds, or with flash attention q
+    /// per query head and k and v per kv head.
+    fn head_views(&self, be: &B, span: Span) -> Result<Qkv<'_, T>, GpuError> {
+        let all = self.bufs.a(be, span)?;
+        if !self.flash_attention {
+            return Qkv::thirds(all);
+        }
+        let n = self.batch * self.t;
+        let (nq, nkv) = (
+            n * self.dims.d_model,
+            n * self.dims.n_kv_head * self.dims.head_dim(),
+        );
+        Ok(Qkv {
+            q: all.slice(0..nq)?,
+            k: all.slice(nq..nq + nkv)?,
+            v: all.slice(nq + nkv..nq + 2 * nkv)?,
+        })
     }
 
     /// The MLP's activation `silu(gate) * up` of block `s` into its span (the forward's,
@@ -290,19 +321,23 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
             let heads = Qkv::thirds(self.bufs.a(be, s.heads)?)?;
             attention::probabilities(be, heads, self.bufs.a(be, s.att)?, g)?;
         }
-        let dx = Qkv::thirds(self.bufs.a(be, lay.dheads)?)?;
-        let x = Qkv::thirds(self.bufs.a(be, s.heads)?)?;
+        let dx = self.head_views(be, lay.dheads)?;
+        let x = self.head_views(be, s.heads)?;
         let dout = (self.bufs.a(be, lay.dnc)?, self.bufs.a(be, lay.datty_h)?);
         if self.flash_attention {
             let kept = (x, self.bufs.a(be, s.atty_h)?, self.bufs.f(be, s.lse)?);
-            attention::flash_backward(be, kept, dout, self.bufs.f(be, lay.dsum)?, dx, g)?;
+            let group = self.dims.n_head / kv;
+            let dsum = self.bufs.f(be, lay.dsum)?;
+            attention::flash_backward(be, kept, dout, dsum, dx, (g, group))?;
         } else {
             let kept = (x, self.bufs.a(be, s.att)?);
             attention::backward(be, kept, dout, self.bufs.a(be, lay.datt)?, dx, g)?;
         }
+        // The kv gradients summed over their query heads (by the flash kernel itself).
+        let g_kv = self.kv_heads_shape();
         kernels::merged_heads(be, self.bufs.a(be, lay.dq)?, dx.q, g, false)?;
-        llama::kv_heads(be, self.bufs.a(be, lay.dk)?, dx.k, g, kv, true)?;
-        llama::kv_heads(be, self.bufs.a(be, lay.dv)?, dx.v, g, kv, true)?;
+        llama::kv_heads(be, self.bufs.a(be, lay.dk)?, dx.k, g_kv, kv, true)?;
+        llama::kv_heads(be, self.bufs.a(be, lay.dv)?, dx.v, g_kv, kv, true)?;
         self.rope(be, lay.dq, self.dims.n_head, true)?;
         self.rope(be, lay.dk, self.dims.n_kv_head, true)
     }

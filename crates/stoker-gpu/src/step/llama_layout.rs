@@ -19,7 +19,8 @@ pub struct LlamaBlockActs {
     pub k: Span,
     /// Values `[N, KV]`.
     pub v: Span,
-    /// q, k, v per query head `[3, B, H, T, D]` (k and v repeated).
+    /// q, k, v per query head `[3, B, H, T, D]` (k and v repeated); with flash attention
+    /// q `[B, H, T, D]` and k and v per kv head, `[B, KV, T, D]` each.
     pub heads: Span,
     /// Attention probabilities `[B, H, T, T]`; one span for every block where they are
     /// recomputed in the backward.
@@ -74,7 +75,8 @@ pub struct LlamaLayout {
     pub dk: Span,
     /// The values' gradient.
     pub dv: Span,
-    /// dq, dk, dv per query head `[3, B, H, T, D]`.
+    /// dq, dk, dv per query head `[3, B, H, T, D]` (with flash attention dk and dv per kv
+    /// head, `[B, KV, T, D]` each).
     pub dheads: Span,
     /// Attention's output gradient per head `[B, H, T, D]`.
     pub datty_h: Span,
@@ -118,6 +120,12 @@ impl LlamaLayout {
         let kv = dims.n_kv_head * dims.head_dim();
         let tt = batch * dims.n_head * t * t;
         let (flash, rows) = (opts.flash_attention, batch * dims.n_head * t);
+        // q per query head, and k and v repeated to every query head; with flash
+        // attention k and v stay one per kv head.
+        let heads_len = match flash {
+            true => n * c + 2 * n * kv,
+            false => 3 * n * c,
+        };
         let (mut a, mut fl) = (Cursor::default(), Cursor::default());
         let shared = opts.recompute_attention.then(|| a.take(tt));
         let shared_act = opts.recompute_mlp.then(|| a.take(n * f));
@@ -128,7 +136,7 @@ impl LlamaLayout {
                 q: a.take(n * c),
                 k: a.take(n * kv),
                 v: a.take(n * kv),
-                heads: a.take(3 * n * c),
+                heads: a.take(heads_len),
                 att: shared.unwrap_or_else(|| a.take_if(!flash, tt)),
                 atty_h: a.take(n * c),
                 atty: a.take(n * c),
@@ -146,7 +154,7 @@ impl LlamaLayout {
         let (resid_out, hf, logits) = (a.take(n * c), a.take(n * c), a.take(n * vp));
         let (dres, dnc, dgate, dup) = (a.take(n * c), a.take(n * c), a.take(n * f), a.take(n * f));
         let (dq, dk, dv) = (a.take(n * c), a.take(n * kv), a.take(n * kv));
-        let (dheads, datty_h) = (a.take(3 * n * c), a.take(n * c));
+        let (dheads, datty_h) = (a.take(heads_len), a.take(n * c));
         let datt = a.take_if(!flash, tt);
         let dsum = fl.take_if(flash, rows);
         let half = dims.head_dim() / 2;
