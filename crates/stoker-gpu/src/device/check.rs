@@ -42,27 +42,32 @@ pub fn compare_with_host(dev: &Device, s: ScenarioSize) -> Result<Vec<Compared>,
                 .zip(g)
                 .filter(|(a, b)| a.to_bits() != b.to_bits() && !(a.is_nan() && b.is_nan()))
                 .count();
-            let max_abs_diff = w.iter().zip(g).fold(0f64, |m, (a, b)| {
-                let d = (*a as f64 - *b as f64).abs();
-                // Equal bits (an inf on both sides included) differ by nothing.
-                if a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()) {
-                    m
-                } else if m.is_nan() || d.is_nan() {
-                    f64::NAN
-                } else if d > m {
-                    d
-                } else {
-                    m
-                }
-            });
             Compared {
                 name: name.clone(),
                 elements: w.len().max(g.len()),
                 differing: differing + w.len().abs_diff(g.len()),
-                max_abs_diff,
+                max_abs_diff: max_abs_diff(w, g),
             }
         })
         .collect())
+}
+
+/// The largest |w - g| over two outputs: NaN where one side holds a NaN the other does
+/// not (a NaN never passes as small); equal bits, an inf or a NaN on both sides
+/// included, differ by nothing.
+pub(super) fn max_abs_diff(w: &[f32], g: &[f32]) -> f64 {
+    w.iter().zip(g).fold(0f64, |m, (a, b)| {
+        let d = (*a as f64 - *b as f64).abs();
+        if a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()) {
+            m
+        } else if m.is_nan() || d.is_nan() {
+            f64::NAN
+        } else if d > m {
+            d
+        } else {
+            m
+        }
+    })
 }
 
 /// One kernel's time: the median of `reps` launches, and the bytes it must move at

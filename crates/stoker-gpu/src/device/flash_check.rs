@@ -50,18 +50,22 @@ pub fn compare_flash(dev: &Device) -> Result<Vec<FlashCompared>, GpuError> {
         let want = flash_outputs(&Host, shape)?;
         let got = flash_outputs(dev, shape)?;
         for ((name, w), (_, g)) in want.iter().zip(&got) {
-            let scale = w.iter().fold(0f64, |m, x| m.max((*x as f64).abs()));
-            let worst = w.iter().zip(g).fold(0f64, |m, (a, b)| {
-                let d = (*a as f64 - *b as f64).abs();
-                if m.is_nan() || d.is_nan() {
+            // A NaN on the host's side makes the scale NaN, and so the comparison fails,
+            // even where the device has one in the same place.
+            let scale = w.iter().map(|x| (*x as f64).abs()).fold(0f64, |m, x| {
+                if m.is_nan() || x.is_nan() {
                     f64::NAN
                 } else {
-                    m.max(d)
+                    m.max(x)
                 }
             });
+            let rel = match scale.is_nan() {
+                true => f64::NAN,
+                false => super::check::max_abs_diff(w, g) / scale.max(f64::MIN_POSITIVE),
+            };
             out.push(FlashCompared {
                 name: name.clone(),
-                rel: worst / scale.max(f64::MIN_POSITIVE),
+                rel,
             });
         }
     }
