@@ -707,11 +707,7 @@ impl TrainConfig {
             ModelConfig::Llama(l) => l.dims().head_dim(),
             _ => 0,
         };
-        let dtype = match self.precision {
-            Precision::Bf16 => stoker_gpu::Dtype::Bf16,
-            Precision::Fp16 => stoker_gpu::Dtype::F16,
-            _ => stoker_gpu::Dtype::F32,
-        };
+        let dtype = crate::precision::resident_activations(self.precision)?;
         match self.resident_options().flash_refusal(dtype, head_width) {
             Some(why) => Err(config_err("flash_attention", why)),
             None => Ok(()),
