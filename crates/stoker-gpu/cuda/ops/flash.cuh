@@ -136,20 +136,45 @@ STOKER_HD void flash_rowdot_row(const W& w, int64_t row, float* dsum, const T* d
   });
 }
 
-// The probabilities and their gradient's correction for a 16 x 16 block of C fragments
-// whose rows are `rows0 + frag_c_row` and columns `cols0 + nt * 8 + frag_c_col`: s (the
-// scores) becomes p = exp(s * scale - lse[query]) where the key is at most the query and
-// both are below T, else 0. `keys_are_rows`: the rows are keys and the columns queries
-// (the backward over keys), else the other way.
-template <class T>
-STOKER_HD void flash_probabilities(FragC* s, int rows0, int cols0, bool keys_are_rows,
-                                   const float* lse, int T_, float scale, int lane) {
+// The backward's two products over one pair of 16-row blocks, from zero: s = x m1^T
+// (the scores) and dp = y m2^T, with x and y the tile's own A fragments over the head
+// width and m1, m2 row-major [T, D] matrices whose rows n0 .. n0 + 15 are the other
+// side's (q and dout against a key tile, k and v against a query tile).
+template <int KS, class T, class W>
+STOKER_HD void flash_block_products(const W& w, PerLane<FragC>* s, PerLane<FragC>* dp,
+                                    const PerLane<FragA>* x, const PerLane<FragA>* y,
+                                    const T* m1, const T* m2, int n0, int T_, int D) {
+  lanes(w, [&](int lane) {
+    for (int nt = 0; nt < 2; ++nt) at(s[nt], lane) = frag_c_zero(), at(dp[nt], lane) = frag_c_zero();
+  });
+  for (int ks = 0; ks < KS; ++ks)
+    for (int nt = 0; nt < 2; ++nt) {
+      PerLane<FragB> b1, b2;
+      lanes(w, [&](int lane) {
+        at(b1, lane) = frag_b_cols(m1, n0 + nt * 8, ks * 16, T_, D, lane);
+        at(b2, lane) = frag_b_cols(m2, n0 + nt * 8, ks * 16, T_, D, lane);
+      });
+      mma<T>(w, s[nt], x[ks], b1);
+      mma<T>(w, dp[nt], y[ks], b2);
+    }
+}
+
+// One lane's part of a 16 x 16 block of C fragments whose rows are `rows0 + frag_c_row`
+// and columns `cols0 + nt * 8 + frag_c_col`: the scores `s` become the probabilities p =
+// exp(s * scale - lse[query]) where the key is at most the query and both are below T,
+// else 0, and `ds` = p (dp - dsum[query]), the scores' gradient. `keys_are_rows`: the
+// rows are keys and the columns queries (the backward over keys), else the other way.
+STOKER_HD void flash_block_gradient(FragC* s, const FragC* dp, FragC* ds, int rows0, int cols0,
+                                    bool keys_are_rows, const float* lse, const float* dsum,
+                                    int T_, float scale, int lane) {
   for (int nt = 0; nt < 2; ++nt)
     for (int i = 0; i < 4; ++i) {
       int row = rows0 + frag_c_row(lane, i), col = cols0 + nt * 8 + frag_c_col(lane, i);
       int key = keys_are_rows ? row : col, query = keys_are_rows ? col : row;
       float& x = s[nt].x[i];
       x = (key <= query && query < T_ && key < T_) ? fexp(x * scale - lse[query]) : 0.0f;
+      float corr = query < T_ ? dsum[query] : 0.0f;
+      ds[nt].x[i] = x * (dp[nt].x[i] - corr);
     }
 }
 
@@ -180,30 +205,12 @@ STOKER_HD void flash_backward_kv_tile_d(const W& w, int64_t tile, T* dk, T* dv, 
     for (int q0 = k0; q0 < T_; q0 += 16) {
       // s^T = k q^T and dp^T = v dout^T: keys as rows, queries as columns.
       PerLane<FragC> s[2], dp[2];
-      lanes(w, [&](int lane) {
-        for (int nt = 0; nt < 2; ++nt) at(s[nt], lane) = frag_c_zero(), at(dp[nt], lane) = frag_c_zero();
-      });
-      for (int ks = 0; ks < KS; ++ks)
-        for (int nt = 0; nt < 2; ++nt) {
-          PerLane<FragB> bq, bo;
-          lanes(w, [&](int lane) {
-            at(bq, lane) = frag_b_cols(Q, q0 + nt * 8, ks * 16, T_, D, lane);
-            at(bo, lane) = frag_b_cols(DO, q0 + nt * 8, ks * 16, T_, D, lane);
-          });
-          mma<T>(w, s[nt], ka[ks], bq);
-          mma<T>(w, dp[nt], va[ks], bo);
-        }
+      flash_block_products<KS, T>(w, s, dp, ka, va, Q, DO, q0, T_, D);
       PerLane<FragA> pa, dsa;
       lanes(w, [&](int lane) {
-        FragC ps[2] = {at(s[0], lane), at(s[1], lane)};
-        flash_probabilities<T>(ps, k0, q0, true, L, T_, scale, lane);
+        FragC ps[2] = {at(s[0], lane), at(s[1], lane)}, dps[2] = {at(dp[0], lane), at(dp[1], lane)};
         FragC ds[2];
-        for (int nt = 0; nt < 2; ++nt)
-          for (int i = 0; i < 4; ++i) {
-            int query = q0 + nt * 8 + frag_c_col(lane, i);
-            float corr = query < T_ ? DS[query] : 0.0f;
-            ds[nt].x[i] = ps[nt].x[i] * (at(dp[nt], lane).x[i] - corr);
-          }
+        flash_block_gradient(ps, dps, ds, k0, q0, true, L, DS, T_, scale, lane);
         at(pa, lane) = frag_a_of<T>(ps[0], ps[1]);
         at(dsa, lane) = frag_a_of<T>(ds[0], ds[1]);
       });
@@ -265,30 +272,12 @@ STOKER_HD void flash_backward_q_tile_d(const W& w, int64_t tile, T* dq, const T*
   for (int k0 = 0; k0 <= q0 + 15 && k0 < T_; k0 += 16) {
     // s = q k^T and dp = dout v^T: queries as rows, keys as columns.
     PerLane<FragC> s[2], dp[2];
-    lanes(w, [&](int lane) {
-      for (int nt = 0; nt < 2; ++nt) at(s[nt], lane) = frag_c_zero(), at(dp[nt], lane) = frag_c_zero();
-    });
-    for (int ks = 0; ks < KS; ++ks)
-      for (int nt = 0; nt < 2; ++nt) {
-        PerLane<FragB> bk, bv;
-        lanes(w, [&](int lane) {
-          at(bk, lane) = frag_b_cols(K, k0 + nt * 8, ks * 16, T_, D, lane);
-          at(bv, lane) = frag_b_cols(V, k0 + nt * 8, ks * 16, T_, D, lane);
-        });
-        mma<T>(w, s[nt], qa[ks], bk);
-        mma<T>(w, dp[nt], oa[ks], bv);
-      }
+    flash_block_products<KS, T>(w, s, dp, qa, oa, K, V, k0, T_, D);
     PerLane<FragA> dsa;
     lanes(w, [&](int lane) {
-      FragC ps[2] = {at(s[0], lane), at(s[1], lane)};
-      flash_probabilities<T>(ps, q0, k0, false, L, T_, scale, lane);
+      FragC ps[2] = {at(s[0], lane), at(s[1], lane)}, dps[2] = {at(dp[0], lane), at(dp[1], lane)};
       FragC ds[2];
-      for (int nt = 0; nt < 2; ++nt)
-        for (int i = 0; i < 4; ++i) {
-          int query = q0 + frag_c_row(lane, i);
-          float corr = query < T_ ? DS[query] : 0.0f;
-          ds[nt].x[i] = ps[nt].x[i] * (at(dp[nt], lane).x[i] - corr);
-        }
+      flash_block_gradient(ps, dps, ds, q0, k0, false, L, DS, T_, scale, lane);
       at(dsa, lane) = frag_a_of<T>(ds[0], ds[1]);
     });
     // dq += ds k: keys as the product's k.
