@@ -8,9 +8,13 @@
 //! steps with `StepOptions::flash_attention` against the same steps keeping their
 //! scores (within bf16's rounding, in the memory planned), and the refusals.
 
+mod common;
+
+use common::run_micro_batches;
 use half::bf16;
 use stoker_gpu::flash::{self, FlashShape};
-use stoker_gpu::sample::{batch, gpt, llama, uniform};
+use stoker_gpu::parallel::Trainable;
+use stoker_gpu::sample::{gpt, llama, uniform};
 use stoker_gpu::step::gpt::gpt_step_sizes;
 use stoker_gpu::step::llama::llama_step_sizes;
 use stoker_gpu::step::options::StepOptions;
@@ -194,51 +198,36 @@ fn flash_attention_refuses_other_head_widths_aliased_outputs_and_odd_starts() {
     }
 }
 
-/// Runs `$plain` and `$flash` (bf16 steps of one model, the scores kept and flash
-/// attention) over the same two micro-batches
-/// and an evaluation: the summed losses within 2e-3 and the gradients within 2.5e-2 of
-/// their largest (measured here: 3e-4 and 1e-2; a mask off by one moves the losses 1.5%).
-macro_rules! close_steps {
-    ($what:expr, $params:expr, $vocab:expr, $plain:expr, $flash:expr) => {{
-        let data: Vec<(Vec<i64>, Vec<i64>)> = (0..2u64)
-            .map(|k| {
-                let draw = |s| -> Vec<i64> {
-                    stoker_gpu::sample::ids(B * T, s, $vocab)
-                        .iter()
-                        .map(|&x| x as i64)
-                        .collect()
-                };
-                let mut targets = draw(60 + k);
-                targets[2] = -1;
-                (draw(50 + k), targets)
-            })
-            .collect();
-        let mut ends = Vec::new();
-        for step in [&$plain, &$flash] {
-            step.buffers().load_params(&Host, $params).unwrap();
-            step.buffers().zero_grads(&Host).unwrap();
-            let losses: Vec<f64> = data
-                .iter()
-                .map(|m| step.forward_backward(&Host, batch(m), 0.5).unwrap())
-                .collect();
-            let eval = step.evaluate(&Host, batch(&data[1])).unwrap();
-            ends.push((losses, step.buffers().grads(&Host).unwrap(), eval));
-        }
-        let what = $what;
-        assert_close(&ends[1].0, &ends[0].0, 2e-3, &format!("{what}: losses"));
-        assert_close(
-            &ends[1].1,
-            &ends[0].1,
-            2.5e-2,
-            &format!("{what}: gradients"),
-        );
-        assert_close(
-            &[ends[1].2 .0],
-            &[ends[0].2 .0],
-            2e-3,
-            &format!("{what}: evaluation"),
-        );
-    }};
+/// Runs `plain` and `flash` (bf16 steps of one model, the scores kept and flash
+/// attention) over the same two micro-batches over `vocab` and an evaluation: the summed
+/// losses within 2e-3 and the gradients within 2.5e-2 of their largest (measured here:
+/// 3e-4 and 1e-2; a mask off by one moves the losses 1.5%).
+fn close_steps<S: Trainable<Host>>(what: &str, params: &[f32], vocab: usize, plain: &S, flash: &S) {
+    let data: Vec<(Vec<i64>, Vec<i64>)> = (0..2u64)
+        .map(|k| {
+            let draw = |s| -> Vec<i64> {
+                stoker_gpu::sample::ids(B * T, s, vocab)
+                    .iter()
+                    .map(|&x| x as i64)
+                    .collect()
+            };
+            let mut targets = draw(60 + k);
+            targets[2] = -1;
+            (draw(50 + k), targets)
+        })
+        .collect();
+    let (want, got) = (
+        run_micro_batches(plain, params, &data),
+        run_micro_batches(flash, params, &data),
+    );
+    assert_close(&got.0, &want.0, 2e-3, &format!("{what}: losses"));
+    assert_close(&got.1, &want.1, 2.5e-2, &format!("{what}: gradients"));
+    assert_close(
+        &[got.2 .0],
+        &[want.2 .0],
+        2e-3,
+        &format!("{what}: evaluation"),
+    );
 }
 
 const B: usize = 2;
@@ -263,7 +252,7 @@ fn flash_attention_in_the_steps_trains_what_the_kept_scores_train_in_less_memory
     let fl =
         GptGpuStep::<Host, bf16>::with_options(&Host, dims, g.offsets.clone(), 1e-5, (B, T), flash)
             .unwrap();
-    close_steps!("gpt", &g.params, dims.vocab, plain, fl);
+    close_steps("gpt", &g.params, dims.vocab, &plain, &fl);
     // The probabilities and their gradient's scratch (bf16, aligned spans) give way to
     // each row's log-sum-exp and the backward's row sums (f32).
     let planned = gpt_step_sizes(&dims, g.offsets.end(), (B, T), flash).bytes(2);
@@ -299,7 +288,7 @@ fn flash_attention_in_the_steps_trains_what_the_kept_scores_train_in_less_memory
         flash,
     )
     .unwrap();
-    close_steps!("llama", &l.params, dims.vocab, plain, fl);
+    close_steps("llama", &l.params, dims.vocab, &plain, &fl);
     let planned = llama_step_sizes(&dims, l.offsets.end(), (B, T), flash).bytes(2);
     assert_eq!(
         fl.buffers().bytes(),

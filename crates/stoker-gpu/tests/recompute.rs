@@ -5,7 +5,11 @@
 //! inputs), over two micro-batches and an evaluation, in f32 and bf16, while holding one
 //! buffer of each recomputed activation instead of one per block.
 
-use stoker_gpu::sample::{batch, gpt, ids, llama};
+mod common;
+
+use common::run_micro_batches;
+use stoker_gpu::parallel::Trainable;
+use stoker_gpu::sample::{gpt, ids, llama};
 use stoker_gpu::step::gpt::gpt_step_sizes;
 use stoker_gpu::step::llama::llama_step_sizes;
 use stoker_gpu::step::options::StepOptions;
@@ -38,26 +42,22 @@ fn batches(vocab: usize) -> Vec<(Vec<i64>, Vec<i64>)> {
         .collect()
 }
 
-/// Runs `$plain` and `$recompute` (steps of one model) over the same micro-batches
-/// `$data` (two at least) and compares losses, gradients and an evaluation bit for bit.
-macro_rules! same_bits {
-    ($what:expr, $params:expr, $data:expr, $plain:expr, $recompute:expr) => {{
-        let data: Vec<(Vec<i64>, Vec<i64>)> = $data;
-        let mut ends = Vec::new();
-        for step in [&$plain, &$recompute] {
-            step.buffers().load_params(&Host, $params).unwrap();
-            step.buffers().zero_grads(&Host).unwrap();
-            let losses: Vec<f64> = data
-                .iter()
-                .map(|m| step.forward_backward(&Host, batch(m), 0.5).unwrap())
-                .collect();
-            let eval = step.evaluate(&Host, batch(&data[1])).unwrap();
-            ends.push((losses, step.buffers().grads(&Host).unwrap(), eval));
-        }
-        assert_eq!(ends[1].0, ends[0].0, "{}: losses", $what);
-        assert_bits_eq(&ends[1].1, &ends[0].1, &format!("{}: gradients", $what));
-        assert_eq!(ends[1].2, ends[0].2, "{}: evaluation", $what);
-    }};
+/// Runs `plain` and `recompute` (steps of one model) over the same micro-batches `data`
+/// (two at least) and compares losses, gradients and an evaluation bit for bit.
+fn same_bits<S: Trainable<Host>>(
+    what: String,
+    params: &[f32],
+    data: Vec<(Vec<i64>, Vec<i64>)>,
+    plain: &S,
+    recompute: &S,
+) {
+    let (want, got) = (
+        run_micro_batches(plain, params, &data),
+        run_micro_batches(recompute, params, &data),
+    );
+    assert_eq!(got.0, want.0, "{what}: losses");
+    assert_bits_eq(&got.1, &want.1, &format!("{what}: gradients"));
+    assert_eq!(got.2, want.2, "{what}: evaluation");
 }
 
 /// Each recompute option: attention's probabilities, the MLP's activation, both.
@@ -104,12 +104,12 @@ fn recomputed_activations_are_the_kept_ones_bit_for_bit_in_less_memory() {
         let rec =
             GptGpuStep::<Host, A>::with_options(&Host, dims, g.offsets.clone(), 1e-5, (B, T), opts)
                 .unwrap();
-        same_bits!(
+        same_bits(
             format!("gpt {what}"),
             &g.params,
             batches(dims.vocab),
-            plain,
-            rec
+            &plain,
+            &rec,
         );
         // Two blocks' probabilities and/or GELU outputs fewer: counted, and planned alike.
         let tt = B * dims.n_head * T * T;
@@ -151,12 +151,12 @@ fn recomputed_activations_are_the_kept_ones_bit_for_bit_in_less_memory() {
             opts,
         )
         .unwrap();
-        same_bits!(
+        same_bits(
             format!("llama {what}"),
             &l.params,
             batches(dims.vocab),
-            plain,
-            rec
+            &plain,
+            &rec,
         );
         let (tt, act) = (B * dims.n_head * T * T, B * T * dims.ffn_hidden);
         assert_eq!(
@@ -210,12 +210,12 @@ fn recompute_with_chunked_attention_is_the_kept_one_bit_for_bit() {
                 .unwrap()
         };
         let (plain, rec) = (make(StepOptions::default()), make(opts));
-        same_bits!(
+        same_bits(
             format!("gpt {what}"),
             &g.params,
             data(dims.vocab),
-            plain,
-            rec
+            &plain,
+            &rec,
         );
         let dims = LlamaDims {
             vocab: 23,
@@ -239,12 +239,12 @@ fn recompute_with_chunked_attention_is_the_kept_one_bit_for_bit() {
             .unwrap()
         };
         let (plain, rec) = (make(StepOptions::default()), make(opts));
-        same_bits!(
+        same_bits(
             format!("llama {what}"),
             &l.params,
             data(dims.vocab),
-            plain,
-            rec
+            &plain,
+            &rec,
         );
     }
     check::<f32>(both, &data);

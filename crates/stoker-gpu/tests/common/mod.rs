@@ -163,3 +163,34 @@ pub fn assert_rel_l2_each(
         );
     }
 }
+
+/// What a step did over micro-batches `data` on the host build: each micro-batch's summed
+/// loss (the gradients accumulating from zero, scaled by 0.5), the gradients after the
+/// last, and an evaluation of the second micro-batch.
+pub type StepRun = (Vec<f64>, Vec<f32>, (f64, usize, usize));
+
+/// Runs `step` (its parameters loaded from `params`) over `data` (two micro-batches at
+/// least): the [`StepRun`] two steps of one model are compared by.
+pub fn run_micro_batches<S: stoker_gpu::parallel::Trainable<stoker_gpu::Host>>(
+    step: &S,
+    params: &[f32],
+    data: &[(Vec<i64>, Vec<i64>)],
+) -> StepRun {
+    use stoker_gpu::sample::batch;
+    use stoker_gpu::step::buffers::BlockHooks;
+    use stoker_gpu::Host;
+    step.load(&Host, params).unwrap();
+    step.zero_grads(&Host).unwrap();
+    let losses = data
+        .iter()
+        .map(|m| {
+            step.queue_micro_batch(&Host, (batch(m), 0.5), false, BlockHooks::default())
+                .unwrap();
+            step.loss_sum(&Host).unwrap()
+        })
+        .collect();
+    let eval = step
+        .evaluate(&Host, batch(&data[1]), BlockHooks::default())
+        .unwrap();
+    (losses, step.buffers().grads(&Host).unwrap(), eval)
+}
