@@ -21,7 +21,8 @@
 //!   `cross_entropy`, `embedding`, `gelu`, `layer_norm`, `linear`, `rms_norm`, `rope`,
 //!   `softmax`, `swiglu`; `reference`: their composed twins;
 //! - arithmetic underneath: `matmul` (the bf16 GEMM), `fastmath` (exp, tanh), `elem`
-//!   (f32 / bf16 element access), `error` (typed errors naming the op);
+//!   (f32 / bf16 element access), `error` (typed errors naming the op), `gemm_slab`
+//!   (the f32 gemm crate's per-thread packing slab, primed before a run is measured);
 //! - the steps over flat buffers: `param_spec` (one row of a parameter table), `gpt` and
 //!   `llama` (each model's table, offsets and step), `token_step` (the trainer's interface
 //!   to both), `shape_cache` (their buffers per batch shape), `flat` (whole-buffer passes),
@@ -44,6 +45,7 @@ pub mod error;
 mod fastmath;
 pub mod flat;
 pub mod gelu;
+pub mod gemm_slab;
 pub mod gpt;
 pub mod layer_norm;
 pub mod linear;

@@ -101,6 +101,8 @@ pub fn dry_run(
         sampler,
         config.data.train_loader(dims.micro_batch),
     )?;
+    // As the run does before it measures (stoker_kernels::gemm_slab).
+    stoker_kernels::gemm_slab::prime_gemm_slabs();
     let (baseline, code_at_start) = (
         stoker_data::measure::rss_bytes(),
         stoker_data::measure::code_rss_bytes(),

@@ -491,9 +491,9 @@ pub struct OwnBytes {
     /// (`stoker_kernels::activation_floats`, `gemm_pack_bytes`); None on the graph path,
     /// where the planner's formula stands in.
     pub activations: Option<f64>,
-    /// The kernels' scratch beyond the activation buffers (the f32 gemm crate's
-    /// per-thread packing slabs and per-call packs), measured by one scratch micro-batch;
-    /// 0 where not.
+    /// The kernels' scratch beyond the activation buffers (the f32 gemm crate's per-call
+    /// packs; its per-thread slabs are made before the start probes), measured by one
+    /// scratch micro-batch; 0 where not.
     pub workspace: f64,
     /// The loader's batch buffers: one per batch in flight plus the one being used.
     pub loader: f64,

@@ -191,6 +191,9 @@ pub fn run_rank(
     comm: Rc<dyn Communicator>,
     launcher: &str,
 ) -> Result<RunSummary> {
+    // gemm's per-thread slabs belong to the process at start, not to whichever step first
+    // lands a product on a fresh thread (stoker_kernels::gemm_slab).
+    stoker_kernels::gemm_slab::prime_gemm_slabs();
     let probes = StartProbes::now(opts.heap);
     agree::check_same_config(&*comm, config)?;
     let comm: Rc<dyn Communicator> = match config.parallel.check_collectives {

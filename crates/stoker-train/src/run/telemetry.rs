@@ -197,8 +197,9 @@ impl Telemetry {
 
 /// The heap one micro-batch's step allocates beyond the buffers the trainer tells
 /// (candle's activations, gradient store and casts on the graph path; the direct step's
-/// activation buffers and its kernels' scratch: gemm's per-thread packing slabs and
-/// per-call packs), counted: the train set's first micro-batch runs once before training
+/// activation buffers and its kernels' scratch: gemm's per-call packs, its per-thread
+/// slabs being made before the start probes), counted: the train set's first micro-batch
+/// runs once before training
 /// under the binary's heap counter, its gradients thrown away
 /// ([`Trainer::scratch_micro_batch`]: no state changes, no collective). None in fp8 (where
 /// the scratch step cannot run), without a heap counter, and with ranks as threads of one
