@@ -17,6 +17,10 @@ pub trait Backend {
     /// Launches captured once and replayed as one (a CUDA graph): see
     /// [`Backend::begin_capture`].
     type Graph;
+    /// A write from the host still landing ([`Backend::start_write`]).
+    type PendingWrite;
+    /// A read back to the host still under way ([`Backend::start_read`]).
+    type PendingRead;
 
     /// A buffer of `len` zeros.
     fn zeros<E: Elem>(&self, len: usize) -> Result<Self::Buf<E>, GpuError>;
@@ -40,6 +44,40 @@ pub trait Backend {
     fn write_staged<E: Elem>(&self, v: View<E>, data: &[E]) -> Result<(), GpuError> {
         self.write_at(v, data)
     }
+    /// Starts overwriting `v` with `data` after every launch so far, without holding back
+    /// the launches queued after it: on a device the copy runs on a copy stream of its
+    /// own, from pinned memory, beside the kernels (a block's parameters going up while
+    /// the block before runs: the chapter's `non_blocking=True` copy). `data` is taken at
+    /// once. [`Backend::wait_write`] orders the launches that read `v` after it.
+    ///
+    /// # Safety
+    /// Until [`Backend::wait_write`] of what this returns, nothing may touch `v`, and its
+    /// buffer must stay alive: the copy may land at any moment in between (on the host
+    /// build it lands at the wait, so a missing wait shows in the bits).
+    unsafe fn start_write<E: Elem>(
+        &self,
+        v: View<E>,
+        data: &[E],
+    ) -> Result<Self::PendingWrite, GpuError>;
+    /// Orders every later launch after `write`'s copy.
+    fn wait_write(&self, write: Self::PendingWrite) -> Result<(), GpuError>;
+    /// Starts reading `v` back after every launch so far, without holding back the
+    /// launches queued after it (on a device: on the copy stream, into pinned memory):
+    /// a block's gradients going down while the block before it runs its backward.
+    /// [`Backend::finish_read`] hands the elements over.
+    ///
+    /// # Safety
+    /// Until [`Backend::finish_read`] of what this returns, nothing may write `v`, and
+    /// its buffer must stay alive (on the host build the read happens at the finish, so
+    /// a write in between shows in the bits).
+    unsafe fn start_read<E: Elem>(&self, v: View<E>) -> Result<Self::PendingRead, GpuError>;
+    /// The elements `read` (started on `v`) read, into `out` (as many), once it is done.
+    fn finish_read<E: Elem>(
+        &self,
+        read: Self::PendingRead,
+        v: View<E>,
+        out: &mut [E],
+    ) -> Result<(), GpuError>;
     /// A buffer's elements, after every launch so far has finished.
     fn download<E: Elem>(&self, buf: &Self::Buf<E>) -> Result<Vec<E>, GpuError>;
     /// A buffer's length in elements.

@@ -53,6 +53,12 @@ pub enum Work {
         /// Bytes.
         bytes: u64,
     },
+    /// A copy between host and device on the copy stream, beside the kernels
+    /// ([`Backend::start_write`], [`Backend::start_read`]).
+    Transfer {
+        /// Bytes.
+        bytes: u64,
+    },
 }
 
 /// The counting backend.
@@ -130,6 +136,37 @@ impl Backend for CountingBackend {
     type Buf<E: Elem> = CountedBuf<E>;
     /// What the capture counted; a replay counts it again.
     type Graph = Vec<Work>;
+    /// Counted when it starts.
+    type PendingWrite = ();
+    /// Counted when it starts; its elements are zeros.
+    type PendingRead = ();
+
+    unsafe fn start_write<E: Elem>(&self, v: View<E>, data: &[E]) -> Result<(), GpuError> {
+        self.live("a write from the host")?;
+        crate::error::check_len("write", "data", data.len(), v.len())?;
+        self.push(Work::Transfer {
+            bytes: bytes_of(&v),
+        });
+        Ok(())
+    }
+
+    fn wait_write(&self, _write: ()) -> Result<(), GpuError> {
+        Ok(())
+    }
+
+    unsafe fn start_read<E: Elem>(&self, v: View<E>) -> Result<(), GpuError> {
+        self.live("a read back")?;
+        self.push(Work::Transfer {
+            bytes: bytes_of(&v),
+        });
+        Ok(())
+    }
+
+    fn finish_read<E: Elem>(&self, _read: (), v: View<E>, out: &mut [E]) -> Result<(), GpuError> {
+        crate::error::check_len("read", "out", out.len(), v.len())?;
+        out.fill(E::default());
+        Ok(())
+    }
 
     fn begin_capture(&self) -> Result<(), GpuError> {
         self.live("a capture inside a capture")?;

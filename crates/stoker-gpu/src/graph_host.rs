@@ -13,7 +13,7 @@ use crate::backend::{Backend, View};
 use crate::call::{Addr, Call, Gemm};
 use crate::elem::Elem;
 use crate::error::{not_while_capturing, GpuError};
-use crate::host::{Host, HostBuf};
+use crate::host::{Host, HostBuf, HostRead, HostWrite};
 
 /// One recorded piece of work: raw addresses and byte counts, so a graph holds no
 /// borrow of the buffers it touches (the device's graphs hold device pointers alike).
@@ -111,6 +111,35 @@ impl GraphHost {
 impl Backend for GraphHost {
     type Buf<E: Elem> = HostBuf<E>;
     type Graph = HostGraph;
+    type PendingWrite = HostWrite;
+    type PendingRead = HostRead;
+
+    unsafe fn start_write<E: Elem>(&self, v: View<E>, data: &[E]) -> Result<HostWrite, GpuError> {
+        self.live("a write from the host")?;
+        // SAFETY: the caller's contract, passed on.
+        unsafe { Host.start_write(v, data) }
+    }
+
+    fn wait_write(&self, write: HostWrite) -> Result<(), GpuError> {
+        self.live("a write from the host")?;
+        Host.wait_write(write)
+    }
+
+    unsafe fn start_read<E: Elem>(&self, v: View<E>) -> Result<HostRead, GpuError> {
+        self.live("a read back")?;
+        // SAFETY: the caller's contract, passed on.
+        unsafe { Host.start_read(v) }
+    }
+
+    fn finish_read<E: Elem>(
+        &self,
+        read: HostRead,
+        v: View<E>,
+        out: &mut [E],
+    ) -> Result<(), GpuError> {
+        self.live("a read back")?;
+        Host.finish_read(read, v, out)
+    }
 
     fn zeros<E: Elem>(&self, len: usize) -> Result<HostBuf<E>, GpuError> {
         self.live("an allocation")?;

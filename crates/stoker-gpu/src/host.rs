@@ -22,6 +22,42 @@ pub struct HostBuf<E> {
     cells: Box<[UnsafeCell<E>]>,
 }
 
+/// A write from the host on the host build ([`Backend::start_write`]): held until its
+/// wait, where it lands, as late as a device's copy may.
+#[derive(Debug)]
+#[must_use = "the write lands only at its wait"]
+pub struct HostWrite {
+    dst: Addr,
+    bytes: Vec<u8>,
+}
+
+/// A read back on the host build ([`Backend::start_read`]): the elements are read at its
+/// finish, as late as a device's copy may read them.
+#[derive(Debug)]
+#[must_use = "the read hands its elements over at its finish"]
+pub struct HostRead {
+    at: Addr,
+    bytes: usize,
+}
+
+/// A read finished on `(at, bytes)` (an address and a length in bytes) is the one
+/// `started` on: finishing it for another view would hand over the wrong elements.
+pub(crate) fn check_same_read(
+    (at, bytes): (Addr, usize),
+    started: (Addr, usize),
+) -> Result<(), GpuError> {
+    if (at, bytes) != started {
+        return Err(GpuError::Shape {
+            kernel: "finish_read",
+            what: format!(
+                "{bytes} bytes at {at:#x}, where the read started on {} bytes at {:#x}",
+                started.1, started.0
+            ),
+        });
+    }
+    Ok(())
+}
+
 impl Host {
     /// Copies `src`, a view of backend `be` (a device's buffer), into `dst`, a view of a
     /// host buffer, as many elements: the gradients down for an optimizer on the host,
@@ -68,6 +104,43 @@ impl Host {
         be.write_staged(dst, self.readable(src, &dst)?)
     }
 
+    /// [`Host::stage_to`] without holding back the backend's later launches
+    /// ([`Backend::start_write`]): a block's parameters up while the block before runs.
+    ///
+    /// # Safety
+    /// [`Backend::start_write`]'s: until [`Backend::wait_write`] of what this returns,
+    /// nothing may touch `dst`, and its buffer must stay alive.
+    pub unsafe fn start_stage_to<B: Backend, E: Elem>(
+        &self,
+        src: View<E>,
+        be: &B,
+        dst: View<E>,
+    ) -> Result<B::PendingWrite, GpuError> {
+        let data = self.readable(src, &dst)?;
+        // SAFETY: the caller's contract, passed on.
+        unsafe { be.start_write(dst, data) }
+    }
+
+    /// Finishes `read` (started on `src`, a view of backend `be`) into `dst`, a view of
+    /// a host buffer, as many elements ([`Backend::finish_read`]). The views must not
+    /// overlap (checked).
+    pub fn finish_copy_from<B: Backend, E: Elem>(
+        &self,
+        dst: View<E>,
+        be: &B,
+        read: B::PendingRead,
+        src: View<E>,
+    ) -> Result<(), GpuError> {
+        crate::error::check_len("copy", "dst", dst.len(), src.len())?;
+        crate::backend::check_disjoint("copy", &dst, &src)?;
+        // SAFETY: as in `copy_from`: `dst` lies inside a live HostBuf whose cells may be
+        // written, no host kernel runs now, and `src` does not overlap it (checked), so
+        // this slice is the only access to those elements while `finish_read` fills it.
+        let out =
+            unsafe { std::slice::from_raw_parts_mut(dst.addr() as usize as *mut E, dst.len()) };
+        be.finish_read(read, src, out)
+    }
+
     /// `src`, a view of a host buffer, as a slice to copy into `dst` (as long, not
     /// overlapping it: checked).
     fn readable<'a, E: Elem>(&self, src: View<'a, E>, dst: &View<E>) -> Result<&'a [E], GpuError> {
@@ -92,6 +165,54 @@ impl Backend for Host {
     type Buf<E: Elem> = HostBuf<E>;
     /// The host backend runs each call as it comes and captures nothing.
     type Graph = std::convert::Infallible;
+    type PendingWrite = HostWrite;
+    type PendingRead = HostRead;
+
+    unsafe fn start_write<E: Elem>(&self, v: View<E>, data: &[E]) -> Result<HostWrite, GpuError> {
+        crate::error::check_len("write", "data", data.len(), v.len())?;
+        // SAFETY: `data` is a live slice of an Elem type: plain numbers with no padding,
+        // so its memory reads as size_of_val(data) initialized bytes.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data))
+        };
+        Ok(HostWrite {
+            dst: v.addr(),
+            bytes: bytes.to_vec(),
+        })
+    }
+
+    fn wait_write(&self, write: HostWrite) -> Result<(), GpuError> {
+        // SAFETY: `start_write`'s contract keeps the view's buffer (a live HostBuf, whose
+        // cells may be written) alive and untouched until this wait; the view held
+        // bytes.len() bytes at `dst` (checked there), and `bytes` is Rust memory outside
+        // any HostBuf.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                write.bytes.as_ptr(),
+                write.dst as usize as *mut u8,
+                write.bytes.len(),
+            )
+        };
+        Ok(())
+    }
+
+    unsafe fn start_read<E: Elem>(&self, v: View<E>) -> Result<HostRead, GpuError> {
+        Ok(HostRead {
+            at: v.addr(),
+            bytes: v.len() * std::mem::size_of::<E>(),
+        })
+    }
+
+    fn finish_read<E: Elem>(
+        &self,
+        read: HostRead,
+        v: View<E>,
+        out: &mut [E],
+    ) -> Result<(), GpuError> {
+        let bytes = v.len() * std::mem::size_of::<E>();
+        check_same_read((v.addr(), bytes), (read.at, read.bytes))?;
+        self.read_into(v, out)
+    }
 
     fn begin_capture(&self) -> Result<(), GpuError> {
         Err(refuses_capture())

@@ -156,6 +156,19 @@ fn the_forecast_adds_its_parts_and_each_follows_its_figure() {
     let f = forecast(&work, &h100);
     let parts = f.products_s + f.batched_products_s + f.kernels_s() + f.device_s + f.host_s;
     assert_eq!(f.total_s(), parts);
+    // The copy stream's transfers hide behind the stream up to its length.
+    let transfer = |bytes: f64| {
+        let mut more = work.clone();
+        more.push(Work::Transfer {
+            bytes: bytes as u64,
+        });
+        forecast(&more, &h100)
+    };
+    let hidden = transfer(0.5 * parts * h100.link_bw);
+    assert_eq!(hidden.total_s(), parts);
+    assert!((hidden.transfer_s - 0.5 * parts).abs() < 1e-9 * parts);
+    let longer = transfer(2.0 * parts * h100.link_bw);
+    assert!((longer.total_s() - 2.0 * parts).abs() < 1e-9 * parts);
     assert_eq!(
         f.launches,
         work.iter()

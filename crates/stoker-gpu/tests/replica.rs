@@ -1135,3 +1135,46 @@ fn zero2_holds_a_shard_of_the_gradients_and_trains_what_one_rank_trains() {
         }
     }
 }
+
+/// Parameter offload copies a block up only where its slot lacks it, beside the kernels
+/// (`Work::Transfer`, the copy stream's): four blocks, whose first micro-batch copies all
+/// four up in the forward, blocks 1 and 0 again in the backward (blocks 3 and 2 are still
+/// in their slots at the turn) and every block's gradients down; the second finds blocks
+/// 0 and 1 where the backward left them; an update on the host makes every slot stale.
+#[test]
+fn an_offloaded_step_copies_up_only_the_blocks_its_slots_lack() {
+    use stoker_gpu::counting::{CountingBackend, Work};
+    let dims = GptDims { n_layer: 4, ..DIMS };
+    let g = gpt(&dims, SEED, 0.2);
+    let be = CountingBackend::new();
+    let o = g.offsets.clone();
+    let step =
+        GptGpuStep::<CountingBackend, f32>::with_options(&be, dims, o, 1e-5, (B, T), OFFLOAD)
+            .unwrap();
+    step.buffers().load_params(&be, &g.params).unwrap();
+    step.buffers().zero_grads(&be).unwrap();
+    let transferred = |work: Vec<Work>| -> usize {
+        work.iter()
+            .map(|w| match w {
+                Work::Transfer { bytes } => *bytes as usize,
+                _ => 0,
+            })
+            .sum()
+    };
+    let data = window(0);
+    let mut blocks = Vec::new();
+    let block_bytes = 4 * stoker_gpu::step::gpt::gpt_block_len(&dims);
+    let mut micro_batch = |m: &(Vec<i64>, Vec<i64>)| {
+        be.take();
+        step.forward_backward(&be, batch(m), 0.25).unwrap();
+        let bytes = transferred(be.take());
+        assert_eq!(bytes % block_bytes, 0, "{bytes} bytes: whole blocks");
+        blocks.push(bytes / block_bytes);
+    };
+    micro_batch(&data[0]);
+    micro_batch(&data[1]);
+    step.buffers().after_host_update(&be).unwrap();
+    micro_batch(&data[0]);
+    // Up and down, in blocks: 6 + 4, then 4 + 4, then 6 + 4 again.
+    assert_eq!(blocks, [10, 8, 10]);
+}

@@ -5,7 +5,8 @@
 //! warp kernels exactly their warp count. Products go through cuBLASLt (`lt`, the bias in
 //! the epilogue), or cuBLAS where cuBLASLt has no algorithm for a shape or the caller
 //! asks for it ([`GemmLibrary`]). Beside it: `staging` (writes through pinned
-//! memory that do not wait for the stream), `nccl` (the resident path's collectives on
+//! memory that do not wait for the stream), `transfers` (copies on a copy stream of their
+//! own, beside the kernels), `nccl` (the resident path's collectives on
 //! device memory), `check`, `flash_check`, `gemm_check` and `replica_check` (the device check:
 //! kernels, flash attention within its tolerance, the two product libraries, steps and
 //! the training loop against the host build), `profile` (each launch's time).
@@ -18,6 +19,9 @@ pub mod nccl;
 pub mod profile;
 pub mod replica_check;
 mod staging;
+mod transfers;
+
+pub use transfers::{DeviceRead, DeviceWrite};
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -73,6 +77,8 @@ pub struct Device {
     lt: lt::Lt,
     gemm_library: Cell<GemmLibrary>,
     staging: staging::Staging,
+    /// The copy stream: writes and reads that overlap the kernels.
+    transfers: transfers::Transfers,
     /// Whether the stream is being captured into a graph.
     capturing: Cell<bool>,
     /// cuBLAS's workspace of its own, set before the first capture (cuBLAS would
@@ -115,6 +121,7 @@ impl Device {
             error: e.to_string(),
         })?;
         let lt = lt::Lt::new(stream.clone())?;
+        let transfers = transfers::Transfers::new(&ctx)?;
         Ok(Device {
             ctx,
             stream,
@@ -124,6 +131,7 @@ impl Device {
             lt,
             gemm_library: Cell::new(GemmLibrary::CublasLt),
             staging: staging::Staging::default(),
+            transfers,
             capturing: Cell::new(false),
             blas_workspace: std::cell::OnceCell::new(),
             profiler: profile::Profiler::default(),
@@ -298,6 +306,61 @@ impl Device {
 impl Backend for Device {
     type Buf<E: Elem> = DeviceBuf<E>;
     type Graph = DeviceGraph;
+    type PendingWrite = DeviceWrite;
+    type PendingRead = DeviceRead;
+
+    unsafe fn start_write<E: Elem>(&self, v: View<E>, data: &[E]) -> Result<DeviceWrite, GpuError> {
+        self.live("a write from the host")?;
+        crate::error::check_len("write", "data", data.len(), v.len())?;
+        self.bind()?;
+        // SAFETY: `data` is a live slice of an Elem type: plain numbers (f32, bf16, i32,
+        // i64) with no padding, so its memory reads as size_of_val(data) initialized bytes.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data))
+        };
+        // A View lies inside a live device buffer of this context and holds data.len()
+        // elements (checked when it was made); the caller keeps it untouched and alive
+        // until the wait.
+        self.transfers
+            .start_write(&self.ctx, &self.stream, &self.staging, v.addr(), bytes)
+    }
+
+    fn wait_write(&self, write: DeviceWrite) -> Result<(), GpuError> {
+        self.live("a write from the host")?;
+        self.transfers.wait_write(&self.stream, write)
+    }
+
+    unsafe fn start_read<E: Elem>(&self, v: View<E>) -> Result<DeviceRead, GpuError> {
+        self.live("a read back")?;
+        self.bind()?;
+        // A View lies inside a live device buffer of this context (checked when it was
+        // made); the caller keeps it unwritten and alive until the read is finished.
+        self.transfers.start_read(
+            &self.ctx,
+            &self.stream,
+            v.addr(),
+            v.len() * std::mem::size_of::<E>(),
+        )
+    }
+
+    fn finish_read<E: Elem>(
+        &self,
+        read: DeviceRead,
+        v: View<E>,
+        out: &mut [E],
+    ) -> Result<(), GpuError> {
+        crate::error::check_len("read", "out", out.len(), v.len())?;
+        // SAFETY: `out` is a live, exclusive slice of an Elem type: plain numbers with no
+        // padding, for which every bit pattern is a value, so it may be written as
+        // size_of_val(out) bytes.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(
+                out.as_mut_ptr().cast::<u8>(),
+                std::mem::size_of_val(out),
+            )
+        };
+        self.transfers.finish_read(read, v.addr(), bytes)
+    }
 
     fn begin_capture(&self) -> Result<(), GpuError> {
         self.live("a capture inside a capture")?;

@@ -2,11 +2,18 @@
 //! `offload_param`): the whole compute copy lives in host memory, and so do the blocks'
 //! gradients, summed over a window there. The backend holds the runs outside every block
 //! (embeddings, final norm, head: [`Placement`]'s resident buffer, with their gradients)
-//! and two slots for the blocks' parameters and two for their gradients. Before block
-//! `l` runs, forward or backward, its parameters go up into slot `l % 2` (staged: the
-//! copy queues behind the launches before it, the host does not wait); before its
-//! backward its gradient slot is zeroed, and after it the slot comes down and is added
-//! into the host's sum. The activations stay on the backend, as FSDP's do.
+//! and two slots for the blocks' parameters and two for their gradients. Block `l` runs
+//! in slot `l % 2`, forward and backward:
+//! - while block `l` runs, the next block's parameters go up into the other slot
+//!   ([`Backend::start_write`]: on a device, on the copy stream beside `l`'s kernels),
+//!   and the next block's launches wait for that copy alone. A slot that already holds
+//!   its block (the last two blocks at the turn from forward to backward, the first two
+//!   at the next micro-batch) is not copied again; an update on the host forgets them;
+//! - before block `l`'s backward its gradient slot is zeroed; after it the slot starts
+//!   down ([`Backend::start_read`]), and the block before's gradients, down by then, are
+//!   added into the host's sum while the device runs on.
+//!
+//! The activations stay on the backend, as FSDP's do.
 //!
 //! What stays on the backend is the resident runs, two blocks' parameters (compute type)
 //! and gradients (f32), and the activations: a model of `n` blocks holds `2 / n` of its
@@ -14,6 +21,7 @@
 //! optimizer offloaded too, [`crate::parallel::Offloaded`]), and the resident runs go
 //! back up.
 
+use std::cell::{Cell, RefCell};
 use std::ops::Range;
 
 use super::optimizer::UpdateViews;
@@ -27,6 +35,15 @@ use crate::kernels;
 
 /// A step's offloaded parameters: see the module docs.
 pub struct ParamOffload<B: Backend, T: Act> {
+    // The copies in flight come first: they drop (a device's wait for them) before the
+    // slots they copy into or out of.
+    /// The block whose parameters are going up into its slot, and its runs' writes.
+    landing: RefCell<Option<(usize, Vec<B::PendingWrite>)>>,
+    /// Blocks whose gradients are going down, oldest first, and their runs' reads.
+    leaving: RefCell<Vec<(usize, Vec<B::PendingRead>)>>,
+    /// The block whose parameters each slot holds (landed, or landing); None where
+    /// the host's copy changed since.
+    in_slot: [Cell<Option<usize>>; 2],
     /// The blocks' parameter and gradient slots, and where every run lives.
     slots: ParamSlots<B, T>,
     /// The whole compute copy (the flat layout), in host memory.
@@ -52,6 +69,9 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
         let slots = ParamSlots::new(be, blocks, end)?;
         let slot = slots.placement().slot_len();
         Ok(ParamOffload {
+            landing: RefCell::new(None),
+            leaving: RefCell::new(Vec::new()),
+            in_slot: [Cell::new(None), Cell::new(None)],
             slots,
             host_params: Host.zeros(end)?,
             host_grads: Host.zeros(end)?,
@@ -75,30 +95,119 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
         &self.slots
     }
 
-    /// Block `l`'s parameters up into its slot, before it runs; before its backward
-    /// (`backward`) its gradient slot zeroed too.
+    /// Before block `l` runs (its backward when `backward`): its parameters in its slot
+    /// for the launches that follow (their copy waited for, or made now), for the
+    /// backward its gradient slot zeroed, then the next block's parameters started up
+    /// into the other slot.
     pub(crate) fn enter_block(&self, be: &B, l: usize, backward: bool) -> Result<(), GpuError> {
-        for (r, o) in self.placement().block(l) {
-            let src = Host.view(&self.host_params, r.clone())?;
-            Host.stage_to(src, be, self.slots.param_run(be, l, (r, *o))?)?;
-        }
+        self.bring(be, l)?;
         if backward {
+            // The slot's last gradients (two blocks back) are read before it is zeroed.
+            self.finish_leaving(be, |m| m % 2 == l % 2)?;
             self.slots.grad_slots().zero(be, l)?;
+        }
+        match self.next_block(l, backward) {
+            Some(next) => self.start_up(be, next),
+            None => Ok(()),
+        }
+    }
+
+    /// After block `l`'s backward: its gradients start down from its slot, and every
+    /// block's before it (down by now, or soon) are added into the host's sum.
+    pub(crate) fn leave_block(&self, be: &B, l: usize) -> Result<(), GpuError> {
+        let mut reads = Vec::new();
+        for (r, o) in self.placement().block(l) {
+            let v = self.slots.grad_slots().slot_run(be, l, (r, *o))?;
+            // SAFETY: the slot is written next by block l - 2's backward, whose zeroing
+            // first finishes this read (`enter_block`); the slots live as long as `self`,
+            // whose `leaving` drops first.
+            reads.push(unsafe { be.start_read(v)? });
+        }
+        self.finish_leaving(be, |_| true)?;
+        self.leaving.borrow_mut().push((l, reads));
+        Ok(())
+    }
+
+    /// The block that runs after block `l` (its backward when `backward`) in a
+    /// micro-batch: the next forward block, the backward's second block at the turn
+    /// (the backward's first is `l` itself), the backward's next; none after block 0's
+    /// backward (the next micro-batch starts where this one ends).
+    fn next_block(&self, l: usize, backward: bool) -> Option<usize> {
+        let blocks = self.placement().blocks();
+        match backward {
+            false if l + 1 < blocks => Some(l + 1),
+            false => blocks.checked_sub(2),
+            true => l.checked_sub(1),
+        }
+    }
+
+    /// Starts block `m`'s parameters up into its slot, where it does not hold them.
+    fn start_up(&self, be: &B, m: usize) -> Result<(), GpuError> {
+        let slot = &self.in_slot[m % 2];
+        if slot.get() == Some(m) {
+            return Ok(());
+        }
+        self.land(be)?;
+        let mut writes = Vec::new();
+        for (r, o) in self.placement().block(m) {
+            let src = Host.view(&self.host_params, r.clone())?;
+            let dst = self.slots.param_run(be, m, (r, *o))?;
+            // SAFETY: nothing touches slot m % 2 until block m runs, after `bring` waits
+            // for this write: the launches queued before it have read the slot (the copy
+            // starts after them), and those queued until `bring` are another block's, in
+            // the other slot. The slots live as long as `self`, whose `landing` drops
+            // first.
+            writes.push(unsafe { Host.start_stage_to(src, be, dst)? });
+        }
+        slot.set(Some(m));
+        *self.landing.borrow_mut() = Some((m, writes));
+        Ok(())
+    }
+
+    /// Block `l`'s parameters in its slot, ordered before the launches that follow.
+    fn bring(&self, be: &B, l: usize) -> Result<(), GpuError> {
+        if self.in_slot[l % 2].get() != Some(l) {
+            self.start_up(be, l)?;
+        }
+        self.land(be)
+    }
+
+    /// Orders the launches that follow after the parameters landing, if any.
+    fn land(&self, be: &B) -> Result<(), GpuError> {
+        let landing = self.landing.borrow_mut().take();
+        for w in landing.into_iter().flat_map(|(_, ws)| ws) {
+            be.wait_write(w)?;
         }
         Ok(())
     }
 
-    /// Block `l`'s gradients, after its backward: down from its slot and added into the
-    /// host's sum (waiting for the backend: the slot is the next block's but one).
-    pub(crate) fn leave_block(&self, be: &B, l: usize) -> Result<(), GpuError> {
-        for (r, o) in self.placement().block(l) {
-            let scratch = Host.view(&self.host_scratch, 0..r.len())?;
-            Host.copy_from(
-                scratch,
-                be,
-                self.slots.grad_slots().slot_run(be, l, (r, *o))?,
-            )?;
-            kernels::add_into(&Host, Host.view(&self.host_grads, r.clone())?, scratch)?;
+    /// Adds into the host's sum the gradients of the leaving blocks `which` picks, once
+    /// they are down.
+    fn finish_leaving(&self, be: &B, which: impl Fn(usize) -> bool) -> Result<(), GpuError> {
+        let done: Vec<_> = {
+            let mut leaving = self.leaving.borrow_mut();
+            let (done, left) = leaving.drain(..).partition(|(m, _)| which(*m));
+            *leaving = left;
+            done
+        };
+        for (m, reads) in done {
+            for ((r, o), read) in self.placement().block(m).iter().zip(reads) {
+                let scratch = Host.view(&self.host_scratch, 0..r.len())?;
+                let src = self.slots.grad_slots().slot_run(be, m, (r, *o))?;
+                Host.finish_copy_from(scratch, be, read, src)?;
+                kernels::add_into(&Host, Host.view(&self.host_grads, r.clone())?, scratch)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The copies in flight ended: the gradients down added, the parameters landed, and
+    /// the slots forgotten where `forget` (the host's copy is about to change).
+    fn settle(&self, be: &B, forget: bool) -> Result<(), GpuError> {
+        self.finish_leaving(be, |_| true)?;
+        self.land(be)?;
+        if forget {
+            self.in_slot.iter().for_each(|s| s.set(None));
         }
         Ok(())
     }
@@ -120,6 +229,8 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
     /// The resident runs of the host's compute copy up into `resident` (after an update
     /// on the host).
     pub(crate) fn resident_up(&self, be: &B, resident: &B::Buf<T>) -> Result<(), GpuError> {
+        // The host's copy has changed (or is about to): the slots' blocks are stale.
+        self.settle(be, true)?;
         for (r, o) in self.placement().resident() {
             let src = Host.view(&self.host_params, r.clone())?;
             Host.copy_to(src, be, be.view(resident, *o..o + r.len())?)?;
@@ -139,6 +250,7 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
     /// The resident runs' gradients (`resident`) down into the host's sum: the whole
     /// gradient is then on the host.
     pub(crate) fn gather_grads(&self, be: &B, resident: &B::Buf<f32>) -> Result<(), GpuError> {
+        self.settle(be, false)?;
         for (r, o) in self.placement().resident() {
             let dst = Host.view(&self.host_grads, r.clone())?;
             Host.copy_from(dst, be, be.view(resident, *o..o + r.len())?)?;
@@ -153,6 +265,7 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
 
     /// Every gradient to 0, here and on the backend (`resident`).
     pub(crate) fn zero_grads(&self, be: &B, resident: &B::Buf<f32>) -> Result<(), GpuError> {
+        self.settle(be, false)?;
         Host.zero(Host.all(&self.host_grads))?;
         be.zero(be.all(resident))
     }

@@ -1,0 +1,193 @@
+//! Copies between host and device on a copy stream of their own, beside the kernels
+//! (the chapter's `pin_memory=True` with `non_blocking=True`, and what FSDP's and
+//! DeepSpeed's parameter offload overlap): a write or read starts after every launch so
+//! far on the compute stream (an event the copy stream waits for), runs on the copy
+//! stream from or into pinned memory, and records an event of its own. A write's launches
+//! wait for that event on the GPU ([`Transfers::wait_write`]); a read's host waits for it
+//! when it takes the elements ([`Transfers::finish_read`]). Meanwhile the compute stream
+//! goes on with the launches queued after the copy started.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, PinnedHostSlice};
+
+use super::staging::Staging;
+use crate::call::Addr;
+use crate::error::GpuError;
+
+fn driver(what: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> GpuError {
+    move |e| GpuError::Driver {
+        what: what.into(),
+        error: e.to_string(),
+    }
+}
+
+/// A write from the host landing on the copy stream.
+pub struct DeviceWrite {
+    done: CudaEvent,
+    /// The compute stream waits for it ([`Transfers::wait_write`]).
+    ordered: bool,
+}
+
+impl Drop for DeviceWrite {
+    fn drop(&mut self) {
+        // Dropped unwaited (an error on the way, or its owner dropped): the copy ends
+        // before whatever frees its destination next.
+        if !self.ordered {
+            let _ = self.done.synchronize();
+        }
+    }
+}
+
+/// A read back under way on the copy stream, into pinned memory it holds until the read
+/// is finished (or, dropped unfinished, until the copy is done).
+pub struct DeviceRead {
+    done: CudaEvent,
+    pinned: Option<PinnedHostSlice<u8>>,
+    at: Addr,
+    bytes: usize,
+}
+
+impl Drop for DeviceRead {
+    fn drop(&mut self) {
+        // The copy ends before its pinned memory goes (the fields drop after this).
+        let _ = self.done.synchronize();
+    }
+}
+
+/// The copy stream and the pinned buffers reads land in.
+pub(super) struct Transfers {
+    copy: Arc<CudaStream>,
+    /// Pinned buffers of finished reads, for the next ones (cached host memory: the host
+    /// reads them, which write-combined memory makes slow).
+    free: RefCell<Vec<PinnedHostSlice<u8>>>,
+}
+
+impl Transfers {
+    /// A copy stream on `ctx`.
+    pub(super) fn new(ctx: &Arc<CudaContext>) -> Result<Self, GpuError> {
+        Ok(Transfers {
+            copy: ctx.new_stream().map_err(driver("making the copy stream"))?,
+            free: RefCell::new(Vec::new()),
+        })
+    }
+
+    /// Orders the copy stream's next work after every launch so far on `compute`.
+    fn after(&self, compute: &CudaStream) -> Result<(), GpuError> {
+        let so_far = compute
+            .record_event(None)
+            .map_err(driver("marking the launches so far"))?;
+        self.copy
+            .wait(&so_far)
+            .map_err(driver("ordering the copy stream after the launches"))
+    }
+
+    /// Starts writing `bytes` to device address `dst` after every launch so far on
+    /// `compute`, through `staging`'s pinned buffers, on the copy stream.
+    ///
+    /// `dst` must hold `bytes.len()` bytes of a live buffer of `ctx`, which nothing
+    /// touches until [`Transfers::wait_write`] (the caller's contract).
+    pub(super) fn start_write(
+        &self,
+        ctx: &Arc<CudaContext>,
+        compute: &CudaStream,
+        staging: &Staging,
+        dst: Addr,
+        bytes: &[u8],
+    ) -> Result<DeviceWrite, GpuError> {
+        self.after(compute)?;
+        staging.write(ctx, &self.copy, dst, bytes)?;
+        let done = self
+            .copy
+            .record_event(None)
+            .map_err(driver("marking a write's copy"))?;
+        Ok(DeviceWrite {
+            done,
+            ordered: false,
+        })
+    }
+
+    /// Orders every later launch on `compute` after `write`'s copy.
+    pub(super) fn wait_write(
+        &self,
+        compute: &CudaStream,
+        mut write: DeviceWrite,
+    ) -> Result<(), GpuError> {
+        compute
+            .wait(&write.done)
+            .map_err(driver("ordering the launches after a write"))?;
+        write.ordered = true;
+        Ok(())
+    }
+
+    /// Starts reading `bytes` bytes at device address `at` after every launch so far on
+    /// `compute`, on the copy stream, into pinned memory of the read's own.
+    ///
+    /// `at` must start `bytes` bytes of a live buffer of `ctx`, which nothing writes
+    /// until the read is finished or dropped (the caller's contract).
+    pub(super) fn start_read(
+        &self,
+        ctx: &Arc<CudaContext>,
+        compute: &CudaStream,
+        at: Addr,
+        bytes: usize,
+    ) -> Result<DeviceRead, GpuError> {
+        let reuse = {
+            let mut free = self.free.borrow_mut();
+            let k = free.iter().position(|p| p.len() >= bytes);
+            k.map(|k| free.swap_remove(k))
+        };
+        let mut pinned = match reuse {
+            Some(p) => p,
+            // SAFETY: the memory comes uninitialized; the copy below writes the `bytes`
+            // bytes that `finish_read` hands over before any of them is read.
+            None => unsafe { ctx.alloc_pinned_with_flags::<u8>(bytes.max(1), 0) }
+                .map_err(driver("allocating pinned memory for a read"))?,
+        };
+        self.after(compute)?;
+        let host = pinned
+            .as_mut_slice()
+            .map_err(driver("reading pinned memory"))?;
+        // SAFETY: `host` is pinned memory of at least `bytes` bytes, which the returned
+        // DeviceRead keeps (and does not hand out) until the copy's event has completed;
+        // `at` starts `bytes` bytes of a live device buffer of this context, unwritten
+        // until then (the caller's contract).
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(&mut host[..bytes], at, self.copy.cu_stream())
+        }
+        .map_err(driver("copying down on the copy stream"))?;
+        let done = self
+            .copy
+            .record_event(None)
+            .map_err(driver("marking a read's copy"))?;
+        Ok(DeviceRead {
+            done,
+            pinned: Some(pinned),
+            at,
+            bytes,
+        })
+    }
+
+    /// `read`'s bytes into `out` (as many), after its copy is done; `at` the device
+    /// address the caller finishes it for (checked against where it started).
+    pub(super) fn finish_read(
+        &self,
+        mut read: DeviceRead,
+        at: Addr,
+        out: &mut [u8],
+    ) -> Result<(), GpuError> {
+        crate::host::check_same_read((at, out.len()), (read.at, read.bytes))?;
+        read.done
+            .synchronize()
+            .map_err(driver("waiting for a read's copy"))?;
+        let pinned = read.pinned.take().ok_or_else(|| GpuError::Driver {
+            what: "finishing a read".into(),
+            error: "its pinned memory is gone".into(),
+        })?;
+        let host = pinned.as_slice().map_err(driver("reading pinned memory"))?;
+        out.copy_from_slice(&host[..out.len()]);
+        self.free.borrow_mut().push(pinned);
+        Ok(())
+    }
+}
