@@ -6,7 +6,8 @@
 # ops with the optimizer offloaded to the host; and `resident`, stoker's own GPU step
 # with the master and AdamW on the device (docs/gpu.md), in bf16 also with its
 # micro-batches replayed as CUDA graphs (`cuda_graphs = true`) and with flash attention
-# (`flash_attention = true`). PyTorch: the whole model and
+# (`flash_attention = true`), and with the blocks' parameters offloaded to the host
+# (`offload_params = true`). PyTorch: the whole model and
 # fused AdamW on the GPU, fp32 and bf16 autocast (scripts/gpu/torch_step.py). Median step
 # time over STEPS steps after warm-up, each figure and stoker / PyTorch.
 #   bash scripts/gpu/step-time.sh [BIN]      (STEPS, default 40)
@@ -25,7 +26,8 @@ for sh in "${shapes[@]}"; do
   torch=$(timeout 180 python3 scripts/gpu/torch_step.py --d-model "$2" --layers "$3" --heads "$4" \
     --context "$5" --batch "$6" --steps "$steps") || { echo "FAILED torch $1"; status=1; continue; }
   echo "$torch"
-  for run in fp32-graph bf16-graph fp32-resident bf16-resident bf16-resident+cudagraphs bf16-resident+flash; do
+  for run in fp32-graph bf16-graph fp32-resident bf16-resident bf16-resident+cudagraphs bf16-resident+flash \
+      bf16-resident+offload; do
     prec=${run%%-*} path=${run#*-}
     f=$out/$1-$run.toml
     case $path in
@@ -35,6 +37,9 @@ for sh in "${shapes[@]}"; do
       resident+cudagraphs) keys="step = \"resident\"\ncuda_graphs = true" ;;
       # Attention on tensor cores keeping no scores (`flash_attention`).
       resident+flash) keys="step = \"resident\"\nflash_attention = true" ;;
+      # The blocks' parameters and the optimizer in host memory, their copies on the copy
+      # stream beside the kernels (`offload_params`): what the overlap leaves of the cost.
+      resident+offload) keys="step = \"resident\"" ;;
     esac
     sed -e "s|^run_dir = .*|run_dir = \"$out/$1-$run\"|" \
         -e "s|^precision = .*|precision = \"$prec\"\n$keys\ndevice = \"cuda\"|" \
@@ -47,6 +52,8 @@ for sh in "${shapes[@]}"; do
         -e "s|^sample_tokens = .*|sample_tokens = 0|" \
         configs/shakespeare-gpt.toml > "$f"
     [ "$path" = graph ] && printf '\n[parallel]\noffload_optimizer = true\n' >> "$f"
+    [ "$path" = resident+offload ] &&
+      printf '\n[parallel]\noffload_optimizer = true\noffload_params = true\n' >> "$f"
     if ! timeout 180 "$STOKER_GPU_BIN" train "$f" --stop-after "$((steps + 5))" --no-progress > "$out/$1-$run.log" 2>&1; then
       echo "FAILED stoker $1 $run ($out/$1-$run.log):"; tail -15 "$out/$1-$run.log"; status=1; continue
     fi
