@@ -23,7 +23,9 @@ pub struct HostBuf<E> {
 }
 
 /// A write from the host on the host build ([`Backend::start_write`]): held until its
-/// wait, where it lands, as late as a device's copy may.
+/// wait, where it lands, as late as a device's copy may. Meanwhile the destination holds
+/// [`POISON`]: a launch that reads it before the wait (on a device, perhaps half old and
+/// half new) computes NaNs, and the wait refuses a destination written since the start.
 #[derive(Debug)]
 #[must_use = "the write lands only at its wait"]
 pub struct HostWrite {
@@ -57,6 +59,10 @@ pub(crate) fn check_same_read(
     }
     Ok(())
 }
+
+/// Each byte of a destination while a write to it is in flight on the host build: all
+/// ones, a NaN in f32, bf16 and f16.
+pub const POISON: u8 = 0xff;
 
 impl Host {
     /// Copies `src`, a view of backend `be` (a device's buffer), into `dst`, a view of a
@@ -175,6 +181,10 @@ impl Backend for Host {
         let bytes = unsafe {
             std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data))
         };
+        // SAFETY: a View lies inside a live HostBuf of this backend (checked when it was
+        // made), whose cells may be written, of bytes.len() bytes (checked above); host
+        // kernels run synchronously, so none touches them now.
+        unsafe { std::ptr::write_bytes(v.addr() as usize as *mut u8, POISON, bytes.len()) };
         Ok(HostWrite {
             dst: v.addr(),
             bytes: bytes.to_vec(),
@@ -182,6 +192,22 @@ impl Backend for Host {
     }
 
     fn wait_write(&self, write: HostWrite) -> Result<(), GpuError> {
+        // SAFETY: `start_write`'s contract keeps the view's buffer (a live HostBuf) alive
+        // until this wait; the view held bytes.len() bytes at `dst` (checked there).
+        let now = unsafe {
+            std::slice::from_raw_parts(write.dst as usize as *const u8, write.bytes.len())
+        };
+        if let Some(k) = now.iter().position(|&b| b != POISON) {
+            return Err(GpuError::Shape {
+                kernel: "wait_write",
+                what: format!(
+                    "byte {k} of the {} at {:#x} was written between the write's start and \
+                     its wait (on a device the copy lands at any moment in between)",
+                    write.bytes.len(),
+                    write.dst
+                ),
+            });
+        }
         // SAFETY: `start_write`'s contract keeps the view's buffer (a live HostBuf, whose
         // cells may be written) alive and untouched until this wait; the view held
         // bytes.len() bytes at `dst` (checked there), and `bytes` is Rust memory outside

@@ -5,7 +5,7 @@
 //! warp kernels exactly their warp count. Products go through cuBLASLt (`lt`, the bias in
 //! the epilogue), or cuBLAS where cuBLASLt has no algorithm for a shape or the caller
 //! asks for it ([`GemmLibrary`]). Beside it: `staging` (writes through pinned
-//! memory that do not wait for the stream), `transfers` (copies on a copy stream of their
+//! memory that do not wait for the stream), `transfers` (copies on copy streams of their
 //! own, beside the kernels), `nccl` (the resident path's collectives on
 //! device memory), `check`, `flash_check`, `gemm_check` and `replica_check` (the device check:
 //! kernels, flash attention within its tolerance, the two product libraries, steps and
@@ -77,7 +77,7 @@ pub struct Device {
     lt: lt::Lt,
     gemm_library: Cell<GemmLibrary>,
     staging: staging::Staging,
-    /// The copy stream: writes and reads that overlap the kernels.
+    /// The copy streams: writes and reads that overlap the kernels.
     transfers: transfers::Transfers,
     /// Whether the stream is being captured into a graph.
     capturing: Cell<bool>,
@@ -318,11 +318,13 @@ impl Backend for Device {
         let bytes = unsafe {
             std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data))
         };
-        // A View lies inside a live device buffer of this context and holds data.len()
-        // elements (checked when it was made); the caller keeps it untouched and alive
-        // until the wait.
-        self.transfers
-            .start_write(&self.ctx, &self.stream, &self.staging, v.addr(), bytes)
+        // SAFETY: a View lies inside a live device buffer of this context and holds
+        // data.len() elements (checked when it was made, and above); this function's
+        // contract keeps it untouched and alive until the wait.
+        unsafe {
+            self.transfers
+                .start_write(&self.ctx, &self.stream, &self.staging, v.addr(), bytes)
+        }
     }
 
     fn wait_write(&self, write: DeviceWrite) -> Result<(), GpuError> {
@@ -333,14 +335,17 @@ impl Backend for Device {
     unsafe fn start_read<E: Elem>(&self, v: View<E>) -> Result<DeviceRead, GpuError> {
         self.live("a read back")?;
         self.bind()?;
-        // A View lies inside a live device buffer of this context (checked when it was
-        // made); the caller keeps it unwritten and alive until the read is finished.
-        self.transfers.start_read(
-            &self.ctx,
-            &self.stream,
-            v.addr(),
-            v.len() * std::mem::size_of::<E>(),
-        )
+        // SAFETY: a View lies inside a live device buffer of this context and holds
+        // v.len() elements (checked when it was made); this function's contract keeps it
+        // unwritten and alive until the read is finished.
+        unsafe {
+            self.transfers.start_read(
+                &self.ctx,
+                &self.stream,
+                v.addr(),
+                v.len() * std::mem::size_of::<E>(),
+            )
+        }
     }
 
     fn finish_read<E: Elem>(
@@ -452,7 +457,10 @@ impl Backend for Device {
         let bytes = unsafe {
             std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data))
         };
-        self.staging.write(&self.ctx, &self.stream, v.addr(), bytes)
+        // SAFETY: a View lies inside a live device buffer of this context and holds
+        // data.len() elements (checked when it was made, and above); the copy is ordered
+        // on the compute stream, before every later launch that might write the view.
+        unsafe { self.staging.write(&self.ctx, &self.stream, v.addr(), bytes) }
     }
 
     fn download<E: Elem>(&self, buf: &DeviceBuf<E>) -> Result<Vec<E>, GpuError> {

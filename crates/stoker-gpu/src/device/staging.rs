@@ -38,9 +38,11 @@ impl Staging {
     /// Copies `bytes` to device address `dst` on `stream`, through the next of `dst`'s
     /// pinned buffers (made, or grown, on first need).
     ///
+    /// # Safety
     /// `dst` must hold `bytes.len()` bytes of a live buffer of `ctx` (the caller's
-    /// view, checked against its buffer when it was made).
-    pub(super) fn write(
+    /// view, checked against its buffer when it was made), which nothing else writes
+    /// until the copy, ordered on `stream`, is done.
+    pub(super) unsafe fn write(
         &self,
         ctx: &Arc<CudaContext>,
         stream: &Arc<CudaStream>,
@@ -93,15 +95,18 @@ impl Staging {
             .map_err(driver("reading pinned staging"))?;
         let host = &mut host[..bytes.len()];
         host.copy_from_slice(bytes);
-        // SAFETY: `dst` holds bytes.len() bytes of a live buffer of this context (the
-        // caller's contract); `host` is pinned memory that stays alive and unwritten
+        // SAFETY: `dst` holds bytes.len() bytes of a live buffer of this context (this
+        // function's contract); `host` is pinned memory that stays alive and unwritten
         // until the event recorded just after the copy completes (waited above before
         // any rewrite, and before the slots are dropped or replaced).
         unsafe { cudarc::driver::result::memcpy_htod_async(dst, host, stream.cu_stream()) }
             .map_err(driver("copying staged data up"))?;
-        slots.events[k]
-            .record(stream)
-            .map_err(driver("recording a staged copy"))
+        if let Err(e) = slots.events[k].record(stream) {
+            // No event guards the pinned buffer now: the copy ends before it is reused.
+            let _ = stream.synchronize();
+            return Err(driver("recording a staged copy")(e));
+        }
+        Ok(())
     }
 }
 

@@ -1,11 +1,13 @@
-//! Copies between host and device on a copy stream of their own, beside the kernels
-//! (the chapter's `pin_memory=True` with `non_blocking=True`, and what FSDP's and
-//! DeepSpeed's parameter offload overlap): a write or read starts after every launch so
-//! far on the compute stream (an event the copy stream waits for), runs on the copy
-//! stream from or into pinned memory, and records an event of its own. A write's launches
-//! wait for that event on the GPU ([`Transfers::wait_write`]); a read's host waits for it
-//! when it takes the elements ([`Transfers::finish_read`]). Meanwhile the compute stream
-//! goes on with the launches queued after the copy started.
+//! Copies between host and device on copy streams of their own, beside the kernels (the
+//! chapter's `pin_memory=True` with `non_blocking=True`, and what FSDP's and DeepSpeed's
+//! parameter offload overlap): a write or read starts after every launch so far on the
+//! compute stream (an event its copy stream waits for), runs on its copy stream from or
+//! into pinned memory, and records an event of its own. A write's launches wait for that
+//! event on the GPU ([`Transfers::wait_write`]); a read's host waits for it when it takes
+//! the elements ([`Transfers::finish_read`]). Meanwhile the compute stream goes on with
+//! the launches queued after the copy started. Writes and reads have a stream each, so a
+//! block's gradients going down and the next block's parameters going up do not queue
+//! behind each other (PCIe carries both directions at once).
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -23,7 +25,7 @@ fn driver(what: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> Gpu
     }
 }
 
-/// A write from the host landing on the copy stream.
+/// A write from the host landing on the write stream.
 pub struct DeviceWrite {
     done: CudaEvent,
     /// The compute stream waits for it ([`Transfers::wait_write`]).
@@ -40,7 +42,7 @@ impl Drop for DeviceWrite {
     }
 }
 
-/// A read back under way on the copy stream, into pinned memory it holds until the read
+/// A read back under way on the read stream, into pinned memory it holds until the read
 /// is finished (or, dropped unfinished, until the copy is done).
 pub struct DeviceRead {
     done: CudaEvent,
@@ -56,39 +58,52 @@ impl Drop for DeviceRead {
     }
 }
 
-/// The copy stream and the pinned buffers reads land in.
+/// The copy streams and the pinned buffers reads land in.
 pub(super) struct Transfers {
-    copy: Arc<CudaStream>,
+    up: Arc<CudaStream>,
+    down: Arc<CudaStream>,
     /// Pinned buffers of finished reads, for the next ones (cached host memory: the host
     /// reads them, which write-combined memory makes slow).
     free: RefCell<Vec<PinnedHostSlice<u8>>>,
 }
 
+/// Records `done` on `stream` after a copy was queued there; where that fails, waits for
+/// the stream instead, so that no copy outlives the memory it uses unguarded.
+fn record_after_copy(done: &CudaEvent, stream: &CudaStream) -> Result<(), GpuError> {
+    if let Err(e) = done.record(stream) {
+        let _ = stream.synchronize();
+        return Err(driver("marking a copy")(e));
+    }
+    Ok(())
+}
+
 impl Transfers {
-    /// A copy stream on `ctx`.
+    /// The two copy streams on `ctx`.
     pub(super) fn new(ctx: &Arc<CudaContext>) -> Result<Self, GpuError> {
+        let stream = || ctx.new_stream().map_err(driver("making a copy stream"));
         Ok(Transfers {
-            copy: ctx.new_stream().map_err(driver("making the copy stream"))?,
+            up: stream()?,
+            down: stream()?,
             free: RefCell::new(Vec::new()),
         })
     }
 
-    /// Orders the copy stream's next work after every launch so far on `compute`.
-    fn after(&self, compute: &CudaStream) -> Result<(), GpuError> {
+    /// Orders `copy`'s next work after every launch so far on `compute`.
+    fn after(copy: &CudaStream, compute: &CudaStream) -> Result<(), GpuError> {
         let so_far = compute
             .record_event(None)
             .map_err(driver("marking the launches so far"))?;
-        self.copy
-            .wait(&so_far)
-            .map_err(driver("ordering the copy stream after the launches"))
+        copy.wait(&so_far)
+            .map_err(driver("ordering a copy stream after the launches"))
     }
 
     /// Starts writing `bytes` to device address `dst` after every launch so far on
-    /// `compute`, through `staging`'s pinned buffers, on the copy stream.
+    /// `compute`, through `staging`'s pinned buffers, on the write stream.
     ///
+    /// # Safety
     /// `dst` must hold `bytes.len()` bytes of a live buffer of `ctx`, which nothing
-    /// touches until [`Transfers::wait_write`] (the caller's contract).
-    pub(super) fn start_write(
+    /// touches until [`Transfers::wait_write`] of what this returns (or its drop).
+    pub(super) unsafe fn start_write(
         &self,
         ctx: &Arc<CudaContext>,
         compute: &CudaStream,
@@ -96,12 +111,15 @@ impl Transfers {
         dst: Addr,
         bytes: &[u8],
     ) -> Result<DeviceWrite, GpuError> {
-        self.after(compute)?;
-        staging.write(ctx, &self.copy, dst, bytes)?;
-        let done = self
-            .copy
-            .record_event(None)
-            .map_err(driver("marking a write's copy"))?;
+        // Made before the copy, so that nothing can fail between the copy and its mark
+        // but the mark itself (`record_after_copy`).
+        let done = ctx.new_event(None).map_err(driver("making an event"))?;
+        Self::after(&self.up, compute)?;
+        // SAFETY: this function's contract: `dst` holds bytes.len() bytes of a live buffer
+        // of `ctx`, untouched until the wait, which orders every later launch after the
+        // copy on the write stream.
+        unsafe { staging.write(ctx, &self.up, dst, bytes)? };
+        record_after_copy(&done, &self.up)?;
         Ok(DeviceWrite {
             done,
             ordered: false,
@@ -122,11 +140,12 @@ impl Transfers {
     }
 
     /// Starts reading `bytes` bytes at device address `at` after every launch so far on
-    /// `compute`, on the copy stream, into pinned memory of the read's own.
+    /// `compute`, on the read stream, into pinned memory of the read's own.
     ///
+    /// # Safety
     /// `at` must start `bytes` bytes of a live buffer of `ctx`, which nothing writes
-    /// until the read is finished or dropped (the caller's contract).
-    pub(super) fn start_read(
+    /// until the read is finished or dropped.
+    pub(super) unsafe fn start_read(
         &self,
         ctx: &Arc<CudaContext>,
         compute: &CudaStream,
@@ -145,22 +164,22 @@ impl Transfers {
             None => unsafe { ctx.alloc_pinned_with_flags::<u8>(bytes.max(1), 0) }
                 .map_err(driver("allocating pinned memory for a read"))?,
         };
-        self.after(compute)?;
+        let done = ctx.new_event(None).map_err(driver("making an event"))?;
+        Self::after(&self.down, compute)?;
         let host = pinned
             .as_mut_slice()
             .map_err(driver("reading pinned memory"))?;
-        // SAFETY: `host` is pinned memory of at least `bytes` bytes, which the returned
-        // DeviceRead keeps (and does not hand out) until the copy's event has completed;
-        // `at` starts `bytes` bytes of a live device buffer of this context, unwritten
-        // until then (the caller's contract).
+        // SAFETY: `host` is pinned memory of at least `bytes` bytes (taken from the free
+        // list by length, or made so), which the DeviceRead returned below keeps, handing
+        // none of it out until `done` has completed; where marking the copy fails,
+        // `record_after_copy` waits for the stream before `pinned` can drop. `at` starts
+        // `bytes` bytes of a live device buffer of `ctx`, unwritten until then (this
+        // function's contract).
         unsafe {
-            cudarc::driver::result::memcpy_dtoh_async(&mut host[..bytes], at, self.copy.cu_stream())
+            cudarc::driver::result::memcpy_dtoh_async(&mut host[..bytes], at, self.down.cu_stream())
         }
-        .map_err(driver("copying down on the copy stream"))?;
-        let done = self
-            .copy
-            .record_event(None)
-            .map_err(driver("marking a read's copy"))?;
+        .map_err(driver("copying down on the read stream"))?;
+        record_after_copy(&done, &self.down)?;
         Ok(DeviceRead {
             done,
             pinned: Some(pinned),

@@ -148,6 +148,9 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
             return Ok(());
         }
         self.land(be)?;
+        // Until every run is on its way the slot holds no one block (an error midway
+        // leaves it mixed).
+        slot.set(None);
         let mut writes = Vec::new();
         for (r, o) in self.placement().block(m) {
             let src = Host.view(&self.host_params, r.clone())?;
@@ -273,6 +276,9 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
     /// The views a host update works on: the whole compute copy and gradient, the norm's
     /// scratch (all in host memory).
     pub(crate) fn host_views(&self) -> Result<UpdateViews<'_, T>, GpuError> {
+        // The update writes the host's copy through these: the slots' blocks go stale
+        // (here already, in case the update stops midway).
+        self.in_slot.iter().for_each(|s| s.set(None));
         Ok(UpdateViews {
             params: Host.all(&self.host_params),
             grads: Host.all(&self.host_grads),
