@@ -30,6 +30,10 @@ fn check_ids(
     Ok(())
 }
 
+/// Where a rewrite's checked ids go: a view and the ids for it (written staged, or
+/// started beside the launches).
+pub(crate) type PutIds<'a> = &'a mut dyn FnMut(crate::View<i32>, &[i32]) -> Result<(), GpuError>;
+
 /// Ids in `0..limit` (or equal to `skip`), on a backend.
 pub struct Ids<B: Backend> {
     pub(crate) buf: B::Buf<i32>,
@@ -73,9 +77,21 @@ impl<B: Backend> Ids<B> {
         ids: &[i32],
         skip: Option<i32>,
     ) -> Result<(), GpuError> {
+        self.rewrite_with(b, what, (ids, skip), &mut |v, data| b.write_staged(v, data))
+    }
+
+    /// [`Ids::rewrite`], each write handed to `put` (staged, or started beside the
+    /// launches) once the ids are checked.
+    pub(crate) fn rewrite_with(
+        &mut self,
+        b: &B,
+        what: &'static str,
+        (ids, skip): (&[i32], Option<i32>),
+        put: PutIds<'_>,
+    ) -> Result<(), GpuError> {
         crate::error::check_len("ids", what, ids.len(), self.len())?;
         check_ids(what, ids, self.limit, skip)?;
-        b.write_staged(b.all(&self.buf), ids)?;
+        put(b.all(&self.buf), ids)?;
         self.skip = skip;
         Ok(())
     }
@@ -139,14 +155,24 @@ impl<B: Backend> Groups<B> {
 
     /// Writes `g` (of as many positions as this has room for) in place, staged.
     pub fn rewrite(&mut self, b: &B, g: &TokenGroups) -> Result<(), GpuError> {
+        self.rewrite_with(b, g, &mut |v, data| b.write_staged(v, data))
+    }
+
+    /// [`Groups::rewrite`], each write handed to `put` (staged, or started beside the
+    /// launches) once the groups are checked.
+    pub(crate) fn rewrite_with(
+        &mut self,
+        b: &B,
+        g: &TokenGroups,
+        put: PutIds<'_>,
+    ) -> Result<(), GpuError> {
         check_groups(g, self.limit)?;
         crate::error::check_len("groups", "positions", g.positions().len(), self.positions())?;
         let u = g.tokens().len();
         pad_starts(g, &mut self.padded);
-        b.write_staged(b.view(&self.tokens, 0..u)?, g.tokens())?;
-        b.write_staged(b.all(&self.starts), &self.padded)?;
-        b.write_staged(b.all(&self.positions), g.positions())?;
-        Ok(())
+        put(b.view(&self.tokens, 0..u)?, g.tokens())?;
+        put(b.all(&self.starts), &self.padded)?;
+        put(b.all(&self.positions), g.positions())
     }
 
     /// Positions grouped (the batch's token count).

@@ -499,6 +499,80 @@ fn a_step_reused_across_batches_equals_a_fresh_one() {
     assert_close_each(&grads, &cpu_grads, &ranges, 2e-5, str::to_string);
 }
 
+/// A window's next micro-batch's ids go up beside the launches (`prefetch_ids`, the
+/// copy stream's `Work::Transfer`) into the step's other set of id buffers: the
+/// micro-batch that then runs finds them there and writes nothing in the stream's order,
+/// where one whose set holds other ids writes its own; and the prefetched window gives
+/// the one queued without, bit for bit (its id buffers hold NaNs until each wait).
+#[test]
+fn prefetched_ids_go_up_beside_the_launches_and_change_no_bit() {
+    use stoker_gpu::counting::{CountingBackend, Work};
+    let (offsets, params, _, tokens, targets) = setup();
+    let few: Vec<i64> = tokens.iter().map(|&t| t % 3).collect();
+    let other: Vec<i64> = tokens.iter().map(|&t| (t + 1) % 5).collect();
+    let batch = |tokens| TokenBatch {
+        tokens,
+        targets: &targets,
+        ignore: -1,
+    };
+    let micro = [batch(&tokens), batch(&few), batch(&other)];
+    // Bytes written in the stream's order (uploads) and beside it (transfers).
+    let be = CountingBackend::new();
+    let step = GptGpuStep::<CountingBackend, f32>::new(&be, DIMS, offsets.clone(), 1e-5, BATCH, T)
+        .unwrap();
+    let moved = |work: Vec<Work>| {
+        work.iter().fold((0, 0), |(up, beside), w| match w {
+            Work::Upload { bytes } => (up + bytes, beside),
+            Work::Transfer { bytes } => (up, beside + bytes),
+            _ => (up, beside),
+        })
+    };
+    be.take();
+    step.prefetch_ids(&be, micro[1]).unwrap();
+    let prefetched = moved(be.take());
+    assert!(prefetched.0 == 0 && prefetched.1 > 0, "{prefetched:?}");
+    step.queue_micro_batch(&be, (micro[0], 0.25), false, Default::default())
+        .unwrap();
+    let first = moved(be.take());
+    assert!(
+        first.0 > 0 && first.1 == 0,
+        "the first micro-batch: {first:?}"
+    );
+    step.queue_micro_batch(&be, (micro[1], 0.25), true, Default::default())
+        .unwrap();
+    assert_eq!(moved(be.take()), (0, 0), "the prefetched micro-batch");
+    // Its set held the first micro-batch's ids: a third one writes its own.
+    step.queue_micro_batch(&be, (micro[2], 0.25), true, Default::default())
+        .unwrap();
+    let third = moved(be.take());
+    assert!(
+        third.0 > 0 && third.1 == 0,
+        "a micro-batch not prefetched: {third:?}"
+    );
+    // The host build: the same window with and without the prefetches.
+    let run = |prefetch: bool| {
+        let step =
+            GptGpuStep::<Host, f32>::new(&Host, DIMS, offsets.clone(), 1e-5, BATCH, T).unwrap();
+        step.buffers().load_params(&Host, &params).unwrap();
+        step.buffers().zero_grads(&Host).unwrap();
+        for (j, m) in micro.iter().enumerate() {
+            if let Some(next) = micro.get(j + 1).filter(|_| prefetch) {
+                step.prefetch_ids(&Host, *next).unwrap();
+            }
+            step.queue_micro_batch(&Host, (*m, 0.25), j > 0, Default::default())
+                .unwrap();
+        }
+        (
+            step.loss_sum(&Host).unwrap(),
+            step.buffers().grads(&Host).unwrap(),
+        )
+    };
+    let (want_loss, want) = run(false);
+    let (loss, grads) = run(true);
+    assert_eq!(loss.to_bits(), want_loss.to_bits(), "the window's loss");
+    stoker_testkit::assert_bits_eq(&grads, &want, "the window's gradients");
+}
+
 /// 1,000 positions: attention's queries in 3 chunks (334, 334 and 332 rows), each chunk's
 /// products over the keys up to its last query, the key-side gradients by key chunk.
 /// The loss and every gradient are still the CPU step's, whose attention is whole.

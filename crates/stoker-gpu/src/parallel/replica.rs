@@ -47,6 +47,9 @@ pub trait Trainable<B: Backend> {
         add_loss: bool,
         hooks: BlockHooks<'_>,
     ) -> Result<(), GpuError>;
+    /// Starts `batch`'s ids up beside the launches, for the micro-batch after the next
+    /// one queued (called before queueing the micro-batch before it).
+    fn prefetch_ids(&self, be: &B, batch: TokenBatch) -> Result<(), GpuError>;
     /// Each block's parameters as runs of the flat buffer.
     fn block_runs(&self) -> &[Vec<Range<usize>>];
     /// The loss sum of the micro-batches queued since the last without `add_loss`.
@@ -105,6 +108,9 @@ macro_rules! trainable {
                 hooks: BlockHooks<'_>,
             ) -> Result<(), GpuError> {
                 $t::queue_micro_batch(self, be, micro, add_loss, hooks)
+            }
+            fn prefetch_ids(&self, be: &B, batch: TokenBatch) -> Result<(), GpuError> {
+                $t::prefetch_ids(self, be, batch)
             }
             fn block_runs(&self) -> &[Vec<Range<usize>>] {
                 $t::block_runs(self)
@@ -393,6 +399,10 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                         false => None,
                     },
                 };
+                // The next micro-batch's ids go up while this one runs.
+                if let Some(next) = micro.get(j + 1) {
+                    self.step.prefetch_ids(be, *next)?;
+                }
                 self.step
                     .queue_micro_batch(be, (*batch, grad_scale), j > 0, hooks)?;
                 tally.valid += batch.valid_targets() as f64;
@@ -633,6 +643,9 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                 before: Some(&mut before),
                 after: Some(&mut after),
             };
+            if let Some(next) = micro.get(j + 1) {
+                self.step.prefetch_ids(be, *next)?;
+            }
             self.step
                 .queue_micro_batch(be, (*batch, grad_scale), j > 0, hooks)?;
             tally.valid += batch.valid_targets() as f64;

@@ -11,8 +11,8 @@ use crate::elem::Act;
 use crate::error::{check_len, GpuError};
 use crate::ids::{Groups, Ids};
 use crate::kernels;
-use crate::token_groups::TokenGroups;
 
+use super::batch_ids::{ids_bytes, BatchIds, IdSets};
 use super::grad_slots::GradSlots;
 use super::graphs::{GraphKey, MicroBatchGraphs};
 use super::layout::{Span, PARTIAL_WARPS};
@@ -163,12 +163,6 @@ impl StepSizes {
     }
 }
 
-/// Bytes of a micro-batch's id buffers for `n` positions: tokens, targets, and the
-/// embedding backward's groups (tokens, starts with one more, positions), i32 each.
-fn ids_bytes(n: usize) -> usize {
-    4 * (5 * n + 1)
-}
-
 /// A step's buffers on backend `B`, activations in `T`, and its micro-batch's ids
 /// (rewritten batch after batch: a step allocates nothing after it is made).
 pub struct StepBuffers<B: Backend, T: Act> {
@@ -182,7 +176,7 @@ pub struct StepBuffers<B: Backend, T: Act> {
     pub(crate) grads: B::Buf<f32>,
     pub(crate) acts: B::Buf<T>,
     pub(crate) floats: B::Buf<f32>,
-    pub(crate) ids: RefCell<BatchIds<B>>,
+    pub(crate) ids: RefCell<IdSets<B>>,
     /// Where the blocks' parameters and gradients live beyond these buffers.
     placed: Placed<B, T>,
 }
@@ -252,7 +246,7 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
             grads: be.zeros(g)?,
             acts: be.zeros(sizes.acts)?,
             floats: be.zeros(sizes.floats)?,
-            ids: RefCell::new(BatchIds::with_room(be, sizes.rows, sizes.vocab)?),
+            ids: RefCell::new(IdSets::with_room(be, sizes.rows, sizes.vocab)?),
             placed,
         })
     }
@@ -555,73 +549,6 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
     }
 }
 
-/// A micro-batch's ids on the backend: tokens and targets checked against the vocabulary
-/// (targets may be the ignore index), the tokens' groups for the embedding backward
-/// (training only), and the ignore index. Made once with room for a step's rows, then
-/// rewritten in place for each micro-batch (staged: the host prepares the next batch's
-/// ids while the launches before run).
-pub(crate) struct BatchIds<B: Backend> {
-    pub(crate) tokens: Ids<B>,
-    pub(crate) targets: Ids<B>,
-    pub(crate) groups: Groups<B>,
-    pub(crate) ignore: i32,
-    /// The tokens and targets as i32 on the host, reused from batch to batch.
-    host: (Vec<i32>, Vec<i32>),
-}
-
-impl<B: Backend> BatchIds<B> {
-    /// Room for `n` ids of each kind in `0..vocab`.
-    pub(crate) fn with_room(be: &B, n: usize, vocab: usize) -> Result<Self, GpuError> {
-        Ok(BatchIds {
-            tokens: Ids::zeros(be, n, vocab)?,
-            targets: Ids::zeros(be, n, vocab)?,
-            groups: Groups::with_room(be, n, vocab)?,
-            ignore: -1,
-            host: (Vec::with_capacity(n), Vec::with_capacity(n)),
-        })
-    }
-
-    /// Bytes of its buffers.
-    pub(crate) fn bytes(&self) -> usize {
-        ids_bytes(self.tokens.len())
-    }
-
-    /// Loads `batch` (`n` of each id, as made): checked, grouped when `train`, written.
-    pub(crate) fn load(
-        &mut self,
-        be: &B,
-        op: &'static str,
-        batch: TokenBatch,
-        train: bool,
-    ) -> Result<(), GpuError> {
-        let n = self.tokens.len();
-        check_len(op, "tokens", batch.tokens.len(), n)?;
-        check_len(op, "targets", batch.targets.len(), n)?;
-        let ignore = i32::try_from(batch.ignore).map_err(|_| GpuError::Shape {
-            kernel: op,
-            what: format!("ignore index {} outside i32", batch.ignore),
-        })?;
-        let to_i32 = |out: &mut Vec<i32>, x: &[i64]| {
-            out.clear();
-            out.extend(
-                x.iter()
-                    .map(|&v| v.clamp(i32::MIN as i64, i32::MAX as i64) as i32),
-            );
-        };
-        let (tok, tgt) = &mut self.host;
-        to_i32(tok, batch.tokens);
-        to_i32(tgt, batch.targets);
-        self.tokens.rewrite(be, "tokens", tok, None)?;
-        self.targets.rewrite(be, "targets", tgt, Some(ignore))?;
-        if train {
-            let vocab = self.tokens.limit;
-            self.groups.rewrite(be, &TokenGroups::new(tok, vocab)?)?;
-        }
-        self.ignore = ignore;
-        Ok(())
-    }
-}
-
 /// Where the loss's buffers are: the logits (then their gradient), each row's loss, the
 /// partial sums and the summed loss.
 #[derive(Debug, Clone, Copy)]
@@ -739,15 +666,15 @@ pub(crate) fn queue_micro_batch<B: Backend, T: Act>(
     mut hooks: BlockHooks<'_>,
 ) -> Result<(), GpuError> {
     check_hooks(m.bufs(), op, &hooks)?;
-    let mut ids = m.bufs().ids.borrow_mut();
-    ids.load(be, op, batch, true)?;
-    let ids = &*ids;
+    let mut sets = m.bufs().ids.borrow_mut();
+    let (set, ids) = sets.take(be, op, batch, true)?;
     let vocab = m.rows_and_vocab().1;
     let plain = hooks.before.is_none() && hooks.after.is_none();
     let key = GraphKey {
         grad_scale: grad_scale.to_bits(),
         add_loss,
         ignore: ids.ignore,
+        ids_set: set,
     };
     let mut body = || {
         m.forward(be, &ids.tokens, &mut hooks)?;
@@ -763,6 +690,18 @@ pub(crate) fn queue_micro_batch<B: Backend, T: Act>(
         (Some(graphs), true) => unsafe { graphs.run(be, key, body) },
         _ => body(),
     }
+}
+
+/// Starts `batch`'s ids up beside the launches, for the micro-batch after the next one
+/// queued ([`super::batch_ids::IdSets::prefetch`]): a window calls it before it queues the
+/// micro-batch before `batch`.
+pub(crate) fn prefetch_ids<B: Backend, T: Act>(
+    m: &impl TokenModel<B, T>,
+    be: &B,
+    op: &'static str,
+    batch: TokenBatch,
+) -> Result<(), GpuError> {
+    m.bufs().ids.borrow_mut().prefetch(be, op, batch)
 }
 
 /// The step's loss sum, read back (waits for every launch so far).
@@ -824,8 +763,8 @@ pub(crate) fn evaluate<B: Backend, T: Act>(
 ) -> Result<(f64, usize, usize), GpuError> {
     check_hooks(m.bufs(), op, &hooks)?;
     let vocab = m.rows_and_vocab().1;
-    let mut ids = m.bufs().ids.borrow_mut();
-    ids.load(be, op, batch, false)?;
+    let mut sets = m.bufs().ids.borrow_mut();
+    let (_, ids) = sets.take(be, op, batch, false)?;
     m.forward(be, &ids.tokens, &mut hooks)?;
     let (s, bufs) = (m.loss_spans(), m.bufs());
     kernels::classifier(

@@ -4,12 +4,13 @@
 //!
 //! A graph replays its launches with the arguments they had when it was captured. So
 //! what changes from micro-batch to micro-batch must reach the kernels through device
-//! memory: the ids are written (staged) before each replay, into the buffers the graph
-//! reads, and the embedding's backward runs over as many token groups as the batch has
+//! memory: the ids are written before each replay into the set of id buffers the graph
+//! reads (`step::batch_ids`), and the embedding's backward runs over as many token groups as the batch has
 //! positions (`Groups`), not over its distinct tokens. The rest that a launch takes by
 //! value is the graph's key: the gradient's scale (a window's loss scale over its target
 //! capacity: constant for a run at one shape, changed by fp16's dynamic scale), whether
-//! the loss adds to the window's sum, and the ignore index. A key's first micro-batch runs
+//! the loss adds to the window's sum, the ignore index, and which of the two sets of id
+//! buffers it reads. A key's first micro-batch runs
 //! eagerly (cuBLASLt's plans and workspace are made then, outside any capture), its
 //! second is captured and replayed, and every later one is replayed.
 
@@ -27,12 +28,14 @@ pub(crate) struct GraphKey {
     pub(crate) add_loss: bool,
     /// The targets' ignore index.
     pub(crate) ignore: i32,
+    /// Which of the step's two sets of id buffers it read (`step::batch_ids`).
+    pub(crate) ids_set: usize,
 }
 
-/// Keys kept at once: the first micro-batch of a window and the rest, under up to two
-/// loss scales (fp16's scale moves rarely; the least recently used key goes first, and
-/// is captured again if it returns).
-const KEPT: usize = 4;
+/// Keys kept at once: the first micro-batch of a window and the rest, on either set of
+/// ids, under up to two loss scales (fp16's scale moves rarely; the least recently used
+/// key goes first, and is captured again if it returns).
+const KEPT: usize = 8;
 
 /// A step's graphs by key: `None` where the key has run once, eagerly.
 pub(crate) struct MicroBatchGraphs<G> {

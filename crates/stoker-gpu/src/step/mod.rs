@@ -145,6 +145,13 @@ macro_rules! token_step_api {
             buffers::queue_micro_batch(self, be, OP, (batch, grad_scale), add_loss, hooks)
         }
 
+        /// Starts `batch`'s ids up beside the launches, for the micro-batch after the
+        /// next one queued: a window calls it before it queues the micro-batch before
+        /// `batch`, whose launches then run while the copy does.
+        pub fn prefetch_ids(&self, be: &B, batch: TokenBatch) -> Result<(), GpuError> {
+            buffers::prefetch_ids(self, be, OP, batch)
+        }
+
         /// Each block's parameters as runs of the flat buffer, block order.
         pub fn block_runs(&self) -> &[Vec<std::ops::Range<usize>>] {
             &self.blocks
@@ -164,6 +171,7 @@ macro_rules! token_step_api {
 }
 
 pub mod attention;
+mod batch_ids;
 pub mod block_runs;
 pub mod buffers;
 pub mod gpt;
