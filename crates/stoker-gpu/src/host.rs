@@ -74,16 +74,7 @@ impl Host {
         be: &B,
         src: View<E>,
     ) -> Result<(), GpuError> {
-        crate::error::check_len("copy", "dst", dst.len(), src.len())?;
-        crate::backend::check_disjoint("copy", &dst, &src)?;
-        // SAFETY: a View is made only inside a live HostBuf of this backend (its borrow
-        // keeps the buffer alive), whose cells may be written; host kernels run
-        // synchronously, so none touches them now; `src` does not overlap them (checked
-        // above), so this slice is the only access to those elements while `read_into`
-        // fills it.
-        let out =
-            unsafe { std::slice::from_raw_parts_mut(dst.addr() as usize as *mut E, dst.len()) };
-        be.read_into(src, out)
+        be.read_into(src, self.writable(dst, &src)?)
     }
 
     /// Copies `src`, a view of a host buffer, into `dst`, a view of backend `be` (a
@@ -137,14 +128,24 @@ impl Host {
         read: B::PendingRead,
         src: View<E>,
     ) -> Result<(), GpuError> {
+        be.finish_read(read, src, self.writable(dst, &src)?)
+    }
+
+    /// `dst`, a view of a host buffer, as a slice to fill from `src` (as long, not
+    /// overlapping it: checked).
+    fn writable<'a, E: Elem>(
+        &self,
+        dst: View<'a, E>,
+        src: &View<E>,
+    ) -> Result<&'a mut [E], GpuError> {
         crate::error::check_len("copy", "dst", dst.len(), src.len())?;
-        crate::backend::check_disjoint("copy", &dst, &src)?;
-        // SAFETY: as in `copy_from`: `dst` lies inside a live HostBuf whose cells may be
-        // written, no host kernel runs now, and `src` does not overlap it (checked), so
-        // this slice is the only access to those elements while `finish_read` fills it.
-        let out =
-            unsafe { std::slice::from_raw_parts_mut(dst.addr() as usize as *mut E, dst.len()) };
-        be.finish_read(read, src, out)
+        crate::backend::check_disjoint("copy", &dst, src)?;
+        // SAFETY: a View is made only inside a live HostBuf of this backend (its borrow,
+        // 'a, keeps the buffer alive), whose cells may be written; host kernels run
+        // synchronously, so none touches them now; `src` does not overlap them (checked
+        // above), so this slice is the only access to those elements while the caller
+        // fills it.
+        Ok(unsafe { std::slice::from_raw_parts_mut(dst.addr() as usize as *mut E, dst.len()) })
     }
 
     /// `src`, a view of a host buffer, as a slice to copy into `dst` (as long, not

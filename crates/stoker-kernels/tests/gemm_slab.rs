@@ -81,12 +81,11 @@ fn after_priming_no_thread_of_the_pool_makes_a_slab() {
             .build()
             .unwrap()
     };
-    // gemm's process-wide state (its cache sizes), made by a first product anywhere.
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap()
-        .install(product_on_every_thread);
+    // gemm's process-wide state (its cache sizes), made by a first product anywhere. The
+    // pool is kept to the end: a pool dropped ends its threads, and each frees its slab
+    // whenever it gets there, perhaps while a count below is under way.
+    let warm = pool();
+    warm.install(product_on_every_thread);
     let fresh = pool();
     let slab = fresh.install(|| {
         let stayed = product_on_every_thread();
