@@ -6,7 +6,8 @@
 # (scripts/gpu/torch_kernels.py, eager: compiling each op would take minutes of the
 # device call; TORCH_KERNELS_COMPILE=1 adds torch.compile's times); then the GPT
 # step on the GPU against the host backend, and GPT-2 124M's bf16 forward + backward timed
-# beside PyTorch's (scripts/gpu/torch_gpt2.py: compile, SDPA, bf16 autocast).
+# beside PyTorch's (scripts/gpu/torch_gpt2.py: compile, SDPA, bf16 autocast), with the
+# forecast's efficiencies fitted to each timed step (gpu-efficiencies.toml).
 #   bash scripts/gpu/kernels-check.sh [BIN]      (BATCH, default 16; REPS, default 20)
 # The three parts' limits add up to 560 s, inside one 600 s device call.
 set -euo pipefail
@@ -15,7 +16,11 @@ source scripts/gpu/env.sh "${1:-}"
 batch=${BATCH:-16}
 reps=${REPS:-20}
 status=0
-timeout 280 "$STOKER_GPU_BIN" bench gpu-kernels --step --batch "$batch" --reps "$reps" || status=1
+# The forecast's efficiencies fitted to each timed GPT-2 step go to a TOML file that the
+# device check brings back (runs.tar.gz): a GPU's row for crates/stoker-gpu/src/measured.rs.
+mkdir -p "${OUT:-/tmp}"
+timeout 280 "$STOKER_GPU_BIN" bench gpu-kernels --step --batch "$batch" --reps "$reps" \
+  --fit-out "${OUT:-/tmp}/gpu-efficiencies.toml" || status=1
 echo
 compile=--no-compile
 [ "${TORCH_KERNELS_COMPILE:-0}" = 1 ] && compile=

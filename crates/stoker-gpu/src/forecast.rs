@@ -57,13 +57,53 @@ impl GpuFigures {
             peak_flops,
             mem_bw,
             link_bw,
-            product_efficiency: 0.7,
-            memory_efficiency: 0.8,
-            tensor_kernel_efficiency: 0.35,
+            product_efficiency: Efficiencies::ASSUMED.product,
+            memory_efficiency: Efficiencies::ASSUMED.memory,
+            tensor_kernel_efficiency: Efficiencies::ASSUMED.tensor_kernel,
             launch_s: 3e-6,
             read_s: 10e-6,
         }
     }
+
+    /// These figures with `e`'s fractions (measured ones, [`crate::measured`]).
+    pub fn with_efficiencies(self, e: &Efficiencies) -> Self {
+        GpuFigures {
+            product_efficiency: e.product,
+            memory_efficiency: e.memory,
+            tensor_kernel_efficiency: e.tensor_kernel,
+            ..self
+        }
+    }
+
+    /// The fractions these figures take.
+    pub fn efficiencies(&self) -> Efficiencies {
+        Efficiencies {
+            product: self.product_efficiency,
+            memory: self.memory_efficiency,
+            tensor_kernel: self.tensor_kernel_efficiency,
+        }
+    }
+}
+
+/// The fractions of a GPU's peaks the forecast times its parts at: what a device run
+/// measures ([`crate::efficiency_fit`]) and the planner then uses ([`crate::measured`]).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Efficiencies {
+    /// Of the dense product peak, by the large products.
+    pub product: f64,
+    /// Of the memory bandwidth, by the streaming kernels.
+    pub memory: f64,
+    /// Of the dense product peak, by stoker's own tensor-core kernels.
+    pub tensor_kernel: f64,
+}
+
+impl Efficiencies {
+    /// Assumed until measured: see [`GpuFigures::assumed`].
+    pub const ASSUMED: Efficiencies = Efficiencies {
+        product: 0.7,
+        memory: 0.8,
+        tensor_kernel: 0.35,
+    };
 }
 
 /// One kernel's share of a forecast.

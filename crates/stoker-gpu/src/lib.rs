@@ -15,7 +15,9 @@
 //! backward's one-writer-per-row index), `sample` (seeded inputs), `scenario` (every
 //! kernel once: what the device check compares), `counting` (a backend that runs nothing
 //! and counts what a step asks) and `forecast` (that count timed on a GPU's roofline),
-//! `device` (the GPU backend, feature `cuda`).
+//! `efficiency_fit` (the roofline's fractions from a measured step) and `measured` (the
+//! fractions measured on GPUs, for the planner), `device` (the GPU backend, feature
+//! `cuda`).
 #![deny(missing_docs)]
 
 pub mod args;
@@ -24,6 +26,7 @@ pub mod call;
 mod call_bytes;
 pub mod collectives;
 pub mod counting;
+pub mod efficiency_fit;
 pub mod elem;
 pub mod error;
 mod ffi;
@@ -35,6 +38,7 @@ pub mod host;
 pub mod ids;
 pub mod kernels;
 pub mod llama;
+pub mod measured;
 pub mod optim;
 pub mod parallel;
 pub mod sample;

@@ -256,3 +256,66 @@ fn a_llama_step_is_counted_too() {
     let block = 2.0 * c * c + 2.0 * c * kv + 3.0 * c * f;
     assert_eq!(dense, 6.0 * n * (block * l + v * c));
 }
+
+/// The device check's fit: a step timed as if the GPU reached other fractions of its
+/// peaks (products at 55%, kernels at 65% of the bandwidth, flash attention at 20%) gives
+/// those fractions back from the forecast at the assumed ones; an unmeasured or NaN part
+/// keeps its assumed fraction.
+#[test]
+fn a_fit_recovers_the_fractions_a_step_ran_at() {
+    use stoker_gpu::efficiency_fit::{fit, MeasuredParts};
+    use stoker_gpu::forecast::Efficiencies;
+    let dims = GptDims {
+        vocab: 50_257,
+        context: 1024,
+        d_model: 768,
+        n_layer: 12,
+        n_head: 12,
+    };
+    let flash = StepOptions {
+        flash_attention: true,
+        ..Default::default()
+    };
+    let work = gpt_step_work::<half::bf16>(dims, (16, 1024), flash)
+        .unwrap()
+        .all();
+    let assumed = GpuFigures::assumed(989e12, 3.35e12, 50e9);
+    let truth = Efficiencies {
+        product: 0.55,
+        memory: 0.65,
+        tensor_kernel: 0.2,
+    };
+    let ran = forecast(&work, &assumed.clone().with_efficiencies(&truth));
+    let measured = MeasuredParts {
+        products_s: ran.products_s,
+        kernels_s: ran.kernels.iter().map(|k| (k.kernel, k.seconds)).collect(),
+    };
+    let got = fit(&work, &assumed, &measured);
+    let close = |a: f64, b: f64, what: &str| {
+        assert!((a - b).abs() <= 1e-9 * b, "{what}: fitted {a}, ran at {b}");
+    };
+    close(got.efficiencies.product, truth.product, "products");
+    close(got.efficiencies.memory, truth.memory, "streaming kernels");
+    close(
+        got.efficiencies.tensor_kernel,
+        truth.tensor_kernel,
+        "flash attention",
+    );
+    close(
+        got.products.unwrap(),
+        0.7 / 0.55,
+        "the products' measured / forecast",
+    );
+    // Nothing measured, or a NaN: the assumed fractions stay.
+    let none = fit(&work, &assumed, &MeasuredParts::default());
+    assert_eq!(none.efficiencies, Efficiencies::ASSUMED);
+    assert_eq!(
+        (none.products, none.memory, none.tensor_kernels),
+        (None, None, None)
+    );
+    let nan = MeasuredParts {
+        products_s: f64::NAN,
+        ..measured
+    };
+    assert_eq!(fit(&work, &assumed, &nan).efficiencies.product, 0.7);
+}

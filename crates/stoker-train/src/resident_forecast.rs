@@ -6,6 +6,7 @@
 use stoker_gpu::forecast::{
     forecast, gpt_step_work_in, llama_step_work_in, GpuFigures, StepForecast,
 };
+use stoker_gpu::measured::{measured_in, MeasuredGpu};
 use stoker_gpu::Dtype;
 use stoker_plan::hardware::Hardware;
 
@@ -23,6 +24,9 @@ pub struct ResidentForecast {
     pub update: StepForecast,
     /// The GPU's figures it was timed at.
     pub figures: GpuFigures,
+    /// Where the figures' efficiencies were measured (`stoker_gpu::measured`), or None
+    /// where they are assumed.
+    pub measured: Option<&'static MeasuredGpu>,
     /// FLOPs of one micro-batch's step as llm.c counts them (6N + 6LCT a token), for MFU.
     pub model_flops: f64,
     /// Sequences and positions of the micro-batch.
@@ -64,8 +68,7 @@ impl ResidentForecast {
             "resident step forecast (micro-batch {} x {}, one device): {:.2} ms a micro-batch \
              with 1/{} of the update's {:.2} ms, MFU {:.1}% (llm.c's count); the micro-batch's \
              products {:.2} ms at {:.0}% of peak, attention's per-head products {:.2} ms, \
-             kernels {:.2} ms at {:.0}% of {:.0} GB/s{tensor} (largest: {}), {} launches; the \
-             efficiencies are assumed until a device run measures them",
+             kernels {:.2} ms at {:.0}% of {:.0} GB/s{tensor} (largest: {}), {} launches; {}",
             self.shape.0,
             self.shape.1,
             ms(self.micro_batch_s()),
@@ -79,7 +82,11 @@ impl ResidentForecast {
             100.0 * self.figures.memory_efficiency,
             self.figures.mem_bw / 1e9,
             top.join(", "),
-            f.launches
+            f.launches,
+            match self.measured {
+                Some(m) => format!("the efficiencies measured on {} on {}", m.gpu, m.date),
+                None => "the efficiencies are assumed until a device run measures them".into(),
+            }
         )
     }
 }
@@ -91,6 +98,17 @@ pub fn resident_forecast(
     cfg: &TrainConfig,
     hw: &Hardware,
     precision: Precision,
+) -> Result<Option<ResidentForecast>> {
+    resident_forecast_in(cfg, hw, precision, stoker_gpu::measured::MEASURED)
+}
+
+/// [`resident_forecast`] with the measured efficiencies of `measured` (a GPU's row,
+/// where `hw`'s preset has one) in place of `stoker_gpu::measured::MEASURED`.
+pub fn resident_forecast_in(
+    cfg: &TrainConfig,
+    hw: &Hardware,
+    precision: Precision,
+    measured: &'static [MeasuredGpu],
 ) -> Result<Option<ResidentForecast>> {
     if !cfg.resident_step() || !hw.accelerator || hw.device_mem_bw <= 0.0 {
         return Ok(None);
@@ -126,12 +144,19 @@ pub fn resident_forecast(
     };
     let work = work.map_err(gpu_err)?;
     let params = work.params;
+    // The preset's measured efficiencies where a device run gave them.
+    let measured = measured_in(measured, &hw.name);
     let figures = GpuFigures::assumed(peak, hw.device_mem_bw, hw.host_link_bw);
+    let figures = match measured {
+        Some(m) => figures.with_efficiencies(&m.efficiencies),
+        None => figures,
+    };
     let tokens = (b * t) as f64;
     Ok(Some(ResidentForecast {
         micro_batch: forecast(&work.micro_batch, &figures),
         update: forecast(&work.update, &figures),
         figures,
+        measured,
         model_flops: tokens * (6.0 * params as f64 + 6.0 * (layers * width * t) as f64),
         shape: (b, t),
         // Given, or DeepSpeed's rule over the plan's devices where only the global

@@ -967,4 +967,55 @@ fn on_a_gpu_the_plan_times_the_resident_step_by_its_forecast() {
         again.micro_batch_s() * 1e3
     );
     assert!(line.contains(&cost), "{line}");
+    assert!(line.contains("assumed until a device run"), "{line}");
+}
+
+/// A GPU's measured efficiencies (`stoker_gpu::measured`, a device run's fit) replace the
+/// assumed ones in the plan's forecast of its preset, and the line says where they came
+/// from; another preset keeps the assumed ones.
+#[test]
+fn a_gpus_measured_efficiencies_time_its_plans() {
+    use stoker_gpu::forecast::Efficiencies;
+    use stoker_gpu::measured::MeasuredGpu;
+    use stoker_train::resident_forecast::resident_forecast_in;
+    static TABLE: &[MeasuredGpu] = &[MeasuredGpu {
+        preset: "h100-80gb",
+        gpu: "NVIDIA H100 80GB HBM3",
+        date: "2026-12-06",
+        efficiencies: Efficiencies {
+            product: 0.35,
+            memory: 0.4,
+            tensor_kernel: 0.175,
+        },
+    }];
+    // Wide enough that its products are bound by their FLOPs, not their launches.
+    let wide = GPT
+        .replace("context = 6", "context = 512")
+        .replace("d_model = 8", "d_model = 1024")
+        .replace("n_head = 2", "n_head = 16");
+    let c = resident(&wide, "bf16", ADAMW, "strategy = \"none\"");
+    let h100 = stoker_plan::hardware::preset("h100-80gb").unwrap();
+    let assumed = resident_forecast_in(&c, &h100, c.precision, &[])
+        .unwrap()
+        .unwrap();
+    let measured = resident_forecast_in(&c, &h100, c.precision, TABLE)
+        .unwrap()
+        .unwrap();
+    assert_eq!(measured.figures.efficiencies(), TABLE[0].efficiencies);
+    assert_eq!(assumed.figures.efficiencies(), Efficiencies::ASSUMED);
+    // Half of each fraction: the step takes longer, at most twice as long (launches
+    // and reads do not slow down).
+    let (slow, fast) = (measured.micro_batch_s(), assumed.micro_batch_s());
+    assert!(
+        slow > 1.2 * fast && slow <= 2.0 * fast,
+        "{slow} against {fast}"
+    );
+    assert!(measured
+        .line()
+        .contains("measured on NVIDIA H100 80GB HBM3 on 2026-12-06"));
+    let h200 = stoker_plan::hardware::preset("h200-141gb").unwrap();
+    let other = resident_forecast_in(&c, &h200, c.precision, TABLE)
+        .unwrap()
+        .unwrap();
+    assert_eq!(other.figures.efficiencies(), Efficiencies::ASSUMED);
 }

@@ -20,6 +20,35 @@ pub struct GpuKernelsArgs {
     /// the bf16 forward + backward of GPT-2 124M timed.
     #[arg(long)]
     step: bool,
+    /// With --step: writes the forecast's efficiencies fitted to each timed GPT-2 step
+    /// here (TOML; `stoker_gpu::efficiency_fit`), for `stoker_gpu::measured`'s table.
+    #[arg(long)]
+    fit_out: Option<std::path::PathBuf>,
+}
+
+/// One timed step's fitted efficiencies, as `--fit-out` writes them.
+#[cfg(feature = "cuda")]
+#[derive(serde::Serialize)]
+struct FitRow {
+    variant: String,
+    product: f64,
+    memory: f64,
+    tensor_kernel: f64,
+    /// Measured over forecast at the assumed fractions (0: not measured).
+    products_ratio: f64,
+    memory_ratio: f64,
+    tensor_kernels_ratio: f64,
+}
+
+/// What `--fit-out` writes.
+#[cfg(feature = "cuda")]
+#[derive(serde::Serialize)]
+struct FitFile {
+    gpu: String,
+    preset: String,
+    measured_unix_s: u64,
+    command: String,
+    fit: Vec<FitRow>,
 }
 
 /// Runs `stoker bench gpu-kernels`.
@@ -251,6 +280,7 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
             (demo, "micro-batches as CUDA graphs", graphs, chosen),
             (demo, "flash attention", flash, chosen),
         ];
+        let mut fits = Vec::new();
         for ((model, dims, batch), variant, opts, library) in
             variants.into_iter().filter(|_| !a.no_timing)
         {
@@ -285,7 +315,20 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
                     100.0 * tps * flops * share / 989e12
                 );
             }
-            forecast_beside(&dev.name(), (dims, batch), opts, &st);
+            if let Some(f) = forecast_beside(&dev.name(), (dims, batch), opts, &st) {
+                if model == gpt2.0 {
+                    let r = |x: Option<f64>| x.unwrap_or(0.0);
+                    fits.push(FitRow {
+                        variant: variant.clone(),
+                        product: f.efficiencies.product,
+                        memory: f.efficiencies.memory,
+                        tensor_kernel: f.efficiencies.tensor_kernel,
+                        products_ratio: r(f.products),
+                        memory_ratio: r(f.memory),
+                        tensor_kernels_ratio: r(f.tensor_kernels),
+                    });
+                }
+            }
             let mib = |b: usize| b as f64 / (1 << 20) as f64;
             println!(
                 "  device memory: planned {:.0} MiB (the step's own count), measured {:.0} MiB (the driver's free memory before and after), measured/planned {:.3}",
@@ -293,6 +336,9 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
                 mib(st.measured_bytes),
                 st.measured_bytes as f64 / st.planned_bytes as f64
             );
+        }
+        if let Some(path) = &a.fit_out {
+            write_fits(path, &dev.name(), fits)?;
         }
         dev.set_gemm_library(chosen);
         let (plans, without, refused) = dev.gemm_plans();
@@ -308,6 +354,25 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
     if !failed.is_empty() {
         anyhow::bail!("did not run: {} (above)", failed.join(", "));
     }
+    Ok(())
+}
+
+/// Writes `fits` to `path` (`--fit-out`).
+#[cfg(feature = "cuda")]
+fn write_fits(path: &std::path::Path, gpu: &str, fits: Vec<FitRow>) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let file = FitFile {
+        gpu: gpu.to_string(),
+        preset: preset_of(gpu).map_or_else(|| "none".into(), |h| h.name),
+        measured_unix_s: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        command: "stoker bench gpu-kernels --step".into(),
+        fit: fits,
+    };
+    let text = toml::to_string(&file).context("writing the fitted efficiencies")?;
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    println!("fitted efficiencies written to {}", path.display());
     Ok(())
 }
 
@@ -334,12 +399,12 @@ fn forecast_beside(
     (dims, batch): (stoker_gpu::GptDims, usize),
     opts: stoker_gpu::step::options::StepOptions,
     st: &stoker_gpu::device::check::StepTimes,
-) {
+) -> Option<stoker_gpu::efficiency_fit::Fitted> {
     use stoker_gpu::device::profile::Part;
     use stoker_gpu::forecast::{forecast, gpt_step_work_in, GpuFigures};
     let Some(hw) = preset_of(name) else {
         println!("  forecast: no preset for {name}");
-        return;
+        return None;
     };
     let peak = hw
         .dtype(stoker_plan::setup::Dtype::Bf16)
@@ -349,7 +414,7 @@ fn forecast_beside(
         Ok(w) => w,
         Err(e) => {
             println!("  forecast: {e}");
-            return;
+            return None;
         }
     };
     let (micro, update) = (
@@ -418,6 +483,43 @@ fn forecast_beside(
             ),
         }
     }
+    // The fractions of peak this step reached, fitted to its parts (a graphed step's
+    // launches are timed as one replay: nothing to fit).
+    let measured = stoker_gpu::efficiency_fit::MeasuredParts {
+        products_s: st
+            .profile
+            .iter()
+            .filter(|p| p.part == Part::Products)
+            .map(|p| p.ms / 1e3)
+            .sum(),
+        kernels_s: st
+            .profile
+            .iter()
+            .filter_map(|p| match p.part {
+                Part::Kernel(k) => Some((k, p.ms / 1e3)),
+                _ => None,
+            })
+            .collect(),
+    };
+    let all: Vec<_> = work
+        .micro_batch
+        .iter()
+        .chain(&work.update)
+        .cloned()
+        .collect();
+    let fitted = stoker_gpu::efficiency_fit::fit(&all, &figures, &measured);
+    let e = &fitted.efficiencies;
+    let ratio = |r: Option<f64>| r.map_or_else(|| "not measured".into(), |r| format!("{r:.2}"));
+    println!(
+        "  fitted (stoker_gpu::efficiency_fit): products at {:.0}% of peak (measured/forecast {}), streaming kernels at {:.0}% of the bandwidth ({}), tensor-core kernels at {:.0}% of peak ({})",
+        100.0 * e.product,
+        ratio(fitted.products),
+        100.0 * e.memory,
+        ratio(fitted.memory),
+        100.0 * e.tensor_kernel,
+        ratio(fitted.tensor_kernels)
+    );
+    Some(fitted)
 }
 
 /// GPT-2 124M's products through cuBLASLt and through cuBLAS: their outputs' distance and
