@@ -163,6 +163,22 @@ pub trait Backend {
     }
 }
 
+/// Waits for every write of `writes` ([`Backend::wait_write`]), all of them even where
+/// one fails (a write dropped unwaited never lands on the host build); the first error.
+pub(crate) fn wait_writes<B: Backend>(
+    be: &B,
+    writes: impl IntoIterator<Item = B::PendingWrite>,
+) -> Result<(), GpuError> {
+    let mut first = Ok(());
+    for w in writes {
+        let waited = be.wait_write(w);
+        if first.is_ok() {
+            first = waited;
+        }
+    }
+    first
+}
+
 /// `a` and `b` share no element: what a copy between them needs.
 pub(crate) fn check_disjoint<E>(
     kernel: &'static str,

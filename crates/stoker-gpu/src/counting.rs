@@ -53,11 +53,14 @@ pub enum Work {
         /// Bytes.
         bytes: u64,
     },
-    /// A copy between host and device on the copy stream, beside the kernels
+    /// A copy between host and device on a copy stream, beside the kernels
     /// ([`Backend::start_write`], [`Backend::start_read`]).
     Transfer {
         /// Bytes.
         bytes: u64,
+        /// Up to the device (a write), or down from it (a read): each way has its own
+        /// stream, and the link carries both at once.
+        up: bool,
     },
 }
 
@@ -146,6 +149,7 @@ impl Backend for CountingBackend {
         crate::error::check_len("write", "data", data.len(), v.len())?;
         self.push(Work::Transfer {
             bytes: bytes_of(&v),
+            up: true,
         });
         Ok(())
     }
@@ -158,6 +162,7 @@ impl Backend for CountingBackend {
         self.live("a read back")?;
         self.push(Work::Transfer {
             bytes: bytes_of(&v),
+            up: false,
         });
         Ok(())
     }

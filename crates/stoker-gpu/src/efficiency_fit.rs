@@ -85,7 +85,9 @@ pub fn fit(work: &[Work], figures: &GpuFigures, measured: &MeasuredParts) -> Fit
         ratio(tensor_core),
     );
     let e = figures.efficiencies();
-    let scaled = |e: f64, r: Option<f64>| r.map_or(e, |r| e / r);
+    // A fraction of a peak is at most 1: a part faster than its roofline (the forecast
+    // counting more than it runs) is held at the peak, and its ratio tells.
+    let scaled = |e: f64, r: Option<f64>| r.map_or(e, |r| (e / r).min(1.0));
     Fitted {
         efficiencies: Efficiencies {
             product: scaled(e.product, products),

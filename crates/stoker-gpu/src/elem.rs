@@ -22,6 +22,14 @@ pub trait Elem:
 {
 }
 
+/// `data`'s memory as bytes: what a copy between host and device moves.
+pub(crate) fn as_bytes<E: Elem>(data: &[E]) -> &[u8] {
+    // SAFETY: an Elem is one of the sealed plain number types (f32, bf16, f16, i32, i64),
+    // with no padding, so a live slice of them reads as size_of_val(data) initialized
+    // bytes, borrowed as long as `data` is.
+    unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data)) }
+}
+
 /// An element type the typed kernels store activations in.
 pub trait Act: Elem {
     /// Which variant of a typed kernel runs.

@@ -37,6 +37,13 @@ pub enum GpuError {
         /// The driver's message.
         error: String,
     },
+    /// Work ordered wrongly on a backend: a buffer written while a copy into it was still
+    /// landing.
+    #[error("{what}")]
+    Order {
+        /// What happened, and where.
+        what: String,
+    },
     /// Something a graph capture cannot hold (a read back, a write from the host), or a
     /// backend that cannot capture.
     #[error("graph capture: {what}")]

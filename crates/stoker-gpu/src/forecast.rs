@@ -87,7 +87,7 @@ impl GpuFigures {
 
 /// The fractions of a GPU's peaks the forecast times its parts at: what a device run
 /// measures ([`crate::efficiency_fit`]) and the planner then uses ([`crate::measured`]).
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Efficiencies {
     /// Of the dense product peak, by the large products.
     pub product: f64,
@@ -132,8 +132,10 @@ pub struct StepForecast {
     pub device_s: f64,
     /// Uploads and reads back.
     pub host_s: f64,
-    /// Copies between host and device on the copy stream, beside the kernels.
-    pub transfer_s: f64,
+    /// Copies up to the device on their copy stream, beside the kernels.
+    pub transfer_up_s: f64,
+    /// Copies down from the device on theirs.
+    pub transfer_down_s: f64,
     /// Launches of kernels and products.
     pub launches: usize,
     /// FLOPs of every product and tensor-core kernel.
@@ -146,7 +148,7 @@ impl StepForecast {
         self.kernels.iter().map(|k| k.seconds).sum()
     }
 
-    /// The whole, s: nothing overlaps on the compute stream, and the copy stream's
+    /// The whole, s: nothing overlaps on the compute stream, and each copy stream's
     /// transfers hide behind it up to its length (a first-order model: it assumes each
     /// transfer has compute beside it to overlap).
     pub fn total_s(&self) -> f64 {
@@ -155,7 +157,7 @@ impl StepForecast {
             + self.kernels_s()
             + self.device_s
             + self.host_s;
-        stream.max(self.transfer_s)
+        stream.max(self.transfer_up_s).max(self.transfer_down_s)
     }
 
     /// `model_flops` (as llm.c counts a step: 6N + 6LCT a token) over the peak and the
@@ -208,7 +210,13 @@ pub fn forecast(work: &[Work], gpu: &GpuFigures) -> StepForecast {
             Work::Device { bytes } => f.device_s += streamed(*bytes),
             Work::Upload { bytes } => f.host_s += *bytes as f64 / gpu.link_bw,
             Work::Read { .. } => f.host_s += gpu.read_s,
-            Work::Transfer { bytes } => f.transfer_s += *bytes as f64 / gpu.link_bw,
+            Work::Transfer { bytes, up } => {
+                let s = *bytes as f64 / gpu.link_bw;
+                match up {
+                    true => f.transfer_up_s += s,
+                    false => f.transfer_down_s += s,
+                }
+            }
         }
     }
     f.kernels = kernels.into_values().collect();

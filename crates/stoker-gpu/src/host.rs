@@ -25,7 +25,8 @@ pub struct HostBuf<E> {
 /// A write from the host on the host build ([`Backend::start_write`]): held until its
 /// wait, where it lands, as late as a device's copy may. Meanwhile the destination holds
 /// [`POISON`]: a launch that reads it before the wait (on a device, perhaps half old and
-/// half new) computes NaNs, and the wait refuses a destination written since the start.
+/// half new) computes NaNs from floats and reads -1 as an id, and the wait refuses a
+/// destination written since the start.
 #[derive(Debug)]
 #[must_use = "the write lands only at its wait"]
 pub struct HostWrite {
@@ -61,7 +62,7 @@ pub(crate) fn check_same_read(
 }
 
 /// Each byte of a destination while a write to it is in flight on the host build: all
-/// ones, a NaN in f32, bf16 and f16.
+/// ones, a NaN in f32, bf16 and f16, -1 in i32.
 pub const POISON: u8 = 0xff;
 
 impl Host {
@@ -177,18 +178,17 @@ impl Backend for Host {
 
     unsafe fn start_write<E: Elem>(&self, v: View<E>, data: &[E]) -> Result<HostWrite, GpuError> {
         crate::error::check_len("write", "data", data.len(), v.len())?;
-        // SAFETY: `data` is a live slice of an Elem type: plain numbers with no padding,
-        // so its memory reads as size_of_val(data) initialized bytes.
-        let bytes = unsafe {
-            std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data))
-        };
+        // Taken before the destination is poisoned: `data` may be host memory that
+        // overlaps it.
+        let bytes = crate::elem::as_bytes(data).to_vec();
         // SAFETY: a View lies inside a live HostBuf of this backend (checked when it was
         // made), whose cells may be written, of bytes.len() bytes (checked above); host
-        // kernels run synchronously, so none touches them now.
+        // kernels run synchronously, and `data` is no longer borrowed, so nothing else
+        // touches them now.
         unsafe { std::ptr::write_bytes(v.addr() as usize as *mut u8, POISON, bytes.len()) };
         Ok(HostWrite {
             dst: v.addr(),
-            bytes: bytes.to_vec(),
+            bytes,
         })
     }
 
@@ -199,11 +199,10 @@ impl Backend for Host {
             std::slice::from_raw_parts(write.dst as usize as *const u8, write.bytes.len())
         };
         if let Some(k) = now.iter().position(|&b| b != POISON) {
-            return Err(GpuError::Shape {
-                kernel: "wait_write",
+            return Err(GpuError::Order {
                 what: format!(
-                    "byte {k} of the {} at {:#x} was written between the write's start and \
-                     its wait (on a device the copy lands at any moment in between)",
+                    "wait_write: byte {k} of the {} at {:#x} was written between the write's \
+                     start and its wait (on a device the copy lands at any moment in between)",
                     write.bytes.len(),
                     write.dst
                 ),

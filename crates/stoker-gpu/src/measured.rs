@@ -27,8 +27,3 @@ pub const MEASURED: &[MeasuredGpu] = &[];
 pub fn measured_in<'t>(table: &'t [MeasuredGpu], preset: &str) -> Option<&'t MeasuredGpu> {
     table.iter().find(|m| m.preset.eq_ignore_ascii_case(preset))
 }
-
-/// `preset`'s measured row ([`MEASURED`]), if it has one.
-pub fn measured_for(preset: &str) -> Option<&'static MeasuredGpu> {
-    measured_in(MEASURED, preset)
-}

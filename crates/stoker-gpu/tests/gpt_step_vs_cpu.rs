@@ -503,17 +503,25 @@ fn a_step_reused_across_batches_equals_a_fresh_one() {
 /// copy stream's `Work::Transfer`) into the step's other set of id buffers: the
 /// micro-batch that then runs finds them there and writes nothing in the stream's order,
 /// where one whose set holds other ids writes its own; and the prefetched window gives
-/// the one queued without, bit for bit (its id buffers hold NaNs until each wait).
+/// the one queued without, bit for bit (until each wait its id buffers hold -1, which
+/// with an ignore index of -100 no kernel takes for an ignored target). An evaluation
+/// that loaded a set without groups, then a micro-batch of the same ids on it, and a
+/// prefetch refused for a bad id, then the window, give a fresh step's bits too.
 #[test]
 fn prefetched_ids_go_up_beside_the_launches_and_change_no_bit() {
     use stoker_gpu::counting::{CountingBackend, Work};
     let (offsets, params, _, tokens, targets) = setup();
+    let targets: Vec<i64> = targets
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| if t == -1 || i % 4 == 3 { -100 } else { t })
+        .collect();
     let few: Vec<i64> = tokens.iter().map(|&t| t % 3).collect();
     let other: Vec<i64> = tokens.iter().map(|&t| (t + 1) % 5).collect();
     let batch = |tokens| TokenBatch {
         tokens,
         targets: &targets,
-        ignore: -1,
+        ignore: -100,
     };
     let micro = [batch(&tokens), batch(&few), batch(&other)];
     // Bytes written in the stream's order (uploads) and beside it (transfers).
@@ -523,7 +531,7 @@ fn prefetched_ids_go_up_beside_the_launches_and_change_no_bit() {
     let moved = |work: Vec<Work>| {
         work.iter().fold((0, 0), |(up, beside), w| match w {
             Work::Upload { bytes } => (up + bytes, beside),
-            Work::Transfer { bytes } => (up, beside + bytes),
+            Work::Transfer { bytes, .. } => (up, beside + bytes),
             _ => (up, beside),
         })
     };
@@ -549,11 +557,21 @@ fn prefetched_ids_go_up_beside_the_launches_and_change_no_bit() {
         third.0 > 0 && third.1 == 0,
         "a micro-batch not prefetched: {third:?}"
     );
-    // The host build: the same window with and without the prefetches.
-    let run = |prefetch: bool| {
+    // The host build: the same window with and without the prefetches, and after a
+    // prefetch refused for a token outside the vocabulary and an evaluation of the second
+    // micro-batch's ids (their set then holds them without their groups).
+    let bad: Vec<i64> = tokens.iter().map(|&t| t + DIMS.vocab as i64).collect();
+    let run = |prefetch: bool, before: bool| {
         let step =
             GptGpuStep::<Host, f32>::new(&Host, DIMS, offsets.clone(), 1e-5, BATCH, T).unwrap();
         step.buffers().load_params(&Host, &params).unwrap();
+        if before {
+            // Refused into the second set, which then holds nothing known; the evaluation
+            // loads the second micro-batch's ids into the first set without groups, where
+            // the window's second micro-batch comes to need them with.
+            assert!(step.prefetch_ids(&Host, batch(&bad)).is_err());
+            step.evaluate(&Host, micro[1]).unwrap();
+        }
         step.buffers().zero_grads(&Host).unwrap();
         for (j, m) in micro.iter().enumerate() {
             if let Some(next) = micro.get(j + 1).filter(|_| prefetch) {
@@ -567,10 +585,17 @@ fn prefetched_ids_go_up_beside_the_launches_and_change_no_bit() {
             step.buffers().grads(&Host).unwrap(),
         )
     };
-    let (want_loss, want) = run(false);
-    let (loss, grads) = run(true);
-    assert_eq!(loss.to_bits(), want_loss.to_bits(), "the window's loss");
-    stoker_testkit::assert_bits_eq(&grads, &want, "the window's gradients");
+    let (want_loss, want) = run(false, false);
+    for (prefetch, before) in [(true, false), (true, true), (false, true)] {
+        let (loss, grads) = run(prefetch, before);
+        let what = format!("prefetched {prefetch}, after an evaluation {before}");
+        assert_eq!(
+            loss.to_bits(),
+            want_loss.to_bits(),
+            "{what}: the window's loss"
+        );
+        stoker_testkit::assert_bits_eq(&grads, &want, &format!("{what}: gradients"));
+    }
 }
 
 /// 1,000 positions: attention's queries in 3 chunks (334, 334 and 332 rows), each chunk's

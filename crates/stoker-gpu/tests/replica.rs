@@ -1156,7 +1156,7 @@ fn an_offloaded_step_copies_up_only_the_blocks_its_slots_lack() {
     let transferred = |work: Vec<Work>| -> usize {
         work.iter()
             .map(|w| match w {
-                Work::Transfer { bytes } => *bytes as usize,
+                Work::Transfer { bytes, .. } => *bytes as usize,
                 _ => 0,
             })
             .sum()

@@ -26,18 +26,25 @@ pub struct GpuKernelsArgs {
     fit_out: Option<std::path::PathBuf>,
 }
 
-/// One timed step's fitted efficiencies, as `--fit-out` writes them.
+/// One timed step's fitted efficiencies, as `--fit-out` writes them: each fraction with
+/// its parts' measured over forecast time at the assumed fractions, only where the step
+/// measured such parts (a graphed step's launches are timed as one replay).
 #[cfg(feature = "cuda")]
 #[derive(serde::Serialize)]
 struct FitRow {
     variant: String,
-    product: f64,
-    memory: f64,
-    tensor_kernel: f64,
-    /// Measured over forecast at the assumed fractions (0: not measured).
-    products_ratio: f64,
-    memory_ratio: f64,
-    tensor_kernels_ratio: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    product: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    products_ratio: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memory: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memory_ratio: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tensor_kernel: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tensor_kernels_ratio: Option<f64>,
 }
 
 /// What `--fit-out` writes.
@@ -316,16 +323,17 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
                 );
             }
             if let Some(f) = forecast_beside(&dev.name(), (dims, batch), opts, &st) {
-                if model == gpt2.0 {
-                    let r = |x: Option<f64>| x.unwrap_or(0.0);
+                let measured = f.products.or(f.memory).or(f.tensor_kernels).is_some();
+                if model == gpt2.0 && measured {
+                    let e = f.efficiencies;
                     fits.push(FitRow {
                         variant: variant.clone(),
-                        product: f.efficiencies.product,
-                        memory: f.efficiencies.memory,
-                        tensor_kernel: f.efficiencies.tensor_kernel,
-                        products_ratio: r(f.products),
-                        memory_ratio: r(f.memory),
-                        tensor_kernels_ratio: r(f.tensor_kernels),
+                        product: f.products.map(|_| e.product),
+                        products_ratio: f.products,
+                        memory: f.memory.map(|_| e.memory),
+                        memory_ratio: f.memory,
+                        tensor_kernel: f.tensor_kernels.map(|_| e.tensor_kernel),
+                        tensor_kernels_ratio: f.tensor_kernels,
                     });
                 }
             }

@@ -313,11 +313,7 @@ impl Backend for Device {
         self.live("a write from the host")?;
         crate::error::check_len("write", "data", data.len(), v.len())?;
         self.bind()?;
-        // SAFETY: `data` is a live slice of an Elem type: plain numbers (f32, bf16, i32,
-        // i64) with no padding, so its memory reads as size_of_val(data) initialized bytes.
-        let bytes = unsafe {
-            std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data))
-        };
+        let bytes = crate::elem::as_bytes(data);
         // SAFETY: a View lies inside a live device buffer of this context and holds
         // data.len() elements (checked when it was made, and above); this function's
         // contract keeps it untouched and alive until the wait.
@@ -452,11 +448,7 @@ impl Backend for Device {
         self.live("a staged write")?;
         crate::error::check_len("write", "data", data.len(), v.len())?;
         self.bind()?;
-        // SAFETY: `data` is a live slice of an Elem type: plain numbers (f32, bf16, i32,
-        // i64) with no padding, so its memory reads as size_of_val(data) initialized bytes.
-        let bytes = unsafe {
-            std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data))
-        };
+        let bytes = crate::elem::as_bytes(data);
         // SAFETY: a View lies inside a live device buffer of this context and holds
         // data.len() elements (checked when it was made, and above); the copy is ordered
         // on the compute stream, before every later launch that might write the view.

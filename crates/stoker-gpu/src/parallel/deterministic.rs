@@ -101,9 +101,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
             tree.begin(micro.len())?;
             for (j, batch) in micro.iter().enumerate() {
                 self.step.zero_grads(be)?;
-                if let Some(next) = micro.get(j + 1) {
-                    self.step.prefetch_ids(be, *next)?;
-                }
+                super::replica::prefetch_next(&self.step, be, micro, j)?;
                 self.step.queue_micro_batch(
                     be,
                     (*batch, grad_scale),

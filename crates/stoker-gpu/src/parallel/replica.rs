@@ -200,6 +200,20 @@ pub struct Replica<B: Backend, S: Trainable<B>> {
     pub(super) tree: Option<std::cell::RefCell<super::grad_tree::GradTree<B>>>,
 }
 
+/// Starts the ids of `micro[j + 1]`, if there is one, up beside the launches before
+/// `micro[j]` is queued: the next micro-batch's ids copy while this one runs.
+pub(crate) fn prefetch_next<B: Backend, S: Trainable<B>>(
+    step: &S,
+    be: &B,
+    micro: &[TokenBatch],
+    j: usize,
+) -> Result<(), GpuError> {
+    match micro.get(j + 1) {
+        Some(next) => step.prefetch_ids(be, *next),
+        None => Ok(()),
+    }
+}
+
 impl<B: Backend, S: Trainable<B>> Replica<B, S> {
     /// Rank `rank_world.0` of `rank_world.1`: `step` loaded with `master` (the same on
     /// every rank: seeded alike, or broadcast), and the state of optimizer `kind` over it
@@ -399,10 +413,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                         false => None,
                     },
                 };
-                // The next micro-batch's ids go up while this one runs.
-                if let Some(next) = micro.get(j + 1) {
-                    self.step.prefetch_ids(be, *next)?;
-                }
+                prefetch_next(&self.step, be, micro, j)?;
                 self.step
                     .queue_micro_batch(be, (*batch, grad_scale), j > 0, hooks)?;
                 tally.valid += batch.valid_targets() as f64;
@@ -643,9 +654,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                 before: Some(&mut before),
                 after: Some(&mut after),
             };
-            if let Some(next) = micro.get(j + 1) {
-                self.step.prefetch_ids(be, *next)?;
-            }
+            prefetch_next(&self.step, be, micro, j)?;
             self.step
                 .queue_micro_batch(be, (*batch, grad_scale), j > 0, hooks)?;
             tally.valid += batch.valid_targets() as f64;

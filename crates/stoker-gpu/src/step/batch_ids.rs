@@ -34,21 +34,34 @@ enum How {
     Beside,
 }
 
-/// One set of a micro-batch's ids.
+/// What a set's buffers hold (or receive, while its writes land).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Holds {
+    /// Nothing known: made, or a write failed midway.
+    Nothing,
+    /// The host's copy of the tokens and targets, without their groups (an evaluation's).
+    Ids,
+    /// The host's copy of the tokens and targets, and the tokens' groups (training's).
+    IdsAndGroups,
+}
+
+/// One set of a micro-batch's ids. Its buffers are reached through [`BatchIds::tokens`],
+/// [`BatchIds::targets`] and [`BatchIds::groups`], for the launches of the micro-batch
+/// [`IdSets::take`] gave it to, whose load waited for its writes.
 pub(crate) struct BatchIds<B: Backend> {
     /// Writes started beside the launches and not yet waited for (first: they drop, a
     /// device's wait for them, before the buffers they write).
     landing: Vec<B::PendingWrite>,
-    pub(crate) tokens: Ids<B>,
-    pub(crate) targets: Ids<B>,
-    pub(crate) groups: Groups<B>,
+    tokens: Ids<B>,
+    targets: Ids<B>,
+    groups: Groups<B>,
     pub(crate) ignore: i32,
     /// The tokens and targets the buffers hold (or receive), as i32 on the host.
     host: (Vec<i32>, Vec<i32>),
     /// A batch's ids converted, to compare with `host` before writing them.
     next: (Vec<i32>, Vec<i32>),
-    /// Whether the buffers hold (or receive) `host`, and with their groups (`Some(true)`).
-    holds: Option<bool>,
+    /// What the buffers hold of `host`.
+    holds: Holds,
 }
 
 impl<B: Backend> BatchIds<B> {
@@ -62,16 +75,35 @@ impl<B: Backend> BatchIds<B> {
             ignore: -1,
             host: (Vec::with_capacity(n), Vec::with_capacity(n)),
             next: (Vec::with_capacity(n), Vec::with_capacity(n)),
-            holds: None,
+            holds: Holds::Nothing,
         })
     }
 
-    /// Orders the launches that follow after this set's writes started beside them.
-    fn land(&mut self, be: &B) -> Result<(), GpuError> {
-        for w in self.landing.drain(..) {
-            be.wait_write(w)?;
-        }
-        Ok(())
+    /// The tokens, for the launches of the micro-batch this set was taken for.
+    pub(crate) fn tokens(&self) -> &Ids<B> {
+        debug_assert!(
+            self.landing.is_empty(),
+            "ids used before their writes landed"
+        );
+        &self.tokens
+    }
+
+    /// The targets, as [`BatchIds::tokens`].
+    pub(crate) fn targets(&self) -> &Ids<B> {
+        debug_assert!(
+            self.landing.is_empty(),
+            "ids used before their writes landed"
+        );
+        &self.targets
+    }
+
+    /// The tokens' groups, as [`BatchIds::tokens`] (loaded for training only).
+    pub(crate) fn groups(&self) -> &Groups<B> {
+        debug_assert!(
+            self.landing.is_empty(),
+            "ids used before their writes landed"
+        );
+        &self.groups
     }
 
     /// `batch` (`n` of each id, as made) in this set, grouped when `train`, for the
@@ -100,15 +132,19 @@ impl<B: Backend> BatchIds<B> {
         };
         to_i32(&mut self.next.0, batch.tokens);
         to_i32(&mut self.next.1, batch.targets);
-        let here = self.holds.is_some_and(|grouped| grouped || !train)
-            && self.ignore == ignore
-            && self.next == self.host;
-        // A set is rewritten only once its last writes have landed.
-        self.land(be)?;
-        if here {
+        // The set's last writes land before it is used or rewritten; until they have,
+        // it holds nothing known (a failed wait leaves it so).
+        let held = std::mem::replace(&mut self.holds, Holds::Nothing);
+        crate::backend::wait_writes(be, self.landing.drain(..))?;
+        let enough = match held {
+            Holds::Nothing => false,
+            Holds::Ids => !train,
+            Holds::IdsAndGroups => true,
+        };
+        if enough && self.ignore == ignore && self.next == self.host {
+            self.holds = held;
             return Ok(());
         }
-        self.holds = None;
         std::mem::swap(&mut self.next, &mut self.host);
         let (tok, tgt) = &self.host;
         let landing = &mut self.landing;
@@ -116,9 +152,10 @@ impl<B: Backend> BatchIds<B> {
             match how {
                 How::InOrder => be.write_staged(v, data),
                 How::Beside => {
-                    // SAFETY: every use of this set's buffers, and every rewrite, first
-                    // waits for `landing` (`land`, above and in `IdSets::take`); the
-                    // buffers live as long as the set, whose `landing` drops first.
+                    // SAFETY: the buffers are reached only through this function, which
+                    // waits for `landing` first (above), and through the accessors, for
+                    // the micro-batch `IdSets::take` loaded here, which waited; they live
+                    // as long as the set, whose `landing` drops first.
                     landing.push(unsafe { be.start_write(v, data)? });
                     Ok(())
                 }
@@ -134,7 +171,10 @@ impl<B: Backend> BatchIds<B> {
                 .rewrite_with(be, &TokenGroups::new(tok, vocab)?, &mut put)?;
         }
         self.ignore = ignore;
-        self.holds = Some(train);
+        self.holds = match train {
+            true => Holds::IdsAndGroups,
+            false => Holds::Ids,
+        };
         Ok(())
     }
 }

@@ -576,7 +576,7 @@ pub(crate) fn loss_and_grad<B: Backend, T: Act>(
         bufs.a(be, s.logits)?,
         bufs.f(be, s.losses)?,
         None,
-        &ids.targets,
+        ids.targets(),
         vocab,
         Some(grad_scale),
         ids.ignore,
@@ -677,10 +677,10 @@ pub(crate) fn queue_micro_batch<B: Backend, T: Act>(
         ids_set: set,
     };
     let mut body = || {
-        m.forward(be, &ids.tokens, &mut hooks)?;
+        m.forward(be, ids.tokens(), &mut hooks)?;
         let spans = m.loss_spans();
         loss_and_grad(be, m.bufs(), spans, ids, vocab, grad_scale, add_loss)?;
-        m.backward(be, &ids.groups, &mut hooks)
+        m.backward(be, ids.groups(), &mut hooks)
     };
     match (&m.bufs().graphs, plain) {
         // SAFETY: with no hooks a micro-batch launches on the step's own buffers alone
@@ -765,14 +765,14 @@ pub(crate) fn evaluate<B: Backend, T: Act>(
     let vocab = m.rows_and_vocab().1;
     let mut sets = m.bufs().ids.borrow_mut();
     let (_, ids) = sets.take(be, op, batch, false)?;
-    m.forward(be, &ids.tokens, &mut hooks)?;
+    m.forward(be, ids.tokens(), &mut hooks)?;
     let (s, bufs) = (m.loss_spans(), m.bufs());
     kernels::classifier(
         be,
         bufs.a(be, s.logits)?,
         bufs.f(be, s.losses)?,
         Some(bufs.f(be, s.hits)?),
-        &ids.targets,
+        ids.targets(),
         vocab,
         None,
         ids.ignore,

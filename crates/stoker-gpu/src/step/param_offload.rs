@@ -177,11 +177,15 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
 
     /// Orders the launches that follow after the parameters landing, if any.
     fn land(&self, be: &B) -> Result<(), GpuError> {
-        let landing = self.landing.borrow_mut().take();
-        for w in landing.into_iter().flat_map(|(_, ws)| ws) {
-            be.wait_write(w)?;
+        let Some((m, writes)) = self.landing.borrow_mut().take() else {
+            return Ok(());
+        };
+        let waited = crate::backend::wait_writes(be, writes);
+        if waited.is_err() {
+            // Not landed: the slot holds no one block.
+            self.in_slot[m % 2].set(None);
         }
-        Ok(())
+        waited
     }
 
     /// Adds into the host's sum the gradients of the leaving blocks `which` picks, once
@@ -207,12 +211,12 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
     /// The copies in flight ended: the gradients down added, the parameters landed, and
     /// the slots forgotten where `forget` (the host's copy is about to change).
     fn settle(&self, be: &B, forget: bool) -> Result<(), GpuError> {
-        self.finish_leaving(be, |_| true)?;
-        self.land(be)?;
         if forget {
+            // First, so that an error below leaves no slot claiming a stale block.
             self.in_slot.iter().for_each(|s| s.set(None));
         }
-        Ok(())
+        self.finish_leaving(be, |_| true)?;
+        self.land(be)
     }
 
     /// Sets the whole compute copy from the FP32 master `master` (rounded to `T`), and
