@@ -16,6 +16,15 @@ const GPT: GptDims = GptDims {
     n_head: 4,
 };
 
+/// GPT-2 124M.
+const GPT2: GptDims = GptDims {
+    vocab: 50_257,
+    context: 1024,
+    d_model: 768,
+    n_layer: 12,
+    n_head: 12,
+};
+
 fn flops(work: &[Work]) -> (f64, f64) {
     let (mut dense, mut batched) = (0.0, 0.0);
     for w in work {
@@ -142,13 +151,7 @@ fn flash_attention_counts_its_causal_tiles_in_place_of_the_per_head_products() {
 
 #[test]
 fn the_forecast_adds_its_parts_and_each_follows_its_figure() {
-    let dims = GptDims {
-        vocab: 50_257,
-        context: 1024,
-        d_model: 768,
-        n_layer: 12,
-        n_head: 12,
-    };
+    let dims = GPT2;
     let work = gpt_step_work::<half::bf16>(dims, (16, 1024), StepOptions::default())
         .unwrap()
         .all();
@@ -268,13 +271,7 @@ fn a_llama_step_is_counted_too() {
 fn a_fit_recovers_the_fractions_a_step_ran_at() {
     use stoker_gpu::efficiency_fit::{fit, MeasuredParts};
     use stoker_gpu::forecast::Efficiencies;
-    let dims = GptDims {
-        vocab: 50_257,
-        context: 1024,
-        d_model: 768,
-        n_layer: 12,
-        n_head: 12,
-    };
+    let dims = GPT2;
     let flash = StepOptions {
         flash_attention: true,
         ..Default::default()
