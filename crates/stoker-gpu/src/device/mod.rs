@@ -67,7 +67,8 @@ pub enum GemmLibrary {
     Cublas,
 }
 
-/// One GPU, one stream, stoker's kernels loaded.
+/// One GPU: its compute stream, where every launch goes, two copy streams beside it, and
+/// stoker's kernels loaded.
 pub struct Device {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,

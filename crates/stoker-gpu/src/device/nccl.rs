@@ -1,5 +1,6 @@
 //! NCCL on device memory (feature `cuda`): the collectives of [`Collectives`] on the
-//! device backend's own buffers, ordered on its one stream, with no copy through the host
+//! device backend's own buffers, ordered on its compute stream (or, for those started
+//! beside the backward, on NCCL's own stream after an event), with no copy through the host
 //! (the chapter's NCCL all-reduce, and ZeRO's reduce-scatter and all-gather). Ranks join
 //! as llm.c's do: rank 0 makes NCCL's unique id, any host [`Communicator`] (MPI in a job,
 //! or a one-rank `NullComm`) carries it to the others, each calls `ncclCommInitRank` on
