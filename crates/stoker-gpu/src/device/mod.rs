@@ -467,6 +467,11 @@ impl Backend for Device {
     }
 
     fn zero<E: Elem>(&self, v: View<E>) -> Result<(), GpuError> {
+        // Nothing to enqueue (and nothing for a capture to hold: some drivers have refused
+        // empty memsets inside one).
+        if v.is_empty() {
+            return Ok(());
+        }
         self.timed(profile::Part::Device, || {
             self.bind()?;
             // SAFETY: a View lies inside a live device buffer of this context (checked when
@@ -486,6 +491,9 @@ impl Backend for Device {
     fn copy<E: Elem>(&self, dst: View<E>, src: View<E>) -> Result<(), GpuError> {
         crate::error::check_len("copy", "dst", dst.len(), src.len())?;
         crate::backend::check_disjoint("copy", &dst, &src)?;
+        if src.is_empty() {
+            return Ok(());
+        }
         self.timed(profile::Part::Device, || {
             self.bind()?;
             // SAFETY: both views lie inside live device buffers of this context and hold
