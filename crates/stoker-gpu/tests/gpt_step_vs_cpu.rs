@@ -535,24 +535,24 @@ fn prefetched_ids_go_up_beside_the_launches_and_change_no_bit() {
             _ => (up, beside),
         })
     };
+    // What queueing micro-batch `j` moved.
+    let queued = |j: usize| {
+        step.queue_micro_batch(&be, (micro[j], 0.25), j > 0, Default::default())
+            .unwrap();
+        moved(be.take())
+    };
     be.take();
     step.prefetch_ids(&be, micro[1]).unwrap();
     let prefetched = moved(be.take());
     assert!(prefetched.0 == 0 && prefetched.1 > 0, "{prefetched:?}");
-    step.queue_micro_batch(&be, (micro[0], 0.25), false, Default::default())
-        .unwrap();
-    let first = moved(be.take());
+    let first = queued(0);
     assert!(
         first.0 > 0 && first.1 == 0,
         "the first micro-batch: {first:?}"
     );
-    step.queue_micro_batch(&be, (micro[1], 0.25), true, Default::default())
-        .unwrap();
-    assert_eq!(moved(be.take()), (0, 0), "the prefetched micro-batch");
+    assert_eq!(queued(1), (0, 0), "the prefetched micro-batch");
     // Its set held the first micro-batch's ids: a third one writes its own.
-    step.queue_micro_batch(&be, (micro[2], 0.25), true, Default::default())
-        .unwrap();
-    let third = moved(be.take());
+    let third = queued(2);
     assert!(
         third.0 > 0 && third.1 == 0,
         "a micro-batch not prefetched: {third:?}"

@@ -39,8 +39,9 @@ pub struct ParamOffload<B: Backend, T: Act> {
     // slots they copy into or out of.
     /// The block whose parameters are going up into its slot, and its runs' writes.
     landing: RefCell<Option<(usize, Vec<B::PendingWrite>)>>,
-    /// Blocks whose gradients are going down, oldest first, and their runs' reads.
-    leaving: RefCell<Vec<(usize, Vec<B::PendingRead>)>>,
+    /// The block whose gradients are going down (the last backward's: each leave
+    /// finishes the one before), and its runs' reads.
+    leaving: RefCell<Option<(usize, Vec<B::PendingRead>)>>,
     /// The block whose parameters each slot holds (landed, or landing); None where
     /// the host's copy changed since.
     in_slot: [Cell<Option<usize>>; 2],
@@ -70,7 +71,7 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
         let slot = slots.placement().slot_len();
         Ok(ParamOffload {
             landing: RefCell::new(None),
-            leaving: RefCell::new(Vec::new()),
+            leaving: RefCell::new(None),
             in_slot: [Cell::new(None), Cell::new(None)],
             slots,
             host_params: Host.zeros(end)?,
@@ -124,7 +125,7 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
             reads.push(unsafe { be.start_read(v)? });
         }
         self.finish_leaving(be, |_| true)?;
-        self.leaving.borrow_mut().push((l, reads));
+        *self.leaving.borrow_mut() = Some((l, reads));
         Ok(())
     }
 
@@ -188,22 +189,24 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
         waited
     }
 
-    /// Adds into the host's sum the gradients of the leaving blocks `which` picks, once
-    /// they are down.
+    /// Adds into the host's sum the gradients of the leaving block, where `which` picks
+    /// it, once they are down.
     fn finish_leaving(&self, be: &B, which: impl Fn(usize) -> bool) -> Result<(), GpuError> {
-        let done: Vec<_> = {
+        let picked = {
             let mut leaving = self.leaving.borrow_mut();
-            let (done, left) = leaving.drain(..).partition(|(m, _)| which(*m));
-            *leaving = left;
-            done
-        };
-        for (m, reads) in done {
-            for ((r, o), read) in self.placement().block(m).iter().zip(reads) {
-                let scratch = Host.view(&self.host_scratch, 0..r.len())?;
-                let src = self.slots.grad_slots().slot_run(be, m, (r, *o))?;
-                Host.finish_copy_from(scratch, be, read, src)?;
-                kernels::add_into(&Host, Host.view(&self.host_grads, r.clone())?, scratch)?;
+            match &*leaving {
+                Some((m, _)) if which(*m) => leaving.take(),
+                _ => None,
             }
+        };
+        let Some((m, reads)) = picked else {
+            return Ok(());
+        };
+        for ((r, o), read) in self.placement().block(m).iter().zip(reads) {
+            let scratch = Host.view(&self.host_scratch, 0..r.len())?;
+            let src = self.slots.grad_slots().slot_run(be, m, (r, *o))?;
+            Host.finish_copy_from(scratch, be, read, src)?;
+            kernels::add_into(&Host, Host.view(&self.host_grads, r.clone())?, scratch)?;
         }
         Ok(())
     }
