@@ -30,7 +30,7 @@ use crate::parallel::units::UnitPlan;
 use crate::parallel::ParallelDims;
 use crate::planned::predicted;
 use crate::planned::OwnBytes;
-use crate::run::{direct_activation_bytes, step_scratch_heap};
+use crate::run::{direct_activation_bytes, step_scratch_heap, StartProbes};
 use crate::trainer::{steady_buffer_bytes, Trainer};
 use stoker_data::{Dataset, Loader, Sampler, SamplerConfig};
 use stoker_plan::trainer::TrainerPrediction;
@@ -101,12 +101,9 @@ pub fn dry_run(
         sampler,
         config.data.train_loader(dims.micro_batch),
     )?;
-    // As the run does before it measures (stoker_kernels::gemm_slab).
-    stoker_kernels::gemm_slab::prime_gemm_slabs();
-    let (baseline, code_at_start) = (
-        stoker_data::measure::rss_bytes(),
-        stoker_data::measure::code_rss_bytes(),
-    );
+    // As the run measures its start.
+    let start = StartProbes::now(None);
+    let (baseline, code_at_start) = (start.rss, start.code);
     let predicted = direct_activation_bytes(config, &dims);
     // One scratch micro-batch on the rank's own trainer, where it fits here.
     let fits_here = budget.is_some_and(|b| 2.0 * planned.model_states() < b);

@@ -35,11 +35,11 @@ use crate::trainer::EvalReport;
 use stoker_plan::trainer::TrainerPrediction;
 
 pub use checks::combine_crcs;
-pub(crate) use telemetry::step_scratch_heap;
 pub use telemetry::{direct_activation_bytes, forecast_line};
+pub(crate) use telemetry::{step_scratch_heap, StartProbes};
 
 use setup::Rank;
-use telemetry::{StartProbes, StepCount, Telemetry};
+use telemetry::{StepCount, Telemetry};
 use train_loop::{LoopContext, LoopStats};
 
 /// How to run (beyond the config).
@@ -191,9 +191,6 @@ pub fn run_rank(
     comm: Rc<dyn Communicator>,
     launcher: &str,
 ) -> Result<RunSummary> {
-    // gemm's per-thread slabs belong to the process at start, not to whichever step first
-    // lands a product on a fresh thread (stoker_kernels::gemm_slab).
-    stoker_kernels::gemm_slab::prime_gemm_slabs();
     let probes = StartProbes::now(opts.heap);
     agree::check_same_config(&*comm, config)?;
     let comm: Rc<dyn Communicator> = match config.parallel.check_collectives {

@@ -24,15 +24,21 @@ use super::setup::Rank;
 use super::RunOptions;
 
 /// The process before the run allocated anything: code, libraries, the communicator.
-pub(super) struct StartProbes {
-    rss: u64,
-    code: u64,
-    heap: Option<u64>,
+pub(crate) struct StartProbes {
+    /// Resident bytes.
+    pub(crate) rss: u64,
+    /// Resident bytes of code.
+    pub(crate) code: u64,
+    /// Live heap bytes (None without a heap count).
+    pub(crate) heap: Option<u64>,
 }
 
 impl StartProbes {
-    /// Reads them now, with the binary's heap count where it has one.
+    /// Reads them now, with the binary's heap count where it has one. gemm's per-thread
+    /// slabs are made first: they belong to the process at start, not to whichever step
+    /// first lands a product on a fresh thread (stoker_kernels::gemm_slab).
     pub fn now(heap: Option<&dyn HeapCount>) -> Self {
+        stoker_kernels::gemm_slab::prime_gemm_slabs();
         StartProbes {
             rss: stoker_data::measure::rss_bytes(),
             code: stoker_data::measure::code_rss_bytes(),
