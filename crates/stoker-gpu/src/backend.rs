@@ -21,6 +21,9 @@ pub trait Backend {
     type PendingWrite;
     /// A read back to the host still under way ([`Backend::start_read`]).
     type PendingRead;
+    /// Host memory the backend copies from directly ([`Backend::pin_host`]: on a
+    /// device, page-locked), and the copies still reading it.
+    type HostPin;
 
     /// A buffer of `len` zeros.
     fn zeros<E: Elem>(&self, len: usize) -> Result<Self::Buf<E>, GpuError>;
@@ -61,6 +64,43 @@ pub trait Backend {
     ) -> Result<Self::PendingWrite, GpuError>;
     /// Orders every later launch after `write`'s copy.
     fn wait_write(&self, write: Self::PendingWrite) -> Result<(), GpuError>;
+    /// Makes `bytes` bytes of host memory at `at` a source the backend copies from with
+    /// no staging in between (on a device, `cuMemHostRegister`: the copy engine reads it
+    /// at the bus's speed, where [`Backend::start_write`] first copies its data into
+    /// pinned memory on the host's thread). [`crate::PinnedHostBuf`] is its safe owner.
+    ///
+    /// # Safety
+    /// The memory stays alive, and is written only after [`Backend::settle_pin`], until
+    /// what this returns is dropped (its drop waits for the copies reading it).
+    unsafe fn pin_host(&self, at: Addr, bytes: usize) -> Result<Self::HostPin, GpuError>;
+    /// Returns once no copy started from `pin`'s memory still reads it: what a host
+    /// write to that memory waits for.
+    fn settle_pin(&self, pin: &Self::HostPin) -> Result<(), GpuError>;
+    /// [`Backend::start_write`] from `data`, which lies in `pin`'s memory (checked),
+    /// read by the copy itself, as late as the copy runs.
+    ///
+    /// # Safety
+    /// [`Backend::start_write`]'s for `v`; and nothing writes `data` until
+    /// [`Backend::settle_pin`] of `pin` (on the host build, the wait refuses a source
+    /// written since the start).
+    unsafe fn start_write_from_pin<E: Elem>(
+        &self,
+        v: View<E>,
+        pin: &Self::HostPin,
+        data: &[E],
+    ) -> Result<Self::PendingWrite, GpuError>;
+    /// [`Backend::write_staged`] from `data`, which lies in `pin`'s memory (checked):
+    /// ordered after every launch so far and before every later one, read by the copy
+    /// itself.
+    ///
+    /// # Safety
+    /// Nothing writes `data` until [`Backend::settle_pin`] of `pin`.
+    unsafe fn write_from_pin<E: Elem>(
+        &self,
+        v: View<E>,
+        pin: &Self::HostPin,
+        data: &[E],
+    ) -> Result<(), GpuError>;
     /// Starts reading `v` back after every launch so far, without holding back the
     /// launches queued after it (on a device: on the copy stream, into pinned memory):
     /// a block's gradients going down while the block before it runs its backward.
@@ -192,6 +232,23 @@ pub(crate) fn check_disjoint<E>(
         return Err(GpuError::Shape {
             kernel,
             what: format!("the views overlap ({} and {} elements)", a.len(), b.len()),
+        });
+    }
+    Ok(())
+}
+
+/// `data` lies inside the pinned region of `bytes` bytes at `at`: a copy from the pin's
+/// memory must read nothing else.
+pub(crate) fn check_inside_pin<E>((at, bytes): (Addr, usize), data: &[E]) -> Result<(), GpuError> {
+    let start = data.as_ptr() as usize as Addr;
+    let end = start + std::mem::size_of_val(data) as Addr;
+    if start < at || end > at + bytes as Addr {
+        return Err(GpuError::Shape {
+            kernel: "pinned copy",
+            what: format!(
+                "{} bytes at {start:#x}, outside the {bytes} pinned bytes at {at:#x}",
+                end - start
+            ),
         });
     }
     Ok(())

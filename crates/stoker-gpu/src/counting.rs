@@ -143,6 +143,35 @@ impl Backend for CountingBackend {
     type PendingWrite = ();
     /// Counted when it starts; its elements are zeros.
     type PendingRead = ();
+    /// Nothing to pin: the counted buffers hold no memory.
+    type HostPin = ();
+
+    unsafe fn pin_host(&self, _at: Addr, _bytes: usize) -> Result<(), GpuError> {
+        Ok(())
+    }
+
+    fn settle_pin(&self, _pin: &()) -> Result<(), GpuError> {
+        Ok(())
+    }
+
+    unsafe fn start_write_from_pin<E: Elem>(
+        &self,
+        v: View<E>,
+        _pin: &(),
+        data: &[E],
+    ) -> Result<(), GpuError> {
+        // SAFETY: nothing is written; the counted copy is the same as start_write's.
+        unsafe { self.start_write(v, data) }
+    }
+
+    unsafe fn write_from_pin<E: Elem>(
+        &self,
+        v: View<E>,
+        _pin: &(),
+        data: &[E],
+    ) -> Result<(), GpuError> {
+        self.write_staged(v, data)
+    }
 
     unsafe fn start_write<E: Elem>(&self, v: View<E>, data: &[E]) -> Result<(), GpuError> {
         self.live("a write from the host")?;

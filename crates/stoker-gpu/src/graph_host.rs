@@ -13,7 +13,7 @@ use crate::backend::{Backend, View};
 use crate::call::{Addr, Call, Gemm};
 use crate::elem::Elem;
 use crate::error::{not_while_capturing, GpuError};
-use crate::host::{Host, HostBuf, HostRead, HostWrite};
+use crate::host::{Host, HostBuf, HostPin, HostRead, HostWrite};
 
 /// One recorded piece of work: raw addresses and byte counts, so a graph holds no
 /// borrow of the buffers it touches (the device's graphs hold device pointers alike).
@@ -113,6 +113,38 @@ impl Backend for GraphHost {
     type Graph = HostGraph;
     type PendingWrite = HostWrite;
     type PendingRead = HostRead;
+    type HostPin = HostPin;
+
+    unsafe fn pin_host(&self, at: Addr, bytes: usize) -> Result<HostPin, GpuError> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { Host.pin_host(at, bytes) }
+    }
+
+    fn settle_pin(&self, pin: &HostPin) -> Result<(), GpuError> {
+        Host.settle_pin(pin)
+    }
+
+    unsafe fn start_write_from_pin<E: Elem>(
+        &self,
+        v: View<E>,
+        pin: &HostPin,
+        data: &[E],
+    ) -> Result<HostWrite, GpuError> {
+        self.live("a write from the host")?;
+        // SAFETY: the caller's contract, passed on.
+        unsafe { Host.start_write_from_pin(v, pin, data) }
+    }
+
+    unsafe fn write_from_pin<E: Elem>(
+        &self,
+        v: View<E>,
+        pin: &HostPin,
+        data: &[E],
+    ) -> Result<(), GpuError> {
+        self.live("a write from the host")?;
+        // SAFETY: the caller's contract, passed on.
+        unsafe { Host.write_from_pin(v, pin, data) }
+    }
 
     unsafe fn start_write<E: Elem>(&self, v: View<E>, data: &[E]) -> Result<HostWrite, GpuError> {
         self.live("a write from the host")?;

@@ -32,6 +32,18 @@ pub struct HostBuf<E> {
 pub struct HostWrite {
     dst: Addr,
     bytes: Vec<u8>,
+    /// Where the bytes were taken from, when that is pinned memory
+    /// ([`Backend::start_write_from_pin`]): a device's copy reads it until the copy
+    /// runs, so the wait refuses a source that changed since.
+    pinned_source: Option<Addr>,
+}
+
+/// Host memory pinned for the host build ([`Backend::pin_host`]): its address and
+/// length, which the pinned copies check their sources against.
+#[derive(Debug)]
+pub struct HostPin {
+    at: Addr,
+    bytes: usize,
 }
 
 /// A read back on the host build ([`Backend::start_read`]): the elements are read at its
@@ -90,35 +102,6 @@ impl Host {
         be.write_at(dst, self.readable(src, &dst)?)
     }
 
-    /// [`Host::copy_to`] through the backend's staging ([`Backend::write_staged`]):
-    /// ordered after every launch so far without waiting for them, so the host goes on
-    /// queueing while the copy waits its turn (a block's parameters up before it runs).
-    pub fn stage_to<B: Backend, E: Elem>(
-        &self,
-        src: View<E>,
-        be: &B,
-        dst: View<E>,
-    ) -> Result<(), GpuError> {
-        be.write_staged(dst, self.readable(src, &dst)?)
-    }
-
-    /// [`Host::stage_to`] without holding back the backend's later launches
-    /// ([`Backend::start_write`]): a block's parameters up while the block before runs.
-    ///
-    /// # Safety
-    /// [`Backend::start_write`]'s: until [`Backend::wait_write`] of what this returns,
-    /// nothing may touch `dst`, and its buffer must stay alive.
-    pub unsafe fn start_stage_to<B: Backend, E: Elem>(
-        &self,
-        src: View<E>,
-        be: &B,
-        dst: View<E>,
-    ) -> Result<B::PendingWrite, GpuError> {
-        let data = self.readable(src, &dst)?;
-        // SAFETY: the caller's contract, passed on.
-        unsafe { be.start_write(dst, data) }
-    }
-
     /// Finishes `read` (started on `src`, a view of backend `be`) into `dst`, a view of
     /// a host buffer, as many elements ([`Backend::finish_read`]). The views must not
     /// overlap (checked).
@@ -175,6 +158,39 @@ impl Backend for Host {
     type Graph = std::convert::Infallible;
     type PendingWrite = HostWrite;
     type PendingRead = HostRead;
+    type HostPin = HostPin;
+
+    unsafe fn pin_host(&self, at: Addr, bytes: usize) -> Result<HostPin, GpuError> {
+        Ok(HostPin { at, bytes })
+    }
+
+    fn settle_pin(&self, _pin: &HostPin) -> Result<(), GpuError> {
+        // Every copy on the host build has read its source by its wait.
+        Ok(())
+    }
+
+    unsafe fn start_write_from_pin<E: Elem>(
+        &self,
+        v: View<E>,
+        pin: &HostPin,
+        data: &[E],
+    ) -> Result<HostWrite, GpuError> {
+        crate::backend::check_inside_pin((pin.at, pin.bytes), data)?;
+        // SAFETY: the caller's contract, passed on.
+        let mut write = unsafe { self.start_write(v, data)? };
+        write.pinned_source = Some(data.as_ptr() as usize as Addr);
+        Ok(write)
+    }
+
+    unsafe fn write_from_pin<E: Elem>(
+        &self,
+        v: View<E>,
+        pin: &HostPin,
+        data: &[E],
+    ) -> Result<(), GpuError> {
+        crate::backend::check_inside_pin((pin.at, pin.bytes), data)?;
+        self.write_at(v, data)
+    }
 
     unsafe fn start_write<E: Elem>(&self, v: View<E>, data: &[E]) -> Result<HostWrite, GpuError> {
         crate::error::check_len("write", "data", data.len(), v.len())?;
@@ -189,6 +205,7 @@ impl Backend for Host {
         Ok(HostWrite {
             dst: v.addr(),
             bytes,
+            pinned_source: None,
         })
     }
 
@@ -207,6 +224,23 @@ impl Backend for Host {
                     write.dst
                 ),
             });
+        }
+        if let Some(src) = write.pinned_source {
+            // SAFETY: `start_write_from_pin`'s contract keeps the source (pinned host
+            // memory of a live buffer, bytes.len() bytes at `src`, checked inside its pin
+            // there) alive until the pin is settled, which is after this wait.
+            let source =
+                unsafe { std::slice::from_raw_parts(src as usize as *const u8, write.bytes.len()) };
+            if let Some(k) = source.iter().zip(&write.bytes).position(|(a, b)| a != b) {
+                return Err(GpuError::Order {
+                    what: format!(
+                        "wait_write: byte {k} of the {} pinned bytes at {src:#x} was written \
+                         between the copy's start and its wait (on a device the copy engine \
+                         reads them at any moment in between)",
+                        write.bytes.len()
+                    ),
+                });
+            }
         }
         // SAFETY: `start_write`'s contract keeps the view's buffer (a live HostBuf, whose
         // cells may be written) alive and untouched until this wait; the view held

@@ -41,6 +41,7 @@ pub mod llama;
 pub mod measured;
 pub mod optim;
 pub mod parallel;
+pub mod pinned;
 pub mod sample;
 pub mod scenario;
 pub mod step;
@@ -53,6 +54,7 @@ pub use error::GpuError;
 pub use graph_host::{GraphHost, HostGraph};
 pub use host::Host;
 pub use ids::{Groups, Ids};
+pub use pinned::PinnedHostBuf;
 /// The model shapes the steps and the forecast take (stoker-kernels' own).
 pub use stoker_kernels::{GptDims, LlamaDims};
 pub use token_groups::TokenGroups;

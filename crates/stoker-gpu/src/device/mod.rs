@@ -16,11 +16,13 @@ pub mod flash_check;
 pub mod gemm_check;
 mod lt;
 pub mod nccl;
+mod pin;
 pub mod profile;
 pub mod replica_check;
 mod staging;
 mod transfers;
 
+pub use pin::DevicePin;
 pub use transfers::{DeviceRead, DeviceWrite};
 
 use std::cell::{Cell, RefCell};
@@ -309,6 +311,70 @@ impl Backend for Device {
     type Graph = DeviceGraph;
     type PendingWrite = DeviceWrite;
     type PendingRead = DeviceRead;
+    type HostPin = DevicePin;
+
+    unsafe fn pin_host(&self, at: Addr, bytes: usize) -> Result<DevicePin, GpuError> {
+        self.live("pinning host memory")?;
+        // SAFETY: the caller's contract, passed on.
+        unsafe { DevicePin::new(&self.ctx, at, bytes) }
+    }
+
+    fn settle_pin(&self, pin: &DevicePin) -> Result<(), GpuError> {
+        self.live("waiting for copies from pinned memory")?;
+        pin.settle()
+    }
+
+    unsafe fn start_write_from_pin<E: Elem>(
+        &self,
+        v: View<E>,
+        pin: &DevicePin,
+        data: &[E],
+    ) -> Result<DeviceWrite, GpuError> {
+        self.live("a write from the host")?;
+        crate::error::check_len("write", "data", data.len(), v.len())?;
+        self.bind()?;
+        let bytes = crate::elem::as_bytes(data);
+        // SAFETY: a View lies inside a live device buffer of this context and holds
+        // data.len() elements (checked when it was made, and above); this function's
+        // contract keeps it untouched and alive until the wait, and `data` unwritten
+        // until the pin is settled.
+        unsafe {
+            self.transfers.start_write_from_pin(
+                &self.ctx,
+                &self.stream,
+                (&self.staging, pin),
+                v.addr(),
+                bytes,
+            )
+        }
+    }
+
+    unsafe fn write_from_pin<E: Elem>(
+        &self,
+        v: View<E>,
+        pin: &DevicePin,
+        data: &[E],
+    ) -> Result<(), GpuError> {
+        self.live("a write from the host")?;
+        crate::error::check_len("write", "data", data.len(), v.len())?;
+        let bytes = crate::elem::as_bytes(data);
+        crate::backend::check_inside_pin(pin.range(), bytes)?;
+        if !pin.registered() || bytes.is_empty() {
+            return self.write_staged(v, data);
+        }
+        self.bind()?;
+        let read = pin.new_read_event()?;
+        // SAFETY: a View lies inside a live device buffer of this context and holds
+        // data.len() elements (checked when it was made, and above); the copy is ordered
+        // on the compute stream, before every later launch that might touch the view.
+        // `bytes` lies in page-locked memory (checked above) that nothing writes or frees
+        // until the pin is settled, which waits for the event marked after this copy.
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(v.addr(), bytes, self.stream.cu_stream())
+        }
+        .map_err(driver("copying up from pinned memory"))?;
+        pin.mark_read(read, &self.stream)
+    }
 
     unsafe fn start_write<E: Elem>(&self, v: View<E>, data: &[E]) -> Result<DeviceWrite, GpuError> {
         self.live("a write from the host")?;

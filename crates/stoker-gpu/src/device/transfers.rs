@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream, PinnedHostSlice};
 
+use super::pin::DevicePin;
 use super::staging::Staging;
 use crate::call::Addr;
 use crate::error::GpuError;
@@ -120,6 +121,45 @@ impl Transfers {
         // copy on the write stream.
         unsafe { staging.write(ctx, &self.up, dst, bytes)? };
         record_after_copy(&done, &self.up)?;
+        Ok(DeviceWrite {
+            done,
+            ordered: false,
+        })
+    }
+
+    /// [`Transfers::start_write`] from `bytes` in `pin`'s memory (checked), which the
+    /// write stream's copy reads directly; through `staging` where the driver did not
+    /// page-lock it.
+    ///
+    /// # Safety
+    /// [`Transfers::start_write`]'s for `dst`; and nothing writes `bytes` until `pin` is
+    /// settled.
+    pub(super) unsafe fn start_write_from_pin(
+        &self,
+        ctx: &Arc<CudaContext>,
+        compute: &CudaStream,
+        (staging, pin): (&Staging, &DevicePin),
+        dst: Addr,
+        bytes: &[u8],
+    ) -> Result<DeviceWrite, GpuError> {
+        crate::backend::check_inside_pin(pin.range(), bytes)?;
+        if !pin.registered() || bytes.is_empty() {
+            // SAFETY: this function's contract, for `dst`.
+            return unsafe { self.start_write(ctx, compute, staging, dst, bytes) };
+        }
+        // Made before the copy (`record_after_copy`).
+        let done = ctx.new_event(None).map_err(driver("making an event"))?;
+        let read = pin.new_read_event()?;
+        Self::after(&self.up, compute)?;
+        // SAFETY: `dst` holds bytes.len() bytes of a live buffer of `ctx`, untouched until
+        // the wait (this function's contract); `bytes` lies in page-locked memory
+        // (checked above) that nothing writes or frees until the pin is settled, which
+        // waits for the event `mark_read` records after this copy (or, where recording
+        // fails, for the stream).
+        unsafe { cudarc::driver::result::memcpy_htod_async(dst, bytes, self.up.cu_stream()) }
+            .map_err(driver("copying up from pinned memory"))?;
+        record_after_copy(&done, &self.up)?;
+        pin.mark_read(read, &self.up)?;
         Ok(DeviceWrite {
             done,
             ordered: false,

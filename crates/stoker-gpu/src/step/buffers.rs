@@ -342,7 +342,7 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
         match self.offload() {
             Some(o) => {
                 o.gather_grads(be, &self.grads)?;
-                o.host_views().map(Some)
+                o.host_views(be).map(Some)
             }
             None => Ok(None),
         }

@@ -88,7 +88,7 @@ macro_rules! token_step_api {
                     .into(),
             })?;
             Ok((
-                sharded.shard(be),
+                sharded.shard(be)?,
                 self.norm_scratch(be)?,
             ))
         }

@@ -1,11 +1,13 @@
 //! Parameter offload for a step (FSDP's `CPUOffload(offload_params=True)`, DeepSpeed's
-//! `offload_param`): the whole compute copy lives in host memory, and so do the blocks'
+//! `offload_param`): the whole compute copy lives in host memory (pinned for the
+//! backend, [`PinnedHostBuf`]: the copies up read it directly), and so do the blocks'
 //! gradients, summed over a window there. The backend holds the runs outside every block
 //! (embeddings, final norm, head: [`Placement`]'s resident buffer, with their gradients)
 //! and two slots for the blocks' parameters and two for their gradients. Block `l` runs
 //! in slot `l % 2`, forward and backward:
 //! - while block `l` runs, the next block's parameters go up into the other slot
-//!   ([`Backend::start_write`]: on a device, on the copy stream beside `l`'s kernels),
+//!   ([`Backend::start_write_from_pin`]: on a device, on the copy stream beside `l`'s
+//!   kernels),
 //!   and the next block's launches wait for that copy alone. A slot that already holds
 //!   its block (the last two blocks at the turn from forward to backward, the first two
 //!   at the next micro-batch) is not copied again; an update on the host forgets them;
@@ -32,6 +34,7 @@ use crate::elem::Act;
 use crate::error::{check_len, GpuError};
 use crate::host::{Host, HostBuf};
 use crate::kernels;
+use crate::pinned::PinnedHostBuf;
 
 /// A step's offloaded parameters: see the module docs.
 pub struct ParamOffload<B: Backend, T: Act> {
@@ -47,8 +50,9 @@ pub struct ParamOffload<B: Backend, T: Act> {
     in_slot: [Cell<Option<usize>>; 2],
     /// The blocks' parameter and gradient slots, and where every run lives.
     slots: ParamSlots<B, T>,
-    /// The whole compute copy (the flat layout), in host memory.
-    host_params: HostBuf<T>,
+    /// The whole compute copy (the flat layout), in host memory pinned for the backend:
+    /// a block's copy up reads it directly.
+    host_params: PinnedHostBuf<B, T>,
     /// The whole gradient (the flat layout), summed over a window in host memory: the
     /// blocks' after each backward, the resident runs' when an update gathers them.
     host_grads: HostBuf<f32>,
@@ -74,7 +78,7 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
             leaving: RefCell::new(None),
             in_slot: [Cell::new(None), Cell::new(None)],
             slots,
-            host_params: Host.zeros(end)?,
+            host_params: PinnedHostBuf::zeros(be, end)?,
             host_grads: Host.zeros(end)?,
             host_scratch: Host.zeros(slot)?,
             host_floats: Host.zeros(1 + partials)?,
@@ -88,7 +92,7 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
 
     /// Elements of the flat buffer.
     pub(crate) fn flat_len(&self) -> usize {
-        Host::len(&self.host_params)
+        self.host_params.len()
     }
 
     /// The blocks' parameter and gradient slots.
@@ -154,14 +158,13 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
         slot.set(None);
         let mut writes = Vec::new();
         for (r, o) in self.placement().block(m) {
-            let src = Host.view(&self.host_params, r.clone())?;
             let dst = self.slots.param_run(be, m, (r, *o))?;
             // SAFETY: nothing touches slot m % 2 until block m runs, after `bring` waits
             // for this write: the launches queued before it have read the slot (the copy
             // starts after them), and those queued until `bring` are another block's, in
             // the other slot. The slots live as long as `self`, whose `landing` drops
-            // first.
-            writes.push(unsafe { Host.start_stage_to(src, be, dst)? });
+            // first. The host's copy is written only after `settle`, which lands this.
+            writes.push(unsafe { self.host_params.start_copy_to(be, r.clone(), dst)? });
         }
         slot.set(Some(m));
         *self.landing.borrow_mut() = Some((m, writes));
@@ -230,9 +233,11 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
         resident: &B::Buf<T>,
         master: &[f32],
     ) -> Result<(), GpuError> {
-        check_len("step", "params", master.len(), Host::len(&self.host_params))?;
+        check_len("step", "params", master.len(), self.host_params.len())?;
+        // The copies in flight read the host's copy: they end before it changes.
+        self.settle(be, true)?;
         let copy: Vec<T> = master.iter().map(|&x| T::from_f32(x)).collect();
-        Host.write(&self.host_params, 0, &copy)?;
+        Host.write(self.host_params.settled(be)?, 0, &copy)?;
         self.resident_up(be, resident)
     }
 
@@ -242,8 +247,8 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
         // The host's copy has changed (or is about to): the slots' blocks are stale.
         self.settle(be, true)?;
         for (r, o) in self.placement().resident() {
-            let src = Host.view(&self.host_params, r.clone())?;
-            Host.copy_to(src, be, be.view(resident, *o..o + r.len())?)?;
+            let dst = be.view(resident, *o..o + r.len())?;
+            self.host_params.copy_to(be, r.clone(), dst)?;
         }
         Ok(())
     }
@@ -251,7 +256,7 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
     /// The whole compute copy, widened to f32.
     pub(crate) fn host_params(&self) -> Result<Vec<f32>, GpuError> {
         Ok(Host
-            .download(&self.host_params)?
+            .download(self.host_params.readable())?
             .into_iter()
             .map(T::to_f32)
             .collect())
@@ -282,12 +287,13 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
 
     /// The views a host update works on: the whole compute copy and gradient, the norm's
     /// scratch (all in host memory).
-    pub(crate) fn host_views(&self) -> Result<UpdateViews<'_, T>, GpuError> {
+    pub(crate) fn host_views(&self, be: &B) -> Result<UpdateViews<'_, T>, GpuError> {
         // The update writes the host's copy through these: the slots' blocks go stale
-        // (here already, in case the update stops midway).
-        self.in_slot.iter().for_each(|s| s.set(None));
+        // (here already, in case the update stops midway), and the copies still reading
+        // it end first.
+        self.settle(be, true)?;
         Ok(UpdateViews {
-            params: Host.all(&self.host_params),
+            params: Host.all(self.host_params.settled(be)?),
             grads: Host.all(&self.host_grads),
             squares: Host.view(&self.host_floats, 0..1)?,
             partials: Host.view(&self.host_floats, 1..Host::len(&self.host_floats))?,
@@ -302,7 +308,9 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
         resident: &B::Buf<T>,
         other: &Self,
     ) -> Result<(), GpuError> {
-        Host.copy(Host.all(&self.host_params), Host.all(&other.host_params))?;
+        self.settle(be, true)?;
+        let mine = self.host_params.settled(be)?;
+        Host.copy(Host.all(mine), Host.all(other.host_params.readable()))?;
         self.resident_up(be, resident)
     }
 

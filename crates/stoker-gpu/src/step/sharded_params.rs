@@ -38,7 +38,8 @@ use crate::backend::{Backend, View};
 use crate::collectives::{shard_plan, Collectives, Mark};
 use crate::elem::Act;
 use crate::error::{check_len, GpuError};
-use crate::host::{Host, HostBuf};
+use crate::host::Host;
+use crate::pinned::PinnedHostBuf;
 
 /// One rank's ZeRO-3 compute copy: see the module docs.
 pub struct ShardedParams<B: Backend, T: Act> {
@@ -58,8 +59,9 @@ type Held = (usize, Option<Mark>);
 enum ShardAt<B: Backend, T: Act> {
     /// On the backend.
     Backend(B::Buf<T>),
-    /// In host memory (the parameters offloaded).
-    Host(HostBuf<T>),
+    /// In host memory pinned for the backend (the parameters offloaded): a gather's
+    /// copy up reads it directly.
+    Host(PinnedHostBuf<B, T>),
 }
 
 impl<B: Backend, T: Act> ShardedParams<B, T> {
@@ -82,7 +84,7 @@ impl<B: Backend, T: Act> ShardedParams<B, T> {
         Ok(ShardedParams {
             slots: ParamSlots::new(be, blocks, end)?,
             shard: match on_host {
-                true => ShardAt::Host(Host.zeros(plan.range(rank).len())?),
+                true => ShardAt::Host(PinnedHostBuf::zeros(be, plan.range(rank).len())?),
                 false => ShardAt::Backend(be.zeros(plan.range(rank).len())?),
             },
             plan,
@@ -107,12 +109,12 @@ impl<B: Backend, T: Act> ShardedParams<B, T> {
     }
 
     /// This rank's shard of the compute copy: what its optimizer writes (a view of host
-    /// memory where [`Self::shard_on_host`]).
-    pub fn shard(&self, be: &B) -> View<'_, T> {
-        match &self.shard {
+    /// memory where [`Self::shard_on_host`], once no copy up reads it).
+    pub fn shard(&self, be: &B) -> Result<View<'_, T>, GpuError> {
+        Ok(match &self.shard {
             ShardAt::Backend(b) => be.all(b),
-            ShardAt::Host(h) => Host.all(h),
-        }
+            ShardAt::Host(h) => Host.all(h.settled(be)?),
+        })
     }
 
     /// Whether the shard lives in host memory (the parameters offloaded).
@@ -233,8 +235,8 @@ impl<B: Backend, T: Act> ShardedParams<B, T> {
             let dst = dst.slice(at..at + local.len())?;
             match &self.shard {
                 ShardAt::Backend(b) => be.copy(dst, be.view(b, local)?)?,
-                // Staged: the copy queues behind the launches before it.
-                ShardAt::Host(h) => Host.stage_to(Host.view(h, local)?, be, dst)?,
+                // From pinned memory, queued behind the launches before it.
+                ShardAt::Host(h) => h.copy_to(be, local, dst)?,
             }
         }
         Ok(())
@@ -271,7 +273,7 @@ impl<B: Backend, T: Act> ShardedParams<B, T> {
         let shard = round(&master[self.shard_range()]);
         match &self.shard {
             ShardAt::Backend(b) => be.write(b, 0, &shard)?,
-            ShardAt::Host(h) => Host.write(h, 0, &shard)?,
+            ShardAt::Host(h) => Host.write(h.settled(be)?, 0, &shard)?,
         }
         for (r, o) in self.placement().resident() {
             be.write(resident, *o, &round(&master[r.clone()]))?;
@@ -283,7 +285,7 @@ impl<B: Backend, T: Act> ShardedParams<B, T> {
     pub fn shard_values(&self, be: &B) -> Result<Vec<f32>, GpuError> {
         let values = match &self.shard {
             ShardAt::Backend(b) => be.download(b)?,
-            ShardAt::Host(h) => Host.download(h)?,
+            ShardAt::Host(h) => Host.download(h.readable())?,
         };
         Ok(values.into_iter().map(T::to_f32).collect())
     }
@@ -293,7 +295,9 @@ impl<B: Backend, T: Act> ShardedParams<B, T> {
         self.forget_slots();
         match (&self.shard, &other.shard) {
             (ShardAt::Backend(a), ShardAt::Backend(b)) => be.copy(be.all(a), be.all(b)),
-            (ShardAt::Host(a), ShardAt::Host(b)) => Host.copy(Host.all(a), Host.all(b)),
+            (ShardAt::Host(a), ShardAt::Host(b)) => {
+                Host.copy(Host.all(a.settled(be)?), Host.all(b.readable()))
+            }
             _ => Err(GpuError::Shape {
                 kernel: "zero-3",
                 what: "copying a shard between a step with its parameters offloaded and one \

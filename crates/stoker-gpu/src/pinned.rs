@@ -1,0 +1,96 @@
+//! Host memory the backend copies from directly: what FSDP's and DeepSpeed's parameter
+//! offload keep their host copy in (`pin_memory`), so that a block's parameters go up at
+//! the bus's speed, read by the copy engine, instead of being copied into staging on the
+//! host's thread first. A [`PinnedHostBuf`] is a host buffer ([`HostBuf`], which the
+//! host build of the kernels reads and writes through views, as an offloaded optimizer
+//! does) pinned for one backend. Copies from it may read it until the backend says they
+//! are done, so every host write to it goes through [`PinnedHostBuf::settled`], which
+//! waits for them.
+
+use std::ops::Range;
+
+use crate::backend::{Backend, View};
+use crate::elem::Elem;
+use crate::error::GpuError;
+use crate::host::{Host, HostBuf};
+
+/// A host buffer pinned for backend `B`: see the module docs.
+pub struct PinnedHostBuf<B: Backend, E> {
+    // The pin drops first: its drop waits for the copies reading the buffer, and
+    // unpins it, before the memory goes.
+    pin: B::HostPin,
+    buf: HostBuf<E>,
+}
+
+impl<B: Backend, E: Elem> PinnedHostBuf<B, E> {
+    /// `len` zeros in host memory, pinned for `be`.
+    pub fn zeros(be: &B, len: usize) -> Result<Self, GpuError> {
+        let buf = Host.zeros::<E>(len)?;
+        let all = Host.all(&buf);
+        // SAFETY: `buf` owns the len elements at its address, lives in this struct beside
+        // the pin, and drops after it; it is written only through `settled`, which waits
+        // for the pin's copies first.
+        let pin = unsafe { be.pin_host(all.addr(), len * std::mem::size_of::<E>())? };
+        Ok(PinnedHostBuf { pin, buf })
+    }
+
+    /// Elements in the buffer.
+    pub fn len(&self) -> usize {
+        Host::len(&self.buf)
+    }
+
+    /// Whether it has none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The buffer, for reads: copies to the backend may be reading it too.
+    pub fn readable(&self) -> &HostBuf<E> {
+        &self.buf
+    }
+
+    /// The buffer, once no copy reads it any more: what the host writes it through
+    /// (an update, a load).
+    pub fn settled(&self, be: &B) -> Result<&HostBuf<E>, GpuError> {
+        be.settle_pin(&self.pin)?;
+        Ok(&self.buf)
+    }
+
+    /// Starts copying elements `src` of this buffer into `dst` (as many) beside the
+    /// backend's launches ([`Backend::start_write_from_pin`]).
+    ///
+    /// # Safety
+    /// [`Backend::start_write`]'s for `dst`: nothing touches it, and its buffer stays
+    /// alive, until [`Backend::wait_write`] of what this returns.
+    pub unsafe fn start_copy_to(
+        &self,
+        be: &B,
+        src: Range<usize>,
+        dst: View<E>,
+    ) -> Result<B::PendingWrite, GpuError> {
+        let data = self.slice(src)?;
+        // SAFETY: the caller's contract for `dst`; `data` is written only through
+        // `settled`, which waits for this copy first.
+        unsafe { be.start_write_from_pin(dst, &self.pin, data) }
+    }
+
+    /// Copies elements `src` of this buffer into `dst` (as many), ordered after every
+    /// launch so far and before every later one ([`Backend::write_from_pin`]).
+    pub fn copy_to(&self, be: &B, src: Range<usize>, dst: View<E>) -> Result<(), GpuError> {
+        let data = self.slice(src)?;
+        // SAFETY: `data` is written only through `settled`, which waits for this copy
+        // first.
+        unsafe { be.write_from_pin(dst, &self.pin, data) }
+    }
+
+    /// Elements `range`, as a slice for a copy to read.
+    fn slice(&self, range: Range<usize>) -> Result<&[E], GpuError> {
+        let v = Host.view(&self.buf, range)?;
+        // SAFETY: a View lies inside the live HostBuf it was made from (checked by
+        // `Host::view`), which `&self` keeps alive. The slice is private to this module
+        // and lives only through one backend call above, in which nothing writes the
+        // buffer: host kernels run on the calling thread, and a HostBuf (cells) is not
+        // shared between threads.
+        Ok(unsafe { std::slice::from_raw_parts(v.addr() as usize as *const E, v.len()) })
+    }
+}
