@@ -291,7 +291,7 @@ impl<B: Backend> DataParallel<B> {
         let squares = optimizer::squared_norm(&Host, host.grads, (host.squares, host.partials))?;
         let (norm, mult) = rule.multiplier(squares, rescale);
         if let Some(mult) = mult {
-            offloaded.step_on_host(&Host, host.grads, host.params, scalars, mult)?;
+            offloaded.step_in_host_memory(host.grads, host.params, scalars, mult)?;
         }
         Ok((norm, total))
     }

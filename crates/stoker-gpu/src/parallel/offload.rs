@@ -6,7 +6,10 @@
 //! device and takes their norm there (the one value an update reads back anyway); then
 //! [`Offloaded::step_on_host`] copies them down, steps, and copies the compute copy up.
 //! Per step that moves 4 bytes a parameter down and the compute copy's (2 in bf16 or
-//! f16) up.
+//! f16) up, both between device memory and host memory pinned for the backend
+//! ([`PinnedHostBuf`], DeepSpeed's `offload_optimizer.pin_memory`): on a device the
+//! driver copies registered memory by DMA at the bus's speed, where pageable memory goes
+//! through its own staging.
 //! [`super::StateAt`] is the choice between this and a state on the backend.
 
 use std::cell::RefCell;
@@ -17,37 +20,40 @@ use half::{bf16, f16};
 use crate::backend::{Backend, View};
 use crate::elem::{Act, Dtype};
 use crate::error::GpuError;
-use crate::host::{Host, HostBuf};
+use crate::host::Host;
+use crate::pinned::PinnedHostBuf;
 use crate::step::optimizer::{self, Optimizer, OptimizerState, Scalars};
 
 /// One rank's optimizer state in host memory.
-pub struct Offloaded {
+pub struct Offloaded<B: Backend> {
     opt: OptimizerState<Host>,
     /// The gradients, copied down for the host's optimizer.
-    grads: HostBuf<f32>,
+    grads: PinnedHostBuf<B, f32>,
     /// The compute copy the host's optimizer writes, in the step's type: made by the
     /// first update (the state does not know the type before).
-    copy: RefCell<Option<HostCopy>>,
+    copy: RefCell<Option<HostCopy<B>>>,
 }
 
 /// The compute copy on the host, in the step's type.
-enum HostCopy {
-    F32(HostBuf<f32>),
-    Bf16(HostBuf<bf16>),
-    F16(HostBuf<f16>),
+enum HostCopy<B: Backend> {
+    F32(PinnedHostBuf<B, f32>),
+    Bf16(PinnedHostBuf<B, bf16>),
+    F16(PinnedHostBuf<B, f16>),
 }
 
-impl Offloaded {
+impl<B: Backend> Offloaded<B> {
     /// The state of optimizer `kind` over `master` (the whole flat buffer, or a ZeRO-1
-    /// shard of it) with its `segments`, in host memory.
+    /// shard of it) with its `segments`, in host memory, its copies to and from `be`
+    /// pinned.
     pub fn new(
+        be: &B,
         kind: Optimizer,
         master: &[f32],
         segments: &[(Range<usize>, bool)],
     ) -> Result<Self, GpuError> {
         Ok(Offloaded {
             opt: OptimizerState::new(&Host, kind, master, segments)?,
-            grads: Host.zeros(master.len())?,
+            grads: PinnedHostBuf::zeros(be, master.len())?,
             copy: RefCell::new(None),
         })
     }
@@ -72,7 +78,7 @@ impl Offloaded {
     /// The optimizer's step on the host over `grads` (on `be`, as long as the master)
     /// times `mult`: the gradients copied down, the host build of the optimizer's kernels,
     /// the compute copy `params` (on `be`, as long) copied up.
-    pub fn step_on_host<B: Backend, T: Act>(
+    pub fn step_on_host<T: Act>(
         &self,
         be: &B,
         grads: View<f32>,
@@ -83,15 +89,17 @@ impl Offloaded {
         let mut copy = self.copy.borrow_mut();
         if copy.is_none() {
             *copy = Some(match T::DTYPE {
-                Dtype::F32 => HostCopy::F32(Host.zeros(self.opt.len())?),
-                Dtype::Bf16 => HostCopy::Bf16(Host.zeros(self.opt.len())?),
-                Dtype::F16 => HostCopy::F16(Host.zeros(self.opt.len())?),
+                Dtype::F32 => HostCopy::F32(PinnedHostBuf::zeros(be, self.opt.len())?),
+                Dtype::Bf16 => HostCopy::Bf16(PinnedHostBuf::zeros(be, self.opt.len())?),
+                Dtype::F16 => HostCopy::F16(PinnedHostBuf::zeros(be, self.opt.len())?),
             });
         }
         let host_copy: View<T> = match copy.as_ref() {
-            Some(HostCopy::F32(b)) => Host.all(b).cast::<T>()?,
-            Some(HostCopy::Bf16(b)) => Host.all(b).cast::<T>()?,
-            Some(HostCopy::F16(b)) => Host.all(b).cast::<T>()?,
+            // The copies from it (`write_at`, below) end before they return: settled at
+            // once.
+            Some(HostCopy::F32(b)) => Host.all(b.settled(be)?).cast::<T>()?,
+            Some(HostCopy::Bf16(b)) => Host.all(b.settled(be)?).cast::<T>()?,
+            Some(HostCopy::F16(b)) => Host.all(b.settled(be)?).cast::<T>()?,
             None => {
                 return Err(GpuError::Shape {
                     kernel: "offload",
@@ -103,9 +111,22 @@ impl Offloaded {
         Host.copy_to(host_copy, be, params)
     }
 
+    /// The optimizer's step over gradients and a compute copy that are host memory
+    /// already (`grads`, `params`: parameter offload's whole copy and sum), times `mult`:
+    /// nothing to copy either way.
+    pub fn step_in_host_memory<T: Act>(
+        &self,
+        grads: View<f32>,
+        params: View<T>,
+        scalars: &Scalars,
+        mult: f32,
+    ) -> Result<(), GpuError> {
+        optimizer::apply(&Host, &self.opt, params, grads, scalars, mult)
+    }
+
     /// [`Self::step_on_host`] writing the compute copy `host_params` where it lives, in
     /// host memory (ZeRO-3's shard with the parameters offloaded): nothing goes back up.
-    pub(crate) fn step_into_host<B: Backend, T: Act>(
+    pub(crate) fn step_into_host<T: Act>(
         &self,
         be: &B,
         grads: View<f32>,
@@ -113,7 +134,7 @@ impl Offloaded {
         scalars: &Scalars,
         mult: f32,
     ) -> Result<(), GpuError> {
-        let host_grads = Host.all(&self.grads);
+        let host_grads = Host.all(self.grads.settled(be)?);
         Host.copy_from(host_grads, be, grads)?;
         optimizer::apply(&Host, &self.opt, host_params, host_grads, scalars, mult)
     }

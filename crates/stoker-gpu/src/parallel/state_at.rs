@@ -20,7 +20,7 @@ pub enum StateAt<B: Backend> {
     /// On the backend, beside the step.
     Here(OptimizerState<B>),
     /// In host memory, stepped by the host build of the same kernels.
-    Host(Offloaded),
+    Host(Offloaded<B>),
 }
 
 impl<B: Backend> StateAt<B> {
@@ -35,7 +35,7 @@ impl<B: Backend> StateAt<B> {
     ) -> Result<Self, GpuError> {
         Ok(match offload {
             false => StateAt::Here(OptimizerState::new(be, kind, master, segments)?),
-            true => StateAt::Host(Offloaded::new(kind, master, segments)?),
+            true => StateAt::Host(Offloaded::new(be, kind, master, segments)?),
         })
     }
 
