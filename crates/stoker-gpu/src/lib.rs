@@ -25,6 +25,7 @@ pub mod backend;
 pub mod call;
 mod call_bytes;
 pub mod collectives;
+pub mod copy_bench;
 pub mod counting;
 pub mod efficiency_fit;
 pub mod elem;

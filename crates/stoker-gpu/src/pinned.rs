@@ -44,6 +44,11 @@ impl<B: Backend, E: Elem> PinnedHostBuf<B, E> {
         self.len() == 0
     }
 
+    /// The backend's pin of it (on a device, whether the driver registered it).
+    pub fn pin(&self) -> &B::HostPin {
+        &self.pin
+    }
+
     /// The buffer, for reads: copies to the backend may be reading it too.
     pub fn readable(&self) -> &HostBuf<E> {
         &self.buf

@@ -150,3 +150,39 @@ fn copy_and_wait<B: Backend>(
     let pending = unsafe { pinned.start_copy_to(be, src, dst).unwrap() };
     be.wait_write(pending).unwrap();
 }
+
+#[test]
+fn the_copy_bench_lands_every_way_of_copying_on_the_host_build() {
+    // The times mean nothing here; every way's landed bytes are checked inside.
+    let rows = stoker_gpu::copy_bench::time_copies(&Host, 1000, 3).unwrap();
+    let ways: Vec<_> = rows.iter().map(|r| r.what).collect();
+    assert_eq!(
+        ways,
+        [
+            "up: pageable, in the stream's order",
+            "up: staged, copy stream",
+            "up: pinned, copy stream",
+            "down: pageable, in the stream's order",
+            "down: copy stream",
+        ]
+    );
+    assert!(rows.iter().all(|r| r.bytes == 4000 && r.micros >= 0.0));
+    let overlap = stoker_gpu::copy_bench::time_overlap(&Host, 1000, (2000, 3), 3).unwrap();
+    let hidden = overlap.hidden();
+    assert!((0.0..=1.0).contains(&hidden), "{overlap:?}");
+}
+
+#[test]
+fn overlap_is_the_share_of_the_shorter_run_beside_the_longer() {
+    use stoker_gpu::copy_bench::Overlap;
+    let o = |compute_us, copy_us, both_us| Overlap {
+        compute_us,
+        copy_us,
+        both_us,
+    };
+    assert_eq!(o(10.0, 4.0, 10.0).hidden(), 1.0);
+    assert_eq!(o(10.0, 4.0, 14.0).hidden(), 0.0);
+    assert_eq!(o(10.0, 4.0, 12.0).hidden(), 0.5);
+    assert_eq!(o(10.0, 4.0, 16.0).hidden(), 0.0);
+    assert_eq!(o(0.0, 4.0, 4.0).hidden(), 0.0);
+}

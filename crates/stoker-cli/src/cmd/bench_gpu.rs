@@ -58,6 +58,40 @@ struct FitFile {
     fit: Vec<FitRow>,
 }
 
+/// The copies between host and GPU, each way's median bandwidth, whether the driver
+/// registers host memory (what parameter offload's copies read), and how much of a
+/// copy up on the copy stream runs beside kernels on the compute stream
+/// (`stoker_gpu::copy_bench`: each copy's bytes checked against its source).
+#[cfg(feature = "cuda")]
+fn host_copies(dev: &stoker_gpu::device::Device, reps: usize) -> anyhow::Result<()> {
+    use stoker_gpu::copy_bench::{time_copies, time_overlap};
+    let pinned = stoker_gpu::PinnedHostBuf::<_, f32>::zeros(dev, 1 << 20)?;
+    println!(
+        "\ncopies between host and GPU (median of {reps}); host memory registered with the driver: {}",
+        if pinned.pin().registered() { "yes" } else { "NO (pinned copies are staged)" }
+    );
+    for elems in [4usize << 20, 64 << 20] {
+        for t in time_copies(dev, elems, reps)? {
+            println!(
+                "  {:<40} {:>6.0} MiB {:>10.1} us {:>7.1} GB/s",
+                t.what,
+                t.bytes as f64 / (1 << 20) as f64,
+                t.micros,
+                t.bytes as f64 / (t.micros * 1e-6) / 1e9
+            );
+        }
+    }
+    let o = time_overlap(dev, 4 << 20, (64 << 20, 4), reps)?;
+    println!(
+        "  16 MiB up (pinned, copy stream) beside 4 additions over 256 MiB: copy {:.1} us, kernels {:.1} us, both {:.1} us: {:.0}% of the shorter hidden",
+        o.copy_us,
+        o.compute_us,
+        o.both_us,
+        100.0 * o.hidden()
+    );
+    Ok(())
+}
+
 /// Runs `stoker bench gpu-kernels`.
 #[cfg(not(feature = "cuda"))]
 pub fn run(_: GpuKernelsArgs) -> anyhow::Result<()> {
@@ -162,6 +196,10 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
             }
         }
         gemm_libraries(&dev, a.batch, a.reps, &mut failed);
+        if let Err(e) = host_copies(&dev, a.reps) {
+            println!("  did not run: {e}");
+            failed.push("the copies between host and GPU");
+        }
     }
     if a.step {
         println!(
