@@ -111,6 +111,21 @@ pub trait Backend {
     /// its buffer must stay alive (on the host build the read happens at the finish, so
     /// a write in between shows in the bits).
     unsafe fn start_read<E: Elem>(&self, v: View<E>) -> Result<Self::PendingRead, GpuError>;
+    /// [`Backend::start_read`] straight into `out` (as many elements as `v`), which lies
+    /// in `pin`'s memory (checked): on a device the copy engine writes it, with no copy
+    /// out of the read's own memory at the finish. [`Backend::finish_read`] with the same
+    /// `out` ends it.
+    ///
+    /// # Safety
+    /// [`Backend::start_read`]'s for `v`; and nothing reads or writes `out`, which stays
+    /// alive, until the finish (on the host build `out` holds [`crate::host::POISON`]
+    /// until then, and the finish refuses an `out` written since the start).
+    unsafe fn start_read_to_pin<E: Elem>(
+        &self,
+        v: View<E>,
+        pin: &Self::HostPin,
+        out: &mut [E],
+    ) -> Result<Self::PendingRead, GpuError>;
     /// The elements `read` (started on `v`) read, into `out` (as many), once it is done.
     fn finish_read<E: Elem>(
         &self,

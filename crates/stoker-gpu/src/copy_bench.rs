@@ -84,7 +84,8 @@ fn check_landed(what: &str, got: &[f32], want: &[f32]) -> Result<(), GpuError> {
 /// Every way of copying `elems` f32s between the host and `be`, `reps` times each,
 /// checked: up from pageable memory (`write_at`), up staged on the copy stream
 /// (`start_write`), up from pinned memory on the copy stream (`start_write_from_pin`),
-/// down into pageable memory (`read_into`), down on the copy stream (`start_read`).
+/// down into pageable memory (`read_into`), down on the copy stream (`start_read`), down
+/// on the copy stream into pinned memory (`start_read_to_pin`).
 pub fn time_copies<B: Backend>(
     be: &B,
     elems: usize,
@@ -141,6 +142,20 @@ pub fn time_copies<B: Backend>(
     })?;
     check_landed("down, copy stream", &out, &source)?;
     row("down: copy stream", streamed);
+
+    let landing = PinnedHostBuf::<B, f32>::zeros(be, elems)?;
+    let into_pin = timed(reps, || {
+        // SAFETY: nothing writes `dst`, and nothing touches `landing`, until the finish,
+        // just below; both outlive it.
+        let r = unsafe { landing.start_read_into(be, be.all(&dst), 0..elems)? };
+        landing.finish_read_into(be, r, be.all(&dst), 0..elems)
+    })?;
+    check_landed(
+        "down, into pinned memory",
+        &Host.download(landing.readable())?,
+        &source,
+    )?;
+    row("down: into pinned, copy stream", into_pin);
     Ok(rows)
 }
 

@@ -196,6 +196,17 @@ impl Backend for CountingBackend {
         Ok(())
     }
 
+    unsafe fn start_read_to_pin<E: Elem>(
+        &self,
+        v: View<E>,
+        _pin: &(),
+        out: &mut [E],
+    ) -> Result<(), GpuError> {
+        crate::error::check_len("read", "out", out.len(), v.len())?;
+        // SAFETY: nothing is read; the counted copy is the same as start_read's.
+        unsafe { self.start_read(v) }
+    }
+
     fn finish_read<E: Elem>(&self, _read: (), v: View<E>, out: &mut [E]) -> Result<(), GpuError> {
         crate::error::check_len("read", "out", out.len(), v.len())?;
         out.fill(E::default());

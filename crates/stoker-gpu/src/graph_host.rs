@@ -163,6 +163,17 @@ impl Backend for GraphHost {
         unsafe { Host.start_read(v) }
     }
 
+    unsafe fn start_read_to_pin<E: Elem>(
+        &self,
+        v: View<E>,
+        pin: &HostPin,
+        out: &mut [E],
+    ) -> Result<HostRead, GpuError> {
+        self.live("a read back")?;
+        // SAFETY: the caller's contract, passed on.
+        unsafe { Host.start_read_to_pin(v, pin, out) }
+    }
+
     fn finish_read<E: Elem>(
         &self,
         read: HostRead,

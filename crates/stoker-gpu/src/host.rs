@@ -53,6 +53,9 @@ pub struct HostPin {
 pub struct HostRead {
     at: Addr,
     bytes: usize,
+    /// Where a read into pinned memory lands ([`Backend::start_read_to_pin`]): poisoned
+    /// until the finish, which must be given the same memory.
+    into: Option<Addr>,
 }
 
 /// A read finished on `(at, bytes)` (an address and a length in bytes) is the one
@@ -100,19 +103,6 @@ impl Host {
         dst: View<E>,
     ) -> Result<(), GpuError> {
         be.write_at(dst, self.readable(src, &dst)?)
-    }
-
-    /// Finishes `read` (started on `src`, a view of backend `be`) into `dst`, a view of
-    /// a host buffer, as many elements ([`Backend::finish_read`]). The views must not
-    /// overlap (checked).
-    pub fn finish_copy_from<B: Backend, E: Elem>(
-        &self,
-        dst: View<E>,
-        be: &B,
-        read: B::PendingRead,
-        src: View<E>,
-    ) -> Result<(), GpuError> {
-        be.finish_read(read, src, self.writable(dst, &src)?)
     }
 
     /// `dst`, a view of a host buffer, as a slice to fill from `src` (as long, not
@@ -260,7 +250,26 @@ impl Backend for Host {
         Ok(HostRead {
             at: v.addr(),
             bytes: v.len() * std::mem::size_of::<E>(),
+            into: None,
         })
+    }
+
+    unsafe fn start_read_to_pin<E: Elem>(
+        &self,
+        v: View<E>,
+        pin: &HostPin,
+        out: &mut [E],
+    ) -> Result<HostRead, GpuError> {
+        crate::error::check_len("read", "out", out.len(), v.len())?;
+        crate::backend::check_inside_pin((pin.at, pin.bytes), out)?;
+        let into = out.as_ptr() as usize as Addr;
+        // SAFETY: `out` is a live, exclusive slice of an Elem type (plain numbers, no
+        // padding), so its bytes may be written.
+        unsafe { std::ptr::write_bytes(out.as_mut_ptr().cast::<u8>(), POISON, size_of_val(out)) };
+        // SAFETY: the caller's contract, passed on.
+        let mut read = unsafe { self.start_read(v)? };
+        read.into = Some(into);
+        Ok(read)
     }
 
     fn finish_read<E: Elem>(
@@ -271,6 +280,21 @@ impl Backend for Host {
     ) -> Result<(), GpuError> {
         let bytes = v.len() * std::mem::size_of::<E>();
         check_same_read((v.addr(), bytes), (read.at, read.bytes))?;
+        if let Some(into) = read.into {
+            check_same_read((out.as_ptr() as usize as Addr, bytes), (into, read.bytes))?;
+            // SAFETY: `out` is a live slice of an Elem type: plain numbers, whose bytes
+            // may be read.
+            let now = unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<u8>(), bytes) };
+            if let Some(k) = now.iter().position(|&b| b != POISON) {
+                return Err(GpuError::Order {
+                    what: format!(
+                        "finish_read: byte {k} of the {bytes} pinned bytes at {into:#x} was \
+                         written between the read's start and its finish (on a device the \
+                         copy engine writes them at any moment in between)"
+                    ),
+                });
+            }
+        }
         self.read_into(v, out)
     }
 

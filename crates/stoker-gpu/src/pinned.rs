@@ -88,6 +88,38 @@ impl<B: Backend, E: Elem> PinnedHostBuf<B, E> {
         unsafe { be.write_from_pin(dst, &self.pin, data) }
     }
 
+    /// Starts reading `src` (a view of the backend) into elements `dst` of this buffer
+    /// (as many) beside the backend's launches ([`Backend::start_read_to_pin`]: on a
+    /// device the copy engine writes them directly).
+    ///
+    /// # Safety
+    /// [`Backend::start_read`]'s for `src`: nothing writes it, and its buffer stays
+    /// alive, until [`PinnedHostBuf::finish_read_into`]; and nothing reads or writes
+    /// elements `dst` of this buffer until then.
+    pub unsafe fn start_read_into(
+        &self,
+        be: &B,
+        src: View<E>,
+        dst: Range<usize>,
+    ) -> Result<B::PendingRead, GpuError> {
+        let out = writable(Host.view(&self.buf, dst)?);
+        // SAFETY: the caller's contract, passed on.
+        unsafe { be.start_read_to_pin(src, &self.pin, out) }
+    }
+
+    /// Ends `read`, which [`PinnedHostBuf::start_read_into`] started from `src` into
+    /// elements `dst`: they hold `src`'s elements when this returns.
+    pub fn finish_read_into(
+        &self,
+        be: &B,
+        read: B::PendingRead,
+        src: View<E>,
+        dst: Range<usize>,
+    ) -> Result<(), GpuError> {
+        let out = writable(Host.view(&self.buf, dst)?);
+        be.finish_read(read, src, out)
+    }
+
     /// Elements `range`, as a slice for a copy to read.
     fn slice(&self, range: Range<usize>) -> Result<&[E], GpuError> {
         let v = Host.view(&self.buf, range)?;
@@ -98,4 +130,15 @@ impl<B: Backend, E: Elem> PinnedHostBuf<B, E> {
         // shared between threads.
         Ok(unsafe { std::slice::from_raw_parts(v.addr() as usize as *const E, v.len()) })
     }
+}
+
+/// The elements of `v`, a view of a pinned buffer's host memory, as a slice for a read to
+/// write.
+fn writable<E: Elem>(v: View<'_, E>) -> &mut [E] {
+    // SAFETY: a View lies inside the live HostBuf it was made from (checked by
+    // `Host::view`), whose cells may be written, and which its borrow keeps alive. This
+    // is private to this module, whose callers hold the slice only through one backend
+    // call, in which nothing else touches those elements: host kernels run on the
+    // calling thread, and a HostBuf (cells) is not shared between threads.
+    unsafe { std::slice::from_raw_parts_mut(v.addr() as usize as *mut E, v.len()) }
 }

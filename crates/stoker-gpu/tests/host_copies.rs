@@ -164,6 +164,7 @@ fn the_copy_bench_lands_every_way_of_copying_on_the_host_build() {
             "up: pinned, copy stream",
             "down: pageable, in the stream's order",
             "down: copy stream",
+            "down: into pinned, copy stream",
         ]
     );
     assert!(rows.iter().all(|r| r.bytes == 4000 && r.micros >= 0.0));
@@ -185,4 +186,40 @@ fn overlap_is_the_share_of_the_shorter_run_beside_the_longer() {
     assert_eq!(o(10.0, 4.0, 12.0).hidden(), 0.5);
     assert_eq!(o(10.0, 4.0, 16.0).hidden(), 0.0);
     assert_eq!(o(0.0, 4.0, 4.0).hidden(), 0.0);
+}
+
+#[test]
+fn a_read_into_pinned_memory_poisons_it_until_its_finish() {
+    let be = Host;
+    let src = be.upload(&[1.5f32, 2.5, 3.5]).unwrap();
+    let pinned = PinnedHostBuf::<Host, f32>::zeros(&be, 5).unwrap();
+
+    // SAFETY: `src` is unwritten and alive, and elements 1..4 untouched, until the finish.
+    let r = unsafe { pinned.start_read_into(&be, be.all(&src), 1..4).unwrap() };
+    let meanwhile = Host.download(pinned.readable()).unwrap();
+    assert_eq!(meanwhile[0], 0.0);
+    assert!(meanwhile[1..4].iter().all(|x| x.is_nan()), "{meanwhile:?}");
+    assert_eq!(meanwhile[4], 0.0);
+    pinned.finish_read_into(&be, r, be.all(&src), 1..4).unwrap();
+    assert_eq!(
+        Host.download(pinned.readable()).unwrap(),
+        vec![0.0, 1.5, 2.5, 3.5, 0.0]
+    );
+
+    // Finished into other elements than it started into: refused.
+    // SAFETY: as above, for elements 0..3.
+    let r = unsafe { pinned.start_read_into(&be, be.all(&src), 0..3).unwrap() };
+    let err = pinned
+        .finish_read_into(&be, r, be.all(&src), 2..5)
+        .unwrap_err();
+    assert!(matches!(err, GpuError::Shape { .. }), "{err:?}");
+
+    // Written in flight: refused (on a device the copy engine may land after the write).
+    // SAFETY: the test breaks the contract on purpose, on the host build only.
+    let r = unsafe { pinned.start_read_into(&be, be.all(&src), 2..5).unwrap() };
+    Host.write(pinned.readable(), 3, &[9.0]).unwrap();
+    match pinned.finish_read_into(&be, r, be.all(&src), 2..5) {
+        Err(GpuError::Order { what }) => assert!(what.contains("pinned"), "{what}"),
+        other => panic!("expected an order error, got {other:?}"),
+    }
 }

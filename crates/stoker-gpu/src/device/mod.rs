@@ -411,6 +411,30 @@ impl Backend for Device {
         }
     }
 
+    unsafe fn start_read_to_pin<E: Elem>(
+        &self,
+        v: View<E>,
+        pin: &DevicePin,
+        out: &mut [E],
+    ) -> Result<DeviceRead, GpuError> {
+        self.live("a read back")?;
+        crate::error::check_len("read", "out", out.len(), v.len())?;
+        self.bind()?;
+        // SAFETY: `out` is a live, exclusive slice of an Elem type: plain numbers with no
+        // padding, for which every bit pattern is a value, so it may be written as
+        // size_of_val(out) bytes.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), size_of_val(out))
+        };
+        // SAFETY: a View lies inside a live device buffer of this context and holds
+        // v.len() elements (checked when it was made); this function's contract keeps it
+        // unwritten and alive, and `out` untouched and alive, until the read is finished.
+        unsafe {
+            self.transfers
+                .start_read_to_pin(&self.ctx, &self.stream, pin, v.addr(), bytes)
+        }
+    }
+
     fn finish_read<E: Elem>(
         &self,
         read: DeviceRead,

@@ -48,6 +48,9 @@ impl Drop for DeviceWrite {
 pub struct DeviceRead {
     done: CudaEvent,
     pinned: Option<PinnedHostSlice<u8>>,
+    /// Where the copy lands when it writes the caller's pinned memory directly
+    /// ([`Transfers::start_read_to_pin`]); None when it lands in `pinned`.
+    into: Option<Addr>,
     at: Addr,
     bytes: usize,
 }
@@ -223,6 +226,48 @@ impl Transfers {
         Ok(DeviceRead {
             done,
             pinned: Some(pinned),
+            into: None,
+            at,
+            bytes,
+        })
+    }
+
+    /// [`Transfers::start_read`] straight into `out`, which lies in `pin`'s memory
+    /// (checked): the copy engine writes it where the driver registered it; otherwise
+    /// the read lands in pinned memory of its own and the finish copies it over.
+    ///
+    /// # Safety
+    /// [`Transfers::start_read`]'s for `at`; and nothing reads or writes `out`, which
+    /// stays alive, until the read is finished or dropped.
+    pub(super) unsafe fn start_read_to_pin(
+        &self,
+        ctx: &Arc<CudaContext>,
+        compute: &CudaStream,
+        pin: &DevicePin,
+        at: Addr,
+        out: &mut [u8],
+    ) -> Result<DeviceRead, GpuError> {
+        crate::backend::check_inside_pin(pin.range(), out)?;
+        if !pin.registered() || out.is_empty() {
+            // SAFETY: this function's contract, for `at`.
+            return unsafe { self.start_read(ctx, compute, at, out.len()) };
+        }
+        let done = ctx.new_event(None).map_err(driver("making an event"))?;
+        Self::after(&self.down, compute)?;
+        let bytes = out.len();
+        let into = out.as_ptr() as usize as Addr;
+        // SAFETY: `out` lies in page-locked memory (checked above) that nothing reads,
+        // writes or frees until the read is finished or dropped, both of which wait for
+        // `done` first (where marking the copy fails, `record_after_copy` waits for the
+        // stream); `at` starts `bytes` bytes of a live device buffer of `ctx`, unwritten
+        // until then (this function's contract).
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(out, at, self.down.cu_stream()) }
+            .map_err(driver("copying down into pinned memory"))?;
+        record_after_copy(&done, &self.down)?;
+        Ok(DeviceRead {
+            done,
+            pinned: None,
+            into: Some(into),
             at,
             bytes,
         })
@@ -240,6 +285,13 @@ impl Transfers {
         read.done
             .synchronize()
             .map_err(driver("waiting for a read's copy"))?;
+        if let Some(into) = read.into {
+            // Landed in `out` itself, if `out` is where it started.
+            return crate::host::check_same_read(
+                (out.as_ptr() as usize as Addr, out.len()),
+                (into, read.bytes),
+            );
+        }
         let pinned = read.pinned.take().ok_or_else(|| GpuError::Driver {
             what: "finishing a read".into(),
             error: "its pinned memory is gone".into(),

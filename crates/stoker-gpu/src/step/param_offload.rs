@@ -56,8 +56,9 @@ pub struct ParamOffload<B: Backend, T: Act> {
     /// The whole gradient (the flat layout), summed over a window in host memory: the
     /// blocks' after each backward, the resident runs' when an update gathers them.
     host_grads: HostBuf<f32>,
-    /// A block's gradients read down.
-    host_scratch: HostBuf<f32>,
+    /// A block's gradients read down, straight into pinned memory, one for each slot: a
+    /// block's read lands while the block before's is added.
+    host_scratch: [PinnedHostBuf<B, f32>; 2],
     /// The host norm's scratch: one f32, then the per-warp partial sums.
     host_floats: HostBuf<f32>,
 }
@@ -80,7 +81,10 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
             slots,
             host_params: PinnedHostBuf::zeros(be, end)?,
             host_grads: Host.zeros(end)?,
-            host_scratch: Host.zeros(slot)?,
+            host_scratch: [
+                PinnedHostBuf::zeros(be, slot)?,
+                PinnedHostBuf::zeros(be, slot)?,
+            ],
             host_floats: Host.zeros(1 + partials)?,
         })
     }
@@ -121,12 +125,15 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
     /// block's before it (down by now, or soon) are added into the host's sum.
     pub(crate) fn leave_block(&self, be: &B, l: usize) -> Result<(), GpuError> {
         let mut reads = Vec::new();
+        let scratch = &self.host_scratch[l % 2];
         for (r, o) in self.placement().block(l) {
             let v = self.slots.grad_slots().slot_run(be, l, (r, *o))?;
             // SAFETY: the slot is written next by block l - 2's backward, whose zeroing
-            // first finishes this read (`enter_block`); the slots live as long as `self`,
+            // first finishes this read (`enter_block`), and so is the scratch's range
+            // (this block's runs' places in its slot, disjoint), which nothing else
+            // touches until then; the slots and the scratch live as long as `self`,
             // whose `leaving` drops first.
-            reads.push(unsafe { be.start_read(v)? });
+            reads.push(unsafe { scratch.start_read_into(be, v, *o..o + r.len())? });
         }
         self.finish_leaving(be, |_| true)?;
         *self.leaving.borrow_mut() = Some((l, reads));
@@ -205,11 +212,13 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
         let Some((m, reads)) = picked else {
             return Ok(());
         };
+        let scratch = &self.host_scratch[m % 2];
         for ((r, o), read) in self.placement().block(m).iter().zip(reads) {
-            let scratch = Host.view(&self.host_scratch, 0..r.len())?;
             let src = self.slots.grad_slots().slot_run(be, m, (r, *o))?;
-            Host.finish_copy_from(scratch, be, read, src)?;
-            kernels::add_into(&Host, Host.view(&self.host_grads, r.clone())?, scratch)?;
+            let place = *o..o + r.len();
+            scratch.finish_read_into(be, read, src, place.clone())?;
+            let down = Host.view(scratch.readable(), place)?;
+            kernels::add_into(&Host, Host.view(&self.host_grads, r.clone())?, down)?;
         }
         Ok(())
     }
