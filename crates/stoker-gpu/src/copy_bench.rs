@@ -211,3 +211,24 @@ pub fn time_overlap<B: Backend>(
         both_us,
     })
 }
+
+/// The host's side of parameter offload's backward, per block: `elems` f32 gradients
+/// added into the host's sum (what runs while the device goes on) by `add_into`'s host
+/// build on one thread, and over the host's threads as the offload does
+/// ([`kernels::add_into_on_host_threads`]): median microseconds of `reps` each; the sums
+/// checked.
+pub fn time_host_add(elems: usize, reps: usize) -> Result<(f64, f64), GpuError> {
+    let grads = Host.upload(&vec![0.5f32; elems])?;
+    let want = vec![0.5 * reps.max(1) as f32; elems];
+    let sum = Host.zeros::<f32>(elems)?;
+    let one = timed(reps, || {
+        kernels::add_into(&Host, Host.all(&sum), Host.all(&grads))
+    })?;
+    check_landed("host add, one thread", &Host.download(&sum)?, &want)?;
+    let sum = Host.zeros::<f32>(elems)?;
+    let threads = timed(reps, || {
+        kernels::add_into_on_host_threads(Host.all(&sum), Host.all(&grads))
+    })?;
+    check_landed("host add, threads", &Host.download(&sum)?, &want)?;
+    Ok((one, threads))
+}

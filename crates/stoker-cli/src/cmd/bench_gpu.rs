@@ -81,6 +81,11 @@ fn host_copies(dev: &stoker_gpu::device::Device, reps: usize) -> anyhow::Result<
             );
         }
     }
+    let (one, threads) = stoker_gpu::copy_bench::time_host_add(7_087_872, reps)?;
+    println!(
+        "  the host adding a GPT-2 block's gradients into the offload's sum: one thread {one:.0} us, {} threads {threads:.0} us",
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
     let o = time_overlap(dev, 4 << 20, (64 << 20, 4), reps)?;
     println!(
         "  16 MiB up (pinned, copy stream) beside 4 additions over 256 MiB: copy {:.1} us, kernels {:.1} us, both {:.1} us: {:.0}% of the shorter hidden",
