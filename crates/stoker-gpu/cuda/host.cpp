@@ -18,9 +18,18 @@
     for (int64_t i = 0; i < (n); ++i) call;                                                     \
   }
 
+// A pack kernel also gets stoker_host_range_<name>(lo, hi, params...): the packs that
+// start in [lo, hi) alone (lo a multiple of PACK), so that the host can run a long grid
+// in pieces on several threads. A pack writes only its own elements, as one GPU thread
+// does, so the pieces give the whole grid's bits in any order.
+#define STOKER_UNPAREN(...) __VA_ARGS__
 #define STOKER_PACKS(name, params, n, call)                                                     \
   extern "C" void stoker_host_##name params {                                                   \
     for (int64_t i0 = 0; i0 < (n); i0 += stoker::PACK) call;                                    \
+  }                                                                                             \
+  extern "C" void stoker_host_range_##name(int64_t lo, int64_t hi, STOKER_UNPAREN params) {     \
+    const int64_t end = (n) < hi ? (n) : hi;                                                    \
+    for (int64_t i0 = lo; i0 < end; i0 += stoker::PACK) call;                                   \
   }
 
 #define STOKER_ROWS(name, params, rows, call)                                                   \

@@ -104,6 +104,44 @@ extern "C" {
         segs: i32,
         grad_scale: f32,
     );
+    fn stoker_host_range_reduce_partials(
+        lo: i64,
+        hi: i64,
+        dst: P,
+        partials: P,
+        p: i32,
+        cols: i32,
+        stride: i64,
+    );
+    fn stoker_host_range_adamw_segments(
+        lo: i64,
+        hi: i64,
+        p: P,
+        g: P,
+        m: P,
+        v: P,
+        copy: P,
+        n: i64,
+        s: AdamWArgs,
+        bounds: P,
+        decay: P,
+        segs: i32,
+        grad_scale: f32,
+    );
+    fn stoker_host_range_sgd_segments(
+        lo: i64,
+        hi: i64,
+        p: P,
+        g: P,
+        buf: P,
+        copy: P,
+        n: i64,
+        s: SgdArgs,
+        bounds: P,
+        decay: P,
+        segs: i32,
+        grad_scale: f32,
+    );
     fn stoker_host_sum_partials(partials: P, x: P, n: i64, squares: i32, warps: i32);
     fn stoker_host_sum(out: P, x: P, n: i64, accumulate: i32);
     // The tensor-core kernels, bf16 alone.
@@ -586,6 +624,97 @@ pub(crate) unsafe fn run(call: &Call) {
                 group,
                 scale,
             ),
+        }
+    }
+}
+
+/// The elements of `call`'s grid where it is a pack kernel that [`run_packs`] can run in
+/// pieces (the sum of a block's gradients, the optimizers: the long element-wise
+/// launches of an update on the host); None for any other.
+pub(crate) fn pack_extent(call: &Call) -> Option<i64> {
+    match *call {
+        Call::ReducePartials { cols, .. } => Some(cols as i64),
+        Call::AdamwSegments { n, .. } | Call::SgdSegments { n, .. } => Some(n),
+        _ => None,
+    }
+}
+
+/// Runs the packs of `call` (one that [`pack_extent`] names) that start in `lo..hi`, `lo`
+/// a multiple of eight: each pack writes only its own elements, so pieces run in any
+/// order, on any threads at once, give the whole launch's bits. Does nothing for any
+/// other call.
+///
+/// # Safety
+/// [`run`]'s for `call`; and no other piece running at the same time overlaps `lo..hi`.
+pub(crate) unsafe fn run_packs(call: &Call, lo: i64, hi: i64) {
+    let p = |a: Addr| a as usize as P;
+    use Call::*;
+    // SAFETY: the caller's contract; each arm passes the call's fields in kernels.inc's
+    // order after the range.
+    unsafe {
+        match *call {
+            ReducePartials {
+                dst,
+                partials,
+                p: parts,
+                cols,
+                stride,
+            } => {
+                stoker_host_range_reduce_partials(lo, hi, p(dst), p(partials), parts, cols, stride)
+            }
+            AdamwSegments {
+                p: w,
+                g,
+                m,
+                v,
+                copy,
+                n,
+                s,
+                bounds,
+                decay,
+                segs,
+                grad_scale,
+            } => stoker_host_range_adamw_segments(
+                lo,
+                hi,
+                p(w),
+                p(g),
+                p(m),
+                p(v),
+                p(copy),
+                n,
+                s,
+                p(bounds),
+                p(decay),
+                segs,
+                grad_scale,
+            ),
+            SgdSegments {
+                p: w,
+                g,
+                buf,
+                copy,
+                n,
+                s,
+                bounds,
+                decay,
+                segs,
+                grad_scale,
+            } => stoker_host_range_sgd_segments(
+                lo,
+                hi,
+                p(w),
+                p(g),
+                p(buf),
+                p(copy),
+                n,
+                s,
+                p(bounds),
+                p(decay),
+                segs,
+                grad_scale,
+            ),
+            _ => {}
         }
     }
 }

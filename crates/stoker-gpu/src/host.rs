@@ -1,5 +1,6 @@
 //! The host backend: buffers in CPU memory, every [`Call`] run by the host build of the
-//! kernels (cuda/host.cpp) over its whole grid, synchronously. The tests run stoker's GPU
+//! kernels (cuda/host.cpp) over its whole grid, synchronously (the long pack launches in
+//! pieces over rayon's pool: `host_threads.rs`). The tests run stoker's GPU
 //! code here against stoker-kernels; the device check runs the same calls on both
 //! backends and compares the bits.
 
@@ -388,7 +389,7 @@ impl Backend for Host {
     unsafe fn launch(&self, call: &Call) -> Result<(), GpuError> {
         // SAFETY: the caller's contract: every address points into a live HostBuf with
         // the elements the call's shapes imply, and HostBuf's cells may be written.
-        unsafe { crate::ffi::run(call) };
+        unsafe { crate::host_threads::run(call) };
         Ok(())
     }
 

@@ -132,21 +132,6 @@ pub fn add_into<B: Backend>(b: &B, dst: View<f32>, x: View<f32>) -> Result<(), G
     unsafe { b.launch(&call) }
 }
 
-/// [`add_into`] on the host build, in chunks over the host's threads (rayon's pool):
-/// parameter offload's sum of a block's gradients, which the host adds while the device
-/// runs on. Each element's addition is its own, so the bits are one thread's.
-pub fn add_into_on_host_threads(dst: View<f32>, x: View<f32>) -> Result<(), GpuError> {
-    use rayon::prelude::*;
-    /// Elements a task adds: 1 MiB of each operand.
-    const CHUNK: usize = 1 << 18;
-    check_len("add-into", "x", x.len(), dst.len())?;
-    let starts: Vec<usize> = (0..dst.len()).step_by(CHUNK).collect();
-    starts.into_par_iter().try_for_each(|lo| {
-        let hi = (lo + CHUNK).min(dst.len());
-        add_into(&crate::host::Host, dst.slice(lo..hi)?, x.slice(lo..hi)?)
-    })
-}
-
 /// `x` rounded to nearest even into `out` (the compute copy of an f32 master).
 pub fn from_f32<B: Backend, T: Act>(b: &B, out: View<T>, x: View<f32>) -> Result<(), GpuError> {
     check_len("from-f32", "out", out.len(), x.len())?;

@@ -152,9 +152,9 @@ fn copy_and_wait<B: Backend>(
 }
 
 #[test]
-fn the_copy_bench_lands_every_way_of_copying_on_the_host_build() {
+fn the_offload_bench_lands_every_way_of_copying_on_the_host_build() {
     // The times mean nothing here; every way's landed bytes are checked inside.
-    let rows = stoker_gpu::copy_bench::time_copies(&Host, 1000, 3).unwrap();
+    let rows = stoker_gpu::offload_bench::time_copies(&Host, 1000, 3).unwrap();
     let ways: Vec<_> = rows.iter().map(|r| r.what).collect();
     assert_eq!(
         ways,
@@ -168,14 +168,14 @@ fn the_copy_bench_lands_every_way_of_copying_on_the_host_build() {
         ]
     );
     assert!(rows.iter().all(|r| r.bytes == 4000 && r.micros >= 0.0));
-    let overlap = stoker_gpu::copy_bench::time_overlap(&Host, 1000, (2000, 3), 3).unwrap();
+    let overlap = stoker_gpu::offload_bench::time_overlap(&Host, 1000, (2000, 3), 3).unwrap();
     let hidden = overlap.hidden();
     assert!((0.0..=1.0).contains(&hidden), "{overlap:?}");
 }
 
 #[test]
 fn overlap_is_the_share_of_the_shorter_run_beside_the_longer() {
-    use stoker_gpu::copy_bench::Overlap;
+    use stoker_gpu::offload_bench::Overlap;
     let o = |compute_us, copy_us, both_us| Overlap {
         compute_us,
         copy_us,

@@ -61,10 +61,10 @@ struct FitFile {
 /// The copies between host and GPU, each way's median bandwidth, whether the driver
 /// registers host memory (what parameter offload's copies read), and how much of a
 /// copy up on the copy stream runs beside kernels on the compute stream
-/// (`stoker_gpu::copy_bench`: each copy's bytes checked against its source).
+/// (`stoker_gpu::offload_bench`: each copy's bytes checked against its source).
 #[cfg(feature = "cuda")]
 fn host_copies(dev: &stoker_gpu::device::Device, reps: usize) -> anyhow::Result<()> {
-    use stoker_gpu::copy_bench::{time_copies, time_overlap};
+    use stoker_gpu::offload_bench::{time_copies, time_overlap};
     let pinned = stoker_gpu::PinnedHostBuf::<_, f32>::zeros(dev, 1 << 20)?;
     println!(
         "\ncopies between host and GPU (median of {reps}); host memory registered with the driver: {}",
@@ -81,10 +81,15 @@ fn host_copies(dev: &stoker_gpu::device::Device, reps: usize) -> anyhow::Result<
             );
         }
     }
-    let (one, threads) = stoker_gpu::copy_bench::time_host_add(7_087_872, reps)?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (one, threads) = stoker_gpu::offload_bench::time_host_add(7_087_872, reps)?;
     println!(
-        "  the host adding a GPT-2 block's gradients into the offload's sum: one thread {one:.0} us, {} threads {threads:.0} us",
-        std::thread::available_parallelism().map_or(1, |n| n.get())
+        "  the host adding a GPT-2 block's gradients into the offload's sum: one thread {one:.0} us, {cores} threads {threads:.0} us"
+    );
+    // Three reps: one thread takes about a second for each here.
+    let (one, threads) = stoker_gpu::offload_bench::time_host_adamw(124_475_904, 3)?;
+    println!(
+        "  the offloaded optimizer's AdamW over GPT-2 124M on the host: one thread {one:.0} us, {cores} threads {threads:.0} us"
     );
     let o = time_overlap(dev, 4 << 20, (64 << 20, 4), reps)?;
     println!(

@@ -218,7 +218,7 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
             let place = *o..o + r.len();
             scratch.finish_read_into(be, read, src, place.clone())?;
             let down = Host.view(scratch.readable(), place)?;
-            kernels::add_into_on_host_threads(Host.view(&self.host_grads, r.clone())?, down)?;
+            kernels::add_into(&Host, Host.view(&self.host_grads, r.clone())?, down)?;
         }
         Ok(())
     }

@@ -1,6 +1,7 @@
-//! What the copies between host and backend cost, and how much of a copy on the copy
-//! stream the compute stream hides: the measurement behind parameter offload's and the
-//! loader's overlap (docs/gpu.md, "Streams"). Each way of copying runs `reps` times and
+//! What offload's copies between host and backend cost, how much of a copy on the copy
+//! stream the compute stream hides, and what its work on the host costs: the
+//! measurements behind parameter and optimizer offload and the loader's overlap
+//! (docs/gpu.md, "Streams"). Each way of copying runs `reps` times and
 //! its median wall time is reported; every copy's landed bytes are checked against its
 //! source once, so the same code is a correctness check on the host build (where the
 //! times mean nothing) and a measurement on a device.
@@ -214,21 +215,62 @@ pub fn time_overlap<B: Backend>(
 
 /// The host's side of parameter offload's backward, per block: `elems` f32 gradients
 /// added into the host's sum (what runs while the device goes on) by `add_into`'s host
-/// build on one thread, and over the host's threads as the offload does
-/// ([`kernels::add_into_on_host_threads`]): median microseconds of `reps` each; the sums
-/// checked.
+/// build, on a pool of one thread and on rayon's pool, whose threads the host backend
+/// runs long pack kernels over (`host_threads`): median microseconds of `reps` each; the
+/// sums checked.
 pub fn time_host_add(elems: usize, reps: usize) -> Result<(f64, f64), GpuError> {
-    let grads = Host.upload(&vec![0.5f32; elems])?;
     let want = vec![0.5 * reps.max(1) as f32; elems];
-    let sum = Host.zeros::<f32>(elems)?;
-    let one = timed(reps, || {
-        kernels::add_into(&Host, Host.all(&sum), Host.all(&grads))
-    })?;
-    check_landed("host add, one thread", &Host.download(&sum)?, &want)?;
-    let sum = Host.zeros::<f32>(elems)?;
-    let threads = timed(reps, || {
-        kernels::add_into_on_host_threads(Host.all(&sum), Host.all(&grads))
-    })?;
-    check_landed("host add, threads", &Host.download(&sum)?, &want)?;
+    // Made inside: a host buffer stays on the thread that made it.
+    let add = || -> Result<f64, GpuError> {
+        let grads = Host.upload(&vec![0.5f32; elems])?;
+        let sum = Host.zeros::<f32>(elems)?;
+        let us = timed(reps, || {
+            kernels::add_into(&Host, Host.all(&sum), Host.all(&grads))
+        })?;
+        check_landed("host add", &Host.download(&sum)?, &want)?;
+        Ok(us)
+    };
+    let one_thread = one_thread_pool()?;
+    let one = one_thread.install(add)?;
+    Ok((one, add()?))
+}
+
+/// The offloaded optimizer's step on the host: one AdamW update of `elems` parameters
+/// with a bf16 compute copy (the host build over two segments), on a pool of one thread
+/// and on rayon's pool: median microseconds of `reps` each; the two results' bits
+/// checked against each other.
+pub fn time_host_adamw(elems: usize, reps: usize) -> Result<(f64, f64), GpuError> {
+    use crate::step::optimizer::{apply, Optimizer, OptimizerState, Scalars};
+    // Made inside: a host buffer stays on the thread that made it.
+    let update = || -> Result<(f64, Vec<f32>), GpuError> {
+        let master: Vec<f32> = (0..elems).map(|i| (i % 997) as f32 * 1e-3).collect();
+        let segments = [(0..elems / 2, true), (elems / 2..elems, false)];
+        let opt = OptimizerState::new(&Host, Optimizer::AdamW, &master, &segments)?;
+        let grads = Host.upload(&vec![1e-2f32; elems])?;
+        let copy = Host.zeros::<half::bf16>(elems)?;
+        let s = Scalars::AdamW(stoker_kernels::AdamWStep::new(
+            3e-4, 0.9, 0.95, 1e-8, 0.1, 1,
+        ));
+        let us = timed(reps, || {
+            apply(&Host, &opt, Host.all(&copy), Host.all(&grads), &s, 1.0)
+        })?;
+        Ok((us, opt.master(&Host)?))
+    };
+    let one_thread = one_thread_pool()?;
+    let (one, alone) = one_thread.install(update)?;
+    let (threads, pooled) = update()?;
+    check_landed("host adamw over threads", &pooled, &alone)?;
     Ok((one, threads))
+}
+
+/// A rayon pool of one thread: the host build's launches installed on it run whole on
+/// that thread, the baseline the pool's pieces are measured against.
+fn one_thread_pool() -> Result<rayon::ThreadPool, GpuError> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .map_err(|e| GpuError::Driver {
+            what: "making a pool of one thread".into(),
+            error: e.to_string(),
+        })
 }

@@ -1,0 +1,37 @@
+//! The host build's long element-wise launches over the host's threads: an update on
+//! the host (the optimizer offloaded, DeepSpeed's CPU Adam runs on every core) and
+//! parameter offload's sums of a block's gradients touch every parameter, which one
+//! thread does at a few GB/s. A pack kernel ([`crate::ffi::pack_extent`]) whose grid is
+//! long enough runs in pieces of [`PIECE`] elements on rayon's pool; each pack writes only
+//! its own elements, so the bits are one thread's. Everything else runs on the calling
+//! thread.
+
+use rayon::prelude::*;
+
+use crate::call::Call;
+use crate::ffi;
+
+/// Elements a piece holds: 1 MiB of f32s, a multiple of the packs' eight.
+pub const PIECE: i64 = 1 << 18;
+
+/// Runs `call` on the host: in pieces over the pool where it is a pack kernel of more
+/// than one piece, else whole on this thread.
+///
+/// # Safety
+/// [`crate::ffi::run`]'s for `call`.
+pub(crate) unsafe fn run(call: &Call) {
+    match ffi::pack_extent(call) {
+        Some(n) if n > PIECE => {
+            let call = *call;
+            (0..(n + PIECE - 1) / PIECE).into_par_iter().for_each(|k| {
+                let lo = k * PIECE;
+                // SAFETY: `call` is valid (this function's contract); the pieces
+                // [k * PIECE, (k + 1) * PIECE) do not overlap, and each pack writes only
+                // its own elements.
+                unsafe { ffi::run_packs(&call, lo, (lo + PIECE).min(n)) }
+            });
+        }
+        // SAFETY: this function's contract.
+        _ => unsafe { ffi::run(call) },
+    }
+}
