@@ -17,12 +17,12 @@ fn main() -> Result<(), stoker_gpu::GpuError> {
         "offload's host work, median of {reps}, one thread against rayon's {} threads:",
         rayon::current_num_threads()
     );
-    let row = |what: &str, (one, threads): (f64, f64)| {
+    let row = |what: &str, w: stoker_gpu::offload_bench::HostWork| {
         println!(
             "  {what:<52} {:>9.0} us {:>9.0} us  {:.2}x",
-            one,
-            threads,
-            threads / one
+            w.one_thread_us,
+            w.pool_us,
+            w.pool_us / w.one_thread_us
         )
     };
     let block = 7_087_872;

@@ -73,16 +73,19 @@ pub trait Backend {
     /// The memory stays alive, and is written only after [`Backend::settle_pin`], until
     /// what this returns is dropped (its drop waits for the copies reading it).
     unsafe fn pin_host(&self, at: Addr, bytes: usize) -> Result<Self::HostPin, GpuError>;
-    /// Returns once no copy started from `pin`'s memory still reads it: what a host
-    /// write to that memory waits for.
+    /// Returns once no copy started from or into `pin`'s memory still uses it: what a
+    /// host write to that memory waits for.
     fn settle_pin(&self, pin: &Self::HostPin) -> Result<(), GpuError>;
+    /// Whether copies from and into `pin`'s memory use it directly (on a device: the
+    /// driver registered it), rather than through staging.
+    fn pin_is_direct(&self, pin: &Self::HostPin) -> bool;
     /// [`Backend::start_write`] from `data`, which lies in `pin`'s memory (checked),
     /// read by the copy itself, as late as the copy runs.
     ///
     /// # Safety
-    /// [`Backend::start_write`]'s for `v`; and nothing writes `data` until
+    /// [`Backend::start_write`]'s for `v`; nothing writes `data` until
     /// [`Backend::settle_pin`] of `pin` (on the host build, the wait refuses a source
-    /// written since the start).
+    /// written since the start); and `data`'s memory stays alive until the wait.
     unsafe fn start_write_from_pin<E: Elem>(
         &self,
         v: View<E>,
@@ -94,7 +97,8 @@ pub trait Backend {
     /// itself.
     ///
     /// # Safety
-    /// Nothing writes `data` until [`Backend::settle_pin`] of `pin`.
+    /// Nothing writes `data` until [`Backend::settle_pin`] of `pin` (on the host build,
+    /// the settle refuses a source written since).
     unsafe fn write_from_pin<E: Elem>(
         &self,
         v: View<E>,

@@ -154,6 +154,10 @@ impl Backend for CountingBackend {
         Ok(())
     }
 
+    fn pin_is_direct(&self, _pin: &()) -> bool {
+        true
+    }
+
     unsafe fn start_write_from_pin<E: Elem>(
         &self,
         v: View<E>,

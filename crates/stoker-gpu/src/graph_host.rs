@@ -124,6 +124,10 @@ impl Backend for GraphHost {
         Host.settle_pin(pin)
     }
 
+    fn pin_is_direct(&self, pin: &HostPin) -> bool {
+        Host.pin_is_direct(pin)
+    }
+
     unsafe fn start_write_from_pin<E: Elem>(
         &self,
         v: View<E>,

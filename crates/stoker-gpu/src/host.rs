@@ -40,11 +40,37 @@ pub struct HostWrite {
 }
 
 /// Host memory pinned for the host build ([`Backend::pin_host`]): its address and
-/// length, which the pinned copies check their sources against.
+/// length, which the pinned copies check their sources against, and what each copy in
+/// the stream's order ([`Backend::write_from_pin`]) read, kept until the pin is settled:
+/// on a device the copy engine reads the source until then, so every later use of the
+/// pin, and the settle, refuses a source written since ([`GpuError::Order`]).
 #[derive(Debug)]
 pub struct HostPin {
     at: Addr,
     bytes: usize,
+    /// Each unsettled copy's source address and the bytes it read (one entry a source).
+    in_flight: std::cell::RefCell<Vec<(Addr, Vec<u8>)>>,
+}
+
+impl HostPin {
+    /// An error where a source of an unsettled copy was written since the copy.
+    fn check_in_flight(&self) -> Result<(), GpuError> {
+        for (src, read) in self.in_flight.borrow().iter() {
+            // SAFETY: the source lies inside the pinned memory (checked when the copy
+            // was made), which `pin_host`'s contract keeps alive while the pin lives.
+            let now = unsafe { std::slice::from_raw_parts(*src as usize as *const u8, read.len()) };
+            if let Some(k) = now.iter().zip(read).position(|(a, b)| a != b) {
+                return Err(GpuError::Order {
+                    what: format!(
+                        "byte {k} of the {} pinned bytes at {src:#x} was written before the \
+                         pin was settled (on a device the copy engine reads them until then)",
+                        read.len()
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A read back on the host build ([`Backend::start_read`]): the elements are read at its
@@ -152,12 +178,22 @@ impl Backend for Host {
     type HostPin = HostPin;
 
     unsafe fn pin_host(&self, at: Addr, bytes: usize) -> Result<HostPin, GpuError> {
-        Ok(HostPin { at, bytes })
+        Ok(HostPin {
+            at,
+            bytes,
+            in_flight: std::cell::RefCell::new(Vec::new()),
+        })
     }
 
-    fn settle_pin(&self, _pin: &HostPin) -> Result<(), GpuError> {
-        // Every copy on the host build has read its source by its wait.
+    fn settle_pin(&self, pin: &HostPin) -> Result<(), GpuError> {
+        // The copies on the copy stream are checked at their waits.
+        pin.check_in_flight()?;
+        pin.in_flight.borrow_mut().clear();
         Ok(())
+    }
+
+    fn pin_is_direct(&self, _pin: &HostPin) -> bool {
+        true
     }
 
     unsafe fn start_write_from_pin<E: Elem>(
@@ -167,6 +203,7 @@ impl Backend for Host {
         data: &[E],
     ) -> Result<HostWrite, GpuError> {
         crate::backend::check_inside_pin((pin.at, pin.bytes), data)?;
+        pin.check_in_flight()?;
         // SAFETY: the caller's contract, passed on.
         let mut write = unsafe { self.start_write(v, data)? };
         write.pinned_source = Some(data.as_ptr() as usize as Addr);
@@ -180,7 +217,19 @@ impl Backend for Host {
         data: &[E],
     ) -> Result<(), GpuError> {
         crate::backend::check_inside_pin((pin.at, pin.bytes), data)?;
-        self.write_at(v, data)
+        pin.check_in_flight()?;
+        self.write_at(v, data)?;
+        let src = data.as_ptr() as usize as Addr;
+        let read = crate::elem::as_bytes(data).to_vec();
+        let mut in_flight = pin.in_flight.borrow_mut();
+        match in_flight
+            .iter_mut()
+            .find(|(a, r)| *a == src && r.len() == read.len())
+        {
+            Some(entry) => entry.1 = read,
+            None => in_flight.push((src, read)),
+        }
+        Ok(())
     }
 
     unsafe fn start_write<E: Elem>(&self, v: View<E>, data: &[E]) -> Result<HostWrite, GpuError> {

@@ -23,6 +23,10 @@ pub struct CopyTimed {
     pub bytes: usize,
     /// Median wall time of one copy, start to finish on the host, microseconds.
     pub micros: f64,
+    /// For a copy from or into pinned memory, whether the backend used it directly
+    /// (false: the driver did not register it, and the copy was staged); None for the
+    /// others.
+    pub pinned_direct: Option<bool>,
 }
 
 /// A copy up on the copy stream beside a run of kernels on the compute stream.
@@ -34,6 +38,19 @@ pub struct Overlap {
     pub copy_us: f64,
     /// Both, started together, until both are done, microseconds (median).
     pub both_us: f64,
+    /// Whether the copy read its pinned memory directly (else it was staged).
+    pub pinned_direct: bool,
+}
+
+/// Offload's work on the host, timed on one thread and on rayon's pool.
+#[derive(Debug, Clone, Copy)]
+pub struct HostWork {
+    /// On a pool of one thread, microseconds (median).
+    pub one_thread_us: f64,
+    /// On rayon's pool, microseconds (median).
+    pub pool_us: f64,
+    /// Threads in rayon's pool.
+    pub pool_threads: usize,
 }
 
 impl Overlap {
@@ -54,8 +71,10 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
-/// `reps` (at least 1) runs of `f`, each timed on the host; the median in microseconds.
+/// One untimed run of `f` (first allocations: staging, pinned read buffers, pages), then
+/// `reps` (at least 1) runs, each timed on the host; the median in microseconds.
 fn timed(reps: usize, mut f: impl FnMut() -> Result<(), GpuError>) -> Result<f64, GpuError> {
+    f()?;
     let mut us = Vec::with_capacity(reps.max(1));
     for _ in 0..reps.max(1) {
         let t = Instant::now();
@@ -96,20 +115,22 @@ pub fn time_copies<B: Backend>(
     let bytes = elems * std::mem::size_of::<f32>();
     let dst = be.zeros::<f32>(elems)?;
     let pinned = PinnedHostBuf::<B, f32>::zeros(be, elems)?;
-    Host.write(pinned.settled(be)?, 0, &source)?;
+    Host.write_at(pinned.settled(be)?, &source)?;
     let mut out = vec![0.0f32; elems];
     let mut rows = Vec::new();
-    let mut row = |what: &'static str, micros: f64| {
+    let direct = pinned.is_direct(be);
+    let mut row = |what: &'static str, micros: f64, pinned_direct: Option<bool>| {
         rows.push(CopyTimed {
             what,
             bytes,
             micros,
+            pinned_direct,
         })
     };
 
     let up = timed(reps, || be.write_at(be.all(&dst), &source))?;
     check_landed("up, pageable", &be.download(&dst)?, &source)?;
-    row("up: pageable, in the stream's order", up);
+    row("up: pageable, in the stream's order", up, None);
 
     be.zero(be.all(&dst))?;
     let staged = timed(reps, || {
@@ -119,21 +140,21 @@ pub fn time_copies<B: Backend>(
         be.read(be.view(&dst, 0..elems.min(1))?).map(|_| ())
     })?;
     check_landed("up, staged", &be.download(&dst)?, &source)?;
-    row("up: staged, copy stream", staged);
+    row("up: staged, copy stream", staged, None);
 
     be.zero(be.all(&dst))?;
-    let direct = timed(reps, || {
+    let direct_up = timed(reps, || {
         // SAFETY: as above.
         let w = unsafe { pinned.start_copy_to(be, 0..elems, be.all(&dst))? };
         be.wait_write(w)?;
         be.read(be.view(&dst, 0..elems.min(1))?).map(|_| ())
     })?;
     check_landed("up, pinned", &be.download(&dst)?, &source)?;
-    row("up: pinned, copy stream", direct);
+    row("up: pinned, copy stream", direct_up, Some(direct));
 
     let down = timed(reps, || be.read_into(be.all(&dst), &mut out))?;
     check_landed("down, pageable", &out, &source)?;
-    row("down: pageable, in the stream's order", down);
+    row("down: pageable, in the stream's order", down, None);
 
     out.fill(0.0);
     let streamed = timed(reps, || {
@@ -142,7 +163,7 @@ pub fn time_copies<B: Backend>(
         be.finish_read(r, be.all(&dst), &mut out)
     })?;
     check_landed("down, copy stream", &out, &source)?;
-    row("down: copy stream", streamed);
+    row("down: copy stream", streamed, None);
 
     let landing = PinnedHostBuf::<B, f32>::zeros(be, elems)?;
     let into_pin = timed(reps, || {
@@ -153,10 +174,14 @@ pub fn time_copies<B: Backend>(
     })?;
     check_landed(
         "down, into pinned memory",
-        &Host.download(landing.readable())?,
+        &Host.read(landing.all()?)?,
         &source,
     )?;
-    row("down: into pinned, copy stream", into_pin);
+    row(
+        "down: into pinned, copy stream",
+        into_pin,
+        Some(landing.is_direct(be)),
+    );
     Ok(rows)
 }
 
@@ -171,7 +196,7 @@ pub fn time_overlap<B: Backend>(
 ) -> Result<Overlap, GpuError> {
     let source: Vec<f32> = (0..copy_elems).map(|i| (i % 509) as f32).collect();
     let pinned = PinnedHostBuf::<B, f32>::zeros(be, copy_elems)?;
-    Host.write(pinned.settled(be)?, 0, &source)?;
+    Host.write_at(pinned.settled(be)?, &source)?;
     let dst = be.zeros::<f32>(copy_elems)?;
     let acc = be.zeros::<f32>(compute_elems)?;
     let ones = be.upload(&vec![1.0f32; compute_elems])?;
@@ -202,14 +227,15 @@ pub fn time_overlap<B: Backend>(
         sync()
     })?;
     check_landed("overlap's copy", &be.download(&dst)?, &source)?;
-    // Every pass added 1 to every element: 2 reps' worth of passes, exactly (small
-    // integers in f32).
-    let want = vec![(2 * reps.max(1) * passes) as f32; compute_elems];
+    // Every pass added 1 to every element: two timings' worth of passes, each with its
+    // untimed first run, exactly (small integers in f32).
+    let want = vec![(2 * (reps.max(1) + 1) * passes) as f32; compute_elems];
     check_landed("overlap's additions", &be.download(&acc)?, &want)?;
     Ok(Overlap {
         compute_us,
         copy_us,
         both_us,
+        pinned_direct: pinned.is_direct(be),
     })
 }
 
@@ -218,8 +244,9 @@ pub fn time_overlap<B: Backend>(
 /// build, on a pool of one thread and on rayon's pool, whose threads the host backend
 /// runs long pack kernels over (`host_threads`): median microseconds of `reps` each; the
 /// sums checked.
-pub fn time_host_add(elems: usize, reps: usize) -> Result<(f64, f64), GpuError> {
-    let want = vec![0.5 * reps.max(1) as f32; elems];
+pub fn time_host_add(elems: usize, reps: usize) -> Result<HostWork, GpuError> {
+    // With the untimed first run.
+    let want = vec![0.5 * (reps.max(1) + 1) as f32; elems];
     // Made inside: a host buffer stays on the thread that made it.
     let add = || -> Result<f64, GpuError> {
         let grads = Host.upload(&vec![0.5f32; elems])?;
@@ -232,14 +259,18 @@ pub fn time_host_add(elems: usize, reps: usize) -> Result<(f64, f64), GpuError> 
     };
     let one_thread = one_thread_pool()?;
     let one = one_thread.install(add)?;
-    Ok((one, add()?))
+    Ok(HostWork {
+        one_thread_us: one,
+        pool_us: add()?,
+        pool_threads: rayon::current_num_threads(),
+    })
 }
 
 /// The offloaded optimizer's step on the host: one AdamW update of `elems` parameters
 /// with a bf16 compute copy (the host build over two segments), on a pool of one thread
 /// and on rayon's pool: median microseconds of `reps` each; the two results' bits
 /// checked against each other.
-pub fn time_host_adamw(elems: usize, reps: usize) -> Result<(f64, f64), GpuError> {
+pub fn time_host_adamw(elems: usize, reps: usize) -> Result<HostWork, GpuError> {
     use crate::step::optimizer::{apply, Optimizer, OptimizerState, Scalars};
     // Made inside: a host buffer stays on the thread that made it.
     let update = || -> Result<(f64, Vec<f32>), GpuError> {
@@ -260,7 +291,11 @@ pub fn time_host_adamw(elems: usize, reps: usize) -> Result<(f64, f64), GpuError
     let (one, alone) = one_thread.install(update)?;
     let (threads, pooled) = update()?;
     check_landed("host adamw over threads", &pooled, &alone)?;
-    Ok((one, threads))
+    Ok(HostWork {
+        one_thread_us: one,
+        pool_us: threads,
+        pool_threads: rayon::current_num_threads(),
+    })
 }
 
 /// A rayon pool of one thread: the host build's launches installed on it run whole on

@@ -1,64 +1,107 @@
-//! Host memory the backend copies from directly: what FSDP's and DeepSpeed's parameter
-//! offload keep their host copy in (`pin_memory`), so that a block's parameters go up at
-//! the bus's speed, read by the copy engine, instead of being copied into staging on the
-//! host's thread first. A [`PinnedHostBuf`] is a host buffer ([`HostBuf`], which the
-//! host build of the kernels reads and writes through views, as an offloaded optimizer
-//! does) pinned for one backend. Copies from it may read it until the backend says they
-//! are done, so every host write to it goes through [`PinnedHostBuf::settled`], which
-//! waits for them.
+//! Host memory the backend copies from and into directly: what FSDP's and DeepSpeed's
+//! offload keep their host copies in (`pin_memory`), so that a block's parameters go up
+//! at the bus's speed, read by the copy engine, instead of being copied into staging on
+//! the host's thread first. A [`PinnedHostBuf`] is host memory (a [`HostBuf`], whose
+//! elements the host build of the kernels reads and writes through views, as an
+//! offloaded optimizer does) pinned for one backend: a run of whole pages of its own, so
+//! that no two pinned buffers share a page (a driver registers pages, and refuses a page
+//! registered twice). Copies from it may read it until the backend says they are done,
+//! so every host write to it goes through [`PinnedHostBuf::settled`], which waits for
+//! them.
 
 use std::ops::Range;
 
 use crate::backend::{Backend, View};
+use crate::call::Addr;
 use crate::elem::Elem;
 use crate::error::GpuError;
 use crate::host::{Host, HostBuf};
 
+/// The page a pinned run starts on and is a whole number of.
+const PAGE: usize = 4096;
+
 /// A host buffer pinned for backend `B`: see the module docs.
 pub struct PinnedHostBuf<B: Backend, E> {
-    // The pin drops first: its drop waits for the copies reading the buffer, and
-    // unpins it, before the memory goes.
+    // The pin drops first: its drop waits for the copies using the buffer, and unpins
+    // it, before the memory goes.
     pin: B::HostPin,
+    /// The elements, with up to a page before and after them: the pinned run is whole
+    /// pages from `start`.
     buf: HostBuf<E>,
+    /// The first element's index in `buf` (page-aligned).
+    start: usize,
+    /// Elements.
+    len: usize,
 }
 
 impl<B: Backend, E: Elem> PinnedHostBuf<B, E> {
     /// `len` zeros in host memory, pinned for `be`.
     pub fn zeros(be: &B, len: usize) -> Result<Self, GpuError> {
-        let buf = Host.zeros::<E>(len)?;
-        let all = Host.all(&buf);
-        // SAFETY: `buf` owns the len elements at its address, lives in this struct beside
-        // the pin, and drops after it; it is written only through `settled`, which waits
-        // for the pin's copies first.
-        let pin = unsafe { be.pin_host(all.addr(), len * std::mem::size_of::<E>())? };
-        Ok(PinnedHostBuf { pin, buf })
+        let size = std::mem::size_of::<E>();
+        if !PAGE.is_multiple_of(size) {
+            return Err(GpuError::Shape {
+                kernel: "pinned buffer",
+                what: format!("elements of {size} bytes do not tile a page of {PAGE}"),
+            });
+        }
+        let page = PAGE / size;
+        // At most a page before the first page boundary, and the last page rounded up.
+        let buf = Host.zeros::<E>(len + 2 * page)?;
+        let addr = Host.all(&buf).addr();
+        // Elements are aligned to their size, which divides the page.
+        let start = (PAGE - (addr % PAGE as Addr) as usize) % PAGE / size;
+        let bytes = (len * size).div_ceil(PAGE) * PAGE;
+        let run = Host.view(&buf, start..start + bytes / size)?;
+        // SAFETY: `run` lies inside `buf` (checked by `view`), which lives in this struct
+        // beside the pin and drops after it; the host writes it only through `settled`,
+        // which waits for the pin's copies first, and the pin's drop waits for them too.
+        let pin = unsafe { be.pin_host(run.addr(), bytes)? };
+        Ok(PinnedHostBuf {
+            pin,
+            buf,
+            start,
+            len,
+        })
     }
 
     /// Elements in the buffer.
     pub fn len(&self) -> usize {
-        Host::len(&self.buf)
+        self.len
     }
 
     /// Whether it has none.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.len == 0
     }
 
-    /// The backend's pin of it (on a device, whether the driver registered it).
+    /// The backend's pin of it (on a device: whether the driver registered it, and
+    /// why not).
     pub fn pin(&self) -> &B::HostPin {
         &self.pin
     }
 
-    /// The buffer, for reads: copies to the backend may be reading it too.
-    pub fn readable(&self) -> &HostBuf<E> {
-        &self.buf
+    /// Whether the backend copies this memory directly (on a device: the driver
+    /// registered it; where not, its copies are staged).
+    pub fn is_direct(&self, be: &B) -> bool {
+        be.pin_is_direct(&self.pin)
     }
 
-    /// The buffer, once no copy reads it any more: what the host writes it through
-    /// (an update, a load).
-    pub fn settled(&self, be: &B) -> Result<&HostBuf<E>, GpuError> {
+    /// Elements `range`, for reads: copies to the backend may be reading them too.
+    pub fn view(&self, range: Range<usize>) -> Result<View<'_, E>, GpuError> {
+        Host.view(&self.buf, self.start..self.start + self.len)?
+            .slice(range)
+    }
+
+    /// Every element, for reads.
+    pub fn all(&self) -> Result<View<'_, E>, GpuError> {
+        self.view(0..self.len)
+    }
+
+    /// Every element, once no copy uses them any more: what the host writes the buffer
+    /// through (an update, a load).
+    pub fn settled(&self, be: &B) -> Result<View<'_, E>, GpuError> {
         be.settle_pin(&self.pin)?;
-        Ok(&self.buf)
+        self.all()
     }
 
     /// Starts copying elements `src` of this buffer into `dst` (as many) beside the
@@ -66,25 +109,26 @@ impl<B: Backend, E: Elem> PinnedHostBuf<B, E> {
     ///
     /// # Safety
     /// [`Backend::start_write`]'s for `dst`: nothing touches it, and its buffer stays
-    /// alive, until [`Backend::wait_write`] of what this returns.
+    /// alive, until [`Backend::wait_write`] of what this returns; and this buffer stays
+    /// alive until then too.
     pub unsafe fn start_copy_to(
         &self,
         be: &B,
         src: Range<usize>,
         dst: View<E>,
     ) -> Result<B::PendingWrite, GpuError> {
-        let data = self.slice(src)?;
-        // SAFETY: the caller's contract for `dst`; `data` is written only through
-        // `settled`, which waits for this copy first.
+        let data = readable(self.view(src)?);
+        // SAFETY: the caller's contract for `dst` and for this buffer's life; `data` is
+        // written only through `settled`, which waits for this copy first.
         unsafe { be.start_write_from_pin(dst, &self.pin, data) }
     }
 
     /// Copies elements `src` of this buffer into `dst` (as many), ordered after every
     /// launch so far and before every later one ([`Backend::write_from_pin`]).
     pub fn copy_to(&self, be: &B, src: Range<usize>, dst: View<E>) -> Result<(), GpuError> {
-        let data = self.slice(src)?;
+        let data = readable(self.view(src)?);
         // SAFETY: `data` is written only through `settled`, which waits for this copy
-        // first.
+        // first, and the pin's drop waits for it before the memory goes.
         unsafe { be.write_from_pin(dst, &self.pin, data) }
     }
 
@@ -102,8 +146,9 @@ impl<B: Backend, E: Elem> PinnedHostBuf<B, E> {
         src: View<E>,
         dst: Range<usize>,
     ) -> Result<B::PendingRead, GpuError> {
-        let out = writable(Host.view(&self.buf, dst)?);
-        // SAFETY: the caller's contract, passed on.
+        let out = writable(self.view(dst)?);
+        // SAFETY: the caller's contract, passed on; the pin's drop waits for the read
+        // before the memory goes.
         unsafe { be.start_read_to_pin(src, &self.pin, out) }
     }
 
@@ -116,29 +161,27 @@ impl<B: Backend, E: Elem> PinnedHostBuf<B, E> {
         src: View<E>,
         dst: Range<usize>,
     ) -> Result<(), GpuError> {
-        let out = writable(Host.view(&self.buf, dst)?);
+        let out = writable(self.view(dst)?);
         be.finish_read(read, src, out)
     }
+}
 
-    /// Elements `range`, as a slice for a copy to read.
-    fn slice(&self, range: Range<usize>) -> Result<&[E], GpuError> {
-        let v = Host.view(&self.buf, range)?;
-        // SAFETY: a View lies inside the live HostBuf it was made from (checked by
-        // `Host::view`), which `&self` keeps alive. The slice is private to this module
-        // and lives only through one backend call above, in which nothing writes the
-        // buffer: host kernels run on the calling thread, and a HostBuf (cells) is not
-        // shared between threads.
-        Ok(unsafe { std::slice::from_raw_parts(v.addr() as usize as *const E, v.len()) })
-    }
+/// The elements of `v`, a view of a pinned buffer's host memory, as a slice for a copy to
+/// read.
+fn readable<E: Elem>(v: View<'_, E>) -> &[E] {
+    // SAFETY: a View lies inside the live HostBuf it was made from (checked by
+    // `Host::view`), which its borrow keeps alive. This is private to this module, whose
+    // callers hold the slice only through one backend call, which returns before the host
+    // runs anything else on this buffer (host kernels, even those run in pieces on
+    // rayon's pool, end before their launch returns), and a HostBuf (cells) is not shared
+    // between threads.
+    unsafe { std::slice::from_raw_parts(v.addr() as usize as *const E, v.len()) }
 }
 
 /// The elements of `v`, a view of a pinned buffer's host memory, as a slice for a read to
 /// write.
 fn writable<E: Elem>(v: View<'_, E>) -> &mut [E] {
-    // SAFETY: a View lies inside the live HostBuf it was made from (checked by
-    // `Host::view`), whose cells may be written, and which its borrow keeps alive. This
-    // is private to this module, whose callers hold the slice only through one backend
-    // call, in which nothing else touches those elements: host kernels run on the
-    // calling thread, and a HostBuf (cells) is not shared between threads.
+    // SAFETY: as in `readable`, and the cells of a HostBuf may be written: nothing else
+    // touches those elements while the one backend call holds the slice.
     unsafe { std::slice::from_raw_parts_mut(v.addr() as usize as *mut E, v.len()) }
 }

@@ -63,9 +63,8 @@ fn a_read_takes_the_elements_at_its_finish() {
 fn a_pinned_copy_lands_its_source_and_refuses_one_written_in_flight() {
     let be = Host;
     let pinned = PinnedHostBuf::<Host, f32>::zeros(&be, 6).unwrap();
-    Host.write(
+    Host.write_at(
         pinned.settled(&be).unwrap(),
-        0,
         &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
     )
     .unwrap();
@@ -84,7 +83,7 @@ fn a_pinned_copy_lands_its_source_and_refuses_one_written_in_flight() {
     // may have read either value.
     // SAFETY: as above.
     let w = unsafe { pinned.start_copy_to(&be, 3..6, be.all(&dst)).unwrap() };
-    Host.write(pinned.readable(), 4, &[-1.0]).unwrap();
+    Host.write_at(pinned.view(4..5).unwrap(), &[-1.0]).unwrap();
     match be.wait_write(w) {
         Err(GpuError::Order { what }) => assert!(what.contains("pinned"), "{what}"),
         other => panic!("expected an order error, got {other:?}"),
@@ -104,7 +103,7 @@ fn a_copy_from_a_pin_must_read_inside_it() {
     let dst = be.zeros::<f32>(2).unwrap();
     // A pin of another buffer: its copies must not read `elsewhere`.
     let pin = {
-        let v = be.all(pinned.readable());
+        let v = pinned.all().unwrap();
         // SAFETY: the pinned buffer outlives this pin and is not written meanwhile.
         unsafe { be.pin_host(v.addr(), 8).unwrap() }
     };
@@ -180,6 +179,7 @@ fn overlap_is_the_share_of_the_shorter_run_beside_the_longer() {
         compute_us,
         copy_us,
         both_us,
+        pinned_direct: true,
     };
     assert_eq!(o(10.0, 4.0, 10.0).hidden(), 1.0);
     assert_eq!(o(10.0, 4.0, 14.0).hidden(), 0.0);
@@ -196,13 +196,13 @@ fn a_read_into_pinned_memory_poisons_it_until_its_finish() {
 
     // SAFETY: `src` is unwritten and alive, and elements 1..4 untouched, until the finish.
     let r = unsafe { pinned.start_read_into(&be, be.all(&src), 1..4).unwrap() };
-    let meanwhile = Host.download(pinned.readable()).unwrap();
+    let meanwhile = Host.read(pinned.all().unwrap()).unwrap();
     assert_eq!(meanwhile[0], 0.0);
     assert!(meanwhile[1..4].iter().all(|x| x.is_nan()), "{meanwhile:?}");
     assert_eq!(meanwhile[4], 0.0);
     pinned.finish_read_into(&be, r, be.all(&src), 1..4).unwrap();
     assert_eq!(
-        Host.download(pinned.readable()).unwrap(),
+        Host.read(pinned.all().unwrap()).unwrap(),
         vec![0.0, 1.5, 2.5, 3.5, 0.0]
     );
 
@@ -217,9 +217,50 @@ fn a_read_into_pinned_memory_poisons_it_until_its_finish() {
     // Written in flight: refused (on a device the copy engine may land after the write).
     // SAFETY: the test breaks the contract on purpose, on the host build only.
     let r = unsafe { pinned.start_read_into(&be, be.all(&src), 2..5).unwrap() };
-    Host.write(pinned.readable(), 3, &[9.0]).unwrap();
+    Host.write_at(pinned.view(3..4).unwrap(), &[9.0]).unwrap();
     match pinned.finish_read_into(&be, r, be.all(&src), 2..5) {
         Err(GpuError::Order { what }) => assert!(what.contains("pinned"), "{what}"),
+        other => panic!("expected an order error, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_pinned_buffer_starts_on_a_page_of_its_own() {
+    // Whole pages from a page boundary (the run the backend pins lies inside the
+    // buffer's own allocation), so two pinned buffers never share a page.
+    for len in [0usize, 1, 1023, 1024, 5000] {
+        let a = PinnedHostBuf::<Host, f32>::zeros(&Host, len).unwrap();
+        let b = PinnedHostBuf::<Host, half::bf16>::zeros(&Host, len).unwrap();
+        assert_eq!(a.all().unwrap().addr() % 4096, 0, "f32 x {len}");
+        assert_eq!(b.all().unwrap().addr() % 4096, 0, "bf16 x {len}");
+        assert_eq!((a.len(), b.len()), (len, len));
+        assert!(a.is_direct(&Host));
+    }
+}
+
+#[test]
+fn a_source_written_before_its_pin_is_settled_is_refused() {
+    let be = Host;
+    let pinned = PinnedHostBuf::<Host, f32>::zeros(&be, 4).unwrap();
+    Host.write_at(pinned.settled(&be).unwrap(), &[1.0, 2.0, 3.0, 4.0])
+        .unwrap();
+    let dst = be.zeros::<f32>(2).unwrap();
+    // In the stream's order: on a device the copy engine reads the source until the pin
+    // is settled.
+    pinned.copy_to(&be, 1..3, be.all(&dst)).unwrap();
+    pinned.copy_to(&be, 1..3, be.all(&dst)).unwrap();
+    assert_eq!(be.download(&dst).unwrap(), vec![2.0, 3.0]);
+    // Settled, then written: fine.
+    Host.write_at(pinned.settled(&be).unwrap(), &[5.0, 6.0, 7.0, 8.0])
+        .unwrap();
+    pinned.copy_to(&be, 1..3, be.all(&dst)).unwrap();
+    // Written without the settle: the next use of the pin refuses it, and so does the
+    // settle.
+    Host.write_at(pinned.view(2..3).unwrap(), &[0.5]).unwrap();
+    let err = pinned.copy_to(&be, 0..2, be.all(&dst)).unwrap_err();
+    assert!(matches!(err, GpuError::Order { .. }), "{err:?}");
+    match pinned.settled(&be) {
+        Err(GpuError::Order { what }) => assert!(what.contains("settled"), "{what}"),
         other => panic!("expected an order error, got {other:?}"),
     }
 }

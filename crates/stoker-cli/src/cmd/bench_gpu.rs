@@ -64,16 +64,19 @@ struct FitFile {
 /// (`stoker_gpu::offload_bench`: each copy's bytes checked against its source).
 #[cfg(feature = "cuda")]
 fn host_copies(dev: &stoker_gpu::device::Device, reps: usize) -> anyhow::Result<()> {
-    use stoker_gpu::offload_bench::{time_copies, time_overlap};
-    let pinned = stoker_gpu::PinnedHostBuf::<_, f32>::zeros(dev, 1 << 20)?;
-    println!(
-        "\ncopies between host and GPU (median of {reps}); host memory registered with the driver: {}",
-        if pinned.pin().registered() { "yes" } else { "NO (pinned copies are staged)" }
-    );
+    use stoker_gpu::offload_bench::{time_copies, time_host_adamw, time_host_add, time_overlap};
+    println!("\ncopies between host and GPU (median of {reps}, after one untimed run):");
+    let mut staged = false;
     for elems in [4usize << 20, 64 << 20] {
         for t in time_copies(dev, elems, reps)? {
+            let how = match t.pinned_direct {
+                Some(true) => "direct",
+                Some(false) => "STAGED: not registered",
+                None => "",
+            };
+            staged |= t.pinned_direct == Some(false);
             println!(
-                "  {:<40} {:>6.0} MiB {:>10.1} us {:>7.1} GB/s",
+                "  {:<40} {:>6.0} MiB {:>10.1} us {:>7.1} GB/s  {how}",
                 t.what,
                 t.bytes as f64 / (1 << 20) as f64,
                 t.micros,
@@ -81,23 +84,36 @@ fn host_copies(dev: &stoker_gpu::device::Device, reps: usize) -> anyhow::Result<
             );
         }
     }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let (one, threads) = stoker_gpu::offload_bench::time_host_add(7_087_872, reps)?;
-    println!(
-        "  the host adding a GPT-2 block's gradients into the offload's sum: one thread {one:.0} us, {cores} threads {threads:.0} us"
-    );
-    // Three reps: one thread takes about a second for each here.
-    let (one, threads) = stoker_gpu::offload_bench::time_host_adamw(124_475_904, 3)?;
-    println!(
-        "  the offloaded optimizer's AdamW over GPT-2 124M on the host: one thread {one:.0} us, {cores} threads {threads:.0} us"
-    );
     let o = time_overlap(dev, 4 << 20, (64 << 20, 4), reps)?;
+    staged |= !o.pinned_direct;
     println!(
-        "  16 MiB up (pinned, copy stream) beside 4 additions over 256 MiB: copy {:.1} us, kernels {:.1} us, both {:.1} us: {:.0}% of the shorter hidden",
+        "  16 MiB up (pinned, copy stream{}) beside 4 additions over 256 MiB: copy {:.1} us, kernels {:.1} us, both {:.1} us: {:.0}% of the shorter hidden",
+        if o.pinned_direct { "" } else { ", STAGED" },
         o.copy_us,
         o.compute_us,
         o.both_us,
         100.0 * o.hidden()
+    );
+    if staged {
+        let probe = stoker_gpu::PinnedHostBuf::<_, f32>::zeros(dev, 1 << 20)?;
+        println!(
+            "  the driver did not register pinned host memory: {}",
+            probe
+                .pin()
+                .registration_error()
+                .unwrap_or_else(|| "(a 4 MiB probe was registered)".into())
+        );
+    }
+    let add = time_host_add(7_087_872, reps)?;
+    println!(
+        "  the host adding a GPT-2 block's gradients into the offload's sum: one thread {:.0} us, {} threads {:.0} us",
+        add.one_thread_us, add.pool_threads, add.pool_us
+    );
+    // Three reps: one thread takes about a second for each.
+    let adamw = time_host_adamw(124_475_904, 3)?;
+    println!(
+        "  the offloaded optimizer's AdamW over GPT-2 124M on the host: one thread {:.0} us, {} threads {:.0} us",
+        adamw.one_thread_us, adamw.pool_threads, adamw.pool_us
     );
     Ok(())
 }

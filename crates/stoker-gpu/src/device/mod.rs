@@ -324,6 +324,10 @@ impl Backend for Device {
         pin.settle()
     }
 
+    fn pin_is_direct(&self, pin: &DevicePin) -> bool {
+        pin.registered()
+    }
+
     unsafe fn start_write_from_pin<E: Elem>(
         &self,
         v: View<E>,
@@ -363,7 +367,7 @@ impl Backend for Device {
             return self.write_staged(v, data);
         }
         self.bind()?;
-        let read = pin.new_read_event()?;
+        let used = pin.new_use_event()?;
         // SAFETY: a View lies inside a live device buffer of this context and holds
         // data.len() elements (checked when it was made, and above); the copy is ordered
         // on the compute stream, before every later launch that might touch the view.
@@ -373,7 +377,7 @@ impl Backend for Device {
             cudarc::driver::result::memcpy_htod_async(v.addr(), bytes, self.stream.cu_stream())
         }
         .map_err(driver("copying up from pinned memory"))?;
-        pin.mark_read(read, &self.stream)
+        pin.mark_use(used, &self.stream)
     }
 
     unsafe fn start_write<E: Elem>(&self, v: View<E>, data: &[E]) -> Result<DeviceWrite, GpuError> {

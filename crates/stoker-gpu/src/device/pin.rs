@@ -1,10 +1,11 @@
 //! Host memory page-locked for the device (`cuMemHostRegister`, what `pin_memory`
-//! does), so that copies from it run on the copy engine straight from that memory, and
-//! the events of the copies still reading it, which a host write waits for first
-//! ([`crate::Backend::settle_pin`]). Where the driver will not register the memory (a
-//! page shared with memory registered already, a limit on locked memory) the pin says
-//! so and its copies go through the staging's pinned buffers instead: slower, the same
-//! bits.
+//! does), so that copies from and into it run on the copy engine straight from that
+//! memory, and the last event of the copies still using it on each stream, which a host
+//! write waits for first ([`crate::Backend::settle_pin`]; copies on one stream end in
+//! their order). Where the driver will not register the memory (a limit on locked
+//! memory; a page registered already, which [`crate::PinnedHostBuf`]'s whole pages of
+//! its own avoid) the pin keeps the driver's error and its copies go through the
+//! staging's pinned buffers instead: slower, the same bits.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -26,10 +27,12 @@ pub struct DevicePin {
     ctx: Arc<CudaContext>,
     at: Addr,
     bytes: usize,
-    /// Whether the driver page-locked it (else its copies are staged).
-    registered: bool,
-    /// The events of copies started from it and not yet waited for.
-    reads: RefCell<Vec<CudaEvent>>,
+    /// The driver's answer to the registration: Ok where it page-locked the memory
+    /// (else its copies are staged).
+    registered: Result<(), cudarc::driver::DriverError>,
+    /// For each stream (by its handle's address) with copies from or into it not yet
+    /// waited for, the event after the last of them.
+    uses: RefCell<Vec<(usize, CudaEvent)>>,
 }
 
 impl DevicePin {
@@ -45,24 +48,27 @@ impl DevicePin {
     ) -> Result<Self, GpuError> {
         ctx.bind_to_thread()
             .map_err(driver("making the context current"))?;
-        let registered = bytes > 0 && {
+        let registered = match bytes {
+            0 => Err(cudarc::driver::DriverError(
+                cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_VALUE,
+            )),
             // SAFETY: `at` starts `bytes` bytes of live host memory (this function's
             // contract), unregistered in drop before it can go.
-            let r = unsafe {
+            _ => unsafe {
                 cudarc::driver::sys::cuMemHostRegister_v2(
                     at as usize as *mut std::ffi::c_void,
                     bytes,
                     0,
                 )
-            };
-            r.result().is_ok()
+            }
+            .result(),
         };
         Ok(DevicePin {
             ctx: ctx.clone(),
             at,
             bytes,
             registered,
-            reads: RefCell::new(Vec::new()),
+            uses: RefCell::new(Vec::new()),
         })
     }
 
@@ -71,36 +77,49 @@ impl DevicePin {
         (self.at, self.bytes)
     }
 
-    /// Whether the driver page-locked it: its copies read it directly.
+    /// Whether the driver page-locked it: its copies use it directly.
     pub fn registered(&self) -> bool {
-        self.registered
+        self.registered.is_ok()
     }
 
-    /// An event for the next copy from it, made before the copy so that nothing but
-    /// [`DevicePin::mark_read`] can fail after it.
-    pub(super) fn new_read_event(&self) -> Result<CudaEvent, GpuError> {
+    /// Why the driver did not page-lock it, if it did not.
+    pub fn registration_error(&self) -> Option<String> {
+        self.registered.as_ref().err().map(|e| e.to_string())
+    }
+
+    /// An event for the next copy from or into it, made before the copy so that
+    /// nothing but [`DevicePin::mark_use`] can fail after it.
+    pub(super) fn new_use_event(&self) -> Result<CudaEvent, GpuError> {
         self.ctx.new_event(None).map_err(driver("making an event"))
     }
 
-    /// Records `event` on `stream` after a copy from this memory queued there; where
-    /// that fails, waits for the stream instead.
-    pub(super) fn mark_read(&self, event: CudaEvent, stream: &CudaStream) -> Result<(), GpuError> {
+    /// Records `event` on `stream` after a copy from or into this memory queued there,
+    /// in place of that stream's last (copies on one stream end in their order); where
+    /// recording fails, waits for the stream instead.
+    pub(super) fn mark_use(&self, event: CudaEvent, stream: &CudaStream) -> Result<(), GpuError> {
         if let Err(e) = event.record(stream) {
             let _ = stream.synchronize();
-            return Err(driver("marking a copy from pinned memory")(e));
+            return Err(driver("marking a copy with pinned memory")(e));
         }
-        self.reads.borrow_mut().push(event);
+        let mut uses = self.uses.borrow_mut();
+        let s = stream.cu_stream() as usize;
+        match uses.iter_mut().find(|(t, _)| *t == s) {
+            // The old event, recorded before, completes no later: dropping it is safe
+            // (the driver frees it once it completes).
+            Some(last) => last.1 = event,
+            None => uses.push((s, event)),
+        }
         Ok(())
     }
 
-    /// Returns once every copy started from this memory has read it.
+    /// Returns once every copy started from or into this memory has ended.
     pub(super) fn settle(&self) -> Result<(), GpuError> {
-        let mut reads = self.reads.borrow_mut();
-        for e in reads.iter() {
+        let mut uses = self.uses.borrow_mut();
+        for (_, e) in uses.iter() {
             e.synchronize()
-                .map_err(driver("waiting for a copy from pinned memory"))?;
+                .map_err(driver("waiting for a copy with pinned memory"))?;
         }
-        reads.clear();
+        uses.clear();
         Ok(())
     }
 }
@@ -111,7 +130,7 @@ impl Drop for DevicePin {
             // No copy may read the memory after it goes.
             let _ = self.ctx.synchronize();
         }
-        if self.registered && self.ctx.bind_to_thread().is_ok() {
+        if self.registered() && self.ctx.bind_to_thread().is_ok() {
             // SAFETY: the memory was registered at `at` by `new`, and no copy reads it
             // any more (settled above).
             let _ = unsafe {

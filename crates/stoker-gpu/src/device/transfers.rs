@@ -152,7 +152,7 @@ impl Transfers {
         }
         // Made before the copy (`record_after_copy`).
         let done = ctx.new_event(None).map_err(driver("making an event"))?;
-        let read = pin.new_read_event()?;
+        let used = pin.new_use_event()?;
         Self::after(&self.up, compute)?;
         // SAFETY: `dst` holds bytes.len() bytes of a live buffer of `ctx`, untouched until
         // the wait (this function's contract); `bytes` lies in page-locked memory
@@ -162,7 +162,7 @@ impl Transfers {
         unsafe { cudarc::driver::result::memcpy_htod_async(dst, bytes, self.up.cu_stream()) }
             .map_err(driver("copying up from pinned memory"))?;
         record_after_copy(&done, &self.up)?;
-        pin.mark_read(read, &self.up)?;
+        pin.mark_use(used, &self.up)?;
         Ok(DeviceWrite {
             done,
             ordered: false,
@@ -253,6 +253,7 @@ impl Transfers {
             return unsafe { self.start_read(ctx, compute, at, out.len()) };
         }
         let done = ctx.new_event(None).map_err(driver("making an event"))?;
+        let used = pin.new_use_event()?;
         Self::after(&self.down, compute)?;
         let bytes = out.len();
         let into = out.as_ptr() as usize as Addr;
@@ -264,6 +265,8 @@ impl Transfers {
         unsafe { cudarc::driver::result::memcpy_dtoh_async(out, at, self.down.cu_stream()) }
             .map_err(driver("copying down into pinned memory"))?;
         record_after_copy(&done, &self.down)?;
+        // The pin's settle and drop wait for it too, so its memory outlives the copy.
+        pin.mark_use(used, &self.down)?;
         Ok(DeviceRead {
             done,
             pinned: None,

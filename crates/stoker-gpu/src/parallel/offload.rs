@@ -97,9 +97,9 @@ impl<B: Backend> Offloaded<B> {
         let host_copy: View<T> = match copy.as_ref() {
             // The copies from it (`write_at`, below) end before they return: settled at
             // once.
-            Some(HostCopy::F32(b)) => Host.all(b.settled(be)?).cast::<T>()?,
-            Some(HostCopy::Bf16(b)) => Host.all(b.settled(be)?).cast::<T>()?,
-            Some(HostCopy::F16(b)) => Host.all(b.settled(be)?).cast::<T>()?,
+            Some(HostCopy::F32(b)) => b.settled(be)?.cast::<T>()?,
+            Some(HostCopy::Bf16(b)) => b.settled(be)?.cast::<T>()?,
+            Some(HostCopy::F16(b)) => b.settled(be)?.cast::<T>()?,
             None => {
                 return Err(GpuError::Shape {
                     kernel: "offload",
@@ -134,7 +134,7 @@ impl<B: Backend> Offloaded<B> {
         scalars: &Scalars,
         mult: f32,
     ) -> Result<(), GpuError> {
-        let host_grads = Host.all(self.grads.settled(be)?);
+        let host_grads = self.grads.settled(be)?;
         Host.copy_from(host_grads, be, grads)?;
         optimizer::apply(&Host, &self.opt, host_params, host_grads, scalars, mult)
     }

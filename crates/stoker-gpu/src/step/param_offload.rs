@@ -217,7 +217,7 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
             let src = self.slots.grad_slots().slot_run(be, m, (r, *o))?;
             let place = *o..o + r.len();
             scratch.finish_read_into(be, read, src, place.clone())?;
-            let down = Host.view(scratch.readable(), place)?;
+            let down = scratch.view(place)?;
             kernels::add_into(&Host, Host.view(&self.host_grads, r.clone())?, down)?;
         }
         Ok(())
@@ -246,7 +246,7 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
         // The copies in flight read the host's copy: they end before it changes.
         self.settle(be, true)?;
         let copy: Vec<T> = master.iter().map(|&x| T::from_f32(x)).collect();
-        Host.write(self.host_params.settled(be)?, 0, &copy)?;
+        Host.write_at(self.host_params.settled(be)?, &copy)?;
         self.resident_up(be, resident)
     }
 
@@ -265,7 +265,7 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
     /// The whole compute copy, widened to f32.
     pub(crate) fn host_params(&self) -> Result<Vec<f32>, GpuError> {
         Ok(Host
-            .download(self.host_params.readable())?
+            .read(self.host_params.all()?)?
             .into_iter()
             .map(T::to_f32)
             .collect())
@@ -302,7 +302,7 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
         // it end first.
         self.settle(be, true)?;
         Ok(UpdateViews {
-            params: Host.all(self.host_params.settled(be)?),
+            params: self.host_params.settled(be)?,
             grads: Host.all(&self.host_grads),
             squares: Host.view(&self.host_floats, 0..1)?,
             partials: Host.view(&self.host_floats, 1..Host::len(&self.host_floats))?,
@@ -318,8 +318,7 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
         other: &Self,
     ) -> Result<(), GpuError> {
         self.settle(be, true)?;
-        let mine = self.host_params.settled(be)?;
-        Host.copy(Host.all(mine), Host.all(other.host_params.readable()))?;
+        Host.copy(self.host_params.settled(be)?, other.host_params.all()?)?;
         self.resident_up(be, resident)
     }
 

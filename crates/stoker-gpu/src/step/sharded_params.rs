@@ -113,7 +113,7 @@ impl<B: Backend, T: Act> ShardedParams<B, T> {
     pub fn shard(&self, be: &B) -> Result<View<'_, T>, GpuError> {
         Ok(match &self.shard {
             ShardAt::Backend(b) => be.all(b),
-            ShardAt::Host(h) => Host.all(h.settled(be)?),
+            ShardAt::Host(h) => h.settled(be)?,
         })
     }
 
@@ -273,7 +273,7 @@ impl<B: Backend, T: Act> ShardedParams<B, T> {
         let shard = round(&master[self.shard_range()]);
         match &self.shard {
             ShardAt::Backend(b) => be.write(b, 0, &shard)?,
-            ShardAt::Host(h) => Host.write(h.settled(be)?, 0, &shard)?,
+            ShardAt::Host(h) => Host.write_at(h.settled(be)?, &shard)?,
         }
         for (r, o) in self.placement().resident() {
             be.write(resident, *o, &round(&master[r.clone()]))?;
@@ -285,7 +285,7 @@ impl<B: Backend, T: Act> ShardedParams<B, T> {
     pub fn shard_values(&self, be: &B) -> Result<Vec<f32>, GpuError> {
         let values = match &self.shard {
             ShardAt::Backend(b) => be.download(b)?,
-            ShardAt::Host(h) => Host.download(h.readable())?,
+            ShardAt::Host(h) => Host.read(h.all()?)?,
         };
         Ok(values.into_iter().map(T::to_f32).collect())
     }
@@ -295,9 +295,7 @@ impl<B: Backend, T: Act> ShardedParams<B, T> {
         self.forget_slots();
         match (&self.shard, &other.shard) {
             (ShardAt::Backend(a), ShardAt::Backend(b)) => be.copy(be.all(a), be.all(b)),
-            (ShardAt::Host(a), ShardAt::Host(b)) => {
-                Host.copy(Host.all(a.settled(be)?), Host.all(b.readable()))
-            }
+            (ShardAt::Host(a), ShardAt::Host(b)) => Host.copy(a.settled(be)?, b.all()?),
             _ => Err(GpuError::Shape {
                 kernel: "zero-3",
                 what: "copying a shard between a step with its parameters offloaded and one \
