@@ -20,6 +20,18 @@ use crate::host::{Host, HostBuf};
 /// The page a pinned run starts on and is a whole number of.
 const PAGE: usize = 4096;
 
+/// Elements a pinned buffer of `len` elements of `elem` bytes allocates: up to a page
+/// before the first page boundary, and the last page rounded up.
+fn padded_len(len: usize, elem: usize) -> usize {
+    len + 2 * PAGE / elem
+}
+
+/// Host bytes a pinned buffer of `len` elements of `elem` bytes holds
+/// ([`PinnedHostBuf::bytes`] counts the same): for a plan made before it exists.
+pub fn planned_bytes(len: usize, elem: usize) -> usize {
+    padded_len(len, elem) * elem
+}
+
 /// A host buffer pinned for backend `B`: see the module docs.
 pub struct PinnedHostBuf<B: Backend, E> {
     // The pin drops first: its drop waits for the copies using the buffer, and unpins
@@ -44,9 +56,7 @@ impl<B: Backend, E: Elem> PinnedHostBuf<B, E> {
                 what: format!("elements of {size} bytes do not tile a page of {PAGE}"),
             });
         }
-        let page = PAGE / size;
-        // At most a page before the first page boundary, and the last page rounded up.
-        let buf = Host.zeros::<E>(len + 2 * page)?;
+        let buf = Host.zeros::<E>(padded_len(len, size))?;
         let addr = Host.all(&buf).addr();
         // Elements are aligned to their size, which divides the page.
         let start = (PAGE - (addr % PAGE as Addr) as usize) % PAGE / size;
@@ -67,6 +77,11 @@ impl<B: Backend, E: Elem> PinnedHostBuf<B, E> {
     /// Elements in the buffer.
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Host bytes it holds, its padding to whole pages included ([`planned_bytes`]).
+    pub fn bytes(&self) -> usize {
+        Host::len(&self.buf) * std::mem::size_of::<E>()
     }
 
     /// Whether it has none.

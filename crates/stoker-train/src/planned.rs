@@ -838,9 +838,18 @@ pub fn resident_plan_line(
         }
         _ => String::new(),
     };
+    // An offload's host memory, beside the planner's host row (bytes a parameter).
+    let host = match b.host {
+        0 => String::new(),
+        h => format!(
+            "; offload's host memory {:.2} MiB ({:.2} bytes a parameter)",
+            mib(h),
+            h as f64 / len.max(1) as f64
+        ),
+    };
     Ok(Some(format!(
         "resident loop per rank ({} on {world} rank(s), micro-batch {} x {}): {:.2} MiB \
-         planned from its buffers (master and optimizer {:.2} + step {:.2}){share}",
+         planned from its buffers (master and optimizer {:.2} + step {:.2}){share}{host}",
         cfg.parallel.strategy.name(),
         cfg.batch.micro_batch,
         cfg.model.context().unwrap_or(1),

@@ -141,6 +141,16 @@ fn print_resident(r: &stoker_train::run::ResidentMemory) {
         mib(c.steps),
         ratio(c.total()),
     );
+    if c.host > 0 || r.planned.is_some_and(|p| p.host > 0) {
+        // An offload's host memory: on no device, so in none of the figures above.
+        let planned = r.planned.map_or(String::new(), |p| {
+            format!("planned {:.2} MiB, ", mib(p.host))
+        });
+        println!(
+            "offload's host memory per rank: {planned}counted {:.2} MiB",
+            mib(c.host)
+        );
+    }
 }
 
 /// Rank 0's bytes, planned (`stoker_plan::trainer`) vs counted from its buffers and by

@@ -162,6 +162,36 @@ impl<B: Backend> DataParallel<B> {
         }
     }
 
+    /// Bytes this rank holds in host memory for `strategy` and optimizer `kind` over a
+    /// flat buffer of `len` elements, its compute copy of `elem` bytes an element, with
+    /// the blocks' parameters offloaded where `params_offloaded`: the offloaded master and
+    /// moments (this rank's shard, beyond DDP), and the buffers its updates copy through
+    /// ([`Offloaded::planned_host_bytes`]). [`DataParallel::host_bytes`] counts the same.
+    pub fn planned_host_bytes(
+        strategy: Strategy,
+        kind: Optimizer,
+        len: usize,
+        rank_world: (usize, usize),
+        (elem, params_offloaded): (usize, bool),
+    ) -> usize {
+        if !strategy.offloads_optimizer() {
+            return 0;
+        }
+        let piece = match strategy {
+            Strategy::Offload => len,
+            _ => crate::collectives::shard_len(len, rank_world),
+        };
+        // With the parameters offloaded, one rank's update steps the host's whole copy
+        // and sum in place; ZeRO-3's copies its shard's gradients down and writes the
+        // shard where it lives.
+        let copies = match (params_offloaded, strategy.shards_params()) {
+            (false, _) => (true, Some(elem)),
+            (true, true) => (true, None),
+            (true, false) => (false, None),
+        };
+        super::offload::Offloaded::<B>::planned_host_bytes(kind, piece, copies)
+    }
+
     /// This state with the bf16 compute copy rounded stochastically under `seed` (AdamW;
     /// every rank and shard counting as the whole buffer does).
     pub fn with_stochastic_rounding(self, seed: u64) -> Result<Self, GpuError> {
@@ -224,6 +254,15 @@ impl<B: Backend> DataParallel<B> {
         match self {
             DataParallel::Ddp(state) => state.bytes(),
             DataParallel::Zero1(z) => z.bytes(),
+        }
+    }
+
+    /// Bytes of this rank's offloaded state in host memory, and the buffers its updates
+    /// made there ([`DataParallel::planned_host_bytes`]).
+    pub fn host_bytes(&self) -> usize {
+        match self {
+            DataParallel::Ddp(state) => state.host_bytes(),
+            DataParallel::Zero1(z) => z.host_bytes(),
         }
     }
 

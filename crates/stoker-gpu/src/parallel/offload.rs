@@ -27,8 +27,9 @@ use crate::step::optimizer::{self, Optimizer, OptimizerState, Scalars};
 /// One rank's optimizer state in host memory.
 pub struct Offloaded<B: Backend> {
     opt: OptimizerState<Host>,
-    /// The gradients, copied down for the host's optimizer.
-    grads: PinnedHostBuf<B, f32>,
+    /// The gradients, copied down for the host's optimizer: made by the first update
+    /// that copies them (an update over gradients in host memory already needs none).
+    grads: RefCell<Option<PinnedHostBuf<B, f32>>>,
     /// The compute copy the host's optimizer writes, in the step's type: made by the
     /// first update (the state does not know the type before).
     copy: RefCell<Option<HostCopy<B>>>,
@@ -43,19 +44,48 @@ enum HostCopy<B: Backend> {
 
 impl<B: Backend> Offloaded<B> {
     /// The state of optimizer `kind` over `master` (the whole flat buffer, or a ZeRO-1
-    /// shard of it) with its `segments`, in host memory, its copies to and from `be`
-    /// pinned.
+    /// shard of it) with its `segments`, in host memory (its copies to and from the
+    /// backend through pinned buffers, made by the updates that need them).
     pub fn new(
-        be: &B,
         kind: Optimizer,
         master: &[f32],
         segments: &[(Range<usize>, bool)],
     ) -> Result<Self, GpuError> {
         Ok(Offloaded {
             opt: OptimizerState::new(&Host, kind, master, segments)?,
-            grads: PinnedHostBuf::zeros(be, master.len())?,
+            grads: RefCell::new(None),
             copy: RefCell::new(None),
         })
+    }
+
+    /// Host bytes of `kind`'s state over `len` elements of the master, and of the
+    /// buffers its updates make: with `copies` the gradients copied down (ZeRO-3's shard
+    /// in host memory), and with `copies_up` the compute copy of `elem` bytes an element
+    /// too (the compute copy on the backend); neither where the update steps host memory
+    /// in place (parameter offload). [`Offloaded::host_bytes`] counts the same.
+    pub fn planned_host_bytes(
+        kind: Optimizer,
+        len: usize,
+        (copies, copies_up): (bool, Option<usize>),
+    ) -> usize {
+        let grads = match copies || copies_up.is_some() {
+            true => crate::pinned::planned_bytes(len, 4),
+            false => 0,
+        };
+        let copy = copies_up.map_or(0, |elem| crate::pinned::planned_bytes(len, elem));
+        kind.state_bytes(len) + grads + copy
+    }
+
+    /// Host bytes it holds: the master and moments, and the buffers its updates made.
+    pub fn host_bytes(&self) -> usize {
+        let grads = self.grads.borrow().as_ref().map_or(0, |g| g.bytes());
+        let copy = match &*self.copy.borrow() {
+            Some(HostCopy::F32(b)) => b.bytes(),
+            Some(HostCopy::Bf16(b)) => b.bytes(),
+            Some(HostCopy::F16(b)) => b.bytes(),
+            None => 0,
+        };
+        self.opt.bytes() + grads + copy
     }
 
     /// This state with the bf16 compute copy rounded stochastically under `seed`, its
@@ -134,7 +164,17 @@ impl<B: Backend> Offloaded<B> {
         scalars: &Scalars,
         mult: f32,
     ) -> Result<(), GpuError> {
-        let host_grads = self.grads.settled(be)?;
+        let mut made = self.grads.borrow_mut();
+        if made.is_none() {
+            *made = Some(PinnedHostBuf::zeros(be, self.opt.len())?);
+        }
+        let Some(pinned) = made.as_ref() else {
+            return Err(GpuError::Shape {
+                kernel: "offload",
+                what: "no host gradients".into(),
+            });
+        };
+        let host_grads = pinned.settled(be)?;
         Host.copy_from(host_grads, be, grads)?;
         optimizer::apply(&Host, &self.opt, host_params, host_grads, scalars, mult)
     }

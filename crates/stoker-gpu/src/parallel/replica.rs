@@ -69,6 +69,8 @@ pub trait Trainable<B: Backend> {
     /// Bytes of the step's buffers on the backend (parameters, gradients, activations,
     /// ids).
     fn buffer_bytes(&self) -> usize;
+    /// Bytes of the step's buffers in host memory (an offload's).
+    fn buffer_host_bytes(&self) -> usize;
     /// Elements of the flat buffer.
     fn flat_len(&self) -> usize;
     /// Copies `other`'s compute copy (the same model at another batch shape).
@@ -134,6 +136,9 @@ macro_rules! trainable {
             }
             fn buffer_bytes(&self) -> usize {
                 self.buffers().bytes()
+            }
+            fn buffer_host_bytes(&self) -> usize {
+                self.buffers().host_bytes()
             }
             fn flat_len(&self) -> usize {
                 self.buffers().flat_len()

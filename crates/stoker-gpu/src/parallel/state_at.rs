@@ -35,7 +35,7 @@ impl<B: Backend> StateAt<B> {
     ) -> Result<Self, GpuError> {
         Ok(match offload {
             false => StateAt::Here(OptimizerState::new(be, kind, master, segments)?),
-            true => StateAt::Host(Offloaded::new(be, kind, master, segments)?),
+            true => StateAt::Host(Offloaded::new(kind, master, segments)?),
         })
     }
 
@@ -100,6 +100,14 @@ impl<B: Backend> StateAt<B> {
         match self {
             StateAt::Here(opt) => opt.bytes(),
             StateAt::Host(_) => 0,
+        }
+    }
+
+    /// Bytes it holds in host memory (none unless it is offloaded).
+    pub fn host_bytes(&self) -> usize {
+        match self {
+            StateAt::Here(_) => 0,
+            StateAt::Host(o) => o.host_bytes(),
         }
     }
 

@@ -161,6 +161,11 @@ impl<B: Backend> Zero1<B> {
         &self.state
     }
 
+    /// Bytes in host memory: the shard's master and moments where they are offloaded.
+    pub fn host_bytes(&self) -> usize {
+        self.state.host_bytes()
+    }
+
     /// Bytes on the backend: the shard's gradients (and ZeRO-2's landing buffer), and its
     /// master and moments unless they are offloaded.
     pub fn bytes(&self) -> usize {

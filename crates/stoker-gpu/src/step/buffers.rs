@@ -154,9 +154,28 @@ impl StepSizes {
         }
     }
 
+    /// Bytes the buffers hold in host memory with a compute copy of `act_bytes` bytes an
+    /// element: with the blocks' parameters offloaded the whole compute copy (pinned),
+    /// the window's gradient sum, the blocks' gradients landing (two pinned slots) and
+    /// the norm's scratch; ZeRO-3's shard where it lives there (pinned); else none.
+    /// [`StepBuffers::host_bytes`] counts the same.
+    pub fn host_bytes(&self, act_bytes: usize) -> usize {
+        match (self.offload, self.sharded) {
+            (Some(o), _) => ParamOffload::<crate::Host, f32>::planned_host_bytes(
+                self.params,
+                o.slot,
+                PARTIAL_WARPS,
+                act_bytes,
+            ),
+            (None, Some(s)) if s.on_host => crate::pinned::planned_bytes(s.shard, act_bytes),
+            _ => 0,
+        }
+    }
+
     /// Bytes the buffers take on the backend with the compute copy and activations of
     /// `act_bytes` bytes an element (4 for f32, 2 for bf16 and f16). An offload's host
-    /// memory (the whole compute copy and gradient) is not counted.
+    /// memory (the whole compute copy and gradient) is not counted: that is
+    /// [`StepSizes::host_bytes`].
     pub fn bytes(&self, act_bytes: usize) -> usize {
         let (p, g) = (self.backend_params(), self.backend_grads());
         (p + self.acts) * act_bytes + (g + self.floats) * 4 + ids_bytes(self.rows)
@@ -270,6 +289,16 @@ impl<B: Backend, T: Act> StepBuffers<B, T> {
                 Placed::Offload(o) => o.backend_bytes(),
                 Placed::Sharded(s) => s.backend_bytes(),
             }
+    }
+
+    /// Bytes the buffers hold in host memory, counted from them ([`StepSizes::host_bytes`]
+    /// is the same sum planned).
+    pub fn host_bytes(&self) -> usize {
+        match &self.placed {
+            Placed::Offload(o) => o.host_bytes(),
+            Placed::Sharded(s) => s.host_bytes(),
+            Placed::Whole | Placed::GradSlots(_) => 0,
+        }
     }
 
     /// Whether the blocks' gradients are in two slots for whoever runs the step to take

@@ -322,6 +322,30 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
         self.resident_up(be, resident)
     }
 
+    /// Host bytes of an offload of a flat buffer of `end` elements whose blocks' slot
+    /// holds `slot`, with `partials` f32s of norm scratch and a compute copy of `elem`
+    /// bytes an element ([`ParamOffload::host_bytes`] counts the same).
+    pub(crate) fn planned_host_bytes(
+        end: usize,
+        slot: usize,
+        partials: usize,
+        elem: usize,
+    ) -> usize {
+        crate::pinned::planned_bytes(end, elem)
+            + 4 * end
+            + 2 * crate::pinned::planned_bytes(slot, 4)
+            + 4 * (1 + partials)
+    }
+
+    /// Bytes in host memory: the compute copy, the gradient sum, the landing slots and
+    /// the norm's scratch.
+    pub(crate) fn host_bytes(&self) -> usize {
+        self.host_params.bytes()
+            + 4 * Host::len(&self.host_grads)
+            + self.host_scratch.iter().map(|s| s.bytes()).sum::<usize>()
+            + 4 * Host::len(&self.host_floats)
+    }
+
     /// Bytes on the backend: the slots (the resident buffers are the step's own).
     pub(crate) fn backend_bytes(&self) -> usize {
         self.slots.bytes()

@@ -305,6 +305,14 @@ impl<B: Backend, T: Act> ShardedParams<B, T> {
         }
     }
 
+    /// Bytes in host memory: the shard where it lives there.
+    pub(crate) fn host_bytes(&self) -> usize {
+        match &self.shard {
+            ShardAt::Backend(_) => 0,
+            ShardAt::Host(h) => h.bytes(),
+        }
+    }
+
     /// Bytes on the backend: the slots and the shard unless it is in host memory (the
     /// resident runs are the step's own buffers).
     pub(crate) fn backend_bytes(&self) -> usize {

@@ -71,10 +71,15 @@ pub struct ResidentBytes {
     pub state: usize,
     /// The steps' buffers.
     pub steps: usize,
+    /// Host memory an offload holds (not on the backend, so in no total): the offloaded
+    /// master and moments and the buffers the updates copy through, the offloaded
+    /// parameters' host copy, gradient sum and landing slots, pinned where copies read
+    /// or write them.
+    pub host: usize,
 }
 
 impl ResidentBytes {
-    /// Both.
+    /// Both (on the backend).
     pub fn total(&self) -> usize {
         self.state + self.steps
     }
@@ -325,9 +330,17 @@ impl<B: Backend, S: Trainable<B>, C: Collectives<B>> ResidentRun for ResidentLoo
                 .iter()
                 .map(|(_, s)| s.buffer_bytes())
                 .sum::<usize>();
+        let host = self.replica.state().host_bytes()
+            + self.replica.step().buffer_host_bytes()
+            + self
+                .spare
+                .iter()
+                .map(|(_, s)| s.buffer_host_bytes())
+                .sum::<usize>();
         ResidentBytes {
             state: self.replica.state().bytes() + self.replica.tree_bytes(),
             steps,
+            host,
         }
     }
 

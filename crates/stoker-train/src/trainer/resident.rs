@@ -289,11 +289,19 @@ pub fn planned_resident_bytes(
         ),
         false => 0,
     };
+    let host = stoker_gpu::parallel::DataParallel::<stoker_gpu::Host>::planned_host_bytes(
+        strategy,
+        optimizer,
+        len,
+        rank_world,
+        (act_bytes, config.parallel.offload_params),
+    ) + sizes.host_bytes(act_bytes);
     Some(ResidentBytes {
         state: stoker_gpu::parallel::DataParallel::<stoker_gpu::Host>::planned_bytes(
             strategy, optimizer, len, rank_world, block,
         ) + tree,
         steps: sizes.bytes(act_bytes),
+        host,
     })
 }
 
