@@ -41,7 +41,7 @@ fn main() {
         .file(cuda.join("host.cpp"))
         .flag("-ffp-contract=off")
         .flag_if_supported("-Wno-unused-parameter")
-        .opt_level(2)
+        .opt_level(3)
         .compile("stoker_gpu_host");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
         device(cuda);
