@@ -67,7 +67,6 @@ typed_kernels! {
 }
 
 extern "C" {
-    fn stoker_host_reduce_partials(dst: P, partials: P, p: i32, cols: i32, stride: i64);
     fn stoker_host_adamw(
         p: P,
         g: P,
@@ -77,31 +76,6 @@ extern "C" {
         n: i64,
         s: AdamWArgs,
         decay: i32,
-        grad_scale: f32,
-    );
-    fn stoker_host_adamw_segments(
-        p: P,
-        g: P,
-        m: P,
-        v: P,
-        copy: P,
-        n: i64,
-        s: AdamWArgs,
-        bounds: P,
-        decay: P,
-        segs: i32,
-        grad_scale: f32,
-    );
-    fn stoker_host_sgd_segments(
-        p: P,
-        g: P,
-        buf: P,
-        copy: P,
-        n: i64,
-        s: SgdArgs,
-        bounds: P,
-        decay: P,
-        segs: i32,
         grad_scale: f32,
     );
     fn stoker_host_range_reduce_partials(
@@ -459,13 +433,12 @@ pub(crate) unsafe fn run(call: &Call) {
                 g,
                 kv,
             } => (fns(dtype).heads_to_kv)(p(dst), p(src), g, kv),
-            ReducePartials {
-                dst,
-                partials,
-                p: parts,
-                cols,
-                stride,
-            } => stoker_host_reduce_partials(p(dst), p(partials), parts, cols, stride),
+            // The pack kernels that also run in pieces: the whole grid as one piece.
+            ReducePartials { .. } | AdamwSegments { .. } | SgdSegments { .. } => {
+                if let Some(n) = pack_extent(call) {
+                    run_packs(call, 0, n)
+                }
+            }
             Adamw {
                 p: w,
                 g,
@@ -477,54 +450,6 @@ pub(crate) unsafe fn run(call: &Call) {
                 decay,
                 grad_scale,
             } => stoker_host_adamw(p(w), p(g), p(m), p(v), p(copy), n, s, decay, grad_scale),
-            AdamwSegments {
-                p: w,
-                g,
-                m,
-                v,
-                copy,
-                n,
-                s,
-                bounds,
-                decay,
-                segs,
-                grad_scale,
-            } => stoker_host_adamw_segments(
-                p(w),
-                p(g),
-                p(m),
-                p(v),
-                p(copy),
-                n,
-                s,
-                p(bounds),
-                p(decay),
-                segs,
-                grad_scale,
-            ),
-            SgdSegments {
-                p: w,
-                g,
-                buf,
-                copy,
-                n,
-                s,
-                bounds,
-                decay,
-                segs,
-                grad_scale,
-            } => stoker_host_sgd_segments(
-                p(w),
-                p(g),
-                p(buf),
-                p(copy),
-                n,
-                s,
-                p(bounds),
-                p(decay),
-                segs,
-                grad_scale,
-            ),
             SumPartials {
                 partials,
                 x,
