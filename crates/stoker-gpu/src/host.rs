@@ -169,6 +169,36 @@ fn refuses_capture() -> GpuError {
     }
 }
 
+impl Host {
+    /// Runs the packs of `call` that start in `range` (a pack kernel that runs in pieces:
+    /// the optimizers, the gradients' sum), over rayon's pool: a piece of one launch, for
+    /// a caller that does something between the pieces (the offloaded optimizer's copies).
+    /// An error for any other call, or a range that is not inside its grid or does not
+    /// start on a multiple of eight.
+    ///
+    /// # Safety
+    /// [`Backend::launch`]'s for `call`; and no other piece of it runs meanwhile.
+    pub(crate) unsafe fn launch_packs(
+        &self,
+        call: &Call,
+        range: std::ops::Range<usize>,
+    ) -> Result<(), GpuError> {
+        let bad = |what: String| GpuError::Shape {
+            kernel: "launch in pieces",
+            what,
+        };
+        let n =
+            crate::ffi::pack_extent(call).ok_or_else(|| bad(format!("{call:?} has no pieces")))?;
+        if range.start > range.end || range.end as i64 > n || !range.start.is_multiple_of(8) {
+            return Err(bad(format!("elements {range:?} of a grid of {n}")));
+        }
+        // SAFETY: the caller's contract; the range lies inside the grid and starts on a
+        // pack (checked above).
+        unsafe { crate::host_threads::run_pieces(call, range.start as i64..range.end as i64) };
+        Ok(())
+    }
+}
+
 impl Backend for Host {
     type Buf<E: Elem> = HostBuf<E>;
     /// The host backend runs each call as it comes and captures nothing.

@@ -21,17 +21,28 @@ pub const PIECE: i64 = 1 << 18;
 /// [`crate::ffi::run`]'s for `call`.
 pub(crate) unsafe fn run(call: &Call) {
     match ffi::pack_extent(call) {
-        Some(n) if n > PIECE => {
-            let call = *call;
-            (0..(n + PIECE - 1) / PIECE).into_par_iter().for_each(|k| {
-                let lo = k * PIECE;
-                // SAFETY: `call` is valid (this function's contract); the pieces
-                // [k * PIECE, (k + 1) * PIECE) do not overlap, and each pack writes only
-                // its own elements.
-                unsafe { ffi::run_packs(&call, lo, (lo + PIECE).min(n)) }
-            });
-        }
+        // SAFETY: this function's contract.
+        Some(n) if n > PIECE => unsafe { run_pieces(call, 0..n) },
         // SAFETY: this function's contract.
         _ => unsafe { ffi::run(call) },
     }
+}
+
+/// Runs the packs of `call` (a pack kernel, [`ffi::pack_extent`]) that start in `range`
+/// (starting on a multiple of eight, inside the grid), in pieces over the pool where it
+/// is longer than one.
+///
+/// # Safety
+/// [`crate::ffi::run`]'s for `call`; and nothing else runs packs of `range` meanwhile.
+pub(crate) unsafe fn run_pieces(call: &Call, range: std::ops::Range<i64>) {
+    let call = *call;
+    let pieces = (range.end - range.start + PIECE - 1) / PIECE;
+    (0..pieces.max(0)).into_par_iter().for_each(|k| {
+        let lo = range.start + k * PIECE;
+        // SAFETY: `call` is valid (this function's contract); the pieces
+        // [lo, lo + PIECE) of `range` do not overlap, each starts on a multiple of
+        // eight (`range.start` does, and PIECE is one), and each pack writes only its
+        // own elements.
+        unsafe { ffi::run_packs(&call, lo, (lo + PIECE).min(range.end)) }
+    });
 }

@@ -82,6 +82,26 @@ pub fn adamw<B: Backend>(
     segs: &Segments<B>,
     grad_scale: f32,
 ) -> Result<(), GpuError> {
+    let call = adamw_call(b, p, g, m, v, (copy, round), step, segs, grad_scale)?;
+    // SAFETY: p, g, m, v (and copy when not 0) hold the segments' buffer length; the
+    // table holds `count` sorted segments inside it (checked when made, and by
+    // `adamw_call`).
+    unsafe { b.launch(&call) }
+}
+
+/// [`adamw`]'s launch, checked and not run: for a caller that runs it in pieces.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn adamw_call<B: Backend>(
+    b: &B,
+    p: View<f32>,
+    g: View<f32>,
+    m: View<f32>,
+    v: View<f32>,
+    (copy, round): (Option<View<bf16>>, Option<StochasticRound>),
+    step: &AdamWStep,
+    segs: &Segments<B>,
+    grad_scale: f32,
+) -> Result<Call, GpuError> {
     const K: &str = "adamw-segments";
     check_whole(K, &p, &g, &copy, segs.end)?;
     check_len(K, "m", m.len(), segs.end)?;
@@ -99,9 +119,7 @@ pub fn adamw<B: Backend>(
         segs: segs.count,
         grad_scale,
     };
-    // SAFETY: p, g, m, v (and copy when not 0) hold the segments' buffer length; the
-    // table holds `count` sorted segments inside it (checked when made).
-    unsafe { b.launch(&call) }
+    Ok(call)
 }
 
 /// One SGD step over every segment of `p` (stoker-kernels' `sgd_update_scalar` per
@@ -117,6 +135,25 @@ pub fn sgd<B: Backend>(
     segs: &Segments<B>,
     grad_scale: f32,
 ) -> Result<(), GpuError> {
+    let call = sgd_call(b, p, g, buf, copy, step, segs, grad_scale)?;
+    // SAFETY: p, g (buf when the momentum reads it, copy when not 0) hold the segments'
+    // buffer length; the table holds sorted segments inside it (checked when made, and
+    // by `sgd_call`).
+    unsafe { b.launch(&call) }
+}
+
+/// [`sgd`]'s launch, checked and not run: for a caller that runs it in pieces.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sgd_call<B: Backend>(
+    b: &B,
+    p: View<f32>,
+    g: View<f32>,
+    buf: Option<View<f32>>,
+    copy: Option<View<bf16>>,
+    step: &SgdStep,
+    segs: &Segments<B>,
+    grad_scale: f32,
+) -> Result<Call, GpuError> {
     const K: &str = "sgd-segments";
     check_whole(K, &p, &g, &copy, segs.end)?;
     let buf = match (buf, step.momentum != 0.0) {
@@ -144,7 +181,5 @@ pub fn sgd<B: Backend>(
         segs: segs.count,
         grad_scale,
     };
-    // SAFETY: p, g (buf when the momentum reads it, copy when not 0) hold the segments'
-    // buffer length; the table holds sorted segments inside it (checked when made).
-    unsafe { b.launch(&call) }
+    Ok(call)
 }

@@ -107,7 +107,10 @@ impl<B: Backend> Offloaded<B> {
 
     /// The optimizer's step on the host over `grads` (on `be`, as long as the master)
     /// times `mult`: the gradients copied down, the host build of the optimizer's kernels,
-    /// the compute copy `params` (on `be`, as long) copied up.
+    /// the compute copy `params` (on `be`, as long) copied up, pipelined in pieces
+    /// ([`PIPELINE_PIECES`]): while the host steps one piece, the next pieces' gradients
+    /// come down and the last pieces' compute copy goes up on the copy streams
+    /// (ZeRO-Offload's overlap of the CPU's step with the transfers).
     pub fn step_on_host<T: Act>(
         &self,
         be: &B,
@@ -116,29 +119,44 @@ impl<B: Backend> Offloaded<B> {
         scalars: &Scalars,
         mult: f32,
     ) -> Result<(), GpuError> {
-        let mut copy = self.copy.borrow_mut();
-        if copy.is_none() {
-            *copy = Some(match T::DTYPE {
+        crate::error::check_len("offload", "params", params.len(), self.opt.len())?;
+        let mut made = self.copy.borrow_mut();
+        if made.is_none() {
+            *made = Some(match T::DTYPE {
                 Dtype::F32 => HostCopy::F32(PinnedHostBuf::zeros(be, self.opt.len())?),
                 Dtype::Bf16 => HostCopy::Bf16(PinnedHostBuf::zeros(be, self.opt.len())?),
                 Dtype::F16 => HostCopy::F16(PinnedHostBuf::zeros(be, self.opt.len())?),
             });
         }
-        let host_copy: View<T> = match copy.as_ref() {
-            // The copies from it (`write_at`, below) end before they return: settled at
-            // once.
-            Some(HostCopy::F32(b)) => b.settled(be)?.cast::<T>()?,
-            Some(HostCopy::Bf16(b)) => b.settled(be)?.cast::<T>()?,
-            Some(HostCopy::F16(b)) => b.settled(be)?.cast::<T>()?,
-            None => {
-                return Err(GpuError::Shape {
-                    kernel: "offload",
-                    what: "no host compute copy".into(),
-                })
-            }
+        let Some(copy) = made.as_ref() else {
+            return Err(GpuError::Shape {
+                kernel: "offload",
+                what: "no host compute copy".into(),
+            });
         };
-        self.step_into_host(be, grads, host_copy, scalars, mult)?;
-        Host.copy_to(host_copy, be, params)
+        // The last update's copies up from it were waited for on the device, not here.
+        let host_copy: View<T> = match copy {
+            HostCopy::F32(b) => b.settled(be)?.cast::<T>()?,
+            HostCopy::Bf16(b) => b.settled(be)?.cast::<T>()?,
+            HostCopy::F16(b) => b.settled(be)?.cast::<T>()?,
+        };
+        let mut writes = Vec::new();
+        self.pipeline(be, grads, host_copy, (scalars, mult), |r| {
+            let dst = params.slice(r.clone())?;
+            // SAFETY: the host queues no launch until the waits below, which order every
+            // later launch after these copies, so nothing touches the pieces of `params`
+            // meanwhile (its buffer is the caller's, alive through this call); the pinned
+            // copy lives in `self`.
+            writes.push(unsafe {
+                match copy {
+                    HostCopy::F32(b) => start_up(be, b, r, dst)?,
+                    HostCopy::Bf16(b) => start_up(be, b, r, dst)?,
+                    HostCopy::F16(b) => start_up(be, b, r, dst)?,
+                }
+            });
+            Ok(())
+        })?;
+        crate::backend::wait_writes(be, writes)
     }
 
     /// The optimizer's step over gradients and a compute copy that are host memory
@@ -164,6 +182,21 @@ impl<B: Backend> Offloaded<B> {
         scalars: &Scalars,
         mult: f32,
     ) -> Result<(), GpuError> {
+        self.pipeline(be, grads, host_params, (scalars, mult), |_| Ok(()))
+    }
+
+    /// The gradients `grads` (on `be`) down in pieces into the pinned host copy, all
+    /// started at once on the copy stream, and the optimizer stepping each piece of
+    /// `host_params` as soon as its gradients are down, `after(piece)` following it.
+    fn pipeline<T: Act>(
+        &self,
+        be: &B,
+        grads: View<f32>,
+        host_params: View<T>,
+        (scalars, mult): (&Scalars, f32),
+        after: impl FnMut(&Range<usize>) -> Result<(), GpuError>,
+    ) -> Result<(), GpuError> {
+        crate::error::check_len("offload", "grads", grads.len(), self.opt.len())?;
         let mut made = self.grads.borrow_mut();
         if made.is_none() {
             *made = Some(PinnedHostBuf::zeros(be, self.opt.len())?);
@@ -174,8 +207,115 @@ impl<B: Backend> Offloaded<B> {
                 what: "no host gradients".into(),
             });
         };
-        let host_grads = pinned.settled(be)?;
-        Host.copy_from(host_grads, be, grads)?;
-        optimizer::apply(&Host, &self.opt, host_params, host_grads, scalars, mult)
+        pinned.settled(be)?;
+        let pieces = pipeline_pieces(self.opt.len());
+        let mut reads = Vec::with_capacity(pieces.len());
+        for r in &pieces {
+            // SAFETY: the host queues no launch that writes `grads` before every read is
+            // finished below (or dropped on an error, which waits for its copy); the
+            // pinned piece is touched only by its finish, and lives in `self`.
+            reads.push(unsafe { pinned.start_read_into(be, grads.slice(r.clone())?, r.clone())? });
+        }
+        let mut reads = reads.into_iter();
+        optimizer::apply_on_host_in_pieces(
+            &self.opt,
+            host_params,
+            pinned.all()?,
+            (scalars, mult),
+            &pieces,
+            |r| {
+                let read = reads.next().ok_or_else(|| GpuError::Shape {
+                    kernel: "offload",
+                    what: format!("no read for piece {r:?}"),
+                })?;
+                pinned.finish_read_into(be, read, grads.slice(r.clone())?, r.clone())
+            },
+            after,
+        )
+    }
+}
+
+/// How many pieces the offloaded optimizer's update is pipelined in: enough that the
+/// transfers of the first and last pieces, which nothing hides, are small.
+pub const PIPELINE_PIECES: usize = 8;
+
+/// [`PIPELINE_PIECES`] ranges covering `0..len` in order, each starting on a multiple of
+/// eight (the last may be shorter; fewer where `len` is small).
+fn pipeline_pieces(len: usize) -> Vec<Range<usize>> {
+    let size = len.div_ceil(PIPELINE_PIECES).div_ceil(8).max(1) * 8;
+    (0..len)
+        .step_by(size)
+        .map(|lo| lo..(lo + size).min(len))
+        .collect()
+}
+
+/// Starts copying elements `r` of the pinned compute copy `buf` up into `dst`, the same
+/// element type seen as the step's (checked).
+///
+/// # Safety
+/// [`PinnedHostBuf::start_copy_to`]'s.
+unsafe fn start_up<B: Backend, E: Act, T: Act>(
+    be: &B,
+    buf: &PinnedHostBuf<B, E>,
+    r: &Range<usize>,
+    dst: View<T>,
+) -> Result<B::PendingWrite, GpuError> {
+    let dst = dst.cast::<E>()?;
+    // SAFETY: the caller's contract, passed on.
+    unsafe { buf.start_copy_to(be, r.clone(), dst) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pipelines_pieces_cover_the_buffer_in_order_on_packs() {
+        for len in [0usize, 1, 7, 8, 9, 63, 64, 65, 1000, 12_345, 1 << 20] {
+            let pieces = pipeline_pieces(len);
+            assert!(pieces.len() <= PIPELINE_PIECES, "{len}: {pieces:?}");
+            let mut next = 0;
+            for r in &pieces {
+                assert_eq!(r.start, next, "{len}: {pieces:?}");
+                assert_eq!(r.start % 8, 0, "{len}: {pieces:?}");
+                assert!(r.end > r.start, "{len}: {pieces:?}");
+                next = r.end;
+            }
+            assert_eq!(next, len, "{len}: {pieces:?}");
+        }
+        assert_eq!(pipeline_pieces(1000).len(), PIPELINE_PIECES);
+    }
+
+    #[test]
+    fn an_update_in_pieces_refuses_pieces_that_do_not_tile_the_buffer() {
+        let master: Vec<f32> = (0..64).map(|i| i as f32).collect();
+        let opt = OptimizerState::new(&Host, Optimizer::AdamW, &master, &[(0..64, true)]).unwrap();
+        let (params, grads) = (
+            Host.zeros::<f32>(64).unwrap(),
+            Host.zeros::<f32>(64).unwrap(),
+        );
+        let s = Scalars::AdamW(stoker_kernels::AdamWStep::new(
+            1e-3, 0.9, 0.95, 1e-8, 0.0, 1,
+        ));
+        for pieces in [
+            vec![0..16, 16..32],
+            vec![0..30, 30..64],
+            vec![8..40, 40..64],
+            vec![0..40, 32..64],
+        ] {
+            let got = optimizer::apply_on_host_in_pieces(
+                &opt,
+                Host.all(&params),
+                Host.all(&grads),
+                (&s, 1.0),
+                &pieces,
+                |_| Ok(()),
+                |_| Ok(()),
+            );
+            assert!(
+                matches!(got, Err(GpuError::Shape { .. } | GpuError::Length { .. })),
+                "{pieces:?}: {got:?}"
+            );
+        }
     }
 }

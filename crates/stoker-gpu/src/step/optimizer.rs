@@ -12,8 +12,10 @@ use stoker_kernels::{AdamWStep, SgdStep};
 
 use crate::args::StochasticRound;
 use crate::backend::{Backend, View};
+use crate::call::Call;
 use crate::elem::{Act, Dtype};
 use crate::error::{check_len, GpuError};
+use crate::host::Host;
 use crate::kernels;
 use crate::optim::{self, Segments};
 
@@ -307,18 +309,82 @@ pub fn apply<B: Backend, T: Act>(
     scalars: &Scalars,
     mult: f32,
 ) -> Result<(), GpuError> {
+    let Some(call) = update_call(be, opt, params, grads, scalars, mult)? else {
+        return Ok(());
+    };
+    // SAFETY: `update_call` checked every view against the state's length and made the
+    // call over buffers that outlive this function (the views' borrows).
+    unsafe { be.launch(&call)? };
+    copy_after(be, params, be.all(&opt.master))
+}
+
+/// [`apply`] of a state in host memory, in pieces: the optimizer's one launch made once
+/// (its rounding counter advanced once), then for each of `pieces` (in order; disjoint,
+/// starting on multiples of eight, together the whole buffer) `before(piece)`, that
+/// piece of the launch and of the compute copy's step after, and `after(piece)`. The
+/// offloaded optimizer's pipeline: a piece's gradients come down before it, and its
+/// compute copy goes up after, while the host steps the next piece. The same bits as
+/// [`apply`] (each pack writes only its own elements).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn apply_on_host_in_pieces<T: Act>(
+    opt: &OptimizerState<Host>,
+    params: View<T>,
+    grads: View<f32>,
+    (scalars, mult): (&Scalars, f32),
+    pieces: &[Range<usize>],
+    mut before: impl FnMut(&Range<usize>) -> Result<(), GpuError>,
+    mut after: impl FnMut(&Range<usize>) -> Result<(), GpuError>,
+) -> Result<(), GpuError> {
+    let mut next = 0;
+    for r in pieces {
+        if r.start != next || !r.start.is_multiple_of(8) || r.end < r.start {
+            return Err(GpuError::Shape {
+                kernel: "optimizer",
+                what: format!("piece {r:?} after {next}: pieces must follow each other from 0, each starting on a multiple of 8"),
+            });
+        }
+        next = r.end;
+    }
+    crate::error::check_len("optimizer", "pieces", next, opt.len())?;
+    let call = update_call(&Host, opt, params, grads, scalars, mult)?;
+    let master = Host.all(&opt.master);
+    for r in pieces {
+        before(r)?;
+        if let Some(call) = &call {
+            // SAFETY: `update_call` checked every view against the state's length and
+            // made the call over buffers that outlive this function (the views'
+            // borrows); the piece lies inside it (checked above), and the pieces are
+            // disjoint and run one after another.
+            unsafe { Host.launch_packs(call, r.clone())? };
+        }
+        copy_after(&Host, params.slice(r.clone())?, master.slice(r.clone())?)?;
+        after(r)?;
+    }
+    Ok(())
+}
+
+/// The optimizer's launch for [`apply`], checked, with the rounding counter advanced;
+/// None for an empty state.
+fn update_call<B: Backend, T: Act>(
+    be: &B,
+    opt: &OptimizerState<B>,
+    params: View<T>,
+    grads: View<f32>,
+    scalars: &Scalars,
+    mult: f32,
+) -> Result<Option<Call>, GpuError> {
     crate::error::check_len("optimizer", "params", params.len(), opt.len())?;
     crate::error::check_len("optimizer", "grads", grads.len(), opt.len())?;
     if opt.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
     let copy = match T::DTYPE {
         Dtype::Bf16 => Some(params.cast::<half::bf16>()?),
         Dtype::F32 | Dtype::F16 => None,
     };
     let p = be.all(&opt.master);
-    match (&opt.moments, scalars) {
-        (Moments::AdamW { m, v }, Scalars::AdamW(s)) => optim::adamw(
+    let call = match (&opt.moments, scalars) {
+        (Moments::AdamW { m, v }, Scalars::AdamW(s)) => optim::adamw_call(
             be,
             p,
             grads,
@@ -332,7 +398,7 @@ pub fn apply<B: Backend, T: Act>(
             &opt.segments,
             mult,
         )?,
-        (Moments::Sgd { buf }, Scalars::Sgd(s)) => optim::sgd(
+        (Moments::Sgd { buf }, Scalars::Sgd(s)) => optim::sgd_call(
             be,
             p,
             grads,
@@ -348,13 +414,22 @@ pub fn apply<B: Backend, T: Act>(
                 what: format!("{s:?} for a state made for the other optimizer"),
             })
         }
-    }
+    };
+    Ok(Some(call))
+}
+
+/// The compute copy `params` from the updated master `master` (as long): copied (f32),
+/// rounded to nearest (f16); bf16's was written by the update itself.
+fn copy_after<B: Backend, T: Act>(
+    be: &B,
+    params: View<T>,
+    master: View<f32>,
+) -> Result<(), GpuError> {
     match T::DTYPE {
-        Dtype::F32 => be.copy(params.cast::<f32>()?, p)?,
-        Dtype::F16 => kernels::from_f32(be, params, p)?,
-        Dtype::Bf16 => {}
+        Dtype::F32 => be.copy(params.cast::<f32>()?, master),
+        Dtype::F16 => kernels::from_f32(be, params, master),
+        Dtype::Bf16 => Ok(()),
     }
-    Ok(())
 }
 
 /// The update of a step's [`UpdateViews`] (one rank, or DDP's after the all-reduce):
