@@ -35,8 +35,12 @@ pub(crate) unsafe fn run(call: &Call) {
 /// # Safety
 /// [`crate::ffi::run`]'s for `call`; and nothing else runs packs of `range` meanwhile.
 pub(crate) unsafe fn run_pieces(call: &Call, range: std::ops::Range<i64>) {
-    let call = *call;
     let pieces = (range.end - range.start + PIECE - 1) / PIECE;
+    if pieces <= 1 {
+        // SAFETY: this function's contract; one piece, on this thread.
+        return unsafe { ffi::run_packs(call, range.start, range.end) };
+    }
+    let call = *call;
     (0..pieces.max(0)).into_par_iter().for_each(|k| {
         let lo = range.start + k * PIECE;
         // SAFETY: `call` is valid (this function's contract); the pieces

@@ -6,8 +6,10 @@
 //! offloaded optimizer does) pinned for one backend: a run of whole pages of its own, so
 //! that no two pinned buffers share a page (a driver registers pages, and refuses a page
 //! registered twice). Copies from it may read it until the backend says they are done,
-//! so every host write to it goes through [`PinnedHostBuf::settled`], which waits for
-//! them.
+//! so a host write to elements a copy may still read goes through
+//! [`PinnedHostBuf::settled`], which waits for every copy (elements no copy in flight
+//! reads may be written meanwhile: the offloaded optimizer steps one piece while the
+//! piece before goes up).
 
 use std::ops::Range;
 

@@ -140,13 +140,25 @@ impl<B: Backend> Offloaded<B> {
             HostCopy::Bf16(b) => b.settled(be)?.cast::<T>()?,
             HostCopy::F16(b) => b.settled(be)?.cast::<T>()?,
         };
+        let direct = match copy {
+            HostCopy::F32(b) => b.is_direct(be),
+            HostCopy::Bf16(b) => b.is_direct(be),
+            HostCopy::F16(b) => b.is_direct(be),
+        };
+        if !direct {
+            // Unregistered memory: pieces in flight would each take pinned staging of
+            // their own; the whole buffer goes up at once instead, as before the pipeline.
+            self.pipeline(be, grads, host_copy, (scalars, mult), |_| Ok(()))?;
+            return Host.copy_to(host_copy, be, params);
+        }
         let mut writes = Vec::new();
-        self.pipeline(be, grads, host_copy, (scalars, mult), |r| {
+        let stepped = self.pipeline(be, grads, host_copy, (scalars, mult), |r| {
             let dst = params.slice(r.clone())?;
-            // SAFETY: the host queues no launch until the waits below, which order every
-            // later launch after these copies, so nothing touches the pieces of `params`
-            // meanwhile (its buffer is the caller's, alive through this call); the pinned
-            // copy lives in `self`.
+            // SAFETY: nothing queued on `be` until the waits below touches `params` (the
+            // pieces' launches run on the host over the pinned buffers), and the waits
+            // order every later launch after these copies; `params`' buffer is the
+            // caller's, alive through this call; the pinned copy lives in `self`, and the
+            // later pieces write other elements of it.
             writes.push(unsafe {
                 match copy {
                     HostCopy::F32(b) => start_up(be, b, r, dst)?,
@@ -155,8 +167,11 @@ impl<B: Backend> Offloaded<B> {
                 }
             });
             Ok(())
-        })?;
-        crate::backend::wait_writes(be, writes)
+        });
+        // Waited for even after an error, so that the pieces started land on every
+        // backend alike (the state is then a half-stepped one: the run ends).
+        let waited = crate::backend::wait_writes(be, writes);
+        stepped.and(waited)
     }
 
     /// The optimizer's step over gradients and a compute copy that are host memory
@@ -207,7 +222,22 @@ impl<B: Backend> Offloaded<B> {
                 what: "no host gradients".into(),
             });
         };
-        pinned.settled(be)?;
+        let host_grads = pinned.settled(be)?;
+        if !pinned.is_direct(be) {
+            // Unregistered memory: pieces in flight would each take pinned memory of
+            // their own; the whole gradient comes down at once instead.
+            Host.copy_from(host_grads, be, grads)?;
+            let pieces = pipeline_pieces(self.opt.len());
+            return optimizer::apply_on_host_in_pieces(
+                &self.opt,
+                host_params,
+                host_grads,
+                (scalars, mult),
+                &pieces,
+                |_| Ok(()),
+                after,
+            );
+        }
         let pieces = pipeline_pieces(self.opt.len());
         let mut reads = Vec::with_capacity(pieces.len());
         for r in &pieces {
@@ -284,6 +314,92 @@ mod tests {
             assert_eq!(next, len, "{len}: {pieces:?}");
         }
         assert_eq!(pipeline_pieces(1000).len(), PIPELINE_PIECES);
+    }
+
+    /// The master, moments and compute copy after one update of a fresh state, whole
+    /// (`apply`) or in `pieces`.
+    fn updated<T: Act>(
+        kind: Optimizer,
+        round: bool,
+        pieces: Option<&[Range<usize>]>,
+    ) -> Vec<Vec<u32>> {
+        let n = 1003;
+        let master: Vec<f32> = (0..n)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 1e-2)
+            .collect();
+        let grads: Vec<f32> = (0..n)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) * 1e-3)
+            .collect();
+        // Segment bounds inside packs and inside pieces.
+        let segments = [(0..13, true), (13..500, false), (500..n, true)];
+        let mut opt = OptimizerState::new(&Host, kind, &master, &segments).unwrap();
+        if round {
+            opt = opt.with_stochastic_rounding(7, (5000, 1234)).unwrap();
+        }
+        let params = Host.zeros::<T>(n).unwrap();
+        let g = Host.upload(&grads).unwrap();
+        let s = match kind {
+            Optimizer::AdamW => Scalars::AdamW(stoker_kernels::AdamWStep::new(
+                1e-3, 0.9, 0.95, 1e-8, 0.1, 3,
+            )),
+            Optimizer::Sgd { .. } => Scalars::Sgd(stoker_kernels::SgdStep {
+                lr: 0.01,
+                momentum: 0.9,
+                weight_decay: 0.01,
+                nesterov: false,
+                first: true,
+            }),
+        };
+        match pieces {
+            None => optimizer::apply(&Host, &opt, Host.all(&params), Host.all(&g), &s, 0.5),
+            Some(p) => optimizer::apply_on_host_in_pieces(
+                &opt,
+                Host.all(&params),
+                Host.all(&g),
+                (&s, 0.5),
+                p,
+                |_| Ok(()),
+                |_| Ok(()),
+            ),
+        }
+        .unwrap();
+        let mut out = vec![opt.master(&Host).unwrap()];
+        out.extend(opt.moments(&Host).unwrap().into_iter().map(|(_, m)| m));
+        out.push(
+            Host.download(&params)
+                .unwrap()
+                .into_iter()
+                .map(T::to_f32)
+                .collect(),
+        );
+        out.into_iter()
+            .map(|v| v.iter().map(|x| x.to_bits()).collect())
+            .collect()
+    }
+
+    #[test]
+    fn an_update_in_pieces_is_the_whole_updates_bits() {
+        let own = pipeline_pieces(1003);
+        let odd = [0..8, 8..504, 504..1003];
+        for pieces in [&own[..], &odd[..]] {
+            for round in [false, true] {
+                assert_eq!(
+                    updated::<half::bf16>(Optimizer::AdamW, round, Some(pieces)),
+                    updated::<half::bf16>(Optimizer::AdamW, round, None),
+                    "adamw bf16, rounding {round}, {pieces:?}"
+                );
+            }
+            assert_eq!(
+                updated::<f32>(Optimizer::AdamW, false, Some(pieces)),
+                updated::<f32>(Optimizer::AdamW, false, None),
+                "adamw f32, {pieces:?}"
+            );
+            assert_eq!(
+                updated::<half::f16>(Optimizer::Sgd { momentum: true }, false, Some(pieces)),
+                updated::<half::f16>(Optimizer::Sgd { momentum: true }, false, None),
+                "sgd f16, {pieces:?}"
+            );
+        }
     }
 
     #[test]
