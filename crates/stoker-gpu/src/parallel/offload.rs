@@ -42,6 +42,77 @@ enum HostCopy<B: Backend> {
     F16(PinnedHostBuf<B, f16>),
 }
 
+impl<B: Backend> HostCopy<B> {
+    /// `len` zeros of `T`, pinned for `be`.
+    fn zeros<T: Act>(be: &B, len: usize) -> Result<Self, GpuError> {
+        Ok(match T::DTYPE {
+            Dtype::F32 => HostCopy::F32(PinnedHostBuf::zeros(be, len)?),
+            Dtype::Bf16 => HostCopy::Bf16(PinnedHostBuf::zeros(be, len)?),
+            Dtype::F16 => HostCopy::F16(PinnedHostBuf::zeros(be, len)?),
+        })
+    }
+
+    /// Host bytes it holds.
+    fn bytes(&self) -> usize {
+        match self {
+            HostCopy::F32(b) => b.bytes(),
+            HostCopy::Bf16(b) => b.bytes(),
+            HostCopy::F16(b) => b.bytes(),
+        }
+    }
+
+    /// Whether the backend copies it directly ([`PinnedHostBuf::is_direct`]).
+    fn is_direct(&self, be: &B) -> bool {
+        match self {
+            HostCopy::F32(b) => b.is_direct(be),
+            HostCopy::Bf16(b) => b.is_direct(be),
+            HostCopy::F16(b) => b.is_direct(be),
+        }
+    }
+
+    /// All of it as `T` (its own type: checked), once no copy uses it
+    /// ([`PinnedHostBuf::settled`]).
+    fn settled<T: Act>(&self, be: &B) -> Result<View<'_, T>, GpuError> {
+        match self {
+            HostCopy::F32(b) => b.settled(be)?.cast::<T>(),
+            HostCopy::Bf16(b) => b.settled(be)?.cast::<T>(),
+            HostCopy::F16(b) => b.settled(be)?.cast::<T>(),
+        }
+    }
+
+    /// Starts copying elements `r` up into `dst` ([`PinnedHostBuf::start_copy_to`]),
+    /// `dst` seen as this copy's type (checked).
+    ///
+    /// # Safety
+    /// [`PinnedHostBuf::start_copy_to`]'s.
+    unsafe fn start_copy_to<T: Act>(
+        &self,
+        be: &B,
+        r: &Range<usize>,
+        dst: View<T>,
+    ) -> Result<B::PendingWrite, GpuError> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            match self {
+                HostCopy::F32(b) => b.start_copy_to(be, r.clone(), dst.cast()?),
+                HostCopy::Bf16(b) => b.start_copy_to(be, r.clone(), dst.cast()?),
+                HostCopy::F16(b) => b.start_copy_to(be, r.clone(), dst.cast()?),
+            }
+        }
+    }
+}
+
+/// What `slot` holds, made by `make` where it holds nothing yet.
+fn made<T>(
+    slot: &mut Option<T>,
+    make: impl FnOnce() -> Result<T, GpuError>,
+) -> Result<&T, GpuError> {
+    Ok(match slot {
+        Some(x) => x,
+        None => slot.insert(make()?),
+    })
+}
+
 impl<B: Backend> Offloaded<B> {
     /// The state of optimizer `kind` over `master` (the whole flat buffer, or a ZeRO-1
     /// shard of it) with its `segments`, in host memory (its copies to and from the
@@ -79,12 +150,7 @@ impl<B: Backend> Offloaded<B> {
     /// Host bytes it holds: the master and moments, and the buffers its updates made.
     pub fn host_bytes(&self) -> usize {
         let grads = self.grads.borrow().as_ref().map_or(0, |g| g.bytes());
-        let copy = match &*self.copy.borrow() {
-            Some(HostCopy::F32(b)) => b.bytes(),
-            Some(HostCopy::Bf16(b)) => b.bytes(),
-            Some(HostCopy::F16(b)) => b.bytes(),
-            None => 0,
-        };
+        let copy = self.copy.borrow().as_ref().map_or(0, HostCopy::bytes);
         self.opt.bytes() + grads + copy
     }
 
@@ -120,32 +186,11 @@ impl<B: Backend> Offloaded<B> {
         mult: f32,
     ) -> Result<(), GpuError> {
         crate::error::check_len("offload", "params", params.len(), self.opt.len())?;
-        let mut made = self.copy.borrow_mut();
-        if made.is_none() {
-            *made = Some(match T::DTYPE {
-                Dtype::F32 => HostCopy::F32(PinnedHostBuf::zeros(be, self.opt.len())?),
-                Dtype::Bf16 => HostCopy::Bf16(PinnedHostBuf::zeros(be, self.opt.len())?),
-                Dtype::F16 => HostCopy::F16(PinnedHostBuf::zeros(be, self.opt.len())?),
-            });
-        }
-        let Some(copy) = made.as_ref() else {
-            return Err(GpuError::Shape {
-                kernel: "offload",
-                what: "no host compute copy".into(),
-            });
-        };
+        let mut slot = self.copy.borrow_mut();
+        let copy = made(&mut slot, || HostCopy::zeros::<T>(be, self.opt.len()))?;
         // The last update's copies up from it were waited for on the device, not here.
-        let host_copy: View<T> = match copy {
-            HostCopy::F32(b) => b.settled(be)?.cast::<T>()?,
-            HostCopy::Bf16(b) => b.settled(be)?.cast::<T>()?,
-            HostCopy::F16(b) => b.settled(be)?.cast::<T>()?,
-        };
-        let direct = match copy {
-            HostCopy::F32(b) => b.is_direct(be),
-            HostCopy::Bf16(b) => b.is_direct(be),
-            HostCopy::F16(b) => b.is_direct(be),
-        };
-        if !direct {
+        let host_copy: View<T> = copy.settled(be)?;
+        if !copy.is_direct(be) {
             // Unregistered memory: pieces in flight would each take pinned staging of
             // their own; the whole buffer goes up at once instead, as before the pipeline.
             self.pipeline(be, grads, host_copy, (scalars, mult), |_| Ok(()))?;
@@ -159,13 +204,7 @@ impl<B: Backend> Offloaded<B> {
             // order every later launch after these copies; `params`' buffer is the
             // caller's, alive through this call; the pinned copy lives in `self`, and the
             // later pieces write other elements of it.
-            writes.push(unsafe {
-                match copy {
-                    HostCopy::F32(b) => start_up(be, b, r, dst)?,
-                    HostCopy::Bf16(b) => start_up(be, b, r, dst)?,
-                    HostCopy::F16(b) => start_up(be, b, r, dst)?,
-                }
-            });
+            writes.push(unsafe { copy.start_copy_to(be, r, dst)? });
             Ok(())
         });
         // Waited for even after an error, so that the pieces started land on every
@@ -212,53 +251,40 @@ impl<B: Backend> Offloaded<B> {
         after: impl FnMut(&Range<usize>) -> Result<(), GpuError>,
     ) -> Result<(), GpuError> {
         crate::error::check_len("offload", "grads", grads.len(), self.opt.len())?;
-        let mut made = self.grads.borrow_mut();
-        if made.is_none() {
-            *made = Some(PinnedHostBuf::zeros(be, self.opt.len())?);
-        }
-        let Some(pinned) = made.as_ref() else {
-            return Err(GpuError::Shape {
-                kernel: "offload",
-                what: "no host gradients".into(),
-            });
-        };
+        let mut slot = self.grads.borrow_mut();
+        let pinned = made(&mut slot, || PinnedHostBuf::zeros(be, self.opt.len()))?;
         let host_grads = pinned.settled(be)?;
-        if !pinned.is_direct(be) {
+        let pieces = pipeline_pieces(self.opt.len());
+        let direct = pinned.is_direct(be);
+        let mut reads = Vec::with_capacity(pieces.len());
+        if direct {
+            for r in &pieces {
+                // SAFETY: the host queues no launch that writes `grads` before every read
+                // is finished below (or dropped on an error, which waits for its copy);
+                // the pinned piece is touched only by its finish, and lives in `self`.
+                reads.push(unsafe {
+                    pinned.start_read_into(be, grads.slice(r.clone())?, r.clone())?
+                });
+            }
+        } else {
             // Unregistered memory: pieces in flight would each take pinned memory of
             // their own; the whole gradient comes down at once instead.
             Host.copy_from(host_grads, be, grads)?;
-            let pieces = pipeline_pieces(self.opt.len());
-            return optimizer::apply_on_host_in_pieces(
-                &self.opt,
-                host_params,
-                host_grads,
-                (scalars, mult),
-                &pieces,
-                |_| Ok(()),
-                after,
-            );
-        }
-        let pieces = pipeline_pieces(self.opt.len());
-        let mut reads = Vec::with_capacity(pieces.len());
-        for r in &pieces {
-            // SAFETY: the host queues no launch that writes `grads` before every read is
-            // finished below (or dropped on an error, which waits for its copy); the
-            // pinned piece is touched only by its finish, and lives in `self`.
-            reads.push(unsafe { pinned.start_read_into(be, grads.slice(r.clone())?, r.clone())? });
         }
         let mut reads = reads.into_iter();
         optimizer::apply_on_host_in_pieces(
             &self.opt,
             host_params,
-            pinned.all()?,
+            host_grads,
             (scalars, mult),
             &pieces,
-            |r| {
-                let read = reads.next().ok_or_else(|| GpuError::Shape {
+            |r| match reads.next() {
+                Some(read) => pinned.finish_read_into(be, read, grads.slice(r.clone())?, r.clone()),
+                None if !direct => Ok(()),
+                None => Err(GpuError::Shape {
                     kernel: "offload",
                     what: format!("no read for piece {r:?}"),
-                })?;
-                pinned.finish_read_into(be, read, grads.slice(r.clone())?, r.clone())
+                }),
             },
             after,
         )
@@ -277,22 +303,6 @@ fn pipeline_pieces(len: usize) -> Vec<Range<usize>> {
         .step_by(size)
         .map(|lo| lo..(lo + size).min(len))
         .collect()
-}
-
-/// Starts copying elements `r` of the pinned compute copy `buf` up into `dst`, the same
-/// element type seen as the step's (checked).
-///
-/// # Safety
-/// [`PinnedHostBuf::start_copy_to`]'s.
-unsafe fn start_up<B: Backend, E: Act, T: Act>(
-    be: &B,
-    buf: &PinnedHostBuf<B, E>,
-    r: &Range<usize>,
-    dst: View<T>,
-) -> Result<B::PendingWrite, GpuError> {
-    let dst = dst.cast::<E>()?;
-    // SAFETY: the caller's contract, passed on.
-    unsafe { buf.start_copy_to(be, r.clone(), dst) }
 }
 
 #[cfg(test)]

@@ -81,29 +81,29 @@ impl<B: Backend> BatchIds<B> {
 
     /// The tokens, for the launches of the micro-batch this set was taken for.
     pub(crate) fn tokens(&self) -> &Ids<B> {
-        debug_assert!(
-            self.landing.is_empty(),
-            "ids used before their writes landed"
-        );
+        self.debug_landed();
         &self.tokens
     }
 
     /// The targets, as [`BatchIds::tokens`].
     pub(crate) fn targets(&self) -> &Ids<B> {
-        debug_assert!(
-            self.landing.is_empty(),
-            "ids used before their writes landed"
-        );
+        self.debug_landed();
         &self.targets
     }
 
     /// The tokens' groups, as [`BatchIds::tokens`] (loaded for training only).
     pub(crate) fn groups(&self) -> &Groups<B> {
+        self.debug_landed();
+        &self.groups
+    }
+
+    /// In debug builds, that no write to the set is still landing: its accessors serve
+    /// the launches of a micro-batch whose load waited for them.
+    fn debug_landed(&self) {
         debug_assert!(
             self.landing.is_empty(),
             "ids used before their writes landed"
         );
-        &self.groups
     }
 
     /// `batch` (`n` of each id, as made) in this set, grouped when `train`, for the

@@ -161,7 +161,7 @@ impl StepSizes {
     /// [`StepBuffers::host_bytes`] counts the same.
     pub fn host_bytes(&self, act_bytes: usize) -> usize {
         match (self.offload, self.sharded) {
-            (Some(o), _) => ParamOffload::<crate::Host, f32>::planned_host_bytes(
+            (Some(o), _) => super::param_offload::planned_host_bytes(
                 self.params,
                 o.slot,
                 PARTIAL_WARPS,

@@ -36,6 +36,16 @@ use crate::host::{Host, HostBuf};
 use crate::kernels;
 use crate::pinned::PinnedHostBuf;
 
+/// Host bytes of an offload of a flat buffer of `end` elements whose blocks' slot holds
+/// `slot`, with `partials` f32s of norm scratch and a compute copy of `elem` bytes an
+/// element ([`ParamOffload::host_bytes`] counts the same).
+pub(crate) fn planned_host_bytes(end: usize, slot: usize, partials: usize, elem: usize) -> usize {
+    crate::pinned::planned_bytes(end, elem)
+        + 4 * end
+        + 2 * crate::pinned::planned_bytes(slot, 4)
+        + 4 * (1 + partials)
+}
+
 /// A step's offloaded parameters: see the module docs.
 pub struct ParamOffload<B: Backend, T: Act> {
     // The copies in flight come first: they drop (a device's wait for them) before the
@@ -320,21 +330,6 @@ impl<B: Backend, T: Act> ParamOffload<B, T> {
         self.settle(be, true)?;
         Host.copy(self.host_params.settled(be)?, other.host_params.all()?)?;
         self.resident_up(be, resident)
-    }
-
-    /// Host bytes of an offload of a flat buffer of `end` elements whose blocks' slot
-    /// holds `slot`, with `partials` f32s of norm scratch and a compute copy of `elem`
-    /// bytes an element ([`ParamOffload::host_bytes`] counts the same).
-    pub(crate) fn planned_host_bytes(
-        end: usize,
-        slot: usize,
-        partials: usize,
-        elem: usize,
-    ) -> usize {
-        crate::pinned::planned_bytes(end, elem)
-            + 4 * end
-            + 2 * crate::pinned::planned_bytes(slot, 4)
-            + 4 * (1 + partials)
     }
 
     /// Bytes in host memory: the compute copy, the gradient sum, the landing slots and
