@@ -11,6 +11,7 @@ use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer
 use jpeg_encoder::{ColorType, Encoder, SamplingFactor};
 
 use crate::transform::decode::{decode_jpeg, jpeg_error};
+use crate::transform::resize::resize_bytes;
 use crate::Result;
 
 /// Reusable buffers for [`downscale_jpeg`].
@@ -53,9 +54,7 @@ impl Downscaler {
         let mut dst =
             Image::from_slice_u8(w, h, &mut self.resized, pixel_type).map_err(|e| err(&e))?;
         let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
-        self.resizer
-            .resize(&src, &mut dst, &options)
-            .map_err(|e| err(&e))?;
+        resize_bytes(&mut self.resizer, &src, &mut dst, &options).map_err(|e| err(&e))?;
         let mut out = Vec::with_capacity(need / 8);
         let mut encoder = Encoder::new(&mut out, quality);
         encoder.set_sampling_factor(SamplingFactor::R_4_2_0);

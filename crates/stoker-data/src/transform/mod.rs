@@ -23,6 +23,7 @@ pub mod crop;
 pub mod decode;
 mod normalize;
 pub mod pipeline;
+pub(crate) mod resize;
 pub mod rng;
 mod scans;
 mod structure;

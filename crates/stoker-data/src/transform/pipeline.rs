@@ -15,6 +15,7 @@ use super::config::{ImageTransformConfig, TransformMode};
 use super::crop::{center_crop, dct_reduction, random_resized_crop, resize_shorter_side, CropBox};
 use super::decode::{jpeg_error, Decoded, JpegDecoder};
 use super::normalize::{write_chw, NormalizeLut, Window};
+use super::resize::resize_bytes;
 use super::rng::SampleRng;
 use crate::{DataError, Result};
 
@@ -270,9 +271,7 @@ fn resize_crop(
     if (img.width, img.height) == g.full {
         let cropped = CroppedImage::new(&src, c.left, c.top, c.width, c.height)
             .map_err(|e| err("crop box", &e))?;
-        return resizer
-            .resize(&cropped, &mut dst, &options)
-            .map_err(|e| err("resize", &e));
+        return resize_bytes(resizer, &cropped, &mut dst, &options).map_err(|e| err("resize", &e));
     }
     let d = g.reduction;
     if (img.width, img.height) != (g.full.0.div_ceil(d), g.full.1.div_ceil(d)) {
@@ -288,7 +287,5 @@ fn resize_crop(
         f64::from(c.width) / d,
         f64::from(c.height) / d,
     );
-    resizer
-        .resize(&src, &mut dst, &options)
-        .map_err(|e| err("resize", &e))
+    resize_bytes(resizer, &src, &mut dst, &options).map_err(|e| err("resize", &e))
 }
