@@ -55,7 +55,7 @@ fn contiguous(
 ) -> (std::collections::HashMap<String, usize>, Ranges) {
     let (mut at, mut ranges, mut end) = (std::collections::HashMap::new(), Vec::new(), 0);
     for p in table {
-        let len: usize = p.shape.iter().product();
+        let len = p.numel();
         at.insert(p.name.clone(), end);
         ranges.push((p.name.clone(), end..end + len));
         end += len;

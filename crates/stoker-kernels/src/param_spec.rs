@@ -32,6 +32,23 @@ pub struct ParamSpec {
     pub init: SpecInit,
 }
 
+impl ParamSpec {
+    /// Elements of the parameter: the product of its shape.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// Elements of execution group `group`'s parameters in `table` (group 1: the first
+/// block's, the size of every block's in the GPT's and the Llama's tables).
+pub fn group_elements(table: &[ParamSpec], group: usize) -> usize {
+    table
+        .iter()
+        .filter(|p| p.group == group)
+        .map(ParamSpec::numel)
+        .sum()
+}
+
 /// A flat buffer's length for parameters that end at `end`: `len` (a layout's, padded past
 /// its last parameter), or an error for `op` where it falls short of them. The GPT's and
 /// the Llama's offsets take it as their buffers' length.

@@ -66,11 +66,7 @@ pub fn gpt_step_sizes(
 
 /// Elements of one GPT block's parameters (block 0's in stoker-kernels' table).
 pub fn gpt_block_len(dims: &GptDims) -> usize {
-    stoker_kernels::gpt_params(dims)
-        .iter()
-        .filter(|p| p.group == 1)
-        .map(|p| p.shape.iter().product::<usize>())
-        .sum()
+    stoker_kernels::param_spec::group_elements(&stoker_kernels::gpt_params(dims), 1)
 }
 
 impl<B: Backend, T: Act> GptGpuStep<B, T> {

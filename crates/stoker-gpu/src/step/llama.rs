@@ -67,11 +67,7 @@ pub fn llama_step_sizes(
 
 /// Elements of one Llama block's parameters (block 0's in stoker-kernels' table).
 pub fn llama_block_len(dims: &LlamaDims) -> usize {
-    stoker_kernels::llama_params(dims)
-        .iter()
-        .filter(|p| p.group == 1)
-        .map(|p| p.shape.iter().product::<usize>())
-        .sum()
+    stoker_kernels::param_spec::group_elements(&stoker_kernels::llama_params(dims), 1)
 }
 
 impl<B: Backend, T: Act> LlamaGpuStep<B, T> {

@@ -823,7 +823,7 @@ mod tests {
         let mut end = 0;
         for p in gpt_params(&dims) {
             at.insert(p.name.clone(), end);
-            end += p.shape.iter().product::<usize>();
+            end += p.numel();
         }
         let offsets = GptOffsets::from_table(&dims, |n| at.get(n).copied()).unwrap();
         let params = (0..end)

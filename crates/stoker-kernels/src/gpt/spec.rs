@@ -169,7 +169,7 @@ impl GptOffsets {
                 op: "gpt-step",
                 msg: format!("no offset for parameter `{}` of the GPT table", p.name),
             })?;
-            let len = p.shape.iter().product::<usize>();
+            let len = p.numel();
             end = end.max(off + len);
             let g = &mut groups[p.group];
             *g = (g.0.min(off), g.1.max(off + len));
@@ -264,7 +264,7 @@ mod tests {
         assert_eq!(t[2].name, "h.0.ln_1.weight");
         assert_eq!(t.last().unwrap().name, "ln_f.bias");
         assert!(t.windows(2).all(|w| w[0].group <= w[1].group));
-        let numel: usize = t.iter().map(|p| p.shape.iter().product::<usize>()).sum();
+        let numel: usize = t.iter().map(ParamSpec::numel).sum();
         // 12 C^2 + 13 C per block, embeddings, final norm.
         assert_eq!(numel, 11 * 8 + 6 * 8 + 3 * (12 * 64 + 13 * 8) + 2 * 8);
         let resid = 0.02 / (6f32).sqrt();

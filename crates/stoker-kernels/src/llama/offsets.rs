@@ -73,7 +73,7 @@ impl LlamaOffsets {
                 op: "llama-step",
                 msg: format!("no offset for parameter `{}` of the Llama table", p.name),
             })?;
-            let len = p.shape.iter().product::<usize>();
+            let len = p.numel();
             end = end.max(off + len);
             let g = &mut groups[p.group];
             *g = (g.0.min(off), g.1.max(off + len));

@@ -121,7 +121,7 @@ mod tests {
         assert_eq!(t[3].shape, vec![4, 8], "k_proj: 2 kv heads of width 2");
         assert_eq!(t.last().unwrap().name, "lm_head.weight");
         assert!(t.windows(2).all(|w| w[0].group <= w[1].group));
-        let numel: usize = t.iter().map(|p| p.shape.iter().product::<usize>()).sum();
+        let numel: usize = t.iter().map(ParamSpec::numel).sum();
         // stoker-plan's Llama block: 2 C^2 + 2 C kv + 3 C F + 2 C; untied embeddings.
         let (c, kv, f) = (8, 4, 20);
         assert_eq!(

@@ -678,7 +678,7 @@ mod tests {
             let mut end = 0;
             for p in llama_params(&d) {
                 at.insert(p.name.clone(), end);
-                end += p.shape.iter().product::<usize>();
+                end += p.numel();
             }
             let offsets = LlamaOffsets::from_table(&d, |n| at.get(n).copied()).unwrap();
             let params: Vec<f32> = (0..end)
