@@ -36,6 +36,9 @@ fi
 export PATH="$tk/nvidia/cu13/bin:$PATH" CUDA_ROOT="$tk/nvidia/cu13" CUDA_PATH="$tk/nvidia/cu13"
 # No GPU to ask: compile the PTX for Hopper (H100 / H200), the device these runs target.
 export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}
+# candle-kernels' build (cudaforge) runs nvcc on half the cores unless told: on CI's two,
+# one file at a time (docs/benchmarks.md, "The test suite's build").
+export CUDAFORGE_THREADS=${CUDAFORGE_THREADS:-$(nproc)}
 nvcc --version | tail -1
 cargo check -p stoker-kernels -p stoker-gpu -p stoker-train -p stoker-comm -p stoker-cli --features cuda --all-targets \
   --target-dir "$cache/target-cuda-$version" 2>&1

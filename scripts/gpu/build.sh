@@ -20,6 +20,9 @@ tk=$cache/cuda-$version
 bash scripts/check-cuda.sh > /dev/null # installs the toolkit (and keeps the check honest)
 export PATH="$tk/nvidia/cu13/bin:$PATH" CUDA_ROOT="$tk/nvidia/cu13" CUDA_PATH="$tk/nvidia/cu13"
 export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}
+# candle-kernels' build (cudaforge) runs nvcc on half the cores unless told: on CI's two,
+# one file at a time (docs/benchmarks.md, "The test suite's build").
+export CUDAFORGE_THREADS=${CUDAFORGE_THREADS:-$(nproc)}
 
 libs=$cache/cuda-link-$version
 if [ ! -f "$libs/.complete" ]; then
