@@ -6,7 +6,8 @@
 # (scripts/gpu/torch_kernels.py, eager: compiling each op would take minutes of the
 # device call; TORCH_KERNELS_COMPILE=1 adds torch.compile's times); then the GPT
 # step on the GPU against the host backend, and GPT-2 124M's bf16 forward + backward timed
-# beside PyTorch's (scripts/gpu/torch_gpt2.py: compile, SDPA, bf16 autocast), with the
+# beside PyTorch's (scripts/gpu/torch_gpt2.py: compile, SDPA, bf16 autocast), also at twice
+# the micro-batch (flash attention; the issue's figure is at the largest that fits), with the
 # forecast's efficiencies fitted to each timed step (gpu-efficiencies.toml).
 #   bash scripts/gpu/kernels-check.sh [BIN]      (BATCH, default 16; REPS, default 20)
 # The three parts' limits add up to 560 s, inside one 600 s device call.
@@ -24,7 +25,7 @@ timeout 280 "$STOKER_GPU_BIN" bench gpu-kernels --step --batch "$batch" --reps "
 echo
 compile=--no-compile
 [ "${TORCH_KERNELS_COMPILE:-0}" = 1 ] && compile=
-timeout 100 python3 scripts/gpu/torch_kernels.py --batch "$batch" --reps "$reps" $compile || status=1
+timeout 100 python3 -u scripts/gpu/torch_kernels.py --batch "$batch" --reps "$reps" $compile || status=1
 echo
-timeout 180 python3 scripts/gpu/torch_gpt2.py --batch "$batch" --steps "$reps" || status=1
+timeout 180 python3 -u scripts/gpu/torch_gpt2.py --batch "$batch" --batch $((2 * batch)) --steps "$reps" || status=1
 exit $status
