@@ -42,3 +42,41 @@ fn resize_as<P: PixelTrait>(
         _ => Err(ResizeError::PixelTypesAreDifferent),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fast_image_resize::images::ImageRef;
+
+    /// Grey 2x2 to 1x1, then the two refusals `Resizer::resize` would give too: another
+    /// pixel type on one side, and one of the types stoker never decodes.
+    #[test]
+    fn grey_resizes_and_mixed_or_other_pixel_types_are_errors() {
+        let mut resizer = Resizer::new();
+        let opts = ResizeOptions::new();
+        let grey = [10u8, 20, 30, 40];
+        let src = ImageRef::new(2, 2, &grey, PixelType::U8).unwrap();
+        let mut out = [0u8; 1];
+        let mut dst = Image::from_slice_u8(1, 1, &mut out, PixelType::U8).unwrap();
+        resize_bytes(&mut resizer, &src, &mut dst, &opts).unwrap();
+        assert_eq!(out, [25]);
+
+        let mut rgb = [0u8; 3];
+        let mut dst = Image::from_slice_u8(1, 1, &mut rgb, PixelType::U8x3).unwrap();
+        let err = resize_bytes(&mut resizer, &src, &mut dst, &opts).unwrap_err();
+        assert!(matches!(err, ResizeError::PixelTypesAreDifferent), "{err}");
+
+        let wide = [0u8; 8];
+        let src = ImageRef::new(2, 2, &wide, PixelType::U16).unwrap();
+        let mut out = [0u8; 2];
+        let mut dst = Image::from_slice_u8(1, 1, &mut out, PixelType::U16).unwrap();
+        let err = resize_bytes(&mut resizer, &src, &mut dst, &opts).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ResizeError::ImageError(ImageError::UnsupportedPixelType)
+            ),
+            "{err}"
+        );
+    }
+}
