@@ -23,9 +23,10 @@ mkdir -p "${OUT:-/tmp}"
 timeout 280 "$STOKER_GPU_BIN" bench gpu-kernels --step --batch "$batch" --reps "$reps" \
   --fit-out "${OUT:-/tmp}/gpu-efficiencies.toml" || status=1
 echo
+# The whole step's baseline (the figure) before the per-kernel one.
+timeout 180 python3 -u scripts/gpu/torch_gpt2.py --batch "$batch" --batch $((2 * batch)) --steps "$reps" || status=1
+echo
 compile=--no-compile
 [ "${TORCH_KERNELS_COMPILE:-0}" = 1 ] && compile=
 timeout 100 python3 -u scripts/gpu/torch_kernels.py --batch "$batch" --reps "$reps" $compile || status=1
-echo
-timeout 180 python3 -u scripts/gpu/torch_gpt2.py --batch "$batch" --batch $((2 * batch)) --steps "$reps" || status=1
 exit $status
