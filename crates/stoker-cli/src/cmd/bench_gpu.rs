@@ -324,9 +324,11 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
         };
         use stoker_gpu::device::check::{DEMO_GPT, GPT2_124M};
         let gpt2 = ("GPT-2 124M", GPT2_124M, a.batch);
-        // The figure is at the largest micro-batch that fits: twice the asked one
-        // too, with flash attention (no scores kept), beside PyTorch's at both.
+        // The figure is at the largest micro-batch that fits: twice and four times
+        // the asked one too, with flash attention (no scores kept; `stoker plan` prints the
+        // largest), beside PyTorch's at the asked one and twice it.
         let gpt2_twice = ("GPT-2 124M", GPT2_124M, 2 * a.batch);
+        let gpt2_four_times = ("GPT-2 124M", GPT2_124M, 4 * a.batch);
         let demo = ("the demo's GPT", DEMO_GPT, 16);
         // Attention on tensor cores keeping no scores (`flash_attention`).
         let flash = stoker_gpu::step::options::StepOptions {
@@ -339,6 +341,12 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
             (
                 gpt2_twice,
                 "flash attention, twice the micro-batch",
+                flash,
+                chosen,
+            ),
+            (
+                gpt2_four_times,
+                "flash attention, four times the micro-batch",
                 flash,
                 chosen,
             ),
