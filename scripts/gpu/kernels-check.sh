@@ -6,8 +6,9 @@
 # (scripts/gpu/torch_kernels.py, eager: compiling each op would take minutes of the
 # device call; TORCH_KERNELS_COMPILE=1 adds torch.compile's times); then the GPT
 # step on the GPU against the host backend, and GPT-2 124M's bf16 forward + backward timed
-# beside PyTorch's (scripts/gpu/torch_gpt2.py: compile, SDPA, bf16 autocast), also at twice
-# the micro-batch (flash attention; the issue's figure is at the largest that fits), with the
+# beside PyTorch's (scripts/gpu/torch_gpt2.py: compile, SDPA, bf16 autocast); with flash
+# attention also at twice and four times the micro-batch (PyTorch at twice: the issue's
+# figure is at the largest micro-batch that fits), with the
 # forecast's efficiencies fitted to each timed step (gpu-efficiencies.toml).
 #   bash scripts/gpu/kernels-check.sh [BIN]      (BATCH, default 16; REPS, default 20)
 # The three parts' limits add up to 560 s, inside one 600 s device call.
