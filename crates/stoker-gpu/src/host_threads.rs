@@ -21,10 +21,10 @@ pub const PIECE: i64 = 1 << 18;
 /// [`crate::ffi::run`]'s for `call`.
 pub(crate) unsafe fn run(call: &Call) {
     match ffi::pack_extent(call) {
+        // SAFETY: this function's contract (`run_pieces` runs one piece on this thread).
+        Some(n) => unsafe { run_pieces(call, 0..n) },
         // SAFETY: this function's contract.
-        Some(n) if n > PIECE => unsafe { run_pieces(call, 0..n) },
-        // SAFETY: this function's contract.
-        _ => unsafe { ffi::run(call) },
+        None => unsafe { ffi::run(call) },
     }
 }
 
@@ -41,7 +41,7 @@ pub(crate) unsafe fn run_pieces(call: &Call, range: std::ops::Range<i64>) {
         return unsafe { ffi::run_packs(call, range.start, range.end) };
     }
     let call = *call;
-    (0..pieces.max(0)).into_par_iter().for_each(|k| {
+    (0..pieces).into_par_iter().for_each(|k| {
         let lo = range.start + k * PIECE;
         // SAFETY: `call` is valid (this function's contract); the pieces
         // [lo, lo + PIECE) of `range` do not overlap, each starts on a multiple of
