@@ -324,23 +324,14 @@ impl<B: Backend, S: Trainable<B>, C: Collectives<B>> ResidentRun for ResidentLoo
     }
 
     fn bytes(&self) -> ResidentBytes {
-        let steps = self.replica.step().buffer_bytes()
-            + self
-                .spare
-                .iter()
-                .map(|(_, s)| s.buffer_bytes())
-                .sum::<usize>();
-        let host = self.replica.state().host_bytes()
-            + self.replica.step().buffer_host_bytes()
-            + self
-                .spare
-                .iter()
-                .map(|(_, s)| s.buffer_host_bytes())
-                .sum::<usize>();
+        // Every step's buffers: the replica's, and the spares' (other batch shapes).
+        let steps =
+            || std::iter::once(self.replica.step()).chain(self.spare.iter().map(|(_, s)| s));
         ResidentBytes {
             state: self.replica.state().bytes() + self.replica.tree_bytes(),
-            steps,
-            host,
+            steps: steps().map(|s| s.buffer_bytes()).sum(),
+            host: self.replica.state().host_bytes()
+                + steps().map(|s| s.buffer_host_bytes()).sum::<usize>(),
         }
     }
 
