@@ -50,12 +50,12 @@ struct FitRow {
 /// What `--fit-out` writes.
 #[cfg(feature = "cuda")]
 #[derive(serde::Serialize)]
-struct FitFile {
+struct FitFile<'a> {
     gpu: String,
     preset: String,
     measured_unix_s: u64,
     command: String,
-    fit: Vec<FitRow>,
+    fit: &'a [FitRow],
 }
 
 /// The copies between host and GPU, each way's median bandwidth, whether the driver
@@ -416,6 +416,11 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
                         tensor_kernel: f.tensor_kernels.map(|_| e.tensor_kernel),
                         tensor_kernels_ratio: f.tensor_kernels,
                     });
+                    // Written after each variant: a device call cut short keeps the rows
+                    // it has measured.
+                    if let Some(path) = &a.fit_out {
+                        write_fits(path, &dev.name(), &fits)?;
+                    }
                 }
             }
             let mib = |b: usize| b as f64 / (1 << 20) as f64;
@@ -426,8 +431,8 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
                 st.measured_bytes as f64 / st.planned_bytes as f64
             );
         }
-        if let Some(path) = &a.fit_out {
-            write_fits(path, &dev.name(), fits)?;
+        if let Some(path) = a.fit_out.as_ref().filter(|_| !fits.is_empty()) {
+            println!("fitted efficiencies written to {}", path.display());
         }
         dev.set_gemm_library(chosen);
         let (plans, without, refused) = dev.gemm_plans();
@@ -446,9 +451,9 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes `fits` to `path` (`--fit-out`).
+/// Writes `fits` to `path` (`--fit-out`), replacing what an earlier call wrote.
 #[cfg(feature = "cuda")]
-fn write_fits(path: &std::path::Path, gpu: &str, fits: Vec<FitRow>) -> anyhow::Result<()> {
+fn write_fits(path: &std::path::Path, gpu: &str, fits: &[FitRow]) -> anyhow::Result<()> {
     use anyhow::Context;
     let file = FitFile {
         gpu: gpu.to_string(),
@@ -461,7 +466,6 @@ fn write_fits(path: &std::path::Path, gpu: &str, fits: Vec<FitRow>) -> anyhow::R
     };
     let text = toml::to_string(&file).context("writing the fitted efficiencies")?;
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
-    println!("fitted efficiencies written to {}", path.display());
     Ok(())
 }
 
