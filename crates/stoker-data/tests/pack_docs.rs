@@ -299,3 +299,76 @@ fn bad_documents_fail_naming_the_file_the_place_and_the_field() {
         "{e}"
     );
 }
+
+#[test]
+fn a_directory_is_read_with_its_sub_directories_and_names_what_it_passes_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("hub");
+    let docs = documents(90);
+    std::fs::create_dir_all(d.join("data/more")).unwrap();
+    std::fs::create_dir_all(d.join(".cache")).unwrap();
+    // Read, in path order: a.parquet, data/B.PARQUET, data/more/c.jsonl.
+    write_parquet(&d.join("a.parquet"), &docs[..30], 8);
+    write_parquet(&d.join("data/B.PARQUET"), &docs[30..60], 8);
+    write_jsonl(&d.join("data/more/c.jsonl"), &docs[60..]);
+    // Passed over and named: a dataset card. Hidden: left out without a word.
+    std::fs::write(d.join("README.md"), "# a dataset card").unwrap();
+    write_jsonl(&d.join(".cache/stale.jsonl"), &docs[..5]);
+    let s = pack_docs(
+        std::slice::from_ref(&d),
+        &dir.path().join("out/x"),
+        &gpt2("text", 1 << 20, 0),
+    )
+    .unwrap();
+    assert_eq!(s.documents, 90);
+    assert_eq!(s.passed_over, vec![d.join("README.md")]);
+    let bpe = tiktoken_rs::r50k_base().unwrap();
+    let want: Vec<u16> = docs
+        .iter()
+        .flat_map(|doc| {
+            let mut t: Vec<u16> = bpe
+                .encode_ordinary(doc)
+                .into_iter()
+                .map(|t| t as u16)
+                .collect();
+            t.push(50256);
+            t
+        })
+        .collect();
+    assert_eq!(shard_tokens(&s.shards.train), want);
+    // A compressed data file is refused, not passed over: it is data this cannot read.
+    std::fs::write(d.join("data/more/d.jsonl.gz"), b"\x1f\x8b").unwrap();
+    let e = pack_docs(
+        std::slice::from_ref(&d),
+        &dir.path().join("out/y"),
+        &gpt2("text", 1 << 20, 0),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("d.jsonl.gz") && e.contains("decompress it first"),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_earlier_pack_s_shards_at_the_prefix_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_jsonl(&d.join("a.jsonl"), &documents(200));
+    let opts = gpt2("text", 500, 300);
+    let first = pack_docs(&[d.join("a.jsonl")], &d.join("out/x"), &opts).unwrap();
+    assert!(first.shards.train.len() > 1);
+    // Another prefix beside it that starts with the same letters is not an earlier pack.
+    pack_docs(&[d.join("a.jsonl")], &d.join("out/x2"), &opts).unwrap();
+    let e = pack_docs(&[d.join("a.jsonl")], &d.join("out/x"), &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("x_val_000000.bin")
+            && e.contains("x_train_000001.bin")
+            && !e.contains("x2_")
+            && e.contains("remove them"),
+        "{e}"
+    );
+}

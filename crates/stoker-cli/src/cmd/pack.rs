@@ -155,6 +155,15 @@ pub fn run(args: PackArgs) -> anyhow::Result<()> {
                 println!("  {} ({n} tokens)", p.display());
             }
             println!("  {}", s.vocab_path.display());
+            if !s.passed_over.is_empty() {
+                eprintln!(
+                    "warning: {} file(s) in the input directories are neither .parquet nor .jsonl and were not read:",
+                    s.passed_over.len()
+                );
+                for p in &s.passed_over {
+                    eprintln!("  {}", p.display());
+                }
+            }
         }
         PackWhat::Images {
             src,

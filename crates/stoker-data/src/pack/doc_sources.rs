@@ -29,9 +29,10 @@ pub enum DocFormat {
 }
 
 impl DocFormat {
-    /// The format a file's name says (`.parquet`, `.jsonl` / `.json` / `.ndjson`).
+    /// The format a file's name says (`.parquet`, `.jsonl` / `.json` / `.ndjson`, in any
+    /// case).
     pub fn of(path: &Path) -> Option<DocFormat> {
-        match path.extension()?.to_str()? {
+        match path.extension()?.to_str()?.to_ascii_lowercase().as_str() {
             "parquet" => Some(DocFormat::Parquet),
             "jsonl" | "ndjson" | "json" => Some(DocFormat::Jsonl),
             _ => None,
@@ -39,41 +40,109 @@ impl DocFormat {
     }
 }
 
-/// The input files of `inputs` in the order given, a directory standing for its Parquet
-/// and JSON Lines files in name order (a hub dataset's shards).
-pub fn expand_inputs(inputs: &[PathBuf]) -> Result<Vec<(PathBuf, DocFormat)>> {
-    let mut out = Vec::new();
+/// The files [`expand_inputs`] found: those it reads, and those it passed over.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct InputFiles {
+    /// The Parquet and JSON Lines files, each with its format, in the order read.
+    pub read: Vec<(PathBuf, DocFormat)>,
+    /// Files inside the directories given that are neither (a dataset card, a licence),
+    /// for the caller to name: nothing is dropped without a word. Hidden entries (`.git`,
+    /// `.cache`, `.gitattributes`) are not listed.
+    pub passed_over: Vec<PathBuf>,
+}
+
+/// The input files of `inputs` in the order given, a directory standing for the Parquet
+/// and JSON Lines files under it, its sub-directories included (a hub dataset's
+/// `data/train-00000-of-00042.parquet`), in path order. A compressed one
+/// (`.jsonl.gz`, `.parquet.zst`) is refused rather than passed over: it is data that
+/// this reader cannot read.
+pub fn expand_inputs(inputs: &[PathBuf]) -> Result<InputFiles> {
+    let mut found = InputFiles::default();
     for input in inputs {
         if input.is_dir() {
-            let mut files: Vec<PathBuf> = std::fs::read_dir(input)
-                .map_err(|e| DataError::io(input, e))?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.is_file() && DocFormat::of(p).is_some())
-                .collect();
+            let mut files = Vec::new();
+            walk(input, 0, &mut files)?;
             files.sort();
-            if files.is_empty() {
+            let before = found.read.len();
+            for p in files {
+                match DocFormat::of(&p) {
+                    Some(f) => found.read.push((p, f)),
+                    None if compressed_docs(&p) => return Err(compressed_error(&p)),
+                    None => found.passed_over.push(p),
+                }
+            }
+            if found.read.len() == before {
                 return Err(DataError::format(
                     input,
                     "inputs",
-                    "a directory with no .parquet or .jsonl files",
+                    "a directory with no .parquet or .jsonl files (sub-directories included)",
                 ));
             }
-            out.extend(files.into_iter().map(|p| {
-                let f = DocFormat::of(&p).expect("filtered");
-                (p, f)
-            }));
         } else {
             let f = DocFormat::of(input).ok_or_else(|| {
-                DataError::format(
-                    input,
-                    "inputs",
-                    "expected a .parquet or .jsonl file (or a directory of them)",
-                )
+                if compressed_docs(input) {
+                    compressed_error(input)
+                } else {
+                    DataError::format(
+                        input,
+                        "inputs",
+                        "expected a .parquet or .jsonl file (or a directory of them)",
+                    )
+                }
             })?;
-            out.push((input.clone(), f));
+            found.read.push((input.clone(), f));
         }
     }
-    Ok(out)
+    Ok(found)
+}
+
+/// How deep [`walk`] goes below a directory given: deeper is a link that loops.
+const MAX_DEPTH: usize = 32;
+
+/// Every file under `dir` (`depth` below a directory given), hidden entries left out.
+fn walk(dir: &Path, depth: usize, files: &mut Vec<PathBuf>) -> Result<()> {
+    if depth > MAX_DEPTH {
+        return Err(DataError::format(
+            dir,
+            "inputs",
+            "a directory at most 32 levels below an input (does a link loop?)",
+        ));
+    }
+    for entry in std::fs::read_dir(dir).map_err(|e| DataError::io(dir, e))? {
+        let path = entry.map_err(|e| DataError::io(dir, e))?.path();
+        if path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with('.'))
+        {
+            continue;
+        }
+        if path.is_dir() {
+            walk(&path, depth + 1, files)?;
+        } else {
+            files.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// Whether `path` names a compressed Parquet or JSON Lines file (`x.jsonl.gz`).
+fn compressed_docs(path: &Path) -> bool {
+    let compressed = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| {
+            ["gz", "zst", "bz2", "xz", "lz4", "zip"].contains(&e.to_ascii_lowercase().as_str())
+        });
+    compressed && path.file_stem().is_some_and(|s| DocFormat::of(Path::new(s)).is_some())
+}
+
+fn compressed_error(path: &Path) -> DataError {
+    DataError::format(
+        path,
+        "inputs",
+        "a compressed file: decompress it first (e.g. gunzip -k); .parquet and .jsonl are read as they are",
+    )
 }
 
 /// One batch of documents and where it came from (for messages).

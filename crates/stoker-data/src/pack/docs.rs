@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
-use super::doc_sources::{expand_inputs, DocFormat, DocSource};
+use super::doc_sources::{expand_inputs, DocFormat, DocSource, InputFiles};
 use super::gpt2_bpe::{self, Gpt2Bpe, PieceCache};
 use super::shard_writer::{ShardWriter, WrittenShards};
 use super::text::{Tokenizer, Vocab};
@@ -48,6 +48,8 @@ pub struct DocsSummary {
     pub vocab_path: PathBuf,
     /// Its size.
     pub vocab_size: usize,
+    /// Files in the input directories that are neither Parquet nor JSON Lines, not read.
+    pub passed_over: Vec<PathBuf>,
 }
 
 /// One document's tokens, its end-of-text token last.
@@ -77,7 +79,14 @@ impl Encoder {
 /// Packs the documents of `inputs` into token shards named after `prefix` (see the module
 /// doc) and `PREFIX.vocab.json`.
 pub fn pack_docs(inputs: &[PathBuf], prefix: &Path, opts: &DocsOptions) -> Result<DocsSummary> {
-    let files = expand_inputs(inputs)?;
+    let InputFiles {
+        read: files,
+        passed_over,
+    } = expand_inputs(inputs)?;
+    // Before the character tokenizer's pass over the inputs: an earlier pack's shards
+    // at the prefix are refused at once.
+    create_parent(prefix)?;
+    let mut writer = ShardWriter::new(prefix, opts.shard_tokens, opts.val_tokens)?;
     let (encoder, vocab) = match opts.tokenizer {
         Tokenizer::Gpt2 => {
             let bpe = Gpt2Bpe::new().map_err(|e| DataError::Config {
@@ -88,8 +97,6 @@ pub fn pack_docs(inputs: &[PathBuf], prefix: &Path, opts: &DocsOptions) -> Resul
         }
         Tokenizer::Char => char_vocab(&files, &opts.field)?,
     };
-    create_parent(prefix)?;
-    let mut writer = ShardWriter::new(prefix, opts.shard_tokens, opts.val_tokens)?;
     let (mut documents, mut text_bytes) = (0usize, 0u64);
     for (path, format) in &files {
         let mut source = DocSource::open(path, *format, &opts.field)?;
@@ -116,6 +123,7 @@ pub fn pack_docs(inputs: &[PathBuf], prefix: &Path, opts: &DocsOptions) -> Resul
         shards,
         vocab_size: vocab.size(),
         vocab_path,
+        passed_over,
     })
 }
 

@@ -50,6 +50,20 @@ impl ShardWriter {
                 message: format!("{shard_tokens}: expected 1 to 2^31 - 1 tokens per shard"),
             });
         }
+        let earlier = earlier_shards(prefix)?;
+        if !earlier.is_empty() {
+            let names: Vec<String> = earlier.iter().map(|p| p.display().to_string()).collect();
+            return Err(DataError::format(
+                prefix,
+                "out",
+                format!(
+                    "a prefix with no shards yet, but an earlier pack's are there ({}): a glob \
+                     like PREFIX_train_*.bin would read them with the new ones; remove them or \
+                     choose another prefix",
+                    names.join(", ")
+                ),
+            ));
+        }
         Ok(ShardWriter {
             prefix: prefix.to_path_buf(),
             shard_tokens,
@@ -108,4 +122,37 @@ impl ShardWriter {
         self.buf.clear();
         Ok(())
     }
+}
+
+/// The shards already at `prefix` (`PREFIX_train_*.bin`, `PREFIX_val_*.bin`), by name.
+fn earlier_shards(prefix: &Path) -> Result<Vec<PathBuf>> {
+    let dir = match prefix.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(d) => d,
+        None => Path::new("."),
+    };
+    let Some(stem) = prefix.file_name().and_then(|n| n.to_str()) else {
+        return Ok(Vec::new());
+    };
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(DataError::io(dir, e)),
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| DataError::io(dir, e))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let shard = ["_train_", "_val_"].iter().any(|split| {
+            name.strip_prefix(stem)
+                .and_then(|rest| rest.strip_prefix(split))
+                .and_then(|rest| rest.strip_suffix(".bin"))
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        });
+        if shard {
+            found.push(entry.path());
+        }
+    }
+    found.sort();
+    Ok(found)
 }
