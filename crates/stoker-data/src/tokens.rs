@@ -19,6 +19,32 @@ pub const LLMC_MAGIC: i32 = 20240520;
 /// llm.c's header: 256 little-endian i32.
 pub const LLMC_HEADER_BYTES: usize = 256 * 4;
 
+/// llm.c's magic number for its Llama 3 shards (u32 tokens).
+pub const LLMC_LLAMA3_MAGIC: i32 = 20240801;
+
+/// Why a file of `len` bytes whose first three i32 are `magic`, `version` and `count` is
+/// an llm.c-style shard that stoker cannot read (None: not such a header). Raw tokens
+/// whose first six bytes happen to read as a small version and a count that gives
+/// exactly the file's size, with 2- or 4-byte tokens, are not a practical worry.
+fn other_llmc_header(len: u64, magic: i32, version: i32, count: i32) -> Option<String> {
+    let body = len.checked_sub(LLMC_HEADER_BYTES as u64)?;
+    let sized = count > 0 && [2u64, 4].contains(&(body / count as u64)) && body % count as u64 == 0;
+    if magic == LLMC_LLAMA3_MAGIC {
+        Some(format!(
+            "{magic}: llm.c's Llama 3 shard (u32 tokens), but stoker's token shards hold u16 ids \
+             (llm.c's GPT-2 shards, magic {LLMC_MAGIC}); pack the text with stoker pack docs"
+        ))
+    } else if (1..=16).contains(&version) && sized {
+        Some(format!(
+            "{magic}: the file starts with an llm.c-style header (version {version}, {count} \
+             tokens, which match the file's size) but its magic is not {LLMC_MAGIC}, llm.c's \
+             GPT-2 shards' (u16 tokens); nanoGPT's raw .bin files have no header"
+        ))
+    } else {
+        None
+    }
+}
+
 /// How a token file is laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TokenFormat {
@@ -122,22 +148,33 @@ impl TokenShard {
         })
     }
 
-    /// Opens a file, choosing the format from llm.c's magic number when present.
+    /// Opens a file, choosing the format from llm.c's magic number when present. A file
+    /// that starts with another llm.c header (its Llama 3 shards' magic, or any header
+    /// whose token count matches the file's size) is refused, naming its magic, rather
+    /// than read as raw tokens, header and all.
     pub fn open_detect(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let mut magic = [0u8; 4];
-        let is_llmc = std::fs::File::open(path)
-            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
-            .map(|_| i32::from_le_bytes(magic) == LLMC_MAGIC)
-            .unwrap_or(false);
-        Self::open(
-            path,
-            if is_llmc {
-                TokenFormat::Llmc
-            } else {
-                TokenFormat::NanoGpt
-            },
-        )
+        let mut head = [0u8; 12];
+        let header = std::fs::File::open(path).and_then(|mut f| {
+            let len = f.metadata()?.len();
+            std::io::Read::read_exact(&mut f, &mut head)?;
+            Ok((len, head))
+        });
+        let format = match header {
+            Ok((len, head)) => {
+                let h = |i: usize| i32::from_le_bytes(head[4 * i..4 * i + 4].try_into().unwrap());
+                if h(0) == LLMC_MAGIC {
+                    TokenFormat::Llmc
+                } else if let Some(why) = other_llmc_header(len, h(0), h(1), h(2)) {
+                    return Err(DataError::format(path, "header[0] (magic)", why));
+                } else {
+                    TokenFormat::NanoGpt
+                }
+            }
+            // Shorter than a header, or unreadable: the open below says which.
+            Err(_) => TokenFormat::NanoGpt,
+        };
+        Self::open(path, format)
     }
 
     /// Number of tokens.

@@ -171,3 +171,60 @@ fn datasets_tell_the_bytes_of_the_files_they_map() {
     let ds = stoker_data::open_dataset(dir.path().join("d"), &opts).unwrap();
     assert_eq!(ds.mapped_bytes(), file_len(&x) + file_len(&y));
 }
+
+/// A file of 256 i32 (the header) then `body` bytes.
+fn with_header(path: &std::path::Path, header: [i32; 3], body: &[u8]) {
+    let mut bytes = vec![0u8; 1024];
+    for (i, v) in header.iter().enumerate() {
+        bytes[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
+    }
+    bytes.extend_from_slice(body);
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn another_llmc_header_is_refused_by_its_magic_not_read_as_raw_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // llm.c's Llama 3 shard: 100 u32 tokens.
+    let u32s: Vec<u8> = (0..100u32).flat_map(|t| t.to_le_bytes()).collect();
+    with_header(&d.join("llama3.bin"), [20240801, 7, 100], &u32s);
+    let e = TokenShard::open_detect(d.join("llama3.bin"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("llama3.bin")
+            && e.contains("header[0] (magic)")
+            && e.contains("20240801")
+            && e.contains("u32 tokens"),
+        "{e}"
+    );
+    // Any header whose count gives the file's size, with a magic of its own.
+    with_header(&d.join("other.bin"), [1234567, 2, 50], &[0u8; 100]);
+    let e = TokenShard::open_detect(d.join("other.bin"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("other.bin") && e.contains("1234567") && e.contains("llm.c-style header"),
+        "{e}"
+    );
+    // The same bytes with a count that does not fit the size are raw tokens (nanoGPT's).
+    with_header(&d.join("raw.bin"), [1234567, 2, 51], &[0u8; 100]);
+    let s = TokenShard::open_detect(d.join("raw.bin")).unwrap();
+    assert_eq!(s.len(), (1024 + 100) / 2);
+    assert_eq!(
+        (s.token(0), s.token(1)),
+        (1234567u32 as u16, (1234567u32 >> 16) as u16)
+    );
+    // A raw file shorter than a header opens as raw tokens too.
+    write_tokens(
+        d.join("short.bin"),
+        &[(20240801u32 % 65536) as u16, 0, 3],
+        TokenFormat::NanoGpt,
+    )
+    .unwrap();
+    assert_eq!(
+        TokenShard::open_detect(d.join("short.bin")).unwrap().len(),
+        3
+    );
+}

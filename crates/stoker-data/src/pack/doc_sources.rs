@@ -128,13 +128,13 @@ fn walk(dir: &Path, depth: usize, files: &mut Vec<PathBuf>) -> Result<()> {
 
 /// Whether `path` names a compressed Parquet or JSON Lines file (`x.jsonl.gz`).
 fn compressed_docs(path: &Path) -> bool {
-    let compressed = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .is_some_and(|e| {
-            ["gz", "zst", "bz2", "xz", "lz4", "zip"].contains(&e.to_ascii_lowercase().as_str())
-        });
-    compressed && path.file_stem().is_some_and(|s| DocFormat::of(Path::new(s)).is_some())
+    let compressed = path.extension().and_then(|e| e.to_str()).is_some_and(|e| {
+        ["gz", "zst", "bz2", "xz", "lz4", "zip"].contains(&e.to_ascii_lowercase().as_str())
+    });
+    compressed
+        && path
+            .file_stem()
+            .is_some_and(|s| DocFormat::of(Path::new(s)).is_some())
 }
 
 fn compressed_error(path: &Path) -> DataError {
