@@ -26,11 +26,12 @@ fn gz(bytes: &[u8]) -> Vec<u8> {
 fn idx_images_and_labels_to_npy() {
     let dir = tempfile::tempdir().unwrap();
     let pixels: Vec<u8> = (0..3 * 4 * 5).map(|i| (i * 7 % 256) as u8).collect();
-    std::fs::write(
-        dir.path().join("img.idx.gz"),
-        gz(&idx_bytes(&[3, 4, 5], &pixels)),
-    )
-    .unwrap();
+    // Two gzip members one after the other (what `cat a.gz b.gz` and parallel gzip
+    // write): one stream to gunzip, and to the reader.
+    let whole = idx_bytes(&[3, 4, 5], &pixels);
+    let mut members = gz(&whole[..20]);
+    members.extend(gz(&whole[20..]));
+    std::fs::write(dir.path().join("img.idx.gz"), members).unwrap();
     std::fs::write(dir.path().join("lab.idx"), idx_bytes(&[3], &[7, 0, 9])).unwrap();
     let s = pack_idx(
         dir.path().join("img.idx.gz"),
@@ -128,6 +129,21 @@ fn char_and_gpt2_text_shards() {
     assert_eq!(vocab.decode(&[31373, 220]), "hello ");
     assert_eq!(vocab.end_of_text(), Some(50_256));
     assert_eq!(Vocab::Char { tokens: vec![] }.end_of_text(), None);
+    // A literal "<|endoftext|>" in the text is ordinary text (`encode_ordinary`, as
+    // `pack docs` reads it), not the special token: tiktoken's own ordinary ids.
+    let text = "a <|endoftext|> b";
+    std::fs::write(dir.path().join("eot.txt"), text).unwrap();
+    pack_text(
+        &[dir.path().join("eot.txt")],
+        dir.path().join("e"),
+        Tokenizer::Gpt2,
+    )
+    .unwrap();
+    let shard = TokenShard::open_detect(dir.path().join("e.bin")).unwrap();
+    let ids: Vec<u32> = (0..shard.len()).map(|i| shard.token(i) as u32).collect();
+    let want = tiktoken_rs::r50k_base().unwrap().encode_ordinary(text);
+    assert_eq!(ids, want);
+    assert!(!ids.contains(&50_256), "{ids:?}");
     // A hand-written vocabulary without `kind` is characters; anything else is refused
     // naming the file and the field.
     for (text, field) in [

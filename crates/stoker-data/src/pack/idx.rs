@@ -32,7 +32,7 @@ pub fn read_idx(path: impl AsRef<Path>) -> Result<IdxArray> {
     let raw = std::fs::read(path).map_err(|e| DataError::io(path, e))?;
     let gzip = raw.starts_with(&[0x1f, 0x8b]);
     let mut reader: Box<dyn Read + '_> = if gzip {
-        Box::new(flate2::read::GzDecoder::new(&raw[..]))
+        Box::new(flate2::read::MultiGzDecoder::new(&raw[..]))
     } else {
         Box::new(&raw[..])
     };

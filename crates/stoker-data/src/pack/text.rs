@@ -1,4 +1,5 @@
-//! Text to a token shard: char-level (vocabulary saved beside it) or GPT-2 BPE (tiktoken-rs).
+//! Text to a token shard: char-level (vocabulary saved beside it) or GPT-2 BPE (stoker's
+//! own, tiktoken's ids; the text as ordinary text, a literal `<|endoftext|>` included).
 //!
 //! Output: `PREFIX.bin`, an llm.c shard (1024-byte header, u16 tokens), and
 //! `PREFIX.vocab.json`: `{"kind": "char", "tokens": ["\n", " ", ...]}` (id = position) or
@@ -186,15 +187,15 @@ pub fn pack_text(
             )
         }
         Tokenizer::Gpt2 => {
-            let bpe = tiktoken_rs::r50k_base().map_err(|e| DataError::Config {
+            // The text as ordinary text (nanoGPT's `encode_ordinary`, as `pack docs`
+            // reads documents): a literal `<|endoftext|>` in it is not a boundary.
+            let bpe = super::gpt2_bpe::Gpt2Bpe::new().map_err(|e| DataError::Config {
                 field: "tokenizer",
                 message: format!("gpt2 BPE unavailable: {e}"),
             })?;
-            let ids = bpe.encode_with_special_tokens(&text);
-            (
-                ids.into_iter().map(|t| t as u16).collect(),
-                Vocab::Gpt2 { size: 50257 },
-            )
+            let mut ids = Vec::with_capacity(text.len() / 3 + 1);
+            bpe.encode_into(&text, &mut super::gpt2_bpe::PieceCache::default(), &mut ids);
+            (ids, Vocab::Gpt2 { size: 50257 })
         }
     };
     let prefix = prefix.as_ref();
