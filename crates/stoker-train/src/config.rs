@@ -1028,6 +1028,39 @@ impl TrainConfig {
                 ));
             }
         }
+        // PyTorch's optimizers refuse these too; NaN would otherwise turn clipping off
+        // without a word, or surface later as a non-finite weight.
+        for (k, v, what) in [
+            ("eps", o.eps, "0 <= eps"),
+            ("weight_decay", o.weight_decay, "0 <= weight_decay"),
+            (
+                "grad_clip",
+                o.grad_clip,
+                "0 <= grad_clip (0 turns clipping off)",
+            ),
+        ] {
+            if !(v >= 0.0 && v.is_finite()) {
+                return Err(config_err(
+                    format!("optimizer.{k}"),
+                    format!("{v}: expected a finite {what}"),
+                ));
+            }
+        }
+        if !(0.0..1.0).contains(&o.momentum) {
+            return Err(config_err(
+                "optimizer.momentum",
+                format!(
+                    "{}: expected 0 <= momentum < 1 (at 1 or more the velocity grows without bound)",
+                    o.momentum
+                ),
+            ));
+        }
+        if o.kind == OptimizerKind::Sgd && o.nesterov && o.momentum == 0.0 {
+            return Err(config_err(
+                "optimizer.nesterov",
+                "Nesterov momentum needs optimizer.momentum > 0",
+            ));
+        }
         if self.train.steps == 0 {
             return Err(config_err("train.steps", "must be at least 1"));
         }
@@ -1072,6 +1105,42 @@ steps = 1
             Err(TrainError::Config { key, .. }) => key,
             other => panic!("expected a config error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn optimizer_keys_out_of_range_are_refused_by_name() {
+        let c = cpu_config();
+        c.validate().unwrap();
+        let refused = |set: fn(&mut OptimizerConfig)| {
+            let mut k = c.clone();
+            set(&mut k.optimizer);
+            key_of(k.validate())
+        };
+        assert_eq!(refused(|o| o.grad_clip = f64::NAN), "optimizer.grad_clip");
+        assert_eq!(refused(|o| o.grad_clip = -1.0), "optimizer.grad_clip");
+        assert_eq!(refused(|o| o.weight_decay = -5.0), "optimizer.weight_decay");
+        assert_eq!(
+            refused(|o| o.weight_decay = f64::NAN),
+            "optimizer.weight_decay"
+        );
+        assert_eq!(refused(|o| o.eps = f64::NAN), "optimizer.eps");
+        assert_eq!(refused(|o| o.eps = f64::INFINITY), "optimizer.eps");
+        assert_eq!(refused(|o| o.momentum = f64::NAN), "optimizer.momentum");
+        assert_eq!(refused(|o| o.momentum = 1.0), "optimizer.momentum");
+        let nesterov = |o: &mut OptimizerConfig| {
+            o.kind = OptimizerKind::Sgd;
+            o.nesterov = true;
+            o.momentum = 0.0;
+        };
+        assert_eq!(refused(nesterov), "optimizer.nesterov");
+        // Zero is each one's off (clipping, decay) and PyTorch's accepted floor.
+        let mut k = c.clone();
+        (
+            k.optimizer.grad_clip,
+            k.optimizer.weight_decay,
+            k.optimizer.eps,
+        ) = (0.0, 0.0, 0.0);
+        k.validate().unwrap();
     }
 
     #[test]
