@@ -346,3 +346,33 @@ fn documents_packed_into_shards_train_on_the_pattern_and_evaluate_on_the_split()
     // Evaluated on the validation shard's windows: (tokens - 1) / context of them.
     assert!(eval.is_finite() && eval < 11.0, "{}", text(&o));
 }
+
+#[test]
+fn bench_loader_s_times_out_of_range_are_refused_by_flag_not_a_panic() {
+    let tmp = tempfile::tempdir().unwrap();
+    let shard = tmp.path().join("t.bin");
+    let tokens: Vec<u16> = (0..4096).map(|i| (i % 50) as u16).collect();
+    stoker_data::tokens::write_tokens(&shard, &tokens, stoker_data::tokens::TokenFormat::Llmc)
+        .unwrap();
+    for (flag, value) in [
+        ("--step-ms", "nan"),
+        ("--step-ms", "inf"),
+        ("--step-ms", "1e300"),
+        ("--seconds", "1e300"),
+        ("--seconds", "0"),
+    ] {
+        let o = Command::new("timeout")
+            .args(["-k", "5", "60", STOKER, "bench", "loader", s(&shard)])
+            .args(["--context", "16", "--workers", "0", flag, value])
+            .output()
+            .unwrap();
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{flag} {value}: {t}");
+        assert!(
+            t.contains(&format!("error[usage]: {flag} "))
+                && t.contains("expected")
+                && !t.contains("panicked"),
+            "{t}"
+        );
+    }
+}

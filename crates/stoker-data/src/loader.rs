@@ -25,6 +25,14 @@ use crate::{DataError, Dataset, FieldSpec, Result};
 
 pub use crate::dataset::MAX_FIELDS;
 
+/// The most worker threads a loader starts: beyond it a typo, not a setting, and the
+/// threads would fail to start.
+pub const MAX_WORKERS: usize = 1024;
+
+/// The most batches in flight per worker: the in-flight queues are allocated at their
+/// bound, and each batch in flight holds a batch's memory.
+pub const MAX_PREFETCH_FACTOR: usize = 1024;
+
 /// The loader's knobs, named and defaulted as in torch's DataLoader.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -66,6 +74,24 @@ impl LoaderConfig {
             return Err(DataError::Config {
                 field: "batch_size",
                 message: "must be at least 1".into(),
+            });
+        }
+        if self.num_workers > MAX_WORKERS {
+            return Err(DataError::Config {
+                field: "num_workers",
+                message: format!(
+                    "{}: at most {MAX_WORKERS} worker threads (torch suggests no more than the cores)",
+                    self.num_workers
+                ),
+            });
+        }
+        if self.prefetch_factor > MAX_PREFETCH_FACTOR {
+            return Err(DataError::Config {
+                field: "prefetch_factor",
+                message: format!(
+                    "{}: at most {MAX_PREFETCH_FACTOR} batches in flight per worker (each holds a batch's memory)",
+                    self.prefetch_factor
+                ),
             });
         }
         if self.num_workers > 0 && self.prefetch_factor == 0 {

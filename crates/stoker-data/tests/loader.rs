@@ -397,6 +397,10 @@ fn bad_loader_configs() {
     assert!(e(config(0, 0, 2, false)).contains("batch_size"));
     assert!(e(config(1, 2, 0, false)).contains("prefetch_factor"));
     assert!(e(config(1, 0, 2, true)).contains("persistent_workers"));
+    // Past the bounds: refused by name before a thread starts or a queue is allocated.
+    assert!(e(config(1, 100_000, 2, false)).contains("num_workers"));
+    assert!(e(config(1, 1, 1_000_000_000_000, false)).contains("prefetch_factor"));
+    Loader::new(ds.clone(), s(), config(1, 1024, 1024, false)).unwrap();
     assert!(e(LoaderConfig {
         timeout_s: Some(-1.0),
         ..config(1, 1, 1, false)

@@ -548,3 +548,40 @@ fn the_resident_loop_runs_whole_runs_that_resume_bit_identically() {
         }
     }
 }
+
+#[test]
+fn the_data_is_checked_before_the_weights_are_made_and_a_master_past_memory_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_token_corpus(&d.join("corpus.bin"), 12_000);
+    // 10^10 rows of 32: 320G parameters, 1.2 TiB of FP32 master, whatever the machine.
+    let text = gpt_config(d, "fp32", 1, "").replace("vocab = 24", "vocab = 10000000000");
+    let parse = |t: &str| TrainConfig::parse(t, Path::new("test.toml")).unwrap();
+    // A context past the data's 12,000 tokens: the data's error, before any weight is
+    // made (allocating these would abort the process).
+    let e = run(
+        &parse(&text.replace("context = 16", "context = 100000")),
+        &RunOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("data.train") && e.contains("not one window of context 100000"),
+        "{e}"
+    );
+    // The data fits: the model is refused by its size, naming the key.
+    assert!(
+        stoker_data::measure::memory_limit_bytes().is_some(),
+        "this test needs /proc/meminfo to know the machine's memory"
+    );
+    match run(&parse(&text), &RunOptions::default()) {
+        Err(TrainError::Config { key, message }) => {
+            assert_eq!(key, "model");
+            assert!(
+                message.contains("320000") && message.contains("FP32 master"),
+                "{message}"
+            );
+        }
+        other => panic!("expected the model's size refused, got {other:?}"),
+    }
+}

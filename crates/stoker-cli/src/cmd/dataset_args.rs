@@ -93,9 +93,19 @@ impl DatasetArgs {
         workers: usize,
         prefetch: usize,
     ) -> anyhow::Result<Trial> {
-        if !(self.seconds > 0.0 && self.seconds.is_finite()) {
-            anyhow::bail!("--seconds {}: expected a positive number", self.seconds);
-        }
+        let seconds = |flag: &str, s: f64| {
+            Duration::try_from_secs_f64(s)
+                .ok()
+                .filter(|d| !d.is_zero() || flag == "--step-ms")
+                .ok_or_else(|| anyhow::anyhow!("{flag} {s}: expected a positive, finite number"))
+        };
+        let min_time = seconds("--seconds", self.seconds)?;
+        let step = match self.step_ms {
+            Some(ms) => Some(seconds("--step-ms", ms / 1e3).map_err(|_| {
+                anyhow::anyhow!("--step-ms {ms}: expected a finite number >= 0 of milliseconds")
+            })?),
+            None => None,
+        };
         let config = LoaderConfig {
             batch_size: self.batch,
             num_workers: workers,
@@ -106,9 +116,9 @@ impl DatasetArgs {
             ..LoaderConfig::default()
         };
         let budget = TrialBudget {
-            min_time: Duration::from_secs_f64(self.seconds),
+            min_time,
             max_batches: self.max_batches,
-            step: self.step_ms.map(|ms| Duration::from_secs_f64(ms / 1e3)),
+            step,
         };
         Ok(measure_loader(
             ds.clone(),

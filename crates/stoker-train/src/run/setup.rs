@@ -70,7 +70,12 @@ impl Rank {
         // strategy that shards the parameters (ZeRO-3) draws this rank's pieces from it
         // alone; every other gets the model built whole.
         let meta = build_meta_model_on(&config.model, p, k, seed, &device)?;
+        // The data checked against the declared model before any weight is made: a
+        // dataset that cannot fill one window fails at once, whatever the model's size.
+        let vocab = load_vocab(config)?;
+        let data = open_datasets(config, &*meta)?;
         let layout = FlatLayout::of(meta.params())?;
+        check_master_fits(config, &layout, comm.world_size(), per_host)?;
         let strategy = crate::parallel::for_config(config, &layout, comm.clone())?;
         let len = layout.total_len();
         let model = match strategy.holds(len).is_whole(len) {
@@ -78,8 +83,6 @@ impl Rank {
             false => meta,
         };
         let mut trainer = Trainer::with_strategy_on_gpu(config, model, strategy, local)?;
-        let vocab = load_vocab(config)?;
-        let data = open_datasets(config, trainer.model())?;
         let resumed_at = match &opts.resume {
             Some(dir) => Some(resume(&mut trainer, dir, &dims)?),
             None => None,
@@ -114,6 +117,43 @@ impl Rank {
             accounting,
         })
     }
+}
+
+/// Refuses a model whose FP32 master weights alone, on this host's ranks, exceed the
+/// memory this machine gives the process: the least any run keeps. Without it, a size
+/// key off by orders of magnitude (`model.context = 100000000000`) ends in the
+/// allocator's abort, not in an error naming the key.
+fn check_master_fits(
+    config: &TrainConfig,
+    layout: &FlatLayout,
+    world: usize,
+    per_host: usize,
+) -> Result<()> {
+    use crate::config::StrategyKind;
+    let Some(limit) = stoker_data::measure::memory_limit_bytes() else {
+        return Ok(());
+    };
+    let len = layout.total_len();
+    let held = match (world, config.parallel.strategy) {
+        (2.., StrategyKind::Zero3) => len.div_ceil(world),
+        _ => len,
+    };
+    let bytes = 4.0 * held as f64 * per_host.max(1) as f64;
+    if bytes <= limit as f64 {
+        return Ok(());
+    }
+    let gib = |b: f64| b / (1u64 << 30) as f64;
+    Err(crate::error::config_err(
+        "model",
+        format!(
+            "{len} parameters: their FP32 master weights alone take {:.1} GiB on this host's \
+             {} rank(s), more than the {:.1} GiB this machine gives the process; check the \
+             model's sizes (context, d_model, vocab, n_layer)",
+            gib(bytes),
+            per_host.max(1),
+            gib(limit as f64)
+        ),
+    ))
 }
 
 /// Loads the checkpoint `dir` into `trainer` and sets its loader position for this
