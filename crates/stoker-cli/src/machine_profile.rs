@@ -47,6 +47,6 @@ pub fn this_machines(cores: usize) -> Result<Option<MachineProfile>, String> {
             None => Ok(Some(p)),
             Some(why) => Err(why),
         },
-        Err(e) => Err(format!("{e:#}")),
+        Err(e) => Err(crate::error_text::chain_text(&e)),
     }
 }

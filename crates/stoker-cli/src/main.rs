@@ -3,6 +3,7 @@
 mod candle_threads;
 mod cmd;
 mod error_kind;
+mod error_text;
 mod heap;
 mod machine_profile;
 
@@ -56,7 +57,11 @@ fn main() -> std::process::ExitCode {
     if let stoker_train::malloc_tuning::MallocTuning::Refused(what) = malloc {
         tracing::warn!("glibc refused the malloc setting {what}: freed memory may go back to the kernel and fault in again every step");
     }
-    let result = match Cli::parse().command {
+    let command = Cli::parse().command;
+    if command.writes_for_a_pipe() {
+        default_sigpipe();
+    }
+    let result = match command {
         Command::Pack(a) => cmd::pack::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Tune(a) => cmd::tune::run(a),
@@ -69,8 +74,40 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error[{}]: {e:#}", error_kind::ErrorKind::of(&e).name());
+            eprintln!(
+                "error[{}]: {}",
+                error_kind::ErrorKind::of(&e).name(),
+                error_text::chain_text(&e)
+            );
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+impl Command {
+    /// Whether this command only writes what a pipe may close early (`stoker pack ... |
+    /// head`): not a training run or a benchmark, whose MPI sockets keep Rust's ignored
+    /// SIGPIPE so that a peer that dies is an error, not a signal.
+    fn writes_for_a_pipe(&self) -> bool {
+        matches!(
+            self,
+            Command::Pack(_)
+                | Command::Plan(_)
+                | Command::Tune(_)
+                | Command::Report(_)
+                | Command::Ckpt(_)
+                | Command::Export(_)
+        )
+    }
+}
+
+/// SIGPIPE back to its default, as other Unix tools have it: a reader that closes the
+/// pipe ends the process quietly, where Rust's ignored SIGPIPE would make the next print
+/// panic ("failed printing to stdout: Broken pipe").
+fn default_sigpipe() {
+    // SAFETY: `signal` with a valid signal number and SIG_DFL only restores the default
+    // disposition; this runs on the main thread before any other thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }

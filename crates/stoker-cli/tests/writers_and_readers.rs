@@ -376,3 +376,31 @@ fn bench_loader_s_times_out_of_range_are_refused_by_flag_not_a_panic() {
         );
     }
 }
+
+#[test]
+fn a_reader_that_closes_the_pipe_ends_pack_quietly_not_in_a_panic() {
+    use std::os::unix::process::ExitStatusExt;
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("a.txt"), "to be or not to be\n").unwrap();
+    // The pipe's reader is gone before stoker starts: its first print meets EPIPE.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let o = Command::new(STOKER)
+        .args(["pack", "text"])
+        .arg(tmp.path().join("out/a"))
+        .arg(tmp.path().join("a.txt"))
+        .args(["--tokenizer", "char"])
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        o.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?}: {stderr}",
+        o.status
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    // The pack itself was written before the summary's print.
+    assert!(tmp.path().join("out/a.bin").exists());
+}

@@ -66,7 +66,10 @@ pub fn run(a: CommBenchArgs) -> anyhow::Result<()> {
     // An error on one rank ends the job (the others would wait in a collective).
     if let Err(e) = measure(&comm, &a) {
         let kind = crate::error_kind::ErrorKind::of(&e).name();
-        comm.abort(1, &format!("error[{kind}]: {e:#}"));
+        comm.abort(
+            1,
+            &format!("error[{kind}]: {}", crate::error_text::chain_text(&e)),
+        );
     }
     comm.finalize(Duration::from_secs(10), 0);
     Ok(())

@@ -223,7 +223,10 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         heap: Some(&crate::ALLOC),
         // The forecast's figures; a broken profile only loses the run its plan.
         profile: crate::machine_profile::load().unwrap_or_else(|e| {
-            eprintln!("stoker: warning: {e:#}; the forecast plans from the config alone");
+            eprintln!(
+                "stoker: warning: {}; the forecast plans from the config alone",
+                crate::error_text::chain_text(&e)
+            );
             None
         }),
     };
@@ -376,7 +379,10 @@ fn run_mpi(
         Err(e) => {
             let e = anyhow::Error::from(e);
             let kind = crate::error_kind::ErrorKind::of(&e).name();
-            comm.abort(1, &format!("error[{kind}]: {e:#}"))
+            comm.abort(
+                1,
+                &format!("error[{kind}]: {}", crate::error_text::chain_text(&e)),
+            )
         }
     }
 }
