@@ -57,6 +57,7 @@ fn main() -> std::process::ExitCode {
     if let stoker_train::malloc_tuning::MallocTuning::Refused(what) = malloc {
         tracing::warn!("glibc refused the malloc setting {what}: freed memory may go back to the kernel and fault in again every step");
     }
+    quiet_guarded_panics();
     let command = Cli::parse().command;
     if command.writes_for_a_pipe() {
         default_sigpipe();
@@ -110,4 +111,15 @@ fn default_sigpipe() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+}
+
+/// The default panic hook, except for a damaged Parquet file's panic inside the reader:
+/// stoker-data turns that into an error naming the file, which is all the user needs.
+fn quiet_guarded_panics() {
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !stoker_data::pack::doc_sources::panicking_in_guarded_read() {
+            default_hook(info);
+        }
+    }));
 }

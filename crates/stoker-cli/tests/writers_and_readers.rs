@@ -404,3 +404,52 @@ fn a_reader_that_closes_the_pipe_ends_pack_quietly_not_in_a_panic() {
     // The pack itself was written before the summary's print.
     assert!(tmp.path().join("out/a.bin").exists());
 }
+
+#[test]
+fn a_damaged_parquet_file_is_one_error_naming_it_without_the_reader_s_panic() {
+    use std::sync::Arc;
+    let tmp = tempfile::tempdir().unwrap();
+    let texts: Vec<String> = (0..70)
+        .map(|i| format!("document {i} of the damaged file"))
+        .collect();
+    let col: arrow_array::ArrayRef = Arc::new(arrow_array::StringArray::from_iter_values(&texts));
+    let batch = arrow_array::RecordBatch::try_from_iter([("text", col)]).unwrap();
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_max_row_group_size(7)
+        .build();
+    let mut bytes = Vec::new();
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(&mut bytes, batch.schema(), Some(props)).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    // One byte of row group 4's page inverted: the reader (parquet 56) asserts on it and
+    // panics, which the error's text says. Found by inverting bytes one at a time; a
+    // writer that lays the file out otherwise fails this test, saying so.
+    assert_eq!(
+        bytes.len(),
+        5550,
+        "parquet's writer laid the file out otherwise"
+    );
+    bytes[1404] = !bytes[1404];
+    let path = tmp.path().join("damaged.parquet");
+    std::fs::write(&path, &bytes).unwrap();
+    let o = Command::new("timeout")
+        .args(["-k", "5", "60", STOKER, "pack", "docs"])
+        .arg(tmp.path().join("out/x"))
+        .arg(&path)
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("error[format]: ")
+            && t.contains("damaged.parquet: row group 4, column text")
+            && t.contains("the Parquet reader failed on damaged data"),
+        "{t}"
+    );
+    assert!(
+        !t.contains("panicked") && !t.contains("stack backtrace"),
+        "{t}"
+    );
+}

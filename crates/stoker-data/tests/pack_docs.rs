@@ -250,6 +250,28 @@ fn bad_documents_fail_naming_the_file_the_place_and_the_field() {
         e.contains("nulls.parquet") && e.contains("row group 0") && e.contains("row 1 is null"),
         "{e}"
     );
+    // Row groups of 10, 3 and 2 rows, a null at the file's row 14: row group 2's row 1.
+    let f = std::fs::File::create(d.join("groups.parquet")).unwrap();
+    let texts = |n: usize, null_at: Option<usize>| {
+        let col: ArrayRef = Arc::new(StringArray::from(
+            (0..n)
+                .map(|i| (Some(i) != null_at).then_some("doc"))
+                .collect::<Vec<_>>(),
+        ));
+        RecordBatch::try_from_iter_with_nullable([("text", col, true)]).unwrap()
+    };
+    let mut w = ArrowWriter::try_new(f, texts(1, None).schema(), None).unwrap();
+    for (n, null_at) in [(10, None), (3, None), (2, Some(1))] {
+        w.write(&texts(n, null_at)).unwrap();
+        w.flush().unwrap();
+    }
+    w.close().unwrap();
+    let e = fails(&[d.join("groups.parquet")], &opts);
+    assert!(
+        e.contains("groups.parquet: row group 2, column text")
+            && e.contains("row 14 is null (row 1 of the group)"),
+        "{e}"
+    );
     let bytes = std::fs::read(d.join("ok.parquet")).unwrap();
     std::fs::write(d.join("cut.parquet"), &bytes[..bytes.len() / 2]).unwrap();
     let e = fails(&[d.join("cut.parquet")], &opts);

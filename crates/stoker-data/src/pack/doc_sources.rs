@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 
 use arrow_array::{Array, LargeStringArray, RecordBatch, StringArray, StringViewArray};
 use parquet::arrow::arrow_reader::{
-    ArrowReaderOptions, ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder,
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
+    ParquetRecordBatchReaderBuilder,
 };
 use parquet::arrow::ProjectionMask;
 
@@ -181,11 +182,17 @@ impl DocSource {
 pub struct ParquetDocs {
     path: PathBuf,
     field: String,
-    reader: ParquetRecordBatchReader,
-    /// Rows per row group, to name the row group of a batch.
+    file: File,
+    meta: ArrowReaderMetadata,
+    mask: ProjectionMask,
+    /// Rows per row group.
     group_rows: Vec<i64>,
-    /// Rows read so far.
-    rows: i64,
+    /// The row group being read, and its reader (None before its first batch).
+    group: usize,
+    reader: Option<ParquetRecordBatchReader>,
+    /// Rows of the file read before this row group, and of this row group so far.
+    rows_before: i64,
+    rows_in_group: i64,
 }
 
 impl ParquetDocs {
@@ -196,16 +203,15 @@ impl ParquetDocs {
         // The Arrow schema a writer embeds is a hint only (the Parquet schema says the
         // same); decoding a damaged one panics inside arrow-ipc, so it is not read.
         let options = ArrowReaderOptions::new().with_skip_arrow_metadata(true);
-        let builder = guarded(path, "footer", || {
-            ParquetRecordBatchReaderBuilder::try_new_with_options(file, options)
-        })?
-        .map_err(|e| {
-            bad(
-                "footer",
-                format!("not a readable Parquet file (truncated, or another format): {e}"),
-            )
-        })?;
-        let schema = builder.schema().clone();
+        let meta = guarded(path, "footer", || ArrowReaderMetadata::load(&file, options))?.map_err(
+            |e| {
+                bad(
+                    "footer",
+                    format!("not a readable Parquet file (truncated, or another format): {e}"),
+                )
+            },
+        )?;
+        let schema = meta.schema().clone();
         let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
         let Some(index) = names.iter().position(|n| *n == field) else {
             return Err(bad(
@@ -221,54 +227,82 @@ impl ParquetDocs {
         ) {
             return Err(bad(field, format!("a column of {dt}, expected strings")));
         }
-        let meta = builder.metadata().clone();
-        let group_rows: Vec<i64> = meta.row_groups().iter().map(|g| g.num_rows()).collect();
-        let mask = ProjectionMask::roots(meta.file_metadata().schema_descr(), [index]);
-        // One batch per row group at most (the reader does not cross a row group's end
-        // when the batch holds all of it); memory is bounded by the largest row group.
-        let batch_rows = group_rows.iter().copied().max().unwrap_or(1).max(1) as usize;
-        let reader = builder
-            .with_projection(mask)
-            .with_batch_size(batch_rows.min(65_536))
-            .build()
-            .map_err(|e| bad("row group 0", e.to_string()))?;
+        let parquet_meta = meta.metadata().clone();
+        let group_rows: Vec<i64> = parquet_meta
+            .row_groups()
+            .iter()
+            .map(|g| g.num_rows())
+            .collect();
+        let mask = ProjectionMask::roots(parquet_meta.file_metadata().schema_descr(), [index]);
         Ok(ParquetDocs {
             path: path.to_path_buf(),
             field: field.to_string(),
-            reader,
+            file,
+            meta,
+            mask,
             group_rows,
-            rows: 0,
+            group: 0,
+            reader: None,
+            rows_before: 0,
+            rows_in_group: 0,
         })
     }
 
-    /// The row group holding row `row`.
-    fn group_of(&self, row: i64) -> usize {
-        let mut end = 0;
-        for (g, n) in self.group_rows.iter().enumerate() {
-            end += n;
-            if row < end {
-                return g;
-            }
-        }
-        self.group_rows.len()
+    /// Where the row group being read is, for messages.
+    fn place(&self) -> String {
+        format!("row group {}, column {}", self.group, self.field)
+    }
+
+    /// A reader of row group `self.group` alone: each batch, and so each message, is
+    /// one row group's (at most 65,536 of its rows; memory is bounded by that).
+    fn group_reader(&self) -> Result<ParquetRecordBatchReader> {
+        let place = self.place();
+        let file = self
+            .file
+            .try_clone()
+            .map_err(|e| DataError::io(&self.path, e))?;
+        let rows = self.group_rows[self.group].clamp(1, 65_536) as usize;
+        let built = guarded(&self.path, &place, || {
+            ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.meta.clone())
+                .with_row_groups(vec![self.group])
+                .with_projection(self.mask.clone())
+                .with_batch_size(rows)
+                .build()
+        })?;
+        built.map_err(|e| DataError::format(&self.path, place, e.to_string()))
     }
 
     fn next_batch(&mut self) -> Result<Option<DocBatch>> {
-        let group = self.group_of(self.rows);
-        let where_ = || format!("row group {group}, column {}", self.field);
-        let place = where_();
-        let reader = &mut self.reader;
-        let batch: RecordBatch = match guarded(&self.path, &place, || reader.next())? {
-            None => return Ok(None),
-            Some(b) => b.map_err(|e| DataError::format(&self.path, where_(), e.to_string()))?,
+        let batch: RecordBatch = loop {
+            if self.group >= self.group_rows.len() {
+                return Ok(None);
+            }
+            if self.reader.is_none() {
+                self.reader = Some(self.group_reader()?);
+            }
+            let place = self.place();
+            let reader = self.reader.as_mut().expect("made above");
+            match guarded(&self.path, &place, || reader.next())? {
+                Some(b) => {
+                    break b.map_err(|e| DataError::format(&self.path, place, e.to_string()))?
+                }
+                None => {
+                    self.rows_before += self.rows_in_group;
+                    (self.group, self.reader, self.rows_in_group) = (self.group + 1, None, 0);
+                }
+            }
         };
         let col = batch.column(0);
         let mut docs = Vec::with_capacity(col.len());
         let null = |i: usize| {
+            let in_group = self.rows_in_group + i as i64;
             DataError::format(
                 &self.path,
-                where_(),
-                format!("row {} is null, expected a string", self.rows + i as i64),
+                self.place(),
+                format!(
+                    "row {} is null (row {in_group} of the group), expected a string",
+                    self.rows_before + in_group
+                ),
             )
         };
         macro_rules! strings {
@@ -290,21 +324,36 @@ impl ParquetDocs {
             other => {
                 return Err(DataError::format(
                     &self.path,
-                    where_(),
+                    self.place(),
                     format!("a column of {other}, expected strings"),
                 ))
             }
         }
-        self.rows += docs.len() as i64;
+        self.rows_in_group += docs.len() as i64;
         Ok(Some(DocBatch { docs }))
     }
+}
+
+thread_local! {
+    /// Whether this thread is inside [`guarded`].
+    static GUARDED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread is panicking inside a guarded Parquet read, whose panic becomes
+/// an error naming the file: a binary's panic hook can leave such a panic unprinted
+/// (the error says it), where the default hook prints it, and its backtrace, first.
+pub fn panicking_in_guarded_read() -> bool {
+    GUARDED.with(std::cell::Cell::get)
 }
 
 /// `read()`, with a panic inside the Parquet reader (it trusts lengths and offsets in the
 /// file: a damaged one can send it out of bounds) turned into an error naming the file and
 /// `place`. Nothing read after the panic is used: the reader is dropped with the error.
 fn guarded<T>(path: &Path, place: &str, read: impl FnOnce() -> T) -> Result<T> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).map_err(|payload| {
+    GUARDED.with(|g| g.set(true));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(read));
+    GUARDED.with(|g| g.set(false));
+    result.map_err(|payload| {
         let why = payload
             .downcast_ref::<String>()
             .map(String::as_str)
