@@ -585,3 +585,30 @@ fn the_data_is_checked_before_the_weights_are_made_and_a_master_past_memory_is_r
         other => panic!("expected the model's size refused, got {other:?}"),
     }
 }
+
+#[test]
+fn evaluation_counts_every_held_out_window_the_short_last_batch_too() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let c = config(d, "fp32", 2, "");
+    let text = gpt_config(d, "fp32", 2, "").replace("eval_batches = 4", "eval_batches = 1000");
+    let c_all = TrainConfig::parse(&text, Path::new("test.toml")).unwrap();
+    // The held-out tenth of the corpus's 16-token windows (data.eval_fraction's default).
+    let shard = stoker_data::TokenShard::open_detect(d.join("corpus.bin")).unwrap();
+    let windows = (shard.len() - 1) / 16;
+    let held = (windows as f64 * 0.1).round() as usize;
+    assert_ne!(
+        held % 4,
+        0,
+        "the test wants a short last batch of micro_batch 4"
+    );
+    let all = run(&c_all, &RunOptions::default()).unwrap().eval.unwrap();
+    // The short last batch's rows padded to the micro-batch count nothing: a padded row
+    // counted would add 16.
+    assert_eq!(all.count, held * 16, "every held-out window's targets");
+    assert!(all.loss.is_finite() && all.loss > 0.0, "{}", all.loss);
+    // eval_batches still takes that many whole batches where the set has more.
+    let _ = std::fs::remove_dir_all(&c.run_dir);
+    let four = run(&c, &RunOptions::default()).unwrap().eval.unwrap();
+    assert_eq!(four.count, 4 * 4 * 16);
+}

@@ -18,20 +18,21 @@ pub(super) fn evaluate(
     config: &TrainConfig,
     dims: &ParallelDims,
 ) -> Result<EvalReport> {
-    // Whole micro-batches only (when there is one): evaluation then runs on the training
-    // step's buffers as they are, with no second batch shape to allocate (nanoGPT too
-    // evaluates fixed-size batches).
-    let whole = data.eval.len() >= config.batch.micro_batch;
+    // Every sample, the last batch too: a short one is padded to the micro-batch with
+    // masked targets, so evaluation runs on the training step's buffers as they are,
+    // with no second batch shape to allocate, and counts what the set holds (all 10,000
+    // of MNIST's test images, not the 9,984 of whole batches).
+    let micro_batch = config.batch.micro_batch;
     let sampler = Sampler::new(
         data.eval.len(),
         SamplerConfig {
-            drop_last: whole,
+            drop_last: false,
             ..SamplerConfig::default()
         },
     )?;
     let lc = LoaderConfig {
-        batch_size: config.batch.micro_batch,
-        drop_last: whole,
+        batch_size: micro_batch,
+        drop_last: false,
         ..Default::default()
     };
     let mut loader = Loader::new(data.eval.clone(), sampler, lc)?;
@@ -42,9 +43,11 @@ pub(super) fn evaluate(
         let b = b?;
         let dev = trainer.device();
         if i % dims.world == dims.rank {
-            batches.push(to_micro_batch(&b, &data.input, &data.target, dev)?);
+            batches
+                .push(to_micro_batch(&b, &data.input, &data.target, dev)?.padded_to(micro_batch)?);
         } else if i == 0 {
-            first = Some(to_micro_batch(&b, &data.input, &data.target, dev)?);
+            first =
+                Some(to_micro_batch(&b, &data.input, &data.target, dev)?.padded_to(micro_batch)?);
         }
     }
     // Fewer batches than ranks: under ZeRO-3 (a collective forward per batch) a rank
