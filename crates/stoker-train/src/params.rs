@@ -56,6 +56,9 @@ pub struct ParamSet {
     /// Declared without values: every variable an empty placeholder
     /// ([`ParamBuilder::meta`]).
     meta: bool,
+    /// The variables' dtype where it is narrower than f32 (None: f32): a whole model's
+    /// initial values are its variables', rounded to it, and so are drawn pieces.
+    narrow: Option<DType>,
 }
 
 impl ParamSet {
@@ -98,7 +101,8 @@ impl ParamSet {
 
     /// The initial values of the elements `pieces` of the flat buffer `layout` lays out,
     /// end to end (padding zero): what [`FlatLayout::flatten`] of the
-    /// initialized model followed by [`Pieces::take`] gives, drawn piece by piece.
+    /// initialized model followed by [`Pieces::take`] gives, drawn piece by piece (and
+    /// rounded to the variables' dtype, as the whole model's variables hold them).
     ///
     /// [`Pieces::take`]: crate::pieces::Pieces::take
     pub fn init_pieces(
@@ -114,12 +118,13 @@ impl ParamSet {
             for (r, at) in pieces.with_starts() {
                 let (lo, hi) = (r.start.max(slot.offset), r.end.min(slot.offset + slot.len));
                 if lo < hi {
-                    let values = init_range(
+                    let mut values = init_range(
                         self.seed,
                         &p.name,
                         lo - slot.offset..hi - slot.offset,
                         p.init,
                     );
+                    round_to(&mut values, self.narrow);
                     out[at + lo - r.start..at + hi - r.start].copy_from_slice(&values);
                 }
             }
@@ -135,6 +140,20 @@ impl ParamSet {
     /// The parameter called `name`.
     pub fn get(&self, name: &str) -> Option<&Param> {
         self.params.iter().find(|p| p.name == name)
+    }
+}
+
+/// `values` rounded to `dtype` and back (f16 or bf16, to nearest even, as a cast of the
+/// variables rounds); None leaves them.
+fn round_to(values: &mut [f32], dtype: Option<DType>) {
+    match dtype {
+        Some(DType::F16) => values
+            .iter_mut()
+            .for_each(|v| *v = half::f16::from_f32(*v).to_f32()),
+        Some(DType::BF16) => values
+            .iter_mut()
+            .for_each(|v| *v = half::bf16::from_f32(*v).to_f32()),
+        _ => {}
     }
 }
 
@@ -295,6 +314,7 @@ impl ParamBuilder {
     /// The declared parameters, in declaration order.
     pub fn finish(self) -> ParamSet {
         ParamSet {
+            narrow: matches!(self.dtype, DType::F16 | DType::BF16).then_some(self.dtype),
             meta: matches!(self.values, Some(Values::Meta)),
             seed: self.seed,
             params: self.params,

@@ -561,14 +561,19 @@ fn zero3_evaluation_piece_by_piece_equals_one_rank_s_on_the_same_weights() {
 
 /// A ZeRO-3 rank built from the model declared without values (as `stoker train` builds
 /// it) draws its pieces of the initial parameters alone, and they are the bits the whole
-/// model would give: at 2 and 4 ranks, for the GPT, the CNN and the MLP, the parameters
-/// gathered after construction equal the whole model's flat buffer, and one training step
-/// later too. A strategy that keeps whole parameters refuses such a model.
+/// model would give: at 2 and 4 ranks, for the GPT, the CNN and the MLP, in fp32, fp16 and
+/// bf16 (whose variables round the initial values: the pieces are rounded alike), the
+/// parameters gathered after construction equal the whole model's flat buffer, and one
+/// training step later too. A strategy that keeps whole parameters refuses such a model.
 #[test]
 fn zero3_ranks_draw_their_pieces_of_the_initial_model_alone() {
     use stoker_train::models::build_meta_model_on;
-    for (model, kernels) in ZERO3_PATHS {
-        let c = config(model, "fp32", kernels, ADAMW, "strategy = \"zero3\"");
+    let precisions = ["fp32", "fp16", "bf16"];
+    for ((model, kernels), precision) in ZERO3_PATHS
+        .into_iter()
+        .flat_map(|p| precisions.map(|q| (p, q)))
+    {
+        let c = config(model, precision, kernels, ADAMW, "strategy = \"zero3\"");
         let whole = build_model(&c.model, c.precision, c.kernels, c.seed).unwrap();
         let layout = FlatLayout::of(whole.params()).unwrap();
         let want = layout.flatten(whole.params()).unwrap();
@@ -603,7 +608,7 @@ fn zero3_ranks_draw_their_pieces_of_the_initial_model_alone() {
                 }
                 masters
             });
-            let what = format!("{} {kernels} at {world} ranks", &model[8..11]);
+            let what = format!("{} {kernels} {precision} at {world} ranks", &model[8..11]);
             for masters in got {
                 let ((meta_start, meta_after), (whole_start, whole_after)) =
                     (&masters[0], &masters[1]);
