@@ -90,11 +90,21 @@ fn watch(me: usize, world: usize, fds: Vec<(usize, u64, OwnedFd)>, armed: Arc<At
         if polls.iter().all(|p| p.fd < 0) {
             return;
         }
-        if let Some(i) = polls.iter().position(|p| p.revents & libc::POLLIN != 0) {
-            let (rank, pid, _) = &fds[i];
+        // Every peer found gone in this wake-up, not the lowest alone: the one killed
+        // first may take others with it (a transport that aborts when its peer's memory
+        // vanishes), and which came first the kernel does not say.
+        let dead: Vec<String> = polls
+            .iter()
+            .zip(&fds)
+            .filter(|(p, _)| p.revents & libc::POLLIN != 0)
+            .map(|(_, (rank, pid, _))| format!("rank {rank} (pid {pid}, this host)"))
+            .collect();
+        if !dead.is_empty() {
+            let verb = if dead.len() == 1 { "died" } else { "died at once" };
             // One write: the launcher may kill this process any moment now.
             crate::say(&format!(
-                "stoker: rank {me} of {world}: rank {rank} (pid {pid}, this host) died in the middle of the job; ending this rank"
+                "stoker: rank {me} of {world}: {} {verb} in the middle of the job; ending this rank",
+                dead.join(" and ")
             ));
             std::thread::sleep(Duration::from_millis(200));
             if armed.load(Ordering::SeqCst) {
