@@ -22,6 +22,9 @@ pub struct OpenOptions {
     pub context: usize,
     /// Integer type token windows are delivered in.
     pub token_dtype: DType,
+    /// The vocabulary token ids must fall in, checked as each window is read (None: not
+    /// checked).
+    pub token_vocab: Option<usize>,
     /// Transform applied to JPEG records.
     pub image: ImageTransformConfig,
 }
@@ -31,6 +34,7 @@ impl Default for OpenOptions {
         OpenOptions {
             context: 256,
             token_dtype: DType::I64,
+            token_vocab: None,
             image: ImageTransformConfig::default(),
         }
     }
@@ -87,7 +91,10 @@ pub fn open_dataset(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<AnyDat
                 ),
             ));
         }
-        return Ok(AnyDataset::Tokens(windows));
+        return Ok(AnyDataset::Tokens(match opts.token_vocab {
+            Some(v) => windows.with_vocab(v),
+            None => windows,
+        }));
     }
     let records = RecordPaths::new(path);
     if records.manifest.exists() {

@@ -236,6 +236,8 @@ pub struct TokenWindows {
     context: usize,
     starts: Vec<usize>,
     fields: Vec<FieldSpec>,
+    /// Ids at or above this are refused as each window is read ([`Self::with_vocab`]).
+    vocab: Option<usize>,
 }
 
 impl TokenWindows {
@@ -266,7 +268,19 @@ impl TokenWindows {
             context,
             starts,
             fields,
+            vocab: None,
         })
+    }
+
+    /// These windows with every id checked against a model's vocabulary of `vocab` as
+    /// its window is read: an id past it fails naming the file, the token's place and
+    /// the window, not later inside the model's embedding. The check is one compare a
+    /// token beside the copy that widens it.
+    pub fn with_vocab(self, vocab: usize) -> Self {
+        TokenWindows {
+            vocab: Some(vocab),
+            ..self
+        }
     }
 
     /// Tokens per window.
@@ -318,6 +332,21 @@ impl Dataset for TokenWindows {
         }
         let (s, t0) = self.locate(i);
         let bytes = self.shards[s].token_bytes(t0, self.context + 1);
+        if let Some(vocab) = self.vocab {
+            let ids = bytes
+                .chunks_exact(2)
+                .map(|t| u16::from_le_bytes([t[0], t[1]]));
+            if let Some((k, id)) = ids.enumerate().find(|&(_, id)| id as usize >= vocab) {
+                return Err(DataError::format(
+                    self.shards[s].path(),
+                    "tokens",
+                    format!(
+                        "id {id} at token {} (window {i}) is outside the model's vocabulary of {vocab} (model.vocab)",
+                        t0 + k
+                    ),
+                ));
+            }
+        }
         let dtype = self.fields[0].dtype;
         let (input, target) = out.split_at_mut(1);
         widen(&bytes[..2 * self.context], dtype, input[0]);

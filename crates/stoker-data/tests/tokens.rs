@@ -228,3 +228,38 @@ fn another_llmc_header_is_refused_by_its_magic_not_read_as_raw_tokens() {
         3
     );
 }
+
+#[test]
+fn an_id_past_the_model_s_vocabulary_fails_naming_the_file_the_token_and_the_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut tokens: Vec<u16> = (0..200).map(|t| t % 50).collect();
+    tokens[37] = 50;
+    write_tokens(dir.path().join("t.bin"), &tokens, TokenFormat::Llmc).unwrap();
+    let shard = TokenShard::open_detect(dir.path().join("t.bin")).unwrap();
+    let ds = TokenWindows::new(vec![shard], 16, DType::I64)
+        .unwrap()
+        .with_vocab(50);
+    let read_window = |i: u64| {
+        let (mut a, mut b) = (vec![0u8; 8 * 16], vec![0u8; 8 * 16]);
+        ds.read_sample(
+            &mut (),
+            SampleContext {
+                seed: 0,
+                epoch: 0,
+                index: i,
+            },
+            &mut [&mut a, &mut b],
+        )
+    };
+    // Window 0 (tokens 0..17) and window 3 (48..65) hold only ids below 50.
+    read_window(0).unwrap();
+    read_window(3).unwrap();
+    // Window 2 holds tokens 32..49: id 50 at token 37.
+    let e = read_window(2).unwrap_err().to_string();
+    assert!(
+        e.contains("t.bin")
+            && e.contains("id 50 at token 37 (window 2)")
+            && e.contains("vocabulary of 50 (model.vocab)"),
+        "{e}"
+    );
+}

@@ -118,6 +118,7 @@ fn open(
     let opts = OpenOptions {
         context: config.model.context().unwrap_or(1),
         token_dtype: DType::I64,
+        token_vocab: config.model.vocab(),
         image: image_transform(config, mode),
     };
     open_dataset(path, &opts)

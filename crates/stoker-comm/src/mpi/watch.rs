@@ -100,7 +100,11 @@ fn watch(me: usize, world: usize, fds: Vec<(usize, u64, OwnedFd)>, armed: Arc<At
             .map(|(_, (rank, pid, _))| format!("rank {rank} (pid {pid}, this host)"))
             .collect();
         if !dead.is_empty() {
-            let verb = if dead.len() == 1 { "died" } else { "died at once" };
+            let verb = if dead.len() == 1 {
+                "died"
+            } else {
+                "died at once"
+            };
             // One write: the launcher may kill this process any moment now.
             crate::say(&format!(
                 "stoker: rank {me} of {world}: {} {verb} in the middle of the job; ending this rank",
