@@ -307,6 +307,17 @@ fn bad_documents_fail_naming_the_file_the_place_and_the_field() {
         e.contains("cut.jsonl") && e.contains("line 2") && e.contains("truncated"),
         "{e}"
     );
+    // A file that is one JSON array, on one line or over several: not JSON Lines.
+    let e = jl("array.json", b"[{\"text\": \"a\"}, {\"text\": \"b\"}]\n");
+    assert!(
+        e.contains("array.json") && e.contains("a JSON array, expected an object"),
+        "{e}"
+    );
+    let e = jl("pretty.json", b"[\n  {\"text\": \"a\"}\n]\n");
+    assert!(
+        e.contains("pretty.json") && e.contains("is not JSON Lines"),
+        "{e}"
+    );
     // Inputs: a file of another kind, an empty directory.
     std::fs::write(d.join("notes.txt"), "x").unwrap();
     let e = fails(&[d.join("notes.txt")], &opts);

@@ -263,3 +263,16 @@ fn an_id_past_the_model_s_vocabulary_fails_naming_the_file_the_token_and_the_win
         "{e}"
     );
 }
+
+#[test]
+fn a_directory_where_a_shard_should_be_is_named_as_one() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("x.bin")).unwrap();
+    let e = TokenShard::open_detect(dir.path().join("x.bin"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("x.bin") && e.contains("a directory, expected a file"),
+        "{e}"
+    );
+}

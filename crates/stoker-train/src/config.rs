@@ -754,12 +754,18 @@ impl TrainConfig {
                     "\"direct\" is the older name of step = \"handwritten\", and step = \"graph\" \
                      is given: for the graph, kernels = \"fused\" or \"composed\"",
                 )),
-                (Some(StepKind::Handwritten | StepKind::Resident), Kernels::Composed, _) => {
+                (Some(s @ (StepKind::Handwritten | StepKind::Resident)), Kernels::Composed, _) => {
+                    let name = match s {
+                        StepKind::Handwritten => "handwritten",
+                        _ => "resident",
+                    };
                     return Err(config_err(
                         "kernels",
-                        "\"composed\" names candle's primitives on the graph, and step = \
-                     \"handwritten\" runs no graph: use step = \"graph\" with it",
-                    ))
+                        format!(
+                            "\"composed\" names candle's primitives on the graph, and step = \
+                             \"{name}\" runs no graph: use step = \"graph\" with it"
+                        ),
+                    ));
                 }
                 (Some(step), _, _) => step,
                 (None, Kernels::Direct, given) => {
@@ -1067,6 +1073,12 @@ impl TrainConfig {
         if self.train.log_every == 0 {
             return Err(config_err("train.log_every", "must be at least 1"));
         }
+        if self.train.eval_batches == 0 {
+            return Err(config_err(
+                "train.eval_batches",
+                "must be at least 1 (every run evaluates at its end)",
+            ));
+        }
         Ok(())
     }
 }
@@ -1133,6 +1145,21 @@ steps = 1
             o.momentum = 0.0;
         };
         assert_eq!(refused(nesterov), "optimizer.nesterov");
+        let mut k = c.clone();
+        k.train.eval_batches = 0;
+        assert_eq!(key_of(k.validate()), "train.eval_batches");
+        let mut k = c.clone();
+        (k.step, k.kernels) = (Some(StepKind::Resident), Kernels::Composed);
+        match k.resolve_step(false) {
+            Err(TrainError::Config { key, message }) => {
+                assert_eq!(key, "kernels");
+                assert!(
+                    message.contains("step = \"resident\" runs no graph"),
+                    "{message}"
+                );
+            }
+            other => panic!("expected the kernels key refused, got {other:?}"),
+        }
         // Zero is each one's off (clipping, decay) and PyTorch's accepted floor.
         let mut k = c.clone();
         (

@@ -164,6 +164,12 @@ pub fn open_datasets(config: &TrainConfig, model: &dyn Model) -> Result<Datasets
         }
         None => {
             let held = ((n as f64) * d.eval_fraction).round() as usize;
+            if d.eval_fraction == 0.0 {
+                return Err(crate::error::config_err(
+                    "data.eval_fraction",
+                    "0 holds out nothing to evaluate on: give data.eval, or a fraction above 0",
+                ));
+            }
             if held == 0 || held >= n {
                 return Err(TrainError::Data {
                     what: d.train.display().to_string(),

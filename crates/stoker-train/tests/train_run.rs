@@ -569,6 +569,12 @@ fn the_data_is_checked_before_the_weights_are_made_and_a_master_past_memory_is_r
         e.contains("data.train") && e.contains("not one window of context 100000"),
         "{e}"
     );
+    // No evaluation data: a fraction of 0 holds none out, named as the key's doing.
+    let none = text.replace("[model]", "eval_fraction = 0.0\n[model]");
+    match run(&parse(&none), &RunOptions::default()) {
+        Err(TrainError::Config { key, .. }) => assert_eq!(key, "data.eval_fraction"),
+        other => panic!("expected data.eval_fraction refused, got {other:?}"),
+    }
     // The data fits: the model is refused by its size, naming the key.
     assert!(
         stoker_data::measure::memory_limit_bytes().is_some(),

@@ -414,9 +414,12 @@ impl JsonlDocs {
                 continue;
             }
             let v: serde_json::Value = serde_json::from_str(text).map_err(|e| {
-                let hint = match e.is_eof() {
-                    true => " (the line ends early: a truncated file?)",
-                    false => "",
+                let hint = match (text.trim_start().starts_with('['), e.is_eof()) {
+                    (true, _) => {
+                        " (a JSON array over several lines is not JSON Lines, one object a line)"
+                    }
+                    (false, true) => " (the line ends early: a truncated file?)",
+                    (false, false) => "",
                 };
                 DataError::format(&self.path, at(), format!("not a JSON object: {e}{hint}"))
             })?;
@@ -427,6 +430,17 @@ impl JsonlDocs {
                         &self.path,
                         format!("{}, field {}", at(), self.field),
                         format!("a {}, expected a string", json_kind(other)),
+                    ))
+                }
+                None if !v.is_object() => {
+                    return Err(DataError::format(
+                        &self.path,
+                        at(),
+                        format!(
+                            "a JSON {}, expected an object: JSON Lines holds one object a line \
+                             (a file that is one JSON array is not JSON Lines)",
+                            json_kind(&v)
+                        ),
                     ))
                 }
                 None => {
