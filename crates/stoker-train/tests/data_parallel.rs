@@ -521,7 +521,9 @@ fn zero3_evaluation_piece_by_piece_equals_one_rank_s_on_the_same_weights() {
                     .collect();
                 let report = t.evaluate(&mine).unwrap();
                 // Sampling (the GPT): every rank takes part and gets the same tokens.
-                let sample = (model == GPT).then(|| t.sample(&[1, 2, 3], 12, 6, 5).unwrap());
+                // Only ids below 5 (a vocabulary smaller than the model's table).
+                let sample =
+                    (model == GPT).then(|| t.sample(&[1, 2, 3], 12, 6, 5, Some(5)).unwrap());
                 (report, t.full_master().unwrap(), sample)
             });
             let samples: Vec<_> = got.iter().map(|g| g.2.clone()).collect();
@@ -531,11 +533,16 @@ fn zero3_evaluation_piece_by_piece_equals_one_rank_s_on_the_same_weights() {
             t.set_master(master).unwrap();
             let reference = t.evaluate(&batches).unwrap();
             if model == GPT {
-                let want = t.sample(&[1, 2, 3], 12, 6, 5).unwrap();
+                let want = t.sample(&[1, 2, 3], 12, 6, 5, Some(5)).unwrap();
                 assert!(
                     samples.iter().all(|s| s.as_ref() == Some(&want)),
                     "{samples:?} vs {want:?}"
                 );
+                assert!(want.iter().all(|&id| (0..5).contains(&id)), "{want:?}");
+                // The whole table draws past it with the same seed: the limit is what
+                // keeps the ids below 5.
+                let all = t.sample(&[1, 2, 3], 12, 6, 5, None).unwrap();
+                assert!(all.iter().any(|&id| id >= 5), "{all:?}");
             }
             let what = format!(
                 "{} {kernels}: zero3 at {world} ranks vs one rank",

@@ -268,7 +268,7 @@ fn finish(
     let sample = match (&rank.vocab, config.train.sample_tokens) {
         (Some(v), n) if n > 0 && (rank.lead || trainer.shards_params()) => {
             let context = config.model.context().unwrap_or(0);
-            let toks = trainer.sample(&[0], n, context, config.seed)?;
+            let toks = trainer.sample(&[0], n, context, config.seed, Some(v.size()))?;
             let ids: Vec<u32> = toks.iter().map(|&t| t as u32).collect();
             rank.lead.then(|| v.decode(&ids))
         }

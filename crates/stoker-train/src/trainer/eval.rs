@@ -215,14 +215,24 @@ impl Trainer {
     /// no rank holds the whole model (FSDP's generation through its wrapped units). On the
     /// resident path it first brings the host's master up to the loop's
     /// ([`Trainer::sync_host`], a collective under ZeRO-1: there every rank calls that
-    /// first, and then one rank may sample alone).
+    /// first, and then one rank may sample alone). With `vocab`, only ids below it are
+    /// drawn (the softmax over those logits alone, as llm.c samples over GPT-2's 50,257
+    /// of its table's 50,304 rows): a table padded past the vocabulary never yields an id
+    /// the vocabulary cannot decode.
     pub fn sample(
         &mut self,
         prompt: &[i64],
         n: usize,
         context: usize,
         seed: u64,
+        vocab: Option<usize>,
     ) -> Result<Vec<i64>> {
+        let how = Sampling {
+            n,
+            context,
+            seed,
+            vocab,
+        };
         if self.shards_params() {
             let (p, k) = (self.precision, self.kernels);
             let plan = UnitPlan::for_model(&self.model_config, p, k, &self.params.layout, true)?;
@@ -231,14 +241,14 @@ impl Trainer {
                     let mut source = Collective::new(&mut *strategy, master, &mut []);
                     crate::parallel::units::forward(step, &mut source, x)
                 };
-                sample_with(&mut forward, step.fx, prompt, n, context, seed, step.device)
+                sample_with(&mut forward, step.fx, prompt, how, step.device)
             });
         }
         self.sync_host()?;
         self.sync_vars()?;
         let (model, fx) = (&*self.model, self.fx());
         let mut forward = |x: &Tensor| Ok(model.forward(&fx, x)?.detach());
-        sample_with(&mut forward, &fx, prompt, n, context, seed, &self.device)
+        sample_with(&mut forward, &fx, prompt, how, &self.device)
     }
 }
 
@@ -267,23 +277,41 @@ fn eval_with(model: &dyn Model, fx: &Fx, batches: &[MicroBatch]) -> Result<EvalR
     Ok(EvalReport::of(sum, correct, count))
 }
 
-/// `n` tokens sampled after `prompt` from the logits `forward` gives for a `[1, t]`
-/// input.
+/// What [`Trainer::sample`] draws: `n` tokens, each from the last `context`, seeded by
+/// `seed`, ids below `vocab` where given.
+#[derive(Debug, Clone, Copy)]
+struct Sampling {
+    n: usize,
+    context: usize,
+    seed: u64,
+    vocab: Option<usize>,
+}
+
+/// The tokens `how` asks for, sampled after `prompt` from the logits `forward` gives for
+/// a `[1, t]` input.
 fn sample_with(
     forward: &mut dyn FnMut(&Tensor) -> Result<Tensor>,
     fx: &Fx,
     prompt: &[i64],
-    n: usize,
-    context: usize,
-    seed: u64,
+    how: Sampling,
     dev: &Device,
 ) -> Result<Vec<i64>> {
+    let Sampling {
+        n,
+        context,
+        seed,
+        vocab,
+    } = how;
     let mut toks = prompt.to_vec();
     for i in 0..n {
         let start = toks.len().saturating_sub(context);
         let x = Tensor::new(&toks[start..], dev)?.unsqueeze(0)?;
         let logits = forward(&x)?;
         let last = logits.get(logits.dim(0)? - 1)?;
+        let last = match vocab {
+            Some(v) if v > 0 && v < last.dim(0)? => last.narrow(0, 0, v)?,
+            _ => last,
+        };
         let p = crate::ops::softmax_last(fx, &last)?
             .to_dtype(candle_core::DType::F64)?
             .to_vec1::<f64>()?;
