@@ -453,3 +453,29 @@ fn a_damaged_parquet_file_is_one_error_naming_it_without_the_reader_s_panic() {
         "{t}"
     );
 }
+
+#[test]
+fn a_pack_that_writes_no_training_shard_says_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    let docs = tmp.path().join("d.jsonl");
+    std::fs::write(&docs, "{\"text\": \"one small document\"}\n").unwrap();
+    let pack = |out: &str, extra: &[&str]| {
+        let mut args = vec!["pack", "docs", out, s(&docs)];
+        args.extend_from_slice(extra);
+        stoker(&args)
+    };
+    let o = pack(s(&tmp.path().join("a/x")), &["--val-tokens", "1000000"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("no training shard was written: all ")
+            && err.contains("went to the validation split (--val-tokens 1000000)"),
+        "{}",
+        text(&o)
+    );
+    let o = pack(s(&tmp.path().join("b/x")), &[]);
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("no training shard"),
+        "{}",
+        text(&o)
+    );
+}

@@ -155,6 +155,16 @@ pub fn run(args: PackArgs) -> anyhow::Result<()> {
                 println!("  {} ({n} tokens)", p.display());
             }
             println!("  {}", s.vocab_path.display());
+            // Nothing for a training glob to read: say so now, not at the first run.
+            if s.shards.train.is_empty() {
+                let why = match (s.documents, val) {
+                    (0, _) => "the inputs hold no documents".to_string(),
+                    (_, v) => format!(
+                        "all {v} tokens went to the validation split (--val-tokens {val_tokens})"
+                    ),
+                };
+                eprintln!("warning: no training shard was written: {why}");
+            }
             if !s.passed_over.is_empty() {
                 eprintln!(
                     "warning: {} file(s) in the input directories are neither .parquet nor .jsonl and were not read:",
