@@ -140,6 +140,41 @@ fn export_writes_gpt2_names_shapes_and_config_and_imports_back_bit_for_bit() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("config.json") && e.contains("`n_head`"), "{e}");
+    // Another attention's scaling, and a weight that is not finite, are refused by name.
+    let edit = |name: &str, config: &dyn Fn(&mut serde_json::Value), nan_in: Option<&str>| {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut cfg: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+        config(&mut cfg);
+        std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+        let mut bytes = std::fs::read(out.join("model.safetensors")).unwrap();
+        if let Some(tensor) = nan_in {
+            let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+            let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+            let at = 8 + n + header[tensor]["data_offsets"][0].as_u64().unwrap() as usize;
+            bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+        }
+        std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+        hf::gpt2::import(gpt(&c), t.layout(), &dir)
+            .unwrap_err()
+            .to_string()
+    };
+    let e = edit(
+        "inverse",
+        &|cfg| cfg["scale_attn_by_inverse_layer_idx"] = true.into(),
+        None,
+    );
+    assert!(
+        e.contains("config.json") && e.contains("`scale_attn_by_inverse_layer_idx` is true"),
+        "{e}"
+    );
+    let e = edit("nan", &|_| {}, Some("transformer.ln_f.bias"));
+    assert!(
+        e.contains("model.safetensors")
+            && e.contains("tensor `transformer.ln_f.bias`: element 0 is NaN"),
+        "{e}"
+    );
     // `[model] init_from` starts training from it.
     let text = toml::to_string(&c).unwrap().replace(
         "n_head = 4",

@@ -121,6 +121,25 @@ fn export_writes_llama_names_shapes_and_config_and_imports_back_bit_for_bit() {
             .to_string();
         assert!(e.contains("config.json") && e.contains(key), "{e}");
     }
+    // A scaled rotary variant written transformers 5's way is refused, naming the key.
+    let edited = tmp.path().join("scaled");
+    std::fs::create_dir_all(&edited).unwrap();
+    std::fs::copy(
+        out.join("model.safetensors"),
+        edited.join("model.safetensors"),
+    )
+    .unwrap();
+    let mut cfg2 = cfg.clone();
+    cfg2["rope_parameters"]["rope_type"] = "llama3".into();
+    cfg2["rope_parameters"]["factor"] = 8.0.into();
+    std::fs::write(edited.join("config.json"), cfg2.to_string()).unwrap();
+    let e = hf::import(&c.model, t.layout(), &edited)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("config.json") && e.contains("`rope_parameters.rope_type` is \"llama3\""),
+        "{e}"
+    );
     // `[model] init_from` starts training from it.
     let text = toml::to_string(&c).unwrap().replace(
         "n_kv_head = 2",

@@ -55,6 +55,10 @@ pub struct Gpt2Config {
     /// Scores scaled by 1/sqrt(head dim).
     #[serde(default = "yes")]
     pub scale_attn_weights: bool,
+    /// Scores also divided by the block's number plus one (Stanford CRFM's GPT-2s): not
+    /// stoker's attention, so it must be false. Written only where true.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub scale_attn_by_inverse_layer_idx: bool,
     /// Dropouts (0 for stoker's model).
     #[serde(default)]
     pub resid_pdrop: f64,
@@ -94,6 +98,7 @@ impl Gpt2Config {
             layer_norm_epsilon: LN_EPS,
             tie_word_embeddings: true,
             scale_attn_weights: true,
+            scale_attn_by_inverse_layer_idx: false,
             resid_pdrop: 0.0,
             embd_pdrop: 0.0,
             attn_pdrop: 0.0,
@@ -200,6 +205,13 @@ pub fn import(config: &GptConfig, layout: &FlatLayout, dir: &Path) -> Result<Vec
                 "`layer_norm_epsilon` {}, `tie_word_embeddings` {}, `scale_attn_weights` {}: stoker's GPT has 1e-5, true, true",
                 hf.layer_norm_epsilon, hf.tie_word_embeddings, hf.scale_attn_weights
             ),
+        ));
+    }
+    if hf.scale_attn_by_inverse_layer_idx {
+        return Err(ckpt_err(
+            &cp,
+            "`scale_attn_by_inverse_layer_idx` is true: stoker's GPT scales scores by \
+             1/sqrt(head dim) alone",
         ));
     }
     super::read_weights(dir, layout, |s, st, sp| {

@@ -205,6 +205,17 @@ pub fn import(config: &LlamaConfig, layout: &FlatLayout, dir: &Path) -> Result<V
     if hf.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
         wrong.push("`rope_scaling` is set: stoker's Llama has plain rotary embeddings".into());
     }
+    // transformers 5 writes a scaled variant here (`llama3`, `yarn`, ...).
+    let rope_type = hf
+        .rope_parameters
+        .as_ref()
+        .and_then(|p| p.get("rope_type"))
+        .filter(|t| !t.is_null());
+    if let Some(t) = rope_type.filter(|t| t.as_str() != Some("default")) {
+        wrong.push(format!(
+            "`rope_parameters.rope_type` is {t}: stoker's Llama has plain rotary embeddings (\"default\")"
+        ));
+    }
     if hf.tie_word_embeddings || hf.attention_bias || hf.mlp_bias {
         wrong.push(format!(
             "`tie_word_embeddings` {}, `attention_bias` {}, `mlp_bias` {}: stoker's Llama has false for all",

@@ -125,7 +125,7 @@ pub(crate) fn read_f32(
             format!("tensor `{name}`: shape {:?}, expected {shape:?}", t.shape()),
         ));
     }
-    Ok(match t.dtype() {
+    let values: Vec<f32> = match t.dtype() {
         StDtype::F32 => crate::model_files::f32s(t.data()).collect(),
         StDtype::F16 => t
             .data()
@@ -143,5 +143,16 @@ pub(crate) fn read_f32(
                 format!("tensor `{name}`: dtype {other:?}, expected F32, F16 or BF16"),
             ))
         }
-    })
+    };
+    // A NaN or infinity would start the run on weights no step can mend.
+    if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+        return Err(ckpt_err(
+            path,
+            format!(
+                "tensor `{name}`: element {i} is {}, expected finite weights",
+                values[i]
+            ),
+        ));
+    }
+    Ok(values)
 }
