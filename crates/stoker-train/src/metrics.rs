@@ -16,22 +16,29 @@ pub enum Record {
         /// Optimizer steps taken.
         step: u64,
         /// Window mean loss.
+        #[serde(deserialize_with = "f64_or_nan")]
         loss: f64,
         /// Learning rate.
+        #[serde(deserialize_with = "f64_or_nan")]
         lr: f64,
         /// Global gradient norm before clipping.
+        #[serde(deserialize_with = "f64_or_nan")]
         grad_norm: f64,
         /// Loss scale (1 without scaling).
+        #[serde(deserialize_with = "f32_or_nan")]
         loss_scale: f32,
         /// Targets (tokens or samples) per second over the log interval.
+        #[serde(deserialize_with = "f64_or_nan")]
         throughput: f64,
         /// `tokens/s` or `samples/s`.
         unit: String,
         /// Time spent waiting for the loader, % of wall time over the log interval.
+        #[serde(deserialize_with = "f64_or_nan")]
         loader_wait_pct: f64,
         /// Whether this step was skipped (fp16 overflow).
         skipped: bool,
         /// Seconds since the run (or resume) started.
+        #[serde(deserialize_with = "f64_or_nan")]
         elapsed_s: f64,
         /// Data-parallel ranks.
         #[serde(default = "one")]
@@ -95,8 +102,10 @@ pub enum Record {
         /// Optimizer steps taken.
         step: u64,
         /// Mean eval loss.
+        #[serde(deserialize_with = "f64_or_nan")]
         loss: f64,
         /// Top-1 accuracy.
+        #[serde(deserialize_with = "f64_or_nan")]
         accuracy: f64,
     },
 }
@@ -115,7 +124,7 @@ impl MetricsLog {
         std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
         let path = dir.join("metrics.jsonl");
         let kept: Vec<Record> = match resumed_at {
-            Some(at) if path.exists() => read(dir)?
+            Some(at) if path.exists() => read_resumable(&path)?
                 .into_iter()
                 .filter(|r| match r {
                     Record::Train { step, .. }
@@ -150,22 +159,110 @@ impl MetricsLog {
     }
 }
 
-/// Reads every record of `dir/metrics.jsonl`.
+/// Reads every record of `dir/metrics.jsonl`. A value JSON cannot hold (a NaN or an
+/// infinite loss, written as `null`) reads back as NaN.
 pub fn read(dir: &Path) -> Result<Vec<Record>> {
     let path = dir.join("metrics.jsonl");
     let text = std::fs::read_to_string(&path).map_err(|e| io_err(&path, e))?;
+    parse(&path, &text)
+}
+
+/// Each non-blank line of `text` (read from `path`) as a record; an error names the
+/// file and the line's number in it.
+fn parse(path: &Path, text: &str) -> Result<Vec<Record>> {
     text.lines()
-        .filter(|l| !l.trim().is_empty())
         .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
-            serde_json::from_str(l).map_err(|e| crate::error::TrainError::Data {
-                what: format!("{} line {}", path.display(), i + 1),
-                message: e.to_string(),
+            serde_json::from_str(l).map_err(|e| {
+                crate::error::TrainError::Setup(format!(
+                    "metrics {} line {}: {e}",
+                    path.display(),
+                    i + 1
+                ))
             })
         })
         .collect()
 }
 
+/// The records a resumed run keeps: all of them, except a last line cut short (a
+/// crash or a full disk in the middle of its write), which is dropped with a warning
+/// rather than making the checkpoint unusable.
+fn read_resumable(path: &Path) -> Result<Vec<Record>> {
+    let text = std::fs::read_to_string(path).map_err(|e| io_err(path, e))?;
+    if text.is_empty() || text.ends_with('\n') {
+        return parse(path, &text);
+    }
+    let cut = text.rfind('\n').map_or(0, |i| i + 1);
+    let (whole, last) = text.split_at(cut);
+    if serde_json::from_str::<Record>(last).is_ok() {
+        return parse(path, &text);
+    }
+    tracing::warn!(
+        "{}: its last line is cut short ({} bytes, no newline); dropped",
+        path.display(),
+        last.len()
+    );
+    parse(path, whole)
+}
+
+/// A float that `null` (a NaN or an infinity, which JSON cannot hold) reads back as NaN.
+fn f64_or_nan<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+/// [`f64_or_nan`] for an f32.
+fn f32_or_nan<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f32, D::Error> {
+    Ok(Option::<f32>::deserialize(d)?.unwrap_or(f32::NAN))
+}
+
 fn one() -> usize {
     1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn eval(step: u64, loss: f64) -> Record {
+        Record::Eval {
+            step,
+            loss,
+            accuracy: 0.5,
+        }
+    }
+
+    #[test]
+    fn a_nan_loss_reads_back_as_nan_and_a_cut_last_line_does_not_stop_a_resume() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = MetricsLog::open(dir.path(), None).unwrap();
+        for r in [eval(1, 2.0), eval(2, f64::NAN), eval(3, f64::INFINITY)] {
+            log.write(&r).unwrap();
+        }
+        drop(log);
+        let back = read(dir.path()).unwrap();
+        assert_eq!(back[0], eval(1, 2.0));
+        for (r, step) in back[1..].iter().zip([2, 3]) {
+            match r {
+                Record::Eval { step: s, loss, .. } => assert!(*s == step && loss.is_nan()),
+                other => panic!("{other:?}"),
+            }
+        }
+        // A write cut short: the resume keeps the records before it, with a warning.
+        let path = dir.path().join("metrics.jsonl");
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str("{\"kind\":\"eval\",\"step\":4,\"lo");
+        std::fs::write(&path, &text).unwrap();
+        assert!(read(dir.path()).is_err(), "the strict reader refuses it");
+        MetricsLog::open(dir.path(), Some(10)).unwrap();
+        assert_eq!(read(dir.path()).unwrap().len(), 3);
+        // A bad line is named by its number in the file, blank lines counted.
+        std::fs::write(
+            &path,
+            "{\"kind\":\"eval\",\"step\":1,\"loss\":1.0,\"accuracy\":0.5}\n\n\nnot json\n",
+        )
+        .unwrap();
+        let e = read(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("metrics.jsonl line 4"), "{e}");
+    }
 }

@@ -45,14 +45,15 @@ struct Series<'a> {
     color: RGBColor,
 }
 
-fn chart(path: &Path, title: &str, y_label: &str, series: &[Series], log_y: bool) -> Result<()> {
+/// Draws `series` into `path`; false (and nothing written) where no point is finite.
+fn chart(path: &Path, title: &str, y_label: &str, series: &[Series], log_y: bool) -> Result<bool> {
     let pts = series.iter().flat_map(|s| s.points.iter());
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
     for &(x, y) in pts.filter(|p| p.1.is_finite() && (!log_y || p.1 > 0.0)) {
         (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(y), y1.max(y));
     }
     if x0 > x1 {
-        return Ok(()); // nothing to draw
+        return Ok(false); // nothing to draw
     }
     if x1 == x0 {
         x1 = x0 + 1.0;
@@ -112,7 +113,7 @@ fn chart(path: &Path, title: &str, y_label: &str, series: &[Series], log_y: bool
             .map_err(|e| plot_err(path, e))?);
     }
     root.present().map_err(|e| plot_err(path, e))?;
-    Ok(())
+    Ok(true)
 }
 
 /// A run's metrics, collected for the plots.
@@ -198,8 +199,12 @@ pub fn write_report(run_dir: &Path) -> Result<Vec<PathBuf>> {
     let mut emit =
         |name: &str, title: &str, y: &str, series: Vec<Series>, log_y: bool| -> Result<()> {
             let p = run_dir.join(name);
-            chart(&p, title, y, &series, log_y)?;
-            out.push(p);
+            if chart(&p, title, y, &series, log_y)? {
+                out.push(p);
+            } else if p.exists() {
+                // An earlier report's plot of other records: gone, not left to mislead.
+                std::fs::remove_file(&p).map_err(|e| crate::error::io_err(&p, e))?;
+            }
             Ok(())
         };
     emit(
@@ -293,6 +298,14 @@ pub fn write_report(run_dir: &Path) -> Result<Vec<PathBuf>> {
             ],
             false,
         )?;
+    } else {
+        // No forecast to plot: an earlier report's are not left to mislead.
+        for name in ["memory.png", "step_time.png"] {
+            let p = run_dir.join(name);
+            if p.exists() {
+                std::fs::remove_file(&p).map_err(|e| crate::error::io_err(&p, e))?;
+            }
+        }
     }
     emit(
         "lr.png",

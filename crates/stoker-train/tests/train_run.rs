@@ -322,10 +322,16 @@ fn report_writes_seven_pngs_with_planned_vs_measured() {
             "lr.png"
         ]
     );
-    for f in files {
-        let bytes = std::fs::read(&f).unwrap();
+    for f in &files {
+        let bytes = std::fs::read(f).unwrap();
         assert_eq!(&bytes[1..4], b"PNG", "{}", f.display());
     }
+    // Records with nothing to plot: no file is said to be written, and the earlier
+    // report's plots are not left beside them.
+    std::fs::write(c.run_dir.join("metrics.jsonl"), "").unwrap();
+    let none = stoker_train::report::write_report(&c.run_dir).unwrap();
+    assert!(none.is_empty(), "{none:?}");
+    assert!(files.iter().all(|f| !f.exists()), "stale plots left");
 }
 
 /// Evaluation and checkpoint time are measured on their own and kept out of the training
