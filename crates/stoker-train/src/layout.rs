@@ -98,6 +98,47 @@ impl FlatLayout {
         })
     }
 
+    /// Why this layout, read from a file, cannot lay out a buffer (None: it can): every
+    /// slot's length is its shape's product, inside the total, the slots in order without
+    /// overlap, each name once, and the total within `max_total` elements. A layout made
+    /// by [`FlatLayout::new`] always passes; one deserialized from a damaged or edited
+    /// file would otherwise send readers out of bounds or onto a neighbour's values.
+    pub fn problem(&self, max_total: usize) -> Option<String> {
+        if self.total > max_total {
+            return Some(format!(
+                "total {} elements, more than the {max_total} its files hold",
+                self.total
+            ));
+        }
+        let mut end = 0usize;
+        let mut names = std::collections::HashSet::new();
+        for s in &self.slots {
+            let product = s.shape.iter().try_fold(1usize, |p, &d| p.checked_mul(d));
+            if product != Some(s.len) {
+                return Some(format!(
+                    "slot `{}`: length {} but shape {:?}",
+                    s.name, s.len, s.shape
+                ));
+            }
+            let Some(slot_end) = s.offset.checked_add(s.len).filter(|&e| e <= self.total) else {
+                return Some(format!(
+                    "slot `{}`: [{}, +{}) runs past the total {}",
+                    s.name, s.offset, s.len, self.total
+                ));
+            };
+            if s.offset < end {
+                return Some(format!(
+                    "slot `{}` starts at {}, inside the slot before it (which ends at {end})",
+                    s.name, s.offset
+                ));
+            }
+            if !names.insert(s.name.as_str()) {
+                return Some(format!("slot `{}` appears twice", s.name));
+            }
+            end = slot_end;
+        }
+        None
+    }
     /// The slots in buffer order.
     pub fn slots(&self) -> &[Slot] {
         &self.slots

@@ -624,3 +624,87 @@ fn evaluation_counts_every_held_out_window_the_short_last_batch_too() {
     let four = run(&c, &RunOptions::default()).unwrap().eval.unwrap();
     assert_eq!(four.count, 4 * 4 * 16);
 }
+
+/// A manifest whose layout was edited (its CRC recomputed, so it reads as intact) is
+/// refused by name before anything allocates its total or slices by its slots: a slot
+/// moved past the total, a shape that is not its length, two slots overlapping, a name
+/// twice, a total larger than the shards hold. Before, consolidation panicked, aborted
+/// allocating, or wrote one tensor's values under another's name.
+#[test]
+fn an_edited_manifest_layout_is_refused_before_it_is_used() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = config(tmp.path(), "fp32", 2, "checkpoint_every = 2");
+    run(&c, &RunOptions::default()).unwrap();
+    let ckpt = c.run_dir.join("checkpoints/step_00000002");
+    let edits: [(&str, fn(&mut serde_json::Value), &str); 5] = [
+        (
+            "past",
+            |m| {
+                let last = m["layout"]["slots"].as_array().unwrap().len() - 1;
+                let o = m["layout"]["slots"][last]["offset"].as_u64().unwrap();
+                m["layout"]["slots"][last]["offset"] = (o + 16).into();
+            },
+            "runs past the total",
+        ),
+        (
+            "shape",
+            |m| m["layout"]["slots"][0]["shape"][0] = 97.into(),
+            "length",
+        ),
+        (
+            "overlap",
+            |m| m["layout"]["slots"][1]["offset"] = 0.into(),
+            "inside the slot before it",
+        ),
+        (
+            "twice",
+            |m| {
+                let first = m["layout"]["slots"][0]["name"].clone();
+                m["layout"]["slots"][1]["name"] = first;
+            },
+            "appears twice",
+        ),
+        (
+            "total",
+            |m| {
+                m["layout"]["total"] = (1u64 << 40).into();
+                let last = m["shards"].as_array().unwrap().len() - 1;
+                m["shards"][last]["end"] = (1u64 << 40).into();
+            },
+            "more than the",
+        ),
+    ];
+    for (name, edit, says) in edits {
+        let ck = tmp.path().join(name);
+        std::fs::create_dir_all(&ck).unwrap();
+        for e in std::fs::read_dir(&ckpt).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), ck.join(e.file_name())).unwrap();
+        }
+        let path = ck.join("manifest.json");
+        let mut m: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        edit(&mut m);
+        let bytes = serde_json::to_vec(&m).unwrap();
+        std::fs::write(&path, &bytes).unwrap();
+        std::fs::write(
+            ck.join("COMMITTED"),
+            format!("{:08x}\n", crc32fast::hash(&bytes)),
+        )
+        .unwrap();
+        for e in [
+            stoker_train::checkpoint::verify(&ck)
+                .map(|_| ())
+                .unwrap_err(),
+            stoker_train::checkpoint::consolidate::consolidate(&ck, None)
+                .map(|_| ())
+                .unwrap_err(),
+        ] {
+            let e = e.to_string();
+            assert!(
+                e.contains("manifest.json") && e.contains("layout: ") && e.contains(says),
+                "{name}: {e}"
+            );
+        }
+    }
+}

@@ -94,6 +94,12 @@ pub fn read_state(dir: &Path) -> Result<CheckpointState> {
             ),
         ));
     }
+    // The weights file holds every parameter as f32: a layout past its size is damaged.
+    let mp = dir.join("model.safetensors");
+    let max = std::fs::metadata(&mp).map_or(usize::MAX, |m| (m.len() / 4) as usize);
+    if let Some(why) = state.layout.problem(max) {
+        return Err(st_err(&sp, format!("layout: {why}")));
+    }
     Ok(state)
 }
 

@@ -399,6 +399,18 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
             ),
         ));
     }
+    // The layout as its own table, and no larger than the shards can hold (each holds
+    // its pieces as f32, and more): a damaged or edited one is refused here, before a
+    // reader allocates its total or slices by its slots.
+    let shard_bytes: Option<u64> = m
+        .shards
+        .iter()
+        .map(|s| std::fs::metadata(dir.join(&s.file)).ok().map(|f| f.len()))
+        .sum();
+    let max = shard_bytes.map_or(usize::MAX, |b| (b / 4) as usize);
+    if let Some(why) = m.layout.problem(max) {
+        return Err(ckpt_err(&mp, format!("layout: {why}")));
+    }
     // Every shard's pieces together tile the buffer.
     let mut pieces = Vec::new();
     for s in &m.shards {
