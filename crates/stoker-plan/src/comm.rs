@@ -48,13 +48,17 @@ pub fn communication(
     let (rs, ag) = (p * setup.reduce_bytes, p * setup.gather_bytes);
     let a = accum as f64;
     let (per_sync, per_step) = match strategy.stage {
-        Stage::Ddp | Stage::Zero1 => (rs + ag, rs + ag),
+        // DDP's all-reduce is a reduce-scatter and an all-gather of the gradients, both
+        // in the reduction's dtype; ZeRO-1 gathers the updated parameters instead.
+        Stage::Ddp => (2.0 * rs, 2.0 * rs),
+        Stage::Zero1 => (rs + ag, rs + ag),
         Stage::Zero2 => (rs + ag, a * rs + ag),
         Stage::Zero3 => (2.0 * ag + rs, a * (2.0 * ag + rs)),
     };
     let bus_bw = hw.ring_bus_bw();
     let ring = if n > 1.0 { (n - 1.0) / n } else { 0.0 };
-    let time = |bytes: f64| ring * bytes / bus_bw;
+    // One device moves nothing (and needs no bandwidth: 0 / 0 would be NaN).
+    let time = |bytes: f64| if n > 1.0 { ring * bytes / bus_bw } else { 0.0 };
     Comm {
         bytes_per_sync: per_sync,
         bytes_per_step: per_step,

@@ -79,7 +79,7 @@ pub fn step_time(
         // Gbit/s DDP's step grew by 49-58 ms for 52 ms of link time (docs/distributed.md).
         (false, _) => comm.step_s,
         // An accelerator's copy engines and NICs overlap them.
-        (true, Stage::Ddp) => (rs + ag - backward_s).max(0.0),
+        (true, Stage::Ddp) => (2.0 * rs - backward_s).max(0.0),
         (true, Stage::Zero1) => (rs - backward_s).max(0.0) + ag,
         (true, Stage::Zero2) => a * (rs - backward_s).max(0.0) + ag,
         (true, Stage::Zero3) => a * (2.0 * ag + rs - micro_s).max(0.0),

@@ -109,6 +109,45 @@ fn communication_is_2p_for_ddp_and_zero12_and_3p_for_zero3() {
     };
     assert_eq!(c32(Stage::Ddp).bytes_per_sync / GB, 8.0);
     assert_eq!(c32(Stage::Zero3).bytes_per_sync / GB, 12.0);
+    // DDP's all-reduce carries gradients both ways, in the reduction's dtype: fp32
+    // gathers (parameters, which DDP does not gather) leave it at 2 x 2 bytes x 1e9;
+    // ZeRO-1 gathers parameters, so it grows.
+    let mixed = resolved(
+        "model = { params = \"1B\" }\nhardware = { preset = \"a100-80gb\" }\n\
+         training = { global_batch = 8, seq_len = 1024, gather_dtype = \"fp32\" }",
+    )
+    .unwrap();
+    let cm = |stage| {
+        communication(
+            &mixed.model,
+            &mixed.hardware,
+            &mixed.setup,
+            Strategy::plain(stage),
+            1,
+        )
+    };
+    assert_eq!(cm(Stage::Ddp).bytes_per_sync / GB, 4.0);
+    assert_eq!(cm(Stage::Zero1).bytes_per_sync / GB, 6.0);
+    // One device moves nothing: 0 s, not 0 bytes over 0 bandwidth (NaN).
+    let one = resolved(
+        "model = { params = \"1B\" }\nhardware = { memory_gib = 32, devices_per_node = 1, \
+         peak_tflops = { bf16 = 100 } }\ntraining = { global_batch = 8, seq_len = 1024 }",
+    )
+    .unwrap();
+    for stage in [Stage::Ddp, Stage::Zero1, Stage::Zero2, Stage::Zero3] {
+        let c = communication(
+            &one.model,
+            &one.hardware,
+            &one.setup,
+            Strategy::plain(stage),
+            4,
+        );
+        assert_eq!(
+            (c.step_s, c.unit_rs_s, c.unit_ag_s),
+            (0.0, 0.0, 0.0),
+            "{stage:?}"
+        );
+    }
     assert!(resolved(
         "model = { params = \"1B\" }\nhardware = { preset = \"a100-80gb\" }\n\
          training = { global_batch = 8, seq_len = 1024, reduce_dtype = \"fp64\" }",

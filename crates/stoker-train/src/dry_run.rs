@@ -105,8 +105,11 @@ pub fn dry_run(
     let start = StartProbes::now(None);
     let (baseline, code_at_start) = (start.rss, start.code);
     let predicted = direct_activation_bytes(config, &dims);
-    // One scratch micro-batch on the rank's own trainer, where it fits here.
-    let fits_here = budget.is_some_and(|b| 2.0 * planned.model_states() < b);
+    // One scratch micro-batch on the rank's own trainer, where it fits here: its model
+    // states with room to spare, and the direct step's activations, known from the
+    // shapes (a micro-batch of 8,192 would otherwise allocate 39 GB to find out).
+    let activations = predicted.unwrap_or(0) as f64;
+    let fits_here = budget.is_some_and(|b| 2.0 * planned.model_states() + activations < b);
     let scratch = match (heap, fits_here) {
         (Some(h), true) => {
             let trainer = match held.is_whole(len) {

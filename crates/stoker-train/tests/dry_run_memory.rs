@@ -38,3 +38,39 @@ fn a_dry_run_of_a_model_too_large_for_this_machine_holds_next_to_nothing() {
         grown >> 20
     );
 }
+
+/// A heap count that counts nothing: enough for a dry run to try its scratch micro-batch.
+struct NoCount;
+
+impl stoker_train::heap::HeapCount for NoCount {
+    fn live(&self) -> u64 {
+        0
+    }
+    fn peak(&self) -> u64 {
+        0
+    }
+    fn reset_peak(&self) {}
+}
+
+#[test]
+fn a_dry_run_skips_its_scratch_micro_batch_where_the_activations_do_not_fit() {
+    let tmp = tempfile::tempdir().unwrap();
+    write_token_corpus(&tmp.path().join("corpus.bin"), 4000);
+    let text = gpt_config(tmp.path(), "fp32", 2, "");
+    let c = TrainConfig::parse(&text, Path::new("small.toml")).unwrap();
+    // A budget that holds the model states twice over but not the micro-batch's
+    // activations: the dry run plans them and runs nothing (a micro-batch of 8,192 at
+    // context 128 once allocated until the allocator aborted).
+    let d = stoker_train::dry_run::dry_run(&c, 1, Some(&NoCount), Some(1e12)).unwrap();
+    assert!(
+        d.measured_step,
+        "a budget that holds it all measures the step"
+    );
+    let states = d.planned.model_states();
+    let tight = 2.0 * states + 1.0;
+    let d = stoker_train::dry_run::dry_run(&c, 1, Some(&NoCount), Some(tight)).unwrap();
+    assert!(
+        !d.measured_step,
+        "the scratch micro-batch ran past its budget"
+    );
+}
