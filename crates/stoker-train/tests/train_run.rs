@@ -708,3 +708,25 @@ fn an_edited_manifest_layout_is_refused_before_it_is_used() {
         }
     }
 }
+
+/// A fresh run in a run directory that holds an earlier run's checkpoints is refused,
+/// naming the key and the way on: before, it wrote its own beside them, and `--resume
+/// latest` then continued the earlier run's newest, silently.
+#[test]
+fn a_fresh_run_beside_an_earlier_run_s_checkpoints_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = config(tmp.path(), "fp32", 4, "checkpoint_every = 2");
+    run(&c, &RunOptions::default()).unwrap();
+    match run(&c, &RunOptions::default()) {
+        Err(TrainError::Config { key, message }) => {
+            assert_eq!(key, "run_dir");
+            assert!(
+                message.contains("2 checkpoint(s) of an earlier run")
+                    && message.contains("step_00000004")
+                    && message.contains("--resume latest"),
+                "{message}"
+            );
+        }
+        other => panic!("expected run_dir refused, got {other:?}"),
+    }
+}

@@ -173,6 +173,26 @@ fn resume(trainer: &mut Trainer, dir: &std::path::Path, dims: &ParallelDims) -> 
 /// to `resumed_at` where the run resumes).
 fn open_run_dir(config: &TrainConfig, resumed_at: Option<u64>) -> Result<MetricsLog> {
     let run_dir = &config.run_dir;
+    // A fresh run beside an earlier run's checkpoints would interleave its own with
+    // theirs, and `--resume latest` would then continue whichever is newest by step,
+    // the earlier run's included (Hugging Face's Trainer refuses a non-empty output
+    // directory for the same reason).
+    if resumed_at.is_none() {
+        let earlier = checkpoint::complete(&run_dir.join("checkpoints"));
+        if let Some(newest) = earlier.last() {
+            return Err(crate::error::config_err(
+                "run_dir",
+                format!(
+                    "{} holds {} checkpoint(s) of an earlier run (the newest {}): continue it \
+                     with --resume latest, or remove its checkpoints/ (or choose another \
+                     run_dir) to start afresh",
+                    run_dir.display(),
+                    earlier.len(),
+                    newest.display()
+                ),
+            ));
+        }
+    }
     std::fs::create_dir_all(run_dir).map_err(|e| io_err(run_dir, e))?;
     let cfg_text = toml::to_string(config).map_err(|e| TrainError::Setup(e.to_string()))?;
     std::fs::write(run_dir.join("config.toml"), cfg_text).map_err(|e| io_err(run_dir, e))?;
