@@ -319,6 +319,8 @@ fn a_machine_calibration_plans_every_later_config_on_this_machine() {
     // A profile that does not read: a run warns, naming the file and the field, and goes
     // on without it; a calibration replaces it and says so.
     std::fs::write(&profile, "cpu = 3\n").unwrap();
+    // The same run again from its start: the first one's checkpoints go first.
+    std::fs::remove_dir_all(tmp.path().join("run/checkpoints")).unwrap();
     let out = stoker_with_profile(p, &["train", s(&cfg), "--no-progress"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
