@@ -729,4 +729,20 @@ fn a_fresh_run_beside_an_earlier_run_s_checkpoints_is_refused() {
         }
         other => panic!("expected run_dir refused, got {other:?}"),
     }
+    // Resuming it under another seed (which orders the data) is refused by name too.
+    let text =
+        gpt_config(tmp.path(), "fp32", 4, "checkpoint_every = 2").replace("seed = 3", "seed = 4");
+    let other = TrainConfig::parse(&text, Path::new("test.toml")).unwrap();
+    let resume = RunOptions {
+        resume: Some(c.run_dir.join("checkpoints/step_00000002")),
+        ..Default::default()
+    };
+    match run(&other, &resume) {
+        Err(TrainError::Config { key, message }) => {
+            assert_eq!(key, "seed");
+            assert!(message.contains("with seed 3"), "{message}");
+        }
+        other => panic!("expected seed refused, got {other:?}"),
+    }
+    run(&c, &resume).unwrap();
 }

@@ -99,6 +99,8 @@ pub struct Resumed {
     pub sampler: SamplerState,
     /// Every rank's data position (absent in version 1 checkpoints).
     pub data: Option<DataPosition>,
+    /// The run's seed, which orders its data (absent before version 3).
+    pub seed: Option<u64>,
 }
 
 /// The directory name of step `step`'s checkpoint.
@@ -120,6 +122,7 @@ pub fn load(trainer: &mut dyn Stateful, dir: &Path) -> Result<Resumed> {
             step: s.step,
             sampler: s.sampler,
             data: s.data,
+            seed: None,
         });
     }
     Err(not_a_checkpoint(dir))

@@ -596,5 +596,6 @@ pub fn load(trainer: &mut dyn Stateful, dir: &Path) -> Result<Resumed> {
         step: m.step,
         sampler: m.sampler,
         data: Some(m.data),
+        seed: Some(m.seed),
     })
 }

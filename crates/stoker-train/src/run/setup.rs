@@ -84,7 +84,7 @@ impl Rank {
         };
         let mut trainer = Trainer::with_strategy_on_gpu(config, model, strategy, local)?;
         let resumed_at = match &opts.resume {
-            Some(dir) => Some(resume(&mut trainer, dir, &dims)?),
+            Some(dir) => Some(resume(&mut trainer, dir, &dims, config.seed)?),
             None => None,
         };
         // The resident loop made before the first step (its GPU opened, its buffers
@@ -158,8 +158,26 @@ fn check_master_fits(
 
 /// Loads the checkpoint `dir` into `trainer` and sets its loader position for this
 /// run's batch split; the step it was saved after.
-fn resume(trainer: &mut Trainer, dir: &std::path::Path, dims: &ParallelDims) -> Result<u64> {
+fn resume(
+    trainer: &mut Trainer,
+    dir: &std::path::Path,
+    dims: &ParallelDims,
+    seed: u64,
+) -> Result<u64> {
     let state = checkpoint::load(trainer, dir)?;
+    // The seed orders the data (and draws the initial weights): another one would go on
+    // over other samples than the checkpoint's position counts, as a changed global
+    // batch would (refused alike).
+    if let Some(saved) = state.seed.filter(|&s| s != seed) {
+        return Err(crate::error::config_err(
+            "seed",
+            format!(
+                "{seed}, but the checkpoint {} was written by a run with seed {saved}: its data \
+                 order would not continue",
+                dir.display()
+            ),
+        ));
+    }
     let pos = state.data.clone().unwrap_or_else(|| {
         // Version 1: written by one rank, k = global_batch / micro_batch.
         let k = dims.global_batch / dims.micro_batch;
