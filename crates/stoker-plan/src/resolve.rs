@@ -381,6 +381,18 @@ fn resolve_training(t: &TrainingInput, model: &ModelSpec, hw: &Hardware) -> Resu
                     .into(),
             })?,
     };
+    // A sequence longer than the model's position table cannot be trained: the plan
+    // would count tokens the run (and an emitted config) cannot give it.
+    if let Some(a) = model.arch.as_ref().filter(|a| seq_len > a.context) {
+        return Err(PlanError::InvalidValue {
+            field: "training.seq_len".into(),
+            expected: format!(
+                "at most the model's context {} (its positions), or a model with a longer one",
+                a.context
+            ),
+            got: seq_len.to_string(),
+        });
+    }
     if global % world != 0 {
         return Err(PlanError::Batch(format!(
             "training.global_batch {global} is not divisible by the world size {world} (hardware.nodes {} x hardware.devices_per_node {})",

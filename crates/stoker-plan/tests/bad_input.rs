@@ -30,6 +30,15 @@ fn zero_and_negative_sizes() {
         err(&format!("{OK}training = {{ global_batch = 0 }}")),
         "training.global_batch must be a positive integer, got 0"
     );
+    // GPT-2's positions end at 1,024: a longer sequence is not a plan the run can follow.
+    assert_eq!(
+        err(&format!("{OK}training = {{ global_batch = 8, seq_len = 2048 }}")),
+        "training.seq_len must be at most the model's context 1024 (its positions), or a model with a longer one, got 2048"
+    );
+    resolved(&format!(
+        "{OK}training = {{ global_batch = 8, seq_len = 1024 }}"
+    ))
+    .unwrap();
     assert_eq!(
         err("model = { params = \"-3B\" }\nhardware = { preset = \"cpu\" }"),
         "model.params must be a positive count below 1e16, got -3B"
