@@ -746,3 +746,43 @@ fn a_fresh_run_beside_an_earlier_run_s_checkpoints_is_refused() {
     }
     run(&c, &resume).unwrap();
 }
+
+/// ZeRO-3 at more ranks than a tiny model's aligned pieces: some ranks hold nothing and
+/// write an empty shard. `ckpt verify` reads and checks every shard the manifest lists,
+/// those too: one deleted or damaged is named (before, verify passed over them).
+#[test]
+fn verify_checks_the_shards_that_hold_nothing_too() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_token_corpus(&d.join("corpus.bin"), 12_000);
+    let extra = "[parallel]\nstrategy = \"zero3\"\nbackend = \"local\"\n";
+    let text = gpt_config(d, "fp32", 1, extra)
+        .replace("d_model = 32", "d_model = 2")
+        .replace("n_head = 4", "n_head = 1")
+        .replace("n_layer = 2", "n_layer = 1")
+        .replace("micro_batch = 4", "micro_batch = 1")
+        .replace("accumulation_steps = 2\n", "world_size = 256\n");
+    let c = TrainConfig::parse(&text, Path::new("test.toml")).unwrap();
+    for r in stoker_train::run::run_threads(&c, &RunOptions::default()).unwrap() {
+        r.unwrap();
+    }
+    let ck = c.run_dir.join("checkpoints/step_00000001");
+    let m = stoker_train::checkpoint::sharded::read_manifest(&ck).unwrap();
+    let empty: Vec<&str> = m
+        .shards
+        .iter()
+        .filter(|s| s.try_pieces().unwrap().is_empty())
+        .map(|s| s.file.as_str())
+        .collect();
+    assert!(
+        !empty.is_empty(),
+        "every rank holds a piece: the test needs an empty shard"
+    );
+    let v = stoker_train::checkpoint::verify(&ck).unwrap();
+    assert_eq!(v.files, m.shards.len() + 1, "the manifest and every shard");
+    std::fs::remove_file(ck.join(empty[0])).unwrap();
+    let e = stoker_train::checkpoint::verify(&ck)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(empty[0]), "{e}");
+}

@@ -464,9 +464,12 @@ pub(crate) fn for_shards(
     names: &[&str],
     mut each: impl FnMut(&Pieces, &safetensors::SafeTensors) -> Result<()>,
 ) -> Result<()> {
+    // Asked for the whole buffer (verify, consolidate), every shard is read and checked,
+    // those that hold nothing (more ranks than a small model's pieces) included.
+    let whole = want.is_whole(m.layout.total_len());
     for s in &m.shards {
         let held = s.held();
-        if !want.ranges().iter().any(|r| held.owned_len(r) > 0) {
+        if !whole && !want.ranges().iter().any(|r| held.owned_len(r) > 0) {
             continue;
         }
         let path = dir.join(&s.file);
