@@ -248,6 +248,15 @@ impl Hardware {
         self.dtypes.get(&dtype)
     }
 
+    /// The memory one device has to itself: an accelerator's own; on CPUs the host's
+    /// memory shared by the ranks on it (as its FLOP/s are, [`Self::device_peak_flops`]).
+    pub fn device_capacity(&self) -> f64 {
+        match self.accelerator {
+            true => self.device_memory,
+            false => self.device_memory / self.devices_per_node.max(1) as f64,
+        }
+    }
+
     /// Peak dense FLOP/s of one device in `dtype`: an accelerator's own; CPU ranks on one
     /// node share its cores, whose peak the preset (or the calibration) gives, so each
     /// rank has the node's peak over the ranks on it.

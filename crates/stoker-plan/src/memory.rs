@@ -172,8 +172,8 @@ pub fn estimate(
         runtime: hw.runtime_reserve,
         fragmentation,
         total,
-        capacity: hw.device_memory,
-        usable: hw.device_memory * keep,
+        capacity: hw.device_capacity(),
+        usable: hw.device_capacity() * keep,
     };
     let host = HostMemory {
         needed: host_needed,

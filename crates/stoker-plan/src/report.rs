@@ -101,7 +101,7 @@ impl Plan {
             hw.name,
             hw.nodes,
             hw.devices_per_node,
-            hw.device_memory / GIB,
+            hw.device_capacity() / GIB,
             hw.ring_bus_bw() / GB
         );
         let s = &r.setup;

@@ -613,6 +613,8 @@ fn candle_s_graph_path_is_planned_with_its_activation_traffic() {
     let d3 = &z3_two.memory.device;
     assert!(d3.total < least_other, "{} vs {least_other}", d3.total);
     let gib = (d3.total + least_other) / 2.0 / (d3.usable / d3.capacity) / (1u64 << 30) as f64;
+    // A CPU's memory is the host's, shared by its two ranks.
+    let gib = 2.0 * gib;
     let tight = input(&format!(
         "[hardware]\npreset = \"cpu\"\ndevices_per_node = 2\nmemory_gib = {gib}\n"
     ));

@@ -430,7 +430,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         if let Some(cfg) = &base {
             let hw = &plan.inputs.hardware;
             let world = hw.world_size() as usize;
-            let device = Some((hw.name.as_str(), hw.device_memory));
+            let device = Some((hw.name.as_str(), hw.device_capacity()));
             if let Some(line) = stoker_train::planned::resident_plan_line(cfg, world, device)? {
                 println!("{line}");
             }
