@@ -636,7 +636,9 @@ fn an_edited_manifest_layout_is_refused_before_it_is_used() {
     let c = config(tmp.path(), "fp32", 2, "checkpoint_every = 2");
     run(&c, &RunOptions::default()).unwrap();
     let ckpt = c.run_dir.join("checkpoints/step_00000002");
-    let edits: [(&str, fn(&mut serde_json::Value), &str); 5] = [
+    /// A manifest edit: its name, the edit, and what the refusal says.
+    type Edit = (&'static str, fn(&mut serde_json::Value), &'static str);
+    let edits: [Edit; 5] = [
         (
             "past",
             |m| {
