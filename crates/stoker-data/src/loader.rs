@@ -260,10 +260,11 @@ impl<D: Dataset> Loader<D> {
         self.pool.buffer_bytes()
     }
 
-    /// Bytes of batch buffers in steady state, known before the first batch: one per
-    /// batch in flight plus the one the consumer holds.
+    /// Heap bytes the loader holds in steady state, known before the first batch: a
+    /// batch buffer per batch in flight plus the one the consumer holds, and the epoch's
+    /// sample indices at their peak ([`Sampler::index_bytes`]).
     pub fn steady_bytes(&self) -> usize {
-        self.buffer_bytes() * (self.config.max_in_flight() + 1)
+        self.buffer_bytes() * (self.config.max_in_flight() + 1) + self.sampler.index_bytes()
     }
 
     /// Counters since creation or the last [`reset_stats`](Self::reset_stats).

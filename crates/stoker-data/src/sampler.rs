@@ -150,6 +150,14 @@ impl Sampler {
         }
     }
 
+    /// Heap bytes an epoch's indices take at their peak: the global order as it is drawn
+    /// and this rank's share of it ([`Self::epoch_indices`]), a `usize` each. At 16
+    /// bytes a sample this is what a token dataset of many short windows costs beside
+    /// its batch buffers (284,000 windows of 16 tokens: 4.5 MB).
+    pub fn index_bytes(&self) -> usize {
+        std::mem::size_of::<usize>() * (self.len + self.rank_len())
+    }
+
     /// This rank's sample indices for `epoch`, in the order it reads them.
     pub fn epoch_indices(&self, epoch: u64) -> Vec<usize> {
         let order = self.global_order(epoch);

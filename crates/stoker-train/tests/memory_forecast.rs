@@ -104,6 +104,10 @@ fn the_heap_of_training_steps_is_within_10_percent_of_the_forecast() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     common::write_token_corpus(&dir.join("corpus.bin"), 20_000);
+    // Many short windows: 4.5M tokens at context 16 give 253,000 training windows, whose
+    // epoch indices (16 bytes each) outweigh the small model's states.
+    std::fs::create_dir_all(dir.join("long")).unwrap();
+    common::write_token_corpus(&dir.join("long/corpus.bin"), 4_500_000);
     write_images(dir, "small", 512, 12);
     write_images(dir, "large", 512, 28);
     write_vectors(dir, "narrow", 512, 32);
@@ -130,7 +134,20 @@ fn the_heap_of_training_steps_is_within_10_percent_of_the_forecast() {
             "kind = \"cnn\"\nin_channels = 1\nimage_size = {side}\nchannels1 = {c1}\nchannels2 = {c2}\nhidden = {hidden}\nclasses = 4"
         )
     };
+    let long = format!(
+        "train = \"{}\"\nvocab = \"{}\"",
+        dir.join("long/corpus.bin").display(),
+        dir.join("long/corpus.vocab.json").display()
+    );
     let runs = [
+        (
+            "gpt-direct-many-windows",
+            ("fp32", "direct"),
+            long,
+            "kind = \"gpt\"\nvocab = 24\ncontext = 16\nd_model = 32\nn_layer = 1\nn_head = 2"
+                .into(),
+            8,
+        ),
         (
             "gpt-direct-small",
             ("bf16", "direct"),
