@@ -274,8 +274,8 @@ impl TokenWindows {
 
     /// These windows with every id checked against a model's vocabulary of `vocab` as
     /// its window is read: an id past it fails naming the file, the token's place and
-    /// the window, not later inside the model's embedding. The check is one compare a
-    /// token beside the copy that widens it.
+    /// the window, not later inside the model's embedding. The check is the largest id
+    /// the widening copy finds on its one pass, against `vocab`.
     pub fn with_vocab(self, vocab: usize) -> Self {
         TokenWindows {
             vocab: Some(vocab),
@@ -295,20 +295,32 @@ impl TokenWindows {
     }
 }
 
-fn widen(src: &[u8], dtype: DType, out: &mut [u8]) {
+/// `src`'s u16 tokens written into `out` as `dtype`; returns the largest id, found in the
+/// same pass (the vocabulary check's, [`TokenWindows::with_vocab`]).
+fn widen(src: &[u8], dtype: DType, out: &mut [u8]) -> u16 {
+    let ids = src
+        .chunks_exact(2)
+        .map(|t| u16::from_le_bytes([t[0], t[1]]));
+    let mut top = 0;
     match dtype {
-        DType::U16 => out.copy_from_slice(src),
+        DType::U16 => {
+            out.copy_from_slice(src);
+            top = ids.max().unwrap_or(0);
+        }
         DType::I32 => {
-            for (t, o) in src.chunks_exact(2).zip(out.chunks_exact_mut(4)) {
-                o.copy_from_slice(&(u16::from_le_bytes([t[0], t[1]]) as i32).to_le_bytes());
+            for (id, o) in ids.zip(out.chunks_exact_mut(4)) {
+                top = top.max(id);
+                o.copy_from_slice(&(id as i32).to_le_bytes());
             }
         }
         _ => {
-            for (t, o) in src.chunks_exact(2).zip(out.chunks_exact_mut(8)) {
-                o.copy_from_slice(&(u16::from_le_bytes([t[0], t[1]]) as i64).to_le_bytes());
+            for (id, o) in ids.zip(out.chunks_exact_mut(8)) {
+                top = top.max(id);
+                o.copy_from_slice(&(id as i64).to_le_bytes());
             }
         }
     }
+    top
 }
 
 impl Dataset for TokenWindows {
@@ -332,25 +344,31 @@ impl Dataset for TokenWindows {
         }
         let (s, t0) = self.locate(i);
         let bytes = self.shards[s].token_bytes(t0, self.context + 1);
-        if let Some(vocab) = self.vocab {
+        let dtype = self.fields[0].dtype;
+        let (input, target) = out.split_at_mut(1);
+        let top = widen(&bytes[..2 * self.context], dtype, input[0]).max(widen(
+            &bytes[2..],
+            dtype,
+            target[0],
+        ));
+        if let Some(vocab) = self.vocab.filter(|&v| top as usize >= v) {
+            // Only on the error: where the first id past the vocabulary is.
             let ids = bytes
                 .chunks_exact(2)
                 .map(|t| u16::from_le_bytes([t[0], t[1]]));
-            if let Some((k, id)) = ids.enumerate().find(|&(_, id)| id as usize >= vocab) {
-                return Err(DataError::format(
-                    self.shards[s].path(),
-                    "tokens",
-                    format!(
-                        "id {id} at token {} (window {i}) is outside the model's vocabulary of {vocab} (model.vocab)",
-                        t0 + k
-                    ),
-                ));
-            }
+            let (k, id) = ids
+                .enumerate()
+                .find(|&(_, id)| id as usize >= vocab)
+                .expect("the largest id is past it");
+            return Err(DataError::format(
+                self.shards[s].path(),
+                "tokens",
+                format!(
+                    "id {id} at token {} (window {i}) is outside the model's vocabulary of {vocab} (model.vocab)",
+                    t0 + k
+                ),
+            ));
         }
-        let dtype = self.fields[0].dtype;
-        let (input, target) = out.split_at_mut(1);
-        widen(&bytes[..2 * self.context], dtype, input[0]);
-        widen(&bytes[2..], dtype, target[0]);
         Ok(())
     }
 
