@@ -190,8 +190,7 @@ pub struct ParquetDocs {
     /// The row group being read, and its reader (None before its first batch).
     group: usize,
     reader: Option<ParquetRecordBatchReader>,
-    /// Rows of the file read before this row group, and of this row group so far.
-    rows_before: i64,
+    /// Rows of this row group read so far.
     rows_in_group: i64,
 }
 
@@ -243,7 +242,6 @@ impl ParquetDocs {
             group_rows,
             group: 0,
             reader: None,
-            rows_before: 0,
             rows_in_group: 0,
         })
     }
@@ -286,22 +284,20 @@ impl ParquetDocs {
                 Some(b) => {
                     break b.map_err(|e| DataError::format(&self.path, place, e.to_string()))?
                 }
-                None => {
-                    self.rows_before += self.rows_in_group;
-                    (self.group, self.reader, self.rows_in_group) = (self.group + 1, None, 0);
-                }
+                None => (self.group, self.reader, self.rows_in_group) = (self.group + 1, None, 0),
             }
         };
         let col = batch.column(0);
         let mut docs = Vec::with_capacity(col.len());
         let null = |i: usize| {
             let in_group = self.rows_in_group + i as i64;
+            let before: i64 = self.group_rows[..self.group].iter().sum();
             DataError::format(
                 &self.path,
                 self.place(),
                 format!(
                     "row {} is null (row {in_group} of the group), expected a string",
-                    self.rows_before + in_group
+                    before + in_group
                 ),
             )
         };
