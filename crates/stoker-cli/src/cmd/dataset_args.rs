@@ -93,19 +93,24 @@ impl DatasetArgs {
         workers: usize,
         prefetch: usize,
     ) -> anyhow::Result<Trial> {
-        let seconds = |flag: &str, s: f64| {
-            Duration::try_from_secs_f64(s)
-                .ok()
-                .filter(|d| !d.is_zero() || flag == "--step-ms")
-                .ok_or_else(|| anyhow::anyhow!("{flag} {s}: expected a positive, finite number"))
-        };
-        let min_time = seconds("--seconds", self.seconds)?;
-        let step = match self.step_ms {
-            Some(ms) => Some(seconds("--step-ms", ms / 1e3).map_err(|_| {
-                anyhow::anyhow!("--step-ms {ms}: expected a finite number >= 0 of milliseconds")
-            })?),
-            None => None,
-        };
+        // try_from_secs_f64 refuses NaN, infinities, negatives and overflow.
+        let min_time = Duration::try_from_secs_f64(self.seconds)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--seconds {}: expected a positive, finite number",
+                    self.seconds
+                )
+            })?;
+        let step = self
+            .step_ms
+            .map(|ms| {
+                Duration::try_from_secs_f64(ms / 1e3).map_err(|_| {
+                    anyhow::anyhow!("--step-ms {ms}: expected a finite number >= 0 of milliseconds")
+                })
+            })
+            .transpose()?;
         let config = LoaderConfig {
             batch_size: self.batch,
             num_workers: workers,
