@@ -299,12 +299,9 @@ pub fn write_report(run_dir: &Path) -> Result<Vec<PathBuf>> {
             false,
         )?;
     } else {
-        // No forecast to plot: an earlier report's are not left to mislead.
+        // No forecast to plot: nothing drawn, and an earlier report's are removed.
         for name in ["memory.png", "step_time.png"] {
-            let p = run_dir.join(name);
-            if p.exists() {
-                std::fs::remove_file(&p).map_err(|e| crate::error::io_err(&p, e))?;
-            }
+            emit(name, "", "", Vec::new(), false)?;
         }
     }
     emit(
