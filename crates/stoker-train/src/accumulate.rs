@@ -61,17 +61,17 @@ impl MicroBatch {
     /// first sample with every added target masked: a short last batch that then runs on
     /// the step's buffers at the full micro-batch's shape and counts only its own
     /// targets. A batch of `rows` or more is returned as it is.
-    pub fn padded_to(&self, rows: usize) -> Result<MicroBatch> {
+    pub fn padded_to(self, rows: usize) -> Result<MicroBatch> {
         let n = self.input.dim(0)?;
         if n >= rows || n == 0 {
-            return Ok(self.clone());
+            return Ok(self);
         }
         let per_sample = self.targets.len() / n;
         let picks: Vec<u32> = (0..rows as u32)
             .map(|i| if (i as usize) < n { i } else { 0 })
             .collect();
         let picks = Tensor::new(picks.as_slice(), self.input.device())?;
-        let mut targets = self.targets.clone();
+        let mut targets = self.targets;
         targets.resize(rows * per_sample, crate::loss::IGNORE_INDEX);
         Ok(MicroBatch {
             input: self.input.index_select(&picks, 0)?,
