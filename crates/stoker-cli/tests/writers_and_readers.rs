@@ -274,6 +274,31 @@ fn export_then_start_from_it(model: &str) {
     assert!((ratio - 1.0).abs() <= 0.01, "{summary}");
     let hf = dir.join("hf");
     stoker(&["export", "hf", s(&c), "--out", s(&hf)]);
+    // Another head count (the GPT) or rotary base (the Llama) keeps every shape, so the
+    // layout check passes it; the manifest's model refuses it by key (before, the export
+    // wrote the weights under the other model's config.json).
+    let (was, now, key) = match model.contains("llama") {
+        true => (
+            "ffn_hidden = 24",
+            "ffn_hidden = 24\nrope_theta = 5e5",
+            "model.rope_theta",
+        ),
+        false => ("n_head = 2", "n_head = 4", "model.n_head"),
+    };
+    let changed = dir.join("changed.toml");
+    let t = std::fs::read_to_string(&c).unwrap();
+    assert!(t.contains(was), "{t}");
+    std::fs::write(&changed, t.replace(was, now)).unwrap();
+    let o = Command::new(STOKER)
+        .args(["export", "hf", s(&changed), "--out", s(&dir.join("hf2"))])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains(key) && err.contains("was written with"),
+        "{}",
+        text(&o)
+    );
     let cfg: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(hf.join("config.json")).unwrap()).unwrap();
     // A character vocabulary has no end-of-text token.

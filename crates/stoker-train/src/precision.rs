@@ -51,6 +51,17 @@ pub(crate) fn resident_activations(precision: Precision) -> Result<stoker_gpu::D
 }
 
 impl Precision {
+    /// The config's name for it (`fp32`, `bf16`, `fp16`, `fp8`, `fp64`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Bf16 => "bf16",
+            Precision::Fp16 => "fp16",
+            Precision::Fp8 => "fp8",
+            Precision::Fp64 => "fp64",
+        }
+    }
+
     /// The dtype of the candle variables and of matmuls.
     pub fn compute_dtype(self) -> DType {
         match self {

@@ -746,6 +746,35 @@ fn a_fresh_run_beside_an_earlier_run_s_checkpoints_is_refused() {
         }
         other => panic!("expected seed refused, got {other:?}"),
     }
+    // So are another head count (the same layout: the checkpoint's layout check passed
+    // it) and another held-out fraction (other training samples than its position
+    // counts): the manifest records the model and the samples.
+    let refusals = [
+        ("n_head = 4", "n_head = 2", "model.n_head", "n_head = 4"),
+        (
+            "[data]\n",
+            "[data]\neval_fraction = 0.2\n",
+            "data.train",
+            "training samples",
+        ),
+    ];
+    for (was, now, key, says) in refusals {
+        let text = gpt_config(tmp.path(), "fp32", 4, "checkpoint_every = 2").replace(was, now);
+        let other = TrainConfig::parse(&text, Path::new("test.toml")).unwrap();
+        match run(&other, &resume) {
+            Err(TrainError::Config { key: k, message }) => {
+                assert_eq!(k, key, "{message}");
+                assert!(message.contains(says), "{message}");
+            }
+            other => panic!("expected {key} refused, got {other:?}"),
+        }
+    }
+    // Another precision goes on from the same weights and moments (with a warning).
+    run(
+        &config(tmp.path(), "bf16", 4, "checkpoint_every = 2"),
+        &resume,
+    )
+    .unwrap();
     run(&c, &resume).unwrap();
 }
 

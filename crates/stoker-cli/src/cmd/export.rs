@@ -52,8 +52,10 @@ pub fn run(args: ExportArgs) -> anyhow::Result<()> {
             let ckpt = ckpt.or_else(|| checkpoint::latest(&config.run_dir.join("checkpoints")));
             match &ckpt {
                 Some(dir) => {
-                    checkpoint::load(&mut trainer, dir)
+                    let saved = checkpoint::load(&mut trainer, dir)
                         .with_context(|| format!("loading {}", dir.display()))?;
+                    let ours = config.model.resolved();
+                    checkpoint::continues::check_model(saved.model.as_ref(), &ours, dir)?;
                     eprintln!("exporting {} (step {})", dir.display(), trainer.step());
                 }
                 None => eprintln!("no checkpoint: exporting the initial weights"),

@@ -8,6 +8,7 @@
 //! one without a model; [`latest_intact`] finds the newest that checks out.
 
 pub mod consolidate;
+pub mod continues;
 pub mod legacy;
 pub mod sharded;
 pub mod state;
@@ -22,6 +23,7 @@ use crate::error::{io_err, Result, TrainError};
 use crate::model_files::ckpt_err;
 
 pub use consolidate::consolidate;
+pub use continues::{check_continues, RunRecord};
 pub use sharded::{save, Manifest, SaveFault, SavePoint};
 pub use state::{LoadedState, RankState, Stateful};
 pub use verify::{latest_intact, verify, Intact, Verified};
@@ -44,17 +46,23 @@ pub struct DataPosition {
     pub accumulation_steps: usize,
     /// Every rank's loader position when written, rank order.
     pub ranks: Vec<SamplerState>,
+    /// The training samples the sampler ordered (absent in checkpoints written before
+    /// it was recorded): another count orders other samples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_samples: Option<usize>,
 }
 
 impl DataPosition {
     /// The position of every rank of a world of `world` ranks that have each consumed
     /// `state` (the same number of micro-batches: the world-size-independent sampler gives
-    /// every rank an equal share of each global batch).
+    /// every rank an equal share of each global batch), over `train_samples` training
+    /// samples (None where unknown).
     pub fn of(
         state: SamplerState,
         global_batch: usize,
         world: usize,
         accumulation_steps: usize,
+        train_samples: Option<usize>,
     ) -> Self {
         DataPosition {
             epoch: state.epoch,
@@ -63,6 +71,7 @@ impl DataPosition {
             world_size: world,
             accumulation_steps,
             ranks: vec![state; world],
+            train_samples,
         }
     }
 
@@ -101,6 +110,10 @@ pub struct Resumed {
     pub data: Option<DataPosition>,
     /// The run's seed, which orders its data (absent before version 3).
     pub seed: Option<u64>,
+    /// The run's `[model]` table, resolved (absent in older checkpoints).
+    pub model: Option<crate::models::ModelConfig>,
+    /// The run's precision (absent in older checkpoints).
+    pub precision: Option<crate::precision::Precision>,
 }
 
 /// The directory name of step `step`'s checkpoint.
@@ -123,6 +136,8 @@ pub fn load(trainer: &mut dyn Stateful, dir: &Path) -> Result<Resumed> {
             sampler: s.sampler,
             data: s.data,
             seed: None,
+            model: None,
+            precision: None,
         });
     }
     Err(not_a_checkpoint(dir))

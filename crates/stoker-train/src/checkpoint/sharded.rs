@@ -10,7 +10,9 @@
 //!   ([`crate::parallel::GroupShards`]), end to end, listed as the entry's `pieces`;
 //! - `manifest.json` (rank 0): format and version, step, the saving world size and
 //!   strategy, the parameter layout (names, shapes, offsets), every shard's range, size
-//!   and CRC-32, every rank's data position, loss-scaler and FP8 state, the seed;
+//!   and CRC-32, every rank's data position (and the training samples it counts),
+//!   loss-scaler and FP8 state, and what a resume must keep ([`super::RunRecord`]: the
+//!   seed, the `[model]` table, the precision);
 //! - `COMMITTED` (rank 0, last): the CRC-32 of `manifest.json`.
 //!
 //! The ranks write into `.tmp_step_NNNNNNNN/`; once every shard is on disk (fsynced) and
@@ -119,6 +121,13 @@ pub struct Manifest {
     pub strategy: String,
     /// The run's seed.
     pub seed: u64,
+    /// The run's `[model]` table, resolved ([`super::RunRecord`]); absent in checkpoints
+    /// written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<crate::models::ModelConfig>,
+    /// The run's precision; absent in checkpoints written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<crate::precision::Precision>,
     /// Rank 0's loader position.
     pub sampler: SamplerState,
     /// Every rank's data position.
@@ -220,13 +229,13 @@ fn shard_file(rank: usize) -> String {
 }
 
 /// Writes `trainer`'s checkpoint under `root`, every rank of `comm` its shard (a
-/// collective); returns the directory. `data` is every rank's data position, `strategy`
-/// the strategy's name for the manifest.
+/// collective); returns the directory. `run` is what the manifest records of the run,
+/// `data` every rank's data position.
 pub fn save(
     trainer: &dyn Stateful,
     comm: &dyn Communicator,
     root: &Path,
-    seed: u64,
+    run: &super::RunRecord,
     data: DataPosition,
     fault: Option<SaveFault>,
 ) -> Result<PathBuf> {
@@ -287,7 +296,9 @@ pub fn save(
             optimizer_buffers: opt.buffers.iter().map(|(n, _)| n.to_string()).collect(),
             world_size: world,
             strategy: state.strategy.into(),
-            seed,
+            seed: run.seed,
+            model: Some(run.model.clone()),
+            precision: Some(run.precision),
             sampler: state.sampler,
             data,
             scaler: state.scaler.clone(),
@@ -553,12 +564,6 @@ pub fn load(trainer: &mut dyn Stateful, dir: &Path) -> Result<Resumed> {
             ),
         ));
     }
-    if ours.scaler.is_some() != m.scaler.is_some() {
-        return Err(ckpt_err(
-            &mp,
-            "scaler: the loss-scaler state does not match the precision mode",
-        ));
-    }
     let pieces = ours.optimizer.pieces.clone();
     // The parameters this rank holds alone (under ZeRO-3 its pieces, not the whole model).
     let held = ours.held.clone();
@@ -600,5 +605,7 @@ pub fn load(trainer: &mut dyn Stateful, dir: &Path) -> Result<Resumed> {
         sampler: m.sampler,
         data: Some(m.data),
         seed: Some(m.seed),
+        model: m.model.clone(),
+        precision: m.precision,
     })
 }

@@ -39,6 +39,28 @@ impl ModelConfig {
         }
     }
 
+    /// The table as a checkpoint records it: the defaults a key left out stands for
+    /// filled in (Llama's `n_kv_head` and `ffn_hidden`), and `init_from` left out (where
+    /// the first weights came from is no part of the model a resume continues).
+    pub fn resolved(&self) -> ModelConfig {
+        match self {
+            ModelConfig::Gpt(g) => ModelConfig::Gpt(super::GptConfig {
+                init_from: None,
+                ..g.clone()
+            }),
+            ModelConfig::Llama(l) => {
+                let d = l.dims();
+                ModelConfig::Llama(super::LlamaConfig {
+                    n_kv_head: Some(d.n_kv_head),
+                    ffn_hidden: Some(d.ffn_hidden),
+                    init_from: None,
+                    ..l.clone()
+                })
+            }
+            ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => self.clone(),
+        }
+    }
+
     /// The Hugging Face directory a token model starts from (`init_from`), if any.
     pub fn init_from(&self) -> Option<&std::path::Path> {
         match self {

@@ -84,7 +84,7 @@ impl Rank {
         };
         let mut trainer = Trainer::with_strategy_on_gpu(config, model, strategy, local)?;
         let resumed_at = match &opts.resume {
-            Some(dir) => Some(resume(&mut trainer, dir, &dims, config.seed)?),
+            Some(dir) => Some(resume(&mut trainer, dir, config, &dims, data.train.len())?),
             None => None,
         };
         // The resident loop made before the first step (its GPU opened, its buffers
@@ -157,31 +157,27 @@ fn check_master_fits(
 }
 
 /// Loads the checkpoint `dir` into `trainer` and sets its loader position for this
-/// run's batch split; the step it was saved after.
+/// run's batch split, after checking that `config`, over `train_samples` training
+/// samples, continues the run that wrote it; the step it was saved after.
 fn resume(
     trainer: &mut Trainer,
     dir: &std::path::Path,
+    config: &TrainConfig,
     dims: &ParallelDims,
-    seed: u64,
+    train_samples: usize,
 ) -> Result<u64> {
     let state = checkpoint::load(trainer, dir)?;
-    // The seed orders the data (and draws the initial weights): another one would go on
-    // over other samples than the checkpoint's position counts, as a changed global
-    // batch would (refused alike).
-    if let Some(saved) = state.seed.filter(|&s| s != seed) {
-        return Err(crate::error::config_err(
-            "seed",
-            format!(
-                "{seed}, but the checkpoint {} was written by a run with seed {saved}: its data \
-                 order would not continue",
-                dir.display()
-            ),
-        ));
+    let run = checkpoint::RunRecord::of(config);
+    let notes = checkpoint::check_continues(&state, &run, Some(train_samples), dir)?;
+    if dims.rank == 0 {
+        for note in notes {
+            tracing::warn!("{note}");
+        }
     }
     let pos = state.data.clone().unwrap_or_else(|| {
         // Version 1: written by one rank, k = global_batch / micro_batch.
         let k = dims.global_batch / dims.micro_batch;
-        DataPosition::of(state.sampler, dims.global_batch, 1, k)
+        DataPosition::of(state.sampler, dims.global_batch, 1, k, None)
     });
     trainer.set_sampler_state(pos.resume_at(dims.global_batch, dims.accumulation_steps)?);
     Ok(state.step)

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
 use stoker_comm::Communicator;
-use stoker_data::{AnyDataset, Loader, SamplerState};
+use stoker_data::{AnyDataset, Dataset, Loader, SamplerState};
 
 use crate::accumulate::MicroBatch;
 use crate::checkpoint::{self, DataPosition};
@@ -244,10 +244,11 @@ fn checkpoint_now(ctx: &LoopContext<'_>, rank: &mut Rank, stats: &mut LoopStats)
         dims.global_batch,
         dims.world,
         dims.accumulation_steps,
+        Some(rank.data.train.len()),
     );
     let root = ctx.config.run_dir.join("checkpoints");
-    let (seed, fault) = (ctx.config.seed, ctx.opts.save_fault);
-    checkpoint::save(trainer, &**ctx.comm, &root, seed, pos, fault)?;
+    let run = checkpoint::RunRecord::of(ctx.config);
+    checkpoint::save(trainer, &**ctx.comm, &root, &run, pos, ctx.opts.save_fault)?;
     stats.ckpt_time += t0.elapsed();
     stats.interval_side += t0.elapsed();
     Ok(())
