@@ -30,7 +30,7 @@ use crate::parallel::units::UnitPlan;
 use crate::parallel::ParallelDims;
 use crate::planned::predicted;
 use crate::planned::OwnBytes;
-use crate::run::{direct_activation_bytes, step_scratch_heap, StartProbes};
+use crate::run::{predicted_activation_bytes, resident_host_bytes, step_scratch_heap, StartProbes};
 use crate::trainer::{steady_buffer_bytes, Trainer};
 use stoker_data::{Dataset, Loader, Sampler, SamplerConfig};
 use stoker_plan::trainer::TrainerPrediction;
@@ -104,7 +104,7 @@ pub fn dry_run(
     // As the run measures its start.
     let start = StartProbes::now(None);
     let (baseline, code_at_start) = (start.rss, start.code);
-    let predicted = direct_activation_bytes(config, &dims);
+    let predicted = predicted_activation_bytes(config, &dims, len);
     // One scratch micro-batch on the rank's own trainer, where it fits here: its model
     // states with room to spare, and the direct step's activations, known from the
     // shapes (a micro-batch of 8,192 would otherwise allocate 39 GB to find out).
@@ -137,6 +137,7 @@ pub fn dry_run(
         buffers: buffers as f64,
         activations: activations.map(|b| b as f64),
         workspace: workspace as f64,
+        backend: resident_host_bytes(config, &dims, len).map_or(0.0, |b| (b.state + b.host) as f64),
         loader: loader.steady_bytes() as f64,
         mapped: data.mapped_bytes() as f64,
         baseline_heap: None,

@@ -495,6 +495,10 @@ pub struct OwnBytes {
     /// packs; its per-thread slabs are made before the start probes), measured by one
     /// scratch micro-batch; 0 where not.
     pub workspace: f64,
+    /// The resident loop's own FP32 master, optimizer state and offload buffers on the
+    /// host build, whose backend is this process's heap (`ResidentBytes::state` +
+    /// `host`, planned; its steps' buffers are `activations`); 0 elsewhere.
+    pub backend: f64,
     /// The loader's batch buffers: one per batch in flight plus the one being used.
     pub loader: f64,
     /// The data files the run maps (`Datasets::mapped_bytes`): resident as file-backed
@@ -615,7 +619,7 @@ pub fn forecast(
     // optional: a CNN has none), else from the planner's row.
     let (row, (peak_bytes, activation_bytes, heap_bytes)) = match own {
         Some((o, a)) => {
-            let held = o.model_states + o.buffers + a + o.workspace + o.loader;
+            let held = o.model_states + o.buffers + a + o.workspace + o.backend + o.loader;
             let memory = (
                 o.baseline + held + o.mapped,
                 a,
@@ -763,7 +767,7 @@ pub fn predicted(
             }
         }
     };
-    stoker_plan::trainer::predict(&TrainerRun {
+    let mut prediction = stoker_plan::trainer::predict(&TrainerRun {
         flat_len: layout.total_len() as u64,
         world: dims.world as u64,
         stage,
@@ -785,7 +789,14 @@ pub fn predicted(
         deterministic: p.deterministic,
         groups,
         direct,
-    })
+    });
+    // The resident loop's gradients stay on its backend: the trainer keeps none beside
+    // ZeRO-2's shard (ZeRO-3 on the loop is ZeRO-2's bookkeeping; one rank shards
+    // nothing).
+    if config.resident_loop() && (stage != Stage::Zero2 || dims.world == 1) {
+        prediction.grads = 0.0;
+    }
+    prediction
 }
 
 /// `stoker plan`'s line for a config on the resident loop: what the loop holds on its

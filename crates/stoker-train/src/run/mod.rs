@@ -35,7 +35,9 @@ use crate::trainer::EvalReport;
 use stoker_plan::trainer::TrainerPrediction;
 
 pub use checks::combine_crcs;
-pub use telemetry::{direct_activation_bytes, forecast_line};
+pub use telemetry::{
+    direct_activation_bytes, forecast_line, predicted_activation_bytes, resident_host_bytes,
+};
 pub(crate) use telemetry::{step_scratch_heap, StartProbes};
 
 use setup::Rank;

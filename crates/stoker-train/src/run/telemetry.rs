@@ -77,6 +77,8 @@ pub(super) struct StepCount {
     activations: Option<usize>,
     /// The kernels' scratch beyond the activations, counted.
     workspace: Option<usize>,
+    /// The resident loop's own state on the host build, planned ([`OwnBytes::backend`]).
+    backend: usize,
 }
 
 impl StepCount {
@@ -104,15 +106,18 @@ impl StepCount {
         let code_grown = stoker_data::measure::code_rss_bytes().saturating_sub(probes.code);
         // The direct step's activation and packing buffers are predicted; what its scratch run
         // held beyond them is its kernels' workspace. On the graph path it is all candle's.
-        let (activations, workspace) = match (direct_activation_bytes(config, dims), scratch) {
-            (Some(a), s) => (Some(a), s.map(|s| s.saturating_sub(a))),
-            (None, s) => (s, None),
-        };
+        let len = rank.trainer.layout().total_len();
+        let (activations, workspace) =
+            match (predicted_activation_bytes(config, dims, len), scratch) {
+                (Some(a), s) => (Some(a), s.map(|s| s.saturating_sub(a))),
+                (None, s) => (s, None),
+            };
         Ok(StepCount {
             baseline: probes.rss + code_grown,
             heap: probes.heap,
             activations,
             workspace,
+            backend: resident_host_bytes(config, dims, len).map_or(0, |b| b.state + b.host),
         })
     }
 }
@@ -139,6 +144,7 @@ impl Telemetry {
             buffers: rank.trainer.steady_buffer_bytes(dims.accumulation_steps) as f64,
             activations: count.activations.map(|b| b as f64),
             workspace: count.workspace.map_or(0.0, |b| b as f64),
+            backend: count.backend as f64,
             loader: loader_bytes as f64,
             mapped: rank.data.mapped_bytes() as f64,
             baseline_heap: count.heap.map(|b| b as f64),
@@ -267,6 +273,41 @@ pub fn direct_activation_bytes(config: &TrainConfig, dims: &ParallelDims) -> Opt
         0
     };
     Some(4 * floats + packs)
+}
+
+/// The activation buffers a run's step holds, predicted from the shapes, over a flat
+/// layout of `len` elements: on the resident loop of a CPU run its steps' buffers
+/// ([`resident_host_bytes`]), else [`direct_activation_bytes`].
+pub fn predicted_activation_bytes(
+    config: &TrainConfig,
+    dims: &ParallelDims,
+    len: usize,
+) -> Option<usize> {
+    match resident_host_bytes(config, dims, len) {
+        Some(b) => Some(b.steps),
+        None if config.resident_loop() => None,
+        None => direct_activation_bytes(config, dims),
+    }
+}
+
+/// What the resident loop of a CPU run holds on its backend, over a flat layout of `len`
+/// elements ([`crate::trainer::planned_resident_bytes`]): on the host build that is this
+/// process's heap, its steps' buffers beside its own master, optimizer state and offload
+/// buffers (a GPU run's are device memory, which the forecast does not cover yet). None
+/// off the resident loop or off the CPU.
+pub fn resident_host_bytes(
+    config: &TrainConfig,
+    dims: &ParallelDims,
+    len: usize,
+) -> Option<crate::models::resident_run::ResidentBytes> {
+    let cpu = matches!(
+        crate::device::TrainDevice::parse(&config.device),
+        Ok(crate::device::TrainDevice::Cpu)
+    );
+    match cpu {
+        true => crate::trainer::planned_resident_bytes(config, len, (dims.rank, dims.world)),
+        false => None,
+    }
 }
 
 /// The planner's forecast in one line (the run's start; its end adds what it measured).
