@@ -86,7 +86,7 @@ pub const MODEL_PRESETS: &[(&str, &str)] = &[
     ),
     (
         "stoker-gpt",
-        "stoker reference char-level Shakespeare GPT: 4 layers, 128 wide, vocab 65",
+        "stoker's demo char-level Shakespeare GPT (configs/shakespeare-gpt.toml): 4 layers, 128 wide, vocab 96",
     ),
     (
         "t5-3b",
@@ -131,7 +131,9 @@ pub fn preset(name: &str) -> Result<ModelSpec> {
         "llama-7b" => (llama(32, 4096, 32, 32, 11008), 1024),
         "llama-13b" => (llama(40, 5120, 40, 40, 13824), 1024),
         "llama-70b" => (llama(80, 8192, 64, 8, 28672), 1024),
-        "stoker-gpt" | "stoker" | "reference-gpt" => (gpt2(4, 128, 4, 65, 128), 16),
+        // The demo's vocabulary: the Shakespeare shard's 86 characters rounded up, so an
+        // emitted config trains on it (65, tiny-shakespeare's, put its ids out of range).
+        "stoker-gpt" | "stoker" | "reference-gpt" => (gpt2(4, 128, 4, 96, 128), 16),
         "t5-3b" => {
             return Ok(ModelSpec {
                 name: "t5-3b".into(),
