@@ -111,6 +111,13 @@ pub fn decide(r: &Resolved, rows: &[StrategyRow], bench: Option<&LoaderBench>) -
         r.setup
             .checkpoints(row.strategy.stage, r.hardware.world_size())
     };
+    // Whether the walk considers a row: one of the chapter's strategies, and no offload
+    // off an accelerator (whose states are in host memory already).
+    let offloads =
+        |row: &StrategyRow| row.strategy.offload_optimizer || row.strategy.offload_params;
+    let considered = |row: &StrategyRow| {
+        strategy::ALL.contains(&row.strategy) && (r.hardware.accelerator || !offloads(row))
+    };
     let acc = r.setup.accounting;
     let mut warnings: Vec<String> = r.precision.warnings.clone();
     let mut path = Vec::new();
@@ -119,8 +126,7 @@ pub fn decide(r: &Resolved, rows: &[StrategyRow], bench: Option<&LoaderBench>) -
         if !strategy::ALL.contains(&row.strategy) {
             continue;
         }
-        let offloads = row.strategy.offload_optimizer || row.strategy.offload_params;
-        if offloads && !r.hardware.accelerator {
+        if !considered(row) {
             path.push(format!(
                 "{}: not considered: offload moves an accelerator's states to host memory, and \
                  on {} they are in host memory already",
@@ -174,10 +180,20 @@ pub fn decide(r: &Resolved, rows: &[StrategyRow], bench: Option<&LoaderBench>) -
         path.push(format!("{}: does not fit: {why}", row.label));
     }
 
-    // The row whose timing drives the data rate: the chosen one, else the smallest need.
+    // The row whose timing drives the data rate: the chosen one, else the one nearest to
+    // fitting among the rows the walk considered, by its larger shortfall (device or host).
+    let shortfall = |row: &StrategyRow| {
+        let over = |need: f64, usable: f64| match need > 0.0 {
+            true => need / usable,
+            false => 0.0,
+        };
+        let (d, h) = (&row.memory.device, &row.memory.host);
+        over(d.total, d.usable).max(over(h.needed, h.usable))
+    };
     let timing_row = chosen.map(|i| &rows[i]).or_else(|| {
         rows.iter()
-            .min_by(|a, b| a.memory.device.total.total_cmp(&b.memory.device.total))
+            .filter(|x| considered(x))
+            .min_by(|a, b| shortfall(a).total_cmp(&shortfall(b)))
     });
     let strategy_sentence = match chosen {
         Some(i) => {
@@ -211,11 +227,24 @@ pub fn decide(r: &Resolved, rows: &[StrategyRow], bench: Option<&LoaderBench>) -
         }
         None => match timing_row {
             None => "no strategy was evaluated".to_string(),
+            // The device holds it and the host does not: more devices would not help.
+            Some(best) if best.memory.device.total <= best.memory.device.usable => format!(
+                "nothing fits: the smallest need, {}, fits the device ({} of {} usable at \
+                 micro-batch {}) but needs {} of host memory per node against {} usable; add \
+                 host memory or nodes, or offload less",
+                best.label,
+                fmt_bytes(best.memory.device.total, acc),
+                fmt_bytes(best.memory.device.usable, acc),
+                best.micro_batch,
+                fmt_bytes(best.memory.host.needed, acc),
+                fmt_bytes(best.memory.host.usable, acc),
+            ),
             Some(best) => format!(
-                "nothing fits: the smallest need is {} with {} per device at micro-batch 1 \
+                "nothing fits: the smallest need is {} with {} per device at micro-batch {} \
                  against {} usable; add devices{}, or shorten the sequence",
                 best.label,
                 fmt_bytes(best.memory.device.total, acc),
+                best.micro_batch,
                 fmt_bytes(best.memory.device.usable, acc),
                 if checkpoints(best) {
                     ""
@@ -272,8 +301,11 @@ pub fn decide(r: &Resolved, rows: &[StrategyRow], bench: Option<&LoaderBench>) -
         r.model.arch.as_ref(),
     ) {
         let d = &row.memory.device;
-        // Only worth saying when memory forced something: sharding, offload, accumulation.
-        let forced = chosen != Some(0) || row.accumulation_steps > 1;
+        // Only worth saying when memory forced something: sharding, offload, accumulation,
+        // or nothing fits. A strategy or micro-batch the user pinned is no forcing.
+        let forced = chosen.is_none()
+            || (chosen != Some(0) && r.pinned_strategy.is_none())
+            || (row.accumulation_steps > 1 && r.setup.micro_batch.is_none());
         if forced && d.activations > 0.5 * d.total {
             let with = crate::activation::activations(
                 arch,

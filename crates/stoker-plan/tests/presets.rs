@@ -206,3 +206,58 @@ fn a_cpu_only_machine_is_never_told_to_offload() {
         "{path}"
     );
 }
+
+/// The activation-checkpointing hint speaks when memory forced the plan's hand: the
+/// planner's own micro-batch of 32 with 4 accumulation steps, not a micro-batch of 8 the
+/// user pinned (before, both said it).
+#[test]
+fn a_pinned_micro_batch_is_no_reason_for_the_checkpointing_hint() {
+    let hint = |p: &stoker_plan::Plan| {
+        p.decision
+            .warnings
+            .iter()
+            .any(|w| w.contains("activation checkpointing would cut them"))
+    };
+    let base = "model = { preset = \"gpt2-124m\" }\nhardware = { preset = \"cpu\" }\n";
+    let free = plan(&format!("{base}training = {{ global_batch = 128 }}"));
+    assert_eq!(chosen(&free), Some("ddp"));
+    assert!(free.strategies[0].accumulation_steps > 1);
+    assert!(hint(&free), "{:?}", free.decision.warnings);
+    let pinned = plan(&format!(
+        "{base}training = {{ global_batch = 128, micro_batch = 8 }}"
+    ));
+    assert_eq!(chosen(&pinned), Some("ddp"));
+    assert!(!hint(&pinned), "{:?}", pinned.decision.warnings);
+}
+
+/// When nothing fits, the row named is one the walk considered (no offload on a CPU,
+/// whose states are in host memory already), and a row short of host memory, not device
+/// memory, is said to be so.
+#[test]
+fn nothing_fits_names_a_considered_row_and_the_memory_it_lacks() {
+    let cpu = plan(
+        "model = { preset = \"llama-7b\" }\nhardware = { preset = \"cpu\", devices_per_node = 2 }",
+    );
+    assert_eq!(chosen(&cpu), None);
+    assert!(
+        cpu.decision
+            .strategy
+            .starts_with("nothing fits: the smallest need is zero3 with")
+            && !cpu.decision.strategy.contains("offload"),
+        "{}",
+        cpu.decision.strategy
+    );
+    let host = plan(
+        "model = { preset = \"llama-70b\" }\n\
+         hardware = { preset = \"h100-80gb\", host_memory_gib = 1024 }\n\
+         training = { seq_len = 1024, activation_checkpointing = true }",
+    );
+    assert_eq!(chosen(&host), None);
+    let s = &host.decision.strategy;
+    assert!(
+        s.starts_with("nothing fits: the smallest need, zero3+offload-opt, fits the device")
+            && s.contains("of host memory per node")
+            && s.contains("add host memory or nodes"),
+        "{s}"
+    );
+}
