@@ -169,8 +169,15 @@ fn offload_time(
         model.params as f64 / hw.world_size() as f64
     };
     let a = accum as f64;
-    // Gradient shards go down every micro-batch (accumulated on the host), parameters up once.
-    let mut pcie = a * shard * sb.grad + shard * sb.weight;
+    // Gradients go down once they are reduced: DDP and ZeRO-1 accumulate on the device
+    // and reduce at the last micro-batch only (no_sync), so once per step; ZeRO-2 and
+    // ZeRO-3 reduce-scatter every micro-batch, each shard accumulated on the host.
+    // Parameters go up once.
+    let downs = match strategy.stage {
+        Stage::Ddp | Stage::Zero1 => 1.0,
+        Stage::Zero2 | Stage::Zero3 => a,
+    };
+    let mut pcie = downs * shard * sb.grad + shard * sb.weight;
     if strategy.offload_params {
         // Each rank fetches its parameter shard for the forward and again for the backward.
         pcie += a * 2.0 * shard * sb.weight;

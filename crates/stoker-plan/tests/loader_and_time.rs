@@ -233,3 +233,43 @@ fn on_cpus_zero3_hides_its_wire_time_behind_compute_but_not_its_copies() {
     let want = host + (c.step_s - host - z3.compute_s).max(0.0);
     assert!((z3.exposed_comm_s - want).abs() < 1e-12, "{z3:?} {c:?}");
 }
+
+/// Optimizer offload sends gradients down once they are reduced: under DDP and ZeRO-1 once
+/// per step (they accumulate on the device), under ZeRO-2 and ZeRO-3 every micro-batch.
+/// Eight accumulation steps leave the first two's offload time as it was at one, and add
+/// seven micro-batches' gradient shards to the others' (before, to all four).
+#[test]
+fn offload_sends_gradients_down_per_reduction_not_per_micro_batch() {
+    let offload = |global: u64| {
+        let p = plan(&format!(
+            "model = {{ preset = \"gpt2-124m\" }}\nhardware = {{ preset = \"h100-80gb\" }}\n\
+             training = {{ micro_batch = 4, global_batch = {global} }}"
+        ));
+        let s = |label: &str| {
+            let row = p.strategies.iter().find(|r| r.label == label).unwrap();
+            (row.accumulation_steps, row.time.offload_s)
+        };
+        [
+            s("ddp+offload-opt"),
+            s("zero1+offload-opt"),
+            s("zero2+offload-opt"),
+            s("zero3+offload-opt"),
+        ]
+    };
+    let (one, eight) = (offload(32), offload(256));
+    for ((k1, t1), (k8, t8)) in one.iter().zip(&eight) {
+        assert_eq!((*k1, *k8), (1, 8));
+        assert!(t1.is_finite() && *t1 > 0.0 && t8.is_finite(), "{t1} {t8}");
+    }
+    assert_eq!(one[0].1, eight[0].1, "ddp");
+    assert_eq!(one[1].1, eight[1].1, "zero1");
+    // The shard is the same for ZeRO-2 and ZeRO-3, so are the seven extra copies.
+    let extra = |i: usize| eight[i].1 - one[i].1;
+    assert!(extra(2) > 0.0, "{}", extra(2));
+    assert!(
+        (extra(3) - extra(2)).abs() <= 1e-12 * extra(2),
+        "{} {}",
+        extra(2),
+        extra(3)
+    );
+}
