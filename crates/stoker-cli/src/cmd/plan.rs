@@ -8,7 +8,7 @@ use anyhow::Context;
 use stoker_plan::deepspeed::DsConfig;
 use stoker_plan::input::{Count, HardwareInput, ModelInput, PlanInput, TrainingInput};
 use stoker_plan::loader::LoaderBench;
-use stoker_plan::setup::{Optimizer, Precision};
+use stoker_plan::setup::{Accounting, Optimizer, Precision};
 use stoker_train::machine::profile::{pick_loader_bench, LoaderSource};
 
 /// Arguments of `stoker plan`. Precedence: --config TOML < --deepspeed JSON < flags.
@@ -328,9 +328,15 @@ fn print_states_only(args: &PlanArgs, params: u64) -> anyhow::Result<()> {
             vec![(n * d) as u64]
         }
     };
+    let accounting = args
+        .accounting
+        .as_deref()
+        .map(|s| Accounting::parse("training.accounting", s))
+        .transpose()?
+        .unwrap_or(Accounting::Stoker);
     print!(
         "{}",
-        stoker_plan::states_only::table(params, precision, optimizer, &worlds)
+        stoker_plan::states_only::table(params, precision, optimizer, &worlds, accounting)
     );
     Ok(())
 }
