@@ -297,6 +297,14 @@ fn a_machine_calibration_plans_every_later_config_on_this_machine() {
     let out = stoker(&["plan", "--config", s(&cfg), "--hardware", "cpu"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(!text.contains("machine profile"), "{text}");
+    // With neither a profile nor any hardware, a CPU config plans on the `cpu` preset,
+    // as its run's forecast does (before, it asked for hardware.memory_gib).
+    let out = stoker(&["plan", "--config", s(&cfg)]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("planned on the `cpu` preset") && text.contains("hardware  cpu:"),
+        "{text}"
+    );
 
     // The config's own step, calibrated, joins the profile and plans it from then on.
     let out = stoker_with_profile(p, &["plan", "--config", s(&cfg), "--calibrate"]);

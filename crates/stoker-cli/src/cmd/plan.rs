@@ -500,6 +500,19 @@ fn plan_inputs(args: &PlanArgs, cli: &PlanInput, say: &dyn Fn(&str)) -> anyhow::
                     say(&format!("{line}\n"));
                 }
                 profile_loader = loader;
+                // No profile and no hardware anywhere: a CPU config plans on the `cpu`
+                // preset, as its run's forecast does.
+                let bare = |h: &HardwareInput| *h == HardwareInput::default();
+                let unset = planned.plan.as_ref().is_none_or(|s| bare(&s.hardware));
+                if planned == cfg && unset && bare(&cli.hardware) && cfg.device == "cpu" {
+                    let section = planned.plan.get_or_insert_with(Default::default);
+                    section.hardware.preset = Some("cpu".into());
+                    say(
+                        "no machine profile and no [plan.hardware]: planned on the `cpu` \
+                         preset, as a run's forecast is (`stoker plan --calibrate` measures \
+                         this machine into its profile)\n",
+                    );
+                }
                 if planned != cfg {
                     // The profile's preset, without its figures.
                     let mut bare = cfg.clone();
