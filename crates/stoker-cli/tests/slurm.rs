@@ -393,3 +393,52 @@ fn the_documented_sbatch_script_is_the_tested_one() {
         "docs/distributed.md's sbatch script differs from scripts/slurm/train.sbatch"
     );
 }
+
+/// A launcher whose process manager this binary's MPI does not speak (srun without
+/// `--mpi=pmi2`) leaves each process a world of one: each refuses, naming both counts,
+/// where before every one trained alone into the same run directory. So does the
+/// in-process backend under a launcher of several processes. No Slurm needed: the
+/// launcher's variables are set by hand on one process.
+#[test]
+fn a_launcher_s_count_that_mpi_does_not_see_is_refused_not_trained_once_per_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_data(d);
+    let cfg = config(d, "run", Model::Mlp, "fp32", "direct", 2, "");
+    let refused = |env: &[(&str, &str)], extra: &[&str]| {
+        let mut c = Command::new("timeout");
+        c.args(["-k", "5", "120", STOKER, "train"])
+            .arg(&cfg)
+            .arg("--no-progress")
+            .args(extra);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let o = c.output().unwrap();
+        assert!(!o.status.success(), "{}", text(&o));
+        assert!(
+            !d.join("run").join("metrics.jsonl").exists(),
+            "{}",
+            text(&o)
+        );
+        String::from_utf8_lossy(&o.stderr).to_string()
+    };
+    let srun = [("SLURM_STEP_ID", "0"), ("SLURM_STEP_NUM_TASKS", "2")];
+    let e = refused(&srun, &[]);
+    assert!(
+        e.contains("srun started 2 processes, but MPI gives this one a world of 1")
+            && e.contains("--mpi=pmi2"),
+        "{e}"
+    );
+    let t = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(
+        &cfg,
+        t.replace("[parallel]\n", "[parallel]\nbackend = \"local\"\n"),
+    )
+    .unwrap();
+    let e = refused(&[("PMI_SIZE", "2"), ("PMI_RANK", "0")], &[]);
+    assert!(
+        e.contains("`parallel.backend`: \"local\"") && e.contains("started 2 processes"),
+        "{e}"
+    );
+}

@@ -238,13 +238,24 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         ));
     }
     match (config.parallel.backend, launched) {
+        // Every process the launcher started would run the whole job in its threads, all
+        // over the same run directory.
+        (BackendKind::Local, Some((launcher, n))) if n > 1 => anyhow::bail!(
+            "config key `parallel.backend`: \"local\" runs the ranks as threads of one \
+             process, but {launcher} started {n} processes, each of which would run the \
+             whole job into the same run_dir: start one process (`stoker train {}`), or \
+             use backend \"mpi\" or \"auto\" under the launcher",
+            args.config.display()
+        ),
         (BackendKind::Local, _) => run_local(&args, &config, &opts),
         (BackendKind::Mpi, None) => anyhow::bail!(
             "config key `parallel.backend`: \"mpi\", but no MPI launcher started this process: run `mpirun -n N stoker train {}`",
             args.config.display()
         ),
-        (BackendKind::Mpi, Some((launcher, _))) => run_mpi(&args, &config, &opts, &launcher),
-        (BackendKind::Auto, Some((launcher, n))) if n > 1 => run_mpi(&args, &config, &opts, &launcher),
+        (BackendKind::Mpi, Some((launcher, n))) => run_mpi(&args, &config, &opts, (&launcher, n)),
+        (BackendKind::Auto, Some((launcher, n))) if n > 1 => {
+            run_mpi(&args, &config, &opts, (&launcher, n))
+        }
         (BackendKind::Auto, _) => {
             banner(&args, &config, "1 rank");
             let s = train(&config, &opts)?;
@@ -322,7 +333,7 @@ fn run_mpi(
     args: &TrainArgs,
     config: &TrainConfig,
     opts: &RunOptions,
-    launcher: &str,
+    (launcher, started): (&str, usize),
 ) -> anyhow::Result<()> {
     let timeout = stoker_comm::communicator::timeout_from_secs(
         config.parallel.timeout_s,
@@ -330,6 +341,16 @@ fn run_mpi(
     );
     let comm = stoker_comm::mpi::MpiComm::init(timeout)?;
     let (rank, world) = (comm.rank(), comm.world_size());
+    // A launcher whose process manager this binary's MPI does not speak (srun without
+    // `--mpi=pmi2`, Open MPI's mpirun starting an MPICH binary) leaves every process a
+    // world of its own: each would train alone, all into the same run directory.
+    anyhow::ensure!(
+        world == started,
+        "{launcher} started {started} processes, but MPI gives this one a world of {world}: \
+         the launcher and this binary's MPI (MPICH) do not speak the same process manager \
+         (under Slurm run `srun --mpi=pmi2`; an MPICH binary needs MPICH's mpirun), and each \
+         process would train alone into the same run_dir"
+    );
     // A panic on any rank ends the whole job (a rank that unwinds while the others wait
     // in a collective would hang them until the timeout).
     std::panic::set_hook(Box::new(move |info| {
