@@ -17,7 +17,7 @@ echo "== plan: the chapter's decision flow for the Shakespeare GPT's config, on 
 "$STOKER" plan --config configs/shakespeare-gpt.toml --emit-config runs/shakespeare.toml | sed -n '1,/^model /p;/Decision path/,$p'
 echo
 echo "== loader autotune with the plan's need ([plan] required_samples_per_s in runs/shakespeare.toml; 0 workers tried first), written into its [data] =="
-"$STOKER" tune loader data/shakespeare/shakespeare.bin --batch 16 --context 128 --seconds 1 --max-workers 8 --from-plan runs/shakespeare.toml --write-config
+"$STOKER" tune loader data/shakespeare/shakespeare.bin --seconds 1 --max-workers 8 --from-plan runs/shakespeare.toml --write-config
 echo
 echo "== train the emitted config as is: char-level GPT (~0.8M parameters, bf16) on Shakespeare, planned vs measured at the end =="
 rm -rf runs/shakespeare

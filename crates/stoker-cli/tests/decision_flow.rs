@@ -158,6 +158,40 @@ fn plan_then_tune_then_train_runs_the_emitted_config_as_is() {
         assert!(cfg.contains(line), "missing {line:?} in\n{cfg}");
     }
 
+    // The loader is tuned on the config's own work: another batch, window or dataset is
+    // refused (before, it measured them against the config's rate).
+    for (what, flag, value) in [
+        ("--batch 17", "--batch", "17"),
+        ("--context 63", "--context", "63"),
+    ] {
+        let o = Command::new(STOKER)
+            .args([
+                "tune",
+                "loader",
+                s(&corpus),
+                flag,
+                value,
+                "--from-plan",
+                s(&emitted),
+            ])
+            .env("STOKER_PROFILE", "off")
+            .output()
+            .unwrap();
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && e.contains(&format!("{what}: ")),
+            "{e}"
+        );
+    }
+    let other = tmp.path().join("other.bin");
+    std::fs::copy(&corpus, &other).unwrap();
+    let o = Command::new(STOKER)
+        .args(["tune", "loader", s(&other), "--from-plan", s(&emitted)])
+        .env("STOKER_PROFILE", "off")
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("(data.train)"), "{e}");
     let out = stoker(&[
         "tune",
         "loader",

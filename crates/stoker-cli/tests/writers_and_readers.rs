@@ -376,28 +376,76 @@ fn documents_packed_into_shards_train_on_the_pattern_and_evaluate_on_the_split()
 fn bench_loader_s_times_out_of_range_are_refused_by_flag_not_a_panic() {
     let tmp = tempfile::tempdir().unwrap();
     let shard = tmp.path().join("t.bin");
-    let tokens: Vec<u16> = (0..4096).map(|i| (i % 50) as u16).collect();
+    let tokens: Vec<u16> = (0..8192).map(|i| (i % 50) as u16).collect();
     stoker_data::tokens::write_tokens(&shard, &tokens, stoker_data::tokens::TokenFormat::Llmc)
         .unwrap();
-    for (flag, value) in [
-        ("--step-ms", "nan"),
-        ("--step-ms", "inf"),
-        ("--step-ms", "1e300"),
-        ("--seconds", "1e300"),
-        ("--seconds", "0"),
+    // A batch over the data used to abort in the allocator (10^9) or time partial
+    // batches; `tune loader` named --target-samples-per-s for --step-ms and a worker for
+    // --seconds, and took a NaN memory budget.
+    for (cmd, flag, value) in [
+        ("bench", "--step-ms", "nan"),
+        ("bench", "--step-ms", "inf"),
+        ("bench", "--step-ms", "1e300"),
+        ("bench", "--seconds", "1e300"),
+        ("bench", "--seconds", "0"),
+        ("bench", "--batch", "999999999"),
+        ("bench", "--batch", "0"),
+        ("bench", "--max-batches", "0"),
+        ("tune", "--step-ms", "0"),
+        ("tune", "--step-ms", "-0.5"),
+        ("tune", "--seconds", "0"),
+        ("tune", "--memory-budget-mb", "nan"),
+        ("tune", "--batch", "999999999"),
     ] {
         let o = Command::new("timeout")
-            .args(["-k", "5", "60", STOKER, "bench", "loader", s(&shard)])
-            .args(["--context", "16", "--workers", "0", flag, value])
+            .args(["-k", "5", "60", STOKER, cmd, "loader", s(&shard)])
+            .args(["--context", "16", &format!("{flag}={value}")])
+            .args(match cmd {
+                "bench" => ["--workers", "0"],
+                _ => ["--max-workers", "0"],
+            })
             .output()
             .unwrap();
         let t = text(&o);
-        assert_eq!(o.status.code(), Some(1), "{flag} {value}: {t}");
+        assert_eq!(o.status.code(), Some(1), "{cmd} {flag} {value}: {t}");
         assert!(
             t.contains(&format!("error[usage]: {flag} "))
                 && t.contains("expected")
                 && !t.contains("panicked"),
             "{t}"
+        );
+    }
+}
+
+/// `bench comm`'s sizes grow by 4x from `--min-kib`: 0 never grew, and under `mpirun` the
+/// list filled memory until the kernel killed the job. Its flags are checked before MPI
+/// starts, so one process shows it.
+#[test]
+fn bench_comm_s_sizes_out_of_range_are_refused_by_flag() {
+    for (args, says) in [
+        (
+            &["--min-kib", "0"][..],
+            "--min-kib 0: expected at least 1 KiB",
+        ),
+        (&["--max-mib", "0"], "--max-mib 0: expected 1 to 65536 MiB"),
+        (
+            &["--min-kib", "2048", "--max-mib", "1"],
+            "--min-kib 2048 is above --max-mib 1",
+        ),
+        (
+            &["--seconds", "nan"],
+            "--seconds NaN: expected a positive number",
+        ),
+    ] {
+        let o = Command::new("timeout")
+            .args(["-k", "5", "60", STOKER, "bench", "comm"])
+            .args(args)
+            .output()
+            .unwrap();
+        let t = text(&o);
+        assert!(
+            o.status.code() == Some(1) && t.contains(says),
+            "{args:?}: {t}"
         );
     }
 }

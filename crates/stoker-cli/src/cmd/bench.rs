@@ -57,14 +57,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         n,
         sb,
         (n * sb) as f64 / 1e6,
-        a.data.batch,
+        a.data.batch(),
         if a.data.sequential {
             "sequential"
         } else {
             "shuffled"
         }
     );
-    let baseline = memcpy_baseline(&ds, a.data.batch);
+    let baseline = memcpy_baseline(&ds, a.data.batch());
     println!("{TRIAL_HEADER}  x memcpy");
     let mut trials = Vec::new();
     for &w in &a.workers {

@@ -31,6 +31,9 @@ pub struct CommBenchArgs {
     json: Option<PathBuf>,
 }
 
+/// The largest buffer `--max-mib` takes: 64 GiB, beyond any host's collective buffers.
+const MAX_MIB: usize = 1 << 16;
+
 /// One row of the table.
 #[derive(serde::Serialize)]
 struct Row {
@@ -58,6 +61,30 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Runs `stoker bench comm`.
 pub fn run(a: CommBenchArgs) -> anyhow::Result<()> {
+    // Checked before MPI starts, on every rank alike: sizes grow by 4x from the smallest,
+    // which must therefore be above 0 (0 never grew, and the list filled memory).
+    anyhow::ensure!(
+        a.min_kib >= 1,
+        "--min-kib {}: expected at least 1 KiB",
+        a.min_kib
+    );
+    anyhow::ensure!(
+        (1..=MAX_MIB).contains(&a.max_mib),
+        "--max-mib {}: expected 1 to {MAX_MIB} MiB",
+        a.max_mib
+    );
+    anyhow::ensure!(
+        a.min_kib <= a.max_mib * 1024,
+        "--min-kib {} is above --max-mib {} ({} KiB): no size to measure",
+        a.min_kib,
+        a.max_mib,
+        a.max_mib * 1024
+    );
+    anyhow::ensure!(
+        a.seconds.is_finite() && a.seconds > 0.0,
+        "--seconds {}: expected a positive number",
+        a.seconds
+    );
     let launched = stoker_comm::mpi::launched_world();
     if !matches!(launched, Some((_, n)) if n > 1) {
         anyhow::bail!("stoker bench comm measures collectives between ranks: run it under `mpirun -n 2 stoker bench comm`");

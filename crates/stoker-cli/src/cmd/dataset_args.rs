@@ -16,18 +16,20 @@ use stoker_data::{
 pub struct DatasetArgs {
     /// X.npy, X.bin (token shard), PREFIX of PREFIX.FIELD.npy arrays, or PREFIX of JPEG records.
     pub dataset: PathBuf,
-    /// Samples per batch.
-    #[arg(long, default_value_t = 256)]
-    pub batch: usize,
+    /// Samples per batch [default: 256; with `tune loader --from-plan`, the config's
+    /// micro_batch].
+    #[arg(long)]
+    pub batch: Option<usize>,
     /// Read in dataset order instead of a seeded shuffle.
     #[arg(long)]
     pub sequential: bool,
     /// Page-lock batch buffers.
     #[arg(long)]
     pub pin_memory: bool,
-    /// Tokens per window (token shards).
-    #[arg(long, default_value_t = 256)]
-    pub context: usize,
+    /// Tokens per window (token shards) [default: 256; with `tune loader --from-plan`,
+    /// the config's model.context].
+    #[arg(long)]
+    pub context: Option<usize>,
     /// Output side of the image transform (JPEG records).
     #[arg(long, default_value_t = 224)]
     pub image_size: u32,
@@ -48,9 +50,27 @@ pub struct DatasetArgs {
     pub step_ms: Option<f64>,
 }
 
+/// `--batch` and `--context` where not given.
+const DEFAULT_BATCH_AND_CONTEXT: usize = 256;
+
 impl DatasetArgs {
-    /// Opens the dataset with these options.
+    /// Samples per batch.
+    pub fn batch(&self) -> usize {
+        self.batch.unwrap_or(DEFAULT_BATCH_AND_CONTEXT)
+    }
+
+    /// Tokens per window.
+    pub fn context(&self) -> usize {
+        self.context.unwrap_or(DEFAULT_BATCH_AND_CONTEXT)
+    }
+
+    /// Opens the dataset with these options, and checks that it holds a whole batch and
+    /// that a measurement reads at least one.
     pub fn open(&self) -> anyhow::Result<Arc<AnyDataset>> {
+        anyhow::ensure!(
+            self.max_batches >= 1,
+            "--max-batches 0: expected at least 1 batch per measurement"
+        );
         let dtype = match self.image_dtype.as_str() {
             "f32" => DType::F32,
             "bf16" => DType::BF16,
@@ -67,11 +87,22 @@ impl DatasetArgs {
             ..ImageTransformConfig::default()
         };
         let opts = OpenOptions {
-            context: self.context,
+            context: self.context(),
             image,
             ..OpenOptions::default()
         };
-        Ok(Arc::new(open_dataset(&self.dataset, &opts)?))
+        let ds = open_dataset(&self.dataset, &opts)?;
+        // A batch larger than the data: the loader's buffers would be sized for it (an
+        // abort in the allocator at 10^9), and a batch of 200,000 over 158,000 samples
+        // would time partial batches.
+        anyhow::ensure!(
+            (1..=ds.len()).contains(&self.batch()),
+            "--batch {}: expected 1 to the {} samples of {}",
+            self.batch(),
+            ds.len(),
+            self.dataset.display()
+        );
+        Ok(Arc::new(ds))
     }
 
     /// The sampler for this dataset (single rank).
@@ -86,13 +117,9 @@ impl DatasetArgs {
         )?)
     }
 
-    /// Runs one timed trial with `workers` and `prefetch`.
-    pub fn trial(
-        &self,
-        ds: &Arc<AnyDataset>,
-        workers: usize,
-        prefetch: usize,
-    ) -> anyhow::Result<Trial> {
+    /// What each measurement may take (`--seconds`, `--max-batches`, `--step-ms`),
+    /// checked: an error names the flag.
+    pub fn budget(&self) -> anyhow::Result<TrialBudget> {
         // try_from_secs_f64 refuses NaN, infinities, negatives and overflow.
         let min_time = Duration::try_from_secs_f64(self.seconds)
             .ok()
@@ -111,19 +138,29 @@ impl DatasetArgs {
                 })
             })
             .transpose()?;
+        Ok(TrialBudget {
+            min_time,
+            max_batches: self.max_batches,
+            step,
+        })
+    }
+
+    /// Runs one timed trial with `workers` and `prefetch`.
+    pub fn trial(
+        &self,
+        ds: &Arc<AnyDataset>,
+        workers: usize,
+        prefetch: usize,
+    ) -> anyhow::Result<Trial> {
+        let budget = self.budget()?;
         let config = LoaderConfig {
-            batch_size: self.batch,
+            batch_size: self.batch(),
             num_workers: workers,
             prefetch_factor: prefetch,
             persistent_workers: workers > 0,
             pin_memory: self.pin_memory,
             timeout_s: Some(120.0),
             ..LoaderConfig::default()
-        };
-        let budget = TrialBudget {
-            min_time,
-            max_batches: self.max_batches,
-            step,
         };
         Ok(measure_loader(
             ds.clone(),

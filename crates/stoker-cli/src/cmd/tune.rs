@@ -1,6 +1,7 @@
 //! `stoker tune loader`: search num_workers / prefetch_factor for a throughput target.
 
 use stoker_data::autotune::{tune, TuneConfig};
+use stoker_train::config::TrainConfig;
 
 use super::dataset_args::{bench_json, trial_row, DatasetArgs, TRIAL_HEADER};
 
@@ -47,14 +48,79 @@ struct LoaderTuneArgs {
     json: Option<std::path::PathBuf>,
 }
 
+/// Takes the workload of the config at `path` (`--from-plan`) into `data`: its micro-batch
+/// and window where the flags leave them out; a flag or a dataset that disagrees with it is
+/// refused, since the target rate is the config's and the loader would be tuned on other
+/// work (before, MNIST at batch 256 against a token config's rate).
+fn take_workload(
+    data: &mut DatasetArgs,
+    config: &TrainConfig,
+    path: &std::path::Path,
+) -> anyhow::Result<()> {
+    let at = path.display();
+    let micro = config.batch.micro_batch;
+    match data.batch {
+        Some(b) if b != micro => anyhow::bail!(
+            "--batch {b}: {at} trains micro-batches of {micro} (batch.micro_batch), which \
+             the plan's rate counts; leave --batch out to tune at it"
+        ),
+        _ => data.batch = Some(micro),
+    }
+    if let Some(context) = config.model.context() {
+        match data.context {
+            Some(c) if c != context => anyhow::bail!(
+                "--context {c}: {at} reads windows of {context} tokens (model.context); \
+                 leave --context out to tune at it"
+            ),
+            _ => data.context = Some(context),
+        }
+    }
+    // The same file or prefix, however written (relative to here, as the trainer reads it).
+    let place = |p: &std::path::Path| {
+        let dir = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => std::path::PathBuf::from("."),
+        };
+        std::fs::canonicalize(dir)
+            .ok()
+            .map(|d| d.join(p.file_name().unwrap_or_default()))
+    };
+    let train = &config.data.train;
+    anyhow::ensure!(
+        data.dataset == *train || place(&data.dataset).is_some_and(|d| Some(d) == place(train)),
+        "{}: {at} trains on {} (data.train); tune the loader on the data the config reads",
+        data.dataset.display(),
+        train.display()
+    );
+    Ok(())
+}
+
 /// Runs `stoker tune`.
 pub fn run(args: TuneArgs) -> anyhow::Result<()> {
-    let TuneWhat::Loader(a) = args.what;
-    // The planned config, read (and checked) once, before any measuring.
+    let TuneWhat::Loader(mut a) = args.what;
+    // The planned config, read (and checked) once, before any measuring: its data, batch
+    // and window are what the loader is tuned on.
     let planned = a.from_plan.as_deref().map(read_config).transpose()?;
+    if let Some(p) = &planned {
+        take_workload(&mut a.data, &p.config, &p.path)?;
+    }
+    // Every flag checked before the first trial, each error naming its flag.
+    a.data.budget()?;
+    if let Some(ms) = a.data.step_ms {
+        anyhow::ensure!(
+            ms > 0.0 && ms.is_finite(),
+            "--step-ms {ms}: expected a positive number of milliseconds"
+        );
+    }
+    if let Some(mb) = a.memory_budget_mb {
+        anyhow::ensure!(
+            mb > 0.0 && mb.is_finite(),
+            "--memory-budget-mb {mb}: expected a positive number"
+        );
+    }
     let target = match (a.target_samples_per_s, a.data.step_ms, &planned) {
         (Some(t), _, _) => Some(t),
-        (None, Some(ms), _) => Some(a.data.batch as f64 / (ms / 1e3)),
+        (None, Some(ms), _) => Some(a.data.batch() as f64 / (ms / 1e3)),
         (None, None, Some(p)) => Some(planned_rate(&p.config, &p.path)?),
         (None, None, None) => None,
     };
@@ -75,7 +141,7 @@ pub fn run(args: TuneArgs) -> anyhow::Result<()> {
     println!(
         "tuning the loader on {} (batch {}), target {}",
         a.data.dataset.display(),
-        a.data.batch,
+        a.data.batch(),
         target.map_or("none (fastest)".into(), |t| format!("{t:.0} samples/s"))
     );
     println!("{TRIAL_HEADER}");
