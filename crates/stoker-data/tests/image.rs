@@ -492,6 +492,44 @@ fn non_jpeg_file_fails_pack_unless_skipped_and_corrupt_record_names_file_and_ind
     );
 }
 
+/// A hidden folder is no class; an empty class folder is refused by name (it would take a
+/// label and shift every later class's); a pack that fails part way (after writing
+/// records) leaves the pack before it whole, and no temporary files.
+#[test]
+fn hidden_folders_are_passed_over_empty_classes_refused_and_a_failed_pack_keeps_the_last() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = make_folder(dir.path());
+    std::fs::create_dir_all(src.join(".ipynb_checkpoints")).unwrap();
+    let out = dir.path().join("p");
+    let summary = pack_image_folder(&src, &out).unwrap();
+    assert_eq!(summary.classes, vec!["ant", "cat"]);
+    let read_all = || -> Vec<Vec<u8>> {
+        summary
+            .outputs
+            .iter()
+            .map(|f| std::fs::read(f).unwrap())
+            .collect()
+    };
+    let before = read_all();
+    assert_eq!(before.len(), 5);
+    std::fs::create_dir_all(src.join("dog")).unwrap();
+    let msg = pack_image_folder(&src, &out).unwrap_err().to_string();
+    assert!(msg.contains("dog: class folder: holds no files"), "{msg}");
+    std::fs::remove_dir(src.join("dog")).unwrap();
+    // cat/notes.txt sorts after cat's photos: ant's and cat's records are written first.
+    std::fs::write(src.join("cat/notes.txt"), "hello").unwrap();
+    assert!(pack_image_folder(&src, &out).is_err());
+    assert!(read_all() == before, "the earlier pack changed");
+    let ds = ImageRecordDataset::open(&out, Default::default()).unwrap();
+    assert_eq!(ds.len(), 3);
+    let left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.contains("partial"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
 #[test]
 fn pack_with_max_side_shrinks_only_larger_photos() {
     let dir = tempfile::tempdir().unwrap();

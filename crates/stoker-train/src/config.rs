@@ -917,6 +917,23 @@ impl TrainConfig {
     /// Checks everything that does not need the data; errors name the key.
     pub fn validate(&self) -> Result<()> {
         self.check_resident()?;
+        // Sampling decodes ids through the vocabulary, and only a token model samples:
+        // left unchecked it was skipped without a word.
+        if self.train.sample_tokens > 0 {
+            if self.model.vocab().is_none() {
+                return Err(config_err(
+                    "train.sample_tokens",
+                    "a classifier (cnn, mlp) samples no text: leave it out or set it to 0",
+                ));
+            }
+            if self.data.vocab.is_none() {
+                return Err(config_err(
+                    "train.sample_tokens",
+                    "sampling prints text through the vocabulary: give data.vocab (the \
+                     PREFIX.vocab.json `stoker pack` wrote), or leave sample_tokens out",
+                ));
+            }
+        }
         let b = &self.batch;
         if b.micro_batch == 0 {
             return Err(config_err("batch.micro_batch", "must be at least 1"));

@@ -66,14 +66,40 @@ pub fn pack_image_folder(
     pack_image_folder_with(src_dir, out_prefix, &PackOptions::default())
 }
 
-/// [`pack_image_folder`] with options.
+/// [`pack_image_folder`] with options. The pack is written under a temporary prefix
+/// beside `out_prefix` and renamed into place once whole: one that fails (a corrupt photo,
+/// an empty class, a full disk) leaves an earlier pack at `out_prefix` as it was.
 pub fn pack_image_folder_with(
     src_dir: impl AsRef<Path>,
     out_prefix: impl AsRef<Path>,
     options: &PackOptions,
 ) -> Result<PackSummary> {
-    let src = src_dir.as_ref();
     let out = out_prefix.as_ref();
+    let tmp = crate::paths::prefixed(out, ".partial");
+    let files = |p: &Path| {
+        let r = crate::records::RecordPaths::new(p);
+        vec![r.data, r.index, r.manifest, labels_path(p), classes_path(p)]
+    };
+    match write_pack(src_dir.as_ref(), &tmp, options) {
+        Err(e) => {
+            for f in files(&tmp) {
+                let _ = fs::remove_file(f);
+            }
+            Err(e)
+        }
+        Ok(mut summary) => {
+            // The manifest last: a reader checks the data and index against it.
+            for (from, to) in files(&tmp).into_iter().zip(files(out)) {
+                fs::rename(&from, &to).map_err(|e| DataError::io(&to, e))?;
+            }
+            summary.outputs = files(out);
+            Ok(summary)
+        }
+    }
+}
+
+/// Writes the pack of `src` at `out` (a temporary prefix: [`pack_image_folder_with`]).
+fn write_pack(src: &Path, out: &Path, options: &PackOptions) -> Result<PackSummary> {
     if let Some(m) = options
         .max_side
         .filter(|&m| m == 0 || m > u32::from(u16::MAX))
@@ -116,6 +142,15 @@ pub fn pack_image_folder_with(
     for (label, name) in classes.iter().enumerate() {
         let mut files = Vec::new();
         walk_files(&src.join(name), &mut files, &mut folders_seen)?;
+        // A class with no photos would still take a label, shifting every later one's
+        // meaning past `model.classes` (torchvision's ImageFolder refuses it too).
+        if files.is_empty() {
+            return Err(DataError::format(
+                src.join(name),
+                "class folder",
+                "holds no files: every class needs photos (remove the folder, or fill it)",
+            ));
+        }
         let before = labels.len();
         for file in files {
             let buf = fs::read(&file).map_err(|e| DataError::io(&file, e))?;
@@ -223,7 +258,8 @@ fn flush(
     Ok(shrunk)
 }
 
-/// Sub-folder names of `dir`, sorted; they must be valid UTF-8 to go into the JSON list.
+/// Sub-folder names of `dir` that are not hidden, sorted; they must be valid UTF-8 to go
+/// into the JSON list.
 fn class_dirs(dir: &Path) -> Result<Vec<String>> {
     let mut names = Vec::new();
     for entry in fs::read_dir(dir).map_err(|e| DataError::io(dir, e))? {
@@ -235,6 +271,11 @@ fn class_dirs(dir: &Path) -> Result<Vec<String>> {
         let name = entry.file_name().into_string().map_err(|raw| {
             DataError::format(&path, "class name", format!("{raw:?} is not valid UTF-8"))
         })?;
+        // Hidden folders (`.ipynb_checkpoints`, `.git`) are no classes, as `pack docs`
+        // passes over hidden entries.
+        if name.starts_with('.') {
+            continue;
+        }
         names.push(name);
     }
     names.sort();

@@ -39,6 +39,15 @@ impl ModelConfig {
         }
     }
 
+    /// The classes a classifier predicts over; None for token models.
+    pub fn classes(&self) -> Option<usize> {
+        match self {
+            ModelConfig::Cnn(c) => Some(c.classes),
+            ModelConfig::Mlp(m) => Some(m.classes),
+            ModelConfig::Gpt(_) | ModelConfig::Llama(_) => None,
+        }
+    }
+
     /// The table as a checkpoint records it: the defaults a key left out stands for
     /// filled in (Llama's `n_kv_head` and `ffn_hidden`), and `init_from` left out (where
     /// the first weights came from is no part of the model a resume continues).

@@ -107,3 +107,34 @@ pub fn check_same_config(comm: &dyn Communicator, config: &TrainConfig) -> Resul
         get(&theirs, &key)
     )))
 }
+
+/// Fails on every rank unless all ranks opened data of the same size: each rank opens the
+/// config's paths on its own host, and a copy of another length there (a relative path
+/// from another working directory, a stale copy on another node) would draw its
+/// permutation and epochs over other samples, silently (the global batch's samples then
+/// depend on which ranks read them).
+pub fn check_same_data(
+    comm: &dyn Communicator,
+    (train, eval): (usize, usize),
+    config: &TrainConfig,
+) -> Result<()> {
+    let n = comm.world_size();
+    let mut all = vec![0u64; 2 * n];
+    comm.all_gather(&[train as u64, eval as u64], &vec![2; n], &mut all)?;
+    let first = (all[0], all[1]);
+    let Some(r) = (0..n).find(|&r| (all[2 * r], all[2 * r + 1]) != first) else {
+        return Ok(());
+    };
+    Err(TrainError::Data {
+        what: config.data.train.display().to_string(),
+        message: format!(
+            "rank {r} opened {} training and {} evaluation samples, rank 0 {} and {}: every \
+             rank must read the same data (data.train, data.eval; relative paths are read from \
+             each rank's working directory)",
+            all[2 * r],
+            all[2 * r + 1],
+            first.0,
+            first.1
+        ),
+    })
+}

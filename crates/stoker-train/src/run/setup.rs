@@ -74,6 +74,8 @@ impl Rank {
         // dataset that cannot fill one window fails at once, whatever the model's size.
         let vocab = load_vocab(config)?;
         let data = open_datasets(config, &*meta)?;
+        let lens = (data.train.len(), data.eval.len());
+        crate::parallel::agree::check_same_data(&**comm, lens, config)?;
         let layout = FlatLayout::of(meta.params())?;
         check_master_fits(config, &layout, comm.world_size(), per_host)?;
         let strategy = crate::parallel::for_config(config, &layout, comm.clone())?;

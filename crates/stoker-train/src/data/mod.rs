@@ -1,5 +1,10 @@
-//! Training and evaluation data: opening the configured paths, a contiguous subset for
-//! held-out token windows, and conversion of loader batches into model inputs.
+//! Training and evaluation data: opening the configured paths, the subsets a run trains
+//! and evaluates on (a contiguous tail of token windows held out; a seeded draw of other
+//! samples, which `stoker pack images` writes in class order), and conversion of loader
+//! batches into model inputs. [`checks`]: what the opened data must agree on with the
+//! model and with itself, before a run's first step.
+
+pub mod checks;
 
 use std::sync::Arc;
 
@@ -16,17 +21,40 @@ use crate::error::{Result, TrainError};
 use crate::models::Model;
 use crate::models::ModelConfig;
 
-/// Samples `start..start + len` of a dataset, re-indexed from 0.
+/// Samples of a dataset, re-indexed from 0: `start..start + len`, or the samples an
+/// order names, in that order.
 pub struct Subset<D: Dataset> {
     inner: Arc<D>,
     start: usize,
     len: usize,
+    /// Where sample `i` is in `inner`, where the subset is not one run of samples.
+    order: Option<Arc<[usize]>>,
 }
 
 impl<D: Dataset> Subset<D> {
     /// The samples `start..start + len` of `inner`.
     pub fn new(inner: Arc<D>, start: usize, len: usize) -> Self {
-        Subset { inner, start, len }
+        Subset {
+            inner,
+            start,
+            len,
+            order: None,
+        }
+    }
+
+    /// The samples of `inner` that `order` names, sample `i` being `order[i]`.
+    pub fn picked(inner: Arc<D>, order: Vec<usize>) -> Self {
+        Subset {
+            inner,
+            start: 0,
+            len: order.len(),
+            order: Some(order.into()),
+        }
+    }
+
+    /// The dataset the samples are of.
+    pub fn inner(&self) -> &Arc<D> {
+        &self.inner
     }
 }
 
@@ -47,15 +75,23 @@ impl<D: Dataset> Dataset for Subset<D> {
         ctx: SampleContext,
         out: &mut [&mut [u8]],
     ) -> stoker_data::Result<()> {
-        let ctx = SampleContext {
-            index: ctx.index + self.start as u64,
-            ..ctx
-        };
-        self.inner.read_sample(w, ctx, out)
+        let index =
+            match &self.order {
+                Some(order) => *order.get(ctx.index as usize).ok_or_else(|| {
+                    stoker_data::DataError::Sample {
+                        index: ctx.index,
+                        message: format!("out of range: {} samples", self.len),
+                    }
+                })? as u64,
+                None => ctx.index + self.start as u64,
+            };
+        self.inner
+            .read_sample(w, SampleContext { index, ..ctx }, out)
     }
 
     fn mapped_run(&self, field: usize, start: usize, count: usize) -> Option<MappedBytes> {
-        (start + count <= self.len)
+        // A picked order is no run of the inner dataset's samples.
+        (self.order.is_none() && start + count <= self.len)
             .then(|| self.inner.mapped_run(field, self.start + start, count))
             .flatten()
     }
@@ -156,11 +192,24 @@ pub fn open_datasets(config: &TrainConfig, model: &dyn Model) -> Result<Datasets
             let eval = open(p, config, TransformMode::Eval, "data.eval")?;
             check_fields(&eval, &input, &target, model, &p.display().to_string())?;
             let m = eval.len();
-            (
-                Subset::new(train, 0, n),
-                Subset::new(eval, 0, m),
-                format!("{} ({m} samples)", p.display()),
-            )
+            // Evaluating part of a set of records or arrays: a seeded draw of it, not its
+            // first samples (in class order, those are the first classes alone). Token
+            // windows, a stream of text, are evaluated from the start.
+            let part = config.train.eval_batches.max(1) * config.batch.micro_batch < m;
+            let (eval, note) = match (tokens, part) {
+                (false, true) => (
+                    Subset::picked(eval, drawn(m)?),
+                    format!(
+                        "{} ({m} samples, a seeded draw of them evaluated)",
+                        p.display()
+                    ),
+                ),
+                _ => (
+                    Subset::new(eval, 0, m),
+                    format!("{} ({m} samples)", p.display()),
+                ),
+            };
+            (Subset::new(train, 0, n), eval, note)
         }
         None => {
             let held = ((n as f64) * d.eval_fraction).round() as usize;
@@ -179,22 +228,37 @@ pub fn open_datasets(config: &TrainConfig, model: &dyn Model) -> Result<Datasets
                     ),
                 });
             }
-            let note = format!(
-                "last {held} of {n} samples of {} (data.eval_fraction {})",
-                d.train.display(),
-                d.eval_fraction
-            );
             // JPEG records are opened again for the held-out split, with the evaluation
             // transform (no random crops); the other formats are the same either way.
             let eval = match &*train {
                 AnyDataset::Images(_) => open(&d.train, config, TransformMode::Eval, "data.train")?,
                 _ => train.clone(),
             };
-            (
-                Subset::new(train, 0, n - held),
-                Subset::new(eval, n - held, held),
-                note,
-            )
+            let f = d.eval_fraction;
+            let from = d.train.display();
+            match tokens {
+                // The last windows: neighbouring windows share text, so a contiguous tail
+                // keeps the held-out text apart (nanoGPT's split).
+                true => (
+                    Subset::new(train, 0, n - held),
+                    Subset::new(eval, n - held, held),
+                    format!("last {held} of {n} samples of {from} (data.eval_fraction {f})"),
+                ),
+                // A seeded draw (torch's random_split): records and arrays are often in
+                // class order, and their tail would hold out the last classes whole.
+                false => {
+                    let order = drawn(n)?;
+                    let mut kept = order[..n - held].to_vec();
+                    kept.sort_unstable();
+                    (
+                        Subset::picked(train, kept),
+                        Subset::picked(eval, order[n - held..].to_vec()),
+                        format!(
+                            "a seeded draw of {held} of {n} samples of {from} (data.eval_fraction {f})"
+                        ),
+                    )
+                }
+            }
         }
     };
     if train.len() < config.batch.micro_batch {
@@ -207,14 +271,30 @@ pub fn open_datasets(config: &TrainConfig, model: &dyn Model) -> Result<Datasets
             ),
         });
     }
-    Ok(Datasets {
+    let data = Datasets {
         train: Arc::new(train),
         eval: Arc::new(eval),
         input,
         target,
         eval_note,
         held_out: d.eval.is_none(),
-    })
+    };
+    checks::check_data(config, &data)?;
+    Ok(data)
+}
+
+/// The seed of the draws [`drawn`] makes: fixed, so that a set's held-out samples are the
+/// same for every run's seed, as a dataset's own split is.
+const SPLIT_SEED: u64 = 0x5707_4e12;
+
+/// A seeded permutation of `0..n` (the sampler's Fisher-Yates).
+fn drawn(n: usize) -> Result<Vec<usize>> {
+    let config = stoker_data::SamplerConfig {
+        shuffle: true,
+        seed: SPLIT_SEED,
+        ..Default::default()
+    };
+    Ok(stoker_data::Sampler::new(n, config)?.global_order(0))
 }
 
 fn check_fields(
@@ -334,6 +414,15 @@ pub fn load_vocab(config: &TrainConfig) -> Result<Option<Vocab>> {
         return Ok(None);
     };
     let vocab = Vocab::load(path)?;
+    if vocab.size() == 0 {
+        return Err(crate::error::config_err(
+            "data.vocab",
+            format!(
+                "{} holds no tokens: expected the vocabulary `stoker pack` wrote beside the shard",
+                path.display()
+            ),
+        ));
+    }
     if let Some(model_vocab) = config.model.vocab() {
         if vocab.size() > model_vocab {
             return Err(crate::error::config_err(

@@ -1,0 +1,228 @@
+//! What the opened data must agree on before a run's first step: with the model (class
+//! ids inside `model.classes`, the evaluated token ids inside `model.vocab`), with the
+//! vocabulary (`data.vocab` against the `PREFIX.vocab.json` `stoker pack` wrote beside a
+//! shard), and between the training and evaluation sets (the same class names in the
+//! same order, an evaluation set that holds samples). Unchecked, each surfaced mid-run,
+//! or after the whole run at its first evaluation with no checkpoint written, or never:
+//! an evaluation set packed with another character map was evaluated silently.
+
+use std::path::Path;
+
+use stoker_data::image_folder::classes_path;
+use stoker_data::pack::text::Vocab;
+use stoker_data::{AnyDataset, DType, Dataset, SampleContext};
+
+use crate::config::TrainConfig;
+use super::{Datasets, Subset};
+use crate::error::{config_err, Result, TrainError};
+use crate::loss::IGNORE_INDEX;
+
+/// Runs every check on the opened `data` of `config`.
+pub fn check_data(config: &TrainConfig, data: &Datasets) -> Result<()> {
+    let d = &config.data;
+    let eval_key = if data.held_out {
+        "data.train"
+    } else {
+        "data.eval"
+    };
+    let eval_path = d.eval.as_deref().unwrap_or(&d.train);
+    if data.eval.len() == 0 {
+        return Err(TrainError::Data {
+            what: format!("{} ({eval_key})", eval_path.display()),
+            message: "holds no samples to evaluate on".into(),
+        });
+    }
+    if let Some(classes) = config.model.classes() {
+        // The class names first: a list longer than model.classes says more than the
+        // first id past it.
+        check_class_names(&d.train, d.eval.as_deref(), classes)?;
+        check_class_ids(&data.train, &data.target, classes, &d.train, "data.train")?;
+        if !data.held_out {
+            check_class_ids(&data.eval, &data.target, classes, eval_path, "data.eval")?;
+        }
+    }
+    if let Some(vocab) = &d.vocab {
+        for (path, key) in [
+            (Some(&*d.train), "data.train"),
+            (d.eval.as_deref(), "data.eval"),
+        ] {
+            if let Some(path) = path {
+                check_vocab_beside(path, key, vocab)?;
+            }
+        }
+    }
+    // The token windows evaluation reads (each checked against model.vocab as it is
+    // read): the training windows are read from the first step on, these only at the
+    // first evaluation, after training.
+    if let AnyDataset::Tokens(_) = &**data.eval.inner() {
+        let wanted = config.train.eval_batches.max(1) * config.batch.micro_batch;
+        read_each(&data.eval, wanted.min(data.eval.len())).map_err(|source| {
+            TrainError::Dataset {
+                key: eval_key.into(),
+                source,
+            }
+        })?;
+    }
+    Ok(())
+}
+
+/// Reads samples `0..n` of `ds`, each into scratch buffers, for the checks its reads make.
+fn read_each(ds: &Subset<AnyDataset>, n: usize) -> stoker_data::Result<()> {
+    let mut bufs: Vec<Vec<u8>> = ds
+        .fields()
+        .iter()
+        .map(|f| vec![0; f.sample_bytes()])
+        .collect();
+    let mut worker = Default::default();
+    for i in 0..n {
+        let mut out: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+        let ctx = SampleContext {
+            seed: 0,
+            epoch: 0,
+            index: i as u64,
+        };
+        ds.read_sample(&mut worker, ctx, &mut out)?;
+    }
+    Ok(())
+}
+
+/// Checks every class id of `ds`'s field `target` (the whole file under the subset) is in
+/// `0..classes` or the ignored index, naming the file, the key and the sample.
+fn check_class_ids(
+    ds: &Subset<AnyDataset>,
+    target: &str,
+    classes: usize,
+    path: &Path,
+    key: &str,
+) -> Result<()> {
+    let ids: Box<dyn Iterator<Item = i64> + '_> = match &**ds.inner() {
+        AnyDataset::Images(im) => Box::new(im.labels().iter().copied()),
+        AnyDataset::Arrays(a) => {
+            let Some(i) = a.fields().iter().position(|f| f.name == target) else {
+                return Ok(());
+            };
+            let arr = &a.arrays()[i];
+            let bytes = arr.bytes();
+            match arr.dtype() {
+                DType::U8 => Box::new(bytes.iter().map(|&v| v as i64)),
+                DType::U16 => Box::new(
+                    bytes
+                        .chunks_exact(2)
+                        .map(|c| u16::from_le_bytes([c[0], c[1]]) as i64),
+                ),
+                DType::I32 => Box::new(
+                    bytes
+                        .chunks_exact(4)
+                        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64),
+                ),
+                DType::I64 => Box::new(
+                    bytes
+                        .chunks_exact(8)
+                        .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))),
+                ),
+                // Other dtypes are refused by the field check before this one.
+                _ => return Ok(()),
+            }
+        }
+        AnyDataset::Tokens(_) => return Ok(()),
+    };
+    let per_sample = match &**ds.inner() {
+        AnyDataset::Arrays(a) => a
+            .fields()
+            .iter()
+            .find(|f| f.name == target)
+            .map_or(1, |f| f.sample_elements().max(1)),
+        _ => 1,
+    };
+    let bad = ids
+        .enumerate()
+        .find(|&(_, id)| id != IGNORE_INDEX && !(0..classes as i64).contains(&id));
+    match bad {
+        None => Ok(()),
+        Some((at, id)) => Err(TrainError::Data {
+            what: format!("{} ({key}) field `{target}`", path.display()),
+            message: format!(
+                "class id {id} at sample {} is outside 0..{classes} (model.classes)",
+                at / per_sample
+            ),
+        }),
+    }
+}
+
+/// The class names `stoker pack images` wrote beside the training and evaluation records
+/// (`PREFIX.classes.json`), where both have them: the same names in the same order (a
+/// label is a position in that list), and no more of them than `model.classes`.
+fn check_class_names(train: &Path, eval: Option<&Path>, classes: usize) -> Result<()> {
+    let read = |prefix: &Path| -> Result<Option<(std::path::PathBuf, Vec<String>)>> {
+        let path = classes_path(prefix);
+        if !path.is_file() {
+            return Ok(None);
+        }
+        let text = std::fs::read(&path).map_err(|e| crate::error::io_err(&path, e))?;
+        let names: Vec<String> = serde_json::from_slice(&text).map_err(|e| TrainError::Data {
+            what: path.display().to_string(),
+            message: format!("expected a JSON list of class names: {e}"),
+        })?;
+        Ok(Some((path, names)))
+    };
+    let Some((train_file, names)) = read(train)? else {
+        return Ok(());
+    };
+    if names.len() > classes {
+        return Err(config_err(
+            "model.classes",
+            format!(
+                "{classes}, but {} names {} classes",
+                train_file.display(),
+                names.len()
+            ),
+        ));
+    }
+    if let Some((eval_file, eval_names)) = eval.map(read).transpose()?.flatten() {
+        if eval_names != names {
+            return Err(TrainError::Data {
+                what: format!("{} (data.eval)", eval_file.display()),
+                message: format!(
+                    "classes {eval_names:?}, but the training records' {} are {names:?}: a \
+                     label is a position in that list, so the evaluation labels would mean \
+                     other classes (pack both from folders with the same class names)",
+                    train_file.display()
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A token shard `X.bin` packed with a vocabulary `X.vocab.json` beside it must have been
+/// packed with `data.vocab` (`vocab`): a character vocabulary is made per `stoker pack
+/// text` call, so a shard packed on its own maps ids to other characters.
+fn check_vocab_beside(shard: &Path, key: &str, vocab: &Path) -> Result<()> {
+    if shard.extension().is_none_or(|e| e != "bin") {
+        return Ok(());
+    }
+    let beside = shard.with_extension("vocab.json");
+    let same_file = |a: &Path, b: &Path| matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y);
+    if !beside.is_file() || same_file(&beside, vocab) {
+        return Ok(());
+    }
+    let load = |p: &Path| {
+        Vocab::load(p).map_err(|source| TrainError::Dataset {
+            key: key.into(),
+            source,
+        })
+    };
+    if load(&beside)? == load(vocab)? {
+        return Ok(());
+    }
+    Err(TrainError::Data {
+        what: format!("{} ({key})", shard.display()),
+        message: format!(
+            "packed with the vocabulary {}, which differs from data.vocab {}: its token ids \
+             would be read as other tokens (pack the files together, or with the same \
+             vocabulary)",
+            beside.display(),
+            vocab.display()
+        ),
+    })
+}

@@ -1,0 +1,243 @@
+//! The data a run opens, checked before its first step (stoker_train::data::checks) and
+//! split so that class-ordered samples do not skew training or evaluation. Each case here
+//! was found by a review: it failed mid-run, after the whole run at its first evaluation,
+//! or never.
+
+mod common;
+
+use std::path::Path;
+
+use candle_core::Device;
+use stoker_data::npy::write_npy;
+use stoker_data::{AnyDataset, DType, Dataset, SampleContext};
+use stoker_train::config::TrainConfig;
+use stoker_train::data::{open_datasets, Datasets, Subset};
+use stoker_train::models::build_meta_model_on;
+use stoker_train::TrainError;
+
+/// An MLP config over the arrays at `train` (and `eval`), `extra` inside `[train]`.
+fn mlp(dir: &Path, data: &str, classes: usize, extra: &str) -> TrainConfig {
+    let text = format!(
+        "run_dir = \"{}\"\n[data]\n{data}\ninput_field = \"x\"\ntarget_field = \"y\"\n\
+         [model]\nkind = \"mlp\"\ninput_shape = [2]\nhidden = [4]\nclasses = {classes}\n\
+         [batch]\nmicro_batch = 4\n[optimizer]\nkind = \"adamw\"\nlr = 1e-3\n\
+         [train]\nsteps = 1\n{extra}\n",
+        dir.join("run").display()
+    );
+    TrainConfig::parse(&text, Path::new("t.toml")).unwrap()
+}
+
+/// `n` samples of 2 floats, labels `labels(i)`, at `dir/name.{x,y}.npy`.
+fn arrays(dir: &Path, name: &str, n: usize, labels: impl Fn(usize) -> i64) {
+    let x: Vec<f32> = (0..2 * n).map(|i| i as f32).collect();
+    let y: Vec<i64> = (0..n).map(labels).collect();
+    let px = dir.join(format!("{name}.x.npy"));
+    write_npy(&px, DType::F32, &[n, 2], bytemuck::cast_slice(&x)).unwrap();
+    let py = dir.join(format!("{name}.y.npy"));
+    write_npy(&py, DType::I64, &[n], bytemuck::cast_slice(&y)).unwrap();
+}
+
+fn open(config: &TrainConfig) -> stoker_train::Result<Datasets> {
+    let p = config.precision;
+    let model = build_meta_model_on(&config.model, p, config.kernels, 0, &Device::Cpu)?;
+    open_datasets(config, &*model)
+}
+
+/// The labels of samples `0..n` of `ds` (field `y`, the second).
+fn labels(ds: &Subset<AnyDataset>, n: usize) -> Vec<i64> {
+    let mut worker = Default::default();
+    (0..n)
+        .map(|i| {
+            let (mut x, mut y) = ([0u8; 8], [0u8; 8]);
+            let ctx = SampleContext {
+                seed: 0,
+                epoch: 0,
+                index: i as u64,
+            };
+            ds.read_sample(&mut worker, ctx, &mut [&mut x, &mut y])
+                .unwrap();
+            i64::from_le_bytes(y)
+        })
+        .collect()
+}
+
+/// Records in class order (as `stoker pack images` writes them): the held-out samples are a
+/// seeded draw holding every class, the training samples too, and a partial evaluation of
+/// a class-ordered evaluation set reads a draw of it. Before, the tail held out the last
+/// class alone (0% accuracy on it, never trained on), and 2 evaluation batches read class
+/// 0 alone (100%).
+#[test]
+fn class_ordered_samples_are_split_and_evaluated_by_a_seeded_draw() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    arrays(d, "sorted", 40, |i| (i / 20) as i64);
+    let train = format!(
+        "train = \"{}\"\neval_fraction = 0.5",
+        d.join("sorted").display()
+    );
+    let data = open(&mlp(d, &train, 2, "")).unwrap();
+    assert_eq!((data.train.len(), data.eval.len()), (20, 20));
+    for (ds, what) in [(&data.train, "train"), (&data.eval, "eval")] {
+        let l = labels(ds, 20);
+        let ones = l.iter().filter(|&&v| v == 1).count();
+        assert!((5..=15).contains(&ones), "{what}: {l:?}");
+    }
+    // Every sample once, in one split or the other.
+    let (mut seen, mut worker) = (vec![0; 40], Default::default());
+    for ds in [&data.train, &data.eval] {
+        for i in 0..20 {
+            let (mut x, mut y) = ([0u8; 8], [0u8; 8]);
+            let ctx = SampleContext {
+                seed: 0,
+                epoch: 0,
+                index: i,
+            };
+            ds.read_sample(&mut worker, ctx, &mut [&mut x, &mut y])
+                .unwrap();
+            seen[f32::from_le_bytes(x[..4].try_into().unwrap()) as usize / 2] += 1;
+        }
+    }
+    assert_eq!(seen, vec![1; 40]);
+    // Two batches of 4 of a 40-sample evaluation set in class order: a draw.
+    let both = format!(
+        "train = \"{0}\"\neval = \"{0}\"",
+        d.join("sorted").display()
+    );
+    let data = open(&mlp(d, &both, 2, "eval_batches = 2")).unwrap();
+    let l = labels(&data.eval, 8);
+    assert!(l.contains(&0) && l.contains(&1), "{l:?}");
+    // The whole set evaluated: in its own order.
+    let data = open(&mlp(d, &both, 2, "eval_batches = 10")).unwrap();
+    assert_eq!(
+        labels(&data.eval, 40),
+        (0..40).map(|i| i / 20).collect::<Vec<_>>()
+    );
+}
+
+/// Refused at open, naming the file, the key and what was expected: an empty evaluation
+/// set (before: after the whole run, "dataset: has no samples"); a class id past
+/// `model.classes` in the evaluation set (before: after the whole run, naming no file);
+/// evaluation records whose class list is not the training records'.
+#[test]
+fn evaluation_data_that_cannot_be_evaluated_is_refused_at_open() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    arrays(d, "train", 40, |i| (i % 4) as i64);
+    arrays(d, "empty", 0, |_| 0);
+    arrays(d, "seven", 12, |i| if i == 9 { 7 } else { 0 });
+    let with = |eval: &str| {
+        format!(
+            "train = \"{}\"\neval = \"{}\"",
+            d.join("train").display(),
+            d.join(eval).display()
+        )
+    };
+    let err = |c: &TrainConfig| open(c).map(|_| ()).unwrap_err().to_string();
+    let e = err(&mlp(d, &with("empty"), 4, ""));
+    assert!(
+        e.contains("empty (data.eval)") && e.contains("holds no samples"),
+        "{e}"
+    );
+    let e = err(&mlp(d, &with("seven"), 4, ""));
+    assert!(
+        e.contains("seven (data.eval) field `y`")
+            && e.contains("class id 7 at sample 9 is outside 0..4 (model.classes)"),
+        "{e}"
+    );
+    // In the training set too, before the step that would read it.
+    let seven = format!("train = \"{}\"", d.join("seven").display());
+    let e = err(&mlp(d, &seven, 4, ""));
+    assert!(
+        e.contains("(data.train)") && e.contains("class id 7 at sample 9"),
+        "{e}"
+    );
+    // Class lists beside the arrays (as `stoker pack images` writes them).
+    let names = |p: &str, n: &[&str]| {
+        std::fs::write(
+            d.join(format!("{p}.classes.json")),
+            serde_json::to_string(n).unwrap(),
+        )
+        .unwrap()
+    };
+    names("train", &["ant", "bee", "cat", "dog"]);
+    names("seven", &["ant", "cat", "dog"]);
+    arrays(d, "seven", 12, |_| 0);
+    let e = err(&mlp(d, &with("seven"), 4, ""));
+    assert!(
+        e.contains("seven.classes.json (data.eval)") && e.contains("a label is a position"),
+        "{e}"
+    );
+    match open(&mlp(d, &with("train"), 3, "")) {
+        Err(TrainError::Config { key, message }) => {
+            assert_eq!(key, "model.classes");
+            assert!(message.contains("names 4 classes"), "{message}");
+        }
+        other => panic!(
+            "expected model.classes refused, got {:?}",
+            other.map(|_| ())
+        ),
+    }
+}
+
+/// A token evaluation shard is checked at open: an id past `model.vocab` (before: after
+/// the whole run), and a shard packed with another vocabulary than `data.vocab` (before:
+/// evaluated silently, its ids read as other characters). An empty vocabulary and text
+/// sampling without one are refused by key.
+#[test]
+fn a_token_evaluation_shard_is_checked_against_the_model_and_the_vocabulary() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    common::write_token_corpus(&d.join("corpus.bin"), 12_000);
+    let gpt = |eval: &str, extra: &str| {
+        let text = common::gpt_config(d, "fp32", 1, extra).replace(
+            "[model]",
+            &format!("eval = \"{}\"\n[model]", d.join(eval).display()),
+        );
+        TrainConfig::parse(&text, Path::new("t.toml"))
+    };
+    // Another shard: ids up to 30 with its own vocabulary beside it.
+    let ids: Vec<u16> = (0..4000).map(|i| (i % 31) as u16).collect();
+    stoker_data::tokens::write_tokens(d.join("other.bin"), &ids, stoker_data::TokenFormat::Llmc)
+        .unwrap();
+    let e = open(&gpt("other.bin", "").unwrap())
+        .map(|_| ())
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("data.eval")
+            && e.to_string()
+                .contains("is outside the model's vocabulary of 24"),
+        "{e}"
+    );
+    let ids: Vec<u16> = (0..4000).map(|i| (i % 20) as u16).collect();
+    stoker_data::tokens::write_tokens(d.join("other.bin"), &ids, stoker_data::TokenFormat::Llmc)
+        .unwrap();
+    let tokens: Vec<String> = ('a'..='t').map(String::from).collect();
+    let json = serde_json::json!({"kind": "char", "tokens": tokens});
+    std::fs::write(d.join("other.vocab.json"), json.to_string()).unwrap();
+    let e = open(&gpt("other.bin", "").unwrap())
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("other.bin (data.eval)") && e.contains("packed with the vocabulary"),
+        "{e}"
+    );
+    // The same vocabulary beside it: evaluated.
+    std::fs::copy(d.join("corpus.vocab.json"), d.join("other.vocab.json")).unwrap();
+    open(&gpt("other.bin", "").unwrap()).unwrap();
+    // Sampling prints through the vocabulary; an empty one is refused.
+    let no_vocab = common::gpt_config(d, "fp32", 1, "sample_tokens = 5").replace(
+        &format!("vocab = \"{}\"\n", d.join("corpus.vocab.json").display()),
+        "",
+    );
+    match TrainConfig::parse(&no_vocab, Path::new("t.toml")) {
+        Err(TrainError::Config { key, .. }) => assert_eq!(key, "train.sample_tokens"),
+        other => panic!("expected train.sample_tokens refused, got {other:?}"),
+    }
+    std::fs::write(d.join("corpus.vocab.json"), "{\"tokens\": []}").unwrap();
+    let e = stoker_train::data::load_vocab(&gpt("other.bin", "").unwrap()).unwrap_err();
+    match e {
+        TrainError::Config { key, .. } => assert_eq!(key, "data.vocab"),
+        other => panic!("expected data.vocab refused, got {other:?}"),
+    }
+}
