@@ -552,3 +552,35 @@ fn a_pack_that_writes_no_training_shard_says_why() {
         text(&o)
     );
 }
+
+/// `bench ddp` runs in its own directory under the config's run_dir: a second bench of the
+/// same config used to find the first one's final checkpoint there and refuse to start
+/// afresh. `--steps` at or below `--warmup` timed nothing and printed NaN.
+#[test]
+fn bench_ddp_runs_twice_on_one_config_and_refuses_nothing_to_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let corpus: String = (0..3000).map(|i| ["ab ", "cd ", "ef\n"][i % 3]).collect();
+    std::fs::write(dir.join("t.txt"), corpus).unwrap();
+    stoker(&["pack", "text", s(&dir.join("chars")), s(&dir.join("t.txt"))]);
+    let data = format!("train = {:?}", s(&dir.join("chars.bin")));
+    let model = "kind = \"gpt\"\nvocab = 16\ncontext = 16\nd_model = 16\nn_layer = 1\nn_head = 2";
+    let c = config(dir, "bench", &data, model, "steps = 5");
+    for _ in 0..2 {
+        let o = stoker(&["bench", "ddp", s(&c), "--steps", "2", "--warmup", "0"]);
+        assert!(
+            String::from_utf8_lossy(&o.stdout).contains("(median of 2)"),
+            "{}",
+            text(&o)
+        );
+    }
+    let o = Command::new(STOKER)
+        .args(["bench", "ddp", s(&c), "--steps", "0"])
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && e.contains("--steps 0: expected more than --warmup 3"),
+        "{e}"
+    );
+}

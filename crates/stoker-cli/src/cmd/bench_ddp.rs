@@ -154,6 +154,12 @@ fn start_step_collectives(
 
 /// Runs `stoker bench ddp`.
 pub fn run(a: DdpBenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        a.steps as usize > a.warmup,
+        "--steps {}: expected more than --warmup {} (the steps left to time)",
+        a.steps,
+        a.warmup
+    );
     let mut config = TrainConfig::load(&a.config)?;
     config.train.steps = a.steps;
     config.train.eval_every = 0;
@@ -175,6 +181,16 @@ pub fn run(a: DdpBenchArgs) -> anyhow::Result<()> {
             "this process".into(),
         ),
     };
+    // The bench's own directory: an earlier bench's final checkpoint there would make
+    // this run refuse to start afresh (it is a fresh run each time).
+    if comm.rank() == 0 {
+        let ckpts = config.run_dir.join("checkpoints");
+        if ckpts.exists() {
+            std::fs::remove_dir_all(&ckpts)
+                .with_context(|| format!("clearing {}", ckpts.display()))?;
+        }
+    }
+    comm.barrier()?;
     let world = comm.world_size();
     let threads = match std::env::var("RAYON_NUM_THREADS")
         .ok()

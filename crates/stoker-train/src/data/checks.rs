@@ -12,8 +12,8 @@ use stoker_data::image_folder::classes_path;
 use stoker_data::pack::text::Vocab;
 use stoker_data::{AnyDataset, DType, Dataset, SampleContext};
 
-use crate::config::TrainConfig;
 use super::{Datasets, Subset};
+use crate::config::TrainConfig;
 use crate::error::{config_err, Result, TrainError};
 use crate::loss::IGNORE_INDEX;
 
