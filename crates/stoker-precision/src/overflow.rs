@@ -159,12 +159,19 @@ pub struct CollapseWarning {
 
 impl fmt::Display for CollapseWarning {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // At the floor, the scale stays; below it (a scaler with no floor, torch's), it
+        // keeps halving, and below 1 it shrinks the loss rather than protecting it.
+        let (at, floor) = (self.scale, self.floor);
+        let state = match at < floor {
+            true => format!("has fallen to {at}, below {floor},"),
+            false => format!("is already at its minimum ({at} <= floor {floor})"),
+        };
         write!(
             f,
-            "loss scale already at minimum ({} <= floor {}) for {} overflowing steps in a row: \
-             the gradients are inf/NaN for a reason other than fp16 range, so every step is \
-             skipped and training has stalled",
-            self.scale, self.floor, self.consecutive_at_floor
+            "loss scale {state} for {} overflowing steps in a row: the gradients are inf/NaN \
+             for a reason other than fp16 range, so every step is skipped and training has \
+             stalled",
+            self.consecutive_at_floor
         )?;
         if !self.params.is_empty() {
             let shown: Vec<&str> = self.params.iter().take(8).map(String::as_str).collect();
@@ -203,24 +210,27 @@ pub struct OverflowReport {
     pub collapse: Option<CollapseWarning>,
 }
 
-impl fmt::Display for OverflowReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "step {} skipped: inf/NaN gradients (skip #{}, {} in a row); loss scale {} -> {}",
-            self.step,
-            self.total_skips,
-            self.consecutive_skips,
-            self.scale_before,
-            self.scale_after
-        )?;
+impl OverflowReport {
+    /// What happened, without the step's index: for a caller that numbers its steps
+    /// itself (a trainer counts from 1, this report from 0).
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "inf/NaN gradients (skip #{}, {} in a row); loss scale {} -> {}",
+            self.total_skips, self.consecutive_skips, self.scale_before, self.scale_after
+        );
         if !self.nonfinite_params.is_empty() {
-            write!(f, "; non-finite: {}", self.nonfinite_params.join(", "))?;
+            s += &format!("; non-finite: {}", self.nonfinite_params.join(", "));
         }
         if let Some(c) = &self.collapse {
-            write!(f, "\n{c}")?;
+            s += &format!("\n{c}");
         }
-        Ok(())
+        s
+    }
+}
+
+impl fmt::Display for OverflowReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "step {} skipped: {}", self.step, self.summary())
     }
 }
 

@@ -494,10 +494,31 @@ mod tests {
         assert_eq!(c.floor, 1.0);
         assert!(c.consecutive_at_floor >= 3);
         let msg = c.to_string();
-        assert!(msg.contains("already at minimum") && msg.contains("bf16") && msg.contains("clip"));
+        assert!(
+            msg.contains("is already at its minimum (1 <= floor 1)")
+                && msg.contains("bf16")
+                && msg.contains("clip"),
+            "{msg}"
+        );
         // A finite step ends the spiral.
         assert!(s.update(false).should_step());
         assert_eq!(s.state().overflow.consecutive_at_floor, 0);
+        // torch's scaler has no floor: its scale keeps halving past the diagnostics' 1,
+        // and the warning says so rather than "at its minimum".
+        let mut t = LossScaler::new(ScalerConfig::torch()).unwrap();
+        let mut last = None;
+        for _ in 0..40 {
+            last = Some(t.update(true));
+        }
+        let StepDecision::Skip(r) = last.unwrap() else {
+            panic!("expected a skip")
+        };
+        let msg = r.collapse.expect("collapse warning").to_string();
+        assert!(
+            msg.contains("has fallen to") && msg.contains(", below 1,"),
+            "{msg}"
+        );
+        assert!(!msg.contains("minimum"), "{msg}");
     }
 
     #[test]

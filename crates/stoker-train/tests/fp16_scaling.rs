@@ -26,6 +26,13 @@ fn overflowing_fp16_step_is_skipped_and_reported() {
         why.contains("weight") || why.contains("bias"),
         "report names parameters: {why}"
     );
+    // The report's own text, without an index of its own beside the trainer's step 1
+    // (before: its Debug form, "OverflowReport { step: 0, ..").
+    assert_eq!(r.step, 1);
+    assert!(
+        why.starts_with("inf/NaN gradients (skip #1, 1 in a row); loss scale 1000000000000000000000000000000 -> 500000000000000000000000000000"),
+        "{why}"
+    );
     assert_eq!(
         t.master(),
         before,

@@ -395,6 +395,22 @@ fn bf16_without_bf16_hardware_is_named_as_slow() {
         assert!(w.contains("precision = \"fp32\""), "{w}");
     }
     assert_eq!(stoker_train::run::slow_precision(&fp32), None);
+    // candle's composed ops emulate bf16 whatever the CPU: the warning names the cause
+    // (before, it called a CPU with bf16 instructions one without).
+    let text = gpt_config(tmp.path(), "bf16", 2, "").replacen(
+        "seed = 3\n",
+        "seed = 3\nstep = \"graph\"\nkernels = \"composed\"\n",
+        1,
+    );
+    let composed = TrainConfig::parse(&text, Path::new("t.toml")).unwrap();
+    let w = stoker_train::run::slow_precision(&composed).expect("composed bf16 is slow");
+    match native {
+        true => assert!(
+            w.contains("kernels = \"composed\"") && !w.contains("without"),
+            "{w}"
+        ),
+        false => assert!(w.contains("without bf16 instructions"), "{w}"),
+    }
 }
 
 /// `step = "handwritten" | "graph"` chooses the step path; `kernels` names the graph's ops.

@@ -355,10 +355,16 @@ pub fn slow_precision(config: &TrainConfig) -> Option<String> {
         .unwrap_or(false);
     let emulated =
         config.precision == crate::precision::Precision::Bf16 && !config.kernels.bf16_on_hardware();
-    (cpu && emulated).then(|| {
-        "precision = \"bf16\" on a CPU without bf16 hardware (no AMX or AVX512-BF16): \
-         candle emulates bf16 on its graph path, about 5x slower than fp32 here; \
-         precision = \"fp32\" trains faster on this CPU"
-            .to_string()
+    // Two causes: `kernels = "composed"` (candle's own ops, whatever the CPU), or a CPU
+    // without bf16 instructions.
+    (cpu && emulated).then(|| match stoker_kernels::bf16_native() {
+        true => "precision = \"bf16\" with kernels = \"composed\": candle's composed ops \
+                 emulate bf16, about 5x slower than fp32, although this CPU has bf16 \
+                 instructions; kernels = \"fused\" or the handwritten step runs bf16 on them"
+            .to_string(),
+        false => "precision = \"bf16\" on a CPU without bf16 instructions (no AMX or \
+                  AVX512-BF16): candle emulates bf16 on its graph path, about 5x slower than \
+                  fp32 here; precision = \"fp32\" trains faster on this CPU"
+            .to_string(),
     })
 }

@@ -342,7 +342,7 @@ impl Trainer {
                     );
                 }
                 match scaler.update(report.skipped) {
-                    StepDecision::Skip(why) => Some(format!("{why:?}")),
+                    StepDecision::Skip(why) => Some(why.summary()),
                     StepDecision::Step => None,
                 }
             }

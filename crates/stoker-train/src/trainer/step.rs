@@ -139,7 +139,7 @@ impl Trainer {
             scaler.note_nonfinite("(a gradient on another rank)");
         }
         Ok(match scaler.update(found_inf) {
-            StepDecision::Skip(rep) => Some(format!("{rep:?}")),
+            StepDecision::Skip(rep) => Some(rep.summary()),
             _ => None,
         })
     }
