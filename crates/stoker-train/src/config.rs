@@ -938,6 +938,13 @@ impl TrainConfig {
         if b.micro_batch == 0 {
             return Err(config_err("batch.micro_batch", "must be at least 1"));
         }
+        // The loader's knobs, checked at parse by their config keys (the loader names its
+        // own fields, `prefetch_factor`, where `data.prefetch_factor` is what to fix).
+        if let Err(stoker_data::DataError::Config { field, message }) =
+            self.data.train_loader(b.micro_batch).validate()
+        {
+            return Err(config_err(format!("data.{field}"), message));
+        }
         for (key, v) in [
             ("batch.accumulation_steps", b.accumulation_steps),
             ("batch.world_size", b.world_size),

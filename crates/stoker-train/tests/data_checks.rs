@@ -17,14 +17,18 @@ use stoker_train::TrainError;
 
 /// An MLP config over the arrays at `train` (and `eval`), `extra` inside `[train]`.
 fn mlp(dir: &Path, data: &str, classes: usize, extra: &str) -> TrainConfig {
-    let text = format!(
+    TrainConfig::parse(&mlp_text(dir, data, classes, extra), Path::new("t.toml")).unwrap()
+}
+
+/// [`mlp`]'s text.
+fn mlp_text(dir: &Path, data: &str, classes: usize, extra: &str) -> String {
+    format!(
         "run_dir = \"{}\"\n[data]\n{data}\ninput_field = \"x\"\ntarget_field = \"y\"\n\
          [model]\nkind = \"mlp\"\ninput_shape = [2]\nhidden = [4]\nclasses = {classes}\n\
          [batch]\nmicro_batch = 4\n[optimizer]\nkind = \"adamw\"\nlr = 1e-3\n\
          [train]\nsteps = 1\n{extra}\n",
         dir.join("run").display()
-    );
-    TrainConfig::parse(&text, Path::new("t.toml")).unwrap()
+    )
 }
 
 /// `n` samples of 2 floats, labels `labels(i)`, at `dir/name.{x,y}.npy`.
@@ -240,4 +244,50 @@ fn a_token_evaluation_shard_is_checked_against_the_model_and_the_vocabulary() {
         TrainError::Config { key, .. } => assert_eq!(key, "data.vocab"),
         other => panic!("expected data.vocab refused, got {other:?}"),
     }
+}
+
+/// The loader's knobs are refused at parse by their config keys (before: "invalid config:
+/// prefetch_factor", the loader's own field name, mid-setup), and a classifier's target
+/// field must hold one class id per sample (before: "256 targets for 4 rows of logits").
+#[test]
+fn loader_keys_and_a_classifier_s_target_are_refused_by_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    arrays(d, "a", 40, |i| (i % 2) as i64);
+    let data = format!(
+        "train = \"{}\"\neval_fraction = 0.25",
+        d.join("a").display()
+    );
+    for (knobs, key) in [
+        (
+            "num_workers = 2\nprefetch_factor = 0",
+            "data.prefetch_factor",
+        ),
+        ("persistent_workers = true", "data.persistent_workers"),
+        ("num_workers = 5000", "data.num_workers"),
+    ] {
+        let text = mlp_text(d, &data, 2, "").replace("[data]\n", &format!("[data]\n{knobs}\n"));
+        match TrainConfig::parse(&text, Path::new("t.toml")) {
+            Err(TrainError::Config { key: k, .. }) => assert_eq!(k, key),
+            other => panic!("expected {key} refused, got {other:?}"),
+        }
+    }
+    // `z` (2 ids a sample) named as the target.
+    let z: Vec<i64> = (0..80).map(|i| i % 2).collect();
+    write_npy(
+        &d.join("a.z.npy"),
+        DType::I64,
+        &[40, 2],
+        bytemuck::cast_slice(&z),
+    )
+    .unwrap();
+    let text = mlp_text(d, &data, 2, "").replace("target_field = \"y\"", "target_field = \"z\"");
+    let c = TrainConfig::parse(&text, Path::new("t.toml")).unwrap();
+    let e = open(&c).map(|_| ()).unwrap_err().to_string();
+    assert!(
+        e.contains("field `z`")
+            && e.contains("shape [2] per sample")
+            && e.contains("data.target_field"),
+        "{e}"
+    );
 }

@@ -333,6 +333,18 @@ fn check_fields(
             message: format!("dtype {}: class ids must be integers", tgt.dtype.name()),
         });
     }
+    // A classifier's target is one class id per sample (a token model's, one per input
+    // token, is the windows' own).
+    if !matches!(ds, AnyDataset::Tokens(_)) && tgt.sample_elements() != 1 {
+        return Err(TrainError::Data {
+            what: format!("{what} field `{target}`"),
+            message: format!(
+                "shape {:?} per sample: a classifier's target is one class id per sample \
+                 (config key data.target_field)",
+                tgt.shape
+            ),
+        });
+    }
     Ok(())
 }
 
