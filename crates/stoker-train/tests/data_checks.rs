@@ -275,7 +275,7 @@ fn loader_keys_and_a_classifier_s_target_are_refused_by_key() {
     // `z` (2 ids a sample) named as the target.
     let z: Vec<i64> = (0..80).map(|i| i % 2).collect();
     write_npy(
-        &d.join("a.z.npy"),
+        d.join("a.z.npy"),
         DType::I64,
         &[40, 2],
         bytemuck::cast_slice(&z),
