@@ -75,7 +75,18 @@ fn folder_cases(dir: &Path, out: &mut Vec<Case>) {
             }
         },
         &[],
-        "images",
+        "ant: class folder: holds no files",
+        "format",
+    );
+    case(
+        "one class folder without photos",
+        &|d| {
+            for k in 0..2 {
+                std::fs::remove_file(d.join("cat").join(format!("{k}.jpg"))).unwrap();
+            }
+        },
+        &[],
+        "cat: class folder: holds no files",
         "format",
     );
     case(
