@@ -785,6 +785,25 @@ fn a_fresh_run_beside_an_earlier_run_s_checkpoints_is_refused() {
             other => panic!("expected {key} refused, got {other:?}"),
         }
     }
+    // Another file of the same size: its samples' fingerprint differs.
+    let shard = stoker_data::TokenShard::open_detect(tmp.path().join("corpus.bin")).unwrap();
+    let reversed: Vec<u16> = (0..shard.len()).rev().map(|i| shard.token(i)).collect();
+    let other_bin = tmp.path().join("other.bin");
+    stoker_data::tokens::write_tokens(&other_bin, &reversed, stoker_data::TokenFormat::Llmc)
+        .unwrap();
+    let corpus = tmp.path().join("corpus.bin").display().to_string();
+    let text = gpt_config(tmp.path(), "fp32", 4, "checkpoint_every = 2")
+        .replace(&corpus, &other_bin.display().to_string());
+    match run(
+        &TrainConfig::parse(&text, Path::new("t.toml")).unwrap(),
+        &resume,
+    ) {
+        Err(TrainError::Config { key, message }) => {
+            assert_eq!(key, "data.train");
+            assert!(message.contains("its samples differ"), "{message}");
+        }
+        other => panic!("expected data.train refused, got {other:?}"),
+    }
     // Another precision goes on from the same weights and moments (with a warning).
     run(
         &config(tmp.path(), "bf16", 4, "checkpoint_every = 2"),

@@ -50,6 +50,10 @@ pub struct DataPosition {
     /// it was recorded): another count orders other samples.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub train_samples: Option<usize>,
+    /// Their fingerprint (`Datasets::train_fingerprint`; absent in checkpoints written
+    /// before it was recorded): another file of the same size differs in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_crc32: Option<u32>,
 }
 
 impl DataPosition {
@@ -72,6 +76,7 @@ impl DataPosition {
             accumulation_steps,
             ranks: vec![state; world],
             train_samples,
+            train_crc32: None,
         }
     }
 

@@ -119,6 +119,37 @@ pub struct Datasets {
 }
 
 impl Datasets {
+    /// A fingerprint of the training samples: the CRC-32 of the first, middle and last
+    /// (every field, as the loader reads them). Two files of the same size (MNIST and
+    /// Fashion-MNIST) differ in it; a resume compares it with its checkpoint's.
+    pub fn train_fingerprint(&self) -> Result<u32> {
+        let ds = &self.train;
+        let n = ds.len();
+        let mut bufs: Vec<Vec<u8>> = ds
+            .fields()
+            .iter()
+            .map(|f| vec![0; f.sample_bytes()])
+            .collect();
+        let mut worker = Default::default();
+        let mut crc = crc32fast::Hasher::new();
+        for i in [0, n / 2, n.saturating_sub(1)]
+            .into_iter()
+            .filter(|&i| i < n)
+        {
+            let mut out: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+            let ctx = SampleContext {
+                seed: 0,
+                epoch: 0,
+                index: i as u64,
+            };
+            ds.read_sample(&mut worker, ctx, &mut out)?;
+            for b in &bufs {
+                crc.update(b);
+            }
+        }
+        Ok(crc.finalize())
+    }
+
     /// Bytes of the files the training and evaluation data map, each file once (a held-out
     /// evaluation split maps the training file): what reading them adds to the resident
     /// set as file-backed pages.
@@ -171,6 +202,9 @@ pub fn open_datasets(config: &TrainConfig, model: &dyn Model) -> Result<Datasets
     let d = &config.data;
     let train = open(&d.train, config, TransformMode::Train, "data.train")?;
     let tokens = matches!(&*train, AnyDataset::Tokens(_));
+    // A token model's samples are windows of a text stream (a shard, or windows saved as
+    // arrays): held out as a tail and evaluated in order. A classifier's are drawn.
+    let stream = tokens || config.model.vocab().is_some();
     let input = d
         .input_field
         .clone()
@@ -196,7 +230,7 @@ pub fn open_datasets(config: &TrainConfig, model: &dyn Model) -> Result<Datasets
             // first samples (in class order, those are the first classes alone). Token
             // windows, a stream of text, are evaluated from the start.
             let part = config.train.eval_batches.max(1) * config.batch.micro_batch < m;
-            let (eval, note) = match (tokens, part) {
+            let (eval, note) = match (stream, part) {
                 (false, true) => (
                     Subset::picked(eval, drawn(m)?),
                     format!(
@@ -236,7 +270,7 @@ pub fn open_datasets(config: &TrainConfig, model: &dyn Model) -> Result<Datasets
             };
             let f = d.eval_fraction;
             let from = d.train.display();
-            match tokens {
+            match stream {
                 // The last windows: neighbouring windows share text, so a contiguous tail
                 // keeps the held-out text apart (nanoGPT's split).
                 true => (
@@ -331,18 +365,6 @@ fn check_fields(
         return Err(TrainError::Data {
             what: format!("{what} field `{target}`"),
             message: format!("dtype {}: class ids must be integers", tgt.dtype.name()),
-        });
-    }
-    // A classifier's target is one class id per sample (a token model's, one per input
-    // token, is the windows' own).
-    if !matches!(ds, AnyDataset::Tokens(_)) && tgt.sample_elements() != 1 {
-        return Err(TrainError::Data {
-            what: format!("{what} field `{target}`"),
-            message: format!(
-                "shape {:?} per sample: a classifier's target is one class id per sample \
-                 (config key data.target_field)",
-                tgt.shape
-            ),
         });
     }
     Ok(())

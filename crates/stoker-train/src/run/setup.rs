@@ -86,7 +86,10 @@ impl Rank {
         };
         let mut trainer = Trainer::with_strategy_on_gpu(config, model, strategy, local)?;
         let resumed_at = match &opts.resume {
-            Some(dir) => Some(resume(&mut trainer, dir, config, &dims, data.train.len())?),
+            Some(dir) => {
+                let train = (data.train.len(), data.train_fingerprint()?);
+                Some(resume(&mut trainer, dir, config, &dims, train)?)
+            }
             None => None,
         };
         // The resident loop made before the first step (its GPU opened, its buffers
@@ -159,18 +162,19 @@ fn check_master_fits(
 }
 
 /// Loads the checkpoint `dir` into `trainer` and sets its loader position for this
-/// run's batch split, after checking that `config`, over `train_samples` training
-/// samples, continues the run that wrote it; the step it was saved after.
+/// run's batch split, after checking that `config`, over `train` training data (its
+/// sample count and fingerprint), continues the run that wrote it; the step it was
+/// saved after.
 fn resume(
     trainer: &mut Trainer,
     dir: &std::path::Path,
     config: &TrainConfig,
     dims: &ParallelDims,
-    train_samples: usize,
+    train: (usize, u32),
 ) -> Result<u64> {
     let state = checkpoint::load(trainer, dir)?;
     let run = checkpoint::RunRecord::of(config);
-    let notes = checkpoint::check_continues(&state, &run, Some(train_samples), dir)?;
+    let notes = checkpoint::check_continues(&state, &run, Some(train), dir)?;
     if dims.rank == 0 {
         for note in notes {
             tracing::warn!("{note}");

@@ -239,13 +239,14 @@ fn checkpoint_now(ctx: &LoopContext<'_>, rank: &mut Rank, stats: &mut LoopStats)
     rank.trainer.sync_host()?;
     let (trainer, dims) = (&rank.trainer, &rank.dims);
     same_weights_everywhere(&**ctx.comm, trainer, trainer.step())?;
-    let pos = DataPosition::of(
+    let mut pos = DataPosition::of(
         trainer.sampler_state(),
         dims.global_batch,
         dims.world,
         dims.accumulation_steps,
         Some(rank.data.train.len()),
     );
+    pos.train_crc32 = Some(rank.data.train_fingerprint()?);
     let root = ctx.config.run_dir.join("checkpoints");
     let run = checkpoint::RunRecord::of(ctx.config);
     checkpoint::save(trainer, &**ctx.comm, &root, &run, pos, ctx.opts.save_fault)?;
