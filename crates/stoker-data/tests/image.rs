@@ -500,9 +500,14 @@ fn hidden_folders_are_passed_over_empty_classes_refused_and_a_failed_pack_keeps_
     let dir = tempfile::tempdir().unwrap();
     let src = make_folder(dir.path());
     std::fs::create_dir_all(src.join(".ipynb_checkpoints")).unwrap();
+    // Hidden folders inside a class hold no photos of it either (notebooks' copies).
+    let copies = src.join("cat/.ipynb_checkpoints");
+    std::fs::create_dir_all(&copies).unwrap();
+    std::fs::copy(src.join("cat/a.jpg"), copies.join("a-checkpoint.jpg")).unwrap();
     let out = dir.path().join("p");
     let summary = pack_image_folder(&src, &out).unwrap();
     assert_eq!(summary.classes, vec!["ant", "cat"]);
+    assert_eq!(summary.per_class, vec![1, 2]);
     let read_all = || -> Vec<Vec<u8>> {
         summary
             .outputs
@@ -515,7 +520,20 @@ fn hidden_folders_are_passed_over_empty_classes_refused_and_a_failed_pack_keeps_
     std::fs::create_dir_all(src.join("dog")).unwrap();
     let msg = pack_image_folder(&src, &out).unwrap_err().to_string();
     assert!(msg.contains("dog: class folder: holds no files"), "{msg}");
-    std::fs::remove_dir(src.join("dog")).unwrap();
+    // A class whose files are all skipped as not JPEG is as empty.
+    std::fs::write(src.join("dog/notes.txt"), "hello").unwrap();
+    let opts = PackOptions {
+        skip_non_jpeg: true,
+        ..Default::default()
+    };
+    let msg = pack_image_folder_with(&src, &out, &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("dog: class folder: holds no JPEG photos"),
+        "{msg}"
+    );
+    std::fs::remove_dir_all(src.join("dog")).unwrap();
     // cat/notes.txt sorts after cat's photos: ant's and cat's records are written first.
     std::fs::write(src.join("cat/notes.txt"), "hello").unwrap();
     assert!(pack_image_folder(&src, &out).is_err());

@@ -246,6 +246,34 @@ fn a_token_evaluation_shard_is_checked_against_the_model_and_the_vocabulary() {
     }
 }
 
+/// A token model may read its windows from `.npy` arrays: its targets are a window each,
+/// not one class id (the classifier's rule refused them for a while).
+#[test]
+fn a_token_model_reads_windows_from_arrays() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    common::write_token_corpus(&d.join("corpus.bin"), 12_000);
+    let ids: Vec<i64> = (0..64 * 16).map(|i| (i % 20) as i64).collect();
+    for f in ["input", "target"] {
+        let p = d.join(format!("tok.{f}.npy"));
+        write_npy(&p, DType::I64, &[64, 16], bytemuck::cast_slice(&ids)).unwrap();
+    }
+    let text = common::gpt_config(d, "fp32", 1, "").replace(
+        &format!("train = \"{}\"", d.join("corpus.bin").display()),
+        &format!(
+            "train = \"{}\"\ninput_field = \"input\"\ntarget_field = \"target\"",
+            d.join("tok").display()
+        ),
+    );
+    let data = open(&TrainConfig::parse(&text, Path::new("t.toml")).unwrap()).unwrap();
+    // Held out as a tail, as a token shard's windows are.
+    assert!(
+        data.eval_note.starts_with("last 6 of 64 samples"),
+        "{}",
+        data.eval_note
+    );
+}
+
 /// The loader's knobs are refused at parse by their config keys (before: "invalid config:
 /// prefetch_factor", the loader's own field name, mid-setup), and a classifier's target
 /// field must hold one class id per sample (before: "256 targets for 4 rows of logits").

@@ -78,7 +78,7 @@ pub fn pack_image_folder_with(
     let tmp = crate::paths::prefixed(out, ".partial");
     let files = |p: &Path| {
         let r = crate::records::RecordPaths::new(p);
-        vec![r.data, r.index, r.manifest, labels_path(p), classes_path(p)]
+        vec![r.data, r.index, labels_path(p), classes_path(p), r.manifest]
     };
     match write_pack(src_dir.as_ref(), &tmp, options) {
         Err(e) => {
@@ -175,6 +175,14 @@ fn write_pack(src: &Path, out: &Path, options: &PackOptions) -> Result<PackSumma
             labels.push(label as i64);
         }
         downscaled += flush(&mut pending, options, &mut downscalers, &mut writer)?;
+        // Every file skipped (`skip_non_jpeg`): the class would take a label and no photo.
+        if labels.len() == before {
+            return Err(DataError::format(
+                src.join(name),
+                "class folder",
+                "holds no JPEG photos (its files were skipped as not JPEG): every class needs photos",
+            ));
+        }
         per_class.push((labels.len() - before) as u64);
     }
     if labels.is_empty() {
@@ -311,7 +319,14 @@ fn walk_files(
     entries.sort();
     for path in entries {
         let meta = fs::metadata(&path).map_err(|e| DataError::io(&path, e))?;
-        if meta.is_dir() {
+        let hidden = path
+            .file_name()
+            .is_some_and(|n| n.as_encoded_bytes().starts_with(b"."));
+        if meta.is_dir() && hidden {
+            // A hidden folder (`.ipynb_checkpoints`' copies of the photos) is no photos of
+            // the class, at any depth, as it is no class at the top.
+            continue;
+        } else if meta.is_dir() {
             walk_files(&path, out, seen)?;
         } else if meta.is_file() {
             out.push(path);

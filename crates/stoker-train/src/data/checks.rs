@@ -36,6 +36,12 @@ pub fn check_data(config: &TrainConfig, data: &Datasets) -> Result<()> {
         // The class names first: a list longer than model.classes says more than the
         // first id past it.
         check_class_names(&d.train, d.eval.as_deref(), classes)?;
+        for (ds, path, key) in [
+            (&data.train, &*d.train, "data.train"),
+            (&data.eval, eval_path, eval_key),
+        ] {
+            check_one_id_per_sample(ds, &data.target, path, key)?;
+        }
         check_class_ids(&data.train, &data.target, classes, &d.train, "data.train")?;
         if !data.held_out {
             check_class_ids(&data.eval, &data.target, classes, eval_path, "data.eval")?;
@@ -84,6 +90,27 @@ fn read_each(ds: &Subset<AnyDataset>, n: usize) -> stoker_data::Result<()> {
         ds.read_sample(&mut worker, ctx, &mut out)?;
     }
     Ok(())
+}
+
+/// A classifier's target is one class id per sample (a token model's, one per input
+/// token, is its windows' own): an image named as the target failed inside the loss.
+fn check_one_id_per_sample(
+    ds: &Subset<AnyDataset>,
+    target: &str,
+    path: &Path,
+    key: &str,
+) -> Result<()> {
+    match ds.fields().iter().find(|f| f.name == target) {
+        Some(f) if f.sample_elements() != 1 => Err(TrainError::Data {
+            what: format!("{} ({key}) field `{target}`", path.display()),
+            message: format!(
+                "shape {:?} per sample: a classifier's target is one class id per sample \
+                 (config key data.target_field)",
+                f.shape
+            ),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Checks every class id of `ds`'s field `target` (the whole file under the subset) is in
