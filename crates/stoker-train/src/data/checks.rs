@@ -10,9 +10,9 @@ use std::path::Path;
 
 use stoker_data::image_folder::classes_path;
 use stoker_data::pack::text::Vocab;
-use stoker_data::{AnyDataset, DType, Dataset, SampleContext};
+use stoker_data::{AnyDataset, DType, Dataset};
 
-use super::{Datasets, Subset};
+use super::{for_each_sample, Datasets, Subset};
 use crate::config::TrainConfig;
 use crate::error::{config_err, Result, TrainError};
 use crate::loss::IGNORE_INDEX;
@@ -62,32 +62,12 @@ pub fn check_data(config: &TrainConfig, data: &Datasets) -> Result<()> {
     // first evaluation, after training.
     if let AnyDataset::Tokens(_) = &**data.eval.inner() {
         let wanted = config.train.eval_batches.max(1) * config.batch.micro_batch;
-        read_each(&data.eval, wanted.min(data.eval.len())).map_err(|source| {
+        for_each_sample(&data.eval, 0..wanted.min(data.eval.len()), |_| {}).map_err(|source| {
             TrainError::Dataset {
                 key: eval_key.into(),
                 source,
             }
         })?;
-    }
-    Ok(())
-}
-
-/// Reads samples `0..n` of `ds`, each into scratch buffers, for the checks its reads make.
-fn read_each(ds: &Subset<AnyDataset>, n: usize) -> stoker_data::Result<()> {
-    let mut bufs: Vec<Vec<u8>> = ds
-        .fields()
-        .iter()
-        .map(|f| vec![0; f.sample_bytes()])
-        .collect();
-    let mut worker = Default::default();
-    for i in 0..n {
-        let mut out: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
-        let ctx = SampleContext {
-            seed: 0,
-            epoch: 0,
-            index: i as u64,
-        };
-        ds.read_sample(&mut worker, ctx, &mut out)?;
     }
     Ok(())
 }

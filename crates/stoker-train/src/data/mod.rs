@@ -118,35 +118,46 @@ pub struct Datasets {
     pub held_out: bool,
 }
 
+/// Reads the samples `indices` of `ds` outside the loader, each into scratch buffers (one
+/// per field, as the loader fills them), and hands them to `each`: for the checks that
+/// read samples before a run's first step.
+pub fn for_each_sample(
+    ds: &Subset<AnyDataset>,
+    indices: impl IntoIterator<Item = usize>,
+    mut each: impl FnMut(&[Vec<u8>]),
+) -> stoker_data::Result<()> {
+    let mut bufs: Vec<Vec<u8>> = ds
+        .fields()
+        .iter()
+        .map(|f| vec![0; f.sample_bytes()])
+        .collect();
+    let mut worker = Default::default();
+    for i in indices {
+        let mut out: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+        let ctx = SampleContext {
+            seed: 0,
+            epoch: 0,
+            index: i as u64,
+        };
+        ds.read_sample(&mut worker, ctx, &mut out)?;
+        each(&bufs);
+    }
+    Ok(())
+}
+
 impl Datasets {
     /// A fingerprint of the training samples: the CRC-32 of the first, middle and last
     /// (every field, as the loader reads them). Two files of the same size (MNIST and
     /// Fashion-MNIST) differ in it; a resume compares it with its checkpoint's.
     pub fn train_fingerprint(&self) -> Result<u32> {
-        let ds = &self.train;
-        let n = ds.len();
-        let mut bufs: Vec<Vec<u8>> = ds
-            .fields()
-            .iter()
-            .map(|f| vec![0; f.sample_bytes()])
-            .collect();
-        let mut worker = Default::default();
-        let mut crc = crc32fast::Hasher::new();
-        for i in [0, n / 2, n.saturating_sub(1)]
+        let n = self.train.len();
+        let picks = [0, n / 2, n.saturating_sub(1)]
             .into_iter()
-            .filter(|&i| i < n)
-        {
-            let mut out: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
-            let ctx = SampleContext {
-                seed: 0,
-                epoch: 0,
-                index: i as u64,
-            };
-            ds.read_sample(&mut worker, ctx, &mut out)?;
-            for b in &bufs {
-                crc.update(b);
-            }
-        }
+            .filter(|&i| i < n);
+        let mut crc = crc32fast::Hasher::new();
+        for_each_sample(&self.train, picks, |fields| {
+            fields.iter().for_each(|b| crc.update(b))
+        })?;
         Ok(crc.finalize())
     }
 
