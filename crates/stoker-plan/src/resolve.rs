@@ -445,18 +445,8 @@ fn resolve_training(t: &TrainingInput, model: &ModelSpec, hw: &Hardware) -> Resu
             hint: "the planner needs the peak FLOP/s of the dtype it computes in".into(),
         });
     }
-    let optimizer = t
-        .optimizer
-        .as_deref()
-        .map(|o| Optimizer::parse("training.optimizer", o))
-        .transpose()?
-        .unwrap_or(Optimizer::Adam);
-    let accounting = t
-        .accounting
-        .as_deref()
-        .map(|a| Accounting::parse("training.accounting", a))
-        .transpose()?
-        .unwrap_or(Accounting::Stoker);
+    let optimizer = Optimizer::from_key(t.optimizer.as_deref())?;
+    let accounting = Accounting::from_key(t.accounting.as_deref())?;
     let mfu = match t.mfu {
         Some(v) if v.is_finite() && v > 0.0 && v <= 1.0 => v,
         Some(v) => return Err(invalid("training.mfu", "a fraction in (0, 1]", v)),

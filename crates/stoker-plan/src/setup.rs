@@ -125,6 +125,14 @@ impl Optimizer {
         }
     }
 
+    /// `training.optimizer` as given (a flag or a file), Adam where it is absent: the one
+    /// place the key's name and default live.
+    pub fn from_key(value: Option<&str>) -> Result<Self> {
+        value.map_or(Ok(Optimizer::Adam), |s| {
+            Self::parse("training.optimizer", s)
+        })
+    }
+
     /// The name used in configs.
     pub fn name(self) -> &'static str {
         match self {
@@ -154,6 +162,14 @@ impl Accounting {
             Accounting::Deepspeed => "deepspeed",
             Accounting::DeepspeedLegacy => "deepspeed-legacy",
         }
+    }
+
+    /// `training.accounting` as given (a flag or a file), stoker's where it is absent: the
+    /// one place the key's name and default live.
+    pub fn from_key(value: Option<&str>) -> Result<Self> {
+        value.map_or(Ok(Accounting::Stoker), |s| {
+            Self::parse("training.accounting", s)
+        })
     }
 
     /// Parses `stoker`, `deepspeed` or `deepspeed-legacy`.

@@ -310,12 +310,7 @@ fn print_states_only(args: &PlanArgs, params: u64) -> anyhow::Result<()> {
         .map(|s| Precision::parse("training.precision", s))
         .transpose()?
         .unwrap_or(Precision::Bf16);
-    let optimizer = args
-        .optimizer
-        .as_deref()
-        .map(|s| Optimizer::parse("training.optimizer", s))
-        .transpose()?
-        .unwrap_or(Optimizer::Adam);
+    let optimizer = Optimizer::from_key(args.optimizer.as_deref())?;
     let worlds: Vec<u64> = match (args.nodes, args.devices_per_node) {
         (None, None) => vec![1, 8, 64],
         (n, d) => {
@@ -328,12 +323,7 @@ fn print_states_only(args: &PlanArgs, params: u64) -> anyhow::Result<()> {
             vec![(n * d) as u64]
         }
     };
-    let accounting = args
-        .accounting
-        .as_deref()
-        .map(|s| Accounting::parse("training.accounting", s))
-        .transpose()?
-        .unwrap_or(Accounting::Stoker);
+    let accounting = Accounting::from_key(args.accounting.as_deref())?;
     print!(
         "{}",
         stoker_plan::states_only::table(params, precision, optimizer, &worlds, accounting)
