@@ -33,6 +33,9 @@ pub(super) struct Rank {
     pub trainer: Trainer,
     /// The training and evaluation data.
     pub data: Datasets,
+    /// Its training samples' fingerprint (`Datasets::train_fingerprint`), read once: the
+    /// data does not change within a run, and every checkpoint records it.
+    pub train_fingerprint: u32,
     /// The vocabulary, for the text sample.
     pub vocab: Option<Vocab>,
     /// Rank 0's metrics log.
@@ -76,6 +79,7 @@ impl Rank {
         let data = open_datasets(config, &*meta)?;
         let lens = (data.train.len(), data.eval.len());
         crate::parallel::agree::check_same_data(&**comm, lens, config)?;
+        let train_fingerprint = data.train_fingerprint()?;
         let layout = FlatLayout::of(meta.params())?;
         check_master_fits(config, &layout, comm.world_size(), per_host)?;
         let strategy = crate::parallel::for_config(config, &layout, comm.clone())?;
@@ -87,7 +91,7 @@ impl Rank {
         let mut trainer = Trainer::with_strategy_on_gpu(config, model, strategy, local)?;
         let resumed_at = match &opts.resume {
             Some(dir) => {
-                let train = (data.train.len(), data.train_fingerprint()?);
+                let train = (data.train.len(), train_fingerprint);
                 Some(resume(&mut trainer, dir, config, &dims, train)?)
             }
             None => None,
@@ -117,6 +121,7 @@ impl Rank {
             per_host,
             trainer,
             data,
+            train_fingerprint,
             vocab,
             log,
             accounting,

@@ -246,7 +246,7 @@ fn checkpoint_now(ctx: &LoopContext<'_>, rank: &mut Rank, stats: &mut LoopStats)
         dims.accumulation_steps,
         Some(rank.data.train.len()),
     );
-    pos.train_crc32 = Some(rank.data.train_fingerprint()?);
+    pos.train_crc32 = Some(rank.train_fingerprint);
     let root = ctx.config.run_dir.join("checkpoints");
     let run = checkpoint::RunRecord::of(ctx.config);
     checkpoint::save(trainer, &**ctx.comm, &root, &run, pos, ctx.opts.save_fault)?;
