@@ -93,8 +93,9 @@ fn check_one_id_per_sample(
     }
 }
 
-/// Checks every class id of `ds`'s field `target` (the whole file under the subset) is in
-/// `0..classes` or the ignored index, naming the file, the key and the sample.
+/// Checks every class id of `ds`'s field `target` (the whole file under the subset; one id
+/// per sample, [`check_one_id_per_sample`] checked first) is in `0..classes` or the
+/// ignored index, naming the file, the key and the sample.
 fn check_class_ids(
     ds: &Subset<AnyDataset>,
     target: &str,
@@ -133,14 +134,6 @@ fn check_class_ids(
         }
         AnyDataset::Tokens(_) => return Ok(()),
     };
-    let per_sample = match &**ds.inner() {
-        AnyDataset::Arrays(a) => a
-            .fields()
-            .iter()
-            .find(|f| f.name == target)
-            .map_or(1, |f| f.sample_elements().max(1)),
-        _ => 1,
-    };
     let bad = ids
         .enumerate()
         .find(|&(_, id)| id != IGNORE_INDEX && !(0..classes as i64).contains(&id));
@@ -149,8 +142,7 @@ fn check_class_ids(
         Some((at, id)) => Err(TrainError::Data {
             what: format!("{} ({key}) field `{target}`", path.display()),
             message: format!(
-                "class id {id} at sample {} is outside 0..{classes} (model.classes)",
-                at / per_sample
+                "class id {id} at sample {at} is outside 0..{classes} (model.classes)"
             ),
         }),
     }
