@@ -2,7 +2,9 @@
 //!
 //! Files for prefix `NAME` (written by [`crate::pack::image_folder::pack_image_folder`]):
 //! `NAME.data` / `NAME.index` / `NAME.manifest.json` (the [`RecordShard`]), `NAME.labels.npy`
-//! (i64, shape `[N]`) and `NAME.classes.json` (class names; label `k` is the `k`-th name).
+//! (i64, shape `[N]`), `NAME.classes.json` (class names; label `k` is the `k`-th name) and
+//! `NAME.sources.json` (each record's photo, to name it when it fails to decode; packs made
+//! before it existed are named by record alone).
 //! Each sample decodes and transforms its JPEG with the [`ImagePipeline`], so the fields are
 //! `image` (f32 or bf16, `[3, size, size]`) and `label` (i64, `[]`).
 
@@ -24,10 +26,43 @@ pub fn classes_path(prefix: impl AsRef<Path>) -> PathBuf {
     RecordPaths::new(prefix).sidecar(".classes.json")
 }
 
+/// The photo list of the image dataset at `prefix`: `PREFIX.sources.json`.
+pub fn sources_path(prefix: impl AsRef<Path>) -> PathBuf {
+    RecordPaths::new(prefix).sidecar(".sources.json")
+}
+
+/// Where a pack's records came from: record `i` is `root/files[i]`. Read only when a record
+/// fails, to name the photo behind it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PackSources {
+    /// The source folder, made absolute when the pack was written.
+    pub root: String,
+    /// Each record's photo, relative to `root`, in record order.
+    pub files: Vec<String>,
+}
+
+impl PackSources {
+    /// Writes the list as JSON at `path`.
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let json = serde_json::to_string(self).expect("strings serialize");
+        std::fs::write(path, json + "\n").map_err(|e| DataError::io(path, e))
+    }
+
+    /// The photo of `record` from the list at `path`, if the list exists, reads and names it.
+    pub fn photo_of(path: &Path, record: usize) -> Option<PathBuf> {
+        let text = std::fs::read_to_string(path).ok()?;
+        let sources: PackSources = serde_json::from_str(&text).ok()?;
+        let file = sources.files.get(record)?;
+        Some(Path::new(&sources.root).join(file))
+    }
+}
+
 /// A record shard of JPEGs with one i64 label each, transformed on read.
 #[derive(Debug)]
 pub struct ImageRecordDataset {
     shard: RecordShard,
+    /// The prefix the dataset was opened at, for its side files.
+    prefix: PathBuf,
     labels: Vec<i64>,
     pipeline: ImagePipeline,
     fields: Vec<FieldSpec>,
@@ -48,6 +83,7 @@ impl ImageRecordDataset {
         ];
         Ok(ImageRecordDataset {
             shard,
+            prefix: prefix.as_ref().to_path_buf(),
             labels,
             pipeline,
             fields,
@@ -140,13 +176,20 @@ impl Dataset for ImageRecordDataset {
         self.pipeline
             .apply(jpeg, ctx.sample_seed(), worker, image)
             .map_err(|e| match e {
-                // The pipeline does not know where the bytes came from: name file and record.
+                // The pipeline does not know where the bytes came from: name the photo the
+                // record was packed from where the pack lists it, and the record.
                 DataError::Format {
                     path,
                     field,
                     message,
                 } if path.as_os_str() == IN_MEMORY => {
-                    DataError::format(data_path, format!("record {i} ({field})"), message)
+                    let record = format!("record {i} of {} ({field})", data_path.display());
+                    match PackSources::photo_of(&sources_path(&self.prefix), i) {
+                        Some(photo) => DataError::format(photo, record, message),
+                        None => {
+                            DataError::format(data_path, format!("record {i} ({field})"), message)
+                        }
+                    }
                 }
                 other => other,
             })

@@ -430,7 +430,7 @@ fn pack_then_read_gives_sorted_classes_labels_and_images() {
 }
 
 #[test]
-fn non_jpeg_file_fails_pack_unless_skipped_and_corrupt_record_names_file_and_index() {
+fn non_jpeg_file_fails_pack_unless_skipped_and_corrupt_record_names_its_photo() {
     let dir = tempfile::tempdir().unwrap();
     let src = make_folder(dir.path());
     std::fs::write(src.join("cat/notes.txt"), "hello").unwrap();
@@ -444,12 +444,27 @@ fn non_jpeg_file_fails_pack_unless_skipped_and_corrupt_record_names_file_and_ind
     };
     let summary = pack_image_folder_with(&src, dir.path().join("p"), &opts).unwrap();
     assert_eq!((summary.manifest.records, summary.skipped.len()), (3, 1));
-    // A record that starts like a JPEG but is garbage: the sample error names file and record.
+    // A file that starts like a JPEG but is garbage: refused by the pack, naming it.
     std::fs::write(
         src.join("cat/c.jpg"),
         [&[0xFF, 0xD8, 0xFF][..], &[0u8; 64][..]].concat(),
     )
     .unwrap();
+    let msg = pack_image_folder_with(&src, dir.path().join("p"), &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains(&format!(
+            "{}: jpeg: corrupt JPEG structure: truncated",
+            src.join("cat/c.jpg").display()
+        )),
+        "{msg}"
+    );
+    // Cut mid-scan with an end marker appended: whole in structure, so it packs; decoding
+    // it fails, naming the photo from the pack's sources list, the record and the shard.
+    let whole = textured(200, 150);
+    let cut = [&whole[..whole.len() / 2], &[0xFF, 0xD9][..]].concat();
+    std::fs::write(src.join("cat/c.jpg"), cut).unwrap();
     pack_image_folder_with(&src, dir.path().join("p"), &opts).unwrap();
     let ds = ImageRecordDataset::open(
         dir.path().join("p"),
@@ -465,21 +480,28 @@ fn non_jpeg_file_fails_pack_unless_skipped_and_corrupt_record_names_file_and_ind
         epoch: 0,
         index: 3,
     };
-    let msg = ds
-        .read_sample(
+    let mut read_record_3 = || {
+        ds.read_sample(
             &mut ImageScratch::default(),
             ctx,
             &mut [&mut img, &mut label],
         )
         .unwrap_err()
-        .to_string();
+        .to_string()
+    };
+    let msg = read_record_3();
+    let data = ds.shard().paths().data.display().to_string();
     assert!(
         msg.contains(&format!(
-            "{}: record 3 (jpeg): corrupt JPEG",
-            ds.shard().paths().data.display()
-        )),
+            "{}: record 3 of {data} (jpeg): libjpeg-turbo:",
+            src.join("cat/c.jpg").display()
+        )) && msg.contains("data.jpeg_decoder = \"zune\""),
         "{msg}"
     );
+    // A pack from before the sources list: named by shard and record.
+    std::fs::remove_file(dir.path().join("p.sources.json")).unwrap();
+    let msg = read_record_3();
+    assert!(msg.contains(&format!("{data}: record 3 (jpeg)")), "{msg}");
     // Labels that disagree with the shard are named.
     let labels = dir.path().join("p.labels.npy");
     stoker_data::npy::write_npy(&labels, DType::I64, &[2], &[0u8; 16]).unwrap();
@@ -516,7 +538,7 @@ fn hidden_folders_are_passed_over_empty_classes_refused_and_a_failed_pack_keeps_
             .collect()
     };
     let before = read_all();
-    assert_eq!(before.len(), 5);
+    assert_eq!(before.len(), 6);
     std::fs::create_dir_all(src.join("dog")).unwrap();
     let msg = pack_image_folder(&src, &out).unwrap_err().to_string();
     assert!(msg.contains("dog: class folder: holds no files"), "{msg}");

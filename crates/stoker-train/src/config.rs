@@ -194,6 +194,32 @@ pub struct DataConfig {
     /// Keep workers alive across epochs.
     #[serde(default)]
     pub persistent_workers: bool,
+    /// The JPEG decoder of image records (`stoker pack images`): libjpeg-turbo by default;
+    /// `"zune"` for a photo that libjpeg-turbo warns about and zune-jpeg's strict mode
+    /// accepts. Refused for data that is not image records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jpeg_decoder: Option<JpegDecoder>,
+}
+
+/// `data.jpeg_decoder`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JpegDecoder {
+    /// libjpeg-turbo (the default): DCT-domain scaling, any warning an error.
+    #[serde(rename = "libjpeg-turbo")]
+    LibjpegTurbo,
+    /// zune-jpeg (pure Rust, strict mode), always at full scale.
+    #[serde(rename = "zune")]
+    Zune,
+}
+
+impl JpegDecoder {
+    /// The loader's backend this key names.
+    pub fn backend(self) -> stoker_data::transform::JpegBackend {
+        match self {
+            JpegDecoder::LibjpegTurbo => stoker_data::transform::JpegBackend::LibjpegTurbo,
+            JpegDecoder::Zune => stoker_data::transform::JpegBackend::Zune,
+        }
+    }
 }
 
 impl DataConfig {

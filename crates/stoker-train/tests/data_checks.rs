@@ -319,3 +319,90 @@ fn loader_keys_and_a_classifier_s_target_are_refused_by_key() {
         "{e}"
     );
 }
+
+/// A textured `w` x `h` JPEG.
+fn photo(w: u16, h: u16) -> Vec<u8> {
+    let px: Vec<u8> = (0..w as usize * h as usize * 3)
+        .map(|i| ((i * 37) % 251) as u8)
+        .collect();
+    let mut out = Vec::new();
+    jpeg_encoder::Encoder::new(&mut out, 90)
+        .encode(&px, w, h, jpeg_encoder::ColorType::Rgb)
+        .unwrap();
+    out
+}
+
+/// `data.jpeg_decoder` reaches the loader: a photo cut mid-scan (an end marker appended,
+/// so `pack images` passes it) fails with libjpeg-turbo, naming the photo, and decodes with
+/// `"zune"`, whose strict mode accepts it. The key is refused for data without JPEGs
+/// (before it existed, libjpeg-turbo's hint named a Rust enum no config could set).
+#[test]
+fn the_jpeg_decoder_key_picks_the_decoder_of_image_records() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let src = d.join("photos");
+    for class in ["a", "b"] {
+        std::fs::create_dir_all(src.join(class)).unwrap();
+    }
+    std::fs::write(src.join("a/whole.jpg"), photo(64, 48)).unwrap();
+    let whole = photo(200, 150);
+    let cut = [&whole[..whole.len() / 2], &[0xFF, 0xD9][..]].concat();
+    std::fs::write(src.join("b/cut.jpg"), cut).unwrap();
+    let prefix = d.join("packed");
+    stoker_data::pack::image_folder::pack_image_folder(&src, &prefix).unwrap();
+    let cnn = |decoder: &str| {
+        let text = format!(
+            "run_dir = \"{}\"\n[data]\ntrain = \"{p}\"\neval = \"{p}\"\n{decoder}\n\
+             [model]\nkind = \"cnn\"\nin_channels = 3\nimage_size = 8\nchannels1 = 2\n\
+             channels2 = 2\nhidden = 4\nclasses = 2\n[batch]\nmicro_batch = 1\n\
+             [optimizer]\nkind = \"adamw\"\nlr = 1e-3\n[train]\nsteps = 1\n",
+            d.join("run").display(),
+            p = prefix.display()
+        );
+        TrainConfig::parse(&text, Path::new("t.toml")).unwrap()
+    };
+    let read_cut = |data: &Datasets| {
+        let f = data.train.fields();
+        let (mut x, mut y) = (
+            vec![0u8; f[0].sample_bytes()],
+            vec![0u8; f[1].sample_bytes()],
+        );
+        let ctx = SampleContext {
+            seed: 0,
+            epoch: 0,
+            index: 1,
+        };
+        data.train
+            .read_sample(&mut Default::default(), ctx, &mut [&mut x, &mut y])
+            .map(|_| i64::from_le_bytes(y.try_into().unwrap()))
+    };
+    for decoder in ["", "jpeg_decoder = \"libjpeg-turbo\""] {
+        let e = read_cut(&open(&cnn(decoder)).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("{}: record 1 of", src.join("b/cut.jpg").display()))
+                && e.contains("premature end")
+                && e.contains("data.jpeg_decoder = \"zune\""),
+            "{decoder}: {e}"
+        );
+    }
+    let zune = open(&cnn("jpeg_decoder = \"zune\"")).unwrap();
+    assert_eq!(read_cut(&zune).unwrap(), 1);
+    // Arrays hold no JPEGs.
+    arrays(d, "a", 8, |i| (i % 2) as i64);
+    let data = format!(
+        "train = \"{}\"\njpeg_decoder = \"zune\"",
+        d.join("a").display()
+    );
+    match open(&mlp(d, &data, 2, "")) {
+        Err(TrainError::Config { key, message }) => {
+            assert_eq!(key, "data.jpeg_decoder");
+            assert!(message.contains("is not image records"), "{message}");
+        }
+        other => panic!(
+            "expected data.jpeg_decoder refused, got {:?}",
+            other.map(|_| ())
+        ),
+    }
+}

@@ -7,12 +7,17 @@
 //! shift nothing but cost a decode error mid-epoch); [`PackOptions::skip_non_jpeg`] skips and
 //! lists them instead. Files at the top level, beside the class folders, are ignored. Files are
 //! stored byte for byte unless [`PackOptions::max_side`] asks for FFCV-style downscaling.
+//!
+//! Each photo's structure (SOI, marker segments, scans, EOI) is checked as it is packed, so a
+//! truncated file is refused naming it; damage inside a scan shows only when it is decoded,
+//! and `OUT.sources.json` (each record's photo, relative to the source folder) lets the
+//! dataset name that photo then.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::downscale::Downscaler;
-use crate::image_folder::{classes_path, labels_path};
+use crate::image_folder::{classes_path, labels_path, sources_path, PackSources};
 use crate::npy::write_npy;
 use crate::records::{RecordManifest, RecordWriter};
 use crate::{DType, DataError, Result};
@@ -53,12 +58,13 @@ pub struct PackSummary {
     pub skipped: Vec<PathBuf>,
     /// Photos shrunk and re-encoded (0 unless `max_side`).
     pub downscaled: u64,
-    /// The files written: data, index, manifest, labels, classes.
+    /// The files written: data, index, manifest, labels, classes, sources.
     pub outputs: Vec<PathBuf>,
 }
 
 /// Packs `src_dir` (one sub-folder per class) into `OUT.data`, `OUT.index`,
-/// `OUT.manifest.json`, `OUT.labels.npy` and `OUT.classes.json`; non-JPEG files are an error.
+/// `OUT.manifest.json`, `OUT.labels.npy`, `OUT.classes.json` and `OUT.sources.json`;
+/// non-JPEG and truncated files are an error.
 pub fn pack_image_folder(
     src_dir: impl AsRef<Path>,
     out_prefix: impl AsRef<Path>,
@@ -78,7 +84,14 @@ pub fn pack_image_folder_with(
     let tmp = crate::paths::prefixed(out, ".partial");
     let files = |p: &Path| {
         let r = crate::records::RecordPaths::new(p);
-        vec![r.data, r.index, labels_path(p), classes_path(p), r.manifest]
+        vec![
+            r.data,
+            r.index,
+            labels_path(p),
+            classes_path(p),
+            sources_path(p),
+            r.manifest,
+        ]
     };
     match write_pack(src_dir.as_ref(), &tmp, options) {
         Err(e) => {
@@ -138,6 +151,7 @@ fn write_pack(src: &Path, out: &Path, options: &PackOptions) -> Result<PackSumma
     };
     let mut downscalers: Vec<Downscaler> = (0..threads).map(|_| Downscaler::default()).collect();
     let mut pending: Vec<(PathBuf, Vec<u8>)> = Vec::new();
+    let mut sources: Vec<String> = Vec::new();
     let mut folders_seen = std::collections::HashSet::new();
     for (label, name) in classes.iter().enumerate() {
         let mut files = Vec::new();
@@ -168,6 +182,17 @@ fn write_pack(src: &Path, out: &Path, options: &PackOptions) -> Result<PackSumma
                     ),
                 ));
             }
+            // A truncated or garbled file is named now, not as a record mid-epoch.
+            crate::transform::structure::validate(&buf).map_err(|e| match e {
+                DataError::Format { message, .. } => DataError::format(
+                    &file,
+                    "jpeg",
+                    format!("{message}; remove or replace the file and pack again"),
+                ),
+                other => other,
+            })?;
+            let relative = file.strip_prefix(src).unwrap_or(&file);
+            sources.push(relative.to_string_lossy().into_owned());
             pending.push((file, buf));
             if pending.len() >= 4 * threads {
                 downscaled += flush(&mut pending, options, &mut downscalers, &mut writer)?;
@@ -203,6 +228,16 @@ fn write_pack(src: &Path, out: &Path, options: &PackOptions) -> Result<PackSumma
     let classes_file = classes_path(out);
     let json = serde_json::to_string_pretty(&classes).expect("names serialize");
     fs::write(&classes_file, json + "\n").map_err(|e| DataError::io(&classes_file, e))?;
+    let sources_file = sources_path(out);
+    PackSources {
+        // Absolute: a run may start from another working directory.
+        root: fs::canonicalize(src)
+            .unwrap_or_else(|_| src.to_path_buf())
+            .to_string_lossy()
+            .into_owned(),
+        files: sources,
+    }
+    .write(&sources_file)?;
     let paths = crate::records::RecordPaths::new(out);
     Ok(PackSummary {
         classes,
@@ -216,6 +251,7 @@ fn write_pack(src: &Path, out: &Path, options: &PackOptions) -> Result<PackSumma
             paths.manifest,
             labels_file,
             classes_file,
+            sources_file,
         ],
     })
 }

@@ -151,8 +151,8 @@ impl JpegDecoder {
                 turbo::decode(handle, stream, h, reduction, buf).map_err(|e| {
                     format!(
                         "libjpeg-turbo: {e}\nHINT: a corrupt or truncated stream; if the file \
-                         is known good, `decoder: JpegBackend::Zune` decodes some streams \
-                         libjpeg-turbo warns about"
+                         is known good, zune-jpeg decodes some streams libjpeg-turbo warns \
+                         about (`data.jpeg_decoder = \"zune\"` in a run's config)"
                     )
                 })
             });

@@ -26,7 +26,7 @@ pub mod pipeline;
 pub(crate) mod resize;
 pub mod rng;
 mod scans;
-mod structure;
+pub(crate) mod structure;
 mod turbo;
 mod zune;
 

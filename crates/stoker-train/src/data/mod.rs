@@ -180,10 +180,15 @@ fn image_transform(config: &TrainConfig, mode: TransformMode) -> ImageTransformC
         ModelConfig::Cnn(c) => c.image_size as u32,
         _ => ImageTransformConfig::default().size,
     };
+    let defaults = ImageTransformConfig::default();
     ImageTransformConfig {
         size,
         mode,
-        ..ImageTransformConfig::default()
+        decoder: config
+            .data
+            .jpeg_decoder
+            .map_or(defaults.decoder, |d| d.backend()),
+        ..defaults
     }
 }
 
@@ -212,6 +217,15 @@ fn open(
 pub fn open_datasets(config: &TrainConfig, model: &dyn Model) -> Result<Datasets> {
     let d = &config.data;
     let train = open(&d.train, config, TransformMode::Train, "data.train")?;
+    if d.jpeg_decoder.is_some() && !matches!(&*train, AnyDataset::Images(_)) {
+        return Err(TrainError::Config {
+            key: "data.jpeg_decoder".into(),
+            message: format!(
+                "{} is not image records (`stoker pack images`): there are no JPEGs to decode; remove the key",
+                d.train.display()
+            ),
+        });
+    }
     let tokens = matches!(&*train, AnyDataset::Tokens(_));
     // A token model's samples are windows of a text stream (a shard, or windows saved as
     // arrays): held out as a tail and evaluated in order. A classifier's are drawn.
