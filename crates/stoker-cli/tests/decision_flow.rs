@@ -192,6 +192,12 @@ fn plan_then_tune_then_train_runs_the_emitted_config_as_is() {
         .unwrap();
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && e.contains("(data.train)"), "{e}");
+    // A comment of the user's own, which writing the loader keys keeps (before, the
+    // config was re-serialized and lost every comment past its header).
+    let mine = "# my own note on the model\n";
+    let with_mine = cfg.replacen("[model]", &format!("{mine}[model]"), 1);
+    assert_ne!(with_mine, cfg, "no [model] in\n{cfg}");
+    std::fs::write(&emitted, &with_mine).unwrap();
     let out = stoker(&[
         "tune",
         "loader",
@@ -215,7 +221,8 @@ fn plan_then_tune_then_train_runs_the_emitted_config_as_is() {
         cfg.starts_with("# stoker training config emitted by"),
         "{cfg}"
     );
-    assert!(cfg.contains("# [data] loader set by `stoker tune loader`"));
+    assert!(cfg.contains("# loader set by `stoker tune loader`"), "{cfg}");
+    assert!(cfg.contains(&format!("{mine}[model]")), "{cfg}");
     // A token shard in memory is fastest read in the training thread: the tuner's need
     // (a few hundred samples/s) is met by 0 workers, which it tries first.
     assert!(cfg.contains("num_workers = 0"), "{cfg}");

@@ -12,3 +12,4 @@ pub mod report;
 pub mod train;
 pub mod train_report;
 pub mod tune;
+pub mod tune_write;

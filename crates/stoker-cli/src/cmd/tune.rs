@@ -1,5 +1,6 @@
 //! `stoker tune loader`: search num_workers / prefetch_factor for a throughput target.
 
+use anyhow::Context;
 use stoker_data::autotune::{tune, TuneConfig};
 use stoker_train::config::TrainConfig;
 
@@ -178,23 +179,29 @@ pub fn run(args: TuneArgs) -> anyhow::Result<()> {
     // The trainer's [data] keys; the batch is [batch] micro_batch, and pinning is an
     // accelerator's ([plan] pin_memory).
     println!("[data]\n{workers}");
-    if let (true, Some(mut p)) = (a.write_config, planned) {
-        let data = &mut p.config.data;
-        data.num_workers = c.num_workers;
-        data.prefetch_factor = c.prefetch_factor.max(1);
-        data.persistent_workers = persistent;
-        let body = toml::to_string(&p.config)?;
-        let head: String = p
-            .text
-            .lines()
-            .take_while(|l| l.starts_with('#'))
-            .map(|l| format!("{l}\n"))
-            .collect();
-        let note = format!(
-            "# [data] loader set by `stoker tune loader` ({:.0} samples/s measured)\n",
-            c.samples_per_s
+    if let (true, Some(p)) = (a.write_config, planned) {
+        let keys = super::tune_write::LoaderKeys {
+            num_workers: c.num_workers,
+            prefetch_factor: c.prefetch_factor,
+        };
+        let note = format!(" ({:.0} samples/s measured)", c.samples_per_s);
+        let text = super::tune_write::with_loader_keys(&p.text, &keys, &note)
+            .with_context(|| format!("{}: cannot set its [data] loader keys", p.path.display()))?;
+        // What is written must be what `stoker train` reads, with the chosen keys.
+        let mut expected = p.config.data.clone();
+        expected.num_workers = c.num_workers;
+        expected.persistent_workers = persistent;
+        if persistent {
+            expected.prefetch_factor = c.prefetch_factor.max(1);
+        }
+        let written = stoker_train::config::TrainConfig::parse(&text, &p.path)?;
+        anyhow::ensure!(
+            written.data == expected,
+            "{}: the edited [data] reads back as {:?}, not {expected:?}; left as it was",
+            p.path.display(),
+            written.data
         );
-        std::fs::write(&p.path, format!("{head}{note}{body}"))?;
+        std::fs::write(&p.path, text)?;
         println!("\nwrote the loader settings into {}", p.path.display());
     }
     if let Some(path) = &a.json {
