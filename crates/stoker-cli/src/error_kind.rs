@@ -84,7 +84,7 @@ fn data(e: &DataError) -> ErrorKind {
 fn train(e: &TrainError) -> ErrorKind {
     match e {
         TrainError::Config { .. } | TrainError::ConfigParse { .. } => ErrorKind::Config,
-        TrainError::Profile { .. } => ErrorKind::Config,
+        TrainError::Profile { .. } | TrainError::Environment { .. } => ErrorKind::Config,
         TrainError::Mismatch(_) => ErrorKind::Config,
         TrainError::Checkpoint { .. } => ErrorKind::Checkpoint,
         TrainError::Data { .. } => ErrorKind::Data,

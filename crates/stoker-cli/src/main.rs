@@ -62,15 +62,19 @@ fn main() -> std::process::ExitCode {
     if command.writes_for_a_pipe() {
         default_sigpipe();
     }
-    let result = match command {
-        Command::Pack(a) => cmd::pack::run(a),
-        Command::Bench(a) => cmd::bench::run(a),
-        Command::Tune(a) => cmd::tune::run(a),
-        Command::Plan(a) => cmd::plan::run(*a),
-        Command::Train(a) => cmd::train::run(a),
-        Command::Report(a) => cmd::report::run(a),
-        Command::Ckpt(a) => cmd::ckpt::run(a),
-        Command::Export(a) => cmd::export::run(a),
+    // Every command computes on rayon's pool; an unusable size is refused before any.
+    let result = match stoker_train::device::rayon_threads_env() {
+        Err(e) => Err(e.into()),
+        Ok(_) => match command {
+            Command::Pack(a) => cmd::pack::run(a),
+            Command::Bench(a) => cmd::bench::run(a),
+            Command::Tune(a) => cmd::tune::run(a),
+            Command::Plan(a) => cmd::plan::run(*a),
+            Command::Train(a) => cmd::train::run(a),
+            Command::Report(a) => cmd::report::run(a),
+            Command::Ckpt(a) => cmd::ckpt::run(a),
+            Command::Export(a) => cmd::export::run(a),
+        },
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

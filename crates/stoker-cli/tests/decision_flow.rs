@@ -221,7 +221,10 @@ fn plan_then_tune_then_train_runs_the_emitted_config_as_is() {
         cfg.starts_with("# stoker training config emitted by"),
         "{cfg}"
     );
-    assert!(cfg.contains("# loader set by `stoker tune loader`"), "{cfg}");
+    assert!(
+        cfg.contains("# loader set by `stoker tune loader`"),
+        "{cfg}"
+    );
     assert!(cfg.contains(&format!("{mine}[model]")), "{cfg}");
     // A token shard in memory is fastest read in the training thread: the tuner's need
     // (a few hundred samples/s) is met by 0 workers, which it tries first.

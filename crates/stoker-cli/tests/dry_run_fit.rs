@@ -158,3 +158,48 @@ fn the_dry_run_forecasts_the_run_s_peak_and_says_whether_it_fits() {
         text(&dry)
     );
 }
+
+/// `RAYON_NUM_THREADS` that rayon cannot use as a count (it then runs every rank on every
+/// core, while the banner printed the value as given and the planner read its own
+/// default) is refused by name before any command runs; a count is the banner's.
+#[test]
+fn an_unusable_rayon_num_threads_is_refused_by_name() {
+    for bad in ["abc", "0", " 2", ""] {
+        let o = Command::new(STOKER)
+            .args(["plan", "--params", "124M"])
+            .env("RAYON_NUM_THREADS", bad)
+            .env("STOKER_PROFILE", "off")
+            .output()
+            .unwrap();
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{bad:?}: {}", text(&o));
+        assert!(
+            e.contains(&format!(
+                "error[config]: environment variable RAYON_NUM_THREADS: {bad:?}: expected a \
+                 positive number"
+            )),
+            "{bad:?}: {e}"
+        );
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_data(dir);
+    let body = format!(
+        "precision = \"fp32\"\n[data]\ntrain = {:?}\n[model]\nkind = \"mlp\"\n\
+         input_shape = [1, 8, 8]\nhidden = [8]\nclasses = 4\n[batch]\nmicro_batch = 8",
+        s(&dir.join("img"))
+    );
+    let cfg = config(dir, "mlp", &body);
+    let o = Command::new("timeout")
+        .args(["-k", "5", "120", STOKER, "train", s(&cfg), "--no-progress"])
+        .env("RAYON_NUM_THREADS", "1")
+        .env("STOKER_PROFILE", "off")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("threads per rank 1)"),
+        "{}",
+        text(&o)
+    );
+}

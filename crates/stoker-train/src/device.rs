@@ -94,6 +94,28 @@ pub fn local_rank(rank: usize, ranks_on_this_host: usize, launched: bool) -> usi
     .unwrap_or(rank % ranks_on_this_host.max(1))
 }
 
+/// `RAYON_NUM_THREADS`, the user's size for every rank's compute pool: `None` when unset,
+/// else a positive count. rayon itself reads `0` or a value that is not a number as "every
+/// core", which would run each rank on all of them while stoker's banner and planner read
+/// the value as given: refused instead, naming the variable.
+pub fn rayon_threads_env() -> crate::Result<Option<usize>> {
+    let Some(raw) = std::env::var_os("RAYON_NUM_THREADS") else {
+        return Ok(None);
+    };
+    raw.to_str()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .map(Some)
+        .ok_or_else(|| crate::TrainError::Environment {
+            var: "RAYON_NUM_THREADS".into(),
+            message: format!(
+                "{raw:?}: expected a positive number of threads per rank (rayon would read it \
+                 as every core); unset it to let stoker share the cores among the ranks, or \
+                 set parallel.threads_per_rank"
+            ),
+        })
+}
+
 /// Compute threads for each of `ranks` ranks on this machine: `configured`, or the
 /// cores divided among the ranks (at least 1).
 pub fn threads_per_rank(configured: usize, ranks: usize) -> usize {

@@ -13,6 +13,14 @@ pub enum TrainError {
         /// What is wrong and how to fix it.
         message: String,
     },
+    /// An environment variable the run reads holds a value it cannot use.
+    #[error("environment variable {var}: {message}")]
+    Environment {
+        /// The variable, e.g. `RAYON_NUM_THREADS`.
+        var: String,
+        /// What was found and what was expected.
+        message: String,
+    },
     /// The config file does not parse (unknown keys included).
     #[error("config {path}: {message}")]
     ConfigParse {

@@ -192,10 +192,7 @@ pub fn run(a: DdpBenchArgs) -> anyhow::Result<()> {
     }
     comm.barrier()?;
     let world = comm.world_size();
-    let threads = match std::env::var("RAYON_NUM_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
+    let threads = match stoker_train::device::rayon_threads_env()? {
         Some(t) => t,
         None => {
             let t = threads_per_rank(config.parallel.threads_per_rank, world);

@@ -290,8 +290,8 @@ fn stop_on_signals() -> anyhow::Result<Arc<AtomicBool>> {
 }
 
 fn banner(args: &TrainArgs, config: &TrainConfig, ranks: &str) {
-    let threads = std::env::var("RAYON_NUM_THREADS")
-        .unwrap_or_else(|_| rayon::current_num_threads().to_string());
+    // The pool's size: RAYON_NUM_THREADS (checked at start) or what the run built.
+    let threads = rayon::current_num_threads();
     eprintln!(
         "stoker train: {} ({:?}, {ranks}, threads per rank {threads}) -> {}",
         args.config.display(),

@@ -135,11 +135,12 @@ impl Calibration {
 /// Compute threads of each of `ranks` ranks run at once on this machine, as the run gives
 /// them: `RAYON_NUM_THREADS` where set (an MPI rank then builds no pool of its own), else
 /// `parallel.threads_per_rank`, else the cores over the ranks.
+/// (An unusable `RAYON_NUM_THREADS` is refused by the binary at start, see
+/// [`rayon_threads_env`](crate::device::rayon_threads_env).)
 pub fn rank_threads(cfg: &TrainConfig, ranks: usize) -> usize {
-    std::env::var("RAYON_NUM_THREADS")
+    crate::device::rayon_threads_env()
         .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .filter(|&n: &usize| n > 0)
+        .flatten()
         .unwrap_or_else(|| crate::device::threads_per_rank(cfg.parallel.threads_per_rank, ranks))
 }
 
