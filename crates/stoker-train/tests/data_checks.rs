@@ -272,6 +272,48 @@ fn a_token_model_reads_windows_from_arrays() {
         "{}",
         data.eval_note
     );
+    // u16 windows (GPT-2's ids, as numpy keeps them) reach the model as the same i64 ids
+    // (before: passed by the model's check, refused at the first batch).
+    let ids16: Vec<u16> = ids.iter().map(|&i| i as u16).collect();
+    for f in ["input", "target"] {
+        let p = d.join(format!("tok.{f}.npy"));
+        write_npy(&p, DType::U16, &[64, 16], bytemuck::cast_slice(&ids16)).unwrap();
+    }
+    let data = open(&TrainConfig::parse(&text, Path::new("t.toml")).unwrap()).unwrap();
+    let sampler = stoker_data::Sampler::new(data.train.len(), Default::default()).unwrap();
+    let config = stoker_data::LoaderConfig {
+        batch_size: 4,
+        ..Default::default()
+    };
+    let mut loader = stoker_data::Loader::new(data.train.clone(), sampler, config).unwrap();
+    let batch = loader.epoch(0).next().unwrap().unwrap();
+    let mb = stoker_train::data::to_micro_batch(&batch, "input", "target", &Device::Cpu).unwrap();
+    assert_eq!(mb.input.dims(), &[4, 16]);
+    let first: Vec<i64> = mb.input.flatten_all().unwrap().to_vec1().unwrap();
+    assert_eq!(first, ids[..64]);
+    assert_eq!(mb.targets, ids[..64]);
+    // Half floats are no model input: refused at open, naming the array's file.
+    let half: Vec<u16> = vec![0; 8 * 2];
+    arrays(d, "h", 8, |i| (i % 2) as i64);
+    write_npy(
+        d.join("h.x.npy"),
+        DType::F16,
+        &[8, 2],
+        bytemuck::cast_slice(&half),
+    )
+    .unwrap();
+    let data = format!("train = \"{}\"", d.join("h").display());
+    let e = open(&mlp(d, &data, 2, ""))
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!(
+            "{} field `x` (data.input_field)",
+            d.join("h.x.npy").display()
+        )) && e.contains("dtype f16: model inputs are u8, u16, i32, i64, f32"),
+        "{e}"
+    );
 }
 
 /// The loader's knobs are refused at parse by their config keys (before: "invalid config:

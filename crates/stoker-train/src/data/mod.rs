@@ -356,6 +356,10 @@ fn drawn(n: usize) -> Result<Vec<usize>> {
     Ok(stoker_data::Sampler::new(n, config)?.global_order(0))
 }
 
+/// The input dtypes [`to_micro_batch`] makes tensors of: bytes and f32 as they are, integer
+/// ids as i64.
+const INPUT_DTYPES: [DType; 5] = [DType::U8, DType::U16, DType::I32, DType::I64, DType::F32];
+
 fn check_fields(
     ds: &AnyDataset,
     input: &str,
@@ -380,6 +384,29 @@ fn check_fields(
     };
     let inp = find(input, "input_field")?;
     let tgt = find(target, "target_field")?;
+    // The file a field is read from, where it is one array of its own.
+    let file = |name: &str| {
+        match ds {
+            AnyDataset::Arrays(a) => ds
+                .fields()
+                .iter()
+                .position(|f| f.name == name)
+                .and_then(|i| a.arrays().get(i))
+                .map(|arr| arr.path().display().to_string()),
+            _ => None,
+        }
+        .unwrap_or_else(|| what.to_string())
+    };
+    if !INPUT_DTYPES.contains(&inp.dtype) {
+        return Err(TrainError::Data {
+            what: format!("{} field `{input}` (data.input_field)", file(input)),
+            message: format!(
+                "dtype {}: model inputs are {}; convert the array (numpy: `x.astype(np.float32)`)",
+                inp.dtype.name(),
+                INPUT_DTYPES.map(|d| d.name()).join(", ")
+            ),
+        });
+    }
     model
         .check_input(&inp.shape, inp.dtype.name())
         .map_err(|m| TrainError::Data {
@@ -388,7 +415,7 @@ fn check_fields(
         })?;
     if !matches!(tgt.dtype, DType::U8 | DType::U16 | DType::I32 | DType::I64) {
         return Err(TrainError::Data {
-            what: format!("{what} field `{target}`"),
+            what: format!("{} field `{target}` (data.target_field)", file(target)),
             message: format!("dtype {}: class ids must be integers", tgt.dtype.name()),
         });
     }
@@ -422,6 +449,15 @@ pub fn to_micro_batch(
         )?,
         DType::I32 => Tensor::from_vec(
             f.as_slice::<i32>()
+                .ok_or_else(|| bad(input))?
+                .iter()
+                .map(|&v| v as i64)
+                .collect::<Vec<_>>(),
+            shape.as_slice(),
+            device,
+        )?,
+        DType::U16 => Tensor::from_vec(
+            f.as_slice::<u16>()
                 .ok_or_else(|| bad(input))?
                 .iter()
                 .map(|&v| v as i64)
