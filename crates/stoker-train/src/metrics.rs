@@ -21,7 +21,7 @@ pub enum Record {
         /// Learning rate.
         #[serde(deserialize_with = "f64_or_nan")]
         lr: f64,
-        /// Global gradient norm before clipping.
+        /// Global gradient norm before clipping; `null` (NaN) on a skipped step.
         #[serde(deserialize_with = "f64_or_nan")]
         grad_norm: f64,
         /// Loss scale (1 without scaling).

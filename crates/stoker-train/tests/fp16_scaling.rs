@@ -40,6 +40,33 @@ fn overflowing_fp16_step_is_skipped_and_reported() {
     );
     assert_eq!(t.optimizer().state().step, 0, "and the optimizer");
     assert_eq!(t.scaler().unwrap().scale(), 5e29, "scale x 0.5");
+    // No norm is taken of overflowed gradients: NaN, `null` in metrics.jsonl (before: 0,
+    // as if the gradients had vanished).
+    assert!(r.grad_norm.is_nan(), "skipped step's norm {}", r.grad_norm);
+    let line = stoker_train::metrics::Record::Train {
+        step: r.step,
+        loss: r.loss,
+        lr: r.lr,
+        grad_norm: r.grad_norm,
+        loss_scale: r.loss_scale,
+        throughput: 1.0,
+        unit: "tokens/s".into(),
+        loader_wait_pct: 0.0,
+        skipped: true,
+        elapsed_s: 1.0,
+        world: 1,
+        comm_wait_s: 0.0,
+        bytes_sent: 0,
+        calls_before_last: 0,
+        step_s: 0.1,
+        rss_bytes: 0,
+    };
+    let json = serde_json::to_string(&line).unwrap();
+    assert!(json.contains("\"grad_norm\":null"), "{json}");
+    match serde_json::from_str(&json).unwrap() {
+        stoker_train::metrics::Record::Train { grad_norm, .. } => assert!(grad_norm.is_nan()),
+        other => panic!("read back as {other:?}"),
+    }
 
     // With the default scale the next step goes through.
     let mut st = t.scaler().unwrap().state().clone();

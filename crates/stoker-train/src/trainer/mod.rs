@@ -49,7 +49,9 @@ pub struct StepReport {
     pub loss: f64,
     /// Valid targets (tokens or samples) in the global batch.
     pub count: usize,
-    /// Global gradient norm after unscaling, before clipping.
+    /// Global gradient norm after unscaling, before clipping; NaN on a step the fp16
+    /// scaler skipped (its gradients overflowed: no norm is taken, and 0 would claim
+    /// gradients that vanished). `metrics.jsonl` writes it as `null`.
     pub grad_norm: f64,
     /// Learning rate used.
     pub lr: f64,

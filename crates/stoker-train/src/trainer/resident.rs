@@ -353,10 +353,10 @@ impl Trainer {
             path.host_behind = true;
             path.vars_stale.set(true);
         }
-        // A step the scaler skips reports a norm of 0, as the CPU step does; otherwise a
+        // A step the scaler skips reports no norm (NaN), as the CPU step does; otherwise a
         // non-finite loss or norm fails it.
         let grad_norm = match skipped {
-            Some(_) => 0.0,
+            Some(_) => f64::NAN,
             None if !report.loss.is_finite() || !report.grad_norm.is_finite() => {
                 return Err(TrainError::NonFinite {
                     step,

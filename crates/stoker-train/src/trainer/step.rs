@@ -43,7 +43,8 @@ impl Trainer {
             step: step + 1,
             loss,
             count,
-            grad_norm: 0.0,
+            // Not measured on a step the scaler skips (its gradients overflowed).
+            grad_norm: f64::NAN,
             lr: self.schedule.lr_at(step),
             loss_scale,
             skipped: None,
