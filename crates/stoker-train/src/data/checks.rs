@@ -10,7 +10,7 @@ use std::path::Path;
 
 use stoker_data::image_folder::classes_path;
 use stoker_data::pack::text::Vocab;
-use stoker_data::{AnyDataset, DType, Dataset};
+use stoker_data::{AnyDataset, Dataset};
 
 use super::{for_each_sample, Datasets, Subset};
 use crate::config::TrainConfig;
@@ -103,38 +103,24 @@ fn check_class_ids(
     path: &Path,
     key: &str,
 ) -> Result<()> {
-    let ids: Box<dyn Iterator<Item = i64> + '_> = match &**ds.inner() {
-        AnyDataset::Images(im) => Box::new(im.labels().iter().copied()),
+    let ids: std::borrow::Cow<[i64]> = match &**ds.inner() {
+        AnyDataset::Images(im) => im.labels().into(),
         AnyDataset::Arrays(a) => {
             let Some(i) = a.fields().iter().position(|f| f.name == target) else {
                 return Ok(());
             };
             let arr = &a.arrays()[i];
-            let bytes = arr.bytes();
-            match arr.dtype() {
-                DType::U8 => Box::new(bytes.iter().map(|&v| v as i64)),
-                DType::U16 => Box::new(
-                    bytes
-                        .chunks_exact(2)
-                        .map(|c| u16::from_le_bytes([c[0], c[1]]) as i64),
-                ),
-                DType::I32 => Box::new(
-                    bytes
-                        .chunks_exact(4)
-                        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64),
-                ),
-                DType::I64 => Box::new(
-                    bytes
-                        .chunks_exact(8)
-                        .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))),
-                ),
-                // Other dtypes are refused by the field check before this one.
-                _ => return Ok(()),
-            }
+            // Other dtypes are refused by the field check before this one.
+            let Some(ids) = super::ids_as_i64(arr.dtype(), arr.bytes()) else {
+                return Ok(());
+            };
+            ids.into()
         }
         AnyDataset::Tokens(_) => return Ok(()),
     };
     let bad = ids
+        .iter()
+        .copied()
         .enumerate()
         .find(|&(_, id)| id != IGNORE_INDEX && !(0..classes as i64).contains(&id));
     match bad {

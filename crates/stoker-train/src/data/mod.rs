@@ -356,6 +356,28 @@ fn drawn(n: usize) -> Result<Vec<usize>> {
     Ok(stoker_data::Sampler::new(n, config)?.global_order(0))
 }
 
+/// Integer ids (class ids, token ids) held as little-endian `dtype` elements in `bytes`,
+/// as i64: the one conversion of ids that the checks at open and every batch share. `None`
+/// for a dtype that holds no ids (floats).
+pub fn ids_as_i64(dtype: DType, bytes: &[u8]) -> Option<Vec<i64>> {
+    Some(match dtype {
+        DType::U8 => bytes.iter().map(|&v| v as i64).collect(),
+        DType::U16 => bytes
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]) as i64)
+            .collect(),
+        DType::I32 => bytes
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64)
+            .collect(),
+        DType::I64 => bytes
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect(),
+        DType::F16 | DType::BF16 | DType::F32 | DType::F64 => return None,
+    })
+}
+
 /// The input dtypes [`to_micro_batch`] makes tensors of: bytes and f32 as they are, integer
 /// ids as i64.
 const INPUT_DTYPES: [DType; 5] = [DType::U8, DType::U16, DType::I32, DType::I64, DType::F32];
@@ -436,64 +458,31 @@ pub fn to_micro_batch(
     };
     let f = batch.field(input).ok_or_else(|| missing(input))?;
     let shape = f.shape();
-    let bad = |n: &str| TrainError::Data {
+    let unsupported = |n: &str, d: DType| TrainError::Data {
         what: format!("field `{n}`"),
-        message: "unaligned or unsupported dtype".into(),
+        message: format!("dtype {} not supported as model input", d.name()),
     };
     let x = match f.spec.dtype {
         DType::U8 => Tensor::from_slice(f.bytes, shape.as_slice(), device)?,
-        DType::I64 => Tensor::from_slice(
-            f.as_slice::<i64>().ok_or_else(|| bad(input))?,
-            shape.as_slice(),
-            device,
-        )?,
-        DType::I32 => Tensor::from_vec(
-            f.as_slice::<i32>()
-                .ok_or_else(|| bad(input))?
-                .iter()
-                .map(|&v| v as i64)
-                .collect::<Vec<_>>(),
-            shape.as_slice(),
-            device,
-        )?,
-        DType::U16 => Tensor::from_vec(
-            f.as_slice::<u16>()
-                .ok_or_else(|| bad(input))?
-                .iter()
-                .map(|&v| v as i64)
-                .collect::<Vec<_>>(),
-            shape.as_slice(),
-            device,
-        )?,
         DType::F32 => Tensor::from_slice(
-            f.as_slice::<f32>().ok_or_else(|| bad(input))?,
+            f.as_slice::<f32>().ok_or_else(|| TrainError::Data {
+                what: format!("field `{input}`"),
+                message: "f32 values not aligned to 4 bytes in the batch".into(),
+            })?,
             shape.as_slice(),
             device,
         )?,
-        d => {
-            return Err(TrainError::Data {
-                what: format!("field `{input}`"),
-                message: format!("dtype {} not supported as model input", d.name()),
-            })
-        }
+        d => Tensor::from_vec(
+            ids_as_i64(d, f.bytes).ok_or_else(|| unsupported(input, d))?,
+            shape.as_slice(),
+            device,
+        )?,
     };
     let t = batch.field(target).ok_or_else(|| missing(target))?;
-    let targets: Vec<i64> = match t.spec.dtype {
-        DType::U8 => t.bytes.iter().map(|&v| v as i64).collect(),
-        DType::U16 => t
-            .as_slice::<u16>()
-            .ok_or_else(|| bad(target))?
-            .iter()
-            .map(|&v| v as i64)
-            .collect(),
-        DType::I32 => t
-            .as_slice::<i32>()
-            .ok_or_else(|| bad(target))?
-            .iter()
-            .map(|&v| v as i64)
-            .collect(),
-        _ => t.as_slice::<i64>().ok_or_else(|| bad(target))?.to_vec(),
-    };
+    let targets = ids_as_i64(t.spec.dtype, t.bytes).ok_or_else(|| TrainError::Data {
+        what: format!("field `{target}`"),
+        message: format!("dtype {}: targets are integer ids", t.spec.dtype.name()),
+    })?;
     if !device.is_cpu() {
         // A copy from the loader's page-locked buffer is asynchronous, and the buffer goes
         // back to the loader's pool when the batch is dropped: wait for it.
