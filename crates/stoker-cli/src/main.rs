@@ -79,11 +79,13 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!(
+            // One write: under a launcher every rank may print the same error at once, and
+            // eprintln!'s pieces interleaved into "error[error[config]: ...".
+            stoker_comm::say(&format!(
                 "error[{}]: {}",
                 error_kind::ErrorKind::of(&e).name(),
                 error_text::chain_text(&e)
-            );
+            ));
             std::process::ExitCode::FAILURE
         }
     }
