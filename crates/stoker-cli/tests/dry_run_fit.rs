@@ -203,3 +203,52 @@ fn an_unusable_rayon_num_threads_is_refused_by_name() {
         text(&o)
     );
 }
+
+/// `backend = "local"` runs `batch.world_size` ranks as threads: the dry run plans those
+/// ranks without being told (before: refused as "dry run started 1 rank(s)" unless given
+/// `--world`), counts the data files they map once, and the run's banner gives each
+/// rank's own pool (before: the global pool's size, 2 where each rank computed on 1).
+#[test]
+fn a_local_backend_s_ranks_are_planned_and_announced_as_they_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_data(dir);
+    let body = format!(
+        "precision = \"fp32\"\n[data]\ntrain = {:?}\nvocab = {:?}\nnum_workers = 0\n\
+         [model]\nkind = \"gpt\"\nvocab = 16\ncontext = 32\nd_model = 32\nn_layer = 2\n\
+         n_head = 2\n[batch]\nmicro_batch = 2\nglobal_batch = 6\nworld_size = 3\n\
+         [parallel]\nstrategy = \"zero3\"\nbackend = \"local\"",
+        s(&dir.join("chars.bin")),
+        s(&dir.join("chars.vocab.json"))
+    );
+    let c = config(dir, "local", &body);
+    let dry = stoker(&["train", s(&c), "--dry-run"]);
+    let out = String::from_utf8_lossy(&dry.stdout);
+    assert!(out.contains("x 3 ranks = global batch 6"), "{}", text(&dry));
+    let fit = out
+        .lines()
+        .find(|l| l.starts_with("fits: "))
+        .unwrap_or_else(|| panic!("no fit line: {}", text(&dry)));
+    assert!(
+        fit.starts_with("fits: 3 rank(s) on this host x ")
+            && fit.contains(" less 2 x ")
+            && fit.contains(" MiB of data files mapped once = "),
+        "{fit}"
+    );
+    let run = stoker(&["train", s(&c), "--no-progress"]);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let banner = format!(
+        "3 ranks as threads, threads per rank {})",
+        (cores / 3).max(1)
+    );
+    assert!(
+        String::from_utf8_lossy(&run.stderr).contains(&banner),
+        "{banner}: {}",
+        text(&run)
+    );
+    let (planned, counted) = (forecast_peak(&dry), forecast_peak(&run));
+    assert!(
+        (planned / counted - 1.0).abs() <= 0.05,
+        "the dry run forecasts {planned} MiB per rank, the run {counted}"
+    );
+}

@@ -203,6 +203,9 @@ pub struct Fit {
     pub ranks: usize,
     /// Forecast peak per rank, bytes.
     pub per_rank: f64,
+    /// Bytes within `per_rank` that the host's ranks share: the data files they map, one
+    /// copy in the page cache however many ranks (processes or threads) map them.
+    pub shared: f64,
     /// What they must fit in.
     pub budget: MemoryBudget,
 }
@@ -210,7 +213,7 @@ pub struct Fit {
 impl Fit {
     /// Bytes the host's ranks need together.
     pub fn needed(&self) -> f64 {
-        self.per_rank * self.ranks as f64
+        self.per_rank * self.ranks as f64 - self.shared * self.ranks.saturating_sub(1) as f64
     }
 
     /// Whether they fit.
@@ -221,8 +224,16 @@ impl Fit {
     /// `fits: 3 ranks x 52.1 MiB = 156.3 MiB of 23.5 GiB (this machine's memory)`.
     pub fn line(&self) -> String {
         let mib = |b: f64| b / (1u64 << 20) as f64;
+        let once = match self.ranks > 1 && self.shared > 0.0 {
+            true => format!(
+                " less {} x {:.1} MiB of data files mapped once",
+                self.ranks - 1,
+                mib(self.shared)
+            ),
+            false => String::new(),
+        };
         format!(
-            "{}: {} rank(s) on this host x {:.1} MiB = {:.1} MiB of {:.1} MiB ({})",
+            "{}: {} rank(s) on this host x {:.1} MiB{once} = {:.1} MiB of {:.1} MiB ({})",
             if self.fits() { "fits" } else { "does not fit" },
             self.ranks,
             mib(self.per_rank),

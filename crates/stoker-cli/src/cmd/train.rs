@@ -74,19 +74,22 @@ fn parse_fault(s: &str) -> Result<checkpoint::SaveFault, String> {
 /// and rank 0 alone counts and prints.
 fn dry_run(args: &TrainArgs, config: &TrainConfig) -> anyhow::Result<()> {
     let launched = stoker_comm::mpi::launched_world();
+    // The run's ranks: the flag's, else the launcher's, else those `backend = "local"`
+    // runs as threads (`batch.world_size`), else one.
+    let local = match config.parallel.backend {
+        BackendKind::Local => config.batch.world_size,
+        _ => None,
+    };
     let world = args
         .world
         .or(launched.as_ref().map(|(_, n)| *n))
+        .or(local)
         .unwrap_or(1);
     anyhow::ensure!(world >= 1, "--world 0: expected at least 1 rank");
     let per_host = stoker_comm::mpi::local_ranks().unwrap_or(world).min(world);
     let threads = threads_per_rank(config.parallel.threads_per_rank, per_host);
     crate::candle_threads::share_cores_with_candle(threads);
-    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        let _ = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build_global();
-    }
+    size_global_pool(threads);
     let mpi = match &launched {
         Some((_, n)) if *n > 1 => Some(stoker_comm::mpi::MpiComm::init(
             stoker_comm::communicator::timeout_from_secs(
@@ -173,6 +176,7 @@ fn print_dry_run(
                     let fit = stoker_train::dry_run::Fit {
                         ranks: per_host,
                         per_rank: f.peak_bytes,
+                        shared: f.mapped_bytes,
                         budget,
                     };
                     println!("{}", fit.line());
@@ -257,7 +261,8 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             run_mpi(&args, &config, &opts, (&launcher, n))
         }
         (BackendKind::Auto, _) => {
-            banner(&args, &config, "1 rank");
+            size_global_pool(threads_per_rank(config.parallel.threads_per_rank, 1));
+            banner(&args, &config, "1 rank", rayon::current_num_threads());
             let s = train(&config, &opts)?;
             super::train_report::print(&s, args.summary_json.as_deref())?;
             if s.preempted {
@@ -289,9 +294,20 @@ fn stop_on_signals() -> anyhow::Result<Arc<AtomicBool>> {
     Ok(flag)
 }
 
-fn banner(args: &TrainArgs, config: &TrainConfig, ranks: &str) {
-    // The pool's size: RAYON_NUM_THREADS (checked at start) or what the run built.
-    let threads = rayon::current_num_threads();
+/// Sizes this process's compute pool (rayon's global one) to `threads`, unless
+/// `RAYON_NUM_THREADS` sizes it (checked at start). Before: one rank's pool took every
+/// core whatever `parallel.threads_per_rank` said.
+fn size_global_pool(threads: usize) {
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        // Fails only when the pool already runs (sized by an earlier call).
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build_global();
+    }
+}
+
+/// The run's first line; `threads` is each rank's compute pool.
+fn banner(args: &TrainArgs, config: &TrainConfig, ranks: &str, threads: usize) {
     eprintln!(
         "stoker train: {} ({:?}, {ranks}, threads per rank {threads}) -> {}",
         args.config.display(),
@@ -302,7 +318,9 @@ fn banner(args: &TrainArgs, config: &TrainConfig, ranks: &str) {
 
 fn run_local(args: &TrainArgs, config: &TrainConfig, opts: &RunOptions) -> anyhow::Result<()> {
     let world = config.batch.world_size.unwrap_or(1);
-    banner(args, config, &format!("{world} ranks as threads"));
+    // Each rank's own pool (run_threads), not the global one.
+    let threads = stoker_train::machine::rank_threads(config, world);
+    banner(args, config, &format!("{world} ranks as threads"), threads);
     let results = run_threads(config, opts)?;
     let mut first_err = None;
     let mut preempted = false;
@@ -357,15 +375,10 @@ fn run_mpi(
         stoker_comm::say(&format!("stoker: rank {rank} of {world}: panic: {info}"));
         stoker_comm::mpi::abort_world(101);
     }));
-    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        let n = threads_per_rank(
-            config.parallel.threads_per_rank,
-            stoker_comm::mpi::local_ranks().unwrap_or(world),
-        );
-        let _ = rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global();
-    }
+    size_global_pool(threads_per_rank(
+        config.parallel.threads_per_rank,
+        stoker_comm::mpi::local_ranks().unwrap_or(world),
+    ));
     // One write, so that lines of different ranks do not interleave in the launcher's
     // merged output; the pid maps a launcher's "PID n" message back to the rank.
     stoker_comm::say(&format!(
@@ -374,7 +387,12 @@ fn run_mpi(
         stoker_comm::mpi::host_name()
     ));
     if rank == 0 {
-        banner(args, config, &format!("{world} MPI ranks"));
+        banner(
+            args,
+            config,
+            &format!("{world} MPI ranks"),
+            rayon::current_num_threads(),
+        );
     }
     let comm = Rc::new(comm);
     let result = run_rank(config, opts, comm.clone(), launcher);

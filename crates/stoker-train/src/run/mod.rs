@@ -159,8 +159,9 @@ pub fn run(config: &TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
 }
 
 /// Runs `batch.world_size` ranks as threads of this process (`parallel.backend =
-/// "local"`), each with a compute pool of `parallel.threads_per_rank` threads (0: this
-/// machine's cores divided by the ranks); results in rank order. A rank that fails ends
+/// "local"`), each with a compute pool of `RAYON_NUM_THREADS` threads where set, else
+/// `parallel.threads_per_rank` (0: this machine's cores divided by the ranks); results in
+/// rank order. A rank that fails ends
 /// the others (they see it gone at their next collective).
 pub fn run_threads(config: &TrainConfig, opts: &RunOptions) -> Result<Vec<Result<RunSummary>>> {
     let world = config.batch.world_size.ok_or_else(|| {
@@ -169,7 +170,7 @@ pub fn run_threads(config: &TrainConfig, opts: &RunOptions) -> Result<Vec<Result
             "parallel.backend = \"local\" runs this many ranks as threads: give it",
         )
     })?;
-    let threads = crate::device::threads_per_rank(config.parallel.threads_per_rank, world);
+    let threads = crate::machine::rank_threads(config, world);
     let timeout = stoker_comm::communicator::timeout_from_secs(
         config.parallel.timeout_s,
         stoker_comm::DEFAULT_TIMEOUT,
