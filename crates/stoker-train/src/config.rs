@@ -393,7 +393,7 @@ pub struct ParallelConfig {
     /// false (only to measure the chapter's 4.3.1 advice; same result, more traffic).
     /// ZeRO-2: default true (DeepSpeed's: the running gradient sum is shard-sized);
     /// false keeps full local gradients until the last micro-batch (FSDP's `no_sync`).
-    /// ZeRO-1 reduces once per window either way.
+    /// ZeRO-1 reduces once per window: true is refused there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sync_every_micro_batch: Option<bool>,
     /// ZeRO-3: free each block's gathered parameters after its forward and gather them
@@ -994,6 +994,16 @@ impl TrainConfig {
             return Err(config_err(
                 "parallel.sync_every_micro_batch",
                 "cannot be combined with parallel.deterministic (its reduction waits for the whole window)",
+            ));
+        }
+        if p.strategy == StrategyKind::Zero1 && p.sync_every_micro_batch == Some(true) {
+            // Accepted and ignored before: the same bytes sent with it as without.
+            return Err(config_err(
+                "parallel.sync_every_micro_batch",
+                "true under \"zero1\", which reduces once per window (DeepSpeed's stage 1: \
+                 whole local gradients until the window's last micro-batch, then one \
+                 reduce-scatter); a reduction per micro-batch is \"ddp\"'s (the chapter's \
+                 4.3.1 measurement) or \"zero2\"'s: leave it unset or change the strategy",
             ));
         }
         if p.strategy == StrategyKind::Zero3 {

@@ -266,6 +266,22 @@ fn what_data_parallelism_cannot_serve_is_refused_before_any_work_naming_the_key(
         .unwrap_err()
         .to_string();
     assert!(e.contains("parallel.strategy"), "{e}");
+    // ZeRO-1 reduces once per window: asking it for a reduction per micro-batch is
+    // refused (before: accepted, and the same bytes sent as without it).
+    let text = config_text(
+        GPT,
+        "fp32",
+        "direct",
+        ADAMW,
+        "strategy = \"zero1\"\nsync_every_micro_batch = true",
+    );
+    let e = TrainConfig::parse(&text, std::path::Path::new("z1.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("parallel.sync_every_micro_batch") && e.contains("once per window"),
+        "{e}"
+    );
 }
 
 #[test]
