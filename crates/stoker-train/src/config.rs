@@ -1025,7 +1025,17 @@ impl TrainConfig {
         // any work); here: whatever the file alone decides.
         match (b.world_size, b.accumulation_steps, b.global_batch) {
             (Some(w), _, _) => {
-                b.resolve(w)?;
+                // The file's own world size: the launcher's may differ, and is not yet known.
+                b.resolve(w).map_err(|e| match e {
+                    TrainError::Config { key, message } => config_err(
+                        key,
+                        format!(
+                            "{message} (the world size is this file's batch.world_size = {w}; \
+                             drop that key to take the launcher's)"
+                        ),
+                    ),
+                    other => other,
+                })?;
             }
             (None, Some(k), Some(g)) if g % (b.micro_batch * k) != 0 => {
                 return Err(config_err(
@@ -1176,6 +1186,28 @@ steps = 1
         match r {
             Err(TrainError::Config { key, .. }) => key,
             other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    /// A file whose own `batch.world_size` does not divide its global batch says that the
+    /// size is the file's (under a launcher of another size, the listed sizes read as if
+    /// the launched one were refused).
+    #[test]
+    fn a_file_s_own_world_size_is_named_when_the_batch_does_not_fit_it() {
+        let mut c = cpu_config();
+        c.batch.micro_batch = 2;
+        c.batch.global_batch = Some(6);
+        c.batch.world_size = Some(2);
+        match c.validate() {
+            Err(TrainError::Config { key, message }) => {
+                assert_eq!(key, "batch.global_batch");
+                assert!(
+                    message.contains("world sizes that fit: 1, 3")
+                        && message.contains("this file's batch.world_size = 2"),
+                    "{message}"
+                );
+            }
+            other => panic!("expected batch.global_batch refused, got {other:?}"),
         }
     }
 
