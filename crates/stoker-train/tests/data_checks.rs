@@ -226,9 +226,52 @@ fn a_token_evaluation_shard_is_checked_against_the_model_and_the_vocabulary() {
         e.contains("other.bin (data.eval)") && e.contains("packed with the vocabulary"),
         "{e}"
     );
+    // `stoker pack docs`' layout: PREFIX_train_000001.bin beside PREFIX.vocab.json (before:
+    // not looked for, and the shard evaluated through the wrong characters).
+    std::fs::copy(d.join("other.bin"), d.join("docs_train_000001.bin")).unwrap();
+    std::fs::copy(d.join("other.vocab.json"), d.join("docs.vocab.json")).unwrap();
+    let e = open(&gpt("docs_train_000001.bin", "").unwrap())
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("docs_train_000001.bin (data.eval)")
+            && e.contains("docs.vocab.json, which differs from data.vocab"),
+        "{e}"
+    );
     // The same vocabulary beside it: evaluated.
     std::fs::copy(d.join("corpus.vocab.json"), d.join("other.vocab.json")).unwrap();
     open(&gpt("other.bin", "").unwrap()).unwrap();
+    // The vocabulary is read at open (so `--dry-run` checks it too), by its key: missing,
+    // or more tokens than model.vocab (before: checked by the run alone, after open).
+    let vocab_line = format!("vocab = \"{}\"", d.join("corpus.vocab.json").display());
+    let other_vocab = |to: &str| {
+        let text = common::gpt_config(d, "fp32", 1, "").replace(
+            &vocab_line,
+            &format!("vocab = \"{}\"", d.join(to).display()),
+        );
+        TrainConfig::parse(&text, Path::new("t.toml")).unwrap()
+    };
+    match open(&other_vocab("typo.vocab.json")).map(|_| ()) {
+        Err(e @ TrainError::Dataset { .. }) => {
+            let e = e.to_string();
+            assert!(
+                e.contains("data.vocab") && e.contains("typo.vocab.json"),
+                "{e}"
+            );
+        }
+        other => panic!("expected data.vocab refused, got {other:?}"),
+    }
+    let wide: Vec<String> = (0..30).map(|i| format!("t{i}")).collect();
+    let json = serde_json::json!({"kind": "char", "tokens": wide});
+    std::fs::write(d.join("wide.vocab.json"), json.to_string()).unwrap();
+    match open(&other_vocab("wide.vocab.json")).map(|_| ()) {
+        Err(TrainError::Config { key, message }) => {
+            assert_eq!(key, "model.vocab");
+            assert!(message.contains("24 < 30 tokens"), "{message}");
+        }
+        other => panic!("expected model.vocab refused, got {other:?}"),
+    }
     // Sampling prints through the vocabulary; an empty one is refused.
     let no_vocab = common::gpt_config(d, "fp32", 1, "sample_tokens = 5").replace(
         &format!("vocab = \"{}\"\n", d.join("corpus.vocab.json").display()),

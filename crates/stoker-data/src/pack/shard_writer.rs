@@ -124,6 +124,19 @@ impl ShardWriter {
     }
 }
 
+/// The `PREFIX` of a shard this writer names, `PREFIX_train_000001.bin` or
+/// `PREFIX_val_000000.bin`, or of a pattern over them (`PREFIX_train_*.bin`, as
+/// `data.train` gives it): where `PREFIX.vocab.json` is. `None` for other names.
+pub fn shard_prefix(shard: &Path) -> Option<PathBuf> {
+    let name = shard.file_name()?.to_str()?;
+    let stem = name.strip_suffix(".bin")?;
+    ["_train_", "_val_"].iter().find_map(|split| {
+        let (prefix, n) = stem.rsplit_once(split)?;
+        let numbered = !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
+        (!prefix.is_empty() && (numbered || n == "*")).then(|| shard.with_file_name(prefix))
+    })
+}
+
 /// The shards already at `prefix` (`PREFIX_train_*.bin`, `PREFIX_val_*.bin`), by name.
 fn earlier_shards(prefix: &Path) -> Result<Vec<PathBuf>> {
     let dir = match prefix.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -143,14 +156,12 @@ fn earlier_shards(prefix: &Path) -> Result<Vec<PathBuf>> {
         let entry = entry.map_err(|e| DataError::io(dir, e))?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        let shard = ["_train_", "_val_"].iter().any(|split| {
-            name.strip_prefix(stem)
-                .and_then(|rest| rest.strip_prefix(split))
-                .and_then(|rest| rest.strip_suffix(".bin"))
-                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-        });
-        if shard {
-            found.push(entry.path());
+        let path = entry.path();
+        let ours = !name.contains('*')
+            && shard_prefix(&path)
+                .is_some_and(|p| p.file_name().and_then(|n| n.to_str()) == Some(stem));
+        if ours {
+            found.push(path);
         }
     }
     found.sort();

@@ -9,6 +9,7 @@
 use std::path::Path;
 
 use stoker_data::image_folder::classes_path;
+use stoker_data::pack::shard_writer::shard_prefix;
 use stoker_data::pack::text::Vocab;
 use stoker_data::{AnyDataset, Dataset};
 
@@ -48,6 +49,8 @@ pub fn check_data(config: &TrainConfig, data: &Datasets) -> Result<()> {
         }
     }
     if let Some(vocab) = &d.vocab {
+        // Readable, not empty, within model.vocab (the run reads it again to sample).
+        super::load_vocab(config)?;
         for (path, key) in [
             (Some(&*d.train), "data.train"),
             (d.eval.as_deref(), "data.eval"),
@@ -186,18 +189,28 @@ fn check_vocab_beside(shard: &Path, key: &str, vocab: &Path) -> Result<()> {
     if shard.extension().is_none_or(|e| e != "bin") {
         return Ok(());
     }
-    let beside = shard.with_extension("vocab.json");
+    // `stoker pack text`'s X.bin has X.vocab.json; `pack docs`' PREFIX_train_000001.bin
+    // (or the pattern PREFIX_train_*.bin) has PREFIX.vocab.json.
+    let Some(beside) = [
+        Some(shard.with_extension("vocab.json")),
+        shard_prefix(shard).map(|p| stoker_data::paths::prefixed(&p, ".vocab.json")),
+    ]
+    .into_iter()
+    .flatten()
+    .find(|p| p.is_file()) else {
+        return Ok(());
+    };
     let same_file = |a: &Path, b: &Path| matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y);
-    if !beside.is_file() || same_file(&beside, vocab) {
+    if same_file(&beside, vocab) {
         return Ok(());
     }
-    let load = |p: &Path| {
+    let load = |p: &Path, key: &str| {
         Vocab::load(p).map_err(|source| TrainError::Dataset {
             key: key.into(),
             source,
         })
     };
-    if load(&beside)? == load(vocab)? {
+    if load(&beside, key)? == load(vocab, "data.vocab")? {
         return Ok(());
     }
     Err(TrainError::Data {

@@ -497,7 +497,10 @@ pub fn load_vocab(config: &TrainConfig) -> Result<Option<Vocab>> {
     let Some(path) = &config.data.vocab else {
         return Ok(None);
     };
-    let vocab = Vocab::load(path)?;
+    let vocab = Vocab::load(path).map_err(|source| TrainError::Dataset {
+        key: "data.vocab".into(),
+        source,
+    })?;
     if vocab.size() == 0 {
         return Err(crate::error::config_err(
             "data.vocab",
