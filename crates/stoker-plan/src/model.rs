@@ -18,6 +18,19 @@ pub enum Family {
     Llama,
 }
 
+impl Family {
+    /// The MLP's width when a shape gives none: GPT-2's 4 x `hidden`; Llama's SwiGLU
+    /// two thirds of that, rounded up to a multiple of 256 (Meta's `multiple_of`: 11,008
+    /// at 4,096), as the trainer builds it (`stoker_kernels::llama::LlamaDims`; a test in
+    /// stoker-train holds the two equal).
+    pub fn default_ffn_hidden(self, hidden: u64) -> u64 {
+        match self {
+            Family::Gpt2 => 4 * hidden,
+            Family::Llama => (2 * (4 * hidden) / 3).div_ceil(256) * 256,
+        }
+    }
+}
+
 /// A transformer's shape: what the memory and FLOP formulas need.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Architecture {

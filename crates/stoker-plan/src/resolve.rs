@@ -173,7 +173,10 @@ pub fn resolve_model(m: &ModelInput) -> Result<ModelSpec> {
     let ffn_hidden = need(
         "ffn_hidden",
         m.ffn_hidden,
-        Some(b.as_ref().map_or(4 * hidden, |a| a.ffn_hidden)),
+        Some(
+            b.as_ref()
+                .map_or(family.default_ffn_hidden(hidden), |a| a.ffn_hidden),
+        ),
     )?;
     let context = need(
         "context",

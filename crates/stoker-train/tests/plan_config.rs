@@ -289,6 +289,29 @@ fn a_plan_for_shorter_sequences_trains_windows_that_long() {
 
 /// A Llama preset's plan emits a Llama (grouped-query heads, SwiGLU width, untied head)
 /// that the trainer parses, and that plans again alike.
+/// The planner's default MLP width for a Llama without `ffn_hidden` is the trainer's
+/// (before: GPT's 4 x hidden, 31% more parameters at Llama-2-7B's shape).
+#[test]
+fn the_planner_s_default_llama_mlp_is_the_trainer_s() {
+    use stoker_kernels::llama::LlamaDims;
+    use stoker_plan::model::Family;
+    for d in (8..=8192).step_by(8) {
+        assert_eq!(
+            Family::Llama.default_ffn_hidden(d as u64),
+            LlamaDims::default_ffn_hidden(d) as u64,
+            "d_model {d}"
+        );
+    }
+    let plan = plan_of(&input(
+        "[model]\nfamily = \"llama\"\nlayers = 32\nhidden = 4096\nheads = 32\nvocab = 32000\n\
+         [hardware]\npreset = \"cpu\"\n[training]\nglobal_batch = 2\nseq_len = 64\n",
+    ));
+    assert_eq!(
+        plan.inputs.model.params, 6_738_415_616,
+        "Llama-2-7B's shape"
+    );
+}
+
 #[test]
 fn a_llama_plan_emits_a_llama_config() {
     let tmp = tempfile::tempdir().unwrap();

@@ -82,7 +82,7 @@ pub struct PlanArgs {
     /// Key/value heads (grouped-query attention).
     #[arg(long, help_heading = "Model", allow_negative_numbers = true)]
     kv_heads: Option<i64>,
-    /// MLP inner width.
+    /// MLP inner width (default: 4 x hidden for GPT-2; Llama's 2/3 of that rounded up to 256).
     #[arg(long, help_heading = "Model", allow_negative_numbers = true)]
     ffn_hidden: Option<i64>,
     /// Vocabulary size.
