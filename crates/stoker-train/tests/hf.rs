@@ -215,3 +215,75 @@ fn check_gpt2_with(pythonpath: &str) {
     let back = hf::gpt2::import(gpt(&c), t.layout(), &saved).unwrap();
     stoker_testkit::assert_bits_eq(&back, t.master(), "transformers' save_pretrained, imported");
 }
+
+/// The hub's own GPT-2 (`openai-community/gpt2`) names its tensors without
+/// `transformer.` and keeps each block's causal-mask buffer `h.L.attn.bias`; a checkpoint
+/// past `save_pretrained`'s shard size comes as shards and an index. Each imports to the
+/// export's bits (before: "tensor `transformer.wte.weight` not found", and "model.safetensors:
+/// No such file"); a tensor in no shard, or a missing shard, is named.
+#[test]
+fn the_hub_s_gpt2_layouts_import_as_the_export() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = config();
+    let t = trained();
+    let out = hf::gpt2::export(
+        gpt(&c),
+        t.layout(),
+        t.master(),
+        None,
+        &tmp.path().join("hf"),
+    )
+    .unwrap();
+    let hub = |n: &str| n.strip_prefix("transformer.").unwrap_or(n).to_string();
+    let masks: Vec<(String, Vec<usize>, Vec<f32>)> = (0..2)
+        .map(|l| {
+            (
+                format!("h.{l}.attn.bias"),
+                vec![1, 1, 16, 16],
+                vec![1.0; 256],
+            )
+        })
+        .collect();
+    for (name, shards) in [("hub", 1), ("hub-sharded", 3)] {
+        let dir = tmp.path().join(name);
+        common::hf_layout::rewrite(&out, &dir, hub, &masks, shards);
+        let back = hf::gpt2::import(gpt(&c), t.layout(), &dir).unwrap();
+        stoker_testkit::assert_bits_eq(&back, t.master(), name);
+    }
+    let kept = |n: &str| n.to_string();
+    let dir = tmp.path().join("sharded");
+    common::hf_layout::rewrite(&out, &dir, kept, &[], 2);
+    let back = hf::gpt2::import(gpt(&c), t.layout(), &dir).unwrap();
+    stoker_testkit::assert_bits_eq(&back, t.master(), "sharded, prefixed");
+    std::fs::remove_file(dir.join("model-00002-of-00002.safetensors")).unwrap();
+    let e = hf::gpt2::import(gpt(&c), t.layout(), &dir)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("model-00002-of-00002.safetensors"), "{e}");
+    let index = dir.join("model.safetensors.index.json");
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&index).unwrap()).unwrap();
+    json["weight_map"]
+        .as_object_mut()
+        .unwrap()
+        .remove("transformer.wpe.weight");
+    std::fs::write(&index, json.to_string()).unwrap();
+    let e = hf::gpt2::import(gpt(&c), t.layout(), &dir)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("model.safetensors.index.json")
+            && e.contains("tensor `transformer.wpe.weight` is in no shard's weight_map"),
+        "{e}"
+    );
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    std::fs::copy(out.join("config.json"), empty.join("config.json")).unwrap();
+    let e = hf::gpt2::import(gpt(&c), t.layout(), &empty)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("neither model.safetensors nor model.safetensors.index.json"),
+        "{e}"
+    );
+}

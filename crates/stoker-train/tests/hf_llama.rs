@@ -140,6 +140,11 @@ fn export_writes_llama_names_shapes_and_config_and_imports_back_bit_for_bit() {
         e.contains("config.json") && e.contains("`rope_parameters.rope_type` is \"llama3\""),
         "{e}"
     );
+    // Sharded as save_pretrained writes a larger model: the same bits.
+    let sharded = tmp.path().join("sharded");
+    common::hf_layout::rewrite(&out, &sharded, |n| n.to_string(), &[], 3);
+    let back = hf::import(&c.model, t.layout(), &sharded).unwrap();
+    stoker_testkit::assert_bits_eq(&back, t.master(), "sharded");
     // `[model] init_from` starts training from it.
     let text = toml::to_string(&c).unwrap().replace(
         "n_kv_head = 2",

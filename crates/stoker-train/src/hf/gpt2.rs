@@ -214,16 +214,21 @@ pub fn import(config: &GptConfig, layout: &FlatLayout, dir: &Path) -> Result<Vec
              1/sqrt(head dim) alone",
         ));
     }
-    super::read_weights(dir, layout, |s, st, sp| {
-        let (name, conv) = gpt2_name(&s.name);
-        let shape = match conv {
-            true => vec![s.shape[1], s.shape[0]],
-            false => s.shape.clone(),
-        };
-        let x = super::read_f32(st, sp, &name, &shape)?;
-        Ok(match conv {
-            true => transpose(&x, shape[0], shape[1]),
+    super::read_weights(
+        dir,
+        layout,
+        "transformer",
+        |s| {
+            let (name, conv) = gpt2_name(&s.name);
+            let shape = match conv {
+                true => vec![s.shape[1], s.shape[0]],
+                false => s.shape.clone(),
+            };
+            super::Wanted { name, shape }
+        },
+        |s, x| match gpt2_name(&s.name).1 {
+            true => transpose(&x, s.shape[1], s.shape[0]),
             false => x,
-        })
-    })
+        },
+    )
 }

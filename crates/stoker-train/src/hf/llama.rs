@@ -225,7 +225,14 @@ pub fn import(config: &LlamaConfig, layout: &FlatLayout, dir: &Path) -> Result<V
     if let Some(first) = wrong.into_iter().next() {
         return Err(ckpt_err(&cp, first));
     }
-    super::read_weights(dir, layout, |s, st, sp| {
-        super::read_f32(st, sp, &hf_name(&s.name), &s.shape)
-    })
+    super::read_weights(
+        dir,
+        layout,
+        "model",
+        |s| super::Wanted {
+            name: hf_name(&s.name),
+            shape: s.shape.clone(),
+        },
+        |_, x| x,
+    )
 }

@@ -5,10 +5,13 @@
 
 pub mod gpt2;
 pub mod llama;
+mod weights;
 
 use std::path::{Path, PathBuf};
 
 use safetensors::tensor::{Dtype as StDtype, TensorView};
+
+pub(crate) use weights::{read_weights, Wanted};
 
 use crate::error::{config_err, io_err, Result};
 use crate::layout::FlatLayout;
@@ -73,24 +76,6 @@ pub(crate) fn read_config<T: serde::de::DeserializeOwned>(dir: &Path) -> Result<
     Ok((config, cp))
 }
 
-/// A flat buffer laid out by `layout` from `dir/model.safetensors`: each slot's values as
-/// `values_of(slot, file, path)` reads them (a name and shape of the format's, checked).
-pub(crate) fn read_weights(
-    dir: &Path,
-    layout: &FlatLayout,
-    values_of: impl Fn(&crate::layout::Slot, &safetensors::SafeTensors<'_>, &Path) -> Result<Vec<f32>>,
-) -> Result<Vec<f32>> {
-    let sp = dir.join("model.safetensors");
-    let bytes = std::fs::read(&sp).map_err(|e| io_err(&sp, e))?;
-    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| ckpt_err(&sp, e))?;
-    let mut master = vec![0f32; layout.total_len()];
-    for s in layout.slots() {
-        let x = values_of(s, &st, &sp)?;
-        master[s.offset..s.offset + s.len].copy_from_slice(&x);
-    }
-    Ok(master)
-}
-
 /// Writes `(name, shape, f32 values)` as `out/model.safetensors` (PyTorch's format tag).
 fn write_tensors(out: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Result<()> {
     let views: Vec<(String, TensorView)> = tensors
@@ -106,53 +91,4 @@ fn write_tensors(out: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Resu
     let st = out.join("model.safetensors");
     let bytes = safetensors::serialize(views, Some(meta)).map_err(|e| ckpt_err(&st, e))?;
     write_synced(&st, &bytes)
-}
-
-/// Tensor `name` of `st` (read from `path`) as f32, checked to be `shape`; F32, F16 and
-/// BF16 are read.
-pub(crate) fn read_f32(
-    st: &safetensors::SafeTensors<'_>,
-    path: &Path,
-    name: &str,
-    shape: &[usize],
-) -> Result<Vec<f32>> {
-    let t = st
-        .tensor(name)
-        .map_err(|e| ckpt_err(path, format!("tensor `{name}`: {e}")))?;
-    if t.shape() != shape {
-        return Err(ckpt_err(
-            path,
-            format!("tensor `{name}`: shape {:?}, expected {shape:?}", t.shape()),
-        ));
-    }
-    let values: Vec<f32> = match t.dtype() {
-        StDtype::F32 => crate::model_files::f32s(t.data()).collect(),
-        StDtype::F16 => t
-            .data()
-            .chunks_exact(2)
-            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        StDtype::BF16 => t
-            .data()
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        other => {
-            return Err(ckpt_err(
-                path,
-                format!("tensor `{name}`: dtype {other:?}, expected F32, F16 or BF16"),
-            ))
-        }
-    };
-    // A NaN or infinity would start the run on weights no step can mend.
-    if let Some(i) = values.iter().position(|v| !v.is_finite()) {
-        return Err(ckpt_err(
-            path,
-            format!(
-                "tensor `{name}`: element {i} is {}, expected finite weights",
-                values[i]
-            ),
-        ));
-    }
-    Ok(values)
 }

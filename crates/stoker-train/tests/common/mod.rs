@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: tiny models and deterministic data.
 #![allow(dead_code)]
 
+pub mod hf_layout;
 pub mod hf_python;
 pub mod ranks;
 
