@@ -405,3 +405,38 @@ fn an_earlier_pack_s_shards_at_the_prefix_are_refused_by_name() {
         "{e}"
     );
 }
+
+/// What Python writes and reads as JSON Lines: `NaN` / `Infinity` in a field beside the
+/// text (Python's `json.dumps` default) and a byte-order mark before the first line
+/// (`utf-8-sig`) pack as the same documents (before: "not a JSON object" for the whole
+/// file); a text field that is `NaN` is refused as null, by field.
+#[test]
+fn python_s_json_lines_pack_as_python_reads_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let opts = DocsOptions {
+        field: "text".into(),
+        tokenizer: Tokenizer::Char,
+        shard_tokens: 1 << 20,
+        val_tokens: 0,
+    };
+    let plain = "{\"text\": \"first\", \"score\": 0.5}\n{\"text\": \"second\", \"score\": 1.0}\n";
+    let python = "\u{feff}{\"text\": \"first\", \"score\": NaN}\n{\"text\": \"second\", \"score\": [Infinity, -Infinity]}\n";
+    let mut ids = Vec::new();
+    for (name, text) in [("plain", plain), ("python", python)] {
+        let path = d.join(format!("{name}.jsonl"));
+        std::fs::write(&path, text).unwrap();
+        let s = pack_docs(&[path], &d.join(name), &opts).unwrap();
+        ids.push(shard_tokens(&s.shards.train));
+    }
+    assert_eq!(ids[0], ids[1]);
+    let path = d.join("nan_text.jsonl");
+    std::fs::write(&path, "{\"text\": NaN}\n").unwrap();
+    let e = pack_docs(&[path], &d.join("nan_text"), &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("line 1, field text") && e.contains("null"),
+        "{e}"
+    );
+}

@@ -405,11 +405,22 @@ impl JsonlDocs {
                     format!("not UTF-8 at byte {} of the line", e.valid_up_to()),
                 )
             })?;
+            // A byte-order mark (Windows' "UTF-8 with BOM") before the first line's object.
+            let text = match self.line {
+                1 => text.trim_start_matches('\u{feff}'),
+                _ => text,
+            };
             let text = text.trim();
             if text.is_empty() {
                 continue;
             }
-            let v: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+            let parsed = serde_json::from_str(text).or_else(|e| {
+                // Python's NaN and Infinity, as Python and pyarrow read them.
+                super::json_nonfinite::nonfinite_as_null(text)
+                    .and_then(|t| serde_json::from_str(&t).ok())
+                    .ok_or(e)
+            });
+            let v: serde_json::Value = parsed.map_err(|e| {
                 let hint = match (text.trim_start().starts_with('['), e.is_eof()) {
                     (true, _) => {
                         " (a JSON array over several lines is not JSON Lines, one object a line)"

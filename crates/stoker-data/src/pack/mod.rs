@@ -6,5 +6,6 @@ mod downscale;
 pub mod gpt2_bpe;
 pub mod idx;
 pub mod image_folder;
+mod json_nonfinite;
 pub mod shard_writer;
 pub mod text;
