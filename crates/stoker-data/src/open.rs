@@ -80,16 +80,23 @@ pub fn open_dataset(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<AnyDat
     if ext == "bin" {
         let shards = token_shards(path)?;
         let tokens: usize = shards.iter().map(TokenShard::len).sum();
+        let (count, longest) = (shards.len(), shards.iter().map(TokenShard::len).max());
         let windows = TokenWindows::new(shards, opts.context, opts.token_dtype)?;
         if crate::dataset::Dataset::len(&windows) == 0 {
-            return Err(DataError::format(
-                path,
-                "tokens",
-                format!(
+            let need = opts.context + 1;
+            let message = match (count, longest) {
+                (2.., Some(longest)) => format!(
+                    "{tokens} tokens in {count} shards, the longest {longest}: a window never \
+                     spans shards, and none holds context {} + 1 = {need} (pack with a larger \
+                     --shard-tokens, or use a shorter model.context)",
+                    opts.context
+                ),
+                _ => format!(
                     "{tokens} tokens: not one window of context {} + 1 (the next-token target)",
                     opts.context
                 ),
-            ));
+            };
+            return Err(DataError::format(path, "tokens", message));
         }
         return Ok(AnyDataset::Tokens(match opts.token_vocab {
             Some(v) => windows.with_vocab(v),

@@ -186,6 +186,22 @@ fn parquet_and_jsonl_give_gpt2_s_tokens_of_each_document_then_end_of_text() {
         e.contains("none_*.bin") && e.contains("no file matches"),
         "{e}"
     );
+    // A context no one shard can fill: named as the shards' length, not the sum's
+    // (before: "N tokens: not one window", N the whole set's count).
+    let longest = pq.shards.train.iter().map(|(_, n)| *n).max().unwrap();
+    let wide = OpenOptions {
+        context: longest,
+        ..OpenOptions::default()
+    };
+    let e = match open_dataset(dir.path().join("out/pq_train_*.bin"), &wide) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("windows longer than every shard opened"),
+    };
+    assert!(
+        e.contains(&format!("the longest {longest}: a window never spans shards"))
+            && e.contains("--shard-tokens"),
+        "{e}"
+    );
 }
 
 #[test]
