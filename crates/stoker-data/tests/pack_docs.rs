@@ -198,8 +198,9 @@ fn parquet_and_jsonl_give_gpt2_s_tokens_of_each_document_then_end_of_text() {
         Ok(_) => panic!("windows longer than every shard opened"),
     };
     assert!(
-        e.contains(&format!("the longest {longest}: a window never spans shards"))
-            && e.contains("--shard-tokens"),
+        e.contains(&format!(
+            "the longest {longest}: a window never spans shards"
+        )) && e.contains("--shard-tokens"),
         "{e}"
     );
 }

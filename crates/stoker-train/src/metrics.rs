@@ -159,12 +159,11 @@ impl MetricsLog {
     }
 }
 
-/// Reads every record of `dir/metrics.jsonl`. A value JSON cannot hold (a NaN or an
-/// infinite loss, written as `null`) reads back as NaN.
+/// Reads every record of `dir/metrics.jsonl`, but a last line cut short (a run that
+/// crashed mid-write), which is dropped with a warning. A value JSON cannot hold (a NaN or
+/// an infinite loss, written as `null`) reads back as NaN.
 pub fn read(dir: &Path) -> Result<Vec<Record>> {
-    let path = dir.join("metrics.jsonl");
-    let text = std::fs::read_to_string(&path).map_err(|e| io_err(&path, e))?;
-    parse(&path, &text)
+    read_resumable(&dir.join("metrics.jsonl"))
 }
 
 /// Each non-blank line of `text` (read from `path`) as a record; an error names the
@@ -174,12 +173,9 @@ fn parse(path: &Path, text: &str) -> Result<Vec<Record>> {
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
-            serde_json::from_str(l).map_err(|e| {
-                crate::error::TrainError::Setup(format!(
-                    "metrics {} line {}: {e}",
-                    path.display(),
-                    i + 1
-                ))
+            serde_json::from_str(l).map_err(|e| crate::error::TrainError::Data {
+                what: format!("{} line {}", path.display(), i + 1),
+                message: format!("not a metrics record: {e}"),
             })
         })
         .collect()
@@ -253,7 +249,7 @@ mod tests {
         let mut text = std::fs::read_to_string(&path).unwrap();
         text.push_str("{\"kind\":\"eval\",\"step\":4,\"lo");
         std::fs::write(&path, &text).unwrap();
-        assert!(read(dir.path()).is_err(), "the strict reader refuses it");
+        assert_eq!(read(dir.path()).unwrap().len(), 3, "the reader drops it");
         MetricsLog::open(dir.path(), Some(10)).unwrap();
         assert_eq!(read(dir.path()).unwrap().len(), 3);
         // A bad line is named by its number in the file, blank lines counted.

@@ -311,5 +311,15 @@ pub fn write_report(run_dir: &Path) -> Result<Vec<PathBuf>> {
         one("lr", col(|t| t.2), CYAN),
         false,
     )?;
+    if out.is_empty() {
+        // Nothing plotted (an earlier report's plots removed above): said, not an exit
+        // status 0 with no file.
+        return Err(TrainError::Data {
+            what: run_dir.join("metrics.jsonl").display().to_string(),
+            message: "holds no training or evaluation records to plot: the run stopped \
+                      before its first log line (train.log_every steps)"
+                .into(),
+        });
+    }
     Ok(out)
 }

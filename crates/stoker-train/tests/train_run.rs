@@ -326,11 +326,23 @@ fn report_writes_seven_pngs_with_planned_vs_measured() {
         let bytes = std::fs::read(f).unwrap();
         assert_eq!(&bytes[1..4], b"PNG", "{}", f.display());
     }
-    // Records with nothing to plot: no file is said to be written, and the earlier
-    // report's plots are not left beside them.
-    std::fs::write(c.run_dir.join("metrics.jsonl"), "").unwrap();
-    let none = stoker_train::report::write_report(&c.run_dir).unwrap();
-    assert!(none.is_empty(), "{none:?}");
+    // A last line cut short (a run that crashed mid-write) is dropped, not fatal.
+    let metrics = c.run_dir.join("metrics.jsonl");
+    let mut text = std::fs::read_to_string(&metrics).unwrap();
+    text.push_str("{\"kind\":\"train\",\"step\":4,\"lo");
+    std::fs::write(&metrics, text).unwrap();
+    let again = stoker_train::report::write_report(&c.run_dir).unwrap();
+    assert_eq!(again, files);
+    // Records with nothing to plot: an error naming the file (before: exit status 0, no
+    // file), and the earlier report's plots are not left beside them.
+    std::fs::write(&metrics, "").unwrap();
+    let e = stoker_train::report::write_report(&c.run_dir)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("metrics.jsonl") && e.contains("no training or evaluation records"),
+        "{e}"
+    );
     assert!(files.iter().all(|f| !f.exists()), "stale plots left");
 }
 
