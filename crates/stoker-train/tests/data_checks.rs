@@ -491,3 +491,27 @@ fn the_jpeg_decoder_key_picks_the_decoder_of_image_records() {
         ),
     }
 }
+
+/// A relative data path that is not there says where relative paths are read from (a
+/// launcher may start the run in another directory than the user's shell).
+#[test]
+fn a_missing_relative_path_names_the_working_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let cwd = std::env::current_dir().unwrap();
+    for train in ["no/such/prefix", "no/such/shard.bin"] {
+        let e = open(&mlp(d, &format!("train = \"{train}\""), 2, ""))
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("data.train")
+                && e.contains(train)
+                && e.contains(&format!(
+                    "relative paths are read from the working directory {}",
+                    cwd.display()
+                )),
+            "{e}"
+        );
+    }
+}

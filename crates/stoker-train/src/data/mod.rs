@@ -208,8 +208,38 @@ fn open(
         .map(Arc::new)
         .map_err(|source| TrainError::Dataset {
             key: key.to_string(),
-            source,
+            source: relative_hint(path, source),
         })
+}
+
+/// A file of a relative `path` that is not found: the error also says where relative paths
+/// are read from (a run started in another directory, or by a launcher in the home one).
+fn relative_hint(path: &std::path::Path, e: stoker_data::DataError) -> stoker_data::DataError {
+    use stoker_data::DataError;
+    let hint = || {
+        let cwd = std::env::current_dir()
+            .map_or_else(|_| "(unreadable)".into(), |d| d.display().to_string());
+        format!("relative paths are read from the working directory {cwd}")
+    };
+    if !path.is_relative() {
+        return e;
+    }
+    match e {
+        DataError::Io { path: file, source } if source.kind() == std::io::ErrorKind::NotFound => {
+            let source = std::io::Error::new(source.kind(), format!("{source}; {}", hint()));
+            DataError::Io { path: file, source }
+        }
+        DataError::Format {
+            path: file,
+            field,
+            message,
+        } if message.starts_with("not found") => DataError::Format {
+            path: file,
+            field,
+            message: format!("{message}; {}", hint()),
+        },
+        other => other,
+    }
 }
 
 /// Opens the configured data (token shards in windows of the model's context) and checks
