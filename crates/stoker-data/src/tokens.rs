@@ -288,6 +288,17 @@ impl TokenWindows {
         self.context
     }
 
+    /// The shards' tokens, all of them (a window never spans two shards, so each shard's
+    /// tail shorter than a window is in none).
+    pub fn tokens(&self) -> usize {
+        self.shards.iter().map(TokenShard::len).sum()
+    }
+
+    /// The shards the windows are cut from.
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
     /// (shard, first token) of window `i`.
     pub fn locate(&self, i: usize) -> (usize, usize) {
         let s = self.starts.partition_point(|&st| st <= i) - 1;

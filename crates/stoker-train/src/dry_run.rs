@@ -53,6 +53,8 @@ pub struct DryRun {
     pub own: OwnBytes,
     /// Whether a scratch micro-batch counted the activations and kernel scratch.
     pub measured_step: bool,
+    /// The data's warnings, as the run prints them.
+    pub data_notes: Vec<String>,
 }
 
 /// Checks `config` for a run on `world` ranks and predicts its per-rank bytes; with
@@ -149,6 +151,7 @@ pub fn dry_run(
         params: layout.numel(),
         train_samples: data.train.len(),
         eval_samples: data.eval.len(),
+        data_notes: data.notes.clone(),
         dims,
     })
 }

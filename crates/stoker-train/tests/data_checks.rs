@@ -515,3 +515,40 @@ fn a_missing_relative_path_names_the_working_directory() {
         );
     }
 }
+
+/// Shards barely longer than the context leave each its tail in no window (a window never
+/// spans shards): the run and `--dry-run` say how many tokens that leaves out (before:
+/// silently, 40% of a review's set).
+#[test]
+fn tokens_in_no_window_are_counted_in_a_note() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    common::write_token_corpus(&d.join("corpus.bin"), 12_000);
+    let ids: Vec<u16> = (0..28).map(|i| (i % 20) as u16).collect();
+    for k in 1..=40 {
+        let shard = d.join(format!("p_train_{k:06}.bin"));
+        stoker_data::tokens::write_tokens(shard, &ids, stoker_data::TokenFormat::Llmc).unwrap();
+    }
+    let pattern = d.join("p_train_*.bin");
+    let text = common::gpt_config(d, "fp32", 1, "").replace(
+        &format!("train = \"{}\"", d.join("corpus.bin").display()),
+        &format!("train = \"{}\"", pattern.display()),
+    );
+    let data = open(&TrainConfig::parse(&text, Path::new("t.toml")).unwrap()).unwrap();
+    // 28 tokens a shard: one window of 16 (+1), 12 tokens left in each.
+    assert_eq!(
+        data.notes,
+        [format!(
+            "data.train {}: 480 of its 1120 tokens (43%) are in no window of context 16: a \
+             window never spans its 40 shard(s), so each leaves its tail; pack with a larger \
+             --shard-tokens, or use a shorter model.context",
+            pattern.display()
+        )]
+    );
+    // One long shard leaves less than a window: no note.
+    let whole = open(
+        &TrainConfig::parse(&common::gpt_config(d, "fp32", 1, ""), Path::new("t.toml")).unwrap(),
+    )
+    .unwrap();
+    assert!(whole.notes.is_empty(), "{:?}", whole.notes);
+}

@@ -140,6 +140,7 @@ fn print_dry_run(
         .notes
         .iter()
         .chain(&stoker_train::run::slow_precision(config))
+        .chain(&d.data_notes)
     {
         println!("warning: {note}");
     }

@@ -77,6 +77,11 @@ impl Rank {
         // dataset that cannot fill one window fails at once, whatever the model's size.
         let vocab = load_vocab(config)?;
         let data = open_datasets(config, &*meta)?;
+        if lead {
+            for note in &data.notes {
+                tracing::warn!("{note}");
+            }
+        }
         let lens = (data.train.len(), data.eval.len());
         crate::parallel::agree::check_same_data(&**comm, lens, config)?;
         let train_fingerprint = data.train_fingerprint()?;
