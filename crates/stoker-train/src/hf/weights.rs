@@ -92,8 +92,14 @@ struct IndexFile {
 }
 
 impl Shards {
-    /// The form `dir` holds: the index where there is one, else the single file.
+    /// The form `dir` holds: the single file where there is one, else the index, in
+    /// transformers' order (a stale index beside a newer single file, as re-saving a
+    /// sharded model smaller can leave, is not read).
     fn find(dir: &Path) -> Result<Shards> {
+        let single = dir.join(SINGLE);
+        if single.is_file() {
+            return Ok(Shards::Single(single));
+        }
         let index = dir.join(INDEX);
         if index.is_file() {
             let text = std::fs::read(&index).map_err(|e| io_err(&index, e))?;
@@ -115,10 +121,6 @@ impl Shards {
                 map.insert(name, dir.join(file));
             }
             return Ok(Shards::Indexed { index, map });
-        }
-        let single = dir.join(SINGLE);
-        if single.is_file() {
-            return Ok(Shards::Single(single));
         }
         Err(ckpt_err(
             dir,
