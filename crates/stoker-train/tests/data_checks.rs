@@ -335,6 +335,44 @@ fn a_token_model_reads_windows_from_arrays() {
     let first: Vec<i64> = mb.input.flatten_all().unwrap().to_vec1().unwrap();
     assert_eq!(first, ids[..64]);
     assert_eq!(mb.targets, ids[..64]);
+    // An id past model.vocab in evaluation arrays: refused at open, naming the file and
+    // the sample (before: found by the step after the whole run, naming no file).
+    let mut bad = ids16.clone();
+    bad[5 * 16 + 3] = 100;
+    for f in ["input", "target"] {
+        let p = d.join(format!("bad.{f}.npy"));
+        write_npy(&p, DType::U16, &[64, 16], bytemuck::cast_slice(&bad)).unwrap();
+    }
+    let with_eval = text.replace(
+        "input_field = \"input\"",
+        &format!(
+            "eval = \"{}\"\ninput_field = \"input\"",
+            d.join("bad").display()
+        ),
+    );
+    let e = open(&TrainConfig::parse(&with_eval, Path::new("t.toml")).unwrap())
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!("{} (data.eval", d.join("bad.input.npy").display()))
+            && e.contains("token id 100 at sample 5, position 3 is outside 0..24 (model.vocab)"),
+        "{e}"
+    );
+    // u8 arrays are pixels, not ids: refused, naming the file.
+    let ids8: Vec<u8> = ids.iter().map(|&i| i as u8).collect();
+    for f in ["input", "target"] {
+        let p = d.join(format!("tok.{f}.npy"));
+        write_npy(&p, DType::U8, &[64, 16], &ids8).unwrap();
+    }
+    let e = open(&TrainConfig::parse(&text, Path::new("t.toml")).unwrap())
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("tok.input.npy") && e.contains("dtype u8, expected u16, i32, i64"),
+        "{e}"
+    );
     // Half floats are no model input: refused at open, naming the array's file.
     let half: Vec<u16> = vec![0; 8 * 2];
     arrays(d, "h", 8, |i| (i % 2) as i64);
@@ -345,6 +383,26 @@ fn a_token_model_reads_windows_from_arrays() {
         bytemuck::cast_slice(&half),
     )
     .unwrap();
+    // u16 values for a classifier would reach it unscaled (u8 pixels are scaled by 1/255):
+    // refused (before: trained, a loss of 2258 on 16-bit MNIST).
+    let wide: Vec<u16> = vec![0; 8 * 2];
+    arrays(d, "w", 8, |i| (i % 2) as i64);
+    write_npy(
+        d.join("w.x.npy"),
+        DType::U16,
+        &[8, 2],
+        bytemuck::cast_slice(&wide),
+    )
+    .unwrap();
+    let data_w = format!("train = \"{}\"", d.join("w").display());
+    let e = open(&mlp(d, &data_w, 2, ""))
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("w.x.npy") && e.contains("dtype u16, expected u8, f32"),
+        "{e}"
+    );
     let data = format!("train = \"{}\"", d.join("h").display());
     let e = open(&mlp(d, &data, 2, ""))
         .map(|_| ())
@@ -354,7 +412,7 @@ fn a_token_model_reads_windows_from_arrays() {
         e.contains(&format!(
             "{} field `x` (data.input_field)",
             d.join("h.x.npy").display()
-        )) && e.contains("dtype f16: model inputs are u8, u16, i32, i64, f32"),
+        )) && e.contains("dtype f16, expected u8, f32: a classifier's inputs"),
         "{e}"
     );
 }

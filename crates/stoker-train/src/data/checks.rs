@@ -63,6 +63,14 @@ pub fn check_data(config: &TrainConfig, data: &Datasets) -> Result<()> {
     // The token windows evaluation reads (each checked against model.vocab as it is
     // read): the training windows are read from the first step on, these only at the
     // first evaluation, after training.
+    // Token ids saved as arrays: every id of the files, read once (a shard's windows are
+    // checked as each is read; an array's would fail inside the step, naming no file).
+    if let Some(vocab) = config.model.vocab() {
+        check_token_arrays(&data.train, data, vocab, &d.train, "data.train")?;
+        if !data.held_out {
+            check_token_arrays(&data.eval, data, vocab, eval_path, eval_key)?;
+        }
+    }
     if let AnyDataset::Tokens(_) = &**data.eval.inner() {
         let wanted = config.train.eval_batches.max(1) * config.batch.micro_batch;
         for_each_sample(&data.eval, 0..wanted.min(data.eval.len()), |_| {}).map_err(|source| {
@@ -106,26 +114,24 @@ fn check_class_ids(
     path: &Path,
     key: &str,
 ) -> Result<()> {
-    let ids: std::borrow::Cow<[i64]> = match &**ds.inner() {
-        AnyDataset::Images(im) => im.labels().into(),
+    let outside = |id: i64| id != IGNORE_INDEX && !(0..classes as i64).contains(&id);
+    let bad = match &**ds.inner() {
+        AnyDataset::Images(im) => im
+            .labels()
+            .iter()
+            .enumerate()
+            .find(|&(_, &id)| outside(id))
+            .map(|(at, &id)| (at, id)),
         AnyDataset::Arrays(a) => {
             let Some(i) = a.fields().iter().position(|f| f.name == target) else {
                 return Ok(());
             };
             let arr = &a.arrays()[i];
             // Other dtypes are refused by the field check before this one.
-            let Some(ids) = super::ids_as_i64(arr.dtype(), arr.bytes()) else {
-                return Ok(());
-            };
-            ids.into()
+            super::first_id_where(arr.dtype(), arr.bytes(), outside)
         }
         AnyDataset::Tokens(_) => return Ok(()),
     };
-    let bad = ids
-        .iter()
-        .copied()
-        .enumerate()
-        .find(|&(_, id)| id != IGNORE_INDEX && !(0..classes as i64).contains(&id));
     match bad {
         None => Ok(()),
         Some((at, id)) => Err(TrainError::Data {
@@ -135,6 +141,43 @@ fn check_class_ids(
             ),
         }),
     }
+}
+
+/// Every id of the input and target arrays under `ds` (token windows saved as `.npy`) is
+/// in `0..vocab` (a target may also be the ignored index), naming the file, the key and
+/// the sample.
+fn check_token_arrays(
+    ds: &Subset<AnyDataset>,
+    data: &Datasets,
+    vocab: usize,
+    path: &Path,
+    key: &str,
+) -> Result<()> {
+    let AnyDataset::Arrays(a) = &**ds.inner() else {
+        return Ok(());
+    };
+    for (name, ignored) in [(&data.input, None), (&data.target, Some(IGNORE_INDEX))] {
+        let Some(i) = a.fields().iter().position(|f| &f.name == name) else {
+            continue;
+        };
+        let (arr, per) = (&a.arrays()[i], a.fields()[i].sample_elements().max(1));
+        let outside = |id: i64| Some(id) != ignored && !(0..vocab as i64).contains(&id);
+        if let Some((at, id)) = super::first_id_where(arr.dtype(), arr.bytes(), outside) {
+            return Err(TrainError::Data {
+                what: format!(
+                    "{} ({key}, {}) field `{name}`",
+                    arr.path().display(),
+                    path.display()
+                ),
+                message: format!(
+                    "token id {id} at sample {}, position {} is outside 0..{vocab} (model.vocab)",
+                    at / per,
+                    at % per
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The class names `stoker pack images` wrote beside the training and evaluation records

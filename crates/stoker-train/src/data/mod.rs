@@ -270,18 +270,20 @@ pub fn open_datasets(config: &TrainConfig, model: &dyn Model) -> Result<Datasets
         .target_field
         .clone()
         .unwrap_or_else(|| if tokens { "target" } else { "label" }.into());
+    let token_model = config.model.vocab().is_some();
+    let names = (input.as_str(), target.as_str());
     check_fields(
         &train,
-        &input,
-        &target,
+        names,
         model,
+        token_model,
         &d.train.display().to_string(),
     )?;
     let n = train.len();
     let (train, eval, eval_note) = match &d.eval {
         Some(p) => {
             let eval = open(p, config, TransformMode::Eval, "data.eval")?;
-            check_fields(&eval, &input, &target, model, &p.display().to_string())?;
+            check_fields(&eval, names, model, token_model, &p.display().to_string())?;
             let m = eval.len();
             // Evaluating part of a set of records or arrays: a seeded draw of it, not its
             // first samples (in class order, those are the first classes alone). Token
@@ -413,37 +415,91 @@ fn drawn(n: usize) -> Result<Vec<usize>> {
     Ok(stoker_data::Sampler::new(n, config)?.global_order(0))
 }
 
-/// Integer ids (class ids, token ids) held as little-endian `dtype` elements in `bytes`,
-/// as i64: the one conversion of ids that the checks at open and every batch share. `None`
-/// for a dtype that holds no ids (floats).
-pub fn ids_as_i64(dtype: DType, bytes: &[u8]) -> Option<Vec<i64>> {
-    Some(match dtype {
-        DType::U8 => bytes.iter().map(|&v| v as i64).collect(),
-        DType::U16 => bytes
-            .chunks_exact(2)
-            .map(|c| u16::from_le_bytes([c[0], c[1]]) as i64)
-            .collect(),
-        DType::I32 => bytes
-            .chunks_exact(4)
-            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64)
-            .collect(),
-        DType::I64 => bytes
-            .chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
-            .collect(),
+/// Visits the integer ids (class ids, token ids) held as little-endian `dtype` elements
+/// in `bytes`, as i64, in order until `visit` breaks: the one decoding of ids that the
+/// checks at open and every batch share. `None` for a dtype that holds no ids (floats).
+fn visit_ids(
+    dtype: DType,
+    bytes: &[u8],
+    mut visit: impl FnMut(i64) -> std::ops::ControlFlow<()>,
+) -> Option<()> {
+    match dtype {
+        DType::U8 => {
+            let _ = bytes.iter().try_for_each(|&v| visit(v as i64));
+        }
+        DType::U16 => {
+            let _ = bytes
+                .chunks_exact(2)
+                .try_for_each(|c| visit(u16::from_le_bytes([c[0], c[1]]) as i64));
+        }
+        DType::I32 => {
+            let _ = bytes
+                .chunks_exact(4)
+                .try_for_each(|c| visit(i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64));
+        }
+        DType::I64 => {
+            let _ = bytes
+                .chunks_exact(8)
+                .try_for_each(|c| visit(i64::from_le_bytes(c.try_into().expect("8 bytes"))));
+        }
         DType::F16 | DType::BF16 | DType::F32 | DType::F64 => return None,
-    })
+    }
+    Some(())
 }
 
-/// The input dtypes [`to_micro_batch`] makes tensors of: bytes and f32 as they are, integer
-/// ids as i64.
-const INPUT_DTYPES: [DType; 5] = [DType::U8, DType::U16, DType::I32, DType::I64, DType::F32];
+/// The ids in `bytes` (see [`visit_ids`]) as i64; `None` for a float dtype.
+pub fn ids_as_i64(dtype: DType, bytes: &[u8]) -> Option<Vec<i64>> {
+    let mut out = Vec::with_capacity(bytes.len() / dtype.size().max(1));
+    visit_ids(dtype, bytes, |v| {
+        out.push(v);
+        std::ops::ControlFlow::Continue(())
+    })?;
+    Some(out)
+}
+
+/// The first id in `bytes` (see [`visit_ids`]) that `bad` picks, with its position; `None`
+/// where none is (or the dtype holds no ids).
+pub fn first_id_where(
+    dtype: DType,
+    bytes: &[u8],
+    bad: impl Fn(i64) -> bool,
+) -> Option<(usize, i64)> {
+    let (mut at, mut found) = (0, None);
+    visit_ids(dtype, bytes, |v| match bad(v) {
+        true => {
+            found = Some((at, v));
+            std::ops::ControlFlow::Break(())
+        }
+        false => {
+            at += 1;
+            std::ops::ControlFlow::Continue(())
+        }
+    })?;
+    found
+}
+
+/// The input dtypes a model reads, and numpy's conversion to them: a token model's ids
+/// (made i64 by [`to_micro_batch`]); a classifier's u8 pixels (which it scales by 1/255)
+/// or f32 values. A classifier given u16 or i32 values would take them raw, unscaled.
+fn input_dtypes(token_model: bool) -> (&'static [DType], &'static str) {
+    match token_model {
+        true => (
+            &[DType::U16, DType::I32, DType::I64],
+            "a token model's inputs are ids; convert the array (numpy: `x.astype(np.int64)`)",
+        ),
+        false => (
+            &[DType::U8, DType::F32],
+            "a classifier's inputs are u8 pixels (scaled by 1/255) or f32 values; convert \
+             the array (numpy: `x.astype(np.float32)`)",
+        ),
+    }
+}
 
 fn check_fields(
     ds: &AnyDataset,
-    input: &str,
-    target: &str,
+    (input, target): (&str, &str),
     model: &dyn Model,
+    token_model: bool,
     what: &str,
 ) -> Result<()> {
     let find = |name: &str, key: &str| {
@@ -476,20 +532,25 @@ fn check_fields(
         }
         .unwrap_or_else(|| what.to_string())
     };
-    if !INPUT_DTYPES.contains(&inp.dtype) {
+    let (accepted, how) = input_dtypes(token_model);
+    if !accepted.contains(&inp.dtype) {
         return Err(TrainError::Data {
             what: format!("{} field `{input}` (data.input_field)", file(input)),
             message: format!(
-                "dtype {}: model inputs are {}; convert the array (numpy: `x.astype(np.float32)`)",
+                "dtype {}, expected {}: {how}",
                 inp.dtype.name(),
-                INPUT_DTYPES.map(|d| d.name()).join(", ")
+                accepted
+                    .iter()
+                    .map(|d| d.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         });
     }
     model
         .check_input(&inp.shape, inp.dtype.name())
         .map_err(|m| TrainError::Data {
-            what: format!("{what} field `{input}`"),
+            what: format!("{} field `{input}`", file(input)),
             message: format!("does not fit the model: {m}"),
         })?;
     if !matches!(tgt.dtype, DType::U8 | DType::U16 | DType::I32 | DType::I64) {

@@ -274,7 +274,8 @@ pub fn check_tokens(
 ) -> std::result::Result<(), String> {
     if !matches!(dtype, "u16" | "i32" | "i64") {
         return Err(format!(
-            "token ids of dtype {dtype}: expected an integer dtype"
+            "token ids of dtype {dtype}: expected u16, i32 or i64 (a u8 array is read as \
+             pixel values)"
         ));
     }
     match shape {
