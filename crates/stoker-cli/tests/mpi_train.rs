@@ -869,6 +869,46 @@ fn a_second_sigterm_ends_the_run_at_once() {
     assert_eq!(status.code(), Some(128 + 15), "{status:?}");
 }
 
+/// One stop request delivered twice at once (coreutils' `timeout` signals the process and
+/// then its group, microseconds apart) is one request: the run checkpoints and exits 75
+/// (before: half such runs ended with 143 and no checkpoint).
+#[test]
+fn a_sigterm_delivered_twice_at_once_is_one_stop_request() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_data(dir);
+    let c = config(dir, "dup", Model::Gpt, "fp32", "direct", 100_000, "");
+    let mut child = Command::new(STOKER)
+        .args(["train"])
+        .arg(&c)
+        .arg("--no-progress")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let metrics = dir.join("dup/metrics.jsonl");
+    let t0 = Instant::now();
+    while std::fs::read_to_string(&metrics).map_or(true, |s| s.is_empty()) {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no step was logged");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = child.id();
+    // Two kills from one shell, back to back.
+    let both = format!("kill -TERM {pid}; kill -TERM {pid}");
+    assert!(Command::new("sh")
+        .args(["-c", &both])
+        .status()
+        .unwrap()
+        .success());
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(75), "{status:?}");
+    let written = std::fs::read_dir(dir.join("dup/checkpoints"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .any(|e| e.file_name().to_string_lossy().starts_with("step_"));
+    assert!(written, "no checkpoint written");
+}
+
 /// A dataset file truncated while `stoker bench loader` reads it through its memory map:
 /// one line naming the file, exit status 74 (not a bare SIGBUS, exit 135).
 #[test]

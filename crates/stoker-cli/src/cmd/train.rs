@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 use std::rc::Rc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -280,20 +280,42 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
 pub const PREEMPTED_EXIT: i32 = 75;
 
 /// A flag SIGTERM and SIGINT raise (the run finishes its step, checkpoints and stops:
-/// Slurm sends SIGTERM before it kills a preempted job); a second signal ends the process
-/// at once, with status 128 + the signal's number.
+/// Slurm sends SIGTERM before it kills a preempted job); a second signal, arriving
+/// [`SAME_REQUEST`] or more after the first, ends the process at once, with status 128 +
+/// the signal's number. Closer than that it is the same request delivered twice:
+/// coreutils' `timeout` signals the process and then its process group, microseconds
+/// apart, which ended half of such runs with 143 and no checkpoint.
 fn stop_on_signals() -> anyhow::Result<Arc<AtomicBool>> {
     use signal_hook::consts::{SIGINT, SIGTERM};
+    use std::sync::atomic::AtomicU64;
     let flag = Arc::new(AtomicBool::new(false));
+    // Nanoseconds after `base` at which the first signal arrived, plus one (0: none yet).
+    let first = Arc::new(AtomicU64::new(0));
+    let base = std::time::Instant::now();
     for sig in [SIGTERM, SIGINT] {
-        // Registered first, so it sees the flag as it was before this signal.
-        signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, flag.clone())
-            .context("installing the SIGTERM / SIGINT handlers")?;
-        signal_hook::flag::register(sig, flag.clone())
+        let (flag, first) = (flag.clone(), first.clone());
+        let handler = move || {
+            let now = base.elapsed().as_nanos() as u64 + 1;
+            match first.compare_exchange(0, now, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => flag.store(true, Ordering::SeqCst),
+                Err(at) if now.saturating_sub(at) >= SAME_REQUEST.as_nanos() as u64 => {
+                    signal_hook::low_level::exit(128 + sig)
+                }
+                Err(_) => {}
+            }
+        };
+        // SAFETY: the handler runs in signal context; it only reads the monotonic clock
+        // (clock_gettime, async-signal-safe), does atomic operations on memory the Arcs
+        // keep alive for the process's life, and may call `_exit` (async-signal-safe).
+        // It allocates nothing, takes no lock and does no I/O.
+        unsafe { signal_hook::low_level::register(sig, handler) }
             .context("installing the SIGTERM / SIGINT handlers")?;
     }
     Ok(flag)
 }
+
+/// Signals closer together than this are one stop request (see [`stop_on_signals`]).
+const SAME_REQUEST: Duration = Duration::from_millis(10);
 
 /// Sizes this process's compute pool (rayon's global one) to `threads`, unless
 /// `RAYON_NUM_THREADS` sizes it (checked at start). Before: one rank's pool took every
