@@ -123,13 +123,21 @@ pub(super) fn train(
             stats.preempted = signalled(ctx, step)?;
             telemetry.after_step();
             let every = |n: u64| n > 0 && step.is_multiple_of(n);
+            // A signal during an evaluation or a scheduled checkpoint stops the run at this
+            // step too, not after another step and a second checkpoint (the asking is a
+            // collective: every rank asks after the same side work, which the step decides).
             if every(ctx.config.train.eval_every) || step == ctx.config.train.steps {
                 telemetry.side_work();
                 evaluate_now(ctx, rank, &mut stats)?;
+                stats.preempted = stats.preempted || signalled(ctx, step)?;
             }
-            if every(ctx.config.train.checkpoint_every) || step == ctx.total || stats.preempted {
+            let scheduled = every(ctx.config.train.checkpoint_every) || step == ctx.total;
+            if scheduled || stats.preempted {
                 telemetry.side_work();
                 checkpoint_now(ctx, rank, &mut stats)?;
+            }
+            if scheduled && !stats.preempted {
+                stats.preempted = signalled(ctx, step)?;
             }
             if step >= ctx.total || stats.preempted {
                 break 'outer;
