@@ -25,6 +25,20 @@ pub(crate) fn write_synced_with(
     f.sync_all().map_err(|e| io_err(path, e))
 }
 
+/// Gives `path` the permissions a file created now gets (0666 less the umask, as the
+/// checkpoint's manifest gets): safetensors writes through a temporary file, created
+/// 0600, which teammates sharing a project directory could not read. The mode is taken
+/// from a probe file beside `path` (reading the umask would set it, process-wide).
+pub(crate) fn give_created_mode(path: &Path) -> Result<()> {
+    let probe = path.with_extension("mode-probe");
+    let mode = std::fs::File::create(&probe)
+        .and_then(|f| f.metadata())
+        .map(|m| m.permissions())
+        .map_err(|e| io_err(&probe, e))?;
+    std::fs::remove_file(&probe).map_err(|e| io_err(&probe, e))?;
+    std::fs::set_permissions(path, mode).map_err(|e| io_err(path, e))
+}
+
 /// An error in the checkpoint or model file `path`.
 pub(crate) fn ckpt_err(path: &Path, e: impl std::fmt::Display) -> TrainError {
     TrainError::Checkpoint {

@@ -211,6 +211,23 @@ fn consolidated_weights_are_plain_safetensors() {
     let wte = st.tensor("wte.weight").unwrap();
     assert_eq!(wte.shape(), &[24, 32]);
     assert_eq!(wte.dtype(), safetensors::Dtype::F32); // FP32 master, not the bf16 copy
+                                                      // Never over a file of the checkpoint (before: the shard was overwritten, "wrote").
+    let dir = c.run_dir.join("checkpoints/step_00000001");
+    for name in ["shard_00000.safetensors", "manifest.json", "COMMITTED"] {
+        let e = stoker_train::checkpoint::consolidate(&dir, Some(&dir.join(name)))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("is a file of the checkpoint being consolidated"),
+            "{e}"
+        );
+    }
+    stoker_train::checkpoint::verify(&dir).unwrap();
+    // A shard's permissions are a new file's (the umask's), as the manifest's: not the
+    // 0600 of safetensors' temporary file.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |n: &str| std::fs::metadata(dir.join(n)).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode("shard_00000.safetensors"), mode("manifest.json"));
 }
 
 /// The printed weights' CRC-32 is the whole FP32 master's at every strategy: under ZeRO-3

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use safetensors::tensor::{Dtype as StDtype, TensorView};
 
-use super::sharded::{copy_overlap, for_shards, read_manifest};
+use super::sharded::{copy_overlap, for_shards, read_manifest, COMMITTED, MANIFEST};
 use crate::error::Result;
 use crate::layout::FlatLayout;
 use crate::model_files::{ckpt_err, write_synced};
@@ -41,6 +41,17 @@ pub fn consolidate(dir: &Path, out: Option<&Path>) -> Result<PathBuf> {
         })
         .collect();
     let out = out.map_or_else(|| dir.join("model.safetensors"), Path::to_path_buf);
+    // Not over a file of the checkpoint read (its manifest, marker or a shard): that
+    // destroyed the checkpoint and said "wrote".
+    let inside =
+        |p: &Path| p.parent().and_then(|d| d.canonicalize().ok()) == dir.canonicalize().ok();
+    let name = out.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    if inside(&out) && (name == MANIFEST || name == COMMITTED || name.starts_with("shard_")) {
+        return Err(ckpt_err(
+            &out,
+            "is a file of the checkpoint being consolidated: give --out another path",
+        ));
+    }
     let bytes = safetensors::serialize(views, None).map_err(|e| ckpt_err(&out, e))?;
     write_synced(&out, &bytes)?;
     Ok(out)

@@ -275,6 +275,7 @@ pub fn save(
     // shard to the run's peak. The manifest's CRC is of the bytes read back.
     let file = tmp.join(shard_file(rank));
     safetensors::serialize_to_file(views, None, &file).map_err(|e| ckpt_err(&file, e))?;
+    crate::model_files::give_created_mode(&file)?;
     crash_if(fault, rank, step, SavePoint::ShardWritten, &file);
     let (crc, len) = sync_and_hash(&file)?;
     crash_if(fault, rank, step, SavePoint::ShardSynced, &file);
