@@ -252,3 +252,45 @@ fn a_local_backend_s_ranks_are_planned_and_announced_as_they_run() {
     // of this config, against the dry run's 16.9 to 17.0).
     assert!(forecast_peak(&dry) > 0.0 && forecast_peak(&run) > 0.0);
 }
+
+/// `--resume latest` before any checkpoint starts from step 0 (a job requeued before its
+/// first checkpoint: before, an error that failed the requeue for good), and
+/// `--stop-after 0` is refused (it stopped before any step, writing nothing).
+#[test]
+fn resume_latest_without_a_checkpoint_starts_from_step_0() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_data(dir);
+    let body = format!(
+        "precision = \"fp32\"\n[data]\ntrain = {:?}\n[model]\nkind = \"mlp\"\n\
+         input_shape = [1, 8, 8]\nhidden = [8]\nclasses = 4\n[batch]\nmicro_batch = 8",
+        s(&dir.join("img"))
+    );
+    let c = config(dir, "fresh", &body);
+    let o = Command::new("timeout")
+        .args([
+            "-k",
+            "5",
+            "120",
+            STOKER,
+            "train",
+            s(&c),
+            "--no-progress",
+            "--resume",
+            "latest",
+        ])
+        .env("STOKER_PROFILE", "off")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("yet: starting from step 0"),
+        "{}",
+        text(&o)
+    );
+    let o = Command::new(STOKER)
+        .args(["train", s(&c), "--stop-after", "0"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "{}", text(&o));
+}

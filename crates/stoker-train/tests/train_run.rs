@@ -70,6 +70,53 @@ fn resume_continues_the_loss_curve_bit_identically() {
     }
 }
 
+/// A run resumed from an earlier checkpoint is a new timeline: its checkpoints, not the
+/// newer ones the run before it left, are what `latest` takes (`LATEST`, as DeepSpeed's
+/// `latest`; before: the old timeline's newest, silently), and those are passed over with
+/// a reason. A finished run resumed is refused by key, not summarized with a NaN loss.
+#[test]
+fn latest_is_the_checkpoint_this_timeline_wrote_last() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = config(tmp.path(), "fp32", 4, "checkpoint_every = 1");
+    run(&c, &RunOptions::default()).unwrap();
+    let root = c.run_dir.join("checkpoints");
+    let step = |n: u64| root.join(format!("step_{n:08}"));
+    assert_eq!(stoker_train::checkpoint::latest(&root), Some(step(4)));
+    let e = run(
+        &c,
+        &RunOptions {
+            resume: Some(step(4)),
+            ..Default::default()
+        },
+    )
+    .map(|_| ())
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("train.steps") && e.contains("resumed is at step 4: nothing to train"),
+        "{e}"
+    );
+    run(
+        &c,
+        &RunOptions {
+            resume: Some(step(1)),
+            stop_after: Some(2),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(stoker_train::checkpoint::latest(&root), Some(step(2)));
+    let intact = stoker_train::checkpoint::latest_intact(&root);
+    assert_eq!(intact.dir, Some(step(2)));
+    let passed: Vec<_> = intact.skipped.iter().map(|(d, _)| d.clone()).collect();
+    assert_eq!(passed, [step(4), step(3)]);
+    assert!(
+        intact.skipped[0].1.contains("newer than"),
+        "{:?}",
+        intact.skipped
+    );
+}
+
 #[test]
 fn bf16_and_fp16_reach_fp32_loss_within_2_percent() {
     let tmp = tempfile::tempdir().unwrap();

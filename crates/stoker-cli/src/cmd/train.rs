@@ -37,7 +37,7 @@ pub struct TrainArgs {
     #[arg(long)]
     pub summary_json: Option<PathBuf>,
     /// Stop after this many steps (writes a checkpoint there).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub stop_after: Option<u64>,
     /// Test of crash safety, `RANK:STEP[:POINT]`: that rank aborts at POINT of that step's
     /// checkpoint: shard-written, shard-synced (the default), manifest-written, renamed or
@@ -209,13 +209,22 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
                     dir.display()
                 );
             }
-            Some(intact.dir.with_context(|| match intact.skipped.len() {
-                0 => format!("no checkpoint under {}", root.display()),
-                n => format!(
+            match (intact.dir, intact.skipped.len()) {
+                (Some(dir), _) => Some(dir),
+                // None yet (a job requeued before its first checkpoint): a fresh start, as
+                // the scheduler's requeue with `--resume latest` needs.
+                (None, 0) => {
+                    eprintln!(
+                        "stoker: no checkpoint under {} yet: starting from step 0",
+                        root.display()
+                    );
+                    None
+                }
+                (None, n) => anyhow::bail!(
                     "no intact checkpoint under {}: all {n} failed verification (above)",
                     root.display()
                 ),
-            })?)
+            }
         }
         Some(p) => Some(PathBuf::from(p)),
     };

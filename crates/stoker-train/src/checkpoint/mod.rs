@@ -172,10 +172,50 @@ pub fn complete(root: &Path) -> Vec<PathBuf> {
     dirs
 }
 
-/// The complete checkpoint with the highest step under `root`, if any (a save that
-/// crashed before its commit marker is skipped).
+/// The file naming the checkpoint a run wrote last (DeepSpeed's `latest`), beside them.
+pub const LATEST: &str = "LATEST";
+
+/// Records `dir` as the checkpoint written last under `root` (a temporary file renamed
+/// over [`LATEST`]): after a resume from an earlier checkpoint, the newer ones of the
+/// timeline left behind are not this run's latest.
+pub(crate) fn record_latest(root: &Path, dir: &Path) -> Result<()> {
+    let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let tmp = root.join(format!(".{LATEST}.tmp"));
+    crate::model_files::write_synced(&tmp, format!("{name}\n").as_bytes())?;
+    let path = root.join(LATEST);
+    std::fs::rename(&tmp, &path).map_err(|e| crate::error::io_err(&path, e))
+}
+
+/// The complete checkpoints a resume may take, newest first: those up to the one
+/// [`LATEST`] names where it names a complete one (with why each newer one is passed
+/// over), else all of them (runs before the file).
+pub fn candidates(root: &Path) -> (Vec<PathBuf>, Vec<(PathBuf, String)>) {
+    let mut dirs = complete(root);
+    dirs.reverse();
+    let named = std::fs::read_to_string(root.join(LATEST))
+        .ok()
+        .map(|s| root.join(s.trim()))
+        .filter(|d| dirs.contains(d));
+    let Some(last) = named else {
+        return (dirs, Vec::new());
+    };
+    let (newer, mine): (Vec<PathBuf>, Vec<PathBuf>) = dirs.into_iter().partition(|d| *d > last);
+    let why = |d: PathBuf| {
+        let note = format!(
+            "newer than {}, the checkpoint this run wrote last ({LATEST}): left by the run \
+             before a resume from an earlier checkpoint",
+            last.display()
+        );
+        (d, note)
+    };
+    (mine, newer.into_iter().map(why).collect())
+}
+
+/// The checkpoint a resume takes under `root`, unverified: the one [`LATEST`] names, else
+/// the complete one with the highest step (a save that crashed before its commit marker
+/// is skipped).
 pub fn latest(root: &Path) -> Option<PathBuf> {
-    complete(root).pop()
+    candidates(root).0.into_iter().next()
 }
 
 /// The error for a directory holding neither checkpoint format.

@@ -320,8 +320,9 @@ pub fn save(
             format!("{:08x}\n", crc32fast::hash(&json)).as_bytes(),
         )?;
         crash_if(fault, rank, step, SavePoint::Committed, &dir);
+        super::record_latest(root, &dir)?;
         if let Ok(d) = std::fs::File::open(root) {
-            let _ = d.sync_all(); // make the rename durable
+            let _ = d.sync_all(); // make the renames durable
         }
     }
     comm.barrier()?;

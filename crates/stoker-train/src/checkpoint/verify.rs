@@ -85,11 +85,15 @@ pub struct Intact {
 }
 
 /// Walks the complete checkpoints under `root` newest first (a save without its commit
-/// marker is not complete and not listed) until one passes [`verify`].
+/// marker is not complete and not listed), from the one [`LATEST`](super::LATEST) names,
+/// until one passes [`verify`].
 pub fn latest_intact(root: &Path) -> Intact {
-    let mut dirs = super::complete(root);
-    let mut out = Intact::default();
-    while let Some(dir) = dirs.pop() {
+    let (dirs, passed_over) = super::candidates(root);
+    let mut out = Intact {
+        skipped: passed_over,
+        ..Intact::default()
+    };
+    for dir in dirs {
         match verify(&dir) {
             Ok(_) => {
                 out.dir = Some(dir);
