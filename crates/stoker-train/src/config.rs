@@ -1026,12 +1026,18 @@ impl TrainConfig {
         match (b.world_size, b.accumulation_steps, b.global_batch) {
             (Some(w), _, _) => {
                 // The file's own world size: the launcher's may differ, and is not yet known.
+                let fix = match self.parallel.backend {
+                    BackendKind::Local => {
+                        "the ranks backend = \"local\" runs as threads: set it to a size that fits"
+                    }
+                    _ => "drop that key to take the launcher's",
+                };
                 b.resolve(w).map_err(|e| match e {
                     TrainError::Config { key, message } => config_err(
                         key,
                         format!(
                             "{message} (the world size is this file's batch.world_size = {w}; \
-                             drop that key to take the launcher's)"
+                             {fix})"
                         ),
                     ),
                     other => other,

@@ -110,8 +110,8 @@ pub fn rayon_threads_env() -> crate::Result<Option<usize>> {
             var: "RAYON_NUM_THREADS".into(),
             message: format!(
                 "{raw:?}: expected a positive number of threads per rank (rayon would read it \
-                 as every core); unset it to let stoker share the cores among the ranks, or \
-                 set parallel.threads_per_rank"
+                 as every core); unset it, and stoker sizes each rank's pool from \
+                 parallel.threads_per_rank, or shares the cores among the ranks"
             ),
         })
 }

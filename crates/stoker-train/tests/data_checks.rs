@@ -239,6 +239,29 @@ fn a_token_evaluation_shard_is_checked_against_the_model_and_the_vocabulary() {
             && e.contains("docs.vocab.json, which differs from data.vocab"),
         "{e}"
     );
+    // Without data.vocab, the training shard's own vocabulary stands for it (before: the
+    // evaluation shard was read through another silently).
+    let without = common::gpt_config(d, "fp32", 1, "")
+        .replace(
+            &format!("vocab = \"{}\"\n", d.join("corpus.vocab.json").display()),
+            "",
+        )
+        .replace(
+            "[model]",
+            &format!(
+                "eval = \"{}\"\n[model]",
+                d.join("docs_train_000001.bin").display()
+            ),
+        );
+    let e = open(&TrainConfig::parse(&without, Path::new("t.toml")).unwrap())
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("docs_train_000001.bin (data.eval)")
+            && e.contains("differs from the training shards' vocabulary"),
+        "{e}"
+    );
     // The same vocabulary beside it: evaluated.
     std::fs::copy(d.join("corpus.vocab.json"), d.join("other.vocab.json")).unwrap();
     open(&gpt("other.bin", "").unwrap()).unwrap();
@@ -557,14 +580,14 @@ fn a_missing_relative_path_names_the_working_directory() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
     let cwd = std::env::current_dir().unwrap();
-    for train in ["no/such/prefix", "no/such/shard.bin"] {
+    for train in ["no/such/prefix", "no/such/shard.bin", "no/such/p_train_*.bin"] {
         let e = open(&mlp(d, &format!("train = \"{train}\""), 2, ""))
             .map(|_| ())
             .unwrap_err()
             .to_string();
         assert!(
             e.contains("data.train")
-                && e.contains(train)
+                && e.contains("no/such")
                 && e.contains(&format!(
                     "relative paths are read from the working directory {}",
                     cwd.display()

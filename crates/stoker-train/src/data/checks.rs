@@ -56,9 +56,17 @@ pub fn check_data(config: &TrainConfig, data: &Datasets) -> Result<()> {
             (d.eval.as_deref(), "data.eval"),
         ] {
             if let Some(path) = path {
-                check_vocab_beside(path, key, vocab)?;
+                check_vocab_beside(path, key, vocab, "data.vocab")?;
             }
         }
+    } else if let (Some(eval), Some(train_vocab)) = (d.eval.as_deref(), vocab_beside(&d.train)) {
+        // Without data.vocab: the evaluation shards' vocabulary is the training shards'.
+        check_vocab_beside(
+            eval,
+            "data.eval",
+            &train_vocab,
+            "the training shards' vocabulary",
+        )?;
     }
     // The token windows evaluation reads (each checked against model.vocab as it is
     // read): the training windows are read from the first step on, these only at the
@@ -225,22 +233,28 @@ fn check_class_names(train: &Path, eval: Option<&Path>, classes: usize) -> Resul
     Ok(())
 }
 
-/// A token shard `X.bin` packed with a vocabulary `X.vocab.json` beside it must have been
-/// packed with `data.vocab` (`vocab`): a character vocabulary is made per `stoker pack
-/// text` call, so a shard packed on its own maps ids to other characters.
-fn check_vocab_beside(shard: &Path, key: &str, vocab: &Path) -> Result<()> {
+/// The vocabulary `stoker pack` wrote beside the token shard (or shard pattern) `shard`:
+/// `pack text`'s X.bin has X.vocab.json; `pack docs`' PREFIX_train_000001.bin (or the
+/// pattern PREFIX_train_*.bin) has PREFIX.vocab.json.
+fn vocab_beside(shard: &Path) -> Option<std::path::PathBuf> {
     if shard.extension().is_none_or(|e| e != "bin") {
-        return Ok(());
+        return None;
     }
-    // `stoker pack text`'s X.bin has X.vocab.json; `pack docs`' PREFIX_train_000001.bin
-    // (or the pattern PREFIX_train_*.bin) has PREFIX.vocab.json.
-    let Some(beside) = [
+    [
         Some(shard.with_extension("vocab.json")),
         shard_prefix(shard).map(|p| stoker_data::paths::prefixed(&p, ".vocab.json")),
     ]
     .into_iter()
     .flatten()
-    .find(|p| p.is_file()) else {
+    .find(|p| p.is_file())
+}
+
+/// A token shard with a vocabulary beside it must have been packed with `vocab` (`data.vocab`,
+/// or where none is given the training shards' own, `against` naming which): a character
+/// vocabulary is made per `stoker pack` call, so a shard packed on its own maps ids to
+/// other characters.
+fn check_vocab_beside(shard: &Path, key: &str, vocab: &Path, against: &str) -> Result<()> {
+    let Some(beside) = vocab_beside(shard) else {
         return Ok(());
     };
     let same_file = |a: &Path, b: &Path| matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y);
@@ -253,13 +267,18 @@ fn check_vocab_beside(shard: &Path, key: &str, vocab: &Path) -> Result<()> {
             source,
         })
     };
-    if load(&beside, key)? == load(vocab, "data.vocab")? {
+    let vocab_key = if against == "data.vocab" {
+        "data.vocab"
+    } else {
+        "data.train"
+    };
+    if load(&beside, key)? == load(vocab, vocab_key)? {
         return Ok(());
     }
     Err(TrainError::Data {
         what: format!("{} ({key})", shard.display()),
         message: format!(
-            "packed with the vocabulary {}, which differs from data.vocab {}: its token ids \
+            "packed with the vocabulary {}, which differs from {against} {}: its token ids \
              would be read as other tokens (pack the files together, or with the same \
              vocabulary)",
             beside.display(),

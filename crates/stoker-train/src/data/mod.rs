@@ -235,11 +235,13 @@ fn relative_hint(path: &std::path::Path, e: stoker_data::DataError) -> stoker_da
             path: file,
             field,
             message,
-        } if message.starts_with("not found") => DataError::Format {
-            path: file,
-            field,
-            message: format!("{message}; {}", hint()),
-        },
+        } if message.starts_with("not found") || message.starts_with("no file matches") => {
+            DataError::Format {
+                path: file,
+                field,
+                message: format!("{message}; {}", hint()),
+            }
+        }
         other => other,
     }
 }
@@ -617,7 +619,7 @@ pub fn load_vocab(config: &TrainConfig) -> Result<Option<Vocab>> {
     };
     let vocab = Vocab::load(path).map_err(|source| TrainError::Dataset {
         key: "data.vocab".into(),
-        source,
+        source: relative_hint(path, source),
     })?;
     if vocab.size() == 0 {
         return Err(crate::error::config_err(
