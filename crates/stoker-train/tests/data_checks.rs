@@ -580,7 +580,11 @@ fn a_missing_relative_path_names_the_working_directory() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
     let cwd = std::env::current_dir().unwrap();
-    for train in ["no/such/prefix", "no/such/shard.bin", "no/such/p_train_*.bin"] {
+    for train in [
+        "no/such/prefix",
+        "no/such/shard.bin",
+        "no/such/p_train_*.bin",
+    ] {
         let e = open(&mlp(d, &format!("train = \"{train}\""), 2, ""))
             .map(|_| ())
             .unwrap_err()

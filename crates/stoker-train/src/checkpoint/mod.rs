@@ -126,6 +126,15 @@ pub fn step_dir(root: &Path, step: u64) -> PathBuf {
     root.join(format!("step_{step:08}"))
 }
 
+/// The step of a checkpoint directory named by [`step_dir`], from its name.
+pub fn step_of(dir: &Path) -> Option<u64> {
+    dir.file_name()?
+        .to_str()?
+        .strip_prefix("step_")?
+        .parse()
+        .ok()
+}
+
 /// Loads the checkpoint in `dir`, of any version, world size and strategy, into this
 /// rank's `trainer` (the whole parameter buffer and its range of the optimizer state),
 /// after verifying every checksum and that the layout matches the model; nothing is
@@ -176,8 +185,8 @@ pub fn complete(root: &Path) -> Vec<PathBuf> {
 pub const LATEST: &str = "LATEST";
 
 /// Records `dir` as the checkpoint written last under `root` (a temporary file renamed
-/// over [`LATEST`]): after a resume from an earlier checkpoint, the newer ones of the
-/// timeline left behind are not this run's latest.
+/// over [`LATEST`]), before its commit marker: after a resume from an earlier checkpoint,
+/// the newer ones of the timeline left behind are not this run's latest.
 pub(crate) fn record_latest(root: &Path, dir: &Path) -> Result<()> {
     let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
     let tmp = root.join(format!(".{LATEST}.tmp"));
@@ -187,18 +196,19 @@ pub(crate) fn record_latest(root: &Path, dir: &Path) -> Result<()> {
 }
 
 /// The complete checkpoints a resume may take, newest first: those up to the one
-/// [`LATEST`] names where it names a complete one (with why each newer one is passed
-/// over), else all of them (runs before the file).
+/// [`LATEST`] names (with why each newer one is passed over; below it where its save did
+/// not commit), else all of them (runs before the file).
 pub fn candidates(root: &Path) -> (Vec<PathBuf>, Vec<(PathBuf, String)>) {
     let mut dirs = complete(root);
     dirs.reverse();
     let named = std::fs::read_to_string(root.join(LATEST))
         .ok()
         .map(|s| root.join(s.trim()))
-        .filter(|d| dirs.contains(d));
+        .filter(|d| step_of(d).is_some());
     let Some(last) = named else {
         return (dirs, Vec::new());
     };
+    // Those after it are another timeline's; it itself is among the rest where it committed.
     let (newer, mine): (Vec<PathBuf>, Vec<PathBuf>) = dirs.into_iter().partition(|d| *d > last);
     let why = |d: PathBuf| {
         let note = format!(

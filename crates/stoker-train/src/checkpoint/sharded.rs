@@ -315,12 +315,14 @@ pub fn save(
         }
         std::fs::rename(&tmp, &dir).map_err(|e| io_err(&dir, e))?;
         crash_if(fault, rank, step, SavePoint::Renamed, &dir);
+        // Named before it commits: a crash between leaves it uncommitted, and a resume
+        // then takes the newest committed one below it.
+        super::record_latest(root, &dir)?;
         write_synced(
             &dir.join(COMMITTED),
             format!("{:08x}\n", crc32fast::hash(&json)).as_bytes(),
         )?;
         crash_if(fault, rank, step, SavePoint::Committed, &dir);
-        super::record_latest(root, &dir)?;
         if let Ok(d) = std::fs::File::open(root) {
             let _ = d.sync_all(); // make the renames durable
         }

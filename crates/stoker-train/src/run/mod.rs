@@ -207,23 +207,6 @@ pub fn run_rank(
         .stop_after
         .unwrap_or(config.train.steps)
         .min(config.train.steps);
-    // A finished run resumed (a job resubmitted), or fewer steps than the checkpoint's:
-    // said, not a summary of no steps with a NaN loss.
-    let at = rank.trainer.step();
-    if at >= total {
-        let until = match opts.stop_after {
-            Some(s) if s < config.train.steps => format!(" (--stop-after {s})"),
-            _ => String::new(),
-        };
-        return Err(TrainError::Config {
-            key: "train.steps".into(),
-            message: format!(
-                "{}{until}, but the checkpoint resumed is at step {at}: nothing to train \
-                 (raise train.steps to train further)",
-                config.train.steps
-            ),
-        });
-    }
     let bar = telemetry::progress_bar(opts.progress && rank.lead, total, rank.trainer.step());
     let mut telemetry = Telemetry::start(config, opts, &rank, count, loader.steady_bytes(), &bar);
     let ctx = LoopContext {
