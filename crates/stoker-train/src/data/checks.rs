@@ -48,9 +48,8 @@ pub fn check_data(config: &TrainConfig, data: &Datasets) -> Result<()> {
             check_class_ids(&data.eval, &data.target, classes, eval_path, "data.eval")?;
         }
     }
+    // `data.vocab` itself was read, and checked against the model, at open (`load_vocab`).
     if let Some(vocab) = &d.vocab {
-        // Readable, not empty, within model.vocab (the run reads it again to sample).
-        super::load_vocab(config)?;
         for (path, key) in [
             (Some(&*d.train), "data.train"),
             (d.eval.as_deref(), "data.eval"),

@@ -118,6 +118,9 @@ pub struct Datasets {
     pub held_out: bool,
     /// What the run should warn of before training (the run and `--dry-run` print them).
     pub notes: Vec<String>,
+    /// `data.vocab`, read once and checked against the model (the run's text sample
+    /// decodes through it).
+    pub vocab: Option<Vocab>,
 }
 
 /// Reads the samples `indices` of `ds` outside the loader, each into scratch buffers (one
@@ -378,6 +381,7 @@ pub fn open_datasets(config: &TrainConfig, model: &dyn Model) -> Result<Datasets
         eval_note,
         held_out: d.eval.is_none(),
         notes,
+        vocab: load_vocab(config)?,
     };
     checks::check_data(config, &data)?;
     Ok(data)

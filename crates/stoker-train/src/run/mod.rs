@@ -268,7 +268,7 @@ fn finish(
     // Every rank (under ZeRO-1 on the resident path a collective), before rank 0 alone
     // samples.
     trainer.sync_host()?;
-    let sample = match (&rank.vocab, config.train.sample_tokens) {
+    let sample = match (&rank.data.vocab, config.train.sample_tokens) {
         (Some(v), n) if n > 0 && (rank.lead || trainer.shards_params()) => {
             let context = config.model.context().unwrap_or(0);
             let toks = trainer.sample(&[0], n, context, config.seed, Some(v.size()))?;

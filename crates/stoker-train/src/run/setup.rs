@@ -6,12 +6,11 @@
 use std::rc::Rc;
 
 use stoker_comm::Communicator;
-use stoker_data::pack::text::Vocab;
 use stoker_data::Dataset;
 
 use crate::checkpoint::{self, DataPosition};
 use crate::config::TrainConfig;
-use crate::data::{load_vocab, open_datasets, Datasets};
+use crate::data::{open_datasets, Datasets};
 use crate::error::{io_err, Result, TrainError};
 use crate::layout::FlatLayout;
 use crate::metrics::MetricsLog;
@@ -36,8 +35,6 @@ pub(super) struct Rank {
     /// Its training samples' fingerprint (`Datasets::train_fingerprint`), read once: the
     /// data does not change within a run, and every checkpoint records it.
     pub train_fingerprint: u32,
-    /// The vocabulary, for the text sample.
-    pub vocab: Option<Vocab>,
     /// Rank 0's metrics log.
     pub log: Option<MetricsLog>,
     /// The line that says what each rank holds and how the batch splits.
@@ -75,7 +72,6 @@ impl Rank {
         let meta = build_meta_model_on(&config.model, p, k, seed, &device)?;
         // The data checked against the declared model before any weight is made: a
         // dataset that cannot fill one window fails at once, whatever the model's size.
-        let vocab = load_vocab(config)?;
         let data = open_datasets(config, &*meta)?;
         if lead {
             for note in &data.notes {
@@ -127,7 +123,6 @@ impl Rank {
             trainer,
             data,
             train_fingerprint,
-            vocab,
             log,
             accounting,
         })
