@@ -55,17 +55,17 @@ pub fn check_data(config: &TrainConfig, data: &Datasets) -> Result<()> {
             (d.eval.as_deref(), "data.eval"),
         ] {
             if let Some(path) = path {
-                check_vocab_beside(path, key, vocab, "data.vocab")?;
+                check_vocab_beside(path, key, (vocab, "data.vocab", "data.vocab"))?;
             }
         }
     } else if let (Some(eval), Some(train_vocab)) = (d.eval.as_deref(), vocab_beside(&d.train)) {
         // Without data.vocab: the evaluation shards' vocabulary is the training shards'.
-        check_vocab_beside(
-            eval,
-            "data.eval",
-            &train_vocab,
+        let against = (
+            &*train_vocab,
+            "data.train",
             "the training shards' vocabulary",
-        )?;
+        );
+        check_vocab_beside(eval, "data.eval", against)?;
     }
     // The token windows evaluation reads (each checked against model.vocab as it is
     // read): the training windows are read from the first step on, these only at the
@@ -248,11 +248,15 @@ fn vocab_beside(shard: &Path) -> Option<std::path::PathBuf> {
     .find(|p| p.is_file())
 }
 
-/// A token shard with a vocabulary beside it must have been packed with `vocab` (`data.vocab`,
-/// or where none is given the training shards' own, `against` naming which): a character
-/// vocabulary is made per `stoker pack` call, so a shard packed on its own maps ids to
-/// other characters.
-fn check_vocab_beside(shard: &Path, key: &str, vocab: &Path, against: &str) -> Result<()> {
+/// A token shard with a vocabulary beside it must have been packed with `vocab`: the file
+/// `data.vocab` names, or where none is given the training shards' own (`vocab_key` is the
+/// key that names it, `against` how the message calls it). A character vocabulary is made
+/// per `stoker pack` call, so a shard packed on its own maps ids to other characters.
+fn check_vocab_beside(
+    shard: &Path,
+    key: &str,
+    (vocab, vocab_key, against): (&Path, &str, &str),
+) -> Result<()> {
     let Some(beside) = vocab_beside(shard) else {
         return Ok(());
     };
@@ -265,11 +269,6 @@ fn check_vocab_beside(shard: &Path, key: &str, vocab: &Path, against: &str) -> R
             key: key.into(),
             source,
         })
-    };
-    let vocab_key = if against == "data.vocab" {
-        "data.vocab"
-    } else {
-        "data.train"
     };
     if load(&beside, key)? == load(vocab, vocab_key)? {
         return Ok(());
