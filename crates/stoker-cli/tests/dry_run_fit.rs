@@ -78,6 +78,15 @@ fn write_data(dir: &Path) {
     );
 }
 
+/// An MLP config body over [`write_data`]'s images.
+fn mlp_body(dir: &Path) -> String {
+    format!(
+        "precision = \"fp32\"\n[data]\ntrain = {:?}\n[model]\nkind = \"mlp\"\n\
+         input_shape = [1, 8, 8]\nhidden = [8]\nclasses = 4\n[batch]\nmicro_batch = 8",
+        s(&dir.join("img"))
+    )
+}
+
 fn config(dir: &Path, name: &str, body: &str) -> PathBuf {
     let text = format!(
         "run_dir = {:?}\nseed = 3\n{body}\n[optimizer]\nkind = \"adamw\"\nlr = 1e-3\n\
@@ -184,12 +193,7 @@ fn an_unusable_rayon_num_threads_is_refused_by_name() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     write_data(dir);
-    let body = format!(
-        "precision = \"fp32\"\n[data]\ntrain = {:?}\n[model]\nkind = \"mlp\"\n\
-         input_shape = [1, 8, 8]\nhidden = [8]\nclasses = 4\n[batch]\nmicro_batch = 8",
-        s(&dir.join("img"))
-    );
-    let cfg = config(dir, "mlp", &body);
+    let cfg = config(dir, "mlp", &mlp_body(dir));
     let o = Command::new("timeout")
         .args(["-k", "5", "120", STOKER, "train", s(&cfg), "--no-progress"])
         .env("RAYON_NUM_THREADS", "1")
@@ -261,12 +265,7 @@ fn resume_latest_without_a_checkpoint_starts_from_step_0() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     write_data(dir);
-    let body = format!(
-        "precision = \"fp32\"\n[data]\ntrain = {:?}\n[model]\nkind = \"mlp\"\n\
-         input_shape = [1, 8, 8]\nhidden = [8]\nclasses = 4\n[batch]\nmicro_batch = 8",
-        s(&dir.join("img"))
-    );
-    let c = config(dir, "fresh", &body);
+    let c = config(dir, "fresh", &mlp_body(dir));
     let o = Command::new("timeout")
         .args([
             "-k",

@@ -826,6 +826,24 @@ fn sigterm_checkpoints_every_rank_at_one_step_and_the_resume_continues_bit_ident
     );
 }
 
+/// `stoker train config` started, once its first step is in `metrics`.
+fn train_until_logged(config: &Path, metrics: &Path) -> std::process::Child {
+    let child = Command::new(STOKER)
+        .args(["train"])
+        .arg(config)
+        .arg("--no-progress")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while std::fs::read_to_string(metrics).map_or(true, |s| s.is_empty()) {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no step was logged");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
 /// A second SIGTERM does not wait for the step: the process ends at once with 128 + 15.
 #[test]
 fn a_second_sigterm_ends_the_run_at_once() {
@@ -842,20 +860,7 @@ fn a_second_sigterm_ends_the_run_at_once() {
         .replace("n_layer = 2", "n_layer = 6")
         .replace("global_batch = 8", "global_batch = 128");
     std::fs::write(&c, text_c).unwrap();
-    let mut child = Command::new(STOKER)
-        .args(["train"])
-        .arg(&c)
-        .arg("--no-progress")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let metrics = dir.join("twice/metrics.jsonl");
-    let t0 = Instant::now();
-    while std::fs::read_to_string(&metrics).map_or(true, |s| s.is_empty()) {
-        assert!(t0.elapsed() < Duration::from_secs(60), "no step was logged");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut child = train_until_logged(&c, &dir.join("twice/metrics.jsonl"));
     let pid = child.id().to_string();
     for _ in 0..2 {
         assert!(Command::new("kill")
@@ -878,20 +883,7 @@ fn a_sigterm_delivered_twice_at_once_is_one_stop_request() {
     let dir = tmp.path();
     write_data(dir);
     let c = config(dir, "dup", Model::Gpt, "fp32", "direct", 100_000, "");
-    let mut child = Command::new(STOKER)
-        .args(["train"])
-        .arg(&c)
-        .arg("--no-progress")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let metrics = dir.join("dup/metrics.jsonl");
-    let t0 = Instant::now();
-    while std::fs::read_to_string(&metrics).map_or(true, |s| s.is_empty()) {
-        assert!(t0.elapsed() < Duration::from_secs(60), "no step was logged");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut child = train_until_logged(&c, &dir.join("dup/metrics.jsonl"));
     let pid = child.id();
     // Two kills from one shell, back to back.
     let both = format!("kill -TERM {pid}; kill -TERM {pid}");
