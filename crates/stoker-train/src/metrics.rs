@@ -37,7 +37,8 @@ pub enum Record {
         loader_wait_pct: f64,
         /// Whether this step was skipped (fp16 overflow).
         skipped: bool,
-        /// Seconds since the run (or resume) started.
+        /// Seconds of the run so far: since its start, its earlier lives included where
+        /// it resumed a checkpoint that recorded them (the time between lives is not).
         #[serde(deserialize_with = "f64_or_nan")]
         elapsed_s: f64,
         /// Data-parallel ranks.

@@ -103,6 +103,61 @@ fn latest_is_the_checkpoint_this_timeline_wrote_last() {
     );
 }
 
+/// A resumed run's `elapsed_s` goes on from its checkpoint's (it restarted at 0), the
+/// summary names the step of its last evaluation (a run stopped early ends after a
+/// later one), and a finished run resubmitted (a job requeued after its last step)
+/// trains nothing, keeps its weights and leaves the metrics log as it was (it printed a
+/// NaN loss and wrote records of no steps).
+#[test]
+fn a_resumed_run_goes_on_in_time_and_a_finished_one_trains_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = config(
+        tmp.path(),
+        "fp32",
+        6,
+        "checkpoint_every = 3\neval_every = 2",
+    );
+    let stopped = RunOptions {
+        stop_after: Some(5),
+        ..Default::default()
+    };
+    let first = run(&c, &stopped).unwrap();
+    assert_eq!((first.steps, first.steps_run), (5, 5));
+    assert_eq!(first.eval_step, Some(4));
+    let root = c.run_dir.join("checkpoints");
+    let resume = |step: u64| RunOptions {
+        resume: Some(root.join(format!("step_{step:08}"))),
+        ..Default::default()
+    };
+    let second = run(&c, &resume(5)).unwrap();
+    assert_eq!((second.steps, second.steps_run), (6, 1));
+    assert_eq!(second.eval_step, Some(6));
+    let elapsed: Vec<(u64, f64)> = read(&c.run_dir)
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| match r {
+            Record::Train {
+                step, elapsed_s, ..
+            } => Some((step, elapsed_s)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        elapsed.iter().map(|e| e.0).collect::<Vec<_>>(),
+        [1, 2, 3, 4, 5, 6]
+    );
+    assert!(
+        elapsed.windows(2).all(|w| w[1].1 >= w[0].1),
+        "elapsed_s goes back: {elapsed:?}"
+    );
+    let records = read(&c.run_dir).unwrap().len();
+    let again = run(&c, &resume(6)).unwrap();
+    assert_eq!((again.steps, again.steps_run), (6, 0));
+    assert_eq!(again.weights_crc32, second.weights_crc32);
+    assert_eq!(again.eval_step, None);
+    assert_eq!(read(&c.run_dir).unwrap().len(), records);
+}
+
 #[test]
 fn bf16_and_fp16_reach_fp32_loss_within_2_percent() {
     let tmp = tempfile::tempdir().unwrap();

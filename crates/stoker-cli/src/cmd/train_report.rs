@@ -41,11 +41,15 @@ impl Planned {
 #[derive(serde::Serialize)]
 struct SummaryJson<'a> {
     steps: u64,
+    /// Steps this run took (0: it resumed a finished run; then `last_loss` is null).
+    steps_run: u32,
     preempted: bool,
     last_loss: f64,
     eval_loss: Option<f64>,
     eval_accuracy: Option<f64>,
     eval_targets: Option<usize>,
+    /// The step the evaluation was made after.
+    eval_step: Option<u64>,
     /// The FP32 master weights' CRC-32, eight hex digits (as printed).
     weights_crc32: String,
     params: usize,
@@ -73,11 +77,13 @@ impl<'a> SummaryJson<'a> {
         let f = s.forecast.as_ref();
         SummaryJson {
             steps: s.steps,
+            steps_run: s.steps_run,
             preempted: s.preempted,
             last_loss: s.last_loss,
             eval_loss: s.eval.map(|e| e.loss),
             eval_accuracy: s.eval.map(|e| e.accuracy),
             eval_targets: s.eval.map(|e| e.count),
+            eval_step: s.eval_step,
             weights_crc32: format!("{:08x}", s.weights_crc32),
             params: s.params,
             strategy: &s.strategy,
@@ -266,13 +272,25 @@ fn print_forecast(s: &RunSummary) {
 
 fn print_summary(s: &RunSummary) {
     println!("parameters: {}", s.params);
+    if s.steps_run == 0 {
+        // A finished job resubmitted (Slurm requeues one after its last step too): it
+        // succeeds, and its weights are the checkpoint's.
+        println!(
+            "steps: {}, nothing to train: the run resumed at step {}, where it ends \
+             (train.steps, or --stop-after)",
+            s.steps, s.steps
+        );
+        println!("weights crc32: {:08x}", s.weights_crc32);
+        return;
+    }
     println!("steps: {}, last train loss {:.4}", s.steps, s.last_loss);
     if let Some(e) = s.eval {
         println!(
-            "eval loss {:.4}, accuracy {:.2}% ({} targets)",
+            "eval loss {:.4}, accuracy {:.2}% ({} targets) after step {}",
             e.loss,
             100.0 * e.accuracy,
-            e.count
+            e.count,
+            s.eval_step.unwrap_or(s.steps)
         );
     }
     println!(

@@ -176,6 +176,7 @@ mod tests {
             seed: Some(3),
             model: Some(model),
             precision: Some(precision),
+            elapsed_s: None,
         }
     }
 

@@ -119,6 +119,8 @@ pub struct Resumed {
     pub model: Option<crate::models::ModelConfig>,
     /// The run's precision (absent in older checkpoints).
     pub precision: Option<crate::precision::Precision>,
+    /// Seconds the run had run when it was written (absent in older checkpoints).
+    pub elapsed_s: Option<f64>,
 }
 
 /// The directory name of step `step`'s checkpoint.
@@ -152,6 +154,7 @@ pub fn load(trainer: &mut dyn Stateful, dir: &Path) -> Result<Resumed> {
             seed: None,
             model: None,
             precision: None,
+            elapsed_s: None,
         });
     }
     Err(not_a_checkpoint(dir))

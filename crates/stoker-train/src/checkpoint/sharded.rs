@@ -132,6 +132,11 @@ pub struct Manifest {
     pub sampler: SamplerState,
     /// Every rank's data position.
     pub data: DataPosition,
+    /// Seconds the run had run when this was written, its earlier lives included, so
+    /// that a resumed run's `elapsed_s` goes on from it (absent in checkpoints written
+    /// before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elapsed_s: Option<f64>,
     /// Loss-scaler state (fp16).
     pub scaler: Option<ScalerState>,
     /// FP8 delayed scalers by layer (fp8).
@@ -230,13 +235,14 @@ fn shard_file(rank: usize) -> String {
 
 /// Writes `trainer`'s checkpoint under `root`, every rank of `comm` its shard (a
 /// collective); returns the directory. `run` is what the manifest records of the run,
-/// `data` every rank's data position.
+/// `data` every rank's data position, `elapsed_s` the run's seconds so far (its earlier
+/// lives included).
 pub fn save(
     trainer: &dyn Stateful,
     comm: &dyn Communicator,
     root: &Path,
     run: &super::RunRecord,
-    data: DataPosition,
+    (data, elapsed_s): (DataPosition, f64),
     fault: Option<SaveFault>,
 ) -> Result<PathBuf> {
     let (rank, world) = (comm.rank(), comm.world_size());
@@ -302,6 +308,7 @@ pub fn save(
             precision: Some(run.precision),
             sampler: state.sampler,
             data,
+            elapsed_s: Some(elapsed_s),
             scaler: state.scaler.clone(),
             fp8: state.fp8.clone(),
             layout: (*layout).clone(),
@@ -611,5 +618,6 @@ pub fn load(trainer: &mut dyn Stateful, dir: &Path) -> Result<Resumed> {
         seed: Some(m.seed),
         model: m.model.clone(),
         precision: m.precision,
+        elapsed_s: m.elapsed_s,
     })
 }

@@ -73,14 +73,20 @@ pub struct RunOptions {
 /// What a run ended with.
 #[derive(Debug, Clone)]
 pub struct RunSummary {
-    /// Steps taken.
+    /// Steps taken, the resumed checkpoint's included.
     pub steps: u64,
+    /// Steps this run took: 0 where it resumed a checkpoint already at `train.steps`
+    /// (a finished job resubmitted), which leaves nothing to train.
+    pub steps_run: u32,
     /// The run stopped early on [`RunOptions::stop`], after writing a checkpoint.
     pub preempted: bool,
     /// Last training loss.
     pub last_loss: f64,
     /// The last evaluation.
     pub eval: Option<EvalReport>,
+    /// The step [`RunSummary::eval`] was made after: a run stopped by a signal ends
+    /// after a later step.
+    pub eval_step: Option<u64>,
     /// Loader wait as % of the loop's wall time.
     pub loader_wait_pct: f64,
     /// Mean training throughput (targets per second of the training loop, evaluation and
@@ -283,7 +289,8 @@ fn finish(
     let step_s = stats.per_step(stats.step_time.as_secs_f64());
     let loader_wait_pct = 100.0 * stats.wait.as_secs_f64() / training_s;
     let bytes_per_step = stats.per_step(stats.bytes_sent as f64);
-    if let Some(log) = &mut rank.log {
+    // A run that took no step (a finished one resumed) measured nothing to record.
+    if let (Some(log), true) = (&mut rank.log, stats.steps_run > 0) {
         if let Some(f) = &telemetry.forecast {
             log.write(&Record::Forecast {
                 step: trainer.step(),
@@ -309,9 +316,11 @@ fn finish(
     }
     Ok(RunSummary {
         steps: trainer.step(),
+        steps_run: stats.steps_run,
         preempted: stats.preempted,
         last_loss: stats.last_loss,
-        eval: stats.last_eval,
+        eval: stats.last_eval.map(|(_, e)| e),
+        eval_step: stats.last_eval.map(|(step, _)| step),
         loader_wait_pct,
         throughput: stats.total_count as f64 / training_s,
         eval_s: stats.eval_time.as_secs_f64(),

@@ -37,6 +37,9 @@ pub(super) struct Rank {
     pub train_fingerprint: u32,
     /// Rank 0's metrics log.
     pub log: Option<MetricsLog>,
+    /// Seconds the run had run before this life: the resumed checkpoint's (0 for a new
+    /// run, or a checkpoint that did not record it).
+    pub elapsed_before_s: f64,
     /// The line that says what each rank holds and how the batch splits.
     pub accounting: String,
 }
@@ -90,12 +93,13 @@ impl Rank {
             false => meta,
         };
         let mut trainer = Trainer::with_strategy_on_gpu(config, model, strategy, local)?;
-        let resumed_at = match &opts.resume {
+        let (resumed_at, elapsed_before_s) = match &opts.resume {
             Some(dir) => {
                 let train = (data.train.len(), train_fingerprint);
-                Some(resume(&mut trainer, dir, config, &dims, train)?)
+                let (step, elapsed) = resume(&mut trainer, dir, config, &dims, train)?;
+                (Some(step), elapsed.unwrap_or(0.0))
             }
-            None => None,
+            None => (None, 0.0),
         };
         // The resident loop made before the first step (its GPU opened, its buffers
         // allocated): a run fails here, not at its first window, where it cannot.
@@ -124,6 +128,7 @@ impl Rank {
             data,
             train_fingerprint,
             log,
+            elapsed_before_s,
             accounting,
         })
     }
@@ -169,14 +174,14 @@ fn check_master_fits(
 /// Loads the checkpoint `dir` into `trainer` and sets its loader position for this
 /// run's batch split, after checking that `config`, over `train` training data (its
 /// sample count and fingerprint), continues the run that wrote it; the step it was
-/// saved after.
+/// saved after, and the run's seconds until then where the checkpoint recorded them.
 fn resume(
     trainer: &mut Trainer,
     dir: &std::path::Path,
     config: &TrainConfig,
     dims: &ParallelDims,
     train: (usize, u32),
-) -> Result<u64> {
+) -> Result<(u64, Option<f64>)> {
     let state = checkpoint::load(trainer, dir)?;
     let run = checkpoint::RunRecord::of(config);
     let notes = checkpoint::check_continues(&state, &run, Some(train), dir)?;
@@ -191,7 +196,7 @@ fn resume(
         DataPosition::of(state.sampler, dims.global_batch, 1, k, None)
     });
     trainer.set_sampler_state(pos.resume_at(dims.global_batch, dims.accumulation_steps)?);
-    Ok(state.step)
+    Ok((state.step, state.elapsed_s))
 }
 
 /// Rank 0's run directory: the resolved config written, the metrics log opened (kept up

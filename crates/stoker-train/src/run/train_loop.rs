@@ -42,7 +42,8 @@ pub(super) struct LoopStats {
     pub step_times: Vec<f64>,
     pub comm_waits: Vec<f64>,
     pub last_loss: f64,
-    pub last_eval: Option<EvalReport>,
+    /// The last evaluation and the step it was made after.
+    pub last_eval: Option<(u64, EvalReport)>,
     /// Stopped early by a signal (after writing a checkpoint).
     pub preempted: bool,
     /// The current logging interval: its loader wait, start, side work and targets.
@@ -86,7 +87,16 @@ pub(super) struct LoopContext<'a> {
     pub total: u64,
     /// `tokens/s` or `samples/s`.
     pub unit: &'static str,
+    /// When this life of the run started.
     pub started: Instant,
+}
+
+impl LoopContext<'_> {
+    /// The run's seconds so far, its earlier lives (`rank`'s resumed checkpoint's)
+    /// included: `metrics.jsonl`'s `elapsed_s` goes on across resumes.
+    fn run_elapsed_s(&self, rank: &Rank) -> f64 {
+        rank.elapsed_before_s + self.started.elapsed().as_secs_f64()
+    }
 }
 
 /// Trains `rank` from its loader position until `ctx.total` steps (or a signal).
@@ -185,7 +195,7 @@ fn log_step(
         unit: ctx.unit.into(),
         loader_wait_pct: wait_pct,
         skipped: r.skipped.is_some(),
-        elapsed_s: ctx.started.elapsed().as_secs_f64(),
+        elapsed_s: ctx.run_elapsed_s(rank),
         world: rank.dims.world,
         comm_wait_s: r.sync.exposed_wait.as_secs_f64(),
         bytes_sent: r.sync.bytes_sent,
@@ -236,7 +246,7 @@ fn evaluate_now(ctx: &LoopContext<'_>, rank: &mut Rank, stats: &mut LoopStats) -
         e.loss,
         100.0 * e.accuracy
     ));
-    stats.last_eval = Some(e);
+    stats.last_eval = Some((step, e));
     Ok(())
 }
 
@@ -257,7 +267,8 @@ fn checkpoint_now(ctx: &LoopContext<'_>, rank: &mut Rank, stats: &mut LoopStats)
     pos.train_crc32 = Some(rank.train_fingerprint);
     let root = ctx.config.run_dir.join("checkpoints");
     let run = checkpoint::RunRecord::of(ctx.config);
-    checkpoint::save(trainer, &**ctx.comm, &root, &run, pos, ctx.opts.save_fault)?;
+    let at = (pos, ctx.run_elapsed_s(rank));
+    checkpoint::save(trainer, &**ctx.comm, &root, &run, at, ctx.opts.save_fault)?;
     stats.ckpt_time += t0.elapsed();
     stats.interval_side += t0.elapsed();
     Ok(())
