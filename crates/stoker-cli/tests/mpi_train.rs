@@ -1089,7 +1089,9 @@ fn a_full_disk_during_a_save_stops_the_run_and_keeps_the_last_checkpoint() {
     assert!(!o.status.success(), "the run went on: {}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        err.contains("No space left on device") && err.contains("checkpoints"),
+        err.contains("error[io]")
+            && err.contains("No space left on device")
+            && err.contains("checkpoints"),
         "{}",
         text(&o)
     );

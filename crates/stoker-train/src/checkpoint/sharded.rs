@@ -280,7 +280,7 @@ pub fn save(
     // 1 MiB buffer): a serialized copy in memory would add 12 bytes per parameter of the
     // shard to the run's peak. The manifest's CRC is of the bytes read back.
     let file = tmp.join(shard_file(rank));
-    safetensors::serialize_to_file(views, None, &file).map_err(|e| ckpt_err(&file, e))?;
+    safetensors::serialize_to_file(views, None, &file).map_err(|e| write_err(&file, e))?;
     crate::model_files::give_created_mode(&file)?;
     crash_if(fault, rank, step, SavePoint::ShardWritten, &file);
     let (crc, len) = sync_and_hash(&file)?;
@@ -364,6 +364,15 @@ fn shard_entries(all: &[Vec<u64>]) -> Vec<ShardEntry> {
             }
         })
         .collect()
+}
+
+/// A shard's write failing: the file system's error (a full disk, a lost mount) as an
+/// I/O error on the file, anything else as the checkpoint's.
+fn write_err(path: &Path, e: safetensors::SafeTensorError) -> crate::error::TrainError {
+    match e {
+        safetensors::SafeTensorError::IoError(e) => io_err(path, e),
+        e => ckpt_err(path, e),
+    }
 }
 
 /// Fsyncs `path` and returns the CRC-32 and length of its bytes, read in 1 MiB pieces.
