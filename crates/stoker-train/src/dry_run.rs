@@ -51,10 +51,48 @@ pub struct DryRun {
     /// What one rank will hold, counted as the run counts it at its start (see the module
     /// doc for what a model too large for this machine leaves out).
     pub own: OwnBytes,
-    /// Whether a scratch micro-batch counted the activations and kernel scratch.
-    pub measured_step: bool,
+    /// Whether a scratch micro-batch counted the activations and kernel scratch, and if
+    /// not, why.
+    pub scratch: ScratchStep,
     /// The data's warnings, as the run prints them.
     pub data_notes: Vec<String>,
+}
+
+/// Whether a dry run's scratch micro-batch ran, and if not, why: what the dry run then
+/// leaves uncounted is said with its reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScratchStep {
+    /// It ran: the step's activations and kernel scratch are counted.
+    Measured,
+    /// A rank's model states and the step's activations do not fit in this machine's
+    /// memory twice over.
+    DoesNotFit,
+    /// fp8: a forward records the FP8 scalers' amax history, which a scratch step
+    /// must not change.
+    Fp8,
+    /// The resident step: a step changes its backend's state (its buffers are planned
+    /// from their shapes instead).
+    Resident,
+    /// No allocation count to measure with (the binary's counting allocator).
+    NoHeapCount,
+}
+
+impl ScratchStep {
+    /// Why no scratch micro-batch ran, as the dry run prints it (None where one did).
+    pub fn why_not(self) -> Option<&'static str> {
+        match self {
+            ScratchStep::Measured => None,
+            ScratchStep::DoesNotFit => Some("a rank's model states do not fit here"),
+            ScratchStep::Fp8 => {
+                Some("fp8: a step would change the FP8 scalers' history, which a dry run keeps")
+            }
+            ScratchStep::Resident => Some(
+                "step = \"resident\": a step would change its backend's state; its buffers \
+                 are planned from their shapes",
+            ),
+            ScratchStep::NoHeapCount => Some("this build counts no allocations"),
+        }
+    }
 }
 
 /// Checks `config` for a run on `world` ranks and predicts its per-rank bytes; with
@@ -112,8 +150,15 @@ pub fn dry_run(
     // shapes (a micro-batch of 8,192 would otherwise allocate 39 GB to find out).
     let activations = predicted.unwrap_or(0) as f64;
     let fits_here = budget.is_some_and(|b| 2.0 * planned.model_states() + activations < b);
-    let scratch = match (heap, fits_here) {
-        (Some(h), true) => {
+    let skipped = match (heap, fits_here) {
+        _ if config.resident_step() => Some(ScratchStep::Resident),
+        _ if config.precision == crate::precision::Precision::Fp8 => Some(ScratchStep::Fp8),
+        (None, _) => Some(ScratchStep::NoHeapCount),
+        (_, false) => Some(ScratchStep::DoesNotFit),
+        (Some(_), true) => None,
+    };
+    let scratch = match (heap, skipped) {
+        (Some(h), None) => {
             let trainer = match held.is_whole(len) {
                 true => Trainer::new(config),
                 false => Trainer::with_strategy(
@@ -147,7 +192,10 @@ pub fn dry_run(
     Ok(DryRun {
         planned,
         own,
-        measured_step: scratch.is_some(),
+        scratch: match (scratch, skipped) {
+            (Some(_), _) => ScratchStep::Measured,
+            (None, why) => why.unwrap_or(ScratchStep::DoesNotFit),
+        },
         params: layout.numel(),
         train_samples: data.train.len(),
         eval_samples: data.eval.len(),

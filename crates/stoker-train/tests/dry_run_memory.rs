@@ -10,6 +10,7 @@ use std::path::Path;
 
 use common::*;
 use stoker_train::config::TrainConfig;
+use stoker_train::dry_run::ScratchStep;
 
 #[test]
 fn a_dry_run_of_a_model_too_large_for_this_machine_holds_next_to_nothing() {
@@ -62,15 +63,33 @@ fn a_dry_run_skips_its_scratch_micro_batch_where_the_activations_do_not_fit() {
     // activations: the dry run plans them and runs nothing (a micro-batch of 8,192 at
     // context 128 once allocated until the allocator aborted).
     let d = stoker_train::dry_run::dry_run(&c, 1, Some(&NoCount), Some(1e12)).unwrap();
-    assert!(
-        d.measured_step,
+    assert_eq!(
+        d.scratch,
+        ScratchStep::Measured,
         "a budget that holds it all measures the step"
     );
     let states = d.planned.model_states();
     let tight = 2.0 * states + 1.0;
     let d = stoker_train::dry_run::dry_run(&c, 1, Some(&NoCount), Some(tight)).unwrap();
-    assert!(
-        !d.measured_step,
+    assert_eq!(
+        d.scratch,
+        ScratchStep::DoesNotFit,
         "the scratch micro-batch ran past its budget"
     );
+    // The resident step and fp8 run none, whatever the budget, and say why (the dry run
+    // said that their model states did not fit).
+    for (extra, why) in [
+        ("step = \"resident\"\n", ScratchStep::Resident),
+        ("", ScratchStep::Fp8),
+    ] {
+        let precision = match why {
+            ScratchStep::Fp8 => "fp8",
+            _ => "fp32",
+        };
+        let text = format!("{extra}{}", gpt_config(tmp.path(), precision, 2, ""));
+        let c = TrainConfig::parse(&text, Path::new("small.toml")).unwrap();
+        let d = stoker_train::dry_run::dry_run(&c, 1, Some(&NoCount), Some(1e12)).unwrap();
+        assert_eq!(d.scratch, why, "{extra}{precision}");
+        assert!(d.scratch.why_not().is_some());
+    }
 }

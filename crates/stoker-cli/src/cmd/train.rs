@@ -154,10 +154,9 @@ fn print_dry_run(
     match stoker_train::planned::forecast(&planned, world, per_host, Some(&d.own)) {
         Ok(f) => {
             println!("{}", stoker_train::run::forecast_line(&f));
-            if !d.measured_step {
+            if let Some(why) = d.scratch.why_not() {
                 println!(
-                    "not counted: the kernels' scratch{} (a rank's model states do not fit here, \
-                     so no scratch micro-batch ran)",
+                    "not counted: the kernels' scratch{} (no scratch micro-batch ran: {why})",
                     match d.own.activations {
                         Some(_) => "",
                         None =>
