@@ -594,8 +594,8 @@ impl TrainConfig {
     /// Whether training steps run the resident loop (`step = "resident"` under one rank,
     /// DDP, ZeRO-1, -2 or -3; deterministic mode under one rank, DDP or ZeRO-1): the step,
     /// the FP32 master, the optimizer and the reductions on the step's backend. The rest
-    /// of `step = "resident"` (deterministic ZeRO-2, DDP's or ZeRO-1's reduction per
-    /// micro-batch, `no_sync` under ZeRO-2) runs the same step's host build through the
+    /// of `step = "resident"` (deterministic ZeRO-2, DDP's reduction per micro-batch,
+    /// `no_sync` under ZeRO-2) runs the same step's host build through the
     /// CPU trainer's own master and optimizer, on the CPU only.
     pub fn resident_loop(&self) -> bool {
         self.resident_step() && self.not_on_resident_loop().is_none()
@@ -685,7 +685,38 @@ impl TrainConfig {
                 "\"resident\" runs the GPU step of a GPT or a Llama; this model has none",
             ));
         }
-        crate::precision::resident_activations(self.precision).map(|_| ())
+        crate::precision::resident_activations(self.precision)?;
+        self.check_resident_buckets()
+    }
+
+    /// The resident loop reduces one bucket per block, as the backward finishes it:
+    /// `bucket_cap_mb` and `first_bucket_mb` size the CPU trainer's buckets, and set on
+    /// the loop they would be ignored (they were, silently).
+    fn check_resident_buckets(&self) -> Result<()> {
+        if !self.resident_loop() {
+            return Ok(());
+        }
+        let (p, d) = (&self.parallel, ParallelConfig::default());
+        for (key, v, default) in [
+            ("parallel.bucket_cap_mb", p.bucket_cap_mb, d.bucket_cap_mb),
+            (
+                "parallel.first_bucket_mb",
+                p.first_bucket_mb,
+                d.first_bucket_mb,
+            ),
+        ] {
+            if v != default {
+                return Err(config_err(
+                    key,
+                    format!(
+                        "{v}: the resident loop reduces one bucket per block, each as soon as \
+                         the backward has finished it (docs/gpu.md, \"Data parallelism on the \
+                         backend\"); this key sizes the CPU trainer's buckets: leave it unset"
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// `cuda_graphs` only on the resident loop, and not where blocks move between a

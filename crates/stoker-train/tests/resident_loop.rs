@@ -18,10 +18,9 @@ use stoker_train::layout::FlatLayout;
 use stoker_train::models::build_model;
 use stoker_train::trainer::{StepReport, Trainer};
 
-/// The config of [`config_text`] with `step = "resident"` in place of the kernels key.
+/// The config of [`resident_text`]: `step = "resident"` in place of the kernels key.
 fn resident(model: &str, precision: &str, optimizer: &str, extra: &str) -> TrainConfig {
-    let text = config_text(model, precision, "direct", optimizer, extra)
-        .replace("kernels = \"direct\"", "step = \"resident\"");
+    let text = resident_text(model, precision, optimizer, extra, "");
     TrainConfig::parse(&text, std::path::Path::new("resident.toml")).unwrap()
 }
 
@@ -748,10 +747,8 @@ fn recomputed_activations_train_the_same_bits_in_less_memory() {
     ] {
         let three = model.replace("n_layer = 2", "n_layer = 3");
         let plain = resident(&three, "fp32", ADAMW, extra);
-        let text = config_text(&three, "fp32", "direct", ADAMW, extra).replace(
-            "kernels = \"direct\"",
-            &format!("step = \"resident\"\nrecompute = \"{recompute}\""),
-        );
+        let lines = format!("\nrecompute = \"{recompute}\"");
+        let text = resident_text(&three, "fp32", ADAMW, extra, &lines);
         let rec = TrainConfig::parse(&text, std::path::Path::new("r.toml")).unwrap();
         let what = format!("{} {extra}, recompute {recompute}", &model[8..11]);
         let run = |c: &TrainConfig| {
@@ -801,10 +798,7 @@ fn micro_batches_replayed_as_cuda_graphs_train_the_same_bits() {
         (GPT, "fp16", "strategy = \"zero1\"", 2),
     ] {
         let plain = resident(model, precision, ADAMW, extra);
-        let text = config_text(model, precision, "direct", ADAMW, extra).replace(
-            "kernels = \"direct\"",
-            "step = \"resident\"\ncuda_graphs = true",
-        );
+        let text = resident_text(model, precision, ADAMW, extra, "\ncuda_graphs = true");
         let graphed = TrainConfig::parse(&text, std::path::Path::new("g.toml")).unwrap();
         assert!(graphed.resident_options().graph_micro_batches);
         let what = format!("{} {precision} {extra}", &model[8..11]);
@@ -837,10 +831,7 @@ fn flash_attention_trains_what_the_kept_scores_train_within_bf16_rounding() {
         (wide(LLAMA), "strategy = \"zero1\"", 2),
     ] {
         let plain = resident(&model, "bf16", ADAMW, extra);
-        let text = config_text(&model, "bf16", "direct", ADAMW, extra).replace(
-            "kernels = \"direct\"",
-            "step = \"resident\"\nflash_attention = true",
-        );
+        let text = resident_text(&model, "bf16", ADAMW, extra, "\nflash_attention = true");
         let flash = TrainConfig::parse(&text, std::path::Path::new("f.toml")).unwrap();
         let run = |c: &TrainConfig| {
             run_local(world, Duration::from_secs(60), |comm| {
@@ -871,6 +862,12 @@ fn flash_attention_off_the_resident_step_in_fp32_or_with_narrow_heads_is_refused
     let wide = GPT.replace("d_model = 8", "d_model = 32");
     for (model, precision, step, why) in [
         (wide.as_str(), "fp32", "resident", "bf16"),
+        (
+            wide.as_str(),
+            "fp16",
+            "resident",
+            "are f16 (precision = \"fp16\")",
+        ),
         (wide.as_str(), "bf16", "handwritten", "resident"),
         (GPT, "bf16", "resident", "4 wide"),
     ] {
@@ -906,6 +903,42 @@ fn cuda_graphs_where_blocks_move_or_off_the_loop_are_refused_naming_the_key() {
             e.contains("cuda_graphs") && e.contains(why),
             "{step} {extra}: {e}"
         );
+    }
+}
+
+/// The resident loop reduces one bucket per block: the CPU trainer's bucket sizes set on
+/// it are refused naming the key (they were ignored); off the loop (the adapter's DDP
+/// reduction per micro-batch, on the CPU trainer's buckets) they are taken.
+#[test]
+fn bucket_sizes_on_the_resident_loop_are_refused_naming_the_key() {
+    for (extra, refused) in [
+        (
+            "strategy = \"ddp\"\nbucket_cap_mb = 4.0",
+            Some("parallel.bucket_cap_mb"),
+        ),
+        (
+            "strategy = \"zero1\"\nfirst_bucket_mb = 0.5",
+            Some("parallel.first_bucket_mb"),
+        ),
+        (
+            "strategy = \"ddp\"\nsync_every_micro_batch = true\nbucket_cap_mb = 4.0",
+            None,
+        ),
+        ("strategy = \"ddp\"\nbucket_cap_mb = 25.0", None),
+    ] {
+        let text = resident_text(GPT, "fp32", ADAMW, extra, "");
+        let parsed = TrainConfig::parse(&text, std::path::Path::new("b.toml"));
+        match (refused, parsed) {
+            (Some(key), Err(e)) => {
+                let e = e.to_string();
+                assert!(
+                    e.contains(key) && e.contains("one bucket per block"),
+                    "{extra}: {e}"
+                );
+            }
+            (None, Ok(_)) => {}
+            (want, got) => panic!("{extra}: expected refusal {want:?}, got {:?}", got.err()),
+        }
     }
 }
 

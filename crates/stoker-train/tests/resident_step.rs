@@ -10,10 +10,9 @@ mod common;
 use common::ranks::*;
 use stoker_train::config::{StepKind, TrainConfig};
 
-/// The config of [`config_text`] with `step = "resident"` in place of the kernels key.
+/// The config of [`resident_text`]: `step = "resident"` in place of the kernels key.
 fn resident(model: &str, precision: &str, optimizer: &str, extra: &str) -> TrainConfig {
-    let text = config_text(model, precision, "direct", optimizer, extra)
-        .replace("kernels = \"direct\"", "step = \"resident\"");
+    let text = resident_text(model, precision, optimizer, extra, "");
     let c = TrainConfig::parse(&text, std::path::Path::new("resident.toml")).unwrap();
     assert_eq!(c.step, Some(StepKind::Resident));
     assert!(
@@ -132,10 +131,7 @@ fn fp16_through_the_adapter_trains_what_the_loop_trains() {
 #[test]
 fn what_the_resident_step_cannot_run_is_refused_naming_the_key() {
     let text = |model: &str, precision: &str, device: &str| {
-        config_text(model, precision, "direct", ADAMW, "").replace(
-            "kernels = \"direct\"",
-            &format!("step = \"resident\"\ndevice = \"{device}\""),
-        )
+        resident_text(model, precision, ADAMW, "", &format!("\ndevice = \"{device}\""))
     };
     let err = |t: String| {
         TrainConfig::parse(&t, std::path::Path::new("r.toml"))

@@ -55,7 +55,13 @@ impl StepOptions {
         }
         if dtype != crate::Dtype::Bf16 {
             return Some(format!(
-                "flash attention runs on bf16 activations; this step's are {dtype:?}"
+                "flash attention runs on bf16 activations (precision = \"bf16\"); this \
+                 step's are {} (precision = \"{}\")",
+                dtype.suffix(),
+                match dtype {
+                    crate::Dtype::F16 => "fp16",
+                    _ => "fp32",
+                }
             ));
         }
         if !crate::flash::supports(head_width) {

@@ -63,6 +63,24 @@ first_bucket_mb = 0.0005
     )
 }
 
+/// [`config_text`] on the resident step (`step = "resident"`, then `lines`, in place of
+/// the kernels key) without the tiny buckets: the resident loop reduces one bucket per
+/// block and refuses bucket sizes.
+pub fn resident_text(
+    model: &str,
+    precision: &str,
+    optimizer: &str,
+    extra: &str,
+    lines: &str,
+) -> String {
+    config_text(model, precision, "direct", optimizer, extra)
+        .replace(
+            "kernels = \"direct\"",
+            &format!("step = \"resident\"{lines}"),
+        )
+        .replace("bucket_cap_mb = 0.002\nfirst_bucket_mb = 0.0005\n", "")
+}
+
 pub const GPT: &str =
     "kind = \"gpt\"\nvocab = 11\ncontext = 6\nd_model = 8\nn_layer = 2\nn_head = 2";
 /// A Llama with grouped-query attention (2 query heads per key/value head).
