@@ -73,7 +73,8 @@ impl ErrorKind {
 
 fn data(e: &DataError) -> ErrorKind {
     match e {
-        DataError::Io { .. } => ErrorKind::Io,
+        // A path that names no file is the file system's answer, as a missing file's.
+        DataError::Io { .. } | DataError::NotFound { .. } => ErrorKind::Io,
         // A sample that does not decode is a broken record of the file.
         DataError::Format { .. } | DataError::Sample { .. } => ErrorKind::Format,
         DataError::Config { .. } => ErrorKind::Config,

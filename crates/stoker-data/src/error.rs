@@ -24,6 +24,17 @@ pub enum DataError {
         /// What was found and what was expected.
         message: String,
     },
+    /// A dataset path or pattern that names no file: what was looked for at `path`
+    /// (`field`: what the path was, `DATASET` or `shards`), and what would be found.
+    #[error("{path}: {field}: {message}")]
+    NotFound {
+        /// The path or pattern.
+        path: PathBuf,
+        /// What it was read as.
+        field: String,
+        /// What was expected there.
+        message: String,
+    },
     /// Datasets or batches whose shapes or lengths disagree.
     #[error("shape mismatch: {0}")]
     Shape(String),

@@ -585,10 +585,23 @@ fn a_missing_relative_path_names_the_working_directory() {
         "no/such/shard.bin",
         "no/such/p_train_*.bin",
     ] {
-        let e = open(&mlp(d, &format!("train = \"{train}\""), 2, ""))
+        let err = open(&mlp(d, &format!("train = \"{train}\""), 2, ""))
             .map(|_| ())
-            .unwrap_err()
-            .to_string();
+            .unwrap_err();
+        // Named by kind, not recognised by its text: a missing file, or a path or
+        // pattern that names none.
+        assert!(
+            matches!(
+                &err,
+                TrainError::Dataset {
+                    source: stoker_data::DataError::NotFound { .. }
+                        | stoker_data::DataError::Io { .. },
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let e = err.to_string();
         assert!(
             e.contains("data.train")
                 && e.contains("no/such")

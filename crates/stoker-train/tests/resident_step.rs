@@ -131,7 +131,13 @@ fn fp16_through_the_adapter_trains_what_the_loop_trains() {
 #[test]
 fn what_the_resident_step_cannot_run_is_refused_naming_the_key() {
     let text = |model: &str, precision: &str, device: &str| {
-        resident_text(model, precision, ADAMW, "", &format!("\ndevice = \"{device}\""))
+        resident_text(
+            model,
+            precision,
+            ADAMW,
+            "",
+            &format!("\ndevice = \"{device}\""),
+        )
     };
     let err = |t: String| {
         TrainConfig::parse(&t, std::path::Path::new("r.toml"))

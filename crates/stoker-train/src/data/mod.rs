@@ -217,8 +217,9 @@ fn open(
         })
 }
 
-/// A file of a relative `path` that is not found: the error also says where relative paths
-/// are read from (a run started in another directory, or by a launcher in the home one).
+/// A file of a relative `path` that is not found (a missing file, or a path or pattern
+/// that names none): the error also says where relative paths are read from (a run
+/// started in another directory, or by a launcher in the home one).
 fn relative_hint(path: &std::path::Path, e: stoker_data::DataError) -> stoker_data::DataError {
     use stoker_data::DataError;
     let hint = || {
@@ -234,17 +235,15 @@ fn relative_hint(path: &std::path::Path, e: stoker_data::DataError) -> stoker_da
             let source = std::io::Error::new(source.kind(), format!("{source}; {}", hint()));
             DataError::Io { path: file, source }
         }
-        DataError::Format {
+        DataError::NotFound {
             path: file,
             field,
             message,
-        } if message.starts_with("not found") || message.starts_with("no file matches") => {
-            DataError::Format {
-                path: file,
-                field,
-                message: format!("{message}; {}", hint()),
-            }
-        }
+        } => DataError::NotFound {
+            path: file,
+            field,
+            message: format!("{message}; {}", hint()),
+        },
         other => other,
     }
 }
