@@ -18,12 +18,14 @@ use common::{
 };
 
 /// The config at `path` on `step = "resident"`, in place of the kernels key that
-/// `config` wrote.
+/// `config` wrote, without its tiny buckets (the resident loop reduces one bucket per
+/// block and refuses bucket sizes).
 fn on_resident_step(path: &Path) {
     let t = std::fs::read_to_string(path).unwrap();
     std::fs::write(
         path,
-        t.replace("kernels = \"resident\"", "step = \"resident\""),
+        t.replace("kernels = \"resident\"", "step = \"resident\"")
+            .replace("bucket_cap_mb = 0.002\nfirst_bucket_mb = 0.0005\n", ""),
     )
     .unwrap();
 }
