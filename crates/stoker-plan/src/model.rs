@@ -330,5 +330,9 @@ pub fn parse_count(field: &str, s: &str) -> Result<u64> {
             s,
         ));
     }
+    // "7.5B" or "1.2345678912B" round by a millionth at most; "1.5" is no count.
+    if (v - v.round()).abs() > 1e-6 * v {
+        return Err(crate::error::invalid(field, "a whole count", s));
+    }
     Ok(v.round() as u64)
 }

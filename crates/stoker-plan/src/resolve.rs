@@ -97,13 +97,23 @@ pub fn resolve_model(m: &ModelInput) -> Result<ModelSpec> {
         .map(|c| c.resolve("model.params"))
         .transpose()?;
     let base = m.preset.as_deref().map(model::preset).transpose()?;
+    // A count beside a preset or an architecture would size the model states while the
+    // activations and FLOPs followed the architecture (a "7B" gpt2-124m): one or the other.
+    if let (Some(p), true) = (params, base.is_some() || m.has_arch_fields()) {
+        let other = match (&m.preset, m.has_arch_fields()) {
+            (Some(name), false) => format!("model.preset {name:?}"),
+            (Some(name), true) => format!("model.preset {name:?} and its architecture keys"),
+            (None, _) => "the architecture keys (layers, hidden, ...)".to_string(),
+        };
+        return Err(PlanError::Unsupported(format!(
+            "model.params ({p}) and {other} both give the model: the count alone plans model \
+             states only; the preset or architecture counts its own parameters and also plans \
+             activations and FLOPs. Give one"
+        )));
+    }
     if !m.has_arch_fields() {
         return match (base, params) {
-            (Some(mut spec), Some(p)) => {
-                spec.params = p;
-                Ok(spec)
-            }
-            (Some(spec), None) => Ok(spec),
+            (Some(spec), _) => Ok(spec),
             (None, Some(p)) => Ok(ModelSpec::from_params(p)),
             (None, None) => {
                 Err(PlanError::Missing {
@@ -203,9 +213,6 @@ pub fn resolve_model(m: &ModelInput) -> Result<ModelSpec> {
     };
     let mut spec = ModelSpec::from_arch(name, arch)?;
     spec.default_global_batch = base.and_then(|b| b.default_global_batch);
-    if let Some(p) = params {
-        spec.params = p;
-    }
     Ok(spec)
 }
 
@@ -266,6 +273,11 @@ pub fn resolve_hardware(h: &HardwareInput) -> Result<Hardware> {
     }
     if let Some(v) = opt_posf("hardware.memory_gib", h.memory_gib)? {
         hw.device_memory = v * GIB;
+        // On CPUs the device's memory is the host's, shared by its ranks (docs/plan.md):
+        // one figure, unless the host's is given too.
+        if !hw.accelerator && h.host_memory_gib.is_none() {
+            hw.host_memory = hw.device_memory;
+        }
     }
     if let Some(v) = h.host_memory_gib {
         if !v.is_finite() || v < 0.0 {

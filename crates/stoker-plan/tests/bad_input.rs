@@ -175,3 +175,65 @@ fn architecture_dimensions_have_upper_bounds() {
         "model.layers must be a positive integer up to 100000, got 100001"
     );
 }
+
+/// A parameter count beside a preset or an architecture was taken for the model states
+/// while the activations and FLOPs followed the architecture (a "7B" gpt2-124m); a count
+/// that is no whole number ("1.5") was rounded. Both are refused, naming the key.
+#[test]
+fn a_count_beside_a_preset_or_architecture_and_a_fractional_count_are_refused() {
+    for (model, other) in [
+        (
+            "preset = \"gpt2-124m\", params = \"7B\"",
+            "model.preset \"gpt2-124m\"",
+        ),
+        (
+            "layers = 2, hidden = 64, heads = 4, vocab = 96, params = \"124M\"",
+            "the architecture keys",
+        ),
+    ] {
+        let e = err(&format!(
+            "model = {{ {model} }}\nhardware = {{ preset = \"h100-80gb\" }}"
+        ));
+        assert!(
+            e.contains("model.params (") && e.contains(other) && e.contains("Give one"),
+            "{e}"
+        );
+    }
+    assert_eq!(
+        err("model = { params = \"1.5\" }\nhardware = { preset = \"cpu\" }"),
+        "model.params must be a whole count, got 1.5"
+    );
+    // A count rounded by less than a millionth is the count.
+    let r = resolved(
+        "model = { params = \"1.2345678912B\" }\nhardware = { preset = \"cpu\" }\n\
+         training = { global_batch = 8, seq_len = 128 }",
+    )
+    .unwrap();
+    assert_eq!(r.model.params, 1_234_567_891);
+}
+
+/// On CPUs `memory_gib` is the host's memory, shared by its ranks (docs/plan.md): it
+/// sets the host's figure too, which the trainer's dry run fits the ranks into (before:
+/// the preset's 24 GiB whatever `memory_gib` said).
+#[test]
+fn on_a_cpu_memory_gib_is_the_host_s_memory() {
+    let gib = (1u64 << 30) as f64;
+    let r = resolved(
+        "model = { preset = \"gpt2-124m\" }\nhardware = { preset = \"cpu\", memory_gib = 5 }",
+    )
+    .unwrap();
+    assert_eq!(
+        (r.hardware.device_memory, r.hardware.host_memory),
+        (5.0 * gib, 5.0 * gib)
+    );
+    let r = resolved(
+        "model = { preset = \"gpt2-124m\" }\nhardware = { preset = \"cpu\", memory_gib = 5, host_memory_gib = 7 }",
+    )
+    .unwrap();
+    assert_eq!(r.hardware.host_memory, 7.0 * gib);
+    // An accelerator's memory is its own.
+    let r = resolved("model = { preset = \"gpt2-124m\" }\nhardware = { preset = \"a100-80gb\", memory_gib = 40 }")
+        .unwrap();
+    assert_eq!(r.hardware.device_memory, 40.0 * gib);
+    assert!(r.hardware.host_memory > 100.0 * gib);
+}
