@@ -66,7 +66,7 @@ pub fn choose(hw: &Hardware, requested: Option<Precision>) -> PrecisionChoice {
                     precision: req,
                     loss_scaling: req == Precision::Fp16,
                     reason: format!(
-                        "{} as requested ({} peak {} on {}){}",
+                        "{} as requested ({} at {} on {}){}",
                         req.name(),
                         req.name(),
                         tflops(hw, d),

@@ -264,14 +264,17 @@ pub fn decide(r: &Resolved, rows: &[StrategyRow], bench: Option<&LoaderBench>) -
             .min_by(|a, b| a.time.step_s.total_cmp(&b.time.step_s));
         if let Some(f) = faster {
             if f.time.step_s < 0.9 * c.time.step_s {
+                let why = match f.micro_batch > c.micro_batch {
+                    true => format!("its larger micro-batch {}", f.micro_batch),
+                    false => "lighter traffic or less work per step".to_string(),
+                };
                 warnings.push(format!(
-                    "{} also fits and is estimated {:.0}% faster ({} vs {} per step, from its \
-                     larger micro-batch {} or lighter traffic); the chapter's order prefers {}",
+                    "{} also fits and is estimated {:.0}% faster ({} vs {} per step, from \
+                     {why}); the chapter's order prefers {}",
                     f.label,
                     (1.0 - f.time.step_s / c.time.step_s) * 100.0,
                     fmt_s(f.time.step_s),
                     fmt_s(c.time.step_s),
-                    f.micro_batch,
                     c.label
                 ));
             }
@@ -279,18 +282,27 @@ pub fn decide(r: &Resolved, rows: &[StrategyRow], bench: Option<&LoaderBench>) -
     }
     if let Some(p) = r.pinned_strategy {
         if let Some(row) = rows.iter().find(|x| x.strategy == p) {
-            let verdict = if row.memory.fits {
-                "fits"
-            } else {
-                "does NOT fit"
+            let (d, h) = (&row.memory.device, &row.memory.host);
+            let device = format!(
+                "{} of {} usable per device at micro-batch {}",
+                fmt_bytes(d.total, acc),
+                fmt_bytes(d.usable, acc),
+                row.micro_batch
+            );
+            // Where the device holds it, the host is what falls short: name it.
+            let verdict = match (row.memory.fits, d.total <= d.usable) {
+                (true, _) => format!("fits ({device})"),
+                (false, true) => format!(
+                    "does NOT fit: the device holds it ({device}), but the host needs {} per \
+                     node against {} usable",
+                    fmt_bytes(h.needed, acc),
+                    fmt_bytes(h.usable, acc)
+                ),
+                (false, false) => format!("does NOT fit ({device})"),
             };
             warnings.push(format!(
-                "the configuration asks for {}: it {} ({} of {} usable per device at micro-batch {})",
-                row.label,
-                verdict,
-                fmt_bytes(row.memory.device.total, acc),
-                fmt_bytes(row.memory.device.usable, acc),
-                row.micro_batch
+                "the configuration asks for {}: it {verdict}",
+                row.label
             ));
         }
     }

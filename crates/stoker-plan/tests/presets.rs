@@ -261,3 +261,24 @@ fn nothing_fits_names_a_considered_row_and_the_memory_it_lacks() {
         "{s}"
     );
 }
+
+/// A pinned strategy that the device holds and the host does not: the warning names the
+/// host's need (before: "does NOT fit" beside a device figure that fit).
+#[test]
+fn a_pinned_strategy_short_of_host_memory_says_so() {
+    let p = plan(
+        "model = { preset = \"llama-13b\" }\n\
+         hardware = { preset = \"a100-80gb\", host_memory_gib = 100 }\n\
+         training = { global_batch = 64, seq_len = 2048, strategy = \"zero3\", offload_optimizer = true }",
+    );
+    let w = p
+        .decision
+        .warnings
+        .iter()
+        .find(|w| w.starts_with("the configuration asks for zero3+offload-opt"))
+        .unwrap_or_else(|| panic!("{:?}", p.decision.warnings));
+    assert!(
+        w.contains("does NOT fit: the device holds it") && w.contains("the host needs"),
+        "{w}"
+    );
+}
