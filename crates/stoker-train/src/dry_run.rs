@@ -147,9 +147,23 @@ pub fn dry_run(
     let predicted = predicted_activation_bytes(config, &dims, len);
     // One scratch micro-batch on the rank's own trainer, where it fits here: its model
     // states with room to spare, and the direct step's activations, known from the
-    // shapes (a micro-batch of 8,192 would otherwise allocate 39 GB to find out).
-    let activations = predicted.unwrap_or(0) as f64;
-    let fits_here = budget.is_some_and(|b| 2.0 * planned.model_states() + activations < b);
+    // shapes (a micro-batch of 8,192 would otherwise allocate 39 GB to find out). Candle's
+    // graph keeps more than the planner's formula counts: twice the formula's, where the
+    // planner has a row (a GPT-2 124M at 32 x 1,024 the planner fit in 20 GB took this
+    // machine's 23 GB and was killed). The room is this machine's, where the scratch runs,
+    // whatever `[plan.hardware]` describes.
+    let activations = match predicted {
+        Some(a) => a as f64,
+        None => {
+            crate::planned::planner_row(config, world, 1).map_or(0.0, |r| 2.0 * r.activation_bytes)
+        }
+    };
+    let here = stoker_data::measure::memory_limit_bytes().map(|b| b as f64);
+    let room = match (budget, here) {
+        (Some(b), Some(h)) => Some(b.min(h)),
+        (b, h) => b.or(h),
+    };
+    let fits_here = room.is_some_and(|b| 2.0 * planned.model_states() + activations < b);
     let skipped = match (heap, fits_here) {
         _ if config.resident_step() => Some(ScratchStep::Resident),
         _ if config.precision == crate::precision::Precision::Fp8 => Some(ScratchStep::Fp8),

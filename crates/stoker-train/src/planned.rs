@@ -583,7 +583,7 @@ pub(crate) struct PlannerRow {
     /// Planned from `[plan]`'s figures, not the preset's alone.
     measured: bool,
     peak_bytes: f64,
-    activation_bytes: f64,
+    pub(crate) activation_bytes: f64,
     /// Seconds per optimizer step.
     pub(crate) step_s: f64,
     samples: f64,

@@ -76,6 +76,23 @@ fn a_dry_run_skips_its_scratch_micro_batch_where_the_activations_do_not_fit() {
         ScratchStep::DoesNotFit,
         "the scratch micro-batch ran past its budget"
     );
+    // Candle's graph (fp16 runs on it) keeps more than the planner's formula: its
+    // activations count twice the formula's (a GPT-2 124M the planner fit in 20 GB took
+    // this machine's 23 GB and was killed; before, the graph's counted nothing).
+    let text = gpt_config(tmp.path(), "fp16", 2, "");
+    let c = TrainConfig::parse(&text, Path::new("small.toml")).unwrap();
+    assert!(!c.direct_step(), "fp16 runs on candle's graph");
+    let formula = stoker_train::planned::forecast(&c, 1, 1, None)
+        .unwrap()
+        .activation_bytes;
+    let states = stoker_train::dry_run::dry_run(&c, 1, Some(&NoCount), Some(1e12))
+        .unwrap()
+        .planned
+        .model_states();
+    assert!(formula > 0.0);
+    let between = 2.0 * states + 1.5 * formula;
+    let d = stoker_train::dry_run::dry_run(&c, 1, Some(&NoCount), Some(between)).unwrap();
+    assert_eq!(d.scratch, ScratchStep::DoesNotFit);
     // The resident step and fp8 run none, whatever the budget, and say why (the dry run
     // said that their model states did not fit).
     for (extra, why) in [
