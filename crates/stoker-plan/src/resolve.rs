@@ -489,6 +489,19 @@ fn resolve_training(t: &TrainingInput, model: &ModelSpec, hw: &Hardware) -> Resu
     };
     let bucket_mb = opt_posf("training.bucket_mb", t.bucket_mb)?.unwrap_or(DEFAULT_BUCKET_MB);
     let pinned = match t.strategy.as_deref() {
+        // Offload is a strategy's option: without one, every strategy is planned with and
+        // without it, and the flag would be ignored (it was, silently).
+        None if t.offload_optimizer == Some(true) || t.offload_params == Some(true) => {
+            let key = match t.offload_optimizer == Some(true) {
+                true => "training.offload_optimizer",
+                false => "training.offload_params",
+            };
+            return Err(PlanError::Unsupported(format!(
+                "{key}: offload is an option of the strategy asked for: give training.strategy \
+                 (--strategy) too; without one the plan weighs every strategy with and without \
+                 offload"
+            )));
+        }
         None => None,
         Some(s) => {
             let stage = match s.to_ascii_lowercase().as_str() {

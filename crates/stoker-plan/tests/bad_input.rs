@@ -237,3 +237,19 @@ fn on_a_cpu_memory_gib_is_the_host_s_memory() {
     assert_eq!(r.hardware.device_memory, 40.0 * gib);
     assert!(r.hardware.host_memory > 100.0 * gib);
 }
+
+/// Offload without a strategy to apply it to was ignored; refused, naming the key.
+#[test]
+fn offload_without_a_strategy_is_refused() {
+    let e = err(&format!(
+        "{OK}training = {{ global_batch = 8, seq_len = 1024, offload_optimizer = true }}"
+    ));
+    assert!(
+        e.starts_with("training.offload_optimizer: offload is an option of the strategy"),
+        "{e}"
+    );
+    resolved(&format!(
+        "{OK}training = {{ global_batch = 8, seq_len = 1024, offload_optimizer = false }}"
+    ))
+    .unwrap();
+}
