@@ -241,15 +241,29 @@ pub fn decide(r: &Resolved, rows: &[StrategyRow], bench: Option<&LoaderBench>) -
             ),
             Some(best) => format!(
                 "nothing fits: the smallest need is {} with {} per device at micro-batch {} \
-                 against {} usable; add devices{}, or shorten the sequence",
+                 against {} usable; {}",
                 best.label,
                 fmt_bytes(best.memory.device.total, acc),
                 best.micro_batch,
                 fmt_bytes(best.memory.device.usable, acc),
-                if checkpoints(best) {
-                    ""
-                } else {
-                    ", turn on activation checkpointing"
+                match (
+                    best.memory.device.activations > best.memory.device.usable,
+                    checkpoints(best)
+                ) {
+                    // More devices shard the model states, never one sequence's activations.
+                    (true, true) => format!(
+                        "its activations alone take {}: shorten the sequence",
+                        fmt_bytes(best.memory.device.activations, acc)
+                    ),
+                    (true, false) => format!(
+                        "its activations alone take {}: turn on activation checkpointing, or \
+                         shorten the sequence",
+                        fmt_bytes(best.memory.device.activations, acc)
+                    ),
+                    (false, true) => "add devices, or shorten the sequence".to_string(),
+                    (false, false) => "add devices, turn on activation checkpointing, or \
+                                       shorten the sequence"
+                        .to_string(),
                 }
             ),
         },

@@ -282,3 +282,22 @@ fn a_pinned_strategy_short_of_host_memory_says_so() {
         "{w}"
     );
 }
+
+/// Where one sequence's activations alone exceed the device, more devices do not help
+/// (they shard the model states only): the advice says so instead of "add devices".
+#[test]
+fn nothing_fits_on_activations_alone_does_not_ask_for_devices() {
+    let p = plan(
+        "model = { preset = \"llama-70b\" }\n\
+         hardware = { preset = \"h100-80gb\", nodes = 4096 }\n\
+         training = { global_batch = 32768, seq_len = 4096 }",
+    );
+    assert_eq!(chosen(&p), None);
+    let s = &p.decision.strategy;
+    assert!(
+        s.starts_with("nothing fits")
+            && s.contains("activations alone take")
+            && !s.contains("add devices"),
+        "{s}"
+    );
+}
