@@ -246,24 +246,28 @@ pub fn decide(r: &Resolved, rows: &[StrategyRow], bench: Option<&LoaderBench>) -
                 fmt_bytes(best.memory.device.total, acc),
                 best.micro_batch,
                 fmt_bytes(best.memory.device.usable, acc),
-                match (
-                    best.memory.device.activations > best.memory.device.usable,
-                    checkpoints(best)
-                ) {
+                {
                     // More devices shard the model states, never one sequence's activations.
-                    (true, true) => format!(
-                        "its activations alone take {}: shorten the sequence",
-                        fmt_bytes(best.memory.device.activations, acc)
-                    ),
-                    (true, false) => format!(
-                        "its activations alone take {}: turn on activation checkpointing, or \
-                         shorten the sequence",
-                        fmt_bytes(best.memory.device.activations, acc)
-                    ),
-                    (false, true) => "add devices, or shorten the sequence".to_string(),
-                    (false, false) => "add devices, turn on activation checkpointing, or \
-                                       shorten the sequence"
-                        .to_string(),
+                    let d = &best.memory.device;
+                    let alone = d.activations > d.usable;
+                    let ways: Vec<&str> = [
+                        (!alone).then_some("add devices"),
+                        (!checkpoints(best)).then_some("turn on activation checkpointing"),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                    let ways = match ways.is_empty() {
+                        true => "shorten the sequence".to_string(),
+                        false => format!("{}, or shorten the sequence", ways.join(", ")),
+                    };
+                    match alone {
+                        true => format!(
+                            "its activations alone take {}: {ways}",
+                            fmt_bytes(d.activations, acc)
+                        ),
+                        false => ways,
+                    }
                 }
             ),
         },
