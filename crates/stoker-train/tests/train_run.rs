@@ -122,7 +122,7 @@ fn a_resumed_run_goes_on_in_time_and_a_finished_one_trains_nothing() {
         ..Default::default()
     };
     let first = run(&c, &stopped).unwrap();
-    assert_eq!((first.steps, first.steps_run), (5, 5));
+    assert_eq!((first.steps, first.steps_run()), (5, 5));
     assert_eq!(first.eval_step, Some(4));
     let root = c.run_dir.join("checkpoints");
     let resume = |step: u64| RunOptions {
@@ -130,7 +130,7 @@ fn a_resumed_run_goes_on_in_time_and_a_finished_one_trains_nothing() {
         ..Default::default()
     };
     let second = run(&c, &resume(5)).unwrap();
-    assert_eq!((second.steps, second.steps_run), (6, 1));
+    assert_eq!((second.steps, second.steps_run()), (6, 1));
     assert_eq!(second.eval_step, Some(6));
     let elapsed: Vec<(u64, f64)> = read(&c.run_dir)
         .unwrap()
@@ -152,7 +152,7 @@ fn a_resumed_run_goes_on_in_time_and_a_finished_one_trains_nothing() {
     );
     let records = read(&c.run_dir).unwrap().len();
     let again = run(&c, &resume(6)).unwrap();
-    assert_eq!((again.steps, again.steps_run), (6, 0));
+    assert_eq!((again.steps, again.steps_run()), (6, 0));
     assert_eq!(again.weights_crc32, second.weights_crc32);
     assert_eq!(again.eval_step, None);
     assert_eq!(read(&c.run_dir).unwrap().len(), records);

@@ -42,7 +42,7 @@ impl Planned {
 struct SummaryJson<'a> {
     steps: u64,
     /// Steps this run took (0: it resumed a finished run; then `last_loss` is null).
-    steps_run: u32,
+    steps_run: usize,
     preempted: bool,
     last_loss: f64,
     eval_loss: Option<f64>,
@@ -77,7 +77,7 @@ impl<'a> SummaryJson<'a> {
         let f = s.forecast.as_ref();
         SummaryJson {
             steps: s.steps,
-            steps_run: s.steps_run,
+            steps_run: s.steps_run(),
             preempted: s.preempted,
             last_loss: s.last_loss,
             eval_loss: s.eval.map(|e| e.loss),
@@ -272,7 +272,7 @@ fn print_forecast(s: &RunSummary) {
 
 fn print_summary(s: &RunSummary) {
     println!("parameters: {}", s.params);
-    if s.steps_run == 0 {
+    if s.steps_run() == 0 {
         // A finished job resubmitted (Slurm requeues one after its last step too): it
         // succeeds, and its weights are the checkpoint's.
         println!(

@@ -75,9 +75,6 @@ pub struct RunOptions {
 pub struct RunSummary {
     /// Steps taken, the resumed checkpoint's included.
     pub steps: u64,
-    /// Steps this run took: 0 where it resumed a checkpoint already at `train.steps`
-    /// (a finished job resubmitted), which leaves nothing to train.
-    pub steps_run: u32,
     /// The run stopped early on [`RunOptions::stop`], after writing a checkpoint.
     pub preempted: bool,
     /// Last training loss.
@@ -142,6 +139,15 @@ pub struct RunSummary {
     pub activation_bytes: usize,
     /// On the resident path, its loop's memory on its backend (rank 0's).
     pub resident: Option<ResidentMemory>,
+}
+
+impl RunSummary {
+    /// Steps this run took (one time each in [`RunSummary::step_times_s`]): 0 where it
+    /// resumed a checkpoint already at `train.steps` (a finished job resubmitted), which
+    /// leaves nothing to train.
+    pub fn steps_run(&self) -> usize {
+        self.step_times_s.len()
+    }
 }
 
 /// The resident loop's memory on its backend: planned before it existed
@@ -316,7 +322,6 @@ fn finish(
     }
     Ok(RunSummary {
         steps: trainer.step(),
-        steps_run: stats.steps_run,
         preempted: stats.preempted,
         last_loss: stats.last_loss,
         eval: stats.last_eval.map(|(_, e)| e),
