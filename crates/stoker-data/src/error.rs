@@ -73,6 +73,19 @@ impl DataError {
         }
     }
 
+    /// A path or pattern `path` that names no file (`field`: what it was read as).
+    pub fn not_found(
+        path: impl Into<PathBuf>,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        DataError::NotFound {
+            path: path.into(),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
     /// A format error in `path` at `field`.
     pub fn format(
         path: impl Into<PathBuf>,

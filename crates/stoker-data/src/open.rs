@@ -123,11 +123,11 @@ pub fn open_dataset(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<AnyDat
     }
     let fields = npy_fields(path)?;
     if fields.is_empty() {
-        return Err(DataError::NotFound {
-            path: path.to_path_buf(),
-            field: "DATASET".into(),
-            message: "not found: expected a .npy file, a .bin token shard, a PREFIX with PREFIX.manifest.json (JPEG records), or a PREFIX with PREFIX.FIELD.npy arrays".into(),
-        });
+        return Err(DataError::not_found(
+            path,
+            "DATASET",
+            "not found: expected a .npy file, a .bin token shard, a PREFIX with PREFIX.manifest.json (JPEG records), or a PREFIX with PREFIX.FIELD.npy arrays",
+        ));
     }
     let names: Vec<&str> = fields.iter().map(String::as_str).collect();
     Ok(AnyDataset::Arrays(ArrayDataset::open_prefix(path, &names)?))
@@ -157,11 +157,11 @@ fn token_shards(path: &Path) -> Result<Vec<TokenShard>> {
         .collect();
     files.sort();
     if files.is_empty() {
-        return Err(DataError::NotFound {
-            path: path.to_path_buf(),
-            field: "shards".into(),
-            message: "no file matches the pattern".into(),
-        });
+        return Err(DataError::not_found(
+            path,
+            "shards",
+            "no file matches the pattern",
+        ));
     }
     files.iter().map(TokenShard::open_detect).collect()
 }
