@@ -21,7 +21,8 @@ use crate::strategy::{Stage, Strategy};
 /// Collective traffic of one strategy.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Comm {
-    /// Bytes of the collectives of one synchronised micro-batch (2P or 3P elements).
+    /// Bytes of the collectives of one synchronised micro-batch (2P or 3P elements; none on
+    /// one device).
     pub bytes_per_sync: f64,
     /// Bytes of all collectives in one optimizer step (with accumulation).
     pub bytes_per_step: f64,
@@ -47,13 +48,18 @@ pub fn communication(
     let n = hw.world_size() as f64;
     let (rs, ag) = (p * setup.reduce_bytes, p * setup.gather_bytes);
     let a = accum as f64;
-    let (per_sync, per_step) = match strategy.stage {
-        // DDP's all-reduce is a reduce-scatter and an all-gather of the gradients, both
-        // in the reduction's dtype; ZeRO-1 gathers the updated parameters instead.
-        Stage::Ddp => (2.0 * rs, 2.0 * rs),
-        Stage::Zero1 => (rs + ag, rs + ag),
-        Stage::Zero2 => (rs + ag, a * rs + ag),
-        Stage::Zero3 => (2.0 * ag + rs, a * (2.0 * ag + rs)),
+    let (per_sync, per_step) = if n <= 1.0 {
+        // One device runs no collectives: its gradients are already the whole batch's.
+        (0.0, 0.0)
+    } else {
+        match strategy.stage {
+            // DDP's all-reduce is a reduce-scatter and an all-gather of the gradients, both
+            // in the reduction's dtype; ZeRO-1 gathers the updated parameters instead.
+            Stage::Ddp => (2.0 * rs, 2.0 * rs),
+            Stage::Zero1 => (rs + ag, rs + ag),
+            Stage::Zero2 => (rs + ag, a * rs + ag),
+            Stage::Zero3 => (2.0 * ag + rs, a * (2.0 * ag + rs)),
+        }
     };
     let bus_bw = hw.ring_bus_bw();
     let ring = if n > 1.0 { (n - 1.0) / n } else { 0.0 };
