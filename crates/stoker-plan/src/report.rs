@@ -113,7 +113,12 @@ impl Plan {
             s.seq_len,
             s.precision.name(),
             s.optimizer.name(),
-            match (s.activation_checkpointing, s.zero3_checkpoints_units) {
+            // stoker's ZeRO-3 recomputes its units only where it shards (more than one
+            // device); see Setup::checkpoints.
+            match (
+                s.activation_checkpointing,
+                s.zero3_checkpoints_units && hw.world_size() > 1,
+            ) {
                 (true, _) => "on",
                 (false, true) => "ZeRO-3 units",
                 (false, false) => "off",
