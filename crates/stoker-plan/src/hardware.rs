@@ -77,7 +77,7 @@ pub struct Hardware {
 pub const HARDWARE_PRESETS: &[(&str, &str)] = &[
     (
         "a100-80gb",
-        "DGX A100 node: 8 x A100-SXM4-80GB, NVLink3, 8 x 200 Gb/s HDR",
+        "DGX A100 640GB node: 8 x A100-SXM4-80GB, NVLink3, 8 x 200 Gb/s HDR, 2 TB host",
     ),
     (
         "h100-80gb",
@@ -141,9 +141,9 @@ pub fn preset(name: &str) -> Result<Hardware> {
     };
     let hw = match key.as_str() {
         // A100 SXM: 19.5 TF fp32 (no TF32), 312 TF fp16/bf16, no fp8; 81920 MiB reported;
-        // 2.039 TB/s HBM2e.
+        // 2.039 TB/s HBM2e. Host: the DGX A100 640GB's 2 TB (the 320GB model's is 1 TB).
         "a100-80gb" | "a100" => Hardware {
-            host_memory: 1024.0 * GB,
+            host_memory: 2048.0 * GB,
             host_cores: 128,
             host_link_bw: 25.0 * GB, // PCIe Gen4 x16, ~80% of 32 GB/s
             host_mem_bw: 300.0 * GB, // 2 x EPYC 7742, 16 channels DDR4-3200, ~75% of peak
