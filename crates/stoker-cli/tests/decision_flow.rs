@@ -44,6 +44,42 @@ fn write_corpus(dir: &Path, len: u32, vocab: u32) -> std::path::PathBuf {
     corpus
 }
 
+/// A plan file with `[model] params` alone plans model states only, as `--params` alone does
+/// (before: it asked for a hardware); flags overlay the file as in a full plan.
+#[test]
+fn a_plan_file_with_a_count_alone_prints_the_model_states_table() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("count.toml");
+    std::fs::write(&file, "[model]\nparams = \"7B\"\n").unwrap();
+    let out = |o: Output| String::from_utf8_lossy(&o.stdout).into_owned();
+    let by_flag = out(stoker(&["plan", "--params", "7B"]));
+    assert!(
+        by_flag.starts_with("model states only: 7000000000 parameters"),
+        "{by_flag}"
+    );
+    assert_eq!(out(stoker(&["plan", "--config", s(&file)])), by_flag);
+    let ds = out(stoker(&[
+        "plan",
+        "--config",
+        s(&file),
+        "--accounting",
+        "deepspeed",
+        "--nodes",
+        "8",
+    ]));
+    let ds_flags = out(stoker(&[
+        "plan",
+        "--params",
+        "7B",
+        "--accounting",
+        "deepspeed",
+        "--nodes",
+        "8",
+    ]));
+    assert_eq!(ds, ds_flags);
+    assert!(ds.contains("8 devices"), "{ds}");
+}
+
 /// The first "(measured/planned R)" ratio after `label` in a `stoker train` run's output.
 fn ratio_after(text: &str, label: &str) -> f64 {
     text.split(label)

@@ -271,6 +271,24 @@ impl PlanInput {
         self.training.overlay(&top.training);
     }
 
+    /// The parameter count where it is the only model input and nothing asks for a full
+    /// plan: besides `model.params`, only what the model-states table reads (precision,
+    /// optimizer, accounting, nodes, devices per node) may be set. Such an input plans
+    /// model states only, as DeepSpeed's estimators do from a count.
+    pub fn states_only_count(&self) -> Option<&Count> {
+        let mut rest = self.clone();
+        rest.model.params = None;
+        rest.training.precision = None;
+        rest.training.optimizer = None;
+        rest.training.accounting = None;
+        rest.hardware.nodes = None;
+        rest.hardware.devices_per_node = None;
+        match rest == PlanInput::default() {
+            true => self.model.params.as_ref(),
+            false => None,
+        }
+    }
+
     /// Parses a TOML plan file's text; `path` names it in errors.
     pub fn from_toml_str(path: &str, text: &str) -> Result<Self> {
         toml::from_str(text).map_err(|source| PlanError::Toml {
@@ -286,5 +304,36 @@ impl PlanInput {
             source,
         })?;
         Self::from_toml_str(&path.display().to_string(), &text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A count with only what the model-states table reads plans states only; anything a
+    /// full plan needs (an architecture, a hardware, a batch) asks for the full plan.
+    #[test]
+    fn a_count_alone_plans_model_states_only() {
+        let text = |t: &str| PlanInput::from_toml_str("p.toml", t).unwrap();
+        let alone = text("[model]\nparams = \"7B\"");
+        assert_eq!(alone.states_only_count(), Some(&Count::Text("7B".into())));
+        let with_table_keys = text(
+            "[model]\nparams = 7000000000\n[hardware]\nnodes = 8\ndevices_per_node = 8\n\
+             [training]\nprecision = \"fp16\"\noptimizer = \"adam\"\naccounting = \"deepspeed\"",
+        );
+        assert_eq!(
+            with_table_keys.states_only_count(),
+            Some(&Count::Int(7_000_000_000))
+        );
+        for full in [
+            "[model]\nparams = \"7B\"\nheads = 32",
+            "[model]\nparams = \"7B\"\n[hardware]\npreset = \"h100-80gb\"",
+            "[model]\nparams = \"7B\"\n[training]\nglobal_batch = 64",
+            "[model]\npreset = \"llama-7b\"",
+            "[hardware]\nnodes = 2",
+        ] {
+            assert_eq!(text(full).states_only_count(), None, "{full}");
+        }
     }
 }

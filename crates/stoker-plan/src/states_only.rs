@@ -71,8 +71,9 @@ fn header(first: &str, width: usize, worlds: &[u64]) -> String {
 }
 
 /// `stoker plan --params N --accounting deepspeed[-legacy]`: DeepSpeed's stage 1/2
-/// estimator (`estimate_zero2_model_states_mem_needs`), which needs the count alone, on
-/// one node of each size; mixed-precision Adam whatever the precision, as DeepSpeed's.
+/// estimator (`estimate_zero2_model_states_mem_needs`), which needs the count alone; its
+/// per-GPU figure depends on the job's GPU count only (nodes x GPUs per node), so one
+/// column per count; mixed-precision Adam whatever the precision, as DeepSpeed's.
 /// DDP has no DeepSpeed estimator, and ZeRO-3's counts the largest layer, which a count
 /// does not give: both rows say so instead of a figure.
 pub fn deepspeed_table(
@@ -84,7 +85,8 @@ pub fn deepspeed_table(
     let gib = (1u64 << 30) as f64;
     let mut out = format!(
         "model states only: {params} parameters, DeepSpeed's estimator (--accounting {}: \
-         estimate_zero2_model_states_mem_needs, GiB per GPU on one node, mixed-precision \
+         estimate_zero2_model_states_mem_needs, GiB per GPU by the job's GPU count, \
+         however many nodes hold them; mixed-precision \
          Adam whatever --precision); no activations, buffers or time\n\n",
         accounting.name()
     );

@@ -218,27 +218,15 @@ fn peaks(items: &[String]) -> anyhow::Result<Option<BTreeMap<String, f64>>> {
     Ok(Some(out))
 }
 
-/// The parameter count when `--params` is the only model input and nothing asks for a
-/// full plan (no config, DeepSpeed file, hardware or batch): `--help` promises that
-/// `--params` alone plans model states only.
-fn states_only(args: &PlanArgs) -> anyhow::Result<Option<u64>> {
-    let Some(p) = &args.params else {
-        return Ok(None);
-    };
-    let full = args.config.is_some()
+/// Whether the command line asks for more than a plan's inputs can say: a file, a
+/// calibration, JSON or an emitted config, each of which needs a full plan.
+fn wants_full_plan(args: &PlanArgs) -> bool {
+    args.config.is_some()
         || args.deepspeed.is_some()
-        || args.hardware.is_some()
-        || args.memory_gib.is_some()
-        || args.global_batch.is_some()
-        || args.model.is_some()
-        || args.layers.is_some()
-        || args.hidden.is_some()
+        || args.loader_bench.is_some()
         || args.emit_config.is_some()
-        || args.json;
-    if full {
-        return Ok(None);
-    }
-    Ok(Some(Count::Text(p.clone()).resolve("model.params")?))
+        || args.calibrate
+        || args.json
 }
 
 impl PlanArgs {
@@ -302,28 +290,33 @@ impl PlanArgs {
     }
 }
 
-/// `stoker plan --params N`: the model states of N parameters per strategy and world size.
-fn print_states_only(args: &PlanArgs, params: u64) -> anyhow::Result<()> {
-    let precision = args
+/// `stoker plan --params N` (or a plan file with `[model] params` alone): the model states
+/// of N parameters per strategy and world size, from `input`'s count, precision,
+/// optimizer, accounting and device counts.
+fn print_states_only(input: &PlanInput, count: &Count) -> anyhow::Result<()> {
+    let params = count.resolve("model.params")?;
+    let t = &input.training;
+    let precision = t
         .precision
         .as_deref()
         .map(|s| Precision::parse("training.precision", s))
         .transpose()?
         .unwrap_or(Precision::Bf16);
-    let optimizer = Optimizer::from_key(args.optimizer.as_deref())?;
-    let worlds: Vec<u64> = match (args.nodes, args.devices_per_node) {
+    let optimizer = Optimizer::from_key(t.optimizer.as_deref())?;
+    let worlds: Vec<u64> = match (input.hardware.nodes, input.hardware.devices_per_node) {
         (None, None) => vec![1, 8, 64],
         (n, d) => {
             let n = n.unwrap_or(1);
             let d = d.unwrap_or(1);
             anyhow::ensure!(
                 n > 0 && d > 0 && n <= 1_000_000 && d <= 1_000_000,
-                "--nodes {n} x --devices-per-node {d}: expected positive counts up to 10^6"
+                "hardware.nodes {n} x hardware.devices_per_node {d}: expected positive \
+                 counts up to 10^6"
             );
             vec![(n * d) as u64]
         }
     };
-    let accounting = Accounting::from_key(args.accounting.as_deref())?;
+    let accounting = Accounting::from_key(t.accounting.as_deref())?;
     print!(
         "{}",
         stoker_plan::states_only::table(params, precision, optimizer, &worlds, accounting)
@@ -344,8 +337,12 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    if let Some(params) = states_only(&args)? {
-        return print_states_only(&args, params);
+    // `--params` alone (`--help` promises it) plans model states only.
+    if !wants_full_plan(&args) {
+        let cli = args.to_input()?;
+        if let Some(count) = cli.states_only_count() {
+            return print_states_only(&cli, count);
+        }
     }
     if args.calibrate && args.config.is_none() {
         let widths: Vec<usize> = match args.probe_widths.is_empty() {
@@ -377,6 +374,14 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         "--calibrate times the training step of a training config (give one with --config), \
          or alone measures this machine into its profile"
     );
+    // A plan file with `[model] params` alone, as `--params` alone: model states only.
+    if base.is_none() && args.deepspeed.is_none() && !args.json && args.emit_config.is_none() {
+        let mut merged = file.clone();
+        merged.overlay(&cli);
+        if let Some(count) = merged.states_only_count() {
+            return print_states_only(&merged, count);
+        }
+    }
     let ds = args
         .deepspeed
         .as_deref()
