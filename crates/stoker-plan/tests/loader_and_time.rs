@@ -128,7 +128,7 @@ fn communication_is_2p_for_ddp_and_zero12_and_3p_for_zero3() {
     };
     assert_eq!(cm(Stage::Ddp).bytes_per_sync / GB, 4.0);
     assert_eq!(cm(Stage::Zero1).bytes_per_sync / GB, 6.0);
-    // One device moves nothing: 0 s, not 0 bytes over 0 bandwidth (NaN).
+    // One device moves nothing: 0 s, not 0 bytes over 0 bandwidth (NaN), and 0 bytes.
     let one = resolved(
         "model = { params = \"1B\" }\nhardware = { memory_gib = 32, devices_per_node = 1, \
          peak_tflops = { bf16 = 100 } }\ntraining = { global_batch = 8, seq_len = 1024 }",
@@ -145,6 +145,12 @@ fn communication_is_2p_for_ddp_and_zero12_and_3p_for_zero3() {
         assert_eq!(
             (c.step_s, c.unit_rs_s, c.unit_ag_s),
             (0.0, 0.0, 0.0),
+            "{stage:?}"
+        );
+        // ... and no bytes (before: the 2P or 3P buffers its table printed).
+        assert_eq!(
+            (c.bytes_per_sync, c.bytes_per_step),
+            (0.0, 0.0),
             "{stage:?}"
         );
     }
