@@ -146,6 +146,44 @@ fn a_bf16_gpt_s_resident_set_is_within_10_percent_of_its_forecast() {
     );
 }
 
+/// A config whose precision runs emulated here gets `stoker train`'s warning from
+/// `stoker plan` too (before: the plan, on the cpu preset's AMX, said nothing of it).
+/// candle's composed ops emulate bf16 on every CPU, so the case holds on any machine.
+#[test]
+fn a_plan_warns_of_an_emulated_precision_as_the_run_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus = write_corpus(tmp.path(), 4_000, 24);
+    let cfg = tmp.path().join("composed.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "run_dir = {:?}\nprecision = \"bf16\"\nstep = \"graph\"\nkernels = \"composed\"\n\
+             [data]\ntrain = {:?}\n[model]\nkind = \"gpt\"\nvocab = 24\ncontext = 32\n\
+             d_model = 32\nn_layer = 1\nn_head = 2\n[batch]\nmicro_batch = 4\n\
+             [optimizer]\nkind = \"adamw\"\nlr = 1e-3\n[train]\nsteps = 2\n",
+            s(&tmp.path().join("run")),
+            s(&corpus)
+        ),
+    )
+    .unwrap();
+    let warning = "warning: precision = \"bf16\" with kernels = \"composed\"";
+    let plan = String::from_utf8_lossy(&stoker(&["plan", "--config", s(&cfg)]).stdout).into_owned();
+    let dry = stoker(&["train", s(&cfg), "--dry-run"]);
+    let dry =
+        String::from_utf8_lossy(&dry.stdout).into_owned() + &String::from_utf8_lossy(&dry.stderr);
+    let native = stoker_kernels::bf16_native();
+    for (who, text) in [("plan", &plan), ("train --dry-run", &dry)] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("warning: precision = \"bf16\""))
+            .unwrap_or_else(|| panic!("stoker {who} printed no precision warning:\n{text}"));
+        match native {
+            true => assert!(line.starts_with(warning), "{who}: {line}"),
+            false => assert!(line.contains("without bf16 instructions"), "{who}: {line}"),
+        }
+    }
+}
+
 #[test]
 fn plan_then_tune_then_train_runs_the_emitted_config_as_is() {
     let tmp = tempfile::tempdir().unwrap();

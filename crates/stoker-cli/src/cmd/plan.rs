@@ -440,6 +440,11 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
             }
         }
     }
+    // What `stoker train` warns of this config on this machine, the plan says too (it may
+    // plan on a preset whose CPU has the bf16 instructions this one lacks).
+    if let Some(warning) = base.as_ref().and_then(stoker_train::run::slow_precision) {
+        say(&format!("warning: {warning}\n"));
+    }
     if let Some(path) = &args.emit_config {
         let mut planned_with = match emit_inputs {
             Some(inputs) => inputs?,
