@@ -54,7 +54,9 @@ struct Checked {
 }
 
 /// Checks the shapes: q `[B*H, T, D]`, k and v `[B*H / group, T, D]` (`group` query heads
-/// a kv head), each per-row buffer `[B*H, T]`.
+/// a kv head), each per-row buffer `[B*H, T]`. The shape is flattened, so only `B*H` is
+/// checked against `group`; a caller that knows `H` checks that `group` divides it (the
+/// GPT step's `flash_shape`), or kv heads would pair with the wrong sequence's queries.
 fn checked(
     kernel: &'static str,
     ((bh, t, d), group): (FlashShape, usize),

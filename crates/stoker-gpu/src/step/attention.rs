@@ -56,6 +56,20 @@ fn head_shape(g: Heads) -> HeadShape {
     ((g.b * g.h) as usize, g.t as usize, g.d as usize)
 }
 
+/// Flash attention's shape of `g` with `group` query heads a kv head. The kernels find a
+/// query head's kv head as its flattened index (`b * H + h`) over `group`, right only
+/// where `group` divides each sequence's `H` (the flattened `B * H`, which the kernels
+/// check, can be a multiple where `H` is not).
+fn flash_shape(g: Heads, group: usize) -> Result<(HeadShape, usize), GpuError> {
+    if group == 0 || !(g.h as usize).is_multiple_of(group) {
+        return Err(GpuError::Shape {
+            kernel: "flash attention",
+            what: format!("{} query heads are not groups of {group}", g.h),
+        });
+    }
+    Ok((head_shape(g), group))
+}
+
 /// Query rows per chunk at `t` positions: chunks of at least 256 rows, at most 8 of
 /// them (T = 1,024: 4 chunks of 256); fewer positions, one chunk (no extra launches for
 /// the small models, which are launch-bound).
@@ -155,7 +169,7 @@ pub fn flash_forward<B: Backend, T: Act>(
     (g, group): (Heads, usize),
 ) -> Result<(), GpuError> {
     let x16 = (x.q.cast()?, x.k.cast()?, x.v.cast()?);
-    crate::flash::forward(be, x16, (out_h.cast()?, lse), (head_shape(g), group))?;
+    crate::flash::forward(be, x16, (out_h.cast()?, lse), flash_shape(g, group)?)?;
     kernels::merged_heads(be, out, out_h, g, false)
 }
 
@@ -177,7 +191,7 @@ pub fn flash_backward<B: Backend, T: Act>(
         (out_h.cast()?, dout_h.cast()?, lse),
         dsum,
         (dx.q.cast()?, dx.k.cast()?, dx.v.cast()?),
-        (head_shape(g), group),
+        flash_shape(g, group)?,
     )
 }
 
@@ -270,4 +284,25 @@ fn per_head_backward<B: Backend, T: Act>(
     // dq = dpre k, by query chunk; dk = dpre^T q, by key chunk.
     weighted_by_query_chunk(be, dx.q, datt, x.k, (bh, t, d))?;
     by_key_chunk(be, dx.k, datt, x.q, (bh, t, d))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two sequences of 3 heads make 6 flattened heads, a multiple of 2, yet 2 does not
+    /// divide 3: refused by name (the flattened check alone let it through).
+    #[test]
+    fn flash_groups_must_divide_each_sequence_s_heads() {
+        let g = |h| Heads {
+            b: 2,
+            t: 16,
+            h,
+            d: 16,
+        };
+        assert_eq!(flash_shape(g(4), 2).unwrap(), ((8, 16, 16), 2));
+        let e = flash_shape(g(3), 2).unwrap_err().to_string();
+        assert!(e.contains("3 query heads are not groups of 2"), "{e}");
+        assert!(flash_shape(g(4), 0).is_err());
+    }
 }
