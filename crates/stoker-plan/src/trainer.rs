@@ -39,6 +39,34 @@ pub struct GroupSpans {
     pub reshard_after_forward: bool,
 }
 
+/// The resident loop's schedule of collectives under ZeRO-2 and ZeRO-3 (stoker-gpu's
+/// `DataParallel` and ZeRO-3's parameter slots), which differs from the CPU trainer's:
+/// every micro-batch reduce-scatters each block's gradients, while the runs outside the
+/// blocks (embeddings, final norm, head) sum locally over the window and are
+/// reduce-scattered once after it. ZeRO-2 then all-gathers the whole buffer; ZeRO-3
+/// gathers the blocks into two slots as the forward and backward reach them and, after
+/// the update, the runs outside the blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct ResidentLoop {
+    /// The model's blocks (layers), all of one size.
+    pub blocks: u64,
+    /// Elements of one block.
+    pub block_len: u64,
+    /// ZeRO-3: the blocks are gathered per micro-batch into the slots.
+    pub gathers_blocks: bool,
+}
+
+impl ResidentLoop {
+    /// Block gathers in a window of `k` micro-batches. A window starts from empty slots:
+    /// its first micro-batch gathers every block for the forward and all but the last
+    /// two (still in their slots) for the backward; each later one finds the backward's
+    /// last two in the slots at its start and the forward's last two at its turn.
+    pub fn block_gathers(&self, k: u64) -> u64 {
+        let kept_out = self.blocks.saturating_sub(2);
+        self.blocks + kept_out + k.saturating_sub(1) * 2 * kept_out
+    }
+}
+
 /// One rank of a stoker training run, as the prediction needs it.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct TrainerRun {
@@ -65,6 +93,9 @@ pub struct TrainerRun {
     /// The GPT's direct step, whose backward hands over gradients group by group (ZeRO-2
     /// then keeps only its shard); false: the candle graph's whole-gradient backward.
     pub direct: bool,
+    /// The resident loop's schedule, where the run is on it (its ZeRO-2 and ZeRO-3 send
+    /// what [`ResidentLoop`] says; DDP and ZeRO-1 what the CPU trainer sends).
+    pub resident: Option<ResidentLoop>,
 }
 
 /// The predicted bytes of one rank.
@@ -136,7 +167,22 @@ pub fn predict(run: &TrainerRun) -> TrainerPrediction {
             let gathered = g.root as f64 + passes * g.blocks as f64;
             k * ring * 4.0 * (gathered + (g.root + g.blocks) as f64)
         }
-        (_, false) => ring * s * (if every { k } else { 1.0 } + 1.0),
+        (_, false) => match run.resident {
+            // ZeRO-2's bookkeeping (the stage the loop's ZeRO-3 is planned as too).
+            Some(r) => {
+                let blocks = (r.blocks * r.block_len) as f64;
+                let outside = l - blocks;
+                let scattered = k * blocks + outside;
+                let gathered = match r.gathers_blocks {
+                    true => {
+                        (r.block_gathers(run.accumulation.max(1)) * r.block_len) as f64 + outside
+                    }
+                    false => l,
+                };
+                ring * 4.0 * (scattered + gathered)
+            }
+            None => ring * s * (if every { k } else { 1.0 } + 1.0),
+        },
     };
     TrainerPrediction {
         params: (4 + run.copy_bytes) as f64 * if zero3 { shard } else { l },
@@ -166,6 +212,7 @@ mod tests {
                 reshard_after_forward: true,
             },
             direct: false,
+            resident: None,
         }
     }
 
@@ -199,6 +246,31 @@ mod tests {
         });
         assert_eq!((z3.params, z3.grads, z3.optimizer), (1e6, 1e6, 2e6));
         assert!((z3.bytes_sent_per_step - 2.9 * 0.75 * 4e6 * 4.0).abs() < 1e-3);
+        // The resident loop: 9 blocks of 100,000 and 100,000 outside. ZeRO-2 reduce-
+        // scatters the blocks 4 times and the rest once, then gathers everything:
+        // (3.6 + 0.1 + 1) x 0.75 x 4 MB. Its ZeRO-3 (planned as ZeRO-2) gathers the blocks
+        // 9 + 7 + 3 x 14 = 58 times and the rest once: (3.6 + 0.1 + 5.8 + 0.1) x 0.75 x 4 MB.
+        let loop_run = |gathers_blocks| TrainerRun {
+            resident: Some(ResidentLoop {
+                blocks: 9,
+                block_len: 100_000,
+                gathers_blocks,
+            }),
+            ..run(Stage::Zero2, 4)
+        };
+        let sent = |r: &TrainerRun| predict(r).bytes_sent_per_step;
+        assert!((sent(&loop_run(false)) - 4.7 * 0.75 * 4e6).abs() < 1e-3);
+        assert!((sent(&loop_run(true)) - 9.6 * 0.75 * 4e6).abs() < 1e-3);
+        let slots = |blocks| ResidentLoop {
+            blocks,
+            block_len: 1,
+            gathers_blocks: true,
+        };
+        // One block stays in its slot all window; two stay in the two slots.
+        assert_eq!(slots(1).block_gathers(4), 1);
+        assert_eq!(slots(2).block_gathers(4), 2);
+        assert_eq!(slots(3).block_gathers(1), 4);
+        assert_eq!(slots(3).block_gathers(4), 4 + 3 * 2);
         let one = predict(&run(Stage::Zero2, 1));
         assert_eq!(one.optimizer, 8e6);
         assert_eq!(one.bytes_sent_per_step, 0.0);

@@ -789,6 +789,7 @@ pub fn predicted(
         deterministic: p.deterministic,
         groups,
         direct,
+        resident: resident_schedule(config),
     });
     // The resident loop's gradients stay on its backend: the trainer keeps none beside
     // ZeRO-2's shard (ZeRO-3 on the loop is ZeRO-2's bookkeeping; one rank shards
@@ -797,6 +798,35 @@ pub fn predicted(
         prediction.grads = 0.0;
     }
     prediction
+}
+
+/// The resident loop's schedule of collectives under ZeRO-2 and ZeRO-3 for `config` (its
+/// blocks as the loop's step sizes them); None off the loop or under another strategy.
+fn resident_schedule(config: &TrainConfig) -> Option<stoker_plan::trainer::ResidentLoop> {
+    let zero3 = match config.parallel.strategy {
+        StrategyKind::Zero2 => false,
+        StrategyKind::Zero3 => true,
+        _ => return None,
+    };
+    if !config.resident_loop() {
+        return None;
+    }
+    let (blocks, block_len) = match &config.model {
+        ModelConfig::Gpt(g) => {
+            let d = g.dims();
+            (d.n_layer, stoker_gpu::step::gpt::gpt_block_len(&d))
+        }
+        ModelConfig::Llama(l) => {
+            let d = l.dims();
+            (d.n_layer, stoker_gpu::step::llama::llama_block_len(&d))
+        }
+        ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => return None,
+    };
+    Some(stoker_plan::trainer::ResidentLoop {
+        blocks: blocks as u64,
+        block_len: block_len as u64,
+        gathers_blocks: zero3,
+    })
 }
 
 /// `stoker plan`'s line for a config on the resident loop: what the loop holds on its
