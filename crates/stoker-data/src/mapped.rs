@@ -7,9 +7,11 @@
 //! registers its address range and path in a fixed table, and a SIGBUS handler (installed
 //! once, with the first mapping) looks the faulting address up there, writes `stoker:
 //! PATH changed while it was being read: ...` to stderr and ends the process with status
-//! [`SHRUNK_EXIT`] (74, `EX_IOERR`). A fault outside every registered mapping gets the
-//! default action, as before. Checkpoints are written to a temporary directory and
-//! renamed, so ending the process there leaves the last one intact.
+//! [`SHRUNK_EXIT`] (74, `EX_IOERR`). Past [`SLOTS`] mappings at once the others are not
+//! named: a fault while any of them lives ends with the same status and says so without a
+//! name. A fault outside every mapping otherwise gets the default action, as before.
+//! Checkpoints are written to a temporary directory and renamed, so ending the process
+//! there leaves the last one intact.
 //!
 //! A signal handler can only reach process-wide state, so the table is the one global in
 //! stoker: fixed-size atomics, read by the handler without locks or allocation (it only
@@ -31,8 +33,10 @@ use crate::error::{DataError, Result};
 /// The exit status when a mapped file changed under a reader (`EX_IOERR`).
 pub const SHRUNK_EXIT: i32 = 74;
 
-/// Mappings that can be registered at once; more are still mapped, only not named.
-const SLOTS: usize = 256;
+/// Mappings that can be registered at once (a run over FineWeb-100B's llm.c shards maps
+/// about 1,000); more are still mapped and still end the process with [`SHRUNK_EXIT`],
+/// only not named (`UNNAMED`).
+pub const SLOTS: usize = 4096;
 
 /// One registered mapping: its address range and its path's bytes. `start == 0` is free;
 /// `claimed` is taken by a registration while it fills the other fields. `seq` is odd while
@@ -59,11 +63,17 @@ const FREE: Slot = Slot {
 
 static TABLE: [Slot; SLOTS] = [FREE; SLOTS];
 static HANDLER: Once = Once::new();
+/// Live mappings the full table could not name: while there are any, a fault outside
+/// every named mapping is taken for one of them (a truncated file is the usual cause of a
+/// SIGBUS the kernel raises), said without a name.
+static UNNAMED: AtomicUsize = AtomicUsize::new(0);
 
 /// A read-only mapping of a whole file, named to the SIGBUS handler while it lives.
 pub struct Mapped {
     map: Mmap,
     slot: Option<usize>,
+    /// Counted in `UNNAMED` (the table was full when it was made).
+    unnamed: bool,
     /// The path's bytes the table points at (freed only after the slot is cleared).
     _path: Box<[u8]>,
 }
@@ -96,9 +106,14 @@ impl Mapped {
             0 => None,
             len => register(map.as_ptr() as usize, len, &path_bytes),
         };
+        let unnamed = slot.is_none() && !map.is_empty();
+        if unnamed {
+            UNNAMED.fetch_add(1, Ordering::SeqCst);
+        }
         Ok(Mapped {
             map,
             slot,
+            unnamed,
             _path: path_bytes,
         })
     }
@@ -131,6 +146,9 @@ impl Deref for Mapped {
 
 impl Drop for Mapped {
     fn drop(&mut self) {
+        if self.unnamed {
+            UNNAMED.fetch_sub(1, Ordering::SeqCst);
+        }
         if let Some(i) = self.slot {
             let s = &TABLE[i];
             // Unnamed before unmapped (`map` and `_path` drop after this body): the handler
@@ -224,6 +242,17 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut li
         write_err(b" mapped): a dataset must not be modified while stoker reads it\n");
         // SAFETY: _exit(2) has no preconditions and is async-signal-safe; it ends the process
         // at once, which is all a handler can do for a fault it cannot recover from.
+        unsafe { libc::_exit(SHRUNK_EXIT) };
+    }
+    // A fault the kernel raised (an address) while mappings the full table could not name
+    // are live: said without the name.
+    if addr != 0 && UNNAMED.load(Ordering::SeqCst) > 0 {
+        write_err(b"stoker: a mapped file changed while it was being read (it was truncated or replaced; SIGBUS at address ");
+        write_num(addr);
+        write_err(b", outside the ");
+        write_num(SLOTS);
+        write_err(b" mappings stoker names, so not named here): a dataset must not be modified while stoker reads it\n");
+        // SAFETY: as above: _exit(2) has no preconditions and is async-signal-safe.
         unsafe { libc::_exit(SHRUNK_EXIT) };
     }
     // Not one of ours: the default action (the process ends with SIGBUS, as before). A
