@@ -423,6 +423,59 @@ fn an_earlier_pack_s_shards_at_the_prefix_are_refused_by_name() {
     );
 }
 
+/// A prefix that names a folder (`out/`, or an existing folder) is refused by name before
+/// anything is read or written (before: `out/` wrote `out/_train_000001.bin` and a hidden
+/// `out/.vocab.json`, over an earlier pack's shards there, which were not seen and then
+/// trained on beside the new ones).
+#[test]
+fn a_prefix_that_names_a_folder_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_jsonl(&d.join("a.jsonl"), &documents(50));
+    std::fs::create_dir(d.join("there")).unwrap();
+    let opts = gpt2("text", 500, 0);
+    let slash = format!("{}/", d.join("out").display());
+    for prefix in [PathBuf::from(&slash), d.join("there")] {
+        let e = pack_docs(&[d.join("a.jsonl")], &prefix, &opts)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("output prefix") && e.contains("names a folder"),
+            "{prefix:?}: {e}"
+        );
+    }
+    assert!(!d.join("out").exists(), "nothing written for out/");
+    let there: Vec<_> = std::fs::read_dir(d.join("there")).unwrap().collect();
+    assert!(there.is_empty(), "nothing written in there/");
+    let t = stoker_data::pack::text::pack_text(
+        &[d.join("a.jsonl")],
+        Path::new(&slash),
+        Tokenizer::Char,
+    );
+    assert!(t.is_err(), "pack text too");
+}
+
+/// `pack text` of no text is refused by name, as `pack docs` warns of no shard (before:
+/// "packed 0 tokens", exit 0, and the run found "not one window" at its start).
+#[test]
+fn pack_text_of_no_text_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.txt");
+    std::fs::write(&empty, "").unwrap();
+    let e = stoker_data::pack::text::pack_text(
+        std::slice::from_ref(&empty),
+        dir.path().join("out/e"),
+        Tokenizer::Char,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("empty.txt") && e.contains("no text to pack"),
+        "{e}"
+    );
+    assert!(!dir.path().join("out").exists(), "nothing written");
+}
+
 /// What Python writes and reads as JSON Lines: `NaN` / `Infinity` in a field beside the
 /// text (Python's `json.dumps` default) and a byte-order mark before the first line
 /// (`utf-8-sig`) pack as the same documents (before: "not a JSON object" for the whole

@@ -79,6 +79,7 @@ impl Encoder {
 /// Packs the documents of `inputs` into token shards named after `prefix` (see the module
 /// doc) and `PREFIX.vocab.json`.
 pub fn pack_docs(inputs: &[PathBuf], prefix: &Path, opts: &DocsOptions) -> Result<DocsSummary> {
+    crate::paths::check_prefix(prefix)?;
     let InputFiles {
         read: files,
         passed_over,

@@ -81,6 +81,7 @@ pub fn pack_image_folder_with(
     options: &PackOptions,
 ) -> Result<PackSummary> {
     let out = out_prefix.as_ref();
+    crate::paths::check_prefix(out)?;
     let tmp = crate::paths::prefixed(out, ".partial");
     let files = |p: &Path| {
         let r = crate::records::RecordPaths::new(p);

@@ -148,6 +148,8 @@ pub fn pack_text(
     prefix: impl AsRef<Path>,
     tokenizer: Tokenizer,
 ) -> Result<TextSummary> {
+    let prefix = prefix.as_ref();
+    crate::paths::check_prefix(prefix)?;
     let mut text = String::new();
     for src in sources {
         let bytes = std::fs::read(src).map_err(|e| DataError::io(src, e))?;
@@ -162,6 +164,18 @@ pub fn pack_text(
             )
         })?;
         text.push_str(&s);
+    }
+    // Nothing to train on, which a run would only find at its start ("not one window").
+    if text.is_empty() {
+        let names: Vec<String> = sources.iter().map(|p| p.display().to_string()).collect();
+        return Err(DataError::format(
+            sources.first().map_or(Path::new("-"), |p| p.as_path()),
+            "text",
+            format!(
+                "no text to pack in {}: expected at least one character",
+                names.join(", ")
+            ),
+        ));
     }
     let (tokens, vocab) = match tokenizer {
         Tokenizer::Char => {
@@ -198,7 +212,6 @@ pub fn pack_text(
             (ids, Vocab::Gpt2 { size: 50257 })
         }
     };
-    let prefix = prefix.as_ref();
     create_parent(prefix)?;
     let (bin, vocab_path) = (prefixed(prefix, ".bin"), prefixed(prefix, ".vocab.json"));
     write_tokens(&bin, &tokens, TokenFormat::Llmc)?;
