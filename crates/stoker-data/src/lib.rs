@@ -31,7 +31,7 @@ pub use error::{DataError, Result};
 pub use image_folder::ImageRecordDataset;
 pub use loader::{EpochIter, Loader, LoaderConfig};
 pub use npy::NpyArray;
-pub use open::{open_dataset, AnyDataset, OpenOptions};
+pub use open::{dataset_files, open_dataset, AnyDataset, OpenOptions};
 pub use records::{RecordShard, RecordWriter};
 pub use sampler::{Partition, Sampler, SamplerConfig, SamplerState};
 pub use stats::LoaderStats;

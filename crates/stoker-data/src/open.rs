@@ -22,9 +22,9 @@ pub struct OpenOptions {
     pub context: usize,
     /// Integer type token windows are delivered in.
     pub token_dtype: DType,
-    /// The vocabulary token ids must fall in, checked as each window is read (None: not
+    /// The ids token windows may hold, checked as each window is read (None: not
     /// checked).
-    pub token_vocab: Option<usize>,
+    pub token_vocab: Option<crate::tokens::IdLimit>,
     /// Transform applied to JPEG records.
     pub image: ImageTransformConfig,
 }
@@ -70,7 +70,7 @@ impl AnyDataset {
 /// Opens `path` as described in the module docs.
 pub fn open_dataset(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<AnyDataset> {
     let path = path.as_ref();
-    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+    let ext = extension(path);
     if ext == "npy" {
         return Ok(AnyDataset::Arrays(ArrayDataset::new(vec![(
             "data".into(),
@@ -133,13 +133,51 @@ pub fn open_dataset(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<AnyDat
     Ok(AnyDataset::Arrays(ArrayDataset::open_prefix(path, &names)?))
 }
 
+/// `path`'s extension in lower case (`T.BIN` is a token shard as `t.bin` is).
+fn extension(path: &Path) -> String {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or("")
+        .to_ascii_lowercase()
+}
+
+/// The files [`open_dataset`] reads for `path`: the `.npy`, the token shards a pattern
+/// names, a record set's data and index, or a prefix's `PREFIX.FIELD.npy` arrays. Empty
+/// where `path` names none (opening it says why).
+pub fn dataset_files(path: impl AsRef<Path>) -> Vec<PathBuf> {
+    let path = path.as_ref();
+    match extension(path).as_str() {
+        "npy" => vec![path.to_path_buf()],
+        "bin" => shard_paths(path).unwrap_or_default(),
+        _ => {
+            let records = RecordPaths::new(path);
+            if records.manifest.exists() {
+                return vec![records.data, records.index];
+            }
+            npy_fields(path)
+                .unwrap_or_default()
+                .iter()
+                .map(|f| crate::paths::prefixed(path, &format!(".{f}.npy")))
+                .collect()
+        }
+    }
+}
+
 /// The token shards `path` names: one file, or with a `*` in its file name every file of
 /// its directory that matches, in name order (`data/fineweb/fineweb_train_*.bin`, as
 /// `stoker pack docs` writes them).
 fn token_shards(path: &Path) -> Result<Vec<TokenShard>> {
+    shard_paths(path)?
+        .iter()
+        .map(TokenShard::open_detect)
+        .collect()
+}
+
+/// The paths of [`token_shards`].
+fn shard_paths(path: &Path) -> Result<Vec<PathBuf>> {
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
     let Some((head, tail)) = name.split_once('*') else {
-        return Ok(vec![TokenShard::open_detect(path)?]);
+        return Ok(vec![path.to_path_buf()]);
     };
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
@@ -163,7 +201,7 @@ fn token_shards(path: &Path) -> Result<Vec<TokenShard>> {
             "no file matches the pattern",
         ));
     }
-    files.iter().map(TokenShard::open_detect).collect()
+    Ok(files)
 }
 
 /// Field names of the `PREFIX.FIELD.npy` files beside `prefix`, sorted.

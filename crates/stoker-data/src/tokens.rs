@@ -226,6 +226,16 @@ pub fn write_tokens(path: impl AsRef<Path>, tokens: &[u16], format: TokenFormat)
     write().map_err(|e| DataError::io(path, e))
 }
 
+/// The ids a token set may hold: fewer than `ids`, the count of the config key `key`
+/// (`model.vocab`, or `data.vocab`'s tokens where that file holds fewer).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct IdLimit {
+    /// Ids below this are valid.
+    pub ids: usize,
+    /// The key whose count it is, for the error.
+    pub key: &'static str,
+}
+
 /// (input, target) windows of `context` tokens over one or more shards.
 ///
 /// Fields: `input` and `target`, both `[context]` of the chosen integer dtype. A window never
@@ -237,7 +247,7 @@ pub struct TokenWindows {
     starts: Vec<usize>,
     fields: Vec<FieldSpec>,
     /// Ids at or above this are refused as each window is read ([`Self::with_vocab`]).
-    vocab: Option<usize>,
+    vocab: Option<IdLimit>,
 }
 
 impl TokenWindows {
@@ -272,13 +282,14 @@ impl TokenWindows {
         })
     }
 
-    /// These windows with every id checked against a model's vocabulary of `vocab` as
-    /// its window is read: an id past it fails naming the file, the token's place and
-    /// the window, not later inside the model's embedding. The check is the largest id
-    /// the widening copy finds on its one pass, against `vocab`.
-    pub fn with_vocab(self, vocab: usize) -> Self {
+    /// These windows with every id checked against `limit` as its window is read: an id
+    /// past it fails naming the file, the token's place, the window and the key the limit
+    /// comes from, not later inside the model's embedding (or, for a vocabulary file
+    /// smaller than the model's, decoded as no character). The check is the largest id
+    /// the widening copy finds on its one pass.
+    pub fn with_vocab(self, limit: IdLimit) -> Self {
         TokenWindows {
-            vocab: Some(vocab),
+            vocab: Some(limit),
             ..self
         }
     }
@@ -362,7 +373,7 @@ impl Dataset for TokenWindows {
             dtype,
             target[0],
         ));
-        if let Some(vocab) = self.vocab.filter(|&v| top as usize >= v) {
+        if let Some(IdLimit { ids: vocab, key }) = self.vocab.filter(|l| top as usize >= l.ids) {
             // Only on the error: where the first id past the vocabulary is.
             let ids = bytes
                 .chunks_exact(2)
@@ -375,7 +386,7 @@ impl Dataset for TokenWindows {
                 self.shards[s].path(),
                 "tokens",
                 format!(
-                    "id {id} at token {} (window {i}) is outside the model's vocabulary of {vocab} (model.vocab)",
+                    "id {id} at token {} (window {i}) is outside the vocabulary of {vocab} ({key})",
                     t0 + k
                 ),
             ));

@@ -238,7 +238,10 @@ fn an_id_past_the_model_s_vocabulary_fails_naming_the_file_the_token_and_the_win
     let shard = TokenShard::open_detect(dir.path().join("t.bin")).unwrap();
     let ds = TokenWindows::new(vec![shard], 16, DType::I64)
         .unwrap()
-        .with_vocab(50);
+        .with_vocab(stoker_data::tokens::IdLimit {
+            ids: 50,
+            key: "model.vocab",
+        });
     let read_window = |i: u64| {
         let (mut a, mut b) = (vec![0u8; 8 * 16], vec![0u8; 8 * 16]);
         ds.read_sample(

@@ -184,7 +184,8 @@ fn evaluation_data_that_cannot_be_evaluated_is_refused_at_open() {
 }
 
 /// A token evaluation shard is checked at open: an id past `model.vocab` (before: after
-/// the whole run), and a shard packed with another vocabulary than `data.vocab` (before:
+/// the whole run), or past `data.vocab`'s tokens where the file holds fewer (before:
+/// accepted below `model.vocab`, and decoded as no character), and a shard packed with another vocabulary than `data.vocab` (before:
 /// evaluated silently, its ids read as other characters). An empty vocabulary and text
 /// sampling without one are refused by key.
 #[test]
@@ -209,7 +210,7 @@ fn a_token_evaluation_shard_is_checked_against_the_model_and_the_vocabulary() {
     assert!(
         e.to_string().contains("data.eval")
             && e.to_string()
-                .contains("is outside the model's vocabulary of 24"),
+                .contains("is outside the vocabulary of 17 (data.vocab)"),
         "{e}"
     );
     let ids: Vec<u16> = (0..4000).map(|i| (i % 20) as u16).collect();
@@ -262,8 +263,11 @@ fn a_token_evaluation_shard_is_checked_against_the_model_and_the_vocabulary() {
             && e.contains("differs from the training shards' vocabulary"),
         "{e}"
     );
-    // The same vocabulary beside it: evaluated.
+    // The same vocabulary beside it, and ids inside its 17 tokens: evaluated.
     std::fs::copy(d.join("corpus.vocab.json"), d.join("other.vocab.json")).unwrap();
+    let ids: Vec<u16> = (0..4000).map(|i| (i % 17) as u16).collect();
+    stoker_data::tokens::write_tokens(d.join("other.bin"), &ids, stoker_data::TokenFormat::Llmc)
+        .unwrap();
     open(&gpt("other.bin", "").unwrap()).unwrap();
     // The vocabulary is read at open (so `--dry-run` checks it too), by its key: missing,
     // or more tokens than model.vocab (before: checked by the run alone, after open).
@@ -649,4 +653,50 @@ fn tokens_in_no_window_are_counted_in_a_note() {
     )
     .unwrap();
     assert!(whole.notes.is_empty(), "{:?}", whole.notes);
+}
+
+/// Evaluation files that training also reads are said, before training: the same shard,
+/// or a training pattern that also matches the evaluation shard (before: evaluated
+/// silently on text the model trains on). A shard named in capitals (`T.BIN`) opens as
+/// one (before: "not found").
+#[test]
+fn evaluation_files_that_training_reads_too_are_noted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    common::write_token_corpus(&d.join("corpus.bin"), 12_000);
+    std::fs::copy(d.join("corpus.bin"), d.join("ds_train_000001.bin")).unwrap();
+    std::fs::copy(d.join("corpus.bin"), d.join("ds_val_000000.bin")).unwrap();
+    std::fs::copy(d.join("corpus.bin"), d.join("T.BIN")).unwrap();
+    let with = |train: &str, eval: Option<&str>| {
+        let mut text = common::gpt_config(d, "fp32", 1, "").replace(
+            &format!("train = \"{}\"", d.join("corpus.bin").display()),
+            &format!("train = \"{}\"", d.join(train).display()),
+        );
+        if let Some(e) = eval {
+            text = text.replace(
+                "[model]",
+                &format!("eval = \"{}\"\n[model]", d.join(e).display()),
+            );
+        }
+        open(&TrainConfig::parse(&text, Path::new("t.toml")).unwrap())
+            .unwrap()
+            .notes
+    };
+    let shared = |notes: &[String]| notes.iter().find(|n| n.contains("also trains on")).cloned();
+    let same = shared(&with("corpus.bin", Some("corpus.bin"))).expect("the same shard");
+    assert!(
+        same.contains("1 file(s)") && same.contains("corpus.bin"),
+        "{same}"
+    );
+    let glob = shared(&with("ds_*.bin", Some("ds_val_000000.bin"))).expect("a wide pattern");
+    assert!(
+        glob.contains("ds_val_000000.bin") && glob.contains("narrow data.train"),
+        "{glob}"
+    );
+    assert_eq!(
+        shared(&with("ds_train_*.bin", Some("ds_val_000000.bin"))),
+        None
+    );
+    assert_eq!(shared(&with("corpus.bin", None)), None, "a held-out tail");
+    assert_eq!(shared(&with("T.BIN", Some("ds_val_000000.bin"))), None);
 }

@@ -199,14 +199,14 @@ fn image_transform(config: &TrainConfig, mode: TransformMode) -> ImageTransformC
 
 fn open(
     path: &std::path::Path,
-    config: &TrainConfig,
+    (config, vocab): (&TrainConfig, Option<&Vocab>),
     mode: TransformMode,
     key: &str,
 ) -> Result<Arc<AnyDataset>> {
     let opts = OpenOptions {
         context: config.model.context().unwrap_or(1),
         token_dtype: DType::I64,
-        token_vocab: config.model.vocab(),
+        token_vocab: id_limit(config, vocab),
         image: image_transform(config, mode),
     };
     open_dataset(path, &opts)
@@ -215,6 +215,24 @@ fn open(
             key: key.to_string(),
             source: relative_hint(path, source),
         })
+}
+
+/// The ids token windows may hold: `model.vocab`'s, or fewer where `data.vocab` holds
+/// fewer tokens (an id past the file's tokens decodes as no character, and the model's
+/// spare rows are never targets).
+fn id_limit(config: &TrainConfig, vocab: Option<&Vocab>) -> Option<stoker_data::tokens::IdLimit> {
+    use stoker_data::tokens::IdLimit;
+    let model = config.model.vocab()?;
+    Some(match vocab.map(Vocab::size) {
+        Some(ids) if ids < model => IdLimit {
+            ids,
+            key: "data.vocab",
+        },
+        _ => IdLimit {
+            ids: model,
+            key: "model.vocab",
+        },
+    })
 }
 
 /// A file of a relative `path` that is not found (a missing file, or a path or pattern
@@ -252,7 +270,9 @@ fn relative_hint(path: &std::path::Path, e: stoker_data::DataError) -> stoker_da
 /// it against `model` before any training.
 pub fn open_datasets(config: &TrainConfig, model: &dyn Model) -> Result<Datasets> {
     let d = &config.data;
-    let train = open(&d.train, config, TransformMode::Train, "data.train")?;
+    let vocab = load_vocab(config)?;
+    let with = (config, vocab.as_ref());
+    let train = open(&d.train, with, TransformMode::Train, "data.train")?;
     if d.jpeg_decoder.is_some() && !matches!(&*train, AnyDataset::Images(_)) {
         return Err(TrainError::Config {
             key: "data.jpeg_decoder".into(),
@@ -286,7 +306,7 @@ pub fn open_datasets(config: &TrainConfig, model: &dyn Model) -> Result<Datasets
     let n = train.len();
     let (train, eval, eval_note) = match &d.eval {
         Some(p) => {
-            let eval = open(p, config, TransformMode::Eval, "data.eval")?;
+            let eval = open(p, with, TransformMode::Eval, "data.eval")?;
             check_fields(&eval, names, model, token_model, &p.display().to_string())?;
             let m = eval.len();
             // Evaluating part of a set of records or arrays: a seeded draw of it, not its
@@ -328,7 +348,7 @@ pub fn open_datasets(config: &TrainConfig, model: &dyn Model) -> Result<Datasets
             // JPEG records are opened again for the held-out split, with the evaluation
             // transform (no random crops); the other formats are the same either way.
             let eval = match &*train {
-                AnyDataset::Images(_) => open(&d.train, config, TransformMode::Eval, "data.train")?,
+                AnyDataset::Images(_) => open(&d.train, with, TransformMode::Eval, "data.train")?,
                 _ => train.clone(),
             };
             let f = d.eval_fraction;
@@ -368,10 +388,13 @@ pub fn open_datasets(config: &TrainConfig, model: &dyn Model) -> Result<Datasets
             ),
         });
     }
-    let notes = match &**train.inner() {
+    let mut notes: Vec<String> = match &**train.inner() {
         AnyDataset::Tokens(w) => unused_tokens(w, &d.train).into_iter().collect(),
         _ => Vec::new(),
     };
+    if let Some(eval) = &d.eval {
+        notes.extend(shared_files(&d.train, eval));
+    }
     let data = Datasets {
         train: Arc::new(train),
         eval: Arc::new(eval),
@@ -380,10 +403,38 @@ pub fn open_datasets(config: &TrainConfig, model: &dyn Model) -> Result<Datasets
         eval_note,
         held_out: d.eval.is_none(),
         notes,
-        vocab: load_vocab(config)?,
+        vocab,
     };
     checks::check_data(config, &data)?;
     Ok(data)
+}
+
+/// A note where `data.eval` reads files `data.train` also reads: the same file, or a
+/// training pattern that also matches the evaluation shard (`data/x_*.bin` beside
+/// `data/x_val_000000.bin`), so the evaluation measures text the model trains on.
+fn shared_files(train: &std::path::Path, eval: &std::path::Path) -> Option<String> {
+    // Compared as the files they are (a link or a `./` names the same file).
+    let real = |p: std::path::PathBuf| std::fs::canonicalize(&p).unwrap_or(p);
+    let trained: std::collections::BTreeSet<_> = stoker_data::dataset_files(train)
+        .into_iter()
+        .map(real)
+        .collect();
+    let shared: Vec<String> = stoker_data::dataset_files(eval)
+        .into_iter()
+        .map(real)
+        .filter(|f| trained.contains(f))
+        .map(|f| f.display().to_string())
+        .collect();
+    (!shared.is_empty()).then(|| {
+        format!(
+            "data.eval {} reads {} file(s) data.train {} also trains on ({}): its loss \
+             measures text the model has seen; narrow data.train (e.g. PREFIX_train_*.bin)",
+            eval.display(),
+            shared.len(),
+            train.display(),
+            shared.join(", ")
+        )
+    })
 }
 
 /// A note where more than a tenth of a token set's tokens are in no window: a window
