@@ -120,7 +120,9 @@ impl Dataset for ArrayDataset {
     }
 
     fn mapped_run(&self, field: usize, start: usize, count: usize) -> Option<MappedBytes> {
-        (start + count <= self.len).then(|| self.arrays[field].mapped_rows(start, count))
+        (start + count <= self.len)
+            .then(|| self.arrays[field].mapped_rows(start, count))
+            .flatten()
     }
 
     fn mapped_bytes(&self) -> u64 {

@@ -129,14 +129,21 @@ impl NpyArray {
         &self.bytes()[start * rb..(start + count) * rb]
     }
 
-    /// Rows `start..start + count` as a zero-copy view that keeps the mapping alive.
-    pub fn mapped_rows(&self, start: usize, count: usize) -> MappedBytes {
+    /// Rows `start..start + count` as a zero-copy view that keeps the mapping alive; None
+    /// where the data does not start at a multiple of its element size (a legal header
+    /// length numpy never writes, but other writers may): such a view could not be read
+    /// as its elements, so the rows are copied instead. The mapping starts on a page, so
+    /// the offset's alignment is the address's.
+    pub fn mapped_rows(&self, start: usize, count: usize) -> Option<MappedBytes> {
+        if !self.data_offset.is_multiple_of(self.dtype.size().max(1)) {
+            return None;
+        }
         let rb = self.row_bytes();
-        MappedBytes {
+        Some(MappedBytes {
             map: self.map.clone(),
             offset: self.data_offset + start * rb,
             len: count * rb,
-        }
+        })
     }
 
     /// The data as a typed slice, when `T` matches the dtype's size and the data is aligned

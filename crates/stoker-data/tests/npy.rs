@@ -132,6 +132,46 @@ fn zipped_arrays_form_a_dataset() {
     );
 }
 
+/// An f32 array whose data starts at byte 130 (a legal header length that numpy never
+/// writes): its rows are copied, not handed out as a view that cannot be read as f32
+/// (before: "f32 values not aligned to 4 bytes in the batch", naming no file).
+#[test]
+fn an_unaligned_data_offset_is_copied_not_mapped() {
+    let dir = tempfile::tempdir().unwrap();
+    let values: Vec<f32> = (0..12).map(|i| i as f32 * 0.5).collect();
+    let mut header = "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }".to_string();
+    // 10 bytes of magic, version and length, then the header up to byte 130, newline last.
+    while header.len() < 119 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut file = b"\x93NUMPY\x01\x00".to_vec();
+    file.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    file.extend_from_slice(header.as_bytes());
+    assert_eq!(file.len(), 130);
+    file.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+    let path = dir.path().join("mis.npy");
+    std::fs::write(&path, file).unwrap();
+    let ds = ArrayDataset::new(vec![("x".into(), NpyArray::open(&path).unwrap())]).unwrap();
+    assert!(ds.mapped_run(0, 0, 2).is_none(), "an unaligned view");
+    let mut row = [0u8; 16];
+    ds.read_sample(
+        &mut (),
+        SampleContext {
+            seed: 0,
+            epoch: 0,
+            index: 1,
+        },
+        &mut [&mut row],
+    )
+    .unwrap();
+    let got: Vec<f32> = row
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(got, values[4..8]);
+}
+
 fn open_err(path: &std::path::Path) -> String {
     NpyArray::open(path).unwrap_err().to_string()
 }

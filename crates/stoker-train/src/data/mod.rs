@@ -428,7 +428,8 @@ fn shared_files(train: &std::path::Path, eval: &std::path::Path) -> Option<Strin
     (!shared.is_empty()).then(|| {
         format!(
             "data.eval {} reads {} file(s) data.train {} also trains on ({}): its loss \
-             measures text the model has seen; narrow data.train (e.g. PREFIX_train_*.bin)",
+             measures samples the model has seen; give data.eval files apart from \
+             data.train's (a narrower pattern, e.g. PREFIX_train_*.bin)",
             eval.display(),
             shared.len(),
             train.display(),
