@@ -455,6 +455,41 @@ fn a_prefix_that_names_a_folder_is_refused() {
     assert!(t.is_err(), "pack text too");
 }
 
+/// A data page whose bytes do not match its CRC32 (pyarrow's `write_page_checksum`; the
+/// fixture is `scripts/fixtures/make_parquet.py`'s) is refused, naming the file, row group
+/// and column (before: packed as read, one letter changed).
+#[test]
+fn a_parquet_page_that_fails_its_checksum_is_refused() {
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/parquet/page_checksums.parquet");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let good = pack_docs(
+        std::slice::from_ref(&fixture),
+        &d.join("out/good"),
+        &gpt2("text", 1 << 20, 0),
+    )
+    .unwrap();
+    assert_eq!(good.documents, 40);
+    let mut bytes = std::fs::read(&fixture).unwrap();
+    let at = bytes
+        .windows(16)
+        .position(|w| w == b"Document 7: hell")
+        .expect("uncompressed text in the fixture");
+    bytes[at + 13] = b'X';
+    let bad = d.join("bad.parquet");
+    std::fs::write(&bad, bytes).unwrap();
+    let e = pack_docs(&[bad], &d.join("out/bad"), &gpt2("text", 1 << 20, 0))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("bad.parquet")
+            && e.contains("row group 0, column text")
+            && e.contains("CRC checksum mismatch"),
+        "{e}"
+    );
+}
+
 /// `pack text` of no text is refused by name, as `pack docs` warns of no shard (before:
 /// "packed 0 tokens", exit 0, and the run found "not one window" at its start).
 #[test]
