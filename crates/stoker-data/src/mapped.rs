@@ -84,6 +84,37 @@ impl std::fmt::Debug for Mapped {
     }
 }
 
+/// Opens `path` for mapping, once its type is known to be a regular file: opening a FIFO
+/// blocks until a writer comes (a run stuck before its first step, deaf to one SIGTERM),
+/// and a directory, a socket or a device does not map.
+pub fn open_file(path: &Path) -> Result<File> {
+    let kind = std::fs::metadata(path)
+        .map_err(|e| DataError::io(path, e))?
+        .file_type();
+    if kind.is_dir() {
+        return Err(DataError::format(
+            path,
+            "path",
+            "a directory, expected a file",
+        ));
+    }
+    if !kind.is_file() {
+        use std::os::unix::fs::FileTypeExt;
+        let what = match () {
+            _ if kind.is_fifo() => "a FIFO (named pipe)",
+            _ if kind.is_socket() => "a socket",
+            _ if kind.is_block_device() || kind.is_char_device() => "a device",
+            _ => "not a regular file",
+        };
+        return Err(DataError::format(
+            path,
+            "path",
+            format!("{what}, expected a regular file (datasets are memory-mapped)"),
+        ));
+    }
+    File::open(path).map_err(|e| DataError::io(path, e))
+}
+
 impl Mapped {
     /// Maps `file` (opened from `path`) read-only.
     pub fn map(file: &File, path: &Path) -> Result<Self> {

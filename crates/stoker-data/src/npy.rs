@@ -48,7 +48,7 @@ impl NpyArray {
     /// Maps `path` and parses its header; errors name the header field that is wrong.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let file = File::open(&path).map_err(|e| DataError::io(&path, e))?;
+        let file = crate::mapped::open_file(&path)?;
         let map = Mapped::map(&file, &path)?;
         let header = parse_header(&path, &map)?;
         // Checked: a header's shape can claim more than usize holds.

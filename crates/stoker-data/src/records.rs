@@ -204,7 +204,7 @@ pub struct RecordShard {
 }
 
 fn map(path: &Path) -> Result<(File, u64)> {
-    let file = File::open(path).map_err(|e| DataError::io(path, e))?;
+    let file = crate::mapped::open_file(path)?;
     let len = file.metadata().map_err(|e| DataError::io(path, e))?.len();
     Ok((file, len))
 }

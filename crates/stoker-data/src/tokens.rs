@@ -83,7 +83,7 @@ impl TokenShard {
     /// Maps `path`; `Llmc` validates the header, `NanoGpt` requires an even byte count.
     pub fn open(path: impl AsRef<Path>, format: TokenFormat) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let file = File::open(&path).map_err(|e| DataError::io(&path, e))?;
+        let file = crate::mapped::open_file(&path)?;
         let map = Mapped::map(&file, &path)?;
         let (offset, tokens) = match format {
             TokenFormat::NanoGpt => {
@@ -155,10 +155,10 @@ impl TokenShard {
     pub fn open_detect(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let mut head = [0u8; 12];
-        let header = std::fs::File::open(path).and_then(|mut f| {
-            let len = f.metadata()?.len();
+        let mut f = crate::mapped::open_file(path)?;
+        let header = f.metadata().and_then(|m| {
             std::io::Read::read_exact(&mut f, &mut head)?;
-            Ok((len, head))
+            Ok((m.len(), head))
         });
         let format = match header {
             Ok((len, head)) => {

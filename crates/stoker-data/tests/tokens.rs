@@ -267,6 +267,29 @@ fn an_id_past_the_model_s_vocabulary_fails_naming_the_file_the_token_and_the_win
     );
 }
 
+/// A FIFO where a shard should be is refused at once (before: opening it blocked until a
+/// writer came, and a run hung before its first step, deaf to one SIGTERM); so is one
+/// where an `.npy` should be.
+#[test]
+fn a_fifo_where_a_shard_should_be_is_refused_not_waited_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo.bin");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo(3) reads the NUL-terminated path `c` owns for the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let e = TokenShard::open_detect(&fifo).unwrap_err().to_string();
+    assert!(
+        e.contains("fifo.bin") && e.contains("a FIFO (named pipe), expected a regular file"),
+        "{e}"
+    );
+    let npy = dir.path().join("x.npy");
+    std::fs::rename(&fifo, &npy).unwrap();
+    let e = stoker_data::npy::NpyArray::open(&npy)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("x.npy") && e.contains("a FIFO"), "{e}");
+}
+
 #[test]
 fn a_directory_where_a_shard_should_be_is_named_as_one() {
     let dir = tempfile::tempdir().unwrap();
