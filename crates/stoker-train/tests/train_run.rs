@@ -930,6 +930,34 @@ fn a_fresh_run_beside_an_earlier_run_s_checkpoints_is_refused() {
     run(&c, &resume).unwrap();
 }
 
+/// A run whose checkpoints cannot be saved fails before its first step (before: at its
+/// first save, all of its training lost): a file where `checkpoints/` goes, or a link to
+/// a folder that does not exist, named as such.
+#[test]
+fn a_checkpoints_folder_that_cannot_be_made_fails_before_training() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = config(tmp.path(), "fp32", 4, "checkpoint_every = 4");
+    std::fs::create_dir_all(&c.run_dir).unwrap();
+    let at = c.run_dir.join("checkpoints");
+    std::fs::write(&at, "x").unwrap();
+    let e = run(&c, &RunOptions::default()).unwrap_err().to_string();
+    assert!(
+        e.contains("checkpoints") && e.contains("File exists"),
+        "{e}"
+    );
+    assert!(
+        !c.run_dir.join("metrics.jsonl").exists(),
+        "no step ran, no record was written"
+    );
+    std::fs::remove_file(&at).unwrap();
+    std::os::unix::fs::symlink(tmp.path().join("nowhere/ckpts"), &at).unwrap();
+    let e = run(&c, &RunOptions::default()).unwrap_err().to_string();
+    assert!(
+        e.contains("is a symbolic link to") && e.contains("which does not exist"),
+        "{e}"
+    );
+}
+
 /// ZeRO-3 at more ranks than a tiny model's aligned pieces: some ranks hold nothing and
 /// write an empty shard. `ckpt verify` reads and checks every shard the manifest lists,
 /// those too: one deleted or damaged is named (before, verify passed over them).

@@ -12,6 +12,7 @@
 
 mod checks;
 mod evaluate;
+mod run_dir_lock;
 mod setup;
 mod telemetry;
 mod train_loop;

@@ -11,13 +11,14 @@ use stoker_data::Dataset;
 use crate::checkpoint::{self, DataPosition};
 use crate::config::TrainConfig;
 use crate::data::{open_datasets, Datasets};
-use crate::error::{io_err, Result, TrainError};
+use crate::error::{config_err, io_err, Result, TrainError};
 use crate::layout::FlatLayout;
 use crate::metrics::MetricsLog;
 use crate::models::{build_meta_model_on, build_model_on};
 use crate::parallel::ParallelDims;
 use crate::trainer::Trainer;
 
+use super::run_dir_lock::RunDirLock;
 use super::{slow_precision, RunOptions};
 
 /// One rank, set up.
@@ -37,6 +38,8 @@ pub(super) struct Rank {
     pub train_fingerprint: u32,
     /// Rank 0's metrics log.
     pub log: Option<MetricsLog>,
+    /// Rank 0's lock on the run directory, held for the run.
+    pub _run_dir_lock: Option<RunDirLock>,
     /// Seconds the run had run before this life: the resumed checkpoint's (0 for a new
     /// run, or a checkpoint that did not record it).
     pub elapsed_before_s: f64,
@@ -104,9 +107,12 @@ impl Rank {
         // The resident loop made before the first step (its GPU opened, its buffers
         // allocated): a run fails here, not at its first window, where it cannot.
         trainer.make_resident_loop()?;
-        let log = match lead {
-            true => Some(open_run_dir(config, resumed_at)?),
-            false => None,
+        let (log, _run_dir_lock) = match lead {
+            true => {
+                let (log, lock) = open_run_dir(config, resumed_at)?;
+                (Some(log), Some(lock))
+            }
+            false => (None, None),
         };
         let accounting = accounting(&trainer, &dims, &data);
         tracing::info!("{accounting}");
@@ -128,6 +134,7 @@ impl Rank {
             data,
             train_fingerprint,
             log,
+            _run_dir_lock,
             elapsed_before_s,
             accounting,
         })
@@ -199,10 +206,13 @@ fn resume(
     Ok((state.step, state.elapsed_s))
 }
 
-/// Rank 0's run directory: the resolved config written, the metrics log opened (kept up
-/// to `resumed_at` where the run resumes).
-fn open_run_dir(config: &TrainConfig, resumed_at: Option<u64>) -> Result<MetricsLog> {
+/// Rank 0's run directory: locked for this run, its checkpoints' folder made (a path
+/// there that cannot be one fails now, not at the first save after hours of training),
+/// the resolved config written, the metrics log opened (kept up to `resumed_at` where the
+/// run resumes).
+fn open_run_dir(config: &TrainConfig, resumed_at: Option<u64>) -> Result<(MetricsLog, RunDirLock)> {
     let run_dir = &config.run_dir;
+    let lock = RunDirLock::take(run_dir)?;
     // A fresh run beside an earlier run's checkpoints would interleave its own with
     // theirs, and `--resume latest` would then continue whichever is newest by step,
     // the earlier run's included (Hugging Face's Trainer refuses a non-empty output
@@ -223,10 +233,31 @@ fn open_run_dir(config: &TrainConfig, resumed_at: Option<u64>) -> Result<Metrics
             ));
         }
     }
-    std::fs::create_dir_all(run_dir).map_err(|e| io_err(run_dir, e))?;
+    make_checkpoints_dir(&run_dir.join("checkpoints"))?;
     let cfg_text = toml::to_string(config).map_err(|e| TrainError::Setup(e.to_string()))?;
     std::fs::write(run_dir.join("config.toml"), cfg_text).map_err(|e| io_err(run_dir, e))?;
-    MetricsLog::open(run_dir, resumed_at)
+    Ok((MetricsLog::open(run_dir, resumed_at)?, lock))
+}
+
+/// Makes `dir`, where the checkpoints go; a file in its place or a link to nowhere is
+/// named as what it is.
+fn make_checkpoints_dir(dir: &std::path::Path) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| {
+        let dangling = std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink())
+            && std::fs::metadata(dir).is_err();
+        match (dangling, std::fs::read_link(dir)) {
+            (true, Ok(target)) => config_err(
+                "run_dir",
+                format!(
+                    "{} is a symbolic link to {}, which does not exist: checkpoints could \
+                     not be saved there (make the folder it names)",
+                    dir.display(),
+                    target.display()
+                ),
+            ),
+            _ => io_err(dir, e),
+        }
+    })
 }
 
 /// What each rank holds (llm.c's "allocating N MiB for ..." at start-up) and how the
