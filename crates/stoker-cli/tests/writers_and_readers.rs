@@ -274,6 +274,22 @@ fn export_then_start_from_it(model: &str) {
     assert!((ratio - 1.0).abs() <= 0.01, "{summary}");
     let hf = dir.join("hf");
     stoker(&["export", "hf", s(&c), "--out", s(&hf)]);
+    // A config with no checkpoint is an error, not the untrained weights exported with
+    // exit 0; `--initial` asks for those.
+    let untrained = config(dir, "untrained", &data, model, "steps = 20");
+    let o = Command::new(STOKER)
+        .args(["export", "hf", s(&untrained), "--out", s(&dir.join("hf0"))])
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success()
+            && String::from_utf8_lossy(&o.stderr).contains("no intact checkpoint under")
+            && !dir.join("hf0").exists(),
+        "{}",
+        text(&o)
+    );
+    let initial = ["export", "hf", s(&untrained), "--initial", "--out"];
+    stoker(&[&initial[..], &[s(&dir.join("hf0"))]].concat());
     // Another head count (the GPT) or rotary base (the Llama) keeps every shape, so the
     // layout check passes it; the manifest's model refuses it by key (before, the export
     // wrote the weights under the other model's config.json).

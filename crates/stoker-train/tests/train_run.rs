@@ -101,6 +101,18 @@ fn latest_is_the_checkpoint_this_timeline_wrote_last() {
         "{:?}",
         intact.skipped
     );
+    // LATEST naming a checkpoint removed by hand: said as such (before: only the newer
+    // ones passed over, and the resume's error called them failed).
+    std::fs::remove_dir_all(step(2)).unwrap();
+    std::fs::remove_dir_all(step(1)).unwrap();
+    let intact = stoker_train::checkpoint::latest_intact(&root);
+    assert_eq!(intact.dir, None);
+    let gone = intact
+        .skipped
+        .iter()
+        .find(|(d, _)| *d == step(2))
+        .unwrap_or_else(|| panic!("{:?}", intact.skipped));
+    assert!(gone.1.contains("but not there"), "{}", gone.1);
 }
 
 /// A resumed run's `elapsed_s` goes on from its checkpoint's (it restarted at 0), the

@@ -23,10 +23,14 @@ enum ExportCommand {
     Hf {
         /// The training config (its [model] section gives the sizes).
         config: PathBuf,
-        /// The checkpoint to export (default: the newest under RUN_DIR/checkpoints; with
-        /// none there, the model's initial weights).
+        /// The checkpoint to export (default: the newest intact one under
+        /// RUN_DIR/checkpoints, as `train --resume latest` picks it; with none there, an
+        /// error).
         #[arg(long)]
         checkpoint: Option<PathBuf>,
+        /// Export the model's initial (untrained) weights instead of a checkpoint.
+        #[arg(long, conflicts_with = "checkpoint")]
+        initial: bool,
         /// Output directory.
         #[arg(long)]
         out: PathBuf,
@@ -39,6 +43,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<()> {
         ExportCommand::Hf {
             config,
             checkpoint: ckpt,
+            initial,
             out,
         } => {
             let config = TrainConfig::load(&config)?;
@@ -49,7 +54,11 @@ pub fn run(args: ExportArgs) -> anyhow::Result<()> {
                 );
             }
             let mut trainer = Trainer::new(&config)?;
-            let ckpt = ckpt.or_else(|| checkpoint::latest(&config.run_dir.join("checkpoints")));
+            let ckpt = match (ckpt, initial) {
+                (Some(dir), _) => Some(dir),
+                (None, true) => None,
+                (None, false) => Some(newest_intact(&config.run_dir)?),
+            };
             match &ckpt {
                 Some(dir) => {
                     let saved = checkpoint::load(&mut trainer, dir)
@@ -58,7 +67,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<()> {
                     checkpoint::continues::check_model(saved.model.as_ref(), &ours, dir)?;
                     eprintln!("exporting {} (step {})", dir.display(), trainer.step());
                 }
-                None => eprintln!("no checkpoint: exporting the initial weights"),
+                None => eprintln!("--initial: exporting the initial (untrained) weights"),
             }
             // The vocabulary's end-of-text token becomes config.json's bos and eos.
             let end_of_text = match &config.data.vocab {
@@ -76,4 +85,32 @@ pub fn run(args: ExportArgs) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// The newest checkpoint under `run_dir/checkpoints` that verifies, as `train --resume
+/// latest` picks it (those passed over are warned of); none is an error: exporting the
+/// untrained weights instead would hand over a useless model without a word.
+fn newest_intact(run_dir: &std::path::Path) -> anyhow::Result<PathBuf> {
+    let root = run_dir.join("checkpoints");
+    let intact = checkpoint::latest_intact(&root);
+    for (dir, why) in &intact.skipped {
+        eprintln!(
+            "stoker: warning: skipping checkpoint {}: {why}",
+            dir.display()
+        );
+    }
+    intact.dir.ok_or_else(|| {
+        let relative = match run_dir.is_relative() {
+            true => format!(
+                " (run_dir is relative, read from the working directory {})",
+                std::env::current_dir().map_or_else(|_| "?".into(), |d| d.display().to_string())
+            ),
+            false => String::new(),
+        };
+        anyhow::anyhow!(
+            "no intact checkpoint under {}{relative}: give --checkpoint DIR, or --initial to \
+             export the untrained weights",
+            root.display()
+        )
+    })
 }

@@ -220,7 +220,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
                     None
                 }
                 (None, n) => anyhow::bail!(
-                    "no intact checkpoint under {}: all {n} failed verification (above)",
+                    "no intact checkpoint under {}: {n} passed over (above)",
                     root.display()
                 ),
             }

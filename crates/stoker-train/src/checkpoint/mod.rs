@@ -212,6 +212,7 @@ pub fn candidates(root: &Path) -> (Vec<PathBuf>, Vec<(PathBuf, String)>) {
         return (dirs, Vec::new());
     };
     // Those after it are another timeline's; it itself is among the rest where it committed.
+    let gone = !last.exists();
     let (newer, mine): (Vec<PathBuf>, Vec<PathBuf>) = dirs.into_iter().partition(|d| *d > last);
     let why = |d: PathBuf| {
         let note = format!(
@@ -221,7 +222,18 @@ pub fn candidates(root: &Path) -> (Vec<PathBuf>, Vec<(PathBuf, String)>) {
         );
         (d, note)
     };
-    (mine, newer.into_iter().map(why).collect())
+    let mut passed: Vec<(PathBuf, String)> = newer.into_iter().map(why).collect();
+    // LATEST naming a checkpoint that is not there (removed by hand): said, so that the
+    // newer ones passed over are not taken for failed ones.
+    if gone {
+        let note = format!(
+            "named by {} but not there (removed?): the newer checkpoints are passed over \
+             as another timeline's; resume one of them with --resume DIR, or remove {LATEST}",
+            root.join(LATEST).display()
+        );
+        passed.push((last, note));
+    }
+    (mine, passed)
 }
 
 /// The checkpoint a resume takes under `root`, unverified: the one [`LATEST`] names, else
