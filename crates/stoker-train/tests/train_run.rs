@@ -892,8 +892,8 @@ fn a_fresh_run_beside_an_earlier_run_s_checkpoints_is_refused() {
         other => panic!("expected seed refused, got {other:?}"),
     }
     // So are another head count (the same layout: the checkpoint's layout check passed
-    // it) and another held-out fraction (other training samples than its position
-    // counts): the manifest records the model and the samples.
+    // it), another held-out fraction (other training samples than its position counts)
+    // and another data.shuffle: the manifest records the model and the samples.
     let refusals = [
         ("n_head = 4", "n_head = 2", "model.n_head", "n_head = 4"),
         (
@@ -901,6 +901,13 @@ fn a_fresh_run_beside_an_earlier_run_s_checkpoints_is_refused() {
             "[data]\neval_fraction = 0.2\n",
             "data.train",
             "training samples",
+        ),
+        // The other data.shuffle orders the samples otherwise (before: resumed silently).
+        (
+            "[data]\n",
+            "[data]\nshuffle = false\n",
+            "data.shuffle",
+            "written with data.shuffle = true",
         ),
     ];
     for (was, now, key, says) in refusals {

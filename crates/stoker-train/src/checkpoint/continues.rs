@@ -25,6 +25,9 @@ pub struct RunRecord {
     pub model: ModelConfig,
     /// `precision`.
     pub precision: Precision,
+    /// `data.shuffle`, which orders the data with the seed (recorded in the data
+    /// position).
+    pub shuffle: bool,
 }
 
 impl RunRecord {
@@ -34,13 +37,15 @@ impl RunRecord {
             seed: config.seed,
             model: config.model.resolved(),
             precision: config.precision,
+            shuffle: config.data.shuffle,
         }
     }
 }
 
 /// Checks that a run of `ours`, over `train` training data (its sample count and
 /// fingerprint; None: not training, as an export), continues the run that wrote the
-/// checkpoint `dir` (`saved`). Refused, naming the key: another seed, another model,
+/// checkpoint `dir` (`saved`). Refused, naming the key: another seed or `data.shuffle`,
+/// another model,
 /// another number of training samples (another data file or `eval_fraction`) or other
 /// samples (another file of the same size). Allowed, with the warnings
 /// returned: another precision (the FP32 master weights and the optimizer's moments go
@@ -64,6 +69,18 @@ pub fn check_continues(
         ));
     }
     check_model(saved.model.as_ref(), &ours.model, dir)?;
+    if let Some(then) = saved.data.as_ref().and_then(|d| d.shuffle) {
+        if then != ours.shuffle {
+            return Err(config_err(
+                "data.shuffle",
+                format!(
+                    "{}, but the checkpoint {at} was written with data.shuffle = {then}: its \
+                     data order would not continue",
+                    ours.shuffle
+                ),
+            ));
+        }
+    }
     let counted = saved.data.as_ref().and_then(|d| d.train_samples);
     let print = saved.data.as_ref().and_then(|d| d.train_crc32);
     if let (Some((_, now)), Some(then)) = (train, print) {
@@ -185,6 +202,7 @@ mod tests {
             seed: 3,
             model,
             precision,
+            shuffle: true,
         }
     }
 

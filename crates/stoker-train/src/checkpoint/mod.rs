@@ -54,6 +54,10 @@ pub struct DataPosition {
     /// before it was recorded): another file of the same size differs in it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub train_crc32: Option<u32>,
+    /// `data.shuffle` (absent in checkpoints written before it was recorded): the other
+    /// setting orders the samples otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shuffle: Option<bool>,
 }
 
 impl DataPosition {
@@ -77,6 +81,7 @@ impl DataPosition {
             ranks: vec![state; world],
             train_samples,
             train_crc32: None,
+            shuffle: None,
         }
     }
 

@@ -265,6 +265,7 @@ fn checkpoint_now(ctx: &LoopContext<'_>, rank: &mut Rank, stats: &mut LoopStats)
         Some(rank.data.train.len()),
     );
     pos.train_crc32 = Some(rank.train_fingerprint);
+    pos.shuffle = Some(ctx.config.data.shuffle);
     let root = ctx.config.run_dir.join("checkpoints");
     let run = checkpoint::RunRecord::of(ctx.config);
     let at = (pos, ctx.run_elapsed_s(rank));
