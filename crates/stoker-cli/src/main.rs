@@ -53,6 +53,9 @@ fn main() -> std::process::ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
+        // Colours only for a terminal: a job's log file (Slurm's, a redirect) gets plain
+        // text, as NO_COLOR gives.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     if let stoker_train::malloc_tuning::MallocTuning::Refused(what) = malloc {
         tracing::warn!("glibc refused the malloc setting {what}: freed memory may go back to the kernel and fault in again every step");

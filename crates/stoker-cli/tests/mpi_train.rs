@@ -364,6 +364,18 @@ fn resume_elsewhere(model: Model) {
             "{first} ranks then {then}: {}",
             text(&o)
         );
+        // The run says where it went on from (before: nothing did).
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            out.lines().any(|l| l.starts_with("resumed from ")
+                && l.ends_with("checkpoints/step_00000004 at step 4")),
+            "{}",
+            text(&o)
+        );
+        // A log that is not a terminal gets no colour codes (before: tracing's warnings
+        // carried them into every job's log file).
+        let all = text(&o);
+        assert!(!all.contains('\x1b'), "{all}");
     }
     // Two ranks as threads of one process.
     let local = config(

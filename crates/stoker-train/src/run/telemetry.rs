@@ -160,6 +160,14 @@ impl Telemetry {
         if rank.lead {
             bar.println(&rank.accounting);
             bar.suspend(|| {
+                // Which checkpoint this life goes on from (`--resume latest` picks one).
+                if let Some(dir) = &opts.resume {
+                    println!(
+                        "resumed from {} at step {}",
+                        dir.display(),
+                        rank.trainer.step()
+                    );
+                }
                 if let Some(line) = &profile_line {
                     println!("{line}");
                 }
