@@ -854,6 +854,37 @@ fn an_edited_manifest_layout_is_refused_before_it_is_used() {
             );
         }
     }
+    // Counts the manifest gives twice that disagree, and a step its directory is not
+    // named for (before: "intact", and a resume from step 18 at step 20's data position).
+    let copy_to = |to: &std::path::Path, edit: fn(&mut serde_json::Value)| {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(&ckpt).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+        let path = to.join("manifest.json");
+        let mut m: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        edit(&mut m);
+        let bytes = serde_json::to_vec(&m).unwrap();
+        std::fs::write(&path, &bytes).unwrap();
+        std::fs::write(
+            to.join("COMMITTED"),
+            format!("{:08x}\n", crc32fast::hash(&bytes)),
+        )
+        .unwrap();
+        stoker_train::checkpoint::verify(to)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
+    };
+    let e = copy_to(&tmp.path().join("ranks"), |m| m["world_size"] = 5.into());
+    assert!(e.contains("world_size 5, but data.world_size 1"), "{e}");
+    let e = copy_to(&tmp.path().join("step_00000002"), |m| m["step"] = 1.into());
+    assert!(
+        e.contains("step 1, but its directory is named for step 2"),
+        "{e}"
+    );
 }
 
 /// A fresh run in a run directory that holds an earlier run's checkpoints is refused,

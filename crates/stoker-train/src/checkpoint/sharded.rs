@@ -430,6 +430,31 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
             ),
         ));
     }
+    // The counts the manifest gives more than once agree: the ranks that wrote it, its
+    // data position's, one position per rank, no more shards than ranks; and the step is
+    // the one its directory is named for (an edit that passes the checksum, with the
+    // marker recomputed, is still refused here).
+    let (ranks, data_ranks, positions) = (m.world_size, m.data.world_size, m.data.ranks.len());
+    if ranks == 0 || data_ranks != ranks || positions != ranks || m.shards.len() > ranks {
+        return Err(ckpt_err(
+            &mp,
+            format!(
+                "world_size {ranks}, but data.world_size {data_ranks}, {positions} data \
+                 position(s) and {} shard(s): the manifest does not agree with itself",
+                m.shards.len()
+            ),
+        ));
+    }
+    if let Some(named) = super::step_of(dir).filter(|&n| n != m.step) {
+        return Err(ckpt_err(
+            &mp,
+            format!(
+                "step {}, but its directory is named for step {named}: the manifest does not \
+                 belong here",
+                m.step
+            ),
+        ));
+    }
     // The layout as its own table, and no larger than the shards can hold (each holds
     // its pieces as f32, and more): a damaged or edited one is refused here, before a
     // reader allocates its total or slices by its slots.
