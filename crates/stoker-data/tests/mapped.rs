@@ -44,19 +44,20 @@ fn worker_truncated() {
     }
     let map = Mapped::map(&file, &path).unwrap();
     assert_eq!(map[3 * 4096 - 1], 7);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .unwrap()
-        .set_len(100)
-        .unwrap();
-    let last = read_byte(&map, 3 * 4096 - 1);
+    let last = truncate_then_read_past_it(&path, &map);
     println!("read {last} past the end without a fault");
 }
 
-/// A read the optimizer must keep.
-fn read_byte(map: &Mapped, at: usize) -> u8 {
-    std::hint::black_box(std::hint::black_box(&map[..])[at])
+/// Truncates the mapped file at `path` to 100 bytes, then reads `map`'s last byte, past
+/// the new end (a read the optimizer must keep): the fault the handler catches.
+fn truncate_then_read_past_it(path: &std::path::Path, map: &Mapped) -> u8 {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(100)
+        .unwrap();
+    std::hint::black_box(std::hint::black_box(&map[..])[3 * 4096 - 1])
 }
 
 #[test]
@@ -84,13 +85,7 @@ fn worker_truncated_past_the_table() {
         .map(|_| Mapped::map(&file, &path).unwrap())
         .collect();
     let map = Mapped::map(&file, &path).unwrap();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .unwrap()
-        .set_len(100)
-        .unwrap();
-    let last = read_byte(&map, 3 * 4096 - 1);
+    let last = truncate_then_read_past_it(&path, &map);
     println!(
         "read {last} past the end without a fault ({} named)",
         named.len()

@@ -821,24 +821,29 @@ fn an_edited_manifest_layout_is_refused_before_it_is_used() {
             "more than the",
         ),
     ];
-    for (name, edit, says) in edits {
-        let ck = tmp.path().join(name);
-        std::fs::create_dir_all(&ck).unwrap();
+    // A copy of the checkpoint at `to` with its manifest edited and its COMMITTED
+    // checksum recomputed, so that it reads as intact.
+    let edited_copy = |to: &std::path::Path, edit: fn(&mut serde_json::Value)| {
+        std::fs::create_dir_all(to).unwrap();
         for e in std::fs::read_dir(&ckpt).unwrap() {
             let e = e.unwrap();
-            std::fs::copy(e.path(), ck.join(e.file_name())).unwrap();
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
         }
-        let path = ck.join("manifest.json");
+        let path = to.join("manifest.json");
         let mut m: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         edit(&mut m);
         let bytes = serde_json::to_vec(&m).unwrap();
         std::fs::write(&path, &bytes).unwrap();
         std::fs::write(
-            ck.join("COMMITTED"),
+            to.join("COMMITTED"),
             format!("{:08x}\n", crc32fast::hash(&bytes)),
         )
         .unwrap();
+    };
+    for (name, edit, says) in edits {
+        let ck = tmp.path().join(name);
+        edited_copy(&ck, edit);
         for e in [
             stoker_train::checkpoint::verify(&ck)
                 .map(|_| ())
@@ -857,22 +862,7 @@ fn an_edited_manifest_layout_is_refused_before_it_is_used() {
     // Counts the manifest gives twice that disagree, and a step its directory is not
     // named for (before: "intact", and a resume from step 18 at step 20's data position).
     let copy_to = |to: &std::path::Path, edit: fn(&mut serde_json::Value)| {
-        std::fs::create_dir_all(to).unwrap();
-        for e in std::fs::read_dir(&ckpt).unwrap() {
-            let e = e.unwrap();
-            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-        }
-        let path = to.join("manifest.json");
-        let mut m: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        edit(&mut m);
-        let bytes = serde_json::to_vec(&m).unwrap();
-        std::fs::write(&path, &bytes).unwrap();
-        std::fs::write(
-            to.join("COMMITTED"),
-            format!("{:08x}\n", crc32fast::hash(&bytes)),
-        )
-        .unwrap();
+        edited_copy(to, edit);
         stoker_train::checkpoint::verify(to)
             .map(|_| ())
             .unwrap_err()
