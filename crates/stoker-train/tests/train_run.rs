@@ -323,6 +323,27 @@ fn consolidated_weights_are_plain_safetensors() {
         );
     }
     stoker_train::checkpoint::verify(&dir).unwrap();
+    // Given the run directory (DeepSpeed's zero_to_fp32 takes the root), verify and
+    // consolidate say alike that it is not one checkpoint and name the newest to give
+    // (before: consolidate said the manifest file was missing, verify gave no hint).
+    let e = [
+        stoker_train::checkpoint::verify(&c.run_dir)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string(),
+        stoker_train::checkpoint::consolidate(&c.run_dir, None)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string(),
+    ];
+    for e in e {
+        assert!(
+            e.contains("not a stoker checkpoint directory")
+                && e.contains("give one checkpoint, e.g.")
+                && e.contains("step_00000001"),
+            "{e}"
+        );
+    }
     // A shard's permissions are a new file's (the umask's), as the manifest's: not the
     // 0600 of safetensors' temporary file.
     use std::os::unix::fs::PermissionsExt;

@@ -249,11 +249,23 @@ pub fn latest(root: &Path) -> Option<PathBuf> {
 }
 
 /// The error for a directory holding neither checkpoint format.
+/// Given a run directory or its `checkpoints/` (DeepSpeed's `zero_to_fp32` takes the
+/// root), it names the newest checkpoint under it to pass instead.
 pub(crate) fn not_a_checkpoint(dir: &Path) -> TrainError {
+    let root = match dir.join("checkpoints").is_dir() {
+        true => dir.join("checkpoints"),
+        false => dir.to_path_buf(),
+    };
+    let hint = match latest(&root) {
+        Some(newest) => format!(": give one checkpoint, e.g. {}", newest.display()),
+        None if !dir.exists() => ": it does not exist".to_string(),
+        None => String::new(),
+    };
     TrainError::Checkpoint {
         path: dir.to_path_buf(),
         message: format!(
-            "no {} (version 3) or state.json (versions 1-2): not a stoker checkpoint directory",
+            "no {} (version 3) or state.json (versions 1-2): not a stoker checkpoint \
+             directory{hint}",
             sharded::MANIFEST
         ),
     }
