@@ -202,7 +202,9 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             // The newest checkpoint that verifies: a corrupt newest one is passed over.
             let root = config.run_dir.join("checkpoints");
             let intact = checkpoint::latest_intact(&root);
-            for (dir, why) in &intact.skipped {
+            // Every rank makes the same choice; rank 0 says why (before: each rank did).
+            let lead = stoker_comm::mpi::launched_rank().is_none_or(|r| r == 0);
+            for (dir, why) in intact.skipped.iter().filter(|_| lead) {
                 eprintln!(
                     "stoker: warning: skipping checkpoint {}: {why}",
                     dir.display()
