@@ -116,16 +116,9 @@ pub fn open_file(path: &Path) -> Result<File> {
 }
 
 impl Mapped {
-    /// Maps `file` (opened from `path`) read-only.
+    /// Maps `file` (opened from `path` by [`open_file`], which refuses what is not a
+    /// regular file) read-only.
     pub fn map(file: &File, path: &Path) -> Result<Self> {
-        // A directory opens for reading but does not map ("No such device").
-        if file.metadata().is_ok_and(|m| m.is_dir()) {
-            return Err(DataError::format(
-                path,
-                "path",
-                "a directory, expected a file",
-            ));
-        }
         // SAFETY: a read-only mapping that `Mapped` owns, so no slice of it outlives the
         // mapping (`Deref` borrows `self`). What no check can rule out is another process
         // changing the file: a truncation ends in the SIGBUS handler below, which names the
