@@ -14,11 +14,6 @@ use crate::model_files::{ckpt_err, write_synced};
 
 /// The whole FP32 parameter buffer of the sharded checkpoint in `dir`, and its layout.
 pub fn read_params(dir: &Path) -> Result<(FlatLayout, Vec<f32>)> {
-    // Not a checkpoint at all (a run directory, say): said as `verify` says it, not as a
-    // missing manifest file.
-    if !dir.join(super::sharded::MANIFEST).exists() {
-        return Err(super::not_a_checkpoint(dir));
-    }
     let m = read_manifest(dir)?;
     let len = m.layout.total_len();
     let mut master = vec![0f32; len];

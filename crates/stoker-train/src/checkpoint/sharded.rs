@@ -401,7 +401,12 @@ fn view(v: &[f32]) -> TensorView<'_> {
 /// Reads and checks `dir`'s manifest against its commit marker.
 pub fn read_manifest(dir: &Path) -> Result<Manifest> {
     let mp = dir.join(MANIFEST);
-    let json = std::fs::read(&mp).map_err(|e| io_err(&mp, e))?;
+    let json = std::fs::read(&mp).map_err(|e| match e.kind() {
+        // No manifest at all (a run directory, say): not a checkpoint, as every reader
+        // says it, with the checkpoint to give instead.
+        std::io::ErrorKind::NotFound => super::not_a_checkpoint(dir),
+        _ => io_err(&mp, e),
+    })?;
     let cp = dir.join(COMMITTED);
     let marker = std::fs::read_to_string(&cp).map_err(|_| {
         ckpt_err(
