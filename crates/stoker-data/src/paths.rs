@@ -35,10 +35,9 @@ pub fn check_prefix(prefix: &Path) -> Result<()> {
     }
 }
 
-/// Creates the folder that will hold files named after `prefix`, once [`check_prefix`]
-/// has found that it names files.
+/// Creates the folder that will hold files named after `prefix` (each `stoker pack`
+/// has called [`check_prefix`] on it first, before reading its inputs).
 pub fn create_parent(prefix: &Path) -> Result<()> {
-    check_prefix(prefix)?;
     match prefix.parent().filter(|d| !d.as_os_str().is_empty()) {
         Some(dir) => std::fs::create_dir_all(dir).map_err(|e| DataError::io(dir, e)),
         None => Ok(()),

@@ -124,6 +124,7 @@ pub fn pack_idx(
     prefix: impl AsRef<Path>,
 ) -> Result<IdxSummary> {
     let (images, labels) = (images.as_ref(), labels.as_ref());
+    crate::paths::check_prefix(prefix.as_ref())?;
     let img = read_idx(images)?;
     let lab = read_idx(labels)?;
     if img.dims.len() != 3 {

@@ -50,7 +50,6 @@ impl ShardWriter {
                 message: format!("{shard_tokens}: expected 1 to 2^31 - 1 tokens per shard"),
             });
         }
-        crate::paths::check_prefix(prefix)?;
         let earlier = earlier_shards(prefix)?;
         if !earlier.is_empty() {
             let names: Vec<String> = earlier.iter().map(|p| p.display().to_string()).collect();
