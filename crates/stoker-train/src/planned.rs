@@ -811,17 +811,7 @@ fn resident_schedule(config: &TrainConfig) -> Option<stoker_plan::trainer::Resid
     if !config.resident_loop() {
         return None;
     }
-    let (blocks, block_len) = match &config.model {
-        ModelConfig::Gpt(g) => {
-            let d = g.dims();
-            (d.n_layer, stoker_gpu::step::gpt::gpt_block_len(&d))
-        }
-        ModelConfig::Llama(l) => {
-            let d = l.dims();
-            (d.n_layer, stoker_gpu::step::llama::llama_block_len(&d))
-        }
-        ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => return None,
-    };
+    let (blocks, block_len) = crate::trainer::resident_blocks(&config.model)?;
     Some(stoker_plan::trainer::ResidentLoop {
         blocks: blocks as u64,
         block_len: block_len as u64,

@@ -38,7 +38,7 @@ use crate::schedule::Schedule;
 use buffers::{GradBuffers, ParamBuffers};
 pub use eval::EvalReport;
 pub use path::StepPath;
-pub use resident::{planned_resident_bytes, ResidentPath};
+pub use resident::{planned_resident_bytes, resident_blocks, ResidentPath};
 
 /// What one optimizer step did.
 #[derive(Debug, Clone, PartialEq)]

@@ -247,6 +247,23 @@ fn loop_kinds(
     (strategy, optimizer, shape)
 }
 
+/// The blocks of `model` as the resident step sizes them: how many, and the elements of
+/// one (stoker-gpu's `gpt_block_len`, `llama_block_len`). None for models the step does
+/// not run.
+pub fn resident_blocks(model: &ModelConfig) -> Option<(usize, usize)> {
+    match model {
+        ModelConfig::Gpt(g) => {
+            let d = g.dims();
+            Some((d.n_layer, stoker_gpu::step::gpt::gpt_block_len(&d)))
+        }
+        ModelConfig::Llama(l) => {
+            let d = l.dims();
+            Some((d.n_layer, stoker_gpu::step::llama::llama_block_len(&d)))
+        }
+        ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => None,
+    }
+}
+
 /// What the resident loop of `config` holds on its backend at rank `rank_world.0` of
 /// `rank_world.1`, over a flat layout of `len` elements, planned before it exists from
 /// the sizes its buffers are made with (stoker-gpu's `gpt_step_sizes`,
@@ -262,16 +279,11 @@ pub fn planned_resident_bytes(
     }
     let (strategy, optimizer, (b, t)) = loop_kinds(config);
     let opts = strategy.step_options(config.resident_options(), rank_world);
-    let (sizes, block) = match &config.model {
-        ModelConfig::Gpt(g) => {
-            let d = g.dims();
-            let sizes = stoker_gpu::step::gpt::gpt_step_sizes(&d, len, (b, t), opts);
-            (sizes, stoker_gpu::step::gpt::gpt_block_len(&d))
-        }
+    let (_, block) = resident_blocks(&config.model)?;
+    let sizes = match &config.model {
+        ModelConfig::Gpt(g) => stoker_gpu::step::gpt::gpt_step_sizes(&g.dims(), len, (b, t), opts),
         ModelConfig::Llama(l) => {
-            let d = l.dims();
-            let sizes = stoker_gpu::step::llama::llama_step_sizes(&d, len, (b, t), opts);
-            (sizes, stoker_gpu::step::llama::llama_block_len(&d))
+            stoker_gpu::step::llama::llama_step_sizes(&l.dims(), len, (b, t), opts)
         }
         ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => return None,
     };
