@@ -201,15 +201,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         Some("latest") => {
             // The newest checkpoint that verifies: a corrupt newest one is passed over.
             let root = config.run_dir.join("checkpoints");
-            let intact = checkpoint::latest_intact(&root);
-            // Every rank makes the same choice; rank 0 says why (before: each rank did).
-            let lead = stoker_comm::mpi::launched_rank().is_none_or(|r| r == 0);
-            for (dir, why) in intact.skipped.iter().filter(|_| lead) {
-                eprintln!(
-                    "stoker: warning: skipping checkpoint {}: {why}",
-                    dir.display()
-                );
-            }
+            let intact = latest_intact_said(&root);
             match (intact.dir, intact.skipped.len()) {
                 (Some(dir), _) => Some(dir),
                 // None yet (a job requeued before its first checkpoint): a fresh start, as
@@ -283,6 +275,22 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// The newest checkpoint under `root` that verifies ([`checkpoint::latest_intact`], what
+/// `--resume latest` and `stoker export hf` take), each newer one passed over warned of,
+/// with why. Every rank makes the same choice before the communicator exists; rank 0
+/// alone says so (before: each rank did).
+pub(super) fn latest_intact_said(root: &std::path::Path) -> checkpoint::Intact {
+    let intact = checkpoint::latest_intact(root);
+    let lead = stoker_comm::mpi::launched_rank().is_none_or(|r| r == 0);
+    for (dir, why) in intact.skipped.iter().filter(|_| lead) {
+        eprintln!(
+            "stoker: warning: skipping checkpoint {}: {why}",
+            dir.display()
+        );
+    }
+    intact
 }
 
 /// Exit status of a run stopped by SIGTERM or SIGINT after writing its checkpoint
