@@ -218,17 +218,6 @@ fn peaks(items: &[String]) -> anyhow::Result<Option<BTreeMap<String, f64>>> {
     Ok(Some(out))
 }
 
-/// Whether the command line asks for more than a plan's inputs can say: a file, a
-/// calibration, JSON or an emitted config, each of which needs a full plan.
-fn wants_full_plan(args: &PlanArgs) -> bool {
-    args.config.is_some()
-        || args.deepspeed.is_some()
-        || args.loader_bench.is_some()
-        || args.emit_config.is_some()
-        || args.calibrate
-        || args.json
-}
-
 impl PlanArgs {
     fn to_input(&self) -> anyhow::Result<PlanInput> {
         Ok(PlanInput {
@@ -337,13 +326,6 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    // `--params` alone (`--help` promises it) plans model states only.
-    if !wants_full_plan(&args) {
-        let cli = args.to_input()?;
-        if let Some(count) = cli.states_only_count() {
-            return print_states_only(&cli, count);
-        }
-    }
     if args.calibrate && args.config.is_none() {
         let widths: Vec<usize> = match args.probe_widths.is_empty() {
             true => stoker_train::machine::PROBE_WIDTHS.to_vec(),
@@ -374,8 +356,15 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         "--calibrate times the training step of a training config (give one with --config), \
          or alone measures this machine into its profile"
     );
-    // A plan file with `[model] params` alone, as `--params` alone: model states only.
-    if base.is_none() && args.deepspeed.is_none() && !args.json && args.emit_config.is_none() {
+    // `--params` alone (`--help` promises it), or a plan file with `[model] params` alone:
+    // model states only. A training config, a DeepSpeed file, a loader benchmark, JSON or
+    // an emitted config each ask for the full plan.
+    let full = base.is_some()
+        || args.deepspeed.is_some()
+        || args.loader_bench.is_some()
+        || args.emit_config.is_some()
+        || args.json;
+    if !full {
         let mut merged = file.clone();
         merged.overlay(&cli);
         if let Some(count) = merged.states_only_count() {
