@@ -27,18 +27,6 @@ pub fn launched_world() -> Option<(String, usize)> {
     None
 }
 
-/// This process's rank as its launcher announced it (`PMI_RANK`, `OMPI_COMM_WORLD_RANK`,
-/// `PMIX_RANK`, Slurm's `SLURM_PROCID` under `srun`), read before any MPI call: what
-/// every process does alike before the communicator exists (choosing a checkpoint) can
-/// then be reported by rank 0 alone. None outside a launcher.
-pub fn launched_rank() -> Option<usize> {
-    let srun = std::env::var_os("SLURM_STEP_ID").is_some();
-    ["PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"]
-        .into_iter()
-        .chain(srun.then_some("SLURM_PROCID"))
-        .find_map(|var| std::env::var(var).ok()?.trim().parse().ok())
-}
-
 /// How many of the job's ranks the launcher started on this host (MPICH's Hydra sets
 /// `MPI_LOCALNRANKS`, Open MPI `OMPI_COMM_WORLD_LOCAL_SIZE`, Slurm's `srun`
 /// `SLURM_STEP_TASKS_PER_NODE` read at this node's `SLURM_NODEID`); None outside a

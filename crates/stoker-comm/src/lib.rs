@@ -61,7 +61,7 @@ pub mod mpi {
         }
     }
 
-    pub use crate::launch::{host_name, launched_rank, launched_world, local_ranks};
+    pub use crate::launch::{host_name, launched_world, local_ranks};
 
     /// Without MPI there is no job to abort: ends this process.
     pub fn abort_world(code: i32) -> ! {

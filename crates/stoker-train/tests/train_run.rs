@@ -8,7 +8,7 @@ use std::path::Path;
 use common::*;
 use stoker_train::config::TrainConfig;
 use stoker_train::metrics::{read, Record};
-use stoker_train::run::{run, RunOptions};
+use stoker_train::run::{run, Resume, RunOptions};
 use stoker_train::TrainError;
 
 fn config(dir: &Path, precision: &str, steps: u64, extra: &str) -> TrainConfig {
@@ -58,7 +58,7 @@ fn resume_continues_the_loss_curve_bit_identically() {
         run(
             &cb,
             &RunOptions {
-                resume: Some(ckpt),
+                resume: Some(Resume::From(ckpt)),
                 ..Default::default()
             },
         )
@@ -85,7 +85,7 @@ fn latest_is_the_checkpoint_this_timeline_wrote_last() {
     run(
         &c,
         &RunOptions {
-            resume: Some(step(1)),
+            resume: Some(Resume::From(step(1))),
             stop_after: Some(2),
             ..Default::default()
         },
@@ -138,7 +138,7 @@ fn a_resumed_run_goes_on_in_time_and_a_finished_one_trains_nothing() {
     assert_eq!(first.eval_step, Some(4));
     let root = c.run_dir.join("checkpoints");
     let resume = |step: u64| RunOptions {
-        resume: Some(root.join(format!("step_{step:08}"))),
+        resume: Some(Resume::From(root.join(format!("step_{step:08}")))),
         ..Default::default()
     };
     let second = run(&c, &resume(5)).unwrap();
@@ -221,7 +221,7 @@ fn corrupt_or_mismatched_checkpoints_are_refused() {
     let err = run(
         &other,
         &RunOptions {
-            resume: Some(ckpt.clone()),
+            resume: Some(Resume::From(ckpt.clone())),
             ..Default::default()
         },
     )
@@ -236,7 +236,7 @@ fn corrupt_or_mismatched_checkpoints_are_refused() {
         run(
             &c,
             &RunOptions {
-                resume: Some(dir.to_path_buf()),
+                resume: Some(Resume::From(dir.to_path_buf())),
                 ..Default::default()
             },
         )
@@ -252,7 +252,7 @@ fn corrupt_or_mismatched_checkpoints_are_refused() {
     let err = run(
         &sgd,
         &RunOptions {
-            resume: Some(ckpt.clone()),
+            resume: Some(Resume::From(ckpt.clone())),
             ..Default::default()
         },
     )
@@ -697,7 +697,7 @@ fn the_resident_loop_runs_whole_runs_that_resume_bit_identically() {
         };
         run_all(&cb, stop);
         let resume = RunOptions {
-            resume: Some(cb.run_dir.join("checkpoints/step_00000004")),
+            resume: Some(Resume::From(cb.run_dir.join("checkpoints/step_00000004"))),
             ..Default::default()
         };
         let b = run_all(&cb, resume);
@@ -923,7 +923,7 @@ fn a_fresh_run_beside_an_earlier_run_s_checkpoints_is_refused() {
         gpt_config(tmp.path(), "fp32", 4, "checkpoint_every = 2").replace("seed = 3", "seed = 4");
     let other = TrainConfig::parse(&text, Path::new("test.toml")).unwrap();
     let resume = RunOptions {
-        resume: Some(c.run_dir.join("checkpoints/step_00000002")),
+        resume: Some(Resume::From(c.run_dir.join("checkpoints/step_00000002"))),
         ..Default::default()
     };
     match run(&other, &resume) {
@@ -1057,4 +1057,88 @@ fn verify_checks_the_shards_that_hold_nothing_too() {
         .unwrap_err()
         .to_string();
     assert!(e.contains(empty[0]), "{e}");
+}
+
+/// `--resume latest` at three ranks: each rank verifies the manifest's share of a
+/// checkpoint (every third shard file), so the ranks read it once together, not three
+/// times; a corrupt shard that one rank checks makes all three pass over its checkpoint
+/// together, and the resumed run ends on the bits of one never stopped. With no intact
+/// checkpoint left, every rank fails alike.
+#[test]
+fn ranks_split_the_resume_check_and_pass_over_a_corrupt_shard_together() {
+    use stoker_train::checkpoint::{verify, verify_share, Share};
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = |name: &str| {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        write_token_corpus(&dir.join("corpus.bin"), 12_000);
+        // Not `deterministic` (a power of two only): the in-process backend sums in rank
+        // order, the same every run.
+        let extra = "checkpoint_every = 2\n[parallel]\nstrategy = \"zero1\"\n\
+                     backend = \"local\"\n";
+        let text = gpt_config(&dir, "fp32", 8, extra).replace(
+            "accumulation_steps = 2\n",
+            "global_batch = 12\nworld_size = 3\n",
+        );
+        TrainConfig::parse(&text, Path::new("test.toml")).unwrap()
+    };
+    let run_all = |c: &TrainConfig, opts: RunOptions| {
+        stoker_train::run::run_threads(c, &opts)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect::<Vec<_>>()
+    };
+    let whole = run_all(&cfg("a"), RunOptions::default());
+    let c = cfg("b");
+    let stop = RunOptions {
+        stop_after: Some(6),
+        ..Default::default()
+    };
+    run_all(&c, stop);
+    let root = c.run_dir.join("checkpoints");
+    let newest = root.join("step_00000006");
+    let all = verify(&newest).unwrap();
+    assert_eq!(all.files, 4, "the manifest and three shards");
+    let shares: Vec<_> = (0..3)
+        .map(|rank| verify_share(&newest, Share { rank, world: 3 }).unwrap())
+        .collect();
+    // Rank 0 counts the manifest; each rank reads one shard file.
+    let files: Vec<usize> = shares.iter().map(|v| v.files).collect();
+    assert_eq!(files, [2, 1, 1]);
+    assert_eq!(shares.iter().map(|v| v.bytes).sum::<u64>(), all.bytes);
+    // One byte flipped in the shard rank 2 checks.
+    let shard = newest.join("shard_00002.safetensors");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x10;
+    std::fs::write(&shard, bytes).unwrap();
+    assert!(verify_share(&newest, Share { rank: 0, world: 3 }).is_ok());
+    assert!(verify_share(&newest, Share { rank: 2, world: 3 }).is_err());
+    let latest = RunOptions {
+        resume: Some(Resume::Latest(root.clone())),
+        ..Default::default()
+    };
+    let resumed = run_all(&c, latest.clone());
+    for (r, s) in resumed.iter().enumerate() {
+        assert_eq!(s.steps_run(), 4, "rank {r}: resumed from step 4, not 6");
+        assert_eq!(s.weights_crc32, whole[0].weights_crc32, "rank {r}");
+    }
+    // Every checkpoint corrupt: no rank resumes, every rank says so.
+    for dir in stoker_train::checkpoint::complete(&root) {
+        let shard = dir.join("shard_00001.safetensors");
+        let mut bytes = std::fs::read(&shard).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x10;
+        std::fs::write(&shard, bytes).unwrap();
+    }
+    let ends = stoker_train::run::run_threads(&c, &latest).unwrap();
+    assert_eq!(ends.len(), 3);
+    for end in ends {
+        let Err(e) = end else {
+            panic!("a rank resumed though no checkpoint is intact");
+        };
+        let e = e.to_string();
+        assert!(e.contains("no intact checkpoint"), "{e}");
+    }
 }

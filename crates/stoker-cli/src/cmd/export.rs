@@ -92,7 +92,14 @@ pub fn run(args: ExportArgs) -> anyhow::Result<()> {
 /// untrained weights instead would hand over a useless model without a word.
 fn newest_intact(run_dir: &std::path::Path) -> anyhow::Result<PathBuf> {
     let root = run_dir.join("checkpoints");
-    super::train::latest_intact_said(&root).dir.ok_or_else(|| {
+    let intact = stoker_train::checkpoint::latest_intact(&root);
+    for (dir, why) in &intact.skipped {
+        eprintln!(
+            "stoker: warning: skipping checkpoint {}: {why}",
+            dir.display()
+        );
+    }
+    intact.dir.ok_or_else(|| {
         let relative = match run_dir.is_relative() {
             true => format!(
                 " (run_dir is relative, read from the working directory {})",

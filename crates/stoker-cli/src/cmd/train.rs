@@ -12,7 +12,7 @@ use stoker_comm::Communicator;
 use stoker_train::checkpoint;
 use stoker_train::config::{BackendKind, TrainConfig};
 use stoker_train::device::threads_per_rank;
-use stoker_train::run::{run as train, run_rank, run_threads, RunOptions};
+use stoker_train::run::{run as train, run_rank, run_threads, Resume, RunOptions};
 
 /// Arguments of `stoker train`.
 #[derive(clap::Args)]
@@ -198,28 +198,10 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     }
     let resume = match args.resume.as_deref() {
         None => None,
-        Some("latest") => {
-            // The newest checkpoint that verifies: a corrupt newest one is passed over.
-            let root = config.run_dir.join("checkpoints");
-            let intact = latest_intact_said(&root);
-            match (intact.dir, intact.skipped.len()) {
-                (Some(dir), _) => Some(dir),
-                // None yet (a job requeued before its first checkpoint): a fresh start, as
-                // the scheduler's requeue with `--resume latest` needs.
-                (None, 0) => {
-                    eprintln!(
-                        "stoker: no checkpoint under {} yet: starting from step 0",
-                        root.display()
-                    );
-                    None
-                }
-                (None, n) => anyhow::bail!(
-                    "no intact checkpoint under {}: {n} passed over (above)",
-                    root.display()
-                ),
-            }
-        }
-        Some(p) => Some(PathBuf::from(p)),
+        // The ranks pick it together, once their communicator exists (each verifies its
+        // share of every candidate): `stoker_train::run::Resume::Latest`.
+        Some("latest") => Some(Resume::Latest(config.run_dir.join("checkpoints"))),
+        Some(p) => Some(Resume::From(PathBuf::from(p))),
     };
     let opts = RunOptions {
         resume,
@@ -275,22 +257,6 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             Ok(())
         }
     }
-}
-
-/// The newest checkpoint under `root` that verifies ([`checkpoint::latest_intact`], what
-/// `--resume latest` and `stoker export hf` take), each newer one passed over warned of,
-/// with why. Every rank makes the same choice before the communicator exists; rank 0
-/// alone says so (before: each rank did).
-pub(super) fn latest_intact_said(root: &std::path::Path) -> checkpoint::Intact {
-    let intact = checkpoint::latest_intact(root);
-    let lead = stoker_comm::mpi::launched_rank().is_none_or(|r| r == 0);
-    for (dir, why) in intact.skipped.iter().filter(|_| lead) {
-        eprintln!(
-            "stoker: warning: skipping checkpoint {}: {why}",
-            dir.display()
-        );
-    }
-    intact
 }
 
 /// Exit status of a run stopped by SIGTERM or SIGINT after writing its checkpoint

@@ -38,7 +38,7 @@ use raw::{
     total, SEND_RECV_TAG,
 };
 
-pub use crate::launch::{host_name, launched_rank, launched_world, local_ranks};
+pub use crate::launch::{host_name, launched_world, local_ranks};
 
 /// The MPI world communicator of this process.
 ///

@@ -26,7 +26,10 @@ pub use consolidate::consolidate;
 pub use continues::{check_continues, RunRecord};
 pub use sharded::{save, Manifest, SaveFault, SavePoint};
 pub use state::{LoadedState, RankState, Stateful};
-pub use verify::{latest_intact, verify, Intact, Verified};
+pub use verify::{
+    latest_intact, latest_intact_on, verify, verify_share, Intact, Share, Verified,
+    OTHER_RANK_FAILED,
+};
 
 /// Every checkpoint's `format` field.
 pub const FORMAT: &str = "stoker-checkpoint";

@@ -533,38 +533,46 @@ pub(crate) fn for_shards(
         if !whole && !want.ranges().iter().any(|r| held.owned_len(r) > 0) {
             continue;
         }
-        let path = dir.join(&s.file);
-        let bytes = read_checked(&path, s.crc32, MANIFEST)?;
-        if bytes.len() as u64 != s.bytes {
-            return Err(ckpt_err(
-                &path,
-                format!(
-                    "{} bytes, {MANIFEST} records {} for it",
-                    bytes.len(),
-                    s.bytes
-                ),
-            ));
-        }
-        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| ckpt_err(&path, e))?;
-        for name in names {
-            let t = st
-                .tensor(name)
-                .map_err(|e| ckpt_err(&path, format!("tensor `{name}`: {e}")))?;
-            let len = held.len();
-            if t.dtype() != StDtype::F32 || t.shape() != [len] {
-                return Err(ckpt_err(
-                    &path,
-                    format!(
-                        "tensor `{name}`: {:?} {:?}, the manifest says F32 [{len}]",
-                        t.dtype(),
-                        t.shape(),
-                    ),
-                ));
-            }
-        }
+        let bytes = read_shard(dir, s, names)?;
+        let st = safetensors::SafeTensors::deserialize(&bytes).expect("checked by read_shard");
         each(&held, &st)?;
     }
     Ok(())
+}
+
+/// The bytes of shard `s` of `dir`, after checking its checksum and size against the
+/// manifest's entry and that every tensor of `names` is F32 of the shard's length.
+pub(crate) fn read_shard(dir: &Path, s: &ShardEntry, names: &[&str]) -> Result<Vec<u8>> {
+    let path = dir.join(&s.file);
+    let bytes = read_checked(&path, s.crc32, MANIFEST)?;
+    if bytes.len() as u64 != s.bytes {
+        return Err(ckpt_err(
+            &path,
+            format!(
+                "{} bytes, {MANIFEST} records {} for it",
+                bytes.len(),
+                s.bytes
+            ),
+        ));
+    }
+    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| ckpt_err(&path, e))?;
+    let len = s.held().len();
+    for name in names {
+        let t = st
+            .tensor(name)
+            .map_err(|e| ckpt_err(&path, format!("tensor `{name}`: {e}")))?;
+        if t.dtype() != StDtype::F32 || t.shape() != [len] {
+            return Err(ckpt_err(
+                &path,
+                format!(
+                    "tensor `{name}`: {:?} {:?}, the manifest says F32 [{len}]",
+                    t.dtype(),
+                    t.shape(),
+                ),
+            ));
+        }
+    }
+    Ok(bytes)
 }
 
 /// Copies the part of tensor `name` of a shard holding `shard` (its ranges end to end)

@@ -7,6 +7,10 @@
 //! walks a run's checkpoints newest first and returns the first that passes, with the
 //! reason each newer one was passed over, so `--resume latest` survives a corrupt newest
 //! checkpoint (a disk error, a file replaced) by resuming from the one before.
+//!
+//! The ranks of a run split that check ([`Share`], [`latest_intact_on`]): each reads the
+//! manifest and every `world`-th shard file, and they agree on the verdict, so a resume
+//! at N ranks reads the checkpoint once, not N times.
 
 use std::path::{Path, PathBuf};
 
@@ -28,30 +32,53 @@ pub struct Verified {
     pub bytes: u64,
 }
 
+/// The part of a checkpoint's check one rank of `world` does: the manifest and its commit
+/// marker, and the shard files whose index is `rank` modulo `world` (a single-file
+/// version 1-2 checkpoint: rank 0 alone). The shares of ranks `0..world` cover the whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    /// This rank.
+    pub rank: usize,
+    /// Ranks splitting the check.
+    pub world: usize,
+}
+
+impl Share {
+    /// The whole check, by one process ([`verify`]).
+    pub const WHOLE: Share = Share { rank: 0, world: 1 };
+
+    fn holds(&self, file_index: usize) -> bool {
+        file_index % self.world.max(1) == self.rank
+    }
+}
+
 /// Checks every file of the checkpoint in `dir`; the error names the first file and
 /// field that fails.
 pub fn verify(dir: &Path) -> Result<Verified> {
+    verify_share(dir, Share::WHOLE)
+}
+
+/// Checks `share` of the checkpoint in `dir` (its manifest always); the error names the
+/// first file and field that fails. [`Verified::files`] and [`Verified::bytes`] count
+/// what this share read; a share without a single-file checkpoint's files reads nothing
+/// and returns zeros.
+pub fn verify_share(dir: &Path, share: Share) -> Result<Verified> {
     if dir.join(sharded::MANIFEST).exists() {
         let m = sharded::read_manifest(dir)?;
-        let len = m.layout.total_len();
         let mut names = vec!["master"];
         names.extend(m.optimizer_buffers.iter().map(String::as_str));
-        let (mut files, mut bytes) = (1, 0u64);
-        sharded::for_shards(
-            dir,
-            &m,
-            &crate::pieces::Pieces::one(0..len),
-            &names,
-            |_, st| {
-                files += 1;
-                bytes += st
-                    .tensors()
-                    .iter()
-                    .map(|(_, t)| t.data().len() as u64)
-                    .sum::<u64>();
-                Ok(())
-            },
-        )?;
+        let (mut files, mut bytes) = (usize::from(share.rank == 0), 0u64);
+        let mine = m.shards.iter().enumerate().filter(|(i, _)| share.holds(*i));
+        for (_, s) in mine {
+            let read = sharded::read_shard(dir, s, &names)?;
+            let st = safetensors::SafeTensors::deserialize(&read).expect("checked by read_shard");
+            files += 1;
+            bytes += st
+                .tensors()
+                .iter()
+                .map(|(_, t)| t.data().len() as u64)
+                .sum::<u64>();
+        }
         return Ok(Verified {
             step: m.step,
             version: m.version,
@@ -62,6 +89,16 @@ pub fn verify(dir: &Path) -> Result<Verified> {
     }
     if !dir.join("state.json").exists() {
         return Err(super::not_a_checkpoint(dir));
+    }
+    if !share.holds(0) {
+        // Another rank reads the single-file checkpoint whole.
+        return Ok(Verified {
+            step: 0,
+            version: 0,
+            world_size: 1,
+            files: 0,
+            bytes: 0,
+        });
     }
     let state = legacy::verify(dir)?;
     let size = |f: &str| std::fs::metadata(dir.join(f)).map_or(0, |m| m.len());
@@ -82,25 +119,50 @@ pub struct Intact {
     pub dir: Option<PathBuf>,
     /// Newer checkpoints passed over, with why.
     pub skipped: Vec<(PathBuf, String)>,
+    /// How many of `skipped`, first, were passed over unread (newer than the checkpoint
+    /// [`LATEST`](super::LATEST) names, or named by it and gone): the same for every
+    /// rank; the rest failed a check.
+    pub unread: usize,
 }
 
 /// Walks the complete checkpoints under `root` newest first (a save without its commit
 /// marker is not complete and not listed), from the one [`LATEST`](super::LATEST) names,
 /// until one passes [`verify`].
 pub fn latest_intact(root: &Path) -> Intact {
+    let alone = |ok: bool| Ok(ok);
+    latest_intact_on(root, Share::WHOLE, alone).expect("one process agrees with itself")
+}
+
+/// [`latest_intact`] checked by the ranks of a run together: each checks its `share` of
+/// a checkpoint, and `all_passed` (a collective every rank calls once per checkpoint, in
+/// the same order) says whether every rank's share passed. Every rank returns the same
+/// choice and the same checkpoints passed over; the reason given for one is this rank's
+/// own error, or that another rank's share failed (that rank's error says which file).
+pub fn latest_intact_on(
+    root: &Path,
+    share: Share,
+    mut all_passed: impl FnMut(bool) -> Result<bool>,
+) -> Result<Intact> {
     let (dirs, passed_over) = super::candidates(root);
     let mut out = Intact {
+        unread: passed_over.len(),
         skipped: passed_over,
         ..Intact::default()
     };
     for dir in dirs {
-        match verify(&dir) {
-            Ok(_) => {
-                out.dir = Some(dir);
-                break;
-            }
-            Err(e) => out.skipped.push((dir, e.to_string())),
+        let mine = verify_share(&dir, share);
+        if all_passed(mine.is_ok())? {
+            out.dir = Some(dir);
+            break;
         }
+        let why = match mine {
+            Err(e) => e.to_string(),
+            Ok(_) => OTHER_RANK_FAILED.to_string(),
+        };
+        out.skipped.push((dir, why));
     }
-    out
+    Ok(out)
 }
+
+/// Why a rank whose own share passed passes over a checkpoint.
+pub const OTHER_RANK_FAILED: &str = "a file another rank checked failed (that rank names it)";

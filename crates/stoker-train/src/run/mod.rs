@@ -45,11 +45,22 @@ use setup::Rank;
 use telemetry::{StepCount, Telemetry};
 use train_loop::{LoopContext, LoopStats};
 
+/// Which checkpoint a run resumes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resume {
+    /// This checkpoint directory (`--resume DIR`).
+    From(PathBuf),
+    /// The newest intact checkpoint under this `checkpoints/` folder (`--resume latest`):
+    /// the ranks split its verification ([`checkpoint::latest_intact_on`]) and pass over
+    /// a corrupt one together; none there yet starts from step 0.
+    Latest(PathBuf),
+}
+
 /// How to run (beyond the config).
 #[derive(Debug, Clone, Default)]
 pub struct RunOptions {
-    /// Resume from this checkpoint directory.
-    pub resume: Option<PathBuf>,
+    /// Resume from a checkpoint.
+    pub resume: Option<Resume>,
     /// Show the progress bar.
     pub progress: bool,
     /// Stop after this many steps (an interruption, for resume tests); a checkpoint is

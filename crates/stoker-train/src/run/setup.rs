@@ -3,9 +3,10 @@
 //! strategy and the trainer, the vocabulary and the data checked against the model, the
 //! checkpoint resumed, and rank 0's run directory.
 
+use std::path::PathBuf;
 use std::rc::Rc;
 
-use stoker_comm::Communicator;
+use stoker_comm::{CommExt, Communicator};
 use stoker_data::Dataset;
 
 use crate::checkpoint::{self, DataPosition};
@@ -19,7 +20,7 @@ use crate::parallel::ParallelDims;
 use crate::trainer::Trainer;
 
 use super::run_dir_lock::RunDirLock;
-use super::{slow_precision, RunOptions};
+use super::{slow_precision, Resume, RunOptions};
 
 /// One rank, set up.
 pub(super) struct Rank {
@@ -40,6 +41,8 @@ pub(super) struct Rank {
     pub log: Option<MetricsLog>,
     /// Rank 0's lock on the run directory, held for the run.
     pub _run_dir_lock: Option<RunDirLock>,
+    /// The checkpoint this life resumed from (the one given, or `--resume latest`'s pick).
+    pub resumed_from: Option<PathBuf>,
     /// Seconds the run had run before this life: the resumed checkpoint's (0 for a new
     /// run, or a checkpoint that did not record it).
     pub elapsed_before_s: f64,
@@ -96,7 +99,12 @@ impl Rank {
             false => meta,
         };
         let mut trainer = Trainer::with_strategy_on_gpu(config, model, strategy, local)?;
-        let (resumed_at, elapsed_before_s) = match &opts.resume {
+        let resumed_from = match &opts.resume {
+            Some(Resume::From(dir)) => Some(dir.clone()),
+            Some(Resume::Latest(root)) => pick_latest(root, &**comm)?,
+            None => None,
+        };
+        let (resumed_at, elapsed_before_s) = match &resumed_from {
             Some(dir) => {
                 let train = (data.train.len(), train_fingerprint);
                 let (step, elapsed) = resume(&mut trainer, dir, config, &dims, train)?;
@@ -135,9 +143,55 @@ impl Rank {
             train_fingerprint,
             log,
             _run_dir_lock,
+            resumed_from,
             elapsed_before_s,
             accounting,
         })
+    }
+}
+
+/// The checkpoint `--resume latest` takes under `root`: the newest whose verification,
+/// split among the ranks of `comm`, passes on every rank. Each rank warns of its own
+/// failed share (naming the file); rank 0 alone warns of those passed over for another
+/// reason (newer than `LATEST`). None there yet: a fresh start, as a job requeued before
+/// its first checkpoint needs; some, none intact: an error.
+fn pick_latest(root: &std::path::Path, comm: &dyn Communicator) -> Result<Option<PathBuf>> {
+    let share = checkpoint::Share {
+        rank: comm.rank(),
+        world: comm.world_size(),
+    };
+    let all_passed = |ok: bool| Ok(comm.sum(u64::from(!ok))? == 0);
+    let intact = checkpoint::latest_intact_on(root, share, all_passed)?;
+    let lead = share.rank == 0;
+    for (i, (dir, why)) in intact.skipped.iter().enumerate() {
+        // Those passed over unread are the same on every rank (rank 0 says them); a
+        // failed check is said by the rank whose share failed.
+        let say = match i < intact.unread {
+            true => lead,
+            false => why != checkpoint::OTHER_RANK_FAILED,
+        };
+        if say {
+            eprintln!(
+                "stoker: warning: skipping checkpoint {}: {why}",
+                dir.display()
+            );
+        }
+    }
+    match (intact.dir, intact.skipped.len()) {
+        (Some(dir), _) => Ok(Some(dir)),
+        (None, 0) => {
+            if lead {
+                eprintln!(
+                    "stoker: no checkpoint under {} yet: starting from step 0",
+                    root.display()
+                );
+            }
+            Ok(None)
+        }
+        (None, n) => Err(TrainError::Checkpoint {
+            path: root.to_path_buf(),
+            message: format!("no intact checkpoint: {n} passed over (above)"),
+        }),
     }
 }
 

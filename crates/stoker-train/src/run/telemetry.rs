@@ -161,7 +161,7 @@ impl Telemetry {
             bar.println(&rank.accounting);
             bar.suspend(|| {
                 // Which checkpoint this life goes on from (`--resume latest` picks one).
-                if let Some(dir) = &opts.resume {
+                if let Some(dir) = &rank.resumed_from {
                     println!(
                         "resumed from {} at step {}",
                         dir.display(),
