@@ -538,6 +538,10 @@ pub struct LoopConfig {
     /// Checkpoint every this many steps (0: only at the end).
     #[serde(default)]
     pub checkpoint_every: u64,
+    /// Keep this many of the newest checkpoints, removing older ones after each save
+    /// (0: keep all).
+    #[serde(default)]
+    pub keep_checkpoints: usize,
     /// Append a metrics line every this many steps.
     #[serde(default = "default_log_every")]
     pub log_every: u64,

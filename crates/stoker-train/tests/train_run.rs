@@ -1142,3 +1142,49 @@ fn ranks_split_the_resume_check_and_pass_over_a_corrupt_shard_together() {
         assert!(e.contains("no intact checkpoint"), "{e}");
     }
 }
+
+/// `train.keep_checkpoints = 2` keeps the run's two newest checkpoints, removing older
+/// ones after each save. After a resume from an earlier checkpoint, the newer ones the
+/// run before left (another timeline's, which no resume takes) are not its to remove.
+#[test]
+fn keep_checkpoints_removes_the_older_ones_of_the_run_s_own_timeline() {
+    let tmp = tempfile::tempdir().unwrap();
+    let names = |root: &Path| -> Vec<String> {
+        stoker_train::checkpoint::complete(root)
+            .iter()
+            .map(|d| d.file_name().unwrap().to_string_lossy().into_owned())
+            .collect()
+    };
+    let kept = config(
+        tmp.path(),
+        "fp32",
+        6,
+        "checkpoint_every = 1\nkeep_checkpoints = 2",
+    );
+    run(&kept, &RunOptions::default()).unwrap();
+    let root = kept.run_dir.join("checkpoints");
+    assert_eq!(names(&root), ["step_00000005", "step_00000006"]);
+    std::fs::remove_dir_all(&kept.run_dir).unwrap();
+
+    let all = config(tmp.path(), "fp32", 6, "checkpoint_every = 1");
+    run(&all, &RunOptions::default()).unwrap();
+    assert_eq!(names(&root).len(), 6);
+    let resume = RunOptions {
+        resume: Some(Resume::From(root.join("step_00000002"))),
+        stop_after: Some(4),
+        ..Default::default()
+    };
+    run(&kept, &resume).unwrap();
+    // Steps 3 and 4 rewritten (1 and 2 removed); 5 and 6 are the old timeline's.
+    assert_eq!(
+        names(&root),
+        [
+            "step_00000003",
+            "step_00000004",
+            "step_00000005",
+            "step_00000006"
+        ]
+    );
+    let latest = stoker_train::checkpoint::latest_intact(&root);
+    assert_eq!(latest.dir, Some(root.join("step_00000004")));
+}

@@ -10,6 +10,7 @@
 pub mod consolidate;
 pub mod continues;
 pub mod legacy;
+pub mod retain;
 pub mod sharded;
 pub mod state;
 pub mod verify;

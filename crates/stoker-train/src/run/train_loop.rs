@@ -270,6 +270,16 @@ fn checkpoint_now(ctx: &LoopContext<'_>, rank: &mut Rank, stats: &mut LoopStats)
     let run = checkpoint::RunRecord::of(ctx.config);
     let at = (pos, ctx.run_elapsed_s(rank));
     checkpoint::save(trainer, &**ctx.comm, &root, &run, at, ctx.opts.save_fault)?;
+    if rank.lead {
+        let keep = ctx.config.train.keep_checkpoints;
+        let (_, failed) = checkpoint::retain::remove_older(&root, keep);
+        for (dir, why) in failed {
+            tracing::warn!(
+                "train.keep_checkpoints = {keep}: could not remove {}: {why}",
+                dir.display()
+            );
+        }
+    }
     stats.ckpt_time += t0.elapsed();
     stats.interval_side += t0.elapsed();
     Ok(())
