@@ -69,7 +69,7 @@ pub fn verify_share(dir: &Path, share: Share) -> Result<Verified> {
         names.extend(m.optimizer_buffers.iter().map(String::as_str));
         let (mut files, mut bytes) = (usize::from(share.rank == 0), 0u64);
         let mine = m.shards.iter().enumerate().filter(|(i, _)| share.holds(*i));
-        for (_, s) in mine {
+        for s in mine.map(|(_, s)| s) {
             let read = sharded::read_shard(dir, s, &names)?;
             let st = safetensors::SafeTensors::deserialize(&read).expect("checked by read_shard");
             files += 1;
