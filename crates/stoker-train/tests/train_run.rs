@@ -33,6 +33,15 @@ fn losses(dir: &Path) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// Every rank's summary of a run of `c`'s `parallel.backend = "local"` ranks (threads).
+fn every_rank(c: &TrainConfig, opts: RunOptions) -> Vec<stoker_train::run::RunSummary> {
+    stoker_train::run::run_threads(c, &opts)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect()
+}
+
 #[test]
 fn resume_continues_the_loss_curve_bit_identically() {
     // fp16 and fp8 also carry loss-scaler / FP8 delayed-scaler state through the checkpoint.
@@ -681,26 +690,19 @@ fn the_resident_loop_runs_whole_runs_that_resume_bit_identically() {
                 );
             TrainConfig::parse(&text, Path::new("test.toml")).unwrap()
         };
-        let run_all = |c: &TrainConfig, opts: RunOptions| {
-            stoker_train::run::run_threads(c, &opts)
-                .unwrap()
-                .into_iter()
-                .map(|r| r.unwrap())
-                .collect::<Vec<_>>()
-        };
         let ca = cfg("a");
-        let a = run_all(&ca, RunOptions::default());
+        let a = every_rank(&ca, RunOptions::default());
         let cb = cfg("b");
         let stop = RunOptions {
             stop_after: Some(4),
             ..Default::default()
         };
-        run_all(&cb, stop);
+        every_rank(&cb, stop);
         let resume = RunOptions {
             resume: Some(Resume::From(cb.run_dir.join("checkpoints/step_00000004"))),
             ..Default::default()
         };
-        let b = run_all(&cb, resume);
+        let b = every_rank(&cb, resume);
         let (want, got) = (
             train_and_eval_losses(&ca.run_dir),
             train_and_eval_losses(&cb.run_dir),
@@ -1082,20 +1084,13 @@ fn ranks_split_the_resume_check_and_pass_over_a_corrupt_shard_together() {
         );
         TrainConfig::parse(&text, Path::new("test.toml")).unwrap()
     };
-    let run_all = |c: &TrainConfig, opts: RunOptions| {
-        stoker_train::run::run_threads(c, &opts)
-            .unwrap()
-            .into_iter()
-            .map(|r| r.unwrap())
-            .collect::<Vec<_>>()
-    };
-    let whole = run_all(&cfg("a"), RunOptions::default());
+    let whole = every_rank(&cfg("a"), RunOptions::default());
     let c = cfg("b");
     let stop = RunOptions {
         stop_after: Some(6),
         ..Default::default()
     };
-    run_all(&c, stop);
+    every_rank(&c, stop);
     let root = c.run_dir.join("checkpoints");
     let newest = root.join("step_00000006");
     let all = verify(&newest).unwrap();
@@ -1119,7 +1114,7 @@ fn ranks_split_the_resume_check_and_pass_over_a_corrupt_shard_together() {
         resume: Some(Resume::Latest(root.clone())),
         ..Default::default()
     };
-    let resumed = run_all(&c, latest.clone());
+    let resumed = every_rank(&c, latest.clone());
     for (r, s) in resumed.iter().enumerate() {
         assert_eq!(s.steps_run(), 4, "rank {r}: resumed from step 4, not 6");
         assert_eq!(s.weights_crc32, whole[0].weights_crc32, "rank {r}");
