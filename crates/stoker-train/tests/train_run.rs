@@ -1183,3 +1183,22 @@ fn keep_checkpoints_removes_the_older_ones_of_the_run_s_own_timeline() {
     let latest = stoker_train::checkpoint::latest_intact(&root);
     assert_eq!(latest.dir, Some(root.join("step_00000004")));
 }
+
+/// An fp8 run trains the same weights whether it evaluates or not: evaluation's forward
+/// casts through the delayed scalers but records nothing in their amax histories (it
+/// did, and a run with `eval_every = 2` trained other weights from its third step).
+#[test]
+fn an_fp8_run_trains_the_same_whether_or_not_it_evaluates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let crc = |name: &str, extra: &str| {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let c = config(&dir, "fp8", 8, extra);
+        let s = run(&c, &RunOptions::default()).unwrap();
+        (s.weights_crc32, losses(&c.run_dir))
+    };
+    let quiet = crc("quiet", "");
+    let evaluated = crc("evaluated", "eval_every = 2");
+    assert_eq!(quiet.1.len(), 8);
+    assert_eq!(quiet, evaluated);
+}

@@ -45,6 +45,24 @@ impl Trainer {
     /// Mean loss and top-1 accuracy over every rank's `batches` (each rank passes its
     /// share; a collective), without gradients.
     pub fn evaluate(&mut self, batches: &[MicroBatch]) -> Result<EvalReport> {
+        self.keeping_fp8_state(|t| t.evaluate_everywhere(batches))
+    }
+
+    /// Runs `f`, a forward that is not training (evaluation, sampling), and puts the FP8
+    /// scalers' state back after it: their amax histories record training steps alone, so
+    /// how often a run evaluates or samples does not change what it trains (before, an
+    /// fp8 run with `eval_every` trained other weights than one without).
+    fn keeping_fp8_state<R>(&mut self, f: impl FnOnce(&mut Self) -> Result<R>) -> Result<R> {
+        let saved = self.fp8.as_ref().map(|s| s.state());
+        let out = f(self);
+        if let (Some(fp8), Some(saved)) = (&self.fp8, saved) {
+            fp8.restore(saved);
+        }
+        out
+    }
+
+    /// [`Trainer::evaluate`]'s work.
+    fn evaluate_everywhere(&mut self, batches: &[MicroBatch]) -> Result<EvalReport> {
         let local = match self.shards_params() {
             // ZeRO-3 on the resident loop: each block gathered on the loop's backend.
             false if self.resident_forward_gathers() => {
@@ -183,7 +201,7 @@ impl Trainer {
                     .into(),
             ));
         }
-        self.evaluate_here(batches)
+        self.keeping_fp8_state(|t| t.evaluate_here(batches))
     }
 
     /// Whether the resident loop's forward is a collective (ZeRO-3 on the loop).
@@ -233,6 +251,11 @@ impl Trainer {
             seed,
             vocab,
         };
+        self.keeping_fp8_state(|t| t.sample_with_model(prompt, how))
+    }
+
+    /// [`Trainer::sample`]'s work.
+    fn sample_with_model(&mut self, prompt: &[i64], how: Sampling) -> Result<Vec<i64>> {
         if self.shards_params() {
             let (p, k) = (self.precision, self.kernels);
             let plan = UnitPlan::for_model(&self.model_config, p, k, &self.params.layout, true)?;
