@@ -488,8 +488,9 @@ pub struct OwnBytes {
     /// (`HeldBytes::buffers`).
     pub buffers: f64,
     /// The direct step's activation buffers and bf16 GEMM packing buffers
-    /// (`stoker_kernels::activation_floats`, `gemm_pack_bytes`); None on the graph path,
-    /// where the planner's formula stands in.
+    /// (`stoker_kernels::activation_floats`, `gemm_pack_bytes`), or what a scratch
+    /// micro-batch counted on the graph path; None where nothing counted them (fp8, ranks
+    /// as threads, no heap counter), where the planner's formula stands in.
     pub activations: Option<f64>,
     /// The kernels' scratch beyond the activation buffers (the f32 gemm crate's per-call
     /// packs; its per-thread slabs are made before the start probes), measured by one
@@ -592,8 +593,8 @@ pub(crate) struct PlannerRow {
 /// The forecast of `cfg` launched on `world` ranks, `per_host` of them on each machine, on
 /// `[plan.hardware]` or else the `cpu` preset with one device per rank (`world / per_host`
 /// nodes where that divides, else one). Memory comes from the trainer's own
-/// count (`own`, where its activations are known) or else the planner's formula; time from
-/// the planner. An error says why neither can forecast the run; the run goes on without.
+/// count (`own`; the planner's activations where it has none of its own) or else the
+/// planner's formula; time from the planner. An error says why neither can forecast the run; the run goes on without.
 /// (On a CPU the ranks of one host share its cores: the planner gives each rank the
 /// host's peak over the ranks on it, `Hardware::device_peak_flops`.)
 pub fn forecast(
@@ -614,19 +615,29 @@ pub fn forecast(
             ),
         ));
     }
-    let own = own.and_then(|o| o.activations.map(|a| (o, a)));
-    // Memory from the trainer's own count where it has one (then the planner's row is
-    // optional: a CNN has none), else from the planner's row.
+    // Memory from the trainer's own count where it has one: with its activations (then
+    // the planner's row is optional: a CNN has none), or with the planner's activations
+    // where nothing counted them (fp8, whose forward cannot run a scratch micro-batch;
+    // ranks as threads). Without a count, the planner's row alone. (Until 2026-12-07 an
+    // uncounted run took the row alone, dropping the process, its buffers and its
+    // mapped data: an fp8 GPT forecast 1.0 MiB for 34.7 MiB measured.)
+    let with_own = |o: &OwnBytes, a: f64| {
+        let held = o.model_states + o.buffers + a + o.workspace + o.backend + o.loader;
+        (
+            o.baseline + held + o.mapped,
+            a,
+            o.baseline_heap.map(|h| h + held),
+        )
+    };
     let (row, (peak_bytes, activation_bytes, heap_bytes)) = match own {
-        Some((o, a)) => {
-            let held = o.model_states + o.buffers + a + o.workspace + o.backend + o.loader;
-            let memory = (
-                o.baseline + held + o.mapped,
-                a,
-                o.baseline_heap.map(|h| h + held),
-            );
-            (planner_row(cfg, world, per_host), memory)
-        }
+        Some(o) => match o.activations {
+            Some(a) => (planner_row(cfg, world, per_host), with_own(o, a)),
+            None => {
+                let r = planner_row(cfg, world, per_host)?;
+                let memory = with_own(o, r.activation_bytes);
+                (Ok(r), memory)
+            }
+        },
         None => {
             let r = planner_row(cfg, world, per_host)?;
             let memory = (r.peak_bytes, r.activation_bytes, None);
@@ -642,9 +653,9 @@ pub fn forecast(
         peak_bytes,
         planner_peak_bytes: row.as_ref().map_or(0.0, |r| r.peak_bytes),
         activation_bytes,
-        buffer_bytes: own.map_or(0.0, |(o, _)| o.buffers),
-        workspace_bytes: own.map_or(0.0, |(o, _)| o.workspace),
-        mapped_bytes: own.map_or(0.0, |(o, _)| o.mapped),
+        buffer_bytes: own.map_or(0.0, |o| o.buffers),
+        workspace_bytes: own.map_or(0.0, |o| o.workspace),
+        mapped_bytes: own.map_or(0.0, |o| o.mapped),
         heap_bytes,
         step_s: row.as_ref().map(|r| r.step_s),
         required_samples_per_s: row.as_ref().map(|r| r.samples / r.step_s),

@@ -108,5 +108,20 @@ fn a_dry_run_skips_its_scratch_micro_batch_where_the_activations_do_not_fit() {
         let d = stoker_train::dry_run::dry_run(&c, 1, Some(&NoCount), Some(1e12)).unwrap();
         assert_eq!(d.scratch, why, "{extra}{precision}");
         assert!(d.scratch.why_not().is_some());
+        // Nothing counted the activations: the forecast takes the planner's, on top of
+        // the trainer's own count of the rest (the process, the buffers, the mapped data;
+        // before, the planner's row alone: an fp8 GPT forecast 1.0 MiB for 34.7 MiB).
+        if why == ScratchStep::Fp8 {
+            assert_eq!(d.own.activations, None);
+            let row = stoker_train::planned::forecast(&c, 1, 1, None).unwrap();
+            let f = stoker_train::planned::forecast(&c, 1, 1, Some(&d.own)).unwrap();
+            let o = &d.own;
+            let held = o.model_states + o.buffers + row.activation_bytes + o.workspace;
+            let want = o.baseline + held + o.backend + o.loader + o.mapped;
+            assert_eq!(f.activation_bytes, row.activation_bytes);
+            assert!((f.peak_bytes - want).abs() <= 1e-6 * want, "{f:?} {o:?}");
+            // The process is in it now: 20 MB here, against 0.7 MB of the row alone.
+            assert!(o.baseline > 0.0 && f.peak_bytes > row.peak_bytes + o.mapped);
+        }
     }
 }
