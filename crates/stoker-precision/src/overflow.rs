@@ -161,17 +161,22 @@ impl fmt::Display for CollapseWarning {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // At the floor, the scale stays; below it (a scaler with no floor, torch's), it
         // keeps halving, and below 1 it shrinks the loss rather than protecting it.
-        let (at, floor) = (self.scale, self.floor);
+        // The count is of the steps at or below the floor, not of the whole run of skips
+        // (which the step's own report gives): said so, not "N in a row" beside another N.
+        let (at, floor, n) = (self.scale, self.floor, self.consecutive_at_floor);
         let state = match at < floor {
-            true => format!("has fallen to {at}, below {floor},"),
-            false => format!("is already at its minimum ({at} <= floor {floor})"),
+            true => format!(
+                "has been below {floor} for the last {n} overflowing steps ({at} on this one)"
+            ),
+            false => format!(
+                "is already at its minimum ({at} <= floor {floor}) for the last {n} \
+                 overflowing steps"
+            ),
         };
         write!(
             f,
-            "loss scale {state} for {} overflowing steps in a row: the gradients are inf/NaN \
-             for a reason other than fp16 range, so every step is skipped and training has \
-             stalled",
-            self.consecutive_at_floor
+            "loss scale {state}: the gradients are inf/NaN for a reason other than fp16 \
+             range, so every step is skipped and training has stalled"
         )?;
         if !self.params.is_empty() {
             let shown: Vec<&str> = self.params.iter().take(8).map(String::as_str).collect();

@@ -39,8 +39,8 @@
 //! on growth.
 //! The [`ScalerConfig::deepspeed`] preset uses DeepSpeed's fp16 defaults. Where DeepSpeed can
 //! raise "Current loss scale already at minimum" (`raise_error_at_min_scale`), this scaler
-//! keeps going and attaches a [`crate::CollapseWarning`] to the skip report (also logged with
-//! `tracing::warn!`); stopping is the trainer's call.
+//! keeps going and attaches a [`crate::CollapseWarning`] to the skip report, for the caller
+//! to say (the run's skipped-step line does); stopping is the trainer's call.
 //!
 //! A static scale never changes; a step with inf/NaN gradients is still skipped (applying
 //! them would destroy the weights), and reported like a dynamic one.
@@ -350,12 +350,10 @@ impl LossScaler {
             names,
         ) {
             None => StepDecision::Step,
-            Some(report) => {
-                if let Some(c) = &report.collapse {
-                    tracing::warn!("{c}");
-                }
-                StepDecision::Skip(Box::new(report))
-            }
+            // The report carries any collapse warning, for its caller to say once (the
+            // run's step line does; the scaler said it too, a second time, before the
+            // step's line).
+            Some(report) => StepDecision::Skip(Box::new(report)),
         }
     }
 
@@ -515,7 +513,9 @@ mod tests {
         };
         let msg = r.collapse.expect("collapse warning").to_string();
         assert!(
-            msg.contains("has fallen to") && msg.contains(", below 1,"),
+            msg.contains(
+                "has been below 1 for the last 24 overflowing steps (0.00000011920929 on this one)"
+            ),
             "{msg}"
         );
         assert!(!msg.contains("minimum"), "{msg}");
