@@ -329,7 +329,7 @@ fn run_local(args: &TrainArgs, config: &TrainConfig, opts: &RunOptions) -> anyho
     let threads = stoker_train::machine::rank_threads(config, world);
     banner(args, config, &format!("{world} ranks as threads"), threads);
     let results = run_threads(config, opts)?;
-    let mut first_err = None;
+    let mut errors = Vec::new();
     let mut preempted = false;
     for (rank, r) in results.into_iter().enumerate() {
         match r {
@@ -341,12 +341,19 @@ fn run_local(args: &TrainArgs, config: &TrainConfig, opts: &RunOptions) -> anyho
                 }
             }
             Ok(_) => {}
-            Err(e) => {
-                stoker_comm::say(&format!("stoker: rank {rank} of {world}: error: {e}"));
-                first_err.get_or_insert(e);
-            }
+            Err(e) => errors.push((rank, e)),
         }
     }
+    // Every rank refused alike (a config error each thread rank finds): said once, as
+    // the process's error. Otherwise each failing rank is named.
+    let alike = errors.len() == world
+        && errors
+            .iter()
+            .all(|(_, e)| e.to_string() == errors[0].1.to_string());
+    for (rank, e) in errors.iter().filter(|_| !alike) {
+        stoker_comm::say(&format!("stoker: rank {rank} of {world}: error: {e}"));
+    }
+    let first_err = errors.into_iter().next().map(|(_, e)| e);
     match (first_err, preempted) {
         (Some(e), _) => Err(e.into()),
         (None, true) => std::process::exit(PREEMPTED_EXIT),
