@@ -106,7 +106,7 @@ fn latest_is_the_checkpoint_this_timeline_wrote_last() {
     let passed: Vec<_> = intact.skipped.iter().map(|(d, _)| d.clone()).collect();
     assert_eq!(passed, [step(4), step(3)]);
     assert!(
-        intact.skipped[0].1.contains("newer than"),
+        intact.skipped[0].1.to_string().contains("newer than"),
         "{:?}",
         intact.skipped
     );
@@ -121,7 +121,7 @@ fn latest_is_the_checkpoint_this_timeline_wrote_last() {
         .iter()
         .find(|(d, _)| *d == step(2))
         .unwrap_or_else(|| panic!("{:?}", intact.skipped));
-    assert!(gone.1.contains("but not there"), "{}", gone.1);
+    assert!(gone.1.to_string().contains("but not there"), "{}", gone.1);
 }
 
 /// A resumed run's `elapsed_s` goes on from its checkpoint's (it restarted at 0), the

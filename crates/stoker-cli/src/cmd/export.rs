@@ -94,10 +94,7 @@ fn newest_intact(run_dir: &std::path::Path) -> anyhow::Result<PathBuf> {
     let root = run_dir.join("checkpoints");
     let intact = stoker_train::checkpoint::latest_intact(&root);
     for (dir, why) in &intact.skipped {
-        eprintln!(
-            "stoker: warning: skipping checkpoint {}: {why}",
-            dir.display()
-        );
+        eprintln!("{}", stoker_train::checkpoint::skipped_line(dir, why));
     }
     intact.dir.ok_or_else(|| {
         let relative = match run_dir.is_relative() {

@@ -28,8 +28,8 @@ pub use continues::{check_continues, RunRecord};
 pub use sharded::{save, Manifest, SaveFault, SavePoint};
 pub use state::{LoadedState, RankState, Stateful};
 pub use verify::{
-    latest_intact, latest_intact_on, verify, verify_share, Intact, Share, Verified,
-    OTHER_RANK_FAILED,
+    latest_intact, latest_intact_on, skipped_line, verify, verify_share, Intact, PassedOver, Share,
+    Verified,
 };
 
 /// Every checkpoint's `format` field.

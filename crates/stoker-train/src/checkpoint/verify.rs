@@ -118,11 +118,39 @@ pub struct Intact {
     /// The checkpoint to resume from, if any passed.
     pub dir: Option<PathBuf>,
     /// Newer checkpoints passed over, with why.
-    pub skipped: Vec<(PathBuf, String)>,
-    /// How many of `skipped`, first, were passed over unread (newer than the checkpoint
-    /// [`LATEST`](super::LATEST) names, or named by it and gone): the same for every
-    /// rank; the rest failed a check.
-    pub unread: usize,
+    pub skipped: Vec<(PathBuf, PassedOver)>,
+}
+
+/// Why a checkpoint was passed over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PassedOver {
+    /// Not read: newer than the checkpoint [`LATEST`](super::LATEST) names, or named by it
+    /// and gone (the same on every rank).
+    Unread(String),
+    /// This process's check of it failed: the file and field.
+    Failed(String),
+    /// Another rank's share of the check failed (that rank's [`PassedOver::Failed`] names
+    /// the file).
+    FailedElsewhere,
+}
+
+impl std::fmt::Display for PassedOver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PassedOver::Unread(why) | PassedOver::Failed(why) => f.write_str(why),
+            PassedOver::FailedElsewhere => {
+                f.write_str("a file another rank checked failed (that rank names it)")
+            }
+        }
+    }
+}
+
+/// The warning that says checkpoint `dir` was passed over, and why.
+pub fn skipped_line(dir: &Path, why: &PassedOver) -> String {
+    format!(
+        "stoker: warning: skipping checkpoint {}: {why}",
+        dir.display()
+    )
 }
 
 /// Walks the complete checkpoints under `root` newest first (a save without its commit
@@ -136,8 +164,7 @@ pub fn latest_intact(root: &Path) -> Intact {
 /// [`latest_intact`] checked by the ranks of a run together: each checks its `share` of
 /// a checkpoint, and `all_passed` (a collective every rank calls once per checkpoint, in
 /// the same order) says whether every rank's share passed. Every rank returns the same
-/// choice and the same checkpoints passed over; the reason given for one is this rank's
-/// own error, or that another rank's share failed (that rank's error says which file).
+/// choice and the same checkpoints passed over, each with this rank's reason.
 pub fn latest_intact_on(
     root: &Path,
     share: Share,
@@ -145,9 +172,11 @@ pub fn latest_intact_on(
 ) -> Result<Intact> {
     let (dirs, passed_over) = super::candidates(root);
     let mut out = Intact {
-        unread: passed_over.len(),
-        skipped: passed_over,
-        ..Intact::default()
+        skipped: passed_over
+            .into_iter()
+            .map(|(d, why)| (d, PassedOver::Unread(why)))
+            .collect(),
+        dir: None,
     };
     for dir in dirs {
         let mine = verify_share(&dir, share);
@@ -156,13 +185,10 @@ pub fn latest_intact_on(
             break;
         }
         let why = match mine {
-            Err(e) => e.to_string(),
-            Ok(_) => OTHER_RANK_FAILED.to_string(),
+            Err(e) => PassedOver::Failed(e.to_string()),
+            Ok(_) => PassedOver::FailedElsewhere,
         };
         out.skipped.push((dir, why));
     }
     Ok(out)
 }
-
-/// Why a rank whose own share passed passes over a checkpoint.
-pub const OTHER_RANK_FAILED: &str = "a file another rank checked failed (that rank names it)";

@@ -163,18 +163,16 @@ fn pick_latest(root: &std::path::Path, comm: &dyn Communicator) -> Result<Option
     let all_passed = |ok: bool| Ok(comm.sum(u64::from(!ok))? == 0);
     let intact = checkpoint::latest_intact_on(root, share, all_passed)?;
     let lead = share.rank == 0;
-    for (i, (dir, why)) in intact.skipped.iter().enumerate() {
+    for (dir, why) in &intact.skipped {
         // Those passed over unread are the same on every rank (rank 0 says them); a
         // failed check is said by the rank whose share failed.
-        let say = match i < intact.unread {
-            true => lead,
-            false => why != checkpoint::OTHER_RANK_FAILED,
+        let say = match why {
+            checkpoint::PassedOver::Unread(_) => lead,
+            checkpoint::PassedOver::Failed(_) => true,
+            checkpoint::PassedOver::FailedElsewhere => false,
         };
         if say {
-            eprintln!(
-                "stoker: warning: skipping checkpoint {}: {why}",
-                dir.display()
-            );
+            eprintln!("{}", checkpoint::skipped_line(dir, why));
         }
     }
     match (intact.dir, intact.skipped.len()) {
