@@ -9,12 +9,12 @@
 use std::path::{Path, PathBuf};
 
 /// Removes the committed checkpoints under `root` older than its newest `keep` (0 keeps
-/// all), oldest first; returns those removed, and each that could not be, with why (a
-/// removal that fails costs disk, not the run: the caller warns).
-pub fn remove_older(root: &Path, keep: usize) -> (Vec<PathBuf>, Vec<(PathBuf, String)>) {
-    let (mut removed, mut failed) = (Vec::new(), Vec::new());
+/// all), oldest first; returns each that could not be removed, with why (a removal that
+/// fails costs disk, not the run: the caller warns).
+pub fn remove_older(root: &Path, keep: usize) -> Vec<(PathBuf, String)> {
+    let mut failed = Vec::new();
     if keep == 0 {
-        return (removed, failed);
+        return failed;
     }
     let (newest_first, _) = super::candidates(root);
     for dir in newest_first.into_iter().skip(keep).rev() {
@@ -27,10 +27,9 @@ pub fn remove_older(root: &Path, keep: usize) -> (Vec<PathBuf>, Vec<(PathBuf, St
             .filter(|m| m.exists())
             .try_for_each(std::fs::remove_file)
             .and_then(|()| std::fs::remove_dir_all(&dir));
-        match gone {
-            Ok(()) => removed.push(dir),
-            Err(e) => failed.push((dir, e.to_string())),
+        if let Err(e) = gone {
+            failed.push((dir, e.to_string()));
         }
     }
-    (removed, failed)
+    failed
 }

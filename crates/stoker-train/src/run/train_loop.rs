@@ -272,8 +272,7 @@ fn checkpoint_now(ctx: &LoopContext<'_>, rank: &mut Rank, stats: &mut LoopStats)
     checkpoint::save(trainer, &**ctx.comm, &root, &run, at, ctx.opts.save_fault)?;
     if rank.lead {
         let keep = ctx.config.train.keep_checkpoints;
-        let (_, failed) = checkpoint::retain::remove_older(&root, keep);
-        for (dir, why) in failed {
+        for (dir, why) in checkpoint::retain::remove_older(&root, keep) {
             tracing::warn!(
                 "train.keep_checkpoints = {keep}: could not remove {}: {why}",
                 dir.display()
