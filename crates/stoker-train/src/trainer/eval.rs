@@ -69,7 +69,8 @@ impl Trainer {
                 let padded = self.same_batch_count(batches)?;
                 self.evaluate_here(&padded)?
             }
-            false => self.evaluate_local(batches)?,
+            // What `evaluate_local` runs, inside this call's one keeping of the FP8 state.
+            false => self.evaluate_here(batches)?,
             true => {
                 let padded = self.same_batch_count(batches)?;
                 match self.path.is_direct() {
