@@ -594,7 +594,8 @@ pub(crate) struct PlannerRow {
 /// `[plan.hardware]` or else the `cpu` preset with one device per rank (`world / per_host`
 /// nodes where that divides, else one). Memory comes from the trainer's own
 /// count (`own`; the planner's activations where it has none of its own) or else the
-/// planner's formula; time from the planner. An error says why neither can forecast the run; the run goes on without.
+/// planner's formula; time from the planner. An error says why neither can forecast the
+/// run; the run goes on without.
 /// (On a CPU the ranks of one host share its cores: the planner gives each rank the
 /// host's peak over the ranks on it, `Hardware::device_peak_flops`.)
 pub fn forecast(

@@ -346,10 +346,8 @@ fn run_local(args: &TrainArgs, config: &TrainConfig, opts: &RunOptions) -> anyho
     }
     // Every rank refused alike (a config error each thread rank finds): said once, as
     // the process's error. Otherwise each failing rank is named.
-    let alike = errors.len() == world
-        && errors
-            .iter()
-            .all(|(_, e)| e.to_string() == errors[0].1.to_string());
+    let texts: Vec<String> = errors.iter().map(|(_, e)| e.to_string()).collect();
+    let alike = errors.len() == world && texts.iter().all(|t| *t == texts[0]);
     for (rank, e) in errors.iter().filter(|_| !alike) {
         stoker_comm::say(&format!("stoker: rank {rank} of {world}: error: {e}"));
     }
