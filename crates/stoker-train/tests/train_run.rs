@@ -332,6 +332,42 @@ fn consolidated_weights_are_plain_safetensors() {
         );
     }
     stoker_train::checkpoint::verify(&dir).unwrap();
+    // A layout edited to another shape of the same length (the marker recomputed, so the
+    // checksum passes) is refused against the model table the checkpoint records, by
+    // consolidate and verify alike (before: consolidate wrote `wte.weight` as [32, 24]).
+    let path = dir.join("manifest.json");
+    let text = std::fs::read(&path).unwrap();
+    let mut v: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    let slot = &mut v["layout"]["slots"][0];
+    assert_eq!(slot["name"], "wte.weight");
+    slot["shape"] = serde_json::json!([32, 24]);
+    let edited = serde_json::to_vec_pretty(&v).unwrap();
+    let commit = |bytes: &[u8]| {
+        std::fs::write(&path, bytes).unwrap();
+        let crc = format!("{:08x}\n", crc32fast::hash(bytes));
+        std::fs::write(dir.join("COMMITTED"), crc).unwrap();
+    };
+    commit(&edited);
+    let e = [
+        stoker_train::checkpoint::verify(&dir)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string(),
+        stoker_train::checkpoint::consolidate(&dir, Some(&tmp.path().join("x.safetensors")))
+            .map(|_| ())
+            .unwrap_err()
+            .to_string(),
+    ];
+    for e in e {
+        assert!(
+            e.contains("manifest.json")
+                && e.contains("layout does not match its own model table")
+                && e.contains("`wte.weight` [32, 24] where the model has `wte.weight` [24, 32]"),
+            "{e}"
+        );
+    }
+    commit(&text);
+    stoker_train::checkpoint::verify(&dir).unwrap();
     // Given the run directory (DeepSpeed's zero_to_fp32 takes the root), verify and
     // consolidate say alike that it is not one checkpoint and name the newest to give
     // (before: consolidate said the manifest file was missing, verify gave no hint).

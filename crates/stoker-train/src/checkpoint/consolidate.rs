@@ -7,14 +7,18 @@ use std::path::{Path, PathBuf};
 
 use safetensors::tensor::{Dtype as StDtype, TensorView};
 
-use super::sharded::{copy_overlap, for_shards, read_manifest, COMMITTED, MANIFEST};
+use super::sharded::{
+    check_recorded_model, copy_overlap, for_shards, read_manifest, COMMITTED, MANIFEST,
+};
 use crate::error::Result;
 use crate::layout::FlatLayout;
 use crate::model_files::{ckpt_err, write_synced};
 
-/// The whole FP32 parameter buffer of the sharded checkpoint in `dir`, and its layout.
+/// The whole FP32 parameter buffer of the sharded checkpoint in `dir`, and its layout
+/// (checked against the model table the checkpoint records).
 pub fn read_params(dir: &Path) -> Result<(FlatLayout, Vec<f32>)> {
     let m = read_manifest(dir)?;
+    check_recorded_model(dir, &m)?;
     let len = m.layout.total_len();
     let mut master = vec![0f32; len];
     let whole = crate::pieces::Pieces::one(0..len);

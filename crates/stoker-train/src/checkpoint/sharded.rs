@@ -515,6 +515,43 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
     Ok(m)
 }
 
+/// Checks that the manifest's layout is the one its recorded `[model]` table declares,
+/// name for name and shape for shape (a checkpoint written before the table was recorded
+/// passes). The checksum covers only the manifest as written, so a layout edited to
+/// another shape of the same length (a transpose) with the marker recomputed would
+/// otherwise consolidate into wrongly shaped tensors; training already refuses it against
+/// its own model.
+pub(super) fn check_recorded_model(dir: &Path, m: &Manifest) -> Result<()> {
+    let Some(model) = &m.model else {
+        return Ok(());
+    };
+    let mp = dir.join(MANIFEST);
+    let meta = crate::models::build_meta_model_on(
+        model,
+        crate::precision::Precision::Fp32,
+        crate::precision::Kernels::default(),
+        m.seed,
+        &candle_core::Device::Cpu,
+    )
+    .map_err(|e| ckpt_err(&mp, format!("model: {e}")))?;
+    let declared = FlatLayout::of(meta.params())?;
+    // Groups are left out: checkpoints written before them record 0 for every slot.
+    let place = |l: &FlatLayout| -> Vec<(String, Vec<usize>, usize, usize)> {
+        let slots = l.slots().iter();
+        slots
+            .map(|s| (s.name.clone(), s.shape.clone(), s.offset, s.len))
+            .collect()
+    };
+    if place(&m.layout) != place(&declared) || m.layout.total_len() != declared.total_len() {
+        let diff = super::legacy::describe_mismatch(&m.layout, &declared);
+        return Err(ckpt_err(
+            &mp,
+            format!("layout does not match its own model table: {diff}"),
+        ));
+    }
+    Ok(())
+}
+
 /// Calls `each(pieces, tensors)` for every shard file of `dir` holding any of `want` (the
 /// ranges the shard holds, end to end in its tensors, read from the manifest once), after
 /// checking its checksum and that every tensor of `names` is F32 of the shard's length.

@@ -65,6 +65,7 @@ pub fn verify(dir: &Path) -> Result<Verified> {
 pub fn verify_share(dir: &Path, share: Share) -> Result<Verified> {
     if dir.join(sharded::MANIFEST).exists() {
         let m = sharded::read_manifest(dir)?;
+        sharded::check_recorded_model(dir, &m)?;
         let mut names = vec!["master"];
         names.extend(m.optimizer_buffers.iter().map(String::as_str));
         let (mut files, mut bytes) = (usize::from(share.rank == 0), 0u64);
