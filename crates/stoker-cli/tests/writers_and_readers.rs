@@ -226,6 +226,47 @@ fn jpeg_folders_packed_train_the_cnn() {
     let c = config(dir, "jpeg-run", &data, model, "steps = 30");
     let o = stoker(&["train", s(&c), "--no-progress"]);
     assert!(accuracy(&o) >= 90.0, "{}", text(&o));
+    // The loader tuned for this config decodes the records as the run does, at the CNN's
+    // 16 pixels (before: at 224, 196 times the bytes, with the default decoder).
+    let mut planned = std::fs::read_to_string(&c).unwrap();
+    planned.push_str("[plan]\nrequired_samples_per_s = 1.0\n");
+    std::fs::write(&c, planned).unwrap();
+    let json = dir.join("tune.json");
+    let tune = [
+        "tune",
+        "loader",
+        s(&prefix),
+        "--from-plan",
+        s(&c),
+        "--seconds",
+        "0.2",
+    ];
+    stoker(&[&tune[..], &["--max-workers", "0", "--json", s(&json)]].concat());
+    let bench: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    // 3 x 16 x 16 f32 and a label.
+    let per_sample = bench["sample_bytes"].as_u64().unwrap();
+    assert!((3072..3200).contains(&per_sample), "{bench}");
+    let o = Command::new(STOKER)
+        .args([&tune[..], &["--image-size", "32"]].concat())
+        .output()
+        .unwrap();
+    assert!(
+        text(&o).contains("--image-size 32: ") && text(&o).contains("(model.image_size)"),
+        "{}",
+        text(&o)
+    );
+    // --step-ms is a target of its own, simulated in every trial: another beside it is
+    // refused (before, trials capped at the step's rate were asked for the target plus
+    // the margin, and it was never met).
+    let o = Command::new(STOKER)
+        .args([&tune[..], &["--step-ms", "5"]].concat())
+        .output()
+        .unwrap();
+    assert!(
+        text(&o).contains("error[usage]: --step-ms 5 with --from-plan: both set the target"),
+        "{}",
+        text(&o)
+    );
 }
 
 /// For the GPT (GPT-2) and the Llama (`LlamaForCausalLM`, grouped-query attention).

@@ -6,7 +6,12 @@
 //! search climbs the ladder 0, 1, 2, 4, 8, ... workers (prefetch 2):
 //! - with a target (the plan's consumption rate): it stops at the first, so fewest, worker
 //!   count that sustains the target with a margin, then takes the smallest prefetch_factor
-//!   that still does; if none does, the fastest setting, with the target reported not met;
+//!   that still does; if none does, the fastest setting, with the target reported not met.
+//!   What "sustains" means depends on how the trials ran ([`TuneConfig::simulated_step`]):
+//!   beside a simulated step, the consumer waits at most `margin` of each step; flat out,
+//!   workers (which load while the step runs) must reach the target plus the margin, and
+//!   0 workers (loading in series with the step) must leave the consumer waiting at most
+//!   `margin` of each step: a rate of `target / margin`;
 //! - without a target: it measures 0, 1 and 2 workers, doubles further while a doubling gains
 //!   more than `min_gain`, and takes the fewest workers within `min_gain` of the fastest,
 //!   then the smallest prefetch_factor within `min_gain` of the best.
@@ -26,7 +31,9 @@ pub struct TuneConfig {
     pub max_workers: usize,
     /// Relative throughput gain that justifies more workers or prefetch (0.05 = 5%).
     pub min_gain: f64,
-    /// Headroom over the target a setting must reach to count as sustaining it (0.1 = 10%).
+    /// Headroom over the target a setting must reach to count as sustaining it (0.1 = 10%):
+    /// workers' rate over the target, or the consumer's wait per step where it loads in
+    /// series with the step (0 workers, or any trial beside a simulated step).
     pub margin: f64,
     /// Peak RSS a setting may use, bytes.
     pub memory_budget_bytes: Option<u64>,
@@ -34,6 +41,10 @@ pub struct TuneConfig {
     pub target_samples_per_s: Option<f64>,
     /// prefetch_factor values tried after the worker count is chosen.
     pub prefetch_candidates: Vec<usize>,
+    /// Whether the trials ran beside a simulated step of the target's length (batch /
+    /// target): their rate is then the one training would reach, capped at the target.
+    /// Otherwise they ran flat out, and their rate is the loader's alone.
+    pub simulated_step: bool,
 }
 
 impl Default for TuneConfig {
@@ -45,6 +56,7 @@ impl Default for TuneConfig {
             memory_budget_bytes: None,
             target_samples_per_s: None,
             prefetch_candidates: vec![1, 2, 4],
+            simulated_step: false,
         }
     }
 }
@@ -96,10 +108,12 @@ pub fn tune(
         trials.push(t.clone());
         Ok(t)
     };
-    let need = config
-        .target_samples_per_s
-        .map(|t| t * (1.0 + config.margin));
-    let sustains = |t: &Trial| need.is_some_and(|n| t.samples_per_s >= n);
+    let need = |t: &Trial| {
+        config
+            .target_samples_per_s
+            .map(|target| needed_rate(t.num_workers, target, config))
+    };
+    let sustains = |t: &Trial| need(t).is_some_and(|n| t.samples_per_s >= n);
     let fits = |t: &Trial| {
         config
             .memory_budget_bytes
@@ -122,10 +136,11 @@ pub fn tune(
         }
         if sustains(&t) {
             reasons.push(format!(
-                "{w} workers -> {:.0} samples/s: the fewest that sustain the target with {:.0}% margin ({:.0})",
+                "{w} workers -> {:.0} samples/s: the fewest that sustain the target with {:.0}% margin ({:.0} needed{})",
                 t.samples_per_s,
                 config.margin * 100.0,
-                need.unwrap_or_default()
+                need(&t).unwrap_or_default(),
+                needed_why(w, config)
             ));
             chosen = Some(t);
             break;
@@ -134,7 +149,14 @@ pub fn tune(
             .iter()
             .map(|c| c.samples_per_s)
             .fold(f64::NEG_INFINITY, f64::max);
-        reasons.push(format!("{w} workers -> {:.0} samples/s", t.samples_per_s));
+        match need(&t) {
+            Some(n) => reasons.push(format!(
+                "{w} workers -> {:.0} samples/s, {n:.0} needed{}",
+                t.samples_per_s,
+                needed_why(w, config)
+            )),
+            None => reasons.push(format!("{w} workers -> {:.0} samples/s", t.samples_per_s)),
+        }
         climbed.push(t.clone());
         // 0, 1 and 2 are always measured; beyond, a doubling must gain more than min_gain.
         if w >= 2 && t.samples_per_s <= prev_best * (1.0 + gain) {
@@ -150,10 +172,17 @@ pub fn tune(
     let mut best = match chosen {
         Some(t) => t,
         None => {
-            let top = climbed.iter().map(|t| t.samples_per_s).fold(0.0, f64::max);
+            // Compared by the rate training would reach with each (0 workers' loading in
+            // series with the step), where there is a target.
+            let rate = |t: &Trial| {
+                config
+                    .target_samples_per_s
+                    .map_or(t.samples_per_s, |target| training_rate(t, target, config))
+            };
+            let top = climbed.iter().map(rate).fold(0.0, f64::max);
             let Some(c) = climbed
                 .iter()
-                .filter(|t| t.samples_per_s >= top * (1.0 - gain))
+                .filter(|t| rate(t) >= top * (1.0 - gain))
                 .min_by_key(|t| t.num_workers)
             else {
                 return Err(DataError::Config {
@@ -162,9 +191,13 @@ pub fn tune(
                 });
             };
             reasons.push(format!(
-                "{} workers: the fewest within {:.0}% of the fastest ({top:.0} samples/s)",
+                "{} workers: the fewest within {:.0}% of the fastest ({top:.0} samples/s{})",
                 c.num_workers,
-                gain * 100.0
+                gain * 100.0,
+                match config.target_samples_per_s {
+                    Some(_) => " of training, step included",
+                    None => "",
+                }
             ));
             c.clone()
         }
@@ -181,7 +214,7 @@ pub fn tune(
         let top = cands.iter().map(|t| t.samples_per_s).fold(0.0, f64::max);
         cands.retain(|t| {
             fits(t)
-                && if need.is_some() && sustains(&best) {
+                && if sustains(&best) {
                     sustains(t)
                 } else {
                     t.samples_per_s >= top * (1.0 - gain)
@@ -192,7 +225,7 @@ pub fn tune(
             reasons.push(format!(
                 "prefetch_factor {}: the smallest that {}",
                 c.prefetch_factor,
-                if need.is_some() && sustains(&best) {
+                if sustains(&best) {
                     "still sustains the target".to_string()
                 } else {
                     format!(
@@ -207,10 +240,12 @@ pub fn tune(
     let target_met = config.target_samples_per_s.map(|_| sustains(&best));
     if target_met == Some(false) {
         reasons.push(format!(
-            "target {:.0} samples/s (+{:.0}% margin) NOT met: best {:.0}; the loader is the bottleneck (more cores, cheaper transforms, or pre-decoded data)",
+            "target {:.0} samples/s ({:.0}% margin) NOT met: best {:.0}, {:.0} needed{}; the loader is the bottleneck (more cores, cheaper transforms, or pre-decoded data)",
             config.target_samples_per_s.unwrap_or_default(),
             config.margin * 100.0,
-            best.samples_per_s
+            best.samples_per_s,
+            need(&best).unwrap_or_default(),
+            needed_why(best.num_workers, config)
         ));
     }
     Ok(TuneResult {
@@ -219,6 +254,43 @@ pub fn tune(
         target_met,
         reasons,
     })
+}
+
+/// The rate a trial of `workers` must measure to keep a step consuming `target`
+/// samples/s fed within `config.margin`:
+/// - beside a simulated step, the trial's rate is training's: the consumer may wait
+///   `margin` of each step, so `target / (1 + margin)`;
+/// - flat out with workers, which load while the step runs: `target * (1 + margin)`;
+/// - flat out with 0 workers, loading in series with the step: training's rate is
+///   `1 / (1 / rate + 1 / target)`, within the margin of the target where
+///   `rate >= target / margin` (infinite at margin 0: any loading is waited for).
+pub fn needed_rate(workers: usize, target: f64, config: &TuneConfig) -> f64 {
+    let m = config.margin;
+    match (config.simulated_step, workers) {
+        (true, _) => target / (1.0 + m),
+        (false, 0) => target / m,
+        (false, _) => target * (1.0 + m),
+    }
+}
+
+/// The rate a step consuming `target` samples/s would train at with trial `t`'s setting:
+/// its measured rate beside a simulated step; flat out, `1 / (1 / rate + 1 / target)` for
+/// 0 workers (loading in series with the step) and `min(rate, target)` for workers.
+fn training_rate(t: &Trial, target: f64, config: &TuneConfig) -> f64 {
+    match (config.simulated_step, t.num_workers) {
+        (true, _) => t.samples_per_s,
+        (false, 0) => 1.0 / (1.0 / t.samples_per_s + 1.0 / target),
+        (false, _) => t.samples_per_s.min(target),
+    }
+}
+
+/// Why [`needed_rate`] is what it is, for the reasons' lines.
+fn needed_why(workers: usize, config: &TuneConfig) -> &'static str {
+    match (config.simulated_step, workers) {
+        (true, _) => " beside the simulated step",
+        (false, 0) => ": loading in series with the step",
+        (false, _) => "",
+    }
 }
 
 fn pct(new: f64, old: f64) -> f64 {

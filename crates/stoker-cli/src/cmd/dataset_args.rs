@@ -30,9 +30,10 @@ pub struct DatasetArgs {
     /// the config's model.context].
     #[arg(long)]
     pub context: Option<usize>,
-    /// Output side of the image transform (JPEG records).
-    #[arg(long, default_value_t = 224)]
-    pub image_size: u32,
+    /// Output side of the image transform (JPEG records) [default: 224; with `tune loader
+    /// --from-plan`, the config's model.image_size].
+    #[arg(long)]
+    pub image_size: Option<u32>,
     /// Image output dtype: f32 or bf16 (JPEG records).
     #[arg(long, default_value = "f32")]
     pub image_dtype: String,
@@ -48,6 +49,10 @@ pub struct DatasetArgs {
     /// Simulated training step in ms: the consumer sleeps this long per batch.
     #[arg(long)]
     pub step_ms: Option<f64>,
+    /// The JPEG decoder (a config's `data.jpeg_decoder`, with `tune loader --from-plan`);
+    /// `None`: the transform's default.
+    #[arg(skip)]
+    pub decoder: Option<stoker_data::transform::JpegBackend>,
 }
 
 /// `--batch` and `--context` where not given.
@@ -76,15 +81,17 @@ impl DatasetArgs {
             "bf16" => DType::BF16,
             other => anyhow::bail!("--image-dtype {other}: expected f32 or bf16"),
         };
+        let defaults = ImageTransformConfig::default();
         let image = ImageTransformConfig {
-            size: self.image_size,
+            size: self.image_size.unwrap_or(defaults.size),
+            decoder: self.decoder.unwrap_or(defaults.decoder),
             dtype,
             mode: if self.eval_transform {
                 TransformMode::Eval
             } else {
                 TransformMode::Train
             },
-            ..ImageTransformConfig::default()
+            ..defaults
         };
         let opts = OpenOptions {
             context: self.context(),

@@ -49,8 +49,8 @@ struct LoaderTuneArgs {
     json: Option<std::path::PathBuf>,
 }
 
-/// Takes the workload of the config at `path` (`--from-plan`) into `data`: its micro-batch
-/// and window where the flags leave them out; a flag or a dataset that disagrees with it is
+/// Takes the workload of the config at `path` (`--from-plan`) into `data`: its micro-batch,
+/// window, image size and JPEG decoder where the flags leave them out; a flag or a dataset that disagrees with it is
 /// refused, since the target rate is the config's and the loader would be tuned on other
 /// work (before, MNIST at batch 256 against a token config's rate).
 fn take_workload(
@@ -76,6 +76,19 @@ fn take_workload(
             _ => data.context = Some(context),
         }
     }
+    // JPEG records are decoded as the trainer decodes them: at the CNN's image_size, with
+    // the config's decoder (before: at 224 with the default decoder, whatever it said).
+    if let stoker_train::models::ModelConfig::Cnn(c) = &config.model {
+        let size = c.image_size as u32;
+        match data.image_size {
+            Some(s) if s != size => anyhow::bail!(
+                "--image-size {s}: {at} trains images of {size} (model.image_size); leave \
+                 --image-size out to tune at it"
+            ),
+            _ => data.image_size = Some(size),
+        }
+    }
+    data.decoder = config.data.jpeg_decoder.map(|d| d.backend());
     // The same file or prefix, however written (relative to here, as the trainer reads it).
     let place = |p: &std::path::Path| {
         let dir = match p.parent() {
@@ -119,6 +132,18 @@ pub fn run(args: TuneArgs) -> anyhow::Result<()> {
             "--memory-budget-mb {mb}: expected a positive number"
         );
     }
+    // --step-ms is the target and the step each trial simulates: another target beside
+    // it would be judged against trials capped at the step's rate, and never be met.
+    let others = [
+        (a.target_samples_per_s.is_some(), "--target-samples-per-s"),
+        (planned.is_some(), "--from-plan"),
+    ];
+    if let (Some(ms), Some((_, flag))) = (a.data.step_ms, others.iter().find(|(on, _)| *on)) {
+        anyhow::bail!(
+            "--step-ms {ms} with {flag}: both set the target (--step-ms as batch / step, \
+             simulated in every trial); give one"
+        );
+    }
     let target = match (a.target_samples_per_s, a.data.step_ms, &planned) {
         (Some(t), _, _) => Some(t),
         (None, Some(ms), _) => Some(a.data.batch() as f64 / (ms / 1e3)),
@@ -137,6 +162,7 @@ pub fn run(args: TuneArgs) -> anyhow::Result<()> {
         margin: a.margin,
         memory_budget_bytes: a.memory_budget_mb.map(|mb| (mb * 1e6) as u64),
         target_samples_per_s: target,
+        simulated_step: a.data.step_ms.is_some(),
         ..TuneConfig::default()
     };
     println!(
