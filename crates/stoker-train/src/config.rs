@@ -34,8 +34,9 @@ pub struct TrainConfig {
     /// The ops the graph runs: `fused` (stoker-kernels' custom ops) or `composed`
     /// (candle's primitives); see [`Kernels`]. `direct` is the older name of `step =
     /// "handwritten"`, accepted and reported as renamed. Once parsed, [`Kernels::Direct`]
-    /// exactly where the step is handwritten.
-    #[serde(default)]
+    /// exactly where the step is handwritten, and then left out of a written config (the
+    /// `step` says it).
+    #[serde(default, skip_serializing_if = "Kernels::is_direct")]
     pub kernels: Kernels,
     /// `cpu` (default), or `cuda` / `cuda:N` in a build with the `cuda` feature: the
     /// model on a GPU, its optimizer offloaded to the host ([`crate::device`]).

@@ -24,13 +24,13 @@ use stoker_plan::strategy::Stage;
 use stoker_plan::trainer::{GroupSpans, TrainerPrediction, TrainerRun};
 use stoker_plan::Plan;
 
-use crate::config::{OptimizerKind, StrategyKind, TrainConfig};
+use crate::config::{OptimizerKind, StepKind, StrategyKind, TrainConfig};
 use crate::error::{config_err, Result};
 use crate::layout::FlatLayout;
 use crate::models::ModelConfig;
 use crate::models::{GptConfig, LlamaConfig};
 use crate::parallel::ParallelDims;
-use crate::precision::Precision;
+use crate::precision::{Kernels, Precision};
 
 /// The planner's name of a trainer precision.
 pub(crate) fn plan_precision(p: Precision) -> &'static str {
@@ -453,10 +453,19 @@ pub fn emit(
         cfg.data.persistent_workers = false;
     }
     if plan.inputs.hardware.accelerator {
-        // A GPU runs candle's CUDA ops; the direct step and fused ops are CPU kernels.
         cfg.device = "cuda".into();
-        cfg.kernels = crate::precision::Kernels::Composed;
+        // A GPU runs candle's CUDA ops, or the resident step a config already chose; the
+        // handwritten step and the fused ops are CPU kernels.
+        if cfg.step != Some(StepKind::Resident) {
+            (cfg.step, cfg.kernels) = (Some(StepKind::Graph), Kernels::Composed);
+        }
     }
+    // The step by its own key (before: a preset's config said `kernels = "direct"`, its
+    // older name, and every run of it warned so).
+    cfg.step = Some(cfg.step.unwrap_or(match cfg.kernels {
+        Kernels::Direct => StepKind::Handwritten,
+        _ => StepKind::Graph,
+    }));
     let section: PlanSection = choice.plan_section(planned_with);
     cfg.plan = Some(section);
     Ok(cfg)

@@ -232,6 +232,12 @@ pub enum Kernels {
 }
 
 impl Kernels {
+    /// Whether it is `direct`: a config says `step = "handwritten"` instead, so written
+    /// configs leave `kernels` out for it.
+    pub fn is_direct(&self) -> bool {
+        *self == Kernels::Direct
+    }
+
     /// The config's name for it (`direct`, `fused`, `composed`).
     pub fn name(self) -> &'static str {
         match self {

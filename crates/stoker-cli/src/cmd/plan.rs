@@ -440,9 +440,15 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
             None => file.clone(),
         };
         planned_with.overlay(&cli);
-        emit(&args, &plan, &planned_with, base.as_ref(), path)?;
-        if !args.json {
-            println!("wrote {} (stoker train runs it as is)", path.display());
+        let runs_here = emit(&args, &plan, &planned_with, base.as_ref(), path)?;
+        // Not "runs it as is" beside the note that this machine refuses it.
+        match (args.json, runs_here) {
+            (true, _) => {}
+            (false, true) => println!("wrote {} (stoker train runs it as is)", path.display()),
+            (false, false) => println!(
+                "wrote {} (for the planned hardware: stoker train here refuses it, above)",
+                path.display()
+            ),
         }
     }
     Ok(())
@@ -649,14 +655,15 @@ fn is_training_config(path: &std::path::Path) -> anyhow::Result<bool> {
 
 /// Writes the plan's choice as a training config in the trainer's schema, then reads it
 /// back with the trainer's own parser: a config `stoker train` would refuse here (an
-/// accelerator's `device`) is written with a note saying why.
+/// accelerator's `device`) is written with a note saying why. Returns whether this
+/// machine's trainer reads it.
 fn emit(
     args: &PlanArgs,
     plan: &stoker_plan::Plan,
     planned_with: &PlanInput,
     base: Option<&stoker_train::config::TrainConfig>,
     path: &std::path::Path,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<bool> {
     use stoker_train::planned::{self, EmitPlace};
     let place = EmitPlace {
         run_dir: args
@@ -682,12 +689,13 @@ fn emit(
         .map(|c| c.summary())
         .unwrap_or_default();
     let text = planned::to_toml(&cfg, &summary)?;
-    if let Err(e) = stoker_train::config::TrainConfig::parse(&text, path) {
+    let read = stoker_train::config::TrainConfig::parse(&text, path);
+    if let Err(e) = &read {
         eprintln!(
             "note: `stoker train` on this machine refuses {}: {e}",
             path.display()
         );
     }
     std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
+    Ok(read.is_ok())
 }
