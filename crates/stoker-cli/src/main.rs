@@ -61,7 +61,10 @@ fn main() -> std::process::ExitCode {
         tracing::warn!("glibc refused the malloc setting {what}: freed memory may go back to the kernel and fault in again every step");
     }
     quiet_guarded_panics();
-    let command = Cli::parse().command;
+    let command = match Cli::try_parse() {
+        Ok(cli) => cli.command,
+        Err(e) => return refused_command_line(e),
+    };
     if command.writes_for_a_pipe() {
         default_sigpipe();
     }
@@ -92,6 +95,23 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// A command line clap refuses, said as stoker's own usage errors are (`error[usage]: ...`,
+/// its usage lines and hint kept below it; before, clap's plain `error: ...`), with clap's
+/// exit status 2. Help and version are printed as clap prints them.
+fn refused_command_line(e: clap::Error) -> std::process::ExitCode {
+    use clap::error::ErrorKind as Kind;
+    if matches!(
+        e.kind(),
+        Kind::DisplayHelp | Kind::DisplayVersion | Kind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit()
+    }
+    let text = e.render().to_string();
+    let text = text.strip_prefix("error: ").unwrap_or(&text);
+    stoker_comm::say(&format!("error[usage]: {}", text.trim_end()));
+    std::process::ExitCode::from(2)
 }
 
 impl Command {

@@ -80,3 +80,33 @@ fn every_summary_of_a_command_with_subcommands_lists_exactly_those_that_exist() 
         assert_eq!(listed(&own), subs, "`stoker {name} --help` says: {own}");
     }
 }
+
+/// A command line clap refuses says `error[usage]:` as stoker's own usage errors do (a
+/// script tells the kinds apart by it; before, clap's plain `error:`), keeps clap's hints
+/// and exit status 2; help still prints to stdout and succeeds.
+#[test]
+fn a_refused_command_line_is_a_usage_error() {
+    for (args, says) in [
+        (
+            &["train", "x.toml", "--world", "2"][..],
+            "error[usage]: the following required arguments were not provided:",
+        ),
+        (&["trian"], "error[usage]: unrecognized subcommand 'trian'"),
+        (
+            &["plan", "--global-batch", "ten"],
+            "error[usage]: invalid value 'ten' for '--global-batch",
+        ),
+    ] {
+        let o = Command::new(STOKER).args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.starts_with(says), "{args:?}: {err}");
+        assert!(err.contains("try '--help'"), "{args:?}: {err}");
+        assert_eq!(err.matches("error").count(), 1, "{args:?}: {err}");
+    }
+    assert!(
+        help(&["train"]).starts_with("Train"),
+        "{}",
+        help(&["train"])
+    );
+}
