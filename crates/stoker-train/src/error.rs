@@ -50,7 +50,8 @@ pub enum TrainError {
     /// Training produced a non-finite value.
     #[error("step {step}: non-finite {what} (first non-finite parameter: `{param}`)")]
     NonFinite {
-        /// The optimizer step (0-based) at which it happened.
+        /// The optimizer step at which it happened, counted from 1 (before 2026-12-07 from 0,
+        /// so "step 0" named a step that the metrics call 1).
         step: u64,
         /// `loss`, `gradient` or `value`.
         what: String,

@@ -210,7 +210,10 @@ fn nan_loss_stops_with_step_and_first_parameter() {
     let err = t.train_step(&[bad]).unwrap_err();
     match &err {
         TrainError::NonFinite { step, what, param } => {
-            assert_eq!(*step, 1);
+            assert_eq!(
+                *step, 2,
+                "the second step, counted from 1 as the metrics count"
+            );
             // ReLU maps the NaN input to 0 in the forward pass, so the loss stays finite;
             // the first layer's weight gradient (x^T g) carries the NaN.
             assert_eq!(what, "gradient");

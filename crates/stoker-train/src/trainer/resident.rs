@@ -371,7 +371,8 @@ impl Trainer {
             Some(_) => f64::NAN,
             None if !report.loss.is_finite() || !report.grad_norm.is_finite() => {
                 return Err(TrainError::NonFinite {
-                    step,
+                    // Counted from 1, as the step lines, metrics and checkpoints count.
+                    step: step + 1,
                     what: match report.loss.is_finite() {
                         true => "gradient",
                         false => "loss",

@@ -159,7 +159,8 @@ impl Trainer {
                 .first_nonfinite_in(&self.grads.buf, &self.grads.held)
                 .unwrap_or("(none: loss only)");
             return Err(TrainError::NonFinite {
-                step,
+                // Counted from 1, as the step lines, metrics and checkpoints count.
+                step: step + 1,
                 what: if loss.is_finite() { "gradient" } else { "loss" }.into(),
                 param: param.into(),
             });
@@ -233,7 +234,8 @@ impl Trainer {
             .first_nonfinite_in(&params.master, &params.held)
         {
             return Err(TrainError::NonFinite {
-                step,
+                // Counted from 1, as the step lines, metrics and checkpoints count.
+                step: step + 1,
                 what: "value".into(),
                 param: param.into(),
             });
