@@ -221,5 +221,8 @@ fn nan_loss_stops_with_step_and_first_parameter() {
         }
         e => panic!("{e}"),
     }
-    assert!(err.to_string().contains("step 1"));
+    assert!(
+        err.to_string().contains("step 2: non-finite gradient"),
+        "{err}"
+    );
 }

@@ -50,9 +50,9 @@ struct LoaderTuneArgs {
 }
 
 /// Takes the workload of the config at `path` (`--from-plan`) into `data`: its micro-batch,
-/// window, image size and JPEG decoder where the flags leave them out; a flag or a dataset that disagrees with it is
-/// refused, since the target rate is the config's and the loader would be tuned on other
-/// work (before, MNIST at batch 256 against a token config's rate).
+/// window, image size and JPEG decoder where the flags leave them out; a flag or a dataset
+/// that disagrees with it is refused, since the target rate is the config's and the loader
+/// would be tuned on other work (before, MNIST at batch 256 against a token config's rate).
 fn take_workload(
     data: &mut DatasetArgs,
     config: &TrainConfig,
