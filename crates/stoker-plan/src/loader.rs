@@ -94,13 +94,28 @@ pub struct LoaderChoice {
     pub required_per_loader: f64,
 }
 
+/// The share of each step a loader with 0 workers may add by loading in the training
+/// thread, in series with the step (`stoker tune loader`'s default margin).
+pub const SERIAL_LOAD_SHARE: f64 = 0.1;
+
+/// The rate a point of `workers` must have measured (flat out) to deliver `required`
+/// samples/s: workers load while the step runs, so `required`; 0 workers load in series
+/// with it, so `required / SERIAL_LOAD_SHARE` (before 2026-12-07, `required`, where the step
+/// would have waited for data about half the time).
+pub fn needed_rate(workers: u64, required: f64) -> f64 {
+    match workers {
+        0 => required / SERIAL_LOAD_SHARE,
+        _ => required,
+    }
+}
+
 /// Picks the point with the fewest workers, then the smallest prefetch factor, whose
-/// samples/s meets `required_per_loader`.
+/// samples/s delivers `required_per_loader` ([`needed_rate`]).
 pub fn pick(bench: &LoaderBench, required_per_loader: f64) -> LoaderChoice {
     let mut ok: Vec<&BenchPoint> = bench
         .points
         .iter()
-        .filter(|p| p.samples_per_s >= required_per_loader)
+        .filter(|p| p.samples_per_s >= needed_rate(p.num_workers, required_per_loader))
         .collect();
     ok.sort_by(|a, b| {
         (a.num_workers, a.prefetch_factor)

@@ -27,6 +27,13 @@ fn loader_pick_is_fewest_workers_then_smallest_prefetch() {
     let none = pick(&b, 1000.0);
     assert!(none.chosen.is_none());
     assert_eq!(none.fastest.unwrap().num_workers, 8);
+    // 0 workers load in series with the step: 1,000 samples/s deliver 100 (a tenth of
+    // each step spent loading), not 250, where 2 workers' 300 do.
+    let zero = BENCH.replacen("\"num_workers\": 8", "\"num_workers\": 0", 1);
+    let zero = zero.replacen("900.0", "1000.0", 1);
+    let b = LoaderBench::from_json_str("bench.json", &zero).unwrap();
+    assert_eq!(pick(&b, 100.0).chosen.unwrap().num_workers, 0);
+    assert_eq!(pick(&b, 250.0).chosen.unwrap().num_workers, 2);
 }
 
 #[test]

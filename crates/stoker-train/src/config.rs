@@ -1100,25 +1100,9 @@ impl TrainConfig {
                 "fp64 is for gradient checks only; use fp32, bf16, fp16 or fp8",
             ));
         }
-        if let ModelConfig::Gpt(g) = &self.model {
-            g.validate()
-                .map_err(|(k, m)| config_err(format!("model.{k}"), m))?;
-        }
-        if let ModelConfig::Llama(l) = &self.model {
-            l.validate()
-                .map_err(|(k, m)| config_err(format!("model.{k}"), m))?;
-        }
-        if let ModelConfig::Cnn(c) = &self.model {
-            if c.image_size % 4 != 0 || c.image_size == 0 {
-                return Err(config_err(
-                    "model.image_size",
-                    format!(
-                        "{}: must be a positive multiple of 4 (two 2x2 pools)",
-                        c.image_size
-                    ),
-                ));
-            }
-        }
+        self.model
+            .validate()
+            .map_err(|(k, m)| config_err(format!("model.{k}"), m))?;
         if !(0.0..1.0).contains(&self.data.eval_fraction) {
             return Err(config_err(
                 "data.eval_fraction",

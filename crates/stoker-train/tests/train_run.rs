@@ -366,6 +366,15 @@ fn consolidated_weights_are_plain_safetensors() {
             "{e}"
         );
     }
+    // A table that cannot declare a model is refused by its key (before: a division by
+    // zero while declaring it ended the process, and `--resume latest` with it).
+    let mut v: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    v["model"]["n_head"] = serde_json::json!(0);
+    commit(&serde_json::to_vec_pretty(&v).unwrap());
+    let e = stoker_train::checkpoint::verify(&dir)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("model.n_head: must be at least 1"), "{e}");
     commit(&text);
     stoker_train::checkpoint::verify(&dir).unwrap();
     // Given the run directory (DeepSpeed's zero_to_fp32 takes the root), verify and

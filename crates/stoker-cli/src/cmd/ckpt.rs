@@ -20,8 +20,9 @@ enum CkptCommand {
         #[arg(long)]
         out: Option<PathBuf>,
     },
-    /// Check every file of a checkpoint (commit marker, manifest, each shard's CRC-32 and
-    /// tensors; or a version 1-2 checkpoint's checksums) without loading a model.
+    /// Check every file of a checkpoint (commit marker, manifest and its layout against
+    /// the model table it records, each shard's CRC-32 and tensors; or a version 1-2
+    /// checkpoint's checksums) without loading a model.
     Verify {
         /// The checkpoint directory (RUN_DIR/checkpoints/step_N).
         dir: PathBuf,

@@ -27,8 +27,9 @@ pub struct PlanArgs {
     /// Print the plan as JSON.
     #[arg(long)]
     json: bool,
-    /// Write the chosen settings as a training config that `stoker train` runs as is
-    /// (the trainer's schema; planner-only keys in its `[plan]` table).
+    /// Write the chosen settings as a training config that `stoker train` runs as is on
+    /// the planned hardware (the trainer's schema; planner-only keys in its `[plan]`
+    /// table); where this machine's trainer would refuse it, a note says why.
     #[arg(long, value_name = "FILE")]
     emit_config: Option<PathBuf>,
     /// With --emit-config: the run directory of the emitted config (default: the
@@ -446,7 +447,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
             (true, _) => {}
             (false, true) => println!("wrote {} (stoker train runs it as is)", path.display()),
             (false, false) => println!(
-                "wrote {} (for the planned hardware: stoker train here refuses it, above)",
+                "wrote {} (stoker train on this machine refuses it, above)",
                 path.display()
             ),
         }

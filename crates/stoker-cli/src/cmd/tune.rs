@@ -35,7 +35,9 @@ struct LoaderTuneArgs {
     /// persistent_workers into that config's `[data]`, so `stoker train` runs with them.
     #[arg(long, requires = "from_plan")]
     write_config: bool,
-    /// Headroom over the target a setting must reach, fraction (0.1 = 10%).
+    /// Margin, fraction (0.1 = 10%): workers' rate over the target, or the share of each
+    /// step the consumer may wait where loading runs in series with it (0 workers, or
+    /// beside --step-ms's simulated step).
     #[arg(long, default_value_t = 0.1)]
     margin: f64,
     /// Peak RSS allowed for a setting, in MB.
@@ -130,6 +132,14 @@ pub fn run(args: TuneArgs) -> anyhow::Result<()> {
         anyhow::ensure!(
             mb > 0.0 && mb.is_finite(),
             "--memory-budget-mb {mb}: expected a positive number"
+        );
+    }
+    // Beside a simulated step a trial's rate stays a little under the target: a margin of
+    // 0 could never be met.
+    if let (Some(ms), true) = (a.data.step_ms, a.margin == 0.0) {
+        anyhow::bail!(
+            "--margin 0 with --step-ms {ms}: a trial beside the simulated step always waits \
+             a little for data; give a margin above 0"
         );
     }
     // --step-ms is the target and the step each trial simulates: another target beside

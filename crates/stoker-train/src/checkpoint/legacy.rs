@@ -219,9 +219,53 @@ pub(super) fn describe_mismatch(saved: &FlatLayout, model: &FlatLayout) -> Strin
             );
         }
     }
+    if saved.slots().len() != model.slots().len() {
+        return format!(
+            "checkpoint has {} parameters, the model {}",
+            saved.slots().len(),
+            model.slots().len()
+        );
+    }
+    for (a, b) in saved.slots().iter().zip(model.slots()) {
+        if (a.offset, a.len) != (b.offset, b.len) {
+            return format!(
+                "checkpoint has `{}` at offset {} ({} elements) where the model has it at {} ({})",
+                a.name, a.offset, a.len, b.offset, b.len
+            );
+        }
+    }
     format!(
-        "checkpoint has {} parameters, the model {}",
-        saved.slots().len(),
-        model.slots().len()
+        "checkpoint lays out {} elements (alignment {}), the model {} (alignment {})",
+        saved.total_len(),
+        saved.align(),
+        model.total_len(),
+        model.align()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::describe_mismatch;
+    use crate::layout::{FlatLayout, ParamSpec};
+
+    /// Layouts alike in names and shapes say where they differ: the first slot placed
+    /// elsewhere, else the totals (before: "checkpoint has 2 parameters, the model 2").
+    #[test]
+    fn a_mismatch_of_places_names_the_slot_and_its_offsets() {
+        let specs = [ParamSpec::new("a", &[3]), ParamSpec::new("b", &[3])];
+        let at = |align| FlatLayout::new(&specs, align).unwrap();
+        assert_eq!(
+            describe_mismatch(&at(4), &at(8)),
+            "checkpoint has `b` at offset 4 (3 elements) where the model has it at 8 (3)"
+        );
+        let one = [ParamSpec::new("a", &[4])];
+        let (four, two) = (
+            FlatLayout::new(&one, 4).unwrap(),
+            FlatLayout::new(&one, 8).unwrap(),
+        );
+        assert_eq!(
+            describe_mismatch(&four, &two),
+            "checkpoint lays out 4 elements (alignment 4), the model 8 (alignment 8)"
+        );
+    }
 }

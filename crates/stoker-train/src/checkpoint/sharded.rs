@@ -526,6 +526,19 @@ pub(super) fn check_recorded_model(dir: &Path, m: &Manifest) -> Result<()> {
         return Ok(());
     };
     let mp = dir.join(MANIFEST);
+    // The table checked as a config's is, and its blocks bounded by the layout's slots,
+    // before a model is declared from it (a zero head count divided by zero there).
+    let table = |key: &str, why: String| ckpt_err(&mp, format!("model.{key}: {why}"));
+    model.validate().map_err(|(key, why)| table(key, why))?;
+    let blocks = match model {
+        crate::models::ModelConfig::Gpt(g) => g.n_layer,
+        crate::models::ModelConfig::Llama(l) => l.n_layer,
+        _ => 0,
+    };
+    if blocks > m.layout.slots().len() {
+        let why = format!("{blocks}, more blocks than the layout has parameters");
+        return Err(table("n_layer", why));
+    }
     let meta = crate::models::build_meta_model_on(
         model,
         crate::precision::Precision::Fp32,
@@ -534,7 +547,9 @@ pub(super) fn check_recorded_model(dir: &Path, m: &Manifest) -> Result<()> {
         &candle_core::Device::Cpu,
     )
     .map_err(|e| ckpt_err(&mp, format!("model: {e}")))?;
-    let declared = FlatLayout::of(meta.params())?;
+    // At the manifest's own alignment, so that a later change of the default leaves older
+    // checkpoints readable.
+    let declared = FlatLayout::new(&meta.params().specs(), m.layout.align())?;
     // Groups are left out: checkpoints written before them record 0 for every slot.
     let place = |l: &FlatLayout| -> Vec<(String, Vec<usize>, usize, usize)> {
         let slots = l.slots().iter();

@@ -20,6 +20,23 @@ pub enum ModelConfig {
 }
 
 impl ModelConfig {
+    /// Checks the sizes (a training config's `[model]`, or the table a checkpoint
+    /// records); the error names the key under `model.`.
+    pub fn validate(&self) -> std::result::Result<(), (&'static str, String)> {
+        match self {
+            ModelConfig::Gpt(g) => g.validate(),
+            ModelConfig::Llama(l) => l.validate(),
+            ModelConfig::Cnn(c) if c.image_size % 4 != 0 || c.image_size == 0 => Err((
+                "image_size",
+                format!(
+                    "{}: must be a positive multiple of 4 (two 2x2 pools)",
+                    c.image_size
+                ),
+            )),
+            ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => Ok(()),
+        }
+    }
+
     /// The token window a token model reads (the GPT's or Llama's context); None for
     /// classifiers.
     pub fn context(&self) -> Option<usize> {
