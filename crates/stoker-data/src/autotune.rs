@@ -140,7 +140,7 @@ pub fn tune(
                 t.samples_per_s,
                 config.margin * 100.0,
                 need(&t).unwrap_or_default(),
-                needed_why(w, config)
+                Loading::of(w, config).why()
             ));
             chosen = Some(t);
             break;
@@ -153,7 +153,7 @@ pub fn tune(
             Some(n) => reasons.push(format!(
                 "{w} workers -> {:.0} samples/s, {n:.0} needed{}",
                 t.samples_per_s,
-                needed_why(w, config)
+                Loading::of(w, config).why()
             )),
             None => reasons.push(format!("{w} workers -> {:.0} samples/s", t.samples_per_s)),
         }
@@ -177,7 +177,9 @@ pub fn tune(
             let rate = |t: &Trial| {
                 config
                     .target_samples_per_s
-                    .map_or(t.samples_per_s, |target| training_rate(t, target, config))
+                    .map_or(t.samples_per_s, |target| {
+                        Loading::of(t.num_workers, config).training_rate(t.samples_per_s, target)
+                    })
             };
             let top = climbed.iter().map(rate).fold(0.0, f64::max);
             let Some(c) = climbed
@@ -245,7 +247,7 @@ pub fn tune(
             config.margin * 100.0,
             best.samples_per_s,
             need(&best).unwrap_or_default(),
-            needed_why(best.num_workers, config)
+            Loading::of(best.num_workers, config).why()
         ));
     }
     Ok(TuneResult {
@@ -254,6 +256,56 @@ pub fn tune(
         target_met,
         reasons,
     })
+}
+
+/// Where a trial's loading ran against the training step, which says what its rate means.
+#[derive(Clone, Copy)]
+enum Loading {
+    /// Beside a simulated step: the trial's rate is training's, capped at the target.
+    BesideTheStep,
+    /// Flat out with 0 workers: in the training thread, in series with the step.
+    InSeries,
+    /// Flat out with workers: loading while the step runs.
+    Alongside,
+}
+
+impl Loading {
+    fn of(workers: usize, config: &TuneConfig) -> Self {
+        match (config.simulated_step, workers) {
+            (true, _) => Loading::BesideTheStep,
+            (false, 0) => Loading::InSeries,
+            (false, _) => Loading::Alongside,
+        }
+    }
+
+    /// See [`needed_rate`].
+    fn needed(self, target: f64, margin: f64) -> f64 {
+        match self {
+            Loading::BesideTheStep => target / (1.0 + margin),
+            Loading::InSeries => target / margin,
+            Loading::Alongside => target * (1.0 + margin),
+        }
+    }
+
+    /// The rate a step consuming `target` samples/s trains at beside loading measured at
+    /// `rate`: that rate beside the step, `1 / (1 / rate + 1 / target)` in series with it,
+    /// `min(rate, target)` alongside it.
+    fn training_rate(self, rate: f64, target: f64) -> f64 {
+        match self {
+            Loading::BesideTheStep => rate,
+            Loading::InSeries => 1.0 / (1.0 / rate + 1.0 / target),
+            Loading::Alongside => rate.min(target),
+        }
+    }
+
+    /// Why [`Loading::needed`] is what it is, for the reasons' lines.
+    fn why(self) -> &'static str {
+        match self {
+            Loading::BesideTheStep => " beside the simulated step",
+            Loading::InSeries => ": loading in series with the step",
+            Loading::Alongside => "",
+        }
+    }
 }
 
 /// The rate a trial of `workers` must measure to keep a step consuming `target`
@@ -265,32 +317,7 @@ pub fn tune(
 ///   `1 / (1 / rate + 1 / target)`, within the margin of the target where
 ///   `rate >= target / margin` (infinite at margin 0: any loading is waited for).
 pub fn needed_rate(workers: usize, target: f64, config: &TuneConfig) -> f64 {
-    let m = config.margin;
-    match (config.simulated_step, workers) {
-        (true, _) => target / (1.0 + m),
-        (false, 0) => target / m,
-        (false, _) => target * (1.0 + m),
-    }
-}
-
-/// The rate a step consuming `target` samples/s would train at with trial `t`'s setting:
-/// its measured rate beside a simulated step; flat out, `1 / (1 / rate + 1 / target)` for
-/// 0 workers (loading in series with the step) and `min(rate, target)` for workers.
-fn training_rate(t: &Trial, target: f64, config: &TuneConfig) -> f64 {
-    match (config.simulated_step, t.num_workers) {
-        (true, _) => t.samples_per_s,
-        (false, 0) => 1.0 / (1.0 / t.samples_per_s + 1.0 / target),
-        (false, _) => t.samples_per_s.min(target),
-    }
-}
-
-/// Why [`needed_rate`] is what it is, for the reasons' lines.
-fn needed_why(workers: usize, config: &TuneConfig) -> &'static str {
-    match (config.simulated_step, workers) {
-        (true, _) => " beside the simulated step",
-        (false, 0) => ": loading in series with the step",
-        (false, _) => "",
-    }
+    Loading::of(workers, config).needed(target, config.margin)
 }
 
 fn pct(new: f64, old: f64) -> f64 {
