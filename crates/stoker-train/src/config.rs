@@ -808,7 +808,7 @@ impl TrainConfig {
 
     /// Settles `step` and `kernels` together (see [`TrainConfig::step`]); `direct_given`:
     /// the file said `kernels = "direct"`, the older name of `step = "handwritten"`.
-    fn resolve_step(&mut self, direct_given: bool) -> Result<()> {
+    pub(crate) fn resolve_step(&mut self, direct_given: bool) -> Result<()> {
         let step =
             match (self.step, self.kernels, direct_given) {
                 (Some(StepKind::Graph), Kernels::Direct, true) => return Err(config_err(

@@ -460,12 +460,9 @@ pub fn emit(
             (cfg.step, cfg.kernels) = (Some(StepKind::Graph), Kernels::Composed);
         }
     }
-    // The step by its own key (before: a preset's config said `kernels = "direct"`, its
-    // older name, and every run of it warned so).
-    cfg.step = Some(cfg.step.unwrap_or(match cfg.kernels {
-        Kernels::Direct => StepKind::Handwritten,
-        _ => StepKind::Graph,
-    }));
+    // The step by its own key, settled by the parser's rule (before: a preset's config
+    // said `kernels = "direct"`, its older name, and every run of it warned so).
+    cfg.resolve_step(false)?;
     let section: PlanSection = choice.plan_section(planned_with);
     cfg.plan = Some(section);
     Ok(cfg)
