@@ -91,7 +91,9 @@ fn train(e: &TrainError) -> ErrorKind {
         TrainError::Data { .. } => ErrorKind::Data,
         TrainError::Io { .. } => ErrorKind::Io,
         TrainError::DataLoader(d) | TrainError::Dataset { source: d, .. } => data(d),
-        TrainError::NonFinite { .. } | TrainError::Precision(_) => ErrorKind::Numeric,
+        TrainError::NonFinite { .. }
+        | TrainError::LossScaleAtMinimum { .. }
+        | TrainError::Precision(_) => ErrorKind::Numeric,
         TrainError::Comm(_) => ErrorKind::Comm,
         TrainError::NoGradient { .. }
         | TrainError::Layout(_)

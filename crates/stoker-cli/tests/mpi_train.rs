@@ -662,6 +662,52 @@ fn a_rank_with_bad_data_stops_the_whole_job_with_its_message() {
     );
 }
 
+/// An fp16 run that diverges (a learning rate of 1e30 sends the weights past f16's range,
+/// so every later gradient overflows at any scale) under `[loss_scale]`'s DeepSpeed preset:
+/// both ranks skip the same steps while the scale backs off, then stop together at the
+/// step whose overflow finds the scale at its floor of 1, naming it; no rank is left
+/// waiting in a collective.
+#[test]
+fn a_diverged_fp16_run_stops_every_rank_at_the_loss_scale_s_floor() {
+    if !have_mpirun("a_diverged_fp16_run_stops_every_rank_at_the_loss_scale_s_floor") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_data(dir);
+    let c = config(
+        dir,
+        "diverged",
+        Model::Gpt,
+        "fp16",
+        "fused",
+        40,
+        "[loss_scale]\npreset = \"deepspeed\"",
+    );
+    let t = std::fs::read_to_string(&c)
+        .unwrap()
+        .replace("lr = 1e-3", "lr = 1e30");
+    std::fs::write(&c, t).unwrap();
+    let t0 = Instant::now();
+    let o = train(2, &c, &[]);
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    for rank in 0..2 {
+        assert!(
+            out.contains(&format!(
+                "rank {rank} of 2: error[numeric]: step 19: fp16 overflow with the loss scale \
+                 already at its minimum (1): inf/NaN gradients (skip #18, 18 in a row)"
+            )),
+            "rank {rank}: {out}"
+        );
+    }
+    assert!(
+        t0.elapsed() < Duration::from_secs(60),
+        "took {:?}: {out}",
+        t0.elapsed()
+    );
+}
+
 /// Starts `mpirun -n 2 stoker train` on a long run, waits for both ranks' pid lines,
 /// sends rank 1 `signal`, and returns (rank 1's pid, the output, the seconds it took to end).
 fn signal_rank_1(dir: &Path, signal: &str, extra: &str) -> (String, String, f64) {

@@ -213,6 +213,11 @@ pub struct OverflowReport {
     pub nonfinite_params: Vec<String>,
     /// Set when the scale is stuck at its floor (see [`CollapseWarning`]).
     pub collapse: Option<CollapseWarning>,
+    /// This overflow would have lowered the scale, but it was already at the scaler's
+    /// `min_scale`: DeepSpeed's condition for raising "Current loss scale already at
+    /// minimum" (`raise_error_at_min_scale`). Never set for a static scale.
+    #[serde(default)]
+    pub at_min_scale: bool,
 }
 
 impl OverflowReport {
@@ -291,6 +296,7 @@ impl OverflowCounters {
             scale_after,
             nonfinite_params: names,
             collapse,
+            at_min_scale: false,
         })
     }
 }

@@ -39,8 +39,9 @@
 //! on growth.
 //! The [`ScalerConfig::deepspeed`] preset uses DeepSpeed's fp16 defaults. Where DeepSpeed can
 //! raise "Current loss scale already at minimum" (`raise_error_at_min_scale`), this scaler
-//! keeps going and attaches a [`crate::CollapseWarning`] to the skip report, for the caller
-//! to say (the run's skipped-step line does); stopping is the trainer's call.
+//! keeps going: the skip report says so ([`OverflowReport::at_min_scale`], on DeepSpeed's
+//! condition) and attaches a [`crate::CollapseWarning`] after a few such steps, for the
+//! caller to say (the run's skipped-step line does); stopping is the trainer's call.
 //!
 //! A static scale never changes; a step with inf/NaN gradients is still skipped (applying
 //! them would destroy the weights), and reported like a dynamic one.
@@ -212,6 +213,35 @@ pub struct ScalerState {
     pub overflow: OverflowCounters,
 }
 
+impl ScalerState {
+    /// This state carried on under `config`: the scale and the counters go on, the
+    /// settings are `config`'s. A scale below the new floor is raised to it (a static
+    /// config's scale is its own), and hysteresis credits beyond the new `hysteresis` are
+    /// dropped. For a resume whose configuration changed the scaler's settings; the same
+    /// state when `config` is its own.
+    pub fn under(self, config: ScalerConfig) -> Result<ScalerState> {
+        config.validate()?;
+        if config == self.config {
+            return Ok(self);
+        }
+        let (scale, hysteresis_left, uncounted_step_pending) = match &config {
+            ScalerConfig::Dynamic(c) => (
+                self.scale.max(c.min_scale),
+                self.hysteresis_left.clamp(1, c.hysteresis),
+                self.uncounted_step_pending && c.deepspeed_window,
+            ),
+            ScalerConfig::Static(s) => (*s, 1, false),
+        };
+        Ok(ScalerState {
+            config,
+            scale,
+            hysteresis_left,
+            uncounted_step_pending,
+            ..self
+        })
+    }
+}
+
 /// The loss scaler. See the module docs for the update rule.
 #[derive(Debug, Clone)]
 pub struct LossScaler {
@@ -305,6 +335,7 @@ impl LossScaler {
     /// `found_inf` must be the same on every data-parallel rank (all-reduce it with max).
     pub fn update(&mut self, found_inf: bool) -> StepDecision {
         let before = self.state.scale;
+        let mut at_min_scale = false;
         let st = &mut self.state;
         if let ScalerConfig::Dynamic(c) = &st.config {
             if found_inf {
@@ -313,6 +344,8 @@ impl LossScaler {
                 if st.hysteresis_left > 1 {
                     st.hysteresis_left -= 1;
                 } else {
+                    // DeepSpeed's condition for "Current loss scale already at minimum".
+                    at_min_scale = st.scale <= c.min_scale;
                     let next = (st.scale as f64 * c.backoff_factor) as f32;
                     st.scale = next.max(c.min_scale);
                 }
@@ -353,7 +386,10 @@ impl LossScaler {
             // The report carries any collapse warning, for its caller to say once (the
             // run's step line does; the scaler said it too, a second time, before the
             // step's line).
-            Some(report) => StepDecision::Skip(Box::new(report)),
+            Some(report) => StepDecision::Skip(Box::new(OverflowReport {
+                at_min_scale,
+                ..report
+            })),
         }
     }
 
@@ -519,6 +555,81 @@ mod tests {
             "{msg}"
         );
         assert!(!msg.contains("minimum"), "{msg}");
+    }
+
+    /// The step whose overflow finds the scale at its floor with no hysteresis credit
+    /// left is DeepSpeed's "Current loss scale already at minimum"; torch's scaler, with
+    /// no floor, reaches it only once its scale has underflowed to 0.
+    #[test]
+    fn at_min_scale_is_deepspeeds_condition() {
+        let skip_at_min = |s: &mut LossScaler, found_inf| match s.update(found_inf) {
+            StepDecision::Skip(r) => Some(r.at_min_scale),
+            StepDecision::Step => None,
+        };
+        let mut s = LossScaler::new(dynamic(|c| {
+            c.init_scale = 4.0;
+            c.hysteresis = 2;
+            c.min_scale = 1.0;
+        }))
+        .unwrap();
+        // 4 (a credit spent), 4 -> 2, 2 -> 1: lowered each time, never at the floor.
+        for _ in 0..3 {
+            assert_eq!(skip_at_min(&mut s, true), Some(false));
+        }
+        assert_eq!(s.scale(), 1.0);
+        assert_eq!(skip_at_min(&mut s, true), Some(true));
+        assert_eq!(skip_at_min(&mut s, false), None);
+        // Credits are restored only on growth: the next overflow at the floor is at it.
+        assert_eq!(skip_at_min(&mut s, true), Some(true));
+
+        let mut t = LossScaler::new(ScalerConfig::torch()).unwrap();
+        let mut n = 0;
+        while skip_at_min(&mut t, true) == Some(false) {
+            n += 1;
+            assert!(n < 1000, "torch's scale never reached 0");
+        }
+        // 2^16 halved 16 + 149 times is below f32's least subnormal (2^-149): 0.
+        assert_eq!((n, t.scale()), (166, 0.0));
+        let mut fixed = LossScaler::new(ScalerConfig::Static(1.0)).unwrap();
+        assert_eq!(skip_at_min(&mut fixed, true), Some(false));
+    }
+
+    #[test]
+    fn a_state_goes_on_under_new_settings() {
+        let mut a = LossScaler::new(ScalerConfig::torch()).unwrap();
+        for i in 0..40 {
+            a.update(i < 16);
+        }
+        let saved = a.state().clone();
+        assert_eq!(saved.scale, 1.0);
+        // The same settings: the same state, bit for bit.
+        assert_eq!(saved.clone().under(ScalerConfig::torch()).unwrap(), saved);
+        // DeepSpeed's: the floor (1) holds the scale, one credit of two is left, and the
+        // counters go on.
+        let ds = saved.clone().under(ScalerConfig::deepspeed()).unwrap();
+        assert_eq!(ds.config, ScalerConfig::deepspeed());
+        assert_eq!((ds.scale, ds.hysteresis_left), (1.0, 1));
+        assert_eq!(
+            (ds.growth_tracker, ds.steps, &ds.overflow),
+            (24, 40, &saved.overflow)
+        );
+        let raised = saved.clone().under(dynamic(|c| c.min_scale = 8.0)).unwrap();
+        assert_eq!(raised.scale, 8.0);
+        assert_eq!(
+            saved
+                .clone()
+                .under(ScalerConfig::Static(512.0))
+                .unwrap()
+                .scale,
+            512.0
+        );
+        assert!(matches!(
+            saved.under(dynamic(|c| c.hysteresis = 0)),
+            Err(PrecisionError::InvalidConfig {
+                field: "hysteresis",
+                ..
+            })
+        ));
     }
 
     #[test]

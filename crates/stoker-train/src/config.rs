@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{config_err, Result, TrainError};
+use crate::loss_scale::LossScaleConfig;
 use crate::models::ModelConfig;
 use crate::optim::{AdamWConfig, SgdConfig};
 use crate::precision::{Kernels, Precision};
@@ -71,6 +72,10 @@ pub struct TrainConfig {
     /// Data parallelism: strategy, backend, buckets, determinism, timeouts.
     #[serde(default)]
     pub parallel: ParallelConfig,
+    /// `[loss_scale]`: the fp16 loss scaler's settings and what an overflow at its floor
+    /// does ([`LossScaleConfig`]); unset, torch's `GradScaler`. fp16 only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<LossScaleConfig>,
     /// `[plan]`: keys only `stoker plan` reads (hardware, utilization) and the predictions
     /// it wrote (docs/plan.md). Accepted and not acted on here, so an emitted config runs
     /// as is and plans again alike.
@@ -956,6 +961,37 @@ impl TrainConfig {
         }
     }
 
+    /// `[loss_scale]`: fp16's alone, and its settings a valid scaler's.
+    fn check_loss_scale(&self) -> Result<()> {
+        let Some(ls) = &self.loss_scale else {
+            return Ok(());
+        };
+        if !self.precision.needs_loss_scaling() {
+            return Err(config_err(
+                "loss_scale",
+                format!(
+                    "only fp16 scales its loss, and precision is \"{}\": leave the \
+                     [loss_scale] table out",
+                    self.precision.name()
+                ),
+            ));
+        }
+        ls.scaler().map(|_| ())
+    }
+
+    /// The fp16 loss scaler's settings: `[loss_scale]`'s, or torch's `GradScaler`.
+    pub fn loss_scaler(&self) -> Result<stoker_precision::ScalerConfig> {
+        self.loss_scale.clone().unwrap_or_default().scaler()
+    }
+
+    /// Whether an fp16 overflow with the scale at its floor stops the run
+    /// ([`LossScaleConfig::stop_at_min_scale`]).
+    pub fn stops_at_min_scale(&self) -> bool {
+        self.loss_scale
+            .as_ref()
+            .is_some_and(LossScaleConfig::stops_at_min_scale)
+    }
+
     /// What ZeRO-3 cannot serve: deterministic mode, FSDP's `no_sync`.
     fn check_zero3(&self) -> Result<()> {
         let p = &self.parallel;
@@ -979,6 +1015,7 @@ impl TrainConfig {
     /// Checks everything that does not need the data; errors name the key.
     pub fn validate(&self) -> Result<()> {
         self.check_resident()?;
+        self.check_loss_scale()?;
         // Sampling decodes ids through the vocabulary, and only a token model samples:
         // left unchecked it was skipped without a word.
         if self.train.sample_tokens > 0 {

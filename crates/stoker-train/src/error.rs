@@ -58,6 +58,22 @@ pub enum TrainError {
         /// The first parameter whose gradient or value was non-finite.
         param: String,
     },
+    /// An fp16 overflow found the loss scale already at its floor, and `[loss_scale]`
+    /// stops the run there.
+    #[error(
+        "step {step}: fp16 overflow with the loss scale already at its minimum ({scale}): \
+         {detail}\nstopped, as loss_scale.stop_at_min_scale asks (DeepSpeed's \
+         raise_error_at_min_scale); set it false to go on skipping such steps, as torch's \
+         GradScaler does"
+    )]
+    LossScaleAtMinimum {
+        /// The step, counted from 1.
+        step: u64,
+        /// The scale the step ran at.
+        scale: f32,
+        /// The scaler's report: skips so far, overflowing parameters, hints.
+        detail: String,
+    },
     /// A checkpoint failed validation.
     #[error("checkpoint {path}: {message}")]
     Checkpoint {

@@ -21,6 +21,7 @@
 //! - [`hf`]: Hugging Face GPT-2 export and import;
 //! - [`layout`]: the flat buffer table every parameter and gradient lives in;
 //! - [`loss`]: cross-entropy over valid targets;
+//! - [`loss_scale`]: the fp16 loss scaler's settings (`[loss_scale]`);
 //! - [`machine`]: this machine measured (`--calibrate`) and its profile;
 //! - [`malloc_tuning`]: glibc's malloc kept from returning memory every step;
 //! - [`memory`]: the bytes a rank holds, by kind;
@@ -75,6 +76,7 @@ pub mod heap;
 pub mod hf;
 pub mod layout;
 pub mod loss;
+pub mod loss_scale;
 pub mod machine;
 pub mod malloc_tuning;
 pub mod memory;

@@ -440,6 +440,11 @@ pub fn emit(
         choice.accumulation.global_batch,
     )?);
     cfg.precision = train_precision(choice.precision.precision)?;
+    if !cfg.precision.needs_loss_scaling() {
+        // The fp16 scaler's settings, where the plan chose another precision (which
+        // refuses them).
+        cfg.loss_scale = None;
+    }
     cfg.parallel.strategy = train_strategy(choice.parallel.strategy);
     cfg.parallel.offload_optimizer = choice.parallel.offload_optimizer;
     cfg.optimizer.kind = match choice.optimizer.name.as_str() {

@@ -76,3 +76,82 @@ fn overflowing_fp16_step_is_skipped_and_reported() {
     assert!(r.skipped.is_none() && r.loss.is_finite());
     assert_ne!(t.master(), before);
 }
+
+/// `[loss_scale]` with DeepSpeed's preset: its hysteresis and floor, and a run whose
+/// gradients overflow at every scale (a NaN weight) stops at the step whose overflow
+/// finds the scale already at the floor, naming it, as DeepSpeed's
+/// `raise_error_at_min_scale` does; with `stop_at_min_scale = false` it goes on skipping.
+#[test]
+fn an_overflow_at_the_floor_stops_a_deepspeed_scaled_run() {
+    for stop in [true, false] {
+        let table = format!(
+            "[loss_scale]\npreset = \"deepspeed\"\ninit_scale = 4.0\nstop_at_min_scale = {stop}"
+        );
+        let text = gpt_config(Path::new("/tmp"), "fp16", 8, &table);
+        let c = TrainConfig::parse(&text, Path::new("t.toml")).unwrap();
+        let mut t = Trainer::new(&c).unwrap();
+        let mut poisoned = t.full_master().unwrap();
+        poisoned[0] = f32::NAN;
+        t.set_master(poisoned).unwrap();
+        // 4 (a hysteresis credit spent), 4 -> 2, 2 -> 1: skipped, each run at its scale.
+        for (s, scale) in [(0u64, 4.0f32), (1, 4.0), (2, 2.0)] {
+            let r = t.train_step(&[token_batch(s, 2, 16, 24, &[0])]).unwrap();
+            assert!(r.skipped.is_some(), "stop {stop}: step {}", r.step);
+            assert_eq!(r.loss_scale, scale, "stop {stop}: step {}", r.step);
+        }
+        let at_floor = t.train_step(&[token_batch(3, 2, 16, 24, &[0])]);
+        match (stop, at_floor) {
+            (true, Err(e)) => {
+                let msg = e.to_string();
+                assert!(
+                    msg.starts_with(
+                        "step 4: fp16 overflow with the loss scale already at its minimum (1): \
+                         inf/NaN gradients (skip #4, 4 in a row); loss scale 1 -> 1"
+                    ) && msg.contains("loss_scale.stop_at_min_scale"),
+                    "{msg}"
+                );
+            }
+            (false, Ok(r)) => {
+                assert!(r.skipped.is_some() && r.loss_scale == 1.0, "{r:?}");
+                assert_eq!(t.scaler().unwrap().scale(), 1.0, "the floor holds");
+            }
+            (stop, other) => panic!("stop {stop}: step 4 gave {other:?}"),
+        }
+    }
+}
+
+/// `[loss_scale]` is fp16's: another precision refuses it, naming the table, and bad
+/// settings name their key.
+#[test]
+fn loss_scale_settings_are_checked_against_the_precision() {
+    let table = "[loss_scale]\npreset = \"deepspeed\"";
+    let text = gpt_config(Path::new("/tmp"), "bf16", 4, table);
+    let e = TrainConfig::parse(&text, Path::new("t.toml")).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "config key `loss_scale`: only fp16 scales its loss, and precision is \"bf16\": leave \
+         the [loss_scale] table out"
+    );
+    let text = gpt_config(Path::new("/tmp"), "fp16", 4, "[loss_scale]\nhysteresis = 0");
+    let e = TrainConfig::parse(&text, Path::new("t.toml")).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("config key `loss_scale.hysteresis`: 0: "),
+        "{e}"
+    );
+    // A config that sets it writes it back as it was read.
+    let text = gpt_config(
+        Path::new("/tmp"),
+        "fp16",
+        4,
+        "[loss_scale]\npreset = \"deepspeed\"\nmin_scale = 0.25",
+    );
+    let c = TrainConfig::parse(&text, Path::new("t.toml")).unwrap();
+    let again = TrainConfig::parse(&toml::to_string(&c).unwrap(), Path::new("w.toml")).unwrap();
+    assert_eq!(again.loss_scale, c.loss_scale);
+    assert_eq!(
+        c.loss_scaler().unwrap(),
+        again.loss_scaler().unwrap(),
+        "the same scaler"
+    );
+}

@@ -776,3 +776,33 @@ fn a_plan_that_picks_no_loader_workers_emits_no_persistent_workers() {
     let back = TrainConfig::parse(&text, Path::new("emitted.toml")).unwrap();
     assert_eq!(back.data.num_workers, 0);
 }
+
+/// A base config's `[loss_scale]` table goes into the emitted config where the plan keeps
+/// fp16, and is left out where it picks another precision (which would refuse it): both
+/// emitted configs parse.
+#[test]
+fn an_fp16_base_config_s_loss_scale_follows_the_planned_precision() {
+    let tmp = tempfile::tempdir().unwrap();
+    let table = "[loss_scale]\npreset = \"deepspeed\"\nhysteresis = 3";
+    let base = TrainConfig::parse(
+        &common::gpt_config(tmp.path(), "fp16", 10, table),
+        Path::new("t.toml"),
+    )
+    .unwrap();
+    for (precision, kept) in [("fp16", true), ("bf16", false), ("fp32", false)] {
+        let planned = input(&format!(
+            "[hardware]\npreset = \"cpu\"\n[training]\nprecision = \"{precision}\"\n"
+        ));
+        let input = plan_input(&base, &planned).unwrap();
+        let plan = plan_of(&input);
+        let cfg = emit(&plan, &input, Some(&base), &place(tmp.path())).unwrap();
+        let text = to_toml(&cfg, "test").unwrap();
+        let back = TrainConfig::parse(&text, Path::new("emitted.toml"))
+            .unwrap_or_else(|e| panic!("{precision}: {e}\n{text}"));
+        assert_eq!(back.precision.name(), precision);
+        match kept {
+            true => assert_eq!(back.loss_scale, base.loss_scale, "{precision}"),
+            false => assert_eq!(back.loss_scale, None, "{precision}"),
+        }
+    }
+}

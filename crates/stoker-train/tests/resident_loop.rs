@@ -705,6 +705,54 @@ fn fp16_overflows_skip_steps_and_leave_no_trace() {
     }
 }
 
+/// fp16 on the loop under `[loss_scale]`'s DeepSpeed preset: a checkpoint written under
+/// torch's settings resumes under the config's (its scale and counters go on), and a run
+/// whose gradients overflow at every scale (a NaN weight) stops, on every rank alike, at
+/// the step whose overflow finds the scale at DeepSpeed's floor of 1.
+#[test]
+fn fp16_on_the_loop_stops_at_the_deepspeed_floor() {
+    for (extra, world) in [("strategy = \"none\"", 1), ("strategy = \"zero1\"", 2)] {
+        let mut c = resident(GPT, "fp16", ADAMW, extra);
+        c.loss_scale = Some(stoker_train::loss_scale::LossScaleConfig {
+            preset: stoker_train::loss_scale::ScalerPreset::Deepspeed,
+            ..Default::default()
+        });
+        c.validate().unwrap();
+        let k = 4 / world;
+        let steps = run_local(world, Duration::from_secs(60), |comm| {
+            let rank = comm.rank();
+            let mut t = trainer(&c, Rc::new(comm));
+            let mut state = saved_state(&mut t);
+            state.master[0] = f32::NAN;
+            // Saved under torch's settings (no floor, no hysteresis) at a scale of 4.
+            let saved = state.scaler.as_mut().expect("fp16 has a loss scaler");
+            saved.config = stoker_precision::ScalerConfig::torch();
+            (saved.scale, saved.hysteresis_left) = (4.0, 1);
+            t.load_state(state).unwrap();
+            let mut scales = Vec::new();
+            for s in 0..6 {
+                match t.train_step(&window(GPT, s, rank, k)) {
+                    Ok(r) => {
+                        assert!(r.skipped.is_some(), "{extra}: step {} ran", r.step);
+                        scales.push(r.loss_scale);
+                    }
+                    Err(e) => return (scales, e.to_string()),
+                }
+            }
+            panic!("{extra}: rank {rank} never stopped at the floor: {scales:?}")
+        });
+        for (rank, (scales, msg)) in steps.iter().enumerate() {
+            assert_eq!(scales, &[4.0, 2.0], "{extra}: rank {rank}");
+            assert!(
+                msg.starts_with(
+                    "step 3: fp16 overflow with the loss scale already at its minimum (1)"
+                ),
+                "{extra}: rank {rank}: {msg}"
+            );
+        }
+    }
+}
+
 /// `parallel.offload_params` (the blocks' parameters in host memory, streamed up as each
 /// block runs; with the optimizer offloaded; under ZeRO-3 each rank's shard in host
 /// memory): on the host build, where the config is set after parsing (it is a GPU's key),

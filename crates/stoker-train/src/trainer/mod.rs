@@ -19,7 +19,7 @@ mod step;
 
 use candle_core::Device;
 use stoker_data::SamplerState;
-use stoker_precision::{LossScaler, ScalerConfig};
+use stoker_precision::LossScaler;
 
 use crate::config::{OptimizerKind, TrainConfig};
 use crate::error::{Result, TrainError};
@@ -96,6 +96,8 @@ pub struct Trainer {
     schedule: Schedule,
     /// Dynamic loss scaler (fp16 only).
     scaler: Option<LossScaler>,
+    /// An fp16 overflow at the scale's floor fails the step (`[loss_scale]`).
+    stop_at_min_scale: bool,
     /// FP8 delayed scalers (fp8 only).
     fp8: Option<Fp8State>,
     precision: Precision,
@@ -167,7 +169,7 @@ impl Trainer {
             OptimizerKind::Sgd => Box::new(Sgd::new(o.sgd(), &segs, updates)),
         };
         let scaler = match config.precision.needs_loss_scaling() {
-            true => Some(LossScaler::new(ScalerConfig::torch())?),
+            true => Some(LossScaler::new(config.loss_scaler()?)?),
             false => None,
         };
         let fp8 = (config.precision == Precision::Fp8).then(|| Fp8State::new(Default::default()));
@@ -200,6 +202,7 @@ impl Trainer {
             optimizer,
             schedule: config.schedule(),
             scaler,
+            stop_at_min_scale: config.stops_at_min_scale(),
             fp8,
             precision: config.precision,
             kernels: config.kernels,

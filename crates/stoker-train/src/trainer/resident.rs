@@ -23,7 +23,6 @@ use crate::models::Model;
 use crate::models::ModelConfig;
 use crate::optim::{segments, OptimState};
 use crate::parallel::Strategy;
-use stoker_precision::StepDecision;
 
 use super::{StepReport, Trainer};
 
@@ -353,10 +352,7 @@ impl Trainer {
                          does not name parameters)",
                     );
                 }
-                match scaler.update(report.skipped) {
-                    StepDecision::Skip(why) => Some(why.summary()),
-                    StepDecision::Step => None,
-                }
+                super::step::scaler_verdict(scaler, report.skipped, self.stop_at_min_scale, step)?
             }
             None => None,
         };

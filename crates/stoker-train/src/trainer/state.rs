@@ -32,7 +32,18 @@ impl Stateful for Trainer {
             .map_err(crate::error::TrainError::Layout)?;
         self.path.host_changed();
         if let (Some(s), Some(saved)) = (&mut self.scaler, loaded.scaler) {
-            s.restore(saved)?;
+            // The scale and its counters go on from the checkpoint; the settings are the
+            // config's, which a resume may have changed ([`ScalerState::under`]).
+            let ours = s.state().config.clone();
+            if saved.config != ours && self.strategy.rank() == 0 {
+                tracing::warn!(
+                    "loss_scale: the config's settings differ from the checkpoint's; the \
+                     scale ({}) and its counters go on from the checkpoint under the \
+                     config's settings",
+                    saved.scale
+                );
+            }
+            s.restore(saved.under(ours)?)?;
         }
         if let (Some(f), Some(saved)) = (&self.fp8, loaded.fp8) {
             f.restore(saved);

@@ -10,7 +10,7 @@
 //! 5. the optimizer on the strategy's range, every rank's parameters brought up to date,
 //!    and the model's variables (or a GPU's copies) refreshed.
 
-use stoker_precision::StepDecision;
+use stoker_precision::{LossScaler, StepDecision};
 
 use crate::accumulate::MicroBatch;
 use crate::clip::clip_to;
@@ -21,6 +21,29 @@ use crate::precision::Fx;
 
 use super::path::{PathInputs, StepPath};
 use super::{StepReport, Trainer};
+
+/// The loss scaler's verdict on step `step` (counted from 0) and its overflow: why the
+/// step is skipped, if it is. An overflow that finds the scale already at its floor fails
+/// the step where `stop_at_min_scale` (`[loss_scale]`) says to stop there. `found_inf`
+/// is every rank's, so every rank decides alike.
+pub(super) fn scaler_verdict(
+    scaler: &mut LossScaler,
+    found_inf: bool,
+    stop_at_min_scale: bool,
+    step: u64,
+) -> Result<Option<String>> {
+    match scaler.update(found_inf) {
+        StepDecision::Step => Ok(None),
+        StepDecision::Skip(rep) if rep.at_min_scale && stop_at_min_scale => {
+            Err(TrainError::LossScaleAtMinimum {
+                step: step + 1,
+                scale: rep.scale_before,
+                detail: rep.summary(),
+            })
+        }
+        StepDecision::Skip(rep) => Ok(Some(rep.summary())),
+    }
+}
 
 impl Trainer {
     /// One optimizer step over this rank's accumulation window (its part of the global
@@ -139,10 +162,7 @@ impl Trainer {
         if found_inf && !here {
             scaler.note_nonfinite("(a gradient on another rank)");
         }
-        Ok(match scaler.update(found_inf) {
-            StepDecision::Skip(rep) => Some(rep.summary()),
-            _ => None,
-        })
+        scaler_verdict(scaler, found_inf, self.stop_at_min_scale, self.step)
     }
 
     /// Phase 4: the global gradient norm (before clipping), the gradients clipped to

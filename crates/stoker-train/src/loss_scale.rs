@@ -1,0 +1,197 @@
+//! `[loss_scale]`: the fp16 loss scaler's settings. torch's `GradScaler` by default, or
+//! DeepSpeed's fp16 defaults, each setting overridable under its torch name; and whether an
+//! overflow with the scale already at its floor stops the run (DeepSpeed's
+//! `raise_error_at_min_scale`) or is skipped like any other (torch's way).
+
+use serde::{Deserialize, Serialize};
+use stoker_precision::{PrecisionError, ScalerConfig};
+
+use crate::error::{config_err, Result};
+
+/// Whose defaults the scaler starts from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScalerPreset {
+    /// torch.amp.GradScaler: 2^16, x2 after 2,000 finite steps, x0.5 on an overflow, no
+    /// floor, and an overflow at any scale is skipped.
+    #[default]
+    Torch,
+    /// DeepSpeed's `fp16` defaults: 2^16 (`initial_scale_power` 16), `loss_scale_window`
+    /// 1,000, `hysteresis` 2, `min_loss_scale` 1, and an overflow at the floor stops the
+    /// run.
+    Deepspeed,
+}
+
+/// The `[loss_scale]` table (fp16 only). Unset keys take the preset's value.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LossScaleConfig {
+    /// `torch` (the default) or `deepspeed`.
+    #[serde(default)]
+    pub preset: ScalerPreset,
+    /// A fixed scale instead of a dynamic one (DeepSpeed's `loss_scale` > 0): an overflow
+    /// is still skipped, and the scale never changes. Excludes the dynamic keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fixed: Option<f32>,
+    /// The first scale (torch `init_scale`, DeepSpeed `2^initial_scale_power`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_scale: Option<f32>,
+    /// The growth multiplier, > 1 (torch `growth_factor`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub growth_factor: Option<f64>,
+    /// The backoff multiplier, in (0, 1) (torch `backoff_factor`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff_factor: Option<f64>,
+    /// Finite steps before the scale grows (torch `growth_interval`, DeepSpeed
+    /// `loss_scale_window`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub growth_interval: Option<u32>,
+    /// Overflows tolerated before the scale backs off (DeepSpeed `hysteresis`; torch 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hysteresis: Option<u32>,
+    /// Restore the hysteresis credits after every finite step (DeepSpeed
+    /// `consecutive_hysteresis`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consecutive_hysteresis: Option<bool>,
+    /// The floor the scale never backs off below (DeepSpeed `min_loss_scale`; torch 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_scale: Option<f32>,
+    /// Stop the run, naming the step and the overflowing parameters, when an overflow
+    /// finds the scale already at `min_scale` (DeepSpeed's `raise_error_at_min_scale`).
+    /// Default: `deepspeed` stops, `torch` goes on skipping (its scale halves towards 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_at_min_scale: Option<bool>,
+}
+
+impl LossScaleConfig {
+    /// The scaler these settings describe; errors name the `loss_scale.` key.
+    pub fn scaler(&self) -> Result<ScalerConfig> {
+        let config = match self.fixed {
+            Some(scale) => {
+                if let Some(key) = self.dynamic_key_given() {
+                    return Err(config_err(
+                        format!("loss_scale.{key}"),
+                        "a dynamic scaler's setting, and loss_scale.fixed asks for a fixed \
+                         scale: give one or the other",
+                    ));
+                }
+                ScalerConfig::Static(scale)
+            }
+            None => {
+                let mut base = match self.preset {
+                    ScalerPreset::Torch => ScalerConfig::torch(),
+                    ScalerPreset::Deepspeed => ScalerConfig::deepspeed(),
+                };
+                if let ScalerConfig::Dynamic(c) = &mut base {
+                    c.init_scale = self.init_scale.unwrap_or(c.init_scale);
+                    c.growth_factor = self.growth_factor.unwrap_or(c.growth_factor);
+                    c.backoff_factor = self.backoff_factor.unwrap_or(c.backoff_factor);
+                    c.growth_interval = self.growth_interval.unwrap_or(c.growth_interval);
+                    c.hysteresis = self.hysteresis.unwrap_or(c.hysteresis);
+                    c.consecutive_hysteresis = self
+                        .consecutive_hysteresis
+                        .unwrap_or(c.consecutive_hysteresis);
+                    c.min_scale = self.min_scale.unwrap_or(c.min_scale);
+                }
+                base
+            }
+        };
+        match stoker_precision::LossScaler::new(config.clone()) {
+            Ok(_) => Ok(config),
+            Err(PrecisionError::InvalidConfig {
+                field,
+                value,
+                reason,
+                ..
+            }) => {
+                let key = if field == "scale" { "fixed" } else { field };
+                Err(config_err(
+                    format!("loss_scale.{key}"),
+                    format!("{value}: {reason}"),
+                ))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Whether an overflow at the floor stops the run (see
+    /// [`LossScaleConfig::stop_at_min_scale`]).
+    pub fn stops_at_min_scale(&self) -> bool {
+        self.stop_at_min_scale
+            .unwrap_or(self.preset == ScalerPreset::Deepspeed)
+    }
+
+    /// The first dynamic setting given, by its key.
+    fn dynamic_key_given(&self) -> Option<&'static str> {
+        [
+            ("init_scale", self.init_scale.is_some()),
+            ("growth_factor", self.growth_factor.is_some()),
+            ("backoff_factor", self.backoff_factor.is_some()),
+            ("growth_interval", self.growth_interval.is_some()),
+            ("hysteresis", self.hysteresis.is_some()),
+            (
+                "consecutive_hysteresis",
+                self.consecutive_hysteresis.is_some(),
+            ),
+            ("min_scale", self.min_scale.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(key, given)| given.then_some(key))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::TrainError;
+
+    fn parse(text: &str) -> LossScaleConfig {
+        toml::from_str(text).unwrap()
+    }
+
+    fn key_of(e: TrainError) -> String {
+        match e {
+            TrainError::Config { key, .. } => key,
+            other => panic!("expected a config error, got {other}"),
+        }
+    }
+
+    #[test]
+    fn presets_and_overrides() {
+        assert_eq!(parse("").scaler().unwrap(), ScalerConfig::torch());
+        assert!(!parse("").stops_at_min_scale());
+        let ds = parse("preset = \"deepspeed\"");
+        assert_eq!(ds.scaler().unwrap(), ScalerConfig::deepspeed());
+        assert!(ds.stops_at_min_scale());
+        assert!(!parse("preset = \"deepspeed\"\nstop_at_min_scale = false").stops_at_min_scale());
+        let ScalerConfig::Dynamic(c) =
+            parse("preset = \"deepspeed\"\nhysteresis = 4\nmin_scale = 0.5")
+                .scaler()
+                .unwrap()
+        else {
+            panic!("expected a dynamic scaler")
+        };
+        assert_eq!(
+            (c.hysteresis, c.min_scale, c.growth_interval),
+            (4, 0.5, 1000)
+        );
+        assert_eq!(
+            parse("fixed = 128.0").scaler().unwrap(),
+            ScalerConfig::Static(128.0)
+        );
+    }
+
+    #[test]
+    fn bad_settings_name_their_key() {
+        for (text, key) in [
+            ("fixed = 128.0\nhysteresis = 2", "loss_scale.hysteresis"),
+            ("fixed = 0.0", "loss_scale.fixed"),
+            ("hysteresis = 0", "loss_scale.hysteresis"),
+            ("backoff_factor = 1.5", "loss_scale.backoff_factor"),
+            ("init_scale = 1.0\nmin_scale = 2.0", "loss_scale.min_scale"),
+        ] {
+            assert_eq!(key_of(parse(text).scaler().unwrap_err()), key, "{text}");
+        }
+        assert!(toml::from_str::<LossScaleConfig>("window = 3").is_err());
+    }
+}
