@@ -184,6 +184,105 @@ fn a_plan_warns_of_an_emulated_precision_as_the_run_does() {
     }
 }
 
+/// `stoker plan --precision auto`: decision (b) on the plan's hardware over the config's
+/// own precision. On this machine (the `cpu` preset, marked with what this CPU emulates):
+/// bf16 where it has bf16 instructions, fp32 where bf16 would be emulated, and the
+/// emitted config says so and parses. The config's fp16 `[loss_scale]` goes with its
+/// fp16. A plan file's precision gives way too; `--deepspeed` beside it is refused.
+#[test]
+fn precision_auto_is_decision_b_on_this_machine() {
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus = write_corpus(tmp.path(), 4_000, 24);
+    let cfg = tmp.path().join("fp16.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "run_dir = {:?}
+precision = \"fp16\"\n[data]\ntrain = {:?}\n[model]\n\
+             kind = \"gpt\"\nvocab = 24\ncontext = 32\nd_model = 32\nn_layer = 1\nn_head = 2\n\
+             [batch]\nmicro_batch = 4\n[optimizer]\nkind = \"adamw\"\nlr = 1e-3\n[train]\n\
+             steps = 2\n[loss_scale]\npreset = \"deepspeed\"\n",
+            s(&tmp.path().join("run")),
+            s(&corpus)
+        ),
+    )
+    .unwrap();
+    let emitted = tmp.path().join("emitted.toml");
+    let o = stoker(&[
+        "plan",
+        "--config",
+        s(&cfg),
+        "--precision",
+        "auto",
+        "--emit-config",
+        s(&emitted),
+    ]);
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    let want = match stoker_kernels::bf16_native() {
+        true => "bf16",
+        false => "fp32",
+    };
+    assert!(
+        text.contains(&format!(
+            "--precision auto: planned in {want} (the config says fp16): decision (b) below"
+        )),
+        "{text}"
+    );
+    let b = text
+        .lines()
+        .find(|l| l.starts_with("(b) precision: "))
+        .unwrap_or_else(|| panic!("no decision (b):\n{text}"));
+    assert!(
+        b.starts_with(&format!("(b) precision: {want}")) && !b.contains("as requested"),
+        "{b}"
+    );
+    let written = std::fs::read_to_string(&emitted).unwrap();
+    assert!(
+        written.contains(&format!("\nprecision = \"{want}\"\n"))
+            && !written.contains("[loss_scale]"),
+        "{written}"
+    );
+    stoker(&["train", s(&emitted), "--dry-run"]);
+    // Without the flag the config's fp16 stands, as requested.
+    let o = stoker(&["plan", "--config", s(&cfg)]);
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(text.contains("(b) precision: fp16 as requested"), "{text}");
+    // A plan file's own precision gives way to the flag.
+    let file = tmp.path().join("plan.toml");
+    std::fs::write(
+        &file,
+        "model = { preset = \"stoker-gpt\" }\nhardware = { preset = \"h100\" }\n\
+         training = { precision = \"fp32\" }\n",
+    )
+    .unwrap();
+    let o = stoker(&["plan", "--config", s(&file), "--precision", "auto"]);
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        text.contains("(b) precision: bf16 mixed precision: h100"),
+        "{text}"
+    );
+    let ds = tmp.path().join("ds.json");
+    std::fs::write(&ds, "{\"train_batch_size\": 4}").unwrap();
+    let o = Command::new(STOKER)
+        .args([
+            "plan",
+            "--config",
+            s(&cfg),
+            "--precision",
+            "auto",
+            "--deepspeed",
+            s(&ds),
+        ])
+        .env("STOKER_PROFILE", "off")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("--precision auto: a DeepSpeed config's"),
+        "{err}"
+    );
+}
+
 #[test]
 fn plan_then_tune_then_train_runs_the_emitted_config_as_is() {
     let tmp = tempfile::tempdir().unwrap();

@@ -77,6 +77,11 @@ pub struct HardwareInput {
     pub host_cores: Option<i64>,
     /// Peak dense TFLOP/s per dtype, e.g. `{ bf16 = 989, fp8 = 1979 }`.
     pub peak_tflops: Option<BTreeMap<String, f64>>,
+    /// Dtypes the device computes without hardware for them, e.g. `["bf16"]` for a CPU
+    /// without AMX or AVX512-BF16: planned at their peak when asked for, never picked by
+    /// decision (b), and a request for one is warned of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub emulated: Option<Vec<String>>,
     /// Ring bus bandwidth inside a node, GB/s (bytes).
     pub intra_node_gbyte_s: Option<f64>,
     /// Network bandwidth per node, Gbit/s (bits, as NICs are sold).
@@ -221,7 +226,8 @@ impl HardwareInput {
             host_net_gbit_s,
             host_link_gbyte_s,
             host_mem_gbyte_s,
-            device_mem_gbyte_s
+            device_mem_gbyte_s,
+            emulated
         );
         if let Some(top_peaks) = &top.peak_tflops {
             let peaks = self.peak_tflops.get_or_insert_with(BTreeMap::new);

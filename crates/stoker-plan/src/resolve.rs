@@ -325,6 +325,21 @@ pub fn resolve_hardware(h: &HardwareInput) -> Result<Hardware> {
             );
         }
     }
+    for name in h.emulated.iter().flatten() {
+        let field = format!("hardware.emulated.{name}");
+        let d = Dtype::parse(&field, name)?;
+        match hw.dtypes.get_mut(&d) {
+            Some(s) => s.native = false,
+            None => {
+                return Err(PlanError::Missing {
+                    field: format!("hardware.peak_tflops.{name}"),
+                    hint: format!(
+                        "hardware.emulated names {name}, which the hardware has no peak for"
+                    ),
+                })
+            }
+        }
+    }
     if hw.devices_per_node > 1 && hw.intra_node_bw <= 0.0 {
         return Err(PlanError::Missing {
             field: "hardware.intra_node_gbyte_s".into(),

@@ -301,3 +301,39 @@ fn nothing_fits_on_activations_alone_does_not_ask_for_devices() {
         "{s}"
     );
 }
+
+/// `hardware.emulated`: a CPU without bf16 instructions (AVX2 only) has the `cpu` preset's
+/// bf16 peak but not its hardware. Decision (b) then picks fp32 with none requested, and a
+/// request for bf16 is planned at its rate with a warning. Naming a dtype the hardware
+/// has no peak for is refused, naming the field.
+#[test]
+fn an_emulated_dtype_is_planned_on_request_but_never_picked() {
+    let cpu = |extra: &str| {
+        plan(&format!(
+            "model = {{ preset = \"stoker-gpt\" }}\n\
+             hardware = {{ preset = \"cpu\", emulated = [\"bf16\"] }}\n{extra}"
+        ))
+    };
+    let p = cpu("");
+    assert_eq!(p.inputs.setup.precision, Precision::Fp32);
+    assert!(
+        p.decision.precision.starts_with("fp32: cpu emulates bf16"),
+        "{}",
+        p.decision.precision
+    );
+    let p = cpu("training = { precision = \"bf16\" }");
+    assert_eq!(p.inputs.setup.precision, Precision::Bf16);
+    assert!(
+        p.decision.warnings[0].starts_with("bf16 was requested but cpu only emulates it"),
+        "{:?}",
+        p.decision.warnings
+    );
+    let input = stoker_plan::input::PlanInput::from_toml_str(
+        "t.toml",
+        "model = { preset = \"stoker-gpt\" }\n\
+         hardware = { memory_gib = 16.0, peak_tflops = { fp32 = 1.0 }, emulated = [\"bf16\"] }",
+    )
+    .unwrap();
+    let e = stoker_plan::resolve::resolve(&input, None, &Default::default()).unwrap_err();
+    assert!(e.to_string().contains("hardware.peak_tflops.bf16"), "{e}");
+}

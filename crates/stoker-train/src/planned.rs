@@ -43,8 +43,9 @@ pub(crate) fn plan_precision(p: Precision) -> &'static str {
     }
 }
 
-/// The trainer's precision for the planner's.
-fn train_precision(p: PlanPrecision) -> Result<Precision> {
+/// The trainer's precision for the planner's; bf16-pure (no FP32 master) is refused,
+/// naming `precision`.
+pub fn train_precision(p: PlanPrecision) -> Result<Precision> {
     match p {
         PlanPrecision::Fp32 => Ok(Precision::Fp32),
         PlanPrecision::Bf16 => Ok(Precision::Bf16),

@@ -146,7 +146,8 @@ pub struct PlanArgs {
     /// Pin the accumulation steps.
     #[arg(long, help_heading = "Training", allow_negative_numbers = true)]
     accumulation_steps: Option<i64>,
-    /// fp32, fp16, bf16, bf16-pure or fp8 (default: chosen for the hardware).
+    /// fp32, fp16, bf16, bf16-pure or fp8; or auto: chosen for the hardware (decision
+    /// (b)), over a training config's own `precision` (default: the config's, else auto).
     #[arg(long, help_heading = "Training")]
     precision: Option<String>,
     /// adam or sgd.
@@ -220,6 +221,13 @@ fn peaks(items: &[String]) -> anyhow::Result<Option<BTreeMap<String, f64>>> {
 }
 
 impl PlanArgs {
+    /// `--precision auto`: decision (b) picks, whatever a config or plan file says.
+    fn auto_precision(&self) -> bool {
+        self.precision
+            .as_deref()
+            .is_some_and(|p| p.eq_ignore_ascii_case("auto"))
+    }
+
     fn to_input(&self) -> anyhow::Result<PlanInput> {
         Ok(PlanInput {
             model: ModelInput {
@@ -243,6 +251,9 @@ impl PlanArgs {
                 host_memory_gib: self.host_memory_gib,
                 host_cores: self.host_cores,
                 peak_tflops: peaks(&self.peak_tflops)?,
+                // What this machine emulates comes from its profile (or the `cpu`
+                // preset's plan of it), not a flag.
+                emulated: None,
                 intra_node_gbyte_s: self.intra_node_gbyte_s,
                 inter_node_gbit_s: self.inter_node_gbit_s,
                 host_net_gbit_s: self.host_net_gbit_s,
@@ -255,7 +266,8 @@ impl PlanArgs {
                 seq_len: self.seq_len,
                 micro_batch: self.micro_batch,
                 accumulation_steps: self.accumulation_steps,
-                precision: self.precision.clone(),
+                // `auto` is no precision: the planner's choice.
+                precision: self.precision.clone().filter(|_| !self.auto_precision()),
                 optimizer: self.optimizer.clone(),
                 activation_checkpointing: self.activation_checkpointing,
                 // Set by a training config's kernels (`--config`), not a flag.
@@ -476,9 +488,30 @@ fn plan_inputs(args: &PlanArgs, cli: &PlanInput, say: &dyn Fn(&str)) -> anyhow::
     let mut profile_loader = None;
     let (file, base, calibrated_loader) = match &args.config {
         Some(p) if is_training_config(p)? => {
-            let cfg = stoker_train::config::TrainConfig::load(p)?;
+            let mut cfg = stoker_train::config::TrainConfig::load(p)?;
             let mut loader = None;
             let ranks = ranks_per_host(&cfg, args.devices_per_node);
+            if args.auto_precision() {
+                anyhow::ensure!(
+                    args.deepspeed.is_none(),
+                    "--precision auto: a DeepSpeed config's fp16 / bf16 sections set the \
+                     precision too; give one or the other"
+                );
+                let choice = auto_precision(&cfg, cli, ranks)
+                    .with_context(|| format!("choosing the precision of {}", p.display()))?;
+                let said = cfg.precision.name();
+                cfg.precision = stoker_train::planned::train_precision(choice.precision)?;
+                say(&format!(
+                    "--precision auto: planned in {} (the config says {said}): decision (b) \
+                     below\n",
+                    cfg.precision.name()
+                ));
+                if !cfg.precision.needs_loss_scaling() {
+                    // fp16's scaler settings, which another precision refuses.
+                    cfg.loss_scale = None;
+                }
+                cfg.validate()?;
+            }
             let input = if args.calibrate {
                 let at_once = args.calibrate_ranks_at_once.map_or(ranks, |n| n as usize);
                 crate::candle_threads::share_cores_with_candle(
@@ -490,19 +523,12 @@ fn plan_inputs(args: &PlanArgs, cli: &PlanInput, say: &dyn Fn(&str)) -> anyhow::
                 loader = c.loader_bench();
                 stoker_train::machine::calibrated_input(&cfg, &c, cli)
             } else {
-                let mut planned = cfg.clone();
-                let (line, loader) = apply_profile(&mut planned, cli, ranks)?;
+                let (planned, line, loader, on_preset) = on_this_machine(&cfg, cli, ranks)?;
                 if let Some(line) = line {
                     say(&format!("{line}\n"));
                 }
                 profile_loader = loader;
-                // No profile and no hardware anywhere: a CPU config plans on the `cpu`
-                // preset, as its run's forecast does.
-                let bare = |h: &HardwareInput| *h == HardwareInput::default();
-                let unset = planned.plan.as_ref().is_none_or(|s| bare(&s.hardware));
-                if planned == cfg && unset && bare(&cli.hardware) && cfg.device == "cpu" {
-                    let section = planned.plan.get_or_insert_with(Default::default);
-                    section.hardware.preset = Some("cpu".into());
+                if on_preset {
                     say(
                         "no machine profile and no [plan.hardware]: planned on the `cpu` \
                          preset, as a run's forecast is (`stoker plan --calibrate` measures \
@@ -519,9 +545,21 @@ fn plan_inputs(args: &PlanArgs, cli: &PlanInput, say: &dyn Fn(&str)) -> anyhow::
                 stoker_train::planned::plan_input(&planned, cli)
             }
             .with_context(|| format!("planning the training config {}", p.display()))?;
+            let mut input = input;
+            if args.auto_precision() {
+                // The planner says why, on the hardware it chose it for.
+                input.training.precision = None;
+            }
             (input, Some(cfg), loader)
         }
-        Some(p) => (PlanInput::from_toml_file(p)?, None, None),
+        Some(p) => {
+            let mut file = PlanInput::from_toml_file(p)?;
+            if args.auto_precision() {
+                // The file's own precision gives way to decision (b).
+                file.training.precision = None;
+            }
+            (file, None, None)
+        }
         None => (PlanInput::default(), None, None),
     };
     Ok(Inputs {
@@ -630,6 +668,47 @@ fn record_in_profile(
 /// other hardware or figures (which would win over part of it). Returns the line that
 /// says what the plan rests on, and the profile's loader rates for the config where it
 /// applied.
+/// `cfg` with what this machine's plan adds: its profile's figures, or with no profile
+/// and no hardware anywhere (a CPU config) the `cpu` preset, as its run's forecast plans
+/// it, marked with what this CPU emulates. Also the profile's line and loader benchmark,
+/// and whether the preset was taken.
+fn on_this_machine(
+    cfg: &stoker_train::config::TrainConfig,
+    cli: &PlanInput,
+    ranks: usize,
+) -> anyhow::Result<(
+    stoker_train::config::TrainConfig,
+    Option<String>,
+    Option<LoaderBench>,
+    bool,
+)> {
+    let mut planned = cfg.clone();
+    let (line, loader) = apply_profile(&mut planned, cli, ranks)?;
+    let bare = |h: &HardwareInput| *h == HardwareInput::default();
+    let unset = planned.plan.as_ref().is_none_or(|s| bare(&s.hardware));
+    let on_preset = planned == *cfg && unset && bare(&cli.hardware) && cfg.device == "cpu";
+    if on_preset {
+        let section = planned.plan.get_or_insert_with(Default::default);
+        section.hardware.preset = Some("cpu".into());
+        section.hardware.emulated = stoker_train::machine::emulated_dtypes();
+    }
+    Ok((planned, line, loader, on_preset))
+}
+
+/// Decision (b) for `cfg` on the hardware it is planned on (`--precision auto`): the
+/// precision the planner picks with none requested, and why.
+fn auto_precision(
+    cfg: &stoker_train::config::TrainConfig,
+    cli: &PlanInput,
+    ranks: usize,
+) -> anyhow::Result<stoker_plan::precision::PrecisionChoice> {
+    let (planned, ..) = on_this_machine(cfg, cli, ranks)?;
+    let mut input = stoker_train::planned::plan_input(&planned, cli)?;
+    input.training.precision = None;
+    let resolved = stoker_plan::resolve::resolve(&input, None, cli)?;
+    Ok(resolved.precision)
+}
+
 fn apply_profile(
     cfg: &mut stoker_train::config::TrainConfig,
     cli: &PlanInput,

@@ -66,6 +66,7 @@ impl MachineFigures {
                 peaks.insert(dtype.into(), tflops);
             }
         }
+        hardware.emulated = super::emulated_dtypes();
         hardware.host_cores = Some(self.cores as i64);
         hardware.host_mem_gbyte_s = Some(self.host_mem_gbyte_s);
         hardware.host_link_gbyte_s = Some(self.host_mem_gbyte_s);

@@ -132,6 +132,14 @@ impl Calibration {
     }
 }
 
+/// The dtypes this CPU computes without hardware for them, as a plan's
+/// `hardware.emulated`: bf16 where it has neither AMX nor AVX512-BF16 (candle's graph
+/// then emulates it, slower than fp32), so that the planner's decision (b) does not pick
+/// it here; `None` where it has them.
+pub fn emulated_dtypes() -> Option<Vec<String>> {
+    (!stoker_kernels::bf16_native()).then(|| vec!["bf16".to_string()])
+}
+
 /// Compute threads of each of `ranks` ranks run at once on this machine, as the run gives
 /// them: `RAYON_NUM_THREADS` where set (an MPI rank then builds no pool of its own), else
 /// `parallel.threads_per_rank`, else the cores over the ranks.
