@@ -13,13 +13,13 @@ mkdir -p runs
 export STOKER_PROFILE=runs/machine-profile.toml
 "$STOKER" plan --calibrate | tail -n 6
 echo
-echo "== plan: the chapter's decision flow for the Shakespeare GPT's config, on this machine's profile =="
-"$STOKER" plan --config configs/shakespeare-gpt.toml --emit-config runs/shakespeare.toml | sed -n '1,/^model /p;/Decision path/,$p'
+echo "== plan: the chapter's decision flow for the Shakespeare GPT's config, on this machine's profile (precision too: bf16 where the CPU has bf16 instructions, else fp32) =="
+"$STOKER" plan --config configs/shakespeare-gpt.toml --precision auto --emit-config runs/shakespeare.toml | sed -n '1,/^model /p;/Decision path/,$p'
 echo
 echo "== loader autotune with the plan's need ([plan] required_samples_per_s in runs/shakespeare.toml; 0 workers tried first), written into its [data] =="
 "$STOKER" tune loader data/shakespeare/shakespeare.bin --seconds 1 --max-workers 8 --from-plan runs/shakespeare.toml --write-config
 echo
-echo "== train the emitted config as is: char-level GPT (~0.8M parameters, bf16) on Shakespeare, planned vs measured at the end =="
+echo "== train the emitted config as is: char-level GPT (~0.8M parameters, in the precision the plan chose) on Shakespeare, planned vs measured at the end =="
 rm -rf runs/shakespeare
 RAYON_NUM_THREADS=2 "$STOKER" train runs/shakespeare.toml --summary-json runs/shakespeare.json | tee runs/shakespeare.log
 "$STOKER" report runs/shakespeare
@@ -31,7 +31,7 @@ echo "eval loss $eval_loss <= 2.0"
 echo "plots: runs/shakespeare/*.png"
 echo
 echo "== the same job on a Llama (RMSNorm, RoPE, grouped-query attention, SwiGLU; ~0.76M parameters): planned on the profile, trained, exported as LlamaForCausalLM =="
-"$STOKER" plan --config configs/shakespeare-llama.toml --emit-config runs/shakespeare-llama.toml | sed -n '1,/^model /p;/^Chosen/p'
+"$STOKER" plan --config configs/shakespeare-llama.toml --precision auto --emit-config runs/shakespeare-llama.toml | sed -n '1,/^model /p;/^Chosen/p'
 rm -rf runs/shakespeare-llama
 RAYON_NUM_THREADS=2 "$STOKER" train runs/shakespeare-llama.toml --no-progress --summary-json runs/llama.json | grep -E "^parameters|^eval loss|^throughput|^planned vs measured"
 llama_loss=$(field runs/llama.json eval_loss)
@@ -43,9 +43,9 @@ echo "== data parallelism: the same GPT and global batch on 1 rank, then on 2 ra
 echo "   (each config planned for its rank count on this machine's profile, and trained as emitted)"
 mkdir -p runs
 rm -rf runs/shakespeare-ddp runs/shakespeare-ddp-2ranks
-"$STOKER" plan --config configs/shakespeare-gpt-ddp.toml --devices-per-node 1 --strategy ddp \
+"$STOKER" plan --config configs/shakespeare-gpt-ddp.toml --devices-per-node 1 --strategy ddp --precision auto \
   --emit-config runs/shakespeare-gpt-ddp-1rank.toml > runs/plan-ddp-1rank.txt
-"$STOKER" plan --config configs/shakespeare-gpt-ddp.toml --devices-per-node 2 --strategy ddp \
+"$STOKER" plan --config configs/shakespeare-gpt-ddp.toml --devices-per-node 2 --strategy ddp --precision auto \
   --run-dir runs/shakespeare-ddp-2ranks --emit-config runs/shakespeare-gpt-ddp-2ranks.toml > runs/plan-ddp-2ranks.txt
 RAYON_NUM_THREADS=2 "$STOKER" train runs/shakespeare-gpt-ddp-1rank.toml --no-progress --summary-json runs/ddp-1rank.json | tee runs/ddp-1rank.log
 timeout 900 mpirun -n 2 "$STOKER" train runs/shakespeare-gpt-ddp-2ranks.toml --no-progress --summary-json runs/ddp-2ranks.json | tee runs/ddp-2ranks.log
@@ -64,7 +64,7 @@ echo "== ZeRO-3: an 8-block GPT (1.6M parameters) over 2 ranks; each keeps half 
 rm -rf runs/shakespeare-zero
 # The planner recommends DDP here (the model fits whole on each rank); the demo runs
 # ZeRO-3 to show the sharding, and the run's own forecast plans the strategy it runs.
-"$STOKER" plan --config configs/shakespeare-gpt-zero.toml --devices-per-node 2 --strategy zero3 \
+"$STOKER" plan --config configs/shakespeare-gpt-zero.toml --devices-per-node 2 --strategy zero3 --precision auto \
   --emit-config runs/shakespeare-gpt-zero3-2ranks.toml > runs/plan-zero3-2ranks.txt
 grep -E "^\(c\) strategy|asks for zero3" runs/plan-zero3-2ranks.txt
 sed -i -e 's#^strategy = .*#strategy = "zero3"#' \
@@ -75,7 +75,9 @@ held=$(field runs/zero3-2ranks.json model_states ratio)
 python3 -c "import sys; sys.exit(0 if abs($held - 1) <= 0.01 else 1)" || { echo "error: held model states are $held of the plan" >&2; exit 1; }
 echo
 echo "== resume the 2-rank ZeRO-3 checkpoint on 1 rank (DDP), 20 more steps; then one model.safetensors and a Hugging Face GPT-2 directory =="
-sed -e 's#^strategy = .*#strategy = "ddp"#' -e 's#^steps = .*#steps = 120#' configs/shakespeare-gpt-zero.toml > runs/shakespeare-gpt-zero-resume.toml
+planned_precision=$(grep '^precision = ' runs/shakespeare-gpt-zero3-2ranks.toml)
+sed -e 's#^strategy = .*#strategy = "ddp"#' -e 's#^steps = .*#steps = 120#' -e "s#^precision = .*#$planned_precision#" \
+  configs/shakespeare-gpt-zero.toml > runs/shakespeare-gpt-zero-resume.toml
 RAYON_NUM_THREADS=2 "$STOKER" train runs/shakespeare-gpt-zero-resume.toml --resume latest --no-progress | grep -E "^eval loss|^steps"
 "$STOKER" ckpt consolidate runs/shakespeare-zero/checkpoints/step_00000120
 "$STOKER" export hf runs/shakespeare-gpt-zero-resume.toml --out runs/shakespeare-zero/hf
