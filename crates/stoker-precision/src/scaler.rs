@@ -21,14 +21,17 @@
 //! ## Update rule (exactly what [`LossScaler::update`] does)
 //! On a step with inf/NaN gradients: the optimizer step is skipped, the growth counter is
 //! reset, and if more than one hysteresis credit is left one is spent and the scale kept,
-//! otherwise `scale = max(scale * backoff_factor, min_scale)`. On a finite step: (with
+//! otherwise `scale = max(scale * backoff_factor, min_scale, f32::MIN_POSITIVE)`. On a finite step: (with
 //! `consecutive_hysteresis`, the credits are restored) the counter goes up by one (with
 //! `deepspeed_window`, not on the first finite step after an overflow or the start); when it
 //! reaches `growth_interval`, `scale * growth_factor` replaces the scale if it is finite, the
 //! counter is reset and the hysteresis credits are restored.
 //!
 //! With `hysteresis = 1` and `min_scale = 0` (the [`ScalerConfig::torch`] preset) this is
-//! `torch._amp_update_scale_` (checked step by step against a recorded torch trace in
+//! `torch._amp_update_scale_` down to a scale of 2^-126, f32's least normal, where torch's
+//! would go on halving to 0 (after 166 overflows in a row from 2^16; a scaled loss of 0 has
+//! nothing for candle's backward to differentiate, and either way every step overflows)
+//! (checked step by step against a recorded torch trace in
 //! `tests/scaler_torch.rs`), including its arithmetic: the factors are f64 like torch's Python
 //! floats, the product is rounded once to the f32 scale, and unscaling multiplies by the f32
 //! reciprocal `(1.0f64 / scale) as f32`. DeepSpeed's `DynamicLossScaler` (`loss_scale_window`
@@ -344,10 +347,14 @@ impl LossScaler {
                 if st.hysteresis_left > 1 {
                     st.hysteresis_left -= 1;
                 } else {
-                    // DeepSpeed's condition for "Current loss scale already at minimum".
-                    at_min_scale = st.scale <= c.min_scale;
+                    // Never 0: a product by 0 leaves a backward nothing to differentiate
+                    // (candle prunes it), so a floor of 0 is f32's least normal.
+                    let floor = c.min_scale.max(f32::MIN_POSITIVE);
+                    // DeepSpeed's condition for "Current loss scale already at minimum":
+                    // this overflow cannot lower the scale.
+                    at_min_scale = st.scale <= floor;
                     let next = (st.scale as f64 * c.backoff_factor) as f32;
-                    st.scale = next.max(c.min_scale);
+                    st.scale = next.max(floor);
                 }
             } else {
                 if c.consecutive_hysteresis {
@@ -559,7 +566,7 @@ mod tests {
 
     /// The step whose overflow finds the scale at its floor with no hysteresis credit
     /// left is DeepSpeed's "Current loss scale already at minimum"; torch's scaler, with
-    /// no floor, reaches it only once its scale has underflowed to 0.
+    /// no floor, reaches it at f32's least normal scale.
     #[test]
     fn at_min_scale_is_deepspeeds_condition() {
         let skip_at_min = |s: &mut LossScaler, found_inf| match s.update(found_inf) {
@@ -588,8 +595,9 @@ mod tests {
             n += 1;
             assert!(n < 1000, "torch's scale never reached 0");
         }
-        // 2^16 halved 16 + 149 times is below f32's least subnormal (2^-149): 0.
-        assert_eq!((n, t.scale()), (166, 0.0));
+        // 2^16 halved 16 + 126 times is f32's least normal, 2^-126, where the scale stays
+        // (torch's would go on to 0, 24 halvings later).
+        assert_eq!((n, t.scale()), (142, f32::MIN_POSITIVE));
         let mut fixed = LossScaler::new(ScalerConfig::Static(1.0)).unwrap();
         assert_eq!(skip_at_min(&mut fixed, true), Some(false));
     }

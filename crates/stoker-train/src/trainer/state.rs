@@ -35,15 +35,18 @@ impl Stateful for Trainer {
             // The scale and its counters go on from the checkpoint; the settings are the
             // config's, which a resume may have changed ([`ScalerState::under`]).
             let ours = s.state().config.clone();
-            if saved.config != ours && self.strategy.rank() == 0 {
+            let changed = saved.config != ours;
+            let saved_scale = saved.scale;
+            let carried = saved.under(ours)?;
+            if changed && self.strategy.rank() == 0 {
                 tracing::warn!(
-                    "loss_scale: the config's settings differ from the checkpoint's; the \
-                     scale ({}) and its counters go on from the checkpoint under the \
-                     config's settings",
-                    saved.scale
+                    "loss_scale: the config's scaler settings differ from the checkpoint's; \
+                     the run goes on under the config's, from the checkpoint's counters, \
+                     at a scale of {} (the checkpoint's: {saved_scale})",
+                    carried.scale
                 );
             }
-            s.restore(saved.under(ours)?)?;
+            s.restore(carried)?;
         }
         if let (Some(f), Some(saved)) = (&self.fp8, loaded.fp8) {
             f.restore(saved);
