@@ -261,26 +261,98 @@ precision = \"fp16\"\n[data]\ntrain = {:?}\n[model]\n\
         text.contains("(b) precision: bf16 mixed precision: h100"),
         "{text}"
     );
+    // A DeepSpeed config that enables fp16 would set the precision over the choice:
+    // refused, beside a training config, a plan file or flags alone.
     let ds = tmp.path().join("ds.json");
-    std::fs::write(&ds, "{\"train_batch_size\": 4}").unwrap();
-    let o = Command::new(STOKER)
-        .args([
+    std::fs::write(
+        &ds,
+        "{\"train_batch_size\": 4, \"fp16\": {\"enabled\": true}}",
+    )
+    .unwrap();
+    for config in [s(&cfg), s(&file)] {
+        let o = Command::new(STOKER)
+            .args([
+                "plan",
+                "--config",
+                config,
+                "--precision",
+                "auto",
+                "--deepspeed",
+                s(&ds),
+            ])
+            .env("STOKER_PROFILE", "off")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success()
+                && err.contains("--precision auto: the DeepSpeed config enables fp16"),
+            "{config}: {err}"
+        );
+    }
+    // The `cpu` preset named (by the command line, or by the [plan] of the config auto
+    // emitted above) is still this machine's: its emulated bf16 is not picked.
+    for (config, extra) in [(s(&cfg), vec!["--hardware", "cpu"]), (s(&emitted), vec![])] {
+        let mut args = vec!["plan", "--config", config, "--precision", "auto"];
+        args.extend(extra);
+        let text = String::from_utf8_lossy(&stoker(&args).stdout).into_owned();
+        assert!(
+            text.contains(&format!("--precision auto: planned in {want}")),
+            "{args:?}: {text}"
+        );
+    }
+}
+
+/// `stoker plan --config TRAIN.toml --deepspeed ds.json --emit-config`: the DeepSpeed
+/// config's fp16 scaler keys become the emitted config's `[loss_scale]` (DeepSpeed's preset
+/// with the keys set), which parses; a fixed `loss_scale` becomes `fixed`.
+#[test]
+fn a_deepspeed_config_s_fp16_scaler_is_emitted_as_loss_scale() {
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus = write_corpus(tmp.path(), 4_000, 24);
+    let cfg = tmp.path().join("fp32.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "run_dir = {:?}\n[data]\ntrain = {:?}\n[model]\nkind = \"gpt\"\nvocab = 24\n\
+             context = 32\nd_model = 32\nn_layer = 1\nn_head = 2\n[batch]\nmicro_batch = 4\n\
+             [optimizer]\nkind = \"adamw\"\nlr = 1e-3\n[train]\nsteps = 2\n",
+            s(&tmp.path().join("run")),
+            s(&corpus)
+        ),
+    )
+    .unwrap();
+    for (fp16, want) in [
+        (
+            r#"{"enabled": true, "loss_scale": 0, "initial_scale_power": 12,
+                "loss_scale_window": 500, "hysteresis": 4, "min_loss_scale": 0.5}"#,
+            "[loss_scale]\npreset = \"deepspeed\"\ninit_scale = 4096.0\ngrowth_interval = 500\n\
+             hysteresis = 4\nmin_scale = 0.5\n",
+        ),
+        (
+            r#"{"enabled": true, "loss_scale": 128}"#,
+            "[loss_scale]\npreset = \"deepspeed\"\nfixed = 128.0\n",
+        ),
+    ] {
+        let ds = tmp.path().join("ds.json");
+        std::fs::write(&ds, format!("{{\"fp16\": {fp16}}}")).unwrap();
+        let emitted = tmp.path().join("emitted.toml");
+        stoker(&[
             "plan",
             "--config",
             s(&cfg),
-            "--precision",
-            "auto",
             "--deepspeed",
             s(&ds),
-        ])
-        .env("STOKER_PROFILE", "off")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        !o.status.success() && err.contains("--precision auto: a DeepSpeed config's"),
-        "{err}"
-    );
+            "--emit-config",
+            s(&emitted),
+        ]);
+        let written = std::fs::read_to_string(&emitted).unwrap();
+        assert!(
+            written.contains("\nprecision = \"fp16\"\n") && written.contains(want),
+            "{fp16}:\n{written}"
+        );
+        stoker(&["train", s(&emitted), "--dry-run"]);
+    }
 }
 
 #[test]

@@ -31,6 +31,8 @@ pub struct DsConfig {
     pub offload_params: bool,
     /// `"fp16"` or `"bf16"` from the enabled block, if any.
     pub precision: Option<&'static str>,
+    /// The enabled `fp16` block's loss-scaler keys (fp16 only).
+    pub fp16_scaler: Option<crate::deepspeed_fp16::DsLossScale>,
     /// `optimizer.type`.
     pub optimizer: Option<String>,
     /// `zero_optimization.reduce_bucket_size`, elements.
@@ -78,7 +80,10 @@ impl DsConfig {
                     "both fp16.enabled and bf16.enabled are true; enable one".into(),
                 ))
             }
-            (true, false) => Some("fp16"),
+            (true, false) => {
+                cfg.fp16_scaler = Some(crate::deepspeed_fp16::read(&v["fp16"]).map_err(err)?);
+                Some("fp16")
+            }
             (false, true) => Some("bf16"),
             (false, false) => {
                 cfg.notes.push(

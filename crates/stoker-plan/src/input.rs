@@ -210,8 +210,14 @@ impl ModelInput {
 }
 
 impl HardwareInput {
-    /// Fields set in `top` replace ours; peak FLOP/s merge per dtype.
+    /// Fields set in `top` replace ours; peak FLOP/s merge per dtype. A preset in `top`
+    /// other than ours is another device: our figures of its dtypes (peaks, `emulated`)
+    /// go with ours.
     pub fn overlay(&mut self, top: &HardwareInput) {
+        if top.preset.is_some() && top.preset != self.preset {
+            self.peak_tflops = None;
+            self.emulated = None;
+        }
         overlay_fields!(
             self,
             top,

@@ -7,7 +7,7 @@
 //! writes as a training config in the trainer's own schema.
 //!
 //! Modules, one idea each: `input` (raw TOML and flag inputs), `resolve` (validated model,
-//! hardware and setup), `model`, `hardware`, `setup`, `deepspeed` (reading a ds_config);
+//! hardware and setup), `model`, `hardware`, `setup`, `deepspeed` (reading a ds_config) and `deepspeed_fp16` (its loss-scaler keys);
 //! the estimates `activation`, `memory`, `comm`, `time`, `states_only`, `ds_estimate`,
 //! `trainer` (the trainer's own buffer count); the decisions `data` (a), `precision` (b),
 //! `strategy` and `recommend` (c), each strategy's result a `row`, `loader` (a loader
@@ -30,6 +30,7 @@ pub mod activation;
 pub mod comm;
 pub mod data;
 pub mod deepspeed;
+pub mod deepspeed_fp16;
 pub mod ds_estimate;
 pub mod emit;
 pub mod error;

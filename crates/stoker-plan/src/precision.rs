@@ -42,6 +42,14 @@ fn tflops(hw: &Hardware, d: Dtype) -> String {
     }
 }
 
+/// A dtype the device has without its hardware: its rate, said to be emulated.
+fn support(hw: &Hardware, d: Dtype) -> String {
+    match hw.dtype(d) {
+        Some(_) => format!("emulated, {}", tflops(hw, d)),
+        None => "none".into(),
+    }
+}
+
 fn native(hw: &Hardware, d: Dtype) -> bool {
     hw.dtype(d).is_some_and(|s| s.native)
 }
@@ -118,12 +126,15 @@ pub fn choose(hw: &Hardware, requested: Option<Precision>) -> PrecisionChoice {
         PrecisionChoice {
             precision: Precision::Fp32,
             loss_scaling: false,
+            // No "faster" or "slower" here: an emulated dtype's peak is its matmul's,
+            // which may beat fp32's while its training step does not (a CPU's bf16 on
+            // candle's graph: the GEMM near fp32's, the step about 5x slower).
             reason: format!(
-                "fp32: {} emulates bf16 ({}) and fp16 ({}), no faster than fp32 ({}), so \
-                 reduced precision would only add rounding",
+                "fp32: {} runs neither bf16 nor fp16 natively (bf16: {}, fp16: {}; fp32: \
+                 {}), so the reduced precisions would add rounding without their hardware",
                 hw.name,
-                tflops(hw, Dtype::Bf16),
-                tflops(hw, Dtype::Fp16),
+                support(hw, Dtype::Bf16),
+                support(hw, Dtype::Fp16),
                 tflops(hw, Dtype::Fp32)
             ),
             warnings: Vec::new(),

@@ -328,6 +328,13 @@ pub fn resolve_hardware(h: &HardwareInput) -> Result<Hardware> {
     for name in h.emulated.iter().flatten() {
         let field = format!("hardware.emulated.{name}");
         let d = Dtype::parse(&field, name)?;
+        if d == Dtype::Fp32 {
+            return Err(PlanError::UnknownOption {
+                field,
+                got: name.clone(),
+                expected: "bf16, fp16 or fp8 (fp32 is what the others are weighed against)".into(),
+            });
+        }
         match hw.dtypes.get_mut(&d) {
             Some(s) => s.native = false,
             None => {
@@ -463,9 +470,11 @@ fn resolve_training(t: &TrainingInput, model: &ModelSpec, hw: &Hardware) -> Resu
         }
         (None, None) => (None, None),
     };
+    // `auto` is no request: decision (b) picks.
     let requested = t
         .precision
         .as_deref()
+        .filter(|p| !p.eq_ignore_ascii_case("auto"))
         .map(|p| Precision::parse("training.precision", p))
         .transpose()?;
     let precision = precision::choose(hw, requested);

@@ -65,7 +65,7 @@ impl Precision {
             _ => Err(PlanError::UnknownOption {
                 field: field.into(),
                 got: s.into(),
-                expected: "fp32, fp16, bf16, bf16-pure, fp8".into(),
+                expected: "fp32, fp16, bf16, bf16-pure, fp8, or auto (the planner's choice)".into(),
             }),
         }
     }

@@ -97,7 +97,7 @@ fn unknown_presets_list_the_known_ones() {
 fn unknown_options_list_the_accepted_values() {
     assert_eq!(
         err(&format!("{OK}training = {{ precision = \"fp4\" }}")),
-        "training.precision: unknown value \"fp4\"; expected one of fp32, fp16, bf16, bf16-pure, fp8"
+        "training.precision: unknown value \"fp4\"; expected one of fp32, fp16, bf16, bf16-pure, fp8, or auto (the planner's choice)"
     );
     assert_eq!(
         err(&format!("{OK}training = {{ optimizer = \"lion\" }}")),

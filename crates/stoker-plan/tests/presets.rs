@@ -6,7 +6,7 @@ mod common;
 use common::{chosen, plan, r1};
 use stoker_plan::hardware::{self, GB};
 use stoker_plan::model;
-use stoker_plan::setup::Precision;
+use stoker_plan::setup::{Dtype, Precision};
 
 #[test]
 fn parameter_counts_match_the_published_ones() {
@@ -317,7 +317,9 @@ fn an_emulated_dtype_is_planned_on_request_but_never_picked() {
     let p = cpu("");
     assert_eq!(p.inputs.setup.precision, Precision::Fp32);
     assert!(
-        p.decision.precision.starts_with("fp32: cpu emulates bf16"),
+        p.decision
+            .precision
+            .starts_with("fp32: cpu runs neither bf16 nor fp16 natively (bf16: emulated, "),
         "{}",
         p.decision.precision
     );
@@ -336,4 +338,37 @@ fn an_emulated_dtype_is_planned_on_request_but_never_picked() {
     .unwrap();
     let e = stoker_plan::resolve::resolve(&input, None, &Default::default()).unwrap_err();
     assert!(e.to_string().contains("hardware.peak_tflops.bf16"), "{e}");
+    // fp32 is what the others are weighed against: refused.
+    let input = stoker_plan::input::PlanInput::from_toml_str(
+        "t.toml",
+        "model = { preset = \"stoker-gpt\" }\nhardware = { preset = \"cpu\", emulated = [\"fp32\"] }",
+    )
+    .unwrap();
+    let e = stoker_plan::resolve::resolve(&input, None, &Default::default()).unwrap_err();
+    assert!(e.to_string().contains("hardware.emulated.fp32"), "{e}");
+    // Another preset on top is another device: the CPU's marks (and peaks) go with it.
+    let input = stoker_plan::input::PlanInput::from_toml_str(
+        "t.toml",
+        "model = { preset = \"stoker-gpt\" }\n\
+         hardware = { preset = \"cpu\", emulated = [\"bf16\"], peak_tflops = { fp32 = 0.03 } }",
+    )
+    .unwrap();
+    let flags = stoker_plan::input::PlanInput::from_toml_str(
+        "flags.toml",
+        "hardware = { preset = \"h100-80gb\" }",
+    )
+    .unwrap();
+    let r = stoker_plan::resolve::resolve(&input, None, &flags).unwrap();
+    assert_eq!(r.precision.precision, Precision::Bf16);
+    let fp32 = |hw: &hardware::Hardware| hw.dtype(Dtype::Fp32).unwrap().peak_flops;
+    assert_eq!(
+        fp32(&r.hardware),
+        fp32(&hardware::preset("h100-80gb").unwrap())
+    );
+    // `auto` in a plan file is no request: the planner's choice.
+    let p = plan(
+        "model = { preset = \"gpt2-124m\" }\nhardware = { preset = \"h100-80gb\" }\n\
+         training = { precision = \"auto\" }",
+    );
+    assert_eq!(p.inputs.setup.precision, Precision::Bf16);
 }

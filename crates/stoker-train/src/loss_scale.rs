@@ -22,6 +22,16 @@ pub enum ScalerPreset {
     Deepspeed,
 }
 
+impl ScalerPreset {
+    /// The preset's name as a config writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ScalerPreset::Torch => "torch",
+            ScalerPreset::Deepspeed => "deepspeed",
+        }
+    }
+}
+
 /// The `[loss_scale]` table (fp16 only). Unset keys take the preset's value.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -104,6 +114,20 @@ impl LossScaleConfig {
                 reason,
                 ..
             }) => {
+                // A preset's floor above a given first scale: the key given is at fault.
+                if field == "min_scale" && self.min_scale.is_none() {
+                    if let (ScalerConfig::Dynamic(c), Some(init)) = (&config, self.init_scale) {
+                        return Err(config_err(
+                            "loss_scale.init_scale",
+                            format!(
+                                "{init}: below the {} preset's min_scale of {}; set min_scale \
+                                 too",
+                                self.preset.name(),
+                                c.min_scale
+                            ),
+                        ));
+                    }
+                }
                 let key = if field == "scale" { "fixed" } else { field };
                 Err(config_err(
                     format!("loss_scale.{key}"),
@@ -111,6 +135,29 @@ impl LossScaleConfig {
                 ))
             }
             Err(e) => Err(e.into()),
+        }
+    }
+
+    /// A DeepSpeed config's `fp16` scaler: the `deepspeed` preset with the keys it sets
+    /// (`loss_scale` > 0 a fixed scale), so that a plan of it emits the scaler DeepSpeed
+    /// would run.
+    pub fn from_deepspeed(ds: &stoker_plan::deepspeed_fp16::DsLossScale) -> LossScaleConfig {
+        let preset = ScalerPreset::Deepspeed;
+        if let Some(fixed) = ds.loss_scale.filter(|s| *s > 0.0) {
+            return LossScaleConfig {
+                preset,
+                fixed: Some(fixed as f32),
+                ..Default::default()
+            };
+        }
+        LossScaleConfig {
+            preset,
+            init_scale: ds.initial_scale_power.map(|p| 2f32.powi(p)),
+            growth_interval: ds.loss_scale_window,
+            hysteresis: ds.hysteresis,
+            consecutive_hysteresis: ds.consecutive_hysteresis,
+            min_scale: ds.min_loss_scale.map(|m| m as f32),
+            ..Default::default()
         }
     }
 
@@ -189,6 +236,11 @@ mod tests {
             ("hysteresis = 0", "loss_scale.hysteresis"),
             ("backoff_factor = 1.5", "loss_scale.backoff_factor"),
             ("init_scale = 1.0\nmin_scale = 2.0", "loss_scale.min_scale"),
+            // The preset's floor (1) above the first scale given: the key given.
+            (
+                "preset = \"deepspeed\"\ninit_scale = 0.5",
+                "loss_scale.init_scale",
+            ),
         ] {
             assert_eq!(key_of(parse(text).scaler().unwrap_err()), key, "{text}");
         }

@@ -301,6 +301,7 @@ fn print_states_only(input: &PlanInput, count: &Count) -> anyhow::Result<()> {
     let precision = t
         .precision
         .as_deref()
+        .filter(|s| !s.eq_ignore_ascii_case("auto"))
         .map(|s| Precision::parse("training.precision", s))
         .transpose()?
         .unwrap_or(Precision::Bf16);
@@ -357,6 +358,17 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         true => eprint!("{text}"),
         false => print!("{text}"),
     };
+    let ds = args
+        .deepspeed
+        .as_deref()
+        .map(DsConfig::from_file)
+        .transpose()?;
+    if let (true, Some(p)) = (args.auto_precision(), ds.as_ref().and_then(|d| d.precision)) {
+        anyhow::bail!(
+            "--precision auto: the DeepSpeed config enables {p}, which would set the \
+             precision over the choice; give one or the other"
+        );
+    }
     let Inputs {
         file,
         base,
@@ -384,11 +396,6 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
             return print_states_only(&merged, count);
         }
     }
-    let ds = args
-        .deepspeed
-        .as_deref()
-        .map(DsConfig::from_file)
-        .transpose()?;
     let file_bench = args
         .loader_bench
         .as_deref()
@@ -453,7 +460,14 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
             None => file.clone(),
         };
         planned_with.overlay(&cli);
-        let runs_here = emit(&args, &plan, &planned_with, base.as_ref(), path)?;
+        let runs_here = emit(
+            &args,
+            &plan,
+            &planned_with,
+            base.as_ref(),
+            ds.as_ref(),
+            path,
+        )?;
         // Not "runs it as is" beside the note that this machine refuses it.
         match (args.json, runs_here) {
             (true, _) => {}
@@ -492,11 +506,6 @@ fn plan_inputs(args: &PlanArgs, cli: &PlanInput, say: &dyn Fn(&str)) -> anyhow::
             let mut loader = None;
             let ranks = ranks_per_host(&cfg, args.devices_per_node);
             if args.auto_precision() {
-                anyhow::ensure!(
-                    args.deepspeed.is_none(),
-                    "--precision auto: a DeepSpeed config's fp16 / bf16 sections set the \
-                     precision too; give one or the other"
-                );
                 let choice = auto_precision(&cfg, cli, ranks)
                     .with_context(|| format!("choosing the precision of {}", p.display()))?;
                 let said = cfg.precision.name();
@@ -510,7 +519,14 @@ fn plan_inputs(args: &PlanArgs, cli: &PlanInput, say: &dyn Fn(&str)) -> anyhow::
                     // fp16's scaler settings, which another precision refuses.
                     cfg.loss_scale = None;
                 }
-                cfg.validate()?;
+                cfg.validate().with_context(|| {
+                    format!(
+                        "--precision auto chose {} for {} (the config says {said}), which \
+                         the config refuses: give its precision instead",
+                        cfg.precision.name(),
+                        p.display()
+                    )
+                })?;
             }
             let input = if args.calibrate {
                 let at_once = args.calibrate_ranks_at_once.map_or(ranks, |n| n as usize);
@@ -690,6 +706,22 @@ fn on_this_machine(
     if on_preset {
         let section = planned.plan.get_or_insert_with(Default::default);
         section.hardware.preset = Some("cpu".into());
+    }
+    // The `cpu` preset planning a CPU config is this machine's plan (as its run's forecast
+    // is): its bf16 is this CPU's, emulated where it lacks the instructions, whether the
+    // preset came from the profile, the config's [plan], the command line or the default
+    // (before: only the default, so the config a plan emitted planned bf16 again).
+    let section_hw = planned.plan.as_ref().map(|s| &s.hardware);
+    let preset = cli
+        .hardware
+        .preset
+        .clone()
+        .or(section_hw.and_then(|h| h.preset.clone()));
+    let given = cli.hardware.emulated.is_some() || section_hw.is_some_and(|h| h.emulated.is_some());
+    if cfg.device == "cpu" && matches!(preset.as_deref(), Some("cpu" | "cpu-only")) && !given {
+        let section = planned.plan.get_or_insert_with(Default::default);
+        // The same preset as the command line's, so that its overlay keeps the mark.
+        section.hardware.preset = preset;
         section.hardware.emulated = stoker_train::machine::emulated_dtypes();
     }
     Ok((planned, line, loader, on_preset))
@@ -702,11 +734,22 @@ fn auto_precision(
     cli: &PlanInput,
     ranks: usize,
 ) -> anyhow::Result<stoker_plan::precision::PrecisionChoice> {
-    let (planned, ..) = on_this_machine(cfg, cli, ranks)?;
-    let mut input = stoker_train::planned::plan_input(&planned, cli)?;
-    input.training.precision = None;
-    let resolved = stoker_plan::resolve::resolve(&input, None, cli)?;
-    Ok(resolved.precision)
+    use stoker_train::precision::Precision;
+    // The hardware is found at the config's precision, or where a machine profile has
+    // no step in that one, at one it measured: the choice needs the device, not a step.
+    let mut failed = None;
+    for precision in [cfg.precision, Precision::Fp32, Precision::Bf16] {
+        let mut probe = cfg.clone();
+        probe.precision = precision;
+        let (planned, ..) = on_this_machine(&probe, cli, ranks)?;
+        let mut hardware = planned.plan.map(|s| s.hardware).unwrap_or_default();
+        hardware.overlay(&cli.hardware);
+        match stoker_plan::resolve::resolve_hardware(&hardware) {
+            Ok(hw) => return Ok(stoker_plan::precision::choose(&hw, None)),
+            Err(e) => failed = Some(e),
+        }
+    }
+    Err(failed.expect("three tries").into())
 }
 
 fn apply_profile(
@@ -742,6 +785,7 @@ fn emit(
     plan: &stoker_plan::Plan,
     planned_with: &PlanInput,
     base: Option<&stoker_train::config::TrainConfig>,
+    ds: Option<&DsConfig>,
     path: &std::path::Path,
 ) -> anyhow::Result<bool> {
     use stoker_train::planned::{self, EmitPlace};
@@ -757,6 +801,13 @@ fn emit(
     };
     let mut cfg =
         planned::emit(plan, planned_with, base, &place).context("no training config emitted")?;
+    // A DeepSpeed config's fp16 scaler, where the plan kept fp16 (emit leaves the table
+    // out elsewhere).
+    if let Some(s) = ds.and_then(|d| d.fp16_scaler.as_ref()) {
+        if cfg.precision.needs_loss_scaling() {
+            cfg.loss_scale = Some(stoker_train::loss_scale::LossScaleConfig::from_deepspeed(s));
+        }
+    }
     if let Some(d) = &args.run_dir {
         cfg.run_dir = d.clone();
     }
