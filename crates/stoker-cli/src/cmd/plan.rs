@@ -680,14 +680,10 @@ fn record_in_profile(
     ))
 }
 
-/// Plans `cfg` on this machine's profile where it applies and the command line names no
-/// other hardware or figures (which would win over part of it). Returns the line that
-/// says what the plan rests on, and the profile's loader rates for the config where it
-/// applied.
 /// `cfg` with what this machine's plan adds: its profile's figures, or with no profile
 /// and no hardware anywhere (a CPU config) the `cpu` preset, as its run's forecast plans
-/// it, marked with what this CPU emulates. Also the profile's line and loader benchmark,
-/// and whether the preset was taken.
+/// it; the `cpu` preset, however named, marked with what this CPU emulates. Also the
+/// profile's line and loader benchmark, and whether the default preset was taken.
 fn on_this_machine(
     cfg: &stoker_train::config::TrainConfig,
     cli: &PlanInput,
@@ -752,6 +748,10 @@ fn auto_precision(
     Err(failed.expect("three tries").into())
 }
 
+/// Plans `cfg` on this machine's profile where it applies and the command line names no
+/// other hardware or figures (which would win over part of it). Returns the line that
+/// says what the plan rests on, and the profile's loader rates for the config where it
+/// applied.
 fn apply_profile(
     cfg: &mut stoker_train::config::TrainConfig,
     cli: &PlanInput,

@@ -390,8 +390,9 @@ pub fn slow_precision(config: &TrainConfig) -> Option<String> {
                  instructions; kernels = \"fused\" or the handwritten step runs bf16 on them"
             .to_string(),
         false => "precision = \"bf16\" on a CPU without bf16 instructions (no AMX or \
-                  AVX512-BF16): candle emulates bf16 on its graph path, about 5x slower than \
-                  fp32 here; precision = \"fp32\" trains faster on this CPU"
+                  AVX512-BF16): candle emulates bf16 on its graph path, several times slower \
+                  than fp32 here; precision = \"fp32\" trains faster on this CPU (`stoker plan \
+                  --precision auto` picks it)"
             .to_string(),
     })
 }
