@@ -261,6 +261,27 @@ precision = \"fp16\"\n[data]\ntrain = {:?}\n[model]\n\
         text.contains("(b) precision: bf16 mixed precision: h100"),
         "{text}"
     );
+    // A calibration measures this machine: beside another device's preset, refused.
+    let o = Command::new(STOKER)
+        .args([
+            "plan",
+            "--config",
+            s(&cfg),
+            "--calibrate",
+            "--hardware",
+            "h100",
+        ])
+        .env("STOKER_PROFILE", "off")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && err.contains(
+                "--calibrate measures this machine, and the plan names the `h100` preset"
+            ),
+        "{err}"
+    );
     // A DeepSpeed config that enables fp16 would set the precision over the choice:
     // refused, beside a training config, a plan file or flags alone.
     let ds = tmp.path().join("ds.json");
@@ -290,9 +311,14 @@ precision = \"fp16\"\n[data]\ntrain = {:?}\n[model]\n\
             "{config}: {err}"
         );
     }
-    // The `cpu` preset named (by the command line, or by the [plan] of the config auto
-    // emitted above) is still this machine's: its emulated bf16 is not picked.
-    for (config, extra) in [(s(&cfg), vec!["--hardware", "cpu"]), (s(&emitted), vec![])] {
+    // The `cpu` preset named (by the command line in any case or alias, or by the [plan]
+    // of the config auto emitted above) is still this machine's: its emulated bf16 is not
+    // picked.
+    for (config, extra) in [
+        (s(&cfg), vec!["--hardware", "cpu"]),
+        (s(&cfg), vec!["--hardware", "CPU-only"]),
+        (s(&emitted), vec![]),
+    ] {
         let mut args = vec!["plan", "--config", config, "--precision", "auto"];
         args.extend(extra);
         let text = String::from_utf8_lossy(&stoker(&args).stdout).into_owned();
@@ -322,6 +348,38 @@ fn a_deepspeed_config_s_fp16_scaler_is_emitted_as_loss_scale() {
         ),
     )
     .unwrap();
+    // An fp16 config's own table: what DeepSpeed has no key for stays, the rest is the
+    // DeepSpeed file's (its defaults included).
+    let own = tmp.path().join("fp16.toml");
+    let text = std::fs::read_to_string(&cfg).unwrap().replacen(
+        "run_dir",
+        "precision = \"fp16\"\nrun_dir",
+        1,
+    ) + "[loss_scale]\nhysteresis = 7\nstop_at_min_scale = false\n";
+    std::fs::write(&own, text).unwrap();
+    let ds = tmp.path().join("ds-own.json");
+    std::fs::write(
+        &ds,
+        r#"{"fp16": {"enabled": true, "loss_scale_window": 100}}"#,
+    )
+    .unwrap();
+    let emitted = tmp.path().join("emitted-own.toml");
+    stoker(&[
+        "plan",
+        "--config",
+        s(&own),
+        "--deepspeed",
+        s(&ds),
+        "--emit-config",
+        s(&emitted),
+    ]);
+    let written = std::fs::read_to_string(&emitted).unwrap();
+    assert!(
+        written.contains(
+            "[loss_scale]\npreset = \"deepspeed\"\ngrowth_interval = 100\nstop_at_min_scale = false\n"
+        ),
+        "{written}"
+    );
     for (fp16, want) in [
         (
             r#"{"enabled": true, "loss_scale": 0, "initial_scale_power": 12,

@@ -2,6 +2,10 @@
 //! (its `[loss_scale]` table): `loss_scale` (0 means dynamic), `initial_scale_power`,
 //! `loss_scale_window`, `hysteresis`, `consecutive_hysteresis` and `min_loss_scale`.
 //! Unset keys are DeepSpeed's defaults, which the trainer's `deepspeed` preset holds.
+//! A fixed `loss_scale` (> 0) reads no dynamic key, as DeepSpeed checks them only for a
+//! dynamic scale. Values must be JSON numbers and booleans (DeepSpeed also converts numeric
+//! strings); `min_loss_scale` may be a fraction (DeepSpeed's is an integer), and every
+//! scale must be an f32 scale (from 2^-126 to f32's largest).
 
 use serde_json::Value;
 
@@ -30,12 +34,17 @@ pub(crate) fn read(block: &Value) -> Result<DsLossScale, String> {
             .get(key)
             .filter(|v| !v.is_null() && v.as_str() != Some("auto"))
     };
-    let number = |key: &str| -> Result<Option<f64>, String> {
+    // A scale: 0 where `zero` allows it (a dynamic `loss_scale`), else an f32 scale.
+    let scale = |key: &str, zero: bool| -> Result<Option<f64>, String> {
+        let f32_scale = |x: f64| (x as f32).is_finite() && x as f32 >= f32::MIN_POSITIVE;
         match get(key) {
             None => Ok(None),
             Some(v) => match v.as_f64() {
-                Some(x) if x.is_finite() && x >= 0.0 => Ok(Some(x)),
-                _ => Err(format!("fp16.{key} must be a number >= 0, got {v}")),
+                Some(x) if (zero && x == 0.0) || f32_scale(x) => Ok(Some(x)),
+                _ => Err(format!(
+                    "fp16.{key} must be {}a number from 2^-126 to f32's largest, got {v}",
+                    if zero { "0 (dynamic) or " } else { "" }
+                )),
             },
         }
     };
@@ -50,6 +59,13 @@ pub(crate) fn read(block: &Value) -> Result<DsLossScale, String> {
             },
         }
     };
+    let loss_scale = scale("loss_scale", true)?;
+    if loss_scale.is_some_and(|s| s > 0.0) {
+        return Ok(DsLossScale {
+            loss_scale,
+            ..Default::default()
+        });
+    }
     let power = match get("initial_scale_power") {
         None => None,
         Some(v) => match v.as_i64() {
@@ -72,12 +88,12 @@ pub(crate) fn read(block: &Value) -> Result<DsLossScale, String> {
         }
     };
     Ok(DsLossScale {
-        loss_scale: number("loss_scale")?,
+        loss_scale,
         initial_scale_power: power,
         loss_scale_window: whole("loss_scale_window", 1)?,
         hysteresis: whole("hysteresis", 1)?,
         consecutive_hysteresis: consecutive,
-        min_loss_scale: number("min_loss_scale")?,
+        min_loss_scale: scale("min_loss_scale", false)?,
     })
 }
 
@@ -103,9 +119,22 @@ mod tests {
                 min_loss_scale: None,
             }
         );
+        // A fixed scale reads no dynamic key.
+        let fixed: Value = serde_json::from_str(r#"{"loss_scale": 128, "hysteresis": 0}"#).unwrap();
+        assert_eq!(
+            read(&fixed).unwrap(),
+            DsLossScale {
+                loss_scale: Some(128.0),
+                ..Default::default()
+            }
+        );
         for (text, key) in [
             (r#"{"hysteresis": 0}"#, "fp16.hysteresis"),
             (r#"{"loss_scale": -1}"#, "fp16.loss_scale"),
+            (r#"{"loss_scale": 1e300}"#, "fp16.loss_scale"),
+            (r#"{"loss_scale": 1e-50}"#, "fp16.loss_scale"),
+            (r#"{"min_loss_scale": 0}"#, "fp16.min_loss_scale"),
+            (r#"{"min_loss_scale": 1e300}"#, "fp16.min_loss_scale"),
             (
                 r#"{"initial_scale_power": 200}"#,
                 "fp16.initial_scale_power",

@@ -101,9 +101,21 @@ fn support(tflops: f64, native: bool) -> DtypeSupport {
     }
 }
 
+/// The preset `name` stands for, by its canonical name (`h100` is `h100-80gb`, `CPU` and
+/// `cpu-only` are `cpu`): the one place the aliases live. None where no preset has it.
+pub fn canonical_preset(name: &str) -> Option<&'static str> {
+    match name.to_ascii_lowercase().as_str() {
+        "a100-80gb" | "a100" => Some("a100-80gb"),
+        "h100-80gb" | "h100" => Some("h100-80gb"),
+        "h200-141gb" | "h200" => Some("h200-141gb"),
+        "cpu" | "cpu-only" => Some("cpu"),
+        _ => None,
+    }
+}
+
 /// Looks up a hardware preset (case-insensitive); unknown names list the known ones.
 pub fn preset(name: &str) -> Result<Hardware> {
-    let key = name.to_ascii_lowercase();
+    let key = canonical_preset(name).unwrap_or_default();
     let gpu = |mem_mib: f64,
                hbm_tbyte_s: f64,
                fp32: f64,
@@ -119,7 +131,7 @@ pub fn preset(name: &str) -> Result<Hardware> {
             dtypes.insert(Dtype::Fp8, support(f, true));
         }
         Hardware {
-            name: key.clone(),
+            name: name.to_ascii_lowercase(),
             devices_per_node: 8,
             nodes: 1,
             device_memory: mem_mib * 1024.0 * 1024.0,
@@ -139,10 +151,10 @@ pub fn preset(name: &str) -> Result<Hardware> {
             accelerator: true,
         }
     };
-    let hw = match key.as_str() {
+    let hw = match key {
         // A100 SXM: 19.5 TF fp32 (no TF32), 312 TF fp16/bf16, no fp8; 81920 MiB reported;
         // 2.039 TB/s HBM2e. Host: the DGX A100 640GB's 2 TB (the 320GB model's is 1 TB).
-        "a100-80gb" | "a100" => Hardware {
+        "a100-80gb" => Hardware {
             host_memory: 2048.0 * GB,
             host_cores: 128,
             host_link_bw: 25.0 * GB, // PCIe Gen4 x16, ~80% of 32 GB/s
@@ -151,7 +163,7 @@ pub fn preset(name: &str) -> Result<Hardware> {
         },
         // H100 SXM: 67 TF fp32, 989 TF fp16/bf16, 1979 TF fp8 (dense); 81559 MiB reported;
         // 3.35 TB/s HBM3.
-        "h100-80gb" | "h100" => Hardware {
+        "h100-80gb" => Hardware {
             host_memory: 2048.0 * GB,
             host_cores: 112,
             host_link_bw: 50.0 * GB, // PCIe Gen5 x16, ~80% of 64 GB/s
@@ -159,14 +171,14 @@ pub fn preset(name: &str) -> Result<Hardware> {
             ..gpu(81559.0, 3.35, 67.0, 989.0, Some(1979.0), 450.0, 8.0 * 400.0)
         },
         // H200 SXM: H100's compute with 141 GB HBM3e at 4.8 TB/s; 143771 MiB reported.
-        "h200-141gb" | "h200" => Hardware {
+        "h200-141gb" => Hardware {
             host_memory: 2048.0 * GB,
             host_cores: 112,
             host_link_bw: 50.0 * GB,
             host_mem_bw: 450.0 * GB,
             ..gpu(143771.0, 4.8, 67.0, 989.0, Some(1979.0), 450.0, 8.0 * 400.0)
         },
-        "cpu" | "cpu-only" => {
+        "cpu" => {
             let mut dtypes = BTreeMap::new();
             // Per-core peaks from `cargo bench -p stoker-kernels --bench peak` times 2 cores
             // (AVX-512 f32 FMA, AMX bf16; fp16 is candle's emulation), and MFUs from the

@@ -214,7 +214,13 @@ impl HardwareInput {
     /// other than ours is another device: our figures of its dtypes (peaks, `emulated`)
     /// go with ours.
     pub fn overlay(&mut self, top: &HardwareInput) {
-        if top.preset.is_some() && top.preset != self.preset {
+        // Compared as the presets they stand for (`h100` is `h100-80gb`, `CPU` is `cpu`).
+        let device = |p: &Option<String>| {
+            p.as_deref().map(|n| {
+                crate::hardware::canonical_preset(n).map_or(n.to_ascii_lowercase(), Into::into)
+            })
+        };
+        if top.preset.is_some() && device(&top.preset) != device(&self.preset) {
             self.peak_tflops = None;
             self.emulated = None;
         }

@@ -62,12 +62,16 @@ pub fn choose(hw: &Hardware, requested: Option<Precision>) -> PrecisionChoice {
         match hw.dtype(d) {
             Some(s) => {
                 if !s.native {
+                    // Its rates are the figures given for the dtype (a preset's may be
+                    // another CPU's bf16 hardware): no claim that they beat fp32's.
                     warnings.push(format!(
-                        "{} was requested but {} only emulates it ({} vs {} in fp32)",
+                        "{} was requested but {} has no hardware for it (emulated): the plan \
+                         takes the figures it has ({}), which an emulated step may fall far \
+                         short of, and fp32 may train faster (--precision auto lets decision \
+                         (b) choose)",
                         req.name(),
                         hw.name,
                         tflops(hw, d),
-                        tflops(hw, Dtype::Fp32)
                     ));
                 }
                 return PrecisionChoice {

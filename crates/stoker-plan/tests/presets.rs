@@ -326,7 +326,8 @@ fn an_emulated_dtype_is_planned_on_request_but_never_picked() {
     let p = cpu("training = { precision = \"bf16\" }");
     assert_eq!(p.inputs.setup.precision, Precision::Bf16);
     assert!(
-        p.decision.warnings[0].starts_with("bf16 was requested but cpu only emulates it"),
+        p.decision.warnings[0]
+            .starts_with("bf16 was requested but cpu has no hardware for it (emulated)"),
         "{:?}",
         p.decision.warnings
     );
@@ -365,6 +366,17 @@ fn an_emulated_dtype_is_planned_on_request_but_never_picked() {
         fp32(&r.hardware),
         fp32(&hardware::preset("h100-80gb").unwrap())
     );
+    // An alias or another case of the same preset is the same device: nothing dropped.
+    for alias in ["cpu-only", "CPU"] {
+        let flags = stoker_plan::input::PlanInput::from_toml_str(
+            "flags.toml",
+            &format!("hardware = {{ preset = \"{alias}\" }}"),
+        )
+        .unwrap();
+        let r = stoker_plan::resolve::resolve(&input, None, &flags).unwrap();
+        assert_eq!(fp32(&r.hardware), 0.03e12, "{alias}");
+        assert_eq!(r.precision.precision, Precision::Fp32, "{alias}");
+    }
     // `auto` in a plan file is no request: the planner's choice.
     let p = plan(
         "model = { preset = \"gpt2-124m\" }\nhardware = { preset = \"h100-80gb\" }\n\

@@ -133,11 +133,12 @@ impl ScalerConfig {
             }
             ScalerConfig::Static(_) => Ok(()),
             ScalerConfig::Dynamic(c) => {
-                if !(c.init_scale.is_finite() && c.init_scale > 0.0) {
+                if !(c.init_scale.is_finite() && c.init_scale >= f32::MIN_POSITIVE) {
                     bad(
                         "init_scale",
                         c.init_scale.to_string(),
-                        "must be finite and > 0",
+                        "must be finite and at least 2^-126 (f32's least normal, the lowest \
+                         a dynamic scale goes)",
                     )
                 } else if !(c.growth_factor.is_finite() && c.growth_factor > 1.0) {
                     bad(
@@ -424,7 +425,16 @@ impl LossScaler {
                 state.scale
             )));
         }
-        self.state = state;
+        // A dynamic scale saved below f32's least normal (before 2026-12-07 torch's could
+        // reach 0) goes on from there, where a scaled loss still has a gradient.
+        let floor = match &state.config {
+            ScalerConfig::Dynamic(_) => f32::MIN_POSITIVE,
+            ScalerConfig::Static(_) => 0.0,
+        };
+        self.state = ScalerState {
+            scale: state.scale.max(floor),
+            ..state
+        };
         self.pending_names.clear();
         Ok(())
     }
@@ -635,6 +645,24 @@ mod tests {
             saved.under(dynamic(|c| c.hysteresis = 0)),
             Err(PrecisionError::InvalidConfig {
                 field: "hysteresis",
+                ..
+            })
+        ));
+    }
+
+    /// A state saved at a scale of 0 (torch's collapse, before the floor) resumes at 2^-126,
+    /// and a first scale below it is refused.
+    #[test]
+    fn a_scale_below_the_least_normal_is_raised_or_refused() {
+        let mut s = LossScaler::new(ScalerConfig::torch()).unwrap();
+        let mut st = s.state().clone();
+        st.scale = 0.0;
+        s.restore(st).unwrap();
+        assert_eq!(s.scale(), f32::MIN_POSITIVE);
+        assert!(matches!(
+            LossScaler::new(dynamic(|c| c.init_scale = 1e-40)),
+            Err(PrecisionError::InvalidConfig {
+                field: "init_scale",
                 ..
             })
         ));

@@ -140,24 +140,35 @@ impl LossScaleConfig {
 
     /// A DeepSpeed config's `fp16` scaler: the `deepspeed` preset with the keys it sets
     /// (`loss_scale` > 0 a fixed scale), so that a plan of it emits the scaler DeepSpeed
-    /// would run.
-    pub fn from_deepspeed(ds: &stoker_plan::deepspeed_fp16::DsLossScale) -> LossScaleConfig {
+    /// would run. What DeepSpeed has no key for (`stop_at_min_scale`, `growth_factor`,
+    /// `backoff_factor`) is kept from `base`, the training config's own table; the rest is
+    /// the DeepSpeed file's, its defaults included, as the later source.
+    pub fn from_deepspeed(
+        ds: &stoker_plan::deepspeed_fp16::DsLossScale,
+        base: Option<&LossScaleConfig>,
+    ) -> LossScaleConfig {
+        let kept = base.cloned().unwrap_or_default();
         let preset = ScalerPreset::Deepspeed;
+        let stop_at_min_scale = kept.stop_at_min_scale;
         if let Some(fixed) = ds.loss_scale.filter(|s| *s > 0.0) {
             return LossScaleConfig {
                 preset,
                 fixed: Some(fixed as f32),
+                stop_at_min_scale,
                 ..Default::default()
             };
         }
         LossScaleConfig {
             preset,
             init_scale: ds.initial_scale_power.map(|p| 2f32.powi(p)),
+            growth_factor: kept.growth_factor,
+            backoff_factor: kept.backoff_factor,
             growth_interval: ds.loss_scale_window,
             hysteresis: ds.hysteresis,
             consecutive_hysteresis: ds.consecutive_hysteresis,
             min_scale: ds.min_loss_scale.map(|m| m as f32),
-            ..Default::default()
+            stop_at_min_scale,
+            fixed: None,
         }
     }
 

@@ -690,7 +690,11 @@ pub(crate) fn planner_row(cfg: &TrainConfig, world: usize, per_host: usize) -> R
     // ranks really run on, over what a config emitted elsewhere says (`nodes = 1`).
     // (All ranks on one host are one node of `world` devices, also where the config was
     // emitted for another count.)
-    let cpu = matches!(h.preset.as_deref(), Some("cpu" | "cpu-only"));
+    let cpu = h
+        .preset
+        .as_deref()
+        .and_then(stoker_plan::hardware::canonical_preset)
+        == Some("cpu");
     if cpu && per_host >= 1 && per_host <= world && world.is_multiple_of(per_host) {
         h.nodes = Some((world / per_host) as i64);
         h.devices_per_node = Some(per_host as i64);

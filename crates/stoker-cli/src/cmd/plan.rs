@@ -529,6 +529,20 @@ fn plan_inputs(args: &PlanArgs, cli: &PlanInput, say: &dyn Fn(&str)) -> anyhow::
                 })?;
             }
             let input = if args.calibrate {
+                // This machine's figures, not another device's with them laid over.
+                let named = cli
+                    .hardware
+                    .preset
+                    .clone()
+                    .or_else(|| cfg.plan.as_ref().and_then(|s| s.hardware.preset.clone()));
+                if let Some(p) =
+                    named.filter(|p| stoker_plan::hardware::canonical_preset(p) != Some("cpu"))
+                {
+                    anyhow::bail!(
+                        "--calibrate measures this machine, and the plan names the `{p}` \
+                         preset: give one or the other"
+                    );
+                }
                 let at_once = args.calibrate_ranks_at_once.map_or(ranks, |n| n as usize);
                 crate::candle_threads::share_cores_with_candle(
                     stoker_train::machine::rank_threads(&cfg, at_once),
@@ -714,10 +728,18 @@ fn on_this_machine(
         .clone()
         .or(section_hw.and_then(|h| h.preset.clone()));
     let given = cli.hardware.emulated.is_some() || section_hw.is_some_and(|h| h.emulated.is_some());
-    if cfg.device == "cpu" && matches!(preset.as_deref(), Some("cpu" | "cpu-only")) && !given {
+    let cpu = preset
+        .as_deref()
+        .and_then(stoker_plan::hardware::canonical_preset)
+        == Some("cpu");
+    if cfg.device == "cpu" && cpu && !given {
         let section = planned.plan.get_or_insert_with(Default::default);
-        // The same preset as the command line's, so that its overlay keeps the mark.
-        section.hardware.preset = preset;
+        // The command line's preset laid on the section's (whose figures go where it names
+        // another device), so that the command line's overlay keeps the mark.
+        section.hardware.overlay(&HardwareInput {
+            preset,
+            ..Default::default()
+        });
         section.hardware.emulated = stoker_train::machine::emulated_dtypes();
     }
     Ok((planned, line, loader, on_preset))
@@ -805,7 +827,10 @@ fn emit(
     // out elsewhere).
     if let Some(s) = ds.and_then(|d| d.fp16_scaler.as_ref()) {
         if cfg.precision.needs_loss_scaling() {
-            cfg.loss_scale = Some(stoker_train::loss_scale::LossScaleConfig::from_deepspeed(s));
+            let own = cfg.loss_scale.as_ref();
+            cfg.loss_scale = Some(stoker_train::loss_scale::LossScaleConfig::from_deepspeed(
+                s, own,
+            ));
         }
     }
     if let Some(d) = &args.run_dir {
