@@ -2,7 +2,7 @@
 //! config and emit the chosen one, `stoker tune loader --from-plan --write-config` with the
 //! plan's need, then `stoker train` on the emitted file as is.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const STOKER: &str = env!("CARGO_BIN_EXE_stoker");
@@ -42,6 +42,33 @@ fn write_corpus(dir: &Path, len: u32, vocab: u32) -> std::path::PathBuf {
         .collect();
     stoker_data::tokens::write_tokens(&corpus, &tokens, stoker_data::TokenFormat::Llmc).unwrap();
     corpus
+}
+
+/// The standard error of `stoker ARGS` (no machine profile), which must fail.
+fn stoker_refuses(args: &[&str]) -> String {
+    let o = Command::new(STOKER)
+        .args(args)
+        .env("STOKER_PROFILE", "off")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!o.status.success(), "stoker {args:?} succeeded:\n{err}");
+    err
+}
+
+/// A one-block GPT's training config at `dir/NAME.toml` over `corpus`, its run in
+/// `dir/run`: `top` holds lines before its tables, `tables` tables after them.
+fn tiny_gpt_config(dir: &Path, name: &str, corpus: &Path, top: &str, tables: &str) -> PathBuf {
+    let path = dir.join(format!("{name}.toml"));
+    let text = format!(
+        "run_dir = {:?}\n{top}[data]\ntrain = {:?}\n[model]\nkind = \"gpt\"\nvocab = 24\n\
+         context = 32\nd_model = 32\nn_layer = 1\nn_head = 2\n[batch]\nmicro_batch = 4\n\
+         [optimizer]\nkind = \"adamw\"\nlr = 1e-3\n[train]\nsteps = 2\n{tables}",
+        s(&dir.join("run")),
+        s(corpus)
+    );
+    std::fs::write(&path, text).unwrap();
+    path
 }
 
 /// A plan file with `[model] params` alone plans model states only, as `--params` alone does
@@ -153,19 +180,8 @@ fn a_bf16_gpt_s_resident_set_is_within_10_percent_of_its_forecast() {
 fn a_plan_warns_of_an_emulated_precision_as_the_run_does() {
     let tmp = tempfile::tempdir().unwrap();
     let corpus = write_corpus(tmp.path(), 4_000, 24);
-    let cfg = tmp.path().join("composed.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "run_dir = {:?}\nprecision = \"bf16\"\nstep = \"graph\"\nkernels = \"composed\"\n\
-             [data]\ntrain = {:?}\n[model]\nkind = \"gpt\"\nvocab = 24\ncontext = 32\n\
-             d_model = 32\nn_layer = 1\nn_head = 2\n[batch]\nmicro_batch = 4\n\
-             [optimizer]\nkind = \"adamw\"\nlr = 1e-3\n[train]\nsteps = 2\n",
-            s(&tmp.path().join("run")),
-            s(&corpus)
-        ),
-    )
-    .unwrap();
+    let top = "precision = \"bf16\"\nstep = \"graph\"\nkernels = \"composed\"\n";
+    let cfg = tiny_gpt_config(tmp.path(), "composed", &corpus, top, "");
     let warning = "warning: precision = \"bf16\" with kernels = \"composed\"";
     let plan = String::from_utf8_lossy(&stoker(&["plan", "--config", s(&cfg)]).stdout).into_owned();
     let dry = stoker(&["train", s(&cfg), "--dry-run"]);
@@ -193,20 +209,11 @@ fn a_plan_warns_of_an_emulated_precision_as_the_run_does() {
 fn precision_auto_is_decision_b_on_this_machine() {
     let tmp = tempfile::tempdir().unwrap();
     let corpus = write_corpus(tmp.path(), 4_000, 24);
-    let cfg = tmp.path().join("fp16.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "run_dir = {:?}
-precision = \"fp16\"\n[data]\ntrain = {:?}\n[model]\n\
-             kind = \"gpt\"\nvocab = 24\ncontext = 32\nd_model = 32\nn_layer = 1\nn_head = 2\n\
-             [batch]\nmicro_batch = 4\n[optimizer]\nkind = \"adamw\"\nlr = 1e-3\n[train]\n\
-             steps = 2\n[loss_scale]\npreset = \"deepspeed\"\n",
-            s(&tmp.path().join("run")),
-            s(&corpus)
-        ),
-    )
-    .unwrap();
+    let (top, tables) = (
+        "precision = \"fp16\"\n",
+        "[loss_scale]\npreset = \"deepspeed\"\n",
+    );
+    let cfg = tiny_gpt_config(tmp.path(), "fp16", &corpus, top, tables);
     let emitted = tmp.path().join("emitted.toml");
     let o = stoker(&[
         "plan",
@@ -262,24 +269,16 @@ precision = \"fp16\"\n[data]\ntrain = {:?}\n[model]\n\
         "{text}"
     );
     // A calibration measures this machine: beside another device's preset, refused.
-    let o = Command::new(STOKER)
-        .args([
-            "plan",
-            "--config",
-            s(&cfg),
-            "--calibrate",
-            "--hardware",
-            "h100",
-        ])
-        .env("STOKER_PROFILE", "off")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
+    let err = stoker_refuses(&[
+        "plan",
+        "--config",
+        s(&cfg),
+        "--calibrate",
+        "--hardware",
+        "h100",
+    ]);
     assert!(
-        !o.status.success()
-            && err.contains(
-                "--calibrate measures this machine, and the plan names the `h100` preset"
-            ),
+        err.contains("--calibrate measures this machine, and the plan names the `h100` preset"),
         "{err}"
     );
     // A DeepSpeed config that enables fp16 would set the precision over the choice:
@@ -291,23 +290,17 @@ precision = \"fp16\"\n[data]\ntrain = {:?}\n[model]\n\
     )
     .unwrap();
     for config in [s(&cfg), s(&file)] {
-        let o = Command::new(STOKER)
-            .args([
-                "plan",
-                "--config",
-                config,
-                "--precision",
-                "auto",
-                "--deepspeed",
-                s(&ds),
-            ])
-            .env("STOKER_PROFILE", "off")
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
+        let err = stoker_refuses(&[
+            "plan",
+            "--config",
+            config,
+            "--precision",
+            "auto",
+            "--deepspeed",
+            s(&ds),
+        ]);
         assert!(
-            !o.status.success()
-                && err.contains("--precision auto: the DeepSpeed config enables fp16"),
+            err.contains("--precision auto: the DeepSpeed config enables fp16"),
             "{config}: {err}"
         );
     }
@@ -336,58 +329,31 @@ precision = \"fp16\"\n[data]\ntrain = {:?}\n[model]\n\
 fn a_deepspeed_config_s_fp16_scaler_is_emitted_as_loss_scale() {
     let tmp = tempfile::tempdir().unwrap();
     let corpus = write_corpus(tmp.path(), 4_000, 24);
-    let cfg = tmp.path().join("fp32.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "run_dir = {:?}\n[data]\ntrain = {:?}\n[model]\nkind = \"gpt\"\nvocab = 24\n\
-             context = 32\nd_model = 32\nn_layer = 1\nn_head = 2\n[batch]\nmicro_batch = 4\n\
-             [optimizer]\nkind = \"adamw\"\nlr = 1e-3\n[train]\nsteps = 2\n",
-            s(&tmp.path().join("run")),
-            s(&corpus)
-        ),
-    )
-    .unwrap();
+    let cfg = tiny_gpt_config(tmp.path(), "fp32", &corpus, "", "");
     // An fp16 config's own table: what DeepSpeed has no key for stays, the rest is the
     // DeepSpeed file's (its defaults included).
-    let own = tmp.path().join("fp16.toml");
-    let text = std::fs::read_to_string(&cfg).unwrap().replacen(
-        "run_dir",
-        "precision = \"fp16\"\nrun_dir",
-        1,
-    ) + "[loss_scale]\nhysteresis = 7\nstop_at_min_scale = false\n";
-    std::fs::write(&own, text).unwrap();
-    let ds = tmp.path().join("ds-own.json");
-    std::fs::write(
-        &ds,
-        r#"{"fp16": {"enabled": true, "loss_scale_window": 100}}"#,
-    )
-    .unwrap();
-    let emitted = tmp.path().join("emitted-own.toml");
-    stoker(&[
-        "plan",
-        "--config",
-        s(&own),
-        "--deepspeed",
-        s(&ds),
-        "--emit-config",
-        s(&emitted),
-    ]);
-    let written = std::fs::read_to_string(&emitted).unwrap();
-    assert!(
-        written.contains(
-            "[loss_scale]\npreset = \"deepspeed\"\ngrowth_interval = 100\nstop_at_min_scale = false\n"
-        ),
-        "{written}"
+    let own = tiny_gpt_config(
+        tmp.path(),
+        "fp16",
+        &corpus,
+        "precision = \"fp16\"\n",
+        "[loss_scale]\nhysteresis = 7\nstop_at_min_scale = false\n",
     );
-    for (fp16, want) in [
+    for (config, fp16, want) in [
         (
+            &own,
+            r#"{"enabled": true, "loss_scale_window": 100}"#,
+            "[loss_scale]\npreset = \"deepspeed\"\ngrowth_interval = 100\nstop_at_min_scale = false\n",
+        ),
+        (
+            &cfg,
             r#"{"enabled": true, "loss_scale": 0, "initial_scale_power": 12,
                 "loss_scale_window": 500, "hysteresis": 4, "min_loss_scale": 0.5}"#,
             "[loss_scale]\npreset = \"deepspeed\"\ninit_scale = 4096.0\ngrowth_interval = 500\n\
              hysteresis = 4\nmin_scale = 0.5\n",
         ),
         (
+            &cfg,
             r#"{"enabled": true, "loss_scale": 128}"#,
             "[loss_scale]\npreset = \"deepspeed\"\nfixed = 128.0\n",
         ),
@@ -398,7 +364,7 @@ fn a_deepspeed_config_s_fp16_scaler_is_emitted_as_loss_scale() {
         stoker(&[
             "plan",
             "--config",
-            s(&cfg),
+            s(config),
             "--deepspeed",
             s(&ds),
             "--emit-config",
@@ -467,34 +433,21 @@ fn plan_then_tune_then_train_runs_the_emitted_config_as_is() {
         ("--batch 17", "--batch", "17"),
         ("--context 63", "--context", "63"),
     ] {
-        let o = Command::new(STOKER)
-            .args([
-                "tune",
-                "loader",
-                s(&corpus),
-                flag,
-                value,
-                "--from-plan",
-                s(&emitted),
-            ])
-            .env("STOKER_PROFILE", "off")
-            .output()
-            .unwrap();
-        let e = String::from_utf8_lossy(&o.stderr);
-        assert!(
-            !o.status.success() && e.contains(&format!("{what}: ")),
-            "{e}"
-        );
+        let e = stoker_refuses(&[
+            "tune",
+            "loader",
+            s(&corpus),
+            flag,
+            value,
+            "--from-plan",
+            s(&emitted),
+        ]);
+        assert!(e.contains(&format!("{what}: ")), "{e}");
     }
     let other = tmp.path().join("other.bin");
     std::fs::copy(&corpus, &other).unwrap();
-    let o = Command::new(STOKER)
-        .args(["tune", "loader", s(&other), "--from-plan", s(&emitted)])
-        .env("STOKER_PROFILE", "off")
-        .output()
-        .unwrap();
-    let e = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && e.contains("(data.train)"), "{e}");
+    let e = stoker_refuses(&["tune", "loader", s(&other), "--from-plan", s(&emitted)]);
+    assert!(e.contains("(data.train)"), "{e}");
     // A comment of the user's own, which writing the loader keys keeps (before, the
     // config was re-serialized and lost every comment past its header).
     let mine = "# my own note on the model\n";
