@@ -251,6 +251,18 @@ fn a_profile_plans_a_config_that_gives_no_figures_and_gives_a_measured_step_back
     assert_eq!(bench.points[0].samples_per_s, 1000.0 * 128.0 / 16.0);
     assert_eq!(bench.sample_bytes, Some(2048 * 16 / 128));
     assert!(bench.dataset.unwrap().contains("windows of 16 tokens"));
+    // A Llama reads the same token windows: the same benchmark (before: none, and its plan
+    // took the chapter's starting point of workers).
+    let llama = common::gpt_config(tmp.path(), "fp32", 10, "").replacen(
+        "kind = \"gpt\"",
+        "kind = \"llama\"",
+        1,
+    );
+    let llama = TrainConfig::parse(&llama, Path::new("llama.toml")).unwrap();
+    assert_eq!(
+        profile.loader_for(&llama).unwrap().points,
+        profile.loader_for(&cfg).unwrap().points
+    );
 
     // The config's own figures win, and so does another preset or device.
     for extra in [

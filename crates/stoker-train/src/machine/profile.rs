@@ -316,17 +316,17 @@ impl MachineProfile {
         }
     }
 
-    /// The profile's loader rates as the loader benchmark of `cfg`'s plan: a GPT reads
-    /// token windows, and each point's samples/s is scaled from the probe's window to the
-    /// config's by their bytes (the rate per byte held; where per-sample costs dominate,
-    /// longer windows come out slower than they are, on the safe side). None where the
-    /// profile measured no loader or `cfg` is not a GPT.
+    /// The profile's loader rates as the loader benchmark of `cfg`'s plan: a token model
+    /// (GPT or Llama) reads token windows, and each point's samples/s is scaled from the
+    /// probe's window to the config's by their bytes (the rate per byte held; where
+    /// per-sample costs dominate, longer windows come out slower than they are, on the
+    /// safe side). None where the profile measured no loader or `cfg` reads no token
+    /// windows. (Until 2026-12-07 a Llama got none, and its plan took the chapter's
+    /// starting point of workers where the GPT's took 0.)
     pub fn loader_for(&self, cfg: &TrainConfig) -> Option<LoaderBench> {
-        let ModelConfig::Gpt(g) = &cfg.model else {
-            return None;
-        };
+        let context = cfg.model.context()?;
         let probe = self.loader.as_ref()?;
-        let scale = probe.context.max(1) as f64 / g.context.max(1) as f64;
+        let scale = probe.context.max(1) as f64 / context.max(1) as f64;
         let mut bench = probe.bench.clone();
         for p in &mut bench.points {
             p.samples_per_s *= scale;
@@ -337,7 +337,7 @@ impl MachineProfile {
         bench.dataset = Some(format!(
             "{}, scaled to windows of {} tokens (this machine's profile {})",
             probe.bench.dataset.as_deref().unwrap_or("token windows"),
-            g.context,
+            context,
             self.path.display()
         ));
         Some(bench)
