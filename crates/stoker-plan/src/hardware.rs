@@ -113,6 +113,12 @@ pub fn canonical_preset(name: &str) -> Option<&'static str> {
     }
 }
 
+/// Whether `name` is the `cpu` preset, in any case or alias: the preset a CPU config's
+/// plan of this machine is made on.
+pub fn is_cpu_preset(name: &str) -> bool {
+    canonical_preset(name) == Some("cpu")
+}
+
 /// Looks up a hardware preset (case-insensitive); unknown names list the known ones.
 pub fn preset(name: &str) -> Result<Hardware> {
     let key = canonical_preset(name).unwrap_or_default();

@@ -470,13 +470,7 @@ fn resolve_training(t: &TrainingInput, model: &ModelSpec, hw: &Hardware) -> Resu
         }
         (None, None) => (None, None),
     };
-    // `auto` is no request: decision (b) picks.
-    let requested = t
-        .precision
-        .as_deref()
-        .filter(|p| !p.eq_ignore_ascii_case("auto"))
-        .map(|p| Precision::parse("training.precision", p))
-        .transpose()?;
+    let requested = Precision::requested("training.precision", t.precision.as_deref())?;
     let precision = precision::choose(hw, requested);
     if hw.dtype(precision.precision.compute_dtype()).is_none() {
         return Err(PlanError::Missing {

@@ -54,6 +54,15 @@ pub enum Precision {
 }
 
 impl Precision {
+    /// The precision a `training.precision` value asks for: None where it is unset or
+    /// `auto` (any case), which leave decision (b) to choose; the one place `auto` is read.
+    pub fn requested(field: &str, value: Option<&str>) -> Result<Option<Self>> {
+        value
+            .filter(|p| !p.eq_ignore_ascii_case("auto"))
+            .map(|p| Self::parse(field, p))
+            .transpose()
+    }
+
     /// Parses a precision name.
     pub fn parse(field: &str, s: &str) -> Result<Self> {
         match s.to_ascii_lowercase().as_str() {

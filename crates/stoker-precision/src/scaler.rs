@@ -80,6 +80,15 @@ pub struct DynamicConfig {
     pub deepspeed_window: bool,
 }
 
+impl DynamicConfig {
+    /// The lowest the scale backs off to: `min_scale`, and never below f32's least normal
+    /// (2^-126), where a scaled loss still has a gradient (a product by 0 leaves candle's
+    /// backward nothing to differentiate).
+    pub fn floor(&self) -> f32 {
+        self.min_scale.max(f32::MIN_POSITIVE)
+    }
+}
+
 /// How the loss is scaled.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum ScalerConfig {
@@ -230,7 +239,7 @@ impl ScalerState {
         }
         let (scale, hysteresis_left, uncounted_step_pending) = match &config {
             ScalerConfig::Dynamic(c) => (
-                self.scale.max(c.min_scale),
+                self.scale.max(c.floor()),
                 self.hysteresis_left.clamp(1, c.hysteresis),
                 self.uncounted_step_pending && c.deepspeed_window,
             ),
@@ -348,9 +357,7 @@ impl LossScaler {
                 if st.hysteresis_left > 1 {
                     st.hysteresis_left -= 1;
                 } else {
-                    // Never 0: a product by 0 leaves a backward nothing to differentiate
-                    // (candle prunes it), so a floor of 0 is f32's least normal.
-                    let floor = c.min_scale.max(f32::MIN_POSITIVE);
+                    let floor = c.floor();
                     // DeepSpeed's condition for "Current loss scale already at minimum":
                     // this overflow cannot lower the scale.
                     at_min_scale = st.scale <= floor;
@@ -425,10 +432,10 @@ impl LossScaler {
                 state.scale
             )));
         }
-        // A dynamic scale saved below f32's least normal (before 2026-12-07 torch's could
-        // reach 0) goes on from there, where a scaled loss still has a gradient.
+        // A dynamic scale saved below its floor (before 2026-12-07 torch's could reach 0)
+        // goes on from the floor, where a scaled loss still has a gradient.
         let floor = match &state.config {
-            ScalerConfig::Dynamic(_) => f32::MIN_POSITIVE,
+            ScalerConfig::Dynamic(c) => c.floor(),
             ScalerConfig::Static(_) => 0.0,
         };
         self.state = ScalerState {

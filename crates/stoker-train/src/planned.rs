@@ -157,14 +157,14 @@ pub fn plan_input(cfg: &TrainConfig, flags: &PlanInput) -> Result<PlanInput> {
     input.training.overlay(&flags.training);
     pin_world(cfg, &mut input)?;
     // The path the run will take at the precision planned (a `--precision` flag may
-    // change it: fp16 and fp8 run on candle's graph).
-    let precision = match input.training.precision.as_deref() {
-        Some(p) => PlanPrecision::parse("training.precision", p)
+    // change it: fp16 and fp8 run on candle's graph; `auto` has been settled into the
+    // config by then, and a bad name is the resolver's to refuse).
+    let precision =
+        PlanPrecision::requested("training.precision", input.training.precision.as_deref())
             .ok()
+            .flatten()
             .and_then(|p| train_precision(p).ok())
-            .unwrap_or(cfg.precision),
-        None => cfg.precision,
-    };
+            .unwrap_or(cfg.precision);
     if input.training.mfu.is_none() {
         input.training.forecast_mfu = resident_forecast_mfu(cfg, &input, precision)?;
     }
@@ -693,8 +693,7 @@ pub(crate) fn planner_row(cfg: &TrainConfig, world: usize, per_host: usize) -> R
     let cpu = h
         .preset
         .as_deref()
-        .and_then(stoker_plan::hardware::canonical_preset)
-        == Some("cpu");
+        .is_some_and(stoker_plan::hardware::is_cpu_preset);
     if cpu && per_host >= 1 && per_host <= world && world.is_multiple_of(per_host) {
         h.nodes = Some((world / per_host) as i64);
         h.devices_per_node = Some(per_host as i64);

@@ -266,8 +266,9 @@ impl PlanArgs {
                 seq_len: self.seq_len,
                 micro_batch: self.micro_batch,
                 accumulation_steps: self.accumulation_steps,
-                // `auto` is no precision: the planner's choice.
-                precision: self.precision.clone().filter(|_| !self.auto_precision()),
+                // `auto` goes on as it is: the planner reads it as no request, over a
+                // file's or a training config's precision (`Precision::requested`).
+                precision: self.precision.clone(),
                 optimizer: self.optimizer.clone(),
                 activation_checkpointing: self.activation_checkpointing,
                 // Set by a training config's kernels (`--config`), not a flag.
@@ -298,12 +299,7 @@ impl PlanArgs {
 fn print_states_only(input: &PlanInput, count: &Count) -> anyhow::Result<()> {
     let params = count.resolve("model.params")?;
     let t = &input.training;
-    let precision = t
-        .precision
-        .as_deref()
-        .filter(|s| !s.eq_ignore_ascii_case("auto"))
-        .map(|s| Precision::parse("training.precision", s))
-        .transpose()?
+    let precision = Precision::requested("training.precision", t.precision.as_deref())?
         .unwrap_or(Precision::Bf16);
     let optimizer = Optimizer::from_key(t.optimizer.as_deref())?;
     let worlds: Vec<u64> = match (input.hardware.nodes, input.hardware.devices_per_node) {
@@ -535,9 +531,7 @@ fn plan_inputs(args: &PlanArgs, cli: &PlanInput, say: &dyn Fn(&str)) -> anyhow::
                     .preset
                     .clone()
                     .or_else(|| cfg.plan.as_ref().and_then(|s| s.hardware.preset.clone()));
-                if let Some(p) =
-                    named.filter(|p| stoker_plan::hardware::canonical_preset(p) != Some("cpu"))
-                {
+                if let Some(p) = named.filter(|p| !stoker_plan::hardware::is_cpu_preset(p)) {
                     anyhow::bail!(
                         "--calibrate measures this machine, and the plan names the `{p}` \
                          preset: give one or the other"
@@ -575,21 +569,9 @@ fn plan_inputs(args: &PlanArgs, cli: &PlanInput, say: &dyn Fn(&str)) -> anyhow::
                 stoker_train::planned::plan_input(&planned, cli)
             }
             .with_context(|| format!("planning the training config {}", p.display()))?;
-            let mut input = input;
-            if args.auto_precision() {
-                // The planner says why, on the hardware it chose it for.
-                input.training.precision = None;
-            }
             (input, Some(cfg), loader)
         }
-        Some(p) => {
-            let mut file = PlanInput::from_toml_file(p)?;
-            if args.auto_precision() {
-                // The file's own precision gives way to decision (b).
-                file.training.precision = None;
-            }
-            (file, None, None)
-        }
+        Some(p) => (PlanInput::from_toml_file(p)?, None, None),
         None => (PlanInput::default(), None, None),
     };
     Ok(Inputs {
@@ -730,8 +712,7 @@ fn on_this_machine(
     let given = cli.hardware.emulated.is_some() || section_hw.is_some_and(|h| h.emulated.is_some());
     let cpu = preset
         .as_deref()
-        .and_then(stoker_plan::hardware::canonical_preset)
-        == Some("cpu");
+        .is_some_and(stoker_plan::hardware::is_cpu_preset);
     if cfg.device == "cpu" && cpu && !given {
         let section = planned.plan.get_or_insert_with(Default::default);
         // The command line's preset laid on the section's (whose figures go where it names

@@ -392,7 +392,7 @@ impl MachineProfile {
         let hardware = section.map(|s| &s.hardware);
         if let Some(p) = hardware
             .and_then(|h| h.preset.as_deref())
-            .filter(|p| stoker_plan::hardware::canonical_preset(p) != Some("cpu"))
+            .filter(|p| !stoker_plan::hardware::is_cpu_preset(p))
         {
             return Err(format!("the config plans for the `{p}` preset"));
         }
@@ -443,7 +443,7 @@ impl MachineProfile {
         let named = flags
             .preset
             .as_deref()
-            .is_some_and(|p| stoker_plan::hardware::canonical_preset(p) != Some("cpu"))
+            .is_some_and(|p| !stoker_plan::hardware::is_cpu_preset(p))
             || flags.peak_tflops.is_some()
             || cli.training.mfu.is_some();
         let outcome = match named {
