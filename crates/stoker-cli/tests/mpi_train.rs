@@ -662,8 +662,9 @@ fn a_rank_with_bad_data_stops_the_whole_job_with_its_message() {
     );
 }
 
-/// An fp16 run that diverges (a learning rate of 1e30 sends the weights past f16's range,
-/// so every later gradient overflows at any scale) under `[loss_scale]`'s DeepSpeed preset:
+/// An fp16 run under ZeRO-1 that diverges (a learning rate of 1e30 sends the weights past
+/// f16's range, so every later gradient overflows at any scale) under `[loss_scale]`'s
+/// DeepSpeed preset (its ZeRO optimizers' scaler, which stops at the floor by default):
 /// both ranks skip the same steps while the scale backs off, then stop together at the
 /// step whose overflow finds the scale at its floor of 1, naming it; no rank is left
 /// waiting in a collective.
@@ -682,7 +683,7 @@ fn a_diverged_fp16_run_stops_every_rank_at_the_loss_scale_s_floor() {
         "fp16",
         "fused",
         40,
-        "[loss_scale]\npreset = \"deepspeed\"",
+        "strategy = \"zero1\"\n[loss_scale]\npreset = \"deepspeed\"",
     );
     let t = std::fs::read_to_string(&c)
         .unwrap()

@@ -3,9 +3,10 @@
 //! `loss_scale_window`, `hysteresis`, `consecutive_hysteresis` and `min_loss_scale`.
 //! Unset keys are DeepSpeed's defaults, which the trainer's `deepspeed` preset holds.
 //! A fixed `loss_scale` (> 0) reads no dynamic key, as DeepSpeed checks them only for a
-//! dynamic scale. Values must be JSON numbers and booleans (DeepSpeed also converts numeric
-//! strings); `min_loss_scale` may be a fraction (DeepSpeed's is an integer), and every
-//! scale must be an f32 scale (from 2^-126 to f32's largest).
+//! dynamic scale. Values must be JSON numbers and booleans (DeepSpeed reads them as given,
+//! so a numeric string fails there too, with a Python `TypeError`); `min_loss_scale` may be
+//! a fraction (DeepSpeed's is an integer), and every scale must be an f32 scale (from
+//! 2^-126 to f32's largest).
 
 use serde_json::Value;
 

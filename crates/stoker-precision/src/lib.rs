@@ -37,10 +37,12 @@
 //! scale backs off (`x backoff_factor`, after `hysteresis` overflows, never below
 //! `min_scale`); after `growth_interval` finite steps in a row it grows (`x growth_factor`,
 //! only if the result is finite). Presets: [`ScalerConfig::torch`] (2^16, x2 / 2000 steps,
-//! x0.5, no hysteresis, no floor) and [`ScalerConfig::deepspeed`] (2^16, window 1000,
-//! hysteresis 2, min 1, DeepSpeed's window count). Details and the exact arithmetic in
-//! [`scaler`]; reproduced step for step against a recorded torch trace and a transcription of
-//! DeepSpeed's `update_scale`.
+//! x0.5, no hysteresis, no floor), [`ScalerConfig::deepspeed`] (DeepSpeed's
+//! `DynamicLossScaler`, its ZeRO stages' scaler: 2^16, window 1000, hysteresis 2, min 1) and
+//! [`ScalerConfig::deepspeed_fp16_optimizer`] (DeepSpeed's `FP16_Optimizer`, fp16 without
+//! ZeRO: no hysteresis, its window counted from the step after an overflow). Details and the
+//! exact arithmetic in [`scaler`]; reproduced step for step against a recorded torch trace
+//! and transcriptions of both DeepSpeed update rules.
 //!
 //! # Autocast policy
 //!
@@ -73,5 +75,5 @@ pub use fp8_scaling::{
     AmaxComputeAlgo, DelayedScaler, DelayedScalingConfig, Fp8Tensor, RecipeFormat, TensorRole,
 };
 pub use overflow::{CollapseWarning, DiagnosticsConfig, OverflowReport, ParamSpan, ParamTable};
-pub use scaler::{DynamicConfig, LossScaler, ScalerConfig, ScalerState, StepDecision};
+pub use scaler::{DynamicConfig, LossScaler, ScalerConfig, ScalerState, ShownScale, StepDecision};
 pub use stochastic::StochasticRounder;

@@ -12,6 +12,7 @@
 use std::fmt;
 
 use crate::error::{PrecisionError, Result};
+use crate::scaler::ShownScale;
 
 /// One parameter's place in the flat gradient buffer.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -163,8 +164,12 @@ impl fmt::Display for CollapseWarning {
         // keeps halving, and below 1 it shrinks the loss rather than protecting it.
         // The count is of the steps at or below the floor, not of the whole run of skips
         // (which the step's own report gives): said so, not "N in a row" beside another N.
-        let (at, floor, n) = (self.scale, self.floor, self.consecutive_at_floor);
-        let state = match at < floor {
+        let (at, floor, n) = (
+            ShownScale(self.scale),
+            ShownScale(self.floor),
+            self.consecutive_at_floor,
+        );
+        let state = match self.scale < self.floor {
             true => format!(
                 "has been below {floor} for the last {n} overflowing steps ({at} on this one)"
             ),
@@ -226,7 +231,10 @@ impl OverflowReport {
     pub fn summary(&self) -> String {
         let mut s = format!(
             "inf/NaN gradients (skip #{}, {} in a row); loss scale {} -> {}",
-            self.total_skips, self.consecutive_skips, self.scale_before, self.scale_after
+            self.total_skips,
+            self.consecutive_skips,
+            ShownScale(self.scale_before),
+            ShownScale(self.scale_after)
         );
         if !self.nonfinite_params.is_empty() {
             s += &format!("; non-finite: {}", self.nonfinite_params.join(", "));

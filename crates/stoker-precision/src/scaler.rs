@@ -34,23 +34,48 @@
 //! (checked step by step against a recorded torch trace in
 //! `tests/scaler_torch.rs`), including its arithmetic: the factors are f64 like torch's Python
 //! floats, the product is rounded once to the f32 scale, and unscaling multiplies by the f32
-//! reciprocal `(1.0f64 / scale) as f32`. DeepSpeed's `DynamicLossScaler` (`loss_scale_window`
-//! = `growth_interval`, `delayed_shift` = `hysteresis`, `min_scale`, `consecutive_hysteresis`)
-//! is the same rule with `deepspeed_window` set (its window counts iterations since the last
-//! overflow, minus one; checked against a transcription of DeepSpeed's `update_scale` in
-//! `tests/scaler_deepspeed.rs`); its scale is a Python float, so it has no finiteness check
-//! on growth.
-//! The [`ScalerConfig::deepspeed`] preset uses DeepSpeed's fp16 defaults. Where DeepSpeed can
-//! raise "Current loss scale already at minimum" (`raise_error_at_min_scale`), this scaler
-//! keeps going: the skip report says so ([`OverflowReport::at_min_scale`], on DeepSpeed's
-//! condition) and attaches a [`crate::CollapseWarning`] after a few such steps, for the
-//! caller to say (the run's skipped-step line does); stopping is the trainer's call.
+//! reciprocal `(1.0f64 / scale) as f32`.
+//!
+//! DeepSpeed has two fp16 scalers, each checked against a transcription of its Python in
+//! `tests/scaler_deepspeed.rs` (DeepSpeed's scale is a Python float, so it has no
+//! finiteness check on growth):
+//! - `DynamicLossScaler`, which its ZeRO optimizers (stages 1-3) run, is this rule
+//!   (`loss_scale_window` = `growth_interval`, `delayed_shift` = `hysteresis`,
+//!   `min_scale`, `consecutive_hysteresis`): [`ScalerConfig::deepspeed`];
+//! - `FP16_Optimizer`'s own `_update_scale`, which runs fp16 without ZeRO (stage 0), has
+//!   no hysteresis and counts its window from the step after an overflow (or the start):
+//!   this rule with `deepspeed_window` set, [`ScalerConfig::deepspeed_fp16_optimizer`].
+//!
+//! A first scale below `min_scale` is allowed, as DeepSpeed allows it (a negative
+//! `initial_scale_power`): the first back-off raises it to the floor.
+//! Where `DynamicLossScaler` can raise "Current loss scale already at minimum"
+//! (`raise_error_at_min_scale`), this scaler keeps going: the skip report says so
+//! ([`OverflowReport::at_min_scale`], on DeepSpeed's condition: the scale equals the floor
+//! and no hysteresis credit is left) and attaches a [`crate::CollapseWarning`] after a few
+//! such steps, for the caller to say (the run's skipped-step line does); stopping is the
+//! trainer's call.
 //!
 //! A static scale never changes; a step with inf/NaN gradients is still skipped (applying
 //! them would destroy the weights), and reported like a dynamic one.
 
 use crate::error::{PrecisionError, Result};
 use crate::overflow::{DiagnosticsConfig, OverflowCounters, OverflowReport, ParamTable};
+
+/// A loss scale as a person reads it: plain from 1e-4 to 1e16 (`65536`, `0.25`), in
+/// exponent form beyond (`1.1754944e-38` for 2^-126, not its 45-digit decimal).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ShownScale(pub f32);
+
+impl std::fmt::Display for ShownScale {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let a = self.0.abs();
+        if a == 0.0 || !a.is_finite() || (1e-4..1e16).contains(&a) {
+            write!(f, "{}", self.0)
+        } else {
+            write!(f, "{:e}", self.0)
+        }
+    }
+}
 
 /// Dynamic loss-scale settings (torch names; DeepSpeed's in the field docs).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -71,11 +96,11 @@ pub struct DynamicConfig {
     pub consecutive_hysteresis: bool,
     /// The scale never backs off below this (torch: 0, no floor; DeepSpeed `min_loss_scale` 1).
     pub min_scale: f32,
-    /// DeepSpeed's window count: the first finite step after an overflow (or after the start)
-    /// does not count toward growth, so the first growth comes on the `growth_interval + 1`-th
-    /// clean step and later ones every `growth_interval` steps. This is DeepSpeed's current
-    /// `update_scale` (`stable_interval = cur_iter - last_overflow_iter - 1`, grow when it is a
-    /// positive multiple of `scale_window`). torch: false.
+    /// DeepSpeed `FP16_Optimizer`'s window count: the first finite step after an overflow
+    /// (or after the start) does not count toward growth, so the first growth comes on the
+    /// `growth_interval + 1`-th clean step and later ones every `growth_interval` steps
+    /// (`stable_interval = cur_iter - last_overflow_iter - 1`, grow when it is a positive
+    /// multiple of `scale_window`). torch and DeepSpeed's `DynamicLossScaler`: false.
     #[serde(default)]
     pub deepspeed_window: bool,
 }
@@ -113,7 +138,9 @@ impl ScalerConfig {
         })
     }
 
-    /// DeepSpeed's fp16 defaults: 2^16, window 1000, hysteresis 2, min_loss_scale 1.
+    /// DeepSpeed's `DynamicLossScaler` with its fp16 defaults, as its ZeRO optimizers run
+    /// it: 2^16, x2 after 1,000 finite steps, x0.5 on an overflow, hysteresis 2,
+    /// min_loss_scale 1.
     pub fn deepspeed() -> Self {
         ScalerConfig::Dynamic(DynamicConfig {
             init_scale: 65536.0,
@@ -121,6 +148,22 @@ impl ScalerConfig {
             backoff_factor: 0.5,
             growth_interval: 1000,
             hysteresis: 2,
+            consecutive_hysteresis: false,
+            min_scale: 1.0,
+            deepspeed_window: false,
+        })
+    }
+
+    /// DeepSpeed's `FP16_Optimizer` with its fp16 defaults, as fp16 without ZeRO runs it:
+    /// 2^16, x2 after 1,000 finite steps counted from the step after an overflow, x0.5 on
+    /// an overflow, no hysteresis (it ignores the key), min_loss_scale 1.
+    pub fn deepspeed_fp16_optimizer() -> Self {
+        ScalerConfig::Dynamic(DynamicConfig {
+            init_scale: 65536.0,
+            growth_factor: 2.0,
+            backoff_factor: 0.5,
+            growth_interval: 1000,
+            hysteresis: 1,
             consecutive_hysteresis: false,
             min_scale: 1.0,
             deepspeed_window: true,
@@ -174,12 +217,6 @@ impl ScalerConfig {
                         "min_scale",
                         c.min_scale.to_string(),
                         "must be finite and >= 0",
-                    )
-                } else if c.min_scale > c.init_scale {
-                    bad(
-                        "min_scale",
-                        c.min_scale.to_string(),
-                        "must be <= init_scale",
                     )
                 } else {
                     Ok(())
@@ -359,8 +396,8 @@ impl LossScaler {
                 } else {
                     let floor = c.floor();
                     // DeepSpeed's condition for "Current loss scale already at minimum":
-                    // this overflow cannot lower the scale.
-                    at_min_scale = st.scale <= floor;
+                    // the scale is the floor (a first scale below it is raised to it).
+                    at_min_scale = st.scale == floor;
                     let next = (st.scale as f64 * c.backoff_factor) as f32;
                     st.scale = next.max(floor);
                 }
@@ -468,7 +505,8 @@ mod tests {
             dynamic(|c| c.growth_interval = 0),
             dynamic(|c| c.hysteresis = 0),
             dynamic(|c| c.init_scale = f32::INFINITY),
-            dynamic(|c| c.min_scale = 1e9),
+            dynamic(|c| c.min_scale = f32::NAN),
+            dynamic(|c| c.min_scale = -1.0),
             ScalerConfig::Static(0.0),
         ] {
             assert!(matches!(
@@ -524,6 +562,23 @@ mod tests {
     }
 
     #[test]
+    fn scales_are_shown_plain_or_in_exponent_form() {
+        for (scale, shown) in [
+            (65536.0, "65536"),
+            (1.0, "1"),
+            (0.25, "0.25"),
+            (2f32.powi(-13), "0.00012207031"),
+            (2f32.powi(-14), "6.1035156e-5"),
+            (f32::MIN_POSITIVE, "1.1754944e-38"),
+            (2f32.powi(60), "1.1529215e18"),
+            (0.0, "0"),
+            (f32::INFINITY, "inf"),
+        ] {
+            assert_eq!(ShownScale(scale).to_string(), shown);
+        }
+    }
+
+    #[test]
     fn static_scale_skips_but_never_changes() {
         let mut s = LossScaler::new(ScalerConfig::Static(128.0)).unwrap();
         assert_eq!(s.scale_loss(0.5), 64.0);
@@ -574,7 +629,7 @@ mod tests {
         let msg = r.collapse.expect("collapse warning").to_string();
         assert!(
             msg.contains(
-                "has been below 1 for the last 24 overflowing steps (0.00000011920929 on this one)"
+                "has been below 1 for the last 24 overflowing steps (1.1920929e-7 on this one)"
             ),
             "{msg}"
         );

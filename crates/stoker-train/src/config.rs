@@ -976,12 +976,15 @@ impl TrainConfig {
                 ),
             ));
         }
-        ls.scaler().map(|_| ())
+        ls.scaler(self.parallel.strategy).map(|_| ())
     }
 
     /// The fp16 loss scaler's settings: `[loss_scale]`'s, or torch's `GradScaler`.
     pub fn loss_scaler(&self) -> Result<stoker_precision::ScalerConfig> {
-        self.loss_scale.clone().unwrap_or_default().scaler()
+        self.loss_scale
+            .clone()
+            .unwrap_or_default()
+            .scaler(self.parallel.strategy)
     }
 
     /// Whether an fp16 overflow with the scale at its floor stops the run
@@ -989,7 +992,7 @@ impl TrainConfig {
     pub fn stops_at_min_scale(&self) -> bool {
         self.loss_scale
             .as_ref()
-            .is_some_and(LossScaleConfig::stops_at_min_scale)
+            .is_some_and(|ls| ls.stops_at_min_scale(self.parallel.strategy))
     }
 
     /// What ZeRO-3 cannot serve: deterministic mode, FSDP's `no_sync`.

@@ -61,10 +61,11 @@ pub enum TrainError {
     /// An fp16 overflow found the loss scale already at its floor, and `[loss_scale]`
     /// stops the run there.
     #[error(
-        "step {step}: fp16 overflow with the loss scale already at its minimum ({scale}): \
+        "step {step}: fp16 overflow with the loss scale already at its minimum ({shown}): \
          {detail}\nstopped, as loss_scale.stop_at_min_scale asks (DeepSpeed's \
          raise_error_at_min_scale); set it false to go on skipping such steps, as torch's \
-         GradScaler does"
+         GradScaler does",
+        shown = stoker_precision::ShownScale(*.scale)
     )]
     LossScaleAtMinimum {
         /// The step, counted from 1.

@@ -1,11 +1,12 @@
 //! `[loss_scale]`: the fp16 loss scaler's settings. torch's `GradScaler` by default, or
-//! DeepSpeed's fp16 defaults, each setting overridable under its torch name; and whether an
-//! overflow with the scale already at its floor stops the run (DeepSpeed's
-//! `raise_error_at_min_scale`) or is skipped like any other (torch's way).
+//! the scaler DeepSpeed would run for the run's strategy, each setting overridable under its
+//! torch name; and whether an overflow with the scale already at its floor stops the run
+//! (DeepSpeed's `raise_error_at_min_scale`) or is skipped like any other (torch's way).
 
 use serde::{Deserialize, Serialize};
 use stoker_precision::{PrecisionError, ScalerConfig};
 
+use crate::config::StrategyKind;
 use crate::error::{config_err, Result};
 
 /// Whose defaults the scaler starts from.
@@ -16,9 +17,12 @@ pub enum ScalerPreset {
     /// floor, and an overflow at any scale is skipped.
     #[default]
     Torch,
-    /// DeepSpeed's `fp16` defaults: 2^16 (`initial_scale_power` 16), `loss_scale_window`
-    /// 1,000, `hysteresis` 2, `min_loss_scale` 1, and an overflow at the floor stops the
-    /// run.
+    /// The scaler DeepSpeed runs for the strategy, with its `fp16` defaults (2^16,
+    /// `loss_scale_window` 1,000, `min_loss_scale` 1). Under ZeRO (`zero1`-`zero3`) its
+    /// ZeRO optimizers' `DynamicLossScaler`: `hysteresis` 2, and an overflow at the floor
+    /// stops the run. Under `ddp` or `none` (DeepSpeed's stage 0) its `FP16_Optimizer`: no
+    /// hysteresis, the window counted from the step after an overflow, and the run goes
+    /// on at the floor.
     Deepspeed,
 }
 
@@ -68,14 +72,16 @@ pub struct LossScaleConfig {
     pub min_scale: Option<f32>,
     /// Stop the run, naming the step and the overflowing parameters, when an overflow
     /// finds the scale already at `min_scale` (DeepSpeed's `raise_error_at_min_scale`).
-    /// Default: `deepspeed` stops, `torch` goes on skipping (its scale halves towards 0).
+    /// Default: `deepspeed` under ZeRO stops; `deepspeed` under `ddp` or `none` and `torch`
+    /// go on skipping (torch's scale halves down to 2^-126).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_at_min_scale: Option<bool>,
 }
 
 impl LossScaleConfig {
-    /// The scaler these settings describe; errors name the `loss_scale.` key.
-    pub fn scaler(&self) -> Result<ScalerConfig> {
+    /// The scaler these settings describe for a run under `strategy`; errors name the
+    /// `loss_scale.` key.
+    pub fn scaler(&self, strategy: StrategyKind) -> Result<ScalerConfig> {
         let config = match self.fixed {
             Some(scale) => {
                 if let Some(key) = self.dynamic_key_given() {
@@ -90,7 +96,10 @@ impl LossScaleConfig {
             None => {
                 let mut base = match self.preset {
                     ScalerPreset::Torch => ScalerConfig::torch(),
-                    ScalerPreset::Deepspeed => ScalerConfig::deepspeed(),
+                    ScalerPreset::Deepspeed if shards_with_zero(strategy) => {
+                        ScalerConfig::deepspeed()
+                    }
+                    ScalerPreset::Deepspeed => ScalerConfig::deepspeed_fp16_optimizer(),
                 };
                 if let ScalerConfig::Dynamic(c) = &mut base {
                     c.init_scale = self.init_scale.unwrap_or(c.init_scale);
@@ -114,20 +123,6 @@ impl LossScaleConfig {
                 reason,
                 ..
             }) => {
-                // A preset's floor above a given first scale: the key given is at fault.
-                if field == "min_scale" && self.min_scale.is_none() {
-                    if let (ScalerConfig::Dynamic(c), Some(init)) = (&config, self.init_scale) {
-                        return Err(config_err(
-                            "loss_scale.init_scale",
-                            format!(
-                                "{init}: below the {} preset's min_scale of {}; set min_scale \
-                                 too",
-                                self.preset.name(),
-                                c.min_scale
-                            ),
-                        ));
-                    }
-                }
                 let key = if field == "scale" { "fixed" } else { field };
                 Err(config_err(
                     format!("loss_scale.{key}"),
@@ -138,14 +133,17 @@ impl LossScaleConfig {
         }
     }
 
-    /// A DeepSpeed config's `fp16` scaler: the `deepspeed` preset with the keys it sets
-    /// (`loss_scale` > 0 a fixed scale), so that a plan of it emits the scaler DeepSpeed
-    /// would run. What DeepSpeed has no key for (`stop_at_min_scale`, `growth_factor`,
-    /// `backoff_factor`) is kept from `base`, the training config's own table; the rest is
-    /// the DeepSpeed file's, its defaults included, as the later source.
+    /// A DeepSpeed config's `fp16` scaler for a run under `strategy`: the `deepspeed`
+    /// preset with the keys it sets (`loss_scale` > 0 a fixed scale), so that a plan of it
+    /// emits the scaler DeepSpeed would run. What DeepSpeed has no key for
+    /// (`stop_at_min_scale`, `growth_factor`, `backoff_factor`) is kept from `base`, the
+    /// training config's own table; the rest is the DeepSpeed file's, its defaults
+    /// included, as the later source. Without ZeRO, DeepSpeed's `FP16_Optimizer` ignores
+    /// `hysteresis` and `consecutive_hysteresis`, and so does the emitted table.
     pub fn from_deepspeed(
         ds: &stoker_plan::deepspeed_fp16::DsLossScale,
         base: Option<&LossScaleConfig>,
+        strategy: StrategyKind,
     ) -> LossScaleConfig {
         let kept = base.cloned().unwrap_or_default();
         let preset = ScalerPreset::Deepspeed;
@@ -158,25 +156,26 @@ impl LossScaleConfig {
                 ..Default::default()
             };
         }
+        let zero = shards_with_zero(strategy);
         LossScaleConfig {
             preset,
             init_scale: ds.initial_scale_power.map(|p| 2f32.powi(p)),
             growth_factor: kept.growth_factor,
             backoff_factor: kept.backoff_factor,
             growth_interval: ds.loss_scale_window,
-            hysteresis: ds.hysteresis,
-            consecutive_hysteresis: ds.consecutive_hysteresis,
+            hysteresis: ds.hysteresis.filter(|_| zero),
+            consecutive_hysteresis: ds.consecutive_hysteresis.filter(|_| zero),
             min_scale: ds.min_loss_scale.map(|m| m as f32),
             stop_at_min_scale,
             fixed: None,
         }
     }
 
-    /// Whether an overflow at the floor stops the run (see
+    /// Whether an overflow at the floor stops a run under `strategy` (see
     /// [`LossScaleConfig::stop_at_min_scale`]).
-    pub fn stops_at_min_scale(&self) -> bool {
+    pub fn stops_at_min_scale(&self, strategy: StrategyKind) -> bool {
         self.stop_at_min_scale
-            .unwrap_or(self.preset == ScalerPreset::Deepspeed)
+            .unwrap_or(self.preset == ScalerPreset::Deepspeed && shards_with_zero(strategy))
     }
 
     /// The first dynamic setting given, by its key.
@@ -198,6 +197,15 @@ impl LossScaleConfig {
     }
 }
 
+/// Whether DeepSpeed would run this strategy with a ZeRO optimizer (stages 1-3), whose
+/// scaler is `DynamicLossScaler`; stage 0 (`ddp`, `none`) runs `FP16_Optimizer`'s.
+fn shards_with_zero(strategy: StrategyKind) -> bool {
+    matches!(
+        strategy,
+        StrategyKind::Zero1 | StrategyKind::Zero2 | StrategyKind::Zero3
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,15 +224,29 @@ mod tests {
 
     #[test]
     fn presets_and_overrides() {
-        assert_eq!(parse("").scaler().unwrap(), ScalerConfig::torch());
-        assert!(!parse("").stops_at_min_scale());
+        use StrategyKind::{Ddp, None as One, Zero1, Zero2, Zero3};
+        assert_eq!(parse("").scaler(Ddp).unwrap(), ScalerConfig::torch());
+        assert!(!parse("").stops_at_min_scale(Zero1));
+        // DeepSpeed's scaler is its ZeRO optimizers' under ZeRO, FP16_Optimizer's at stage 0.
         let ds = parse("preset = \"deepspeed\"");
-        assert_eq!(ds.scaler().unwrap(), ScalerConfig::deepspeed());
-        assert!(ds.stops_at_min_scale());
-        assert!(!parse("preset = \"deepspeed\"\nstop_at_min_scale = false").stops_at_min_scale());
+        for zero in [Zero1, Zero2, Zero3] {
+            assert_eq!(ds.scaler(zero).unwrap(), ScalerConfig::deepspeed());
+            assert!(ds.stops_at_min_scale(zero));
+        }
+        for stage0 in [Ddp, One] {
+            assert_eq!(
+                ds.scaler(stage0).unwrap(),
+                ScalerConfig::deepspeed_fp16_optimizer()
+            );
+            assert!(!ds.stops_at_min_scale(stage0));
+        }
+        assert!(
+            !parse("preset = \"deepspeed\"\nstop_at_min_scale = false").stops_at_min_scale(Zero2)
+        );
+        assert!(parse("preset = \"deepspeed\"\nstop_at_min_scale = true").stops_at_min_scale(Ddp));
         let ScalerConfig::Dynamic(c) =
             parse("preset = \"deepspeed\"\nhysteresis = 4\nmin_scale = 0.5")
-                .scaler()
+                .scaler(Ddp)
                 .unwrap()
         else {
             panic!("expected a dynamic scaler")
@@ -234,9 +256,54 @@ mod tests {
             (4, 0.5, 1000)
         );
         assert_eq!(
-            parse("fixed = 128.0").scaler().unwrap(),
+            parse("fixed = 128.0").scaler(Zero3).unwrap(),
             ScalerConfig::Static(128.0)
         );
+        // A first scale below the floor, as a negative `initial_scale_power` gives:
+        // DeepSpeed runs it, and its first back-off raises it to the floor.
+        let ScalerConfig::Dynamic(c) = parse("preset = \"deepspeed\"\ninit_scale = 0.5")
+            .scaler(Zero1)
+            .unwrap()
+        else {
+            panic!("expected a dynamic scaler")
+        };
+        assert_eq!((c.init_scale, c.floor()), (0.5, 1.0));
+    }
+
+    /// A DeepSpeed file's keys, emitted for a run under ZeRO and under DDP: stage 0's
+    /// `FP16_Optimizer` ignores the hysteresis keys, so its table leaves them out.
+    #[test]
+    fn a_deepspeed_scaler_follows_the_strategy() {
+        let ds = stoker_plan::deepspeed_fp16::DsLossScale {
+            initial_scale_power: Some(-2),
+            hysteresis: Some(4),
+            consecutive_hysteresis: Some(true),
+            min_loss_scale: Some(0.5),
+            ..Default::default()
+        };
+        let zero = LossScaleConfig::from_deepspeed(&ds, None, StrategyKind::Zero2);
+        assert_eq!(
+            (
+                zero.init_scale,
+                zero.hysteresis,
+                zero.consecutive_hysteresis
+            ),
+            (Some(0.25), Some(4), Some(true))
+        );
+        let ddp = LossScaleConfig::from_deepspeed(&ds, None, StrategyKind::Ddp);
+        assert_eq!(
+            (ddp.init_scale, ddp.hysteresis, ddp.consecutive_hysteresis),
+            (Some(0.25), None, None)
+        );
+        // Both run: a first scale of 2^-2 under a floor of 0.5 is DeepSpeed's too.
+        let ScalerConfig::Dynamic(c) = zero.scaler(StrategyKind::Zero2).unwrap() else {
+            panic!("expected a dynamic scaler")
+        };
+        assert_eq!((c.hysteresis, c.deepspeed_window), (4, false));
+        let ScalerConfig::Dynamic(c) = ddp.scaler(StrategyKind::Ddp).unwrap() else {
+            panic!("expected a dynamic scaler")
+        };
+        assert_eq!((c.hysteresis, c.deepspeed_window), (1, true));
     }
 
     #[test]
@@ -246,14 +313,11 @@ mod tests {
             ("fixed = 0.0", "loss_scale.fixed"),
             ("hysteresis = 0", "loss_scale.hysteresis"),
             ("backoff_factor = 1.5", "loss_scale.backoff_factor"),
-            ("init_scale = 1.0\nmin_scale = 2.0", "loss_scale.min_scale"),
-            // The preset's floor (1) above the first scale given: the key given.
-            (
-                "preset = \"deepspeed\"\ninit_scale = 0.5",
-                "loss_scale.init_scale",
-            ),
+            ("init_scale = 1e-40", "loss_scale.init_scale"),
+            ("min_scale = -1.0", "loss_scale.min_scale"),
         ] {
-            assert_eq!(key_of(parse(text).scaler().unwrap_err()), key, "{text}");
+            let e = parse(text).scaler(StrategyKind::Ddp).unwrap_err();
+            assert_eq!(key_of(e), key, "{text}");
         }
         assert!(toml::from_str::<LossScaleConfig>("window = 3").is_err());
     }

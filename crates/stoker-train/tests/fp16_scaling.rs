@@ -30,7 +30,7 @@ fn overflowing_fp16_step_is_skipped_and_reported() {
     // (before: its Debug form, "OverflowReport { step: 0, ..").
     assert_eq!(r.step, 1);
     assert!(
-        why.starts_with("inf/NaN gradients (skip #1, 1 in a row); loss scale 1000000000000000000000000000000 -> 500000000000000000000000000000"),
+        why.starts_with("inf/NaN gradients (skip #1, 1 in a row); loss scale 1e30 -> 5e29"),
         "{why}"
     );
     assert_eq!(
@@ -77,15 +77,29 @@ fn overflowing_fp16_step_is_skipped_and_reported() {
     assert_ne!(t.master(), before);
 }
 
-/// `[loss_scale]` with DeepSpeed's preset: its hysteresis and floor, and a run whose
-/// gradients overflow at every scale (a NaN weight) stops at the step whose overflow
-/// finds the scale already at the floor, naming it, as DeepSpeed's
-/// `raise_error_at_min_scale` does; with `stop_at_min_scale = false` it goes on skipping.
+/// `[loss_scale]` with DeepSpeed's preset, and a run whose gradients overflow at every
+/// scale (a NaN weight). Under ZeRO (DeepSpeed's `DynamicLossScaler`) the first overflow
+/// spends a hysteresis credit, and by default the run stops at the step whose overflow
+/// finds the scale already at the floor, naming it, as `raise_error_at_min_scale` does.
+/// Under DDP (DeepSpeed's `FP16_Optimizer`, stage 0) every overflow halves the scale and
+/// the run goes on at the floor unless `stop_at_min_scale` asks otherwise.
 #[test]
 fn an_overflow_at_the_floor_stops_a_deepspeed_scaled_run() {
-    for stop in [true, false] {
+    /// The strategy, `stop_at_min_scale`, the scales of the skipped steps, and the step
+    /// that stops the run.
+    type Case = (&'static str, Option<bool>, &'static [f32], Option<u64>);
+    let cases: [Case; 4] = [
+        ("zero1", None, &[4.0, 4.0, 2.0], Some(4)),
+        ("zero1", Some(false), &[4.0, 4.0, 2.0, 1.0, 1.0], None),
+        ("ddp", None, &[4.0, 2.0, 1.0, 1.0, 1.0], None),
+        ("ddp", Some(true), &[4.0, 2.0], Some(3)),
+    ];
+    for (strategy, stop, scales, stops_at) in cases {
+        let what = format!("{strategy}, stop_at_min_scale {stop:?}");
+        let stop_line = stop.map_or(String::new(), |s| format!("stop_at_min_scale = {s}\n"));
         let table = format!(
-            "[loss_scale]\npreset = \"deepspeed\"\ninit_scale = 4.0\nstop_at_min_scale = {stop}"
+            "[parallel]\nstrategy = \"{strategy}\"\n[loss_scale]\npreset = \"deepspeed\"\n\
+             init_scale = 4.0\n{stop_line}"
         );
         let text = gpt_config(Path::new("/tmp"), "fp16", 8, &table);
         let c = TrainConfig::parse(&text, Path::new("t.toml")).unwrap();
@@ -93,30 +107,29 @@ fn an_overflow_at_the_floor_stops_a_deepspeed_scaled_run() {
         let mut poisoned = t.full_master().unwrap();
         poisoned[0] = f32::NAN;
         t.set_master(poisoned).unwrap();
-        // 4 (a hysteresis credit spent), 4 -> 2, 2 -> 1: skipped, each run at its scale.
-        for (s, scale) in [(0u64, 4.0f32), (1, 4.0), (2, 2.0)] {
-            let r = t.train_step(&[token_batch(s, 2, 16, 24, &[0])]).unwrap();
-            assert!(r.skipped.is_some(), "stop {stop}: step {}", r.step);
-            assert_eq!(r.loss_scale, scale, "stop {stop}: step {}", r.step);
+        // Each step skipped, each run at its scale.
+        for (s, &scale) in scales.iter().enumerate() {
+            let r = t
+                .train_step(&[token_batch(s as u64, 2, 16, 24, &[0])])
+                .unwrap();
+            assert!(r.skipped.is_some(), "{what}: step {}", r.step);
+            assert_eq!(r.loss_scale, scale, "{what}: step {}", r.step);
         }
-        let at_floor = t.train_step(&[token_batch(3, 2, 16, 24, &[0])]);
-        match (stop, at_floor) {
-            (true, Err(e)) => {
-                let msg = e.to_string();
-                assert!(
-                    msg.starts_with(
-                        "step 4: fp16 overflow with the loss scale already at its minimum (1): \
-                         inf/NaN gradients (skip #4, 4 in a row); loss scale 1 -> 1"
-                    ) && msg.contains("loss_scale.stop_at_min_scale"),
-                    "{msg}"
-                );
-            }
-            (false, Ok(r)) => {
-                assert!(r.skipped.is_some() && r.loss_scale == 1.0, "{r:?}");
-                assert_eq!(t.scaler().unwrap().scale(), 1.0, "the floor holds");
-            }
-            (stop, other) => panic!("stop {stop}: step 4 gave {other:?}"),
-        }
+        let Some(step) = stops_at else {
+            assert_eq!(t.scaler().unwrap().scale(), 1.0, "{what}: the floor holds");
+            continue;
+        };
+        let msg = t
+            .train_step(&[token_batch(step - 1, 2, 16, 24, &[0])])
+            .expect_err(&what)
+            .to_string();
+        assert!(
+            msg.starts_with(&format!(
+                "step {step}: fp16 overflow with the loss scale already at its minimum (1): \
+                 inf/NaN gradients (skip #{step}, {step} in a row); loss scale 1 -> 1"
+            )) && msg.contains("loss_scale.stop_at_min_scale"),
+            "{what}: {msg}"
+        );
     }
 }
 

@@ -708,13 +708,18 @@ fn fp16_overflows_skip_steps_and_leave_no_trace() {
 /// fp16 on the loop under `[loss_scale]`'s DeepSpeed preset: a checkpoint written under
 /// torch's settings resumes under the config's (its scale and counters go on), and a run
 /// whose gradients overflow at every scale (a NaN weight) stops, on every rank alike, at
-/// the step whose overflow finds the scale at DeepSpeed's floor of 1.
+/// the step whose overflow finds the scale at DeepSpeed's floor of 1: by default under
+/// ZeRO, on request at stage 0 (where DeepSpeed's `FP16_Optimizer` never stops).
 #[test]
 fn fp16_on_the_loop_stops_at_the_deepspeed_floor() {
-    for (extra, world) in [("strategy = \"none\"", 1), ("strategy = \"zero1\"", 2)] {
+    for (extra, world, stop) in [
+        ("strategy = \"none\"", 1, Some(true)),
+        ("strategy = \"zero1\"", 2, None),
+    ] {
         let mut c = resident(GPT, "fp16", ADAMW, extra);
         c.loss_scale = Some(stoker_train::loss_scale::LossScaleConfig {
             preset: stoker_train::loss_scale::ScalerPreset::Deepspeed,
+            stop_at_min_scale: stop,
             ..Default::default()
         });
         c.validate().unwrap();

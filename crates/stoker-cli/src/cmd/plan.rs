@@ -810,7 +810,9 @@ fn emit(
         if cfg.precision.needs_loss_scaling() {
             let own = cfg.loss_scale.as_ref();
             cfg.loss_scale = Some(stoker_train::loss_scale::LossScaleConfig::from_deepspeed(
-                s, own,
+                s,
+                own,
+                cfg.parallel.strategy,
             ));
         }
     }

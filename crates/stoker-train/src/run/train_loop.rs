@@ -208,7 +208,10 @@ fn log_step(
     }
     ctx.bar.set_message(format!(
         "loss {:.4} | {throughput:.0} {} | wait {wait_pct:.1}% | scale {} | lr {:.2e}",
-        r.loss, ctx.unit, r.loss_scale, r.lr
+        r.loss,
+        ctx.unit,
+        stoker_precision::ShownScale(r.loss_scale),
+        r.lr
     ));
     stats.interval_count = 0;
     stats.interval_wait = Duration::ZERO;

@@ -42,8 +42,9 @@ impl Stateful for Trainer {
                 tracing::warn!(
                     "loss_scale: the config's scaler settings differ from the checkpoint's; \
                      the run goes on under the config's, from the checkpoint's counters, \
-                     at a scale of {} (the checkpoint's: {saved_scale})",
-                    carried.scale
+                     at a scale of {} (the checkpoint's: {})",
+                    stoker_precision::ShownScale(carried.scale),
+                    stoker_precision::ShownScale(saved_scale)
                 );
             }
             s.restore(carried)?;
