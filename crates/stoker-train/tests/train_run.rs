@@ -768,6 +768,104 @@ fn the_resident_loop_runs_whole_runs_that_resume_bit_identically() {
     }
 }
 
+/// A signal during an evaluation stops the run within a chunk of batches: the ranks agree
+/// between chunks, the cut-short evaluation is not logged, and a checkpoint of the step
+/// is written; a signal before a due evaluation skips it. On one rank and on two (threads),
+/// where the evaluation's chunks and the checks are collectives.
+#[test]
+fn a_signal_during_an_evaluation_stops_the_run_within_a_chunk() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    for (world, stop_in_eval, flag_at_start) in
+        [(1, Some(9), false), (2, Some(1), false), (2, None, true)]
+    {
+        let tmp = tempfile::tempdir().unwrap();
+        // 30 evaluation batches: chunks of 8, 8, 8 and 6.
+        let extra = "eval_every = 1\n[parallel]\nbackend = \"local\"\n";
+        let text = gpt_config(tmp.path(), "fp32", 6, extra)
+            .replace(
+                "accumulation_steps = 2\n",
+                &format!("accumulation_steps = {}\nworld_size = {world}\n", 2 / world),
+            )
+            .replace("eval_batches = 4", "eval_batches = 30");
+        write_token_corpus(&tmp.path().join("corpus.bin"), 60_000);
+        let c = TrainConfig::parse(&text, Path::new("test.toml")).unwrap();
+        let what = format!("{world} rank(s), stop_in_eval {stop_in_eval:?}, flag {flag_at_start}");
+        let flag = Arc::new(AtomicBool::new(flag_at_start));
+        let summaries = every_rank(
+            &c,
+            RunOptions {
+                stop: Some(flag.clone()),
+                stop_in_eval,
+                ..Default::default()
+            },
+        );
+        assert!(flag.load(Ordering::SeqCst), "{what}: the flag was raised");
+        // A flag up from the start stops after step 1 and skips its evaluation; one
+        // raised in step 1's evaluation stops it after the chunk under way.
+        let step = 1;
+        for s in &summaries {
+            assert!(s.preempted, "{what}");
+            assert_eq!(s.steps, step, "{what}");
+            assert_eq!(
+                s.eval_step, None,
+                "{what}: the cut-short evaluation is not kept"
+            );
+            assert_eq!(
+                s.eval_s > 0.0,
+                !flag_at_start,
+                "{what}: evaluated for {} s",
+                s.eval_s
+            );
+        }
+        let evals = read(&c.run_dir)
+            .unwrap()
+            .into_iter()
+            .filter(|r| matches!(r, Record::Eval { .. }))
+            .count();
+        assert_eq!(evals, 0, "{what}: no evaluation logged");
+        let ckpt = c.run_dir.join(format!("checkpoints/step_{step:08}"));
+        assert!(ckpt.is_dir(), "{what}: {} was written", ckpt.display());
+    }
+}
+
+/// An evaluation of many batches, in chunks, gives the same numbers at every world size,
+/// and a run that is never signalled evaluates every batch.
+#[test]
+fn a_chunked_evaluation_is_the_same_at_one_and_two_ranks() {
+    let mut evals = Vec::new();
+    for world in [1, 2] {
+        let tmp = tempfile::tempdir().unwrap();
+        let extra = "eval_every = 2\n[parallel]\nbackend = \"local\"\n\
+                     deterministic = true\n";
+        let text = gpt_config(tmp.path(), "fp32", 2, extra)
+            .replace(
+                "accumulation_steps = 2\n",
+                &format!("accumulation_steps = {}\nworld_size = {world}\n", 2 / world),
+            )
+            .replace("eval_batches = 4", "eval_batches = 30");
+        write_token_corpus(&tmp.path().join("corpus.bin"), 60_000);
+        let c = TrainConfig::parse(&text, Path::new("test.toml")).unwrap();
+        let s = every_rank(&c, RunOptions::default());
+        let e = s[0].eval.expect("an evaluation");
+        for r in &s {
+            let f = r.eval.expect("every rank's evaluation");
+            assert_eq!(f.loss.to_bits(), e.loss.to_bits(), "{world} ranks agree");
+        }
+        // 30 batches of micro-batch 4 windows of 16 tokens: every target counted.
+        assert_eq!(e.count, 30 * 4 * 16, "{world} rank(s)");
+        assert!(e.loss.is_finite(), "{world} rank(s): {}", e.loss);
+        evals.push(e);
+    }
+    assert!(
+        (evals[0].loss - evals[1].loss).abs() <= 1e-12 * evals[0].loss.abs(),
+        "1 rank {} vs 2 ranks {}",
+        evals[0].loss,
+        evals[1].loss
+    );
+    assert_eq!(evals[0].accuracy.to_bits(), evals[1].accuracy.to_bits());
+}
+
 #[test]
 fn the_data_is_checked_before_the_weights_are_made_and_a_master_past_memory_is_refused() {
     let tmp = tempfile::tempdir().unwrap();

@@ -209,6 +209,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         stop_after: args.stop_after,
         save_fault: args.test_crash_during_save,
         stop: Some(stop_on_signals()?),
+        stop_in_eval: None,
         heap: Some(&crate::ALLOC),
         // The forecast's figures; a broken profile only loses the run its plan.
         profile: crate::machine_profile::load().unwrap_or_else(|e| {

@@ -74,6 +74,9 @@ pub struct RunOptions {
     /// all-reduce, so that every rank stops after the same step even when the signal
     /// reached only some of them.
     pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// Raises [`RunOptions::stop`] once an evaluation has run this many batches (tests of
+    /// a signal during an evaluation, which the ranks agree on between chunks of batches).
+    pub stop_in_eval: Option<usize>,
     /// The process allocator's count of live heap bytes, where the binary has one: the
     /// run reports the peak of its training steps beside the forecast.
     pub heap: Option<&'static dyn HeapCount>,

@@ -18,7 +18,7 @@ use crate::metrics::Record;
 use crate::trainer::{EvalReport, StepReport, Trainer};
 
 use super::checks::same_weights_everywhere;
-use super::evaluate::evaluate;
+use super::evaluate::{evaluate, Evaluated};
 use super::setup::Rank;
 use super::telemetry::Telemetry;
 use super::RunOptions;
@@ -136,7 +136,10 @@ pub(super) fn train(
             // A signal during an evaluation or a scheduled checkpoint stops the run at this
             // step too, not after another step and a second checkpoint (the asking is a
             // collective: every rank asks after the same side work, which the step decides).
-            if every(ctx.config.train.eval_every) || step == ctx.config.train.steps {
+            // A run already stopping skips its evaluation, and one signalled during it
+            // stops within a chunk of batches: a preempted job has seconds, not minutes.
+            let eval_due = every(ctx.config.train.eval_every) || step == ctx.config.train.steps;
+            if eval_due && !stats.preempted {
                 telemetry.side_work();
                 evaluate_now(ctx, rank, &mut stats)?;
                 stats.preempted = stats.preempted || signalled(ctx, step)?;
@@ -230,13 +233,36 @@ fn signalled(ctx: &LoopContext<'_>, step: u64) -> Result<bool> {
     Ok(stoker_comm::CommExt::sum(&**ctx.comm, here as u64)? > 0 && step < ctx.total)
 }
 
-/// Evaluates on every rank's share of the evaluation batches, and logs it.
+/// Evaluates on every rank's share of the evaluation batches, and logs it; a signal
+/// during it (agreed between chunks of batches) leaves it unlogged and the run stopping.
 fn evaluate_now(ctx: &LoopContext<'_>, rank: &mut Rank, stats: &mut LoopStats) -> Result<()> {
     let t0 = Instant::now();
-    let e = evaluate(&mut rank.trainer, &rank.data, ctx.config, &rank.dims)?;
+    let step = rank.trainer.step();
+    let stop_in_eval = ctx.opts.stop_in_eval;
+    let asked = |done: usize| {
+        if let (Some(at), Some(flag)) = (stop_in_eval, &ctx.opts.stop) {
+            if done >= at {
+                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        signalled(ctx, step)
+    };
+    let outcome = evaluate(&mut rank.trainer, &rank.data, ctx.config, &rank.dims, asked)?;
     stats.eval_time += t0.elapsed();
     stats.interval_side += t0.elapsed();
-    let step = rank.trainer.step();
+    let e = match outcome {
+        Evaluated::Done(e) => e,
+        Evaluated::Stopped { done, of } => {
+            stats.preempted = true;
+            if rank.lead {
+                tracing::warn!(
+                    "step {step}: evaluation stopped by a signal after {done} of {of} \
+                     batches; not logged"
+                );
+            }
+            return Ok(());
+        }
+    };
     if let Some(log) = &mut rank.log {
         log.write(&Record::Eval {
             step,
