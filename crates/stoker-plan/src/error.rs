@@ -71,12 +71,13 @@ pub enum PlanError {
         source: serde_json::Error,
     },
     /// Malformed TOML plan input.
-    #[error("{path}: malformed TOML: {source}")]
+    #[error("{path}: malformed TOML: {message}")]
     Toml {
         /// The file.
         path: String,
-        /// The parser's message (with line and column).
-        source: toml::de::Error,
+        /// The parser's message on one line, with the line it points at
+        /// ([`toml_error_line`]).
+        message: String,
     },
     /// A combination of options that cannot be planned.
     #[error("{0}")]
@@ -109,4 +110,18 @@ pub(crate) fn positive_f64(field: &str, v: f64) -> Result<f64> {
         return Err(invalid(field, "a positive number", v));
     }
     Ok(v)
+}
+
+/// A TOML error on one line: ``line L (`THE LINE`): MESSAGE``, the line as the file has
+/// it (which names the key where toml's message does not). toml's own display spans
+/// several lines with a caret, which rank prefixes and log lines split apart. The
+/// message alone where the error has no place in `text`.
+pub fn toml_error_line(text: &str, e: &toml::de::Error) -> String {
+    let message = e.message().trim_end().replace('\n', "; ");
+    let Some(before) = e.span().and_then(|s| text.get(..s.start)) else {
+        return message;
+    };
+    let number = before.matches('\n').count() + 1;
+    let line = text.lines().nth(number - 1).unwrap_or("").trim();
+    format!("line {number} (`{line}`): {message}")
 }

@@ -309,9 +309,9 @@ impl PlanInput {
 
     /// Parses a TOML plan file's text; `path` names it in errors.
     pub fn from_toml_str(path: &str, text: &str) -> Result<Self> {
-        toml::from_str(text).map_err(|source| PlanError::Toml {
+        toml::from_str(text).map_err(|e| PlanError::Toml {
             path: path.to_string(),
-            source,
+            message: crate::error::toml_error_line(text, &e),
         })
     }
 

@@ -797,7 +797,7 @@ impl TrainConfig {
     pub fn parse(text: &str, path: &Path) -> Result<Self> {
         let mut c: TrainConfig = toml::from_str(text).map_err(|e| TrainError::ConfigParse {
             path: path.to_path_buf(),
-            message: e.to_string(),
+            message: stoker_plan::error::toml_error_line(text, &e),
         })?;
         let direct_given = toml::from_str::<toml::Table>(text)
             .ok()

@@ -31,6 +31,33 @@ fn unknown_key_is_rejected_naming_it() {
     assert!(err.contains("clip"), "{err}");
 }
 
+/// A value of the wrong type or range is named on one line, with the line it is on, in
+/// `[model]` too (whose tagged table lost the key before: the error pointed at the
+/// table's header alone).
+#[test]
+fn a_bad_value_is_named_on_one_line() {
+    for (from, to, want) in [
+        (
+            "micro_batch = 4",
+            "micro_batch = \"x\"",
+            "(`micro_batch = \"x\"`): invalid type: string \"x\", expected usize",
+        ),
+        (
+            "n_head = 4",
+            "n_head = -1",
+            "(`[model]`): model.n_head: invalid value: integer `-1`, expected usize",
+        ),
+    ] {
+        let t = base(Path::new("/tmp")).replace(from, to);
+        let err = parse(&t).unwrap_err().to_string();
+        assert!(
+            err.starts_with("config bad.toml: line ") && err.ends_with(want),
+            "{err}"
+        );
+        assert!(!err.contains('\n'), "{err}");
+    }
+}
+
 #[test]
 fn batch_arithmetic_that_does_not_divide_names_the_key_and_numbers() {
     let with = |extra: &str| {

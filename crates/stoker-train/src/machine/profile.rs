@@ -224,7 +224,10 @@ impl MachineProfile {
         let mut profile: Self = toml::from_str(&text).map_err(|e| {
             profile_err(
                 path,
-                format!("{e}(`stoker plan --calibrate` writes it anew)"),
+                format!(
+                    "{} (`stoker plan --calibrate` writes it anew)",
+                    stoker_plan::error::toml_error_line(&text, &e)
+                ),
             )
         })?;
         profile.path = path.to_path_buf();

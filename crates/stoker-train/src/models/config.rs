@@ -1,12 +1,16 @@
 //! `[model]`: which model a run trains and its sizes, tagged by `kind`. The one place a
 //! model's config is defined; [`super::factory`] builds the model from it.
 
-use serde::{Deserialize, Serialize};
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize};
 
 use super::{CnnConfig, GptConfig, LlamaConfig, MlpConfig};
 
-/// `[model]`, tagged by `kind`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// `[model]`, tagged by `kind`. Read by hand ([`ModelConfig::deserialize`]) so that an
+/// error names its key: serde's tagged enums buffer the table and lose it, and a TOML
+/// file's error pointed at the `[model]` header with no key ("invalid value: integer
+/// `-1`, expected usize").
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum ModelConfig {
     /// GPT (token model).
@@ -17,6 +21,44 @@ pub enum ModelConfig {
     Cnn(CnnConfig),
     /// MLP (classifier).
     Mlp(MlpConfig),
+}
+
+/// The `kind`s `[model]` takes.
+const KINDS: &[&str] = &["gpt", "llama", "cnn", "mlp"];
+
+impl<'de> Deserialize<'de> for ModelConfig {
+    /// The table's `kind`, then its other keys as that model's config; an error in them
+    /// names the key (`model.n_head: invalid value: integer `-1`, expected usize`).
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let mut table = toml::Table::deserialize(d)?;
+        let kind = match table.remove("kind") {
+            Some(toml::Value::String(k)) => k,
+            Some(other) => {
+                return Err(D::Error::custom(format!(
+                    "model.kind must be one of `gpt`, `llama`, `cnn`, `mlp`, got {other}"
+                )))
+            }
+            None => return Err(D::Error::missing_field("kind")),
+        };
+        let body = toml::Value::Table(table);
+        let read = match kind.as_str() {
+            "gpt" => body.try_into().map(ModelConfig::Gpt),
+            "llama" => body.try_into().map(ModelConfig::Llama),
+            "cnn" => body.try_into().map(ModelConfig::Cnn),
+            "mlp" => body.try_into().map(ModelConfig::Mlp),
+            other => return Err(D::Error::unknown_variant(other, KINDS)),
+        };
+        read.map_err(|e| D::Error::custom(keyed(&e.to_string())))
+    }
+}
+
+/// toml's "MESSAGE\nin `KEY`\n" as "model.KEY: MESSAGE", on one line.
+fn keyed(message: &str) -> String {
+    let message = message.trim_end();
+    match message.rsplit_once("\nin `") {
+        Some((what, key)) => format!("model.{}: {what}", key.trim_end_matches('`')),
+        None => format!("model: {message}"),
+    }
 }
 
 impl ModelConfig {
@@ -94,5 +136,63 @@ impl ModelConfig {
             ModelConfig::Llama(l) => l.init_from.as_deref(),
             ModelConfig::Cnn(_) | ModelConfig::Mlp(_) => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A document holding `[model]`, as a training config does.
+    #[derive(Debug, Deserialize)]
+    struct Doc {
+        model: ModelConfig,
+    }
+
+    fn error_of(table: &str) -> String {
+        toml::from_str::<Doc>(table)
+            .unwrap_err()
+            .message()
+            .to_string()
+    }
+
+    /// Every error in `[model]` names its key (before, a bad value pointed at the table's
+    /// header alone), and a good table reads as the derived reading did.
+    #[test]
+    fn a_bad_model_key_is_named() {
+        let gpt = "[model]\nkind = \"gpt\"\nvocab = 24\ncontext = 16\nd_model = 32\n\
+                   n_layer = 2\nn_head = 4\n";
+        for (text, want) in [
+            (
+                gpt.replace("n_head = 4", "n_head = -1"),
+                "model.n_head: invalid value: integer `-1`, expected usize",
+            ),
+            (
+                gpt.replace("vocab = 24", "vocab = \"x\""),
+                "model.vocab: invalid type: string \"x\", expected usize",
+            ),
+            (
+                gpt.replace("n_layer = 2", "n_layers = 2"),
+                "model: unknown field `n_layers`, expected one of `vocab`, `context`, \
+                 `d_model`, `n_layer`, `n_head`, `init_from`",
+            ),
+            (
+                gpt.replace("kind = \"gpt\"", "kind = \"gtp\""),
+                "unknown variant `gtp`, expected one of `gpt`, `llama`, `cnn`, `mlp`",
+            ),
+            (gpt.replace("kind = \"gpt\"\n", ""), "missing field `kind`"),
+            (
+                gpt.replace("kind = \"gpt\"", "kind = 3"),
+                "model.kind must be one of `gpt`, `llama`, `cnn`, `mlp`, got 3",
+            ),
+        ] {
+            assert_eq!(error_of(&text), want, "{text}");
+        }
+        let good = toml::from_str::<Doc>(gpt).unwrap().model;
+        let again: ModelConfig = toml::from_str(&toml::to_string(&good).unwrap()).unwrap();
+        assert_eq!(good, again);
+        let json: ModelConfig =
+            serde_json::from_str(&serde_json::to_string(&good).unwrap()).unwrap();
+        assert_eq!(good, json);
     }
 }
