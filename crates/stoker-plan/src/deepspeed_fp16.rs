@@ -25,6 +25,13 @@ pub struct DsLossScale {
     pub consecutive_hysteresis: Option<bool>,
     /// `min_loss_scale`: the floor.
     pub min_loss_scale: Option<f64>,
+    /// Whether the block names any of the five dynamic keys (`initial_scale_power`,
+    /// `loss_scale_window`, `hysteresis`, `consecutive_hysteresis`, `min_loss_scale`),
+    /// whatever their values. DeepSpeed passes its scaler settings only then
+    /// (`get_dynamic_loss_scale_args`); otherwise its scalers take their class defaults,
+    /// which differ from the documented `fp16` defaults (ZeRO's `DynamicLossScaler()`:
+    /// 2^32 and no hysteresis).
+    pub dynamic_keys_given: bool,
 }
 
 /// Reads the scaler keys of the `fp16` object `block`; errors name the key (`fp16.KEY`)
@@ -88,7 +95,15 @@ pub(crate) fn read(block: &Value) -> Result<DsLossScale, String> {
             ))
         }
     };
+    const DYNAMIC: [&str; 5] = [
+        "initial_scale_power",
+        "loss_scale_window",
+        "hysteresis",
+        "consecutive_hysteresis",
+        "min_loss_scale",
+    ];
     Ok(DsLossScale {
+        dynamic_keys_given: DYNAMIC.iter().any(|k| block.get(k).is_some()),
         loss_scale,
         initial_scale_power: power,
         loss_scale_window: whole("loss_scale_window", 1)?,
@@ -118,6 +133,7 @@ mod tests {
                 hysteresis: Some(4),
                 consecutive_hysteresis: None,
                 min_loss_scale: None,
+                dynamic_keys_given: true,
             }
         );
         // A fixed scale reads no dynamic key.

@@ -174,8 +174,8 @@ impl fmt::Display for CollapseWarning {
                 "has been below {floor} for the last {n} overflowing steps ({at} on this one)"
             ),
             false => format!(
-                "is already at its minimum ({at} <= floor {floor}) for the last {n} \
-                 overflowing steps"
+                "is already at its minimum ({at} <= floor {floor}), at or below it for the \
+                 last {n} overflowing steps"
             ),
         };
         write!(

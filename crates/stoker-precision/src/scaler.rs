@@ -469,10 +469,12 @@ impl LossScaler {
                 state.scale
             )));
         }
-        // A dynamic scale saved below its floor (before 2026-12-07 torch's could reach 0)
-        // goes on from the floor, where a scaled loss still has a gradient.
+        // A dynamic scale saved below f32's least normal (before 2026-12-07 torch's could
+        // reach 0) goes on from it, where a scaled loss still has a gradient. One below
+        // `min_scale` stays: a first scale may be (DeepSpeed's negative
+        // `initial_scale_power`), until its first back-off raises it.
         let floor = match &state.config {
-            ScalerConfig::Dynamic(c) => c.floor(),
+            ScalerConfig::Dynamic(_) => f32::MIN_POSITIVE,
             ScalerConfig::Static(_) => 0.0,
         };
         self.state = ScalerState {
@@ -713,7 +715,8 @@ mod tests {
     }
 
     /// A state saved at a scale of 0 (torch's collapse, before the floor) resumes at 2^-126,
-    /// and a first scale below it is refused.
+    /// and a first scale below it is refused; one saved below `min_scale` before its first
+    /// back-off resumes as it was.
     #[test]
     fn a_scale_below_the_least_normal_is_raised_or_refused() {
         let mut s = LossScaler::new(ScalerConfig::torch()).unwrap();
@@ -721,6 +724,13 @@ mod tests {
         st.scale = 0.0;
         s.restore(st).unwrap();
         assert_eq!(s.scale(), f32::MIN_POSITIVE);
+        let below = dynamic(|c| (c.init_scale, c.min_scale) = (0.25, 1.0));
+        let mut a = LossScaler::new(below.clone()).unwrap();
+        a.update(false);
+        let mut b = LossScaler::new(below).unwrap();
+        b.restore(a.state().clone()).unwrap();
+        assert_eq!(b.state(), a.state());
+        assert_eq!(b.scale(), 0.25);
         assert!(matches!(
             LossScaler::new(dynamic(|c| c.init_scale = 1e-40)),
             Err(PrecisionError::InvalidConfig {

@@ -133,17 +133,21 @@ impl LossScaleConfig {
         }
     }
 
-    /// A DeepSpeed config's `fp16` scaler for a run under `strategy`: the `deepspeed`
-    /// preset with the keys it sets (`loss_scale` > 0 a fixed scale), so that a plan of it
-    /// emits the scaler DeepSpeed would run. What DeepSpeed has no key for
+    /// A DeepSpeed config's `fp16` scaler for a run under `strategy` with `optimizer`: the
+    /// `deepspeed` preset with the keys it sets (`loss_scale` > 0 a fixed scale), so that a
+    /// plan of it emits the scaler DeepSpeed would run. What DeepSpeed has no key for
     /// (`stop_at_min_scale`, `growth_factor`, `backoff_factor`) is kept from `base`, the
     /// training config's own table; the rest is the DeepSpeed file's, its defaults
     /// included, as the later source. Without ZeRO, DeepSpeed's `FP16_Optimizer` ignores
-    /// `hysteresis` and `consecutive_hysteresis`, and so does the emitted table.
+    /// `hysteresis` and `consecutive_hysteresis`, and so does the emitted table. Where the
+    /// block names no dynamic key, DeepSpeed's scalers take their class defaults: under
+    /// ZeRO `DynamicLossScaler()`'s 2^32 and no hysteresis; without ZeRO, for an optimizer
+    /// it does not fuse (SGD, `FP16_UnfusedOptimizer`), a floor of 0.25.
     pub fn from_deepspeed(
         ds: &stoker_plan::deepspeed_fp16::DsLossScale,
         base: Option<&LossScaleConfig>,
         strategy: StrategyKind,
+        optimizer: crate::config::OptimizerKind,
     ) -> LossScaleConfig {
         let kept = base.cloned().unwrap_or_default();
         let preset = ScalerPreset::Deepspeed;
@@ -157,15 +161,27 @@ impl LossScaleConfig {
             };
         }
         let zero = shards_with_zero(strategy);
+        let class_defaults = !ds.dynamic_keys_given;
+        let unfused = optimizer == crate::config::OptimizerKind::Sgd;
         LossScaleConfig {
             preset,
-            init_scale: ds.initial_scale_power.map(|p| 2f32.powi(p)),
+            init_scale: match (zero && class_defaults, ds.initial_scale_power) {
+                (true, _) => Some(2f32.powi(32)),
+                (false, p) => p.map(|p| 2f32.powi(p)),
+            },
             growth_factor: kept.growth_factor,
             backoff_factor: kept.backoff_factor,
             growth_interval: ds.loss_scale_window,
-            hysteresis: ds.hysteresis.filter(|_| zero),
+            hysteresis: match zero {
+                true if class_defaults => Some(1),
+                true => ds.hysteresis,
+                false => None,
+            },
             consecutive_hysteresis: ds.consecutive_hysteresis.filter(|_| zero),
-            min_scale: ds.min_loss_scale.map(|m| m as f32),
+            min_scale: match (!zero && class_defaults && unfused, ds.min_loss_scale) {
+                (true, _) => Some(0.25),
+                (false, m) => m.map(|m| m as f32),
+            },
             stop_at_min_scale,
             fixed: None,
         }
@@ -194,6 +210,14 @@ impl LossScaleConfig {
         ]
         .into_iter()
         .find_map(|(key, given)| given.then_some(key))
+    }
+}
+
+/// The name of the fp16 scaler DeepSpeed runs under `strategy`, for messages.
+pub fn deepspeed_scaler_name(strategy: StrategyKind) -> &'static str {
+    match shards_with_zero(strategy) {
+        true => "DynamicLossScaler (ZeRO)",
+        false => "FP16_Optimizer (stage 0)",
     }
 }
 
@@ -279,9 +303,11 @@ mod tests {
             hysteresis: Some(4),
             consecutive_hysteresis: Some(true),
             min_loss_scale: Some(0.5),
+            dynamic_keys_given: true,
             ..Default::default()
         };
-        let zero = LossScaleConfig::from_deepspeed(&ds, None, StrategyKind::Zero2);
+        let adamw = crate::config::OptimizerKind::Adamw;
+        let zero = LossScaleConfig::from_deepspeed(&ds, None, StrategyKind::Zero2, adamw);
         assert_eq!(
             (
                 zero.init_scale,
@@ -290,7 +316,7 @@ mod tests {
             ),
             (Some(0.25), Some(4), Some(true))
         );
-        let ddp = LossScaleConfig::from_deepspeed(&ds, None, StrategyKind::Ddp);
+        let ddp = LossScaleConfig::from_deepspeed(&ds, None, StrategyKind::Ddp, adamw);
         assert_eq!(
             (ddp.init_scale, ddp.hysteresis, ddp.consecutive_hysteresis),
             (Some(0.25), None, None)
@@ -304,6 +330,23 @@ mod tests {
             panic!("expected a dynamic scaler")
         };
         assert_eq!((c.hysteresis, c.deepspeed_window), (1, true));
+        // A bare `{"enabled": true}`: DeepSpeed's class defaults, which are not its
+        // documented `fp16` defaults. ZeRO's DynamicLossScaler(): 2^32, no hysteresis;
+        // stage 0 with SGD (FP16_UnfusedOptimizer): a floor of 0.25.
+        let bare = stoker_plan::deepspeed_fp16::DsLossScale::default();
+        let sgd = crate::config::OptimizerKind::Sgd;
+        let zero = LossScaleConfig::from_deepspeed(&bare, None, StrategyKind::Zero1, sgd);
+        assert_eq!(
+            (zero.init_scale, zero.hysteresis, zero.min_scale),
+            (Some(2f32.powi(32)), Some(1), None)
+        );
+        let fused = LossScaleConfig::from_deepspeed(&bare, None, StrategyKind::Ddp, adamw);
+        assert_eq!(fused, parse("preset = \"deepspeed\""));
+        let unfused = LossScaleConfig::from_deepspeed(&bare, None, StrategyKind::Ddp, sgd);
+        assert_eq!(
+            (unfused.init_scale, unfused.hysteresis, unfused.min_scale),
+            (None, None, Some(0.25))
+        );
     }
 
     #[test]

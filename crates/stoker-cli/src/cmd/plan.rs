@@ -806,14 +806,34 @@ fn emit(
         planned::emit(plan, planned_with, base, &place).context("no training config emitted")?;
     // A DeepSpeed config's fp16 scaler, where the plan kept fp16 (emit leaves the table
     // out elsewhere).
-    if let Some(s) = ds.and_then(|d| d.fp16_scaler.as_ref()) {
+    if let Some((d, s)) = ds.and_then(|d| d.fp16_scaler.as_ref().map(|s| (d, s))) {
         if cfg.precision.needs_loss_scaling() {
+            use stoker_train::loss_scale::{deepspeed_scaler_name, LossScaleConfig};
             let own = cfg.loss_scale.as_ref();
-            cfg.loss_scale = Some(stoker_train::loss_scale::LossScaleConfig::from_deepspeed(
+            let strategy = cfg.parallel.strategy;
+            cfg.loss_scale = Some(LossScaleConfig::from_deepspeed(
                 s,
                 own,
-                cfg.parallel.strategy,
+                strategy,
+                cfg.optimizer.kind,
             ));
+            // The scaler follows the emitted strategy; say so where the file's stage
+            // would have run the other one.
+            let asked = match d.stage.unwrap_or(0) {
+                0 => stoker_train::config::StrategyKind::Ddp,
+                _ => stoker_train::config::StrategyKind::Zero1,
+            };
+            if deepspeed_scaler_name(asked) != deepspeed_scaler_name(strategy) {
+                eprintln!(
+                    "note: the DeepSpeed file's fp16 scaler is emitted as {} for the plan's {}, \
+                     not as its stage {}'s {} (hysteresis and the stop at the floor follow \
+                     the scaler: docs/training.md, \"fp16's loss scaler\")",
+                    deepspeed_scaler_name(strategy),
+                    strategy.name(),
+                    d.stage.unwrap_or(0),
+                    deepspeed_scaler_name(asked)
+                );
+            }
         }
     }
     if let Some(d) = &args.run_dir {
