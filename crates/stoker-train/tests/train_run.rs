@@ -769,28 +769,52 @@ fn the_resident_loop_runs_whole_runs_that_resume_bit_identically() {
 }
 
 /// A signal during an evaluation stops the run within a chunk of batches: the ranks agree
-/// between chunks, the cut-short evaluation is not logged, and a checkpoint of the step
-/// is written; a signal before a due evaluation skips it. On one rank and on two (threads),
-/// where the evaluation's chunks and the checks are collectives.
+/// between chunks, the cut-short evaluation is not logged, and a checkpoint of the step is
+/// written saying the evaluation is owed; a signal before a due evaluation skips it the
+/// same way. The last step's evaluation stops too. A resume runs the owed evaluation
+/// first, and the run's evaluations then equal an uninterrupted run's, bit for bit. On
+/// one rank and on two (threads), where the evaluation's chunks and the checks are
+/// collectives.
 #[test]
 fn a_signal_during_an_evaluation_stops_the_run_within_a_chunk() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    for (world, stop_in_eval, flag_at_start) in
-        [(1, Some(9), false), (2, Some(1), false), (2, None, true)]
-    {
-        let tmp = tempfile::tempdir().unwrap();
-        // 30 evaluation batches: chunks of 8, 8, 8 and 6.
-        let extra = "eval_every = 1\n[parallel]\nbackend = \"local\"\n";
-        let text = gpt_config(tmp.path(), "fp32", 6, extra)
-            .replace(
-                "accumulation_steps = 2\n",
-                &format!("accumulation_steps = {}\nworld_size = {world}\n", 2 / world),
-            )
-            .replace("eval_batches = 4", "eval_batches = 30");
-        write_token_corpus(&tmp.path().join("corpus.bin"), 60_000);
-        let c = TrainConfig::parse(&text, Path::new("test.toml")).unwrap();
-        let what = format!("{world} rank(s), stop_in_eval {stop_in_eval:?}, flag {flag_at_start}");
+    // (ranks, steps, eval_every, stop_in_eval, flag up from the start, the step it stops at)
+    let cases = [
+        (1, 6, 1, Some(9), false, 1),
+        (2, 6, 1, Some(1), false, 1),
+        (2, 6, 1, None, true, 1),
+        // The last step's evaluation (eval_every 0: the end only).
+        (2, 2, 0, Some(1), false, 2),
+    ];
+    for (world, steps, eval_every, stop_in_eval, flag_at_start, step) in cases {
+        let config = |dir: &Path| {
+            // 30 evaluation batches: chunks of 8, 8, 8 and 6.
+            let extra = format!("eval_every = {eval_every}\n[parallel]\nbackend = \"local\"\n");
+            let text = gpt_config(dir, "fp32", steps, &extra)
+                .replace(
+                    "accumulation_steps = 2\n",
+                    &format!("accumulation_steps = {}\nworld_size = {world}\n", 2 / world),
+                )
+                .replace("eval_batches = 4", "eval_batches = 30");
+            write_token_corpus(&dir.join("corpus.bin"), 60_000);
+            TrainConfig::parse(&text, Path::new("test.toml")).unwrap()
+        };
+        let evals = |c: &TrainConfig| -> Vec<(u64, u64)> {
+            read(&c.run_dir)
+                .unwrap()
+                .into_iter()
+                .filter_map(|r| match r {
+                    Record::Eval { step, loss, .. } => Some((step, loss.to_bits())),
+                    _ => None,
+                })
+                .collect()
+        };
+        let (tmp, reference) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let c = config(tmp.path());
+        let what = format!(
+            "{world} rank(s), {steps} steps, stop_in_eval {stop_in_eval:?}, flag {flag_at_start}"
+        );
         let flag = Arc::new(AtomicBool::new(flag_at_start));
         let summaries = every_rank(
             &c,
@@ -801,9 +825,6 @@ fn a_signal_during_an_evaluation_stops_the_run_within_a_chunk() {
             },
         );
         assert!(flag.load(Ordering::SeqCst), "{what}: the flag was raised");
-        // A flag up from the start stops after step 1 and skips its evaluation; one
-        // raised in step 1's evaluation stops it after the chunk under way.
-        let step = 1;
         for s in &summaries {
             assert!(s.preempted, "{what}");
             assert_eq!(s.steps, step, "{what}");
@@ -818,14 +839,37 @@ fn a_signal_during_an_evaluation_stops_the_run_within_a_chunk() {
                 s.eval_s
             );
         }
-        let evals = read(&c.run_dir)
-            .unwrap()
-            .into_iter()
-            .filter(|r| matches!(r, Record::Eval { .. }))
-            .count();
-        assert_eq!(evals, 0, "{what}: no evaluation logged");
+        assert_eq!(evals(&c), [], "{what}: no evaluation logged");
         let ckpt = c.run_dir.join(format!("checkpoints/step_{step:08}"));
-        assert!(ckpt.is_dir(), "{what}: {} was written", ckpt.display());
+        let manifest = std::fs::read_to_string(ckpt.join("manifest.json")).unwrap();
+        assert!(
+            manifest.contains("\"eval_pending\": true"),
+            "{what}: {manifest}"
+        );
+        // The resume evaluates first, then trains on; its evaluations are an
+        // uninterrupted run's.
+        let resumed = every_rank(
+            &c,
+            RunOptions {
+                resume: Some(Resume::Latest(c.run_dir.join("checkpoints"))),
+                ..Default::default()
+            },
+        );
+        assert!(!resumed[0].preempted, "{what}: the resume ran to the end");
+        assert_eq!(resumed[0].steps, steps, "{what}");
+        let r = config(reference.path());
+        every_rank(&r, RunOptions::default());
+        let want = evals(&r);
+        assert_eq!(
+            want.len() as u64,
+            if eval_every == 1 { steps } else { 1 },
+            "{what}"
+        );
+        assert_eq!(
+            evals(&c),
+            want,
+            "{what}: the evaluations of a run never stopped"
+        );
     }
 }
 

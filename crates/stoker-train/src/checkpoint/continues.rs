@@ -194,6 +194,7 @@ mod tests {
             model: Some(model),
             precision: Some(precision),
             elapsed_s: None,
+            eval_pending: false,
         }
     }
 

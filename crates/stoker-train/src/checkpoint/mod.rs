@@ -130,6 +130,22 @@ pub struct Resumed {
     pub precision: Option<crate::precision::Precision>,
     /// Seconds the run had run when it was written (absent in older checkpoints).
     pub elapsed_s: Option<f64>,
+    /// The evaluation due at this step did not finish (a signal stopped the run): a
+    /// resume runs it first.
+    pub eval_pending: bool,
+}
+
+/// Where a run stands when a checkpoint is written, beside its weights: every rank's data
+/// position, the run's seconds so far (its earlier lives included), and whether the
+/// evaluation due at this step is still owed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunProgress {
+    /// Every rank's data position.
+    pub data: DataPosition,
+    /// The run's seconds so far.
+    pub elapsed_s: f64,
+    /// The evaluation due at this step was skipped or cut short by a signal.
+    pub eval_pending: bool,
 }
 
 /// The directory name of step `step`'s checkpoint.
@@ -164,6 +180,7 @@ pub fn load(trainer: &mut dyn Stateful, dir: &Path) -> Result<Resumed> {
             model: None,
             precision: None,
             elapsed_s: None,
+            eval_pending: false,
         });
     }
     Err(not_a_checkpoint(dir))

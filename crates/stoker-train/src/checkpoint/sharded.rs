@@ -137,6 +137,10 @@ pub struct Manifest {
     /// before it was recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub elapsed_s: Option<f64>,
+    /// The evaluation due at this step did not finish (a signal stopped the run): a
+    /// resume runs it first. Written only when true.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub eval_pending: bool,
     /// Loss-scaler state (fp16).
     pub scaler: Option<ScalerState>,
     /// FP8 delayed scalers by layer (fp8).
@@ -235,16 +239,20 @@ fn shard_file(rank: usize) -> String {
 
 /// Writes `trainer`'s checkpoint under `root`, every rank of `comm` its shard (a
 /// collective); returns the directory. `run` is what the manifest records of the run,
-/// `data` every rank's data position, `elapsed_s` the run's seconds so far (its earlier
-/// lives included).
+/// `progress` where it stands (data position, seconds so far, an evaluation owed).
 pub fn save(
     trainer: &dyn Stateful,
     comm: &dyn Communicator,
     root: &Path,
     run: &super::RunRecord,
-    (data, elapsed_s): (DataPosition, f64),
+    progress: super::RunProgress,
     fault: Option<SaveFault>,
 ) -> Result<PathBuf> {
+    let super::RunProgress {
+        data,
+        elapsed_s,
+        eval_pending,
+    } = progress;
     let (rank, world) = (comm.rank(), comm.world_size());
     let state = trainer.state();
     let step = state.step;
@@ -309,6 +317,7 @@ pub fn save(
             sampler: state.sampler,
             data,
             elapsed_s: Some(elapsed_s),
+            eval_pending,
             scaler: state.scaler.clone(),
             fp8: state.fp8.clone(),
             layout: (*layout).clone(),
@@ -718,5 +727,6 @@ pub fn load(trainer: &mut dyn Stateful, dir: &Path) -> Result<Resumed> {
         model: m.model.clone(),
         precision: m.precision,
         elapsed_s: m.elapsed_s,
+        eval_pending: m.eval_pending,
     })
 }

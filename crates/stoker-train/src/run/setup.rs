@@ -46,6 +46,8 @@ pub(super) struct Rank {
     /// Seconds the run had run before this life: the resumed checkpoint's (0 for a new
     /// run, or a checkpoint that did not record it).
     pub elapsed_before_s: f64,
+    /// The resumed checkpoint's evaluation is owed (a signal stopped it): run first.
+    pub eval_pending: bool,
     /// The line that says what each rank holds and how the batch splits.
     pub accounting: String,
 }
@@ -104,13 +106,13 @@ impl Rank {
             Some(Resume::Latest(root)) => pick_latest(root, &**comm)?,
             None => None,
         };
-        let (resumed_at, elapsed_before_s) = match &resumed_from {
+        let (resumed_at, elapsed_before_s, eval_pending) = match &resumed_from {
             Some(dir) => {
                 let train = (data.train.len(), train_fingerprint);
-                let (step, elapsed) = resume(&mut trainer, dir, config, &dims, train)?;
-                (Some(step), elapsed.unwrap_or(0.0))
+                let r = resume(&mut trainer, dir, config, &dims, train)?;
+                (Some(r.step), r.elapsed_s.unwrap_or(0.0), r.eval_pending)
             }
-            None => (None, 0.0),
+            None => (None, 0.0, false),
         };
         // The resident loop made before the first step (its GPU opened, its buffers
         // allocated): a run fails here, not at its first window, where it cannot.
@@ -145,6 +147,7 @@ impl Rank {
             _run_dir_lock,
             resumed_from,
             elapsed_before_s,
+            eval_pending,
             accounting,
         })
     }
@@ -232,15 +235,15 @@ fn check_master_fits(
 
 /// Loads the checkpoint `dir` into `trainer` and sets its loader position for this
 /// run's batch split, after checking that `config`, over `train` training data (its
-/// sample count and fingerprint), continues the run that wrote it; the step it was
-/// saved after, and the run's seconds until then where the checkpoint recorded them.
+/// sample count and fingerprint), continues the run that wrote it; what the checkpoint
+/// says of where the run stood (its step, seconds, an evaluation owed).
 fn resume(
     trainer: &mut Trainer,
     dir: &std::path::Path,
     config: &TrainConfig,
     dims: &ParallelDims,
     train: (usize, u32),
-) -> Result<(u64, Option<f64>)> {
+) -> Result<checkpoint::Resumed> {
     let state = checkpoint::load(trainer, dir)?;
     let run = checkpoint::RunRecord::of(config);
     let notes = checkpoint::check_continues(&state, &run, Some(train), dir)?;
@@ -255,7 +258,7 @@ fn resume(
         DataPosition::of(state.sampler, dims.global_batch, 1, k, None)
     });
     trainer.set_sampler_state(pos.resume_at(dims.global_batch, dims.accumulation_steps)?);
-    Ok((state.step, state.elapsed_s))
+    Ok(state)
 }
 
 /// Rank 0's run directory: locked for this run, its checkpoints' folder made (a path

@@ -46,6 +46,9 @@ pub(super) struct LoopStats {
     pub last_eval: Option<(u64, EvalReport)>,
     /// Stopped early by a signal (after writing a checkpoint).
     pub preempted: bool,
+    /// The evaluation due at the current step was skipped or cut short by a signal: the
+    /// checkpoint says so, and a resume runs it first.
+    eval_owed: bool,
     /// The current logging interval: its loader wait, start, side work and targets.
     interval_wait: Duration,
     interval_start: Option<Instant>,
@@ -113,6 +116,17 @@ pub(super) fn train(
     let k = rank.dims.accumulation_steps;
     let mut window = Vec::with_capacity(k);
     let mut position = rank.trainer.sampler_state();
+    // The resumed checkpoint's evaluation, which a signal stopped: run first (a finished
+    // run resubmitted runs it and trains nothing). Stopped again, the checkpoint still
+    // says it is owed.
+    if rank.eval_pending {
+        telemetry.side_work();
+        evaluate_now(ctx, rank, &mut stats)?;
+        if stats.preempted {
+            ctx.bar.finish();
+            return Ok(stats);
+        }
+    }
     'outer: while rank.trainer.step() < ctx.total {
         let mut it = loader.resume(position);
         while let Some(batch) = it.next() {
@@ -139,6 +153,7 @@ pub(super) fn train(
             // A run already stopping skips its evaluation, and one signalled during it
             // stops within a chunk of batches: a preempted job has seconds, not minutes.
             let eval_due = every(ctx.config.train.eval_every) || step == ctx.config.train.steps;
+            stats.eval_owed = eval_due;
             if eval_due && !stats.preempted {
                 telemetry.side_work();
                 evaluate_now(ctx, rank, &mut stats)?;
@@ -225,16 +240,23 @@ fn log_step(
 
 /// Preemption: whether this run stops after step `step` because some rank was signalled
 /// (a one-number all-reduce every step, so that every rank stops after the same one).
+/// After the last step there is nothing left to stop.
 fn signalled(ctx: &LoopContext<'_>, step: u64) -> Result<bool> {
+    Ok(any_rank_signalled(ctx)? && step < ctx.total)
+}
+
+/// Whether some rank's stop flag is up (a one-number all-reduce, every rank alike).
+fn any_rank_signalled(ctx: &LoopContext<'_>) -> Result<bool> {
     let Some(flag) = &ctx.opts.stop else {
         return Ok(false);
     };
     let here = flag.load(std::sync::atomic::Ordering::SeqCst);
-    Ok(stoker_comm::CommExt::sum(&**ctx.comm, here as u64)? > 0 && step < ctx.total)
+    Ok(stoker_comm::CommExt::sum(&**ctx.comm, here as u64)? > 0)
 }
 
 /// Evaluates on every rank's share of the evaluation batches, and logs it; a signal
-/// during it (agreed between chunks of batches) leaves it unlogged and the run stopping.
+/// during it (agreed between chunks of batches, the last step's evaluation too) leaves
+/// it unlogged and owed, and the run stopping.
 fn evaluate_now(ctx: &LoopContext<'_>, rank: &mut Rank, stats: &mut LoopStats) -> Result<()> {
     let t0 = Instant::now();
     let step = rank.trainer.step();
@@ -245,7 +267,7 @@ fn evaluate_now(ctx: &LoopContext<'_>, rank: &mut Rank, stats: &mut LoopStats) -
                 flag.store(true, std::sync::atomic::Ordering::SeqCst);
             }
         }
-        signalled(ctx, step)
+        any_rank_signalled(ctx)
     };
     let outcome = evaluate(&mut rank.trainer, &rank.data, ctx.config, &rank.dims, asked)?;
     stats.eval_time += t0.elapsed();
@@ -253,7 +275,7 @@ fn evaluate_now(ctx: &LoopContext<'_>, rank: &mut Rank, stats: &mut LoopStats) -
     let e = match outcome {
         Evaluated::Done(e) => e,
         Evaluated::Stopped { done, of } => {
-            stats.preempted = true;
+            (stats.preempted, stats.eval_owed) = (true, true);
             if rank.lead {
                 tracing::warn!(
                     "step {step}: evaluation stopped by a signal after {done} of {of} \
@@ -276,6 +298,7 @@ fn evaluate_now(ctx: &LoopContext<'_>, rank: &mut Rank, stats: &mut LoopStats) -
         100.0 * e.accuracy
     ));
     stats.last_eval = Some((step, e));
+    stats.eval_owed = false;
     Ok(())
 }
 
@@ -297,7 +320,11 @@ fn checkpoint_now(ctx: &LoopContext<'_>, rank: &mut Rank, stats: &mut LoopStats)
     pos.shuffle = Some(ctx.config.data.shuffle);
     let root = ctx.config.run_dir.join("checkpoints");
     let run = checkpoint::RunRecord::of(ctx.config);
-    let at = (pos, ctx.run_elapsed_s(rank));
+    let at = checkpoint::RunProgress {
+        data: pos,
+        elapsed_s: ctx.run_elapsed_s(rank),
+        eval_pending: stats.eval_owed,
+    };
     checkpoint::save(trainer, &**ctx.comm, &root, &run, at, ctx.opts.save_fault)?;
     if rank.lead {
         let keep = ctx.config.train.keep_checkpoints;
