@@ -112,16 +112,62 @@ pub(crate) fn positive_f64(field: &str, v: f64) -> Result<f64> {
     Ok(v)
 }
 
-/// A TOML error on one line: ``line L (`THE LINE`): MESSAGE``, the line as the file has
-/// it (which names the key where toml's message does not). toml's own display spans
-/// several lines with a caret, which rank prefixes and log lines split apart. The
-/// message alone where the error has no place in `text`.
+/// A TOML error on one line: ``line L, column C (`THE LINE`): MESSAGE``, the line as the
+/// file has it (which names the key where toml's message does not). toml's own display
+/// spans several lines with a caret, which rank prefixes and log lines split apart. The
+/// message alone where the error has no place in `text` or is the whole document's (a
+/// missing top-level key).
 pub fn toml_error_line(text: &str, e: &toml::de::Error) -> String {
-    let message = e.message().trim_end().replace('\n', "; ");
-    let Some(before) = e.span().and_then(|s| text.get(..s.start)) else {
+    let message = match e.message().trim() {
+        "" => "a value is missing or malformed".to_string(),
+        m => m.replace('\n', "; "),
+    };
+    let span = e
+        .span()
+        .filter(|s| s.start > 0 || s.end < text.trim_end().len());
+    let Some(before) = span.and_then(|s| text.get(..s.start)) else {
         return message;
     };
     let number = before.matches('\n').count() + 1;
-    let line = text.lines().nth(number - 1).unwrap_or("").trim();
-    format!("line {number} (`{line}`): {message}")
+    let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+    match text.lines().nth(number - 1).map(str::trim) {
+        Some(line) if !line.is_empty() => {
+            format!("line {number}, column {column} (`{line}`): {message}")
+        }
+        _ => format!("line {number} (the end of the file): {message}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line_of(text: &str) -> String {
+        let e = toml::from_str::<toml::Table>(text).unwrap_err();
+        toml_error_line(text, &e)
+    }
+
+    /// One line, with the line and column the parser points at; the message alone for
+    /// the whole document's error; the end of the file said, not an empty line.
+    #[test]
+    fn a_toml_error_is_one_line_with_its_place() {
+        assert_eq!(
+            line_of("a = 1\nb = 2\nb = 3\n"),
+            "line 3, column 1 (`b = 3`): duplicate key `b` in document root"
+        );
+        let cut = line_of("x = [1,\n");
+        assert!(cut.starts_with("line 2 (the end of the file): "), "{cut}");
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Needs {
+            run_dir: String,
+        }
+        let text = "# my experiment\nseed = 1\n";
+        let e = toml::from_str::<Needs>(text).unwrap_err();
+        assert_eq!(toml_error_line(text, &e), "missing field `run_dir`");
+        for text in ["a = 1\nb = 2\nb = 3\n", "x = [1,\n", "x = \n", "[t\nx=1"] {
+            let m = line_of(text);
+            assert!(!m.contains('\n') && !m.ends_with(": "), "{text:?}: {m}");
+        }
+    }
 }

@@ -32,21 +32,24 @@ impl<'de> Deserialize<'de> for ModelConfig {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let mut table = toml::Table::deserialize(d)?;
         let kind = match table.remove("kind") {
-            Some(toml::Value::String(k)) => k,
+            Some(toml::Value::String(k)) if KINDS.contains(&k.as_str()) => k,
             Some(other) => {
                 return Err(D::Error::custom(format!(
-                    "model.kind must be one of `gpt`, `llama`, `cnn`, `mlp`, got {other}"
+                    "model.kind: {other}, expected one of `gpt`, `llama`, `cnn`, `mlp`"
                 )))
             }
-            None => return Err(D::Error::missing_field("kind")),
+            None => {
+                return Err(D::Error::custom(
+                    "model.kind: missing, expected one of `gpt`, `llama`, `cnn`, `mlp`",
+                ))
+            }
         };
         let body = toml::Value::Table(table);
         let read = match kind.as_str() {
             "gpt" => body.try_into().map(ModelConfig::Gpt),
             "llama" => body.try_into().map(ModelConfig::Llama),
             "cnn" => body.try_into().map(ModelConfig::Cnn),
-            "mlp" => body.try_into().map(ModelConfig::Mlp),
-            other => return Err(D::Error::unknown_variant(other, KINDS)),
+            _ => body.try_into().map(ModelConfig::Mlp),
         };
         read.map_err(|e| D::Error::custom(keyed(&e.to_string())))
     }
@@ -178,12 +181,15 @@ mod tests {
             ),
             (
                 gpt.replace("kind = \"gpt\"", "kind = \"gtp\""),
-                "unknown variant `gtp`, expected one of `gpt`, `llama`, `cnn`, `mlp`",
+                "model.kind: \"gtp\", expected one of `gpt`, `llama`, `cnn`, `mlp`",
             ),
-            (gpt.replace("kind = \"gpt\"\n", ""), "missing field `kind`"),
+            (
+                gpt.replace("kind = \"gpt\"\n", ""),
+                "model.kind: missing, expected one of `gpt`, `llama`, `cnn`, `mlp`",
+            ),
             (
                 gpt.replace("kind = \"gpt\"", "kind = 3"),
-                "model.kind must be one of `gpt`, `llama`, `cnn`, `mlp`, got 3",
+                "model.kind: 3, expected one of `gpt`, `llama`, `cnn`, `mlp`",
             ),
         ] {
             assert_eq!(error_of(&text), want, "{text}");
