@@ -25,7 +25,7 @@ pub fn check_prefix(prefix: &Path) -> Result<()> {
             field: "output prefix",
             message: format!(
                 "{:?} names a folder; an output prefix begins the names of the files to \
-                 write: {:?} writes {name}.vocab.json and the like in that folder",
+                 write: {:?} writes files named {name}.* and {name}_* in that folder",
                 prefix.display().to_string(),
                 prefix.join("name").display().to_string(),
                 name = prefix.join("name").display(),

@@ -545,3 +545,144 @@ fn python_s_json_lines_pack_as_python_reads_them() {
         "{e}"
     );
 }
+
+/// A JSON Lines string with an unpaired UTF-16 surrogate (what Python's `json.dumps`
+/// writes for text decoded with `surrogateescape`) packs with U+FFFD in its place, and the
+/// summary counts it with its first line (before: "not a JSON object" for the whole file).
+#[test]
+fn python_s_unpaired_surrogates_pack_as_the_replacement_character() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let opts = DocsOptions {
+        field: "text".into(),
+        tokenizer: Tokenizer::Char,
+        shard_tokens: 1 << 20,
+        val_tokens: 0,
+    };
+    let lone = d.join("lone.jsonl");
+    std::fs::write(
+        &lone,
+        "{\"text\": \"ok \\ud83d\\ude00\"}\n{\"text\": \"lone \\ud800 and \\udfff\"}\n",
+    )
+    .unwrap();
+    let replaced = d.join("replaced.jsonl");
+    std::fs::write(
+        &replaced,
+        "{\"text\": \"ok \u{1f600}\"}\n{\"text\": \"lone \u{fffd} and \u{fffd}\"}\n",
+    )
+    .unwrap();
+    let a = pack_docs(std::slice::from_ref(&lone), &d.join("a"), &opts).unwrap();
+    let b = pack_docs(&[replaced], &d.join("b"), &opts).unwrap();
+    assert_eq!(shard_tokens(&a.shards.train), shard_tokens(&b.shards.train));
+    assert_eq!(a.surrogates_replaced, vec![(lone, 2, 2)]);
+    assert!(b.surrogates_replaced.is_empty());
+}
+
+/// Inputs that hold no document (an empty JSON Lines file, a Parquet file of no rows) are
+/// refused, naming them, before anything is written (before: exit 0 and a warning).
+#[test]
+fn inputs_with_no_document_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("empty.jsonl"), "\n\n").unwrap();
+    write_parquet(&d.join("none.parquet"), &[], 10);
+    for name in ["empty.jsonl", "none.parquet"] {
+        let e = pack_docs(&[d.join(name)], &d.join("out/z"), &gpt2("text", 1000, 0))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no document") && e.contains(name), "{e}");
+        assert!(
+            !d.join("out/z.vocab.json").exists(),
+            "{name}: nothing written"
+        );
+    }
+}
+
+/// A Parquet string that is not UTF-8 is named by its row, in the file and in its row
+/// group, and the byte where it stops being UTF-8 (the reader names no row).
+#[test]
+fn a_parquet_string_that_is_not_utf8_is_named_by_its_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Row groups of 4; row 9 holds a marker whose first byte is then made a lone
+    // continuation byte, in the uncompressed, plain-encoded page.
+    let docs: Vec<String> = (0..12)
+        .map(|i| match i {
+            9 => "ab\u{e9}MARKERxyz".to_string(),
+            _ => format!("document {i}"),
+        })
+        .collect();
+    let path = d.join("bad.parquet");
+    let file = std::fs::File::create(&path).unwrap();
+    let text: ArrayRef = Arc::new(StringArray::from_iter_values(docs.iter()));
+    let batch = RecordBatch::try_from_iter([("text", text)]).unwrap();
+    let props = WriterProperties::builder()
+        .set_max_row_group_size(4)
+        .set_dictionary_enabled(false)
+        .set_statistics_enabled(parquet::file::properties::EnabledStatistics::None)
+        .build();
+    let mut w = ArrowWriter::try_new(file, batch.schema(), Some(props)).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    let marker = "\u{e9}MARKER".as_bytes();
+    let at = bytes
+        .windows(marker.len())
+        .position(|w| w == marker)
+        .expect("the marker in the page");
+    // é is C3 A9: dropping its lead byte leaves A9, a continuation byte with no lead.
+    bytes[at] = b'_';
+    std::fs::write(&path, &bytes).unwrap();
+    let e = pack_docs(&[path], &d.join("out/x"), &gpt2("text", 1000, 0))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("bad.parquet: row group 2, column text")
+            && e.contains("row 9 (row 1 of the group) is not UTF-8 at byte 3 of its text"),
+        "{e}"
+    );
+}
+
+/// `pack text` reads its files as Python's text mode does (nanoGPT's `prepare.py`): a
+/// Windows file (CRLF, a byte-order mark) and an old Mac one (CR) pack to the same
+/// tokens as the plain one, and the summary counts what it converted; a directory is
+/// refused, pointing at `pack docs`.
+#[test]
+fn pack_text_reads_line_ends_as_python_s_text_mode() {
+    use stoker_data::pack::text::pack_text;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut tokens = Vec::new();
+    for (name, body) in [
+        ("unix.txt", "to be\nor not\n".as_bytes()),
+        ("windows.txt", "\u{feff}to be\r\nor not\r\n".as_bytes()),
+        ("mac.txt", "to be\ror not\r".as_bytes()),
+    ] {
+        std::fs::write(d.join(name), body).unwrap();
+        let s = pack_text(
+            &[d.join(name)],
+            d.join(format!("out/{name}")),
+            Tokenizer::Char,
+        )
+        .unwrap();
+        let converted = (s.line_ends_converted, s.boms_dropped);
+        let want = match name {
+            "unix.txt" => (0, 0),
+            "windows.txt" => (2, 1),
+            _ => (2, 0),
+        };
+        assert_eq!(converted, want, "{name}");
+        tokens.push((
+            std::fs::read(&s.files[0]).unwrap(),
+            std::fs::read(&s.files[1]).unwrap(),
+        ));
+    }
+    assert!(
+        tokens.iter().all(|t| *t == tokens[0]),
+        "the same shard and vocabulary"
+    );
+    let e = pack_text(&[d.to_path_buf()], d.join("out/dir"), Tokenizer::Char)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("a directory") && e.contains("pack docs"), "{e}");
+}

@@ -117,6 +117,13 @@ pub fn run(args: PackArgs) -> anyhow::Result<()> {
                 s.files[0].display(),
                 s.files[1].display()
             );
+            if s.line_ends_converted + s.boms_dropped > 0 {
+                println!(
+                    "  read as Python's text mode reads it: {} line end(s) \\r\\n or \\r as \\n, \
+                     {} byte-order mark(s) dropped",
+                    s.line_ends_converted, s.boms_dropped
+                );
+            }
         }
         PackWhat::Docs {
             out,
@@ -156,14 +163,19 @@ pub fn run(args: PackArgs) -> anyhow::Result<()> {
             }
             println!("  {}", s.vocab_path.display());
             // Nothing for a training glob to read: say so now, not at the first run.
+            // (No document at all is pack_docs's error.)
             if s.shards.train.is_empty() {
-                let why = match (s.documents, val) {
-                    (0, _) => "the inputs hold no documents".to_string(),
-                    (_, v) => format!(
-                        "all {v} tokens went to the validation split (--val-tokens {val_tokens})"
-                    ),
-                };
-                eprintln!("warning: no training shard was written: {why}");
+                eprintln!(
+                    "warning: no training shard was written: all {val} tokens went to the \
+                     validation split (--val-tokens {val_tokens})"
+                );
+            }
+            for (path, n, line) in &s.surrogates_replaced {
+                eprintln!(
+                    "warning: {}: {n} unpaired UTF-16 surrogate(s) (\\udXXX escapes, not \
+                     Unicode; the first on line {line}) read as U+FFFD",
+                    path.display()
+                );
             }
             if !s.passed_over.is_empty() {
                 eprintln!(

@@ -176,6 +176,15 @@ impl DocSource {
             DocSource::Jsonl(j) => j.next_batch(),
         }
     }
+
+    /// Unpaired UTF-16 surrogates read as U+FFFD so far (JSON Lines), and the first line
+    /// that held one; None where there was none.
+    pub fn surrogates_replaced(&self) -> Option<(usize, usize)> {
+        match self {
+            DocSource::Jsonl(j) => j.first_surrogate_line.map(|line| (j.surrogates, line)),
+            DocSource::Parquet(_) => None,
+        }
+    }
 }
 
 /// A Parquet file's string column, read row group by row group.
@@ -281,9 +290,19 @@ impl ParquetDocs {
             let place = self.place();
             let reader = self.reader.as_mut().expect("made above");
             match guarded(&self.path, &place, || reader.next())? {
-                Some(b) => {
-                    break b
-                        .map_err(|e| DataError::format(&self.path, place, parquet_message(e)))?
+                Some(Ok(b)) => break b,
+                Some(Err(e)) => {
+                    let message = parquet_message(&e);
+                    // The reader names no row for a string that is not UTF-8: found by
+                    // reading the row group again as bytes.
+                    let message = match (message.contains("non UTF-8"), self.first_non_utf8()) {
+                        (true, Some((row, in_group, at))) => format!(
+                            "row {row} (row {in_group} of the group) is not UTF-8 at byte {at} \
+                             of its text: re-encode the column as UTF-8"
+                        ),
+                        _ => message,
+                    };
+                    return Err(DataError::format(&self.path, place, message));
                 }
                 None => (self.group, self.reader, self.rows_in_group) = (self.group + 1, None, 0),
             }
@@ -331,6 +350,60 @@ impl ParquetDocs {
     }
 }
 
+impl ParquetDocs {
+    /// The first row of the row group being read whose text is not UTF-8: its row in the
+    /// file, in the group, and the byte where its text stops being UTF-8. Read again as
+    /// the column's raw bytes (the Arrow reader refuses to read a string column as bytes);
+    /// None where that read fails too.
+    fn first_non_utf8(&self) -> Option<(i64, i64, usize)> {
+        use parquet::column::reader::ColumnReader;
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+        let file = self.file.try_clone().ok()?;
+        let place = self.place();
+        let before: i64 = self.group_rows[..self.group].iter().sum();
+        let found = guarded(&self.path, &place, || -> Option<(i64, i64, usize)> {
+            let reader = SerializedFileReader::new(file).ok()?;
+            let group = reader.get_row_group(self.group).ok()?;
+            let leaf = (0..group.num_columns()).find(|&i| {
+                group.metadata().column(i).column_path().parts() == [self.field.clone()]
+            })?;
+            let max_def = group.metadata().column(leaf).column_descr().max_def_level();
+            let ColumnReader::ByteArrayColumnReader(mut column) =
+                group.get_column_reader(leaf).ok()?
+            else {
+                return None;
+            };
+            let (mut defs, mut values, mut row) = (Vec::new(), Vec::new(), 0i64);
+            loop {
+                defs.clear();
+                values.clear();
+                let (records, _, _) = column
+                    .read_records(65_536, Some(&mut defs), None, &mut values)
+                    .ok()?;
+                if records == 0 {
+                    return None;
+                }
+                // A row's value where its definition level is the greatest (nulls have
+                // none); a required column has no levels, a value a row.
+                let mut next = values.iter();
+                for r in 0..records {
+                    let present = defs.is_empty() || defs[r] == max_def;
+                    if let Some(Err(e)) = present
+                        .then(|| next.next())
+                        .flatten()
+                        .map(|v| std::str::from_utf8(v.data()))
+                    {
+                        let in_group = row + r as i64;
+                        return Some((before + in_group, in_group, e.valid_up_to()));
+                    }
+                }
+                row += records as i64;
+            }
+        });
+        found.ok().flatten()
+    }
+}
+
 thread_local! {
     /// Whether this thread is inside [`guarded`].
     static GUARDED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -371,6 +444,9 @@ pub struct JsonlDocs {
     lines: BufReader<File>,
     /// Lines read so far (1-based numbers in messages).
     line: usize,
+    /// Unpaired UTF-16 surrogates read as U+FFFD, and the first line that held one.
+    surrogates: usize,
+    first_surrogate_line: Option<usize>,
 }
 
 impl JsonlDocs {
@@ -382,6 +458,8 @@ impl JsonlDocs {
             field: field.to_string(),
             lines: BufReader::with_capacity(1 << 20, file),
             line: 0,
+            surrogates: 0,
+            first_surrogate_line: None,
         })
     }
 
@@ -415,13 +493,22 @@ impl JsonlDocs {
             if text.is_empty() {
                 continue;
             }
-            let parsed = serde_json::from_str(text).or_else(|e| {
-                // Python's NaN and Infinity, as Python and pyarrow read them.
-                super::json_nonfinite::nonfinite_as_null(text)
-                    .and_then(|t| serde_json::from_str(&t).ok())
-                    .ok_or(e)
+            let mut surrogates = 0;
+            let parsed = serde_json::from_str::<serde_json::Value>(text).or_else(|e| {
+                // Python's unpaired surrogates as U+FFFD, and its NaN and Infinity as
+                // Python and pyarrow read them.
+                let (fixed, n) = super::json_surrogates::lone_surrogates_replaced(text)
+                    .unwrap_or_else(|| (text.to_string(), 0));
+                let fixed = super::json_nonfinite::nonfinite_as_null(&fixed).unwrap_or(fixed);
+                let v = serde_json::from_str::<serde_json::Value>(&fixed).map_err(|_| e)?;
+                surrogates = n;
+                Ok(v)
             });
-            let v: serde_json::Value = parsed.map_err(|e| {
+            if surrogates > 0 {
+                self.surrogates += surrogates;
+                self.first_surrogate_line.get_or_insert(self.line);
+            }
+            let v: serde_json::Value = parsed.map_err(|e: serde_json::Error| {
                 let hint = match (text.trim_start().starts_with('['), e.is_eof()) {
                     (true, _) => {
                         " (a JSON array over several lines is not JSON Lines, one object a line)"
@@ -437,7 +524,7 @@ impl JsonlDocs {
                     return Err(DataError::format(
                         &self.path,
                         format!("{}, field {}", at(), self.field),
-                        format!("a {}, expected a string", json_kind(other)),
+                        format!("{}, expected a string", json_kind_with_article(other)),
                     ))
                 }
                 None if !v.is_object() => {
@@ -461,6 +548,15 @@ impl JsonlDocs {
             }
         }
         Ok((!docs.is_empty()).then_some(DocBatch { docs }))
+    }
+}
+
+/// [`json_kind`] with its article: "an object", "a number".
+fn json_kind_with_article(v: &serde_json::Value) -> String {
+    let kind = json_kind(v);
+    match kind.starts_with(['a', 'e', 'i', 'o', 'u']) {
+        true => format!("an {kind}"),
+        false => format!("a {kind}"),
     }
 }
 

@@ -50,6 +50,9 @@ pub struct DocsSummary {
     pub vocab_size: usize,
     /// Files in the input directories that are neither Parquet nor JSON Lines, not read.
     pub passed_over: Vec<PathBuf>,
+    /// JSON Lines files whose unpaired UTF-16 surrogates (Python's `\udXXX` escapes of
+    /// text that is not Unicode) were read as U+FFFD: the file, how many, the first line.
+    pub surrogates_replaced: Vec<(PathBuf, usize, usize)>,
 }
 
 /// One document's tokens, its end-of-text token last.
@@ -99,6 +102,7 @@ pub fn pack_docs(inputs: &[PathBuf], prefix: &Path, opts: &DocsOptions) -> Resul
         Tokenizer::Char => char_vocab(&files, &opts.field)?,
     };
     let (mut documents, mut text_bytes) = (0usize, 0u64);
+    let mut surrogates_replaced = Vec::new();
     for (path, format) in &files {
         let mut source = DocSource::open(path, *format, &opts.field)?;
         while let Some(batch) = source.next_batch()? {
@@ -113,6 +117,22 @@ pub fn pack_docs(inputs: &[PathBuf], prefix: &Path, opts: &DocsOptions) -> Resul
                 writer.push(t)?;
             }
         }
+        if let Some((n, line)) = source.surrogates_replaced() {
+            surrogates_replaced.push((path.clone(), n, line));
+        }
+    }
+    // Nothing read: an error, as `pack text` of an empty file is, before anything is
+    // written (a script checking the status would go on to a run with no data).
+    if documents == 0 {
+        let names: Vec<String> = files.iter().map(|(p, _)| p.display().to_string()).collect();
+        return Err(DataError::Config {
+            field: "inputs",
+            message: format!(
+                "no document in the {} file(s) read ({}): nothing to pack",
+                files.len(),
+                names.join(", ")
+            ),
+        });
     }
     let shards = writer.finish()?;
     let vocab_path = prefixed(prefix, ".vocab.json");
@@ -125,6 +145,7 @@ pub fn pack_docs(inputs: &[PathBuf], prefix: &Path, opts: &DocsOptions) -> Resul
         vocab_size: vocab.size(),
         vocab_path,
         passed_over,
+        surrogates_replaced,
     })
 }
 

@@ -178,7 +178,7 @@ fn write_pack(src: &Path, out: &Path, options: &PackOptions) -> Result<PackSumma
                     &file,
                     "SOI marker",
                     format!(
-                        "not a JPEG: starts with {:02X?} (expected FF D8 FF); remove it or pack with skip_non_jpeg",
+                        "not a JPEG: starts with {:02X?} (expected FF D8 FF); remove it or pack with --skip-non-jpeg",
                         &buf[..buf.len().min(3)]
                     ),
                 ));

@@ -7,5 +7,6 @@ pub mod gpt2_bpe;
 pub mod idx;
 pub mod image_folder;
 mod json_nonfinite;
+mod json_surrogates;
 pub mod shard_writer;
 pub mod text;

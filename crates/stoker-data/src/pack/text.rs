@@ -140,9 +140,16 @@ pub struct TextSummary {
     pub vocab_size: usize,
     /// The shard and the vocabulary file.
     pub files: [PathBuf; 2],
+    /// Line ends read as `\n` (`\r\n`, or a lone `\r`), as Python's text mode reads
+    /// them (nanoGPT's `prepare.py` opens its input so).
+    pub line_ends_converted: usize,
+    /// Files whose leading byte-order mark (U+FEFF, "UTF-8 with BOM") was dropped.
+    pub boms_dropped: usize,
 }
 
-/// Tokenizes the concatenation of `sources` (UTF-8 text files) to `PREFIX.bin` + `PREFIX.vocab.json`.
+/// Tokenizes the concatenation of `sources` (UTF-8 text files, read as Python's text mode
+/// reads them: `\r\n` and `\r` as `\n`, and a leading byte-order mark dropped) to
+/// `PREFIX.bin` + `PREFIX.vocab.json`.
 pub fn pack_text(
     sources: &[PathBuf],
     prefix: impl AsRef<Path>,
@@ -151,7 +158,16 @@ pub fn pack_text(
     let prefix = prefix.as_ref();
     crate::paths::check_prefix(prefix)?;
     let mut text = String::new();
+    let (mut line_ends_converted, mut boms_dropped) = (0, 0);
     for src in sources {
+        if src.is_dir() {
+            return Err(DataError::format(
+                src,
+                "inputs",
+                "a directory; pack text takes text files (pack docs reads directories of \
+                 .jsonl and .parquet files)",
+            ));
+        }
         let bytes = std::fs::read(src).map_err(|e| DataError::io(src, e))?;
         let s = String::from_utf8(bytes).map_err(|e| {
             DataError::format(
@@ -163,7 +179,24 @@ pub fn pack_text(
                 ),
             )
         })?;
-        text.push_str(&s);
+        // What Python's text mode reads (nanoGPT's and llm.c's preparation scripts): every
+        // line end as `\n`. A leading byte-order mark is an encoding's mark, not text.
+        let s = match s.strip_prefix('\u{feff}') {
+            Some(rest) => {
+                boms_dropped += 1;
+                rest
+            }
+            None => &s,
+        };
+        match s.contains('\r') {
+            true => {
+                line_ends_converted += s.matches("\r\n").count();
+                let crlf = s.replace("\r\n", "\n");
+                line_ends_converted += crlf.matches('\r').count();
+                text.push_str(&crlf.replace('\r', "\n"));
+            }
+            false => text.push_str(s),
+        }
     }
     // Nothing to train on, which a run would only find at its start ("not one window").
     if text.is_empty() {
@@ -221,5 +254,7 @@ pub fn pack_text(
         tokens: tokens.len(),
         vocab_size: vocab.size(),
         files: [bin, vocab_path],
+        line_ends_converted,
+        boms_dropped,
     })
 }
