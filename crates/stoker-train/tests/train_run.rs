@@ -284,6 +284,21 @@ fn corrupt_or_mismatched_checkpoints_are_refused() {
         err.contains("checksum mismatch") && err.contains("shard_00000.safetensors"),
         "{err}"
     );
+    // A truncated shard says how many bytes it holds; an emptied one is named, with its
+    // size, where the layout cannot fit the shards (before: only manifest.json named).
+    std::fs::write(&path, &good[..good.len() / 2]).unwrap();
+    let err = resume(&ckpt);
+    assert!(
+        err.contains("shard_00000.safetensors")
+            && err.contains(&format!("it holds {} bytes", good.len() / 2)),
+        "{err}"
+    );
+    std::fs::write(&path, b"").unwrap();
+    let err = resume(&ckpt);
+    assert!(
+        err.contains("(shard_00000.safetensors: 0 bytes): a shard file is truncated or empty"),
+        "{err}"
+    );
     // A missing shard names the file.
     std::fs::remove_file(&path).unwrap();
     let err = resume(&ckpt);

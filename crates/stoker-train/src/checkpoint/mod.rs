@@ -304,7 +304,11 @@ pub(crate) fn read_checked(path: &Path, want: u32, by: &str) -> Result<Vec<u8>> 
     if got != want {
         return Err(ckpt_err(
             path,
-            format!("checksum mismatch: CRC-32 {got:08x}, {by} records {want:08x} (file corrupt or replaced)"),
+            format!(
+                "checksum mismatch: CRC-32 {got:08x}, {by} records {want:08x} (file corrupt, \
+                 truncated or replaced; it holds {} bytes)",
+                bytes.len()
+            ),
         ));
     }
     Ok(bytes)

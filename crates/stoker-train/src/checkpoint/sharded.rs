@@ -472,14 +472,30 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
     // The layout as its own table, and no larger than the shards can hold (each holds
     // its pieces as f32, and more): a damaged or edited one is refused here, before a
     // reader allocates its total or slices by its slots.
-    let shard_bytes: Option<u64> = m
+    let sizes: Option<Vec<(&str, u64)>> = m
         .shards
         .iter()
-        .map(|s| std::fs::metadata(dir.join(&s.file)).ok().map(|f| f.len()))
-        .sum();
+        .map(|s| {
+            let len = std::fs::metadata(dir.join(&s.file)).ok()?.len();
+            Some((s.file.as_str(), len))
+        })
+        .collect();
+    let shard_bytes: Option<u64> = sizes.as_ref().map(|s| s.iter().map(|(_, b)| b).sum());
     let max = shard_bytes.map_or(usize::MAX, |b| (b / 4) as usize);
     if let Some(why) = m.layout.problem(max) {
-        return Err(ckpt_err(&mp, format!("layout: {why}")));
+        // Where the shards are too small for the layout, say which: a truncated or
+        // emptied shard, not the manifest, is the usual cause.
+        let held = match (&sizes, m.layout.problem(usize::MAX)) {
+            (Some(sizes), None) => {
+                let each: Vec<String> = sizes
+                    .iter()
+                    .map(|(f, b)| format!("{f}: {b} bytes"))
+                    .collect();
+                format!(" ({}): a shard file is truncated or empty", each.join(", "))
+            }
+            _ => String::new(),
+        };
+        return Err(ckpt_err(&mp, format!("layout: {why}{held}")));
     }
     // Every shard's pieces together tile the buffer.
     let mut pieces = Vec::new();
