@@ -976,7 +976,19 @@ impl TrainConfig {
                 ),
             ));
         }
-        ls.scaler(self.parallel.strategy).map(|_| ())
+        ls.scaler(self.deepspeed_wrapper()).map(|_| ())
+    }
+
+    /// Which of DeepSpeed's optimizer wrappers would run this config's fp16 scaler (its
+    /// strategy: ZeRO or not; its optimizer: AdamW fused, SGD not), which `[loss_scale]`'s
+    /// `deepspeed` preset follows.
+    pub fn deepspeed_wrapper(&self) -> crate::loss_scale::DeepspeedWrapper {
+        let zero = matches!(
+            self.parallel.strategy,
+            StrategyKind::Zero1 | StrategyKind::Zero2 | StrategyKind::Zero3
+        );
+        let unfused = self.optimizer.kind == OptimizerKind::Sgd;
+        crate::loss_scale::DeepspeedWrapper::of(zero, unfused)
     }
 
     /// The fp16 loss scaler's settings: `[loss_scale]`'s, or torch's `GradScaler`.
@@ -984,7 +996,7 @@ impl TrainConfig {
         self.loss_scale
             .clone()
             .unwrap_or_default()
-            .scaler(self.parallel.strategy)
+            .scaler(self.deepspeed_wrapper())
     }
 
     /// Whether an fp16 overflow with the scale at its floor stops the run
@@ -992,7 +1004,7 @@ impl TrainConfig {
     pub fn stops_at_min_scale(&self) -> bool {
         self.loss_scale
             .as_ref()
-            .is_some_and(|ls| ls.stops_at_min_scale(self.parallel.strategy))
+            .is_some_and(|ls| ls.stops_at_min_scale(self.deepspeed_wrapper()))
     }
 
     /// What ZeRO-3 cannot serve: deterministic mode, FSDP's `no_sync`.

@@ -6,8 +6,45 @@
 use serde::{Deserialize, Serialize};
 use stoker_precision::{PrecisionError, ScalerConfig};
 
-use crate::config::StrategyKind;
 use crate::error::{config_err, Result};
+
+/// Which of DeepSpeed's optimizer wrappers would run a run's fp16 scaler: it decides the
+/// scaler's rule and its class defaults. A training config's is
+/// `TrainConfig::deepspeed_wrapper` (its strategy and optimizer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeepspeedWrapper {
+    /// A ZeRO optimizer (stages 1-3): `DynamicLossScaler`.
+    Zero,
+    /// Stage 0 with an optimizer DeepSpeed fuses (Adam, AdamW): `FP16_Optimizer`.
+    Fp16Optimizer,
+    /// Stage 0 with another optimizer (SGD): `FP16_UnfusedOptimizer`, the same rule.
+    Fp16UnfusedOptimizer,
+}
+
+impl DeepspeedWrapper {
+    /// The wrapper for a run with (`zero`) or without ZeRO, whose optimizer DeepSpeed
+    /// fuses or not (`unfused`).
+    pub fn of(zero: bool, unfused: bool) -> Self {
+        match (zero, unfused) {
+            (true, _) => DeepspeedWrapper::Zero,
+            (false, false) => DeepspeedWrapper::Fp16Optimizer,
+            (false, true) => DeepspeedWrapper::Fp16UnfusedOptimizer,
+        }
+    }
+
+    /// The scaler's name, for messages.
+    pub fn scaler_name(self) -> &'static str {
+        match self {
+            DeepspeedWrapper::Zero => "DynamicLossScaler (ZeRO)",
+            DeepspeedWrapper::Fp16Optimizer => "FP16_Optimizer (stage 0)",
+            DeepspeedWrapper::Fp16UnfusedOptimizer => "FP16_UnfusedOptimizer (stage 0)",
+        }
+    }
+
+    fn zero(self) -> bool {
+        self == DeepspeedWrapper::Zero
+    }
+}
 
 /// Whose defaults the scaler starts from.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -79,9 +116,10 @@ pub struct LossScaleConfig {
 }
 
 impl LossScaleConfig {
-    /// The scaler these settings describe for a run under `strategy`; errors name the
+    /// The scaler these settings describe for a run DeepSpeed would wrap in `wrapper`;
+    /// errors name the
     /// `loss_scale.` key.
-    pub fn scaler(&self, strategy: StrategyKind) -> Result<ScalerConfig> {
+    pub fn scaler(&self, wrapper: DeepspeedWrapper) -> Result<ScalerConfig> {
         let config = match self.fixed {
             Some(scale) => {
                 if let Some(key) = self.dynamic_key_given() {
@@ -96,9 +134,7 @@ impl LossScaleConfig {
             None => {
                 let mut base = match self.preset {
                     ScalerPreset::Torch => ScalerConfig::torch(),
-                    ScalerPreset::Deepspeed if shards_with_zero(strategy) => {
-                        ScalerConfig::deepspeed()
-                    }
+                    ScalerPreset::Deepspeed if wrapper.zero() => ScalerConfig::deepspeed(),
                     ScalerPreset::Deepspeed => ScalerConfig::deepspeed_fp16_optimizer(),
                 };
                 if let ScalerConfig::Dynamic(c) = &mut base {
@@ -133,7 +169,7 @@ impl LossScaleConfig {
         }
     }
 
-    /// A DeepSpeed config's `fp16` scaler for a run under `strategy` with `optimizer`: the
+    /// A DeepSpeed config's `fp16` scaler for a run DeepSpeed would wrap in `wrapper`: the
     /// `deepspeed` preset with the keys it sets (`loss_scale` > 0 a fixed scale), so that a
     /// plan of it emits the scaler DeepSpeed would run. What DeepSpeed has no key for
     /// (`stop_at_min_scale`, `growth_factor`, `backoff_factor`) is kept from `base`, the
@@ -146,8 +182,7 @@ impl LossScaleConfig {
     pub fn from_deepspeed(
         ds: &stoker_plan::deepspeed_fp16::DsLossScale,
         base: Option<&LossScaleConfig>,
-        strategy: StrategyKind,
-        optimizer: crate::config::OptimizerKind,
+        wrapper: DeepspeedWrapper,
     ) -> LossScaleConfig {
         let kept = base.cloned().unwrap_or_default();
         let preset = ScalerPreset::Deepspeed;
@@ -160,9 +195,9 @@ impl LossScaleConfig {
                 ..Default::default()
             };
         }
-        let zero = shards_with_zero(strategy);
+        let zero = wrapper.zero();
         let class_defaults = !ds.dynamic_keys_given;
-        let unfused = optimizer == crate::config::OptimizerKind::Sgd;
+        let unfused = wrapper == DeepspeedWrapper::Fp16UnfusedOptimizer;
         LossScaleConfig {
             preset,
             init_scale: match (zero && class_defaults, ds.initial_scale_power) {
@@ -187,11 +222,11 @@ impl LossScaleConfig {
         }
     }
 
-    /// Whether an overflow at the floor stops a run under `strategy` (see
+    /// Whether an overflow at the floor stops a run DeepSpeed would wrap in `wrapper` (see
     /// [`LossScaleConfig::stop_at_min_scale`]).
-    pub fn stops_at_min_scale(&self, strategy: StrategyKind) -> bool {
+    pub fn stops_at_min_scale(&self, wrapper: DeepspeedWrapper) -> bool {
         self.stop_at_min_scale
-            .unwrap_or(self.preset == ScalerPreset::Deepspeed && shards_with_zero(strategy))
+            .unwrap_or(self.preset == ScalerPreset::Deepspeed && wrapper.zero())
     }
 
     /// The first dynamic setting given, by its key.
@@ -213,23 +248,6 @@ impl LossScaleConfig {
     }
 }
 
-/// The name of the fp16 scaler DeepSpeed runs under `strategy`, for messages.
-pub fn deepspeed_scaler_name(strategy: StrategyKind) -> &'static str {
-    match shards_with_zero(strategy) {
-        true => "DynamicLossScaler (ZeRO)",
-        false => "FP16_Optimizer (stage 0)",
-    }
-}
-
-/// Whether DeepSpeed would run this strategy with a ZeRO optimizer (stages 1-3), whose
-/// scaler is `DynamicLossScaler`; stage 0 (`ddp`, `none`) runs `FP16_Optimizer`'s.
-fn shards_with_zero(strategy: StrategyKind) -> bool {
-    matches!(
-        strategy,
-        StrategyKind::Zero1 | StrategyKind::Zero2 | StrategyKind::Zero3
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -248,16 +266,17 @@ mod tests {
 
     #[test]
     fn presets_and_overrides() {
-        use StrategyKind::{Ddp, None as One, Zero1, Zero2, Zero3};
-        assert_eq!(parse("").scaler(Ddp).unwrap(), ScalerConfig::torch());
-        assert!(!parse("").stops_at_min_scale(Zero1));
+        use DeepspeedWrapper::{Fp16Optimizer, Fp16UnfusedOptimizer, Zero};
+        assert_eq!(
+            parse("").scaler(Fp16Optimizer).unwrap(),
+            ScalerConfig::torch()
+        );
+        assert!(!parse("").stops_at_min_scale(Zero));
         // DeepSpeed's scaler is its ZeRO optimizers' under ZeRO, FP16_Optimizer's at stage 0.
         let ds = parse("preset = \"deepspeed\"");
-        for zero in [Zero1, Zero2, Zero3] {
-            assert_eq!(ds.scaler(zero).unwrap(), ScalerConfig::deepspeed());
-            assert!(ds.stops_at_min_scale(zero));
-        }
-        for stage0 in [Ddp, One] {
+        assert_eq!(ds.scaler(Zero).unwrap(), ScalerConfig::deepspeed());
+        assert!(ds.stops_at_min_scale(Zero));
+        for stage0 in [Fp16Optimizer, Fp16UnfusedOptimizer] {
             assert_eq!(
                 ds.scaler(stage0).unwrap(),
                 ScalerConfig::deepspeed_fp16_optimizer()
@@ -265,12 +284,13 @@ mod tests {
             assert!(!ds.stops_at_min_scale(stage0));
         }
         assert!(
-            !parse("preset = \"deepspeed\"\nstop_at_min_scale = false").stops_at_min_scale(Zero2)
+            !parse("preset = \"deepspeed\"\nstop_at_min_scale = false").stops_at_min_scale(Zero)
         );
-        assert!(parse("preset = \"deepspeed\"\nstop_at_min_scale = true").stops_at_min_scale(Ddp));
+        assert!(parse("preset = \"deepspeed\"\nstop_at_min_scale = true")
+            .stops_at_min_scale(Fp16Optimizer));
         let ScalerConfig::Dynamic(c) =
             parse("preset = \"deepspeed\"\nhysteresis = 4\nmin_scale = 0.5")
-                .scaler(Ddp)
+                .scaler(Fp16Optimizer)
                 .unwrap()
         else {
             panic!("expected a dynamic scaler")
@@ -280,13 +300,13 @@ mod tests {
             (4, 0.5, 1000)
         );
         assert_eq!(
-            parse("fixed = 128.0").scaler(Zero3).unwrap(),
+            parse("fixed = 128.0").scaler(Zero).unwrap(),
             ScalerConfig::Static(128.0)
         );
         // A first scale below the floor, as a negative `initial_scale_power` gives:
         // DeepSpeed runs it, and its first back-off raises it to the floor.
         let ScalerConfig::Dynamic(c) = parse("preset = \"deepspeed\"\ninit_scale = 0.5")
-            .scaler(Zero1)
+            .scaler(Zero)
             .unwrap()
         else {
             panic!("expected a dynamic scaler")
@@ -298,6 +318,7 @@ mod tests {
     /// `FP16_Optimizer` ignores the hysteresis keys, so its table leaves them out.
     #[test]
     fn a_deepspeed_scaler_follows_the_strategy() {
+        use DeepspeedWrapper::{Fp16Optimizer, Fp16UnfusedOptimizer, Zero};
         let ds = stoker_plan::deepspeed_fp16::DsLossScale {
             initial_scale_power: Some(-2),
             hysteresis: Some(4),
@@ -306,8 +327,7 @@ mod tests {
             dynamic_keys_given: true,
             ..Default::default()
         };
-        let adamw = crate::config::OptimizerKind::Adamw;
-        let zero = LossScaleConfig::from_deepspeed(&ds, None, StrategyKind::Zero2, adamw);
+        let zero = LossScaleConfig::from_deepspeed(&ds, None, Zero);
         assert_eq!(
             (
                 zero.init_scale,
@@ -316,17 +336,17 @@ mod tests {
             ),
             (Some(0.25), Some(4), Some(true))
         );
-        let ddp = LossScaleConfig::from_deepspeed(&ds, None, StrategyKind::Ddp, adamw);
+        let ddp = LossScaleConfig::from_deepspeed(&ds, None, Fp16Optimizer);
         assert_eq!(
             (ddp.init_scale, ddp.hysteresis, ddp.consecutive_hysteresis),
             (Some(0.25), None, None)
         );
         // Both run: a first scale of 2^-2 under a floor of 0.5 is DeepSpeed's too.
-        let ScalerConfig::Dynamic(c) = zero.scaler(StrategyKind::Zero2).unwrap() else {
+        let ScalerConfig::Dynamic(c) = zero.scaler(Zero).unwrap() else {
             panic!("expected a dynamic scaler")
         };
         assert_eq!((c.hysteresis, c.deepspeed_window), (4, false));
-        let ScalerConfig::Dynamic(c) = ddp.scaler(StrategyKind::Ddp).unwrap() else {
+        let ScalerConfig::Dynamic(c) = ddp.scaler(Fp16Optimizer).unwrap() else {
             panic!("expected a dynamic scaler")
         };
         assert_eq!((c.hysteresis, c.deepspeed_window), (1, true));
@@ -334,18 +354,22 @@ mod tests {
         // documented `fp16` defaults. ZeRO's DynamicLossScaler(): 2^32, no hysteresis;
         // stage 0 with SGD (FP16_UnfusedOptimizer): a floor of 0.25.
         let bare = stoker_plan::deepspeed_fp16::DsLossScale::default();
-        let sgd = crate::config::OptimizerKind::Sgd;
-        let zero = LossScaleConfig::from_deepspeed(&bare, None, StrategyKind::Zero1, sgd);
+        let zero = LossScaleConfig::from_deepspeed(&bare, None, Zero);
         assert_eq!(
             (zero.init_scale, zero.hysteresis, zero.min_scale),
             (Some(2f32.powi(32)), Some(1), None)
         );
-        let fused = LossScaleConfig::from_deepspeed(&bare, None, StrategyKind::Ddp, adamw);
+        let fused = LossScaleConfig::from_deepspeed(&bare, None, Fp16Optimizer);
         assert_eq!(fused, parse("preset = \"deepspeed\""));
-        let unfused = LossScaleConfig::from_deepspeed(&bare, None, StrategyKind::Ddp, sgd);
+        let unfused = LossScaleConfig::from_deepspeed(&bare, None, Fp16UnfusedOptimizer);
         assert_eq!(
             (unfused.init_scale, unfused.hysteresis, unfused.min_scale),
             (None, None, Some(0.25))
+        );
+        assert_eq!(
+            DeepspeedWrapper::of(false, true),
+            Fp16UnfusedOptimizer,
+            "SGD without ZeRO"
         );
     }
 
@@ -359,7 +383,9 @@ mod tests {
             ("init_scale = 1e-40", "loss_scale.init_scale"),
             ("min_scale = -1.0", "loss_scale.min_scale"),
         ] {
-            let e = parse(text).scaler(StrategyKind::Ddp).unwrap_err();
+            let e = parse(text)
+                .scaler(DeepspeedWrapper::Fp16Optimizer)
+                .unwrap_err();
             assert_eq!(key_of(e), key, "{text}");
         }
         assert!(toml::from_str::<LossScaleConfig>("window = 3").is_err());

@@ -808,30 +808,23 @@ fn emit(
     // out elsewhere).
     if let Some((d, s)) = ds.and_then(|d| d.fp16_scaler.as_ref().map(|s| (d, s))) {
         if cfg.precision.needs_loss_scaling() {
-            use stoker_train::loss_scale::{deepspeed_scaler_name, LossScaleConfig};
+            use stoker_train::loss_scale::{DeepspeedWrapper, LossScaleConfig};
             let own = cfg.loss_scale.as_ref();
-            let strategy = cfg.parallel.strategy;
-            cfg.loss_scale = Some(LossScaleConfig::from_deepspeed(
-                s,
-                own,
-                strategy,
-                cfg.optimizer.kind,
-            ));
+            let wrapper = cfg.deepspeed_wrapper();
+            cfg.loss_scale = Some(LossScaleConfig::from_deepspeed(s, own, wrapper));
             // The scaler follows the emitted strategy; say so where the file's stage
             // would have run the other one.
-            let asked = match d.stage.unwrap_or(0) {
-                0 => stoker_train::config::StrategyKind::Ddp,
-                _ => stoker_train::config::StrategyKind::Zero1,
-            };
-            if deepspeed_scaler_name(asked) != deepspeed_scaler_name(strategy) {
+            let stage = d.stage.unwrap_or(0);
+            let unfused = wrapper == DeepspeedWrapper::Fp16UnfusedOptimizer;
+            let asked = DeepspeedWrapper::of(stage > 0, unfused);
+            if asked != wrapper {
                 eprintln!(
                     "note: the DeepSpeed file's fp16 scaler is emitted as {} for the plan's {}, \
-                     not as its stage {}'s {} (hysteresis and the stop at the floor follow \
+                     not as its stage {stage}'s {} (hysteresis and the stop at the floor follow \
                      the scaler: docs/training.md, \"fp16's loss scaler\")",
-                    deepspeed_scaler_name(strategy),
-                    strategy.name(),
-                    d.stage.unwrap_or(0),
-                    deepspeed_scaler_name(asked)
+                    wrapper.scaler_name(),
+                    cfg.parallel.strategy.name(),
+                    asked.scaler_name()
                 );
             }
         }
