@@ -643,8 +643,9 @@ fn a_parquet_string_that_is_not_utf8_is_named_by_its_row() {
     );
 }
 
-/// `pack text` reads its files as Python's text mode does (nanoGPT's `prepare.py`): a
-/// Windows file (CRLF, a byte-order mark) and an old Mac one (CR) pack to the same
+/// `pack text` reads its files as Python's text mode does (nanoGPT's `prepare.py`), with
+/// `utf-8-sig`'s dropped byte-order mark: a Windows file (CRLF, a BOM) and an old Mac one
+/// (CR) pack to the same
 /// tokens as the plain one, and the summary counts what it converted; a directory is
 /// refused, pointing at `pack docs`.
 #[test]

@@ -35,6 +35,8 @@ pub struct DsConfig {
     pub fp16_scaler: Option<crate::deepspeed_fp16::DsLossScale>,
     /// `optimizer.type`.
     pub optimizer: Option<String>,
+    /// `optimizer.params.torch_adam`: DeepSpeed runs torch's Adam instead of its fused one.
+    pub torch_adam: bool,
     /// `zero_optimization.reduce_bucket_size`, elements.
     pub reduce_bucket_elems: Option<f64>,
     /// Remarks on what was read or assumed.
@@ -141,7 +143,24 @@ impl DsConfig {
                 .ok_or_else(|| err(format!("optimizer.type must be a string, got {t}")))?;
             cfg.optimizer = Some(t.to_string());
         }
+        cfg.torch_adam = v
+            .pointer("/optimizer/params/torch_adam")
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(false);
         Ok(cfg)
+    }
+
+    /// Whether DeepSpeed would run this file's optimizer as one of its fused ones (Adam,
+    /// AdamW: `FusedAdam`, unless `torch_adam`), which decides its stage-0 fp16 wrapper:
+    /// `FP16_Optimizer` for a fused one, `FP16_UnfusedOptimizer` otherwise (torch's
+    /// optimizers, and a client's optimizer where the file names none, as Hugging Face's
+    /// Trainer passes one).
+    pub fn fused_optimizer(&self) -> bool {
+        let adam = self
+            .optimizer
+            .as_deref()
+            .is_some_and(|t| t.eq_ignore_ascii_case("adam") || t.eq_ignore_ascii_case("adamw"));
+        adam && !self.torch_adam
     }
 
     /// Training inputs from this config, after checking the batch keys against `world`.

@@ -129,8 +129,11 @@ pub fn toml_error_line(text: &str, e: &toml::de::Error) -> String {
         return message;
     };
     let number = before.matches('\n').count() + 1;
-    let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
-    match text.lines().nth(number - 1).map(str::trim) {
+    // Characters, not bytes, and not a byte-order mark's.
+    let line_start = &before[before.rfind('\n').map_or(0, |i| i + 1)..];
+    let column = line_start.trim_start_matches('\u{feff}').chars().count() + 1;
+    let line = text.lines().nth(number - 1);
+    match line.map(|l| l.trim_start_matches('\u{feff}').trim()) {
         Some(line) if !line.is_empty() => {
             format!("line {number}, column {column} (`{line}`): {message}")
         }
@@ -154,6 +157,11 @@ mod tests {
         assert_eq!(
             line_of("a = 1\nb = 2\nb = 3\n"),
             "line 3, column 1 (`b = 3`): duplicate key `b` in document root"
+        );
+        // Columns count characters, past a byte-order mark: the `x` is the 10th.
+        assert_eq!(
+            line_of("\u{feff}a = \"\u{e9}\u{20ac}\" x\n"),
+            "line 1, column 10 (`a = \"\u{e9}\u{20ac}\" x`): expected newline, `#`"
         );
         let cut = line_of("x = [1,\n");
         assert!(cut.starts_with("line 2 (the end of the file): "), "{cut}");

@@ -175,3 +175,25 @@ fn batch_keys_near_2_pow_63_are_a_message_not_an_overflow() {
         "{err}"
     );
 }
+
+/// Which optimizer DeepSpeed fuses, for its stage-0 fp16 wrapper: Adam and AdamW (any
+/// case) become `FusedAdam` unless `torch_adam`; torch's optimizers, and a client's where
+/// the file names none, are not fused.
+#[test]
+fn the_fused_optimizer_is_adam_unless_torch_adam() {
+    for (text, fused) in [
+        (r#"{"optimizer": {"type": "AdamW"}}"#, true),
+        (
+            r#"{"optimizer": {"type": "adam", "params": {"lr": 1e-3}}}"#,
+            true,
+        ),
+        (
+            r#"{"optimizer": {"type": "AdamW", "params": {"torch_adam": true}}}"#,
+            false,
+        ),
+        (r#"{"optimizer": {"type": "SGD"}}"#, false),
+        (r#"{"train_batch_size": 8}"#, false),
+    ] {
+        assert_eq!(ds(text).unwrap().fused_optimizer(), fused, "{text}");
+    }
+}

@@ -815,16 +815,7 @@ fn a_signal_during_an_evaluation_stops_the_run_within_a_chunk() {
             write_token_corpus(&dir.join("corpus.bin"), 60_000);
             TrainConfig::parse(&text, Path::new("test.toml")).unwrap()
         };
-        let evals = |c: &TrainConfig| -> Vec<(u64, u64)> {
-            read(&c.run_dir)
-                .unwrap()
-                .into_iter()
-                .filter_map(|r| match r {
-                    Record::Eval { step, loss, .. } => Some((step, loss.to_bits())),
-                    _ => None,
-                })
-                .collect()
-        };
+        let evals = |c: &TrainConfig| train_and_eval_losses(&c.run_dir).1;
         let (tmp, reference) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let c = config(tmp.path());
         let what = format!(
@@ -885,6 +876,16 @@ fn a_signal_during_an_evaluation_stops_the_run_within_a_chunk() {
             want,
             "{what}: the evaluations of a run never stopped"
         );
+        // Resubmitted once more (a requeue of the finished job): nothing to train, and an
+        // evaluation the latest checkpoint owes is logged once, not again beside itself.
+        every_rank(
+            &c,
+            RunOptions {
+                resume: Some(Resume::Latest(c.run_dir.join("checkpoints"))),
+                ..Default::default()
+            },
+        );
+        assert_eq!(evals(&c), want, "{what}: resubmitted");
     }
 }
 

@@ -119,8 +119,8 @@ pub fn run(args: PackArgs) -> anyhow::Result<()> {
             );
             if s.line_ends_converted + s.boms_dropped > 0 {
                 println!(
-                    "  read as Python's text mode reads it: {} line end(s) \\r\\n or \\r as \\n, \
-                     {} byte-order mark(s) dropped",
+                    "  read as Python's text mode reads it ({} line end(s) \\r\\n or \\r as \\n) \
+                     and as utf-8-sig does ({} byte-order mark(s) dropped)",
                     s.line_ends_converted, s.boms_dropped
                 );
             }
@@ -172,8 +172,8 @@ pub fn run(args: PackArgs) -> anyhow::Result<()> {
             }
             for (path, n, line) in &s.surrogates_replaced {
                 eprintln!(
-                    "warning: {}: {n} unpaired UTF-16 surrogate(s) (\\udXXX escapes, not \
-                     Unicode; the first on line {line}) read as U+FFFD",
+                    "warning: {}: {n} unpaired UTF-16 surrogate(s) in its lines (\\udXXX \
+                     escapes, not Unicode; the first on line {line}) read as U+FFFD",
                     path.display()
                 );
             }

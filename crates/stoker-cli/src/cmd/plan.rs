@@ -810,14 +810,18 @@ fn emit(
         if cfg.precision.needs_loss_scaling() {
             use stoker_train::loss_scale::{DeepspeedWrapper, LossScaleConfig};
             let own = cfg.loss_scale.as_ref();
-            let wrapper = cfg.deepspeed_wrapper();
+            // The wrapper DeepSpeed would run for the emitted strategy and the file's
+            // optimizer (a torch or client optimizer is not fused at stage 0).
+            let zero = cfg.deepspeed_wrapper() == DeepspeedWrapper::Zero;
+            let unfused = !d.fused_optimizer();
+            let wrapper = DeepspeedWrapper::of(zero, unfused);
             cfg.loss_scale = Some(LossScaleConfig::from_deepspeed(s, own, wrapper));
             // The scaler follows the emitted strategy; say so where the file's stage
-            // would have run the other one.
+            // would have run the other one (a fixed scale is the same under both).
             let stage = d.stage.unwrap_or(0);
-            let unfused = wrapper == DeepspeedWrapper::Fp16UnfusedOptimizer;
             let asked = DeepspeedWrapper::of(stage > 0, unfused);
-            if asked != wrapper {
+            let fixed = s.loss_scale.is_some_and(|x| x > 0.0);
+            if asked != wrapper && !fixed {
                 eprintln!(
                     "note: the DeepSpeed file's fp16 scaler is emitted as {} for the plan's {}, \
                      not as its stage {stage}'s {} (hysteresis and the stop at the floor follow \

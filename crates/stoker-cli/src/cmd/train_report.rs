@@ -104,15 +104,25 @@ impl<'a> SummaryJson<'a> {
 
 /// Says how a run that a signal stopped can continue.
 pub fn print_preempted(s: &RunSummary, config: &TrainConfig) {
-    println!(
-        "stopped by a signal after step {}: checkpoint {} written; continue with --resume latest",
-        s.steps,
-        config
-            .run_dir
-            .join("checkpoints")
-            .join(format!("step_{:08}", s.steps))
-            .display()
-    );
+    let dir = config
+        .run_dir
+        .join("checkpoints")
+        .join(format!("step_{:08}", s.steps));
+    match s.steps_run() {
+        // Stopped in the evaluation a resume owed, before any step: nothing was written.
+        0 => println!(
+            "stopped by a signal during the evaluation owed at step {}: checkpoint {} still \
+             owes it; continue with --resume latest",
+            s.steps,
+            dir.display()
+        ),
+        _ => println!(
+            "stopped by a signal after step {}: checkpoint {} written; continue with \
+             --resume latest",
+            s.steps,
+            dir.display()
+        ),
+    }
 }
 
 /// The resident loop's memory on its backend: planned, counted, and on a GPU measured.
@@ -270,6 +280,19 @@ fn print_forecast(s: &RunSummary) {
     }
 }
 
+/// The run's last evaluation, where it made one.
+fn print_eval(s: &RunSummary) {
+    if let Some(e) = s.eval {
+        println!(
+            "eval loss {:.4}, accuracy {:.2}% ({} targets) after step {}",
+            e.loss,
+            100.0 * e.accuracy,
+            e.count,
+            s.eval_step.unwrap_or(s.steps)
+        );
+    }
+}
+
 fn print_summary(s: &RunSummary) {
     println!("parameters: {}", s.params);
     if s.steps_run() == 0 {
@@ -280,19 +303,13 @@ fn print_summary(s: &RunSummary) {
              (train.steps, or --stop-after)",
             s.steps, s.steps
         );
+        // The evaluation its checkpoint owed, run now (a signal had stopped it).
+        print_eval(s);
         println!("weights crc32: {:08x}", s.weights_crc32);
         return;
     }
     println!("steps: {}, last train loss {:.4}", s.steps, s.last_loss);
-    if let Some(e) = s.eval {
-        println!(
-            "eval loss {:.4}, accuracy {:.2}% ({} targets) after step {}",
-            e.loss,
-            100.0 * e.accuracy,
-            e.count,
-            s.eval_step.unwrap_or(s.steps)
-        );
-    }
+    print_eval(s);
     println!(
         "throughput {:.0} targets/s, {:.1} ms per step, loader wait {:.2}% of training time \
          (evaluation {:.2} s and checkpoints {:.2} s not counted)",

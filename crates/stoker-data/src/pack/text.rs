@@ -143,12 +143,14 @@ pub struct TextSummary {
     /// Line ends read as `\n` (`\r\n`, or a lone `\r`), as Python's text mode reads
     /// them (nanoGPT's `prepare.py` opens its input so).
     pub line_ends_converted: usize,
-    /// Files whose leading byte-order mark (U+FEFF, "UTF-8 with BOM") was dropped.
+    /// Files whose leading byte-order mark (U+FEFF, "UTF-8 with BOM") was dropped, as
+    /// Python's `utf-8-sig` drops it (its plain text mode keeps it).
     pub boms_dropped: usize,
 }
 
 /// Tokenizes the concatenation of `sources` (UTF-8 text files, read as Python's text mode
-/// reads them: `\r\n` and `\r` as `\n`, and a leading byte-order mark dropped) to
+/// reads them, `\r\n` and `\r` as `\n`, and as `utf-8-sig` reads them, a leading
+/// byte-order mark dropped) to
 /// `PREFIX.bin` + `PREFIX.vocab.json`.
 pub fn pack_text(
     sources: &[PathBuf],
@@ -180,7 +182,8 @@ pub fn pack_text(
             )
         })?;
         // What Python's text mode reads (nanoGPT's and llm.c's preparation scripts): every
-        // line end as `\n`. A leading byte-order mark is an encoding's mark, not text.
+        // line end as `\n`. A leading byte-order mark is an encoding's mark, not text
+        // (Python keeps it unless told `utf-8-sig`; a vocabulary token of it is noise).
         let s = match s.strip_prefix('\u{feff}') {
             Some(rest) => {
                 boms_dropped += 1;
