@@ -143,10 +143,17 @@ impl DsConfig {
                 .ok_or_else(|| err(format!("optimizer.type must be a string, got {t}")))?;
             cfg.optimizer = Some(t.to_string());
         }
+        // DeepSpeed tests the raw value (`if torch_adam:`): Python's truth.
         cfg.torch_adam = v
             .pointer("/optimizer/params/torch_adam")
-            .and_then(serde_json::Value::as_bool)
-            .unwrap_or(false);
+            .is_some_and(|t| match t {
+                serde_json::Value::Null => false,
+                serde_json::Value::Bool(b) => *b,
+                serde_json::Value::Number(n) => n.as_f64() != Some(0.0),
+                serde_json::Value::String(s) => !s.is_empty(),
+                serde_json::Value::Array(a) => !a.is_empty(),
+                serde_json::Value::Object(o) => !o.is_empty(),
+            });
         Ok(cfg)
     }
 

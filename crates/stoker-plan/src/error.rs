@@ -117,7 +117,7 @@ pub(crate) fn positive_f64(field: &str, v: f64) -> Result<f64> {
 /// spans several lines with a caret, which rank prefixes and log lines split apart. The
 /// message alone where the error has no place in `text` or is the whole document's (a
 /// missing top-level key).
-pub fn toml_error_line(text: &str, e: &toml::de::Error) -> String {
+pub fn toml_error_line<'a>(text: &'a str, e: &toml::de::Error) -> String {
     let message = match e.message().trim() {
         "" => "a value is missing or malformed".to_string(),
         m => m.replace('\n', "; "),
@@ -129,12 +129,18 @@ pub fn toml_error_line(text: &str, e: &toml::de::Error) -> String {
         return message;
     };
     let number = before.matches('\n').count() + 1;
-    // Characters, not bytes, and not a byte-order mark's.
+    // Characters, not bytes, and not the file's leading byte-order mark's (one, on the
+    // first line: another is a character of the file, which the parser refused).
+    let unmarked = |l: &'a str| match number {
+        1 => l.strip_prefix('\u{feff}').unwrap_or(l),
+        _ => l,
+    };
     let line_start = &before[before.rfind('\n').map_or(0, |i| i + 1)..];
-    let column = line_start.trim_start_matches('\u{feff}').chars().count() + 1;
+    let column = unmarked(line_start).chars().count() + 1;
     let line = text.lines().nth(number - 1);
-    match line.map(|l| l.trim_start_matches('\u{feff}').trim()) {
-        Some(line) if !line.is_empty() => {
+    match line.map(|l| unmarked(l).trim_end()) {
+        Some(line) if !line.trim().is_empty() => {
+            let line = line.trim_start();
             format!("line {number}, column {column} (`{line}`): {message}")
         }
         _ => format!("line {number} (the end of the file): {message}"),
@@ -173,6 +179,13 @@ mod tests {
         let text = "# my experiment\nseed = 1\n";
         let e = toml::from_str::<Needs>(text).unwrap_err();
         assert_eq!(toml_error_line(text, &e), "missing field `run_dir`");
+        // A byte-order mark past the file's first is a character the parser refused:
+        // shown, not taken for the end of the file.
+        let inner = line_of("seed = 1\n\u{feff}\nrun_dir = \"x\"\n");
+        assert!(
+            inner.starts_with("line 2, column 1 (`\u{feff}`)"),
+            "{inner}"
+        );
         for text in ["a = 1\nb = 2\nb = 3\n", "x = [1,\n", "x = \n", "[t\nx=1"] {
             let m = line_of(text);
             assert!(!m.contains('\n') && !m.ends_with(": "), "{text:?}: {m}");

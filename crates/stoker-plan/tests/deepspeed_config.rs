@@ -191,6 +191,14 @@ fn the_fused_optimizer_is_adam_unless_torch_adam() {
             r#"{"optimizer": {"type": "AdamW", "params": {"torch_adam": true}}}"#,
             false,
         ),
+        (
+            r#"{"optimizer": {"type": "Adam", "params": {"torch_adam": 1}}}"#,
+            false,
+        ),
+        (
+            r#"{"optimizer": {"type": "Adam", "params": {"torch_adam": 0}}}"#,
+            true,
+        ),
         (r#"{"optimizer": {"type": "SGD"}}"#, false),
         (r#"{"train_batch_size": 8}"#, false),
     ] {

@@ -115,23 +115,21 @@ pub enum Record {
 pub struct MetricsLog {
     path: PathBuf,
     file: std::fs::File,
+    /// Whether the kept records hold an evaluation at the resumed step.
+    eval_at_resume: bool,
 }
 
 impl MetricsLog {
     /// Opens `dir/metrics.jsonl` for appending. A fresh run (`resumed_at` None) starts
     /// an empty file; a resumed run keeps the records up to the checkpoint's step and
-    /// drops later ones (they belong to the interrupted continuation). Where the
-    /// checkpoint owes its step's evaluation (`eval_owed`), an evaluation record at that
-    /// step is dropped too: the resume runs it again, and however often a run is resumed
-    /// there, the log holds it once.
-    pub fn open(dir: &Path, resumed_at: Option<u64>, eval_owed: bool) -> Result<Self> {
+    /// drops later ones (they belong to the interrupted continuation).
+    pub fn open(dir: &Path, resumed_at: Option<u64>) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
         let path = dir.join("metrics.jsonl");
         let kept: Vec<Record> = match resumed_at {
             Some(at) if path.exists() => read_resumable(&path)?
                 .into_iter()
                 .filter(|r| match r {
-                    Record::Eval { step, .. } if eval_owed => *step < at,
                     Record::Train { step, .. }
                     | Record::Eval { step, .. }
                     | Record::States { step, .. }
@@ -140,6 +138,10 @@ impl MetricsLog {
                 .collect(),
             _ => Vec::new(),
         };
+        let eval_at_resume = resumed_at.is_some_and(|at| {
+            kept.iter()
+                .any(|r| matches!(r, Record::Eval { step, .. } if *step == at))
+        });
         let mut text = String::new();
         for r in &kept {
             text.push_str(&serde_json::to_string(r).expect("records serialize"));
@@ -151,7 +153,17 @@ impl MetricsLog {
             .append(true)
             .open(&path)
             .map_err(|e| io_err(&path, e))?;
-        Ok(MetricsLog { path, file })
+        Ok(MetricsLog {
+            path,
+            file,
+            eval_at_resume,
+        })
+    }
+
+    /// Whether the log holds an evaluation at the step the run resumed at: one a
+    /// checkpoint owed, run by an earlier resume, needs no second run.
+    pub fn has_eval_at_resume(&self) -> bool {
+        self.eval_at_resume
     }
 
     /// Appends one record.
@@ -236,7 +248,7 @@ mod tests {
     #[test]
     fn a_nan_loss_reads_back_as_nan_and_a_cut_last_line_does_not_stop_a_resume() {
         let dir = tempfile::tempdir().unwrap();
-        let mut log = MetricsLog::open(dir.path(), None, false).unwrap();
+        let mut log = MetricsLog::open(dir.path(), None).unwrap();
         for r in [eval(1, 2.0), eval(2, f64::NAN), eval(3, f64::INFINITY)] {
             log.write(&r).unwrap();
         }
@@ -255,12 +267,14 @@ mod tests {
         text.push_str("{\"kind\":\"eval\",\"step\":4,\"lo");
         std::fs::write(&path, &text).unwrap();
         assert_eq!(read(dir.path()).unwrap().len(), 3, "the reader drops it");
-        MetricsLog::open(dir.path(), Some(10), false).unwrap();
+        let log = MetricsLog::open(dir.path(), Some(10)).unwrap();
         assert_eq!(read(dir.path()).unwrap().len(), 3);
-        // A resume at step 3 that owes its evaluation drops the record at 3, which it
-        // writes again.
-        MetricsLog::open(dir.path(), Some(3), true).unwrap();
-        assert_eq!(read(dir.path()).unwrap().len(), 2);
+        assert!(!log.has_eval_at_resume());
+        // A resume at step 3 keeps its evaluation record, and says so.
+        assert!(MetricsLog::open(dir.path(), Some(3))
+            .unwrap()
+            .has_eval_at_resume());
+        assert_eq!(read(dir.path()).unwrap().len(), 3);
         // A bad line is named by its number in the file, blank lines counted.
         std::fs::write(
             &path,

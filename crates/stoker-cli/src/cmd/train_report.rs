@@ -109,11 +109,13 @@ pub fn print_preempted(s: &RunSummary, config: &TrainConfig) {
         .join("checkpoints")
         .join(format!("step_{:08}", s.steps));
     match s.steps_run() {
-        // Stopped in the evaluation a resume owed, before any step: nothing was written.
+        // Stopped in the evaluation a resume owed, before any step: nothing was written,
+        // and `latest` may name another checkpoint (a resume of an older one).
         0 => println!(
             "stopped by a signal during the evaluation owed at step {}: checkpoint {} still \
-             owes it; continue with --resume latest",
+             owes it; continue with --resume {}",
             s.steps,
+            dir.display(),
             dir.display()
         ),
         _ => println!(
@@ -296,6 +298,10 @@ fn print_eval(s: &RunSummary) {
 fn print_summary(s: &RunSummary) {
     println!("parameters: {}", s.params);
     if s.steps_run() == 0 {
+        // Stopped in an owed evaluation before any step: print_preempted says so.
+        if s.preempted {
+            return;
+        }
         // A finished job resubmitted (Slurm requeues one after its last step too): it
         // succeeds, and its weights are the checkpoint's.
         println!(

@@ -119,10 +119,20 @@ impl Rank {
         trainer.make_resident_loop()?;
         let (log, _run_dir_lock) = match lead {
             true => {
-                let (log, lock) = open_run_dir(config, resumed_at, eval_pending)?;
+                let (log, lock) = open_run_dir(config, resumed_at)?;
                 (Some(log), Some(lock))
             }
             false => (None, None),
+        };
+        // An evaluation the checkpoint owes that an earlier resume already ran and
+        // logged needs no second run: rank 0's log says, and every rank agrees (the
+        // evaluation is a collective). Logged once however often the job is requeued.
+        let eval_pending = match eval_pending {
+            true => {
+                let logged = log.as_ref().is_some_and(MetricsLog::has_eval_at_resume);
+                comm.sum(logged as u64)? == 0
+            }
+            false => false,
         };
         let accounting = accounting(&trainer, &dims, &data);
         tracing::info!("{accounting}");
@@ -265,11 +275,7 @@ fn resume(
 /// there that cannot be one fails now, not at the first save after hours of training),
 /// the resolved config written, the metrics log opened (kept up to `resumed_at` where the
 /// run resumes).
-fn open_run_dir(
-    config: &TrainConfig,
-    resumed_at: Option<u64>,
-    eval_owed: bool,
-) -> Result<(MetricsLog, RunDirLock)> {
+fn open_run_dir(config: &TrainConfig, resumed_at: Option<u64>) -> Result<(MetricsLog, RunDirLock)> {
     let run_dir = &config.run_dir;
     let lock = RunDirLock::take(run_dir)?;
     // A fresh run beside an earlier run's checkpoints would interleave its own with
@@ -295,7 +301,7 @@ fn open_run_dir(
     make_checkpoints_dir(&run_dir.join("checkpoints"))?;
     let cfg_text = toml::to_string(config).map_err(|e| TrainError::Setup(e.to_string()))?;
     std::fs::write(run_dir.join("config.toml"), cfg_text).map_err(|e| io_err(run_dir, e))?;
-    Ok((MetricsLog::open(run_dir, resumed_at, eval_owed)?, lock))
+    Ok((MetricsLog::open(run_dir, resumed_at)?, lock))
 }
 
 /// Makes `dir`, where the checkpoints go; a file in its place or a link to nowhere is
