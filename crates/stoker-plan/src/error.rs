@@ -138,9 +138,8 @@ pub fn toml_error_line<'a>(text: &'a str, e: &toml::de::Error) -> String {
     let line_start = &before[before.rfind('\n').map_or(0, |i| i + 1)..];
     let column = unmarked(line_start).chars().count() + 1;
     let line = text.lines().nth(number - 1);
-    match line.map(|l| unmarked(l).trim_end()) {
-        Some(line) if !line.trim().is_empty() => {
-            let line = line.trim_start();
+    match line.map(|l| unmarked(l).trim()) {
+        Some(line) if !line.is_empty() => {
             format!("line {number}, column {column} (`{line}`): {message}")
         }
         _ => format!("line {number} (the end of the file): {message}"),

@@ -191,14 +191,13 @@ pub fn pack_text(
             }
             None => &s,
         };
-        match s.contains('\r') {
-            true => {
-                line_ends_converted += s.matches("\r\n").count();
-                let crlf = s.replace("\r\n", "\n");
-                line_ends_converted += crlf.matches('\r').count();
-                text.push_str(&crlf.replace('\r', "\n"));
+        // Every `\r` ends one line, alone or before `\n`.
+        match s.matches('\r').count() {
+            0 => text.push_str(s),
+            ends => {
+                line_ends_converted += ends;
+                text.push_str(&s.replace("\r\n", "\n").replace('\r', "\n"));
             }
-            false => text.push_str(s),
         }
     }
     // Nothing to train on, which a run would only find at its start ("not one window").

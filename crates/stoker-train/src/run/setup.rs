@@ -127,12 +127,9 @@ impl Rank {
         // An evaluation the checkpoint owes that an earlier resume already ran and
         // logged needs no second run: rank 0's log says, and every rank agrees (the
         // evaluation is a collective). Logged once however often the job is requeued.
-        let eval_pending = match eval_pending {
-            true => {
-                let logged = log.as_ref().is_some_and(MetricsLog::has_eval_at_resume);
-                comm.sum(logged as u64)? == 0
-            }
-            false => false,
+        let eval_pending = eval_pending && {
+            let logged = log.as_ref().is_some_and(MetricsLog::has_eval_at_resume);
+            comm.sum(logged as u64)? == 0
         };
         let accounting = accounting(&trainer, &dims, &data);
         tracing::info!("{accounting}");
