@@ -7,6 +7,7 @@
 #include "ops/classifier.cuh"
 #include "ops/elementwise.cuh"
 #include "ops/flash.cuh"
+#include "ops/fp8.cuh"
 #include "ops/layernorm.cuh"
 #include "ops/llama.cuh"
 #include "ops/optim.cuh"

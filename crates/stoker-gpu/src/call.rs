@@ -4,7 +4,7 @@
 //! names, argument orders and grids here are cuda/kernels.inc's.
 
 use crate::args::{AdamWArgs, Heads, SgdArgs};
-use crate::elem::Dtype;
+use crate::elem::{Dtype, Fp8Dtype};
 
 /// A buffer's element address: a device pointer on the GPU, a host pointer on the CPU.
 pub type Addr = u64;
@@ -58,6 +58,32 @@ pub struct Operand {
     pub trans: bool,
 }
 
+/// What a product's `A` and `B` hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AbTypes {
+    /// Both in one activation type.
+    Act(Dtype),
+    /// FP8 values, each scaled by its tensor's delayed scale: the product's f32 sum is
+    /// multiplied by both tensors' `scale_inv` (in [`Gemm::scale_inv`]) before `C` and the
+    /// bias are added.
+    Fp8 {
+        /// `A`'s format.
+        a: Fp8Dtype,
+        /// `B`'s format.
+        b: Fp8Dtype,
+    },
+}
+
+impl AbTypes {
+    /// Bytes an element of `A` and of `B` takes.
+    pub fn bytes(self) -> [usize; 2] {
+        match self {
+            AbTypes::Act(d) => [d.bytes(); 2],
+            AbTypes::Fp8 { .. } => [1, 1],
+        }
+    }
+}
+
 /// `C[z] = A[z] B[z] (+ C[z] when accumulating) (+ bias on every row)` for `z` in
 /// `0..batch`: `A` is `m x k`, `B` `k x n`, `C` `m x n` with leading dimension `ldc`. The
 /// bias is added to the f32 accumulator before the one rounding to `C`'s type (cuBLASLt's
@@ -82,8 +108,12 @@ pub struct Gemm {
     pub batch: usize,
     /// Strides of `A`, `B`, `C` between batch entries.
     pub strides: [usize; 3],
-    /// `A`'s and `B`'s element type.
-    pub ab: Dtype,
+    /// `A`'s and `B`'s element types.
+    pub ab: AbTypes,
+    /// For FP8 operands, the addresses of `A`'s and `B`'s `scale_inv` (one f32 each, read
+    /// by the backend when the product runs: a delayed scale never leaves the device);
+    /// 0 otherwise.
+    pub scale_inv: [Addr; 2],
     /// `C`'s element type.
     pub c_type: Dtype,
     /// Add `C`'s old value (weight gradients accumulate).
@@ -364,6 +394,30 @@ pub enum Call {
         n: i64,
         accumulate: i32,
     },
+    // FP8 delayed scaling (cuda/ops/fp8.cuh): a tensor's cast with its amax folded into
+    // per-warp partials, and the end of a step over a set of scalers.
+    Fp8Quantize {
+        dtype: Dtype,
+        out: Addr,
+        out_t: Addr,
+        amax: Addr,
+        x: Addr,
+        scale: Addr,
+        rows: i64,
+        cols: i32,
+        e5m2: i32,
+        warps: i32,
+    },
+    Fp8ScaleUpdate {
+        state: Addr,
+        history: Addr,
+        partials: Addr,
+        count: i64,
+        len: i32,
+        pos: i32,
+        parts: i32,
+        most_recent: i32,
+    },
     // Causal attention on tensor cores (bf16 only; cuda/ops/flash.cuh): `tiles` of 16 rows.
     FlashForward {
         out: Addr,
@@ -449,6 +503,8 @@ impl Call {
             Call::SgdSegments { .. } => "sgd_segments",
             Call::SumPartials { .. } => "sum_partials",
             Call::Sum { .. } => "sum",
+            Call::Fp8Quantize { .. } => "fp8_quantize",
+            Call::Fp8ScaleUpdate { .. } => "fp8_scale_update",
             Call::FlashForward { .. } => "flash_forward",
             Call::FlashRowdot { .. } => "flash_rowdot",
             Call::FlashBackwardKv { .. } => "flash_backward_kv",
@@ -483,13 +539,15 @@ impl Call {
             | SwigluForward { dtype, .. }
             | SwigluBackward { dtype, .. }
             | KvToHeads { dtype, .. }
-            | HeadsToKv { dtype, .. } => Some(dtype),
+            | HeadsToKv { dtype, .. }
+            | Fp8Quantize { dtype, .. } => Some(dtype),
             ReducePartials { .. }
             | Adamw { .. }
             | AdamwSegments { .. }
             | SgdSegments { .. }
             | SumPartials { .. }
-            | Sum { .. } => None,
+            | Sum { .. }
+            | Fp8ScaleUpdate { .. } => None,
             FlashForward { .. }
             | FlashRowdot { .. }
             | FlashBackwardKv { .. }
@@ -531,9 +589,10 @@ impl Call {
             AttentionSoftmaxForward { rows, .. } | AttentionSoftmaxBackward { rows, .. } => {
                 Grid::Rows(*rows)
             }
-            LayernormBackward { warps, .. } | SumPartials { warps, .. } => {
-                Grid::Warps(*warps as i64)
-            }
+            LayernormBackward { warps, .. }
+            | SumPartials { warps, .. }
+            | Fp8Quantize { warps, .. } => Grid::Warps(*warps as i64),
+            Fp8ScaleUpdate { count, .. } => Grid::Rows(*count),
             Sum { .. } => Grid::Warps(1),
             FlashForward { tiles, .. }
             | FlashBackwardKv { tiles, .. }
@@ -900,6 +959,47 @@ impl Call {
                 n,
                 accumulate,
             } => vec![A(out), A(x), I64(n), I32(accumulate)],
+            Fp8Quantize {
+                out,
+                out_t,
+                amax,
+                x,
+                scale,
+                rows,
+                cols,
+                e5m2,
+                warps,
+                ..
+            } => vec![
+                A(out),
+                A(out_t),
+                A(amax),
+                A(x),
+                A(scale),
+                I64(rows),
+                I32(cols),
+                I32(e5m2),
+                I32(warps),
+            ],
+            Fp8ScaleUpdate {
+                state,
+                history,
+                partials,
+                count,
+                len,
+                pos,
+                parts,
+                most_recent,
+            } => vec![
+                A(state),
+                A(history),
+                A(partials),
+                I64(count),
+                I32(len),
+                I32(pos),
+                I32(parts),
+                I32(most_recent),
+            ],
             FlashForward {
                 out,
                 lse,

@@ -129,6 +129,27 @@ impl Call {
             }
             SumPartials { n, warps, .. } => 4 * (n + warps as i64),
             Sum { n, .. } => 4 * n,
+            // x read, the FP8 bytes written (twice with the transpose), the partials read
+            // and written.
+            Fp8Quantize {
+                dtype,
+                out_t,
+                amax,
+                rows,
+                cols,
+                warps,
+                ..
+            } => {
+                let n = rows * cols as i64;
+                n * e(dtype)
+                    + n * if out_t != 0 { 2 } else { 1 }
+                    + if amax != 0 { 8 * warps as i64 } else { 0 }
+            }
+            // Per scaler: its three values and history read and written, its partials
+            // read and cleared.
+            Fp8ScaleUpdate {
+                count, len, parts, ..
+            } => count * 8 * (3 + len as i64 + parts as i64),
             // q read and the output written per query row, k and v read per kv row
             // (bf16); each row's log-sum-exp (f32).
             FlashForward {

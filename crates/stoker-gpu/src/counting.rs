@@ -302,12 +302,13 @@ impl Backend for CountingBackend {
 
     unsafe fn gemm(&self, g: &Gemm) -> Result<(), GpuError> {
         let (m, n, k, batch) = (g.m as u64, g.n as u64, g.k as u64, g.batch as u64);
-        let (ab, c) = (g.ab.bytes() as u64, g.c_type.bytes() as u64);
+        let [a, b] = g.ab.bytes().map(|x| x as u64);
+        let c = g.c_type.bytes() as u64;
         let c_passes = if g.accumulate { 2 } else { 1 };
         let bias = g.bias.map_or(0, |_| n * c);
         self.push(Work::Product {
             flops: 2.0 * (m * n * k * batch) as f64,
-            bytes: batch * ((m * k + k * n) * ab + c_passes * m * n * c) + bias,
+            bytes: batch * (m * k * a + k * n * b + c_passes * m * n * c) + bias,
             batch: g.batch,
         });
         Ok(())

@@ -1,5 +1,5 @@
 //! What the kernels' buffers hold: f32, bf16 and f16 activations (computed in f32), i32
-//! ids.
+//! ids, and FP8 operands of the products (E4M3, E5M2).
 
 use half::{bf16, f16};
 
@@ -24,9 +24,9 @@ pub trait Elem:
 
 /// `data`'s memory as bytes: what a copy between host and device moves.
 pub(crate) fn as_bytes<E: Elem>(data: &[E]) -> &[u8] {
-    // SAFETY: an Elem is one of the sealed plain number types (f32, bf16, f16, i32, i64),
-    // with no padding, so a live slice of them reads as size_of_val(data) initialized
-    // bytes, borrowed as long as `data` is.
+    // SAFETY: an Elem is one of the sealed plain number types (f32, bf16, f16, i32, i64,
+    // and the one-byte FP8 newtypes), with no padding, so a live slice of them reads as
+    // size_of_val(data) initialized bytes, borrowed as long as `data` is.
     unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data)) }
 }
 
@@ -80,6 +80,59 @@ impl Dtype {
     }
 }
 
+/// An E4M3FN value as its bits (FP8 for forward tensors: activations and weights).
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct E4m3(pub u8);
+
+/// An E5M2 value as its bits (FP8 for gradients: wider range, one mantissa bit less).
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct E5m2(pub u8);
+
+/// Which FP8 format a buffer holds: what cuBLASLt's FP8 products are told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fp8Dtype {
+    /// E4M3FN: 3 mantissa bits, largest finite 448, no infinity.
+    E4m3,
+    /// E5M2: 2 mantissa bits, largest finite 57,344, with infinity.
+    E5m2,
+}
+
+impl Fp8Dtype {
+    /// The format in stoker-precision's terms (its encode and decode are the reference).
+    pub fn format(self) -> stoker_precision::Fp8Format {
+        match self {
+            Fp8Dtype::E4m3 => stoker_precision::Fp8Format::E4M3,
+            Fp8Dtype::E5m2 => stoker_precision::Fp8Format::E5M2,
+        }
+    }
+
+    /// The format of `format`.
+    pub fn of(format: stoker_precision::Fp8Format) -> Self {
+        match format {
+            stoker_precision::Fp8Format::E4M3 => Fp8Dtype::E4m3,
+            stoker_precision::Fp8Format::E5M2 => Fp8Dtype::E5m2,
+        }
+    }
+}
+
+/// An FP8 element type: one byte, the format fixed by the type.
+pub trait Fp8: Elem {
+    /// The format.
+    const DTYPE: Fp8Dtype;
+}
+
+impl Fp8 for E4m3 {
+    const DTYPE: Fp8Dtype = Fp8Dtype::E4m3;
+}
+
+impl Fp8 for E5m2 {
+    const DTYPE: Fp8Dtype = Fp8Dtype::E5m2;
+}
+
+impl Elem for E4m3 {}
+impl Elem for E5m2 {}
 impl Elem for f32 {}
 impl Elem for bf16 {}
 impl Elem for f16 {}
@@ -124,4 +177,20 @@ mod sealed {
     impl Sealed for half::f16 {}
     impl Sealed for i32 {}
     impl Sealed for i64 {}
+    impl Sealed for super::E4m3 {}
+    impl Sealed for super::E5m2 {}
 }
+
+// SAFETY: both are one byte (`repr(transparent)` over u8), every bit pattern a value and
+// all-zero bits the value 0, so the device may hold and copy them as bytes.
+#[cfg(feature = "cuda")]
+unsafe impl cudarc::driver::DeviceRepr for E4m3 {}
+// SAFETY: as above.
+#[cfg(feature = "cuda")]
+unsafe impl cudarc::driver::ValidAsZeroBits for E4m3 {}
+// SAFETY: as above.
+#[cfg(feature = "cuda")]
+unsafe impl cudarc::driver::DeviceRepr for E5m2 {}
+// SAFETY: as above.
+#[cfg(feature = "cuda")]
+unsafe impl cudarc::driver::ValidAsZeroBits for E5m2 {}

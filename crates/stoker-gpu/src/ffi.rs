@@ -64,6 +64,7 @@ typed_kernels! {
     swiglu_backward(P, P, P, P, P, i64);
     kv_to_heads(P, P, Heads, i32);
     heads_to_kv(P, P, Heads, i32);
+    fp8_quantize(P, P, P, P, P, i64, i32, i32, i32);
 }
 
 extern "C" {
@@ -118,6 +119,16 @@ extern "C" {
     );
     fn stoker_host_sum_partials(partials: P, x: P, n: i64, squares: i32, warps: i32);
     fn stoker_host_sum(out: P, x: P, n: i64, accumulate: i32);
+    fn stoker_host_fp8_scale_update(
+        state: P,
+        history: P,
+        partials: P,
+        count: i64,
+        len: i32,
+        pos: i32,
+        parts: i32,
+        most_recent: i32,
+    );
     // The tensor-core kernels, bf16 alone.
     fn stoker_host_flash_forward_bf16(
         out: P,
@@ -463,6 +474,47 @@ pub(crate) unsafe fn run(call: &Call) {
                 n,
                 accumulate,
             } => stoker_host_sum(p(out), p(x), n, accumulate),
+            Fp8Quantize {
+                dtype,
+                out,
+                out_t,
+                amax,
+                x,
+                scale,
+                rows,
+                cols,
+                e5m2,
+                warps,
+            } => (fns(dtype).fp8_quantize)(
+                p(out),
+                p(out_t),
+                p(amax),
+                p(x),
+                p(scale),
+                rows,
+                cols,
+                e5m2,
+                warps,
+            ),
+            Fp8ScaleUpdate {
+                state,
+                history,
+                partials,
+                count,
+                len,
+                pos,
+                parts,
+                most_recent,
+            } => stoker_host_fp8_scale_update(
+                p(state),
+                p(history),
+                p(partials),
+                count,
+                len,
+                pos,
+                parts,
+                most_recent,
+            ),
             FlashForward {
                 out,
                 lse,

@@ -32,6 +32,7 @@ pub mod error;
 mod ffi;
 pub mod flash;
 pub mod forecast;
+pub mod fp8;
 pub mod gemm;
 pub mod graph_host;
 pub mod host;
@@ -51,7 +52,7 @@ pub mod token_groups;
 
 pub use args::{AdamWArgs, Heads, StochasticRound};
 pub use backend::{Backend, View};
-pub use elem::{Act, Dtype, Elem};
+pub use elem::{Act, Dtype, E4m3, E5m2, Elem, Fp8, Fp8Dtype};
 pub use error::GpuError;
 pub use graph_host::{GraphHost, HostGraph};
 pub use host::Host;

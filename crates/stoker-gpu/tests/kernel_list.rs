@@ -251,6 +251,18 @@ fn calls() -> Vec<Call> {
                 g,
                 kv: 1,
             },
+            Call::Fp8Quantize {
+                dtype,
+                out: 0,
+                out_t: 0,
+                amax: 0,
+                x: 0,
+                scale: 0,
+                rows: 1,
+                cols: 1,
+                e5m2: 0,
+                warps: 1,
+            },
             Call::Classifier {
                 dtype,
                 logits: 0,
@@ -329,6 +341,16 @@ fn calls() -> Vec<Call> {
             n: 1,
             accumulate: 0,
         },
+        Call::Fp8ScaleUpdate {
+            state: 0,
+            history: 0,
+            partials: 0,
+            count: 1,
+            len: 1,
+            pos: 0,
+            parts: 1,
+            most_recent: 0,
+        },
         Call::FlashForward {
             out: 0,
             lse: 0,
@@ -402,7 +424,7 @@ fn every_call_is_a_kernels_inc_entry_with_its_grid_and_arity() {
     );
     assert_eq!(
         want.len(),
-        82,
+        86,
         "kernels.inc's entry count changed: update Call and ffi.rs"
     );
 }

@@ -18,8 +18,8 @@ use cudarc::cublaslt::result as lt;
 use cudarc::cublaslt::sys;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
-use crate::call::{Addr, Gemm};
-use crate::elem::Dtype;
+use crate::call::{AbTypes, Addr, Gemm};
+use crate::elem::{Dtype, Fp8Dtype};
 use crate::error::GpuError;
 
 /// The workspace cuBLASLt may use per product: NVIDIA's recommendation for Hopper (llm.c
@@ -49,10 +49,10 @@ fn lt_err(what: impl Into<String>) -> impl FnOnce(lt::CublasError) -> GpuError {
 }
 
 /// The largest power of two, at most [`MAX_ALIGN`], that divides the address of every
-/// batch entry of an operand at `addr`, `stride` elements of `ty` apart.
-fn alignment(addr: Addr, stride: usize, batch: usize, ty: Dtype) -> u32 {
+/// batch entry of an operand at `addr`, `stride` elements of `bytes` bytes apart.
+fn alignment(addr: Addr, stride: usize, batch: usize, bytes: usize) -> u32 {
     let step = if batch > 1 {
-        (stride * ty.bytes()) as u64
+        (stride * bytes) as u64
     } else {
         0
     };
@@ -62,11 +62,28 @@ fn alignment(addr: Addr, stride: usize, batch: usize, ty: Dtype) -> u32 {
     }
 }
 
-fn data_type(d: Dtype) -> sys::cudaDataType {
-    match d {
-        Dtype::F32 => sys::cudaDataType_t::CUDA_R_32F,
-        Dtype::Bf16 => sys::cudaDataType_t::CUDA_R_16BF,
-        Dtype::F16 => sys::cudaDataType_t::CUDA_R_16F,
+/// What an operand holds, in cuBLASLt's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Elems {
+    Act(Dtype),
+    Fp8(Fp8Dtype),
+}
+
+fn data_type(e: Elems) -> sys::cudaDataType {
+    match e {
+        Elems::Act(Dtype::F32) => sys::cudaDataType_t::CUDA_R_32F,
+        Elems::Act(Dtype::Bf16) => sys::cudaDataType_t::CUDA_R_16BF,
+        Elems::Act(Dtype::F16) => sys::cudaDataType_t::CUDA_R_16F,
+        Elems::Fp8(Fp8Dtype::E4m3) => sys::cudaDataType_t::CUDA_R_8F_E4M3,
+        Elems::Fp8(Fp8Dtype::E5m2) => sys::cudaDataType_t::CUDA_R_8F_E5M2,
+    }
+}
+
+/// `A`'s and `B`'s elements (ours, row-major).
+fn operand_elems(ab: AbTypes) -> [Elems; 2] {
+    match ab {
+        AbTypes::Act(d) => [Elems::Act(d); 2],
+        AbTypes::Fp8 { a, b } => [Elems::Fp8(a), Elems::Fp8(b)],
     }
 }
 
@@ -79,7 +96,8 @@ struct Key {
     trans: [bool; 2],
     batch: usize,
     strides: [usize; 3],
-    types: [Dtype; 2],
+    ab: AbTypes,
+    c_type: Dtype,
     bias: bool,
     align: [u32; 3],
 }
@@ -91,7 +109,7 @@ impl Layout {
     /// `rows x cols` column-major with leading dimension `ld`, `batch` of them `stride`
     /// elements apart.
     fn new(
-        ty: Dtype,
+        ty: Elems,
         (rows, cols, ld): (usize, usize, usize),
         batch: usize,
         stride: usize,
@@ -265,12 +283,13 @@ impl Lt {
             trans: [g.a.trans, g.b.trans],
             batch: g.batch,
             strides: g.strides,
-            types: [g.ab, g.c_type],
+            ab: g.ab,
+            c_type: g.c_type,
             bias: bias.is_some(),
             align: [
-                alignment(g.a.addr, g.strides[0], g.batch, g.ab),
-                alignment(g.b.addr, g.strides[1], g.batch, g.ab),
-                alignment(g.c, g.strides[2], g.batch, g.c_type),
+                alignment(g.a.addr, g.strides[0], g.batch, g.ab.bytes()[0]),
+                alignment(g.b.addr, g.strides[1], g.batch, g.ab.bytes()[1]),
+                alignment(g.c, g.strides[2], g.batch, g.c_type.bytes()),
             ],
         };
         let workspace = self.workspace()?;
@@ -278,7 +297,7 @@ impl Lt {
         let slot = match plans.entry(key) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(self.plan(&key, bias).unwrap_or_else(|err| {
+                e.insert(self.plan(&key, bias, g.scale_inv).unwrap_or_else(|err| {
                     self.refuse(err);
                     None
                 }))
@@ -308,6 +327,30 @@ impl Lt {
                 self.refuse(lt_err(what())(e));
                 *slot = None;
                 return Ok(false);
+            }
+        }
+        if let AbTypes::Fp8 { .. } = g.ab {
+            // cuBLASLt's A is our B: its scale is our B's scale_inv.
+            use sys::cublasLtMatmulDescAttributes_t as D;
+            for (attr, ptr) in [
+                (D::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, g.scale_inv[1]),
+                (D::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, g.scale_inv[0]),
+            ] {
+                // SAFETY: the descriptor is live; the value is a device pointer to one
+                // f32 (matmul_fp8 checked it), the attribute's type; cuBLASLt copies it.
+                let set = unsafe {
+                    lt::set_matmul_desc_attribute(
+                        plan.desc.0,
+                        attr,
+                        (&ptr as *const u64).cast(),
+                        std::mem::size_of::<u64>(),
+                    )
+                };
+                if let Err(e) = set {
+                    self.refuse(lt_err(what())(e));
+                    *slot = None;
+                    return Ok(false);
+                }
             }
         }
         let (alpha, beta) = (1f32, if g.accumulate { 1f32 } else { 0f32 });
@@ -349,12 +392,19 @@ impl Lt {
     }
 
     /// The descriptor, layouts and the heuristic's first algorithm for `key` (with the
-    /// first call's bias pointer set, as llm.c does); `None` if it has none.
-    fn plan(&self, key: &Key, bias: Option<u64>) -> Result<Option<Plan>, GpuError> {
+    /// first call's bias pointer set, as llm.c does, and for FP8 its scale pointers, as
+    /// Transformer Engine does); `None` if it has none.
+    fn plan(
+        &self,
+        key: &Key,
+        bias: Option<u64>,
+        scale_inv: [Addr; 2],
+    ) -> Result<Option<Plan>, GpuError> {
         let [m, n, k] = key.mnk;
         let [lda, ldb, ldc] = key.lds;
         let [ta, tb] = key.trans;
-        let [ab, c_type] = key.types;
+        let [elems_a, elems_b] = operand_elems(key.ab);
+        let c_type = Elems::Act(key.c_type);
         let what = || {
             format!(
                 "planning a cuBLASLt product {m}x{n}x{k} (batch {})",
@@ -403,12 +453,28 @@ impl Lt {
                 std::mem::size_of::<u64>(),
             )?;
         }
+        if let AbTypes::Fp8 { .. } = key.ab {
+            // Per-tensor scaling: cuBLASLt's A is our B. Fast accumulation stays off (its
+            // default): the tensor cores' partial sums are promoted to f32, Transformer
+            // Engine's choice for the gradients' products.
+            let [ours_a, ours_b] = scale_inv;
+            set_desc(
+                D::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                (&ours_b as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            )?;
+            set_desc(
+                D::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                (&ours_a as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            )?;
+        }
         // Stored column-major: our B (k x n row-major) is n x k, or k x n when transposed.
         let a_shape = if tb { (k, n, ldb) } else { (n, k, ldb) };
         let b_shape = if ta { (m, k, lda) } else { (k, m, lda) };
         let [sa, sb, sc] = key.strides;
-        let a = Layout::new(ab, a_shape, key.batch, sb)?;
-        let b = Layout::new(ab, b_shape, key.batch, sa)?;
+        let a = Layout::new(elems_b, a_shape, key.batch, sb)?;
+        let b = Layout::new(elems_a, b_shape, key.batch, sa)?;
         let c = Layout::new(c_type, (n, m, ldc), key.batch, sc)?;
         let pref = Pref(lt::create_matmul_pref().map_err(lt_err(what()))?);
         let [align_a, align_b, align_c] = key.align;

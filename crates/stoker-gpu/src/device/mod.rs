@@ -37,7 +37,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use crate::backend::{Backend, View};
-use crate::call::{Addr, Arg, Call, Gemm, Grid};
+use crate::call::{AbTypes, Addr, Arg, Call, Gemm, Grid};
 use crate::elem::{Dtype, Elem};
 use crate::error::GpuError;
 
@@ -680,12 +680,24 @@ impl Backend for Device {
             || {
                 self.bind()?;
                 let epilogue = lt::epilogue_bias(g);
-                let done = match self.gemm_library.get() {
+                // cuBLAS has no FP8 product: those run through cuBLASLt whatever the library.
+                let fp8 = matches!(g.ab, AbTypes::Fp8 { .. });
+                let done = match (self.gemm_library.get(), fp8) {
                     // SAFETY: the caller's contract; the context is current (bound above), and
                     // an epilogue bias is aligned (epilogue_bias).
-                    GemmLibrary::CublasLt => unsafe { self.lt.gemm(g, epilogue)? },
-                    GemmLibrary::Cublas => false,
+                    (GemmLibrary::CublasLt, _) | (_, true) => unsafe { self.lt.gemm(g, epilogue)? },
+                    (GemmLibrary::Cublas, false) => false,
                 };
+                if !done && fp8 {
+                    let (_, _, refused) = self.lt.planned();
+                    return Err(GpuError::Driver {
+                        what: format!("an FP8 product {}x{}x{}", g.m, g.n, g.k),
+                        error: format!(
+                            "cuBLASLt does not run it and cuBLAS has no FP8 product ({})",
+                            refused.as_deref().unwrap_or("no algorithm for its shape")
+                        ),
+                    });
+                }
                 if !done {
                     // SAFETY: the caller's contract.
                     unsafe { self.cublas_gemm(g)? };
@@ -723,6 +735,12 @@ impl Device {
             Dtype::F16 => blas::cudaDataType::CUDA_R_16F,
         };
         let op = |t: bool| if t { CUBLAS_OP_T } else { CUBLAS_OP_N };
+        let AbTypes::Act(ab) = g.ab else {
+            return Err(GpuError::Shape {
+                kernel: "matmul",
+                what: "cuBLAS has no FP8 product".into(),
+            });
+        };
         let int = |x: usize| {
             i32::try_from(x).map_err(|_| GpuError::Shape {
                 kernel: "matmul",
@@ -746,11 +764,11 @@ impl Device {
                 int(g.k)?,
                 (&alpha as *const f32).cast(),
                 g.b.addr as usize as *const std::ffi::c_void,
-                ty(g.ab),
+                ty(ab),
                 int(g.b.ld)?,
                 stride(g.strides[1]),
                 g.a.addr as usize as *const std::ffi::c_void,
-                ty(g.ab),
+                ty(ab),
                 int(g.a.ld)?,
                 stride(g.strides[0]),
                 (&beta as *const f32).cast(),

@@ -1,0 +1,211 @@
+//! FP8 delayed scaling on a backend (Transformer Engine's `DelayedScaling`, stoker-precision's
+//! [`DelayedScaler`] bit for bit): a set of scalers, one per FP8 tensor (a linear layer's
+//! input, weight, output gradient), whose scales, amax histories and per-warp amax partials
+//! live in three f32 buffers on the backend and never leave it.
+//!
+//! - [`Fp8Scalers::quantize`] casts a tensor with its scaler's scale (the one the earlier
+//!   steps gave: "delayed") and folds its amax into the scaler's partials, so the
+//!   micro-batches of a step add up as `DelayedScaler::record_amax` does;
+//! - [`Fp8Scalers::end_step`] is one launch for the whole set: each scaler's amax recorded
+//!   in its history, its next scale and `scale_inv`, the ring moved on;
+//! - [`Fp8Scalers::scale_inv`] is the view an FP8 product reads
+//!   ([`crate::gemm::matmul_fp8`]), on the device through a pointer, so no scale crosses
+//!   the bus in a step.
+//!
+//! One rank only: the amax all-reduce that keeps several ranks' scales equal (Transformer
+//! Engine's `reduce_amax`) is not built here, as it is not on the CPU.
+
+use stoker_precision::{AmaxComputeAlgo, DelayedScaler, DelayedScalingConfig, TensorRole};
+
+use crate::backend::{Backend, View};
+use crate::call::Call;
+use crate::elem::{Act, Fp8, Fp8Dtype};
+use crate::error::{check_len, dim, GpuError};
+
+/// Warps of a cast at most, so the amax partials each scaler keeps: 1,024 warps hold
+/// 32,768 threads of eight elements each in flight.
+pub const AMAX_WARPS: usize = 1024;
+
+/// Values a scaler keeps in the state buffer: scale, scale_inv, the format's largest
+/// value times 2^-margin.
+const STATE: usize = 3;
+
+/// One scaler's values as read back: what [`DelayedScaler`] holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScalerValues {
+    /// The scale the next casts multiply by.
+    pub scale: f32,
+    /// `1 / scale`, what the products multiply by.
+    pub scale_inv: f32,
+    /// The amax history, oldest first, ending with the current step's slot (as
+    /// [`DelayedScaler::history`]); the casts of the step not yet ended are in the partials,
+    /// not here.
+    pub history: Vec<f32>,
+}
+
+/// A set of delayed scalers on a backend.
+pub struct Fp8Scalers<B: Backend> {
+    state: B::Buf<f32>,
+    history: B::Buf<f32>,
+    partials: B::Buf<f32>,
+    formats: Vec<Fp8Dtype>,
+    len: usize,
+    pos: usize,
+    most_recent: bool,
+}
+
+impl<B: Backend> Fp8Scalers<B> {
+    /// One scaler per entry of `roles` under `config` (the format of each from the recipe
+    /// and its role), each with scale 1 and an empty history, as [`DelayedScaler::new`].
+    pub fn new(
+        be: &B,
+        config: &DelayedScalingConfig,
+        roles: &[TensorRole],
+    ) -> Result<Self, GpuError> {
+        const K: &str = "fp8-scalers";
+        let bad = |what: String| GpuError::Shape { kernel: K, what };
+        if roles.is_empty() {
+            return Err(bad("no scaler".into()));
+        }
+        // The same checks and the same scaled maximum as DelayedScaler::new and ::update.
+        for role in roles {
+            DelayedScaler::new(config, *role).map_err(|e| bad(e.to_string()))?;
+        }
+        dim(K, "amax_history_len", config.amax_history_len)?;
+        dim(K, "scalers", roles.len())?;
+        let formats: Vec<Fp8Dtype> = roles
+            .iter()
+            .map(|r| Fp8Dtype::of(config.format.format_for(*r)))
+            .collect();
+        let state: Vec<f32> = formats
+            .iter()
+            .flat_map(|f| [1.0, 1.0, f.format().max() * (-config.margin).exp2()])
+            .collect();
+        Ok(Fp8Scalers {
+            state: be.upload(&state)?,
+            history: be.zeros(roles.len() * config.amax_history_len)?,
+            partials: be.zeros(roles.len() * AMAX_WARPS)?,
+            formats,
+            len: config.amax_history_len,
+            pos: 0,
+            most_recent: config.amax_compute_algo == AmaxComputeAlgo::MostRecent,
+        })
+    }
+
+    /// How many scalers the set holds.
+    pub fn count(&self) -> usize {
+        self.formats.len()
+    }
+
+    /// Scaler `s`'s format.
+    pub fn format(&self, s: usize) -> Result<Fp8Dtype, GpuError> {
+        self.formats.get(s).copied().ok_or_else(|| GpuError::Shape {
+            kernel: "fp8-scalers",
+            what: format!("scaler {s} of {}", self.formats.len()),
+        })
+    }
+
+    /// Scaler `s`'s `scale_inv` as a view of one f32: what an FP8 product reads.
+    pub fn scale_inv<'a>(&'a self, be: &B, s: usize) -> Result<View<'a, f32>, GpuError> {
+        self.format(s)?;
+        be.view(&self.state, STATE * s + 1..STATE * s + 2)
+    }
+
+    /// `out = fp8(x * scale)` with scaler `s`'s scale (`x` row-major `rows x cols`), and
+    /// where `out_t` is given its transpose (`cols x rows`: what FP8 products take for the
+    /// other side of a product). With `record`, `x`'s amax is folded into the scaler's
+    /// step; a cast again of a tensor already recorded (the backward's) passes `false`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn quantize<T: Act, Q: Fp8>(
+        &self,
+        be: &B,
+        s: usize,
+        x: View<T>,
+        (rows, cols): (usize, usize),
+        out: View<Q>,
+        out_t: Option<View<Q>>,
+        record: bool,
+    ) -> Result<(), GpuError> {
+        const K: &str = "fp8-quantize";
+        let format = self.format(s)?;
+        if format != Q::DTYPE {
+            return Err(GpuError::Shape {
+                kernel: K,
+                what: format!(
+                    "scaler {s} casts to {format:?}, the output holds {:?}",
+                    Q::DTYPE
+                ),
+            });
+        }
+        let n = rows * cols;
+        let cols32 = dim(K, "cols", cols)?;
+        dim(K, "rows", rows)?;
+        check_len(K, "x", x.len(), n)?;
+        check_len(K, "out", out.len(), n)?;
+        if let Some(t) = &out_t {
+            check_len(K, "out_t", t.len(), n)?;
+        }
+        // A warp casts 32 packs of eight at a time.
+        let warps = n.div_ceil(32 * 8).clamp(1, AMAX_WARPS);
+        let amax = if record {
+            be.view(&self.partials, s * AMAX_WARPS..(s + 1) * AMAX_WARPS)?
+                .addr()
+        } else {
+            0
+        };
+        let call = Call::Fp8Quantize {
+            dtype: T::DTYPE,
+            out: out.addr(),
+            out_t: out_t.map_or(0, |t| t.addr()),
+            amax,
+            x: x.addr(),
+            scale: be.view(&self.state, STATE * s..STATE * s + 1)?.addr(),
+            rows: rows as i64,
+            cols: cols32,
+            e5m2: (format == Fp8Dtype::E5m2) as i32,
+            warps: warps as i32,
+        };
+        // SAFETY: x, out (and out_t) hold rows * cols elements; the scale is one f32 of
+        // the state; the amax partials (when recorded) are this scaler's AMAX_WARPS, one
+        // per warp, and warps <= AMAX_WARPS.
+        unsafe { be.launch(&call) }
+    }
+
+    /// Ends the step for every scaler: its amax recorded, its next scale computed, its
+    /// history moved on ([`DelayedScaler::update`]). One launch, nothing read back.
+    pub fn end_step(&mut self, be: &B) -> Result<(), GpuError> {
+        let call = Call::Fp8ScaleUpdate {
+            state: be.addr(&self.state),
+            history: be.addr(&self.history),
+            partials: be.addr(&self.partials),
+            count: self.count() as i64,
+            len: self.len as i32,
+            pos: self.pos as i32,
+            parts: AMAX_WARPS as i32,
+            most_recent: self.most_recent as i32,
+        };
+        // SAFETY: the state holds STATE, the history `len` and the partials AMAX_WARPS
+        // values for each of `count` scalers, and pos < len.
+        unsafe { be.launch(&call)? };
+        self.pos = (self.pos + 1) % self.len;
+        Ok(())
+    }
+
+    /// Every scaler's values, read back (for checks and checkpoints, not in a step).
+    pub fn read(&self, be: &B) -> Result<Vec<ScalerValues>, GpuError> {
+        let state = be.download(&self.state)?;
+        let history = be.download(&self.history)?;
+        Ok((0..self.count())
+            .map(|s| {
+                let ring = &history[s * self.len..(s + 1) * self.len];
+                ScalerValues {
+                    scale: state[STATE * s],
+                    scale_inv: state[STATE * s + 1],
+                    history: (1..=self.len)
+                        .map(|k| ring[(self.pos + k) % self.len])
+                        .collect(),
+                }
+            })
+            .collect())
+    }
+}
