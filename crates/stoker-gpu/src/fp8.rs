@@ -15,6 +15,8 @@
 //! One rank only: the amax all-reduce that keeps several ranks' scales equal (Transformer
 //! Engine's `reduce_amax`) is not built here, as it is not on the CPU.
 
+use std::cell::Cell;
+
 use stoker_precision::{AmaxComputeAlgo, DelayedScaler, DelayedScalingConfig, TensorRole};
 
 use crate::backend::{Backend, View};
@@ -50,7 +52,8 @@ pub struct Fp8Scalers<B: Backend> {
     partials: B::Buf<f32>,
     formats: Vec<Fp8Dtype>,
     len: usize,
-    pos: usize,
+    /// The current step's slot in every history (all scalers end their steps together).
+    pos: Cell<usize>,
     most_recent: bool,
 }
 
@@ -87,7 +90,7 @@ impl<B: Backend> Fp8Scalers<B> {
             partials: be.zeros(roles.len() * AMAX_WARPS)?,
             formats,
             len: config.amax_history_len,
-            pos: 0,
+            pos: Cell::new(0),
             most_recent: config.amax_compute_algo == AmaxComputeAlgo::MostRecent,
         })
     }
@@ -173,21 +176,21 @@ impl<B: Backend> Fp8Scalers<B> {
 
     /// Ends the step for every scaler: its amax recorded, its next scale computed, its
     /// history moved on ([`DelayedScaler::update`]). One launch, nothing read back.
-    pub fn end_step(&mut self, be: &B) -> Result<(), GpuError> {
+    pub fn end_step(&self, be: &B) -> Result<(), GpuError> {
         let call = Call::Fp8ScaleUpdate {
             state: be.addr(&self.state),
             history: be.addr(&self.history),
             partials: be.addr(&self.partials),
             count: self.count() as i64,
             len: self.len as i32,
-            pos: self.pos as i32,
+            pos: self.pos.get() as i32,
             parts: AMAX_WARPS as i32,
             most_recent: self.most_recent as i32,
         };
         // SAFETY: the state holds STATE, the history `len` and the partials AMAX_WARPS
         // values for each of `count` scalers, and pos < len.
         unsafe { be.launch(&call)? };
-        self.pos = (self.pos + 1) % self.len;
+        self.pos.set((self.pos.get() + 1) % self.len);
         Ok(())
     }
 
@@ -202,7 +205,7 @@ impl<B: Backend> Fp8Scalers<B> {
                     scale: state[STATE * s],
                     scale_inv: state[STATE * s + 1],
                     history: (1..=self.len)
-                        .map(|k| ring[(self.pos + k) % self.len])
+                        .map(|k| ring[(self.pos.get() + k) % self.len])
                         .collect(),
                 }
             })

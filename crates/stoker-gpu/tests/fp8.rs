@@ -182,7 +182,7 @@ fn a_cast_is_stoker_precision_s_bit_for_bit() {
     let roles = [TensorRole::Forward, TensorRole::Backward];
     let mut checked = 0;
     for bf16_input in [false, true] {
-        let mut scalers = Fp8Scalers::new(&Host, &cfg, &roles).unwrap();
+        let scalers = Fp8Scalers::new(&Host, &cfg, &roles).unwrap();
         let mut cpu: Vec<DelayedScaler> = roles
             .iter()
             .map(|r| DelayedScaler::new(&cfg, *r).unwrap())
@@ -254,7 +254,7 @@ fn scalers_follow_delayed_scaler_bit_for_bit() {
         (16, AmaxComputeAlgo::MostRecent, 2.0),
     ] {
         let cfg = config(len, algo, margin);
-        let mut scalers = Fp8Scalers::new(&Host, &cfg, &roles).unwrap();
+        let scalers = Fp8Scalers::new(&Host, &cfg, &roles).unwrap();
         let mut cpu: Vec<DelayedScaler> = roles
             .iter()
             .map(|role| DelayedScaler::new(&cfg, *role).unwrap())

@@ -34,6 +34,7 @@ const GRAPHS: StepOptions = StepOptions {
     shard_params: None,
     graph_micro_batches: true,
     flash_attention: false,
+    fp8_linears: false,
 };
 
 /// A micro-batch's tokens and targets.

@@ -28,6 +28,7 @@ const RECOMPUTE: StepOptions = StepOptions {
     shard_params: None,
     graph_micro_batches: false,
     flash_attention: false,
+    fp8_linears: false,
 };
 
 /// Two micro-batches' tokens and targets over `vocab`, a few targets ignored.

@@ -18,7 +18,8 @@ use crate::ids::{Groups, Ids};
 use crate::kernels::{self, Stats};
 use crate::Heads;
 
-use super::linear::{self, Linear};
+use super::fp8_linear::Fp8Linears;
+use super::linear::{self, Fp8Layer, Linear};
 use super::{attention, layout, padded_vocab, TokenBatch};
 
 /// A GPT's step at one batch shape, its buffers on backend `B`, activations in `T`.
@@ -38,9 +39,15 @@ pub struct GptGpuStep<B: Backend, T: Act> {
     recompute_mlp: bool,
     /// Attention on tensor cores keeping each row's log-sum-exp, not its probabilities.
     flash_attention: bool,
+    /// The linear layers in FP8 with delayed scaling, four per block (`qkv`, `proj`,
+    /// `fc`, `fc_proj`), where the step runs them so.
+    fp8: Option<Fp8Linears<B>>,
 }
 
 const OP: &str = "gpt-gpu-step";
+
+/// A block's linear layers: `qkv`, `proj`, `fc`, `fc_proj`.
+const FP8_LAYERS_PER_BLOCK: usize = 4;
 
 fn shape_err(what: String) -> GpuError {
     GpuError::Shape { kernel: OP, what }
@@ -110,6 +117,9 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
         if let Some(why) = opts.flash_refusal(T::DTYPE, dims.d_model / dims.n_head) {
             return Err(shape_err(why));
         }
+        if let Some(why) = opts.fp8_refusal(T::DTYPE) {
+            return Err(shape_err(why));
+        }
         let layout = ActLayout::new(&dims, (batch, t), padded_vocab(dims.vocab), opts);
         let c = dims.d_model;
         let blocks = offsets
@@ -134,7 +144,18 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
             })
             .collect::<Vec<_>>();
         let sizes = gpt_step_sizes(&dims, offsets.end(), (batch, t), opts);
+        let fp8 = match opts.fp8_linears {
+            true => Some(Fp8Linears::new(
+                be,
+                FP8_LAYERS_PER_BLOCK * dims.n_layer,
+                batch * t,
+                &[c, 3 * c, 4 * c],
+                4 * c * c,
+            )?),
+            false => None,
+        };
         Ok(GptGpuStep {
+            fp8,
             recompute_attention: opts.recompute_attention,
             recompute_mlp: opts.recompute_mlp,
             flash_attention: opts.flash_attention,
@@ -171,14 +192,29 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
         }
     }
 
+    /// Block `block`'s linear layer `j` (0 `qkv`, 1 `proj`, 2 `fc`, 3 `fc_proj`) among the
+    /// FP8 layers, where the step runs them.
+    fn fp8_layer(&self, block: usize, j: usize) -> Fp8Layer<'_, B> {
+        self.fp8
+            .as_ref()
+            .map(|f| (f, FP8_LAYERS_PER_BLOCK * block + j))
+    }
+
+    /// The FP8 delayed scalers of the linear layers (three per layer: input, weight,
+    /// output gradient; four layers per block: `qkv`, `proj`, `fc`, `fc_proj`), where the
+    /// step runs them in FP8.
+    pub fn fp8_scalers(&self) -> Option<&crate::fp8::Fp8Scalers<B>> {
+        self.fp8.as_ref().map(|f| f.scalers())
+    }
+
     /// `y = x W^T + b` for the linear layer at `wb` (`W` `[out, inp]`).
     fn linear(
         &self,
         be: &B,
-        y: Span,
-        x: Span,
+        (y, x): (Span, Span),
         wb: [usize; 2],
         (inp, out): (usize, usize),
+        fp8: Fp8Layer<'_, B>,
     ) -> Result<(), GpuError> {
         let l = Linear {
             w: wb[0],
@@ -186,7 +222,7 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
             inp,
             out,
         };
-        linear::forward(be, &self.bufs, self.batch * self.t, l, y, x)
+        linear::forward(be, &self.bufs, self.batch * self.t, l, (y, x), fp8)
     }
 
     /// The linear layer's backward: `dx = dy W` (when `dx` is given), `dW += dy^T x`,
@@ -194,11 +230,10 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
     fn linear_back(
         &self,
         be: &B,
-        dx: Option<Span>,
-        dy: Span,
-        x: Span,
+        (dx, dy, x): (Option<Span>, Span, Span),
         wb: [usize; 2],
         (inp, out): (usize, usize),
+        fp8: Fp8Layer<'_, B>,
     ) -> Result<(), GpuError> {
         let l = Linear {
             w: wb[0],
@@ -215,6 +250,7 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
             dy,
             x,
             self.layout.partials,
+            fp8,
         )
     }
 
@@ -330,7 +366,16 @@ impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {
         }
     }
 
-    fn forward(&self, be: &B, tokens: &Ids<B>, hooks: &mut BlockHooks<'_>) -> Result<(), GpuError> {
+    fn forward(
+        &self,
+        be: &B,
+        tokens: &Ids<B>,
+        hooks: &mut BlockHooks<'_>,
+        training: bool,
+    ) -> Result<(), GpuError> {
+        if let Some(f) = &self.fp8 {
+            f.set_recording(training);
+        }
         let (c, v, t) = (self.dims.d_model, self.dims.vocab, self.t);
         let (o, lay) = (&self.offsets, &self.layout);
         let first = lay.blocks[0].resid_in;
@@ -374,9 +419,15 @@ impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {
                 b,
                 self.eps,
             )?;
-            self.linear(be, s.qkv, s.ln1, bo.qkv, (c, 3 * c))?;
+            self.linear(be, (s.qkv, s.ln1), bo.qkv, (c, 3 * c), self.fp8_layer(l, 0))?;
             self.attention(be, s, st.lse)?;
-            self.linear(be, s.attproj, s.atty, bo.proj, (c, c))?;
+            self.linear(
+                be,
+                (s.attproj, s.atty),
+                bo.proj,
+                (c, c),
+                self.fp8_layer(l, 1),
+            )?;
             let (w, b) = ln(bo.ln2)?;
             let residual = Some((self.bufs.a(be, s.resid2)?, self.bufs.a(be, s.attproj)?));
             kernels::layernorm_forward(
@@ -389,9 +440,15 @@ impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {
                 b,
                 self.eps,
             )?;
-            self.linear(be, s.fch, s.ln2, bo.fc, (c, 4 * c))?;
+            self.linear(be, (s.fch, s.ln2), bo.fc, (c, 4 * c), self.fp8_layer(l, 2))?;
             kernels::gelu_forward(be, self.bufs.a(be, s.fch_gelu)?, self.bufs.a(be, s.fch)?)?;
-            self.linear(be, s.fcproj, s.fch_gelu, bo.fc_proj, (4 * c, c))?;
+            self.linear(
+                be,
+                (s.fcproj, s.fch_gelu),
+                bo.fc_proj,
+                (4 * c, c),
+                self.fp8_layer(l, 3),
+            )?;
         }
         let last = lay.blocks[lay.blocks.len() - 1];
         let [w, b] = o.ln_f();
@@ -468,20 +525,37 @@ impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {
             }
             self.linear_back(
                 be,
-                Some(lay.dfch),
-                lay.dres,
-                s.fch_gelu,
+                (Some(lay.dfch), lay.dres, s.fch_gelu),
                 bo.fc_proj,
                 (4 * c, c),
+                self.fp8_layer(l, 3),
             )?;
             let dfch = self.bufs.a(be, lay.dfch)?;
             kernels::gelu_backward(be, dfch, self.bufs.a(be, s.fch)?, dfch)?;
-            self.linear_back(be, Some(lay.dnc), lay.dfch, s.ln2, bo.fc, (c, 4 * c))?;
+            self.linear_back(
+                be,
+                (Some(lay.dnc), lay.dfch, s.ln2),
+                bo.fc,
+                (c, 4 * c),
+                self.fp8_layer(l, 2),
+            )?;
             self.ln_back(be, lay.dnc, s.resid2, bo.ln2, st.ln2)?;
             // dres is now resid2's gradient: the attention projection's output's too.
-            self.linear_back(be, Some(lay.dnc), lay.dres, s.atty, bo.proj, (c, c))?;
+            self.linear_back(
+                be,
+                (Some(lay.dnc), lay.dres, s.atty),
+                bo.proj,
+                (c, c),
+                self.fp8_layer(l, 1),
+            )?;
             self.attention_back(be, s, st.lse)?;
-            self.linear_back(be, Some(lay.dnc), lay.dqkv, s.ln1, bo.qkv, (c, 3 * c))?;
+            self.linear_back(
+                be,
+                (Some(lay.dnc), lay.dqkv, s.ln1),
+                bo.qkv,
+                (c, 3 * c),
+                self.fp8_layer(l, 0),
+            )?;
             self.ln_back(be, lay.dnc, s.resid_in, bo.ln1, st.ln1)?;
             self.bufs.leave_block(be, l)?;
             hooks.run_after(l, &self.blocks[l])?;

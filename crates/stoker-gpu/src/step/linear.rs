@@ -8,6 +8,7 @@ use crate::gemm::{matmul, Dims, Mat};
 use crate::kernels;
 
 use super::buffers::StepBuffers;
+use super::fp8_linear::{Fp8Linears, Fp8Shape};
 use super::layout::{Span, BIAS_PARTS};
 
 /// Where a layer's parameters are and its shape.
@@ -23,17 +24,29 @@ pub(crate) struct Linear {
     pub(crate) out: usize,
 }
 
+/// The FP8 layers of a step and this layer's index among them, where the step runs its
+/// linear layers in FP8.
+pub(crate) type Fp8Layer<'a, B> = Option<(&'a Fp8Linears<B>, usize)>;
+
 /// `y = x W^T (+ b)` over `rows` rows.
 pub(crate) fn forward<B: Backend, T: Act>(
     be: &B,
     bufs: &StepBuffers<B, T>,
     rows: usize,
     l: Linear,
-    y: Span,
-    x: Span,
+    (y, x): (Span, Span),
+    fp8: Fp8Layer<'_, B>,
 ) -> Result<(), GpuError> {
     let w = bufs.p(be, l.w, l.out * l.inp)?;
     let b = l.b.map(|b| bufs.p(be, b, l.out)).transpose()?;
+    if let Some((f, layer)) = fp8 {
+        let shape = Fp8Shape {
+            rows,
+            inp: l.inp,
+            out: l.out,
+        };
+        return f.forward(be, layer, shape, (bufs.a(be, y)?, bufs.a(be, x)?, w, b));
+    }
     matmul(
         be,
         Mat::rows(bufs.a(be, y)?, l.out),
@@ -57,8 +70,28 @@ pub(crate) fn backward<B: Backend, T: Act>(
     dy: Span,
     x: Span,
     partials: Span,
+    fp8: Fp8Layer<'_, B>,
 ) -> Result<(), GpuError> {
     let dyv = bufs.a(be, dy)?;
+    if let Some((f, layer)) = fp8 {
+        let shape = Fp8Shape {
+            rows,
+            inp: l.inp,
+            out: l.out,
+        };
+        let dxv = dx
+            .map(|(d, add)| bufs.a(be, d).map(|v| (v, add)))
+            .transpose()?;
+        let w = bufs.p(be, l.w, l.out * l.inp)?;
+        f.backward(
+            be,
+            layer,
+            shape,
+            (dxv, dyv, bufs.a(be, x)?, w),
+            bufs.g(be, l.w, l.out * l.inp)?,
+        )?;
+        return bias_backward(be, bufs, l, dyv, partials);
+    }
     if let Some((dx, add)) = dx {
         let w = bufs.p(be, l.w, l.out * l.inp)?;
         matmul(
@@ -81,6 +114,18 @@ pub(crate) fn backward<B: Backend, T: Act>(
         None,
         true,
     )?;
+    bias_backward(be, bufs, l, dyv, partials)
+}
+
+/// A biased layer's `db += column sums of dy` through `partials` (from `dy` as the step
+/// holds it, in FP8 runs too, as Transformer Engine does).
+fn bias_backward<B: Backend, T: Act>(
+    be: &B,
+    bufs: &StepBuffers<B, T>,
+    l: Linear,
+    dyv: crate::backend::View<'_, T>,
+    partials: Span,
+) -> Result<(), GpuError> {
     match l.b {
         Some(b) => kernels::column_sums_add(
             be,

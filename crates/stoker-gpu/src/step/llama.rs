@@ -45,6 +45,8 @@ pub struct LlamaGpuStep<B: Backend, T: Act> {
     recompute_mlp: bool,
     /// Attention on tensor cores keeping each row's log-sum-exp, not its probabilities.
     flash_attention: bool,
+    /// FP8 linear layers: not built for the Llama step (refused when asked), so none.
+    fp8: Option<super::fp8_linear::Fp8Linears<B>>,
 }
 
 /// What a Llama step of `dims` over a flat buffer of `params` elements holds for `batch`
@@ -117,6 +119,11 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         if let Some(why) = opts.flash_refusal(T::DTYPE, dims.head_dim()) {
             return Err(shape_err(why));
         }
+        if opts.fp8_linears {
+            return Err(shape_err(
+                "FP8 linear layers are built for the GPT step, not yet the Llama's".into(),
+            ));
+        }
         let layout = LlamaLayout::new(&dims, (batch, t), padded_vocab(dims.vocab), opts);
         let (c, f) = (dims.d_model, dims.ffn_hidden);
         let kv = dims.n_kv_head * dims.head_dim();
@@ -143,6 +150,7 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         be.write(&bufs.floats, layout.cos.start, &cos)?;
         be.write(&bufs.floats, layout.sin.start, &sin)?;
         Ok(LlamaGpuStep {
+            fp8: None,
             recompute_attention: opts.recompute_attention,
             recompute_mlp: opts.recompute_mlp,
             flash_attention: opts.flash_attention,
@@ -190,8 +198,8 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
                 inp,
                 out,
             },
-            y,
-            x,
+            (y, x),
+            None,
         )
     }
 
@@ -222,6 +230,7 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
             dy,
             x,
             self.layout.partials,
+            None,
         )
     }
 
@@ -379,7 +388,13 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
         }
     }
 
-    fn forward(&self, be: &B, tokens: &Ids<B>, hooks: &mut BlockHooks<'_>) -> Result<(), GpuError> {
+    fn forward(
+        &self,
+        be: &B,
+        tokens: &Ids<B>,
+        hooks: &mut BlockHooks<'_>,
+        _training: bool,
+    ) -> Result<(), GpuError> {
         let d = self.dims;
         let (c, v, f, kv) = (d.d_model, d.vocab, d.ffn_hidden, self.kv());
         let (o, lay) = (&self.offsets, &self.layout);

@@ -33,7 +33,12 @@ macro_rules! token_step_api {
             unscale: f32,
             clip: Option<f64>,
         ) -> Result<f64, GpuError> {
-            optimizer::update(be, opt, self.update_views(be)?, scalars, unscale, clip)
+            let norm = optimizer::update(be, opt, self.update_views(be)?, scalars, unscale, clip)?;
+            // The FP8 scalers' steps end with the optimizer's, as the CPU trainer's do.
+            if let Some(f) = &self.fp8 {
+                f.end_step(be)?;
+            }
+            Ok(norm)
         }
 
         /// The views an update works on: the compute copy, the gradients, the norm's
@@ -174,6 +179,7 @@ pub mod attention;
 mod batch_ids;
 pub mod block_runs;
 pub mod buffers;
+pub(crate) mod fp8_linear;
 pub mod gpt;
 pub mod grad_slots;
 mod graphs;

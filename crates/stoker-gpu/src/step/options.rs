@@ -44,9 +44,36 @@ pub struct StepOptions {
     /// bf16 activations and head widths 16, 32 or 64; not with `recompute_attention`
     /// (there is nothing to recompute).
     pub flash_attention: bool,
+    /// The GPT's linear layers in FP8 with delayed scaling
+    /// ([`super::fp8_linear`]; Transformer Engine's HYBRID recipe): f32 or bf16
+    /// activations, one rank's whole step (not with gradients or parameters in slots,
+    /// whose updates do not end the scalers' steps).
+    pub fp8_linears: bool,
 }
 
 impl StepOptions {
+    /// Why `fp8_linears` cannot run on a step of `dtype` activations, if it cannot.
+    pub fn fp8_refusal(&self, dtype: crate::Dtype) -> Option<String> {
+        if !self.fp8_linears {
+            return None;
+        }
+        if dtype == crate::Dtype::F16 {
+            return Some(
+                "FP8 linear layers write bf16 or f32 activations, not f16 (precision = \"fp8\" \
+                 runs bf16 around them)"
+                    .into(),
+            );
+        }
+        if self.grads_in_slots || self.shard_params.is_some() {
+            return Some(
+                "FP8 linear layers run one rank's whole step: not with ZeRO-2's or ZeRO-3's \
+                 slots (the amax all-reduce several ranks need is not built)"
+                    .into(),
+            );
+        }
+        None
+    }
+
     /// Why `flash_attention` cannot run on a step of `dtype` activations and heads of
     /// `head_width`, if it cannot.
     pub fn flash_refusal(&self, dtype: crate::Dtype, head_width: usize) -> Option<String> {

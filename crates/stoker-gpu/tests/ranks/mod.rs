@@ -338,6 +338,7 @@ pub const OFFLOAD: StepOptions = StepOptions {
     shard_params: None,
     graph_micro_batches: false,
     flash_attention: false,
+    fp8_linears: false,
 };
 
 /// Three blocks: block 0's slot is block 2's in the forward, so the backward must bring

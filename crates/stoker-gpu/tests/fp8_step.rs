@@ -1,0 +1,219 @@
+//! The GPT step with its linear layers in FP8 (`StepOptions::fp8_linears`), on the host
+//! backend: its scalers follow the tensors they cast, an evaluation records nothing, its
+//! gradients track the CPU's f32 step within FP8's precision once the scales are set,
+//! and what Hopper's FP8 products cannot run is refused when the step is made.
+
+mod common;
+
+use common::*;
+use half::{bf16, f16};
+use stoker_gpu::step::options::StepOptions;
+use stoker_gpu::step::{GptGpuStep, TokenBatch};
+use stoker_gpu::{Act, GpuError, Host};
+use stoker_kernels::{GptBatch, GptDims, GptOffsets, GptStep, TokenStep};
+use stoker_testkit::rel_l2;
+
+const DIMS: GptDims = GptDims {
+    vocab: 71,
+    context: 16,
+    d_model: 32,
+    n_layer: 2,
+    n_head: 4,
+};
+const BATCH: usize = 4;
+const T: usize = 12;
+
+const FP8: StepOptions = StepOptions {
+    offload_params: false,
+    recompute_attention: false,
+    recompute_mlp: false,
+    grads_in_slots: false,
+    shard_params: None,
+    graph_micro_batches: false,
+    flash_attention: false,
+    fp8_linears: true,
+};
+
+struct Setup {
+    offsets: GptOffsets,
+    params: Vec<f32>,
+    ranges: Vec<(String, std::ops::Range<usize>)>,
+    tokens: Vec<i64>,
+    targets: Vec<i64>,
+}
+
+fn setup() -> Setup {
+    let g = stoker_gpu::sample::gpt(&DIMS, 100, 0.2);
+    let seq = |seed| -> Vec<i64> {
+        ids(BATCH * T, seed, DIMS.vocab)
+            .iter()
+            .map(|&x| x as i64)
+            .collect()
+    };
+    Setup {
+        offsets: g.offsets,
+        params: g.params,
+        ranges: g.ranges,
+        tokens: seq(1),
+        targets: seq(2),
+    }
+}
+
+fn step<A: Act>(s: &Setup, opts: StepOptions) -> Result<GptGpuStep<Host, A>, GpuError> {
+    let step = GptGpuStep::<Host, A>::with_options(
+        &Host,
+        DIMS,
+        s.offsets.clone(),
+        1e-5,
+        (BATCH, T),
+        opts,
+    )?;
+    step.buffers().load_params(&Host, &s.params)?;
+    Ok(step)
+}
+
+fn batch(s: &Setup) -> TokenBatch<'_> {
+    TokenBatch {
+        tokens: &s.tokens,
+        targets: &s.targets,
+        ignore: -1,
+    }
+}
+
+/// The weight scalers (the second of each layer's three) recorded each layer's largest
+/// |W|, in the layers' order (`qkv`, `proj`, `fc`, `fc_proj` per block), and an
+/// evaluation recorded nothing.
+#[test]
+fn the_scalers_follow_the_layers_they_cast() {
+    let s = setup();
+    let step = step::<f32>(&s, FP8).unwrap();
+    let scalers = step.fp8_scalers().expect("an FP8 step has scalers");
+    assert_eq!(scalers.count(), 3 * 4 * DIMS.n_layer);
+    // An evaluation first: nothing recorded, so its end of step keeps every scale at 1.
+    step.evaluate(&Host, batch(&s)).unwrap();
+    scalers.end_step(&Host).unwrap();
+    for (i, v) in scalers.read(&Host).unwrap().iter().enumerate() {
+        assert_eq!(v.scale, 1.0, "scaler {i} after an evaluation");
+        assert!(
+            v.history.iter().all(|&a| a == 0.0),
+            "scaler {i} recorded an evaluation"
+        );
+    }
+    step.forward_backward(&Host, batch(&s), 1.0).unwrap();
+    scalers.end_step(&Host).unwrap();
+    let read = scalers.read(&Host).unwrap();
+    let names = ["attn.qkv", "attn.proj", "mlp.fc", "mlp.proj"];
+    let mut checked = 0;
+    for block in 0..DIMS.n_layer {
+        let bo = &s.offsets.blocks()[block];
+        let weights = [bo.qkv[0], bo.proj[0], bo.fc[0], bo.fc_proj[0]];
+        let c = DIMS.d_model;
+        let sizes = [3 * c * c, c * c, 4 * c * c, 4 * c * c];
+        for j in 0..4 {
+            let w = &s.params[weights[j]..weights[j] + sizes[j]];
+            let amax = w.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let v = &read[3 * (4 * block + j) + 1];
+            let what = format!("block {block} {}'s weight scaler", names[j]);
+            assert_eq!(v.history.last().copied(), Some(0.0), "{what}: the new slot");
+            let recorded = v.history[v.history.len() - 2];
+            assert_eq!(recorded, amax, "{what}: the recorded amax");
+            assert_eq!(v.scale, 448.0 / amax, "{what}: the scale");
+            // The input's and the output gradient's scalers recorded something too.
+            for (k, role) in [(0, "input"), (2, "output gradient")] {
+                let h = &read[3 * (4 * block + j) + k].history;
+                assert!(
+                    h[h.len() - 2] > 0.0,
+                    "block {block} {} {role}: no amax",
+                    names[j]
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 4 * DIMS.n_layer);
+}
+
+/// The CPU's f32 gradients on the same parameters and batch.
+fn cpu_grads(s: &Setup) -> (f64, Vec<f32>) {
+    let mut cpu = GptStep::new(DIMS, s.offsets.clone(), false, 1e-5).unwrap();
+    let mut grads = vec![0f32; s.params.len()];
+    let b = GptBatch {
+        tokens: &s.tokens,
+        targets: &s.targets,
+        batch: BATCH,
+        t: T,
+        ignore: -1,
+    };
+    let loss = cpu
+        .forward_backward(&s.params, b, 1.0, &mut grads, &mut |_, _| {})
+        .unwrap();
+    (loss, grads)
+}
+
+/// Once a first micro-batch has set the scales (the first casts run at scale 1, as
+/// Transformer Engine's do), a second's loss and every parameter's gradient track the
+/// CPU's f32 step within what E4M3 and E5M2 keep (3 and 2 mantissa bits): the FP8
+/// products are wired to the right operands in the right layouts (a wrong one is off
+/// by the gradient's own size). And they do differ from it: the layers did run in FP8.
+#[test]
+fn an_fp8_step_tracks_the_f32_step_within_fp8_s_precision() {
+    let s = setup();
+    let (want_loss, want) = cpu_grads(&s);
+    for bf16_acts in [false, true] {
+        let (loss, got) = if bf16_acts {
+            let step = step::<bf16>(&s, FP8).unwrap();
+            step.forward_backward(&Host, batch(&s), 1.0).unwrap();
+            step.fp8_scalers().unwrap().end_step(&Host).unwrap();
+            step.buffers().zero_grads(&Host).unwrap();
+            let loss = step.forward_backward(&Host, batch(&s), 1.0).unwrap();
+            (loss, step.buffers().grads(&Host).unwrap())
+        } else {
+            let step = step::<f32>(&s, FP8).unwrap();
+            step.forward_backward(&Host, batch(&s), 1.0).unwrap();
+            step.fp8_scalers().unwrap().end_step(&Host).unwrap();
+            step.buffers().zero_grads(&Host).unwrap();
+            let loss = step.forward_backward(&Host, batch(&s), 1.0).unwrap();
+            (loss, step.buffers().grads(&Host).unwrap())
+        };
+        let what = if bf16_acts {
+            "bf16 activations"
+        } else {
+            "f32 activations"
+        };
+        let rel = (loss - want_loss).abs() / want_loss.abs();
+        assert!(
+            rel < 2e-2,
+            "{what}: summed loss {loss} against {want_loss} ({rel:.2e})"
+        );
+        let mut fp8_moved = 0;
+        for (name, r) in &s.ranges {
+            let e = rel_l2(&got[r.clone()], &want[r.clone()]);
+            assert!(e < 0.3, "{what}: gradient of {name}: relative L2 {e:.3e}");
+            fp8_moved += (e > 1e-3) as usize;
+        }
+        assert!(
+            fp8_moved >= 4 * DIMS.n_layer,
+            "{what}: only {fp8_moved} gradients differ from f32's by more than 1e-3"
+        );
+    }
+}
+
+/// Rows of a micro-batch that are not a multiple of 16, f16 activations, ZeRO's slots
+/// and the Llama step are refused when the step is made, naming why.
+#[test]
+fn what_fp8_products_cannot_run_is_refused_when_the_step_is_made() {
+    let s = setup();
+    let says = |r: Result<(), GpuError>, what: &str| match r {
+        Err(e) => assert!(e.to_string().contains(what), "{e} should say {what:?}"),
+        Ok(()) => panic!("expected a refusal saying {what:?}"),
+    };
+    let odd =
+        GptGpuStep::<Host, f32>::with_options(&Host, DIMS, s.offsets.clone(), 1e-5, (3, 11), FP8);
+    says(odd.map(|_| ()), "multiples of 16");
+    says(step::<f16>(&s, FP8).map(|_| ()), "not f16");
+    let slots = StepOptions {
+        grads_in_slots: true,
+        ..FP8
+    };
+    says(step::<bf16>(&s, slots).map(|_| ()), "one rank's whole step");
+}
