@@ -95,6 +95,11 @@ impl<B: Backend> Fp8Scalers<B> {
         })
     }
 
+    /// Bytes the set holds on the backend.
+    pub fn bytes(&self) -> usize {
+        4 * (B::len(&self.state) + B::len(&self.history) + B::len(&self.partials))
+    }
+
     /// How many scalers the set holds.
     pub fn count(&self) -> usize {
         self.formats.len()

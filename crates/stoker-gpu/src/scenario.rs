@@ -440,6 +440,77 @@ pub fn all_outputs<B: Backend>(b: &B, s: ScenarioSize) -> Result<Vec<Output>, Gp
     out.extend(outputs::<B, bf16>(b, s)?);
     out.extend(outputs::<B, f16>(b, s)?);
     out.extend(f32_outputs(b)?);
+    out.extend(fp8_outputs(b)?);
+    Ok(out)
+}
+
+/// FP8 delayed scaling's kernels ([`crate::fp8`]): casts of f32, bf16 and f16 tensors to
+/// both formats with their transposes (odd shapes, values past both formats' largest,
+/// NaN, and infinity in the f16 cast, which records nothing), over three steps whose amaxes set the next scales, and each step's
+/// scales and histories. The bytes are widened to f32 as their integer values, so any
+/// byte that differs shows.
+pub fn fp8_outputs<B: Backend>(b: &B) -> Result<Vec<Output>, GpuError> {
+    use crate::elem::{E4m3, E5m2};
+    use stoker_precision::{AmaxComputeAlgo, DelayedScalingConfig, TensorRole};
+    let cfg = DelayedScalingConfig {
+        amax_history_len: 2,
+        amax_compute_algo: AmaxComputeAlgo::Max,
+        ..Default::default()
+    };
+    let roles = [TensorRole::Forward, TensorRole::Backward];
+    let scalers = crate::fp8::Fp8Scalers::new(b, &cfg, &roles)?;
+    let (rows, cols) = (37, 45);
+    let n = rows * cols;
+    let mut out: Vec<Output> = Vec::new();
+    for step in 0..3u64 {
+        // Values near the formats' ranges: a spread of 2^-20 to 2^20 scaled by the step.
+        let mut x: Vec<f32> = uniform(n, 40 + step, 1.0)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v * 2f32.powi((i % 41) as i32 - 20))
+            .collect();
+        x[n - 1] = f32::NAN;
+        x[7] = 6.0e4;
+        x[11] = -470.0;
+        let (q4, t4, q5, t5) = (
+            b.zeros::<E4m3>(n)?,
+            b.zeros::<E4m3>(n)?,
+            b.zeros::<E5m2>(n)?,
+            b.zeros::<E5m2>(n)?,
+        );
+        let x32 = b.upload(&x)?;
+        let x16: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
+        let xb = b.upload(&x16)?;
+        // The f16 cast records nothing: it may hold infinity (past 65,504, and one).
+        let mut xh: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
+        xh[3] = f16::INFINITY;
+        let xh = b.upload(&xh)?;
+        let bytes4 = |buf: &B::Buf<E4m3>| -> Result<Vec<f32>, GpuError> {
+            Ok(b.download(buf)?.iter().map(|q| q.0 as f32).collect())
+        };
+        let bytes5 = |buf: &B::Buf<E5m2>| -> Result<Vec<f32>, GpuError> {
+            Ok(b.download(buf)?.iter().map(|q| q.0 as f32).collect())
+        };
+        let shape = (rows, cols);
+        scalers.quantize(b, 0, b.all(&x32), shape, b.all(&q4), Some(b.all(&t4)), true)?;
+        scalers.quantize(b, 1, b.all(&xb), shape, b.all(&q5), Some(b.all(&t5)), true)?;
+        out.push((format!("fp8-quantize/e4m3 f32 step {step}"), bytes4(&q4)?));
+        out.push((format!("fp8-quantize/e4m3-t f32 step {step}"), bytes4(&t4)?));
+        out.push((format!("fp8-quantize/e5m2 bf16 step {step}"), bytes5(&q5)?));
+        out.push((
+            format!("fp8-quantize/e5m2-t bf16 step {step}"),
+            bytes5(&t5)?,
+        ));
+        scalers.quantize(b, 0, b.all(&xh), shape, b.all(&q4), None, false)?;
+        out.push((format!("fp8-quantize/e4m3 f16 step {step}"), bytes4(&q4)?));
+        scalers.end_step(b)?;
+        let state: Vec<f32> = scalers
+            .read(b)?
+            .into_iter()
+            .flat_map(|v| [vec![v.scale, v.scale_inv], v.history].concat())
+            .collect();
+        out.push((format!("fp8-scale-update/state step {step}"), state));
+    }
     Ok(out)
 }
 

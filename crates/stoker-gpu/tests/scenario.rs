@@ -15,7 +15,11 @@ const PAST_F16: &str = "from-f32/large f16";
 fn every_kernel_runs_deterministically_and_16_bit_storage_tracks_f32() {
     let first = all_outputs(&Host, ScenarioSize::SMALL).unwrap();
     let second = all_outputs(&Host, ScenarioSize::SMALL).unwrap();
-    assert_eq!(first.len(), 3 * (24 + 11 + 3) + 9, "outputs per scenario");
+    assert_eq!(
+        first.len(),
+        3 * (24 + 11 + 3) + 9 + 18,
+        "outputs per scenario"
+    );
     for ((name, a), (_, b)) in first.iter().zip(&second) {
         assert!(!a.is_empty(), "{name}: empty");
         match name.as_str() {

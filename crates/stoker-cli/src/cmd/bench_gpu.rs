@@ -222,6 +222,7 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
             }
         }
         gemm_libraries(&dev, a.batch, a.reps, &mut failed);
+        fp8_products(&dev, a.batch, a.reps, &mut failed);
         if let Err(e) = host_copies(&dev, a.reps) {
             println!("  did not run: {e}");
             failed.push("the copies between host and GPU");
@@ -335,9 +336,27 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
             flash_attention: true,
             ..Default::default()
         };
+        // The linear layers in FP8 (`precision = "fp8"`'s products on the tensor cores),
+        // beside the same step in bf16 above.
+        let flash_fp8 = stoker_gpu::step::options::StepOptions {
+            fp8_linears: true,
+            ..flash
+        };
         let variants = [
             (gpt2, "attention kept", Default::default(), chosen),
             (gpt2, "flash attention", flash, chosen),
+            (
+                gpt2,
+                "flash attention, linear layers in FP8",
+                flash_fp8,
+                chosen,
+            ),
+            (
+                gpt2_twice,
+                "flash attention, linear layers in FP8, twice the micro-batch",
+                flash_fp8,
+                chosen,
+            ),
             (
                 gpt2_twice,
                 "flash attention, twice the micro-batch",
@@ -403,7 +422,12 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
                     100.0 * tps * flops * share / 989e12
                 );
             }
-            if let Some(f) = forecast_beside(&dev.name(), (dims, batch), opts, &st) {
+            // The forecast has no FP8 products: those variants are measured, not forecast.
+            let forecast = match opts.fp8_linears {
+                true => None,
+                false => forecast_beside(&dev.name(), (dims, batch), opts, &st),
+            };
+            if let Some(f) = forecast {
                 let measured = f.products.or(f.memory).or(f.tensor_kernels).is_some();
                 if model == gpt2.0 && measured {
                     let e = f.efficiencies;
@@ -613,6 +637,68 @@ fn forecast_beside(
         ratio(fitted.tensor_kernels)
     );
     Some(fitted)
+}
+
+/// FP8 products (cuBLASLt, Hopper's tensor cores) against the host build, then GPT-2
+/// 124M's linear layers timed in bf16 and in FP8.
+#[cfg(feature = "cuda")]
+fn fp8_products(
+    dev: &stoker_gpu::device::Device,
+    batch: usize,
+    reps: usize,
+    failed: &mut Vec<&str>,
+) {
+    use stoker_gpu::device::fp8_check::{
+        compare_fp8_products, time_fp8_products, FP8_PRODUCT_TOLERANCE,
+    };
+    println!("\nFP8 products (cuBLASLt, per-tensor delayed scales) against the host build (largest difference over the largest value):");
+    match compare_fp8_products(dev) {
+        Ok(rows) => {
+            for r in rows {
+                let ok = r.rel <= FP8_PRODUCT_TOLERANCE; // false for NaN
+                println!(
+                    "  {:<36} {:>10.2e} (tolerance {FP8_PRODUCT_TOLERANCE:.0e}) {}",
+                    r.name,
+                    r.rel,
+                    if ok { "OK" } else { "FAILED" }
+                );
+                if !ok {
+                    failed.push("FP8 products against the host build");
+                }
+            }
+        }
+        Err(e) => {
+            println!("  did not run: {e}");
+            failed.push("FP8 products against the host build");
+            return;
+        }
+    }
+    println!(
+        "GPT-2 124M's linear layers' forward products at {batch} x 1024 rows, bf16 against FP8 (median of {reps}; FP8's two casts apart):"
+    );
+    match time_fp8_products(dev, batch, reps.max(1)) {
+        Ok(rows) => {
+            println!(
+                "{:<44} {:>9} {:>9} {:>9} {:>9} {:>9}",
+                "product", "bf16 us", "fp8 us", "casts us", "fp8 TF/s", "(fp8+casts)/bf16"
+            );
+            for r in rows {
+                println!(
+                    "{:<44} {:>9.1} {:>9.1} {:>9.1} {:>9.0} {:>9.3}",
+                    r.name,
+                    r.bf16_micros,
+                    r.fp8_micros,
+                    r.cast_micros,
+                    r.flops / (r.fp8_micros * 1e-6) / 1e12,
+                    (r.fp8_micros + r.cast_micros) / r.bf16_micros
+                );
+            }
+        }
+        Err(e) => {
+            println!("  did not run: {e}");
+            failed.push("FP8 products' timing");
+        }
+    }
 }
 
 /// GPT-2 124M's products through cuBLASLt and through cuBLAS: their outputs' distance and

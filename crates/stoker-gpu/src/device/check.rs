@@ -616,7 +616,7 @@ pub fn time_step(
         forward_backward_ms,
         step_ms,
         params: g.params.len(),
-        planned_bytes: step.buffers().bytes() + opt.bytes(),
+        planned_bytes: step.buffers().bytes() + opt.bytes() + step.fp8_bytes(),
         measured_bytes,
         profile,
         profiled_ms,

@@ -13,6 +13,7 @@
 
 pub mod check;
 pub mod flash_check;
+pub mod fp8_check;
 pub mod gemm_check;
 mod lt;
 pub mod nccl;

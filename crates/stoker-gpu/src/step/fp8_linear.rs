@@ -109,6 +109,17 @@ impl<B: Backend> Fp8Linears<B> {
         &self.scalers
     }
 
+    /// Bytes the scalers and the casts' scratch hold on the backend.
+    pub(crate) fn bytes(&self) -> usize {
+        let casts = [&self.x, &self.x_t, &self.w, &self.w_t]
+            .into_iter()
+            .map(B::len)
+            .sum::<usize>()
+            + B::len(&self.dy)
+            + B::len(&self.dy_t);
+        self.scalers.bytes() + casts
+    }
+
     /// Whether the forwards from now on record amax: a training micro-batch's do, an
     /// evaluation's do not.
     pub(crate) fn set_recording(&self, on: bool) {

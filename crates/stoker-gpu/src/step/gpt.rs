@@ -207,6 +207,12 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
         self.fp8.as_ref().map(|f| f.scalers())
     }
 
+    /// Bytes the FP8 linear layers hold beyond the step's buffers (their scalers and
+    /// the casts' scratch); 0 where the layers are not in FP8.
+    pub fn fp8_bytes(&self) -> usize {
+        self.fp8.as_ref().map_or(0, |f| f.bytes())
+    }
+
     /// `y = x W^T + b` for the linear layer at `wb` (`W` `[out, inp]`).
     fn linear(
         &self,
