@@ -199,6 +199,44 @@ impl<B: Backend> Fp8Scalers<B> {
         Ok(())
     }
 
+    /// Takes `other`'s values (the same scalers of another step of the same model: a
+    /// running step's replacement at another batch shape goes on from them).
+    pub fn copy_from(&self, be: &B, other: &Fp8Scalers<B>) -> Result<(), GpuError> {
+        if self.formats != other.formats || self.len != other.len {
+            return Err(GpuError::Shape {
+                kernel: "fp8-scalers",
+                what: "copying another set of scalers: not the same scalers".into(),
+            });
+        }
+        be.copy(be.all(&self.state), be.all(&other.state))?;
+        be.copy(be.all(&self.history), be.all(&other.history))?;
+        be.copy(be.all(&self.partials), be.all(&other.partials))?;
+        self.pos.set(other.pos.get());
+        Ok(())
+    }
+
+    /// Sets every scaler's scale and history (a checkpoint's: what [`Self::read`] gave, one
+    /// per scaler, each history `amax_history_len` long, oldest first); the current step's
+    /// casts start from nothing.
+    pub fn write(&self, be: &B, values: &[ScalerValues]) -> Result<(), GpuError> {
+        const K: &str = "fp8-scalers";
+        check_len(K, "values", values.len(), self.count())?;
+        let mut state = be.download(&self.state)?;
+        let mut history = Vec::with_capacity(self.count() * self.len);
+        for (s, v) in values.iter().enumerate() {
+            check_len(K, "history", v.history.len(), self.len)?;
+            state[STATE * s] = v.scale;
+            state[STATE * s + 1] = v.scale_inv;
+            history.extend_from_slice(&v.history);
+        }
+        be.write_at(be.all(&self.state), &state)?;
+        be.write_at(be.all(&self.history), &history)?;
+        be.zero(be.all(&self.partials))?;
+        // Oldest first ending with the current slot: the ring's current slot is the last.
+        self.pos.set(self.len - 1);
+        Ok(())
+    }
+
     /// Every scaler's values, read back (for checks and checkpoints, not in a step).
     pub fn read(&self, be: &B) -> Result<Vec<ScalerValues>, GpuError> {
         let state = be.download(&self.state)?;

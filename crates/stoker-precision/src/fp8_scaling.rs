@@ -182,6 +182,39 @@ impl DelayedScaler {
         })
     }
 
+    /// A scaler for a tensor of `role` under `config` holding `scale` and `history`
+    /// (oldest first, ending with the current step's slot, as [`Self::history`] gives
+    /// it): one whose state was kept elsewhere (the GPU step's scalers), for checkpoints.
+    pub fn with_state(
+        config: &DelayedScalingConfig,
+        role: TensorRole,
+        scale: f32,
+        history: &[f32],
+    ) -> Result<Self> {
+        let mut s = Self::new(config, role)?;
+        if history.len() != s.history.len() {
+            return Err(PrecisionError::InvalidConfig {
+                what: "delayed scaling state",
+                field: "history",
+                value: history.len().to_string(),
+                reason: "must hold amax_history_len entries",
+            });
+        }
+        if !(scale.is_finite() && scale > 0.0) {
+            return Err(PrecisionError::InvalidConfig {
+                what: "delayed scaling state",
+                field: "scale",
+                value: scale.to_string(),
+                reason: "must be finite and > 0",
+            });
+        }
+        s.history.copy_from_slice(history);
+        s.pos = history.len() - 1;
+        s.scale = scale;
+        s.scale_inv = 1.0 / scale;
+        Ok(s)
+    }
+
     /// The tensor's FP8 format.
     pub fn format(&self) -> Fp8Format {
         self.format

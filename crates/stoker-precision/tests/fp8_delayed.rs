@@ -216,3 +216,53 @@ fn delayed_quantize_uses_previous_scale_and_records_amax() {
     assert_eq!(q3.dequantize(), vec![7.0]);
     assert_eq!(s.history(), vec![0.0, 0.0, 7.0, 100.0]);
 }
+
+/// A scaler rebuilt from another's scale and history (`with_state`: what a checkpoint of
+/// the GPU step's scalers holds) goes on exactly as the original does; a history of the
+/// wrong length or a scale that is not finite and positive is refused.
+#[test]
+fn a_scaler_rebuilt_from_its_state_goes_on_as_the_original() {
+    for algo in [AmaxComputeAlgo::Max, AmaxComputeAlgo::MostRecent] {
+        let cfg = DelayedScalingConfig {
+            amax_history_len: 5,
+            amax_compute_algo: algo,
+            ..Default::default()
+        };
+        let mut original = DelayedScaler::new(&cfg, TensorRole::Backward).unwrap();
+        let amaxes = amax_sequence(40);
+        for &a in &amaxes[..7] {
+            original.record_amax(a);
+            original.update();
+        }
+        original.record_amax(3.25);
+        let mut rebuilt = DelayedScaler::with_state(
+            &cfg,
+            TensorRole::Backward,
+            original.scale(),
+            &original.history(),
+        )
+        .unwrap();
+        for (k, &a) in amaxes[7..].iter().enumerate() {
+            let what = format!("{algo:?}, step {k} after the rebuild");
+            assert_eq!(rebuilt.history(), original.history(), "{what}: history");
+            assert_eq!(
+                rebuilt.scale().to_bits(),
+                original.scale().to_bits(),
+                "{what}: scale"
+            );
+            assert_eq!(
+                rebuilt.scale_inv().to_bits(),
+                original.scale_inv().to_bits(),
+                "{what}"
+            );
+            original.update();
+            rebuilt.update();
+            original.record_amax(a);
+            rebuilt.record_amax(a);
+        }
+        assert!(DelayedScaler::with_state(&cfg, TensorRole::Forward, 1.0, &[0.0; 4]).is_err());
+        for bad in [0.0, -1.0, f32::INFINITY, f32::NAN] {
+            assert!(DelayedScaler::with_state(&cfg, TensorRole::Forward, bad, &[0.0; 5]).is_err());
+        }
+    }
+}

@@ -591,6 +591,7 @@ impl TrainConfig {
             recompute_mlp: self.recompute.mlp(),
             graph_micro_batches: self.cuda_graphs,
             flash_attention: self.flash_attention,
+            fp8_linears: self.precision == Precision::Fp8,
             ..Default::default()
         }
     }
@@ -696,7 +697,31 @@ impl TrainConfig {
             ));
         }
         crate::precision::resident_activations(self.precision)?;
+        self.check_resident_fp8()?;
         self.check_resident_buckets()
+    }
+
+    /// fp8 on the resident step: the GPT's linear layers in FP8, on its loop (whose update
+    /// ends the scalers' steps; the CPU trainer's update on the step's host build would
+    /// not), one rank (several ranks' amax all-reduce is not built).
+    fn check_resident_fp8(&self) -> Result<()> {
+        if self.precision != Precision::Fp8 {
+            return Ok(());
+        }
+        if !matches!(self.model, ModelConfig::Gpt(_)) {
+            return Err(config_err(
+                "precision",
+                "fp8 on step = \"resident\" is built for the GPT's linear layers, not yet the \
+                 Llama's: use bf16, or fp8 without step = \"resident\" (the CPU's simulation)",
+            ));
+        }
+        if let Some((key, why)) = self.not_on_resident_loop() {
+            return Err(config_err(
+                key,
+                format!("fp8 on step = \"resident\" runs on the resident loop: {why}"),
+            ));
+        }
+        Ok(())
     }
 
     /// The resident loop reduces one bucket per block, as the backward finishes it:

@@ -35,17 +35,17 @@ pub enum Precision {
     Fp64,
 }
 
-/// The resident steps' activation type for `precision`: f32, bf16, or f16 under fp16's
-/// loss scale; fp8 and fp64 have none.
+/// The resident steps' activation type for `precision`: f32, bf16, f16 under fp16's
+/// loss scale, or bf16 around fp8's linear layers (Transformer Engine's arrangement: the
+/// products in FP8, everything else in bf16); fp64 has none.
 pub(crate) fn resident_activations(precision: Precision) -> Result<stoker_gpu::Dtype> {
     match precision {
         Precision::Fp32 => Ok(stoker_gpu::Dtype::F32),
-        Precision::Bf16 => Ok(stoker_gpu::Dtype::Bf16),
+        Precision::Bf16 | Precision::Fp8 => Ok(stoker_gpu::Dtype::Bf16),
         Precision::Fp16 => Ok(stoker_gpu::Dtype::F16),
-        Precision::Fp8 | Precision::Fp64 => Err(crate::error::config_err(
+        Precision::Fp64 => Err(crate::error::config_err(
             "precision",
-            "step = \"resident\" runs fp32, bf16 or fp16 activations (fp8 needs its \
-             quantization, fp64 the graph)",
+            "step = \"resident\" runs fp32, bf16, fp16 or fp8 (fp64 needs the graph)",
         )),
     }
 }

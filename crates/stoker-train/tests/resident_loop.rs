@@ -1156,3 +1156,175 @@ fn a_gpus_measured_efficiencies_time_its_plans() {
         .unwrap();
     assert_eq!(other.figures.efficiencies(), Efficiencies::ASSUMED);
 }
+
+/// A GPT whose widths and micro-batch rows (2 x 8) are multiples of 16, as FP8 products
+/// take them.
+const GPT16: &str =
+    "kind = \"gpt\"\nvocab = 11\ncontext = 8\nd_model = 16\nn_layer = 2\nn_head = 2";
+
+/// Step `s`'s window of two micro-batches of 2 x 8 tokens.
+fn fp8_window(s: usize) -> Vec<MicroBatch> {
+    (0..2)
+        .map(|j| common::token_batch((s * 100 + j) as u64, 2, 8, 11, &[j % 3, (j + s) % 4]))
+        .collect()
+}
+
+/// `steps` fp8 steps of `config` on one rank, stopping after `stop` of them (if given) to
+/// save the state, FP8 scalers included unless `drop_scalers`, into a fresh trainer.
+fn fp8_run(
+    config: &TrainConfig,
+    steps: usize,
+    stop: Option<usize>,
+    drop_scalers: bool,
+) -> (Vec<f32>, Vec<StepReport>) {
+    run_local(1, Duration::from_secs(60), |comm| {
+        let comm: Rc<dyn Communicator> = Rc::new(comm);
+        let mut t = trainer(config, comm.clone());
+        let mut reports = Vec::new();
+        for s in 0..steps {
+            if Some(s) == stop {
+                t.sync_host().unwrap();
+                let st = t.state();
+                let saved = LoadedState {
+                    step: st.step,
+                    sampler: st.sampler,
+                    master: st.master.to_vec(),
+                    optimizer: st.optimizer.to_owned(),
+                    scaler: st.scaler,
+                    fp8: if drop_scalers { None } else { st.fp8 },
+                };
+                t = trainer(config, comm.clone());
+                t.load_state(saved).unwrap();
+            }
+            reports.push(t.train_step(&fp8_window(s)).unwrap());
+        }
+        (t.full_master().unwrap(), reports)
+    })
+    .remove(0)
+}
+
+/// `precision = "fp8"` on the resident loop: the GPT's linear layers in FP8 on the step's
+/// host build. A run checkpointed and resumed equals one that never stopped, bit for bit,
+/// because the checkpoint holds the step's scalers (a resume without them gives other
+/// losses); the scalers are held by layer, as the CPU's simulation holds them; and the
+/// losses track that simulation's (f32 activations and an FP8 head there, bf16 and a
+/// bf16 head here).
+#[test]
+fn fp8_on_the_loop_keeps_its_scalers_across_a_resume_and_tracks_the_cpu_s_fp8() {
+    let c = resident(GPT16, "fp8", ADAMW, "strategy = \"none\"");
+    assert!(c.resident_loop());
+    let straight = fp8_run(&c, 6, None, false);
+    let resumed = fp8_run(&c, 6, Some(3), false);
+    assert_same_run(
+        "fp8 resumed at step 3",
+        (&resumed.0, &resumed.1),
+        (&straight.0, &straight.1),
+    );
+    let without = fp8_run(&c, 6, Some(3), true);
+    assert!(
+        without.1[3..]
+            .iter()
+            .zip(&straight.1[3..])
+            .any(|(a, b)| a.loss.to_bits() != b.loss.to_bits()),
+        "a resume without the FP8 scalers gave the same losses: the test cannot tell"
+    );
+    // The scalers as a checkpoint holds them: three per linear layer, by the CPU's names.
+    let names = run_local(1, Duration::from_secs(60), |comm| {
+        let mut t = trainer(&c, Rc::new(comm));
+        t.train_step(&fp8_window(0)).unwrap();
+        t.sync_host().unwrap();
+        let fp8 = t.state().fp8.expect("an fp8 run keeps its scalers");
+        let w = &fp8["h.1.mlp.fc"][1];
+        (
+            fp8.keys().cloned().collect::<Vec<_>>(),
+            w.scale(),
+            *w.history().iter().rev().nth(1).unwrap(),
+        )
+    })
+    .remove(0);
+    assert_eq!(
+        names.0,
+        [
+            "h.0.attn.proj",
+            "h.0.attn.qkv",
+            "h.0.mlp.fc",
+            "h.0.mlp.proj",
+            "h.1.attn.proj",
+            "h.1.attn.qkv",
+            "h.1.mlp.fc",
+            "h.1.mlp.proj"
+        ]
+    );
+    assert!(names.2 > 0.0, "h.1.mlp.fc's weight recorded no amax");
+    assert_eq!(names.1, 448.0 / names.2, "h.1.mlp.fc's weight scale");
+    // The CPU's simulation of the same run.
+    let text = config_text(GPT16, "fp8", "composed", ADAMW, "strategy = \"none\"");
+    let cpu = TrainConfig::parse(&text, std::path::Path::new("cpu.toml")).unwrap();
+    let simulated = fp8_run(&cpu, 6, None, false);
+    // Largest difference seen: 1.3e-3 (2026-12-07).
+    for (a, b) in straight.1.iter().zip(&simulated.1) {
+        let rel = (a.loss - b.loss).abs() / b.loss.abs();
+        assert!(
+            rel < 5e-3,
+            "step {}: loss {} on the loop, {} simulated ({rel:.2e})",
+            a.step,
+            a.loss,
+            b.loss
+        );
+    }
+    // And the layers did run in FP8: bf16 on the loop gives other losses.
+    let bf16 = resident(GPT16, "bf16", ADAMW, "strategy = \"none\"");
+    let plain = fp8_run(&bf16, 6, None, false);
+    let apart = straight
+        .1
+        .iter()
+        .zip(&plain.1)
+        .map(|(a, b)| (a.loss - b.loss).abs() / b.loss.abs())
+        .fold(0f64, |m, x| {
+            if x.is_nan() || m.is_nan() {
+                f64::NAN
+            } else {
+                m.max(x)
+            }
+        });
+    assert!(
+        apart > 1e-4,
+        "fp8 and bf16 on the loop differ by {apart:.1e} at most"
+    );
+}
+
+/// fp8 on the resident step is the GPT's, on one rank's loop: the Llama and several
+/// ranks are refused naming `precision`, micro-batch rows that FP8 products cannot take
+/// when the step is made, naming them.
+#[test]
+fn fp8_on_the_resident_step_refuses_what_it_does_not_run() {
+    let parse = |text: String| TrainConfig::parse(&text, std::path::Path::new("f.toml"));
+    let e = parse(resident_text(
+        LLAMA,
+        "fp8",
+        ADAMW,
+        "strategy = \"none\"",
+        "",
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("precision") && e.contains("Llama"), "{e}");
+    let ddp = parse(resident_text(GPT16, "fp8", ADAMW, "strategy = \"ddp\"", "")).unwrap();
+    let e = stoker_train::parallel::ParallelDims::resolve(&ddp, 2, 0, "a test")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("precision"), "{e}");
+    // GPT's rows of 2 x 6 are not a multiple of 16: the step says so when it is made.
+    let c = resident(
+        GPT.replace("d_model = 8", "d_model = 16").as_str(),
+        "fp8",
+        ADAMW,
+        "strategy = \"none\"",
+    );
+    let e = run_local(1, Duration::from_secs(60), |comm| {
+        let mut t = trainer(&c, Rc::new(comm));
+        t.train_step(&window(GPT, 0, 0, 2)).unwrap_err().to_string()
+    })
+    .remove(0);
+    assert!(e.contains("multiples of 16"), "{e}");
+}

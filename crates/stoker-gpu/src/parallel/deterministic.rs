@@ -161,6 +161,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                 z.update_from_whole(be, coll, views, scalars, (tally, capacity), rule)?
             }
         };
+        self.step.end_fp8_step(be)?;
         Ok(WindowReport::of(total, grad_norm, rule))
     }
 }

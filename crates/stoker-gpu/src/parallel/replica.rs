@@ -84,6 +84,10 @@ pub trait Trainable<B: Backend> {
     fn compute_views(&self, be: &B) -> Result<ComputeViews<'_, Self::T>, GpuError>;
     /// ZeRO-3: this rank's shard of the compute copy and the norm's scratch.
     fn shard_compute_views(&self, be: &B) -> Result<ComputeViews<'_, Self::T>, GpuError>;
+    /// Ends the FP8 scalers' step after an update (nothing without FP8 layers).
+    fn end_fp8_step(&self, be: &B) -> Result<(), GpuError>;
+    /// The FP8 scalers, where the linear layers run in FP8.
+    fn fp8_scalers(&self) -> Option<&crate::fp8::Fp8Scalers<B>>;
 }
 
 macro_rules! trainable {
@@ -144,7 +148,12 @@ macro_rules! trainable {
                 self.buffers().flat_len()
             }
             fn copy_params_from(&self, be: &B, other: &Self) -> Result<(), GpuError> {
-                self.buffers().copy_params_from(be, other.buffers())
+                self.buffers().copy_params_from(be, other.buffers())?;
+                // The FP8 scalers belong to the model, not the batch shape: they go on.
+                match ($t::fp8_scalers(self), $t::fp8_scalers(other)) {
+                    (Some(ours), Some(theirs)) => ours.copy_from(be, theirs),
+                    _ => Ok(()),
+                }
             }
             fn host_update_views(&self, be: &B) -> Result<Option<UpdateViews<'_, T>>, GpuError> {
                 self.buffers().host_update_views(be)
@@ -157,6 +166,12 @@ macro_rules! trainable {
             }
             fn shard_compute_views(&self, be: &B) -> Result<ComputeViews<'_, T>, GpuError> {
                 $t::shard_compute_views(self, be)
+            }
+            fn end_fp8_step(&self, be: &B) -> Result<(), GpuError> {
+                $t::end_fp8_step(self, be)
+            }
+            fn fp8_scalers(&self) -> Option<&crate::fp8::Fp8Scalers<B>> {
+                $t::fp8_scalers(self)
             }
         }
     };
@@ -463,6 +478,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                     .update(be, coll, views, scalars, (tally, capacity), (rule, buckets))?
             }
         };
+        self.step.end_fp8_step(be)?;
         Ok(WindowReport::of(total, grad_norm, rule))
     }
 

@@ -200,13 +200,6 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
             .map(|f| (f, FP8_LAYERS_PER_BLOCK * block + j))
     }
 
-    /// The FP8 delayed scalers of the linear layers (three per layer: input, weight,
-    /// output gradient; four layers per block: `qkv`, `proj`, `fc`, `fc_proj`), where the
-    /// step runs them in FP8.
-    pub fn fp8_scalers(&self) -> Option<&crate::fp8::Fp8Scalers<B>> {
-        self.fp8.as_ref().map(|f| f.scalers())
-    }
-
     /// Bytes the FP8 linear layers hold beyond the step's buffers (their scalers and
     /// the casts' scratch); 0 where the layers are not in FP8.
     pub fn fp8_bytes(&self) -> usize {

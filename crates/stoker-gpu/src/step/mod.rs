@@ -34,11 +34,24 @@ macro_rules! token_step_api {
             clip: Option<f64>,
         ) -> Result<f64, GpuError> {
             let norm = optimizer::update(be, opt, self.update_views(be)?, scalars, unscale, clip)?;
-            // The FP8 scalers' steps end with the optimizer's, as the CPU trainer's do.
-            if let Some(f) = &self.fp8 {
-                f.end_step(be)?;
-            }
+            self.end_fp8_step(be)?;
             Ok(norm)
+        }
+
+        /// Ends the FP8 scalers' step (each one's next scale from its amax history), after
+        /// the optimizer's, as the CPU trainer's; nothing where the linear layers are not
+        /// in FP8. [`Self::update`] calls it; an update made from the views calls it after.
+        pub fn end_fp8_step(&self, be: &B) -> Result<(), GpuError> {
+            match &self.fp8 {
+                Some(f) => f.end_step(be),
+                None => Ok(()),
+            }
+        }
+
+        /// The FP8 delayed scalers of the linear layers (three per layer: input, weight,
+        /// output gradient), where the step runs them in FP8.
+        pub fn fp8_scalers(&self) -> Option<&$crate::fp8::Fp8Scalers<B>> {
+            self.fp8.as_ref().map(|f| f.scalers())
         }
 
         /// The views an update works on: the compute copy, the gradients, the norm's

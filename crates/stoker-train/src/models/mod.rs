@@ -11,6 +11,7 @@ pub mod gpt;
 pub mod llama;
 pub mod mlp;
 pub(crate) mod resident;
+pub(crate) mod resident_fp8;
 pub mod resident_run;
 mod token_direct;
 

@@ -12,6 +12,7 @@ use std::rc::Rc;
 
 use candle_core::Tensor;
 use stoker_comm::Communicator;
+use stoker_gpu::fp8::ScalerValues;
 use stoker_gpu::parallel::{
     Collectives, GradRule, Replica, Strategy as GpuStrategy, Trainable, WindowReport,
 };
@@ -61,6 +62,11 @@ pub trait ResidentRun {
     /// launches made); None on the host. The steps allocate nothing once made, so this is
     /// also the peak.
     fn measured_bytes(&self) -> Option<usize>;
+    /// The FP8 scalers' values (three per linear layer, in the step's order) where the
+    /// linear layers run in FP8; None otherwise.
+    fn fp8_values(&self) -> Result<Option<Vec<ScalerValues>>>;
+    /// Sets the FP8 scalers' values (a checkpoint's), where the layers run in FP8.
+    fn load_fp8(&mut self, values: &[ScalerValues]) -> Result<()>;
 }
 
 /// What a resident loop holds on its backend: see [`ResidentRun::bytes`].
@@ -337,5 +343,23 @@ impl<B: Backend, S: Trainable<B>, C: Collectives<B>> ResidentRun for ResidentLoo
 
     fn measured_bytes(&self) -> Option<usize> {
         Some(self.free_at_start?.saturating_sub(self.be.free_memory()?))
+    }
+
+    fn fp8_values(&self) -> Result<Option<Vec<ScalerValues>>> {
+        self.replica
+            .step()
+            .fp8_scalers()
+            .map(|f| f.read(&self.be))
+            .transpose()
+            .map_err(gpu_err("reading the FP8 scalers back"))
+    }
+
+    fn load_fp8(&mut self, values: &[ScalerValues]) -> Result<()> {
+        match self.replica.step().fp8_scalers() {
+            Some(f) => f
+                .write(&self.be, values)
+                .map_err(gpu_err("loading the FP8 scalers")),
+            None => Ok(()),
+        }
     }
 }

@@ -404,6 +404,11 @@ impl Trainer {
         let state = self.optimizer.state_ref();
         let moments: Vec<(&str, &[f32])> = state.buffers.iter().map(|(n, b)| (*n, *b)).collect();
         run.load(&self.params.master, &moments, state.step)?;
+        // fp8: the checkpoint's scalers (the trainer keeps them by layer, as the CPU's).
+        if let (Some(fp8), Some(now)) = (&self.fp8, run.fp8_values()?) {
+            let values = crate::models::resident_fp8::to_values(&fp8.state(), now.len())?;
+            run.load_fp8(&values)?;
+        }
         path.run_behind = false;
         Ok(())
     }
@@ -421,6 +426,10 @@ impl Trainer {
             return Ok(());
         }
         let state = path.run()?.state()?;
+        // fp8: the step's scalers into the trainer's, which checkpoints keep.
+        if let (Some(fp8), Some(values)) = (&self.fp8, path.run()?.fp8_values()?) {
+            fp8.restore(crate::models::resident_fp8::to_layers(&values)?);
+        }
         let master = &mut self.params.master;
         let pieces = self.optimizer.pieces().clone();
         if pieces.ranges() != as_pieces(&state.range) {
