@@ -326,7 +326,7 @@ fn decode(q: &[u8], f: Fp8Format) -> Vec<f64> {
 /// the exact product of the decoded operands and one rounding to the output's type.
 #[test]
 fn an_fp8_product_is_the_decoded_operands_product() {
-    let (m, n, k) = (24, 40, 48);
+    let (m, n, k) = (24, 48, 48);
     let sa_sb = [0.125f32, 3.0];
     let scales = up(&sa_sb);
     let cfg = config(1, AmaxComputeAlgo::Max, 0.0);
