@@ -45,6 +45,12 @@ pub struct ScalerValues {
     pub history: Vec<f32>,
 }
 
+/// Bytes a set of `count` scalers under `config` holds on a backend: its values,
+/// histories and amax partials, f32 each ([`Fp8Scalers::bytes`] once made).
+pub fn planned_bytes(count: usize, config: &DelayedScalingConfig) -> usize {
+    4 * count * (STATE + config.amax_history_len + AMAX_WARPS)
+}
+
 /// A set of delayed scalers on a backend.
 pub struct Fp8Scalers<B: Backend> {
     state: B::Buf<f32>,
@@ -95,7 +101,7 @@ impl<B: Backend> Fp8Scalers<B> {
         })
     }
 
-    /// Bytes the set holds on the backend.
+    /// Bytes the set holds on the backend ([`planned_bytes`] before it is made).
     pub fn bytes(&self) -> usize {
         4 * (B::len(&self.state) + B::len(&self.history) + B::len(&self.partials))
     }

@@ -217,3 +217,19 @@ fn what_fp8_products_cannot_run_is_refused_when_the_step_is_made() {
     };
     says(step::<bf16>(&s, slots).map(|_| ()), "one rank's whole step");
 }
+
+/// The step's plan counts what its FP8 layers hold (their scalers and the casts'
+/// scratch), to the byte, as it counts its buffers.
+#[test]
+fn the_plan_counts_what_the_fp8_layers_hold() {
+    use stoker_gpu::step::gpt::gpt_step_sizes;
+    let s = setup();
+    let step = step::<bf16>(&s, FP8).unwrap();
+    let planned = gpt_step_sizes(&DIMS, s.params.len(), (BATCH, T), FP8).bytes(2);
+    let plain = gpt_step_sizes(&DIMS, s.params.len(), (BATCH, T), StepOptions::default()).bytes(2);
+    assert_eq!(planned, step.buffers().bytes() + step.fp8_bytes());
+    // 24 scalers of (3 + 1,024 + 1,024) f32s; four casts of 48 rows x 128; two of 4,096.
+    let want = 4 * 24 * (3 + 1024 + 1024) + 4 * 48 * 128 + 2 * 4096;
+    assert_eq!(step.fp8_bytes(), want);
+    assert_eq!(planned - plain, want);
+}

@@ -139,7 +139,7 @@ macro_rules! trainable {
                 $t::evaluate_with(self, be, batch, hooks)
             }
             fn buffer_bytes(&self) -> usize {
-                self.buffers().bytes()
+                self.buffers().bytes() + $t::fp8_bytes(self)
             }
             fn buffer_host_bytes(&self) -> usize {
                 self.buffers().host_bytes()

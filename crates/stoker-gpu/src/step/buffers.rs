@@ -45,6 +45,9 @@ pub struct StepSizes {
     /// With the parameters sharded over the ranks ([`ShardedParams`], ZeRO-3): what the
     /// backend holds of the parameters and gradients instead of all of them.
     pub sharded: Option<ShardedSizes>,
+    /// Bytes of the FP8 linear layers' scalers and casts, where the step runs them
+    /// ([`super::fp8_linear::Fp8Sizes`]); 0 otherwise.
+    pub fp8: usize,
 }
 
 /// What a step with its parameters sharded (ZeRO-3) holds of them on the backend.
@@ -105,6 +108,7 @@ impl StepSizes {
             offload: None,
             grad_slots: None,
             sharded: None,
+            fp8: 0,
         }
     }
 
@@ -173,12 +177,13 @@ impl StepSizes {
     }
 
     /// Bytes the buffers take on the backend with the compute copy and activations of
-    /// `act_bytes` bytes an element (4 for f32, 2 for bf16 and f16). An offload's host
+    /// `act_bytes` bytes an element (4 for f32, 2 for bf16 and f16), the FP8 layers'
+    /// bytes with them. An offload's host
     /// memory (the whole compute copy and gradient) is not counted: that is
     /// [`StepSizes::host_bytes`].
     pub fn bytes(&self, act_bytes: usize) -> usize {
         let (p, g) = (self.backend_params(), self.backend_grads());
-        (p + self.acts) * act_bytes + (g + self.floats) * 4 + ids_bytes(self.rows)
+        (p + self.acts) * act_bytes + (g + self.floats) * 4 + ids_bytes(self.rows) + self.fp8
     }
 }
 

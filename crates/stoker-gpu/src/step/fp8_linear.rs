@@ -27,7 +27,7 @@ use crate::gemm::{matmul_fp8, Dims, Mat};
 const PER_LAYER: usize = 3;
 
 /// The casts' scratch: the largest layer's operands in both layouts.
-pub(crate) struct Fp8Linears<B: Backend> {
+pub struct Fp8Linears<B: Backend> {
     scalers: Fp8Scalers<B>,
     /// Whether the forward records amax (training) or not (evaluation, which records
     /// nothing, as on the CPU).
@@ -54,6 +54,38 @@ pub(crate) struct Fp8Shape {
     pub(crate) rows: usize,
     pub(crate) inp: usize,
     pub(crate) out: usize,
+}
+
+/// What FP8 layers of a step hold: `layers` layers' scalers and the scratch for `rows`
+/// rows of layers up to `widest` wide and weights up to `weight` elements. The one place
+/// that sizes them: [`Fp8Linears::new`] allocates these, the step's plan counts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fp8Sizes {
+    /// Scalers (three per layer).
+    pub scalers: usize,
+    /// Bytes of each of the four activation casts (x, x^T, dy, dy^T).
+    pub acts: usize,
+    /// Bytes of each of the two weight casts (W, W^T).
+    pub weight: usize,
+}
+
+impl Fp8Sizes {
+    /// The sizes for `layers` layers at `rows` rows, widths up to `widest`, weights up to
+    /// `weight` elements.
+    pub fn of(layers: usize, rows: usize, widest: usize, weight: usize) -> Self {
+        Fp8Sizes {
+            scalers: PER_LAYER * layers,
+            acts: rows * widest,
+            weight,
+        }
+    }
+
+    /// Bytes on the backend: the scalers and the casts ([`Fp8Linears::bytes`] once made).
+    pub fn bytes(&self) -> usize {
+        crate::fp8::planned_bytes(self.scalers, &DelayedScalingConfig::default())
+            + 4 * self.acts
+            + 2 * self.weight
+    }
 }
 
 impl<B: Backend> Fp8Linears<B> {
@@ -91,16 +123,16 @@ impl<B: Backend> Fp8Linears<B> {
             })
             .collect();
         let widest = widths.iter().copied().max().unwrap_or(0);
-        let acts = rows * widest;
+        let sizes = Fp8Sizes::of(layers, rows, widest, weight);
         Ok(Fp8Linears {
             scalers: Fp8Scalers::new(be, &DelayedScalingConfig::default(), &roles)?,
             recording: Cell::new(true),
-            x: be.zeros(acts)?,
-            x_t: be.zeros(acts)?,
-            w: be.zeros(weight)?,
-            w_t: be.zeros(weight)?,
-            dy: be.zeros(acts)?,
-            dy_t: be.zeros(acts)?,
+            x: be.zeros(sizes.acts)?,
+            x_t: be.zeros(sizes.acts)?,
+            w: be.zeros(sizes.weight)?,
+            w_t: be.zeros(sizes.weight)?,
+            dy: be.zeros(sizes.acts)?,
+            dy_t: be.zeros(sizes.acts)?,
         })
     }
 

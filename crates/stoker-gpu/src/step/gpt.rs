@@ -18,7 +18,7 @@ use crate::ids::{Groups, Ids};
 use crate::kernels::{self, Stats};
 use crate::Heads;
 
-use super::fp8_linear::Fp8Linears;
+use super::fp8_linear::{Fp8Linears, Fp8Sizes};
 use super::linear::{self, Fp8Layer, Linear};
 use super::{attention, layout, padded_vocab, TokenBatch};
 
@@ -63,12 +63,32 @@ pub fn gpt_step_sizes(
     opts: StepOptions,
 ) -> StepSizes {
     let layout = ActLayout::new(dims, (batch, t), padded_vocab(dims.vocab), opts);
-    StepSizes::of(
+    let fp8 = opts.fp8_linears.then(|| {
+        let (layers, widths, weight) = gpt_fp8_layers(dims);
+        let widest = widths.into_iter().max().unwrap_or(0);
+        Fp8Sizes::of(layers, batch * t, widest, weight).bytes()
+    });
+    let sizes = StepSizes::of(
         params,
         (layout.total, layout.floats),
         (batch * t, dims.vocab),
     )
-    .placed(opts, (dims.n_layer, gpt_block_len(dims)))
+    .placed(opts, (dims.n_layer, gpt_block_len(dims)));
+    StepSizes {
+        fp8: fp8.unwrap_or(0),
+        ..sizes
+    }
+}
+
+/// The GPT's FP8 layers: how many, their widths (inputs and outputs), the largest
+/// weight's elements.
+fn gpt_fp8_layers(dims: &GptDims) -> (usize, [usize; 3], usize) {
+    let c = dims.d_model;
+    (
+        FP8_LAYERS_PER_BLOCK * dims.n_layer,
+        [c, 3 * c, 4 * c],
+        4 * c * c,
+    )
 }
 
 /// Elements of one GPT block's parameters (block 0's in stoker-kernels' table).
@@ -145,13 +165,10 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
             .collect::<Vec<_>>();
         let sizes = gpt_step_sizes(&dims, offsets.end(), (batch, t), opts);
         let fp8 = match opts.fp8_linears {
-            true => Some(Fp8Linears::new(
-                be,
-                FP8_LAYERS_PER_BLOCK * dims.n_layer,
-                batch * t,
-                &[c, 3 * c, 4 * c],
-                4 * c * c,
-            )?),
+            true => {
+                let (layers, widths, weight) = gpt_fp8_layers(&dims);
+                Some(Fp8Linears::new(be, layers, batch * t, &widths, weight)?)
+            }
             false => None,
         };
         Ok(GptGpuStep {
@@ -198,12 +215,6 @@ impl<B: Backend, T: Act> GptGpuStep<B, T> {
         self.fp8
             .as_ref()
             .map(|f| (f, FP8_LAYERS_PER_BLOCK * block + j))
-    }
-
-    /// Bytes the FP8 linear layers hold beyond the step's buffers (their scalers and
-    /// the casts' scratch); 0 where the layers are not in FP8.
-    pub fn fp8_bytes(&self) -> usize {
-        self.fp8.as_ref().map_or(0, |f| f.bytes())
     }
 
     /// `y = x W^T + b` for the linear layer at `wb` (`W` `[out, inp]`).

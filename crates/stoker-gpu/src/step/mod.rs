@@ -48,6 +48,12 @@ macro_rules! token_step_api {
             }
         }
 
+        /// Bytes the FP8 linear layers hold beyond the step's buffers (their scalers and
+        /// the casts' scratch); 0 where the layers are not in FP8.
+        pub fn fp8_bytes(&self) -> usize {
+            self.fp8.as_ref().map_or(0, |f| f.bytes())
+        }
+
         /// The FP8 delayed scalers of the linear layers (three per layer: input, weight,
         /// output gradient), where the step runs them in FP8.
         pub fn fp8_scalers(&self) -> Option<&$crate::fp8::Fp8Scalers<B>> {
@@ -192,7 +198,7 @@ pub mod attention;
 mod batch_ids;
 pub mod block_runs;
 pub mod buffers;
-pub(crate) mod fp8_linear;
+pub mod fp8_linear;
 pub mod gpt;
 pub mod grad_slots;
 mod graphs;
