@@ -470,6 +470,7 @@ pub fn fp8_outputs<B: Backend>(b: &B) -> Result<Vec<Output>, GpuError> {
             .map(|(i, v)| v * 2f32.powi((i % 41) as i32 - 20))
             .collect();
         x[n - 1] = f32::NAN;
+        x[n - 2] = -f32::NAN;
         x[7] = 6.0e4;
         x[11] = -470.0;
         let (q4, t4, q5, t5) = (

@@ -721,6 +721,43 @@ impl TrainConfig {
                 format!("fp8 on step = \"resident\" runs on the resident loop: {why}"),
             ));
         }
+        if matches!(
+            self.parallel.strategy,
+            StrategyKind::Zero2 | StrategyKind::Zero3
+        ) {
+            return Err(config_err(
+                "parallel.strategy",
+                "fp8 on step = \"resident\" runs one rank's whole step (\"none\", \"ddp\" or \
+                 \"zero1\" at one rank): ZeRO-2's and ZeRO-3's updates from slots do not end \
+                 the FP8 scalers' step",
+            ));
+        }
+        // Hopper's FP8 products take widths and rows that are multiples of 16 (the step
+        // refuses the rest when it is made; here the keys are named before anything runs).
+        if let ModelConfig::Gpt(g) = &self.model {
+            if !g.d_model.is_multiple_of(16) {
+                return Err(config_err(
+                    "model.d_model",
+                    format!(
+                        "{}: fp8 on step = \"resident\" needs a width that is a multiple of 16 \
+                         (FP8 products on Hopper's tensor cores)",
+                        g.d_model
+                    ),
+                ));
+            }
+            let rows = self.batch.micro_batch * g.context;
+            if !rows.is_multiple_of(16) {
+                return Err(config_err(
+                    "batch.micro_batch",
+                    format!(
+                        "{} sequences of model.context {} make rows of {rows}: fp8 on step = \
+                         \"resident\" needs micro-batch rows (sequences x positions) that are a \
+                         multiple of 16 (FP8 products on Hopper's tensor cores)",
+                        self.batch.micro_batch, g.context
+                    ),
+                ));
+            }
+        }
         Ok(())
     }
 

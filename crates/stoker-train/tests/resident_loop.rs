@@ -1257,6 +1257,33 @@ fn fp8_on_the_loop_keeps_its_scalers_across_a_resume_and_tracks_the_cpu_s_fp8() 
     );
     assert!(names.2 > 0.0, "h.1.mlp.fc's weight recorded no amax");
     assert_eq!(names.1, 448.0 / names.2, "h.1.mlp.fc's weight scale");
+    // A layer the step has none of (the CPU path's head, from a checkpoint it wrote) is
+    // kept through a resident run's syncs, for a later resume on the CPU path.
+    let kept = run_local(1, Duration::from_secs(60), |comm| {
+        let comm: Rc<dyn Communicator> = Rc::new(comm);
+        let mut t = trainer(&c, comm.clone());
+        t.train_step(&fp8_window(0)).unwrap();
+        t.sync_host().unwrap();
+        let st = t.state();
+        let mut fp8 = st.fp8.clone().unwrap();
+        let head = fp8["h.0.attn.qkv"].clone();
+        fp8.insert("lm_head".into(), head.clone());
+        let saved = LoadedState {
+            step: st.step,
+            sampler: st.sampler,
+            master: st.master.to_vec(),
+            optimizer: st.optimizer.to_owned(),
+            scaler: st.scaler,
+            fp8: Some(fp8),
+        };
+        let mut t = trainer(&c, comm);
+        t.load_state(saved).unwrap();
+        t.train_step(&fp8_window(1)).unwrap();
+        t.sync_host().unwrap();
+        t.state().fp8.unwrap().get("lm_head") == Some(&head)
+    })
+    .remove(0);
+    assert!(kept, "the head's scalers from the checkpoint were dropped");
     // The CPU's simulation of the same run.
     let text = config_text(GPT16, "fp8", "composed", ADAMW, "strategy = \"none\"");
     let cpu = TrainConfig::parse(&text, std::path::Path::new("cpu.toml")).unwrap();
@@ -1294,37 +1321,57 @@ fn fp8_on_the_loop_keeps_its_scalers_across_a_resume_and_tracks_the_cpu_s_fp8() 
 }
 
 /// fp8 on the resident step is the GPT's, on one rank's loop: the Llama and several
-/// ranks are refused naming `precision`, micro-batch rows that FP8 products cannot take
-/// when the step is made, naming them.
+/// ranks are refused naming `precision`, ZeRO-2 and ZeRO-3 naming `parallel.strategy`, a
+/// width or micro-batch rows that FP8 products cannot take naming `model.d_model` or
+/// `batch.micro_batch`, all when the config is read.
 #[test]
 fn fp8_on_the_resident_step_refuses_what_it_does_not_run() {
     let parse = |text: String| TrainConfig::parse(&text, std::path::Path::new("f.toml"));
-    let e = parse(resident_text(
-        LLAMA,
-        "fp8",
-        ADAMW,
-        "strategy = \"none\"",
-        "",
-    ))
-    .unwrap_err()
-    .to_string();
-    assert!(e.contains("precision") && e.contains("Llama"), "{e}");
+    let refused = |text: String, key: &str, says: &str| {
+        let e = parse(text).unwrap_err().to_string();
+        assert!(
+            e.contains(key) && e.contains(says),
+            "{e} should name {key} and say {says}"
+        );
+    };
+    refused(
+        resident_text(LLAMA, "fp8", ADAMW, "strategy = \"none\"", ""),
+        "precision",
+        "Llama",
+    );
+    for zero in ["zero2", "zero3"] {
+        refused(
+            resident_text(GPT16, "fp8", ADAMW, &format!("strategy = \"{zero}\""), ""),
+            "parallel.strategy",
+            "one rank's whole step",
+        );
+    }
+    refused(
+        resident_text(
+            &GPT16.replace("d_model = 16", "d_model = 24"),
+            "fp8",
+            ADAMW,
+            "strategy = \"none\"",
+            "",
+        ),
+        "model.d_model",
+        "multiple of 16",
+    );
+    // Two sequences of 6 positions: rows of 12.
+    refused(
+        resident_text(
+            &GPT16.replace("context = 8", "context = 6"),
+            "fp8",
+            ADAMW,
+            "strategy = \"none\"",
+            "",
+        ),
+        "batch.micro_batch",
+        "rows of 12",
+    );
     let ddp = parse(resident_text(GPT16, "fp8", ADAMW, "strategy = \"ddp\"", "")).unwrap();
     let e = stoker_train::parallel::ParallelDims::resolve(&ddp, 2, 0, "a test")
         .unwrap_err()
         .to_string();
     assert!(e.contains("precision"), "{e}");
-    // GPT's rows of 2 x 6 are not a multiple of 16: the step says so when it is made.
-    let c = resident(
-        GPT.replace("d_model = 8", "d_model = 16").as_str(),
-        "fp8",
-        ADAMW,
-        "strategy = \"none\"",
-    );
-    let e = run_local(1, Duration::from_secs(60), |comm| {
-        let mut t = trainer(&c, Rc::new(comm));
-        t.train_step(&window(GPT, 0, 0, 2)).unwrap_err().to_string()
-    })
-    .remove(0);
-    assert!(e.contains("multiples of 16"), "{e}");
 }

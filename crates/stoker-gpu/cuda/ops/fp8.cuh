@@ -43,6 +43,14 @@ STOKER_HD uint8_t fp8_encode(float x, const Fp8Consts& c) {
   return uint8_t(mag | sign);
 }
 
+// x * scale in FP8. A NaN keeps x's sign: the CPU's multiply keeps a NaN's sign, a GPU's
+// may give its canonical NaN, so the sign comes from x, not from the product.
+STOKER_HD uint8_t fp8_cast(float x, float scale, const Fp8Consts& c) {
+  const uint32_t bits = bits_of(x);
+  const uint8_t q = fp8_encode(x * scale, c);
+  return (bits & 0x7FFFFFFFu) > 0x7F800000u ? uint8_t(c.nan | ((bits >> 24) & 0x80u)) : q;
+}
+
 // |x| for an amax: NaN counts as 0 (stoker-precision's amax ignores it, as fmaxf does),
 // infinity counts.
 STOKER_HD float amax_of(float x) {
@@ -74,7 +82,7 @@ STOKER_HD void fp8_quantize_warp(const W& w, int wid, int warps, uint8_t* out, u
       Pack p = load_pack(x, i0, n);
       STOKER_PACK_ELEMENTS(k, i0, n) {
         const int64_t i = i0 + k;
-        const uint8_t q = fp8_encode(p.v[k] * s, c);
+        const uint8_t q = fp8_cast(p.v[k], s, c);
         out[i] = q;
         if (out_t) out_t[(i % cols) * rows + i / cols] = q;
         m = MaxOf{}(m, amax_of(p.v[k]));

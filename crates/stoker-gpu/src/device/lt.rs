@@ -35,9 +35,13 @@ const MAX_ALIGN: u32 = 256;
 /// added by the `add_bias` kernel after the product.
 const BIAS_ALIGN: u64 = 16;
 
-/// `g`'s bias where the epilogue can take it (aligned to [`BIAS_ALIGN`]).
+/// `g`'s bias where the epilogue can take it: aligned to [`BIAS_ALIGN`], and for FP8
+/// operands only into bf16 (cuBLASLt's FP8 products take no f32 bias; PyTorch's
+/// `_scaled_mm` refuses a bias with an f32 output for the same reason). Otherwise the
+/// `add_bias` kernel adds it after the product.
 pub(super) fn epilogue_bias(g: &Gemm) -> Option<Addr> {
-    g.bias.filter(|b| b % BIAS_ALIGN == 0)
+    let fp8_into_other = matches!(g.ab, AbTypes::Fp8 { .. }) && g.c_type != Dtype::Bf16;
+    g.bias.filter(|b| b % BIAS_ALIGN == 0 && !fp8_into_other)
 }
 
 fn lt_err(what: impl Into<String>) -> impl FnOnce(lt::CublasError) -> GpuError {

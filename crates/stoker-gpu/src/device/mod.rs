@@ -694,8 +694,9 @@ impl Backend for Device {
                     return Err(GpuError::Driver {
                         what: format!("an FP8 product {}x{}x{}", g.m, g.n, g.k),
                         error: format!(
-                            "cuBLASLt does not run it and cuBLAS has no FP8 product ({})",
-                            refused.as_deref().unwrap_or("no algorithm for its shape")
+                            "cuBLASLt has no algorithm for it or refused it, and cuBLAS has no \
+                             FP8 product (the first refusal of any product so far: {})",
+                            refused.as_deref().unwrap_or("none")
                         ),
                     });
                 }

@@ -67,7 +67,7 @@ impl StepOptions {
         if self.grads_in_slots || self.shard_params.is_some() {
             return Some(
                 "FP8 linear layers run one rank's whole step: not with ZeRO-2's or ZeRO-3's \
-                 slots (the amax all-reduce several ranks need is not built)"
+                 slots, whose updates do not end the FP8 scalers' step"
                     .into(),
             );
         }

@@ -58,7 +58,7 @@ impl ParallelDims {
             return Err(config_err(
                 "precision",
                 format!(
-                    "fp8 (simulated) on {world} ranks: its delayed scalers keep per-rank amax histories, \
+                    "fp8 on {world} ranks: its delayed scalers keep per-rank amax histories, \
                      and their cross-rank reduction (Transformer Engine's amax all-reduce) is not built, \
                      so ranks would quantize differently and drift apart; use bf16 or fp16"
                 ),

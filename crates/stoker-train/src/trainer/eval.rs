@@ -252,6 +252,9 @@ impl Trainer {
             seed,
             vocab,
         };
+        // The resident loop's state first: its FP8 scalers too, before the snapshot that
+        // sampling's casts are undone to (a sync inside would be undone with them).
+        self.sync_host()?;
         self.keeping_fp8_state(|t| t.sample_with_model(prompt, how))
     }
 

@@ -426,9 +426,12 @@ impl Trainer {
             return Ok(());
         }
         let state = path.run()?.state()?;
-        // fp8: the step's scalers into the trainer's, which checkpoints keep.
+        // fp8: the step's scalers into the trainer's, which checkpoints keep; layers the
+        // step has none of (the CPU path's head, from a checkpoint it wrote) are kept.
         if let (Some(fp8), Some(values)) = (&self.fp8, path.run()?.fp8_values()?) {
-            fp8.restore(crate::models::resident_fp8::to_layers(&values)?);
+            let mut layers = fp8.state();
+            layers.extend(crate::models::resident_fp8::to_layers(&values)?);
+            fp8.restore(layers);
         }
         let master = &mut self.params.master;
         let pieces = self.optimizer.pieces().clone();
