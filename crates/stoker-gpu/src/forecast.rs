@@ -329,7 +329,7 @@ fn step_work<S: Trainable<CountingBackend>>(
     segments: &[(std::ops::Range<usize>, bool)],
     vocab: usize,
 ) -> Result<StepWork, GpuError> {
-    let opt = OptimizerState::adamw(be, &vec![0f32; step.flat_len()], segments)?;
+    let opt = OptimizerState::adamw_zeros(be, step.flat_len(), segments)?;
     let ids: Vec<i64> = (0..step.rows())
         .map(|i| (i % vocab.max(1)) as i64)
         .collect();

@@ -322,3 +322,21 @@ fn a_fit_recovers_the_fractions_a_step_ran_at() {
         Efficiencies::ASSUMED.product
     );
 }
+
+/// A model whose FP32 master would not fit in host memory (GPT, 9.9B parameters: 39.5 GB
+/// of f32) is counted without a host copy of it: `stoker plan` aborted on an allocation
+/// of that size before the update was counted over zeros on the counting backend.
+#[test]
+fn a_model_larger_than_host_memory_is_counted_without_a_copy_of_its_master() {
+    let dims = GptDims {
+        vocab: 50_304,
+        context: 64,
+        d_model: 4096,
+        n_layer: 48,
+        n_head: 32,
+    };
+    let work = gpt_step_work::<half::bf16>(dims, (1, 64), StepOptions::default()).unwrap();
+    let (offsets, _) = stoker_gpu::sample::gpt_layout(&dims);
+    assert_eq!(work.params, offsets.end());
+    assert!(work.params > 9_800_000_000, "{} parameters", work.params);
+}

@@ -943,5 +943,19 @@ fn largest_resident_micro_batch(cfg: &TrainConfig, len: usize, world: usize, bud
             false => hi = mid,
         }
     }
-    lo
+    // fp8's products take micro-batch rows (sequences x positions) that are multiples of
+    // 16: the largest such micro-batch at or below.
+    let unit = match (cfg.precision, cfg.model.context()) {
+        (crate::precision::Precision::Fp8, Some(t)) if t > 0 => 16 / gcd(t, 16),
+        _ => 1,
+    };
+    lo - lo % unit
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }

@@ -560,6 +560,22 @@ fn the_plan_line_finds_the_largest_micro_batch_that_fits() {
     assert!(stoker_train::planned::resident_plan_line(&off, 2, None)
         .unwrap()
         .is_none());
+    // fp8's micro-batch rows must be multiples of 16: with context 8, an even micro-batch.
+    // A device whose 90% is what micro-batch 5 needs offers 4, not 5.
+    let fp8 = resident(GPT16, "fp8", ADAMW, "strategy = \"none\"");
+    let m = build_model(&fp8.model, fp8.precision, fp8.kernels, fp8.seed).unwrap();
+    let len = FlatLayout::of(m.params()).unwrap().total_len();
+    let mut five = fp8.clone();
+    five.batch.micro_batch = 5;
+    let need = stoker_train::trainer::planned_resident_bytes(&five, len, (0, 1)).unwrap();
+    let device = (need.total() as f64 + 0.5) / 0.9;
+    let line = stoker_train::planned::resident_plan_line(&fp8, 1, Some(("test GPU", device)))
+        .unwrap()
+        .unwrap();
+    assert!(
+        line.contains("the largest micro-batch within 90% of it: 4 ("),
+        "{line}"
+    );
 }
 
 #[test]

@@ -133,6 +133,25 @@ impl<B: Backend> OptimizerState<B> {
         })
     }
 
+    /// AdamW over a master of `n` zeros: the same buffers as [`Self::adamw`], with no host
+    /// copy of the master to upload (a forecast over a counting backend of a model whose
+    /// master would not fit in host memory).
+    pub fn adamw_zeros(
+        be: &B,
+        n: usize,
+        segments: &[(Range<usize>, bool)],
+    ) -> Result<Self, GpuError> {
+        Ok(OptimizerState {
+            master: be.zeros(n)?,
+            moments: Moments::AdamW {
+                m: be.zeros(n)?,
+                v: be.zeros(n)?,
+            },
+            segments: Segments::new(be, segments, n)?,
+            round: None,
+        })
+    }
+
     /// SGD over `master`, with a momentum buffer when `momentum`.
     pub fn sgd(
         be: &B,
