@@ -233,3 +233,102 @@ fn the_plan_counts_what_the_fp8_layers_hold() {
     assert_eq!(step.fp8_bytes(), want);
     assert_eq!(planned - plain, want);
 }
+
+/// The Llama's seven linear layers a block in FP8: the weight scalers follow `q`, `k`, `v`,
+/// `o`, `gate`, `up`, `down` in that order, and once the scales are set the loss and every
+/// gradient track the CPU's f32 Llama step within FP8's precision.
+#[test]
+fn the_llama_s_fp8_layers_follow_its_weights_and_track_the_f32_step() {
+    use stoker_gpu::step::llama::LlamaGpuStep;
+    use stoker_kernels::{LlamaDims, LlamaStep};
+    const LLAMA: LlamaDims = LlamaDims {
+        vocab: 67,
+        context: 16,
+        d_model: 32,
+        n_layer: 2,
+        n_head: 4,
+        n_kv_head: 2,
+        ffn_hidden: 48,
+    };
+    let g = stoker_gpu::sample::llama(&LLAMA, 200, 0.2);
+    let s = setup();
+    let (tokens, targets): (Vec<i64>, Vec<i64>) = (
+        s.tokens.iter().map(|&x| x % LLAMA.vocab as i64).collect(),
+        s.targets.iter().map(|&x| x % LLAMA.vocab as i64).collect(),
+    );
+    let batch = TokenBatch {
+        tokens: &tokens,
+        targets: &targets,
+        ignore: -1,
+    };
+    let step = LlamaGpuStep::<Host, f32>::with_options(
+        &Host,
+        LLAMA,
+        g.offsets.clone(),
+        (1e-5, 10_000.0),
+        (BATCH, T),
+        FP8,
+    )
+    .unwrap();
+    step.buffers().load_params(&Host, &g.params).unwrap();
+    step.forward_backward(&Host, batch, 1.0).unwrap();
+    let scalers = step.fp8_scalers().expect("an FP8 step has scalers");
+    scalers.end_step(&Host).unwrap();
+    let read = scalers.read(&Host).unwrap();
+    assert_eq!(read.len(), 3 * 7 * LLAMA.n_layer);
+    let (c, f) = (LLAMA.d_model, LLAMA.ffn_hidden);
+    let kv = LLAMA.n_kv_head * (c / LLAMA.n_head);
+    for (block, bo) in g.offsets.blocks().iter().enumerate() {
+        let weights = [
+            (bo.q, c * c),
+            (bo.k, kv * c),
+            (bo.v, kv * c),
+            (bo.o, c * c),
+            (bo.gate, f * c),
+            (bo.up, f * c),
+            (bo.down, c * f),
+        ];
+        for (j, (at, len)) in weights.into_iter().enumerate() {
+            let amax = g.params[at..at + len]
+                .iter()
+                .fold(0f32, |m, x| m.max(x.abs()));
+            let h = &read[3 * (7 * block + j) + 1].history;
+            assert_eq!(
+                h[h.len() - 2],
+                amax,
+                "block {block} layer {j}: the weight's amax"
+            );
+        }
+    }
+    // A second micro-batch at the scales the first set, against the CPU's f32 step.
+    step.buffers().zero_grads(&Host).unwrap();
+    let loss = step.forward_backward(&Host, batch, 1.0).unwrap();
+    let got = step.buffers().grads(&Host).unwrap();
+    let mut cpu = LlamaStep::new(LLAMA, g.offsets.clone(), false, 1e-5, 10_000.0).unwrap();
+    let mut want = vec![0f32; g.params.len()];
+    let b = stoker_kernels::GptBatch {
+        tokens: &tokens,
+        targets: &targets,
+        batch: BATCH,
+        t: T,
+        ignore: -1,
+    };
+    let want_loss = cpu
+        .forward_backward(&g.params, b, 1.0, &mut want, &mut |_, _| {})
+        .unwrap();
+    let rel = (loss - want_loss).abs() / want_loss.abs();
+    assert!(
+        rel < 2e-2,
+        "summed loss {loss} against {want_loss} ({rel:.2e})"
+    );
+    let mut moved = 0;
+    for (name, r) in &g.ranges {
+        let e = rel_l2(&got[r.clone()], &want[r.clone()]);
+        assert!(e < 0.3, "gradient of {name}: relative L2 {e:.3e}");
+        moved += (e > 1e-3) as usize;
+    }
+    assert!(
+        moved >= 7 * LLAMA.n_layer,
+        "only {moved} gradients moved over 1e-3"
+    );
+}

@@ -701,20 +701,14 @@ impl TrainConfig {
         self.check_resident_buckets()
     }
 
-    /// fp8 on the resident step: the GPT's linear layers in FP8, on its loop (whose update
+    /// fp8 on the resident step: the GPT's or the Llama's linear layers in FP8, on its loop (whose update
     /// ends the scalers' steps; the CPU trainer's update on the step's host build would
     /// not), one rank (several ranks' amax all-reduce is not built).
     fn check_resident_fp8(&self) -> Result<()> {
         if self.precision != Precision::Fp8 {
             return Ok(());
         }
-        if !matches!(self.model, ModelConfig::Gpt(_)) {
-            return Err(config_err(
-                "precision",
-                "fp8 on step = \"resident\" is built for the GPT's linear layers, not yet the \
-                 Llama's: use bf16, or fp8 without step = \"resident\" (the CPU's simulation)",
-            ));
-        }
+
         if let Some((key, why)) = self.not_on_resident_loop() {
             return Err(config_err(
                 key,
@@ -734,29 +728,41 @@ impl TrainConfig {
         }
         // Hopper's FP8 products take widths and rows that are multiples of 16 (the step
         // refuses the rest when it is made; here the keys are named before anything runs).
-        if let ModelConfig::Gpt(g) = &self.model {
-            if !g.d_model.is_multiple_of(16) {
-                return Err(config_err(
-                    "model.d_model",
-                    format!(
-                        "{}: fp8 on step = \"resident\" needs a width that is a multiple of 16 \
-                         (FP8 products on Hopper's tensor cores)",
-                        g.d_model
-                    ),
-                ));
+        let (widths, context): (Vec<(&str, usize)>, usize) = match &self.model {
+            ModelConfig::Gpt(g) => (vec![("model.d_model", g.d_model)], g.context),
+            ModelConfig::Llama(l) => {
+                let d = l.dims();
+                (
+                    vec![
+                        ("model.d_model", d.d_model),
+                        ("model.n_kv_head", d.n_kv_head * d.head_dim()),
+                        ("model.ffn_hidden", d.ffn_hidden),
+                    ],
+                    d.context,
+                )
             }
-            let rows = self.batch.micro_batch * g.context;
-            if !rows.is_multiple_of(16) {
-                return Err(config_err(
-                    "batch.micro_batch",
-                    format!(
-                        "{} sequences of model.context {} make rows of {rows}: fp8 on step = \
-                         \"resident\" needs micro-batch rows (sequences x positions) that are a \
-                         multiple of 16 (FP8 products on Hopper's tensor cores)",
-                        self.batch.micro_batch, g.context
-                    ),
-                ));
-            }
+            _ => return Ok(()),
+        };
+        if let Some((key, w)) = widths.into_iter().find(|(_, w)| !w.is_multiple_of(16)) {
+            return Err(config_err(
+                key,
+                format!(
+                    "makes a layer {w} wide: fp8 on step = \"resident\" needs widths that are \
+                     multiples of 16 (FP8 products on Hopper's tensor cores)"
+                ),
+            ));
+        }
+        let rows = self.batch.micro_batch * context;
+        if !rows.is_multiple_of(16) {
+            return Err(config_err(
+                "batch.micro_batch",
+                format!(
+                    "{} sequences of model.context {context} make rows of {rows}: fp8 on step = \
+                     \"resident\" needs micro-batch rows (sequences x positions) that are a \
+                     multiple of 16 (FP8 products on Hopper's tensor cores)",
+                    self.batch.micro_batch
+                ),
+            ));
         }
         Ok(())
     }

@@ -1178,6 +1178,10 @@ fn a_gpus_measured_efficiencies_time_its_plans() {
 const GPT16: &str =
     "kind = \"gpt\"\nvocab = 11\ncontext = 8\nd_model = 16\nn_layer = 2\nn_head = 2";
 
+/// A Llama whose widths (32, a key and value head of 16, an MLP of 48) and micro-batch
+/// rows are multiples of 16.
+const LLAMA16: &str = "kind = \"llama\"\nvocab = 11\ncontext = 8\nd_model = 32\nn_layer = 2\nn_head = 2\nn_kv_head = 1\nffn_hidden = 48";
+
 /// Step `s`'s window of two micro-batches of 2 x 8 tokens.
 fn fp8_window(s: usize) -> Vec<MicroBatch> {
     (0..2)
@@ -1336,9 +1340,9 @@ fn fp8_on_the_loop_keeps_its_scalers_across_a_resume_and_tracks_the_cpu_s_fp8() 
     );
 }
 
-/// fp8 on the resident step is the GPT's, on one rank's loop: the Llama and several
-/// ranks are refused naming `precision`, ZeRO-2 and ZeRO-3 naming `parallel.strategy`, a
-/// width or micro-batch rows that FP8 products cannot take naming `model.d_model` or
+/// fp8 on the resident step runs on one rank's loop: several ranks are refused naming
+/// `precision`, ZeRO-2 and ZeRO-3 naming `parallel.strategy`, a width or micro-batch rows
+/// that FP8 products cannot take naming `model.d_model`, `model.n_kv_head` or
 /// `batch.micro_batch`, all when the config is read.
 #[test]
 fn fp8_on_the_resident_step_refuses_what_it_does_not_run() {
@@ -1350,10 +1354,23 @@ fn fp8_on_the_resident_step_refuses_what_it_does_not_run() {
             "{e} should name {key} and say {says}"
         );
     };
+    // The Llama of the other tests is 8 wide.
     refused(
         resident_text(LLAMA, "fp8", ADAMW, "strategy = \"none\"", ""),
-        "precision",
-        "Llama",
+        "model.d_model",
+        "multiples of 16",
+    );
+    // Its key and value heads: one head of 32 / 4 = 8.
+    refused(
+        resident_text(
+            &LLAMA16.replace("n_head = 2", "n_head = 4"),
+            "fp8",
+            ADAMW,
+            "strategy = \"none\"",
+            "",
+        ),
+        "model.n_kv_head",
+        "8 wide",
     );
     for zero in ["zero2", "zero3"] {
         refused(
@@ -1371,7 +1388,7 @@ fn fp8_on_the_resident_step_refuses_what_it_does_not_run() {
             "",
         ),
         "model.d_model",
-        "multiple of 16",
+        "24 wide",
     );
     // Two sequences of 6 positions: rows of 12.
     refused(
@@ -1390,4 +1407,54 @@ fn fp8_on_the_resident_step_refuses_what_it_does_not_run() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("precision"), "{e}");
+}
+
+/// The Llama's seven linear layers a block in FP8 on the loop: a run resumed at step 3
+/// equals one that never stopped, bit for bit; its checkpoint names the layers as the
+/// CPU's Llama does; its losses track the CPU's simulation.
+#[test]
+fn fp8_on_the_loop_trains_the_llama_and_resumes_bit_identically() {
+    let c = resident(LLAMA16, "fp8", ADAMW, "strategy = \"none\"");
+    assert!(c.resident_loop());
+    let straight = fp8_run(&c, 6, None, false);
+    let resumed = fp8_run(&c, 6, Some(3), false);
+    assert_same_run(
+        "llama fp8 resumed at step 3",
+        (&resumed.0, &resumed.1),
+        (&straight.0, &straight.1),
+    );
+    let names = run_local(1, Duration::from_secs(60), |comm| {
+        let mut t = trainer(&c, Rc::new(comm));
+        t.train_step(&fp8_window(0)).unwrap();
+        t.sync_host().unwrap();
+        t.state().fp8.unwrap().keys().cloned().collect::<Vec<_>>()
+    })
+    .remove(0);
+    assert_eq!(names.len(), 14);
+    assert!(
+        names.contains(&"layers.1.self_attn.k_proj".to_string()),
+        "{names:?}"
+    );
+    assert!(
+        names.contains(&"layers.0.mlp.down_proj".to_string()),
+        "{names:?}"
+    );
+    // Largest difference seen: 5.1e-4 (2026-12-07).
+    let text = config_text(LLAMA16, "fp8", "composed", ADAMW, "strategy = \"none\"");
+    let cpu = TrainConfig::parse(&text, std::path::Path::new("cpu.toml")).unwrap();
+    let simulated = fp8_run(&cpu, 6, None, false);
+    for (a, b) in straight.1.iter().zip(&simulated.1) {
+        let rel = (a.loss - b.loss).abs() / b.loss.abs();
+        eprintln!(
+            "llama step {}: {} against {} ({rel:.2e})",
+            a.step, a.loss, b.loss
+        );
+        assert!(
+            rel < 5e-3,
+            "step {}: loss {} on the loop, {} simulated ({rel:.2e})",
+            a.step,
+            a.loss,
+            b.loss
+        );
+    }
 }

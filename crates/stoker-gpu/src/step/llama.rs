@@ -9,8 +9,9 @@ use stoker_kernels::{LlamaDims, LlamaOffsets};
 
 use super::attention::{self, Qkv};
 use super::buffers::{self, BlockHooks, LossSpans, StepBuffers, StepSizes, TokenModel};
+use super::fp8_linear::{Fp8Linears, Fp8Sizes};
 use super::layout::{Span, PARTIAL_WARPS};
-use super::linear::{self, Linear};
+use super::linear::{self, Fp8Layer, Linear};
 use super::llama_layout::{LlamaBlockActs, LlamaLayout};
 use super::optimizer::{self, OptimizerState, Scalars, UpdateViews};
 use super::options::StepOptions;
@@ -45,8 +46,9 @@ pub struct LlamaGpuStep<B: Backend, T: Act> {
     recompute_mlp: bool,
     /// Attention on tensor cores keeping each row's log-sum-exp, not its probabilities.
     flash_attention: bool,
-    /// FP8 linear layers: not built for the Llama step (refused when asked), so none.
-    fp8: Option<super::fp8_linear::Fp8Linears<B>>,
+    /// The linear layers in FP8 with delayed scaling, seven per block (`q`, `k`, `v`,
+    /// `o`, `gate`, `up`, `down`), where the step runs them so.
+    fp8: Option<Fp8Linears<B>>,
 }
 
 /// What a Llama step of `dims` over a flat buffer of `params` elements holds for `batch`
@@ -59,12 +61,36 @@ pub fn llama_step_sizes(
     opts: StepOptions,
 ) -> StepSizes {
     let layout = LlamaLayout::new(dims, (batch, t), padded_vocab(dims.vocab), opts);
-    StepSizes::of(
+    let fp8 = opts.fp8_linears.then(|| {
+        let (layers, widths, weight) = llama_fp8_layers(dims);
+        let widest = widths.into_iter().max().unwrap_or(0);
+        Fp8Sizes::of(layers, batch * t, widest, weight).bytes()
+    });
+    let sizes = StepSizes::of(
         params,
         (layout.total, layout.floats),
         (batch * t, dims.vocab),
     )
-    .placed(opts, (dims.n_layer, llama_block_len(dims)))
+    .placed(opts, (dims.n_layer, llama_block_len(dims)));
+    StepSizes {
+        fp8: fp8.unwrap_or(0),
+        ..sizes
+    }
+}
+
+/// A block's linear layers in the step's order: `q`, `k`, `v`, `o`, `gate`, `up`, `down`.
+const FP8_LAYERS_PER_BLOCK: usize = 7;
+
+/// The Llama's FP8 layers: how many, their widths (inputs and outputs), the largest
+/// weight's elements.
+fn llama_fp8_layers(dims: &LlamaDims) -> (usize, [usize; 3], usize) {
+    let (c, f) = (dims.d_model, dims.ffn_hidden);
+    let kv = dims.n_kv_head * dims.head_dim();
+    (
+        FP8_LAYERS_PER_BLOCK * dims.n_layer,
+        [c, kv, f],
+        (c * c).max(c * f).max(kv * c),
+    )
 }
 
 /// Elements of one Llama block's parameters (block 0's in stoker-kernels' table).
@@ -119,10 +145,8 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         if let Some(why) = opts.flash_refusal(T::DTYPE, dims.head_dim()) {
             return Err(shape_err(why));
         }
-        if opts.fp8_linears {
-            return Err(shape_err(
-                "FP8 linear layers are built for the GPT step, not yet the Llama's".into(),
-            ));
+        if let Some(why) = opts.fp8_refusal(T::DTYPE) {
+            return Err(shape_err(why));
         }
         let layout = LlamaLayout::new(&dims, (batch, t), padded_vocab(dims.vocab), opts);
         let (c, f) = (dims.d_model, dims.ffn_hidden);
@@ -150,7 +174,13 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         be.write(&bufs.floats, layout.cos.start, &cos)?;
         be.write(&bufs.floats, layout.sin.start, &sin)?;
         Ok(LlamaGpuStep {
-            fp8: None,
+            fp8: match opts.fp8_linears {
+                true => {
+                    let (layers, widths, weight) = llama_fp8_layers(&dims);
+                    Some(Fp8Linears::new(be, layers, batch * t, &widths, weight)?)
+                }
+                false => None,
+            },
             recompute_attention: opts.recompute_attention,
             recompute_mlp: opts.recompute_mlp,
             flash_attention: opts.flash_attention,
@@ -179,14 +209,22 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
         self.dims.n_kv_head * self.dims.head_dim()
     }
 
-    /// `y = x W^T` (`W` at `w`, `[out, inp]`).
+    /// Block `block`'s linear layer `j` (`q`, `k`, `v`, `o`, `gate`, `up`, `down`) among
+    /// the FP8 layers, where the step runs them.
+    fn fp8_layer(&self, block: usize, j: usize) -> Fp8Layer<'_, B> {
+        self.fp8
+            .as_ref()
+            .map(|f| (f, FP8_LAYERS_PER_BLOCK * block + j))
+    }
+
+    /// `y = x W^T` (`W` at `w`, `[out, inp]`), block `block`'s linear layer `j`.
     fn linear(
         &self,
         be: &B,
-        y: Span,
-        x: Span,
+        (y, x): (Span, Span),
         w: usize,
         (inp, out): (usize, usize),
+        (block, j): (usize, usize),
     ) -> Result<(), GpuError> {
         linear::forward(
             be,
@@ -199,21 +237,18 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
                 out,
             },
             (y, x),
-            None,
+            self.fp8_layer(block, j),
         )
     }
 
-    /// `dx (+)= dy W` (added when `add`), `dW += dy^T x`.
-    #[allow(clippy::too_many_arguments)]
+    /// `dx (+)= dy W` (added when `add`), `dW += dy^T x`, block `block`'s linear layer `j`.
     fn linear_back(
         &self,
         be: &B,
-        dx: Span,
-        add: bool,
-        dy: Span,
-        x: Span,
+        (dx, add, dy, x): (Span, bool, Span, Span),
         w: usize,
         (inp, out): (usize, usize),
+        (block, j): (usize, usize),
     ) -> Result<(), GpuError> {
         let l = Linear {
             w,
@@ -230,7 +265,7 @@ impl<B: Backend, T: Act> LlamaGpuStep<B, T> {
             dy,
             x,
             self.layout.partials,
-            None,
+            self.fp8_layer(block, j),
         )
     }
 
@@ -393,8 +428,11 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
         be: &B,
         tokens: &Ids<B>,
         hooks: &mut BlockHooks<'_>,
-        _training: bool,
+        training: bool,
     ) -> Result<(), GpuError> {
+        if let Some(f) = &self.fp8 {
+            f.set_recording(training);
+        }
         let d = self.dims;
         let (c, v, f, kv) = (d.d_model, d.vocab, d.ffn_hidden, self.kv());
         let (o, lay) = (&self.offsets, &self.layout);
@@ -431,13 +469,13 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
                 self.bufs.p(be, bo.input_norm, c)?,
                 self.eps,
             )?;
-            self.linear(be, s.q, s.h1, bo.q, (c, c))?;
-            self.linear(be, s.k, s.h1, bo.k, (c, kv))?;
-            self.linear(be, s.v, s.h1, bo.v, (c, kv))?;
+            self.linear(be, (s.q, s.h1), bo.q, (c, c), (l, 0))?;
+            self.linear(be, (s.k, s.h1), bo.k, (c, kv), (l, 1))?;
+            self.linear(be, (s.v, s.h1), bo.v, (c, kv), (l, 2))?;
             self.rope(be, s.q, d.n_head, false)?;
             self.rope(be, s.k, d.n_kv_head, false)?;
             self.attention(be, s)?;
-            self.linear(be, s.o, s.atty, bo.o, (c, c))?;
+            self.linear(be, (s.o, s.atty), bo.o, (c, c), (l, 3))?;
             let residual = Some((self.bufs.a(be, s.resid2)?, self.bufs.a(be, s.o)?));
             llama::rmsnorm_forward(
                 be,
@@ -448,10 +486,10 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
                 self.bufs.p(be, bo.post_norm, c)?,
                 self.eps,
             )?;
-            self.linear(be, s.gate, s.h2, bo.gate, (c, f))?;
-            self.linear(be, s.up, s.h2, bo.up, (c, f))?;
+            self.linear(be, (s.gate, s.h2), bo.gate, (c, f), (l, 4))?;
+            self.linear(be, (s.up, s.h2), bo.up, (c, f), (l, 5))?;
             self.swiglu(be, s)?;
-            self.linear(be, s.down, s.act, bo.down, (f, c))?;
+            self.linear(be, (s.down, s.act), bo.down, (f, c), (l, 6))?;
         }
         let last = lay.blocks[lay.blocks.len() - 1];
         let residual = Some((self.bufs.a(be, lay.resid_out)?, self.bufs.a(be, last.down)?));
@@ -525,7 +563,13 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
             if self.recompute_mlp {
                 self.swiglu(be, s)?;
             }
-            self.linear_back(be, lay.dgate, false, lay.dres, s.act, bo.down, (f, c))?;
+            self.linear_back(
+                be,
+                (lay.dgate, false, lay.dres, s.act),
+                bo.down,
+                (f, c),
+                (l, 6),
+            )?;
             let dact = self.bufs.a(be, lay.dgate)?;
             llama::swiglu_backward(
                 be,
@@ -535,15 +579,21 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
                 self.bufs.a(be, s.up)?,
                 dact,
             )?;
-            self.linear_back(be, lay.dnc, false, lay.dgate, s.h2, bo.gate, (c, f))?;
-            self.linear_back(be, lay.dnc, true, lay.dup, s.h2, bo.up, (c, f))?;
+            self.linear_back(
+                be,
+                (lay.dnc, false, lay.dgate, s.h2),
+                bo.gate,
+                (c, f),
+                (l, 4),
+            )?;
+            self.linear_back(be, (lay.dnc, true, lay.dup, s.h2), bo.up, (c, f), (l, 5))?;
             self.norm_back(be, lay.dnc, s.resid2, bo.post_norm, s.rstd[1])?;
             // dres is now resid2's gradient: the output projection's too.
-            self.linear_back(be, lay.dnc, false, lay.dres, s.atty, bo.o, (c, c))?;
+            self.linear_back(be, (lay.dnc, false, lay.dres, s.atty), bo.o, (c, c), (l, 3))?;
             self.attention_back(be, s)?;
-            self.linear_back(be, lay.dnc, false, lay.dq, s.h1, bo.q, (c, c))?;
-            self.linear_back(be, lay.dnc, true, lay.dk, s.h1, bo.k, (c, kv))?;
-            self.linear_back(be, lay.dnc, true, lay.dv, s.h1, bo.v, (c, kv))?;
+            self.linear_back(be, (lay.dnc, false, lay.dq, s.h1), bo.q, (c, c), (l, 0))?;
+            self.linear_back(be, (lay.dnc, true, lay.dk, s.h1), bo.k, (c, kv), (l, 1))?;
+            self.linear_back(be, (lay.dnc, true, lay.dv, s.h1), bo.v, (c, kv), (l, 2))?;
             self.norm_back(be, lay.dnc, s.resid_in, bo.input_norm, s.rstd[0])?;
             self.bufs.leave_block(be, l)?;
             hooks.run_after(l, &self.blocks[l])?;

@@ -1,8 +1,9 @@
-//! The resident GPT's FP8 scalers as the CPU trainer keeps them: by layer, named as the
-//! CPU model names its linear layers (`h.0.attn.qkv`, ...), three scalers each (input,
-//! weight, output gradient), so that a checkpoint holds them the same way on either
-//! path. The step keeps them in its own order (`stoker_gpu::step::gpt`: four layers a
-//! block, three scalers a layer); this is the one place that maps the two.
+//! The resident steps' FP8 scalers as the CPU trainer keeps them: by layer, named as the
+//! CPU models name their linear layers (`h.0.attn.qkv`, `layers.0.self_attn.q_proj`,
+//! ...), three scalers each (input, weight, output gradient), so that a checkpoint holds
+//! them the same way on either path. The steps keep them in their own order
+//! (`stoker_gpu::step::gpt`: four layers a block; `llama`: seven; three scalers a
+//! layer); this is the one place that maps the two.
 //!
 //! The CPU's simulation also casts the tied head (`lm_head`); the resident step keeps it
 //! in bf16, as Transformer Engine does, so its scalers are not carried across.
@@ -15,8 +16,51 @@ use stoker_precision::{DelayedScaler, DelayedScalingConfig, TensorRole};
 use crate::error::{Result, TrainError};
 use crate::precision::LayerScalers;
 
-/// The step's linear layers in a block, in its order, as the CPU model names them.
-const BLOCK_LAYERS: [&str; 4] = ["attn.qkv", "attn.proj", "mlp.fc", "mlp.proj"];
+/// The GPT step's linear layers in a block, in its order, as the CPU model names them.
+const GPT_LAYERS: [&str; 4] = ["attn.qkv", "attn.proj", "mlp.fc", "mlp.proj"];
+
+/// The Llama step's, likewise.
+const LLAMA_LAYERS: [&str; 7] = [
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+];
+
+/// How a model's CPU twin names the resident step's FP8 layers: its blocks' prefix and
+/// each block's layers in the step's order.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fp8Names {
+    prefix: &'static str,
+    layers: &'static [&'static str],
+}
+
+impl Fp8Names {
+    /// The names for `model`'s resident step; None for a model without one.
+    pub(crate) fn of(model: &crate::models::ModelConfig) -> Option<Self> {
+        use crate::models::ModelConfig;
+        match model {
+            ModelConfig::Gpt(_) => Some(Fp8Names {
+                prefix: "h",
+                layers: &GPT_LAYERS,
+            }),
+            ModelConfig::Llama(_) => Some(Fp8Names {
+                prefix: "layers",
+                layers: &LLAMA_LAYERS,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The step's `l`-th FP8 layer's name.
+    fn layer(&self, l: usize) -> String {
+        let n = self.layers.len();
+        format!("{}.{}.{}", self.prefix, l / n, self.layers[l % n])
+    }
+}
 
 /// A layer's three scalers' roles: input, weight (E4M3), output gradient (E5M2).
 const ROLES: [TensorRole; 3] = [
@@ -25,22 +69,16 @@ const ROLES: [TensorRole; 3] = [
     TensorRole::Backward,
 ];
 
-/// The step's `l`-th FP8 layer's name.
-fn layer_name(l: usize) -> String {
-    format!(
-        "h.{}.{}",
-        l / BLOCK_LAYERS.len(),
-        BLOCK_LAYERS[l % BLOCK_LAYERS.len()]
-    )
-}
-
 fn state_err(e: impl std::fmt::Display) -> TrainError {
     TrainError::Strategy(format!("the resident step's FP8 scalers: {e}"))
 }
 
 /// The step's scalers' values as the CPU trainer's layers (TE's default recipe, as both
 /// sides make them).
-pub(crate) fn to_layers(values: &[ScalerValues]) -> Result<BTreeMap<String, LayerScalers>> {
+pub(crate) fn to_layers(
+    values: &[ScalerValues],
+    names: Fp8Names,
+) -> Result<BTreeMap<String, LayerScalers>> {
     if !values.len().is_multiple_of(ROLES.len()) {
         return Err(state_err(format!(
             "{} scalers are not three a layer",
@@ -56,7 +94,7 @@ pub(crate) fn to_layers(values: &[ScalerValues]) -> Result<BTreeMap<String, Laye
                 DelayedScaler::with_state(&cfg, ROLES[k], three[k].scale, &three[k].history)
                     .map_err(state_err)
             };
-            Ok((layer_name(l), [scaler(0)?, scaler(1)?, scaler(2)?]))
+            Ok((names.layer(l), [scaler(0)?, scaler(1)?, scaler(2)?]))
         })
         .collect()
 }
@@ -67,6 +105,7 @@ pub(crate) fn to_layers(values: &[ScalerValues]) -> Result<BTreeMap<String, Laye
 pub(crate) fn to_values(
     layers: &BTreeMap<String, LayerScalers>,
     count: usize,
+    names: Fp8Names,
 ) -> Result<Vec<ScalerValues>> {
     let cfg = DelayedScalingConfig::default();
     let value = |s: &DelayedScaler| ScalerValues {
@@ -76,7 +115,7 @@ pub(crate) fn to_values(
     };
     let mut out = Vec::with_capacity(count);
     for l in 0..count / ROLES.len() {
-        match layers.get(&layer_name(l)) {
+        match layers.get(&names.layer(l)) {
             Some(three) => out.extend(three.iter().map(value)),
             None => {
                 for role in ROLES {
@@ -92,11 +131,22 @@ pub(crate) fn to_values(
 mod tests {
     use super::*;
 
+    const GPT: Fp8Names = Fp8Names {
+        prefix: "h",
+        layers: &GPT_LAYERS,
+    };
+
     #[test]
     fn layers_are_named_as_the_cpu_model_names_them_and_round_trip() {
-        assert_eq!(layer_name(0), "h.0.attn.qkv");
-        assert_eq!(layer_name(3), "h.0.mlp.proj");
-        assert_eq!(layer_name(6), "h.1.mlp.fc");
+        assert_eq!(GPT.layer(0), "h.0.attn.qkv");
+        assert_eq!(GPT.layer(3), "h.0.mlp.proj");
+        assert_eq!(GPT.layer(6), "h.1.mlp.fc");
+        let llama = Fp8Names {
+            prefix: "layers",
+            layers: &LLAMA_LAYERS,
+        };
+        assert_eq!(llama.layer(1), "layers.0.self_attn.k_proj");
+        assert_eq!(llama.layer(13), "layers.1.mlp.down_proj");
         let values: Vec<ScalerValues> = (0..24)
             .map(|k| ScalerValues {
                 scale: 1.0 + k as f32,
@@ -104,16 +154,16 @@ mod tests {
                 history: (0..1024).map(|j| (j * k) as f32).collect(),
             })
             .collect();
-        let layers = to_layers(&values).unwrap();
+        let layers = to_layers(&values, GPT).unwrap();
         assert_eq!(layers.len(), 8);
-        assert_eq!(to_values(&layers, 24).unwrap(), values);
+        assert_eq!(to_values(&layers, 24, GPT).unwrap(), values);
         // A layer missing from a checkpoint starts fresh.
         let mut fewer = layers.clone();
         fewer.remove("h.1.attn.proj");
-        let back = to_values(&fewer, 24).unwrap();
+        let back = to_values(&fewer, 24, GPT).unwrap();
         assert_eq!(back[15].scale, 1.0);
         assert!(back[15].history.iter().all(|&a| a == 0.0));
         assert_eq!(back[..15], values[..15]);
-        assert!(to_layers(&values[..5]).is_err());
+        assert!(to_layers(&values[..5], GPT).is_err());
     }
 }

@@ -405,8 +405,9 @@ impl Trainer {
         let moments: Vec<(&str, &[f32])> = state.buffers.iter().map(|(n, b)| (*n, *b)).collect();
         run.load(&self.params.master, &moments, state.step)?;
         // fp8: the checkpoint's scalers (the trainer keeps them by layer, as the CPU's).
-        if let (Some(fp8), Some(now)) = (&self.fp8, run.fp8_values()?) {
-            let values = crate::models::resident_fp8::to_values(&fp8.state(), now.len())?;
+        let names = crate::models::resident_fp8::Fp8Names::of(&self.model_config);
+        if let (Some(fp8), Some(now), Some(names)) = (&self.fp8, run.fp8_values()?, names) {
+            let values = crate::models::resident_fp8::to_values(&fp8.state(), now.len(), names)?;
             run.load_fp8(&values)?;
         }
         path.run_behind = false;
@@ -428,9 +429,12 @@ impl Trainer {
         let state = path.run()?.state()?;
         // fp8: the step's scalers into the trainer's, which checkpoints keep; layers the
         // step has none of (the CPU path's head, from a checkpoint it wrote) are kept.
-        if let (Some(fp8), Some(values)) = (&self.fp8, path.run()?.fp8_values()?) {
+        let names = crate::models::resident_fp8::Fp8Names::of(&self.model_config);
+        if let (Some(fp8), Some(values), Some(names)) =
+            (&self.fp8, path.run()?.fp8_values()?, names)
+        {
             let mut layers = fp8.state();
-            layers.extend(crate::models::resident_fp8::to_layers(&values)?);
+            layers.extend(crate::models::resident_fp8::to_layers(&values, names)?);
             fp8.restore(layers);
         }
         let master = &mut self.params.master;
