@@ -331,4 +331,11 @@ fn the_llama_s_fp8_layers_follow_its_weights_and_track_the_f32_step() {
         moved >= 7 * LLAMA.n_layer,
         "only {moved} gradients moved over 1e-3"
     );
+    // The plan counts what the layers hold: the widest layer is the MLP's (48 wide) and
+    // the largest weight C x F.
+    let planned =
+        stoker_gpu::step::llama::llama_step_sizes(&LLAMA, g.params.len(), (BATCH, T), FP8);
+    assert_eq!(planned.bytes(4), step.buffers().bytes() + step.fp8_bytes());
+    let want = 4 * 42 * (3 + 1024 + 1024) + 4 * 48 * 48 + 2 * 32 * 48;
+    assert_eq!(step.fp8_bytes(), want);
 }

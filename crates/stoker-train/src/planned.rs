@@ -918,8 +918,10 @@ pub fn resident_plan_line(
 }
 
 /// The largest micro-batch whose resident loop (planned, rank 0 of `world`, over a flat
-/// layout of `len` elements) stays within `budget` bytes: 0 where not even one sequence
-/// does. The step's buffers grow with the micro-batch; the state does not.
+/// layout of `len` elements) stays within `budget` bytes (for fp8, with rows that are a
+/// multiple of 16): 0 where none does, not even one sequence, or for fp8 not the fewest
+/// sequences whose rows are a multiple of 16. The step's buffers grow with the
+/// micro-batch; the state does not.
 fn largest_resident_micro_batch(cfg: &TrainConfig, len: usize, world: usize, budget: f64) -> usize {
     let fits = |b: usize| {
         let mut c = cfg.clone();

@@ -395,8 +395,9 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
             let variant = format!("{variant}, products through {library:?}");
             let st = match check::time_step(&dev, dims, batch, a.reps.max(1), opts) {
                 Ok(st) => st,
-                // Only the first GPT-2 variant's failure ends the part: an FP8 variant's
-                // (never run on a device yet) leaves the rest to run.
+                // A failure of a GPT-2 variant at the asked micro-batch with the chosen
+                // library ends the part, but for an FP8 variant's (never run on a device
+                // yet), which leaves the rest to run, as the other variants' do.
                 Err(e)
                     if library != chosen
                         || (model, batch) != (gpt2.0, gpt2.2)
