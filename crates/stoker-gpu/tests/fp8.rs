@@ -9,7 +9,7 @@ use common::*;
 use half::bf16;
 use stoker_gpu::fp8::Fp8Scalers;
 use stoker_gpu::gemm::{matmul_fp8, Dims, Mat};
-use stoker_gpu::{E4m3, E5m2, GpuError, Host};
+use stoker_gpu::{Act, E4m3, E5m2, Fp8, GpuError, Host, View};
 use stoker_precision::fp8::fp8_to_f32;
 use stoker_precision::{
     AmaxComputeAlgo, DelayedScaler, DelayedScalingConfig, Fp8Format, RecipeFormat, TensorRole,
@@ -453,6 +453,17 @@ fn an_fp8_product_is_the_decoded_operands_product() {
     }
 }
 
+/// An FP8 product with no bias, not accumulating: what the refusals below vary.
+fn plain<TA: Fp8, TB: Fp8, O: Act>(
+    c: Mat<O>,
+    a: Mat<TA>,
+    b: Mat<TB>,
+    scale_inv: [View<f32>; 2],
+    d: Dims,
+) -> Result<(), GpuError> {
+    matmul_fp8(&Host, c, a, b, scale_inv, d, None, false)
+}
+
 /// What Hopper's FP8 products cannot run is refused on every backend, naming why: A
 /// stored transposed, B not, a shared dimension or leading dimension not a multiple of
 /// 16, E5M2 on both sides, an f16 output, a batch.
@@ -482,67 +493,52 @@ fn fp8_products_refuse_what_hopper_cannot_run() {
     };
     let one = Dims::one(m, n, k);
     refused(
-        matmul_fp8(
-            &Host,
+        plain(
             Mat::rows(all(&y), n),
             Mat::t(all(&a4), m),
             Mat::t(all(&b4), k),
             [s(0), s(1)],
             one,
-            None,
-            false,
         ),
         "A as stored and B transposed",
     );
     refused(
-        matmul_fp8(
-            &Host,
+        plain(
             Mat::rows(all(&y), n),
             Mat::rows(all(&a4), k),
             Mat::rows(all(&b4), n),
             [s(0), s(1)],
             one,
-            None,
-            false,
         ),
         "A as stored and B transposed",
     );
     refused(
-        matmul_fp8(
-            &Host,
+        plain(
             Mat::rows(all(&y), n),
             Mat::rows(all(&a4), k),
             Mat::t(all(&b4), k),
             [s(0), s(1)],
             Dims::one(m, n, 24),
-            None,
-            false,
         ),
         "multiples of 16",
     );
     refused(
-        matmul_fp8(
-            &Host,
+        plain(
             Mat::rows(all(&y), n),
             Mat::rows(all(&a5), k),
             Mat::t(all(&b5), k),
             [s(0), s(1)],
             one,
-            None,
-            false,
         ),
         "E5M2 x E5M2",
     );
     refused(
-        matmul_fp8(
-            &Host,
+        plain(
             Mat::rows(all(&y16), n),
             Mat::rows(all(&a4), k),
             Mat::t(all(&b4), k),
             [s(0), s(1)],
             one,
-            None,
-            false,
         ),
         "bf16 or f32",
     );
@@ -552,15 +548,12 @@ fn fp8_products_refuse_what_hopper_cannot_run() {
         ..Dims::one(m / 2, n, k)
     };
     refused(
-        matmul_fp8(
-            &Host,
+        plain(
             Mat::rows(all(&y), n),
             Mat::rows(all(&a4), k),
             Mat::t(all(&b4), k),
             [s(0), s(1)],
             batched,
-            None,
-            false,
         ),
         "one product",
     );

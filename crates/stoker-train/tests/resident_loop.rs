@@ -40,8 +40,11 @@ fn window(model: &str, s: usize, rank: usize, k: usize) -> Vec<MicroBatch> {
 }
 
 /// `t`'s state as a checkpoint would save it and load it back, after bringing the
-/// trainer's mirror up to the loop's.
-fn saved_state(t: &mut Trainer) -> LoadedState {
+/// trainer's mirror up to the loop's; its FP8 scalers as `fp8` makes them of the saved.
+fn saved_state_with(
+    t: &mut Trainer,
+    fp8: impl FnOnce(Option<Fp8Layers>) -> Option<Fp8Layers>,
+) -> LoadedState {
     t.sync_host().unwrap();
     let st = t.state();
     LoadedState {
@@ -50,8 +53,16 @@ fn saved_state(t: &mut Trainer) -> LoadedState {
         master: st.master.to_vec(),
         optimizer: st.optimizer.to_owned(),
         scaler: st.scaler,
-        fp8: None,
+        fp8: fp8(st.fp8),
     }
+}
+
+/// The FP8 scalers a checkpoint holds, by layer.
+type Fp8Layers = std::collections::BTreeMap<String, stoker_train::precision::LayerScalers>;
+
+/// [`saved_state_with`] without FP8 scalers.
+fn saved_state(t: &mut Trainer) -> LoadedState {
+    saved_state_with(t, |_| None)
 }
 
 /// `got`'s weights and steps (losses, norms, loss scales, skips) are `want`'s, bit for
@@ -1203,16 +1214,7 @@ fn fp8_run(
         let mut reports = Vec::new();
         for s in 0..steps {
             if Some(s) == stop {
-                t.sync_host().unwrap();
-                let st = t.state();
-                let saved = LoadedState {
-                    step: st.step,
-                    sampler: st.sampler,
-                    master: st.master.to_vec(),
-                    optimizer: st.optimizer.to_owned(),
-                    scaler: st.scaler,
-                    fp8: if drop_scalers { None } else { st.fp8 },
-                };
+                let saved = saved_state_with(&mut t, |fp8| fp8.filter(|_| !drop_scalers));
                 t = trainer(config, comm.clone());
                 t.load_state(saved).unwrap();
             }
@@ -1283,19 +1285,14 @@ fn fp8_on_the_loop_keeps_its_scalers_across_a_resume_and_tracks_the_cpu_s_fp8() 
         let comm: Rc<dyn Communicator> = Rc::new(comm);
         let mut t = trainer(&c, comm.clone());
         t.train_step(&fp8_window(0)).unwrap();
-        t.sync_host().unwrap();
-        let st = t.state();
-        let mut fp8 = st.fp8.clone().unwrap();
-        let head = fp8["h.0.attn.qkv"].clone();
-        fp8.insert("lm_head".into(), head.clone());
-        let saved = LoadedState {
-            step: st.step,
-            sampler: st.sampler,
-            master: st.master.to_vec(),
-            optimizer: st.optimizer.to_owned(),
-            scaler: st.scaler,
-            fp8: Some(fp8),
-        };
+        let mut head = None;
+        let saved = saved_state_with(&mut t, |fp8| {
+            let mut fp8 = fp8.unwrap();
+            head = Some(fp8["h.0.attn.qkv"].clone());
+            fp8.insert("lm_head".into(), fp8["h.0.attn.qkv"].clone());
+            Some(fp8)
+        });
+        let head = head.unwrap();
         let mut t = trainer(&c, comm);
         t.load_state(saved).unwrap();
         t.train_step(&fp8_window(1)).unwrap();

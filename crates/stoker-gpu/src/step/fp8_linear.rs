@@ -26,7 +26,8 @@ use crate::gemm::{matmul_fp8, Dims, Mat};
 /// Scalers per layer: its input, its weight, its output's gradient.
 const PER_LAYER: usize = 3;
 
-/// The casts' scratch: the largest layer's operands in both layouts.
+/// A step's FP8 linear layers: their scalers and the casts' scratch (the widest layer's
+/// operands in both layouts, the largest weight in both).
 pub struct Fp8Linears<B: Backend> {
     scalers: Fp8Scalers<B>,
     /// Whether the forward records amax (training) or not (evaluation, which records

@@ -121,16 +121,7 @@ impl<B: Backend> OptimizerState<B> {
         master: &[f32],
         segments: &[(Range<usize>, bool)],
     ) -> Result<Self, GpuError> {
-        let n = master.len();
-        Ok(OptimizerState {
-            master: be.upload(master)?,
-            moments: Moments::AdamW {
-                m: be.zeros(n)?,
-                v: be.zeros(n)?,
-            },
-            segments: Segments::new(be, segments, n)?,
-            round: None,
-        })
+        Self::adamw_over(be, be.upload(master)?, segments)
     }
 
     /// AdamW over a master of `n` zeros: the same buffers as [`Self::adamw`], with no host
@@ -141,8 +132,18 @@ impl<B: Backend> OptimizerState<B> {
         n: usize,
         segments: &[(Range<usize>, bool)],
     ) -> Result<Self, GpuError> {
+        Self::adamw_over(be, be.zeros(n)?, segments)
+    }
+
+    /// AdamW over the master `master` on the backend: its moments, zeros.
+    fn adamw_over(
+        be: &B,
+        master: B::Buf<f32>,
+        segments: &[(Range<usize>, bool)],
+    ) -> Result<Self, GpuError> {
+        let n = B::len(&master);
         Ok(OptimizerState {
-            master: be.zeros(n)?,
+            master,
             moments: Moments::AdamW {
                 m: be.zeros(n)?,
                 v: be.zeros(n)?,
