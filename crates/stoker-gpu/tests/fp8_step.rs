@@ -80,6 +80,14 @@ fn batch(s: &Setup) -> TokenBatch<'_> {
     }
 }
 
+/// A weight's largest |w| as the scalers record it (stoker-precision's `amax`, the
+/// reference), after checking that every weight is finite: a NaN would be ignored there,
+/// and must fail here.
+fn weight_amax(w: &[f32]) -> f32 {
+    assert!(w.iter().all(|x| x.is_finite()), "a weight is not finite");
+    stoker_precision::convert::amax(w)
+}
+
 /// The weight scalers (the second of each layer's three) recorded each layer's largest
 /// |W|, in the layers' order (`qkv`, `proj`, `fc`, `fc_proj` per block), and an
 /// evaluation recorded nothing.
@@ -111,7 +119,7 @@ fn the_scalers_follow_the_layers_they_cast() {
         let sizes = [3 * c * c, c * c, 4 * c * c, 4 * c * c];
         for j in 0..4 {
             let w = &s.params[weights[j]..weights[j] + sizes[j]];
-            let amax = w.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let amax = weight_amax(w);
             let v = &read[3 * (4 * block + j) + 1];
             let what = format!("block {block} {}'s weight scaler", names[j]);
             assert_eq!(v.history.last().copied(), Some(0.0), "{what}: the new slot");
@@ -289,9 +297,7 @@ fn the_llama_s_fp8_layers_follow_its_weights_and_track_the_f32_step() {
             (bo.down, c * f),
         ];
         for (j, (at, len)) in weights.into_iter().enumerate() {
-            let amax = g.params[at..at + len]
-                .iter()
-                .fold(0f32, |m, x| m.max(x.abs()));
+            let amax = weight_amax(&g.params[at..at + len]);
             let h = &read[3 * (7 * block + j) + 1].history;
             assert_eq!(
                 h[h.len() - 2],
