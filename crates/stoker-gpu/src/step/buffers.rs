@@ -673,15 +673,11 @@ pub(crate) trait TokenModel<B: Backend, T: Act> {
     fn rows_and_vocab(&self) -> (usize, usize);
     /// Where the loss's buffers are.
     fn loss_spans(&self) -> LossSpans;
-    /// The forward to the logits, calling `hooks.before` before each block; `training`
-    /// for a micro-batch that trains (its FP8 casts record amax), not an evaluation.
-    fn forward(
-        &self,
-        be: &B,
-        tokens: &Ids<B>,
-        hooks: &mut BlockHooks<'_>,
-        training: bool,
-    ) -> Result<(), GpuError>;
+    /// The forward to the logits, calling `hooks.before` before each block.
+    fn forward(&self, be: &B, tokens: &Ids<B>, hooks: &mut BlockHooks<'_>) -> Result<(), GpuError>;
+    /// The step's FP8 linear layers, where it runs them: a training micro-batch's casts
+    /// record amax, an evaluation's do not (set here, for both models).
+    fn fp8_layers(&self) -> Option<&super::fp8_linear::Fp8Linears<B>>;
     /// The backward from the logits' gradient, calling `hooks.before` before each block
     /// and `hooks.after` with its parameter runs as soon as its gradients are final (last
     /// block first).
@@ -711,6 +707,9 @@ pub(crate) fn queue_micro_batch<B: Backend, T: Act>(
     let (set, ids) = sets.take(be, op, batch, true)?;
     let vocab = m.rows_and_vocab().1;
     let plain = hooks.before.is_none() && hooks.after.is_none();
+    if let Some(f) = m.fp8_layers() {
+        f.set_recording(true);
+    }
     let key = GraphKey {
         grad_scale: grad_scale.to_bits(),
         add_loss,
@@ -718,7 +717,7 @@ pub(crate) fn queue_micro_batch<B: Backend, T: Act>(
         ids_set: set,
     };
     let mut body = || {
-        m.forward(be, ids.tokens(), &mut hooks, true)?;
+        m.forward(be, ids.tokens(), &mut hooks)?;
         let spans = m.loss_spans();
         loss_and_grad(be, m.bufs(), spans, ids, vocab, grad_scale, add_loss)?;
         m.backward(be, ids.groups(), &mut hooks)
@@ -806,7 +805,10 @@ pub(crate) fn evaluate<B: Backend, T: Act>(
     let vocab = m.rows_and_vocab().1;
     let mut sets = m.bufs().ids.borrow_mut();
     let (_, ids) = sets.take(be, op, batch, false)?;
-    m.forward(be, ids.tokens(), &mut hooks, false)?;
+    if let Some(f) = m.fp8_layers() {
+        f.set_recording(false);
+    }
+    m.forward(be, ids.tokens(), &mut hooks)?;
     let (s, bufs) = (m.loss_spans(), m.bufs());
     kernels::classifier(
         be,

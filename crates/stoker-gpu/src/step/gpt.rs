@@ -376,16 +376,11 @@ impl<B: Backend, T: Act> TokenModel<B, T> for GptGpuStep<B, T> {
         }
     }
 
-    fn forward(
-        &self,
-        be: &B,
-        tokens: &Ids<B>,
-        hooks: &mut BlockHooks<'_>,
-        training: bool,
-    ) -> Result<(), GpuError> {
-        if let Some(f) = &self.fp8 {
-            f.set_recording(training);
-        }
+    fn fp8_layers(&self) -> Option<&Fp8Linears<B>> {
+        self.fp8.as_ref()
+    }
+
+    fn forward(&self, be: &B, tokens: &Ids<B>, hooks: &mut BlockHooks<'_>) -> Result<(), GpuError> {
         let (c, v, t) = (self.dims.d_model, self.dims.vocab, self.t);
         let (o, lay) = (&self.offsets, &self.layout);
         let first = lay.blocks[0].resid_in;

@@ -423,16 +423,11 @@ impl<B: Backend, T: Act> TokenModel<B, T> for LlamaGpuStep<B, T> {
         }
     }
 
-    fn forward(
-        &self,
-        be: &B,
-        tokens: &Ids<B>,
-        hooks: &mut BlockHooks<'_>,
-        training: bool,
-    ) -> Result<(), GpuError> {
-        if let Some(f) = &self.fp8 {
-            f.set_recording(training);
-        }
+    fn fp8_layers(&self) -> Option<&Fp8Linears<B>> {
+        self.fp8.as_ref()
+    }
+
+    fn forward(&self, be: &B, tokens: &Ids<B>, hooks: &mut BlockHooks<'_>) -> Result<(), GpuError> {
         let d = self.dims;
         let (c, v, f, kv) = (d.d_model, d.vocab, d.ffn_hidden, self.kv());
         let (o, lay) = (&self.offsets, &self.layout);
