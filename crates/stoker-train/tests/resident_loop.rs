@@ -1225,6 +1225,49 @@ fn fp8_run(
     .remove(0)
 }
 
+/// `model` in fp8 on the loop for 6 steps: resumed at step 3 it equals the run that
+/// never stopped, bit for bit; its losses are within 5e-3 of the CPU's simulation of the
+/// recipe, and apart from bf16's on the loop (the layers did run in FP8). Returns the run.
+fn fp8_on_the_loop_as_the_cpu(model: &str, what: &str) -> (Vec<f32>, Vec<StepReport>) {
+    let c = resident(model, "fp8", ADAMW, "strategy = \"none\"");
+    assert!(c.resident_loop(), "{what}");
+    let straight = fp8_run(&c, 6, None, false);
+    let resumed = fp8_run(&c, 6, Some(3), false);
+    assert_same_run(
+        &format!("{what} fp8 resumed at step 3"),
+        (&resumed.0, &resumed.1),
+        (&straight.0, &straight.1),
+    );
+    let text = config_text(model, "fp8", "composed", ADAMW, "strategy = \"none\"");
+    let cpu = TrainConfig::parse(&text, std::path::Path::new("cpu.toml")).unwrap();
+    let simulated = fp8_run(&cpu, 6, None, false);
+    for (a, b) in straight.1.iter().zip(&simulated.1) {
+        let rel = (a.loss - b.loss).abs() / b.loss.abs();
+        assert!(
+            rel < 5e-3,
+            "{what} step {}: loss {} on the loop, {} simulated ({rel:.2e})",
+            a.step,
+            a.loss,
+            b.loss
+        );
+    }
+    let bf16 = fp8_run(
+        &resident(model, "bf16", ADAMW, "strategy = \"none\""),
+        6,
+        None,
+        false,
+    );
+    assert!(
+        straight
+            .1
+            .iter()
+            .zip(&bf16.1)
+            .any(|(a, b)| (a.loss - b.loss).abs() > 1e-4 * b.loss.abs()),
+        "{what}: fp8 and bf16 on the loop give the same losses"
+    );
+    straight
+}
+
 /// `precision = "fp8"` on the resident loop: the GPT's linear layers in FP8 on the step's
 /// host build. A run checkpointed and resumed equals one that never stopped, bit for bit,
 /// because the checkpoint holds the step's scalers (a resume without them gives other
@@ -1234,14 +1277,8 @@ fn fp8_run(
 #[test]
 fn fp8_on_the_loop_keeps_its_scalers_across_a_resume_and_tracks_the_cpu_s_fp8() {
     let c = resident(GPT16, "fp8", ADAMW, "strategy = \"none\"");
-    assert!(c.resident_loop());
-    let straight = fp8_run(&c, 6, None, false);
-    let resumed = fp8_run(&c, 6, Some(3), false);
-    assert_same_run(
-        "fp8 resumed at step 3",
-        (&resumed.0, &resumed.1),
-        (&straight.0, &straight.1),
-    );
+    // Largest difference from the CPU's simulation seen: 1.3e-3 (2026-12-07).
+    let straight = fp8_on_the_loop_as_the_cpu(GPT16, "gpt");
     let without = fp8_run(&c, 6, Some(3), true);
     assert!(
         without.1[3..]
@@ -1301,40 +1338,6 @@ fn fp8_on_the_loop_keeps_its_scalers_across_a_resume_and_tracks_the_cpu_s_fp8() 
     })
     .remove(0);
     assert!(kept, "the head's scalers from the checkpoint were dropped");
-    // The CPU's simulation of the same run.
-    let text = config_text(GPT16, "fp8", "composed", ADAMW, "strategy = \"none\"");
-    let cpu = TrainConfig::parse(&text, std::path::Path::new("cpu.toml")).unwrap();
-    let simulated = fp8_run(&cpu, 6, None, false);
-    // Largest difference seen: 1.3e-3 (2026-12-07).
-    for (a, b) in straight.1.iter().zip(&simulated.1) {
-        let rel = (a.loss - b.loss).abs() / b.loss.abs();
-        assert!(
-            rel < 5e-3,
-            "step {}: loss {} on the loop, {} simulated ({rel:.2e})",
-            a.step,
-            a.loss,
-            b.loss
-        );
-    }
-    // And the layers did run in FP8: bf16 on the loop gives other losses.
-    let bf16 = resident(GPT16, "bf16", ADAMW, "strategy = \"none\"");
-    let plain = fp8_run(&bf16, 6, None, false);
-    let apart = straight
-        .1
-        .iter()
-        .zip(&plain.1)
-        .map(|(a, b)| (a.loss - b.loss).abs() / b.loss.abs())
-        .fold(0f64, |m, x| {
-            if x.is_nan() || m.is_nan() {
-                f64::NAN
-            } else {
-                m.max(x)
-            }
-        });
-    assert!(
-        apart > 1e-4,
-        "fp8 and bf16 on the loop differ by {apart:.1e} at most"
-    );
 }
 
 /// fp8 on the resident step runs on one rank's loop: several ranks are refused naming
@@ -1412,14 +1415,8 @@ fn fp8_on_the_resident_step_refuses_what_it_does_not_run() {
 #[test]
 fn fp8_on_the_loop_trains_the_llama_and_resumes_bit_identically() {
     let c = resident(LLAMA16, "fp8", ADAMW, "strategy = \"none\"");
-    assert!(c.resident_loop());
-    let straight = fp8_run(&c, 6, None, false);
-    let resumed = fp8_run(&c, 6, Some(3), false);
-    assert_same_run(
-        "llama fp8 resumed at step 3",
-        (&resumed.0, &resumed.1),
-        (&straight.0, &straight.1),
-    );
+    // Largest difference from the CPU's simulation seen: 5.1e-4 (2026-12-07).
+    fp8_on_the_loop_as_the_cpu(LLAMA16, "llama");
     let names = run_local(1, Duration::from_secs(60), |comm| {
         let mut t = trainer(&c, Rc::new(comm));
         t.train_step(&fp8_window(0)).unwrap();
@@ -1436,39 +1433,6 @@ fn fp8_on_the_loop_trains_the_llama_and_resumes_bit_identically() {
         names.contains(&"layers.0.mlp.down_proj".to_string()),
         "{names:?}"
     );
-    // And the layers did run in FP8: bf16 on the loop gives other losses.
-    let bf16 = fp8_run(
-        &resident(LLAMA16, "bf16", ADAMW, "strategy = \"none\""),
-        6,
-        None,
-        false,
-    );
-    assert!(
-        straight
-            .1
-            .iter()
-            .zip(&bf16.1)
-            .any(|(a, b)| (a.loss - b.loss).abs() > 1e-4 * b.loss.abs()),
-        "fp8 and bf16 on the loop give the same losses"
-    );
-    // Largest difference seen: 5.1e-4 (2026-12-07).
-    let text = config_text(LLAMA16, "fp8", "composed", ADAMW, "strategy = \"none\"");
-    let cpu = TrainConfig::parse(&text, std::path::Path::new("cpu.toml")).unwrap();
-    let simulated = fp8_run(&cpu, 6, None, false);
-    for (a, b) in straight.1.iter().zip(&simulated.1) {
-        let rel = (a.loss - b.loss).abs() / b.loss.abs();
-        eprintln!(
-            "llama step {}: {} against {} ({rel:.2e})",
-            a.step, a.loss, b.loss
-        );
-        assert!(
-            rel < 5e-3,
-            "step {}: loss {} on the loop, {} simulated ({rel:.2e})",
-            a.step,
-            a.loss,
-            b.loss
-        );
-    }
 }
 
 /// Each layer's three scalers' amax recorded in the second step (input, weight, output
@@ -1507,7 +1471,6 @@ fn fp8_on_the_loop_records_each_layer_s_amax_as_the_cpu_s_simulation_does() {
         let text = config_text(model, "fp8", "composed", ADAMW, "strategy = \"none\"");
         let cpu_cfg = TrainConfig::parse(&text, std::path::Path::new("cpu.toml")).unwrap();
         let (got, want) = (first_amaxes(&resident_cfg), first_amaxes(&cpu_cfg));
-        let mut worst = 0f64;
         for (name, three) in &got {
             let cpu = want
                 .get(name)
@@ -1523,13 +1486,7 @@ fn fp8_on_the_loop_records_each_layer_s_amax_as_the_cpu_s_simulation_does() {
                     three[k],
                     cpu[k]
                 );
-                worst = if rel.is_nan() {
-                    f64::NAN
-                } else {
-                    worst.max(rel)
-                };
             }
         }
-        assert!(worst.is_finite());
     }
 }
