@@ -135,9 +135,35 @@ impl<B: Backend> Fp8Scalers<B> {
         be: &B,
         s: usize,
         x: View<T>,
-        (rows, cols): (usize, usize),
+        shape: (usize, usize),
         out: View<Q>,
         out_t: Option<View<Q>>,
+        record: bool,
+    ) -> Result<(), GpuError> {
+        self.cast(be, s, x, shape, (Some(out), out_t), record)
+    }
+
+    /// The transpose alone of `x`'s cast with scaler `s`'s scale, recording nothing: what
+    /// a backward needs of a tensor its forward cast as stored.
+    pub fn quantize_transposed<T: Act, Q: Fp8>(
+        &self,
+        be: &B,
+        s: usize,
+        x: View<T>,
+        shape: (usize, usize),
+        out_t: View<Q>,
+    ) -> Result<(), GpuError> {
+        self.cast(be, s, x, shape, (None, Some(out_t)), false)
+    }
+
+    /// The cast into `out` and `out_t`, each where given.
+    fn cast<T: Act, Q: Fp8>(
+        &self,
+        be: &B,
+        s: usize,
+        x: View<T>,
+        (rows, cols): (usize, usize),
+        (out, out_t): (Option<View<Q>>, Option<View<Q>>),
         record: bool,
     ) -> Result<(), GpuError> {
         const K: &str = "fp8-quantize";
@@ -155,9 +181,10 @@ impl<B: Backend> Fp8Scalers<B> {
         let cols32 = dim(K, "cols", cols)?;
         dim(K, "rows", rows)?;
         check_len(K, "x", x.len(), n)?;
-        check_len(K, "out", out.len(), n)?;
-        if let Some(t) = &out_t {
-            check_len(K, "out_t", t.len(), n)?;
+        for (name, v) in [("out", &out), ("out_t", &out_t)] {
+            if let Some(v) = v {
+                check_len(K, name, v.len(), n)?;
+            }
         }
         // A warp casts 32 packs of eight at a time.
         let warps = n.div_ceil(32 * 8).clamp(1, AMAX_WARPS);
@@ -169,7 +196,7 @@ impl<B: Backend> Fp8Scalers<B> {
         };
         let call = Call::Fp8Quantize {
             dtype: T::DTYPE,
-            out: out.addr(),
+            out: out.map_or(0, |v| v.addr()),
             out_t: out_t.map_or(0, |t| t.addr()),
             amax,
             x: x.addr(),
@@ -179,9 +206,9 @@ impl<B: Backend> Fp8Scalers<B> {
             e5m2: (format == Fp8Dtype::E5m2) as i32,
             warps: warps as i32,
         };
-        // SAFETY: x, out (and out_t) hold rows * cols elements; the scale is one f32 of
-        // the state; the amax partials (when recorded) are this scaler's AMAX_WARPS, one
-        // per warp, and warps <= AMAX_WARPS.
+        // SAFETY: x, out and out_t (where given) hold rows * cols elements; the scale is
+        // one f32 of the state; the amax partials (when recorded) are this scaler's
+        // AMAX_WARPS, one per warp, and warps <= AMAX_WARPS.
         unsafe { be.launch(&call) }
     }
 

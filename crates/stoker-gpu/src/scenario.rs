@@ -504,6 +504,13 @@ pub fn fp8_outputs<B: Backend>(b: &B) -> Result<Vec<Output>, GpuError> {
         ));
         scalers.quantize(b, 0, b.all(&xh), shape, b.all(&q4), None, false)?;
         out.push((format!("fp8-quantize/e4m3 f16 step {step}"), bytes4(&q4)?));
+        // The transpose alone (what a backward casts again), into a cleared buffer.
+        b.zero(b.all(&t4))?;
+        scalers.quantize_transposed(b, 0, b.all(&x32), shape, b.all(&t4))?;
+        out.push((
+            format!("fp8-quantize/e4m3-t alone f32 step {step}"),
+            bytes4(&t4)?,
+        ));
         scalers.end_step(b)?;
         let state: Vec<f32> = scalers
             .read(b)?

@@ -17,7 +17,7 @@ fn every_kernel_runs_deterministically_and_16_bit_storage_tracks_f32() {
     let second = all_outputs(&Host, ScenarioSize::SMALL).unwrap();
     assert_eq!(
         first.len(),
-        3 * (24 + 11 + 3) + 9 + 18,
+        3 * (24 + 11 + 3) + 9 + 21,
         "outputs per scenario"
     );
     for ((name, a), (_, b)) in first.iter().zip(&second) {
@@ -30,6 +30,15 @@ fn every_kernel_runs_deterministically_and_16_bit_storage_tracks_f32() {
             _ => assert!(max_abs(a).is_finite(), "{name}: not finite"),
         }
         assert_bits_eq(a, b, &format!("{name}, second run"));
+    }
+    // An FP8 cast's transpose alone is the transpose a whole cast writes beside it.
+    for step in 0..3 {
+        let find = |name: String| &first.iter().find(|(n, _)| *n == name).unwrap().1;
+        assert_bits_eq(
+            find(format!("fp8-quantize/e4m3-t alone f32 step {step}")),
+            find(format!("fp8-quantize/e4m3-t f32 step {step}")),
+            "the transpose cast alone",
+        );
     }
     // The inputs are drawn in f32 and rounded for 16 bits, so each output tracks its f32
     // twin; the gradients of a softmax over rounded scores drift the most. f16 keeps 11

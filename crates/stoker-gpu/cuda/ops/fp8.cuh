@@ -62,8 +62,8 @@ struct MaxOf {
   STOKER_HD float operator()(float a, float b) const { return a > b ? a : b; }
 };
 
-// out[i] = fp8(x[i] * scale[0]) for i below rows * cols (row-major), and where out_t is
-// given the transpose too (out_t[c * rows + r]: cuBLASLt's FP8 products on Hopper take
+// out[i] = fp8(x[i] * scale[0]) for i below rows * cols (row-major) where out is given,
+// and where out_t is given the transpose (out_t[c * rows + r]: cuBLASLt's FP8 products on Hopper take
 // both operands with the shared dimension contiguous). Warp `wid` of `warps` takes packs
 // (wid * 32 + lane) + k * warps * 32, as sum_partial_warp; where amax is given, the
 // largest |x| of its share is folded into amax[wid] (a max with what is there, so the
@@ -83,7 +83,7 @@ STOKER_HD void fp8_quantize_warp(const W& w, int wid, int warps, uint8_t* out, u
       STOKER_PACK_ELEMENTS(k, i0, n) {
         const int64_t i = i0 + k;
         const uint8_t q = fp8_cast(p.v[k], s, c);
-        out[i] = q;
+        if (out) out[i] = q;
         if (out_t) out_t[(i % cols) * rows + i / cols] = q;
         m = MaxOf{}(m, amax_of(p.v[k]));
       }

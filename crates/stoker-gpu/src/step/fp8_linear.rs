@@ -9,9 +9,10 @@
 //! Hopper's FP8 products take both operands with the shared dimension contiguous, so each
 //! product gets the cast it needs: the forward `x` and `W` as stored; the input gradient
 //! `dy` as stored and `W` transposed; the weight gradient `dy` and `x` transposed. The
-//! backward casts `x` and `W` again, with the same scales (they change only at the end of
-//! the step), so to the same bytes, and records nothing: one scratch set serves every
-//! layer, where Transformer Engine keeps each layer's casts from the forward.
+//! backward casts `x` and `W` again, their transposes alone, with the same scales (they
+//! change only at the end of the step), so to the same bytes, and records nothing: one
+//! scratch set serves every layer, where Transformer Engine keeps each layer's casts
+//! from the forward.
 
 use std::cell::Cell;
 
@@ -217,10 +218,9 @@ impl<B: Backend> Fp8Linears<B> {
             .quantize(be, sg, dy, (s.rows, s.out), gq, Some(gt), true)?;
         let g_inv = self.scalers.scale_inv(be, sg)?;
         if let Some((dx, add)) = dx {
-            let wq = be.view(&self.w, 0..s.out * s.inp)?;
             let wt = be.view(&self.w_t, 0..s.out * s.inp)?;
             self.scalers
-                .quantize(be, sw, w, (s.out, s.inp), wq, Some(wt), false)?;
+                .quantize_transposed(be, sw, w, (s.out, s.inp), wt)?;
             // dx [rows, inp] = dy [rows, out] W [out, inp]: W's transpose [inp, out] holds
             // the shared dimension (out) contiguous.
             matmul_fp8(
@@ -234,10 +234,9 @@ impl<B: Backend> Fp8Linears<B> {
                 add,
             )?;
         }
-        let xq = be.view(&self.x, 0..s.rows * s.inp)?;
         let xt = be.view(&self.x_t, 0..s.rows * s.inp)?;
         self.scalers
-            .quantize(be, sx, x, (s.rows, s.inp), xq, Some(xt), false)?;
+            .quantize_transposed(be, sx, x, (s.rows, s.inp), xt)?;
         // dW [out, inp] += dy^T [out, rows] x [rows, inp]: dy's transpose and x's hold the
         // shared dimension (rows) contiguous.
         matmul_fp8(
