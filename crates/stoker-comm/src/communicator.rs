@@ -213,6 +213,33 @@ pub trait CommExt: Communicator {
             .collect())
     }
 
+    /// Replaces `x` by its largest value over ranks, element by element, for values that
+    /// are >= 0 or NaN (FP8's amaxes, Transformer Engine's amax all-reduce): NaN where any
+    /// rank has one. Such values order as their bits do as unsigned integers (NaN above
+    /// +inf), so this is an integer max: exact in any order, the same bits on every rank
+    /// and at every world size, and what a device's max over `u32` gives (NCCL's floats
+    /// would drop a NaN). One all-gather; ranks holding other lengths are an error.
+    fn max_of_amaxes(&self, x: &mut [f32]) -> Result<()> {
+        let all = self.all_gather_varying(x)?;
+        for (r, theirs) in all.iter().enumerate() {
+            if theirs.len() != x.len() {
+                return Err(crate::CommError::Argument {
+                    op: "max of amaxes",
+                    rank: self.rank(),
+                    detail: format!(
+                        "rank {r} holds {} values, this rank {}",
+                        theirs.len(),
+                        x.len()
+                    ),
+                });
+            }
+            for (mine, t) in x.iter_mut().zip(theirs) {
+                *mine = f32::from_bits(mine.to_bits().max(t.to_bits()));
+            }
+        }
+        Ok(())
+    }
+
     /// The sum of one value over ranks.
     fn sum<T: Element>(&self, x: T) -> Result<T> {
         let mut v = [x];

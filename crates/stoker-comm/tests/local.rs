@@ -35,6 +35,46 @@ fn all_gather_varying_gives_every_rank_s_values_whatever_their_lengths() {
     }
 }
 
+/// The max of amaxes over ranks: the largest value, element by element; a NaN on any
+/// rank (either sign) wins over everything, +inf included; ranks of other lengths fail.
+#[test]
+fn max_of_amaxes_takes_the_largest_value_and_keeps_a_nan_from_any_rank() {
+    for world in 1..=5 {
+        let got = run_local(world, Duration::from_secs(30), |comm| {
+            let r = comm.rank() as f32;
+            let nan = if comm.rank() == world - 1 {
+                -f32::NAN
+            } else {
+                0.0
+            };
+            let inf = if r >= 1.0 { f32::INFINITY } else { r };
+            let mut x = [r, 3.0 / (1.0 + r), 1e-30 * r, inf, nan];
+            comm.max_of_amaxes(&mut x).unwrap();
+            x.map(f32::to_bits)
+        });
+        let w = (world - 1) as f32;
+        let inf = if world > 1 { f32::INFINITY } else { 0.0 };
+        for (r, x) in got.iter().enumerate() {
+            assert_eq!(
+                x[..4],
+                [w, 3.0, 1e-30 * w, inf].map(f32::to_bits),
+                "world {world} rank {r}"
+            );
+            assert!(
+                f32::from_bits(x[4]).is_nan(),
+                "world {world} rank {r}: NaN kept"
+            );
+        }
+    }
+    let errs = run_local(2, Duration::from_secs(30), |comm| {
+        let mut x = vec![1.0f32; 1 + comm.rank()];
+        comm.max_of_amaxes(&mut x).unwrap_err().to_string()
+    });
+    for e in errs {
+        assert!(e.contains("max of amaxes") && e.contains("holds"), "{e}");
+    }
+}
+
 #[test]
 fn a_rank_that_leaves_is_named_at_once() {
     let t0 = Instant::now();

@@ -242,6 +242,13 @@ impl DelayedScaler {
         };
     }
 
+    /// The current step's amax so far (the slot [`Self::record_amax`] folds into): what
+    /// data-parallel ranks reduce (max) before [`Self::update`], so that every rank takes
+    /// the same scale, as one rank holding the whole batch would.
+    pub fn step_amax(&self) -> f32 {
+        self.history[self.pos]
+    }
+
     /// Quantizes `x` with the current (delayed) scale and records its amax.
     pub fn quantize(&mut self, x: &[f32]) -> Result<Fp8Tensor> {
         let mut data = vec![0u8; x.len()];

@@ -16,7 +16,7 @@ use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 use serde::{Deserialize, Serialize};
 use stoker_precision::{DelayedScaler, DelayedScalingConfig, TensorRole};
 
-use crate::error::Result;
+use crate::error::{Result, TrainError};
 
 /// The `precision` config key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -152,6 +152,38 @@ impl Fp8State {
             .into_iter()
             .map(|(k, v)| (k, Arc::new(Mutex::new(v))))
             .collect();
+    }
+
+    /// Every scaler's amax of the step so far, layer by layer in name order (input,
+    /// weight, output gradient): what data-parallel ranks reduce before [`Self::update`].
+    pub fn step_amaxes(&self) -> Vec<f32> {
+        let map = self.layers.borrow();
+        map.values()
+            .flat_map(|l| {
+                let scalers = l.lock().expect("fp8 scaler lock");
+                scalers.iter().map(|s| s.step_amax()).collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// Folds `amaxes` (in [`Self::step_amaxes`]'s order: the largest over ranks) into the
+    /// step's slots, so that every rank's [`Self::update`] takes the same scales.
+    pub fn record_amaxes(&self, amaxes: &[f32]) -> Result<()> {
+        let map = self.layers.borrow();
+        if amaxes.len() != 3 * map.len() {
+            return Err(TrainError::Strategy(format!(
+                "fp8: {} amax values for {} layers of 3 scalers",
+                amaxes.len(),
+                map.len()
+            )));
+        }
+        for (layer, three) in map.values().zip(amaxes.chunks(3)) {
+            let mut scalers = layer.lock().expect("fp8 scaler lock");
+            for (s, &a) in scalers.iter_mut().zip(three) {
+                s.record_amax(a);
+            }
+        }
+        Ok(())
     }
 
     /// Ends the step: every scaler takes its new scale from its amax history.

@@ -134,6 +134,10 @@ impl Strategy for Ddp {
         Ok(stoker_kernels::flat::sum_of_squares(grads))
     }
 
+    fn max_over_ranks(&mut self, x: &mut [f32]) -> Result<()> {
+        scalars::max_over_ranks(&*self.comm, x)
+    }
+
     fn update_range(&self, len: usize) -> Pieces {
         Pieces::one(0..len)
     }

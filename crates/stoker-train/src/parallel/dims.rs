@@ -54,13 +54,15 @@ impl ParallelDims {
                 format!("\"none\" runs one rank, and {launcher} started {world}: use \"ddp\""),
             ));
         }
-        if config.precision == crate::precision::Precision::Fp8 && world > 1 {
+        if config.precision == crate::precision::Precision::Fp8
+            && config.step == Some(crate::config::StepKind::Resident)
+            && world > 1
+        {
             return Err(config_err(
                 "precision",
                 format!(
-                    "fp8 on {world} ranks: its delayed scalers keep per-rank amax histories, \
-                     and their cross-rank reduction (Transformer Engine's amax all-reduce) is not built, \
-                     so ranks would quantize differently and drift apart; use bf16 or fp16"
+                    "fp8 on step = \"resident\" at {world} ranks: the resident step's amax \
+                     reduction over ranks is not built yet; use the CPU step or one rank"
                 ),
             ));
         }

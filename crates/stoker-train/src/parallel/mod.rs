@@ -20,7 +20,9 @@
 //! 4. The window's scalars are summed over ranks ([`Strategy::sum_scalars`]: loss, valid
 //!    targets), so normalization is by the whole global batch's count; the loss scaler's
 //!    overflow is agreed by all ([`Strategy::any_rank`]); the gradient norm comes from
-//!    summed partial squares ([`Strategy::sum_of_squares`]).
+//!    summed partial squares ([`Strategy::sum_of_squares`]); in fp8 each delayed scaler's
+//!    amax of the step is the largest over ranks ([`Strategy::max_over_ranks`],
+//!    Transformer Engine's amax all-reduce), so every rank takes one rank's scales.
 //! 5. The optimizer updates [`Strategy::update_range`] of the flat buffer, and
 //!    [`Strategy::after_update`] brings every rank's parameters up to date.
 //!
@@ -138,6 +140,10 @@ pub trait Strategy: StrategyBytes {
     fn any_rank(&mut self, flag: bool) -> Result<bool>;
     /// The sum of squares of the whole (logical) gradient, over ranks where it is sharded.
     fn sum_of_squares(&mut self, grads: &[f32]) -> Result<f64>;
+    /// Replaces `x` (amaxes: >= 0 or NaN) by its largest value over ranks, element by
+    /// element, NaN where any rank has one: fp8's amax of the step, so that every rank
+    /// scales as one rank holding the whole batch would.
+    fn max_over_ranks(&mut self, x: &mut [f32]) -> Result<()>;
     /// The part of a flat buffer of `len` elements this rank's optimizer updates.
     fn update_range(&self, len: usize) -> Pieces;
     /// After the optimizer: every rank's `master` is up to date.

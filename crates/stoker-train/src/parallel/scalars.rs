@@ -1,7 +1,8 @@
 //! The window's scalar collectives every multi-rank strategy shares: the loss sum and
 //! target count summed over ranks (in the fixed tree in deterministic mode, so the bits
-//! do not depend on the world size), a flag any rank raised (fp16 overflow), and the
-//! gradient norm's sum of squares from the part each rank holds.
+//! do not depend on the world size), a flag any rank raised (fp16 overflow), the
+//! gradient norm's sum of squares from the part each rank holds, and the largest of
+//! values over ranks (fp8's amax, Transformer Engine's amax all-reduce).
 
 use stoker_comm::{tree_all_reduce, CommExt, Communicator};
 
@@ -26,4 +27,12 @@ pub fn sharded_sum_of_squares(comm: &dyn Communicator, part: &[f32]) -> Result<f
     let mut x = [stoker_kernels::flat::sum_of_squares(part)];
     comm.all_reduce(&mut x)?;
     Ok(x[0])
+}
+
+/// Replaces `x` (amaxes: >= 0 or NaN) by its largest value over ranks, element by
+/// element, NaN where any rank has one ([`CommExt::max_of_amaxes`]: exact, so the same
+/// bits at every world size).
+pub fn max_over_ranks(comm: &dyn Communicator, x: &mut [f32]) -> Result<()> {
+    comm.max_of_amaxes(x)?;
+    Ok(())
 }

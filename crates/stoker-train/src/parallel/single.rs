@@ -74,6 +74,10 @@ impl Strategy for Single {
         Ok(stoker_kernels::flat::sum_of_squares(grads))
     }
 
+    fn max_over_ranks(&mut self, _x: &mut [f32]) -> Result<()> {
+        Ok(())
+    }
+
     fn update_range(&self, len: usize) -> Pieces {
         Pieces::one(0..len)
     }

@@ -278,6 +278,10 @@ impl Strategy for Zero {
         scalars::sharded_sum_of_squares(&*self.comm, mine)
     }
 
+    fn max_over_ranks(&mut self, x: &mut [f32]) -> Result<()> {
+        scalars::max_over_ranks(&*self.comm, x)
+    }
+
     fn update_range(&self, len: usize) -> Pieces {
         debug_assert_eq!(len, self.shards.len());
         Pieces::one(self.own.clone())

@@ -162,6 +162,10 @@ impl Strategy for Zero3 {
         scalars::sharded_sum_of_squares(&*self.comm, grads)
     }
 
+    fn max_over_ranks(&mut self, x: &mut [f32]) -> Result<()> {
+        scalars::max_over_ranks(&*self.comm, x)
+    }
+
     fn update_range(&self, len: usize) -> Pieces {
         debug_assert_eq!(len, self.shards.len());
         self.own.clone()

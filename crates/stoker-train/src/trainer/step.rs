@@ -264,6 +264,10 @@ impl Trainer {
             upload_each && Some(uploaded) == self.path.staging().map(|s| s.nonempty());
         self.refresh_model(all_went_up)?;
         if let Some(f) = &self.fp8 {
+            // Transformer Engine's amax all-reduce: every rank scales as one rank would.
+            let mut amaxes = f.step_amaxes();
+            self.strategy.max_over_ranks(&mut amaxes)?;
+            f.record_amaxes(&amaxes)?;
             f.update();
         }
         Ok(())

@@ -3,6 +3,7 @@
 //! the in-process backend trained (and evaluated) on the same global batches.
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -12,6 +13,7 @@ use stoker_train::accumulate::MicroBatch;
 use stoker_train::config::TrainConfig;
 use stoker_train::layout::FlatLayout;
 use stoker_train::models::build_model;
+use stoker_train::precision::LayerScalers;
 use stoker_train::trainer::{EvalReport, StepReport, Trainer};
 
 use super::{floats, ints, rel_l2, token_batch};
@@ -117,11 +119,13 @@ pub fn micro_batch(model: &str, s: usize, j: usize) -> MicroBatch {
 }
 
 /// What one rank ended with: its final master weights (the whole buffer, gathered under
-/// ZeRO-3), its step reports, and its evaluation (where one was asked for).
+/// ZeRO-3), its step reports, its evaluation (where one was asked for) and its FP8
+/// scalers (fp8).
 pub struct RankRun {
     pub master: Vec<f32>,
     pub reports: Vec<StepReport>,
     pub eval: Option<EvalReport>,
+    pub fp8: Option<BTreeMap<String, LayerScalers>>,
 }
 
 /// Trains `STEPS` steps of global batches of `g` micro-batches on `world` ranks (DDP,
@@ -191,6 +195,7 @@ pub fn train_and_evaluate(
                 master: t.full_master().unwrap(),
                 reports,
                 eval,
+                fp8: t.fp8().map(|f| f.state()),
             }
         })
     })
