@@ -408,14 +408,22 @@ pub enum Call {
         e5m2: i32,
         warps: i32,
     },
-    Fp8ScaleUpdate {
-        state: Addr,
+    Fp8AmaxFold {
+        amax: Addr,
         history: Addr,
         partials: Addr,
         count: i64,
         len: i32,
         pos: i32,
         parts: i32,
+    },
+    Fp8ScaleUpdate {
+        state: Addr,
+        history: Addr,
+        amax: Addr,
+        count: i64,
+        len: i32,
+        pos: i32,
         most_recent: i32,
     },
     // Causal attention on tensor cores (bf16 only; cuda/ops/flash.cuh): `tiles` of 16 rows.
@@ -504,6 +512,7 @@ impl Call {
             Call::SumPartials { .. } => "sum_partials",
             Call::Sum { .. } => "sum",
             Call::Fp8Quantize { .. } => "fp8_quantize",
+            Call::Fp8AmaxFold { .. } => "fp8_amax_fold",
             Call::Fp8ScaleUpdate { .. } => "fp8_scale_update",
             Call::FlashForward { .. } => "flash_forward",
             Call::FlashRowdot { .. } => "flash_rowdot",
@@ -547,6 +556,7 @@ impl Call {
             | SgdSegments { .. }
             | SumPartials { .. }
             | Sum { .. }
+            | Fp8AmaxFold { .. }
             | Fp8ScaleUpdate { .. } => None,
             FlashForward { .. }
             | FlashRowdot { .. }
@@ -592,7 +602,7 @@ impl Call {
             LayernormBackward { warps, .. }
             | SumPartials { warps, .. }
             | Fp8Quantize { warps, .. } => Grid::Warps(*warps as i64),
-            Fp8ScaleUpdate { count, .. } => Grid::Rows(*count),
+            Fp8AmaxFold { count, .. } | Fp8ScaleUpdate { count, .. } => Grid::Rows(*count),
             Sum { .. } => Grid::Warps(1),
             FlashForward { tiles, .. }
             | FlashBackwardKv { tiles, .. }
@@ -981,23 +991,38 @@ impl Call {
                 I32(e5m2),
                 I32(warps),
             ],
-            Fp8ScaleUpdate {
-                state,
+            Fp8AmaxFold {
+                amax,
                 history,
                 partials,
                 count,
                 len,
                 pos,
                 parts,
-                most_recent,
             } => vec![
-                A(state),
+                A(amax),
                 A(history),
                 A(partials),
                 I64(count),
                 I32(len),
                 I32(pos),
                 I32(parts),
+            ],
+            Fp8ScaleUpdate {
+                state,
+                history,
+                amax,
+                count,
+                len,
+                pos,
+                most_recent,
+            } => vec![
+                A(state),
+                A(history),
+                A(amax),
+                I64(count),
+                I32(len),
+                I32(pos),
                 I32(most_recent),
             ],
             FlashForward {

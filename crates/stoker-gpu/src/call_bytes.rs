@@ -145,11 +145,12 @@ impl Call {
                     + n * if out_t != 0 { 2 } else { 1 }
                     + if amax != 0 { 8 * warps as i64 } else { 0 }
             }
-            // Per scaler: its three values and history read and written, its partials
-            // read and cleared.
-            Fp8ScaleUpdate {
-                count, len, parts, ..
-            } => count * 8 * (3 + len as i64 + parts as i64),
+            // Per scaler: its partials read and cleared, its history slot read, its amax
+            // written.
+            Fp8AmaxFold { count, parts, .. } => count * 8 * (parts as i64 + 1),
+            // Per scaler: its three values read and written, its history read and two
+            // slots written, its amax read.
+            Fp8ScaleUpdate { count, len, .. } => count * 4 * (2 * 3 + len as i64 + 3),
             // q read and the output written per query row, k and v read per kv row
             // (bf16); each row's log-sum-exp (f32).
             FlashForward {

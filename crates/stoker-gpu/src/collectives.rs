@@ -22,6 +22,12 @@ pub trait Collectives<B: Backend> {
     fn world(&self) -> usize;
     /// Replaces `buf` on every rank by its sum over the ranks.
     fn all_reduce(&self, be: &B, buf: View<f32>) -> Result<(), GpuError>;
+    /// Replaces `buf` (amaxes: >= 0 or NaN) on every rank by its largest value over the
+    /// ranks, element by element, NaN where any rank has one: FP8's amax all-reduce. A
+    /// max of such values is a max of their bits as unsigned integers
+    /// ([`stoker_comm::CommExt::max_of_amaxes`]), exact in any order, in order, after
+    /// every launch so far and before every later one.
+    fn max_of_amaxes(&self, be: &B, buf: View<f32>) -> Result<(), GpuError>;
     /// Starts [`Collectives::all_reduce`] of `buf` after every launch so far, without
     /// holding back later launches: DDP's bucket overlapping the rest of the backward.
     /// The default runs it at once.
@@ -187,6 +193,16 @@ impl<B: Backend, P: Deref<Target = C>, C: Communicator + ?Sized> Collectives<B> 
         let mut host = be.read(buf)?;
         let what = format!("all-reducing {} gradients", host.len());
         self.0.all_reduce(&mut host).map_err(self.err(what))?;
+        be.write_at(buf, &host)
+    }
+
+    fn max_of_amaxes(&self, be: &B, buf: View<f32>) -> Result<(), GpuError> {
+        if self.0.world_size() == 1 {
+            return Ok(());
+        }
+        let mut host = be.read(buf)?;
+        let what = format!("taking the largest of {} amaxes", host.len());
+        self.0.max_of_amaxes(&mut host).map_err(self.err(what))?;
         be.write_at(buf, &host)
     }
 

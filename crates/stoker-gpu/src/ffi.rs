@@ -119,14 +119,22 @@ extern "C" {
     );
     fn stoker_host_sum_partials(partials: P, x: P, n: i64, squares: i32, warps: i32);
     fn stoker_host_sum(out: P, x: P, n: i64, accumulate: i32);
-    fn stoker_host_fp8_scale_update(
-        state: P,
+    fn stoker_host_fp8_amax_fold(
+        amax: P,
         history: P,
         partials: P,
         count: i64,
         len: i32,
         pos: i32,
         parts: i32,
+    );
+    fn stoker_host_fp8_scale_update(
+        state: P,
+        history: P,
+        amax: P,
+        count: i64,
+        len: i32,
+        pos: i32,
         most_recent: i32,
     );
     // The tensor-core kernels, bf16 alone.
@@ -496,23 +504,32 @@ pub(crate) unsafe fn run(call: &Call) {
                 e5m2,
                 warps,
             ),
-            Fp8ScaleUpdate {
-                state,
+            Fp8AmaxFold {
+                amax,
                 history,
                 partials,
                 count,
                 len,
                 pos,
                 parts,
+            } => {
+                stoker_host_fp8_amax_fold(p(amax), p(history), p(partials), count, len, pos, parts)
+            }
+            Fp8ScaleUpdate {
+                state,
+                history,
+                amax,
+                count,
+                len,
+                pos,
                 most_recent,
             } => stoker_host_fp8_scale_update(
                 p(state),
                 p(history),
-                p(partials),
+                p(amax),
                 count,
                 len,
                 pos,
-                parts,
                 most_recent,
             ),
             FlashForward {

@@ -6,14 +6,14 @@
 //! - [`Fp8Scalers::quantize`] casts a tensor with its scaler's scale (the one the earlier
 //!   steps gave: "delayed") and folds its amax into the scaler's partials, so the
 //!   micro-batches of a step add up as `DelayedScaler::record_amax` does;
-//! - [`Fp8Scalers::end_step`] is one launch for the whole set: each scaler's amax recorded
-//!   in its history, its next scale and `scale_inv`, the ring moved on;
+//! - [`Fp8Scalers::end_step`] is two launches for the whole set: each scaler's amax of
+//!   the step folded from its partials, then recorded in its history, its next scale and
+//!   `scale_inv`, the ring moved on; [`Fp8Scalers::end_step_over`] takes the largest of
+//!   each amax over data-parallel ranks between the two (Transformer Engine's amax
+//!   all-reduce), so that every rank takes the scales one rank would;
 //! - [`Fp8Scalers::scale_inv`] is the view an FP8 product reads
 //!   ([`crate::gemm::matmul_fp8`]), on the device through a pointer, so no scale crosses
 //!   the bus in a step.
-//!
-//! One rank only: the amax all-reduce that keeps several ranks' scales equal (Transformer
-//! Engine's `reduce_amax`) is not built here, as it is not on the CPU.
 
 use std::cell::Cell;
 
@@ -21,6 +21,7 @@ use stoker_precision::{AmaxComputeAlgo, DelayedScaler, DelayedScalingConfig, Ten
 
 use crate::backend::{Backend, View};
 use crate::call::Call;
+use crate::collectives::Collectives;
 use crate::elem::{Act, Fp8, Fp8Dtype};
 use crate::error::{check_len, dim, GpuError};
 
@@ -46,9 +47,9 @@ pub struct ScalerValues {
 }
 
 /// Bytes a set of `count` scalers under `config` holds on a backend: its values,
-/// histories and amax partials, f32 each ([`Fp8Scalers::bytes`] once made).
+/// histories, amax partials and step amaxes, f32 each ([`Fp8Scalers::bytes`] once made).
 pub fn planned_bytes(count: usize, config: &DelayedScalingConfig) -> usize {
-    4 * count * (STATE + config.amax_history_len + AMAX_WARPS)
+    4 * count * (STATE + config.amax_history_len + AMAX_WARPS + 1)
 }
 
 /// A set of delayed scalers on a backend.
@@ -56,6 +57,9 @@ pub struct Fp8Scalers<B: Backend> {
     state: B::Buf<f32>,
     history: B::Buf<f32>,
     partials: B::Buf<f32>,
+    /// Each scaler's amax of the step, folded from its partials at the step's end: what
+    /// the ranks reduce.
+    amax: B::Buf<f32>,
     formats: Vec<Fp8Dtype>,
     len: usize,
     /// The current step's slot in every history (all scalers end their steps together).
@@ -94,6 +98,7 @@ impl<B: Backend> Fp8Scalers<B> {
             state: be.upload(&state)?,
             history: be.zeros(roles.len() * config.amax_history_len)?,
             partials: be.zeros(roles.len() * AMAX_WARPS)?,
+            amax: be.zeros(roles.len())?,
             formats,
             len: config.amax_history_len,
             pos: Cell::new(0),
@@ -103,7 +108,10 @@ impl<B: Backend> Fp8Scalers<B> {
 
     /// Bytes the set holds on the backend ([`planned_bytes`] before it is made).
     pub fn bytes(&self) -> usize {
-        4 * (B::len(&self.state) + B::len(&self.history) + B::len(&self.partials))
+        4 * (B::len(&self.state)
+            + B::len(&self.history)
+            + B::len(&self.partials)
+            + B::len(&self.amax))
     }
 
     /// How many scalers the set holds.
@@ -213,20 +221,51 @@ impl<B: Backend> Fp8Scalers<B> {
     }
 
     /// Ends the step for every scaler: its amax recorded, its next scale computed, its
-    /// history moved on ([`DelayedScaler::update`]). One launch, nothing read back.
+    /// history moved on ([`DelayedScaler::update`]). Two launches, nothing read back.
     pub fn end_step(&self, be: &B) -> Result<(), GpuError> {
-        let call = Call::Fp8ScaleUpdate {
-            state: be.addr(&self.state),
+        self.fold_amax(be)?;
+        self.update_scales(be)
+    }
+
+    /// [`Self::end_step`] on one of `coll`'s ranks: each scaler's amax of the step is the
+    /// largest over the ranks before it is recorded (Transformer Engine's amax
+    /// all-reduce), so every rank takes the same scales, those one rank holding the whole
+    /// batch would take. One more collective of one f32 per scaler.
+    pub fn end_step_over<C: Collectives<B>>(&self, be: &B, coll: &C) -> Result<(), GpuError> {
+        self.fold_amax(be)?;
+        coll.max_of_amaxes(be, be.all(&self.amax))?;
+        self.update_scales(be)
+    }
+
+    /// Each scaler's amax of the step into `amax`, its partials cleared.
+    fn fold_amax(&self, be: &B) -> Result<(), GpuError> {
+        let call = Call::Fp8AmaxFold {
+            amax: be.addr(&self.amax),
             history: be.addr(&self.history),
             partials: be.addr(&self.partials),
             count: self.count() as i64,
             len: self.len as i32,
             pos: self.pos.get() as i32,
             parts: AMAX_WARPS as i32,
+        };
+        // SAFETY: the amax holds one, the history `len` and the partials AMAX_WARPS
+        // values for each of `count` scalers (all made so in `new`), and pos < len.
+        unsafe { be.launch(&call) }
+    }
+
+    /// Each scaler's amax recorded, its next scale computed, the ring moved on.
+    fn update_scales(&self, be: &B) -> Result<(), GpuError> {
+        let call = Call::Fp8ScaleUpdate {
+            state: be.addr(&self.state),
+            history: be.addr(&self.history),
+            amax: be.addr(&self.amax),
+            count: self.count() as i64,
+            len: self.len as i32,
+            pos: self.pos.get() as i32,
             most_recent: self.most_recent as i32,
         };
-        // SAFETY: the state holds STATE, the history `len` and the partials AMAX_WARPS
-        // values for each of `count` scalers, and pos < len.
+        // SAFETY: the state holds STATE, the history `len` values and the amax one for
+        // each of `count` scalers (all made so in `new`), and pos < len.
         unsafe { be.launch(&call)? };
         self.pos.set((self.pos.get() + 1) % self.len);
         Ok(())

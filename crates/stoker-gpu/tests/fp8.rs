@@ -316,6 +316,101 @@ fn scalers_follow_delayed_scaler_bit_for_bit() {
     }
 }
 
+/// Scalers on 2 and 3 ranks (the in-process backend through host memory), each rank
+/// casting its own tensors: after [`Fp8Scalers::end_step_over`] every rank holds, bit for
+/// bit, the scales and histories of one `DelayedScaler` that recorded every rank's casts
+/// (a step where one rank casts nothing included), over 12 steps.
+#[test]
+fn scalers_over_several_ranks_take_the_largest_amax_of_all_bit_for_bit() {
+    use stoker_comm::Communicator;
+    use stoker_gpu::parallel::ThroughHost;
+    let roles = [
+        TensorRole::Forward,
+        TensorRole::Backward,
+        TensorRole::Forward,
+    ];
+    let cfg = config(4, AmaxComputeAlgo::Max, 0.0);
+    // Rank `rank`'s cast by scaler `s` at `step` (None: it casts nothing).
+    let tensor = |step: usize, s: usize, rank: usize| -> Option<(Vec<f32>, usize, usize)> {
+        let mut r = Bits((step * 100 + s * 10 + rank) as u64);
+        if r.next().is_multiple_of(6) {
+            return None;
+        }
+        let (rows, cols) = (1 + (r.next() % 20) as usize, 1 + (r.next() % 90) as usize);
+        let e = (r.next() % 30) as i32 - 15;
+        let x = uniform(rows * cols, r.next(), 1.0)
+            .into_iter()
+            .map(|v| v * 2f32.powi(e))
+            .collect();
+        Some((x, rows, cols))
+    };
+    for world in [2, 3] {
+        let mut cpu: Vec<DelayedScaler> = roles
+            .iter()
+            .map(|role| DelayedScaler::new(&cfg, *role).unwrap())
+            .collect();
+        let mut want = Vec::new();
+        for step in 0..12 {
+            for (s, scaler) in cpu.iter_mut().enumerate() {
+                for rank in 0..world {
+                    if let Some((x, _, _)) = tensor(step, s, rank) {
+                        scaler.quantize(&x).unwrap();
+                    }
+                }
+                scaler.update();
+            }
+            want.push(
+                cpu.iter()
+                    .flat_map(|c| std::iter::once(c.scale()).chain(c.history()))
+                    .map(f32::to_bits)
+                    .collect::<Vec<u32>>(),
+            );
+        }
+        let got = stoker_comm::run_local(world, std::time::Duration::from_secs(30), |comm| {
+            let rank = comm.rank();
+            let coll = ThroughHost(&comm);
+            let scalers = Fp8Scalers::new(&Host, &cfg, &roles).unwrap();
+            (0..12)
+                .map(|step| {
+                    for s in 0..roles.len() {
+                        if let Some((x, rows, cols)) = tensor(step, s, rank) {
+                            gpu_cast(&scalers, s, &x, false, (rows, cols), true);
+                        }
+                    }
+                    scalers.end_step_over(&Host, &coll).unwrap();
+                    scalers
+                        .read(&Host)
+                        .unwrap()
+                        .iter()
+                        .flat_map(|v| std::iter::once(v.scale).chain(v.history.clone()))
+                        .map(f32::to_bits)
+                        .collect::<Vec<u32>>()
+                })
+                .collect::<Vec<_>>()
+        });
+        for (rank, steps) in got.iter().enumerate() {
+            for (step, (g, w)) in steps.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    g, w,
+                    "world {world} rank {rank} step {step}: scales, histories"
+                );
+            }
+        }
+        // Each rank alone would scale otherwise: the check above tells the two apart.
+        let amax = |step: usize, s: usize, r: usize| {
+            tensor(step, s, r).map_or(0.0, |(x, _, _)| stoker_precision::convert::amax(&x))
+        };
+        let exercised = (0..12)
+            .flat_map(|step| (0..roles.len()).map(move |s| (step, s)))
+            .filter(|&(step, s)| (1..world).any(|r| amax(step, s, r) > amax(step, s, 0)))
+            .count();
+        assert!(
+            exercised > 0,
+            "world {world}: rank 0's amax is always the largest"
+        );
+    }
+}
+
 /// Decoded FP8 bytes.
 fn decode(q: &[u8], f: Fp8Format) -> Vec<f64> {
     q.iter().map(|&b| fp8_to_f32(b, f) as f64).collect()

@@ -223,7 +223,10 @@ fn what_fp8_products_cannot_run_is_refused_when_the_step_is_made() {
         grads_in_slots: true,
         ..FP8
     };
-    says(step::<bf16>(&s, slots).map(|_| ()), "one rank's whole step");
+    says(
+        step::<bf16>(&s, slots).map(|_| ()),
+        "each rank's whole step",
+    );
 }
 
 /// The step's plan counts what its FP8 layers hold (their scalers and the casts'
@@ -236,8 +239,9 @@ fn the_plan_counts_what_the_fp8_layers_hold() {
     let planned = gpt_step_sizes(&DIMS, s.params.len(), (BATCH, T), FP8).bytes(2);
     let plain = gpt_step_sizes(&DIMS, s.params.len(), (BATCH, T), StepOptions::default()).bytes(2);
     assert_eq!(planned, step.buffers().bytes() + step.fp8_bytes());
-    // 24 scalers of (3 + 1,024 + 1,024) f32s; four casts of 48 rows x 128; two of 4,096.
-    let want = 4 * 24 * (3 + 1024 + 1024) + 4 * 48 * 128 + 2 * 4096;
+    // 24 scalers of (3 + 1,024 + 1,024 + 1) f32s (values, history, partials, the step's
+    // amax); four casts of 48 rows x 128; two of 4,096.
+    let want = 4 * 24 * (3 + 1024 + 1024 + 1) + 4 * 48 * 128 + 2 * 4096;
     assert_eq!(step.fp8_bytes(), want);
     assert_eq!(planned - plain, want);
 }
@@ -342,6 +346,6 @@ fn the_llama_s_fp8_layers_follow_its_weights_and_track_the_f32_step() {
     let planned =
         stoker_gpu::step::llama::llama_step_sizes(&LLAMA, g.params.len(), (BATCH, T), FP8);
     assert_eq!(planned.bytes(4), step.buffers().bytes() + step.fp8_bytes());
-    let want = 4 * 42 * (3 + 1024 + 1024) + 4 * 48 * 48 + 2 * 32 * 48;
+    let want = 4 * 42 * (3 + 1024 + 1024 + 1) + 4 * 48 * 48 + 2 * 32 * 48;
     assert_eq!(step.fp8_bytes(), want);
 }

@@ -341,14 +341,22 @@ fn calls() -> Vec<Call> {
             n: 1,
             accumulate: 0,
         },
-        Call::Fp8ScaleUpdate {
-            state: 0,
+        Call::Fp8AmaxFold {
+            amax: 0,
             history: 0,
             partials: 0,
             count: 1,
             len: 1,
             pos: 0,
             parts: 1,
+        },
+        Call::Fp8ScaleUpdate {
+            state: 0,
+            history: 0,
+            amax: 0,
+            count: 1,
+            len: 1,
+            pos: 0,
             most_recent: 0,
         },
         Call::FlashForward {
@@ -424,7 +432,7 @@ fn every_call_is_a_kernels_inc_entry_with_its_grid_and_arity() {
     );
     assert_eq!(
         want.len(),
-        86,
+        87,
         "kernels.inc's entry count changed: update Call and ffi.rs"
     );
 }

@@ -509,6 +509,13 @@ impl<C: Communicator> Collectives<Host> for Recording<'_, C> {
     ) -> Result<(), stoker_gpu::GpuError> {
         self.inner.all_reduce(be, buf)
     }
+    fn max_of_amaxes(
+        &self,
+        be: &Host,
+        buf: stoker_gpu::View<f32>,
+    ) -> Result<(), stoker_gpu::GpuError> {
+        self.inner.max_of_amaxes(be, buf)
+    }
     unsafe fn start_all_reduce(
         &self,
         be: &Host,

@@ -376,6 +376,9 @@ impl<C: Communicator> Collectives<Host> for Counting<'_, C> {
     fn all_reduce(&self, be: &Host, buf: View<f32>) -> Result<(), GpuError> {
         self.inner.all_reduce(be, buf)
     }
+    fn max_of_amaxes(&self, be: &Host, buf: View<f32>) -> Result<(), GpuError> {
+        self.inner.max_of_amaxes(be, buf)
+    }
     unsafe fn start_reduce_scatter(
         &self,
         be: &Host,

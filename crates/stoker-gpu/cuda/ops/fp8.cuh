@@ -97,26 +97,42 @@ STOKER_HD void fp8_quantize_warp(const W& w, int wid, int warps, uint8_t* out, u
   });
 }
 
-// The end of a step for scaler `s` of a set (DelayedScaler::update), one warp each:
-// state[3s ..] holds (scale, scale_inv, the format's largest value x 2^-margin), history
-// [s * len ..] the amax ring with this step's slot at `pos`, partials[s * parts ..] the
-// casts' per-warp amax. The partials' max is recorded in the slot and cleared; the amax
-// (the window's largest, or this step's) gives scale = scaled_max / amax where it is
-// finite and positive (else the scale stays; an infinite one becomes FLT_MAX); the ring
-// moves on and its new slot starts at 0. Every step is a max or one division, so the
-// lanes' order changes no bit.
+// A step's amax for scaler `s` of a set, one warp each: the largest of its casts'
+// per-warp partials (partials[s * parts ..]) and its history slot `pos` (history
+// [s * len ..]) into amax[s], the partials cleared. amax is what data-parallel ranks
+// reduce (a max) before fp8_scale_update; a max is exact in any order.
 template <class W>
-STOKER_HD void fp8_scale_update_row(const W& w, int64_t s, float* state, float* history,
-                                    float* partials, int len, int pos, int parts,
-                                    int most_recent) {
+STOKER_HD void fp8_amax_fold_row(const W& w, int64_t s, float* amax, const float* history,
+                                 float* partials, int len, int pos, int parts) {
   float* part = partials + s * parts;
-  float* ring = history + s * len;
   auto steps = w.each([&](int lane) {
     float m = 0.0f;
     for (int p = lane; p < parts; p += WARP) m = MaxOf{}(m, part[p]);
     return m;
   });
-  const float now = MaxOf{}(ring[pos], w.reduce(steps, MaxOf{}));
+  const float now = MaxOf{}(history[s * len + pos], w.reduce(steps, MaxOf{}));
+  w.sync();
+  w.each([&](int lane) {
+    for (int p = lane; p < parts; p += WARP) part[p] = 0.0f;
+    if (lane == 0) amax[s] = now;
+    return 0;
+  });
+}
+
+// The end of a step for scaler `s` of a set (DelayedScaler::update), one warp each:
+// state[3s ..] holds (scale, scale_inv, the format's largest value x 2^-margin), history
+// [s * len ..] the amax ring with this step's slot at `pos`, amax[s] the step's amax
+// (fp8_amax_fold's, reduced over ranks where there are several). It is recorded in the
+// slot; the amax (the window's largest, or this step's) gives scale = scaled_max / amax
+// where it is finite and positive (else the scale stays; an infinite one becomes
+// FLT_MAX); the ring moves on and its new slot starts at 0. Every step is a max or one
+// division, so the lanes' order changes no bit.
+template <class W>
+STOKER_HD void fp8_scale_update_row(const W& w, int64_t s, float* state, float* history,
+                                    const float* amax_of_step, int len, int pos,
+                                    int most_recent) {
+  float* ring = history + s * len;
+  const float now = amax_of_step[s];
   auto windows = w.each([&](int lane) {
     float m = 0.0f;
     for (int k = lane; k < len; k += WARP) m = MaxOf{}(m, k == pos ? now : ring[k]);
@@ -125,7 +141,6 @@ STOKER_HD void fp8_scale_update_row(const W& w, int64_t s, float* state, float* 
   const float amax = most_recent ? now : w.reduce(windows, MaxOf{});
   w.sync();
   w.each([&](int lane) {
-    for (int p = lane; p < parts; p += WARP) part[p] = 0.0f;
     if (lane == 0) {
       float scale = state[3 * s];
       if (amax > 0.0f && amax <= 3.40282347e38f) scale = state[3 * s + 2] / amax;

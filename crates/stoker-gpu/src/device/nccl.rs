@@ -363,6 +363,30 @@ impl Collectives<Device> for DeviceNccl {
         unsafe { self.all_reduce_on(buf, self.stream()) }
     }
 
+    fn max_of_amaxes(&self, be: &Device, buf: View<f32>) -> Result<(), GpuError> {
+        self.check_device(be)?;
+        // Amaxes are >= 0 or NaN, whose bits order as u32 do (NaN above +inf): NCCL's max
+        // over u32 is their max with a NaN kept (its max over floats may drop one).
+        // SAFETY: in place, `buf.len()` 32-bit values of this device's live buffer, on
+        // the compute stream, where every later launch waits for it.
+        unsafe {
+            result::all_reduce(
+                ptr(&buf, 0),
+                ptr(&buf, 0),
+                buf.len(),
+                sys::ncclDataType_t::ncclUint32,
+                sys::ncclRedOp_t::ncclMax,
+                self.comm,
+                self.stream(),
+            )
+        }
+        .map(drop)
+        .map_err(nccl_err(format!(
+            "taking the largest of {} amaxes",
+            buf.len()
+        )))
+    }
+
     unsafe fn start_all_reduce(&self, be: &Device, buf: View<f32>) -> Result<(), GpuError> {
         self.check_device(be)?;
         self.after_compute(be)?;

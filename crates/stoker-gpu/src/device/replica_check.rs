@@ -202,6 +202,17 @@ pub fn compare_replica(dev: &Device) -> Result<Vec<ReplicaCompared>, GpuError> {
             error: "changed the values".into(),
         });
     }
+    // FP8's amax all-reduce (a max over the values' bits as u32) at one rank: the values
+    // as they were, a NaN and an infinity included.
+    let amaxes = [0.0f32, 2.5, f32::INFINITY, f32::NAN];
+    let probe = dev.upload(&amaxes)?;
+    nccl.max_of_amaxes(dev, dev.all(&probe))?;
+    if dev.download(&probe)?.map(f32::to_bits) != amaxes.map(f32::to_bits) {
+        return Err(GpuError::Driver {
+            what: "NCCL's max of amaxes at one rank".into(),
+            error: "changed the values".into(),
+        });
+    }
     let mut out = Vec::new();
     let params_off = |strategy| Run {
         offload_params: true,

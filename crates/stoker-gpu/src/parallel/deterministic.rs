@@ -161,7 +161,10 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                 z.update_from_whole(be, coll, views, scalars, (tally, capacity), rule)?
             }
         };
-        self.step.end_fp8_step(be)?;
+        // Every rank's scalers take the scales of the largest amax over the ranks.
+        if let Some(f) = self.step.fp8_scalers() {
+            f.end_step_over(be, coll)?;
+        }
         Ok(WindowReport::of(total, grad_norm, rule))
     }
 }

@@ -84,8 +84,6 @@ pub trait Trainable<B: Backend> {
     fn compute_views(&self, be: &B) -> Result<ComputeViews<'_, Self::T>, GpuError>;
     /// ZeRO-3: this rank's shard of the compute copy and the norm's scratch.
     fn shard_compute_views(&self, be: &B) -> Result<ComputeViews<'_, Self::T>, GpuError>;
-    /// Ends the FP8 scalers' step after an update (nothing without FP8 layers).
-    fn end_fp8_step(&self, be: &B) -> Result<(), GpuError>;
     /// The FP8 scalers, where the linear layers run in FP8.
     fn fp8_scalers(&self) -> Option<&crate::fp8::Fp8Scalers<B>>;
 }
@@ -166,9 +164,6 @@ macro_rules! trainable {
             }
             fn shard_compute_views(&self, be: &B) -> Result<ComputeViews<'_, T>, GpuError> {
                 $t::shard_compute_views(self, be)
-            }
-            fn end_fp8_step(&self, be: &B) -> Result<(), GpuError> {
-                $t::end_fp8_step(self, be)
             }
             fn fp8_scalers(&self) -> Option<&crate::fp8::Fp8Scalers<B>> {
                 $t::fp8_scalers(self)
@@ -478,7 +473,10 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                     .update(be, coll, views, scalars, (tally, capacity), (rule, buckets))?
             }
         };
-        self.step.end_fp8_step(be)?;
+        // Every rank's scalers take the scales of the largest amax over the ranks.
+        if let Some(f) = self.step.fp8_scalers() {
+            f.end_step_over(be, coll)?;
+        }
         Ok(WindowReport::of(total, grad_norm, rule))
     }
 

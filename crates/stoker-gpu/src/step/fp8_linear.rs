@@ -160,11 +160,6 @@ impl<B: Backend> Fp8Linears<B> {
         self.recording.set(on);
     }
 
-    /// Ends the step: every scaler's next scale (after the optimizer, as the CPU's).
-    pub(crate) fn end_step(&self, be: &B) -> Result<(), GpuError> {
-        self.scalers.end_step(be)
-    }
-
     /// `y = x W^T (+ b)` in FP8 for layer `layer` (`x` `[rows, inp]`, `W` `[out, inp]`).
     pub(crate) fn forward<T: Act>(
         &self,

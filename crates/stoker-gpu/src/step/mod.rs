@@ -43,7 +43,7 @@ macro_rules! token_step_api {
         /// in FP8. [`Self::update`] calls it; an update made from the views calls it after.
         pub fn end_fp8_step(&self, be: &B) -> Result<(), GpuError> {
             match &self.fp8 {
-                Some(f) => f.end_step(be),
+                Some(f) => f.scalers().end_step(be),
                 None => Ok(()),
             }
         }

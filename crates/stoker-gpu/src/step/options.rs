@@ -46,7 +46,7 @@ pub struct StepOptions {
     pub flash_attention: bool,
     /// The GPT's linear layers in FP8 with delayed scaling
     /// ([`super::fp8_linear`]; Transformer Engine's HYBRID recipe): f32 or bf16
-    /// activations, one rank's whole step (not with gradients or parameters in slots,
+    /// activations, each rank's whole step (not with gradients or parameters in slots,
     /// whose updates do not end the scalers' steps).
     pub fp8_linears: bool,
 }
@@ -66,7 +66,7 @@ impl StepOptions {
         }
         if self.grads_in_slots || self.shard_params.is_some() {
             return Some(
-                "FP8 linear layers run one rank's whole step: not with ZeRO-2's or ZeRO-3's \
+                "FP8 linear layers run each rank's whole step: not with ZeRO-2's or ZeRO-3's \
                  slots, whose updates do not end the FP8 scalers' step"
                     .into(),
             );
