@@ -34,7 +34,8 @@
 # what the driver reports (within 10%, or 64 MiB for small models); exits 1 if anything
 # is off, not finite, or fails.
 # - fp8 (the last): the GPT's linear layers in FP8 on the loop against the CPU's
-#   simulation of the recipe (fp8_check below);
+#   simulation of the recipe, and two ranks (ZeRO-1, each amax the largest over the
+#   ranks) against one (fp8_check below);
 #   bash scripts/gpu/resident-check.sh [BIN]      (STEPS, default 40; PRECISIONS, default
 #                                                  "fp32 bf16 fp16 fp8")
 # Rehearsal without a GPU (the same script, the "GPU" runs on the host build):
@@ -82,11 +83,14 @@ config() {
 # bf16's 3e-2; the gradient norms printed, not checked (the first steps cast at scale 1,
 # where E5M2 flushes most gradients, so a norm follows which values round where: 8.4e-2
 # apart at step 1 in the rehearsal on the host build); each run's median step printed.
+# Then two ranks sharing the GPU (ZeRO-1 through host memory; each scaler's amax of a step
+# the largest over the ranks, so both take the one-rank run's scales) against the one-rank
+# GPU run: losses within 1e-2, as bf16's two ranks.
 fp8_check() {
   local r f
-  for r in "cpu8 graph cpu" "gpu8 resident $gpu"; do
+  for r in "cpu8 graph cpu 1" "gpu8 resident $gpu 1" "gpu82 resident ${gpu/#cuda/cuda:0} 2"; do
     set -- $r
-    f=$(config "$1" fp8 "$2" "$3" 1)
+    f=$(config "$1" fp8 "$2" "$3" "$4")
     echo "== $1 fp8 ($2 on $3): $STOKER_GPU_BIN train $f"
     if ! timeout 150 "$STOKER_GPU_BIN" train "$f" --stop-after "$steps" --no-progress > "$out/$1-fp8.log" 2>&1; then
       echo "FAILED ($out/$1-fp8.log):"; tail -20 "$out/$1-fp8.log"; return 1
@@ -98,10 +102,10 @@ out = sys.argv[1]
 def rows(name):
     rs = [json.loads(l) for l in open(f"{out}/{name}-fp8/metrics.jsonl")]
     return {r["step"]: r for r in rs if r.get("kind") == "train"}
-cpu, gpu = rows("cpu8"), rows("gpu8")
-common = sorted(set(cpu) & set(gpu))
+cpu, gpu, two = rows("cpu8"), rows("gpu8"), rows("gpu82")
+common = sorted(set(cpu) & set(gpu) & set(two))
 if not common:
-    sys.exit("  fp8: no step in both runs FAILED")
+    sys.exit("  fp8: no step in every run FAILED")
 rel = lambda a, b: abs(a - b) / max(abs(b), 1e-12)
 loss = max(rel(gpu[s]["loss"], cpu[s]["loss"]) for s in common)
 last = common[-1]
@@ -112,7 +116,11 @@ print(f"  fp8 gpu vs the cpu's simulation: {len(common)} steps, worst loss {loss
       f"{'OK' if ok else 'FAILED'}; gradient norms apart by {norms[0]:.2e} at step {common[0]} "
       f"and {norms[1]:.2e} at step {last} (printed); median step cpu {ms(cpu):.2f} ms, gpu "
       f"{ms(gpu):.2f} ms")
-sys.exit(0 if ok else 1)
+ranks = max(rel(two[s]["loss"], gpu[s]["loss"]) for s in common)
+ranks_ok = math.isfinite(ranks) and ranks <= 1e-2
+print(f"  fp8 gpu 2 ranks vs 1: worst loss {ranks:.2e} (1e-2) {'OK' if ranks_ok else 'FAILED'}; "
+      f"median step {ms(two):.2f} ms")
+sys.exit(0 if ok and ranks_ok else 1)
 PY
 }
 

@@ -43,6 +43,8 @@ fn mpi_n_ranks_equal_one_rank_and_deterministic_mode_is_bit_identical() {
         (Model::Gpt, "fp32", "fused"),
         (Model::Gpt, "bf16", "direct"),
         (Model::Gpt, "fp16", "fused"),
+        // Each FP8 scaler's amax the largest over the ranks (the max over MPI).
+        (Model::Gpt, "fp8", "fused"),
         (Model::Cnn, "fp32", "fused"),
         (Model::Cnn, "bf16", "fused"),
         (Model::Mlp, "fp16", "fused"),

@@ -120,14 +120,6 @@ pub fn decide(r: &Resolved, rows: &[StrategyRow], bench: Option<&LoaderBench>) -
     };
     let acc = r.setup.accounting;
     let mut warnings: Vec<String> = r.precision.warnings.clone();
-    let world = r.hardware.world_size();
-    if r.setup.precision == crate::setup::Precision::Fp8 && world > 1 {
-        warnings.push(format!(
-            "precision fp8 on {world} devices: stoker trains fp8 on one rank (Transformer \
-             Engine's amax all-reduce is not built), so a config for {world} ranks is refused \
-             naming `precision`; the rows below are the chapter's arithmetic"
-        ));
-    }
     let mut path = Vec::new();
     let mut chosen = None;
     for (i, row) in rows.iter().enumerate() {

@@ -701,9 +701,10 @@ impl TrainConfig {
         self.check_resident_buckets()
     }
 
-    /// fp8 on the resident step: the GPT's or the Llama's linear layers in FP8, on its loop (whose update
-    /// ends the scalers' steps; the CPU trainer's update on the step's host build would
-    /// not), one rank (several ranks' amax all-reduce is not built).
+    /// fp8 on the resident step: the GPT's or the Llama's linear layers in FP8, on its loop
+    /// (whose update ends the scalers' steps, each amax the largest over the ranks; the
+    /// CPU trainer's update on the step's host build would not), with whole steps (one
+    /// rank, DDP, ZeRO-1).
     fn check_resident_fp8(&self) -> Result<()> {
         if self.precision != Precision::Fp8 {
             return Ok(());
@@ -721,9 +722,9 @@ impl TrainConfig {
         ) {
             return Err(config_err(
                 "parallel.strategy",
-                "fp8 on step = \"resident\" runs one rank's whole step (\"none\", \"ddp\" or \
-                 \"zero1\" at one rank): ZeRO-2's and ZeRO-3's updates from slots do not end \
-                 the FP8 scalers' step",
+                "fp8 on step = \"resident\" runs each rank's whole step (\"none\", \"ddp\" \
+                 or \"zero1\"): ZeRO-2's and ZeRO-3's updates from slots do not end the FP8 \
+                 scalers' step",
             ));
         }
         // Hopper's FP8 products take widths and rows that are multiples of 16 (the step

@@ -238,12 +238,10 @@ fn an_overflow_on_one_rank_skips_the_step_on_every_rank() {
 #[test]
 fn what_data_parallelism_cannot_serve_is_refused_before_any_work_naming_the_key() {
     use stoker_train::parallel::ParallelDims;
+    // fp8 on several ranks was refused here until its amax all-reduce was built
+    // (tests/fp8_ranks.rs).
     let fp8 = config(GPT, "fp8", "fused", ADAMW, "");
-    let e = ParallelDims::resolve(&fp8, 2, 0, "test")
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("`precision`") && e.contains("amax"), "{e}");
-    assert!(ParallelDims::resolve(&fp8, 1, 0, "test").is_ok());
+    assert!(ParallelDims::resolve(&fp8, 2, 0, "test").is_ok());
     let det = config(GPT, "fp32", "fused", ADAMW, "deterministic = true");
     let e = ParallelDims::resolve(&det, 3, 0, "test")
         .unwrap_err()

@@ -54,18 +54,6 @@ impl ParallelDims {
                 format!("\"none\" runs one rank, and {launcher} started {world}: use \"ddp\""),
             ));
         }
-        if config.precision == crate::precision::Precision::Fp8
-            && config.step == Some(crate::config::StepKind::Resident)
-            && world > 1
-        {
-            return Err(config_err(
-                "precision",
-                format!(
-                    "fp8 on step = \"resident\" at {world} ranks: the resident step's amax \
-                     reduction over ranks is not built yet; use the CPU step or one rank"
-                ),
-            ));
-        }
         if p.deterministic && world > 1 {
             if !world.is_power_of_two() {
                 return Err(config_err(
