@@ -207,7 +207,8 @@ pub fn compare_replica(dev: &Device) -> Result<Vec<ReplicaCompared>, GpuError> {
     let amaxes = [0.0f32, 2.5, f32::INFINITY, f32::NAN];
     let probe = dev.upload(&amaxes)?;
     nccl.max_of_amaxes(dev, dev.all(&probe))?;
-    if dev.download(&probe)?.map(f32::to_bits) != amaxes.map(f32::to_bits) {
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    if bits(&dev.download(&probe)?) != bits(&amaxes) {
         return Err(GpuError::Driver {
             what: "NCCL's max of amaxes at one rank".into(),
             error: "changed the values".into(),
