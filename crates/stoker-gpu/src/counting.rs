@@ -37,6 +37,8 @@ pub enum Work {
         bytes: u64,
         /// Products in the batch (attention's per-head products are batches).
         batch: usize,
+        /// FP8 operands (the tensor cores' FP8 rate, twice bf16's on Hopper).
+        fp8: bool,
     },
     /// A copy, zeroing or write inside device memory.
     Device {
@@ -310,6 +312,7 @@ impl Backend for CountingBackend {
             flops: 2.0 * (m * n * k * batch) as f64,
             bytes: batch * (m * k * a + k * n * b + c_passes * m * n * c) + bias,
             batch: g.batch,
+            fp8: matches!(g.ab, crate::call::AbTypes::Fp8 { .. }),
         });
         Ok(())
     }

@@ -1,9 +1,10 @@
 //! The resident step's time on a GPU, forecast from what the step itself asks of the
 //! device: its code runs over [`CountingBackend`], which counts every launch's bytes and every
 //! product's FLOPs, and each is timed on a roofline:
-//! - a matrix product takes the longer of its FLOPs at a fraction of the dtype's peak and
-//!   its bytes at a fraction of the memory bandwidth (attention's per-head products, with
-//!   a shared dimension of 64, are bound by their bytes);
+//! - a matrix product takes the longer of its FLOPs at a fraction of the dtype's peak (an
+//!   FP8 product's at that fraction of FP8's peak) and its bytes at a fraction of the
+//!   memory bandwidth (attention's per-head products, with a shared dimension of 64, are
+//!   bound by their bytes);
 //! - a kernel takes its bytes at that fraction of the bandwidth;
 //! - neither takes less than a launch (small models are launch-bound);
 //! - the ids come up over the host link, and each value read back waits a round trip.
@@ -28,6 +29,9 @@ use crate::step::{GptGpuStep, LlamaGpuStep, TokenBatch};
 pub struct GpuFigures {
     /// Dense matrix-product peak at the step's dtype, FLOP/s.
     pub peak_flops: f64,
+    /// Dense FP8 matrix-product peak, FLOP/s, for the FP8 linear layers' products (0: the
+    /// GPU has none, and they are timed at `peak_flops`).
+    pub fp8_peak_flops: f64,
     /// Device memory bandwidth, bytes/s.
     pub mem_bw: f64,
     /// Host-to-device link, bytes/s.
@@ -55,6 +59,7 @@ impl GpuFigures {
     pub fn assumed(peak_flops: f64, mem_bw: f64, link_bw: f64) -> Self {
         GpuFigures {
             peak_flops,
+            fp8_peak_flops: 0.0,
             mem_bw,
             link_bw,
             product_efficiency: Efficiencies::ASSUMED.product,
@@ -62,6 +67,16 @@ impl GpuFigures {
             tensor_kernel_efficiency: Efficiencies::ASSUMED.tensor_kernel,
             launch_s: 3e-6,
             read_s: 10e-6,
+        }
+    }
+
+    /// These figures with FP8 products at `fp8_peak_flops` (dense, FLOP/s), at the same
+    /// fraction of it as bf16's products reach of theirs: assumed until a device run
+    /// times them (the device check's FP8 products print their TFLOP/s).
+    pub fn with_fp8_peak(self, fp8_peak_flops: f64) -> Self {
+        GpuFigures {
+            fp8_peak_flops,
+            ..self
         }
     }
 
@@ -126,6 +141,8 @@ pub struct StepForecast {
     pub products_s: f64,
     /// Batched products (attention's per-head scores and weighted values).
     pub batched_products_s: f64,
+    /// Of `products_s`, the FP8 linear layers' products.
+    pub fp8_products_s: f64,
     /// Hand-written kernels, by kernel, largest first.
     pub kernels: Vec<KernelShare>,
     /// Copies and zeroing inside device memory.
@@ -198,10 +215,18 @@ pub fn forecast(work: &[Work], gpu: &GpuFigures) -> StepForecast {
                 flops,
                 bytes,
                 batch,
+                fp8,
             } => {
                 f.launches += 1;
                 f.flops += flops;
-                let s = (flops / (gpu.peak_flops * gpu.product_efficiency)).max(streamed(*bytes));
+                let peak = match *fp8 && gpu.fp8_peak_flops > 0.0 {
+                    true => gpu.fp8_peak_flops,
+                    false => gpu.peak_flops,
+                };
+                let s = (flops / (peak * gpu.product_efficiency)).max(streamed(*bytes));
+                if *fp8 {
+                    f.fp8_products_s += s;
+                }
                 match batch {
                     1 => f.products_s += s,
                     _ => f.batched_products_s += s,

@@ -75,6 +75,62 @@ fn the_gpt_steps_products_are_its_linear_layers_head_and_chunked_attention() {
     }
 }
 
+/// With the linear layers in FP8 the products are the same, and exactly the blocks' (not
+/// the head's) are FP8's: 12 a block (four layers, forward and two gradients), 6 x 12 C^2
+/// FLOPs a position. Timed at FP8's peak they take less, down to half where FLOP-bound;
+/// the rest of the products take what they took.
+#[test]
+fn fp8_linear_layers_products_are_counted_as_fp8_and_timed_at_its_peak() {
+    let dims = GptDims {
+        vocab: 50_304,
+        ..GPT2
+    };
+    let fp8 = StepOptions {
+        fp8_linears: true,
+        ..StepOptions::default()
+    };
+    let (b, t) = (4, 1024);
+    let work = gpt_step_work::<half::bf16>(dims, (b, t), fp8)
+        .unwrap()
+        .all();
+    let plain = gpt_step_work::<half::bf16>(dims, (b, t), StepOptions::default())
+        .unwrap()
+        .all();
+    assert_eq!(flops(&work), flops(&plain), "the same products");
+    let (mut count, mut fp8_flops) = (0, 0.0);
+    for w in &work {
+        if let Work::Product {
+            flops, fp8: true, ..
+        } = w
+        {
+            count += 1;
+            fp8_flops += flops;
+        }
+    }
+    let (n, c) = ((b * t) as f64, dims.d_model as f64);
+    assert_eq!(count, 12 * dims.n_layer);
+    assert_eq!(fp8_flops, 6.0 * n * 12.0 * c * c * dims.n_layer as f64);
+    assert!(!plain
+        .iter()
+        .any(|w| matches!(w, Work::Product { fp8: true, .. })));
+    let h100 = GpuFigures::assumed(989e12, 3.35e12, 50e9);
+    let (at_bf16, at_fp8) = (
+        forecast(&work, &h100),
+        forecast(&work, &h100.clone().with_fp8_peak(2.0 * 989e12)),
+    );
+    assert!(at_bf16.fp8_products_s > 0.0);
+    assert!(
+        at_fp8.fp8_products_s < at_bf16.fp8_products_s
+            && at_fp8.fp8_products_s >= at_bf16.fp8_products_s / 2.0,
+        "{} at FP8's peak, {} at bf16's",
+        at_fp8.fp8_products_s,
+        at_bf16.fp8_products_s
+    );
+    let rest = |f: &stoker_gpu::forecast::StepForecast| f.products_s - f.fp8_products_s;
+    assert!((rest(&at_fp8) - rest(&at_bf16)).abs() <= 1e-12 * rest(&at_bf16));
+    assert_eq!(forecast(&plain, &h100).fp8_products_s, 0.0);
+}
+
 #[test]
 fn recomputing_attention_adds_the_scores_product_again() {
     let (b, t) = (2, 40);

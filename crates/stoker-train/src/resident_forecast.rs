@@ -64,10 +64,20 @@ impl ResidentForecast {
             ),
             false => String::new(),
         };
+        // FP8's linear layers: their products at FP8's peak (MFU stays over the bf16 peak,
+        // as llm.c and the issue count it).
+        let fp8 = match f.fp8_products_s > 0.0 {
+            true => format!(
+                " (of them the FP8 linear layers' {:.2} ms at FP8's {:.0} TFLOP/s)",
+                ms(f.fp8_products_s),
+                self.figures.fp8_peak_flops / 1e12
+            ),
+            false => String::new(),
+        };
         format!(
             "resident step forecast (micro-batch {} x {}, one device): {:.2} ms a micro-batch \
              with 1/{} of the update's {:.2} ms, MFU {:.1}% (llm.c's count); the micro-batch's \
-             products {:.2} ms at {:.0}% of peak, attention's per-head products {:.2} ms, \
+             products {:.2} ms at {:.0}% of peak{fp8}, attention's per-head products {:.2} ms, \
              kernels {:.2} ms at {:.0}% of {:.0} GB/s{tensor} (largest: {}), {} launches; {}",
             self.shape.0,
             self.shape.1,
@@ -146,7 +156,15 @@ pub fn resident_forecast_in(
     let params = work.params;
     // The preset's measured efficiencies where a device run gave them.
     let measured = measured_in(measured, &hw.name);
-    let figures = GpuFigures::assumed(peak, hw.device_mem_bw, hw.host_link_bw);
+    // The FP8 linear layers' products at FP8's peak where the device has one.
+    let fp8_peak = match precision {
+        Precision::Fp8 => hw
+            .dtype(stoker_plan::setup::Dtype::Fp8)
+            .map_or(0.0, |d| d.peak_flops),
+        _ => 0.0,
+    };
+    let figures =
+        GpuFigures::assumed(peak, hw.device_mem_bw, hw.host_link_bw).with_fp8_peak(fp8_peak);
     let figures = match measured {
         Some(m) => figures.with_efficiencies(&m.efficiencies),
         None => figures,

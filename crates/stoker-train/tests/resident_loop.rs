@@ -1134,6 +1134,38 @@ fn on_a_gpu_the_plan_times_the_resident_step_by_its_forecast() {
     assert!(line.contains("assumed until a device run"), "{line}");
 }
 
+/// fp8's forecast times its linear layers' products at the device's FP8 peak (an H100's
+/// 1,979 TFLOP/s), and says so; bf16's has no FP8 products and takes no FP8 peak.
+#[test]
+fn an_fp8_forecast_times_its_linear_layers_at_fp8_s_peak() {
+    use stoker_train::resident_forecast::resident_forecast;
+    let h100 = stoker_plan::hardware::preset("h100-80gb").unwrap();
+    let fp8 = resident(GPT16, "fp8", ADAMW, "strategy = \"none\"");
+    let f = resident_forecast(&fp8, &h100, fp8.precision)
+        .unwrap()
+        .expect("an fp8 resident config on an H100 has a forecast");
+    assert_eq!(
+        (f.figures.peak_flops, f.figures.fp8_peak_flops),
+        (989e12, 1979e12)
+    );
+    assert!(f.micro_batch.fp8_products_s > 0.0);
+    let line = stoker_train::planned::resident_forecast_line(&fp8, &h100)
+        .unwrap()
+        .unwrap();
+    assert!(
+        line.contains("the FP8 linear layers'") && line.contains("FP8's 1979 TFLOP/s"),
+        "{line}"
+    );
+    let bf16 = resident(GPT16, "bf16", ADAMW, "strategy = \"none\"");
+    let g = resident_forecast(&bf16, &h100, bf16.precision)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (g.figures.fp8_peak_flops, g.micro_batch.fp8_products_s),
+        (0.0, 0.0)
+    );
+}
+
 /// A GPU's measured efficiencies (`stoker_gpu::measured`, a device run's fit) replace the
 /// assumed ones in the plan's forecast of its preset, and the line says where they came
 /// from; another preset keeps the assumed ones.

@@ -434,11 +434,10 @@ pub fn run(a: GpuKernelsArgs) -> anyhow::Result<()> {
                     100.0 * tps * flops * share / 989e12
                 );
             }
-            // The forecast has no FP8 products: those variants are measured, not forecast.
-            let forecast = match opts.fp8_linears {
-                true => None,
-                false => forecast_beside(&dev.name(), (dims, batch), opts, &st),
-            };
+            // An FP8 variant's products are FP8's, forecast at FP8's peak: its fit would
+            // measure FP8's fraction, which the planner's one product fraction is not.
+            let forecast = forecast_beside(&dev.name(), (dims, batch), opts, &st)
+                .filter(|_| !opts.fp8_linears);
             if let Some(f) = forecast {
                 let measured = f.products.or(f.memory).or(f.tensor_kernels).is_some();
                 if model == gpt2.0 && measured {
@@ -538,7 +537,11 @@ fn forecast_beside(
     let peak = hw
         .dtype(stoker_plan::setup::Dtype::Bf16)
         .map_or(989e12, |d| d.peak_flops);
-    let figures = GpuFigures::assumed(peak, hw.device_mem_bw, hw.host_link_bw);
+    let fp8_peak = hw
+        .dtype(stoker_plan::setup::Dtype::Fp8)
+        .map_or(0.0, |d| d.peak_flops);
+    let figures =
+        GpuFigures::assumed(peak, hw.device_mem_bw, hw.host_link_bw).with_fp8_peak(fp8_peak);
     let work = match gpt_step_work_in(stoker_gpu::Dtype::Bf16, dims, (batch, dims.context), opts) {
         Ok(w) => w,
         Err(e) => {
@@ -555,9 +558,10 @@ fn forecast_beside(
         (micro.total_s() + update.total_s()) * 1e3,
     );
     println!(
-        "  forecast on {} (efficiencies assumed): forward+backward {fb:.2} ms (products {:.2}, attention's per-head products {:.2}, kernels {:.2}), step {step:.2} ms; measured/forecast {:.2} and {:.2}",
+        "  forecast on {} (efficiencies assumed): forward+backward {fb:.2} ms (products {:.2}, of them FP8 {:.2}, attention's per-head products {:.2}, kernels {:.2}), step {step:.2} ms; measured/forecast {:.2} and {:.2}",
         hw.name,
         micro.products_s * 1e3,
+        micro.fp8_products_s * 1e3,
         micro.batched_products_s * 1e3,
         micro.kernels_s() * 1e3,
         st.forward_backward_ms / fb,
