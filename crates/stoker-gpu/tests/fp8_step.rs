@@ -206,8 +206,8 @@ fn an_fp8_step_tracks_the_f32_step_within_fp8_s_precision() {
     }
 }
 
-/// Rows of a micro-batch that are not a multiple of 16, f16 activations, ZeRO's slots
-/// and the Llama step are refused when the step is made, naming why.
+/// Rows of a micro-batch that are not a multiple of 16 and f16 activations are refused
+/// when the step is made, naming why.
 #[test]
 fn what_fp8_products_cannot_run_is_refused_when_the_step_is_made() {
     let s = setup();
@@ -219,14 +219,6 @@ fn what_fp8_products_cannot_run_is_refused_when_the_step_is_made() {
         GptGpuStep::<Host, f32>::with_options(&Host, DIMS, s.offsets.clone(), 1e-5, (3, 11), FP8);
     says(odd.map(|_| ()), "multiples of 16");
     says(step::<f16>(&s, FP8).map(|_| ()), "not f16");
-    let slots = StepOptions {
-        grads_in_slots: true,
-        ..FP8
-    };
-    says(
-        step::<bf16>(&s, slots).map(|_| ()),
-        "each rank's whole step",
-    );
 }
 
 /// The step's plan counts what its FP8 layers hold (their scalers and the casts'

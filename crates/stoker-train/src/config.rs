@@ -703,8 +703,7 @@ impl TrainConfig {
 
     /// fp8 on the resident step: the GPT's or the Llama's linear layers in FP8, on its loop
     /// (whose update ends the scalers' steps, each amax the largest over the ranks; the
-    /// CPU trainer's update on the step's host build would not), with whole steps (one
-    /// rank, DDP, ZeRO-1).
+    /// CPU trainer's update on the step's host build would not), under any strategy.
     fn check_resident_fp8(&self) -> Result<()> {
         if self.precision != Precision::Fp8 {
             return Ok(());
@@ -714,17 +713,6 @@ impl TrainConfig {
             return Err(config_err(
                 key,
                 format!("fp8 on step = \"resident\" runs on the resident loop: {why}"),
-            ));
-        }
-        if matches!(
-            self.parallel.strategy,
-            StrategyKind::Zero2 | StrategyKind::Zero3
-        ) {
-            return Err(config_err(
-                "parallel.strategy",
-                "fp8 on step = \"resident\" runs each rank's whole step (\"none\", \"ddp\" \
-                 or \"zero1\"): ZeRO-2's and ZeRO-3's updates from slots do not end the FP8 \
-                 scalers' step",
             ));
         }
         // Hopper's FP8 products take widths and rows that are multiples of 16 (the step

@@ -634,6 +634,10 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                 (norm, total)
             }
         };
+        // As in `window`: every rank takes the scales of the largest amax over the ranks.
+        if let Some(f) = self.step.fp8_scalers() {
+            f.end_step_over(be, coll)?;
+        }
         Ok(WindowReport::of(total, grad_norm, rule))
     }
 }

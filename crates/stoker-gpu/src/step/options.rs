@@ -44,10 +44,10 @@ pub struct StepOptions {
     /// bf16 activations and head widths 16, 32 or 64; not with `recompute_attention`
     /// (there is nothing to recompute).
     pub flash_attention: bool,
-    /// The GPT's linear layers in FP8 with delayed scaling
+    /// The GPT's or the Llama's linear layers in FP8 with delayed scaling
     /// ([`super::fp8_linear`]; Transformer Engine's HYBRID recipe): f32 or bf16
-    /// activations, each rank's whole step (not with gradients or parameters in slots,
-    /// whose updates do not end the scalers' steps).
+    /// activations; the casts read the weights and write the weight gradients wherever
+    /// the step keeps them (its buffers, or ZeRO-2's and ZeRO-3's slots).
     pub fp8_linears: bool,
 }
 
@@ -61,13 +61,6 @@ impl StepOptions {
             return Some(
                 "FP8 linear layers write bf16 or f32 activations, not f16 (precision = \"fp8\" \
                  runs bf16 around them)"
-                    .into(),
-            );
-        }
-        if self.grads_in_slots || self.shard_params.is_some() {
-            return Some(
-                "FP8 linear layers run each rank's whole step: not with ZeRO-2's or ZeRO-3's \
-                 slots, whose updates do not end the FP8 scalers' step"
                     .into(),
             );
         }
