@@ -87,7 +87,7 @@ fn train(e: &TrainError) -> ErrorKind {
         TrainError::Config { .. } | TrainError::ConfigParse { .. } => ErrorKind::Config,
         TrainError::Profile { .. } | TrainError::Environment { .. } => ErrorKind::Config,
         TrainError::Mismatch(_) => ErrorKind::Config,
-        TrainError::Checkpoint { .. } => ErrorKind::Checkpoint,
+        TrainError::Checkpoint { .. } | TrainError::Fp8State { .. } => ErrorKind::Checkpoint,
         TrainError::Data { .. } => ErrorKind::Data,
         TrainError::Io { .. } => ErrorKind::Io,
         TrainError::DataLoader(d) | TrainError::Dataset { source: d, .. } => data(d),

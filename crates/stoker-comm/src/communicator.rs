@@ -218,20 +218,34 @@ pub trait CommExt: Communicator {
     /// rank has one. Such values order as their bits do as unsigned integers (NaN above
     /// +inf), so this is an integer max: exact in any order, the same bits on every rank
     /// and at every world size, and what a device's max over `u32` gives (NCCL's floats
-    /// would drop a NaN). One all-gather; ranks holding other lengths are an error.
+    /// would drop a NaN). Two all-gathers (the lengths, then the values); ranks holding
+    /// other lengths, or a value below 0 (-0 included) on any rank, are an error on every
+    /// rank.
     fn max_of_amaxes(&self, x: &mut [f32]) -> Result<()> {
         let all = self.all_gather_varying(x)?;
+        let bad = |detail: String| crate::CommError::Argument {
+            op: "max of amaxes",
+            rank: self.rank(),
+            detail,
+        };
+        for (r, theirs) in all.iter().enumerate() {
+            if let Some((i, v)) = theirs
+                .iter()
+                .enumerate()
+                .find(|(_, v)| v.is_sign_negative() && !v.is_nan())
+            {
+                return Err(bad(format!(
+                    "rank {r}'s value {i} is {v:?}: amaxes are >= 0 or NaN"
+                )));
+            }
+        }
         for (r, theirs) in all.iter().enumerate() {
             if theirs.len() != x.len() {
-                return Err(crate::CommError::Argument {
-                    op: "max of amaxes",
-                    rank: self.rank(),
-                    detail: format!(
-                        "rank {r} holds {} values, this rank {}",
-                        theirs.len(),
-                        x.len()
-                    ),
-                });
+                return Err(bad(format!(
+                    "rank {r} holds {} values, this rank {}",
+                    theirs.len(),
+                    x.len()
+                )));
             }
             for (mine, t) in x.iter_mut().zip(theirs) {
                 *mine = f32::from_bits(mine.to_bits().max(t.to_bits()));

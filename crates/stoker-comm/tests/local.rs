@@ -36,7 +36,8 @@ fn all_gather_varying_gives_every_rank_s_values_whatever_their_lengths() {
 }
 
 /// The max of amaxes over ranks: the largest value, element by element; a NaN on any
-/// rank (either sign) wins over everything, +inf included; ranks of other lengths fail.
+/// rank (either sign) wins over everything, +inf included; ranks of other lengths, and a
+/// value below 0 (-0 included) on any rank, fail on every rank.
 #[test]
 fn max_of_amaxes_takes_the_largest_value_and_keeps_a_nan_from_any_rank() {
     for world in 1..=5 {
@@ -48,7 +49,13 @@ fn max_of_amaxes_takes_the_largest_value_and_keeps_a_nan_from_any_rank() {
                 0.0
             };
             let inf = if r >= 1.0 { f32::INFINITY } else { r };
-            let mut x = [r, 3.0 / (1.0 + r), 1e-30 * r, inf, nan];
+            // A positive NaN on the last rank against +inf on the others.
+            let nan_or_inf = if comm.rank() == world - 1 {
+                f32::NAN
+            } else {
+                f32::INFINITY
+            };
+            let mut x = [r, 3.0 / (1.0 + r), 1e-30 * r, inf, nan, nan_or_inf];
             comm.max_of_amaxes(&mut x).unwrap();
             x.map(f32::to_bits)
         });
@@ -62,7 +69,11 @@ fn max_of_amaxes_takes_the_largest_value_and_keeps_a_nan_from_any_rank() {
             );
             assert!(
                 f32::from_bits(x[4]).is_nan(),
-                "world {world} rank {r}: NaN kept"
+                "world {world} rank {r}: -NaN kept"
+            );
+            assert!(
+                f32::from_bits(x[5]).is_nan(),
+                "world {world} rank {r}: NaN over +inf"
             );
         }
     }
@@ -72,6 +83,18 @@ fn max_of_amaxes_takes_the_largest_value_and_keeps_a_nan_from_any_rank() {
     });
     for e in errs {
         assert!(e.contains("max of amaxes") && e.contains("holds"), "{e}");
+    }
+    for negative in [-0.0f32, -1.0] {
+        let errs = run_local(3, Duration::from_secs(30), |comm| {
+            let mut x = [1.0, if comm.rank() == 2 { negative } else { 0.5 }];
+            comm.max_of_amaxes(&mut x).unwrap_err().to_string()
+        });
+        for e in errs {
+            assert!(
+                e.contains("rank 2's value 1") && e.contains(">= 0 or NaN"),
+                "{e}"
+            );
+        }
     }
 }
 

@@ -215,6 +215,42 @@ impl DelayedScaler {
         Ok(s)
     }
 
+    /// Checks a state that came from elsewhere (a checkpoint's, read without
+    /// [`Self::new`]): a history of at least one entry with its position inside it, a
+    /// finite positive scale and its inverse, and amaxes that are >= 0 or NaN (what
+    /// [`Self::record_amax`] keeps, and what ranks reduce).
+    pub fn check(&self) -> Result<()> {
+        let bad = |field: &'static str, value: String, reason: &'static str| {
+            Err(PrecisionError::InvalidConfig {
+                what: "delayed scaling state",
+                field,
+                value,
+                reason,
+            })
+        };
+        if self.pos >= self.history.len() {
+            return bad(
+                "pos",
+                format!("{} of {}", self.pos, self.history.len()),
+                "must lie inside a history of at least one entry",
+            );
+        }
+        if !(self.scale.is_finite() && self.scale > 0.0) {
+            return bad("scale", self.scale.to_string(), "must be finite and > 0");
+        }
+        if self.scale_inv.to_bits() != (1.0 / self.scale).to_bits() {
+            return bad("scale_inv", self.scale_inv.to_string(), "must be 1 / scale");
+        }
+        if let Some(a) = self
+            .history
+            .iter()
+            .find(|a| a.is_sign_negative() && !a.is_nan())
+        {
+            return bad("history", a.to_string(), "amaxes are >= 0 or NaN");
+        }
+        Ok(())
+    }
+
     /// The tensor's FP8 format.
     pub fn format(&self) -> Fp8Format {
         self.format

@@ -145,6 +145,15 @@ pub enum TrainError {
     /// A collective failed (timeout, lost rank, mismatch).
     #[error(transparent)]
     Comm(#[from] stoker_comm::CommError),
+    /// A layer's FP8 scalers as saved do not hold together (a checkpoint's).
+    #[error("fp8 scalers of layer {layer}: {source}")]
+    Fp8State {
+        /// The linear layer's name.
+        layer: String,
+        /// What is wrong.
+        #[source]
+        source: stoker_precision::PrecisionError,
+    },
     /// Ranks disagree about something that must be identical (their configs).
     #[error("ranks disagree: {0}")]
     Mismatch(String),

@@ -146,6 +146,20 @@ impl Fp8State {
             .collect()
     }
 
+    /// Checks a saved state (a checkpoint's) before [`Self::restore`]: every scaler's
+    /// ([`DelayedScaler::check`]), the error naming its layer.
+    pub fn check_saved(state: &BTreeMap<String, LayerScalers>) -> Result<()> {
+        for (layer, scalers) in state {
+            for s in scalers {
+                s.check().map_err(|source| TrainError::Fp8State {
+                    layer: layer.clone(),
+                    source,
+                })?;
+            }
+        }
+        Ok(())
+    }
+
     /// Restores a saved state.
     pub fn restore(&self, state: BTreeMap<String, LayerScalers>) {
         *self.layers.borrow_mut() = state

@@ -49,3 +49,53 @@ fn fp8_gradients_are_close_to_fp32_but_not_equal_and_scalers_track_amax() {
         assert_eq!(x.format(), stoker_precision::Fp8Format::E4M3);
     }
 }
+
+/// A checkpoint's scalers are checked before they are restored: a history entry below 0,
+/// a position outside the history, a scale that is not finite and positive, or a
+/// `scale_inv` that is not its inverse is refused naming the layer and the field (a
+/// position outside the history panicked at the next update).
+#[test]
+fn saved_scalers_that_do_not_hold_together_are_refused_naming_layer_and_field() {
+    let fp8 = Fp8State::new(Default::default());
+    let model = tiny_gpt(Precision::Fp32);
+    let fx = Fx::new(Precision::Fp8, Some(&fp8));
+    let layout = FlatLayout::of(stoker_train::models::Model::params(&model)).unwrap();
+    let mut g = vec![0f32; layout.total_len()];
+    let window = [token_batch(5, 2, 6, 11, &[0, 1])];
+    accumulate(
+        &model,
+        &fx,
+        &window,
+        AccumulateOptions::default(),
+        &layout,
+        &mut g,
+    )
+    .unwrap();
+    fp8.update();
+    let saved = fp8.state();
+    Fp8State::check_saved(&saved).unwrap();
+    let layer = saved.keys().next().unwrap().clone();
+    for (field, value) in [
+        ("history", serde_json::json!([-1.0, 0.0])),
+        ("pos", serde_json::json!(1024)),
+        ("scale", serde_json::json!(0.0)),
+        ("scale_inv", serde_json::json!(3.0)),
+    ] {
+        let mut bad = saved.clone();
+        let mut json = serde_json::to_value(&bad[&layer][0]).unwrap();
+        json[field] = value;
+        // A history of two entries: the position stays inside it unless the case moves it.
+        if field == "history" {
+            json["pos"] = serde_json::json!(0);
+        }
+        bad.get_mut(&layer).unwrap()[0] = serde_json::from_value(json).unwrap();
+        let e = match Fp8State::check_saved(&bad) {
+            Err(e) => e.to_string(),
+            Ok(()) => panic!("{field}: accepted"),
+        };
+        assert!(
+            e.contains(&format!("layer {layer}")) && e.contains(field),
+            "{field}: {e}"
+        );
+    }
+}

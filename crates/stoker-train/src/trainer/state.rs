@@ -50,6 +50,7 @@ impl Stateful for Trainer {
             s.restore(carried)?;
         }
         if let (Some(f), Some(saved)) = (&self.fp8, loaded.fp8) {
+            crate::precision::Fp8State::check_saved(&saved)?;
             f.restore(saved);
         }
         self.set_held_master(loaded.master)?;
