@@ -34,8 +34,8 @@
 # what the driver reports (within 10%, or 64 MiB for small models); exits 1 if anything
 # is off, not finite, or fails.
 # - fp8 (the last): the GPT's linear layers in FP8 on the loop against the CPU's
-#   simulation of the recipe, and two ranks (ZeRO-1, each amax the largest over the
-#   ranks) against one (fp8_check below);
+#   simulation of the recipe, and two ranks (deterministic ZeRO-1, each amax the largest
+#   over the ranks) against one, bit for bit (fp8_check below);
 #   bash scripts/gpu/resident-check.sh [BIN]      (STEPS, default 40; PRECISIONS, default
 #                                                  "fp32 bf16 fp16 fp8")
 # Rehearsal without a GPU (the same script, the "GPU" runs on the host build):
@@ -52,7 +52,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 # config NAME PRECISION STEP DEVICE [RANKS] [OFFLOAD]: the demo's GPT logging every step,
 # with a checkpoint and an evaluation at the end, no sample; OFFLOAD "offload" keeps the
 # optimizer in host memory, "params" the blocks' parameters too, "graphs" replays the
-# micro-batches as CUDA graphs, "flash" runs flash attention.
+# micro-batches as CUDA graphs, "flash" runs flash attention, "det" runs deterministic
+# ZeRO-1 in micro-batches of 8 (two a window on one rank).
 config() {
   local name=$1 prec=$2 step=$3 dev=$4 ranks=${5:-1} offload=${6:-} f=$out/$1-$2.toml
   sed -e "s|^run_dir = .*|run_dir = \"$out/$name-$prec\"|" \
@@ -74,6 +75,14 @@ config() {
   [ "$offload" = params ] && printf '\n[parallel]\noffload_optimizer = true\noffload_params = true\n' >> "$f"
   [ "$offload" = graphs ] && sed -i "s|^step = .*|&\ncuda_graphs = true|" "$f"
   [ "$offload" = flash ] && sed -i "s|^step = .*|&\nflash_attention = true|" "$f"
+  if [ "$offload" = det ]; then
+    if [ "$ranks" -gt 1 ]; then
+      printf 'deterministic = true\n' >> "$f"
+    else
+      sed -i -e "s|^micro_batch = .*|micro_batch = 8|" -e "s|^accumulation_steps = .*|accumulation_steps = 2|" "$f"
+      printf '\n[parallel]\nstrategy = "zero1"\ndeterministic = true\n' >> "$f"
+    fi
+  fi
   echo "$f"
 }
 
@@ -83,14 +92,17 @@ config() {
 # bf16's 3e-2; the gradient norms printed, not checked (the first steps cast at scale 1,
 # where E5M2 flushes most gradients, so a norm follows which values round where: 8.4e-2
 # apart at step 1 in the rehearsal on the host build); each run's median step printed.
-# Then two ranks sharing the GPU (ZeRO-1 through host memory; each scaler's amax of a step
-# the largest over the ranks, so both take the one-rank run's scales) against the one-rank
-# GPU run: losses within 1e-2, as bf16's two ranks.
+# Then two ranks sharing the GPU (deterministic ZeRO-1 through host memory, a micro-batch
+# of 8 each; each scaler's amax of a step the largest over the ranks, so both take one
+# rank's scales) against one rank running the same two micro-batches a window: the same
+# losses and the same scalers in the last checkpoint, bit for bit (without the reduction
+# the scales part from the first step).
 fp8_check() {
   local r f
-  for r in "cpu8 graph cpu 1" "gpu8 resident $gpu 1" "gpu82 resident ${gpu/#cuda/cuda:0} 2"; do
+  for r in "cpu8 graph cpu 1" "gpu8 resident $gpu 1" "gpu8d resident $gpu 1 det" \
+           "gpu82 resident ${gpu/#cuda/cuda:0} 2 det"; do
     set -- $r
-    f=$(config "$1" fp8 "$2" "$3" "$4")
+    f=$(config "$1" fp8 "$2" "$3" "$4" "${5:-}")
     echo "== $1 fp8 ($2 on $3): $STOKER_GPU_BIN train $f"
     if ! timeout 150 "$STOKER_GPU_BIN" train "$f" --stop-after "$steps" --no-progress > "$out/$1-fp8.log" 2>&1; then
       echo "FAILED ($out/$1-fp8.log):"; tail -20 "$out/$1-fp8.log"; return 1
@@ -102,8 +114,8 @@ out = sys.argv[1]
 def rows(name):
     rs = [json.loads(l) for l in open(f"{out}/{name}-fp8/metrics.jsonl")]
     return {r["step"]: r for r in rs if r.get("kind") == "train"}
-cpu, gpu, two = rows("cpu8"), rows("gpu8"), rows("gpu82")
-common = sorted(set(cpu) & set(gpu) & set(two))
+cpu, gpu, one, two = rows("cpu8"), rows("gpu8"), rows("gpu8d"), rows("gpu82")
+common = sorted(set(cpu) & set(gpu) & set(one) & set(two))
 if not common:
     sys.exit("  fp8: no step in every run FAILED")
 rel = lambda a, b: abs(a - b) / max(abs(b), 1e-12)
@@ -116,10 +128,16 @@ print(f"  fp8 gpu vs the cpu's simulation: {len(common)} steps, worst loss {loss
       f"{'OK' if ok else 'FAILED'}; gradient norms apart by {norms[0]:.2e} at step {common[0]} "
       f"and {norms[1]:.2e} at step {last} (printed); median step cpu {ms(cpu):.2f} ms, gpu "
       f"{ms(gpu):.2f} ms")
-ranks = max(rel(two[s]["loss"], gpu[s]["loss"]) for s in common)
-ranks_ok = math.isfinite(ranks) and ranks <= 1e-2
-print(f"  fp8 gpu 2 ranks vs 1: worst loss {ranks:.2e} (1e-2) {'OK' if ranks_ok else 'FAILED'}; "
-      f"median step {ms(two):.2f} ms")
+def scalers(name):
+    ck = f"{out}/{name}-fp8/checkpoints"
+    return json.load(open(f"{ck}/{open(f'{ck}/LATEST').read().strip()}/manifest.json"))["fp8"]
+same_losses = all(one[s]["loss"] == two[s]["loss"] for s in common)
+differ = sum(one[s]["loss"] != two[s]["loss"] for s in common)
+same_scalers = scalers("gpu8d") == scalers("gpu82") and len(scalers("gpu82")) > 0
+ranks_ok = same_losses and same_scalers
+print(f"  fp8 gpu 2 ranks vs 1 (deterministic): losses {'bit for bit' if same_losses else f'differ at {differ} steps'}, "
+      f"{len(scalers('gpu82'))} layers' scalers {'the same' if same_scalers else 'differ'} "
+      f"{'OK' if ranks_ok else 'FAILED'}; median step {ms(two):.2f} ms")
 sys.exit(0 if ok and ranks_ok else 1)
 PY
 }
