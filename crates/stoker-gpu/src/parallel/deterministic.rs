@@ -161,10 +161,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                 z.update_from_whole(be, coll, views, scalars, (tally, capacity), rule)?
             }
         };
-        // Every rank's scalers take the scales of the largest amax over the ranks.
-        if let Some(f) = self.step.fp8_scalers() {
-            f.end_step_over(be, coll)?;
-        }
+        self.end_fp8_step(be, coll)?;
         Ok(WindowReport::of(total, grad_norm, rule))
     }
 }

@@ -473,11 +473,17 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                     .update(be, coll, views, scalars, (tally, capacity), (rule, buckets))?
             }
         };
-        // Every rank's scalers take the scales of the largest amax over the ranks.
-        if let Some(f) = self.step.fp8_scalers() {
-            f.end_step_over(be, coll)?;
-        }
+        self.end_fp8_step(be, coll)?;
         Ok(WindowReport::of(total, grad_norm, rule))
+    }
+
+    /// After a window's update, the FP8 scalers' step ended over the ranks: every rank
+    /// takes the scales of the largest amax over them (nothing without FP8 layers).
+    pub(super) fn end_fp8_step(&self, be: &B, coll: &impl Collectives<B>) -> Result<(), GpuError> {
+        match self.step.fp8_scalers() {
+            Some(f) => f.end_step_over(be, coll),
+            None => Ok(()),
+        }
     }
 
     /// One micro-batch's evaluation with the running step: the summed loss of its valid
@@ -634,10 +640,7 @@ impl<B: Backend, S: Trainable<B>> Replica<B, S> {
                 (norm, total)
             }
         };
-        // As in `window`: every rank takes the scales of the largest amax over the ranks.
-        if let Some(f) = self.step.fp8_scalers() {
-            f.end_step_over(be, coll)?;
-        }
+        self.end_fp8_step(be, coll)?;
         Ok(WindowReport::of(total, grad_norm, rule))
     }
 }
