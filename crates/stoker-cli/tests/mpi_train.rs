@@ -96,7 +96,16 @@ fn mpi_n_ranks_equal_one_rank_and_deterministic_mode_is_bit_identical() {
     }
     // The resident loop's deterministic mode (the GPU step's host build, its trees of
     // sums over MPI through host memory): the same bits at 1, 2 and 4 ranks, on the loop,
-    // under DDP and ZeRO-1.
+    // under DDP and ZeRO-1; in fp8 too (each FP8 scaler's amax the largest over MPI's
+    // ranks, the casts and products the step's own).
+    for precision in ["bf16", "fp8"] {
+        resident_runs_agree(dir, precision);
+    }
+}
+
+/// The resident loop's deterministic runs in `precision` at 1, 2 and 4 ranks under DDP
+/// and ZeRO-1 end with the same weights' crc.
+fn resident_runs_agree(dir: &Path, precision: &str) {
     let mut crcs = Vec::new();
     for (n, strategy) in [
         (1, "ddp"),
@@ -105,9 +114,9 @@ fn mpi_n_ranks_equal_one_rank_and_deterministic_mode_is_bit_identical() {
         (2, "zero1"),
         (4, "zero1"),
     ] {
-        let name = format!("r_{strategy}_w{n}");
+        let name = format!("r_{precision}_{strategy}_w{n}");
         let extra = format!("deterministic = true\nstrategy = \"{strategy}\"");
-        let c = config(dir, &name, Model::Gpt, "bf16", "resident", 5, &extra);
+        let c = config(dir, &name, Model::Gpt, precision, "resident", 5, &extra);
         on_resident_step(&c);
         let o = train(n, &c, &[]);
         let out = text(&o);
@@ -120,7 +129,7 @@ fn mpi_n_ranks_equal_one_rank_and_deterministic_mode_is_bit_identical() {
     }
     assert!(
         crcs.iter().all(|(_, _, c)| *c == crcs[0].2),
-        "the resident loop's deterministic mode: {crcs:?}"
+        "the resident loop's deterministic mode in {precision}: {crcs:?}"
     );
 }
 
