@@ -7,14 +7,14 @@ use stoker_train::accumulate::{accumulate, AccumulateOptions, Normalization};
 use stoker_train::layout::FlatLayout;
 use stoker_train::precision::{Fp8State, Fx, Precision};
 
-#[test]
-fn fp8_gradients_are_close_to_fp32_but_not_equal_and_scalers_track_amax() {
+/// One window of the tiny GPT's gradients with its linear layers in simulated FP8 through
+/// `fp8`'s scalers, and the same window's FP32 gradients.
+fn fp8_and_exact_grads(fp8: &Fp8State) -> (Vec<f32>, Vec<f32>) {
     let model = tiny_gpt(Precision::Fp32);
     let layout = FlatLayout::of(stoker_train::models::Model::params(&model)).unwrap();
     let window = [token_batch(5, 2, 6, 11, &[0, 1])];
     let (exact, _) = window_grads(&model, Precision::Fp32, &window, Normalization::WindowCount);
-    let fp8 = Fp8State::new(Default::default());
-    let fx = Fx::new(Precision::Fp8, Some(&fp8));
+    let fx = Fx::new(Precision::Fp8, Some(fp8));
     let mut g = vec![0f32; layout.total_len()];
     accumulate(
         &model,
@@ -25,6 +25,13 @@ fn fp8_gradients_are_close_to_fp32_but_not_equal_and_scalers_track_amax() {
         &mut g,
     )
     .unwrap();
+    (g, exact)
+}
+
+#[test]
+fn fp8_gradients_are_close_to_fp32_but_not_equal_and_scalers_track_amax() {
+    let fp8 = Fp8State::new(Default::default());
+    let (g, exact) = fp8_and_exact_grads(&fp8);
     let rel = rel_l2(&g, &exact);
     assert!(
         rel > 1e-4 && rel < 0.25,
@@ -57,20 +64,7 @@ fn fp8_gradients_are_close_to_fp32_but_not_equal_and_scalers_track_amax() {
 #[test]
 fn saved_scalers_that_do_not_hold_together_are_refused_naming_layer_and_field() {
     let fp8 = Fp8State::new(Default::default());
-    let model = tiny_gpt(Precision::Fp32);
-    let fx = Fx::new(Precision::Fp8, Some(&fp8));
-    let layout = FlatLayout::of(stoker_train::models::Model::params(&model)).unwrap();
-    let mut g = vec![0f32; layout.total_len()];
-    let window = [token_batch(5, 2, 6, 11, &[0, 1])];
-    accumulate(
-        &model,
-        &fx,
-        &window,
-        AccumulateOptions::default(),
-        &layout,
-        &mut g,
-    )
-    .unwrap();
+    fp8_and_exact_grads(&fp8);
     fp8.update();
     let saved = fp8.state();
     Fp8State::check_saved(&saved).unwrap();
