@@ -1227,7 +1227,12 @@ const LLAMA16: &str = "kind = \"llama\"\nvocab = 11\ncontext = 8\nd_model = 32\n
 
 /// Step `s`'s window of two micro-batches of 2 x 8 tokens.
 fn fp8_window(s: usize) -> Vec<MicroBatch> {
-    (0..2)
+    fp8_micro_batches(s, 2)
+}
+
+/// Step `s`'s window of `n` micro-batches of 2 x 8 tokens ([`fp8_window`]'s first).
+fn fp8_micro_batches(s: usize, n: usize) -> Vec<MicroBatch> {
+    (0..n)
         .map(|j| common::token_batch((s * 100 + j) as u64, 2, 8, 11, &[j % 3, (j + s) % 4]))
         .collect()
 }
@@ -1300,17 +1305,18 @@ fn fp8_on_the_loop_as_the_cpu(model: &str, what: &str) -> (Vec<f32>, Vec<StepRep
     straight
 }
 
-/// `steps` fp8 steps of `config` on `world` ranks sharing [`fp8_window`]'s micro-batches:
-/// every rank's whole master, reports and FP8 scalers (by layer, as checkpoints hold them).
-fn fp8_ranks_run(config: &TrainConfig, world: usize, steps: usize) -> Vec<RankFp8> {
-    let k = 2 / world;
+/// `steps` fp8 steps of `config` on `world` ranks sharing windows of `global`
+/// micro-batches ([`fp8_micro_batches`]): every rank's whole master, reports and FP8
+/// scalers (by layer, as checkpoints hold them).
+fn fp8_ranks_run(config: &TrainConfig, world: usize, steps: usize, global: usize) -> Vec<RankFp8> {
+    let k = global / world;
     run_local(world, Duration::from_secs(60), |comm| {
         let rank = comm.rank();
         let mut t = trainer(config, Rc::new(comm));
         let reports = (0..steps)
             .map(|s| {
-                t.train_step(&fp8_window(s)[rank * k..(rank + 1) * k])
-                    .unwrap()
+                let window = fp8_micro_batches(s, global);
+                t.train_step(&window[rank * k..(rank + 1) * k]).unwrap()
             })
             .collect();
         t.sync_host().unwrap();
@@ -1350,8 +1356,8 @@ fn fp8_on_the_loop_at_2_ranks_takes_one_rank_s_scales() {
                 &format!("strategy = \"{strategy}\"\ndeterministic = true"),
             );
             c.batch.global_batch = Some(2 * c.batch.micro_batch);
-            let one = fp8_ranks_run(&c, 1, 4).remove(0);
-            for (r, run) in fp8_ranks_run(&c, 2, 4).iter().enumerate() {
+            let one = fp8_ranks_run(&c, 1, 4, 2).remove(0);
+            for (r, run) in fp8_ranks_run(&c, 2, 4, 2).iter().enumerate() {
                 let what = format!(
                     "{} fp8 deterministic {strategy}, rank {r} of 2",
                     &model[8..11]
@@ -1362,8 +1368,8 @@ fn fp8_on_the_loop_at_2_ranks_takes_one_rank_s_scales() {
         }
         let mut c = resident(model, "fp8", ADAMW, "strategy = \"ddp\"");
         c.batch.global_batch = Some(2 * c.batch.micro_batch);
-        let one = fp8_ranks_run(&c, 1, 4).remove(0);
-        let two = fp8_ranks_run(&c, 2, 4);
+        let one = fp8_ranks_run(&c, 1, 4, 2).remove(0);
+        let two = fp8_ranks_run(&c, 2, 4, 2);
         for (r, run) in two.iter().enumerate() {
             let what = format!("{} fp8 ddp, rank {r} of 2", &model[8..11]);
             assert_eq!(scaler_bits(run), scaler_bits(&two[0]), "{what}: scalers");
@@ -1374,22 +1380,27 @@ fn fp8_on_the_loop_at_2_ranks_takes_one_rank_s_scales() {
 }
 
 /// fp8 on the loop under ZeRO-2 and ZeRO-3 (the weights read and their gradients written
-/// in slots, each block's reduced as its backward ends) at 2 ranks, one micro-batch each:
-/// the same sums as ZeRO-1's, so its weights, losses and scalers, bit for bit, for the
-/// GPT and the Llama; and each rank's loop holds the bytes its plan says, FP8's scalers
-/// and scratch included.
+/// in slots, each block's reduced as its backward ends) at 2 ranks:
+/// - two blocks, one micro-batch a rank: ZeRO-1's sums, so its weights, losses and
+///   scalers, bit for bit, for the GPT and the Llama; each rank's loop holds the bytes
+///   its plan says, FP8's scalers and scratch included;
+/// - three blocks, two micro-batches a rank (so a slot takes another block's weights and
+///   gradients, ZeRO-3 gathers each block again for its backward, and ZeRO-2 reduces each
+///   micro-batch): ZeRO-3 is ZeRO-2 bit for bit, and ZeRO-2 is ZeRO-1 within bf16's
+///   rounding of the sums, with the same scalers on both ranks.
 #[test]
 fn fp8_on_the_loop_under_zero2_and_zero3_trains_what_zero1_does() {
     for model in [GPT16, LLAMA16] {
-        let config = |strategy: &str| {
-            let mut c = resident(model, "fp8", ADAMW, &format!("strategy = \"{strategy}\""));
-            c.batch.global_batch = Some(2 * c.batch.micro_batch);
+        let config = |strategy: &str, layers: usize, global: usize| {
+            let model = model.replace("n_layer = 2", &format!("n_layer = {layers}"));
+            let mut c = resident(&model, "fp8", ADAMW, &format!("strategy = \"{strategy}\""));
+            c.batch.global_batch = Some(global * c.batch.micro_batch);
             c
         };
-        let zero1 = fp8_ranks_run(&config("zero1"), 2, 4);
+        let zero1 = fp8_ranks_run(&config("zero1", 2, 2), 2, 4, 2);
         for strategy in ["zero2", "zero3"] {
-            let c = config(strategy);
-            for (r, (got, want)) in fp8_ranks_run(&c, 2, 4).iter().zip(&zero1).enumerate() {
+            let c = config(strategy, 2, 2);
+            for (r, (got, want)) in fp8_ranks_run(&c, 2, 4, 2).iter().zip(&zero1).enumerate() {
                 let what = format!("{} fp8 {strategy}, rank {r} of 2", &model[8..11]);
                 assert_same_run(&what, (&got.0, &got.1), (&want.0, &want.1));
                 assert_eq!(scaler_bits(got), scaler_bits(want), "{what}: scalers");
@@ -1406,6 +1417,20 @@ fn fp8_on_the_loop_under_zero2_and_zero3_trains_what_zero1_does() {
             for (r, (planned, counted)) in bytes.into_iter().enumerate() {
                 assert_eq!(planned, counted, "{strategy} rank {r}: planned and counted");
             }
+        }
+        let run = |strategy: &str| fp8_ranks_run(&config(strategy, 3, 4), 2, 4, 4);
+        let (zero1, zero2, zero3) = (run("zero1"), run("zero2"), run("zero3"));
+        for r in 0..2 {
+            let what = format!("{} fp8, 3 blocks, rank {r} of 2", &model[8..11]);
+            assert_same_run(
+                &format!("{what}: zero3 against zero2"),
+                (&zero3[r].0, &zero3[r].1),
+                (&zero2[r].0, &zero2[r].1),
+            );
+            assert_eq!(scaler_bits(&zero3[r]), scaler_bits(&zero2[r]), "{what}");
+            assert_eq!(scaler_bits(&zero2[r]), scaler_bits(&zero2[0]), "{what}");
+            let d = common::rel_l2(&zero2[r].0, &zero1[r].0);
+            assert!(d <= 1e-4, "{what}: zero2's weights {d:e} from zero1's");
         }
     }
 }

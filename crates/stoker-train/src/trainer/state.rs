@@ -27,6 +27,10 @@ impl Stateful for Trainer {
     }
 
     fn load_state(&mut self, loaded: LoadedState) -> Result<()> {
+        // Checked before anything changes (a load that fails changes nothing).
+        if let Some(saved) = &loaded.fp8 {
+            crate::precision::Fp8State::check_saved(saved)?;
+        }
         self.optimizer
             .restore(loaded.optimizer)
             .map_err(crate::error::TrainError::Layout)?;
@@ -50,7 +54,6 @@ impl Stateful for Trainer {
             s.restore(carried)?;
         }
         if let (Some(f), Some(saved)) = (&self.fp8, loaded.fp8) {
-            crate::precision::Fp8State::check_saved(&saved)?;
             f.restore(saved);
         }
         self.set_held_master(loaded.master)?;
