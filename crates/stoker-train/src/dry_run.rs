@@ -67,9 +67,6 @@ pub enum ScratchStep {
     /// A rank's model states and the step's activations do not fit in this machine's
     /// memory twice over.
     DoesNotFit,
-    /// fp8: a forward records the FP8 scalers' amax history, which a scratch step
-    /// must not change.
-    Fp8,
     /// The resident step: a step changes its backend's state (its buffers are planned
     /// from their shapes instead).
     Resident,
@@ -83,9 +80,6 @@ impl ScratchStep {
         match self {
             ScratchStep::Measured => None,
             ScratchStep::DoesNotFit => Some("a rank's model states do not fit here"),
-            ScratchStep::Fp8 => {
-                Some("fp8: a step would change the FP8 scalers' history, which a dry run keeps")
-            }
             ScratchStep::Resident => Some(
                 "step = \"resident\": a step would change its backend's state; its buffers \
                  are planned from their shapes",
@@ -166,7 +160,6 @@ pub fn dry_run(
     let fits_here = room.is_some_and(|b| 2.0 * planned.model_states() + activations < b);
     let skipped = match (heap, fits_here) {
         _ if config.resident_step() => Some(ScratchStep::Resident),
-        _ if config.precision == crate::precision::Precision::Fp8 => Some(ScratchStep::Fp8),
         (None, _) => Some(ScratchStep::NoHeapCount),
         (_, false) => Some(ScratchStep::DoesNotFit),
         (Some(_), true) => None,

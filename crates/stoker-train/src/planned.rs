@@ -501,8 +501,9 @@ pub struct OwnBytes {
     pub buffers: f64,
     /// The direct step's activation buffers and bf16 GEMM packing buffers
     /// (`stoker_kernels::activation_floats`, `gemm_pack_bytes`), or what a scratch
-    /// micro-batch counted on the graph path; None where nothing counted them (fp8, ranks
-    /// as threads, no heap counter), where the planner's formula stands in.
+    /// micro-batch counted on the graph path; None where nothing counted them (ranks as
+    /// threads, no heap counter, a model too large to try), where the planner's formula
+    /// stands in.
     pub activations: Option<f64>,
     /// The kernels' scratch beyond the activation buffers (the f32 gemm crate's per-call
     /// packs; its per-thread slabs are made before the start probes), measured by one
@@ -630,8 +631,8 @@ pub fn forecast(
     }
     // Memory from the trainer's own count where it has one: with its activations (then
     // the planner's row is optional: a CNN has none), or with the planner's activations
-    // where nothing counted them (fp8, whose forward cannot run a scratch micro-batch;
-    // ranks as threads). Without a count, the planner's row alone. (Until 2026-12-07 an
+    // where nothing counted them (ranks as threads; a model too large to try here).
+    // Without a count, the planner's row alone. (Until 2026-12-07 an
     // uncounted run took the row alone, dropping the process, its buffers and its
     // mapped data: an fp8 GPT forecast 1.0 MiB for 34.7 MiB measured.)
     let with_own = |o: &OwnBytes, a: f64| {

@@ -93,3 +93,29 @@ fn saved_scalers_that_do_not_hold_together_are_refused_naming_layer_and_field() 
         );
     }
 }
+
+/// The scratch step a run counts its memory with runs in fp8 too (it casts as training
+/// does) and leaves the scalers as they were: a trainer that ran it trains the same bits
+/// as one that did not, scalers included.
+#[test]
+fn the_scratch_step_counts_fp8_and_leaves_its_scalers_as_they_were() {
+    use common::ranks::{config, micro_batch, GPT, SGD};
+    use stoker_train::trainer::Trainer;
+    let c = config(GPT, "fp8", "fused", SGD, "");
+    let window = |s: usize| [micro_batch(GPT, s, 0), micro_batch(GPT, s, 1)];
+    let run = |scratch: bool| {
+        let mut t = Trainer::new(&c).unwrap();
+        t.train_step(&window(0)).unwrap();
+        if scratch {
+            let before = t.fp8().unwrap().state();
+            let counted = t.scratch_micro_batch(&micro_batch(GPT, 7, 0)).unwrap();
+            assert!(counted.is_some(), "fp8's scratch step ran");
+            assert_eq!(t.fp8().unwrap().state(), before, "the scalers as they were");
+        }
+        t.train_step(&window(1)).unwrap();
+        (t.full_master().unwrap(), t.fp8().unwrap().state())
+    };
+    let (with, without) = (run(true), run(false));
+    stoker_testkit::assert_bits_eq(&with.0, &without.0, "weights after a scratch step");
+    assert_eq!(with.1, without.1, "scalers after a scratch step");
+}

@@ -221,8 +221,8 @@ impl Telemetry {
 /// slabs being made before the start probes), counted: the train set's first micro-batch
 /// runs once before training
 /// under the binary's heap counter, its gradients thrown away
-/// ([`Trainer::scratch_micro_batch`]: no state changes, no collective). None in fp8 (where
-/// the scratch step cannot run), without a heap counter, and with ranks as threads of one
+/// ([`Trainer::scratch_micro_batch`]: no state changes, no collective; in fp8 the scalers
+/// put back after it). None without a heap counter, and with ranks as threads of one
 /// process (one counter for all of them).
 pub(crate) fn step_scratch_heap(
     trainer: &mut Trainer,

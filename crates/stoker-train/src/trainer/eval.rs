@@ -48,11 +48,15 @@ impl Trainer {
         self.keeping_fp8_state(|t| t.evaluate_everywhere(batches))
     }
 
-    /// Runs `f`, a forward that is not training (evaluation, sampling), and puts the FP8
-    /// scalers' state back after it: their amax histories record training steps alone, so
-    /// how often a run evaluates or samples does not change what it trains (before, an
-    /// fp8 run with `eval_every` trained other weights than one without).
-    fn keeping_fp8_state<R>(&mut self, f: impl FnOnce(&mut Self) -> Result<R>) -> Result<R> {
+    /// Runs `f`, a forward that is not training (evaluation, sampling, the scratch step a
+    /// run counts its memory with), and puts the FP8 scalers' state back after it: their
+    /// amax histories record training steps alone, so how often a run evaluates or
+    /// samples does not change what it trains (before, an fp8 run with `eval_every`
+    /// trained other weights than one without).
+    pub(super) fn keeping_fp8_state<R>(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<R>,
+    ) -> Result<R> {
         let saved = self.fp8.as_ref().map(|s| s.state());
         let out = f(self);
         if let (Some(fp8), Some(saved)) = (&self.fp8, saved) {

@@ -307,13 +307,20 @@ impl Trainer {
     /// communicator that moves no data, ZeRO-3's units run on zeros); the direct step's
     /// activation buffers stay (the step keeps them). Returns the bytes of predicted
     /// workspace the run held meanwhile (the strategy's groups, ZeRO-3's units), which a
-    /// count must not take twice; None without running in fp8 (whose forward records amax
-    /// history) or on the resident path (whose step changes its backend's state).
+    /// count must not take twice; None without running on the resident path (whose step
+    /// changes its backend's state). In fp8 the step casts as training does, and the
+    /// scalers' amax histories are put back after it (until 2026-12-08 fp8 ran none, and
+    /// the planner's formula stood for its activations: a third of what the casts hold).
     pub fn scratch_micro_batch(&mut self, mb: &MicroBatch) -> Result<Option<usize>> {
-        if self.fp8.is_some() || self.path.resident().is_some() {
+        if self.path.resident().is_some() {
             return Ok(None);
         }
-        let fx = Fx::new(self.precision, None).with_kernels(self.kernels);
+        self.keeping_fp8_state(|t| t.scratch_step(mb).map(Some))
+    }
+
+    /// [`Self::scratch_micro_batch`]'s step.
+    fn scratch_step(&mut self, mb: &MicroBatch) -> Result<usize> {
+        let fx = Fx::new(self.precision, self.fp8.as_ref()).with_kernels(self.kernels);
         let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale()) as f64;
         let factor = (!mb.targets.is_empty()).then(|| scale / mb.targets.len() as f64);
         let on = PathInputs {
@@ -329,6 +336,6 @@ impl Trainer {
             self.path
                 .scratch(&on, &mut *self.strategy, mb, factor, &mut self.grads.buf)?;
         stoker_kernels::flat::zero(&mut self.grads.buf);
-        Ok(Some(predicted))
+        Ok(predicted)
     }
 }
