@@ -1435,6 +1435,33 @@ fn fp8_on_the_loop_under_zero2_and_zero3_trains_what_zero1_does() {
     }
 }
 
+/// fp8 with the blocks' parameters offloaded (two slots on the backend, each block's
+/// weights streamed up as it runs, its FP8 casts read from the slot) trains what fp8 with
+/// the optimizer offloaded alone trains, bit for bit, scalers included: one rank, and
+/// ZeRO-3's shards in host memory at 2 ranks; three blocks, so a slot takes another
+/// block's weights.
+#[test]
+fn fp8_with_offloaded_parameters_trains_what_the_offloaded_optimizer_trains() {
+    for (strategy, world) in [("none", 1), ("zero3", 2)] {
+        let three = GPT16.replace("n_layer = 2", "n_layer = 3");
+        let mut c = resident(&three, "fp8", ADAMW, &format!("strategy = \"{strategy}\""));
+        c.parallel.offload_optimizer = true;
+        c.batch.global_batch = Some(2 * c.batch.micro_batch);
+        let mut p = c.clone();
+        p.parallel.offload_params = true;
+        let (got, want) = (
+            fp8_ranks_run(&p, world, 4, 2),
+            fp8_ranks_run(&c, world, 4, 2),
+        );
+        for (r, (got, want)) in got.iter().zip(&want).enumerate() {
+            let what = format!("fp8 {strategy}, params offloaded, rank {r} of {world}");
+            assert_same_run(&what, (&got.0, &got.1), (&want.0, &want.1));
+            assert_eq!(got.2.len(), 4 * 3, "{what}: four FP8 layers a block");
+            assert_eq!(scaler_bits(got), scaler_bits(want), "{what}: scalers");
+        }
+    }
+}
+
 /// `precision = "fp8"` on the resident loop: the GPT's linear layers in FP8 on the step's
 /// host build. A run checkpointed and resumed equals one that never stopped, bit for bit,
 /// because the checkpoint holds the step's scalers (a resume without them gives other
