@@ -121,6 +121,19 @@ pub struct SampleGpt {
     pub ranges: Ranges,
 }
 
+/// The small Llama the step is checked on, against the CPU and on a device: grouped-query
+/// attention (4 query heads over 2 kv heads) and widths that are multiples of 16, as
+/// FP8 products take them.
+pub const SMALL_LLAMA: stoker_kernels::LlamaDims = stoker_kernels::LlamaDims {
+    vocab: 67,
+    context: 16,
+    d_model: 32,
+    n_layer: 2,
+    n_head: 4,
+    n_kv_head: 2,
+    ffn_hidden: 48,
+};
+
 /// A Llama of `dims`, laid out and drawn as [`gpt`] does.
 pub fn llama(dims: &stoker_kernels::LlamaDims, seed: u64, scale: f32) -> SampleLlama {
     let (at, params, ranges) = flat(&stoker_kernels::llama_params(dims), seed, scale);

@@ -158,6 +158,44 @@ fn cpu_grads(s: &Setup) -> (f64, Vec<f32>) {
     (loss, grads)
 }
 
+/// The loss and gradients of a second micro-batch of `s` on an FP8 step with `A`
+/// activations, the first having set the scales.
+fn second_micro_batch<A: Act>(s: &Setup) -> (f64, Vec<f32>) {
+    let step = step::<A>(s, FP8).unwrap();
+    step.forward_backward(&Host, batch(s), 1.0).unwrap();
+    step.fp8_scalers().unwrap().end_step(&Host).unwrap();
+    step.buffers().zero_grads(&Host).unwrap();
+    let loss = step.forward_backward(&Host, batch(s), 1.0).unwrap();
+    (loss, step.buffers().grads(&Host).unwrap())
+}
+
+/// Asserts an FP8 step's summed loss within 2% of the f32 step's, every parameter's
+/// gradient within 0.3 relative L2 of its f32 gradient, and at least `moved` of them
+/// more than 1e-3 from it (the layers did run in FP8).
+fn assert_tracks_f32(
+    what: &str,
+    (loss, got): (f64, &[f32]),
+    (want_loss, want): (f64, &[f32]),
+    ranges: &[(String, std::ops::Range<usize>)],
+    moved: usize,
+) {
+    let rel = (loss - want_loss).abs() / want_loss.abs();
+    assert!(
+        rel < 2e-2,
+        "{what}: summed loss {loss} against {want_loss} ({rel:.2e})"
+    );
+    let mut fp8_moved = 0;
+    for (name, r) in ranges {
+        let e = rel_l2(&got[r.clone()], &want[r.clone()]);
+        assert!(e < 0.3, "{what}: gradient of {name}: relative L2 {e:.3e}");
+        fp8_moved += (e > 1e-3) as usize;
+    }
+    assert!(
+        fp8_moved >= moved,
+        "{what}: only {fp8_moved} gradients differ from f32's by more than 1e-3"
+    );
+}
+
 /// Once a first micro-batch has set the scales (the first casts run at scale 1, as
 /// Transformer Engine's do), a second's loss and every parameter's gradient track the
 /// CPU's f32 step within what E4M3 and E5M2 keep (3 and 2 mantissa bits): the FP8
@@ -167,41 +205,16 @@ fn cpu_grads(s: &Setup) -> (f64, Vec<f32>) {
 fn an_fp8_step_tracks_the_f32_step_within_fp8_s_precision() {
     let s = setup();
     let (want_loss, want) = cpu_grads(&s);
-    for bf16_acts in [false, true] {
-        let (loss, got) = if bf16_acts {
-            let step = step::<bf16>(&s, FP8).unwrap();
-            step.forward_backward(&Host, batch(&s), 1.0).unwrap();
-            step.fp8_scalers().unwrap().end_step(&Host).unwrap();
-            step.buffers().zero_grads(&Host).unwrap();
-            let loss = step.forward_backward(&Host, batch(&s), 1.0).unwrap();
-            (loss, step.buffers().grads(&Host).unwrap())
-        } else {
-            let step = step::<f32>(&s, FP8).unwrap();
-            step.forward_backward(&Host, batch(&s), 1.0).unwrap();
-            step.fp8_scalers().unwrap().end_step(&Host).unwrap();
-            step.buffers().zero_grads(&Host).unwrap();
-            let loss = step.forward_backward(&Host, batch(&s), 1.0).unwrap();
-            (loss, step.buffers().grads(&Host).unwrap())
-        };
-        let what = if bf16_acts {
-            "bf16 activations"
-        } else {
-            "f32 activations"
-        };
-        let rel = (loss - want_loss).abs() / want_loss.abs();
-        assert!(
-            rel < 2e-2,
-            "{what}: summed loss {loss} against {want_loss} ({rel:.2e})"
-        );
-        let mut fp8_moved = 0;
-        for (name, r) in &s.ranges {
-            let e = rel_l2(&got[r.clone()], &want[r.clone()]);
-            assert!(e < 0.3, "{what}: gradient of {name}: relative L2 {e:.3e}");
-            fp8_moved += (e > 1e-3) as usize;
-        }
-        assert!(
-            fp8_moved >= 4 * DIMS.n_layer,
-            "{what}: only {fp8_moved} gradients differ from f32's by more than 1e-3"
+    for (what, (loss, got)) in [
+        ("f32 activations", second_micro_batch::<f32>(&s)),
+        ("bf16 activations", second_micro_batch::<bf16>(&s)),
+    ] {
+        assert_tracks_f32(
+            what,
+            (loss, &got),
+            (want_loss, &want),
+            &s.ranges,
+            4 * DIMS.n_layer,
         );
     }
 }
@@ -245,15 +258,7 @@ fn the_plan_counts_what_the_fp8_layers_hold() {
 fn the_llama_s_fp8_layers_follow_its_weights_and_track_the_f32_step() {
     use stoker_gpu::step::llama::LlamaGpuStep;
     use stoker_kernels::{LlamaDims, LlamaStep};
-    const LLAMA: LlamaDims = LlamaDims {
-        vocab: 67,
-        context: 16,
-        d_model: 32,
-        n_layer: 2,
-        n_head: 4,
-        n_kv_head: 2,
-        ffn_hidden: 48,
-    };
+    const LLAMA: LlamaDims = stoker_gpu::sample::SMALL_LLAMA;
     let g = stoker_gpu::sample::llama(&LLAMA, 200, 0.2);
     let s = setup();
     let (tokens, targets): (Vec<i64>, Vec<i64>) = (
@@ -318,20 +323,12 @@ fn the_llama_s_fp8_layers_follow_its_weights_and_track_the_f32_step() {
     let want_loss = cpu
         .forward_backward(&g.params, b, 1.0, &mut want, &mut |_, _| {})
         .unwrap();
-    let rel = (loss - want_loss).abs() / want_loss.abs();
-    assert!(
-        rel < 2e-2,
-        "summed loss {loss} against {want_loss} ({rel:.2e})"
-    );
-    let mut moved = 0;
-    for (name, r) in &g.ranges {
-        let e = rel_l2(&got[r.clone()], &want[r.clone()]);
-        assert!(e < 0.3, "gradient of {name}: relative L2 {e:.3e}");
-        moved += (e > 1e-3) as usize;
-    }
-    assert!(
-        moved >= 7 * LLAMA.n_layer,
-        "only {moved} gradients moved over 1e-3"
+    assert_tracks_f32(
+        "the Llama",
+        (loss, &got),
+        (want_loss, &want),
+        &g.ranges,
+        7 * LLAMA.n_layer,
     );
     // The plan counts what the layers hold: the widest layer is the MLP's (48 wide) and
     // the largest weight C x F.

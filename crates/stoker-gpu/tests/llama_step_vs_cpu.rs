@@ -15,15 +15,7 @@ use stoker_gpu::{Act, Host};
 use stoker_kernels::{AdamWStep, GptBatch, LlamaDims, LlamaStep, TokenStep};
 use stoker_testkit::assert_close_scalar;
 
-const DIMS: LlamaDims = LlamaDims {
-    vocab: 67,
-    context: 16,
-    d_model: 32,
-    n_layer: 2,
-    n_head: 4,
-    n_kv_head: 2,
-    ffn_hidden: 48,
-};
+const DIMS: LlamaDims = stoker_gpu::sample::SMALL_LLAMA;
 const BATCH: usize = 3;
 const T: usize = 11;
 const THETA: f64 = 10_000.0;

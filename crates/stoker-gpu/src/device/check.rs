@@ -456,15 +456,7 @@ pub fn compare_step(dev: &Device) -> Result<Vec<StepCompared>, GpuError> {
         ))
     }
     fn llama<A: crate::Act>(dev: &Device, what: &str) -> Result<StepCompared, GpuError> {
-        let dims = stoker_kernels::LlamaDims {
-            vocab: 67,
-            context: 16,
-            d_model: 32,
-            n_layer: 2,
-            n_head: 4,
-            n_kv_head: 2,
-            ffn_hidden: 48,
-        };
+        let dims = crate::sample::SMALL_LLAMA;
         let g = crate::sample::llama(&dims, 200, 0.2);
         let (tokens, targets) = small_batch(dims.vocab);
         let batch = TokenBatch {
