@@ -165,6 +165,25 @@ pub(crate) fn piece(
 pub struct ThroughHost<P>(pub P);
 
 impl<P: Deref<Target = C>, C: Communicator + ?Sized> ThroughHost<P> {
+    /// `buf` copied down, `op` over the ranks on the host copy, and copied back (nothing
+    /// at one rank); an error says `doing` `n` `things`.
+    fn in_place<B: Backend>(
+        &self,
+        be: &B,
+        buf: View<f32>,
+        doing: &str,
+        things: &str,
+        op: impl FnOnce(&C, &mut [f32]) -> stoker_comm::Result<()>,
+    ) -> Result<(), GpuError> {
+        if self.0.world_size() == 1 {
+            return Ok(());
+        }
+        let mut host = be.read(buf)?;
+        let what = format!("{doing} {} {things}", host.len());
+        op(&*self.0, &mut host).map_err(self.err(what))?;
+        be.write_at(buf, &host)
+    }
+
     fn err(&self, what: String) -> impl FnOnce(stoker_comm::CommError) -> GpuError + '_ {
         move |e| GpuError::Driver {
             what: format!(
@@ -187,23 +206,13 @@ impl<B: Backend, P: Deref<Target = C>, C: Communicator + ?Sized> Collectives<B> 
     }
 
     fn all_reduce(&self, be: &B, buf: View<f32>) -> Result<(), GpuError> {
-        if self.0.world_size() == 1 {
-            return Ok(());
-        }
-        let mut host = be.read(buf)?;
-        let what = format!("all-reducing {} gradients", host.len());
-        self.0.all_reduce(&mut host).map_err(self.err(what))?;
-        be.write_at(buf, &host)
+        self.in_place(be, buf, "all-reducing", "gradients", |c, h| c.all_reduce(h))
     }
 
     fn max_of_amaxes(&self, be: &B, buf: View<f32>) -> Result<(), GpuError> {
-        if self.0.world_size() == 1 {
-            return Ok(());
-        }
-        let mut host = be.read(buf)?;
-        let what = format!("taking the largest of {} amaxes", host.len());
-        self.0.max_of_amaxes(&mut host).map_err(self.err(what))?;
-        be.write_at(buf, &host)
+        self.in_place(be, buf, "taking the largest of", "amaxes", |c, h| {
+            c.max_of_amaxes(h)
+        })
     }
 
     fn reduce_scatter(

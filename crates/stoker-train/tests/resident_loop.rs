@@ -530,17 +530,29 @@ fn a_step_reports_its_own_window_s_traffic() {
     }
 }
 
+/// `c`'s plan line on one rank of a device whose 90% is exactly what `c` at micro-batch
+/// `micro` needs, with those bytes.
+fn plan_line_where_micro_batch_fits(
+    c: &TrainConfig,
+    micro: usize,
+) -> (String, stoker_train::models::resident_run::ResidentBytes) {
+    let m = build_model(&c.model, c.precision, c.kernels, c.seed).unwrap();
+    let len = FlatLayout::of(m.params()).unwrap().total_len();
+    let mut at = c.clone();
+    at.batch.micro_batch = micro;
+    let need = stoker_train::trainer::planned_resident_bytes(&at, len, (0, 1)).unwrap();
+    let device = (need.total() as f64 + 0.5) / 0.9;
+    let line = stoker_train::planned::resident_plan_line(c, 1, Some(("test GPU", device)))
+        .unwrap()
+        .unwrap();
+    (line, need)
+}
+
 #[test]
 fn the_plan_line_finds_the_largest_micro_batch_that_fits() {
     // A device whose 90% is exactly what micro-batch 2 needs: 2 fits, 3 does not.
     let c = resident(GPT, "bf16", ADAMW, "strategy = \"none\"");
-    let m = build_model(&c.model, c.precision, c.kernels, c.seed).unwrap();
-    let len = FlatLayout::of(m.params()).unwrap().total_len();
-    let two = stoker_train::trainer::planned_resident_bytes(&c, len, (0, 1)).unwrap();
-    let device = (two.total() as f64 + 0.5) / 0.9;
-    let line = stoker_train::planned::resident_plan_line(&c, 1, Some(("test GPU", device)))
-        .unwrap()
-        .unwrap();
+    let (line, two) = plan_line_where_micro_batch_fits(&c, 2);
     assert!(
         line.contains("the largest micro-batch within 90% of it: 2 ("),
         "{line}"
@@ -574,15 +586,7 @@ fn the_plan_line_finds_the_largest_micro_batch_that_fits() {
     // fp8's micro-batch rows must be multiples of 16: with context 8, an even micro-batch.
     // A device whose 90% is what micro-batch 5 needs offers 4, not 5.
     let fp8 = resident(GPT16, "fp8", ADAMW, "strategy = \"none\"");
-    let m = build_model(&fp8.model, fp8.precision, fp8.kernels, fp8.seed).unwrap();
-    let len = FlatLayout::of(m.params()).unwrap().total_len();
-    let mut five = fp8.clone();
-    five.batch.micro_batch = 5;
-    let need = stoker_train::trainer::planned_resident_bytes(&five, len, (0, 1)).unwrap();
-    let device = (need.total() as f64 + 0.5) / 0.9;
-    let line = stoker_train::planned::resident_plan_line(&fp8, 1, Some(("test GPU", device)))
-        .unwrap()
-        .unwrap();
+    let (line, _) = plan_line_where_micro_batch_fits(&fp8, 5);
     assert!(
         line.contains("the largest micro-batch within 90% of it: 4 ("),
         "{line}"

@@ -69,6 +69,15 @@ fn nccl_type(d: Dtype) -> sys::ncclDataType_t {
 }
 
 /// `x` as a raw device pointer NCCL takes.
+/// What an in-place all-reduce of an f32 view computes.
+#[derive(Debug, Clone, Copy)]
+enum InPlace {
+    /// The sum (gradients).
+    Sum,
+    /// The largest of amaxes, over their bits as u32.
+    MaxOfAmaxes,
+}
+
 fn ptr<E>(v: &View<E>, at: usize) -> *mut std::ffi::c_void {
     (v.addr() + (at * std::mem::size_of::<E>()) as u64) as usize as *mut std::ffi::c_void
 }
@@ -199,7 +208,9 @@ impl DeviceNccl {
         r
     }
 
-    /// [`Collectives::all_reduce`] of `buf`, in place, enqueued on `stream`.
+    /// [`Collectives::all_reduce`] of `buf` (`InPlace::Sum`) or
+    /// [`Collectives::max_of_amaxes`] (`InPlace::MaxOfAmaxes`), in place, enqueued on
+    /// `stream`.
     ///
     /// # Safety
     /// `buf` is a view of a live buffer of this communicator's device that nothing
@@ -208,22 +219,38 @@ impl DeviceNccl {
     unsafe fn all_reduce_on(
         &self,
         buf: View<f32>,
+        op: InPlace,
         stream: sys::cudaStream_t,
     ) -> Result<(), GpuError> {
-        // SAFETY: the caller's contract; in place, `buf.len()` f32 on this device.
+        let (dtype, nccl_op, what) = match op {
+            InPlace::Sum => (
+                sys::ncclDataType_t::ncclFloat32,
+                sys::ncclRedOp_t::ncclSum,
+                format!("all-reducing {} gradients", buf.len()),
+            ),
+            // Amaxes are >= 0 or NaN, whose bits order as u32 do (NaN above +inf): NCCL's
+            // max over u32 is their max with a NaN kept (its max over floats may drop one).
+            InPlace::MaxOfAmaxes => (
+                sys::ncclDataType_t::ncclUint32,
+                sys::ncclRedOp_t::ncclMax,
+                format!("taking the largest of {} amaxes", buf.len()),
+            ),
+        };
+        // SAFETY: the caller's contract; in place, `buf.len()` 32-bit values on this
+        // device (f32, or their bits as u32).
         unsafe {
             result::all_reduce(
                 ptr(&buf, 0),
                 ptr(&buf, 0),
                 buf.len(),
-                sys::ncclDataType_t::ncclFloat32,
-                sys::ncclRedOp_t::ncclSum,
+                dtype,
+                nccl_op,
                 self.comm,
                 stream,
             )
         }
         .map(drop)
-        .map_err(nccl_err(format!("all-reducing {} gradients", buf.len())))
+        .map_err(nccl_err(what))
     }
 
     /// [`Collectives::reduce_scatter`] enqueued on `stream`.
@@ -360,31 +387,13 @@ impl Collectives<Device> for DeviceNccl {
     fn all_reduce(&self, be: &Device, buf: View<f32>) -> Result<(), GpuError> {
         self.check_device(be)?;
         // SAFETY: on the compute stream, where every later launch waits for it.
-        unsafe { self.all_reduce_on(buf, self.stream()) }
+        unsafe { self.all_reduce_on(buf, InPlace::Sum, self.stream()) }
     }
 
     fn max_of_amaxes(&self, be: &Device, buf: View<f32>) -> Result<(), GpuError> {
         self.check_device(be)?;
-        // Amaxes are >= 0 or NaN, whose bits order as u32 do (NaN above +inf): NCCL's max
-        // over u32 is their max with a NaN kept (its max over floats may drop one).
-        // SAFETY: in place, `buf.len()` 32-bit values of this device's live buffer, on
-        // the compute stream, where every later launch waits for it.
-        unsafe {
-            result::all_reduce(
-                ptr(&buf, 0),
-                ptr(&buf, 0),
-                buf.len(),
-                sys::ncclDataType_t::ncclUint32,
-                sys::ncclRedOp_t::ncclMax,
-                self.comm,
-                self.stream(),
-            )
-        }
-        .map(drop)
-        .map_err(nccl_err(format!(
-            "taking the largest of {} amaxes",
-            buf.len()
-        )))
+        // SAFETY: on the compute stream, where every later launch waits for it.
+        unsafe { self.all_reduce_on(buf, InPlace::MaxOfAmaxes, self.stream()) }
     }
 
     unsafe fn start_all_reduce(&self, be: &Device, buf: View<f32>) -> Result<(), GpuError> {
@@ -392,7 +401,7 @@ impl Collectives<Device> for DeviceNccl {
         self.after_compute(be)?;
         // SAFETY: the caller's contract keeps `buf` alive and unwritten until `finish`
         // orders the compute stream after the comm stream.
-        unsafe { self.all_reduce_on(buf, self.comm_stream()) }
+        unsafe { self.all_reduce_on(buf, InPlace::Sum, self.comm_stream()) }
     }
 
     unsafe fn start_reduce_scatter(
